@@ -1,0 +1,43 @@
+"""Typed errors of the toolkit (DESIGN.md rule 5).
+
+Every error message names what failed (node, op, shapes, mesh), and says what to do about it. The classes
+carry the structured pieces as attributes too, so notebooks and the CLI can show them without parsing text.
+"""
+from __future__ import annotations
+
+
+class ParallelizerError(Exception):
+    """Base class of every error raised by the toolkit on bad input or an impossible request."""
+
+
+class TraceError(ParallelizerError):
+    """The model could not be captured as one graph.
+
+    Attributes:
+        construct: short name of what could not be captured (e.g. "data-dependent control flow").
+        location: "file:line" of the user's source that triggered it, or None when unknown.
+        remedy: what the user can change so that tracing succeeds.
+    """
+
+    def __init__(self, construct: str, location: str | None, remedy: str, detail: str = "") -> None:
+        self.construct = construct
+        self.location = location
+        self.remedy = remedy
+        where = f" at {location}" if location else ""
+        text = f"cannot trace {construct}{where}."
+        if detail:
+            text += f"\n{detail}"
+        text += f"\nRemedy: {remedy}"
+        super().__init__(text)
+
+
+class UnsupportedOpError(ParallelizerError):
+    """An operator has no sharding rule and no recorded fallback is allowed for it."""
+
+
+class InfeasiblePlanError(ParallelizerError):
+    """No plan satisfies the constraints (e.g. the per-device memory budget)."""
+
+
+class PlanMismatchError(ParallelizerError):
+    """A plan was made for another model, input shapes or mesh than the one it is applied to."""

@@ -1,0 +1,144 @@
+"""Repeated-block detection: find structurally identical module instances in a traced graph.
+
+A planner solves one block of a group and reuses the answer for every instance, so detection must be
+exact: instances are grouped by module class and a Weisfeiler-Lehman hash (networkx) of their induced
+subgraph, whose node labels are op and output shapes/dtypes and whose inputs from outside the instance
+are labelled by their shapes. Names are never compared. Candidate groups are then verified position by
+position (same op, same shapes) and nested groups are dropped in favour of the outermost ones (the
+LayerNorms inside GPT-2 layers are not blocks of their own; the layers are).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+
+import networkx as nx
+import torch.fx
+
+from .graph import BlockGroup, NodeInfo
+
+
+def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str]) -> list[BlockGroup]:
+    """Group identical module instances of the graph into `BlockGroup`s, outermost groups first.
+
+    Args:
+        nodes: the graph's `NodeInfo`s in graph order (module_fqn filled in).
+        module_types: module FQN -> qualified class name, for every module seen on a node's module stack.
+    Returns:
+        Groups with at least two instances, ordered by the graph position of their first instance; a module
+        that sits inside an instance of a selected group is never an instance of another group.
+    """
+    members = _nodes_per_module(nodes, module_types)
+    candidates: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for fqn, names in members.items():
+        if fqn and len(names) > 1:
+            candidates[(module_types[fqn], _structure_hash(names, nodes))].append(fqn)
+
+    groups = []
+    for (mtype, _), fqns in candidates.items():
+        for same in _split_verified(fqns, members, nodes):
+            if len(same) > 1:
+                groups.append((mtype, same))
+    # Outermost first: a group whose instances lie inside a kept group's instances loses those instances.
+    order = {name: i for i, name in enumerate(nodes)}
+    first = {fqn: order[names[0]] for fqn, names in members.items()}
+    groups.sort(key=lambda g: (g[1][0].count("."), first[g[1][0]]))
+    kept: list[BlockGroup] = []
+    taken: list[str] = []
+    for mtype, fqns in groups:
+        free = [f for f in fqns if not any(_inside(f, t) or _inside(t, f) for t in taken)]
+        if len(free) < 2:
+            continue
+        taken.extend(free)
+        kept.append(BlockGroup(name=_group_name(free), module_type=mtype, members=tuple(free),
+                               nodes=tuple(tuple(members[f]) for f in free)))
+    kept.sort(key=lambda b: first[b.members[0]])
+    return kept
+
+
+def _nodes_per_module(nodes: dict[str, NodeInfo], module_types: dict[str, str]) -> dict[str, list[str]]:
+    """Module FQN -> names of the call_function nodes created inside it (at any depth), in graph order."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for info in nodes.values():
+        if info.op != "call_function":
+            continue
+        for fqn in _ancestors(info.module_fqn):
+            if fqn in module_types:
+                out[fqn].append(info.name)
+    return out
+
+
+def _ancestors(fqn: str) -> list[str]:
+    """"a.b.c" -> ["a", "a.b", "a.b.c"]."""
+    parts = fqn.split(".") if fqn else []
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _label(info: NodeInfo) -> str:
+    return f"{info.op_name}|{';'.join(map(str, info.outputs))}"
+
+
+def _external_label(info: NodeInfo | None) -> str:
+    """Label of a value entering a block from outside: its role and shapes, never the producing op."""
+    if info is None:
+        return "ext|?"
+    return f"ext|{info.role.value}|{';'.join(map(str, info.outputs))}"
+
+
+def _structure_hash(names: list[str], nodes: dict[str, NodeInfo]) -> str:
+    """Weisfeiler-Lehman hash of the induced subgraph of `names` plus labelled external inputs."""
+    inside = set(names)
+    g = nx.DiGraph()
+    for name in names:
+        info = nodes[name]
+        g.add_node(name, label=_label(info))
+        for pos, arg in enumerate(_node_args(info.node)):
+            if arg.name in inside:
+                g.add_edge(arg.name, name, label=str(pos))
+            else:
+                ext = f"ext:{arg.name}->{name}"
+                g.add_node(ext, label=_external_label(nodes.get(arg.name)))
+                g.add_edge(ext, name, label=str(pos))
+    with warnings.catch_warnings():  # networkx >= 3.5 warns that directed hashes changed in 3.5
+        warnings.simplefilter("ignore", UserWarning)
+        return nx.weisfeiler_lehman_graph_hash(g, node_attr="label", edge_attr="label", iterations=3)
+
+
+def _node_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The fx nodes among a node's (flattened) args and kwargs, in order."""
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    return found
+
+
+def _signature(names: list[str], nodes: dict[str, NodeInfo]) -> tuple:
+    """Exact per-position structure: labels, plus each arg as (internal position) or (external label)."""
+    index = {n: i for i, n in enumerate(names)}
+    sig = []
+    for name in names:
+        info = nodes[name]
+        args = tuple(("in", index[a.name]) if a.name in index else ("ext", _external_label(nodes.get(a.name)))
+                     for a in _node_args(info.node))
+        sig.append((_label(info), args))
+    return tuple(sig)
+
+
+def _split_verified(fqns: list[str], members: dict[str, list[str]], nodes: dict[str, NodeInfo]) -> list[list[str]]:
+    """Split a hash group into classes whose exact per-position signatures agree (hash collisions)."""
+    classes: dict[tuple, list[str]] = {}
+    for fqn in fqns:
+        classes.setdefault(_signature(members[fqn], nodes), []).append(fqn)
+    return list(classes.values())
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child.startswith(parent + ".")
+
+
+def _group_name(fqns: list[str]) -> str:
+    """Common name of instances: "transformer.h.0", "transformer.h.1" -> "transformer.h.*"."""
+    split = [f.split(".") for f in fqns]
+    if len({len(s) for s in split}) == 1:
+        parts = [p[0] if len(set(p)) == 1 else "*" for p in zip(*split)]
+        return ".".join(parts)
+    return "{" + ",".join(fqns) + "}"

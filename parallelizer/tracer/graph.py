@@ -1,0 +1,258 @@
+"""`TracedGraph`: the ATen-level graph of a model with the facts every later stage needs.
+
+Each node records its output tensor shapes and dtypes (from fake tensors), its role, the module that owns
+it, and, when it sits in a repeated block (e.g. layer 3 of the 12 identical `transformer.h.*` layers of
+GPT-2), which block instance and which position inside the block it has.
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+
+class Role(str, enum.Enum):
+    """What a node is to the training step."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    ACTIVATION = "activation"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Shape and dtype of one tensor produced by a node. `nbytes` is shape product times element size."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """One fx node with its metadata.
+
+    Attributes:
+        name: the fx node name (unique in the graph).
+        node: the `torch.fx.Node` itself (in `TracedGraph.graph_module`).
+        op: fx opcode: "placeholder", "call_function", "output" (get_attr only for lifted constants).
+        target: the ATen `OpOverload` (or `operator.getitem`) of a call_function node, else None.
+        role: parameter / buffer / input / activation / output.
+        outputs: shape and dtype of each tensor the node produces (a tuple; empty when it produces none).
+        module_fqn: fully qualified name of the innermost module whose forward created the node ("" for the
+            root module); for parameters and buffers, the module that owns them.
+        param_fqn: for parameter/buffer placeholders, the canonical FQN (as `model.named_parameters()` or
+            `named_buffers()` gives it).
+        block: the repeated-block instance the node belongs to (e.g. "transformer.h.3"), else None.
+        block_group: the group of identical blocks (e.g. "transformer.h.*"), else None.
+        block_index: index of the instance inside its group (0-based), else None.
+        position: index of the node inside its block instance; equal positions in two instances of one
+            group hold the same op on the same shapes.
+    """
+
+    name: str
+    node: torch.fx.Node
+    op: str
+    target: object
+    role: Role
+    outputs: tuple[TensorMeta, ...]
+    module_fqn: str
+    param_fqn: str | None = None
+    block: str | None = None
+    block_group: str | None = None
+    block_index: int | None = None
+    position: int | None = None
+
+    @property
+    def op_name(self) -> str:
+        """Short op name, e.g. "aten.linear.default" or "getitem"; the opcode for non-call nodes."""
+        if self.op != "call_function":
+            return self.op
+        if isinstance(self.target, torch._ops.OpOverload):
+            return str(self.target)
+        return getattr(self.target, "__name__", str(self.target))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.outputs)
+
+
+@dataclass(slots=True)
+class ParamInfo:
+    """One parameter or buffer, counted once even when several module attributes share it (tied weights).
+
+    Attributes:
+        fqn: canonical FQN (the first name `named_parameters()` reports for it).
+        aliases: the other FQNs of the same tensor (e.g. ("lm_head.weight",) for GPT-2's tied wte).
+        shape, dtype: of the full (unsharded) tensor.
+        placeholders: the graph placeholders that stand for it (one per FQN that export lifted).
+        uses: call_function nodes that read it, in graph order (two for GPT-2's tied embedding/lm_head).
+        is_buffer: True for buffers (not trained).
+        block, block_group, block_index: the repeated block whose nodes use it, when all uses sit in one.
+    """
+
+    fqn: str
+    aliases: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    placeholders: tuple[str, ...]
+    uses: tuple[str, ...]
+    is_buffer: bool = False
+    block: str | None = None
+    block_group: str | None = None
+    block_index: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return TensorMeta(self.shape, self.dtype).numel
+
+    @property
+    def nbytes(self) -> int:
+        return TensorMeta(self.shape, self.dtype).nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class BlockGroup:
+    """Structurally identical module instances, e.g. name "transformer.h.*" with members "transformer.h.0".. .
+
+    `nodes[i]` lists the node names of member i in graph order; all members have the same length and the
+    same op at each position.
+    """
+
+    name: str
+    module_type: str
+    members: tuple[str, ...]
+    nodes: tuple[tuple[str, ...], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+    @property
+    def nodes_per_block(self) -> int:
+        return len(self.nodes[0])
+
+
+@dataclass
+class TracedGraph:
+    """The traced model: an ATen-level fx graph plus per-node and per-parameter facts.
+
+    Attributes:
+        exported: the `torch.export.ExportedProgram` (non-strict, training IR: ops such as
+            aten.linear / aten.layer_norm stay whole, backward comes from autograd).
+        graph_module: `exported.graph_module`, whose placeholders are parameters, buffers, then user inputs.
+        nodes: `NodeInfo` per node, in graph (topological) order, keyed by node name.
+        parameters: `ParamInfo` per canonical parameter/buffer FQN, in `named_parameters()` order then buffers.
+        blocks: the groups of repeated blocks found, outermost first.
+        input_names: placeholder names of the user inputs, in call order (flattened).
+        notes: normalisations applied while tracing (e.g. inlined no_grad regions), for the user to read.
+    """
+
+    exported: torch.export.ExportedProgram
+    graph_module: torch.fx.GraphModule
+    nodes: dict[str, NodeInfo]
+    parameters: dict[str, ParamInfo]
+    blocks: list[BlockGroup]
+    input_names: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> NodeInfo:
+        """The `NodeInfo` of node `name`; KeyError names close matches when absent."""
+        try:
+            return self.nodes[name]
+        except KeyError:
+            near = [n for n in self.nodes if name in n or n in name][:5]
+            raise KeyError(f"no node {name!r} in the traced graph; similar: {near}") from None
+
+    def param_of_placeholder(self, placeholder: str) -> ParamInfo | None:
+        """The parameter/buffer a placeholder stands for (tied aliases resolve to one `ParamInfo`)."""
+        return self._placeholder_to_param().get(placeholder)
+
+    def _placeholder_to_param(self) -> dict[str, ParamInfo]:
+        return {ph: p for p in self.parameters.values() for ph in p.placeholders}
+
+    def compute_nodes(self) -> list[NodeInfo]:
+        """call_function nodes in graph order."""
+        return [n for n in self.nodes.values() if n.op == "call_function"]
+
+    @property
+    def num_parameters(self) -> int:
+        """Trainable parameter count (tied parameters counted once)."""
+        return sum(p.numel for p in self.parameters.values() if not p.is_buffer)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parameters.values() if not p.is_buffer)
+
+    def op_counts(self) -> Counter:
+        """Number of call_function nodes per op name."""
+        return Counter(n.op_name for n in self.compute_nodes())
+
+    def largest_activations(self, k: int = 5) -> list[NodeInfo]:
+        """The k call_function nodes with the largest outputs (bytes), largest first, ties by graph order."""
+        nodes = [n for n in self.compute_nodes() if n.outputs]
+        return sorted(nodes, key=lambda n: -n.nbytes)[:k]
+
+    def summary(self) -> str:
+        """A text summary: op counts, parameters (count, bytes), repeated blocks, largest activations."""
+        lines = [
+            f"TracedGraph: {len(self.nodes)} nodes, {len(self.compute_nodes())} ops, "
+            f"{len(self.input_names)} input(s)",
+            f"parameters: {self.num_parameters:,} ({_fmt_bytes(self.parameter_bytes)}) in "
+            f"{sum(not p.is_buffer for p in self.parameters.values())} tensors; "
+            f"buffers: {sum(p.is_buffer for p in self.parameters.values())}",
+        ]
+        tied = [p for p in self.parameters.values() if p.aliases]
+        for p in tied:
+            lines.append(f"  tied: {p.fqn} = {', '.join(p.aliases)} ({len(p.uses)} uses)")
+        if self.blocks:
+            lines.append("repeated blocks:")
+            for b in self.blocks:
+                lines.append(f"  {b.name}: {b.count} x {b.module_type} ({b.nodes_per_block} nodes each)")
+        else:
+            lines.append("repeated blocks: none")
+        lines.append("ops:")
+        for op, count in sorted(self.op_counts().items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
+            lines.append(f"  {count:5d}  {op}")
+        lines.append("largest activations:")
+        for n in self.largest_activations():
+            lines.append(f"  {_fmt_bytes(n.nbytes):>10}  {n.name} = {n.op_name} -> "
+                         f"{', '.join(map(str, n.outputs))}  [{n.module_fqn or '<root>'}]")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        blocks = ", ".join(f"{b.name} x{b.count}" for b in self.blocks) or "none"
+        return (f"TracedGraph(ops={len(self.compute_nodes())}, params={self.num_parameters:,} "
+                f"({_fmt_bytes(self.parameter_bytes)}), blocks=[{blocks}])")
+
+
+def _fmt_bytes(n: int) -> str:
+    """Human-readable bytes in binary units (KiB, MiB, GiB)."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}"

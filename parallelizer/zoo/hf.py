@@ -1,0 +1,88 @@
+"""Builders for transformers models from configs with random weights (no hub downloads).
+
+Each builder returns `(model, example_inputs)` with the model in train mode on `device` ("cpu" or "meta")
+and dropout set by `dropout` (0.0 by default so numerics are deterministic). `overrides` go to the config.
+Attention defaults to the "eager" implementation: with real CPU weights, export's decompositions of the
+SDPA path fail on GPT-2 (../shared/ENVIRONMENT-NOTES.md); pass attn_implementation="sdpa" to change it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _build(model_cls, config, device, seed: int):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config)
+    return model.train()
+
+
+def _token_ids(batch: int, seq_len: int, vocab: int, device, seed: int) -> torch.Tensor:
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    return ids.to(device)
+
+
+def gpt2(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
+         **overrides):
+    """transformers `GPT2LMHeadModel` (tied wte/lm_head); inputs: input_ids (batch, seq_len)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    kw = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=max(64, seq_len),
+              resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
+              attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+    kw.update(overrides)
+    model = _build(GPT2LMHeadModel, GPT2Config(**kw), device, seed)
+    return model, (_token_ids(batch, seq_len, kw["vocab_size"], device, seed),)
+
+
+def llama(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
+          **overrides):
+    """transformers `LlamaForCausalLM` with grouped-query attention (4 query heads share 2 KV heads by
+    default), RMSNorm and rotary embeddings; inputs: input_ids (batch, seq_len)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=256, max_position_embeddings=max(64, seq_len),
+              attention_dropout=dropout, use_cache=False, attn_implementation="eager",
+              bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    kw.update(overrides)
+    model = _build(LlamaForCausalLM, LlamaConfig(**kw), device, seed)
+    return model, (_token_ids(batch, seq_len, kw["vocab_size"], device, seed),)
+
+
+def llama2_7b_config() -> dict:
+    """Llama-2-7B shape (Touvron et al. 2023, Table 1 / the released config): hidden 4096, 32 layers,
+    32 heads, intermediate 11008, vocab 32000."""
+    return dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+
+
+def bert(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
+         **overrides):
+    """transformers `BertModel`; inputs: input_ids (batch, seq_len)."""
+    from transformers import BertConfig, BertModel
+
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+              vocab_size=256, max_position_embeddings=max(64, seq_len), hidden_dropout_prob=dropout,
+              attention_probs_dropout_prob=dropout, attn_implementation="eager", pad_token_id=0)
+    kw.update(overrides)
+    model = _build(BertModel, BertConfig(**kw), device, seed)
+    return model, (_token_ids(batch, seq_len, kw["vocab_size"], device, seed),)
+
+
+def vit(batch: int = 2, device: str = "cpu", seed: int = 0, dropout: float = 0.0, **overrides):
+    """transformers `ViTModel`; inputs: pixel_values (batch, num_channels, image_size, image_size)."""
+    from transformers import ViTConfig, ViTModel
+
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+              image_size=32, patch_size=8, num_channels=3, hidden_dropout_prob=dropout,
+              attention_probs_dropout_prob=dropout, attn_implementation="eager")
+    kw.update(overrides)
+    model = _build(ViTModel, ViTConfig(**kw), device, seed)
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(batch, kw["num_channels"], kw["image_size"], kw["image_size"], generator=gen)
+    return model, (pixels.to(device),)

@@ -1,0 +1,184 @@
+"""Tracer: shapes, roles, module FQNs, repeated blocks, tied parameters, errors (issue: tracer)."""
+import inspect
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer import Role, TraceError, zoo
+
+LAYERS = 4
+ZOO = {
+    "mlp": lambda **kw: zoo.mlp(depth=LAYERS, **kw),
+    "gpt": lambda **kw: zoo.gpt(n_layer=LAYERS, **kw),
+    "gpt2": lambda **kw: zoo.gpt2(n_layer=LAYERS, **kw),
+    "llama": lambda **kw: zoo.llama(num_hidden_layers=LAYERS, **kw),
+    "bert": lambda **kw: zoo.bert(num_hidden_layers=LAYERS, **kw),
+    "vit": lambda **kw: zoo.vit(num_hidden_layers=LAYERS, **kw),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ZOO))
+def traced_zoo(request):
+    model, inputs = ZOO[request.param]()
+    return request.param, model, inputs, parallelizer.trace(model, inputs)
+
+
+def test_every_op_has_shape_and_dtype(traced_zoo):
+    _, _, _, tg = traced_zoo
+    ops = tg.compute_nodes()
+    assert ops
+    for n in ops:
+        assert n.outputs, f"{n.name} ({n.op_name}) has no tensor metadata"
+        assert all(isinstance(t.dtype, torch.dtype) and all(d >= 0 for d in t.shape) for t in n.outputs)
+        assert n.node.meta["val"] is not None
+
+
+def test_shapes_match_eager_execution(traced_zoo):
+    name, model, inputs, tg = traced_zoo
+    out = tg.exported.module()(*inputs)
+    ref = model(*inputs)
+    ref_t = ref if isinstance(ref, torch.Tensor) else ref[0]
+    out_t = out if isinstance(out, torch.Tensor) else out[0]
+    torch.testing.assert_close(out_t, ref_t, rtol=0, atol=0)
+    produced = [tg.node(a.name) for a in tg.graph_module.graph.output_node().args[0]
+                if isinstance(a, torch.fx.Node)]
+    assert tuple(ref_t.shape) in {t.shape for n in produced for t in n.outputs}
+    assert all(n.role is Role.OUTPUT for n in produced)
+
+
+def test_repeated_blocks_equal_layer_count(traced_zoo):
+    name, _, _, tg = traced_zoo
+    assert len(tg.blocks) == 1, [b.name for b in tg.blocks]
+    group = tg.blocks[0]
+    assert group.count == LAYERS
+    ops = [[tg.node(n).op_name for n in member] for member in group.nodes]
+    shapes = [[tg.node(n).outputs for n in member] for member in group.nodes]
+    assert all(o == ops[0] for o in ops) and all(s == shapes[0] for s in shapes)
+    for index, member in enumerate(group.nodes):
+        for position, n in enumerate(member):
+            info = tg.node(n)
+            assert (info.block, info.block_index, info.position) == (group.members[index], index, position)
+            assert info.module_fqn.startswith(group.members[index])
+
+
+def test_parameter_fqns_match_named_parameters(traced_zoo):
+    _, model, _, tg = traced_zoo
+    params = [fqn for fqn, p in tg.parameters.items() if not p.is_buffer]
+    assert sorted(params) == sorted(n for n, _ in model.named_parameters())
+    assert tg.num_parameters == sum(p.numel() for p in model.parameters())
+    for fqn, tensor in model.named_parameters():
+        info = tg.parameters[fqn]
+        assert info.shape == tuple(tensor.shape) and info.dtype == tensor.dtype
+        for ph in info.placeholders:
+            assert tg.node(ph).role is Role.PARAMETER and tg.node(ph).param_fqn == fqn
+
+
+@pytest.mark.parametrize("builder", ["gpt", "gpt2"])
+def test_tied_embedding_is_one_parameter_with_two_uses(builder):
+    model, inputs = ZOO[builder]()
+    tg = parallelizer.trace(model, inputs)
+    tied = [p for p in tg.parameters.values() if p.aliases]
+    assert len(tied) == 1
+    (p,) = tied
+    assert p.fqn.endswith("wte.weight") and p.aliases == ("lm_head.weight",)
+    assert [tg.node(u).op_name for u in p.uses] == ["aten.embedding.default", "aten.linear.default"]
+    assert {tg.node(u).module_fqn for u in p.uses} == {p.fqn.rpartition(".")[0], "lm_head"}
+    assert "lm_head.weight" not in tg.parameters
+
+
+def test_module_fqn_and_roles_gpt2():
+    model, inputs = zoo.gpt2(n_layer=2)
+    tg = parallelizer.trace(model, inputs)
+    linears = [n for n in tg.compute_nodes() if n.op_name == "aten.addmm.default"]
+    assert [n.module_fqn for n in linears[:4]] == [
+        "transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj",
+        "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"]
+    assert [tg.node(n).role for n in tg.input_names] == [Role.INPUT]
+    roles = {n.role for n in tg.nodes.values()}
+    assert roles == {Role.PARAMETER, Role.INPUT, Role.ACTIVATION, Role.OUTPUT}
+    c_fc = tg.parameters["transformer.h.1.mlp.c_fc.weight"]
+    assert (c_fc.block, c_fc.block_index) == ("transformer.h.1", 1)
+
+
+def test_buffers_are_recorded():
+    model, inputs = zoo.bert(num_hidden_layers=1)
+    tg = parallelizer.trace(model, inputs)
+    buffers = {fqn for fqn, p in tg.parameters.items() if p.is_buffer}
+    assert buffers <= {n for n, _ in model.named_buffers()}
+    assert buffers, "BERT's position_ids / token_type_ids buffers should be lifted"
+    for fqn in buffers:
+        assert all(tg.node(ph).role is Role.BUFFER for ph in tg.parameters[fqn].placeholders)
+
+
+def test_meta_device_trace_has_same_graph_as_cpu():
+    cpu = parallelizer.trace(*zoo.gpt2(n_layer=2))
+    meta = parallelizer.trace(*zoo.gpt2(n_layer=2, device="meta"))
+    assert [n.op_name for n in meta.nodes.values()] == [n.op_name for n in cpu.nodes.values()]
+    assert [n.outputs for n in meta.nodes.values()] == [n.outputs for n in cpu.nodes.values()]
+    assert any("meta" in note for note in meta.notes)
+    assert all(t.device.type == "meta" for t in meta.exported.state_dict.values())
+
+
+def test_summary_and_repr_are_readable():
+    tg = parallelizer.trace(*zoo.gpt2(n_layer=3, vocab_size=1000))
+    text = tg.summary()
+    assert f"parameters: {tg.num_parameters:,}" in text
+    assert "transformer.h.*: 3 x" in text
+    assert "tied: transformer.wte.weight = lm_head.weight (2 uses)" in text
+    assert "largest activations:" in text
+    top = text.split("largest activations:\n")[1].splitlines()[0]
+    assert "aten.linear.default -> float32[2, 32, 1000]  [lm_head]" in top  # the logits
+    assert repr(tg).startswith("TracedGraph(ops=") and "transformer.h.* x3" in repr(tg)
+
+
+class _Branchy(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow
+            return x * 2
+        return x
+
+
+def test_data_dependent_branch_names_file_and_line():
+    line = inspect.getsourcelines(_Branchy.forward)[1] + 1
+    with pytest.raises(TraceError) as err:
+        parallelizer.trace(_Branchy(), (torch.randn(3),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "data-dependent control flow" in str(err.value) and "torch.where" in str(err.value)
+
+
+class _NoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        with torch.no_grad():
+            z = self.b(y) * 2
+        return (y * z).sum()
+
+
+def test_no_grad_region_stays_a_stop_gradient():
+    torch.manual_seed(0)
+    model = _NoGrad()
+    x = torch.randn(3, 4)
+    tg = parallelizer.trace(model, (x,))
+    assert any(n.op_name == "aten.detach.default" for n in tg.compute_nodes())
+    assert any("no_grad" in note for note in tg.notes)
+    traced = tg.exported.module()
+    model(x).backward()
+    traced(x).backward()
+    grads = dict(traced.named_parameters())
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            assert grads[name].grad is None or torch.all(grads[name].grad == 0)
+        else:
+            torch.testing.assert_close(grads[name].grad, p.grad)
+    assert model.b.weight.grad is None  # the region really was a stop-gradient in eager too
+
+
+def test_unsupported_input_type_is_rejected():
+    with pytest.raises(TraceError, match=r"input of type object \(inputs\[0\]\[0\]\)"):
+        parallelizer.trace(torch.nn.Identity(), (object(),))
