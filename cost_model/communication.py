@@ -1,0 +1,159 @@
+"""Collective communication time in the alpha-beta (latency-bandwidth) model.
+
+Byte convention (``nbytes``) follows nccl-tests' "size" column (nccl-tests doc/PERFORMANCE.md):
+
+=============== ===========================================
+all_reduce      the buffer, same on input and output
+all_gather      the OUTPUT (full, gathered) buffer
+reduce_scatter  the INPUT (full, unscattered) buffer
+all_to_all      the per-rank send (= receive) buffer
+broadcast       the buffer
+send_recv       the message (point-to-point, one hop)
+=============== ===========================================
+
+Flat (single-link) cost on n ranks, with alpha = ``Link.latency_s`` and beta = ``Link.bandwidth_bytes_per_s``
+(per-direction per-GPU, see :mod:`cost_model.topology`)::
+
+    time_s = latency_steps(kind, n) * alpha + bytes_factor(kind, n) * nbytes / beta
+
+Ring algorithms (Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+MPICH", IJHPCA 2005, Sec. 4; the bytes factors are nccl-tests' bus-bandwidth factors, PERFORMANCE.md):
+
+=============== ================== ===============
+kind            latency_steps       bytes_factor
+=============== ================== ===============
+all_reduce      2(n-1)              2(n-1)/n        (reduce-scatter then all-gather)
+all_gather      n-1                 (n-1)/n
+reduce_scatter  n-1                 (n-1)/n
+all_to_all      n-1                 (n-1)/n         (pairwise exchange)
+broadcast       n-1                 1               (pipelined chain)
+send_recv       1                   1
+=============== ================== ===============
+
+Tree algorithms (pipelined binary trees as NCCL uses them; NCCL's tuning model, NVIDIA/nccl
+src/graph/tuning.cc, gives trees half the ring's algorithm bandwidth and log-depth latency):
+all_reduce = reduce up then broadcast down: ``2*ceil(log2 n)`` steps, bytes factor 2;
+broadcast: ``ceil(log2 n)`` steps, bytes factor 1. NCCL implements the other collectives only as
+rings, so ``algorithm="tree"`` prices them as rings. Hence tree beats ring for small messages (latency)
+and loses for large ones (bandwidth) once n > 2.
+
+Groups spanning nodes (g ranks per node, m nodes, n = g*m) use the hierarchical algorithm:
+all_reduce = reduce-scatter inside the node (g ranks, nbytes) + all_reduce across nodes on nbytes/g
+(m ranks, inter-node link; the g local ranks run their m-rank all-reduces in parallel, one NIC each)
++ all-gather inside the node. all_gather = cross-node all-gather producing nbytes/g, then intra-node
+all-gather to nbytes; reduce_scatter is its mirror. all_to_all sends (g-1)/n of the buffer over the
+intra-node link and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node
+then an intra-node broadcast. send_recv between neighbours of a group that spans nodes is priced on
+the inter-node link (the slowest hop bounds a pipeline).
+"""
+
+from __future__ import annotations
+
+import math
+
+from cost_model.topology import Link, MeshTopology
+
+__all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s",
+           "collective_time_s"]
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+ALGORITHMS = ("ring", "tree")
+
+
+def _check_kind_algorithm(kind: str, algorithm: str) -> None:
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; use one of {COLLECTIVE_KINDS}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; use one of {ALGORITHMS}")
+
+
+def alpha_beta_coefficients(kind: str, num_ranks: int, algorithm: str = "ring") -> tuple[float, float]:
+    """Return ``(latency_steps, bytes_factor)`` of ``kind`` on ``num_ranks`` ranks over one link.
+
+    ``time_s = latency_steps * alpha + bytes_factor * nbytes / beta``; table and sources in the module
+    docstring. One rank costs nothing: ``(0.0, 0.0)``.
+
+    Raises:
+        ValueError: unknown ``kind``/``algorithm`` or ``num_ranks < 1``.
+    """
+    _check_kind_algorithm(kind, algorithm)
+    n = num_ranks
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"num_ranks={n!r}: must be an int >= 1")
+    if n == 1:
+        return 0.0, 0.0
+    if algorithm == "tree" and kind in ("all_reduce", "broadcast"):
+        depth = math.ceil(math.log2(n))
+        return (2.0 * depth, 2.0) if kind == "all_reduce" else (float(depth), 1.0)
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return float(n - 1), (n - 1) / n
+    if kind == "broadcast":
+        return float(n - 1), 1.0
+    return 1.0, 1.0  # send_recv
+
+
+def flat_collective_time_s(kind: str, nbytes: float, num_ranks: int, link: Link, algorithm: str = "ring") -> float:
+    """Seconds for ``kind`` on ``num_ranks`` ranks all connected by ``link`` (no hierarchy).
+
+    Args:
+        nbytes: bytes in the nccl-tests convention (module docstring), >= 0.
+
+    Raises:
+        ValueError: unknown kind/algorithm, bad ``num_ranks`` or negative ``nbytes``.
+    """
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes={nbytes!r}: must be >= 0")
+    steps, factor = alpha_beta_coefficients(kind, num_ranks, algorithm)
+    if nbytes == 0 or steps == 0:
+        return 0.0
+    return steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s
+
+
+def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str,
+                      algorithm: str = "ring") -> float:
+    """Seconds for one collective over the process group spanned by mesh ``axes``.
+
+    Several axes (e.g. ``("dp", "tp")``) form one group whose size is the product of their sizes.
+    A group inside one node is priced flat on the intra-node link; a group spanning nodes uses the
+    two-level algorithm of the module docstring. ``algorithm`` applies to the cross-node all-reduce /
+    broadcast phase and to single-node groups.
+
+    Args:
+        kind: one of :data:`COLLECTIVE_KINDS`.
+        nbytes: bytes in the nccl-tests convention (module docstring), >= 0.
+        topo: the mesh on its cluster.
+        axes: one mesh axis name or a tuple of names.
+        algorithm: ``"ring"`` or ``"tree"``.
+
+    Returns:
+        Seconds, ``0.0`` for a size-1 group or ``nbytes == 0``.
+
+    Raises:
+        ValueError: unknown kind, algorithm or axis name, or negative ``nbytes``.
+    """
+    _check_kind_algorithm(kind, algorithm)
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes={nbytes!r}: must be >= 0")
+    info = topo.group_info(axes)
+    if info.size == 1 or nbytes == 0:
+        return 0.0
+    intra, inter = topo.cluster.intra_node_link, topo.cluster.inter_node_link
+    g, m, n = info.ranks_per_node, info.num_nodes, info.size
+    if m == 1:
+        return flat_collective_time_s(kind, nbytes, n, intra, algorithm)
+    if kind == "all_reduce":
+        return (flat_collective_time_s("reduce_scatter", nbytes, g, intra)
+                + flat_collective_time_s("all_reduce", nbytes / g, m, inter, algorithm)
+                + flat_collective_time_s("all_gather", nbytes, g, intra))
+    if kind in ("all_gather", "reduce_scatter"):
+        return (flat_collective_time_s(kind, nbytes / g, m, inter)
+                + flat_collective_time_s(kind, nbytes, g, intra))
+    if kind == "all_to_all":
+        return ((g - 1) * (intra.latency_s + nbytes / n / intra.bandwidth_bytes_per_s)
+                + (n - g) * (inter.latency_s + nbytes / n / inter.bandwidth_bytes_per_s))
+    if kind == "broadcast":
+        return (flat_collective_time_s("broadcast", nbytes, m, inter, algorithm)
+                + flat_collective_time_s("broadcast", nbytes, g, intra, algorithm))
+    return flat_collective_time_s("send_recv", nbytes, 2, inter)

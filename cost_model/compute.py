@@ -1,0 +1,193 @@
+"""Per-ATen-op compute cost: FLOPs, bytes moved and a roofline time, forward and backward.
+
+Model (roofline, Williams et al., "Roofline", CACM 2009)::
+
+    time_s = max(flops / (peak_flops_per_s[dtype] * matmul_efficiency),
+                 bytes / (hbm_bytes_per_s * memory_efficiency)) + kernels * launch_overhead_s
+
+* FLOPs come from ``torch.utils.flop_counter``: its ``flop_registry`` formulas (mm, addmm, bmm, baddbmm,
+  convolution, scaled-dot-product attention, ...) are called directly on the shapes. An op without a
+  formula that is CompositeImplicitAutograd (``aten.linear``, ``aten.matmul``, ``aten.einsum``,
+  ``aten.conv2d``, ...; torch.export's training IR keeps some of them) is run on meta tensors under
+  ``FlopCounterMode``, which decomposes it to registered ops (linear -> addmm/mm, matmul -> mm/bmm) and
+  counts those; e.g. ``linear`` gives ``2 * (input.numel() / in_features) * in_features * out_features``.
+  All other ops count 0 FLOPs and are priced by bytes (elementwise FLOPs never bind on GPUs).
+* Bytes = every tensor input read + every tensor output written. Gather-like ops (embedding,
+  index_select, index, gather) read only output-sized rows of their source, not the whole table.
+* Backward: ops with FLOPs cost ``2x`` forward FLOPs (grad-input and grad-weight matmuls; Narayanan et al.
+  SC'21 Sec. 5.1 / Kaplan et al. 2020 convention, so forward+backward = 3x forward) in 2 kernels. Every
+  op with a floating-point input and output costs ``2x`` forward bytes in backward (it reads the output
+  gradient plus saved tensors and writes input gradients) in 1 kernel (2 for FLOP ops). Ops with no
+  floating-point input or output (indices, masks, factories) have no backward.
+* View/alias ops (``OpOverload.is_view``: view, permute, transpose, expand, t, unsqueeze, slice, select,
+  split, alias, detach, ...) and metadata ops cost 0. Composite may-alias ops (reshape, flatten,
+  contiguous, ``to``) are free when they return a view (contiguous input, same dtype) and are a copy
+  otherwise. ``aten._to_copy`` always copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
+from cost_model.hardware import DeviceSpec
+
+__all__ = ["OpCost", "op_flops", "op_bytes", "is_free_op", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
+           "BACKWARD_BYTES_FACTOR"]
+
+BACKWARD_FLOPS_FACTOR = 2  # backward FLOPs / forward FLOPs of matmul-like ops (see module docstring)
+BACKWARD_BYTES_FACTOR = 2  # backward bytes / forward bytes of ops with a backward
+
+aten = torch.ops.aten
+_METADATA_OPS = frozenset({aten._assert_tensor_metadata, aten.sym_size, aten.sym_numel, aten.sym_stride,
+                           aten.sym_storage_offset, aten._unsafe_view, aten.lift_fresh, aten.empty,
+                           aten.empty_strided, aten.empty_like, aten._assert_async, aten.scalar_tensor})
+_GATHER_LIKE_OPS = frozenset({aten.embedding, aten.index_select, aten.index, aten.gather})
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """Cost of one op on one device. FLOPs and bytes are counts; times are seconds."""
+
+    fwd_flops: int
+    bwd_flops: int
+    fwd_bytes: int
+    bwd_bytes: int
+    fwd_s: float
+    bwd_s: float
+
+    @property
+    def total_s(self) -> float:
+        """``fwd_s + bwd_s``, seconds."""
+        return self.fwd_s + self.bwd_s
+
+
+def _is_composite(target: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
+
+
+def is_free_op(target: torch._ops.OpOverload, args: tuple, out: object) -> bool:
+    """True when the op moves no data: a view/alias, a metadata op, or a may-alias op returning a view.
+
+    ``args``: the op's positional arguments (tensors as meta/Fake tensors); ``out``: its output(s).
+    """
+    if target.overloadpacket in _METADATA_OPS:
+        return True
+    if not target.is_view:
+        return False
+    if not _is_composite(target):  # a true view kernel: view, transpose, expand, slice, detach, ...
+        return True
+    inputs, outputs = tensors_in(args), tensors_in(out)
+    if not inputs or not outputs:
+        return True
+    source, result = inputs[0], outputs[0]
+    return source.dtype == result.dtype and source.device == result.device and source.is_contiguous()
+
+
+def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> int:
+    """Forward FLOPs of one op (multiply-add = 2), from ``torch.utils.flop_counter`` (module docstring).
+
+    Raises:
+        ValueError: an op decomposed under ``FlopCounterMode`` has symbolic shapes.
+    """
+    packet = target.overloadpacket
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    if not _is_composite(target) or is_free_op(target, args, out):
+        return 0
+    counter = FlopCounterMode(display=False)
+    meta_args, meta_kwargs = to_meta((args, kwargs))
+    with counter:
+        target(*meta_args, **meta_kwargs)
+    return int(counter.get_total_flops())
+
+
+def op_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> int:
+    """Forward bytes moved: tensor inputs read + tensor outputs written (0 for free ops).
+
+    Gather-like ops read output-sized rows of their first argument instead of all of it.
+    """
+    if is_free_op(target, args, out):
+        return 0
+    inputs = tensors_in((args, kwargs))
+    written = sum(tensor_nbytes(t) for t in tensors_in(out))
+    if target.overloadpacket in _GATHER_LIKE_OPS and inputs:
+        read = sum(tensor_nbytes(t) for t in inputs if t is not args[0]) + written  # args[0]: the table
+    else:
+        read = sum(tensor_nbytes(t) for t in inputs)
+    return read + written
+
+
+def _has_backward(args: tuple, kwargs: dict, out: object) -> bool:
+    return (any(t.is_floating_point() for t in tensors_in((args, kwargs)))
+            and any(t.is_floating_point() for t in tensors_in(out)))
+
+
+def _compute_dtype(args: tuple, kwargs: dict, out: object) -> torch.dtype:
+    floats = [t for t in tensors_in((args, kwargs)) + tensors_in(out) if t.is_floating_point()]
+    return floats[0].dtype if floats else torch.float32
+
+
+def _roofline_s(flops: int, nbytes: int, kernels: int, dtype: torch.dtype, device: DeviceSpec) -> float:
+    if flops == 0 and nbytes == 0:
+        return 0.0
+    compute_s = flops / device.achievable_flops_per_s(dtype) if flops else 0.0
+    memory_s = nbytes / device.achievable_bytes_per_s
+    return max(compute_s, memory_s) + kernels * device.launch_overhead_s
+
+
+def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object, device: DeviceSpec) -> OpCost:
+    """Forward and backward cost of one ATen op on ``device`` (model in the module docstring).
+
+    Args:
+        target: an ``OpOverload`` such as ``torch.ops.aten.mm.default``.
+        args, kwargs: its inputs; tensors are meta or Fake tensors with the LOCAL (per-rank) shapes,
+            e.g. ``torch.empty(local_shape, dtype=torch.bfloat16, device="meta")``; scalars as Python values.
+        out: its output tensor(s) with local shapes.
+        device: the device pricing the op.
+
+    Returns:
+        :class:`OpCost` with FLOPs, bytes and seconds for forward and backward.
+
+    Raises:
+        ValueError: the op does FLOPs in a dtype ``device`` has no peak for, or shapes are symbolic.
+    """
+    if not isinstance(target, torch._ops.OpOverload):
+        raise ValueError(f"op_cost needs a torch._ops.OpOverload (e.g. torch.ops.aten.mm.default), got {target!r}")
+    fwd_flops = op_flops(target, args, kwargs, out)
+    fwd_bytes = op_bytes(target, args, kwargs, out)
+    has_bwd = fwd_bytes > 0 and _has_backward(args, kwargs, out)
+    bwd_flops = BACKWARD_FLOPS_FACTOR * fwd_flops if has_bwd else 0
+    bwd_bytes = BACKWARD_BYTES_FACTOR * fwd_bytes if has_bwd else 0
+    dtype = _compute_dtype(args, kwargs, out)
+    return OpCost(
+        fwd_flops=fwd_flops,
+        bwd_flops=bwd_flops,
+        fwd_bytes=fwd_bytes,
+        bwd_bytes=bwd_bytes,
+        fwd_s=_roofline_s(fwd_flops, fwd_bytes, 1, dtype, device),
+        bwd_s=_roofline_s(bwd_flops, bwd_bytes, 2 if fwd_flops else 1, dtype, device),
+    )
+
+
+def graph_flops(graph_module: torch.fx.GraphModule) -> tuple[int, int]:
+    """``(forward_flops, backward_flops)`` summed over the ATen call_function nodes of a forward graph.
+
+    Nodes must carry ``meta["val"]`` (FakeTensors), as graphs from ``torch.export`` do. Backward FLOPs
+    follow :func:`op_cost`'s rule (``2x`` forward for FLOP ops with a floating-point input).
+
+    Raises:
+        ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
+    """
+    fwd_total = bwd_total = 0
+    for node in op_nodes(graph_module):
+        args, kwargs, out = node_values(node)
+        flops = op_flops(node.target, args, kwargs, out)
+        fwd_total += flops
+        if flops and _has_backward(args, kwargs, out):
+            bwd_total += BACKWARD_FLOPS_FACTOR * flops
+    return fwd_total, bwd_total

@@ -1,0 +1,176 @@
+"""Device specifications: peak compute, memory size and bandwidth, achievable efficiencies.
+
+A :class:`DeviceSpec` holds *datasheet peaks* and separately the *achievable efficiency* factors that
+turn a peak into a realistic rate, so every number that prices an op is visible and named:
+
+    achievable matmul FLOP/s   = peak_flops_per_s[dtype] * matmul_efficiency
+    achievable memory bytes/s  = hbm_bytes_per_s * memory_efficiency
+
+Conventions
+-----------
+* ``peak_flops_per_s`` is *dense* (no 2:4 sparsity) FLOP/s, one multiply-add = 2 FLOPs.
+* ``torch.float32`` means **non-tensor-core IEEE FP32** (CUDA cores), not TF32: PyTorch defaults to
+  ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12, so fp32 matmuls do not use TF32 unless
+  the user opts in (then pass a spec with the TF32 number, e.g. via ``dataclasses.replace``).
+* Memory sizes use the datasheet's decimal GB (1 GB = 1e9 bytes), slightly below the 2**30-based
+  capacity the HBM actually has, which leaves room for the CUDA context.
+
+Presets (sources named per constant): :data:`A100_40GB`, :data:`A100_80GB`, :data:`H100_SXM`,
+:data:`H200_SXM`. The ``"cpu"`` spec is measured, see :func:`cost_model.calibrate.calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+import torch
+
+__all__ = ["DeviceSpec", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device"]
+
+TFLOPS = 1e12
+GB = 1e9
+
+# Achievable-efficiency defaults for the GPU presets (assumptions, refine with measurements):
+# large cuBLAS GEMMs reach ~70% of dense tensor-core peak and Megatron-LM reports 52% end-to-end
+# MFU on A100 (Narayanan et al., SC'21, Table 1), so 0.7 is an upper estimate per matmul.
+# STREAM-like copies reach ~80-90% of HBM peak; we use 0.8.
+# A CUDA kernel launch costs ~3-5 us of host+device overhead; we use 5 us per kernel.
+_GPU_MATMUL_EFFICIENCY = 0.7
+_GPU_MEMORY_EFFICIENCY = 0.8
+_GPU_LAUNCH_OVERHEAD_S = 5e-6
+
+
+def _check_positive(field_name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"DeviceSpec.{field_name}={value!r}: must be a finite number > 0")
+
+
+def _check_fraction(field_name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise ValueError(f"DeviceSpec.{field_name}={value!r}: must be in (0, 1] (a fraction of the peak)")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One accelerator (or the calibrated CPU).
+
+    Attributes:
+        name: preset key, e.g. ``"h100_sxm"`` or ``"cpu"``.
+        peak_flops_per_s: dense peak FLOP/s per dtype (``torch.float32`` = non-tensor-core FP32).
+        hbm_bytes: device memory capacity in bytes.
+        hbm_bytes_per_s: peak memory bandwidth in bytes/s.
+        matmul_efficiency: achievable fraction of ``peak_flops_per_s`` for matmul-like ops, in (0, 1].
+        memory_efficiency: achievable fraction of ``hbm_bytes_per_s``, in (0, 1].
+        launch_overhead_s: fixed seconds added per kernel (launch + scheduling), >= 0.
+
+    Raises:
+        ValueError: in ``__post_init__`` naming the field, its value and the requirement.
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[torch.dtype, float]
+    hbm_bytes: int
+    hbm_bytes_per_s: float
+    matmul_efficiency: float
+    memory_efficiency: float
+    launch_overhead_s: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"DeviceSpec.name={self.name!r}: must be a non-empty string")
+        if not self.peak_flops_per_s:
+            raise ValueError(
+                f"DeviceSpec.peak_flops_per_s={self.peak_flops_per_s!r}: must map at least one "
+                "torch.dtype to FLOP/s, e.g. {torch.float32: 19.5e12}"
+            )
+        for dtype, flops in self.peak_flops_per_s.items():
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"DeviceSpec.peak_flops_per_s key {dtype!r}: must be a torch.dtype")
+            _check_positive(f"peak_flops_per_s[{dtype}]", flops)
+        # Freeze the mapping so the spec stays immutable and hashable by identity of its contents.
+        object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
+        _check_positive("hbm_bytes", self.hbm_bytes)
+        _check_positive("hbm_bytes_per_s", self.hbm_bytes_per_s)
+        _check_fraction("matmul_efficiency", self.matmul_efficiency)
+        _check_fraction("memory_efficiency", self.memory_efficiency)
+        if not (isinstance(self.launch_overhead_s, (int, float)) and 0 <= self.launch_overhead_s < 1):
+            raise ValueError(
+                f"DeviceSpec.launch_overhead_s={self.launch_overhead_s!r}: must be seconds in [0, 1)"
+            )
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
+                     self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
+                     self.memory_efficiency, self.launch_overhead_s))
+
+    def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
+        """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.
+
+        Raises:
+            ValueError: the spec has no peak for ``dtype``; names the dtypes it has.
+        """
+        try:
+            peak = self.peak_flops_per_s[dtype]
+        except KeyError:
+            known = ", ".join(sorted(str(d) for d in self.peak_flops_per_s))
+            raise ValueError(
+                f"device {self.name!r} has no peak FLOP/s for dtype {dtype}; it has: {known}. "
+                "Remedy: cast the op to one of these dtypes or build a DeviceSpec with that entry."
+            ) from None
+        return peak * self.matmul_efficiency
+
+    @property
+    def achievable_bytes_per_s(self) -> float:
+        """``hbm_bytes_per_s * memory_efficiency`` in bytes/s."""
+        return self.hbm_bytes_per_s * self.memory_efficiency
+
+
+def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_gb_per_s: float) -> DeviceSpec:
+    return DeviceSpec(
+        name=name,
+        peak_flops_per_s={
+            torch.bfloat16: bf16_tflops * TFLOPS,
+            torch.float16: bf16_tflops * TFLOPS,
+            torch.float32: fp32_tflops * TFLOPS,
+        },
+        hbm_bytes=int(hbm_gb * GB),
+        hbm_bytes_per_s=hbm_gb_per_s * GB,
+        matmul_efficiency=_GPU_MATMUL_EFFICIENCY,
+        memory_efficiency=_GPU_MEMORY_EFFICIENCY,
+        launch_overhead_s=_GPU_LAUNCH_OVERHEAD_S,
+    )
+
+
+# NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4, 2021), SXM column:
+# BF16/FP16 tensor core 312 TFLOPS dense, FP32 19.5 TFLOPS, 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s.
+A100_40GB = _gpu("a100_40gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=40, hbm_gb_per_s=1555)
+A100_80GB = _gpu("a100_80gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=80, hbm_gb_per_s=2039)
+# NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): BF16/FP16 1,979 TFLOPS *with sparsity*,
+# i.e. 989.5 dense; FP32 67 TFLOPS; 80GB HBM3 at 3.35 TB/s.
+H100_SXM = _gpu("h100_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=80, hbm_gb_per_s=3350)
+# NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): same compute as H100 SXM (1,979 TFLOPS
+# BF16 with sparsity -> 989.5 dense; FP32 67 TFLOPS); 141GB HBM3e at 4.8 TB/s.
+H200_SXM = _gpu("h200_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=141, hbm_gb_per_s=4800)
+
+DEVICE_PRESETS: Mapping[str, DeviceSpec] = MappingProxyType(
+    {spec.name: spec for spec in (A100_40GB, A100_80GB, H100_SXM, H200_SXM)}
+)
+
+
+def get_device(name: str) -> DeviceSpec:
+    """Return the preset called ``name`` (case-insensitive, ``-`` and ``_`` equivalent).
+
+    Raises:
+        ValueError: unknown name; lists the valid names and how to get a ``"cpu"`` spec.
+    """
+    key = name.strip().lower().replace("-", "_")
+    if key in DEVICE_PRESETS:
+        return DEVICE_PRESETS[key]
+    raise ValueError(
+        f"unknown device {name!r}; valid names: {', '.join(DEVICE_PRESETS)}. "
+        "For this machine's CPU run `python -m cost_model.calibrate -o cpu.profile.json` and "
+        "use cost_model.load_profile(path).device."
+    )

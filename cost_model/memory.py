@@ -1,0 +1,302 @@
+"""Memory: training state per parameter (ZeRO), activations saved for backward, and a breakdown.
+
+Training state (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", SC'20, Sec. 3.1 and Figure 1), for Psi parameters and N data-parallel ranks:
+
+================== ======== ======== ===================== =========
+precision          params   grads    optimizer (Adam)      total
+================== ======== ======== ===================== =========
+"fp32"             4        4        8 (m, v)              16 B/param
+"mixed" (fp16/bf16) 2       2        12 (fp32 copy, m, v)  16 B/param
+================== ======== ======== ===================== =========
+
+ZeRO stage 1 (P_os) divides the optimizer states by N, stage 2 (P_os+g) also the gradients, stage 3
+(P_os+g+p) also the parameters. A shard holds ``ceil(Psi / N)`` parameters (flat-parameter padding as in
+FSDP), so the division is exact when N divides Psi.
+
+Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirror what PyTorch autograd
+keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Parameters are not
+activations: the caller says which positional args are parameters (``param_args``), and
+:func:`graph_saved_activation_bytes` finds them from the placeholder names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Collection
+
+import torch
+import torch.fx
+
+from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in
+from cost_model.compute import is_free_op
+
+__all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "saved_activation_bytes",
+           "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
+
+# (param, grad, optimizer) bytes per parameter; sources in the module docstring.
+BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+_STAT_BYTES = 4  # mean / rstd / logsumexp are kept in fp32 (the accumulation type) for fp16/bf16 inputs
+_MASK_BYTES = 1  # dropout keeps a bool mask, 1 byte per element (Korthikanti et al. 2022, Sec. 4.1)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes on one device, by category. ``total_bytes`` is their sum."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int = 0
+    temporary_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of all categories, bytes."""
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.temporary_bytes)
+
+
+def training_state_bytes(num_params: int, precision: str = "mixed", zero_stage: int = 0,
+                         dp_size: int = 1) -> MemoryBreakdown:
+    """Per-rank bytes of parameters, gradients and Adam states (module docstring table; ZeRO Fig. 1).
+
+    Args:
+        num_params: parameters held by this rank before ZeRO sharding (Psi), >= 0.
+        precision: ``"mixed"`` (fp16/bf16 params+grads, fp32 master+Adam) or ``"fp32"``.
+        zero_stage: 0 (DDP), 1, 2 or 3.
+        dp_size: ranks the ZeRO shards are spread over (N), >= 1.
+
+    Raises:
+        ValueError: unknown precision or stage, negative counts; names the valid values.
+    """
+    if precision not in BYTES_PER_PARAM:
+        raise ValueError(f"precision={precision!r}: use one of {sorted(BYTES_PER_PARAM)}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r}: use 0, 1, 2 or 3")
+    if not (isinstance(num_params, int) and num_params >= 0):
+        raise ValueError(f"num_params={num_params!r}: must be an int >= 0")
+    if not (isinstance(dp_size, int) and dp_size >= 1):
+        raise ValueError(f"dp_size={dp_size!r}: must be an int >= 1")
+    param_b, grad_b, optim_b = BYTES_PER_PARAM[precision]
+    shard = math.ceil(num_params / dp_size)
+    return MemoryBreakdown(
+        params_bytes=param_b * (shard if zero_stage >= 3 else num_params),
+        grads_bytes=grad_b * (shard if zero_stage >= 2 else num_params),
+        optimizer_bytes=optim_b * (shard if zero_stage >= 1 else num_params),
+    )
+
+
+# --- saved activations -------------------------------------------------------------------------------
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """What an op saves: positional args, flattened outputs, and extra bytes (stats, masks)."""
+
+    args: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    extra_bytes: int = 0
+
+
+def _rows(t: torch.Tensor, normalized_ndim: int) -> int:
+    return math.prod(t.shape[: t.dim() - normalized_ndim])
+
+
+def _requires_grad(x: Any) -> bool:
+    # Meta/Fake tensors rarely carry requires_grad; a floating tensor with more than one element is taken
+    # to require grad (0-d constants such as attention scales do not).
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and (x.requires_grad or x.numel() > 1)
+
+
+def _mul_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    # mul saves `other` for grad_self and `self` for grad_other (derivatives.yaml, mul.Tensor).
+    saved = tuple(i for i, j in ((0, 1), (1, 0)) if _requires_grad(args[j]) and isinstance(args[i], torch.Tensor))
+    return _Saved(args=saved)
+
+
+def _div_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    # div saves `other` for grad_self, and also `self` when `other` requires grad.
+    if not isinstance(args[1], torch.Tensor):
+        return _Saved()
+    return _Saved(args=(0, 1) if _requires_grad(args[1]) else (1,))
+
+
+def _layer_norm_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    rows = _rows(args[0], len(args[1]))
+    return _Saved(args=(0,), extra_bytes=2 * rows * _STAT_BYTES)  # input + mean + rstd
+
+
+def _rms_norm_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    return _Saved(args=(0,), extra_bytes=_rows(args[0], len(args[1])) * _STAT_BYTES)  # input + rstd
+
+
+def _dropout_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    train = args[2] if len(args) > 2 else kwargs.get("train", True)
+    return _Saved(extra_bytes=args[0].numel() * _MASK_BYTES if train and p > 0 else 0)
+
+
+def _sdpa_composite_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+    q = args[0]
+    logsumexp = math.prod(q.shape[:-1]) * _STAT_BYTES  # (B, heads, s_q) in fp32
+    return _Saved(args=(0, 1, 2), outputs=(0,), extra_bytes=logsumexp)
+
+
+_INPUT_SAVERS = (aten.gelu, aten.silu, aten.log, aten.sin, aten.cos, aten.pow, aten.erf, aten.abs, aten.mish,
+                 aten.leaky_relu, aten.hardswish, aten.elu)
+_OUTPUT_SAVERS = (aten.relu, aten.sigmoid, aten.tanh, aten.exp, aten.softmax, aten._softmax, aten.log_softmax,
+                  aten._log_softmax, aten.rsqrt, aten.sqrt)
+_NOTHING_SAVED = (aten.add, aten.sub, aten.neg, aten.sum, aten.mean, aten.cat, aten.stack, aten.clone, aten.copy,
+                  aten.copy_, aten._to_copy, aten.to, aten.contiguous, aten.reshape, aten.flatten, aten.zeros,
+                  aten.ones, aten.full, aten.arange, aten.new_ones, aten.new_zeros, aten.zeros_like,
+                  aten.ones_like, aten.full_like, aten.fill, aten.add_, aten.constant_pad_nd, aten.repeat)
+_SAVE_RULES: dict[Any, Any] = {
+    **{op: _Saved(args=(0, 1)) for op in (aten.mm, aten.bmm, aten.matmul, aten.linear, aten.convolution,
+                                          aten.conv1d, aten.conv2d, aten.conv3d)},
+    aten.addmm: _Saved(args=(1, 2)), aten.baddbmm: _Saved(args=(1, 2)), aten.einsum: _Saved(args=(1,)),
+    **{op: _Saved(args=(0,)) for op in _INPUT_SAVERS},
+    **{op: _Saved(outputs=(0,)) for op in _OUTPUT_SAVERS},
+    **{op: _Saved() for op in _NOTHING_SAVED},
+    aten.mul: _mul_rule, aten.div: _div_rule,
+    aten.layer_norm: _layer_norm_rule, aten.native_layer_norm: _Saved(args=(0,), outputs=(1, 2)),
+    aten.rms_norm: _rms_norm_rule, aten._fused_rms_norm: _Saved(args=(0,), outputs=(1,)),
+    aten.dropout: _dropout_rule, aten.native_dropout: _Saved(outputs=(1,)),
+    aten.scaled_dot_product_attention: _sdpa_composite_rule,
+    **{op: _Saved(args=(0, 1, 2), outputs=(0, 1)) for op in (
+        aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_cudnn_attention)},
+    aten.embedding: _Saved(args=(1,)), aten.index: _Saved(args=(1,)), aten.index_select: _Saved(args=(2,)),
+    aten.gather: _Saved(args=(2,)), aten.where: _Saved(args=(0,)), aten.nll_loss_forward: _Saved(args=(1,),
+                                                                                               outputs=(1,)),
+}
+
+
+def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> _Saved:
+    """The save rule of one op; unknown ops with a backward conservatively save all tensor args."""
+    if is_free_op(target, args, out):
+        return _Saved()
+    if not any(t.is_floating_point() for t in tensors_in(out)):
+        return _Saved()  # integer / bool outputs have no backward
+    rule = _SAVE_RULES.get(target.overloadpacket)
+    if rule is None:
+        return _Saved(args=tuple(i for i, a in enumerate(args) if tensors_in(a)))
+    return rule(args, kwargs, out) if callable(rule) else rule
+
+
+def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
+                           param_args: Collection[int] = ()) -> int:
+    """Bytes one op keeps alive for backward, excluding parameters.
+
+    Examples of the rules: mm/linear/addmm keep their matrix inputs; gelu keeps its input; layer_norm
+    keeps input + fp32 mean/rstd; softmax keeps its output; dropout keeps a 1-byte mask; sdpa keeps q,
+    k, v, output and fp32 logsumexp; embedding keeps the indices; add and views keep nothing; mul keeps
+    each operand whose partner requires grad. An op with no rule keeps all its tensor args (an upper
+    bound).
+
+    Args:
+        target, args, kwargs, out: the op and its meta/Fake values, as for :func:`cost_model.op_cost`.
+        param_args: positional indices of ``args`` that are parameters (already resident, not counted).
+
+    Returns:
+        Bytes (int).
+    """
+    rule = _saved(target, args, kwargs, out)
+    outputs = tensors_in(out)
+    nbytes = rule.extra_bytes
+    nbytes += sum(tensor_nbytes(t) for i in rule.args if i not in param_args for t in tensors_in(args[i]))
+    nbytes += sum(tensor_nbytes(outputs[i]) for i in rule.outputs)
+    return nbytes
+
+
+def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """Follow view ops back to the node that owns the storage."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        args, _, out = node_values(node)
+        if not is_free_op(node.target, args, out) or not isinstance(node.args[0], torch.fx.Node):
+            break
+        node = node.args[0]
+    return node
+
+
+def graph_saved_activation_bytes(graph_module: torch.fx.GraphModule, param_names: Collection[str] = ()) -> int:
+    """Bytes of activations a forward graph keeps for backward, each storage counted once.
+
+    Saved tensors are traced through views to the node owning their storage (q, k, v views of one
+    fused projection count once, the whole projection), parameters and buffers (placeholders named in
+    ``param_names``, e.g. ``ep.graph_signature.inputs_to_parameters``) are skipped, and extra
+    per-op state (masks, statistics) is added per op.
+
+    Raises:
+        ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
+    """
+    params = set(param_names)
+    counted: dict[tuple[str, int], int] = {}
+    extra_total = 0
+    for node in op_nodes(graph_module):
+        args, kwargs, out = node_values(node)
+        rule = _saved(node.target, args, kwargs, out)
+        extra_total += rule.extra_bytes
+        for i in rule.args:
+            arg_nodes = node.args[i] if isinstance(node.args[i], (list, tuple)) else [node.args[i]]
+            for arg in arg_nodes:
+                if not isinstance(arg, torch.fx.Node):
+                    continue
+                root = _storage_root(arg)
+                if root.op == "placeholder" and root.name in params:
+                    continue
+                counted[(root.name, -1)] = sum(tensor_nbytes(t) for t in tensors_in(root.meta["val"]))
+        outputs = tensors_in(out)
+        for i in rule.outputs:
+            counted[(node.name, i)] = tensor_nbytes(outputs[i])
+    return extra_total + sum(counted.values())
+
+
+def activation_memory_bytes(saved_per_block_bytes: int, num_blocks: int, block_input_bytes: int = 0,
+                            checkpoint: bool = False, inflight_microbatches: int = 1) -> int:
+    """Peak activation bytes of ``num_blocks`` repeated blocks on one rank.
+
+    Without checkpointing every block keeps ``saved_per_block_bytes`` for each in-flight microbatch.
+    With full activation checkpointing a block keeps only its input (``block_input_bytes``) and one block
+    is recomputed at a time during backward (Korthikanti et al. 2022, Sec. 5; Chen et al. 2016)::
+
+        no checkpoint: k * L * saved_per_block
+        checkpoint:    k * L * block_input + saved_per_block
+
+    where k = ``inflight_microbatches`` (see :func:`inflight_microbatches`).
+
+    Raises:
+        ValueError: negative sizes or counts < 1 (naming the argument).
+    """
+    for name, value, low in (("saved_per_block_bytes", saved_per_block_bytes, 0), ("num_blocks", num_blocks, 0),
+                             ("block_input_bytes", block_input_bytes, 0),
+                             ("inflight_microbatches", inflight_microbatches, 1)):
+        if not (isinstance(value, int) and value >= low):
+            raise ValueError(f"{name}={value!r}: must be an int >= {low}")
+    if checkpoint:
+        return inflight_microbatches * num_blocks * block_input_bytes + saved_per_block_bytes
+    return inflight_microbatches * num_blocks * saved_per_block_bytes
+
+
+def inflight_microbatches(schedule: str, num_stages: int, num_microbatches: int, stage_index: int = 0) -> int:
+    """Microbatches whose activations a pipeline stage holds at its peak.
+
+    GPipe runs all forwards first: ``num_microbatches``. 1F1B (PipeDream-Flush, Narayanan et al. SC'21
+    Sec. 2.2) caps stage ``i`` at ``num_stages - i`` warm-up microbatches (at most ``num_microbatches``).
+
+    Raises:
+        ValueError: unknown schedule, or counts/index out of range.
+    """
+    if not (isinstance(num_stages, int) and num_stages >= 1 and isinstance(num_microbatches, int)
+            and num_microbatches >= 1):
+        raise ValueError(f"num_stages={num_stages!r}, num_microbatches={num_microbatches!r}: must be ints >= 1")
+    if not 0 <= stage_index < num_stages:
+        raise ValueError(f"stage_index={stage_index!r}: must be in [0, {num_stages})")
+    if schedule.lower() == "gpipe":
+        return num_microbatches
+    if schedule.lower() == "1f1b":
+        return min(num_stages - stage_index, num_microbatches)
+    raise ValueError(f"schedule={schedule!r}: use 'gpipe' or '1f1b'")

@@ -1,0 +1,247 @@
+"""Interconnect topology: links, clusters of nodes, and a device mesh laid out on a cluster.
+
+Link convention (used by every formula in :mod:`cost_model.communication`)
+---------------------------------------------------------------------------
+``Link.bandwidth_bytes_per_s`` (beta) is the **per-direction, per-GPU** bandwidth one rank can push into
+a collective algorithm over that link: each rank sends at beta while receiving at beta. This is the
+quantity nccl-tests' "bus bandwidth" saturates at (nccl-tests doc/PERFORMANCE.md). So an NVLink
+"600 GB/s bidirectional" GPU is 300 GB/s here, and a node with one 200 Gb/s InfiniBand HCA per GPU is
+25 GB/s per GPU across nodes. ``Link.latency_s`` (alpha) is the per-step latency of one message hop.
+
+Mesh layout
+-----------
+Global ranks are laid out row-major over ``mesh_shape``: the LAST mesh axis varies fastest, so it is
+innermost and fills a node first (as in ``torch.distributed.device_mesh.init_device_mesh``, where
+``torch.arange(world).view(mesh_shape)`` assigns ranks and node ``k`` holds ranks
+``[k*devices_per_node, (k+1)*devices_per_node)``). The mesh must cover the cluster exactly
+(``prod(mesh_shape) == num_nodes * devices_per_node``): to plan on fewer devices, build a smaller
+:class:`Cluster`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from cost_model.hardware import A100_80GB, H100_SXM, H200_SXM, DeviceSpec
+
+__all__ = ["Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
+           "CLUSTER_PRESETS", "get_cluster"]
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """An interconnect in the alpha-beta model: a message of S bytes takes ``latency_s + S / bandwidth``.
+
+    Attributes:
+        name: label, e.g. ``"nvlink3"``.
+        latency_s: alpha, seconds per message step, >= 0.
+        bandwidth_bytes_per_s: beta, per-direction per-GPU bytes/s (see module docstring), > 0.
+
+    Raises:
+        ValueError: naming the field, value and requirement.
+    """
+
+    name: str
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s < 1):
+            raise ValueError(f"Link.latency_s={self.latency_s!r}: must be seconds in [0, 1)")
+        if not (isinstance(self.bandwidth_bytes_per_s, (int, float)) and math.isfinite(self.bandwidth_bytes_per_s)
+                and self.bandwidth_bytes_per_s > 0):
+            raise ValueError(f"Link.bandwidth_bytes_per_s={self.bandwidth_bytes_per_s!r}: must be a finite number > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """``num_nodes`` identical nodes of ``devices_per_node`` devices.
+
+    Raises:
+        ValueError: non-positive counts; names the field and value.
+    """
+
+    device: DeviceSpec
+    num_nodes: int
+    devices_per_node: int
+    intra_node_link: Link
+    inter_node_link: Link
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_nodes", "devices_per_node"):
+            value = getattr(self, field_name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"Cluster.{field_name}={value!r}: must be an int >= 1")
+
+    @property
+    def world_size(self) -> int:
+        """Total number of devices, ``num_nodes * devices_per_node``."""
+        return self.num_nodes * self.devices_per_node
+
+
+# Per-step latencies follow NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, table hwLat, Ring/LL128
+# protocol): NVLink 1.9 us, network 4.0 us per ring step. Measured values differ; calibrate to refine.
+_NVLINK_LATENCY_S = 1.9e-6
+_IB_LATENCY_S = 4.0e-6
+
+
+def _dgx(device: DeviceSpec, num_nodes: int, nvlink_bidir_gb_per_s: float, ib_gbit_per_s: float,
+         devices_per_node: int, nvlink_name: str, ib_name: str) -> Cluster:
+    return Cluster(
+        device=device,
+        num_nodes=num_nodes,
+        devices_per_node=devices_per_node,
+        intra_node_link=Link(nvlink_name, _NVLINK_LATENCY_S, nvlink_bidir_gb_per_s / 2 * GB),
+        # One HCA per GPU: ib_gbit_per_s / 8 bytes per second per direction per GPU.
+        inter_node_link=Link(ib_name, _IB_LATENCY_S, ib_gbit_per_s / 8 * GB),
+    )
+
+
+def dgx_a100(num_nodes: int, devices_per_node: int = 8, device: DeviceSpec = A100_80GB) -> Cluster:
+    """DGX A100 nodes (NVIDIA DGX A100 datasheet / User Guide): 8x A100 SXM, NVLink3 600 GB/s
+    bidirectional per GPU (-> 300 GB/s per direction), 8x 200 Gb/s HDR InfiniBand ConnectX-6 (one per
+    GPU -> 25 GB/s per GPU per direction). Default device: the 640GB system's A100 80GB."""
+    return _dgx(device, num_nodes, 600, 200, devices_per_node, "nvlink3", "ib_hdr_200g")
+
+
+def dgx_h100(num_nodes: int, devices_per_node: int = 8, device: DeviceSpec = H100_SXM) -> Cluster:
+    """DGX H100 nodes (NVIDIA DGX H100 datasheet): 8x H100 SXM, NVLink4 900 GB/s bidirectional per GPU
+    (-> 450 GB/s per direction), 8x 400 Gb/s NDR InfiniBand ConnectX-7 (-> 50 GB/s per GPU per direction)."""
+    return _dgx(device, num_nodes, 900, 400, devices_per_node, "nvlink4", "ib_ndr_400g")
+
+
+def dgx_h200(num_nodes: int, devices_per_node: int = 8, device: DeviceSpec = H200_SXM) -> Cluster:
+    """DGX H200 nodes (NVIDIA DGX H200 datasheet): 8x H200 SXM, NVLink4 900 GB/s bidirectional per GPU
+    (-> 450 GB/s per direction), 8x 400 Gb/s NDR InfiniBand ConnectX-7 (-> 50 GB/s per GPU per direction)."""
+    return _dgx(device, num_nodes, 900, 400, devices_per_node, "nvlink4", "ib_ndr_400g")
+
+
+CLUSTER_PRESETS: dict[str, Callable[..., Cluster]] = {"a100": dgx_a100, "h100": dgx_h100, "h200": dgx_h200}
+_CLUSTER_SPEC = re.compile(r"^(?P<preset>[a-z0-9_]+):(?P<nodes>\d+)x(?P<devices>\d+)$")
+
+
+def get_cluster(spec: str) -> Cluster:
+    """Parse ``"PRESET:NODESxDEVICES"``, e.g. ``"h100:2x8"`` = 2 DGX H100 nodes using 8 GPUs each.
+
+    Raises:
+        ValueError: malformed string, unknown preset, or devices per node outside 1..8; says the format.
+    """
+    match = _CLUSTER_SPEC.match(spec.strip().lower())
+    remedy = f"use 'PRESET:NODESxDEVICES' with PRESET in {sorted(CLUSTER_PRESETS)}, e.g. 'h100:2x8'"
+    if match is None:
+        raise ValueError(f"cannot parse cluster {spec!r}: {remedy}")
+    preset = match["preset"].removeprefix("dgx_")
+    if preset not in CLUSTER_PRESETS:
+        raise ValueError(f"unknown cluster preset {match['preset']!r}: {remedy}")
+    nodes, devices = int(match["nodes"]), int(match["devices"])
+    if nodes < 1 or not 1 <= devices <= 8:
+        raise ValueError(f"cluster {spec!r}: DGX nodes hold 1..8 devices and need >= 1 node; {remedy}")
+    return CLUSTER_PRESETS[preset](nodes, devices_per_node=devices)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """How one process group (the ranks varying along some mesh axes) sits on the cluster.
+
+    Attributes:
+        size: ranks in the group (product of the axes' sizes).
+        ranks_per_node: g, group members that share a node (uniform over the group's nodes).
+        num_nodes: m, nodes the group spans; ``size == ranks_per_node * num_nodes``.
+    """
+
+    size: int
+    ranks_per_node: int
+    num_nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MeshTopology:
+    """A named device mesh on a :class:`Cluster` (row-major, last axis innermost; see module docstring).
+
+    Raises:
+        ValueError: shape/names mismatch, non-positive sizes, duplicate names, or a mesh that does not
+            cover the cluster exactly; and from :meth:`group_info` for unknown axis names.
+    """
+
+    cluster: Cluster
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        shape, names = tuple(self.mesh_shape), tuple(self.axis_names)
+        object.__setattr__(self, "mesh_shape", shape)
+        object.__setattr__(self, "axis_names", names)
+        if len(shape) != len(names) or not shape:
+            raise ValueError(f"mesh_shape={shape} and axis_names={names}: need one name per axis, >= 1 axis")
+        if any(not isinstance(n, int) or n < 1 for n in shape):
+            raise ValueError(f"mesh_shape={shape}: every axis size must be an int >= 1")
+        if len(set(names)) != len(names):
+            raise ValueError(f"axis_names={names}: names must be unique")
+        if math.prod(shape) != self.cluster.world_size:
+            raise ValueError(
+                f"mesh {dict(zip(names, shape))} has {math.prod(shape)} devices but the cluster has "
+                f"{self.cluster.num_nodes} nodes x {self.cluster.devices_per_node} = {self.cluster.world_size}; "
+                "make prod(mesh_shape) equal the device count (build a smaller Cluster to use fewer devices)"
+            )
+
+    def axis_size(self, axis_name: str) -> int:
+        """Size of one mesh axis. Raises ValueError for an unknown name."""
+        return self.mesh_shape[self._index(axis_name)]
+
+    def axis_info(self, axis_name: str) -> GroupInfo:
+        """:class:`GroupInfo` of the groups along one mesh axis. Raises ValueError for an unknown name."""
+        return self.group_info((axis_name,))
+
+    def group_info(self, axes: tuple[str, ...] | str) -> GroupInfo:
+        """:class:`GroupInfo` of the groups varying along all ``axes`` together (size = product).
+
+        If the groups' members are spread unevenly over nodes (possible when axis sizes do not divide
+        ``devices_per_node``), the group is reported as ``ranks_per_node=1, num_nodes=size``: every hop is
+        priced on the inter-node link, a pessimistic but safe bound.
+
+        Raises:
+            ValueError: unknown or repeated axis name; names the mesh and its axes.
+        """
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        indices = tuple(sorted(self._index(a) for a in axes))
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"axes {axes}: each mesh axis may appear once")
+        return _group_info(self.mesh_shape, indices, self.cluster.devices_per_node)
+
+    def _index(self, axis_name: str) -> int:
+        try:
+            return self.axis_names.index(axis_name)
+        except ValueError:
+            mesh = dict(zip(self.axis_names, self.mesh_shape))
+            raise ValueError(f"unknown mesh axis {axis_name!r} for mesh {mesh}; use one of {self.axis_names}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_info(mesh_shape: tuple[int, ...], axis_indices: tuple[int, ...], devices_per_node: int) -> GroupInfo:
+    size = math.prod(mesh_shape[i] for i in axis_indices)
+    strides = [math.prod(mesh_shape[i + 1:]) for i in range(len(mesh_shape))]
+    # Offsets of a group's members relative to its first rank, and first ranks of all groups.
+    offsets = [0]
+    for i in axis_indices:
+        offsets = [o + k * strides[i] for o in offsets for k in range(mesh_shape[i])]
+    others = [i for i in range(len(mesh_shape)) if i not in axis_indices]
+    starts = [0]
+    for i in others:
+        starts = [s + k * strides[i] for s in starts for k in range(mesh_shape[i])]
+    ranks_per_node_seen: set[int] = set()
+    for start in starts:
+        per_node: dict[int, int] = {}
+        for offset in offsets:
+            node = (start + offset) // devices_per_node
+            per_node[node] = per_node.get(node, 0) + 1
+        ranks_per_node_seen.update(per_node.values())
+        if len(ranks_per_node_seen) > 1:  # uneven spread: price every hop as inter-node
+            return GroupInfo(size=size, ranks_per_node=1, num_nodes=size)
+    (ranks_per_node,) = ranks_per_node_seen
+    return GroupInfo(size=size, ranks_per_node=ranks_per_node, num_nodes=size // ranks_per_node)

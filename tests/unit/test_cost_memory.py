@@ -1,0 +1,86 @@
+"""cost_model.memory: ZeRO training state, saved activations vs Korthikanti et al. (2022)."""
+
+import os
+
+import pytest
+import torch
+
+from cost_model import (activation_memory_bytes, graph_saved_activation_bytes, inflight_microbatches,
+                        saved_activation_bytes, training_state_bytes)
+
+aten = torch.ops.aten
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def test_mixed_precision_adam_is_16_bytes_per_param():
+    state = training_state_bytes(1_000_000, "mixed")
+    assert (state.params_bytes, state.grads_bytes, state.optimizer_bytes) == (2_000_000, 2_000_000, 12_000_000)
+    assert state.total_bytes == 16 * 1_000_000
+    assert training_state_bytes(1_000_000, "fp32").total_bytes == 16 * 1_000_000  # 4 + 4 + 8
+
+
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_zero_stages_follow_paper_figure_1(n):
+    psi = 7_680_000  # divisible by every n here
+    assert training_state_bytes(psi, "mixed", zero_stage=3, dp_size=n).total_bytes == 16 * psi // n
+    assert training_state_bytes(psi, "mixed", zero_stage=2, dp_size=n).total_bytes == 2 * psi + 14 * psi // n
+    assert training_state_bytes(psi, "mixed", zero_stage=1, dp_size=n).total_bytes == 4 * psi + 12 * psi // n
+    assert training_state_bytes(psi, "mixed", zero_stage=0, dp_size=n).total_bytes == 16 * psi
+
+
+def test_training_state_validation():
+    with pytest.raises(ValueError, match="zero_stage=4"):
+        training_state_bytes(10, zero_stage=4)
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        training_state_bytes(10, precision="fp8")
+
+
+def test_per_op_saved_bytes():
+    x, w, out = meta(8, 64), meta(64, 32), meta(8, 32)
+    assert saved_activation_bytes(aten.mm.default, (x, w), {}, out, param_args={1}) == x.numel() * 2
+    assert saved_activation_bytes(aten.gelu.default, (x,), {}, x) == x.numel() * 2
+    assert saved_activation_bytes(aten._softmax.default, (x, -1, False), {}, x) == x.numel() * 2
+    assert saved_activation_bytes(aten.add.Tensor, (x, x), {}, x) == 0
+    assert saved_activation_bytes(aten.view.default, (x, [-1]), {}, x.view(-1)) == 0
+    assert saved_activation_bytes(aten.dropout.default, (x, 0.1, True), {}, x) == x.numel()  # 1-byte mask
+    assert saved_activation_bytes(aten.dropout.default, (x, 0.1, False), {}, x) == 0
+    ln = saved_activation_bytes(aten.layer_norm.default, (x, [64], None, None), {}, x)
+    assert ln == x.numel() * 2 + 2 * 8 * 4  # input + fp32 mean, rstd per row
+    assert saved_activation_bytes(aten.mul.Tensor, (x, x), {}, x) == 2 * x.numel() * 2
+    assert saved_activation_bytes(aten.mul.Tensor, (x, 0.5), {}, x) == 0
+    ids = torch.empty(4, 16, dtype=torch.long, device="meta")
+    assert saved_activation_bytes(aten.embedding.default, (meta(100, 64), ids), {}, meta(4, 16, 64), {0}) == 4 * 16 * 8
+
+
+def test_gpt_layer_activations_match_korthikanti_eq1():
+    """Korthikanti et al. 2022 eq. (1): s*b*h*(34 + 5*a*s/h) bytes per layer, fp16, with dropout,
+    no parallelism. Config: GPT-2 block, h=768, a=12, s=512, b=2, exact GELU, dropout 0.1, train mode."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    b, s, h, a = 2, 512, 768, 12
+    cfg = transformers.GPT2Config(n_embd=h, n_head=a, n_layer=1, n_positions=s, attn_implementation="eager",
+                                  activation_function="gelu", use_cache=False)
+    with torch.device("meta"):
+        block = GPT2Block(cfg, layer_idx=0).to(torch.float16)
+        x = torch.zeros(b, s, h, dtype=torch.float16)
+    block.train()
+    program = torch.export.export(block, (x,), strict=False)
+    got = graph_saved_activation_bytes(program.graph_module, program.graph_signature.inputs_to_parameters)
+    assert got == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.15)
+
+
+def test_activation_checkpointing_and_pipeline_inflight():
+    per_block, block_input, layers = 1000, 100, 12
+    assert activation_memory_bytes(per_block, layers) == 12_000
+    assert activation_memory_bytes(per_block, layers, block_input, checkpoint=True) == 12 * 100 + 1000
+    k = inflight_microbatches("1f1b", num_stages=4, num_microbatches=8, stage_index=0)
+    assert k == 4 and inflight_microbatches("1f1b", 4, 8, stage_index=3) == 1
+    assert inflight_microbatches("gpipe", 4, 8) == 8
+    assert activation_memory_bytes(per_block, layers, inflight_microbatches=k) == 4 * 12_000
+    with pytest.raises(ValueError, match="schedule='zb'"):
+        inflight_microbatches("zb", 4, 8)
