@@ -3,9 +3,9 @@
 The graph is export's training IR: ATen ops with high-level ops kept whole (aten.linear, aten.layer_norm,
 aten.scaled_dot_product_attention, aten.embedding), which is what per-op sharding rules are written for;
 backward is left to autograd of the forward program (DESIGN.md rule 3). Two normalisations are applied and
-recorded in `TracedGraph.notes`: shape-assertion nodes (no outputs, no users) are dropped, and a
-`torch.no_grad()` region inside forward (exported as a `wrap_with_set_grad_enabled` call) is inlined with
-`aten.detach` on each of its outputs, which keeps it a stop-gradient.
+recorded in `TracedGraph.notes`: shape-assertion nodes are dropped, a
+`torch.no_grad()` region inside forward is inlined as a stop-gradient, and biases are split off linear
+layers (see `normalize`).
 """
 from __future__ import annotations
 
@@ -19,13 +19,9 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
+from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 
-_ASSERT_OPS = {
-    torch.ops.aten._assert_tensor_metadata.default,
-    torch.ops.aten._assert_scalar.default,
-    torch.ops.aten.sym_constrain_range_for_size.default,
-}
 _SCALAR_TYPES = (int, float, bool, type(None))
 
 
@@ -59,10 +55,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
     exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
-    _drop_asserts(gm, notes)
-    _inline_grad_regions(gm, notes)
-    gm.graph.lint()
-    gm.recompile()
+    normalize(gm, notes)
     return _build(model, exported, gm, notes)
 
 
@@ -113,77 +106,14 @@ def _user_location(exc: BaseException) -> str | None:
     return f"{user[-1].filename}:{user[-1].lineno}"
 
 
-def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    dropped = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target in _ASSERT_OPS and not node.users:
-            gm.graph.erase_node(node)
-            dropped += 1
-    if dropped:
-        notes.append(f"dropped {dropped} shape-assertion node(s)")
-
-
-def _inline_grad_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Inline `wrap_with_set_grad_enabled(enabled, submod, *args)` calls; detach outputs when disabled."""
-    hop = torch.ops.higher_order.wrap_with_set_grad_enabled
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not hop:
-            continue
-        enabled, sub_attr, *operands = node.args
-        sub = gm.get_submodule(sub_attr.target)
-        env: dict[torch.fx.Node, Any] = dict(zip(
-            [n for n in sub.graph.nodes if n.op == "placeholder"], operands))
-        outputs: tuple = ()
-        with gm.graph.inserting_before(node):
-            for sn in sub.graph.nodes:
-                if sn.op == "placeholder":
-                    continue
-                if sn.op == "output":
-                    outputs = tuple(env[o] for o in pytree.tree_leaves(sn.args[0]))
-                    break
-                if sn.op == "get_attr":
-                    raise TraceError("a constant inside a grad-mode region", _stack_location(sn),
-                                     "move the constant out of the torch.no_grad() block")
-                env[sn] = gm.graph.node_copy(sn, lambda n: env[n])
-            if not enabled:
-                outputs = tuple(_detach(gm, o) for o in outputs)
-        for user in list(node.users):
-            user.replace_all_uses_with(outputs[user.args[1]])
-            gm.graph.erase_node(user)
-        gm.graph.erase_node(node)
-        if not sub_attr.users:
-            gm.graph.erase_node(sub_attr)
-            delattr(gm, sub_attr.target)
-        where = _stack_location(next(iter(n for n in sub.graph.nodes if n.op == "call_function")))
-        notes.append(f"inlined a torch.{'enable_grad' if enabled else 'no_grad'}() region"
-                     f"{' at ' + where if where else ''}" + ("" if enabled else " (its outputs are detached)"))
-
-
-def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node) -> torch.fx.Node:
-    out = gm.graph.call_function(torch.ops.aten.detach.default, (value,))
-    out.meta = {k: v for k, v in value.meta.items() if k in ("nn_module_stack", "stack_trace")}
-    out.meta["val"] = value.meta["val"].detach()
-    return out
-
-
-def _stack_location(node: torch.fx.Node) -> str | None:
-    """file:line of the last frame of a node's recorded stack trace."""
-    trace_text = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in trace_text.splitlines() if ln.strip().startswith("File ")]
-    if not frames:
-        return None
-    parts = frames[-1].split('"')
-    line = frames[-1].split("line ")[-1].split(",")[0]
-    return f"{parts[1]}:{line}" if len(parts) > 1 else None
-
-
 def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: torch.fx.GraphModule,
            notes: list[str]) -> TracedGraph:
     sig = exported.graph_signature
     canonical = _canonical_names(model)
     module_types: dict[str, str] = {"": type(model).__qualname__}
     nodes: dict[str, NodeInfo] = {}
-    user_outputs = set(sig.user_outputs)
+    user_outputs = {a.name for a in pytree.tree_leaves(gm.graph.output_node().args)
+                    if isinstance(a, torch.fx.Node)}
     for node in gm.graph.nodes:
         role, fqn = _role(node, sig, user_outputs)
         module = _module_of(node, fqn, module_types)

@@ -45,6 +45,10 @@ def test_shapes_match_eager_execution(traced_zoo):
                 if isinstance(a, torch.fx.Node)]
     assert tuple(ref_t.shape) in {t.shape for n in produced for t in n.outputs}
     assert all(n.role is Role.OUTPUT for n in produced)
+    assert not any(n.op_name in ("aten.addmm.default",) for n in tg.compute_nodes())
+    for n in tg.compute_nodes():  # biases are split off: every linear has two args (x, W)
+        if n.op_name == "aten.linear.default":
+            assert len(n.node.args) == 2 or n.node.args[2] is None
 
 
 def test_repeated_blocks_equal_layer_count(traced_zoo):
@@ -90,7 +94,7 @@ def test_tied_embedding_is_one_parameter_with_two_uses(builder):
 def test_module_fqn_and_roles_gpt2():
     model, inputs = zoo.gpt2(n_layer=2)
     tg = parallelizer.trace(model, inputs)
-    linears = [n for n in tg.compute_nodes() if n.op_name == "aten.addmm.default"]
+    linears = [n for n in tg.compute_nodes() if n.op_name == "aten.mm.default"]  # Conv1D: addmm -> mm + add
     assert [n.module_fqn for n in linears[:4]] == [
         "transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj",
         "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"]
