@@ -1,0 +1,65 @@
+"""`PlanConfig`: every knob of `parallelizer.plan`, in one frozen, validated object (no globals)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SOLVERS = ("highs", "cbc")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """Planner configuration.
+
+    Attributes:
+        batch_dims: the batch dim of each user input (placeholder name -> dim, or None for "not batched");
+            inputs not named use `default_batch_dim`. Batch dims may be sharded over `data_axes`.
+        default_batch_dim: batch dim of user inputs not in `batch_dims` (0 by default; None = no batch dim).
+        data_axes: mesh axes user inputs may be sharded over (None = every axis).
+        memory_budget_bytes: per-device memory limit; None = the device's HBM (`DeviceSpec.hbm_bytes`).
+        optimizer: "adamw" / "adam" (2 fp32 states) or "sgd" (none), for training-state bytes.
+        mixed_precision: True = bf16/fp16 params and grads with fp32 master weights (ZeRO's 16 B/param);
+            False = fp32 everything. Affects memory only; compute is priced in the traced dtypes.
+        time_limit_s: solver wall-clock limit, seconds (> 0).
+        mip_rel_gap: relative MIP gap at which the solver may stop (0 = prove optimality).
+        solver: "highs" (default; falls back to "cbc" if highspy is missing) or "cbc".
+        cluster_blocks: share strategy variables between the instances of a repeated block (exact when the
+            optimum treats every instance alike; always a feasible plan).
+    Raises:
+        ValueError: naming the field, the value declared and what is required.
+    """
+
+    batch_dims: tuple[tuple[str, int | None], ...] = field(default=())
+    default_batch_dim: int | None = 0
+    data_axes: tuple[str, ...] | None = None
+    memory_budget_bytes: int | None = None
+    optimizer: str = "adamw"
+    mixed_precision: bool = False
+    time_limit_s: float = 60.0
+    mip_rel_gap: float = 0.0
+    solver: str = "highs"
+    cluster_blocks: bool = True
+
+    def __post_init__(self) -> None:
+        bd = self.batch_dims
+        if isinstance(bd, dict):
+            bd = tuple(sorted(bd.items()))
+        object.__setattr__(self, "batch_dims", tuple(tuple(x) for x in bd))
+        if self.data_axes is not None:
+            object.__setattr__(self, "data_axes", tuple(self.data_axes))
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
+        if not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):
+            raise ValueError(f"PlanConfig.time_limit_s={self.time_limit_s!r}: must be seconds > 0")
+        if not (isinstance(self.mip_rel_gap, (int, float)) and 0 <= self.mip_rel_gap < 1):
+            raise ValueError(f"PlanConfig.mip_rel_gap={self.mip_rel_gap!r}: must be in [0, 1)")
+        if self.memory_budget_bytes is not None and not (
+                isinstance(self.memory_budget_bytes, (int, float)) and self.memory_budget_bytes > 0):
+            raise ValueError(f"PlanConfig.memory_budget_bytes={self.memory_budget_bytes!r}: must be bytes > 0 "
+                             "or None (= device memory)")
+
+    def batch_dim_of(self, input_name: str) -> int | None:
+        """The batch dim of user input `input_name`."""
+        return dict(self.batch_dims).get(input_name, self.default_batch_dim)

@@ -1,0 +1,231 @@
+"""THE single source of collective steps for a layout change (DESIGN.md rule 1).
+
+`redistribute_steps(src, dst, shape, mesh)` returns the ordered steps that turn a tensor placed by `src`
+into one placed by `dst`; `edge_steps` adds the gradient semantics of one use of the tensor (below). The
+planner prices exactly these steps (`parallelizer.planner.costs.step_time_s`); the rewriter emits exactly
+these steps.
+
+Step kinds (forward -> backward conjugate):
+    all_gather      Shard(d) -> Replicate on one axis       bwd reduce_scatter (or local_slice, see below)
+    reduce_scatter  Partial  -> Shard(d)                    bwd all_gather
+    all_reduce      Partial  -> Replicate                   bwd identity
+    all_to_all      Shard(d1) -> Shard(d2)                  bwd all_to_all (d2 -> d1)
+    local_slice     Replicate -> Shard(d), no communication bwd all_gather
+    grad_all_reduce identity (layout unchanged)             bwd all_reduce  (Megatron's "f" operator)
+`Replicate -> Partial` and `Shard -> Partial` are impossible (raise `ImpossibleRedistributionError`).
+
+Multi-axis changes are decomposed deterministically in three phases: (1) resolve Partial axes in mesh
+order (reduce_scatter straight to the target shard when the nesting allows it, else all_reduce);
+(2) unshard axes from the innermost to the outermost (all_to_all when the target is another shard and the
+nesting allows, else all_gather); (3) shard the remaining axes from the outermost to the innermost by local
+slicing. An axis whose placement is already right is redone when an outer axis on the same tensor dim
+changes, because a dim sharded by several axes is split in mesh-axis order (outer axis = outer chunk).
+
+Gradient semantics (the contract with the rewriter). Every rank runs the same local program; autograd
+produces local gradients. Invariant: the gradient of a Replicate tensor is full (identical on all ranks) and
+the gradient of a Partial tensor is full too. A use of a tensor that is Replicate on mesh axis a by a node
+whose output is Shard or Partial on a (the computation is split over a) receives a partial-sum gradient;
+`edge_steps(..., grad_partial_axes=(a,))` restores the invariant: if the last step on axis a is an
+all_gather, its backward reduce_scatter sums the partial gradients (FSDP, Megatron sequence parallelism);
+otherwise a `grad_all_reduce` is appended (DDP gradient sync, Megatron's f). Every other all_gather receives
+full gradients, so its backward is a free `local_slice`. Tensors without gradients get identity backwards.
+
+Bytes follow nccl-tests' convention (`cost_model.communication`): all_gather = output (gathered) local
+bytes, reduce_scatter = input local bytes, all_reduce = the buffer, all_to_all = the per-rank buffer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..errors import ParallelizerError
+from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_str
+from .mesh import MeshSpec
+
+__all__ = ["Step", "STEP_KINDS", "COLLECTIVE_KINDS", "redistribute_steps", "edge_steps",
+           "ImpossibleRedistributionError"]
+
+STEP_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "local_slice", "grad_all_reduce")
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+_DEFAULT_BWD = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "identity",
+                "all_to_all": "all_to_all", "local_slice": "all_gather", "grad_all_reduce": "all_reduce"}
+
+
+class ImpossibleRedistributionError(ParallelizerError, ValueError):
+    """A layout change with no collective: Shard -> Partial, Replicate -> Partial, or mismatched reductions."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One collective (or local) step of a redistribution, on one mesh axis.
+
+    Attributes:
+        kind: one of STEP_KINDS (forward op).
+        mesh_axis: the mesh axis name the collective runs over.
+        tensor_dim: the tensor dim gathered / scattered / sliced (source dim for all_to_all), else None.
+        dst_dim: the target tensor dim of an all_to_all, else None.
+        before, after: the tensor's layout (string form) before and after this step.
+        nbytes: forward bytes in nccl-tests convention (module docstring); 0 when nothing is sent.
+        bwd_kind: the backward conjugate: "reduce_scatter", "all_gather", "all_to_all", "all_reduce",
+            "local_slice" or "identity".
+        bwd_nbytes: backward bytes in nccl-tests convention; 0 when nothing is sent.
+        reduce_op: "sum" or "avg" for reductions of a Partial tensor, else None.
+        regather: True for an all_gather of a stored parameter shard (ZeRO-3 / FSDP with
+            reshard_after_forward): the gathered tensor is freed after its forward use and the backward runs
+            the same all_gather again before its conjugate, so the gathered copy is never saved.
+    """
+
+    kind: str
+    mesh_axis: str
+    tensor_dim: int | None
+    dst_dim: int | None
+    before: str
+    after: str
+    nbytes: int
+    bwd_kind: str
+    bwd_nbytes: int
+    reduce_op: str | None = None
+    regather: bool = False
+
+    @property
+    def fwd_collective(self) -> str | None:
+        """The cost_model collective kind run in forward, or None (local_slice, grad_all_reduce)."""
+        return self.kind if self.kind in COLLECTIVE_KINDS else None
+
+    @property
+    def bwd_collective(self) -> str | None:
+        """The cost_model collective kind run in backward, or None (identity, local_slice)."""
+        return self.bwd_kind if self.bwd_kind in COLLECTIVE_KINDS else None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Step":
+        return cls(**d)
+
+    def __str__(self) -> str:
+        dims = "" if self.tensor_dim is None else f" dim {self.tensor_dim}" + (
+            "" if self.dst_dim is None else f"->{self.dst_dim}")
+        return f"{self.kind}[{self.mesh_axis}{dims}] {self.before}->{self.after}"
+
+
+def _nbytes(shape: tuple[int, ...], layout: list, mesh: MeshSpec, itemsize: int) -> int:
+    return math.prod(local_shape(shape, Layout(tuple(layout)), mesh)) * itemsize
+
+
+def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, *,
+                       itemsize: int = 4) -> tuple[Step, ...]:
+    """Ordered steps turning `src` into `dst` for a tensor of global `shape` (module docstring).
+
+    Args:
+        src, dst: layouts with one placement per mesh axis.
+        shape: global tensor shape.
+        mesh: the mesh.
+        itemsize: bytes per element (dtype.itemsize), for `Step.nbytes`.
+    Returns:
+        The steps; () when src == dst. Backward kinds are the defaults (all_gather -> reduce_scatter);
+        `edge_steps` refines them for one use.
+    Raises:
+        ImpossibleRedistributionError: dst is Partial on an axis where src is not the same Partial.
+        IndivisibleShardError: src or dst does not fit `shape` on `mesh`.
+    """
+    shape, nd = tuple(shape), len(shape)
+    src, dst = src.normalized(nd), dst.normalized(nd)
+    local_shape(shape, src, mesh)
+    local_shape(shape, dst, mesh)
+    for a, (s, d) in enumerate(zip(src, dst)):
+        if isinstance(d, Partial) and s != d:
+            raise ImpossibleRedistributionError(
+                f"cannot redistribute {src} -> {dst} on mesh {mesh}: {placement_str(s)} -> {placement_str(d)} "
+                f"on axis {mesh.axis_names[a]!r} is impossible (no collective makes a Partial tensor); "
+                "choose a strategy whose input is not Partial there")
+    n = mesh.ndim
+    cur = list(src)
+    pending = [False] * n
+    for i in range(n):  # closure: redo an axis when an outer axis on the same tensor dim changes
+        same = isinstance(cur[i], Shard) and any(pending[k] and cur[i] in (cur[k], dst[k]) for k in range(i))
+        pending[i] = cur[i] != dst[i] or same
+    steps: list[Step] = []
+
+    def touches(p, d: int) -> bool:
+        return isinstance(p, Shard) and p.dim == d
+
+    def safe(i: int, d: int) -> bool:  # may axis i hold Shard(d) now, in mesh-order nesting?
+        outer_ok = all(not pending[k] for k in range(i) if touches(cur[k], d) or touches(dst[k], d))
+        return outer_ok and not any(touches(cur[j], d) for j in range(i + 1, n))
+
+    def emit(kind: str, i: int, new, tensor_dim=None, dst_dim=None) -> None:
+        before = list(cur)
+        cur[i] = new
+        b_before, b_after = (_nbytes(shape, x, mesh, itemsize) for x in (before, cur))
+        fwd = {"all_gather": b_after, "reduce_scatter": b_before, "all_reduce": b_before,
+               "all_to_all": b_before, "local_slice": 0}[kind]
+        bwd_kind = _DEFAULT_BWD[kind]
+        bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
+        op = before[i].reduce_op if isinstance(before[i], Partial) else None
+        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, _s(before), _s(cur), fwd, bwd_kind,
+                          bwd, op))
+
+    for i in range(n):  # phase 1: Partial axes, mesh order
+        if pending[i] and isinstance(cur[i], Partial):
+            if isinstance(dst[i], Shard) and safe(i, dst[i].dim):
+                emit("reduce_scatter", i, dst[i], dst[i].dim)
+            else:
+                emit("all_reduce", i, Replicate())
+            pending[i] = cur[i] != dst[i]
+    for i in reversed(range(n)):  # phase 2: unshard, innermost first
+        if pending[i] and isinstance(cur[i], Shard):
+            d = cur[i].dim
+            if (isinstance(dst[i], Shard) and dst[i] != cur[i] and safe(i, dst[i].dim)
+                    and not any(touches(cur[j], d) for j in range(i + 1, n))):
+                emit("all_to_all", i, dst[i], d, dst[i].dim)
+            else:
+                emit("all_gather", i, Replicate(), d)
+            pending[i] = cur[i] != dst[i]
+    for i in range(n):  # phase 3: shard, outermost first
+        if pending[i]:
+            emit("local_slice", i, dst[i], dst[i].dim)
+            pending[i] = False
+    return tuple(steps)
+
+
+def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, *, itemsize: int = 4,
+               grad_partial_axes: tuple[str, ...] = (), requires_grad: bool = True,
+               is_parameter: bool = False) -> tuple[Step, ...]:
+    """Steps of one use of a tensor: `redistribute_steps` plus the gradient semantics (module docstring).
+
+    Args:
+        grad_partial_axes: mesh axes on which the consumer's input is Replicate while its computation is
+            split (output Shard or Partial): the gradient arriving there is a partial sum.
+        requires_grad: False for tensors without gradients (inputs, integer tensors, buffers): every
+            backward is "identity".
+        is_parameter: the tensor is a stored parameter: its all_gathers are `regather` steps (FSDP).
+    Raises:
+        ValueError: an axis in grad_partial_axes is not Replicate in `dst`.
+        and what `redistribute_steps` raises.
+    """
+    steps = list(redistribute_steps(src, dst, shape, mesh, itemsize=itemsize))
+    if is_parameter:
+        steps = [replace(s, regather=True) if s.kind == "all_gather" else s for s in steps]
+    if not requires_grad:
+        return tuple(replace(s, bwd_kind="identity", bwd_nbytes=0) for s in steps)
+    dst = dst.normalized(len(shape))
+    absorbed: set[int] = set()
+    for axis in sorted(set(grad_partial_axes), key=mesh.index):
+        i = mesh.index(axis)
+        if not isinstance(dst[i], Replicate):
+            raise ValueError(f"grad_partial_axes names {axis!r} but the consumer layout {dst} is not "
+                             "Replicate there; only a Replicate input of a split computation gets partial grads")
+        on_axis = [k for k, s in enumerate(steps) if s.mesh_axis == axis]
+        if on_axis and steps[on_axis[-1]].kind == "all_gather":
+            absorbed.add(on_axis[-1])
+        else:
+            nbytes = _nbytes(tuple(shape), list(dst), mesh, itemsize)
+            steps.append(Step("grad_all_reduce", axis, None, None, str(dst), str(dst), 0, "all_reduce", nbytes))
+    return tuple(replace(s, bwd_kind="local_slice", bwd_nbytes=0)
+                 if s.kind == "all_gather" and k not in absorbed else s for k, s in enumerate(steps))
+
+
+def _s(placements: list) -> str:
+    return "".join(placement_str(p) for p in placements)

@@ -1,0 +1,6 @@
+"""Planner: strategy spaces, pricing, the ILP and the `Plan` (see api.py for the pipeline)."""
+from .api import Explanation, build, explain, plan
+from .plan import CostBreakdown, EdgePlan, Fallback, NodePlan, ParamPlan, Plan, SolverReport
+
+__all__ = ["plan", "explain", "build", "Explanation", "Plan", "NodePlan", "EdgePlan", "ParamPlan",
+           "CostBreakdown", "SolverReport", "Fallback"]

@@ -1,0 +1,173 @@
+"""`plan(traced, mesh, ...)`: TracedGraph -> Plan, and `explain` (why a node's strategy won).
+
+Pipeline: strategy spaces (`strategies.py`) -> prices (`costs.py`, cost_model) -> groups and cost matrices
+(`problem.py`) -> ILP (`ilp.py`) -> `Plan` (`plan.py`) whose edges carry `core.redistribute.edge_steps`.
+Deterministic: graph-ordered iteration, sorted pairs, single-thread seeded solver.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
+
+from ..config import PlanConfig
+from ..core.layout import local_shape
+from ..core.mesh import MeshSpec
+from ..tracer import TracedGraph
+from .costs import Pricer
+from .ilp import Solution, memory_bytes, objective_s, solve
+from .plan import CostBreakdown, EdgePlan, Fallback, NodePlan, ParamPlan, Plan, SolverReport, empty_comm
+from .problem import Problem, build_problem, grad_axes
+from .strategies import build_spaces
+
+
+def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
+         topology: MeshTopology | None = None, config: PlanConfig | None = None, **options) -> Plan:
+    """Plan the sharding of `traced` on `mesh`.
+
+    Args:
+        traced: from `parallelizer.trace`.
+        mesh: a `MeshSpec` or {"dp": 2, "tp": 4} (last axis innermost).
+        cluster: a `cost_model.topology.Cluster`, or a preset string "h100:1x8"; default: DGX H100 nodes
+            holding the mesh (8 devices per node, or one node with all devices when fewer than 8).
+        topology: a ready `MeshTopology` (overrides `cluster`).
+        config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., batch_dims={...}, optimizer=...,
+            mixed_precision=..., time_limit_s=...) override its fields.
+    Returns:
+        The `Plan`.
+    Raises:
+        InfeasiblePlanError: the memory budget cannot be met (names the minimum needed and remedies).
+        ValueError: bad mesh / config / topology (names the field).
+    """
+    mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+    config = dataclasses.replace(config or PlanConfig(), **options)
+    problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config)
+    solution = solve(problem, config)
+    return to_plan(traced, problem, pricer, solution, config)
+
+
+def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
+          config: PlanConfig) -> tuple[Problem, Pricer]:
+    """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks)."""
+    topo = topology or MeshTopology(_cluster(cluster, mesh), mesh.shape, mesh.axis_names)
+    pricer = Pricer(topo, mesh, config)
+    budget = config.memory_budget_bytes or topo.cluster.device.hbm_bytes
+    spaces = build_spaces(traced, mesh, config)
+    return build_problem(traced, spaces, pricer, config, int(budget)), pricer
+
+
+def _cluster(cluster: Cluster | str | None, mesh: MeshSpec) -> Cluster:
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, str):
+        return get_cluster(cluster)
+    n = mesh.world_size
+    return dgx_h100(1, devices_per_node=n) if n <= 8 else dgx_h100(math.ceil(n / 8))
+
+
+def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig) -> Plan:
+    """Assemble the `Plan` of a solution: strategies, stored layouts, edge steps, cost breakdown."""
+    mesh, spaces = problem.mesh, problem.spaces
+    strat = {n: spaces[n].strategies[sol.choice[problem.group_of[n]]] for n in spaces}
+    nodes, edges, fallbacks = {}, [], []
+    compute_s, comm, act = 0.0, empty_comm(), 0
+    for name, space in spaces.items():
+        info, s = tg.nodes[name], strat[name]
+        nodes[name] = NodePlan(info.op_name, tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output))
+        if space.fallback:
+            fallbacks.append(Fallback(name, info.op_name, space.fallback))
+        if space.kind == "op":
+            c = pricer.node_cost(tg, info, space, s)
+            compute_s += c.total_s
+            act += c.saved_bytes
+        for k, ti in enumerate(space.inputs):
+            src = strat[ti.producer].output
+            req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
+            steps = pricer.steps(src, s.inputs[k], ti.shape, ti.dtype.itemsize, grad_axes(s, k, mesh), req,
+                                 spaces[ti.producer].kind == "param")
+            for st in steps:
+                fwd, bwd = pricer.step_time_s(st)
+                if st.fwd_collective:
+                    comm[st.fwd_collective] += fwd
+                if st.bwd_collective:
+                    comm[st.bwd_collective] += bwd
+            edges.append(EdgePlan(ti.producer, name, k, str(src), str(s.inputs[k]), steps))
+    params, state = {}, [0, 0, 0]
+    for p in tg.parameters.values():
+        stored = strat[p.placeholders[0]].output
+        loc = local_shape(p.shape, stored, mesh)
+        params[p.fqn] = ParamPlan(p.fqn, tuple(p.aliases), tuple(p.placeholders), tuple(p.shape), str(stored),
+                                  loc, p.is_buffer)
+        if not p.is_buffer:
+            for i, b in enumerate(pricer.param_state_bytes(math.prod(loc))):
+                state[i] += b
+    memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
+              "buffers": problem.const_mem_bytes}
+    memory["total"] = sum(memory.values())
+    report = SolverReport(sol.solver, sol.status, sol.optimal, sol.gap, sol.num_variables, sol.num_binary,
+                          sol.num_constraints, len(problem.groups), sol.objective_s, sol.time_s)
+    model = {"num_nodes": len(tg.nodes), "num_parameters": tg.num_parameters,
+             "inputs": {n: list(tg.nodes[n].outputs[0].shape) for n in tg.input_names if tg.nodes[n].outputs}}
+    cfg = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    cfg["memory_budget_bytes"] = problem.budget_bytes
+    cfg["batch_dims"] = [list(x) for x in config.batch_dims]
+    cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
+    del cfg["time_limit_s"]
+    return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
+                tuple(fallbacks), model, cfg)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why node `node` got its strategy: total objective (seconds) and memory of the plan with the node's
+    group switched to each alternative, other groups fixed. `alternatives` is sorted by cost."""
+
+    node: str
+    chosen: str
+    chosen_s: float
+    alternatives: tuple[tuple[str, float, int, bool], ...]  # (strategy, objective_s, memory_bytes, fits)
+
+    def __str__(self) -> str:
+        lines = [f"{self.node}: chosen {self.chosen} (objective {self.chosen_s * 1e3:.4f} ms)"]
+        for s, c, m, ok in self.alternatives[:8]:
+            delta = (c - self.chosen_s) * 1e3
+            lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), {m / 1e9:.2f} GB"
+                         + ("" if ok else "  [over memory budget]"))
+        return "\n".join(lines)
+
+
+def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topology=None,
+            config: PlanConfig | None = None) -> Explanation:
+    """Compare the chosen strategy of `node` with every alternative, the rest of the plan fixed.
+
+    Rebuilds the problem (deterministic) with the plan's mesh; pass the same cluster/config as to `plan`.
+    Raises KeyError for an unknown node.
+    """
+    config = config or PlanConfig(memory_budget_bytes=plan_.config.get("memory_budget_bytes"))
+    problem, _ = build(traced, plan_.mesh, cluster=cluster, topology=topology, config=config)
+    if node not in problem.group_of:
+        raise KeyError(f"no node {node!r} in the plan")
+    choice = []
+    for members in problem.groups:
+        n = members[0]
+        want = plan_.nodes[n]
+        strategies = problem.spaces[n].strategies
+        choice.append(next(i for i, s in enumerate(strategies) if _fmt(s) == (want.inputs, want.output)))
+    g = problem.group_of[node]
+    fmt = lambda s: f"{' '.join(str(L) for L in s.inputs)} -> {s.output}"
+    alts = []
+    for i, s in enumerate(problem.spaces[node].strategies):
+        c = list(choice)
+        c[g] = i
+        mem = memory_bytes(problem, tuple(c))
+        alts.append((fmt(s), objective_s(problem, tuple(c)), mem, mem <= problem.budget_bytes))
+    chosen = problem.spaces[node].strategies[choice[g]]
+    return Explanation(node, fmt(chosen), objective_s(problem, tuple(choice)),
+                       tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
+
+
+def _fmt(s) -> tuple:
+    return tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output)
+

@@ -1,0 +1,172 @@
+"""The ILP: choose one strategy per variable group to minimise the estimated step time under a memory budget.
+
+Formulation (groups, costs and memory from `problem.py`; all sums in sorted, deterministic order):
+
+    Variables
+        x[g, i] in {0, 1}      group g takes strategy i            (groups with one strategy are constants)
+        e[g, h, i, j] in [0,1] groups g < h take strategies i, j   (only for non-separable pairs; continuous
+                                                                    is exact given binary x, see below)
+    Objective (seconds, scaled to microseconds for the solver)
+        min  sum_g sum_i lin[g][i] x[g, i]  +  sum_(g,h) sum_(i,j) C[g,h][i, j] e[g, h, i, j]
+        lin: compute fwd+bwd of every member op on local shapes, plus edges inside a group;
+        C:   collective seconds fwd+bwd of every edge between g and h, including gradient synchronisation
+             (grad_all_reduce / the reduce_scatter backward of all_gather), i.e. DDP/ZeRO traffic.
+    Constraints
+        sum_i x[g, i] = 1                                   for every group g          (one-hot)
+        sum_j e[g, h, i, j] = x[g, i]                       for every pair, every i    (rows)
+        sum_i e[g, h, i, j] = x[h, j]                       for every pair, every j    (columns)
+        sum_g sum_i mem[g][i] x[g, i] <= budget - const     (per-device bytes: stored parameter shards x
+                                                             (param + grad + optimizer bytes) + activations
+                                                             saved for backward; const = buffers)
+    With binary x the row/column equalities force e[g,h,i,j] = x[g,i] x[h,j] (a transportation polytope
+    with 0/1 margins has one vertex), the strong linearisation (ENVIRONMENT-NOTES: the weak form
+    e >= x_u + x_v - 1 does not solve at scale).
+
+Solver: PuLP + HiGHS (highspy) with threads=1 and a fixed random_seed (reproducible), CBC as fallback.
+A plan is called optimal only when the solver reports a proven optimum (HiGHS model status kOptimal,
+i.e. `prob.sol_status == LpSolutionOptimal`) within `mip_rel_gap`; a time-limited solve that found a
+feasible point is reported as "feasible" with its gap.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from ..config import PlanConfig
+from ..errors import InfeasiblePlanError
+from .problem import Problem, min_memory_bytes
+
+_SCALE = 1e6  # seconds -> microseconds in the solver's objective
+_GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """Chosen strategy index per group, the objective (seconds), and the solver report."""
+
+    choice: tuple[int, ...]
+    objective_s: float
+    status: str
+    optimal: bool
+    gap: float | None
+    time_s: float
+    num_variables: int
+    num_binary: int
+    num_constraints: int
+    solver: str
+
+
+def objective_s(problem: Problem, choice: tuple[int, ...]) -> float:
+    """The ILP objective of a choice, in seconds (sum of linear and pair costs)."""
+    total = sum(float(problem.lin[g][c]) for g, c in enumerate(choice))
+    total += sum(float(m[choice[a], choice[b]]) for (a, b), m in sorted(problem.pairs.items()))
+    return total
+
+
+def memory_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
+    return int(problem.const_mem_bytes + sum(float(problem.mem[g][c]) for g, c in enumerate(choice)))
+
+
+def check_memory(problem: Problem) -> None:
+    """Raise InfeasiblePlanError when even the leanest strategies exceed the budget."""
+    need = min_memory_bytes(problem)
+    if need > problem.budget_bytes:
+        raise InfeasiblePlanError(
+            f"memory: needs >= {need / _GB:.1f} GB per device, budget {problem.budget_bytes / _GB:.1f} GB "
+            f"on mesh {problem.mesh}. Remedies: more devices (a larger mesh), shard parameters and optimizer "
+            "state (ZeRO/FSDP is already searched: add a data axis), activation checkpointing, a smaller "
+            "microbatch, or mixed precision.")
+
+
+def solve(problem: Problem, config: PlanConfig) -> Solution:
+    """Build and solve the ILP of the module docstring.
+
+    Raises:
+        InfeasiblePlanError: the memory budget cannot be met (binding constraint and remedies in the text),
+            or the solver found no solution within the time limit.
+    """
+    check_memory(problem)
+    prob = pulp.LpProblem("parallelizer_plan", pulp.LpMinimize)
+    x: list[list] = []
+    for g, n in enumerate(problem.sizes()):
+        ok = np.isfinite(problem.lin[g])
+        if not ok.any():
+            raise InfeasiblePlanError(f"no strategy of {problem.groups[g][0]} can be reached on mesh {problem.mesh} "
+                                      "(every layout change it needs is impossible); report this graph")
+        x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpBinary)
+                                     for i in range(n)])
+    terms = [(v, float(c) * _SCALE) for g in range(len(x)) for v, c in zip(x[g], problem.lin[g])
+             if not isinstance(v, int) and np.isfinite(c)]
+    num_cons = 0
+    for g, vs in enumerate(x):
+        if len(vs) > 1:
+            prob += pulp.LpAffineExpression([(v, 1) for v in vs]) == 1, f"onehot_{g}"
+            num_cons += 1
+    num_edge = 0
+    for (a, b), mat in sorted(problem.pairs.items()):
+        na, nb = mat.shape
+        finite = np.isfinite(mat)  # an impossible pair (inf) gets no variable: it cannot be chosen
+        e = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i, j] else None
+              for j in range(nb)] for i in range(na)]
+        num_edge += int(finite.sum())
+        terms += [(e[i][j], float(mat[i, j]) * _SCALE) for i in range(na) for j in range(nb) if finite[i, j]]
+        for i in range(na):
+            prob += pulp.LpAffineExpression([(e[i][j], 1) for j in range(nb) if finite[i, j]]
+                                            + [(x[a][i], -1)]) == 0, f"r_{a}_{b}_{i}"
+        for j in range(nb):
+            prob += pulp.LpAffineExpression([(e[i][j], 1) for i in range(na) if finite[i, j]]
+                                            + [(x[b][j], -1)]) == 0, f"c_{a}_{b}_{j}"
+        num_cons += na + nb
+    prob += pulp.LpAffineExpression(terms)
+    mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
+                 if not isinstance(v, int) and m]
+    fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1)
+    prob += pulp.LpAffineExpression(mem_terms) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, "memory"
+    num_cons += 1
+    num_bin = sum(len(v) for v in x if len(v) > 1)
+    solver_name, solver = _solver(config)
+    start = time.perf_counter()
+    prob.solve(solver)
+    elapsed = time.perf_counter() - start
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        check_memory(problem)
+        raise InfeasiblePlanError(
+            f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
+            f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}; the memory budget "
+            f"{problem.budget_bytes / _GB:.1f} GB is probably binding with the communication it forces. "
+            "Remedies: raise time_limit_s, raise the budget, more devices, activation checkpointing.")
+    choice = tuple(0 if len(vs) == 1 else int(np.argmax([v.varValue or 0.0 for v in vs])) for vs in x)
+    gap = _gap(prob, solver_name)
+    optimal = prob.sol_status == pulp.LpSolutionOptimal and (gap is None or gap <= max(config.mip_rel_gap, 1e-6))
+    return Solution(choice, objective_s(problem, choice), "optimal" if optimal else "feasible", optimal, gap,
+                    elapsed, num_bin + num_edge, num_bin, num_cons, solver_name)
+
+
+def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pulp.LpVariable:
+    """A variable attached to `prob` (PuLP >= 3.3 API; the LpVariable constructor is deprecated there)."""
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, low, up, cat=cat)
+    return pulp.LpVariable(name, low, up, cat=cat)
+
+
+def _solver(config: PlanConfig):
+    if config.solver == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
+        return "highs", pulp.HiGHS(msg=False, timeLimit=config.time_limit_s, threads=1,
+                                   gapRel=config.mip_rel_gap, random_seed=0)
+    return "cbc", pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, threads=1,
+                                    gapRel=config.mip_rel_gap, options=["randomSeed 0", "randomCbcSeed 0"])
+
+
+def _gap(prob: pulp.LpProblem, solver_name: str) -> float | None:
+    if solver_name != "highs":
+        return None
+    try:
+        gap = float(prob.solverModel.getInfo().mip_gap)
+    except Exception:  # noqa: BLE001 -- an older highspy without getInfo: unknown gap
+        return None
+    if gap != gap or gap == float("inf"):  # no MIP (every group fixed) or no bound reported
+        return 0.0 if prob.sol_status == pulp.LpSolutionOptimal else None
+    return gap

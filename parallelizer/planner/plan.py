@@ -1,0 +1,213 @@
+"""`Plan`: the planner's answer, read by the rewriter, the CLI, notebooks and the JSON export.
+
+Contents: the mesh; per node its strategy (input layouts and output layout as strings, "S(0)R"); per
+parameter its stored layout; per edge (producer -> input k of consumer) the redistribution steps from
+`core.redistribute.edge_steps` (the rewriter emits exactly these); the estimated cost breakdown (compute
+seconds, seconds per collective kind, memory bytes per device by category); the solver report; fallbacks
+(nodes replicated for lack of a rule). `to_json()` is deterministic: sorted keys, floats rounded to 10
+significant digits, and wall-clock times left out unless asked for, so the same inputs give byte-identical
+JSON (DESIGN.md rule 6).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from ..core.mesh import MeshSpec
+from ..core.redistribute import COLLECTIVE_KINDS, Step
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """Strategy of one node: op name, layouts of its tensor inputs (in `EdgePlan.index` order), output layout
+    (None for the graph output). For parameter placeholders the output is the stored layout."""
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EdgePlan:
+    """One use of a tensor: producer `src`, consumer `dst` (its tensor input number `index`), the layouts at
+    both ends, and the steps between them (empty when the layouts agree and no gradient sync is needed)."""
+
+    src: str
+    dst: str
+    index: int
+    src_layout: str
+    dst_layout: str
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamPlan:
+    """Stored layout of one parameter (tied aliases share it); `local_shape` is each rank's shard."""
+
+    fqn: str
+    aliases: tuple[str, ...]
+    placeholders: tuple[str, ...]
+    shape: tuple[int, ...]
+    stored: str
+    local_shape: tuple[int, ...]
+    is_buffer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """Estimated step time (seconds) and per-device memory (bytes).
+
+    comm_s: seconds per collective kind, forward and backward together (keys: COLLECTIVE_KINDS).
+    memory_bytes: "params", "grads", "optimizer", "activations", "buffers", "total".
+    """
+
+    compute_s: float
+    comm_s: dict[str, float]
+    memory_bytes: dict[str, int]
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + sum(self.comm_s.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SolverReport:
+    """How the ILP went. `optimal` only when the solver proved it (see `planner.ilp`)."""
+
+    solver: str
+    status: str
+    optimal: bool
+    gap: float | None
+    num_variables: int
+    num_binary: int
+    num_constraints: int
+    num_groups: int
+    objective_s: float
+    time_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A node replicated because no rule covers it (DESIGN.md rule 5: recorded, never silent)."""
+
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan (module docstring). Build it with `parallelizer.plan`; load it with `Plan.from_json`."""
+
+    mesh: MeshSpec
+    nodes: dict[str, NodePlan]
+    params: dict[str, ParamPlan]
+    edges: tuple[EdgePlan, ...]
+    cost: CostBreakdown
+    solver: SolverReport
+    fallbacks: tuple[Fallback, ...] = ()
+    model: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+    # --- queries ------------------------------------------------------------------------------------
+    def edges_into(self, node: str) -> list[EdgePlan]:
+        return [e for e in self.edges if e.dst == node]
+
+    def steps(self, kind: str | None = None) -> list[tuple[EdgePlan, Step]]:
+        """All (edge, step) pairs, optionally of one step kind."""
+        return [(e, s) for e in self.edges for s in e.steps if kind is None or s.kind == kind]
+
+    # --- JSON ---------------------------------------------------------------------------------------
+    def to_dict(self, include_timing: bool = False) -> dict:
+        solver = asdict(self.solver)
+        if not include_timing:
+            solver["time_s"] = None
+        return _round({
+            "format_version": PLAN_FORMAT_VERSION,
+            "mesh": self.mesh.to_dict(),
+            "model": self.model,
+            "config": self.config,
+            "nodes": {k: asdict(v) for k, v in self.nodes.items()},
+            "params": {k: asdict(v) for k, v in self.params.items()},
+            "edges": [asdict(e) for e in self.edges],
+            "cost": {**asdict(self.cost), "total_s": self.cost.total_s},
+            "solver": solver,
+            "fallbacks": [asdict(f) for f in self.fallbacks],
+        })
+
+    def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
+        """Deterministic JSON (module docstring)."""
+        return json.dumps(self.to_dict(include_timing), sort_keys=True, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Inverse of `to_json`. Raises ValueError for another format version."""
+        d = json.loads(text)
+        if d.get("format_version") != PLAN_FORMAT_VERSION:
+            raise ValueError(f"plan format_version {d.get('format_version')!r}; this toolkit reads "
+                             f"{PLAN_FORMAT_VERSION}. Re-plan with this version.")
+        cost = d["cost"]
+        return cls(
+            mesh=MeshSpec.from_dict(d["mesh"]),
+            nodes={k: NodePlan(v["op"], tuple(v["inputs"]), v["output"]) for k, v in d["nodes"].items()},
+            params={k: ParamPlan(**{**v, **{f: tuple(v[f]) for f in ("aliases", "placeholders", "shape",
+                                                                       "local_shape")}})
+                    for k, v in d["params"].items()},
+            edges=tuple(EdgePlan(e["src"], e["dst"], e["index"], e["src_layout"], e["dst_layout"],
+                                 tuple(Step.from_dict(s) for s in e["steps"])) for e in d["edges"]),
+            cost=CostBreakdown(cost["compute_s"], cost["comm_s"], cost["memory_bytes"]),
+            solver=SolverReport(**d["solver"]),
+            fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
+            model=d["model"], config=d["config"])
+
+    # --- human ---------------------------------------------------------------------------------------
+    def summary(self, max_nodes: int = 40) -> str:
+        """Text summary: cost, memory, solver, parameter layouts, the main ops' strategies, fallbacks."""
+        c, s = self.cost, self.solver
+        gb = 1e9
+        gap = "n/a" if s.gap is None else f"{s.gap:.2e}"
+        lines = [f"Plan on mesh {self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
+                 f"(compute {c.compute_s * 1e3:.3f} ms"
+                 + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
+                 "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in c.memory_bytes.items()),
+                 f"solver: {s.solver} {s.status} (gap {gap}), {s.num_variables} variables "
+                 f"({s.num_binary} binary), {s.num_constraints} constraints, {s.num_groups} groups"
+                 + (f", {s.time_s:.2f} s" if s.time_s is not None else "")]
+        by_layout: dict[str, int] = {}
+        for p in self.params.values():
+            if not p.is_buffer:
+                by_layout[p.stored] = by_layout.get(p.stored, 0) + 1
+        lines.append("parameters stored as: " + ", ".join(f"{k} x{v}" for k, v in sorted(by_layout.items())))
+        counts: dict[str, int] = {}
+        for _, st in self.steps():
+            counts[st.kind] = counts.get(st.kind, 0) + 1
+        lines.append("steps: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"))
+        main = [(n, p) for n, p in self.nodes.items() if any(k in p.op for k in _MAIN_OPS)]
+        lines.append(f"main ops ({len(main)}):")
+        for n, p in main[:max_nodes]:
+            lines.append(f"  {n:32s} {p.op:45s} {' '.join(p.inputs)} -> {p.output}")
+        if len(main) > max_nodes:
+            lines.append(f"  ... {len(main) - max_nodes} more")
+        for f in self.fallbacks:
+            lines.append(f"fallback: {f.node} ({f.op}): {f.reason}")
+        return "\n".join(lines)
+
+
+_MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "embedding", "attention", "layer_norm", "cross_entropy")
+
+
+def empty_comm() -> dict[str, float]:
+    return {k: 0.0 for k in COLLECTIVE_KINDS}
+
+
+def _round(x):
+    if isinstance(x, float):
+        return float(f"{x:.10g}")
+    if isinstance(x, dict):
+        return {str(k): _round(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round(v) for v in x]
+    return x
+

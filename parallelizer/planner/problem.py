@@ -1,0 +1,181 @@
+"""The planning problem as numbers: variable groups, linear costs, pairwise (edge) cost matrices, memory.
+
+A *group* is one set of one-hot strategy variables. Nodes share a group when
+  * one follows the other (`strategies.py`), or
+  * they sit at the same position of different instances of a repeated block (`PlanConfig.cluster_blocks`):
+    the costs of all instances are summed into the shared variables, i.e. one block's variables are solved
+    once and its cost counts `BlockGroup.count` times;
+  * they are placeholders of the same (tied) parameter, or parameters at the same position of a block.
+
+Costs (seconds) on group g, strategy i: `lin[g][i]` = compute of every member node + every edge whose two
+ends are in g; `pair[(g, h)][i, j]` = every edge between g and h (forward + backward collective seconds,
+including gradient synchronisation). A pair matrix that is separable (C[i,j] = a_i + b_j) is folded into
+`lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
+bytes saved for backward; `const_mem_bytes` covers buffers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch.fx
+
+from ..config import PlanConfig
+from ..core.layout import Replicate, local_shape
+from ..core.mesh import MeshSpec
+from ..tracer import TracedGraph
+from .costs import Pricer
+from .strategies import NodeSpace, Strategy
+
+
+@dataclass
+class Problem:
+    """See module docstring. `group_of[node]` -> group index; `groups[g]` -> member node names."""
+
+    mesh: MeshSpec
+    spaces: dict[str, NodeSpace]
+    group_of: dict[str, int]
+    groups: list[list[str]]
+    keys: list[tuple]
+    lin: list[np.ndarray]
+    mem: list[np.ndarray]
+    pairs: dict[tuple[int, int], np.ndarray]
+    const_mem_bytes: int
+    budget_bytes: int
+    folded_pairs: int = 0
+    stats: dict = field(default_factory=dict)
+
+    def sizes(self) -> list[int]:
+        return [len(v) for v in self.lin]
+
+
+def grad_axes(strategy: Strategy, k: int, mesh: MeshSpec) -> tuple[str, ...]:
+    """Mesh axes where input k is Replicate but the node's output is Shard/Partial (partial-sum gradients)."""
+    if strategy.output is None:
+        return ()
+    return tuple(a for a, p_in, p_out in zip(mesh.axis_names, strategy.inputs[k], strategy.output)
+                 if isinstance(p_in, Replicate) and not isinstance(p_out, Replicate))
+
+
+def _group_key(tg: TracedGraph, name: str, space: NodeSpace, config: PlanConfig) -> tuple:
+    info = tg.nodes[name]
+    if space.kind == "param":
+        p = tg.parameters[space.param_fqn]
+        if config.cluster_blocks and p.block_group is not None and p.uses:
+            use = tg.nodes[p.uses[0]]
+            arg = next(i for i, t in enumerate(space_inputs(tg, use.name)) if t in p.placeholders)
+            return ("param", p.block_group, use.position, arg)
+        return ("param", p.fqn)
+    if config.cluster_blocks and info.block_group is not None and info.position is not None:
+        return ("block", info.block_group, info.position)
+    return ("node", name)
+
+
+def space_inputs(tg: TracedGraph, name: str) -> list[str]:
+    """Names of the fx nodes a node reads, in argument order."""
+    found: list[str] = []
+    info = tg.nodes[name]
+    torch.fx.node.map_arg((info.node.args, info.node.kwargs), lambda n: found.append(n.name) or n)
+    return found
+
+
+def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer, config: PlanConfig,
+                  budget_bytes: int) -> Problem:
+    """Groups, costs and memory of the ILP (module docstring)."""
+    mesh = pricer.mesh
+    group_of: dict[str, int] = {}
+    key_index: dict[tuple, int] = {}
+    groups: list[list[str]] = []
+    keys: list[tuple] = []
+    for name, space in spaces.items():
+        if space.leader is not None:
+            g = group_of[space.leader]
+        else:
+            key = _group_key(tg, name, space, config)
+            g = key_index.setdefault(key, len(groups))
+            if g == len(groups):
+                groups.append([])
+                keys.append(key)
+        group_of[name] = g
+        groups[g].append(name)
+    sizes = [len(spaces[m[0]].strategies) for m in groups]
+    lin = [np.zeros(n) for n in sizes]
+    mem = [np.zeros(n) for n in sizes]
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    const_mem = 0
+    for p in tg.parameters.values():
+        if p.is_buffer:
+            const_mem += p.nbytes
+            continue
+        space = spaces[p.placeholders[0]]
+        g = group_of[space.name]
+        mem[g] += [sum(pricer.param_state_bytes(math.prod(local_shape(p.shape, s.output, mesh))))
+                   for s in space.strategies]
+    for name, space in spaces.items():
+        g = group_of[name]
+        info = tg.nodes[name]
+        if space.kind == "op":
+            costs = pricer.node_costs(tg, info, space)
+            lin[g] += [c.total_s for c in costs]
+            mem[g] += [c.saved_bytes for c in costs]
+        for k, ti in enumerate(space.inputs):
+            h = group_of[ti.producer]
+            prod = spaces[ti.producer]
+            mat = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype.itemsize,
+                               prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param")
+            if h == g:
+                lin[g] += np.diag(mat)
+            elif h < g:
+                pairs[(h, g)] = pairs.get((h, g), 0) + mat
+            else:
+                pairs[(g, h)] = pairs.get((g, h), 0) + mat.T
+    folded = 0
+    for (a, b), mat in list(pairs.items()):
+        if mat.shape[0] == 1 or mat.shape[1] == 1:  # one side is fixed: the pair is linear in the other
+            lin[a] += mat[:, 0] if mat.shape[1] == 1 else mat[0, 0]
+            if mat.shape[1] > 1:
+                lin[b] += mat[0, :] - mat[0, 0]
+            del pairs[(a, b)]
+            folded += 1
+            continue
+        if not np.isfinite(mat).all():
+            continue
+        sep = mat - mat[:, :1] - mat[:1, :] + mat[0, 0]
+        if np.all(np.abs(sep) <= 1e-12 * max(1.0, float(np.abs(mat).max()))):
+            lin[a] += mat[:, 0]
+            lin[b] += mat[0, :] - mat[0, 0]
+            del pairs[(a, b)]
+            folded += 1
+    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded)
+
+
+def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,
+                 requires_grad: bool, mesh: MeshSpec, is_parameter: bool) -> np.ndarray:
+    """Seconds of edge (src -> input k of dst) for every (src strategy, dst strategy) pair."""
+    src_layouts, src_idx = _unique([s.output for s in src.strategies])
+    dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, mesh)) for s in dst.strategies])
+    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter)
+    small = pricer.matrices.get(key)
+    if small is None:
+        small = pricer.matrices[key] = np.array(
+            [[pricer.edge_time_s(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
+             for a in src_layouts])
+    return small[np.ix_(src_idx, dst_idx)]
+
+
+def _unique(items: list) -> tuple[list, np.ndarray]:
+    index: dict = {}
+    idx = [index.setdefault(x, len(index)) for x in items]
+    return list(index), np.array(idx, dtype=int)
+
+
+def min_memory_bytes(problem: Problem) -> int:
+    """The least per-device memory any plan needs (memory is a sum of independent per-group choices)."""
+    return int(problem.const_mem_bytes + sum(float(m.min()) for m in problem.mem))
+
+
+def layout_of(problem: Problem, name: str, choice: list[int]) -> Strategy:
+    """The chosen strategy of node `name`."""
+    return problem.spaces[name].strategies[choice[problem.group_of[name]]]
+
