@@ -1,0 +1,219 @@
+"""Rewrite a traced graph into the sharded torch.fx program of one rank.
+
+Walks `TracedGraph.graph_module` in order and builds a new graph whose values are this rank's LOCAL
+shards:
+- placeholders: one per canonical parameter/buffer (its stored local shard; tied aliases share it), then
+  the user inputs (global tensors; consumers slice them locally);
+- before each call_function node, each tensor argument goes from its producer's layout to the layout the
+  node consumes, through exactly the steps of `core.redistribute.edge_steps` (DESIGN.md rule 1), emitted as
+  calls of the autograd-aware `collectives`; a step sequence is emitted once per (value, target layout)
+  and shared by all consumers that ask for the same thing;
+- shape arguments (view, reshape, expand, new_zeros, ...) are replaced by the local output shape; ops that
+  create a sharded tensor from nothing (arange, zeros, ...) are emitted global and sliced locally;
+- the output node's values are brought to the layouts the spec gives for it.
+Backward is autograd of this program (DESIGN.md rule 3): each emitted collective carries its conjugate.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from ..core.layout import Layout, Partial, Shard, local_shape
+from ..core.mesh import MeshSpec
+from ..core.redistribute import Step, edge_steps
+from ..errors import UnsupportedOpError
+from ..tracer.graph import Role, TracedGraph
+from . import collectives, localize
+from .spec import ShardingSpec, axis_ranks
+
+
+@dataclass
+class RankProgram:
+    """The sharded program of one rank.
+
+    Attributes:
+        graph_module: call it as `graph_module(*local_params_and_buffers, *user_inputs)`; returns the
+            traced model's outputs (flattened tuple) in the layouts of the spec's output node.
+        rank: global rank the program was made for; `coords` its mesh coordinates.
+        state_fqns: canonical FQN of each leading placeholder (parameters then buffers, graph order).
+        input_names: placeholder names of the user inputs, in call order.
+        collectives: number of emitted steps per kind (for reports and tests).
+    """
+
+    graph_module: torch.fx.GraphModule
+    rank: int
+    mesh: MeshSpec
+    state_fqns: tuple[str, ...]
+    input_names: tuple[str, ...]
+    collectives: dict[str, int] = field(default_factory=dict)
+
+
+def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int) -> RankProgram:
+    """Emit the sharded GraphModule of `rank` for the decisions in `spec`.
+
+    Raises:
+        UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
+            (names the node with `format_node()`, its layouts and the mesh).
+        IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
+    """
+    return _Rewriter(traced, spec, rank).run()
+
+
+class _Rewriter:
+    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int) -> None:
+        self.traced, self.spec, self.mesh, self.rank = traced, spec, spec.mesh, rank
+        self.groups = axis_ranks(spec.mesh, rank)
+        self.graph = torch.fx.Graph()
+        self.env: dict[str, torch.fx.Node] = {}        # old node name -> new node (producer layout)
+        self.layout: dict[str, Layout] = {}             # old node name -> layout of env value
+        self.requires_grad: dict[str, bool] = {}
+        self.cache: dict[tuple, torch.fx.Node] = {}     # (old name, dst, grad axes) -> redistributed node
+        self.counts: dict[str, int] = {}
+
+    def run(self) -> RankProgram:
+        state_fqns, inputs = self._placeholders()
+        for node in self.traced.graph_module.graph.nodes:
+            if node.op == "call_function":
+                self._call(node)
+            elif node.op == "output":
+                self._output(node)
+            elif node.op != "placeholder":
+                raise UnsupportedOpError(f"cannot rewrite fx node {node.format_node()} (opcode {node.op!r}); "
+                                         "only placeholders, call_function and output are supported")
+        gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name=f"Rank{self.rank}Program")
+        return RankProgram(gm, self.rank, self.mesh, state_fqns, inputs, dict(sorted(self.counts.items())))
+
+    # -- placeholders -------------------------------------------------------------------------------
+    def _placeholders(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        state, inputs = [], []
+        for fqn, param in self.traced.parameters.items():
+            stored = self._stored(fqn)
+            new = self.graph.placeholder(_safe_name(fqn))
+            state.append(fqn)
+            for ph in param.placeholders:
+                self.env[ph], self.layout[ph] = new, stored
+                self.requires_grad[ph] = not param.is_buffer and param.dtype.is_floating_point
+        for name in self.traced.input_names:
+            self.env[name] = self.graph.placeholder(name)
+            self.layout[name] = Layout.replicate(self.mesh.ndim)
+            self.requires_grad[name] = False
+            inputs.append(name)
+        return tuple(state), tuple(inputs)
+
+    def _stored(self, fqn: str) -> Layout:
+        try:
+            return self.spec.params[fqn]
+        except KeyError:
+            raise UnsupportedOpError(f"the sharding spec has no stored layout for parameter {fqn!r} on mesh "
+                                     f"{self.mesh}; re-plan for this model") from None
+
+    # -- call_function ------------------------------------------------------------------------------
+    def _call(self, node: torch.fx.Node) -> None:
+        info = self.traced.node(node.name)
+        sharding = self.spec.nodes.get(node.name)
+        if sharding is None:
+            raise UnsupportedOpError(f"the sharding spec has no entry for node {node.format_node()}; "
+                                     "re-plan for this model")
+        tensor_args = _tensor_args(node)
+        if len(tensor_args) != len(sharding.inputs):
+            raise UnsupportedOpError(f"node {node.format_node()} has {len(tensor_args)} tensor arguments but the "
+                                     f"spec gives {len(sharding.inputs)} input layouts")
+        grad_axes = _grad_partial_axes(sharding.inputs, sharding.output, self.mesh)
+        delivered = iter([self._redistribute(arg, dst, grad_axes[i])
+                          for i, (arg, dst) in enumerate(zip(tensor_args, sharding.inputs))])
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(delivered))
+        out_shape = info.outputs[0].shape if info.outputs else None
+        ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape)
+        if not tensor_args and not sharding.output.is_replicated:   # created from nothing, then sliced
+            value = self.graph.call_function(node.target, args, kwargs)
+            value = self._emit(value, node.name, Layout.replicate(self.mesh.ndim), sharding.output,
+                               out_shape, grad_axes=(), requires_grad=False)
+        else:
+            value = localize.emit(self.graph, ctx, args, kwargs)
+        value.meta["source"] = node.name  # read by verify: which traced node this value stands for
+        self.env[node.name], self.layout[node.name] = value, sharding.output
+        self.requires_grad[node.name] = _differentiable(node) and any(
+            self.requires_grad[a.name] for a in tensor_args)
+
+    def _redistribute(self, arg: torch.fx.Node, dst: Layout, grad_axes: tuple[str, ...]) -> torch.fx.Node:
+        src = self.layout[arg.name]
+        key = (arg.name, str(dst), grad_axes)
+        if key not in self.cache:
+            shape = self.traced.node(arg.name).outputs[0].shape
+            self.cache[key] = self._emit(self.env[arg.name], arg.name, src, dst, shape, grad_axes,
+                                         self.requires_grad[arg.name])
+        return self.cache[key]
+
+    def _emit(self, value: torch.fx.Node, name: str, src: Layout, dst: Layout, shape, grad_axes,
+              requires_grad: bool) -> torch.fx.Node:
+        dtype = self.traced.node(name).outputs[0].dtype
+        is_parameter = self.traced.node(name).role is Role.PARAMETER
+        steps = edge_steps(src, dst, tuple(shape), self.mesh, itemsize=dtype.itemsize,
+                           grad_partial_axes=grad_axes if requires_grad else (), requires_grad=requires_grad,
+                           is_parameter=is_parameter)
+        for step in steps:
+            value = self._emit_step(value, step)
+        return value
+
+    def _emit_step(self, value: torch.fx.Node, step: Step) -> torch.fx.Node:
+        """Append the collective of one step; the node is named "<kind>_<mesh axis>" so `gm.code` shows it."""
+        ranks = self.groups[step.mesh_axis]
+        self.counts[step.kind] = self.counts.get(step.kind, 0) + 1
+        if step.kind == "all_gather" and step.bwd_kind == "reduce_scatter":
+            fn, args = collectives.all_gather_rs, (value, step.tensor_dim, ranks)
+        elif step.kind in ("all_gather", "reduce_scatter", "local_slice"):
+            fn, args = getattr(collectives, step.kind), (value, step.tensor_dim, ranks)
+        elif step.kind in ("all_reduce", "grad_all_reduce"):
+            fn, args = getattr(collectives, step.kind), (value, ranks)
+        elif step.kind == "all_to_all":
+            fn, args = collectives.all_to_all, (value, step.tensor_dim, step.dst_dim, ranks)
+        else:
+            raise UnsupportedOpError(f"no collective for step {step}")
+        out = self.graph.create_node("call_function", fn, args, name=f"{fn.__name__}_{step.mesh_axis}")
+        out.meta["step"] = step
+        if step.reduce_op == "avg":  # Partial(avg): the reduced sum is divided by the group size
+            out = self.graph.call_function(torch.ops.aten.div.Scalar, (out, len(ranks)))
+            out.meta["step"] = step
+        return out
+
+    # -- output -------------------------------------------------------------------------------------
+    def _output(self, node: torch.fx.Node) -> None:
+        sharding = self.spec.nodes.get(node.name)
+        tensor_args = _tensor_args(node)
+        dsts = sharding.inputs if sharding else tuple(Layout.replicate(self.mesh.ndim) for _ in tensor_args)
+        delivered = iter([self._redistribute(a, dst, ()) for a, dst in zip(tensor_args, dsts)])
+        self.graph.output(torch.fx.node.map_arg(node.args, lambda a: next(delivered))[0])
+
+
+def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The fx-node arguments of a node, one per use, in map_arg order (args, then kwargs); the planner
+    gives one input layout per entry (`NodeSharding.inputs`)."""
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
+    return found
+
+
+def _grad_partial_axes(inputs: tuple[Layout, ...], output: Layout, mesh: MeshSpec) -> list[tuple[str, ...]]:
+    """Per input: the mesh axes where it is Replicate while the output is split (Shard or Partial)."""
+    split = [i for i, p in enumerate(output) if isinstance(p, (Shard, Partial))]
+    return [tuple(mesh.axis_names[i] for i in split if not isinstance(layout[i], (Shard, Partial)))
+            for layout in inputs]
+
+
+_NON_DIFFERENTIABLE = {torch.ops.aten.detach.default, torch.ops.aten.arange.default,
+                       torch.ops.aten.arange.start, torch.ops.aten.arange.start_step}
+
+
+def _differentiable(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    leaves = [t for t in pytree.tree_leaves(val) if isinstance(t, torch.Tensor)]
+    return node.target not in _NON_DIFFERENTIABLE and any(t.dtype.is_floating_point for t in leaves)
+
+
+def _safe_name(fqn: str) -> str:
+    return "p_" + fqn.replace(".", "_")

@@ -1,0 +1,403 @@
+"""Autograd-aware collectives of the sharded program, one function per redistribution step.
+
+Every function acts on the LOCAL tensor of the calling rank over one group of ranks (the ranks along one
+mesh axis), and has an explicit conjugate in backward (DESIGN.md rule 3). The group is given as a list of
+global ranks, sorted ascending, e.g. `[0, 1]`, or as a process-group name string; both are plain values,
+so a call prints readably in `print(gm.code)` of a torch.fx GraphModule and survives codegen/recompile:
+
+    all_gather = parallelizer_rewriter_collectives_all_gather(x, 0, [0, 1])
+
+The functions are registered with `torch.fx.wrap`, so `torch.fx.symbolic_trace` records them as
+call_function nodes instead of tracing into them.
+
+Semantics of gradients (this decides each backward). The program is SPMD: every rank runs it on its
+local tensors, and the loss is the SUM of the ranks' local losses over the ranks that hold different data,
+while ranks that hold the same replicated data run the same computation (counted once). Then:
+- the gradient of a `Replicate` tensor is FULL and identical on every rank that computed it;
+- the gradient of a `Shard(dim)` tensor is this rank's shard of the full gradient;
+- the gradient of a `Partial` tensor (the value is the sum of the ranks' local tensors) is the FULL
+  gradient of the sum, on every rank.
+
+| function          | layout change          | forward                | backward                  |
+|-------------------|------------------------|------------------------|---------------------------|
+| `all_gather`      | Shard(dim) -> R        | all-gather             | local slice               |
+| `all_gather_rs`   | Shard(dim) -> R*       | all-gather             | reduce-scatter (sum)      |
+| `reduce_scatter`  | Partial -> Shard(dim)  | reduce-scatter (sum)   | all-gather                |
+| `all_reduce`      | Partial -> R           | all-reduce (sum)       | identity (Megatron's g)   |
+| `grad_all_reduce` | R -> R*                | identity               | all-reduce (sum) (Megatron's f) |
+| `all_to_all`      | Shard(src) -> Shard(dst) | all-to-all           | all-to-all (dst -> src)   |
+| `local_slice`     | R -> Shard(dim)        | local chunk, no comm   | all-gather                |
+
+R* marks a replicated value that ranks then use on DIFFERENT data (batch shards), so each rank's gradient
+is a partial contribution: the ZeRO-3/FSDP parameter all-gather (`all_gather_rs`) and the DDP gradient
+sync of a replicated parameter (`grad_all_reduce`).
+
+Communication uses the functional collectives of `torch.distributed._functional_collectives`, waited on
+at once. Their own autograd is not used: a functional all-reduce differentiates to an all-reduce SUM,
+which would multiply the gradients of a replicated loss by the group size.
+
+Private torch API: `find_group` reads torch.distributed's table of process groups
+(`distributed_c10d._find_pg_by_ranks_and_tag`, `_resolve_process_group`); checked on torch 2.13.0.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.fx
+
+from parallelizer.runtime.launch import DistributedError
+
+__all__ = [
+    "Group", "all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "grad_all_reduce",
+    "all_to_all", "local_slice", "find_group", "group_index",
+]
+
+Group = Union[Sequence[int], str]
+"""A group of ranks: global ranks sorted ascending (e.g. [0, 2]) or a process-group name."""
+
+
+# ------------------------------------------------------------------------------- group resolution
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupView:
+    """A resolved group as seen by the calling rank: group name, member ranks, the caller's index."""
+
+    name: str
+    ranks: tuple[int, ...]
+    index: int
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def find_group(ranks: Sequence[int]) -> dist.ProcessGroup | None:
+    """The process group whose members are exactly `ranks` (global ranks), or None if none exists.
+
+    Sub-groups must have been created on every rank beforehand (`parallelizer.runtime.create_groups`,
+    `torch.distributed.new_group` or a DeviceMesh); the whole world is the default group.
+    """
+    return dist.distributed_c10d._find_pg_by_ranks_and_tag("", list(ranks))
+
+
+def _resolve(group: Group, op: str) -> _GroupView:
+    """Check `group`, find its process group, and locate the calling rank in it.
+
+    Raises:
+        DistributedError: torch.distributed is not initialised, or no process group has these ranks.
+        ValueError: ranks are not distinct ints sorted ascending, or the calling rank is not a member.
+    """
+    if not dist.is_initialized():
+        raise DistributedError(
+            f"{op}: torch.distributed is not initialised. Remedy: run under parallelizer.runtime.spawn or "
+            "torchrun with parallelizer.runtime.init_from_env()."
+        )
+    me = dist.get_rank()
+    if isinstance(group, str):
+        try:
+            pg = dist.distributed_c10d._resolve_process_group(group)
+        except RuntimeError:
+            raise DistributedError(
+                f"{op}: no process group named {group!r} exists on rank {me}. Remedy: pass the name of a group "
+                "this rank belongs to (ProcessGroup.group_name), or a list of ranks."
+            ) from None
+        ranks = tuple(dist.get_process_group_ranks(pg))
+        name = group
+    else:
+        ranks = tuple(group)
+        if not ranks or not all(isinstance(r, int) for r in ranks) or list(ranks) != sorted(set(ranks)):
+            raise ValueError(
+                f"{op}: group {list(ranks)} must be a non-empty list of distinct global ranks sorted ascending "
+                "(torch.distributed orders a group's members that way)"
+            )
+        pg = None
+    if me not in ranks:
+        raise ValueError(f"{op}: rank {me} is not in group {list(ranks)}; call it only on the group's members")
+    if pg is None:
+        pg = find_group(ranks)
+        if pg is None:
+            raise DistributedError(
+                f"{op}: no process group with ranks {list(ranks)} exists on rank {me}. Remedy: create it on "
+                "every rank first with parallelizer.runtime.create_groups([...]) (or torch.distributed.new_group)."
+            )
+        name = pg.group_name
+    return _GroupView(name=name, ranks=ranks, index=ranks.index(me))
+
+
+def group_index(group: Group) -> int:
+    """Index of the calling rank in `group` (0 .. size-1): which chunk of a sharded tensor it holds."""
+    return _resolve(group, "group_index").index
+
+
+# ---------------------------------------------------------------------------------- shape helpers
+
+
+def _norm_dim(x: torch.Tensor, dim: int, op: str) -> int:
+    """`dim` in [0, x.dim()); raises ValueError naming the op and shape when out of range."""
+    if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{op}: dim {dim!r} is out of range for local shape {tuple(x.shape)}")
+    return dim % x.dim()
+
+
+def _check_divisible(x: torch.Tensor, dim: int, g: _GroupView, op: str) -> None:
+    """Raise ValueError when x.shape[dim] cannot be split evenly over the group."""
+    if x.shape[dim] % g.size:
+        raise ValueError(
+            f"{op}: dim {dim} of local shape {tuple(x.shape)} is not divisible by group {list(g.ranks)} of "
+            f"size {g.size}. Remedy: pad that dim to a multiple of {g.size} or shard another dim."
+        )
+
+
+def _chunk(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
+    """This rank's chunk of `x` along `dim`, contiguous (a view of `x` when already so): S -> S/n."""
+    size = x.shape[dim] // g.size
+    return x.narrow(dim, g.index * size, size).contiguous()
+
+
+# ------------------------------------------------------------------------------ communication steps
+# Plain (non-autograd) steps; the autograd.Functions below pair them up as forward and backward.
+
+
+def _wait(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor of a functional collective's result, waited on."""
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _gather(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
+    """All-gather along `dim`: (.., S/n, ..) -> (.., S, ..), chunks in group order."""
+    return _wait(funcol.all_gather_single(x.contiguous(), dim, g.name))
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
+    """Sum over the group, keep this rank's chunk along `dim`: (.., S, ..) -> (.., S/n, ..)."""
+    return _wait(funcol.reduce_scatter_single(x.contiguous(), "sum", dim, g.name))
+
+
+def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
+    """All-reduce (sum) over the group; shape unchanged."""
+    return _wait(funcol.all_reduce(x.contiguous(), "sum", g.name))
+
+
+def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView) -> torch.Tensor:
+    """All-to-all: shard of a tensor split on `src_dim` -> shard of the same tensor split on `dst_dim`.
+
+    Local shapes: src_dim S/n -> S, dst_dim D -> D/n. Chunk j (along dst_dim) goes to the j-th member;
+    the pieces received are concatenated along src_dim in group order.
+    """
+    pieces = torch.stack(x.chunk(g.size, dim=dst_dim))  # (n, ..local shape with dst_dim D/n..)
+    received = _wait(funcol.all_to_all_single(pieces.contiguous(), None, None, g.name))
+    return torch.cat(received.unbind(0), dim=src_dim)
+
+
+# ------------------------------------------------------------------------------ autograd functions
+
+
+class _AllGatherSlice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g):  # type: ignore[override]
+        ctx.dim, ctx.g = dim, g
+        return _gather(x, dim, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _chunk(grad, ctx.dim, ctx.g), None, None
+
+
+class _AllGatherReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g):  # type: ignore[override]
+        ctx.dim, ctx.g = dim, g
+        return _gather(x, dim, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _reduce_scatter(grad, ctx.dim, ctx.g), None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g):  # type: ignore[override]
+        ctx.dim, ctx.g = dim, g
+        return _reduce_scatter(x, dim, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _gather(grad, ctx.dim, ctx.g), None, None
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g):  # type: ignore[override]
+        return _sum(x, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad, None
+
+
+class _GradAllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g):  # type: ignore[override]
+        ctx.g = g
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _sum(grad, ctx.g), None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, src_dim, dst_dim, g):  # type: ignore[override]
+        ctx.src_dim, ctx.dst_dim, ctx.g = src_dim, dst_dim, g
+        return _exchange(x, src_dim, dst_dim, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _exchange(grad, ctx.dst_dim, ctx.src_dim, ctx.g), None, None, None
+
+
+class _LocalSlice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g):  # type: ignore[override]
+        ctx.dim, ctx.g = dim, g
+        return _chunk(x, dim, g)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _gather(grad, ctx.dim, ctx.g), None, None
+
+
+# ------------------------------------------------------------------------------------- public API
+
+
+def all_gather(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+    """Shard(dim) -> Replicate. Backward: this rank's slice of the (full, identical) gradient.
+
+    Use it when every rank then runs the same replicated computation on the gathered tensor, so the
+    gradient arriving at the output is the full gradient on each rank.
+
+    Local shapes: (.., S/n, ..) -> (.., S, ..) along `dim`, n = len(ranks); chunks in group order.
+
+    Raises:
+        ValueError: dim out of range; ranks not sorted/distinct; calling rank not in `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "all_gather")
+    return _AllGatherSlice.apply(x, _norm_dim(x, dim, "all_gather"), g)
+
+
+def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+    """Shard(dim) -> Replicate, for ZeRO-3/FSDP parameters. Backward: reduce-scatter (sum) of the gradient.
+
+    Use it when ranks then use the gathered tensor on DIFFERENT data (e.g. batch shards), so each rank's
+    gradient of the output is a partial contribution: the sum over ranks is the full gradient, and each
+    rank keeps its shard of that sum.
+
+    Local shapes: (.., S/n, ..) -> (.., S, ..) along `dim`; backward (.., S, ..) -> (.., S/n, ..).
+
+    Raises:
+        ValueError: dim out of range; ranks not sorted/distinct; calling rank not in `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "all_gather_rs")
+    return _AllGatherReduceScatter.apply(x, _norm_dim(x, dim, "all_gather_rs"), g)
+
+
+def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+    """Partial(sum) -> Shard(dim): sum the ranks' tensors, keep this rank's chunk along `dim`.
+
+    Backward: all-gather of the gradient along `dim` (the gradient of a Partial input is the full one).
+
+    Local shapes: (.., S, ..) -> (.., S/n, ..) along `dim`, n = len(ranks).
+
+    Raises:
+        ValueError: dim out of range or x.shape[dim] not divisible by n; bad or foreign `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "reduce_scatter")
+    dim = _norm_dim(x, dim, "reduce_scatter")
+    _check_divisible(x, dim, g, "reduce_scatter")
+    return _ReduceScatter.apply(x, dim, g)
+
+
+def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
+    """Partial(sum) -> Replicate: sum over the group. Backward: identity (Megatron's g).
+
+    Local shapes: unchanged.
+
+    Raises:
+        ValueError: bad `ranks`, or the calling rank is not in it.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    return _AllReduce.apply(x, _resolve(ranks, "all_reduce"))
+
+
+def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
+    """Replicate -> Replicate used on different data. Forward: identity. Backward: all-reduce (sum).
+
+    Megatron's f, and the DDP gradient sync of a replicated parameter feeding batch-sharded activations:
+    each rank's gradient is a partial contribution, and the sum over the group is the full gradient.
+
+    Local shapes: unchanged.
+
+    Raises:
+        ValueError: bad `ranks`, or the calling rank is not in it.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    return _GradAllReduce.apply(x, _resolve(ranks, "grad_all_reduce"))
+
+
+def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group) -> torch.Tensor:
+    """Shard(src_dim) -> Shard(dst_dim) of the same global tensor. Backward: the reverse all-to-all.
+
+    Input: this rank's chunk of a global tensor split along `src_dim`; output: this rank's chunk of the
+    same global tensor split along `dst_dim` (chunk index = position of the rank in `ranks`).
+
+    Local shapes, n = len(ranks): `src_dim` S/n -> S and `dst_dim` D -> D/n, e.g. with src_dim=1,
+    dst_dim=2: (B, T/n, H) -> (B, T, H/n).
+
+    Raises:
+        ValueError: a dim out of range, src_dim == dst_dim, x.shape[dst_dim] not divisible by n, or bad
+            or foreign `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "all_to_all")
+    src = _norm_dim(x, src_dim, "all_to_all")
+    dst = _norm_dim(x, dst_dim, "all_to_all")
+    if src == dst:
+        raise ValueError(f"all_to_all: src_dim and dst_dim are both {src}; the layout does not change")
+    _check_divisible(x, dst, g, "all_to_all")
+    return _AllToAll.apply(x, src, dst, g)
+
+
+def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+    """Replicate -> Shard(dim): keep this rank's chunk along `dim`, no communication.
+
+    Backward: all-gather of the gradient along `dim`, giving the full (identical) gradient of the
+    replicated input on every rank.
+
+    Local shapes: (.., S, ..) -> (.., S/n, ..) along `dim`, n = len(ranks); the chunk index is the
+    position of the calling rank in `ranks`.
+
+    Raises:
+        ValueError: dim out of range or x.shape[dim] not divisible by n; bad or foreign `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "local_slice")
+    dim = _norm_dim(x, dim, "local_slice")
+    _check_divisible(x, dim, g, "local_slice")
+    return _LocalSlice.apply(x, dim, g)
+
+
+# torch.fx.symbolic_trace records these as call_function nodes instead of tracing into them.
+for _name in ("all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "grad_all_reduce",
+              "all_to_all", "local_slice"):
+    torch.fx.wrap(_name)
+del _name

@@ -1,0 +1,87 @@
+"""`ShardingSpec`: the sharding decisions the rewriter consumes (a `Plan` converts to it).
+
+Per call_function node: the layout of each tensor argument as the node consumes it, and the layout of its
+output; per parameter/buffer: its stored layout. User inputs arrive global (replicated) and are sliced
+locally to the layout their consumers ask for, which costs no communication.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..core.layout import Layout
+from ..core.mesh import MeshSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSharding:
+    """Layouts of one node: `inputs[i]` for its i-th fx-node argument (in `torch.fx.node.map_arg` order over
+    args then kwargs), and `output` for every tensor it produces."""
+
+    inputs: tuple[Layout, ...]
+    output: Layout
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingSpec:
+    """Mesh, per-node layouts (call_function and output nodes), and stored layouts per canonical FQN."""
+
+    mesh: MeshSpec
+    nodes: Mapping[str, NodeSharding]
+    params: Mapping[str, Layout]
+
+
+def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
+    """For each mesh axis, the global ranks of the group along that axis that contains `rank`.
+
+    Ranks are laid out row-major over `mesh.shape` (last axis fastest), as `init_device_mesh` does.
+    Example: mesh (dp=2, tp=2), rank 3 -> {"dp": [1, 3], "tp": [2, 3]}.
+    Raises ValueError when `rank` is outside the mesh.
+    """
+    if not 0 <= rank < mesh.world_size:
+        raise ValueError(f"rank {rank} is outside mesh {mesh} of {mesh.world_size} devices")
+    coords = mesh_coords(mesh, rank)
+    strides = [1] * mesh.ndim
+    for i in reversed(range(mesh.ndim - 1)):
+        strides[i] = strides[i + 1] * mesh.shape[i + 1]
+    out = {}
+    for i, name in enumerate(mesh.axis_names):
+        rest = rank - coords[i] * strides[i]  # this rank with its coordinate on axis i set to 0
+        out[name] = [rest + j * strides[i] for j in range(mesh.shape[i])]
+    return out
+
+
+def mesh_coords(mesh: MeshSpec, rank: int) -> tuple[int, ...]:
+    """Coordinates of `rank` on the mesh (row-major, last axis fastest)."""
+    coords = []
+    for size in reversed(mesh.shape):
+        coords.append(rank % size)
+        rank //= size
+    return tuple(reversed(coords))
+
+
+def all_axis_groups(mesh: MeshSpec) -> list[list[int]]:
+    """Every group of every mesh axis (each once), to create on all ranks before running a program."""
+    groups: list[list[int]] = []
+    for rank in range(mesh.world_size):
+        for ranks in axis_ranks(mesh, rank).values():
+            if len(ranks) > 1 and ranks not in groups:
+                groups.append(ranks)
+    return groups
+
+
+def spec_from_plan(plan) -> ShardingSpec:
+    """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
+    output node keeps its input layouts) and the stored layout of each parameter/buffer.
+
+    Raises ValueError naming the node when a layout string in the plan does not parse.
+    """
+    nodes = {}
+    for name, node in plan.nodes.items():
+        if node.output is None and name != "output":
+            continue  # placeholders carry no strategy of their own
+        inputs = tuple(Layout.parse(s) for s in node.inputs)
+        output = Layout.parse(node.output) if node.output is not None else Layout.replicate(plan.mesh.ndim)
+        nodes[name] = NodeSharding(inputs, output)
+    params = {fqn: Layout.parse(p.stored) for fqn, p in plan.params.items()}
+    return ShardingSpec(plan.mesh, nodes, params)

@@ -1,0 +1,85 @@
+"""`ParallelModule`: a rank's sharded program with its local parameter shards, usable like the model.
+
+`parameters()` are the local shards (any torch optimizer steps on them); `forward` takes the same inputs
+as the original model (global tensors: each rank slices what it needs) and returns the same structure.
+`full_state_dict()` gathers a state dict with the original FQNs (tied aliases included) that loads into the
+unparallelised model with strict=True; `load_full_state_dict()` does the reverse.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..rewriter.apply import RankProgram, rewrite
+from ..rewriter.spec import ShardingSpec, axis_ranks, mesh_coords
+from ..rewriter.state import gather_tensor, shard_tensor
+from ..rewriter.verify import verify
+from ..tracer.graph import TracedGraph
+
+
+class ParallelModule(torch.nn.Module):
+    """The sharded model of one rank.
+
+    Attributes:
+        program: the `RankProgram` (its `graph_module.code` shows every collective with its ranks).
+        traced, spec: what the program was made from.
+    Parameters and buffers are registered under their original FQNs (canonical names for tied ones).
+    """
+
+    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.traced, self.spec, self.rank = traced, spec, rank
+        self.program: RankProgram = rewrite(traced, spec, rank)
+        verify(self.program, traced, spec)
+        self.coords = mesh_coords(spec.mesh, rank)
+        self.groups = axis_ranks(spec.mesh, rank)
+        full = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        for fqn in self.program.state_fqns:
+            local = shard_tensor(full[fqn].detach(), spec.params[fqn], spec.mesh, self.coords)
+            if self.traced.parameters[fqn].is_buffer:
+                _owner(self, fqn).register_buffer(fqn.rpartition(".")[2], local)
+            else:
+                _owner(self, fqn).register_parameter(fqn.rpartition(".")[2], torch.nn.Parameter(local))
+
+    def _state(self) -> list[torch.Tensor]:
+        return [self.get_parameter(f) if not self.traced.parameters[f].is_buffer else self.get_buffer(f)
+                for f in self.program.state_fqns]
+
+    def forward(self, *args, **kwargs):
+        """Run the sharded program on global inputs; returns the model's output structure."""
+        spec = self.traced.exported.call_spec
+        flat, in_spec = pytree.tree_flatten((args, kwargs))
+        if spec.in_spec is not None and in_spec != spec.in_spec:
+            raise TypeError(f"inputs do not match the traced call: expected structure {spec.in_spec}, got {in_spec}")
+        tensors = [x for x in flat]
+        out = self.program.graph_module(*self._state(), *tensors)
+        return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Gather every parameter and buffer to its full tensor (collective: call on all ranks).
+
+        Keys are the original FQNs including tied aliases, so `model.load_state_dict(sd, strict=True)`
+        works on the unparallelised model.
+        """
+        out = {}
+        for fqn, local in zip(self.program.state_fqns, self._state()):
+            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups)
+            for name in (fqn, *self.traced.parameters[fqn].aliases):
+                out[name] = full
+        return out
+
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's shard of each full tensor in `state_dict` into the local parameters/buffers."""
+        with torch.no_grad():
+            for fqn, local in zip(self.program.state_fqns, self._state()):
+                local.copy_(shard_tensor(state_dict[fqn], self.spec.params[fqn], self.spec.mesh, self.coords))
+
+
+def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:
+    """The (created on demand) submodule of `root` that owns attribute path `fqn`."""
+    module = root
+    for part in fqn.split(".")[:-1]:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    return module

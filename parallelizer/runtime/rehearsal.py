@@ -1,0 +1,135 @@
+"""Rehearsal: run a sharded program on local ranks and compare it with the single-device model.
+
+Each rank builds the same model (a seeded builder such as the zoo's), keeps an untouched copy as the
+single-device reference, runs the sharded program on the same global inputs, and compares: forward outputs,
+the loss, every parameter gradient (this rank's shard of the reference gradient), and the parameters after
+`steps` AdamW steps (gathered with `full_state_dict`). The loss is the model's own scalar output when it
+returns one first (e.g. a causal-LM loss), else the mean of squares of the first output.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..rewriter.spec import ShardingSpec, all_axis_groups
+from ..rewriter.state import shard_tensor
+from ..tracer.trace import trace
+from .launch import create_groups, spawn
+from .module import ParallelModule
+
+
+@dataclass(frozen=True, slots=True)
+class RehearsalReport:
+    """Largest absolute differences against the single-device model, over all ranks.
+
+    Attributes: output, loss, grad (over every parameter), params (after the steps): the largest
+        absolute difference (float). worst_grad / worst_param: the FQN with the largest difference.
+        tolerance_ratio: the largest |a - b| / (atol + rtol * |b|) over everything compared, with
+        atol = rtol = 1e-5 (torch.testing.assert_close's form); <= 1 means every value matches.
+        collectives: emitted steps per kind on rank 0. rank0_code: rank 0's program source.
+    """
+
+    world_size: int
+    output: float
+    loss: float
+    grad: float
+    params: float
+    worst_grad: str
+    worst_param: str
+    tolerance_ratio: float
+    collectives: dict
+    rank0_code: str
+
+    def matches(self) -> bool:
+        """True when every compared value is within atol + rtol * |reference| (atol = rtol = 1e-5)."""
+        return self.tolerance_ratio <= 1.0
+
+    def __str__(self) -> str:
+        verdict = "numerics match" if self.matches() else "NUMERICS DIFFER"
+        return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
+                f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
+                f"{self.params:.2e} ({self.worst_param}); worst |diff| / (1e-5 + 1e-5 |ref|) = "
+                f"{self.tolerance_ratio:.2f}; collectives {self.collectives}")
+
+
+def rehearse(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, *, steps: int = 3, lr: float = 1e-3,
+             eps: float = 1e-6, timeout_s: float = 300.0) -> RehearsalReport:
+    """Run `spec` on `spec.mesh.world_size` local gloo ranks and compare with the single-device model.
+
+    Args:
+        model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs)`, seeded so
+            that every call builds the same weights and inputs.
+        spec: sharding decisions made for `trace(*model_fn(**model_kwargs))`.
+        steps: AdamW steps before the parameters are compared.
+        lr, eps: AdamW's. eps is above torch's default (1e-8) on purpose: a parameter whose true gradient
+            is zero (e.g. an attention key bias, to which softmax is invariant) gets fp32 rounding noise
+            (~1e-9) as gradient, and Adam's update lr * g / (|g| + eps) would turn that noise into steps of
+            size ~lr whose sign depends on the reduction order, on either side of the comparison.
+    Raises:
+        DistributedError: a rank failed or timed out (names the rank, with its traceback).
+    """
+    results = spawn(_rank_main, spec.mesh.world_size, model_fn, model_kwargs, spec, steps, lr, eps,
+                    timeout_s=timeout_s)
+    worst = lambda key: max(results, key=lambda r: r[key][0])[key]  # noqa: E731
+    ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
+    return RehearsalReport(spec.mesh.world_size, worst("output")[0], worst("loss")[0], worst("grad")[0],
+                           worst("params")[0], worst("grad")[1], worst("params")[1], ratio,
+                           results[0]["collectives"], results[0]["code"])
+
+
+def _loss(output) -> torch.Tensor:
+    first = next(t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
+    return first if first.ndim == 0 else first.float().pow(2).mean()
+
+
+_ATOL = _RTOL = 1e-5
+
+
+def _max_diff(pairs) -> tuple[float, str, float]:
+    """(largest |a - b|, name where it occurs, largest |a - b| / (atol + rtol |b|)) over (name, a, b)."""
+    worst, ratio = (0.0, ""), 0.0
+    for name, a, b in pairs:
+        if not a.numel():
+            continue
+        diff = (a.detach().double() - b.detach().double()).abs()
+        worst = max(worst, (diff.max().item(), name))
+        ratio = max(ratio, (diff / (_ATOL + _RTOL * b.detach().double().abs())).max().item())
+    return worst[0], worst[1], ratio
+
+
+def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
+               eps: float) -> dict:
+    model, inputs = model_fn(**model_kwargs)
+    reference = copy.deepcopy(model)
+    traced = trace(model, inputs)
+    create_groups(all_axis_groups(spec.mesh))
+    pm = ParallelModule(traced, spec, rank, model)
+    out, ref_out = pm(*inputs), reference(*inputs)
+    flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    ref_flat = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
+    output = _max_diff(("output", a, b) for a, b in zip(flat, ref_flat))
+    loss, ref_loss = _loss(out), _loss(ref_out)
+    loss.backward()
+    ref_loss.backward()
+    ref_params = dict(reference.named_parameters())
+    grad = _max_diff(
+        (fqn, p.grad if p.grad is not None else torch.zeros_like(p),
+         shard_tensor(ref_params[fqn].grad, spec.params[fqn], spec.mesh, pm.coords))
+        for fqn, p in pm.named_parameters())
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, reference))
+    for step in range(steps):
+        if step:
+            for m, o in ((pm, opt), (reference, ref_opt)):
+                o.zero_grad()
+                _loss(m(*inputs)).backward()
+        opt.step()
+        ref_opt.step()
+    full = pm.full_state_dict()
+    ref_state = reference.state_dict()
+    params = _max_diff((k, full[k], v) for k, v in ref_state.items())
+    return {"output": output, "loss": _max_diff([("loss", loss, ref_loss)]), "grad": grad, "params": params,
+            "collectives": pm.program.collectives, "code": pm.program.graph_module.code if rank == 0 else ""}

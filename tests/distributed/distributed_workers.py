@@ -1,0 +1,277 @@
+"""Rank bodies for tests/distributed: every collective checked against plain single-process torch.
+
+Each check builds the GLOBAL tensors identically on every rank (fixed seeds), computes the reference
+values and gradients with plain torch autograd on those full tensors, runs the collective on this rank's
+local piece, and compares the local value and gradient with the matching piece of the reference.
+
+Loss convention (see parallelizer.rewriter.collectives): ranks holding different data add their local
+losses; ranks holding the same replicated data compute the same loss once.
+
+Functions here run in spawned processes, so they are module-level and return plain picklable values.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from parallelizer.rewriter import collectives as C
+from parallelizer.runtime import DistributedError, create_groups
+
+Check = Callable[[list[int]], None]
+
+
+def _full(shape: Sequence[int], seed: int) -> torch.Tensor:
+    """A global tensor, identical on every rank: float64 normal noise from `seed`."""
+    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _piece(t: torch.Tensor, dim: int, index: int, n: int) -> torch.Tensor:
+    """Chunk `index` of `n` of `t` along `dim` (the reference's view of one rank's shard)."""
+    return t.chunk(n, dim)[index]
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10, msg=lambda m: f"{what}: {m}")
+
+
+def _where(g: list[int]) -> tuple[int, int]:
+    """(n, i): group size and this rank's index in `g`."""
+    return len(g), C.group_index(g)
+
+
+# ------------------------------------------------------------------------------- one check each
+
+
+def check_all_gather(g: list[int]) -> None:
+    n, i = _where(g)
+    for dim in (0, -1):
+        X, W = _full((2 * n, 3, 2 * n), 1), _full((2 * n, 3, 2 * n), 2)
+        ref = _leaf(X)
+        (ref.sin() * W).sum().backward()
+        x = _leaf(_piece(X, dim, i, n))                     # (.., S/n, ..)
+        y = C.all_gather(x, dim, g)                         # (.., S, ..), replicated
+        (y.sin() * W).sum().backward()                      # same replicated loss on every rank
+        _close(y, X, f"all_gather dim={dim} value")
+        _close(x.grad, _piece(ref.grad, dim, i, n), f"all_gather dim={dim} grad")
+
+
+def check_all_gather_rs(g: list[int]) -> None:
+    n, i = _where(g)
+    X = _full((2 * n, 2 * n, 3), 3)
+    Ws = [_full((2 * n, 2 * n, 3), 100 + r) for r in range(n)]  # each rank's own data
+    ref = _leaf(X)
+    sum((ref.sin() * W).sum() for W in Ws).backward()
+    x = _leaf(_piece(X, 1, i, n))
+    y = C.all_gather_rs(x, 1, g)
+    (y.sin() * Ws[i]).sum().backward()                      # partial loss of this rank
+    _close(y, X, "all_gather_rs value")
+    _close(x.grad, _piece(ref.grad, 1, i, n), "all_gather_rs grad")
+
+
+def check_reduce_scatter(g: list[int]) -> None:
+    n, i = _where(g)
+    for dim in (0, 2):
+        Xs = [_full((2 * n, 3, 2 * n), 200 + r) for r in range(n)]   # Partial: the value is their sum
+        W = _full((2 * n, 3, 2 * n), 4)
+        refs = [_leaf(t) for t in Xs]
+        (sum(refs).sin() * W).sum().backward()
+        x = _leaf(Xs[i])
+        y = C.reduce_scatter(x, dim, g)                      # (.., S/n, ..)
+        (y.sin() * _piece(W, dim, i, n)).sum().backward()    # shard of the loss
+        _close(y, _piece(sum(Xs), dim, i, n), f"reduce_scatter dim={dim} value")
+        _close(x.grad, refs[i].grad, f"reduce_scatter dim={dim} grad")
+
+
+def check_all_reduce(g: list[int]) -> None:
+    n, i = _where(g)
+    by_name = C.find_group(g).group_name
+    for group in (g, by_name):                              # ranks list and group-name forms
+        Xs = [_full((4, 3), 300 + r) for r in range(n)]
+        W = _full((4, 3), 5)
+        refs = [_leaf(t) for t in Xs]
+        (sum(refs).sin() * W).sum().backward()
+        x = _leaf(Xs[i])
+        y = C.all_reduce(x, group)
+        (y.sin() * W).sum().backward()                       # replicated loss, counted once
+        _close(y, sum(Xs), f"all_reduce({type(group).__name__}) value")
+        _close(x.grad, refs[i].grad, f"all_reduce({type(group).__name__}) grad")
+
+
+def check_grad_all_reduce(g: list[int]) -> None:
+    n, i = _where(g)
+    P = _full((3, 4), 6)                                     # replicated parameter
+    Ds = [_full((2, 3), 400 + r) for r in range(n)]          # batch shards
+    ref = _leaf(P)
+    sum((D @ ref).tanh().sum() for D in Ds).backward()
+    p = _leaf(P)
+    y = C.grad_all_reduce(p, g)
+    (Ds[i] @ y).tanh().sum().backward()
+    _close(y, P, "grad_all_reduce value")
+    _close(p.grad, ref.grad, "grad_all_reduce grad")
+
+
+def check_all_to_all(g: list[int]) -> None:
+    n, i = _where(g)
+    for src, dst in ((0, 2), (2, 0), (-1, 1)):
+        shape = (2 * n, 2 * n, 2 * n)
+        X, W = _full(shape, 7), _full(shape, 8)
+        ref = _leaf(X)
+        (ref.sin() * W).sum().backward()
+        x = _leaf(_piece(X, src, i, n))                      # Shard(src)
+        y = C.all_to_all(x, src, dst, g)                     # Shard(dst)
+        (y.sin() * _piece(W, dst, i, n)).sum().backward()
+        _close(y, _piece(X, dst, i, n), f"all_to_all {src}->{dst} value")
+        _close(x.grad, _piece(ref.grad, src, i, n), f"all_to_all {src}->{dst} grad")
+
+
+def check_local_slice(g: list[int]) -> None:
+    n, i = _where(g)
+    for dim in (1, -1):
+        X, W = _full((3, 2 * n, 2 * n), 9), _full((3, 2 * n, 2 * n), 10)
+        ref = _leaf(X)
+        (ref.sin() * W).sum().backward()
+        x = _leaf(X)                                         # replicated
+        y = C.local_slice(x, dim, g)
+        (y.sin() * _piece(W, dim, i, n)).sum().backward()
+        _close(y, _piece(X, dim, i, n), f"local_slice dim={dim} value")
+        _close(x.grad, ref.grad, f"local_slice dim={dim} grad")
+
+
+class MegatronMLP(torch.nn.Module):
+    """Tensor-parallel MLP on local shards: f -> x @ W1[:, shard] -> relu -> @ W2[shard, :] -> g."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        super().__init__()
+        self.ranks = ranks
+
+    def forward(self, x, w1, w2):                          # x (B, C), w1 (C, H/n), w2 (H/n, C)
+        h = torch.relu(C.grad_all_reduce(x, self.ranks) @ w1)   # (B, H/n)
+        return C.all_reduce(h @ w2, self.ranks)                 # (B, C), replicated
+
+
+def check_megatron_fx(g: list[int]) -> None:
+    """f/g composition, run eagerly and as a symbolically traced GraphModule: both match the reference."""
+    n, i = _where(g)
+    X, W1, W2 = _full((4, 3), 11), _full((3, 2 * n), 12), _full((2 * n, 3), 13)
+    refs = [_leaf(t) for t in (X, W1, W2)]
+    (torch.relu(refs[0] @ refs[1]) @ refs[2]).sin().sum().backward()
+    model = MegatronMLP(g)
+    gm = torch.fx.symbolic_trace(model)
+    for name, run in (("eager", model), ("fx", gm)):
+        x, w1, w2 = _leaf(X), _leaf(_piece(W1, 1, i, n)), _leaf(_piece(W2, 0, i, n))
+        y = run(x, w1, w2)
+        y.sin().sum().backward()
+        _close(y, torch.relu(X @ W1) @ W2, f"megatron {name} value")
+        _close(x.grad, refs[0].grad, f"megatron {name} grad x")
+        _close(w1.grad, _piece(refs[1].grad, 1, i, n), f"megatron {name} grad w1")
+        _close(w2.grad, _piece(refs[2].grad, 0, i, n), f"megatron {name} grad w2")
+    code = gm.code
+    for op in ("collectives_grad_all_reduce", "collectives_all_reduce"):
+        if op not in code:
+            raise AssertionError(f"{op} missing from gm.code:\n{code}")
+
+
+def check_hand_built_graph(g: list[int]) -> None:
+    """A GraphModule built node by node (as the rewriter does): local_slice -> all_gather round trip."""
+    n, i = _where(g)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    s = graph.call_function(C.local_slice, (x, 0, g))
+    s2 = graph.call_function(torch.mul, (s, 2.0))
+    graph.output(graph.call_function(C.all_gather, (s2, 0, g)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.recompile()
+    X = _full((2 * n, 3), 14)
+    x = _leaf(X)
+    y = gm(x)
+    y.sum().backward()
+    _close(y, 2 * X, "hand-built graph value")
+    _close(x.grad, torch.full_like(X, 2.0), "hand-built graph grad")
+
+
+CHECKS: list[Check] = [
+    check_all_gather, check_all_gather_rs, check_reduce_scatter, check_all_reduce, check_grad_all_reduce,
+    check_all_to_all, check_local_slice, check_megatron_fx, check_hand_built_graph,
+]
+
+
+def check_errors(world: list[int]) -> None:
+    """Typed errors on bad input, raised before any communication (so every rank can run them)."""
+    me, n = dist.get_rank(), len(world)
+    expectations = [
+        (lambda: C.reduce_scatter(torch.zeros(2 * n + 1, 2), 0, world), ValueError,
+         [f"dim 0 of local shape ({2 * n + 1}, 2)", str(world), f"size {n}"]),
+        (lambda: C.local_slice(torch.zeros(2, 2 * n + 1), -1, world), ValueError, ["dim 1", str(world)]),
+        (lambda: C.all_to_all(torch.zeros(2, 2), 0, 0, world), ValueError, ["src_dim and dst_dim"]),
+        (lambda: C.all_gather(torch.zeros(2), 3, world), ValueError, ["dim 3", "(2,)"]),
+        (lambda: C.all_gather(torch.zeros(2), 0, [r for r in world if r != me]), ValueError,
+         [f"rank {me} is not in group"]),
+        (lambda: C.all_reduce(torch.zeros(2), list(reversed(world))), ValueError, ["sorted ascending"]),
+        (lambda: C.all_reduce(torch.zeros(2), [me]), DistributedError, ["no process group", f"[{me}]"]),
+    ]
+    for call, kind, fragments in expectations:
+        try:
+            call()
+        except kind as err:
+            missing = [f for f in fragments if f not in str(err)]
+            if missing:
+                raise AssertionError(f"{kind.__name__} message lacks {missing}: {err}") from None
+        else:
+            raise AssertionError(f"expected {kind.__name__} with {fragments}")
+
+
+# ---------------------------------------------------------------------------------- rank bodies
+
+
+def run_all_checks(rank: int, world_size: int, layouts: list[list[list[int]]]) -> dict:
+    """Run every check over this rank's group of each layout (a layout = the groups of one mesh axis).
+
+    Returns {"rank": rank, "passed": [names], "failures": [name + traceback], "seconds": wall time of the checks}.
+    """
+    start = time.perf_counter()
+    create_groups([group for layout in layouts for group in layout])
+    passed: list[str] = []
+    failures: list[str] = []
+    world = list(range(world_size))
+    jobs = [(f"errors@{world}", lambda: check_errors(world))]
+    for layout in layouts:
+        group = next(gr for gr in layout if rank in gr)
+        jobs += [(f"{check.__name__}@{group}", lambda check=check, group=group: check(group)) for check in CHECKS]
+    for name, job in jobs:
+        try:
+            job()
+            passed.append(name)
+        except Exception:  # noqa: BLE001 - report every failing check, not only the first
+            failures.append(f"{name} on rank {rank}:\n{traceback.format_exc()}")
+    return {"rank": rank, "passed": passed, "failures": failures, "seconds": time.perf_counter() - start}
+
+
+def raise_on_rank_one(rank: int, world_size: int) -> None:
+    """Rank 1 raises; the others wait in a collective that can never complete."""
+    if rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    dist.barrier()
+
+
+def sleep_on_rank_zero(rank: int, world_size: int, seconds: float) -> int:
+    """Rank 0 never finishes in time; the others return their rank."""
+    if rank == 0:
+        time.sleep(seconds)
+    return rank
+
+
+def abort_on_rank_one(rank: int, world_size: int) -> None:
+    """Rank 1 dies by SIGABRT without a Python exception (as a crashing C++ extension would)."""
+    if rank == 1:
+        os.abort()
+    dist.barrier()

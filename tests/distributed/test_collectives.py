@@ -1,0 +1,140 @@
+"""Collectives of parallelizer.rewriter.collectives on real gloo ranks, and the spawn launcher.
+
+One spawn per world size runs every check (spawning costs 3.5-8 s on this machine kind); the checks
+themselves live in distributed_workers.py, which spawned ranks import.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+import torch.fx
+
+import distributed_workers as W
+from parallelizer.rewriter import collectives as C
+from parallelizer.runtime import DistributedError, init_from_env, shutdown, spawn
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = {
+    2: [[[0, 1]]],
+    # the world, then the two axes of a 2x2 mesh: rows ("tp") and columns ("dp")
+    4: [[[0, 1, 2, 3]], [[0, 1], [2, 3]], [[0, 2], [1, 3]]],
+}
+
+
+@pytest.mark.parametrize("world_size", sorted(LAYOUTS))
+def test_collectives_match_single_process_reference(world_size):
+    reports = spawn(W.run_all_checks, world_size, LAYOUTS[world_size], timeout_s=90)
+    assert [report["rank"] for report in reports] == list(range(world_size))  # results in rank order
+    failures = [f for report in reports for f in report["failures"]]
+    assert not failures, "\n\n".join(failures)
+    expected = 1 + len(W.CHECKS) * len(LAYOUTS[world_size])
+    assert all(len(report["passed"]) == expected for report in reports), [r["passed"] for r in reports]
+
+
+def test_failing_rank_is_named_without_hanging():
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        spawn(W.raise_on_rank_one, 2, timeout_s=60)
+    elapsed_s = time.monotonic() - start
+    assert elapsed_s < 30, f"spawn took {elapsed_s:.1f} s to report a failed rank"
+    assert "failed on rank 1" in str(info.value)
+    assert "deliberate failure on rank 1" in str(info.value)  # the rank's traceback is in the message
+    assert "RuntimeError" in info.value.failures[1]
+
+
+def test_rank_past_deadline_is_named_and_killed():
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        spawn(W.sleep_on_rank_zero, 2, 600.0, timeout_s=4)
+    elapsed_s = time.monotonic() - start
+    assert elapsed_s < 12, f"spawn took {elapsed_s:.1f} s for a 4 s deadline"
+    assert "timed out after 4 s" in str(info.value)
+    assert 0 in info.value.failures and "timed out" in info.value.failures[0]
+
+
+def test_crashed_rank_is_named_with_its_signal():
+    with pytest.raises(DistributedError) as info:
+        spawn(W.abort_on_rank_one, 2, timeout_s=60)
+    assert "failed on rank 1" in str(info.value)
+    assert "signal SIGABRT" in info.value.failures[1]
+
+
+def test_taken_rendezvous_port_is_retried(monkeypatch):
+    """Another process binding the chosen port before rank 0 does must not fail the run."""
+    from parallelizer.runtime import launch
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        ports = [squatter.getsockname()[1]]
+        real_free_port = launch._free_port
+        monkeypatch.setattr(launch, "_free_port", lambda: ports.pop() if ports else real_free_port())
+        assert spawn(W.sleep_on_rank_zero, 1, 0.0, timeout_s=60) == [0]
+        assert not ports  # the taken port was really tried first
+
+
+def test_graph_module_code_shows_collectives():
+    """Codegen and recompile of a GraphModule whose nodes call the collectives (no process group needed)."""
+    ranks = [0, 1]
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    steps = [
+        (C.local_slice, (0, ranks)), (C.all_gather, (0, ranks)), (C.all_gather_rs, (1, ranks)),
+        (C.reduce_scatter, (1, ranks)), (C.all_reduce, (ranks,)), (C.grad_all_reduce, (ranks,)),
+        (C.all_to_all, (0, 1, ranks)),
+    ]
+    node = x
+    for fn, args in steps:
+        node = graph.call_function(fn, (node, *args))
+    graph.output(node)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.recompile()
+    code = gm.code
+    for fn, args in steps:
+        assert f"parallelizer_rewriter_collectives_{fn.__name__}(" in code, code
+    assert "parallelizer_rewriter_collectives_all_to_all(grad_all_reduce, 0, 1, [0, 1])" in code, code
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [fn for fn, _ in steps]
+    traced = torch.fx.symbolic_trace(W.MegatronMLP(ranks))
+    targets = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+    assert C.grad_all_reduce in targets and C.all_reduce in targets
+
+
+def test_collectives_need_a_process_group():
+    with pytest.raises(DistributedError, match="not initialised"):
+        C.all_reduce(torch.zeros(2), [0, 1])
+
+
+def test_init_from_env_single_rank(monkeypatch):
+    """torchrun-style start in this process with a world of one; the collectives work on it."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for attempt in range(3):  # the free port can be taken by another process before we bind it
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
+            try:
+                info = init_from_env(timeout_s=30)
+                break
+            except torch.distributed.DistNetworkError:
+                if attempt == 2:
+                    raise
+        assert (info.rank, info.world_size, info.backend) == (0, 1, "gloo")
+        x = torch.arange(4.0, requires_grad=True)
+        y = C.all_gather(C.all_reduce(x, [0]), 0, [0])
+        y.sum().backward()
+        assert torch.equal(y, torch.arange(4.0)) and torch.equal(x.grad, torch.ones(4))
+    finally:
+        shutdown()
+    shutdown()  # a second call is a no-op
+
+
+def test_init_from_env_names_missing_variables(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(DistributedError, match="RANK.*torchrun"):
+        init_from_env()
