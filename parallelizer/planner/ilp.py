@@ -96,7 +96,9 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         if not ok.any():
             raise InfeasiblePlanError(f"no strategy of {problem.groups[g][0]} can be reached on mesh {problem.mesh} "
                                       "(every layout change it needs is impossible); report this graph")
-        x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpBinary)
+        # Integer in [0, 1] rather than LpBinary: PuLP resets a binary's bounds to [0, 1], which would
+        # re-allow an impossible strategy (upper bound 0).
+        x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpInteger)
                                      for i in range(n)])
     terms = [(v, float(c) * _SCALE) for g in range(len(x)) for v, c in zip(x[g], problem.lin[g])
              if not isinstance(v, int) and np.isfinite(c)]

@@ -133,9 +133,10 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     folded = 0
     for (a, b), mat in list(pairs.items()):
         if mat.shape[0] == 1 or mat.shape[1] == 1:  # one side is fixed: the pair is linear in the other
-            lin[a] += mat[:, 0] if mat.shape[1] == 1 else mat[0, 0]
-            if mat.shape[1] > 1:
-                lin[b] += mat[0, :] - mat[0, 0]
+            if mat.shape[0] == 1:
+                lin[b] += mat[0, :]  # (inf where b's strategy is unreachable from a's only layout)
+            else:
+                lin[a] += mat[:, 0]
             del pairs[(a, b)]
             folded += 1
             continue

@@ -87,26 +87,29 @@ def _bias_once(graph: torch.fx.Graph, ctx: Context, args: tuple) -> tuple:
 
 
 def _sharded_axes(layout: Layout, dim: int, mesh: MeshSpec) -> list[str]:
-    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Shard) and p.dim == dim]
+    """Mesh axes (of size > 1: on a size-1 axis every placement is a full copy) sharding tensor dim `dim`."""
+    return [mesh.axis_names[i] for i, p in enumerate(layout)
+            if isinstance(p, Shard) and p.dim == dim and mesh.shape[i] > 1]
 
 
 def _partial_axes(layout: Layout, mesh: MeshSpec) -> list[str]:
-    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Partial)]
+    """Mesh axes (of size > 1) on which `layout` is Partial."""
+    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Partial) and mesh.shape[i] > 1]
 
 
 def _vocab_parallel_embedding(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
     """embedding(W[V/n, C] local, ids) -> (.., C) Partial: ids outside [start, start + V/n) give zeros."""
     weight_layout = ctx.input_layout(0)
     axes = _sharded_axes(weight_layout, 0, ctx.mesh)
-    if len(axes) != 1 or kwargs or len(args) > 2 and args[2] not in (-1, None):
+    if len(axes) != 1 or kwargs or any(a for a in args[3:]):  # scale_grad_by_freq / sparse
         raise UnsupportedOpError(f"vocab-parallel embedding {ctx.node.format_node()} on mesh {ctx.mesh}: "
-                                 f"supported for the weight sharded on one axis without padding_idx; got "
-                                 f"{weight_layout}. Remedy: re-plan with the embedding replicated")
+                                 f"supported for the weight sharded on one axis, without scale_grad_by_freq "
+                                 f"or sparse; got {weight_layout}. Remedy: re-plan with the embedding replicated")
     weight, ids = args[0], args[1]
-    (axis,) = axes
+    padding_idx = args[2] if len(args) > 2 else -1
     rows = local_shape(tuple(ctx.node.args[0].meta["val"].shape), weight_layout, ctx.mesh)[0]
-    start = graph.call_function(shard_offset, (rows, ctx.groups[axis]))
-    return graph.call_function(masked_embedding, (weight, ids, start, rows))
+    start = graph.call_function(shard_offset, (rows, ctx.groups[axes[0]]))
+    return graph.call_function(masked_embedding, (weight, ids, start, rows, padding_idx))
 
 
 def shard_offset(rows: int, ranks: list[int]) -> int:
@@ -114,15 +117,18 @@ def shard_offset(rows: int, ranks: list[int]) -> int:
     return collectives.group_index(ranks) * rows
 
 
-def masked_embedding(weight: torch.Tensor, ids: torch.Tensor, start: int, rows: int) -> torch.Tensor:
+def masked_embedding(weight: torch.Tensor, ids: torch.Tensor, start: int, rows: int,
+                     padding_idx: int = -1) -> torch.Tensor:
     """Look up `ids` in the rows [start, start + rows) of a vocabulary held as `weight` (rows, C).
 
-    Ids outside the range give zero vectors, so summing the ranks' outputs gives the full embedding.
+    Ids outside the range give zero vectors, so summing the ranks' outputs gives the full embedding;
+    `padding_idx` (global, -1 for none) keeps its row's gradient at zero on the rank that holds it.
     Shapes: weight (rows, C), ids (...) int64 -> (..., C).
     """
     local = ids - start
     outside = (local < 0) | (local >= rows)
-    out = torch.nn.functional.embedding(local.masked_fill(outside, 0), weight)
+    local_pad = padding_idx - start if padding_idx >= 0 and 0 <= padding_idx - start < rows else None
+    out = torch.nn.functional.embedding(local.masked_fill(outside, 0), weight, padding_idx=local_pad)
     return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
 

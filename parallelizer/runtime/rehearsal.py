@@ -63,7 +63,8 @@ def rehearse(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, *, step
     Args:
         model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs)`, seeded so
             that every call builds the same weights and inputs.
-        spec: sharding decisions made for `trace(*model_fn(**model_kwargs))`.
+        spec: sharding decisions made for `trace(*model_fn(**model_kwargs))` (or for a model of the same
+            structure: layouts refer to node names, which depend only on the structure).
         steps: AdamW steps before the parameters are compared.
         lr, eps: AdamW's. eps is above torch's default (1e-8) on purpose: a parameter whose true gradient
             is zero (e.g. an attention key bias, to which softmax is invariant) gets fp32 rounding noise
@@ -72,13 +73,37 @@ def rehearse(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, *, step
     Raises:
         DistributedError: a rank failed or timed out (names the rank, with its traceback).
     """
-    results = spawn(_rank_main, spec.mesh.world_size, model_fn, model_kwargs, spec, steps, lr, eps,
-                    timeout_s=timeout_s)
-    worst = lambda key: max(results, key=lambda r: r[key][0])[key]  # noqa: E731
+    return rehearse_many([(model_fn, model_kwargs, spec)], steps=steps, lr=lr, eps=eps, timeout_s=timeout_s)[0]
+
+
+def rehearse_many(cases: list[tuple[Callable, dict, ShardingSpec]], *, steps: int = 3, lr: float = 1e-3,
+                  eps: float = 1e-6, timeout_s: float = 600.0) -> list[RehearsalReport]:
+    """`rehearse` for several (model_fn, model_kwargs, spec) cases in ONE launch of local ranks (starting
+    ranks costs seconds). Every spec must be for the same number of devices.
+
+    Raises:
+        ValueError: the cases need different numbers of devices.
+        DistributedError: a rank failed or timed out.
+    """
+    sizes = {spec.mesh.world_size for _, _, spec in cases}
+    if len(sizes) != 1:
+        raise ValueError(f"rehearse_many: all cases must use the same number of devices, got {sorted(sizes)}; "
+                         "group the cases by mesh size")
+    per_rank = spawn(_rank_cases, sizes.pop(), cases, steps, lr, eps, timeout_s=timeout_s)
+    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank]) for i, (_, _, spec) in enumerate(cases)]
+
+
+def _report(world_size: int, results: list[dict]) -> RehearsalReport:
+    def worst(key):
+        return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
-    return RehearsalReport(spec.mesh.world_size, worst("output")[0], worst("loss")[0], worst("grad")[0],
-                           worst("params")[0], worst("grad")[1], worst("params")[1], ratio,
-                           results[0]["collectives"], results[0]["code"])
+    return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
+                           worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
+                           results[0]["code"])
+
+
+def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
+    return [_rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps) for fn, kwargs, spec in cases]
 
 
 def _loss(output) -> torch.Tensor:

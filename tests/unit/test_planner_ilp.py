@@ -94,3 +94,19 @@ def test_training_state_budget_helper_matches_cost_model(big_batch_mlp):
     state = training_state_bytes(big_batch_mlp.num_parameters, "fp32")
     mem = p.cost.memory_bytes
     assert mem["params"] + mem["grads"] + mem["optimizer"] == state.total_bytes  # DDP: everything replicated
+
+
+def test_unreachable_strategy_is_never_chosen():
+    """The head bias (10,) cannot be sharded 4 ways, so it is stored R only, and add(P, P) cannot take it
+    (R -> P is impossible). Before the fix, PuLP reset the upper bound 0 of that binary and the solver
+    picked the impossible strategy; assembling the plan then raised ImpossibleRedistributionError."""
+    import contextlib
+    import io
+
+    import parallelizer
+    from parallelizer import zoo
+    traced = parallelizer.trace(*zoo.mlp(in_features=32, dim=1024, hidden=4096, depth=2, batch=64, device="meta"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"dp": 4})
+    head_add = [e for e in plan.edges if e.src == "p_head_bias"]
+    assert head_add and all(e.dst_layout != "P" for e in head_add)
