@@ -10,7 +10,8 @@ exceptions, each handled here:
   each rank looks up the ids in its own vocabulary range, zeros the others; the output is Partial(sum);
 - `aten.cross_entropy_loss` with reduction "mean" over a batch-sharded input whose output is Partial:
   the local loss is the local SUM divided by the GLOBAL count of non-ignored targets (an all-reduce of
-  the count, no gradient), so that the sum over ranks is exactly the single-device mean.
+  the count, no gradient), so that the sum over ranks is exactly the single-device mean;
+- `aten.dropout`: the mask differs across shards and is the same on replicas (`sharded_dropout`).
 """
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
     elif target is aten.cross_entropy_loss.default and _partial_axes(ctx.output, ctx.mesh):
         return _sharded_cross_entropy(graph, ctx, args, kwargs)
+    elif target is aten.dropout.default:
+        groups = [ctx.groups[a] for a in _split_axes(ctx.output, ctx.mesh)]
+        return graph.call_function(sharded_dropout, (*args, groups))
     return graph.call_function(target, args, kwargs)
 
 
@@ -84,6 +88,29 @@ def _bias_once(graph: torch.fx.Graph, ctx: Context, args: tuple) -> tuple:
         return args
     bias = graph.call_function(aten.div.Scalar, (args[i], n))
     return args[:i] + (bias,) + args[i + 1:]
+
+
+def _split_axes(layout: Layout, mesh: MeshSpec) -> list[str]:
+    """Mesh axes (of size > 1) on which `layout` is a Shard."""
+    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Shard) and mesh.shape[i] > 1]
+
+
+def sharded_dropout(x: torch.Tensor, p: float, train: bool, groups: list[list[int]]) -> torch.Tensor:
+    """Dropout whose mask is the same on ranks holding the same data and different across shards.
+
+    The seed comes from torch's default generator (which every rank advances identically, since all run
+    the same program from the same seed), mixed with this rank's shard index on each axis in `groups`
+    (the axes where the tensor is sharded). Replicas (and the summands of a Partial tensor) therefore
+    draw the same mask, and shards independent ones. Shapes: x (...) -> (...).
+    """
+    if not train or p == 0.0:
+        return x
+    base = int(torch.randint(0, 2**62, (1,)).item())
+    seed = base
+    for ranks in groups:
+        seed = (seed * 1_000_003 + collectives.group_index(ranks) + 1) % 2**62
+    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
+    return x * keep.to(x.dtype) / (1.0 - p)
 
 
 def _sharded_axes(layout: Layout, dim: int, mesh: MeshSpec) -> list[str]:

@@ -61,8 +61,8 @@ def rehearse(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, *, step
     """Run `spec` on `spec.mesh.world_size` local gloo ranks and compare with the single-device model.
 
     Args:
-        model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs)`, seeded so
-            that every call builds the same weights and inputs.
+        model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs[, example_kwargs])`,
+            seeded so that every call builds the same weights and inputs.
         spec: sharding decisions made for `trace(*model_fn(**model_kwargs))` (or for a model of the same
             structure: layouts refer to node names, which depend only on the structure).
         steps: AdamW steps before the parameters are compared.
@@ -128,12 +128,13 @@ def _max_diff(pairs) -> tuple[float, str, float]:
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float) -> dict:
-    model, inputs = model_fn(**model_kwargs)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
-    traced = trace(model, inputs)
+    traced = trace(model, inputs, kwargs)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(traced, spec, rank, model)
-    out, ref_out = pm(*inputs), reference(*inputs)
+    out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)
     flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     ref_flat = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
     output = _max_diff(("output", a, b) for a, b in zip(flat, ref_flat))
@@ -150,7 +151,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         if step:
             for m, o in ((pm, opt), (reference, ref_opt)):
                 o.zero_grad()
-                _loss(m(*inputs)).backward()
+                _loss(m(*inputs, **kwargs)).backward()
         opt.step()
         ref_opt.step()
     full = pm.full_state_dict()

@@ -1,6 +1,6 @@
 """Builders for transformers models from configs with random weights (no hub downloads).
 
-Each builder returns `(model, example_inputs)` with the model in train mode on `device` ("cpu" or "meta")
+Each builder returns `(model, example_inputs)` (plus example keyword inputs with `labels=True`) with the model in train mode on `device` ("cpu" or "meta")
 and dropout set by `dropout` (0.0 by default so numerics are deterministic). `overrides` go to the config.
 Attention defaults to the "eager" implementation: with real CPU weights, export's decompositions of the
 SDPA path fail on GPT-2 (../shared/ENVIRONMENT-NOTES.md); pass attn_implementation="sdpa" to change it.
@@ -26,9 +26,21 @@ def _token_ids(batch: int, seq_len: int, vocab: int, device, seed: int) -> torch
     return ids.to(device)
 
 
+def _with_labels(model, ids: torch.Tensor, labels: bool):
+    """(model, (ids,)) or, with labels, (model, (ids,), {"labels": ...}): the causal-LM loss becomes the model's
+    first output. The first sample's first quarter of labels is -100 (ignored), so batch shards hold
+    different numbers of counted tokens (a sharded mean must divide by the global count)."""
+    if not labels:
+        return model, (ids,)
+    target = ids.clone()
+    target[0, : max(1, ids.shape[1] // 4)] = -100
+    return model, (ids,), {"labels": target}
+
+
 def gpt2(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
-         **overrides):
-    """transformers `GPT2LMHeadModel` (tied wte/lm_head); inputs: input_ids (batch, seq_len)."""
+         labels: bool = False, **overrides):
+    """transformers `GPT2LMHeadModel` (tied wte/lm_head); inputs: input_ids (batch, seq_len), and with
+    `labels=True` keyword labels (batch, seq_len) so that the loss is computed inside the model."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     kw = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=max(64, seq_len),
@@ -36,13 +48,13 @@ def gpt2(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, 
               attn_implementation="eager", bos_token_id=0, eos_token_id=0)
     kw.update(overrides)
     model = _build(GPT2LMHeadModel, GPT2Config(**kw), device, seed)
-    return model, (_token_ids(batch, seq_len, kw["vocab_size"], device, seed),)
+    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels)
 
 
 def llama(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
-          **overrides):
+          labels: bool = False, **overrides):
     """transformers `LlamaForCausalLM` with grouped-query attention (4 query heads share 2 KV heads by
-    default), RMSNorm and rotary embeddings; inputs: input_ids (batch, seq_len)."""
+    default), RMSNorm and rotary embeddings; inputs: input_ids (batch, seq_len) [, labels=...]."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     kw = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -51,7 +63,7 @@ def llama(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0,
               bos_token_id=0, eos_token_id=0, pad_token_id=0)
     kw.update(overrides)
     model = _build(LlamaForCausalLM, LlamaConfig(**kw), device, seed)
-    return model, (_token_ids(batch, seq_len, kw["vocab_size"], device, seed),)
+    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels)
 
 
 def llama2_7b_config() -> dict:

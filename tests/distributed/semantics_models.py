@@ -1,0 +1,53 @@
+"""Small models and rank bodies for test_semantics (importable by name in spawned ranks)."""
+from __future__ import annotations
+
+import torch
+
+from parallelizer.rewriter.spec import all_axis_groups
+from parallelizer.runtime import create_groups
+from parallelizer.runtime.module import ParallelModule
+from parallelizer.tracer.trace import trace
+
+
+class BatchNormMLP(torch.nn.Module):
+    """(B, 8) -> (B, 4): Linear, BatchNorm1d (running statistics are buffers), ReLU, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.down = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.bn(self.up(x))))
+
+
+def batchnorm_mlp(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return BatchNormMLP().train(), (torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed)),)
+
+
+class Dropper(torch.nn.Module):
+    """(B, C) -> (B, C): x * w then dropout(p=0.5); w is a parameter of ones."""
+
+    def __init__(self, channels: int = 64) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(channels))
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x * self.w)
+
+
+def dropper(batch: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return Dropper().train(), (torch.ones(batch, 64),)
+
+
+def run_outputs(rank: int, world_size: int, model_fn, spec) -> list[torch.Tensor]:
+    """This rank's outputs of the sharded program (outputs as the spec lays them out)."""
+    model, inputs = model_fn()
+    pm = ParallelModule(trace(model, inputs), spec, rank, model)
+    create_groups(all_axis_groups(spec.mesh))
+    out = pm(*inputs)
+    return [out.detach()] if isinstance(out, torch.Tensor) else [t.detach() for t in out]

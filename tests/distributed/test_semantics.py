@@ -1,0 +1,118 @@
+"""Semantics the rewriter must keep (issue: rewriter and runtime), each on real gloo ranks:
+tied embedding / lm_head, row-parallel bias added once, replicated norm weights' gradients reduced,
+vocab-sharded embedding and logits, a 'mean' loss over a batch-sharded axis divided by the global count,
+BatchNorm under data parallelism, and dropout masks under sharding."""
+import contextlib
+import io
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.core.layout import Layout
+from parallelizer.core.mesh import MeshSpec
+from parallelizer.rewriter.apply import _tensor_args
+from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, spec_from_plan
+from parallelizer.runtime import spawn
+from parallelizer.runtime.rehearsal import rehearse_many
+from semantics_models import batchnorm_mlp, dropper, run_outputs
+
+pytestmark = pytest.mark.distributed
+
+LM_NARROW = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=16, labels=True)
+
+
+def _plan(traced, mesh, **options):
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return parallelizer.plan(traced, mesh, **options)
+
+
+@pytest.fixture(scope="module")
+def lm_cases():
+    """Planner-made plans on 2 ranks for GPT-2 with its loss inside the model (labels with ignored tokens):
+    data parallel, tensor parallel, and a large-vocab model under tight memory (vocab-sharded)."""
+    cases = {}
+    dp = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 128, "n_head": 8,
+                                                        "batch": 64, "seq_len": 1024}))
+    cases["dp"] = _plan(dp, {"dp": 2})
+    tp = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 2048, "n_head": 16}))
+    cases["tp"] = _plan(tp, {"tp": 2}, data_axes=())
+    vocab = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 75, "n_head": 3,
+                                                           "vocab_size": 131072}))
+    ample = _plan(vocab, {"tp": 2}, data_axes=())
+    cases["vocab"] = _plan(vocab, {"tp": 2}, data_axes=(),
+                           memory_budget_bytes=int(ample.cost.memory_bytes["total"] * 0.75))
+    reports = rehearse_many([(zoo.gpt2, LM_NARROW, spec_from_plan(p)) for p in cases.values()])
+    return {k: (p, r) for (k, p), r in zip(cases.items(), reports)}
+
+
+def test_batch_sharded_mean_loss_divides_by_global_count(lm_cases):
+    plan, report = lm_cases["dp"]
+    ce = next(n for n in plan.nodes.values() if n.op == "aten.cross_entropy_loss.default")
+    assert ce.inputs[0].startswith("S(0)") and ce.output.startswith("P"), ce  # the loss is computed sharded
+    assert report.loss < 1e-6 and report.matches(), report
+
+
+def test_tied_embedding_is_one_parameter_with_summed_gradient(lm_cases):
+    for plan, report in lm_cases.values():
+        assert "lm_head.weight" not in plan.params and plan.params["transformer.wte.weight"].aliases == ("lm_head.weight",)
+        assert report.matches(), report  # the one parameter's gradient (both uses) matches single device
+
+
+def test_row_parallel_bias_added_once_and_norm_grads_reduced(lm_cases):
+    plan, report = lm_cases["tp"]
+    row = [n for n, p in plan.nodes.items() if p.op == "aten.mm.default" and p.output == "P"]
+    assert row, "the tensor-parallel plan has a row-parallel (Partial-output) matmul"
+    for mm in row:  # its bias is added to the all-reduced (Replicate) sum, i.e. once
+        (use,) = [e for e in plan.edges if e.src == mm]
+        assert [s.kind for s in use.steps] == ["all_reduce"] and use.dst_layout == "R"
+        bias = [e for e in plan.edges if e.dst == use.dst and e.src.endswith("_bias")]
+        assert [e.dst_layout for e in bias] == ["R"]
+    assert report.matches(), report
+
+
+def test_replicated_norm_weights_fed_by_sharded_activations_get_reduced_gradients(lm_cases):
+    plan, report = lm_cases["dp"]
+    norms = [e for e in plan.edges if "_ln_" in e.src and e.src.endswith("_weight")]
+    assert norms and all(any(s.kind == "grad_all_reduce" and s.mesh_axis == "dp" for s in e.steps) for e in norms)
+    assert report.matches(), report
+
+
+def test_vocab_sharded_embedding_and_logits(lm_cases):
+    plan, report = lm_cases["vocab"]
+    assert plan.params["transformer.wte.weight"].stored == "S(0)"
+    emb = next(n for n in plan.nodes.values() if n.op == "aten.embedding.default")
+    assert emb.inputs[0] == "S(0)" and emb.output == "P"
+    assert report.matches(), report
+
+
+def test_batchnorm_under_data_parallel_is_synchronised():
+    """BatchNorm has no sharding rule: the planner replicates it (recorded as a fallback), so statistics
+    are over the global batch (synchronised BN) and running buffers stay equal on every rank."""
+    model, inputs = batchnorm_mlp()
+    traced = parallelizer.trace(model, inputs)
+    plan = _plan(traced, {"dp": 2})
+    assert any("batch_norm" in f.op for f in plan.fallbacks)
+    (report,) = rehearse_many([(batchnorm_mlp, {}, spec_from_plan(plan))])
+    assert report.matches(), report  # compares running_mean / running_var buffers after 3 steps too
+
+
+def _spec(traced, mesh, layout):
+    nodes = {n.name: NodeSharding(tuple(Layout.parse("R") if traced.node(a.name).role.value == "parameter" else layout
+                                        for a in _tensor_args(n)), layout)
+             for n in traced.graph_module.graph.nodes if n.op == "call_function"}
+    nodes["output"] = NodeSharding((layout,), layout)
+    return ShardingSpec(mesh, nodes, {f: Layout.parse("R") for f in traced.parameters})
+
+
+def test_dropout_masks_differ_across_shards_and_agree_on_replicas():
+    model, inputs = dropper()
+    traced = parallelizer.trace(model, inputs)
+    mesh = MeshSpec(("dp",), (2,))
+    sharded = spawn(run_outputs, 2, dropper, _spec(traced, mesh, Layout.parse("S(0)")))
+    replicated = spawn(run_outputs, 2, dropper, _spec(traced, mesh, Layout.parse("R")))
+    a, b = sharded[0][0], sharded[1][0]  # each rank's (2, 64) shard
+    assert a.shape == (2, 64) and not torch.equal(a != 0, b != 0)
+    assert 0.3 < (a == 0).float().mean() < 0.7
+    torch.testing.assert_close(replicated[0][0], replicated[1][0], rtol=0, atol=0)
