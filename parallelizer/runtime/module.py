@@ -12,7 +12,8 @@ from torch.utils import _pytree as pytree
 
 from ..rewriter.apply import RankProgram, rewrite
 from ..rewriter.spec import ShardingSpec, axis_ranks, mesh_coords
-from ..rewriter.state import gather_tensor, shard_tensor
+from ..errors import PlanMismatchError
+from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 
@@ -24,9 +25,13 @@ class ParallelModule(torch.nn.Module):
         program: the `RankProgram` (its `graph_module.code` shows every collective with its ranks).
         traced, spec: what the program was made from.
     Parameters and buffers are registered under their original FQNs (canonical names for tied ones).
+    A `model` on the `meta` device gets each parameter's local shard initialised on this rank alone
+    (`rewriter.state.init_local_shard`, seed `init_seed`): the full tensor never exists anywhere.
+    Raises PlanMismatchError for a buffer left on `meta` (its values cannot be invented).
     """
 
-    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, model: torch.nn.Module) -> None:
+    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, model: torch.nn.Module,
+                 init_seed: int = 0) -> None:
         super().__init__()
         self.traced, self.spec, self.rank = traced, spec, rank
         self.program: RankProgram = rewrite(traced, spec, rank)
@@ -35,11 +40,22 @@ class ParallelModule(torch.nn.Module):
         self.groups = axis_ranks(spec.mesh, rank)
         full = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         for fqn in self.program.state_fqns:
-            local = shard_tensor(full[fqn].detach(), spec.params[fqn], spec.mesh, self.coords)
+            local = self._local(fqn, full[fqn].detach(), init_seed)
             if self.traced.parameters[fqn].is_buffer:
                 _owner(self, fqn).register_buffer(fqn.rpartition(".")[2], local)
             else:
                 _owner(self, fqn).register_parameter(fqn.rpartition(".")[2], torch.nn.Parameter(local))
+
+    def _local(self, fqn: str, full: torch.Tensor, seed: int) -> torch.Tensor:
+        """This rank's shard: cut from a real tensor, or initialised in place for a parameter on `meta`."""
+        layout = self.spec.params[fqn]
+        if full.device.type != "meta":
+            return shard_tensor(full, layout, self.spec.mesh, self.coords)
+        if self.traced.parameters[fqn].is_buffer:
+            raise PlanMismatchError(
+                f"buffer {fqn!r} {tuple(full.shape)} is on the meta device, so its values are unknown; build the "
+                "modules that own buffers on CPU (buffers are small), or load them with load_full_state_dict")
+        return init_local_shard(fqn, tuple(full.shape), full.dtype, layout, self.spec.mesh, self.coords, seed=seed)
 
     def _state(self) -> list[torch.Tensor]:
         return [self.get_parameter(f) if not self.traced.parameters[f].is_buffer else self.get_buffer(f)
