@@ -4,15 +4,21 @@ Public API (see README.md):
     trace(model, example_inputs, example_kwargs=None) -> TracedGraph
     plan(traced, mesh, *, cluster=None, topology=None, config=None, **options) -> Plan
     explain(traced, plan, node, ...) -> Explanation
+    plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (pp x dp x tp, schedule, stages)
+    rewrite(traced, plan, rank) -> RankProgram                      (the sharded fx program of one rank)
+    ParallelModule(traced, spec, rank, model)                       (a rank's program with its local shards)
 """
 from .errors import InfeasiblePlanError, ParallelizerError, PlanMismatchError, TraceError, UnsupportedOpError
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
-from .planner import Plan, explain, plan
+from .planner import PipelinePlan, Plan, explain, plan, plan_pipeline
+from .rewriter import rewrite
+from .runtime.module import ParallelModule
 
 __all__ = [
     "trace", "TracedGraph", "NodeInfo", "ParamInfo", "BlockGroup", "Role", "TensorMeta",
-    "plan", "explain", "Plan", "PlanConfig", "MeshSpec", "Layout",
+    "plan", "explain", "Plan", "plan_pipeline", "PipelinePlan", "PlanConfig", "MeshSpec", "Layout",
+    "rewrite", "ParallelModule",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
 ]

@@ -42,6 +42,7 @@ class RankProgram:
         rank: global rank the program was made for; `coords` its mesh coordinates.
         state_fqns: canonical FQN of each leading placeholder (parameters then buffers, graph order).
         input_names: placeholder names of the user inputs, in call order.
+        groups: mesh axis -> the global ranks of this rank's group on that axis.
         collectives: number of emitted steps per kind (for reports and tests).
     """
 
@@ -50,11 +51,13 @@ class RankProgram:
     mesh: MeshSpec
     state_fqns: tuple[str, ...]
     input_names: tuple[str, ...]
+    groups: dict[str, list[int]] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)
 
 
 def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int) -> RankProgram:
-    """Emit the sharded GraphModule of `rank` for the decisions in `spec`.
+    """Emit the sharded GraphModule of `rank` (its index on `spec.mesh`; the groups it calls collectives on
+    are shifted by `spec.rank_offset`) for the decisions in `spec`.
 
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
@@ -67,7 +70,8 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int) -> RankProgram:
 class _Rewriter:
     def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int) -> None:
         self.traced, self.spec, self.mesh, self.rank = traced, spec, spec.mesh, rank
-        self.groups = axis_ranks(spec.mesh, rank)
+        self.groups = {axis: [r + spec.rank_offset for r in ranks]
+                       for axis, ranks in axis_ranks(spec.mesh, rank).items()}
         self.graph = torch.fx.Graph()
         self.env: dict[str, torch.fx.Node] = {}        # old node name -> new node (producer layout)
         self.layout: dict[str, Layout] = {}             # old node name -> layout of env value
@@ -86,7 +90,8 @@ class _Rewriter:
                 raise UnsupportedOpError(f"cannot rewrite fx node {node.format_node()} (opcode {node.op!r}); "
                                          "only placeholders, call_function and output are supported")
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name=f"Rank{self.rank}Program")
-        return RankProgram(gm, self.rank, self.mesh, state_fqns, inputs, dict(sorted(self.counts.items())))
+        return RankProgram(gm, self.rank, self.mesh, state_fqns, inputs, self.groups,
+                           dict(sorted(self.counts.items())))
 
     # -- placeholders -------------------------------------------------------------------------------
     def _placeholders(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -100,8 +105,8 @@ class _Rewriter:
                 self.requires_grad[ph] = not param.is_buffer and param.dtype.is_floating_point
         for name in self.traced.input_names:
             self.env[name] = self.graph.placeholder(name)
-            self.layout[name] = Layout.replicate(self.mesh.ndim)
-            self.requires_grad[name] = False
+            self.layout[name] = self.spec.inputs.get(name, Layout.replicate(self.mesh.ndim))
+            self.requires_grad[name] = name in self.spec.inputs and self.traced.node(name).outputs[0].dtype.is_floating_point
             inputs.append(name)
         return tuple(state), tuple(inputs)
 

@@ -119,6 +119,8 @@ def _resolve(group: Group, op: str) -> _GroupView:
         pg = None
     if me not in ranks:
         raise ValueError(f"{op}: rank {me} is not in group {list(ranks)}; call it only on the group's members")
+    if pg is None and len(ranks) == 1:  # a group of one (a size-1 mesh axis): every collective is the identity
+        return _GroupView(name="", ranks=ranks, index=0)
     if pg is None:
         pg = find_group(ranks)
         if pg is None:
@@ -156,6 +158,8 @@ def _check_divisible(x: torch.Tensor, dim: int, g: _GroupView, op: str) -> None:
 
 def _chunk(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
     """This rank's chunk of `x` along `dim`, contiguous (a view of `x` when already so): S -> S/n."""
+    if g.size == 1:
+        return x
     size = x.shape[dim] // g.size
     return x.narrow(dim, g.index * size, size).contiguous()
 
@@ -171,16 +175,22 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
 
 def _gather(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
     """All-gather along `dim`: (.., S/n, ..) -> (.., S, ..), chunks in group order."""
+    if g.size == 1:
+        return x
     return _wait(funcol.all_gather_single(x.contiguous(), dim, g.name))
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
     """Sum over the group, keep this rank's chunk along `dim`: (.., S, ..) -> (.., S/n, ..)."""
+    if g.size == 1:
+        return x
     return _wait(funcol.reduce_scatter_single(x.contiguous(), "sum", dim, g.name))
 
 
 def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
     """All-reduce (sum) over the group; shape unchanged."""
+    if g.size == 1:
+        return x
     return _wait(funcol.all_reduce(x.contiguous(), "sum", g.name))
 
 
@@ -190,6 +200,8 @@ def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView) -> tor
     Local shapes: src_dim S/n -> S, dst_dim D -> D/n. Chunk j (along dst_dim) goes to the j-th member;
     the pieces received are concatenated along src_dim in group order.
     """
+    if g.size == 1:
+        return x
     pieces = torch.stack(x.chunk(g.size, dim=dst_dim))  # (n, ..local shape with dst_dim D/n..)
     received = _wait(funcol.all_to_all_single(pieces.contiguous(), None, None, g.name))
     return torch.cat(received.unbind(0), dim=src_dim)

@@ -7,7 +7,7 @@ locally to the layout their consumers ask for, which costs no communication.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.layout import Layout
 from ..core.mesh import MeshSpec
@@ -24,11 +24,20 @@ class NodeSharding:
 
 @dataclass(frozen=True, slots=True)
 class ShardingSpec:
-    """Mesh, per-node layouts (call_function and output nodes), and stored layouts per canonical FQN."""
+    """Mesh, per-node layouts (call_function and output nodes), and stored layouts per canonical FQN.
+
+    `inputs` gives the layout in which a graph input ARRIVES when it is not a global tensor (the
+    activations a pipeline stage receives from the previous stage, already sharded); such inputs carry
+    gradients back. Inputs not named there are global (replicated) user inputs without gradients.
+    `rank_offset` is added to every rank of the mesh: a pipeline stage's (dp, tp) sub-mesh starts at
+    global rank stage_index * dp * tp.
+    """
 
     mesh: MeshSpec
     nodes: Mapping[str, NodeSharding]
     params: Mapping[str, Layout]
+    inputs: Mapping[str, Layout] = field(default_factory=dict)
+    rank_offset: int = 0
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:

@@ -42,7 +42,8 @@ def _check_layouts(program: RankProgram, traced: TracedGraph, spec: ShardingSpec
     for node, fqn in zip(placeholders, program.state_fqns):
         layouts[node] = str(spec.params[fqn].normalized(len(traced.parameters[fqn].shape)))
     for node in placeholders[len(program.state_fqns):]:
-        layouts[node] = str(Layout.replicate(mesh.ndim))
+        arriving = spec.inputs.get(node.name, Layout.replicate(mesh.ndim))
+        layouts[node] = str(arriving.normalized(len(traced.node(node.name).outputs[0].shape)))
     for node in program.graph_module.graph.nodes:
         step: Step | None = node.meta.get("step")
         if step is not None and (step.kind == "grad_all_reduce" or node.target is torch.ops.aten.div.Scalar):
@@ -76,7 +77,8 @@ def _fake_inputs(program: RankProgram, traced: TracedGraph, spec: ShardingSpec) 
         out.append(torch.empty(local_shape(p.shape, spec.params[fqn], spec.mesh), dtype=p.dtype))
     for name in program.input_names:
         meta = traced.node(name).outputs[0]
-        out.append(torch.empty(meta.shape, dtype=meta.dtype))
+        layout = spec.inputs.get(name, Layout.replicate(spec.mesh.ndim))
+        out.append(torch.empty(local_shape(meta.shape, layout, spec.mesh), dtype=meta.dtype))
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..rewriter.apply import RankProgram, rewrite
-from ..rewriter.spec import ShardingSpec, axis_ranks, mesh_coords
+from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..errors import PlanMismatchError
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
@@ -37,7 +37,7 @@ class ParallelModule(torch.nn.Module):
         self.program: RankProgram = rewrite(traced, spec, rank)
         verify(self.program, traced, spec)
         self.coords = mesh_coords(spec.mesh, rank)
-        self.groups = axis_ranks(spec.mesh, rank)
+        self.groups = self.program.groups
         full = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         for fqn in self.program.state_fqns:
             local = self._local(fqn, full[fqn].detach(), init_seed)

@@ -217,8 +217,14 @@ def check_errors(world: list[int]) -> None:
         (lambda: C.all_gather(torch.zeros(2), 0, [r for r in world if r != me]), ValueError,
          [f"rank {me} is not in group"]),
         (lambda: C.all_reduce(torch.zeros(2), list(reversed(world))), ValueError, ["sorted ascending"]),
-        (lambda: C.all_reduce(torch.zeros(2), [me]), DistributedError, ["no process group", f"[{me}]"]),
     ]
+    if n == 4:  # [0, 3] and [1, 2] are the pairs no check creates
+        pair = sorted([me, 3 - me])
+        expectations.append((lambda: C.all_reduce(torch.zeros(2), pair), DistributedError,
+                             ["no process group", str(pair)]))
+    one = torch.arange(3.0)  # a group of one rank (a size-1 mesh axis) needs no process group: identity
+    if not (torch.equal(C.all_reduce(one, [me]), one) and torch.equal(C.all_gather(one, 0, [me]), one)):
+        raise AssertionError("collectives over a group of one rank must be the identity")
     for call, kind, fragments in expectations:
         try:
             call()

@@ -1,0 +1,122 @@
+"""Pipeline planning (`parallelizer.plan_pipeline`) on simulated DGX A100 clusters:
+`python -m benchmarks.bench_pipeline`.
+
+Models: transformers GPT-2 shapes on the meta device in bf16, traced with ONE sample (prices scale by
+microbatch size), seq 2048, vocab 51200; sizes, GPU counts and global batches are rows of Narayanan et al.,
+SC'21, Table 1 (measured there: 1.7B 137, 18.4B 135, 39.1B 138 TFLOP/s per GPU, with activation
+recomputation counted in their FLOPs; ours exclude recomputation and we model none):
+  * 1.7B (24 layers, hidden 2304, 24 heads) on 32 A100-80GB (4 nodes), global batch 512;
+  * 18.4B (40 layers, hidden 6144, 48 heads) on 256 A100-80GB (32 nodes), global batch 1024;
+  * 39.1B (48 layers, hidden 8192, 64 heads) on 512 A100-80GB (64 nodes), global batch 1536.
+
+For each: planning time of our search (branch and bound), then two exhaustive grids over every valid
+(pp, dp, tp, microbatches, schedule) priced by the same cost model: "grid (DP stages)" uses our stage
+partition per candidate (so ratio 1.00 checks that the bound prunes nothing it should not), "grid (even
+stages)" splits blocks evenly over stages as Megatron-LM does (the ratio shows what the balancing DP buys).
+`run()` returns markdown.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import parallelizer
+from cost_model.topology import dgx_a100
+from parallelizer import zoo
+
+CASES = (  # name, (layers, hidden, heads), nodes, global batch: rows of Narayanan et al. SC'21, Table 1
+    ("GPT 1.7B", (24, 2304, 24), 4, 512),
+    ("GPT 18.4B", (40, 6144, 48), 32, 1024),
+    ("GPT 39.1B", (48, 8192, 64), 64, 1536),
+)
+
+
+def _trace(layers: int, hidden: int, heads: int):
+    model, inputs = zoo.gpt2(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=51200, n_positions=2048,
+                             batch=1, seq_len=2048, device="meta")
+    return parallelizer.trace(model.to(torch.bfloat16), inputs)
+
+
+def _config(p) -> str:
+    return (f"pp={p.pp} dp={p.dp} tp={p.tp}, {p.schedule}, m={p.num_microbatches} x {p.microbatch_size}, "
+            f"{p.partition} stages")
+
+
+def _blocks(p) -> str:
+    return "/".join(str(s.num_blocks) for s in p.stages)
+
+
+def _why(ours, other, label: str) -> str:
+    ratio = ours.step_time_s / other.step_time_s
+    same_config = (ours.mesh, ours.schedule, ours.num_microbatches) == (other.mesh, other.schedule,
+                                                                         other.num_microbatches)
+    if same_config and _blocks(ours) == _blocks(other):
+        return f"{label}: same plan (ratio {ratio:.3f})."
+    slow = lambda p: max(r.time_s for r in p.ranks) * 1e3
+    if same_config:
+        return (f"{label}: same mesh/schedule/microbatches, stages differ: ours {_blocks(ours)} blocks per stage, "
+                f"bottleneck rank {slow(ours):.1f} ms/microbatch, vs {_blocks(other)} at {slow(other):.1f} ms "
+                "(the DP moves blocks off the stages that also hold the embedding / the 51200-word head).")
+    return (f"{label}: best is {_config(other)} ({_blocks(other)} blocks per stage, bottleneck "
+            f"{slow(other):.1f} ms/microbatch, {other.memory_bytes / 1e9:.1f} GB peak); ours "
+            f"({_blocks(ours)}, {slow(ours):.1f} ms, {ours.memory_bytes / 1e9:.1f} GB) is {1 / ratio:.3f}x as fast.")
+
+
+def run() -> str:
+    """Every case: planning time, chosen plan, throughput, MFU, and ratios against both grids."""
+    rows = ["| model | devices | trace (s) | plan (s) | priced / candidates | plan | step (s) | TFLOP/s/GPU | MFU "
+            "| peak mem (GB) | grid DP (s) | ratio | grid even (s) | ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for name, (layers, hidden, heads), nodes, batch in CASES:
+        start = time.perf_counter()
+        traced = _trace(layers, hidden, heads)
+        trace_s = time.perf_counter() - start
+        cluster = dgx_a100(nodes)
+        start = time.perf_counter()
+        ours = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True, progress=False)
+        plan_s = time.perf_counter() - start
+        grid = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+                                          search="exhaustive", progress=False)
+        even = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+                                          search="exhaustive", partitioner="uniform", progress=False)
+        s = ours.search
+        valid = s.candidates - sum(s.excluded.values())
+        r_grid, r_even = ours.step_time_s / grid.step_time_s, ours.step_time_s / even.step_time_s
+        rows.append(f"| {name} | {cluster.world_size} | {trace_s:.1f} | {plan_s:.1f} | {s.evaluated} / {valid} | "
+                    f"{_config(ours)} | {ours.step_time_s:.3f} | {ours.tflops_per_gpu:.1f} | {ours.mfu:.1%} | "
+                    f"{ours.memory_bytes / 1e9:.1f} | {grid.step_time_s:.3f} | {r_grid:.3f} | "
+                    f"{even.step_time_s:.3f} | {r_even:.3f} |")
+        notes.append(f"- **{name}**: {_why(ours, grid, 'vs grid (DP stages)')} {_why(ours, even, 'vs grid (even stages)')}")
+        if r_grid > 1.0 + 1e-12 or r_even > 1.0 + 1e-12:
+            notes.append(f"  - **REGRESSION**: ours is slower than a grid point ({r_grid:.4f}, {r_even:.4f}).")
+        uneven, tp = next((q, t) for q in (16, 32, 12, 8, 6, 5) for t in (8, 4, 2, 1)
+                          if q <= layers and layers % q and cluster.world_size % (q * t) == 0)
+        fixed = dict(global_batch=batch, mixed_precision=True, pp=uneven, tp=tp, schedules=("1f1b",), progress=False)
+        dp_fixed = parallelizer.plan_pipeline(traced, cluster, **fixed)
+        even_fixed = parallelizer.plan_pipeline(traced, cluster, partitioner="uniform", **fixed)
+        notes.append(f"  - Where the DP matters: with pp={uneven}, tp={tp}, 1f1b fixed ({layers} blocks do not split "
+                     f"evenly): {_why(dp_fixed, even_fixed, 'DP vs even split')} Step {dp_fixed.step_time_s:.3f} s "
+                     f"vs {even_fixed.step_time_s:.3f} s (ratio {dp_fixed.step_time_s / even_fixed.step_time_s:.3f}).")
+        if name == "GPT 39.1B":
+            megatron = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+                                                  pp=2, tp=8, progress=False)
+            notes.append(f"  - Megatron-LM's reported layout for this model (tp=8, pp=2) priced by our model: "
+                         f"{_config(megatron)}, {megatron.step_time_s:.3f} s, {megatron.tflops_per_gpu:.1f} "
+                         f"TFLOP/s/GPU ({megatron.mfu:.1%} MFU); Narayanan et al. measured 138 TFLOP/s (44%) "
+                         "counting recomputation FLOPs.")
+    head = ("## Pipeline planning (plan_pipeline) on simulated DGX A100 clusters\n\n"
+            "Step time = pipeline (bottleneck rank x microbatches + bubble) + dp gradient all-reduce (not "
+            "overlapped) + tied-embedding gradient exchange; FLOPs from cost_model.graph_flops (no recomputation); "
+            "MFU vs 312 TFLOP/s bf16 dense. Ratio = ours / grid best (<= 1.00 required).\n")
+    why = ("\nWhy the unrestricted plans equal both grids: the bound search returns exactly the exhaustive "
+           "optimum (same cost model, pruning by a valid lower bound); the winning meshes split the blocks evenly "
+           "over stages and the stage with the embedding or the head is less than one block slower, so the "
+           "balancing DP has nothing to move and the even split is also optimal. The DP pays off when the "
+           "blocks do not divide by the stage count (rows 'Where the DP matters').\n")
+    return head + "\n" + "\n".join(rows) + "\n" + why + "\n" + "\n".join(notes)
+
+
+if __name__ == "__main__":
+    print(run())

@@ -1,0 +1,154 @@
+"""Stage partitioning: cut a chain of L blocks into S contiguous stages of >= 1 block, minimising the
+slowest stage's time per microbatch, under a memory limit per stage.
+
+Stage s holding blocks [i, j) costs (seconds per microbatch)
+
+    time(s, i, j) = sum(block_s[i:j]) + pre_s [s = 0] + post_s [s = S-1]
+                    + cut_bwd_s[i] [s > 0] + cut_fwd_s[j] [s < S-1]
+
+(pre/post: the embedding before the first block and the head/loss after the last; cut_*[k]: the
+point-to-point send of the activation crossing the cut before block k, paid forward by the stage before
+the cut and backward by the stage after it), and needs (bytes per device)
+
+    memory(s, i, j) = state(i, j) + inflight[s] * activations(i, j)   (+ the pre/post parts on the ends)
+
+Dynamic programme over cut positions: best[s][j] = min over i of max(best[s-1][i], time(s, i, j)) among
+feasible (memory(s, i, j) <= limit[s]) stages; O(S L^2), vectorised over (i, j) with numpy. Exact for the
+min-max objective (the same recurrence as the linear partition problem, Skiena, "The Algorithm Design
+Manual", Sec. 8.5); ties go to the earliest cut (numpy argmin), so results are deterministic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChainCosts:
+    """Per-microbatch costs of the block chain. Lengths: block_* L, cut_* L+1 (index k = cut before block
+    k; entries 0 and L are never used). Seconds and bytes per device.
+
+    Raises:
+        ValueError: empty chain or mismatched lengths.
+    """
+
+    block_s: tuple[float, ...]
+    block_state_bytes: tuple[float, ...]
+    block_act_bytes: tuple[float, ...]
+    pre_s: float = 0.0
+    post_s: float = 0.0
+    pre_state_bytes: float = 0.0
+    pre_act_bytes: float = 0.0
+    post_state_bytes: float = 0.0
+    post_act_bytes: float = 0.0
+    cut_fwd_s: tuple[float, ...] = field(default=())
+    cut_bwd_s: tuple[float, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        n = len(self.block_s)
+        if n == 0:
+            raise ValueError("ChainCosts.block_s is empty: need at least one block")
+        for name in ("block_state_bytes", "block_act_bytes"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"ChainCosts.{name} has {len(getattr(self, name))} entries, block_s has {n}")
+        for name in ("cut_fwd_s", "cut_bwd_s"):
+            value = getattr(self, name) or (0.0,) * (n + 1)
+            object.__setattr__(self, name, tuple(value))
+            if len(value) != n + 1:
+                raise ValueError(f"ChainCosts.{name} has {len(value)} entries: need num_blocks + 1 = {n + 1}")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_s)
+
+    def stage_time_s(self, s: int, num_stages: int, i: int, j: int) -> float:
+        """time(s, i, j) of the module docstring."""
+        return float(sum(self.block_s[i:j]) + (self.pre_s if s == 0 else 0.0)
+                     + (self.post_s if s == num_stages - 1 else 0.0)
+                     + (self.cut_bwd_s[i] if s > 0 else 0.0) + (self.cut_fwd_s[j] if s < num_stages - 1 else 0.0))
+
+    def stage_memory_bytes(self, s: int, num_stages: int, i: int, j: int, inflight: float) -> tuple[float, float]:
+        """(state bytes, activation bytes of ONE microbatch) of stage s over blocks [i, j)."""
+        first, last = s == 0, s == num_stages - 1
+        state = sum(self.block_state_bytes[i:j]) + first * self.pre_state_bytes + last * self.post_state_bytes
+        act = sum(self.block_act_bytes[i:j]) + first * self.pre_act_bytes + last * self.post_act_bytes
+        return float(state), float(act)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """Cuts (S + 1 block indices, 0 first and L last: stage s holds blocks [cuts[s], cuts[s+1])) and the
+    slowest stage's seconds per microbatch."""
+
+    cuts: tuple[int, ...]
+    max_stage_s: float
+
+    def blocks(self, s: int) -> range:
+        return range(self.cuts[s], self.cuts[s + 1])
+
+
+def partition_chain(costs: ChainCosts, num_stages: int, inflight: tuple[float, ...] | None = None,
+                    limit_bytes: tuple[float, ...] | float = math.inf) -> Partition | None:
+    """The min-max partition of the module docstring, or None when no partition fits the memory limits.
+
+    Args:
+        costs: the chain.
+        num_stages: S, 1 <= S <= L.
+        inflight: microbatches whose activations stage s keeps (S entries; default 1 each).
+        limit_bytes: per-stage memory limit (one number, or S entries).
+    Raises:
+        ValueError: S out of range or wrong lengths.
+    """
+    n, S = costs.num_blocks, num_stages
+    if not 1 <= S <= n:
+        raise ValueError(f"num_stages={S}: must be in [1, {n}] (one block per stage at least)")
+    inflight = tuple(inflight) if inflight is not None else (1.0,) * S
+    limits = (float(limit_bytes),) * S if isinstance(limit_bytes, (int, float)) else tuple(limit_bytes)
+    if len(inflight) != S or len(limits) != S:
+        raise ValueError(f"inflight ({len(inflight)}) and limit_bytes ({len(limits)}) need {S} entries")
+    zero = np.zeros(1)
+    t_pre, st_pre, act_pre = (np.concatenate([zero, np.cumsum(x)]) for x in
+                              (costs.block_s, costs.block_state_bytes, costs.block_act_bytes))
+    ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    valid = jj > ii
+    base_t = t_pre[None, :] - t_pre[:, None]
+    base_state = st_pre[None, :] - st_pre[:, None]
+    base_act = act_pre[None, :] - act_pre[:, None]
+    cut_fwd, cut_bwd = np.asarray(costs.cut_fwd_s), np.asarray(costs.cut_bwd_s)
+    best = np.full(n + 1, math.inf)
+    best[0] = 0.0
+    choice = np.zeros((S, n + 1), dtype=int)
+    for s in range(S):
+        first, last = s == 0, s == S - 1
+        t = base_t + (costs.pre_s if first else 0.0) + (costs.post_s if last else 0.0)
+        if not first:
+            t = t + cut_bwd[:, None]
+        if not last:
+            t = t + cut_fwd[None, :]
+        state = base_state + first * costs.pre_state_bytes + last * costs.post_state_bytes
+        act = base_act + first * costs.pre_act_bytes + last * costs.post_act_bytes
+        ok = valid & (state + inflight[s] * act <= limits[s])
+        if first:
+            ok &= ii == 0
+        if last:
+            ok &= jj == n
+        cand = np.where(ok, np.maximum(best[:, None], t), math.inf)
+        choice[s] = np.argmin(cand, axis=0)
+        best = cand[choice[s], np.arange(n + 1)]
+    if not math.isfinite(best[n]):
+        return None
+    cuts = [n]
+    for s in range(S - 1, -1, -1):
+        cuts.append(int(choice[s][cuts[-1]]))
+    return Partition(tuple(reversed(cuts)), float(best[n]))
+
+
+def uniform_partition(num_blocks: int, num_stages: int) -> tuple[int, ...]:
+    """Megatron-style even split (the first num_blocks % S stages get one more block); the cuts."""
+    q, r = divmod(num_blocks, num_stages)
+    cuts = [0]
+    for s in range(num_stages):
+        cuts.append(cuts[-1] + q + (1 if s < r else 0))
+    return tuple(cuts)

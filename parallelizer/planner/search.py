@@ -1,0 +1,336 @@
+"""`plan_pipeline`: outer search over mesh shapes (pp, dp, tp), microbatch counts and pipeline schedules.
+
+For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's devices:
+
+1. per-segment prices on tp devices come from ONE intra-stage ILP solve per tp (`segments.price_segments`),
+   scaled to the microbatch size mb = global_batch / (dp m);
+2. the blocks are partitioned into pp * v stages by the min-max DP of `partition.py` under the memory
+   budget, each stage keeping the schedule's in-flight microbatches (`schedules.inflight_microbatches`);
+   the even split is priced too and the better feasible one kept (`_Context.evaluate` says why);
+   point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
+   each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
+   an all-gather over "tp" inside the node rebuilds it;
+3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
+   rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
+   the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
+
+Pruning (branch and bound): a candidate's step time is at least
+    LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
+(the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
+in bytes so the largest rank's is >= the average's). Candidates are priced in increasing LB order and the
+search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
+grid (`search="exhaustive"`), typically after pricing a small fraction of it.
+
+Throughput: model FLOPs per step = `cost_model.graph_flops` of the traced graph (forward + 2x forward for
+backward, no recomputation) x global_batch / trace batch; TFLOP/s per GPU = FLOPs / (step time x devices);
+MFU = that / the device's dense peak for the model's parameter dtype (Chowdhery et al. 2022, App. B).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from cost_model.communication import collective_time_s
+from cost_model.compute import graph_flops
+from cost_model.topology import Cluster, MeshTopology, get_cluster
+
+from ..config import PlanConfig
+from ..core.mesh import MeshSpec
+from ..errors import InfeasiblePlanError
+from ..tracer import TracedGraph
+from .partition import ChainCosts, partition_chain, uniform_partition
+from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
+from .schedules import (SCHEDULES, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
+                        invalid_reason, pipeline_time_s, rank_of_stage)
+from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
+
+AXES = ("pp", "dp", "tp")
+_GB = 1e9
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Candidate:
+    """One point of the search space; ordering = the deterministic tie-break."""
+
+    pp: int
+    dp: int
+    tp: int
+    num_microbatches: int
+    schedule: str
+
+
+def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: int,
+                  memory_budget_bytes: int | None = None, pp: int | tuple[int, ...] | None = None,
+                  tp: int | tuple[int, ...] | None = None, num_microbatches: int | tuple[int, ...] | None = None,
+                  schedules: tuple[str, ...] | None = None, zero1: bool = True, config: PlanConfig | None = None,
+                  search: str = "bound", partitioner: str = "dp", progress: bool | None = None,
+                  **options) -> PipelinePlan:
+    """Choose mesh (pp, dp, tp), schedule, microbatches and stages for training `traced` on `cluster`.
+
+    Args:
+        traced: from `parallelizer.trace`, typically of a model on the meta device traced with ONE sample
+            (any batch b0 works: prices scale by microbatch / b0, see `segments.py`). Needs repeated blocks.
+        cluster: a `cost_model.topology.Cluster` (e.g. `dgx_a100(64)`) or a preset string "a100:64x8".
+        global_batch: samples per optimizer step over all replicas; must split as dp x microbatches x mb.
+        memory_budget_bytes: per device; default the device's HBM.
+        pp, tp, num_microbatches: restrict the search to these values (an int or a tuple); tp must divide
+            the devices per node (tensor parallelism stays inside a node).
+        schedules: names from `schedules.SCHEDULES` (default: all: gpipe, 1f1b, interleaved_1f1b, zbv).
+        zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1).
+        config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, mixed_precision, solver...).
+        search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).
+        partitioner: "dp" (balanced, memory-aware) or "uniform" (equal blocks per stage, for comparison).
+        progress: tqdm bar over candidates; None = only on a terminal.
+    Returns:
+        The best `PipelinePlan` (lowest estimated step time; ties by (pp, dp, tp, m, schedule)).
+    Raises:
+        ValueError: bad arguments, or a fixed (dp, m) that does not divide global_batch; the text says why.
+        InfeasiblePlanError: no candidate fits the memory budget; names the smallest need and remedies.
+    """
+    start = time.perf_counter()
+    cluster = get_cluster(cluster) if isinstance(cluster, str) else cluster
+    if not (isinstance(global_batch, int) and global_batch >= 1):
+        raise ValueError(f"global_batch={global_batch!r}: must be an int >= 1 (samples per optimizer step)")
+    if search not in ("bound", "exhaustive") or partitioner not in ("dp", "uniform"):
+        raise ValueError(f"search={search!r}, partitioner={partitioner!r}: use 'bound'|'exhaustive', 'dp'|'uniform'")
+    config = dataclasses.replace(config or PlanConfig(), **options)
+    budget = int(memory_budget_bytes or cluster.device.hbm_bytes)
+    ctx = _Context(traced, segment_graph(traced), cluster, config, budget, global_batch, zero1, partitioner)
+    cands, excluded, total = _enumerate(ctx, _tuple(pp), _tuple(tp), _tuple(num_microbatches),
+                                        tuple(schedules or SCHEDULES))
+    bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
+    best: tuple[float, Candidate, dict] | None = None
+    evaluated = infeasible = 0
+    leanest: tuple[float, Candidate] | None = None
+    with tqdm(total=len(bounds), desc="pipeline search", disable=(None if progress is None else not progress),
+              leave=False) as bar:
+        for lb, cand in bounds:
+            if search == "bound" and best is not None and lb > best[0]:
+                break
+            bar.update(1)
+            evaluated += 1
+            res = ctx.evaluate(cand)
+            if "step_s" not in res:
+                infeasible += 1
+                leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
+            elif best is None or (res["step_s"], cand) < (best[0], best[1]):
+                best = (res["step_s"], cand, res)
+    if best is None:
+        need, cand = leanest
+        raise InfeasiblePlanError(
+            f"memory: no pipeline configuration fits {budget / _GB:.1f} GB per device on {cluster.world_size} "
+            f"{cluster.device.name} devices; the leanest (pp={cand.pp}, dp={cand.dp}, tp={cand.tp}, "
+            f"m={cand.num_microbatches}, {cand.schedule}) needs {need / _GB:.1f} GB per device. Remedies: more "
+            "devices, a smaller global batch or more microbatches, mixed precision (mixed_precision=True), "
+            "ZeRO-1 (zero1=True), activation checkpointing (not modelled yet).")
+    report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
+                          len(ctx.cache), time.perf_counter() - start)
+    return ctx.to_plan(best[1], best[2], report, search)
+
+
+def _tuple(x) -> tuple[int, ...] | None:
+    return None if x is None else (x,) if isinstance(x, int) else tuple(x)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate], Counter, int]:
+    """Valid candidates, exclusion reasons (counted), and the number enumerated."""
+    for name in schedules:
+        get_schedule(name)
+    world, per_node, L = ctx.cluster.world_size, ctx.cluster.devices_per_node, ctx.segments.num_blocks
+    for t in tps or ():
+        if per_node % t:
+            raise ValueError(f"tp={t} must divide devices_per_node={per_node}: tensor parallelism stays in a node")
+    excluded: Counter = Counter()
+    cands: list[Candidate] = []
+    total = 0
+    for t in tps or _divisors(per_node):
+        for p in pps or _divisors(world // t):
+            if world % (t * p):
+                raise ValueError(f"pp={p} x tp={t} does not divide the {world} devices of the cluster")
+            d = world // (t * p)
+            for m in ms or (_divisors(ctx.global_batch // d) if ctx.global_batch % d == 0 else (1,)):
+                for name in schedules:
+                    total += 1
+                    if ctx.global_batch % (d * m):
+                        excluded[f"global batch {ctx.global_batch} not divisible by dp x microbatches"] += 1
+                    elif p == 1 and name != "1f1b":
+                        excluded["pp=1: one schedule (1f1b = gradient accumulation) suffices"] += 1
+                    elif (why := invalid_reason(name, p, m, L)) is not None:
+                        excluded[why] += 1
+                    else:
+                        cands.append(Candidate(p, d, t, m, name))
+    if not cands:
+        if pps and tps and ms and len(pps) == len(tps) == len(ms) == 1:
+            d = world // (tps[0] * pps[0])
+            raise ValueError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
+                             f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "
+                             "another num_microbatches / pp / tp.")
+        raise ValueError(f"no valid pipeline configuration; excluded: {dict(excluded)}")
+    return cands, excluded, total
+
+
+class _Context:
+    """The fixed inputs of one search plus per-tp price caches (the only state; no globals)."""
+
+    def __init__(self, traced, segments: Segments, cluster: Cluster, config: PlanConfig, budget: int,
+                 global_batch: int, zero1: bool, partitioner: str) -> None:
+        self.traced, self.segments, self.cluster, self.config = traced, segments, cluster, config
+        self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
+        self.cache: dict[int, SegmentPrices] = {}
+
+    def prices(self, tp: int) -> SegmentPrices:
+        if tp not in self.cache:
+            self.cache[tp] = price_segments(self.traced, self.segments, tp, self.cluster, self.config)
+        return self.cache[tp]
+
+    def topology(self, c: Candidate) -> MeshTopology:
+        return MeshTopology(self.cluster, (c.pp, c.dp, c.tp), AXES)
+
+    def _scale(self, c: Candidate) -> float:
+        return self.global_batch / (c.dp * c.num_microbatches) / self.segments.trace_batch
+
+    def _state(self, pr: SegmentPrices, dp: int) -> np.ndarray:
+        return pr.params_bytes + pr.grads_bytes + pr.optimizer_bytes / (dp if self.zero1 else 1)
+
+    def lower_bound_s(self, c: Candidate) -> float:
+        """LB of the module docstring."""
+        pr = self.prices(c.tp)
+        f, b, w = pr.time_s(self._scale(c))
+        sync = collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
+        return c.num_microbatches * float((f + b + w).sum()) / c.pp + sync
+
+    def _p2p_s(self, nbytes: float, c: Candidate, topo: MeshTopology) -> float:
+        if c.pp == 1 or nbytes == 0:
+            return 0.0
+        return (collective_time_s("send_recv", nbytes / c.tp, topo, ("pp",))
+                + collective_time_s("all_gather", nbytes, topo, ("tp",)))
+
+    def evaluate(self, c: Candidate) -> dict:
+        """Price one candidate: {"step_s", ...} or {"need_bytes"} when it does not fit the memory budget.
+
+        The DP partition (balanced, memory-aware) and the even split are both priced and the better feasible
+        one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
+        chunk memory conservatively (budget / v each), and neither sees the dp gradient sync."""
+        pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
+        v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
+        scale, topo = self._scale(c), self.topology(c)
+        f, b, w = pr.time_s(scale)
+        state, act = self._state(pr, c.dp), pr.act_bytes * scale
+        cut_f = tuple(self._p2p_s(x * scale, c, topo) for x in seg.cut_fwd_bytes)
+        cut_b = tuple(self._p2p_s(x * scale, c, topo) for x in seg.cut_bwd_bytes)
+        rank = [rank_of_stage(c.schedule, s, p) for s in range(p * v)]
+        inflight = [inflight_microbatches(c.schedule, p, m, r) for r in range(p)]
+        options = {}
+        if self.partitioner == "dp":
+            t = f + b + w
+            chain = ChainCosts(tuple(t[1:L + 1]), tuple(state[1:L + 1]), tuple(act[1:L + 1]), float(t[0]),
+                               float(t[L + 1]), float(state[0]), float(act[0]), float(state[L + 1]),
+                               float(act[L + 1]), cut_f, cut_b)
+            part = partition_chain(chain, p * v, tuple(inflight[r] for r in rank), self.budget / v)
+            if part is not None:
+                options[part.cuts] = "dp"
+        options.setdefault(uniform_partition(L, p * v), "uniform")
+        results = []
+        for cuts, how in options.items():
+            res = self._price_partition(c, cuts, (f, b, w, state, act, cut_f, cut_b), rank, inflight, topo)
+            results.append(dict(res, partition=how))
+        fits = [r for r in results if r["need_bytes"] <= self.budget]
+        if not fits:
+            return {"need_bytes": min(r["need_bytes"] for r in results)}
+        return min(fits, key=lambda r: r["step_s"])
+
+    def _price_partition(self, c: Candidate, cuts, arrays, rank, inflight, topo) -> dict:
+        """Stages, ranks, memory and step time of one partition (module docstring, step 3)."""
+        pr, L = self.prices(c.tp), self.segments.num_blocks
+        f, b, w, state, act, cut_f, cut_b = arrays
+        S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
+        stages = []
+        for s in range(S):
+            i, j = cuts[s], cuts[s + 1]
+            segs = ([0] if s == 0 else []) + list(range(i + 1, j + 1)) + ([L + 1] if s == S - 1 else [])
+            stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=float(f[segs].sum()) + (cut_f[j] if s < S - 1 else 0),
+                               bwd=float(b[segs].sum()) + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
+                               state=float(state[segs].sum()), act=float(act[segs].sum()), rank=rank[s]))
+        ranks = []
+        for r in range(p):
+            mine = [s for s in range(S) if rank[s] == r]
+            tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
+            grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
+            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, inflight=inflight[r],
+                              memory=tot["state"] + inflight[r] * tot["act"]))
+        hot = max(ranks, key=lambda r: r["fwd"] + r["bwd"] + r["wgrad"])
+        pipe, bubble = pipeline_time_s(c.schedule, p, m, hot["fwd"], hot["bwd"], hot["wgrad"])
+        sync = max(collective_time_s("all_reduce", r["grads"], topo, ("dp",)) for r in ranks)
+        tied = 0.0
+        if pr.shared_grad_bytes and rank[0] != rank[S - 1]:
+            tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
+        return dict(step_s=pipe + sync + tied, pipeline=pipe, bubble=bubble, dp_grad_sync=sync, tied_grad_sync=tied,
+                    stages=stages, ranks=ranks, scale=self._scale(c), need_bytes=max(r["memory"] for r in ranks))
+
+    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str) -> PipelinePlan:
+        pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
+        sched = get_schedule(c.schedule)
+        per_stage = c.dp * c.tp
+        stages = tuple(StageSpec(
+            s, st["rank"], st["blocks"][0], st["blocks"][1], 0 in st["segs"], L + 1 in st["segs"],
+            tuple(range(st["rank"] * per_stage, (st["rank"] + 1) * per_stage)),
+            tuple(dict.fromkeys(n for k in st["segs"] for n in seg.nodes[k])),
+            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]))
+            for s, st in enumerate(res["stages"]))
+        ranks = tuple(RankCost(r, rc["stages"], rc["fwd"] + rc["bwd"] + rc["wgrad"], rc["inflight"], int(rc["memory"]))
+                      for r, rc in enumerate(res["ranks"]))
+        world = self.cluster.world_size
+        fwd_flops, bwd_flops = graph_flops(self.traced.graph_module)
+        flops = int((fwd_flops + bwd_flops) * self.global_batch / seg.trace_batch)
+        dtype = max(self.traced.parameters.values(), key=lambda q: q.numel).dtype
+        peak = float(self.cluster.device.peak_flops_per_s[dtype])
+        step = res["step_s"]
+        s = pr.plan.solver
+        return PipelinePlan(
+            mesh=MeshSpec(AXES, (c.pp, c.dp, c.tp)), schedule=c.schedule, torch_schedule=sched.torch_class,
+            virtual_stages=sched.virtual_stages, global_batch=self.global_batch, num_microbatches=c.num_microbatches,
+            microbatch_size=self.global_batch // (c.dp * c.num_microbatches), trace_batch=seg.trace_batch,
+            stages=stages, ranks=ranks, bubble_fraction=bubble_fraction(res["pipeline"], res["bubble"]),
+            bubble_ratio=bubble_ratio(res["pipeline"], res["bubble"]), step_time_s=step,
+            step_breakdown_s={k: res[k] for k in ("pipeline", "bubble", "dp_grad_sync", "tied_grad_sync")},
+            flops_per_step=flops, tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak,
+            peak_flops_per_s=peak, device=self.cluster.device.name,
+            stage_kinds=self._kinds(stages, res, pr), block_group=seg.group, partition=res["partition"],
+            intra_stage_solver={"mesh": str(pr.plan.mesh), "solver": s.solver, "status": s.status,
+                                "optimal": s.optimal, "objective_s_at_trace_batch": s.objective_s,
+                                "num_groups": s.num_groups, "num_variables": s.num_variables},
+            search=report,
+            config={"memory_budget_bytes": self.budget, "zero1": self.zero1, "search": search,
+                    "partitioner": self.partitioner, "optimizer": self.config.optimizer,
+                    "mixed_precision": self.config.mixed_precision, "cluster": {
+                        "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
+            intra_stage_plan=pr.plan)
+
+    def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
+        """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""
+        by_kind: dict[str, list[int]] = {}
+        for st in stages:
+            by_kind.setdefault(st.kind, []).append(st.index)
+        out = []
+        for kind, idx in by_kind.items():
+            st, segs = res["stages"][idx[0]], res["stages"][idx[0]]["segs"]
+            comm = {k: float(pr.comm_lin_s[k][segs].sum() * res["scale"] + pr.comm_fixed_s[k][segs].sum())
+                    for k in COMM_KINDS}
+            total = float((pr.fwd_lin[segs].sum() + pr.bwd_lin[segs].sum()) * res["scale"]
+                          + pr.fwd_fixed[segs].sum() + pr.bwd_fixed[segs].sum())
+            mem = {"params": int(pr.params_bytes[segs].sum()), "grads": int(pr.grads_bytes[segs].sum())}
+            mem["optimizer"] = int(st["state"]) - mem["params"] - mem["grads"]
+            mem["activations"] = int(st["act"] * res["ranks"][st["rank"]]["inflight"])
+            mem["total"] = sum(mem.values())
+            out.append(StageKindSummary(kind, tuple(idx), total - sum(comm.values()), comm, mem))
+        return tuple(out)

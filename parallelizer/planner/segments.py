@@ -1,0 +1,228 @@
+"""Cut a `TracedGraph` at repeated-block boundaries and price each piece with the intra-stage ILP.
+
+Segments: 0 = "pre" (every op before the first block: embeddings, masks), 1..L = the L instances of the
+largest repeated-block group (by ops), L + 1 = "post" (final norm, head, loss). An op between two blocks that
+belongs to no block joins the block before it. A parameter belongs to every segment that uses it (GPT-2's
+tied `wte` / `lm_head` is in pre and post, so the first and last stages both hold it and exchange its
+gradient).
+
+Pricing (`price_segments`): the ILP of `parallelizer.plan` is solved ONCE per tensor-parallel size tp, on
+the whole traced graph on the 1-D mesh ("tp",) inside one node (the data-parallel axis is priced by the
+outer search, the pipeline axis by the schedule). With `cluster_blocks` the ILP's variables are one block's,
+so its size does not grow with depth; the memory row is dropped (huge budget) because stage memory depends
+on the partition and the schedule and is enforced by the stage partition DP instead. The chosen
+strategies are then priced node by node with the planner's own `Pricer` and the `Plan`'s edge steps, and
+summed per segment: every instance of a block gets the same numbers, so identical stages share one solve.
+
+Batch scaling: the graph is traced at a reference batch b0 (its first input's dim 0; trace with 1 sample).
+For a microbatch of `mb` samples, compute, activation collectives, saved activations and boundary
+transfers are multiplied by mb / b0 (exact for FLOPs and bytes, which are linear in batch; conservative for
+the batch-independent weight reads and kernel launches folded into the roofline time). Collectives on
+parameters (all-gather of sharded weights, gradient reduction over tp) do not depend on batch and are kept
+per microbatch. The ILP's choice at b0 is assumed to stay optimal at mb.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model.topology import Cluster, MeshTopology
+
+from ..config import PlanConfig
+from ..core.mesh import MeshSpec
+from ..tracer import BlockGroup, Role, TracedGraph
+from .api import build, to_plan
+from .ilp import solve
+from .plan import Plan
+from .problem import layout_of
+
+COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+_NO_BUDGET = 10 ** 18  # bytes: the intra-stage ILP runs without its memory row (module docstring)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The graph cut into L + 2 segments (module docstring).
+
+    Attributes:
+        group: the repeated-block group used as pipeline unit (e.g. "transformer.h.*").
+        num_blocks: L.
+        nodes: node names per segment (placeholders of parameters/inputs in every segment that reads them).
+        owner: segment of each call_function node.
+        cut_fwd_bytes / cut_bwd_bytes: at trace batch, bytes crossing the cut after segment k (k = 0..L)
+            forward (activations) and backward (their gradients, only for values that depend on parameters).
+        trace_batch: b0, samples in the traced inputs.
+    """
+
+    group: str
+    num_blocks: int
+    nodes: tuple[tuple[str, ...], ...]
+    owner: dict[str, int]
+    cut_fwd_bytes: tuple[int, ...]
+    cut_bwd_bytes: tuple[int, ...]
+    trace_batch: int
+
+
+def segment_graph(traced: TracedGraph) -> Segments:
+    """Cut `traced` at the boundaries of its largest repeated-block group.
+
+    Raises:
+        ValueError: the graph has no repeated blocks (remedy in the text), or no batched input.
+    """
+    if not traced.blocks:
+        raise ValueError("pipeline planning cuts the model at repeated blocks, and the traced graph has none "
+                         "(traced.blocks is empty). Remedy: use parallelizer.plan (no pipeline axis), or a model "
+                         "whose layers are instances of one module class with equal shapes.")
+    group: BlockGroup = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
+    L = group.count
+    in_block = {n: i + 1 for i, member in enumerate(group.nodes) for n in member}
+    order = list(traced.nodes)
+    start, end = order.index(group.nodes[0][0]), order.index(group.nodes[-1][-1])
+    owner: dict[str, int] = {}
+    current = 0
+    for pos, name in enumerate(order):
+        info = traced.nodes[name]
+        if info.op != "call_function":
+            continue
+        if name in in_block:
+            current = in_block[name]
+        owner[name] = in_block.get(name, 0 if pos < start else (L + 1 if pos > end else current))
+    out_node = next(n for n in reversed(order) if traced.nodes[n].op == "output")
+    owner_of = lambda n: owner.get(n, L + 1 if n == out_node else None)
+    members: list[list[str]] = [[] for _ in range(L + 2)]
+    for name in order:
+        info = traced.nodes[name]
+        if info.op == "placeholder":
+            for seg in sorted({owner_of(u.name) for u in info.node.users} - {None}):
+                members[seg].append(name)
+        elif name in owner:
+            members[owner[name]].append(name)
+    members[L + 1].append(out_node)
+    fwd, bwd = [0] * (L + 1), [0] * (L + 1)
+    depends = _depends_on_parameters(traced)
+    for name, seg in owner.items():
+        info = traced.nodes[name]
+        last = max((owner_of(u.name) or seg for u in info.node.users), default=seg)
+        floating = any(t.dtype.is_floating_point for t in info.outputs)
+        for k in range(seg, last):
+            fwd[k] += info.nbytes
+            bwd[k] += info.nbytes if floating and name in depends else 0
+    return Segments(group.name, L, tuple(tuple(m) for m in members), owner, tuple(fwd), tuple(bwd),
+                    _trace_batch(traced))
+
+
+def _depends_on_parameters(traced: TracedGraph) -> set[str]:
+    """Nodes with a parameter among their ancestors (their outputs carry gradients)."""
+    dep: set[str] = set()
+    for name, info in traced.nodes.items():
+        if info.role == Role.PARAMETER or any(a.name in dep for a in info.node.all_input_nodes):
+            dep.add(name)
+    return dep
+
+
+def _trace_batch(traced: TracedGraph) -> int:
+    for name in traced.input_names:
+        outs = traced.nodes[name].outputs
+        if outs and outs[0].shape:
+            return int(outs[0].shape[0])
+    raise ValueError("the traced graph has no input with a batch dim (dim 0); trace with batched inputs")
+
+
+@dataclass(frozen=True)
+class SegmentPrices:
+    """Per-segment prices (arrays of L + 2 entries, index = segment) on tp devices, per microbatch of the
+    trace batch b0 (`*_lin`: scale by mb / b0) or per microbatch regardless of batch (`*_fixed`).
+
+    Seconds: fwd (forward compute + forward collectives), bwd (backward), wgrad (the part of bwd that
+    computes weight gradients: half the backward of ops reading a parameter, plus gradient collectives of
+    parameters; Qi et al. 2023's W). Bytes per device: act (saved for backward, per microbatch of b0),
+    params / grads / optimizer (training state of the stored shards, ZeRO Sec. 3.1 bytes per parameter),
+    comm_lin_s / comm_fixed_s[kind] (seconds per collective kind, batch-linear at b0 / per microbatch), and
+    shared_grad_bytes (gradients of parameters used in several segments, e.g. a tied embedding).
+    """
+
+    tp: int
+    fwd_lin: np.ndarray
+    bwd_lin: np.ndarray
+    wgrad_lin: np.ndarray
+    fwd_fixed: np.ndarray
+    bwd_fixed: np.ndarray
+    wgrad_fixed: np.ndarray
+    act_bytes: np.ndarray
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    comm_lin_s: dict[str, np.ndarray]
+    comm_fixed_s: dict[str, np.ndarray]
+    shared_grad_bytes: int
+    plan: Plan = dataclasses.field(repr=False, compare=False)
+
+    def time_s(self, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(F, B, W) seconds per segment for a microbatch of scale * b0 samples."""
+        f = self.fwd_lin * scale + self.fwd_fixed
+        w = self.wgrad_lin * scale + self.wgrad_fixed
+        return f, self.bwd_lin * scale + self.bwd_fixed - w, w
+
+
+def tp_cluster(cluster: Cluster, tp: int) -> Cluster:
+    """One node of `cluster` with `tp` devices: the intra-stage mesh ("tp",) lives inside a node."""
+    return dataclasses.replace(cluster, num_nodes=1, devices_per_node=tp)
+
+
+def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cluster,
+                   config: PlanConfig) -> SegmentPrices:
+    """Solve the intra-stage ILP on mesh ("tp",) and price every segment (module docstring).
+
+    Raises:
+        InfeasiblePlanError: from the ILP (no strategy reachable); ValueError: tp does not fit a node.
+    """
+    if tp > cluster.devices_per_node or cluster.devices_per_node % tp:
+        raise ValueError(f"tp={tp} must divide devices_per_node={cluster.devices_per_node} (tp stays in a node)")
+    mesh = MeshSpec(("tp",), (tp,))
+    config = dataclasses.replace(config, memory_budget_bytes=_NO_BUDGET)
+    topo = MeshTopology(tp_cluster(cluster, tp), (tp,), ("tp",))
+    problem, pricer = build(traced, mesh, topology=topo, config=config)
+    solution = solve(problem, config)
+    plan = to_plan(traced, problem, pricer, solution, config)
+    n = segments.num_blocks + 2
+    z = lambda: np.zeros(n)
+    fl, bl, wl, ff, bf, wf, act = z(), z(), z(), z(), z(), z(), z()
+    comm_lin, comm_fixed = {k: z() for k in COMM_KINDS}, {k: z() for k in COMM_KINDS}
+    spaces = problem.spaces
+    for name, space in spaces.items():
+        if space.kind != "op":
+            continue
+        seg = segments.owner.get(name, n - 1)
+        c = pricer.node_cost(traced, traced.nodes[name], space, layout_of(problem, name, solution.choice))
+        fl[seg] += c.fwd_s
+        bl[seg] += c.bwd_s
+        act[seg] += c.saved_bytes
+        if any(spaces[t.producer].kind == "param" for t in space.inputs):
+            wl[seg] += c.bwd_s / 2  # grad-weight matmul: half of a linear's 2x-forward backward
+    for edge in plan.edges:
+        seg = segments.owner.get(edge.dst, n - 1)
+        is_param = spaces[edge.src].kind == "param"
+        for step in edge.steps:
+            f, b = pricer.step_time_s(step)
+            (ff if is_param else fl)[seg] += f
+            (bf if is_param else bl)[seg] += b
+            if is_param:
+                wf[seg] += b
+            for kind, secs in ((step.fwd_collective, f), (step.bwd_collective, b)):
+                if kind:
+                    (comm_fixed if is_param else comm_lin)[kind][seg] += secs
+    state = [z(), z(), z()]
+    shared = 0
+    for p in traced.parameters.values():
+        local = math.prod(plan.params[p.fqn].local_shape)
+        parts = (p.nbytes * local // max(1, p.numel), 0, 0) if p.is_buffer else pricer.param_state_bytes(local)
+        segs = {segments.owner[u] for u in p.uses if u in segments.owner} or {0}
+        for seg in segs:  # a parameter used in several segments is held by each (module docstring)
+            for k in range(3):
+                state[k][seg] += parts[k]
+        if len(segs) > 1 and not p.is_buffer:
+            shared += parts[1]
+    return SegmentPrices(tp, fl, bl, wl, ff, bf, wf, act, *state, comm_lin, comm_fixed, shared, plan)

@@ -1,0 +1,288 @@
+"""Pipeline execution: cut a traced graph into stages at block boundaries, emit each stage's sharded
+program on its (dp, tp) sub-mesh, and run the stages with torch.distributed.pipelining schedules.
+
+Mesh: (pp, dp, tp), pp outermost, so stage group p holds global ranks p*dp*tp ... (p+1)*dp*tp - 1 and a
+rank's pipeline peers share its (dp, tp) coordinates. Stage k runs on stage group k % pp (looped
+placement, which torch's interleaved schedules expect). Every stage uses the SAME intra-stage plan (a
+ShardingSpec for the (dp, tp) mesh made on the whole graph), so a value crossing a stage boundary leaves
+in its producer's layout and arrives in that layout: each rank sends its local shard to the rank with
+the same (dp, tp) coordinates in the next stage group, and nothing is redistributed at the boundary.
+
+Cross-stage rules: values needed by a later stage travel through every stage in between (a stage
+forwards what it does not use); parameters and buffers are never sent: each stage holds its own copy of
+those it uses (buffers such as rotary tables are replicated per stage), and a parameter used by several
+stages (GPT-2's tied embedding / lm_head) has its gradient summed over its copies before the optimizer
+step (`sync_shared_grads`), so the copies stay equal. The microbatch size is the traced batch size: trace
+the model with one microbatch (`global batch / microbatches`); `step` rejects a batch that does not split.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from torch.distributed import pipelining
+
+from ..core.layout import Layout
+from ..rewriter.collectives import find_group
+from ..rewriter.spec import NodeSharding, ShardingSpec
+from ..tracer.graph import Role, TracedGraph
+from .launch import create_groups
+from .module import ParallelModule
+
+SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
+             "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
+             "interleaved_zero_bubble": pipelining.ScheduleInterleavedZeroBubble}
+_MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble"}
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """Which stage computes each op, and what each stage receives and sends (fx value names, in order)."""
+
+    num_stages: int
+    stage_of: dict[str, int]
+    inputs: tuple[tuple[str, ...], ...]
+    outputs: tuple[tuple[str, ...], ...]
+
+
+def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int, ...] | None = None) -> StageCut:
+    """Cut at repeated-block boundaries: stage k gets `blocks_per_stage[k]` consecutive blocks of the first
+    block group (default: as even as possible, earlier stages first); ops before the first block go to
+    stage 0, ops after the last to the last stage, other ops to the stage of the op before them.
+
+    Raises ValueError when the graph has no repeated blocks or the counts do not add up.
+    """
+    if not traced.blocks:
+        raise ValueError("cannot cut stages: the traced graph has no repeated blocks; pipeline parallelism "
+                         "splits at block boundaries (e.g. transformer layers)")
+    group = traced.blocks[0]
+    if blocks_per_stage is None:
+        base, extra = divmod(group.count, num_stages)
+        blocks_per_stage = tuple(base + (k < extra) for k in range(num_stages))
+    if len(blocks_per_stage) != num_stages or sum(blocks_per_stage) != group.count:
+        raise ValueError(f"blocks_per_stage={blocks_per_stage} must have {num_stages} entries adding up to the "
+                         f"{group.count} blocks of {group.name}")
+    first = {m: k for k, count in enumerate(blocks_per_stage)
+             for m in group.members[sum(blocks_per_stage[:k]):sum(blocks_per_stage[:k]) + count]}
+    stage_of, current = {}, 0
+    ops = traced.compute_nodes()
+    for info in ops:
+        if info.block_group == group.name:
+            current = first[info.block]
+        elif info.block_group is None and _after_last_block(info, group, traced):
+            current = num_stages - 1
+        stage_of[info.name] = current
+    return _boundaries(traced, stage_of, num_stages)
+
+
+def _after_last_block(info, group, traced: TracedGraph) -> bool:
+    order = {n: i for i, n in enumerate(traced.nodes)}
+    return order[info.name] > order[group.nodes[-1][-1]]
+
+
+def _boundaries(traced: TracedGraph, stage_of: dict[str, int], num_stages: int) -> StageCut:
+    """Values each stage must receive: everything used at or after it that was made before it."""
+    produced = {n: 0 for n in traced.input_names} | stage_of
+    last_use: dict[str, int] = {}
+    for name, k in stage_of.items():
+        for arg in _args(traced.node(name).node):
+            if arg in produced:
+                last_use[arg] = max(last_use.get(arg, 0), k)
+    outputs_of_model = tuple(a for a in _args(traced.graph_module.graph.output_node()))
+    for arg in outputs_of_model:
+        last_use[arg] = num_stages
+    inputs = [tuple(traced.input_names)]
+    for k in range(1, num_stages):
+        inputs.append(tuple(n for n in produced if produced[n] < k <= last_use.get(n, -1)))
+    outputs = [inputs[k + 1] for k in range(num_stages - 1)] + [outputs_of_model]
+    return StageCut(num_stages, stage_of, tuple(inputs), tuple(outputs))
+
+
+def _args(node: torch.fx.Node) -> list[str]:
+    found: list[str] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: found.append(a.name))
+    return found
+
+
+def stage_graph(traced: TracedGraph, cut: StageCut, k: int) -> TracedGraph:
+    """A TracedGraph of stage k alone: its parameters, its received values as inputs, its ops, and the
+    values it sends as outputs (pass-through values included)."""
+    ops = [n for n, s in cut.stage_of.items() if s == k]
+    used = {a for n in ops for a in _args(traced.node(n).node)} | set(cut.outputs[k])
+    params = {fqn: p for fqn, p in traced.parameters.items() if set(p.placeholders) & used}
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    for p in params.values():
+        for ph in p.placeholders:
+            env[ph] = graph.placeholder(ph)
+            env[ph].meta = dict(traced.node(ph).node.meta)
+    for name in cut.inputs[k]:
+        env[name] = graph.placeholder(name)
+        env[name].meta = dict(traced.node(name).node.meta)
+    for name in ops:
+        old = traced.node(name).node
+        env[name] = graph.node_copy(old, lambda a: env[a.name])  # keeps the name (no clash in a new graph)
+    graph.output(tuple(env[n] for n in cut.outputs[k]))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    nodes = {}
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        info = traced.node(node.name)
+        role = Role.INPUT if node.name in cut.inputs[k] else info.role
+        nodes[node.name] = dataclasses.replace(info, node=node, role=role)
+    return TracedGraph(traced.exported, gm, nodes, params, [], tuple(cut.inputs[k]),
+                       [f"pipeline stage {k} of {cut.num_stages}"])
+
+
+def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, stage_rank_offset: int) -> ShardingSpec:
+    """The intra-stage plan of stage k: the whole-graph spec restricted to the stage; received values
+    arrive in their producer's layout, sent values leave in it (the last stage uses the spec's output)."""
+    def produced_layout(name: str) -> Layout:
+        if name in spec.nodes:
+            return spec.nodes[name].output
+        return Layout.replicate(spec.mesh.ndim)  # a global user input passed through
+
+    received = {n: produced_layout(n) for n in cut.inputs[k] if n not in traced.input_names}
+    nodes = {n: spec.nodes[n] for n, s in cut.stage_of.items() if s == k}
+    if k == cut.num_stages - 1:
+        nodes["output"] = spec.nodes["output"]
+    else:
+        nodes["output"] = NodeSharding(tuple(produced_layout(n) for n in cut.outputs[k]),
+                                       Layout.replicate(spec.mesh.ndim))
+    return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset)
+
+
+class StageModule(ParallelModule):
+    """One pipeline stage of one rank: `forward(*received)` returns the tuple of values it sends."""
+
+    def forward(self, *received):
+        out = self.program.graph_module(*self._state(), *received)
+        # A value only passed through is returned as a view, so autograd links the stage's output to its input.
+        return tuple(t.view_as(t) if any(t is r for r in received) else t for t in out)
+
+
+@dataclass
+class PipelineRun:
+    """What a rank holds: its stage modules, the schedule object, the groups for shared parameters, and
+    the batch it expects (microbatches x the traced microbatch size)."""
+
+    stages: list[StageModule]
+    schedule: object
+    shared: dict[str, list[int]]  # parameter FQN -> global ranks holding a copy (same dp, tp coordinates)
+    microbatches: int
+    microbatch_size: int
+    first: bool
+    last: bool
+
+    def step(self, *inputs, target=None, losses: list | None = None) -> None:
+        """One forward/backward of the global batch (inputs on the first stage's ranks, target on the last
+        stage's), then the gradient sum of shared parameters. Zero the gradients and step the optimizer
+        around it.
+
+        Raises ValueError when the batch is not `microbatches` x the traced microbatch size (torch's
+        splitter would silently make uneven microbatches, and the mean loss would weigh them wrongly).
+        """
+        for t in (*inputs, *([target] if target is not None else [])):
+            if t.shape[0] != self.microbatches * self.microbatch_size:
+                raise ValueError(f"global batch {t.shape[0]} does not split into {self.microbatches} microbatches "
+                                 f"of {self.microbatch_size} (the batch size the model was traced with); "
+                                 "use a batch of microbatches x traced batch, or re-trace")
+        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None, losses=losses)
+        sync_shared_grads(self)
+
+
+def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.nn.Module, *, pp: int,
+          schedule: str, microbatches: int, loss_fn) -> PipelineRun:
+    """Create this rank's stages and the schedule. Must be called on every rank (it creates groups).
+
+    Args:
+        spec: the intra-stage plan for the (dp, tp) mesh, made on the whole traced graph.
+        cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules).
+        schedule: a key of SCHEDULES.
+        loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
+    Raises ValueError for an unknown schedule or a stage count that does not fit pp.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
+    per_rank, rem = divmod(cut.num_stages, pp)
+    if rem or (per_rank > 1) != (schedule in _MULTI_STAGE):
+        raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
+                         f"gpipe/1f1b, and a multiple (>= 2) of pp for interleaved schedules")
+    width = spec.mesh.world_size
+    rank = dist.get_rank()
+    p, local = divmod(rank, width)
+    pp_groups = [[q * width + i for q in range(pp)] for i in range(width)]
+    shared_by_local = [_shared_params(traced, cut, pp, width, i) for i in range(width)]
+    create_groups(pp_groups + [g for sh in shared_by_local for g in sh.values() if len(g) > 1]
+                  + _sub_mesh_groups(spec, pp, width))
+    group = find_group(pp_groups[local])
+    stages, pipe = [], []
+    for k in range(p, cut.num_stages, pp):
+        tg = stage_graph(traced, cut, k)
+        k_spec = stage_spec(spec, traced, cut, k, p * width)
+        module = StageModule(tg, k_spec, local, model)
+        stages.append(module)
+        pipe.append(pipelining.PipelineStage(
+            module, k, cut.num_stages, torch.device("cpu"), group=group,
+            input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec),
+            output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec)))
+    cls = SCHEDULES[schedule]
+    sched = cls(pipe if schedule in _MULTI_STAGE else pipe[0], microbatches, loss_fn=loss_fn)
+    batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
+    return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
+                       p == (cut.num_stages - 1) % pp)
+
+
+def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layout]:
+    return dict(zip(names, spec.nodes["output"].inputs))
+
+
+def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, Layout], spec: ShardingSpec) -> tuple:
+    """Empty tensors of the local shapes of `names` (torch's stages need them; shape inference would run
+    the program, collectives included, on meta tensors)."""
+    from ..core.layout import local_shape
+    out = []
+    for n in names:
+        meta = traced.node(n).outputs[0]
+        layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
+        example = torch.empty(local_shape(meta.shape, layout, spec.mesh), dtype=meta.dtype)
+        # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
+        out.append(example.requires_grad_(meta.dtype.is_floating_point and n in layouts))
+    return tuple(out)
+
+
+def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
+    out = {}
+    for fqn, p in traced.parameters.items():
+        stages = sorted({cut.stage_of[u] for u in p.uses if u in cut.stage_of})
+        if len(stages) > 1 and not p.is_buffer:
+            out[fqn] = stages
+    return out
+
+
+def _shared_params(traced: TracedGraph, cut: StageCut, pp: int, width: int, local: int) -> dict[str, list[int]]:
+    return {fqn: sorted({(k % pp) * width + local for k in stages})
+            for fqn, stages in _holders(traced, cut).items()}
+
+
+def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]:
+    from ..rewriter.spec import all_axis_groups
+    return [[r + q * width for r in g] for q in range(pp) for g in all_axis_groups(spec.mesh)]
+
+
+def sync_shared_grads(run: PipelineRun) -> None:
+    """Sum the gradients of parameters held by several stages over all their copies (after backward,
+    before the optimizer step); every copy then holds the full gradient and stays equal to the others."""
+    for fqn, ranks in sorted(run.shared.items()):
+        copies = [m.get_parameter(fqn) for m in run.stages if fqn in m.traced.parameters]
+        if not copies:
+            continue
+        total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)
+        if len(ranks) > 1:
+            dist.all_reduce(total, group=find_group(ranks))
+        for c in copies:
+            c.grad = total.clone()

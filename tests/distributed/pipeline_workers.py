@@ -1,0 +1,66 @@
+"""Rank body for test_pipeline: a pipelined GPT-2 against the single-device model (importable by name)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from parallelizer import zoo
+from parallelizer.rewriter.state import shard_tensor
+from parallelizer.runtime.pipeline import build, cut_stages
+from parallelizer.tracer.trace import trace
+
+
+def mean_square(output, target) -> torch.Tensor:
+    """The test's loss: mean of squared logits (target unused; pipelining passes one)."""
+    logits = output[0] if isinstance(output, tuple) else output
+    return logits.float().pow(2).mean()
+
+
+def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, num_stages: int, schedule: str,
+                 microbatches: int, steps: int = 3) -> dict:
+    """Train `steps` AdamW steps pipelined and single-device; returns the largest differences seen."""
+    model, (ids,) = zoo.gpt2(**model_kwargs)
+    reference = copy.deepcopy(model)
+    micro = ids.shape[0] // microbatches
+    traced = trace(model, (ids[:micro],))
+    run = build(traced, spec, cut_stages(traced, num_stages), model, pp=pp, schedule=schedule,
+                microbatches=microbatches, loss_fn=mean_square)
+    params = [p for m in run.stages for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3, eps=1e-6)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6)
+    last = run.last
+    report = {"loss": 0.0, "grad": 0.0, "params": 0.0, "stages": [m.program.graph_module.code for m in run.stages]}
+    for step in range(steps):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        losses: list = []
+        run.step(ids, target=torch.zeros(ids.shape[0]), losses=losses)
+        ref_loss = mean_square(reference(ids).logits, None)
+        ref_loss.backward()
+        if step == 0:
+            if last:
+                report["loss"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
+            report["grad"] = _worst(run, reference, spec, grads=True)
+        opt.step()
+        ref_opt.step()
+    report["params"] = _worst(run, reference, spec, grads=False)
+    try:
+        run.step(ids[:-1], target=torch.zeros(ids.shape[0] - 1))
+    except ValueError as err:
+        report["uneven_batch_error"] = str(err)
+    dist.barrier()
+    return report
+
+
+def _worst(run, reference, spec, grads: bool) -> float:
+    ref = dict(reference.named_parameters())
+    worst = 0.0
+    for m in run.stages:
+        for fqn, p in m.named_parameters():
+            mine = p.grad if grads else p
+            theirs = shard_tensor((ref[fqn].grad if grads else ref[fqn]).detach(), spec.params[fqn], spec.mesh,
+                                  m.coords)
+            worst = max(worst, (mine.detach() - theirs).abs().max().item())
+    return worst

@@ -1,0 +1,139 @@
+"""plan_pipeline on a small GPT (meta device, traced with one sample) on 2 simulated DGX A100 nodes: batch
+checks, determinism, bound == exhaustive, stage structure, in-flight memory, prices consistent with the
+intra-stage ILP, infeasibility message; and (slow) the 39B GPT on 512 A100s."""
+import json
+import time
+
+import pytest
+import torch
+
+import parallelizer
+from cost_model.topology import dgx_a100
+from parallelizer import zoo
+from parallelizer.config import PlanConfig
+from parallelizer.errors import InfeasiblePlanError
+from parallelizer.planner.schedules import inflight_microbatches
+from parallelizer.planner.segments import price_segments, segment_graph
+
+CLUSTER = dgx_a100(2)  # 16 devices
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    m, inp = zoo.gpt(n_layer=8, n_embd=256, n_head=8, block_size=128, vocab_size=512, batch=1, with_targets=True,
+                     device="meta")
+    return parallelizer.trace(m.to(torch.bfloat16), inp)
+
+
+@pytest.fixture(scope="module")
+def best(gpt):
+    return parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True)
+
+
+def test_invalid_batch_rejected_up_front(gpt):
+    with pytest.raises(ValueError, match=r"global_batch=30 does not split into dp=4 x microbatches=4"):
+        parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=30, pp=2, tp=2, num_microbatches=4)
+    with pytest.raises(ValueError, match="tp=3 must divide devices_per_node=8"):
+        parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, tp=3)
+    with pytest.raises(ValueError, match="global_batch=0"):
+        parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=0)
+
+
+def test_searching_excludes_bad_batches_with_a_reason(gpt):
+    p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=24, pp=2, tp=1)  # dp = 8 -> 3 per replica
+    assert p.dp == 8 and p.num_microbatches * p.microbatch_size == 3
+    assert any("not divisible" in k or "microbatches" in k for k in p.search.excluded)
+
+
+def test_deterministic_json(gpt, best):
+    again = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True)
+    assert again.to_json() == best.to_json()
+    d = json.loads(best.to_json())
+    assert d["search"]["time_s"] is None and d["mesh"]["axis_names"] == ["pp", "dp", "tp"]
+
+
+def test_bound_equals_exhaustive_grid(gpt, best):
+    grid = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True, search="exhaustive")
+    assert grid.step_time_s == best.step_time_s and grid.mesh == best.mesh
+    assert grid.schedule == best.schedule and grid.num_microbatches == best.num_microbatches
+    assert best.search.evaluated + best.search.pruned == grid.search.evaluated
+    assert best.search.pruned > 0
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b", "zbv"])
+def test_fixed_schedule_structure_and_memory(gpt, schedule):
+    p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=2, tp=2, num_microbatches=8,
+                                   schedules=(schedule,), mixed_precision=True)
+    assert (p.pp, p.dp, p.tp, p.microbatch_size) == (2, 4, 2, 2)
+    v = p.virtual_stages
+    assert len(p.stages) == 2 * v
+    # blocks: contiguous cover of 0..7; pre in the first stage, post in the last
+    assert [s.first_block for s in p.stages] == [0] + [s.last_block + 1 for s in p.stages[:-1]]
+    assert p.stages[-1].last_block == 7
+    assert [s.includes_pre for s in p.stages] == [True] + [False] * (2 * v - 1)
+    assert [s.includes_post for s in p.stages] == [False] * (2 * v - 1) + [True]
+    ops = {n for n, i in gpt.nodes.items() if i.op == "call_function"}
+    owned = [n for s in p.stages for n in s.nodes if n in ops]
+    assert sorted(owned) == sorted(ops)  # every op in exactly one stage
+    # ranks: global ranks of pp rank r are r*dp*tp .. (r+1)*dp*tp - 1
+    assert p.stages[0].ranks == tuple(range(8)) and set(p.stages[-1].ranks) == set(range(8) if schedule == "zbv"
+                                                                                  else range(8, 16))
+    for r in p.ranks:
+        infl = inflight_microbatches(schedule, 2, 8, r.pp_rank)
+        assert r.inflight_microbatches == infl
+        state = sum(p.stages[s].state_bytes for s in r.stages)
+        act = sum(p.stages[s].activation_bytes for s in r.stages)
+        assert r.memory_bytes == pytest.approx(state + infl * act, rel=1e-6, abs=8)
+    assert 0 <= p.bubble_fraction < 1 and p.step_time_s > p.step_breakdown_s["bubble"]
+    if schedule in ("gpipe", "1f1b"):
+        assert p.bubble_fraction == pytest.approx(1 / 9)  # (p-1)/(m+p-1)
+
+
+def test_identical_stages_share_prices(gpt):
+    """Stages of one kind (same block count, no pre/post) get identical prices from the one tp solve."""
+    p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=4, tp=2, num_microbatches=8,
+                                   schedules=("1f1b",), mixed_precision=True)
+    assert [s.num_blocks for s in p.stages] == [2, 2, 2, 2] and p.search.ilp_solves == 1
+    inner = {(s.fwd_s, s.bwd_s, s.wgrad_s, s.state_bytes, s.activation_bytes) for s in p.stages[1:-1]}
+    assert len(inner) == 1
+    assert {k.kind: k.stages for k in p.stage_kinds} == {"2 blocks + pre": (0,), "2 blocks": (1, 2),
+                                                         "2 blocks + post": (3,)}
+    assert p.stages[0].time_s > p.stages[1].time_s and p.stages[3].time_s > p.stages[1].time_s
+
+
+def test_segment_prices_add_up_to_the_ilp_plan(gpt):
+    seg = segment_graph(gpt)
+    pr = price_segments(gpt, seg, 2, CLUSTER, PlanConfig(mixed_precision=True))
+    c = pr.plan.cost
+    total = (pr.fwd_lin + pr.bwd_lin + pr.fwd_fixed + pr.bwd_fixed).sum()
+    assert total == pytest.approx(c.total_s, rel=1e-9)
+    assert pr.act_bytes.sum() == c.memory_bytes["activations"]
+    assert pr.grads_bytes.sum() - pr.shared_grad_bytes == c.memory_bytes["grads"]  # tied wte held twice
+    assert seg.num_blocks == 8 and seg.trace_batch == 1
+    assert seg.cut_fwd_bytes[1] >= 128 * 256 * 2  # the (1, 128, 256) bf16 residual stream crosses each cut
+
+
+def test_infeasible_names_smallest_need(gpt):
+    with pytest.raises(InfeasiblePlanError, match=r"needs \d+\.\d GB per device") as err:
+        parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, memory_budget_bytes=1000)
+    assert "Remedies" in str(err.value)
+
+
+def test_summary_mentions_throughput(best):
+    text = best.summary()
+    assert "TFLOP/s per GPU" in text and "MFU" in text and f"mesh {best.mesh}" in text
+    assert best.tflops_per_gpu > 0 and 0 < best.mfu < 1
+
+
+@pytest.mark.slow
+def test_gpt_39b_on_512_a100s_plans_quickly():
+    model, inputs = zoo.gpt2(n_layer=48, n_embd=8192, n_head=64, vocab_size=51200, n_positions=2048, batch=1,
+                             seq_len=2048, device="meta")
+    traced = parallelizer.trace(model.to(torch.bfloat16), inputs)
+    start = time.perf_counter()
+    p = parallelizer.plan_pipeline(traced, dgx_a100(64), global_batch=1536, mixed_precision=True)
+    assert time.perf_counter() - start < 120
+    assert p.tp <= 8 and 8 % p.tp == 0 and p.pp * p.dp * p.tp == 512
+    assert p.global_batch == p.dp * p.num_microbatches * p.microbatch_size == 1536
+    assert p.memory_bytes <= 80e9
+    assert 50 < p.tflops_per_gpu < 312 * 0.7 and 0.15 < p.mfu < 0.7
