@@ -156,7 +156,10 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
     for t in tps or _divisors(per_node):
         for p in pps or _divisors(world // t):
             if world % (t * p):
-                raise ValueError(f"pp={p} x tp={t} does not divide the {world} devices of the cluster")
+                if pps and tps:  # both fixed by the caller: say so; otherwise skip this combination
+                    raise ValueError(f"pp={p} x tp={t} does not divide the {world} devices of the cluster")
+                excluded[f"pp x tp does not divide the {world} devices"] += 1
+                continue
             d = world // (t * p)
             for m in ms or (_divisors(ctx.global_batch // d) if ctx.global_batch % d == 0 else (1,)):
                 for name in schedules:
