@@ -3,16 +3,22 @@
 Public API (see README.md):
     trace(model, example_inputs, example_kwargs=None) -> TracedGraph
     plan(traced, mesh, *, cluster=None, topology=None, config=None, **options) -> Plan
+        (the planner plus provenance: graph fingerprint, cluster, blocks; see api.py)
     explain(traced, plan, node, ...) -> Explanation
+    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan)
+    Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
     plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (pp x dp x tp, schedule, stages)
     rewrite(traced, plan, rank) -> RankProgram                      (the sharded fx program of one rank)
     ParallelModule(traced, spec, rank, model)                       (a rank's program with its local shards)
 """
-from .errors import InfeasiblePlanError, ParallelizerError, PlanMismatchError, TraceError, UnsupportedOpError
+from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, TraceError,
+                     UnsupportedOpError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
-from .planner import PipelinePlan, Plan, explain, plan, plan_pipeline
+from .planner import PipelinePlan, Plan, explain, plan_pipeline
+from .fingerprint import check_plan, graph_fingerprint
+from .api import auto_parallelize, plan, search_mesh
 from .rewriter import rewrite
 from .runtime.module import ParallelModule
 
@@ -20,5 +26,7 @@ __all__ = [
     "trace", "TracedGraph", "NodeInfo", "ParamInfo", "BlockGroup", "Role", "TensorMeta",
     "plan", "explain", "Plan", "plan_pipeline", "PipelinePlan", "PlanConfig", "MeshSpec", "Layout",
     "rewrite", "ParallelModule",
+    "auto_parallelize", "search_mesh", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
+    "PlanValidationError",
 ]

@@ -41,3 +41,15 @@ class InfeasiblePlanError(ParallelizerError):
 
 class PlanMismatchError(ParallelizerError):
     """A plan was made for another model, input shapes or mesh than the one it is applied to."""
+
+
+class PlanValidationError(ParallelizerError, ValueError):
+    """A plan file is not valid JSON or violates the plan schema (`parallelizer/plan_schema.json`).
+
+    Attributes:
+        path: the JSON path of the offending field, e.g. "params/h.0.c_fc.weight/shape/0" ("" = the document).
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)

@@ -6,7 +6,10 @@ parameter its stored layout; per edge (producer -> input k of consumer) the redi
 seconds, seconds per collective kind, memory bytes per device by category); the solver report; fallbacks
 (nodes replicated for lack of a rule). `to_json()` is deterministic: sorted keys, floats rounded to 10
 significant digits, and wall-clock times left out unless asked for, so the same inputs give byte-identical
-JSON (DESIGN.md rule 6).
+JSON (DESIGN.md rule 6). `save`/`load` write and read that JSON; `load` (and `from_json`) validate it against
+the versioned JSON Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pickle).
+`fingerprint` (from `parallelizer.fingerprint`) identifies the traced graph the plan was made for, and
+`cluster` describes the hardware it was priced on; `parallelizer.plan` fills both.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.mesh import MeshSpec
 from ..core.redistribute import COLLECTIVE_KINDS, Step
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2  # 2: + fingerprint, cluster (schema: parallelizer/plan_schema.json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,8 @@ class Plan:
     fallbacks: tuple[Fallback, ...] = ()
     model: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    fingerprint: dict = field(default_factory=dict)  # parallelizer.fingerprint.graph_fingerprint(traced)
+    cluster: dict = field(default_factory=dict)  # parallelizer.api.describe_cluster(cluster)
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -135,19 +140,44 @@ class Plan:
             "cost": {**asdict(self.cost), "total_s": self.cost.total_s},
             "solver": solver,
             "fallbacks": [asdict(f) for f in self.fallbacks],
+            "fingerprint": self.fingerprint,
+            "cluster": self.cluster,
         })
 
     def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
         """Deterministic JSON (module docstring)."""
         return json.dumps(self.to_dict(include_timing), sort_keys=True, indent=indent)
 
+    def save(self, path) -> None:
+        """Write `to_json()` (deterministic, timing left out) to `path`, with a final newline."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json() + "\n")
+
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        """Inverse of `to_json`. Raises ValueError for another format version."""
-        d = json.loads(text)
-        if d.get("format_version") != PLAN_FORMAT_VERSION:
-            raise ValueError(f"plan format_version {d.get('format_version')!r}; this toolkit reads "
-                             f"{PLAN_FORMAT_VERSION}. Re-plan with this version.")
+    def load(cls, path, traced=None, mesh=None) -> "Plan":
+        """Read a plan written by `save`; with `traced` (and `mesh`), also check it was made for them.
+
+        Raises:
+            PlanValidationError: not JSON, or not valid against the schema (names the JSON path).
+            PlanMismatchError: `traced`/`mesh` given and they differ from the plan's (says what differs).
+        """
+        with open(path, encoding="utf-8") as f:
+            plan = cls.from_json(f.read(), source=str(path))
+        if traced is not None or mesh is not None:
+            from ..fingerprint import check_plan
+            check_plan(plan, traced, mesh)
+        return plan
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan JSON") -> "Plan":
+        """Inverse of `to_json`, after validation against the schema (`parallelizer.plan_io.parse_and_validate`).
+
+        Raises:
+            PlanValidationError: malformed JSON, another format version, or a schema violation (names the
+                field's JSON path, e.g. "params/h.0.c_fc.weight/shape/0").
+        """
+        from ..plan_io import parse_and_validate
+        d = parse_and_validate(text, source)
         cost = d["cost"]
         return cls(
             mesh=MeshSpec.from_dict(d["mesh"]),
@@ -160,7 +190,7 @@ class Plan:
             cost=CostBreakdown(cost["compute_s"], cost["comm_s"], cost["memory_bytes"]),
             solver=SolverReport(**d["solver"]),
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
-            model=d["model"], config=d["config"])
+            model=d["model"], config=d["config"], fingerprint=d["fingerprint"], cluster=d["cluster"])
 
     # --- human ---------------------------------------------------------------------------------------
     def summary(self, max_nodes: int = 40) -> str:
@@ -194,8 +224,14 @@ class Plan:
             lines.append(f"fallback: {f.node} ({f.op}): {f.reason}")
         return "\n".join(lines)
 
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks: the tables of `parallelizer.plan_io.plan_tables` as HTML."""
+        from ..plan_io import plan_html
+        return plan_html(self)
 
-_MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "embedding", "attention", "layer_norm", "cross_entropy")
+
+_MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "bmm", "embedding", "attention", "layer_norm", "rms_norm",
+             "cross_entropy", "conv")
 
 
 def empty_comm() -> dict[str, float]:

@@ -1,0 +1,243 @@
+"""`parallelizer` command line: plan, show, rehearse, calibrate (also `python -m parallelizer`).
+
+    parallelizer plan --model gpt2 --config n_layer=24,n_embd=2048 --cluster h100:2x8 --mesh dp=4,tp=4 \\
+        --global-batch 512 --grad-accum 8 --seq-len 2048 -o plan.json
+    parallelizer show plan.json [--all]
+    parallelizer rehearse plan.json --nproc 4 [--width auto|real|reduced]
+    parallelizer calibrate -o profile.json [--nprocs 2 4]
+
+Batch: `plan` traces ONE forward/backward of `--global-batch / --grad-accum` samples (default grad-accum 1:
+the whole global batch in one step) on the meta device; the planner shards that batch over the data axes.
+The estimated step time in the plan is for that traced batch; the summary also gives the time per optimizer
+step (x grad-accum; gradient syncs are counted once per traced step, an upper bound).
+
+Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node) mesh of the cluster's
+N devices is planned and the lowest estimated step time is kept (the summary lists them all).
+
+Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of the toolkit (message on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from .core.mesh import MeshSpec
+from .errors import ParallelizerError
+
+# Rehearse at the model's real width only when it is this small (parameters) and fits in half the free memory
+# (per rank: ~48 B/param for the sharded copy, the reference copy, their grads and AdamW states, plus twice the
+# plan's activations). Larger models are rehearsed at reduced width (`presets.reduced`).
+_REAL_WIDTH_MAX_PARAMS = 20_000_000
+_BYTES_PER_PARAM_REHEARSAL = 48
+
+
+def parse_kv(text: str | None, what: str) -> dict:
+    """"a=1,b=x" -> {"a": 1, "b": "x"} (values parsed as JSON when they are, else strings).
+
+    Raises ValueError naming `what` and the malformed item."""
+    out: dict = {}
+    for item in filter(None, (text or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what}: {item!r} is not KEY=VALUE (e.g. {'dp=4,tp=2' if what == '--mesh' else 'n_layer=24'})")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_mesh(text: str) -> MeshSpec:
+    """"dp=4,tp=2" -> MeshSpec(("dp", "tp"), (4, 2)) (last axis innermost). Raises ValueError."""
+    axes = parse_kv(text, "--mesh")
+    if not axes or not all(isinstance(v, int) for v in axes.values()):
+        raise ValueError(f"--mesh {text!r}: use NAME=SIZE pairs with integer sizes, e.g. dp=4,tp=2")
+    return MeshSpec(tuple(axes), tuple(axes.values()))
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="parallelizer", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="trace a model on the meta device and plan its sharding")
+    p.add_argument("--model", required=True, help="preset (gpt2, gpt2-medium, llama2-7b, bert, vit, mlp, gpt, ...) "
+                   "or package.module:factory")
+    p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048")
+    p.add_argument("--cluster", default="h100:1x8", help="PRESET:NODESxDEVICES (default h100:1x8) or a "
+                   "calibration profile JSON")
+    p.add_argument("--mesh", help="e.g. dp=4,tp=4 (default: search 1-D and 2-D meshes)")
+    p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    p.add_argument("--seq-len", type=int, help="sequence length (token models)")
+    p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB (default: device memory)")
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"))
+    p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
+    p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s = sub.add_parser("show", help="print a plan as tables")
+    s.add_argument("plan")
+    s.add_argument("--all", action="store_true", help="every node position of each block, not only the main ops")
+    r = sub.add_parser("rehearse", help="run a plan on local gloo ranks and compare with one device")
+    r.add_argument("plan")
+    r.add_argument("--nproc", type=int, required=True, help="local ranks; must equal the plan's mesh size")
+    r.add_argument("--width", choices=("auto", "real", "reduced"), default="auto",
+                   help="model width: real, reduced (same structure, small dims) or auto (real when small)")
+    r.add_argument("--steps", type=int, default=3, help="optimizer steps compared (default 3)")
+    r.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
+    c = sub.add_parser("calibrate", help="measure this machine into a cost-model profile")
+    c.add_argument("-o", "--out", required=True)
+    c.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        return {"plan": cmd_plan, "show": cmd_show, "rehearse": cmd_rehearse, "calibrate": cmd_calibrate}[
+            args.command](args)
+    except (ParallelizerError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_plan(args) -> int:
+    """`parallelizer plan`: build on meta, trace, plan (or search meshes), print the summary, write JSON."""
+    from tqdm import tqdm
+
+    from . import api, presets
+    from .tracer import trace
+
+    if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    world = mesh.world_size if mesh else _cluster_devices(args.cluster)
+    candidates = [mesh] if mesh else api.mesh_candidates(world, api.resolve_cluster(args.cluster, world)[0].devices_per_node)
+    bar = tqdm(total=2 + len(candidates), desc="build", disable=args.no_progress, file=sys.stderr)
+    traced_batch = None if args.global_batch is None else args.global_batch // args.grad_accum
+    recipe = presets.recipe(args.model, parse_kv(args.config, "--config"), traced_batch, args.seq_len)
+    start = time.perf_counter()
+    model, inputs = presets.build(recipe, "meta")
+    bar.update()
+    bar.set_description("trace")
+    traced = trace(model, inputs)
+    bar.update()
+    batch = {"global_batch": args.global_batch, "grad_accum": args.grad_accum, "traced_batch": traced_batch,
+             "seq_len": args.seq_len}
+    options = dict(cluster=args.cluster, recipe=recipe, batch=batch, optimizer=args.optimizer,
+                   time_limit_s=args.time_limit,
+                   memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9))
+
+    started: list[MeshSpec] = []
+
+    def progress(m: MeshSpec) -> None:  # called before each mesh's solve
+        if started:
+            bar.update()
+        started.append(m)
+        bar.set_description(f"solve {m}")
+
+    if mesh is None:
+        best, tried = api.search_mesh(traced, world, progress=progress, **options)
+    else:
+        progress(mesh)
+        best, tried = api.plan(traced, mesh, **options), []
+    bar.update(bar.total - bar.n)
+    bar.close()
+    best.save(args.out)
+    print(best.summary(max_nodes=12))
+    if tried:
+        print(f"mesh search over {len(tried)} meshes of {world} devices (kept the lowest estimated step):")
+        for m, p, why in tried:
+            mark = " <- chosen" if p is best else ""
+            print(f"  {str(m):18s} " + (f"{p.cost.total_s * 1e3:10.3f} ms, {p.cost.memory_bytes['total'] / 1e9:7.2f} GB"
+                                       if p else f"infeasible: {why}") + mark)
+    if args.grad_accum > 1:
+        print(f"per optimizer step ({args.grad_accum} micro-steps): {best.cost.total_s * args.grad_accum * 1e3:.3f} ms")
+    print(f"traced batch: {traced_batch or 'model default'}; wrote {args.out} "
+          f"({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def _cluster_devices(cluster: str) -> int:
+    """Device count of a cluster preset, or the largest calibrated process count of a profile."""
+    if cluster.endswith(".json") or os.path.exists(cluster):
+        from cost_model.calibrate import load_profile
+        return max(load_profile(cluster).links)
+    from cost_model.topology import get_cluster
+    return get_cluster(cluster).world_size
+
+
+def cmd_show(args) -> int:
+    """`parallelizer show`: the plan's tables (`plan_io.plan_text`)."""
+    from .plan_io import plan_text
+    from .planner import Plan
+
+    print(plan_text(Plan.load(args.plan), all_positions=args.all))
+    return 0
+
+
+def cmd_rehearse(args) -> int:
+    """`parallelizer rehearse`: `rehearse_plan` on a saved plan; exit 0 when the numerics match, 1 otherwise."""
+    from .planner import Plan
+
+    report = rehearse_plan(Plan.load(args.plan), args.nproc, args.width, args.steps, args.timeout)
+    return 0 if report.matches() else 1
+
+
+def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout_s: float = 900.0):
+    """Rebuild the plan's model from its recipe (real or reduced width), run the plan on `nproc` gloo ranks
+    and compare with one device; prints what it does and the `RehearsalReport`, and returns the report.
+
+    Raises:
+        ValueError: nproc differs from the plan's mesh size, or the plan has no recipe (remedies).
+        PlanMismatchError: the rebuilt model's structure differs from the plan's.
+        DistributedError: a rank failed or timed out.
+    """
+    from . import presets
+    from .fingerprint import check_plan
+    from .rewriter.spec import spec_from_plan
+    from .runtime.rehearsal import rehearse
+    from .tracer import trace
+
+    if plan.mesh.world_size != nproc:
+        raise ValueError(f"the plan's mesh {plan.mesh} has {plan.mesh.world_size} devices but --nproc is "
+                         f"{nproc}: pass --nproc {plan.mesh.world_size} or plan for {nproc} devices")
+    recipe = plan.model.get("recipe")
+    if recipe is None:
+        raise ValueError("the plan has no model recipe (it was planned from Python without recipe=). Remedy: "
+                         "plan it with `parallelizer plan`, or call parallelizer.runtime.rehearsal.rehearse")
+    real = width == "real" or (width == "auto" and _fits_real_width(plan, nproc))
+    used = recipe if real else presets.reduced(recipe, nproc)
+    traced = trace(*presets.build(used, "meta"))
+    check_plan(plan, traced, structure_only=not real)
+    print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width: "
+          + ", ".join(f"{k}={v}" for k, v in used["kwargs"].items()), flush=True)
+    start = time.perf_counter()
+    report = rehearse(presets.build_cpu, used, spec_from_plan(plan), steps=steps, timeout_s=timeout_s)
+    print(report)
+    print(f"rehearsal took {time.perf_counter() - start:.1f} s", flush=True)
+    return report
+
+
+def _fits_real_width(plan, nproc: int) -> bool:
+    """Whether rehearsing at real width is small enough (see _REAL_WIDTH_MAX_PARAMS)."""
+    params = plan.model.get("num_parameters", 0)
+    per_rank = _BYTES_PER_PARAM_REHEARSAL * params + 2 * plan.cost.memory_bytes["activations"] * plan.mesh.world_size
+    free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return params <= _REAL_WIDTH_MAX_PARAMS and nproc * per_rank <= free / 2
+
+
+def cmd_calibrate(args) -> int:
+    """`parallelizer calibrate`: `cost_model.calibrate` over gloo, written to -o."""
+    from cost_model.calibrate import main as calibrate_main
+
+    calibrate_main(["-o", args.out, "--nprocs", *map(str, args.nprocs)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Fingerprint of a traced graph, and the check that a `Plan` was made for a given model and mesh.
+
+A fingerprint (stored in `Plan.fingerprint`, JSON) has two sha256 digests of canonical strings and a
+readable summary, so that a mismatch can say WHAT differs, not only that something does:
+
+  * `sha256`: every node in graph order (name, op, output shapes and dtypes), every parameter/buffer
+    (canonical FQN, shape, dtype) and every user input (name, shape, dtype). Equal digests = same graph.
+  * `structure_sha256`: the same without shapes and dtypes (node names, ops, parameter FQNs). Node names
+    come from torch.export and depend only on the model's structure, so a plan made for a wide config
+    applies to a narrow config of the same structure (used by `parallelizer rehearse` at reduced width).
+  * `summary`: node count, op counts, input and parameter shapes/dtypes.
+
+`check_plan(plan, traced, mesh)` raises `PlanMismatchError` listing the differences, e.g.
+"parameter h.0.c_fc.weight: plan has shape (2048, 8192), model has (1024, 4096)" or
+"mesh: plan (dp=2, tp=4), requested (dp=8)".
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from .core.mesh import MeshSpec
+from .errors import PlanMismatchError
+from .tracer import TracedGraph
+
+FINGERPRINT_VERSION = 1
+_MAX_LISTED = 12  # differences listed in one error message
+
+
+def graph_fingerprint(traced: TracedGraph) -> dict:
+    """The fingerprint dict of `traced` (module docstring); deterministic, JSON-ready."""
+    full, structure = [], []
+    for n in traced.nodes.values():
+        full.append(f"node {n.name} {n.op_name} {' '.join(map(str, n.outputs))}")
+        structure.append(f"node {n.name} {n.op_name}")
+    params = {}
+    for p in traced.parameters.values():
+        params[p.fqn] = {"shape": list(p.shape), "dtype": _dtype(p.dtype)}
+        kind = "buffer" if p.is_buffer else "param"
+        full.append(f"{kind} {p.fqn} {list(p.shape)} {_dtype(p.dtype)}")
+        structure.append(f"{kind} {p.fqn}")
+    inputs = {}
+    for name in traced.input_names:
+        outs = traced.nodes[name].outputs
+        if outs:
+            inputs[name] = {"shape": list(outs[0].shape), "dtype": _dtype(outs[0].dtype)}
+            full.append(f"input {name} {list(outs[0].shape)} {_dtype(outs[0].dtype)}")
+        structure.append(f"input {name}")
+    return {
+        "version": FINGERPRINT_VERSION,
+        "sha256": _sha("\n".join(full)),
+        "structure_sha256": _sha("\n".join(structure)),
+        "summary": {"num_nodes": len(traced.nodes), "ops": dict(sorted(traced.op_counts().items())),
+                    "inputs": inputs, "params": params},
+    }
+
+
+def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | None = None, *,
+               structure_only: bool = False) -> None:
+    """Check that `plan` was made for `traced` (and `mesh`); return None when it was.
+
+    Args:
+        plan: a `parallelizer.Plan`.
+        traced: the model's `TracedGraph` (None: skip the graph check).
+        mesh: the requested mesh, a `MeshSpec` or {"dp": 2, "tp": 4} (None: skip the mesh check).
+        structure_only: compare node names, ops and parameter FQNs only, not shapes (a plan applied to a
+            narrower config of the same structure).
+    Raises:
+        PlanMismatchError: listing each difference (mesh, parameters, inputs, op counts, nodes) and the
+            remedy (re-plan for this model and mesh, or pass the matching model/mesh).
+    """
+    diffs: list[str] = []
+    if mesh is not None:
+        mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+        if mesh != plan.mesh:
+            diffs.append(f"mesh: plan {plan.mesh}, requested {mesh}")
+    if traced is not None:
+        diffs += _graph_diffs(plan, traced, structure_only)
+    if diffs:
+        listed = diffs[:_MAX_LISTED] + ([f"... {len(diffs) - _MAX_LISTED} more"] if len(diffs) > _MAX_LISTED else [])
+        raise PlanMismatchError(
+            "the plan was made for another model, input shapes or mesh:\n  " + "\n  ".join(listed)
+            + "\nRemedy: re-plan for this model and mesh (`parallelizer.plan` / `parallelizer plan`), or apply "
+            "the plan to the model, inputs and mesh it was made for.")
+
+
+def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
+    """Readable differences between the plan's recorded graph and `traced` (empty when they agree)."""
+    mine = graph_fingerprint(traced)
+    theirs = plan.fingerprint or _fingerprint_from_plan(plan)
+    key = "structure_sha256" if structure_only else "sha256"
+    if theirs.get(key) is not None and theirs[key] == mine[key]:
+        return []
+    diffs = []
+    a, b = theirs.get("summary", {}), mine["summary"]
+    for kind, pa, pb in (("parameter", a.get("params", {}), b["params"]), ("input", a.get("inputs", {}), b["inputs"])):
+        for name in pa.keys() - pb.keys():
+            diffs.append(f"{kind} {name}: in the plan, not in the model")
+        for name in pb.keys() - pa.keys():
+            diffs.append(f"{kind} {name}: in the model, not in the plan")
+        if not structure_only:
+            for name in sorted(pa.keys() & pb.keys()):
+                for field in ("shape", "dtype"):
+                    x, y = pa[name].get(field), pb[name][field]
+                    if x is not None and x != y:
+                        show = (lambda v: str(tuple(v))) if field == "shape" else str
+                        diffs.append(f"{kind} {name}: plan has {field} {show(x)}, model has {show(y)}")
+    ops_a, ops_b = Counter(a.get("ops", {})), Counter(b["ops"])
+    for op in sorted(ops_a.keys() | ops_b.keys()):
+        if ops_a[op] != ops_b[op]:
+            diffs.append(f"op {op}: plan has {ops_a[op]} nodes, model has {ops_b[op]}")
+    plan_nodes, model_nodes = set(plan.nodes), set(traced.nodes)
+    only_plan, only_model = sorted(plan_nodes - model_nodes), sorted(model_nodes - plan_nodes)
+    if only_plan:
+        diffs.append(f"nodes only in the plan ({len(only_plan)}): {', '.join(only_plan[:5])}")
+    if only_model and plan.fingerprint:
+        diffs.append(f"nodes only in the model ({len(only_model)}): {', '.join(only_model[:5])}")
+    for name in sorted(plan_nodes & model_nodes):
+        if plan.nodes[name].op != traced.nodes[name].op_name:
+            diffs.append(f"node {name}: plan has op {plan.nodes[name].op}, model has {traced.nodes[name].op_name}")
+    if not diffs and theirs.get(key) is not None:
+        diffs.append(f"graph {key} differs (plan {theirs[key][:12]}..., model {mine[key][:12]}...): same "
+                     "parameters, inputs and ops, so some intermediate shape or dtype differs")
+    return diffs
+
+
+def _fingerprint_from_plan(plan) -> dict:
+    """What a plan without a fingerprint (made by `parallelizer.planner.plan`) still tells: parameter and
+    input shapes. No digests, so only these are compared."""
+    params = {fqn: {"shape": list(p.shape)} for fqn, p in plan.params.items()}
+    inputs = {n: {"shape": list(s)} for n, s in plan.model.get("inputs", {}).items()}
+    ops = Counter(n.op for n in plan.nodes.values() if n.op not in ("placeholder", "output"))
+    return {"summary": {"params": params, "inputs": inputs, "ops": dict(ops)}}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,199 @@
+"""Plan JSON validation and the plan's human views (text tables for `parallelizer show`, HTML for notebooks).
+
+Validation: `parse_and_validate(text)` parses JSON (never pickle, never code) and checks it against the
+versioned JSON Schema shipped with the package (`parallelizer/plan_schema.json`, draft 2020-12, read with
+`importlib.resources`). A violation raises `PlanValidationError` naming the field's JSON path, e.g.
+"plan.json: invalid at params/h.0.c_fc.weight/shape/0: 'x' is not of type 'integer'".
+
+Views: `plan_tables(plan)` returns titled tables (mesh and cluster, cost breakdown, memory per device,
+per-block placements grouped by block group and position, parameter layouts, collective steps, solver,
+fallbacks); `plan_text` and `plan_html` render them.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import json
+import re
+from importlib import resources
+
+from .errors import PlanValidationError
+from .planner.plan import _MAIN_OPS
+
+SCHEMA_FILE = "plan_schema.json"
+
+
+@functools.lru_cache(maxsize=1)
+def plan_schema() -> dict:
+    """The plan JSON Schema (a dict) shipped as package data."""
+    return json.loads(resources.files("parallelizer").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def parse_and_validate(text: str, source: str = "plan JSON") -> dict:
+    """Parse `text` as JSON and validate it against `plan_schema()`; return the dict.
+
+    Raises:
+        PlanValidationError: not JSON (line and column), another format_version (re-plan), or the first
+            schema violation in a deterministic order (its JSON path, the message, and the remedy).
+    """
+    import jsonschema
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanValidationError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                                  f"{exc.colno}). Remedy: re-create it with `parallelizer plan` or Plan.save.")
+    schema = plan_schema()
+    if isinstance(data, dict) and data.get("format_version") != schema["properties"]["format_version"]["const"]:
+        raise PlanValidationError(
+            f"{source}: format_version {data.get('format_version')!r}; this toolkit reads "
+            f"{schema['properties']['format_version']['const']}. Remedy: re-plan with this version.", "format_version")
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
+    if errors:
+        err = errors[0]
+        path = "/".join(str(p) for p in err.absolute_path)
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise PlanValidationError(
+            f"{source}: invalid at {path or '<document>'}: {_short(err.message)}{more}. Remedy: fix that field, "
+            f"or re-create the plan with `parallelizer plan` (schema: parallelizer/{SCHEMA_FILE}).", path)
+    return data
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ------------------------------------------------------------------------------------------ views
+Table = tuple[str, list[str], list[list[str]]]  # (title, header, rows)
+
+
+def plan_tables(plan, all_positions: bool = False) -> list[Table]:
+    """The plan as titled tables (module docstring). Per-block rows show the main ops only unless
+    `all_positions`; a block row says whether every member of the group has the same strategy."""
+    c = plan.cost
+    tables: list[Table] = []
+    cl = plan.cluster
+    rows = [[name, str(size)] for name, size in zip(plan.mesh.axis_names, plan.mesh.shape)]
+    rows.append(["devices", str(plan.mesh.world_size)])
+    if cl:
+        rows.append(["cluster", f"{cl['spec'] or 'custom'}: {cl['num_nodes']} x {cl['devices_per_node']} {cl['device']}"])
+        rows.append(["links", f"intra {cl['intra_node_link']['name']} {_gbps(cl['intra_node_link'])}, "
+                              f"inter {cl['inter_node_link']['name']} {_gbps(cl['inter_node_link'])}"])
+    batch = plan.model.get("batch")
+    if batch:
+        rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
+    tables.append(("Mesh", ["axis", "size"], rows))
+    total = c.total_s or 1.0
+    rows = [["compute", f"{c.compute_s * 1e3:.3f}", f"{c.compute_s / total:.1%}"]]
+    rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]
+    rows.append(["total", f"{c.total_s * 1e3:.3f}", "100.0%"])
+    tables.append(("Estimated step time", ["part", "ms", "share"], rows))
+    budget = plan.config.get("memory_budget_bytes")
+    rows = [[k, f"{v / 1e9:.3f}"] for k, v in c.memory_bytes.items()]
+    if budget:
+        rows.append(["budget", f"{budget / 1e9:.3f}"])
+    tables.append(("Memory per device", ["category", "GB"], rows))
+    tables += _block_tables(plan, all_positions)
+    tables.append(_param_table(plan))
+    counts: dict[tuple[str, str], int] = {}
+    for _, st in plan.steps():
+        key = (st.kind, st.mesh_axis)
+        counts[key] = counts.get(key, 0) + 1
+    tables.append(("Redistribution steps", ["kind", "mesh axis", "count"],
+                   [[k, a, str(n)] for (k, a), n in sorted(counts.items())]))
+    s = plan.solver
+    tables.append(("Solver", ["field", "value"], [
+        ["solver", s.solver], ["status", s.status + (" (proven optimal)" if s.optimal else "")],
+        ["gap", "n/a" if s.gap is None else f"{s.gap:.2e}"], ["variables", f"{s.num_variables} ({s.num_binary} binary)"],
+        ["constraints", str(s.num_constraints)], ["groups", str(s.num_groups)],
+        ["objective", f"{s.objective_s * 1e3:.3f} ms"]]))
+    tables.append(("Fallbacks (replicated, no sharding rule)", ["node", "op", "reason"],
+                   [[f.node, f.op, f.reason] for f in plan.fallbacks]))
+    return tables
+
+
+def _gbps(link: dict) -> str:
+    return f"{link['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s, {link['latency_s'] * 1e6:.1f} us"
+
+
+def _strategy(node) -> str:
+    return f"{' '.join(node.inputs)} -> {node.output}"
+
+
+def _block_tables(plan, all_positions: bool) -> list[Table]:
+    """Per block group: one row per position (member 0's node), its strategy, and how many members agree."""
+    tables, in_blocks = [], set()
+    for b in plan.model.get("blocks", []):
+        rows = []
+        for pos, name in enumerate(b["nodes"][0]):
+            in_blocks.update(m[pos] for m in b["nodes"])
+            node = plan.nodes.get(name)
+            if node is None or node.op in ("placeholder", "output"):
+                continue
+            if not all_positions and not any(k in node.op for k in _MAIN_OPS):
+                continue
+            same = sum(_strategy(plan.nodes[m[pos]]) == _strategy(node) for m in b["nodes"] if m[pos] in plan.nodes)
+            rows.append([str(pos), name, node.op.removeprefix("aten.").removesuffix(".default"), _strategy(node),
+                         f"{same}/{len(b['nodes'])}"])
+        tables.append((f"Block {b['name']} ({len(b['members'])} x {b['module_type']}), strategies of member 0",
+                       ["pos", "node (member 0)", "op", "inputs -> output", "same in"], rows))
+    rows = [[n, p.op.removeprefix("aten.").removesuffix(".default"), _strategy(p)] for n, p in plan.nodes.items()
+            if n not in in_blocks and p.op not in ("placeholder", "output")
+            and (all_positions or any(k in p.op for k in _MAIN_OPS))]
+    tables.append(("Outside repeated blocks" if plan.model.get("blocks") else "Main ops",
+                   ["node", "op", "inputs -> output"], rows))
+    return tables
+
+
+def _param_table(plan) -> Table:
+    """Parameters with block indices folded ("h.*.attn.c_attn.weight") when every member agrees."""
+    groups: dict[str, list] = {}
+    for p in plan.params.values():
+        groups.setdefault(re.sub(r"\.\d+\.", ".*.", p.fqn, count=1), []).append(p)
+    rows = []
+    for pattern, ps in groups.items():
+        if len({(p.stored, p.local_shape) for p in ps}) == 1 and len(ps) > 1:
+            rows.append(_param_row(pattern + f" (x{len(ps)})", ps[0]))
+        else:
+            rows += [_param_row(p.fqn, p) for p in ps]
+    return ("Parameter stored layouts", ["parameter", "shape", "stored", "local shape"], rows)
+
+
+def _param_row(name: str, p) -> list[str]:
+    kind = " (buffer)" if p.is_buffer else ""
+    return [name + kind, str(tuple(p.shape)), p.stored, str(tuple(p.local_shape))]
+
+
+def plan_text(plan, all_positions: bool = False) -> str:
+    """All `plan_tables` as aligned text tables."""
+    out = [f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms, "
+           f"{plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"]
+    for title, header, rows in plan_tables(plan, all_positions):
+        out.append("")
+        out.append(f"## {title}")
+        if not rows:
+            out.append("(none)")
+            continue
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        out.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        out.append("  ".join("-" * w for w in widths))
+        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(out)
+
+
+def plan_html(plan, max_rows: int = 60) -> str:
+    """All `plan_tables` as HTML (the notebook display of `Plan`); long tables are cut at `max_rows`."""
+    esc = html.escape
+    parts = [f"<div><b>Plan on mesh {esc(str(plan.mesh))}</b>: estimated step "
+             f"{plan.cost.total_s * 1e3:.3f} ms, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"]
+    for title, header, rows in plan_tables(plan):
+        parts.append(f"<details{' open' if len(rows) <= 12 else ''}><summary>{esc(title)} ({len(rows)})</summary>"
+                     "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+        for r in rows[:max_rows]:
+            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>")
+        if len(rows) > max_rows:
+            parts.append(f"<tr><td colspan='{len(header)}'>... {len(rows) - max_rows} more</td></tr>")
+        parts.append("</table></details>")
+    parts.append("</div>")
+    return "\n".join(parts)

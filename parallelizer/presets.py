@@ -1,0 +1,165 @@
+"""Named models for the CLI and the demo, as JSON-able recipes (no code is ever stored in a plan).
+
+A recipe is {"preset": name, "builder": zoo builder, "kwargs": {...}} or {"factory": "package.module:fn",
+"kwargs": {...}}; `build(recipe, device)` turns it into `(model, example_inputs)`, and the plan keeps the
+recipe (`Plan.model["recipe"]`) so that `parallelizer rehearse plan.json` can rebuild the model.
+
+Presets: the zoo's small defaults under their family names for `mlp` and `gpt` (in-repo toys); published
+sizes for `gpt2` (= gpt2-small, Radford et al. 2019: 12 layers, 768 hidden, 12 heads, vocab 50257),
+gpt2-medium/-large/-xl (24/1024/16, 36/1280/20, 48/1600/25), `llama` (= llama2-7b, Touvron et al. 2023,
+Table 1), `bert` (= bert-base, Devlin et al. 2019: 12/768/12, vocab 30522) and `vit` (= vit-base,
+Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). `--config` overrides any config field.
+
+`reduced(recipe, world_size)` keeps the structure (layer count, GQA or not, tied weights) and shrinks widths,
+heads, vocabulary, batch and sequence so that every dim is a multiple of the device count: the plan's node
+names stay the same (they depend on structure only) and every sharded dim stays divisible.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+
+import torch
+
+from . import zoo
+
+_GPT2 = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)
+PRESETS: dict[str, tuple[str, dict]] = {
+    "mlp": ("mlp", {}),
+    "gpt": ("gpt", {}),
+    "gpt2": ("gpt2", _GPT2),
+    "gpt2-small": ("gpt2", _GPT2),
+    "gpt2-medium": ("gpt2", dict(_GPT2, n_layer=24, n_embd=1024, n_head=16)),
+    "gpt2-large": ("gpt2", dict(_GPT2, n_layer=36, n_embd=1280, n_head=20)),
+    "gpt2-xl": ("gpt2", dict(_GPT2, n_layer=48, n_embd=1600, n_head=25)),
+    "llama": ("llama", zoo.llama2_7b_config()),
+    "llama2-7b": ("llama", zoo.llama2_7b_config()),
+    "bert": ("bert", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                          vocab_size=30522)),
+    "vit": ("vit", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        image_size=224, patch_size=16)),
+}
+PRESETS["bert-base"], PRESETS["vit-base"] = PRESETS["bert"], PRESETS["vit"]
+
+
+def recipe(model: str, config: dict | None = None, batch: int | None = None, seq_len: int | None = None) -> dict:
+    """The recipe of a preset name or a "package.module:factory" with config overrides, batch and seq_len.
+
+    Raises:
+        ValueError: unknown preset (lists them), or --seq-len for a model without a sequence (vit, mlp).
+    """
+    config = dict(config or {})
+    if ":" in model:
+        kwargs = dict(config)
+        fn = _factory(model)
+        for key, value in (("batch", batch), ("seq_len", seq_len)):
+            if value is not None and _accepts(fn, key):
+                kwargs[key] = value
+        return {"factory": model, "kwargs": kwargs}
+    if model not in PRESETS:
+        raise ValueError(f"unknown model {model!r}: use a preset ({', '.join(sorted(PRESETS))}) or "
+                         "'package.module:factory' returning (model, example_inputs) or a model")
+    builder, base = PRESETS[model]
+    kwargs = {**base, **config}
+    fn = zoo.BUILDERS[builder]
+    if batch is not None:
+        kwargs["batch"] = batch
+    if seq_len is not None:
+        if not _accepts(fn, "seq_len"):
+            raise ValueError(f"model {model!r} has no sequence length: drop --seq-len")
+        kwargs["seq_len"] = seq_len
+    return {"preset": model, "builder": builder, "kwargs": kwargs}
+
+
+def build(recipe: dict, device: str = "meta") -> tuple[torch.nn.Module, tuple]:
+    """`(model, example_inputs)` of a recipe on `device` ("meta": shapes only; "cpu": seeded random weights).
+
+    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. A factory
+    returning only a transformers model gets token ids (batch, seq_len) from `config.vocab_size`.
+    Raises:
+        ValueError: the factory cannot be imported, or returned a model without example inputs (remedy).
+    """
+    kwargs = dict(recipe["kwargs"])
+    if "factory" not in recipe:
+        return zoo.BUILDERS[recipe["builder"]](device=device, **kwargs)
+    fn = _factory(recipe["factory"])
+    if _accepts(fn, "device"):
+        out = fn(device=device, **kwargs)
+    else:
+        with torch.device(device):
+            out = fn(**kwargs)
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module):
+        model, inputs = out
+        return model, inputs if isinstance(inputs, tuple) else (inputs,)
+    vocab = getattr(getattr(out, "config", None), "vocab_size", None)
+    if isinstance(out, torch.nn.Module) and vocab:
+        ids = torch.randint(0, vocab, (kwargs.get("batch", 2), kwargs.get("seq_len", 32)),
+                            generator=torch.Generator().manual_seed(0))
+        return out, (ids.to(device),)
+    raise ValueError(f"factory {recipe['factory']} returned {type(out).__name__}: return (model, example_inputs), "
+                     "or a transformers model with config.vocab_size (token-id inputs are then made for it)")
+
+
+def build_cpu(**recipe) -> tuple[torch.nn.Module, tuple]:
+    """`build(recipe, "cpu")` as a module-level `model_fn(**kwargs)` for `runtime.rehearsal.rehearse`."""
+    return build(recipe, "cpu")
+
+
+def reduced(recipe: dict, world_size: int) -> dict:
+    """The recipe at reduced width with the same structure (module docstring).
+
+    Raises:
+        ValueError: a factory recipe (its config keys are unknown: rehearse it at its own width or pass a
+            smaller --config when planning).
+    """
+    if "factory" in recipe:
+        raise ValueError(f"cannot shrink factory model {recipe['factory']}: its config keys are unknown. Remedy: "
+                         "plan it with a small --config, then rehearse at real width (--width real)")
+    w = world_size
+    up = lambda n: w * math.ceil(n / w)  # noqa: E731 - smallest multiple of w that is >= n
+    heads = up(4)
+    hidden, vocab, batch, seq = 16 * heads, up(256), up(4), up(16)
+    kw = dict(recipe["kwargs"])
+    b = recipe["builder"]
+    if b == "gpt2":
+        kw.update(n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=max(64, seq))
+        kw.pop("n_inner", None)
+    elif b == "gpt":
+        kw.update(n_embd=hidden, n_head=heads, vocab_size=vocab, block_size=seq)
+    elif b == "llama":
+        gqa = kw.get("num_key_value_heads", kw.get("num_attention_heads")) != kw.get("num_attention_heads")
+        heads = 2 * up(2) if gqa else heads
+        hidden = 16 * heads
+        kw.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads // 2 if gqa else heads,
+                  intermediate_size=up(3 * hidden), vocab_size=vocab, max_position_embeddings=max(64, seq))
+    elif b in ("bert", "vit"):
+        kw.update(hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden)
+        if b == "bert":
+            kw.update(vocab_size=vocab, max_position_embeddings=max(64, seq))
+        else:
+            kw.update(image_size=32, patch_size=8)
+    elif b == "mlp":
+        kw.update(in_features=up(8), dim=up(16), hidden=up(64), out_features=up(4))
+    if "batch" in kw or b in ("mlp", "vit"):
+        kw["batch"] = batch
+    if "seq_len" in kw:
+        kw["seq_len"] = seq
+    return {**recipe, "kwargs": kw}
+
+
+def _factory(spec: str):
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import model factory {spec!r} ({exc}); use 'package.module:function' with the "
+                         "package importable (on sys.path / installed)") from exc
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -1,0 +1,62 @@
+"""`parallelizer.auto_parallelize`: one process, a saved plan (checked, not re-solved), typed errors; and the
+torchrun example on 4 real gloo ranks."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.errors import ParallelizerError, PlanMismatchError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    """auto_parallelize outside a launcher creates a one-process gloo group; do not leak it to other tests."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _mlp(**sizes):
+    return zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4, **sizes)
+
+
+def test_single_process_matches_the_model_and_keeps_the_plan():
+    model, inputs = _mlp()
+    pm = parallelizer.auto_parallelize(model, inputs, cluster="h100:1x1")
+    assert isinstance(pm.plan, parallelizer.Plan) and pm.plan.mesh.shape == (1,)
+    torch.testing.assert_close(pm(*inputs), model(*inputs))
+
+
+def test_saved_plan_is_applied_after_its_fingerprint_check(tmp_path):
+    model, inputs = _mlp()
+    path = tmp_path / "plan.json"
+    parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 1}).save(path)
+    pm = parallelizer.auto_parallelize(model, inputs, plan=str(path))
+    assert pm.plan.to_json() == parallelizer.Plan.load(path).to_json()
+    other, other_inputs = _mlp(depth=3)
+    with pytest.raises(PlanMismatchError, match=r"parameter blocks\.2\.up\.weight: in the model, not in the plan"):
+        parallelizer.auto_parallelize(other, other_inputs, plan=path)
+
+
+def test_typed_errors_with_remedies():
+    model, inputs = _mlp()
+    with pytest.raises(ParallelizerError, match=r"mesh \(dp=4\) has 4 devices but this job has 1 rank.*torchrun"):
+        parallelizer.auto_parallelize(model, inputs, mesh={"dp": 4})
+
+
+@pytest.mark.distributed
+def test_torchrun_example_trains_on_four_ranks():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--nproc-per-node", "4", "examples/torchrun_auto_parallelize.py",
+                           "--steps", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "trained 3 steps on (dp=2, tp=2): losses match single device" in proc.stdout
+    assert proc.stdout.count("step ") >= 3

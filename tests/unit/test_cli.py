@@ -1,0 +1,84 @@
+"""`parallelizer` CLI in-process: plan -> show -> Plan.load round trip, determinism, mesh search, errors."""
+import pytest
+import torch
+
+from parallelizer import cli, zoo
+from parallelizer.planner import Plan
+
+GPT = ["--model", "gpt", "--config", "n_layer=2,n_embd=32,n_head=2,vocab_size=64,block_size=16",
+       "--global-batch", "4", "--no-progress"]
+
+
+def tiny_factory(batch: int = 4, width: int = 16):
+    """A user factory for `--model test_cli:tiny_factory` (returns (model, example_inputs))."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
+    return model, (torch.randn(batch, 8),)
+
+
+def test_plan_show_load_round_trip_and_determinism(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "-o", str(out)]) == 0
+    first = out.read_bytes()
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "-o", str(out)]) == 0
+    assert out.read_bytes() == first  # byte-identical
+    capsys.readouterr()
+    assert cli.main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    for title in ("## Mesh", "## Estimated step time", "## Memory per device", "## Block h.* (2 x", "## Fallbacks"):
+        assert title in shown
+    plan = Plan.load(out)
+    assert plan.model["recipe"] == {"preset": "gpt", "builder": "gpt", "kwargs": {
+        "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_size": 16, "batch": 4}}
+    assert plan.to_json() + "\n" == first.decode()
+    model, inputs = zoo.gpt(n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16, batch=4, device="meta")
+    import parallelizer
+    Plan.load(out, traced=parallelizer.trace(model, inputs), mesh={"dp": 2})  # made for this model: no error
+
+
+def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "test_cli:tiny_factory", "--config", "width=32", "--cluster", "h100:1x4",
+                     "--global-batch", "8", "--no-progress", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "mesh search over 3 meshes of 4 devices" in text and "<- chosen" in text
+    plan = Plan.load(out)
+    assert plan.mesh.world_size == 4 and plan.model["recipe"]["factory"] == "test_cli:tiny_factory"
+    assert plan.model["inputs"] == {"input": [8, 8]}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--model", "nosuch", "--no-progress"], "unknown model 'nosuch'"),
+    (["plan", *GPT, "--mesh", "dp=two"], "--mesh 'dp=two'"),
+    (["plan", *GPT, "--cluster", "tpu:1x8"], "unknown cluster preset"),
+    (["plan", *GPT, "--global-batch", "5", "--grad-accum", "2"], "multiple of --grad-accum"),
+])
+def test_bad_input_exits_2_with_a_message(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_rehearse_checks_nproc_and_malformed_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "-o", str(out)]) == 0
+    assert cli.main(["rehearse", str(out), "--nproc", "4"]) == 2
+    assert "has 2 devices but --nproc is 4" in capsys.readouterr().err
+    out.write_text(out.read_text().replace('"optimal": true', '"optimal": "yes"'))
+    assert cli.main(["show", str(out)]) == 2
+    assert "invalid at solver/optimal" in capsys.readouterr().err
+
+
+def test_parse_helpers():
+    assert cli.parse_kv("n_layer=24,bias=false,name=x", "--config") == {"n_layer": 24, "bias": False, "name": "x"}
+    assert cli.parse_mesh("dp=4,tp=2").shape == (4, 2)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        cli.parse_kv("n_layer", "--config")
+
+
+@pytest.mark.distributed
+def test_rehearse_reduced_width_on_two_ranks(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "mlp", "--config", "dim=256,hidden=1024", "--global-batch", "64",
+                     "--cluster", "h100:1x2", "--mesh", "dp=2", "--no-progress", "-o", str(out)]) == 0
+    assert cli.main(["rehearse", str(out), "--nproc", "2", "--width", "reduced", "--timeout", "120"]) == 0
+    text = capsys.readouterr().out
+    assert "reduced width" in text and "numerics match on 2 ranks" in text
