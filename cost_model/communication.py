@@ -45,18 +45,25 @@ all-gather to nbytes; reduce_scatter is its mirror. all_to_all sends (g-1)/n of 
 intra-node link and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node
 then an intra-node broadcast. send_recv between neighbours of a group that spans nodes is priced on
 the inter-node link (the slowest hop bounds a pipeline).
+
+Per-kind overrides (``Link.per_kind``, see :mod:`cost_model.topology`): wherever a formula above uses
+alpha/beta of a link for a collective of some kind, it uses ``link.alpha_beta(kind)``, i.e. the link's
+override for that kind when it has one; the step and byte factors stay those of the tables. In the
+two-level algorithm each phase is priced with the override of the phase's own kind on the phase's link
+(e.g. a cross-node all_reduce = intra reduce_scatter + inter all_reduce + intra all_gather uses the
+intra link's reduce_scatter and all_gather overrides and the inter link's all_reduce override);
+all_to_all's per-peer messages use the ``"all_to_all"`` override of each link.
 """
 
 from __future__ import annotations
 
 import math
 
-from cost_model.topology import Link, MeshTopology
+from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s",
            "collective_time_s"]
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 ALGORITHMS = ("ring", "tree")
 
 
@@ -97,6 +104,8 @@ def alpha_beta_coefficients(kind: str, num_ranks: int, algorithm: str = "ring") 
 def flat_collective_time_s(kind: str, nbytes: float, num_ranks: int, link: Link, algorithm: str = "ring") -> float:
     """Seconds for ``kind`` on ``num_ranks`` ranks all connected by ``link`` (no hierarchy).
 
+    Uses ``link.alpha_beta(kind)``: the link's per-kind override for ``kind`` if it has one.
+
     Args:
         nbytes: bytes in the nccl-tests convention (module docstring), >= 0.
 
@@ -108,7 +117,8 @@ def flat_collective_time_s(kind: str, nbytes: float, num_ranks: int, link: Link,
     steps, factor = alpha_beta_coefficients(kind, num_ranks, algorithm)
     if nbytes == 0 or steps == 0:
         return 0.0
-    return steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s
+    latency_s, bandwidth_bytes_per_s = link.alpha_beta(kind)
+    return steps * latency_s + factor * nbytes / bandwidth_bytes_per_s
 
 
 def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str,
@@ -117,7 +127,8 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
 
     Several axes (e.g. ``("dp", "tp")``) form one group whose size is the product of their sizes.
     A group inside one node is priced flat on the intra-node link; a group spanning nodes uses the
-    two-level algorithm of the module docstring. ``algorithm`` applies to the cross-node all-reduce /
+    two-level algorithm of the module docstring. Each (phase) collective uses its link's per-kind
+    override when the link has one for that kind (module docstring). ``algorithm`` applies to the cross-node all-reduce /
     broadcast phase and to single-node groups.
 
     Args:
@@ -151,8 +162,9 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
         return (flat_collective_time_s(kind, nbytes / g, m, inter)
                 + flat_collective_time_s(kind, nbytes, g, intra))
     if kind == "all_to_all":
-        return ((g - 1) * (intra.latency_s + nbytes / n / intra.bandwidth_bytes_per_s)
-                + (n - g) * (inter.latency_s + nbytes / n / inter.bandwidth_bytes_per_s))
+        (intra_alpha, intra_beta), (inter_alpha, inter_beta) = intra.alpha_beta(kind), inter.alpha_beta(kind)
+        return ((g - 1) * (intra_alpha + nbytes / n / intra_beta)
+                + (n - g) * (inter_alpha + nbytes / n / inter_beta))
     if kind == "broadcast":
         return (flat_collective_time_s("broadcast", nbytes, m, inter, algorithm)
                 + flat_collective_time_s("broadcast", nbytes, g, intra, algorithm))

@@ -8,6 +8,16 @@ quantity nccl-tests' "bus bandwidth" saturates at (nccl-tests doc/PERFORMANCE.md
 "600 GB/s bidirectional" GPU is 300 GB/s here, and a node with one 200 Gb/s InfiniBand HCA per GPU is
 25 GB/s per GPU across nodes. ``Link.latency_s`` (alpha) is the per-step latency of one message hop.
 
+Per-collective overrides (``Link.per_kind``)
+--------------------------------------------
+A real library does not keep the textbook ratios between collectives (gloo's all_gather, for one, is
+slower relative to its all_reduce than the ring formulas say). ``Link.per_kind`` maps a collective kind
+(one of :data:`COLLECTIVE_KINDS`) to its own ``(latency_s, bandwidth_bytes_per_s)``. The rule: for that
+kind the override **replaces** alpha and beta of that link; the algorithm's step and byte factors
+(:func:`cost_model.communication.alpha_beta_coefficients`) still apply, so an override must be fitted in
+that same factor space (as :func:`cost_model.calibrate.fit_link` does). A kind without an override uses
+the link's ``latency_s`` / ``bandwidth_bytes_per_s``. The presets carry no overrides.
+
 Mesh layout
 -----------
 Global ranks are laid out row-major over ``mesh_shape``: the LAST mesh axis varies fastest, so it is
@@ -23,15 +33,27 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 from cost_model.hardware import A100_80GB, H100_SXM, H200_SXM, DeviceSpec
 
-__all__ = ["Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
+__all__ = ["COLLECTIVE_KINDS", "Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
            "CLUSTER_PRESETS", "get_cluster"]
 
 GB = 1e9
+# The collective kinds priced by cost_model.communication (defined here so a Link can validate its
+# per-kind overrides; cost_model.communication re-exports it).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+
+
+def _check_alpha_beta(where: str, latency_s: object, bandwidth_bytes_per_s: object) -> None:
+    if not (isinstance(latency_s, (int, float)) and not isinstance(latency_s, bool) and 0 <= latency_s < 1):
+        raise ValueError(f"{where}latency_s={latency_s!r}: must be seconds in [0, 1)")
+    if not (isinstance(bandwidth_bytes_per_s, (int, float)) and not isinstance(bandwidth_bytes_per_s, bool)
+            and math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s > 0):
+        raise ValueError(f"{where}bandwidth_bytes_per_s={bandwidth_bytes_per_s!r}: must be a finite number > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +64,51 @@ class Link:
         name: label, e.g. ``"nvlink3"``.
         latency_s: alpha, seconds per message step, >= 0.
         bandwidth_bytes_per_s: beta, per-direction per-GPU bytes/s (see module docstring), > 0.
+        per_kind: optional overrides ``{kind: (latency_s, bandwidth_bytes_per_s)}`` for collective kinds
+            whose measured alpha/beta differ from the link's (module docstring: the override replaces
+            alpha/beta for that kind; step/byte factors still apply). Default: empty (no overrides).
+            Stored as a read-only mapping with sorted keys and float pairs.
 
     Raises:
-        ValueError: naming the field, value and requirement.
+        ValueError: naming the field, value and requirement (for overrides also the kind).
     """
 
     name: str
     latency_s: float
     bandwidth_bytes_per_s: float
+    per_kind: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.latency_s, (int, float)) and 0 <= self.latency_s < 1):
-            raise ValueError(f"Link.latency_s={self.latency_s!r}: must be seconds in [0, 1)")
-        if not (isinstance(self.bandwidth_bytes_per_s, (int, float)) and math.isfinite(self.bandwidth_bytes_per_s)
-                and self.bandwidth_bytes_per_s > 0):
-            raise ValueError(f"Link.bandwidth_bytes_per_s={self.bandwidth_bytes_per_s!r}: must be a finite number > 0")
+        _check_alpha_beta("Link.", self.latency_s, self.bandwidth_bytes_per_s)
+        if not isinstance(self.per_kind, Mapping):
+            raise ValueError(f"Link.per_kind={self.per_kind!r}: must be a mapping "
+                             "{kind: (latency_s, bandwidth_bytes_per_s)}")
+        overrides: dict[str, tuple[float, float]] = {}
+        for kind in sorted(self.per_kind):
+            if kind not in COLLECTIVE_KINDS:
+                raise ValueError(f"Link.per_kind key {kind!r}: unknown collective kind; use one of {COLLECTIVE_KINDS}")
+            value = self.per_kind[kind]
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+                raise ValueError(f"Link.per_kind[{kind!r}]={value!r}: must be a pair "
+                                 "(latency_s, bandwidth_bytes_per_s)")
+            latency_s, bandwidth_bytes_per_s = value
+            _check_alpha_beta(f"Link.per_kind[{kind!r}].", latency_s, bandwidth_bytes_per_s)
+            overrides[kind] = (float(latency_s), float(bandwidth_bytes_per_s))
+        # Freeze (immutable, deterministic order) so the Link stays a value.
+        object.__setattr__(self, "per_kind", MappingProxyType(overrides))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.latency_s, self.bandwidth_bytes_per_s, tuple(self.per_kind.items())))
+
+    def alpha_beta(self, kind: str) -> tuple[float, float]:
+        """``(latency_s, bandwidth_bytes_per_s)`` to price ``kind`` on this link: the override if any.
+
+        Raises:
+            ValueError: unknown ``kind``; lists the valid kinds.
+        """
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"unknown collective kind {kind!r}; use one of {COLLECTIVE_KINDS}")
+        return self.per_kind.get(kind, (self.latency_s, self.bandwidth_bytes_per_s))
 
 
 @dataclass(frozen=True, slots=True)

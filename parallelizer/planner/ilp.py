@@ -29,6 +29,9 @@ feasible point is reported as "feasible" with its gap.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -131,7 +134,8 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
     num_bin = sum(len(v) for v in x if len(v) > 1)
     solver_name, solver = _solver(config)
     start = time.perf_counter()
-    prob.solve(solver)
+    with _quiet_stdout():
+        prob.solve(solver)
     elapsed = time.perf_counter() - start
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         check_memory(problem)
@@ -145,6 +149,21 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
     optimal = prob.sol_status == pulp.LpSolutionOptimal and (gap is None or gap <= max(config.mip_rel_gap, 1e-6))
     return Solution(choice, objective_s(problem, choice), "optimal" if optimal else "feasible", optimal, gap,
                     elapsed, num_bin + num_edge, num_bin, num_cons, solver_name)
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence file descriptor 1 while solving: HiGHS (checked on highspy 1.16) prints its banner to the
+    C-level stdout on every solve even with msg=False, which clutters the CLI and notebooks."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pulp.LpVariable:

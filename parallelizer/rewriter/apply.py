@@ -55,21 +55,22 @@ class RankProgram:
     collectives: dict[str, int] = field(default_factory=dict)
 
 
-def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int) -> RankProgram:
+def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | torch.device = "cpu") -> RankProgram:
     """Emit the sharded GraphModule of `rank` (its index on `spec.mesh`; the groups it calls collectives on
-    are shifted by `spec.rank_offset`) for the decisions in `spec`.
+    are shifted by `spec.rank_offset`) for the decisions in `spec`. Ops of a graph traced on `meta` that
+    create tensors get `device` instead (the rank's device: "cpu" under gloo, its GPU under nccl).
 
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh).
         IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
     """
-    return _Rewriter(traced, spec, rank).run()
+    return _Rewriter(traced, spec, rank, torch.device(device)).run()
 
 
 class _Rewriter:
-    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int) -> None:
-        self.traced, self.spec, self.mesh, self.rank = traced, spec, spec.mesh, rank
+    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, device: torch.device) -> None:
+        self.traced, self.spec, self.mesh, self.rank, self.device = traced, spec, spec.mesh, rank, device
         self.groups = {axis: [r + spec.rank_offset for r in ranks]
                        for axis, ranks in axis_ranks(spec.mesh, rank).items()}
         self.graph = torch.fx.Graph()
@@ -132,6 +133,8 @@ class _Rewriter:
         delivered = iter([self._redistribute(arg, dst, grad_axes[i])
                           for i, (arg, dst) in enumerate(zip(tensor_args, sharding.inputs))])
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(delivered))
+        if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
+            kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
         out_shape = info.outputs[0].shape if info.outputs else None
         ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape)
         if not tensor_args and not sharding.output.is_replicated:   # created from nothing, then sliced

@@ -53,16 +53,20 @@ def run_outputs(rank: int, world_size: int, model_fn, spec) -> list[torch.Tensor
     return [out.detach()] if isinstance(out, torch.Tensor) else [t.detach() for t in out]
 
 
-def meta_vs_reference(rank: int, world_size: int, spec, kwargs: dict) -> float:
-    """Build the GPT on `meta`, materialise only local shards, gather them; compare with a CPU model
-    initialised by the same rule. Returns the largest absolute difference (0.0 expected)."""
+def meta_vs_reference(rank: int, world_size: int, spec, kwargs: dict) -> tuple[float, float]:
+    """Build the GPT on `meta`, materialise only local shards, gather them and run a forward on real
+    inputs; compare with a CPU model initialised by the same rule. Returns the largest absolute
+    differences of (parameters, outputs); (0.0, ~0.0) expected."""
     from parallelizer import zoo
     from parallelizer.rewriter.state import init_model_like_shards
 
-    meta_model, inputs = zoo.gpt(device="meta", **kwargs)
-    pm = ParallelModule(trace(meta_model, inputs), spec, rank, meta_model)
+    meta_model, meta_inputs = zoo.gpt(device="meta", **kwargs)
+    pm = ParallelModule(trace(meta_model, meta_inputs), spec, rank, meta_model)
     assert all(p.device.type == "cpu" for p in pm.parameters())
     create_groups(all_axis_groups(spec.mesh))
     gathered = pm.full_state_dict()
-    reference = init_model_like_shards(zoo.gpt(**kwargs)[0])
-    return max((gathered[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    reference, inputs = zoo.gpt(**kwargs)
+    init_model_like_shards(reference)
+    params = max((gathered[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    outputs = (pm(*inputs) - reference(*inputs)).abs().max().item()
+    return params, outputs

@@ -120,10 +120,12 @@ def test_dropout_masks_differ_across_shards_and_agree_on_replicas():
 
 def test_meta_model_materialises_only_local_shards():
     """A model built on `meta` gets its local shards initialised per rank (counter-based, no full tensor);
-    gathered, they equal a CPU model initialised by the same rule, bit for bit."""
+    gathered, they equal a CPU model initialised by the same rule, bit for bit, and its program (traced on
+    meta, run on CPU) computes the same outputs."""
     kwargs = dict(n_layer=2, n_embd=2048, n_head=16, vocab_size=4096, block_size=64, batch=8, seq_len=64)
     traced = parallelizer.trace(*zoo.gpt(device="meta", **kwargs))
     plan = _plan(traced, {"tp": 2}, data_axes=())
     assert any(p.stored != "R" for p in plan.params.values())
     small = dict(kwargs, n_embd=64, n_head=4, vocab_size=256)
-    assert spawn(meta_vs_reference, 2, spec_from_plan(plan), small) == [0.0, 0.0]
+    for params, outputs in spawn(meta_vs_reference, 2, spec_from_plan(plan), small):
+        assert params == 0.0 and outputs < 1e-5  # the program traced on meta runs on CPU tensors
