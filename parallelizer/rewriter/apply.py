@@ -29,7 +29,7 @@ from ..core.redistribute import Step, edge_steps
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph
 from . import collectives, localize
-from .spec import ShardingSpec, axis_ranks
+from .spec import ShardingSpec, axis_ranks, squeeze_trivial_axes
 
 
 @dataclass
@@ -70,6 +70,7 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
 
 class _Rewriter:
     def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, device: torch.device) -> None:
+        spec = squeeze_trivial_axes(spec)
         self.traced, self.spec, self.mesh, self.rank, self.device = traced, spec, spec.mesh, rank, device
         self.groups = {axis: [r + spec.rank_offset for r in ranks]
                        for axis, ranks in axis_ranks(spec.mesh, rank).items()}

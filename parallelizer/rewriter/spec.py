@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.layout import Layout
+from ..core.layout import Layout, Replicate
 from ..core.mesh import MeshSpec
 
 
@@ -77,6 +77,25 @@ def all_axis_groups(mesh: MeshSpec) -> list[list[int]]:
             if len(ranks) > 1 and ranks not in groups:
                 groups.append(ranks)
     return groups
+
+
+def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
+    """The same decisions with every placement on a size-1 mesh axis made Replicate: one rank holds the
+    whole tensor there (a shard of one, a sum of one), so no step is emitted on such an axis and a mesh of
+    one device runs the eager program with no collectives."""
+    trivial = [i for i, size in enumerate(spec.mesh.shape) if size == 1]
+    if not trivial:
+        return spec
+
+    def squeeze(layout: Layout) -> Layout:
+        out = layout
+        for i in trivial:
+            out = out.with_axis(i, Replicate())
+        return out
+
+    nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
+    return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
+                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset)
 
 
 def spec_from_plan(plan) -> ShardingSpec:

@@ -21,7 +21,7 @@ from ..core.redistribute import Step
 from ..errors import ParallelizerError
 from ..tracer.graph import TracedGraph
 from .apply import RankProgram, _tensor_args
-from .spec import ShardingSpec
+from .spec import ShardingSpec, squeeze_trivial_axes
 
 
 class VerificationError(ParallelizerError):
@@ -30,6 +30,7 @@ class VerificationError(ParallelizerError):
 
 def verify(program: RankProgram, traced: TracedGraph, spec: ShardingSpec) -> None:
     """Check `program` (module docstring). Raises VerificationError on the first disagreement."""
+    spec = squeeze_trivial_axes(spec)  # as the rewriter saw it
     _check_layouts(program, traced, spec)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _ShapeRun(program, traced, spec).run(*_fake_inputs(program, traced, spec))

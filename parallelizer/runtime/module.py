@@ -75,7 +75,8 @@ class ParallelModule(torch.nn.Module):
         """Gather every parameter and buffer to its full tensor (collective: call on all ranks).
 
         Keys are the original FQNs including tied aliases, so `model.load_state_dict(sd, strict=True)`
-        works on the unparallelised model.
+        works on the unparallelised model. Like `nn.Module.state_dict`, a tensor stored replicated shares
+        storage with the live parameter: clone it to keep a snapshot across optimizer steps.
         """
         out = {}
         for fqn, local in zip(self.program.state_fqns, self._state()):

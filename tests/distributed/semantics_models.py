@@ -70,3 +70,26 @@ def meta_vs_reference(rank: int, world_size: int, spec, kwargs: dict) -> tuple[f
     params = max((gathered[k] - v).abs().max().item() for k, v in reference.state_dict().items())
     outputs = (pm(*inputs) - reference(*inputs)).abs().max().item()
     return params, outputs
+
+
+def state_dict_round_trip(rank: int, world_size: int, spec, kwargs: dict) -> dict:
+    """full_state_dict of a sharded GPT-2 (tied) vs the original model, strict load both ways."""
+    from parallelizer import zoo
+
+    model, inputs = zoo.gpt2(**kwargs)
+    pm = ParallelModule(trace(model, inputs), spec, rank, model)
+    create_groups(all_axis_groups(spec.mesh))
+    full = pm.full_state_dict()  # like nn.Module.state_dict, replicated tensors share the live storage
+    original = model.state_dict()
+    result = {"keys_equal": sorted(full) == sorted(original),
+              "bitwise": all(torch.equal(full[k], v) for k, v in original.items()),
+              "sharded": any(tuple(p.shape) != tuple(original[f].shape) for f, p in pm.named_parameters())}
+    fresh = zoo.gpt2(**kwargs, seed=1)[0]
+    missing = fresh.load_state_dict(full, strict=True)
+    result["strict_load_ok"] = (not missing.missing_keys and not missing.unexpected_keys
+                                and all(torch.equal(fresh.state_dict()[k], v) for k, v in original.items()))
+    other = zoo.gpt2(**kwargs, seed=2)[0].state_dict()
+    pm.load_full_state_dict(other)
+    back = pm.full_state_dict()
+    result["reverse_bitwise"] = all(torch.equal(back[k], v) for k, v in other.items())
+    return result

@@ -90,3 +90,23 @@ def test_mesh_groups_are_row_major():
         {"dp": [0, 2], "tp": [0, 1]}, {"dp": [1, 3], "tp": [0, 1]},
         {"dp": [0, 2], "tp": [2, 3]}, {"dp": [1, 3], "tp": [2, 3]}]
     assert mesh_coords(MeshSpec(("pp", "dp", "tp"), (2, 2, 2)), 5) == (1, 0, 1)
+
+
+def test_size_one_mesh_reproduces_eager_with_no_collectives():
+    """A plan on a mesh of one device gives a program without collectives that computes what eager does
+    (no process group needed); placements on size-1 axes are treated as Replicate."""
+    import contextlib
+    import io
+
+    model, (ids,) = zoo.gpt2(n_layer=2)
+    traced = parallelizer.trace(model, (ids,))
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"dp": 1})
+    program = parallelizer.rewrite(traced, plan, rank=0)
+    assert program.collectives == {}
+    assert "collectives" not in program.graph_module.code
+    state = [dict(model.named_parameters())[f] for f in program.state_fqns]
+    out = program.graph_module(*state, ids)
+    torch.testing.assert_close(out[0], model(ids).logits, rtol=0, atol=0)
+    spec = data_parallel_spec(traced, MeshSpec(("dp",), (1,)), zero3=True)  # S(0) on a size-1 axis
+    assert rewrite(traced, spec, rank=0).collectives == {}
