@@ -15,8 +15,18 @@ Compute is measured with one intra-op thread (:func:`calibration_threads`), like
   ``t = steps * alpha + factor * nbytes / beta`` using exactly the coefficients of
   :func:`cost_model.communication.alpha_beta_coefficients` (ring), so the fitted Link reproduces the
   measurements through :func:`cost_model.collective_time_s`.
+* per-kind overrides: gloo does not keep the textbook ratio between its all_gather and its all_reduce
+  (its all_gather is relatively slower), so one joint alpha/beta misprices both. alpha/beta are therefore
+  also fitted per measured kind, in the same factor space (same ring coefficients, same relative-error
+  least squares, one kind's samples at a time), and stored as ``Link.per_kind`` overrides, which
+  :func:`cost_model.collective_time_s` uses for that kind (rule in :mod:`cost_model.topology`). The joint
+  fit stays the link's own alpha/beta and prices the kinds without an override (all_to_all, broadcast,
+  send_recv). reduce_scatter is not measured by default: it **reuses all_gather's fit**
+  (:data:`REUSED_KIND_FITS`; ring reduce_scatter is all_gather's mirror, same steps and bytes factor);
+  pass ``kinds=(..., "reduce_scatter")`` to :func:`calibrate` to measure and fit it instead.
 
-The profile JSON has sorted keys. ``python -m cost_model.calibrate -o profile.json`` writes one.
+The profile JSON has sorted keys. Format version 2 adds the optional ``per_kind`` object to each link
+(``{kind: {"latency_s", "bandwidth_bytes_per_s"}}``); version-1 files (no overrides) still load. ``python -m cost_model.calibrate -o profile.json`` writes one.
 """
 
 from __future__ import annotations
@@ -41,19 +51,24 @@ from cost_model.hardware import DeviceSpec
 from cost_model.topology import Cluster, Link
 
 __all__ = ["Profile", "calibrate", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives", "fit_link",
-           "DEFAULT_MESSAGE_SIZES_BYTES"]
+           "DEFAULT_MESSAGE_SIZES_BYTES", "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
 
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2
+_READABLE_FORMAT_VERSIONS = (1, 2)  # version 1: links without per_kind overrides
 DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22)
 DEFAULT_MATMUL_SIZES = (512, 1024, 2048)
 CALIBRATED_KINDS = ("all_reduce", "all_gather")
+MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+# A kind that is not measured borrows the per-kind fit of its mirror (same ring steps and bytes factor).
+REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
 _WORKER_TIMEOUT_S = 60
 CALIBRATION_NUM_THREADS = 1
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A calibration result: the CPU as a device, and a fitted Link per process count."""
+    """A calibration result: the CPU as a device, and a fitted Link per process count (joint alpha/beta plus
+    per-kind overrides in ``Link.per_kind``, see the module docstring)."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
@@ -146,10 +161,14 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
                 if kind == "all_reduce":
                     buf = torch.ones(numel)
                     op = lambda: dist.all_reduce(buf)  # noqa: E731
-                else:  # all_gather: nbytes is the OUTPUT size (nccl-tests convention)
+                elif kind == "all_gather":  # nbytes is the OUTPUT size (nccl-tests convention)
                     out = torch.empty(numel - numel % world_size or world_size)
                     inp = torch.ones(out.numel() // world_size)
                     op = lambda: dist.all_gather_single(out, inp)  # noqa: E731
+                else:  # reduce_scatter: nbytes is the INPUT size (nccl-tests convention)
+                    inp = torch.ones(numel - numel % world_size or world_size)
+                    out = torch.empty(inp.numel() // world_size)
+                    op = lambda: dist.reduce_scatter_single(out, inp)  # noqa: E731
                 op()  # warm-up (connection set-up, allocation)
                 samples = []
                 for _ in range(repeats):
@@ -177,8 +196,12 @@ def measure_collectives(nprocs: int, kinds: Sequence[str] = CALIBRATED_KINDS,
     Spawns ``nprocs`` processes (``torch.multiprocessing`` spawn context) on 127.0.0.1.
 
     Raises:
+        ValueError: a kind outside :data:`MEASURABLE_KINDS`.
         RuntimeError: a worker failed or no result arrived within the worker timeout (60 s); names the rank.
     """
+    unknown = [k for k in kinds if k not in MEASURABLE_KINDS]
+    if unknown:
+        raise ValueError(f"cannot measure collective kinds {unknown}; measurable: {MEASURABLE_KINDS}")
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -201,16 +224,8 @@ def measure_collectives(nprocs: int, kinds: Sequence[str] = CALIBRATED_KINDS,
     return payload
 
 
-def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted") -> Link:
-    """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
-
-    Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
-
-    Raises:
-        ValueError: fewer than 2 samples, or the fit gives no positive bandwidth.
-    """
-    if len(samples) < 2:
-        raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
+def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
+    """``(alpha_s, beta_bytes_per_s)`` minimising relative error of ``steps*alpha + factor*nbytes/beta``."""
     rows = np.array([[alpha_beta_coefficients(kind, n)[0], alpha_beta_coefficients(kind, n)[1] * nbytes]
                      for kind, n, nbytes, _ in samples], dtype=float)
     seconds = np.array([s for *_, s in samples], dtype=float)
@@ -220,9 +235,42 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
         alpha = 0.0
         inv_beta = float(np.linalg.lstsq(weighted[:, 1:], np.ones(len(samples)), rcond=None)[0][0])
     if inv_beta <= 0:
-        raise ValueError(f"fitted a non-positive inverse bandwidth {inv_beta}: measurements are too noisy; "
-                         "use larger message sizes or more repeats")
-    return Link(name=name, latency_s=float(alpha), bandwidth_bytes_per_s=float(1 / inv_beta))
+        raise ValueError(f"{what}: fitted a non-positive inverse bandwidth {inv_beta}: measurements are too "
+                         "noisy; use larger message sizes or more repeats")
+    return float(alpha), float(1 / inv_beta)
+
+
+def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted", per_kind: bool = False) -> Link:
+    """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
+
+    Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
+    The link's own alpha/beta are the joint fit over all samples.
+
+    Args:
+        per_kind: also fit each kind separately (same coefficients, so in the factor space
+            :func:`cost_model.collective_time_s` prices it) and store the fits as ``Link.per_kind``
+            overrides; a kind of :data:`REUSED_KIND_FITS` that was not measured (reduce_scatter) gets a copy
+            of its mirror's fit (all_gather). A kind needs samples at >= 2 message sizes.
+
+    Raises:
+        ValueError: fewer than 2 samples (per kind with ``per_kind``), or a fit gives no positive bandwidth.
+    """
+    if len(samples) < 2:
+        raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
+    alpha, beta = _fit_alpha_beta(samples, f"link {name!r}")
+    overrides: dict[str, tuple[float, float]] = {}
+    if per_kind:
+        kinds = sorted({kind for kind, *_ in samples})
+        for kind in kinds:
+            kind_samples = [s for s in samples if s[0] == kind]
+            if len({(n, nbytes) for _, n, nbytes, _ in kind_samples}) < 2:
+                raise ValueError(f"fit_link(per_kind=True): kind {kind!r} has samples at "
+                                 f"{len(kind_samples)} size(s); measure >= 2 message sizes per kind")
+            overrides[kind] = _fit_alpha_beta(kind_samples, f"link {name!r} kind {kind!r}")
+        for kind, mirror in REUSED_KIND_FITS.items():
+            if kind not in overrides and mirror in overrides:
+                overrides[kind] = overrides[mirror]
+    return Link(name=name, latency_s=alpha, bandwidth_bytes_per_s=beta, per_kind=overrides)
 
 
 def _profile_to_json(profile: Profile, measurements: dict) -> dict:
@@ -238,14 +286,27 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
             "launch_overhead_s": dev.launch_overhead_s,
         },
-        "links": {str(n): {"name": link.name, "latency_s": link.latency_s,
-                           "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s} for n, link in profile.links.items()},
+        "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
         "measurements": measurements,
     }
 
 
+def _link_to_json(link: Link) -> dict:
+    out = {"name": link.name, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}
+    if link.per_kind:
+        out["per_kind"] = {kind: {"latency_s": alpha, "bandwidth_bytes_per_s": beta}
+                           for kind, (alpha, beta) in link.per_kind.items()}
+    return out
+
+
+def _link_from_json(spec: dict) -> Link:
+    per_kind = {kind: (v["latency_s"], v["bandwidth_bytes_per_s"]) for kind, v in spec.get("per_kind", {}).items()}
+    return Link(name=spec["name"], latency_s=spec["latency_s"], bandwidth_bytes_per_s=spec["bandwidth_bytes_per_s"],
+                per_kind=per_kind)
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
-    """Read a profile JSON written by :func:`calibrate`.
+    """Read a profile JSON written by :func:`calibrate` (format version 2, or 1 without per-kind overrides).
 
     Raises:
         ValueError: wrong format version or missing keys; says to re-run calibration.
@@ -253,7 +314,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
     with open(path) as f:
         data = json.load(f)
     try:
-        if data["format_version"] != PROFILE_FORMAT_VERSION:
+        if data["format_version"] not in _READABLE_FORMAT_VERSIONS:
             raise KeyError("format_version")
         dev = data["device"]
         device = DeviceSpec(
@@ -262,9 +323,9 @@ def load_profile(path: str | os.PathLike) -> Profile:
             hbm_bytes=dev["hbm_bytes"], hbm_bytes_per_s=dev["hbm_bytes_per_s"],
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
             launch_overhead_s=dev["launch_overhead_s"])
-        links = {int(n): Link(**spec) for n, spec in data["links"].items()}
+        links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a version-{PROFILE_FORMAT_VERSION} profile ({exc}); "
+        raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
     return Profile(device=device, links=links)
 
@@ -272,16 +333,25 @@ def load_profile(path: str | os.PathLike) -> Profile:
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-              repeats: int = 15) -> Profile:
+              repeats: int = 15, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
     Takes ~30 s with the defaults on a 2-core machine (process start-up dominates).
 
+    Args:
+        kinds: collectives to measure (subset of :data:`MEASURABLE_KINDS`, >= 1).
+        per_kind: also fit per-kind ``Link.per_kind`` overrides (module docstring); ``False`` gives the
+            joint fit only (the behaviour of format version 1).
+
     Raises:
-        ValueError: ``nprocs`` entries < 2. RuntimeError: a gloo worker failed (see measure_collectives).
+        ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
+        RuntimeError: a gloo worker failed (see measure_collectives).
     """
     if any(not isinstance(n, int) or n < 2 for n in nprocs):
         raise ValueError(f"nprocs={tuple(nprocs)}: each process count must be an int >= 2")
+    kinds = tuple(kinds)
+    if not kinds or any(k not in MEASURABLE_KINDS for k in kinds):
+        raise ValueError(f"kinds={kinds}: measure >= 1 of {MEASURABLE_KINDS}")
     steps = ["matmul", "memory", "launch"] + [f"gloo x{n}" for n in nprocs]
     bar = tqdm(total=len(steps), desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
@@ -307,12 +377,14 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     links = {}
     for n in nprocs:
         step(f"gloo x{n}")
-        timings = measure_collectives(n, CALIBRATED_KINDS, message_sizes_bytes, repeats)
+        timings = measure_collectives(n, kinds, message_sizes_bytes, repeats)
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
-        links[n] = fit_link(samples, name=f"gloo_x{n}")
+        links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind)
         bar.update()
     bar.close()
+    if per_kind:  # say which overrides are copies of another kind's fit rather than measured
+        measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
     profile = Profile(device=device, links=links)
     if out_path is not None:
         with open(out_path, "w") as f:
@@ -331,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {args.out}: {profile.device.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
           f"{profile.device.hbm_bytes_per_s / 1e9:.1f} GB/s, "
           + ", ".join(f"x{n}: alpha={l.latency_s * 1e6:.1f} us beta={l.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+                      + "".join(f"; {k} alpha={a * 1e6:.1f} us beta={b / 1e9:.2f} GB/s" for k, (a, b) in l.per_kind.items())
                       for n, l in profile.links.items()))
 
 

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from cost_model import MeshTopology, collective_time_s, load_profile
-from cost_model.calibrate import calibrate, fit_link
+from cost_model import Cluster, MeshTopology, collective_time_s, load_profile
+from cost_model.calibrate import Profile, _profile_to_json, calibrate, fit_link
 from cost_model.communication import flat_collective_time_s
+from cost_model.hardware import H100_SXM
 from cost_model.topology import Link
 
 
@@ -31,6 +32,10 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert list(json.loads(text)) == sorted(json.loads(text))  # stable key order
     loaded = load_profile(path)
     assert loaded == profile
+    # Per-kind overrides were fitted for both measured kinds; reduce_scatter reuses all_gather's fit.
+    assert set(loaded.links[2].per_kind) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert loaded.links[2].per_kind["reduce_scatter"] == loaded.links[2].per_kind["all_gather"]
+    assert json.loads(text)["measurements"]["per_kind_reused"] == {"reduce_scatter": "all_gather"}
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     cluster = loaded.cluster(2)
     assert (cluster.num_nodes, cluster.devices_per_node) == (1, 2)
@@ -38,3 +43,85 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert collective_time_s("all_reduce", 1 << 20, topo, "dp") > 0
     with pytest.raises(ValueError, match="calibrated: \\[2\\]"):
         loaded.cluster(4)
+
+
+def _gloo_like_samples(n: int, truth: Link) -> list:
+    return [(kind, n, nbytes, flat_collective_time_s(kind, nbytes, n, truth))
+            for kind in ("all_reduce", "all_gather") for nbytes in (1 << 12, 1 << 16, 1 << 20, 1 << 24)]
+
+
+def test_fit_link_per_kind_recovers_each_kinds_alpha_beta():
+    # all_gather slower than the ring ratio to all_reduce says (as on gloo): one joint link cannot fit both.
+    truth = Link("t", 50e-6, 2e9, per_kind={"all_gather": (80e-6, 0.7e9)})
+    samples = _gloo_like_samples(4, truth)
+    joint = fit_link(samples)
+    assert joint.per_kind == {}
+    fitted = fit_link(samples, name="gloo_x4", per_kind=True)
+    assert (fitted.latency_s, fitted.bandwidth_bytes_per_s) == (joint.latency_s, joint.bandwidth_bytes_per_s)
+    assert set(fitted.per_kind) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert fitted.per_kind["all_reduce"] == pytest.approx((50e-6, 2e9), rel=1e-6)
+    assert fitted.per_kind["all_gather"] == pytest.approx((80e-6, 0.7e9), rel=1e-6)
+    assert fitted.per_kind["reduce_scatter"] == fitted.per_kind["all_gather"]  # reused, not measured
+    # The overrides reproduce every sample exactly; the joint fit does not.
+    topo = MeshTopology(Cluster(H100_SXM, 1, 4, fitted, fitted), (4,), ("dp",))
+    for kind, _, nbytes, seconds in samples:
+        assert collective_time_s(kind, nbytes, topo, "dp") == pytest.approx(seconds, rel=1e-6)
+    worst_joint = max(abs(flat_collective_time_s(k, b, 4, joint) - s) / s for k, _, b, s in samples)
+    assert worst_joint > 0.1
+
+
+def test_fit_link_per_kind_needs_two_sizes_per_kind():
+    truth = Link("t", 50e-6, 2e9)
+    samples = _gloo_like_samples(2, truth)[:-3]  # all_gather keeps one size
+    with pytest.raises(ValueError, match="kind 'all_gather'.*>= 2 message sizes"):
+        fit_link(samples, per_kind=True)
+
+
+def _write_profile(path, links: dict, version: int = 2) -> None:
+    path.write_text(json.dumps({
+        "format_version": version, "torch_version": torch.__version__, "num_threads": 1,
+        "device": {"name": "cpu", "peak_flops_per_s": {"float32": 1e11}, "hbm_bytes": 10**10,
+                   "hbm_bytes_per_s": 1e10, "matmul_efficiency": 1.0, "memory_efficiency": 1.0,
+                   "launch_overhead_s": 3e-6},
+        "links": links, "measurements": {}}))
+
+
+def _device(tmp_path):
+    path = tmp_path / "device_only.json"
+    _write_profile(path, {}, version=2)
+    return load_profile(path).device
+
+
+def test_profile_json_round_trips_per_kind_overrides(tmp_path):
+    link = Link("gloo_x2", 90e-6, 1.8e9, per_kind={"all_reduce": (85e-6, 2.1e9), "all_gather": (60e-6, 0.9e9),
+                                                   "reduce_scatter": (60e-6, 0.9e9)})
+    profile = Profile(device=_device(tmp_path), links={2: link})
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(profile, {}), sort_keys=True))
+    data = json.loads(path.read_text())
+    assert data["format_version"] == 2
+    assert data["links"]["2"]["per_kind"]["all_gather"] == {"latency_s": 60e-6, "bandwidth_bytes_per_s": 0.9e9}
+    loaded = load_profile(path)
+    assert loaded == profile and hash(loaded.links[2]) == hash(link)
+    assert loaded.links[2].per_kind["all_gather"] == (60e-6, 0.9e9)
+
+
+def test_old_format_profile_without_per_kind_loads(tmp_path):
+    path = tmp_path / "v1.json"
+    _write_profile(path, {"2": {"name": "gloo_x2", "latency_s": 89.1e-6, "bandwidth_bytes_per_s": 1.78e9}}, version=1)
+    profile = load_profile(path)
+    link = profile.links[2]
+    assert link == Link("gloo_x2", 89.1e-6, 1.78e9) and link.per_kind == {}
+    topo = MeshTopology(profile.cluster(2), (2,), ("dp",))
+    assert collective_time_s("all_gather", 1 << 20, topo, "dp") == pytest.approx(89.1e-6 + 0.5 * (1 << 20) / 1.78e9)
+
+
+def test_unknown_profile_version_or_bad_override_says_recalibrate(tmp_path):
+    path = tmp_path / "v9.json"
+    _write_profile(path, {}, version=9)
+    with pytest.raises(ValueError, match="not a version-1/2 profile.*re-run"):
+        load_profile(path)
+    _write_profile(path, {"2": {"name": "x", "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9,
+                                "per_kind": {"all_gather": {"latency_s": 1e-5}}}})
+    with pytest.raises(ValueError, match="re-run"):
+        load_profile(path)
