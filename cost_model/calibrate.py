@@ -38,6 +38,7 @@ import os
 import socket
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Iterator, Mapping, Sequence
@@ -253,7 +254,8 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
             of its mirror's fit (all_gather). A kind needs samples at >= 2 message sizes.
 
     Raises:
-        ValueError: fewer than 2 samples (per kind with ``per_kind``), or a fit gives no positive bandwidth.
+        ValueError: fewer than 2 samples (per kind with ``per_kind``), or the joint fit gives no positive
+            bandwidth (a per-kind fit that does is dropped with a warning: the joint fit prices that kind).
     """
     if len(samples) < 2:
         raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
@@ -266,7 +268,10 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
             if len({(n, nbytes) for _, n, nbytes, _ in kind_samples}) < 2:
                 raise ValueError(f"fit_link(per_kind=True): kind {kind!r} has samples at "
                                  f"{len(kind_samples)} size(s); measure >= 2 message sizes per kind")
-            overrides[kind] = _fit_alpha_beta(kind_samples, f"link {name!r} kind {kind!r}")
+            try:
+                overrides[kind] = _fit_alpha_beta(kind_samples, f"link {name!r} kind {kind!r}")
+            except ValueError as err:  # too noisy for a fit of its own: the joint fit prices this kind
+                warnings.warn(f"{err}; kind {kind!r} is priced with the joint fit of link {name!r}", stacklevel=2)
         for kind, mirror in REUSED_KIND_FITS.items():
             if kind not in overrides and mirror in overrides:
                 overrides[kind] = overrides[mirror]

@@ -82,9 +82,11 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
 
 def mesh_candidates(world_size: int, devices_per_node: int) -> list[MeshSpec]:
     """The 1-D mesh (dp=N) and the 2-D meshes (dp=N/t, tp=t) with t a divisor of N, 2 <= t <= devices per
-    node (tensor parallelism inside a node, where the fast links are)."""
+    node (tensor parallelism inside a node, where the fast links are), and t < N: (dp=1, tp=N) is the 1-D
+    problem again (a size-1 axis shards nothing, and the planner picks data or tensor sharding per node on
+    any axis, whatever its name), so it would only be solved and listed twice."""
     out = [MeshSpec(("dp",), (world_size,))]
-    for t in range(2, min(world_size, devices_per_node) + 1):
+    for t in range(2, min(world_size - 1, devices_per_node) + 1):
         if world_size % t == 0:
             out.append(MeshSpec(("dp", "tp"), (world_size // t, t)))
     return out
@@ -93,6 +95,8 @@ def mesh_candidates(world_size: int, devices_per_node: int) -> list[MeshSpec]:
 def search_mesh(traced: TracedGraph, world_size: int, *, cluster: Cluster | str | None = None,
                 progress: Callable[[MeshSpec], None] | None = None, **plan_kwargs) -> tuple[Plan, list[tuple]]:
     """Plan every `mesh_candidates` mesh and keep the lowest estimated step time (ties: fewer axes, then order).
+
+    The candidates leave out (dp=1, tp=N): it is the same problem as the 1-D mesh (dp=N) (`mesh_candidates`).
 
     Returns:
         (best plan, [(mesh, plan or None, reason)]) for every candidate, in candidate order.

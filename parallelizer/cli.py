@@ -11,10 +11,11 @@ the whole global batch in one step) on the meta device; the planner shards that 
 The estimated step time in the plan is for that traced batch; the summary also gives the time per optimizer
 step (x grad-accum; gradient syncs are counted once per traced step, an upper bound).
 
-Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node) mesh of the cluster's
-N devices is planned and the lowest estimated step time is kept (the summary lists them all).
+Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node, t < N) mesh of the
+cluster's N devices is planned and the lowest estimated step time is kept (the summary lists them all).
 
-Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of the toolkit (message on stderr).
+Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of the toolkit (message on stderr);
+141 (128 + SIGPIPE, as Unix tools) when stdout is closed early, e.g. `parallelizer show plan.json | head`.
 """
 from __future__ import annotations
 
@@ -103,6 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ParallelizerError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        try:  # point stdout at /dev/null so that the interpreter's final flush does not raise again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
 
 
 def cmd_plan(args) -> int:
@@ -149,6 +156,7 @@ def cmd_plan(args) -> int:
     bar.close()
     best.save(args.out)
     print(best.summary(max_nodes=12))
+    print("traced inputs: " + ", ".join(f"{n} {tuple(s)}" for n, s in best.model.get("inputs", {}).items()))
     if tried:
         print(f"mesh search over {len(tried)} meshes of {world} devices (kept the lowest estimated step):")
         for m, p, why in tried:

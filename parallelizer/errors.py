@@ -53,3 +53,27 @@ class PlanValidationError(ParallelizerError, ValueError):
     def __init__(self, message: str, path: str = "") -> None:
         self.path = path
         super().__init__(message)
+
+
+class UnknownNodeError(ParallelizerError, KeyError):
+    """A node name that is not in the traced graph or plan; the message lists the closest names."""
+
+    def __init__(self, name: str, where: str, known) -> None:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(known), n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        self.name = name
+        super().__init__(f"no node {name!r} in {where}{hint} (node names are the fx names of the traced graph, "
+                         "e.g. from plan.summary() or traced.nodes)")
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return self.args[0]
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in decimal units, precise at any scale: 512 B, 3.2 kB, 41.3 GB (1 GB = 1e9 bytes)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

@@ -94,9 +94,11 @@ def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
     diffs = []
     a, b = theirs.get("summary", {}), mine["summary"]
     for kind, pa, pb in (("parameter", a.get("params", {}), b["params"]), ("input", a.get("inputs", {}), b["inputs"])):
-        for name in pa.keys() - pb.keys():
+        if pa.keys() != pb.keys():
+            diffs.append(f"{kind}s: {len(pa)} in the plan, {len(pb)} in the model, {len(pa.keys() & pb.keys())} shared")
+        for name in sorted(pa.keys() - pb.keys()):
             diffs.append(f"{kind} {name}: in the plan, not in the model")
-        for name in pb.keys() - pa.keys():
+        for name in sorted(pb.keys() - pa.keys()):
             diffs.append(f"{kind} {name}: in the model, not in the plan")
         if not structure_only:
             for name in sorted(pa.keys() & pb.keys()):

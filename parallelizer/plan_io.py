@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 import html
 import json
+import math
 import re
 from importlib import resources
 
-from .errors import PlanValidationError
+from .errors import PlanMismatchError, PlanValidationError
 from .planner.plan import _MAIN_OPS
 
 SCHEMA_FILE = "plan_schema.json"
@@ -35,6 +36,7 @@ def parse_and_validate(text: str, source: str = "plan JSON") -> dict:
     Raises:
         PlanValidationError: not JSON (line and column), another format_version (re-plan), or the first
             schema violation in a deterministic order (its JSON path, the message, and the remedy).
+        PlanMismatchError: the mesh's device count differs from the recorded cluster's (a hand edit).
     """
     import jsonschema
 
@@ -57,6 +59,15 @@ def parse_and_validate(text: str, source: str = "plan JSON") -> dict:
         raise PlanValidationError(
             f"{source}: invalid at {path or '<document>'}: {_short(err.message)}{more}. Remedy: fix that field, "
             f"or re-create the plan with `parallelizer plan` (schema: parallelizer/{SCHEMA_FILE}).", path)
+    cluster = data.get("cluster") or {}
+    if cluster:
+        mesh_devices = math.prod(data["mesh"]["shape"])
+        cluster_devices = cluster["num_nodes"] * cluster["devices_per_node"]
+        if mesh_devices != cluster_devices:
+            raise PlanMismatchError(
+                f"{source}: the mesh {data['mesh']['shape']} has {mesh_devices} devices but the recorded cluster "
+                f"({cluster['num_nodes']} x {cluster['devices_per_node']}) has {cluster_devices}. Remedy: re-create "
+                "the plan with `parallelizer plan --mesh ... --cluster ...` of the same size")
     return data
 
 

@@ -8,7 +8,10 @@ Presets: the zoo's small defaults under their family names for `mlp` and `gpt` (
 sizes for `gpt2` (= gpt2-small, Radford et al. 2019: 12 layers, 768 hidden, 12 heads, vocab 50257),
 gpt2-medium/-large/-xl (24/1024/16, 36/1280/20, 48/1600/25), `llama` (= llama2-7b, Touvron et al. 2023,
 Table 1), `bert` (= bert-base, Devlin et al. 2019: 12/768/12, vocab 30522) and `vit` (= vit-base,
-Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). `--config` overrides any config field.
+Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). `--config` overrides any config field; a key that is
+not one (`check_config`: for transformers presets an attribute of the default config class, for the in-repo
+models a builder or config-dataclass parameter, for a factory a parameter unless it takes **kwargs) raises
+`UnknownConfigKeyError` naming the closest valid key (transformers configs would silently accept it).
 
 `reduced(recipe, world_size)` keeps the structure (layer count, GQA or not, tied weights) and shrinks widths,
 heads, vocabulary, batch and sequence so that every dim is a multiple of the device count: the plan's node
@@ -16,6 +19,8 @@ names stay the same (they depend on structure only) and every sharded dim stays 
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import inspect
 import math
@@ -23,6 +28,31 @@ import math
 import torch
 
 from . import zoo
+from .errors import ParallelizerError
+
+
+class UnknownConfigKeyError(ParallelizerError, ValueError):
+    """A --config key the model does not take. Attributes: key, model, suggestion (closest valid key or None)."""
+
+    def __init__(self, key: str, model: str, valid: list[str]) -> None:
+        self.key, self.model = key, model
+        close = difflib.get_close_matches(key, valid, n=1)
+        self.suggestion = close[0] if close else None
+        hint = f" (did you mean {self.suggestion!r}?)" if close else ""
+        listed = f"; valid keys: {', '.join(sorted(valid))}" if len(valid) <= 20 else ""
+        super().__init__(f"unknown --config key {key!r} for model {model}{hint}{listed}. Remedy: use a field of "
+                         f"the model's config{f', e.g. {self.suggestion}=...' if close else ''}")
+
+
+class ModelBuildError(ParallelizerError):
+    """Building the model from its recipe raised. Attributes: model, config (the kwargs), cause (the exception)."""
+
+    def __init__(self, model: str, config: dict, cause: BaseException) -> None:
+        self.model, self.config, self.cause = model, config, cause
+        text = " ".join(f"{type(cause).__name__}: {cause}".split())
+        text = text if len(text) <= 300 else text[:300] + "..."
+        super().__init__(f"building model {model} with config {config} failed: {text}\nRemedy: fix that --config "
+                         f"value (see the cause), or build the model in Python to see the full traceback")
 
 _GPT2 = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)
 PRESETS: dict[str, tuple[str, dict]] = {
@@ -48,8 +78,10 @@ def recipe(model: str, config: dict | None = None, batch: int | None = None, seq
 
     Raises:
         ValueError: unknown preset (lists them), or --seq-len for a model without a sequence (vit, mlp).
+        UnknownConfigKeyError: a config key the model does not take (`check_config`).
     """
     config = dict(config or {})
+    check_config(model, config)
     if ":" in model:
         kwargs = dict(config)
         fn = _factory(model)
@@ -79,16 +111,21 @@ def build(recipe: dict, device: str = "meta") -> tuple[torch.nn.Module, tuple]:
     returning only a transformers model gets token ids (batch, seq_len) from `config.vocab_size`.
     Raises:
         ValueError: the factory cannot be imported, or returned a model without example inputs (remedy).
+        ModelBuildError: the builder or factory raised (bad config value, a bug in the factory): one line
+            naming the model, its config and the cause, plus a remedy.
     """
     kwargs = dict(recipe["kwargs"])
-    if "factory" not in recipe:
-        return zoo.BUILDERS[recipe["builder"]](device=device, **kwargs)
-    fn = _factory(recipe["factory"])
-    if _accepts(fn, "device"):
-        out = fn(device=device, **kwargs)
-    else:
-        with torch.device(device):
-            out = fn(**kwargs)
+    fn = zoo.BUILDERS[recipe["builder"]] if "factory" not in recipe else _factory(recipe["factory"])
+    try:
+        if "factory" not in recipe:
+            return fn(device=device, **kwargs)
+        if _accepts(fn, "device"):
+            out = fn(device=device, **kwargs)
+        else:
+            with torch.device(device):
+                out = fn(**kwargs)
+    except Exception as exc:
+        raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc) from exc
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module):
         model, inputs = out
         return model, inputs if isinstance(inputs, tuple) else (inputs,)
@@ -146,6 +183,46 @@ def reduced(recipe: dict, world_size: int) -> dict:
     if "seq_len" in kw:
         kw["seq_len"] = seq
     return {**recipe, "kwargs": kw}
+
+
+_HF_CONFIGS = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "bert": "BertConfig", "vit": "ViTConfig"}
+
+
+def check_config(model: str, config: dict) -> None:
+    """Raise `UnknownConfigKeyError` for the first key of `config` that `model` (a preset or
+    "package.module:factory") does not take (module docstring); a factory with **kwargs takes any key.
+    "device" is never a config key (`build` passes it)."""
+    if not config:
+        return
+    hf = None
+    if ":" in model:
+        try:
+            params = inspect.signature(_factory(model)).parameters
+        except (TypeError, ValueError):
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        names = set(params)
+    elif model in PRESETS:
+        builder = PRESETS[model][0]
+        names = {n for n, p in inspect.signature(zoo.BUILDERS[builder]).parameters.items()
+                 if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+        if builder == "gpt":
+            names |= {f.name for f in dataclasses.fields(zoo.GPTConfig)}
+        elif builder == "mlp":
+            names |= set(inspect.signature(zoo.MLP).parameters)
+        elif builder in _HF_CONFIGS:
+            import transformers
+            hf = getattr(transformers, _HF_CONFIGS[builder])()
+            names |= set(vars(hf)) | set(getattr(hf, "attribute_map", {}))
+    else:
+        return  # unknown preset: recipe() says so
+    names.discard("device")
+    for key in config:
+        if key in names or (hf is not None and key != "device" and not key.startswith("_") and hasattr(hf, key)
+                            and not callable(getattr(hf, key))):
+            continue
+        raise UnknownConfigKeyError(key, model, sorted(n for n in names if not n.startswith("_")))
 
 
 def _factory(spec: str):

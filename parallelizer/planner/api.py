@@ -15,6 +15,7 @@ from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
 from ..config import PlanConfig
 from ..core.layout import local_shape
 from ..core.mesh import MeshSpec
+from ..errors import UnknownNodeError
 from ..tracer import TracedGraph
 from .costs import Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
@@ -143,12 +144,12 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
     """Compare the chosen strategy of `node` with every alternative, the rest of the plan fixed.
 
     Rebuilds the problem (deterministic) with the plan's mesh; pass the same cluster/config as to `plan`.
-    Raises KeyError for an unknown node.
+    Raises UnknownNodeError (a KeyError) for an unknown node, naming the closest node names.
     """
     config = config or PlanConfig(memory_budget_bytes=plan_.config.get("memory_budget_bytes"))
     problem, _ = build(traced, plan_.mesh, cluster=cluster, topology=topology, config=config)
     if node not in problem.group_of:
-        raise KeyError(f"no node {node!r} in the plan")
+        raise UnknownNodeError(node, "the plan", problem.group_of)
     choice = []
     for members in problem.groups:
         n = members[0]

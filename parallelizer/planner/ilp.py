@@ -39,7 +39,7 @@ import numpy as np
 import pulp
 
 from ..config import PlanConfig
-from ..errors import InfeasiblePlanError
+from ..errors import InfeasiblePlanError, format_bytes
 from .problem import Problem, min_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
@@ -78,10 +78,10 @@ def check_memory(problem: Problem) -> None:
     need = min_memory_bytes(problem)
     if need > problem.budget_bytes:
         raise InfeasiblePlanError(
-            f"memory: needs >= {need / _GB:.1f} GB per device, budget {problem.budget_bytes / _GB:.1f} GB "
-            f"on mesh {problem.mesh}. Remedies: more devices (a larger mesh), shard parameters and optimizer "
-            "state (ZeRO/FSDP is already searched: add a data axis), activation checkpointing, a smaller "
-            "microbatch, or mixed precision.")
+            f"memory: needs >= {format_bytes(need)} per device, budget {format_bytes(problem.budget_bytes)} "
+            f"on mesh {problem.mesh}. Remedies: more devices (a larger mesh), a data axis so that parameters "
+            "and optimizer state can be sharded (ZeRO/FSDP is searched on every axis that shards the batch), "
+            "fewer samples per step (gradient accumulation), or mixed precision.")
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:
@@ -142,7 +142,7 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         raise InfeasiblePlanError(
             f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
             f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}; the memory budget "
-            f"{problem.budget_bytes / _GB:.1f} GB is probably binding with the communication it forces. "
+            f"{format_bytes(problem.budget_bytes)} is probably binding with the communication it forces. "
             "Remedies: raise time_limit_s, raise the budget, more devices, activation checkpointing.")
     choice = tuple(0 if len(vs) == 1 else int(np.argmax([v.varValue or 0.0 for v in vs])) for vs in x)
     gap = _gap(prob, solver_name)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from ..errors import UnknownNodeError
+
 
 class Role(str, enum.Enum):
     """What a node is to the training step."""
@@ -146,6 +148,10 @@ class BlockGroup:
     def count(self) -> int:
         return len(self.members)
 
+    def __repr__(self) -> str:
+        return (f"BlockGroup({self.name!r}, {self.count} x {self.module_type.rpartition('.')[2]}, "
+                f"{self.nodes_per_block} nodes each)")
+
     @property
     def nodes_per_block(self) -> int:
         return len(self.nodes[0])
@@ -175,12 +181,11 @@ class TracedGraph:
     notes: list[str] = field(default_factory=list)
 
     def node(self, name: str) -> NodeInfo:
-        """The `NodeInfo` of node `name`; KeyError names close matches when absent."""
+        """The `NodeInfo` of node `name`; UnknownNodeError (a KeyError) names close matches when absent."""
         try:
             return self.nodes[name]
         except KeyError:
-            near = [n for n in self.nodes if name in n or n in name][:5]
-            raise KeyError(f"no node {name!r} in the traced graph; similar: {near}") from None
+            raise UnknownNodeError(name, "the traced graph", self.nodes) from None
 
     def param_of_placeholder(self, placeholder: str) -> ParamInfo | None:
         """The parameter/buffer a placeholder stands for (tied aliases resolve to one `ParamInfo`)."""

@@ -9,7 +9,11 @@ layers (see `normalize`).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import sys
 import traceback
 from typing import Any
 
@@ -76,10 +80,22 @@ def _on_meta(model: torch.nn.Module) -> bool:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    """torch.export (non-strict). On failure torch prints graph dumps and warnings before raising; they are
+    held back so that the TraceError is what the user reads (on success, captured output is passed on)."""
+    captured, captured_err = io.StringIO(), io.StringIO()
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
     try:
-        return torch.export.export(model, args, kwargs, strict=False)
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err):
+            exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
         raise _translate(exc) from exc
+    finally:
+        shapes_log.setLevel(level)
+    sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward
+    sys.stderr.write(captured_err.getvalue())
+    return exported
 
 
 def _translate(exc: Exception) -> TraceError:
