@@ -20,6 +20,8 @@ import parallelizer
 from parallelizer import zoo
 from parallelizer.core.layout import Layout
 from parallelizer.core.mesh import MeshSpec
+from parallelizer.rewriter.apply import _tensor_args
+from parallelizer.rewriter.baselines import batch_parallel_spec
 from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
@@ -29,30 +31,10 @@ R, S0, S1, P = (Layout.parse(s) for s in ("R", "S(0)", "S(1)", "P"))
 LR = 1e-3
 
 
-def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The fx-node arguments of `node`, one per use, in map_arg order (the order of `NodeSharding.inputs`)."""
-    found: list[torch.fx.Node] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), found.append)
-    return found
-
-
 def dp_spec(tg: TracedGraph, world_size: int) -> ShardingSpec:
-    """Hand-written DDP (adapted from tests/unit/test_rewriter_static.py `data_parallel_spec`): user inputs and
-    every op whose output keeps the batch dim are batch-sharded S(0), other values replicated; parameters are
-    stored and used replicated (one gradient all-reduce each in backward); the model's output is gathered."""
-    batch = tg.node(tg.input_names[0]).outputs[0].shape[0]
-    nodes, layout = {}, {name: S0 for name in tg.input_names}
-    for n in tg.graph_module.graph.nodes:
-        args = _tensor_args(n)
-        if n.op == "call_function":
-            sharded = any(layout.get(a.name) == S0 for a in args)
-            out = tg.node(n.name).outputs
-            layout[n.name] = S0 if sharded and out and out[0].shape[:1] == (batch,) else R
-            ins = tuple(R if tg.node(a.name).role in (Role.PARAMETER, Role.BUFFER) else layout[a.name] for a in args)
-            nodes[n.name] = NodeSharding(ins, layout[n.name])
-        elif n.op == "output":
-            nodes[n.name] = NodeSharding(tuple(R for _ in args), R)
-    return ShardingSpec(MeshSpec(("dp",), (world_size,)), nodes, {f: R for f in tg.parameters})
+    """Hand-written DDP (`rewriter.baselines.batch_parallel_spec`): batch-sharded activations, parameters
+    stored and used replicated (one gradient all-reduce each in backward), the output gathered."""
+    return batch_parallel_spec(tg, MeshSpec(("dp",), (world_size,)))
 
 
 def tp_spec(tg: TracedGraph, world_size: int, col: set[str], row: set[str]) -> ShardingSpec:

@@ -16,7 +16,6 @@ import dataclasses
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 from cost_model import Cluster, MeshTopology, calibrate, collective_time_s, op_cost
 from cost_model.calibrate import calibration_threads, measure_collectives, time_callable_s

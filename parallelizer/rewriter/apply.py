@@ -15,15 +15,13 @@ Backward is autograd of this program (DESIGN.md rule 3): each emitted collective
 """
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..core.layout import Layout, Partial, Shard, local_shape
+from ..core.layout import Layout, Partial, Shard
 from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps
 from ..errors import UnsupportedOpError

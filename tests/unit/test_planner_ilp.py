@@ -1,7 +1,6 @@
 """Planner unit tests: clustered == unclustered objective, closed-form DP objective, determinism, JSON,
 infeasibility message, explain, fallbacks."""
 import pytest
-import torch
 
 import parallelizer
 from cost_model.communication import collective_time_s

@@ -5,34 +5,11 @@ import torch
 
 import parallelizer
 from parallelizer import zoo
-from parallelizer.core.layout import Layout
 from parallelizer.core.mesh import MeshSpec
-from parallelizer.rewriter.apply import _tensor_args, rewrite
-from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, axis_ranks, mesh_coords
+from parallelizer.rewriter.apply import rewrite
+from parallelizer.rewriter.baselines import batch_parallel_spec
+from parallelizer.rewriter.spec import axis_ranks, mesh_coords
 from parallelizer.rewriter.verify import VerificationError, verify
-from parallelizer.tracer.graph import Role
-
-S0, R = Layout.parse("S(0)"), Layout.parse("R")
-
-
-def data_parallel_spec(tg, mesh, zero3=False):
-    """Hand-written data parallelism: user inputs and every op whose output keeps the batch dim (dim 0 of
-    the input's size) are batch-sharded, the rest replicated; parameters replicated (DDP) or dp-sharded
-    (ZeRO-3) and gathered for use; the outputs replicated."""
-    batch = tg.node(tg.input_names[0]).outputs[0].shape[0]
-    nodes, layout = {}, {name: S0 for name in tg.input_names}
-    for n in tg.graph_module.graph.nodes:
-        args = _tensor_args(n)
-        if n.op == "call_function":
-            sharded = any(layout.get(a.name) == S0 for a in args)
-            out = tg.node(n.name).outputs
-            layout[n.name] = S0 if sharded and out and out[0].shape[:1] == (batch,) else R
-            ins = tuple(R if tg.node(a.name).role in (Role.PARAMETER, Role.BUFFER) else layout[a.name] for a in args)
-            nodes[n.name] = NodeSharding(ins, layout[n.name])
-        elif n.op == "output":
-            nodes[n.name] = NodeSharding(tuple(R for _ in args), R)
-    return ShardingSpec(mesh, nodes, {f: (S0 if zero3 else R) for f in tg.parameters})
-
 
 @pytest.fixture(scope="module")
 def mlp_traced():
@@ -40,7 +17,7 @@ def mlp_traced():
 
 
 def test_ddp_program_has_one_grad_sync_per_parameter(mlp_traced):
-    spec = data_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
+    spec = batch_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
     program = rewrite(mlp_traced, spec, rank=1)
     verify(program, mlp_traced, spec)
     n_params = len(mlp_traced.parameters)
@@ -50,7 +27,7 @@ def test_ddp_program_has_one_grad_sync_per_parameter(mlp_traced):
 
 
 def test_zero3_program_gathers_every_parameter_with_reduce_scatter_backward(mlp_traced):
-    spec = data_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)), zero3=True)
+    spec = batch_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)), zero3=True)
     program = rewrite(mlp_traced, spec, rank=0)
     verify(program, mlp_traced, spec)
     code = program.graph_module.code
@@ -59,7 +36,7 @@ def test_zero3_program_gathers_every_parameter_with_reduce_scatter_backward(mlp_
 
 
 def test_verifier_catches_a_dropped_collective(mlp_traced):
-    spec = data_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
+    spec = batch_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
     program = rewrite(mlp_traced, spec, rank=0)
     graph = program.graph_module.graph
     victim = next(n for n in graph.nodes if n.name.startswith("local_slice"))
@@ -71,7 +48,7 @@ def test_verifier_catches_a_dropped_collective(mlp_traced):
 
 def test_verifier_catches_a_wrong_local_shape():
     traced = parallelizer.trace(*zoo.gpt(n_layer=1, batch=4))
-    spec = data_parallel_spec(traced, MeshSpec(("dp",), (2,)))
+    spec = batch_parallel_spec(traced, MeshSpec(("dp",), (2,)))
     program = rewrite(traced, spec, rank=0)
     verify(program, traced, spec)
     view = next(n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.view.default)
@@ -108,5 +85,5 @@ def test_size_one_mesh_reproduces_eager_with_no_collectives():
     state = [dict(model.named_parameters())[f] for f in program.state_fqns]
     out = program.graph_module(*state, ids)
     torch.testing.assert_close(out[0], model(ids).logits, rtol=0, atol=0)
-    spec = data_parallel_spec(traced, MeshSpec(("dp",), (1,)), zero3=True)  # S(0) on a size-1 axis
+    spec = batch_parallel_spec(traced, MeshSpec(("dp",), (1,)), zero3=True)  # S(0) on a size-1 axis
     assert rewrite(traced, spec, rank=0).collectives == {}
