@@ -42,7 +42,7 @@ from ..errors import ParallelizerError
 from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_str
 from .mesh import MeshSpec
 
-__all__ = ["Step", "STEP_KINDS", "COLLECTIVE_KINDS", "redistribute_steps", "edge_steps",
+__all__ = ["Step", "STEP_KINDS", "COLLECTIVE_KINDS", "redistribute_steps", "edge_steps", "grad_partial_axes",
            "ImpossibleRedistributionError"]
 
 STEP_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "local_slice", "grad_all_reduce")
@@ -188,6 +188,16 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
             emit("local_slice", i, dst[i], dst[i].dim)
             pending[i] = False
     return tuple(steps)
+
+
+def grad_partial_axes(consumed: Layout, output: Layout | None, mesh: MeshSpec) -> tuple[str, ...]:
+    """Mesh axes on which an input consumed as `consumed` receives a partial-sum gradient: it is Replicate
+    there while the node's `output` is Shard or Partial (the computation is split over that axis). The
+    planner prices and the rewriter emits the resulting `grad_all_reduce` from this one rule."""
+    if output is None:
+        return ()
+    return tuple(a for a, p_in, p_out in zip(mesh.axis_names, consumed, output)
+                 if isinstance(p_in, Replicate) and not isinstance(p_out, Replicate))
 
 
 def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, *, itemsize: int = 4,

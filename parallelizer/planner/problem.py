@@ -22,8 +22,9 @@ import numpy as np
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import Replicate, local_shape
+from ..core.layout import local_shape
 from ..core.mesh import MeshSpec
+from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from .costs import Pricer
 from .strategies import NodeSpace, Strategy
@@ -52,10 +53,7 @@ class Problem:
 
 def grad_axes(strategy: Strategy, k: int, mesh: MeshSpec) -> tuple[str, ...]:
     """Mesh axes where input k is Replicate but the node's output is Shard/Partial (partial-sum gradients)."""
-    if strategy.output is None:
-        return ()
-    return tuple(a for a, p_in, p_out in zip(mesh.axis_names, strategy.inputs[k], strategy.output)
-                 if isinstance(p_in, Replicate) and not isinstance(p_out, Replicate))
+    return grad_partial_axes(strategy.inputs[k], strategy.output, mesh)
 
 
 def _group_key(tg: TracedGraph, name: str, space: NodeSpace, config: PlanConfig) -> tuple:

@@ -21,9 +21,9 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..core.layout import Layout, Partial, Shard
+from ..core.layout import Layout
 from ..core.mesh import MeshSpec
-from ..core.redistribute import Step, edge_steps
+from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph
 from . import collectives, localize
@@ -128,7 +128,7 @@ class _Rewriter:
         if len(tensor_args) != len(sharding.inputs):
             raise UnsupportedOpError(f"node {node.format_node()} has {len(tensor_args)} tensor arguments but the "
                                      f"spec gives {len(sharding.inputs)} input layouts")
-        grad_axes = _grad_partial_axes(sharding.inputs, sharding.output, self.mesh)
+        grad_axes = [grad_partial_axes(layout, sharding.output, self.mesh) for layout in sharding.inputs]
         delivered = iter([self._redistribute(arg, dst, grad_axes[i])
                           for i, (arg, dst) in enumerate(zip(tensor_args, sharding.inputs))])
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(delivered))
@@ -203,13 +203,6 @@ def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
     found: list[torch.fx.Node] = []
     torch.fx.node.map_arg((node.args, node.kwargs), found.append)
     return found
-
-
-def _grad_partial_axes(inputs: tuple[Layout, ...], output: Layout, mesh: MeshSpec) -> list[tuple[str, ...]]:
-    """Per input: the mesh axes where it is Replicate while the output is split (Shard or Partial)."""
-    split = [i for i, p in enumerate(output) if isinstance(p, (Shard, Partial))]
-    return [tuple(mesh.axis_names[i] for i in split if not isinstance(layout[i], (Shard, Partial)))
-            for layout in inputs]
 
 
 _NON_DIFFERENTIABLE = {torch.ops.aten.detach.default, torch.ops.aten.arange.default,
