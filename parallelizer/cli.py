@@ -119,6 +119,8 @@ def cmd_plan(args) -> int:
     from . import api, presets
     from .tracer import trace
 
+    if args.global_batch is not None and args.global_batch < 1:
+        raise ValueError(f"--global-batch {args.global_batch}: give the number of samples per optimizer step (>= 1)")
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None

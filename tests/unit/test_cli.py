@@ -64,6 +64,7 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     (["plan", *GPT, "--mesh", "dp=two"], "--mesh 'dp=two'"),
     (["plan", *GPT, "--cluster", "tpu:1x8"], "unknown cluster preset"),
     (["plan", *GPT, "--global-batch", "5", "--grad-accum", "2"], "multiple of --grad-accum"),
+    (["plan", *GPT, "--global-batch", "0"], "--global-batch 0: give the number of samples"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, message, capsys):
     assert cli.main(argv) == 2
