@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Union
 
 import torch
@@ -210,80 +211,23 @@ def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView) -> tor
 # ------------------------------------------------------------------------------ autograd functions
 
 
-class _AllGatherSlice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, g):  # type: ignore[override]
-        ctx.dim, ctx.g = dim, g
-        return _gather(x, dim, g)
+class _Conjugate(torch.autograd.Function):
+    """One collective step: `forward(x)` in forward, its conjugate `backward(grad)` in backward (the pairs
+    are in the module docstring's table). Both are plain functions of one tensor (partials of the steps
+    above), so each public function below is one line naming its pair."""
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _chunk(grad, ctx.dim, ctx.g), None, None
-
-
-class _AllGatherReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, g):  # type: ignore[override]
-        ctx.dim, ctx.g = dim, g
-        return _gather(x, dim, g)
+    def forward(ctx, x, forward, backward):  # type: ignore[override]
+        ctx.conjugate = backward
+        return forward(x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _reduce_scatter(grad, ctx.dim, ctx.g), None, None
+        return ctx.conjugate(grad), None, None
 
 
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, g):  # type: ignore[override]
-        ctx.dim, ctx.g = dim, g
-        return _reduce_scatter(x, dim, g)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _gather(grad, ctx.dim, ctx.g), None, None
-
-
-class _AllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):  # type: ignore[override]
-        return _sum(x, g)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return grad, None
-
-
-class _GradAllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):  # type: ignore[override]
-        ctx.g = g
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _sum(grad, ctx.g), None
-
-
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, src_dim, dst_dim, g):  # type: ignore[override]
-        ctx.src_dim, ctx.dst_dim, ctx.g = src_dim, dst_dim, g
-        return _exchange(x, src_dim, dst_dim, g)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _exchange(grad, ctx.dst_dim, ctx.src_dim, ctx.g), None, None, None
-
-
-class _LocalSlice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, g):  # type: ignore[override]
-        ctx.dim, ctx.g = dim, g
-        return _chunk(x, dim, g)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _gather(grad, ctx.dim, ctx.g), None, None
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x.view_as(x)
 
 
 # ------------------------------------------------------------------------------------- public API
@@ -302,7 +246,8 @@ def all_gather(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "all_gather")
-    return _AllGatherSlice.apply(x, _norm_dim(x, dim, "all_gather"), g)
+    dim = _norm_dim(x, dim, "all_gather")
+    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g), partial(_chunk, dim=dim, g=g))
 
 
 def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
@@ -319,7 +264,8 @@ def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "all_gather_rs")
-    return _AllGatherReduceScatter.apply(x, _norm_dim(x, dim, "all_gather_rs"), g)
+    dim = _norm_dim(x, dim, "all_gather_rs")
+    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g), partial(_reduce_scatter, dim=dim, g=g))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
@@ -336,7 +282,7 @@ def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
     g = _resolve(ranks, "reduce_scatter")
     dim = _norm_dim(x, dim, "reduce_scatter")
     _check_divisible(x, dim, g, "reduce_scatter")
-    return _ReduceScatter.apply(x, dim, g)
+    return _Conjugate.apply(x, partial(_reduce_scatter, dim=dim, g=g), partial(_gather, dim=dim, g=g))
 
 
 def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
@@ -348,7 +294,7 @@ def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
         ValueError: bad `ranks`, or the calling rank is not in it.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    return _AllReduce.apply(x, _resolve(ranks, "all_reduce"))
+    return _Conjugate.apply(x, partial(_sum, g=_resolve(ranks, "all_reduce")), _identity)
 
 
 def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
@@ -363,7 +309,7 @@ def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
         ValueError: bad `ranks`, or the calling rank is not in it.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    return _GradAllReduce.apply(x, _resolve(ranks, "grad_all_reduce"))
+    return _Conjugate.apply(x, _identity, partial(_sum, g=_resolve(ranks, "grad_all_reduce")))
 
 
 def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group) -> torch.Tensor:
@@ -386,7 +332,8 @@ def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group) -> tor
     if src == dst:
         raise ValueError(f"all_to_all: src_dim and dst_dim are both {src}; the layout does not change")
     _check_divisible(x, dst, g, "all_to_all")
-    return _AllToAll.apply(x, src, dst, g)
+    return _Conjugate.apply(x, partial(_exchange, src_dim=src, dst_dim=dst, g=g),
+                            partial(_exchange, src_dim=dst, dst_dim=src, g=g))
 
 
 def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
@@ -405,7 +352,7 @@ def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
     g = _resolve(ranks, "local_slice")
     dim = _norm_dim(x, dim, "local_slice")
     _check_divisible(x, dim, g, "local_slice")
-    return _LocalSlice.apply(x, dim, g)
+    return _Conjugate.apply(x, partial(_chunk, dim=dim, g=g), partial(_gather, dim=dim, g=g))
 
 
 # torch.fx.symbolic_trace records these as call_function nodes instead of tracing into them.
