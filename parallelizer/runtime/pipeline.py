@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.fx
 from torch.distributed import pipelining
 
-from ..core.layout import Layout
+from ..core.layout import Layout, local_shape
 from ..rewriter.collectives import find_group
-from ..rewriter.spec import NodeSharding, ShardingSpec
+from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups
 from ..tracer.graph import Role, TracedGraph
 from .launch import create_groups
 from .module import ParallelModule
@@ -67,20 +67,15 @@ def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int
                          f"{group.count} blocks of {group.name}")
     first = {m: k for k, count in enumerate(blocks_per_stage)
              for m in group.members[sum(blocks_per_stage[:k]):sum(blocks_per_stage[:k]) + count]}
-    stage_of, current = {}, 0
-    ops = traced.compute_nodes()
-    for info in ops:
+    stage_of, current, past_last_block = {}, 0, False
+    for info in traced.compute_nodes():  # graph order
         if info.block_group == group.name:
             current = first[info.block]
-        elif info.block_group is None and _after_last_block(info, group, traced):
+        elif info.block_group is None and past_last_block:
             current = num_stages - 1
         stage_of[info.name] = current
+        past_last_block = past_last_block or info.name == group.nodes[-1][-1]
     return _boundaries(traced, stage_of, num_stages)
-
-
-def _after_last_block(info, group, traced: TracedGraph) -> bool:
-    order = {n: i for i, n in enumerate(traced.nodes)}
-    return order[info.name] > order[group.nodes[-1][-1]]
 
 
 def _boundaries(traced: TracedGraph, stage_of: dict[str, int], num_stages: int) -> StageCut:
@@ -244,7 +239,6 @@ def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layou
 def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, Layout], spec: ShardingSpec) -> tuple:
     """Empty tensors of the local shapes of `names` (torch's stages need them; shape inference would run
     the program, collectives included, on meta tensors)."""
-    from ..core.layout import local_shape
     out = []
     for n in names:
         meta = traced.node(n).outputs[0]
@@ -270,7 +264,6 @@ def _shared_params(traced: TracedGraph, cut: StageCut, pp: int, width: int, loca
 
 
 def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]:
-    from ..rewriter.spec import all_axis_groups
     return [[r + q * width for r in g] for q in range(pp) for g in all_axis_groups(spec.mesh)]
 
 
