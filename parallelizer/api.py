@@ -8,19 +8,19 @@ by block, and rehearsed by the CLI.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable
 
 import torch
 
-from cost_model.topology import Cluster, dgx_h100, get_cluster
+from cost_model.topology import Cluster, get_cluster
 
 from .core.mesh import MeshSpec
 from .errors import InfeasiblePlanError, ParallelizerError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
+from .planner.api import default_cluster
 from .tracer import TracedGraph, trace
 
 
@@ -46,9 +46,7 @@ def resolve_cluster(cluster: Cluster | str | None, world_size: int) -> tuple[Clu
         return load_profile(cluster).cluster(world_size), cluster
     if isinstance(cluster, str):
         return get_cluster(cluster), cluster
-    if world_size <= 8:
-        return dgx_h100(1, devices_per_node=world_size), f"h100:1x{world_size}"
-    return dgx_h100(math.ceil(world_size / 8)), f"h100:{math.ceil(world_size / 8)}x8"
+    return default_cluster(world_size)
 
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str | None = None,

@@ -64,8 +64,16 @@ def _cluster(cluster: Cluster | str | None, mesh: MeshSpec) -> Cluster:
         return cluster
     if isinstance(cluster, str):
         return get_cluster(cluster)
-    n = mesh.world_size
-    return dgx_h100(1, devices_per_node=n) if n <= 8 else dgx_h100(math.ceil(n / 8))
+    return default_cluster(mesh.world_size)[0]
+
+
+def default_cluster(world_size: int) -> tuple[Cluster, str]:
+    """The cluster assumed when none is given, with its preset string: DGX H100 nodes holding `world_size`
+    devices (one node of `world_size` when <= 8, else ceil(n / 8) nodes of 8)."""
+    if world_size <= 8:
+        return dgx_h100(1, devices_per_node=world_size), f"h100:1x{world_size}"
+    nodes = math.ceil(world_size / 8)
+    return dgx_h100(nodes), f"h100:{nodes}x8"
 
 
 def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig) -> Plan:
