@@ -1,13 +1,17 @@
 """Rank-side code of `benchmarks.bench_runtime` (spawned functions must live in an importable module).
 
-`bench_rank` runs on every gloo rank: for DP and for TP it builds our sharded program (`ParallelModule` from a
-hand-written `ShardingSpec`) and the hand-written torch equivalent (`DistributedDataParallel`, or
-`parallelize_module` with `ColwiseParallel` / `RowwiseParallel`) from the same seeded weights, and times one
-training step (forward, MSE loss, backward, AdamW step, barrier) of each. Rank 0's figures are reported.
+`bench_rank` runs on every gloo rank: for DP and for TP it builds our sharded program (`ParallelModule`) and
+the hand-written torch equivalent (`DistributedDataParallel`, or `parallelize_module` with `ColwiseParallel` /
+`RowwiseParallel`) from the same seeded weights, and times one training step (forward, MSE loss, backward,
+AdamW step, barrier) of each. Our DP program is the planner's plan with `axis_roles={"dp": "ddp"}`; for TP
+both the planner's plan with `axis_roles={"tp": "tp"}` and a hand-written Megatron spec with exactly torch's
+split are timed. Rank 0's figures are reported.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import statistics
 import time
 from collections.abc import Callable
@@ -21,8 +25,7 @@ from parallelizer import zoo
 from parallelizer.core.layout import Layout
 from parallelizer.core.mesh import MeshSpec
 from parallelizer.rewriter.apply import _tensor_args
-from parallelizer.rewriter.baselines import batch_parallel_spec
-from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups
+from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, spec_from_plan
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
 from parallelizer.tracer.graph import Role, TracedGraph
@@ -31,10 +34,10 @@ R, S0, S1, P = (Layout.parse(s) for s in ("R", "S(0)", "S(1)", "P"))
 LR = 1e-3
 
 
-def dp_spec(tg: TracedGraph, world_size: int) -> ShardingSpec:
-    """Hand-written DDP (`rewriter.baselines.batch_parallel_spec`): batch-sharded activations, parameters
-    stored and used replicated (one gradient all-reduce each in backward), the output gathered."""
-    return batch_parallel_spec(tg, MeshSpec(("dp",), (world_size,)))
+def planned_spec(tg: TracedGraph, mesh: dict[str, int], roles: dict[str, str]) -> ShardingSpec:
+    """The planner's plan for `mesh` with the given axis roles (deterministic: every rank gets the same)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return spec_from_plan(parallelizer.plan(tg, mesh, axis_roles=roles))
 
 
 def tp_spec(tg: TracedGraph, world_size: int, col: set[str], row: set[str]) -> ShardingSpec:
@@ -138,7 +141,7 @@ def bench_rank(rank: int, world_size: int, sizes: dict, warmup: int, iters: int,
     result = {"ref_loss1": ref_loss1, "collectives": {}, "threads": torch.get_num_threads()}
 
     # Data parallel: each rank computes on its half of the batch.
-    spec = dp_spec(traced, world_size)
+    spec = planned_spec(traced, {"dp": world_size}, {"dp": "ddp"})
     create_groups(all_axis_groups(spec.mesh))
     ours = ParallelModule(traced, spec, rank, copy.deepcopy(pristine))
     result["collectives"]["dp"] = dict(ours.program.collectives)
@@ -183,21 +186,26 @@ def bench_rank(rank: int, world_size: int, sizes: dict, warmup: int, iters: int,
     spec = tp_spec(traced, world_size, set(col), set(row))
     create_groups(all_axis_groups(spec.mesh))
     ours = ParallelModule(traced, spec, rank, copy.deepcopy(pristine))
+    planned = ParallelModule(traced, planned_spec(traced, {"tp": world_size}, {"tp": "tp"}), rank,
+                             copy.deepcopy(pristine))
     result["collectives"]["tp"] = dict(ours.program.collectives)
+    result["collectives"]["tp_plan"] = dict(planned.program.collectives)
     mesh = init_device_mesh("cpu", (world_size,))
     plan = {**{m: ColwiseParallel() for m in col}, **{m: RowwiseParallel() for m in row}}
     tp_model = parallelize_module(copy.deepcopy(pristine), mesh, plan)
     opts = {"ours": torch.optim.AdamW(ours.parameters(), lr=LR),
+            "plan": torch.optim.AdamW(planned.parameters(), lr=LR),
             "torch": torch.optim.AdamW(tp_model.parameters(), lr=LR)}
     result["tp"] = _measure({
         "ours": _train_step(ours, opts["ours"], x, y),
+        "plan": _train_step(planned, opts["plan"], x, y),
         "torch": _train_step(tp_model, opts["torch"], x, y),
     }, warmup, iters, rounds)
     # AdamW alone on each side's parameters (gradients of the last step are still there): plain local
     # shards for ours, DTensors for torch.
-    result["tp_parts"] = {f"adamw_{impl}": _median_ms(opt.step) for impl, opt in opts.items()}
-    for kind in ("dp", "tp"):
-        for impl in ("ours", "torch"):
+    result["tp_parts"] = {f"adamw_{impl}": _median_ms(opts[impl].step) for impl in ("ours", "torch")}
+    for kind, impls in (("dp", ("ours", "torch")), ("tp", ("ours", "plan", "torch"))):
+        for impl in impls:
             result[kind][impl]["loss1"] = float(result[kind][impl]["loss1"])
             result[kind][impl]["median_ms"] = statistics.median(result[kind][impl]["ms"])
     return result

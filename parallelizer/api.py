@@ -139,7 +139,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         memory_budget: per-device bytes (None: the device's memory). optimizer: "adamw", "adam" or "sgd".
         plan: a `Plan` or a path to a saved one: applied without re-solving, after `check_plan` against this
             model and mesh (the mesh then defaults to the plan's).
-        plan_options: other `PlanConfig` fields (time_limit_s=, mixed_precision=, batch_dims=, ...).
+        plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...).
     Returns:
         The `ParallelModule`; `.plan` is the `Plan`.
     Raises:

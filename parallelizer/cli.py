@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", default="h100:1x8", help="PRESET:NODESxDEVICES (default h100:1x8) or a "
                    "calibration profile JSON")
     p.add_argument("--mesh", help="e.g. dp=4,tp=4 (default: search 1-D and 2-D meshes)")
+    p.add_argument("--roles", help="force the parallelism of mesh axes (needs --mesh), e.g. dp=ddp,tp=tp; "
+                                   "roles: ddp, fsdp, tp, auto (default: the planner decides)")
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
     p.add_argument("--seq-len", type=int, help="sequence length (token models)")
@@ -124,6 +126,9 @@ def cmd_plan(args) -> int:
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
+    roles = parse_kv(args.roles, "--roles")
+    if roles and mesh is None:
+        raise ValueError(f"--roles {args.roles}: give the mesh they refer to with --mesh (e.g. --mesh dp=2,tp=4)")
     world = mesh.world_size if mesh else _cluster_devices(args.cluster)
     candidates = [mesh] if mesh else api.mesh_candidates(world, api.resolve_cluster(args.cluster, world)[0].devices_per_node)
     bar = tqdm(total=2 + len(candidates), desc="build", disable=args.no_progress, file=sys.stderr)
@@ -138,7 +143,7 @@ def cmd_plan(args) -> int:
     batch = {"global_batch": args.global_batch, "grad_accum": args.grad_accum, "traced_batch": traced_batch,
              "seq_len": args.seq_len}
     options = dict(cluster=args.cluster, recipe=recipe, batch=batch, optimizer=args.optimizer,
-                   time_limit_s=args.time_limit,
+                   time_limit_s=args.time_limit, axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9))
 
     started: list[MeshSpec] = []

@@ -1,9 +1,10 @@
 """`PlanConfig`: every knob of `parallelizer.plan`, in one frozen, validated object (no globals)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
+AXIS_ROLES = ("auto", "ddp", "fsdp", "tp")
 SOLVERS = ("highs", "cbc")
 
 
@@ -15,7 +16,18 @@ class PlanConfig:
         batch_dims: the batch dim of each user input (placeholder name -> dim, or None for "not batched");
             inputs not named use `default_batch_dim`. Batch dims may be sharded over `data_axes`.
         default_batch_dim: batch dim of user inputs not in `batch_dims` (0 by default; None = no batch dim).
-        data_axes: mesh axes user inputs may be sharded over (None = every axis).
+        data_axes: mesh axes user inputs may be sharded over (None = every axis not given the role "tp").
+        axis_roles: mesh axis -> the parallelism it must carry (axes not named are "auto": the ILP decides):
+            "ddp": batch dims of user inputs sharded over the axis, parameters stored and used Replicate over
+                it (DistributedDataParallel: one gradient all-reduce per parameter);
+            "fsdp": batch dims sharded over the axis, parameters stored Shard over it and all-gathered for use
+                (ZeRO-3/FSDP: reduce-scatter of gradients); a parameter none of whose dims divides by the
+                axis size stays Replicate (FSDP pads instead; we do not);
+            over "ddp" and "fsdp" axes activations are never gathered (the compute stays data parallel),
+                except into the model's outputs and into ops without a sharding rule (`plan.fallbacks`);
+            "tp": user inputs Replicate over the axis (no data parallelism on it), parameters of 2 or more
+                dims stored Shard over it (Megatron tensor parallelism; the ILP picks the dim, i.e. column or
+                row parallel, and how activations are laid out); 1-D parameters (biases, norm weights) free.
         memory_budget_bytes: per-device memory limit; None = the device's HBM (`DeviceSpec.hbm_bytes`).
         optimizer: "adamw" / "adam" (2 fp32 states) or "sgd" (none), for training-state bytes.
         mixed_precision: True = bf16/fp16 params and grads with fp32 master weights (ZeRO's 16 B/param);
@@ -32,6 +44,7 @@ class PlanConfig:
     batch_dims: tuple[tuple[str, int | None], ...] = field(default=())
     default_batch_dim: int | None = 0
     data_axes: tuple[str, ...] | None = None
+    axis_roles: tuple[tuple[str, str], ...] = field(default=())
     memory_budget_bytes: int | None = None
     optimizer: str = "adamw"
     mixed_precision: bool = False
@@ -47,6 +60,17 @@ class PlanConfig:
         object.__setattr__(self, "batch_dims", tuple(tuple(x) for x in bd))
         if self.data_axes is not None:
             object.__setattr__(self, "data_axes", tuple(self.data_axes))
+        roles = self.axis_roles
+        if isinstance(roles, dict):
+            roles = tuple(sorted(roles.items()))
+        object.__setattr__(self, "axis_roles", tuple(tuple(x) for x in roles))
+        for axis, role in self.axis_roles:
+            if role not in AXIS_ROLES:
+                raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r}: use one of {AXIS_ROLES}")
+            if self.data_axes is not None and (role == "tp") == (axis in self.data_axes) and role != "auto":
+                raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r} contradicts data_axes={self.data_axes}: "
+                                 "a 'ddp'/'fsdp' axis must be a data axis and a 'tp' axis must not; drop data_axes "
+                                 "(roles imply it) or make them agree")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
         if self.solver not in SOLVERS:
@@ -59,6 +83,16 @@ class PlanConfig:
                 isinstance(self.memory_budget_bytes, (int, float)) and self.memory_budget_bytes > 0):
             raise ValueError(f"PlanConfig.memory_budget_bytes={self.memory_budget_bytes!r}: must be bytes > 0 "
                              "or None (= device memory)")
+
+    @classmethod
+    def from_record(cls, record: dict) -> "PlanConfig":
+        """The config recorded in a plan (`Plan.config`, JSON form); fields it lacks keep their defaults."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+    def role_of(self, axis: str) -> str:
+        """The role of mesh axis `axis` ("auto" when not named in `axis_roles`)."""
+        return dict(self.axis_roles).get(axis, "auto")
 
     def batch_dim_of(self, input_name: str) -> int | None:
         """The batch dim of user input `input_name`."""

@@ -123,6 +123,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     cfg["memory_budget_bytes"] = problem.budget_bytes
     cfg["batch_dims"] = [list(x) for x in config.batch_dims]
     cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
+    cfg["axis_roles"] = [list(x) for x in config.axis_roles]
     del cfg["time_limit_s"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg)
@@ -151,10 +152,11 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
             config: PlanConfig | None = None) -> Explanation:
     """Compare the chosen strategy of `node` with every alternative, the rest of the plan fixed.
 
-    Rebuilds the problem (deterministic) with the plan's mesh; pass the same cluster/config as to `plan`.
+    Rebuilds the problem (deterministic) with the plan's mesh and, unless `config` is given, the config the
+    plan records (budget, batch dims, data axes, axis roles...); pass the same cluster as to `plan`.
     Raises UnknownNodeError (a KeyError) for an unknown node, naming the closest node names.
     """
-    config = config or PlanConfig(memory_budget_bytes=plan_.config.get("memory_budget_bytes"))
+    config = config or PlanConfig.from_record(plan_.config)
     problem, _ = build(traced, plan_.mesh, cluster=cluster, topology=topology, config=config)
     if node not in problem.group_of:
         raise UnknownNodeError(node, "the plan", problem.group_of)

@@ -9,7 +9,8 @@ A *group* is one set of one-hot strategy variables. Nodes share a group when
 
 Costs (seconds) on group g, strategy i: `lin[g][i]` = compute of every member node + every edge whose two
 ends are in g; `pair[(g, h)][i, j]` = every edge between g and h (forward + backward collective seconds,
-including gradient synchronisation). A pair matrix that is separable (C[i,j] = a_i + b_j) is folded into
+including gradient synchronisation; inf where `PlanConfig.axis_roles` forbid the pair, `EdgeRoles`). A pair
+matrix that is separable (C[i,j] = a_i + b_j) is folded into
 `lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
 bytes saved for backward; `const_mem_bytes` covers buffers.
 """
@@ -22,12 +23,12 @@ import numpy as np
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import local_shape
+from ..core.layout import Layout, Replicate, Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from .costs import Pricer
-from .strategies import NodeSpace, Strategy
+from .strategies import NodeSpace, Strategy, role_axes
 
 
 @dataclass
@@ -82,6 +83,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
                   budget_bytes: int) -> Problem:
     """Groups, costs and memory of the ILP (module docstring)."""
     mesh = pricer.mesh
+    roles = role_axes(mesh, config)
     group_of: dict[str, int] = {}
     key_index: dict[tuple, int] = {}
     groups: list[list[str]] = []
@@ -121,7 +123,8 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             h = group_of[ti.producer]
             prod = spaces[ti.producer]
             mat = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype.itemsize,
-                               prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param")
+                               prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
+                               _edge_roles(roles, prod, space))
             if h == g:
                 lin[g] += np.diag(mat)
             elif h < g:
@@ -149,16 +152,48 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded)
 
 
+@dataclass(frozen=True, slots=True)
+class EdgeRoles:
+    """What `PlanConfig.axis_roles` forbid on one edge (mesh axis indices); a pair breaking it costs inf.
+
+    used_replicated: the consumer must take the value Replicate there (parameters over "ddp"/"fsdp" axes);
+    keep_shard: a Shard placement must arrive unchanged there (parameters over "tp" axes: never gathered);
+    no_gather: a Shard placement must not become Replicate there (activations over "ddp"/"fsdp" axes, so
+        the compute stays data parallel; not into the graph output or an op without a sharding rule)."""
+
+    used_replicated: tuple[int, ...] = ()
+    keep_shard: tuple[int, ...] = ()
+    no_gather: tuple[int, ...] = ()
+
+    def forbids(self, src: Layout, dst: Layout) -> bool:
+        s, d = src.placements, dst.placements
+        return (any(d[i] != Replicate() for i in self.used_replicated)
+                or any(s[i] != d[i] and s[i] != Replicate() for i in self.keep_shard)
+                or any(isinstance(s[i], Shard) and d[i] == Replicate() for i in self.no_gather))
+
+
+def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace) -> EdgeRoles:
+    """The `EdgeRoles` of edge src -> dst, from the (data axes, tp axes) of the axis roles."""
+    data, tp = roles
+    if src.kind == "param":
+        return EdgeRoles(used_replicated=data, keep_shard=tp)
+    if dst.kind == "output" or dst.fallback:
+        return EdgeRoles()
+    return EdgeRoles(no_gather=data)
+
+
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,
-                 requires_grad: bool, mesh: MeshSpec, is_parameter: bool) -> np.ndarray:
-    """Seconds of edge (src -> input k of dst) for every (src strategy, dst strategy) pair."""
+                 requires_grad: bool, mesh: MeshSpec, is_parameter: bool, roles: EdgeRoles = EdgeRoles()) -> np.ndarray:
+    """Seconds of edge (src -> input k of dst) for every (src strategy, dst strategy) pair; inf for a pair
+    that is impossible or that `roles` forbid."""
     src_layouts, src_idx = _unique([s.output for s in src.strategies])
     dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, mesh)) for s in dst.strategies])
-    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter)
+    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter, roles)
     small = pricer.matrices.get(key)
     if small is None:
         small = pricer.matrices[key] = np.array(
-            [[pricer.edge_time_s(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
+            [[math.inf if roles.forbids(a, b) else
+              pricer.edge_time_s(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
              for a in src_layouts])
     return small[np.ix_(src_idx, dst_idx)]
 

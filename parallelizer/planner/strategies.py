@@ -6,6 +6,13 @@ every input and output shard divides evenly. Special nodes:
     mesh axis (Replicate over a data axis = DDP, Shard over it = ZeRO-3/FSDP); buffers and lifted constants
     are stored replicated;
   * user input: Replicate, or its batch dim sharded over the data axes (`PlanConfig`);
+  * axis roles (`PlanConfig.axis_roles`) narrow these: over a "ddp" axis parameters are stored Replicate and
+    batch dims sharded; over "fsdp" parameters are stored Shard (where some dim divides) and batch dims
+    sharded; over both, parameters are used Replicate and activations are not gathered (except into the
+    graph output or an op without a rule), so the compute stays data parallel (`problem.EdgeRoles`);
+    over "tp" parameters of >= 2 dims are stored Shard (where some dim divides) in a layout every consumer
+    takes as it is (never gathered over a "tp" axis: `problem.EdgeRoles`), else Replicate (recorded as a
+    fallback), and inputs are Replicate;
   * output: every input Replicate (the plan's final outputs are replicated);
   * an op with no rule: all Replicate, recorded as a fallback.
 
@@ -128,11 +135,10 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
     """`NodeSpace` per graph node (placeholders, ops, output), in graph order.
 
     Raises:
-        ValueError: a data axis that is not a mesh axis.
+        ValueError: a data axis or an axis role naming an axis that is not a mesh axis; a user input whose
+            batch dim does not divide over a "ddp"/"fsdp" axis.
     """
-    data_axes = config.data_axes if config.data_axes is not None else mesh.axis_names
-    for a in data_axes:
-        mesh.index(a)
+    data_axes = _data_axes(mesh, config)
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
@@ -158,7 +164,39 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
             spaces[name] = NodeSpace(name, "op", inputs, strategies, req, leader=leader)
         else:
             spaces[name] = NodeSpace(name, "op", inputs, _product(options, mesh, view.in_shapes, view.out_shapes), req)
+    _keep_tp_weights_usable(tg, mesh, config, spaces)
     return spaces
+
+
+def role_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Indices of the mesh axes with a data role ("ddp", "fsdp") and of those with the role "tp"."""
+    roles = [config.role_of(a) for a in mesh.axis_names]
+    return (tuple(i for i, r in enumerate(roles) if r in ("ddp", "fsdp")),
+            tuple(i for i, r in enumerate(roles) if r == "tp"))
+
+
+def _keep_tp_weights_usable(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, spaces: dict[str, NodeSpace]) -> None:
+    """Keep the stored layouts of a parameter forced Shard over "tp" axes that each of its uses can consume
+    unchanged on those axes; when none is left, let it be stored Replicate there and record why."""
+    tp = role_axes(mesh, config)[1]
+    if not tp:
+        return
+    on_tp = lambda layout: tuple(layout.placements[i] for i in tp)
+    for p in tg.parameters.values():
+        space = spaces.get(p.placeholders[0])
+        if p.is_buffer or space is None or len(p.shape) < 2:
+            continue
+        accepted = [(use, {on_tp(s.inputs[k]) for s in spaces[use].strategies})
+                    for use in p.uses for k, ti in enumerate(spaces[use].inputs) if ti.producer in p.placeholders]
+        keep = [s for s in space.strategies if all(on_tp(s.output) in acc for _, acc in accepted)]
+        if not keep:
+            free = [[R] + [Shard(d) for d in range(len(p.shape)) if p.shape[d] > 1] for _ in mesh.shape]
+            keep = [Strategy((), L) for L in _layouts(p.shape, free, mesh)
+                    if all(on_tp(L) in acc for _, acc in accepted)]
+            blocker = next(use for use, acc in accepted if not any(on_tp(s.output) in acc for s in space.strategies))
+            space.fallback = (f"axis role 'tp': {tg.nodes[blocker].op_name} ({blocker}) cannot use parameter "
+                              f"{p.fqn} {tuple(p.shape)} sharded over the tp axes; stored Replicate there")
+        space.strategies = keep
 
 
 def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | None:
@@ -174,19 +212,42 @@ def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | N
     return prod.leader or prod.name
 
 
+def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
+    """Axes user inputs may be sharded over: `config.data_axes`, else every axis not given the role "tp"."""
+    for axis, _ in config.axis_roles:
+        mesh.index(axis)
+    if config.data_axes is None:
+        return tuple(a for a in mesh.axis_names if config.role_of(a) != "tp")
+    for a in config.data_axes:
+        mesh.index(a)
+    return config.data_axes
+
+
 def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: PlanConfig,
                        data_axes: tuple[str, ...]) -> NodeSpace:
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
     param = tg.param_of_placeholder(info.name)
+    roles = [config.role_of(a) for a in mesh.axis_names]
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
-        per_axis = [[R] + [Shard(d) for d in range(len(shape)) if shape[d] > 1] for _ in mesh.shape]
-        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _layouts(shape, per_axis, mesh)], True,
-                         param_fqn=param.fqn)
+        shards = [Shard(d) for d in range(len(shape)) if shape[d] > 1]
+        layouts = _layouts(shape, [[R] if role == "ddp" else [R] + shards for role in roles], mesh)
+        forced = [i for i, role in enumerate(roles) if role == "fsdp" or (role == "tp" and len(shape) >= 2)]
+        if forced:  # keep the layouts sharded over as many forced axes as the shape allows
+            n_sharded = [sum(L.placements[i] != R for i in forced) for L in layouts]
+            layouts = [L for L, n in zip(layouts, n_sharded) if n == max(n_sharded)]
+        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in layouts], True, param_fqn=param.fqn)
     if info.role is Role.INPUT:
         bd = config.batch_dim_of(info.name)
         shardable = bd is not None and len(shape) > 0 and shape[bd] > 1
-        per_axis = [[R] + ([Shard(bd % len(shape))] if shardable and a in data_axes else [])
-                    for a in mesh.axis_names]
-        return NodeSpace(info.name, "input", (), [Strategy((), L) for L in _layouts(shape, per_axis, mesh)], False)
+        per_axis = [([] if role in ("ddp", "fsdp") and shardable else [R])
+                    + ([Shard(bd % len(shape))] if shardable and a in data_axes else [])
+                    for a, role in zip(mesh.axis_names, roles)]
+        layouts = _layouts(shape, per_axis, mesh)
+        if not layouts:
+            data = [f"{a} (size {mesh.size(a)})" for a, role in zip(mesh.axis_names, roles) if role in ("ddp", "fsdp")]
+            raise ValueError(f"user input {info.name!r} of shape {shape}: its batch dim {bd} cannot be sharded over "
+                             f"the data-parallel axes {', '.join(data)} of mesh {mesh} (axis_roles "
+                             f"{dict(config.axis_roles)}); use a batch divisible by their product, or another role")
+        return NodeSpace(info.name, "input", (), [Strategy((), L) for L in layouts], False)
     return NodeSpace(info.name, "buffer", (), [Strategy((), Layout.replicate(mesh.ndim))], False,
                      param_fqn=param.fqn if param is not None else None)

@@ -5,10 +5,11 @@
     verify(program, traced, spec)                        (raises VerificationError)
 
 `collectives` holds the autograd-aware collectives that the emitted program calls (all_gather,
-all_gather_rs, reduce_scatter, all_reduce, grad_all_reduce, all_to_all, local_slice); `spec` the
+all_gather_rs, reduce_scatter, all_reduce, grad_all_reduce, all_to_all, local_slice); `grad_sync` the
+bucketed asynchronous gradient all-reduce of replicated parameters (DDP-style); `spec` the
 `ShardingSpec` a Plan converts to; `state` local shards (cut, gathered, or initialised on `meta`).
 """
-from . import collectives
+from . import collectives, grad_sync
 from .apply import RankProgram
 from .apply import rewrite as _rewrite_spec
 from .spec import NodeSharding, ShardingSpec, spec_from_plan
@@ -27,5 +28,5 @@ def rewrite(traced, plan, rank: int) -> RankProgram:
     return program
 
 
-__all__ = ["collectives", "rewrite", "verify", "RankProgram", "ShardingSpec", "NodeSharding", "spec_from_plan",
+__all__ = ["collectives", "grad_sync", "rewrite", "verify", "RankProgram", "ShardingSpec", "NodeSharding", "spec_from_plan",
            "VerificationError"]

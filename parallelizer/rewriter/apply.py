@@ -26,7 +26,8 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph
-from . import collectives, localize
+from . import collectives, grad_sync, localize
+from .grad_sync import DEFAULT_BUCKET_BYTES
 from .spec import ShardingSpec, axis_ranks, squeeze_trivial_axes
 
 
@@ -53,23 +54,35 @@ class RankProgram:
     collectives: dict[str, int] = field(default_factory=dict)
 
 
-def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | torch.device = "cpu") -> RankProgram:
+def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | torch.device = "cpu",
+            grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> RankProgram:
     """Emit the sharded GraphModule of `rank` (its index on `spec.mesh`; the groups it calls collectives on
     are shifted by `spec.rank_offset`) for the decisions in `spec`. Ops of a graph traced on `meta` that
     create tensors get `device` instead (the rank's device: "cpu" under gloo, its GPU under nccl).
+
+    The gradient sync of a replicated parameter (a `grad_all_reduce` step applied to the parameter itself,
+    i.e. DDP) is emitted as `grad_sync.grad_all_reduce_bucketed`: asynchronous all-reduces of buckets of
+    `grad_bucket_bytes` bytes (default 25 MiB, DDP's), overlapped with the rest of backward and waited at
+    its end. `grad_bucket_bytes=0` emits the synchronous per-parameter `collectives.grad_all_reduce`
+    instead. Either way the program computes the same gradients and the step is the same planned step.
 
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh).
         IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
     """
-    return _Rewriter(traced, spec, rank, torch.device(device)).run()
+    if not isinstance(grad_bucket_bytes, int) or grad_bucket_bytes < 0:
+        raise ValueError(f"rewrite: grad_bucket_bytes must be an int >= 0 (0 = synchronous), got {grad_bucket_bytes!r}")
+    return _Rewriter(traced, spec, rank, torch.device(device), grad_bucket_bytes).run()
 
 
 class _Rewriter:
-    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, device: torch.device) -> None:
+    def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, device: torch.device,
+                 grad_bucket_bytes: int) -> None:
         spec = squeeze_trivial_axes(spec)
         self.traced, self.spec, self.mesh, self.rank, self.device = traced, spec, spec.mesh, rank, device
+        self.grad_bucket_bytes = grad_bucket_bytes
+        self.trainable: set[torch.fx.Node] = set()    # placeholders of parameters that receive gradients
         self.groups = {axis: [r + spec.rank_offset for r in ranks]
                        for axis, ranks in axis_ranks(spec.mesh, rank).items()}
         self.graph = torch.fx.Graph()
@@ -100,6 +113,8 @@ class _Rewriter:
             stored = self._stored(fqn)
             new = self.graph.placeholder(_safe_name(fqn))
             state.append(fqn)
+            if not param.is_buffer and param.dtype.is_floating_point:
+                self.trainable.add(new)
             for ph in param.placeholders:
                 self.env[ph], self.layout[ph] = new, stored
                 self.requires_grad[ph] = not param.is_buffer and param.dtype.is_floating_point
@@ -171,7 +186,9 @@ class _Rewriter:
         """Append the collective of one step; the node is named "<kind>_<mesh axis>" so `gm.code` shows it."""
         ranks = self.groups[step.mesh_axis]
         self.counts[step.kind] = self.counts.get(step.kind, 0) + 1
-        if step.kind == "all_gather" and step.bwd_kind == "reduce_scatter":
+        if step.kind == "grad_all_reduce" and value in self.trainable and self.grad_bucket_bytes:
+            fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes)
+        elif step.kind == "all_gather" and step.bwd_kind == "reduce_scatter":
             fn, args = collectives.all_gather_rs, (value, step.tensor_dim, ranks)
         elif step.kind in ("all_gather", "reduce_scatter", "local_slice"):
             fn, args = getattr(collectives, step.kind), (value, step.tensor_dim, ranks)

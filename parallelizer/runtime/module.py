@@ -11,6 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..rewriter.apply import RankProgram, rewrite
+from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..errors import PlanMismatchError
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
@@ -27,14 +28,18 @@ class ParallelModule(torch.nn.Module):
     Parameters and buffers are registered under their original FQNs (canonical names for tied ones).
     A `model` on the `meta` device gets each parameter's local shard initialised on this rank alone
     (`rewriter.state.init_local_shard`, seed `init_seed`): the full tensor never exists anywhere.
+    Gradients of replicated parameters (DDP) are all-reduced in buckets of `grad_bucket_bytes` (default
+    25 MiB, as DistributedDataParallel) asynchronously during backward and are complete in `.grad` when
+    `backward()` returns; `grad_bucket_bytes=0` all-reduces each one synchronously instead
+    (`rewriter.grad_sync`).
     Raises PlanMismatchError for a buffer left on `meta` (its values cannot be invented).
     """
 
     def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, model: torch.nn.Module,
-                 init_seed: int = 0) -> None:
+                 init_seed: int = 0, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         super().__init__()
         self.traced, self.spec, self.rank = traced, spec, rank
-        self.program: RankProgram = rewrite(traced, spec, rank)
+        self.program: RankProgram = rewrite(traced, spec, rank, grad_bucket_bytes=grad_bucket_bytes)
         verify(self.program, traced, spec)
         self.coords = mesh_coords(spec.mesh, rank)
         self.groups = self.program.groups

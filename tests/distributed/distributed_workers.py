@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.fx
 
 from parallelizer.rewriter import collectives as C
+from parallelizer.rewriter import grad_sync
 from parallelizer.runtime import DistributedError, create_groups
 
 Check = Callable[[list[int]], None]
@@ -120,6 +121,41 @@ def check_grad_all_reduce(g: list[int]) -> None:
     _close(p.grad, ref.grad, "grad_all_reduce grad")
 
 
+def check_grad_all_reduce_bucketed(g: list[int]) -> None:
+    """DDP-style bucketed async sync: equal to the reference for tied uses, a parameter that also has an
+    unsynced (replicated) use, several bucket sizes, two accumulated backward passes, and autograd.grad."""
+    n, i = _where(g)
+    Ps = [_full(shape, 60 + k) for k, shape in enumerate([(3, 4), (4, 4), (4, 2)])]
+    Ds = [_full((2, 3), 400 + r) for r in range(n)]          # batch shards
+
+    def loss(ps, sync, d):
+        a, b, c = (sync(p) for p in ps)
+        h = (d @ a).tanh() @ sync(ps[1])                       # b used twice on the batch shard (tied)
+        return (h @ b @ c).sum() + (ps[0] ** 2).sum()          # + a replicated term on a (counted once)
+
+    refs = [_leaf(P) for P in Ps]
+    (sum(loss(refs, lambda p: p, D) - (refs[0] ** 2).sum() for D in Ds) + (refs[0] ** 2).sum()).backward()
+    for bucket_bytes in (1, 100, 2**20):
+        ps = [_leaf(P) for P in Ps]
+        for _ in range(2):                                     # gradients accumulate over two passes
+            loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward()
+        for p, ref, name in zip(ps, refs, "abc"):
+            _close(p.grad, 2 * ref.grad, f"bucketed({bucket_bytes} B) grad of {name} after two passes")
+        held = [p.grad for p in ps]                            # a caller keeps the gradients, then zeroes
+        for p in ps:
+            p.grad = None
+        loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward()
+        for p, kept, ref, name in zip(ps, held, refs, "abc"):
+            _close(kept, 2 * ref.grad, f"bucketed({bucket_bytes} B): a kept gradient of {name} was overwritten")
+            _close(p.grad, ref.grad, f"bucketed({bucket_bytes} B) grad of {name} after zero_grad")
+            p.grad = 2 * ref.grad                              # as after the two passes, for the checks below
+        grads = torch.autograd.grad(loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes),
+                                         Ds[i]), ps)
+        for p, grad, ref, name in zip(ps, grads, refs, "abc"):
+            _close(grad, ref.grad, f"bucketed({bucket_bytes} B) autograd.grad of {name}")
+            _close(p.grad, 2 * ref.grad, f"bucketed({bucket_bytes} B): autograd.grad left .grad of {name} alone")
+
+
 def check_all_to_all(g: list[int]) -> None:
     n, i = _where(g)
     for src, dst in ((0, 2), (2, 0), (-1, 1)):
@@ -201,7 +237,7 @@ def check_hand_built_graph(g: list[int]) -> None:
 
 CHECKS: list[Check] = [
     check_all_gather, check_all_gather_rs, check_reduce_scatter, check_all_reduce, check_grad_all_reduce,
-    check_all_to_all, check_local_slice, check_megatron_fx, check_hand_built_graph,
+    check_grad_all_reduce_bucketed, check_all_to_all, check_local_slice, check_megatron_fx, check_hand_built_graph,
 ]
 
 
@@ -217,6 +253,8 @@ def check_errors(world: list[int]) -> None:
         (lambda: C.all_gather(torch.zeros(2), 0, [r for r in world if r != me]), ValueError,
          [f"rank {me} is not in group"]),
         (lambda: C.all_reduce(torch.zeros(2), list(reversed(world))), ValueError, ["sorted ascending"]),
+        (lambda: grad_sync.grad_all_reduce_bucketed(torch.zeros(2, requires_grad=True), world, 0), ValueError,
+         ["bucket_bytes must be a positive int", "0"]),
     ]
     if n == 4:  # [0, 3] and [1, 2] are the pairs no check creates
         pair = sorted([me, 3 - me])

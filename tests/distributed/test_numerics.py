@@ -7,6 +7,7 @@ from the planner (`plan_cases`); one launch of ranks per world size runs every c
 """
 import pytest
 
+from parallelizer.core.layout import Layout, Replicate
 from parallelizer.runtime.rehearsal import rehearse_many
 from plan_cases import KINDS, MODELS, case
 
@@ -37,30 +38,45 @@ def test_matches_single_device(results, key):
     assert report.matches(), f"{key}: {report}\nplan:\n{plan.summary()}"
 
 
-def _stored_sharded(plan, axis):
-    i = plan.mesh.axis_names.index(axis)
-    return [p for p in plan.params.values() if not p.is_buffer and p.stored and "S" in _placements(p.stored)[i]]
+def _on(plan, layout: str, axis: str):
+    """The placement of a layout string on mesh axis `axis`."""
+    return Layout.parse(layout).placements[plan.mesh.axis_names.index(axis)]
 
 
-def _placements(layout: str) -> list[str]:
-    out, token = [], ""
-    for ch in layout:
-        token += ch
-        if ch in "R)" or (ch == "P" and not layout[len("".join(out)) + len(token):].startswith("(")):
-            out.append(token)
-            token = ""
-    return out
+def _shardable(plan, param, axis: str) -> bool:
+    return any(d > 1 and d % plan.mesh.size(axis) == 0 for d in param.shape)
 
 
-def test_every_plan_kind_was_exercised(results):
-    """The planner's plans cover DDP, FSDP/ZeRO-3, tensor parallelism and a 2x2 DP x TP mesh."""
-    plans = {key: plan for key, (plan, _) in results.items()}
-    ddp = [k for k, p in plans.items() if k[0] > 1 and p.mesh.axis_names == ("dp",)
-           and all(q.stored == "R" for q in p.params.values()) and p.steps("grad_all_reduce")]
-    fsdp = [k for k, p in plans.items() if p.mesh.axis_names == ("dp",) and _stored_sharded(p, "dp")
-            and any(s.bwd_kind == "reduce_scatter" for _, s in p.steps("all_gather"))]
-    tp = [k for k, p in plans.items() if "tp" in p.mesh.axis_names and any(
-        "S" in _placements(n.inputs[1])[p.mesh.axis_names.index("tp")]
-        for n in p.nodes.values() if n.op == "aten.linear.default")]
-    dp_tp = [k for k in tp if plans[k].mesh.shape == (2, 2) and plans[k].steps("grad_all_reduce")]
-    assert ddp and fsdp and tp and dp_tp, (ddp, fsdp, tp, dp_tp)
+def _kind_problems(plan, kind: str) -> list[str]:
+    """What keeps `plan` from being a plan of `kind` (empty when it is one)."""
+    params = [q for q in plan.params.values() if not q.is_buffer]
+    placeholders = {ph for q in params for ph in q.placeholders}
+    problems = []
+    if kind in ("dp", "dp_tp"):
+        problems += [f"{q.fqn} stored {q.stored}" for q in params if _on(plan, q.stored, "dp") != Replicate()]
+        if not any(s.mesh_axis == "dp" for _, s in plan.steps("grad_all_reduce")):
+            problems.append("no gradient all-reduce over dp")
+    if kind == "fsdp":
+        problems += [f"{q.fqn} {q.shape} stored {q.stored}" for q in params
+                     if _shardable(plan, q, "dp") and _on(plan, q.stored, "dp") == Replicate()]
+        if not any(s.bwd_kind == "reduce_scatter" for e, s in plan.steps("all_gather") if e.src in placeholders):
+            problems.append("no parameter all-gather with a reduce-scatter backward")
+    if kind in ("tp", "dp_tp"):
+        problems += [f"{q.fqn} {q.shape} stored {q.stored}" for q in params
+                     if len(q.shape) >= 2 and _shardable(plan, q, "tp") and _on(plan, q.stored, "tp") == Replicate()]
+        problems += [f"{e.src} gathered over tp" for e, s in plan.steps("all_gather")
+                     if e.src in placeholders and s.mesh_axis == "tp"]
+        if not any(n.op == "aten.linear.default" and _on(plan, n.inputs[1], "tp") != Replicate()
+                   for n in plan.nodes.values()):
+            problems.append("no linear uses a weight sharded over tp")
+    return problems
+
+
+@pytest.mark.parametrize("key", [(w, m, k) for w, cases in CASES.items() if w > 1 for m, k in cases],
+                         ids=lambda key: "-".join(map(str, key)))
+def test_plan_is_of_its_kind(results, key):
+    """The planner option `axis_roles` forces each kind for every model: DDP (parameters replicated over dp,
+    gradient all-reduce), FSDP/ZeRO-3 (parameters sharded over dp, all-gather with reduce-scatter
+    backward), tensor parallelism (matmul weights sharded over tp and used sharded), and 2x2 DP x TP."""
+    plan, _ = results[key]
+    assert not _kind_problems(plan, key[2]), f"{key}: {_kind_problems(plan, key[2])}\n{plan.summary()}"

@@ -48,12 +48,22 @@ def test_fsdp_when_replicated_state_does_not_fit(mlp_graph):
         assert kinds == [("all_gather", "reduce_scatter", True)]  # ZeRO-3: AG forward, RS backward
 
 
-def test_megatron_mlp_and_head_split_attention():
+@pytest.fixture(scope="module")
+def gpt_graph():
     m, inp = zoo.gpt(n_layer=2, n_embd=2048, n_head=16, block_size=512, vocab_size=512, batch=4,
                      with_targets=True, device="meta")
-    tg = parallelizer.trace(m, inp)
+    return parallelizer.trace(m, inp)
+
+
+@pytest.mark.parametrize("roles", [None, {"dp": "ddp", "tp": "tp"}], ids=["free axes", "axis roles"])
+def test_megatron_mlp_and_head_split_attention(gpt_graph, roles):
+    """Under a budget that rules out pure DP: column-parallel c_fc, row-parallel c_proj with one reduction
+    per MLP, attention split by heads. With both axes free the solver may put that on either axis; with
+    `axis_roles` it is on "tp", and "dp" carries DDP (parameters replicated there, gradients all-reduced)."""
+    tg = gpt_graph
     replicated = training_state_bytes(tg.num_parameters, "fp32").total_bytes
-    p = plan(tg, MeshSpec(("dp", "tp"), (2, 4)), memory_budget_bytes=int(0.8 * replicated))  # no pure DP
+    p = plan(tg, MeshSpec(("dp", "tp"), (2, 4)), memory_budget_bytes=int(0.8 * replicated),  # no pure DP
+             **({"axis_roles": roles} if roles else {}))
     assert p.solver.optimal and p.cost.memory_bytes["total"] <= 0.8 * replicated
     for blk in ("h_0", "h_1"):
         fc = next(e for e in p.edges if e.src == f"p_{blk}_c_fc_weight")
@@ -63,6 +73,8 @@ def test_megatron_mlp_and_head_split_attention():
         row = [a for a, pl in enumerate(proj_use) if pl == Shard(1)]
         assert col and col == row  # column-parallel c_fc, row-parallel c_proj on the same mesh axis
         axis = p.mesh.axis_names[col[0]]
+        if roles:
+            assert axis == "tp" and fc.src_layout == fc.dst_layout and proj.src_layout == proj.dst_layout
         out = Layout.parse(p.nodes[proj.dst].output)
         assert isinstance(out[col[0]], Partial)
         # exactly one forward reduction of the row-parallel output on that axis per MLP
@@ -80,6 +92,9 @@ def test_megatron_mlp_and_head_split_attention():
     for sdpa in ("scaled_dot_product_attention", "scaled_dot_product_attention_1"):
         q = Layout.parse(p.nodes[sdpa].inputs[0])
         assert Shard(1) in tuple(q)  # attention split by heads
+    if roles:
+        assert all(Layout.parse(q.stored)[0] == Layout.parse("R")[0] for q in p.params.values())
+        assert any(s.mesh_axis == "dp" for _, s in p.steps("grad_all_reduce"))
 
 
 class VocabModel(nn.Module):

@@ -65,6 +65,8 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     (["plan", *GPT, "--cluster", "tpu:1x8"], "unknown cluster preset"),
     (["plan", *GPT, "--global-batch", "5", "--grad-accum", "2"], "multiple of --grad-accum"),
     (["plan", *GPT, "--global-batch", "0"], "--global-batch 0: give the number of samples"),
+    (["plan", *GPT, "--roles", "dp=fsdp"], "--roles dp=fsdp: give the mesh they refer to with --mesh"),
+    (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp=zero3"], "axis_roles['dp']='zero3'"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -143,6 +145,16 @@ def test_parse_helpers():
     assert cli.parse_mesh("dp=4,tp=2").shape == (4, 2)
     with pytest.raises(ValueError, match="KEY=VALUE"):
         cli.parse_kv("n_layer", "--config")
+
+
+def test_roles_force_the_kind_of_a_planned_axis(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "--roles", "dp=fsdp",
+                     "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert plan.config["axis_roles"] == [["dp", "fsdp"]]
+    matrices = [q for q in plan.params.values() if len(q.shape) == 2]
+    assert matrices and all(q.stored.startswith("S(") for q in matrices)
 
 
 @pytest.mark.distributed

@@ -16,14 +16,25 @@ def mlp_traced():
     return parallelizer.trace(*zoo.mlp(depth=2))
 
 
-def test_ddp_program_has_one_grad_sync_per_parameter(mlp_traced):
+@pytest.mark.parametrize("bucket_bytes, call", [(25 * 2**20, "grad_sync_grad_all_reduce_bucketed("),
+                                                (0, "collectives_grad_all_reduce(")])
+def test_ddp_program_has_one_grad_sync_per_parameter(mlp_traced, bucket_bytes, call):
     spec = batch_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
-    program = rewrite(mlp_traced, spec, rank=1)
+    program = rewrite(mlp_traced, spec, rank=1, grad_bucket_bytes=bucket_bytes)
     verify(program, mlp_traced, spec)
     n_params = len(mlp_traced.parameters)
     assert program.collectives == {"all_gather": 1, "grad_all_reduce": n_params, "local_slice": 1}
-    assert program.graph_module.code.count("collectives_grad_all_reduce(") == n_params
-    assert "[0, 1]" in program.graph_module.code
+    code = program.graph_module.code
+    assert code.count(call) == n_params
+    assert "[0, 1]" in code
+    if bucket_bytes:
+        assert code.count(f"[0, 1], {bucket_bytes})") == n_params
+
+
+def test_rewrite_rejects_a_negative_bucket_size(mlp_traced):
+    spec = batch_parallel_spec(mlp_traced, MeshSpec(("dp",), (2,)))
+    with pytest.raises(ValueError, match="grad_bucket_bytes must be an int >= 0"):
+        rewrite(mlp_traced, spec, rank=0, grad_bucket_bytes=-1)
 
 
 def test_zero3_program_gathers_every_parameter_with_reduce_scatter_backward(mlp_traced):

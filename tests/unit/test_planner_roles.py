@@ -1,0 +1,131 @@
+"""`PlanConfig.axis_roles`: forcing DDP, FSDP/ZeRO-3 or tensor parallelism on a mesh axis, and its errors."""
+import contextlib
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.config import PlanConfig
+from parallelizer.core import Layout, MeshSpec, Replicate, Shard
+from parallelizer.planner import explain, plan
+from parallelizer.planner.plan import Plan
+
+R = Replicate()
+
+
+@pytest.fixture(scope="module")
+def bench_graph():
+    # weights dominate (batch 64, 17M parameters): left free, the planner would run it replicated
+    return parallelizer.trace(*zoo.mlp(in_features=256, dim=1024, hidden=4096, depth=2, batch=64, device="meta"))
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    # activations dominate: left free, the planner picks DDP on 4 devices
+    return parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=2, batch=8192, device="meta"))
+
+
+def _plan(tg, mesh, **options):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return plan(tg, mesh, **options)
+
+
+def _params(p):
+    return [q for q in p.params.values() if not q.is_buffer]
+
+
+def _param_edges(p):
+    placeholders = {ph for q in _params(p) for ph in q.placeholders}
+    return [e for e in p.edges if e.src in placeholders]
+
+
+def test_ddp_role_replicates_parameters_and_all_reduces_gradients(mlp_graph):
+    p = _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "ddp"})
+    assert {q.stored for q in _params(p)} == {"R"}
+    assert p.nodes[mlp_graph.input_names[0]].output == "S(0)"  # the batch is sharded
+    # activations are never gathered over dp before the output, so every parameter meets batch shards
+    assert all(e.dst_layout == "R" and [s.kind for s in e.steps] == ["grad_all_reduce"] for e in _param_edges(p))
+    gathers = [e for e, s in p.steps("all_gather")]
+    assert [e.dst for e in gathers] == ["output"]
+
+
+def test_ddp_role_keeps_the_compute_data_parallel_where_replicating_would_be_cheaper(bench_graph):
+    free = _plan(bench_graph, {"dp": 2})
+    p = _plan(bench_graph, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert not free.steps("grad_all_reduce")  # the free optimum gathers the tiny batch and replicates
+    assert len(p.steps("grad_all_reduce")) == len(_params(p)) and p.cost.total_s >= free.cost.total_s
+    assert all(n.output in ("S(0)", None) for name, n in p.nodes.items() if n.op != "placeholder"
+               and name != "output")
+
+
+def test_fsdp_role_shards_parameters_and_gathers_them_for_use(mlp_graph):
+    ddp = _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "ddp"})
+    p = _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "fsdp"})
+    for q in _params(p):
+        divisible = any(d % 4 == 0 for d in q.shape)
+        assert (q.stored != "R") == divisible, (q.fqn, q.shape, q.stored)
+    for e in _param_edges(p):
+        assert e.dst_layout == "R"
+        if e.src_layout != "R":  # gathered for use; gradients reduce-scattered (the batch is sharded)
+            assert [(s.kind, s.bwd_kind) for s in e.steps] == [("all_gather", "reduce_scatter")]
+    assert p.cost.memory_bytes["params"] < ddp.cost.memory_bytes["params"] / 3
+
+
+def test_tp_role_shards_matmul_weights_used_in_place(mlp_graph):
+    p = _plan(mlp_graph, {"tp": 4}, axis_roles={"tp": "tp"})
+    assert p.nodes[mlp_graph.input_names[0]].output == "R"  # no data parallelism over tp
+    for q in _params(p):
+        if len(q.shape) == 2 and any(d % 4 == 0 for d in q.shape):
+            assert isinstance(Layout.parse(q.stored)[0], Shard), (q.fqn, q.stored)
+    for e in _param_edges(p):
+        if e.src_layout != "R":
+            assert e.dst_layout == e.src_layout and not e.steps  # used as stored: never gathered
+    assert p.config["axis_roles"] == [["tp", "tp"]]
+
+
+class CumsumWeight(nn.Module):
+    """A weight read through an op without a sharding rule (cumsum), so no op can use it sharded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x @ torch.cumsum(self.w, 0))
+
+
+def test_tp_role_keeps_a_weight_no_op_can_use_sharded_replicated_and_says_why():
+    tg = parallelizer.trace(CumsumWeight(), (torch.randn(4, 8),))
+    p = _plan(tg, {"tp": 2}, axis_roles={"tp": "tp"})
+    assert p.params["w"].stored == "R"
+    assert p.params["lin.weight"].stored in ("S(0)", "S(1)")
+    reasons = [f.reason for f in p.fallbacks if "axis role" in f.reason]
+    assert len(reasons) == 1 and "aten.cumsum.default" in reasons[0] and "w (8, 8)" in reasons[0]
+
+
+def test_roles_are_recorded_validated_and_used_by_explain(mlp_graph, tmp_path):
+    p = _plan(mlp_graph, {"dp": 2, "tp": 2}, axis_roles={"dp": "ddp", "tp": "tp"})
+    path = tmp_path / "plan.json"
+    p.save(path)
+    loaded = Plan.load(path)  # schema-validated
+    assert loaded.config["axis_roles"] == [["dp", "ddp"], ["tp", "tp"]]
+    assert PlanConfig.from_record(loaded.config).axis_roles == (("dp", "ddp"), ("tp", "tp"))
+    weight = next(q for q in _params(p) if len(q.shape) == 2).placeholders[0]
+    alternatives = explain(mlp_graph, loaded, weight).alternatives
+    assert alternatives and all(Layout.parse(a[0].split("-> ")[1])[0] == R for a in alternatives)  # R over dp
+
+
+def test_role_errors_name_the_field_axis_and_remedy(mlp_graph):
+    with pytest.raises(ValueError, match=r"axis_roles\['dp'\]='zero3'.*'ddp', 'fsdp', 'tp'"):
+        PlanConfig(axis_roles={"dp": "zero3"})
+    with pytest.raises(ValueError, match="contradicts data_axes"):
+        PlanConfig(axis_roles={"tp": "tp"}, data_axes=("tp",))
+    with pytest.raises(ValueError, match="unknown mesh axis 'pp'"):
+        _plan(mlp_graph, {"dp": 4}, axis_roles={"pp": "ddp"})
+    odd = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=6, device="meta"))
+    with pytest.raises(ValueError, match=r"batch dim 0 cannot be sharded over the data-parallel axes dp \(size 4\)"):
+        _plan(odd, {"dp": 4}, axis_roles={"dp": "ddp"})
