@@ -95,6 +95,8 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     if batch:
         rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
     tables.append(("Mesh", ["axis", "size"], rows))
+    if plan.notes():
+        tables.insert(0, ("Notes", ["note"], [[note] for note in plan.notes()]))
     total = c.total_s or 1.0
     rows = [["compute", f"{c.compute_s * 1e3:.3f}", f"{c.compute_s / total:.1%}"]]
     rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]

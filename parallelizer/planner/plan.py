@@ -193,12 +193,26 @@ class Plan:
             model=d["model"], config=d["config"], fingerprint=d["fingerprint"], cluster=d["cluster"])
 
     # --- human ---------------------------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        """What a reader should see first, derived from the plan (not stored): today, a plan on several
+        devices that uses no parallelism at all (every layout Replicate: each device computes the whole step)."""
+        layouts = [L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))]
+        layouts += [p.stored for p in self.params.values()]
+        if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
+            axis = self.mesh.axis_names[0]
+            return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
+                    f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "
+                    "under the cost model no sharding pays for its communication at this size. Remedies: fewer "
+                    f"devices, a larger batch, or axis_roles={{'{axis}': 'ddp'}} to force data parallelism."]
+        return []
+
     def summary(self, max_nodes: int = 40) -> str:
-        """Text summary: cost, memory, solver, parameter layouts, the main ops' strategies, fallbacks."""
+        """Text summary: notes, cost, memory, solver, parameter layouts, the main ops' strategies, fallbacks."""
         c, s = self.cost, self.solver
         gb = 1e9
         gap = "n/a" if s.gap is None else f"{s.gap:.2e}"
-        lines = [f"Plan on mesh {self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
+        lines = [f"NOTE: {note}" for note in self.notes()]
+        lines += [f"Plan on mesh {self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
                  f"(compute {c.compute_s * 1e3:.3f} ms"
                  + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
                  "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in c.memory_bytes.items()),

@@ -25,6 +25,7 @@ import queue as queue_module
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tqdm import tqdm
 
 from parallelizer.errors import ParallelizerError
 
@@ -168,6 +170,10 @@ def _worker(
     reports: Any,
 ) -> None:
     """Body of one spawned rank: init, run, report ("ok", pickled result) or ("error", traceback), exit."""
+    # torch.fx.Interpreter makes a (disabled) tqdm bar, whose first use creates a multiprocessing lock that is
+    # registered with the resource tracker; os._exit below skips its release, which the tracker then reports
+    # as "leaked semaphore objects". A thread lock is all a rank's progress bars need.
+    tqdm.set_lock(threading.RLock())
     exit_code = 1
     try:
         dist.init_process_group(

@@ -319,3 +319,10 @@ def abort_on_rank_one(rank: int, world_size: int) -> None:
     if rank == 1:
         os.abort()
     dist.barrier()
+
+
+def run_fx_interpreter(rank: int, world_size: int) -> int:
+    """Run a tiny GraphModule through torch.fx.Interpreter (as the verifier does), which creates a tqdm bar."""
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    torch.fx.Interpreter(gm).run(torch.ones(1, 2))
+    return rank

@@ -5,7 +5,10 @@ themselves live in distributed_workers.py, which spawned ranks import.
 """
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -75,6 +78,17 @@ def test_taken_rendezvous_port_is_retried(monkeypatch):
         monkeypatch.setattr(launch, "_free_port", lambda: ports.pop() if ports else real_free_port())
         assert spawn(W.sleep_on_rank_zero, 1, 0.0, timeout_s=60) == [0]
         assert not ports  # the taken port was really tried first
+
+
+def test_ranks_leak_no_semaphores():
+    """A rank that ran an fx Interpreter (tqdm's multiprocessing lock) exits without the resource tracker
+    reporting "leaked semaphore objects" when the launching process ends."""
+    script = "import distributed_workers as W\nfrom parallelizer.runtime import spawn\n" \
+             "if __name__ == '__main__':\n    print(spawn(W.run_fx_interpreter, 2, timeout_s=60))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(W.__file__), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr
 
 
 def test_graph_module_code_shows_collectives():

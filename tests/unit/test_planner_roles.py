@@ -129,3 +129,17 @@ def test_role_errors_name_the_field_axis_and_remedy(mlp_graph):
     odd = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=6, device="meta"))
     with pytest.raises(ValueError, match=r"batch dim 0 cannot be sharded over the data-parallel axes dp \(size 4\)"):
         _plan(odd, {"dp": 4}, axis_roles={"dp": "ddp"})
+
+
+def test_a_plan_without_parallelism_says_so_and_the_ddp_role_is_the_remedy():
+    from parallelizer.plan_io import plan_text
+
+    tiny = parallelizer.trace(*zoo.mlp(depth=1, batch=8, dim=16, hidden=32, in_features=8, device="meta"))
+    free = _plan(tiny, {"dp": 8})
+    assert not free.steps() and len(free.notes()) == 1
+    note = free.notes()[0]
+    assert note.startswith("no parallelism") and "8 devices" in note and "axis_roles={'dp': 'ddp'}" in note
+    assert free.summary().startswith("NOTE: no parallelism") and "## Notes" in plan_text(free)
+    forced = _plan(tiny, {"dp": 8}, axis_roles={"dp": "ddp"})
+    assert forced.notes() == [] and forced.steps("grad_all_reduce")
+    assert _plan(tiny, {"dp": 1}).notes() == []  # one device: nothing to say
