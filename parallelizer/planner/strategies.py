@@ -190,9 +190,8 @@ def _keep_tp_weights_usable(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
                     for use in p.uses for k, ti in enumerate(spaces[use].inputs) if ti.producer in p.placeholders]
         keep = [s for s in space.strategies if all(on_tp(s.output) in acc for _, acc in accepted)]
         if not keep:
-            free = [[R] + [Shard(d) for d in range(len(p.shape)) if p.shape[d] > 1] for _ in mesh.shape]
-            keep = [Strategy((), L) for L in _layouts(p.shape, free, mesh)
-                    if all(on_tp(L) in acc for _, acc in accepted)]
+            relaxed = _param_layouts(tuple(p.shape), [config.role_of(a) for a in mesh.axis_names], mesh, force_tp=False)
+            keep = [Strategy((), L) for L in relaxed if all(on_tp(L) in acc for _, acc in accepted)]
             blocker = next(use for use, acc in accepted if not any(on_tp(s.output) in acc for s in space.strategies))
             space.fallback = (f"axis role 'tp': {tg.nodes[blocker].op_name} ({blocker}) cannot use parameter "
                               f"{p.fqn} {tuple(p.shape)} sharded over the tp axes; stored Replicate there")
@@ -212,6 +211,19 @@ def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | N
     return prod.leader or prod.name
 
 
+def _param_layouts(shape: tuple[int, ...], roles: list[str], mesh: MeshSpec, force_tp: bool = True) -> list[Layout]:
+    """Stored layouts a parameter may take under the axis roles: Replicate over "ddp" axes; Shard over
+    "fsdp" axes and (with `force_tp`, for >= 2-D parameters) "tp" axes, as many of them as the shape allows;
+    Replicate or Shard(any dim) elsewhere."""
+    shards = [Shard(d) for d in range(len(shape)) if shape[d] > 1]
+    layouts = _layouts(shape, [[R] if role == "ddp" else [R] + shards for role in roles], mesh)
+    forced = [i for i, role in enumerate(roles) if role == "fsdp" or (force_tp and role == "tp" and len(shape) >= 2)]
+    if forced:
+        n_sharded = [sum(L.placements[i] != R for i in forced) for L in layouts]
+        layouts = [L for L, n in zip(layouts, n_sharded) if n == max(n_sharded)]
+    return layouts
+
+
 def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
     """Axes user inputs may be sharded over: `config.data_axes`, else every axis not given the role "tp"."""
     for axis, _ in config.axis_roles:
@@ -229,13 +241,8 @@ def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: 
     param = tg.param_of_placeholder(info.name)
     roles = [config.role_of(a) for a in mesh.axis_names]
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
-        shards = [Shard(d) for d in range(len(shape)) if shape[d] > 1]
-        layouts = _layouts(shape, [[R] if role == "ddp" else [R] + shards for role in roles], mesh)
-        forced = [i for i, role in enumerate(roles) if role == "fsdp" or (role == "tp" and len(shape) >= 2)]
-        if forced:  # keep the layouts sharded over as many forced axes as the shape allows
-            n_sharded = [sum(L.placements[i] != R for i in forced) for L in layouts]
-            layouts = [L for L, n in zip(layouts, n_sharded) if n == max(n_sharded)]
-        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in layouts], True, param_fqn=param.fqn)
+        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)], True,
+                         param_fqn=param.fqn)
     if info.role is Role.INPUT:
         bd = config.batch_dim_of(info.name)
         shardable = bd is not None and len(shape) > 0 and shape[bd] > 1

@@ -105,6 +105,9 @@ def test_tp_role_keeps_a_weight_no_op_can_use_sharded_replicated_and_says_why():
     assert p.params["lin.weight"].stored in ("S(0)", "S(1)")
     reasons = [f.reason for f in p.fallbacks if "axis role" in f.reason]
     assert len(reasons) == 1 and "aten.cumsum.default" in reasons[0] and "w (8, 8)" in reasons[0]
+    both = _plan(tg, {"dp": 2, "tp": 2}, axis_roles={"dp": "ddp", "tp": "tp"})
+    assert both.params["w"].stored == "RR"  # relaxed over tp only: still Replicate over the ddp axis
+    assert both.params["lin.weight"].stored in ("RS(0)", "RS(1)")
 
 
 def test_roles_are_recorded_validated_and_used_by_explain(mlp_graph, tmp_path):
