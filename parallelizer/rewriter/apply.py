@@ -70,6 +70,7 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh).
         IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
+        ValueError: grad_bucket_bytes is not an int >= 0.
     """
     if not isinstance(grad_bucket_bytes, int) or grad_bucket_bytes < 0:
         raise ValueError(f"rewrite: grad_bucket_bytes must be an int >= 0 (0 = synchronous), got {grad_bucket_bytes!r}")
