@@ -21,6 +21,7 @@ from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import default_cluster
+from .rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from .tracer import TracedGraph, trace
 
 
@@ -121,7 +122,8 @@ def search_mesh(traced: TracedGraph, world_size: int, *, cluster: Cluster | str 
 def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: MeshSpec | dict | None = None,
                      cluster: Cluster | str | None = None, memory_budget: int | None = None,
                      optimizer: str = "adamw", plan: Plan | str | os.PathLike | None = None,
-                     example_kwargs: dict | None = None, **plan_options):
+                     example_kwargs: dict | None = None, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                     **plan_options):
     """Trace, plan (or apply a saved plan) and build this rank's `ParallelModule`.
 
     Under torchrun (torch.distributed initialised, or RANK/WORLD_SIZE set: then `runtime.init_from_env()` is
@@ -139,6 +141,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         memory_budget: per-device bytes (None: the device's memory). optimizer: "adamw", "adam" or "sgd".
         plan: a `Plan` or a path to a saved one: applied without re-solving, after `check_plan` against this
             model and mesh (the mesh then defaults to the plan's).
+        grad_bucket_bytes: bucket size of the asynchronous gradient sync of replicated parameters (default
+            25 MiB as DDP; 0 = one synchronous all-reduce per parameter), see `ParallelModule`.
         plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...).
     Returns:
         The `ParallelModule`; `.plan` is the `Plan`.
@@ -182,7 +186,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         chosen = Plan.from_json(text)
     if distributed:
         create_groups(all_axis_groups(mesh))
-    module = ParallelModule(traced, spec_from_plan(chosen), rank, model)
+    module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module
 

@@ -66,7 +66,9 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     end of the backward pass (module docstring).
 
     Falls back to `grad_all_reduce` (synchronous, gradient returned to autograd) when `param` is not a leaf
-    that requires grad or grad mode is off. Local shapes: unchanged.
+    that requires grad, grad mode is off, or `param` has hooks (`register_hook`,
+    `register_post_accumulate_grad_hook`: they then see the summed gradient, as with `grad_all_reduce`);
+    and, in backward, under `create_graph=True` (double backward). Local shapes: unchanged.
 
     Raises:
         ValueError: bucket_bytes < 1; bad `ranks`, or the calling rank is not in it.
@@ -75,7 +77,7 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"grad_all_reduce_bucketed: bucket_bytes must be a positive int, got {bucket_bytes!r}")
     g = _resolve(ranks, "grad_all_reduce_bucketed")
-    if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1:
+    if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1 or _has_hooks(param):
         return grad_all_reduce(param, ranks)
     accumulator = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node of `param`
     return _Deferred.apply(param, accumulator, g, bucket_bytes)
@@ -89,10 +91,16 @@ class _Deferred(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        if not _accumulates(ctx.accumulator):
+        if torch.is_grad_enabled() or not _accumulates(ctx.accumulator):  # create_graph, or no .grad written
             return _sum(grad, ctx.g), None, None, None
         _PassSync.current().add(ctx.param, grad, ctx.g, ctx.bucket_bytes)
         return None, None, None, None
+
+
+def _has_hooks(param: torch.Tensor) -> bool:
+    """Whether gradient hooks are registered on `param` (they must see its summed gradient as autograd
+    delivers it, so its sync stays synchronous)."""
+    return bool(param._backward_hooks) or bool(getattr(param, "_post_accumulate_grad_hooks", None))
 
 
 def _accumulates(accumulator) -> bool:

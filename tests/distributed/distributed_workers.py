@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -149,6 +150,22 @@ def check_grad_all_reduce_bucketed(g: list[int]) -> None:
             _close(kept, 2 * ref.grad, f"bucketed({bucket_bytes} B): a kept gradient of {name} was overwritten")
             _close(p.grad, ref.grad, f"bucketed({bucket_bytes} B) grad of {name} after zero_grad")
             p.grad = 2 * ref.grad                              # as after the two passes, for the checks below
+        hooked = [_leaf(P) for P in Ps]                        # hooks see the summed gradient (synchronous path)
+        seen = {}
+        hooked[1].register_hook(lambda grad: seen.update(b=grad.clone()))
+        hooked[2].register_post_accumulate_grad_hook(lambda p: seen.update(c=p.grad.detach().clone()))
+        loss(hooked, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward()
+        for p, ref, name in zip(hooked, refs, "abc"):
+            _close(p.grad, ref.grad, f"bucketed({bucket_bytes} B) grad of {name} with hooks")
+        graphed = [_leaf(P) for P in Ps]
+        with warnings.catch_warnings():  # torch warns that create_graph=True makes .grad reference the graph
+            warnings.simplefilter("ignore", UserWarning)
+            loss(graphed, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward(
+                create_graph=True)                             # double-backward-ready gradients: synchronous
+        for p, ref, name in zip(graphed, refs, "abc"):
+            _close(p.grad.detach(), ref.grad, f"bucketed({bucket_bytes} B) grad of {name} with create_graph")
+        _close(seen["b"], refs[1].grad, f"bucketed({bucket_bytes} B): gradient seen by a tensor hook")
+        _close(seen["c"], refs[2].grad, f"bucketed({bucket_bytes} B): gradient seen by a post-accumulate hook")
         grads = torch.autograd.grad(loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes),
                                          Ds[i]), ps)
         for p, grad, ref, name in zip(ps, grads, refs, "abc"):
