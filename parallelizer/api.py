@@ -148,6 +148,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         The `ParallelModule`; `.plan` is the `Plan`.
     Raises:
         PlanMismatchError: the given plan was made for another model, shapes or mesh (says what differs).
+        Any planning error of rank 0 (InfeasiblePlanError, ValueError...) is raised on rank 0 and, as a
+        ParallelizerError quoting it, on every other rank.
         InfeasiblePlanError: nothing fits the memory budget.
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
     """
@@ -176,14 +178,21 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         check_plan(given, traced, mesh)
         chosen = given
     else:
-        text = None
+        outcome, failure = None, None
         if rank == 0:
-            text = _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options).to_json()
+            try:
+                outcome = ("ok", _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options).to_json())
+            except Exception as exc:  # every rank must hear of it, or they wait in the broadcast until the timeout
+                failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}")
         if distributed:
-            box = [text]
+            box = [outcome]
             dist.broadcast_object_list(box, src=0)
-            text = box[0]
-        chosen = Plan.from_json(text)
+            outcome = box[0]
+        if failure is not None:
+            raise failure
+        if outcome[0] == "error":
+            raise ParallelizerError(f"planning failed on rank 0, so rank {rank} has no plan: {outcome[1]}")
+        chosen = Plan.from_json(outcome[1])
     if distributed:
         create_groups(all_axis_groups(mesh))
     module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)

@@ -44,7 +44,10 @@ def parse_kv(text: str | None, what: str) -> dict:
     for item in filter(None, (text or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{what}: {item!r} is not KEY=VALUE (e.g. {'dp=4,tp=2' if what == '--mesh' else 'n_layer=24'})")
+            example = {"--mesh": "dp=4,tp=2", "--roles": "dp=fsdp,tp=tp"}.get(what, "n_layer=24")
+            raise ValueError(f"{what}: {item!r} is not KEY=VALUE (e.g. {example})")
+        if key.strip() in out:
+            raise ValueError(f"{what}: {key.strip()!r} is given twice in {text!r}")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -62,8 +62,15 @@ class PlanConfig:
             object.__setattr__(self, "data_axes", tuple(self.data_axes))
         roles = self.axis_roles
         if isinstance(roles, dict):
-            roles = tuple(sorted(roles.items()))
+            roles = tuple(sorted(roles.items(), key=str))
+        if isinstance(roles, str) or not all(isinstance(x, (tuple, list)) and len(x) == 2 for x in roles):
+            raise ValueError(f"PlanConfig.axis_roles={self.axis_roles!r}: give a dict of mesh axis name -> role, "
+                             "e.g. {'dp': 'fsdp', 'tp': 'tp'}")
         object.__setattr__(self, "axis_roles", tuple(tuple(x) for x in roles))
+        axes = [axis for axis, _ in self.axis_roles]
+        if len(set(axes)) != len(axes) or not all(isinstance(a, str) for a in axes):
+            raise ValueError(f"PlanConfig.axis_roles={dict(self.axis_roles)!r}: axes must be distinct mesh axis "
+                             "names (strings), e.g. {'dp': 'fsdp', 'tp': 'tp'}")
         for axis, role in self.axis_roles:
             if role not in AXIS_ROLES:
                 raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r}: use one of {AXIS_ROLES}")

@@ -94,6 +94,8 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     batch = plan.model.get("batch")
     if batch:
         rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
+    if plan.config.get("axis_roles"):
+        rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
     tables.append(("Mesh", ["axis", "size"], rows))
     if plan.notes():
         tables.insert(0, ("Notes", ["note"], [[note] for note in plan.notes()]))

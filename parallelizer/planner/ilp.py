@@ -73,15 +73,19 @@ def memory_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
     return int(problem.const_mem_bytes + sum(float(problem.mem[g][c]) for g, c in enumerate(choice)))
 
 
-def check_memory(problem: Problem) -> None:
+def check_memory(problem: Problem, config: PlanConfig | None = None) -> None:
     """Raise InfeasiblePlanError when even the leanest strategies exceed the budget."""
     need = min_memory_bytes(problem)
     if need > problem.budget_bytes:
+        roles = dict(config.axis_roles) if config is not None else {}
         raise InfeasiblePlanError(
             f"memory: needs >= {format_bytes(need)} per device, budget {format_bytes(problem.budget_bytes)} "
-            f"on mesh {problem.mesh}. Remedies: more devices (a larger mesh), a data axis so that parameters "
-            "and optimizer state can be sharded (ZeRO/FSDP is searched on every axis that shards the batch), "
-            "fewer samples per step (gradient accumulation), or mixed precision.")
+            f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "") + ". Remedies: "
+            + ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
+               "parameters and optimizer state where it pays), " if roles else "")
+            + "more devices (a larger mesh), a data axis so that parameters and optimizer state can be sharded "
+            "(ZeRO/FSDP is searched on every axis that shards the batch), fewer samples per step (gradient "
+            "accumulation), or mixed precision.")
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:
@@ -91,7 +95,7 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         InfeasiblePlanError: the memory budget cannot be met (binding constraint and remedies in the text),
             or the solver found no solution within the time limit.
     """
-    check_memory(problem)
+    check_memory(problem, config)
     prob = pulp.LpProblem("parallelizer_plan", pulp.LpMinimize)
     x: list[list] = []
     for g, n in enumerate(problem.sizes()):
@@ -140,7 +144,7 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         prob.solve(solver)
     elapsed = time.perf_counter() - start
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        check_memory(problem)
+        check_memory(problem, config)
         raise InfeasiblePlanError(
             f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
             f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}; the memory budget "

@@ -200,10 +200,13 @@ class Plan:
         layouts += [p.stored for p in self.params.values()]
         if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
             axis = self.mesh.axis_names[0]
+            roles = {a: r for a, r in self.config.get("axis_roles") or []}
+            remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism" if not roles else
+                      f"the axis roles {roles} shard nothing here: check the batch and hidden sizes against the mesh")
             return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
                     f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "
                     "under the cost model no sharding pays for its communication at this size. Remedies: fewer "
-                    f"devices, a larger batch, or axis_roles={{'{axis}': 'ddp'}} to force data parallelism."]
+                    f"devices, a larger batch, {remedy}."]
         return []
 
     def summary(self, max_nodes: int = 40) -> str:

@@ -23,12 +23,12 @@ import numpy as np
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import Layout, Replicate, Shard, local_shape
+from ..core.layout import local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from .costs import Pricer
-from .strategies import NodeSpace, Strategy, role_axes
+from .strategies import EdgeRoles, NodeSpace, Strategy, role_axes
 
 
 @dataclass
@@ -152,26 +152,6 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded)
 
 
-@dataclass(frozen=True, slots=True)
-class EdgeRoles:
-    """What `PlanConfig.axis_roles` forbid on one edge (mesh axis indices); a pair breaking it costs inf.
-
-    used_replicated: the consumer must take the value Replicate there (parameters over "ddp"/"fsdp" axes);
-    keep_shard: a Shard placement must arrive unchanged there (parameters over "tp" axes: never gathered);
-    no_gather: a Shard placement must not become Replicate there (activations over "ddp"/"fsdp" axes, so
-        the compute stays data parallel; not into the graph output or an op without a sharding rule)."""
-
-    used_replicated: tuple[int, ...] = ()
-    keep_shard: tuple[int, ...] = ()
-    no_gather: tuple[int, ...] = ()
-
-    def forbids(self, src: Layout, dst: Layout) -> bool:
-        s, d = src.placements, dst.placements
-        return (any(d[i] != Replicate() for i in self.used_replicated)
-                or any(s[i] != d[i] and s[i] != Replicate() for i in self.keep_shard)
-                or any(isinstance(s[i], Shard) and d[i] == Replicate() for i in self.no_gather))
-
-
 def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace) -> EdgeRoles:
     """The `EdgeRoles` of edge src -> dst, from the (data axes, tp axes) of the axis roles."""
     data, tp = roles
@@ -192,7 +172,7 @@ def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, 
     small = pricer.matrices.get(key)
     if small is None:
         small = pricer.matrices[key] = np.array(
-            [[math.inf if roles.forbids(a, b) else
+            [[math.inf if roles.forbids(a, b, shape, mesh) else
               pricer.edge_time_s(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
              for a in src_layouts])
     return small[np.ix_(src_idx, dst_idx)]

@@ -34,6 +34,7 @@ import torch.fx
 from ..config import PlanConfig
 from ..core.layout import Layout, Replicate, Shard, fits
 from ..core.mesh import MeshSpec
+from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
 from .rules import OpView, rule_for
 
@@ -165,7 +166,59 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
         else:
             spaces[name] = NodeSpace(name, "op", inputs, _product(options, mesh, view.in_shapes, view.out_shapes), req)
     _keep_tp_weights_usable(tg, mesh, config, spaces)
+    _check_roles_take_effect(tg, mesh, config, spaces)
     return spaces
+
+
+def _check_roles_take_effect(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, spaces: dict[str, NodeSpace]) -> None:
+    """Raise ValueError for a role that cannot shard anything: a "ddp"/"fsdp" axis over which no user input
+    can be batch-sharded, a "tp" axis over which no parameter can be stored sharded."""
+    for i, axis in enumerate(mesh.axis_names):
+        role = config.role_of(axis)
+        if role in ("ddp", "fsdp"):
+            names = [n for n in tg.input_names if n in spaces]
+            if not any(s.output.placements[i] != R for n in names for s in spaces[n].strategies):
+                shapes = ", ".join(f"{n} {tuple(tg.nodes[n].outputs[0].shape)} (batch dim {config.batch_dim_of(n)})"
+                                   for n in names if tg.nodes[n].outputs) or "none"
+                raise ValueError(f"axis_roles[{axis!r}]={role!r}: no user input can be sharded over {axis} (size "
+                                 f"{mesh.size(axis)}) on mesh {mesh}; inputs: {shapes}. Remedy: a batch of at least "
+                                 f"{mesh.size(axis)} along the batch dim (batch_dims/default_batch_dim), or another role")
+        if role == "tp":
+            params = [p for p in tg.parameters.values() if not p.is_buffer and p.placeholders[0] in spaces]
+            if not any(s.output.placements[i] != R for p in params for s in spaces[p.placeholders[0]].strategies):
+                raise ValueError(f"axis_roles[{axis!r}]='tp': no parameter can be stored sharded over {axis} (size "
+                                 f"{mesh.size(axis)}) on mesh {mesh}: no parameter dim divides by {mesh.size(axis)}. "
+                                 "Remedy: a tp size that divides the hidden sizes, or another role")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRoles:
+    """What `PlanConfig.axis_roles` forbid on one edge (mesh axis indices); a pair breaking it costs inf.
+
+    used_replicated: the consumer must take the value Replicate there (parameters over "ddp"/"fsdp" axes);
+    keep_shard: no all-gather or all-to-all over these axes (parameters over "tp" axes are used as stored,
+        also when a dim is sharded over several axes and using it would gather over a tp axis first);
+    no_gather: a Shard placement must not become Replicate there (activations over "ddp"/"fsdp" axes, so
+        the compute stays data parallel; not into the graph output or an op without a sharding rule)."""
+
+    used_replicated: tuple[int, ...] = ()
+    keep_shard: tuple[int, ...] = ()
+    no_gather: tuple[int, ...] = ()
+
+    def forbids(self, src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec) -> bool:
+        s, d = src.placements, dst.placements
+        if any(d[i] != Replicate() for i in self.used_replicated):
+            return True
+        if any(isinstance(s[i], Shard) and d[i] == Replicate() for i in self.no_gather):
+            return True
+        if not self.keep_shard or src == dst:
+            return False
+        axes = {mesh.axis_names[i] for i in self.keep_shard}
+        try:
+            steps = redistribute_steps(src, dst, shape, mesh)
+        except ImpossibleRedistributionError:
+            return True  # no steps at all (e.g. to Partial): never usable
+        return any(st.mesh_axis in axes and st.kind in ("all_gather", "all_to_all") for st in steps)
 
 
 def role_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -176,26 +229,36 @@ def role_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[tuple[int, ...], tupl
 
 
 def _keep_tp_weights_usable(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, spaces: dict[str, NodeSpace]) -> None:
-    """Keep the stored layouts of a parameter forced Shard over "tp" axes that each of its uses can consume
-    unchanged on those axes; when none is left, let it be stored Replicate there and record why."""
-    tp = role_axes(mesh, config)[1]
+    """Under "tp" roles, keep the stored layouts of each parameter that every use can consume without a
+    gather or all-to-all over a tp axis (`EdgeRoles`); when the forced layouts leave none, fall back to the
+    usable layouts sharded over as many forced axes as possible, and record why."""
+    data, tp = role_axes(mesh, config)
     if not tp:
         return
-    on_tp = lambda layout: tuple(layout.placements[i] for i in tp)
+    rule = EdgeRoles(used_replicated=data, keep_shard=tp)
+    roles = [config.role_of(a) for a in mesh.axis_names]
     for p in tg.parameters.values():
         space = spaces.get(p.placeholders[0])
-        if p.is_buffer or space is None or len(p.shape) < 2:
+        if p.is_buffer or space is None:
             continue
-        accepted = [(use, {on_tp(s.inputs[k]) for s in spaces[use].strategies})
-                    for use in p.uses for k, ti in enumerate(spaces[use].inputs) if ti.producer in p.placeholders]
-        keep = [s for s in space.strategies if all(on_tp(s.output) in acc for _, acc in accepted)]
-        if not keep:
-            relaxed = _param_layouts(tuple(p.shape), [config.role_of(a) for a in mesh.axis_names], mesh, force_tp=False)
-            keep = [Strategy((), L) for L in relaxed if all(on_tp(L) in acc for _, acc in accepted)]
-            blocker = next(use for use, acc in accepted if not any(on_tp(s.output) in acc for s in space.strategies))
-            space.fallback = (f"axis role 'tp': {tg.nodes[blocker].op_name} ({blocker}) cannot use parameter "
-                              f"{p.fqn} {tuple(p.shape)} sharded over the tp axes; stored Replicate there")
-        space.strategies = keep
+        shape = tuple(p.shape)
+        wanted = [(use, {s.inputs[k] for s in spaces[use].strategies})
+                  for use in p.uses for k, ti in enumerate(spaces[use].inputs) if ti.producer in p.placeholders]
+        usable = lambda L: all(any(not rule.forbids(L, b, shape, mesh) for b in layouts) for _, layouts in wanted)
+        keep = [s for s in space.strategies if usable(s.output)]
+        if keep:
+            _set_param_strategies(spaces, p.placeholders, keep)
+            continue
+        forced_layouts = [s.output for s in space.strategies]
+        blocker = next((use for use, layouts in wanted
+                        if not any(not rule.forbids(L, b, shape, mesh) for L in forced_layouts for b in layouts)), None)
+        relaxed = [L for L in _param_layouts(shape, roles, mesh, force=False) if usable(L)]
+        _set_param_strategies(spaces, p.placeholders,
+                              [Strategy((), L) for L in _most_sharded(relaxed, _forced_axes(roles, shape))])
+        by = f" by {tg.nodes[blocker].op_name} ({blocker})" if blocker else ""
+        space.fallback = (f"axis roles {dict(config.axis_roles)}: parameter {p.fqn} {shape} cannot be stored "
+                          f"sharded over every forced axis and used{by} as the roles require; stored "
+                          + " or ".join(str(s.output) for s in space.strategies))
 
 
 def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | None:
@@ -211,23 +274,41 @@ def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | N
     return prod.leader or prod.name
 
 
-def _param_layouts(shape: tuple[int, ...], roles: list[str], mesh: MeshSpec, force_tp: bool = True) -> list[Layout]:
-    """Stored layouts a parameter may take under the axis roles: Replicate over "ddp" axes; Shard over
-    "fsdp" axes and (with `force_tp`, for >= 2-D parameters) "tp" axes, as many of them as the shape allows;
+
+def _set_param_strategies(spaces: dict[str, NodeSpace], placeholders, strategies: list[Strategy]) -> None:
+    """Give every placeholder of one (possibly tied) parameter the same stored layouts: they share ILP
+    variables (`problem.py` groups them)."""
+    for ph in placeholders:
+        if ph in spaces:
+            spaces[ph].strategies = list(strategies)
+
+
+def _param_layouts(shape: tuple[int, ...], roles: list[str], mesh: MeshSpec, force: bool = True) -> list[Layout]:
+    """Stored layouts a parameter may take under the axis roles: Replicate over "ddp" axes; with `force`,
+    Shard over "fsdp" axes and (for >= 2-D parameters) "tp" axes, as many of them as the shape allows;
     Replicate or Shard(any dim) elsewhere."""
     shards = [Shard(d) for d in range(len(shape)) if shape[d] > 1]
     layouts = _layouts(shape, [[R] if role == "ddp" else [R] + shards for role in roles], mesh)
-    forced = [i for i, role in enumerate(roles) if role == "fsdp" or (force_tp and role == "tp" and len(shape) >= 2)]
-    if forced:
-        n_sharded = [sum(L.placements[i] != R for i in forced) for L in layouts]
-        layouts = [L for L, n in zip(layouts, n_sharded) if n == max(n_sharded)]
-    return layouts
+    return _most_sharded(layouts, _forced_axes(roles, shape)) if force else layouts
+
+
+def _forced_axes(roles: list[str], shape: tuple[int, ...]) -> list[int]:
+    """Mesh axes over which the roles want a parameter of `shape` stored Shard ("fsdp"; "tp" for >= 2-D)."""
+    return [i for i, role in enumerate(roles) if role == "fsdp" or (role == "tp" and len(shape) >= 2)]
+
+
+def _most_sharded(layouts: list[Layout], axes: list[int]) -> list[Layout]:
+    """The layouts sharded over the most of `axes`."""
+    counts = [sum(L.placements[i] != R for i in axes) for L in layouts]
+    return [L for L, n in zip(layouts, counts) if n == max(counts, default=0)]
 
 
 def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
     """Axes user inputs may be sharded over: `config.data_axes`, else every axis not given the role "tp"."""
     for axis, _ in config.axis_roles:
-        mesh.index(axis)
+        if axis not in mesh.axis_names:
+            raise ValueError(f"axis_roles names mesh axis {axis!r}, but mesh {mesh} has axes {mesh.axis_names}; "
+                             "name the roles after the mesh's axes")
     if config.data_axes is None:
         return tuple(a for a in mesh.axis_names if config.role_of(a) != "tp")
     for a in config.data_axes:

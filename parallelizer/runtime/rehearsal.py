@@ -126,6 +126,10 @@ def _max_diff(pairs) -> tuple[float, str, float]:
     return worst[0], worst[1], ratio
 
 
+def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float) -> dict:
     model, inputs, *rest = model_fn(**model_kwargs)
@@ -142,9 +146,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     loss.backward()
     ref_loss.backward()
     ref_params = dict(reference.named_parameters())
-    grad = _max_diff(
-        (fqn, p.grad if p.grad is not None else torch.zeros_like(p),
-         shard_tensor(ref_params[fqn].grad, spec.params[fqn], spec.mesh, pm.coords))
+    grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
+        (fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]), spec.params[fqn], spec.mesh, pm.coords))
         for fqn, p in pm.named_parameters())
     opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, reference))
     for step in range(steps):

@@ -98,6 +98,15 @@ def test_batchnorm_under_data_parallel_is_synchronised():
     assert report.matches(), report  # compares running_mean / running_var buffers after 3 steps too
 
 
+def test_parameters_without_gradient_are_compared_as_zero():
+    """BERT's pooler is not on the path of the loss `rehearse` takes (the last hidden state): its gradient is
+    None on both sides, and the rehearsal compares it as zero instead of failing."""
+    traced = parallelizer.trace(*zoo.bert(batch=4, seq_len=16))
+    plan = _plan(traced, {"dp": 2})
+    (report,) = rehearse_many([(zoo.bert, {"batch": 4, "seq_len": 16}, spec_from_plan(plan))])
+    assert report.matches(), report
+
+
 def _spec(traced, mesh, layout):
     nodes = {n.name: NodeSharding(tuple(Layout.parse("R") if traced.node(a.name).role.value == "parameter" else layout
                                         for a in _tensor_args(n)), layout)

@@ -51,6 +51,24 @@ def test_typed_errors_with_remedies():
         parallelizer.auto_parallelize(model, inputs, mesh={"dp": 4})
 
 
+def _ranks_auto_parallelize(rank: int, world_size: int, options: dict) -> str:
+    """Spawned rank body: auto_parallelize a small MLP on {"dp": world_size}; returns the program's code."""
+    model, inputs = _mlp()
+    return parallelizer.auto_parallelize(model, inputs, mesh={"dp": world_size}, **options).program.graph_module.code
+
+
+@pytest.mark.distributed
+def test_options_reach_every_rank_and_a_planning_error_reaches_every_rank():
+    from parallelizer.runtime import DistributedError, spawn
+
+    codes = spawn(_ranks_auto_parallelize, 2, {"axis_roles": {"dp": "ddp"}, "grad_bucket_bytes": 0}, timeout_s=120)
+    assert all("collectives_grad_all_reduce(" in c and "bucketed" not in c for c in codes)
+    with pytest.raises(DistributedError) as info:
+        spawn(_ranks_auto_parallelize, 2, {"memory_budget": 1}, timeout_s=120)
+    assert "InfeasiblePlanError: memory" in info.value.failures[0]
+    assert "planning failed on rank 0, so rank 1 has no plan: InfeasiblePlanError: memory" in info.value.failures[1]
+
+
 @pytest.mark.distributed
 def test_torchrun_example_trains_on_four_ranks():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

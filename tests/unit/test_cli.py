@@ -67,6 +67,8 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     (["plan", *GPT, "--global-batch", "0"], "--global-batch 0: give the number of samples"),
     (["plan", *GPT, "--roles", "dp=fsdp"], "--roles dp=fsdp: give the mesh they refer to with --mesh"),
     (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp=zero3"], "axis_roles['dp']='zero3'"),
+    (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp=fsdp,dp=ddp"], "--roles: 'dp' is given twice"),
+    (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp"], "--roles: 'dp' is not KEY=VALUE (e.g. dp=fsdp,tp=tp)"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -153,6 +155,8 @@ def test_roles_force_the_kind_of_a_planned_axis(tmp_path, capsys):
                      "-o", str(out)]) == 0
     plan = Plan.load(out)
     assert plan.config["axis_roles"] == [["dp", "fsdp"]]
+    capsys.readouterr()
+    assert cli.main(["show", str(out)]) == 0 and "axis roles" in capsys.readouterr().out
     matrices = [q for q in plan.params.values() if len(q.shape) == 2]
     assert matrices and all(q.stored.startswith("S(") for q in matrices)
 

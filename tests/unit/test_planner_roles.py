@@ -9,6 +9,7 @@ from torch import nn
 import parallelizer
 from parallelizer import zoo
 from parallelizer.config import PlanConfig
+from parallelizer.errors import InfeasiblePlanError
 from parallelizer.core import Layout, MeshSpec, Replicate, Shard
 from parallelizer.planner import explain, plan
 from parallelizer.planner.plan import Plan
@@ -127,8 +128,22 @@ def test_role_errors_name_the_field_axis_and_remedy(mlp_graph):
         PlanConfig(axis_roles={"dp": "zero3"})
     with pytest.raises(ValueError, match="contradicts data_axes"):
         PlanConfig(axis_roles={"tp": "tp"}, data_axes=("tp",))
-    with pytest.raises(ValueError, match="unknown mesh axis 'pp'"):
+    with pytest.raises(ValueError, match=r"axis_roles names mesh axis 'pp', but mesh \(dp=4\) has axes"):
         _plan(mlp_graph, {"dp": 4}, axis_roles={"pp": "ddp"})
+    with pytest.raises(ValueError, match="give a dict of mesh axis name -> role"):
+        PlanConfig(axis_roles="dp=fsdp")
+    with pytest.raises(ValueError, match="axes must be distinct mesh axis names"):
+        PlanConfig(axis_roles={0: "fsdp"})
+    single = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=1, device="meta"))
+    with pytest.raises(ValueError, match=r"axis_roles\['dp'\]='ddp': no user input can be sharded over dp"):
+        _plan(single, {"dp": 4}, axis_roles={"dp": "ddp"})
+    narrow = parallelizer.trace(*zoo.mlp(in_features=6, dim=6, hidden=6, out_features=6, depth=1, batch=8,
+                                         device="meta"))
+    with pytest.raises(ValueError, match=r"axis_roles\['tp'\]='tp': no parameter can be stored sharded over tp"):
+        _plan(narrow, {"tp": 4}, axis_roles={"tp": "tp"})
+    ddp = _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "ddp"})
+    with pytest.raises(InfeasiblePlanError, match=r"with axis_roles \{'dp': 'ddp'\}. Remedies: roles that shard more"):
+        _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "ddp"}, memory_budget_bytes=ddp.cost.memory_bytes["total"] // 2)
     odd = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=6, device="meta"))
     with pytest.raises(ValueError, match=r"batch dim 0 cannot be sharded over the data-parallel axes dp \(size 4\)"):
         _plan(odd, {"dp": 4}, axis_roles={"dp": "ddp"})
@@ -146,3 +161,14 @@ def test_a_plan_without_parallelism_says_so_and_the_ddp_role_is_the_remedy():
     forced = _plan(tiny, {"dp": 8}, axis_roles={"dp": "ddp"})
     assert forced.notes() == [] and forced.steps("grad_all_reduce")
     assert _plan(tiny, {"dp": 1}).notes() == []  # one device: nothing to say
+
+
+def test_tp_role_never_gathers_a_weight_sharded_over_two_axes():
+    """GPT-2 with a vocabulary of 257: the tied wte/lm_head weight divides only along its hidden dim, so
+    fsdp and tp cannot both shard it (using it would gather over tp first): it is stored sharded over one of
+    them, recorded as a fallback, and no parameter edge gathers over tp."""
+    tg = parallelizer.trace(*zoo.gpt2(batch=8, seq_len=32, vocab_size=257, device="meta"))
+    p = _plan(tg, {"dp": 2, "tp": 2}, axis_roles={"dp": "fsdp", "tp": "tp"})
+    assert p.params["transformer.wte.weight"].stored in ("S(1)R", "RS(1)")
+    assert any("transformer.wte.weight" in f.reason for f in p.fallbacks)
+    assert not [(e.src, s) for e in _param_edges(p) for s in e.steps if s.mesh_axis == "tp" and s.kind == "all_gather"]
