@@ -32,7 +32,9 @@ and returned, exactly like `grad_all_reduce`.
 Bucket contents depend on the order gradients arrive, which is the same on every rank of a group because
 the ranks run the same program structure (SPMD); open buckets are started in a fixed (sorted) order.
 
-Waits are bounded by the process group's timeout (`runtime.spawn(timeout_s=...)`, `init_from_env`).
+Waits are bounded by the process group's timeout (`runtime.spawn(timeout_s=...)`, `init_from_env`). A
+backward pass that raises never reaches its end callback: its buckets are dropped at the next forward use
+outside a backward pass (one backward at a time per process, as for DDP).
 
 The default bucket size is DistributedDataParallel's `bucket_cap_mb=25` (torch.nn.parallel docs), the
 first bucket's size DDP's `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
@@ -77,6 +79,8 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"grad_all_reduce_bucketed: bucket_bytes must be a positive int, got {bucket_bytes!r}")
     g = _resolve(ranks, "grad_all_reduce_bucketed")
+    if _PASSES and torch._C._current_graph_task_id() == -1:
+        _PASSES.clear()  # passes whose backward raised (their end callback never ran); none runs outside backward
     if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1 or _has_hooks(param):
         return grad_all_reduce(param, ranks)
     accumulator = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node of `param`

@@ -142,10 +142,20 @@ def check_grad_all_reduce_bucketed(g: list[int]) -> None:
             loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward()
         for p, ref, name in zip(ps, refs, "abc"):
             _close(p.grad, 2 * ref.grad, f"bucketed({bucket_bytes} B) grad of {name} after two passes")
+        broken = [_leaf(P) for P in Ps]                        # a backward that raises half-way ...
+        data = _raise_in_backward(Ds[i])                        # ... at the first op of forward: last in backward
+        try:
+            loss(broken, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), data).backward()
+        except RuntimeError:
+            pass
+        if not grad_sync._PASSES:
+            raise AssertionError("the raising backward left no pending pass: the check does not test the cleanup")
         held = [p.grad for p in ps]                            # a caller keeps the gradients, then zeroes
         for p in ps:
             p.grad = None
         loss(ps, lambda p: grad_sync.grad_all_reduce_bucketed(p, g, bucket_bytes), Ds[i]).backward()
+        if grad_sync._PASSES:
+            raise AssertionError(f"stale backward passes left behind: {list(grad_sync._PASSES)}")
         for p, kept, ref, name in zip(ps, held, refs, "abc"):
             _close(kept, 2 * ref.grad, f"bucketed({bucket_bytes} B): a kept gradient of {name} was overwritten")
             _close(p.grad, ref.grad, f"bucketed({bucket_bytes} B) grad of {name} after zero_grad")
@@ -171,6 +181,17 @@ def check_grad_all_reduce_bucketed(g: list[int]) -> None:
         for p, grad, ref, name in zip(ps, grads, refs, "abc"):
             _close(grad, ref.grad, f"bucketed({bucket_bytes} B) autograd.grad of {name}")
             _close(p.grad, 2 * ref.grad, f"bucketed({bucket_bytes} B): autograd.grad left .grad of {name} alone")
+
+
+def _raise_in_backward(x: torch.Tensor) -> torch.Tensor:
+    """A leaf copy of `x` whose gradient hook raises RuntimeError (when backward reaches it)."""
+    leaf = _leaf(x)
+
+    def fail(grad):
+        raise RuntimeError("deliberate failure in backward")
+
+    leaf.register_hook(fail)
+    return leaf
 
 
 def check_all_to_all(g: list[int]) -> None:
