@@ -101,6 +101,10 @@ class PlanConfig:
         """The role of mesh axis `axis` ("auto" when not named in `axis_roles`)."""
         return dict(self.axis_roles).get(axis, "auto")
 
+    def roles_on(self, axis_names: tuple[str, ...]) -> list[str]:
+        """The role of each of `axis_names` (a mesh's axes, in order)."""
+        return [self.role_of(a) for a in axis_names]
+
     def batch_dim_of(self, input_name: str) -> int | None:
         """The batch dim of user input `input_name`."""
         return dict(self.batch_dims).get(input_name, self.default_batch_dim)

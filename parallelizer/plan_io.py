@@ -97,8 +97,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     if plan.config.get("axis_roles"):
         rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
     tables.append(("Mesh", ["axis", "size"], rows))
-    if plan.notes():
-        tables.insert(0, ("Notes", ["note"], [[note] for note in plan.notes()]))
+    notes = plan.notes()
+    if notes:
+        tables.insert(0, ("Notes", ["note"], [[note] for note in notes]))
     total = c.total_s or 1.0
     rows = [["compute", f"{c.compute_s * 1e3:.3f}", f"{c.compute_s / total:.1%}"]]
     rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]

@@ -223,7 +223,7 @@ class EdgeRoles:
 
 def role_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Indices of the mesh axes with a data role ("ddp", "fsdp") and of those with the role "tp"."""
-    roles = [config.role_of(a) for a in mesh.axis_names]
+    roles = config.roles_on(mesh.axis_names)
     return (tuple(i for i, r in enumerate(roles) if r in ("ddp", "fsdp")),
             tuple(i for i, r in enumerate(roles) if r == "tp"))
 
@@ -236,7 +236,7 @@ def _keep_tp_weights_usable(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
     if not tp:
         return
     rule = EdgeRoles(used_replicated=data, keep_shard=tp)
-    roles = [config.role_of(a) for a in mesh.axis_names]
+    roles = config.roles_on(mesh.axis_names)
     for p in tg.parameters.values():
         space = spaces.get(p.placeholders[0])
         if p.is_buffer or space is None:
@@ -320,7 +320,7 @@ def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: 
                        data_axes: tuple[str, ...]) -> NodeSpace:
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
     param = tg.param_of_placeholder(info.name)
-    roles = [config.role_of(a) for a in mesh.axis_names]
+    roles = config.roles_on(mesh.axis_names)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
         return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)], True,
                          param_fqn=param.fqn)
