@@ -5,9 +5,12 @@ Vocabulary (DESIGN.md): a *placement* says how a tensor lives along ONE mesh axi
 ("P": every rank holds a summand; "P(avg)" for a mean). A *layout* is one placement per mesh axis, written
 by concatenation, e.g. "S(0)R" on mesh (dp, tp) = batch-sharded over dp, replicated over tp.
 
-When several mesh axes shard the same tensor dim (e.g. "S(0)S(0)"), the dim is split in mesh-axis order:
-the outer axis picks a chunk, the inner axis splits that chunk (DTensor's default, row-major).
-Only even splits are allowed: a dim must be divisible by the product of the axis sizes that shard it.
+Uneven shards follow torch.chunk, as DTensor does: a dim of N elements over n ranks is cut into chunks of
+ceil(N / n); the last non-empty chunk is shorter and trailing ranks may hold empty chunks (N = 10 over 4:
+3, 3, 3, 1; N = 4 over 8: 1, 1, 1, 1, 0, 0, 0, 0). When several mesh axes shard the same tensor dim
+(e.g. "S(0)S(0)"), the dim is split in mesh-axis order: the outer axis picks a chunk, the inner axis
+splits that chunk the same way (DTensor's default, row-major). Rank 0 of every axis holds the largest
+chunk, so `local_shape` without coordinates is the largest shard: what the planner prices.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ..errors import ParallelizerError
 from .mesh import MeshSpec
 
 __all__ = ["Shard", "Replicate", "Partial", "Placement", "Layout", "placement_str", "parse_placement",
-           "local_shape", "fits", "IndivisibleShardError", "R", "P"]
+           "chunk_range", "local_shape", "local_region", "fits", "divides_evenly", "IndivisibleShardError", "R", "P"]
 
 R = Replicate()
 P = Partial("sum")
@@ -28,7 +31,8 @@ _TOKEN = re.compile(r"S\((-?\d+)\)|R|P\((sum|avg)\)|P")
 
 
 class IndivisibleShardError(ParallelizerError, ValueError):
-    """A tensor dim is not divisible by the mesh axes that shard it (or the layout does not fit the tensor).
+    """A layout does not fit a tensor (wrong number of placements, a dim the tensor lacks), or an op that
+    needs even shards got a dim that does not divide by the mesh axes sharding it.
 
     Attributes: shape, layout (str), mesh (MeshSpec), dim, axis (the name of the offending mesh axis).
     """
@@ -128,47 +132,85 @@ class Layout:
         return all(isinstance(p, Replicate) for p in self.placements)
 
 
-def local_shape(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec) -> tuple[int, ...]:
-    """Per-rank shape of a tensor of global `shape` placed by `layout` on `mesh`.
+def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
+    """(start, length) of chunk `index` when a dim of `size` elements is split into `parts` chunks the way
+    torch.chunk and DTensor's Shard do: chunks of ceil(size / parts), trailing chunks shorter or empty.
 
-    Example: shape (8, 24), layout "S(0)S(1)" on mesh (dp=2, tp=4) -> (4, 6).
-
-    Raises:
-        IndivisibleShardError: the layout has the wrong length, shards a dim the tensor does not have, or a
-            dim is not divisible, e.g. "dim 1 of shape (9, 24) is not divisible by mesh axis 'tp' of size 6".
+    Example: chunk_range(10, 4, 3) -> (9, 1); chunk_range(4, 8, 5) -> (4, 0).
     """
-    shape = tuple(shape)
+    step = -(-size // parts) if size else 0
+    start = min(index * step, size)
+    return start, min(step, size - start)
+
+
+def _check_layout(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec) -> None:
     if len(layout) != mesh.ndim:
         raise IndivisibleShardError(f"layout {layout} has {len(layout)} placements but mesh {mesh} has "
                                     f"{mesh.ndim} axes; give one placement per mesh axis",
                                     shape, str(layout), mesh, None, None)
-    local = list(shape)
-    for axis, (name, size, p) in enumerate(zip(mesh.axis_names, mesh.shape, layout)):
-        if not isinstance(p, Shard):
-            continue
-        if not -len(shape) <= p.dim < len(shape):
+    for name, p in zip(mesh.axis_names, layout):
+        if isinstance(p, Shard) and not -len(shape) <= p.dim < len(shape):
             raise IndivisibleShardError(f"layout {layout} shards dim {p.dim} over mesh axis {name!r}, but "
                                         f"shape {shape} has {len(shape)} dims", shape, str(layout), mesh,
                                         p.dim, name)
-        d = p.dim % len(shape)
-        if local[d] % size:
-            raise IndivisibleShardError(
-                f"dim {d} of shape {shape} is not divisible by mesh axis {name!r} of size {size}"
-                + (f" (after sharding by the outer axes: {local[d]})" if local[d] != shape[d] else ""),
-                shape, str(layout), mesh, d, name)
-        local[d] //= size
-    return tuple(local)
+
+
+def local_region(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec,
+                 coords: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(start, length) per tensor dim of the part of a tensor of global `shape` that the rank at mesh
+    `coords` holds under `layout` (uneven chunks as in the module docstring; Partial and Replicate axes
+    hold the whole dim). `coords=None` is coordinate 0 on every axis: the largest shard.
+
+    Example: shape (10, 6), layout "S(0)S(0)" on mesh (dp=2, tp=2), coords (1, 1) -> starts (8, 0),
+    lengths (2, 6): dp's second chunk is rows 5-9, tp's second chunk of those is rows 8-9.
+
+    Raises:
+        IndivisibleShardError: the layout has the wrong length or shards a dim the tensor does not have.
+    """
+    shape = tuple(shape)
+    _check_layout(shape, layout, mesh)
+    starts, lengths = [0] * len(shape), list(shape)
+    for axis, (size, p) in enumerate(zip(mesh.shape, layout)):
+        if isinstance(p, Shard):
+            d = p.dim % len(shape)
+            offset, lengths[d] = chunk_range(lengths[d], size, coords[axis] if coords is not None else 0)
+            starts[d] += offset
+    return tuple(starts), tuple(lengths)
+
+
+def local_shape(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec,
+                coords: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Per-rank shape of a tensor of global `shape` placed by `layout` on `mesh`, for the rank at mesh
+    `coords`; without `coords`, the largest shard (rank 0's), which is what the planner prices.
+
+    Example: shape (8, 24), layout "S(0)S(1)" on mesh (dp=2, tp=4) -> (4, 6); shape (10,), "S(0)" on
+    mesh (dp=4,) -> (3,) (ranks hold 3, 3, 3, 1).
+
+    Raises:
+        IndivisibleShardError: the layout has the wrong length or shards a dim the tensor does not have.
+    """
+    return local_region(shape, layout, mesh, coords)[1]
 
 
 def fits(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec) -> bool:
-    """True when `local_shape` would succeed."""
+    """True when `layout` can place a tensor of `shape` (one placement per mesh axis, existing dims)."""
+    return len(layout) == mesh.ndim and all(
+        -len(shape) <= p.dim < len(shape) for p in layout if isinstance(p, Shard))
+
+
+def divides_evenly(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec,
+                   dims: tuple[int, ...] | None = None) -> bool:
+    """True when every sharded dim of `shape` (or only those in `dims`) splits into equal chunks over
+    the mesh axes sharding it, in mesh-axis order (ops that merge or split a sharded dim need this)."""
+    if not fits(shape, layout, mesh):
+        return False
     local = list(shape)
     for size, p in zip(mesh.shape, layout):
         if isinstance(p, Shard):
-            if not -len(shape) <= p.dim < len(shape):
-                return False
             d = p.dim % len(shape)
+            if dims is not None and d not in [x % len(shape) for x in dims]:
+                continue
             if local[d] % size:
                 return False
             local[d] //= size
-    return len(layout) == mesh.ndim
+    return True

@@ -28,7 +28,7 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from .costs import Pricer
-from .strategies import EdgeRoles, NodeSpace, Strategy, role_axes
+from .strategies import EdgeRoles, NodeSpace, Strategy, mutation_edges, role_axes
 
 
 @dataclass
@@ -99,6 +99,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
                 keys.append(key)
         group_of[name] = g
         groups[g].append(name)
+    mutated = mutation_edges(tg)
     sizes = [len(spaces[m[0]].strategies) for m in groups]
     lin = [np.zeros(n) for n in sizes]
     mem = [np.zeros(n) for n in sizes]
@@ -124,7 +125,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             prod = spaces[ti.producer]
             mat = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype.itemsize,
                                prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
-                               _edge_roles(roles, prod, space))
+                               _edge_roles(roles, prod, space, (name, k) in mutated))
             if h == g:
                 lin[g] += np.diag(mat)
             elif h < g:
@@ -152,14 +153,16 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded)
 
 
-def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace) -> EdgeRoles:
-    """The `EdgeRoles` of edge src -> dst, from the (data axes, tp axes) of the axis roles."""
+def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace,
+                mutated: bool = False) -> EdgeRoles:
+    """The `EdgeRoles` of edge src -> dst, from the (data axes, tp axes) of the axis roles, and whether dst
+    mutates the value in place (`strategies.mutation_edges`)."""
     data, tp = roles
     if src.kind == "param":
-        return EdgeRoles(used_replicated=data, keep_shard=tp)
+        return EdgeRoles(used_replicated=data, keep_shard=tp, identity=mutated)
     if dst.kind == "output" or dst.fallback:
-        return EdgeRoles()
-    return EdgeRoles(no_gather=data)
+        return EdgeRoles(identity=mutated)
+    return EdgeRoles(no_gather=data, identity=mutated)
 
 
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,

@@ -1,7 +1,8 @@
 """Strategy spaces: for every node, the list of strategies (input layouts + output layout) it may take.
 
-A strategy on an N-axis mesh is a product of N per-axis options from the op's rule (`rules.py`), kept when
-every input and output shard divides evenly. Special nodes:
+A strategy on an N-axis mesh is a product of N per-axis options from the op's rule (`rules.table`); shards
+may be uneven (torch.chunk's split, `core.layout`) except where an option asks for even ones
+(`AxisOption.even`). Special nodes:
   * parameter (one per `ParamInfo`, tied aliases share it): the STORED layouts, Replicate or Shard(d) per
     mesh axis (Replicate over a data axis = DDP, Shard over it = ZeRO-3/FSDP); buffers and lifted constants
     are stored replicated;
@@ -21,6 +22,11 @@ or user input in the same block instance, whose rule maps each input placement t
 (views, unary pointwise ops, getitem, softmax, ...), does not choose: its strategy i is its producer's
 strategy i pushed through the rule (an axis the rule cannot map is redistributed to Replicate first).
 It shares its producer's ILP variables.
+
+Mutations: an in-place op (`add_`, `fill_`, `relu_`, `copy_`, `index_put_`, batch_norm's running statistics)
+writes the tensor where it lives, so the value it mutates, and every view on the way from that value's
+base, must reach it without any redistribution (a redistributed copy would be mutated instead). Those edges
+are `mutation_edges`; the planner forbids every layout change on them (`EdgeRoles.identity`).
 """
 from __future__ import annotations
 
@@ -32,11 +38,12 @@ import torch
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import Layout, Replicate, Shard, fits
+from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from .rules import OpView, rule_for
+from ..tracer.graph import is_view, mutated_args
+from .rules import OUT, AxisOption, OpView, rule_for
 
 R = Replicate()
 
@@ -91,21 +98,35 @@ def tensor_inputs(tg: TracedGraph, info: NodeInfo) -> tuple[TensorInput, ...]:
 
 
 def op_view(tg: TracedGraph, info: NodeInfo, inputs: tuple[TensorInput, ...]) -> OpView:
+    """The `OpView` a rule sees of node `info` with tensor inputs `inputs`."""
     return OpView(info.target, tuple(info.node.args), dict(info.node.kwargs), tuple(i.shape for i in inputs),
-                  tuple(tuple(o.shape) for o in info.outputs),
-                  bool(info.outputs) and info.outputs[0].dtype.is_floating_point)
+                  tuple(tuple(o.shape) for o in info.outputs), tuple(i.dtype for i in inputs),
+                  tuple(o.dtype for o in info.outputs))
 
 
-def _product(options: list, mesh: MeshSpec, in_shapes, out_shapes) -> list[Strategy]:
-    """All per-axis option combinations whose shards divide evenly; order-preserving, deduplicated."""
+def _valid(combo: tuple[AxisOption, ...], ins: tuple[Layout, ...], out: Layout, mesh: MeshSpec, in_shapes,
+           out_shapes) -> bool:
+    """Layouts fit their tensors, and the tensors an option needs split evenly (`AxisOption.even`) do."""
+    if not (all(fits(sh, L, mesh) for sh, L in zip(in_shapes, ins)) and all(fits(o, out, mesh) for o in out_shapes)):
+        return False
+    for axis, option in enumerate(combo):
+        for k in option.even:
+            layout, shapes = (out, out_shapes) if k == OUT else (ins[k], (in_shapes[k],))
+            p = layout[axis]
+            if isinstance(p, Shard) and not all(divides_evenly(sh, layout, mesh, (p.dim,)) for sh in shapes):
+                return False
+    return True
+
+
+def op_strategies(view: OpView, options: list[AxisOption], mesh: MeshSpec) -> list[Strategy]:
+    """Every combination of one per-axis option per mesh axis that is valid (`_valid`); order-preserving,
+    deduplicated. This is the strategy space of an op node that chooses (not a follower)."""
     seen, res = set(), []
     for combo in itertools.product(options, repeat=mesh.ndim):
-        ins = tuple(Layout(tuple(c[0][k] for c in combo)) for k in range(len(in_shapes)))
-        out = Layout(tuple(c[1] for c in combo))
+        ins = tuple(Layout(tuple(c.inputs[k] for c in combo)) for k in range(view.n_in))
+        out = Layout(tuple(c.output for c in combo))
         s = Strategy(ins, out)
-        if s in seen:
-            continue
-        if all(fits(sh, L, mesh) for sh, L in zip(in_shapes, ins)) and all(fits(o, out, mesh) for o in out_shapes):
+        if s not in seen and _valid(combo, ins, out, mesh, view.in_shapes, view.out_shapes):
             seen.add(s)
             res.append(s)
     return res
@@ -115,20 +136,23 @@ def _layouts(shape: tuple[int, ...], per_axis: list[list], mesh: MeshSpec) -> li
     return [L for L in (Layout(c) for c in itertools.product(*per_axis)) if fits(shape, L, mesh)]
 
 
-def _follow(leader: NodeSpace, options: list, shape_in, out_shapes, mesh: MeshSpec) -> list[Strategy]:
+def _follow(leader: NodeSpace, options: list[AxisOption], view: OpView, mesh: MeshSpec) -> list[Strategy]:
+    """A follower's strategies: its leader's output layouts pushed through its rule (module docstring); an
+    axis the rule cannot map, or whose result breaks an evenness need, is made Replicate."""
     mapping: dict = {}
-    for ins, out in options:
-        mapping.setdefault(ins[0], out)
+    for o in options:
+        mapping.setdefault(o.inputs[0], o)
+    rep = mapping[R]
     res = []
     for s in leader.strategies:
-        src = list(s.output)
-        ins = [p if p in mapping else R for p in src]
-        outs = [mapping[p] for p in ins]
-        for a in reversed(range(mesh.ndim)):  # an output that does not divide: replicate that axis
-            if all(fits(o, Layout(tuple(outs)), mesh) for o in out_shapes):
+        combo = [mapping.get(p, rep) for p in s.output]
+        for a in reversed(range(mesh.ndim)):
+            ins, out = (Layout(tuple(c.inputs[0] for c in combo)),), Layout(tuple(c.output for c in combo))
+            if _valid(tuple(combo), ins, out, mesh, view.in_shapes, view.out_shapes):
                 break
-            ins[a], outs[a] = R, R
-        res.append(Strategy((Layout(tuple(ins)),), Layout(tuple(outs))))
+            combo[a] = rep
+        ins, out = (Layout(tuple(c.inputs[0] for c in combo)),), Layout(tuple(c.output for c in combo))
+        res.append(Strategy(ins, out))
     return res
 
 
@@ -161,10 +185,10 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
             continue
         leader = _leader(tg, info, inputs, options, spaces)
         if leader is not None:
-            strategies = _follow(spaces[inputs[0].producer], options, inputs[0].shape, view.out_shapes, mesh)
+            strategies = _follow(spaces[inputs[0].producer], options, view, mesh)
             spaces[name] = NodeSpace(name, "op", inputs, strategies, req, leader=leader)
         else:
-            spaces[name] = NodeSpace(name, "op", inputs, _product(options, mesh, view.in_shapes, view.out_shapes), req)
+            spaces[name] = NodeSpace(name, "op", inputs, op_strategies(view, options, mesh), req)
     _keep_tp_weights_usable(tg, mesh, config, spaces)
     _check_roles_take_effect(tg, mesh, config, spaces)
     return spaces
@@ -199,13 +223,17 @@ class EdgeRoles:
     keep_shard: no all-gather or all-to-all over these axes (parameters over "tp" axes are used as stored,
         also when a dim is sharded over several axes and using it would gather over a tp axis first);
     no_gather: a Shard placement must not become Replicate there (activations over "ddp"/"fsdp" axes, so
-        the compute stays data parallel; not into the graph output or an op without a sharding rule)."""
+        the compute stays data parallel; not into the graph output or an op without a sharding rule);
+    identity: no layout change at all (the value is mutated in place there: `mutation_edges`)."""
 
     used_replicated: tuple[int, ...] = ()
     keep_shard: tuple[int, ...] = ()
     no_gather: tuple[int, ...] = ()
+    identity: bool = False
 
     def forbids(self, src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec) -> bool:
+        if self.identity and src.normalized(len(shape)) != dst.normalized(len(shape)):
+            return True
         s, d = src.placements, dst.placements
         if any(d[i] != Replicate() for i in self.used_replicated):
             return True
@@ -268,7 +296,7 @@ def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | N
     prod = spaces[inputs[0].producer]
     if prod.kind not in ("op", "input") or tg.nodes[prod.name].block != info.block:
         return None
-    firsts = [ins[0] for ins, _ in options]
+    firsts = [o.inputs[0] for o in options]
     if len(set(firsts)) != len(firsts):
         return None
     return prod.leader or prod.name
@@ -339,3 +367,23 @@ def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: 
         return NodeSpace(info.name, "input", (), [Strategy((), L) for L in layouts], False)
     return NodeSpace(info.name, "buffer", (), [Strategy((), Layout.replicate(mesh.ndim))], False,
                      param_fqn=param.fqn if param is not None else None)
+
+
+def mutation_edges(tg: TracedGraph) -> frozenset[tuple[str, int]]:
+    """(consumer node, tensor-input index) of every edge that must not redistribute (module docstring): the
+    mutated argument of each in-place op, and each view's input on the way back to the mutated base."""
+    edges: set[tuple[str, int]] = set()
+    for info in tg.compute_nodes():
+        node = info.node
+        for pos in mutated_args(node):
+            if pos >= len(node.args) or not isinstance(node.args[pos], torch.fx.Node):
+                continue
+            consumer, arg = node, node.args[pos]
+            while True:
+                uses: list = []
+                torch.fx.node.map_arg((consumer.args, consumer.kwargs), uses.append)
+                edges.add((consumer.name, uses.index(arg)))
+                if not is_view(arg):
+                    break
+                consumer, arg = arg, arg.args[0]
+    return frozenset(edges)

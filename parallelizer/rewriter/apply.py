@@ -21,14 +21,14 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..core.layout import Layout
+from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
-from ..tracer.graph import Role, TracedGraph
+from ..tracer.graph import Role, TracedGraph, mutated_args
 from . import collectives, grad_sync, localize
 from .grad_sync import DEFAULT_BUCKET_BYTES
-from .spec import ShardingSpec, axis_ranks, squeeze_trivial_axes
+from .spec import ShardingSpec, axis_ranks, mesh_coords, squeeze_trivial_axes
 
 
 @dataclass
@@ -86,6 +86,7 @@ class _Rewriter:
         self.trainable: set[torch.fx.Node] = set()    # placeholders of parameters that receive gradients
         self.groups = {axis: [r + spec.rank_offset for r in ranks]
                        for axis, ranks in axis_ranks(spec.mesh, rank).items()}
+        self.coords = mesh_coords(spec.mesh, rank)
         self.graph = torch.fx.Graph()
         self.env: dict[str, torch.fx.Node] = {}        # old node name -> new node (producer layout)
         self.layout: dict[str, Layout] = {}             # old node name -> layout of env value
@@ -151,7 +152,9 @@ class _Rewriter:
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
             kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
         out_shape = info.outputs[0].shape if info.outputs else None
-        ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape)
+        ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape, self.coords,
+                               tuple(self.traced.node(a.name).outputs[0].shape if self.traced.node(a.name).outputs
+                                     else () for a in tensor_args))
         if not tensor_args and not sharding.output.is_replicated:   # created from nothing, then sliced
             value = self.graph.call_function(node.target, args, kwargs)
             value = self._emit(value, node.name, Layout.replicate(self.mesh.ndim), sharding.output,
@@ -160,6 +163,8 @@ class _Rewriter:
             value = localize.emit(self.graph, ctx, args, kwargs)
         value.meta["source"] = node.name  # read by verify: which traced node this value stands for
         self.env[node.name], self.layout[node.name] = value, sharding.output
+        if mutated_args(node):  # copies made before the mutation are stale: redistribute afresh for later uses
+            self.cache.clear()
         self.requires_grad[node.name] = _differentiable(node) and any(
             self.requires_grad[a.name] for a in tensor_args)
 
@@ -180,27 +185,31 @@ class _Rewriter:
                            grad_partial_axes=grad_axes if requires_grad else (), requires_grad=requires_grad,
                            is_parameter=is_parameter)
         for step in steps:
-            value = self._emit_step(value, step)
+            value = self._emit_step(value, step, tuple(shape))
         return value
 
-    def _emit_step(self, value: torch.fx.Node, step: Step) -> torch.fx.Node:
-        """Append the collective of one step; the node is named "<kind>_<mesh axis>" so `gm.code` shows it."""
+    def _emit_step(self, value: torch.fx.Node, step: Step, shape: tuple[int, ...]) -> torch.fx.Node:
+        """Append the collective of one step; the node is named "<kind>_<mesh axis>" so `gm.code` shows it.
+        Gathers and all-to-alls are told the size of the dim they assemble (uneven chunks, `core.layout`)."""
         ranks = self.groups[step.mesh_axis]
         self.counts[step.kind] = self.counts.get(step.kind, 0) + 1
+        gathered = (lambda: local_shape(shape, Layout.parse(step.after), self.mesh, self.coords)[step.tensor_dim])
         if step.kind == "grad_all_reduce" and value in self.trainable and self.grad_bucket_bytes:
             fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes)
-        elif step.kind == "all_gather" and step.bwd_kind == "reduce_scatter":
-            fn, args = collectives.all_gather_rs, (value, step.tensor_dim, ranks)
-        elif step.kind in ("all_gather", "reduce_scatter", "local_slice"):
+        elif step.kind == "all_gather":
+            fn = collectives.all_gather_rs if step.bwd_kind == "reduce_scatter" else collectives.all_gather
+            args = (value, step.tensor_dim, ranks, gathered())
+        elif step.kind in ("reduce_scatter", "local_slice"):
             fn, args = getattr(collectives, step.kind), (value, step.tensor_dim, ranks)
         elif step.kind in ("all_reduce", "grad_all_reduce"):
             fn, args = getattr(collectives, step.kind), (value, ranks)
         elif step.kind == "all_to_all":
-            fn, args = collectives.all_to_all, (value, step.tensor_dim, step.dst_dim, ranks)
+            fn, args = collectives.all_to_all, (value, step.tensor_dim, step.dst_dim, ranks, gathered())
         else:
             raise UnsupportedOpError(f"no collective for step {step}")
         out = self.graph.create_node("call_function", fn, args, name=f"{fn.__name__}_{step.mesh_axis}")
         out.meta["step"] = step
+        out.meta["global_shape"] = shape
         if step.reduce_op == "avg":  # Partial(avg): the reduced sum is divided by the group size
             out = self.graph.call_function(torch.ops.aten.div.Scalar, (out, len(ranks)))
             out.meta["step"] = step

@@ -41,6 +41,7 @@ Private torch API: `find_group` reads torch.distributed's table of process group
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -51,10 +52,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.fx
 
+from parallelizer.core.layout import chunk_range
 from parallelizer.runtime.launch import DistributedError
 
 __all__ = [
-    "Group", "all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "grad_all_reduce",
+    "Group", "all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "all_reduce_max", "grad_all_reduce",
     "all_to_all", "local_slice", "find_group", "group_index",
 ]
 
@@ -148,25 +150,32 @@ def _norm_dim(x: torch.Tensor, dim: int, op: str) -> int:
     return dim % x.dim()
 
 
-def _check_divisible(x: torch.Tensor, dim: int, g: _GroupView, op: str) -> None:
-    """Raise ValueError when x.shape[dim] cannot be split evenly over the group."""
-    if x.shape[dim] % g.size:
-        raise ValueError(
-            f"{op}: dim {dim} of local shape {tuple(x.shape)} is not divisible by group {list(g.ranks)} of "
-            f"size {g.size}. Remedy: pad that dim to a multiple of {g.size} or shard another dim."
-        )
+def _sizes(full: int, g: _GroupView) -> list[int]:
+    """Chunk lengths of a dim of `full` elements over the group, torch.chunk style (`core.layout.chunk_range`)."""
+    return [chunk_range(full, g.size, i)[1] for i in range(g.size)]
+
+
+def _pad_to(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """`x` padded with zeros at the end of `dim` up to `length` (x itself when already that long)."""
+    if x.shape[dim] == length:
+        return x
+    pad = list(x.shape)
+    pad[dim] = length - x.shape[dim]
+    return torch.cat([x, x.new_zeros(pad)], dim=dim)
 
 
 def _chunk(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
-    """This rank's chunk of `x` along `dim`, contiguous (a view of `x` when already so): S -> S/n."""
+    """This rank's chunk of `x` along `dim` (torch.chunk's split, possibly shorter or empty), contiguous."""
     if g.size == 1:
         return x
-    size = x.shape[dim] // g.size
-    return x.narrow(dim, g.index * size, size).contiguous()
+    start, length = chunk_range(x.shape[dim], g.size, g.index)
+    return x.narrow(dim, start, length).contiguous()
 
 
 # ------------------------------------------------------------------------------ communication steps
-# Plain (non-autograd) steps; the autograd.Functions below pair them up as forward and backward.
+# Plain (non-autograd) steps; the autograd.Functions below pair them up as forward and backward. Uneven
+# chunks are padded to the largest chunk for the collective and trimmed after it: with torch.chunk's
+# split only trailing chunks are short, so the real data of a padded all-gather is its first `full` rows.
 
 
 def _wait(t: torch.Tensor) -> torch.Tensor:
@@ -174,18 +183,27 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
-def _gather(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
-    """All-gather along `dim`: (.., S/n, ..) -> (.., S, ..), chunks in group order."""
+def _gather(x: torch.Tensor, dim: int, g: _GroupView, full: int | None = None) -> torch.Tensor:
+    """All-gather along `dim`: this rank's chunk -> the `full` elements (default: local size x group size)."""
     if g.size == 1:
         return x
-    return _wait(funcol.all_gather_single(x.contiguous(), dim, g.name))
+    full = x.shape[dim] * g.size if full is None else full
+    step = max(_sizes(full, g))
+    if x.shape[dim] != _sizes(full, g)[g.index]:
+        raise ValueError(f"all_gather: local shape {tuple(x.shape)} holds {x.shape[dim]} elements of dim {dim}, but "
+                         f"chunk {g.index} of {full} over group {list(g.ranks)} has {_sizes(full, g)[g.index]}")
+    out = _wait(funcol.all_gather_single(_pad_to(x, dim, step).contiguous(), dim, g.name))
+    return out.narrow(dim, 0, full) if step * g.size != full else out
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
-    """Sum over the group, keep this rank's chunk along `dim`: (.., S, ..) -> (.., S/n, ..)."""
+    """Sum over the group, keep this rank's chunk along `dim`: (.., S, ..) -> (.., chunk of S, ..)."""
     if g.size == 1:
         return x
-    return _wait(funcol.reduce_scatter_single(x.contiguous(), "sum", dim, g.name))
+    full = x.shape[dim]
+    step = max(_sizes(full, g))
+    out = _wait(funcol.reduce_scatter_single(_pad_to(x, dim, step * g.size).contiguous(), "sum", dim, g.name))
+    return out.narrow(dim, 0, _sizes(full, g)[g.index])
 
 
 def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
@@ -195,17 +213,27 @@ def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
     return _wait(funcol.all_reduce(x.contiguous(), "sum", g.name))
 
 
-def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView) -> torch.Tensor:
+def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_full: int) -> torch.Tensor:
     """All-to-all: shard of a tensor split on `src_dim` -> shard of the same tensor split on `dst_dim`.
 
-    Local shapes: src_dim S/n -> S, dst_dim D -> D/n. Chunk j (along dst_dim) goes to the j-th member;
-    the pieces received are concatenated along src_dim in group order.
+    Local shapes: `src_dim` chunk of `src_full` -> `src_full`, `dst_dim` D -> chunk of D (uneven chunks
+    allowed). Chunk j (along dst_dim) goes to the j-th member; the pieces received are concatenated along
+    src_dim in group order.
     """
     if g.size == 1:
         return x
-    pieces = torch.stack(x.chunk(g.size, dim=dst_dim))  # (n, ..local shape with dst_dim D/n..)
-    received = _wait(funcol.all_to_all_single(pieces.contiguous(), None, None, g.name))
-    return torch.cat(received.unbind(0), dim=src_dim)
+    send = [x.narrow(dst_dim, *chunk_range(x.shape[dst_dim], g.size, j)) for j in range(g.size)]
+    mine = chunk_range(x.shape[dst_dim], g.size, g.index)[1]
+    shapes = []
+    for rows in _sizes(src_full, g):
+        shape = list(x.shape)
+        shape[src_dim], shape[dst_dim] = rows, mine
+        shapes.append(shape)
+    flat = torch.cat([p.reshape(-1) for p in send])
+    received = _wait(funcol.all_to_all_single(flat, [math.prod(s) for s in shapes], [p.numel() for p in send],
+                                              g.name))
+    pieces = received.split([math.prod(s) for s in shapes])
+    return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=src_dim)
 
 
 # ------------------------------------------------------------------------------ autograd functions
@@ -233,39 +261,43 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------- public API
 
 
-def all_gather(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+def all_gather(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
     """Shard(dim) -> Replicate. Backward: this rank's slice of the (full, identical) gradient.
 
     Use it when every rank then runs the same replicated computation on the gathered tensor, so the
     gradient arriving at the output is the full gradient on each rank.
 
-    Local shapes: (.., S/n, ..) -> (.., S, ..) along `dim`, n = len(ranks); chunks in group order.
+    Local shapes: (.., chunk of `size`, ..) -> (.., size, ..) along `dim`; chunks as torch.chunk splits
+    `size` over n = len(ranks) members, in group order (uneven and empty chunks allowed). `size` defaults to
+    the local length times n (even chunks).
 
     Raises:
-        ValueError: dim out of range; ranks not sorted/distinct; calling rank not in `ranks`.
+        ValueError: dim out of range; this rank's length is not its chunk of `size`; ranks not
+            sorted/distinct; calling rank not in `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "all_gather")
     dim = _norm_dim(x, dim, "all_gather")
-    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g), partial(_chunk, dim=dim, g=g))
+    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g, full=size), partial(_chunk, dim=dim, g=g))
 
 
-def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
     """Shard(dim) -> Replicate, for ZeRO-3/FSDP parameters. Backward: reduce-scatter (sum) of the gradient.
 
     Use it when ranks then use the gathered tensor on DIFFERENT data (e.g. batch shards), so each rank's
     gradient of the output is a partial contribution: the sum over ranks is the full gradient, and each
     rank keeps its shard of that sum.
 
-    Local shapes: (.., S/n, ..) -> (.., S, ..) along `dim`; backward (.., S, ..) -> (.., S/n, ..).
+    Local shapes: (.., chunk of `size`, ..) -> (.., size, ..) along `dim` (as `all_gather`); backward
+    (.., size, ..) -> (.., chunk of size, ..).
 
     Raises:
-        ValueError: dim out of range; ranks not sorted/distinct; calling rank not in `ranks`.
+        ValueError: dim out of range; this rank's length is not its chunk of `size`; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "all_gather_rs")
     dim = _norm_dim(x, dim, "all_gather_rs")
-    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g), partial(_reduce_scatter, dim=dim, g=g))
+    return _Conjugate.apply(x, partial(_gather, dim=dim, g=g, full=size), partial(_reduce_scatter, dim=dim, g=g))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
@@ -273,16 +305,16 @@ def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
 
     Backward: all-gather of the gradient along `dim` (the gradient of a Partial input is the full one).
 
-    Local shapes: (.., S, ..) -> (.., S/n, ..) along `dim`, n = len(ranks).
+    Local shapes: (.., S, ..) -> (.., chunk of S, ..) along `dim` (torch.chunk's split over n = len(ranks)).
 
     Raises:
-        ValueError: dim out of range or x.shape[dim] not divisible by n; bad or foreign `ranks`.
+        ValueError: dim out of range; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "reduce_scatter")
     dim = _norm_dim(x, dim, "reduce_scatter")
-    _check_divisible(x, dim, g, "reduce_scatter")
-    return _Conjugate.apply(x, partial(_reduce_scatter, dim=dim, g=g), partial(_gather, dim=dim, g=g))
+    return _Conjugate.apply(x, partial(_reduce_scatter, dim=dim, g=g),
+                            partial(_gather, dim=dim, g=g, full=x.shape[dim]))
 
 
 def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
@@ -295,6 +327,20 @@ def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     return _Conjugate.apply(x, partial(_sum, g=_resolve(ranks, "all_reduce")), _identity)
+
+
+def all_reduce_max(x: torch.Tensor, ranks: Group) -> torch.Tensor:
+    """Element-wise maximum over the group, without gradient (e.g. the row maxima that stabilise a
+    vocab-parallel softmax: any common shift is exact there). Local shapes: unchanged.
+
+    Raises:
+        ValueError: bad `ranks`, or the calling rank is not in it.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "all_reduce_max")
+    if g.size == 1:
+        return x.detach()
+    return _wait(funcol.all_reduce(x.detach().contiguous(), "max", g.name))
 
 
 def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
@@ -312,18 +358,18 @@ def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
     return _Conjugate.apply(x, _identity, partial(_sum, g=_resolve(ranks, "grad_all_reduce")))
 
 
-def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
     """Shard(src_dim) -> Shard(dst_dim) of the same global tensor. Backward: the reverse all-to-all.
 
-    Input: this rank's chunk of a global tensor split along `src_dim`; output: this rank's chunk of the
-    same global tensor split along `dst_dim` (chunk index = position of the rank in `ranks`).
+    Input: this rank's chunk of a global tensor split along `src_dim` into chunks of `size` elements in
+    total (default: local length x n, even); output: this rank's chunk of the same tensor split along
+    `dst_dim` (chunk index = position of the rank in `ranks`; torch.chunk's uneven split).
 
-    Local shapes, n = len(ranks): `src_dim` S/n -> S and `dst_dim` D -> D/n, e.g. with src_dim=1,
-    dst_dim=2: (B, T/n, H) -> (B, T, H/n).
+    Local shapes, n = len(ranks): `src_dim` chunk of `size` -> size and `dst_dim` D -> chunk of D, e.g.
+    with src_dim=1, dst_dim=2, even: (B, T/n, H) -> (B, T, H/n).
 
     Raises:
-        ValueError: a dim out of range, src_dim == dst_dim, x.shape[dst_dim] not divisible by n, or bad
-            or foreign `ranks`.
+        ValueError: a dim out of range, src_dim == dst_dim, or bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "all_to_all")
@@ -331,9 +377,9 @@ def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group) -> tor
     dst = _norm_dim(x, dst_dim, "all_to_all")
     if src == dst:
         raise ValueError(f"all_to_all: src_dim and dst_dim are both {src}; the layout does not change")
-    _check_divisible(x, dst, g, "all_to_all")
-    return _Conjugate.apply(x, partial(_exchange, src_dim=src, dst_dim=dst, g=g),
-                            partial(_exchange, src_dim=dst, dst_dim=src, g=g))
+    full = x.shape[src] * g.size if size is None else size
+    return _Conjugate.apply(x, partial(_exchange, src_dim=src, dst_dim=dst, g=g, src_full=full),
+                            partial(_exchange, src_dim=dst, dst_dim=src, g=g, src_full=x.shape[dst]))
 
 
 def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
@@ -342,21 +388,20 @@ def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
     Backward: all-gather of the gradient along `dim`, giving the full (identical) gradient of the
     replicated input on every rank.
 
-    Local shapes: (.., S, ..) -> (.., S/n, ..) along `dim`, n = len(ranks); the chunk index is the
-    position of the calling rank in `ranks`.
+    Local shapes: (.., S, ..) -> (.., chunk of S, ..) along `dim` (torch.chunk's split over n = len(ranks);
+    the chunk index is the position of the calling rank in `ranks`).
 
     Raises:
-        ValueError: dim out of range or x.shape[dim] not divisible by n; bad or foreign `ranks`.
+        ValueError: dim out of range; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     g = _resolve(ranks, "local_slice")
     dim = _norm_dim(x, dim, "local_slice")
-    _check_divisible(x, dim, g, "local_slice")
-    return _Conjugate.apply(x, partial(_chunk, dim=dim, g=g), partial(_gather, dim=dim, g=g))
+    return _Conjugate.apply(x, partial(_chunk, dim=dim, g=g), partial(_gather, dim=dim, g=g, full=x.shape[dim]))
 
 
 # torch.fx.symbolic_trace records these as call_function nodes instead of tracing into them.
-for _name in ("all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "grad_all_reduce",
+for _name in ("all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "all_reduce_max", "grad_all_reduce",
               "all_to_all", "local_slice"):
     torch.fx.wrap(_name)
 del _name

@@ -1,27 +1,31 @@
 """Emit one op on local shards: localise shape arguments and handle ops whose local form differs.
 
 Most ATen ops run unchanged on local shards once their inputs have the layouts the plan asks for. The
-exceptions, each handled here:
-- ops with a size argument (view, reshape, expand, new_zeros, ...): the size becomes the local output
-  shape, computed from the global output shape and the output layout;
-- a linear/addmm whose bias is still inside (the tracer splits them off, a hand-made graph may not) with a
-  Partial output: the replicated bias is divided by the Partial axes' size so that it is added once;
+exceptions, each handled here (every one is executed by the rule harness, tests/rules, against the op on
+global tensors):
+- ops with a size argument (view, reshape, expand, new_zeros, ...): the size becomes this rank's local
+  output shape (shards may be uneven, `core.layout`);
 - `aten.embedding` with the weight sharded on the vocabulary dim (vocab-parallel embedding, Megatron):
-  each rank looks up the ids in its own vocabulary range, zeros the others; the output is Partial(sum);
-- `aten.cross_entropy_loss` with reduction "mean" over a batch-sharded input whose output is Partial:
-  the local loss is the local SUM divided by the GLOBAL count of non-ignored targets (an all-reduce of
-  the count, no gradient), so that the sum over ranks is exactly the single-device mean;
-- `aten.dropout`: the mask differs across shards and is the same on replicas (`sharded_dropout`).
+  each rank looks up the ids in its own vocabulary rows and reads zeros for the others (Partial output);
+- `aten.mean` over a sharded dim: the local SUM divided by the GLOBAL count (exact for uneven shards);
+- `aten.cross_entropy_loss` on a sharded batch (or other non-class dim): the local sum divided by the
+  global denominator (count, or sum of class weights, of the targets not ignored; all-reduced, no
+  gradient); on sharded classes, Megatron's vocab-parallel cross-entropy;
+- `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
+- `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
+- `aten.dropout`, `aten.rand_like`, `aten.randn_like`: random draws that differ across shards and agree on
+  replicas (`sharded_dropout`, `sharded_random`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 
-from ..core.layout import Layout, Partial, Shard, local_shape
+from ..core.layout import Layout, Partial, Shard, local_region, local_shape
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
 from . import collectives
@@ -35,13 +39,9 @@ _SIZE_ARG = {
 }
 
 
-# op -> index of its bias argument (added once per output element)
-_BIAS_ARG = {aten.linear.default: 2, aten.addmm.default: 0}
-
-
 @dataclass(frozen=True)
 class Context:
-    """What `emit` needs to know about the node being rewritten."""
+    """What `emit` needs to know about the node being rewritten on this rank."""
 
     node: torch.fx.Node
     mesh: MeshSpec
@@ -49,99 +49,143 @@ class Context:
     inputs: tuple[Layout, ...]        # layout of each tensor argument use, in map_arg order
     output: Layout
     out_shape: tuple[int, ...] | None  # global shape of the (first) output
+    coords: tuple[int, ...] = ()      # this rank's mesh coordinates
+    in_shapes: tuple[tuple[int, ...], ...] = ()  # global shape of each tensor argument use
+
+    def input_index(self, index: int) -> int:
+        """Index among the tensor arguments of positional argument `index` (an fx node)."""
+        uses: list = []
+        torch.fx.node.map_arg(self.node.args[:index], uses.append)
+        return len(uses)
 
     def input_layout(self, index: int) -> Layout:
         """Layout in which positional argument `index` (an fx node) is consumed."""
-        uses: list = []
-        torch.fx.node.map_arg(self.node.args[:index], uses.append)
-        return self.inputs[len(uses)]
+        return self.inputs[self.input_index(index)]
+
+    def sharded_axes(self, layout: Layout, dims, shape_len: int) -> list[str]:
+        """Mesh axes (of size > 1) on which `layout` shards one of `dims` (non-negative)."""
+        return [self.mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Shard)
+                and p.dim % shape_len in dims and self.mesh.shape[i] > 1]
 
 
 def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
     """Append the local form of `ctx.node` (with already-redistributed `args`/`kwargs`) to `graph`."""
     target = ctx.node.target
+    packet = getattr(target, "overloadpacket", None)
     if target in _SIZE_ARG and ctx.out_shape is not None:
         i = _SIZE_ARG[target]
-        args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh)),) + args[i + 1:]
-    elif target in _BIAS_ARG and len(args) > 2 and _partial_axes(ctx.output, ctx.mesh):
-        args = _bias_once(graph, ctx, args)
-    elif target is aten.embedding.default and _sharded_axes(ctx.input_layout(0), 0, ctx.mesh):
+        args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)),) + args[i + 1:]
+    elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
-    elif target is aten.cross_entropy_loss.default and _partial_axes(ctx.output, ctx.mesh):
-        return _sharded_cross_entropy(graph, ctx, args, kwargs)
-    elif target is aten.dropout.default:
-        groups = [ctx.groups[a] for a in _split_axes(ctx.output, ctx.mesh)]
-        return graph.call_function(sharded_dropout, (*args, groups))
+    elif packet is aten.mean and _mean_over_shards(ctx):
+        return _mean_as_sum(graph, ctx, args, kwargs)
+    elif packet is aten.cross_entropy_loss and len(ctx.in_shapes[0]) >= 2:
+        return _cross_entropy(graph, ctx, args, kwargs)
+    elif packet in (aten.tril, aten.triu):
+        args = _shift_diagonal(ctx, args, kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k != "diagonal"}
+    elif packet is aten.batch_norm and _bn_axes(ctx):
+        return graph.call_function(sync_batch_norm, (*_full_args(ctx, args, kwargs, 8),
+                                                     [ctx.groups[a] for a in _bn_axes(ctx)]))
+    elif packet is aten.dropout:
+        return graph.call_function(sharded_dropout, (*args, _shard_groups(ctx)))
+    elif packet in (aten.rand_like, aten.randn_like):
+        return graph.call_function(sharded_random, (packet.__name__, args[0], _shard_groups(ctx)), kwargs)
     return graph.call_function(target, args, kwargs)
 
 
-def _bias_once(graph: torch.fx.Graph, ctx: Context, args: tuple) -> tuple:
-    """Row-parallel linear with its bias inside: the output is Partial, so a bias Replicate on those axes
-    is divided by their size (DTensor's Replicate -> Partial) and the sum over ranks adds it once."""
-    i = _BIAS_ARG[ctx.node.target]
-    layout = ctx.input_layout(i)
-    n = 1
-    for axis, (p_out, p_in) in enumerate(zip(ctx.output, layout)):
-        if isinstance(p_out, Partial) and not isinstance(p_in, Partial):
-            n *= ctx.mesh.shape[axis]
-    if n == 1:
-        return args
-    bias = graph.call_function(aten.div.Scalar, (args[i], n))
-    return args[:i] + (bias,) + args[i + 1:]
+def _full_args(ctx: Context, args: tuple, kwargs: dict, n: int) -> tuple:
+    """The first `n` arguments of the op, positional or keyword, defaults from its schema."""
+    schema = ctx.node.target._schema.arguments
+    out = list(args[:n])
+    for a in schema[len(out):n]:
+        out.append(kwargs.get(a.name, a.default_value))
+    return tuple(out)
 
 
-def _split_axes(layout: Layout, mesh: MeshSpec) -> list[str]:
-    """Mesh axes (of size > 1) on which `layout` is a Shard."""
-    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Shard) and mesh.shape[i] > 1]
+def _shard_groups(ctx: Context) -> list[list[int]]:
+    """Groups of the mesh axes (size > 1) on which the output is sharded."""
+    return [ctx.groups[ctx.mesh.axis_names[i]] for i, p in enumerate(ctx.output)
+            if isinstance(p, Shard) and ctx.mesh.shape[i] > 1]
+
+
+# --- random ops ---------------------------------------------------------------------------------------------
+
+def _shard_seed(groups: list[list[int]]) -> int:
+    """A seed from torch's default generator (advanced identically on every rank, which all run the same
+    program from the same seed) mixed with this rank's shard index on each axis in `groups`."""
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    for ranks in groups:
+        seed = (seed * 1_000_003 + collectives.group_index(ranks) + 1) % 2**62
+    return seed
 
 
 def sharded_dropout(x: torch.Tensor, p: float, train: bool, groups: list[list[int]]) -> torch.Tensor:
-    """Dropout whose mask is the same on ranks holding the same data and different across shards.
-
-    The seed comes from torch's default generator (which every rank advances identically, since all run
-    the same program from the same seed), mixed with this rank's shard index on each axis in `groups`
-    (the axes where the tensor is sharded). Replicas (and the summands of a Partial tensor) therefore
-    draw the same mask, and shards independent ones. Shapes: x (...) -> (...).
-    """
+    """Dropout whose mask is the same on ranks holding the same data (replicas, and the summands of a
+    Partial value, so that dropout stays linear) and different across shards (`_shard_seed`).
+    Shapes: x (...) -> (...)."""
     if not train or p == 0.0:
         return x
-    base = int(torch.randint(0, 2**62, (1,)).item())
-    seed = base
-    for ranks in groups:
-        seed = (seed * 1_000_003 + collectives.group_index(ranks) + 1) % 2**62
-    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
+    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(_shard_seed(groups))) >= p
     return x * keep.to(x.dtype) / (1.0 - p)
 
 
-def _sharded_axes(layout: Layout, dim: int, mesh: MeshSpec) -> list[str]:
-    """Mesh axes (of size > 1: on a size-1 axis every placement is a full copy) sharding tensor dim `dim`."""
-    return [mesh.axis_names[i] for i, p in enumerate(layout)
-            if isinstance(p, Shard) and p.dim == dim and mesh.shape[i] > 1]
+def sharded_random(kind: str, x: torch.Tensor, groups: list[list[int]], **kwargs) -> torch.Tensor:
+    """rand_like / randn_like of the local shard `x`, drawn like `sharded_dropout`'s mask."""
+    gen = torch.Generator().manual_seed(_shard_seed(groups))
+    fn = torch.rand if kind == "rand_like" else torch.randn
+    dtype = kwargs.get("dtype") or x.dtype
+    return fn(x.shape, generator=gen, dtype=dtype).to(x.device)
 
 
-def _partial_axes(layout: Layout, mesh: MeshSpec) -> list[str]:
-    """Mesh axes (of size > 1) on which `layout` is Partial."""
-    return [mesh.axis_names[i] for i, p in enumerate(layout) if isinstance(p, Partial) and mesh.shape[i] > 1]
+# --- position-dependent ops ---------------------------------------------------------------------------------
 
+def _shift_diagonal(ctx: Context, args: tuple, kwargs: dict) -> tuple:
+    """tril/triu keep element (i, j) by j - i against `diagonal`; a shard starting at global (r0, c0) keeps
+    local (i, j) by j - i against diagonal + r0 - c0."""
+    shape, layout = ctx.in_shapes[0], ctx.inputs[0]
+    starts, _ = local_region(shape, layout, ctx.mesh, ctx.coords)
+    diagonal = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
+    return (args[0], diagonal + starts[-2] - starts[-1])
+
+
+# --- reductions -------------------------------------------------------------------------------------------
+
+def _reduced_dims(ctx: Context) -> list[int]:
+    nd = len(ctx.in_shapes[0])
+    dims = ctx.node.args[1] if len(ctx.node.args) > 1 else ctx.node.kwargs.get("dim")
+    return list(range(nd)) if not dims else [d % nd for d in dims]
+
+
+def _mean_over_shards(ctx: Context) -> bool:
+    return bool(ctx.sharded_axes(ctx.inputs[0], set(_reduced_dims(ctx)), len(ctx.in_shapes[0])))
+
+
+def _mean_as_sum(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
+    """mean over dims of which some are sharded: the local sum divided by the global element count."""
+    dims = _reduced_dims(ctx)
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    count = math.prod(ctx.in_shapes[0][d] for d in dims)
+    return graph.call_function(sharded_mean, (args[0], dims, keepdim, count), {"dtype": kwargs.get("dtype")})
+
+
+def sharded_mean(x: torch.Tensor, dims: list[int], keepdim: bool, count: int, dtype=None) -> torch.Tensor:
+    """This rank's share of a mean over `dims` some of which are sharded: the local sum over `dims` divided
+    by the GLOBAL number of elements reduced, `count`; the sum over ranks is the mean (Partial(sum))."""
+    return torch.sum(x, dims, keepdim=keepdim, dtype=dtype) / count
+
+
+# --- embedding ---------------------------------------------------------------------------------------------
 
 def _vocab_parallel_embedding(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
-    """embedding(W[V/n, C] local, ids) -> (.., C) Partial: ids outside [start, start + V/n) give zeros."""
-    weight_layout = ctx.input_layout(0)
-    axes = _sharded_axes(weight_layout, 0, ctx.mesh)
-    if len(axes) != 1 or kwargs or any(a for a in args[3:]):  # scale_grad_by_freq / sparse
+    """embedding(W[rows] local, ids) -> (.., C) Partial: ids outside this rank's rows give zeros."""
+    if kwargs or any(a for a in args[3:]):  # scale_grad_by_freq / sparse
         raise UnsupportedOpError(f"vocab-parallel embedding {ctx.node.format_node()} on mesh {ctx.mesh}: "
-                                 f"supported for the weight sharded on one axis, without scale_grad_by_freq "
-                                 f"or sparse; got {weight_layout}. Remedy: re-plan with the embedding replicated")
-    weight, ids = args[0], args[1]
+                                 f"supported without scale_grad_by_freq or sparse; got {ctx.input_layout(0)}. Remedy: "
+                                 "re-plan (the planner keeps such embeddings off the vocabulary dim)")
+    starts, lengths = local_region(ctx.in_shapes[0], ctx.input_layout(0), ctx.mesh, ctx.coords)
     padding_idx = args[2] if len(args) > 2 else -1
-    rows = local_shape(tuple(ctx.node.args[0].meta["val"].shape), weight_layout, ctx.mesh)[0]
-    start = graph.call_function(shard_offset, (rows, ctx.groups[axes[0]]))
-    return graph.call_function(masked_embedding, (weight, ids, start, rows, padding_idx))
-
-
-def shard_offset(rows: int, ranks: list[int]) -> int:
-    """First row of this rank's shard of a dim split in chunks of `rows` over the group `ranks`."""
-    return collectives.group_index(ranks) * rows
+    return graph.call_function(masked_embedding, (args[0], args[1], starts[0], lengths[0], padding_idx))
 
 
 def masked_embedding(weight: torch.Tensor, ids: torch.Tensor, start: int, rows: int,
@@ -155,37 +199,119 @@ def masked_embedding(weight: torch.Tensor, ids: torch.Tensor, start: int, rows: 
     local = ids - start
     outside = (local < 0) | (local >= rows)
     local_pad = padding_idx - start if padding_idx >= 0 and 0 <= padding_idx - start < rows else None
-    out = torch.nn.functional.embedding(local.masked_fill(outside, 0), weight, padding_idx=local_pad)
+    out = torch.nn.functional.embedding(local.masked_fill(outside, 0), weight, padding_idx=local_pad) \
+        if rows else weight.new_zeros((*ids.shape, weight.shape[1]))
     return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
 
-def _sharded_cross_entropy(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
-    params = dict(zip(("weight", "reduction", "ignore_index", "label_smoothing"), args[2:]))
-    params.update(kwargs)
-    if params.get("weight") is not None or params.get("label_smoothing", 0.0) or params.get("reduction", 1) != 1:
-        raise UnsupportedOpError(f"{ctx.node.format_node()} on mesh {ctx.mesh} with output {ctx.output}: only "
-                                 "reduction='mean' without class weights or label smoothing is supported on a "
-                                 "batch-sharded input. Remedy: re-plan with the loss replicated")
-    axes = _partial_axes(ctx.output, ctx.mesh)
-    if len(axes) != 1:
-        raise UnsupportedOpError(f"{ctx.node.format_node()} on mesh {ctx.mesh}: a loss Partial over several "
-                                 f"mesh axes ({axes}) is not supported. Remedy: re-plan with the batch sharded "
-                                 "over one axis")
-    ranks = ctx.groups[axes[0]]
-    avg = any(ctx.output[ctx.mesh.index(a)].reduce_op == "avg" for a in axes)
-    return graph.call_function(batch_sharded_cross_entropy,
-                               (args[0], args[1], params.get("ignore_index", -100), ranks, avg))
+# --- batch norm -------------------------------------------------------------------------------------------
+
+def _bn_axes(ctx: Context) -> list[str]:
+    """Axes over which a training batch_norm's statistics must be synchronised (the input is sharded)."""
+    training = _full_args(ctx, tuple(ctx.node.args), dict(ctx.node.kwargs), 6)[5]
+    nd = len(ctx.in_shapes[0])
+    return ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd) if training else []
 
 
-def batch_sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                                ranks: list[int], avg: bool) -> torch.Tensor:
-    """This rank's share of a mean cross-entropy over a batch sharded on the group `ranks`.
+def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                    eps: float, groups: list[list[int]]) -> torch.Tensor:
+    """Batch norm with statistics over the whole sharded input (SyncBatchNorm semantics, uneven shards).
 
-    Returns sum(local losses) / (global count of targets != ignore_index), times the group size when the
-    result is consumed as Partial(avg). Shapes: logits (N_local, V), target (N_local,) -> ().
+    Per channel: the element count and sum are all-reduced over `groups` (the mesh axes sharding the
+    input), then the sum of squared deviations from the global mean; the mean and biased variance
+    normalise, and the running buffers are updated in place with the unbiased variance, identically on
+    every rank. Statistics that are Replicate but used on local shards get partial gradients, so each is
+    followed by `collectives.grad_all_reduce` (Megatron's f). Shapes: x (N, C, *) -> (N, C, *).
     """
-    local_sum = torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
-    count = (target != ignore_index).sum().to(logits.dtype)
-    total = collectives.all_reduce(count.detach(), ranks)
-    scale = len(ranks) if avg else 1
-    return local_sum * scale / total
+    dims = [0] + list(range(2, x.dim()))
+    view = [1, -1] + [1] * (x.dim() - 2)
+    count = torch.tensor(float(x.numel() // max(x.shape[1], 1)), dtype=x.dtype)
+
+    def total(t: torch.Tensor) -> torch.Tensor:
+        for ranks in groups:
+            t = collectives.all_reduce(t, ranks)
+        for ranks in groups:
+            t = collectives.grad_all_reduce(t, ranks)
+        return t
+
+    n = total(count.detach())
+    mean = total(x.sum(dims)) / n
+    centered = x - mean.view(view)
+    var = total((centered * centered).sum(dims)) / n
+    out = centered * torch.rsqrt(var + eps).view(view)
+    if weight is not None:
+        out = out * weight.view(view)
+    if bias is not None:
+        out = out + bias.view(view)
+    if running_mean is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
+            running_var.mul_(1 - momentum).add_(var.detach() * (n / (n - 1).clamp(min=1)) * momentum)
+    return out
+
+
+# --- cross-entropy ---------------------------------------------------------------------------------------
+
+def _cross_entropy(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
+    """Route a cross_entropy_loss to its local form (module docstring)."""
+    full = _full_args(ctx, args, kwargs, 6)
+    nd = len(ctx.in_shapes[0])
+    class_axes = ctx.sharded_axes(ctx.inputs[0], {1}, nd)
+    batch_axes = ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd)
+    if not class_axes and (not batch_axes or full[3] == 0):
+        return graph.call_function(ctx.node.target, args, kwargs)
+    starts, _ = local_region(ctx.in_shapes[0], ctx.inputs[0], ctx.mesh, ctx.coords)
+    return graph.call_function(sharded_cross_entropy, (*full, [ctx.groups[a] for a in batch_axes],
+                                                       [ctx.groups[a] for a in class_axes], starts[1]))
+
+
+def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, reduction: int, ignore_index: int,
+                          label_smoothing: float, batch_groups: list[list[int]], class_groups: list[list[int]],
+                          class_start: int) -> torch.Tensor:
+    """Cross-entropy of local shards: rows (and trailing dims) split over `batch_groups`, classes (dim 1)
+    over `class_groups` starting at global class `class_start`.
+
+    reduction 0 ("none") returns the local per-element losses; 2 ("sum") the local sum (a Partial over
+    the batch groups); 1 ("mean") the local sum over the GLOBAL denominator: the count of targets that are
+    not `ignore_index`, or the sum of their class weights, or for probability targets the number of rows
+    (torch.nn.functional.cross_entropy's definitions), all-reduced without gradient. With sharded classes
+    (class-index targets, no weight or label smoothing; Megatron's vocab-parallel cross-entropy, Shoeybi
+    et al. 2019, Sec. 3): the row max (all-reduce max), the sum of exponentials and the target logit
+    (all-reduce sum) are combined over the class groups, and the loss is Replicate there.
+    Shapes: logits (N, C_local, *) , target (N, *) class ids or (N, C, *) probabilities -> per reduction.
+    """
+    names = {0: "none", 1: "mean", 2: "sum"}
+    if not class_groups:
+        loss = torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=ignore_index,
+                                                 reduction="none" if reduction == 0 else "sum",
+                                                 label_smoothing=label_smoothing)
+    else:
+        if weight is not None or label_smoothing or target.is_floating_point():
+            raise UnsupportedOpError("vocab-parallel cross-entropy supports class-index targets without class "
+                                     "weights or label smoothing; re-plan (the planner does not choose it otherwise)")
+        rows = logits.detach().amax(dim=1)
+        for ranks in class_groups:
+            rows = collectives.all_reduce_max(rows, ranks)
+        shifted = logits - rows.unsqueeze(1)
+        sum_exp = shifted.exp().sum(1)
+        local_t = target - class_start
+        inside = (local_t >= 0) & (local_t < logits.shape[1])
+        picked = shifted.gather(1, local_t.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)).squeeze(1) \
+            if logits.shape[1] else shifted.new_zeros(target.shape)
+        picked = picked * inside
+        for ranks in class_groups:
+            sum_exp = collectives.all_reduce(sum_exp, ranks)
+            picked = collectives.all_reduce(picked, ranks)
+        loss = (sum_exp.log() - picked) * (target != ignore_index)
+        if reduction == 2 or reduction == 1:
+            loss = loss.sum()
+    if names[reduction] != "mean":
+        return loss
+    if target.is_floating_point():
+        local = torch.tensor(float(target.numel() // max(target.shape[1], 1)), dtype=logits.dtype)
+    else:
+        valid = target != ignore_index
+        local = (weight[target[valid]].sum() if weight is not None else valid.sum()).to(logits.dtype)
+    for ranks in batch_groups:
+        local = collectives.all_reduce(local.detach(), ranks)
+    return loss / local

@@ -1,13 +1,14 @@
 """Local shards of parameters and buffers: cut them from full tensors, gather them back.
 
-A stored layout never holds Partial. Sharding follows `core.layout`: a tensor dim sharded by several mesh
-axes is split in mesh-axis order (the outer axis picks a chunk, the inner axis splits it).
+A stored layout never holds Partial. Sharding follows `core.layout`: torch.chunk's split (uneven and empty
+chunks allowed), and a tensor dim sharded by several mesh axes is split in mesh-axis order (the outer axis
+picks a chunk, the inner axis splits it).
 """
 from __future__ import annotations
 
 import torch
 
-from ..core.layout import Layout, Partial, Shard, local_shape
+from ..core.layout import Layout, Partial, Replicate, Shard, local_region, local_shape
 from ..core.mesh import MeshSpec
 from ..errors import PlanMismatchError
 from . import collectives
@@ -16,22 +17,24 @@ from . import collectives
 def shard_tensor(full: torch.Tensor, layout: Layout, mesh: MeshSpec, coords: tuple[int, ...]) -> torch.Tensor:
     """This rank's local shard (a contiguous copy) of `full` placed by `layout`; no communication.
 
-    Shapes: full (global shape) -> local_shape(shape, layout, mesh).
+    Shapes: full (global shape) -> local_shape(shape, layout, mesh, coords).
     Raises:
         PlanMismatchError: `layout` is Partial somewhere (a stored tensor cannot be Partial).
-        IndivisibleShardError: a sharded dim does not divide.
+        IndivisibleShardError: the layout does not fit the tensor.
     """
     _check_storable(layout, mesh)
-    local_shape(tuple(full.shape), layout, mesh)
+    starts, lengths = local_region(tuple(full.shape), layout, mesh, coords)
     out = full
-    for axis, p in enumerate(layout):
-        if isinstance(p, Shard):
-            out = out.chunk(mesh.shape[axis], dim=p.dim)[coords[axis]]
+    for d, (start, length) in enumerate(zip(starts, lengths)):
+        if length != full.shape[d]:
+            out = out.narrow(d, start, length)
     return out.contiguous().clone()
 
 
-def gather_tensor(local: torch.Tensor, layout: Layout, mesh: MeshSpec, groups: dict[str, list[int]]) -> torch.Tensor:
-    """The full tensor from every rank's `local` shard (all-gathers over the sharded axes, inner first).
+def gather_tensor(local: torch.Tensor, layout: Layout, mesh: MeshSpec, groups: dict[str, list[int]],
+                  shape: tuple[int, ...], coords: tuple[int, ...]) -> torch.Tensor:
+    """The full tensor of global `shape` from every rank's `local` shard (all-gathers over the sharded axes,
+    inner first; `coords` are this rank's mesh coordinates, which fix the chunk sizes of uneven shards).
 
     Must be called on every rank of the mesh (collective). Returns a tensor without autograd history.
     """
@@ -41,7 +44,9 @@ def gather_tensor(local: torch.Tensor, layout: Layout, mesh: MeshSpec, groups: d
         for axis in reversed(range(mesh.ndim)):
             p = layout[axis]
             if isinstance(p, Shard):
-                out = collectives.all_gather(out, p.dim, groups[mesh.axis_names[axis]])
+                outer = Layout(tuple(layout.placements[:axis]) + (Replicate(),) * (mesh.ndim - axis))
+                size = local_shape(tuple(shape), outer, mesh, coords)[p.dim]
+                out = collectives.all_gather(out, p.dim, groups[mesh.axis_names[axis]], size)
     return out
 
 
@@ -66,9 +71,9 @@ def init_local_shard(fqn: str, shape: tuple[int, ...], dtype: torch.dtype, layou
     everything else ~ Normal(0, std) (std = 0.02, Radford et al. 2019), drawn by Box-Muller from a
     splitmix64 hash of the global index (Steele et al. 2014, "Fast splittable pseudorandom number
     generators"). Memory: O(local elements).
-    Shapes: returns local_shape(shape, layout, mesh).
+    Shapes: returns local_shape(shape, layout, mesh, coords).
     """
-    local = local_shape(tuple(shape), layout, mesh)
+    local = local_shape(tuple(shape), layout, mesh, coords)
     if fqn.endswith("bias"):
         return torch.zeros(local, dtype=dtype)
     if len(shape) <= 1:
@@ -83,12 +88,7 @@ def init_local_shard(fqn: str, shape: tuple[int, ...], dtype: torch.dtype, layou
 
 def _global_index(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec, coords: tuple[int, ...]) -> torch.Tensor:
     """Row-major global linear index of every element of this rank's shard (int64, local shape)."""
-    starts, lengths = [0] * len(shape), list(shape)
-    for axis, p in enumerate(layout):
-        if isinstance(p, Shard):
-            d = p.dim % len(shape)
-            lengths[d] //= mesh.shape[axis]
-            starts[d] += coords[axis] * lengths[d]
+    starts, lengths = local_region(shape, layout, mesh, coords)
     index = torch.zeros((), dtype=torch.int64)
     for d in range(len(shape)):
         rng = torch.arange(starts[d], starts[d] + lengths[d], dtype=torch.int64)

@@ -6,7 +6,8 @@ Two independent checks, by abstract interpretation of the emitted graph:
    argument of a rewritten op must arrive in the layout the spec says the op consumes; an edge whose
    producer and consumer layouts differ without its collective in the program is caught here;
 2. local shapes: the program runs on fake tensors (FakeTensorMode) (collectives replaced by their shape effect) and each
-   rewritten op's local output shape must equal `local_shape(global shape, output layout, mesh)`.
+   rewritten op's local output shape must equal this rank's `local_shape(global shape, output layout, mesh,
+   coords)` (shards may be uneven).
 Failures raise `VerificationError` naming the traced node (`format_node()`), the layouts and the mesh.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..core.redistribute import Step
 from ..errors import ParallelizerError
 from ..tracer.graph import TracedGraph
 from .apply import RankProgram, _tensor_args
-from .spec import ShardingSpec, squeeze_trivial_axes
+from .spec import ShardingSpec, mesh_coords, squeeze_trivial_axes
 
 
 class VerificationError(ParallelizerError):
@@ -72,14 +73,15 @@ def _check_layouts(program: RankProgram, traced: TracedGraph, spec: ShardingSpec
 
 
 def _fake_inputs(program: RankProgram, traced: TracedGraph, spec: ShardingSpec) -> list[torch.Tensor]:
+    coords = mesh_coords(spec.mesh, program.rank)
     out = []
     for fqn in program.state_fqns:
         p = traced.parameters[fqn]
-        out.append(torch.empty(local_shape(p.shape, spec.params[fqn], spec.mesh), dtype=p.dtype))
+        out.append(torch.empty(local_shape(p.shape, spec.params[fqn], spec.mesh, coords), dtype=p.dtype))
     for name in program.input_names:
         meta = traced.node(name).outputs[0]
         layout = spec.inputs.get(name, Layout.replicate(spec.mesh.ndim))
-        out.append(torch.empty(local_shape(meta.shape, layout, spec.mesh), dtype=meta.dtype))
+        out.append(torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=meta.dtype))
     return out
 
 
@@ -89,12 +91,16 @@ class _ShapeRun(torch.fx.Interpreter):
     def __init__(self, program: RankProgram, traced: TracedGraph, spec: ShardingSpec) -> None:
         super().__init__(program.graph_module)
         self.program, self.traced, self.spec = program, traced, spec
+        self.coords = mesh_coords(spec.mesh, program.rank)
 
     def run_node(self, n: torch.fx.Node):
         step: Step | None = n.meta.get("step")
         if step is not None:
             x = self.env[n.args[0]]
-            return torch.empty(_after_shape(tuple(x.shape), step, self.spec), dtype=x.dtype)
+            if "global_shape" not in n.meta:  # the division of a Partial(avg) reduction
+                return torch.empty(tuple(x.shape), dtype=x.dtype)
+            after = Layout.parse(step.after)
+            return torch.empty(local_shape(n.meta["global_shape"], after, self.spec.mesh, self.coords), dtype=x.dtype)
         custom = n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) \
             and getattr(n.target, "__module__", "") != "_operator"
         if custom and "source" not in n.meta:
@@ -123,17 +129,4 @@ class _ShapeRun(torch.fx.Interpreter):
         info = self.traced.node(n.meta["source"])
         if not info.outputs:
             return None
-        return local_shape(info.outputs[0].shape, self.spec.nodes[info.name].output, self.spec.mesh)
-
-
-def _after_shape(shape: tuple[int, ...], step: Step, spec: ShardingSpec) -> tuple[int, ...]:
-    n = spec.mesh.size(step.mesh_axis)
-    out = list(shape)
-    if step.kind == "all_gather":
-        out[step.tensor_dim] *= n
-    elif step.kind in ("reduce_scatter", "local_slice"):
-        out[step.tensor_dim] //= n
-    elif step.kind == "all_to_all":
-        out[step.tensor_dim] *= n
-        out[step.dst_dim] //= n
-    return tuple(out)
+        return local_shape(info.outputs[0].shape, self.spec.nodes[info.name].output, self.spec.mesh, self.coords)

@@ -85,7 +85,8 @@ class ParallelModule(torch.nn.Module):
         """
         out = {}
         for fqn, local in zip(self.program.state_fqns, self._state()):
-            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups)
+            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups,
+                                 tuple(self.traced.parameters[fqn].shape), self.coords)
             for name in (fqn, *self.traced.parameters[fqn].aliases):
                 out[name] = full
         return out

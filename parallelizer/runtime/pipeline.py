@@ -27,7 +27,7 @@ from torch.distributed import pipelining
 
 from ..core.layout import Layout, local_shape
 from ..rewriter.collectives import find_group
-from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups
+from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, mesh_coords
 from ..tracer.graph import Role, TracedGraph
 from .launch import create_groups
 from .module import ParallelModule
@@ -223,8 +223,8 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         stages.append(module)
         pipe.append(pipelining.PipelineStage(
             module, k, cut.num_stages, torch.device("cpu"), group=group,
-            input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec),
-            output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec)))
+            input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec, local),
+            output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
     cls = SCHEDULES[schedule]
     sched = cls(pipe if schedule in _MULTI_STAGE else pipe[0], microbatches, loss_fn=loss_fn)
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
@@ -236,14 +236,16 @@ def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layou
     return dict(zip(names, spec.nodes["output"].inputs))
 
 
-def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, Layout], spec: ShardingSpec) -> tuple:
-    """Empty tensors of the local shapes of `names` (torch's stages need them; shape inference would run
-    the program, collectives included, on meta tensors)."""
+def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, Layout], spec: ShardingSpec,
+              local: int) -> tuple:
+    """Empty tensors of the local shapes of `names` on sub-mesh rank `local` (torch's stages need them;
+    shape inference would run the program, collectives included, on meta tensors)."""
     out = []
+    coords = mesh_coords(spec.mesh, local)
     for n in names:
         meta = traced.node(n).outputs[0]
         layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
-        example = torch.empty(local_shape(meta.shape, layout, spec.mesh), dtype=meta.dtype)
+        example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=meta.dtype)
         # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
         out.append(example.requires_grad_(meta.dtype.is_floating_point and n in layouts))
     return tuple(out)

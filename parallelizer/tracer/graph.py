@@ -7,6 +7,7 @@ GPT-2), which block instance and which position inside the block it has.
 from __future__ import annotations
 
 import enum
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -249,6 +250,34 @@ class TracedGraph:
         blocks = ", ".join(f"{b.name} x{b.count}" for b in self.blocks) or "none"
         return (f"TracedGraph(ops={len(self.compute_nodes())}, params={self.num_parameters:,} "
                 f"({_fmt_bytes(self.parameter_bytes)}), blocks=[{blocks}])")
+
+
+_HIDDEN_MUTATIONS = {torch.ops.aten.batch_norm.default: (3, 4)}  # composites whose schema hides a mutation
+
+
+def mutated_args(node: torch.fx.Node) -> list[int]:
+    """Positions of the arguments an op writes in place: schema alias annotations `Tensor(a!)` (add_, fill_,
+    copy_, index_put_, ...) and batch_norm's running statistics (a composite whose schema does not say so)."""
+    if node.op != "call_function":
+        return []
+    if node.target in _HIDDEN_MUTATIONS:
+        return list(_HIDDEN_MUTATIONS[node.target])
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    """True for an op whose output aliases its first input (view, select, slice, transpose, split and the
+    getitems of a split, ...): writing the output writes the input."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return is_view(node.args[0])
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema and schema.returns and schema.returns[0].alias_info is not None
+                and not schema.returns[0].alias_info.is_write)
 
 
 def _fmt_bytes(n: int) -> str:

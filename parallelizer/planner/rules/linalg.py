@@ -1,0 +1,132 @@
+"""Rules of contractions: linear, addmm, mm/bmm/matmul, einsum, embedding, scaled_dot_product_attention.
+
+A contraction is linear in each operand, so one Partial operand with the others Replicate gives a Partial
+output; sharding a contracted dim on both operands gives a Partial output too. A bias inside the op
+(aten.linear / addmm as a hand-made graph has them; the tracer splits them off) would be added once per
+rank under a Partial output, so those options exist only without a bias.
+"""
+from __future__ import annotations
+
+from torch.distributed.tensor.placement_types import Shard
+
+from .base import OUT, P, R, AxisOption, OpView, replicate, same_dims
+
+
+def linear(v: OpView) -> list[AxisOption]:
+    """x (..., C) @ W (O, C)^T [+ b (O)]: batch dims of x; column parallel (W S(0) -> out S(-1)); row
+    parallel (x S(-1), W S(1) -> Partial) and Partial x (W Replicate -> Partial) without a bias."""
+    k, bias = v.nd(), v.n_in == 3
+    b = (lambda p: (p,) if bias else ())
+    opts = [replicate(v)]
+    opts += [AxisOption((Shard(d), R) + b(R), Shard(d)) for d in range(k - 1) if v.in_shapes[0][d] > 1]
+    opts.append(AxisOption((R, Shard(0)) + b(Shard(0)), Shard(k - 1)))
+    if not bias:
+        opts += [AxisOption((Shard(k - 1), Shard(1)), P), AxisOption((P, R), P)]
+    return opts
+
+
+def addmm(v: OpView) -> list[AxisOption]:
+    """bias + m1 (N, C) @ m2 (C, O) (GPT-2's Conv1D as a hand-made graph has it; the tracer splits the bias
+    off): shard rows of m1 or columns of m2, the bias broadcast to (N, O) alike."""
+    bias_for = lambda d: same_dims(OpView(v.target, (), {}, v.in_shapes[:1], v.out_shapes), d)[0]
+    return [replicate(v), AxisOption((bias_for(0), Shard(0), R), Shard(0)),
+            AxisOption((bias_for(1), R, Shard(1)), Shard(1))]
+
+
+def matmul(v: OpView) -> list[AxisOption]:
+    """mm / bmm / matmul (..., M, K) @ (..., K, N) with broadcast batch dims (both operands >= 2-D)."""
+    (a, b), out = v.in_shapes, v.out
+    if len(a) < 2 or len(b) < 2:
+        return [replicate(v)]
+    opts = [replicate(v)]
+    for d in range(len(out) - 2):
+        pa = same_dims(v, d, (a[:-2], b[:-2]), out[:-2])
+        if any(isinstance(p, Shard) for p in pa) and out[d] > 1:
+            opts.append(AxisOption(pa, Shard(d)))
+    opts += [AxisOption((Shard(len(a) - 2), R), Shard(len(out) - 2)),
+             AxisOption((R, Shard(len(b) - 1)), Shard(len(out) - 1)),
+             AxisOption((Shard(len(a) - 1), Shard(len(b) - 2)), P),
+             AxisOption((P, R), P), AxisOption((R, P), P)]
+    return opts
+
+
+def _einsum_terms(v: OpView) -> tuple[list[str], str] | None:
+    """Operand and output subscripts of an einsum with '...' spelled out as letters; None if unparsable."""
+    eq = v.arg(0, "equation").replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    ins = lhs.split(",")
+    if len(ins) != v.n_in:
+        return None
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    ell = max((len(s) - (len(t) - 3) for t, s in zip(ins, v.in_shapes) if "..." in t), default=0)
+    fill = "".join(spare[:ell])
+    terms = []
+    for t, s in zip(ins, v.in_shapes):
+        if "..." in t:
+            n = len(s) - (len(t) - 3)
+            t = t.replace("...", fill[ell - n:])
+        if len(t) != len(s):
+            return None
+        terms.append(t)
+    if not arrow:  # implicit output: letters used once, sorted
+        letters = "".join(terms)
+        out = "..." + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in fill))
+    out = out.replace("...", fill)
+    return terms, out
+
+
+def einsum(v: OpView) -> list[AxisOption]:
+    """einsum(equation, operands): shard a letter kept in the output on every operand that has it at the
+    output's size (Replicate where it broadcasts); shard a summed letter on every operand that has it
+    (-> Partial); one Partial operand with the others Replicate -> Partial (einsum is multilinear).
+    Letters repeated inside one operand (diagonals) are never sharded."""
+    parsed = _einsum_terms(v)
+    if parsed is None:
+        return [replicate(v)]
+    terms, out = parsed
+    opts = [replicate(v)]
+    for c in dict.fromkeys("".join(terms)):
+        if any(t.count(c) > 1 for t in terms) or out.count(c) > 1:
+            continue
+        sizes = [s[t.index(c)] for t, s in zip(terms, v.in_shapes) if c in t]
+        if c in out:
+            size = v.out[out.index(c)]
+            if size == 1:
+                continue
+            ins = tuple(Shard(t.index(c)) if c in t and s[t.index(c)] == size else R for t, s in zip(terms, v.in_shapes))
+            opts.append(AxisOption(ins, Shard(out.index(c))))
+        elif len(set(sizes)) == 1 and sizes[0] > 1:
+            opts.append(AxisOption(tuple(Shard(t.index(c)) if c in t else R for t in terms), P))
+    if v.out_is_float:
+        opts += [AxisOption(tuple(P if j == i else R for j in range(v.n_in)), P) for i in range(v.n_in)]
+    return opts
+
+
+def embedding(v: OpView) -> list[AxisOption]:
+    """weight (V, C), indices (...): batch dims of the indices; column (C); vocab parallel (V -> Partial,
+    Megatron's VocabParallelEmbedding: each rank looks up the ids of its own rows, the others read zeros;
+    uneven vocabularies allowed) without scale_grad_by_freq / sparse."""
+    k = len(v.out)
+    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(k - 1) if v.out[d] > 1]
+    opts.append(AxisOption((Shard(1), R), Shard(k - 1)))
+    if not v.arg(3, "scale_grad_by_freq", False) and not v.arg(4, "sparse", False):
+        opts.append(AxisOption((Shard(0), R), P))
+    return opts
+
+
+def sdpa(v: OpView) -> list[AxisOption]:
+    """q (B, H, L, E), k/v (B, Hkv, S, E), optional mask broadcast to (B, H, L, S): shard the batch, or the
+    heads (with grouped-query attention, H != Hkv, q and k/v heads must split evenly so that every local
+    query head keeps its key/value head)."""
+    opts = [replicate(v)]
+    gqa = v.in_shapes[0][1] != v.in_shapes[1][1]
+    for d in (0, 1):
+        if v.out[d] == 1:
+            continue
+        pl = (Shard(d),) * 3
+        if v.n_in > 3:
+            m = v.in_shapes[3]
+            k = d - (4 - len(m))
+            pl += (Shard(k) if k >= 0 and m[k] == v.out[d] else R,) + (R,) * (v.n_in - 4)
+        opts.append(AxisOption(pl, Shard(d), (0, 1, 2, OUT) if d == 1 and gqa else ()))
+    return opts

@@ -1,0 +1,121 @@
+"""Rules of pointwise ops, creation ops, and ops that read positions along some dims.
+
+Pointwise ops shard any output dim (inputs broadcast to it are Replicate there) and take Partial inputs as
+`partial.py` allows. Ops that read positions along a dim (tril/triu, cumsum, flip, roll, sort, topk,
+argmax, softmax, ...) are not elementwise along that dim: they are sharded only along the other dims,
+except tril/triu, whose local form shifts the diagonal by the shard offsets (`rewriter.localize`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch.distributed.tensor.placement_types import Shard
+
+from .base import P, R, AxisOption, OpView, aten, dims_arg, replicate, same_dims
+from .partial import pointwise_partial_options
+
+
+def elementwise(v: OpView) -> list[AxisOption]:
+    """Pointwise ops with broadcasting: shard any output dim of size > 1; Partial as `partial.py` says."""
+    opts = [replicate(v)]
+    opts += [AxisOption(same_dims(v, d), Shard(d)) for d in range(len(v.out)) if v.out[d] > 1]
+    return opts + pointwise_partial_options(v)
+
+
+def creation(v: OpView) -> list[AxisOption]:
+    """arange, zeros, full, ..., new_zeros(x, size): a Replicate output (the rewriter creates it whole and
+    slices it where a consumer wants a shard). A tensor input (new_*) only gives dtype and device, so it
+    may come in any layout."""
+    if v.n_in == 0:
+        return [replicate(v)]
+    return [replicate(v)] + [AxisOption((Shard(d),), R) for d in range(v.nd()) if v.in_shapes[0][d] > 1] + [
+        AxisOption((P,), R)]
+
+
+def like(v: OpView) -> list[AxisOption]:
+    """zeros_like / ones_like / full_like / empty_like / fill, and rand_like / randn_like: the output has the
+    input's layout (a shard of zeros is zeros); a Partial input gives a Replicate output (the fill value does
+    not depend on the summands). Random fills draw per shard (`rewriter.localize.sharded_random`)."""
+    extra = (R,) * (v.n_in - 1)  # fill.Tensor's value
+    opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d)) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
+    return opts + [AxisOption((P,) + extra, R)]
+
+
+def along(read: Callable[[OpView], list[int]], linear: bool = False) -> Callable[[OpView], list[AxisOption]]:
+    """Rule of an op that reads positions along the dims `read(v)` of its first input: shard the other
+    dims (the output keeps the input's rank); Partial passes through when the op is `linear`."""
+    def rule(v: OpView) -> list[AxisOption]:
+        dims = set(read(v))
+        extra = (R,) * (v.n_in - 1)
+        opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d)) for d in range(v.nd())
+                                 if d not in dims and v.in_shapes[0][d] > 1]
+        return opts + [AxisOption((P,) + extra, P)] if linear and v.out_is_float else opts
+    rule.__doc__ = f"Shards every dim except those read (`{read.__name__}`)" + ("; Partial passes." if linear else ".")
+    return rule
+
+
+def dim_arg(index: int, name: str = "dim", default=0) -> Callable[[OpView], list[int]]:
+    """The dims an op reads: its `dim` argument (positional `index`)."""
+    def read(v: OpView) -> list[int]:
+        d = v.arg(index, name, default)
+        return list(range(v.nd())) if d is None else dims_arg(v, index, name, v.nd()) if isinstance(d, (list, tuple)) \
+            else [d % max(v.nd(), 1)]
+    read.__name__ = f"arg {index} '{name}'"
+    return read
+
+
+def roll_dims(v: OpView) -> list[int]:
+    """roll(x, shifts, dims): the rolled dims (every dim when dims is empty: it rolls the flattened tensor)."""
+    dims = v.arg(2, "dims", [])
+    return list(range(v.nd())) if not dims else [d % v.nd() for d in dims]
+
+
+def tril_triu(v: OpView) -> list[AxisOption]:
+    """tril / triu (x (..., M, N), diagonal): shard any dim; along the last two the local form shifts the
+    diagonal by (row offset - column offset) of the shard (`rewriter.localize`). Linear: Partial passes."""
+    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
+    return opts + [AxisOption((P,), P)]
+
+
+def reduction(v: OpView) -> list[AxisOption]:
+    """sum / mean over dims: shard kept dims; a shard of a reduced dim gives Partial(sum) (the local form
+    of mean divides the local sum by the GLOBAL count, exact for uneven shards); Partial passes."""
+    nd = v.nd()
+    dims = dims_arg(v, 1, "dim", nd)
+    keep = bool(v.arg(2, "keepdim", False))
+    opts = [replicate(v)]
+    for d in range(nd):
+        if v.in_shapes[0][d] == 1:
+            continue
+        out = P if d in dims else Shard(d if keep else d - sum(x < d for x in dims))
+        opts.append(AxisOption((Shard(d),), out))
+    return opts + [AxisOption((P,), P)] if v.out_is_float else opts
+
+
+def kept_dims(dim_index: int = 1, keep_index: int | None = 2) -> Callable[[OpView], list[AxisOption]]:
+    """Rule of a non-linear reduction over dims (amax, argmax, max.dim, var, std, logsumexp, norms, any,
+    all) whose dims are argument `dim_index` and keepdim argument `keep_index` (or the keyword): shard the
+    kept dims only."""
+    def rule(v: OpView) -> list[AxisOption]:
+        nd = v.nd()
+        dims = dims_arg(v, dim_index, "dim", nd)
+        keep = bool(v.arg(keep_index, "keepdim", False) if keep_index is not None else v.kwargs.get("keepdim", False))
+        opts = [replicate(v)]
+        for d in range(nd):
+            if d not in dims and v.in_shapes[0][d] > 1:
+                out = Shard(d if keep else d - sum(x < d for x in dims))
+                opts.append(AxisOption((Shard(d),) + (R,) * (v.n_in - 1), out))
+        return opts
+    rule.__doc__ = kept_dims.__doc__
+    return rule
+
+
+def inplace(base: Callable[[OpView], list[AxisOption]]) -> Callable[[OpView], list[AxisOption]]:
+    """The rule of an in-place op (`add_`, `fill_`, `relu_`, `copy_`, `index_put_`, ...): its out-of-place
+    rule's options in which the mutated first input keeps its layout (it is written where it lives: the
+    planner also forbids any redistribution on the way to it, `strategies.mutation_edges`)."""
+    def rule(v: OpView) -> list[AxisOption]:
+        return [o for o in base(v) if o.inputs and o.inputs[0] == o.output]
+    rule.__doc__ = f"In-place form of `{base.__name__}`: options where the mutated input keeps its layout."
+    rule.__name__ = f"inplace({base.__name__})"
+    return rule

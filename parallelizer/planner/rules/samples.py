@@ -1,0 +1,77 @@
+"""Verification samples of the rule table: small global inputs at odd sizes, per op.
+
+A `Sample` is one call of an ATen op: positional and keyword arguments in which `T(...)` stands for a random
+global tensor (materialised with a seeded generator by `materialize`). The rule harness (tests/rules)
+runs every strategy of the op's rule on simulated per-rank shards of these tensors on meshes of 2, 3, 4
+and 2x2 devices, forward and backward, against the op on the global tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+@dataclass(frozen=True)
+class T:
+    """A random global tensor: `kind` "normal" (N(0, 1)), "pos" (in [0.5, 2)), "int" (in [0, high)),
+    "bool", "prob" (rows of a probability simplex along dim 1)."""
+
+    shape: tuple[int, ...]
+    kind: str = "normal"
+    dtype: torch.dtype = torch.float32
+    high: int = 2
+
+    def make(self, gen: torch.Generator) -> torch.Tensor:
+        if self.kind == "int":
+            return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
+        if self.kind == "bool":
+            return torch.rand(self.shape, generator=gen) > 0.5
+        if self.kind == "pos":
+            return (0.5 + 1.5 * torch.rand(self.shape, generator=gen)).to(self.dtype)
+        x = torch.randn(self.shape, generator=gen)
+        if self.kind == "prob":
+            x = x.softmax(1)
+        return x.to(self.dtype)
+
+
+def t(*shape: int, dtype: torch.dtype = torch.float32) -> T:
+    return T(tuple(shape), dtype=dtype)
+
+
+def pos(*shape: int) -> T:
+    return T(tuple(shape), "pos")
+
+
+def ints(high: int, *shape: int) -> T:
+    return T(tuple(shape), "int", torch.int64, high)
+
+
+def mask(*shape: int) -> T:
+    return T(tuple(shape), "bool", torch.bool)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One call `op(*args, **kwargs)`; `T` leaves become tensors."""
+
+    op: object
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+
+    def materialize(self, seed: int) -> tuple[tuple, dict]:
+        gen = torch.Generator().manual_seed(seed)
+        return pytree.tree_map(lambda x: x.make(gen) if isinstance(x, T) else x, (self.args, self.kwargs),
+                               is_leaf=lambda x: isinstance(x, T))
+
+
+def calls(op, *arg_lists, **kwargs) -> list[Sample]:
+    """One Sample of `op` per argument tuple, with the same keyword arguments."""
+    return [Sample(op, tuple(a), dict(kwargs)) for a in arg_lists]
+
+
+# shapes reused by many ops (odd sizes so that uneven shards occur on every mesh)
+UNARY = [(t(3, 5),), (t(2, 7, 3),)]
+POS_UNARY = [(pos(3, 5),), (pos(2, 7, 3),)]
+BINARY = [(t(3, 5), t(3, 5)), (t(2, 3, 5), t(5)), (t(4, 1), t(1, 6))]

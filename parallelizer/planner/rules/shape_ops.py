@@ -1,0 +1,173 @@
+"""Rules of data-movement ops: views, transposes, slicing, concatenation, indexing. All are linear, so a
+Partial input stays Partial (except where the op reads values, e.g. a padding value that is not zero)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torch.distributed.tensor.placement_types import Shard
+
+from .base import OUT, P, R, AxisOption, OpView, replicate
+
+
+def reshape_like(v: OpView) -> list[AxisOption]:
+    """view / reshape / flatten / unflatten / unsqueeze / squeeze: a shard of input dim d maps to the output
+    dim e with the same prefix product (the flattened blocks coincide). When d and e differ in size (d is
+    merged with or split from its neighbours) both must split evenly; Partial passes through."""
+    src, dst = v.in_shapes[0], v.out
+    opts = [replicate(v)]
+    for d in range(len(src)):
+        if src[d] == 1:
+            continue
+        prefix = math.prod(src[:d])
+        for e in range(len(dst)):
+            if dst[e] > 1 and math.prod(dst[:e]) == prefix:
+                opts.append(AxisOption((Shard(d),), Shard(e), () if src[d] == dst[e] else (0, OUT)))
+                break
+    return opts + [AxisOption((P,), P)]
+
+
+def dim_map(mapping: Callable[[OpView, int], int | None], partial: bool = True) -> Callable[[OpView], list[AxisOption]]:
+    """Rule of an op whose input dim d becomes output dim mapping(v, d) (None: d cannot be sharded); other
+    tensor inputs Replicate; Partial passes through (`partial`)."""
+    def rule(v: OpView) -> list[AxisOption]:
+        extra = (R,) * (v.n_in - 1)
+        opts = [replicate(v)]
+        for d in range(v.nd()):
+            e = mapping(v, d)
+            if e is not None and v.in_shapes[0][d] > 1:
+                opts.append(AxisOption((Shard(d),) + extra, Shard(e)))
+        return opts + [AxisOption((P,) + extra, P)] if partial and v.out_is_float else opts
+    rule.__name__ = f"dim_map({mapping.__name__})"
+    rule.__doc__ = f"Input dim d -> output dim `{mapping.__name__}(d)`; Partial passes."
+    return rule
+
+
+def transpose_map(v: OpView, d: int) -> int:
+    a, b = (x % v.nd() for x in (v.arg(1, "dim0", 0), v.arg(2, "dim1", 1)))
+    return b if d == a else a if d == b else d
+
+
+def permute_map(v: OpView, d: int) -> int:
+    return [p % v.nd() for p in v.arg(1, "dims")].index(d)
+
+
+def t_map(v: OpView, d: int) -> int:
+    return 1 - d if v.nd() == 2 else d
+
+
+def expand_map(v: OpView, d: int) -> int | None:
+    off = len(v.out) - v.nd()
+    return d + off if v.in_shapes[0][d] == v.out[d + off] else None
+
+
+def except_dim(index: int, default: int = 0) -> Callable[[OpView, int], int | None]:
+    """Identity map except for the op's `dim` argument (positional `index`): slice, split, narrow."""
+    def m(v: OpView, d: int) -> int | None:
+        return None if d == v.arg(index, "dim", default) % v.nd() else d
+    m.__name__ = f"all but arg {index} 'dim'"
+    return m
+
+
+def select_map(v: OpView, d: int) -> int | None:
+    dim = v.arg(1, "dim") % v.nd()
+    return None if d == dim else d if d < dim else d - 1
+
+
+def unbind_map(v: OpView, d: int) -> int | None:
+    return select_map(OpView(v.target, (v.args[0], v.arg(1, "dim", 0)), {}, v.in_shapes, v.out_shapes), d)
+
+
+def stack_map(v: OpView, d: int) -> int:
+    dim = v.arg(1, "dim", 0) % (v.nd() + 1)
+    return d if d < dim else d + 1
+
+
+def cat(v: OpView) -> list[AxisOption]:
+    """cat(tensors, dim): shard another dim of every input alike; Partial inputs give a Partial output."""
+    nd = len(v.out)
+    same_rank = all(len(s) == nd for s in v.in_shapes)
+    dim = v.arg(1, "dim", 0) % max(nd, 1)
+    opts = [replicate(v)]
+    if same_rank:
+        opts += [AxisOption((Shard(d),) * v.n_in, Shard(d)) for d in range(nd) if d != dim and v.out[d] > 1]
+    return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float and same_rank else opts
+
+
+def stack(v: OpView) -> list[AxisOption]:
+    """stack(tensors, dim): shard a dim of every input alike (output dim shifted past the new one)."""
+    opts = [replicate(v)]
+    opts += [AxisOption((Shard(d),) * v.n_in, Shard(stack_map(v, d))) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
+    return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float else opts
+
+
+def getitem(v: OpView) -> list[AxisOption]:
+    """operator.getitem of a multi-output op: the element has the op's output layout."""
+    return [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(len(v.out)) if v.out[d] > 1] + [
+        AxisOption((P,), P)]
+
+
+def index_select(v: OpView) -> list[AxisOption]:
+    """index_select(x, dim, index (K,)): shard x on another dim, or the index (output dim `dim`)."""
+    dim = v.arg(1, "dim") % v.nd()
+    opts = [replicate(v)] + [AxisOption((Shard(d), R), Shard(d)) for d in range(v.nd()) if d != dim and v.in_shapes[0][d] > 1]
+    if v.in_shapes[1] and v.in_shapes[1][0] > 1:
+        opts.append(AxisOption((R, Shard(0)), Shard(dim)))
+    return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
+
+
+def gather(v: OpView) -> list[AxisOption]:
+    """gather(x, dim, index): output shape = index shape. Shard index on any dim with x Replicate, or x and
+    index alike on a dim other than `dim` where their sizes agree; Partial x passes."""
+    dim = v.arg(1, "dim") % v.nd()
+    x, idx = v.in_shapes
+    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(len(idx)) if idx[d] > 1]
+    opts += [AxisOption((Shard(d), Shard(d)), Shard(d)) for d in range(len(idx)) if d != dim and idx[d] > 1 and x[d] == idx[d]]
+    return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
+
+
+def index(v: OpView) -> list[AxisOption]:
+    """x[indices] (aten.index.Tensor) with the index tensors on contiguous dims k0 .. k0+m-1: shard x on a
+    dim it keeps (before or after them); index tensors Replicate. Partial x passes (selection is linear)."""
+    indices = v.args[1]
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos or pos != list(range(pos[0], pos[0] + len(pos))):
+        return [replicate(v)]
+    k0, m = pos[0], len(pos)
+    idx_nd = len(v.out) - (v.nd() - m)
+    extra = (R,) * (v.n_in - 1)
+    opts = [replicate(v)]
+    for d in range(v.nd()):
+        if k0 <= d < k0 + m or v.in_shapes[0][d] == 1:
+            continue
+        e = d if d < k0 else d - m + idx_nd
+        opts.append(AxisOption((Shard(d),) + extra, Shard(e)))
+    return opts + [AxisOption((P,) + extra, P)] if v.out_is_float else opts
+
+
+def index_put(v: OpView) -> list[AxisOption]:
+    """index_put(x, indices, values, accumulate) with index tensors on leading dims 0..m-1: shard x on a
+    trailing (not indexed) dim and `values` on the matching dim (Replicate where values broadcast)."""
+    indices = v.args[1]
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if pos != list(range(len(pos))) or not pos:
+        return [replicate(v)]
+    x, vals = v.in_shapes[0], v.in_shapes[-1]
+    n_idx = v.n_in - 2
+    opts = [replicate(v)]
+    for d in range(len(pos), len(x)):
+        if x[d] == 1:
+            continue
+        k = len(vals) - (len(x) - d)
+        pv = Shard(k) if k >= 0 and vals[k] == x[d] else R
+        opts.append(AxisOption((Shard(d),) + (R,) * n_idx + (pv,), Shard(d)))
+    return opts
+
+
+def constant_pad(v: OpView) -> list[AxisOption]:
+    """constant_pad_nd(x, pad, value): shard a dim that is not padded; Partial passes when value is 0."""
+    pad = list(v.arg(1, "pad"))
+    padded = {v.nd() - 1 - i // 2 for i in range(len(pad)) if pad[i] != 0}
+    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd())
+                             if d not in padded and v.in_shapes[0][d] > 1]
+    return opts + [AxisOption((P,), P)] if v.out_is_float and not v.arg(2, "value", 0) else opts
