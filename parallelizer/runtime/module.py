@@ -57,6 +57,11 @@ class ParallelModule(torch.nn.Module):
         layout = self.spec.params[fqn]
         if full.device.type != "meta":
             return shard_tensor(full, layout, self.spec.mesh, self.coords)
+        if self.traced.parameters[fqn].is_constant:
+            raise PlanMismatchError(
+                f"{fqn!r} {tuple(full.shape)}, a tensor created inside forward, was traced on the meta device, so "
+                "its values are unknown; build the model on CPU to run it (a plan made on meta still applies: "
+                "auto_parallelize(model, inputs, plan=plan))")
         if self.traced.parameters[fqn].is_buffer:
             raise PlanMismatchError(
                 f"buffer {fqn!r} {tuple(full.shape)} is on the meta device, so its values are unknown; build the "

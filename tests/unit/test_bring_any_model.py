@@ -54,6 +54,22 @@ def test_lifted_constants_are_materialised_per_rank(cls):
     fresh.load_state_dict(pm.full_state_dict(), strict=True)
 
 
+class ScaledOnDevice(Scaled):
+    def forward(self, x):
+        return self.l(x) * torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+
+
+def test_a_constant_traced_on_meta_has_no_values_and_says_what_to_do():
+    with torch.device("meta"):
+        model = ScaledOnDevice()
+    with pytest.raises(PlanMismatchError, match=r"'lifted_tensor_0' \(4,\), a tensor created inside forward, was "
+                                                r"traced on the meta device.*build the model on CPU"):
+        parallelizer.auto_parallelize(model, (torch.randn(8, 4),))
+    cpu = ScaledOnDevice()
+    torch.testing.assert_close(parallelizer.auto_parallelize(cpu, (torch.ones(8, 4),))(torch.ones(8, 4)),
+                               cpu(torch.ones(8, 4)))
+
+
 class WithScalars(torch.nn.Module):
     """forward(x, scale: float, cfg: {"k": {"m": int}, "mode": str}, opt=None, flag: bool, return_dict: bool)."""
 
