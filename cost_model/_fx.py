@@ -30,13 +30,27 @@ def tensors_in(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
+_META = torch.device("meta")
+
+
 def to_meta(tree: Any) -> Any:
-    """Replace every tensor in ``tree`` by an uninitialised meta tensor of the same shape, stride, dtype."""
+    """Replace every tensor in ``tree`` by an uninitialised meta tensor of the same shape, stride, dtype, and
+    every device argument (a ``torch.device``, or the value of a ``device`` keyword) by the meta device.
+
+    Device arguments matter because an op run on meta tensors that names a real device (``x.to(x.device,
+    torch.float32)`` exports as ``aten.to.device(x, device(type='cpu'), ...)``; ``new_ones(..., device=...)``)
+    would copy out of a meta tensor, which has no data (NotImplementedError).
+    """
     def convert(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
+        if isinstance(x, torch.device):
+            return _META
         return x
-    return tree_map(convert, tree)
+    out = tree_map(convert, tree)
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) and out[1].get("device") is not None:
+        out = (out[0], {**out[1], "device": _META})  # (args, kwargs) with device="cuda:0" given as a string
+    return out
 
 
 def node_values(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any], Any]:

@@ -402,15 +402,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m cost_model.calibrate -o profile.json [--nprocs 2 4]``."""
     parser = argparse.ArgumentParser(description="Calibrate the cost model on this machine.")
     parser.add_argument("-o", "--out", required=True, help="profile JSON to write")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4], help="gloo process counts")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
+                        help="gloo process counts (default: 2 4)")
     args = parser.parse_args(argv)
     profile = calibrate(nprocs=tuple(args.nprocs), out_path=args.out)
+    reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in CALIBRATED_KINDS}
+
+    def fit(kind: str, alpha_s: float, beta: float) -> str:
+        if kind in reused:  # not measured: say so instead of printing the other kind's numbers as its own
+            return f"; {kind} = {reused[kind]}'s fit (reused, not measured)"
+        return f"; {kind} alpha={alpha_s * 1e6:.1f} us beta={beta / 1e9:.2f} GB/s"
     print(f"wrote {args.out}: {profile.device.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
           f"{profile.device.hbm_bytes_per_s / 1e9:.1f} GB/s, "
           + ", ".join(f"x{n}: alpha={l.latency_s * 1e6:.1f} us beta={l.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
-                      + "".join(f"; {k} alpha={a * 1e6:.1f} us beta={b / 1e9:.2f} GB/s" for k, (a, b) in l.per_kind.items())
+                      + "".join(fit(k, a, b) for k, (a, b) in l.per_kind.items())
                       for n, l in profile.links.items()))
-
 
 if __name__ == "__main__":
     main()

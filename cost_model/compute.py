@@ -23,6 +23,10 @@ Model (roofline, Williams et al., "Roofline", CACM 2009)::
   split, alias, detach, ...) and metadata ops cost 0. Composite may-alias ops (reshape, flatten,
   contiguous, ``to``) are free when they return a view (contiguous input, same dtype) and are a copy
   otherwise. ``aten._to_copy`` always copies.
+* Meta tensors carry no data and no real device. Composite ops are run with every device argument mapped to
+  ``meta`` (``_fx.to_meta``); an op that still cannot run on meta tensors (it reads a value, e.g. ``.item()``)
+  has its FLOPs left uncounted: it is priced by bytes, and ``OpCost.uncounted_flops`` says why, so that the
+  caller can record it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
 from cost_model.hardware import DeviceSpec
 
-__all__ = ["OpCost", "op_flops", "op_bytes", "is_free_op", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
+__all__ = ["OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
            "BACKWARD_BYTES_FACTOR"]
 
 BACKWARD_FLOPS_FACTOR = 2  # backward FLOPs / forward FLOPs of matmul-like ops (see module docstring)
@@ -59,11 +63,24 @@ class OpCost:
     bwd_bytes: int
     fwd_s: float
     bwd_s: float
+    uncounted_flops: str | None = None  # why FLOPs could not be counted (priced by bytes only), else None
 
     @property
     def total_s(self) -> float:
         """``fwd_s + bwd_s``, seconds."""
         return self.fwd_s + self.bwd_s
+
+
+class MetaExecutionError(ValueError):
+    """A composite op could not be run on meta tensors to count its FLOPs (it reads tensor values).
+
+    Attributes: op (the OpOverload's name), cause (the exception torch raised).
+    """
+
+    def __init__(self, op: str, cause: BaseException) -> None:
+        self.op, self.cause = op, cause
+        super().__init__(f"cannot count the FLOPs of {op} on meta tensors ({type(cause).__name__}: "
+                         f"{str(cause).splitlines()[0] if str(cause) else ''}); it is priced by the bytes it moves")
 
 
 def _is_composite(target: torch._ops.OpOverload) -> bool:
@@ -93,6 +110,7 @@ def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
 
     Raises:
         ValueError: an op decomposed under ``FlopCounterMode`` has symbolic shapes.
+        MetaExecutionError (a ValueError): the op cannot run on meta tensors (it reads a tensor's value).
     """
     packet = target.overloadpacket
     if packet in flop_registry:
@@ -101,8 +119,11 @@ def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
         return 0
     counter = FlopCounterMode(display=False)
     meta_args, meta_kwargs = to_meta((args, kwargs))
-    with counter:
-        target(*meta_args, **meta_kwargs)
+    try:
+        with counter:
+            target(*meta_args, **meta_kwargs)
+    except (NotImplementedError, RuntimeError) as exc:  # meta kernels refuse data access (item(), copies)
+        raise MetaExecutionError(str(target), exc) from exc
     return int(counter.get_total_flops())
 
 
@@ -151,14 +172,19 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
         device: the device pricing the op.
 
     Returns:
-        :class:`OpCost` with FLOPs, bytes and seconds for forward and backward.
+        :class:`OpCost` with FLOPs, bytes and seconds for forward and backward; an op that cannot run on meta
+        tensors is priced by bytes, with the reason in ``uncounted_flops``.
 
     Raises:
         ValueError: the op does FLOPs in a dtype ``device`` has no peak for, or shapes are symbolic.
     """
     if not isinstance(target, torch._ops.OpOverload):
         raise ValueError(f"op_cost needs a torch._ops.OpOverload (e.g. torch.ops.aten.mm.default), got {target!r}")
-    fwd_flops = op_flops(target, args, kwargs, out)
+    uncounted = None
+    try:
+        fwd_flops = op_flops(target, args, kwargs, out)
+    except MetaExecutionError as exc:
+        fwd_flops, uncounted = 0, str(exc)
     fwd_bytes = op_bytes(target, args, kwargs, out)
     has_bwd = fwd_bytes > 0 and _has_backward(args, kwargs, out)
     bwd_flops = BACKWARD_FLOPS_FACTOR * fwd_flops if has_bwd else 0
@@ -171,6 +197,7 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
         bwd_bytes=bwd_bytes,
         fwd_s=_roofline_s(fwd_flops, fwd_bytes, 1, dtype, device),
         bwd_s=_roofline_s(bwd_flops, bwd_bytes, 2 if fwd_flops else 1, dtype, device),
+        uncounted_flops=uncounted,
     )
 
 

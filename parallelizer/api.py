@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 import torch
 
-from cost_model.topology import Cluster, get_cluster
+from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .errors import InfeasiblePlanError, ParallelizerError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
-from .planner.api import default_cluster
+from .planner.api import resolve_cluster
 from .rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from .tracer import TracedGraph, trace
 
@@ -33,23 +33,6 @@ def describe_cluster(cluster: Cluster, spec: str | None = None) -> dict:
             "intra_node_link": link(cluster.intra_node_link), "inter_node_link": link(cluster.inter_node_link)}
 
 
-def resolve_cluster(cluster: Cluster | str | None, world_size: int) -> tuple[Cluster, str | None]:
-    """(Cluster, its spec string) from a Cluster, a preset "h100:2x8", a calibration profile path, or None
-    (DGX H100 nodes holding `world_size` devices: one node when <= 8, else ceil(n / 8) nodes of 8).
-
-    Raises:
-        ValueError: a malformed preset, or a profile without a link for `world_size` processes.
-    """
-    if isinstance(cluster, Cluster):
-        return cluster, None
-    if isinstance(cluster, str) and (cluster.endswith(".json") or os.path.exists(cluster)):
-        from cost_model.calibrate import load_profile
-        return load_profile(cluster).cluster(world_size), cluster
-    if isinstance(cluster, str):
-        return get_cluster(cluster), cluster
-    return default_cluster(world_size)
-
-
 def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str | None = None,
          recipe: dict | None = None, batch: dict | None = None, **options) -> Plan:
     """`parallelizer.planner.plan` plus provenance (module docstring).
@@ -57,7 +40,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
     Args:
         traced: from `parallelizer.trace`.
         mesh: a `MeshSpec` or {"dp": 2, "tp": 4} (last axis innermost).
-        cluster: a `Cluster`, a preset string "h100:1x8", a calibration profile path, or None (`resolve_cluster`).
+        cluster: a `Cluster`, a preset string "h100:1x8", a calibration profile path, or None
+            (`planner.api.resolve_cluster`: DGX H100 nodes holding the mesh).
         recipe: how to rebuild the model (`parallelizer.presets`), kept in `plan.model["recipe"]`.
         batch: batch facts kept in `plan.model["batch"]` (e.g. {"global_batch": 512, "seq_len": 2048}).
         options: `PlanConfig` fields (memory_budget_bytes=, optimizer=, time_limit_s=, ...) or config=.

@@ -14,6 +14,15 @@ step (x grad-accum; gradient syncs are counted once per traced step, an upper bo
 Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node, t < N) mesh of the
 cluster's N devices is planned and the lowest estimated step time is kept (the summary lists them all).
 
+Cluster: `--cluster` names what the plan is priced on; without it the CLI applies the Python API's rule
+(`parallelizer.planner.api.resolve_cluster`): DGX H100 nodes holding exactly the mesh's devices, or one node
+of 8 when there is no `--mesh` either.
+
+Models: a preset or `package.module:factory`; a factory returns `(model, args)`, `(model, args, kwargs)`
+(keyword inputs such as labels=) or a transformers model (token ids are made for it).
+
+Architecture, vocabulary and the placement notation (S(0), R, P per mesh axis): docs/architecture.md.
+
 Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of the toolkit (message on stderr);
 141 (128 + SIGPIPE, as Unix tools) when stdout is closed early, e.g. `parallelizer show plan.json | head`.
 """
@@ -34,6 +43,9 @@ from .errors import ParallelizerError
 # plan's activations). Larger models are rehearsed at reduced width (`presets.reduced`).
 _REAL_WIDTH_MAX_PARAMS = 20_000_000
 _BYTES_PER_PARAM_REHEARSAL = 48
+# The cluster a mesh search (no --mesh) runs on when no --cluster is given: one DGX H100 node, which is also
+# what `resolve_cluster(None, 8)` gives.
+_SEARCH_CLUSTER = "h100:1x8"
 
 
 def parse_kv(text: str | None, what: str) -> dict:
@@ -71,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="preset (gpt2, gpt2-medium, llama2-7b, bert, vit, mlp, gpt, ...) "
                    "or package.module:factory")
     p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048")
-    p.add_argument("--cluster", default="h100:1x8", help="PRESET:NODESxDEVICES (default h100:1x8) or a "
-                   "calibration profile JSON")
+    p.add_argument("--cluster", help="PRESET:NODESxDEVICES (e.g. h100:2x8) or a calibration profile JSON "
+                   "(default: DGX H100 nodes holding the --mesh, as the Python API; h100:1x8 without --mesh)")
     p.add_argument("--mesh", help="e.g. dp=4,tp=4 (default: search 1-D and 2-D meshes)")
     p.add_argument("--roles", help="force the parallelism of mesh axes (needs --mesh), e.g. dp=ddp,tp=tp; "
                                    "roles: ddp, fsdp, tp, auto (default: the planner decides)")
@@ -80,23 +92,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
     p.add_argument("--seq-len", type=int, help="sequence length (token models)")
     p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB (default: device memory)")
-    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"))
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
+                   help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
     p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = sub.add_parser("show", help="print a plan as tables")
-    s.add_argument("plan")
+    s.add_argument("plan", help="plan JSON written by `parallelizer plan` or Plan.save")
     s.add_argument("--all", action="store_true", help="every node position of each block, not only the main ops")
     r = sub.add_parser("rehearse", help="run a plan on local gloo ranks and compare with one device")
-    r.add_argument("plan")
+    r.add_argument("plan", help="plan JSON written by `parallelizer plan` (it records how to rebuild the model)")
     r.add_argument("--nproc", type=int, required=True, help="local ranks; must equal the plan's mesh size")
     r.add_argument("--width", choices=("auto", "real", "reduced"), default="auto",
                    help="model width: real, reduced (same structure, small dims) or auto (real when small)")
     r.add_argument("--steps", type=int, default=3, help="optimizer steps compared (default 3)")
-    r.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
+    r.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds before the ranks are killed (default 900)")
     c = sub.add_parser("calibrate", help="measure this machine into a cost-model profile")
-    c.add_argument("-o", "--out", required=True)
-    c.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
+    c.add_argument("-o", "--out", required=True, help="profile JSON to write; plan with --cluster PROFILE.json")
+    c.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
+                   help="process counts whose gloo collectives are measured (default: 2 4)")
     return ap
 
 
@@ -132,16 +147,16 @@ def cmd_plan(args) -> int:
     roles = parse_kv(args.roles, "--roles")
     if roles and mesh is None:
         raise ValueError(f"--roles {args.roles}: give the mesh they refer to with --mesh (e.g. --mesh dp=2,tp=4)")
-    world = mesh.world_size if mesh else _cluster_devices(args.cluster)
+    world = mesh.world_size if mesh else _cluster_devices(args.cluster or _SEARCH_CLUSTER)
     candidates = [mesh] if mesh else api.mesh_candidates(world, api.resolve_cluster(args.cluster, world)[0].devices_per_node)
     bar = tqdm(total=2 + len(candidates), desc="build", disable=args.no_progress, file=sys.stderr)
     traced_batch = None if args.global_batch is None else args.global_batch // args.grad_accum
     recipe = presets.recipe(args.model, parse_kv(args.config, "--config"), traced_batch, args.seq_len)
     start = time.perf_counter()
-    model, inputs = presets.build(recipe, "meta")
+    model, inputs, *keywords = presets.build(recipe, "meta")
     bar.update()
     bar.set_description("trace")
-    traced = trace(model, inputs)
+    traced = trace(model, inputs, *keywords)
     bar.update()
     batch = {"global_batch": args.global_batch, "grad_accum": args.grad_accum, "traced_batch": traced_batch,
              "seq_len": args.seq_len}

@@ -4,11 +4,13 @@ A fingerprint (stored in `Plan.fingerprint`, JSON) has two sha256 digests of can
 readable summary, so that a mismatch can say WHAT differs, not only that something does:
 
   * `sha256`: every node in graph order (name, op, output shapes and dtypes), every parameter/buffer
-    (canonical FQN, shape, dtype) and every user input (name, shape, dtype). Equal digests = same graph.
+    (canonical FQN, shape, dtype), every user input (name, shape, dtype) and the value of every constant
+    (non-tensor) input. Equal digests = same graph.
   * `structure_sha256`: the same without shapes and dtypes (node names, ops, parameter FQNs). Node names
     come from torch.export and depend only on the model's structure, so a plan made for a wide config
     applies to a narrow config of the same structure (used by `parallelizer rehearse` at reduced width).
-  * `summary`: node count, op counts, input and parameter shapes/dtypes.
+  * `summary`: node count, op counts, input and parameter shapes/dtypes, and (when there are any) the
+    constant inputs' values as `repr` strings.
 
 `check_plan(plan, traced, mesh)` raises `PlanMismatchError` listing the differences, e.g.
 "parameter h.0.c_fc.weight: plan has shape (2048, 8192), model has (1024, 4096)" or
@@ -46,12 +48,17 @@ def graph_fingerprint(traced: TracedGraph) -> dict:
             inputs[name] = {"shape": list(outs[0].shape), "dtype": _dtype(outs[0].dtype)}
             full.append(f"input {name} {list(outs[0].shape)} {_dtype(outs[0].dtype)}")
         structure.append(f"input {name}")
+    constants = {name: repr(value) for name, value in traced.constant_inputs.items()}
+    full += [f"constant {name} {value}" for name, value in constants.items()]
+    summary = {"num_nodes": len(traced.nodes), "ops": dict(sorted(traced.op_counts().items())),
+               "inputs": inputs, "params": params}
+    if constants:
+        summary["constants"] = constants
     return {
         "version": FINGERPRINT_VERSION,
         "sha256": _sha("\n".join(full)),
         "structure_sha256": _sha("\n".join(structure)),
-        "summary": {"num_nodes": len(traced.nodes), "ops": dict(sorted(traced.op_counts().items())),
-                    "inputs": inputs, "params": params},
+        "summary": summary,
     }
 
 
@@ -107,6 +114,12 @@ def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
                     if x is not None and x != y:
                         show = (lambda v: str(tuple(v))) if field == "shape" else str
                         diffs.append(f"{kind} {name}: plan has {field} {show(x)}, model has {show(y)}")
+    if not structure_only:
+        consts_a, consts_b = a.get("constants", {}), b.get("constants", {})
+        for name in sorted(consts_a.keys() | consts_b.keys()):
+            if consts_a.get(name) != consts_b.get(name):
+                diffs.append(f"constant input {name}: plan has {consts_a.get(name, 'none')}, model has "
+                             f"{consts_b.get(name, 'none')}")
     ops_a, ops_b = Counter(a.get("ops", {})), Counter(b["ops"])
     for op in sorted(ops_a.keys() | ops_b.keys()):
         if ops_a[op] != ops_b[op]:

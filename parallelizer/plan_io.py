@@ -22,6 +22,10 @@ from .errors import PlanMismatchError, PlanValidationError
 from .planner.plan import _MAIN_OPS
 
 SCHEMA_FILE = "plan_schema.json"
+# The legend printed with every plan view; docs/architecture.md explains the notation and the pipeline.
+NOTATION = ("Layouts give one placement per mesh axis, in mesh order: S(d) = sharded along tensor dim d, "
+            "R = replicated, P = partial sum pending (P(avg): partial mean), e.g. \"S(0)R\" on (dp, tp). "
+            "Parameters have a stored layout and, per use, a use layout. See docs/architecture.md.")
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,7 +128,7 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
         ["gap", "n/a" if s.gap is None else f"{s.gap:.2e}"], ["variables", f"{s.num_variables} ({s.num_binary} binary)"],
         ["constraints", str(s.num_constraints)], ["groups", str(s.num_groups)],
         ["objective", f"{s.objective_s * 1e3:.3f} ms"]]))
-    tables.append(("Fallbacks (replicated, no sharding rule)", ["node", "op", "reason"],
+    tables.append(("Fallbacks (replicated for lack of a sharding rule, or priced by bytes only)", ["node", "op", "reason"],
                    [[f.node, f.op, f.reason] for f in plan.fallbacks]))
     return tables
 
@@ -184,7 +188,7 @@ def _param_row(name: str, p) -> list[str]:
 def plan_text(plan, all_positions: bool = False) -> str:
     """All `plan_tables` as aligned text tables."""
     out = [f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms, "
-           f"{plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"]
+           f"{plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device", NOTATION]
     for title, header, rows in plan_tables(plan, all_positions):
         out.append("")
         out.append(f"## {title}")
@@ -202,7 +206,8 @@ def plan_html(plan, max_rows: int = 60) -> str:
     """All `plan_tables` as HTML (the notebook display of `Plan`); long tables are cut at `max_rows`."""
     esc = html.escape
     parts = [f"<div><b>Plan on mesh {esc(str(plan.mesh))}</b>: estimated step "
-             f"{plan.cost.total_s * 1e3:.3f} ms, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"]
+             f"{plan.cost.total_s * 1e3:.3f} ms, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device",
+             f"<br><small>{esc(NOTATION)}</small>"]
     for title, header, rows in plan_tables(plan):
         parts.append(f"<details{' open' if len(rows) <= 12 else ''}><summary>{esc(title)} ({len(rows)})</summary>"
                      "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")

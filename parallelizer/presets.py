@@ -104,13 +104,15 @@ def recipe(model: str, config: dict | None = None, batch: int | None = None, seq
     return {"preset": model, "builder": builder, "kwargs": kwargs}
 
 
-def build(recipe: dict, device: str = "meta") -> tuple[torch.nn.Module, tuple]:
-    """`(model, example_inputs)` of a recipe on `device` ("meta": shapes only; "cpu": seeded random weights).
+def build(recipe: dict, device: str = "meta") -> tuple:
+    """`(model, example_inputs)` or `(model, example_inputs, example_kwargs)` of a recipe on `device` ("meta":
+    shapes only; "cpu": seeded random weights), ready for `trace(*build(recipe))`.
 
-    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. A factory
-    returning only a transformers model gets token ids (batch, seq_len) from `config.vocab_size`.
+    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. It may
+    return `(model, args)`, `(model, args, kwargs)` (keyword inputs, e.g. labels=) or only a transformers
+    model, which then gets token ids (batch, seq_len) from `config.vocab_size`.
     Raises:
-        ValueError: the factory cannot be imported, or returned a model without example inputs (remedy).
+        ValueError: the factory cannot be imported, or returned something else than the forms above (remedy).
         ModelBuildError: the builder or factory raised (bad config value, a bug in the factory): one line
             naming the model, its config and the cause, plus a remedy.
     """
@@ -126,19 +128,21 @@ def build(recipe: dict, device: str = "meta") -> tuple[torch.nn.Module, tuple]:
                 out = fn(**kwargs)
     except Exception as exc:
         raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc) from exc
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module):
-        model, inputs = out
-        return model, inputs if isinstance(inputs, tuple) else (inputs,)
+    if isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], torch.nn.Module) \
+            and (len(out) == 2 or isinstance(out[2], dict)):
+        model, inputs, *kwargs = out
+        return (model, inputs if isinstance(inputs, tuple) else (inputs,), *kwargs)
     vocab = getattr(getattr(out, "config", None), "vocab_size", None)
     if isinstance(out, torch.nn.Module) and vocab:
         ids = torch.randint(0, vocab, (kwargs.get("batch", 2), kwargs.get("seq_len", 32)),
                             generator=torch.Generator().manual_seed(0))
         return out, (ids.to(device),)
     raise ValueError(f"factory {recipe['factory']} returned {type(out).__name__}: return (model, example_inputs), "
-                     "or a transformers model with config.vocab_size (token-id inputs are then made for it)")
+                     "(model, example_inputs, example_kwargs) with a dict of keyword inputs, or a transformers "
+                     "model with config.vocab_size (token-id inputs are then made for it)")
 
 
-def build_cpu(**recipe) -> tuple[torch.nn.Module, tuple]:
+def build_cpu(**recipe) -> tuple:
     """`build(recipe, "cpu")` as a module-level `model_fn(**kwargs)` for `runtime.rehearsal.rehearse`."""
     return build(recipe, "cpu")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
@@ -31,8 +32,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     Args:
         traced: from `parallelizer.trace`.
         mesh: a `MeshSpec` or {"dp": 2, "tp": 4} (last axis innermost).
-        cluster: a `cost_model.topology.Cluster`, or a preset string "h100:1x8"; default: DGX H100 nodes
-            holding the mesh (8 devices per node, or one node with all devices when fewer than 8).
+        cluster: a `cost_model.topology.Cluster`, a preset string "h100:1x8", a calibration profile path, or
+            None: DGX H100 nodes holding the mesh (`resolve_cluster`).
         topology: a ready `MeshTopology` (overrides `cluster`).
         config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., batch_dims={...}, optimizer=...,
             mixed_precision=..., time_limit_s=...) override its fields.
@@ -52,28 +53,48 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
           config: PlanConfig) -> tuple[Problem, Pricer]:
     """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks)."""
-    topo = topology or MeshTopology(_cluster(cluster, mesh), mesh.shape, mesh.axis_names)
+    topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
     pricer = Pricer(topo, mesh, config)
     budget = config.memory_budget_bytes or topo.cluster.device.hbm_bytes
     spaces = build_spaces(traced, mesh, config)
     return build_problem(traced, spaces, pricer, config, int(budget)), pricer
 
 
-def _cluster(cluster: Cluster | str | None, mesh: MeshSpec) -> Cluster:
+def resolve_cluster(cluster: Cluster | str | None, world_size: int) -> tuple[Cluster, str | None]:
+    """The ONE rule for what a plan is priced on (planner, `parallelizer.plan`, `auto_parallelize`, the CLI):
+    (Cluster, its spec string) from a Cluster, a preset "h100:2x8", a calibration profile path (its links
+    for `world_size` processes), or None: `default_cluster(world_size)`.
+
+    Raises:
+        ValueError: a malformed preset, or a profile without a link for `world_size` processes.
+    """
     if isinstance(cluster, Cluster):
-        return cluster
+        return cluster, None
+    if isinstance(cluster, str) and (cluster.endswith(".json") or os.path.exists(cluster)):
+        from cost_model.calibrate import load_profile
+        return load_profile(cluster).cluster(world_size), cluster
     if isinstance(cluster, str):
-        return get_cluster(cluster)
-    return default_cluster(mesh.world_size)[0]
+        return get_cluster(cluster), cluster
+    return default_cluster(world_size)
+
+
+_DGX_DEVICES_PER_NODE = 8  # DGX H100: 8 GPUs per node (NVIDIA DGX H100 datasheet)
 
 
 def default_cluster(world_size: int) -> tuple[Cluster, str]:
-    """The cluster assumed when none is given, with its preset string: DGX H100 nodes holding `world_size`
-    devices (one node of `world_size` when <= 8, else ceil(n / 8) nodes of 8)."""
-    if world_size <= 8:
-        return dgx_h100(1, devices_per_node=world_size), f"h100:1x{world_size}"
-    nodes = math.ceil(world_size / 8)
-    return dgx_h100(nodes), f"h100:{nodes}x8"
+    """The cluster assumed when none is given, with its preset string: DGX H100 nodes holding exactly
+    `world_size` devices: one node when <= 8, else the fewest equal nodes of at most 8 devices each
+    (16 -> 2x8, 12 -> 2x6, 30 -> 5x6; a prime such as 31 -> 31x1).
+
+    Raises:
+        ValueError: world_size < 1.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"default_cluster: world_size must be an int >= 1, got {world_size!r}")
+    nodes = next(n for n in range(math.ceil(world_size / _DGX_DEVICES_PER_NODE), world_size + 1)
+                 if world_size % n == 0)
+    per_node = world_size // nodes
+    return dgx_h100(nodes, devices_per_node=per_node), f"h100:{nodes}x{per_node}"
 
 
 def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig) -> Plan:
@@ -91,6 +112,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             c = pricer.node_cost(tg, info, space, s)
             compute_s += c.total_s
             act += c.saved_bytes
+            if c.note:
+                fallbacks.append(Fallback(name, info.op_name, c.note))
         for k, ti in enumerate(space.inputs):
             src = strat[ti.producer].output
             req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point

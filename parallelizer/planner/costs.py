@@ -36,11 +36,13 @@ _SHAPE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand}
 
 @dataclass(frozen=True, slots=True)
 class NodeCost:
-    """Seconds of forward and backward of one op on local shapes, and bytes saved for backward."""
+    """Seconds of forward and backward of one op on local shapes, and bytes saved for backward. `note` says why
+    the op's FLOPs could not be counted (priced by bytes only; `to_plan` records it in `Plan.fallbacks`)."""
 
     fwd_s: float
     bwd_s: float
     saved_bytes: int
+    note: str | None = None
 
     @property
     def total_s(self) -> float:
@@ -138,8 +140,8 @@ class Pricer:
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)
             fwd, bwd, saved = c.fwd_s * ratio, c.bwd_s * ratio, int(saved * ratio)
         if not space.requires_grad:
-            return NodeCost(fwd, 0.0, 0)
-        return NodeCost(fwd, bwd, int(saved))
+            return NodeCost(fwd, 0.0, 0, c.uncounted_flops)
+        return NodeCost(fwd, bwd, int(saved), c.uncounted_flops)
 
     # --- memory -------------------------------------------------------------------------------------
     def param_state_bytes(self, numel: int) -> tuple[int, int, int]:

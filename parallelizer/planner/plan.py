@@ -4,10 +4,11 @@ Contents: the mesh; per node its strategy (input layouts and output layout as st
 parameter its stored layout; per edge (producer -> input k of consumer) the redistribution steps from
 `core.redistribute.edge_steps` (the rewriter emits exactly these); the estimated cost breakdown (compute
 seconds, seconds per collective kind, memory bytes per device by category); the solver report; fallbacks
-(nodes replicated for lack of a rule). `to_json()` is deterministic: sorted keys, floats rounded to 10
-significant digits, and wall-clock times left out unless asked for, so the same inputs give byte-identical
-JSON (DESIGN.md rule 6). `save`/`load` write and read that JSON; `load` (and `from_json`) validate it against
-the versioned JSON Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pickle).
+(nodes replicated for lack of a rule; ops priced by bytes only because their FLOPs could not be counted on
+meta tensors). `to_json()` is deterministic: sorted keys, floats rounded to 10 significant digits, and
+wall-clock times left out unless asked for, so the same inputs give byte-identical JSON (DESIGN.md rule 6).
+`save`/`load` write and read that JSON; `load` (and `from_json`) validate it against the versioned JSON
+Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pickle).
 `fingerprint` (from `parallelizer.fingerprint`) identifies the traced graph the plan was made for, and
 `cluster` describes the hardware it was priced on; `parallelizer.plan` fills both.
 """

@@ -11,7 +11,7 @@ Three entry points:
 - `create_groups(groups)` makes the sub-groups of a device mesh (e.g. [[0, 1], [2, 3]]) so that the
   collectives of `parallelizer.rewriter.collectives` can find them by their list of ranks.
 
-Facts this module is built on (measured, see /work/shared/ENVIRONMENT-NOTES.md, gloo on torch 2.13.0 CPU):
+Facts this module is built on (measured with gloo on torch 2.13.0 CPU):
 workers can abort with SIGABRT at interpreter exit after they passed, so each worker destroys its process
 group, flushes and leaves with `os._exit`, and results travel through a queue, never through exit codes;
 one failing rank blocks the others inside their next collective until the process-group timeout, so the

@@ -43,11 +43,12 @@ class ParallelModule(torch.nn.Module):
         verify(self.program, traced, spec)
         self.coords = mesh_coords(spec.mesh, rank)
         self.groups = self.program.groups
-        full = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        full = {**dict(model.named_parameters()), **dict(model.named_buffers()), **traced.constant_values()}
         for fqn in self.program.state_fqns:
             local = self._local(fqn, full[fqn].detach(), init_seed)
-            if self.traced.parameters[fqn].is_buffer:
-                _owner(self, fqn).register_buffer(fqn.rpartition(".")[2], local)
+            if self.traced.parameters[fqn].is_buffer:  # lifted constants: per-rank copies, not in the state dict
+                _owner(self, fqn).register_buffer(fqn.rpartition(".")[2], local,
+                                                  persistent=not self.traced.parameters[fqn].is_constant)
             else:
                 _owner(self, fqn).register_parameter(fqn.rpartition(".")[2], torch.nn.Parameter(local))
 
@@ -56,6 +57,11 @@ class ParallelModule(torch.nn.Module):
         layout = self.spec.params[fqn]
         if full.device.type != "meta":
             return shard_tensor(full, layout, self.spec.mesh, self.coords)
+        if self.traced.parameters[fqn].is_constant:
+            raise PlanMismatchError(
+                f"{fqn!r} {tuple(full.shape)}, a tensor created inside forward, was traced on the meta device, so "
+                "its values are unknown; build the model on CPU to run it (a plan made on meta still applies: "
+                "auto_parallelize(model, inputs, plan=plan))")
         if self.traced.parameters[fqn].is_buffer:
             raise PlanMismatchError(
                 f"buffer {fqn!r} {tuple(full.shape)} is on the meta device, so its values are unknown; build the "
@@ -69,10 +75,7 @@ class ParallelModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         """Run the sharded program on global inputs; returns the model's output structure."""
         spec = self.traced.exported.call_spec
-        flat, in_spec = pytree.tree_flatten((args, kwargs))
-        if spec.in_spec is not None and in_spec != spec.in_spec:
-            raise TypeError(f"inputs do not match the traced call: expected structure {spec.in_spec}, got {in_spec}")
-        tensors = [x for x in flat]
+        tensors = self.traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
         out = self.program.graph_module(*self._state(), *tensors)
         return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
 
@@ -85,6 +88,8 @@ class ParallelModule(torch.nn.Module):
         """
         out = {}
         for fqn, local in zip(self.program.state_fqns, self._state()):
+            if self.traced.parameters[fqn].is_constant:  # a tensor made in forward: not in the model's state dict
+                continue
             full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups,
                                  tuple(self.traced.parameters[fqn].shape), self.coords)
             for name in (fqn, *self.traced.parameters[fqn].aliases):
@@ -95,6 +100,8 @@ class ParallelModule(torch.nn.Module):
         """Copy this rank's shard of each full tensor in `state_dict` into the local parameters/buffers."""
         with torch.no_grad():
             for fqn, local in zip(self.program.state_fqns, self._state()):
+                if self.traced.parameters[fqn].is_constant:
+                    continue
                 local.copy_(shard_tensor(state_dict[fqn], self.spec.params[fqn], self.spec.mesh, self.coords))
 
 

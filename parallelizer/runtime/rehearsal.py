@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from ..rewriter.spec import ShardingSpec, all_axis_groups
+from ..fingerprint import check_plan
+from ..planner import Plan
+from ..rewriter.spec import ShardingSpec, all_axis_groups, spec_from_plan
 from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
@@ -56,35 +58,59 @@ class RehearsalReport:
                 f"{self.tolerance_ratio:.2f}; collectives {self.collectives}")
 
 
-def rehearse(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, *, steps: int = 3, lr: float = 1e-3,
-             eps: float = 1e-6, timeout_s: float = 300.0) -> RehearsalReport:
-    """Run `spec` on `spec.mesh.world_size` local gloo ranks and compare with the single-device model.
+def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
+             lr: float = 1e-3, eps: float = 1e-6, timeout_s: float = 300.0,
+             structure_only: bool = False) -> RehearsalReport:
+    """Run a plan on `mesh.world_size` local gloo ranks and compare with the single-device model.
 
     Args:
         model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs[, example_kwargs])`,
             seeded so that every call builds the same weights and inputs.
-        spec: sharding decisions made for `trace(*model_fn(**model_kwargs))` (or for a model of the same
-            structure: layouts refer to node names, which depend only on the structure).
+        plan: the `Plan` that `parallelizer.plan` returned (or `Plan.load`), or a `ShardingSpec`. A Plan is
+            checked against the model before any rank starts (`fingerprint.check_plan`: parameters, input
+            shapes, ops, constants; with `structure_only`, names and ops only, for a plan applied to a
+            narrower config of the same structure). A spec must be for `trace(*model_fn(**model_kwargs))` or
+            a model of the same structure (layouts refer to node names, which depend only on the structure).
         steps: AdamW steps before the parameters are compared.
         lr, eps: AdamW's. eps is above torch's default (1e-8) on purpose: a parameter whose true gradient
             is zero (e.g. an attention key bias, to which softmax is invariant) gets fp32 rounding noise
             (~1e-9) as gradient, and Adam's update lr * g / (|g| + eps) would turn that noise into steps of
             size ~lr whose sign depends on the reduction order, on either side of the comparison.
     Raises:
+        PlanMismatchError: the plan was made for another model, input shapes or constants (says what differs).
+        TypeError: `plan` is neither a Plan nor a ShardingSpec.
         DistributedError: a rank failed or timed out (names the rank, with its traceback).
     """
+    spec = checked_spec(plan, model_fn, model_kwargs, structure_only=structure_only)
     return rehearse_many([(model_fn, model_kwargs, spec)], steps=steps, lr=lr, eps=eps, timeout_s=timeout_s)[0]
 
 
-def rehearse_many(cases: list[tuple[Callable, dict, ShardingSpec]], *, steps: int = 3, lr: float = 1e-3,
+def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: dict, *,
+                 structure_only: bool = False) -> ShardingSpec:
+    """The `ShardingSpec` of `plan`; a `Plan` is first checked against the traced model of
+    `model_fn(**model_kwargs)` (built and traced here, in this process). Raises as `rehearse`."""
+    if isinstance(plan, ShardingSpec):
+        return plan
+    if not isinstance(plan, Plan):
+        raise TypeError(f"rehearse: pass the Plan that parallelizer.plan returned (or Plan.load), or a "
+                        f"ShardingSpec; got {type(plan).__name__}")
+    model, inputs, *rest = model_fn(**model_kwargs)
+    check_plan(plan, trace(model, inputs, rest[0] if rest else {}), structure_only=structure_only)
+    return spec_from_plan(plan)
+
+
+def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, steps: int = 3, lr: float = 1e-3,
                   eps: float = 1e-6, timeout_s: float = 600.0) -> list[RehearsalReport]:
-    """`rehearse` for several (model_fn, model_kwargs, spec) cases in ONE launch of local ranks (starting
-    ranks costs seconds). Every spec must be for the same number of devices.
+    """`rehearse` for several (model_fn, model_kwargs, plan or spec) cases in ONE launch of local ranks
+    (starting ranks costs seconds). Every plan must be for the same number of devices; Plans are checked
+    against their models first, as in `rehearse`.
 
     Raises:
         ValueError: the cases need different numbers of devices.
+        PlanMismatchError: a Plan was made for another model (before any rank starts).
         DistributedError: a rank failed or timed out.
     """
+    cases = [(fn, kwargs, checked_spec(plan, fn, kwargs)) for fn, kwargs, plan in cases]
     sizes = {spec.mesh.world_size for _, _, spec in cases}
     if len(sizes) != 1:
         raise ValueError(f"rehearse_many: all cases must use the same number of devices, got {sorted(sizes)}; "

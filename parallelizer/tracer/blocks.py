@@ -3,7 +3,9 @@
 A planner solves one block of a group and reuses the answer for every instance, so detection must be
 exact: instances are grouped by module class and a Weisfeiler-Lehman hash (networkx) of their induced
 subgraph, whose node labels are op and output shapes/dtypes and whose inputs from outside the instance
-are labelled by their shapes. Names are never compared. Candidate groups are then verified position by
+are labelled by their kind (parameter, buffer, or a value flowing through the model) and shapes. Where
+that value comes from (a user input for the first block, an activation or a returned value for the others)
+is not compared, nor are names. Candidate groups are then verified position by
 position (same op, same shapes) and nested groups are dropped in favour of the outermost ones (the
 LayerNorms inside GPT-2 layers are not blocks of their own; the layers are).
 """
@@ -15,7 +17,7 @@ from collections import defaultdict
 import networkx as nx
 import torch.fx
 
-from .graph import BlockGroup, NodeInfo
+from .graph import BlockGroup, NodeInfo, Role
 
 
 def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str]) -> list[BlockGroup]:
@@ -39,10 +41,12 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
         for same in _split_verified(fqns, members, nodes):
             if len(same) > 1:
                 groups.append((mtype, same))
-    # Outermost first: a group whose instances lie inside a kept group's instances loses those instances.
+    # Outermost first: a group whose instances lie inside a kept group's instances loses those instances. A
+    # module holds at least the nodes of any module inside it, so larger instances come first (the depth of a
+    # name does not tell: ResNet's BatchNorms {stem.1, blocks.0.bn1, ...} would shadow the blocks.* group).
     order = {name: i for i, name in enumerate(nodes)}
     first = {fqn: order[names[0]] for fqn, names in members.items()}
-    groups.sort(key=lambda g: (g[1][0].count("."), first[g[1][0]]))
+    groups.sort(key=lambda g: (-len(members[g[1][0]]), first[g[1][0]]))
     kept: list[BlockGroup] = []
     taken: list[str] = []
     for mtype, fqns in groups:
@@ -78,11 +82,17 @@ def _label(info: NodeInfo) -> str:
     return f"{info.op_name}|{';'.join(map(str, info.outputs))}"
 
 
+_STATE_ROLES = (Role.PARAMETER, Role.BUFFER)
+
+
 def _external_label(info: NodeInfo | None) -> str:
-    """Label of a value entering a block from outside: its role and shapes, never the producing op."""
+    """Label of a value entering a block from outside: parameter, buffer or "value" (a user input, an activation
+    and a model output are alike: the first block reads the model's input where the others read the previous
+    block's output), and its shapes; never the producing op."""
     if info is None:
         return "ext|?"
-    return f"ext|{info.role.value}|{';'.join(map(str, info.outputs))}"
+    kind = info.role.value if info.role in _STATE_ROLES else "value"
+    return f"ext|{kind}|{';'.join(map(str, info.outputs))}"
 
 
 def _structure_hash(names: list[str], nodes: dict[str, NodeInfo]) -> str:

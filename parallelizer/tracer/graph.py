@@ -10,9 +10,11 @@ import enum
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
 from ..errors import UnknownNodeError
 
@@ -109,6 +111,10 @@ class ParamInfo:
         placeholders: the graph placeholders that stand for it (one per FQN that export lifted).
         uses: call_function nodes that read it, in graph order (two for GPT-2's tied embedding/lm_head).
         is_buffer: True for buffers (not trained).
+        is_constant: True for a tensor created inside forward (e.g. `torch.tensor([1., 2.])`, or the index
+            list of `x[..., [-2], :]`), which export lifts to a constant input named `lifted_tensor_N`: stored
+            like a buffer (is_buffer is True too) but not part of the model's state dict; its value is
+            `TracedGraph.constant_values()[fqn]`.
         block, block_group, block_index: the repeated block whose nodes use it, when all uses sit in one.
     """
 
@@ -119,6 +125,7 @@ class ParamInfo:
     placeholders: tuple[str, ...]
     uses: tuple[str, ...]
     is_buffer: bool = False
+    is_constant: bool = False
     block: str | None = None
     block_group: str | None = None
     block_index: int | None = None
@@ -169,8 +176,12 @@ class TracedGraph:
         nodes: `NodeInfo` per node, in graph (topological) order, keyed by node name.
         parameters: `ParamInfo` per canonical parameter/buffer FQN, in `named_parameters()` order then buffers.
         blocks: the groups of repeated blocks found, outermost first.
-        input_names: placeholder names of the user inputs, in call order (flattened).
+        input_names: placeholder names of the TENSOR user inputs, in call order (flattened).
         notes: normalisations applied while tracing (e.g. inlined no_grad regions), for the user to read.
+        constant_inputs: placeholder name -> value of each non-tensor user input (bool, int, float, None,
+            str; nested containers are flattened, e.g. {"cfg": {"k": 3}} -> "cfg_k": 3). Export bakes these
+            values into the graph, so the placeholders have no users.
+        call_inputs: placeholder names of ALL user inputs (tensor and constant) in flattened call order.
     """
 
     exported: torch.export.ExportedProgram
@@ -180,6 +191,41 @@ class TracedGraph:
     blocks: list[BlockGroup]
     input_names: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
+    constant_inputs: dict[str, Any] = field(default_factory=dict)
+    call_inputs: tuple[str, ...] = ()
+
+    def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
+        call has the traced structure and passes every constant input with its traced value.
+
+        Raises:
+            TypeError: the call's structure (positional count, keyword names, nesting) differs from the trace.
+            ValueError: a constant input has another value than when traced (names it and both values).
+        """
+        spec = self.exported.call_spec.in_spec
+        if spec is not None and isinstance(kwargs, dict) and spec.num_children == 2:
+            order = spec.child(1).context  # keywords in the traced order (a call may order them freely)
+            if isinstance(order, list) and set(order) == set(kwargs):
+                kwargs = {k: kwargs[k] for k in order}
+        flat, in_spec = pytree.tree_flatten((tuple(args), kwargs))
+        if spec is not None and in_spec != spec:
+            raise TypeError(f"inputs do not match the traced call: expected structure {spec}, got {in_spec}")
+        names = self.call_inputs or self.input_names
+        tensors = []
+        for name, value in zip(names, flat):
+            if name in self.constant_inputs:
+                traced = self.constant_inputs[name]
+                if type(value) is not type(traced) or value != traced:
+                    raise ValueError(f"input {name!r} is {value!r} but the graph was traced with {traced!r}: a "
+                                     "non-tensor input is a constant of the traced graph. Remedy: pass the traced "
+                                     "value, or trace (and plan) again with the new one")
+            else:
+                tensors.append(value)
+        return tensors
+
+    def constant_values(self) -> dict[str, torch.Tensor]:
+        """FQN -> value of each lifted constant (`ParamInfo.is_constant`), from the exported program."""
+        return {fqn: self.exported.constants[fqn] for fqn, p in self.parameters.items() if p.is_constant}
 
     def node(self, name: str) -> NodeInfo:
         """The `NodeInfo` of node `name`; UnknownNodeError (a KeyError) names close matches when absent."""

@@ -77,7 +77,10 @@ def _inline_grad_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         if not sub_attr.users:
             gm.graph.erase_node(sub_attr)
             delattr(gm, sub_attr.target)
-        where = _stack_location(next(iter(n for n in sub.graph.nodes if n.op == "call_function")))
+        ops = [n for n in sub.graph.nodes if n.op == "call_function"]
+        if not ops:  # an empty region (e.g. the tail of a reentrant checkpoint): nothing was inlined
+            continue
+        where = _stack_location(ops[0])
         notes.append(f"inlined a torch.{'enable_grad' if enabled else 'no_grad'}() region"
                      f"{' at ' + where if where else ''}" + ("" if enabled else " (its outputs are detached)"))
 

@@ -2,10 +2,22 @@
 
 The graph is export's training IR: ATen ops with high-level ops kept whole (aten.linear, aten.layer_norm,
 aten.scaled_dot_product_attention, aten.embedding), which is what per-op sharding rules are written for;
-backward is left to autograd of the forward program (DESIGN.md rule 3). Two normalisations are applied and
-recorded in `TracedGraph.notes`: shape-assertion nodes are dropped, a
-`torch.no_grad()` region inside forward is inlined as a stop-gradient, and biases are split off linear
-layers (see `normalize`).
+backward is left to autograd of the forward program (DESIGN.md rule 3). Normalisations are applied and
+recorded in `TracedGraph.notes`: shape-assertion nodes are dropped, a `torch.no_grad()` region inside
+forward is inlined as a stop-gradient, and biases are split off linear layers (see `normalize`).
+
+What export needs of a model and its inputs, handled here (each recorded in `notes`):
+- transformers models return a key/value cache object (DynamicCache, EncoderDecoderCache, ...) from forward
+  when their config says `use_cache=True` (the default of generative models); a training step never reads
+  it and export cannot return it, so every `config.use_cache` of the model's modules is False while
+  exporting (restored afterwards);
+- a non-tensor input (bool, int, float, None, str, inside any nesting of tuples/lists/dicts) is a traced
+  constant: export bakes its value into the graph; `TracedGraph.constant_inputs` records it and
+  `TracedGraph.tensor_inputs` checks that a later call passes the same value;
+- a `torch.utils.checkpoint` region is inlined with its gradient (no recomputation in the graph; the
+  reentrant variant would otherwise export as a no_grad region): noted;
+- a tensor created inside forward is a lifted constant (`ParamInfo.is_constant`);
+- an export failure raised by the model's own code (outside torch) says so rather than blaming tracing.
 """
 from __future__ import annotations
 
@@ -13,12 +25,15 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import traceback
 from typing import Any
 
 import torch
 import torch.fx
+import torch.utils.checkpoint as checkpoint_module
+from torch.export.graph_signature import ConstantArgument, InputKind
 from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
@@ -41,9 +56,10 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     Returns:
         A `TracedGraph` (see its docstring for the per-node facts).
     Raises:
-        TraceError: an input of an unsupported type, data-dependent control flow (a Python branch on a
-            tensor value), or any other construct torch.export cannot capture; the message names the
-            construct, the user's source file:line and a remedy.
+        TraceError: an input of an unsupported type, `use_cache=True` passed explicitly, data-dependent
+            control flow (a Python branch on a tensor value), an output that is not a tensor container, an
+            error of the model's own code, or any other construct torch.export cannot capture; the message
+            names the construct, the user's source file:line and a remedy.
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(f"an object of type {type(model).__name__}", None,
@@ -57,7 +73,12 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
-    exported = _export(model, example_inputs, example_kwargs)
+    if example_kwargs.get("use_cache") is True:
+        raise TraceError("use_cache=True (a key/value cache returned from a training forward)", None,
+                         "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
+                         "the cache, and the toolkit turns it off by itself when it is not asked for")
+    with _cache_off(model, notes), _checkpoint_regions(notes):
+        exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
     return _build(model, exported, gm, notes)
@@ -72,6 +93,73 @@ def _check_input_types(args: tuple, kwargs: dict) -> None:
                 f"an input of type {type(leaf).__qualname__} ({where})", None,
                 "pass tensors, Python scalars, or tuples/lists/dicts of them; register custom containers "
                 "with torch.utils._pytree.register_pytree_node")
+
+
+@contextlib.contextmanager
+def _cache_off(model: torch.nn.Module, notes: list[str]):
+    """Set `use_cache = False` on every distinct `config` of the model's modules that has it True (transformers
+    configs; an encoder-decoder's decoder stack holds its own copy) while exporting, and restore it after."""
+    configs = {id(c): c for m in model.modules() if getattr(c := getattr(m, "config", None), "use_cache", None) is True}
+    for config in configs.values():
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        for config in configs.values():
+            config.use_cache = True
+    if configs:
+        notes.append(f"set config.use_cache=False on {len(configs)} config(s) while tracing: a training step needs "
+                     "no key/value cache, and a forward that returns one (transformers' DynamicCache) cannot be "
+                     "traced; the traced forward returns no cache")
+
+
+@contextlib.contextmanager
+def _checkpoint_regions(notes: list[str]):
+    """Inline every `torch.utils.checkpoint.checkpoint` region called during export, differentiably, and note
+    where. The non-reentrant variant is traced through as it is (its saved-tensor hooks leave no trace in the
+    graph); the reentrant one (`use_reentrant=True`, transformers' gradient checkpointing default) would be
+    exported as a `torch.no_grad()` region, cutting the gradient of everything inside, so its function is
+    called directly instead. Wraps the two module-level names `checkpoint` dispatches to (private torch API,
+    checked on torch 2.13.0; when a name is absent it is left alone)."""
+    calls: list[str] = []
+    patched: dict[str, object] = {}
+
+    def record():
+        frames = [f for f in traceback.extract_stack()[:-2] if not _internal(f.filename)]
+        calls.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "an unknown location")
+
+    original_gen = getattr(checkpoint_module, "_checkpoint_without_reentrant_generator", None)
+    if original_gen is not None:
+        def generator(*args, **kwargs):
+            record()
+            return (yield from original_gen(*args, **kwargs))
+        patched["_checkpoint_without_reentrant_generator"] = original_gen
+        checkpoint_module._checkpoint_without_reentrant_generator = generator
+    original_function = getattr(checkpoint_module, "CheckpointFunction", None)
+    if original_function is not None:
+        class Inlined:  # CheckpointFunction.apply(function, preserve_rng_state, *args)
+            @staticmethod
+            def apply(function, _preserve_rng_state, *args):
+                record()
+                return function(*args)
+        patched["CheckpointFunction"] = original_function
+        checkpoint_module.CheckpointFunction = Inlined
+    try:
+        yield
+    finally:
+        for name, value in patched.items():
+            setattr(checkpoint_module, name, value)
+    if calls:
+        where = ", ".join(sorted(set(calls))[:3]) + (" ..." if len(set(calls)) > 3 else "")
+        notes.append(f"inlined {len(calls)} torch.utils.checkpoint region(s) ({where}): the traced graph has no "
+                     "recomputation, and the planner does not yet honour activation checkpointing (their "
+                     "activations are priced and kept like any other)")
+
+
+def _internal(filename: str) -> bool:
+    """Whether a source file belongs to torch or to this package (not to the user's model)."""
+    return filename.startswith((os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))) \
+        or filename.startswith("<")
 
 
 def _on_meta(model: torch.nn.Module) -> bool:
@@ -98,6 +186,10 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
     return exported
 
 
+_UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output")
+_MODEL_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, NameError, AssertionError)
+
+
 def _translate(exc: Exception) -> TraceError:
     """Turn an export failure into a TraceError naming the construct and the user's file:line."""
     text = str(exc)
@@ -108,15 +200,34 @@ def _translate(exc: Exception) -> TraceError:
             "data-dependent control flow (Python control flow on a tensor value)", location,
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
             "outside forward and pass it in as a Python value", detail=first)
+    unknown = _UNKNOWN_OUTPUT.search(text)
+    if unknown:
+        kind = unknown.group(1)
+        cache = "Cache" in kind.rpartition(".")[2]
+        return TraceError(
+            f"an output of type {kind} (not a tensor, Python scalar or container of them)", location,
+            ("pass use_cache=False and return no cache object from forward: a training step does not read it"
+             if cache else "return tensors (or tuples/lists/dicts of them) from forward, or register the class "
+             "with torch.utils._pytree.register_pytree_node (torch.export.register_dataclass for a dataclass)"),
+            detail=first)
+    if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
+        return TraceError(
+            f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
+            "this is an error of the model's code, config or inputs, not of tracing (model(*inputs) fails the "
+            "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
     return TraceError(f"the model ({type(exc).__name__})", location,
                       "make forward traceable by torch.export(strict=False); see the cause above", detail=first)
 
 
+def _raised_outside_torch(exc: BaseException) -> bool:
+    """Whether the innermost frame of the traceback (where it was raised) is outside torch and this package."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and not _internal(frames[-1].filename)
+
+
 def _user_location(exc: BaseException) -> str | None:
     """file:line of the innermost frame outside torch and this package, from the traceback."""
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if not f.filename.startswith(skip) and not f.filename.startswith("<")]
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
     if not user:
         return None
     return f"{user[-1].filename}:{user[-1].lineno}"
@@ -141,8 +252,14 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
     parameters = _parameters(model, gm, nodes, canonical)
     blocks = find_repeated_blocks(nodes, module_types)
     _tag_blocks(blocks, nodes, parameters)
-    return TracedGraph(exported=exported, graph_module=gm, nodes=nodes, parameters=parameters,
-                       blocks=blocks, input_names=tuple(sig.user_inputs), notes=notes)
+    user = [spec.arg for spec in sig.input_specs if spec.kind == InputKind.USER_INPUT]
+    constants = {arg.name: arg.value for arg in user if isinstance(arg, ConstantArgument)}
+    if constants:
+        notes.append("traced with constant input(s) " + ", ".join(f"{k}={v!r}" for k, v in constants.items())
+                     + ": their values are part of the graph (a call with other values is rejected)")
+    return TracedGraph(exported=exported, graph_module=gm, nodes=nodes, parameters=parameters, blocks=blocks,
+                       input_names=tuple(a.name for a in user if a.name not in constants), notes=notes,
+                       constant_inputs=constants, call_inputs=tuple(a.name for a in user))
 
 
 def _canonical_names(model: torch.nn.Module) -> dict[str, tuple[str, bool]]:
@@ -162,7 +279,7 @@ def _role(node: torch.fx.Node, sig, user_outputs: set[str]) -> tuple[Role, str |
             return Role.PARAMETER, sig.inputs_to_parameters[node.name]
         if node.name in sig.inputs_to_buffers:
             return Role.BUFFER, sig.inputs_to_buffers[node.name]
-        if node.name in sig.inputs_to_lifted_tensor_constants:
+        if node.name in sig.inputs_to_lifted_tensor_constants:  # a tensor created in forward: `ParamInfo.is_constant`
             return Role.BUFFER, sig.inputs_to_lifted_tensor_constants[node.name]
         return Role.INPUT, None
     if node.op == "output" or node.name in user_outputs:
@@ -202,7 +319,7 @@ def _parameters(model: torch.nn.Module, gm: torch.fx.GraphModule, nodes: dict[st
         meta = nodes[phs[0]].outputs[0]
         out[fqn] = ParamInfo(fqn=fqn, aliases=tuple(aliases.get(fqn, ())), shape=meta.shape, dtype=meta.dtype,
                              placeholders=tuple(phs), uses=tuple(uses),
-                             is_buffer=canonical.get(fqn, (fqn, True))[1])
+                             is_buffer=canonical.get(fqn, (fqn, True))[1], is_constant=fqn not in canonical)
     return out
 
 

@@ -3,7 +3,7 @@
 Each builder returns `(model, example_inputs)` (plus example keyword inputs with `labels=True`) with the model in train mode on `device` ("cpu" or "meta")
 and dropout set by `dropout` (0.0 by default so numerics are deterministic). `overrides` go to the config.
 Attention defaults to the "eager" implementation: with real CPU weights, export's decompositions of the
-SDPA path fail on GPT-2 (../shared/ENVIRONMENT-NOTES.md); pass attn_implementation="sdpa" to change it.
+SDPA path fail on GPT-2 (measured with torch 2.13, transformers 5.24); pass attn_implementation="sdpa" to change it.
 """
 from __future__ import annotations
 

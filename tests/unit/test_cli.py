@@ -20,6 +20,22 @@ def failing_factory(width: int = 16):
     raise RuntimeError(f"boom at width {width}")
 
 
+class _WithLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 4)
+
+    def forward(self, x, labels=None, reduction="mean"):
+        logits = self.net(x)
+        return torch.nn.functional.cross_entropy(logits, labels, reduction=reduction), logits
+
+
+def labels_factory(batch: int = 4):
+    """A factory returning keyword inputs too: (model, args, kwargs) with labels= and a string option."""
+    x, labels = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
+    return _WithLoss(), (x,), {"labels": labels, "reduction": "mean"}
+
+
 def kwargs_factory(device="cpu", **kwargs):
     """A factory taking **kwargs (any --config key passes the check; a bad one fails when building)."""
     with torch.device(device):
@@ -169,3 +185,60 @@ def test_rehearse_reduced_width_on_two_ranks(tmp_path, capsys):
     assert cli.main(["rehearse", str(out), "--nproc", "2", "--width", "reduced", "--timeout", "120"]) == 0
     text = capsys.readouterr().out
     assert "reduced width" in text and "numerics match on 2 ranks" in text
+
+
+def test_mesh_without_cluster_is_sized_like_the_python_api(tmp_path):
+    """Issue 12 item 12: `plan --mesh dp=2` without --cluster priced on DGX H100 nodes holding the mesh (the rule
+    of `planner.api.resolve_cluster`), not rejected against an 8-device default."""
+    from parallelizer.planner.api import default_cluster, resolve_cluster
+
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--mesh", "dp=2", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert plan.cluster["spec"] == "h100:1x2" == resolve_cluster(None, 2)[1]
+    assert (plan.cluster["num_nodes"], plan.cluster["devices_per_node"]) == (1, 2)
+    assert {n: default_cluster(n)[1] for n in (1, 8, 12, 16, 30, 31)} == {
+        1: "h100:1x1", 8: "h100:1x8", 12: "h100:2x6", 16: "h100:2x8", 30: "h100:5x6", 31: "h100:31x1"}
+
+
+def test_thirty_devices_with_the_default_cluster_plan():
+    """Issue 12 item 12: 30 devices were rounded to 4 x 8 = 32 and then rejected."""
+    import parallelizer
+
+    traced = parallelizer.trace(*zoo.mlp(batch=30, in_features=8, dim=16, hidden=32, out_features=4))
+    plan = parallelizer.plan(traced, {"dp": 30})
+    assert plan.mesh.world_size == 30 and plan.cluster["num_nodes"] * plan.cluster["devices_per_node"] == 30
+
+
+def test_factory_may_return_keyword_inputs(tmp_path, capsys):
+    """Issue 12 item 12: a `package.module:factory` returning (model, args, kwargs), e.g. labels=."""
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "test_cli:labels_factory", "--mesh", "dp=2", "--no-progress",
+                     "-o", str(out)]) == 0
+    assert "traced inputs: x (4, 8), labels (4,)" in capsys.readouterr().out
+    plan = Plan.load(out)
+    assert plan.model["inputs"] == {"x": [4, 8], "labels": [4]}
+    assert plan.fingerprint["summary"]["constants"] == {"reduction": "'mean'"}
+
+
+def test_every_option_has_help_and_shows_its_default():
+    """Issue 12 item 15: `show PLAN`, `--optimizer`, `calibrate -o`, `--nprocs` had no help; `--timeout` hid its
+    default."""
+    parser = cli._parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in commands.items():
+        for action in sub._actions:
+            if action.dest != "help":
+                assert action.help, f"parallelizer {name} {action.option_strings or action.dest} has no help"
+    rehearse = {a.dest: a for a in commands["rehearse"]._actions}
+    assert "default 900" in rehearse["timeout"].help
+    assert "default" in {a.dest: a for a in commands["calibrate"]._actions}["nprocs"].help
+
+
+def test_show_points_to_the_architecture_notes(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--mesh", "dp=2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "S(d) = sharded along tensor dim d" in shown and "docs/architecture.md" in shown

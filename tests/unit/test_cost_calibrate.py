@@ -125,3 +125,19 @@ def test_unknown_profile_version_or_bad_override_says_recalibrate(tmp_path):
                                 "per_kind": {"all_gather": {"latency_s": 1e-5}}}})
     with pytest.raises(ValueError, match="re-run"):
         load_profile(path)
+
+
+def test_calibrate_cli_says_reduce_scatter_reuses_all_gathers_fit(tmp_path, monkeypatch, capsys):
+    """Issue 12 item 15: the printed summary named reduce-scatter figures equal to all-gather's as if measured."""
+    import importlib
+
+    calibration = importlib.import_module("cost_model.calibrate")  # the package re-exports calibrate()
+    link = Link("gloo_x2", 90e-6, 1.8e9, per_kind={"all_reduce": (85e-6, 2.1e9), "all_gather": (60e-6, 0.9e9),
+                                                   "reduce_scatter": (60e-6, 0.9e9)})
+    profile = Profile(device=_device(tmp_path), links={2: link})
+    monkeypatch.setattr(calibration, "calibrate", lambda **kwargs: profile)
+    calibration.main(["-o", str(tmp_path / "p.json"), "--nprocs", "2"])
+    printed = capsys.readouterr().out
+    assert "all_gather alpha=60.0 us beta=0.90 GB/s" in printed
+    assert "reduce_scatter = all_gather's fit (reused, not measured)" in printed
+    assert "reduce_scatter alpha" not in printed

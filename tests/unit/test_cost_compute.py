@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cost_model import H100_SXM, graph_flops, op_cost, op_flops
+from cost_model.compute import MetaExecutionError
 
 aten = torch.ops.aten
 
@@ -65,6 +66,34 @@ def test_copying_may_alias_ops_cost_bytes():
     assert op_cost(aten.reshape.default, (non_contiguous, [24]), {}, meta(24), H100_SXM).fwd_bytes == 2 * 24 * 4
     cast = op_cost(aten._to_copy.default, (meta(4, 6),), {"dtype": torch.bfloat16}, meta(4, 6, dtype=torch.bfloat16), H100_SXM)
     assert cast.fwd_bytes == 24 * (4 + 2)
+
+
+@pytest.mark.parametrize("target,args,kwargs,out,nbytes", [
+    # x.to(x.device, torch.float32) on a float64 x: a real copy between dtypes on one device (8 + 4 bytes each)
+    (aten.to.device, (meta(4, 6, dtype=torch.float64), torch.device("cpu"), torch.float32), {}, meta(4, 6), 24 * 12),
+    # a non-contiguous input copied to a named device with its own dtype
+    (aten.to.device, (meta(6, 4).t(), torch.device("cpu"), torch.float32), {}, meta(4, 6), 24 * 8),
+    (aten.to.dtype_layout, (meta(4, 6),), {"dtype": torch.bfloat16, "device": torch.device("cpu")},
+     meta(4, 6, dtype=torch.bfloat16), 24 * 6),
+    (aten.to.dtype_layout, (meta(4, 6),), {"dtype": torch.bfloat16, "device": "cuda:0"},  # a device string
+     meta(4, 6, dtype=torch.bfloat16), 24 * 6),
+])
+def test_ops_naming_a_device_are_priced_on_meta(target, args, kwargs, out, nbytes):
+    """Issue 12 item 4: ops with device arguments ran on meta tensors with a real device and raised
+    NotImplementedError "Cannot copy out of meta tensor"; they are priced as the copies they are."""
+    cost = op_cost(target, args, kwargs, out, H100_SXM)
+    assert (cost.fwd_flops, cost.fwd_bytes, cost.uncounted_flops) == (0, nbytes, None)
+
+
+def test_ops_that_read_tensor_values_are_priced_by_bytes_and_say_so():
+    """A composite op that cannot run on meta tensors at all (it reads a value) is priced by bytes; the
+    reason is in `uncounted_flops` for the planner to record (Plan.fallbacks)."""
+    cost = op_cost(aten.repeat_interleave.self_Tensor, (meta(3), torch.empty(3, dtype=torch.long, device="meta")),
+                   {}, meta(5), H100_SXM)
+    assert cost.fwd_flops == 0 and cost.fwd_bytes == 3 * 4 + 3 * 8 + 5 * 4
+    assert "cannot count the FLOPs of aten.repeat_interleave.self_Tensor on meta tensors" in cost.uncounted_flops
+    with pytest.raises(MetaExecutionError, match="Tensor.item"):
+        op_flops(aten.item.default, (meta(),), {}, 1.0)
 
 
 def test_embedding_reads_rows_not_table():

@@ -95,6 +95,6 @@ def test_size_one_mesh_reproduces_eager_with_no_collectives():
     assert "collectives" not in program.graph_module.code
     state = [dict(model.named_parameters())[f] for f in program.state_fqns]
     out = program.graph_module(*state, ids)
-    torch.testing.assert_close(out[0], model(ids).logits, rtol=0, atol=0)
+    torch.testing.assert_close(out[0], model(ids).logits)  # another op graph (split biases): dtype tolerances
     spec = batch_parallel_spec(traced, MeshSpec(("dp",), (1,)), zero3=True)  # S(0) on a size-1 axis
     assert rewrite(traced, spec, rank=0).collectives == {}

@@ -40,7 +40,9 @@ def test_shapes_match_eager_execution(traced_zoo):
     ref = model(*inputs)
     ref_t = ref if isinstance(ref, torch.Tensor) else ref[0]
     out_t = out if isinstance(out, torch.Tensor) else out[0]
-    torch.testing.assert_close(out_t, ref_t, rtol=0, atol=0)
+    # Two different op graphs (the bias is split off linear layers; export may pick other kernels): they agree
+    # within torch.testing's float32 tolerances, not bit for bit (an AMD EPYC differed by 1.1e-5 on gpt).
+    torch.testing.assert_close(out_t, ref_t)
     produced = [tg.node(a.name) for a in tg.graph_module.graph.output_node().args[0]
                 if isinstance(a, torch.fx.Node)]
     assert tuple(ref_t.shape) in {t.shape for n in produced for t in n.outputs}
@@ -188,3 +190,78 @@ def test_no_grad_region_stays_a_stop_gradient():
 def test_unsupported_input_type_is_rejected():
     with pytest.raises(TraceError, match=r"input of type object \(inputs\[0\]\[0\]\)"):
         parallelizer.trace(torch.nn.Identity(), (object(),))
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(dim, 2 * dim), torch.nn.Linear(2 * dim, dim)
+
+    def forward(self, x, mask=None):
+        h = self.fc2(torch.relu(self.fc1(x)))
+        return x + (h if mask is None else h * mask)
+
+
+class _Stack(torch.nn.Module):
+    """`n` identical blocks; the first one reads the model's input directly."""
+
+    def __init__(self, n, with_mask=False, head=False):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Residual() for _ in range(n))
+        self.head = torch.nn.Linear(8, 3) if head else None
+        self.with_mask = with_mask
+
+    def forward(self, x, mask=None):
+        for block in self.blocks:
+            x = block(x, mask) if self.with_mask else block(x)
+        return self.head(x) if self.head is not None else x
+
+
+@pytest.mark.parametrize("n, with_mask, head", [(2, False, False), (8, False, False), (3, True, False),
+                                                (4, False, True)])
+def test_first_block_reading_the_model_input_is_found(n, with_mask, head):
+    """Issue 12 item 14: 8 identical blocks were found as 7 (2 blocks as fc1/fc2 groups) when block 0 reads the
+    model's input: an input and an activation entering a block are the same kind of value."""
+    inputs = (torch.randn(4, 8), torch.randn(4, 8)) if with_mask else (torch.randn(4, 8),)
+    tg = parallelizer.trace(_Stack(n, with_mask, head), inputs)
+    assert [(b.name, b.count) for b in tg.blocks] == [("blocks.*", n)]
+
+
+def test_outer_blocks_win_over_smaller_groups_at_the_same_depth():
+    """ResNet-like: the BatchNorms {stem.1, blocks.0.bn1, ...} must not shadow the two residual blocks."""
+    from parallelizer.zoo import kinds
+
+    model, args, _ = kinds.resnet()
+    tg = parallelizer.trace(model, args)
+    assert [(b.name, b.count, b.module_type.rpartition(".")[2]) for b in tg.blocks] == [("blocks.*", 2, "BasicBlock")]
+
+
+def test_checkpoint_region_is_noted_and_keeps_its_gradient():
+    """Issue 12 item 15: torch.utils.checkpoint regions are inlined; the trace says so, with the location of
+    the call, for both variants. The reentrant one (transformers' default) would export as a no_grad region
+    and cut the gradient: the traced program's gradients must equal eager's."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = checkpoint(lambda t: torch.relu(self.a(t)), x, use_reentrant=False)
+            return checkpoint(self.b, y, use_reentrant=True)
+
+    line = inspect.getsourcelines(Checkpointed.forward)[1] + 1
+    model, x = Checkpointed(), torch.randn(2, 4, requires_grad=True)
+    tg = parallelizer.trace(model, (x,))
+    note = next(n for n in tg.notes if "torch.utils.checkpoint" in n)
+    assert note.startswith("inlined 2 torch.utils.checkpoint region(s)") and f"{__file__}:{line}" in note
+    assert "does not yet honour activation checkpointing" in note
+    traced = tg.exported.module()
+    traced(x).sum().backward()
+    model(x).sum().backward()
+    grads = dict(traced.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad)
+    plain = parallelizer.trace(torch.nn.Linear(4, 4), (x,))
+    assert not any("checkpoint" in n for n in plain.notes)
