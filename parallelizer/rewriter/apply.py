@@ -15,6 +15,7 @@ Backward is autograd of this program (DESIGN.md rule 3): each emitted collective
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -162,11 +163,34 @@ class _Rewriter:
         else:
             value = localize.emit(self.graph, ctx, args, kwargs)
         value.meta["source"] = node.name  # read by verify: which traced node this value stands for
+        value = self._guard_empty(node, value, tensor_args, sharding)
         self.env[node.name], self.layout[node.name] = value, sharding.output
         if mutated_args(node):  # copies made before the mutation are stale: redistribute afresh for later uses
             self.cache.clear()
         self.requires_grad[node.name] = _differentiable(node) and any(
             self.requires_grad[a.name] for a in tensor_args)
+
+    def _guard_empty(self, node: torch.fx.Node, value: torch.fx.Node, tensor_args: list[torch.fx.Node],
+                     sharding) -> torch.fx.Node:
+        """Wrap an op whose local input or output shard is empty on SOME rank of the mesh in
+        `localize.empty_shard_guard` when inputs carry gradients, on every rank (the decision is the same on
+        all of them), so that every rank runs the same collectives in backward."""
+        if (not isinstance(node.meta.get("val"), torch.Tensor) or node.target is operator.getitem
+                or not _differentiable(node)):
+            return value
+        shapes = [(self.traced.node(a.name).outputs[0].shape, L) for a, L in zip(tensor_args, sharding.inputs)
+                  if self.traced.node(a.name).outputs]
+        shapes.append((self.traced.node(node.name).outputs[0].shape, sharding.output))
+        if not any(0 in local_shape(tuple(sh), L, self.mesh, mesh_coords(self.mesh, r))
+                   for sh, L in shapes for r in range(self.mesh.world_size)):
+            return value
+        grads = [self._redistribute(a, L, grad_partial_axes(L, sharding.output, self.mesh))  # (cached: no new steps)
+                 for a, L in zip(tensor_args, sharding.inputs) if self.requires_grad[a.name]]
+        if not grads:
+            return value
+        guarded = self.graph.call_function(localize.empty_shard_guard, (value, *grads))
+        guarded.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
+        return guarded
 
     def _redistribute(self, arg: torch.fx.Node, dst: Layout, grad_axes: tuple[str, ...]) -> torch.fx.Node:
         src = self.layout[arg.name]

@@ -31,6 +31,9 @@ from ..errors import UnsupportedOpError
 from . import collectives
 
 aten = torch.ops.aten
+# views whose size or dims arguments describe the global shape: emitted as a reshape to the local shape
+# (squeeze without dims would also drop a dim whose local shard happens to hold one element)
+_AS_RESHAPE = {aten.unflatten.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
 # op -> index of its size argument
 _SIZE_ARG = {
     aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1, aten.expand.default: 1,
@@ -75,6 +78,9 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     if target in _SIZE_ARG and ctx.out_shape is not None:
         i = _SIZE_ARG[target]
         args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)),) + args[i + 1:]
+    elif target in _AS_RESHAPE:
+        return graph.call_function(aten.reshape.default,
+                                   (args[0], list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords))))
     elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
     elif packet is aten.mean and _mean_over_shards(ctx):
@@ -107,6 +113,34 @@ def _shard_groups(ctx: Context) -> list[list[int]]:
     """Groups of the mesh axes (size > 1) on which the output is sharded."""
     return [ctx.groups[ctx.mesh.axis_names[i]] for i, p in enumerate(ctx.output)
             if isinstance(p, Shard) and ctx.mesh.shape[i] > 1]
+
+
+# --- empty shards ---------------------------------------------------------------------------------------
+
+class _EmptyShardGuard(torch.autograd.Function):
+    """Identity on `out`; in backward, zero gradients for `inputs` (added to whatever else reaches them)."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):  # type: ignore[override]
+        ctx.specs = [(tuple(i.shape), i.dtype, i.device, i.requires_grad) for i in inputs]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad, *_):  # type: ignore[override]
+        return (grad, *[torch.zeros(s, dtype=d, device=dev) if req else None for s, d, dev, req in ctx.specs])
+
+
+def empty_shard_guard(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """`out` unchanged, with a (zero) gradient path to every input.
+
+    On a rank whose shard of an op's input or output is empty, torch's kernels may drop the gradient path to
+    an input altogether (scaled_dot_product_attention on an empty batch returns no gradient for its mask),
+    and autograd then skips the backward of the collectives upstream (the gradient all-reduce of a
+    Replicate input, the reduce-scatter of a gathered one) on this rank only: the other ranks of the group
+    would wait forever. The rewriter wraps such ops in this guard on every rank of the mesh (whether its own
+    shard is empty or not), so that every rank runs the same collectives in backward. Shapes: out (...) ->
+    (...)."""
+    return _EmptyShardGuard.apply(out, *inputs)
 
 
 # --- random ops ---------------------------------------------------------------------------------------------
@@ -289,7 +323,8 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
         if weight is not None or label_smoothing or target.is_floating_point():
             raise UnsupportedOpError("vocab-parallel cross-entropy supports class-index targets without class "
                                      "weights or label smoothing; re-plan (the planner does not choose it otherwise)")
-        rows = logits.detach().amax(dim=1)
+        rows = logits.detach().amax(dim=1) if logits.shape[1] else \
+            logits.new_full((logits.shape[0], *logits.shape[2:]), float("-inf"))  # an empty class shard
         for ranks in class_groups:
             rows = collectives.all_reduce_max(rows, ranks)
         shifted = logits - rows.unsqueeze(1)

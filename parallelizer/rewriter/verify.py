@@ -48,7 +48,8 @@ def _check_layouts(program: RankProgram, traced: TracedGraph, spec: ShardingSpec
         layouts[node] = str(arriving.normalized(len(traced.node(node.name).outputs[0].shape)))
     for node in program.graph_module.graph.nodes:
         step: Step | None = node.meta.get("step")
-        if step is not None and (step.kind == "grad_all_reduce" or node.target is torch.ops.aten.div.Scalar):
+        if node.meta.get("passthrough") or (step is not None and (
+                step.kind == "grad_all_reduce" or node.target is torch.ops.aten.div.Scalar)):
             layouts[node] = layouts[node.args[0]]  # layout unchanged
         elif step is not None:
             before = layouts.get(node.args[0])
@@ -94,6 +95,8 @@ class _ShapeRun(torch.fx.Interpreter):
         self.coords = mesh_coords(spec.mesh, program.rank)
 
     def run_node(self, n: torch.fx.Node):
+        if n.meta.get("passthrough"):
+            return self.env[n.args[0]]
         step: Step | None = n.meta.get("step")
         if step is not None:
             x = self.env[n.args[0]]

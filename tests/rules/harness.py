@@ -35,10 +35,11 @@ from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, mesh_coords
 from parallelizer.rewriter.verify import verify
 from parallelizer.tracer.graph import NodeInfo, Role, TensorMeta, TracedGraph, mutated_args
 
-from sim import world
+from sim import agreed, world
 
 MESHES = (MeshSpec(("a",), (2,)), MeshSpec(("a",), (3,)), MeshSpec(("a",), (4,)), MeshSpec(("a", "b"), (2, 2)))
-RTOL, ATOL = 1e-5, 1e-6   # fp32, comparing two different op graphs (sums in another order)
+RTOL, ATOL = 1e-5, 1e-6   # fp32, comparing two different op graphs (sums in another order); atol is
+                          # relative to the largest magnitude of the expected tensor (1e-6 of it, at least 1e-6)
 
 
 class Mismatch(AssertionError):
@@ -133,7 +134,7 @@ def _split_partial(x: torch.Tensor, layout: Layout, mesh: MeshSpec, gen: torch.G
     exact_split = x.dtype not in (torch.float32, torch.float64)
     by_key: dict = {}
     for i, key in enumerate(keys[1:], start=1):
-        by_key[key] = x * 2.0 ** -i if exact_split else torch.randn(x.shape, generator=gen).to(x.dtype)
+        by_key[key] = x * 2.0 ** -i if exact_split else (0.5 * torch.randn(x.shape, generator=gen)).to(x.dtype)
     by_key[keys[0]] = x * 2.0 ** -(len(keys) - 1) if exact_split else x - sum(by_key.values())
     return {c: by_key[tuple(c[a] for a in p_axes)] for c in coords}
 
@@ -185,8 +186,9 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, exact: bool, what: str)
             raise Mismatch(f"{what}: not bitwise equal; max |diff| {diff:.3g}")
         return
     try:
-        if actual.dtype == torch.float32 or actual.dtype == torch.float64:
-            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+        if actual.dtype == torch.float32 or actual.dtype == torch.float64:  # atol relative to the magnitude
+            scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
         else:
             torch.testing.assert_close(actual, expected, equal_nan=True)
     except AssertionError as exc:
@@ -201,9 +203,10 @@ def check(entry: RuleEntry, sample, mesh: MeshSpec, seed: int = 0) -> int:
     node = tg.nodes[name].node
     mutating = bool(mutated_args(node))
     ran = 0
+    flags = sample.grad_flags()
     for s in strategies(entry, tg, name, mesh):
         try:
-            _check_strategy(entry, tg, name, tensors, s, mesh, seed, mutating)
+            _check_strategy(entry, tg, name, tensors, s, mesh, seed, mutating, flags)
         except Mismatch as exc:
             raise Mismatch(f"{sample.op} {_describe(sample)} on mesh {mesh}, strategy "
                            f"{' '.join(map(str, s.inputs))} -> {s.output}: {exc}") from None
@@ -216,14 +219,16 @@ def _describe(sample) -> str:
                            is_leaf=lambda x: hasattr(x, "make")).__repr__()
 
 
-def _check_strategy(entry, tg, name, tensors, s: Strategy, mesh: MeshSpec, seed: int, mutating: bool) -> None:
+def _check_strategy(entry, tg, name, tensors, s: Strategy, mesh: MeshSpec, seed: int, mutating: bool,
+                    flags: list[bool]) -> None:
     spec = _spec(tg, name, s, mesh)
     per = local_inputs(tensors, s, mesh, seed + 1)
     out_node = tg.graph_module.graph.output_node()
     returned = list(out_node.args[0])
     out_layouts = spec.nodes["output"].inputs
     # the reference: the op on global tensors, with a random cotangent for every float output
-    ref_in = [t.clone().requires_grad_(t.is_floating_point() and not mutating) for t in tensors]
+    wants_grad = [t.is_floating_point() and not mutating and f for t, f in zip(tensors, flags)]
+    ref_in = [t.clone().requires_grad_(w) for t, w in zip(tensors, wants_grad)]
     ref_env = torch.fx.Interpreter(tg.graph_module).run(*ref_in)
     ref_out = list(ref_env)
     gen = torch.Generator().manual_seed(seed + 2)
@@ -245,10 +250,11 @@ def _check_strategy(entry, tg, name, tensors, s: Strategy, mesh: MeshSpec, seed:
         if rank >= mesh.world_size:
             return None
         c = coords_of[rank]
-        program = rewrite(tg, spec, rank)
-        verify(program, tg, spec)
-        local = [t.requires_grad_(t.is_floating_point() and not mutating) for t in per[c]]
-        outs = list(program.graph_module(*local))
+        local = [t.requires_grad_(w) for t, w in zip(per[c], wants_grad)]
+        with agreed(mesh.world_size):  # a rank that fails here stops the others before they wait in backward
+            program = rewrite(tg, spec, rank)
+            verify(program, tg, spec)
+            outs = list(program.graph_module(*local))
         pairs = [(o, _piece_cot(cg, lay, mesh, c)) for o, cg, lay in zip(outs, cot, out_layouts)
                  if cg is not None and o.requires_grad]
         grads = ()

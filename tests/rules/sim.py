@@ -7,6 +7,8 @@ Private torch API (checked on torch 2.13.0): `torch.testing._internal.distribute
 """
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import queue
 import threading
 import traceback
@@ -15,9 +17,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from parallelizer.rewriter.collectives import find_group
+
 WORLD = 4
 GROUPS = ([0, 1], [0, 1, 2], [0, 2], [1, 3], [2, 3])  # sub-groups of meshes 2, 3, 2x2 (4 = the world)
-TIMEOUT_S = 30.0
+TIMEOUT_S = 15.0
 
 
 class SimWorld:
@@ -30,6 +34,7 @@ class SimWorld:
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _install_threaded_pg()
         self._store = dist.HashStore()
+        self.broken = ""
         self._jobs = [queue.Queue() for _ in range(WORLD)]
         self._results: queue.Queue = queue.Queue()
         self._threads = [threading.Thread(target=self._loop, args=(r,), daemon=True) for r in range(WORLD)]
@@ -49,6 +54,8 @@ class SimWorld:
                 self._results.put((rank, False, traceback.format_exc()))
 
     def run(self, fn: Callable[[int], object]) -> list:
+        if self.broken:
+            raise RuntimeError(f"the simulated ranks are stuck since an earlier hang ({self.broken}); rerun alone")
         for q in self._jobs:
             q.put(fn)
         out, errors = [None] * WORLD, []
@@ -56,6 +63,8 @@ class SimWorld:
             try:
                 rank, ok, value = self._results.get(timeout=TIMEOUT_S)
             except queue.Empty:
+                faulthandler.dump_traceback(all_threads=True)  # where each rank is stuck, to stderr
+                self.broken = "; ".join(errors) or "timeout"
                 raise TimeoutError(f"a simulated rank did not finish within {TIMEOUT_S} s (a collective that not "
                                    "every rank of its group called?)") from None
             if ok:
@@ -76,3 +85,23 @@ def world() -> SimWorld:
     if _WORLD is None:
         _WORLD = SimWorld()
     return _WORLD
+
+
+@contextlib.contextmanager
+def agreed(size: int):
+    """Run the block on ranks 0..size-1, then agree (an all-reduce of a failure flag) whether every rank got
+    through it: a rank that raised re-raises, the others raise too instead of waiting in a later collective
+    for a rank that is gone."""
+    failure: BaseException | None = None
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 -- re-raised below once every rank knows
+        failure = exc
+    flag = torch.tensor([0.0 if failure is None else 1.0])
+    group = find_group(list(range(size))) if size > 1 else None
+    if size > 1:
+        dist.all_reduce(flag, group=group)
+    if failure is not None:
+        raise failure
+    if flag.item():
+        raise RuntimeError("another simulated rank failed (see its error)")

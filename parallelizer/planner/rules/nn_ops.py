@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import P, R, AxisOption, OpView, replicate
+from .base import OUT, P, R, AxisOption, OpView, replicate
 
 
 def layer_norm(v: OpView) -> list[AxisOption]:
@@ -36,26 +36,27 @@ def batch_norm(v: OpView) -> list[AxisOption]:
 def convolution(v: OpView) -> list[AxisOption]:
     """conv1d/2d/3d (x (N, Cin, *), w (Cout, Cin/groups, *k), bias (Cout)?, ..., groups): batch parallel;
     with groups == 1 also output channels (w S(0) -> out S(1)), and without a bias input channels
-    (x S(1), w S(1) -> Partial) and a Partial input (w Replicate -> Partial)."""
+    (x S(1), w S(1) -> Partial) and a Partial input (w Replicate -> Partial). Channel shards must be even:
+    torch's conv rejects a weight with no output channel and mis-shapes an input with no channel."""
     groups = v.arg(6, "groups", 1)
     bias = v.n_in == 3
     b = (lambda p: (p,) if bias else ())
     if v.nd(0) != v.nd(1):  # unbatched input
         return [replicate(v)]
     opts = [replicate(v)] + ([AxisOption((Shard(0), R) + b(R), Shard(0))] if v.out[0] > 1 else [])
-    if groups == 1:
-        opts.append(AxisOption((R, Shard(0)) + b(Shard(0)), Shard(1)))
-        if not bias:
-            opts += [AxisOption((Shard(1), Shard(1)), P), AxisOption((P, R), P)]
+    if groups == 1:  # (torch's conv rejects an empty output-channel shard: even shards only)
+        opts.append(AxisOption((R, Shard(0)) + b(Shard(0)), Shard(1), (1, OUT)))
+        if not bias:  # (torch's conv returns a wrong shape for an empty channel shard: even shards only)
+            opts += [AxisOption((Shard(1), Shard(1)), P, (0, 1)), AxisOption((P, R), P)]
     return opts
 
 
 def pooling(linear: bool, spatial: int):
     """Rule of max/avg (adaptive) pooling over the trailing `spatial` dims: shard the leading dims (batch,
     channels); Partial passes through average pooling (`linear`)."""
-    def rule(v: OpView) -> list[AxisOption]:
-        opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd() - spatial)
-                                 if v.in_shapes[0][d] > 1]
+    def rule(v: OpView) -> list[AxisOption]:  # (torch's pooling rejects empty non-batch dims: even there)
+        opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d), () if d == 0 else (0, OUT))
+                                 for d in range(v.nd() - spatial) if v.in_shapes[0][d] > 1]
         return opts + [AxisOption((P,), P)] if linear and v.out_is_float else opts
     rule.__name__ = f"{'avg' if linear else 'max'}_pooling_{spatial}d"
     rule.__doc__ = pooling.__doc__

@@ -16,12 +16,14 @@ from torch.utils import _pytree as pytree
 @dataclass(frozen=True)
 class T:
     """A random global tensor: `kind` "normal" (N(0, 1)), "pos" (in [0.5, 2)), "int" (in [0, high)),
-    "bool", "prob" (rows of a probability simplex along dim 1)."""
+    "bool", "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
+    differentiate (e.g. cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
     kind: str = "normal"
     dtype: torch.dtype = torch.float32
     high: int = 2
+    grad: bool = True
 
     def make(self, gen: torch.Generator) -> torch.Tensor:
         if self.kind == "int":
@@ -40,8 +42,8 @@ def t(*shape: int, dtype: torch.dtype = torch.float32) -> T:
     return T(tuple(shape), dtype=dtype)
 
 
-def pos(*shape: int) -> T:
-    return T(tuple(shape), "pos")
+def pos(*shape: int, grad: bool = True) -> T:
+    return T(tuple(shape), "pos", grad=grad)
 
 
 def ints(high: int, *shape: int) -> T:
@@ -59,6 +61,11 @@ class Sample:
     op: object
     args: tuple
     kwargs: dict = field(default_factory=dict)
+
+    def grad_flags(self) -> list[bool]:
+        """Per tensor argument (in materialised order): may it require grad?"""
+        return [x.grad for x in pytree.tree_leaves((self.args, self.kwargs), is_leaf=lambda x: isinstance(x, T))
+                if isinstance(x, T)]
 
     def materialize(self, seed: int) -> tuple[tuple, dict]:
         gen = torch.Generator().manual_seed(seed)

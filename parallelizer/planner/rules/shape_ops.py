@@ -117,11 +117,12 @@ def index_select(v: OpView) -> list[AxisOption]:
 
 
 def gather(v: OpView) -> list[AxisOption]:
-    """gather(x, dim, index): output shape = index shape. Shard index on any dim with x Replicate, or x and
-    index alike on a dim other than `dim` where their sizes agree; Partial x passes."""
+    """gather(x, dim, index): out[..i..][j] = x[..i..][index[..i..][j]] (along `dim`); output shape = index
+    shape. Shard the index along `dim` with x Replicate (positions along `dim` are looked up by value), or x
+    and index alike on another dim where their sizes agree; Partial x passes."""
     dim = v.arg(1, "dim") % v.nd()
     x, idx = v.in_shapes
-    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(len(idx)) if idx[d] > 1]
+    opts = [replicate(v)] + ([AxisOption((R, Shard(dim)), Shard(dim))] if idx[dim] > 1 else [])
     opts += [AxisOption((Shard(d), Shard(d)), Shard(d)) for d in range(len(idx)) if d != dim and idx[d] > 1 and x[d] == idx[d]]
     return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
 

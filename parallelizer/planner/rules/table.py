@@ -280,7 +280,7 @@ _add([aten.avg_pool1d], nn_ops.pooling(True, 1), calls(aten.avg_pool1d.default, 
 _add([aten.adaptive_avg_pool1d], nn_ops.pooling(True, 1), calls(aten.adaptive_avg_pool1d.default, (t(3, 4, 9), [2])))
 _add([aten.cross_entropy_loss], nn_ops.cross_entropy, [
     *calls(aten.cross_entropy_loss.default, (t(7, 5), ints(5, 7)), (t(7, 5), ints(5, 7), None, 2), (t(7, 5), ints(5, 7), None, 0),
-           (t(6, 5), ints(5, 6), None, 1, 2), (t(7, 5), ints(5, 7), pos(5)), (t(7, 5), ints(5, 7), pos(5), 1, 3, 0.1),
+           (t(6, 5), ints(5, 6), None, 1, 2), (t(7, 5), ints(5, 7), pos(5, grad=False)), (t(7, 5), ints(5, 7), pos(5, grad=False), 1, 3, 0.1),
            (t(7, 5), ints(5, 7), None, 1, -100, 0.2), (t(3, 5, 4), ints(5, 3, 4)), (t(3, 5, 4), ints(5, 3, 4), None, 0),
            (t(7, 5), T((7, 5), "prob")), (t(7, 5), T((7, 5), "prob"), None, 2))])
 _add([aten.lstm], nn_ops.lstm, calls(aten.lstm.input, (t(5, 3, 4), [t(1, 3, 6), t(1, 3, 6)],

@@ -1,0 +1,66 @@
+"""Every rule of the rule table, verified by execution (DESIGN.md rule 8): each strategy the planner could
+give an op runs on simulated per-rank shards (meshes of 2, 3, 4 and 2x2 devices, odd and uneven sizes) and
+is compared with the op on global tensors, forward and backward (`harness.check`)."""
+import operator
+
+import pytest
+import torch
+
+from harness import MESHES, Mismatch, check
+from parallelizer.planner.rules import TABLE, partial
+from parallelizer.planner.rules.samples import Sample, t
+from parallelizer.rewriter import localize
+
+aten = torch.ops.aten
+ENTRIES = [e for e in TABLE.values() if e.key is not operator.getitem]
+
+
+def test_every_rule_has_verification_samples():
+    """A rule without samples fails here: it cannot land unverified. getitem is verified through every
+    multi-output op (topk, sort, split, lstm, max.dim, var_mean, native_dropout, ...)."""
+    missing = [e.name for e in ENTRIES if not e.samples]
+    assert not missing, f"rules without verification samples: {missing}"
+    for e in ENTRIES:
+        for s in e.samples:
+            packet = getattr(s.op, "overloadpacket", s.op)
+            assert s.op is e.key or packet is e.key, f"sample of {s.op} filed under {e.name}"
+    multi = [e.name for e in ENTRIES for s in e.samples[:1] if isinstance(
+        s.op(*s.materialize(0)[0], **s.materialize(0)[1]), (tuple, list))]
+    assert len(multi) >= 8, multi
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_rule(entry):
+    ran = sum(check(entry, sample, mesh) for sample in entry.samples for mesh in MESHES)
+    assert ran >= len(entry.samples) * len(MESHES)  # at least the all-Replicate strategy everywhere
+
+
+def _catches(entry, sample: Sample) -> str:
+    with pytest.raises(Mismatch) as err:
+        for mesh in MESHES:
+            check(entry, sample, mesh)
+    return str(err.value)
+
+
+def test_mutation_partial_plus_a_constant_is_caught(monkeypatch):
+    """Mutation 1: let a Partial value through `x + 10` (the constant would be added once per rank)."""
+    original = partial._scalar_operand
+    monkeypatch.setattr(partial, "_scalar_operand", lambda v: False)
+    text = _catches(TABLE[aten.add], Sample(aten.add.Tensor, (t(3, 5), 10.0)))
+    assert "strategy P -> P" in text
+    monkeypatch.setattr(partial, "_scalar_operand", original)
+
+
+def test_mutation_partial_through_a_narrowing_cast_is_caught(monkeypatch):
+    """Mutation 2: treat fp32 -> bf16 as exact, so that Partial summands are rounded before the sum."""
+    monkeypatch.setattr(partial, "exact_cast", lambda src, dst: True)
+    text = _catches(TABLE[aten._to_copy], Sample(aten._to_copy.default, (t(3, 5),), {"dtype": torch.bfloat16}))
+    assert "P -> P" in text
+
+
+def test_mutation_tril_without_the_shard_offset_is_caught(monkeypatch):
+    """Mutation 3: run tril on a row/column shard without shifting its diagonal (position-dependent op
+    treated as elementwise)."""
+    monkeypatch.setattr(localize, "_shift_diagonal", lambda ctx, args, kwargs: tuple(args[:2]) or (args[0], 0))
+    text = _catches(TABLE[aten.tril], Sample(aten.tril.default, (t(5, 7),)))
+    assert "S(0) -> S(0)" in text or "S(1) -> S(1)" in text
