@@ -101,10 +101,7 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
     for g, n in enumerate(problem.sizes()):
         ok = np.isfinite(problem.lin[g])
         if not ok.any():
-            raise InfeasiblePlanError(
-                f"no strategy of {problem.groups[g][0]} can be reached on mesh {problem.mesh} (every layout change "
-                "it needs is impossible" + (f" or forbidden by the axis roles {dict(config.axis_roles)}); plan "
-                "without axis_roles, or change them" if config.axis_roles else "); report this graph"))
+            raise InfeasiblePlanError(f"no plan on mesh {problem.mesh}: {_binding(problem, config)}")
         # Integer in [0, 1] rather than LpBinary: PuLP resets a binary's bounds to [0, 1], which would
         # re-allow an impossible strategy (upper bound 0).
         x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpInteger)
@@ -147,16 +144,22 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         check_memory(problem, config)
         raise InfeasiblePlanError(
             f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
-            f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}; the memory budget "
-            f"{format_bytes(problem.budget_bytes)} is probably binding with the communication it forces. "
-            "Remedies: raise time_limit_s, raise the budget, more devices, activation checkpointing."
-            + (f" The axis roles {dict(config.axis_roles)} also forbid gathering parameters and activations over "
-               "their axes: plan without axis_roles to see whether they are what binds." if config.axis_roles else ""))
+            f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}: {_binding(problem, config)}. Remedies for a "
+            "binding memory budget: raise it, more devices, activation checkpointing; for the time limit: raise "
+            "time_limit_s.")
     choice = tuple(0 if len(vs) == 1 else int(np.argmax([v.varValue or 0.0 for v in vs])) for vs in x)
     gap = _gap(prob, solver_name)
     optimal = prob.sol_status == pulp.LpSolutionOptimal and (gap is None or gap <= max(config.mip_rel_gap, 1e-6))
     return Solution(choice, objective_s(problem, choice), "optimal" if optimal else "feasible", optimal, gap,
                     elapsed, num_bin + num_edge, num_bin, num_cons, solver_name)
+
+
+def _binding(problem: Problem, config: PlanConfig) -> str:
+    """What binds (`diagnose.binding_constraint`), or the memory statement when the problem has no graph."""
+    if problem.graph is None:
+        return f"the memory budget {format_bytes(problem.budget_bytes)} or the solver's time limit binds"
+    from .diagnose import binding_constraint
+    return binding_constraint(problem, problem.graph, config)
 
 
 @contextlib.contextmanager

@@ -47,6 +47,8 @@ class Problem:
     budget_bytes: int
     folded_pairs: int = 0
     stats: dict = field(default_factory=dict)
+    graph: TracedGraph | None = None   # for diagnostics (`diagnose.binding_constraint`)
+    config: PlanConfig | None = None
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -150,7 +152,8 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             lin[b] += mat[0, :] - mat[0, 0]
             del pairs[(a, b)]
             folded += 1
-    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded)
+    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded,
+                   graph=tg, config=config)
 
 
 def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace,

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
+from parallelizer.core.layout import chunk_range
 from parallelizer.rewriter import collectives as C
 from parallelizer.rewriter import grad_sync
 from parallelizer.runtime import DistributedError, create_groups
@@ -34,8 +35,9 @@ def _full(shape: Sequence[int], seed: int) -> torch.Tensor:
 
 
 def _piece(t: torch.Tensor, dim: int, index: int, n: int) -> torch.Tensor:
-    """Chunk `index` of `n` of `t` along `dim` (the reference's view of one rank's shard)."""
-    return t.chunk(n, dim)[index]
+    """Chunk `index` of `n` of `t` along `dim` (the reference's view of one rank's shard; torch.chunk's
+    split, uneven and empty chunks included)."""
+    return t.narrow(dim, *chunk_range(t.shape[dim], n, index))
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -221,6 +223,47 @@ def check_local_slice(g: list[int]) -> None:
         _close(x.grad, ref.grad, f"local_slice dim={dim} grad")
 
 
+def check_uneven(g: list[int]) -> None:
+    """Every reshaping collective on dims that do not divide (2n + 1 elements: chunks of 3, ... shorter last)
+    and on dims smaller than the group (n - 1 elements: one rank holds an empty chunk), forward and
+    backward, against the single-process reference."""
+    n, i = _where(g)
+    for size in (2 * n + 1, max(n - 1, 1)):
+        X, W = _full((size, 3, size), 14), _full((size, 3, size), 15)
+        ref = _leaf(X)
+        (ref.sin() * W).sum().backward()
+        x = _leaf(_piece(X, 0, i, n))
+        y = C.all_gather(x, 0, g, size)                                  # Shard(0) -> R
+        (y.sin() * W).sum().backward()
+        _close(y, X, f"uneven all_gather {size} value")
+        _close(x.grad, _piece(ref.grad, 0, i, n), f"uneven all_gather {size} grad")
+        x = _leaf(X)
+        y = C.local_slice(x, 2, g)                                       # R -> Shard(2)
+        (y.sin() * _piece(W, 2, i, n)).sum().backward()
+        _close(y, _piece(X, 2, i, n), f"uneven local_slice {size} value")
+        _close(x.grad, ref.grad, f"uneven local_slice {size} grad")
+        x = _leaf(_piece(X, 0, i, n))
+        y = C.all_to_all(x, 0, 2, g, size)                               # Shard(0) -> Shard(2)
+        (y.sin() * _piece(W, 2, i, n)).sum().backward()
+        _close(y, _piece(X, 2, i, n), f"uneven all_to_all {size} value")
+        _close(x.grad, _piece(ref.grad, 0, i, n), f"uneven all_to_all {size} grad")
+        Xs = [_full((size, 3), 500 + r) for r in range(n)]              # Partial -> Shard(0)
+        refs = [_leaf(t) for t in Xs]
+        (sum(refs).sin() * W[:, :, 0]).sum().backward()
+        x = _leaf(Xs[i])
+        y = C.reduce_scatter(x, 0, g)
+        (y.sin() * _piece(W[:, :, 0], 0, i, n)).sum().backward()
+        _close(y, _piece(sum(Xs), 0, i, n), f"uneven reduce_scatter {size} value")
+        _close(x.grad, refs[i].grad, f"uneven reduce_scatter {size} grad")
+        Ws = [_full((size, 3, size), 600 + r) for r in range(n)]         # ZeRO-3 gather: partial grads
+        ref = _leaf(X)
+        sum((ref.sin() * w).sum() for w in Ws).backward()
+        x = _leaf(_piece(X, 2, i, n))
+        y = C.all_gather_rs(x, 2, g, size)
+        (y.sin() * Ws[i]).sum().backward()
+        _close(x.grad, _piece(ref.grad, 2, i, n), f"uneven all_gather_rs {size} grad")
+
+
 class MegatronMLP(torch.nn.Module):
     """Tensor-parallel MLP on local shards: f -> x @ W1[:, shard] -> relu -> @ W2[shard, :] -> g."""
 
@@ -276,6 +319,7 @@ def check_hand_built_graph(g: list[int]) -> None:
 CHECKS: list[Check] = [
     check_all_gather, check_all_gather_rs, check_reduce_scatter, check_all_reduce, check_grad_all_reduce,
     check_grad_all_reduce_bucketed, check_all_to_all, check_local_slice, check_megatron_fx, check_hand_built_graph,
+    check_uneven,
 ]
 
 
@@ -283,9 +327,9 @@ def check_errors(world: list[int]) -> None:
     """Typed errors on bad input, raised before any communication (so every rank can run them)."""
     me, n = dist.get_rank(), len(world)
     expectations = [
-        (lambda: C.reduce_scatter(torch.zeros(2 * n + 1, 2), 0, world), ValueError,
-         [f"dim 0 of local shape ({2 * n + 1}, 2)", str(world), f"size {n}"]),
-        (lambda: C.local_slice(torch.zeros(2, 2 * n + 1), -1, world), ValueError, ["dim 1", str(world)]),
+        (lambda: C.all_gather(torch.zeros(7, 2), 0, world, 4 * n + 1), ValueError,  # chunks of 5 at most
+         ["chunk", f"of {4 * n + 1} over group {world}"]),
+        (lambda: C.local_slice(torch.zeros(2, 3), 2, world), ValueError, ["dim 2", "(2, 3)"]),
         (lambda: C.all_to_all(torch.zeros(2, 2), 0, 0, world), ValueError, ["src_dim and dst_dim"]),
         (lambda: C.all_gather(torch.zeros(2), 3, world), ValueError, ["dim 3", "(2,)"]),
         (lambda: C.all_gather(torch.zeros(2), 0, [r for r in world if r != me]), ValueError,

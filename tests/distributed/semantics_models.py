@@ -10,11 +10,13 @@ from parallelizer.tracer.trace import trace
 
 
 class BatchNormMLP(torch.nn.Module):
-    """(B, 8) -> (B, 4): Linear, BatchNorm1d (running statistics are buffers), ReLU, Linear."""
+    """(B, 8) -> (B, 4): Linear, BatchNorm1d (running statistics are buffers), ReLU, Linear. The first
+    Linear has no bias, as usual before a norm (BatchNorm removes a per-channel shift, so such a bias has a
+    true gradient of zero, and AdamW would turn rounding noise into full steps on either side of a comparison)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.up = torch.nn.Linear(8, 16)
+        self.up = torch.nn.Linear(8, 16, bias=False)
         self.bn = torch.nn.BatchNorm1d(16)
         self.down = torch.nn.Linear(16, 4)
 

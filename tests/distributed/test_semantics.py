@@ -38,12 +38,10 @@ def lm_cases():
     cases["dp"] = _plan(dp, {"dp": 2})
     tp = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 2048, "n_head": 16}))
     cases["tp"] = _plan(tp, {"tp": 2}, data_axes=())
-    vocab = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 75, "n_head": 3,
-                                                           "vocab_size": 131072}))
-    ample = _plan(vocab, {"tp": 2}, data_axes=())
-    cases["vocab"] = _plan(vocab, {"tp": 2}, data_axes=(),
-                           memory_budget_bytes=int(ample.cost.memory_bytes["total"] * 0.75))
-    reports = rehearse_many([(zoo.gpt2, LM_NARROW, spec_from_plan(p)) for p in cases.values()])
+    odd = {**LM_NARROW, "vocab_size": 257}  # an odd vocabulary: shards of 129 and 128 rows
+    cases["vocab"] = _plan(parallelizer.trace(*zoo.gpt2(device="meta", **odd)), {"tp": 2}, axis_roles={"tp": "tp"})
+    kwargs = {"vocab": odd}
+    reports = rehearse_many([(zoo.gpt2, kwargs.get(k, LM_NARROW), spec_from_plan(p)) for k, p in cases.items()])
     return {k: (p, r) for (k, p), r in zip(cases.items(), reports)}
 
 
@@ -80,21 +78,44 @@ def test_replicated_norm_weights_fed_by_sharded_activations_get_reduced_gradient
 
 
 def test_vocab_sharded_embedding_and_logits(lm_cases):
+    """Megatron's vocabulary parallelism with an odd vocabulary (257 over 2 ranks: 129 + 128 rows): the tied
+    table is stored and used vocab-sharded by the embedding (Partial sums) and the LM head (vocab-sharded
+    logits), and the cross-entropy reads the vocab-sharded logits (vocab-parallel cross-entropy)."""
     plan, report = lm_cases["vocab"]
     assert plan.params["transformer.wte.weight"].stored == "S(0)"
+    assert plan.params["transformer.wte.weight"].local_shape == (129, 64)
     emb = next(n for n in plan.nodes.values() if n.op == "aten.embedding.default")
     assert emb.inputs[0] == "S(0)" and emb.output == "P"
+    ce = next(n for n in plan.nodes.values() if n.op == "aten.cross_entropy_loss.default")
+    assert ce.inputs[0] == "S(1)" and ce.output == "R"
+    assert report.matches(), report
+
+
+def test_gpt2_vocabulary_50257_is_vocab_parallel_on_tp8_and_matches_on_4_ranks():
+    """GPT-2's own vocabulary (50257, odd) does not divide by 8 or 4: the plan still shards it (uneven shards)
+    and the program matches one device."""
+    big = parallelizer.trace(*zoo.gpt2(device="meta", n_layer=2, n_embd=768, n_head=12, vocab_size=50257, batch=4,
+                                        seq_len=64, labels=True))
+    p8 = _plan(big, {"tp": 8})
+    assert p8.params["transformer.wte.weight"].stored == "S(0)"
+    assert p8.params["transformer.wte.weight"].local_shape == (6283, 768)  # ceil(50257 / 8); the last rank 6276
+    small = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=50257, batch=2, seq_len=8, labels=True)
+    p4 = _plan(parallelizer.trace(*zoo.gpt2(device="meta", **small)), {"tp": 4}, axis_roles={"tp": "tp"})
+    assert p4.params["transformer.wte.weight"].stored == "S(0)"
+    (report,) = rehearse_many([(zoo.gpt2, small, spec_from_plan(p4))])
     assert report.matches(), report
 
 
 def test_batchnorm_under_data_parallel_is_synchronised():
-    """BatchNorm has no sharding rule: the planner replicates it (recorded as a fallback), so statistics
-    are over the global batch (synchronised BN) and running buffers stay equal on every rank."""
-    model, inputs = batchnorm_mlp()
+    """BatchNorm under the ddp role runs on the batch shards (an uneven batch of 7: 4 + 3 rows) with statistics
+    all-reduced over the data axis (SyncBatchNorm): outputs, gradients and the running buffers after 3 steps
+    equal one device's."""
+    model, inputs = batchnorm_mlp(batch=7)
     traced = parallelizer.trace(model, inputs)
-    plan = _plan(traced, {"dp": 2})
-    assert any("batch_norm" in f.op for f in plan.fallbacks)
-    (report,) = rehearse_many([(batchnorm_mlp, {}, spec_from_plan(plan))])
+    plan = _plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    bn = next(n for n in plan.nodes.values() if n.op == "aten.batch_norm.default")
+    assert bn.inputs[0] == "S(0)" and bn.output == "S(0)" and not plan.fallbacks
+    (report,) = rehearse_many([(batchnorm_mlp, {"batch": 7}, spec_from_plan(plan))])
     assert report.matches(), report  # compares running_mean / running_var buffers after 3 steps too
 
 
