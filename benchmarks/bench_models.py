@@ -122,7 +122,8 @@ def run(models: list[str] | None = None, meshes: list[str] | None = None) -> str
         f"{len(models)} models (`parallelizer.zoo.catalog`: transformers families built from their config classes "
         "with DEFAULT options apart from sizes and dropout 0, plus hand-written kinds) x "
         f"{len(meshes)} meshes with forced axis roles; rehearsal: {STEPS} AdamW steps, outputs, loss, every gradient "
-        "and the parameters compared with one device; a cell shows `match (worst |diff| / (1e-5 + 1e-5 |ref|))`, "
+        "and the parameters compared with one device; a cell shows `match (worst |diff| / (atol + rtol |ref|))` "
+        "(torch.testing's tolerances for the dtype), "
         "`DIFFER (...)`, or the error class and its first line (RAW = not a typed error of the toolkit).",
         "",
         text,

@@ -9,10 +9,12 @@ Public API (see README.md):
     Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
     plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (pp x dp x tp, schedule, stages)
     rewrite(traced, plan, rank) -> RankProgram                      (the sharded fx program of one rank)
-    ParallelModule(traced, spec, rank, model)                       (a rank's program with its local shards)
+    ParallelModule(traced, spec, rank, model)                       (a rank's program with its local shards;
+        train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
+    parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, TraceError,
-                     UnsupportedOpError)
+from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, StateDictError,
+                     TraceError, UnsupportedOpError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
@@ -28,5 +30,5 @@ __all__ = [
     "rewrite", "ParallelModule",
     "auto_parallelize", "search_mesh", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
-    "PlanValidationError",
+    "PlanValidationError", "StateDictError",
 ]

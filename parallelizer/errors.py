@@ -43,6 +43,18 @@ class PlanMismatchError(ParallelizerError):
     """A plan was made for another model, input shapes or mesh than the one it is applied to."""
 
 
+class StateDictError(ParallelizerError, RuntimeError):
+    """A state dict does not fit the model: keys missing or unexpected, or a tensor of another shape.
+    A RuntimeError too, as `nn.Module.load_state_dict` raises for the same mistakes.
+
+    Attributes: missing, unexpected: the key lists (empty for a shape mismatch).
+    """
+
+    def __init__(self, message: str, missing: list[str] | None = None, unexpected: list[str] | None = None) -> None:
+        self.missing, self.unexpected = list(missing or ()), list(unexpected or ())
+        super().__init__(message)
+
+
 class PlanValidationError(ParallelizerError, ValueError):
     """A plan file is not valid JSON or violates the plan schema (`parallelizer/plan_schema.json`).
 

@@ -16,6 +16,7 @@ Backward is autograd of this program (DESIGN.md rule 3): each emitted collective
 from __future__ import annotations
 
 import operator
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -56,7 +57,7 @@ class RankProgram:
 
 
 def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | torch.device = "cpu",
-            grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> RankProgram:
+            grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES, frozen: Collection[str] | None = None) -> RankProgram:
     """Emit the sharded GraphModule of `rank` (its index on `spec.mesh`; the groups it calls collectives on
     are shifted by `spec.rank_offset`) for the decisions in `spec`. Ops of a graph traced on `meta` that
     create tensors get `device` instead (the rank's device: "cpu" under gloo, its GPU under nccl).
@@ -67,6 +68,10 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
     its end. `grad_bucket_bytes=0` emits the synchronous per-parameter `collectives.grad_all_reduce`
     instead. Either way the program computes the same gradients and the step is the same planned step.
 
+    Frozen parameters (`frozen`: canonical FQNs; default: those traced with requires_grad=False) get no
+    gradient: their layout changes are emitted without backward, so no gradient sync exists for them, and
+    values computed only from frozen parameters, buffers and inputs carry no gradient either.
+
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh).
@@ -75,13 +80,16 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
     """
     if not isinstance(grad_bucket_bytes, int) or grad_bucket_bytes < 0:
         raise ValueError(f"rewrite: grad_bucket_bytes must be an int >= 0 (0 = synchronous), got {grad_bucket_bytes!r}")
-    return _Rewriter(traced, spec, rank, torch.device(device), grad_bucket_bytes).run()
+    if frozen is None:
+        frozen = {fqn for fqn, p in traced.parameters.items() if not p.requires_grad}
+    return _Rewriter(traced, spec, rank, torch.device(device), grad_bucket_bytes, frozenset(frozen)).run()
 
 
 class _Rewriter:
     def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, device: torch.device,
-                 grad_bucket_bytes: int) -> None:
+                 grad_bucket_bytes: int, frozen: frozenset[str]) -> None:
         spec = squeeze_trivial_axes(spec)
+        self.frozen = frozen
         self.traced, self.spec, self.mesh, self.rank, self.device = traced, spec, spec.mesh, rank, device
         self.grad_bucket_bytes = grad_bucket_bytes
         self.trainable: set[torch.fx.Node] = set()    # placeholders of parameters that receive gradients
@@ -116,11 +124,12 @@ class _Rewriter:
             stored = self._stored(fqn)
             new = self.graph.placeholder(_safe_name(fqn))
             state.append(fqn)
-            if not param.is_buffer and param.dtype.is_floating_point:
+            trainable = not param.is_buffer and param.dtype.is_floating_point and fqn not in self.frozen
+            if trainable:
                 self.trainable.add(new)
             for ph in param.placeholders:
                 self.env[ph], self.layout[ph] = new, stored
-                self.requires_grad[ph] = not param.is_buffer and param.dtype.is_floating_point
+                self.requires_grad[ph] = trainable
         for name in self.traced.input_names:
             self.env[name] = self.graph.placeholder(name)
             self.layout[name] = self.spec.inputs.get(name, Layout.replicate(self.mesh.ndim))

@@ -1,33 +1,54 @@
 """`ParallelModule`: a rank's sharded program with its local parameter shards, usable like the model.
 
-`parameters()` are the local shards (any torch optimizer steps on them); `forward` takes the same inputs
-as the original model (global tensors: each rank slices what it needs) and returns the same structure.
-`full_state_dict()` gathers a state dict with the original FQNs (tied aliases included) that loads into the
-unparallelised model with strict=True; `load_full_state_dict()` does the reverse.
+It keeps nn.Module's contract (DESIGN.md rule 10):
+- `parameters()` are the local shards (any torch optimizer steps on them); `forward` takes the same inputs
+  as the original model (global tensors: each rank slices what it needs) and returns the same structure;
+- `named_parameters()`, `state_dict()` and `named_buffers()` use the model's own names: tied aliases appear
+  in `state_dict()` as in the model's, non-persistent buffers (a rotary `inv_freq`) and tensors created in
+  forward are not in it; values are this rank's local shards;
+- `requires_grad` is honoured: a parameter frozen in the model (or later with `requires_grad_(False)`) gets
+  no gradient, no gradient sync and so no optimizer state;
+- `train()` / `eval()` select the program: one program per mode, made the first time the mode is used
+  (`runtime.modes`: the model is traced again in that mode and the plan's decisions are carried over);
+  the programs share the parameter and buffer shards;
+- hooks: forward (pre-)hooks and backward hooks on the ParallelModule itself, tensor hooks on parameters,
+  state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
+  the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
+  is one graph) and raises TraceError at registration saying so;
+- `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`).
+`full_state_dict()` gathers a state dict that loads into the unparallelised model with strict=True (every
+full tensor on every rank: for small models; `parallelizer.checkpoint` saves and exports without that).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
+from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
+from ..errors import PlanMismatchError, StateDictError, TraceError
 from ..rewriter.apply import RankProgram, rewrite
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
-from ..errors import PlanMismatchError
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
+from .grad_norm import clip_grad_norm_
+from .modes import ModeProgram, Retracer, carry_over
 
 
 class ParallelModule(torch.nn.Module):
     """The sharded model of one rank.
 
     Attributes:
-        program: the `RankProgram` (its `graph_module.code` shows every collective with its ranks).
-        traced, spec: what the program was made from.
-    Parameters and buffers are registered under their original FQNs (canonical names for tied ones).
-    A `model` on the `meta` device gets each parameter's local shard initialised on this rank alone
-    (`rewriter.state.init_local_shard`, seed `init_seed`): the full tensor never exists anywhere.
+        program: the `RankProgram` of the current mode (its `graph_module.code` shows every collective with
+            its ranks); `programs` holds every program made so far, by (modes, frozen parameters).
+        traced, spec: the traced graph and sharding decisions the first program was made from.
+    Parameters and buffers are registered under their original FQNs (canonical names for tied ones, aliases
+    as further names of the same tensor). A `model` on the `meta` device gets each parameter's local shard
+    initialised on this rank alone (`rewriter.state.init_local_shard`, seed `init_seed`): the full tensor
+    never exists anywhere.
     Gradients of replicated parameters (DDP) are all-reduced in buckets of `grad_bucket_bytes` (default
     25 MiB, as DistributedDataParallel) asynchronously during backward and are complete in `.grad` when
     `backward()` returns; `grad_bucket_bytes=0` all-reduces each one synchronously instead
@@ -35,22 +56,42 @@ class ParallelModule(torch.nn.Module):
     Raises PlanMismatchError for a buffer left on `meta` (its values cannot be invented).
     """
 
+    _retraces = True  # whether another train/eval mode may be traced (a pipeline stage: no)
+    _no_retrace = ""
+
     def __init__(self, traced: TracedGraph, spec: ShardingSpec, rank: int, model: torch.nn.Module,
                  init_seed: int = 0, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         super().__init__()
         self.traced, self.spec, self.rank = traced, spec, rank
-        self.program: RankProgram = rewrite(traced, spec, rank, grad_bucket_bytes=grad_bucket_bytes)
-        verify(self.program, traced, spec)
+        self.grad_bucket_bytes = grad_bucket_bytes
         self.coords = mesh_coords(spec.mesh, rank)
-        self.groups = self.program.groups
         full = {**dict(model.named_parameters()), **dict(model.named_buffers()), **traced.constant_values()}
-        for fqn in self.program.state_fqns:
-            local = self._local(fqn, full[fqn].detach(), init_seed)
-            if self.traced.parameters[fqn].is_buffer:  # lifted constants: per-rank copies, not in the state dict
-                _owner(self, fqn).register_buffer(fqn.rpartition(".")[2], local,
-                                                  persistent=not self.traced.parameters[fqn].is_constant)
+        for fqn, info in traced.parameters.items():
+            self._register(fqn, self._local(fqn, full[fqn].detach(), init_seed), info.is_buffer,
+                           info.persistent, info.requires_grad)
+        # the containers start in the modes the model was traced in (the model's own, unless it changed since)
+        modules = dict(model.named_modules()) if model.training == traced.training else {}
+        for name, module in self.named_modules():
+            module.training = modules[name].training if name in modules else traced.training
+        # not a submodule (kept out of state_dict and modules()): the skeleton that other modes are traced on
+        self.__dict__["_retracer"] = Retracer.of(model) if self._retraces else Retracer(None, None, self._no_retrace)
+        self.programs: dict[tuple, ModeProgram] = {}
+        self._first_modes = self._modes()
+        self._active = self._program_for(self._first_modes, self._frozen(), None, None)
+        self.groups = self.program.groups
+
+    # -- state ---------------------------------------------------------------------------------------
+    def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,
+                  requires_grad: bool) -> None:
+        """Register `local` under `fqn` and every tied alias of it, with the model's flags."""
+        info = self.traced.parameters.get(fqn)
+        tensor = local if is_buffer else torch.nn.Parameter(local, requires_grad=requires_grad)
+        for name in (fqn, *(info.aliases if info is not None else ())):
+            owner = _owner(self, name)
+            if is_buffer:
+                owner.register_buffer(name.rpartition(".")[2], tensor, persistent=persistent)
             else:
-                _owner(self, fqn).register_parameter(fqn.rpartition(".")[2], torch.nn.Parameter(local))
+                owner.register_parameter(name.rpartition(".")[2], tensor)
 
     def _local(self, fqn: str, full: torch.Tensor, seed: int) -> torch.Tensor:
         """This rank's shard: cut from a real tensor, or initialised in place for a parameter on `meta`."""
@@ -68,48 +109,187 @@ class ParallelModule(torch.nn.Module):
                 "modules that own buffers on CPU (buffers are small), or load them with load_full_state_dict")
         return init_local_shard(fqn, tuple(full.shape), full.dtype, layout, self.spec.mesh, self.coords, seed=seed)
 
-    def _state(self) -> list[torch.Tensor]:
-        return [self.get_parameter(f) if not self.traced.parameters[f].is_buffer else self.get_buffer(f)
-                for f in self.program.state_fqns]
+    def _state(self, program: RankProgram | None = None) -> list[torch.Tensor]:
+        """The local tensors of `program`'s leading placeholders (default: the current program's)."""
+        program = program or self.program
+        return [self.get_parameter(f) if not self._is_buffer(f) else self.get_buffer(f) for f in program.state_fqns]
+
+    def _is_buffer(self, fqn: str) -> bool:
+        owner, _, name = fqn.rpartition(".")
+        return name in self.get_submodule(owner)._buffers
+
+    # -- programs ------------------------------------------------------------------------------------
+    @property
+    def program(self) -> RankProgram:
+        """The program of the mode last run (at first: the mode the model was traced in)."""
+        return self._active.program
+
+    def _modes(self) -> tuple[tuple[str, bool], ...]:
+        return tuple((name, m.training) for name, m in self.named_modules())
+
+    def _frozen(self) -> frozenset[str]:
+        return frozenset(f for f, p in self.named_parameters() if not p.requires_grad)
+
+    def _program_for(self, modes, frozen, args, kwargs) -> ModeProgram:
+        """The program for (modes, frozen), made on first use: the first modes reuse the given traced graph
+        and spec; other modes are traced again on the call's inputs (`runtime.modes`)."""
+        key = (modes, frozen)
+        if key in self.programs:
+            return self.programs[key]
+        same_mode = next((p for (m, _), p in self.programs.items() if m == modes), None)
+        if same_mode is not None:
+            traced, spec, replicated = same_mode.traced, same_mode.spec, same_mode.replicated
+        elif modes == getattr(self, "_first_modes", modes):
+            traced, spec, replicated = self.traced, self.spec, ()
+        else:
+            traced = self._retracer.trace(dict(modes), args, kwargs)
+            spec, replicated = carry_over(self.spec, self.traced, traced)
+            self._register_new_constants(traced)
+            if replicated:
+                more = " ..." if len(replicated) > 5 else ""
+                warnings.warn(f"ParallelModule: in mode {_describe(modes)}, {len(replicated)} op(s) the plan does not "
+                              f"have run replicated: {', '.join(replicated[:5])}{more}", stacklevel=3)
+        program = rewrite(traced, spec, self.rank, grad_bucket_bytes=self.grad_bucket_bytes, frozen=frozen)
+        verify(program, traced, spec)
+        self.programs[key] = ModeProgram(traced, spec, program, replicated)
+        return self.programs[key]
+
+    def _register_new_constants(self, traced: TracedGraph) -> None:
+        values = traced.constant_values()
+        for fqn, info in traced.parameters.items():
+            if info.is_constant and fqn not in self.traced.parameters:
+                self._register(fqn, values[fqn].detach().clone(), True, False, False)
 
     def forward(self, *args, **kwargs):
-        """Run the sharded program on global inputs; returns the model's output structure."""
-        spec = self.traced.exported.call_spec
-        tensors = self.traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
+        """Run the program of the current mode on global inputs; returns the model's output structure."""
+        self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
+        traced = self._active.traced
+        tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
         out = self.program.graph_module(*self._state(), *tensors)
+        spec = traced.exported.call_spec
         return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Gather every parameter and buffer to its full tensor (collective: call on all ranks).
+    # -- gradients -----------------------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` over the GLOBAL gradient (collective: call on every rank).
 
-        Keys are the original FQNs including tied aliases, so `model.load_state_dict(sd, strict=True)`
-        works on the unparallelised model. Like `nn.Module.state_dict`, a tensor stored replicated shares
-        storage with the live parameter: clone it to keep a snapshot across optimizer steps.
+        The norm is that of the full, unsharded gradient, as on one device: each parameter's local gradient
+        contributes over the mesh axes that shard its stored layout (sums of |g|^p all-reduced over those
+        axes; the max for the inf-norm), replicated copies are counted once. Every rank gets the same total
+        norm and scales its local gradients by the same `min(1, max_norm / (total + 1e-6))`.
+        Returns the total norm (a scalar tensor in the gradients' dtype). See `runtime.grad_norm`.
+        """
+        layouts = {f: self.spec.params[f] for f in self.traced.parameters}
+        return clip_grad_norm_([(p, layouts[f]) for f, p in self.named_parameters()], self.spec.mesh, self.groups,
+                               max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+
+    # -- full tensors --------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Gather every tensor of the model's `state_dict()` to its full value (collective: call on all ranks).
+
+        Keys are exactly those of the original model's `state_dict()` (tied aliases included, non-persistent
+        buffers and tensors created in forward left out), so `model.load_state_dict(sd, strict=True)` works
+        on the unparallelised model. Every rank holds every full tensor: for models that fit one device;
+        `parallelizer.checkpoint` saves and exports tensor by tensor. Like `nn.Module.state_dict`, a tensor
+        stored replicated shares storage with the live parameter: clone it to keep a snapshot.
         """
         out = {}
-        for fqn, local in zip(self.program.state_fqns, self._state()):
-            if self.traced.parameters[fqn].is_constant:  # a tensor made in forward: not in the model's state dict
+        for fqn, info in self.traced.parameters.items():
+            if not info.persistent:
                 continue
-            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups,
-                                 tuple(self.traced.parameters[fqn].shape), self.coords)
-            for name in (fqn, *self.traced.parameters[fqn].aliases):
+            local = self.get_buffer(fqn) if info.is_buffer else self.get_parameter(fqn)
+            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups, tuple(info.shape),
+                                 self.coords)
+            for name in (fqn, *info.aliases):
                 out[name] = full
         return out
 
-    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy this rank's shard of each full tensor in `state_dict` into the local parameters/buffers."""
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> _IncompatibleKeys:
+        """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into the
+        local parameters and buffers. No communication.
+
+        A tied tensor is read from its canonical key or, when absent, from one of its aliases.
+        Returns (missing_keys, unexpected_keys) like `nn.Module.load_state_dict`.
+        Raises:
+            StateDictError: with strict=True, keys missing or unexpected (lists them); in any case a tensor
+                whose shape is not the model's (names it, both shapes, and what to do).
+        """
+        expected = {name: fqn for fqn, info in self.traced.parameters.items() if info.persistent
+                    for name in (fqn, *info.aliases)}
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        loadable = {fqn: next((state_dict[n] for n in (fqn, *self.traced.parameters[fqn].aliases) if n in state_dict),
+                              None) for fqn in set(expected.values())}
+        if strict and (missing or unexpected):
+            raise StateDictError(
+                f"load_full_state_dict: {len(missing)} missing key(s) {_some(missing)}, {len(unexpected)} unexpected "
+                f"key(s) {_some(unexpected)}. The state dict must have the keys of the model's state_dict() "
+                "(tied aliases included, non-persistent buffers left out). Remedy: save it with "
+                "model.state_dict() / ParallelModule.full_state_dict(), or pass strict=False to load the keys "
+                "that match", missing=missing, unexpected=unexpected)
+        for fqn, value in loadable.items():
+            shape = tuple(self.traced.parameters[fqn].shape)
+            if value is not None and tuple(value.shape) != shape:
+                raise StateDictError(
+                    f"load_full_state_dict: {fqn!r} has shape {tuple(value.shape)} in the state dict but {shape} in "
+                    "the model. Remedy: load a state dict saved from a model of the same configuration (or build "
+                    "the model with the configuration the checkpoint was saved from)", missing=[], unexpected=[])
         with torch.no_grad():
-            for fqn, local in zip(self.program.state_fqns, self._state()):
-                if self.traced.parameters[fqn].is_constant:
+            for fqn, value in loadable.items():
+                if value is None:
                     continue
-                local.copy_(shard_tensor(state_dict[fqn], self.spec.params[fqn], self.spec.mesh, self.coords))
+                local = self.get_buffer(fqn) if self.traced.parameters[fqn].is_buffer else self.get_parameter(fqn)
+                local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
+        return _IncompatibleKeys(missing, unexpected)
+
+
+class _StateOnly(torch.nn.Module):
+    """A submodule of a ParallelModule: it holds the local shards of one of the model's modules but never
+    runs (the rank's program is one graph), so forward hooks on it could never fire: registering one raises.
+    Children are reached by attribute, and by index or key as in a ModuleList / ModuleDict."""
+
+    def _no_hooks(self, *args, **kwargs):
+        raise TraceError(
+            "a forward or module backward hook registered on a submodule of a ParallelModule", None,
+            "such a submodule never runs by itself (the sharded program is one graph); register the hook on the "
+            "model's module BEFORE tracing/auto_parallelize (torch.export traces it into the program), or hook "
+            "the ParallelModule itself, or a parameter (tensor hooks work)")
+
+    register_forward_hook = register_forward_pre_hook = _no_hooks
+    register_full_backward_hook = register_full_backward_pre_hook = _no_hooks
+
+    def __getitem__(self, key: int | str) -> torch.nn.Module:
+        """`pm.model.layers[0]` as on the model's ModuleList / ModuleDict (the children holding state)."""
+        if isinstance(key, int):
+            key = str(key if key >= 0 else len(self._modules) + key)
+        return self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __bool__(self) -> bool:  # a module is truthy whatever its number of children (as nn.Module)
+        return True
+
+    def __iter__(self):
+        return iter(self._modules.values())
 
 
 def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:
     """The (created on demand) submodule of `root` that owns attribute path `fqn`."""
     module = root
     for part in fqn.split(".")[:-1]:
-        if not hasattr(module, part):
-            module.add_module(part, torch.nn.Module())
-        module = getattr(module, part)
+        if part not in module._modules:
+            module.add_module(part, _StateOnly())
+        module = module._modules[part]
     return module
+
+
+def _some(keys: list[str], n: int = 8) -> str:
+    return "[" + ", ".join(keys[:n]) + (f", ... ({len(keys) - n} more)" if len(keys) > n else "") + "]"
+
+
+def _describe(modes) -> str:
+    root = dict(modes)[""]
+    odd = [name for name, training in modes if name and training != root]
+    return ("train" if root else "eval") + (f" (submodules in the other mode: {', '.join(odd[:3])})" if odd else "")

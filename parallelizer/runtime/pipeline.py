@@ -130,7 +130,7 @@ def stage_graph(traced: TracedGraph, cut: StageCut, k: int) -> TracedGraph:
         role = Role.INPUT if node.name in cut.inputs[k] else info.role
         nodes[node.name] = dataclasses.replace(info, node=node, role=role)
     return TracedGraph(traced.exported, gm, nodes, params, [], tuple(cut.inputs[k]),
-                       [f"pipeline stage {k} of {cut.num_stages}"])
+                       [f"pipeline stage {k} of {cut.num_stages}"], training=traced.training)
 
 
 def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, stage_rank_offset: int) -> ShardingSpec:
@@ -152,7 +152,11 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
 
 
 class StageModule(ParallelModule):
-    """One pipeline stage of one rank: `forward(*received)` returns the tuple of values it sends."""
+    """One pipeline stage of one rank: `forward(*received)` returns the tuple of values it sends. A stage
+    runs in the train/eval mode the model was traced in (switching raises PlanMismatchError)."""
+
+    _retraces = False
+    _no_retrace = "a pipeline stage runs in the mode the model was traced in"
 
     def forward(self, *received):
         out = self.program.graph_module(*self._state(), *received)
@@ -163,7 +167,15 @@ class StageModule(ParallelModule):
 @dataclass
 class PipelineRun:
     """What a rank holds: its stage modules, the schedule object, the groups for shared parameters, and
-    the batch it expects (microbatches x the traced microbatch size)."""
+    the batch it expects (microbatches x the traced microbatch size).
+
+    Gradients accumulate over several `step` calls exactly as over several `loss.backward()` of the eager
+    model: each step adds the gradient of the batch's mean loss. torch's schedules would instead divide the
+    whole `.grad` by the microbatch count after every step (`scale_grads=True`), shrinking what earlier steps
+    accumulated; here the schedules run with `scale_grads=False` and the loss of each microbatch is divided
+    by the microbatch count before its backward (as Megatron-LM does), so earlier gradients are untouched.
+    The losses a step reports are the unscaled per-microbatch losses.
+    """
 
     stages: list[StageModule]
     schedule: object
@@ -172,11 +184,13 @@ class PipelineRun:
     microbatch_size: int
     first: bool
     last: bool
+    recorded: list = dataclasses.field(default_factory=list)  # unscaled losses of the running step
 
     def step(self, *inputs, target=None, losses: list | None = None) -> None:
         """One forward/backward of the global batch (inputs on the first stage's ranks, target on the last
-        stage's), then the gradient sum of shared parameters. Zero the gradients and step the optimizer
-        around it.
+        stage's), ADDING the batch's gradient to `.grad` (zero the gradients before the first of several
+        accumulated steps, step the optimizer after the last), then the gradient sum of shared parameters.
+        `losses` gets the microbatch losses (last stage's ranks).
 
         Raises ValueError when the batch is not `microbatches` x the traced microbatch size (torch's
         splitter would silently make uneven microbatches, and the mean loss would weigh them wrongly).
@@ -186,8 +200,40 @@ class PipelineRun:
                 raise ValueError(f"global batch {t.shape[0]} does not split into {self.microbatches} microbatches "
                                  f"of {self.microbatch_size} (the batch size the model was traced with); "
                                  "use a batch of microbatches x traced batch, or re-trace")
-        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None, losses=losses)
+        earlier = _take_shared_grads(self)  # summed over the copies already: only this step's part is summed
+        self.recorded.clear()
+        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None)
+        if losses is not None:
+            losses.extend(self.recorded)
         sync_shared_grads(self)
+        _give_back(earlier)
+
+
+def _mean_over_microbatches(loss_fn, microbatches: int, recorded: list):
+    """`loss_fn` whose result is divided by the microbatch count (its unscaled value goes to `recorded`)."""
+    def scaled(output, target):
+        loss = loss_fn(output, target)
+        recorded.append(loss.detach())
+        return loss / microbatches
+    return scaled
+
+
+def _take_shared_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detach the gradients of parameters held by several stages (set them to None) and return them."""
+    taken = []
+    for fqn in run.shared:
+        for m in run.stages:
+            if fqn in m.traced.parameters and m.get_parameter(fqn).grad is not None:
+                p = m.get_parameter(fqn)
+                taken.append((p, p.grad))
+                p.grad = None
+    return taken
+
+
+def _give_back(taken: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for p, grad in taken:
+            p.grad = grad if p.grad is None else grad.add_(p.grad)
 
 
 def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.nn.Module, *, pp: int,
@@ -225,11 +271,12 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
             module, k, cut.num_stages, torch.device("cpu"), group=group,
             input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec, local),
             output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
-    cls = SCHEDULES[schedule]
-    sched = cls(pipe if schedule in _MULTI_STAGE else pipe[0], microbatches, loss_fn=loss_fn)
+    recorded: list = []
+    sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
+                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False)
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
-                       p == (cut.num_stages - 1) % pp)
+                       p == (cut.num_stages - 1) % pp, recorded)
 
 
 def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layout]:
@@ -255,7 +302,7 @@ def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
     out = {}
     for fqn, p in traced.parameters.items():
         stages = sorted({cut.stage_of[u] for u in p.uses if u in cut.stage_of})
-        if len(stages) > 1 and not p.is_buffer:
+        if len(stages) > 1 and p.requires_grad:  # frozen copies need no gradient sum
             out[fqn] = stages
     return out
 

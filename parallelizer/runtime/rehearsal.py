@@ -4,7 +4,9 @@ Each rank builds the same model (a seeded builder such as the zoo's), keeps an u
 single-device reference, runs the sharded program on the same global inputs, and compares: forward outputs,
 the loss, every parameter gradient (this rank's shard of the reference gradient), and the parameters after
 `steps` AdamW steps (gathered with `full_state_dict`). The loss is the model's own scalar output when it
-returns one first (e.g. a causal-LM loss), else the mean of squares of the first output.
+returns one first (e.g. a causal-LM loss), else the mean of squares of the first output. Differences are
+judged with dtype-aware tolerances (`runtime.tolerance`): a bf16 model, or an fp32 model with an autocast
+region, is held to bfloat16's, an fp32 model to float32's.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
 from .module import ParallelModule
+from .tolerance import compute_dtype, excess
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +33,10 @@ class RehearsalReport:
 
     Attributes: output, loss, grad (over every parameter), params (after the steps): the largest
         absolute difference (float). worst_grad / worst_param: the FQN with the largest difference.
-        tolerance_ratio: the largest |a - b| / (atol + rtol * |b|) over everything compared, with
-        atol = rtol = 1e-5 (torch.testing.assert_close's form); <= 1 means every value matches.
+        tolerance_ratio: the largest difference over its bound, over everything compared
+            (`runtime.tolerance.excess`: torch.testing.assert_close's default rtol and atol for the least
+            precise of the tensor's dtype and the dtype the program computes in; elementwise for 32/64-bit
+            floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
         collectives: emitted steps per kind on rank 0. rank0_code: rank 0's program source.
     """
 
@@ -47,14 +52,14 @@ class RehearsalReport:
     rank0_code: str
 
     def matches(self) -> bool:
-        """True when every compared value is within atol + rtol * |reference| (atol = rtol = 1e-5)."""
+        """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
         return self.tolerance_ratio <= 1.0
 
     def __str__(self) -> str:
         verdict = "numerics match" if self.matches() else "NUMERICS DIFFER"
         return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
                 f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
-                f"{self.params:.2e} ({self.worst_param}); worst |diff| / (1e-5 + 1e-5 |ref|) = "
+                f"{self.params:.2e} ({self.worst_param}); worst |diff| / bound = "
                 f"{self.tolerance_ratio:.2f}; collectives {self.collectives}")
 
 
@@ -137,18 +142,14 @@ def _loss(output) -> torch.Tensor:
     return first if first.ndim == 0 else first.float().pow(2).mean()
 
 
-_ATOL = _RTOL = 1e-5
-
-
-def _max_diff(pairs) -> tuple[float, str, float]:
-    """(largest |a - b|, name where it occurs, largest |a - b| / (atol + rtol |b|)) over (name, a, b)."""
+def _max_diff(pairs, compute: torch.dtype | None) -> tuple[float, str, float]:
+    """(largest |a - b|, name where it occurs, largest `tolerance.excess`) over (name, a, b)."""
     worst, ratio = (0.0, ""), 0.0
     for name, a, b in pairs:
         if not a.numel():
             continue
-        diff = (a.detach().double() - b.detach().double()).abs()
-        worst = max(worst, (diff.max().item(), name))
-        ratio = max(ratio, (diff / (_ATOL + _RTOL * b.detach().double().abs())).max().item())
+        worst = max(worst, ((a.detach().double() - b.detach().double()).abs().max().item(), name))
+        ratio = max(ratio, excess(a, b, compute))
     return worst[0], worst[1], ratio
 
 
@@ -162,19 +163,20 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
     traced = trace(model, inputs, kwargs)
+    compute = compute_dtype(traced)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(traced, spec, rank, model)
     out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)
     flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     ref_flat = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
-    output = _max_diff(("output", a, b) for a, b in zip(flat, ref_flat))
+    output = _max_diff((("output", a, b) for a, b in zip(flat, ref_flat)), compute)
     loss, ref_loss = _loss(out), _loss(ref_out)
     loss.backward()
     ref_loss.backward()
     ref_params = dict(reference.named_parameters())
     grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
-        (fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]), spec.params[fqn], spec.mesh, pm.coords))
-        for fqn, p in pm.named_parameters())
+        ((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]), spec.params[fqn], spec.mesh,
+                                               pm.coords)) for fqn, p in pm.named_parameters()), compute)
     opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, reference))
     for step in range(steps):
         if step:
@@ -185,6 +187,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         ref_opt.step()
     full = pm.full_state_dict()
     ref_state = reference.state_dict()
-    params = _max_diff((k, full[k], v) for k, v in ref_state.items())
-    return {"output": output, "loss": _max_diff([("loss", loss, ref_loss)]), "grad": grad, "params": params,
+    params = _max_diff(((k, full[k], v) for k, v in ref_state.items()), compute)
+    return {"output": output, "loss": _max_diff([("loss", loss, ref_loss)], compute), "grad": grad, "params": params,
             "collectives": pm.program.collectives, "code": pm.program.graph_module.code if rank == 0 else ""}

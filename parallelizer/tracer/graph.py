@@ -115,6 +115,11 @@ class ParamInfo:
             list of `x[..., [-2], :]`), which export lifts to a constant input named `lifted_tensor_N`: stored
             like a buffer (is_buffer is True too) but not part of the model's state dict; its value is
             `TracedGraph.constant_values()[fqn]`.
+        requires_grad: True for a parameter the model trains; False for a frozen parameter
+            (`requires_grad=False` when traced: no gradient, no gradient sync, no optimizer state) and for
+            buffers.
+        persistent: whether it is in the model's `state_dict()` (False for buffers registered with
+            `persistent=False`, such as a rotary `inv_freq`, and for lifted constants).
         block, block_group, block_index: the repeated block whose nodes use it, when all uses sit in one.
     """
 
@@ -126,6 +131,8 @@ class ParamInfo:
     uses: tuple[str, ...]
     is_buffer: bool = False
     is_constant: bool = False
+    requires_grad: bool = True
+    persistent: bool = True
     block: str | None = None
     block_group: str | None = None
     block_index: int | None = None
@@ -182,6 +189,8 @@ class TracedGraph:
             str; nested containers are flattened, e.g. {"cfg": {"k": 3}} -> "cfg_k": 3). Export bakes these
             values into the graph, so the placeholders have no users.
         call_inputs: placeholder names of ALL user inputs (tensor and constant) in flattened call order.
+        training: the model's `training` flag when traced: export bakes the mode into mode-dependent ops
+            (`batch_norm(training=...)`, `dropout(train=...)`) and into Python branches on `self.training`.
     """
 
     exported: torch.export.ExportedProgram
@@ -193,6 +202,7 @@ class TracedGraph:
     notes: list[str] = field(default_factory=list)
     constant_inputs: dict[str, Any] = field(default_factory=dict)
     call_inputs: tuple[str, ...] = ()
+    training: bool = True
 
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the

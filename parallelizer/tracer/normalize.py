@@ -3,7 +3,11 @@
 1. Shape-assertion nodes (`_assert_tensor_metadata` and friends: no outputs, no users) are dropped.
 2. A `torch.no_grad()` / `torch.enable_grad()` region inside forward (exported as a call of the
    `wrap_with_set_grad_enabled` higher-order op on a submodule) is inlined; the outputs of a no-grad region
-   go through `aten.detach`, so the region stays a stop-gradient.
+   go through `aten.detach`, so the region stays a stop-gradient. A `torch.autocast(...)` region (the
+   `wrap_with_autocast` higher-order op, whose body holds the ops BEFORE autocast's casts) is inlined with
+   autocast's casts made explicit: each op's inputs go through the `aten.to.dtype` casts torch's autocast
+   policy gives that op on that device (probed per op on fake tensors), so the graph computes what eager
+   autocast computes and every later stage sees ordinary ops and dtypes.
 3. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
@@ -11,11 +15,14 @@
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
 
@@ -25,12 +32,15 @@ _ASSERT_OPS = {
     torch.ops.aten.sym_constrain_range_for_size.default,
 }
 _COPIED_META = ("nn_module_stack", "stack_trace", "torch_fn")
+_GRAD_HOP = torch.ops.higher_order.wrap_with_set_grad_enabled
+_AUTOCAST_HOP = torch.ops.higher_order.wrap_with_autocast
+_REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)
 
 
 def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """Apply the normalisations of the module docstring to `gm` in place and recompile it."""
+    _inline_regions(gm, notes)
     _drop_asserts(gm, notes)
-    _inline_grad_regions(gm, notes)
     _split_biases(gm, notes)
     gm.graph.lint()
     gm.recompile()
@@ -46,29 +56,28 @@ def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         notes.append(f"dropped {dropped} shape-assertion node(s)")
 
 
-def _inline_grad_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Inline `wrap_with_set_grad_enabled(enabled, submod, *args)` calls; detach outputs when disabled."""
-    hop = torch.ops.higher_order.wrap_with_set_grad_enabled
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not hop:
-            continue
-        enabled, sub_attr, *operands = node.args
+def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Inline every `wrap_with_set_grad_enabled(enabled, submod, *args)` and
+    `wrap_with_autocast(device_type, dtype, enabled, cache_enabled, submod, *args)` call, outermost first
+    (a region nested in another is inlined when its parent's body has become part of `gm`). A no-grad
+    region's outputs are detached; inside an enabled autocast region (or a grad region nested in one),
+    each op gets the casts autocast would give its inputs (`_autocast_casts`)."""
+    while True:
+        node = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target in _REGION_HOPS), None)
+        if node is None:
+            return
+        autocast = node.meta.get("autocast")  # set on a region inlined from an enclosing autocast region
+        if node.target is _GRAD_HOP:
+            enabled, sub_attr, *operands = node.args
+            kind = f"torch.{'enable_grad' if enabled else 'no_grad'}()"
+        else:
+            device_type, dtype, enabled, _cache, sub_attr, *operands = node.args
+            autocast = (device_type, dtype) if enabled else None
+            kind = f"torch.autocast({device_type!r}, dtype={dtype}, enabled={enabled})"
         sub = gm.get_submodule(sub_attr.target)
-        env: dict[torch.fx.Node, Any] = dict(zip(
-            [n for n in sub.graph.nodes if n.op == "placeholder"], operands))
-        outputs: tuple = ()
-        with gm.graph.inserting_before(node):
-            for sn in sub.graph.nodes:
-                if sn.op == "placeholder":
-                    continue
-                if sn.op == "output":
-                    outputs = tuple(env[o] for o in pytree.tree_leaves(sn.args[0]))
-                    break
-                if sn.op == "get_attr":
-                    raise TraceError("a constant inside a grad-mode region", _stack_location(sn),
-                                     "move the constant out of the torch.no_grad() block")
-                env[sn] = gm.graph.node_copy(sn, lambda n: env[n])
-            if not enabled:
+        outputs = _inline_body(gm, node, sub, operands, autocast)
+        if node.target is _GRAD_HOP and not enabled:
+            with gm.graph.inserting_before(node):
                 outputs = tuple(_detach(gm, o) for o in outputs)
         for user in list(node.users):
             user.replace_all_uses_with(outputs[user.args[1]])
@@ -81,8 +90,108 @@ def _inline_grad_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         if not ops:  # an empty region (e.g. the tail of a reentrant checkpoint): nothing was inlined
             continue
         where = _stack_location(ops[0])
-        notes.append(f"inlined a torch.{'enable_grad' if enabled else 'no_grad'}() region"
-                     f"{' at ' + where if where else ''}" + ("" if enabled else " (its outputs are detached)"))
+        details = {(_GRAD_HOP, False): " (its outputs are detached)",
+                   (_AUTOCAST_HOP, True): " (autocast's input casts made explicit)"}
+        detail = details.get((node.target, bool(enabled)), "")
+        notes.append(f"inlined a {kind} region{' at ' + where if where else ''}{detail}")
+
+
+def _inline_body(gm: torch.fx.GraphModule, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: list,
+                 autocast: tuple[str, torch.dtype] | None) -> tuple[torch.fx.Node, ...]:
+    """Copy the ops of region `sub` before `node` (its placeholders bound to `operands`); returns the copies
+    of the region's outputs. A nested region's submodule is moved into `gm` and its call keeps `autocast`."""
+    env: dict[torch.fx.Node, Any] = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], operands))
+    with gm.graph.inserting_before(node):
+        for sn in sub.graph.nodes:
+            if sn.op == "placeholder":
+                continue
+            if sn.op == "output":
+                return tuple(env[o] for o in pytree.tree_leaves(sn.args[0]))
+            if sn.op == "get_attr":
+                target = getattr(sub, sn.target, None)
+                if not isinstance(target, torch.nn.Module):
+                    raise TraceError("a constant inside a torch.no_grad()/autocast region", _stack_location(sn),
+                                     "move the constant out of the region")
+                name = _free_attr(gm, "region")
+                gm.add_submodule(name, target)
+                env[sn] = gm.graph.get_attr(name)
+                continue
+            new = gm.graph.node_copy(sn, lambda n: env[n])
+            if new.target in _REGION_HOPS and autocast is not None:
+                new.meta["autocast"] = autocast
+            elif autocast is not None and isinstance(new.target, torch._ops.OpOverload):
+                _cast_inputs(gm, new, autocast)
+            env[sn] = new
+    raise TraceError("a torch.no_grad()/autocast region without an output", None, "report this model")
+
+
+def _free_attr(gm: torch.fx.GraphModule, prefix: str) -> str:
+    i = 0
+    while hasattr(gm, f"{prefix}_{i}"):
+        i += 1
+    return f"{prefix}_{i}"
+
+
+def _cast_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node, autocast: tuple[str, torch.dtype]) -> None:
+    """Insert before `node` the `aten.to.dtype` casts that autocast applies to its tensor inputs."""
+    casts = _autocast_casts(node, autocast)
+    if not casts:
+        return
+    position = itertools.count()
+
+    def cast(arg: torch.fx.Node) -> torch.fx.Node:
+        dtype = casts.get(next(position))
+        if dtype is None:
+            return arg
+        with gm.graph.inserting_before(node):
+            out = gm.graph.call_function(torch.ops.aten.to.dtype, (arg, dtype))
+        out.meta = _meta_like(node)
+        out.meta["val"] = arg.meta["val"].to(dtype)
+        return out
+
+    node.args, node.kwargs = torch.fx.node.map_arg((node.args, node.kwargs), cast)
+
+
+class _CastRecorder(TorchDispatchMode):
+    """Records the dtype casts (`aten._to_copy` with a dtype) that reach the dispatcher below autocast."""
+
+    def __init__(self, inputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.position = {id(t): i for i, t in enumerate(inputs)}
+        self.casts: dict[int, torch.dtype] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and id(args[0]) in self.position and "dtype" in kwargs:
+            self.casts.setdefault(self.position[id(args[0])], kwargs["dtype"])
+        return func(*args, **kwargs)
+
+
+def _autocast_casts(node: torch.fx.Node, autocast: tuple[str, torch.dtype]) -> dict[int, torch.dtype]:
+    """{index of a tensor input in map_arg order: dtype} that `torch.autocast(*autocast)` casts to when it
+    runs `node`'s op: found by running the op once on fake tensors of the input shapes and dtypes under
+    autocast and recording the casts autocast issues (so the policy is torch's own, per device and op, not
+    a copied op list)."""
+    device_type, dtype = autocast
+    vals: list = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: vals.append(a.meta.get("val")))
+    if not any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vals):
+        return {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        try:
+            fakes = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device_type)
+                     if isinstance(v, torch.Tensor) else v for v in vals]
+        except Exception as exc:  # e.g. a "cuda" autocast region traced where fake CUDA tensors cannot be made
+            raise TraceError(f"torch.autocast({device_type!r}) around {node.format_node()}", _stack_location(node),
+                             f"trace on a machine with {device_type} devices, or move the autocast region's "
+                             f"device type to where the model runs ({type(exc).__name__}: {exc})") from exc
+        it = iter(fakes)
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(it))
+        recorder = _CastRecorder([f for f in fakes if isinstance(f, torch.Tensor)])
+        with torch.autocast(device_type, dtype=dtype), recorder:
+            node.target(*args, **kwargs)
+    tensor_index = [i for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
+    return {tensor_index[k]: d for k, d in recorder.casts.items()}
 
 
 def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node) -> torch.fx.Node:

@@ -259,7 +259,7 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
                      + ": their values are part of the graph (a call with other values is rejected)")
     return TracedGraph(exported=exported, graph_module=gm, nodes=nodes, parameters=parameters, blocks=blocks,
                        input_names=tuple(a.name for a in user if a.name not in constants), notes=notes,
-                       constant_inputs=constants, call_inputs=tuple(a.name for a in user))
+                       constant_inputs=constants, call_inputs=tuple(a.name for a in user), training=model.training)
 
 
 def _canonical_names(model: torch.nn.Module) -> dict[str, tuple[str, bool]]:
@@ -304,6 +304,8 @@ def _tensor_metas(val: Any) -> tuple[TensorMeta, ...]:
 
 def _parameters(model: torch.nn.Module, gm: torch.fx.GraphModule, nodes: dict[str, NodeInfo],
                 canonical: dict[str, tuple[str, bool]]) -> dict[str, ParamInfo]:
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
+               **dict(model.named_buffers(remove_duplicate=False))}
     order = {name: i for i, name in enumerate(nodes)}
     placeholders: dict[str, list[str]] = {}
     for info in nodes.values():
@@ -317,10 +319,19 @@ def _parameters(model: torch.nn.Module, gm: torch.fx.GraphModule, nodes: dict[st
     for fqn, phs in placeholders.items():
         uses = sorted({u.name for ph in phs for u in nodes[ph].node.users}, key=order.__getitem__)
         meta = nodes[phs[0]].outputs[0]
+        is_buffer = canonical.get(fqn, (fqn, True))[1]
         out[fqn] = ParamInfo(fqn=fqn, aliases=tuple(aliases.get(fqn, ())), shape=meta.shape, dtype=meta.dtype,
-                             placeholders=tuple(phs), uses=tuple(uses),
-                             is_buffer=canonical.get(fqn, (fqn, True))[1], is_constant=fqn not in canonical)
+                             placeholders=tuple(phs), uses=tuple(uses), is_buffer=is_buffer,
+                             is_constant=fqn not in canonical,
+                             requires_grad=not is_buffer and tensors[fqn].requires_grad,
+                             persistent=fqn in canonical and _persistent(model, fqn))
     return out
+
+
+def _persistent(model: torch.nn.Module, fqn: str) -> bool:
+    """Whether `fqn` is in `model.state_dict()`: parameters and buffers registered with persistent=True."""
+    owner, _, name = fqn.rpartition(".")
+    return name not in model.get_submodule(owner)._non_persistent_buffers_set
 
 
 def _tag_blocks(blocks, nodes: dict[str, NodeInfo], parameters: dict[str, ParamInfo]) -> None:

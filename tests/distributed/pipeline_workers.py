@@ -46,12 +46,25 @@ def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, 
         opt.step()
         ref_opt.step()
     report["params"] = _worst(run, reference, spec, grads=False)
+    report["accumulated"] = _accumulate(run, reference, spec, ids, opt, ref_opt)
     try:
         run.step(ids[:-1], target=torch.zeros(ids.shape[0] - 1))
     except ValueError as err:
         report["uneven_batch_error"] = str(err)
     dist.barrier()
     return report
+
+
+def _accumulate(run, reference, spec, ids, opt, ref_opt) -> float:
+    """Two batches accumulated before one optimizer step (pipelined: two `step` calls; eager: two
+    backward calls): the largest gradient difference."""
+    opt.zero_grad()
+    ref_opt.zero_grad()
+    for k in (1, 2):
+        batch = torch.roll(ids, shifts=k, dims=1)
+        run.step(batch, target=torch.zeros(ids.shape[0]))
+        mean_square(reference(batch).logits, None).backward()
+    return _worst(run, reference, spec, grads=True)
 
 
 def _worst(run, reference, spec, grads: bool) -> float:

@@ -1,0 +1,267 @@
+"""Sharded checkpoints of a `ParallelModule` and its optimizer, through torch.distributed.checkpoint (DCP).
+
+As torchtitan does it: every rank hands DCP its LOCAL shards, each described as a DTensor
+(`DTensor.from_local(local, mesh, placements, shape=global shape, stride=global stride)`, no copy, no
+communication), and DCP writes each rank's part to its own file (`__<rank>_0.distcp`) plus one `.metadata`
+file of global shapes and chunk offsets; replicated chunks are written once. DTensor's `Shard(d)` cuts a
+dim like `core.layout` does (torch.chunk's split, uneven and empty chunks included; several mesh axes on
+one dim split it in mesh-axis order), so uneven shards are described exactly.
+
+- `save(pm, optimizer, path)`: the model's persistent parameters and buffers (canonical names, no aliases)
+  and the optimizer state, keyed by parameter FQN (torch.distributed.checkpoint.state_dict's flattened
+  form, "state.<fqn>.exp_avg", "param_groups.<fqn>.lr", ...): per-parameter state tensors of the
+  parameter's local shape are sharded like the parameter, scalars (Adam's `step`) are replicated.
+- `load(pm, optimizer, path)`: the same tree, built from THIS module's plan (any mesh, any plan of the same
+  model) and filled in place by DCP, which reads from each saved chunk the part that overlaps each local
+  shard: resharding is DCP's planner, not ours. Values come back bitwise.
+- `export_full_state_dict(pm, directory)`: the full model, tensor by tensor, as a transformers-style
+  sharded safetensors checkpoint (`model.safetensors.index.json` + one `.safetensors` file per tensor,
+  every key of the model's `state_dict()`, aliases included): rank 0 receives one tensor's shards from the
+  ranks that hold them, writes it and frees it before the next.
+
+Memory: save and load materialise nothing but DCP's own buffers for one saved chunk at a time (a chunk is
+at most one full tensor, when it was saved replicated); export holds one full tensor (plus one received
+shard) on rank 0. So no rank holds more than its shards plus one tensor.
+Optimizer state exists only for parameters with gradients: a frozen parameter has none, saved or loaded.
+Pipeline stages (`runtime.pipeline`) are not covered yet.
+
+Private torch API: `DeviceMesh(..., _init_backend=False)` (a mesh that describes ranks without creating
+process groups: DTensor metadata needs coordinates only), checked on torch 2.13.0.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from .core.layout import Layout, Shard, local_region
+from .errors import StateDictError
+from .rewriter.spec import mesh_coords
+from .runtime.module import ParallelModule
+
+__all__ = ["save", "load", "export_full_state_dict", "read_full_state_dict", "INDEX_FILE"]
+
+INDEX_FILE = "model.safetensors.index.json"
+"""The index file name transformers' `from_pretrained` looks for in a sharded safetensors checkpoint."""
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def save(pm: ParallelModule, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> None:
+    """Write this rank's shards of the model and of `optimizer`'s state to directory `path` (collective: call
+    on every rank with the same path; ranks of one machine, or a shared file system). See the module
+    docstring for the layout of the checkpoint.
+
+    Raises:
+        StateDictError: an optimizer state tensor is neither a scalar nor of its parameter's local shape
+            (it could not be resharded).
+    """
+    dcp.save(_tree(pm, optimizer, _optimizer_state(pm, optimizer) if optimizer is not None else None),
+             checkpoint_id=str(path))
+
+
+def load(pm: ParallelModule, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> None:
+    """Fill this rank's parameters, buffers and `optimizer` state from the checkpoint at `path`, resharded to
+    `pm`'s plan and mesh (collective). `optimizer` must be built over `pm.parameters()`; when it has no state
+    yet, its state is created first (`_create_state`: it clears existing gradients) and then overwritten.
+
+    Raises:
+        StateDictError: the checkpoint's keys differ from this model's and optimizer's (lists both sides),
+            or a tensor has another global shape (names it, both shapes).
+    """
+    if optimizer is not None and not optimizer.state:
+        _create_state(optimizer)
+    osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
+    tree = _tree(pm, optimizer, osd)
+    _check_against(tree, dcp.FileSystemReader(str(path)).read_metadata(), path)
+    dcp.load(tree, checkpoint_id=str(path))  # in place: the DTensors share storage with the local tensors
+    if optimizer is not None:
+        local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
+        set_optimizer_state_dict(pm, optimizer, local, options=_OPTIONS)
+
+
+def export_full_state_dict(pm: ParallelModule, directory: str | os.PathLike, config=None) -> list[str]:
+    """Write the full model as a transformers-style sharded safetensors checkpoint in `directory`, one tensor
+    at a time (collective: call on every rank). Keys are those of the model's `state_dict()` (tied aliases
+    included, each in its own file; non-persistent buffers left out), so `read_full_state_dict(directory)`
+    loads into the original model with strict=True, and with `config` (a transformers config: written as
+    config.json) `AutoModel...from_pretrained(directory)` reads it.
+
+    Returns the files written (on rank 0; [] on the others).
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    me = dist.get_rank()
+    if me == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+    weight_map, written, total = {}, [], 0
+    entries = [(fqn, info) for fqn, info in pm.traced.parameters.items() if info.persistent]
+    for i, (fqn, info) in enumerate(entries):
+        local = pm.get_buffer(fqn) if info.is_buffer else pm.get_parameter(fqn)
+        full = _gather_to_first(local.detach(), pm, fqn)
+        if full is None:
+            continue
+        for j, name in enumerate((fqn, *info.aliases)):
+            file = f"model-{i + 1:05d}-{j}-of-{len(entries):05d}.safetensors"
+            save_file({name: full}, str(directory / file), metadata={"format": "pt"})
+            weight_map[name] = file
+            written.append(str(directory / file))
+            total += full.numel() * full.element_size()
+        del full
+    if me != 0:
+        return []
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    if config is not None:
+        config.save_pretrained(str(directory))
+    return written + [str(directory / INDEX_FILE)]
+
+
+def read_full_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict written by `export_full_state_dict` (all of it in this process's memory)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    index = json.loads((directory / INDEX_FILE).read_text())
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(directory / file)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- internals
+def _mesh(pm: ParallelModule) -> DeviceMesh:
+    """The DeviceMesh of `pm`'s ranks (no process groups created)."""
+    mesh = pm.spec.mesh
+    ranks = torch.arange(mesh.world_size).reshape(mesh.shape) + pm.spec.rank_offset
+    return DeviceMesh("cpu", ranks, mesh_dim_names=mesh.axis_names, _init_backend=False)
+
+
+def _dtensor(local: torch.Tensor, layout: Layout, mesh: DeviceMesh, shape: tuple[int, ...]) -> DTensor:
+    stride = torch.empty(shape, device="meta").stride()  # the full tensor's (contiguous) strides
+    return DTensor.from_local(local, mesh, list(layout.normalized(len(shape)).placements), run_check=False,
+                              shape=torch.Size(shape), stride=stride)
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create `optimizer`'s state (to be overwritten) by steps with zero gradients and lr 0, as torch's
+    `_init_optim_state` does, but one parameter at a time, so that one zero gradient exists at a time
+    instead of a gradient for every parameter. Parameters without requires_grad get no state."""
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+                    optimizer.step()
+                    p.grad = None
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs):
+            if lr is not None:
+                group["lr"] = lr
+
+
+def _optimizer_state(pm: ParallelModule, optimizer: torch.optim.Optimizer) -> dict:
+    """torch's flattened, FQN-keyed optimizer state dict of `pm`'s local parameters."""
+    return get_optimizer_state_dict(pm, optimizer, options=_OPTIONS)
+
+
+def _tree(pm: ParallelModule, optimizer, osd: dict | None) -> dict:
+    """{"model": {fqn: DTensor}, "optimizer": {flattened key: DTensor | tensor | value}} over local storage."""
+    mesh = _mesh(pm)
+    model = {}
+    for fqn, info in pm.traced.parameters.items():
+        if info.persistent:
+            local = pm.get_buffer(fqn) if info.is_buffer else pm.get_parameter(fqn)
+            model[fqn] = _dtensor(local.detach(), pm.spec.params[fqn], mesh, tuple(info.shape))
+    tree = {"model": model}
+    if osd is not None:
+        tree["optimizer"] = {key: _state_entry(pm, key, value, mesh) for key, value in osd.items()}
+    return tree
+
+
+def _state_entry(pm: ParallelModule, key: str, value, mesh: DeviceMesh):
+    """A flattened optimizer-state entry: a per-parameter tensor becomes a DTensor sharded like its parameter."""
+    if not isinstance(value, torch.Tensor) or not key.startswith("state.") or value.ndim == 0:
+        return value
+    fqn = key[len("state."):].rpartition(".")[0]
+    info = pm.traced.parameters.get(fqn)
+    if info is None or tuple(value.shape) != tuple(pm.get_parameter(fqn).shape):
+        raise StateDictError(
+            f"optimizer state {key!r} has shape {tuple(value.shape)}, which is neither a scalar nor the local shape "
+            f"of its parameter ({None if info is None else tuple(pm.get_parameter(fqn).shape)}), so it cannot be "
+            "saved as a shard of the parameter's layout. Remedy: use an optimizer whose state is per element "
+            "(SGD, Adam, AdamW, ...)")
+    return _dtensor(value, pm.spec.params[fqn], mesh, tuple(info.shape))
+
+
+def _check_against(tree: dict, metadata, path) -> None:
+    """Raise StateDictError when the checkpoint's keys or global shapes differ from what is loaded into."""
+    saved = metadata.state_dict_metadata
+    wanted = {}
+    for top, entries in tree.items():
+        for key, value in entries.items():
+            wanted[f"{top}.{key}"] = value
+    missing = sorted(k for k in wanted if k not in saved)
+    unexpected = sorted(k for k in saved if k not in wanted and k.split(".")[0] in tree)
+    if missing or unexpected:
+        raise StateDictError(
+            f"checkpoint {str(path)!r}: {len(missing)} key(s) this model/optimizer needs are not in it {missing[:8]}, "
+            f"{len(unexpected)} key(s) in it are not in this model/optimizer {unexpected[:8]}. Remedy: load with "
+            "the model and optimizer configuration the checkpoint was saved with (a frozen parameter has no "
+            "optimizer state)", missing=missing, unexpected=unexpected)
+    for key, value in wanted.items():
+        size = getattr(saved[key], "size", None)
+        if isinstance(value, torch.Tensor) and size is not None and tuple(size) != tuple(value.shape):
+            raise StateDictError(
+                f"checkpoint {str(path)!r}: {key!r} has global shape {tuple(size)} there but {tuple(value.shape)} "
+                "here. Remedy: load into a model of the configuration the checkpoint was saved from")
+
+
+def _gather_to_first(local: torch.Tensor, pm: ParallelModule, fqn: str) -> torch.Tensor | None:
+    """The full tensor `fqn` on the mesh's first rank (None elsewhere): each rank that holds a distinct chunk
+    (coordinate 0 on the axes that replicate the tensor) sends it; the first rank receives into place. Uses
+    the default group's timeout for every send/recv."""
+    spec, info = pm.spec, pm.traced.parameters[fqn]
+    mesh, layout, shape = spec.mesh, spec.params[fqn], tuple(info.shape)
+    first = spec.rank_offset
+    owners = []
+    for r in range(mesh.world_size):
+        coords = mesh_coords(mesh, r)
+        if all(c == 0 for c, p in zip(coords, layout) if not isinstance(p, Shard)):
+            owners.append((r + spec.rank_offset, local_region(shape, layout, mesh, coords)))
+    me = dist.get_rank()
+    if me != first:
+        if any(r == me for r, (_, lengths) in owners if 0 not in lengths):
+            dist.send(local.contiguous(), dst=first)
+        return None
+    full = torch.empty(shape, dtype=local.dtype)
+    for r, (starts, lengths) in owners:
+        if 0 in lengths:  # an empty chunk (uneven shards)
+            continue
+        target = full
+        for d, (s, n) in enumerate(zip(starts, lengths)):
+            target = target.narrow(d, s, n)
+        if r == me:
+            target.copy_(local)
+        elif target.is_contiguous():
+            dist.recv(target, src=r)
+        else:
+            piece = torch.empty(lengths, dtype=local.dtype)
+            dist.recv(piece, src=r)
+            target.copy_(piece)
+    return full
+
+

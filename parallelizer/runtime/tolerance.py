@@ -1,0 +1,64 @@
+"""How close a sharded program's numbers must be to the single-device model's: dtype-aware tolerances.
+
+The tolerances are torch.testing.assert_close's defaults for a dtype (float32: rtol 1.3e-6, atol 1e-5;
+bfloat16: rtol 1.6e-2, atol 1e-5; float16: rtol 1e-3, atol 1e-5; float64: rtol 1e-7, atol 1e-7; exact for
+integers and bool), taken for the LEAST precise floating dtype involved: the compared tensor's, or the
+dtype the program computes in (`compute_dtype`: an fp32 model with a `torch.autocast(bfloat16)` region
+computes in bfloat16, so its fp32 outputs and gradients carry bfloat16 rounding).
+
+How the bound applies:
+- 32- and 64-bit floats, elementwise as assert_close: |a - b| <= atol + rtol * |b|;
+- 16-bit floats, relative to the tensor's scale and for two computations: |a - b| <= 2 (atol + rtol max|b|).
+  A 16-bit result is rounded at every step of its computation, so its error is a few units in the last
+  place (2^-8 relative for bfloat16) of the terms it was formed from, not of itself: an element that is a
+  small difference of large terms (a gradient summed over a batch, an output after LayerNorm) carries the
+  absolute error of the large terms, which the tensor's largest magnitude stands for. And both sides are
+  such computations: eager (one device) and the sharded program (bf16 partial sums reduced across ranks;
+  the tracer's split of a linear layer's bias, which rounds the matmul before adding the bias instead of
+  once after: one ulp, 0.0078 at magnitude 1-2) each lie within the dtype's tolerance of the exact value,
+  so they lie within twice of each other. A real error (a missing, doubled or misplaced term) is of the
+  size of the values themselves and stays far outside (measured, tests/distributed/test_precision.py: a
+  bf16 MLP on dp=2 and tp=2 reaches 0.59 of this bound, after 3 AdamW steps; elementwise, its near-zero
+  gradient elements exceed assert_close's bf16 bound up to 16 times).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tracer.graph import TracedGraph
+
+
+def tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) of `torch.testing.assert_close` for `dtype` (torch's own table, read through the private
+    `torch.testing._comparison.default_tolerances`, checked on torch 2.13.0)."""
+    from torch.testing._comparison import default_tolerances
+
+    return default_tolerances(dtype)
+
+
+def loosest(*dtypes: torch.dtype | None) -> torch.dtype:
+    """The dtype with the largest default rtol among `dtypes` (None entries ignored)."""
+    return max((d for d in dtypes if d is not None), key=lambda d: tolerances(d)[0])
+
+
+def compute_dtype(traced: TracedGraph) -> torch.dtype | None:
+    """The least precise floating dtype any node of `traced` produces (None when none is floating)."""
+    found = {t.dtype for info in traced.nodes.values() for t in info.outputs if t.dtype.is_floating_point}
+    return loosest(*found) if found else None
+
+
+def excess(actual: torch.Tensor, expected: torch.Tensor, compute: torch.dtype | None = None) -> float:
+    """The largest |actual - expected| over its bound (module docstring), for the loosest of expected's dtype
+    and `compute`: <= 1 is a match. Empty tensors match; a non-zero difference with a zero bound is inf."""
+    if not expected.numel():
+        return 0.0
+    dtype = loosest(expected.dtype, compute) if expected.dtype.is_floating_point else expected.dtype
+    rtol, atol = tolerances(dtype)
+    a, b = actual.detach().double(), expected.detach().double()
+    diff = (a - b).abs()
+    if dtype.is_floating_point and dtype.itemsize <= 2:
+        bound = 2 * (atol + rtol * b.abs().max())
+    else:
+        bound = atol + rtol * b.abs()
+    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / bound)
+    return ratio.max().item()

@@ -1,0 +1,123 @@
+"""Rank body for test_checkpoint: train, checkpoint, resume on other meshes (importable by name in spawned ranks).
+
+Memory is measured as the peak resident set size above the level before a call: /proc/self/clear_refs
+resets the kernel's high-water mark (VmHWM), so VmHWM after the call minus VmRSS before it is the most
+memory the call added at any moment. The test starts the ranks with MALLOC_MMAP_THRESHOLD_ set, so that
+glibc returns every freed tensor's pages at once (its adaptive threshold would otherwise keep freed blocks
+mapped and the figure would count memory no tensor holds).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from parallelizer import checkpoint, zoo
+from parallelizer.rewriter.spec import all_axis_groups
+from parallelizer.rewriter.state import gather_tensor, shard_tensor
+from parallelizer.runtime import create_groups
+from parallelizer.runtime.module import ParallelModule
+from parallelizer.tracer.trace import trace
+
+CFG = dict(n_layer=2, n_embd=256, n_head=4, vocab_size=4001, batch=8, seq_len=16, labels=True)
+FROZEN = "transformer.wpe.weight"
+
+
+def build(seed: int = 0):
+    """GPT-2 (tied wte / lm_head, vocab 4001: uneven shards) with the position table frozen."""
+    model, args, kwargs = zoo.gpt2(**CFG, seed=seed)
+    model.get_parameter(FROZEN).requires_grad_(False)
+    return model, args, kwargs
+
+
+def batch(step: int) -> tuple[tuple, dict]:
+    ids = torch.randint(0, CFG["vocab_size"], (CFG["batch"], CFG["seq_len"]),
+                        generator=torch.Generator().manual_seed(100 + step))
+    return (ids,), {"labels": ids}
+
+
+def _rss(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def peak_added_bytes(fn) -> int:
+    """The largest amount of resident memory `fn()` added at any moment (module docstring)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _rss("VmRSS")
+    fn()
+    return _rss("VmHWM") - before
+
+
+def _module(spec, seed: int) -> tuple[ParallelModule, torch.optim.Optimizer]:
+    model, args, kwargs = build(seed)
+    create_groups(all_axis_groups(spec.mesh))
+    pm = ParallelModule(trace(model, args, kwargs), spec, dist.get_rank(), model)
+    return pm, torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-6)
+
+
+def _train(pm, opt, steps) -> list[float]:
+    losses = []
+    for step in steps:
+        args, kwargs = batch(step)
+        opt.zero_grad()
+        loss = pm(*args, **kwargs)[0]
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _full_optimizer_state(pm, opt) -> dict[str, torch.Tensor]:
+    """fqn.key -> full tensor of every optimizer state entry (gathered; small model)."""
+    out = {}
+    for fqn, p in pm.named_parameters():
+        for key, value in opt.state.get(p, {}).items():
+            if value.ndim:
+                value = gather_tensor(value, pm.spec.params[fqn], pm.spec.mesh, pm.groups,
+                                      tuple(pm.traced.parameters[fqn].shape), pm.coords)
+            out[f"{fqn}.{key}"] = value.clone()
+    return out
+
+
+def resume(rank: int, world_size: int, specs: dict, root: str) -> dict:
+    """Train 3 steps on specs["first"], save, train 2 more; resume from the checkpoint on every other spec
+    (a model of another seed, so every value must come from the checkpoint) and train the same 2 steps.
+    Returns losses, bitwise checks and memory peaks of this rank."""
+    root_dir = Path(root)
+    pm, opt = _module(specs["first"], seed=0)
+    _train(pm, opt, range(3))
+    checkpoint.save(pm, opt, root_dir / "warmup")  # imports and first-use allocations, not measured
+    out = {"save_peak": peak_added_bytes(lambda: checkpoint.save(pm, opt, root_dir / "ckpt"))}
+    out["export_peak"] = peak_added_bytes(lambda: checkpoint.export_full_state_dict(pm, root_dir / "export"))
+    params = {k: v.clone() for k, v in pm.full_state_dict().items()}
+    state = _full_optimizer_state(pm, opt)
+    out["frozen_has_state"] = pm.get_parameter(FROZEN) in opt.state
+    out["largest_bytes"] = max(v.numel() * v.element_size() for v in [*params.values(), *state.values()])
+    out["local_bytes"] = sum(p.numel() * p.element_size() for p in pm.state_dict().values())
+    out["full_bytes"] = sum(v.numel() * v.element_size() for v in params.values())
+    out["losses"] = _train(pm, opt, range(3, 5))
+    out["params_at_3"] = params if rank == 0 else {}
+    for name, spec in specs.items():
+        if name == "first":
+            continue
+        warm, warm_opt = _module(spec, seed=1)  # a first load, not measured (imports, first-use buffers)
+        checkpoint.load(warm, warm_opt, root_dir / "warmup")
+        del warm, warm_opt
+        pm2, opt2 = _module(spec, seed=1)
+        result = {"load_peak": peak_added_bytes(lambda: checkpoint.load(pm2, opt2, root_dir / "ckpt"))}
+        result["state_local_bytes"] = sum(v.numel() * v.element_size() for s in opt2.state.values()
+                                          for v in s.values())
+        result["params_bitwise"] = all(
+            torch.equal(p, shard_tensor(params[fqn], spec.params[fqn], spec.mesh, pm2.coords))
+            for fqn, p in pm2.named_parameters())
+        restored = _full_optimizer_state(pm2, opt2)
+        result["state_keys_equal"] = sorted(restored) == sorted(state)
+        result["state_bitwise"] = all(torch.equal(restored[k], v) for k, v in state.items() if k in restored)
+        result["frozen_has_state"] = pm2.get_parameter(FROZEN) in opt2.state
+        result["lr"] = opt2.param_groups[0]["lr"]
+        result["losses"] = _train(pm2, opt2, range(3, 5))
+        out[name] = result
+    dist.barrier()
+    return out

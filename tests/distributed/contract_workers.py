@@ -1,0 +1,288 @@
+"""Models and rank bodies for test_contract: nn.Module's contract kept by ParallelModule (issue 12 items 5-8).
+
+Every check compares with the eager model on one device, built from the same seed in the same rank.
+Functions return plain values (numbers, booleans, messages) so that the test asserts them in the parent.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallelizer.errors import StateDictError, TraceError
+from parallelizer.rewriter.spec import all_axis_groups
+from parallelizer.rewriter.state import gather_tensor, shard_tensor
+from parallelizer.runtime import create_groups
+from parallelizer.runtime.module import ParallelModule
+from parallelizer.tracer.trace import trace
+
+
+class ConvBN(nn.Module):
+    """(B, 3, 8, 8) -> (B, 10): Conv2d 3->8 (3x3, no bias: BatchNorm removes it, its true gradient is 0 and
+    Adam would turn its rounding noise into steps), BatchNorm2d(8), ReLU, flatten, Linear(288, 10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+class DropoutMLP(nn.Module):
+    """(B, 16) -> (B, 16): Linear(16, 64), Dropout(0.5), Linear(64, 16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.drop, self.down = nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.drop(self.up(x)))
+
+
+class Branchy(nn.Module):
+    """A Python branch on self.training: eval halves the hidden state (an op only the eval graph has)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if not self.training:
+            h = h * 0.5
+        return self.down(torch.relu(h))
+
+
+class Frozen(nn.Module):
+    """The issue's model: a frozen Linear(2, 2, bias=False) before a trainable Linear(2, 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(2, 2, bias=False)
+        self.frozen.weight.requires_grad_(False)
+        self.train_me = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.train_me(self.frozen(x))
+
+
+def conv_bn(seed: int = 0):
+    torch.manual_seed(seed)
+    return ConvBN().train(), (torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def dropout_mlp(seed: int = 0):
+    torch.manual_seed(seed)
+    return DropoutMLP().train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def branchy(seed: int = 0):
+    torch.manual_seed(seed)
+    return Branchy().train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def frozen(seed: int = 0):
+    torch.manual_seed(seed)
+    return Frozen().train(), (torch.randn(4, 2, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def _pm(model, inputs, spec, kwargs=None) -> ParallelModule:
+    create_groups(all_axis_groups(spec.mesh))
+    return ParallelModule(trace(model, inputs, kwargs), spec, dist.get_rank(), model)
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach().double() - b.detach().double()).abs().max().item()
+
+
+def _shard(full: torch.Tensor, spec, fqn: str, pm: ParallelModule) -> torch.Tensor:
+    """This rank's shard of an eager tensor of parameter `fqn` under the spec's stored layout."""
+    return shard_tensor(full, spec.params[fqn], spec.mesh, pm.coords)
+
+
+def _sq(out) -> torch.Tensor:
+    return out.float().pow(2).mean()
+
+
+# ------------------------------------------------------------------------------------------ item 5
+def train_eval(rank: int, world_size: int, specs: dict) -> dict:
+    """One training step, then eval outputs and BatchNorm buffers against eager eval; back to train."""
+    out = {}
+    model, (x,) = conv_bn()
+    reference = copy.deepcopy(model)
+    pm = _pm(model, (x,), specs["conv_bn"])
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (pm, reference))
+    for m, o in ((pm, opt), (reference, ref_opt)):
+        _sq(m(x)).backward()
+        o.step()
+        o.zero_grad()
+    test_x = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(7)) * 3 + 1
+    pm.eval()
+    reference.eval()
+    buffers = {k: v.clone() for k, v in pm.named_buffers()}
+    with torch.no_grad():
+        out["conv_bn_eval"] = (pm(test_x), reference(test_x))
+    out["conv_bn_buffers_kept"] = all(torch.equal(v, pm.get_buffer(k)) for k, v in buffers.items())
+    out["conv_bn_buffers_vs_eager"] = max(_diff(v, reference.get_buffer(k)) for k, v in pm.named_buffers())
+    out["conv_bn_replicated"] = [p.replicated for p in pm.programs.values()]
+    with torch.no_grad():  # what a program still normalising with batch statistics would give
+        out["conv_bn_batch_stats"] = copy.deepcopy(reference).train()(test_x)
+    pm.train()
+    reference.train()
+    out["conv_bn_train_again"] = (pm(x).detach(), reference(x).detach())
+    out["conv_bn_programs"] = len(pm.programs)
+
+    model, (x,) = dropout_mlp()
+    reference = copy.deepcopy(model).eval()
+    pm = _pm(model, (x,), specs["dropout"]).eval()
+    out["dropout_eval"] = (pm(x).detach(), reference(x).detach())
+
+    model, (x,) = branchy()
+    reference = copy.deepcopy(model).eval()
+    pm = _pm(model, (x,), specs["branchy"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm.eval()
+        out["branchy_eval"] = (pm(x).detach(), reference(x).detach())
+    out["branchy_warning"] = [str(w.message) for w in caught]
+    pm.train()
+    out["branchy_train"] = (pm(x).detach(), reference.train()(x).detach())
+    return out
+
+
+# ------------------------------------------------------------------------------------------ item 6
+def frozen_parameters(rank: int, world_size: int, spec) -> dict:
+    """The frozen Linear stays frozen: no requires_grad, no gradient, no sync, no optimizer state, no move;
+    unfreezing it later gives it the eager gradient (a new program with its gradient sync)."""
+    model, (x,) = frozen()
+    reference = copy.deepcopy(model)
+    pm = _pm(model, (x,), spec)
+    before = pm.frozen.weight.detach().clone()
+    opt, ref_opt = (torch.optim.AdamW([p for p in m.parameters()], lr=1e-1) for m in (pm, reference))
+    for m, o in ((pm, opt), (reference, ref_opt)):
+        _sq(m(x)).backward()
+        o.step()
+    out = {"requires_grad": pm.frozen.weight.requires_grad, "grad": pm.frozen.weight.grad,
+           "moved": not torch.equal(pm.frozen.weight, before), "has_state": pm.frozen.weight in opt.state,
+           "code": pm.program.graph_module.code,
+           "grad_diff": max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
+                            for f, p in pm.named_parameters() if p.requires_grad)}
+    for m in (pm, reference):
+        m.zero_grad()
+        m.frozen.weight.requires_grad_(True)
+        _sq(m(x)).backward()
+    out["unfrozen_grad_diff"] = _diff(pm.frozen.weight.grad,
+                                      _shard(reference.frozen.weight.grad, spec, "frozen.weight", pm))
+    out["unfrozen_code"] = pm.program.graph_module.code
+    return out
+
+
+# ------------------------------------------------------------------------------------------ item 7
+def _double(module, inputs, output):
+    return output * 2
+
+
+def hooked_llama(seed: int = 0):
+    """Llama (a non-persistent rotary inv_freq) whose first MLP has a forward hook doubling its output,
+    registered before tracing (so it is part of the traced program)."""
+    from parallelizer import zoo
+
+    model, (ids,) = zoo.llama(batch=4, seq_len=16, seed=seed)
+    model.model.layers[0].mlp.register_forward_hook(_double)
+    return model, (ids,)
+
+
+def state_dict_contract(rank: int, world_size: int, spec) -> dict:
+    """Keys, strict loads both ways, typed errors, and hooks."""
+    from parallelizer import zoo
+
+    model, (ids,) = hooked_llama()
+    reference = copy.deepcopy(model)
+    pm = _pm(model, (ids,), spec)
+    out = {"model_keys": sorted(model.state_dict()), "pm_keys": sorted(pm.state_dict()),
+           "model_params": [n for n, _ in model.named_parameters()], "pm_params": [n for n, _ in pm.named_parameters()],
+           "model_buffers": sorted(n for n, _ in model.named_buffers()),
+           "pm_buffers": sorted(n for n, _ in pm.named_buffers())}
+    full = pm.full_state_dict()
+    out["full_keys"] = sorted(full)
+    fresh = zoo.llama(batch=4, seq_len=16, seed=1)[0]
+    result = fresh.load_state_dict(full, strict=True)
+    out["strict_load"] = (result.missing_keys, result.unexpected_keys)
+    out["loaded_equal"] = all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+
+    def handle(fn):
+        try:
+            fn()
+        except StateDictError as err:
+            return type(err).__name__, str(err), isinstance(err, RuntimeError)
+        except Exception as err:  # noqa: BLE001 - the test reports what else came out
+            return type(err).__name__, str(err), False
+        return None
+
+    bad = dict(full)
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad[name] = torch.zeros(3, 5)
+    out["wrong_shape"] = handle(lambda: pm.load_full_state_dict(bad))
+    missing = {k: v for k, v in full.items() if k != "model.norm.weight"}
+    out["missing"] = handle(lambda: pm.load_full_state_dict(missing))
+    extra = {**full, "model.extra.weight": torch.zeros(1)}
+    out["unexpected"] = handle(lambda: pm.load_full_state_dict(extra))
+    result = pm.load_full_state_dict(missing, strict=False)
+    out["non_strict"] = (result.missing_keys, result.unexpected_keys)
+
+    seen = {}
+    pm.register_forward_hook(lambda mod, inp, output: seen.update(out=output.logits.detach().clone()))
+    logits = pm(ids).logits
+    out["hook_output"] = _diff(seen["out"], logits)
+    out["with_model_hook"] = _diff(logits, reference(ids).logits)
+    out["submodule_hook"] = None
+    try:
+        pm.model.layers[0].register_forward_hook(lambda *a: None)
+    except TraceError as err:
+        out["submodule_hook"] = str(err)
+    grads = {}
+    pm.get_parameter("model.norm.weight").register_hook(lambda g: grads.setdefault("g", g.clone()))
+    logits.float().pow(2).mean().backward()
+    reference(ids).logits.float().pow(2).mean().backward()
+    ref_grad = reference.get_parameter("model.norm.weight").grad
+    out["param_hook"] = _diff(grads["g"], _shard(ref_grad, spec, "model.norm.weight", pm))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ item 8
+def clipping(rank: int, world_size: int, specs: dict) -> dict:
+    """pm.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_ on the eager model, per spec and norm."""
+    from parallelizer import zoo
+
+    out = {}
+    for name, spec in specs.items():
+        for norm_type in (2.0, float("inf")):
+            model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+            reference = copy.deepcopy(model)
+            pm = _pm(model, (x,), spec)
+            (pm(x) * 100).pow(2).mean().backward()
+            (reference(x) * 100).pow(2).mean().backward()
+            naive = sum(p.grad.pow(2).sum() for p in pm.parameters()).sqrt().item()
+            total = pm.clip_grad_norm_(0.05, norm_type)
+            ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
+            grads = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
+                        for f, p in pm.named_parameters())
+            opt = torch.optim.SGD(pm.parameters(), lr=1.0)
+            opt.step()
+            replicas_equal = True
+            for f, p in pm.named_parameters():  # each replicated parameter equal on every rank after the step
+                full = gather_tensor(p.detach(), spec.params[f], spec.mesh, pm.groups,
+                                     tuple(pm.traced.parameters[f].shape), pm.coords)
+                copies = [torch.empty_like(full) for _ in range(world_size)]
+                dist.all_gather(copies, full)
+                replicas_equal &= all(torch.equal(c, copies[0]) for c in copies)
+            out[(name, norm_type)] = {"total": total.item(), "ref_total": ref_total.item(), "naive": naive,
+                                      "grad_diff": grads, "replicas_equal": replicas_equal,
+                                      "dtype": str(total.dtype)}
+    return out

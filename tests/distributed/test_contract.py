@@ -1,0 +1,117 @@
+"""ParallelModule keeps nn.Module's contract (DESIGN.md rule 10; issue 12 items 5-8), on 2 gloo ranks against
+the eager model on one device:
+
+5. train()/eval(): after one training step, eval outputs of Conv -> BatchNorm2d -> Linear (dp=2) equal eager
+   eval outputs and the running buffers stay untouched and equal to eager's; a dropout model (tp=2) is the
+   identity in eval; a model with a Python branch on self.training runs its eval branch (its extra op
+   replicated, with a warning); train() returns to the training program.
+6. a frozen Linear(2, 2, bias=False) before a trainable one: no requires_grad, no gradient, no gradient
+   sync, no optimizer state, not moved by AdamW, on one device and on dp=2; unfreezing gives eager's gradient.
+7. state_dict/named_parameters keys equal the model's (Llama: non-persistent inv_freq left out), the
+   gathered state dict loads with strict=True, typed errors for wrong shapes and missing/unexpected keys,
+   hooks on the module, on parameters, and on the model before tracing work; on a submodule it is refused.
+8. clip_grad_norm_ returns eager's total norm (2 and inf) on every rank, scales the shards like eager, and
+   replicated parameters stay equal across ranks (tp=2 and fsdp dp=2).
+"""
+import contextlib
+import io
+import re
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime import spawn
+from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, frozen_parameters, hooked_llama,
+                              state_dict_contract, train_eval)
+
+pytestmark = pytest.mark.distributed
+
+
+def _spec(model_fn, mesh, roles, **kwargs):
+    model, inputs, *rest = model_fn(**kwargs)
+    traced = parallelizer.trace(model, inputs, rest[0] if rest else None)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return spec_from_plan(parallelizer.plan(traced, mesh, axis_roles=roles))
+
+
+DP, TP = ({"dp": 2}, {"dp": "ddp"}), ({"tp": 2}, {"tp": "tp"})
+
+
+def test_eval_mode_matches_eager_eval():
+    specs = {"conv_bn": _spec(conv_bn, *DP), "dropout": _spec(dropout_mlp, *TP), "branchy": _spec(branchy, *DP)}
+    for rank, r in enumerate(spawn(train_eval, 2, specs, timeout_s=240)):
+        mine, eager = r["conv_bn_eval"]
+        torch.testing.assert_close(mine, eager)  # float32 defaults of torch.testing
+        assert (r["conv_bn_batch_stats"] - eager).abs().max() > 0.1  # batch statistics would be far off
+        assert r["conv_bn_buffers_kept"] and r["conv_bn_buffers_vs_eager"] < 1e-6
+        assert r["conv_bn_replicated"] == [(), ()] and r["conv_bn_programs"] == 2
+        torch.testing.assert_close(*r["conv_bn_train_again"])
+        torch.testing.assert_close(*r["dropout_eval"])
+        torch.testing.assert_close(*r["branchy_eval"])
+        torch.testing.assert_close(*r["branchy_train"])
+        assert any("run replicated: mul" in w for w in r["branchy_warning"]), r["branchy_warning"]
+
+
+def _frozen_on_one_device():
+    model, (x,) = frozen()
+    pm = parallelizer.auto_parallelize(model, (x,), mesh={"dp": 1})
+    try:
+        before = pm.frozen.weight.detach().clone()
+        opt = torch.optim.AdamW(pm.parameters(), lr=0.1)
+        pm(x).pow(2).mean().backward()
+        opt.step()
+        return pm.frozen.weight.requires_grad, pm.frozen.weight.grad, torch.equal(before, pm.frozen.weight), \
+            pm.frozen.weight in opt.state
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_frozen_parameters_stay_frozen():
+    assert _frozen_on_one_device() == (False, None, True, False)
+    spec = _spec(frozen, *DP)
+    for r in spawn(frozen_parameters, 2, spec, timeout_s=120):
+        assert (r["requires_grad"], r["grad"], r["moved"], r["has_state"]) == (False, None, False, False)
+        assert r["grad_diff"] < 1e-6
+        sync = re.compile(r"grad_all_reduce\w*\(p_frozen_weight")  # the gradient sync of the parameter
+        assert "p_frozen_weight" in r["code"] and not sync.search(r["code"]) and sync.search(r["unfrozen_code"])
+        assert r["unfrozen_grad_diff"] < 1e-6
+
+
+def test_state_dict_keys_loads_errors_and_hooks():
+    spec = _spec(hooked_llama, *TP)
+    assert any(str(layout) != "R" for layout in spec.params.values())
+    for r in spawn(state_dict_contract, 2, spec, timeout_s=240):
+        assert r["pm_keys"] == r["model_keys"] and r["full_keys"] == r["model_keys"]
+        assert not any("inv_freq" in k for k in r["full_keys"]) and any("inv_freq" in k for k in r["pm_buffers"])
+        assert r["pm_params"] == r["model_params"] and r["pm_buffers"] == r["model_buffers"]
+        assert r["strict_load"] == ([], []) and r["loaded_equal"]
+        kind, text, is_runtime = r["wrong_shape"]
+        assert kind == "StateDictError" and is_runtime
+        assert "'model.layers.0.mlp.up_proj.weight' has shape (3, 5)" in text
+        assert "(176, 64)" in text and "Remedy" in text
+        kind, text, _ = r["missing"]
+        assert kind == "StateDictError" and "1 missing key(s) [model.norm.weight]" in text
+        kind, text, _ = r["unexpected"]
+        assert kind == "StateDictError" and "1 unexpected key(s) [model.extra.weight]" in text
+        assert r["non_strict"] == (["model.norm.weight"], [])
+        assert r["hook_output"] == 0.0 and r["with_model_hook"] < 1e-5 and r["param_hook"] < 1e-6
+        assert r["submodule_hook"] and "register the hook on the model's module BEFORE tracing" in r["submodule_hook"]
+
+
+def test_clip_grad_norm_uses_the_global_norm():
+    kwargs = dict(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+    specs = {"tp2": _spec(zoo.mlp, *TP, **kwargs), "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **kwargs)}
+    results = spawn(clipping, 2, specs, timeout_s=240)
+    for key in results[0]:
+        totals = [r[key]["total"] for r in results]
+        assert totals[0] == totals[1], (key, totals)  # bitwise the same on every rank
+        r = results[0][key]
+        assert r["ref_total"] > 1.0 and r["dtype"] == "torch.float32", (key, r)  # it does clip (max_norm 0.05)
+        torch.testing.assert_close(r["total"], r["ref_total"], rtol=1.3e-6, atol=1e-5)
+        if key[1] == 2.0:
+            assert abs(r["naive"] - r["ref_total"]) > 1e-3 * r["ref_total"]  # local norms are not the norm
+        for rr in results:
+            assert rr[key]["grad_diff"] < 1e-6 and rr[key]["replicas_equal"], (key, rr[key])
