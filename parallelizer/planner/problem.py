@@ -95,7 +95,11 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             g = group_of[space.leader]
         else:
             key = _group_key(tg, name, space, config)
-            g = key_index.setdefault(key, len(groups))
+            g = key_index.get(key)
+            if g is not None and spaces[groups[g][0]].strategies != space.strategies:
+                key = ("node", name)  # same block position, other strategies (e.g. fed by a user input): alone
+                g = None
+            g = key_index.setdefault(key, len(groups)) if g is None else g
             if g == len(groups):
                 groups.append([])
                 keys.append(key)

@@ -106,14 +106,18 @@ def op_view(tg: TracedGraph, info: NodeInfo, inputs: tuple[TensorInput, ...]) ->
 
 def _valid(combo: tuple[AxisOption, ...], ins: tuple[Layout, ...], out: Layout, mesh: MeshSpec, in_shapes,
            out_shapes) -> bool:
-    """Layouts fit their tensors, and the tensors an option needs split evenly (`AxisOption.even`) do."""
+    """Layouts fit their tensors; the tensors an option needs split evenly (`AxisOption.even`) do, and those it
+    regroups (`AxisOption.regroup`) split evenly or have that dim sharded by this one mesh axis."""
     if not (all(fits(sh, L, mesh) for sh, L in zip(in_shapes, ins)) and all(fits(o, out, mesh) for o in out_shapes)):
         return False
     for axis, option in enumerate(combo):
-        for k in option.even:
+        for k in (*option.even, *option.regroup):
             layout, shapes = (out, out_shapes) if k == OUT else (ins[k], (in_shapes[k],))
             p = layout[axis]
-            if isinstance(p, Shard) and not all(divides_evenly(sh, layout, mesh, (p.dim,)) for sh in shapes):
+            if not isinstance(p, Shard) or all(divides_evenly(sh, layout, mesh, (p.dim,)) for sh in shapes):
+                continue
+            if k in option.even or any(isinstance(q, Shard) and q.dim % len(shapes[0]) == p.dim % len(shapes[0])
+                                       and mesh.shape[i] > 1 for i, q in enumerate(layout) if i != axis):
                 return False
     return True
 

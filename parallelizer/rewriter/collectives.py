@@ -57,7 +57,7 @@ from parallelizer.runtime.launch import DistributedError
 
 __all__ = [
     "Group", "all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "all_reduce_max", "grad_all_reduce",
-    "all_to_all", "local_slice", "find_group", "group_index",
+    "all_to_all", "local_slice", "rechunk", "find_group", "group_index",
 ]
 
 Group = Union[Sequence[int], str]
@@ -236,6 +236,34 @@ def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_fu
     return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=src_dim)
 
 
+def _move_rows(x: torch.Tensor, dim: int, g: _GroupView, src: Sequence[int], dst: Sequence[int]) -> torch.Tensor:
+    """Re-cut a dim split over the group in consecutive blocks of `src` elements (member j holds the j-th
+    block) into blocks of `dst` elements: each member sends the overlap of its block with every member's new
+    block (all-to-all with uneven splits; usually a few rows between neighbours)."""
+    if g.size == 1 or list(src) == list(dst):
+        return x
+    s0 = [sum(src[:j]) for j in range(g.size)]
+    d0 = [sum(dst[:j]) for j in range(g.size)]
+
+    def overlap(j_src: int, j_dst: int) -> tuple[int, int]:
+        """(offset inside j_src's block, length) of the rows j_src sends to j_dst."""
+        lo, hi = max(s0[j_src], d0[j_dst]), min(s0[j_src] + src[j_src], d0[j_dst] + dst[j_dst])
+        return (lo - s0[j_src], hi - lo) if hi > lo else (0, 0)
+
+    me = g.index
+    send = [x.narrow(dim, *overlap(me, j)) for j in range(g.size)]
+    shapes = []
+    for j in range(g.size):
+        shape = list(x.shape)
+        shape[dim] = overlap(j, me)[1]
+        shapes.append(shape)
+    flat = torch.cat([p.reshape(-1) for p in send])
+    received = _wait(funcol.all_to_all_single(flat, [math.prod(sh) for sh in shapes], [p.numel() for p in send],
+                                              g.name))
+    pieces = received.split([math.prod(sh) for sh in shapes])
+    return torch.cat([p.view(sh) for p, sh in zip(pieces, shapes)], dim=dim)
+
+
 # ------------------------------------------------------------------------------ autograd functions
 
 
@@ -382,6 +410,29 @@ def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group, size: 
                             partial(_exchange, src_dim=dst, dst_dim=src, g=g, src_full=x.shape[dst]))
 
 
+def rechunk(x: torch.Tensor, dim: int, ranks: Group, src_sizes: Sequence[int], dst_sizes: Sequence[int]) -> torch.Tensor:
+    """A dim split over the group in consecutive blocks of `src_sizes[j]` elements (member j holds block j)
+    -> blocks of `dst_sizes[j]` (same total). Backward: the reverse rechunk.
+
+    Used by views that merge or split an unevenly sharded dim: viewing rows (3, 3, 3, 1) of a (10, 7) tensor
+    as (70,) leaves blocks of 21, 21, 21, 7 elements, while Shard(0) of 70 elements over 4 ranks is chunks of
+    18, 18, 18, 16 (torch.chunk's split); rechunk moves the rows across the block boundaries.
+
+    Raises:
+        ValueError: dim out of range, sizes of the wrong length or totals, or this rank's local length is not
+            src_sizes[its index]; bad or foreign `ranks`.
+        DistributedError: torch.distributed not initialised, or no process group with these ranks.
+    """
+    g = _resolve(ranks, "rechunk")
+    dim = _norm_dim(x, dim, "rechunk")
+    src, dst = list(src_sizes), list(dst_sizes)
+    if len(src) != g.size or len(dst) != g.size or sum(src) != sum(dst) or x.shape[dim] != src[g.index]:
+        raise ValueError(f"rechunk: sizes {src} -> {dst} over group {list(g.ranks)} do not fit local shape "
+                         f"{tuple(x.shape)} (dim {dim}, member {g.index}); give one size per member, equal totals")
+    return _Conjugate.apply(x, partial(_move_rows, dim=dim, g=g, src=src, dst=dst),
+                            partial(_move_rows, dim=dim, g=g, src=dst, dst=src))
+
+
 def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
     """Replicate -> Shard(dim): keep this rank's chunk along `dim`, no communication.
 
@@ -402,6 +453,6 @@ def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
 
 # torch.fx.symbolic_trace records these as call_function nodes instead of tracing into them.
 for _name in ("all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "all_reduce_max", "grad_all_reduce",
-              "all_to_all", "local_slice"):
+              "all_to_all", "local_slice", "rechunk"):
     torch.fx.wrap(_name)
 del _name

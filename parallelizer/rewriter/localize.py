@@ -25,15 +25,17 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from ..core.layout import Layout, Partial, Shard, local_region, local_shape
+from ..core.layout import Layout, Partial, Shard, chunk_range, local_region, local_shape
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
 from . import collectives
 
 aten = torch.ops.aten
-# views whose size or dims arguments describe the global shape: emitted as a reshape to the local shape
-# (squeeze without dims would also drop a dim whose local shard happens to hold one element)
-_AS_RESHAPE = {aten.unflatten.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
+# views: emitted as a view / reshape to this rank's local output shape (their size or dims arguments describe
+# the global shape; squeeze without dims would also drop a dim whose local shard holds one element); a
+# sharded dim they merge or split is regrouped when its chunks are uneven (`regrouped_view`)
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
+          aten.unflatten.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
 # op -> index of its size argument
 _SIZE_ARG = {
     aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1, aten.expand.default: 1,
@@ -75,12 +77,11 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     """Append the local form of `ctx.node` (with already-redistributed `args`/`kwargs`) to `graph`."""
     target = ctx.node.target
     packet = getattr(target, "overloadpacket", None)
+    if target in _VIEWS:
+        return _local_view(graph, ctx, args)
     if target in _SIZE_ARG and ctx.out_shape is not None:
         i = _SIZE_ARG[target]
         args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)),) + args[i + 1:]
-    elif target in _AS_RESHAPE:
-        return graph.call_function(aten.reshape.default,
-                                   (args[0], list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords))))
     elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
     elif packet is aten.mean and _mean_over_shards(ctx):
@@ -113,6 +114,50 @@ def _shard_groups(ctx: Context) -> list[list[int]]:
     """Groups of the mesh axes (size > 1) on which the output is sharded."""
     return [ctx.groups[ctx.mesh.axis_names[i]] for i, p in enumerate(ctx.output)
             if isinstance(p, Shard) and ctx.mesh.shape[i] > 1]
+
+
+# --- views ------------------------------------------------------------------------------------------------
+
+def _local_view(graph: torch.fx.Graph, ctx: Context, args: tuple) -> torch.fx.Node:
+    """A view to this rank's local output shape; an unevenly sharded dim it merges (rows -> rows x k) or
+    splits is re-cut to torch.chunk's split of the new dim (`collectives.rechunk`; the planner allows it only
+    when one mesh axis shards that dim, `AxisOption.regroup`)."""
+    out_local = list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords))
+    before, after, mid = [], [], list(out_local)
+    src, dst = ctx.in_shapes[0], ctx.out_shape
+    for i, (p_in, p_out) in enumerate(zip(ctx.inputs[0], ctx.output)):
+        n = ctx.mesh.shape[i]
+        if n == 1 or not isinstance(p_in, Shard) or not isinstance(p_out, Shard):
+            continue
+        d, e = p_in.dim % len(src), p_out.dim % len(dst)
+        ranks, me = ctx.groups[ctx.mesh.axis_names[i]], ctx.coords[i]
+        chunks = lambda size: [chunk_range(size, n, j)[1] for j in range(n)]
+        if dst[e] > src[d]:      # merge: local rows n_j become n_j * k elements of the new dim
+            k = dst[e] // src[d]
+            have, want = [m * k for m in chunks(src[d])], chunks(dst[e])
+            if have != want:
+                after.append((e, ranks, have, want))
+                mid[e] = have[me]
+        elif dst[e] < src[d]:    # split: re-cut first so that the local rows are whole groups of k
+            k = src[d] // dst[e]
+            have, want = chunks(src[d]), [m * k for m in chunks(dst[e])]
+            if have != want:
+                before.append((d, ranks, have, want))
+    if not before and not after:
+        target = ctx.node.target if ctx.node.target in _SIZE_ARG else aten.reshape.default
+        return graph.call_function(target, (args[0], out_local))
+    return graph.call_function(regrouped_view, (args[0], mid, before, after))
+
+
+def regrouped_view(x: torch.Tensor, shape: list[int], before: list, after: list) -> torch.Tensor:
+    """Rechunk (`collectives.rechunk`) along each (dim, ranks, sizes, new sizes) of `before`, reshape to
+    `shape`, rechunk along each of `after`. Shapes: x (local input) -> the local output shape."""
+    for dim, ranks, have, want in before:
+        x = collectives.rechunk(x, dim, ranks, have, want)
+    x = x.reshape(shape)
+    for dim, ranks, have, want in after:
+        x = collectives.rechunk(x, dim, ranks, have, want)
+    return x
 
 
 # --- empty shards ---------------------------------------------------------------------------------------

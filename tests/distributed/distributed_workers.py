@@ -255,6 +255,16 @@ def check_uneven(g: list[int]) -> None:
         (y.sin() * _piece(W[:, :, 0], 0, i, n)).sum().backward()
         _close(y, _piece(sum(Xs), 0, i, n), f"uneven reduce_scatter {size} value")
         _close(x.grad, refs[i].grad, f"uneven reduce_scatter {size} grad")
+        src = [chunk_range(size, n, j)[1] * 3 for j in range(n)]          # rows (size/n) x 3 -> chunks of 3 size
+        dst = [chunk_range(3 * size, n, j)[1] for j in range(n)]
+        flat = X[:, :, 0].reshape(-1)                                     # (3 size,) = rows of X[:, :, 0]
+        ref = _leaf(flat)
+        (ref.sin() * W[:, :, -1].reshape(-1)).sum().backward()
+        x = _leaf(_piece(X[:, :, 0], 0, i, n).reshape(-1))
+        y = C.rechunk(x, 0, g, src, dst)
+        (y.sin() * _piece(W[:, :, -1].reshape(-1), 0, i, n)).sum().backward()
+        _close(y, _piece(flat, 0, i, n), f"rechunk {size} value")
+        _close(x.grad, ref.grad.narrow(0, sum(src[:i]), src[i]), f"rechunk {size} grad")
         Ws = [_full((size, 3, size), 600 + r) for r in range(n)]         # ZeRO-3 gather: partial grads
         ref = _leaf(X)
         sum((ref.sin() * w).sum() for w in Ws).backward()

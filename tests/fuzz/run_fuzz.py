@@ -1,6 +1,9 @@
 """The random-model fuzzer (issue R1): plan seeded random models on random meshes and axis roles, with real
 and with randomised costs (to force unusual strategies), run each plan on gloo ranks and compare with one
-device: outputs, loss, every gradient, parameters after 2 AdamW steps (`runtime.rehearsal`, tolerance 1e-5).
+device: outputs, loss, every gradient, parameters after 2 AdamW steps (`runtime.rehearsal`, float32
+tolerance). AdamW runs with eps=1e-3: a parameter whose true gradient is zero (the key bias of attention:
+softmax ignores a constant per row) gets rounding noise of ~1e-9 as gradient on both sides, which Adam with a
+tiny eps would turn into full steps of either sign; the gradients themselves are compared directly.
 
     python tests/fuzz/run_fuzz.py --n 300 --seed 0 [--report benchmarks/fuzz_results.json]   (make fuzz)
 
@@ -98,7 +101,7 @@ def run(seeds: list[int], chunk: int = 10) -> list[dict]:
     for world, group in sorted(by_world.items()):
         for i in range(0, len(group), chunk):
             part = group[i:i + chunk]
-            reports = rehearse_many([(fuzz_models.build, {"seed": c.seed}, c.spec) for c in part], steps=2)
+            reports = rehearse_many([(fuzz_models.build, {"seed": c.seed}, c.spec) for c in part], steps=2, eps=1e-3)
             for c, r in zip(part, reports):
                 results[c.seed] = {"seed": c.seed, "mesh": c.mesh, "roles": c.roles, "costs": c.costs,
                                    "families": c.families, "status": "match" if r.matches() else "MISMATCH",

@@ -251,10 +251,10 @@ def _check_strategy(entry, tg, name, tensors, s: Strategy, mesh: MeshSpec, seed:
             return None
         c = coords_of[rank]
         local = [t.requires_grad_(w) for t, w in zip(per[c], wants_grad)]
-        with agreed(mesh.world_size):  # a rank that fails here stops the others before they wait in backward
+        with agreed(mesh.world_size):  # a rank that fails here stops the others before they wait in a collective
             program = rewrite(tg, spec, rank)
             verify(program, tg, spec)
-            outs = list(program.graph_module(*local))
+        outs = list(program.graph_module(*local))
         pairs = [(o, _piece_cot(cg, lay, mesh, c)) for o, cg, lay in zip(outs, cot, out_layouts)
                  if cg is not None and o.requires_grad]
         grads = ()

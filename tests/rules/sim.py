@@ -21,7 +21,7 @@ from parallelizer.rewriter.collectives import find_group
 
 WORLD = 4
 GROUPS = ([0, 1], [0, 1, 2], [0, 2], [1, 3], [2, 3])  # sub-groups of meshes 2, 3, 2x2 (4 = the world)
-TIMEOUT_S = 15.0
+TIMEOUT_S = 30.0
 
 
 class SimWorld:

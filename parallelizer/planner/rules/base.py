@@ -4,8 +4,11 @@ axis). Multi-axis strategies are products of per-axis options (`planner.strategi
 Placements follow DTensor (`Shard(d)`, `Replicate()`, `Partial("sum")`); uneven shards follow torch.chunk
 (`core.layout`). An option lists the placement of every tensor input (in `OpView.in_shapes` order) and
 of the output (shared by every output of a multi-output op). An option whose local computation is only
-right when a sharded dim splits into EQUAL chunks (an op that merges or splits that dim, or pairs chunks
-of two different dims) names those tensors in `even`; the strategy product keeps it only where they do.
+right when a sharded dim splits into EQUAL chunks (an op that pairs chunks of two different dims, or a
+kernel that rejects an empty shard) names those tensors in `even`; the strategy product keeps it only where
+they do. A view that merges or splits a sharded dim names its input and output in `regroup` instead: when
+the chunks are uneven its local form moves the few rows that cross chunk boundaries between neighbouring
+ranks (`rewriter.collectives.rechunk`), which needs the dim sharded by that one mesh axis only.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 aten = torch.ops.aten
 R = Replicate()
 P = Partial("sum")
-OUT = -1  # index of the output in `AxisOption.even`
+OUT = -1  # index of the output in `AxisOption.even` / `AxisOption.regroup`
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,13 @@ class OpView:
 @dataclass(frozen=True)
 class AxisOption:
     """One strategy of a node on one mesh axis: input placements, output placement, and the tensors whose
-    sharded dim must split evenly (input indices, `OUT` for the output)."""
+    sharded dim must split evenly, or else be regrouped (input indices, `OUT` for the output; module
+    docstring)."""
 
     inputs: tuple[Placement, ...]
     output: Placement
     even: tuple[int, ...] = ()
+    regroup: tuple[int, ...] = ()
 
 
 def replicate(v: OpView) -> AxisOption:

@@ -22,7 +22,7 @@ def reshape_like(v: OpView) -> list[AxisOption]:
         prefix = math.prod(src[:d])
         for e in range(len(dst)):
             if dst[e] > 1 and math.prod(dst[:e]) == prefix:
-                opts.append(AxisOption((Shard(d),), Shard(e), () if src[d] == dst[e] else (0, OUT)))
+                opts.append(AxisOption((Shard(d),), Shard(e), regroup=() if src[d] == dst[e] else (0, OUT)))
                 break
     return opts + [AxisOption((P,), P)]
 
