@@ -1,0 +1,176 @@
+"""The models behind issue 11's wrong numbers (one per pattern class), importable by spawned ranks.
+
+Each builder returns (model, example_inputs); seeded, so every rank builds the same weights and inputs.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SumPlusConstant(nn.Module):
+    """x.sum() + c: a Partial sum must be reduced before a constant is added (once, not once per rank)."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = c
+
+    def forward(self, x):
+        return x.sum() + self.c
+
+
+def sum_plus(c: float = 10.0):
+    return SumPlusConstant(c), (torch.arange(10.0).reshape(10, 1),)
+
+
+class RowParallelPlusConstant(nn.Module):
+    """down(relu(up(x))) + 0.5 with the down projection row parallel under tp (its output Partial)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x))) + 0.5
+
+
+def row_parallel_plus(seed: int = 0):
+    torch.manual_seed(seed)
+    return RowParallelPlusConstant(), (torch.randn(6, 8, generator=torch.Generator().manual_seed(seed)),)
+
+
+class NarrowCast(nn.Module):
+    """Linear(2,4) -> ReLU -> Linear(4,2) -> bf16 -> fp32 -> Linear(2,2): the bf16 rounding must see the
+    reduced sum, not each rank's partial sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(2, 4), nn.Linear(4, 2), nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.c(self.b(torch.relu(self.a(x))).to(torch.bfloat16).float())
+
+
+def narrow_cast(seed: int = 0):
+    torch.manual_seed(seed)
+    return NarrowCast(), (torch.randn(1, 2, generator=torch.Generator().manual_seed(seed)) * 3,)
+
+
+class CausalScores(nn.Module):
+    """scores = (q @ k^T).tril(): tril reads global row/column indices."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):  # (B, T, C)
+        scores = (self.q(x) @ self.k(x).transpose(-1, -2)).tril()   # (B, T, T)
+        return scores @ self.v(x)
+
+
+def causal_scores(dim: int = 8, seq: int = 7, seed: int = 0, device: str = "cpu"):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = CausalScores(dim)
+    return model, (torch.randn(3, seq, dim, generator=torch.Generator().manual_seed(seed)).to(device),)
+
+
+class ZerosLikePlus(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.l(x)
+        return torch.zeros_like(h) + h
+
+
+def zeros_like_plus(seed: int = 0):
+    torch.manual_seed(seed)
+    return ZerosLikePlus(), (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed)),)
+
+
+class EncoderLM(nn.Module):
+    """Embedding + nn.TransformerEncoderLayer (batch_first=False: it treats dim 1 as the batch) + CE."""
+
+    def __init__(self, vocab: int = 23, dim: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.layer = nn.TransformerEncoderLayer(dim, 2, 32, dropout=0.0)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids, labels):
+        logits = self.head(self.layer(self.emb(ids)))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def encoder_lm(batch: int = 8, seq: int = 6, seed: int = 0):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    return EncoderLM(), (torch.randint(0, 23, (batch, seq), generator=gen), torch.randint(0, 23, (batch, seq), generator=gen))
+
+
+class SmallResNet(nn.Module):
+    """conv -> BN -> ReLU -> [conv -> BN -> ReLU -> conv -> BN] + residual -> ReLU -> avg pool -> linear."""
+
+    def __init__(self, width: int = 8, classes: int = 5) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.c1 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(width)
+        self.c2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, img, labels):
+        h = self.stem(img)
+        h = torch.relu(h + self.b2(self.c2(torch.relu(self.b1(self.c1(h))))))
+        logits = self.head(nn.functional.adaptive_avg_pool2d(h, 1).flatten(1))
+        return nn.functional.cross_entropy(logits, labels)
+
+
+def small_resnet(batch: int = 6, seed: int = 0):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    return SmallResNet(), (torch.randn(batch, 3, 8, 8, generator=gen), torch.randint(0, 5, (batch,), generator=gen))
+
+
+class EinsumMoE(nn.Module):
+    """A dense mixture of experts written with einsum: per-token gates over E experts, expert weights
+    (E, C, H) and (E, H, C)."""
+
+    def __init__(self, dim: int = 8, hidden: int = 12, experts: int = 4) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, experts)
+        self.w1 = nn.Parameter(torch.randn(experts, dim, hidden) * dim ** -0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, dim) * hidden ** -0.5)
+
+    def forward(self, x):  # (B, T, C)
+        g = self.gate(x).softmax(-1)                                     # (B, T, E)
+        h = torch.relu(torch.einsum("btc,ech->bteh", x, self.w1))       # (B, T, E, H)
+        y = torch.einsum("bteh,ehc->btec", h, self.w2)                   # (B, T, E, C)
+        return torch.einsum("btec,bte->btc", y, g)
+
+
+def einsum_moe(seed: int = 0):
+    torch.manual_seed(seed)
+    return EinsumMoE(), (torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(seed)),)
+
+
+class OddWidth(nn.Module):
+    """An MLP of hidden size 62 (no dim divides by 4) and an Embedding(101, 29)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(101, 29)
+        self.up = nn.Linear(29, 62)
+        self.down = nn.Linear(62, 29)
+
+    def forward(self, ids):
+        return self.down(torch.relu(self.up(self.emb(ids))))
+
+
+def odd_width(seed: int = 0):
+    torch.manual_seed(seed)
+    return OddWidth(), (torch.randint(0, 101, (10, 3), generator=torch.Generator().manual_seed(seed)),)

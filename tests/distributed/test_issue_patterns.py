@@ -1,0 +1,139 @@
+"""The patterns behind issue 11's wrong numbers, each a class (DESIGN.md rules 8-9), run on real gloo ranks
+against the single-device model: a constant added to a Partial sum, a narrowing cast of a Partial value,
+position-dependent ops (tril) on sharded dims, creation ops that follow their input (zeros_like), a
+TransformerEncoderLayer on an uneven batch, a CNN under data parallelism (conv, BatchNorm, pooling), an
+einsum mixture of experts under tensor parallelism, and parameters whose dims do not divide the mesh."""
+import contextlib
+import dataclasses
+import functools
+import io
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer.core.layout import Layout, Shard
+from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
+from parallelizer.runtime import spawn
+from parallelizer.runtime.rehearsal import rehearse_many
+from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, row_parallel_plus,
+                            small_resnet, sum_plus, zeros_like_plus)
+from semantics_models import run_outputs
+
+pytestmark = pytest.mark.distributed
+
+
+def _plan(builder, mesh, **options):
+    model, inputs = builder()[:2]
+    traced = parallelizer.trace(model, inputs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return traced, parallelizer.plan(traced, mesh, **options)
+
+
+def test_a_constant_is_added_to_the_reduced_sum_once():
+    """x.sum() + 10 and x.sum() - 10 on dp=2 with the ddp role (x = arange(10), batch-sharded): 55 and 35."""
+    for c, want in ((10.0, 55.0), (-10.0, 35.0)):
+        builder = functools.partial(sum_plus, c)
+        traced, plan = _plan(builder, {"dp": 2}, axis_roles={"dp": "ddp"})
+        add = next(n for n in plan.nodes.values() if n.op == "aten.add.Tensor")
+        assert add.inputs == ("R",), add  # the Partial sum is all-reduced first
+        for (out,) in spawn(run_outputs, 2, builder, spec_from_plan(plan)):
+            assert out.item() == want
+
+
+@pytest.fixture(scope="module")
+def two_rank_reports():
+    cases = {}
+    _, cases["cast"] = _plan(narrow_cast, {"tp": 2}, axis_roles={"tp": "tp"})
+    wide = functools.partial(causal_scores, 512, 64, 0, "meta")  # planned wide (on meta), run narrow
+    _, cases["tril"] = _plan(wide, {"tp": 2}, axis_roles={"tp": "tp"})
+    _, cases["zeros_like"] = _plan(zeros_like_plus, {"dp": 2}, axis_roles={"dp": "ddp"})
+    builders = {"cast": narrow_cast, "tril": causal_scores, "zeros_like": zeros_like_plus}
+    specs = {k: spec_from_plan(p) for k, p in cases.items()}
+    for dim in (1, 2):  # the planner keeps the scores Partial through tril (linear); force row / column shards
+        specs[f"tril_dim{dim}"] = _with_layout(specs["tril"], "aten.tril.default", cases["tril"], f"S({dim})")
+        builders[f"tril_dim{dim}"] = causal_scores
+    reports = rehearse_many([(builders[k], {}, spec) for k, spec in specs.items()])
+    return {k: (cases.get(k, cases["tril"]), r) for k, r in zip(specs, reports)}
+
+
+def _with_layout(spec, op: str, plan, layout: str):
+    """`spec` with every `op` node consuming and producing `layout` (the rewriter adds the redistributions)."""
+    nodes = dict(spec.nodes)
+    for name, n in plan.nodes.items():
+        if n.op == op:
+            nodes[name] = NodeSharding((Layout.parse(layout),), Layout.parse(layout))
+    return dataclasses.replace(spec, nodes=nodes)
+
+
+def test_a_narrowing_cast_sees_the_reduced_sum(two_rank_reports):
+    plan, report = two_rank_reports["cast"]
+    cast = next(n for n in plan.nodes.values() if n.op in ("aten._to_copy.default", "aten.to.dtype"))
+    assert "P" not in cast.inputs[0]
+    assert report.matches(), report
+
+
+def test_tril_on_sharded_rows_or_columns(two_rank_reports):
+    """scores (B, T, T) planned wide, run narrow (T = 7 over 2 ranks: 4 + 3 rows): as planned (Partial through
+    tril), and with tril forced onto row shards and onto column shards (the diagonal shifted by the offsets)."""
+    for case in ("tril", "tril_dim1", "tril_dim2"):
+        _, report = two_rank_reports[case]
+        assert report.matches(), (case, report)
+
+
+def test_zeros_like_follows_its_input_under_ddp(two_rank_reports):
+    plan, report = two_rank_reports["zeros_like"]
+    zl = next(n for n in plan.nodes.values() if n.op == "aten.zeros_like.default")
+    assert zl.inputs == ("S(0)",) and zl.output == "S(0)"
+    assert report.matches(), report
+
+
+@pytest.fixture(scope="module")
+def four_rank_reports():
+    cases = {
+        "row_parallel": (row_parallel_plus, {"tp": 4}, {"tp": "tp"}),
+        "encoder": (encoder_lm, {"dp": 4}, {"dp": "ddp"}),      # batch 8, sequence 6: dim 1 (6) over 4
+        "resnet": (small_resnet, {"dp": 4}, {"dp": "ddp"}),     # batch 6 over 4: 2, 2, 2, 0
+        "moe": (einsum_moe, {"tp": 4}, {"tp": "tp"}),
+        "odd": (odd_width, {"dp": 4}, {"dp": "fsdp"}),           # hidden 62, Embedding(101, 29)
+    }
+    plans = {k: _plan(b, mesh, axis_roles=roles)[1] for k, (b, mesh, roles) in cases.items()}
+    reports = rehearse_many([(cases[k][0], {}, spec_from_plan(p)) for k, p in plans.items()])
+    return {k: (p, r) for (k, p), r in zip(plans.items(), reports)}
+
+
+def test_row_parallel_output_plus_constant_on_tp4(four_rank_reports):
+    plan, report = four_rank_reports["row_parallel"]
+    assert any(n.output == "P" for n in plan.nodes.values() if n.op == "aten.linear.default")  # row parallel
+    assert report.matches(), report
+
+
+def test_transformer_encoder_layer_on_an_uneven_batch_under_ddp(four_rank_reports):
+    plan, report = four_rank_reports["encoder"]
+    assert report.matches(), report
+
+
+def test_cnn_under_ddp_is_batch_sharded_and_syncs_its_gradients(four_rank_reports):
+    plan, report = four_rank_reports["resnet"]
+    for n in plan.nodes.values():
+        if n.op in ("aten.conv2d.default", "aten.batch_norm.default"):
+            assert n.inputs[0] == "S(0)" and n.output == "S(0)", n
+    synced = {e.src for e in plan.edges for s in e.steps if s.kind == "grad_all_reduce"}
+    assert {"p_stem_0_weight", "p_c1_weight", "p_c2_weight", "p_head_weight"} <= synced
+    assert not plan.fallbacks and report.matches(), report
+
+
+def test_einsum_experts_are_sharded_under_the_tp_role(four_rank_reports):
+    plan, report = four_rank_reports["moe"]
+    for w in ("w1", "w2"):
+        assert isinstance(Layout.parse(plan.params[w].stored)[0], Shard), plan.params[w]
+    assert report.matches(), report
+
+
+def test_parameters_whose_dims_do_not_divide_are_still_sharded(four_rank_reports):
+    plan, report = four_rank_reports["odd"]
+    for p in plan.params.values():  # fsdp: every parameter, uneven shards (62 -> 16, 16, 16, 14)
+        assert p.stored != "R", p
+    assert report.matches(), report
+    _, eight = _plan(odd_width, {"dp": 8}, axis_roles={"dp": "fsdp"})
+    assert eight.params["emb.weight"].stored != "R"  # Embedding(101, 29) on 8 ranks
