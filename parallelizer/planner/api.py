@@ -133,7 +133,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         params[p.fqn] = ParamPlan(p.fqn, tuple(p.aliases), tuple(p.placeholders), tuple(p.shape), str(stored),
                                   loc, p.is_buffer)
         if not p.is_buffer:
-            for i, b in enumerate(pricer.param_state_bytes(math.prod(loc))):
+            for i, b in enumerate(pricer.param_state_bytes(math.prod(loc), p.requires_grad)):
                 state[i] += b
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
               "buffers": problem.const_mem_bytes}

@@ -144,12 +144,15 @@ class Pricer:
         return NodeCost(fwd, bwd, int(saved), c.uncounted_flops)
 
     # --- memory -------------------------------------------------------------------------------------
-    def param_state_bytes(self, numel: int) -> tuple[int, int, int]:
-        """(param, grad, optimizer) bytes of `numel` stored elements (ZeRO Sec. 3.1 table in cost_model)."""
+    def param_state_bytes(self, numel: int, trainable: bool = True) -> tuple[int, int, int]:
+        """(param, grad, optimizer) bytes of `numel` stored elements (ZeRO Sec. 3.1 table in cost_model); a
+        frozen parameter (`trainable=False`) has no gradient and no optimizer state."""
         precision = "mixed" if self.config.mixed_precision else "fp32"
         p, g, o = BYTES_PER_PARAM[precision]
         if self.config.optimizer == "sgd":
             o = 4 if precision == "mixed" else 0  # the fp32 master copy only
+        if not trainable:
+            return p * numel, 0, 0
         return p * numel, g * numel, o * numel
 
 

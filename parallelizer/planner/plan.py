@@ -195,20 +195,37 @@ class Plan:
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:
-        """What a reader should see first, derived from the plan (not stored): today, a plan on several
-        devices that uses no parallelism at all (every layout Replicate: each device computes the whole step)."""
+        """What a reader should see first, derived from the plan (not stored): a plan on several devices that
+        uses no parallelism at all; ops without a sharding rule (run replicated) and axis roles a parameter
+        could not honour (`fallbacks`); activations gathered over a "ddp"/"fsdp" axis because the op reading
+        them has no strategy that keeps them sharded there (it runs on the whole batch)."""
         layouts = [L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))]
         layouts += [p.stored for p in self.params.values()]
+        roles = {a: r for a, r in self.config.get("axis_roles") or []}
         if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
             axis = self.mesh.axis_names[0]
-            roles = {a: r for a, r in self.config.get("axis_roles") or []}
             remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism" if not roles else
                       f"the axis roles {roles} shard nothing here: check the batch and hidden sizes against the mesh")
             return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
                     f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "
                     "under the cost model no sharding pays for its communication at this size. Remedies: fewer "
                     f"devices, a larger batch, {remedy}."]
-        return []
+        notes = []
+        no_rule = sorted({f.op for f in self.fallbacks if f.reason.startswith("no sharding rule")})
+        if no_rule:
+            notes.append(f"{len([f for f in self.fallbacks if f.reason.startswith('no sharding rule')])} op(s) have "
+                         f"no sharding rule and run replicated: {', '.join(no_rule)} (see fallbacks)")
+        role_fallbacks = [f for f in self.fallbacks if f.reason.startswith("axis roles")]
+        if role_fallbacks:
+            notes.append(f"the axis roles could not be honoured for {len(role_fallbacks)} parameter(s) (see fallbacks)")
+        data = [a for a, r in roles.items() if r in ("ddp", "fsdp")]
+        params = {ph for p in self.params.values() for ph in p.placeholders}
+        moved = sorted({self.nodes[e.dst].op for e in self.edges if e.src not in params and e.dst != "output"
+                        for s in e.steps if s.kind in ("all_gather", "all_to_all") and s.mesh_axis in data})
+        if moved:
+            notes.append(f"under the axis roles {roles} these ops gather or re-shard their input over {', '.join(data)} "
+                         f"(no strategy of theirs keeps it sharded along the batch there): {', '.join(moved)}")
+        return notes
 
     def summary(self, max_nodes: int = 40) -> str:
         """Text summary: notes, cost, memory, solver, parameter layouts, the main ops' strategies, fallbacks."""

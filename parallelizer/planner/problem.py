@@ -23,7 +23,7 @@ import numpy as np
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import local_shape
+from ..core.layout import Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
@@ -117,7 +117,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             continue
         space = spaces[p.placeholders[0]]
         g = group_of[space.name]
-        mem[g] += [sum(pricer.param_state_bytes(math.prod(local_shape(p.shape, s.output, mesh))))
+        mem[g] += [sum(pricer.param_state_bytes(math.prod(local_shape(p.shape, s.output, mesh)), p.requires_grad))
                    for s in space.strategies]
     for name, space in spaces.items():
         g = group_of[name]
@@ -131,7 +131,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             prod = spaces[ti.producer]
             mat = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype.itemsize,
                                prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
-                               _edge_roles(roles, prod, space, (name, k) in mutated))
+                               _edge_roles(roles, prod, space, k, (name, k) in mutated))
             if h == g:
                 lin[g] += np.diag(mat)
             elif h < g:
@@ -160,16 +160,20 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
                    graph=tg, config=config)
 
 
-def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace,
+def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace, k: int,
                 mutated: bool = False) -> EdgeRoles:
-    """The `EdgeRoles` of edge src -> dst, from the (data axes, tp axes) of the axis roles, and whether dst
-    mutates the value in place (`strategies.mutation_edges`)."""
+    """The `EdgeRoles` of edge src -> input k of dst, from the (data axes, tp axes) of the axis roles, and
+    whether dst mutates the value in place (`strategies.mutation_edges`). Activations are not gathered over a
+    data axis, except into the graph output and into an input that no strategy of dst takes sharded over that
+    axis (an op without a rule, or e.g. indexing by global positions): such a gather is unavoidable (and
+    reported by `Plan.notes`)."""
     data, tp = roles
     if src.kind == "param":
         return EdgeRoles(used_replicated=data, keep_shard=tp, identity=mutated)
     if dst.kind == "output" or dst.fallback:
         return EdgeRoles(identity=mutated)
-    return EdgeRoles(no_gather=data, identity=mutated)
+    takes_shard = [a for a in data if any(isinstance(s.inputs[k][a], Shard) for s in dst.strategies)]
+    return EdgeRoles(no_gather=tuple(takes_shard), identity=mutated)
 
 
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,

@@ -218,7 +218,8 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
     shared = 0
     for p in traced.parameters.values():
         local = math.prod(plan.params[p.fqn].local_shape)
-        parts = (p.nbytes * local // max(1, p.numel), 0, 0) if p.is_buffer else pricer.param_state_bytes(local)
+        parts = (p.nbytes * local // max(1, p.numel), 0, 0) if p.is_buffer else \
+            pricer.param_state_bytes(local, p.requires_grad)
         segs = {segments.owner[u] for u in p.uses if u in segments.owner} or {0}
         for seg in segs:  # a parameter used in several segments is held by each (module docstring)
             for k in range(3):

@@ -354,7 +354,8 @@ def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: 
     param = tg.param_of_placeholder(info.name)
     roles = config.roles_on(mesh.axis_names)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
-        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)], True,
+        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)],
+                         param.requires_grad,
                          param_fqn=param.fqn)
     if info.role is Role.INPUT:
         bd = config.batch_dim_of(info.name)

@@ -165,7 +165,8 @@ class _Rewriter:
         ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape, self.coords,
                                tuple(self.traced.node(a.name).outputs[0].shape if self.traced.node(a.name).outputs
                                      else () for a in tensor_args))
-        if not tensor_args and not sharding.output.is_replicated:   # created from nothing, then sliced
+        if not tensor_args and not sharding.output.is_replicated and node.target not in localize.SIZE_ARG:
+            # created from nothing (arange, ...), then sliced; constant fills are made local (`localize`)
             value = self.graph.call_function(node.target, args, kwargs)
             value = self._emit(value, node.name, Layout.replicate(self.mesh.ndim), sharding.output,
                                out_shape, grad_axes=(), requires_grad=False)

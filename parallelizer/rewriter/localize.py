@@ -37,7 +37,7 @@ aten = torch.ops.aten
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
           aten.unflatten.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
 # op -> index of its size argument
-_SIZE_ARG = {
+SIZE_ARG = {
     aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1, aten.expand.default: 1,
     aten.new_zeros.default: 1, aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1,
     aten.zeros.default: 0, aten.ones.default: 0, aten.empty.memory_format: 0, aten.full.default: 0,
@@ -79,8 +79,8 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     packet = getattr(target, "overloadpacket", None)
     if target in _VIEWS:
         return _local_view(graph, ctx, args)
-    if target in _SIZE_ARG and ctx.out_shape is not None:
-        i = _SIZE_ARG[target]
+    if target in SIZE_ARG and ctx.out_shape is not None:
+        i = SIZE_ARG[target]
         args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)),) + args[i + 1:]
     elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
@@ -144,7 +144,7 @@ def _local_view(graph: torch.fx.Graph, ctx: Context, args: tuple) -> torch.fx.No
             if have != want:
                 before.append((d, ranks, have, want))
     if not before and not after:
-        target = ctx.node.target if ctx.node.target in _SIZE_ARG else aten.reshape.default
+        target = ctx.node.target if ctx.node.target in SIZE_ARG else aten.reshape.default
         return graph.call_function(target, (args[0], out_local))
     return graph.call_function(regrouped_view, (args[0], mid, before, after))
 

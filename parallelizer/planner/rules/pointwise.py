@@ -32,6 +32,17 @@ def creation(v: OpView) -> list[AxisOption]:
         AxisOption((P,), R)]
 
 
+def constant_fill(v: OpView) -> list[AxisOption]:
+    """zeros / ones / full / empty (size), and new_zeros / new_ones / new_full / new_empty (x, size): a constant
+    of a given size may be created in any layout (each rank makes its local shard, `rewriter.localize`); x
+    only gives dtype and device, so it may come in any layout."""
+    outs = [R] + [Shard(d) for d in range(len(v.out)) if v.out[d] > 1]
+    if v.n_in == 0:
+        return [AxisOption((), p) for p in outs]
+    ins = [R] + [Shard(d) for d in range(v.nd()) if v.in_shapes[0][d] > 1] + [P]
+    return [AxisOption((i,), o) for i in ins for o in outs]
+
+
 def like(v: OpView) -> list[AxisOption]:
     """zeros_like / ones_like / full_like / empty_like / fill, and rand_like / randn_like: the output has the
     input's layout (a shard of zeros is zeros); a Partial input gives a Replicate output (the fill value does

@@ -131,14 +131,16 @@ _add([aten.type_as], pointwise.elementwise, calls(aten.type_as.default, (t(3, 5)
 _add([aten.arange], pointwise.creation, [*calls(aten.arange.default, (7,), dtype=torch.float32),
                                          *calls(aten.arange.start, (2, 9)), *calls(aten.arange.start_step, (1, 10, 2))],
      exact=True)
-_add([aten.zeros, aten.ones], pointwise.creation, lambda p: calls(p.default, ([3, 5],), dtype=torch.float32), exact=True)
-_add([aten.empty], pointwise.creation, calls(aten.empty.memory_format, ([3, 5],), dtype=torch.float32), random=True)
-_add([aten.full], pointwise.creation, calls(aten.full.default, ([3, 5], 1.5)), exact=True)
+_add([aten.zeros, aten.ones], pointwise.constant_fill, lambda p: calls(p.default, ([3, 5],), dtype=torch.float32),
+     exact=True)
+_add([aten.empty], pointwise.constant_fill, calls(aten.empty.memory_format, ([3, 5],), dtype=torch.float32), random=True)
+_add([aten.full], pointwise.constant_fill, calls(aten.full.default, ([3, 5], 1.5)), exact=True)
 _add([aten.scalar_tensor], pointwise.creation, calls(aten.scalar_tensor.default, (2.0,)), exact=True)
 _add([aten.rand, aten.randn], pointwise.creation, lambda p: calls(p.default, ([3, 5],)), random=True)
-_add([aten.new_zeros, aten.new_ones], pointwise.creation, lambda p: calls(p.default, (t(3, 5), [2, 7])), exact=True)
-_add([aten.new_empty], pointwise.creation, calls(aten.new_empty.default, (t(3, 5), [2, 7])), random=True)
-_add([aten.new_full], pointwise.creation, calls(aten.new_full.default, (t(3, 5), [2, 7], 3.0)), exact=True)
+_add([aten.new_zeros, aten.new_ones], pointwise.constant_fill, lambda p: calls(p.default, (t(3, 5), [2, 7])),
+     exact=True)
+_add([aten.new_empty], pointwise.constant_fill, calls(aten.new_empty.default, (t(3, 5), [2, 7])), random=True)
+_add([aten.new_full], pointwise.constant_fill, calls(aten.new_full.default, (t(3, 5), [2, 7], 3.0)), exact=True)
 _add([aten.zeros_like, aten.ones_like], pointwise.like, lambda p: calls(p.default, (t(3, 5),), (t(2, 7, 3),)), exact=True)
 _add([aten.empty_like], pointwise.like, calls(aten.empty_like.default, (t(3, 5),), (t(2, 7, 3),)), random=True)
 _add([aten.full_like], pointwise.like, calls(aten.full_like.default, (t(3, 5), 2.0), (t(2, 7, 3), -1.0)), exact=True)

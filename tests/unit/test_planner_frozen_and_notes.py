@@ -1,0 +1,53 @@
+"""The planner prices frozen parameters without gradients or optimizer state, and its notes say what ran
+replicated and why."""
+import contextlib
+import io
+
+import torch
+from torch import nn
+
+import parallelizer
+
+
+class Frozen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(32, 32, bias=False)
+        self.frozen.weight.requires_grad_(False)
+        self.train_me = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x):
+        return self.train_me(self.frozen(x))
+
+
+def _plan(model, inputs, mesh, **options):
+    traced = parallelizer.trace(model, inputs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return parallelizer.plan(traced, mesh, **options)
+
+
+def test_frozen_parameters_have_no_gradient_sync_or_optimizer_state():
+    plan = _plan(Frozen(), (torch.randn(8, 32),), {"dp": 2}, axis_roles={"dp": "ddp"})
+    synced = {e.src for e in plan.edges for s in e.steps if s.kind == "grad_all_reduce"}
+    assert synced == {"p_train_me_weight"}  # not the frozen weight
+    n = 32 * 32 * 4  # fp32 bytes of one (replicated) weight
+    assert plan.cost.memory_bytes["params"] == 2 * n
+    assert plan.cost.memory_bytes["grads"] == n and plan.cost.memory_bytes["optimizer"] == 2 * n  # AdamW: 2 states
+
+
+class Pooled(nn.Module):
+    """Picks one position per row by global index (CLIP text's pooling): no strategy keeps the rows sharded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x, idx):
+        h = self.l(x)                                   # (B, T, C)
+        return h[torch.arange(h.shape[0]), idx]         # (B, C)
+
+
+def test_a_gather_the_ddp_role_cannot_avoid_is_planned_and_noted():
+    plan = _plan(Pooled(), (torch.randn(6, 5, 8), torch.randint(0, 5, (6,))), {"dp": 2}, axis_roles={"dp": "ddp"})
+    (note,) = [n for n in plan.notes() if "gather or re-shard their input over dp" in n]
+    assert "aten.index.Tensor" in note
