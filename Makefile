@@ -8,7 +8,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench notebooks setup clean
+.PHONY: demo test bench notebooks fuzz setup clean
+N ?= 300
+SEED ?= 0
 
 setup: $(STAMP)
 
@@ -24,6 +26,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+fuzz: $(STAMP)
+	$(PY) tests/fuzz/run_fuzz.py --n $(N) --seed $(SEED) --report benchmarks/fuzz_results.json
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -102,6 +102,8 @@ def run(seeds: list[int], chunk: int = 10) -> list[dict]:
         for i in range(0, len(group), chunk):
             part = group[i:i + chunk]
             reports = rehearse_many([(fuzz_models.build, {"seed": c.seed}, c.spec) for c in part], steps=2, eps=1e-3)
+            print(f"[fuzz] {sum(len(v) for v in by_world.values() if v)} planned; rehearsed {i + len(part)} of "
+                  f"{len(group)} cases on {world} ranks", file=sys.stderr, flush=True)
             for c, r in zip(part, reports):
                 results[c.seed] = {"seed": c.seed, "mesh": c.mesh, "roles": c.roles, "costs": c.costs,
                                    "families": c.families, "status": "match" if r.matches() else "MISMATCH",
