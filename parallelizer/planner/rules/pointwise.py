@@ -62,6 +62,7 @@ def along(read: Callable[[OpView], list[int]], linear: bool = False) -> Callable
                                  if d not in dims and v.in_shapes[0][d] > 1]
         return opts + [AxisOption((P,) + extra, P)] if linear and v.out_is_float else opts
     rule.__doc__ = f"Shards every dim except those read (`{read.__name__}`)" + ("; Partial passes." if linear else ".")
+    rule.__name__ = f"along({read.__name__}{', linear' if linear else ''})"
     return rule
 
 
@@ -118,6 +119,7 @@ def kept_dims(dim_index: int = 1, keep_index: int | None = 2) -> Callable[[OpVie
                 opts.append(AxisOption((Shard(d),) + (R,) * (v.n_in - 1), out))
         return opts
     rule.__doc__ = kept_dims.__doc__
+    rule.__name__ = f"kept_dims({dim_index}, {keep_index})"
     return rule
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.fx
 from torch.utils import _pytree as pytree
+
+from .base import OpView
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,28 @@ class Sample:
         gen = torch.Generator().manual_seed(seed)
         return pytree.tree_map(lambda x: x.make(gen) if isinstance(x, T) else x, (self.args, self.kwargs),
                                is_leaf=lambda x: isinstance(x, T))
+
+    def view(self, seed: int = 0) -> tuple[OpView, list[torch.Tensor]]:
+        """The `OpView` the planner builds for this call (`strategies.op_view`: tensor arguments stand as fx
+        placeholders, shapes and dtypes are those of the materialised inputs and of the op's outputs), and the
+        global input tensors in `OpView.in_shapes` order. The op runs on clones (in-place ops mutate)."""
+        args, kwargs = self.materialize(seed)
+        graph, tensors = torch.fx.Graph(), []
+
+        def placeholder(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            tensors.append(x)
+            return graph.placeholder(f"x{len(tensors) - 1}")
+
+        fx_args, fx_kwargs = pytree.tree_map(placeholder, (args, kwargs))
+        c_args, c_kwargs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+        value = self.op(*c_args, **c_kwargs)
+        outs = [o for o in pytree.tree_leaves(value) if isinstance(o, torch.Tensor)]
+        view = OpView(self.op, tuple(fx_args), dict(fx_kwargs), tuple(tuple(x.shape) for x in tensors),
+                      tuple(tuple(o.shape) for o in outs), tuple(x.dtype for x in tensors),
+                      tuple(o.dtype for o in outs))
+        return view, tensors
 
 
 def calls(op, *arg_lists, **kwargs) -> list[Sample]:
