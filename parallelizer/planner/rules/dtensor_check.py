@@ -78,6 +78,8 @@ AGREEMENT = (AGREES, EQUIVALENT)
 
 _MEAN_OPS = {aten.mean.default, aten.mean.dim}
 _UNDEFINED_VALUES = {aten.empty_like.default, aten.new_empty.default, aten.empty.memory_format}
+_CONSTANT_FILLS = {aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.zeros.default,
+                   aten.ones.default, aten.full.default}
 # DTensor's placement (short form) -> why it means the same global value as ours (module docstring)
 EQUIVALENCES = {
     "P(avg)": "mean over a sharded dim: DTensor averages local means (even shards only); we sum local "
@@ -86,6 +88,9 @@ EQUIVALENCES = {
                         "for ids outside their rows, as ours (`linalg.embedding`); its Replicate -> _MaskPartial "
                         "step on the ids is a local masking, no communication.",
     "uninitialised": "empty_like / new_empty: the values are uninitialised, so any placement describes them.",
+    "constant": "zeros / ones / full and their new_* forms: a shard of a constant is the constant, so a Replicate "
+                "output (DTensor's choice) and a Shard output made locally (`pointwise.constant_fill`) hold the "
+                "same global value.",
 }
 # DTensor defects met by this check (torch 2.13.0): op -> (arguments DTensor reads only as keywords, the defect).
 # `check_option` confirms each: the same query with those arguments passed as keywords agrees with us.
@@ -186,8 +191,10 @@ def _same_output(ours: Placement, theirs: Placement | None, op) -> str | None:
     """AGREES, or the EQUIVALENCES key when DTensor's output placement `theirs` means our `ours`; else None."""
     if theirs is None or ours == theirs and type(ours) is type(theirs):
         return AGREES
-    if op in _UNDEFINED_VALUES and not isinstance(ours, Shard) and not isinstance(theirs, Shard):
+    if op in _UNDEFINED_VALUES:
         return "uninitialised"
+    if op in _CONSTANT_FILLS and isinstance(theirs, Replicate) and not isinstance(ours, Partial):
+        return "constant"
     name = _short(theirs)
     if isinstance(ours, Partial) and (name == "MaskPartial(sum)" or name == "P(avg)" and op in _MEAN_OPS):
         return name
