@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 fuzz: $(STAMP)
-	$(PY) tests/fuzz/run_fuzz.py --n $(N) --seed $(SEED) --report benchmarks/fuzz_results.json
+	$(PY) tests/fuzz/run_fuzz.py --n $(N) --seed $(SEED) --results-md benchmarks/RESULTS.md
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -213,6 +213,16 @@ def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
     return _wait(funcol.all_reduce(x.contiguous(), "sum", g.name))
 
 
+def _swap(send: list[torch.Tensor], shapes: list[list[int]], dim: int, g: _GroupView) -> torch.Tensor:
+    """All-to-all of uneven pieces: `send[j]` goes to member j; the piece from member j has shape `shapes[j]`;
+    the received pieces are concatenated along `dim` in group order."""
+    flat = torch.cat([p.reshape(-1) for p in send])
+    received = _wait(funcol.all_to_all_single(flat, [math.prod(s) for s in shapes], [p.numel() for p in send],
+                                              g.name))
+    pieces = received.split([math.prod(s) for s in shapes])
+    return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=dim)
+
+
 def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_full: int) -> torch.Tensor:
     """All-to-all: shard of a tensor split on `src_dim` -> shard of the same tensor split on `dst_dim`.
 
@@ -229,11 +239,7 @@ def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_fu
         shape = list(x.shape)
         shape[src_dim], shape[dst_dim] = rows, mine
         shapes.append(shape)
-    flat = torch.cat([p.reshape(-1) for p in send])
-    received = _wait(funcol.all_to_all_single(flat, [math.prod(s) for s in shapes], [p.numel() for p in send],
-                                              g.name))
-    pieces = received.split([math.prod(s) for s in shapes])
-    return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=src_dim)
+    return _swap(send, shapes, src_dim, g)
 
 
 def _move_rows(x: torch.Tensor, dim: int, g: _GroupView, src: Sequence[int], dst: Sequence[int]) -> torch.Tensor:
@@ -252,16 +258,8 @@ def _move_rows(x: torch.Tensor, dim: int, g: _GroupView, src: Sequence[int], dst
 
     me = g.index
     send = [x.narrow(dim, *overlap(me, j)) for j in range(g.size)]
-    shapes = []
-    for j in range(g.size):
-        shape = list(x.shape)
-        shape[dim] = overlap(j, me)[1]
-        shapes.append(shape)
-    flat = torch.cat([p.reshape(-1) for p in send])
-    received = _wait(funcol.all_to_all_single(flat, [math.prod(sh) for sh in shapes], [p.numel() for p in send],
-                                              g.name))
-    pieces = received.split([math.prod(sh) for sh in shapes])
-    return torch.cat([p.view(sh) for p, sh in zip(pieces, shapes)], dim=dim)
+    shapes = [[overlap(j, me)[1] if k == dim else n for k, n in enumerate(x.shape)] for j in range(g.size)]
+    return _swap(send, shapes, dim, g)
 
 
 # ------------------------------------------------------------------------------ autograd functions

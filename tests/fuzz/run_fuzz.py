@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fuzz_models, importable by spawned ranks too
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root (benchmarks/)
 
 import numpy as np  # noqa: E402
 
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first seed block (cases use seeds seed*100000 + i)")
     ap.add_argument("--case", type=int, default=None, help="run one case seed only, verbosely")
     ap.add_argument("--report", default=None, help="write the results as JSON here")
+    ap.add_argument("--results-md", default=None, help="replace the fuzz section of this RESULTS.md with the tables")
     a = ap.parse_args(argv)
     seeds = [a.case] if a.case is not None else [a.seed * 100000 + i for i in range(a.n)]
     start = time.perf_counter()
@@ -142,6 +144,13 @@ def main(argv=None) -> int:
     print(f"({time.perf_counter() - start:.0f} s)")
     if a.report:
         Path(a.report).write_text(json.dumps(results, indent=1))
+    if a.results_md:
+        from benchmarks.run_all import machine, replace_section
+        md = Path(a.results_md)
+        section = (f"## Random-model fuzzer (`make fuzz N={a.n} SEED={a.seed}`)\n\nMachine: {machine()}  \nDate: "
+                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {time.perf_counter() - start:.0f} s\n\n"
+                   + table(results))
+        md.write_text(replace_section(md.read_text() if md.exists() else "# Benchmark results\n", section))
     return 1 if any(r["status"] == "MISMATCH" for r in results) else 0
 
 
