@@ -37,16 +37,16 @@ def graph_fingerprint(traced: TracedGraph) -> dict:
         structure.append(f"node {n.name} {n.op_name}")
     params = {}
     for p in traced.parameters.values():
-        params[p.fqn] = {"shape": list(p.shape), "dtype": _dtype(p.dtype)}
+        params[p.fqn] = {"shape": list(p.shape), "dtype": dtype_name(p.dtype)}
         kind = "buffer" if p.is_buffer else "param"
-        full.append(f"{kind} {p.fqn} {list(p.shape)} {_dtype(p.dtype)}")
+        full.append(f"{kind} {p.fqn} {list(p.shape)} {dtype_name(p.dtype)}")
         structure.append(f"{kind} {p.fqn}")
     inputs = {}
     for name in traced.input_names:
         outs = traced.nodes[name].outputs
         if outs:
-            inputs[name] = {"shape": list(outs[0].shape), "dtype": _dtype(outs[0].dtype)}
-            full.append(f"input {name} {list(outs[0].shape)} {_dtype(outs[0].dtype)}")
+            inputs[name] = {"shape": list(outs[0].shape), "dtype": dtype_name(outs[0].dtype)}
+            full.append(f"input {name} {list(outs[0].shape)} {dtype_name(outs[0].dtype)}")
         structure.append(f"input {name}")
     constants = {name: repr(value) for name, value in traced.constant_inputs.items()}
     full += [f"constant {name} {value}" for name, value in constants.items()]
@@ -152,5 +152,6 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _dtype(dtype) -> str:
+def dtype_name(dtype) -> str:
+    """torch.float32 -> "float32", the form fingerprints and plans store (`getattr(torch, name)` reads it back)."""
     return str(dtype).removeprefix("torch.")

@@ -137,10 +137,6 @@ def _gbps(link: dict) -> str:
     return f"{link['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s, {link['latency_s'] * 1e6:.1f} us"
 
 
-def _strategy(node) -> str:
-    return f"{' '.join(node.inputs)} -> {node.output}"
-
-
 def _block_tables(plan, all_positions: bool) -> list[Table]:
     """Per block group: one row per position (member 0's node), its strategy, and how many members agree."""
     tables, in_blocks = [], set()
@@ -153,12 +149,12 @@ def _block_tables(plan, all_positions: bool) -> list[Table]:
                 continue
             if not all_positions and not any(k in node.op for k in _MAIN_OPS):
                 continue
-            same = sum(_strategy(plan.nodes[m[pos]]) == _strategy(node) for m in b["nodes"] if m[pos] in plan.nodes)
-            rows.append([str(pos), name, node.op.removeprefix("aten.").removesuffix(".default"), _strategy(node),
+            same = sum(plan.nodes[m[pos]].strategy == node.strategy for m in b["nodes"] if m[pos] in plan.nodes)
+            rows.append([str(pos), name, node.op.removeprefix("aten.").removesuffix(".default"), node.strategy,
                          f"{same}/{len(b['nodes'])}"])
         tables.append((f"Block {b['name']} ({len(b['members'])} x {b['module_type']}), strategies of member 0",
                        ["pos", "node (member 0)", "op", "inputs -> output", "same in"], rows))
-    rows = [[n, p.op.removeprefix("aten.").removesuffix(".default"), _strategy(p)] for n, p in plan.nodes.items()
+    rows = [[n, p.op.removeprefix("aten.").removesuffix(".default"), p.strategy] for n, p in plan.nodes.items()
             if n not in in_blocks and p.op not in ("placeholder", "output")
             and (all_positions or any(k in p.op for k in _MAIN_OPS))]
     tables.append(("Outside repeated blocks" if plan.model.get("blocks") else "Main ops",

@@ -17,11 +17,12 @@ from ..config import PlanConfig
 from ..core.layout import local_shape
 from ..core.mesh import MeshSpec
 from ..errors import UnknownNodeError
+from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from .costs import Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
-from .plan import CostBreakdown, EdgePlan, Fallback, NodePlan, ParamPlan, Plan, SolverReport, empty_comm
-from .problem import Problem, build_problem, grad_axes
+from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
+from .problem import Problem, build_problem
 from .strategies import build_spaces
 
 
@@ -115,23 +116,22 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             if c.note:
                 fallbacks.append(Fallback(name, info.op_name, c.note))
         for k, ti in enumerate(space.inputs):
-            src = strat[ti.producer].output
             req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
-            steps = pricer.steps(src, s.inputs[k], ti.shape, ti.dtype.itemsize, grad_axes(s, k, mesh), req,
-                                 spaces[ti.producer].kind == "param")
-            for st in steps:
+            edge = derive_edge(mesh, ti.producer, name, k, str(strat[ti.producer].output), nodes[name], ti.shape,
+                               dtype_name(ti.dtype), req, spaces[ti.producer].kind == "param")
+            for st in edge.steps:
                 fwd, bwd = pricer.step_time_s(st)
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd
                 if st.bwd_collective:
                     comm[st.bwd_collective] += bwd
-            edges.append(EdgePlan(ti.producer, name, k, str(src), str(s.inputs[k]), steps))
+            edges.append(edge)
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():
         stored = strat[p.placeholders[0]].output
         loc = local_shape(p.shape, stored, mesh)
         params[p.fqn] = ParamPlan(p.fqn, tuple(p.aliases), tuple(p.placeholders), tuple(p.shape), str(stored),
-                                  loc, p.is_buffer)
+                                  loc, p.is_buffer, dtype_name(p.dtype))
         if not p.is_buffer:
             for i, b in enumerate(pricer.param_state_bytes(math.prod(loc), p.requires_grad)):
                 state[i] += b

@@ -1,12 +1,19 @@
 """`Plan`: the planner's answer, read by the rewriter, the CLI, notebooks and the JSON export.
 
 Contents: the mesh; per node its strategy (input layouts and output layout as strings, "S(0)R"); per
-parameter its stored layout; per edge (producer -> input k of consumer) the redistribution steps from
-`core.redistribute.edge_steps` (the rewriter emits exactly these); the estimated cost breakdown (compute
-seconds, seconds per collective kind, memory bytes per device by category); the solver report; fallbacks
-(nodes replicated for lack of a rule; ops priced by bytes only because their FLOPs could not be counted on
-meta tensors). `to_json()` is deterministic: sorted keys, floats rounded to 10 significant digits, and
-wall-clock times left out unless asked for, so the same inputs give byte-identical JSON (DESIGN.md rule 6).
+parameter its stored layout; per edge (producer -> input k of consumer) the tensor it carries (shape, dtype,
+whether it has a gradient) and the redistribution steps from `core.redistribute.edge_steps` (the rewriter
+emits exactly these; `derive_edge` is the one place a plan's steps are made); the estimated cost breakdown
+(compute seconds, seconds per collective kind, memory bytes per device by category); the solver report;
+fallbacks (nodes replicated for lack of a rule; ops priced by bytes only because their FLOPs could not be
+counted on meta tensors).
+
+In memory every node, parameter and edge is spelled out. The JSON (format 3, `planner/plan_codec.py`)
+stores what was decided once: per repeated-block position its strategy (with per-member exceptions),
+parameter stored layouts folded per block, the nodes outside blocks and the tensors each node reads; edges,
+steps, local shapes and parameter placeholders are derived on load and checked. `to_json()` is
+deterministic: sorted keys, one decision per line, floats rounded to 10 significant digits, and wall-clock
+times left out unless asked for, so the same inputs give byte-identical JSON (DESIGN.md rule 6).
 `save`/`load` write and read that JSON; `load` (and `from_json`) validate it against the versioned JSON
 Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pickle).
 `fingerprint` (from `parallelizer.fingerprint`) identifies the traced graph the plan was made for, and
@@ -14,13 +21,16 @@ Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pic
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
-from ..core.mesh import MeshSpec
-from ..core.redistribute import COLLECTIVE_KINDS, Step
+import torch
 
-PLAN_FORMAT_VERSION = 2  # 2: + fingerprint, cluster (schema: parallelizer/plan_schema.json)
+from ..core.layout import Layout
+from ..core.mesh import MeshSpec
+from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
+
+# 2: + fingerprint, cluster; 3: compact (blocks folded, edges derived on load). Schema: parallelizer/plan_schema.json
+PLAN_FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +42,27 @@ class NodePlan:
     inputs: tuple[str, ...]
     output: str | None
 
+    @property
+    def strategy(self) -> str:
+        """"inputs -> output", e.g. "S(0)R RS(0) -> S(0)S(2)" ("RR -> None" for the graph output)."""
+        return f"{' '.join(self.inputs)} -> {self.output}".lstrip()
+
+    @classmethod
+    def from_strategy(cls, op: str, strategy: str) -> "NodePlan":
+        """Inverse of `strategy`. Raises ValueError when `strategy` has no " -> "."""
+        inputs, sep, output = strategy.partition("->")
+        if not sep:
+            raise ValueError(f"strategy {strategy!r} of op {op} has no '->'; write it as 'IN IN -> OUT'")
+        output = output.strip()
+        return cls(op, tuple(inputs.split()), None if output == "None" else output)
+
 
 @dataclass(frozen=True, slots=True)
 class EdgePlan:
     """One use of a tensor: producer `src`, consumer `dst` (its tensor input number `index`), the layouts at
-    both ends, and the steps between them (empty when the layouts agree and no gradient sync is needed)."""
+    both ends, and the steps between them (empty when the layouts agree and no gradient sync is needed).
+    `shape` (global, elements per dim), `dtype` ("float32") and `requires_grad` describe the tensor carried;
+    with the layouts they determine `steps` (`derive_edge`)."""
 
     src: str
     dst: str
@@ -44,11 +70,41 @@ class EdgePlan:
     src_layout: str
     dst_layout: str
     steps: tuple[Step, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+
+
+def derive_edge(mesh: MeshSpec, src: str, dst: str, index: int, src_layout: str, consumer: NodePlan,
+                shape: tuple[int, ...], dtype: str, requires_grad: bool, is_parameter: bool) -> EdgePlan:
+    """The edge into input `index` of `consumer` (node `dst`) with its steps from `core.redistribute.edge_steps`:
+    the one place the planner and `Plan.from_json` make a plan's steps (DESIGN.md rule 1).
+
+    Args:
+        src_layout: the producer's output layout; consumer: the consumer's strategy (its input `index` layout
+            and its output layout decide the gradient-sync axes, `grad_partial_axes`).
+        shape, dtype: the tensor's global shape and torch dtype name ("float32"); requires_grad: whether a
+            gradient flows back through this use; is_parameter: the producer is a stored parameter (FSDP
+            all-gathers are `regather` steps).
+    Raises:
+        ImpossibleRedistributionError: the layout change has no collective (e.g. Replicate -> Partial).
+        ValueError: a layout string does not parse, or `dtype` is not a torch dtype name.
+    """
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"{dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16', 'int64')")
+    dst_layout = Layout.parse(consumer.inputs[index])
+    out = None if consumer.output is None else Layout.parse(consumer.output)
+    steps = edge_steps(Layout.parse(src_layout), dst_layout, shape, mesh, itemsize=torch_dtype.itemsize,
+                       grad_partial_axes=grad_partial_axes(dst_layout, out, mesh), requires_grad=requires_grad,
+                       is_parameter=is_parameter)
+    return EdgePlan(src, dst, index, src_layout, consumer.inputs[index], steps, tuple(shape), dtype, requires_grad)
 
 
 @dataclass(frozen=True, slots=True)
 class ParamPlan:
-    """Stored layout of one parameter (tied aliases share it); `local_shape` is each rank's shard."""
+    """Stored layout of one parameter (tied aliases share it); `local_shape` is each rank's shard (the
+    largest, `core.layout.local_shape`); `dtype` is the torch dtype name ("float32")."""
 
     fqn: str
     aliases: tuple[str, ...]
@@ -56,7 +112,8 @@ class ParamPlan:
     shape: tuple[int, ...]
     stored: str
     local_shape: tuple[int, ...]
-    is_buffer: bool = False
+    is_buffer: bool
+    dtype: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,27 +184,32 @@ class Plan:
 
     # --- JSON ---------------------------------------------------------------------------------------
     def to_dict(self, include_timing: bool = False) -> dict:
+        """The JSON document (format 3, `planner.plan_codec`): decisions stored once, derivable parts left out.
+
+        Raises:
+            PlanValidationError: the plan's parts disagree (e.g. a parameter placeholder whose strategy is
+                not the parameter's stored layout), so the compact form could not be loaded back as it is.
+        """
+        from .plan_codec import encode
         solver = asdict(self.solver)
         if not include_timing:
             solver["time_s"] = None
         return _round({
             "format_version": PLAN_FORMAT_VERSION,
             "mesh": self.mesh.to_dict(),
-            "model": self.model,
             "config": self.config,
-            "nodes": {k: asdict(v) for k, v in self.nodes.items()},
-            "params": {k: asdict(v) for k, v in self.params.items()},
-            "edges": [asdict(e) for e in self.edges],
             "cost": {**asdict(self.cost), "total_s": self.cost.total_s},
             "solver": solver,
             "fallbacks": [asdict(f) for f in self.fallbacks],
-            "fingerprint": self.fingerprint,
             "cluster": self.cluster,
+            **encode(self),
         })
 
-    def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
-        """Deterministic JSON (module docstring)."""
-        return json.dumps(self.to_dict(include_timing), sort_keys=True, indent=indent)
+    def to_json(self, include_timing: bool = False) -> str:
+        """Deterministic JSON (module docstring) laid out for review: one key per line, sorted; lists of
+        scalars on one line; a list of lists (graph rows, block positions, members) one row per line."""
+        from .plan_codec import dumps
+        return dumps(self.to_dict(include_timing))
 
     def save(self, path) -> None:
         """Write `to_json()` (deterministic, timing left out) to `path`, with a final newline."""
@@ -159,7 +221,8 @@ class Plan:
         """Read a plan written by `save`; with `traced` (and `mesh`), also check it was made for them.
 
         Raises:
-            PlanValidationError: not JSON, or not valid against the schema (names the JSON path).
+            PlanValidationError: not JSON, not valid against the schema, or derived parts inconsistent
+                (names the JSON path).
             PlanMismatchError: `traced`/`mesh` given and they differ from the plan's (says what differs).
         """
         with open(path, encoding="utf-8") as f:
@@ -171,27 +234,26 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan JSON") -> "Plan":
-        """Inverse of `to_json`, after validation against the schema (`parallelizer.plan_io.parse_and_validate`).
+        """Inverse of `to_json`, after validation against the schema (`parallelizer.plan_io.parse_and_validate`);
+        nodes, edges with their steps, parameter placeholders and local shapes are derived (`plan_codec.decode`).
 
         Raises:
-            PlanValidationError: malformed JSON, another format version, or a schema violation (names the
-                field's JSON path, e.g. "params/h.0.c_fc.weight/shape/0").
+            PlanValidationError: malformed JSON, another format version (re-plan), a schema violation, or
+                derived parts that disagree with what is stored (names the field's JSON path, e.g.
+                "params/h.0.c_fc.weight/shape/0" or "graph/12").
         """
         from ..plan_io import parse_and_validate
+        from .plan_codec import decode
         d = parse_and_validate(text, source)
+        mesh = MeshSpec.from_dict(d["mesh"])
+        nodes, params, edges, model, fingerprint = decode(d, mesh, source)
         cost = d["cost"]
         return cls(
-            mesh=MeshSpec.from_dict(d["mesh"]),
-            nodes={k: NodePlan(v["op"], tuple(v["inputs"]), v["output"]) for k, v in d["nodes"].items()},
-            params={k: ParamPlan(**{**v, **{f: tuple(v[f]) for f in ("aliases", "placeholders", "shape",
-                                                                       "local_shape")}})
-                    for k, v in d["params"].items()},
-            edges=tuple(EdgePlan(e["src"], e["dst"], e["index"], e["src_layout"], e["dst_layout"],
-                                 tuple(Step.from_dict(s) for s in e["steps"])) for e in d["edges"]),
+            mesh=mesh, nodes=nodes, params=params, edges=edges,
             cost=CostBreakdown(cost["compute_s"], cost["comm_s"], cost["memory_bytes"]),
             solver=SolverReport(**d["solver"]),
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
-            model=d["model"], config=d["config"], fingerprint=d["fingerprint"], cluster=d["cluster"])
+            model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"])
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:
@@ -252,7 +314,7 @@ class Plan:
         main = [(n, p) for n, p in self.nodes.items() if any(k in p.op for k in _MAIN_OPS)]
         lines.append(f"main ops ({len(main)}):")
         for n, p in main[:max_nodes]:
-            lines.append(f"  {n:32s} {p.op:45s} {' '.join(p.inputs)} -> {p.output}")
+            lines.append(f"  {n:32s} {p.op:45s} {p.strategy}")
         if len(main) > max_nodes:
             lines.append(f"  ... {len(main) - max_nodes} more")
         for f in self.fallbacks:

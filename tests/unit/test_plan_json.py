@@ -1,4 +1,5 @@
-"""Plan JSON: schema validation naming the field, save/load round trip, determinism, fingerprint mismatches."""
+"""Plan JSON: schema validation naming the field, save/load round trip, determinism, fingerprint mismatches,
+and the checks on what format 3 derives on load (parallelizer/planner/plan_codec.py)."""
 import json
 
 import jsonschema
@@ -33,8 +34,14 @@ def test_json_validates_against_the_shipped_schema(plan):
     d = json.loads(plan.to_json())
     jsonschema.Draft202012Validator(plan_schema()).validate(d)
     assert set(d) == set(plan_schema()["properties"])  # schema and to_dict list the same fields
-    assert d["fingerprint"]["summary"]["params"]["wte.weight"] == {"shape": [64, 32], "dtype": "float32"}
-    assert d["cluster"]["spec"] == "h100:1x2" and d["model"]["blocks"][0]["name"] == "h.*"
+    assert "params" not in d["fingerprint"]["summary"]  # derived from "params" on load
+    assert plan.fingerprint["summary"]["params"]["wte.weight"] == {"shape": [64, 32], "dtype": "float32"}
+    assert d["cluster"]["spec"] == "h100:1x2" and d["blocks"][0]["name"] == "h.*"
+    # one entry per block pattern (12 per GPT block), positions stored once, no member differs
+    assert d["params"]["h.*.c_fc.weight"] == {"aliases": [], "placeholders": ["p_h_*_c_fc_weight"], "shape": [128, 32],
+                                             "dtype": "float32", "stored": plan.params["h.0.c_fc.weight"].stored,
+                                             "is_buffer": False}
+    assert len(d["blocks"][0]["positions"]) == len(plan.model["blocks"][0]["nodes"][0]) and d["blocks"][0]["exceptions"] == {}
 
 
 def test_save_load_round_trip_and_determinism(traced, plan, tmp_path):
@@ -42,6 +49,9 @@ def test_save_load_round_trip_and_determinism(traced, plan, tmp_path):
     plan.save(path)
     again = Plan.load(path, traced=traced, mesh=MESH)
     assert again.to_json() == plan.to_json() and again.mesh == plan.mesh
+    # everything left out of the JSON comes back equal: nodes, params (local shapes), edges with their steps
+    assert again.edges == plan.edges and again.nodes == plan.nodes and again.params == plan.params
+    assert again.fingerprint == plan.fingerprint and again.model == plan.model
     assert parallelizer.plan(traced, MESH, cluster="h100:1x2").to_json() == plan.to_json()  # byte-identical
     assert path.read_text() == plan.to_json() + "\n"
     assert "<table>" in again._repr_html_()
@@ -78,12 +88,58 @@ def test_malformed_plan_names_the_field(plan, tmp_path):
     assert info.value.path == "params/wte.weight/shape/0" and "'x' is not of type 'integer'" in str(info.value)
 
     def bad_layout(d):
-        next(iter(d["edges"]))["dst_layout"] = "Q(1)"
-    with pytest.raises(PlanValidationError, match=r"invalid at edges/0/dst_layout"):
+        d["graph"][-1][2] = "Q(1) -> None"
+    with pytest.raises(PlanValidationError, match=rf"invalid at graph/{len(plan.to_dict()['graph']) - 1}"):
         Plan.load(_corrupt(plan, tmp_path, bad_layout))
     with pytest.raises(PlanValidationError, match=r"'cost' is a required property"):
         Plan.load(_corrupt(plan, tmp_path, lambda d: d.pop("cost")))
-    with pytest.raises(PlanValidationError, match=r"format_version 1; this toolkit reads 2"):
-        Plan.load(_corrupt(plan, tmp_path, lambda d: d.update(format_version=1)))
+    with pytest.raises(PlanValidationError, match=r"format_version 2; this toolkit reads 3. Remedy: re-plan"):
+        Plan.load(_corrupt(plan, tmp_path, lambda d: d.update(format_version=2)))
     with pytest.raises(PlanValidationError, match=r"not valid JSON"):
         Plan.from_json(plan.to_json()[:-5])
+
+
+def _row(d, name):
+    return next(i for i, r in enumerate(d["graph"]) if r[0] == name)
+
+
+def test_derived_parts_are_checked_on_load(plan, tmp_path):
+    """What the JSON leaves out is derived on load; an edit that makes it inconsistent names the field."""
+    d = plan.to_dict()
+    out = _row(d, "output")
+
+    def drop_input(d):
+        d["graph"][out][2] = "-> None"
+    with pytest.raises(PlanValidationError, match=rf"invalid at graph/{out}: strategy '-> None' of output has 0 input"):
+        Plan.load(_corrupt(plan, tmp_path, drop_input))
+
+    def bad_ref(d):
+        d["blocks"][0]["positions"][0][2][0][0] = "@99"
+    with pytest.raises(PlanValidationError, match=r"invalid at blocks/0/positions/0: ref '@99' resolves to nothing"):
+        Plan.load(_corrupt(plan, tmp_path, bad_ref))
+
+    def partial_input(d):  # a Replicate producer read as Partial: no collective makes R -> P
+        row = d["blocks"][0]["positions"][0]
+        row[1] = "P" + row[1][row[1].index(" "):]
+    with pytest.raises(PlanValidationError, match=r"invalid at blocks/0/positions/0: input 0 of layer_norm .*Partial"):
+        Plan.load(_corrupt(plan, tmp_path, partial_input))
+
+    def lost_member(d):
+        d["graph"] = [r for r in d["graph"] if r != ["h.*", 1]]
+    with pytest.raises(PlanValidationError, match=r"invalid at graph: block members \['h.\*\[1\]'\] have no"):
+        Plan.load(_corrupt(plan, tmp_path, lost_member))
+
+    def extra_op(d):
+        d["fingerprint"]["summary"]["ops"]["aten.gelu.default"] += 1
+    with pytest.raises(PlanValidationError, match=r"invalid at fingerprint/summary/ops"):
+        Plan.load(_corrupt(plan, tmp_path, extra_op))
+
+    def bad_stored(d):
+        d["params"]["wte.weight"]["stored"] = "S(2)"
+    with pytest.raises(PlanValidationError, match=r"invalid at params/wte.weight/stored"):
+        Plan.load(_corrupt(plan, tmp_path, bad_stored))
+
+    def bad_dtype(d):
+        d["blocks"][0]["positions"][0][2][0][1] = "float33"
+    with pytest.raises(PlanValidationError, match=r"positions/0: input 0 of layer_norm .*'float33' is not a torch dtype"):
+        Plan.load(_corrupt(plan, tmp_path, bad_dtype))

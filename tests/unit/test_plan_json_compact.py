@@ -1,0 +1,119 @@
+"""Plan JSON format 3 is small and reviewable: GPT-2 small fits in 40 KB, what is left out (edges and their
+steps, placeholders, local shapes) is derived on load equal to what the planner made, also with uneven
+shards and with blocks whose members differ, and one changed option is a diff of the changed decisions."""
+import difflib
+
+import pytest
+
+import parallelizer
+from parallelizer import presets, zoo
+from parallelizer.core.layout import Layout, Shard
+from parallelizer.planner import Plan
+
+
+def _round_trip(plan: Plan) -> Plan:
+    text = plan.to_json()
+    again = Plan.from_json(text)
+    assert again.to_json() == text  # byte-identical
+    assert again.edges == plan.edges  # derived edges, steps included, in graph order
+    assert again.nodes == plan.nodes and again.params == plan.params and again.fingerprint == plan.fingerprint
+    return again
+
+
+def test_gpt2_small_plan_json_is_under_40_kb():
+    recipe = presets.recipe("gpt2")
+    assert (recipe["kwargs"]["n_layer"], recipe["kwargs"]["n_embd"]) == (12, 768)
+    traced = parallelizer.trace(*presets.build(recipe, "meta"))
+    plan = parallelizer.plan(traced, {"dp": 2, "tp": 2}, recipe=recipe)
+    size = len(plan.to_json()) + 1  # as Plan.save writes it
+    assert size < 40_000, size  # format 2 wrote about 300 KB for this plan (edges ~137 KB, nodes ~80 KB)
+    d = plan.to_dict()
+    assert len(d["blocks"][0]["positions"]) == 50 and len(d["blocks"][0]["members"]) == 12
+    assert len(plan.edges) > 800 and sum(bool(e.steps) for e in plan.edges) > 0
+    _round_trip(plan)
+
+
+def test_derived_edges_equal_the_planners_with_uneven_shards():
+    traced = parallelizer.trace(*zoo.gpt(n_layer=2, n_embd=30, n_head=3, vocab_size=50, block_size=10, batch=3,
+                                         device="meta"))
+    plan = parallelizer.plan(traced, {"dp": 2, "tp": 4}, cluster="h100:1x8", axis_roles={"dp": "fsdp", "tp": "tp"})
+    mesh_sizes = dict(zip(plan.mesh.axis_names, plan.mesh.shape))
+    uneven = [p.fqn for p in plan.params.values() for i, place in enumerate(Layout.parse(p.stored))
+              if isinstance(place, Shard) and p.shape[place.dim] % plan.mesh.shape[i]]
+    assert uneven, f"no parameter is sharded unevenly on {mesh_sizes}"
+    assert any(s.kind == "all_gather" and s.regather for _, s in plan.steps())  # FSDP steps are derived too
+    _round_trip(plan)
+
+
+def test_derived_edges_equal_the_planners_when_block_members_differ():
+    traced = parallelizer.trace(*zoo.gpt(n_layer=4, n_embd=64, n_head=2, vocab_size=128, block_size=32, batch=8,
+                                         device="meta"))
+    free = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False)
+    plan = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False,
+                             memory_budget_bytes=int(free.cost.memory_bytes["total"] * 0.9))
+    d = plan.to_dict()
+    exceptions = d["blocks"][0]["exceptions"]
+    assert exceptions  # members solved separately under a tight budget: not all alike
+    names = plan.model["blocks"][0]["nodes"]
+    for m, rows in exceptions.items():
+        for q, row in rows.items():
+            assert plan.nodes[names[int(m)][int(q)]].strategy == row[1]
+    assert any("*" not in k and k.startswith("h.") for k in d["params"])  # unfolded where members disagree
+    _round_trip(plan)
+
+
+def test_one_changed_option_is_a_diff_of_the_changed_decisions():
+    traced = parallelizer.trace(*zoo.gpt(n_layer=4, n_embd=64, n_head=2, vocab_size=128, block_size=32, batch=8,
+                                         device="meta"))
+    base = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4")
+    tight = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4",
+                              memory_budget_bytes=int(base.cost.memory_bytes["total"] * 0.8))
+    diff = [line for line in difflib.unified_diff(base.to_json().splitlines(), tight.to_json().splitlines(),
+                                                  lineterm="", n=0) if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    # the decisions that changed, from the plans in memory
+    block = base.model["blocks"][0]
+    positions = [q for q, n in enumerate(block["nodes"][0]) if base.nodes[n].strategy != tight.nodes[n].strategy]
+    derived = {ph for p in base.params.values() for ph in p.placeholders} | {n for names in block["nodes"] for n in names}
+    outside = [n for n in base.nodes if n not in derived and base.nodes[n].strategy != tight.nodes[n].strategy]
+    params = {p.fqn for p in base.params.values() if p.stored != tight.params[p.fqn].stored}
+    folded = {f"h.*.{f.split('.', 2)[2]}" if f.startswith("h.") else f for f in params}
+    assert positions and params
+    decisions = len(positions) + len(outside) + len(folded)
+    added = [line for line in diff if line.startswith("+")]
+    # each changed decision is one changed line that names it; the rest: budget, cost, solver (<= 8 lines)
+    for q in positions:
+        row = tight.to_dict()["blocks"][0]["positions"][q]
+        assert any(line.strip(" +,") == _inline(row) for line in added), q
+    for key in folded:
+        assert sum(line.lstrip("+ ").startswith(f'"{key}": ') for line in added) == 1, key
+    for n in outside:
+        assert sum(line.lstrip("+ ").startswith(f'["{n}", ') for line in added) == 1, n
+    assert decisions <= len(added) <= decisions + 8 and len(diff) <= 2 * (decisions + 8), "\n".join(diff)
+    assert any('"memory_budget_bytes"' in line for line in added)
+
+
+def _inline(row) -> str:
+    from parallelizer.planner.plan_codec import dumps
+    return dumps(row)
+
+
+def test_derived_edges_equal_the_planners_with_a_lifted_constant_and_a_buffer():
+    """A tensor made inside forward is a lifted constant (a buffer placeholder): its placeholder and its
+    no-gradient edge are derived like a parameter's."""
+    import torch
+
+    class Pick(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fused = torch.nn.Linear(4, 12)
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x):
+            return self.fused(x).view(x.shape[0], 3, 4)[..., [-2], :].squeeze(1) * self.scale
+
+    traced = parallelizer.trace(Pick(), (torch.randn(8, 4),))
+    plan = parallelizer.plan(traced, {"dp": 2})
+    buffers = [p for p in plan.params.values() if p.is_buffer]
+    assert {p.fqn for p in buffers} >= {"scale"} and any(p.fqn.startswith("lifted_tensor") for p in buffers)
+    assert any(not e.requires_grad and e.dtype == "int64" for e in plan.edges)
+    _round_trip(plan)
