@@ -32,7 +32,7 @@ import torch.fx
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in
 from cost_model.compute import is_free_op
 
-__all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "saved_activation_bytes",
+__all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "saved_activation_bytes", "may_save_arg",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 # (param, grad, optimizer) bytes per parameter; sources in the module docstring.
@@ -185,6 +185,15 @@ def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -
     if rule is None:
         return _Saved(args=tuple(i for i, a in enumerate(args) if tensors_in(a)))
     return rule(args, kwargs, out) if callable(rule) else rule
+
+
+def may_save_arg(target: torch._ops.OpOverload, index: int) -> bool:
+    """Whether `target` may keep its positional argument `index` for backward: False only when its rule
+    in ``_SAVE_RULES`` is a fixed one that does not list it (add, views, ...: nothing; linear: args 0 and
+    1); rules that depend on the values (mul, div, layer_norm, ...) and ops without a rule answer True
+    (layer_norm's autograd keeps its weight AND its bias: native_layer_norm_backward takes both)."""
+    rule = _SAVE_RULES.get(getattr(target, "overloadpacket", target))
+    return not isinstance(rule, _Saved) or index in rule.args
 
 
 def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,

@@ -30,6 +30,7 @@ from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph, mutated_args
 from . import collectives, grad_sync, localize
 from .grad_sync import DEFAULT_BUCKET_BYTES
+from .reshard import reshard_after_forward
 from .spec import ShardingSpec, axis_ranks, mesh_coords, squeeze_trivial_axes
 
 
@@ -67,6 +68,9 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
     `grad_bucket_bytes` bytes (default 25 MiB, DDP's), overlapped with the rest of backward and waited at
     its end. `grad_bucket_bytes=0` emits the synchronous per-parameter `collectives.grad_all_reduce`
     instead. Either way the program computes the same gradients and the step is the same planned step.
+
+    Gathered parameters (ZeRO-3 / FSDP all-gathers, `regather` steps) are freed after their last forward use
+    and gathered again for backward (`rewriter.reshard`), as the planner prices them.
 
     Frozen parameters (`frozen`: canonical FQNs; default: those traced with requires_grad=False) get no
     gradient: their layout changes are emitted without backward, so no gradient sync exists for them, and
@@ -113,6 +117,8 @@ class _Rewriter:
             elif node.op != "placeholder":
                 raise UnsupportedOpError(f"cannot rewrite fx node {node.format_node()} (opcode {node.op!r}); "
                                          "only placeholders, call_function and output are supported")
+        reshard_after_forward(self.graph, set(self.graph.find_nodes(op="placeholder"))
+                              - {self.env[name] for name in self.traced.input_names})
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name=f"Rank{self.rank}Program")
         return RankProgram(gm, self.rank, self.mesh, state_fqns, inputs, self.groups,
                            dict(sorted(self.counts.items())))

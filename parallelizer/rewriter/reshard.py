@@ -1,0 +1,157 @@
+"""Reshard after forward: gathered parameters are freed when forward is done with them and gathered again
+for backward, as FSDP does (torch FSDP2 `fully_shard(reshard_after_forward=True)`).
+
+Without this pass, an op that saves a gathered parameter for backward (linear saves its weight, embedding
+its table's use...) keeps the FULL parameter alive from its forward to its backward: a ZeRO-3 plan would
+then hold every gathered layer at once, which is what the planner does not price (the planner counts
+parameters at their stored, sharded size and prices the backward re-gather: `core.redistribute.edge_steps`
+with `is_parameter`). This pass makes the emitted program do what is priced.
+
+What it does to an emitted rank program (an fx graph made by `rewriter.apply`), for every value G that is
+the output of an `all_gather` step on a chain of steps starting at a parameter placeholder:
+
+1. after the last forward use of G (or of a view of G), `release(G)` resizes G's storage to 0 bytes: the
+   memory is freed while every saved reference keeps pointing at the (now empty) storage;
+2. every op that consumes G (or a view of it), returns a fresh tensor and may save G for backward
+   (`cost_model.memory.may_save_arg`: linear does, add does not) gets its output wrapped in
+   `refill(out, G, param)`: an identity in forward whose backward first gathers G again (the same chain of
+   collectives, from the parameter's current shard, without autograd) into G's storage, then passes the
+   gradient on. The consumer's own backward runs after that identity's (its output's gradient flows
+   through it), so the saved weight is whole again when it is read. A second consumer finds it refilled.
+
+All ranks run the same backward graph in the same order, so the re-gathers (collectives) match across
+ranks. G is left alone (kept, as before) when something could see the freed storage: G or a view of it is
+a graph output, is written in place, or feeds an op that returns several tensors or a non-aten helper.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx
+
+from cost_model.memory import may_save_arg
+
+from ..tracer.graph import is_view, mutated_args
+
+
+class _Refill(torch.autograd.Function):
+    """Identity in forward; in backward, `regather()` first (module docstring, step 2)."""
+
+    @staticmethod
+    def forward(ctx, out, regather):  # type: ignore[override]
+        ctx.regather = regather
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.regather()
+        return grad, None
+
+
+class ReshardedParameter:
+    """The chain of collectives from one parameter's shard to a gathered value G, and the two calls the
+    program makes: `release(G)` after forward, `refill(out, G, shard)` around each consumer of G.
+
+    `chain`: (collective function, its arguments after the tensor) per step, in order."""
+
+    def __init__(self, chain: tuple[tuple[Callable, tuple], ...]) -> None:
+        self.chain = chain
+
+    def release(self, gathered: torch.Tensor) -> None:
+        """Free the storage of `gathered` (its bytes; the tensor and its saved references stay valid)."""
+        if torch.is_grad_enabled() and gathered.untyped_storage().nbytes():
+            gathered.untyped_storage().resize_(0)
+
+    def refill(self, out: torch.Tensor, gathered: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        """`out` unchanged; its backward re-gathers `gathered` from `shard` first when it was released."""
+        if not (torch.is_grad_enabled() and out.requires_grad):
+            return out
+        storage = gathered.untyped_storage()
+        nbytes = storage.nbytes()
+        geometry = (gathered.storage_offset(), tuple(gathered.shape), gathered.stride())
+
+        def regather() -> None:
+            if storage.nbytes():
+                return  # still there, or already refilled by another consumer's backward
+            with torch.no_grad():
+                value = shard
+                for fn, args in self.chain:
+                    value = fn(value, *args)
+                storage.resize_(nbytes)
+                offset, shape, stride = geometry
+                torch.empty(0, dtype=value.dtype).set_(storage, offset, shape, stride).copy_(value)
+
+        return _Refill.apply(out, regather)
+
+
+def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node]) -> int:
+    """Apply the pass (module docstring) to `graph` in place; `parameters` are the placeholders of parameters.
+    Returns how many gathered values are released after forward."""
+    released = 0
+    for gathered in [n for n in graph.nodes if _is_parameter_gather(n, parameters)]:
+        aliases, consumers = _uses(gathered)
+        consumers = [c for c in consumers if any(may_save_arg(c.target, i) for i, a in enumerate(c.args)
+                                                 if a in aliases)]
+        if aliases is None or not consumers:
+            continue  # kept as before, or saved by nobody (then freed after its last use anyway)
+        chain, shard = _chain(gathered)
+        resharded = ReshardedParameter(chain)
+        for consumer in consumers:
+            with graph.inserting_after(consumer):
+                wrapped = graph.call_function(resharded.refill, (consumer, gathered, shard))
+            consumer.replace_all_uses_with(wrapped, delete_user_cb=lambda user: user is not wrapped)
+            wrapped.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
+        with graph.inserting_after(_last({u for a in aliases for u in a.users})):
+            graph.call_function(resharded.release, (gathered,))
+        released += 1
+    return released
+
+
+def _is_parameter_gather(node: torch.fx.Node, parameters: set[torch.fx.Node]) -> bool:
+    step = node.meta.get("step")
+    if step is None or step.kind != "all_gather" or not step.regather:
+        return False
+    while node.meta.get("step") is not None:
+        node = node.args[0]
+    return node in parameters
+
+
+def _chain(gathered: torch.fx.Node) -> tuple[tuple[tuple[Callable, tuple], ...], torch.fx.Node]:
+    """The steps from the parameter placeholder to `gathered` (each: function, arguments after the tensor)."""
+    steps, node = [], gathered
+    while node.meta.get("step") is not None:
+        steps.append((node.target, tuple(node.args[1:])))
+        node = node.args[0]
+    return tuple(reversed(steps)), node
+
+
+def _uses(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node] | None, list[torch.fx.Node]]:
+    """(G and its views, the ops that read them and return a fresh tensor), or (None, []) when some use could
+    see the freed storage (module docstring)."""
+    aliases, consumers, todo = [gathered], [], [gathered]
+    while todo:
+        for user in list(todo.pop().users):
+            if user.op == "output" or mutated_args(user) or user.meta.get("step") is not None:
+                return None, []
+            if not isinstance(user.target, torch._ops.OpOverload):
+                return None, []
+            if is_view(user):
+                aliases.append(user)
+                todo.append(user)
+            elif _returns_one_tensor(user):
+                consumers.append(user)
+            else:
+                return None, []
+    return aliases, consumers
+
+
+def _returns_one_tensor(node: torch.fx.Node) -> bool:
+    returns = node.target._schema.returns
+    return len(returns) == 1 and str(returns[0].type) == "Tensor"
+
+
+def _last(nodes: set[torch.fx.Node]) -> torch.fx.Node:
+    """The node of `nodes` that comes last in its graph."""
+    graph = next(iter(nodes)).graph
+    return next(n for n in reversed(graph.nodes) if n in nodes)
