@@ -48,7 +48,7 @@ def measure() -> list[dict]:
             traced = parallelizer.trace(*fn(**kwargs))
             for kind, (mesh, roles) in kinds.items():
                 with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-                    plan = parallelizer.plan(traced, mesh, axis_roles=roles)
+                    plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32")  # as it runs on CPU
                 cases.append((fn, kwargs, spec_from_plan(plan)))
                 meta.append((model, kind, plan))
         per_rank = launch.spawn(measure_rank, world_size, cases, timeout_s=600)

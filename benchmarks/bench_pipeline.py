@@ -75,11 +75,11 @@ def run() -> str:
         trace_s = time.perf_counter() - start
         cluster = dgx_a100(nodes)
         start = time.perf_counter()
-        ours = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True, progress=False)
+        ours = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, precision="bf16", progress=False)
         plan_s = time.perf_counter() - start
-        grid = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+        grid = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, precision="bf16",
                                           search="exhaustive", progress=False)
-        even = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+        even = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, precision="bf16",
                                           search="exhaustive", partitioner="uniform", progress=False)
         s = ours.search
         valid = s.candidates - sum(s.excluded.values())
@@ -93,14 +93,14 @@ def run() -> str:
             notes.append(f"  - **REGRESSION**: ours is slower than a grid point ({r_grid:.4f}, {r_even:.4f}).")
         uneven, tp = next((q, t) for q in (16, 32, 12, 8, 6, 5) for t in (8, 4, 2, 1)
                           if q <= layers and layers % q and cluster.world_size % (q * t) == 0)
-        fixed = dict(global_batch=batch, mixed_precision=True, pp=uneven, tp=tp, schedules=("1f1b",), progress=False)
+        fixed = dict(global_batch=batch, precision="bf16", pp=uneven, tp=tp, schedules=("1f1b",), progress=False)
         dp_fixed = parallelizer.plan_pipeline(traced, cluster, **fixed)
         even_fixed = parallelizer.plan_pipeline(traced, cluster, partitioner="uniform", **fixed)
         notes.append(f"  - Where the DP matters: with pp={uneven}, tp={tp}, 1f1b fixed ({layers} blocks do not split "
                      f"evenly): {_why(dp_fixed, even_fixed, 'DP vs even split')} Step {dp_fixed.step_time_s:.3f} s "
                      f"vs {even_fixed.step_time_s:.3f} s (ratio {dp_fixed.step_time_s / even_fixed.step_time_s:.3f}).")
         if name == "GPT 39.1B":
-            megatron = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, mixed_precision=True,
+            megatron = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, precision="bf16",
                                                   pp=2, tp=8, progress=False)
             notes.append(f"  - Megatron-LM's reported layout for this model (tp=8, pp=2) priced by our model: "
                          f"{_config(megatron)}, {megatron.step_time_s:.3f} s, {megatron.tflops_per_gpu:.1f} "

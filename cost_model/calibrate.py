@@ -327,7 +327,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
             peak_flops_per_s={getattr(torch, k): v for k, v in dev["peak_flops_per_s"].items()},
             hbm_bytes=dev["hbm_bytes"], hbm_bytes_per_s=dev["hbm_bytes_per_s"],
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
-            launch_overhead_s=dev["launch_overhead_s"])
+            launch_overhead_s=dev["launch_overhead_s"], kind="cpu")  # calibrate measures this machine's CPU
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
@@ -378,7 +378,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     device = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: flops_per_s},
                         hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                         hbm_bytes_per_s=bytes_per_s, matmul_efficiency=1.0, memory_efficiency=1.0,
-                        launch_overhead_s=launch_s)
+                        launch_overhead_s=launch_s, kind="cpu")
     links = {}
     for n in nprocs:
         step(f"gloo x{n}")

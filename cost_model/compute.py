@@ -19,6 +19,19 @@ Model (roofline, Williams et al., "Roofline", CACM 2009)::
   op with a floating-point input and output costs ``2x`` forward bytes in backward (it reads the output
   gradient plus saved tensors and writes input gradients) in 1 kernel (2 for FLOP ops). Ops with no
   floating-point input or output (indices, masks, factories) have no backward.
+* Dropout with ``p == 0`` or ``train=False`` (``aten.dropout``, ``feature_dropout``, ``alpha_dropout``) is
+  free: it returns its input (torch._decomp's dropout decomposition returns ``input.clone()``, which
+  torch.compile elides), computes nothing and saves no mask (``cost_model.memory``).
+* Scaled-dot-product attention (``aten.scaled_dot_product_attention`` and its fused backends) is ONE fused
+  kernel (FlashAttention, Dao et al. 2022; PyTorch dispatches SDPA to flash / memory-efficient / cuDNN
+  kernels on GPUs and to a fused flash kernel on CPUs): its FLOPs are those of its two matmuls (as
+  ``torch.utils.flop_counter`` counts them), its memory traffic is q, k, v read and o written, plus an
+  explicit ``attn_mask`` when one is given (the memory-efficient kernel reads it; is_causal needs none);
+  the s x s score matrix is never written. Backward reads q, k, v, o, dO and writes dq, dk, dv: 2x forward
+  bytes, as every op here. Saved activations: q, k, v, o and the fp32 logsumexp (``cost_model.memory``).
+* Pointwise fusion (optional, ``fused_args`` / ``output_fused`` of :func:`op_cost`, found by
+  ``cost_model.fusion.pointwise_fusion``): an argument read from a fused chain is not read from memory, an
+  output kept in the chain is not written and launches no kernel.
 * View/alias ops (``OpOverload.is_view``: view, permute, transpose, expand, t, unsqueeze, slice, select,
   split, alias, detach, ...) and metadata ops cost 0. Composite may-alias ops (reshape, flatten,
   contiguous, ``to``) are free when they return a view (contiguous input, same dtype) and are a copy
@@ -40,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
 from cost_model.hardware import DeviceSpec
 
-__all__ = ["OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
+__all__ = ["OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "is_identity_dropout", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
            "BACKWARD_BYTES_FACTOR"]
 
 BACKWARD_FLOPS_FACTOR = 2  # backward FLOPs / forward FLOPs of matmul-like ops (see module docstring)
@@ -51,6 +64,10 @@ _METADATA_OPS = frozenset({aten._assert_tensor_metadata, aten.sym_size, aten.sym
                            aten.sym_storage_offset, aten._unsafe_view, aten.lift_fresh, aten.empty,
                            aten.empty_strided, aten.empty_like, aten._assert_async, aten.scalar_tensor})
 _GATHER_LIKE_OPS = frozenset({aten.embedding, aten.index_select, aten.index, aten.gather})
+_DROPOUT_OPS = frozenset({aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.feature_alpha_dropout})
+_SDPA_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
+                       aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
+                       aten._scaled_dot_product_flash_attention_for_cpu})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +104,24 @@ def _is_composite(target: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
 
 
-def is_free_op(target: torch._ops.OpOverload, args: tuple, out: object) -> bool:
-    """True when the op moves no data: a view/alias, a metadata op, or a may-alias op returning a view.
+def is_identity_dropout(target: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None) -> bool:
+    """True for a dropout op (``aten.dropout(input, p, train)`` and its feature/alpha variants) with
+    ``p == 0`` or ``train=False``: it returns its input."""
+    if target.overloadpacket not in _DROPOUT_OPS:
+        return False
+    kwargs = kwargs or {}
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    train = args[2] if len(args) > 2 else kwargs.get("train", True)
+    return p == 0 or not train
 
-    ``args``: the op's positional arguments (tensors as meta/Fake tensors); ``out``: its output(s).
+
+def is_free_op(target: torch._ops.OpOverload, args: tuple, out: object, kwargs: dict | None = None) -> bool:
+    """True when the op moves no data: a view/alias, a metadata op, a may-alias op returning a view, or a
+    dropout that returns its input (``is_identity_dropout``).
+
+    ``args`` / ``kwargs``: the op's arguments (tensors as meta/Fake tensors); ``out``: its output(s).
     """
-    if target.overloadpacket in _METADATA_OPS:
+    if target.overloadpacket in _METADATA_OPS or is_identity_dropout(target, args, kwargs):
         return True
     if not target.is_view:
         return False
@@ -115,7 +144,7 @@ def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
     packet = target.overloadpacket
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
-    if not _is_composite(target) or is_free_op(target, args, out):
+    if not _is_composite(target) or is_free_op(target, args, out, kwargs):
         return 0
     counter = FlopCounterMode(display=False)
     meta_args, meta_kwargs = to_meta((args, kwargs))
@@ -127,17 +156,26 @@ def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
     return int(counter.get_total_flops())
 
 
-def op_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> int:
+def op_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object,
+             fused_args: frozenset[int] = frozenset(), output_fused: bool = False) -> int:
     """Forward bytes moved: tensor inputs read + tensor outputs written (0 for free ops).
 
-    Gather-like ops read output-sized rows of their first argument instead of all of it.
+    Gather-like ops read output-sized rows of their first argument instead of all of it. SDPA writes only
+    its attention output (the logsumexp and RNG state of the fused backends are (B, heads, s) and smaller).
+    ``fused_args`` (positional indices) are read from a fused chain, and an ``output_fused`` output is not
+    written (``cost_model.fusion``).
     """
-    if is_free_op(target, args, out):
+    if is_free_op(target, args, out, kwargs):
         return 0
-    inputs = tensors_in((args, kwargs))
-    written = sum(tensor_nbytes(t) for t in tensors_in(out))
+    from_memory = tuple(a for i, a in enumerate(args) if i not in fused_args)
+    inputs = tensors_in((from_memory, kwargs))
+    outputs = tensors_in(out)
+    if target.overloadpacket in _SDPA_OPS:
+        outputs = outputs[:1]
+    written = 0 if output_fused else sum(tensor_nbytes(t) for t in outputs)
     if target.overloadpacket in _GATHER_LIKE_OPS and inputs:
-        read = sum(tensor_nbytes(t) for t in inputs if t is not args[0]) + written  # args[0]: the table
+        rows = sum(tensor_nbytes(t) for t in outputs)
+        read = sum(tensor_nbytes(t) for t in inputs if t is not args[0]) + rows  # args[0]: the table
     else:
         read = sum(tensor_nbytes(t) for t in inputs)
     return read + written
@@ -161,7 +199,8 @@ def _roofline_s(flops: int, nbytes: int, kernels: int, dtype: torch.dtype, devic
     return max(compute_s, memory_s) + kernels * device.launch_overhead_s
 
 
-def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object, device: DeviceSpec) -> OpCost:
+def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object, device: DeviceSpec,
+            fused_args: frozenset[int] = frozenset(), output_fused: bool = False) -> OpCost:
     """Forward and backward cost of one ATen op on ``device`` (model in the module docstring).
 
     Args:
@@ -170,6 +209,8 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
             e.g. ``torch.empty(local_shape, dtype=torch.bfloat16, device="meta")``; scalars as Python values.
         out: its output tensor(s) with local shapes.
         device: the device pricing the op.
+        fused_args, output_fused: the op's place in a fused pointwise chain (``cost_model.fusion.FusedIO``;
+            default: unfused): fewer bytes, and no kernel launch of its own when ``output_fused``.
 
     Returns:
         :class:`OpCost` with FLOPs, bytes and seconds for forward and backward; an op that cannot run on meta
@@ -185,8 +226,8 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
         fwd_flops = op_flops(target, args, kwargs, out)
     except MetaExecutionError as exc:
         fwd_flops, uncounted = 0, str(exc)
-    fwd_bytes = op_bytes(target, args, kwargs, out)
-    has_bwd = fwd_bytes > 0 and _has_backward(args, kwargs, out)
+    fwd_bytes = op_bytes(target, args, kwargs, out, fused_args, output_fused)
+    has_bwd = not is_free_op(target, args, out, kwargs) and _has_backward(args, kwargs, out)
     bwd_flops = BACKWARD_FLOPS_FACTOR * fwd_flops if has_bwd else 0
     bwd_bytes = BACKWARD_BYTES_FACTOR * fwd_bytes if has_bwd else 0
     dtype = _compute_dtype(args, kwargs, out)
@@ -195,8 +236,8 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
         bwd_flops=bwd_flops,
         fwd_bytes=fwd_bytes,
         bwd_bytes=bwd_bytes,
-        fwd_s=_roofline_s(fwd_flops, fwd_bytes, 1, dtype, device),
-        bwd_s=_roofline_s(bwd_flops, bwd_bytes, 2 if fwd_flops else 1, dtype, device),
+        fwd_s=_roofline_s(fwd_flops, fwd_bytes, 0 if output_fused else 1, dtype, device),
+        bwd_s=_roofline_s(bwd_flops, bwd_bytes, 0 if output_fused else 2 if fwd_flops else 1, dtype, device),
         uncounted_flops=uncounted,
     )
 

@@ -28,8 +28,9 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["DeviceSpec", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device"]
+__all__ = ["DeviceSpec", "DEVICE_KINDS", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device"]
 
+DEVICE_KINDS = ("gpu", "cpu")
 TFLOPS = 1e12
 GB = 1e9
 
@@ -65,6 +66,10 @@ class DeviceSpec:
         matmul_efficiency: achievable fraction of ``peak_flops_per_s`` for matmul-like ops, in (0, 1].
         memory_efficiency: achievable fraction of ``hbm_bytes_per_s``, in (0, 1].
         launch_overhead_s: fixed seconds added per kernel (launch + scheduling), >= 0.
+        kind: ``"gpu"`` (the datasheet presets) or ``"cpu"`` (a calibrated machine). The planner's defaults
+            follow it: bf16 mixed precision, fused kernels (flash attention, torch.compile pointwise fusion)
+            and a memory reserve for CUDA workspaces on ``"gpu"``; fp32, eager kernels and no reserve on
+            ``"cpu"`` (see ``parallelizer.planner.costs``).
 
     Raises:
         ValueError: in ``__post_init__`` naming the field, its value and the requirement.
@@ -77,6 +82,7 @@ class DeviceSpec:
     matmul_efficiency: float
     memory_efficiency: float
     launch_overhead_s: float
+    kind: str = "gpu"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -100,11 +106,13 @@ class DeviceSpec:
             raise ValueError(
                 f"DeviceSpec.launch_overhead_s={self.launch_overhead_s!r}: must be seconds in [0, 1)"
             )
+        if self.kind not in DEVICE_KINDS:
+            raise ValueError(f"DeviceSpec.kind={self.kind!r}: use one of {DEVICE_KINDS}")
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
                      self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
-                     self.memory_efficiency, self.launch_overhead_s))
+                     self.memory_efficiency, self.launch_overhead_s, self.kind))
 
     def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
         """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.

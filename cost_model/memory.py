@@ -1,18 +1,29 @@
 """Memory: training state per parameter (ZeRO), activations saved for backward, and a breakdown.
 
-Training state (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models", SC'20, Sec. 3.1 and Figure 1), for Psi parameters and N data-parallel ranks:
+Training state per parameter, bytes (the table :data:`BYTES_PER_PARAM`, keyed by precision and optimizer):
 
-================== ======== ======== ===================== =========
-precision          params   grads    optimizer (Adam)      total
-================== ======== ======== ===================== =========
-"fp32"             4        4        8 (m, v)              16 B/param
-"mixed" (fp16/bf16) 2       2        12 (fp32 copy, m, v)  16 B/param
-================== ======== ======== ===================== =========
+========= ========= ========= ========= ============================================ ==========
+precision optimizer param     grad      optimizer state                              total
+========= ========= ========= ========= ============================================ ==========
+"bf16"    adam(w)   2 (bf16)  4 (fp32)  12: fp32 main param 4 + Adam m 4 + v 4      18 B/param
+"bf16"    sgd       2 (bf16)  4 (fp32)  4: fp32 main param                           10 B/param
+"fp32"    adam(w)   4         4         8: Adam m 4 + v 4                            16 B/param
+"fp32"    sgd       4         4         0 (torch.optim.SGD, momentum=0: no state)    8 B/param
+========= ========= ========= ========= ============================================ ==========
 
-ZeRO stage 1 (P_os) divides the optimizer states by N, stage 2 (P_os+g) also the gradients, stage 3
-(P_os+g+p) also the parameters. A shard holds ``ceil(Psi / N)`` parameters (flat-parameter padding as in
-FSDP), so the division is exact when N divides Psi.
+Sources: bf16 + Adam is the recipe of Megatron-LM's distributed optimizer (docs/api-guide/dist_optimizer.md,
+bytes-per-parameter table: "bf16 parameters, fp32 gradients": 18 non-distributed, 6 + 12/d distributed
+over d data-parallel ranks; fp32: 16 and 8 + 8/d; main parameters always fp32); Megatron accumulates and
+all-reduces gradients in fp32 whenever bf16 is on (megatron/training/arguments.py: "bfloat16 requires
+gradient accumulation and all-reduce to be done in fp32", unless ``--grad-reduce-in-bf16``). The ZeRO paper's 16 B/param mixed-precision count (Rajbhandari et
+al., SC'20, Sec. 3.1: 2 + 2 + 12) keeps fp16 gradients instead; fp32 + Adam is its 4 + 4 + 8. "sgd" is
+torch.optim.SGD with its default ``momentum=0``, which keeps no state; SGD with momentum keeps one fp32
+buffer (4 B/param more) and is not in the table.
+
+ZeRO (Rajbhandari et al. Fig. 1) for Psi parameters over N data-parallel ranks: stage 1 (P_os) divides the
+optimizer state by N (Megatron's distributed optimizer: 6 + 12/N B/param in bf16 + Adam), stage 2 (P_os+g)
+also the gradients, stage 3 (P_os+g+p, FSDP) also the parameters. A shard holds ``ceil(Psi / N)``
+parameters (flat-parameter padding as in FSDP), so the division is exact when N divides Psi.
 
 Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirror what PyTorch autograd
 keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Parameters are not
@@ -32,11 +43,17 @@ import torch.fx
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in
 from cost_model.compute import is_free_op
 
-__all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "saved_activation_bytes", "may_save_arg",
+__all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
+           "bytes_per_param", "saved_activation_bytes", "may_save_arg",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
-# (param, grad, optimizer) bytes per parameter; sources in the module docstring.
-BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
+OPTIMIZERS = ("adamw", "adam", "sgd")
+# (precision, optimizer) -> (param, grad, optimizer state) bytes per parameter; sources in the module docstring.
+BYTES_PER_PARAM: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("bf16", "adamw"): (2, 4, 12), ("bf16", "adam"): (2, 4, 12), ("bf16", "sgd"): (2, 4, 4),
+    ("fp32", "adamw"): (4, 4, 8), ("fp32", "adam"): (4, 4, 8), ("fp32", "sgd"): (4, 4, 0),
+}
 _STAT_BYTES = 4  # mean / rstd / logsumexp are kept in fp32 (the accumulation type) for fp16/bf16 inputs
 _MASK_BYTES = 1  # dropout keeps a bool mask, 1 byte per element (Korthikanti et al. 2022, Sec. 4.1)
 
@@ -58,28 +75,43 @@ class MemoryBreakdown:
                 + self.temporary_bytes)
 
 
-def training_state_bytes(num_params: int, precision: str = "mixed", zero_stage: int = 0,
-                         dp_size: int = 1) -> MemoryBreakdown:
-    """Per-rank bytes of parameters, gradients and Adam states (module docstring table; ZeRO Fig. 1).
+def bytes_per_param(precision: str, optimizer: str = "adamw") -> tuple[int, int, int]:
+    """(param, grad, optimizer state) bytes per parameter of :data:`BYTES_PER_PARAM` (module docstring).
+
+    Raises:
+        ValueError: unknown precision or optimizer; names the valid values.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}: use one of {OPTIMIZERS}")
+    return BYTES_PER_PARAM[(precision, optimizer)]
+
+
+def training_state_bytes(num_params: int, precision: str = "bf16", zero_stage: int = 0,
+                         dp_size: int = 1, optimizer: str = "adamw") -> MemoryBreakdown:
+    """Per-rank bytes of parameters, gradients and optimizer state (module docstring table; ZeRO Fig. 1).
+
+    Example: 7e9 parameters in bf16 with Adam: 18 B/param = 126 GB on one rank; ZeRO stage 1 over 8
+    ranks (Megatron's distributed optimizer) 6 + 12/8 = 7.5 B/param; stage 3 over 8 ranks 18/8 B/param.
 
     Args:
         num_params: parameters held by this rank before ZeRO sharding (Psi), >= 0.
-        precision: ``"mixed"`` (fp16/bf16 params+grads, fp32 master+Adam) or ``"fp32"``.
+        precision: ``"bf16"`` (bf16 params, fp32 main grads and main params) or ``"fp32"``.
         zero_stage: 0 (DDP), 1, 2 or 3.
         dp_size: ranks the ZeRO shards are spread over (N), >= 1.
+        optimizer: ``"adamw"``, ``"adam"`` or ``"sgd"`` (momentum 0).
 
     Raises:
-        ValueError: unknown precision or stage, negative counts; names the valid values.
+        ValueError: unknown precision, optimizer or stage, negative counts; names the valid values.
     """
-    if precision not in BYTES_PER_PARAM:
-        raise ValueError(f"precision={precision!r}: use one of {sorted(BYTES_PER_PARAM)}")
+    param_b, grad_b, optim_b = bytes_per_param(precision, optimizer)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r}: use 0, 1, 2 or 3")
     if not (isinstance(num_params, int) and num_params >= 0):
         raise ValueError(f"num_params={num_params!r}: must be an int >= 0")
     if not (isinstance(dp_size, int) and dp_size >= 1):
         raise ValueError(f"dp_size={dp_size!r}: must be an int >= 1")
-    param_b, grad_b, optim_b = BYTES_PER_PARAM[precision]
     shard = math.ceil(num_params / dp_size)
     return MemoryBreakdown(
         params_bytes=param_b * (shard if zero_stage >= 3 else num_params),
@@ -177,7 +209,7 @@ _SAVE_RULES: dict[Any, Any] = {
 
 def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> _Saved:
     """The save rule of one op; unknown ops with a backward conservatively save all tensor args."""
-    if is_free_op(target, args, out):
+    if is_free_op(target, args, out, kwargs):
         return _Saved()
     if not any(t.is_floating_point() for t in tensors_in(out)):
         return _Saved()  # integer / bool outputs have no backward
@@ -224,8 +256,8 @@ def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: d
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
     """Follow view ops back to the node that owns the storage."""
     while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        args, _, out = node_values(node)
-        if not is_free_op(node.target, args, out) or not isinstance(node.args[0], torch.fx.Node):
+        args, kwargs, out = node_values(node)
+        if not is_free_op(node.target, args, out, kwargs) or not isinstance(node.args[0], torch.fx.Node):
             break
         node = node.args[0]
     return node

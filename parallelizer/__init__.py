@@ -13,8 +13,8 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, StateDictError,
-                     TraceError, UnsupportedOpError)
+from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, PrecisionError,
+                     StateDictError, TraceError, UnsupportedOpError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
@@ -30,5 +30,5 @@ __all__ = [
     "rewrite", "ParallelModule",
     "auto_parallelize", "search_mesh", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
-    "PlanValidationError", "StateDictError",
+    "PlanValidationError", "StateDictError", "PrecisionError",
 ]

@@ -91,7 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
     p.add_argument("--seq-len", type=int, help="sequence length (token models)")
-    p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB (default: device memory)")
+    p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB, reserve included "
+                   "(default: device memory)")
+    p.add_argument("--memory-reserve-gb", type=float,
+                   help="GB of the budget kept out of the plan for allocator fragmentation, cuBLAS/NCCL workspaces and "
+                        "communication buffers (default: 10%% of a GPU's memory + 1 GB with the device's memory as "
+                        "budget, 0 with --memory-budget-gb or on a calibrated CPU; cost_model/reserve.py)")
+    p.add_argument("--precision", choices=("bf16", "fp32"),
+                   help="bf16: bf16 params and activations, fp32 main weights and gradients (18 B/param with AdamW); "
+                        "fp32: 16 B/param (default: bf16 on GPU cluster presets, fp32 on a calibration profile)")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
@@ -141,6 +149,8 @@ def cmd_plan(args) -> int:
 
     if args.global_batch is not None and args.global_batch < 1:
         raise ValueError(f"--global-batch {args.global_batch}: give the number of samples per optimizer step (>= 1)")
+    if args.memory_reserve_gb is not None and args.memory_reserve_gb < 0:
+        raise ValueError(f"--memory-reserve-gb {args.memory_reserve_gb}: give GB >= 0")
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
@@ -162,7 +172,9 @@ def cmd_plan(args) -> int:
              "seq_len": args.seq_len}
     options = dict(cluster=args.cluster, recipe=recipe, batch=batch, optimizer=args.optimizer,
                    time_limit_s=args.time_limit, axis_roles={k: str(v) for k, v in roles.items()},
-                   memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9))
+                   memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
+                   memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
+                   precision=args.precision)
 
     started: list[MeshSpec] = []
 

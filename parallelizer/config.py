@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-OPTIMIZERS = ("adamw", "adam", "sgd")
+from cost_model.memory import OPTIMIZERS, PRECISIONS
+
 AXIS_ROLES = ("auto", "ddp", "fsdp", "tp")
 SOLVERS = ("highs", "cbc")
 
@@ -28,10 +29,21 @@ class PlanConfig:
             "tp": user inputs Replicate over the axis (no data parallelism on it), parameters of 2 or more
                 dims stored Shard over it (Megatron tensor parallelism; the ILP picks the dim, i.e. column or
                 row parallel, and how activations are laid out); 1-D parameters (biases, norm weights) free.
-        memory_budget_bytes: per-device memory limit; None = the device's HBM (`DeviceSpec.hbm_bytes`).
-        optimizer: "adamw" / "adam" (2 fp32 states) or "sgd" (none), for training-state bytes.
-        mixed_precision: True = bf16/fp16 params and grads with fp32 master weights (ZeRO's 16 B/param);
-            False = fp32 everything. Affects memory only; compute is priced in the traced dtypes.
+        memory_budget_bytes: per-device memory the plan may occupy, reserve included; None = the device's
+            memory (`DeviceSpec.hbm_bytes`).
+        memory_reserve_bytes: bytes of that budget kept out of the plan's tensors (allocator fragmentation,
+            cuBLAS/NCCL workspaces, communication buffers; `cost_model.reserve`). None = the default: with
+            `memory_budget_bytes` None, `cost_model.reserve.default_reserve_bytes(device)` (10% of a GPU's
+            memory + 1 GB; 0 on a calibrated CPU); with an explicit budget 0 (the budget you give is what the
+            plan's tensors may hold). The plan records the reserve applied (`Plan.config`).
+        optimizer: "adamw" / "adam" or "sgd" (momentum 0), for training-state bytes
+            (`cost_model.memory.BYTES_PER_PARAM`).
+        precision: "bf16" = bf16 parameters and activations with fp32 main weights and fp32 main gradients
+            (reduced in fp32) plus Adam m, v: 18 B/param, FLOPs at the device's bf16 peak, activations 2 B per
+            element (fp32 statistics stay fp32); "fp32" = fp32 everything, 16 B/param. None = the default:
+            "bf16" on a GPU, "fp32" on a calibrated CPU (`DeviceSpec.kind`), "bf16" for a graph traced with
+            bf16 parameters. A graph traced in fp32 is priced in bf16 as if autocast to it
+            (`planner.costs.Pricer`); the plan records the precision applied.
         time_limit_s: solver wall-clock limit, seconds (> 0).
         mip_rel_gap: relative MIP gap at which the solver may stop (0 = prove optimality).
         solver: "highs" (default; falls back to "cbc" if highspy is missing) or "cbc".
@@ -46,8 +58,9 @@ class PlanConfig:
     data_axes: tuple[str, ...] | None = None
     axis_roles: tuple[tuple[str, str], ...] = field(default=())
     memory_budget_bytes: int | None = None
+    memory_reserve_bytes: int | None = None
     optimizer: str = "adamw"
-    mixed_precision: bool = False
+    precision: str | None = None
     time_limit_s: float = 60.0
     mip_rel_gap: float = 0.0
     solver: str = "highs"
@@ -78,6 +91,13 @@ class PlanConfig:
                 raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r} contradicts data_axes={self.data_axes}: "
                                  "a 'ddp'/'fsdp' axis must be a data axis and a 'tp' axis must not; drop data_axes "
                                  "(roles imply it) or make them agree")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(f"PlanConfig.precision={self.precision!r}: use one of {PRECISIONS} or None (the "
+                             "device's default: bf16 on a GPU, fp32 on a calibrated CPU)")
+        if self.memory_reserve_bytes is not None and not (
+                isinstance(self.memory_reserve_bytes, int) and self.memory_reserve_bytes >= 0):
+            raise ValueError(f"PlanConfig.memory_reserve_bytes={self.memory_reserve_bytes!r}: must be an int of "
+                             "bytes >= 0 or None (the default reserve)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
         if self.solver not in SOLVERS:

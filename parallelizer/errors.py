@@ -39,6 +39,11 @@ class InfeasiblePlanError(ParallelizerError):
     """No plan satisfies the constraints (e.g. the per-device memory budget)."""
 
 
+class PrecisionError(ParallelizerError, ValueError):
+    """A precision the traced graph or the device cannot be priced in (e.g. "bf16" on a calibrated CPU
+    without a bf16 peak, or "fp32" for a graph traced with bf16 parameters); the message gives the remedy."""
+
+
 class PlanMismatchError(ParallelizerError):
     """A plan was made for another model, input shapes or mesh than the one it is applied to."""
 

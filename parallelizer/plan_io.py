@@ -19,7 +19,7 @@ import re
 from importlib import resources
 
 from .errors import PlanMismatchError, PlanValidationError
-from .planner.plan import _MAIN_OPS
+from .planner.plan import _MAIN_OPS, memory_rows, precision_text
 
 SCHEMA_FILE = "plan_schema.json"
 # The legend printed with every plan view; docs/architecture.md explains the notation and the pipeline.
@@ -98,6 +98,7 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     batch = plan.model.get("batch")
     if batch:
         rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
+    rows.append(["precision", precision_text(plan.config)])
     if plan.config.get("axis_roles"):
         rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
     tables.append(("Mesh", ["axis", "size"], rows))
@@ -109,11 +110,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]
     rows.append(["total", f"{c.total_s * 1e3:.3f}", "100.0%"])
     tables.append(("Estimated step time", ["part", "ms", "share"], rows))
-    budget = plan.config.get("memory_budget_bytes")
-    rows = [[k, f"{v / 1e9:.3f}"] for k, v in c.memory_bytes.items()]
-    if budget:
-        rows.append(["budget", f"{budget / 1e9:.3f}"])
-    tables.append(("Memory per device", ["category", "GB"], rows))
+    tables.append(("Memory per device (total = the plan's tensors; reserve = fragmentation, workspaces, "
+                   "communication buffers; total + reserve <= budget)", ["category", "GB"],
+                   [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
     tables += _block_tables(plan, all_positions)
     tables.append(_param_table(plan))
     counts: dict[tuple[str, str], int] = {}

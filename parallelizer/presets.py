@@ -4,11 +4,13 @@ A recipe is {"preset": name, "builder": zoo builder, "kwargs": {...}} or {"facto
 "kwargs": {...}}; `build(recipe, device)` turns it into `(model, example_inputs)`, and the plan keeps the
 recipe (`Plan.model["recipe"]`) so that `parallelizer rehearse plan.json` can rebuild the model.
 
-Presets: the zoo's small defaults under their family names for `mlp` and `gpt` (in-repo toys); published
+Presets: the zoo's small defaults under their family names for `mlp` and `gpt` (in-repo toys; `gpt` with
+targets, so its loss is traced); published
 sizes for `gpt2` (= gpt2-small, Radford et al. 2019: 12 layers, 768 hidden, 12 heads, vocab 50257),
 gpt2-medium/-large/-xl (24/1024/16, 36/1280/20, 48/1600/25), `llama` (= llama2-7b, Touvron et al. 2023,
 Table 1), `bert` (= bert-base, Devlin et al. 2019: 12/768/12, vocab 30522) and `vit` (= vit-base,
-Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). `--config` overrides any config field; a key that is
+Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). The language models (gpt, gpt2*, llama*) are traced
+with labels (logits and loss in the graph) and the gpt2/llama ones with SDPA attention (`_LM`). `--config` overrides any config field; a key that is
 not one (`check_config`: for transformers presets an attribute of the default config class, for the in-repo
 models a builder or config-dataclass parameter, for a factory a parameter unless it takes **kwargs) raises
 `UnknownConfigKeyError` naming the closest valid key (transformers configs would silently accept it).
@@ -54,17 +56,22 @@ class ModelBuildError(ParallelizerError):
         super().__init__(f"building model {model} with config {config} failed: {text}\nRemedy: fix that --config "
                          f"value (see the cause), or build the model in Python to see the full traceback")
 
-_GPT2 = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)
+# Language-model presets are traced as they train: with labels, so the logits and the loss (cross-entropy over
+# the vocabulary, the largest activation of a small model) are part of the graph and of its memory; and with
+# PyTorch's scaled-dot-product attention (transformers' default "sdpa", one fused kernel: no s x s matrix),
+# not the eager attention the zoo builders default to for CPU numerics.
+_LM = dict(labels=True, attn_implementation="sdpa")
+_GPT2 = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, **_LM)
 PRESETS: dict[str, tuple[str, dict]] = {
     "mlp": ("mlp", {}),
-    "gpt": ("gpt", {}),
+    "gpt": ("gpt", {"with_targets": True}),
     "gpt2": ("gpt2", _GPT2),
     "gpt2-small": ("gpt2", _GPT2),
     "gpt2-medium": ("gpt2", dict(_GPT2, n_layer=24, n_embd=1024, n_head=16)),
     "gpt2-large": ("gpt2", dict(_GPT2, n_layer=36, n_embd=1280, n_head=20)),
     "gpt2-xl": ("gpt2", dict(_GPT2, n_layer=48, n_embd=1600, n_head=25)),
-    "llama": ("llama", zoo.llama2_7b_config()),
-    "llama2-7b": ("llama", zoo.llama2_7b_config()),
+    "llama": ("llama", {**zoo.llama2_7b_config(), **_LM}),
+    "llama2-7b": ("llama", {**zoo.llama2_7b_config(), **_LM}),
     "bert": ("bert", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                           vocab_size=30522)),
     "vit": ("vit", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -11,18 +11,19 @@ import math
 import os
 from dataclasses import dataclass
 
+from cost_model.reserve import default_reserve_bytes
 from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
 
 from ..config import PlanConfig
 from ..core.layout import local_shape
 from ..core.mesh import MeshSpec
-from ..errors import UnknownNodeError
+from ..errors import InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from .costs import Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
-from .problem import Problem, build_problem
+from .problem import Problem, build_problem, grad_axes
 from .strategies import build_spaces
 
 
@@ -36,12 +37,13 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         cluster: a `cost_model.topology.Cluster`, a preset string "h100:1x8", a calibration profile path, or
             None: DGX H100 nodes holding the mesh (`resolve_cluster`).
         topology: a ready `MeshTopology` (overrides `cluster`).
-        config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., batch_dims={...}, optimizer=...,
-            mixed_precision=..., time_limit_s=...) override its fields.
+        config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., memory_reserve_bytes=...,
+            batch_dims={...}, optimizer=..., precision="bf16"|"fp32", time_limit_s=...) override its fields.
     Returns:
         The `Plan`.
     Raises:
         InfeasiblePlanError: the memory budget cannot be met (names the minimum needed and remedies).
+        PrecisionError: a precision the device or the traced graph cannot be priced in (`costs.resolve_precision`).
         ValueError: bad mesh / config / topology (names the field).
     """
     mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
@@ -55,10 +57,31 @@ def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
           config: PlanConfig) -> tuple[Problem, Pricer]:
     """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks)."""
     topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
-    pricer = Pricer(topo, mesh, config)
-    budget = config.memory_budget_bytes or topo.cluster.device.hbm_bytes
+    pricer = Pricer(topo, mesh, config, traced)
+    budget, reserve = memory_budget(config, topo.cluster.device)
     spaces = build_spaces(traced, mesh, config)
-    return build_problem(traced, spaces, pricer, config, int(budget)), pricer
+    return build_problem(traced, spaces, pricer, config, budget - reserve, reserve), pricer
+
+
+def memory_budget(config: PlanConfig, device) -> tuple[int, int]:
+    """(budget, reserve) in bytes per device: the budget is `config.memory_budget_bytes` or the device's
+    memory; the reserve is `config.memory_reserve_bytes` or its default (`PlanConfig.memory_reserve_bytes`:
+    `cost_model.reserve.default_reserve_bytes(device)` when the budget is the device's memory, 0 for an
+    explicit budget). The plan's tensors must fit in budget - reserve.
+
+    Raises:
+        InfeasiblePlanError: the reserve leaves nothing of the budget (remedy: a smaller reserve).
+    """
+    budget = int(config.memory_budget_bytes or device.hbm_bytes)
+    if config.memory_reserve_bytes is not None:
+        reserve = config.memory_reserve_bytes
+    else:
+        reserve = default_reserve_bytes(device) if config.memory_budget_bytes is None else 0
+    if reserve >= budget:
+        raise InfeasiblePlanError(f"memory: the reserve of {format_bytes(reserve)} leaves nothing of the "
+                                  f"{format_bytes(budget)} budget per device. Remedy: a smaller reserve "
+                                  "(memory_reserve_bytes=, --memory-reserve-gb) or a larger budget")
+    return budget, reserve
 
 
 def resolve_cluster(cluster: Cluster | str | None, world_size: int) -> tuple[Cluster, str | None]:
@@ -117,10 +140,15 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 fallbacks.append(Fallback(name, info.op_name, c.note))
         for k, ti in enumerate(space.inputs):
             req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
+            is_param = spaces[ti.producer].kind == "param"
+            # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = derive_edge(mesh, ti.producer, name, k, str(strat[ti.producer].output), nodes[name], ti.shape,
-                               dtype_name(ti.dtype), req, spaces[ti.producer].kind == "param")
-            for st in edge.steps:
-                fwd, bwd = pricer.step_time_s(st)
+                               dtype_name(ti.dtype), req, is_param)
+            itemsize = pricer.itemsize(ti.dtype)
+            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),
+                                  req, is_param)
+            for st in priced:
+                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd
                 if st.bwd_collective:
@@ -137,13 +165,16 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 state[i] += b
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
               "buffers": problem.const_mem_bytes}
-    memory["total"] = sum(memory.values())
+    memory["total"] = sum(memory.values())  # the plan's tensors; the reserve comes on top (<= the budget)
+    memory["reserve"] = problem.reserve_bytes
     report = SolverReport(sol.solver, sol.status, sol.optimal, sol.gap, sol.num_variables, sol.num_binary,
                           sol.num_constraints, len(problem.groups), sol.objective_s, sol.time_s)
     model = {"num_nodes": len(tg.nodes), "num_parameters": tg.num_parameters,
              "inputs": {n: list(tg.nodes[n].outputs[0].shape) for n in tg.input_names if tg.nodes[n].outputs}}
     cfg = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    cfg["memory_budget_bytes"] = problem.budget_bytes
+    cfg["memory_budget_bytes"] = problem.budget_bytes + problem.reserve_bytes
+    cfg["memory_reserve_bytes"] = problem.reserve_bytes
+    cfg["precision"] = pricer.precision
     cfg["batch_dims"] = [list(x) for x in config.batch_dims]
     cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
     cfg["axis_roles"] = [list(x) for x in config.axis_roles]

@@ -7,6 +7,17 @@ state are turned into seconds and bytes with `cost_model`:
   * `node_cost(...)`: forward + backward seconds of one op on its LOCAL shapes (`cost_model.compute.op_cost`)
     and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`);
   * `param_state_bytes(...)`: params / grads / optimizer bytes of a stored shard (`cost_model.memory`).
+
+Pricing policy, from the device kind (`DeviceSpec.kind`) and `PlanConfig.precision` (`resolve_precision`):
+  * precision "bf16": a graph traced in fp32 is priced as if run in bf16 (autocast of the whole model):
+    every fp32 tensor is priced as bf16 (2 B/element in activations, edges and saved tensors; FLOPs at the
+    bf16 peak), norm/softmax statistics stay fp32 (`cost_model.memory`); a graph traced in bf16 is priced as
+    traced (its explicit fp32 upcasts stay fp32). Gradients of parameters are reduced in fp32 (Megatron's
+    recipe, `cost_model.memory` docstring): the backward of a parameter's edge moves grad bytes
+    (`BYTES_PER_PARAM`) per element, not the use dtype's;
+  * on a GPU, pointwise chains are priced fused as torch.compile would (`cost_model.fusion`) and SDPA as one
+    flash-attention kernel (`cost_model.compute`); on a calibrated CPU ops are priced eager, one kernel each
+    (the runtime runs the emitted program eagerly there).
 """
 from __future__ import annotations
 
@@ -19,11 +30,13 @@ import torch.fx
 
 from cost_model.communication import collective_time_s
 from cost_model.compute import op_cost
+from cost_model.fusion import FusedIO, pointwise_fusion
 from cost_model.hardware import DeviceSpec
-from cost_model.memory import BYTES_PER_PARAM, saved_activation_bytes
+from cost_model.memory import bytes_per_param, saved_activation_bytes
 from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
+from ..errors import PrecisionError
 from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
@@ -56,28 +69,61 @@ class Pricer:
         topo: mesh on its cluster (its axis names/shape must equal `mesh`'s).
         mesh: the abstract mesh.
         config: for optimizer / precision.
+        traced: the graph to be priced (its parameter dtypes decide the default precision and whether fp32
+            tensors are priced as bf16; `resolve_precision`). None: as a graph traced in fp32.
+    Attributes:
+        precision: the precision applied ("bf16" or "fp32").
+        fuse_pointwise: pointwise chains priced fused (GPU devices).
     Raises:
         ValueError: topology and mesh disagree.
+        PrecisionError: the precision cannot be priced on this device or graph (`resolve_precision`).
     """
 
-    def __init__(self, topo: MeshTopology, mesh: MeshSpec, config: PlanConfig) -> None:
+    def __init__(self, topo: MeshTopology, mesh: MeshSpec, config: PlanConfig,
+                 traced: TracedGraph | None = None) -> None:
         if tuple(topo.axis_names) != mesh.axis_names or tuple(topo.mesh_shape) != mesh.shape:
             raise ValueError(f"topology mesh {dict(zip(topo.axis_names, topo.mesh_shape))} differs from the plan "
                              f"mesh {mesh}; build MeshTopology(cluster, mesh.shape, mesh.axis_names)")
         self.topo, self.mesh, self.config = topo, mesh, config
         self.device: DeviceSpec = topo.cluster.device
+        low = traced_in_low_precision(traced)
+        self.precision = resolve_precision(config.precision, self.device, low)
+        self._autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
+        self.fuse_pointwise = self.device.kind == "gpu"
+        self._fusion: dict[int, dict[str, FusedIO]] = {}
         self._edge: dict = {}
         self._node: dict = {}
         self.matrices: dict = {}  # edge cost matrices by (layouts, shape, ...): block instances share them
 
+    # --- dtypes -------------------------------------------------------------------------------------
+    def dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a traced tensor of `dtype` is priced in (module docstring: fp32 -> bf16 under "bf16" for
+        a graph traced in fp32)."""
+        return torch.bfloat16 if self._autocast and dtype == torch.float32 else dtype
+
+    def itemsize(self, dtype: torch.dtype) -> int:
+        """Bytes per element of a traced tensor of `dtype` as priced."""
+        return self.dtype(dtype).itemsize
+
     # --- communication ------------------------------------------------------------------------------
-    def step_time_s(self, step: Step) -> tuple[float, float]:
-        """(forward seconds, backward seconds) of one step; a `regather` step repeats its forward in backward."""
+    def step_time_s(self, step: Step, param_itemsize: int | None = None) -> tuple[float, float]:
+        """(forward seconds, backward seconds) of one step; a `regather` step repeats its forward in backward.
+        On a parameter's edge (`param_itemsize`: bytes per element of the parameter as used, the step's
+        dtype) the backward moves gradients in their own dtype (`BYTES_PER_PARAM`: fp32 main gradients under
+        "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`."""
         fwd = collective_time_s(step.fwd_collective, step.nbytes, self.topo, (step.mesh_axis,)) \
             if step.fwd_collective else 0.0
-        bwd = collective_time_s(step.bwd_collective, step.bwd_nbytes, self.topo, (step.mesh_axis,)) \
+        bwd_nbytes = step.bwd_nbytes
+        if param_itemsize is not None:
+            bwd_nbytes = bwd_nbytes * self.grad_bytes_per_element // param_itemsize
+        bwd = collective_time_s(step.bwd_collective, bwd_nbytes, self.topo, (step.mesh_axis,)) \
             if step.bwd_collective else 0.0
         return fwd, bwd + (fwd if step.regather else 0.0)
+
+    @property
+    def grad_bytes_per_element(self) -> int:
+        """Bytes per element of a parameter's gradient as reduced (`cost_model.memory.BYTES_PER_PARAM`)."""
+        return bytes_per_param(self.precision, self.config.optimizer)[1]
 
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
@@ -88,22 +134,40 @@ class Pricer:
                     grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> float:
         """Forward + backward seconds of one use of a tensor (cached); inf when the change is impossible
         (e.g. Replicate -> Partial): the ILP then forbids that pair."""
+        return self.edge_cost(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)[0]
+
+    def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
+                  grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> tuple[float, int]:
+        """(`edge_time_s`, collectives launched forward and backward) of one use of a tensor (cached); the count
+        breaks ties in the ILP (`ilp.py`). An impossible change: (inf, 0)."""
         key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
         hit = self._edge.get(key)
         if hit is None:
             try:
                 steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
-                hit = sum(sum(self.step_time_s(s)) for s in steps)
+                seconds = sum(sum(self.step_time_s(s, itemsize if is_parameter else None)) for s in steps)
+                count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + s.regather
+                            for s in steps)
+                hit = (seconds, int(count))
             except ImpossibleRedistributionError:
-                hit = math.inf
+                hit = (math.inf, 0)
             self._edge[key] = hit
         return hit
 
     # --- compute ------------------------------------------------------------------------------------
+    def fusion_of(self, tg: TracedGraph, name: str) -> FusedIO:
+        """The node's place in a fused pointwise chain (`cost_model.fusion`); unfused on a CPU."""
+        if not self.fuse_pointwise:
+            return FusedIO()
+        table = self._fusion.get(id(tg))
+        if table is None:
+            table = self._fusion[id(tg)] = pointwise_fusion(tg.graph_module)
+        return table.get(name, FusedIO())
+
     def node_costs(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace) -> list[NodeCost]:
         """`node_cost` of every strategy of a node (cached per op signature and strategy)."""
         sig = (info.target, tuple(i.shape for i in space.inputs), tuple(tuple(o.shape) for o in info.outputs),
-               _scalars(info.node), space.requires_grad)
+               _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name))
         res = []
         for s in space.strategies:
             hit = self._node.get((sig, s))
@@ -118,7 +182,8 @@ class Pricer:
             return NodeCost(0.0, 0.0, 0)
         in_local = [local_shape(i.shape, L, self.mesh) for i, L in zip(space.inputs, strategy.inputs)]
         out_local = [local_shape(tuple(o.shape), strategy.output, self.mesh) for o in info.outputs]
-        key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad)
+        key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad,
+               self.fusion_of(tg, info.name))
         hit = self._node.get(key)
         if hit is None:
             hit = self._price(tg, info, space, in_local, out_local)
@@ -126,16 +191,17 @@ class Pricer:
         return hit
 
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local) -> NodeCost:
-        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local)
+        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, self.dtype)
+        fused = self.fusion_of(tg, info.name)
         try:
-            c = op_cost(info.target, args, kwargs, out, self.device)
+            c = op_cost(info.target, args, kwargs, out, self.device, fused.fused_args, fused.output_fused)
             saved = saved_activation_bytes(info.target, args, kwargs, out, param_args=params)
             fwd, bwd = c.fwd_s, c.bwd_s
         except Exception:  # noqa: BLE001 -- an op cost_model cannot run on local shapes: scale the global cost
             g_in = [i.shape for i in space.inputs]
             g_out = [tuple(o.shape) for o in info.outputs]
-            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out)
-            c = op_cost(info.target, ga, gk, go, self.device)
+            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, self.dtype)
+            c = op_cost(info.target, ga, gk, go, self.device, fused.fused_args, fused.output_fused)
             saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp)
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)
             fwd, bwd, saved = c.fwd_s * ratio, c.bwd_s * ratio, int(saved * ratio)
@@ -145,34 +211,63 @@ class Pricer:
 
     # --- memory -------------------------------------------------------------------------------------
     def param_state_bytes(self, numel: int, trainable: bool = True) -> tuple[int, int, int]:
-        """(param, grad, optimizer) bytes of `numel` stored elements (ZeRO Sec. 3.1 table in cost_model); a
-        frozen parameter (`trainable=False`) has no gradient and no optimizer state."""
-        precision = "mixed" if self.config.mixed_precision else "fp32"
-        p, g, o = BYTES_PER_PARAM[precision]
-        if self.config.optimizer == "sgd":
-            o = 4 if precision == "mixed" else 0  # the fp32 master copy only
+        """(param, grad, optimizer) bytes of `numel` stored elements, by precision and optimizer
+        (`cost_model.memory.BYTES_PER_PARAM`: 2 + 4 + 12 in bf16 with Adam); a frozen parameter
+        (`trainable=False`) has no gradient and no optimizer state (and no fp32 main copy)."""
+        p, g, o = bytes_per_param(self.precision, self.config.optimizer)
         if not trainable:
             return p * numel, 0, 0
         return p * numel, g * numel, o * numel
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def traced_in_low_precision(traced: TracedGraph | None) -> bool:
+    """True when a trained parameter of `traced` is bf16 or fp16 (the model was traced in low precision)."""
+    if traced is None:
+        return False
+    return any(p.dtype in _LOW_PRECISION for p in traced.parameters.values() if not p.is_buffer)
+
+
+def resolve_precision(precision: str | None, device: DeviceSpec, traced_low: bool = False) -> str:
+    """The precision a plan is priced in: `precision` if given, else "bf16" for a graph traced in bf16/fp16
+    (`traced_low`) or on a GPU (`DeviceSpec.kind`), "fp32" on a calibrated CPU.
+
+    Raises:
+        PrecisionError: "fp32" for a graph traced in low precision (its tensors are not fp32), or "bf16" on a
+            device without a bf16 peak (a CPU profile measures fp32 only); each with its remedy.
+    """
+    resolved = precision or ("bf16" if traced_low or device.kind == "gpu" else "fp32")
+    if resolved == "fp32" and traced_low:
+        raise PrecisionError("precision='fp32' but the model was traced with bf16/fp16 parameters. Remedy: trace "
+                             "the fp32 model (model.float()) or plan with precision='bf16'")
+    if resolved == "bf16" and torch.bfloat16 not in device.peak_flops_per_s:
+        have = ", ".join(sorted(str(d).removeprefix("torch.") for d in device.peak_flops_per_s))
+        raise PrecisionError(f"precision='bf16' but device {device.name!r} has no bf16 peak (it has: {have}). "
+                             "Remedy: plan with precision='fp32' (--precision fp32), or price on a GPU preset "
+                             "(--cluster h100:1x8)")
+    return resolved
 
 
 def _scalars(node: torch.fx.Node) -> str:
     return repr(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: None))
 
 
-def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, out_shapes):
-    """(args, kwargs, out, param_arg_indices) of a node with meta tensors of the given shapes."""
+def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, out_shapes, dtype_of=lambda d: d):
+    """(args, kwargs, out, param_arg_indices) of a node with meta tensors of the given shapes, in the dtypes
+    `dtype_of(traced dtype)` (`Pricer.dtype`)."""
     it = iter(list(zip(space.inputs, in_shapes)))
 
     def meta(n: torch.fx.Node) -> torch.Tensor:
         ti, shape = next(it)
-        return torch.empty(shape, dtype=ti.dtype, device="meta")
+        return torch.empty(shape, dtype=dtype_of(ti.dtype), device="meta")
 
     args, kwargs = torch.fx.node.map_arg((info.node.args, info.node.kwargs), meta)
     args, kwargs = tuple(args), dict(kwargs)
     if getattr(info.target, "overloadpacket", None) in _SHAPE_ARG_OPS and len(args) > 1:
         args = (args[0], list(out_shapes[0])) + args[2:]
-    outs = [torch.empty(s, dtype=o.dtype, device="meta") for s, o in zip(out_shapes, info.outputs)]
+    outs = [torch.empty(s, dtype=dtype_of(o.dtype), device="meta") for s, o in zip(out_shapes, info.outputs)]
     out = outs[0] if len(outs) == 1 and not isinstance(info.node.meta.get("val"), (tuple, list)) else outs
     params = tuple(i for i, a in enumerate(info.node.args) if isinstance(a, torch.fx.Node)
                    and tg.nodes[a.name].role.value in ("parameter", "buffer"))

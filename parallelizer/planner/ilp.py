@@ -6,8 +6,8 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         x[g, i] in {0, 1}      group g takes strategy i            (groups with one strategy are constants)
         e[g, h, i, j] in [0,1] groups g < h take strategies i, j   (only for non-separable pairs; continuous
                                                                     is exact given binary x, see below)
-    Objective (seconds, scaled to microseconds for the solver)
-        min  sum_g sum_i lin[g][i] x[g, i]  +  sum_(g,h) sum_(i,j) C[g,h][i, j] e[g, h, i, j]
+    Objective (seconds, scaled to microseconds for the solver), plus a tie-break term T
+        min  sum_g sum_i lin[g][i] x[g, i]  +  sum_(g,h) sum_(i,j) C[g,h][i, j] e[g, h, i, j]  +  T
         lin: compute fwd+bwd of every member op on local shapes, plus edges inside a group;
         C:   collective seconds fwd+bwd of every edge between g and h, including gradient synchronisation
              (grad_all_reduce / the reduce_scatter backward of all_gather), i.e. DDP/ZeRO traffic.
@@ -18,6 +18,19 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         sum_g sum_i mem[g][i] x[g, i] <= budget - const     (per-device bytes: stored parameter shards x
                                                              (param + grad + optimizer bytes) + activations
                                                              saved for backward; const = buffers)
+    Tie-break (`tie_break_weights`): among plans of equal estimated time, less memory, then fewer collective
+    launches. T = w_mem * (bytes of the memory row) + w_coll * (collectives launched, forward + backward, of
+    every edge: `Pricer.edge_cost`), with w_mem * M_max <= TIE_RESOLUTION_US / 2 and w_coll * K_max <=
+    TIE_RESOLUTION_US / 2, where M_max and K_max are the largest memory and collective count any choice can
+    have (sums of per-group and per-pair maxima). So 0 <= T <= TIE_RESOLUTION_US for every choice, and a plan
+    whose estimated time is lower by more than TIE_RESOLUTION_US (1e-2 us = 10 ns per step) is always
+    preferred: the tie-break cannot change a strictly better choice, only order plans within 10 ns of each
+    other (10 ns of a step that takes milliseconds is below anything the cost model resolves). Memory comes
+    first when a memory difference of MEMORY_TIE_QUANTUM_BYTES (1 MB) outweighs the whole collective term:
+    w_coll * K_max <= w_mem * MEMORY_TIE_QUANTUM_BYTES; smaller memory differences mix with collective
+    counts. The bound on T is exact; how finely T itself is resolved depends on the solver: its absolute MIP
+    gap `_ABS_GAP_US` (1e-6 us) leaves memory differences below 2e-4 * M_max unresolved (M_max = 100 GB:
+    20 MB), and collective counts are resolved only where w_coll exceeds it (small problems).
     With binary x the row/column equalities force e[g,h,i,j] = x[g,i] x[h,j] (a transportation polytope
     with 0/1 margins has one vertex), the strong linearisation (ENVIRONMENT-NOTES: the weak form
     e >= x_u + x_v - 1 does not solve at scale).
@@ -44,6 +57,9 @@ from .problem import Problem, min_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
+TIE_RESOLUTION_US = 1e-2  # the tie-break term lies in [0, this] microseconds (module docstring)
+MEMORY_TIE_QUANTUM_BYTES = 1_000_000  # a memory difference this large outweighs any collective-count difference
+_ABS_GAP_US = 1e-6  # solver's absolute MIP gap, microseconds (HiGHS's default; 1e-12 made solves ~35% slower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +89,16 @@ def memory_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
     return int(problem.const_mem_bytes + sum(float(problem.mem[g][c]) for g, c in enumerate(choice)))
 
 
+def tie_break_weights(problem: Problem) -> tuple[float, float]:
+    """(w_mem per byte, w_coll per collective), in microseconds, of the tie-break term (module docstring)."""
+    m_max = float(sum(float(m.max()) for m in problem.mem)) or 1.0
+    k_max = float(sum(float(c.max()) for c in problem.lin_counts)
+                  + sum(float(c.max()) for c in problem.pair_counts.values())) or 1.0
+    w_mem = TIE_RESOLUTION_US / 2 / m_max
+    w_coll = min(TIE_RESOLUTION_US / 2, w_mem * MEMORY_TIE_QUANTUM_BYTES) / k_max
+    return w_mem, w_coll
+
+
 def check_memory(problem: Problem, config: PlanConfig | None = None) -> None:
     """Raise InfeasiblePlanError when even the leanest strategies exceed the budget."""
     need = min_memory_bytes(problem)
@@ -80,12 +106,14 @@ def check_memory(problem: Problem, config: PlanConfig | None = None) -> None:
         roles = dict(config.axis_roles) if config is not None else {}
         raise InfeasiblePlanError(
             f"memory: needs >= {format_bytes(need)} per device, budget {format_bytes(problem.budget_bytes)} "
-            f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "") + ". Remedies: "
+            + (f"(after a reserve of {format_bytes(problem.reserve_bytes)}) " if problem.reserve_bytes else "")
+            + f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "") + ". Remedies: "
             + ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
                "parameters and optimizer state where it pays), " if roles else "")
             + "more devices (a larger mesh), a data axis so that parameters and optimizer state can be sharded "
             "(ZeRO/FSDP is searched on every axis that shards the batch), fewer samples per step (gradient "
-            "accumulation), or mixed precision.")
+            "accumulation), bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), or "
+            "a smaller memory reserve (memory_reserve_bytes=).")
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:
@@ -106,7 +134,10 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         # re-allow an impossible strategy (upper bound 0).
         x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpInteger)
                                      for i in range(n)])
-    terms = [(v, float(c) * _SCALE) for g in range(len(x)) for v, c in zip(x[g], problem.lin[g])
+    w_mem, w_coll = tie_break_weights(problem)
+    counts = problem.lin_counts or [np.zeros(len(v)) for v in problem.lin]
+    terms = [(v, float(c) * _SCALE + w_mem * float(m) + w_coll * float(k)) for g in range(len(x))
+             for v, c, m, k in zip(x[g], problem.lin[g], problem.mem[g], counts[g])
              if not isinstance(v, int) and np.isfinite(c)]
     num_cons = 0
     for g, vs in enumerate(x):
@@ -120,7 +151,9 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         e = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i, j] else None
               for j in range(nb)] for i in range(na)]
         num_edge += int(finite.sum())
-        terms += [(e[i][j], float(mat[i, j]) * _SCALE) for i in range(na) for j in range(nb) if finite[i, j]]
+        count = problem.pair_counts.get((a, b), np.zeros(mat.shape))
+        terms += [(e[i][j], float(mat[i, j]) * _SCALE + w_coll * float(count[i, j]))
+                  for i in range(na) for j in range(nb) if finite[i, j]]
         for i in range(na):
             prob += pulp.LpAffineExpression([(e[i][j], 1) for j in range(nb) if finite[i, j]]
                                             + [(x[a][i], -1)]) == 0, f"r_{a}_{b}_{i}"
@@ -187,7 +220,7 @@ def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pu
 def _solver(config: PlanConfig):
     if config.solver == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
         return "highs", pulp.HiGHS(msg=False, timeLimit=config.time_limit_s, threads=1,
-                                   gapRel=config.mip_rel_gap, random_seed=0)
+                                   gapRel=config.mip_rel_gap, gapAbs=_ABS_GAP_US, random_seed=0)
     return "cbc", pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, threads=1,
                                     gapRel=config.mip_rel_gap, options=["randomSeed 0", "randomCbcSeed 0"])
 

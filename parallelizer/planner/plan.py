@@ -133,6 +133,30 @@ class CostBreakdown:
         return self.compute_s + sum(self.comm_s.values())
 
 
+_MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserve")
+_PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and gradients (18 B/param with Adam)",
+                   "fp32": "fp32 params, activations and gradients (16 B/param with Adam)"}
+
+
+def precision_text(config: dict) -> str:
+    """The recorded precision with what it means (`cost_model.memory.BYTES_PER_PARAM`); plans made before
+    precision was recorded say so."""
+    precision = config.get("precision")
+    return f"{precision}: {_PRECISION_TEXT.get(precision, '')}".rstrip(": ") if precision else "not recorded"
+
+
+def memory_rows(plan: "Plan") -> list[tuple[str, int]]:
+    """Per-device memory by kind, in reading order: params, grads, optimizer, activations, buffers, total (the
+    plan's tensors), reserve (kept out of the plan: fragmentation, workspaces, communication buffers), then
+    the budget the total plus reserve must fit in. Kinds the plan does not record are left out."""
+    mem = plan.cost.memory_bytes
+    rows = [(k, mem[k]) for k in _MEMORY_KINDS if k in mem]
+    rows += [(k, v) for k, v in mem.items() if k not in _MEMORY_KINDS]
+    if plan.config.get("memory_budget_bytes"):
+        rows.append(("budget", plan.config["memory_budget_bytes"]))
+    return rows
+
+
 @dataclass(frozen=True, slots=True)
 class SolverReport:
     """How the ILP went. `optimal` only when the solver proved it (see `planner.ilp`)."""
@@ -298,7 +322,8 @@ class Plan:
         lines += [f"Plan on mesh {self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
                  f"(compute {c.compute_s * 1e3:.3f} ms"
                  + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
-                 "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in c.memory_bytes.items()),
+                 f"precision: {precision_text(self.config)}",
+                 "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in memory_rows(self)),
                  f"solver: {s.solver} {s.status} (gap {gap}), {s.num_variables} variables "
                  f"({s.num_binary} binary), {s.num_constraints} constraints, {s.num_groups} groups"
                  + (f", {s.time_s:.2f} s" if s.time_s is not None else "")]

@@ -44,8 +44,11 @@ class Problem:
     mem: list[np.ndarray]
     pairs: dict[tuple[int, int], np.ndarray]
     const_mem_bytes: int
-    budget_bytes: int
+    budget_bytes: int  # for the plan's tensors: the budget minus the reserve
+    reserve_bytes: int = 0
     folded_pairs: int = 0
+    lin_counts: list[np.ndarray] = field(default_factory=list)  # collectives launched (tie-break, `ilp.py`)
+    pair_counts: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     graph: TracedGraph | None = None   # for diagnostics (`diagnose.binding_constraint`)
     config: PlanConfig | None = None
@@ -82,8 +85,9 @@ def space_inputs(tg: TracedGraph, name: str) -> list[str]:
 
 
 def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer, config: PlanConfig,
-                  budget_bytes: int) -> Problem:
-    """Groups, costs and memory of the ILP (module docstring)."""
+                  budget_bytes: int, reserve_bytes: int = 0) -> Problem:
+    """Groups, costs and memory of the ILP (module docstring). `budget_bytes`: what the plan's tensors may
+    hold per device (the budget minus `reserve_bytes`, `planner.api.memory_budget`)."""
     mesh = pricer.mesh
     roles = role_axes(mesh, config)
     group_of: dict[str, int] = {}
@@ -108,8 +112,10 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     mutated = mutation_edges(tg)
     sizes = [len(spaces[m[0]].strategies) for m in groups]
     lin = [np.zeros(n) for n in sizes]
+    lin_counts = [np.zeros(n) for n in sizes]
     mem = [np.zeros(n) for n in sizes]
     pairs: dict[tuple[int, int], np.ndarray] = {}
+    pair_counts: dict[tuple[int, int], np.ndarray] = {}
     const_mem = 0
     for p in tg.parameters.values():
         if p.is_buffer:
@@ -129,35 +135,41 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         for k, ti in enumerate(space.inputs):
             h = group_of[ti.producer]
             prod = spaces[ti.producer]
-            mat = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype.itemsize,
-                               prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
-                               _edge_roles(roles, prod, space, k, (name, k) in mutated))
+            mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
+                                      prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
+                                      _edge_roles(roles, prod, space, k, (name, k) in mutated))
             if h == g:
                 lin[g] += np.diag(mat)
-            elif h < g:
-                pairs[(h, g)] = pairs.get((h, g), 0) + mat
+                lin_counts[g] += np.diag(count)
             else:
-                pairs[(g, h)] = pairs.get((g, h), 0) + mat.T
+                key, mat, count = ((h, g), mat, count) if h < g else ((g, h), mat.T, count.T)
+                pairs[key] = pairs.get(key, 0) + mat
+                pair_counts[key] = pair_counts.get(key, 0) + count
     folded = 0
     for (a, b), mat in list(pairs.items()):
+        count = pair_counts[(a, b)]
         if mat.shape[0] == 1 or mat.shape[1] == 1:  # one side is fixed: the pair is linear in the other
-            if mat.shape[0] == 1:
-                lin[b] += mat[0, :]  # (inf where b's strategy is unreachable from a's only layout)
-            else:
-                lin[a] += mat[:, 0]
-            del pairs[(a, b)]
-            folded += 1
+            for m, target in ((mat, lin), (count, lin_counts)):
+                if mat.shape[0] == 1:
+                    target[b] += m[0, :]  # (inf where b's strategy is unreachable from a's only layout)
+                else:
+                    target[a] += m[:, 0]
+        elif np.isfinite(mat).all() and _separable(mat) and _separable(count):
+            for m, target in ((mat, lin), (count, lin_counts)):
+                target[a] += m[:, 0]
+                target[b] += m[0, :] - m[0, 0]
+        else:
             continue
-        if not np.isfinite(mat).all():
-            continue
-        sep = mat - mat[:, :1] - mat[:1, :] + mat[0, 0]
-        if np.all(np.abs(sep) <= 1e-12 * max(1.0, float(np.abs(mat).max()))):
-            lin[a] += mat[:, 0]
-            lin[b] += mat[0, :] - mat[0, 0]
-            del pairs[(a, b)]
-            folded += 1
-    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, folded,
-                   graph=tg, config=config)
+        del pairs[(a, b)], pair_counts[(a, b)]
+        folded += 1
+    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, reserve_bytes,
+                   folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config)
+
+
+def _separable(mat: np.ndarray) -> bool:
+    """C[i, j] == a_i + b_j (up to rounding): the pair cost can be folded into the two linear costs."""
+    sep = mat - mat[:, :1] - mat[:1, :] + mat[0, 0]
+    return bool(np.all(np.abs(sep) <= 1e-12 * max(1.0, float(np.abs(mat).max()))))
 
 
 def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace, k: int,
@@ -177,19 +189,22 @@ def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, 
 
 
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,
-                 requires_grad: bool, mesh: MeshSpec, is_parameter: bool, roles: EdgeRoles = EdgeRoles()) -> np.ndarray:
-    """Seconds of edge (src -> input k of dst) for every (src strategy, dst strategy) pair; inf for a pair
-    that is impossible or that `roles` forbid."""
+                 requires_grad: bool, mesh: MeshSpec, is_parameter: bool,
+                 roles: EdgeRoles = EdgeRoles()) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, collectives launched) of edge (src -> input k of dst) for every (src strategy, dst strategy)
+    pair; seconds are inf (and the count 0) for a pair that is impossible or that `roles` forbid."""
     src_layouts, src_idx = _unique([s.output for s in src.strategies])
     dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, mesh)) for s in dst.strategies])
     key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter, roles)
     small = pricer.matrices.get(key)
     if small is None:
-        small = pricer.matrices[key] = np.array(
-            [[math.inf if roles.forbids(a, b, shape, mesh) else
-              pricer.edge_time_s(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
-             for a in src_layouts])
-    return small[np.ix_(src_idx, dst_idx)]
+        cells = [[(math.inf, 0) if roles.forbids(a, b, shape, mesh) else
+                  pricer.edge_cost(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
+                 for a in src_layouts]
+        small = pricer.matrices[key] = (np.array([[c[0] for c in row] for row in cells]),
+                                        np.array([[c[1] for c in row] for row in cells], dtype=float))
+    pick = np.ix_(src_idx, dst_idx)
+    return small[0][pick], small[1][pick]
 
 
 def _unique(items: list) -> tuple[list, np.ndarray]:

@@ -44,6 +44,7 @@ from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError
 from ..tracer import TracedGraph
+from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
 from .schedules import (SCHEDULES, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
@@ -83,7 +84,7 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             the devices per node (tensor parallelism stays inside a node).
         schedules: names from `schedules.SCHEDULES` (default: all: gpipe, 1f1b, interleaved_1f1b, zbv).
         zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1).
-        config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, mixed_precision, solver...).
+        config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, precision, solver...).
         search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).
         partitioner: "dp" (balanced, memory-aware) or "uniform" (equal blocks per stage, for comparison).
         progress: tqdm bar over candidates; None = only on a terminal.
@@ -127,7 +128,7 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             f"memory: no pipeline configuration fits {budget / _GB:.1f} GB per device on {cluster.world_size} "
             f"{cluster.device.name} devices; the leanest (pp={cand.pp}, dp={cand.dp}, tp={cand.tp}, "
             f"m={cand.num_microbatches}, {cand.schedule}) needs {need / _GB:.1f} GB per device. Remedies: more "
-            "devices, a smaller global batch or more microbatches, mixed precision (mixed_precision=True), "
+            "devices, a smaller global batch or more microbatches, bf16 precision (precision='bf16'), "
             "ZeRO-1 (zero1=True), activation checkpointing (not modelled yet).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
                           len(ctx.cache), time.perf_counter() - start)
@@ -315,7 +316,8 @@ class _Context:
             search=report,
             config={"memory_budget_bytes": self.budget, "zero1": self.zero1, "search": search,
                     "partitioner": self.partitioner, "optimizer": self.config.optimizer,
-                    "mixed_precision": self.config.mixed_precision, "cluster": {
+                    "precision": resolve_precision(self.config.precision, self.cluster.device,
+                                                   traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
             intra_stage_plan=pr.plan)
 

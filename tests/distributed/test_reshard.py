@@ -22,7 +22,8 @@ GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=32,
 def plans():
     traced = parallelizer.trace(*zoo.gpt2(**GPT2))
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-        return traced, {k: parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": k}) for k in ("ddp", "fsdp")}
+        return traced, {k: parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": k}, precision="fp32")
+                        for k in ("ddp", "fsdp")}
 
 
 def test_each_saved_gathered_weight_is_released_after_its_last_forward_use(plans):

@@ -55,9 +55,11 @@ def test_plan_show_load_round_trip_and_determinism(tmp_path, capsys):
         assert title in shown
     plan = Plan.load(out)
     assert plan.model["recipe"] == {"preset": "gpt", "builder": "gpt", "kwargs": {
-        "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_size": 16, "batch": 4}}
+        "with_targets": True, "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_size": 16,
+        "batch": 4}}
     assert plan.to_json() + "\n" == first.decode()
-    model, inputs = zoo.gpt(n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16, batch=4, device="meta")
+    model, inputs = zoo.gpt(n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16, batch=4, device="meta",
+                            with_targets=True)
     import parallelizer
     Plan.load(out, traced=parallelizer.trace(model, inputs), mesh={"dp": 2})  # made for this model: no error
 
@@ -242,3 +244,37 @@ def test_show_points_to_the_architecture_notes(tmp_path, capsys):
     assert cli.main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "S(d) = sharded along tensor dim d" in shown and "docs/architecture.md" in shown
+
+
+def _cpu_profile(path):
+    import json
+    path.write_text(json.dumps({
+        "format_version": 2, "torch_version": torch.__version__, "num_threads": 1,
+        "device": {"name": "cpu", "peak_flops_per_s": {"float32": 1e11}, "hbm_bytes": 10**10,
+                   "hbm_bytes_per_s": 1e10, "matmul_efficiency": 1.0, "memory_efficiency": 1.0,
+                   "launch_overhead_s": 3e-6},
+        "links": {"2": {"name": "gloo_x2", "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9}}, "measurements": {}}))
+    return str(path)
+
+
+def test_default_precision_follows_the_cluster_kind(tmp_path, capsys):
+    """bf16 on a GPU preset (with the default reserve), fp32 on a calibration profile of a CPU machine (no
+    reserve); --precision and --memory-reserve-gb override, and `show` prints precision and memory by kind."""
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "-o", str(out)]) == 0
+    assert (Plan.load(out).config["precision"], Plan.load(out).config["memory_reserve_bytes"]) == ("bf16", 9 * 10**9)
+    profile = _cpu_profile(tmp_path / "cpu.json")
+    assert cli.main(["plan", *GPT, "--cluster", profile, "--mesh", "dp=2", "-o", str(out)]) == 0
+    assert (Plan.load(out).config["precision"], Plan.load(out).config["memory_reserve_bytes"]) == ("fp32", 0)
+    assert cli.main(["plan", *GPT, "--cluster", profile, "--mesh", "dp=2", "--precision", "bf16", "-o", str(out)]) == 2
+    assert "no bf16 peak" in capsys.readouterr().err
+    assert cli.main(["plan", *GPT, "--cluster", "h100:1x2", "--mesh", "dp=2", "--precision", "fp32",
+                     "--memory-reserve-gb", "2", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert (plan.config["precision"], plan.cost.memory_bytes["reserve"]) == ("fp32", 2 * 10**9)
+    capsys.readouterr()
+    assert cli.main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "precision  fp32" in shown
+    for kind in ("params", "grads", "optimizer", "activations", "reserve", "budget"):
+        assert f"\n{kind} " in shown

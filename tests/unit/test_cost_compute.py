@@ -129,3 +129,54 @@ def test_gpt2_flops_match_megatron_formula(gpt2_program):
     megatron = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
     assert bwd == 2 * fwd
     assert (fwd + bwd) == pytest.approx(megatron, rel=0.03)
+
+
+def test_sdpa_is_one_fused_kernel_moving_q_k_v_o():
+    """Flash attention: FLOPs of the two matmuls (4 * B * heads * s^2 * d, causal counted whole, as
+    torch.utils.flop_counter does), bytes of q, k, v read and o written only (no s x s matrix), plus an explicit
+    mask when one is given; backward 2x forward in both."""
+    b, h, s, d = 2, 8, 1024, 64
+    q = meta(b, h, s, d, dtype=torch.bfloat16)
+    qkvo_bytes = 4 * b * h * s * d * 2
+    cost = op_cost(aten.scaled_dot_product_attention.default, (q, q, q), {"is_causal": True}, q, H100_SXM)
+    assert cost.fwd_flops == 4 * b * h * s * s * d
+    assert (cost.fwd_bytes, cost.bwd_bytes) == (qkvo_bytes, 2 * qkvo_bytes)
+    mask = meta(s, s, dtype=torch.bfloat16)
+    masked = op_cost(aten.scaled_dot_product_attention.default, (q, q, q, mask), {}, q, H100_SXM)
+    assert masked.fwd_bytes == qkvo_bytes + s * s * 2
+
+
+@pytest.mark.parametrize("p, train, free", [(0.0, True, True), (0.1, False, True), (0.1, True, False)])
+def test_dropout_with_p_zero_or_in_eval_is_free(p, train, free):
+    x = meta(64, 128)
+    cost = op_cost(aten.dropout.default, (x, p, train), {}, x, H100_SXM)
+    assert (cost.total_s == 0.0 and cost.fwd_bytes == 0) == free
+
+
+def test_pointwise_chain_is_priced_as_one_kernel():
+    """y = x * sigmoid(x) + b, then a linear: the chain sigmoid -> mul -> add reads x once and b once, writes y
+    once, and launches one kernel (cost_model.fusion)."""
+    from cost_model.fusion import FusedIO, pointwise_fusion
+
+    class Chain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, b):
+            return self.lin(x * torch.sigmoid(x) + b)
+
+    gm = torch.export.export(Chain(), (torch.randn(4, 8), torch.randn(8))).graph_module
+    fusion = pointwise_fusion(gm)
+    assert fusion == {"sigmoid": FusedIO(frozenset(), True), "mul": FusedIO(frozenset({0, 1}), True),
+                      "add": FusedIO(frozenset({0}), False)}
+    x, b = meta(4, 8, dtype=torch.float32), meta(8, dtype=torch.float32)
+    total, seconds = 0, 0.0
+    for node, args in (("sigmoid", (x,)), ("mul", (x, x)), ("add", (x, b))):
+        target = {"sigmoid": aten.sigmoid.default, "mul": aten.mul.Tensor, "add": aten.add.Tensor}[node]
+        io = fusion[node]
+        cost = op_cost(target, args, {}, x, H100_SXM, io.fused_args, io.output_fused)
+        total, seconds = total + cost.fwd_bytes, seconds + cost.fwd_s
+    assert total == x.numel() * 4 + b.numel() * 4 + x.numel() * 4  # x and b read once, y written once
+    one_kernel = total / H100_SXM.achievable_bytes_per_s + H100_SXM.launch_overhead_s
+    assert seconds == pytest.approx(one_kernel, rel=1e-12)

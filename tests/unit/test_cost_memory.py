@@ -1,10 +1,14 @@
 """cost_model.memory: ZeRO training state, saved activations vs Korthikanti et al. (2022)."""
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
+from cost_model.hardware import H100_SXM
+from cost_model.memory import bytes_per_param
+from cost_model.reserve import default_reserve_bytes
 from cost_model import (activation_memory_bytes, graph_saved_activation_bytes, inflight_microbatches,
                         saved_activation_bytes, training_state_bytes)
 
@@ -15,20 +19,42 @@ def meta(*shape, dtype=torch.float16):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def test_mixed_precision_adam_is_16_bytes_per_param():
-    state = training_state_bytes(1_000_000, "mixed")
-    assert (state.params_bytes, state.grads_bytes, state.optimizer_bytes) == (2_000_000, 2_000_000, 12_000_000)
-    assert state.total_bytes == 16 * 1_000_000
-    assert training_state_bytes(1_000_000, "fp32").total_bytes == 16 * 1_000_000  # 4 + 4 + 8
+@pytest.mark.parametrize("precision, optimizer, per_param", [
+    ("bf16", "adamw", (2, 4, 12)), ("bf16", "adam", (2, 4, 12)), ("bf16", "sgd", (2, 4, 4)),
+    ("fp32", "adamw", (4, 4, 8)), ("fp32", "sgd", (4, 4, 0))])
+def test_bytes_per_param_table(precision, optimizer, per_param):
+    """Megatron's distributed-optimizer table: bf16 params + fp32 grads + fp32 main params + Adam m, v = 18;
+    fp32 + Adam = 16 (ZeRO Sec. 3.1); SGD without momentum keeps no state beyond the fp32 main copy."""
+    assert bytes_per_param(precision, optimizer) == per_param
+    state = training_state_bytes(1_000_000, precision, optimizer=optimizer)
+    assert (state.params_bytes, state.grads_bytes, state.optimizer_bytes) == tuple(b * 1_000_000 for b in per_param)
+
+
+def test_llama_7b_state_closed_forms():
+    """7e9 parameters, bf16 + AdamW: 126 GB on one device; Megatron's distributed optimizer over 8 ranks
+    (ZeRO-1) 6 + 12/8 B/param; FSDP (ZeRO-3) over 8: 18/8 B/param."""
+    psi = 7_000_000_000
+    assert training_state_bytes(psi, "bf16").total_bytes == 126_000_000_000
+    assert training_state_bytes(psi, "bf16", zero_stage=1, dp_size=8).total_bytes == 6 * psi + 12 * psi // 8
+    assert training_state_bytes(psi, "bf16", zero_stage=3, dp_size=8).total_bytes == 18 * psi // 8
 
 
 @pytest.mark.parametrize("n", [2, 8, 64])
 def test_zero_stages_follow_paper_figure_1(n):
     psi = 7_680_000  # divisible by every n here
-    assert training_state_bytes(psi, "mixed", zero_stage=3, dp_size=n).total_bytes == 16 * psi // n
-    assert training_state_bytes(psi, "mixed", zero_stage=2, dp_size=n).total_bytes == 2 * psi + 14 * psi // n
-    assert training_state_bytes(psi, "mixed", zero_stage=1, dp_size=n).total_bytes == 4 * psi + 12 * psi // n
-    assert training_state_bytes(psi, "mixed", zero_stage=0, dp_size=n).total_bytes == 16 * psi
+    assert training_state_bytes(psi, "bf16", zero_stage=3, dp_size=n).total_bytes == 18 * psi // n
+    assert training_state_bytes(psi, "bf16", zero_stage=2, dp_size=n).total_bytes == 2 * psi + 16 * psi // n
+    assert training_state_bytes(psi, "bf16", zero_stage=1, dp_size=n).total_bytes == 6 * psi + 12 * psi // n
+    assert training_state_bytes(psi, "bf16", zero_stage=0, dp_size=n).total_bytes == 18 * psi
+    assert training_state_bytes(psi, "fp32", zero_stage=1, dp_size=n).total_bytes == 8 * psi + 8 * psi // n
+
+
+def test_default_reserve_is_a_gpu_fraction_plus_fixed_and_zero_on_cpu():
+    assert default_reserve_bytes(H100_SXM) == int(0.10 * 80e9) + 1_000_000_000  # 9 GB of 80
+    cpu = dataclasses.replace(H100_SXM, name="cpu", kind="cpu")
+    assert default_reserve_bytes(cpu) == 0
+    with pytest.raises(ValueError, match="kind='tpu'"):
+        dataclasses.replace(H100_SXM, kind="tpu")
 
 
 def test_training_state_validation():
@@ -36,6 +62,8 @@ def test_training_state_validation():
         training_state_bytes(10, zero_stage=4)
     with pytest.raises(ValueError, match="precision='fp8'"):
         training_state_bytes(10, precision="fp8")
+    with pytest.raises(ValueError, match="optimizer='lion'"):
+        training_state_bytes(10, optimizer="lion")
 
 
 def test_per_op_saved_bytes():
@@ -47,6 +75,10 @@ def test_per_op_saved_bytes():
     assert saved_activation_bytes(aten.view.default, (x, [-1]), {}, x.view(-1)) == 0
     assert saved_activation_bytes(aten.dropout.default, (x, 0.1, True), {}, x) == x.numel()  # 1-byte mask
     assert saved_activation_bytes(aten.dropout.default, (x, 0.1, False), {}, x) == 0
+    assert saved_activation_bytes(aten.dropout.default, (x, 0.0, True), {}, x) == 0  # p=0: no mask
+    q = meta(2, 4, 128, 16)  # (B, heads, s, head_dim): q, k, v, o and the fp32 logsumexp, no s x s matrix
+    assert saved_activation_bytes(aten.scaled_dot_product_attention.default, (q, q, q), {"is_causal": True}, q) \
+        == 4 * q.numel() * 2 + 2 * 4 * 128 * 4
     ln = saved_activation_bytes(aten.layer_norm.default, (x, [64], None, None), {}, x)
     assert ln == x.numel() * 2 + 2 * 8 * 4  # input + fp32 mean, rstd per row
     assert saved_activation_bytes(aten.mul.Tensor, (x, x), {}, x) == 2 * x.numel() * 2

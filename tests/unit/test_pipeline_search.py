@@ -27,7 +27,7 @@ def gpt():
 
 @pytest.fixture(scope="module")
 def best(gpt):
-    return parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True)
+    return parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, precision="bf16")
 
 
 def test_invalid_batch_rejected_up_front(gpt):
@@ -46,14 +46,14 @@ def test_searching_excludes_bad_batches_with_a_reason(gpt):
 
 
 def test_deterministic_json(gpt, best):
-    again = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True)
+    again = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, precision="bf16")
     assert again.to_json() == best.to_json()
     d = json.loads(best.to_json())
     assert d["search"]["time_s"] is None and d["mesh"]["axis_names"] == ["pp", "dp", "tp"]
 
 
 def test_bound_equals_exhaustive_grid(gpt, best):
-    grid = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, mixed_precision=True, search="exhaustive")
+    grid = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, precision="bf16", search="exhaustive")
     assert grid.step_time_s == best.step_time_s and grid.mesh == best.mesh
     assert grid.schedule == best.schedule and grid.num_microbatches == best.num_microbatches
     assert best.search.evaluated + best.search.pruned == grid.search.evaluated
@@ -63,7 +63,7 @@ def test_bound_equals_exhaustive_grid(gpt, best):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b", "zbv"])
 def test_fixed_schedule_structure_and_memory(gpt, schedule):
     p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=2, tp=2, num_microbatches=8,
-                                   schedules=(schedule,), mixed_precision=True)
+                                   schedules=(schedule,), precision="bf16")
     assert (p.pp, p.dp, p.tp, p.microbatch_size) == (2, 4, 2, 2)
     v = p.virtual_stages
     assert len(p.stages) == 2 * v
@@ -92,7 +92,7 @@ def test_fixed_schedule_structure_and_memory(gpt, schedule):
 def test_identical_stages_share_prices(gpt):
     """Stages of one kind (same block count, no pre/post) get identical prices from the one tp solve."""
     p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=4, tp=2, num_microbatches=8,
-                                   schedules=("1f1b",), mixed_precision=True)
+                                   schedules=("1f1b",), precision="bf16")
     assert [s.num_blocks for s in p.stages] == [2, 2, 2, 2] and p.search.ilp_solves == 1
     inner = {(s.fwd_s, s.bwd_s, s.wgrad_s, s.state_bytes, s.activation_bytes) for s in p.stages[1:-1]}
     assert len(inner) == 1
@@ -103,7 +103,7 @@ def test_identical_stages_share_prices(gpt):
 
 def test_segment_prices_add_up_to_the_ilp_plan(gpt):
     seg = segment_graph(gpt)
-    pr = price_segments(gpt, seg, 2, CLUSTER, PlanConfig(mixed_precision=True))
+    pr = price_segments(gpt, seg, 2, CLUSTER, PlanConfig(precision="bf16"))
     c = pr.plan.cost
     total = (pr.fwd_lin + pr.bwd_lin + pr.fwd_fixed + pr.bwd_fixed).sum()
     assert total == pytest.approx(c.total_s, rel=1e-9)
@@ -131,7 +131,7 @@ def test_gpt_39b_on_512_a100s_plans_quickly():
                              seq_len=2048, device="meta")
     traced = parallelizer.trace(model.to(torch.bfloat16), inputs)
     start = time.perf_counter()
-    p = parallelizer.plan_pipeline(traced, dgx_a100(64), global_batch=1536, mixed_precision=True)
+    p = parallelizer.plan_pipeline(traced, dgx_a100(64), global_batch=1536, precision="bf16")
     assert time.perf_counter() - start < 120
     assert p.tp <= 8 and 8 % p.tp == 0 and p.pp * p.dp * p.tp == 512
     assert p.global_batch == p.dp * p.num_microbatches * p.microbatch_size == 1536

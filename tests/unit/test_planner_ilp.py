@@ -41,14 +41,16 @@ def test_clustered_objective_equals_unclustered(small_gpt):
 
 def test_pure_dp_objective_is_closed_form(big_batch_mlp):
     """DDP on a 1-D mesh: sum of local compute + one gradient all-reduce per parameter + the gather of the
-    (batch-sharded) output to a replicated output."""
+    (batch-sharded) output to a replicated output. bf16 (the H100 default): the fp32-traced output is gathered
+    in bf16 (2 B/element), gradients are reduced as fp32 main gradients (4 B/element)."""
     p = plan(big_batch_mlp, DP8)
+    assert p.config["precision"] == "bf16"
     topo = MeshTopology(dgx_h100(1), (8,), ("dp",))
-    pricer = Pricer(topo, DP8, PlanConfig())
-    grad_sync = sum(collective_time_s("all_reduce", prm.nbytes, topo, ("dp",))
+    pricer = Pricer(topo, DP8, PlanConfig(), big_batch_mlp)
+    grad_sync = sum(collective_time_s("all_reduce", prm.numel * 4, topo, ("dp",))
                     for prm in big_batch_mlp.parameters.values())
     out = next(n for n in big_batch_mlp.nodes.values() if n.op == "output")
-    out_bytes = big_batch_mlp.nodes[out.node.args[0][0].name].nbytes
+    out_bytes = big_batch_mlp.nodes[out.node.args[0][0].name].nbytes // 2  # fp32 traced, priced as bf16
     gather = collective_time_s("all_gather", out_bytes, topo, ("dp",))
     compute = 0.0
     problem, _ = build(big_batch_mlp, DP8, config=PlanConfig())
@@ -96,11 +98,14 @@ def test_explain_and_fallbacks(small_gpt):
     assert "Plan on mesh (dp=2, tp=4)" in p.summary()
 
 
-def test_training_state_budget_helper_matches_cost_model(big_batch_mlp):
-    p = plan(big_batch_mlp, DP8)
-    state = training_state_bytes(big_batch_mlp.num_parameters, "fp32")
+@pytest.mark.parametrize("precision, per_param", [("bf16", (2, 4, 12)), ("fp32", (4, 4, 8))])
+def test_training_state_budget_helper_matches_cost_model(big_batch_mlp, precision, per_param):
+    p = plan(big_batch_mlp, DP8, precision=precision)
+    n = big_batch_mlp.num_parameters
+    state = training_state_bytes(n, precision)
     mem = p.cost.memory_bytes
-    assert mem["params"] + mem["grads"] + mem["optimizer"] == state.total_bytes  # DDP: everything replicated
+    assert (mem["params"], mem["grads"], mem["optimizer"]) == tuple(b * n for b in per_param)  # DDP: replicated
+    assert mem["params"] + mem["grads"] + mem["optimizer"] == state.total_bytes
 
 
 def test_unreachable_strategy_is_never_chosen():
@@ -117,3 +122,75 @@ def test_unreachable_strategy_is_never_chosen():
         plan = parallelizer.plan(traced, {"dp": 4})
     head_add = [e for e in plan.edges if e.src == "p_head_bias"]
     assert head_add and all(e.dst_layout != "P" for e in head_add)
+
+
+def _one_group_problem(lin, mem, counts=None):
+    import numpy as np
+
+    from parallelizer.planner.problem import Problem
+    return Problem(DP8, {}, {"n": 0}, [["n"]], [("node", "n")], [np.array(lin)], [np.array(mem, dtype=float)], {},
+                   0, 10**12, lin_counts=[np.array(counts or [0] * len(lin), dtype=float)])
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_ties_break_toward_less_memory_then_fewer_collectives(order):
+    """Two strategies with the same estimated time: the one holding less memory is chosen, in either order;
+    equal time and memory: the one launching fewer collectives."""
+    from parallelizer.planner.ilp import solve
+    mem = [2e9, 1e9] if order == 0 else [1e9, 2e9]
+    assert solve(_one_group_problem([1e-3, 1e-3], mem), PlanConfig()).choice == (1 - order,)
+    counts = [3, 1] if order == 0 else [1, 3]
+    assert solve(_one_group_problem([1e-3, 1e-3], [1e9, 1e9], counts), PlanConfig()).choice == (1 - order,)
+
+
+def test_tie_break_never_overturns_a_strictly_faster_choice():
+    """The tie-break term lies in [0, TIE_RESOLUTION_US]: a strategy faster by more than that wins even when it
+    holds 1000x the memory and launches more collectives."""
+    from parallelizer.planner.ilp import TIE_RESOLUTION_US, solve, tie_break_weights
+    faster = 1e-3 - 2 * TIE_RESOLUTION_US * 1e-6  # seconds
+    problem = _one_group_problem([1e-3, faster], [1e9, 1e12], [0, 50])
+    w_mem, w_coll = tie_break_weights(problem)
+    assert w_mem * 1e12 + w_coll * 50 <= TIE_RESOLUTION_US
+    assert solve(problem, PlanConfig()).choice == (1,)
+
+
+def test_precision_and_reserve_are_recorded_and_round_trip(big_batch_mlp):
+    p = plan(big_batch_mlp, DP8)  # H100: bf16 and the default reserve (the budget is the device memory)
+    assert (p.config["precision"], p.config["memory_budget_bytes"], p.config["memory_reserve_bytes"]) == \
+        ("bf16", 80_000_000_000, 9_000_000_000)
+    assert p.cost.memory_bytes["reserve"] == 9_000_000_000
+    again = Plan.from_json(p.to_json())
+    assert again.config["precision"] == "bf16" and again.cost.memory_bytes == p.cost.memory_bytes
+    assert "precision  bf16" in __import__("parallelizer.plan_io", fromlist=["plan_text"]).plan_text(again)
+    explicit = plan(big_batch_mlp, DP8, memory_budget_bytes=10**9, precision="fp32")
+    assert (explicit.config["precision"], explicit.config["memory_reserve_bytes"]) == ("fp32", 0)
+    reserved = plan(big_batch_mlp, DP8, memory_reserve_bytes=5 * 10**9)
+    assert reserved.cost.memory_bytes["reserve"] == 5 * 10**9
+
+
+def test_reserve_shrinks_what_the_plan_may_hold(big_batch_mlp):
+    """The ILP fits the plan's tensors in budget - reserve: a reserve that leaves less than the replicated
+    (DDP) state forces sharding, and one that leaves nothing is a typed error."""
+    ddp = plan(big_batch_mlp, DP8, memory_budget_bytes=10**10, memory_reserve_bytes=0)
+    total = ddp.cost.memory_bytes["total"]
+    tight = plan(big_batch_mlp, DP8, memory_budget_bytes=10**10, memory_reserve_bytes=10**10 - total + 10**6)
+    assert tight.cost.memory_bytes["total"] <= total - 10**6
+    with pytest.raises(InfeasiblePlanError, match="reserve"):
+        plan(big_batch_mlp, DP8, memory_budget_bytes=10**9, memory_reserve_bytes=10**9)
+
+
+def test_cpu_device_defaults_to_fp32_and_refuses_bf16(big_batch_mlp):
+    import dataclasses
+
+    import torch
+
+    from cost_model.hardware import H100_SXM
+    from cost_model.topology import Cluster, Link
+    from parallelizer.errors import PrecisionError
+    cpu = dataclasses.replace(H100_SXM, name="cpu", kind="cpu", peak_flops_per_s={torch.float32: 1e11})
+    link = Link("gloo", 1e-5, 1e9)
+    cluster = Cluster(cpu, num_nodes=1, devices_per_node=8, intra_node_link=link, inter_node_link=link)
+    p = plan(big_batch_mlp, DP8, cluster=cluster)
+    assert (p.config["precision"], p.config["memory_reserve_bytes"]) == ("fp32", 0)
+    with pytest.raises(PrecisionError, match="no bf16 peak"):
+        plan(big_batch_mlp, DP8, cluster=cluster, precision="bf16")
