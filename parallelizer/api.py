@@ -48,7 +48,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
     Raises:
         InfeasiblePlanError: no plan fits the memory budget (names the minimum). ValueError: bad mesh/config.
     """
-    mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+    mesh = MeshSpec.of(mesh)
     topology = options.get("topology")
     resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
     p = _solve(traced, mesh, cluster=resolved, **options)
@@ -142,6 +142,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .rewriter.spec import all_axis_groups, spec_from_plan
     from .runtime import create_groups, init_from_env
     from .runtime.module import ParallelModule
+    from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         init_from_env()
@@ -152,7 +153,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     given = plan if isinstance(plan, Plan) or plan is None else Plan.load(plan)
     if mesh is None:
         mesh = given.mesh if given is not None else MeshSpec(("dp",), (world,))
-    mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+    mesh = MeshSpec.of(mesh)
     if mesh.world_size != world:
         raise ParallelizerError(f"mesh {mesh} has {mesh.world_size} devices but this job has {world} rank(s). "
                                 f"Remedy: launch with `torchrun --nproc-per-node {mesh.world_size}` or pass a mesh "
@@ -178,6 +179,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
             raise ParallelizerError(f"planning failed on rank 0, so rank {rank} has no plan: {outcome[1]}")
         chosen = Plan.from_json(outcome[1])
     if distributed:
+        check_same_weights(model)
         create_groups(all_axis_groups(mesh))
     module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen

@@ -69,10 +69,10 @@ def parse_kv(text: str | None, what: str) -> dict:
 
 def parse_mesh(text: str) -> MeshSpec:
     """"dp=4,tp=2" -> MeshSpec(("dp", "tp"), (4, 2)) (last axis innermost). Raises ValueError."""
-    axes = parse_kv(text, "--mesh")
-    if not axes or not all(isinstance(v, int) for v in axes.values()):
-        raise ValueError(f"--mesh {text!r}: use NAME=SIZE pairs with integer sizes, e.g. dp=4,tp=2")
-    return MeshSpec(tuple(axes), tuple(axes.values()))
+    try:
+        return MeshSpec.of(text)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None
 
 
 def _parser() -> argparse.ArgumentParser:

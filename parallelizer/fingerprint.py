@@ -78,7 +78,7 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
     """
     diffs: list[str] = []
     if mesh is not None:
-        mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+        mesh = MeshSpec.of(mesh)
         if mesh != plan.mesh:
             diffs.append(f"mesh: plan {plan.mesh}, requested {mesh}")
     if traced is not None:

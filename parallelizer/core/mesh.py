@@ -68,5 +68,26 @@ class MeshSpec:
         return {"axis_names": list(self.axis_names), "shape": list(self.shape)}
 
     @classmethod
+    def of(cls, mesh: "MeshSpec | dict[str, int] | str") -> "MeshSpec":
+        """A MeshSpec from a MeshSpec, a dict {"dp": 2, "tp": 4} or the CLI's string "dp=2,tp=4".
+
+        Raises:
+            ValueError: another type, or a string that is not NAME=SIZE pairs with integer sizes.
+        """
+        if isinstance(mesh, MeshSpec):
+            return mesh
+        if isinstance(mesh, str):
+            pairs = [item.partition("=") for item in mesh.split(",") if item.strip()]
+            if not pairs or any(not sep or not name.strip() or not size.strip().isdigit() for name, sep, size in pairs):
+                raise ValueError(f"mesh {mesh!r}: use NAME=SIZE pairs with integer sizes, e.g. \"dp=4,tp=2\"")
+            names = [name.strip() for name, _, _ in pairs]
+            if len(set(names)) != len(names):
+                raise ValueError(f"mesh {mesh!r}: an axis is named twice")
+            return cls(tuple(names), tuple(int(size) for _, _, size in pairs))
+        if isinstance(mesh, dict):
+            return cls(tuple(mesh), tuple(mesh.values()))
+        raise ValueError(f"mesh {mesh!r}: pass a dict such as {{'dp': 2, 'tp': 4}}, a string \"dp=2,tp=4\" or a MeshSpec")
+
+    @classmethod
     def from_dict(cls, d: dict) -> "MeshSpec":
         return cls(tuple(d["axis_names"]), tuple(d["shape"]))

@@ -46,7 +46,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         PrecisionError: a precision the device or the traced graph cannot be priced in (`costs.resolve_precision`).
         ValueError: bad mesh / config / topology (names the field).
     """
-    mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(tuple(mesh), tuple(mesh.values()))
+    mesh = MeshSpec.of(mesh)
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config)
     solution = solve(problem, config)

@@ -222,7 +222,7 @@ class Plan:
             "format_version": PLAN_FORMAT_VERSION,
             "mesh": self.mesh.to_dict(),
             "config": self.config,
-            "cost": {**asdict(self.cost), "total_s": self.cost.total_s},
+            "cost": _cost_dict(self.cost),
             "solver": solver,
             "fallbacks": [asdict(f) for f in self.fallbacks],
             "cluster": self.cluster,
@@ -358,6 +358,13 @@ _MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "bmm", "embedding", "attention"
 
 def empty_comm() -> dict[str, float]:
     return {k: 0.0 for k in COLLECTIVE_KINDS}
+
+
+def _cost_dict(cost: CostBreakdown) -> dict:
+    """The cost as written: total_s is the sum of the WRITTEN (rounded) parts, so that a plan read back
+    writes the same total (byte-identical round trip)."""
+    d = _round(asdict(cost))
+    return {**d, "total_s": d["compute_s"] + sum(d["comm_s"].values())}
 
 
 def _round(x):

@@ -24,6 +24,7 @@ from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
 from .module import ParallelModule
+from .replicas import check_same_weights
 from .tolerance import compute_dtype, excess
 
 
@@ -70,7 +71,9 @@ def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, 
 
     Args:
         model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs[, example_kwargs])`,
-            seeded so that every call builds the same weights and inputs.
+            deterministic: every rank calls it after `torch.manual_seed(0)` (a builder that draws from
+            torch's RNG without seeding itself still builds the same weights on every rank), and
+            `ParallelModule` checks that replicated weights agree across ranks.
         plan: the `Plan` that `parallelizer.plan` returned (or `Plan.load`), or a `ShardingSpec`. A Plan is
             checked against the model before any rank starts (`fingerprint.check_plan`: parameters, input
             shapes, ops, constants; with `structure_only`, names and ops only, for a plan applied to a
@@ -163,11 +166,13 @@ def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float) -> dict:
+    torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
     traced = trace(model, inputs, kwargs)
     compute = compute_dtype(traced)
+    check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(traced, spec, rank, model)
     out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)

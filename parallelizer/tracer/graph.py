@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..errors import UnknownNodeError
+from ..errors import PlanMismatchError, UnknownNodeError
 
 
 class Role(str, enum.Enum):
@@ -219,10 +219,18 @@ class TracedGraph:
                 kwargs = {k: kwargs[k] for k in order}
         flat, in_spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec is not None and in_spec != spec:
-            raise TypeError(f"inputs do not match the traced call: expected structure {spec}, got {in_spec}")
+            raise TypeError(_call_mismatch(spec, in_spec, args, kwargs))
         names = self.call_inputs or self.input_names
         tensors = []
         for name, value in zip(names, flat):
+            if isinstance(value, torch.Tensor) and name in self.nodes and self.nodes[name].outputs:
+                want = tuple(self.nodes[name].outputs[0].shape)
+                if tuple(value.shape) != want:
+                    raise PlanMismatchError(
+                        f"input {name!r} has shape {tuple(value.shape)} but the graph was traced (and planned) with "
+                        f"{want}: a sharded program is made for the traced shapes. Remedy: pass batches of the "
+                        "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
+                        "for the new shape")
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
@@ -322,6 +330,24 @@ def mutated_args(node: torch.fx.Node) -> list[int]:
     if schema is None:
         return []
     return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
+    """The TypeError text of a call whose structure is not the traced one: the positional count and the
+    keywords missing or extra, then both structures."""
+    traced_args = spec.child(0).num_children if spec.num_children == 2 else None
+    traced_kwargs = set(spec.child(1).context or []) if spec.num_children == 2 else set()
+    parts = []
+    if traced_args is not None and traced_args != len(args):
+        parts.append(f"{len(args)} positional input(s), traced with {traced_args}")
+    if set(kwargs) - traced_kwargs:
+        parts.append(f"unexpected keyword(s) {sorted(set(kwargs) - traced_kwargs)}")
+    if traced_kwargs - set(kwargs):
+        parts.append(f"missing keyword(s) {sorted(traced_kwargs - set(kwargs))}")
+    what = "; ".join(parts) or "the nesting of the inputs differs"
+    return (f"inputs do not match the traced call: {what}. Remedy: call the module with the inputs it was traced "
+            f"with (example_inputs / example_kwargs), or trace and plan again for this call. Traced structure: "
+            f"{spec}; got: {got}")
 
 
 def is_view(node: torch.fx.Node) -> bool:

@@ -8,7 +8,9 @@
    autocast's casts made explicit: each op's inputs go through the `aten.to.dtype` casts torch's autocast
    policy gives that op on that device (probed per op on fake tensors), so the graph computes what eager
    autocast computes and every later stage sees ordinary ops and dtypes.
-3. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
+3. `aten.contiguous` (memory layout only; recorded or not depending on the device's strides) is dropped,
+   so that a model traced on meta and on CPU gives one graph; a view of it becomes a reshape.
+4. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
    after the all-reduce (adding it inside the matmul would add it once per rank).
@@ -41,6 +43,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """Apply the normalisations of the module docstring to `gm` in place and recompile it."""
     _inline_regions(gm, notes)
     _drop_asserts(gm, notes)
+    _drop_contiguous(gm, notes)
     _split_biases(gm, notes)
     gm.graph.lint()
     gm.recompile()
@@ -54,6 +57,26 @@ def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             dropped += 1
     if dropped:
         notes.append(f"dropped {dropped} shape-assertion node(s)")
+
+
+def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """`aten.contiguous` only changes memory layout, and whether export records it depends on the strides the
+    device's kernels return (SDPA's output is contiguous after its transpose on CPU, not on meta), so a model
+    traced on meta and on CPU would give different graphs. It is dropped; an `aten.view` reading it becomes
+    `aten.reshape` (same values, copies when the input is not contiguous)."""
+    aten = torch.ops.aten
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.contiguous.default or node.kwargs:
+            continue
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is aten.view.default:
+                user.target = aten.reshape.default
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+        dropped += 1
+    if dropped:
+        notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only; a view of one became a reshape)")
 
 
 def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:

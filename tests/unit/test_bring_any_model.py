@@ -159,3 +159,31 @@ def test_rehearse_checks_a_plan_before_starting_ranks(monkeypatch):
     with pytest.raises(TypeError, match="pass the Plan that parallelizer.plan returned"):
         rehearsal.rehearse(zoo.gpt2, {}, plan.to_json())
     assert rehearsal.checked_spec(plan, zoo.gpt2, {"n_embd": 64}).mesh == plan.mesh  # the right model passes
+
+
+def test_a_call_with_other_shapes_or_keywords_is_a_typed_error_naming_it():
+    """A sharded program is made for the traced shapes: another batch size must not reach the graph (a raw
+    view error there), and a missing or extra keyword is named."""
+    class Kw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+
+        def forward(self, x, scale=None):
+            return self.l(x) * (1.0 if scale is None else scale)
+
+    pm = parallelizer.auto_parallelize(Kw(), (torch.randn(8, 4),), example_kwargs={"scale": torch.ones(4)})
+    with pytest.raises(PlanMismatchError, match=r"input 'x' has shape \(6, 4\) but the graph was traced .*\(8, 4\)"):
+        pm(torch.randn(6, 4), scale=torch.ones(4))
+    with pytest.raises(TypeError, match=r"missing keyword\(s\) \['scale'\]"):
+        pm(torch.randn(8, 4))
+    with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['other'\]"):
+        pm(torch.randn(8, 4), scale=torch.ones(4), other=1)
+
+
+def test_a_mesh_may_be_given_as_the_cli_string():
+    traced = parallelizer.trace(torch.nn.Linear(4, 4), (torch.randn(8, 4),))
+    plan = parallelizer.plan(traced, "dp=2")
+    assert plan.mesh.axis_names == ("dp",) and plan.mesh.shape == (2,)
+    with pytest.raises(ValueError, match="NAME=SIZE"):
+        parallelizer.plan(traced, "dp=two")

@@ -265,3 +265,18 @@ def test_checkpoint_region_is_noted_and_keeps_its_gradient():
         torch.testing.assert_close(grads[name].grad, p.grad)
     plain = parallelizer.trace(torch.nn.Linear(4, 4), (x,))
     assert not any("checkpoint" in n for n in plain.notes)
+
+
+def test_meta_and_cpu_traces_of_an_sdpa_model_are_one_graph():
+    """SDPA's output is contiguous after its transpose on CPU but not on meta, so export recorded an
+    `aten.contiguous` on meta only; a plan made on meta then mis-assigned every later node on CPU ranks.
+    The tracer drops `aten.contiguous` (a view of it becomes a reshape): one graph on both devices."""
+    from parallelizer import presets
+
+    recipe = presets.recipe("llama", {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                                      "max_position_embeddings": 64}, None, None)
+    meta, cpu = parallelizer.trace(*presets.build(recipe, "meta")), parallelizer.trace(*presets.build(recipe, "cpu"))
+    shapes = [[(n, t.op_name, [tuple(o.shape) for o in t.outputs]) for n, t in tg.nodes.items()] for tg in (meta, cpu)]
+    assert shapes[0] == shapes[1]
+    assert not any(t.op_name == "aten.contiguous.default" for t in meta.nodes.values())

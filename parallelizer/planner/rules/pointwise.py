@@ -52,10 +52,15 @@ def like(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P,) + extra, R)]
 
 
-def along(read: Callable[[OpView], list[int]], linear: bool = False) -> Callable[[OpView], list[AxisOption]]:
+def along(read: Callable[[OpView], list[int]], linear: bool = False,
+          single_input: bool = False) -> Callable[[OpView], list[AxisOption]]:
     """Rule of an op that reads positions along the dims `read(v)` of its first input: shard the other
-    dims (the output keeps the input's rank); Partial passes through when the op is `linear`."""
+    dims (the output keeps the input's rank); Partial passes through when the op is `linear`. With
+    `single_input`, a call with further tensor inputs (diff's prepend/append, shaped like the input) is
+    only replicated."""
     def rule(v: OpView) -> list[AxisOption]:
+        if single_input and v.n_in > 1:
+            return [replicate(v)]
         dims = set(read(v))
         extra = (R,) * (v.n_in - 1)
         opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d)) for d in range(v.nd())

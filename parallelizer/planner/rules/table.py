@@ -158,6 +158,9 @@ _add([aten.cumsum], pointwise.along(pointwise.dim_arg(1), linear=True),
      calls(aten.cumsum.default, (t(3, 7), 1), (t(5, 2, 3), 0), (t(2, 7, 3), -1)))
 _add([aten.cumprod, aten.logcumsumexp], pointwise.along(pointwise.dim_arg(1)),
      lambda p: calls(p.default, (t(3, 7), 1), (t(5, 2, 3), 0)))
+_add([aten.diff], pointwise.along(pointwise.dim_arg(2, "dim", -1), linear=True, single_input=True),
+     calls(aten.diff.default, (t(3, 7),), (t(5, 2, 3), 1, 0), (t(4, 6), 2, 1), (ints(9, 3, 7),),
+           (t(3, 4), 1, -1, t(3, 1))))
 _add([aten.flip], pointwise.along(pointwise.dim_arg(1, "dims"), linear=True),
      calls(aten.flip.default, (t(3, 7), [1]), (t(5, 2, 3), [0, 2])), exact=True)
 _add([aten.roll], pointwise.along(pointwise.roll_dims, linear=True),
