@@ -77,7 +77,7 @@ def main() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown, which can abort after gloo use (ENVIRONMENT-NOTES.md)
+    os._exit(0)  # skip interpreter teardown, which can abort after gloo use on this torch build
 
 
 if __name__ == "__main__":
