@@ -62,16 +62,27 @@ def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
 def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """`aten.contiguous` only changes memory layout, and whether export records it depends on the strides the
     device's kernels return (SDPA's output is contiguous after its transpose on CPU, not on meta), so a model
-    traced on meta and on CPU would give different graphs. It is dropped; an `aten.view` reading it becomes
-    `aten.reshape` (same values, copies when the input is not contiguous)."""
+    traced on meta and on CPU would give different graphs. It is dropped; an `aten.view` reading it (directly
+    or through other views) becomes `aten.reshape`, which is the same view whenever `view` would have worked
+    and a copy otherwise. Kept when something writes in place through it (the copy must not alias)."""
+    from .graph import is_view, mutated_args
+
     aten = torch.ops.aten
     dropped = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.contiguous.default or node.kwargs:
             continue
-        for user in list(node.users):
-            if user.op == "call_function" and user.target is aten.view.default:
-                user.target = aten.reshape.default
+        aliases, todo = [], [node]  # what reads the copy through views: its views must accept any strides
+        while todo:
+            for user in todo.pop().users:
+                if user.op == "call_function" and (is_view(user) or user.target is aten.view.default):
+                    aliases.append(user)
+                    todo.append(user)
+        if any(mutated_args(user) for a in [node, *aliases] for user in a.users):
+            continue  # an in-place write through the copy must not reach the original: keep it
+        for alias in aliases:
+            if alias.target is aten.view.default:
+                alias.target = aten.reshape.default
         node.replace_all_uses_with(node.args[0])
         gm.graph.erase_node(node)
         dropped += 1
