@@ -11,7 +11,6 @@ from benchmarks._memory_workers import measure_rank
 from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
-from parallelizer.runtime.rehearsal import rehearse_many
 
 pytestmark = pytest.mark.distributed
 
@@ -46,5 +45,4 @@ def test_fsdp_ranks_hold_ddp_activations_and_sharded_weights_and_match(plans):
         assert fsdp["activations"] == ddp["activations"], (fsdp, ddp)  # no gathered weight stays saved
         assert fsdp["params"] * 2 <= ddp["params"] + 1024, (fsdp, ddp)
     assert by_kind["fsdp"].cost.memory_bytes["activations"] == by_kind["ddp"].cost.memory_bytes["activations"]
-    report, = rehearse_many([(zoo.gpt2, GPT2, by_kind["fsdp"])])
-    assert report.matches(), report  # the re-gathered weights give single-device gradients
+    # single-device numbers with re-gathered weights (tied wte/lm_head included): test_numerics' fsdp cases

@@ -1,6 +1,7 @@
 """cost_model.calibrate: a short real calibration round-trips through JSON."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -26,16 +27,25 @@ def test_fit_link_recovers_alpha_beta():
 @pytest.mark.timeout(90)
 def test_calibration_smoke_round_trip(tmp_path):
     path = tmp_path / "cpu.profile.json"
-    profile = calibrate(nprocs=(2,), out_path=path, progress=False, message_sizes_bytes=(1 << 12, 1 << 16, 1 << 20),
-                        matmul_sizes=(128, 256), memory_numel=1 << 20, repeats=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = calibrate(nprocs=(2,), out_path=path, progress=False,
+                            message_sizes_bytes=(1 << 12, 1 << 16, 1 << 20), matmul_sizes=(128, 256),
+                            memory_numel=1 << 20, repeats=3)
+    noisy = {k for k in ("all_reduce", "all_gather") if any(f"kind {k!r} is priced with the joint fit" in str(w.message)
+                                                           for w in caught)}
     text = path.read_text()
     assert list(json.loads(text)) == sorted(json.loads(text))  # stable key order
     loaded = load_profile(path)
     assert loaded == profile
-    # Per-kind overrides were fitted for both measured kinds; reduce_scatter reuses all_gather's fit.
-    assert set(loaded.links[2].per_kind) == {"all_reduce", "all_gather", "reduce_scatter"}
-    assert loaded.links[2].per_kind["reduce_scatter"] == loaded.links[2].per_kind["all_gather"]
-    assert json.loads(text)["measurements"]["per_kind_reused"] == {"reduce_scatter": "all_gather"}
+    # Per-kind overrides were fitted for both measured kinds, except one too noisy for a fit of its own on a
+    # loaded machine (then a warning says the joint fit prices it); reduce_scatter reuses all_gather's fit.
+    fitted = set(loaded.links[2].per_kind)
+    assert fitted | noisy | ({"reduce_scatter"} if "all_gather" in noisy else set()) == \
+        {"all_reduce", "all_gather", "reduce_scatter"}, (fitted, noisy)
+    if "all_gather" not in noisy:
+        assert loaded.links[2].per_kind["reduce_scatter"] == loaded.links[2].per_kind["all_gather"]
+        assert json.loads(text)["measurements"]["per_kind_reused"] == {"reduce_scatter": "all_gather"}
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     cluster = loaded.cluster(2)
     assert (cluster.num_nodes, cluster.devices_per_node) == (1, 2)
