@@ -273,10 +273,19 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
             output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
     recorded: list = []
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
-                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False)
+                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False,
+                                output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
                        p == (cut.num_stages - 1) % pp, recorded)
+
+
+def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:
+    """How torch's schedule merges the last stage's microbatch outputs: along dim 0 (the batch), except a
+    scalar (a model's own loss), which is summed (torch would try to concatenate 0-d tensors and fail)."""
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _CustomReducer
+    return tuple(_CustomReducer(torch.tensor(0.0), lambda a, b: a + b) if not traced.node(n).outputs[0].shape
+                 else TensorChunkSpec(0) for n in names)
 
 
 def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layout]:
