@@ -137,9 +137,11 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
     """The intra-stage plan of stage k: the whole-graph spec restricted to the stage; received values
     arrive in their producer's layout, sent values leave in it (the last stage uses the spec's output)."""
     def produced_layout(name: str) -> Layout:
-        if name in spec.nodes:
+        if name in spec.nodes and name not in traced.input_names:
             return spec.nodes[name].output
-        return Layout.replicate(spec.mesh.ndim)  # a global user input passed through
+        # a user input passed through (e.g. labels for the last stage's loss) travels whole: the next stage
+        # takes it as a global input and slices it by its own plan, as the first stage does
+        return Layout.replicate(spec.mesh.ndim)
 
     received = {n: produced_layout(n) for n in cut.inputs[k] if n not in traced.input_names}
     nodes = {n: spec.nodes[n] for n, s in cut.stage_of.items() if s == k}
