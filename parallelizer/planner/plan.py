@@ -355,8 +355,9 @@ class Plan:
             lines.append(f"fallback: {f.node} ({f.op}): {f.reason}")
         if self.pipeline is not None:
             title, header, rows = self.pipeline.table()
+            widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
             lines.append(title + ":")
-            lines += ["  " + "  ".join(r) for r in [header, *rows]]
+            lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
