@@ -61,6 +61,16 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     return _report(world, per_rank)
 
 
+def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
+                grads: bool) -> tuple[float, str, float]:
+    """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
+    gradients; None counts as zeros) and its shard of the reference model's, over every stage it holds."""
+    ref = dict(reference.named_parameters())
+    pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
+    return _max_diff(((fqn, pick(p), shard_tensor(pick(ref[fqn]), spec.params[fqn], spec.mesh, s.coords))
+                      for s in run.stages for fqn, p in s.named_parameters()), compute)
+
+
 def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, m: int) -> torch.Tensor:
     """Eager gradient accumulation over the same `m` microbatches: backward of each microbatch's loss / m;
     returns the mean of the microbatch losses (the pipeline's loss)."""
@@ -98,7 +108,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     target = torch.zeros(batch)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
-    ref_params = dict(reference.named_parameters())
     loss = grad = (0.0, "", 0.0)
     for step in range(steps):
         opt.zero_grad()
@@ -109,13 +118,10 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
         if step == 0:
             if run.last:
                 loss = _max_diff([("loss", torch.stack(losses).mean(), ref_loss)], compute)
-            grad = _max_diff(((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]),
-                                                                    spec.params[fqn], spec.mesh, s.coords))
-                              for s in run.stages for fqn, p in s.named_parameters()), compute)
+            grad = stage_diffs(run, reference, spec, compute, grads=True)
         opt.step()
         ref_opt.step()
-    params = _max_diff(((fqn, p, shard_tensor(ref_params[fqn].detach(), spec.params[fqn], spec.mesh, s.coords))
-                        for s in run.stages for fqn, p in s.named_parameters()), compute)
+    params = stage_diffs(run, reference, spec, compute, grads=False)
     collectives: dict = {}
     for s in run.stages:
         for kind, n in s.program.collectives.items():

@@ -60,3 +60,10 @@ def test_pipeline_errors_are_typed_with_remedies(traced):
         _plan(traced, {"pp": 2}, schedule="zb")
     with pytest.raises(PipelineError, match="put a 'pp' axis first"):
         _plan(traced, {"dp": 2}, microbatches=2)
+
+
+def test_single_program_rehearsal_refuses_a_pipeline_plan(traced):
+    from parallelizer.runtime.rehearsal import checked_spec
+    plan = _plan(traced, {"pp": 2}, microbatches=2)
+    with pytest.raises(PipelineError, match="rehearse_pipeline"):
+        checked_spec(plan, zoo.gpt2, {})
