@@ -172,6 +172,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         ParallelizerError quoting it, on every other rank.
         InfeasiblePlanError: nothing fits the memory budget.
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
+        PipelineError: a pipeline plan (a 'pp' axis): not applied by ParallelModule yet.
     """
     import torch.distributed as dist
 
@@ -217,6 +218,10 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if distributed:
         check_same_weights(model)
         create_groups(all_axis_groups(mesh))
+    if chosen.pipeline is not None:
+        raise PipelineError(f"auto_parallelize: pipeline plans (pp={chosen.pipeline.pp}) are not applied by "
+                            "ParallelModule yet. Remedy: a mesh without 'pp', or rehearse the pipeline plan with "
+                            "`parallelizer rehearse plan.json --nproc N`")
     module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module
