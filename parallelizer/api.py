@@ -16,11 +16,12 @@ import torch
 from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
-from .errors import InfeasiblePlanError, ParallelizerError
+from .errors import InfeasiblePlanError, ParallelizerError, PipelineError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import resolve_cluster
+from .planner.stages import PP_AXIS, pipeline_section, split_mesh, stage_counts
 from .rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from .tracer import TracedGraph, trace
 
@@ -44,11 +45,22 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
             (`planner.api.resolve_cluster`: DGX H100 nodes holding the mesh).
         recipe: how to rebuild the model (`parallelizer.presets`), kept in `plan.model["recipe"]`.
         batch: batch facts kept in `plan.model["batch"]` (e.g. {"global_batch": 512, "seq_len": 2048}).
-        options: `PlanConfig` fields (memory_budget_bytes=, optimizer=, time_limit_s=, ...) or config=.
+        options: `PlanConfig` fields (memory_budget_bytes=, optimizer=, time_limit_s=, ...) or config=; with a
+            "pp" axis (first, e.g. {"pp": 2, "dp": 2}) also schedule= ("gpipe", "1f1b" (default),
+            "interleaved_1f1b"), microbatches= (default pp) and virtual_stages= (stages per pp rank; default 1,
+            2 for interleaved). Pipeline: trace ONE microbatch (global batch / microbatches); the plan's `mesh`
+            is then the intra-stage mesh and `plan.pipeline` holds pp, the schedule and the stages.
     Raises:
+        PipelineError: "pp" not first, pp x stages per rank not dividing the blocks, a bad schedule.
         InfeasiblePlanError: no plan fits the memory budget (names the minimum). ValueError: bad mesh/config.
     """
     mesh = MeshSpec.of(mesh)
+    if PP_AXIS in mesh.axis_names:
+        return _plan_pipeline(traced, mesh, cluster=cluster, recipe=recipe, batch=batch, **options)
+    for key in ("schedule", "microbatches", "virtual_stages"):
+        if key in options:
+            raise PipelineError(f"{key}= is for pipeline plans: put a 'pp' axis first in the mesh (e.g. "
+                                f"{{'pp': 2, **{dict(zip(mesh.axis_names, mesh.shape))}}}), or drop {key}=")
     topology = options.get("topology")
     resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
     p = _solve(traced, mesh, cluster=resolved, **options)
@@ -61,6 +73,30 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
         model["batch"] = batch
     return dataclasses.replace(p, model=model, fingerprint=graph_fingerprint(traced),
                                cluster=describe_cluster(resolved, spec))
+
+
+def _plan_pipeline(traced: TracedGraph, mesh: MeshSpec, *, cluster, recipe, batch, schedule: str = "1f1b",
+                   microbatches: int | None = None, virtual_stages: int | None = None, **options) -> Plan:
+    """`plan` on a mesh with a "pp" axis (first): the intra-stage ILP on the mesh without pp (priced on the
+    nodes one stage group occupies), stages cut evenly at repeated-block boundaries, recorded in
+    `Plan.pipeline` (`planner.stages`). `traced` is ONE microbatch. Raises PipelineError (see `stage_counts`)."""
+    from .runtime.pipeline import cut_stages
+
+    pp, sub = split_mesh(mesh)
+    if not traced.blocks:
+        raise PipelineError("pipeline plan: the traced graph has no repeated blocks; stages are cut at block "
+                            "boundaries (e.g. transformer layers). Remedy: plan without a 'pp' axis")
+    group = traced.blocks[0]
+    v, per_stage = stage_counts(group.count, group.name, pp, schedule, microbatches if microbatches is not None
+                                else pp, virtual_stages)
+    full, spec = resolve_cluster(cluster, mesh.world_size)
+    per_node = min(full.devices_per_node, sub.world_size)
+    stage_cluster = dataclasses.replace(full, num_nodes=sub.world_size // per_node, devices_per_node=per_node)
+    p = plan(traced, sub, cluster=stage_cluster, recipe=recipe, batch=batch, **options)
+    cut = cut_stages(traced, pp * v, per_stage)
+    section = pipeline_section(mesh, sub.world_size, tuple(group.members), cut.stage_of, pp, schedule,
+                               microbatches if microbatches is not None else pp, v, per_stage)
+    return dataclasses.replace(p, cluster=describe_cluster(full, spec), pipeline=section)
 
 
 def mesh_candidates(world_size: int, devices_per_node: int) -> list[MeshSpec]:
@@ -136,6 +172,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         ParallelizerError quoting it, on every other rank.
         InfeasiblePlanError: nothing fits the memory budget.
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
+        PipelineError: a pipeline plan (a 'pp' axis): not applied by ParallelModule yet.
     """
     import torch.distributed as dist
 
@@ -181,6 +218,10 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if distributed:
         check_same_weights(model)
         create_groups(all_axis_groups(mesh))
+    if chosen.pipeline is not None:
+        raise PipelineError(f"auto_parallelize: pipeline plans (pp={chosen.pipeline.pp}) are not applied by "
+                            "ParallelModule yet. Remedy: a mesh without 'pp', or rehearse the pipeline plan with "
+                            "`parallelizer rehearse plan.json --nproc N`")
     module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module

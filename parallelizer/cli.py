@@ -11,6 +11,10 @@ the whole global batch in one step) on the meta device; the planner shards that 
 The estimated step time in the plan is for that traced batch; the summary also gives the time per optimizer
 step (x grad-accum; gradient syncs are counted once per traced step, an upper bound).
 
+Pipeline: a mesh with a "pp" axis first (`--mesh pp=2,dp=2 --schedule 1f1b --microbatches 2`) traces ONE
+microbatch (global batch / (grad-accum x microbatches)), plans the mesh without pp for every stage, and cuts
+the repeated blocks evenly into stages (`parallelizer/planner/stages.py`).
+
 Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node, t < N) mesh of the
 cluster's N devices is planned and the lowest estimated step time is kept (the summary lists them all).
 
@@ -102,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
                         "fp32: 16 B/param (default: bf16 on GPU cluster presets, fp32 on a calibration profile)")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
+                   help="pipeline schedule (needs a 'pp' axis first in --mesh, e.g. pp=2,dp=2; default 1f1b)")
+    p.add_argument("--microbatches", type=int, help="pipeline microbatches per traced step (default pp); the "
+                   "model is traced with ONE microbatch: global batch / (grad-accum x microbatches)")
+    p.add_argument("--virtual-stages", type=int, help="stages per pp rank (default 1; 2 for interleaved_1f1b)")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
     p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -154,13 +163,23 @@ def cmd_plan(args) -> int:
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
+    pipelined = mesh is not None and "pp" in mesh.axis_names
+    pipe = {k: v for k, v in (("schedule", args.schedule), ("microbatches", args.microbatches),
+                              ("virtual_stages", args.virtual_stages)) if v is not None}
+    if pipe and not pipelined:
+        raise ValueError(f"--{next(iter(pipe)).replace('_', '-')} is for pipeline plans: give a mesh with a 'pp' "
+                         "axis first, e.g. --mesh pp=2,dp=2")
+    micro = (args.microbatches or mesh.shape[mesh.axis_names.index("pp")]) if pipelined else 1
+    if args.global_batch is not None and args.global_batch % (args.grad_accum * micro):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum} "
+                         f"x --microbatches {micro} (the model is traced with one microbatch)")
     roles = parse_kv(args.roles, "--roles")
     if roles and mesh is None:
         raise ValueError(f"--roles {args.roles}: give the mesh they refer to with --mesh (e.g. --mesh dp=2,tp=4)")
     world = mesh.world_size if mesh else _cluster_devices(args.cluster or _SEARCH_CLUSTER)
     candidates = [mesh] if mesh else api.mesh_candidates(world, api.resolve_cluster(args.cluster, world)[0].devices_per_node)
     bar = tqdm(total=2 + len(candidates), desc="build", disable=args.no_progress, file=sys.stderr)
-    traced_batch = None if args.global_batch is None else args.global_batch // args.grad_accum
+    traced_batch = None if args.global_batch is None else args.global_batch // (args.grad_accum * micro)
     recipe = presets.recipe(args.model, parse_kv(args.config, "--config"), traced_batch, args.seq_len)
     start = time.perf_counter()
     model, inputs, *keywords = presets.build(recipe, "meta")
@@ -169,7 +188,9 @@ def cmd_plan(args) -> int:
     traced = trace(model, inputs, *keywords)
     bar.update()
     batch = {"global_batch": args.global_batch, "grad_accum": args.grad_accum, "traced_batch": traced_batch,
-             "seq_len": args.seq_len}
+             "seq_len": args.seq_len, **({"microbatches": micro} if pipelined else {})}
+    if pipelined:
+        pipe["microbatches"] = micro
     options = dict(cluster=args.cluster, recipe=recipe, batch=batch, optimizer=args.optimizer,
                    time_limit_s=args.time_limit, axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
@@ -188,7 +209,7 @@ def cmd_plan(args) -> int:
         best, tried = api.search_mesh(traced, world, progress=progress, **options)
     else:
         progress(mesh)
-        best, tried = api.plan(traced, mesh, **options), []
+        best, tried = api.plan(traced, mesh, **options, **pipe), []
     bar.update(bar.total - bar.n)
     bar.close()
     best.save(args.out)
@@ -248,24 +269,46 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     from .runtime.rehearsal import rehearse
     from .tracer import trace
 
-    if plan.mesh.world_size != nproc:
-        raise ValueError(f"the plan's mesh {plan.mesh} has {plan.mesh.world_size} devices but --nproc is "
-                         f"{nproc}: pass --nproc {plan.mesh.world_size} or plan for {nproc} devices")
+    full = plan.pipeline.mesh if plan.pipeline is not None else plan.mesh
+    if full.world_size != nproc:
+        raise ValueError(f"the plan's mesh {full} has {full.world_size} devices but --nproc is "
+                         f"{nproc}: pass --nproc {full.world_size} or plan for {nproc} devices")
     recipe = plan.model.get("recipe")
     if recipe is None:
         raise ValueError("the plan has no model recipe (it was planned from Python without recipe=). Remedy: "
                          "plan it with `parallelizer plan`, or call parallelizer.runtime.rehearsal.rehearse")
     real = width == "real" or (width == "auto" and _fits_real_width(plan, nproc))
-    used = recipe if real else presets.reduced(recipe, nproc)
+    used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
     traced = trace(*presets.build(used, "meta"))
     check_plan(plan, traced, structure_only=not real)
     print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width: "
           + ", ".join(f"{k}={v}" for k, v in used["kwargs"].items()), flush=True)
     start = time.perf_counter()
-    report = rehearse(presets.build_cpu, used, spec_from_plan(plan), steps=steps, timeout_s=timeout_s)
+    if plan.pipeline is not None:
+        from .runtime.pipeline_rehearsal import rehearse_pipeline
+        report = rehearse_pipeline(presets.build_cpu, _global_batch(used, plan.pipeline.microbatches),
+                                   spec_from_plan(plan), plan.pipeline, steps=steps, timeout_s=timeout_s)
+    else:
+        report = rehearse(presets.build_cpu, used, spec_from_plan(plan), steps=steps, timeout_s=timeout_s)
     print(report)
     print(f"rehearsal took {time.perf_counter() - start:.1f} s", flush=True)
     return report
+
+
+def _global_batch(recipe: dict, microbatches: int) -> dict:
+    """The recipe at the global batch of a pipeline plan (its traced batch is one microbatch).
+
+    Raises:
+        ValueError: the recipe has no batch size to scale (a factory without `batch`): remedy.
+    """
+    if "batch" not in recipe["kwargs"]:
+        from . import presets
+        batch = presets.build(recipe, "meta")[1][0].shape[0]
+        if "factory" in recipe:
+            raise ValueError(f"cannot rehearse pipeline plan of factory {recipe['factory']}: it takes no batch "
+                             "argument to build the global batch with. Remedy: give the factory a batch= argument")
+        return {**recipe, "kwargs": {**recipe["kwargs"], "batch": batch * microbatches}}
+    return {**recipe, "kwargs": {**recipe["kwargs"], "batch": recipe["kwargs"]["batch"] * microbatches}}
 
 
 def _fits_real_width(plan, nproc: int) -> bool:

@@ -94,3 +94,9 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+class PipelineError(ParallelizerError, ValueError):
+    """A pipeline request that cannot be cut or scheduled: a "pp" axis that is not outermost, a stage count
+    that does not divide the repeated blocks, an unknown schedule, or microbatches < 1 (the message names
+    the value and the remedy)."""

@@ -65,7 +65,7 @@ def parse_and_validate(text: str, source: str = "plan JSON") -> dict:
             f"or re-create the plan with `parallelizer plan` (schema: parallelizer/{SCHEMA_FILE}).", path)
     cluster = data.get("cluster") or {}
     if cluster:
-        mesh_devices = math.prod(data["mesh"]["shape"])
+        mesh_devices = math.prod(data["mesh"]["shape"]) * (data["pipeline"]["pp"] if "pipeline" in data else 1)
         cluster_devices = cluster["num_nodes"] * cluster["devices_per_node"]
         if mesh_devices != cluster_devices:
             raise PlanMismatchError(
@@ -113,6 +113,8 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     tables.append(("Memory per device (total = the plan's tensors; reserve = fragmentation, workspaces, "
                    "communication buffers; total + reserve <= budget)", ["category", "GB"],
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
+    if plan.pipeline is not None:
+        tables.append(plan.pipeline.table())
     tables += _block_tables(plan, all_positions)
     tables.append(_param_table(plan))
     counts: dict[tuple[str, str], int] = {}

@@ -8,6 +8,10 @@ emits exactly these; `derive_edge` is the one place a plan's steps are made); th
 fallbacks (nodes replicated for lack of a rule; ops priced by bytes only because their FLOPs could not be
 counted on meta tensors).
 
+A pipeline plan (a mesh with a "pp" axis) has `pipeline` (`planner.stages.PipelineSection`: pp, schedule,
+microbatches, stages) and its `mesh` is the intra-stage mesh (the full mesh without pp) that every stage's
+program is sharded over; the full mesh is `pipeline.mesh`.
+
 In memory every node, parameter and edge is spelled out. The JSON (format 3, `planner/plan_codec.py`)
 stores what was decided once: per repeated-block position its strategy (with per-member exceptions),
 parameter stored layouts folded per block, the nodes outside blocks and the tensors each node reads; edges,
@@ -28,6 +32,7 @@ import torch
 from ..core.layout import Layout
 from ..core.mesh import MeshSpec
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
+from .stages import PipelineSection
 
 # 2: + fingerprint, cluster; 3: compact (blocks folded, edges derived on load). Schema: parallelizer/plan_schema.json
 PLAN_FORMAT_VERSION = 3
@@ -197,6 +202,8 @@ class Plan:
     config: dict = field(default_factory=dict)
     fingerprint: dict = field(default_factory=dict)  # parallelizer.fingerprint.graph_fingerprint(traced)
     cluster: dict = field(default_factory=dict)  # parallelizer.api.describe_cluster(cluster)
+    # pipeline parallelism (`planner.stages`): `mesh` is then the intra-stage mesh, the full one is pipeline.mesh
+    pipeline: "PipelineSection | None" = None
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -227,6 +234,7 @@ class Plan:
             "fallbacks": [asdict(f) for f in self.fallbacks],
             "cluster": self.cluster,
             **encode(self),
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
         })
 
     def to_json(self, include_timing: bool = False) -> str:
@@ -277,7 +285,8 @@ class Plan:
             cost=CostBreakdown(cost["compute_s"], cost["comm_s"], cost["memory_bytes"]),
             solver=SolverReport(**d["solver"]),
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
-            model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"])
+            model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"],
+            pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None)
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:
@@ -344,6 +353,11 @@ class Plan:
             lines.append(f"  ... {len(main) - max_nodes} more")
         for f in self.fallbacks:
             lines.append(f"fallback: {f.node} ({f.op}): {f.reason}")
+        if self.pipeline is not None:
+            title, header, rows = self.pipeline.table()
+            widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+            lines.append(title + ":")
+            lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -137,9 +137,11 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
     """The intra-stage plan of stage k: the whole-graph spec restricted to the stage; received values
     arrive in their producer's layout, sent values leave in it (the last stage uses the spec's output)."""
     def produced_layout(name: str) -> Layout:
-        if name in spec.nodes:
+        if name in spec.nodes and name not in traced.input_names:
             return spec.nodes[name].output
-        return Layout.replicate(spec.mesh.ndim)  # a global user input passed through
+        # a user input passed through (e.g. labels for the last stage's loss) travels whole: the next stage
+        # takes it as a global input and slices it by its own plan, as the first stage does
+        return Layout.replicate(spec.mesh.ndim)
 
     received = {n: produced_layout(n) for n in cut.inputs[k] if n not in traced.input_names}
     nodes = {n: spec.nodes[n] for n, s in cut.stage_of.items() if s == k}
@@ -273,10 +275,19 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
             output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
     recorded: list = []
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
-                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False)
+                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False,
+                                output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
                        p == (cut.num_stages - 1) % pp, recorded)
+
+
+def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:
+    """How torch's schedule merges the last stage's microbatch outputs: along dim 0 (the batch), except a
+    scalar (a model's own loss), which is summed (torch would try to concatenate 0-d tensors and fail)."""
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _CustomReducer
+    return tuple(_CustomReducer(torch.tensor(0.0), lambda a, b: a + b) if not traced.node(n).outputs[0].shape
+                 else TensorChunkSpec(0) for n in names)
 
 
 def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layout]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import PipelineError
 from ..fingerprint import check_plan
 from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, spec_from_plan
@@ -90,6 +91,7 @@ def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, 
             directly, at the dtype's tolerance.
     Raises:
         PlanMismatchError: the plan was made for another model, input shapes or constants (says what differs).
+        PipelineError: a pipeline plan (`plan.pipeline`): rehearse it with `pipeline_rehearsal.rehearse_pipeline`.
         TypeError: `plan` is neither a Plan nor a ShardingSpec.
         DistributedError: a rank failed or timed out (names the rank, with its traceback).
     """
@@ -106,6 +108,10 @@ def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: di
     if not isinstance(plan, Plan):
         raise TypeError(f"rehearse: pass the Plan that parallelizer.plan returned (or Plan.load), or a "
                         f"ShardingSpec; got {type(plan).__name__}")
+    if plan.pipeline is not None:
+        raise PipelineError(f"rehearse: the plan is a pipeline plan (pp={plan.pipeline.pp}); this runs one program "
+                            "per rank without stages. Remedy: `parallelizer rehearse plan.json --nproc N`, or "
+                            "runtime.pipeline_rehearsal.rehearse_pipeline with a builder of the global batch")
     model, inputs, *rest = model_fn(**model_kwargs)
     check_plan(plan, trace(model, inputs, rest[0] if rest else {}), structure_only=structure_only)
     return spec_from_plan(plan)

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 from parallelizer import zoo
-from parallelizer.rewriter.state import shard_tensor
 from parallelizer.runtime.pipeline import build, cut_stages
+from parallelizer.runtime.pipeline_rehearsal import stage_diffs
 from parallelizer.tracer.trace import trace
 
 
@@ -68,12 +68,4 @@ def _accumulate(run, reference, spec, ids, opt, ref_opt) -> float:
 
 
 def _worst(run, reference, spec, grads: bool) -> float:
-    ref = dict(reference.named_parameters())
-    worst = 0.0
-    for m in run.stages:
-        for fqn, p in m.named_parameters():
-            mine = p.grad if grads else p
-            theirs = shard_tensor((ref[fqn].grad if grads else ref[fqn]).detach(), spec.params[fqn], spec.mesh,
-                                  m.coords)
-            worst = max(worst, (mine.detach() - theirs).abs().max().item())
-    return worst
+    return stage_diffs(run, reference, spec, None, grads=grads)[0]

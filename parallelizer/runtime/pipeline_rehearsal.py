@@ -1,0 +1,131 @@
+"""Rehearsal of a pipeline plan: run `runtime.pipeline` on local gloo ranks and compare with one device.
+
+Each rank builds the model at the GLOBAL batch (microbatches x the traced microbatch; a seeded builder, so
+every rank and the reference hold the same weights), traces it on the first microbatch, cuts the stages the
+plan records (`Plan.pipeline.blocks_per_stage`) and builds its `PipelineRun` with the plan's intra-stage
+spec. One `step` per optimizer step runs the schedule over all microbatches; the reference model runs the
+same microbatches one after the other, accumulating gradients (eager gradient accumulation). Why not the
+global batch at once: the pipeline's loss is the MEAN OF THE MICROBATCH LOSSES (as torch's schedules and
+Megatron-LM compute it), which equals the global loss only when every microbatch counts the same number of
+items; a causal-LM loss that ignores some labels (-100; the presets ignore the first quarter of sample 0's)
+counts different numbers of tokens per microbatch, so its global mean weighs tokens differently.
+Compared (`runtime.rehearsal.RehearsalReport`): the loss of the first step (mean of the microbatch losses on
+the last stage's ranks against the reference's; also reported as "output", the only output a pipeline
+returns), every gradient after the first step (each rank's shard of the reference
+gradient, tied copies included, after their sum over stages), and the parameters after `steps` AdamW steps.
+The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
+loss), else the mean of squares of the first output. Tolerances: `runtime.tolerance` for the dtype the program computes in.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from ..errors import PipelineError
+from ..rewriter.spec import ShardingSpec
+from ..rewriter.state import shard_tensor
+from ..tracer.trace import trace
+from .launch import spawn
+from .pipeline import build, cut_stages
+from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
+from .tolerance import compute_dtype
+
+
+def pipeline_loss(output, target=None) -> torch.Tensor:
+    """The rehearsal's loss of a last-stage output tuple: the model's scalar loss when its first tensor is one,
+    else the mean of squares of the first tensor (`target` unused; torch's schedules pass one)."""
+    return _loss(output)
+
+
+def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec, pipeline, *, steps: int = 3,
+                      lr: float = 1e-3, eps: float = 1e-3, timeout_s: float = 300.0) -> RehearsalReport:
+    """Run a pipeline plan on pp x `spec.mesh.world_size` local gloo ranks and compare with one device.
+
+    Args:
+        model_fn: module-level builder `model_fn(**model_kwargs) -> (model, args[, kwargs])` (seeded) whose
+            inputs are the GLOBAL batch (microbatches x the batch the plan was traced with; dim 0 of every
+            tensor input is the batch).
+        spec: the intra-stage spec (`spec_from_plan(plan)`); pipeline: `plan.pipeline` (`PipelineSection`).
+        steps, lr, eps: as `runtime.rehearsal.rehearse` (AdamW; eps 1e-3 on purpose, see there).
+    Raises:
+        DistributedError: a rank failed or timed out (names the rank, with its traceback); a batch that does
+            not split into the microbatches fails there with the remedy.
+    """
+    world = pipeline.pp * spec.mesh.world_size
+    per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
+                     timeout_s=timeout_s)
+    return _report(world, per_rank)
+
+
+def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
+                grads: bool) -> tuple[float, str, float]:
+    """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
+    gradients; None counts as zeros) and its shard of the reference model's, over every stage it holds."""
+    ref = dict(reference.named_parameters())
+    pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
+    return _max_diff(((fqn, pick(p), shard_tensor(pick(ref[fqn]), spec.params[fqn], spec.mesh, s.coords))
+                      for s in run.stages for fqn, p in s.named_parameters()), compute)
+
+
+def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, m: int) -> torch.Tensor:
+    """Eager gradient accumulation over the same `m` microbatches: backward of each microbatch's loss / m;
+    returns the mean of the microbatch losses (the pipeline's loss)."""
+    losses = []
+    for k in range(m):
+        args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[k] if isinstance(t, torch.Tensor) else t,
+                                   (tuple(inputs), kwargs))
+        loss = _loss(reference(*args, **kw))
+        (loss / m).backward()
+        losses.append(loss.detach())
+    return torch.stack(losses).mean()
+
+
+def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
+               steps: int, lr: float, eps: float) -> dict:
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs = rest[0] if rest else {}
+    reference = copy.deepcopy(model)
+    m = pipe["microbatches"]
+    batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
+    if batch % m:
+        raise PipelineError(f"global batch {batch} does not split into {m} microbatches; build the model with a "
+                            "batch of microbatches x the traced batch")
+    micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
+    traced = trace(model, *micro)
+    compute = compute_dtype(traced)
+    per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
+    run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
+                schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
+    # the global tensors in the traced input order: the order of the microbatch call, mapped back
+    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
+    leaves = pytree.tree_leaves((inputs, kwargs))
+    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])]
+    target = torch.zeros(batch)
+    opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
+    loss = grad = (0.0, "", 0.0)
+    for step in range(steps):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        losses: list = []
+        run.step(*flat, target=target, losses=losses)
+        ref_loss = _accumulated_reference(reference, inputs, kwargs, m)
+        if step == 0:
+            if run.last:
+                loss = _max_diff([("loss", torch.stack(losses).mean(), ref_loss)], compute)
+            grad = stage_diffs(run, reference, spec, compute, grads=True)
+        opt.step()
+        ref_opt.step()
+    params = stage_diffs(run, reference, spec, compute, grads=False)
+    collectives: dict = {}
+    for s in run.stages:
+        for kind, n in s.program.collectives.items():
+            collectives[kind] = collectives.get(kind, 0) + n
+    dist.barrier()
+    return {"output": loss, "loss": loss, "grad": grad, "params": params, "collectives": collectives,
+            "code": run.stages[0].program.graph_module.code if rank == 0 else ""}
