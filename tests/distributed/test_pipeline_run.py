@@ -2,7 +2,7 @@
 embedding / lm_head, cut into stages at layer boundaries and run with torch.distributed.pipelining.
 Loss and every gradient after one step, parameters after 3 AdamW steps, and gradients accumulated over two
 `step` calls (two batches before one optimizer step, tied embedding included) match the single-device model
-within 1e-5, for pp=2 x tp=2, pp=2 x dp=2, and pp=4 with 1F1B and with Interleaved1F1B."""
+within 1e-5, for pp=2 x tp=2 and pp=4 with Interleaved1F1B (pp=2 x dp=2 and pp=4 1F1B: test_pipeline_rehearse.py)."""
 import contextlib
 import io
 
@@ -18,12 +18,11 @@ pytestmark = pytest.mark.distributed
 
 GPT2_4 = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, batch=8, seq_len=16)
 WIDE_TP = dict(n_embd=1024, n_head=16, seq_len=256)            # weights dominate: tensor parallel pays
-WIDE_DP = dict(n_embd=128, n_head=8, batch=64, seq_len=1024)   # activations dominate: data parallel pays
 
+# pp=2 x dp=2 (gpipe) and pp=4 (1f1b) run on the user's path in test_pipeline_rehearse.py (plan -> rehearse);
+# here: a wide-model intra-stage TP plan, interleaved virtual stages, and gradient accumulation over steps.
 CASES = {  # name: (intra-stage mesh, plan options, wide config, pp, stages, schedule, microbatches)
     "pp2_tp2": ({"tp": 2}, {"data_axes": ()}, WIDE_TP, 2, 2, "1f1b", 2),
-    "pp2_dp2": ({"dp": 2}, {}, WIDE_DP, 2, 2, "gpipe", 2),
-    "pp4_1f1b": ({"dp": 1}, {}, WIDE_TP, 4, 4, "1f1b", 4),
     "pp4_interleaved_1f1b": ({"dp": 1}, {}, WIDE_TP, 4, 8, "interleaved_1f1b", 4),
 }
 
