@@ -91,10 +91,12 @@ def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node])
     released = 0
     for gathered in [n for n in graph.nodes if _is_parameter_gather(n, parameters)]:
         aliases, consumers = _uses(gathered)
+        if aliases is None:
+            continue  # something could see the freed storage: kept as before
         consumers = [c for c in consumers if any(may_save_arg(c.target, i) for i, a in enumerate(c.args)
                                                  if a in aliases)]
-        if aliases is None or not consumers:
-            continue  # kept as before, or saved by nobody (then freed after its last use anyway)
+        if not consumers:
+            continue  # saved by nobody: freed after its last forward use anyway
         chain, shard = _chain(gathered)
         resharded = ReshardedParameter(chain)
         for consumer in consumers:
