@@ -18,6 +18,10 @@ def _build(model_cls, config, device, seed: int):
     torch.manual_seed(seed)
     with torch.device(device):
         model = model_cls(config)
+    if getattr(model, "loss_type", "") is None and model_cls.__name__.endswith("LMHeadModel"):
+        # transformers derives the loss from the class name; GPT2LMHeadModel's does not say "ForCausalLM",
+        # so it warns on every loss (once per process, i.e. per rank) before using that loss anyway: name it
+        model.loss_type = "ForCausalLM"
     return model.train()
 
 
