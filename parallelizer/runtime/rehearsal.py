@@ -73,8 +73,8 @@ def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, 
     Args:
         model_fn: module-level builder `model_fn(**model_kwargs) -> (model, example_inputs[, example_kwargs])`,
             deterministic: every rank calls it after `torch.manual_seed(0)` (a builder that draws from
-            torch's RNG without seeding itself still builds the same weights on every rank), and
-            `ParallelModule` checks that replicated weights agree across ranks.
+            torch's RNG without seeding itself still builds the same weights on every rank), and the ranks
+            compare their weights before sharding them (`runtime.replicas.check_same_weights`).
         plan: the `Plan` that `parallelizer.plan` returned (or `Plan.load`), or a `ShardingSpec`. A Plan is
             checked against the model before any rank starts (`fingerprint.check_plan`: parameters, input
             shapes, ops, constants; with `structure_only`, names and ops only, for a plan applied to a

@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
+from .graph import is_view, mutated_args
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -65,8 +66,6 @@ def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     traced on meta and on CPU would give different graphs. It is dropped; an `aten.view` reading it (directly
     or through other views) becomes `aten.reshape`, which is the same view whenever `view` would have worked
     and a copy otherwise. Kept when something writes in place through it (the copy must not alias)."""
-    from .graph import is_view, mutated_args
-
     aten = torch.ops.aten
     dropped = 0
     for node in list(gm.graph.nodes):
