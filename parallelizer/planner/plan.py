@@ -204,6 +204,8 @@ class Plan:
     cluster: dict = field(default_factory=dict)  # parallelizer.api.describe_cluster(cluster)
     # pipeline parallelism (`planner.stages`): `mesh` is then the intra-stage mesh, the full one is pipeline.mesh
     pipeline: "PipelineSection | None" = None
+    # activation recomputation (`planner.recompute`): region -> "selective" | "full"; absent = none
+    recompute: dict[str, str] = field(default_factory=dict)
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -235,6 +237,7 @@ class Plan:
             "cluster": self.cluster,
             **encode(self),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
+            **({"recompute": dict(sorted(self.recompute.items()))} if self.recompute else {}),
         })
 
     def to_json(self, include_timing: bool = False) -> str:
@@ -286,7 +289,8 @@ class Plan:
             solver=SolverReport(**d["solver"]),
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
             model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"],
-            pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None)
+            pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None,
+            recompute=dict(d.get("recompute", {})))
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:
