@@ -13,9 +13,9 @@ from cost_model.communication import (ALGORITHMS, COLLECTIVE_KINDS, alpha_beta_c
                                       flat_collective_time_s)
 from cost_model.compute import MetaExecutionError, OpCost, graph_flops, is_free_op, op_bytes, op_cost, op_flops
 from cost_model.hardware import A100_40GB, A100_80GB, DEVICE_PRESETS, H100_SXM, H200_SXM, DeviceSpec, get_device
-from cost_model.memory import (BYTES_PER_PARAM, MemoryBreakdown, activation_memory_bytes,
+from cost_model.memory import (BYTES_PER_PARAM, MemoryBreakdown, SavedShare, activation_memory_bytes,
                                graph_saved_activation_bytes, inflight_microbatches, saved_activation_bytes,
-                               training_state_bytes)
+                               saved_tensor_owners, training_state_bytes)
 from cost_model.topology import (CLUSTER_PRESETS, Cluster, GroupInfo, Link, MeshTopology, dgx_a100, dgx_h100,
                                  dgx_h200, get_cluster)
 
@@ -26,6 +26,7 @@ __all__ = [
     "COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s", "collective_time_s",
     "OpCost", "MetaExecutionError", "op_cost", "op_flops", "op_bytes", "is_free_op", "graph_flops",
     "MemoryBreakdown", "BYTES_PER_PARAM", "training_state_bytes", "saved_activation_bytes",
-    "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches",
+    "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches", "SavedShare",
+    "saved_tensor_owners",
     "Profile", "calibrate", "load_profile",
 ]

@@ -29,11 +29,22 @@ Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirr
 keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Parameters are not
 activations: the caller says which positional args are parameters (``param_args``), and
 :func:`graph_saved_activation_bytes` finds them from the placeholder names.
+
+One storage, one owner (:func:`saved_tensor_owners`): autograd keeps a tensor saved by several ops once (an
+eager softmax output is saved by softmax and again as the input of the next matmul), and a view keeps its
+whole base storage alive (q, k, v split from one fused projection). So each saved storage -- a saved
+tensor followed back through views (``is_free_op``) and ``getitem`` of multi-output views (split, chunk,
+unbind) to the node that allocated it -- is charged to ONE op: the FIRST saver in graph (topological)
+order among the ops whose backward runs. That op is charged the whole storage (the saved view's bytes times
+storage numel / view numel), every later saver 0 for it. Storages of parameters and buffers (``resident``)
+are charged to nobody. The rule is per op, so a sum over nodes (the planner's ILP memory row, a pipeline
+segment's activation bytes) counts each storage once.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Collection
 
@@ -44,7 +55,7 @@ from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in
 from cost_model.compute import is_free_op
 
 __all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
-           "bytes_per_param", "saved_activation_bytes", "may_save_arg",
+           "bytes_per_param", "saved_activation_bytes", "may_save_arg", "SavedShare", "saved_tensor_owners",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
@@ -228,8 +239,25 @@ def may_save_arg(target: torch._ops.OpOverload, index: int) -> bool:
     return not isinstance(rule, _Saved) or index in rule.args
 
 
+@dataclass(frozen=True, slots=True)
+class SavedShare:
+    """The part of each saved slot an op is charged (module docstring, "one storage, one owner").
+
+    Attributes:
+        args: (positional arg index, factor) pairs; outputs: (flattened output index, factor) pairs. A slot
+            not listed has factor 1. Factor 0: the slot's storage is charged to an earlier saver (or is a
+            parameter/buffer). Factor f > 0: this op is the storage's first saver, and the storage holds f
+            times the slot's elements (3.0 for q of a fused qkv projection split in three; < 1 for an
+            expanded view). The factor is a ratio of global element counts, so it applies unchanged to the
+            slot's local (sharded) shape when the view and its base are sharded alike.
+    """
+
+    args: tuple[tuple[int, float], ...] = ()
+    outputs: tuple[tuple[int, float], ...] = ()
+
+
 def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
-                           param_args: Collection[int] = ()) -> int:
+                           param_args: Collection[int] = (), share: SavedShare | None = None) -> int:
     """Bytes one op keeps alive for backward, excluding parameters.
 
     Examples of the rules: mm/linear/addmm keep their matrix inputs; gelu keeps its input; layer_norm
@@ -241,21 +269,38 @@ def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: d
     Args:
         target, args, kwargs, out: the op and its meta/Fake values, as for :func:`cost_model.op_cost`.
         param_args: positional indices of ``args`` that are parameters (already resident, not counted).
+        share: the op's part of storages saved by several ops (:func:`saved_tensor_owners`); None: every
+            saved slot counted in full (the op alone).
 
     Returns:
-        Bytes (int).
+        Bytes (int): extra state (masks, statistics) + sum over saved slots of slot bytes x factor.
     """
     rule = _saved(target, args, kwargs, out)
     outputs = tensors_in(out)
-    nbytes = rule.extra_bytes
-    nbytes += sum(tensor_nbytes(t) for i in rule.args if i not in param_args for t in tensors_in(args[i]))
-    nbytes += sum(tensor_nbytes(outputs[i]) for i in rule.outputs)
-    return nbytes
+    arg_factor = dict(share.args) if share else {}
+    out_factor = dict(share.outputs) if share else {}
+    nbytes = float(rule.extra_bytes)
+    nbytes += sum(tensor_nbytes(t) * arg_factor.get(i, 1.0)
+                  for i in rule.args if i not in param_args for t in tensors_in(args[i]))
+    nbytes += sum(tensor_nbytes(outputs[i]) * out_factor.get(i, 1.0) for i in rule.outputs)
+    return int(round(nbytes))
 
 
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
-    """Follow view ops back to the node that owns the storage."""
-    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+    """Follow view ops, and getitem of a multi-output view (split, chunk, unbind), back to the node that
+    owns the storage."""
+    while node.op == "call_function":
+        if node.target is operator.getitem:
+            src = node.args[0]
+            if not (isinstance(src, torch.fx.Node) and isinstance(src.target, torch._ops.OpOverload)):
+                break
+            args, kwargs, out = node_values(src)
+            if not is_free_op(src.target, args, out, kwargs) or not isinstance(src.args[0], torch.fx.Node):
+                break
+            node = src.args[0]
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            break
         args, kwargs, out = node_values(node)
         if not is_free_op(node.target, args, out, kwargs) or not isinstance(node.args[0], torch.fx.Node):
             break
@@ -263,37 +308,94 @@ def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def graph_saved_activation_bytes(graph_module: torch.fx.GraphModule, param_names: Collection[str] = ()) -> int:
-    """Bytes of activations a forward graph keeps for backward, each storage counted once.
+def _numel(node: torch.fx.Node) -> int:
+    return sum(t.numel() for t in tensors_in(node.meta.get("val")))
 
-    Saved tensors are traced through views to the node owning their storage (q, k, v views of one
-    fused projection count once, the whole projection), parameters and buffers (placeholders named in
-    ``param_names``, e.g. ``ep.graph_signature.inputs_to_parameters``) are skipped, and extra
-    per-op state (masks, statistics) is added per op.
+
+def _output_key(node: torch.fx.Node, index: int, num_outputs: int) -> str:
+    """The storage key of output `index` of `node`: the node itself, or the getitem that takes it."""
+    if num_outputs == 1:
+        return node.name
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] == index:
+            return user.name
+    return f"{node.name}[{index}]"
+
+
+def _backward_nodes(graph_module: torch.fx.GraphModule, trainable: Collection[str]) -> set[str]:
+    """Nodes whose backward runs: floating outputs that depend on a `trainable` placeholder (detach cuts)."""
+    live = set(trainable)
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "overloadpacket", None) is aten.detach:
+            continue
+        if any(a.name in live for a in node.all_input_nodes) and \
+                any(t.is_floating_point() for t in tensors_in(node.meta.get("val"))):
+            live.add(node.name)
+    return live
+
+
+def saved_tensor_owners(graph_module: torch.fx.GraphModule, resident: Collection[str] = (),
+                        trainable: Collection[str] | None = None) -> dict[str, SavedShare]:
+    """The :class:`SavedShare` of every op that saves a storage also saved elsewhere, or a view of a larger
+    or smaller storage (module docstring: each storage charged once, to its first saver in graph order).
+
+    Args:
+        graph_module: an ATen fx graph whose nodes carry ``meta["val"]`` (torch.export).
+        resident: placeholder names of parameters and buffers (never charged: factor 0).
+        trainable: placeholder names of trained parameters; an op is a saver only when its output depends on
+            one of them (its backward runs). None: every op with a floating output is a saver.
+
+    Returns:
+        {node name: SavedShare}; ops not listed are charged every slot in full (factor 1).
 
     Raises:
         ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
     """
-    params = set(param_names)
-    counted: dict[tuple[str, int], int] = {}
-    extra_total = 0
+    resident = set(resident)
+    live = None if trainable is None else _backward_nodes(graph_module, trainable)
+    owned: set[str] = set()
+    shares: dict[str, SavedShare] = {}
     for node in op_nodes(graph_module):
+        if live is not None and node.name not in live:
+            continue
         args, kwargs, out = node_values(node)
         rule = _saved(node.target, args, kwargs, out)
-        extra_total += rule.extra_bytes
+        slots: list[tuple[str, int, str, int, int]] = []  # (kind, index, storage key, numel, storage numel)
         for i in rule.args:
-            arg_nodes = node.args[i] if isinstance(node.args[i], (list, tuple)) else [node.args[i]]
-            for arg in arg_nodes:
-                if not isinstance(arg, torch.fx.Node):
-                    continue
+            arg = node.args[i] if i < len(node.args) else None
+            if isinstance(arg, torch.fx.Node):
                 root = _storage_root(arg)
-                if root.op == "placeholder" and root.name in params:
-                    continue
-                counted[(root.name, -1)] = sum(tensor_nbytes(t) for t in tensors_in(root.meta["val"]))
+                slots.append(("args", i, root.name, _numel(arg), _numel(root)))
         outputs = tensors_in(out)
         for i in rule.outputs:
-            counted[(node.name, i)] = tensor_nbytes(outputs[i])
-    return extra_total + sum(counted.values())
+            slots.append(("outputs", i, _output_key(node, i, len(outputs)), outputs[i].numel(), outputs[i].numel()))
+        parts: dict[str, list[tuple[int, float]]] = {"args": [], "outputs": []}
+        for kind, i, key, numel, root_numel in slots:
+            if key in resident or key in owned:
+                factor = 0.0
+            else:
+                owned.add(key)
+                factor = root_numel / numel if numel else 1.0
+            if factor != 1.0:
+                parts[kind].append((i, factor))
+        if parts["args"] or parts["outputs"]:
+            shares[node.name] = SavedShare(tuple(parts["args"]), tuple(parts["outputs"]))
+    return shares
+
+
+def graph_saved_activation_bytes(graph_module: torch.fx.GraphModule, param_names: Collection[str] = ()) -> int:
+    """Bytes of activations a forward graph keeps for backward, each storage counted once
+    (:func:`saved_tensor_owners`): q, k, v views of one fused projection count once, the whole projection;
+    parameters and buffers (placeholders named in ``param_names``, e.g.
+    ``ep.graph_signature.inputs_to_parameters``) are skipped; extra per-op state (masks, statistics) is
+    added per op.
+
+    Raises:
+        ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
+    """
+    shares = saved_tensor_owners(graph_module, resident=param_names)
+    return sum(saved_activation_bytes(node.target, *node_values(node), share=shares.get(node.name))
+               for node in op_nodes(graph_module))
 
 
 def activation_memory_bytes(saved_per_block_bytes: int, num_blocks: int, block_input_bytes: int = 0,

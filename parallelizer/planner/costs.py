@@ -5,7 +5,11 @@ state are turned into seconds and bytes with `cost_model`:
     (`cost_model.communication.collective_time_s` over the step's mesh axis, nccl-tests byte convention);
   * `edge_time_s(...)`: sum over `edge_steps(...)` of forward + backward seconds;
   * `node_cost(...)`: forward + backward seconds of one op on its LOCAL shapes (`cost_model.compute.op_cost`)
-    and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`);
+    and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`), each saved storage
+    charged to ONE op, its first saver in graph order (`saved_share`, `cost_model.memory.saved_tensor_owners`):
+    every sum of `NodeCost.saved_bytes` over nodes (the ILP memory row `problem.build_problem`, the plan's
+    `memory_bytes["activations"]` in `api.to_plan`, a pipeline segment's `act_bytes` in
+    `segments.price_segments`) counts a tensor saved by several ops, or several views of one storage, once;
   * `param_state_bytes(...)`: params / grads / optimizer bytes of a stored shard (`cost_model.memory`).
 
 Pricing policy, from the device kind (`DeviceSpec.kind`) and `PlanConfig.precision` (`resolve_precision`):
@@ -32,7 +36,7 @@ from cost_model.communication import collective_time_s
 from cost_model.compute import op_cost
 from cost_model.fusion import FusedIO, pointwise_fusion
 from cost_model.hardware import DeviceSpec
-from cost_model.memory import bytes_per_param, saved_activation_bytes
+from cost_model.memory import SavedShare, bytes_per_param, saved_activation_bytes, saved_tensor_owners
 from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
@@ -91,6 +95,7 @@ class Pricer:
         self._autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
         self.fuse_pointwise = self.device.kind == "gpu"
         self._fusion: dict[int, dict[str, FusedIO]] = {}
+        self._shares: dict[int, dict[str, SavedShare]] = {}
         self._edge: dict = {}
         self._node: dict = {}
         self.matrices: dict = {}  # edge cost matrices by (layouts, shape, ...): block instances share them
@@ -164,10 +169,21 @@ class Pricer:
             table = self._fusion[id(tg)] = pointwise_fusion(tg.graph_module)
         return table.get(name, FusedIO())
 
+    def saved_share(self, tg: TracedGraph, name: str) -> SavedShare | None:
+        """The node's part of the storages it saves for backward (`cost_model.memory.saved_tensor_owners`: each
+        storage charged to its first saver in graph order; parameters and buffers to none); None: all its own."""
+        table = self._shares.get(id(tg))
+        if table is None:
+            resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
+            trainable = [ph for p in tg.parameters.values() if not p.is_buffer and p.requires_grad
+                         for ph in p.placeholders]
+            table = self._shares[id(tg)] = saved_tensor_owners(tg.graph_module, resident, trainable)
+        return table.get(name)
+
     def node_costs(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace) -> list[NodeCost]:
         """`node_cost` of every strategy of a node (cached per op signature and strategy)."""
         sig = (info.target, tuple(i.shape for i in space.inputs), tuple(tuple(o.shape) for o in info.outputs),
-               _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name))
+               _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name), self.saved_share(tg, info.name))
         res = []
         for s in space.strategies:
             hit = self._node.get((sig, s))
@@ -183,7 +199,7 @@ class Pricer:
         in_local = [local_shape(i.shape, L, self.mesh) for i, L in zip(space.inputs, strategy.inputs)]
         out_local = [local_shape(tuple(o.shape), strategy.output, self.mesh) for o in info.outputs]
         key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad,
-               self.fusion_of(tg, info.name))
+               self.fusion_of(tg, info.name), self.saved_share(tg, info.name))
         hit = self._node.get(key)
         if hit is None:
             hit = self._price(tg, info, space, in_local, out_local)
@@ -192,17 +208,17 @@ class Pricer:
 
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local) -> NodeCost:
         args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, self.dtype)
-        fused = self.fusion_of(tg, info.name)
+        fused, share = self.fusion_of(tg, info.name), self.saved_share(tg, info.name)
         try:
             c = op_cost(info.target, args, kwargs, out, self.device, fused.fused_args, fused.output_fused)
-            saved = saved_activation_bytes(info.target, args, kwargs, out, param_args=params)
+            saved = saved_activation_bytes(info.target, args, kwargs, out, param_args=params, share=share)
             fwd, bwd = c.fwd_s, c.bwd_s
         except Exception:  # noqa: BLE001 -- an op cost_model cannot run on local shapes: scale the global cost
             g_in = [i.shape for i in space.inputs]
             g_out = [tuple(o.shape) for o in info.outputs]
             ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, self.dtype)
             c = op_cost(info.target, ga, gk, go, self.device, fused.fused_args, fused.output_fused)
-            saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp)
+            saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp, share=share)
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)
             fwd, bwd, saved = c.fwd_s * ratio, c.bwd_s * ratio, int(saved * ratio)
         if not space.requires_grad:

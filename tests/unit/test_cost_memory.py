@@ -10,6 +10,7 @@ from cost_model.hardware import H100_SXM
 from cost_model.memory import bytes_per_param
 from cost_model.reserve import default_reserve_bytes
 from cost_model import (activation_memory_bytes, graph_saved_activation_bytes, inflight_microbatches,
+                        saved_tensor_owners,
                         saved_activation_bytes, training_state_bytes)
 
 aten = torch.ops.aten
@@ -116,3 +117,86 @@ def test_activation_checkpointing_and_pipeline_inflight():
     assert activation_memory_bytes(per_block, layers, inflight_microbatches=k) == 4 * 12_000
     with pytest.raises(ValueError, match="schedule='zb'"):
         inflight_microbatches("zb", 4, 8)
+
+
+# --- one storage, one owner (cost_model.memory.saved_tensor_owners) ----------------------------------------
+
+class _TwoLinears(torch.nn.Module):
+    """x is saved by both linears: one storage."""
+
+    def __init__(self, d: int = 16, h: int = 24):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(d, h), torch.nn.Linear(d, h)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+class _SplitMul(torch.nn.Module):
+    """q, k, v are views of one (B, 3D) projection; (q * k) * v saves q, k, v (all views) and q * k."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.qkv, self.d = torch.nn.Linear(d, 3 * d), d
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(self.d, dim=-1)
+        return (q * k) * v
+
+
+class _SoftmaxMatmul(torch.nn.Module):
+    """softmax saves its output, the matmul saves it again as its input: one storage."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        s = self.proj(x)                        # (B, T, D)
+        p = torch.softmax(s @ s.transpose(1, 2), dim=-1)  # (B, T, T)
+        return p @ s
+
+
+def _trace_saved(module, x):
+    from parallelizer import trace
+    tg = trace(module, (x,))
+    resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
+    return tg, graph_saved_activation_bytes(tg.graph_module, resident)
+
+
+def test_tensor_read_by_two_linears_is_saved_once():
+    B, d = 8, 16
+    x = torch.randn(B, d)
+    tg, got = _trace_saved(_TwoLinears(d), x)
+    assert got == B * d * 4  # x once (fp32); the weights are resident, add saves nothing
+    owners = saved_tensor_owners(tg.graph_module, [ph for p in tg.parameters.values() for ph in p.placeholders])
+    assert sorted(f for s in owners.values() for _, f in s.args) == [0.0, 0.0, 0.0]  # b's x, a's and b's weight
+
+
+def test_views_of_one_storage_charge_the_whole_storage_once():
+    B, d = 8, 16
+    _, got = _trace_saved(_SplitMul(d), torch.randn(B, d))
+    assert got == 4 * (B * d + B * 3 * d + B * d)  # x (by the linear) + the whole qkv storage + q * k
+
+
+def test_softmax_output_saved_by_two_ops_counted_once():
+    B, T, d = 2, 8, 16
+    _, got = _trace_saved(_SoftmaxMatmul(d), torch.randn(B, T, d))
+    # x (by proj) + s (by both matmuls, and as its transposed view) + softmax output (by softmax and p @ s)
+    assert got == 4 * (B * T * d + B * T * d + B * T * T)
+
+
+def test_planner_memory_row_counts_shared_saves_once():
+    """The plan's activation bytes (a sum over nodes of `NodeCost.saved_bytes`) on dp=2 equal the closed
+    forms above, halved by the batch sharding."""
+    import contextlib
+    import io
+
+    import parallelizer
+    B, T, d = 4, 8, 16
+    for module, x, full in ((_TwoLinears(d), torch.randn(B, d), 4 * B * d),
+                            (_SoftmaxMatmul(d), torch.randn(B, T, d), 4 * (2 * B * T * d + B * T * T))):
+        tg = parallelizer.trace(module, (x,))
+        with contextlib.redirect_stdout(io.StringIO()):
+            plan = parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"}, precision="fp32")
+        assert plan.cost.memory_bytes["activations"] == full // 2
