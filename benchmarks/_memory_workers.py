@@ -11,13 +11,24 @@ this rank really holds, by category, in bytes:
 - grads: `.grad` of every local parameter after backward;
 - optimizer: AdamW's state tensors after one step (exp_avg, exp_avg_sq; the 0-d `step` counters too).
 
+`measure_pipeline_rank` does the same for a pipeline plan during one pipeline step, with the PEAK of the saved
+tensors alive at once (microbatches in flight as the schedule interleaves them), tracked by saved-tensor hooks
+whose packed objects live exactly as long as autograd keeps the tensor.
+
 Transient buffers inside a kernel or a collective are not visible to these hooks; the figures are what a
 memory model of training state and saved activations (ours: `cost_model.memory`) predicts.
 """
 from __future__ import annotations
 
-import torch
+import weakref
 
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+
+from parallelizer.runtime.pipeline import build as build_pipeline
+from parallelizer.runtime.pipeline import cut_stages
+from parallelizer.runtime.pipeline_rehearsal import pipeline_loss
 from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
@@ -67,4 +78,86 @@ def _measure(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> dic
     opt.step()
     optimizer, _ = _storage_bytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
     return {"params": params, "buffers": buffers, "activations": activations, "grads": grads,
+            "optimizer": optimizer}
+
+
+class _Held:
+    """A tensor saved for backward, as packed by the saved-tensor hook: it lives exactly as long as autograd
+    keeps the saved tensor (until the backward of its microbatch has run and released the graph)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _LiveSaved:
+    """Saved-tensor hooks that track the bytes of the storages autograd holds for backward, live, and their
+    peak over a pipeline step: a storage counts while any saved tensor on it is alive, once; parameter and
+    buffer storages (`resident`) are left out."""
+
+    def __init__(self, resident: set[int]) -> None:
+        self.resident, self.live, self.now, self.peak = resident, {}, 0, 0
+
+    def pack(self, t: torch.Tensor):
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if ptr in self.resident or nbytes == 0:
+            return t
+        count, _ = self.live.get(ptr, (0, nbytes))
+        if count == 0:
+            self.now += nbytes
+            self.peak = max(self.peak, self.now)
+        self.live[ptr] = (count + 1, nbytes)
+        held = _Held(t)
+        weakref.finalize(held, self._release, ptr)
+        return held
+
+    def _release(self, ptr: int) -> None:
+        count, nbytes = self.live[ptr]
+        if count == 1:
+            del self.live[ptr]
+            self.now -= nbytes
+        else:
+            self.live[ptr] = (count - 1, nbytes)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+
+def measure_pipeline_rank(rank: int, world_size: int, cases: list[tuple]) -> list[dict]:
+    """For each (model_fn, model_kwargs of the GLOBAL batch, intra-stage spec, pipeline section dict) case: what
+    this rank holds during one pipeline step (`runtime.pipeline.build`, as `rehearse` runs it), by category:
+    params / buffers of its stage modules, grads after the step, AdamW state after one optimizer step, and the
+    PEAK of the tensors saved for backward live during the step (`_LiveSaved`: microbatches in flight as the
+    schedule really interleaves them)."""
+    return [_measure_pipeline(*case) for case in cases]
+
+
+def _measure_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict) -> dict:
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs = rest[0] if rest else {}
+    m = pipe["microbatches"]
+    batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
+    micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
+    traced = trace(model, *micro)
+    per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
+    run = build_pipeline(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
+                         schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
+    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
+    leaves = pytree.tree_leaves((inputs, kwargs))
+    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])]
+    params, param_ptrs = _storage_bytes(p for s in run.stages for p in s.parameters())
+    buffers, buffer_ptrs = _storage_bytes(b for s in run.stages for b in s.buffers())
+    hooks = _LiveSaved(param_ptrs | buffer_ptrs)
+    with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+        run.step(*flat, target=torch.zeros(batch))
+    grads, _ = _storage_bytes(p.grad for s in run.stages for p in s.parameters() if p.grad is not None)
+    opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=1e-3)
+    opt.step()
+    optimizer, _ = _storage_bytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
+    dist.barrier()
+    return {"params": params, "buffers": buffers, "activations": hooks.peak, "grads": grads,
             "optimizer": optimizer}

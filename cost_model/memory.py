@@ -56,6 +56,7 @@ from cost_model.compute import is_free_op
 
 __all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
            "bytes_per_param", "saved_activation_bytes", "may_save_arg", "SavedShare", "saved_tensor_owners",
+           "backward_nodes",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
@@ -322,8 +323,9 @@ def _output_key(node: torch.fx.Node, index: int, num_outputs: int) -> str:
     return f"{node.name}[{index}]"
 
 
-def _backward_nodes(graph_module: torch.fx.GraphModule, trainable: Collection[str]) -> set[str]:
-    """Nodes whose backward runs: floating outputs that depend on a `trainable` placeholder (detach cuts)."""
+def backward_nodes(graph_module: torch.fx.GraphModule, trainable: Collection[str]) -> set[str]:
+    """Names of the nodes whose backward runs: the `trainable` placeholders and every call_function node with a
+    floating output that depends on one of them (a detach cuts the dependency)."""
     live = set(trainable)
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or getattr(node.target, "overloadpacket", None) is aten.detach:
@@ -352,7 +354,7 @@ def saved_tensor_owners(graph_module: torch.fx.GraphModule, resident: Collection
         ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
     """
     resident = set(resident)
-    live = None if trainable is None else _backward_nodes(graph_module, trainable)
+    live = None if trainable is None else backward_nodes(graph_module, trainable)
     owned: set[str] = set()
     shares: dict[str, SavedShare] = {}
     for node in op_nodes(graph_module):

@@ -171,12 +171,16 @@ class Pricer:
 
     def saved_share(self, tg: TracedGraph, name: str) -> SavedShare | None:
         """The node's part of the storages it saves for backward (`cost_model.memory.saved_tensor_owners`: each
-        storage charged to its first saver in graph order; parameters and buffers to none); None: all its own."""
+        storage charged to its first saver in graph order; parameters and buffers to none); None: all its own.
+        The savers are the ops downstream of a trained parameter or of a floating-point graph input (a pipeline
+        stage's received activations carry gradients; `runtime.pipeline.stage_graph`)."""
         table = self._shares.get(id(tg))
         if table is None:
             resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
             trainable = [ph for p in tg.parameters.values() if not p.is_buffer and p.requires_grad
                          for ph in p.placeholders]
+            trainable += [n for n in tg.input_names if tg.nodes[n].outputs
+                          and tg.nodes[n].outputs[0].dtype.is_floating_point]
             table = self._shares[id(tg)] = saved_tensor_owners(tg.graph_module, resident, trainable)
         return table.get(name)
 

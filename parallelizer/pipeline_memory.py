@@ -1,0 +1,98 @@
+"""Predicted memory per pipeline rank of a pipeline `Plan` (issue 13 item 5): the ONE place that turns a
+Plan with `Plan.pipeline` and its traced graph into bytes per rank, for `show`, benchmarks and the planner.
+
+A pipeline Plan holds one intra-stage plan for the whole graph (`Plan.mesh`, `Plan.nodes`, `Plan.params`),
+and `Plan.cost.memory_bytes` prices that plan as if one device held every stage. What a rank of pipeline rank
+r holds at its peak (the runtime: `runtime.pipeline.build`, one `StageModule` per stage, each with its own
+copy of the parameters and buffers it uses):
+
+    params, grads, optimizer = sum over r's stages k of the training state of the parameters stage k uses,
+                               local shards as the plan stores them (`Pricer.param_state_bytes`: bytes per
+                               parameter by precision and optimizer, `cost_model.memory.BYTES_PER_PARAM`);
+                               a parameter used by two stages (a tied embedding) counts in each
+    buffers                  = sum over r's stages of the buffers they use (replicated)
+    activations              = inflight(schedule, pp, microbatches, r) x sum over r's stages of A_k
+
+with A_k the bytes stage k saves for backward for ONE microbatch (the traced batch): `Pricer.node_cost` of
+every op of the stage under the plan's strategies, each storage charged once WITHIN the stage
+(`cost_model.memory.saved_tensor_owners` on the stage's own graph, `runtime.pipeline.stage_graph`: a value
+received from the previous stage is a new tensor on this rank, even if an earlier stage saved it too), and
+inflight from `planner.schedules.inflight_microbatches` (GPipe: all microbatches; 1F1B: pp - r; Narayanan
+et al. SC'21 Sec. 2.2). Not counted: the stage outputs and receive buffers torch's pipelining keeps per
+microbatch, and transient buffers of sends and collectives.
+"""
+from __future__ import annotations
+
+import math
+
+from cost_model.memory import backward_nodes
+from cost_model.topology import MeshTopology
+
+from .config import PlanConfig
+from .core.layout import Layout
+from .errors import PipelineError
+from .planner.api import resolve_cluster
+from .planner.costs import Pricer
+from .planner.plan import Plan
+from .planner.schedules import inflight_microbatches
+from .planner.strategies import NodeSpace, Strategy, tensor_inputs
+from .tracer import TracedGraph
+
+__all__ = ["pipeline_rank_memory", "MEMORY_CATEGORIES"]
+
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]]:
+    """Bytes per device by category (`MEMORY_CATEGORIES`, plus "total") for each pipeline rank r = 0 .. pp-1
+    (module docstring). A plan without a pipeline gives one entry: `plan.cost.memory_bytes`' categories.
+
+    Args:
+        plan: a Plan, pipeline or not (`parallelizer.plan`).
+        traced: the graph the plan was made for (ONE microbatch for a pipeline plan).
+    Raises:
+        PipelineError: the plan's stage nodes are not the traced graph's (plan made for another model: re-plan).
+    """
+    if plan.pipeline is None:
+        mem = {k: int(plan.cost.memory_bytes.get(k, 0)) for k in MEMORY_CATEGORIES}
+        return [dict(mem, total=sum(mem.values()))]
+    from .runtime.pipeline import cut_stages, stage_graph  # runtime builds the stages the ranks run
+
+    pipe = plan.pipeline
+    cut = cut_stages(traced, len(pipe.stages), pipe.blocks_per_stage)
+    for st in pipe.stages:
+        if cut.stage_of.get(st.first_node) != st.stage or cut.stage_of.get(st.last_node) != st.stage:
+            raise PipelineError(f"stage {st.stage} of the plan spans {st.first_node} .. {st.last_node}, which the "
+                                "traced graph cuts elsewhere: the plan was made for another model; re-plan")
+    mesh = plan.mesh
+    topo = MeshTopology(resolve_cluster(None, mesh.world_size)[0], mesh.shape, mesh.axis_names)
+    pricer = Pricer(topo, mesh, PlanConfig(precision=plan.config.get("precision"),
+                                           optimizer=plan.config.get("optimizer", "adamw")), traced)
+    trainable = [ph for p in traced.parameters.values() if not p.is_buffer and p.requires_grad
+                 for ph in p.placeholders]
+    live = backward_nodes(traced.graph_module, trainable)
+    ranks = [dict.fromkeys(MEMORY_CATEGORIES, 0) for _ in range(pipe.pp)]
+    acts = [0] * pipe.pp
+    for st in pipe.stages:
+        tg = stage_graph(traced, cut, st.stage)
+        mem, act = ranks[st.pp_rank], 0
+        for fqn, p in tg.parameters.items():
+            if p.is_buffer:
+                mem["buffers"] += p.nbytes
+                continue
+            parts = pricer.param_state_bytes(math.prod(plan.params[fqn].local_shape), p.requires_grad)
+            for key, b in zip(("params", "grads", "optimizer"), parts):
+                mem[key] += b
+        for name, info in tg.nodes.items():
+            if info.node.op != "call_function" or name not in plan.nodes:  # received values are placeholders
+                continue
+            node = plan.nodes[name]
+            strategy = Strategy(tuple(Layout.parse(x) for x in node.inputs), Layout.parse(node.output))
+            space = NodeSpace(name, "op", tensor_inputs(traced, traced.nodes[name]), [strategy], name in live)
+            act += pricer.node_cost(tg, info, space, strategy).saved_bytes
+        acts[st.pp_rank] += act
+    for r, mem in enumerate(ranks):
+        mem["activations"] = int(round(inflight_microbatches(pipe.schedule, pipe.pp, pipe.microbatches, r)
+                                       * acts[r]))
+        mem["total"] = sum(mem[k] for k in MEMORY_CATEGORIES)
+    return ranks

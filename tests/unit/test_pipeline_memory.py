@@ -1,0 +1,58 @@
+"""parallelizer.pipeline_memory: predicted bytes per pipeline rank of a pipeline Plan, against closed forms
+(stage parameters x bytes per parameter; in-flight microbatches per schedule)."""
+
+import contextlib
+import io
+
+import pytest
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.pipeline_memory import pipeline_rank_memory
+
+E, V, P, M = 32, 128, 64, 4
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    model, args, kwargs = zoo.gpt2(n_layer=2, n_embd=E, n_head=2, vocab_size=V, batch=2, seq_len=16, labels=True)
+    return model, parallelizer.trace(model, args, kwargs)
+
+
+def _plan(traced, mesh, **options):
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return parallelizer.plan(traced, mesh, precision="fp32", **options)
+
+
+def test_stage_state_and_inflight_activations(gpt2):
+    model, traced = gpt2
+    one_f = pipeline_rank_memory(_plan(traced, {"pp": 2}, schedule="1f1b", microbatches=M), traced)
+    gpipe = pipeline_rank_memory(_plan(traced, {"pp": 2}, schedule="gpipe", microbatches=M), traced)
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    # fp32 + AdamW: 4 + 4 + 8 B/param; stage 0: wte, wpe, h.0; stage 1: h.1, ln_f, lm_head (= wte, tied)
+    for rank, numel in ((0, V * E + P * E + block), (1, block + 2 * E + V * E)):
+        for mem in (one_f[rank], gpipe[rank]):
+            assert (mem["params"], mem["grads"], mem["optimizer"]) == (4 * numel, 4 * numel, 8 * numel)
+    # 1F1B keeps pp - r microbatches in flight on rank r, GPipe all M (Narayanan et al. SC'21, Sec. 2.2)
+    assert gpipe[0]["activations"] == M / 2 * one_f[0]["activations"]
+    assert gpipe[1]["activations"] == M * one_f[1]["activations"]
+    assert all(m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
+               for m in one_f)
+
+
+def test_stage_activations_cover_the_whole_graph_once(gpt2):
+    _, traced = gpt2
+    plan = _plan(traced, {"pp": 2}, schedule="gpipe", microbatches=M)
+    per_mb = sum(m["activations"] for m in pipeline_rank_memory(plan, traced)) / M
+    whole = plan.cost.memory_bytes["activations"]
+    # each stage counts its own copy of a received value that both stages save (the boundary hidden state)
+    boundary = 2 * 16 * E * 4
+    assert whole <= per_mb <= whole + 2 * boundary
+
+
+def test_plan_without_pipeline_is_its_cost(gpt2):
+    _, traced = gpt2
+    plan = _plan(traced, {"dp": 2})
+    (mem,) = pipeline_rank_memory(plan, traced)
+    assert {k: mem[k] for k in ("params", "activations")} == \
+        {k: plan.cost.memory_bytes[k] for k in ("params", "activations")}

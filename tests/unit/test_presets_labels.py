@@ -1,0 +1,33 @@
+"""Language-model presets are traced with labels (issue 13 item 5): the loss is the graph's first output and
+the cross-entropy keeps the logits (B*T*V fp32) and the targets (B*T int64) for backward, as counted by the
+memory model (`cost_model.memory`)."""
+
+import pytest
+import torch
+
+from cost_model._fx import node_values
+from cost_model.memory import saved_activation_bytes, saved_tensor_owners
+from parallelizer import presets, trace
+
+B, T, V = 2, 16, 128
+SMALL = {
+    "gpt": dict(n_layer=1, n_embd=32, n_head=2, vocab_size=V, block_size=T),
+    "gpt2": dict(n_layer=1, n_embd=32, n_head=2, vocab_size=V),
+    "llama": dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=V),
+}
+
+
+@pytest.mark.parametrize("model", sorted(SMALL))
+def test_lm_preset_traces_its_loss_and_the_logits_are_saved(model):
+    recipe = presets.recipe(model, SMALL[model], batch=B, seq_len=T)
+    tg = trace(*presets.build(recipe, "meta"))
+    out = [n for n in tg.graph_module.graph.nodes if n.op == "output"][0]
+    loss = out.args[0][0]
+    assert loss.meta["val"].shape == () and loss.meta["val"].is_floating_point()
+    ce = [n for n in tg.graph_module.graph.nodes if "cross_entropy" in str(n.target) or "nll_loss" in str(n.target)]
+    assert len(ce) == 1, [str(n.target) for n in ce]
+    resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
+    share = saved_tensor_owners(tg.graph_module, resident).get(ce[0].name)
+    kept = saved_activation_bytes(ce[0].target, *node_values(ce[0]), share=share)
+    assert kept == B * T * V * 4 + B * T * 8  # fp32 logits + int64 targets (the gpt preset: T tokens of targets)
