@@ -24,11 +24,8 @@ import weakref
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
-from parallelizer.runtime.pipeline import build as build_pipeline
-from parallelizer.runtime.pipeline import cut_stages
-from parallelizer.runtime.pipeline_rehearsal import pipeline_loss
+from parallelizer.runtime.pipeline_rehearsal import pipeline_run
 from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
@@ -138,17 +135,7 @@ def measure_pipeline_rank(rank: int, world_size: int, cases: list[tuple]) -> lis
 def _measure_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict) -> dict:
     torch.manual_seed(0)
     model, inputs, *rest = model_fn(**model_kwargs)
-    kwargs = rest[0] if rest else {}
-    m = pipe["microbatches"]
-    batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
-    micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
-    traced = trace(model, *micro)
-    per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
-    run = build_pipeline(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
-                         schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
-    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
-    leaves = pytree.tree_leaves((inputs, kwargs))
-    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])]
+    run, _, flat, batch = pipeline_run(model, inputs, rest[0] if rest else {}, spec, pipe)
     params, param_ptrs = _storage_bytes(p for s in run.stages for p in s.parameters())
     buffers, buffer_ptrs = _storage_bytes(b for s in run.stages for b in s.buffers())
     hooks = _LiveSaved(param_ptrs | buffer_ptrs)

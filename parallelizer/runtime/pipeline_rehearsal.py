@@ -28,9 +28,10 @@ from torch.utils import _pytree as pytree
 from ..errors import PipelineError
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
+from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
-from .pipeline import build, cut_stages
+from .pipeline import PipelineRun, build, cut_stages
 from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype
 
@@ -84,12 +85,16 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
     return torch.stack(losses).mean()
 
 
-def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
-               steps: int, lr: float, eps: float) -> dict:
-    torch.manual_seed(0)
-    model, inputs, *rest = model_fn(**model_kwargs)
-    kwargs = rest[0] if rest else {}
-    reference = copy.deepcopy(model)
+def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
+                 pipe: dict) -> tuple[PipelineRun, TracedGraph, list[torch.Tensor], int]:
+    """This rank's `PipelineRun` of a pipeline plan, built as `rehearse_pipeline` runs it: the model traced on
+    ONE microbatch (the first `batch / microbatches` samples of the global `inputs` / `kwargs`), cut into the
+    plan's stages. Returns (run, traced microbatch graph, the global input tensors in the traced order, global
+    batch). Must be called on every rank (it creates groups).
+
+    Raises:
+        PipelineError: the global batch does not split into `pipe["microbatches"]` (remedy in the text).
+    """
     m = pipe["microbatches"]
     batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
     if batch % m:
@@ -97,14 +102,24 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
                             "batch of microbatches x the traced batch")
     micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
     traced = trace(model, *micro)
-    compute = compute_dtype(traced)
     per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
     run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
                 schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
     # the global tensors in the traced input order: the order of the microbatch call, mapped back
     position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
     leaves = pytree.tree_leaves((inputs, kwargs))
-    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])]
+    return run, traced, [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])], batch
+
+
+def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
+               steps: int, lr: float, eps: float) -> dict:
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs = rest[0] if rest else {}
+    reference = copy.deepcopy(model)
+    m = pipe["microbatches"]
+    run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
+    compute = compute_dtype(traced)
     target = torch.zeros(batch)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
