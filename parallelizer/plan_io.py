@@ -19,7 +19,8 @@ import re
 from importlib import resources
 
 from .errors import PlanMismatchError, PlanValidationError
-from .planner.plan import _MAIN_OPS, memory_rows, precision_text
+from .planner.plan import _MAIN_OPS, memory_rows, precision_text, search_rows
+from .planner.stages import MEMORY_KINDS
 
 SCHEMA_FILE = "plan_schema.json"
 # The legend printed with every plan view; docs/architecture.md explains the notation and the pipeline.
@@ -115,6 +116,14 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
     if plan.pipeline is not None:
         tables.append(plan.pipeline.table())
+        if plan.pipeline.estimate is not None:
+            tables.append(("Pipeline memory per device by pp rank (GB; activations = in-flight microbatches)",
+                           ["pp rank", *MEMORY_KINDS], [[str(r), *(f"{m.get(k, 0) / 1e9:.3f}" for k in MEMORY_KINDS)]
+                                                        for r, m in enumerate(plan.pipeline.estimate.rank_memory_bytes)]))
+    if search_rows(plan):
+        tables.append(("Search (parallelizer.plan)", ["field", "value"], [list(r) for r in search_rows(plan)]))
+    tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],
+                   [[r, m] for r, m in sorted(plan.recompute.items())] or [["(all)", "none"]]))
     tables += _block_tables(plan, all_positions)
     tables.append(_param_table(plan))
     counts: dict[tuple[str, str], int] = {}

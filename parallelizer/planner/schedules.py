@@ -67,6 +67,8 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
     v = get_schedule(schedule).virtual_stages
     if p * v > num_blocks:
         return f"{p * v} stages > {num_blocks} blocks"
+    if schedule == "1f1b" and m < p:  # torch's Schedule1F1B raises for fewer microbatches than stages
+        return "1f1b needs microbatches >= pp"
     if schedule == "interleaved_1f1b" and m % p:
         return "interleaved_1f1b needs microbatches divisible by pp"
     if schedule == "zbv" and m < 2 * p:
