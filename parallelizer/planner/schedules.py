@@ -27,6 +27,9 @@ bubble is (p - 1)(T_F + T_B - 2 T_W) per stage; ZB-V (2 chunks per rank in a V, 
 memory when T_F = T_B = T_W). We apply that bubble to chunk times (F, B, W of the rank halved) and require
 m >= 2p, where the V schedule reaches its steady state.
 
+Validity (`invalid_reason`): 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
+interleaved_1f1b m divisible by p, zbv m >= 2p.
+
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
 `bubble_ratio` = bubble / ideal (Narayanan's (p - 1) / m).
 """
