@@ -96,7 +96,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
                                 f"search, or drop {given[0]}=")
         topology = options.get("topology")
         resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
-        return _with_provenance(_solve(traced, mesh, cluster=resolved, **options), traced, resolved, spec, recipe, batch)
+        solved = _solve(traced, mesh, cluster=resolved, **options)
+        return _with_provenance(solved, traced, resolved, spec, recipe, batch)
     return _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages,
                           recipe, batch, progress, options)
 

@@ -117,9 +117,10 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     if plan.pipeline is not None:
         tables.append(plan.pipeline.table())
         if plan.pipeline.estimate is not None:
+            ranks = plan.pipeline.estimate.rank_memory_bytes
             tables.append(("Pipeline memory per device by pp rank (GB; activations = in-flight microbatches)",
-                           ["pp rank", *MEMORY_KINDS], [[str(r), *(f"{m.get(k, 0) / 1e9:.3f}" for k in MEMORY_KINDS)]
-                                                        for r, m in enumerate(plan.pipeline.estimate.rank_memory_bytes)]))
+                           ["pp rank", *MEMORY_KINDS],
+                           [[str(r), *(f"{m.get(k, 0) / 1e9:.3f}" for k in MEMORY_KINDS)] for r, m in enumerate(ranks)]))
     if search_rows(plan):
         tables.append(("Search (parallelizer.plan)", ["field", "value"], [list(r) for r in search_rows(plan)]))
     tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],

@@ -1,5 +1,6 @@
 """Pipeline plans on the user's path: `parallelizer.plan(traced, {"pp": 2, "dp": 2}, schedule=, microbatches=)`
-(the search with the factorisation fixed) records the stages in `Plan.pipeline`; JSON round trip byte-identical; the stage table; typed errors."""
+(the search with the factorisation fixed) records the stages in `Plan.pipeline`; JSON round trip byte-identical;
+the stage table; typed errors."""
 import contextlib
 import io
 import json
