@@ -90,8 +90,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     c = plan.cost
     tables: list[Table] = []
     cl = plan.cluster
-    rows = [[name, str(size)] for name, size in zip(plan.mesh.axis_names, plan.mesh.shape)]
-    rows.append(["devices", str(plan.mesh.world_size)])
+    full = plan.pipeline.mesh if plan.pipeline is not None else plan.mesh
+    rows = [[name, str(size)] for name, size in zip(full.axis_names, full.shape)]
+    rows.append(["devices", str(full.world_size) + (f" (each stage group: {plan.mesh})" if plan.pipeline else "")])
     if cl:
         rows.append(["cluster", f"{cl['spec'] or 'custom'}: {cl['num_nodes']} x {cl['devices_per_node']} {cl['device']}"])
         rows.append(["links", f"intra {cl['intra_node_link']['name']} {_gbps(cl['intra_node_link'])}, "
@@ -110,7 +111,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     rows = [["compute", f"{c.compute_s * 1e3:.3f}", f"{c.compute_s / total:.1%}"]]
     rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]
     rows.append(["total", f"{c.total_s * 1e3:.3f}", "100.0%"])
-    tables.append(("Estimated step time", ["part", "ms", "share"], rows))
+    title = ("Estimated step time" if plan.pipeline is None else
+             "Estimated time of one microbatch, whole graph, one stage group (intra-stage ILP; the step: Search)")
+    tables.append((title, ["part", "ms", "share"], rows))
     tables.append(("Memory per device (total = the plan's tensors; reserve = fragmentation, workspaces, "
                    "communication buffers; total + reserve <= budget)", ["category", "GB"],
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
@@ -194,8 +197,10 @@ def _param_row(name: str, p) -> list[str]:
 
 def plan_text(plan, all_positions: bool = False) -> str:
     """All `plan_tables` as aligned text tables."""
-    out = [f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms, "
-           f"{plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device", NOTATION]
+    est = plan.pipeline.estimate if plan.pipeline is not None else None
+    head = (f"Pipeline plan on mesh {plan.pipeline.mesh}: estimated step {est.step_s * 1e3:.3f} ms (search)"
+            if est is not None else f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms")
+    out = [f"{head}, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device", NOTATION]
     for title, header, rows in plan_tables(plan, all_positions):
         out.append("")
         out.append(f"## {title}")
