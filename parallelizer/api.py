@@ -126,7 +126,7 @@ def search_cluster(cluster: Cluster | str | None) -> tuple[Cluster, str | None]:
     return resolve_cluster(cluster if cluster is not None else SEARCH_CLUSTER, 0)
 
 
-def _fixed_factorisation(mesh: MeshSpec, cluster, ) -> tuple[Cluster, str | None, int, int]:
+def _fixed_factorisation(mesh: MeshSpec, cluster) -> tuple[Cluster, str | None, int, int]:
     """(cluster of exactly the mesh's devices, spec, pp, tp) of a mesh with "pp" first (`plan`)."""
     split_mesh(mesh)  # "pp" first, or PipelineError
     extra = set(mesh.axis_names) - {PP_AXIS, "dp", "tp"}
@@ -181,6 +181,10 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
         ms = (microbatches,)
+        if retrace is None and global_batch != microbatches * b0:
+            raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
+                             f"batch {global_batch / microbatches:g}, not {b0}. Remedy: trace one microbatch, or pass "
+                             "retrace=")
     elif retrace is not None:
         ms = None
     elif global_batch % b0:

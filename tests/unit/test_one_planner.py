@@ -106,6 +106,8 @@ def test_retrace_lets_the_search_choose_microbatches():
     assert asked == ([] if 32 // m == 8 else [32 // m])
     with pytest.raises(ValueError, match="not a multiple of the traced batch"):
         _plan(traced, cluster=CLUSTER, global_batch=12)
+    with pytest.raises(ValueError, match="needs a graph traced at batch 4, not 8"):
+        _plan(traced, cluster=CLUSTER, global_batch=8, microbatches=2)
 
 
 def test_cli_mesh_with_pp_fixes_the_factorisation(tmp_path):
