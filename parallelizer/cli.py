@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--roles", help="force the parallelism of mesh axes (needs --mesh), e.g. dp=ddp,tp=tp; "
                                    "roles: ddp, fsdp, tp, auto (default: the planner decides)")
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step with a --mesh without pp "
+                   "(default 1; the search chooses them itself: --microbatches fixes them)")
     p.add_argument("--seq-len", type=int, help="sequence length (token models)")
     p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB, reserve included "
                    "(default: device memory)")
