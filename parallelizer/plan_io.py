@@ -195,12 +195,17 @@ def _param_row(name: str, p) -> list[str]:
     return [name + kind, str(tuple(p.shape)), p.stored, str(tuple(p.local_shape))]
 
 
-def plan_text(plan, all_positions: bool = False) -> str:
-    """All `plan_tables` as aligned text tables."""
+def headline(plan) -> str:
+    """One line: the mesh, the estimated step (a pipeline plan's: the search's, on the full mesh) and memory."""
     est = plan.pipeline.estimate if plan.pipeline is not None else None
     head = (f"Pipeline plan on mesh {plan.pipeline.mesh}: estimated step {est.step_s * 1e3:.3f} ms (search)"
             if est is not None else f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms")
-    out = [f"{head}, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device", NOTATION]
+    return f"{head}, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"
+
+
+def plan_text(plan, all_positions: bool = False) -> str:
+    """All `plan_tables` as aligned text tables."""
+    out = [headline(plan), NOTATION]
     for title, header, rows in plan_tables(plan, all_positions):
         out.append("")
         out.append(f"## {title}")
@@ -217,9 +222,7 @@ def plan_text(plan, all_positions: bool = False) -> str:
 def plan_html(plan, max_rows: int = 60) -> str:
     """All `plan_tables` as HTML (the notebook display of `Plan`); long tables are cut at `max_rows`."""
     esc = html.escape
-    parts = [f"<div><b>Plan on mesh {esc(str(plan.mesh))}</b>: estimated step "
-             f"{plan.cost.total_s * 1e3:.3f} ms, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device",
-             f"<br><small>{esc(NOTATION)}</small>"]
+    parts = [f"<div><b>{esc(headline(plan))}</b>", f"<br><small>{esc(NOTATION)}</small>"]
     for title, header, rows in plan_tables(plan):
         parts.append(f"<details{' open' if len(rows) <= 12 else ''}><summary>{esc(title)} ({len(rows)})</summary>"
                      "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
