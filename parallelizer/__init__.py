@@ -2,12 +2,14 @@
 
 Public API (see README.md):
     trace(model, example_inputs, example_kwargs=None) -> TracedGraph
-    plan(traced, mesh, *, cluster=None, topology=None, config=None, **options) -> Plan
-        (the planner plus provenance: graph fingerprint, cluster, blocks; see api.py)
+    plan(traced, mesh=None, *, cluster=None, global_batch=None, retrace=None, schedule=None, **options) -> Plan
+        (THE planner: without a mesh, or with "pp" first, a search over (pp, dp, tp), schedule and
+        microbatches; on a mesh without pp the ILP; plus provenance: fingerprint, cluster, blocks; api.py)
     explain(traced, plan, node, ...) -> Explanation
     auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan)
     Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
-    plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (pp x dp x tp, schedule, stages)
+    plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (the search engine behind plan():
+        its full report, for studies; its answer cannot be saved, applied or rehearsed: use plan())
     rewrite(traced, plan, rank) -> RankProgram                      (the sharded fx program of one rank)
     ParallelModule(traced, spec, rank, model)                       (a rank's program with its local shards;
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
@@ -20,7 +22,7 @@ from .config import PlanConfig
 from .core import Layout, MeshSpec
 from .planner import PipelinePlan, Plan, explain, plan_pipeline
 from .fingerprint import check_plan, graph_fingerprint
-from .api import auto_parallelize, plan, search_mesh
+from .api import auto_parallelize, plan
 from .rewriter import rewrite
 from .runtime.module import ParallelModule
 
@@ -28,7 +30,7 @@ __all__ = [
     "trace", "TracedGraph", "NodeInfo", "ParamInfo", "BlockGroup", "Role", "TensorMeta",
     "plan", "explain", "Plan", "plan_pipeline", "PipelinePlan", "PlanConfig", "MeshSpec", "Layout",
     "rewrite", "ParallelModule",
-    "auto_parallelize", "search_mesh", "check_plan", "graph_fingerprint",
+    "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
     "PlanValidationError", "StateDictError", "PrecisionError",
 ]

@@ -1,6 +1,7 @@
-"""The one-call API: `auto_parallelize`, `plan` (the planner plus provenance) and `search_mesh`.
+"""The one-call API: `plan` (THE planner: search over (pp, dp, tp), schedule and microbatches, or the ILP on a
+given mesh, plus provenance) and `auto_parallelize`.
 
-`plan` is `parallelizer.planner.plan` that also records, in the `Plan`, the traced graph's fingerprint
+`plan` records, in the `Plan`, the traced graph's fingerprint
 (`parallelizer.fingerprint`), the cluster it was priced on, the repeated blocks (for per-block views) and,
 when given, the model recipe; so a saved plan can be checked against a model (`PlanMismatchError`), shown
 by block, and rehearsed by the CLI.
@@ -16,12 +17,15 @@ import torch
 from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
+from .config import PlanConfig
 from .errors import InfeasiblePlanError, ParallelizerError, PipelineError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
-from .planner.api import resolve_cluster
-from .planner.stages import PP_AXIS, pipeline_section, split_mesh, stage_counts
+from .planner.api import memory_budget, resolve_cluster
+from .planner.schedules import get_schedule
+from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
+                             split_mesh)
 from .rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from .tracer import TracedGraph, trace
 
@@ -34,36 +38,71 @@ def describe_cluster(cluster: Cluster, spec: str | None = None) -> dict:
             "intra_node_link": link(cluster.intra_node_link), "inter_node_link": link(cluster.inter_node_link)}
 
 
-def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str | None = None,
-         recipe: dict | None = None, batch: dict | None = None, **options) -> Plan:
-    """`parallelizer.planner.plan` plus provenance (module docstring).
+def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: Cluster | str | None = None,
+         global_batch: int | None = None, retrace: Callable[[int], TracedGraph] | None = None,
+         schedule: str | tuple[str, ...] | None = None, microbatches: int | None = None,
+         virtual_stages: int | None = None, recipe: dict | None = None, batch: dict | None = None,
+         progress: bool | None = None, **options) -> Plan:
+    """THE planner: one `Plan` for `traced`, with provenance (module docstring).
+
+    Three ways in, one rule (docs/architecture.md, "One planner"):
+      * no mesh: the whole space (pp, dp, tp) x microbatches x schedule of the cluster's devices is searched
+        with the segment-priced branch and bound of `planner.search.plan_pipeline` (the search engine); the
+        winner becomes the Plan: pp == 1 -> the ILP on its (dp, tp) mesh (`planner.plan`), pp > 1 -> a
+        pipeline Plan (`_pipeline_plan`) holding the search's stage cuts, schedule, microbatches and estimate.
+      * a mesh with "pp" first, e.g. {"pp": 4, "dp": 8, "tp": 2}: the same search with the factorisation fixed.
+      * a mesh without "pp": the ILP on that mesh, as always (no search).
+    A graph without repeated blocks has no stages to cut: its search is over the (dp, tp) meshes of
+    `mesh_candidates`, one ILP each (`_search_without_blocks`).
+
+    Search rules: tp divides the devices per node; the global batch splits as dp x microbatches x an integer
+    microbatch; dp is priced as data parallelism with replicated optimizer state (the runtime has no ZeRO-1);
+    stage memory (the schedule's in-flight microbatches) must fit the budget minus the reserve
+    (`planner.api.memory_budget`). The Plan's traced graph must be at the winner's step batch
+    (global_batch / microbatches): `retrace(batch)` gives it; without `retrace` the microbatch count is fixed
+    to global_batch / (the traced batch).
 
     Args:
-        traced: from `parallelizer.trace`.
-        mesh: a `MeshSpec` or {"dp": 2, "tp": 4} (last axis innermost).
-        cluster: a `Cluster`, a preset string "h100:1x8", a calibration profile path, or None
-            (`planner.api.resolve_cluster`: DGX H100 nodes holding the mesh).
+        traced: from `parallelizer.trace`; with pp its batch is one microbatch (see above).
+        mesh: None (search), a `MeshSpec` or {"dp": 2, "tp": 4} (last axis innermost), "pp" first if present.
+        cluster: a `Cluster`, a preset string "h100:8x8", a calibration profile path, or None
+            (`planner.api.resolve_cluster`; a search without mesh then uses one DGX H100 node, "h100:1x8").
+        global_batch: samples per optimizer step (search only; default traced batch x microbatches).
+        retrace: batch -> TracedGraph of the same model at that batch (search only; see above).
+        schedule: one name or a tuple restricting the pipeline schedules (`planner.stages.SCHEDULE_NAMES`).
+        microbatches: fix the number of microbatches (pp > 1) or gradient-accumulation steps (pp == 1).
+        virtual_stages: stages per pp rank; must match the schedule (1 for gpipe/1f1b, 2 for interleaved).
         recipe: how to rebuild the model (`parallelizer.presets`), kept in `plan.model["recipe"]`.
         batch: batch facts kept in `plan.model["batch"]` (e.g. {"global_batch": 512, "seq_len": 2048}).
-        options: `PlanConfig` fields (memory_budget_bytes=, optimizer=, time_limit_s=, ...) or config=; with a
-            "pp" axis (first, e.g. {"pp": 2, "dp": 2}) also schedule= ("gpipe", "1f1b" (default),
-            "interleaved_1f1b"), microbatches= (default pp) and virtual_stages= (stages per pp rank; default 1,
-            2 for interleaved). Pipeline: trace ONE microbatch (global batch / microbatches); the plan's `mesh`
-            is then the intra-stage mesh and `plan.pipeline` holds pp, the schedule and the stages.
+        progress: a tqdm bar over the search's candidates (None: only on a terminal).
+        options: `PlanConfig` fields (memory_budget_bytes=, optimizer=, precision=, time_limit_s=, ...) or config=.
+    Returns:
+        The Plan; a searched one records the search in `plan.model["search"]` (chosen factorisation, its
+        estimated step, candidates priced) and, for pp > 1, `plan.pipeline` (stages and `PipelineEstimate`).
     Raises:
-        PipelineError: "pp" not first, pp x stages per rank not dividing the blocks, a bad schedule.
-        InfeasiblePlanError: no plan fits the memory budget (names the minimum). ValueError: bad mesh/config.
+        PipelineError: "pp" not first, axes other than pp/dp/tp with pp, an unrunnable or unknown schedule,
+            pipeline options on a mesh without pp, blocks groups the search and the runtime disagree on.
+        InfeasiblePlanError: no plan fits the memory budget (names the minimum). ValueError: bad mesh, batch
+            or config (names the field).
     """
-    mesh = MeshSpec.of(mesh)
-    if PP_AXIS in mesh.axis_names:
-        return _plan_pipeline(traced, mesh, cluster=cluster, recipe=recipe, batch=batch, **options)
-    for key in ("schedule", "microbatches", "virtual_stages"):
-        if key in options:
-            raise PipelineError(f"{key}= is for pipeline plans: put a 'pp' axis first in the mesh (e.g. "
-                                f"{{'pp': 2, **{dict(zip(mesh.axis_names, mesh.shape))}}}), or drop {key}=")
-    topology = options.get("topology")
-    resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
-    p = _solve(traced, mesh, cluster=resolved, **options)
+    if mesh is not None:
+        mesh = MeshSpec.of(mesh)
+    if mesh is not None and PP_AXIS not in mesh.axis_names:
+        given = [k for k, v in (("schedule", schedule), ("microbatches", microbatches), ("virtual_stages",
+                 virtual_stages), ("global_batch", global_batch), ("retrace", retrace)) if v is not None]
+        if given:
+            raise PipelineError(f"{given[0]}= is for searched or pipeline plans: put a 'pp' axis first in the mesh "
+                                f"(e.g. {{'pp': 2, **{dict(zip(mesh.axis_names, mesh.shape))}}}), pass no mesh to "
+                                f"search, or drop {given[0]}=")
+        topology = options.get("topology")
+        resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
+        solved = _solve(traced, mesh, cluster=resolved, **options)
+        return _with_provenance(solved, traced, resolved, spec, recipe, batch)
+    return _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages,
+                          recipe, batch, progress, options)
+
+
+def _with_provenance(p: Plan, traced: TracedGraph, cluster: Cluster, spec: str | None, recipe, batch) -> Plan:
     model = dict(p.model)
     model["blocks"] = [{"name": b.name, "module_type": b.module_type, "members": list(b.members),
                         "nodes": [list(n) for n in b.nodes]} for b in traced.blocks]
@@ -72,31 +111,136 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
     if batch is not None:
         model["batch"] = batch
     return dataclasses.replace(p, model=model, fingerprint=graph_fingerprint(traced),
-                               cluster=describe_cluster(resolved, spec))
+                               cluster=describe_cluster(cluster, spec))
 
 
-def _plan_pipeline(traced: TracedGraph, mesh: MeshSpec, *, cluster, recipe, batch, schedule: str = "1f1b",
-                   microbatches: int | None = None, virtual_stages: int | None = None, **options) -> Plan:
-    """`plan` on a mesh with a "pp" axis (first): the intra-stage ILP on the mesh without pp (priced on the
-    nodes one stage group occupies), stages cut evenly at repeated-block boundaries, recorded in
-    `Plan.pipeline` (`planner.stages`). `traced` is ONE microbatch. Raises PipelineError (see `stage_counts`)."""
-    from .runtime.pipeline import cut_stages
+SEARCH_CLUSTER = "h100:1x8"  # what a search without mesh and cluster runs on: one DGX H100 node
 
-    pp, sub = split_mesh(mesh)
-    if not traced.blocks:
-        raise PipelineError("pipeline plan: the traced graph has no repeated blocks; stages are cut at block "
-                            "boundaries (e.g. transformer layers). Remedy: plan without a 'pp' axis")
-    group = traced.blocks[0]
-    v, per_stage = stage_counts(group.count, group.name, pp, schedule, microbatches if microbatches is not None
-                                else pp, virtual_stages)
+
+def search_cluster(cluster: Cluster | str | None) -> tuple[Cluster, str | None]:
+    """(Cluster, spec) a search without mesh runs on: a Cluster as is, a preset, a calibration profile (its
+    largest calibrated process count), or None: `SEARCH_CLUSTER`. Raises ValueError (bad preset/profile)."""
+    if isinstance(cluster, str) and (cluster.endswith(".json") or os.path.exists(cluster)):
+        from cost_model.calibrate import load_profile
+        return resolve_cluster(cluster, max(load_profile(cluster).links))
+    return resolve_cluster(cluster if cluster is not None else SEARCH_CLUSTER, 0)
+
+
+def _fixed_factorisation(mesh: MeshSpec, cluster) -> tuple[Cluster, str | None, int, int]:
+    """(cluster of exactly the mesh's devices, spec, pp, tp) of a mesh with "pp" first (`plan`)."""
+    split_mesh(mesh)  # "pp" first, or PipelineError
+    extra = set(mesh.axis_names) - {PP_AXIS, "dp", "tp"}
+    if extra:
+        raise PipelineError(f"mesh {mesh}: a pipeline mesh has axes pp, dp, tp (in that order), not {sorted(extra)}. "
+                            "Remedy: rename the axes, e.g. pp=2,dp=2,tp=2")
+    if [a for a in mesh.axis_names if a != PP_AXIS] not in (["dp", "tp"], ["dp"], ["tp"], []):
+        raise PipelineError(f"mesh {mesh}: put dp before tp (tp innermost, inside a node)")
     full, spec = resolve_cluster(cluster, mesh.world_size)
-    per_node = min(full.devices_per_node, sub.world_size)
-    stage_cluster = dataclasses.replace(full, num_nodes=sub.world_size // per_node, devices_per_node=per_node)
-    p = plan(traced, sub, cluster=stage_cluster, recipe=recipe, batch=batch, **options)
-    cut = cut_stages(traced, pp * v, per_stage)
-    section = pipeline_section(mesh, sub.world_size, tuple(group.members), cut.stage_of, pp, schedule,
-                               microbatches if microbatches is not None else pp, v, per_stage)
-    return dataclasses.replace(p, cluster=describe_cluster(full, spec), pipeline=section)
+    per_node = min(full.devices_per_node, mesh.world_size)
+    if mesh.world_size % per_node:
+        raise ValueError(f"mesh {mesh} ({mesh.world_size} devices) does not fill nodes of {per_node} devices of "
+                         f"cluster {spec or full.device.name}. Remedy: a mesh of a multiple of {per_node} devices")
+    full = dataclasses.replace(full, num_nodes=mesh.world_size // per_node, devices_per_node=per_node)
+    return full, spec, mesh.size(PP_AXIS), mesh.size("tp") if "tp" in mesh.axis_names else 1
+
+
+def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages, recipe,
+                   batch, progress, options) -> Plan:
+    """`plan` without a mesh, or with a "pp" axis: search, then build the winner's Plan (see `plan`)."""
+    from .planner.search import plan_pipeline
+    from .planner.segments import _trace_batch
+
+    config = dataclasses.replace(options.pop("config", None) or PlanConfig(), **options)
+    schedules = check_schedules(schedule or SCHEDULE_NAMES)
+    if virtual_stages is not None and any(get_schedule(n).virtual_stages != virtual_stages for n in schedules):
+        raise PipelineError(f"virtual_stages={virtual_stages} with schedule(s) {', '.join(schedules)}: gpipe/1f1b run "
+                            "1 stage per pp rank, interleaved_1f1b 2. Remedy: drop virtual_stages= or pick a schedule")
+    if mesh is None:
+        full, spec = search_cluster(cluster)
+        pps = tps = None
+    else:
+        full, spec, pp, tp = _fixed_factorisation(mesh, cluster)
+        pps, tps = (pp,), (tp,)
+        group = traced.blocks[0] if traced.blocks else None
+        if group is not None and pp > group.count:
+            raise PipelineError(f"mesh {mesh}: pp={pp} stages > the {group.count} blocks of {group.name} (stages are "
+                                f"cut at block boundaries). Remedy: pp <= {group.count}")
+    b0 = _trace_batch(traced)
+    if not traced.blocks:
+        if mesh is not None:
+            raise PipelineError(f"mesh {mesh}: pipeline stages are cut at repeated blocks (e.g. transformer layers) "
+                                "and this graph has none. Remedy: a mesh without 'pp'")
+        if global_batch not in (None, b0):
+            if retrace is None:
+                raise ValueError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
+                                 "repeated blocks (no microbatching there). Remedy: trace the global batch or pass "
+                                 "retrace=")
+            traced, b0 = retrace(global_batch), global_batch
+        return _with_provenance(_search_without_blocks(traced, full, config, b0), traced, full, spec, recipe, batch)
+    if global_batch is None:
+        global_batch = b0 * (microbatches or (pps[0] if pps else 1))
+    if microbatches is not None:
+        ms = (microbatches,)
+        if retrace is None and global_batch != microbatches * b0:
+            raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
+                             f"batch {global_batch / microbatches:g}, not {b0}. Remedy: trace one microbatch, or pass "
+                             "retrace=")
+    elif retrace is not None:
+        ms = None
+    elif global_batch % b0:
+        raise ValueError(f"global_batch={global_batch} is not a multiple of the traced batch {b0}: without retrace= "
+                         "the traced graph is one microbatch. Remedy: trace with a divisor of the global batch, or "
+                         "pass retrace=lambda batch: parallelizer.trace(...) so the search may choose microbatches")
+    else:
+        ms = (global_batch // b0,)
+    budget, reserve = memory_budget(config, full.device)
+    search_config = dataclasses.replace(config, memory_budget_bytes=None, memory_reserve_bytes=None, data_axes=None,
+                                        axis_roles=tuple((a, r) for a, r in config.axis_roles if a == "tp"))
+    found = plan_pipeline(traced, full, global_batch=global_batch, memory_budget_bytes=budget - reserve, pp=pps,
+                          tp=tps, num_microbatches=ms, schedules=schedules, zero1=False, config=search_config,
+                          progress=progress)
+    step_batch = global_batch // found.num_microbatches
+    if step_batch != b0:
+        if retrace is None:
+            raise PipelineError(f"microbatches={found.num_microbatches} needs a graph traced at batch {step_batch}, "
+                                f"not {b0}. Remedy: pass retrace=, or microbatches={global_batch // b0}")
+        traced = retrace(step_batch)
+    sub = _intra_mesh(found.dp, found.tp)
+    record = _search_record(found)
+    if found.pp == 1:
+        p = _solve(traced, sub, cluster=full, config=config)
+        p = dataclasses.replace(p, model={**p.model, "search": record})
+    else:
+        whole = mesh if mesh is not None else MeshSpec((PP_AXIS, *sub.axis_names), (found.pp, *sub.shape)) \
+            if sub.world_size > 1 else MeshSpec((PP_AXIS,), (found.pp,))
+        p = _pipeline_plan(traced, found, whole, sub, full, config, budget, reserve, record)
+    return _with_provenance(p, traced, full, spec, recipe, batch)
+
+
+def _search_without_blocks(traced: TracedGraph, cluster: Cluster, config: PlanConfig, batch: int) -> Plan:
+    """The search on a graph without repeated blocks: no stages to cut, so pp = 1 and one step; each
+    `mesh_candidates` mesh is planned by the ILP and the lowest estimated step kept (ties: candidate order).
+
+    Raises:
+        InfeasiblePlanError: no candidate fits (lists each mesh's reason).
+    """
+    tried, reasons = [], []
+    for i, mesh in enumerate(mesh_candidates(cluster.world_size, cluster.devices_per_node)):
+        try:
+            tried.append((_solve(traced, mesh, cluster=cluster, config=config).cost.total_s, i, mesh))
+        except InfeasiblePlanError as exc:
+            reasons.append(f"  {mesh}: {str(exc).splitlines()[0]}")
+    if not tried:
+        raise InfeasiblePlanError("no mesh fits:\n" + "\n".join(reasons)
+                                  + "\nRemedy: raise the memory budget, add devices, or lower the batch.")
+    step_s, _, mesh = min(tried)
+    p = _solve(traced, mesh, cluster=cluster, config=config)
+    dp, tp = (mesh.shape + (1,))[:2]
+    record = {"mesh": {"axis_names": ["pp", "dp", "tp"], "shape": [1, dp, tp]}, "schedule": "1f1b",
+              "microbatches": 1, "microbatch_size": batch // dp, "global_batch": batch, "step_s": step_s,
+              "candidates": len(tried) + len(reasons), "priced": len(tried) + len(reasons), "pruned": 0,
+              "infeasible_memory": len(reasons)}
+    return dataclasses.replace(p, model={**p.model, "search": record})
 
 
 def mesh_candidates(world_size: int, devices_per_node: int) -> list[MeshSpec]:
@@ -111,31 +255,77 @@ def mesh_candidates(world_size: int, devices_per_node: int) -> list[MeshSpec]:
     return out
 
 
-def search_mesh(traced: TracedGraph, world_size: int, *, cluster: Cluster | str | None = None,
-                progress: Callable[[MeshSpec], None] | None = None, **plan_kwargs) -> tuple[Plan, list[tuple]]:
-    """Plan every `mesh_candidates` mesh and keep the lowest estimated step time (ties: fewer axes, then order).
+def _intra_mesh(dp: int, tp: int) -> MeshSpec:
+    """The (dp, tp) mesh without size-1 axes ((dp=1) when both are 1)."""
+    axes = [(a, n) for a, n in (("dp", dp), ("tp", tp)) if n > 1] or [("dp", 1)]
+    return MeshSpec(tuple(a for a, _ in axes), tuple(n for _, n in axes))
 
-    The candidates leave out (dp=1, tp=N): it is the same problem as the 1-D mesh (dp=N) (`mesh_candidates`).
 
-    Returns:
-        (best plan, [(mesh, plan or None, reason)]) for every candidate, in candidate order.
-    Raises:
-        InfeasiblePlanError: no candidate fits (the message lists each mesh's reason).
-    """
-    resolved, _ = resolve_cluster(cluster, world_size)
-    tried = []
-    for mesh in mesh_candidates(world_size, resolved.devices_per_node):
-        if progress:
-            progress(mesh)
-        try:
-            tried.append((mesh, plan(traced, mesh, cluster=cluster, **plan_kwargs), ""))
-        except InfeasiblePlanError as exc:
-            tried.append((mesh, None, str(exc).splitlines()[0]))
-    ok = [(p.cost.total_s, i, p) for i, (_, p, _) in enumerate(tried) if p is not None]
-    if not ok:
-        raise InfeasiblePlanError("no mesh fits:\n" + "\n".join(f"  {m}: {r}" for m, _, r in tried)
-                                  + "\nRemedy: raise the memory budget, add devices, or lower the batch.")
-    return min(ok)[2], tried
+def _search_record(found) -> dict:
+    """What `plan.model["search"]` keeps of the search: the winner and how much was priced (no wall times)."""
+    s = found.search
+    return {"mesh": found.mesh.to_dict(), "schedule": found.schedule, "microbatches": found.num_microbatches,
+            "microbatch_size": found.microbatch_size, "global_batch": found.global_batch,
+            "step_s": found.step_time_s, "candidates": s.candidates, "priced": s.evaluated, "pruned": s.pruned,
+            "infeasible_memory": s.infeasible_memory}
+
+
+# The final intra-stage ILP of a pipeline plan sees the whole graph on one stage group; stage memory is the
+# search's (partition under the budget), so the ILP runs without its memory row, as `planner.segments` does.
+_NO_BUDGET = 10 ** 18
+
+
+def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster, config: PlanConfig, budget: int,
+                   reserve: int, record: dict) -> Plan:
+    """The pipeline Plan of a search winner with pp > 1 (full mesh `whole`, pp first): the intra-stage ILP on
+    `sub` (dp priced as DDP, as
+    the search did: role "ddp" unless the caller set one), the search's cuts and estimate in `Plan.pipeline`,
+    and `cost.memory_bytes` = the search's peak pipeline rank by kind (the ILP's memory would be the whole
+    model on one stage group). `cost` times stay the ILP's: the whole graph, one microbatch, one stage group."""
+    from .runtime.pipeline import cut_stages
+
+    group = traced.blocks[0]
+    if found.block_group != group.name:
+        raise PipelineError(f"the search cut at block group {found.block_group} but the runtime cuts at the first "
+                            f"group {group.name}; this model's block groups are not supported for pipelining yet")
+    roles = dict(config.axis_roles)
+    if found.dp > 1:
+        roles.setdefault("dp", "ddp")
+    per_node = min(full.devices_per_node, sub.world_size)
+    stage_cluster = dataclasses.replace(full, num_nodes=sub.world_size // per_node, devices_per_node=per_node)
+    p = _solve(traced, sub, cluster=stage_cluster, config=dataclasses.replace(
+        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
+    per_stage = tuple(s.num_blocks for s in found.stages)
+    cut = cut_stages(traced, len(per_stage), per_stage)
+    memory = tuple(_rank_memory(found, r) for r in range(found.pp))
+    b = found.step_breakdown_s
+    estimate = PipelineEstimate(found.step_time_s, b["pipeline"], b["bubble"], b["dp_grad_sync"], b["tied_grad_sync"],
+                                found.microbatch_size, found.global_batch, found.partition,
+                                tuple(s.time_s for s in found.stages), memory)
+    section = pipeline_section(whole, sub.world_size, tuple(group.members), cut.stage_of, found.pp,
+                               found.schedule, found.num_microbatches, found.virtual_stages, per_stage, estimate)
+    peak = dict(estimate.peak_memory_bytes, buffers=0)
+    peak["total"] = sum(v for k, v in peak.items() if k != "total")
+    peak["reserve"] = reserve
+    cfg = dict(p.config, memory_budget_bytes=budget, memory_reserve_bytes=reserve)
+    cfg["axis_roles"] = [list(x) for x in roles.items()]
+    return dataclasses.replace(p, cost=dataclasses.replace(p.cost, memory_bytes=peak), config=cfg,
+                               pipeline=section, model={**p.model, "search": record})
+
+
+def _rank_memory(found, r: int) -> dict:
+    """Pipeline rank r's bytes per device by kind from the search: state of its stages (params, grads,
+    optimizer per `StageKindSummary`) + its in-flight microbatches x its stages' activations of one microbatch."""
+    rank = found.ranks[r]
+    kinds = {k.kind: k.memory_bytes for k in found.stage_kinds}
+    out = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0}
+    for i in rank.stages:
+        stage = found.stages[i]
+        for k in ("params", "grads", "optimizer"):
+            out[k] += int(kinds[stage.kind][k])
+        out["activations"] += int(stage.activation_bytes * rank.inflight_microbatches)
+    out["total"] = sum(out.values())
+    return out
 
 
 # ------------------------------------------------------------------------------------ auto_parallelize

@@ -11,16 +11,17 @@ the whole global batch in one step) on the meta device; the planner shards that 
 The estimated step time in the plan is for that traced batch; the summary also gives the time per optimizer
 step (x grad-accum; gradient syncs are counted once per traced step, an upper bound).
 
-Pipeline: a mesh with a "pp" axis first (`--mesh pp=2,dp=2 --schedule 1f1b --microbatches 2`) traces ONE
-microbatch (global batch / (grad-accum x microbatches)), plans the mesh without pp for every stage, and cuts
-the repeated blocks evenly into stages (`parallelizer/planner/stages.py`).
-
-Mesh: without `--mesh`, every 1-D (dp=N) and 2-D (dp=N/t, tp=t; t <= devices per node, t < N) mesh of the
-cluster's N devices is planned and the lowest estimated step time is kept (the summary lists them all).
+Search (one planner, `parallelizer.plan`): without `--mesh`, every factorisation (pp, dp, tp) of the cluster's
+devices (tp inside a node), microbatch count and schedule is priced by the pipeline search
+(`parallelizer/planner/search.py`); the winner's Plan is then built: pp=1 -> the ILP on its (dp, tp) mesh,
+pp>1 -> a pipeline Plan with the search's (possibly uneven) stage cuts, schedule, microbatches and estimate.
+The model is traced again at the winner's microbatch (global batch / microbatches) when that differs.
+`--mesh pp=2,dp=2,tp=2` fixes the factorisation, `--schedule` restricts the schedule, `--microbatches` fixes
+the microbatches. A `--mesh` without pp is planned by the ILP alone (no search).
 
 Cluster: `--cluster` names what the plan is priced on; without it the CLI applies the Python API's rule
 (`parallelizer.planner.api.resolve_cluster`): DGX H100 nodes holding exactly the mesh's devices, or one node
-of 8 when there is no `--mesh` either.
+of 8 when there is no `--mesh` either (`parallelizer.api.search_cluster`).
 
 Models: a preset or `package.module:factory`; a factory returns `(model, args)`, `(model, args, kwargs)`
 (keyword inputs such as labels=) or a transformers model (token ids are made for it).
@@ -47,9 +48,6 @@ from .errors import ParallelizerError
 # plan's activations). Larger models are rehearsed at reduced width (`presets.reduced`).
 _REAL_WIDTH_MAX_PARAMS = 20_000_000
 _BYTES_PER_PARAM_REHEARSAL = 48
-# The cluster a mesh search (no --mesh) runs on when no --cluster is given: one DGX H100 node, which is also
-# what `resolve_cluster(None, 8)` gives.
-_SEARCH_CLUSTER = "h100:1x8"
 
 
 def parse_kv(text: str | None, what: str) -> dict:
@@ -89,11 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048")
     p.add_argument("--cluster", help="PRESET:NODESxDEVICES (e.g. h100:2x8) or a calibration profile JSON "
                    "(default: DGX H100 nodes holding the --mesh, as the Python API; h100:1x8 without --mesh)")
-    p.add_argument("--mesh", help="e.g. dp=4,tp=4 (default: search 1-D and 2-D meshes)")
+    p.add_argument("--mesh", help="dp=4,tp=4: the ILP on that mesh; pp=2,dp=4,tp=2: the search with that "
+                   "factorisation fixed (default: search every (pp, dp, tp) of the cluster's devices)")
     p.add_argument("--roles", help="force the parallelism of mesh axes (needs --mesh), e.g. dp=ddp,tp=tp; "
                                    "roles: ddp, fsdp, tp, auto (default: the planner decides)")
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step with a --mesh without pp "
+                   "(default 1; the search chooses them itself: --microbatches fixes them)")
     p.add_argument("--seq-len", type=int, help="sequence length (token models)")
     p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB, reserve included "
                    "(default: device memory)")
@@ -107,10 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
-                   help="pipeline schedule (needs a 'pp' axis first in --mesh, e.g. pp=2,dp=2; default 1f1b)")
-    p.add_argument("--microbatches", type=int, help="pipeline microbatches per traced step (default pp); the "
-                   "model is traced with ONE microbatch: global batch / (grad-accum x microbatches)")
-    p.add_argument("--virtual-stages", type=int, help="stages per pp rank (default 1; 2 for interleaved_1f1b)")
+                   help="restrict the search to this pipeline schedule (default: all three; zbv is not offered: the "
+                        "runtime cannot run it, parallelizer/planner/stages.py)")
+    p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "
+                   "or gradient-accumulation steps when pp=1; default: searched, pp with a fixed pp mesh and no "
+                   "--global-batch); the plan's graph is ONE microbatch: global batch / microbatches")
+    p.add_argument("--virtual-stages", type=int, help="stages per pp rank (1 for gpipe/1f1b, 2 for interleaved_1f1b)")
     p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
     p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -150,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_plan(args) -> int:
-    """`parallelizer plan`: build on meta, trace, plan (or search meshes), print the summary, write JSON."""
+    """`parallelizer plan`: build on meta, trace, plan (`parallelizer.plan`: a search without --mesh or with a
+    'pp' axis, the ILP on a --mesh without pp), print the summary, write JSON."""
     from tqdm import tqdm
 
     from . import api, presets
@@ -163,78 +166,75 @@ def cmd_plan(args) -> int:
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
-    pipelined = mesh is not None and "pp" in mesh.axis_names
+    searched = mesh is None or "pp" in mesh.axis_names
     pipe = {k: v for k, v in (("schedule", args.schedule), ("microbatches", args.microbatches),
                               ("virtual_stages", args.virtual_stages)) if v is not None}
-    if pipe and not pipelined:
-        raise ValueError(f"--{next(iter(pipe)).replace('_', '-')} is for pipeline plans: give a mesh with a 'pp' "
-                         "axis first, e.g. --mesh pp=2,dp=2")
-    micro = (args.microbatches or mesh.shape[mesh.axis_names.index("pp")]) if pipelined else 1
-    if args.global_batch is not None and args.global_batch % (args.grad_accum * micro):
-        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum} "
-                         f"x --microbatches {micro} (the model is traced with one microbatch)")
+    if pipe and not searched:
+        raise ValueError(f"--{next(iter(pipe)).replace('_', '-')} is for searched or pipeline plans: drop --mesh to "
+                         "search, or give a mesh with a 'pp' axis first, e.g. --mesh pp=2,dp=2")
+    if searched and args.grad_accum != 1:
+        raise ValueError("--grad-accum is for a --mesh without pp; the search chooses the microbatches (gradient "
+                         "accumulation steps when pp=1): fix them with --microbatches")
     roles = parse_kv(args.roles, "--roles")
     if roles and mesh is None:
         raise ValueError(f"--roles {args.roles}: give the mesh they refer to with --mesh (e.g. --mesh dp=2,tp=4)")
-    world = mesh.world_size if mesh else _cluster_devices(args.cluster or _SEARCH_CLUSTER)
-    candidates = [mesh] if mesh else api.mesh_candidates(world, api.resolve_cluster(args.cluster, world)[0].devices_per_node)
-    bar = tqdm(total=2 + len(candidates), desc="build", disable=args.no_progress, file=sys.stderr)
+    micro = args.microbatches or (mesh.size("pp") if mesh is not None and "pp" in mesh.axis_names else 1)
+    if args.global_batch is not None and args.global_batch % (args.grad_accum * micro):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum} "
+                         f"x --microbatches {micro} (the model is traced with one microbatch)")
+    config = parse_kv(args.config, "--config")
+    bar = tqdm(total=3, desc="build", disable=args.no_progress, file=sys.stderr)
     traced_batch = None if args.global_batch is None else args.global_batch // (args.grad_accum * micro)
-    recipe = presets.recipe(args.model, parse_kv(args.config, "--config"), traced_batch, args.seq_len)
+    recipe = presets.recipe(args.model, config, traced_batch, args.seq_len)
     start = time.perf_counter()
     model, inputs, *keywords = presets.build(recipe, "meta")
     bar.update()
     bar.set_description("trace")
     traced = trace(model, inputs, *keywords)
     bar.update()
-    batch = {"global_batch": args.global_batch, "grad_accum": args.grad_accum, "traced_batch": traced_batch,
-             "seq_len": args.seq_len, **({"microbatches": micro} if pipelined else {})}
-    if pipelined:
-        pipe["microbatches"] = micro
-    options = dict(cluster=args.cluster, recipe=recipe, batch=batch, optimizer=args.optimizer,
-                   time_limit_s=args.time_limit, axis_roles={k: str(v) for k, v in roles.items()},
+    used = [recipe]
+
+    def retrace(batch: int):  # the search's winner needs the graph at its step batch (`parallelizer.plan`)
+        bar.set_description(f"trace batch {batch}")
+        used.append(presets.recipe(args.model, config, batch, args.seq_len))
+        return trace(*presets.build(used[-1], "meta"))
+
+    options = dict(cluster=args.cluster, recipe=recipe, optimizer=args.optimizer, time_limit_s=args.time_limit,
+                   axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
                    precision=args.precision)
-
-    started: list[MeshSpec] = []
-
-    def progress(m: MeshSpec) -> None:  # called before each mesh's solve
-        if started:
-            bar.update()
-        started.append(m)
-        bar.set_description(f"solve {m}")
-
-    if mesh is None:
-        best, tried = api.search_mesh(traced, world, progress=progress, **options)
+    bar.set_description("search" if searched else f"solve {mesh}")
+    if searched:
+        best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,
+                        progress=False if args.no_progress else None, **pipe, **options)
     else:
-        progress(mesh)
-        best, tried = api.plan(traced, mesh, **options, **pipe), []
+        best = api.plan(traced, mesh, **options)
     bar.update(bar.total - bar.n)
     bar.close()
+    best = _with_batch(best, args, used[-1])
     best.save(args.out)
     print(best.summary(max_nodes=12))
     print("traced inputs: " + ", ".join(f"{n} {tuple(s)}" for n, s in best.model.get("inputs", {}).items()))
-    if tried:
-        print(f"mesh search over {len(tried)} meshes of {world} devices (kept the lowest estimated step):")
-        for m, p, why in tried:
-            mark = " <- chosen" if p is best else ""
-            print(f"  {str(m):18s} " + (f"{p.cost.total_s * 1e3:10.3f} ms, {p.cost.memory_bytes['total'] / 1e9:7.2f} GB"
-                                       if p else f"infeasible: {why}") + mark)
-    if args.grad_accum > 1:
-        print(f"per optimizer step ({args.grad_accum} micro-steps): {best.cost.total_s * args.grad_accum * 1e3:.3f} ms")
-    print(f"traced batch: {traced_batch or 'model default'}; wrote {args.out} "
+    accum = best.model["batch"]["grad_accum"]
+    if accum > 1:
+        print(f"per optimizer step ({accum} micro-steps): {best.cost.total_s * accum * 1e3:.3f} ms")
+    print(f"traced batch: {best.model['batch']['traced_batch'] or 'model default'}; wrote {args.out} "
           f"({time.perf_counter() - start:.1f} s)")
     return 0
 
 
-def _cluster_devices(cluster: str) -> int:
-    """Device count of a cluster preset, or the largest calibrated process count of a profile."""
-    if cluster.endswith(".json") or os.path.exists(cluster):
-        from cost_model.calibrate import load_profile
-        return max(load_profile(cluster).links)
-    from cost_model.topology import get_cluster
-    return get_cluster(cluster).world_size
+def _with_batch(plan, args, recipe: dict):
+    """The plan with the recipe it was finally traced from and its batch facts ("grad_accum": micro-steps per
+    optimizer step: --grad-accum, or the search's microbatches when it chose pp=1; "microbatches" with pp)."""
+    import dataclasses
+
+    search = plan.model.get("search")
+    micro = search["microbatches"] if search else 1
+    batch = {"global_batch": args.global_batch, "grad_accum": micro if search and plan.pipeline is None
+             else args.grad_accum, "traced_batch": recipe["kwargs"].get("batch"), "seq_len": args.seq_len,
+             **({"microbatches": micro} if plan.pipeline is not None else {})}
+    return dataclasses.replace(plan, model={**plan.model, "recipe": recipe, "batch": batch})
 
 
 def cmd_show(args) -> int:

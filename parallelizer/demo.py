@@ -4,7 +4,7 @@ The default model is the GPT-2 small architecture (12 layers, hidden 768, 12 hea
 1024; Radford et al. 2019) from transformers with random weights on the `meta` device (nothing downloaded or
 allocated), traced with a batch of 8 sequences.
 
-1. Plan it for one DGX H100 node ("h100:1x8"), searching the 1-D and 2-D meshes of its 8 GPUs; print the
+1. Plan it for one DGX H100 node ("h100:1x8"), searching (pp, dp, tp) over its 8 GPUs (`parallelizer.plan`); print the
    summary and write `plan.json` (`parallelizer show plan.json` prints its tables).
 2. This machine has no GPUs, so the rehearsal uses 4 local gloo ranks. A plan for 4 devices is needed for
    that: the demo plans the same model for 4 GPUs of the same node ("h100:1x4", same devices and NVLink),
@@ -33,13 +33,9 @@ BATCH, SEQ_LEN = 8, 1024
 def _plan(traced, recipe, cluster: str, devices: int, out: Path):
     start = time.perf_counter()
     batch = {"global_batch": BATCH, "grad_accum": 1, "traced_batch": BATCH, "seq_len": SEQ_LEN}
-    best, tried = api.search_mesh(traced, devices, cluster=cluster, recipe=recipe, batch=batch)
+    best = api.plan(traced, cluster=cluster, recipe=recipe, batch=batch)  # no mesh: the search over (pp, dp, tp)
     print(f"\n=== plan for {cluster} ({devices} GPUs), {time.perf_counter() - start:.1f} s ===")
     print(best.summary(max_nodes=10))
-    print("meshes tried (estimated step time, memory per device):")
-    for mesh, p, why in tried:
-        print(f"  {str(mesh):14s} " + (f"{p.cost.total_s * 1e3:9.2f} ms {p.cost.memory_bytes['total'] / 1e9:7.2f} GB"
-                                       if p else f"infeasible: {why}") + (" <- chosen" if p is best else ""))
     best.save(out)
     print(f"wrote {out}")
     return best

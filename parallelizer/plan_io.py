@@ -19,7 +19,8 @@ import re
 from importlib import resources
 
 from .errors import PlanMismatchError, PlanValidationError
-from .planner.plan import _MAIN_OPS, memory_rows, precision_text
+from .planner.plan import _MAIN_OPS, memory_rows, precision_text, search_rows
+from .planner.stages import MEMORY_KINDS
 
 SCHEMA_FILE = "plan_schema.json"
 # The legend printed with every plan view; docs/architecture.md explains the notation and the pipeline.
@@ -89,8 +90,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     c = plan.cost
     tables: list[Table] = []
     cl = plan.cluster
-    rows = [[name, str(size)] for name, size in zip(plan.mesh.axis_names, plan.mesh.shape)]
-    rows.append(["devices", str(plan.mesh.world_size)])
+    full = plan.pipeline.mesh if plan.pipeline is not None else plan.mesh
+    rows = [[name, str(size)] for name, size in zip(full.axis_names, full.shape)]
+    rows.append(["devices", str(full.world_size) + (f" (each stage group: {plan.mesh})" if plan.pipeline else "")])
     if cl:
         rows.append(["cluster", f"{cl['spec'] or 'custom'}: {cl['num_nodes']} x {cl['devices_per_node']} {cl['device']}"])
         rows.append(["links", f"intra {cl['intra_node_link']['name']} {_gbps(cl['intra_node_link'])}, "
@@ -109,12 +111,23 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     rows = [["compute", f"{c.compute_s * 1e3:.3f}", f"{c.compute_s / total:.1%}"]]
     rows += [[k, f"{v * 1e3:.3f}", f"{v / total:.1%}"] for k, v in c.comm_s.items() if v]
     rows.append(["total", f"{c.total_s * 1e3:.3f}", "100.0%"])
-    tables.append(("Estimated step time", ["part", "ms", "share"], rows))
+    title = ("Estimated step time" if plan.pipeline is None else
+             "Estimated time of one microbatch, whole graph, one stage group (intra-stage ILP; the step: Search)")
+    tables.append((title, ["part", "ms", "share"], rows))
     tables.append(("Memory per device (total = the plan's tensors; reserve = fragmentation, workspaces, "
                    "communication buffers; total + reserve <= budget)", ["category", "GB"],
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
     if plan.pipeline is not None:
         tables.append(plan.pipeline.table())
+        if plan.pipeline.estimate is not None:
+            ranks = plan.pipeline.estimate.rank_memory_bytes
+            tables.append(("Pipeline memory per device by pp rank (GB; activations = in-flight microbatches)",
+                           ["pp rank", *MEMORY_KINDS],
+                           [[str(r), *(f"{m.get(k, 0) / 1e9:.3f}" for k in MEMORY_KINDS)] for r, m in enumerate(ranks)]))
+    if search_rows(plan):
+        tables.append(("Search (parallelizer.plan)", ["field", "value"], [list(r) for r in search_rows(plan)]))
+    tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],
+                   [[r, m] for r, m in sorted(plan.recompute.items())] or [["(all)", "none"]]))
     tables += _block_tables(plan, all_positions)
     tables.append(_param_table(plan))
     counts: dict[tuple[str, str], int] = {}
@@ -182,10 +195,17 @@ def _param_row(name: str, p) -> list[str]:
     return [name + kind, str(tuple(p.shape)), p.stored, str(tuple(p.local_shape))]
 
 
+def headline(plan) -> str:
+    """One line: the mesh, the estimated step (a pipeline plan's: the search's, on the full mesh) and memory."""
+    est = plan.pipeline.estimate if plan.pipeline is not None else None
+    head = (f"Pipeline plan on mesh {plan.pipeline.mesh}: estimated step {est.step_s * 1e3:.3f} ms (search)"
+            if est is not None else f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms")
+    return f"{head}, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"
+
+
 def plan_text(plan, all_positions: bool = False) -> str:
     """All `plan_tables` as aligned text tables."""
-    out = [f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms, "
-           f"{plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device", NOTATION]
+    out = [headline(plan), NOTATION]
     for title, header, rows in plan_tables(plan, all_positions):
         out.append("")
         out.append(f"## {title}")
@@ -202,9 +222,7 @@ def plan_text(plan, all_positions: bool = False) -> str:
 def plan_html(plan, max_rows: int = 60) -> str:
     """All `plan_tables` as HTML (the notebook display of `Plan`); long tables are cut at `max_rows`."""
     esc = html.escape
-    parts = [f"<div><b>Plan on mesh {esc(str(plan.mesh))}</b>: estimated step "
-             f"{plan.cost.total_s * 1e3:.3f} ms, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device",
-             f"<br><small>{esc(NOTATION)}</small>"]
+    parts = [f"<div><b>{esc(headline(plan))}</b>", f"<br><small>{esc(NOTATION)}</small>"]
     for title, header, rows in plan_tables(plan):
         parts.append(f"<details{' open' if len(rows) <= 12 else ''}><summary>{esc(title)} ({len(rows)})</summary>"
                      "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")

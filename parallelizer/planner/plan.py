@@ -162,6 +162,36 @@ def memory_rows(plan: "Plan") -> list[tuple[str, int]]:
     return rows
 
 
+def search_rows(plan: "Plan") -> list[tuple[str, str]]:
+    """(field, text) rows on how a searched plan was chosen (`parallelizer.plan` without a mesh or with pp): the
+    winner and how much was priced, the search's step estimate, and the final ILP's estimate beside it (the two
+    are priced differently: the search sums per-segment prices of a tp-only ILP and adds the dp gradient sync
+    once per step; the final ILP prices the whole graph on the (dp, tp) mesh for one traced step). Empty for
+    plans made on a mesh without pp."""
+    found = plan.model.get("search")
+    if not found:
+        return []
+    mesh = ", ".join(f"{a}={n}" for a, n in zip(found["mesh"]["axis_names"], found["mesh"]["shape"]))
+    ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+    rows = [("chosen", f"({mesh}), {found['schedule'] if plan.pipeline is not None else 'no pipeline'}, "
+                       f"{found['microbatches']} microbatch(es) of {found['microbatch_size']} per replica, "
+                       f"global batch {found['global_batch']}"),
+            ("searched", f"{found['candidates']} candidates: {found['priced']} priced ({found['infeasible_memory']} "
+                         f"over memory), {found['pruned']} pruned by the lower bound"),
+            ("search estimate", f"{ms(found['step_s'])} per optimizer step")]
+    m = found["microbatches"]
+    if plan.pipeline is None:
+        rows.append(("final ILP estimate", f"{ms(plan.cost.total_s * m)} per optimizer step ({m} x "
+                                           f"{ms(plan.cost.total_s)} per traced step) on mesh {plan.mesh}"))
+    else:
+        est = plan.pipeline.estimate
+        rows += [("pipeline", f"{ms(est.pipeline_s)} (bubble {ms(est.bubble_s)}) + dp grad sync "
+                              f"{ms(est.dp_grad_sync_s)} + tied grad sync {ms(est.tied_grad_sync_s)}"),
+                 ("per microbatch", f"search: stages sum to {ms(sum(est.stage_s))}; final ILP (whole graph, one "
+                                    f"stage group {plan.mesh}, dp gradient sync included): {ms(plan.cost.total_s)}")]
+    return rows
+
+
 @dataclass(frozen=True, slots=True)
 class SolverReport:
     """How the ILP went. `optimal` only when the solver proved it (see `planner.ilp`)."""
@@ -332,7 +362,10 @@ class Plan:
         gb = 1e9
         gap = "n/a" if s.gap is None else f"{s.gap:.2e}"
         lines = [f"NOTE: {note}" for note in self.notes()]
-        lines += [f"Plan on mesh {self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
+        if self.pipeline is not None and self.pipeline.estimate is not None:
+            lines.append(f"Pipeline plan on mesh {self.pipeline.mesh}: " + self.pipeline.estimate.lines()[0])
+        lines += [f"{'Intra-stage plan (one microbatch, whole graph)' if self.pipeline else 'Plan'} on mesh "
+                  f"{self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
                  f"(compute {c.compute_s * 1e3:.3f} ms"
                  + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
                  f"precision: {precision_text(self.config)}",
@@ -362,6 +395,14 @@ class Plan:
             widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
             lines.append(title + ":")
             lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+            if self.pipeline.estimate is not None:
+                lines += self.pipeline.estimate.lines()[1:]
+        rows = search_rows(self)
+        if rows:
+            lines.append("search (parallelizer.plan):")
+            lines += [f"  {k}: {v}" for k, v in rows]
+        lines.append("recomputation: " + (", ".join(f"{r} {m}" for r, m in sorted(self.recompute.items()))
+                                          or "none"))
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -27,6 +27,9 @@ bubble is (p - 1)(T_F + T_B - 2 T_W) per stage; ZB-V (2 chunks per rank in a V, 
 memory when T_F = T_B = T_W). We apply that bubble to chunk times (F, B, W of the rank halved) and require
 m >= 2p, where the V schedule reaches its steady state.
 
+Validity (`invalid_reason`): 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
+interleaved_1f1b m divisible by p, zbv m >= 2p.
+
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
 `bubble_ratio` = bubble / ideal (Narayanan's (p - 1) / m).
 """
@@ -67,6 +70,8 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
     v = get_schedule(schedule).virtual_stages
     if p * v > num_blocks:
         return f"{p * v} stages > {num_blocks} blocks"
+    if schedule == "1f1b" and m < p:  # torch's Schedule1F1B raises for fewer microbatches than stages
+        return "1f1b needs microbatches >= pp"
     if schedule == "interleaved_1f1b" and m % p:
         return "interleaved_1f1b needs microbatches divisible by pp"
     if schedule == "zbv" and m < 2 * p:

@@ -167,8 +167,8 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
                     total += 1
                     if ctx.global_batch % (d * m):
                         excluded[f"global batch {ctx.global_batch} not divisible by dp x microbatches"] += 1
-                    elif p == 1 and name != "1f1b":
-                        excluded["pp=1: one schedule (1f1b = gradient accumulation) suffices"] += 1
+                    elif p == 1 and name != ("1f1b" if "1f1b" in schedules else schedules[0]):  # kept under a
+                        excluded["pp=1: one schedule (1f1b = gradient accumulation) suffices"] += 1  # restriction too
                     elif (why := invalid_reason(name, p, m, L)) is not None:
                         excluded[why] += 1
                     else:

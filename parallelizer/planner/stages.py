@@ -1,28 +1,104 @@
-"""The pipeline section of a `Plan`: pp, schedule, microbatches, virtual stages per rank and the stages.
+"""The pipeline section of a `Plan`: pp, schedule, microbatches, virtual stages per rank, the stages and the
+search's estimate.
 
-A plan with pipeline parallelism is made on a mesh with a "pp" axis, outermost: (pp, dp, tp). The intra-stage
-ILP plans the mesh WITHOUT pp (`Plan.mesh`, e.g. (dp=2); every stage uses that one intra-stage plan), and
-`Plan.pipeline` records the rest. Stage k holds `blocks_per_stage[k]` consecutive members of the first
-repeated-block group (cut evenly; ops before the first block go to stage 0, after the last to the last
-stage: `runtime.pipeline.cut_stages`) and runs on pipeline rank k % pp, i.e. on global ranks
-(k % pp) * W ... (k % pp + 1) * W - 1 with W = the intra-stage mesh size (looped placement, as torch's
-interleaved schedules expect). The traced graph is of ONE microbatch: global batch = microbatches x the
-traced batch.
+A plan with pipeline parallelism has a mesh ("pp", "dp", "tp") with "pp" outermost (size-1 dp/tp axes left
+out). The intra-stage ILP plans the mesh WITHOUT pp (`Plan.mesh`, e.g. (dp=2); every stage uses that one
+intra-stage plan), and `Plan.pipeline` records the rest. Stage k holds `blocks_per_stage[k]` consecutive
+members of the first repeated-block group (the cuts the search chose, possibly uneven; ops before the first
+block go to stage 0, after the last to the last stage: `runtime.pipeline.cut_stages`) and runs on pipeline
+rank k % pp, i.e. on global ranks (k % pp) * W ... (k % pp + 1) * W - 1 with W = the intra-stage mesh size
+(looped placement, as torch's interleaved schedules expect). The traced graph is of ONE microbatch: global
+batch = microbatches x the traced batch.
+
+Schedules on the user's path (`SCHEDULE_NAMES`) are those `runtime.pipeline` runs: gpipe, 1f1b,
+interleaved_1f1b. The search (`planner.schedules`) also prices "zbv" (ZB-V, torch's ScheduleZBVZeroBubble),
+but it places stages in a V (stage k and 2pp-1-k on one rank) while the runtime places them looped, and
+`runtime.pipeline.SCHEDULES` has no ZB-V: a plan naming it could not run, so `parallelizer.plan` never
+searches it (`PipelineError` when asked for).
+
+`PipelineEstimate` holds what the search (`planner.search.plan_pipeline`) priced for the chosen candidate:
+step time = pipeline (m microbatches plus the bubble on the bottleneck rank) + dp gradient all-reduce + tied
+embedding gradient exchange, per-stage seconds per microbatch, and per pipeline rank its memory by kind.
 
 JSON (`Plan.to_dict()["pipeline"]`, present only in pipeline plans): {"pp", "schedule", "microbatches",
 "virtual_stages", "mesh": the full mesh, "stages": [{"stage", "pp_rank", "blocks": [member, ...],
-"first_node", "last_node", "ranks": [first, last]}]}.
+"first_node", "last_node", "ranks": [first, last]}], "estimate": {...} (`PipelineEstimate.to_dict`)}.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")
-_INTERLEAVED = ("interleaved_1f1b",)
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")  # what runtime.pipeline runs (module docstring)
+UNRUNNABLE_SCHEDULES = {"zbv": "the runtime places stages looped (stage k on pp rank k % pp) and has no ZB-V "
+                               "schedule, while zbv needs V placement (torch's ScheduleZBVZeroBubble)"}
 PP_AXIS = "pp"
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "total")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineEstimate:
+    """The search's price of the chosen pipeline (module docstring). Seconds per optimizer step unless said.
+
+    Attributes:
+        step_s: pipeline_s + dp_grad_sync_s + tied_grad_sync_s.
+        pipeline_s: m T + bubble on the bottleneck rank (`planner.schedules.pipeline_time_s`); bubble_s its idle part.
+        dp_grad_sync_s: all-reduce of the largest rank's gradients over dp (not overlapped with backward).
+        tied_grad_sync_s: the tied-parameter gradient exchange between first and last pipeline rank.
+        microbatch_size: samples per microbatch per data-parallel replica; global_batch: samples per step.
+        partition: "dp" (the search's balanced, memory-aware cut) or "uniform" (the even cut won).
+        stage_s: per stage, seconds per microbatch (forward + backward, its tp collectives and sends).
+        rank_memory_bytes: per pipeline rank, bytes per device by kind (`MEMORY_KINDS`; activations = the
+            in-flight microbatches the schedule keeps, `schedules.inflight_microbatches`).
+    """
+
+    step_s: float
+    pipeline_s: float
+    bubble_s: float
+    dp_grad_sync_s: float
+    tied_grad_sync_s: float
+    microbatch_size: int
+    global_batch: int
+    partition: str
+    stage_s: tuple[float, ...]
+    rank_memory_bytes: tuple[dict, ...] = field(default=())
+
+    def __post_init__(self) -> None:  # stored as written (10 significant digits), so a loaded plan compares equal
+        for f in ("step_s", "pipeline_s", "bubble_s", "dp_grad_sync_s", "tied_grad_sync_s"):
+            object.__setattr__(self, f, _sig10(getattr(self, f)))
+        object.__setattr__(self, "stage_s", tuple(_sig10(x) for x in self.stage_s))
+
+    @property
+    def peak_memory_bytes(self) -> dict:
+        """The memory by kind of the pipeline rank with the largest total."""
+        return max(self.rank_memory_bytes, key=lambda m: m["total"])
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step_s, "pipeline_s": self.pipeline_s, "bubble_s": self.bubble_s,
+                "dp_grad_sync_s": self.dp_grad_sync_s, "tied_grad_sync_s": self.tied_grad_sync_s,
+                "microbatch_size": self.microbatch_size, "global_batch": self.global_batch,
+                "partition": self.partition, "stage_s": list(self.stage_s),
+                "rank_memory_bytes": [dict(m) for m in self.rank_memory_bytes]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PipelineEstimate":
+        return cls(d["step_s"], d["pipeline_s"], d["bubble_s"], d["dp_grad_sync_s"], d["tied_grad_sync_s"],
+                   d["microbatch_size"], d["global_batch"], d["partition"], tuple(d["stage_s"]),
+                   tuple(dict(m) for m in d["rank_memory_bytes"]))
+
+    def lines(self) -> list[str]:
+        """Human summary: step time and its parts, then per pipeline rank its memory by kind (GB)."""
+        ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+        out = [f"estimated step {ms(self.step_s)} = pipeline {ms(self.pipeline_s)} (bubble {ms(self.bubble_s)}) "
+               f"+ dp grad sync {ms(self.dp_grad_sync_s)} + tied grad sync {ms(self.tied_grad_sync_s)}; "
+               f"{self.global_batch} samples per step, microbatch {self.microbatch_size} per replica, "
+               f"{self.partition} cut"]
+        for r, mem in enumerate(self.rank_memory_bytes):
+            out.append(f"  pp rank {r} memory per device: "
+                       + ", ".join(f"{k} {mem[k] / 1e9:.2f} GB" for k in MEMORY_KINDS if k in mem))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +124,7 @@ class PipelineSection:
     virtual_stages: int
     mesh: MeshSpec
     stages: tuple[StagePlan, ...]
+    estimate: PipelineEstimate | None = None  # the search's price (None in plans made before it was recorded)
 
     @property
     def blocks_per_stage(self) -> tuple[int, ...]:
@@ -58,22 +135,32 @@ class PipelineSection:
                 "virtual_stages": self.virtual_stages, "mesh": self.mesh.to_dict(),
                 "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "blocks": list(s.blocks),
                             "first_node": s.first_node, "last_node": s.last_node, "ranks": list(s.ranks)}
-                           for s in self.stages]}
+                           for s in self.stages],
+                **({"estimate": self.estimate.to_dict()} if self.estimate is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PipelineSection":
         stages = tuple(StagePlan(s["stage"], s["pp_rank"], tuple(s["blocks"]), s["first_node"], s["last_node"],
                                  tuple(s["ranks"])) for s in d["stages"])
+        estimate = PipelineEstimate.from_dict(d["estimate"]) if "estimate" in d else None
         return cls(d["pp"], d["schedule"], d["microbatches"], d["virtual_stages"], MeshSpec.from_dict(d["mesh"]),
-                   stages)
+                   stages, estimate)
 
     def table(self) -> tuple[str, list[str], list[list[str]]]:
-        """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, first-last node)."""
+        """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, first-last node, and with an
+        estimate its milliseconds per microbatch)."""
+        timed = self.estimate is not None
         rows = [[str(s.stage), str(s.pp_rank), _span(s.blocks), f"{s.ranks[0]}-{s.ranks[1]}",
-                 f"{s.first_node} .. {s.last_node}"] for s in self.stages]
+                 f"{s.first_node} .. {s.last_node}"]
+                + ([f"{self.estimate.stage_s[s.stage] * 1e3:.3f}"] if timed else []) for s in self.stages]
         title = (f"Pipeline stages (pp={self.pp}, schedule {self.schedule}, {self.microbatches} microbatches, "
                  f"{self.virtual_stages} stage(s) per pp rank, full mesh {self.mesh})")
-        return title, ["stage", "pp rank", "blocks", "ranks", "nodes"], rows
+        header = ["stage", "pp rank", "blocks", "ranks", "nodes"] + (["ms/microbatch"] if timed else [])
+        return title, header, rows
+
+
+def _sig10(x: float) -> float:
+    return float(f"{x:.10g}")  # as `planner.plan._round` writes floats
 
 
 def _span(blocks: tuple[str, ...]) -> str:
@@ -95,35 +182,27 @@ def split_mesh(mesh: MeshSpec) -> tuple[int, MeshSpec]:
     return mesh.shape[0], rest
 
 
-def stage_counts(num_blocks: int, group: str, pp: int, schedule: str, microbatches: int,
-                 virtual_stages: int | None) -> tuple[int, tuple[int, ...]]:
-    """(virtual stages per rank, blocks per stage) for an even cut.
+def check_schedules(names) -> tuple[str, ...]:
+    """The schedule names a user-path plan may use, validated.
 
     Raises:
-        PipelineError: an unknown schedule, microbatches < 1 or < pp, v that does not fit the schedule, or
-            pp * v that does not divide the number of blocks (names a pp that would).
+        PipelineError: an unknown name, or one the runtime cannot run (`UNRUNNABLE_SCHEDULES`, with the reason).
     """
-    if schedule not in SCHEDULE_NAMES:
-        raise PipelineError(f"schedule {schedule!r}: use one of {', '.join(SCHEDULE_NAMES)}")
-    v = virtual_stages or (2 if schedule in _INTERLEAVED else 1)
-    if (v > 1) != (schedule in _INTERLEAVED):
-        raise PipelineError(f"virtual_stages={v} with schedule {schedule!r}: gpipe/1f1b run 1 stage per pp rank, "
-                            "interleaved_1f1b runs >= 2")
-    if not isinstance(microbatches, int) or microbatches < pp:
-        raise PipelineError(f"microbatches={microbatches!r}: give an int >= pp={pp} (each pipeline rank needs a "
-                            "microbatch in flight)")
-    stages = pp * v
-    if num_blocks % stages:
-        fits = [d for d in range(1, num_blocks + 1) if num_blocks % (d * v) == 0]
-        raise PipelineError(f"pp={pp} x {v} stage(s) per rank = {stages} stages do not divide the {num_blocks} "
-                            f"blocks of {group}: stages are cut evenly at block boundaries. Remedy: pp in {fits}, "
-                            "or a model with a multiple of pp blocks")
-    return v, (num_blocks // stages,) * stages
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for name in names:
+        if name in UNRUNNABLE_SCHEDULES:
+            raise PipelineError(f"schedule {name!r} is not offered: {UNRUNNABLE_SCHEDULES[name]}. "
+                                f"Remedy: one of {', '.join(SCHEDULE_NAMES)}")
+        if name not in SCHEDULE_NAMES:
+            raise PipelineError(f"schedule {name!r}: use one of {', '.join(SCHEDULE_NAMES)}")
+    if not names:
+        raise PipelineError(f"schedules=(): give at least one of {', '.join(SCHEDULE_NAMES)}")
+    return names
 
 
 def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...], stage_of: dict[str, int],
                      pp: int, schedule: str, microbatches: int, v: int,
-                     blocks_per_stage: tuple[int, ...]) -> PipelineSection:
+                     blocks_per_stage: tuple[int, ...], estimate: PipelineEstimate | None = None) -> PipelineSection:
     """The section of a cut: `stage_of` maps compute nodes (graph order) to stages (`cut_stages`);
     `width` is the intra-stage mesh size."""
     nodes: dict[int, list[str]] = {}
@@ -135,4 +214,4 @@ def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...],
         stages.append(StagePlan(k, p, tuple(group_members[start:start + count]), nodes[k][0], nodes[k][-1],
                                 (p * width, (p + 1) * width - 1)))
         start += count
-    return PipelineSection(pp, schedule, microbatches, v, mesh, tuple(stages))
+    return PipelineSection(pp, schedule, microbatches, v, mesh, tuple(stages), estimate)

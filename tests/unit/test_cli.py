@@ -69,8 +69,8 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     assert cli.main(["plan", "--model", "test_cli:tiny_factory", "--config", "width=32", "--cluster", "h100:1x4",
                      "--global-batch", "8", "--no-progress", "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "mesh search over 2 meshes of 4 devices" in text and "<- chosen" in text  # not (dp=1, tp=4) = (dp=4)
-    assert "(dp=4)" in text and "(dp=2, tp=2)" in text and "dp=1" not in text
+    # no repeated blocks: pp=1, the ILP on (dp=4) and (dp=2, tp=2); not (dp=1, tp=4) = (dp=4)
+    assert "searched: 2 candidates: 2 priced" in text and "chosen: (pp=1, dp=" in text
     assert "traced inputs: input (8, 8)" in text
     plan = Plan.load(out)
     assert plan.mesh.world_size == 4 and plan.model["recipe"]["factory"] == "test_cli:tiny_factory"

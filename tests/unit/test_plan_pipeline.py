@@ -1,5 +1,6 @@
 """Pipeline plans on the user's path: `parallelizer.plan(traced, {"pp": 2, "dp": 2}, schedule=, microbatches=)`
-records the stages in `Plan.pipeline`; JSON round trip byte-identical; the stage table; typed errors."""
+(the search with the factorisation fixed) records the stages in `Plan.pipeline`; JSON round trip byte-identical;
+the stage table; typed errors."""
 import contextlib
 import io
 import json
@@ -52,8 +53,10 @@ def test_interleaved_and_pp_only(traced):
 
 
 def test_pipeline_errors_are_typed_with_remedies(traced):
-    with pytest.raises(PipelineError, match=r"do not divide the 4 blocks.*pp in \[1, 2, 4\]"):
-        _plan(traced, {"pp": 3}, microbatches=3)
+    uneven = _plan(traced, {"pp": 3}, microbatches=3)  # the search's cut need not be even
+    assert sum(uneven.pipeline.blocks_per_stage) == 4 and len(uneven.pipeline.blocks_per_stage) == 3
+    with pytest.raises(PipelineError, match=r"pp=5 stages > the 4 blocks of transformer.h.\*.*pp <= 4"):
+        _plan(traced, {"pp": 5}, microbatches=5)
     with pytest.raises(PipelineError, match="must be the first"):
         _plan(traced, {"dp": 2, "pp": 2})
     with pytest.raises(PipelineError, match="schedule 'zb'"):
