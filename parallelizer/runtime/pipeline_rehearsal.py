@@ -25,12 +25,11 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import spawn
-from .pipeline import build, cut_stages
+from .pipeline import build, cut_stages, global_tensor_inputs, microbatch_of
 from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype
 
@@ -91,21 +90,13 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
     m = pipe["microbatches"]
-    batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
-    if batch % m:
-        raise PipelineError(f"global batch {batch} does not split into {m} microbatches; build the model with a "
-                            "batch of microbatches x the traced batch")
-    micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
-    traced = trace(model, *micro)
+    traced = trace(model, *microbatch_of(inputs, kwargs, m))
     compute = compute_dtype(traced)
     per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
     run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
                 schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
-    # the global tensors in the traced input order: the order of the microbatch call, mapped back
-    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
-    leaves = pytree.tree_leaves((inputs, kwargs))
-    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])]
-    target = torch.zeros(batch)
+    flat = global_tensor_inputs(traced, inputs, kwargs, m)
+    target = torch.zeros(flat[0].shape[0])
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
     loss = grad = (0.0, "", 0.0)
