@@ -39,11 +39,13 @@ def lm_loss(output, target: torch.Tensor) -> torch.Tensor:
 
 
 def train(rank: int, world_size: int, cases: dict, steps: int = 3) -> dict:
-    """For each case (name -> (mesh, plan options)): the same user loop on `auto_parallelize`'s module and on
+    """For each case (name -> (mesh, plan options or {"plan_json": a saved plan})): the same user loop on `auto_parallelize`'s module and on
     the single-device model; returns per case the largest differences of loss, gradients (every step) and
     parameters (after `steps` AdamW steps), plus the typed errors of the pipeline module."""
     report = {}
     for name, (mesh, options) in cases.items():
+        if "plan_json" in options:  # a saved plan: applied without re-planning, its mesh the default
+            options = {"plan": parallelizer.Plan.from_json(options["plan_json"])}
         torch.manual_seed(0)
         model, (ids,) = zoo.gpt2(**GPT2_4)
         reference = copy.deepcopy(model)
