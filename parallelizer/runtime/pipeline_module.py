@@ -20,7 +20,7 @@ nn.Module contract, as far as a pipeline allows:
   the same plan and world size). `full_state_dict()`, `parallelizer.checkpoint` and `clip_grad_norm_` over the
   global norm are not supported for pipeline modules yet (they raise PipelineError).
 - `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.
-- train/eval: the stages run in the mode the model was traced in.
+- train/eval: the stages run in the mode the model was traced in; switching raises PipelineError.
 """
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ class PipelineModule(torch.nn.Module):
     @property
     def last(self) -> bool:
         return self.run.last
+
+    def train(self, mode: bool = True) -> "PipelineModule":
+        """Raises PipelineError for another mode than the model was traced in (the stages cannot re-trace);
+        the traced mode is accepted (so `pm.train()` in a training loop is harmless)."""
+        if mode != self.traced.training:
+            raise PipelineError(f"PipelineModule.train({mode}): the stages run the program traced in "
+                                f"{'train' if self.traced.training else 'eval'} mode and cannot switch. Remedy: "
+                                f"trace/auto_parallelize the model in {'train' if mode else 'eval'} mode, or use a "
+                                "plan without 'pp' (ParallelModule switches programs)")
+        return super().train(mode)
 
     def forward(self, *args, **kwargs):
         raise PipelineError("PipelineModule: a pipeline plan runs forward and backward together over its "

@@ -13,8 +13,8 @@ With `loss_fn=None` the model's first output must be its scalar loss (a transfor
 
 Microbatches (pipeline plans): the loss of the batch is the loss of microbatch j weighted by n_j / N, where
 n_j = `item_count(target_j)` is the number of items microbatch j's loss averages over and N the batch's
-(token-weighted, as Megatron-LM's `loss_func` sums losses and divides by the token count of the whole
-batch). With a mean loss this equals the single-device loss of the whole batch exactly, also when
+(token-weighted, as Megatron-LM with `calculate_per_token_loss`: each microbatch's loss sum is divided by
+the token count of the whole batch). A batch with no counted item gives NaN, as cross_entropy does. With a mean loss this equals the single-device loss of the whole batch exactly, also when
 microbatches count different numbers of tokens (labels -100); a plain mean of the microbatch means does not.
 `count_items` is the default count; pass `item_count=` when the loss counts items differently (e.g. a
 model's own causal-LM loss, which shifts the labels: `lambda labels: (labels[:, 1:] != -100).sum()`).
