@@ -5,7 +5,9 @@ Public API (see README.md):
     plan(traced, mesh, *, cluster=None, topology=None, config=None, **options) -> Plan
         (the planner plus provenance: graph fingerprint, cluster, blocks; see api.py)
     explain(traced, plan, node, ...) -> Explanation
-    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan)
+    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan),
+        or for a mesh with "pp" a runtime.pipeline_module.PipelineModule; both train with
+        loss = pm.step(*inputs, target=..., loss_fn=...)
     Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
     plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (pp x dp x tp, schedule, stages)
     rewrite(traced, plan, rank) -> RankProgram                      (the sharded fx program of one rank)
