@@ -20,7 +20,8 @@ A step = zero_grad, forward, loss, backward, AdamW step, then a barrier; median 
 rank 0, after warm-up steps. Ours and torch steps alternate one by one, so that drift and other load
 on the machine hit both alike; also reported: the median of the ratios of adjacent (ours, torch) step pairs
 and the fastest step of each (the least disturbed), and, for DP, the step's parts measured apart.
-Run: `python -m benchmarks.bench_runtime`.
+Run: `python -m benchmarks.bench_runtime`; the pipeline comparison (`run_pipeline`): `python -m
+benchmarks.bench_runtime pipeline`.
 """
 from __future__ import annotations
 
@@ -112,5 +113,47 @@ def run() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------- pipeline
+PIPELINE_SIZES = dict(in_features=256, dim=1024, hidden=4096, depth=4, batch=64)
+PIPELINE_MICROBATCHES = 4
+
+
+def run_pipeline(repeats: int = 3) -> str:
+    """Markdown: our pipeline plan ({"pp": 2}, `auto_parallelize` + `pm.step`, 1F1B) vs the same two stages
+    written by hand with torch.distributed.pipelining (PipelineStage + Schedule1F1B), 2 gloo ranks, same model,
+    batch and microbatches; `repeats` launches to show the spread (`_pipeline_runtime_workers`)."""
+    from benchmarks._pipeline_runtime_workers import pipeline_bench_rank
+
+    rows = []
+    for k in range(repeats):
+        load0, start = os.getloadavg()[0], time.perf_counter()
+        m = launch.spawn(pipeline_bench_rank, WORLD_SIZE, PIPELINE_SIZES, PIPELINE_MICROBATCHES, WARMUP, ITERS,
+                         ITERS, timeout_s=600)[1]  # rank 1 holds the last stage: its losses are the batch's
+        ours, torch_ = m["ours"], m["torch"]
+        ratio = ours["median_ms"] / torch_["median_ms"]
+        paired = statistics.median(a / b for a, b in zip(ours["ms"], torch_["ms"]))
+        rows.append(f"| {k + 1} | {ours['median_ms']:.1f} | {torch_['median_ms']:.1f} | {ratio:.3f} | "
+                    f"{'yes' if ratio <= TARGET else 'NO'} | {paired:.3f} | {min(ours['ms']):.1f} / "
+                    f"{min(torch_['ms']):.1f} | {ours['loss1']:.6f} / {torch_['loss1']:.6f} | {load0:.1f} / "
+                    f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - start:.0f} |")
+    return "\n".join([
+        "## Runtime: pipeline, ours vs hand-written torch.distributed.pipelining (2 gloo ranks)",
+        "",
+        f"Model `zoo.mlp({', '.join(f'{k}={v}' for k, v in PIPELINE_SIZES.items())})`, MSE loss, AdamW; "
+        f"pp=2 (stages of {m['stages']} blocks), 1F1B over {PIPELINE_MICROBATCHES} microbatches; ours: "
+        "`auto_parallelize(model, (x,), mesh={'pp': 2, 'dp': 1})` + `pm.step`; torch: the same stages as "
+        "`nn.Sequential` in `PipelineStage` + `Schedule1F1B`. Median of "
+        f"{ITERS} steps after {WARMUP} warm-up steps on rank 1, alternating step by step; {m['threads']} thread "
+        f"per rank. One row per launch (target <= {TARGET}).",
+        "",
+        "| run | ours ms | torch ms | ratio ours/torch | met | median of paired ratios | fastest ms ours / torch "
+        "| loss step 1 ours / torch | load before / after | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ])
+
+
 if __name__ == "__main__":
-    print(run())
+    import sys
+
+    print(run_pipeline() if sys.argv[1:] == ["pipeline"] else run())

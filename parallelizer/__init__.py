@@ -6,7 +6,9 @@ Public API (see README.md):
         (THE planner: without a mesh, or with "pp" first, a search over (pp, dp, tp), schedule and
         microbatches; on a mesh without pp the ILP; plus provenance: fingerprint, cluster, blocks; api.py)
     explain(traced, plan, node, ...) -> Explanation
-    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan)
+    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan),
+        or for a mesh with "pp" a runtime.pipeline_module.PipelineModule; both train with
+        loss = pm.step(*inputs, target=..., loss_fn=...)
     Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
     plan_pipeline(traced, cluster, *, global_batch, ...) -> PipelinePlan   (the search engine behind plan():
         its full report, for studies; its answer cannot be saved, applied or rehearsed: use plan())

@@ -18,7 +18,7 @@ from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .config import PlanConfig
-from .errors import InfeasiblePlanError, ParallelizerError, PipelineError
+from .errors import InfeasiblePlanError, ParallelizerError, PipelineError, PlanMismatchError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
@@ -334,41 +334,52 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
                      optimizer: str = "adamw", plan: Plan | str | os.PathLike | None = None,
                      example_kwargs: dict | None = None, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                      **plan_options):
-    """Trace, plan (or apply a saved plan) and build this rank's `ParallelModule`.
+    """Trace, plan (or apply a saved plan) and build this rank's `ParallelModule` (or `PipelineModule`).
 
     Under torchrun (torch.distributed initialised, or RANK/WORLD_SIZE set: then `runtime.init_from_env()` is
     called) the mesh sub-groups are created and the module is built for `dist.get_rank()`; rank 0 plans and
     broadcasts the plan as JSON so every rank uses the same one. Without a launcher it runs on one device
     (it then initialises a one-process gloo group, which the program's size-1 collectives need).
     Every rank must pass the same global `example_inputs` (the module slices its part).
+    With a "pp" axis (first: {"pp": 2, "dp": 2}) or a saved pipeline plan, the model is traced on ONE
+    microbatch (dim 0 of every tensor input / microbatches; `microbatches=` in plan_options, default pp) and
+    this rank's stages are built on torch.distributed.pipelining (`runtime.pipeline_module`).
+    Training: `loss = pm.step(*inputs, target=..., loss_fn=...)` (forward, loss, backward; the batch loss on
+    every rank, gradients in `.grad`) works alike for both kinds of module (`runtime.step`).
 
     Args:
         model: a module with real weights identical on every rank (seed it), or on `meta`: then each rank
             initialises only its own shards (`ParallelModule`; buffers must be real).
         example_inputs / example_kwargs: as for `parallelizer.trace`.
-        mesh: MeshSpec or {"dp": 2, "tp": 2}; default: 1-D {"dp": world size}.
+        mesh: MeshSpec or {"dp": 2, "tp": 2} or {"pp": 2, "dp": 2}; default: the given plan's (its full mesh for a
+            pipeline plan), else 1-D {"dp": world size}.
         cluster: what to price on (`resolve_cluster`); default: DGX H100 devices, one per rank.
         memory_budget: per-device bytes (None: the device's memory). optimizer: "adamw", "adam" or "sgd".
         plan: a `Plan` or a path to a saved one: applied without re-solving, after `check_plan` against this
             model and mesh (the mesh then defaults to the plan's).
         grad_bucket_bytes: bucket size of the asynchronous gradient sync of replicated parameters (default
             25 MiB as DDP; 0 = one synchronous all-reduce per parameter), see `ParallelModule`.
-        plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...).
+        plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...);
+            with a "pp" axis also schedule=, microbatches=, virtual_stages= (`plan`).
     Returns:
-        The `ParallelModule`; `.plan` is the `Plan`.
+        The `ParallelModule`, or for a pipeline plan the `runtime.pipeline_module.PipelineModule` of this rank's
+        stages; `.plan` is the `Plan`.
     Raises:
         PlanMismatchError: the given plan was made for another model, shapes or mesh (says what differs).
         Any planning error of rank 0 (InfeasiblePlanError, ValueError...) is raised on rank 0 and, as a
         ParallelizerError quoting it, on every other rank.
         InfeasiblePlanError: nothing fits the memory budget.
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
-        PipelineError: a pipeline plan (a 'pp' axis): not applied by ParallelModule yet.
+        PipelineError: a pipeline mesh whose example batch does not split into the microbatches; the errors of
+            `plan` for pipeline meshes.
     """
     import torch.distributed as dist
 
     from .rewriter.spec import all_axis_groups, spec_from_plan
     from .runtime import create_groups, init_from_env
     from .runtime.module import ParallelModule
+    from .runtime.pipeline import microbatch_of
+    from .runtime.pipeline_module import build_pipeline_module
     from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -379,15 +390,20 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     given = plan if isinstance(plan, Plan) or plan is None else Plan.load(plan)
     if mesh is None:
-        mesh = given.mesh if given is not None else MeshSpec(("dp",), (world,))
+        mesh = (given.mesh if given.pipeline is None else given.pipeline.mesh) if given is not None else MeshSpec(
+            ("dp",), (world,))
     mesh = MeshSpec.of(mesh)
     if mesh.world_size != world:
         raise ParallelizerError(f"mesh {mesh} has {mesh.world_size} devices but this job has {world} rank(s). "
                                 f"Remedy: launch with `torchrun --nproc-per-node {mesh.world_size}` or pass a mesh "
                                 f"of {world} devices.")
+    microbatches = _microbatches(mesh, given, plan_options)
+    if microbatches is not None:  # a pipeline plan is made for, and runs, one microbatch at a time
+        example_inputs, example_kwargs = microbatch_of(example_inputs, example_kwargs or {}, microbatches)
     traced = trace(model, example_inputs, example_kwargs)
     if given is not None:
-        check_plan(given, traced, mesh)
+        _check_pipeline(given, mesh)
+        check_plan(given, traced, split_mesh(mesh)[1] if PP_AXIS in mesh.axis_names else mesh)
         chosen = given
     else:
         outcome, failure = None, None
@@ -407,11 +423,12 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         chosen = Plan.from_json(outcome[1])
     if distributed:
         check_same_weights(model)
+    if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
+        module = build_pipeline_module(traced, chosen, model, rank)
+        module.plan = chosen
+        return module
+    if distributed:
         create_groups(all_axis_groups(mesh))
-    if chosen.pipeline is not None:
-        raise PipelineError(f"auto_parallelize: pipeline plans (pp={chosen.pipeline.pp}) are not applied by "
-                            "ParallelModule yet. Remedy: a mesh without 'pp', or rehearse the pipeline plan with "
-                            "`parallelizer rehearse plan.json --nproc N`")
     module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module
@@ -419,3 +436,24 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
 
 def _plan_for(traced, mesh, cluster, memory_budget, optimizer, options) -> Plan:
     return plan(traced, mesh, cluster=cluster, memory_budget_bytes=memory_budget, optimizer=optimizer, **options)
+
+
+def _microbatches(mesh: MeshSpec, given: Plan | None, options: dict) -> int | None:
+    """The microbatch count of a pipeline run (None without a "pp" axis): the given plan's, else
+    `microbatches=` of the plan options, else pp (`plan`'s default)."""
+    if PP_AXIS not in mesh.axis_names:
+        return None
+    if given is not None and given.pipeline is not None:
+        return given.pipeline.microbatches
+    return options.get("microbatches") or mesh.shape[mesh.axis_names.index(PP_AXIS)]
+
+
+def _check_pipeline(given: Plan, mesh: MeshSpec) -> None:
+    """Raise PlanMismatchError when a saved plan's pipeline (or its absence) does not fit the requested mesh."""
+    if given.pipeline is None and PP_AXIS not in mesh.axis_names:
+        return  # `check_plan` compares the meshes
+    made_for = given.pipeline.mesh if given.pipeline is not None else given.mesh
+    if made_for != mesh:
+        raise PlanMismatchError(f"the plan was made for mesh {made_for} but the requested mesh is {mesh}. Remedy: "
+                                f"pass mesh={dict(zip(made_for.axis_names, made_for.shape))} (or none), or re-plan "
+                                "for this mesh")

@@ -15,7 +15,9 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
   state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
   the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
   is one graph) and raises TraceError at registration saying so;
-- `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`).
+- `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`);
+- `step(*inputs, target=, loss_fn=)` runs forward, loss and backward and returns the loss (`runtime.step`),
+  the same call as a pipeline plan's `PipelineModule.step`.
 `full_state_dict()` gathers a state dict that loads into the unparallelised model with strict=True (every
 full tensor on every rank: for small models; `parallelizer.checkpoint` saves and exports without that).
 """
@@ -36,6 +38,7 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .modes import ModeProgram, Retracer, carry_over
+from .step import LossFn, check_loss_source, compute_loss
 
 
 class ParallelModule(torch.nn.Module):
@@ -168,6 +171,25 @@ class ParallelModule(torch.nn.Module):
         out = self.program.graph_module(*self._state(), *tensors)
         spec = traced.exported.call_spec
         return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
+
+    def step(self, *inputs, target=None, loss_fn: LossFn | None = None, **kwargs) -> torch.Tensor:
+        """One training step's forward, loss and backward of the global batch (`runtime.step`: the same call
+        as `PipelineModule.step`, so one user loop runs every plan).
+
+        Args:
+            inputs / kwargs: the model's inputs (global tensors, the same on every rank; traced shapes).
+            target: passed to `loss_fn` (global, e.g. labels (B, T)); may be None.
+            loss_fn: `loss_fn(output, target) -> scalar` with `output` in the model's output structure; None:
+                the model's first output is its loss.
+        Returns:
+            The batch loss (0-d, detached), the same on every rank; the gradients are ADDED to `.grad`.
+        Raises:
+            StepError: no loss_fn and no scalar first output, or a loss that is not 0-d.
+        """
+        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step")
+        loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)
+        loss.backward()
+        return loss.detach()
 
     # -- gradients -----------------------------------------------------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,

@@ -25,7 +25,10 @@ import torch.distributed as dist
 import torch.fx
 from torch.distributed import pipelining
 
+from torch.utils import _pytree as pytree
+
 from ..core.layout import Layout, local_shape
+from ..errors import PipelineError
 from ..rewriter.collectives import find_group
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, mesh_coords
 from ..tracer.graph import Role, TracedGraph
@@ -166,17 +169,45 @@ class StageModule(ParallelModule):
         return tuple(t.view_as(t) if any(t is r for r in received) else t for t in out)
 
 
+class MicrobatchLoss:
+    """The loss torch's schedule calls on the last stage for each microbatch: `fn(output, target_j) * w_j`.
+
+    w_j = n_j / N (`runtime.step`: token-weighted) when the step gave an item count (`begin`), else 1 / m (a
+    plain mean of the microbatch losses, as torch's schedules and the rehearsal compute it). `recorded` gets
+    (unscaled loss_j, w_j) of the running step, in the order the schedule computes them.
+    """
+
+    def __init__(self, fn, microbatches: int) -> None:
+        self.default_fn, self.fn, self.microbatches = fn, fn, microbatches
+        self.item_count, self.total = None, None
+        self.recorded: list[tuple[torch.Tensor, torch.Tensor | float]] = []
+
+    def begin(self, fn, item_count, target) -> None:
+        """Set the loss of the next step (fn None: the build's) and, with `item_count`, N = item_count(target)."""
+        self.fn = fn if fn is not None else self.default_fn
+        self.item_count = item_count
+        self.total = item_count(target) if item_count is not None else None
+        self.recorded.clear()
+
+    def __call__(self, output, target):
+        loss = self.fn(output, target)
+        weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
+        self.recorded.append((loss.detach(), weight))
+        return loss * weight
+
+
 @dataclass
 class PipelineRun:
     """What a rank holds: its stage modules, the schedule object, the groups for shared parameters, and
     the batch it expects (microbatches x the traced microbatch size).
 
     Gradients accumulate over several `step` calls exactly as over several `loss.backward()` of the eager
-    model: each step adds the gradient of the batch's mean loss. torch's schedules would instead divide the
+    model: each step adds the gradient of the batch's loss. torch's schedules would instead divide the
     whole `.grad` by the microbatch count after every step (`scale_grads=True`), shrinking what earlier steps
-    accumulated; here the schedules run with `scale_grads=False` and the loss of each microbatch is divided
-    by the microbatch count before its backward (as Megatron-LM does), so earlier gradients are untouched.
-    The losses a step reports are the unscaled per-microbatch losses.
+    accumulated; here the schedules run with `scale_grads=False` and the loss of each microbatch is weighted
+    before its backward (`MicrobatchLoss`: by 1 / microbatches, as Megatron-LM does, or by its share of the
+    batch's items), so earlier gradients are untouched. The losses a step reports are the unscaled
+    per-microbatch losses.
     """
 
     stages: list[StageModule]
@@ -186,38 +217,78 @@ class PipelineRun:
     microbatch_size: int
     first: bool
     last: bool
-    recorded: list = dataclasses.field(default_factory=list)  # unscaled losses of the running step
+    loss: MicrobatchLoss
 
-    def step(self, *inputs, target=None, losses: list | None = None) -> None:
+    def step(self, *inputs, target=None, losses: list | None = None, loss_fn=None,
+             item_count=None) -> torch.Tensor | None:
         """One forward/backward of the global batch (inputs on the first stage's ranks, target on the last
         stage's), ADDING the batch's gradient to `.grad` (zero the gradients before the first of several
         accumulated steps, step the optimizer after the last), then the gradient sum of shared parameters.
-        `losses` gets the microbatch losses (last stage's ranks).
 
-        Raises ValueError when the batch is not `microbatches` x the traced microbatch size (torch's
-        splitter would silently make uneven microbatches, and the mean loss would weigh them wrongly).
+        Args:
+            inputs: the traced graph's tensor inputs, global (microbatches x the traced batch in dim 0).
+            loss_fn: this step's `loss_fn(last stage outputs (tuple), target_j)`; None: the one given to `build`.
+            item_count: `item_count(target) -> n`: weight microbatch j's loss by n_j / N (`MicrobatchLoss`);
+                None: by 1 / microbatches.
+            losses: gets the unscaled microbatch losses (last stage's ranks).
+        Returns:
+            The batch loss (sum of the weighted microbatch losses, detached) on the last stage's ranks, else None.
+        Raises:
+            PipelineError: the batch is not `microbatches` x the traced microbatch size (torch's splitter would
+                silently make uneven microbatches, and the loss would weigh them wrongly).
         """
-        for t in (*inputs, *([target] if target is not None else [])):
-            if t.shape[0] != self.microbatches * self.microbatch_size:
-                raise ValueError(f"global batch {t.shape[0]} does not split into {self.microbatches} microbatches "
-                                 f"of {self.microbatch_size} (the batch size the model was traced with); "
-                                 "use a batch of microbatches x traced batch, or re-trace")
+        check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
+                    self.microbatch_size)
         earlier = _take_shared_grads(self)  # summed over the copies already: only this step's part is summed
-        self.recorded.clear()
+        self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
         self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None)
         if losses is not None:
-            losses.extend(self.recorded)
+            losses.extend(loss for loss, _ in self.loss.recorded)
         sync_shared_grads(self)
         _give_back(earlier)
+        if not self.last:
+            return None
+        return sum(loss * weight for loss, weight in self.loss.recorded)
 
 
-def _mean_over_microbatches(loss_fn, microbatches: int, recorded: list):
-    """`loss_fn` whose result is divided by the microbatch count (its unscaled value goes to `recorded`)."""
-    def scaled(output, target):
-        loss = loss_fn(output, target)
-        recorded.append(loss.detach())
-        return loss / microbatches
-    return scaled
+def check_batch(tensors, microbatches: int, microbatch_size: int) -> None:
+    """Raise PipelineError unless dim 0 of every tensor is `microbatches` x `microbatch_size`."""
+    for t in tensors:
+        if t.ndim == 0 or t.shape[0] != microbatches * microbatch_size:
+            raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} does not split into "
+                                f"{microbatches} microbatches of {microbatch_size} (the batch size the model was "
+                                f"traced with): dim 0 must be {microbatches * microbatch_size}. Remedy: pass "
+                                "batches of microbatches x the traced batch (drop or pad a short last batch), "
+                                "or re-trace")
+
+
+def microbatch_of(args: tuple, kwargs: dict, microbatches: int) -> tuple[tuple, dict]:
+    """The first microbatch of a global call (every tensor's dim 0 cut to batch / microbatches): what a
+    pipeline plan is traced on. Raises PipelineError when a tensor's dim 0 does not split (`check_batch`)."""
+    tensors = [t for t in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
+    batch = tensors[0].shape[0] if tensors and tensors[0].ndim else 0
+    if not batch or batch % microbatches:
+        raise PipelineError(f"pipeline: the example batch (dim 0 of {tuple(tensors[0].shape) if tensors else ()}) "
+                            f"does not split into {microbatches} microbatches. Remedy: a batch that is a multiple "
+                            f"of {microbatches}, or microbatches= a divisor of the batch")
+    check_batch(tensors, microbatches, batch // microbatches)
+    return pytree.tree_map(lambda t: t[:batch // microbatches] if isinstance(t, torch.Tensor) else t,
+                           (tuple(args), kwargs))
+
+
+def global_tensor_inputs(traced: TracedGraph, args: tuple, kwargs: dict, microbatches: int) -> list[torch.Tensor]:
+    """The tensor leaves of a GLOBAL call `model(*args, **kwargs)` in the traced input order, for a graph
+    traced on one microbatch. The call's structure and constants are checked by `TracedGraph.tensor_inputs`
+    on the first microbatch.
+
+    Raises PipelineError when a tensor's dim 0 is not `microbatches` x the traced batch (`check_batch`), TypeError /
+    ValueError / PlanMismatchError as `tensor_inputs` for another structure, constant or shape."""
+    leaves = pytree.tree_leaves((tuple(args), kwargs))
+    check_batch([t for t in leaves if isinstance(t, torch.Tensor)], microbatches,
+                traced.node(traced.input_names[0]).outputs[0].shape[0])
+    micro = microbatch_of(args, kwargs, microbatches)
+    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
+    return [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
 
 
 def _take_shared_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -273,13 +344,13 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
             module, k, cut.num_stages, torch.device("cpu"), group=group,
             input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec, local),
             output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
-    recorded: list = []
+    loss = MicrobatchLoss(loss_fn, microbatches)
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
-                                loss_fn=_mean_over_microbatches(loss_fn, microbatches, recorded), scale_grads=False,
+                                loss_fn=loss, scale_grads=False,
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
-                       p == (cut.num_stages - 1) % pp, recorded)
+                       p == (cut.num_stages - 1) % pp, loss)
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:

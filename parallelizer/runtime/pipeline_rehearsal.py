@@ -25,13 +25,12 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
-from .pipeline import PipelineRun, build, cut_stages
+from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, microbatch_of
 from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype
 
@@ -96,19 +95,12 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
         PipelineError: the global batch does not split into `pipe["microbatches"]` (remedy in the text).
     """
     m = pipe["microbatches"]
-    batch = next(t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor)).shape[0]
-    if batch % m:
-        raise PipelineError(f"global batch {batch} does not split into {m} microbatches; build the model with a "
-                            "batch of microbatches x the traced batch")
-    micro = pytree.tree_map(lambda t: t[:batch // m] if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
-    traced = trace(model, *micro)
+    traced = trace(model, *microbatch_of(inputs, kwargs, m))
     per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
     run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
                 schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
-    # the global tensors in the traced input order: the order of the microbatch call, mapped back
-    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
-    leaves = pytree.tree_leaves((inputs, kwargs))
-    return run, traced, [leaves[position[id(t)]] for t in traced.tensor_inputs(tuple(micro[0]), micro[1])], batch
+    flat = global_tensor_inputs(traced, inputs, kwargs, m)
+    return run, traced, flat, flat[0].shape[0]
 
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,

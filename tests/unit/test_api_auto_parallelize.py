@@ -70,11 +70,13 @@ def test_options_reach_every_rank_and_a_planning_error_reaches_every_rank():
 
 
 @pytest.mark.distributed
-def test_torchrun_example_trains_on_four_ranks():
+def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks():
+    """The example's user loop (`pm.step`) on pp=2 x dp=2 under torchrun (dp x tp: tests/distributed/test_step.py)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--nproc-per-node", "4", "examples/torchrun_auto_parallelize.py",
-                           "--steps", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                           "--steps", "3", "--mesh", "pp=2,dp=2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "trained 3 steps on (dp=2, tp=2): losses match single device" in proc.stdout
+    assert "trained 3 steps on (pp=2, dp=2): losses match single device" in proc.stdout
     assert proc.stdout.count("step ") >= 3

@@ -1,0 +1,157 @@
+"""`PipelineModule`: what `auto_parallelize` returns for a pipeline plan on one rank, with the training-step
+API of every plan (`runtime.step`).
+
+    pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2, "dp": 2})   # under torchrun
+    opt = torch.optim.AdamW(pm.parameters())
+    loss = pm.step(ids, target=labels, loss_fn=loss_fn)   # forward + backward over all microbatches
+    opt.step(); opt.zero_grad()
+
+Which rank holds what (mesh (pp, dp, tp), pp outermost): global rank r is pp rank p = r // (dp * tp) and holds
+stages p, p + pp, ... (one stage for 1F1B/GPipe, `virtual_stages` for interleaved schedules) of
+`Plan.pipeline.stages`; each stage is a `runtime.pipeline.StageModule` holding this rank's shards of the
+parameters its blocks use (`ParallelModule` on the stage's (dp, tp) sub-mesh). A parameter used by several
+stages (a tied embedding / lm_head) has a copy on each; their gradients are summed in `step`, so the copies
+stay equal under any optimizer that treats equal parameters with equal gradients alike.
+
+nn.Module contract, as far as a pipeline allows:
+- `parameters()` / `named_parameters()`: the local shards of this rank's stages, named
+  `stages.<i>.<model FQN>` (i-th stage of this rank); a torch optimizer steps them as usual.
+- `state_dict()` / `load_state_dict()`: the same names and local shards (a per-rank checkpoint: reload it on
+  the same plan and world size). `full_state_dict()`, `parallelizer.checkpoint` and `clip_grad_norm_` over the
+  global norm are not supported for pipeline modules yet (they raise PipelineError).
+- `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.
+- train/eval: the stages run in the mode the model was traced in; switching raises PipelineError.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from ..errors import PipelineError
+from ..planner import Plan
+from ..rewriter.collectives import find_group
+from ..rewriter.spec import spec_from_plan
+from ..tracer.graph import TracedGraph
+from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs
+from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
+
+
+class PipelineModule(torch.nn.Module):
+    """This rank's stages of a pipeline plan (module docstring), trained with `step`.
+
+    Attributes:
+        run: the `runtime.pipeline.PipelineRun` (stages, torch schedule, shared-parameter groups).
+        stages: the stage modules (a ModuleList: `parameters()` are theirs).
+        plan: the `Plan` (set by `auto_parallelize`); traced: the graph of ONE microbatch.
+        first / last: whether this rank runs the first / the last stage.
+    """
+
+    def __init__(self, run: PipelineRun, traced: TracedGraph, plan: Plan, rank: int) -> None:
+        super().__init__()
+        self.run, self.traced, self.plan = run, traced, plan
+        self.stages = torch.nn.ModuleList(run.stages)
+        pipe = plan.pipeline
+        width = plan.mesh.world_size
+        local = rank % width
+        self._pp_ranks = [q * width + local for q in range(pipe.pp)]
+        # the rank of the last stage with this rank's (dp, tp) coordinates: its loss is sent to the pp group
+        self._loss_rank = ((len(pipe.stages) - 1) % pipe.pp) * width + local
+
+    @property
+    def first(self) -> bool:
+        return self.run.first
+
+    @property
+    def last(self) -> bool:
+        return self.run.last
+
+    def train(self, mode: bool = True) -> "PipelineModule":
+        """Raises PipelineError for another mode than the model was traced in (the stages cannot re-trace);
+        the traced mode is accepted (so `pm.train()` in a training loop is harmless)."""
+        if mode != self.traced.training:
+            raise PipelineError(f"PipelineModule.train({mode}): the stages run the program traced in "
+                                f"{'train' if self.traced.training else 'eval'} mode and cannot switch. Remedy: "
+                                f"trace/auto_parallelize the model in {'train' if mode else 'eval'} mode, or use a "
+                                "plan without 'pp' (ParallelModule switches programs)")
+        return super().train(mode)
+
+    def forward(self, *args, **kwargs):
+        raise PipelineError("PipelineModule: a pipeline plan runs forward and backward together over its "
+                            f"{self.run.microbatches} microbatches. Remedy: loss = pm.step(*inputs, target=..., "
+                            "loss_fn=...), or a plan without a 'pp' axis to call the module")
+
+    def step(self, *inputs, target: torch.Tensor | None = None, loss_fn: LossFn | None = None,
+             item_count=count_items, **kwargs) -> torch.Tensor:
+        """Forward and backward of the global batch over the plan's microbatches (`runtime.step`).
+
+        Collective: call on every rank with the same global inputs and target. The first stage's ranks feed
+        the inputs, the last stage's compute the loss of each microbatch (`loss_fn` on the model's output
+        structure), weighted by its share n_j / N of the batch's items (`item_count`, default `count_items`:
+        labels != -100 for integer targets), so the result is the single-device loss of the whole batch.
+        Gradients are ADDED to `.grad` (tied copies summed over stages); step the optimizer afterwards.
+
+        Args:
+            inputs / kwargs: the model's inputs, global: dim 0 of every tensor = microbatches x traced batch.
+            target: a tensor with the same dim 0 (split like the inputs), or None (loss_fn then gets None,
+                and microbatches weigh equally).
+            loss_fn: `loss_fn(output, target_j) -> scalar` (a mean); None: the model's first output is its loss.
+            item_count: `item_count(target) -> n` (int or 0-d tensor), the items a mean loss over `target` counts.
+        Returns:
+            The loss of the whole batch (0-d float32, detached) on EVERY rank: sent from the last stage to the
+            ranks of its pipeline (a broadcast over the pp group).
+        Raises:
+            PipelineError: a batch that does not split into the plan's microbatches (before any communication).
+            StepError: loss_fn=None and the model's first output is not a scalar loss; a target that is not a
+                tensor; a loss that is not 0-d (last stage).
+            TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
+        """
+        check_loss_source(self.traced, loss_fn, "PipelineModule.step")
+        if target is not None and not isinstance(target, torch.Tensor):
+            raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "
+                            f"None, got {type(target).__name__}. Remedy: pass one tensor, or put the other values "
+                            "into the model's inputs")
+        flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
+        out_spec = self.traced.exported.call_spec.out_spec
+        fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None)
+        batch_target = target if target is not None else torch.zeros(flat[0].shape[0])  # torch splits a tensor
+        loss = self.run.step(*flat, target=batch_target, loss_fn=fn,
+                             item_count=item_count if target is not None else None)
+        value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
+        if len(self._pp_ranks) > 1:
+            dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
+        return value.to(torch.float32)
+
+    def full_state_dict(self):
+        raise PipelineError("PipelineModule.full_state_dict: not supported for pipeline plans yet (each rank holds "
+                            "only its stages). Remedy: save pm.state_dict() per rank and reload it on the same "
+                            "plan, or gather with a plan without 'pp'")
+
+    def clip_grad_norm_(self, *args, **kwargs):
+        raise PipelineError("PipelineModule.clip_grad_norm_: the global norm over stages is not implemented yet. "
+                            "Remedy: train without clipping, or with a plan without 'pp' (ParallelModule clips "
+                            "by the global norm)")
+
+
+def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:
+    """The user's loss on the last stage's output tuple, restored to the model's output structure."""
+    structured = pytree.tree_unflatten(list(output), out_spec) if out_spec is not None else output
+    return compute_loss(structured, None if no_target else target, loss_fn)
+
+
+def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Module, rank: int) -> PipelineModule:
+    """This rank's `PipelineModule` of a pipeline `plan` (`plan.pipeline` set) for `traced`, the model traced on
+    ONE microbatch. Collective (creates process groups): call on every rank.
+
+    Raises PipelineError when the plan has no pipeline section; ValueError from `runtime.pipeline.build`."""
+    if plan.pipeline is None:
+        raise PipelineError("build_pipeline_module: the plan has no pipeline stages (no 'pp' axis). Remedy: "
+                            "apply it with ParallelModule / auto_parallelize")
+    pipe = plan.pipeline
+    per_stage = pipe.blocks_per_stage
+    run = build(traced, spec_from_plan(plan), cut_stages(traced, len(per_stage), per_stage), model, pp=pipe.pp,
+                schedule=pipe.schedule, microbatches=pipe.microbatches,
+                loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True))
+    return PipelineModule(run, traced, plan, rank)

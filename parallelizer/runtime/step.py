@@ -1,0 +1,86 @@
+"""The training-step contract shared by `ParallelModule.step` and `PipelineModule.step`.
+
+    loss = pm.step(*inputs, target=target, loss_fn=loss_fn, **kwargs)   # forward + loss + backward
+    optimizer.step(); optimizer.zero_grad()
+
+The same user loop runs every plan: `step` runs the forward of the global batch, the loss and its backward,
+ADDS the gradients to `.grad` (so several steps accumulate, as several `loss.backward()` of the eager model)
+and returns the loss of the whole batch, detached, on every rank.
+
+The loss: `loss_fn(output, target) -> scalar`, `output` in the model's own output structure (e.g. a
+transformers `CausalLMOutput`, a tensor, a tuple); the MEAN over the items the loss counts (tokens, samples).
+With `loss_fn=None` the model's first output must be its scalar loss (a transformers model given labels).
+
+Microbatches (pipeline plans): the loss of the batch is the loss of microbatch j weighted by n_j / N, where
+n_j = `item_count(target_j)` is the number of items microbatch j's loss averages over and N the batch's
+(token-weighted, as Megatron-LM with `calculate_per_token_loss`: each microbatch's loss sum is divided by
+the token count of the whole batch). A batch with no counted item gives NaN, as cross_entropy does. With a mean loss this equals the single-device loss of the whole batch exactly, also when
+microbatches count different numbers of tokens (labels -100); a plain mean of the microbatch means does not.
+`count_items` is the default count; pass `item_count=` when the loss counts items differently (e.g. a
+model's own causal-LM loss, which shifts the labels: `lambda labels: (labels[:, 1:] != -100).sum()`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import ParallelizerError
+from ..tracer.graph import TracedGraph
+
+IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index (torch docs), used by transformers
+
+LossFn = Callable[[object, object], torch.Tensor]
+
+
+class StepError(ParallelizerError, ValueError):
+    """`step` cannot compute a loss: no `loss_fn` and the model returns no scalar loss, or a non-scalar loss."""
+
+
+def count_items(target) -> torch.Tensor | int:
+    """How many items a mean loss over `target` averages over (default `item_count` of `step`).
+
+    An integer target (class indices, token labels) counts its entries that are not `IGNORE_INDEX` (-100: the
+    entries cross_entropy skips); a floating target counts its elements (mean squared error and the like);
+    None (no target) counts 1, so microbatches weigh equally. Returns an int or a 0-d integer tensor.
+    """
+    if target is None:
+        return 1
+    leaves = [t for t in pytree.tree_leaves(target) if isinstance(t, torch.Tensor)]
+    if not leaves:
+        return 1
+    first = leaves[0]
+    if first.dtype.is_floating_point or first.dtype.is_complex:
+        return first.numel()
+    return (first != IGNORE_INDEX).sum()
+
+
+def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str) -> None:
+    """Raise StepError, on every rank alike (it reads only the traced graph), when `loss_fn` is None and the
+    model's first output is not a scalar loss. `where` names the caller in the message."""
+    if loss_fn is not None:
+        return
+    out = traced.graph_module.graph.output_node()
+    names = []
+    torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+    shape = tuple(traced.node(names[0]).outputs[0].shape) if names and traced.node(names[0]).outputs else None
+    if shape != ():
+        raise StepError(f"{where}: loss_fn=None, but the model's first output has shape {shape}, not a scalar loss. "
+                        "Remedy: pass loss_fn=lambda output, target: ... (a mean over the items it counts), or "
+                        "call the model so that it returns its loss first (e.g. transformers models given labels=)")
+
+
+def compute_loss(output, target, loss_fn: LossFn | None) -> torch.Tensor:
+    """`loss_fn(output, target)`, or the model's own loss (the first tensor of `output`) when loss_fn is None.
+
+    Raises StepError when the result is not a 0-d tensor (names its shape)."""
+    if loss_fn is None:
+        loss = next(t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
+    else:
+        loss = loss_fn(output, target)
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise StepError(f"step: the loss must be a scalar tensor (a mean over the items it counts), got {shape}. "
+                        "Remedy: reduce it in loss_fn (e.g. .mean(), or cross_entropy's default reduction='mean')")
+    return loss

@@ -1,0 +1,114 @@
+"""Rank bodies for test_step: one user training loop (`auto_parallelize` + `pm.step` + AdamW) on pipeline and
+non-pipeline plans, against the single-device model (importable by name in spawned ranks)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import torch
+import torch.distributed as dist
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.errors import PipelineError, PlanMismatchError
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime.pipeline_rehearsal import stage_diffs
+from parallelizer.runtime.rehearsal import _max_diff
+from parallelizer.runtime.step import StepError
+from parallelizer.rewriter.state import shard_tensor
+
+GPT2_4 = dict(n_layer=4, n_embd=32, n_head=4, vocab_size=128, batch=8, seq_len=16)
+
+
+def padded_labels(ids: torch.Tensor) -> torch.Tensor:
+    """Next-token labels (B, T) with -100 (ignored) at the end of every row, over most of samples 0-2 and
+    the tail of sample 5: the two halves of the batch (2 microbatches) count 3 x 2 + 15 = 21 and 4 x 15 - 9
+    = 51 tokens, so a plain mean of the microbatch means is not the batch loss."""
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    labels[:3, 2:] = -100
+    labels[5, 6:] = -100
+    return labels
+
+
+def lm_loss(output, target: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labels that are not -100 (the user's loss_fn)."""
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+def train(rank: int, world_size: int, cases: dict, steps: int = 3) -> dict:
+    """For each case (name -> (mesh, plan options or {"plan_json": a saved plan})): the same user loop on `auto_parallelize`'s module and on
+    the single-device model; returns per case the largest differences of loss, gradients (every step) and
+    parameters (after `steps` AdamW steps), and under "errors" the typed errors of the first pipeline module."""
+    report = {}
+    for name, (mesh, options) in cases.items():
+        if "plan_json" in options:  # a saved plan: applied without re-planning, its mesh the default
+            options = {"plan": parallelizer.Plan.from_json(options["plan_json"])}
+        torch.manual_seed(0)
+        model, (ids,) = zoo.gpt2(**GPT2_4)
+        reference = copy.deepcopy(model)
+        labels = padded_labels(ids)
+        with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+            pm = parallelizer.auto_parallelize(model, (ids,), mesh=mesh, **options)
+        opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+        worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
+        for _ in range(steps):
+            loss = pm.step(ids, target=labels, loss_fn=lm_loss)  # the user loop: identical for every plan
+            ref_loss = lm_loss(reference(ids), labels)
+            ref_loss.backward()
+            worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+            worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+        worst["params"] = _diff(pm, reference, grads=False)
+        worst["kind"] = type(pm).__name__
+        worst["collectives"] = sorted({kind for s in _stages(pm) for kind, n in s.program.collectives.items() if n})
+        if pm.plan.pipeline is not None:
+            halves = [lm_loss(reference(ids.tensor_split(2)[k]), labels.tensor_split(2)[k])
+                      for k in range(2)]
+            worst["mean_of_means_off_by"] = abs((halves[0] + halves[1]).item() / 2 - lm_loss(reference(ids), labels).item())
+            if "errors" not in report:  # once (each check that traces costs seconds per rank)
+                report["errors"] = _pipeline_errors(pm, model, ids, labels)
+        report[name] = worst
+        dist.barrier()
+    return report
+
+
+def _stages(pm) -> list:
+    return list(pm.stages) if hasattr(pm, "stages") else [pm]
+
+
+def _diff(pm, reference, grads: bool) -> float:
+    spec = spec_from_plan(pm.plan)
+    if pm.plan.pipeline is not None:
+        return stage_diffs(pm.run, reference, spec, None, grads=grads)[0]
+    ref = dict(reference.named_parameters())
+    pick = (lambda p: p.grad if p.grad is not None else torch.zeros_like(p)) if grads else (lambda p: p)
+    return _max_diff(((f, pick(p).detach(), shard_tensor(pick(ref[f]).detach(), spec.params[f], spec.mesh, pm.coords))
+                      for f, p in pm.named_parameters()), None)[0]
+
+
+def _pipeline_errors(pm, model, ids, labels) -> dict:
+    """The typed errors a user meets on a pipeline module (each raised alike on every rank, no hang)."""
+    out = {}
+    for key, call, kind in [
+        ("uneven_batch", lambda: pm.step(ids[:-2], target=labels[:-2], loss_fn=lm_loss), PipelineError),
+        ("no_loss", lambda: pm.step(ids, target=labels), StepError),
+        ("forward", lambda: pm(ids), PipelineError),
+        ("eval", lambda: pm.eval(), PipelineError),
+        ("example_batch", lambda: parallelizer.auto_parallelize(model, (ids[:7],), mesh=pm.plan.pipeline.mesh),
+         PipelineError),
+        ("other_mesh", lambda: parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 4}, plan=pm.plan),
+         PlanMismatchError),
+    ]:
+        try:
+            call()
+            out[key] = "no error"
+        except kind as err:
+            out[key] = str(err)
+    return out

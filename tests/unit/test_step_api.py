@@ -1,0 +1,60 @@
+"""The training-step contract (`runtime.step`, issue 13 item 3) on one process: item counts, the
+token-weighted microbatch loss against the whole-batch loss, and `ParallelModule.step` with its typed error.
+The distributed cases (pipeline plans on 4 gloo ranks) are in tests/distributed/test_step.py."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import parallelizer
+from parallelizer import zoo
+from parallelizer.runtime.pipeline import MicrobatchLoss
+from parallelizer.runtime.step import StepError, count_items
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    """auto_parallelize outside a launcher creates a one-process gloo group; do not leak it to other tests."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def test_count_items_counts_what_a_mean_loss_averages_over():
+    labels = torch.tensor([[1, -100, 3], [-100, -100, 2]])
+    assert int(count_items(labels)) == 3  # cross_entropy's ignore_index -100 is not counted
+    assert count_items(torch.zeros(4, 5)) == 20 and count_items(None) == 1
+
+
+def test_token_weighted_microbatch_losses_add_up_to_the_batch_loss():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(4, 6, 11), torch.randint(0, 11, (4, 6))
+    labels[:2, 1:] = -100  # microbatch 0 counts 2 tokens, microbatch 1 counts 12
+    ce = lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
+    loss = MicrobatchLoss(ce, 2)
+    loss.begin(None, count_items, labels)
+    total = sum(loss(o, y) for o, y in zip(logits.tensor_split(2), labels.tensor_split(2)))
+    whole = ce(logits, labels)
+    torch.testing.assert_close(total, whole, rtol=1e-6, atol=1e-6)
+    plain = MicrobatchLoss(ce, 2)  # no item count: the mean of the microbatch means, which is not the batch loss
+    plain.begin(None, None, labels)
+    mean_of_means = sum(plain(o, y) for o, y in zip(logits.tensor_split(2), labels.tensor_split(2)))
+    assert abs(mean_of_means - whole) > 1e-2
+    assert [w for _, w in plain.recorded] == [0.5, 0.5]
+
+
+def test_parallel_module_step_is_forward_loss_backward():
+    model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+    reference = copy.deepcopy(model)
+    pm = parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1")
+    y = torch.randn(8, 4)
+    loss = pm.step(x, target=y, loss_fn=F.mse_loss)
+    ref = F.mse_loss(reference(x), y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach())
+    for (name, p), q in zip(pm.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert not loss.requires_grad
+    with pytest.raises(StepError, match=r"loss_fn=None, but the model's first output has shape \(8, 4\)"):
+        pm.step(x, target=y)
