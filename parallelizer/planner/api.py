@@ -24,7 +24,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
-from .recompute import price_region, region_recompute, regions, shared_inputs
+from .recompute import RegionPrice, price_region, region_recompute, regions, shared_inputs
 from .strategies import build_spaces
 
 
@@ -155,9 +155,9 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 if st.bwd_collective:
                     comm[st.bwd_collective] += bwd
             edges.append(edge)
-    extra_s, delta_bytes = recompute_price(tg, problem, pricer, strat, dict(sol.recompute))
-    compute_s += extra_s
-    act += delta_bytes
+    for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute)).values():
+        compute_s += rp.extra_fwd_s
+        act += int(rp.saved_delta_bytes)
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():
         stored = strat[p.placeholders[0]].output
@@ -189,28 +189,23 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute))
 
 
-def recompute_price(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]
-                    ) -> tuple[float, int]:
-    """(extra forward seconds, saved-bytes change) of recomputation `decision` (region -> mode) at the chosen
-    strategies `strat` (node -> Strategy): `recompute.price_region` of each region, summed."""
-    if not decision:
-        return 0.0, 0
+def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]
+                     ) -> dict[str, RegionPrice]:
+    """`recompute.price_region` of each region of `decision` (region -> mode) at the strategies `strat`
+    (node -> Strategy): extra forward seconds and saved-bytes change per region (`to_plan`, `segments`)."""
     members, shared = regions(tg), shared_inputs(tg)
     spaces, mesh = problem.spaces, problem.mesh
 
-    def cost(n: str):
+    def cost(n: str) -> NodeCost:
         return pricer.node_cost(tg, tg.nodes[n], spaces[n], strat[n]) if spaces[n].kind == "op" else NodeCost(0, 0, 0)
 
     def input_bytes(n: str, k: int) -> int:
         ti = spaces[n].inputs[k]
         return pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
 
-    extra, delta = 0.0, 0
-    for region, mode in sorted(decision.items()):
-        rp = price_region(region_recompute(tg, region, members[region], mode, shared),
-                          lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes)
-        extra, delta = extra + rp.extra_fwd_s, delta + rp.saved_delta_bytes
-    return extra, int(delta)
+    return {region: price_region(region_recompute(tg, region, members[region], mode, shared),
+                                 lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes)
+            for region, mode in sorted(decision.items())}
 
 
 @dataclass(frozen=True, slots=True)
