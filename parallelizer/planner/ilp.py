@@ -59,6 +59,8 @@ feasible point is reported as "feasible" with its gap.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import os
 import sys
 import time
@@ -75,6 +77,7 @@ _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
 TIE_RESOLUTION_US = 1e-2  # the tie-break term lies in [0, this] microseconds (module docstring)
 MEMORY_TIE_QUANTUM_BYTES = 1_000_000  # a memory difference this large outweighs any collective-count difference
+_MAX_EXACT_CLASSES = 3  # `min_memory_with_recompute_bytes` enumerates 3^classes mode combinations up to this
 _ABS_GAP_US = 1e-6  # solver's absolute MIP gap, microseconds (HiGHS's default; 1e-12 made solves ~35% slower)
 
 
@@ -117,14 +120,30 @@ def tie_break_weights(problem: Problem) -> tuple[float, float]:
 
 
 def min_memory_with_recompute_bytes(problem: Problem) -> int:
-    """A lower bound on the memory of any plan when the free regions may recompute (`problem.recompute_classes`):
-    the leanest strategies plus, per class, the largest saving any one mode can make on all its instances
-    (each term bounded by its per-group minimum, so the bound holds for every mix of modes)."""
-    need = float(min_memory_bytes(problem))
-    for cls in problem.recompute_classes:
-        need += min(0.0, *(cls.count * sum(float(a.min()) for a in delta.values())
-                           for _, delta in cls.terms.values()))
-    return int(need)
+    """The least memory of any plan when the free regions may recompute (`problem.recompute_classes`).
+
+    For fixed strategies the memory is linear in the counts n[c, m] over {n[c, sel] + n[c, full] <= N_c},
+    so its minimum lies at a vertex: each class entirely in one mode. Per combination of modes the memory is
+    a sum of independent per-group choices (min over each group's strategies); exact for up to
+    `_MAX_EXACT_CLASSES` classes, otherwise a lower bound (each class's largest saving bounded per group).
+    """
+    classes = problem.recompute_classes
+    if not classes:
+        return min_memory_bytes(problem)
+    if len(classes) > _MAX_EXACT_CLASSES:
+        need = float(min_memory_bytes(problem))
+        for cls in classes:
+            need += min(0.0, *(cls.count * sum(float(a.min()) for a in delta.values())
+                               for _, delta in cls.terms.values()))
+        return int(need)
+    best = math.inf
+    for combo in itertools.product(("none", "selective", "full"), repeat=len(classes)):
+        mem = [m.copy() for m in problem.mem]
+        for cls, mode in zip(classes, combo):
+            for g, a in (cls.terms[mode][1].items() if mode != "none" else ()):
+                mem[g] = mem[g] + cls.count * a
+        best = min(best, problem.const_mem_bytes + sum(float(m.min()) for m in mem))
+    return int(best)
 
 
 def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: bool = False) -> None:

@@ -6,7 +6,12 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    scaled to the microbatch size mb = global_batch / (dp m);
 2. the blocks are partitioned into pp * v stages by the min-max DP of `partition.py` under the memory
    budget, each stage keeping the schedule's in-flight microbatches (`schedules.inflight_microbatches`);
-   the even split is priced too and the better feasible one kept (`_Context.evaluate` says why);
+   the even split is priced too and the better feasible one kept (`_Context.evaluate` says why); each
+   stage takes the cheapest activation-recomputation mode that fits its in-flight microbatches
+   (`PlanConfig.recompute`: "auto" chooses among none / selective / full, another value forces it;
+   `segments.SegmentPrices.rc_extra_lin` adds the recomputed forward to B, `rc_act_delta` changes the
+   saved bytes); the budget is the device's (or `memory_budget_bytes`) minus the reserve, exactly as
+   `parallelizer.plan` (`api.memory_budget`);
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
    an all-gather over "tp" inside the node rebuilds it;
@@ -17,7 +22,10 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
 Pruning (branch and bound): a candidate's step time is at least
     LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
 (the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
-in bytes so the largest rank's is >= the average's). Candidates are priced in increasing LB order and the
+in bytes so the largest rank's is >= the average's). The segment seconds are those without recomputation,
+which only adds time, so LB stays a lower bound under any recomputation choice. A candidate whose average
+rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
+exceeds the budget cannot fit and is not partitioned. Candidates are priced in increasing LB order and the
 search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
 grid (`search="exhaustive"`), typically after pricing a small fraction of it.
 
