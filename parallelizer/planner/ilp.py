@@ -158,10 +158,10 @@ def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: 
             + (f"(after a reserve of {format_bytes(problem.reserve_bytes)}) " if problem.reserve_bytes else "")
             + f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "")
             + (" even with activation recomputation" if recompute else "") + ". Remedies: "
-            + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
-               f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "")
             + ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
                "parameters and optimizer state where it pays), " if roles else "")
+            + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
+               f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "")
             + "more devices (a larger mesh), a data axis so that parameters and optimizer state can be sharded "
             "(ZeRO/FSDP is searched on every axis that shards the batch), fewer samples per step (gradient "
             "accumulation), bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), or "
