@@ -4,7 +4,8 @@
 Models: transformers GPT-2 shapes on the meta device in bf16, traced with ONE sample (prices scale by
 microbatch size), seq 2048, vocab 51200; sizes, GPU counts and global batches are rows of Narayanan et al.,
 SC'21, Table 1 (measured there: 1.7B 137, 18.4B 135, 39.1B 138 TFLOP/s per GPU, with activation
-recomputation counted in their FLOPs; ours exclude recomputation and we model none):
+recomputation counted in their FLOPs; ours exclude recomputation, which the planner adds per stage only
+where memory needs it):
   * 1.7B (24 layers, hidden 2304, 24 heads) on 32 A100-80GB (4 nodes), global batch 512;
   * 18.4B (40 layers, hidden 6144, 48 heads) on 256 A100-80GB (32 nodes), global batch 1024;
   * 39.1B (48 layers, hidden 8192, 64 heads) on 512 A100-80GB (64 nodes), global batch 1536.
@@ -13,7 +14,8 @@ For each: planning time of our search (branch and bound), then two exhaustive gr
 (pp, dp, tp, microbatches, schedule) priced by the same cost model: "grid (DP stages)" uses our stage
 partition per candidate (so ratio 1.00 checks that the bound prunes nothing it should not), "grid (even
 stages)" splits blocks evenly over stages as Megatron-LM does (the ratio shows what the balancing DP buys).
-`run()` returns markdown.
+`run()` returns markdown. `python -m benchmarks.bench_pipeline --targets` (`run_targets()`): issue 13's
+1T GPT and Llama-2-7B planning targets with the memory reserve and planner-chosen recomputation.
 """
 from __future__ import annotations
 

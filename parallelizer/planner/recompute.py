@@ -177,15 +177,26 @@ def price_region(rr: RegionRecompute, fwd_s: Callable[[str], object], saved_byte
 
 
 def forced_regions(tg: TracedGraph) -> dict[str, str]:
-    """Regions the user checkpointed (`traced.user_recompute`, region -> "full"; set by the tracer): forced.
+    """Regions the user checkpointed (`traced.user_recompute`, region -> "full"; set by the tracer), mapped
+    onto repeated-block members and forced: a member itself; a module inside a member (e.g.
+    "transformer.h.3.mlp") forces its member (the planner's regions are whole blocks: recomputing the
+    block is a superset of what the user asked); a module holding members (e.g. "transformer.h") forces
+    each of them. The strongest mode wins where several map onto one member.
 
     Raises:
-        ValueError: a region that is not a repeated-block member or a mode outside `RECOMPUTE_MODES`.
+        ValueError: a region that neither is, sits in, nor holds a repeated-block member (remedy: checkpoint
+            whole repeated blocks), or a mode outside `RECOMPUTE_MODES`.
     """
-    forced = dict(getattr(tg, "user_recompute", None) or {})
     known = regions(tg)
-    for region, mode in forced.items():
-        if region not in known or mode not in RECOMPUTE_MODES:
-            raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: regions must be repeated-block "
-                             f"members ({sorted(known)[:4]}...) and modes one of {RECOMPUTE_MODES}")
-    return {r: m for r, m in sorted(forced.items()) if m != "none"}
+    out: dict[str, str] = {}
+    for region, mode in sorted(dict(getattr(tg, "user_recompute", None) or {}).items()):
+        members = [r for r in known if r == region or region.startswith(r + ".") or r.startswith(region + ".")
+                   or region == ""]
+        if mode not in RECOMPUTE_MODES or not members:
+            raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: the planner recomputes whole "
+                             f"repeated blocks ({', '.join(sorted(known)[:3])}, ...) in modes {RECOMPUTE_MODES}; "
+                             "this region is none of them and holds none. Remedy: checkpoint whole repeated blocks")
+        for r in members:
+            if RECOMPUTE_MODES.index(mode) > RECOMPUTE_MODES.index(out.get(r, "none")):
+                out[r] = mode
+    return dict(sorted(out.items()))

@@ -14,7 +14,7 @@ from parallelizer.planner import plan
 from parallelizer.planner.api import build, recompute_prices
 from parallelizer.planner.ilp import solve
 from parallelizer.planner.partition import ChainCosts, partition_chain
-from parallelizer.planner.recompute import attention_core, region_recompute, regions, shared_inputs
+from parallelizer.planner.recompute import attention_core, forced_regions, region_recompute, regions, shared_inputs
 from parallelizer.planner.problem import layout_of, min_memory_bytes
 from parallelizer.planner.search import plan_pipeline
 
@@ -127,8 +127,12 @@ def test_user_checkpoint_regions_are_forced(gpt2):
     tg = dataclasses.replace(gpt2)
     tg.user_recompute = {"transformer.h.1": "full"}
     assert _none_plan(tg, recompute="none").recompute == {"transformer.h.1": "full"}
-    tg.user_recompute = {"transformer.h.9": "full"}
-    with pytest.raises(ValueError, match="transformer.h.9"):
+    tg.user_recompute = {"transformer.h.2.mlp": "full"}  # inside a block: the block is recomputed
+    assert forced_regions(tg) == {"transformer.h.2": "full"}
+    tg.user_recompute = {"transformer.h": "full"}  # holds the blocks
+    assert forced_regions(tg) == {f"transformer.h.{i}": "full" for i in range(L)}
+    tg.user_recompute = {"lm_head": "full"}
+    with pytest.raises(ValueError, match="'lm_head'.*checkpoint whole repeated blocks"):
         _none_plan(tg)
 
 
