@@ -4,7 +4,8 @@
 Models: transformers GPT-2 shapes on the meta device in bf16, traced with ONE sample (prices scale by
 microbatch size), seq 2048, vocab 51200; sizes, GPU counts and global batches are rows of Narayanan et al.,
 SC'21, Table 1 (measured there: 1.7B 137, 18.4B 135, 39.1B 138 TFLOP/s per GPU, with activation
-recomputation counted in their FLOPs; ours exclude recomputation and we model none):
+recomputation counted in their FLOPs; ours exclude recomputation, which the planner adds per stage only
+where memory needs it):
   * 1.7B (24 layers, hidden 2304, 24 heads) on 32 A100-80GB (4 nodes), global batch 512;
   * 18.4B (40 layers, hidden 6144, 48 heads) on 256 A100-80GB (32 nodes), global batch 1024;
   * 39.1B (48 layers, hidden 8192, 64 heads) on 512 A100-80GB (64 nodes), global batch 1536.
@@ -13,7 +14,8 @@ For each: planning time of our search (branch and bound), then two exhaustive gr
 (pp, dp, tp, microbatches, schedule) priced by the same cost model: "grid (DP stages)" uses our stage
 partition per candidate (so ratio 1.00 checks that the bound prunes nothing it should not), "grid (even
 stages)" splits blocks evenly over stages as Megatron-LM does (the ratio shows what the balancing DP buys).
-`run()` returns markdown.
+`run()` returns markdown. `python -m benchmarks.bench_pipeline --targets` (`run_targets()`): issue 13's
+1T GPT and Llama-2-7B planning targets with the memory reserve and planner-chosen recomputation.
 """
 from __future__ import annotations
 
@@ -118,5 +120,60 @@ def run() -> str:
     return head + "\n" + "\n".join(rows) + "\n" + why + "\n" + "\n".join(notes)
 
 
+TARGETS = (  # issue 13's planning targets (name, model builder, cluster, global batch, time limit of plan (s))
+    ("GPT 1T (128 x 25600, 160 heads)", "gpt_1t", "a100:384x8", 3072, 60.0),
+    ("Llama-2-7B (32 x 4096, seq 4096)", "llama_7b", "h100:8x8", 64, 30.0),
+)
+
+
+def _trace_target(kind: str):
+    """The two target models on the meta device in bf16, traced with ONE sample."""
+    if kind == "gpt_1t":
+        model, inputs = zoo.gpt2(n_layer=128, n_embd=25600, n_head=160, vocab_size=51200, n_positions=2048,
+                                 batch=1, seq_len=2048, device="meta")
+        return parallelizer.trace(model.to(torch.bfloat16), inputs)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, use_cache=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+    return parallelizer.trace(model, (ids,))
+
+
+def run_targets() -> str:
+    """Issue 13's planning targets with the memory reserve and activation recomputation chosen by the
+    planner: trace and plan wall time, the plan, its memory against budget minus reserve, per-stage
+    recomputation; and the same search with recompute='none' for comparison."""
+    rows = ["| model | cluster | trace wall / CPU (s) | plan wall / CPU (s) | plan | step (s) | MFU "
+            "| peak mem / limit (GB) | recompute | with recompute='none' |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, kind, cluster, batch, limit_s in TARGETS:
+        start, cpu = time.perf_counter(), time.process_time()
+        traced = _trace_target(kind)
+        trace_s, trace_cpu = time.perf_counter() - start, time.process_time() - cpu
+        start, cpu = time.perf_counter(), time.process_time()
+        ours = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, progress=False)
+        plan_s, plan_cpu = time.perf_counter() - start, time.process_time() - cpu
+        modes: dict[str, int] = {}
+        for s in ours.stages:
+            modes[s.recompute] = modes.get(s.recompute, 0) + s.num_blocks
+        limit = ours.config["memory_budget_bytes"] - ours.config["memory_reserve_bytes"]
+        try:
+            plain = parallelizer.plan_pipeline(traced, cluster, global_batch=batch, recompute="none", progress=False)
+            other = f"{_config(plain)}, {plain.step_time_s:.3f} s, {plain.memory_bytes / 1e9:.1f} GB"
+        except parallelizer.InfeasiblePlanError as e:
+            other = "infeasible: " + str(e).split(";")[1].split(". Remedies")[0].strip()
+        rows.append(f"| {name} | {cluster} | {trace_s:.1f} / {trace_cpu:.1f} | {plan_s:.1f} / {plan_cpu:.1f} (limit "
+                    f"{limit_s:.0f}) | {_config(ours)} | "
+                    f"{ours.step_time_s:.3f} | {ours.mfu:.1%} | {ours.memory_bytes / 1e9:.1f} / {limit / 1e9:.1f} | "
+                    + ", ".join(f"{m} x{n}" for m, n in sorted(modes.items())) + f" | {other} |")
+    return ("## Issue 13 targets: reserve + planner-chosen recomputation (plan_pipeline)\n\n"
+            "Budget = device memory minus the default reserve (10% + 1 GB: 71 GB of an 80 GB A100/H100); each "
+            "stage takes the cheapest recomputation mode (none < selective < full) that fits. CPU = process time "
+            "(the 2-core machine is shared; wall time grows with its load).\n\n"
+            + "\n".join(rows) + "\n")
+
+
 if __name__ == "__main__":
-    print(run())
+    import sys
+    print(run_targets() if "--targets" in sys.argv else run())

@@ -104,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "fp32"),
                    help="bf16: bf16 params and activations, fp32 main weights and gradients (18 B/param with AdamW); "
                         "fp32: 16 B/param (default: bf16 on GPU cluster presets, fp32 on a calibration profile)")
+    p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
+                   help="activation recomputation per repeated block: auto (default) lets the planner choose where "
+                        "memory needs it; none, selective (the attention core) or full force it on every block")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
@@ -203,7 +206,7 @@ def cmd_plan(args) -> int:
                    axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
-                   precision=args.precision)
+                   precision=args.precision, recompute=args.recompute)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:
         best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,

@@ -47,6 +47,10 @@ class PlanConfig:
         time_limit_s: solver wall-clock limit, seconds (> 0).
         mip_rel_gap: relative MIP gap at which the solver may stop (0 = prove optimality).
         solver: "highs" (default; falls back to "cbc" if highspy is missing) or "cbc".
+        recompute: activation recomputation per repeated-block member (`planner.recompute`): "auto" (default)
+            = the planner decides (none while a plan fits without it, else the fastest mix of none /
+            selective / full that fits: `planner.ilp`, `planner.search`); "none", "selective" or "full" force
+            that mode on every member. A user's own checkpoint regions (`traced.user_recompute`) stay forced.
         cluster_blocks: share strategy variables between the instances of a repeated block (exact when the
             optimum treats every instance alike; always a feasible plan).
     Raises:
@@ -65,6 +69,7 @@ class PlanConfig:
     mip_rel_gap: float = 0.0
     solver: str = "highs"
     cluster_blocks: bool = True
+    recompute: str = "auto"
 
     def __post_init__(self) -> None:
         bd = self.batch_dims
@@ -100,6 +105,9 @@ class PlanConfig:
                              "bytes >= 0 or None (the default reserve)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+        from .planner.recompute import RECOMPUTE_OPTIONS  # here: the planner package imports this module
+        if self.recompute not in RECOMPUTE_OPTIONS:
+            raise ValueError(f"PlanConfig.recompute={self.recompute!r}: use one of {RECOMPUTE_OPTIONS}")
         if self.solver not in SOLVERS:
             raise ValueError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
         if not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):

@@ -20,10 +20,11 @@ from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
-from .costs import Pricer
+from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
+from .recompute import RegionPrice, price_region, region_recompute, regions, shared_inputs
 from .strategies import build_spaces
 
 
@@ -154,6 +155,9 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 if st.bwd_collective:
                     comm[st.bwd_collective] += bwd
             edges.append(edge)
+    for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute)).values():
+        compute_s += rp.extra_fwd_s
+        act += int(rp.saved_delta_bytes)
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():
         stored = strat[p.placeholders[0]].output
@@ -179,8 +183,29 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
     cfg["axis_roles"] = [list(x) for x in config.axis_roles]
     del cfg["time_limit_s"]
+    if cfg["recompute"] == "auto":  # the default: left out, so plans of before the option stay byte-identical
+        del cfg["recompute"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
-                tuple(fallbacks), model, cfg)
+                tuple(fallbacks), model, cfg, recompute=dict(sol.recompute))
+
+
+def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]
+                     ) -> dict[str, RegionPrice]:
+    """`recompute.price_region` of each region of `decision` (region -> mode) at the strategies `strat`
+    (node -> Strategy): extra forward seconds and saved-bytes change per region (`to_plan`, `segments`)."""
+    members, shared = regions(tg), shared_inputs(tg)
+    spaces, mesh = problem.spaces, problem.mesh
+
+    def cost(n: str) -> NodeCost:
+        return pricer.node_cost(tg, tg.nodes[n], spaces[n], strat[n]) if spaces[n].kind == "op" else NodeCost(0, 0, 0)
+
+    def input_bytes(n: str, k: int) -> int:
+        ti = spaces[n].inputs[k]
+        return pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
+
+    return {region: price_region(region_recompute(tg, region, members[region], mode, shared),
+                                 lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes)
+            for region, mode in sorted(decision.items())}
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,22 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
     counts. The bound on T is exact; how finely T itself is resolved depends on the solver: its absolute MIP
     gap `_ABS_GAP_US` (1e-6 us) leaves memory differences below 2e-4 * M_max unresolved (M_max = 100 GB:
     20 MB), and collective counts are resolved only where w_coll exceeds it (small problems).
+    Activation recomputation (`problem.py`, `recompute.py`). Forced modes are already folded into lin and
+    mem. Under PlanConfig.recompute == "auto" the ILP is first solved exactly as above (no recomputation:
+    a plan that fits without it is the plan of before, byte-identical); only when that finds no plan
+    within the budget is it solved again with, per `RecomputeClass` c (N_c identical regions sharing the
+    groups G_c) and mode m in {selective, full}:
+        n[c, m] in {0..N_c}, n[c, sel] + n[c, full] <= N_c        instances of the class in mode m
+        w[c, m, g, i] in [0, N_c] continuous, for g in G_c:
+            sum_i w[c, m, g, i] = n[c, m],   w[c, m, g, i] <= N_c x[g, i]
+        objective += sum E[c,m][g][i] w[c,m,g,i],  memory row += sum D[c,m][g][i] w[c,m,g,i]
+    where E (extra forward seconds) and D (saved-bytes change, <= 0) are one instance's terms
+    (`recompute.price_region` as linear forms). With binary one-hot x, the two constraints force
+    w[c,m,g,i] = n[c,m] x[g,i] (the disaggregated form of the product of an integer and a one-hot vector),
+    so the linearisation is exact: the recomputation of n instances is priced at the strategies the ILP
+    picks for the block. Which instances recompute does not change time or memory on a fixed mesh (they
+    are identical); the first n[c, full] regions in graph order get "full", the next n[c, sel] "selective".
+    Known limit: "auto" does not trade recomputation for a faster layout while a plan fits without it.
     With binary x the row/column equalities force e[g,h,i,j] = x[g,i] x[h,j] (a transportation polytope
     with 0/1 margins has one vertex), the strong linearisation (ENVIRONMENT-NOTES: the weak form
     e >= x_u + x_v - 1 does not solve at scale).
@@ -43,6 +59,8 @@ feasible point is reported as "feasible" with its gap.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import os
 import sys
 import time
@@ -59,6 +77,7 @@ _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
 TIE_RESOLUTION_US = 1e-2  # the tie-break term lies in [0, this] microseconds (module docstring)
 MEMORY_TIE_QUANTUM_BYTES = 1_000_000  # a memory difference this large outweighs any collective-count difference
+_MAX_EXACT_CLASSES = 3  # `min_memory_with_recompute_bytes` enumerates 3^classes mode combinations up to this
 _ABS_GAP_US = 1e-6  # solver's absolute MIP gap, microseconds (HiGHS's default; 1e-12 made solves ~35% slower)
 
 
@@ -76,6 +95,7 @@ class Solution:
     num_binary: int
     num_constraints: int
     solver: str
+    recompute: tuple[tuple[str, str], ...] = ()  # (region, mode) of regions not "none", sorted
 
 
 def objective_s(problem: Problem, choice: tuple[int, ...]) -> float:
@@ -99,17 +119,49 @@ def tie_break_weights(problem: Problem) -> tuple[float, float]:
     return w_mem, w_coll
 
 
-def check_memory(problem: Problem, config: PlanConfig | None = None) -> None:
-    """Raise InfeasiblePlanError when even the leanest strategies exceed the budget."""
-    need = min_memory_bytes(problem)
+def min_memory_with_recompute_bytes(problem: Problem) -> int:
+    """The least memory of any plan when the free regions may recompute (`problem.recompute_classes`).
+
+    For fixed strategies the memory is linear in the counts n[c, m] over {n[c, sel] + n[c, full] <= N_c},
+    so its minimum lies at a vertex: each class entirely in one mode. Per combination of modes the memory is
+    a sum of independent per-group choices (min over each group's strategies); exact for up to
+    `_MAX_EXACT_CLASSES` classes, otherwise a lower bound (each class's largest saving bounded per group).
+    """
+    classes = problem.recompute_classes
+    if not classes:
+        return min_memory_bytes(problem)
+    if len(classes) > _MAX_EXACT_CLASSES:
+        need = float(min_memory_bytes(problem))
+        for cls in classes:
+            need += min(0.0, *(cls.count * sum(float(a.min()) for a in delta.values())
+                               for _, delta in cls.terms.values()))
+        return int(need)
+    best = math.inf
+    for combo in itertools.product(("none", "selective", "full"), repeat=len(classes)):
+        mem = [m.copy() for m in problem.mem]
+        for cls, mode in zip(classes, combo):
+            for g, a in (cls.terms[mode][1].items() if mode != "none" else ()):
+                mem[g] = mem[g] + cls.count * a
+        best = min(best, problem.const_mem_bytes + sum(float(m.min()) for m in mem))
+    return int(best)
+
+
+def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: bool = False) -> None:
+    """Raise InfeasiblePlanError when even the leanest strategies exceed the budget (with `recompute`: also
+    recomputing every free region, `min_memory_with_recompute_bytes`)."""
+    need = min_memory_with_recompute_bytes(problem) if recompute else min_memory_bytes(problem)
     if need > problem.budget_bytes:
+        mode = config.recompute if config is not None else "auto"
         roles = dict(config.axis_roles) if config is not None else {}
         raise InfeasiblePlanError(
             f"memory: needs >= {format_bytes(need)} per device, budget {format_bytes(problem.budget_bytes)} "
             + (f"(after a reserve of {format_bytes(problem.reserve_bytes)}) " if problem.reserve_bytes else "")
-            + f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "") + ". Remedies: "
+            + f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "")
+            + (" even with activation recomputation" if recompute else "") + ". Remedies: "
             + ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
                "parameters and optimizer state where it pays), " if roles else "")
+            + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
+               f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "")
             + "more devices (a larger mesh), a data axis so that parameters and optimizer state can be sharded "
             "(ZeRO/FSDP is searched on every axis that shards the batch), fewer samples per step (gradient "
             "accumulation), bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), or "
@@ -117,13 +169,37 @@ def check_memory(problem: Problem, config: PlanConfig | None = None) -> None:
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:
-    """Build and solve the ILP of the module docstring.
+    """Build and solve the ILP of the module docstring: without recomputation first, then (under
+    PlanConfig.recompute == "auto", when that finds nothing within the budget) with it.
 
     Raises:
         InfeasiblePlanError: the memory budget cannot be met (binding constraint and remedies in the text),
             or the solver found no solution within the time limit.
     """
-    check_memory(problem, config)
+    if config.recompute != "auto" or not problem.recompute_classes:
+        return _solve(problem, config, False)
+    if min_memory_bytes(problem) <= problem.budget_bytes:
+        try:
+            return _solve(problem, config, False)
+        except InfeasiblePlanError:
+            pass  # the leanest strategies fit alone but not together with the edges they imply: recompute
+    return _solve(problem, config, True)
+
+
+def recompute_cost(problem: Problem, choice: tuple[int, ...], counts: dict[int, dict[str, int]]) -> tuple[float, float]:
+    """(extra seconds, saved-bytes change) of `counts[class][mode]` instances recomputing at `choice`."""
+    extra = delta = 0.0
+    for c, per_mode in counts.items():
+        for m, n in per_mode.items():
+            e, d = problem.recompute_classes[c].terms[m]
+            extra += n * sum(float(a[choice[g]]) for g, a in e.items())
+            delta += n * sum(float(a[choice[g]]) for g, a in d.items())
+    return extra, delta
+
+
+def _solve(problem: Problem, config: PlanConfig, recompute: bool) -> Solution:
+    """The ILP of the module docstring, with the recomputation variables when `recompute`."""
+    check_memory(problem, config, recompute)
     prob = pulp.LpProblem("parallelizer_plan", pulp.LpMinimize)
     x: list[list] = []
     for g, n in enumerate(problem.sizes()):
@@ -161,9 +237,10 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
             prob += pulp.LpAffineExpression([(e[i][j], 1) for i in range(na) if finite[i, j]]
                                             + [(x[b][j], -1)]) == 0, f"c_{a}_{b}_{j}"
         num_cons += na + nb
-    prob += pulp.LpAffineExpression(terms)
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
+    counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
+    prob += pulp.LpAffineExpression(terms)
     fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1)
     prob += pulp.LpAffineExpression(mem_terms) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, "memory"
     num_cons += 1
@@ -174,17 +251,53 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         prob.solve(solver)
     elapsed = time.perf_counter() - start
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        check_memory(problem, config)
+        check_memory(problem, config, recompute)
         raise InfeasiblePlanError(
             f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
             f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}: {_binding(problem, config)}. Remedies for a "
-            "binding memory budget: raise it, more devices, activation checkpointing; for the time limit: raise "
-            "time_limit_s.")
+            "binding memory budget: raise it, more devices, activation recomputation (recompute='auto' or "
+            "'full'); for the time limit: raise time_limit_s.")
     choice = tuple(0 if len(vs) == 1 else int(np.argmax([v.varValue or 0.0 for v in vs])) for vs in x)
     gap = _gap(prob, solver_name)
     optimal = prob.sol_status == pulp.LpSolutionOptimal and (gap is None or gap <= max(config.mip_rel_gap, 1e-6))
-    return Solution(choice, objective_s(problem, choice), "optimal" if optimal else "feasible", optimal, gap,
-                    elapsed, num_bin + num_edge, num_bin, num_cons, solver_name)
+    counts = {c: {m: int(round(v.varValue or 0.0)) for m, v in per.items()} for c, per in counts_vars.items()}
+    decision = dict(problem.recompute_fixed)
+    for c, per in counts.items():
+        free = iter(problem.recompute_classes[c].regions)
+        for m in ("full", "selective"):
+            decision.update((next(free), m) for _ in range(per.get(m, 0)))
+    extra_s = recompute_cost(problem, choice, counts)[0]
+    num_rc = sum(len(per) for per in counts_vars.values())
+    return Solution(choice, objective_s(problem, choice) + extra_s, "optimal" if optimal else "feasible", optimal,
+                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge, num_bin + num_rc,
+                    len(prob.constraints) if recompute else num_cons, solver_name,
+                    tuple(sorted((r, m) for r, m in decision.items() if m != "none")))
+
+
+def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms: list, mem_terms: list,
+                    w_mem: float) -> dict[int, dict[str, pulp.LpVariable]]:
+    """Add the recomputation variables and constraints of the module docstring; extend the objective and
+    memory-row term lists in place. Returns n[c][mode]."""
+    counts: dict[int, dict[str, pulp.LpVariable]] = {}
+    for c, cls in enumerate(problem.recompute_classes):
+        N = cls.count
+        n = counts[c] = {m: _var(prob, f"n_{c}_{m}", 0, N, pulp.LpInteger) for m in sorted(cls.terms)}
+        prob += pulp.LpAffineExpression([(v, 1) for v in n.values()]) <= N, f"modes_{c}"
+        for m, (extra, delta) in sorted(cls.terms.items()):
+            for g in sorted(set(extra) | set(delta)):
+                zero = np.zeros(len(x[g]))
+                e, d = extra.get(g, zero), delta.get(g, zero)
+                if len(x[g]) == 1:  # a fixed group: the term is linear in n itself
+                    terms.append((n[m], float(e[0]) * _SCALE + w_mem * float(d[0])))
+                    mem_terms.append((n[m], float(d[0]) / _GB))
+                    continue
+                w = [_var(prob, f"w_{c}_{m}_{g}_{i}", 0, N, pulp.LpContinuous) for i in range(len(x[g]))]
+                prob += pulp.LpAffineExpression([(v, 1) for v in w] + [(n[m], -1)]) == 0, f"wsum_{c}_{m}_{g}"
+                for i, v in enumerate(w):
+                    prob += pulp.LpAffineExpression([(v, 1), (x[g][i], -N)]) <= 0, f"wx_{c}_{m}_{g}_{i}"
+                    terms.append((v, float(e[i]) * _SCALE + w_mem * float(d[i])))
+                    mem_terms.append((v, float(d[i]) / _GB))
+    return counts
 
 
 def _binding(problem: Problem, config: PlanConfig) -> str:

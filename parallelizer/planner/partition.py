@@ -12,8 +12,14 @@ the cut and backward by the stage after it), and needs (bytes per device)
 
     memory(s, i, j) = state(i, j) + inflight[s] * activations(i, j)   (+ the pre/post parts on the ends)
 
+Activation recomputation: with M modes (`ChainCosts.modes`, cheapest in compute first; each a row of
+per-block seconds and saved bytes) a stage takes one mode for its blocks, and time(s, i, j) /
+memory(s, i, j) are those of the cheapest mode whose memory fits (a block's seconds grow and its saved
+bytes shrink with recomputation, so the fastest feasible mode is the first that fits); the DP below is
+unchanged otherwise and stays exact for that per-stage choice.
+
 Dynamic programme over cut positions: best[s][j] = min over i of max(best[s-1][i], time(s, i, j)) among
-feasible (memory(s, i, j) <= limit[s]) stages; O(S L^2), vectorised over (i, j) with numpy. Exact for the
+feasible (memory(s, i, j) <= limit[s]) stages; O(M S L^2), vectorised over (i, j) with numpy. Exact for the
 min-max objective (the same recurrence as the linear partition problem, Skiena, "The Algorithm Design
 Manual", Sec. 8.5); ties go to the earliest cut (numpy argmin), so results are deterministic.
 """
@@ -45,11 +51,21 @@ class ChainCosts:
     post_act_bytes: float = 0.0
     cut_fwd_s: tuple[float, ...] = field(default=())
     cut_bwd_s: tuple[float, ...] = field(default=())
+    modes: tuple[str, ...] = ("none",)
+    mode_block_s: tuple[tuple[float, ...], ...] = ()
+    mode_block_act_bytes: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        """`mode_block_s` / `mode_block_act_bytes`: one row per entry of `modes` (default: the single row
+        `block_s` / `block_act_bytes` as mode "none")."""
         n = len(self.block_s)
         if n == 0:
             raise ValueError("ChainCosts.block_s is empty: need at least one block")
+        for name, base in (("mode_block_s", self.block_s), ("mode_block_act_bytes", self.block_act_bytes)):
+            rows = tuple(tuple(r) for r in getattr(self, name)) or (tuple(base),)
+            object.__setattr__(self, name, rows)
+            if len(rows) != len(self.modes) or any(len(r) != n for r in rows):
+                raise ValueError(f"ChainCosts.{name}: need one row of {n} entries per mode of {self.modes}")
         for name in ("block_state_bytes", "block_act_bytes"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"ChainCosts.{name} has {len(getattr(self, name))} entries, block_s has {n}")
@@ -63,27 +79,36 @@ class ChainCosts:
     def num_blocks(self) -> int:
         return len(self.block_s)
 
-    def stage_time_s(self, s: int, num_stages: int, i: int, j: int) -> float:
-        """time(s, i, j) of the module docstring."""
-        return float(sum(self.block_s[i:j]) + (self.pre_s if s == 0 else 0.0)
+    def stage_time_s(self, s: int, num_stages: int, i: int, j: int, mode: int = 0) -> float:
+        """time(s, i, j) of the module docstring, its blocks in mode `modes[mode]`."""
+        return float(sum(self.mode_block_s[mode][i:j]) + (self.pre_s if s == 0 else 0.0)
                      + (self.post_s if s == num_stages - 1 else 0.0)
                      + (self.cut_bwd_s[i] if s > 0 else 0.0) + (self.cut_fwd_s[j] if s < num_stages - 1 else 0.0))
 
-    def stage_memory_bytes(self, s: int, num_stages: int, i: int, j: int, inflight: float) -> tuple[float, float]:
-        """(state bytes, activation bytes of ONE microbatch) of stage s over blocks [i, j)."""
+    def stage_memory_bytes(self, s: int, num_stages: int, i: int, j: int, inflight: float = 1.0,
+                           mode: int = 0) -> tuple[float, float]:
+        """(state bytes, activation bytes of ONE microbatch) of stage s over blocks [i, j) in mode `mode`."""
         first, last = s == 0, s == num_stages - 1
         state = sum(self.block_state_bytes[i:j]) + first * self.pre_state_bytes + last * self.post_state_bytes
-        act = sum(self.block_act_bytes[i:j]) + first * self.pre_act_bytes + last * self.post_act_bytes
+        act = sum(self.mode_block_act_bytes[mode][i:j]) + first * self.pre_act_bytes + last * self.post_act_bytes
         return float(state), float(act)
+
+    def stage_mode(self, s: int, num_stages: int, i: int, j: int, inflight: float, limit_bytes: float) -> int:
+        """The cheapest mode (index into `modes`) in which stage s over blocks [i, j) fits `limit_bytes` with
+        `inflight` microbatches' activations, or the leanest mode when none fits."""
+        need = [st + inflight * act for st, act in (self.stage_memory_bytes(s, num_stages, i, j, inflight, m)
+                                                    for m in range(len(self.modes)))]
+        return next((m for m, b in enumerate(need) if b <= limit_bytes), int(np.argmin(need)))
 
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """Cuts (S + 1 block indices, 0 first and L last: stage s holds blocks [cuts[s], cuts[s+1])) and the
-    slowest stage's seconds per microbatch."""
+    """Cuts (S + 1 block indices, 0 first and L last: stage s holds blocks [cuts[s], cuts[s+1])), the
+    slowest stage's seconds per microbatch, and each stage's mode (index into `ChainCosts.modes`)."""
 
     cuts: tuple[int, ...]
     max_stage_s: float
+    modes: tuple[int, ...] = ()
 
     def blocks(self, s: int) -> range:
         return range(self.cuts[s], self.cuts[s + 1])
@@ -108,33 +133,31 @@ def partition_chain(costs: ChainCosts, num_stages: int, inflight: tuple[float, .
     limits = (float(limit_bytes),) * S if isinstance(limit_bytes, (int, float)) else tuple(limit_bytes)
     if len(inflight) != S or len(limits) != S:
         raise ValueError(f"inflight ({len(inflight)}) and limit_bytes ({len(limits)}) need {S} entries")
-    zero = np.zeros(1)
-    t_pre, st_pre, act_pre = (np.concatenate([zero, np.cumsum(x)]) for x in
-                              (costs.block_s, costs.block_state_bytes, costs.block_act_bytes))
+    ranges = lambda x: (lambda c: c[None, :] - c[:, None])(np.concatenate([np.zeros(1), np.cumsum(x)]))
+    base_t = np.stack([ranges(row) for row in costs.mode_block_s])  # (M, i, j)
+    base_act = np.stack([ranges(row) for row in costs.mode_block_act_bytes])
+    base_state = ranges(costs.block_state_bytes)
     ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     valid = jj > ii
-    base_t = t_pre[None, :] - t_pre[:, None]
-    base_state = st_pre[None, :] - st_pre[:, None]
-    base_act = act_pre[None, :] - act_pre[:, None]
     cut_fwd, cut_bwd = np.asarray(costs.cut_fwd_s), np.asarray(costs.cut_bwd_s)
     best = np.full(n + 1, math.inf)
     best[0] = 0.0
     choice = np.zeros((S, n + 1), dtype=int)
     for s in range(S):
         first, last = s == 0, s == S - 1
-        t = base_t + (costs.pre_s if first else 0.0) + (costs.post_s if last else 0.0)
+        extra = (costs.pre_s if first else 0.0) + (costs.post_s if last else 0.0)
         if not first:
-            t = t + cut_bwd[:, None]
+            extra = extra + cut_bwd[:, None]
         if not last:
-            t = t + cut_fwd[None, :]
+            extra = extra + cut_fwd[None, :]
         state = base_state + first * costs.pre_state_bytes + last * costs.post_state_bytes
-        act = base_act + first * costs.pre_act_bytes + last * costs.post_act_bytes
-        ok = valid & (state + inflight[s] * act <= limits[s])
-        if first:
-            ok &= ii == 0
-        if last:
-            ok &= jj == n
-        cand = np.where(ok, np.maximum(best[:, None], t), math.inf)
+        room = limits[s] - state - inflight[s] * (first * costs.pre_act_bytes + last * costs.post_act_bytes)
+        allowed = valid & (ii == 0 if first else True) & (jj == n if last else True)
+        # per (i, j) the time of the first mode that fits (module docstring); inf where none fits
+        t = np.full((n + 1, n + 1), math.inf)
+        for m in range(len(costs.modes) - 1, -1, -1):
+            t = np.where(inflight[s] * base_act[m] <= room, base_t[m], t)
+        cand = np.where(allowed, np.maximum(best[:, None], t + extra), math.inf)
         choice[s] = np.argmin(cand, axis=0)
         best = cand[choice[s], np.arange(n + 1)]
     if not math.isfinite(best[n]):
@@ -142,7 +165,9 @@ def partition_chain(costs: ChainCosts, num_stages: int, inflight: tuple[float, .
     cuts = [n]
     for s in range(S - 1, -1, -1):
         cuts.append(int(choice[s][cuts[-1]]))
-    return Partition(tuple(reversed(cuts)), float(best[n]))
+    cuts.reverse()
+    modes = tuple(costs.stage_mode(s, S, cuts[s], cuts[s + 1], inflight[s], limits[s]) for s in range(S))
+    return Partition(tuple(cuts), float(best[n]), modes)
 
 
 def uniform_partition(num_blocks: int, num_stages: int) -> tuple[int, ...]:

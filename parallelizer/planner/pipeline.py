@@ -33,7 +33,10 @@ class StageSpec:
         fwd_s, bwd_s, wgrad_s: per microbatch seconds of forward, input-gradient and weight-gradient work
             (compute, tensor-parallel collectives and its point-to-point sends).
         state_bytes: parameters + gradients + optimizer state per device (optimizer / dp with ZeRO-1).
-        activation_bytes: saved activations of ONE microbatch per device.
+        activation_bytes: saved activations of ONE microbatch per device (after recomputation).
+        recompute: the activation-recomputation mode of its blocks (`planner.recompute`: "none",
+            "selective" or "full"; blocks a user checkpointed keep their own mode); its extra forward
+            seconds are in `bwd_s`.
     """
 
     index: int
@@ -49,6 +52,7 @@ class StageSpec:
     wgrad_s: float
     state_bytes: int
     activation_bytes: int
+    recompute: str = "none"
 
     @property
     def num_blocks(self) -> int:
@@ -203,7 +207,11 @@ class PipelinePlan:
             lines.append(f"  {s.index:3d} rank {s.pp_rank:3d}: blocks {s.first_block:3d}-{s.last_block:3d}"
                          f"{' +pre' if s.includes_pre else ''}{' +post' if s.includes_post else ''}  "
                          f"{s.time_s * 1e3:8.2f} ms/microbatch  state {s.state_bytes / gb:6.2f} GB  "
-                         f"act/mb {s.activation_bytes / gb:6.2f} GB")
+                         f"act/mb {s.activation_bytes / gb:6.2f} GB  recompute {s.recompute}")
+        modes = {}
+        for s in self.stages:
+            modes[s.recompute] = modes.get(s.recompute, 0) + s.num_blocks
+        lines.append("recomputation: " + ", ".join(f"{m} on {n} blocks" for m, n in sorted(modes.items())))
         peak = max(self.ranks, key=lambda r: r.memory_bytes)
         lines.append(f"peak memory {peak.memory_bytes / gb:.2f} GB on pp rank {peak.pp_rank} "
                      f"({peak.inflight_microbatches:g} microbatches in flight)")

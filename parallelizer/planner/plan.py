@@ -373,6 +373,13 @@ class Plan:
                  f"solver: {s.solver} {s.status} (gap {gap}), {s.num_variables} variables "
                  f"({s.num_binary} binary), {s.num_constraints} constraints, {s.num_groups} groups"
                  + (f", {s.time_s:.2f} s" if s.time_s is not None else "")]
+        if self.recompute:
+            by_mode: dict[str, list[str]] = {}
+            for region, mode in sorted(self.recompute.items()):
+                by_mode.setdefault(mode, []).append(region)
+            lines.append("recomputation: " + "; ".join(
+                f"{mode} on {len(rs)} blocks ({', '.join(rs[:3])}{', ...' if len(rs) > 3 else ''})"
+                for mode, rs in sorted(by_mode.items())))
         by_layout: dict[str, int] = {}
         for p in self.params.values():
             if not p.is_buffer:

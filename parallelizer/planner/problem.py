@@ -13,6 +13,14 @@ including gradient synchronisation; inf where `PlanConfig.axis_roles` forbid the
 matrix that is separable (C[i,j] = a_i + b_j) is folded into
 `lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
 bytes saved for backward; `const_mem_bytes` covers buffers.
+
+Activation recomputation (`planner.recompute`, `recompute_terms`): a region's mode adds `RegionPrice` terms,
+linear in the strategies of the groups of its nodes. Forced modes (a user's checkpoint regions; a
+`PlanConfig.recompute` other than "auto"/"none" on every other region) are folded into `lin` (extra forward
+seconds) and `mem` (saved-bytes change) and listed in `recompute_fixed`; under "auto" the free regions are
+grouped into `RecomputeClass`es (regions whose nodes share the same groups, i.e. all instances of a block
+with `cluster_blocks`), whose per-instance terms the ILP multiplies by how many instances take each mode
+(`ilp.py`).
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from .costs import Pricer
+from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
 from .strategies import EdgeRoles, NodeSpace, Strategy, mutation_edges, role_axes
 
 
@@ -52,9 +61,25 @@ class Problem:
     stats: dict = field(default_factory=dict)
     graph: TracedGraph | None = None   # for diagnostics (`diagnose.binding_constraint`)
     config: PlanConfig | None = None
+    recompute_fixed: dict[str, str] = field(default_factory=dict)  # region -> mode folded into lin / mem
+    recompute_classes: list["RecomputeClass"] = field(default_factory=list)  # free regions ("auto")
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
+
+
+@dataclass(frozen=True)
+class RecomputeClass:
+    """Free regions (`recompute.regions`) whose nodes share the same ILP groups, so one instance's terms hold
+    for each: `terms[mode] = (extra seconds, saved-bytes change)`, each {group: array over its strategies}
+    (`recompute.price_region` as linear forms), for mode in ("selective", "full")."""
+
+    regions: tuple[str, ...]
+    terms: dict[str, tuple[dict[int, np.ndarray], dict[int, np.ndarray]]]
+
+    @property
+    def count(self) -> int:
+        return len(self.regions)
 
 
 def grad_axes(strategy: Strategy, k: int, mesh: MeshSpec) -> tuple[str, ...]:
@@ -162,8 +187,89 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             continue
         del pairs[(a, b)], pair_counts[(a, b)]
         folded += 1
-    return Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, reserve_bytes,
-                   folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config)
+    problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, reserve_bytes,
+                      folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config)
+    recompute_terms(problem, tg, pricer, config)
+    return problem
+
+
+def recompute_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, config: PlanConfig) -> None:
+    """Fold forced recomputation into `problem.lin` / `problem.mem` and collect the free regions' classes
+    (module docstring). Regions: `recompute.regions`; forced: `recompute.forced_regions` (the user's), then
+    `config.recompute` when it names a mode other than "none"; "auto" leaves the rest free."""
+    all_regions = regions(tg)
+    if not all_regions:
+        return
+    forced = forced_regions(tg)
+    mode = config.recompute
+    if mode not in ("auto", "none"):
+        forced = {r: forced.get(r, mode) for r in all_regions}
+    shared = shared_inputs(tg)
+    for region, m in forced.items():
+        extra, delta = _linear_terms(problem, tg, pricer, region_recompute(tg, region, all_regions[region], m, shared))
+        for g, arr in extra.items():
+            problem.lin[g] = problem.lin[g] + arr
+        for g, arr in delta.items():
+            problem.mem[g] = problem.mem[g] + arr
+    problem.recompute_fixed = dict(forced)
+    if mode != "auto":
+        return
+    classes: dict[tuple, list[str]] = {}
+    for region, nodes in all_regions.items():
+        if region not in forced:
+            classes.setdefault(tuple(problem.group_of.get(n, -1) for n in nodes), []).append(region)
+    for members in classes.values():
+        rep = members[0]
+        terms = {m: _linear_terms(problem, tg, pricer, region_recompute(tg, rep, all_regions[rep], m, shared))
+                 for m in RECOMPUTE_MODES[1:]}
+        problem.recompute_classes.append(RecomputeClass(tuple(members), terms))
+
+
+def _linear_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, rr) -> tuple[dict, dict]:
+    """`recompute.price_region` of one region as linear forms over the strategies of the groups: ({group:
+    extra forward seconds per strategy}, {group: saved-bytes change per strategy})."""
+    spaces, group_of = problem.spaces, problem.group_of
+
+    def per_group(name: str, values) -> _Linear:
+        return _Linear({group_of[name]: np.asarray(values, dtype=float)}) if values else _Linear()
+
+    def costs(name: str):
+        space = spaces.get(name)
+        return pricer.node_costs(tg, tg.nodes[name], space) if space is not None and space.kind == "op" else []
+
+    def input_bytes(name: str, k: int) -> _Linear:
+        ti = spaces[name].inputs[k]
+        return per_group(name, [pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, s.inputs[k], problem.mesh))
+                                for s in spaces[name].strategies])
+
+    price = price_region(rr, lambda n: per_group(n, [c.fwd_s for c in costs(n)]),
+                         lambda n: per_group(n, [c.saved_bytes for c in costs(n)]), input_bytes)
+    return dict(_Linear() + price.extra_fwd_s), dict(_Linear() + price.saved_delta_bytes)
+
+
+class _Linear(dict):
+    """A linear form {group: array over its strategies}: `+` / `-` merge group by group; the number 0 (the
+    start of a sum in `recompute.price_region`) is neutral."""
+
+    def _merge(self, other, sign: int) -> "_Linear":
+        out = _Linear(self)
+        if isinstance(other, dict):
+            for g, a in other.items():
+                out[g] = out[g] + sign * a if g in out else sign * a
+        elif other != 0:
+            raise TypeError(f"a linear form adds linear forms or 0, not {other!r}")
+        return out
+
+    def __add__(self, other) -> "_Linear":
+        return self._merge(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other) -> "_Linear":
+        return self._merge(other, -1)
+
+    def __rsub__(self, other) -> "_Linear":
+        return _Linear({g: -a for g, a in self.items()})._merge(other, 1)
 
 
 def _separable(mat: np.ndarray) -> bool:

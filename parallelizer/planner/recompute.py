@@ -18,3 +18,185 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 RECOMPUTE_OPTIONS = ("auto",) + RECOMPUTE_MODES
 """What a user may ask for (`PlanConfig.recompute`, `--recompute`): "auto" lets the planner choose per
 region; a mode forces it on every repeated-block member."""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..tracer import Role, TracedGraph
+from .strategies import tensor_inputs
+
+_SOFTMAX = ("softmax", "_softmax", "_safe_softmax")
+_MATMUL = ("matmul", "bmm", "baddbmm", "einsum")
+# ops between QK^T and softmax (scaling, masking, casts) and between softmax and attention x V (dropout, casts,
+# the expand/view of a decomposed matmul): the eager attention core of Korthikanti et al. Fig. 3
+_CORE_LINKS = ("mul", "div", "add", "sub", "where", "masked_fill", "to", "_to_copy", "dropout", "native_dropout",
+               "clone", "contiguous", "expand", "view", "reshape", "_unsafe_view", "getitem")
+
+
+def _op(tg: TracedGraph, name: str) -> str:
+    """The short op name of a node ("softmax" for aten.softmax.int, "getitem" for operator.getitem)."""
+    op = tg.nodes[name].op_name
+    return op.split(".")[1] if op.startswith("aten.") else op
+
+
+@dataclass(frozen=True, slots=True)
+class RegionRecompute:
+    """What one mode recomputes in one region (structure only; `price_region` prices it).
+
+    Attributes:
+        region: the block instance (`NodeInfo.block`, e.g. "transformer.h.3").
+        mode: "none", "selective" or "full".
+        recomputed: call_function nodes whose forward runs again in backward; the tensors they save for
+            backward are not kept (in graph order).
+        kept_inputs: (consumer node, index into its `strategies.tensor_inputs`) of every tensor the recomputed part reads from outside
+            itself that must be kept instead (each distinct tensor once, at its first consumer): for "full"
+            the block's input activations (Chen et al. 2016, Sec. 4: a checkpointed segment keeps its
+            inputs); for "selective" the attention core's Q, K, V (Korthikanti et al. 2022, Sec. 5).
+    """
+
+    region: str
+    mode: str
+    recomputed: tuple[str, ...] = ()
+    kept_inputs: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegionPrice:
+    """Price of one region's mode: `extra_fwd_s` seconds of forward run again in backward, and
+    `saved_delta_bytes` (<= 0 normally) added to the region's saved-for-backward bytes. Either may be a
+    numpy array (a linear form over ILP variables, `problem.recompute_terms`)."""
+
+    extra_fwd_s: object
+    saved_delta_bytes: object
+
+
+def regions(tg: TracedGraph) -> dict[str, tuple[str, ...]]:
+    """Every repeated-block member (region) -> its node names in graph order, groups in `tg.blocks` order."""
+    return {member: tuple(nodes) for group in tg.blocks for member, nodes in zip(group.members, group.nodes)}
+
+
+def attention_core(tg: TracedGraph, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """The attention core of a block (Korthikanti et al. 2022, Sec. 5: QK^T, softmax, dropout, attention x V),
+    in graph order: every SDPA op (with its getitem outputs), or per softmax the chain of `_CORE_LINKS` ops
+    back to the matmul that computes its input (QK^T) and forward to the matmul that consumes it (x V),
+    both matmuls included. Empty when the block has neither (e.g. an MLP block)."""
+    inside = set(nodes)
+    core: set[str] = set()
+    for name in nodes:
+        op = _op(tg, name)
+        if "scaled_dot_product" in op:
+            core.add(name)
+            core.update(u.name for u in tg.nodes[name].node.users if u.name in inside and _op(tg, u.name) == "getitem")
+        elif op in _SOFTMAX:
+            core.add(name)
+            core |= _walk(tg, name, inside, forward=False) | _walk(tg, name, inside, forward=True)
+    return tuple(n for n in nodes if n in core)
+
+
+def _walk(tg: TracedGraph, start: str, inside: set[str], forward: bool) -> set[str]:
+    """Nodes reached from `start` through `_CORE_LINKS` ops up to (and including) the first matmul."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        node = tg.nodes[todo.pop()].node
+        nxt = node.users if forward else node.all_input_nodes
+        for n in nxt:
+            if n.name in inside and n.name not in seen and n.op == "call_function":
+                op = _op(tg, n.name)
+                if op in _MATMUL:
+                    seen.add(n.name)
+                elif op in _CORE_LINKS:
+                    seen.add(n.name)
+                    todo.append(n.name)
+    return seen
+
+
+def region_recompute(tg: TracedGraph, region: str, nodes: tuple[str, ...], mode: str,
+                     shared: frozenset[str] = frozenset()) -> RegionRecompute:
+    """The structure of `mode` on one region (`RegionRecompute`).
+
+    Args:
+        shared: tensors read by several regions (masks, position ids): alive for the whole step anyway, so
+            neither kept per region nor counted as its input.
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute mode {mode!r} of region {region!r}: use one of {RECOMPUTE_MODES}")
+    if mode == "none":
+        return RegionRecompute(region, mode)
+    part = nodes if mode == "full" else attention_core(tg, nodes)
+    part = tuple(n for n in part if tg.nodes[n].op == "call_function")
+    inside = set(part)
+    kept: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for name in part:
+        for k, ti in enumerate(tensor_inputs(tg, tg.nodes[name])):
+            if (ti.producer in inside or ti.producer in seen or ti.producer in shared
+                    or tg.nodes[ti.producer].role in (Role.PARAMETER, Role.BUFFER) or not ti.dtype.is_floating_point):
+                continue
+            seen.add(ti.producer)
+            kept.append((name, k))
+    return RegionRecompute(region, mode, part, tuple(kept))
+
+
+def shared_inputs(tg: TracedGraph) -> frozenset[str]:
+    """Nodes outside every region read by two or more regions (e.g. GPT-2's causal mask)."""
+    readers: dict[str, set[str]] = {}
+    for region, nodes in regions(tg).items():
+        inside = set(nodes)
+        for name in nodes:
+            for arg in tg.nodes[name].node.all_input_nodes:
+                if arg.name not in inside:
+                    readers.setdefault(arg.name, set()).add(region)
+    return frozenset(n for n, r in readers.items() if len(r) > 1)
+
+
+def price_region(rr: RegionRecompute, fwd_s: Callable[[str], object], saved_bytes: Callable[[str], object],
+                 input_bytes: Callable[[str, int], object]) -> RegionPrice:
+    """Price one region's mode, the ONE formula both planner paths use (`problem.py`, `segments.py`):
+
+        extra_fwd_s       = sum over recomputed nodes n of fwd_s(n)
+        saved_delta_bytes = sum over kept inputs (n, k) of input_bytes(n, k) - sum over recomputed n of saved_bytes(n)
+
+    i.e. the region's saved bytes under the mode are its saved bytes without recomputation minus what the
+    recomputed ops save plus what must be kept for them (Chen et al. 2016, Sec. 4; Korthikanti et al. 2022,
+    Sec. 4-5: full keeps the block input, 2sbh bytes in bf16 per layer; selective keeps all but the
+    5as^2b bytes of QK^T, softmax, dropout mask and dropout output). Forward collectives inside a
+    recomputed region (tensor-parallel all-reduces) are not re-priced (known limit, README). The callables
+    return numbers (at fixed strategies) or numpy arrays (linear forms over ILP variables).
+    """
+    extra: object = 0.0
+    delta: object = 0
+    for n in rr.recomputed:
+        extra = extra + fwd_s(n)
+        delta = delta - saved_bytes(n)
+    for n, k in rr.kept_inputs:
+        delta = delta + input_bytes(n, k)
+    return RegionPrice(extra, delta)
+
+
+def forced_regions(tg: TracedGraph) -> dict[str, str]:
+    """Regions the user checkpointed (`traced.user_recompute`, region -> "full"; set by the tracer), mapped
+    onto repeated-block members and forced: a member itself; a module inside a member (e.g.
+    "transformer.h.3.mlp") forces its member (the planner's regions are whole blocks: recomputing the
+    block is a superset of what the user asked); a module holding members (e.g. "transformer.h") forces
+    each of them. The strongest mode wins where several map onto one member.
+
+    Raises:
+        ValueError: a region that neither is, sits in, nor holds a repeated-block member (remedy: checkpoint
+            whole repeated blocks), or a mode outside `RECOMPUTE_MODES`.
+    """
+    known = regions(tg)
+    out: dict[str, str] = {}
+    for region, mode in sorted(dict(getattr(tg, "user_recompute", None) or {}).items()):
+        members = [r for r in known if r == region or region.startswith(r + ".") or r.startswith(region + ".")
+                   or region == ""]
+        if mode not in RECOMPUTE_MODES or not members:
+            raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: the planner recomputes whole "
+                             f"repeated blocks ({', '.join(sorted(known)[:3])}, ...) in modes {RECOMPUTE_MODES}; "
+                             "this region is none of them and holds none. Remedy: checkpoint whole repeated blocks")
+        for r in members:
+            if RECOMPUTE_MODES.index(mode) > RECOMPUTE_MODES.index(out.get(r, "none")):
+                out[r] = mode
+    return dict(sorted(out.items()))

@@ -6,7 +6,12 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    scaled to the microbatch size mb = global_batch / (dp m);
 2. the blocks are partitioned into pp * v stages by the min-max DP of `partition.py` under the memory
    budget, each stage keeping the schedule's in-flight microbatches (`schedules.inflight_microbatches`);
-   the even split is priced too and the better feasible one kept (`_Context.evaluate` says why);
+   the even split is priced too and the better feasible one kept (`_Context.evaluate` says why); each
+   stage takes the cheapest activation-recomputation mode that fits its in-flight microbatches
+   (`PlanConfig.recompute`: "auto" chooses among none / selective / full, another value forces it;
+   `segments.SegmentPrices.rc_extra_lin` adds the recomputed forward to B, `rc_act_delta` changes the
+   saved bytes); the budget is the device's (or `memory_budget_bytes`) minus the reserve, exactly as
+   `parallelizer.plan` (`api.memory_budget`);
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
    an all-gather over "tp" inside the node rebuilds it;
@@ -17,7 +22,10 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
 Pruning (branch and bound): a candidate's step time is at least
     LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
 (the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
-in bytes so the largest rank's is >= the average's). Candidates are priced in increasing LB order and the
+in bytes so the largest rank's is >= the average's). The segment seconds are those without recomputation,
+which only adds time, so LB stays a lower bound under any recomputation choice. A candidate whose average
+rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
+exceeds the budget cannot fit and is not partitioned. Candidates are priced in increasing LB order and the
 search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
 grid (`search="exhaustive"`), typically after pricing a small fraction of it.
 
@@ -42,10 +50,12 @@ from cost_model.topology import Cluster, MeshTopology, get_cluster
 
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
-from ..errors import InfeasiblePlanError
+from ..errors import InfeasiblePlanError, format_bytes
 from ..tracer import TracedGraph
+from .api import memory_budget
 from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
+from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
 from .schedules import (SCHEDULES, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
                         invalid_reason, pipeline_time_s, rank_of_stage)
@@ -79,7 +89,8 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             (any batch b0 works: prices scale by microbatch / b0, see `segments.py`). Needs repeated blocks.
         cluster: a `cost_model.topology.Cluster` (e.g. `dgx_a100(64)`) or a preset string "a100:64x8".
         global_batch: samples per optimizer step over all replicas; must split as dp x microbatches x mb.
-        memory_budget_bytes: per device; default the device's HBM.
+        memory_budget_bytes: per device; default the device's HBM. The plan's tensors must fit this minus
+            the reserve (`PlanConfig.memory_reserve_bytes`, `api.memory_budget`: as `parallelizer.plan`).
         pp, tp, num_microbatches: restrict the search to these values (an int or a tuple); tp must divide
             the devices per node (tensor parallelism stays inside a node).
         schedules: names from `schedules.SCHEDULES` (default: all: gpipe, 1f1b, interleaved_1f1b, zbv).
@@ -101,8 +112,12 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
     if search not in ("bound", "exhaustive") or partitioner not in ("dp", "uniform"):
         raise ValueError(f"search={search!r}, partitioner={partitioner!r}: use 'bound'|'exhaustive', 'dp'|'uniform'")
     config = dataclasses.replace(config or PlanConfig(), **options)
-    budget = int(memory_budget_bytes or cluster.device.hbm_bytes)
+    if memory_budget_bytes is not None:
+        config = dataclasses.replace(config, memory_budget_bytes=memory_budget_bytes)
+    total_budget, reserve = memory_budget(config, cluster.device)
+    budget = total_budget - reserve
     ctx = _Context(traced, segment_graph(traced), cluster, config, budget, global_batch, zero1, partitioner)
+    ctx.reserve = reserve
     cands, excluded, total = _enumerate(ctx, _tuple(pp), _tuple(tp), _tuple(num_microbatches),
                                         tuple(schedules or SCHEDULES))
     bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
@@ -125,11 +140,16 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
     if best is None:
         need, cand = leanest
         raise InfeasiblePlanError(
-            f"memory: no pipeline configuration fits {budget / _GB:.1f} GB per device on {cluster.world_size} "
+            f"memory: no pipeline configuration fits {format_bytes(budget)} per device "
+            + (f"(after a reserve of {format_bytes(reserve)}) " if reserve else "")
+            + (f"with recompute={config.recompute!r} " if config.recompute != "auto" else "with recomputation ")
+            + f"on {cluster.world_size} "
             f"{cluster.device.name} devices; the leanest (pp={cand.pp}, dp={cand.dp}, tp={cand.tp}, "
-            f"m={cand.num_microbatches}, {cand.schedule}) needs {need / _GB:.1f} GB per device. Remedies: more "
+            f"m={cand.num_microbatches}, {cand.schedule}) needs {format_bytes(need)} per device. Remedies: more "
             "devices, a smaller global batch or more microbatches, bf16 precision (precision='bf16'), "
-            "ZeRO-1 (zero1=True), activation checkpointing (not modelled yet).")
+            "ZeRO-1 (zero1=True), "
+            + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
+               else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
                           len(ctx.cache), time.perf_counter() - start)
     return ctx.to_plan(best[1], best[2], report, search)
@@ -191,6 +211,8 @@ class _Context:
         self.traced, self.segments, self.cluster, self.config = traced, segments, cluster, config
         self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
         self.cache: dict[int, SegmentPrices] = {}
+        self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
+        self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
@@ -224,47 +246,68 @@ class _Context:
 
         The DP partition (balanced, memory-aware) and the even split are both priced and the better feasible
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
-        chunk memory conservatively (budget / v each), and neither sees the dp gradient sync."""
+        chunk memory conservatively (budget / v each), and neither sees the dp gradient sync. Each stage
+        takes the cheapest recomputation mode that fits (`partition.py`; `PlanConfig.recompute` other than
+        "auto" allows only that mode)."""
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
         scale, topo = self._scale(c), self.topology(c)
         f, b, w = pr.time_s(scale)
-        state, act = self._state(pr, c.dp), pr.act_bytes * scale
-        cut_f = tuple(self._p2p_s(x * scale, c, topo) for x in seg.cut_fwd_bytes)
-        cut_b = tuple(self._p2p_s(x * scale, c, topo) for x in seg.cut_bwd_bytes)
+        state = self._state(pr, c.dp)
+        t_by = {k: f + b + w + pr.rc_extra_lin[k] * scale for k in self.modes}
+        act_by = {k: (pr.act_bytes + pr.rc_act_delta[k]) * scale for k in self.modes}
         rank = [rank_of_stage(c.schedule, s, p) for s in range(p * v)]
         inflight = [inflight_microbatches(c.schedule, p, m, r) for r in range(p)]
+        # no partition fits when the average rank does not (state + the leanest mode's activations, each
+        # kept for at least the fewest in-flight microbatches): skip the DP
+        lean_act = np.minimum.reduce([act_by[k] for k in self.modes])
+        need_lb = (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
+        if need_lb > self.budget:
+            return {"need_bytes": need_lb}
+        p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
+        cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
+        t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
+        chain = ChainCosts(tuple(t0[1:L + 1]), tuple(state[1:L + 1]), tuple(a0[1:L + 1]), float(t0[0]),
+                           float(t0[L + 1]), float(state[0]), float(a0[0]), float(state[L + 1]),
+                           float(a0[L + 1]), cut_f, cut_b, self.modes,
+                           tuple(tuple(t_by[k][1:L + 1]) for k in self.modes),
+                           tuple(tuple(act_by[k][1:L + 1]) for k in self.modes))
+        limit = self.budget / v
+        stage_inflight = tuple(inflight[r] for r in rank)
         options = {}
         if self.partitioner == "dp":
-            t = f + b + w
-            chain = ChainCosts(tuple(t[1:L + 1]), tuple(state[1:L + 1]), tuple(act[1:L + 1]), float(t[0]),
-                               float(t[L + 1]), float(state[0]), float(act[0]), float(state[L + 1]),
-                               float(act[L + 1]), cut_f, cut_b)
-            part = partition_chain(chain, p * v, tuple(inflight[r] for r in rank), self.budget / v)
+            part = partition_chain(chain, p * v, stage_inflight, limit)
             if part is not None:
-                options[part.cuts] = "dp"
-        options.setdefault(uniform_partition(L, p * v), "uniform")
+                options[part.cuts] = ("dp", part.modes)
+        cuts = uniform_partition(L, p * v)
+        if cuts not in options:
+            options[cuts] = ("uniform", tuple(chain.stage_mode(s, p * v, cuts[s], cuts[s + 1], stage_inflight[s], limit)
+                                              for s in range(p * v)))
         results = []
-        for cuts, how in options.items():
-            res = self._price_partition(c, cuts, (f, b, w, state, act, cut_f, cut_b), rank, inflight, topo)
+        for cuts, (how, modes) in options.items():
+            res = self._price_partition(c, cuts, tuple(self.modes[k] for k in modes),
+                                        (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
             results.append(dict(res, partition=how))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
         if not fits:
             return {"need_bytes": min(r["need_bytes"] for r in results)}
         return min(fits, key=lambda r: r["step_s"])
 
-    def _price_partition(self, c: Candidate, cuts, arrays, rank, inflight, topo) -> dict:
-        """Stages, ranks, memory and step time of one partition (module docstring, step 3)."""
+    def _price_partition(self, c: Candidate, cuts, modes, arrays, rank, inflight, topo) -> dict:
+        """Stages, ranks, memory and step time of one partition, stage s in recomputation mode modes[s]
+        (module docstring, step 3)."""
         pr, L = self.prices(c.tp), self.segments.num_blocks
-        f, b, w, state, act, cut_f, cut_b = arrays
+        f, b, w, state, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
+        scale = self._scale(c)
         stages = []
         for s in range(S):
             i, j = cuts[s], cuts[s + 1]
             segs = ([0] if s == 0 else []) + list(range(i + 1, j + 1)) + ([L + 1] if s == S - 1 else [])
+            bwd = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale) + (cut_b[i] if s > 0 else 0)
             stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=float(f[segs].sum()) + (cut_f[j] if s < S - 1 else 0),
-                               bwd=float(b[segs].sum()) + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
-                               state=float(state[segs].sum()), act=float(act[segs].sum()), rank=rank[s]))
+                               bwd=bwd, wgrad=float(w[segs].sum()), state=float(state[segs].sum()),
+                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s], recompute=modes[s]))
         ranks = []
         for r in range(p):
             mine = [s for s in range(S) if rank[s] == r]
@@ -289,7 +332,7 @@ class _Context:
             s, st["rank"], st["blocks"][0], st["blocks"][1], 0 in st["segs"], L + 1 in st["segs"],
             tuple(range(st["rank"] * per_stage, (st["rank"] + 1) * per_stage)),
             tuple(dict.fromkeys(n for k in st["segs"] for n in seg.nodes[k])),
-            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]))
+            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]), st["recompute"])
             for s, st in enumerate(res["stages"]))
         ranks = tuple(RankCost(r, rc["stages"], rc["fwd"] + rc["bwd"] + rc["wgrad"], rc["inflight"], int(rc["memory"]))
                       for r, rc in enumerate(res["ranks"]))
@@ -314,7 +357,8 @@ class _Context:
                                 "optimal": s.optimal, "objective_s_at_trace_batch": s.objective_s,
                                 "num_groups": s.num_groups, "num_variables": s.num_variables},
             search=report,
-            config={"memory_budget_bytes": self.budget, "zero1": self.zero1, "search": search,
+            config={"memory_budget_bytes": self.budget + self.reserve, "memory_reserve_bytes": self.reserve,
+                    "recompute": self.config.recompute, "zero1": self.zero1, "search": search,
                     "partitioner": self.partitioner, "optimizer": self.config.optimizer,
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {
@@ -331,8 +375,8 @@ class _Context:
             st, segs = res["stages"][idx[0]], res["stages"][idx[0]]["segs"]
             comm = {k: float(pr.comm_lin_s[k][segs].sum() * res["scale"] + pr.comm_fixed_s[k][segs].sum())
                     for k in COMM_KINDS}
-            total = float((pr.fwd_lin[segs].sum() + pr.bwd_lin[segs].sum()) * res["scale"]
-                          + pr.fwd_fixed[segs].sum() + pr.bwd_fixed[segs].sum())
+            total = float((pr.fwd_lin[segs].sum() + pr.bwd_lin[segs].sum() + pr.rc_extra_lin[st["recompute"]][segs].sum())
+                          * res["scale"] + pr.fwd_fixed[segs].sum() + pr.bwd_fixed[segs].sum())
             mem = {"params": int(pr.params_bytes[segs].sum()), "grads": int(pr.grads_bytes[segs].sum())}
             mem["optimizer"] = int(st["state"]) - mem["params"] - mem["grads"]
             mem["activations"] = int(st["act"] * res["ranks"][st["rank"]]["inflight"])

@@ -20,6 +20,12 @@ transfers are multiplied by mb / b0 (exact for FLOPs and bytes, which are linear
 the batch-independent weight reads and kernel launches folded into the roofline time). Collectives on
 parameters (all-gather of sharded weights, gradient reduction over tp) do not depend on batch and are kept
 per microbatch. The ILP's choice at b0 is assumed to stay optimal at mb.
+
+Recomputation: for each block segment and each mode of `recompute.RECOMPUTE_MODES`, the extra forward
+seconds (run again during backward: part of the input-gradient time B) and the change of saved bytes,
+both batch-linear, from `recompute.price_region` at the ILP's strategies (`SegmentPrices.rc_extra_lin`,
+`rc_act_delta`). A block the user checkpointed (`traced.user_recompute`) takes its forced mode's numbers
+in every mode's row, so any choice the search makes keeps it.
 """
 from __future__ import annotations
 
@@ -34,10 +40,11 @@ from cost_model.topology import Cluster, MeshTopology
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..tracer import BlockGroup, Role, TracedGraph
-from .api import build, to_plan
+from .api import build, recompute_prices, to_plan
 from .ilp import solve
 from .plan import Plan
 from .problem import layout_of
+from .recompute import RECOMPUTE_MODES, forced_regions
 
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 _NO_BUDGET = 10 ** 18  # bytes: the intra-stage ILP runs without its memory row (module docstring)
@@ -142,6 +149,8 @@ class SegmentPrices:
     params / grads / optimizer (training state of the stored shards, ZeRO Sec. 3.1 bytes per parameter),
     comm_lin_s / comm_fixed_s[kind] (seconds per collective kind, batch-linear at b0 / per microbatch), and
     shared_grad_bytes (gradients of parameters used in several segments, e.g. a tied embedding).
+    rc_extra_lin[mode] / rc_act_delta[mode]: per segment, at b0, the extra forward seconds and the change of
+    saved bytes of recomputing its block in `mode` (0 for pre / post and for "none"; module docstring).
     """
 
     tp: int
@@ -159,6 +168,8 @@ class SegmentPrices:
     comm_fixed_s: dict[str, np.ndarray]
     shared_grad_bytes: int
     plan: Plan = dataclasses.field(repr=False, compare=False)
+    rc_extra_lin: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    rc_act_delta: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def time_s(self, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(F, B, W) seconds per segment for a microbatch of scale * b0 samples."""
@@ -227,4 +238,30 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
                 state[k][seg] += parts[k]
         if len(segs) > 1 and not p.is_buffer:
             shared += parts[1]
-    return SegmentPrices(tp, fl, bl, wl, ff, bf, wf, act, *state, comm_lin, comm_fixed, shared, plan)
+    extra, delta = _recompute_prices(traced, segments, problem, pricer, solution.choice)
+    return SegmentPrices(tp, fl, bl, wl, ff, bf, wf, act, *state, comm_lin, comm_fixed, shared, plan, extra, delta)
+
+
+def _recompute_prices(traced: TracedGraph, segments: Segments, problem, pricer, choice
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`SegmentPrices.rc_extra_lin` and `rc_act_delta` (module docstring): `api.recompute_prices` of every
+    block of the pipeline unit in every mode, at the strategies of `choice` (priced once per distinct
+    (strategies, mode): the instances of a clustered block share them)."""
+    n = segments.num_blocks + 2
+    extra = {m: np.zeros(n) for m in RECOMPUTE_MODES}
+    delta = {m: np.zeros(n) for m in RECOMPUTE_MODES}
+    group = next(g for g in traced.blocks if g.name == segments.group)
+    forced = forced_regions(traced)
+    strat = {name: layout_of(problem, name, choice) for name in problem.spaces}
+    seen: dict[tuple, tuple[float, float]] = {}
+    for seg, (region, nodes) in enumerate(zip(group.members, group.nodes), start=1):
+        key = tuple(strat.get(name) for name in nodes)
+        for mode in RECOMPUTE_MODES:
+            m = forced.get(region, mode)
+            if m == "none":
+                continue
+            if (key, m) not in seen:
+                rp = recompute_prices(traced, problem, pricer, strat, {region: m})[region]
+                seen[(key, m)] = (rp.extra_fwd_s, rp.saved_delta_bytes)
+            extra[mode][seg], delta[mode][seg] = seen[(key, m)]
+    return extra, delta

@@ -114,7 +114,7 @@ def test_segment_prices_add_up_to_the_ilp_plan(gpt):
 
 
 def test_infeasible_names_smallest_need(gpt):
-    with pytest.raises(InfeasiblePlanError, match=r"needs \d+\.\d GB per device") as err:
+    with pytest.raises(InfeasiblePlanError, match=r"needs \d+\.\d [kMG]B per device") as err:
         parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, memory_budget_bytes=1000)
     assert "Remedies" in str(err.value)
 

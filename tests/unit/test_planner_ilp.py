@@ -80,11 +80,12 @@ def test_infeasible_names_binding_constraint_and_remedies(big_batch_mlp):
     from parallelizer.errors import format_bytes
     from parallelizer.planner.api import build
     from parallelizer.planner.problem import min_memory_bytes
-    problem, _ = build(big_batch_mlp, DP8, config=PlanConfig(memory_budget_bytes=1000))
+    problem, _ = build(big_batch_mlp, DP8, config=PlanConfig(memory_budget_bytes=1000, recompute="none"))
     need = format_bytes(min_memory_bytes(problem))  # the least memory any plan needs, in units that fit it
     with pytest.raises(InfeasiblePlanError, match=re.escape(f"memory: needs >= {need} per device, budget 1.0 kB")) as err:
-        plan(big_batch_mlp, DP8, memory_budget_bytes=1000)
+        plan(big_batch_mlp, DP8, memory_budget_bytes=1000, recompute="none")
     assert "more devices" in str(err.value) and "gradient accumulation" in str(err.value)
+    assert "activation recomputation (recompute='auto'" in str(err.value)
 
 
 def test_explain_and_fallbacks(small_gpt):
