@@ -1,7 +1,8 @@
 """The one-call API: `auto_parallelize`, `plan` (the planner plus provenance) and `search_mesh`.
 
 `plan` is `parallelizer.planner.plan` that also records, in the `Plan`, the traced graph's fingerprint
-(`parallelizer.fingerprint`), the cluster it was priced on, the repeated blocks (for per-block views) and,
+(`parallelizer.fingerprint`), the cluster it was priced on, the repeated blocks (for per-block views),
+the user's own checkpoint regions as forced "full" recomputation (`TracedGraph.user_recompute`) and,
 when given, the model recipe; so a saved plan can be checked against a model (`PlanMismatchError`), shown
 by block, and rehearsed by the CLI.
 """
@@ -71,8 +72,10 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict, *, cluster: Cluster | str |
         model["recipe"] = recipe
     if batch is not None:
         model["batch"] = batch
+    # the user's own torch.utils.checkpoint regions are forced "full" (respected, never silently dropped)
     return dataclasses.replace(p, model=model, fingerprint=graph_fingerprint(traced),
-                               cluster=describe_cluster(resolved, spec))
+                               cluster=describe_cluster(resolved, spec),
+                               recompute={**p.recompute, **traced.user_recompute})
 
 
 def _plan_pipeline(traced: TracedGraph, mesh: MeshSpec, *, cluster, recipe, batch, schedule: str = "1f1b",

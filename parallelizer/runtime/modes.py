@@ -146,7 +146,7 @@ def carry_over(spec: ShardingSpec, planned: TracedGraph, new: TracedGraph) -> tu
     same_outputs = [new.node(a.name).outputs for a in out_new] == [planned.node(a.name).outputs for a in out_old]
     nodes["output"] = spec.nodes["output"] if same_outputs and "output" in spec.nodes else \
         NodeSharding(tuple(replicate for _ in out_new), replicate)
-    result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset)
+    result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset, spec.recompute)
     _check_mutations(result, new)
     return result, tuple(replicated)
 

@@ -1,0 +1,108 @@
+"""Rank-side code and models of test_recompute (spawned functions must live in an importable module)."""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from parallelizer import zoo
+from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
+from parallelizer.runtime.launch import create_groups
+from parallelizer.runtime.module import ParallelModule
+from parallelizer.tracer.trace import trace
+
+GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=16, labels=True)
+
+
+def checkpointed_gpt2(reentrant: bool, dropout: float = 0.0):
+    """zoo GPT-2 with transformers' gradient checkpointing on every decoder layer (a user's own regions)."""
+    model, inputs, kwargs = zoo.gpt2(dropout=dropout, **GPT2)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model, inputs, kwargs
+
+
+class CheckpointedMLP(torch.nn.Module):
+    """(B, 16) -> scalar: a user region that is not a repeated block (`fc1 -> gelu` under checkpoint)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.nn.functional.gelu(self.fc1(t)), x, use_reentrant=False)
+        return self.fc2(h).pow(2).mean()
+
+
+def checkpointed_mlp():
+    torch.manual_seed(0)
+    return CheckpointedMLP(), (torch.randn(8, 16),)
+
+
+class _Count(TorchDispatchMode):
+    """Counts calls of one ATen op (forward and backward, recomputation included)."""
+
+    def __init__(self, op) -> None:
+        super().__init__()
+        self.op, self.calls = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is self.op
+        return func(*args, **(kwargs or {}))
+
+
+def _train(rank: int, traced, spec: ShardingSpec, dropout: float, steps: int) -> dict:
+    """3 AdamW steps of zoo GPT-2 under `spec`, the RNG seeded per step; the losses, every step's local
+    gradients, the final local parameters, the bytes saved for backward outside recomputed regions (step 0)
+    and the number of softmax calls in step 0's forward + backward."""
+    torch.manual_seed(0)
+    model, inputs, kwargs = zoo.gpt2(dropout=dropout, **GPT2)
+    pm = ParallelModule(traced, spec, rank, model)
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-3)
+    losses, grads, saved = [], [], {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    count = _Count(torch.ops.aten._softmax.default)
+    for step in range(steps):
+        torch.manual_seed(100 + step)
+        opt.zero_grad()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if step == 0 else _nothing(), \
+                count if step == 0 else _nothing():
+            loss = pm(*inputs, **kwargs)[0]
+            if step == 0:
+                state = {p.untyped_storage().data_ptr() for p in pm.parameters()}
+                saved_bytes = sum(v for k, v in saved.items() if k not in state)
+            loss.backward()
+        losses.append(loss.detach())
+        grads.append({k: p.grad.clone() for k, p in pm.named_parameters()})
+        opt.step()
+    return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in pm.named_parameters()},
+            "saved": saved_bytes, "softmax": count.calls, "recomputed": pm.program.recomputed,
+            "code": pm.program.graph_module.code}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def compare_recompute(rank: int, world_size: int, cases: list[tuple], dropout: float, steps: int) -> dict:
+    """For each (name, spec without recomputation, spec with it): train both on this rank, return the largest
+    differences of losses / gradients / parameters, saved bytes and softmax calls of both."""
+    traced = trace(*zoo.gpt2(dropout=dropout, **GPT2))
+    out = {}
+    for name, plain, recomputed in cases:
+        create_groups(all_axis_groups(plain.mesh))
+        a, b = (_train(rank, traced, s, dropout, steps) for s in (plain, recomputed))
+        diff = lambda x, y: (x - y).abs().max().item()  # noqa: E731
+        out[name] = {
+            "loss": max(diff(x, y) for x, y in zip(a["losses"], b["losses"])),
+            "grad": max(diff(ga[k], gb[k]) for ga, gb in zip(a["grads"], b["grads"]) for k in ga),
+            "params": max(diff(a["params"][k], b["params"][k]) for k in a["params"]),
+            "saved": (a["saved"], b["saved"]), "softmax": (a["softmax"], b["softmax"]),
+            "recomputed": b["recomputed"], "checkpoint_calls": b["code"].count("torch.utils.checkpoint.checkpoint(")}
+    return out
