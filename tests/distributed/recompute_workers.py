@@ -8,6 +8,7 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
+from parallelizer.runtime.rehearsal import _rank_main  # the rank side of `rehearse`: one launch for all cases
 from parallelizer.tracer.trace import trace
 
 GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=16, labels=True)
@@ -90,19 +91,28 @@ class _nothing:
         return False
 
 
-def compare_recompute(rank: int, world_size: int, cases: list[tuple], dropout: float, steps: int) -> dict:
-    """For each (name, spec without recomputation, spec with it): train both on this rank, return the largest
-    differences of losses / gradients / parameters, saved bytes and softmax calls of both."""
+def recompute_rank(rank: int, world_size: int, cases: list[tuple], dropout: float, steps: int,
+                   single_device: list[tuple]) -> dict:
+    """One launch for the whole test (starting ranks and importing transformers cost seconds):
+    - `cases`: (axis name, spec without recomputation, {mode: spec with it}): every program trains `steps`
+      steps with the same RNG; returns, per "<axis>_<mode>", the largest differences of the losses, every
+      step's gradients and the final parameters against the plain program, its saved bytes and softmax calls
+      next to the plain program's, and the recomputed regions;
+    - `single_device`: (model_fn, model_kwargs, spec) compared with the eager model by the rehearsal's rank
+      code (`runtime.rehearsal`: output, loss, gradients, parameters after `steps` AdamW steps)."""
     traced = trace(*zoo.gpt2(dropout=dropout, **GPT2))
     out = {}
-    for name, plain, recomputed in cases:
-        create_groups(all_axis_groups(plain.mesh))
-        a, b = (_train(rank, traced, s, dropout, steps) for s in (plain, recomputed))
-        diff = lambda x, y: (x - y).abs().max().item()  # noqa: E731
-        out[name] = {
-            "loss": max(diff(x, y) for x, y in zip(a["losses"], b["losses"])),
-            "grad": max(diff(ga[k], gb[k]) for ga, gb in zip(a["grads"], b["grads"]) for k in ga),
-            "params": max(diff(a["params"][k], b["params"][k]) for k in a["params"]),
-            "saved": (a["saved"], b["saved"]), "softmax": (a["softmax"], b["softmax"]),
-            "recomputed": b["recomputed"], "checkpoint_calls": b["code"].count("torch.utils.checkpoint.checkpoint(")}
-    return out
+    diff = lambda x, y: (x - y).abs().max().item()  # noqa: E731
+    for axis, plain_spec, by_mode in cases:
+        create_groups(all_axis_groups(plain_spec.mesh))
+        plain = _train(rank, traced, plain_spec, dropout, steps)
+        for mode, spec in by_mode.items():
+            r = _train(rank, traced, spec, dropout, steps)
+            out[f"{axis}_{mode}"] = {
+                "loss": max(diff(x, y) for x, y in zip(plain["losses"], r["losses"])),
+                "grad": max(diff(ga[k], gb[k]) for ga, gb in zip(plain["grads"], r["grads"]) for k in ga),
+                "params": max(diff(plain["params"][k], r["params"][k]) for k in r["params"]),
+                "saved": (plain["saved"], r["saved"]), "softmax": (plain["softmax"], r["softmax"]),
+                "recomputed": r["recomputed"], "checkpoint_calls": r["code"].count("torch.utils.checkpoint.checkpoint(")}
+    rehearsed = [_rank_main(rank, world_size, fn, kwargs, spec, steps, 1e-3, 1e-3) for fn, kwargs, spec in single_device]
+    return {"recompute": out, "single_device": rehearsed}
