@@ -142,9 +142,11 @@ def _reach(starts: Iterable[torch.fx.Node], inside: set[str], step) -> set[str]:
     return out
 
 
-def stage_recompute(recompute: Mapping[str, str], stage_nodes: Iterable[str], traced: TracedGraph) -> dict[str, str]:
-    """The decisions of `recompute` whose region has an op among `stage_nodes` (a pipeline stage's)."""
-    infos: list[NodeInfo] = [traced.node(n) for n in stage_nodes]
+def recompute_within(recompute: Mapping[str, str], names: Iterable[str], traced: TracedGraph) -> dict[str, str]:
+    """The decisions of `recompute` whose region has an op among the nodes `names` of `traced`: a pipeline
+    stage's ops, or a graph traced again in another train/eval mode (a model that checkpoints only in
+    training, as transformers' layers do, has no user region in eval mode)."""
+    infos: list[NodeInfo] = [traced.node(n) for n in names]
     present = {i.block for i in infos} | {i.checkpoint for i in infos}
     return {region: mode for region, mode in recompute.items() if region in present}
 
@@ -185,6 +187,12 @@ def _extract(graph: torch.fx.Graph, root: torch.nn.Module, region: str, members:
             up.add(node)
     closure = [n for n in span if n in down and n in up]
     in_region = set(closure)
+    other = next((n for n in closure if n.meta.get("recompute") not in (None, region)), None)
+    if other is not None:
+        raise UnsupportedOpError(
+            f"cannot recompute region {region!r}: {other.format_node()} of region {other.meta['recompute']!r} lies "
+            "on a path from the region back into it (the two regions interleave). Remedy: recompute one of them "
+            "'full' so that it holds the other, or drop one from Plan.recompute")
     later = [n for n in span if n in down and n not in in_region]
     inputs = list(dict.fromkeys(a for n in closure for a in n.all_input_nodes if a not in in_region))
     for node in closure:

@@ -80,7 +80,8 @@ def _train(rank: int, traced, spec: ShardingSpec, dropout: float, steps: int) ->
         opt.step()
     return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in pm.named_parameters()},
             "saved": saved_bytes, "softmax": count.calls, "recomputed": pm.program.recomputed,
-            "code": pm.program.graph_module.code}
+            "code": pm.program.graph_module.code,
+            "region_code": "".join(m.code for n, m in pm.program.graph_module.named_children() if n.startswith("recompute_"))}
 
 
 class _nothing:
@@ -113,6 +114,8 @@ def recompute_rank(rank: int, world_size: int, cases: list[tuple], dropout: floa
                 "grad": max(diff(ga[k], gb[k]) for ga, gb in zip(plain["grads"], r["grads"]) for k in ga),
                 "params": max(diff(plain["params"][k], r["params"][k]) for k in r["params"]),
                 "saved": (plain["saved"], r["saved"]), "softmax": (plain["softmax"], r["softmax"]),
-                "recomputed": r["recomputed"], "checkpoint_calls": r["code"].count("torch.utils.checkpoint.checkpoint(")}
+                "recomputed": r["recomputed"], "checkpoint_calls": r["code"].count("torch.utils.checkpoint.checkpoint("),
+                "region_collectives": sum(r["region_code"].count(f"collectives_{kind}(")  # forward ones
+                                          for kind in ("all_reduce", "all_gather", "all_gather_rs", "all_to_all"))}
     rehearsed = [_rank_main(rank, world_size, fn, kwargs, spec, steps, 1e-3, 1e-3) for fn, kwargs, spec in single_device]
     return {"recompute": out, "single_device": rehearsed}

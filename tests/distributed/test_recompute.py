@@ -60,6 +60,12 @@ def test_recomputation_replays_dropout_and_collectives_and_saves_memory(runs):
             suffix = "" if name.endswith("full") else "#attention0"
             assert r["recomputed"] == tuple(b + suffix for b in BLOCKS), (name, r["recomputed"])
             assert r["checkpoint_calls"] == 2, name
+            # tp: each block's forward collectives (all-reduce of a row-parallel output, gathers) sit inside its
+            # full region and run again in backward; dp's blocks have none (DDP syncs gradients only)
+            if name == "tp_full":
+                assert r["region_collectives"] >= 2 * len(BLOCKS), (name, r["region_collectives"])
+            elif name.startswith("dp"):
+                assert r["region_collectives"] == 0, (name, r["region_collectives"])
             plain, recomputed = r["saved"]
             assert recomputed < plain, (name, r["saved"])
             # one softmax per block in forward; recomputation runs it again in backward

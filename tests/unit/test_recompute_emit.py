@@ -17,7 +17,7 @@ from parallelizer.core.mesh import MeshSpec
 from parallelizer.errors import PlanMismatchError, UnsupportedOpError
 from parallelizer.rewriter import rewrite
 from parallelizer.rewriter.baselines import batch_parallel_spec
-from parallelizer.rewriter.recompute import stage_recompute
+from parallelizer.rewriter.recompute import recompute_within
 
 GPT = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16, dropout=0.1, batch=2, seq_len=16,
            with_targets=True)
@@ -92,4 +92,4 @@ def test_bad_recompute_decisions_are_typed_errors(traced):
 def test_a_pipeline_stage_keeps_the_decisions_of_its_own_regions(traced):
     _, _, tg = traced
     stage0 = [n.name for n in tg.compute_nodes() if n.block in (None, "h.0")][:40]
-    assert stage_recompute({"h.0": "full", "h.1": "selective"}, stage0, tg) == {"h.0": "full"}
+    assert recompute_within({"h.0": "full", "h.1": "selective"}, stage0, tg) == {"h.0": "full"}
