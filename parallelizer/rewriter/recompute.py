@@ -99,7 +99,8 @@ def attention_cores(traced: TracedGraph, names: list[str]) -> list[list[str]]:
     for name in names:
         info = traced.node(name)
         if info.target in _SDPA:
-            cores.append([name] + [u.name for u in info.node.users if u.target is operator.getitem and u.name in inside])
+            getitems = [u.name for u in info.node.users if u.target is operator.getitem and u.name in inside]
+            cores.append([name, *getitems])
         elif info.target in _SOFTMAX:
             before = _nearest(info.node, inside, lambda n: n.all_input_nodes, traced)
             after = _nearest(info.node, inside, lambda n: list(n.users), traced)

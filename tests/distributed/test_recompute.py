@@ -20,7 +20,7 @@ import parallelizer
 from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
-from recompute_workers import GPT2, checkpointed_gpt2, checkpointed_mlp, recompute_rank
+from benchmarks._recompute_workers import GPT2, checkpointed_gpt2, checkpointed_mlp, recompute_rank
 
 pytestmark = pytest.mark.distributed
 

@@ -1,4 +1,5 @@
-"""Rank-side code and models of test_recompute (spawned functions must live in an importable module)."""
+"""Rank-side code of `benchmarks.bench_recompute` and `tests/distributed/test_recompute.py` (spawned functions must
+live in an importable module), and the models with users' own checkpoint regions they run."""
 from __future__ import annotations
 
 import torch
