@@ -5,8 +5,9 @@ and the planner's plans of each kind (forced with `axis_roles`: ddp, fsdp, tp on
 the plan is run as planned and with `Plan.recompute` set to "full" and to "selective" for both blocks,
 3 AdamW steps each with the same RNG (`benchmarks._recompute_workers.recompute_rank`). Per (kind, mode),
 over all ranks: the largest difference of losses / gradients (every step) / parameters against the plan
-without recomputation, bytes saved for backward outside recomputed regions (unique storages; step 0;
-the largest rank), softmax calls in one step's forward + backward (2 without recomputation), and the
+without recomputation, bytes saved for backward outside recomputed regions (unique storages, each counted
+at its size when saved, so a gathered FSDP weight released after forward counts whole; step 0; the
+largest rank), softmax calls in one step's forward + backward (2 without recomputation), and the
 forward collectives inside the recomputed regions (they run again in backward).
 Run: `python -m benchmarks.bench_recompute` (about 4 min on this machine under load).
 """
