@@ -102,6 +102,7 @@ def recompute_rank(rank: int, world_size: int, cases: list[tuple], dropout: floa
       next to the plain program's, and the recomputed regions;
     - `single_device`: (model_fn, model_kwargs, spec) compared with the eager model by the rehearsal's rank
       code (`runtime.rehearsal`: output, loss, gradients, parameters after `steps` AdamW steps)."""
+    torch.set_num_threads(1)  # ranks share this machine's 2 cores: one compute thread each
     traced = trace(*zoo.gpt2(dropout=dropout, **GPT2))
     out = {}
     diff = lambda x, y: (x - y).abs().max().item()  # noqa: E731
