@@ -160,7 +160,8 @@ def checkpoint_regions(graph: torch.fx.Graph, root: torch.nn.Module) -> list[str
     use_reentrant=False, preserve_rng_state=True)` (module docstring). Returns the region ids, graph order.
 
     Raises:
-        UnsupportedOpError: an op of a region writes in place into a value made outside it.
+        UnsupportedOpError: an op of a region writes in place into a value made outside it, or two regions
+            interleave (an op of one lies on a path from the other back into it).
     """
     regions: dict[str, list[torch.fx.Node]] = {}
     for node in graph.nodes:
