@@ -2,7 +2,8 @@
 given mesh, plus provenance) and `auto_parallelize`.
 
 `plan` records, in the `Plan`, the traced graph's fingerprint
-(`parallelizer.fingerprint`), the cluster it was priced on, the repeated blocks (for per-block views) and,
+(`parallelizer.fingerprint`), the cluster it was priced on, the repeated blocks (for per-block views),
+the user's own checkpoint regions as forced "full" recomputation (`TracedGraph.user_recompute`) and,
 when given, the model recipe; so a saved plan can be checked against a model (`PlanMismatchError`), shown
 by block, and rehearsed by the CLI.
 """
@@ -110,8 +111,10 @@ def _with_provenance(p: Plan, traced: TracedGraph, cluster: Cluster, spec: str |
         model["recipe"] = recipe
     if batch is not None:
         model["batch"] = batch
+    # the user's own torch.utils.checkpoint regions are forced "full" (respected, never silently dropped)
     return dataclasses.replace(p, model=model, fingerprint=graph_fingerprint(traced),
-                               cluster=describe_cluster(cluster, spec))
+                               cluster=describe_cluster(cluster, spec),
+                               recompute={**p.recompute, **traced.user_recompute})
 
 
 SEARCH_CLUSTER = "h100:1x8"  # what a search without mesh and cluster runs on: one DGX H100 node
@@ -309,8 +312,12 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     peak["reserve"] = reserve
     cfg = dict(p.config, memory_budget_bytes=budget, memory_reserve_bytes=reserve)
     cfg["axis_roles"] = [list(x) for x in roles.items()]
+    # the search's recomputation mode per stage, on every block of the stage (what its memory was priced with)
+    recompute = {member: stage.recompute for stage, planned in zip(found.stages, section.stages)
+                 if stage.recompute != "none" for member in planned.blocks}
     return dataclasses.replace(p, cost=dataclasses.replace(p.cost, memory_bytes=peak), config=cfg,
-                               pipeline=section, model={**p.model, "search": record})
+                               pipeline=section, model={**p.model, "search": record},
+                               recompute={**p.recompute, **recompute})
 
 
 def _rank_memory(found, r: int) -> dict:

@@ -380,6 +380,8 @@ class Plan:
             lines.append("recomputation: " + "; ".join(
                 f"{mode} on {len(rs)} blocks ({', '.join(rs[:3])}{', ...' if len(rs) > 3 else ''})"
                 for mode, rs in sorted(by_mode.items())))
+        else:
+            lines.append("recomputation: none")
         by_layout: dict[str, int] = {}
         for p in self.params.values():
             if not p.is_buffer:
@@ -408,8 +410,6 @@ class Plan:
         if rows:
             lines.append("search (parallelizer.plan):")
             lines += [f"  {k}: {v}" for k, v in rows]
-        lines.append("recomputation: " + (", ".join(f"{r} {m}" for r, m in sorted(self.recompute.items()))
-                                          or "none"))
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -181,21 +181,23 @@ def forced_regions(tg: TracedGraph) -> dict[str, str]:
     onto repeated-block members and forced: a member itself; a module inside a member (e.g.
     "transformer.h.3.mlp") forces its member (the planner's regions are whole blocks: recomputing the
     block is a superset of what the user asked); a module holding members (e.g. "transformer.h") forces
-    each of them. The strongest mode wins where several map onto one member.
+    each of them. The strongest mode wins where several map onto one member. A region is named by the
+    module holding it, with an "@checkpoint<k>" suffix when it is not a whole module (`tracer.trace`); the
+    suffix is ignored here. A region outside every repeated block (and holding none) is not a planner
+    region: it is not priced, and `parallelizer.plan` still puts it into `Plan.recompute` so the emitted
+    program recomputes it as the user asked (`rewriter.recompute`).
 
     Raises:
-        ValueError: a region that neither is, sits in, nor holds a repeated-block member (remedy: checkpoint
-            whole repeated blocks), or a mode outside `RECOMPUTE_MODES`.
+        ValueError: a mode outside `RECOMPUTE_MODES`.
     """
     known = regions(tg)
     out: dict[str, str] = {}
     for region, mode in sorted(dict(getattr(tg, "user_recompute", None) or {}).items()):
-        members = [r for r in known if r == region or region.startswith(r + ".") or r.startswith(region + ".")
-                   or region == ""]
-        if mode not in RECOMPUTE_MODES or not members:
-            raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: the planner recomputes whole "
-                             f"repeated blocks ({', '.join(sorted(known)[:3])}, ...) in modes {RECOMPUTE_MODES}; "
-                             "this region is none of them and holds none. Remedy: checkpoint whole repeated blocks")
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: modes are {RECOMPUTE_MODES}")
+        module = region.split("@", 1)[0]
+        members = [r for r in known if r == module or module.startswith(r + ".") or r.startswith(module + ".")
+                   or module == ""]
         for r in members:
             if RECOMPUTE_MODES.index(mode) > RECOMPUTE_MODES.index(out.get(r, "none")):
                 out[r] = mode

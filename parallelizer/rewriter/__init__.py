@@ -7,7 +7,8 @@
 `collectives` holds the autograd-aware collectives that the emitted program calls (all_gather,
 all_gather_rs, reduce_scatter, all_reduce, grad_all_reduce, all_to_all, local_slice); `grad_sync` the
 bucketed asynchronous gradient all-reduce of replicated parameters (DDP-style); `spec` the
-`ShardingSpec` a Plan converts to; `state` local shards (cut, gathered, or initialised on `meta`).
+`ShardingSpec` a Plan converts to; `state` local shards (cut, gathered, or initialised on `meta`);
+`recompute` the activation recomputation of `Plan.recompute` (regions under torch.utils.checkpoint).
 """
 from . import collectives, grad_sync
 from .apply import RankProgram

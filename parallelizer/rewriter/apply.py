@@ -10,7 +10,9 @@ shards:
   and shared by all consumers that ask for the same thing;
 - shape arguments (view, reshape, expand, new_zeros, ...) are replaced by the local output shape; ops that
   create a sharded tensor from nothing (arange, zeros, ...) are emitted global and sliced locally;
-- the output node's values are brought to the layouts the spec gives for it.
+- the output node's values are brought to the layouts the spec gives for it;
+- the nodes emitted for a recomputed region (`spec.recompute`), its collectives included, run under
+  non-reentrant `torch.utils.checkpoint` (`rewriter.recompute`).
 Backward is autograd of this program (DESIGN.md rule 3): each emitted collective carries its conjugate.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph, mutated_args
-from . import collectives, grad_sync, localize
+from . import collectives, grad_sync, localize, recompute
 from .grad_sync import DEFAULT_BUCKET_BYTES
 from .reshard import reshard_after_forward
 from .spec import ShardingSpec, axis_ranks, mesh_coords, squeeze_trivial_axes
@@ -46,6 +48,7 @@ class RankProgram:
         input_names: placeholder names of the user inputs, in call order.
         groups: mesh axis -> the global ranks of this rank's group on that axis.
         collectives: number of emitted steps per kind (for reports and tests).
+        recomputed: ids of the regions run under torch.utils.checkpoint (`rewriter.recompute`), graph order.
     """
 
     graph_module: torch.fx.GraphModule
@@ -55,6 +58,7 @@ class RankProgram:
     input_names: tuple[str, ...]
     groups: dict[str, list[int]] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)
+    recomputed: tuple[str, ...] = ()
 
 
 def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | torch.device = "cpu",
@@ -76,9 +80,13 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
     gradient: their layout changes are emitted without backward, so no gradient sync exists for them, and
     values computed only from frozen parameters, buffers and inputs carry no gradient either.
 
+    Regions of `spec.recompute` are recomputed in backward (`rewriter.recompute`).
+
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
-            (names the node with `format_node()`, its layouts and the mesh).
+            (names the node with `format_node()`, its layouts and the mesh); a recomputed region writes in
+            place into a value made outside it, or is "selective" without an attention core.
+        PlanMismatchError: a recomputed region has no op in the traced graph.
         IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
         ValueError: grad_bucket_bytes is not an int >= 0.
     """
@@ -109,19 +117,28 @@ class _Rewriter:
 
     def run(self) -> RankProgram:
         state_fqns, inputs = self._placeholders()
+        regions = recompute.node_regions(self.traced, self.spec.recompute)
         for node in self.traced.graph_module.graph.nodes:
             if node.op == "call_function":
+                last = next(reversed(self.graph.nodes))
                 self._call(node)
+                if node.name in regions:  # what was emitted for it (its collectives too) belongs to its region
+                    for new in reversed(self.graph.nodes):
+                        if new is last:
+                            break
+                        new.meta["recompute"] = regions[node.name]
             elif node.op == "output":
                 self._output(node)
             elif node.op != "placeholder":
                 raise UnsupportedOpError(f"cannot rewrite fx node {node.format_node()} (opcode {node.op!r}); "
                                          "only placeholders, call_function and output are supported")
+        root = torch.nn.Module()
+        recomputed = recompute.checkpoint_regions(self.graph, root)  # a recomputed gather needs no reshard
         reshard_after_forward(self.graph, set(self.graph.find_nodes(op="placeholder"))
                               - {self.env[name] for name in self.traced.input_names})
-        gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name=f"Rank{self.rank}Program")
+        gm = torch.fx.GraphModule(root, self.graph, class_name=f"Rank{self.rank}Program")
         return RankProgram(gm, self.rank, self.mesh, state_fqns, inputs, self.groups,
-                           dict(sorted(self.counts.items())))
+                           dict(sorted(self.counts.items())), tuple(recomputed))
 
     # -- placeholders -------------------------------------------------------------------------------
     def _placeholders(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -31,6 +31,8 @@ class ShardingSpec:
     gradients back. Inputs not named there are global (replicated) user inputs without gradients.
     `rank_offset` is added to every rank of the mesh: a pipeline stage's (dp, tp) sub-mesh starts at
     global rank stage_index * dp * tp.
+    `recompute`: activation recomputation, region -> "selective" | "full" (`Plan.recompute`; emitted by
+    `rewriter.recompute`).
     """
 
     mesh: MeshSpec
@@ -38,6 +40,7 @@ class ShardingSpec:
     params: Mapping[str, Layout]
     inputs: Mapping[str, Layout] = field(default_factory=dict)
     rank_offset: int = 0
+    recompute: Mapping[str, str] = field(default_factory=dict)
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -95,12 +98,13 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
 
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
-                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset)
+                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
     """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
-    output node keeps its input layouts) and the stored layout of each parameter/buffer.
+    output node keeps its input layouts), the stored layout of each parameter/buffer, and the recomputed
+    regions.
 
     Raises ValueError naming the node when a layout string in the plan does not parse.
     """
@@ -112,4 +116,4 @@ def spec_from_plan(plan) -> ShardingSpec:
         output = Layout.parse(node.output) if node.output is not None else Layout.replicate(plan.mesh.ndim)
         nodes[name] = NodeSharding(inputs, output)
     params = {fqn: Layout.parse(p.stored) for fqn, p in plan.params.items()}
-    return ShardingSpec(plan.mesh, nodes, params)
+    return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute))

@@ -12,6 +12,8 @@ Failures raise `VerificationError` naming the traced node (`format_node()`), the
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -22,6 +24,7 @@ from ..core.redistribute import Step
 from ..errors import ParallelizerError
 from ..tracer.graph import TracedGraph
 from .apply import RankProgram, _tensor_args
+from .recompute import inline_regions
 from .spec import ShardingSpec, mesh_coords, squeeze_trivial_axes
 
 
@@ -32,6 +35,7 @@ class VerificationError(ParallelizerError):
 def verify(program: RankProgram, traced: TracedGraph, spec: ShardingSpec) -> None:
     """Check `program` (module docstring). Raises VerificationError on the first disagreement."""
     spec = squeeze_trivial_axes(spec)  # as the rewriter saw it
+    program = dataclasses.replace(program, graph_module=inline_regions(program.graph_module))  # flat
     _check_layouts(program, traced, spec)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _ShapeRun(program, traced, spec).run(*_fake_inputs(program, traced, spec))

@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..core.layout import Layout
 from ..errors import PlanMismatchError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, _tensor_args
+from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec
 from ..tracer.graph import TracedGraph, is_view, mutated_args
 from ..tracer.trace import trace
@@ -146,7 +147,8 @@ def carry_over(spec: ShardingSpec, planned: TracedGraph, new: TracedGraph) -> tu
     same_outputs = [new.node(a.name).outputs for a in out_new] == [planned.node(a.name).outputs for a in out_old]
     nodes["output"] = spec.nodes["output"] if same_outputs and "output" in spec.nodes else \
         NodeSharding(tuple(replicate for _ in out_new), replicate)
-    result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset)
+    result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset,
+                          recompute_within(spec.recompute, [n.name for n in new.compute_nodes()], new))
     _check_mutations(result, new)
     return result, tuple(replicated)
 

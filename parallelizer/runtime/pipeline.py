@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
 from ..rewriter.collectives import find_group
+from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, mesh_coords
 from ..tracer.graph import Role, TracedGraph
 from .launch import create_groups
@@ -153,7 +154,8 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
     else:
         nodes["output"] = NodeSharding(tuple(produced_layout(n) for n in cut.outputs[k]),
                                        Layout.replicate(spec.mesh.ndim))
-    return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset)
+    return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
+                        recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced))
 
 
 class StageModule(ParallelModule):

@@ -71,6 +71,8 @@ class NodeInfo:
         block_index: index of the instance inside its group (0-based), else None.
         position: index of the node inside its block instance; equal positions in two instances of one
             group hold the same op on the same shapes.
+        checkpoint: the user's `torch.utils.checkpoint` region the node was traced in (its name, see
+            `TracedGraph.user_recompute`), else None.
     """
 
     name: str
@@ -85,6 +87,7 @@ class NodeInfo:
     block_group: str | None = None
     block_index: int | None = None
     position: int | None = None
+    checkpoint: str | None = None
 
     @property
     def op_name(self) -> str:
@@ -240,6 +243,28 @@ class TracedGraph:
             else:
                 tensors.append(value)
         return tensors
+
+    @property
+    def user_checkpoint_nodes(self) -> dict[str, tuple[str, ...]]:
+        """Region name -> the call_function nodes (graph order) traced inside one of the user's
+        `torch.utils.checkpoint` calls (`NodeInfo.checkpoint`; naming: `user_recompute`)."""
+        out: dict[str, list[str]] = {}
+        for info in self.compute_nodes():
+            if info.checkpoint is not None:
+                out.setdefault(info.checkpoint, []).append(info.name)
+        return {region: tuple(names) for region, names in out.items()}
+
+    @property
+    def user_recompute(self) -> dict[str, str]:
+        """The user's own checkpoint regions as recomputation decisions (`planner.recompute`), region -> "full".
+
+        A region is named by the repeated-block member's module FQN (e.g. "transformer.h.3") when it covers
+        exactly that block's nodes (transformers' `gradient_checkpointing_enable()` checkpoints each decoder
+        layer); otherwise by the innermost module FQN holding all its nodes plus "@checkpoint<k>", k counting
+        that module's regions in graph order from 0 (e.g. "encoder.mlp@checkpoint0"; "@checkpoint0" for the
+        root module). A region nested in another is reported as the innermost. The planner takes these as
+        forced, and `parallelizer.plan` puts them into `Plan.recompute`, so they are emitted (respected)."""
+        return {region: "full" for region in self.user_checkpoint_nodes}
 
     def constant_values(self) -> dict[str, torch.Tensor]:
         """FQN -> value of each lifted constant (`ParamInfo.is_constant`), from the exported program."""

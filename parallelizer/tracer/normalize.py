@@ -34,7 +34,7 @@ _ASSERT_OPS = {
     torch.ops.aten._assert_scalar.default,
     torch.ops.aten.sym_constrain_range_for_size.default,
 }
-_COPIED_META = ("nn_module_stack", "stack_trace", "torch_fn")
+_COPIED_META = ("nn_module_stack", "stack_trace", "torch_fn", "custom")  # custom: user checkpoint regions (trace)
 _GRAD_HOP = torch.ops.higher_order.wrap_with_set_grad_enabled
 _AUTOCAST_HOP = torch.ops.higher_order.wrap_with_autocast
 _REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)

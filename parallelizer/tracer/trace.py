@@ -15,7 +15,8 @@ What export needs of a model and its inputs, handled here (each recorded in `not
   constant: export bakes its value into the graph; `TracedGraph.constant_inputs` records it and
   `TracedGraph.tensor_inputs` checks that a later call passes the same value;
 - a `torch.utils.checkpoint` region is inlined with its gradient (no recomputation in the graph; the
-  reentrant variant would otherwise export as a no_grad region): noted;
+  reentrant variant would otherwise export as a no_grad region), and the nodes traced inside it are recorded
+  (`NodeInfo.checkpoint`, `TracedGraph.user_recompute`) so that the emitted program recomputes them;
 - a tensor created inside forward is a lifted constant (`ParamInfo.is_constant`);
 - an export failure raised by the model's own code (outside torch) says so rather than blaming tracing.
 """
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as checkpoint_module
 from torch.export.graph_signature import ConstantArgument, InputKind
 from torch.utils import _pytree as pytree
@@ -115,24 +117,26 @@ def _cache_off(model: torch.nn.Module, notes: list[str]):
 
 @contextlib.contextmanager
 def _checkpoint_regions(notes: list[str]):
-    """Inline every `torch.utils.checkpoint.checkpoint` region called during export, differentiably, and note
-    where. The non-reentrant variant is traced through as it is (its saved-tensor hooks leave no trace in the
-    graph); the reentrant one (`use_reentrant=True`, transformers' gradient checkpointing default) would be
-    exported as a `torch.no_grad()` region, cutting the gradient of everything inside, so its function is
-    called directly instead. Wraps the two module-level names `checkpoint` dispatches to (private torch API,
-    checked on torch 2.13.0; when a name is absent it is left alone)."""
+    """Inline every `torch.utils.checkpoint.checkpoint` region called during export, differentiably, tag the
+    nodes traced inside the k-th call with `node.meta["custom"][CHECKPOINT_KEY] = k` (torch.fx.traceback.annotate
+    under preserve_node_meta; `_name_checkpoint_regions` names them), and note where. The non-reentrant
+    variant is traced through as it is (its saved-tensor hooks leave no trace in the graph); the reentrant one
+    (`use_reentrant=True`) would be exported as a `torch.no_grad()` region, cutting the gradient of everything
+    inside, so its function is called directly instead. Wraps the two module-level names `checkpoint`
+    dispatches to (private torch API, checked on torch 2.13.0; when a name is absent it is left alone)."""
     calls: list[str] = []
     patched: dict[str, object] = {}
 
-    def record():
+    def record() -> dict:
         frames = [f for f in traceback.extract_stack()[:-2] if not _internal(f.filename)]
         calls.append(f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "an unknown location")
+        return {CHECKPOINT_KEY: len(calls) - 1}
 
     original_gen = getattr(checkpoint_module, "_checkpoint_without_reentrant_generator", None)
     if original_gen is not None:
-        def generator(*args, **kwargs):
-            record()
-            return (yield from original_gen(*args, **kwargs))
+        def generator(*args, **kwargs):  # checkpoint() runs the region's function between its two yields
+            with fx_traceback.annotate(record()):
+                return (yield from original_gen(*args, **kwargs))
         patched["_checkpoint_without_reentrant_generator"] = original_gen
         checkpoint_module._checkpoint_without_reentrant_generator = generator
     original_function = getattr(checkpoint_module, "CheckpointFunction", None)
@@ -140,20 +144,58 @@ def _checkpoint_regions(notes: list[str]):
         class Inlined:  # CheckpointFunction.apply(function, preserve_rng_state, *args)
             @staticmethod
             def apply(function, _preserve_rng_state, *args):
-                record()
-                return function(*args)
+                with fx_traceback.annotate(record()):
+                    return function(*args)
         patched["CheckpointFunction"] = original_function
         checkpoint_module.CheckpointFunction = Inlined
     try:
-        yield
+        with fx_traceback.preserve_node_meta():
+            yield
     finally:
         for name, value in patched.items():
             setattr(checkpoint_module, name, value)
     if calls:
         where = ", ".join(sorted(set(calls))[:3]) + (" ..." if len(set(calls)) > 3 else "")
-        notes.append(f"inlined {len(calls)} torch.utils.checkpoint region(s) ({where}): the traced graph has no "
-                     "recomputation, and the planner does not yet honour activation checkpointing (their "
-                     "activations are priced and kept like any other)")
+        notes.append(f"inlined {len(calls)} torch.utils.checkpoint region(s) ({where}) into the traced graph; "
+                     "their nodes are recorded (TracedGraph.user_recompute) and recomputed in backward by the "
+                     "emitted program (Plan.recompute)")
+
+
+CHECKPOINT_KEY = "parallelizer_checkpoint"
+"""Key in `node.meta["custom"]` of the index of the user's checkpoint call a node was traced in."""
+
+
+def _name_checkpoint_regions(nodes: dict[str, NodeInfo], blocks) -> None:
+    """Set `NodeInfo.checkpoint` of the nodes traced inside a user's checkpoint call, naming each region as
+    `TracedGraph.user_recompute` documents (the block member's FQN when it is exactly one block member)."""
+    regions: dict[int, list[NodeInfo]] = {}
+    for info in nodes.values():
+        index = (info.node.meta.get("custom") or {}).get(CHECKPOINT_KEY)
+        if index is not None and info.op == "call_function":
+            regions.setdefault(index, []).append(info)
+    block_nodes = {m: set(names) for g in blocks for m, names in zip(g.members, g.nodes)}
+    per_module: dict[str, int] = {}
+    for members in regions.values():  # in graph order of their first node
+        fqn = _common_module([info.module_fqn for info in members])
+        if block_nodes.get(fqn) == {info.name for info in members}:
+            name = fqn
+        else:
+            name = f"{fqn}@checkpoint{per_module.get(fqn, 0)}"
+            per_module[fqn] = per_module.get(fqn, 0) + 1
+        for info in members:
+            info.checkpoint = name
+
+
+def _common_module(fqns: list[str]) -> str:
+    """The innermost module FQN that holds every one of `fqns` ("" for the root)."""
+    common = fqns[0].split(".") if fqns[0] else []
+    for fqn in fqns[1:]:
+        parts = fqn.split(".") if fqn else []
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common)
 
 
 def _internal(filename: str) -> bool:
@@ -252,6 +294,7 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
     parameters = _parameters(model, gm, nodes, canonical)
     blocks = find_repeated_blocks(nodes, module_types)
     _tag_blocks(blocks, nodes, parameters)
+    _name_checkpoint_regions(nodes, blocks)
     user = [spec.arg for spec in sig.input_specs if spec.kind == InputKind.USER_INPUT]
     constants = {arg.name: arg.value for arg in user if isinstance(arg, ConstantArgument)}
     if constants:

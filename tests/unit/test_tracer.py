@@ -256,7 +256,14 @@ def test_checkpoint_region_is_noted_and_keeps_its_gradient():
     tg = parallelizer.trace(model, (x,))
     note = next(n for n in tg.notes if "torch.utils.checkpoint" in n)
     assert note.startswith("inlined 2 torch.utils.checkpoint region(s)") and f"{__file__}:{line}" in note
-    assert "does not yet honour activation checkpointing" in note
+    assert "recomputed in backward by the emitted program" in note
+    # the regions' nodes are recorded and named (TracedGraph.user_recompute): a and b are the members of a
+    # repeated block group; the second region is exactly member b, the first one more than member a
+    assert [b.members for b in tg.blocks] == [("a", "b")]
+    assert tg.user_recompute == {"@checkpoint0": "full", "b": "full"}
+    ops = {region: [tg.node(n).op_name for n in names] for region, names in tg.user_checkpoint_nodes.items()}
+    assert ops == {"@checkpoint0": ["aten.linear.default", "aten.add.Tensor", "aten.relu.default"],
+                   "b": ["aten.linear.default", "aten.add.Tensor"]}, ops
     traced = tg.exported.module()
     traced(x).sum().backward()
     model(x).sum().backward()
@@ -264,7 +271,7 @@ def test_checkpoint_region_is_noted_and_keeps_its_gradient():
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name].grad, p.grad)
     plain = parallelizer.trace(torch.nn.Linear(4, 4), (x,))
-    assert not any("checkpoint" in n for n in plain.notes)
+    assert not any("checkpoint" in n for n in plain.notes) and plain.user_recompute == {}
 
 
 def test_meta_and_cpu_traces_of_an_sdpa_model_are_one_graph():
