@@ -120,7 +120,7 @@ class _Rewriter:
         regions = recompute.node_regions(self.traced, self.spec.recompute)
         for node in self.traced.graph_module.graph.nodes:
             if node.op == "call_function":
-                last = next(reversed(self.graph.nodes))
+                last = next(reversed(self.graph.nodes), None)  # None: nothing emitted yet (no placeholders)
                 self._call(node)
                 if node.name in regions:  # what was emitted for it (its collectives too) belongs to its region
                     for new in reversed(self.graph.nodes):
