@@ -1,0 +1,160 @@
+"""Benchmark: predicted vs measured training-step time of many plans on gloo ranks of this machine.
+
+Issue 13 item 6: with a calibration profile of this machine (`cost_model.calibrate`), the step time the cost
+model predicts for a plan (`parallelizer.planner.steptime.estimate_step_time`: compute, blocking collectives,
+exposed bucketed gradient sync, AdamW step) against the median measured step (`benchmarks._steptime_workers`:
+AdamW training steps on CPU gloo ranks, one thread each, cases interleaved round by round).
+
+Plans (each made by `parallelizer.plan` on the profile, fp32, the kind forced with `axis_roles`, or "free":
+the planner's own choice on that mesh): for each model, on 2 ranks free (dp=2), ddp, fsdp, tp and free
+(tp=2); on 4 ranks free (2x2), ddp, fsdp, tp, ddp x tp, fsdp x tp. Models: zoo mlp, a 4-layer GPT-2 and a
+2-layer Llama (sizes in `MODELS`), 33 plans in all.
+
+Reported: per plan predicted and measured ms and the error; Spearman rank correlation over all plans and
+within each world size; the median |error|; per (model, world size) group the planner's pick (the plan of
+least predicted time, what a search over meshes and roles with this model picks) and whether its measured
+time is within 5% of the measured fastest of the group.
+
+Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json]`. Without
+`--profile` it calibrates first (quick message sizes, ~1 min). `--quick`: fewer timed steps (~3 min); the
+full run times 3 rounds x 3 steps per plan (~8 min on 2 cores).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import parallelizer
+from benchmarks._steptime_workers import build, time_rank
+from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, summary
+from parallelizer.planner.steptime import estimate_step_time
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime import launch
+
+MODELS = {
+    "mlp": ("mlp", dict(in_features=256, dim=512, hidden=2048, depth=2, batch=128)),
+    "gpt2": ("gpt2", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, batch=8, seq_len=128, labels=True)),
+    "llama": ("llama", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=2048, batch=8, seq_len=128, labels=True)),
+}
+KINDS = {
+    2: {"free dp=2": ({"dp": 2}, {}), "ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}),
+        "tp": ({"tp": 2}, {"tp": "tp"}), "free tp=2": ({"tp": 2}, {})},
+    4: {"free 2x2": ({"dp": 2, "tp": 2}, {}), "ddp": ({"dp": 4}, {"dp": "ddp"}), "fsdp": ({"dp": 4}, {"dp": "fsdp"}),
+        "tp": ({"tp": 4}, {"tp": "tp"}), "ddp x tp": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}),
+        "fsdp x tp": ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"})},
+}
+PICK_TOLERANCE = 0.05
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation of two equal-length sequences (Pearson correlation of their ranks, ties given
+    their mean rank; Spearman 1904)."""
+    def ranks(x):
+        x = np.asarray(x, dtype=float)
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        for v in np.unique(x):  # ties: mean rank
+            r[x == v] = r[x == v].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]:
+    """One row per plan: model, world size, kind, predicted parts (ms), measured step ms (median) and spread."""
+    warmup, rounds, per_round = (1, 2, 2) if quick else (2, 3, 3)
+    rows = []
+    for world in worlds:
+        cases, meta = [], []
+        for model, (builder, kwargs) in MODELS.items():
+            module, inputs, kw = build(builder, kwargs)
+            traced = parallelizer.trace(module, inputs, kw)
+            for kind, (mesh, roles) in KINDS[world].items():
+                with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+                    plan = parallelizer.plan(traced, mesh, cluster=profile_path, axis_roles=roles)
+                est = estimate_step_time(traced, plan, cluster=profile_path)
+                cases.append((builder, kwargs, spec_from_plan(plan)))
+                meta.append((model, kind, est))
+        per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, per_round, timeout_s=900)
+        for i, (model, kind, est) in enumerate(meta):
+            samples = per_rank[0][i]
+            rows.append({"model": model, "world": world, "kind": kind, "predicted_ms": est.total_s * 1e3,
+                         "parts_ms": {"fwd": est.forward_compute_s * 1e3, "bwd": est.backward_compute_s * 1e3,
+                                      "blocking_comm": est.blocking_comm_s * 1e3,
+                                      "grad_sync": est.grad_sync_s * 1e3,
+                                      "grad_sync_exposed": est.grad_sync_exposed_s * 1e3,
+                                      "optimizer": est.optimizer_s * 1e3},
+                         "measured_ms": statistics.median(samples) * 1e3,
+                         "measured_min_max_ms": (min(samples) * 1e3, max(samples) * 1e3)})
+    return rows
+
+
+def report(rows: list[dict], header: str) -> str:
+    """Markdown table and summary statistics (module docstring)."""
+    errors = [r["predicted_ms"] / r["measured_ms"] - 1 for r in rows]
+    lines = [header, "",
+             "| model | ranks | plan | predicted ms (fwd / bwd / blocking comm / grad sync exposed of full / "
+             "AdamW) | measured ms (median; min-max) | error |", "|---|---|---|---|---|---|"]
+    for r, e in zip(rows, errors):
+        p = r["parts_ms"]
+        lo, hi = r["measured_min_max_ms"]
+        lines.append(f"| {r['model']} | {r['world']} | {r['kind']} | {r['predicted_ms']:.1f} ({p['fwd']:.1f} / "
+                     f"{p['bwd']:.1f} / {p['blocking_comm']:.1f} / {p['grad_sync_exposed']:.1f} of "
+                     f"{p['grad_sync']:.1f} / {p['optimizer']:.1f}) | {r['measured_ms']:.1f} ({lo:.0f}-{hi:.0f}) | "
+                     f"{e:+.0%} |")
+    pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
+    per_world = {w: spearman([r["predicted_ms"] for r in rows if r["world"] == w],
+                             [r["measured_ms"] for r in rows if r["world"] == w]) for w in sorted({r["world"] for r in rows})}
+    lines += ["", f"Plans: {len(rows)}. Spearman {spearman(pred, meas):.3f} (target >= 0.9; "
+              + ", ".join(f"{w} ranks {s:.3f}" for w, s in per_world.items())
+              + f"). Median |error| {statistics.median(abs(e) for e in errors):.0%} (target <= 25%).", "",
+              "| model | ranks | planner's pick (least predicted) | its measured ms | measured fastest | ms | "
+              "pick within 5% |", "|---|---|---|---|---|---|---|"]
+    hits = groups = 0
+    for key in sorted({(r["model"], r["world"]) for r in rows}, key=lambda k: (k[1], k[0])):
+        group = [r for r in rows if (r["model"], r["world"]) == key]
+        pick = min(group, key=lambda r: r["predicted_ms"])
+        fastest = min(group, key=lambda r: r["measured_ms"])
+        ok = pick["measured_ms"] <= fastest["measured_ms"] * (1 + PICK_TOLERANCE)
+        hits, groups = hits + ok, groups + 1
+        lines.append(f"| {key[0]} | {key[1]} | {pick['kind']} | {pick['measured_ms']:.1f} | {fastest['kind']} | "
+                     f"{fastest['measured_ms']:.1f} | {'yes' if ok else 'no'} |")
+    lines += ["", f"Pick within {PICK_TOLERANCE:.0%} of the measured fastest in {hits} of {groups} groups."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
+    ap.add_argument("--quick", action="store_true", help="fewer timed steps per plan")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    profile_path = args.profile
+    if profile_path is None:
+        profile_path = tempfile.NamedTemporaryFile(suffix=".profile.json", delete=False).name
+        calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
+    rows = measure(profile_path, quick=args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    from cost_model.calibrate import load_profile
+    header = ("## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)\n\nProfile "
+              f"`{profile_path}`: " + summary(load_profile(profile_path)).replace("\n", "; "))
+    print(report(rows, header))
+    print(f"\n_bench_steptime: {time.perf_counter() - started:.0f} s_")
+
+
+if __name__ == "__main__":
+    main()
