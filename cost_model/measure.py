@@ -12,7 +12,7 @@ the fastest is the least disturbed run, which a training step does not get; the 
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
 * :func:`measure_contention`: FLOP/s of ``torch.mm`` and bytes/s of ``torch.add`` per process when ``k``
   processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
-  seconds, so the time a process waits for a core counts); the slowdown ``rate(1) / rate(k)`` is how much
+  seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
   slower each of ``k`` ranks computes when they share the machine's cores and memory bandwidth.
 * :func:`measure_optimizer`: torch's default AdamW (single thread) on one large tensor and on many small ones:
   bytes/s of its traffic (28 B per fp32 element, :func:`cost_model.compute.optimizer_step_time_s`) and the
@@ -192,45 +192,64 @@ def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, si
                                                     timeout_s), timeout_s + 30, "gloo calibration")
 
 
-def _contention_worker(rank: int, nprocs: int, barrier, seconds: float, queue) -> None:
-    """Spawned worker: after ``barrier``, ``seconds`` of mm then of add; puts this process's throughputs."""
+def _throughput(fn: Callable[[], object], work: float, seconds: float) -> float:
+    """Work per wall-clock second of calling ``fn`` for ``seconds`` (time-slicing counts)."""
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls * work / (time.perf_counter() - start)
+
+
+def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds: int, queue) -> None:
+    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once), for mm then add;
+    puts ``(rank, {"solo": [mm, add] rates, "all": [mm, add] rates})`` (medians over rounds)."""
     try:
         torch.set_num_threads(1)
         a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
         x, y, z = torch.randn(1 << 22), torch.randn(1 << 22), torch.empty(1 << 22)
-        torch.mm(a, b), torch.add(x, y, out=z)
-        barrier.wait(timeout=120)
-        rates = []
-        for fn, work in ((lambda: torch.mm(a, b), 2 * _MATMUL_N ** 3), (lambda: torch.add(x, y, out=z), 3 * 4 * (1 << 22))):
-            calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:  # throughput over wall time: time-slicing counts
-                fn()
-                calls += 1
-            rates.append(calls * work / (time.perf_counter() - start))
-        queue.put(("ok", (rank, rates)))
+        kernels = ((lambda: torch.mm(a, b), 2 * _MATMUL_N ** 3), (lambda: torch.add(x, y, out=z), 3 * 4 * (1 << 22)))
+        for fn, _ in kernels:
+            fn()
+        solo: list[list[float]] = [[], []]
+        together: list[list[float]] = [[], []]
+        for _ in range(rounds):
+            for i, (fn, work) in enumerate(kernels):
+                barrier.wait(timeout=120)
+                if rank == 0:
+                    solo[i].append(_throughput(fn, work, window_s))
+                barrier.wait(timeout=120)
+                together[i].append(_throughput(fn, work, window_s))
+        queue.put(("ok", (rank, {"solo": [statistics.median(r) for r in solo] if rank == 0 else None,
+                                 "all": [statistics.median(r) for r in together]})))
     except Exception as exc:
         queue.put(("error", f"process {rank}: {type(exc).__name__}: {exc}"))
 
 
-def measure_contention(counts: Sequence[int] = (1, 2, 4), seconds: float = 1.0) -> dict[int, tuple[float, float]]:
-    """Per-process slowdown ``(matmul, memory)`` = rate alone / median rate of ``k`` concurrent processes, for each
-    ``k`` in ``counts`` (module docstring, the median over the k processes); ``k = 1`` gives (1.0, 1.0).
+def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3, rounds: int = 3) -> dict[int, tuple[float, float]]:
+    """Per-process slowdown ``(matmul, memory)`` of ``k`` concurrent processes, for each ``k`` in ``counts``: the
+    rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
+    measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
+    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0).
 
     Raises:
         ValueError: a count < 1.
-        RuntimeError: a process failed or did not report within ``30 + 3 * seconds`` s.
+        RuntimeError: a process failed or did not report in time.
     """
     if any(not isinstance(k, int) or k < 1 for k in counts):
         raise ValueError(f"counts={tuple(counts)}: each must be an int >= 1")
-    rates: dict[int, tuple[float, float]] = {}
+    out: dict[int, tuple[float, float]] = {}
     ctx = torch.multiprocessing.get_context("spawn")
-    for k in sorted(set(counts) | {1}):
+    for k in sorted(set(counts)):
+        if k == 1:
+            out[1] = (1.0, 1.0)
+            continue
         queue, barrier = ctx.Queue(), ctx.Barrier(k)
-        procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, seconds, queue)) for r in range(k)]
+        procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, window_s, rounds, queue)) for r in range(k)]
         for proc in procs:
             proc.start()
         try:
-            got = [queue.get(timeout=60 + 3 * seconds) for _ in range(k)]
+            got = [queue.get(timeout=120 + 4 * rounds * window_s) for _ in range(k)]
         except Exception as exc:
             raise RuntimeError(f"contention measurement with {k} processes got no result in time") from exc
         finally:
@@ -241,10 +260,10 @@ def measure_contention(counts: Sequence[int] = (1, 2, 4), seconds: float = 1.0) 
         errors = [p for status, p in got if status != "ok"]
         if errors:
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
-        per_proc = [p[1] for _, p in got]
-        rates[k] = (statistics.median(r[0] for r in per_proc), statistics.median(r[1] for r in per_proc))
-    base = rates[1]
-    return {k: (base[0] / r[0], base[1] / r[1]) for k, r in rates.items() if k in counts}
+        results = [p[1] for _, p in got]
+        solo = next(r["solo"] for r in results if r["solo"] is not None)
+        out[k] = tuple(solo[i] / statistics.median(r["all"][i] for r in results) for i in range(2))
+    return out
 
 
 def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[float, float]:

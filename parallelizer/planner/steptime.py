@@ -45,8 +45,8 @@ __all__ = ["StepTime", "estimate_step_time"]
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
-    """Seconds of one training step by part (module docstring). `grad_sync_s` is the bucketed sync in full;
-    `grad_sync_exposed_s` the part of it that delays the step; `buckets` the number of gradient buckets."""
+    """Seconds of one training step by part (module docstring). `grad_sync_s` is the bucketed sync in full (the
+    buckets' all-reduces); `grad_sync_exposed_s` the part of it that delays the step; `buckets` their number."""
 
     forward_compute_s: float
     backward_compute_s: float
@@ -88,7 +88,7 @@ def estimate_step_time(traced, plan: Plan, *, cluster: Cluster | str | None = No
     spaces = build_spaces(traced, mesh, config)
     strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
     fwd_compute = bwd_compute = blocking = 0.0
-    bwd_work: list[tuple[float, list[tuple[str, int, float]]]] = []  # per node: (backward seconds, grads synced)
+    bwd_work: list[tuple[float, list[tuple[str, int]]]] = []  # per node: (backward seconds, [(axis, grad bytes)])
     for name, space in spaces.items():
         s = strat[name]
         node_bwd, grads = 0.0, []
@@ -107,15 +107,15 @@ def estimate_step_time(traced, plan: Plan, *, cluster: Cluster | str | None = No
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
                 if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
-                    grads.append((st.mesh_axis, st.bwd_nbytes * pricer.grad_bytes_per_element // itemsize, bwd))
+                    grads.append((st.mesh_axis, st.bwd_nbytes * pricer.grad_bytes_per_element // itemsize))
                 else:
                     blocking += bwd
                     node_bwd += bwd
         bwd_work.append((node_bwd, grads))
-    ready, comm, grad_full = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes)
+    ready, comm = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes)
     backward_end = sum(w for w, _ in bwd_work)
     exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
-    return StepTime(fwd_compute, bwd_compute, blocking, grad_full, exposed, _optimizer_s(plan, pricer, config),
+    return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
                     len(comm))
 
 
@@ -131,11 +131,10 @@ def _chosen(name: str, space, plan: Plan):
 
 
 def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes: int):
-    """(ready seconds, all-reduce seconds) per gradient bucket, and the per-parameter sync seconds in full:
-    backward runs the nodes in reverse order; gradients fill a bucket per mesh axis (first one
+    """(ready seconds, all-reduce seconds) per gradient bucket: backward runs the nodes in reverse order; gradients fill a bucket per mesh axis (first one
     `first_bucket_bytes`, then `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones
     at the end of backward."""
-    ready, comm, open_bytes, started, full_s = [], [], {}, set(), 0.0
+    ready, comm, open_bytes, started = [], [], {}, set()
     t = 0.0
 
     def close(axis: str, at: float) -> None:
@@ -145,14 +144,13 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
 
     for work, grads in reversed(bwd_work):
         t += work
-        for axis, nbytes, seconds in grads:
-            full_s += seconds
+        for axis, nbytes in grads:
             open_bytes[axis] = open_bytes.get(axis, 0) + nbytes
             if open_bytes[axis] >= (bucket_bytes if axis in started else first_bucket_bytes):
                 close(axis, t)
     for axis in sorted(open_bytes):
         close(axis, t)
-    return ready, comm, full_s
+    return ready, comm
 
 
 def _optimizer_s(plan: Plan, pricer: Pricer, config: PlanConfig) -> float:
