@@ -16,8 +16,9 @@ least predicted time, what a search over meshes and roles with this model picks)
 time is within 5% of the measured fastest of the group.
 
 Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json]`. Without
-`--profile` it calibrates first (quick message sizes, ~1 min). `--quick`: fewer timed steps (~3 min); the
-full run times 3 rounds x 3 steps per plan (~8 min on 2 cores).
+`--profile` it calibrates first (quick message sizes, ~2 min). Each plan's step is timed once per round in
+turn, over 9 rounds (`--quick`: 4), after one warm-up step: the median of 9 steps spread over the whole run, so
+that a burst of load from other jobs hits every plan alike (~6 min on 2 idle cores, more under load).
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -73,7 +76,7 @@ def spearman(a, b) -> float:
 
 def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]:
     """One row per plan: model, world size, kind, predicted parts (ms), measured step ms (median) and spread."""
-    warmup, rounds, per_round = (1, 2, 2) if quick else (2, 3, 3)
+    warmup, rounds, per_round = (1, 4, 1) if quick else (1, 9, 1)
     rows = []
     for world in worlds:
         cases, meta = [], []
@@ -86,7 +89,8 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]
                 est = estimate_step_time(traced, plan, cluster=profile_path)
                 cases.append((builder, kwargs, spec_from_plan(plan)))
                 meta.append((model, kind, est))
-        per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, per_round, timeout_s=900)
+        print(f"timing {len(cases)} plans on {world} ranks (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+        per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, per_round, timeout_s=1500)
         for i, (model, kind, est) in enumerate(meta):
             samples = per_rank[0][i]
             rows.append({"model": model, "world": world, "kind": kind, "predicted_ms": est.total_s * 1e3,
@@ -145,13 +149,17 @@ def main(argv=None) -> None:
     if profile_path is None:
         profile_path = tempfile.NamedTemporaryFile(suffix=".profile.json", delete=False).name
         calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
+    load_before = os.getloadavg()[0]
     rows = measure(profile_path, quick=args.quick)
+    load_after = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     from cost_model.calibrate import load_profile
     header = ("## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)\n\nProfile "
               f"`{profile_path}`: " + summary(load_profile(profile_path)).replace("\n", "; "))
+    header += (f"\n\nMachine load (1-minute load average on {os.cpu_count()} cores): {load_before:.1f} before, "
+               f"{load_after:.1f} after.")
     print(report(rows, header))
     print(f"\n_bench_steptime: {time.perf_counter() - started:.0f} s_")
 

@@ -429,6 +429,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     if per_kind:  # say which fits are copies of another kind's rather than measured
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
     measurements["seconds"] = time.perf_counter() - started
+    measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
     profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count())
     if out_path is not None:
         with open(out_path, "w") as f:

@@ -6,7 +6,9 @@ the fastest is the least disturbed run, which a training step does not get; the 
 * :func:`measure_collectives`: each collective kind over gloo with ``nprocs`` spawned processes (one intra-op
   thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`). One sample =
   ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
-  (:func:`repeats_for`). send_recv pairs ranks (0->1, 2->3, ...) concurrently, as pipeline stages do.
+  (:func:`repeats_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
+  of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
+  larger: one pair at a time, their buffers being hundreds of MiB per rank). send_recv pairs ranks (0->1, 2->3, ...) concurrently, as pipeline stages do.
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
   (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
@@ -35,6 +37,7 @@ __all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "mea
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
 _MATMUL_N = 256
+_ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
 
 
 def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
@@ -87,7 +90,7 @@ def _collective_op(kind: str, nbytes: int, rank: int, world_size: int):
     return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
 
 
-def _measure_overlap(repeats: int = 3) -> float:
+def _measure_overlap(repeats: int = 5) -> float:
     """comm_overlap of the module docstring (all ranks take part)."""
     import torch.distributed as dist
     buf = torch.ones(_OVERLAP_BYTES // 4)
@@ -117,6 +120,24 @@ def _measure_overlap(repeats: int = 3) -> float:
     return min(1.0, max(0.0, (comp + comm - together) / min(comp, comm)))
 
 
+def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:
+    """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round."""
+    import torch.distributed as dist
+    ops = {pair: _collective_op(*pair, rank, world_size) for pair in pairs}
+    samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
+    for r in range(1 + max((repeats_for(n, repeats) for _, n in pairs), default=0)):
+        for (kind, nbytes), op in ops.items():
+            if r > repeats_for(nbytes, repeats):
+                continue
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(inner if op is not None else 0):
+                op()
+            if r:  # round 0: warm-up (connections, first touch of the pages)
+                samples[(kind, nbytes)].append((time.perf_counter() - start) / inner)
+    return samples
+
+
 def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, ...], sizes_bytes: tuple[int, ...],
                        repeats: int, inner: int, timeout_s: float, queue) -> None:
     """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap; results on ``queue``."""
@@ -125,21 +146,14 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
         torch.set_num_threads(1)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        results: dict[str, dict[int, float]] = {}
-        for kind in kinds:
-            results[kind] = {}
-            for nbytes in sizes_bytes:
-                op = _collective_op(kind, nbytes, rank, world_size)
-                samples = []
-                for i in range(1 + repeats_for(nbytes, repeats)):  # the first: warm-up (connections, pages)
-                    dist.barrier()
-                    start = time.perf_counter()
-                    for _ in range(inner if op is not None else 0):
-                        op()
-                    if i:
-                        samples.append((time.perf_counter() - start) / inner)
-                results[kind][nbytes] = statistics.median(samples)
-                del op
+        small = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes < _ROUND_ROBIN_MAX_BYTES]
+        large = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes >= _ROUND_ROBIN_MAX_BYTES]
+        samples = _sample(small, rank, world_size, repeats, inner)
+        for pair in large:  # one at a time: their buffers are hundreds of MiB per rank
+            samples.update(_sample([pair], rank, world_size, repeats, inner))
+        results: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
+        for (kind, nbytes), got in samples.items():
+            results[kind][nbytes] = statistics.median(got)
         overlap = _measure_overlap()
         if rank == 0:
             queue.put(("ok", {"collectives": results, "comm_overlap": overlap}))
