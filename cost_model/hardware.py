@@ -156,16 +156,19 @@ class DeviceSpec:
         return self.hbm_bytes_per_s * self.memory_efficiency
 
     def scaled(self, compute_factor: float, memory_factor: float) -> "DeviceSpec":
-        """This spec with every FLOP/s divided by ``compute_factor``, every bytes/s (memory, optimizer) divided by
-        ``memory_factor`` and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied
-        by ``compute_factor`` (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`).
+        """This spec with every FLOP/s divided by ``compute_factor``, every bytes/s divided by ``memory_factor``
+        (the optimizer's by ``compute_factor`` instead when it streams at under half ``hbm_bytes_per_s``: then the
+        step is bound by the core, not by memory, as torch's single-tensor AdamW on a CPU at ~1.5 of ~6-10 GB/s),
+        and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied by ``compute_factor`` (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`).
 
         Raises:
             ValueError: a factor that is not a finite number > 0.
         """
         _check_positive("scaled compute_factor", compute_factor)
         _check_positive("scaled memory_factor", memory_factor)
-        opt = None if self.optimizer_bytes_per_s is None else self.optimizer_bytes_per_s / memory_factor
+        opt = self.optimizer_bytes_per_s
+        if opt is not None:  # core-bound when it streams at under half the memory bandwidth (torch's AdamW on a CPU)
+            opt /= compute_factor if opt < self.hbm_bytes_per_s / 2 else memory_factor
         return dataclasses.replace(self, peak_flops_per_s={k: v / compute_factor for k, v in self.peak_flops_per_s.items()},
                                    hbm_bytes_per_s=self.hbm_bytes_per_s / memory_factor, optimizer_bytes_per_s=opt,
                                    launch_overhead_s=min(0.5, self.launch_overhead_s * compute_factor),
