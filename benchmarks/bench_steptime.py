@@ -138,6 +138,24 @@ def report(rows: list[dict], header: str) -> str:
     return "\n".join(lines)
 
 
+def run(quick: bool = False) -> str:
+    """`make bench` (`benchmarks.run_all`): calibrate with messages up to 64 MiB, then measure and report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        profile_path = os.path.join(tmp, "cpu.profile.json")
+        calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
+        load_before = os.getloadavg()[0]
+        rows = measure(profile_path, quick=quick)
+        return report(rows, _header(profile_path, load_before))
+
+
+def _header(profile_path: str, load_before: float) -> str:
+    from cost_model.calibrate import load_profile
+    return ("## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)\n\nProfile "
+            f"`{profile_path}`: " + summary(load_profile(profile_path)).replace("\n", "; ")
+            + f"\n\nMachine load (1-minute load average on {os.cpu_count()} cores): {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after.")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
@@ -151,15 +169,10 @@ def main(argv=None) -> None:
         calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
     load_before = os.getloadavg()[0]
     rows = measure(profile_path, quick=args.quick)
-    load_after = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    from cost_model.calibrate import load_profile
-    header = ("## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)\n\nProfile "
-              f"`{profile_path}`: " + summary(load_profile(profile_path)).replace("\n", "; "))
-    header += (f"\n\nMachine load (1-minute load average on {os.cpu_count()} cores): {load_before:.1f} before, "
-               f"{load_after:.1f} after.")
+    header = _header(profile_path, load_before)
     print(report(rows, header))
     print(f"\n_bench_steptime: {time.perf_counter() - started:.0f} s_")
 
