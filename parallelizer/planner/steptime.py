@@ -35,6 +35,7 @@ from cost_model.topology import Cluster, MeshTopology
 from ..config import PlanConfig
 from ..errors import PlanMismatchError
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
+from ..tracer import TracedGraph
 from .costs import Pricer
 from .plan import Plan
 from .problem import grad_axes
@@ -63,7 +64,7 @@ class StepTime:
                 + self.optimizer_s)
 
 
-def estimate_step_time(traced, plan: Plan, *, cluster: Cluster | str | None = None,
+def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | str | None = None,
                        topology: MeshTopology | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                        first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> StepTime:
     """Estimate one training step of `plan` for `traced` on `cluster` (module docstring).
@@ -76,9 +77,13 @@ def estimate_step_time(traced, plan: Plan, *, cluster: Cluster | str | None = No
         bucket_bytes, first_bucket_bytes: the runtime's gradient buckets (`ParallelModule(grad_bucket_bytes=)`);
             `bucket_bytes=0` prices every gradient all-reduce as blocking (the synchronous runtime mode).
 
+    Returns:
+        `StepTime`: seconds by part and `total_s`.
+
     Raises:
         PlanMismatchError: a node of the plan has a strategy the planner would not offer for `traced` (a plan
             made for another model or config).
+        ValueError: a profile without a link for the plan's world size (`api.resolve_cluster`).
     """
     from .api import resolve_cluster  # api imports this package's modules; import at call time
     config = PlanConfig.from_record(plan.config)
