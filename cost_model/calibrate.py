@@ -11,7 +11,7 @@ sample; compute with one intra-op thread, :func:`calibration_threads`, like one 
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
-* contention: how much slower each of k processes computes when k run at once (matmul and memory slowdown,
+* contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
   :func:`cost_model.measure.measure_contention`), for k = 1 and every calibrated process count; the machine's
   core count is recorded with it. :meth:`Profile.cluster` prices an ``n``-rank mesh on the device slowed by
   the factors of ``n`` (``DeviceSpec.scaled``): on 2 cores, 4 ranks compute at about half speed each.
@@ -85,12 +85,12 @@ CALIBRATION_NUM_THREADS = 1
 class Profile:
     """A calibration result: the CPU as a device (one process alone), a fitted Link per process count
     (joint alpha/beta, per-kind overrides ``Link.per_kind``, piecewise ``Link.size_fits``), and per process
-    count ``n``: ``contention[n] = (matmul, memory)`` slowdown of each of n concurrent processes and
+    count ``n``: ``contention[n] = (matmul, memory[, optimizer])`` slowdown of each of n concurrent processes and
     ``comm_overlap[n]`` (fraction of a collective that hides under compute); ``cpu_count``: the machine's cores."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
-    contention: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    contention: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     comm_overlap: Mapping[int, float] = field(default_factory=dict)
     cpu_count: int | None = None
 
@@ -273,7 +273,7 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
     for n in sorted(set(a.links) & set(b.links)):
         if n in a.contention and n in b.contention:
-            for i, what in enumerate(("matmul", "memory")):
+            for i, what in enumerate(("matmul", "memory", "optimizer")[:min(len(a.contention[n]), len(b.contention[n]))]):
                 out[f"x{n} contention {what}"] = b.contention[n][i] / a.contention[n][i] - 1
         if n in a.comm_overlap and n in b.comm_overlap:
             out[f"x{n} comm_overlap (abs)"] = b.comm_overlap[n] - a.comm_overlap[n]
@@ -301,7 +301,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "optimizer_tensor_s": dev.optimizer_tensor_s,
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
-        "contention": {str(n): {"matmul": m, "memory": b} for n, (m, b) in profile.contention.items()},
+        "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
         "comm_overlap": {str(n): v for n, v in profile.comm_overlap.items()},
         "measurements": measurements,
     }
@@ -346,7 +346,8 @@ def load_profile(path: str | os.PathLike) -> Profile:
             launch_overhead_s=dev["launch_overhead_s"], kind="cpu",  # calibrate measures this machine's CPU
             optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0))
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
-        contention = {int(n): (v["matmul"], v["memory"]) for n, v in data.get("contention", {}).items()}
+        contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
+                      for n, v in data.get("contention", {}).items()}
         overlap = {int(n): float(v) for n, v in data.get("comm_overlap", {}).items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
@@ -411,7 +412,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
                         hbm_bytes_per_s=bytes_per_s, matmul_efficiency=1.0, memory_efficiency=1.0,
                         launch_overhead_s=launch_s, kind="cpu", optimizer_bytes_per_s=optimizer_bytes_per_s,
                         optimizer_tensor_s=optimizer_tensor_s)
-    slowdown: dict[int, tuple[float, float]] = {}
+    slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
         step("contention")
         slowdown = measure_contention(tuple(nprocs))
@@ -481,7 +482,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     for n, link in profile.links.items():
         slow = profile.contention.get(n)
         lines.append(f"x{n}: alpha={link.latency_s * 1e6:.1f} us beta={link.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
-                     + (f", compute slowdown x{slow[0]:.2f} (memory x{slow[1]:.2f})" if slow else "")
+                     + (f", compute slowdown x{slow[0]:.2f} (memory x{slow[1]:.2f}"
+                        + (f", AdamW x{slow[2]:.2f}" if len(slow) > 2 else "") + ")" if slow else "")
                      + (f", comm overlap {profile.comm_overlap[n]:.2f}" if n in profile.comm_overlap else "")
                      + "".join(fit(k, a, b) for k, (a, b) in link.per_kind.items()))
     return "\n".join(lines)

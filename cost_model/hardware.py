@@ -155,11 +155,13 @@ class DeviceSpec:
         """``hbm_bytes_per_s * memory_efficiency`` in bytes/s."""
         return self.hbm_bytes_per_s * self.memory_efficiency
 
-    def scaled(self, compute_factor: float, memory_factor: float) -> "DeviceSpec":
+    def scaled(self, compute_factor: float, memory_factor: float, optimizer_factor: float | None = None) -> "DeviceSpec":
         """This spec with every FLOP/s divided by ``compute_factor``, every bytes/s divided by ``memory_factor``
         (the optimizer's by ``compute_factor`` instead when it streams at under half ``hbm_bytes_per_s``: then the
         step is bound by the core, not by memory, as torch's single-tensor AdamW on a CPU at ~1.5 of ~6-10 GB/s),
-        and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied by ``compute_factor`` (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`).
+        and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied by ``compute_factor``
+        (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`). A measured
+        ``optimizer_factor`` (the optimizer step's own slowdown) replaces that rule for the optimizer.
 
         Raises:
             ValueError: a factor that is not a finite number > 0.
@@ -167,7 +169,10 @@ class DeviceSpec:
         _check_positive("scaled compute_factor", compute_factor)
         _check_positive("scaled memory_factor", memory_factor)
         opt = self.optimizer_bytes_per_s
-        if opt is not None:  # core-bound when it streams at under half the memory bandwidth (torch's AdamW on a CPU)
+        if opt is not None and optimizer_factor is not None:
+            _check_positive("scaled optimizer_factor", optimizer_factor)
+            opt /= optimizer_factor
+        elif opt is not None:  # core-bound when it streams at under half the memory bandwidth (AdamW on a CPU)
             opt /= compute_factor if opt < self.hbm_bytes_per_s / 2 else memory_factor
         return dataclasses.replace(self, peak_flops_per_s={k: v / compute_factor for k, v in self.peak_flops_per_s.items()},
                                    hbm_bytes_per_s=self.hbm_bytes_per_s / memory_factor, optimizer_bytes_per_s=opt,

@@ -12,7 +12,7 @@ the fastest is the least disturbed run, which a training step does not get; the 
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
   (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
-* :func:`measure_contention`: FLOP/s of ``torch.mm`` and bytes/s of ``torch.add`` per process when ``k``
+* :func:`measure_contention`: FLOP/s of ``torch.mm``, bytes/s of ``torch.add`` and of an AdamW step per process when ``k``
   processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
   seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
   slower each of ``k`` ranks computes when they share the machine's cores and memory bandwidth.
@@ -37,6 +37,7 @@ __all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "mea
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
 _MATMUL_N = 256
+_ADAMW_NUMEL = 1 << 20
 _ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
 
 
@@ -216,17 +217,21 @@ def _throughput(fn: Callable[[], object], work: float, seconds: float) -> float:
 
 
 def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds: int, queue) -> None:
-    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once), for mm then add;
-    puts ``(rank, {"solo": [mm, add] rates, "all": [mm, add] rates})`` (medians over rounds)."""
+    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once), for mm, add and
+    an AdamW step; puts ``(rank, {"solo": [mm, add, adamw] rates, "all": [...]})`` (medians over rounds)."""
     try:
         torch.set_num_threads(1)
         a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
         x, y, z = torch.randn(1 << 22), torch.randn(1 << 22), torch.empty(1 << 22)
-        kernels = ((lambda: torch.mm(a, b), 2 * _MATMUL_N ** 3), (lambda: torch.add(x, y, out=z), 3 * 4 * (1 << 22)))
+        param = torch.nn.Parameter(torch.randn(_ADAMW_NUMEL))
+        param.grad = torch.randn_like(param)
+        adamw = torch.optim.AdamW([param], lr=1e-3)
+        kernels = ((lambda: torch.mm(a, b), 2 * _MATMUL_N ** 3), (lambda: torch.add(x, y, out=z), 3 * 4 * (1 << 22)),
+                   (adamw.step, 28 * _ADAMW_NUMEL))
         for fn, _ in kernels:
             fn()
-        solo: list[list[float]] = [[], []]
-        together: list[list[float]] = [[], []]
+        solo: list[list[float]] = [[] for _ in kernels]
+        together: list[list[float]] = [[] for _ in kernels]
         for _ in range(rounds):
             for i, (fn, work) in enumerate(kernels):
                 barrier.wait(timeout=120)
@@ -240,11 +245,13 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
         queue.put(("error", f"process {rank}: {type(exc).__name__}: {exc}"))
 
 
-def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3, rounds: int = 3) -> dict[int, tuple[float, float]]:
-    """Per-process slowdown ``(matmul, memory)`` of ``k`` concurrent processes, for each ``k`` in ``counts``: the
+def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
+                       rounds: int = 3) -> dict[int, tuple[float, float, float]]:
+    """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
+    AdamW step on 1M elements), for each ``k`` in ``counts``: the
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
     measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
-    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0).
+    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0).
 
     Raises:
         ValueError: a count < 1.
@@ -252,11 +259,11 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3, ro
     """
     if any(not isinstance(k, int) or k < 1 for k in counts):
         raise ValueError(f"counts={tuple(counts)}: each must be an int >= 1")
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[int, tuple[float, float, float]] = {}
     ctx = torch.multiprocessing.get_context("spawn")
     for k in sorted(set(counts)):
         if k == 1:
-            out[1] = (1.0, 1.0)
+            out[1] = (1.0, 1.0, 1.0)
             continue
         queue, barrier = ctx.Queue(), ctx.Barrier(k)
         procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, window_s, rounds, queue)) for r in range(k)]
@@ -276,7 +283,7 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3, ro
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
         results = [p[1] for _, p in got]
         solo = next(r["solo"] for r in results if r["solo"] is not None)
-        out[k] = tuple(solo[i] / statistics.median(r["all"][i] for r in results) for i in range(2))
+        out[k] = tuple(solo[i] / statistics.median(r["all"][i] for r in results) for i in range(3))
     return out
 
 
@@ -289,7 +296,7 @@ def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[f
         for p in params:
             p.grad = torch.randn_like(p)
         opt = torch.optim.AdamW(params, lr=1e-3)
-        return median_time_s(opt.step, repeats=5, warmup=2)
+        return median_time_s(opt.step, repeats=9, warmup=2)
 
     per_tensor = step_s([16] * small_tensors) / small_tensors
     big = step_s([numel])

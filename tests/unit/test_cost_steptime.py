@@ -102,6 +102,8 @@ def test_profile_device_for_divides_rates_by_measured_contention(tmp_path):
     assert (dev.hbm_bytes_per_s, dev.optimizer_bytes_per_s) == pytest.approx((1e10 / 1.5, 4e9 / 2.0))
     fast_opt = dataclasses.replace(profile, device=dataclasses.replace(CPU, optimizer_bytes_per_s=8e9))
     assert fast_opt.device_for(4).optimizer_bytes_per_s == pytest.approx(8e9 / 1.5)  # memory-bound: memory factor
+    measured = dataclasses.replace(profile, contention={4: (2.0, 1.5, 3.0)})  # the AdamW step's own slowdown
+    assert measured.device_for(4).optimizer_bytes_per_s == pytest.approx(4e9 / 3.0)
     assert dev.launch_overhead_s == pytest.approx(4e-6) and dev.comm_overlap == 0.25
     path = tmp_path / "p.json"
     import json
@@ -111,6 +113,8 @@ def test_profile_device_for_divides_rates_by_measured_contention(tmp_path):
     assert compare_profiles(profile, loaded) and all(v == 0 for v in compare_profiles(profile, loaded).values())
     slower = dataclasses.replace(profile, contention={4: (2.2, 1.5)})
     assert compare_profiles(profile, slower)["x4 contention matmul"] == pytest.approx(0.1)
+    path.write_text(json.dumps(_profile_to_json(measured, {}), sort_keys=True))
+    assert load_profile(path).contention == {4: (2.0, 1.5, 3.0)}
 
 
 def test_estimate_step_time_of_a_ddp_plan_is_compute_plus_exposed_sync_plus_adamw():
