@@ -13,7 +13,7 @@ the planner's own choice on that mesh): for each model, on 2 ranks free (dp=2), 
 Reported: per plan predicted and measured ms and the error; Spearman rank correlation over all plans and
 within each world size; the median |error|; per (model, world size) group the planner's pick (the plan of
 least predicted time, what a search over meshes and roles with this model picks) and whether its measured
-time is within 5% of the measured fastest of the group.
+time is within 5% of the measured fastest of the group, identical plans merged (`_distinct`).
 
 Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json]`. Without
 `--profile` it calibrates first (quick message sizes, ~2 min). Each plan's step is timed once per round in
@@ -100,6 +100,7 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]
                                       "grad_sync_exposed": est.grad_sync_exposed_s * 1e3,
                                       "optimizer": est.optimizer_s * 1e3},
                          "measured_ms": statistics.median(samples) * 1e3,
+                         "samples_ms": [t * 1e3 for t in samples],
                          "measured_min_max_ms": (min(samples) * 1e3, max(samples) * 1e3)})
     return rows
 
@@ -127,7 +128,7 @@ def report(rows: list[dict], header: str) -> str:
               "pick within 5% |", "|---|---|---|---|---|---|---|"]
     hits = groups = 0
     for key in sorted({(r["model"], r["world"]) for r in rows}, key=lambda k: (k[1], k[0])):
-        group = [r for r in rows if (r["model"], r["world"]) == key]
+        group = _distinct([r for r in rows if (r["model"], r["world"]) == key])
         pick = min(group, key=lambda r: r["predicted_ms"])
         fastest = min(group, key=lambda r: r["measured_ms"])
         ok = pick["measured_ms"] <= fastest["measured_ms"] * (1 + PICK_TOLERANCE)
@@ -156,13 +157,39 @@ def _header(profile_path: str, load_before: float) -> str:
             f"{os.getloadavg()[0]:.1f} after.")
 
 
+def _distinct(group: list[dict]) -> list[dict]:
+    """The group's distinct plans: rows with the same predicted breakdown are one plan (the planner's free plan
+    on dp=2 and on tp=2 is the same program under another axis name) and are merged: kinds joined with "=",
+    measured = the median of all their steps (of their medians for rows without samples)."""
+    merged: dict[tuple, dict] = {}
+    for r in group:
+        key = tuple(round(v, 9) for v in r["parts_ms"].values())
+        if key not in merged:
+            merged[key] = dict(r)
+            continue
+        m = merged[key]
+        m["kind"] += f" = {r['kind']}"
+        if "samples_ms" in m and "samples_ms" in r:
+            m["samples_ms"] = m["samples_ms"] + r["samples_ms"]
+            m["measured_ms"] = statistics.median(m["samples_ms"])
+        else:
+            m.setdefault("_medians", [m["measured_ms"]]).append(r["measured_ms"])
+            m["measured_ms"] = statistics.median(m["_medians"])
+    return list(merged.values())
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
     ap.add_argument("--quick", action="store_true", help="fewer timed steps per plan")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--report", metavar="ROWS.json", help="only print the report of rows written by --json earlier")
     args = ap.parse_args(argv)
     started = time.perf_counter()
+    if args.report:
+        with open(args.report) as f:
+            print(report(json.load(f), "## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)"))
+        return
     profile_path = args.profile
     if profile_path is None:
         profile_path = tempfile.NamedTemporaryFile(suffix=".profile.json", delete=False).name
