@@ -1,10 +1,11 @@
 """Benchmark: cost_model predictions vs measurements on this machine.
 
-Calibrates (``cost_model.calibrate``), then compares predicted and measured seconds for
+Calibrates (``cost_model.calibrate``, messages up to 64 MiB), then compares predicted and measured seconds for
 (a) 10 compute ops (matmul-like and elementwise, fp32, forward only) priced by ``op_cost`` with the
 calibrated "cpu" DeviceSpec, and (b) all_reduce / all_gather over 2 and 4 gloo ranks at 3 sizes priced by
-``collective_time_s`` on a 1-node mesh with the calibrated Link, which carries per-kind alpha/beta
-overrides fitted by calibration (``Link.per_kind``; the joint fit is shown for reference).
+``collective_time_s`` on a 1-node mesh with the calibrated Link, which carries piecewise per-kind fits
+(``Link.size_fits``) and per-kind alpha/beta overrides (``Link.per_kind``); the joint fit alone is shown
+for reference. The compute device is the profile's single-process one (no contention).
 Error = |predicted - measured| / measured.
 
 Run: ``python -m benchmarks.bench_cost_model`` (prints the Markdown table); ``run()`` returns it.
@@ -18,7 +19,7 @@ import statistics
 import torch
 
 from cost_model import Cluster, MeshTopology, calibrate, collective_time_s, op_cost
-from cost_model.calibrate import calibration_threads, measure_collectives, time_callable_s
+from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibration_threads, measure_collectives, time_callable_s
 
 aten = torch.ops.aten
 COLLECTIVE_SIZES_BYTES = (1 << 16, 1 << 20, 1 << 23)
@@ -52,7 +53,7 @@ def _rel_error(predicted_s: float, measured_s: float) -> float:
 
 def run(progress: bool = True) -> str:
     """Calibrate, measure, predict; return a Markdown report with per-case and median errors."""
-    profile = calibrate(nprocs=NPROCS, progress=progress)
+    profile = calibrate(nprocs=NPROCS, progress=progress, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES)
     dev = profile.device
     rows, errors = [], {"compute": [], "collective": [], "collective_joint": []}
     for label, op, args, kwargs in _compute_cases():
@@ -67,9 +68,9 @@ def run(progress: bool = True) -> str:
     for n in NPROCS:
         topo = MeshTopology(profile.cluster(n), (n,), ("dp",))
         # Same calibration without the per-kind overrides (the single joint link), for comparison.
-        joint = dataclasses.replace(profile.links[n], per_kind={})
+        joint = dataclasses.replace(profile.links[n], per_kind={}, size_fits={})
         joint_topo = MeshTopology(Cluster(dev, 1, n, joint, joint), (n,), ("dp",))
-        measured_by_kind = measure_collectives(n, measured_kinds, COLLECTIVE_SIZES_BYTES)
+        measured_by_kind = measure_collectives(n, measured_kinds, COLLECTIVE_SIZES_BYTES)["collectives"]
         for kind, by_size in measured_by_kind.items():
             for nbytes, measured in by_size.items():
                 predicted = collective_time_s(kind, nbytes, topo, "dp")

@@ -1,8 +1,7 @@
 """Measure this machine and turn the measurements into a :class:`Profile` (a "cpu" DeviceSpec + Links).
 
-What is measured (the best of repeated runs after warm-up: on a shared machine, the least disturbed):
-
-Compute is measured with one intra-op thread (:func:`calibration_threads`), like one gloo rank.
+What is measured (:mod:`cost_model.measure`: medians of repeated samples after warm-up, never the fastest
+sample; compute with one intra-op thread, :func:`calibration_threads`, like one gloo rank):
 
 * matmul FLOP/s: fp32 ``torch.mm`` of n x n matrices for a few n; FLOPs = 2 n^3 (flop_counter's mm
   formula); the median rate over the sizes becomes ``peak_flops_per_s[float32]`` with
@@ -10,72 +9,104 @@ Compute is measured with one intra-op thread (:func:`calibration_threads`), like
 * memory bandwidth: ``torch.add(a, b, out=c)`` on large fp32 tensors, bytes = 3 x tensor bytes (two
   reads, one write; the STREAM "add" kernel, McCalpin 1995); ``memory_efficiency = 1``.
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
-* collectives: all_reduce and all_gather over gloo with ``nprocs`` processes (spawned, one thread each),
-  for several message sizes. alpha and beta are fitted jointly by least squares on relative error to
-  ``t = steps * alpha + factor * nbytes / beta`` using exactly the coefficients of
-  :func:`cost_model.communication.alpha_beta_coefficients` (ring), so the fitted Link reproduces the
-  measurements through :func:`cost_model.collective_time_s`.
-* per-kind overrides: gloo does not keep the textbook ratio between its all_gather and its all_reduce
-  (its all_gather is relatively slower), so one joint alpha/beta misprices both. alpha/beta are therefore
-  also fitted per measured kind, in the same factor space (same ring coefficients, same relative-error
-  least squares, one kind's samples at a time), and stored as ``Link.per_kind`` overrides, which
-  :func:`cost_model.collective_time_s` uses for that kind (rule in :mod:`cost_model.topology`). The joint
-  fit stays the link's own alpha/beta and prices the kinds without an override (all_to_all, broadcast,
-  send_recv). reduce_scatter is not measured by default: it **reuses all_gather's fit**
-  (:data:`REUSED_KIND_FITS`; ring reduce_scatter is all_gather's mirror, same steps and bytes factor);
-  pass ``kinds=(..., "reduce_scatter")`` to :func:`calibrate` to measure and fit it instead.
+* optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
+  (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
+* contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
+  :func:`cost_model.measure.measure_contention`), for k = 1 and every calibrated process count; the machine's
+  core count is recorded with it. :meth:`Profile.cluster` prices an ``n``-rank mesh on the device slowed by
+  the factors of ``n`` (``DeviceSpec.scaled``): on 2 cores, 4 ranks compute at about half speed each.
+* collectives: every kind the plans use (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) over
+  gloo with ``nprocs`` processes, message sizes 4 KiB-256 MiB (fewer repeats for large ones), and the
+  fraction of an all-reduce that hides under compute (``DeviceSpec.comm_overlap`` of that process count).
 
-The profile JSON has sorted keys. Format version 2 adds the optional ``per_kind`` object to each link
-(``{kind: {"latency_s", "bandwidth_bytes_per_s"}}``); version-1 files (no overrides) still load. ``python -m cost_model.calibrate -o profile.json`` writes one.
+Fits per process count (one :class:`Link`):
+
+* ``Link.size_fits``: per measured kind, a piecewise alpha-beta fit through the medians (made
+  non-decreasing in size first, by a suffix minimum: :func:`fit_size_segments`): between consecutive measured sizes s_i < s_{i+1} the segment is the line
+  ``steps * alpha + factor * nbytes / beta`` through both points (the ring coefficients of
+  :func:`cost_model.communication.alpha_beta_coefficients`, so :func:`cost_model.collective_time_s` prices it;
+  alpha clamped at >= 0, then the line passes through the upper point); below s_0 the first segment, above the
+  largest size the last segment extrapolates. So every measured median is reproduced and no size range is
+  priced by a line fitted on another range.
+* ``Link.per_kind`` (one alpha/beta per kind, least squares on relative error over all sizes) and the link's
+  own joint alpha/beta stay as before: they price a kind without a size fit. A kind of
+  :data:`REUSED_KIND_FITS` that is not measured borrows its mirror's fits (reduce_scatter <- all_gather).
+
+Stability: :func:`compare_profiles` gives the relative difference of every priced quantity between two
+profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-core machine shared with other
+jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section).
+
+The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
+``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
+(without those: no slowdown, full overlap, the optimizer priced at memory bandwidth).
+``python -m cost_model.calibrate -o profile.json`` writes one.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
-import socket
 import statistics
 import time
 import warnings
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from cost_model.communication import alpha_beta_coefficients
+from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec
+from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_contention, measure_optimizer,
+                                median_time_s)
 from cost_model.topology import Cluster, Link
 
-__all__ = ["Profile", "calibrate", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives", "fit_link",
-           "DEFAULT_MESSAGE_SIZES_BYTES", "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
+__all__ = ["Profile", "calibrate", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
+           "fit_link", "fit_size_segments", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
+           "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
 
-PROFILE_FORMAT_VERSION = 2
-_READABLE_FORMAT_VERSIONS = (1, 2)  # version 1: links without per_kind overrides
-DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22)
+PROFILE_FORMAT_VERSION = 3
+_READABLE_FORMAT_VERSIONS = (1, 2, 3)  # 1: no per_kind overrides; 2: no size fits, contention, optimizer
+# 4 KiB .. 256 MiB: the gradient buckets (25 MiB) and the gathered parameters/activations of the plans priced here.
+DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
+QUICK_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 DEFAULT_MATMUL_SIZES = (512, 1024, 2048)
-CALIBRATED_KINDS = ("all_reduce", "all_gather")
-MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
-# A kind that is not measured borrows the per-kind fit of its mirror (same ring steps and bytes factor).
+CALIBRATED_KINDS = MEASURABLE_KINDS
+# A kind that is not measured borrows the fits of its mirror (same ring steps and bytes factor).
 REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
-_WORKER_TIMEOUT_S = 60
 CALIBRATION_NUM_THREADS = 1
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A calibration result: the CPU as a device, and a fitted Link per process count (joint alpha/beta plus
-    per-kind overrides in ``Link.per_kind``, see the module docstring)."""
+    """A calibration result: the CPU as a device (one process alone), a fitted Link per process count
+    (joint alpha/beta, per-kind overrides ``Link.per_kind``, piecewise ``Link.size_fits``), and per process
+    count ``n``: ``contention[n] = (matmul, memory[, optimizer])`` slowdown of each of n concurrent processes and
+    ``comm_overlap[n]`` (fraction of a collective that hides under compute); ``cpu_count``: the machine's cores."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
+    contention: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    comm_overlap: Mapping[int, float] = field(default_factory=dict)
+    cpu_count: int | None = None
+
+    def device_for(self, nprocs: int) -> DeviceSpec:
+        """The device as each of ``nprocs`` ranks sharing this machine sees it: FLOP/s and bytes/s divided by the
+        measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` of that count (unchanged where
+        the profile did not measure them)."""
+        device = self.device
+        if nprocs in self.contention:
+            device = device.scaled(*self.contention[nprocs])
+        if nprocs in self.comm_overlap:
+            device = dataclasses.replace(device, comm_overlap=self.comm_overlap[nprocs])
+        return device
 
     def cluster(self, nprocs: int) -> Cluster:
-        """A Cluster of 1 node x ``nprocs`` devices whose intra- and inter-node links are the fitted one.
+        """A Cluster of 1 node x ``nprocs`` devices (:meth:`device_for`) whose links are the fitted one.
 
         Raises:
             ValueError: ``nprocs`` was not calibrated; lists the calibrated counts.
@@ -84,22 +115,14 @@ class Profile:
             raise ValueError(f"no link calibrated for nprocs={nprocs}; calibrated: {sorted(self.links)}. "
                              f"Remedy: calibrate(nprocs=({nprocs},))")
         link = self.links[nprocs]
-        return Cluster(self.device, num_nodes=1, devices_per_node=nprocs, intra_node_link=link, inter_node_link=link)
+        return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
+                       inter_node_link=link)
 
 
 def time_callable_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
-    """Best (minimum) wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
-
-    The minimum, not the median: on a shared machine it is the run least disturbed by other processes.
-    """
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return min(samples)
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs
+    (:func:`cost_model.measure.median_time_s`)."""
+    return median_time_s(fn, repeats, warmup)
 
 
 @contextlib.contextmanager
@@ -136,95 +159,6 @@ def _measure_launch_overhead_s() -> float:
     return time_callable_s(lambda: torch.add(a, b), repeats=2000, warmup=200)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, ...],
-                       sizes_bytes: tuple[int, ...], repeats: int, inner: int, queue) -> None:
-    """Spawned worker: time each (kind, size) on rank 0 and put the results on ``queue``.
-
-    One sample = ``inner`` back-to-back collectives after a barrier, divided by ``inner`` (amortises the
-    barrier skew); the result is the minimum of ``repeats`` samples (least disturbed by other processes)."""
-    import torch.distributed as dist
-    try:
-        torch.set_num_threads(1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=_WORKER_TIMEOUT_S))
-        results: dict[str, dict[int, float]] = {}
-        for kind in kinds:
-            results[kind] = {}
-            for nbytes in sizes_bytes:
-                numel = max(1, nbytes // 4)
-                if kind == "all_reduce":
-                    buf = torch.ones(numel)
-                    op = lambda: dist.all_reduce(buf)  # noqa: E731
-                elif kind == "all_gather":  # nbytes is the OUTPUT size (nccl-tests convention)
-                    out = torch.empty(numel - numel % world_size or world_size)
-                    inp = torch.ones(out.numel() // world_size)
-                    op = lambda: dist.all_gather_single(out, inp)  # noqa: E731
-                else:  # reduce_scatter: nbytes is the INPUT size (nccl-tests convention)
-                    inp = torch.ones(numel - numel % world_size or world_size)
-                    out = torch.empty(inp.numel() // world_size)
-                    op = lambda: dist.reduce_scatter_single(out, inp)  # noqa: E731
-                op()  # warm-up (connection set-up, allocation)
-                samples = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    start = time.perf_counter()
-                    for _ in range(inner):
-                        op()
-                    samples.append((time.perf_counter() - start) / inner)
-                results[kind][nbytes] = min(samples)
-        if rank == 0:
-            queue.put(("ok", results))
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception as exc:  # reported to the parent, which raises
-        queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
-    finally:
-        os._exit(0)
-
-
-def measure_collectives(nprocs: int, kinds: Sequence[str] = CALIBRATED_KINDS,
-                        sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
-                        repeats: int = 15, inner: int = 1) -> dict[str, dict[int, float]]:
-    """Best-of-``repeats`` seconds of each collective ``kind`` and size (bytes, nccl-tests convention) over gloo.
-
-    Spawns ``nprocs`` processes (``torch.multiprocessing`` spawn context) on 127.0.0.1.
-
-    Raises:
-        ValueError: a kind outside :data:`MEASURABLE_KINDS`.
-        RuntimeError: a worker failed or no result arrived within the worker timeout (60 s); names the rank.
-    """
-    unknown = [k for k in kinds if k not in MEASURABLE_KINDS]
-    if unknown:
-        raise ValueError(f"cannot measure collective kinds {unknown}; measurable: {MEASURABLE_KINDS}")
-    ctx = torch.multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_collective_worker,
-                         args=(rank, nprocs, port, tuple(kinds), tuple(sizes_bytes), repeats, inner, queue))
-             for rank in range(nprocs)]
-    for proc in procs:
-        proc.start()
-    try:
-        status, payload = queue.get(timeout=_WORKER_TIMEOUT_S + 30)
-    except Exception as exc:
-        raise RuntimeError(f"gloo calibration with {nprocs} processes produced no result in time") from exc
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-    if status != "ok":
-        raise RuntimeError(f"gloo calibration with {nprocs} processes failed: {payload}")
-    return payload
-
-
 def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
     """``(alpha_s, beta_bytes_per_s)`` minimising relative error of ``steps*alpha + factor*nbytes/beta``."""
     rows = np.array([[alpha_beta_coefficients(kind, n)[0], alpha_beta_coefficients(kind, n)[1] * nbytes]
@@ -241,7 +175,8 @@ def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str)
     return float(alpha), float(1 / inv_beta)
 
 
-def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted", per_kind: bool = False) -> Link:
+def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted", per_kind: bool = False,
+             size_fits: bool = False) -> Link:
     """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
 
     Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
@@ -252,6 +187,8 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
             :func:`cost_model.collective_time_s` prices it) and store the fits as ``Link.per_kind``
             overrides; a kind of :data:`REUSED_KIND_FITS` that was not measured (reduce_scatter) gets a copy
             of its mirror's fit (all_gather). A kind needs samples at >= 2 message sizes.
+        size_fits: also fit each kind piecewise (:func:`fit_size_segments`, one process count per kind) into
+            ``Link.size_fits``; an unmeasured kind of :data:`REUSED_KIND_FITS` borrows its mirror's segments.
 
     Raises:
         ValueError: fewer than 2 samples (per kind with ``per_kind``), or the joint fit gives no positive
@@ -275,7 +212,77 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
         for kind, mirror in REUSED_KIND_FITS.items():
             if kind not in overrides and mirror in overrides:
                 overrides[kind] = overrides[mirror]
-    return Link(name=name, latency_s=alpha, bandwidth_bytes_per_s=beta, per_kind=overrides)
+    segments: dict[str, tuple[tuple[float, float, float], ...]] = {}
+    if size_fits:
+        for kind in sorted({kind for kind, *_ in samples}):
+            segments[kind] = fit_size_segments([(n, b, t) for k, n, b, t in samples if k == kind], kind)
+        for kind, mirror in REUSED_KIND_FITS.items():
+            if kind not in segments and mirror in segments:
+                segments[kind] = segments[mirror]
+    return Link(name=name, latency_s=alpha, bandwidth_bytes_per_s=beta, per_kind=overrides, size_fits=segments)
+
+
+_MIN_INV_BANDWIDTH = 1e-15  # s/B: a flat segment (same median at two sizes) prices its bytes at 1 PB/s
+
+
+def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> tuple[tuple[float, float, float], ...]:
+    """Piecewise alpha-beta segments ``(upper_nbytes, latency_s, bandwidth_bytes_per_s)`` of one kind (module
+    docstring) from ``(num_ranks, nbytes, seconds)`` samples at >= 2 sizes, one process count.
+
+    Medians are first made non-decreasing in size by a suffix minimum (``t_i = min_{j >= i} t_j``: a smaller
+    message never costs more than a larger one; on a shared machine noise only slows a sample down, so an
+    inversion is taken as noise on the smaller size), then
+    each pair of consecutive sizes s_i < s_{i+1} gives the line ``steps * alpha + factor * nbytes / beta``
+    through both (``alpha_beta_coefficients(kind, num_ranks)``); alpha < 0 is clamped to 0 and the slope
+    refitted through the upper point. Segment i covers sizes up to s_{i+1}.
+
+    Raises:
+        ValueError: fewer than 2 distinct sizes, several process counts, or a non-positive time.
+    """
+    ranks = {n for n, _, _ in samples}
+    by_size: dict[int, list[float]] = {}
+    for _, nbytes, seconds in samples:
+        by_size.setdefault(nbytes, []).append(seconds)
+    if len(ranks) != 1 or len(by_size) < 2 or any(t <= 0 for _, _, t in samples):
+        raise ValueError(f"fit_size_segments({kind!r}): needs samples of one process count (got {sorted(ranks)}) at "
+                         f">= 2 message sizes (got {sorted(by_size)}) with positive times; measure more sizes")
+    steps, factor = alpha_beta_coefficients(kind, ranks.pop())
+    sizes = sorted(by_size)
+    medians = [statistics.median(by_size[b]) for b in sizes]
+    times = list(np.minimum.accumulate(medians[::-1])[::-1])  # t_i = min over sizes >= s_i
+    segments = []
+    for (s0, t0), (s1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
+        inv_beta = max((t1 - t0) / (factor * (s1 - s0)), _MIN_INV_BANDWIDTH)
+        alpha = (t0 - factor * s0 * inv_beta) / steps
+        if alpha < 0:
+            alpha, inv_beta = 0.0, t1 / (factor * s1)
+        segments.append((float(s1), float(alpha), float(1 / inv_beta)))
+    return tuple(segments)
+
+
+def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
+    """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
+    memory and optimizer bytes/s, and for each process count both calibrated, the contention factors, the
+    comm_overlap (absolute difference) and each size-fitted collective kind at each segment's upper size
+    (seconds through :func:`cost_model.communication.flat_collective_time_s`). Keys name the quantity."""
+    out: dict[str, float] = {}
+    da, db = a.device, b.device
+    out["matmul_flops_per_s"] = db.peak_flops_per_s[torch.float32] / da.peak_flops_per_s[torch.float32] - 1
+    out["memory_bytes_per_s"] = db.hbm_bytes_per_s / da.hbm_bytes_per_s - 1
+    if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
+        out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
+    for n in sorted(set(a.links) & set(b.links)):
+        if n in a.contention and n in b.contention:
+            for i, what in enumerate(("matmul", "memory", "optimizer")[:min(len(a.contention[n]), len(b.contention[n]))]):
+                out[f"x{n} contention {what}"] = b.contention[n][i] / a.contention[n][i] - 1
+        if n in a.comm_overlap and n in b.comm_overlap:
+            out[f"x{n} comm_overlap (abs)"] = b.comm_overlap[n] - a.comm_overlap[n]
+        la, lb = a.links[n], b.links[n]
+        for kind in sorted(set(la.size_fits) & set(lb.size_fits)):
+            for upper, *_ in la.size_fits[kind]:
+                ta, tb = (flat_collective_time_s(kind, upper, n, link) for link in (la, lb))
+                out[f"x{n} {kind} {int(upper) >> 10} KiB"] = tb / ta - 1
+    return out
 
 
 def _profile_to_json(profile: Profile, measurements: dict) -> dict:
@@ -284,14 +291,18 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
         "format_version": PROFILE_FORMAT_VERSION,
         "torch_version": torch.__version__,
         "num_threads": CALIBRATION_NUM_THREADS,
+        "cpu_count": profile.cpu_count,
         "device": {
             "name": dev.name,
             "peak_flops_per_s": {str(k).removeprefix("torch."): v for k, v in dev.peak_flops_per_s.items()},
             "hbm_bytes": dev.hbm_bytes, "hbm_bytes_per_s": dev.hbm_bytes_per_s,
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
-            "launch_overhead_s": dev.launch_overhead_s,
+            "launch_overhead_s": dev.launch_overhead_s, "optimizer_bytes_per_s": dev.optimizer_bytes_per_s,
+            "optimizer_tensor_s": dev.optimizer_tensor_s,
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
+        "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
+        "comm_overlap": {str(n): v for n, v in profile.comm_overlap.items()},
         "measurements": measurements,
     }
 
@@ -301,17 +312,22 @@ def _link_to_json(link: Link) -> dict:
     if link.per_kind:
         out["per_kind"] = {kind: {"latency_s": alpha, "bandwidth_bytes_per_s": beta}
                            for kind, (alpha, beta) in link.per_kind.items()}
+    if link.size_fits:
+        out["size_fits"] = {kind: [{"upper_nbytes": u, "latency_s": a, "bandwidth_bytes_per_s": b} for u, a, b in segs]
+                            for kind, segs in link.size_fits.items()}
     return out
 
 
 def _link_from_json(spec: dict) -> Link:
     per_kind = {kind: (v["latency_s"], v["bandwidth_bytes_per_s"]) for kind, v in spec.get("per_kind", {}).items()}
+    size_fits = {kind: tuple((v["upper_nbytes"], v["latency_s"], v["bandwidth_bytes_per_s"]) for v in segs)
+                 for kind, segs in spec.get("size_fits", {}).items()}
     return Link(name=spec["name"], latency_s=spec["latency_s"], bandwidth_bytes_per_s=spec["bandwidth_bytes_per_s"],
-                per_kind=per_kind)
+                per_kind=per_kind, size_fits=size_fits)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
-    """Read a profile JSON written by :func:`calibrate` (format version 2, or 1 without per-kind overrides).
+    """Read a profile JSON written by :func:`calibrate` (format version 3, or 1/2 without the newer fields).
 
     Raises:
         ValueError: wrong format version or missing keys; says to re-run calibration.
@@ -327,39 +343,51 @@ def load_profile(path: str | os.PathLike) -> Profile:
             peak_flops_per_s={getattr(torch, k): v for k, v in dev["peak_flops_per_s"].items()},
             hbm_bytes=dev["hbm_bytes"], hbm_bytes_per_s=dev["hbm_bytes_per_s"],
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
-            launch_overhead_s=dev["launch_overhead_s"], kind="cpu")  # calibrate measures this machine's CPU
+            launch_overhead_s=dev["launch_overhead_s"], kind="cpu",  # calibrate measures this machine's CPU
+            optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0))
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
+        contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
+                      for n, v in data.get("contention", {}).items()}
+        overlap = {int(n): float(v) for n, v in data.get("comm_overlap", {}).items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
-    return Profile(device=device, links=links)
+    return Profile(device=device, links=links, contention=contention, comm_overlap=overlap,
+                   cpu_count=data.get("cpu_count"))
 
 
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-              repeats: int = 15, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True) -> Profile:
+              repeats: int = 9, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
+              contention: bool = True) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
-    Takes ~30 s with the defaults on a 2-core machine (process start-up dominates).
+    Takes ~2-3 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
+    dominate); ``message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES`` about a minute.
 
     Args:
+        nprocs: gloo process counts to calibrate (each >= 2).
+        repeats: samples per collective below 4 MiB (fewer above: :func:`cost_model.measure.repeats_for`).
         kinds: collectives to measure (subset of :data:`MEASURABLE_KINDS`, >= 1).
-        per_kind: also fit per-kind ``Link.per_kind`` overrides (module docstring); ``False`` gives the
-            joint fit only (the behaviour of format version 1).
+        per_kind: fit per-kind ``Link.per_kind`` overrides and piecewise ``Link.size_fits`` (module docstring);
+            ``False`` gives the joint fit only (the behaviour of format version 1).
+        contention: measure the compute slowdown of ``nprocs`` concurrent processes (``Profile.contention``).
 
     Raises:
         ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
-        RuntimeError: a gloo worker failed (see measure_collectives).
+        RuntimeError: a gloo worker failed (see :func:`cost_model.measure.measure_collectives`).
     """
     if any(not isinstance(n, int) or n < 2 for n in nprocs):
         raise ValueError(f"nprocs={tuple(nprocs)}: each process count must be an int >= 2")
     kinds = tuple(kinds)
     if not kinds or any(k not in MEASURABLE_KINDS for k in kinds):
         raise ValueError(f"kinds={kinds}: measure >= 1 of {MEASURABLE_KINDS}")
-    steps = ["matmul", "memory", "launch"] + [f"gloo x{n}" for n in nprocs]
+    steps = ["matmul", "memory", "launch", "optimizer"] + (["contention"] if contention else []) \
+        + [f"gloo x{n}" for n in nprocs]
     bar = tqdm(total=len(steps), desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
+    started = time.perf_counter()
 
     def step(label: str) -> None:
         bar.set_postfix_str(label)
@@ -374,23 +402,36 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         step("launch")
         launch_s = _measure_launch_overhead_s()
         bar.update()
-    measurements.update(matmul_flops_per_s=flops_per_s, memory_bytes_per_s=bytes_per_s, launch_overhead_s=launch_s)
+        step("optimizer")
+        optimizer_bytes_per_s, optimizer_tensor_s = measure_optimizer()
+        bar.update()
+    measurements.update(matmul_flops_per_s=flops_per_s, memory_bytes_per_s=bytes_per_s, launch_overhead_s=launch_s,
+                        optimizer_bytes_per_s=optimizer_bytes_per_s, optimizer_tensor_s=optimizer_tensor_s)
     device = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: flops_per_s},
                         hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                         hbm_bytes_per_s=bytes_per_s, matmul_efficiency=1.0, memory_efficiency=1.0,
-                        launch_overhead_s=launch_s, kind="cpu")
-    links = {}
+                        launch_overhead_s=launch_s, kind="cpu", optimizer_bytes_per_s=optimizer_bytes_per_s,
+                        optimizer_tensor_s=optimizer_tensor_s)
+    slowdown: dict[int, tuple[float, ...]] = {}
+    if contention:
+        step("contention")
+        slowdown = measure_contention(tuple(nprocs))
+        bar.update()
+    links, overlap = {}, {}
     for n in nprocs:
         step(f"gloo x{n}")
-        timings = measure_collectives(n, kinds, message_sizes_bytes, repeats)
+        got = measure_collectives(n, kinds, message_sizes_bytes, repeats)
+        timings, overlap[n] = got["collectives"], got["comm_overlap"]
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
-        links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind)
+        links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
         bar.update()
     bar.close()
-    if per_kind:  # say which overrides are copies of another kind's fit rather than measured
+    if per_kind:  # say which fits are copies of another kind's rather than measured
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
-    profile = Profile(device=device, links=links)
+    measurements["seconds"] = time.perf_counter() - started
+    measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
+    profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count())
     if out_path is not None:
         with open(out_path, "w") as f:
             json.dump(_profile_to_json(profile, measurements), f, indent=2, sort_keys=True)
@@ -398,25 +439,73 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     return profile
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """CLI: ``python -m cost_model.calibrate -o profile.json [--nprocs 2 4]``."""
-    parser = argparse.ArgumentParser(description="Calibrate the cost model on this machine.")
-    parser.add_argument("-o", "--out", required=True, help="profile JSON to write")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
-                        help="gloo process counts (default: 2 4)")
-    args = parser.parse_args(argv)
-    profile = calibrate(nprocs=tuple(args.nprocs), out_path=args.out)
-    reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in CALIBRATED_KINDS}
+def refit(path: str | os.PathLike, out_path: str | os.PathLike | None = None) -> Profile:
+    """The profile at ``path`` with its links fitted again from the collective medians it recorded (after a
+    change of the fitting rules: no new measurement); written to ``out_path`` if given.
+
+    Raises:
+        ValueError: the profile records no collective measurements (re-run calibration).
+    """
+    profile = load_profile(path)
+    with open(path) as f:
+        data = json.load(f)
+    measured = data.get("measurements", {}).get("collectives")
+    if not measured:
+        raise ValueError(f"{path}: records no collective measurements to refit; re-run `python -m cost_model.calibrate`")
+    links = {}
+    for n, by_kind in measured.items():
+        samples = [(kind, int(n), int(b), t) for kind, by_size in by_kind.items() for b, t in by_size.items()]
+        links[int(n)] = fit_link(samples, name=f"gloo_x{n}", per_kind=True, size_fits=True)
+    profile = dataclasses.replace(profile, links=links)
+    if out_path is not None:
+        with open(out_path, "w") as f:
+            json.dump(_profile_to_json(profile, data["measurements"]), f, indent=2, sort_keys=True)
+            f.write("\n")
+    return profile
+
+
+def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
+    """One line per calibrated process count: compute, contention, overlap and each kind's fit (a kind of
+    :data:`REUSED_KIND_FITS` outside the measured ``kinds``, default :data:`CALIBRATED_KINDS`, is named as
+    borrowed, not printed as measured)."""
+    kinds = CALIBRATED_KINDS if kinds is None else kinds
+    dev = profile.device
+    reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
+    lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
+             f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor"]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
-        if kind in reused:  # not measured: say so instead of printing the other kind's numbers as its own
+        if kind in reused:
             return f"; {kind} = {reused[kind]}'s fit (reused, not measured)"
         return f"; {kind} alpha={alpha_s * 1e6:.1f} us beta={beta / 1e9:.2f} GB/s"
-    print(f"wrote {args.out}: {profile.device.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
-          f"{profile.device.hbm_bytes_per_s / 1e9:.1f} GB/s, "
-          + ", ".join(f"x{n}: alpha={l.latency_s * 1e6:.1f} us beta={l.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
-                      + "".join(fit(k, a, b) for k, (a, b) in l.per_kind.items())
-                      for n, l in profile.links.items()))
+    for n, link in profile.links.items():
+        slow = profile.contention.get(n)
+        lines.append(f"x{n}: alpha={link.latency_s * 1e6:.1f} us beta={link.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+                     + (f", compute slowdown x{slow[0]:.2f} (memory x{slow[1]:.2f}"
+                        + (f", AdamW x{slow[2]:.2f}" if len(slow) > 2 else "") + ")" if slow else "")
+                     + (f", comm overlap {profile.comm_overlap[n]:.2f}" if n in profile.comm_overlap else "")
+                     + "".join(fit(k, a, b) for k, (a, b) in link.per_kind.items()))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: ``python -m cost_model.calibrate -o profile.json [--nprocs 2 4] [--quick] [--compare OLD.json]``."""
+    parser = argparse.ArgumentParser(description="Calibrate the cost model on this machine.")
+    parser.add_argument("-o", "--out", required=True, help="profile JSON to write")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4], help="gloo process counts (default: 2 4)")
+    parser.add_argument("--quick", action="store_true", help="messages up to 64 MiB instead of 256 MiB")
+    parser.add_argument("--compare", help="an earlier profile JSON: print the relative differences to it")
+    args = parser.parse_args(argv)
+    sizes = QUICK_MESSAGE_SIZES_BYTES if args.quick else DEFAULT_MESSAGE_SIZES_BYTES
+    profile = calibrate(nprocs=tuple(args.nprocs), out_path=args.out, message_sizes_bytes=sizes)
+    print(f"wrote {args.out}\n" + summary(profile))
+    if args.compare:
+        diffs = compare_profiles(load_profile(args.compare), profile)
+        worst = max(diffs, key=lambda k: abs(diffs[k]))
+        print(f"vs {args.compare}: median |difference| {statistics.median(abs(v) for v in diffs.values()):.1%}, "
+              f"largest {worst} {diffs[worst]:+.1%}; " + ", ".join(f"{k} {v:+.1%}" for k, v in diffs.items()))
+
 
 if __name__ == "__main__":
     main()

@@ -62,7 +62,7 @@ import math
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s",
-           "collective_time_s"]
+           "collective_time_s", "overlapped_comm_exposed_s"]
 
 ALGORITHMS = ("ring", "tree")
 
@@ -104,7 +104,7 @@ def alpha_beta_coefficients(kind: str, num_ranks: int, algorithm: str = "ring") 
 def flat_collective_time_s(kind: str, nbytes: float, num_ranks: int, link: Link, algorithm: str = "ring") -> float:
     """Seconds for ``kind`` on ``num_ranks`` ranks all connected by ``link`` (no hierarchy).
 
-    Uses ``link.alpha_beta(kind)``: the link's per-kind override for ``kind`` if it has one.
+    Uses ``link.alpha_beta(kind, nbytes)``: the link's size fit or per-kind override for ``kind`` if it has one.
 
     Args:
         nbytes: bytes in the nccl-tests convention (module docstring), >= 0.
@@ -117,7 +117,7 @@ def flat_collective_time_s(kind: str, nbytes: float, num_ranks: int, link: Link,
     steps, factor = alpha_beta_coefficients(kind, num_ranks, algorithm)
     if nbytes == 0 or steps == 0:
         return 0.0
-    latency_s, bandwidth_bytes_per_s = link.alpha_beta(kind)
+    latency_s, bandwidth_bytes_per_s = link.alpha_beta(kind, nbytes)
     return steps * latency_s + factor * nbytes / bandwidth_bytes_per_s
 
 
@@ -162,10 +162,45 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
         return (flat_collective_time_s(kind, nbytes / g, m, inter)
                 + flat_collective_time_s(kind, nbytes, g, intra))
     if kind == "all_to_all":
-        (intra_alpha, intra_beta), (inter_alpha, inter_beta) = intra.alpha_beta(kind), inter.alpha_beta(kind)
+        (intra_alpha, intra_beta), (inter_alpha, inter_beta) = intra.alpha_beta(kind, nbytes), inter.alpha_beta(kind, nbytes)
         return ((g - 1) * (intra_alpha + nbytes / n / intra_beta)
                 + (n - g) * (inter_alpha + nbytes / n / inter_beta))
     if kind == "broadcast":
         return (flat_collective_time_s("broadcast", nbytes, m, inter, algorithm)
                 + flat_collective_time_s("broadcast", nbytes, g, intra, algorithm))
     return flat_collective_time_s("send_recv", nbytes, 2, inter)
+
+
+def overlapped_comm_exposed_s(ready_s: list[float] | tuple[float, ...], comm_s: list[float] | tuple[float, ...],
+                              compute_end_s: float, overlap: float = 1.0) -> float:
+    """Seconds by which bucketed, asynchronous communication delays the end of a computation it overlaps.
+
+    The formulation (DDP-style gradient buckets, ``parallelizer.rewriter.grad_sync``): bucket ``b`` becomes
+    ready at ``ready_s[b]`` (seconds after backward began: the backward compute and blocking collectives that
+    produce its last gradient) and its collective takes ``comm_s[b]``; the collectives run one at a time in
+    bucket order on the communication thread, so bucket b finishes at
+    ``finish_b = max(ready_s[b], finish_{b-1}) + comm_s[b]`` (``finish_{-1} = 0``). Backward's own work ends
+    at ``compute_end_s``; the step waits for the last bucket, so the hidden schedule delays it by
+    ``max(0, finish_last - compute_end_s)``. Only a fraction ``overlap`` of the communication can hide (the
+    device's ``DeviceSpec.comm_overlap``: 1 when communication has its own engine, less when it competes with
+    compute for the same cores); the rest is paid in full::
+
+        exposed_s = overlap * max(0, finish_last - compute_end_s) + (1 - overlap) * sum(comm_s)
+
+    Bounds: ``max(0, sum(comm_s) - compute_end_s) <= exposed_s <= sum(comm_s)`` for ready times within
+    ``[0, compute_end_s]`` and the last bucket's ``comm_s`` is always exposed when it is ready at the end.
+
+    Raises:
+        ValueError: lengths differ, a negative time, or ``overlap`` outside [0, 1].
+    """
+    if len(ready_s) != len(comm_s):
+        raise ValueError(f"overlapped_comm_exposed_s: {len(ready_s)} ready times but {len(comm_s)} bucket times")
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap={overlap!r}: must be a fraction in [0, 1]")
+    if any(t < 0 for t in (*ready_s, *comm_s)) or compute_end_s < 0:
+        raise ValueError(f"overlapped_comm_exposed_s: times must be >= 0 (ready {list(ready_s)}, comm {list(comm_s)}, "
+                         f"compute_end {compute_end_s})")
+    finish = 0.0
+    for ready, comm in zip(ready_s, comm_s):
+        finish = max(ready, finish) + comm
+    return overlap * max(0.0, finish - compute_end_s) + (1 - overlap) * sum(comm_s)

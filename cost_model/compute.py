@@ -53,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
 from cost_model.hardware import DeviceSpec
 
-__all__ = ["OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "is_identity_dropout", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
+__all__ = ["optimizer_step_time_s", "OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "is_identity_dropout", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
            "BACKWARD_BYTES_FACTOR"]
 
 BACKWARD_FLOPS_FACTOR = 2  # backward FLOPs / forward FLOPs of matmul-like ops (see module docstring)
@@ -259,3 +259,31 @@ def graph_flops(graph_module: torch.fx.GraphModule) -> tuple[int, int]:
         if flops and _has_backward(args, kwargs, out):
             bwd_total += BACKWARD_FLOPS_FACTOR * flops
     return fwd_total, bwd_total
+
+
+def optimizer_step_time_s(numel: int, num_tensors: int, bytes_per_element: tuple[int, int, int],
+                          device: DeviceSpec) -> float:
+    """Seconds of one optimizer step over ``numel`` local parameter elements in ``num_tensors`` tensors.
+
+    The step is memory-bound (AdamW: a few FLOPs per element, Loshchilov & Hutter 2019, Alg. 2): every element's
+    parameter and optimizer state are read and written once and its gradient is read once, so with
+    ``bytes_per_element = (param, grad, optimizer state)`` bytes (``cost_model.memory.BYTES_PER_PARAM``)::
+
+        traffic_bytes = numel * (2 * param + grad + 2 * optimizer_state)     # fp32 AdamW: 28 B/element
+        time_s = traffic_bytes / device.optimizer_bytes_per_s + num_tensors * device.optimizer_tensor_s
+
+    ``optimizer_bytes_per_s`` defaults to the achievable memory bandwidth (a fused one-pass update, as torch's
+    fused AdamW); calibration measures torch's default AdamW on the CPU, whose several passes per element and
+    per-tensor dispatch the two measured constants absorb (``cost_model.calibrate``).
+
+    Raises:
+        ValueError: negative counts or byte sizes.
+    """
+    if numel < 0 or num_tensors < 0 or any(b < 0 for b in bytes_per_element):
+        raise ValueError(f"optimizer_step_time_s: numel={numel}, num_tensors={num_tensors}, "
+                         f"bytes_per_element={bytes_per_element}: must be >= 0")
+    param, grad, state = bytes_per_element
+    if numel == 0:
+        return 0.0
+    bandwidth = device.optimizer_bytes_per_s or device.achievable_bytes_per_s
+    return numel * (2 * param + grad + 2 * state) / bandwidth + num_tensors * device.optimizer_tensor_s

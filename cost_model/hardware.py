@@ -21,6 +21,7 @@ Presets (sources named per constant): :data:`A100_40GB`, :data:`A100_80GB`, :dat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -66,6 +67,15 @@ class DeviceSpec:
         matmul_efficiency: achievable fraction of ``peak_flops_per_s`` for matmul-like ops, in (0, 1].
         memory_efficiency: achievable fraction of ``hbm_bytes_per_s``, in (0, 1].
         launch_overhead_s: fixed seconds added per kernel (launch + scheduling), >= 0.
+        optimizer_bytes_per_s: bytes/s the optimizer step streams (its traffic per parameter element:
+            :func:`cost_model.compute.optimizer_step_time_s`); ``None``: ``achievable_bytes_per_s`` (a fused,
+            memory-bound update, as torch's fused/foreach AdamW on GPUs). Calibration measures torch's AdamW.
+        optimizer_tensor_s: fixed seconds per parameter tensor of one optimizer step (dispatch of its
+            per-tensor ops), >= 0; 0 for the GPU presets (the fused/foreach kernels batch tensors).
+        comm_overlap: fraction in [0, 1] of communication that can hide under computation when the runtime
+            overlaps them (bucketed gradient sync, :func:`cost_model.communication.overlapped_comm_exposed_s`):
+            1 for the GPU presets (NCCL runs on its own stream/SMs, an assumption); measured by calibration on
+            a CPU, where gloo's threads compete with compute for the cores.
         kind: ``"gpu"`` (the datasheet presets) or ``"cpu"`` (a calibrated machine). The planner's defaults
             follow it: bf16 mixed precision, fused kernels (flash attention, torch.compile pointwise fusion)
             and a memory reserve for CUDA workspaces on ``"gpu"``; fp32, eager kernels and no reserve on
@@ -83,6 +93,9 @@ class DeviceSpec:
     memory_efficiency: float
     launch_overhead_s: float
     kind: str = "gpu"
+    optimizer_bytes_per_s: float | None = None
+    optimizer_tensor_s: float = 0.0
+    comm_overlap: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -106,13 +119,20 @@ class DeviceSpec:
             raise ValueError(
                 f"DeviceSpec.launch_overhead_s={self.launch_overhead_s!r}: must be seconds in [0, 1)"
             )
+        if self.optimizer_bytes_per_s is not None:
+            _check_positive("optimizer_bytes_per_s", self.optimizer_bytes_per_s)
+        if not (isinstance(self.optimizer_tensor_s, (int, float)) and 0 <= self.optimizer_tensor_s < 1):
+            raise ValueError(f"DeviceSpec.optimizer_tensor_s={self.optimizer_tensor_s!r}: must be seconds in [0, 1)")
+        if not (isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1):
+            raise ValueError(f"DeviceSpec.comm_overlap={self.comm_overlap!r}: must be a fraction in [0, 1]")
         if self.kind not in DEVICE_KINDS:
             raise ValueError(f"DeviceSpec.kind={self.kind!r}: use one of {DEVICE_KINDS}")
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
                      self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
-                     self.memory_efficiency, self.launch_overhead_s, self.kind))
+                     self.memory_efficiency, self.launch_overhead_s, self.kind, self.optimizer_bytes_per_s,
+                     self.optimizer_tensor_s, self.comm_overlap))
 
     def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
         """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.
@@ -134,6 +154,30 @@ class DeviceSpec:
     def achievable_bytes_per_s(self) -> float:
         """``hbm_bytes_per_s * memory_efficiency`` in bytes/s."""
         return self.hbm_bytes_per_s * self.memory_efficiency
+
+    def scaled(self, compute_factor: float, memory_factor: float, optimizer_factor: float | None = None) -> "DeviceSpec":
+        """This spec with every FLOP/s divided by ``compute_factor``, every bytes/s divided by ``memory_factor``
+        (the optimizer's by ``compute_factor`` instead when it streams at under half ``hbm_bytes_per_s``: then the
+        step is bound by the core, not by memory, as torch's single-tensor AdamW on a CPU at ~1.5 of ~6-10 GB/s),
+        and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied by ``compute_factor``
+        (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`). A measured
+        ``optimizer_factor`` (the optimizer step's own slowdown) replaces that rule for the optimizer.
+
+        Raises:
+            ValueError: a factor that is not a finite number > 0.
+        """
+        _check_positive("scaled compute_factor", compute_factor)
+        _check_positive("scaled memory_factor", memory_factor)
+        opt = self.optimizer_bytes_per_s
+        if opt is not None and optimizer_factor is not None:
+            _check_positive("scaled optimizer_factor", optimizer_factor)
+            opt /= optimizer_factor
+        elif opt is not None:  # core-bound when it streams at under half the memory bandwidth (AdamW on a CPU)
+            opt /= compute_factor if opt < self.hbm_bytes_per_s / 2 else memory_factor
+        return dataclasses.replace(self, peak_flops_per_s={k: v / compute_factor for k, v in self.peak_flops_per_s.items()},
+                                   hbm_bytes_per_s=self.hbm_bytes_per_s / memory_factor, optimizer_bytes_per_s=opt,
+                                   launch_overhead_s=min(0.5, self.launch_overhead_s * compute_factor),
+                                   optimizer_tensor_s=min(0.5, self.optimizer_tensor_s * compute_factor))
 
 
 def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_gb_per_s: float) -> DeviceSpec:

@@ -18,6 +18,15 @@ kind the override **replaces** alpha and beta of that link; the algorithm's step
 that same factor space (as :func:`cost_model.calibrate.fit_link` does). A kind without an override uses
 the link's ``latency_s`` / ``bandwidth_bytes_per_s``. The presets carry no overrides.
 
+Size-dependent fits (``Link.size_fits``)
+----------------------------------------
+A measured library is not one straight line over message sizes (gloo on a shared CPU: messages of 1-64 MiB
+ran 1.3-6.4x slower than a line fitted on 4 KiB-4 MiB). ``Link.size_fits`` maps a kind to a piecewise fit:
+segments ``(upper_nbytes, latency_s, bandwidth_bytes_per_s)`` sorted by ``upper_nbytes``; a message of
+``nbytes`` (nccl-tests convention) is priced with the first segment whose ``upper_nbytes >= nbytes``, and
+beyond the last segment with the last one (its slope extrapolates). For its kind a size fit takes precedence
+over ``per_kind`` and the link's own alpha/beta; the step and byte factors still apply (same factor space).
+
 Mesh layout
 -----------
 Global ranks are laid out row-major over ``mesh_shape``: the LAST mesh axis varies fastest, so it is
@@ -68,6 +77,8 @@ class Link:
             whose measured alpha/beta differ from the link's (module docstring: the override replaces
             alpha/beta for that kind; step/byte factors still apply). Default: empty (no overrides).
             Stored as a read-only mapping with sorted keys and float pairs.
+        size_fits: optional piecewise fits ``{kind: ((upper_nbytes, latency_s, bandwidth_bytes_per_s), ...)}``
+            (module docstring), segments sorted by ``upper_nbytes``; stored read-only as float triples.
 
     Raises:
         ValueError: naming the field, value and requirement (for overrides also the kind).
@@ -77,6 +88,7 @@ class Link:
     latency_s: float
     bandwidth_bytes_per_s: float
     per_kind: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    size_fits: Mapping[str, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_alpha_beta("Link.", self.latency_s, self.bandwidth_bytes_per_s)
@@ -96,19 +108,53 @@ class Link:
             overrides[kind] = (float(latency_s), float(bandwidth_bytes_per_s))
         # Freeze (immutable, deterministic order) so the Link stays a value.
         object.__setattr__(self, "per_kind", MappingProxyType(overrides))
+        object.__setattr__(self, "size_fits", MappingProxyType(_checked_size_fits(self.size_fits)))
 
     def __hash__(self) -> int:
-        return hash((self.name, self.latency_s, self.bandwidth_bytes_per_s, tuple(self.per_kind.items())))
+        return hash((self.name, self.latency_s, self.bandwidth_bytes_per_s, tuple(self.per_kind.items()),
+                     tuple(self.size_fits.items())))
 
-    def alpha_beta(self, kind: str) -> tuple[float, float]:
-        """``(latency_s, bandwidth_bytes_per_s)`` to price ``kind`` on this link: the override if any.
+    def alpha_beta(self, kind: str, nbytes: float | None = None) -> tuple[float, float]:
+        """``(latency_s, bandwidth_bytes_per_s)`` to price ``kind`` (a message of ``nbytes``) on this link: the
+        size fit's segment for ``nbytes`` if the kind has one and ``nbytes`` is given, else the kind's override
+        if any, else the link's own (module docstring).
 
         Raises:
             ValueError: unknown ``kind``; lists the valid kinds.
         """
         if kind not in COLLECTIVE_KINDS:
             raise ValueError(f"unknown collective kind {kind!r}; use one of {COLLECTIVE_KINDS}")
+        segments = self.size_fits.get(kind)
+        if segments and nbytes is not None:
+            upper, latency_s, bandwidth = next((seg for seg in segments if nbytes <= seg[0]), segments[-1])
+            return latency_s, bandwidth
         return self.per_kind.get(kind, (self.latency_s, self.bandwidth_bytes_per_s))
+
+
+def _checked_size_fits(size_fits: object) -> dict[str, tuple[tuple[float, float, float], ...]]:
+    """`Link.size_fits` validated and normalised (sorted kinds, float triples); raises ValueError naming the entry."""
+    if not isinstance(size_fits, Mapping):
+        raise ValueError(f"Link.size_fits={size_fits!r}: must be a mapping {{kind: ((upper_nbytes, latency_s, "
+                         "bandwidth_bytes_per_s), ...)}}")
+    out: dict[str, tuple[tuple[float, float, float], ...]] = {}
+    for kind in sorted(size_fits):
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"Link.size_fits key {kind!r}: unknown collective kind; use one of {COLLECTIVE_KINDS}")
+        segments = []
+        for i, seg in enumerate(size_fits[kind]):
+            if isinstance(seg, (str, bytes)) or not hasattr(seg, "__len__") or len(seg) != 3:
+                raise ValueError(f"Link.size_fits[{kind!r}][{i}]={seg!r}: must be (upper_nbytes, latency_s, "
+                                 "bandwidth_bytes_per_s)")
+            upper, latency_s, bandwidth = seg
+            if not (isinstance(upper, (int, float)) and upper > 0):
+                raise ValueError(f"Link.size_fits[{kind!r}][{i}].upper_nbytes={upper!r}: must be a number > 0")
+            _check_alpha_beta(f"Link.size_fits[{kind!r}][{i}].", latency_s, bandwidth)
+            segments.append((float(upper), float(latency_s), float(bandwidth)))
+        if not segments or [s[0] for s in segments] != sorted({s[0] for s in segments}):
+            raise ValueError(f"Link.size_fits[{kind!r}]: needs >= 1 segment with strictly increasing upper_nbytes, "
+                             f"got {[s[0] for s in segments]}")
+        out[kind] = tuple(segments)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@
         --global-batch 512 --grad-accum 8 --seq-len 2048 -o plan.json
     parallelizer show plan.json [--all]
     parallelizer rehearse plan.json --nproc 4 [--width auto|real|reduced]
-    parallelizer calibrate -o profile.json [--nprocs 2 4]
+    parallelizer calibrate -o profile.json [--nprocs 2 4] [--quick] [--compare OLD.json]
 
 Batch: `plan` traces ONE forward/backward of `--global-batch / --grad-accum` samples (default grad-accum 1:
 the whole global batch in one step) on the meta device; the planner shards that batch over the data axes.
@@ -134,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--out", required=True, help="profile JSON to write; plan with --cluster PROFILE.json")
     c.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
                    help="process counts whose gloo collectives are measured (default: 2 4)")
+    c.add_argument("--quick", action="store_true", help="messages up to 64 MiB (default: up to 256 MiB)")
+    c.add_argument("--compare", metavar="OLD.json", help="an earlier profile: print how far the new one differs")
     return ap
 
 
@@ -326,7 +328,8 @@ def cmd_calibrate(args) -> int:
     """`parallelizer calibrate`: `cost_model.calibrate` over gloo, written to -o."""
     from cost_model.calibrate import main as calibrate_main
 
-    calibrate_main(["-o", args.out, "--nprocs", *map(str, args.nprocs)])
+    calibrate_main(["-o", args.out, "--nprocs", *map(str, args.nprocs)] + (["--quick"] if args.quick else [])
+                   + (["--compare", args.compare] if args.compare else []))
     return 0
 
 

@@ -1,0 +1,65 @@
+"""Rank-side code of `benchmarks.bench_steptime` (spawned functions must live in an importable module).
+
+`time_rank` builds every case's model on this rank (seeded: all ranks hold the same weights), applies the case's
+plan (`ParallelModule`, the runtime's default gradient buckets) with an AdamW optimizer, and times training
+steps: zero_grad, forward on the full batch (the module takes its own slice), the model's loss
+(`rehearsal._loss`: its own scalar loss, else the mean square of its output), backward, AdamW step, barrier.
+Cases are interleaved: `rounds` rounds, each running `steps_per_round` timed steps of every case in turn, so a
+slow phase of the shared machine hits all cases alike. Returns per case the seconds of every timed step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from parallelizer import zoo
+from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
+from parallelizer.runtime.launch import create_groups
+from parallelizer.runtime.module import ParallelModule
+from parallelizer.runtime.rehearsal import _loss as rehearsal_loss
+from parallelizer.tracer.trace import trace
+
+
+def build(model: str, kwargs: dict):
+    """(model, inputs, kwargs) of a zoo builder by name (`zoo.BUILDERS`)."""
+    model_, inputs, *rest = zoo.BUILDERS[model](**kwargs)
+    return model_, inputs, (rest[0] if rest else {})
+
+
+def _step(pm: ParallelModule, opt: torch.optim.Optimizer, inputs: tuple, kwargs: dict):
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        rehearsal_loss(pm(*inputs, **kwargs)).backward()
+        opt.step()
+        dist.barrier()
+    return step
+
+
+def time_rank(rank: int, world_size: int, cases: list[tuple[str, dict, ShardingSpec]], warmup: int, rounds: int,
+              steps_per_round: int) -> list[list[float]]:
+    """Seconds of each timed step of each (model name, builder kwargs, spec) case on this rank."""
+    torch.set_num_threads(1)  # one compute thread per rank, as calibrated
+    traced_by_model: dict = {}
+    steps = []
+    for model, kwargs, spec in cases:
+        key = (model, tuple(sorted(kwargs.items())))
+        module, inputs, kw = build(model, kwargs)
+        if key not in traced_by_model:
+            traced_by_model[key] = trace(module, inputs, kw)
+        create_groups(all_axis_groups(spec.mesh))
+        pm = ParallelModule(traced_by_model[key], spec, rank, module)
+        steps.append(_step(pm, torch.optim.AdamW(pm.parameters(), lr=1e-4), inputs, kw))
+    for step in steps:
+        for _ in range(warmup):
+            step()
+    seconds: list[list[float]] = [[] for _ in cases]
+    for _ in range(rounds):
+        for i, step in enumerate(steps):
+            for _ in range(steps_per_round):
+                dist.barrier()
+                start = time.perf_counter()
+                step()
+                seconds[i].append(time.perf_counter() - start)
+    return seconds

@@ -1,0 +1,303 @@
+"""Measurements of this machine for :mod:`cost_model.calibrate` (the fitting and the profile live there).
+
+Every figure is a **median** of repeated samples after warm-up (not the fastest sample: on a shared machine
+the fastest is the least disturbed run, which a training step does not get; the median is what a step meets).
+
+* :func:`measure_collectives`: each collective kind over gloo with ``nprocs`` spawned processes (one intra-op
+  thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`). One sample =
+  ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
+  (:func:`repeats_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
+  of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
+  larger: one pair at a time, their buffers being hundreds of MiB per rank). send_recv pairs ranks (0->1, 2->3, ...) concurrently, as pipeline stages do.
+  The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
+  (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
+  clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
+* :func:`measure_contention`: FLOP/s of ``torch.mm``, bytes/s of ``torch.add`` and of an AdamW step per process when ``k``
+  processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
+  seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
+  slower each of ``k`` ranks computes when they share the machine's cores and memory bandwidth.
+* :func:`measure_optimizer`: torch's default AdamW (single thread) on one large tensor and on many small ones:
+  bytes/s of its traffic (28 B per fp32 element, :func:`cost_model.compute.optimizer_step_time_s`) and the
+  fixed seconds per tensor.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for",
+           "median_time_s"]
+
+MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+_OVERLAP_BYTES = 16 << 20
+_MATMUL_N = 256
+_ADAMW_NUMEL = 1 << 20
+_ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
+
+
+def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def repeats_for(nbytes: int, repeats: int) -> int:
+    """Samples taken of a message of ``nbytes``: ``repeats`` below 4 MiB, a third (>= 3) below 64 MiB, else 3."""
+    if nbytes < 4 << 20:
+        return repeats
+    return max(3, repeats // 3) if nbytes < 64 << 20 else 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _collective_op(kind: str, nbytes: int, rank: int, world_size: int):
+    """A zero-argument callable running one collective of ``kind`` on ``nbytes`` (module docstring), or None on a
+    rank that takes no part (send_recv with an odd world size)."""
+    import torch.distributed as dist
+    numel = max(world_size, nbytes // 4)
+    numel -= numel % world_size
+    if kind == "all_reduce":
+        buf = torch.ones(numel)
+        return lambda: dist.all_reduce(buf)
+    if kind == "all_gather":  # nbytes: the OUTPUT size
+        out, inp = torch.empty(numel), torch.ones(numel // world_size)
+        return lambda: dist.all_gather_single(out, inp)
+    if kind == "reduce_scatter":  # nbytes: the INPUT size
+        inp, out = torch.ones(numel), torch.empty(numel // world_size)
+        return lambda: dist.reduce_scatter_single(out, inp)
+    if kind == "all_to_all":  # nbytes: the per-rank send (= receive) buffer
+        inp, out = torch.ones(numel), torch.empty(numel)
+        return lambda: dist.all_to_all_single(out, inp)
+    peer = rank + 1 if rank % 2 == 0 else rank - 1  # send_recv: nbytes is the message
+    if peer >= world_size:
+        return None
+    buf = torch.ones(numel)
+    return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
+
+
+def _measure_overlap(repeats: int = 5) -> float:
+    """comm_overlap of the module docstring (all ranks take part)."""
+    import torch.distributed as dist
+    buf = torch.ones(_OVERLAP_BYTES // 4)
+    a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
+
+    def barrier_timed(fn) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    comm = statistics.median(barrier_timed(lambda: dist.all_reduce(buf)) for _ in range(repeats))
+    one_mm = median_time_s(lambda: torch.mm(a, b), repeats=20)
+    loops = max(1, round(comm / one_mm))
+
+    def compute() -> None:
+        for _ in range(loops):
+            torch.mm(a, b)
+
+    def both() -> None:
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        work.wait()
+
+    comp = statistics.median(barrier_timed(compute) for _ in range(repeats))
+    together = statistics.median(barrier_timed(both) for _ in range(repeats))
+    return min(1.0, max(0.0, (comp + comm - together) / min(comp, comm)))
+
+
+def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:
+    """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round."""
+    import torch.distributed as dist
+    ops = {pair: _collective_op(*pair, rank, world_size) for pair in pairs}
+    samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
+    for r in range(1 + max((repeats_for(n, repeats) for _, n in pairs), default=0)):
+        for (kind, nbytes), op in ops.items():
+            if r > repeats_for(nbytes, repeats):
+                continue
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(inner if op is not None else 0):
+                op()
+            if r:  # round 0: warm-up (connections, first touch of the pages)
+                samples[(kind, nbytes)].append((time.perf_counter() - start) / inner)
+    return samples
+
+
+def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, ...], sizes_bytes: tuple[int, ...],
+                       repeats: int, inner: int, timeout_s: float, queue) -> None:
+    """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap; results on ``queue``."""
+    import torch.distributed as dist
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        small = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes < _ROUND_ROBIN_MAX_BYTES]
+        large = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes >= _ROUND_ROBIN_MAX_BYTES]
+        samples = _sample(small, rank, world_size, repeats, inner)
+        for pair in large:  # one at a time: their buffers are hundreds of MiB per rank
+            samples.update(_sample([pair], rank, world_size, repeats, inner))
+        results: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
+        for (kind, nbytes), got in samples.items():
+            results[kind][nbytes] = statistics.median(got)
+        overlap = _measure_overlap()
+        if rank == 0:
+            queue.put(("ok", {"collectives": results, "comm_overlap": overlap}))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:  # reported to the parent, which raises
+        queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+    finally:
+        os._exit(0)
+
+
+def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
+    """Start ``nprocs`` spawned processes ``target(rank, nprocs, *args, queue)``; return the first result put on
+    the queue. Raises RuntimeError naming ``what`` on a worker error or no result within ``timeout_s``."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, nprocs, *args, queue)) for rank in range(nprocs)]
+    for proc in procs:
+        proc.start()
+    try:
+        status, payload = queue.get(timeout=timeout_s)
+    except Exception as exc:
+        raise RuntimeError(f"{what} with {nprocs} processes produced no result within {timeout_s:.0f} s; the "
+                           "machine may be overloaded: retry, or measure fewer/smaller message sizes") from exc
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    if status != "ok":
+        raise RuntimeError(f"{what} with {nprocs} processes failed: {payload}")
+    return payload
+
+
+def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, sizes_bytes: Sequence[int] = (1 << 20,),
+                        repeats: int = 9, inner: int = 1, timeout_s: float = 600.0) -> dict:
+    """Median seconds of each collective ``kind`` and size over gloo, and ``comm_overlap`` (module docstring).
+
+    Returns:
+        ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction}``.
+
+    Raises:
+        ValueError: a kind outside :data:`MEASURABLE_KINDS`.
+        RuntimeError: a worker failed or no result arrived within ``timeout_s``; names the rank.
+    """
+    unknown = [k for k in kinds if k not in MEASURABLE_KINDS]
+    if unknown:
+        raise ValueError(f"cannot measure collective kinds {unknown}; measurable: {MEASURABLE_KINDS}")
+    return _run_spawned(_collective_worker, nprocs, (_free_port(), tuple(kinds), tuple(sizes_bytes), repeats, inner,
+                                                    timeout_s), timeout_s + 30, "gloo calibration")
+
+
+def _throughput(fn: Callable[[], object], work: float, seconds: float) -> float:
+    """Work per wall-clock second of calling ``fn`` for ``seconds`` (time-slicing counts)."""
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls * work / (time.perf_counter() - start)
+
+
+def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds: int, queue) -> None:
+    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once), for mm, add and
+    an AdamW step; puts ``(rank, {"solo": [mm, add, adamw] rates, "all": [...]})`` (medians over rounds)."""
+    try:
+        torch.set_num_threads(1)
+        a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
+        x, y, z = torch.randn(1 << 22), torch.randn(1 << 22), torch.empty(1 << 22)
+        param = torch.nn.Parameter(torch.randn(_ADAMW_NUMEL))
+        param.grad = torch.randn_like(param)
+        adamw = torch.optim.AdamW([param], lr=1e-3)
+        kernels = ((lambda: torch.mm(a, b), 2 * _MATMUL_N ** 3), (lambda: torch.add(x, y, out=z), 3 * 4 * (1 << 22)),
+                   (adamw.step, 28 * _ADAMW_NUMEL))
+        for fn, _ in kernels:
+            fn()
+        solo: list[list[float]] = [[] for _ in kernels]
+        together: list[list[float]] = [[] for _ in kernels]
+        for _ in range(rounds):
+            for i, (fn, work) in enumerate(kernels):
+                barrier.wait(timeout=120)
+                if rank == 0:
+                    solo[i].append(_throughput(fn, work, window_s))
+                barrier.wait(timeout=120)
+                together[i].append(_throughput(fn, work, window_s))
+        queue.put(("ok", (rank, {"solo": [statistics.median(r) for r in solo] if rank == 0 else None,
+                                 "all": [statistics.median(r) for r in together]})))
+    except Exception as exc:
+        queue.put(("error", f"process {rank}: {type(exc).__name__}: {exc}"))
+
+
+def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
+                       rounds: int = 3) -> dict[int, tuple[float, float, float]]:
+    """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
+    AdamW step on 1M elements), for each ``k`` in ``counts``: the
+    rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
+    measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
+    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0).
+
+    Raises:
+        ValueError: a count < 1.
+        RuntimeError: a process failed or did not report in time.
+    """
+    if any(not isinstance(k, int) or k < 1 for k in counts):
+        raise ValueError(f"counts={tuple(counts)}: each must be an int >= 1")
+    out: dict[int, tuple[float, float, float]] = {}
+    ctx = torch.multiprocessing.get_context("spawn")
+    for k in sorted(set(counts)):
+        if k == 1:
+            out[1] = (1.0, 1.0, 1.0)
+            continue
+        queue, barrier = ctx.Queue(), ctx.Barrier(k)
+        procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, window_s, rounds, queue)) for r in range(k)]
+        for proc in procs:
+            proc.start()
+        try:
+            got = [queue.get(timeout=120 + 4 * rounds * window_s) for _ in range(k)]
+        except Exception as exc:
+            raise RuntimeError(f"contention measurement with {k} processes got no result in time") from exc
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+        errors = [p for status, p in got if status != "ok"]
+        if errors:
+            raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
+        results = [p[1] for _, p in got]
+        solo = next(r["solo"] for r in results if r["solo"] is not None)
+        out[k] = tuple(solo[i] / statistics.median(r["all"][i] for r in results) for i in range(3))
+    return out
+
+
+def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[float, float]:
+    """``(optimizer_bytes_per_s, optimizer_tensor_s)`` of torch's default AdamW in this process (module
+    docstring): the fixed seconds per tensor from ``small_tensors`` 16-element tensors, the bandwidth from one
+    tensor of ``numel`` fp32 elements at 28 B of traffic per element."""
+    def step_s(shapes: list[int]) -> float:
+        params = [torch.nn.Parameter(torch.randn(n)) for n in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        return median_time_s(opt.step, repeats=9, warmup=2)
+
+    per_tensor = step_s([16] * small_tensors) / small_tensors
+    big = step_s([numel])
+    return 28 * numel / max(big - per_tensor, 1e-9), per_tensor

@@ -1,0 +1,165 @@
+"""Step time of a plan as the runtime executes it: what one training step (forward, backward, gradient sync,
+optimizer step) costs on the plan's cluster, built from the same prices as the ILP (`costs.Pricer`).
+
+    step_s = forward compute + forward collectives                        (blocking: on the critical path)
+           + backward compute + backward collectives except bucketed grad sync      (blocking)
+           + exposed bucketed gradient sync                               (what the overlapped sync delays)
+           + optimizer step                                               (memory-bound, `cost_model.compute`)
+
+* Blocking collectives (activation redistributions, FSDP/ZeRO-3 all-gathers and their reduce-scatters,
+  tensor-parallel all-reduces) are priced in full where they run (`costs.Pricer.step_time_s`).
+* Gradient sync of replicated parameters (`Step.kind == "grad_all_reduce"`, DDP) is what the runtime buckets
+  (`rewriter.grad_sync`: first bucket `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES`, in the order backward
+  produces gradients, per mesh axis) and all-reduces asynchronously while backward goes on. Each bucket is
+  priced as ONE all-reduce of its bytes (`collective_time_s`, fewer latencies than per parameter), becomes
+  ready when backward has produced its last gradient (backward run in reverse graph order, blocking
+  collectives included), and the delay it causes is
+  `cost_model.communication.overlapped_comm_exposed_s` (buckets one at a time, only the device's
+  `comm_overlap` fraction can hide). The ILP prices the same sync per parameter and in full: an upper bound
+  of this estimate (the exposed time is <= the full time), so plans the ILP prefers are never priced
+  optimistically; the estimate here is the figure to compare with a measured step.
+* The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
+  parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
+  optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_model.communication import collective_time_s, overlapped_comm_exposed_s
+from cost_model.compute import optimizer_step_time_s
+from cost_model.memory import bytes_per_param
+from cost_model.topology import Cluster, MeshTopology
+
+from ..config import PlanConfig
+from ..errors import PlanMismatchError
+from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
+from ..tracer import TracedGraph
+from .costs import Pricer
+from .plan import Plan
+from .problem import grad_axes
+from .strategies import build_spaces
+
+__all__ = ["StepTime", "estimate_step_time"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Seconds of one training step by part (module docstring). `grad_sync_s` is the bucketed sync in full (the
+    buckets' all-reduces); `grad_sync_exposed_s` the part of it that delays the step; `buckets` their number."""
+
+    forward_compute_s: float
+    backward_compute_s: float
+    blocking_comm_s: float
+    grad_sync_s: float
+    grad_sync_exposed_s: float
+    optimizer_s: float
+    buckets: int
+
+    @property
+    def total_s(self) -> float:
+        """The step: compute + blocking collectives + exposed grad sync + optimizer step, seconds."""
+        return (self.forward_compute_s + self.backward_compute_s + self.blocking_comm_s + self.grad_sync_exposed_s
+                + self.optimizer_s)
+
+
+def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | str | None = None,
+                       topology: MeshTopology | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                       first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> StepTime:
+    """Estimate one training step of `plan` for `traced` on `cluster` (module docstring).
+
+    Args:
+        traced: the TracedGraph the plan was made for.
+        plan: a `Plan` (its recorded config gives precision, optimizer, roles).
+        cluster / topology: what to price on, as for `parallelizer.plan` (`api.resolve_cluster`); a calibration
+            profile path prices on the measured machine.
+        bucket_bytes, first_bucket_bytes: the runtime's gradient buckets (`ParallelModule(grad_bucket_bytes=)`);
+            `bucket_bytes=0` prices every gradient all-reduce as blocking (the synchronous runtime mode).
+
+    Returns:
+        `StepTime`: seconds by part and `total_s`.
+
+    Raises:
+        PlanMismatchError: a node of the plan has a strategy the planner would not offer for `traced` (a plan
+            made for another model or config).
+        ValueError: a profile without a link for the plan's world size (`api.resolve_cluster`).
+    """
+    from .api import resolve_cluster  # api imports this package's modules; import at call time
+    config = PlanConfig.from_record(plan.config)
+    mesh = plan.mesh
+    topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
+    pricer = Pricer(topo, mesh, config, traced)
+    spaces = build_spaces(traced, mesh, config)
+    strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
+    fwd_compute = bwd_compute = blocking = 0.0
+    bwd_work: list[tuple[float, list[tuple[str, int]]]] = []  # per node: (backward seconds, [(axis, grad bytes)])
+    for name, space in spaces.items():
+        s = strat[name]
+        node_bwd, grads = 0.0, []
+        if space.kind == "op":
+            c = pricer.node_cost(traced, traced.nodes[name], space, s)
+            fwd_compute += c.fwd_s
+            node_bwd += c.bwd_s
+            bwd_compute += c.bwd_s
+        for k, ti in enumerate(space.inputs):
+            prod = spaces[ti.producer]
+            req = prod.requires_grad and ti.dtype.is_floating_point
+            is_param = prod.kind == "param"
+            itemsize = pricer.itemsize(ti.dtype)
+            for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),
+                                   req, is_param):
+                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
+                blocking += fwd
+                if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
+                    grads.append((st.mesh_axis, st.bwd_nbytes * pricer.grad_bytes_per_element // itemsize))
+                else:
+                    blocking += bwd
+                    node_bwd += bwd
+        bwd_work.append((node_bwd, grads))
+    ready, comm = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes)
+    backward_end = sum(w for w, _ in bwd_work)
+    exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
+    return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
+                    len(comm))
+
+
+def _chosen(name: str, space, plan: Plan):
+    want = plan.nodes.get(name)
+    for s in space.strategies:
+        if want is not None and (tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output)) == \
+                (tuple(want.inputs), want.output):
+            return s
+    raise PlanMismatchError(f"node {name}: the plan's strategy {want} is not among the strategies the planner offers "
+                            f"on mesh {plan.mesh} for this graph. Remedy: estimate with the model and config the plan "
+                            "was made for")
+
+
+def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes: int):
+    """(ready seconds, all-reduce seconds) per gradient bucket: backward runs the nodes in reverse order; gradients fill a bucket per mesh axis (first one
+    `first_bucket_bytes`, then `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones
+    at the end of backward."""
+    ready, comm, open_bytes, started = [], [], {}, set()
+    t = 0.0
+
+    def close(axis: str, at: float) -> None:
+        comm.append(collective_time_s("all_reduce", open_bytes.pop(axis), topo, (axis,)))
+        ready.append(at)
+        started.add(axis)
+
+    for work, grads in reversed(bwd_work):
+        t += work
+        for axis, nbytes in grads:
+            open_bytes[axis] = open_bytes.get(axis, 0) + nbytes
+            if open_bytes[axis] >= (bucket_bytes if axis in started else first_bucket_bytes):
+                close(axis, t)
+    for axis in sorted(open_bytes):
+        close(axis, t)
+    return ready, comm
+
+
+def _optimizer_s(plan: Plan, pricer: Pricer, config: PlanConfig) -> float:
+    trainable = [p for p in plan.params.values() if not p.is_buffer]
+    numel = sum(math.prod(p.local_shape) for p in trainable)
+    per_element = bytes_per_param(pricer.precision, config.optimizer)
+    return optimizer_step_time_s(numel, len(trainable), per_element, pricer.device)
