@@ -190,6 +190,12 @@ def cmd_plan(args) -> int:
     config = parse_kv(args.config, "--config")
     bar = tqdm(total=3, desc="build", disable=args.no_progress, file=sys.stderr)
     traced_batch = None if args.global_batch is None else args.global_batch // (args.grad_accum * micro)
+    if searched and args.microbatches is None and traced_batch is not None:
+        # the search prices a tp group running ONE sample and scales by the microbatch (`planner.segments`):
+        # traced at the global batch, its per-tp ILP would shard the batch over "tp" (data parallelism on the
+        # tp axis, weights replicated), which no microbatch of 1-4 samples can do. The winner is traced again
+        # at its step batch (`retrace` below).
+        traced_batch = 1
     recipe = presets.recipe(args.model, config, traced_batch, args.seq_len)
     start = time.perf_counter()
     model, inputs, *keywords = presets.build(recipe, "meta")
