@@ -123,6 +123,18 @@ def _train_step(module: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Te
     return step
 
 
+def setup_rank(sizes: dict) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, float, TracedGraph]:
+    """Common start of a rank: one torch thread (two ranks share two cores), the seeded `zoo.mlp(**sizes)`
+    (kept pristine: copy it), its input x, a fixed random MSE target y, the single-device model's loss on
+    them, and the model traced."""
+    torch.set_num_threads(1)
+    pristine, (x,) = zoo.mlp(**sizes)
+    y = torch.randn(x.shape[0], pristine.head.out_features, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref_loss1 = F.mse_loss(pristine(x), y).item()
+    return pristine, x, y, ref_loss1, parallelizer.trace(copy.deepcopy(pristine), (x,))
+
+
 def bench_rank(rank: int, world_size: int, sizes: dict, warmup: int, iters: int, rounds: int) -> dict:
     """One rank of the benchmark. Returns {"dp"|"tp": {"ours"|"torch": {"ms", "median_ms", "loss1"}},
     "dp_parts"|"tp_parts": {part: median ms}, "ref_loss1", "collectives": {"dp"|"tp": our program's
@@ -131,12 +143,7 @@ def bench_rank(rank: int, world_size: int, sizes: dict, warmup: int, iters: int,
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)  # two ranks on two cores: one compute thread each
-    pristine, (x,) = zoo.mlp(**sizes)
-    y = torch.randn(x.shape[0], pristine.head.out_features, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref_loss1 = F.mse_loss(pristine(x), y).item()
-    traced = parallelizer.trace(copy.deepcopy(pristine), (x,))
+    pristine, x, y, ref_loss1, traced = setup_rank(sizes)
     depth = len(pristine.blocks)
     result = {"ref_loss1": ref_loss1, "collectives": {}, "threads": torch.get_num_threads()}
 

@@ -1,7 +1,7 @@
 """Benchmark: one training step of our DP and TP programs vs hand-written torch, on the same model and gloo ranks.
 
-Issue acceptance: compare with `DistributedDataParallel` and with `parallelize_module` (ColwiseParallel /
-RowwiseParallel) and report the time ratio ours / torch, target <= 1.05.
+Issue acceptance: compare with `DistributedDataParallel`, with `parallelize_module` (ColwiseParallel /
+RowwiseParallel) and with FSDP2's `fully_shard`, and report the time ratio ours / torch, target <= 1.05.
 
 Model: `zoo.mlp(in_features=256, dim=1024, hidden=4096, depth=2, batch=64)` (17.1M parameters, 68 MB fp32),
 MSE loss against a fixed random target, AdamW (lr 1e-3). 2 gloo ranks from `parallelizer.runtime.spawn`,
@@ -15,13 +15,17 @@ seeded weights; the loss of the first step is compared (and with the single-devi
   with the Partial output all-reduced before the bias add, proj/head replicated), and, as a third row, the
   planner's plan with `axis_roles={"tp": "tp"}` (which also shards proj and head, and reduce-scatters into a
   hidden-sharded residual stream). Torch: `parallelize_module` with the Megatron split.
+- FSDP (`run_fsdp`), ours: the planner's plan for `{"dp": 2}` with `axis_roles={"dp": "fsdp"}` (ZeRO-3:
+  parameters stored sharded, all-gathered in forward, freed after forward and gathered again in backward,
+  gradients reduce-scattered). Torch: `fully_shard` on every Linear and on the root, each rank's half batch.
 
 A step = zero_grad, forward, loss, backward, AdamW step, then a barrier; median over the timed steps on
 rank 0, after warm-up steps. Ours and torch steps alternate one by one, so that drift and other load
 on the machine hit both alike; also reported: the median of the ratios of adjacent (ours, torch) step pairs
 and the fastest step of each (the least disturbed), and, for DP, the step's parts measured apart.
 Run: `python -m benchmarks.bench_runtime`; the pipeline comparison (`run_pipeline`): `python -m
-benchmarks.bench_runtime pipeline`.
+benchmarks.bench_runtime pipeline`; FSDP, our plan with `axis_roles={"dp": "fsdp"}` vs torch's `fully_shard`
+(`run_fsdp`): `python -m benchmarks.bench_runtime fsdp`.
 """
 from __future__ import annotations
 
@@ -118,24 +122,39 @@ PIPELINE_SIZES = dict(in_features=256, dim=1024, hidden=4096, depth=4, batch=64)
 PIPELINE_MICROBATCHES = 4
 
 
+def _launch_rows(worker, args: tuple, repeats: int, result_rank: int, loss_cell) -> tuple[list[str], dict]:
+    """`repeats` launches of `worker(rank, WORLD_SIZE, *args)` (its result: {"ours"|"torch": {"ms", "median_ms",
+    "loss1"}, ...}). Returns one markdown row per launch (run, ours ms, torch ms, ratio ours/torch, met,
+    median of paired step ratios, fastest step ms of each, `loss_cell(result)`, 1-minute load average before /
+    after, wall s) and the last launch's result (`result_rank`'s)."""
+    rows = []
+    for k in range(repeats):
+        load0, start = os.getloadavg()[0], time.perf_counter()
+        m = launch.spawn(worker, WORLD_SIZE, *args, timeout_s=600)[result_rank]
+        ours, torch_ = m["ours"], m["torch"]
+        ratio = ours["median_ms"] / torch_["median_ms"]
+        paired = statistics.median(a / b for a, b in zip(ours["ms"], torch_["ms"]))
+        rows.append(f"| {k + 1} | {ours['median_ms']:.1f} | {torch_['median_ms']:.1f} | {ratio:.3f} | "
+                    f"{'yes' if ratio <= TARGET else 'NO'} | {paired:.3f} | {min(ours['ms']):.1f} / "
+                    f"{min(torch_['ms']):.1f} | {loss_cell(m)} | {load0:.1f} / {os.getloadavg()[0]:.1f} | "
+                    f"{time.perf_counter() - start:.0f} |")
+    return rows, m
+
+
+_ROWS_HEADER = ["| run | ours ms | torch ms | ratio ours/torch | met | median of paired ratios | fastest ms ours / "
+                "torch | loss step 1 {losses} | load before / after | wall s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+
+
 def run_pipeline(repeats: int = 3) -> str:
     """Markdown: our pipeline plan ({"pp": 2}, `auto_parallelize` + `pm.step`, 1F1B) vs the same two stages
     written by hand with torch.distributed.pipelining (PipelineStage + Schedule1F1B), 2 gloo ranks, same model,
     batch and microbatches; `repeats` launches to show the spread (`_pipeline_runtime_workers`)."""
     from benchmarks._pipeline_runtime_workers import pipeline_bench_rank
 
-    rows = []
-    for k in range(repeats):
-        load0, start = os.getloadavg()[0], time.perf_counter()
-        m = launch.spawn(pipeline_bench_rank, WORLD_SIZE, PIPELINE_SIZES, PIPELINE_MICROBATCHES, WARMUP, ITERS,
-                         ITERS, timeout_s=600)[1]  # rank 1 holds the last stage: its losses are the batch's
-        ours, torch_ = m["ours"], m["torch"]
-        ratio = ours["median_ms"] / torch_["median_ms"]
-        paired = statistics.median(a / b for a, b in zip(ours["ms"], torch_["ms"]))
-        rows.append(f"| {k + 1} | {ours['median_ms']:.1f} | {torch_['median_ms']:.1f} | {ratio:.3f} | "
-                    f"{'yes' if ratio <= TARGET else 'NO'} | {paired:.3f} | {min(ours['ms']):.1f} / "
-                    f"{min(torch_['ms']):.1f} | {ours['loss1']:.6f} / {torch_['loss1']:.6f} | {load0:.1f} / "
-                    f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - start:.0f} |")
+    # rank 1 holds the last stage: its losses are the batch's
+    rows, m = _launch_rows(pipeline_bench_rank, (PIPELINE_SIZES, PIPELINE_MICROBATCHES, WARMUP, ITERS, ITERS),
+                           repeats, 1, lambda r: f"{r['ours']['loss1']:.6f} / {r['torch']['loss1']:.6f}")
     return "\n".join([
         "## Runtime: pipeline, ours vs hand-written torch.distributed.pipelining (2 gloo ranks)",
         "",
@@ -146,14 +165,48 @@ def run_pipeline(repeats: int = 3) -> str:
         f"{ITERS} steps after {WARMUP} warm-up steps on rank 1, alternating step by step; {m['threads']} thread "
         f"per rank. One row per launch (target <= {TARGET}).",
         "",
-        "| run | ours ms | torch ms | ratio ours/torch | met | median of paired ratios | fastest ms ours / torch "
-        "| loss step 1 ours / torch | load before / after | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        _ROWS_HEADER[0].format(losses="ours / torch"), _ROWS_HEADER[1],
         *rows,
+    ])
+
+
+# -------------------------------------------------------------------------------------------- FSDP
+def run_fsdp(repeats: int = 3) -> str:
+    """Markdown: our ZeRO-3 plan ({"dp": 2}, roles dp=fsdp) vs torch FSDP2 (`fully_shard` on every Linear and
+    the root) on `SIZES`, 2 gloo ranks, AdamW; `repeats` launches to show the spread
+    (`_fsdp_runtime_workers`). Step parts (ms, median of 5, last launch) measured apart on rank 0."""
+    from benchmarks._fsdp_runtime_workers import fsdp_bench_rank
+
+    def losses(r: dict) -> str:
+        return (f"{r['ours']['loss1']:.6f} / {r['torch']['loss1']:.6f} / {r['ref_loss1']:.6f} "
+                f"({_agree(r['ours'], r['torch'], r['ref_loss1'])})")
+
+    rows, m = _launch_rows(fsdp_bench_rank, (SIZES, WARMUP, ITERS, ITERS), repeats, 0, losses)
+    p = m["parts"]
+    return "\n".join([
+        "## Runtime: FSDP, ours vs torch fully_shard (2 gloo ranks)",
+        "",
+        f"Model `zoo.mlp({', '.join(f'{k}={v}' for k, v in SIZES.items())})` ({m['parameters'] / 1e6:.1f}M "
+        "parameters), MSE loss, AdamW. Ours: the planner's plan for `{'dp': 2}` with `axis_roles={'dp': "
+        "'fsdp'}` (parameters stored sharded, all-gathered in forward, freed after forward and gathered again in "
+        "backward, gradients reduce-scattered), fed the full batch; torch: `fully_shard` (FSDP2, "
+        "`reshard_after_forward=True`) on every Linear, then on the root, fed each rank's half. Median of "
+        f"{ITERS} steps after {WARMUP} warm-up steps on rank 0, alternating step by step; {m['threads']} thread "
+        f"per rank. One row per launch (target <= {TARGET}).",
+        "",
+        _ROWS_HEADER[0].format(losses="ours / torch / 1 device"), _ROWS_HEADER[1],
+        *rows,
+        "",
+        f"Our program's collectives: {m['collectives']} (parameters and the model's output gathered in "
+        "forward; each all_gather's backward is a reduce-scatter of the gradient; the backward re-gathers of "
+        "resharded weights are not counted). Parts measured apart (last launch, rank 0, median of 5, ms, "
+        f"ours / torch): forward alone {p['forward_ours']:.0f} / {p['forward_torch']:.0f}; forward + "
+        f"backward {p['fwd_bwd_ours']:.0f} / {p['fwd_bwd_torch']:.0f}; AdamW step {p['adamw_ours']:.0f} / "
+        f"{p['adamw_torch']:.0f}.",
     ])
 
 
 if __name__ == "__main__":
     import sys
 
-    print(run_pipeline() if sys.argv[1:] == ["pipeline"] else run())
+    print({"pipeline": run_pipeline, "fsdp": run_fsdp}.get(" ".join(sys.argv[1:]), run)())
