@@ -230,14 +230,14 @@ def _search_without_blocks(traced: TracedGraph, cluster: Cluster, config: PlanCo
     tried, reasons = [], []
     for i, mesh in enumerate(mesh_candidates(cluster.world_size, cluster.devices_per_node)):
         try:
-            tried.append((_solve(traced, mesh, cluster=cluster, config=config).cost.total_s, i, mesh))
+            solved = _solve(traced, mesh, cluster=cluster, config=config)
+            tried.append((solved.cost.total_s, i, mesh, solved))
         except InfeasiblePlanError as exc:
             reasons.append(f"  {mesh}: {str(exc).splitlines()[0]}")
     if not tried:
         raise InfeasiblePlanError("no mesh fits:\n" + "\n".join(reasons)
                                   + "\nRemedy: raise the memory budget, add devices, or lower the batch.")
-    step_s, _, mesh = min(tried)
-    p = _solve(traced, mesh, cluster=cluster, config=config)
+    step_s, _, mesh, p = min(tried, key=lambda t: t[:2])  # the winner's plan as solved (no second solve)
     dp, tp = (mesh.shape + (1,))[:2]
     record = {"mesh": {"axis_names": ["pp", "dp", "tp"], "shape": [1, dp, tp]}, "schedule": "1f1b",
               "microbatches": 1, "microbatch_size": batch // dp, "global_batch": batch, "step_s": step_s,
@@ -281,8 +281,8 @@ _NO_BUDGET = 10 ** 18
 def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster, config: PlanConfig, budget: int,
                    reserve: int, record: dict) -> Plan:
     """The pipeline Plan of a search winner with pp > 1 (full mesh `whole`, pp first): the intra-stage ILP on
-    `sub` (dp priced as DDP, as
-    the search did: role "ddp" unless the caller set one), the search's cuts and estimate in `Plan.pipeline`,
+    `sub` (dp priced as DDP, as the search did: role "ddp" unless the caller set one), the search's cuts and
+    estimate in `Plan.pipeline`,
     and `cost.memory_bytes` = the search's peak pipeline rank by kind (the ILP's memory would be the whole
     model on one stage group). `cost` times stay the ILP's: the whole graph, one microbatch, one stage group."""
     from .runtime.pipeline import cut_stages
