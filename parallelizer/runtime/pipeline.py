@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.fx
 from torch.distributed import pipelining
-
 from torch.utils import _pytree as pytree
 
 from ..core.layout import Layout, local_shape
