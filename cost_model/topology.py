@@ -49,7 +49,7 @@ from typing import Callable, Mapping
 from cost_model.hardware import A100_80GB, H100_SXM, H200_SXM, DeviceSpec
 
 __all__ = ["COLLECTIVE_KINDS", "Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
-           "CLUSTER_PRESETS", "get_cluster"]
+           "ethernet_a100", "internet_a100", "CLUSTER_PRESETS", "get_cluster"]
 
 GB = 1e9
 # The collective kinds priced by cost_model.communication (defined here so a Link can validate its
@@ -220,12 +220,53 @@ def dgx_h200(num_nodes: int, devices_per_node: int = 8, device: DeviceSpec = H20
     return _dgx(device, num_nodes, 900, 400, devices_per_node, "nvlink4", "ib_ndr_400g")
 
 
-CLUSTER_PRESETS: dict[str, Callable[..., Cluster]] = {"a100": dgx_a100, "h100": dgx_h100, "h200": dgx_h200}
+# Slow-link clusters. Nodes keep their NVLink inside (DGX A100 figures above); only the network between nodes
+# differs. Per-GPU convention of the module docstring: a node's one NIC is shared by its GPUs, so each GPU gets
+# NIC / devices_per_node per direction when all of them cross the network at once (a collective over every GPU).
+_ETHERNET_GBIT_PER_S = 25.0
+"""25 GbE, one NIC per node: the common cloud instance network below 100 Gb/s (e.g. AWS p3.8xlarge, 4x V100,
+"10 Gigabit"; p3.16xlarge "25 Gigabit", AWS EC2 instance-type specifications)."""
+_ETHERNET_LATENCY_S = 25e-6
+"""TCP over a datacenter Ethernet hop without RDMA: 25 us per message, an assumption of the order of a kernel
+TCP round trip on 10/25 GbE (several times InfiniBand's 4 us above). Calibrate (`python -m parallelizer
+calibrate`) to replace it with a measurement."""
+_INTERNET_MBIT_PER_S = 100.0
+"""Nodes in different sites over the public internet: 100 Mb/s per node, the order of the 80 Mb/s links over
+which Protocol Models (Ramasinghe et al., arXiv 2506.01260, Sec. 5) train, and the lower end of the
+100 Mb/s - 1 Gb/s range of business fibre uplinks."""
+_INTERNET_LATENCY_S = 0.03
+"""30 ms one way: the order of a round trip inside a continent (Verizon Enterprise "IP latency statistics": ~30-45 ms
+monthly average round trip within North America / Europe, ~70-80 ms transatlantic)."""
+
+
+def ethernet_a100(num_nodes: int, devices_per_node: int = 8, device: DeviceSpec = A100_80GB) -> Cluster:
+    """A100 nodes (NVLink3 inside, as :func:`dgx_a100`) networked by one 25 GbE NIC per node (no RDMA): the
+    inter-node link gives each GPU 25 Gb/s / devices_per_node per direction, 25 us latency (sources at the
+    constants)."""
+    intra = Link("nvlink3", _NVLINK_LATENCY_S, 600 / 2 * GB)
+    inter = Link("ethernet_25g", _ETHERNET_LATENCY_S, _ETHERNET_GBIT_PER_S / 8 * GB / devices_per_node)
+    return Cluster(device, num_nodes, devices_per_node, intra, inter)
+
+
+def internet_a100(num_nodes: int, devices_per_node: int = 1, device: DeviceSpec = A100_80GB) -> Cluster:
+    """A100 nodes in different sites over the internet: 100 Mb/s per node (shared by its GPUs), 30 ms latency
+    (sources at the constants); NVLink3 inside a node. Typical use: ``"internet:8x1"``, 8 single-GPU nodes."""
+    intra = Link("nvlink3", _NVLINK_LATENCY_S, 600 / 2 * GB)
+    inter = Link("internet_100m", _INTERNET_LATENCY_S, _INTERNET_MBIT_PER_S / 8 * 1e6 / devices_per_node)
+    return Cluster(device, num_nodes, devices_per_node, intra, inter)
+
+
+CLUSTER_PRESETS: dict[str, Callable[..., Cluster]] = {"a100": dgx_a100, "h100": dgx_h100, "h200": dgx_h200,
+                                                     "ethernet": ethernet_a100, "internet": internet_a100}
+"""Preset name -> builder ``(num_nodes, devices_per_node=...) -> Cluster``. Links per level differ (intra-node
+vs inter-node); for other figures per level build a :class:`Cluster` with your own :class:`Link` s, or measure
+them into a calibration profile (`cost_model.calibrate`), which ``--cluster PATH.json`` accepts."""
 _CLUSTER_SPEC = re.compile(r"^(?P<preset>[a-z0-9_]+):(?P<nodes>\d+)x(?P<devices>\d+)$")
 
 
 def get_cluster(spec: str) -> Cluster:
-    """Parse ``"PRESET:NODESxDEVICES"``, e.g. ``"h100:2x8"`` = 2 DGX H100 nodes using 8 GPUs each.
+    """Parse ``"PRESET:NODESxDEVICES"``, e.g. ``"h100:2x8"`` = 2 DGX H100 nodes using 8 GPUs each, or
+    ``"internet:8x1"`` = 8 single-A100 nodes over 100 Mb/s internet links (:data:`CLUSTER_PRESETS`).
 
     Raises:
         ValueError: malformed string, unknown preset, or devices per node outside 1..8; says the format.
@@ -239,7 +280,7 @@ def get_cluster(spec: str) -> Cluster:
         raise ValueError(f"unknown cluster preset {match['preset']!r}: {remedy}")
     nodes, devices = int(match["nodes"]), int(match["devices"])
     if nodes < 1 or not 1 <= devices <= 8:
-        raise ValueError(f"cluster {spec!r}: DGX nodes hold 1..8 devices and need >= 1 node; {remedy}")
+        raise ValueError(f"cluster {spec!r}: nodes hold 1..8 devices and need >= 1 node; {remedy}")
     return CLUSTER_PRESETS[preset](nodes, devices_per_node=devices)
 
 

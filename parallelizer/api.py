@@ -98,9 +98,23 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
         topology = options.get("topology")
         resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
         solved = _solve(traced, mesh, cluster=resolved, **options)
+        solved = _with_compression(solved, traced, resolved, options)
         return _with_provenance(solved, traced, resolved, spec, recipe, batch)
     return _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages,
                           recipe, batch, progress, options)
+
+
+def _with_compression(p: Plan, traced: TracedGraph, cluster: Cluster, options: dict) -> Plan:
+    """`p` with its gradient-compression record (`planner.compression.choose_for_plan`) when the config allows
+    compression (a plan on a given mesh, or the winner of a search without repeated blocks)."""
+    config = options.get("config") or PlanConfig()
+    config = dataclasses.replace(config, **{k: v for k, v in options.items() if k in ("compression", "powersgd_rank")})
+    if config.compression == "none":
+        return p
+    from cost_model.topology import MeshTopology
+    from .planner.compression import choose_for_plan
+    topology = options.get("topology") or MeshTopology(cluster, p.mesh.shape, p.mesh.axis_names)
+    return dataclasses.replace(p, compression=choose_for_plan(traced, p, topology, config))
 
 
 def _with_provenance(p: Plan, traced: TracedGraph, cluster: Cluster, spec: str | None, recipe, batch) -> Plan:
@@ -179,7 +193,8 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                                  "repeated blocks (no microbatching there). Remedy: trace the global batch or pass "
                                  "retrace=")
             traced, b0 = retrace(global_batch), global_batch
-        return _with_provenance(_search_without_blocks(traced, full, config, b0), traced, full, spec, recipe, batch)
+        found = _with_compression(_search_without_blocks(traced, full, config, b0), traced, full, {"config": config})
+        return _with_provenance(found, traced, full, spec, recipe, batch)
     if global_batch is None:
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
@@ -217,6 +232,7 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         whole = mesh if mesh is not None else MeshSpec((PP_AXIS, *sub.axis_names), (found.pp, *sub.shape)) \
             if sub.world_size > 1 else MeshSpec((PP_AXIS,), (found.pp,))
         p = _pipeline_plan(traced, found, whole, sub, full, config, budget, reserve, record)
+    p = dataclasses.replace(p, compression=dict(found.compression))  # the search's choice (planner.search)
     return _with_provenance(p, traced, full, spec, recipe, batch)
 
 

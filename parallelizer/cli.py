@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="preset (gpt2, gpt2-medium, llama2-7b, bert, vit, mlp, gpt, ...) "
                    "or package.module:factory")
     p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048")
-    p.add_argument("--cluster", help="PRESET:NODESxDEVICES (e.g. h100:2x8) or a calibration profile JSON "
+    p.add_argument("--cluster", help="PRESET:NODESxDEVICES (e.g. h100:2x8; presets a100, h100, h200, ethernet "
+                   "(25 GbE), internet (100 Mb/s, 30 ms): cost_model/topology.py) or a calibration profile JSON "
                    "(default: DGX H100 nodes holding the --mesh, as the Python API; h100:1x8 without --mesh)")
     p.add_argument("--mesh", help="dp=4,tp=4: the ILP on that mesh; pp=2,dp=4,tp=2: the search with that "
                    "factorisation fixed (default: search every (pp, dp, tp) of the cluster's devices)")
@@ -107,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation per repeated block: auto (default) lets the planner choose where "
                         "memory needs it; none, selective (the attention core) or full force it on every block")
+    p.add_argument("--compression", default="none", choices=("none", "auto", "powersgd", "bf16"),
+                   help="data-parallel gradient compression: none (default, exact), auto (the planner picks it when "
+                        "it speeds the estimated step up >= 1.25x, e.g. over slow links: --cluster internet:8x1), "
+                        "powersgd or bf16 (forced); planner/compression.py")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD approximation rank (default 4)")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
@@ -214,7 +220,8 @@ def cmd_plan(args) -> int:
                    axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
-                   precision=args.precision, recompute=args.recompute)
+                   precision=args.precision, recompute=args.recompute, compression=args.compression,
+                   powersgd_rank=args.powersgd_rank)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:
         best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,
@@ -258,11 +265,12 @@ def cmd_show(args) -> int:
 
 
 def cmd_rehearse(args) -> int:
-    """`parallelizer rehearse`: `rehearse_plan` on a saved plan; exit 0 when the numerics match, 1 otherwise."""
+    """`parallelizer rehearse`: `rehearse_plan` on a saved plan; exit 0 when the numerics match (or, with gradient
+    compression, deviate by design: reported, not judged), 1 otherwise."""
     from .planner import Plan
 
     report = rehearse_plan(Plan.load(args.plan), args.nproc, args.width, args.steps, args.timeout)
-    return 0 if report.matches() else 1
+    return 0 if report.acceptable() else 1
 
 
 def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout_s: float = 900.0):

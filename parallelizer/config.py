@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from cost_model.memory import OPTIMIZERS, PRECISIONS
 
 AXIS_ROLES = ("auto", "ddp", "fsdp", "tp")
+COMPRESSION_OPTIONS = ("none", "auto", "bf16", "powersgd")
 SOLVERS = ("highs", "cbc")
 
 
@@ -53,6 +54,12 @@ class PlanConfig:
             that mode on every member. A user's own checkpoint regions (`traced.user_recompute`) stay forced.
         cluster_blocks: share strategy variables between the instances of a repeated block (exact when the
             optimum treats every instance alike; always a feasible plan).
+        compression: data-parallel gradient compression (`cost_model.compression`, `rewriter.compression`),
+            applied to the bucketed all-reduces of replicated (DDP) parameters' gradients only: "none" (default:
+            a lossy codec is opt-in), "bf16" (bf16 all-reduce), "powersgd" (rank `powersgd_rank`, error
+            feedback, warm start), or "auto" = the planner picks the cheapest estimated step
+            (`planner.search`). FSDP reduce-scatters and activation collectives are never compressed.
+        powersgd_rank: PowerSGD's approximation rank r (>= 1; Vogels et al. 2019 use 1-4).
     Raises:
         ValueError: naming the field, the value declared and what is required.
     """
@@ -70,6 +77,8 @@ class PlanConfig:
     solver: str = "highs"
     cluster_blocks: bool = True
     recompute: str = "auto"
+    compression: str = "none"
+    powersgd_rank: int = 4
 
     def __post_init__(self) -> None:
         bd = self.batch_dims
@@ -108,6 +117,11 @@ class PlanConfig:
         from .planner.recompute import RECOMPUTE_OPTIONS  # here: the planner package imports this module
         if self.recompute not in RECOMPUTE_OPTIONS:
             raise ValueError(f"PlanConfig.recompute={self.recompute!r}: use one of {RECOMPUTE_OPTIONS}")
+        if self.compression not in COMPRESSION_OPTIONS:
+            raise ValueError(f"PlanConfig.compression={self.compression!r}: use one of {COMPRESSION_OPTIONS}")
+        if not (isinstance(self.powersgd_rank, int) and not isinstance(self.powersgd_rank, bool)
+                and self.powersgd_rank >= 1):
+            raise ValueError(f"PlanConfig.powersgd_rank={self.powersgd_rank!r}: must be an int >= 1 (e.g. 4)")
         if self.solver not in SOLVERS:
             raise ValueError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
         if not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):

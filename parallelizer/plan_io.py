@@ -126,6 +126,10 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
                            [[str(r), *(f"{m.get(k, 0) / 1e9:.3f}" for k in MEMORY_KINDS)] for r, m in enumerate(ranks)]))
     if search_rows(plan):
         tables.append(("Search (parallelizer.plan)", ["field", "value"], [list(r) for r in search_rows(plan)]))
+    if plan.compression:
+        from .planner.compression import compression_line
+        tables.append(("Data-parallel gradient compression (planner/compression.py)", ["field", "value"],
+                       [[compression_line(plan.compression)]]))
     tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],
                    [[r, m] for r, m in sorted(plan.recompute.items())] or [["(all)", "none"]]))
     tables += _block_tables(plan, all_positions)

@@ -185,6 +185,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     del cfg["time_limit_s"]
     if cfg["recompute"] == "auto":  # the default: left out, so plans of before the option stay byte-identical
         del cfg["recompute"]
+    if cfg["compression"] == "none":  # likewise (planner.compression)
+        del cfg["compression"], cfg["powersgd_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute))
 

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from ..core.mesh import MeshSpec
+from .compression import compression_line
 from .plan import Plan, _round
 
 PIPELINE_FORMAT_VERSION = 1
@@ -143,6 +144,7 @@ class PipelinePlan:
     block_group: str
     partition: str = "dp"
     config: dict = field(default_factory=dict)
+    compression: dict = field(default_factory=dict)
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -182,6 +184,8 @@ class PipelinePlan:
         d.update(format_version=PIPELINE_FORMAT_VERSION, mesh=self.mesh.to_dict(),
                  stages=[asdict(s) for s in self.stages], ranks=[asdict(r) for r in self.ranks],
                  stage_kinds=[asdict(k) for k in self.stage_kinds], search=search)
+        if self.compression:
+            d["compression"] = dict(self.compression)
         return _round(d)
 
     def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
@@ -215,6 +219,8 @@ class PipelinePlan:
         peak = max(self.ranks, key=lambda r: r.memory_bytes)
         lines.append(f"peak memory {peak.memory_bytes / gb:.2f} GB on pp rank {peak.pp_rank} "
                      f"({peak.inflight_microbatches:g} microbatches in flight)")
+        if self.compression:
+            lines.append(compression_line(self.compression))
         s = self.search
         lines.append(f"search: {s.candidates} candidates, {sum(s.excluded.values())} excluded, {s.pruned} pruned "
                      f"by bound, {s.evaluated} priced ({s.infeasible_memory} over memory), {s.ilp_solves} ILP solves"

@@ -236,6 +236,8 @@ class Plan:
     pipeline: "PipelineSection | None" = None
     # activation recomputation (`planner.recompute`): region -> "selective" | "full"; absent = none
     recompute: dict[str, str] = field(default_factory=dict)
+    # data-parallel gradient compression chosen (`planner.compression` record); {} = option "none"
+    compression: dict = field(default_factory=dict)
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -268,6 +270,7 @@ class Plan:
             **encode(self),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
             **({"recompute": dict(sorted(self.recompute.items()))} if self.recompute else {}),
+            **({"compression": dict(self.compression)} if self.compression else {}),
         })
 
     def to_json(self, include_timing: bool = False) -> str:
@@ -320,7 +323,7 @@ class Plan:
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
             model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"],
             pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None,
-            recompute=dict(d.get("recompute", {})))
+            recompute=dict(d.get("recompute", {})), compression=dict(d.get("compression", {})))
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:
@@ -382,6 +385,9 @@ class Plan:
                 for mode, rs in sorted(by_mode.items())))
         else:
             lines.append("recomputation: none")
+        if self.compression:
+            from .compression import compression_line
+            lines.append(compression_line(self.compression))
         by_layout: dict[str, int] = {}
         for p in self.params.values():
             if not p.is_buffer:

@@ -18,6 +18,10 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
 3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
    rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
    the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
+   With `PlanConfig.compression` other than "none" the dp sync of each candidate may be compressed
+   (`planner.compression.choose`): a codec's sync is its all-reduces of the compressed bytes plus its compute
+   (`cost_model.compression`, the rank's gradients as one bucket), and "auto" takes it only when it beats
+   the uncompressed sync even fully overlapped with the rank's backward (`DeviceSpec.comm_overlap`).
 
 Pruning (branch and bound): a candidate's step time is at least
     LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
@@ -27,7 +31,9 @@ which only adds time, so LB stays a lower bound under any recomputation choice. 
 rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
 exceeds the budget cannot fit and is not partitioned. Candidates are priced in increasing LB order and the
 search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
-grid (`search="exhaustive"`), typically after pricing a small fraction of it.
+grid (`search="exhaustive"`), typically after pricing a small fraction of it. With compression allowed the
+sync term of LB is 0 (a codec may shrink it arbitrarily), and a second bound pass over the same (cached)
+prices finds the best uncompressed step, against which the plan reports its speedup.
 
 Throughput: model FLOPs per step = `cost_model.graph_flops` of the traced graph (forward + 2x forward for
 backward, no recomputation) x global_batch / trace batch; TFLOP/s per GPU = FLOPs / (step time x devices);
@@ -45,6 +51,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cost_model.communication import collective_time_s
+from cost_model.compression import compressed_sync, compressed_sync_time_s
 from cost_model.compute import graph_flops
 from cost_model.topology import Cluster, MeshTopology, get_cluster
 
@@ -53,6 +60,7 @@ from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, format_bytes
 from ..tracer import TracedGraph
 from .api import memory_budget
+from .compression import choose, codecs_of, keeps_compression, make_record
 from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
@@ -121,22 +129,9 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
     cands, excluded, total = _enumerate(ctx, _tuple(pp), _tuple(tp), _tuple(num_microbatches),
                                         tuple(schedules or SCHEDULES))
     bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
-    best: tuple[float, Candidate, dict] | None = None
-    evaluated = infeasible = 0
-    leanest: tuple[float, Candidate] | None = None
     with tqdm(total=len(bounds), desc="pipeline search", disable=(None if progress is None else not progress),
               leave=False) as bar:
-        for lb, cand in bounds:
-            if search == "bound" and best is not None and lb > best[0]:
-                break
-            bar.update(1)
-            evaluated += 1
-            res = ctx.evaluate(cand)
-            if "step_s" not in res:
-                infeasible += 1
-                leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
-            elif best is None or (res["step_s"], cand) < (best[0], best[1]):
-                best = (res["step_s"], cand, res)
+        best, evaluated, infeasible, leanest = _bound_search(ctx, bounds, "step_s", search, bar)
     if best is None:
         need, cand = leanest
         raise InfeasiblePlanError(
@@ -152,7 +147,34 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
                           len(ctx.cache), time.perf_counter() - start)
-    return ctx.to_plan(best[1], best[2], report, search)
+    uncompressed = best[2]["uncompressed_step_s"]
+    if ctx.codecs:  # the best plan without compression (its own bound pass; prices and results are cached)
+        plain = sorted((ctx.lower_bound_s(c, compressed=False), c) for c in cands)
+        uncompressed, cand, res = _bound_search(ctx, plain, "uncompressed_step_s", search, None)[0]
+        if not keeps_compression(config.compression, best[2]["compression"], best[0], uncompressed):
+            best = (uncompressed, cand, dict(res, step_s=uncompressed, dp_grad_sync=res["uncompressed_dp_grad_sync"],
+                                             compression="none"))
+    return ctx.to_plan(best[1], best[2], report, search, uncompressed)
+
+
+def _bound_search(ctx: "_Context", bounds: list, key: str, search: str, bar):
+    """Price candidates in increasing lower bound until the bound exceeds the best `res[key]` found (all of them
+    with search="exhaustive"). Returns (best (step, candidate, res) or None, evaluated, infeasible, leanest
+    (need_bytes, candidate) of the infeasible ones or None)."""
+    best, leanest, evaluated, infeasible = None, None, 0, 0
+    for lb, cand in bounds:
+        if search == "bound" and best is not None and lb > best[0]:
+            break
+        if bar is not None:
+            bar.update(1)
+        evaluated += 1
+        res = ctx.evaluate(cand)
+        if "step_s" not in res:
+            infeasible += 1
+            leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
+        elif best is None or (res[key], cand) < (best[0], best[1]):
+            best = (res[key], cand, res)
+    return best, evaluated, infeasible, leanest
 
 
 def _tuple(x) -> tuple[int, ...] | None:
@@ -213,6 +235,8 @@ class _Context:
         self.cache: dict[int, SegmentPrices] = {}
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
+        self.codecs = codecs_of(config)
+        self.evaluated: dict[Candidate, dict] = {}
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
@@ -228,11 +252,12 @@ class _Context:
     def _state(self, pr: SegmentPrices, dp: int) -> np.ndarray:
         return pr.params_bytes + pr.grads_bytes + pr.optimizer_bytes / (dp if self.zero1 else 1)
 
-    def lower_bound_s(self, c: Candidate) -> float:
-        """LB of the module docstring."""
+    def lower_bound_s(self, c: Candidate, compressed: bool = True) -> float:
+        """LB of the module docstring (sync term 0 when a codec may compress it and `compressed`)."""
         pr = self.prices(c.tp)
         f, b, w = pr.time_s(self._scale(c))
-        sync = collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
+        sync = 0.0 if self.codecs and compressed else \
+            collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
         return c.num_microbatches * float((f + b + w).sum()) / c.pp + sync
 
     def _p2p_s(self, nbytes: float, c: Candidate, topo: MeshTopology) -> float:
@@ -248,7 +273,12 @@ class _Context:
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
         chunk memory conservatively (budget / v each), and neither sees the dp gradient sync. Each stage
         takes the cheapest recomputation mode that fits (`partition.py`; `PlanConfig.recompute` other than
-        "auto" allows only that mode)."""
+        "auto" allows only that mode). Results are cached per candidate."""
+        if c not in self.evaluated:
+            self.evaluated[c] = self._evaluate(c)
+        return self.evaluated[c]
+
+    def _evaluate(self, c: Candidate) -> dict:
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
         scale, topo = self._scale(c), self.topology(c)
@@ -318,13 +348,36 @@ class _Context:
         hot = max(ranks, key=lambda r: r["fwd"] + r["bwd"] + r["wgrad"])
         pipe, bubble = pipeline_time_s(c.schedule, p, m, hot["fwd"], hot["bwd"], hot["wgrad"])
         sync = max(collective_time_s("all_reduce", r["grads"], topo, ("dp",)) for r in ranks)
+        codec, codec_sync = self._compression(c, stages, ranks, topo)
         tied = 0.0
         if pr.shared_grad_bytes and rank[0] != rank[S - 1]:
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
-        return dict(step_s=pipe + sync + tied, pipeline=pipe, bubble=bubble, dp_grad_sync=sync, tied_grad_sync=tied,
-                    stages=stages, ranks=ranks, scale=self._scale(c), need_bytes=max(r["memory"] for r in ranks))
+        chosen_sync = codec_sync.get(codec, sync)
+        return dict(step_s=pipe + chosen_sync + tied, pipeline=pipe, bubble=bubble, dp_grad_sync=chosen_sync,
+                    tied_grad_sync=tied, stages=stages, ranks=ranks, scale=self._scale(c),
+                    need_bytes=max(r["memory"] for r in ranks), compression=codec,
+                    uncompressed_step_s=pipe + sync + tied, uncompressed_dp_grad_sync=sync)
 
-    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str) -> PipelinePlan:
+    def _compression(self, c: Candidate, stages: list[dict], ranks: list[dict], topo: MeshTopology
+                     ) -> tuple[str, dict[str, float]]:
+        """(chosen codec, codec -> seconds of the dp sync with it) for one partition (module docstring, step 3):
+        per codec the slowest rank's compressed all-reduces + codec compute; "auto" compares them with the
+        uncompressed sync minus what can hide under the rank's backward (m microbatches of B + W)."""
+        if c.dp == 1 or not self.codecs:
+            return "none", {}
+        pr, device, m = self.prices(c.tp), self.cluster.device, c.num_microbatches
+        grads = [[g for s in r["stages"] for seg in stages[s]["segs"] for g in pr.grad_shapes[seg]] for r in ranks]
+        costs = {}
+        for codec in self.codecs:
+            costs[codec] = max(sum(compressed_sync_time_s(
+                compressed_sync(codec, [shape for shape, _ in g], g[0][1] if g else 4, self.config.powersgd_rank),
+                topo, ("dp",), device)) for g in grads)
+        floor = max(max(0.0, collective_time_s("all_reduce", r["grads"], topo, ("dp",))
+                        - device.comm_overlap * m * (r["bwd"] + r["wgrad"])) for r in ranks)
+        return choose(self.config.compression, floor, costs), costs
+
+    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str,
+                uncompressed_step_s: float) -> PipelinePlan:
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         sched = get_schedule(c.schedule)
         per_stage = c.dp * c.tp
@@ -363,6 +416,7 @@ class _Context:
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
+            compression=make_record(self.config, res["compression"], step, uncompressed_step_s),
             intra_stage_plan=pr.plan)
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:

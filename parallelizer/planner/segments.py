@@ -151,6 +151,8 @@ class SegmentPrices:
     shared_grad_bytes (gradients of parameters used in several segments, e.g. a tied embedding).
     rc_extra_lin[mode] / rc_act_delta[mode]: per segment, at b0, the extra forward seconds and the change of
     saved bytes of recomputing its block in `mode` (0 for pre / post and for "none"; module docstring).
+    grad_shapes: per segment, (local shape, bytes per gradient element) of each trainable parameter it holds
+    (what a gradient codec sees, `cost_model.compression`).
     """
 
     tp: int
@@ -170,6 +172,7 @@ class SegmentPrices:
     plan: Plan = dataclasses.field(repr=False, compare=False)
     rc_extra_lin: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     rc_act_delta: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    grad_shapes: tuple[tuple[tuple[tuple[int, ...], int], ...], ...] = ()
 
     def time_s(self, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(F, B, W) seconds per segment for a microbatch of scale * b0 samples."""
@@ -228,6 +231,7 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
                     (comm_fixed if is_param else comm_lin)[kind][seg] += secs
     state = [z(), z(), z()]
     shared = 0
+    grad_shapes: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(n)]
     for p in traced.parameters.values():
         local = math.prod(plan.params[p.fqn].local_shape)
         parts = (p.nbytes * local // max(1, p.numel), 0, 0) if p.is_buffer else \
@@ -238,8 +242,12 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
                 state[k][seg] += parts[k]
         if len(segs) > 1 and not p.is_buffer:
             shared += parts[1]
+        if parts[1] and local:
+            for seg in segs:
+                grad_shapes[seg].append((tuple(plan.params[p.fqn].local_shape), parts[1] // local))
     extra, delta = _recompute_prices(traced, segments, problem, pricer, solution.choice)
-    return SegmentPrices(tp, fl, bl, wl, ff, bf, wf, act, *state, comm_lin, comm_fixed, shared, plan, extra, delta)
+    return SegmentPrices(tp, fl, bl, wl, ff, bf, wf, act, *state, comm_lin, comm_fixed, shared, plan, extra, delta,
+                         tuple(tuple(g) for g in grad_shapes))
 
 
 def _recompute_prices(traced: TracedGraph, segments: Segments, problem, pricer, choice

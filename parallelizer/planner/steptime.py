@@ -18,6 +18,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
   `comm_overlap` fraction can hide). The ILP prices the same sync per parameter and in full: an upper bound
   of this estimate (the exposed time is <= the full time), so plans the ILP prefers are never priced
   optimistically; the estimate here is the figure to compare with a measured step.
+* Gradient compression (`compression=`, `cost_model.compression`): each bucket's all-reduce is priced as the
+  codec's sequential all-reduces of its compressed bytes (PowerSGD: uncompressed tensors, P, Q; bf16: half the
+  bytes), overlapped as above; the codec's compute (`codec_s`) is added in full (it runs on the device's
+  compute, with backward).
 * The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
   parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
   optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
@@ -27,12 +31,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model.communication import collective_time_s, overlapped_comm_exposed_s
+from cost_model.compression import compressed_sync, compressed_sync_time_s
+from cost_model.communication import overlapped_comm_exposed_s
 from cost_model.compute import optimizer_step_time_s
 from cost_model.memory import bytes_per_param
 from cost_model.topology import Cluster, MeshTopology
 
 from ..config import PlanConfig
+from ..core.layout import local_shape
 from ..errors import PlanMismatchError
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
 from ..tracer import TracedGraph
@@ -47,7 +53,8 @@ __all__ = ["StepTime", "estimate_step_time"]
 @dataclass(frozen=True, slots=True)
 class StepTime:
     """Seconds of one training step by part (module docstring). `grad_sync_s` is the bucketed sync in full (the
-    buckets' all-reduces); `grad_sync_exposed_s` the part of it that delays the step; `buckets` their number."""
+    buckets' all-reduces); `grad_sync_exposed_s` the part of it that delays the step; `buckets` their number;
+    `codec_s` the gradient codec's compute (0 without compression)."""
 
     forward_compute_s: float
     backward_compute_s: float
@@ -56,17 +63,19 @@ class StepTime:
     grad_sync_exposed_s: float
     optimizer_s: float
     buckets: int
+    codec_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        """The step: compute + blocking collectives + exposed grad sync + optimizer step, seconds."""
+        """The step: compute + blocking collectives + exposed grad sync + codec + optimizer step, seconds."""
         return (self.forward_compute_s + self.backward_compute_s + self.blocking_comm_s + self.grad_sync_exposed_s
-                + self.optimizer_s)
+                + self.codec_s + self.optimizer_s)
 
 
 def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | str | None = None,
                        topology: MeshTopology | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                       first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> StepTime:
+                       first_bucket_bytes: int = FIRST_BUCKET_BYTES, compression: str = "none",
+                       powersgd_rank: int = 4) -> StepTime:
     """Estimate one training step of `plan` for `traced` on `cluster` (module docstring).
 
     Args:
@@ -76,6 +85,8 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             profile path prices on the measured machine.
         bucket_bytes, first_bucket_bytes: the runtime's gradient buckets (`ParallelModule(grad_bucket_bytes=)`);
             `bucket_bytes=0` prices every gradient all-reduce as blocking (the synchronous runtime mode).
+        compression, powersgd_rank: the codec of the bucketed sync, "none" | "bf16" | "powersgd" (module
+            docstring).
 
     Returns:
         `StepTime`: seconds by part and `total_s`.
@@ -93,7 +104,8 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     spaces = build_spaces(traced, mesh, config)
     strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
     fwd_compute = bwd_compute = blocking = 0.0
-    bwd_work: list[tuple[float, list[tuple[str, int]]]] = []  # per node: (backward seconds, [(axis, grad bytes)])
+    bwd_work: list[tuple[float, list[tuple[str, tuple[int, ...], int]]]] = []  # per node: (backward seconds,
+    # [(axis, local gradient shape, bytes per gradient element)])
     for name, space in spaces.items():
         s = strat[name]
         node_bwd, grads = 0.0, []
@@ -112,16 +124,18 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
                 if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
-                    grads.append((st.mesh_axis, st.bwd_nbytes * pricer.grad_bytes_per_element // itemsize))
+                    shape = local_shape(tuple(ti.shape), s.inputs[k], mesh)
+                    grads.append((st.mesh_axis, shape, pricer.grad_bytes_per_element))
                 else:
                     blocking += bwd
                     node_bwd += bwd
         bwd_work.append((node_bwd, grads))
-    ready, comm = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes)
+    ready, comm, codec = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes, compression, powersgd_rank,
+                                  pricer.device)
     backward_end = sum(w for w, _ in bwd_work)
     exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
     return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
-                    len(comm))
+                    len(comm), codec)
 
 
 def _chosen(name: str, space, plan: Plan):
@@ -135,27 +149,38 @@ def _chosen(name: str, space, plan: Plan):
                             "was made for")
 
 
-def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes: int):
-    """(ready seconds, all-reduce seconds) per gradient bucket: backward runs the nodes in reverse order; gradients fill a bucket per mesh axis (first one
-    `first_bucket_bytes`, then `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones
-    at the end of backward."""
-    ready, comm, open_bytes, started = [], [], {}, set()
-    t = 0.0
+def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes: int, compression: str,
+             powersgd_rank: int, device):
+    """(ready seconds, all-reduce seconds, codec seconds in total) of the gradient buckets: backward runs the
+    nodes in reverse order; gradients fill a bucket per mesh axis (first one `first_bucket_bytes`, then
+    `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones at the end of backward.
+    A bucket's all-reduce is priced by `cost_model.compression` (with `compression="none"`: one all-reduce of
+    its bytes)."""
+    ready, comm, open_grads, started = [], [], {}, set()
+    codec_s, t = 0.0, 0.0
 
     def close(axis: str, at: float) -> None:
-        comm.append(collective_time_s("all_reduce", open_bytes.pop(axis), topo, (axis,)))
+        nonlocal codec_s
+        shapes, itemsize, _ = open_grads.pop(axis)
+        comm_s, codec = compressed_sync_time_s(compressed_sync(compression, shapes, itemsize, powersgd_rank), topo,
+                                               (axis,), device)
+        comm.append(comm_s)
+        codec_s += codec
         ready.append(at)
         started.add(axis)
 
     for work, grads in reversed(bwd_work):
         t += work
-        for axis, nbytes in grads:
-            open_bytes[axis] = open_bytes.get(axis, 0) + nbytes
-            if open_bytes[axis] >= (bucket_bytes if axis in started else first_bucket_bytes):
+        for axis, shape, itemsize in grads:
+            shapes, _, nbytes = open_grads.setdefault(axis, ([], itemsize, 0))
+            shapes.append(shape)
+            nbytes += math.prod(shape) * itemsize
+            open_grads[axis] = (shapes, itemsize, nbytes)
+            if nbytes >= (bucket_bytes if axis in started else first_bucket_bytes):
                 close(axis, t)
-    for axis in sorted(open_bytes):
+    for axis in sorted(open_grads):
         close(axis, t)
-    return ready, comm
+    return ready, comm, codec_s
 
 
 def _optimizer_s(plan: Plan, pricer: Pricer, config: PlanConfig) -> float:

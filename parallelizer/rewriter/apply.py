@@ -88,10 +88,14 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
             place into a value made outside it, or is "selective" without an attention core.
         PlanMismatchError: a recomputed region has no op in the traced graph.
         IndivisibleShardError / ImpossibleRedistributionError: from `core` when a layout does not fit.
-        ValueError: grad_bucket_bytes is not an int >= 0.
+        ValueError: grad_bucket_bytes is not an int >= 0, or is 0 with a gradient codec in `spec.compression`.
     """
     if not isinstance(grad_bucket_bytes, int) or grad_bucket_bytes < 0:
         raise ValueError(f"rewrite: grad_bucket_bytes must be an int >= 0 (0 = synchronous), got {grad_bucket_bytes!r}")
+    if spec.compression.lossy and not grad_bucket_bytes:
+        raise ValueError(f"rewrite: gradient compression {spec.compression.kind!r} runs in the bucketed gradient sync; "
+                         "grad_bucket_bytes=0 (synchronous) would all-reduce exactly. Remedy: grad_bucket_bytes > 0, "
+                         "or a plan without compression")
     if frozen is None:
         frozen = {fqn for fqn, p in traced.parameters.items() if not p.requires_grad}
     return _Rewriter(traced, spec, rank, torch.device(device), grad_bucket_bytes, frozenset(frozen)).run()
@@ -253,6 +257,8 @@ class _Rewriter:
         gathered = (lambda: local_shape(shape, Layout.parse(step.after), self.mesh, self.coords)[step.tensor_dim])
         if step.kind == "grad_all_reduce" and value in self.trainable and self.grad_bucket_bytes:
             fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes)
+            if self.spec.compression.lossy:
+                args += (self.spec.compression.spec,)
         elif step.kind == "all_gather":
             fn = collectives.all_gather_rs if step.bwd_kind == "reduce_scatter" else collectives.all_gather
             args = (value, step.tensor_dim, ranks, gathered())

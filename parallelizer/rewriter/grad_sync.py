@@ -36,6 +36,11 @@ Waits are bounded by the process group's timeout (`runtime.spawn(timeout_s=...)`
 backward pass that raises never reaches its end callback: its buckets are dropped at the next forward use
 outside a backward pass (one backward at a time per process, as for DDP).
 
+With a gradient codec (`compression`, a `rewriter.compression.GradCompression` spec string), step 2 runs
+torch's DDP communication hook for it on the bucket (bf16 all-reduce, or PowerSGD with error feedback and
+warm start; `rewriter.compression`) and step 3 waits for its future and scales the hook's average back to a
+sum. The synchronous fallbacks below stay exact (uncompressed).
+
 The default bucket size is DistributedDataParallel's `bucket_cap_mb=25` (torch.nn.parallel docs), the
 first bucket's size DDP's `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
 Private torch API (checked on torch 2.13.0): `torch._C._current_graph_task_id`,
@@ -53,6 +58,7 @@ from torch.autograd import Variable
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .collectives import Group, _GroupView, _resolve, _sum, grad_all_reduce
+from .compression import GradCompression, finish_compressed, start_compressed
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "grad_all_reduce_bucketed"]
 
@@ -62,10 +68,11 @@ FIRST_BUCKET_BYTES = 2**20
 """1 MiB: the size at which the first bucket of a backward pass is started (DDP's first-bucket size)."""
 
 
-def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int) -> torch.Tensor:
+def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int, compression: str = "") -> torch.Tensor:
     """Replicate parameter -> Replicate used on different data (DDP). Forward: identity. Backward: the
     gradient is summed over `ranks` by a bucketed asynchronous all-reduce and added to `param.grad` at the
-    end of the backward pass (module docstring).
+    end of the backward pass (module docstring); with `compression` (`GradCompression.spec`, "" = none) the
+    bucket goes through that codec (a lossy approximation of the sum).
 
     Falls back to `grad_all_reduce` (synchronous, gradient returned to autograd) when `param` is not a leaf
     that requires grad, grad mode is off, or `param` has hooks (`register_hook`,
@@ -73,32 +80,33 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     and, in backward, under `create_graph=True` (double backward). Local shapes: unchanged.
 
     Raises:
-        ValueError: bucket_bytes < 1; bad `ranks`, or the calling rank is not in it.
+        ValueError: bucket_bytes < 1; bad `ranks`, or the calling rank is not in it; a malformed `compression`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"grad_all_reduce_bucketed: bucket_bytes must be a positive int, got {bucket_bytes!r}")
+    codec = GradCompression.parse(compression)
     g = _resolve(ranks, "grad_all_reduce_bucketed")
     if _PASSES and torch._C._current_graph_task_id() == -1:
         _PASSES.clear()  # passes whose backward raised (their end callback never ran); none runs outside backward
     if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1 or _has_hooks(param):
         return grad_all_reduce(param, ranks)
     accumulator = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node of `param`
-    return _Deferred.apply(param, accumulator, g, bucket_bytes)
+    return _Deferred.apply(param, accumulator, g, bucket_bytes, codec)
 
 
 class _Deferred(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, param, accumulator, g, bucket_bytes):  # type: ignore[override]
-        ctx.param, ctx.accumulator, ctx.g, ctx.bucket_bytes = param, accumulator, g, bucket_bytes
+    def forward(ctx, param, accumulator, g, bucket_bytes, codec):  # type: ignore[override]
+        ctx.param, ctx.accumulator, ctx.g, ctx.bucket_bytes, ctx.codec = param, accumulator, g, bucket_bytes, codec
         return param.view_as(param)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if torch.is_grad_enabled() or not _accumulates(ctx.accumulator):  # create_graph, or no .grad written
-            return _sum(grad, ctx.g), None, None, None
-        _PassSync.current().add(ctx.param, grad, ctx.g, ctx.bucket_bytes)
-        return None, None, None, None
+            return _sum(grad, ctx.g), None, None, None, None
+        _PassSync.current().add(ctx.param, grad, ctx.g, ctx.bucket_bytes, ctx.codec)
+        return None, None, None, None, None
 
 
 def _has_hooks(param: torch.Tensor) -> bool:
@@ -128,7 +136,8 @@ class _Launched:
     key: tuple
     params: list[torch.Tensor]
     flat: torch.Tensor
-    work: dist.Work
+    work: dist.Work | torch.futures.Future  # a Future when a codec reduces the bucket (`rewriter.compression`)
+    group_size: int = 0  # > 0: scale the codec's average back to a sum over this many ranks
 
 
 @dataclass
@@ -147,8 +156,9 @@ class _PassSync:
             Variable._execution_engine.queue_callback(lambda: _PASSES.pop(task).finish())
         return _PASSES[task]
 
-    def add(self, param: torch.Tensor, grad: torch.Tensor, g: _GroupView, bucket_bytes: int) -> None:
-        key = (g.name, str(grad.dtype), str(grad.device))
+    def add(self, param: torch.Tensor, grad: torch.Tensor, g: _GroupView, bucket_bytes: int,
+            codec: GradCompression) -> None:
+        key = (g.name, str(grad.dtype), str(grad.device), codec)
         bucket = self.open.setdefault(key, _Bucket())
         bucket.params.append(param)
         bucket.grads.append(grad)
@@ -162,7 +172,12 @@ class _PassSync:
         flat = _buffer(bucket, (len(self.launched), *key))
         torch.cat([t.reshape(-1) for t in bucket.grads], out=flat)
         group = dist.distributed_c10d._resolve_process_group(key[0])
-        self.launched.append(_Launched(key, bucket.params, flat, dist.all_reduce(flat, group=group, async_op=True)))
+        codec = key[3]
+        if codec.lossy:
+            work = start_compressed(flat, bucket.params, group, codec, (len(self.launched), *key))
+            self.launched.append(_Launched(key, bucket.params, flat, work, group.size()))
+        else:
+            self.launched.append(_Launched(key, bucket.params, flat, dist.all_reduce(flat, group=group, async_op=True)))
 
     def finish(self) -> None:
         """Start the open buckets, wait for all, add each reduced gradient to its parameter's `.grad`."""
@@ -170,7 +185,10 @@ class _PassSync:
             self._launch(key)
         with torch.no_grad():
             for launched in self.launched:
-                launched.work.wait()
+                if launched.group_size:
+                    finish_compressed(launched.work, launched.flat, launched.group_size)
+                else:
+                    launched.work.wait()
                 pieces = launched.flat.split([p.numel() for p in launched.params])
                 for param, piece in zip(launched.params, pieces):
                     piece = piece.view_as(param)

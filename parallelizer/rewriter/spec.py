@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core.layout import Layout, Replicate
 from ..core.mesh import MeshSpec
+from .compression import NO_COMPRESSION, GradCompression
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class ShardingSpec:
     global rank stage_index * dp * tp.
     `recompute`: activation recomputation, region -> "selective" | "full" (`Plan.recompute`; emitted by
     `rewriter.recompute`).
+    `compression`: the codec of the bucketed gradient sync of replicated parameters (`Plan.compression`,
+    `rewriter.compression`).
     """
 
     mesh: MeshSpec
@@ -41,6 +44,7 @@ class ShardingSpec:
     inputs: Mapping[str, Layout] = field(default_factory=dict)
     rank_offset: int = 0
     recompute: Mapping[str, str] = field(default_factory=dict)
+    compression: GradCompression = NO_COMPRESSION
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -98,13 +102,14 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
 
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
-                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute)
+                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute,
+                        spec.compression)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
     """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
-    output node keeps its input layouts), the stored layout of each parameter/buffer, and the recomputed
-    regions.
+    output node keeps its input layouts), the stored layout of each parameter/buffer, the recomputed
+    regions and the gradient codec.
 
     Raises ValueError naming the node when a layout string in the plan does not parse.
     """
@@ -116,4 +121,5 @@ def spec_from_plan(plan) -> ShardingSpec:
         output = Layout.parse(node.output) if node.output is not None else Layout.replicate(plan.mesh.ndim)
         nodes[name] = NodeSharding(inputs, output)
     params = {fqn: Layout.parse(p.stored) for fqn, p in plan.params.items()}
-    return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute))
+    return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute),
+                        compression=GradCompression.from_record(getattr(plan, "compression", {})))

@@ -154,7 +154,8 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
         nodes["output"] = NodeSharding(tuple(produced_layout(n) for n in cut.outputs[k]),
                                        Layout.replicate(spec.mesh.ndim))
     return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
-                        recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced))
+                        recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced),
+                        spec.compression)
 
 
 class StageModule(ParallelModule):

@@ -58,7 +58,7 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)
-    return _report(world, per_rank)
+    return _report(world, per_rank, spec.compression.spec)
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
