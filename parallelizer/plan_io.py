@@ -127,9 +127,12 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     if search_rows(plan):
         tables.append(("Search (parallelizer.plan)", ["field", "value"], [list(r) for r in search_rows(plan)]))
     if plan.compression:
-        from .planner.compression import compression_line
-        tables.append(("Data-parallel gradient compression (planner/compression.py)", ["field", "value"],
-                       [[compression_line(plan.compression)]]))
+        c = plan.compression
+        tables.append(("Data-parallel gradient compression (planner/compression.py)", ["field", "value"], [
+            ["option", c["option"]], ["chosen", c["chosen"]], ["fidelity", c["fidelity"]],
+            ["estimated step", f"{c['step_s'] * 1e3:.3f} ms"],
+            ["best uncompressed step", f"{c['uncompressed_step_s'] * 1e3:.3f} ms"],
+            ["estimated speedup", f"{c['speedup']:.2f}x"]]))
     tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],
                    [[r, m] for r, m in sorted(plan.recompute.items())] or [["(all)", "none"]]))
     tables += _block_tables(plan, all_positions)
