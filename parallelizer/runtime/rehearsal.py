@@ -46,7 +46,8 @@ class RehearsalReport:
             floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
         collectives: emitted steps per kind on rank 0. rank0_code: rank 0's program source.
         compression: the gradient codec of the run (`GradCompression.spec`; "" = none).
-        final_loss: largest |difference| of the loss after the steps (a forward of the stepped models).
+        final_loss: largest |difference| of the loss after the steps (a forward of the stepped models); None
+            where not measured (pipeline rehearsals).
     """
 
     world_size: int
@@ -60,7 +61,7 @@ class RehearsalReport:
     collectives: dict
     rank0_code: str
     compression: str = ""
-    final_loss: float = 0.0
+    final_loss: float | None = None
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -83,7 +84,8 @@ class RehearsalReport:
             verdict = "numerics match" if self.matches() else "NUMERICS DIFFER"
         return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
                 f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
-                f"{self.params:.2e} ({self.worst_param}), loss after steps {self.final_loss:.2e}; worst |diff| / "
+                f"{self.params:.2e} ({self.worst_param}), loss after steps "
+                f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
                 f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}")
 
 
@@ -164,7 +166,7 @@ def _report(world_size: int, results: list[dict], compression: str = "") -> Rehe
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
-    final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else 0.0
+    final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
                            results[0]["code"], compression, final)
