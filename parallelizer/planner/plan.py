@@ -236,6 +236,9 @@ class Plan:
     pipeline: "PipelineSection | None" = None
     # activation recomputation (`planner.recompute`): region -> "selective" | "full"; absent = none
     recompute: dict[str, str] = field(default_factory=dict)
+    # hierarchical collectives (`costs.Pricer.hierarchical_record`): mesh axis -> {"devices_per_node",
+    # "ranks_per_node", "num_nodes", "bytes": {kind: [[lo, hi or None], ...]}}; absent = every collective flat
+    hierarchical: dict[str, dict] = field(default_factory=dict)
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -268,6 +271,7 @@ class Plan:
             **encode(self),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
             **({"recompute": dict(sorted(self.recompute.items()))} if self.recompute else {}),
+            **({"hierarchical": dict(sorted(self.hierarchical.items()))} if self.hierarchical else {}),
         })
 
     def to_json(self, include_timing: bool = False) -> str:
@@ -320,7 +324,7 @@ class Plan:
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
             model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"],
             pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None,
-            recompute=dict(d.get("recompute", {})))
+            recompute=dict(d.get("recompute", {})), hierarchical=dict(d.get("hierarchical", {})))
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:

@@ -264,6 +264,8 @@ class _Rewriter:
             fn, args = collectives.all_to_all, (value, step.tensor_dim, step.dst_dim, ranks, gathered())
         else:
             raise UnsupportedOpError(f"no collective for step {step}")
+        if step.mesh_axis in self.spec.hierarchy and step.kind != "all_to_all":  # the plan's two-level rule
+            args = (*args, self.spec.hierarchy[step.mesh_axis])
         out = self.graph.create_node("call_function", fn, args, name=f"{fn.__name__}_{step.mesh_axis}")
         out.meta["step"] = step
         out.meta["global_shape"] = shape

@@ -53,6 +53,7 @@ from torch.autograd import Variable
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .collectives import Group, _GroupView, _resolve, _sum, grad_all_reduce
+from .hierarchical import HierarchicalAllReduce, Hierarchy
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "grad_all_reduce_bucketed"]
 
@@ -62,7 +63,8 @@ FIRST_BUCKET_BYTES = 2**20
 """1 MiB: the size at which the first bucket of a backward pass is started (DDP's first-bucket size)."""
 
 
-def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int) -> torch.Tensor:
+def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int,
+                             hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Replicate parameter -> Replicate used on different data (DDP). Forward: identity. Backward: the
     gradient is summed over `ranks` by a bucketed asynchronous all-reduce and added to `param.grad` at the
     end of the backward pass (module docstring).
@@ -72,17 +74,20 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     `register_post_accumulate_grad_hook`: they then see the summed gradient, as with `grad_all_reduce`);
     and, in backward, under `create_graph=True` (double backward). Local shapes: unchanged.
 
+    With the plan's `hierarchy` rule for the group (`rewriter.hierarchical`), a bucket whose bytes the rule
+    marks runs the two-level all-reduce (`_start_all_reduce`).
+
     Raises:
         ValueError: bucket_bytes < 1; bad `ranks`, or the calling rank is not in it.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"grad_all_reduce_bucketed: bucket_bytes must be a positive int, got {bucket_bytes!r}")
-    g = _resolve(ranks, "grad_all_reduce_bucketed")
+    g = _resolve(ranks, "grad_all_reduce_bucketed", hierarchy)
     if _PASSES and torch._C._current_graph_task_id() == -1:
         _PASSES.clear()  # passes whose backward raised (their end callback never ran); none runs outside backward
     if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1 or _has_hooks(param):
-        return grad_all_reduce(param, ranks)
+        return grad_all_reduce(param, ranks, hierarchy)
     accumulator = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node of `param`
     return _Deferred.apply(param, accumulator, g, bucket_bytes)
 
@@ -121,6 +126,7 @@ class _Bucket:
     params: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
     nbytes: int = 0
+    group: _GroupView | None = None
 
 
 @dataclass
@@ -128,7 +134,7 @@ class _Launched:
     key: tuple
     params: list[torch.Tensor]
     flat: torch.Tensor
-    work: dist.Work
+    work: dist.Work | HierarchicalAllReduce
 
 
 @dataclass
@@ -149,7 +155,7 @@ class _PassSync:
 
     def add(self, param: torch.Tensor, grad: torch.Tensor, g: _GroupView, bucket_bytes: int) -> None:
         key = (g.name, str(grad.dtype), str(grad.device))
-        bucket = self.open.setdefault(key, _Bucket())
+        bucket = self.open.setdefault(key, _Bucket(group=g))
         bucket.params.append(param)
         bucket.grads.append(grad)
         bucket.nbytes += grad.numel() * grad.element_size()
@@ -161,8 +167,7 @@ class _PassSync:
         bucket = self.open.pop(key)
         flat = _buffer(bucket, (len(self.launched), *key))
         torch.cat([t.reshape(-1) for t in bucket.grads], out=flat)
-        group = dist.distributed_c10d._resolve_process_group(key[0])
-        self.launched.append(_Launched(key, bucket.params, flat, dist.all_reduce(flat, group=group, async_op=True)))
+        self.launched.append(_Launched(key, bucket.params, flat, _start_all_reduce(flat, bucket.group, self.launched)))
 
     def finish(self) -> None:
         """Start the open buckets, wait for all, add each reduced gradient to its parameter's `.grad`."""
@@ -178,6 +183,19 @@ class _PassSync:
                         param.grad = piece
                     else:
                         param.grad += piece
+
+
+def _start_all_reduce(flat: torch.Tensor, g: _GroupView, launched: list[_Launched]) -> dist.Work | HierarchicalAllReduce:
+    """Start the asynchronous all-reduce (sum) of a bucket: flat, or two-level where the group's hierarchical rule
+    says so for its bytes. Each start first moves every two-level all-reduce in flight on to its next phase
+    (`HierarchicalAllReduce.advance`), so their phases overlap backward too; all ranks start the same buckets
+    in the same order, so they issue the phases in the same order."""
+    for earlier in launched:
+        if isinstance(earlier.work, HierarchicalAllReduce):
+            earlier.work.advance()
+    if g.two_level("all_reduce", flat.numel() * flat.element_size()):
+        return HierarchicalAllReduce(flat, g.levels)
+    return dist.all_reduce(flat, group=dist.distributed_c10d._resolve_process_group(g.name), async_op=True)
 
 
 def _buffer(bucket: _Bucket, key: tuple) -> torch.Tensor:
