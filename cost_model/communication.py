@@ -230,19 +230,20 @@ def collective_algorithm(kind: str, nbytes: float, topo: MeshTopology, axes: tup
     if not nbytes >= 0:
         raise ValueError(f"nbytes={nbytes!r}: must be >= 0")
     ranges = hierarchical_byte_ranges(kind, topo, axes, algorithm)
-    return "hierarchical" if any(lo < nbytes < hi for lo, hi in ranges) else "flat"
+    return "hierarchical" if any(lo < nbytes <= hi for lo, hi in ranges) else "flat"
 
 
 def hierarchical_byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...] | str,
                              algorithm: str = "ring") -> tuple[tuple[float, float], ...]:
     """Message sizes (bytes, nccl-tests convention) for which the two-level algorithm of ``kind`` over the group
-    of ``axes`` is strictly cheaper than the flat ring: disjoint open intervals ``(lo, hi)``, sorted, ``hi`` may
-    be ``math.inf``; ``()`` when never (a group inside one node or with one rank per node, a kind outside
+    of ``axes`` is strictly cheaper than the flat ring: disjoint intervals ``(lo, hi]`` (a size-fit segment
+    holds the sizes up to and including its upper bound), sorted, ``hi`` may be ``math.inf``; ``()`` when never (a group inside one node or with one rank per node, a kind outside
     :data:`HIERARCHICAL_KINDS`, a slower intra-node link...).
 
     Both estimates are affine in the message size S between the boundaries of the links' size fits
     (``Link.size_fits``; each phase sees ``S * share``), so on each such piece their difference ``a + b*S`` is
-    solved exactly; a difference within 1e-12 relative of zero is a tie (flat). Cached per argument tuple.
+    solved exactly; a difference within 1e-12 relative of zero is a tie (flat), and so is the crossing point
+    itself (an interval ending at one stops at the float just below it). Cached per argument tuple.
 
     Raises:
         ValueError: unknown kind, algorithm or axis name.
@@ -274,7 +275,7 @@ def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...], algorithm
             cheaper = (lo, hi) if a < 0 else None
         else:
             root = -a / b
-            cheaper = (lo, min(hi, root)) if b > 0 else (max(lo, root), hi)
+            cheaper = (lo, min(hi, math.nextafter(root, 0.0))) if b > 0 else (max(lo, root), hi)
         if cheaper is None or cheaper[0] >= cheaper[1]:
             continue
         if ranges and ranges[-1][1] == cheaper[0]:

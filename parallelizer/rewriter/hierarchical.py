@@ -35,7 +35,7 @@ __all__ = ["Hierarchy", "hierarchy_arg", "uses_hierarchy", "split_group", "sub_g
 
 Hierarchy = tuple
 """`(devices_per_node, ((kind, ((lo_bytes, hi_bytes), ...)), ...))`: the plan's rule for one mesh axis
-(`hierarchy_arg`); kinds sorted, intervals open, `hi` may be `inf`."""
+(`hierarchy_arg`); kinds sorted, intervals (lo, hi], `hi` may be `inf`."""
 
 
 def hierarchy_arg(devices_per_node: int, ranges: dict[str, list]) -> Hierarchy:
@@ -60,7 +60,7 @@ def uses_hierarchy(hierarchy: Hierarchy | None, kind: str, nbytes: int) -> bool:
     the output, reduce_scatter the input) runs two-level under the rule `hierarchy` (None: never)."""
     if hierarchy is None:
         return False
-    return any(lo < nbytes < hi for k, pairs in hierarchy[1] if k == kind for lo, hi in pairs)
+    return any(lo < nbytes <= hi for k, pairs in hierarchy[1] if k == kind for lo, hi in pairs)
 
 
 def split_group(ranks: tuple[int, ...] | list[int], devices_per_node: int) -> tuple[list[list[int]], list[list[int]]]:
