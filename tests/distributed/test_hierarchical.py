@@ -30,6 +30,5 @@ def test_two_level_collectives_match_flat_and_train_like_one_device():
         assert c["calls"]["all_reduce"] >= 3 and c["calls"]["all_gather"] == 2 and c["calls"]["reduce_scatter"] == 3, c
         r = report["dp4"]
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
-        assert r["hierarchical"]["dp"]["bytes"]["all_reduce"] == [[0.0, None]], r  # NVLink + IB: always two-level
         # every step's gradient buckets ran two-level (3 steps x >= 1 bucket), and nothing else was needed
         assert r["calls"].get("all_reduce", 0) >= 3, (rank, r)
