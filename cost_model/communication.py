@@ -44,9 +44,9 @@ one (:func:`collective_algorithm`; equal estimates -> flat):
 * flat: one ring over all n ranks; every ring step waits for its slowest hop, the inter-node link, so it is
   ``flat_collective_time_s(kind, nbytes, n, inter)`` (the ring bound of Thakur et al. Sec. 4 on the
   slowest link);
-* hierarchical (two-level, as Horovod's hierarchical all-reduce and NCCL's tree/ring split over nodes;
-  Sergeev & Del Balso, "Horovod", arXiv 1802.05799, Sec. 5; Jia et al., "Highly Scalable Deep Learning
-  Training System with Mixed-Precision", arXiv 1807.11205, Sec. 3.3 "hierarchical all-reduce"):
+* hierarchical (two-level: Horovod's hierarchical allreduce, horovod/horovod PR #411, NCCL reduce-scatter
+  -> MPI all-reduce -> NCCL all-gather; Cho et al., "BlueConnect: Decomposing All-Reduce for Deep Learning
+  on Heterogeneous Network Hierarchy", SysML 2019; Jia et al., arXiv 1807.11205, "hierarchical all-reduce"):
   all_reduce = reduce-scatter inside the node (g ranks, nbytes) + all_reduce across nodes on nbytes/g
   (m ranks, inter-node link; the g local ranks run their m-rank all-reduces in parallel, one NIC each)
   + all-gather inside the node. all_gather = cross-node all-gather producing nbytes/g, then intra-node
@@ -58,9 +58,11 @@ same bytes over the slow link divided by g); flat wins when the intra-node link 
 per-kind overrides or size fits (calibrated profiles) make the intra-node phases dear.
 :func:`hierarchical_byte_ranges` gives the message sizes for which hierarchical is strictly cheaper: the
 planner records them in the plan and the runtime picks the algorithm of each collective by its bytes
-(``parallelizer.rewriter.hierarchical``), so the emitted program runs what was priced. all_to_all sends (g-1)/n of the buffer over the
-intra-node link and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node
-then an intra-node broadcast. send_recv between neighbours of a group that spans nodes is priced on
+(``parallelizer.rewriter.hierarchical``), so the emitted program runs what was priced.
+
+The other kinds over groups spanning nodes: all_to_all sends (g-1)/n of the buffer over the intra-node link
+and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node then an intra-node
+broadcast. send_recv between neighbours of a group that spans nodes is priced on
 the inter-node link (the slowest hop bounds a pipeline).
 
 Per-kind overrides (``Link.per_kind``, see :mod:`cost_model.topology`): wherever a formula above uses
@@ -148,8 +150,8 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
     Several axes (e.g. ``("dp", "tp")``) form one group whose size is the product of their sizes.
     A group inside one node is priced flat on the intra-node link; over a group spanning nodes, all_reduce,
     all_gather and reduce_scatter are priced as the cheaper of the flat ring and the two-level algorithm
-    (:func:`collective_algorithm`), the other kinds by their cross-node formulas (module docstring). Each (phase) collective uses its link's per-kind
-    override when the link has one for that kind (module docstring). ``algorithm`` applies to the cross-node all-reduce /
+    (:func:`collective_algorithm`), the other kinds by their cross-node formulas (module docstring). Each
+    (phase) collective uses its link's per-kind override when the link has one for that kind (module docstring). ``algorithm`` applies to the cross-node all-reduce /
     broadcast phase and to single-node groups.
 
     Args:
@@ -192,7 +194,8 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
 _Phase = tuple[str, float, int, Link, str]
 
 
-def _phases(kind: str, g: int, m: int, intra: Link, inter: Link, algorithm: str, hierarchical: bool) -> tuple[_Phase, ...]:
+def _phases(kind: str, g: int, m: int, intra: Link, inter: Link, algorithm: str,
+            hierarchical: bool) -> tuple[_Phase, ...]:
     """The phases of ``kind`` (one of HIERARCHICAL_KINDS) over g ranks per node on m > 1 nodes (module docstring)."""
     if not hierarchical or g == 1:
         return ((kind, 1.0, g * m, inter, algorithm),)
@@ -237,8 +240,9 @@ def hierarchical_byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...
                              algorithm: str = "ring") -> tuple[tuple[float, float], ...]:
     """Message sizes (bytes, nccl-tests convention) for which the two-level algorithm of ``kind`` over the group
     of ``axes`` is strictly cheaper than the flat ring: disjoint intervals ``(lo, hi]`` (a size-fit segment
-    holds the sizes up to and including its upper bound), sorted, ``hi`` may be ``math.inf``; ``()`` when never (a group inside one node or with one rank per node, a kind outside
-    :data:`HIERARCHICAL_KINDS`, a slower intra-node link...).
+    holds the sizes up to and including its upper bound), sorted, ``hi`` may be ``math.inf``; ``()`` when never
+    (a group inside one node or with one rank per node, a kind outside :data:`HIERARCHICAL_KINDS`, a slower
+    intra-node link...).
 
     Both estimates are affine in the message size S between the boundaries of the links' size fits
     (``Link.size_fits``; each phase sees ``S * share``), so on each such piece their difference ``a + b*S`` is
@@ -254,7 +258,8 @@ def hierarchical_byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...
 
 
 @functools.lru_cache(maxsize=256)
-def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...], algorithm: str) -> tuple[tuple[float, float], ...]:
+def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...],
+                 algorithm: str) -> tuple[tuple[float, float], ...]:
     info = topo.group_info(axes)
     g, m = info.ranks_per_node, info.num_nodes
     if kind not in HIERARCHICAL_KINDS or g == 1 or m == 1:

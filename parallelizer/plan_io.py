@@ -155,7 +155,8 @@ def _hierarchical_table(plan) -> Table:
     rows = []
     for axis, h in sorted(plan.hierarchical.items()):
         for kind, ranges in sorted(h["bytes"].items()):
-            sizes = ", ".join(f"({format_bytes(lo)}, {'inf)' if hi is None else format_bytes(hi) + ']'}" for lo, hi in ranges)
+            sizes = ", ".join(f"({format_bytes(lo)}, {'inf)' if hi is None else format_bytes(hi) + ']'}"
+                              for lo, hi in ranges)
             inside = lambda n: any(lo < n <= (math.inf if hi is None else hi) for lo, hi in ranges)  # noqa: E731
             hits = sum(inside(n) for _, st in plan.steps() if st.mesh_axis == axis
                        for k, n in ((st.fwd_collective, st.nbytes), (st.bwd_collective, st.bwd_nbytes)) if k == kind)

@@ -82,6 +82,10 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
 
     Regions of `spec.recompute` are recomputed in backward (`rewriter.recompute`).
 
+    Collectives on a mesh axis with a hierarchical rule (`spec.hierarchy`, from `Plan.hierarchical`) get the
+    rule as their last argument and run two-level where it says so for their bytes (`rewriter.hierarchical`);
+    their sub-groups must exist (`spec.hierarchical_sub_groups`).
+
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh); a recomputed region writes in

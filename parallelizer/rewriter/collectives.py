@@ -165,7 +165,7 @@ def _levels(ranks: tuple[int, ...], me: int, hierarchy: Hierarchy | None, op: st
         raise DistributedError(
             f"{op}: group {list(ranks)} runs hierarchical collectives but the sub-group {mine[pgs.index(None)]} "
             f"does not exist on rank {me}. Remedy: create the sub-groups on every rank first with "
-            "parallelizer.runtime.create_groups(rewriter.hierarchical.sub_groups(...)).")
+            "parallelizer.runtime.create_groups(parallelizer.rewriter.spec.hierarchical_sub_groups(spec)).")
     return Levels(pgs[0], pgs[1], len(intra[0]), len(inter[0]), mine[0].index(me), mine[1].index(me))
 
 

@@ -185,7 +185,8 @@ class _PassSync:
                         param.grad += piece
 
 
-def _start_all_reduce(flat: torch.Tensor, g: _GroupView, launched: list[_Launched]) -> dist.Work | HierarchicalAllReduce:
+def _start_all_reduce(flat: torch.Tensor, g: _GroupView,
+                      launched: list[_Launched]) -> dist.Work | HierarchicalAllReduce:
     """Start the asynchronous all-reduce (sum) of a bucket: flat, or two-level where the group's hierarchical rule
     says so for its bytes. Each start first moves every two-level all-reduce in flight on to its next phase
     (`HierarchicalAllReduce.advance`), so their phases overlap backward too; all ranks start the same buckets

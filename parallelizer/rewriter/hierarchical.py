@@ -10,6 +10,9 @@ and (`cost_model.communication`, module docstring, where the choice and its pric
   * all-gather = all-gather across nodes (this local index's chunks), then inside the node;
   * reduce-scatter = reduce-scatter inside the node (each local index gets its nodes' chunks summed over
     the node), then across nodes.
+The all-reduce is Horovod's hierarchical allreduce (horovod/horovod PR #411: NCCL reduce-scatter, MPI
+all-reduce, NCCL all-gather); all-gather and reduce-scatter decompose the same way (Cho et al., "BlueConnect",
+SysML 2019). All three run on torch.distributed's own collectives over the sub-groups.
 
 Which collectives run this way is a decision of the plan (`Plan.hierarchical`): per mesh axis the devices
 per node and, per collective kind, the message sizes (bytes, nccl-tests convention) for which the planner

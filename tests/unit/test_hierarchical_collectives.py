@@ -6,6 +6,7 @@ import io
 import math
 
 import pytest
+import torch
 
 import parallelizer
 from cost_model import (Cluster, Link, MeshTopology, collective_algorithm, collective_time_s, dgx_h100,
@@ -13,7 +14,9 @@ from cost_model import (Cluster, Link, MeshTopology, collective_algorithm, colle
 from cost_model.hardware import H100_SXM
 from parallelizer import zoo
 from parallelizer.plan_io import plan_text
+from parallelizer.rewriter import rewrite
 from parallelizer.rewriter.hierarchical import hierarchy_arg, split_group, sub_groups, uses_hierarchy
+from parallelizer.rewriter.spec import hierarchical_sub_groups, spec_from_plan
 
 MB = 1 << 20
 
@@ -109,8 +112,8 @@ def test_sub_groups_and_rule():
         hierarchy_arg(2, {"all_reduce": [[10, 5]]})
 
 
-def _plan(mesh, cluster, roles):
-    traced = parallelizer.trace(*zoo.mlp(batch=16))
+def _plan(mesh, cluster, roles, traced=None):
+    traced = traced or parallelizer.trace(*zoo.mlp(batch=16))
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
         return parallelizer.plan(traced, mesh, cluster=cluster, axis_roles=roles)
 
@@ -129,3 +132,20 @@ def test_plan_records_and_shows_hierarchical_collectives():
     flat = _plan({"dp": 2, "tp": 2}, "h100:2x2", {"dp": "ddp", "tp": "tp"})  # dp spans nodes, one rank on each
     assert flat.hierarchical == {} and '"hierarchical"' not in flat.to_json()
     assert "(all)      flat" in plan_text(flat)
+
+
+def test_rewriter_passes_the_rule_to_every_collective_on_the_axis_and_groups_are_listed():
+    traced = parallelizer.trace(*zoo.mlp(batch=16))
+    plan = _plan({"tp": 4}, "h100:2x2", {"tp": "tp"}, traced)
+    spec = spec_from_plan(plan)
+    rule = (2, (("all_gather", ((0.0, math.inf),)), ("all_reduce", ((0.0, math.inf),)),
+                ("reduce_scatter", ((0.0, math.inf),))))
+    assert spec.hierarchy == {"tp": rule}
+    assert hierarchical_sub_groups(spec) == [[0, 1], [2, 3], [0, 2], [1, 3]]
+    gm = rewrite(traced, spec, rank=2).graph_module
+    steps = [n for n in gm.graph.nodes if n.meta.get("step") is not None and n.op == "call_function"
+             and n.target is not torch.ops.aten.div.Scalar]
+    assert steps and all(n.args[-1] == rule for n in steps), [n.format_node() for n in steps]
+    assert any(n.meta["step"].kind == "all_reduce" for n in steps)  # the tensor-parallel Partial -> Replicate
+    flat = rewrite(traced, spec_from_plan(_plan({"tp": 4}, "h100:1x4", {"tp": "tp"}, traced)), rank=2).graph_module
+    assert all(n.args[-1] != rule for n in flat.graph.nodes if n.meta.get("step") is not None)
