@@ -9,8 +9,9 @@ Modules: ``hardware`` (device presets with datasheet sources), ``topology`` (lin
 """
 
 from cost_model.calibrate import Profile, calibrate, load_profile
-from cost_model.communication import (ALGORITHMS, COLLECTIVE_KINDS, alpha_beta_coefficients, collective_time_s,
-                                      flat_collective_time_s)
+from cost_model.communication import (ALGORITHMS, COLLECTIVE_KINDS, HIERARCHICAL_KINDS, alpha_beta_coefficients,
+                                      collective_algorithm, collective_time_s, flat_collective_time_s,
+                                      hierarchical_byte_ranges)
 from cost_model.compute import MetaExecutionError, OpCost, graph_flops, is_free_op, op_bytes, op_cost, op_flops
 from cost_model.hardware import A100_40GB, A100_80GB, DEVICE_PRESETS, H100_SXM, H200_SXM, DeviceSpec, get_device
 from cost_model.memory import (BYTES_PER_PARAM, MemoryBreakdown, SavedShare, activation_memory_bytes,
@@ -24,6 +25,7 @@ __all__ = [
     "Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200", "CLUSTER_PRESETS",
     "get_cluster",
     "COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s", "collective_time_s",
+    "HIERARCHICAL_KINDS", "collective_algorithm", "hierarchical_byte_ranges",
     "OpCost", "MetaExecutionError", "op_cost", "op_flops", "op_bytes", "is_free_op", "graph_flops",
     "MemoryBreakdown", "BYTES_PER_PARAM", "training_state_bytes", "saved_activation_bytes",
     "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches", "SavedShare",

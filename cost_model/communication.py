@@ -37,13 +37,32 @@ broadcast: ``ceil(log2 n)`` steps, bytes factor 1. NCCL implements the other col
 rings, so ``algorithm="tree"`` prices them as rings. Hence tree beats ring for small messages (latency)
 and loses for large ones (bandwidth) once n > 2.
 
-Groups spanning nodes (g ranks per node, m nodes, n = g*m) use the hierarchical algorithm:
-all_reduce = reduce-scatter inside the node (g ranks, nbytes) + all_reduce across nodes on nbytes/g
-(m ranks, inter-node link; the g local ranks run their m-rank all-reduces in parallel, one NIC each)
-+ all-gather inside the node. all_gather = cross-node all-gather producing nbytes/g, then intra-node
-all-gather to nbytes; reduce_scatter is its mirror. all_to_all sends (g-1)/n of the buffer over the
-intra-node link and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node
-then an intra-node broadcast. send_recv between neighbours of a group that spans nodes is priced on
+Groups spanning nodes (g ranks per node, m nodes, n = g*m) can run all_reduce, all_gather and
+reduce_scatter (:data:`HIERARCHICAL_KINDS`) in one of two ways, and each collective is priced as the cheaper
+one (:func:`collective_algorithm`; equal estimates -> flat):
+
+* flat: one ring over all n ranks; every ring step waits for its slowest hop, the inter-node link, so it is
+  ``flat_collective_time_s(kind, nbytes, n, inter)`` (the ring bound of Thakur et al. Sec. 4 on the
+  slowest link);
+* hierarchical (two-level: Horovod's hierarchical allreduce, horovod/horovod PR #411, NCCL reduce-scatter
+  -> MPI all-reduce -> NCCL all-gather; Cho et al., "BlueConnect: Decomposing All-Reduce for Deep Learning
+  on Heterogeneous Network Hierarchy", SysML 2019; Jia et al., arXiv 1807.11205, "hierarchical all-reduce"):
+  all_reduce = reduce-scatter inside the node (g ranks, nbytes) + all_reduce across nodes on nbytes/g
+  (m ranks, inter-node link; the g local ranks run their m-rank all-reduces in parallel, one NIC each)
+  + all-gather inside the node. all_gather = cross-node all-gather producing nbytes/g, then intra-node
+  all-gather to nbytes; reduce_scatter is its mirror (intra-node first, then across nodes on nbytes/g).
+
+With alpha/beta per link and no overrides, hierarchical is never dearer than flat when the intra-node link
+is at least as fast as the inter-node one (it has (g-1)+(m-1) <= n-1 latency steps per phase pair and the
+same bytes over the slow link divided by g); flat wins when the intra-node link is the slower one, or where
+per-kind overrides or size fits (calibrated profiles) make the intra-node phases dear.
+:func:`hierarchical_byte_ranges` gives the message sizes for which hierarchical is strictly cheaper: the
+planner records them in the plan and the runtime picks the algorithm of each collective by its bytes
+(``parallelizer.rewriter.hierarchical``), so the emitted program runs what was priced.
+
+The other kinds over groups spanning nodes: all_to_all sends (g-1)/n of the buffer over the intra-node link
+and (n-g)/n over the inter-node link (one message per peer). broadcast = a cross-node then an intra-node
+broadcast. send_recv between neighbours of a group that spans nodes is priced on
 the inter-node link (the slowest hop bounds a pipeline).
 
 Per-kind overrides (``Link.per_kind``, see :mod:`cost_model.topology`): wherever a formula above uses
@@ -57,14 +76,17 @@ all_to_all's per-peer messages use the ``"all_to_all"`` override of each link.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
-__all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s",
-           "collective_time_s", "overlapped_comm_exposed_s"]
+__all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "HIERARCHICAL_KINDS", "alpha_beta_coefficients", "flat_collective_time_s",
+           "collective_time_s", "collective_algorithm", "hierarchical_byte_ranges", "overlapped_comm_exposed_s"]
 
 ALGORITHMS = ("ring", "tree")
+HIERARCHICAL_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+"""Collective kinds with a two-level (hierarchical) algorithm over groups that span nodes (module docstring)."""
 
 
 def _check_kind_algorithm(kind: str, algorithm: str) -> None:
@@ -126,9 +148,10 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
     """Seconds for one collective over the process group spanned by mesh ``axes``.
 
     Several axes (e.g. ``("dp", "tp")``) form one group whose size is the product of their sizes.
-    A group inside one node is priced flat on the intra-node link; a group spanning nodes uses the
-    two-level algorithm of the module docstring. Each (phase) collective uses its link's per-kind
-    override when the link has one for that kind (module docstring). ``algorithm`` applies to the cross-node all-reduce /
+    A group inside one node is priced flat on the intra-node link; over a group spanning nodes, all_reduce,
+    all_gather and reduce_scatter are priced as the cheaper of the flat ring and the two-level algorithm
+    (:func:`collective_algorithm`), the other kinds by their cross-node formulas (module docstring). Each
+    (phase) collective uses its link's per-kind override when the link has one for that kind (module docstring). ``algorithm`` applies to the cross-node all-reduce /
     broadcast phase and to single-node groups.
 
     Args:
@@ -154,13 +177,9 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
     g, m, n = info.ranks_per_node, info.num_nodes, info.size
     if m == 1:
         return flat_collective_time_s(kind, nbytes, n, intra, algorithm)
-    if kind == "all_reduce":
-        return (flat_collective_time_s("reduce_scatter", nbytes, g, intra)
-                + flat_collective_time_s("all_reduce", nbytes / g, m, inter, algorithm)
-                + flat_collective_time_s("all_gather", nbytes, g, intra))
-    if kind in ("all_gather", "reduce_scatter"):
-        return (flat_collective_time_s(kind, nbytes / g, m, inter)
-                + flat_collective_time_s(kind, nbytes, g, intra))
+    if kind in HIERARCHICAL_KINDS:
+        hierarchical = collective_algorithm(kind, nbytes, topo, axes, algorithm) == "hierarchical"
+        return _phases_time_s(_phases(kind, g, m, intra, inter, algorithm, hierarchical), nbytes)
     if kind == "all_to_all":
         (intra_alpha, intra_beta), (inter_alpha, inter_beta) = intra.alpha_beta(kind, nbytes), inter.alpha_beta(kind, nbytes)
         return ((g - 1) * (intra_alpha + nbytes / n / intra_beta)
@@ -169,6 +188,106 @@ def collective_time_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
         return (flat_collective_time_s("broadcast", nbytes, m, inter, algorithm)
                 + flat_collective_time_s("broadcast", nbytes, g, intra, algorithm))
     return flat_collective_time_s("send_recv", nbytes, 2, inter)
+
+
+# A phase of a collective: (kind, bytes as a fraction of the collective's nbytes, ranks, link, algorithm).
+_Phase = tuple[str, float, int, Link, str]
+
+
+def _phases(kind: str, g: int, m: int, intra: Link, inter: Link, algorithm: str,
+            hierarchical: bool) -> tuple[_Phase, ...]:
+    """The phases of ``kind`` (one of HIERARCHICAL_KINDS) over g ranks per node on m > 1 nodes (module docstring)."""
+    if not hierarchical or g == 1:
+        return ((kind, 1.0, g * m, inter, algorithm),)
+    if kind == "all_reduce":
+        return (("reduce_scatter", 1.0, g, intra, "ring"), ("all_reduce", 1.0 / g, m, inter, algorithm),
+                ("all_gather", 1.0, g, intra, "ring"))
+    return ((kind, 1.0 / g, m, inter, "ring"), (kind, 1.0, g, intra, "ring"))
+
+
+def _phases_time_s(phases: tuple[_Phase, ...], nbytes: float) -> float:
+    return sum(flat_collective_time_s(k, nbytes * share, n, link, alg) for k, share, n, link, alg in phases)
+
+
+def _linear(phases: tuple[_Phase, ...], nbytes: float) -> tuple[float, float]:
+    """``(a, b)`` with ``time_s = a + b * S`` for S near ``nbytes`` (exact between size-fit boundaries)."""
+    a = b = 0.0
+    for kind, share, n, link, alg in phases:
+        steps, factor = alpha_beta_coefficients(kind, n, alg)
+        if steps:
+            latency_s, bandwidth = link.alpha_beta(kind, nbytes * share)
+            a, b = a + steps * latency_s, b + factor * share / bandwidth
+    return a, b
+
+
+def collective_algorithm(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str,
+                         algorithm: str = "ring") -> str:
+    """``"hierarchical"`` when ``kind`` over the group of ``axes`` is a two-level collective strictly cheaper
+    than the flat ring for a message of ``nbytes`` (``nbytes`` inside :func:`hierarchical_byte_ranges`), else
+    ``"flat"`` (a group inside one node, one rank per node, a kind outside :data:`HIERARCHICAL_KINDS`, or a tie).
+
+    Raises:
+        ValueError: unknown kind, algorithm or axis name, or negative ``nbytes``.
+    """
+    _check_kind_algorithm(kind, algorithm)
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes={nbytes!r}: must be >= 0")
+    ranges = hierarchical_byte_ranges(kind, topo, axes, algorithm)
+    return "hierarchical" if any(lo < nbytes <= hi for lo, hi in ranges) else "flat"
+
+
+def hierarchical_byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...] | str,
+                             algorithm: str = "ring") -> tuple[tuple[float, float], ...]:
+    """Message sizes (bytes, nccl-tests convention) for which the two-level algorithm of ``kind`` over the group
+    of ``axes`` is strictly cheaper than the flat ring: disjoint intervals ``(lo, hi]`` (a size-fit segment
+    holds the sizes up to and including its upper bound), sorted, ``hi`` may be ``math.inf``; ``()`` when never
+    (a group inside one node or with one rank per node, a kind outside :data:`HIERARCHICAL_KINDS`, a slower
+    intra-node link...).
+
+    Both estimates are affine in the message size S between the boundaries of the links' size fits
+    (``Link.size_fits``; each phase sees ``S * share``), so on each such piece their difference ``a + b*S`` is
+    solved exactly; a difference within 1e-12 relative of zero is a tie (flat), and so is the crossing point
+    itself (an interval ending at one stops at the float just below it). Cached per argument tuple.
+
+    Raises:
+        ValueError: unknown kind, algorithm or axis name.
+    """
+    _check_kind_algorithm(kind, algorithm)
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    return _byte_ranges(kind, topo, axes, algorithm)
+
+
+@functools.lru_cache(maxsize=256)
+def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...],
+                 algorithm: str) -> tuple[tuple[float, float], ...]:
+    info = topo.group_info(axes)
+    g, m = info.ranks_per_node, info.num_nodes
+    if kind not in HIERARCHICAL_KINDS or g == 1 or m == 1:
+        return ()
+    intra, inter = topo.cluster.intra_node_link, topo.cluster.inter_node_link
+    hier, flat = (_phases(kind, g, m, intra, inter, algorithm, h) for h in (True, False))
+    cuts = {0.0, math.inf}  # piece boundaries: where a phase's message crosses a size-fit segment's upper bound
+    for k, share, _, link, _ in hier + flat:
+        cuts.update(upper / share for upper, _, _ in link.size_fits.get(k, ()))
+    cuts = sorted(cuts)
+    ranges: list[list[float]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        probe = 2 * lo + 1 if hi == math.inf else (lo + hi) / 2
+        (ah, bh), (af, bf) = _linear(hier, probe), _linear(flat, probe)
+        a = 0.0 if abs(ah - af) <= 1e-12 * max(ah, af) else ah - af
+        b = 0.0 if abs(bh - bf) <= 1e-12 * max(bh, bf) else bh - bf
+        if b == 0:
+            cheaper = (lo, hi) if a < 0 else None
+        else:
+            root = -a / b
+            cheaper = (lo, min(hi, math.nextafter(root, 0.0))) if b > 0 else (max(lo, root), hi)
+        if cheaper is None or cheaper[0] >= cheaper[1]:
+            continue
+        if ranges and ranges[-1][1] == cheaper[0]:
+            ranges[-1][1] = cheaper[1]
+        else:
+            ranges.append(list(cheaper))
+    return tuple((lo, hi) for lo, hi in ranges)
 
 
 def overlapped_comm_exposed_s(ready_s: list[float] | tuple[float, ...], comm_s: list[float] | tuple[float, ...],

@@ -398,7 +398,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     """
     import torch.distributed as dist
 
-    from .rewriter.spec import all_axis_groups, spec_from_plan
+    from .rewriter.spec import all_axis_groups, hierarchical_sub_groups, spec_from_plan
     from .runtime import create_groups, init_from_env
     from .runtime.module import ParallelModule
     from .runtime.pipeline import microbatch_of
@@ -450,9 +450,10 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
         return module
+    spec = spec_from_plan(chosen)
     if distributed:
-        create_groups(all_axis_groups(mesh))
-    module = ParallelModule(traced, spec_from_plan(chosen), rank, model, grad_bucket_bytes=grad_bucket_bytes)
+        create_groups(all_axis_groups(mesh) + hierarchical_sub_groups(spec))
+    module = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module
 

@@ -18,7 +18,7 @@ import math
 import re
 from importlib import resources
 
-from .errors import PlanMismatchError, PlanValidationError
+from .errors import PlanMismatchError, PlanValidationError, format_bytes
 from .planner.plan import _MAIN_OPS, memory_rows, precision_text, search_rows
 from .planner.stages import MEMORY_KINDS
 
@@ -143,6 +143,7 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
         counts[key] = counts.get(key, 0) + 1
     tables.append(("Redistribution steps", ["kind", "mesh axis", "count"],
                    [[k, a, str(n)] for (k, a), n in sorted(counts.items())]))
+    tables.append(_hierarchical_table(plan))
     s = plan.solver
     tables.append(("Solver", ["field", "value"], [
         ["solver", s.solver], ["status", s.status + (" (proven optimal)" if s.optimal else "")],
@@ -152,6 +153,24 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     tables.append(("Fallbacks (replicated for lack of a sharding rule, or priced by bytes only)", ["node", "op", "reason"],
                    [[f.node, f.op, f.reason] for f in plan.fallbacks]))
     return tables
+
+
+def _hierarchical_table(plan) -> Table:
+    """Per mesh axis and collective kind with a two-level rule (`Plan.hierarchical`): the node layout, the
+    message sizes run two-level, and how many of the plan's redistribution collectives (forward and backward)
+    fall in them; the DDP gradient buckets follow the same rule at run time by their bytes."""
+    rows = []
+    for axis, h in sorted(plan.hierarchical.items()):
+        for kind, ranges in sorted(h["bytes"].items()):
+            sizes = ", ".join(f"({format_bytes(lo)}, {'inf)' if hi is None else format_bytes(hi) + ']'}"
+                              for lo, hi in ranges)
+            inside = lambda n: any(lo < n <= (math.inf if hi is None else hi) for lo, hi in ranges)  # noqa: E731
+            hits = sum(inside(n) for _, st in plan.steps() if st.mesh_axis == axis
+                       for k, n in ((st.fwd_collective, st.nbytes), (st.bwd_collective, st.bwd_nbytes)) if k == kind)
+            rows.append([axis, kind, f"{h['num_nodes']} nodes x {h['ranks_per_node']}", sizes, str(hits)])
+    return ("Hierarchical collectives (two-level: inside nodes, then across; cost_model/communication.py; "
+            "not listed: flat)", ["mesh axis", "kind", "group", "bytes run two-level", "plan steps"],
+            rows or [["(all)", "flat", "", "", ""]])
 
 
 def _gbps(link: dict) -> str:

@@ -188,7 +188,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     if cfg["compression"] == "none":  # likewise (planner.compression)
         del cfg["compression"], cfg["powersgd_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
-                tuple(fallbacks), model, cfg, recompute=dict(sol.recompute))
+                tuple(fallbacks), model, cfg, recompute=dict(sol.recompute), hierarchical=pricer.hierarchical_record())
 
 
 def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]

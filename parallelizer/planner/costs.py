@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from cost_model.communication import collective_time_s
+from cost_model.communication import HIERARCHICAL_KINDS, collective_time_s, hierarchical_byte_ranges
 from cost_model.compute import op_cost
 from cost_model.fusion import FusedIO, pointwise_fusion
 from cost_model.hardware import DeviceSpec
@@ -124,6 +124,23 @@ class Pricer:
         bwd = collective_time_s(step.bwd_collective, bwd_nbytes, self.topo, (step.mesh_axis,)) \
             if step.bwd_collective else 0.0
         return fwd, bwd + (fwd if step.regather else 0.0)
+
+    def hierarchical_record(self) -> dict[str, dict]:
+        """Which collectives the prices above run two-level (`cost_model.communication.collective_algorithm`), as
+        `Plan.hierarchical` records it: per mesh axis whose groups span nodes with >= 2 ranks on each, the
+        devices per node, ranks per node, nodes, and per kind the byte ranges where two-level is strictly
+        cheaper (`hierarchical_byte_ranges`; an unbounded end as None). Axes and kinds without such sizes are
+        left out."""
+        record = {}
+        for axis in self.mesh.axis_names:
+            info = self.topo.axis_info(axis)
+            ranges = {kind: [[lo, None if math.isinf(hi) else hi] for lo, hi in
+                             hierarchical_byte_ranges(kind, self.topo, axis)] for kind in HIERARCHICAL_KINDS}
+            ranges = {kind: r for kind, r in ranges.items() if r}
+            if ranges:
+                record[axis] = {"devices_per_node": self.topo.cluster.devices_per_node,
+                                "ranks_per_node": info.ranks_per_node, "num_nodes": info.num_nodes, "bytes": ranges}
+        return record
 
     @property
     def grad_bytes_per_element(self) -> int:

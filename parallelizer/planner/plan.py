@@ -238,6 +238,9 @@ class Plan:
     recompute: dict[str, str] = field(default_factory=dict)
     # data-parallel gradient compression chosen (`planner.compression` record); {} = option "none"
     compression: dict = field(default_factory=dict)
+    # hierarchical collectives (`costs.Pricer.hierarchical_record`): mesh axis -> {"devices_per_node",
+    # "ranks_per_node", "num_nodes", "bytes": {kind: [[lo, hi or None], ...]}}; absent = every collective flat
+    hierarchical: dict[str, dict] = field(default_factory=dict)
 
     # --- queries ------------------------------------------------------------------------------------
     def edges_into(self, node: str) -> list[EdgePlan]:
@@ -271,6 +274,7 @@ class Plan:
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
             **({"recompute": dict(sorted(self.recompute.items()))} if self.recompute else {}),
             **({"compression": dict(self.compression)} if self.compression else {}),
+            **({"hierarchical": dict(sorted(self.hierarchical.items()))} if self.hierarchical else {}),
         })
 
     def to_json(self, include_timing: bool = False) -> str:
@@ -323,7 +327,8 @@ class Plan:
             fallbacks=tuple(Fallback(**f) for f in d["fallbacks"]),
             model=model, config=d["config"], fingerprint=fingerprint, cluster=d["cluster"],
             pipeline=PipelineSection.from_dict(d["pipeline"]) if "pipeline" in d else None,
-            recompute=dict(d.get("recompute", {})), compression=dict(d.get("compression", {})))
+            recompute=dict(d.get("recompute", {})), compression=dict(d.get("compression", {})),
+            hierarchical=dict(d.get("hierarchical", {})))
 
     # --- human ---------------------------------------------------------------------------------------
     def notes(self) -> list[str]:

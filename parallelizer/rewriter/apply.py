@@ -82,6 +82,10 @@ def rewrite(traced: TracedGraph, spec: ShardingSpec, rank: int, device: str | to
 
     Regions of `spec.recompute` are recomputed in backward (`rewriter.recompute`).
 
+    Collectives on a mesh axis with a hierarchical rule (`spec.hierarchy`, from `Plan.hierarchical`) get the
+    rule as their last argument and run two-level where it says so for their bytes (`rewriter.hierarchical`);
+    their sub-groups must exist (`spec.hierarchical_sub_groups`).
+
     Raises:
         UnsupportedOpError: a node has no entry in `spec`, or an op cannot run on the given layouts
             (names the node with `format_node()`, its layouts and the mesh); a recomputed region writes in
@@ -256,9 +260,8 @@ class _Rewriter:
         self.counts[step.kind] = self.counts.get(step.kind, 0) + 1
         gathered = (lambda: local_shape(shape, Layout.parse(step.after), self.mesh, self.coords)[step.tensor_dim])
         if step.kind == "grad_all_reduce" and value in self.trainable and self.grad_bucket_bytes:
-            fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes)
-            if self.spec.compression.lossy:
-                args += (self.spec.compression.spec,)
+            codec = self.spec.compression.spec if self.spec.compression.lossy else ""
+            fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes, codec)
         elif step.kind == "all_gather":
             fn = collectives.all_gather_rs if step.bwd_kind == "reduce_scatter" else collectives.all_gather
             args = (value, step.tensor_dim, ranks, gathered())
@@ -270,6 +273,8 @@ class _Rewriter:
             fn, args = collectives.all_to_all, (value, step.tensor_dim, step.dst_dim, ranks, gathered())
         else:
             raise UnsupportedOpError(f"no collective for step {step}")
+        if step.mesh_axis in self.spec.hierarchy and step.kind != "all_to_all":  # the plan's two-level rule
+            args = (*args, self.spec.hierarchy[step.mesh_axis])
         out = self.graph.create_node("call_function", fn, args, name=f"{fn.__name__}_{step.mesh_axis}")
         out.meta["step"] = step
         out.meta["global_shape"] = shape

@@ -33,8 +33,11 @@ is a partial contribution: the ZeRO-3/FSDP parameter all-gather (`all_gather_rs`
 sync of a replicated parameter (`grad_all_reduce`).
 
 Communication uses the functional collectives of `torch.distributed._functional_collectives`, waited on
-at once. Their own autograd is not used: a functional all-reduce differentiates to an all-reduce SUM,
-which would multiply the gradients of a replicated loss by the group size.
+at once. With a `hierarchy` rule (the plan's, `rewriter.hierarchical`), all-reduce, all-gather and
+reduce-scatter over a group spanning nodes run two-level on sub-groups when the rule says so for their bytes;
+every function that takes `hierarchy` passes it to each collective it runs, forward and backward.
+The functional collectives' own autograd is not used: a functional all-reduce differentiates to an all-reduce
+SUM, which would multiply the gradients of a replicated loss by the group size.
 
 Private torch API: `find_group` reads torch.distributed's table of process groups
 (`distributed_c10d._find_pg_by_ranks_and_tag`, `_resolve_process_group`); checked on torch 2.13.0.
@@ -55,6 +58,9 @@ import torch.fx
 from parallelizer.core.layout import chunk_range
 from parallelizer.runtime.launch import DistributedError
 
+from . import hierarchical
+from .hierarchical import Hierarchy, Levels, uses_hierarchy
+
 __all__ = [
     "Group", "all_gather", "all_gather_rs", "reduce_scatter", "all_reduce", "all_reduce_max", "grad_all_reduce",
     "all_to_all", "local_slice", "rechunk", "find_group", "group_index",
@@ -69,11 +75,18 @@ Group = Union[Sequence[int], str]
 
 @dataclass(frozen=True, slots=True)
 class _GroupView:
-    """A resolved group as seen by the calling rank: group name, member ranks, the caller's index."""
+    """A resolved group as seen by the calling rank: group name, member ranks, the caller's index; for a group
+    with a hierarchical rule (`rewriter.hierarchical`) also the rule and the caller's sub-groups."""
 
     name: str
     ranks: tuple[int, ...]
     index: int
+    hierarchy: Hierarchy | None = None
+    levels: Levels | None = None
+
+    def two_level(self, kind: str, nbytes: int) -> bool:
+        """Whether a `kind` collective of `nbytes` (nccl-tests convention) runs two-level on this group."""
+        return self.levels is not None and uses_hierarchy(self.hierarchy, kind, nbytes)
 
     @property
     def size(self) -> int:
@@ -89,11 +102,14 @@ def find_group(ranks: Sequence[int]) -> dist.ProcessGroup | None:
     return dist.distributed_c10d._find_pg_by_ranks_and_tag("", list(ranks))
 
 
-def _resolve(group: Group, op: str) -> _GroupView:
-    """Check `group`, find its process group, and locate the calling rank in it.
+def _resolve(group: Group, op: str, hierarchy: Hierarchy | None = None) -> _GroupView:
+    """Check `group`, find its process group, and locate the calling rank in it; with a `hierarchy` rule also
+    find the caller's intra- and inter-node sub-groups (`rewriter.hierarchical`; none for a group that lies in
+    one node or has one member per node: it runs flat).
 
     Raises:
-        DistributedError: torch.distributed is not initialised, or no process group has these ranks.
+        DistributedError: torch.distributed is not initialised, or no process group has these ranks (or, with
+            `hierarchy`, no sub-group with the ranks it needs).
         ValueError: ranks are not distinct ints sorted ascending, or the calling rank is not a member.
     """
     if not dist.is_initialized():
@@ -132,7 +148,25 @@ def _resolve(group: Group, op: str) -> _GroupView:
                 "every rank first with parallelizer.runtime.create_groups([...]) (or torch.distributed.new_group)."
             )
         name = pg.group_name
-    return _GroupView(name=name, ranks=ranks, index=ranks.index(me))
+    return _GroupView(name=name, ranks=ranks, index=ranks.index(me), hierarchy=hierarchy,
+                      levels=_levels(ranks, me, hierarchy, op))
+
+
+def _levels(ranks: tuple[int, ...], me: int, hierarchy: Hierarchy | None, op: str) -> Levels | None:
+    """The caller's sub-groups of a hierarchical group (`rewriter.hierarchical.split_group`), or None."""
+    if hierarchy is None:
+        return None
+    intra, inter = hierarchical.split_group(ranks, hierarchy[0])
+    if not intra:
+        return None
+    mine = [next(s for s in subs if me in s) for subs in (intra, inter)]
+    pgs = [find_group(s) for s in mine]
+    if None in pgs:
+        raise DistributedError(
+            f"{op}: group {list(ranks)} runs hierarchical collectives but the sub-group {mine[pgs.index(None)]} "
+            f"does not exist on rank {me}. Remedy: create the sub-groups on every rank first with "
+            "parallelizer.runtime.create_groups(parallelizer.rewriter.spec.hierarchical_sub_groups(spec)).")
+    return Levels(pgs[0], pgs[1], len(intra[0]), len(inter[0]), mine[0].index(me), mine[1].index(me))
 
 
 def group_index(group: Group) -> int:
@@ -192,7 +226,11 @@ def _gather(x: torch.Tensor, dim: int, g: _GroupView, full: int | None = None) -
     if x.shape[dim] != _sizes(full, g)[g.index]:
         raise ValueError(f"all_gather: local shape {tuple(x.shape)} holds {x.shape[dim]} elements of dim {dim}, but "
                          f"chunk {g.index} of {full} over group {list(g.ranks)} has {_sizes(full, g)[g.index]}")
-    out = _wait(funcol.all_gather_single(_pad_to(x, dim, step).contiguous(), dim, g.name))
+    padded = _pad_to(x, dim, step).contiguous()
+    if g.two_level("all_gather", padded.numel() * padded.element_size() * g.size):
+        out = hierarchical.all_gather(padded, dim, g.levels)
+    else:
+        out = _wait(funcol.all_gather_single(padded, dim, g.name))
     return out.narrow(dim, 0, full) if step * g.size != full else out
 
 
@@ -202,7 +240,11 @@ def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
         return x
     full = x.shape[dim]
     step = max(_sizes(full, g))
-    out = _wait(funcol.reduce_scatter_single(_pad_to(x, dim, step * g.size).contiguous(), "sum", dim, g.name))
+    padded = _pad_to(x, dim, step * g.size).contiguous()
+    if g.two_level("reduce_scatter", padded.numel() * padded.element_size()):
+        out = hierarchical.reduce_scatter(padded, dim, g.levels)
+    else:
+        out = _wait(funcol.reduce_scatter_single(padded, "sum", dim, g.name))
     return out.narrow(dim, 0, _sizes(full, g)[g.index])
 
 
@@ -210,6 +252,9 @@ def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
     """All-reduce (sum) over the group; shape unchanged."""
     if g.size == 1:
         return x
+    if g.two_level("all_reduce", x.numel() * x.element_size()):
+        flat = x.detach().reshape(-1).clone()
+        return hierarchical.HierarchicalAllReduce(flat, g.levels).wait().view(x.shape)
     return _wait(funcol.all_reduce(x.contiguous(), "sum", g.name))
 
 
@@ -287,7 +332,8 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------- public API
 
 
-def all_gather(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
+def all_gather(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None,
+              hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Shard(dim) -> Replicate. Backward: this rank's slice of the (full, identical) gradient.
 
     Use it when every rank then runs the same replicated computation on the gathered tensor, so the
@@ -302,12 +348,13 @@ def all_gather(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None)
             sorted/distinct; calling rank not in `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    g = _resolve(ranks, "all_gather")
+    g = _resolve(ranks, "all_gather", hierarchy)
     dim = _norm_dim(x, dim, "all_gather")
     return _Conjugate.apply(x, partial(_gather, dim=dim, g=g, full=size), partial(_chunk, dim=dim, g=g))
 
 
-def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
+def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group, size: int | None = None,
+              hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Shard(dim) -> Replicate, for ZeRO-3/FSDP parameters. Backward: reduce-scatter (sum) of the gradient.
 
     Use it when ranks then use the gathered tensor on DIFFERENT data (e.g. batch shards), so each rank's
@@ -321,12 +368,12 @@ def all_gather_rs(x: torch.Tensor, dim: int, ranks: Group, size: int | None = No
         ValueError: dim out of range; this rank's length is not its chunk of `size`; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    g = _resolve(ranks, "all_gather_rs")
+    g = _resolve(ranks, "all_gather_rs", hierarchy)
     dim = _norm_dim(x, dim, "all_gather_rs")
     return _Conjugate.apply(x, partial(_gather, dim=dim, g=g, full=size), partial(_reduce_scatter, dim=dim, g=g))
 
 
-def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group, hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Partial(sum) -> Shard(dim): sum the ranks' tensors, keep this rank's chunk along `dim`.
 
     Backward: all-gather of the gradient along `dim` (the gradient of a Partial input is the full one).
@@ -337,13 +384,13 @@ def reduce_scatter(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
         ValueError: dim out of range; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    g = _resolve(ranks, "reduce_scatter")
+    g = _resolve(ranks, "reduce_scatter", hierarchy)
     dim = _norm_dim(x, dim, "reduce_scatter")
     return _Conjugate.apply(x, partial(_reduce_scatter, dim=dim, g=g),
                             partial(_gather, dim=dim, g=g, full=x.shape[dim]))
 
 
-def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, ranks: Group, hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Partial(sum) -> Replicate: sum over the group. Backward: identity (Megatron's g).
 
     Local shapes: unchanged.
@@ -352,7 +399,7 @@ def all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
         ValueError: bad `ranks`, or the calling rank is not in it.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    return _Conjugate.apply(x, partial(_sum, g=_resolve(ranks, "all_reduce")), _identity)
+    return _Conjugate.apply(x, partial(_sum, g=_resolve(ranks, "all_reduce", hierarchy)), _identity)
 
 
 def all_reduce_max(x: torch.Tensor, ranks: Group) -> torch.Tensor:
@@ -369,7 +416,7 @@ def all_reduce_max(x: torch.Tensor, ranks: Group) -> torch.Tensor:
     return _wait(funcol.all_reduce(x.detach().contiguous(), "max", g.name))
 
 
-def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
+def grad_all_reduce(x: torch.Tensor, ranks: Group, hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Replicate -> Replicate used on different data. Forward: identity. Backward: all-reduce (sum).
 
     Megatron's f, and the DDP gradient sync of a replicated parameter feeding batch-sharded activations:
@@ -381,7 +428,7 @@ def grad_all_reduce(x: torch.Tensor, ranks: Group) -> torch.Tensor:
         ValueError: bad `ranks`, or the calling rank is not in it.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    return _Conjugate.apply(x, _identity, partial(_sum, g=_resolve(ranks, "grad_all_reduce")))
+    return _Conjugate.apply(x, _identity, partial(_sum, g=_resolve(ranks, "grad_all_reduce", hierarchy)))
 
 
 def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, ranks: Group, size: int | None = None) -> torch.Tensor:
@@ -431,7 +478,7 @@ def rechunk(x: torch.Tensor, dim: int, ranks: Group, src_sizes: Sequence[int], d
                             partial(_move_rows, dim=dim, g=g, src=dst, dst=src))
 
 
-def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
+def local_slice(x: torch.Tensor, dim: int, ranks: Group, hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Replicate -> Shard(dim): keep this rank's chunk along `dim`, no communication.
 
     Backward: all-gather of the gradient along `dim`, giving the full (identical) gradient of the
@@ -444,7 +491,7 @@ def local_slice(x: torch.Tensor, dim: int, ranks: Group) -> torch.Tensor:
         ValueError: dim out of range; bad or foreign `ranks`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
     """
-    g = _resolve(ranks, "local_slice")
+    g = _resolve(ranks, "local_slice", hierarchy)
     dim = _norm_dim(x, dim, "local_slice")
     return _Conjugate.apply(x, partial(_chunk, dim=dim, g=g), partial(_gather, dim=dim, g=g, full=x.shape[dim]))
 

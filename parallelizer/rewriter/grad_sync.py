@@ -59,6 +59,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .collectives import Group, _GroupView, _resolve, _sum, grad_all_reduce
 from .compression import GradCompression, finish_compressed, start_compressed
+from .hierarchical import HierarchicalAllReduce, Hierarchy
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "grad_all_reduce_bucketed"]
 
@@ -68,7 +69,8 @@ FIRST_BUCKET_BYTES = 2**20
 """1 MiB: the size at which the first bucket of a backward pass is started (DDP's first-bucket size)."""
 
 
-def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int, compression: str = "") -> torch.Tensor:
+def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int, compression: str = "",
+                             hierarchy: Hierarchy | None = None) -> torch.Tensor:
     """Replicate parameter -> Replicate used on different data (DDP). Forward: identity. Backward: the
     gradient is summed over `ranks` by a bucketed asynchronous all-reduce and added to `param.grad` at the
     end of the backward pass (module docstring); with `compression` (`GradCompression.spec`, "" = none) the
@@ -79,6 +81,9 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     `register_post_accumulate_grad_hook`: they then see the summed gradient, as with `grad_all_reduce`);
     and, in backward, under `create_graph=True` (double backward). Local shapes: unchanged.
 
+    With the plan's `hierarchy` rule for the group (`rewriter.hierarchical`), a bucket whose bytes the rule
+    marks runs the two-level all-reduce (`_start_all_reduce`).
+
     Raises:
         ValueError: bucket_bytes < 1; bad `ranks`, or the calling rank is not in it; a malformed `compression`.
         DistributedError: torch.distributed not initialised, or no process group with these ranks.
@@ -86,11 +91,11 @@ def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: in
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"grad_all_reduce_bucketed: bucket_bytes must be a positive int, got {bucket_bytes!r}")
     codec = GradCompression.parse(compression)
-    g = _resolve(ranks, "grad_all_reduce_bucketed")
+    g = _resolve(ranks, "grad_all_reduce_bucketed", hierarchy)
     if _PASSES and torch._C._current_graph_task_id() == -1:
         _PASSES.clear()  # passes whose backward raised (their end callback never ran); none runs outside backward
     if not (param.is_leaf and param.requires_grad and torch.is_grad_enabled()) or g.size == 1 or _has_hooks(param):
-        return grad_all_reduce(param, ranks)
+        return grad_all_reduce(param, ranks, hierarchy)
     accumulator = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node of `param`
     return _Deferred.apply(param, accumulator, g, bucket_bytes, codec)
 
@@ -129,6 +134,7 @@ class _Bucket:
     params: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
     nbytes: int = 0
+    group: _GroupView | None = None
 
 
 @dataclass
@@ -136,7 +142,7 @@ class _Launched:
     key: tuple
     params: list[torch.Tensor]
     flat: torch.Tensor
-    work: dist.Work | torch.futures.Future  # a Future when a codec reduces the bucket (`rewriter.compression`)
+    work: dist.Work | HierarchicalAllReduce | torch.futures.Future  # Future: a codec reduces the bucket
     group_size: int = 0  # > 0: scale the codec's average back to a sum over this many ranks
 
 
@@ -159,7 +165,7 @@ class _PassSync:
     def add(self, param: torch.Tensor, grad: torch.Tensor, g: _GroupView, bucket_bytes: int,
             codec: GradCompression) -> None:
         key = (g.name, str(grad.dtype), str(grad.device), codec)
-        bucket = self.open.setdefault(key, _Bucket())
+        bucket = self.open.setdefault(key, _Bucket(group=g))
         bucket.params.append(param)
         bucket.grads.append(grad)
         bucket.nbytes += grad.numel() * grad.element_size()
@@ -171,13 +177,13 @@ class _PassSync:
         bucket = self.open.pop(key)
         flat = _buffer(bucket, (len(self.launched), *key))
         torch.cat([t.reshape(-1) for t in bucket.grads], out=flat)
-        group = dist.distributed_c10d._resolve_process_group(key[0])
         codec = key[3]
-        if codec.lossy:
+        if codec.lossy:  # a codec runs torch's DDP hook on the whole (flat) group; never two-level
+            group = dist.distributed_c10d._resolve_process_group(key[0])
             work = start_compressed(flat, bucket.params, group, codec, (len(self.launched), *key))
             self.launched.append(_Launched(key, bucket.params, flat, work, group.size()))
         else:
-            self.launched.append(_Launched(key, bucket.params, flat, dist.all_reduce(flat, group=group, async_op=True)))
+            self.launched.append(_Launched(key, bucket.params, flat, _start_all_reduce(flat, bucket.group, self.launched)))
 
     def finish(self) -> None:
         """Start the open buckets, wait for all, add each reduced gradient to its parameter's `.grad`."""
@@ -196,6 +202,20 @@ class _PassSync:
                         param.grad = piece
                     else:
                         param.grad += piece
+
+
+def _start_all_reduce(flat: torch.Tensor, g: _GroupView,
+                      launched: list[_Launched]) -> dist.Work | HierarchicalAllReduce:
+    """Start the asynchronous all-reduce (sum) of a bucket: flat, or two-level where the group's hierarchical rule
+    says so for its bytes. Each start first moves every two-level all-reduce in flight on to its next phase
+    (`HierarchicalAllReduce.advance`), so their phases overlap backward too; all ranks start the same buckets
+    in the same order, so they issue the phases in the same order."""
+    for earlier in launched:
+        if isinstance(earlier.work, HierarchicalAllReduce):
+            earlier.work.advance()
+    if g.two_level("all_reduce", flat.numel() * flat.element_size()):
+        return HierarchicalAllReduce(flat, g.levels)
+    return dist.all_reduce(flat, group=dist.distributed_c10d._resolve_process_group(g.name), async_op=True)
 
 
 def _buffer(bucket: _Bucket, key: tuple) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..core.layout import Layout, Replicate
 from ..core.mesh import MeshSpec
 from .compression import NO_COMPRESSION, GradCompression
+from .hierarchical import hierarchy_arg, sub_groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class ShardingSpec:
     `rewriter.recompute`).
     `compression`: the codec of the bucketed gradient sync of replicated parameters (`Plan.compression`,
     `rewriter.compression`).
+    `hierarchy`: mesh axis -> the plan's rule for two-level collectives on that axis (`Plan.hierarchical`,
+    `rewriter.hierarchical.Hierarchy`); axes absent run every collective flat.
     """
 
     mesh: MeshSpec
@@ -45,6 +48,7 @@ class ShardingSpec:
     rank_offset: int = 0
     recompute: Mapping[str, str] = field(default_factory=dict)
     compression: GradCompression = NO_COMPRESSION
+    hierarchy: Mapping[str, tuple] = field(default_factory=dict)
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -86,6 +90,22 @@ def all_axis_groups(mesh: MeshSpec) -> list[list[int]]:
     return groups
 
 
+def hierarchical_sub_groups(spec: ShardingSpec, rank_offsets: tuple[int, ...] = (0,)) -> list[list[int]]:
+    """The intra- and inter-node sub-groups (`rewriter.hierarchical.sub_groups`) of every group of the axes with a
+    hierarchical rule, for the copies of the mesh starting at `rank_offsets` (pipeline stages): to create on
+    every rank, in this order, before the programs run."""
+    out: list[list[int]] = []
+    for axis, (devices_per_node, _) in sorted(spec.hierarchy.items()):
+        groups = []
+        for offset in rank_offsets:
+            for rank in range(spec.mesh.world_size):
+                ranks = [r + offset for r in axis_ranks(spec.mesh, rank)[axis]]
+                if ranks not in groups:
+                    groups.append(ranks)
+        out += [s for s in sub_groups(groups, devices_per_node) if s not in out]
+    return out
+
+
 def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
     """The same decisions with every placement on a size-1 mesh axis made Replicate: one rank holds the
     whole tensor there (a shard of one, a sum of one), so no step is emitted on such an axis and a mesh of
@@ -103,13 +123,13 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
                         {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute,
-                        spec.compression)
+                        spec.compression, spec.hierarchy)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
     """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
     output node keeps its input layouts), the stored layout of each parameter/buffer, the recomputed
-    regions and the gradient codec.
+    regions, the gradient codec and the hierarchical-collective rules.
 
     Raises ValueError naming the node when a layout string in the plan does not parse.
     """
@@ -121,5 +141,7 @@ def spec_from_plan(plan) -> ShardingSpec:
         output = Layout.parse(node.output) if node.output is not None else Layout.replicate(plan.mesh.ndim)
         nodes[name] = NodeSharding(inputs, output)
     params = {fqn: Layout.parse(p.stored) for fqn, p in plan.params.items()}
+    hierarchy = {axis: hierarchy_arg(h["devices_per_node"], h["bytes"]) for axis, h in plan.hierarchical.items()}
     return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute),
-                        compression=GradCompression.from_record(getattr(plan, "compression", {})))
+                        compression=GradCompression.from_record(getattr(plan, "compression", {})),
+                        hierarchy=hierarchy)

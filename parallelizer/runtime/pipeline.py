@@ -30,7 +30,7 @@ from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
 from ..rewriter.collectives import find_group
 from ..rewriter.recompute import recompute_within
-from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, mesh_coords
+from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import Role, TracedGraph
 from .launch import create_groups
 from .module import ParallelModule
@@ -155,7 +155,7 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
                                        Layout.replicate(spec.mesh.ndim))
     return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
                         recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced),
-                        spec.compression)
+                        spec.compression, spec.hierarchy)
 
 
 class StageModule(ParallelModule):
@@ -397,7 +397,8 @@ def _shared_params(traced: TracedGraph, cut: StageCut, pp: int, width: int, loca
 
 
 def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]:
-    return [[r + q * width for r in g] for q in range(pp) for g in all_axis_groups(spec.mesh)]
+    return ([[r + q * width for r in g] for q in range(pp) for g in all_axis_groups(spec.mesh)]
+            + hierarchical_sub_groups(spec, tuple(q * width for q in range(pp))))
 
 
 def sync_shared_grads(run: PipelineRun) -> None:

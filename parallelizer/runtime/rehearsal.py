@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from ..errors import PipelineError
 from ..fingerprint import check_plan
 from ..planner import Plan
-from ..rewriter.spec import ShardingSpec, all_axis_groups, spec_from_plan
+from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
@@ -205,7 +205,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     traced = trace(model, inputs, kwargs)
     compute = compute_dtype(traced)
     check_same_weights(model)
-    create_groups(all_axis_groups(spec.mesh))
+    create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))
     pm = ParallelModule(traced, spec, rank, model)
     out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)
     flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]

@@ -38,16 +38,17 @@ def lm_loss(output, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
 
-def train(rank: int, world_size: int, cases: dict, steps: int = 3) -> dict:
+def train(rank: int, world_size: int, cases: dict, steps: int = 3, gpt2: dict = GPT2_4) -> dict:
     """For each case (name -> (mesh, plan options or {"plan_json": a saved plan})): the same user loop on `auto_parallelize`'s module and on
     the single-device model; returns per case the largest differences of loss, gradients (every step) and
-    parameters (after `steps` AdamW steps), and under "errors" the typed errors of the first pipeline module."""
+    parameters (after `steps` AdamW steps), and under "errors" the typed errors of the first pipeline module.
+    `gpt2`: the model's `zoo.gpt2` sizes."""
     report = {}
     for name, (mesh, options) in cases.items():
         if "plan_json" in options:  # a saved plan: applied without re-planning, its mesh the default
             options = {"plan": parallelizer.Plan.from_json(options["plan_json"])}
         torch.manual_seed(0)
-        model, (ids,) = zoo.gpt2(**GPT2_4)
+        model, (ids,) = zoo.gpt2(**gpt2)
         reference = copy.deepcopy(model)
         labels = padded_labels(ids)
         with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner

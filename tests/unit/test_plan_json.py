@@ -33,7 +33,7 @@ def plan(traced):
 def test_json_validates_against_the_shipped_schema(plan):
     d = json.loads(plan.to_json())
     jsonschema.Draft202012Validator(plan_schema()).validate(d)
-    assert set(d) | {"pipeline", "recompute", "compression"} == set(plan_schema()["properties"])  # when used
+    assert set(d) | {"pipeline", "recompute", "compression", "hierarchical"} == set(plan_schema()["properties"])  # when used
     assert "params" not in d["fingerprint"]["summary"]  # derived from "params" on load
     assert plan.fingerprint["summary"]["params"]["wte.weight"] == {"shape": [64, 32], "dtype": "float32"}
     assert d["cluster"]["spec"] == "h100:1x2" and d["blocks"][0]["name"] == "h.*"
