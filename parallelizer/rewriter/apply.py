@@ -260,8 +260,9 @@ class _Rewriter:
         self.counts[step.kind] = self.counts.get(step.kind, 0) + 1
         gathered = (lambda: local_shape(shape, Layout.parse(step.after), self.mesh, self.coords)[step.tensor_dim])
         if step.kind == "grad_all_reduce" and value in self.trainable and self.grad_bucket_bytes:
-            codec = self.spec.compression.spec if self.spec.compression.lossy else ""
-            fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes, codec)
+            fn, args = grad_sync.grad_all_reduce_bucketed, (value, ranks, self.grad_bucket_bytes)
+            if self.spec.compression.lossy or step.mesh_axis in self.spec.hierarchy:  # positional: codec, rule
+                args += (self.spec.compression.spec if self.spec.compression.lossy else "",)
         elif step.kind == "all_gather":
             fn = collectives.all_gather_rs if step.bwd_kind == "reduce_scatter" else collectives.all_gather
             args = (value, step.tensor_dim, ranks, gathered())
