@@ -81,6 +81,9 @@ class GradCompression:
     @classmethod
     def parse(cls, spec: str) -> "GradCompression":
         """Inverse of `spec`. Raises ValueError for a malformed string."""
+        if not isinstance(spec, str):
+            raise ValueError(f"gradient compression must be a string ('', 'bf16' or 'powersgd:RANK:SEED'), got "
+                             f"{type(spec).__name__} {spec!r}; pass a hierarchical rule as hierarchy=...")
         if not spec:
             return NO_COMPRESSION
         kind, *rest = spec.split(":")

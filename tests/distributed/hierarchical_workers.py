@@ -89,7 +89,7 @@ def _bucketed_diff(ranks: list[int], rank: int) -> float:
         params = [torch.nn.Parameter(torch.randn(n)) for n in (300, 3, 17)]
         torch.manual_seed(20 + rank)
         data = torch.randn(300)
-        loss = sum((grad_all_reduce_bucketed(p, ranks, 64, h) * data[: p.numel()]).sum() for p in params)
+        loss = sum((grad_all_reduce_bucketed(p, ranks, 64, hierarchy=h) * data[: p.numel()]).sum() for p in params)
         loss.backward()
         results.append(torch.cat([p.grad for p in params]))
     dist.barrier()
