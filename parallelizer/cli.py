@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation per repeated block: auto (default) lets the planner choose where "
                         "memory needs it; none, selective (the attention core) or full force it on every block")
+    p.add_argument("--boundary-compression", default="none", choices=("none", "auto", "int8", "lowrank"),
+                   help="compress activations and their gradients sent between pipeline stages: none (default), auto "
+                        "(the search picks int8 per boundary where it pays), int8 or lowrank on every boundary "
+                        "(parallelizer/planner/boundary.py)")
+    p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
@@ -214,7 +219,8 @@ def cmd_plan(args) -> int:
                    axis_roles={k: str(v) for k, v in roles.items()},
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
-                   precision=args.precision, recompute=args.recompute)
+                   precision=args.precision, recompute=args.recompute,
+                   boundary_compression=args.boundary_compression, boundary_rank=args.boundary_rank)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:
         best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,

@@ -185,6 +185,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     del cfg["time_limit_s"]
     if cfg["recompute"] == "auto":  # the default: left out, so plans of before the option stay byte-identical
         del cfg["recompute"]
+    if cfg["boundary_compression"] == "none":  # likewise (pipeline-boundary compression, `planner.boundary`)
+        del cfg["boundary_compression"], cfg["boundary_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute))
 

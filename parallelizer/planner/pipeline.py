@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from ..core.mesh import MeshSpec
+from .boundary import BoundaryCompression
 from .plan import Plan, _round
 
 PIPELINE_FORMAT_VERSION = 1
@@ -143,6 +144,7 @@ class PipelinePlan:
     block_group: str
     partition: str = "dp"
     config: dict = field(default_factory=dict)
+    compression: "BoundaryCompression | None" = None  # per stage boundary codec (`planner.boundary`)
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -182,6 +184,8 @@ class PipelinePlan:
         d.update(format_version=PIPELINE_FORMAT_VERSION, mesh=self.mesh.to_dict(),
                  stages=[asdict(s) for s in self.stages], ranks=[asdict(r) for r in self.ranks],
                  stage_kinds=[asdict(k) for k in self.stage_kinds], search=search)
+        if self.compression is not None:
+            d["compression"] = self.compression.to_dict()
         return _round(d)
 
     def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
@@ -212,6 +216,7 @@ class PipelinePlan:
         for s in self.stages:
             modes[s.recompute] = modes.get(s.recompute, 0) + s.num_blocks
         lines.append("recomputation: " + ", ".join(f"{m} on {n} blocks" for m, n in sorted(modes.items())))
+        lines += self.compression.lines() if self.compression is not None else []
         peak = max(self.ranks, key=lambda r: r.memory_bytes)
         lines.append(f"peak memory {peak.memory_bytes / gb:.2f} GB on pp rank {peak.pp_rank} "
                      f"({peak.inflight_microbatches:g} microbatches in flight)")

@@ -52,6 +52,7 @@ from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, format_bytes
 from ..tracer import TracedGraph
+from . import boundary
 from .api import memory_budget
 from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
@@ -213,6 +214,9 @@ class _Context:
         self.cache: dict[int, SegmentPrices] = {}
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
+        self.codecs = boundary.codecs_of(config.boundary_compression)
+        self.codec_prices = boundary.price_codecs(traced, segments.cut_values, self.codecs, config.boundary_rank,
+                                                  cluster.device)
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
@@ -266,6 +270,31 @@ class _Context:
             return {"need_bytes": need_lb}
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
         cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
+        plain = self._partitions(c, (f, b, w, state, t_by, act_by), cut_f, cut_b, rank, inflight, topo)
+        if not self.codecs or c.pp == 1 or "step_s" not in plain:
+            return plain
+        codecs, comp_f, comp_b = boundary.choose(self.codecs, self.config.boundary_compression != "auto",
+                                                 self.codec_prices, lambda x: self._p2p_s(x, c, topo),
+                                                 seg.cut_fwd_bytes, seg.cut_bwd_bytes, scale)
+        comp = self._partitions(c, (f, b, w, state, t_by, act_by), comp_f, comp_b, rank, inflight, topo)
+        if "step_s" not in comp or (self.config.boundary_compression == "auto"
+                                    and comp["step_s"] * (1 + boundary.MIN_GAIN) > plain["step_s"]):
+            return plain
+        # the uncompressed price of the same stages, for the plan's speedup
+        again = self._price_partition(c, comp["cuts"], comp["modes"], (f, b, w, state, act_by, cut_f, cut_b),
+                                      rank, inflight, topo)
+        choices = tuple(boundary.BoundaryChoice(
+            s, codecs[j], 8 if codecs[j] == "int8" else None, self.config.boundary_rank if codecs[j] == "lowrank"
+            else None, self.codec_prices[codecs[j]].fwd_ratio[j] if codecs[j] != "none" else 1.0,
+            comp_f[j] + comp_b[j], cut_f[j] + cut_b[j]) for s, j in enumerate(comp["cuts"][1:-1]))
+        return dict(comp, compression=boundary.BoundaryCompression(
+            self.config.boundary_compression, comp["step_s"], again["step_s"], self.config.boundary_rank, choices))
+
+    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, topo) -> dict:
+        """The better feasible of the DP partition and the even split for boundary transfer seconds
+        cut_f / cut_b per cut (`evaluate`); {"need_bytes"} when neither fits."""
+        f, b, w, state, t_by, act_by = arrays
+        L, v, p = self.segments.num_blocks, get_schedule(c.schedule).virtual_stages, c.pp
         t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
         chain = ChainCosts(tuple(t0[1:L + 1]), tuple(state[1:L + 1]), tuple(a0[1:L + 1]), float(t0[0]),
                            float(t0[L + 1]), float(state[0]), float(a0[0]), float(state[L + 1]),
@@ -287,7 +316,7 @@ class _Context:
         for cuts, (how, modes) in options.items():
             res = self._price_partition(c, cuts, tuple(self.modes[k] for k in modes),
                                         (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
-            results.append(dict(res, partition=how))
+            results.append(dict(res, partition=how, cuts=cuts, modes=tuple(self.modes[k] for k in modes)))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
         if not fits:
             return {"need_bytes": min(r["need_bytes"] for r in results)}
@@ -363,7 +392,7 @@ class _Context:
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
-            intra_stage_plan=pr.plan)
+            intra_stage_plan=pr.plan, compression=res.get("compression"))
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""

@@ -153,5 +153,7 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
     per_stage = pipe.blocks_per_stage
     run = build(traced, spec_from_plan(plan), cut_stages(traced, len(per_stage), per_stage), model, pp=pipe.pp,
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
-                loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True))
+                loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
+                boundary=pipe.compression.kinds if pipe.compression is not None else (),
+                boundary_rank=pipe.compression.rank if pipe.compression is not None else 8)
     return PipelineModule(run, traced, plan, rank)
