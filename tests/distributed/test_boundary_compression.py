@@ -15,7 +15,7 @@ import parallelizer
 from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
-from compression_workers import run_arms
+from boundary_workers import run_arms
 
 pytestmark = pytest.mark.distributed
 
