@@ -62,5 +62,5 @@ def train_rank(rank: int, world_size: int, cfg: dict, options: dict) -> dict:
         opt.step()
     pipe = pm.plan.pipeline
     return {"losses": losses if rank == 0 else [], "seconds": time.perf_counter() - start,
-            "boundary": pipe.compression.to_dict() if pipe.compression is not None else None,
+            "boundary": pipe.compression.to_dict() if getattr(pipe, "compression", None) is not None else None,
             "dp_compression": getattr(pm.plan, "compression", None)}

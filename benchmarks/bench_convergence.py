@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 JSON_PATH, PNG_PATH = HERE / "convergence.json", HERE / "convergence.png"
 CONFIG = dict(model=dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=64), batch=16, seq_len=64,
-              microbatches=2, schedule="gpipe", steps=200, lr=3e-3, seed=0, corpus_bytes=2_000_000)
+              microbatches=2, schedule="gpipe", steps=400, lr=3e-3, seed=0, corpus_bytes=2_000_000)
 ARMS = {  # name: plan options (None: needs the data-parallel compression option, resolved in `arms`)
     "none": {},
     "powersgd": None,

@@ -171,6 +171,16 @@ class BoundaryCompression:
         return [self._title()] + ["  " + ", ".join(f"{h} {c}" for h, c in zip(header, r)) for r in rows]
 
 
+def build_options(compression: "BoundaryCompression | dict | None") -> dict:
+    """The keyword arguments `runtime.pipeline.build` takes for a plan's boundary compression (a
+    `BoundaryCompression`, its JSON dict, or None: {})."""
+    if compression is None:
+        return {}
+    if isinstance(compression, dict):
+        compression = BoundaryCompression.from_dict(compression)
+    return {"boundary": compression.kinds, "boundary_rank": compression.rank}
+
+
 def choose(kinds: tuple[str, ...], forced: bool, prices: dict[str, CodecPrice], p2p, fwd_bytes, bwd_bytes,
            scale: float) -> tuple[tuple[str, ...], tuple[float, ...], tuple[float, ...]]:
     """Per cut k the codec and its forward / backward seconds per microbatch (module docstring).

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError
 from ..planner import Plan
+from ..planner.boundary import build_options
 from ..rewriter.collectives import find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
@@ -154,6 +155,5 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
     run = build(traced, spec_from_plan(plan), cut_stages(traced, len(per_stage), per_stage), model, pp=pipe.pp,
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
-                boundary=pipe.compression.kinds if pipe.compression is not None else (),
-                boundary_rank=pipe.compression.rank if pipe.compression is not None else 8)
+                **build_options(pipe.compression))
     return PipelineModule(run, traced, plan, rank)
