@@ -14,7 +14,9 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    `parallelizer.plan` (`api.memory_budget`);
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
-   an all-gather over "tp" inside the node rebuilds it;
+   an all-gather over "tp" inside the node rebuilds it; with `PlanConfig.boundary_compression` the send
+   is priced at the codec's wire bytes plus its encode/decode time, per cut the cheapest allowed codec
+   (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`);
 3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
    rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
    the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
@@ -252,7 +254,10 @@ class _Context:
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
         chunk memory conservatively (budget / v each), and neither sees the dp gradient sync. Each stage
         takes the cheapest recomputation mode that fits (`partition.py`; `PlanConfig.recompute` other than
-        "auto" allows only that mode)."""
+        "auto" allows only that mode). With boundary compression allowed (`planner.boundary`), the partition
+        is priced again with each cut's codec chosen (`boundary.choose`); "auto" keeps the compressed result
+        only when its step is >= `boundary.MIN_GAIN` faster, a forced codec always; the result then carries
+        "compression" (`BoundaryCompression`, with the uncompressed price of the same stages)."""
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
         scale, topo = self._scale(c), self.topology(c)

@@ -12,7 +12,7 @@ from parallelizer import zoo
 from parallelizer.runtime.pipeline import build, cut_stages
 from parallelizer.runtime.pipeline_rehearsal import stage_diffs
 from parallelizer.tracer.trace import trace
-from pipeline_workers import mean_square
+from pipeline_workers import mean_square, optimizers, train
 
 
 def run_arms(rank: int, world_size: int, model_kwargs: dict, spec, arms: tuple, microbatches: int,
@@ -29,25 +29,9 @@ def run_arms(rank: int, world_size: int, model_kwargs: dict, spec, arms: tuple, 
         run = build(traced, spec, cut_stages(traced, 2), model, pp=2, schedule="gpipe", microbatches=microbatches,
                     loss_fn=mean_square, boundary=(kind,), boundary_rank=8)
         start = time.perf_counter()
-        opt = torch.optim.AdamW([p for m in run.stages for p in m.parameters()], lr=1e-3, eps=1e-6)
-        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6)
-        report = {"kind": kind, "losses": [], "ref_losses": [], "grad": 0.0,
-                  "codecs": [tuple(c.wire_shape if c else None for c in m.out_codecs + m.in_codecs)
-                             for m in run.stages]}
-        for step in range(steps):
-            opt.zero_grad()
-            ref_opt.zero_grad()
-            losses: list = []
-            run.step(ids, target=torch.zeros(ids.shape[0]), losses=losses)
-            ref_loss = mean_square(reference(ids).logits, None)
-            ref_loss.backward()
-            if run.last:
-                report["losses"].append(torch.stack(losses).mean().item())
-            report["ref_losses"].append(ref_loss.item())
-            if step == 0:
-                report["grad"] = stage_diffs(run, reference, spec, None, grads=True)[0]
-            opt.step()
-            ref_opt.step()
+        report = dict(train(run, reference, spec, ids, steps, *optimizers(run, reference)), kind=kind,
+                      codecs=[tuple(c.wire_shape if c else None for c in m.out_codecs + m.in_codecs)
+                              for m in run.stages])
         report["params"] = stage_diffs(run, reference, spec, None, grads=False)[0]
         report["seconds"] = time.perf_counter() - start
         report["state"] = {n: p.detach().clone() for n, p in run.stages[0].named_parameters()}
