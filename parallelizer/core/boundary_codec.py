@@ -31,10 +31,13 @@ Codecs (`KINDS`):
 How "lowrank" relates to Protocol Models (Ramasinghe et al., "Protocol Models: Scaling Decentralized
 Training with Communication-Efficient Model Parallelism", arXiv 2506.01260): the paper also sends
 activations and activation gradients as coefficients in a predefined low-dimensional subspace shared by the
-stages, reaching up to 99% compression. What it adds and we do NOT implement: it makes the projection
-(nearly) lossless by constraining the model - the weights whose outputs enter the residual stream are kept
-in that subspace, and the high-rank token / position embeddings are not sent but rebuilt on each stage from
-the token ids - and it updates the subspace during training. We project an UNCONSTRAINED model's boundary
+stages, reaching up to 99% compression (its abstract: "we predefine a low-dimensional subspace to confine the
+activations and gradients, allowing full reconstruction in subsequent layers"). What it adds and we do NOT
+implement: it makes the projection (nearly) lossless by constraining the model, using the transformer's
+recursive residual structure - in our reading, the weights whose outputs enter the residual stream are kept
+in that subspace and the high-rank token embeddings are handled apart from it (rebuilt on each stage from
+the token ids rather than sent). We did not reproduce its experiments or its subspace choice beyond that
+reading. We project an UNCONSTRAINED model's boundary
 values onto a fixed random subspace, so the projection drops everything outside it: the deviation is
 measured (benchmarks/bench_convergence.py) rather than zero, and the planner's "auto" never picks lowrank.
 """

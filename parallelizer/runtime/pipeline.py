@@ -27,7 +27,7 @@ import torch.fx
 from torch.distributed import pipelining
 from torch.utils import _pytree as pytree
 
-from ..core.boundary_codec import BoundaryCodec, compressible
+from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
 from ..rewriter.collectives import find_group
@@ -346,6 +346,8 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
+    if any(kind not in (None, *KINDS) for kind in boundary):
+        raise ValueError(f"boundary={boundary}: each entry must be None or one of {KINDS}")
     per_rank, rem = divmod(cut.num_stages, pp)
     if rem or (per_rank > 1) != (schedule in _MULTI_STAGE):
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
