@@ -322,7 +322,8 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
                                 found.microbatch_size, found.global_batch, found.partition,
                                 tuple(s.time_s for s in found.stages), memory)
     section = pipeline_section(whole, sub.world_size, tuple(group.members), cut.stage_of, found.pp,
-                               found.schedule, found.num_microbatches, found.virtual_stages, per_stage, estimate)
+                               found.schedule, found.num_microbatches, found.virtual_stages, per_stage, estimate,
+                               found.boundary_compression)
     peak = dict(estimate.peak_memory_bytes, buffers=0)
     peak["total"] = sum(v for k, v in peak.items() if k != "total")
     peak["reserve"] = reserve

@@ -113,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
                         "it speeds the estimated step up >= 1.25x, e.g. over slow links: --cluster internet:8x1), "
                         "powersgd or bf16 (forced); planner/compression.py")
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD approximation rank (default 4)")
+    p.add_argument("--boundary-compression", default="none", choices=("none", "auto", "int8", "lowrank"),
+                   help="compress activations and their gradients sent between pipeline stages: none (default), auto "
+                        "(the search picks int8 per boundary where it pays), int8 or lowrank on every boundary "
+                        "(parallelizer/planner/boundary.py)")
+    p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
@@ -221,7 +226,8 @@ def cmd_plan(args) -> int:
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
                    precision=args.precision, recompute=args.recompute, compression=args.compression,
-                   powersgd_rank=args.powersgd_rank)
+                   powersgd_rank=args.powersgd_rank, boundary_compression=args.boundary_compression,
+                   boundary_rank=args.boundary_rank)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:
         best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,

@@ -52,6 +52,11 @@ class PlanConfig:
             = the planner decides (none while a plan fits without it, else the fastest mix of none /
             selective / full that fits: `planner.ilp`, `planner.search`); "none", "selective" or "full" force
             that mode on every member. A user's own checkpoint regions (`traced.user_recompute`) stay forced.
+        boundary_compression: compression of the activations and activation gradients sent between pipeline
+            stages (`planner.boundary`, `core.boundary_codec`): "none" (default; lossy numerics are opt-in),
+            "auto" (the search picks int8 per boundary where it lowers the estimated step by >= 5%), "int8" or
+            "lowrank" (forced on every boundary). Pipeline plans only.
+        boundary_rank: subspace rank r of the "lowrank" boundary codec (>= 1).
         cluster_blocks: share strategy variables between the instances of a repeated block (exact when the
             optimum treats every instance alike; always a feasible plan).
         compression: data-parallel gradient compression (`cost_model.compression`, `rewriter.compression`),
@@ -79,6 +84,8 @@ class PlanConfig:
     recompute: str = "auto"
     compression: str = "none"
     powersgd_rank: int = 4
+    boundary_compression: str = "none"
+    boundary_rank: int = 8
 
     def __post_init__(self) -> None:
         bd = self.batch_dims
@@ -122,6 +129,12 @@ class PlanConfig:
         if not (isinstance(self.powersgd_rank, int) and not isinstance(self.powersgd_rank, bool)
                 and self.powersgd_rank >= 1):
             raise ValueError(f"PlanConfig.powersgd_rank={self.powersgd_rank!r}: must be an int >= 1 (e.g. 4)")
+        from .planner.boundary import OPTIONS as BOUNDARY_OPTIONS
+        if self.boundary_compression not in BOUNDARY_OPTIONS:
+            raise ValueError(f"PlanConfig.boundary_compression={self.boundary_compression!r}: use one of "
+                             f"{BOUNDARY_OPTIONS}")
+        if not (isinstance(self.boundary_rank, int) and self.boundary_rank >= 1):
+            raise ValueError(f"PlanConfig.boundary_rank={self.boundary_rank!r}: must be an int >= 1")
         if self.solver not in SOLVERS:
             raise ValueError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
         if not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):

@@ -119,6 +119,8 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
     if plan.pipeline is not None:
         tables.append(plan.pipeline.table())
+        if plan.pipeline.compression is not None:
+            tables.append(plan.pipeline.compression.table())
         if plan.pipeline.estimate is not None:
             ranks = plan.pipeline.estimate.rank_memory_bytes
             tables.append(("Pipeline memory per device by pp rank (GB; activations = in-flight microbatches)",

@@ -187,6 +187,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         del cfg["recompute"]
     if cfg["compression"] == "none":  # likewise (planner.compression)
         del cfg["compression"], cfg["powersgd_rank"]
+    if cfg["boundary_compression"] == "none":  # likewise (pipeline-boundary compression, `planner.boundary`)
+        del cfg["boundary_compression"], cfg["boundary_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute), hierarchical=pricer.hierarchical_record())
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..core.mesh import MeshSpec
 from .compression import compression_line
+from .boundary import BoundaryCompression
 from .plan import Plan, _round
 
 PIPELINE_FORMAT_VERSION = 1
@@ -145,6 +146,7 @@ class PipelinePlan:
     partition: str = "dp"
     config: dict = field(default_factory=dict)
     compression: dict = field(default_factory=dict)
+    boundary_compression: "BoundaryCompression | None" = None  # per stage boundary codec (`planner.boundary`)
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -186,6 +188,8 @@ class PipelinePlan:
                  stage_kinds=[asdict(k) for k in self.stage_kinds], search=search)
         if self.compression:
             d["compression"] = dict(self.compression)
+        if self.boundary_compression is not None:
+            d["boundary_compression"] = self.boundary_compression.to_dict()
         return _round(d)
 
     def to_json(self, include_timing: bool = False, indent: int | None = 1) -> str:
@@ -216,6 +220,7 @@ class PipelinePlan:
         for s in self.stages:
             modes[s.recompute] = modes.get(s.recompute, 0) + s.num_blocks
         lines.append("recomputation: " + ", ".join(f"{m} on {n} blocks" for m, n in sorted(modes.items())))
+        lines += self.boundary_compression.lines() if self.boundary_compression is not None else []
         peak = max(self.ranks, key=lambda r: r.memory_bytes)
         lines.append(f"peak memory {peak.memory_bytes / gb:.2f} GB on pp rank {peak.pp_rank} "
                      f"({peak.inflight_microbatches:g} microbatches in flight)")

@@ -417,6 +417,8 @@ class Plan:
             lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
             if self.pipeline.estimate is not None:
                 lines += self.pipeline.estimate.lines()[1:]
+            if self.pipeline.compression is not None:
+                lines += self.pipeline.compression.lines()
         rows = search_rows(self)
         if rows:
             lines.append("search (parallelizer.plan):")

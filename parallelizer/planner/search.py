@@ -14,7 +14,9 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    `parallelizer.plan` (`api.memory_budget`);
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
-   an all-gather over "tp" inside the node rebuilds it;
+   an all-gather over "tp" inside the node rebuilds it; with `PlanConfig.boundary_compression` the send
+   is priced at the codec's wire bytes plus its encode/decode time, per cut the cheapest allowed codec
+   (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`);
 3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
    rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
    the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
@@ -59,6 +61,7 @@ from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, format_bytes
 from ..tracer import TracedGraph
+from . import boundary
 from .api import memory_budget
 from .compression import choose, codecs_of, keeps_compression, make_record
 from .costs import resolve_precision, traced_in_low_precision
@@ -235,8 +238,11 @@ class _Context:
         self.cache: dict[int, SegmentPrices] = {}
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
-        self.codecs = codecs_of(config)
+        self.codecs = codecs_of(config)  # data-parallel gradient codecs (`planner.compression`)
         self.evaluated: dict[Candidate, dict] = {}
+        self.boundary_codecs = boundary.codecs_of(config.boundary_compression)  # stage-boundary codecs
+        self.boundary_prices = boundary.price_codecs(traced, segments.cut_values, self.boundary_codecs,
+                                                     config.boundary_rank, cluster.device)
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
@@ -273,7 +279,11 @@ class _Context:
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
         chunk memory conservatively (budget / v each), and neither sees the dp gradient sync. Each stage
         takes the cheapest recomputation mode that fits (`partition.py`; `PlanConfig.recompute` other than
-        "auto" allows only that mode). Results are cached per candidate."""
+        "auto" allows only that mode). With boundary compression allowed (`planner.boundary`), the partition
+        is priced again with each cut's codec chosen (`boundary.choose`); "auto" keeps the compressed result
+        only when its step is >= `boundary.MIN_GAIN` faster, a forced codec always; the result then carries
+        "boundary_compression" (`BoundaryCompression`, with the uncompressed price of the same stages).
+        Results are cached per candidate."""
         if c not in self.evaluated:
             self.evaluated[c] = self._evaluate(c)
         return self.evaluated[c]
@@ -296,6 +306,31 @@ class _Context:
             return {"need_bytes": need_lb}
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
         cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
+        plain = self._partitions(c, (f, b, w, state, t_by, act_by), cut_f, cut_b, rank, inflight, topo)
+        if not self.boundary_codecs or c.pp == 1 or "step_s" not in plain:
+            return plain
+        codecs, comp_f, comp_b = boundary.choose(self.boundary_codecs, self.config.boundary_compression != "auto",
+                                                 self.boundary_prices, lambda x: self._p2p_s(x, c, topo),
+                                                 seg.cut_fwd_bytes, seg.cut_bwd_bytes, scale)
+        comp = self._partitions(c, (f, b, w, state, t_by, act_by), comp_f, comp_b, rank, inflight, topo)
+        if "step_s" not in comp or (self.config.boundary_compression == "auto"
+                                    and comp["step_s"] * (1 + boundary.MIN_GAIN) > plain["step_s"]):
+            return plain
+        # the uncompressed price of the same stages, for the plan's speedup
+        again = self._price_partition(c, comp["cuts"], comp["modes"], (f, b, w, state, act_by, cut_f, cut_b),
+                                      rank, inflight, topo)
+        choices = tuple(boundary.BoundaryChoice(
+            s, codecs[j], 8 if codecs[j] == "int8" else None, self.config.boundary_rank if codecs[j] == "lowrank"
+            else None, self.boundary_prices[codecs[j]].fwd_ratio[j] if codecs[j] != "none" else 1.0,
+            comp_f[j] + comp_b[j], cut_f[j] + cut_b[j]) for s, j in enumerate(comp["cuts"][1:-1]))
+        return dict(comp, boundary_compression=boundary.BoundaryCompression(
+            self.config.boundary_compression, comp["step_s"], again["step_s"], self.config.boundary_rank, choices))
+
+    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, topo) -> dict:
+        """The better feasible of the DP partition and the even split for boundary transfer seconds
+        cut_f / cut_b per cut (`evaluate`); {"need_bytes"} when neither fits."""
+        f, b, w, state, t_by, act_by = arrays
+        L, v, p = self.segments.num_blocks, get_schedule(c.schedule).virtual_stages, c.pp
         t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
         chain = ChainCosts(tuple(t0[1:L + 1]), tuple(state[1:L + 1]), tuple(a0[1:L + 1]), float(t0[0]),
                            float(t0[L + 1]), float(state[0]), float(a0[0]), float(state[L + 1]),
@@ -317,7 +352,7 @@ class _Context:
         for cuts, (how, modes) in options.items():
             res = self._price_partition(c, cuts, tuple(self.modes[k] for k in modes),
                                         (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
-            results.append(dict(res, partition=how))
+            results.append(dict(res, partition=how, cuts=cuts, modes=tuple(self.modes[k] for k in modes)))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
         if not fits:
             return {"need_bytes": min(r["need_bytes"] for r in results)}
@@ -417,7 +452,7 @@ class _Context:
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
             compression=make_record(self.config, res["compression"], step, uncompressed_step_s),
-            intra_stage_plan=pr.plan)
+            intra_stage_plan=pr.plan, boundary_compression=res.get("boundary_compression"))
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""

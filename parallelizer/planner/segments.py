@@ -62,6 +62,8 @@ class Segments:
         cut_fwd_bytes / cut_bwd_bytes: at trace batch, bytes crossing the cut after segment k (k = 0..L)
             forward (activations) and backward (their gradients, only for values that depend on parameters).
         trace_batch: b0, samples in the traced inputs.
+        cut_values: the names of the values crossing each cut (k = 0..L), in graph order (what
+            `planner.boundary` prices a codec on).
     """
 
     group: str
@@ -71,6 +73,7 @@ class Segments:
     cut_fwd_bytes: tuple[int, ...]
     cut_bwd_bytes: tuple[int, ...]
     trace_batch: int
+    cut_values: tuple[tuple[str, ...], ...] = ()
 
 
 def segment_graph(traced: TracedGraph) -> Segments:
@@ -108,8 +111,8 @@ def segment_graph(traced: TracedGraph) -> Segments:
         elif name in owner:
             members[owner[name]].append(name)
     members[L + 1].append(out_node)
-    fwd, bwd = [0] * (L + 1), [0] * (L + 1)
-    depends = _depends_on_parameters(traced)
+    fwd, bwd, crossing = [0] * (L + 1), [0] * (L + 1), [[] for _ in range(L + 1)]
+    depends = depends_on_parameters(traced)
     for name, seg in owner.items():
         info = traced.nodes[name]
         last = max((owner_of(u.name) or seg for u in info.node.users), default=seg)
@@ -117,12 +120,14 @@ def segment_graph(traced: TracedGraph) -> Segments:
         for k in range(seg, last):
             fwd[k] += info.nbytes
             bwd[k] += info.nbytes if floating and name in depends else 0
+            crossing[k].append(name)
     return Segments(group.name, L, tuple(tuple(m) for m in members), owner, tuple(fwd), tuple(bwd),
-                    _trace_batch(traced))
+                    _trace_batch(traced), tuple(tuple(c) for c in crossing))
 
 
-def _depends_on_parameters(traced: TracedGraph) -> set[str]:
-    """Nodes with a parameter among their ancestors (their outputs carry gradients)."""
+def depends_on_parameters(traced: TracedGraph) -> set[str]:
+    """Nodes with a parameter among their ancestors (their outputs carry gradients; the values a boundary
+    codec compresses, `planner.boundary`, `runtime.pipeline.boundary_codecs`)."""
     dep: set[str] = set()
     for name, info in traced.nodes.items():
         if info.role == Role.PARAMETER or any(a.name in dep for a in info.node.all_input_nodes):

@@ -22,7 +22,8 @@ embedding gradient exchange, per-stage seconds per microbatch, and per pipeline 
 
 JSON (`Plan.to_dict()["pipeline"]`, present only in pipeline plans): {"pp", "schedule", "microbatches",
 "virtual_stages", "mesh": the full mesh, "stages": [{"stage", "pp_rank", "blocks": [member, ...],
-"first_node", "last_node", "ranks": [first, last]}], "estimate": {...} (`PipelineEstimate.to_dict`)}.
+"first_node", "last_node", "ranks": [first, last]}], "estimate": {...} (`PipelineEstimate.to_dict`),
+"compression": {...} (`planner.boundary.BoundaryCompression.to_dict`; absent when no boundary is compressed)}.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
+from .boundary import BoundaryCompression, sig10 as _sig10
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")  # what runtime.pipeline runs (module docstring)
 UNRUNNABLE_SCHEDULES = {"zbv": "the runtime places stages looped (stage k on pp rank k % pp) and has no ZB-V "
@@ -125,6 +127,7 @@ class PipelineSection:
     mesh: MeshSpec
     stages: tuple[StagePlan, ...]
     estimate: PipelineEstimate | None = None  # the search's price (None in plans made before it was recorded)
+    compression: BoundaryCompression | None = None  # per stage boundary codec (`planner.boundary`); None: none
 
     @property
     def blocks_per_stage(self) -> tuple[int, ...]:
@@ -136,15 +139,17 @@ class PipelineSection:
                 "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "blocks": list(s.blocks),
                             "first_node": s.first_node, "last_node": s.last_node, "ranks": list(s.ranks)}
                            for s in self.stages],
-                **({"estimate": self.estimate.to_dict()} if self.estimate is not None else {})}
+                **({"estimate": self.estimate.to_dict()} if self.estimate is not None else {}),
+                **({"compression": self.compression.to_dict()} if self.compression is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PipelineSection":
         stages = tuple(StagePlan(s["stage"], s["pp_rank"], tuple(s["blocks"]), s["first_node"], s["last_node"],
                                  tuple(s["ranks"])) for s in d["stages"])
         estimate = PipelineEstimate.from_dict(d["estimate"]) if "estimate" in d else None
+        compression = BoundaryCompression.from_dict(d["compression"]) if "compression" in d else None
         return cls(d["pp"], d["schedule"], d["microbatches"], d["virtual_stages"], MeshSpec.from_dict(d["mesh"]),
-                   stages, estimate)
+                   stages, estimate, compression)
 
     def table(self) -> tuple[str, list[str], list[list[str]]]:
         """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, first-last node, and with an
@@ -157,10 +162,6 @@ class PipelineSection:
                  f"{self.virtual_stages} stage(s) per pp rank, full mesh {self.mesh})")
         header = ["stage", "pp rank", "blocks", "ranks", "nodes"] + (["ms/microbatch"] if timed else [])
         return title, header, rows
-
-
-def _sig10(x: float) -> float:
-    return float(f"{x:.10g}")  # as `planner.plan._round` writes floats
 
 
 def _span(blocks: tuple[str, ...]) -> str:
@@ -202,7 +203,8 @@ def check_schedules(names) -> tuple[str, ...]:
 
 def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...], stage_of: dict[str, int],
                      pp: int, schedule: str, microbatches: int, v: int,
-                     blocks_per_stage: tuple[int, ...], estimate: PipelineEstimate | None = None) -> PipelineSection:
+                     blocks_per_stage: tuple[int, ...], estimate: PipelineEstimate | None = None,
+                     compression: BoundaryCompression | None = None) -> PipelineSection:
     """The section of a cut: `stage_of` maps compute nodes (graph order) to stages (`cut_stages`);
     `width` is the intra-stage mesh size."""
     nodes: dict[int, list[str]] = {}
@@ -214,4 +216,4 @@ def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...],
         stages.append(StagePlan(k, p, tuple(group_members[start:start + count]), nodes[k][0], nodes[k][-1],
                                 (p * width, (p + 1) * width - 1)))
         start += count
-    return PipelineSection(pp, schedule, microbatches, v, mesh, tuple(stages), estimate)
+    return PipelineSection(pp, schedule, microbatches, v, mesh, tuple(stages), estimate, compression)

@@ -18,6 +18,7 @@ the model with one microbatch (`global batch / microbatches`); `step` rejects a 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ import torch.fx
 from torch.distributed import pipelining
 from torch.utils import _pytree as pytree
 
+from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
 from ..rewriter.collectives import find_group
@@ -160,15 +162,33 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
 
 class StageModule(ParallelModule):
     """One pipeline stage of one rank: `forward(*received)` returns the tuple of values it sends. A stage
-    runs in the train/eval mode the model was traced in (switching raises PlanMismatchError)."""
+    runs in the train/eval mode the model was traced in (switching raises PlanMismatchError).
+
+    Boundary compression (`core.boundary_codec`): `in_codecs[i]` decodes received value i (None: sent as is)
+    before the program runs, `out_codecs[j]` encodes sent value j after it; autograd compresses the
+    activation gradients on the way back. A value only passed through with the same codec on both sides
+    (same kind, shape and seed) is forwarded as received, still encoded, so its error is not compounded."""
 
     _retraces = False
     _no_retrace = "a pipeline stage runs in the mode the model was traced in"
+    in_codecs: tuple[BoundaryCodec | None, ...] = ()
+    out_codecs: tuple[BoundaryCodec | None, ...] = ()
 
-    def forward(self, *received):
+    def forward(self, *wire):
+        received = tuple(c.decode(w) if c is not None else w for c, w in zip(self.in_codecs, wire)) + \
+            wire[len(self.in_codecs):]
         out = self.program.graph_module(*self._state(), *received)
-        # A value only passed through is returned as a view, so autograd links the stage's output to its input.
-        return tuple(t.view_as(t) if any(t is r for r in received) else t for t in out)
+        sent = []
+        for j, t in enumerate(out):
+            codec = self.out_codecs[j] if j < len(self.out_codecs) else None
+            i = next((i for i, r in enumerate(received) if t is r), None)
+            if i is not None and codec is not None and i < len(self.in_codecs) and self.in_codecs[i] == codec:
+                sent.append(wire[i].view_as(wire[i]))
+            elif codec is not None:
+                sent.append(codec.encode(t))
+            else:  # a value only passed through is returned as a view: autograd links the output to the input
+                sent.append(t.view_as(t) if i is not None else t)
+        return tuple(sent)
 
 
 class MicrobatchLoss:
@@ -312,7 +332,8 @@ def _give_back(taken: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.nn.Module, *, pp: int,
-          schedule: str, microbatches: int, loss_fn) -> PipelineRun:
+          schedule: str, microbatches: int, loss_fn, boundary: tuple[str | None, ...] = (),
+          boundary_rank: int = 8) -> PipelineRun:
     """Create this rank's stages and the schedule. Must be called on every rank (it creates groups).
 
     Args:
@@ -320,10 +341,14 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules).
         schedule: a key of SCHEDULES.
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
-    Raises ValueError for an unknown schedule or a stage count that does not fit pp.
+        boundary: per stage boundary k (stage k -> k + 1) its codec kind ("int8", "lowrank") or None; () or
+            a shorter tuple: the rest uncompressed (`boundary_codecs`). boundary_rank: the lowrank rank.
+    Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
+    if any(kind not in (None, *KINDS) for kind in boundary):
+        raise ValueError(f"boundary={boundary}: each entry must be None or one of {KINDS}")
     per_rank, rem = divmod(cut.num_stages, pp)
     if rem or (per_rank > 1) != (schedule in _MULTI_STAGE):
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
@@ -341,11 +366,14 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         tg = stage_graph(traced, cut, k)
         k_spec = stage_spec(spec, traced, cut, k, p * width)
         module = StageModule(tg, k_spec, local, model)
+        sent_layouts = _sent_layouts(k_spec, cut.outputs[k])
+        module.in_codecs = boundary_codecs(traced, cut, k - 1, k_spec.inputs, spec, local, boundary, boundary_rank)
+        module.out_codecs = boundary_codecs(traced, cut, k, sent_layouts, spec, local, boundary, boundary_rank)
         stages.append(module)
         pipe.append(pipelining.PipelineStage(
             module, k, cut.num_stages, torch.device("cpu"), group=group,
-            input_args=_examples(traced, cut.inputs[k], k_spec.inputs, spec, local),
-            output_args=_examples(traced, cut.outputs[k], _sent_layouts(k_spec, cut.outputs[k]), spec, local)))
+            input_args=_on_wire(_examples(traced, cut.inputs[k], k_spec.inputs, spec, local), module.in_codecs),
+            output_args=_on_wire(_examples(traced, cut.outputs[k], sent_layouts, spec, local), module.out_codecs)))
     loss = MicrobatchLoss(loss_fn, microbatches)
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
                                 loss_fn=loss, scale_grads=False,
@@ -380,6 +408,34 @@ def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, La
         # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
         out.append(example.requires_grad_(meta.dtype.is_floating_point and n in layouts))
     return tuple(out)
+
+
+def boundary_codecs(traced: TracedGraph, cut: StageCut, k: int, layouts: dict[str, Layout], spec: ShardingSpec,
+                    local: int, boundary: tuple[str | None, ...], rank: int) -> tuple[BoundaryCodec | None, ...]:
+    """The codec of each value crossing boundary k (stage k -> k + 1, `cut.outputs[k]` order) on sub-mesh rank
+    `local`: `boundary[k]`'s kind for the values that carry a gradient (`planner.segments.depends_on_parameters`:
+    activations; not masks or inputs passed through, whose -inf entries a codec could not represent) and that
+    `core.boundary_codec.compressible` accepts at their local shape; None for the others and outside
+    0 <= k < len(boundary). The lowrank basis is seeded by the value's
+    name (crc32), so a value passed through several stages is projected onto one subspace; sender and
+    receiver compute the same codec from the same plan."""
+    if not 0 <= k < min(len(boundary), cut.num_stages - 1) or boundary[k] is None:
+        return ()
+    from ..planner.segments import depends_on_parameters
+    coords, learned = mesh_coords(spec.mesh, local), depends_on_parameters(traced)
+    out = []
+    for n in cut.outputs[k]:
+        meta = traced.node(n).outputs[0]
+        shape = tuple(local_shape(meta.shape, layouts.get(n, Layout.replicate(spec.mesh.ndim)), spec.mesh, coords))
+        ok = n in learned and compressible(shape, meta.dtype, boundary[k], rank)
+        out.append(BoundaryCodec(boundary[k], shape, meta.dtype, rank, zlib.crc32(n.encode())) if ok else None)
+    return tuple(out)
+
+
+def _on_wire(examples: tuple, codecs: tuple[BoundaryCodec | None, ...]) -> tuple:
+    """The example tensors torch's stage allocates its buffers from, in their wire shape where compressed."""
+    return tuple(torch.empty(c.wire_shape, dtype=c.wire_dtype).requires_grad_(e.requires_grad) if c is not None
+                 else e for e, c in zip(examples, codecs + (None,) * (len(examples) - len(codecs))))
 
 
 def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:

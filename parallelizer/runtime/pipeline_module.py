@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError
 from ..planner import Plan
+from ..planner.boundary import build_options
 from ..rewriter.collectives import find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
@@ -153,5 +154,6 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
     per_stage = pipe.blocks_per_stage
     run = build(traced, spec_from_plan(plan), cut_stages(traced, len(per_stage), per_stage), model, pp=pipe.pp,
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
-                loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True))
+                loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
+                **build_options(pipe.compression))
     return PipelineModule(run, traced, plan, rank)

@@ -15,6 +15,8 @@ returns), every gradient after the first step (each rank's shard of the referenc
 gradient, tied copies included, after their sum over stages), and the parameters after `steps` AdamW steps.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the mean of squares of the first output. Tolerances: `runtime.tolerance` for the dtype the program computes in.
+A plan with pipeline-boundary compression (`Plan.pipeline.compression`) runs compressed, so the report
+shows the codec's measured deviation from one device (and does not match within the tolerance).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from ..planner.boundary import build_options
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
@@ -58,7 +61,18 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)
-    return _report(world, per_rank, spec.compression.spec)
+    return _report(world, per_rank, _lossy_codecs(spec, pipeline))
+
+
+def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
+    """The lossy codecs the run uses, e.g. "powersgd:4:0, boundary int8" ("" for none): gradient compression
+    (`spec.compression`) and pipeline-boundary compression (`pipeline.compression`) both deviate by design."""
+    codecs = [spec.compression.spec] if spec.compression.lossy else []
+    boundary = getattr(pipeline, "compression", None)
+    if boundary is not None:
+        kinds = sorted({c.codec for c in boundary.boundaries if c.codec != "none"})
+        codecs += [f"boundary {'/'.join(kinds)}"] if kinds else []
+    return ", ".join(codecs)
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
@@ -98,7 +112,8 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
     traced = trace(model, *microbatch_of(inputs, kwargs, m))
     per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
     run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
-                schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss)
+                schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss,
+                **build_options(pipe.get("compression")))  # lossy: the report then shows its deviation
     flat = global_tensor_inputs(traced, inputs, kwargs, m)
     return run, traced, flat, flat[0].shape[0]
 

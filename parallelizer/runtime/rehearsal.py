@@ -69,7 +69,8 @@ class RehearsalReport:
 
     @property
     def expected_deviation(self) -> bool:
-        """True for a run with a lossy gradient codec: its differences are measured and reported, not judged."""
+        """True for a run with a lossy codec (gradient or pipeline-boundary compression): its differences are
+        measured and reported, not judged."""
         return bool(self.compression)
 
     def acceptable(self) -> bool:
@@ -78,7 +79,7 @@ class RehearsalReport:
 
     def __str__(self) -> str:
         if self.expected_deviation:
-            verdict = (f"gradient compression {self.compression} on: measured deviation from one device (expected "
+            verdict = (f"compression {self.compression} on: measured deviation from one device (expected "
                        "by design, not judged)")
         else:
             verdict = "numerics match" if self.matches() else "NUMERICS DIFFER"

@@ -27,24 +27,10 @@ def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, 
     traced = trace(model, (ids[:micro],))
     run = build(traced, spec, cut_stages(traced, num_stages), model, pp=pp, schedule=schedule,
                 microbatches=microbatches, loss_fn=mean_square)
-    params = [p for m in run.stages for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=1e-3, eps=1e-6)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6)
-    last = run.last
-    report = {"loss": 0.0, "grad": 0.0, "params": 0.0, "stages": [m.program.graph_module.code for m in run.stages]}
-    for step in range(steps):
-        opt.zero_grad()
-        ref_opt.zero_grad()
-        losses: list = []
-        run.step(ids, target=torch.zeros(ids.shape[0]), losses=losses)
-        ref_loss = mean_square(reference(ids).logits, None)
-        ref_loss.backward()
-        if step == 0:
-            if last:
-                report["loss"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
-            report["grad"] = _worst(run, reference, spec, grads=True)
-        opt.step()
-        ref_opt.step()
+    opt, ref_opt = optimizers(run, reference)
+    trained = train(run, reference, spec, ids, steps, opt, ref_opt)
+    report = {"loss": abs(trained["losses"][0] - trained["ref_losses"][0]) if run.last else 0.0,
+              "grad": trained["grad"], "stages": [m.program.graph_module.code for m in run.stages]}
     report["params"] = _worst(run, reference, spec, grads=False)
     report["accumulated"] = _accumulate(run, reference, spec, ids, opt, ref_opt)
     try:
@@ -53,6 +39,34 @@ def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, 
         report["uneven_batch_error"] = str(err)
     dist.barrier()
     return report
+
+
+def optimizers(run, reference) -> tuple:
+    """AdamW over this rank's stage parameters and over the reference model's (the same settings)."""
+    return (torch.optim.AdamW([p for m in run.stages for p in m.parameters()], lr=1e-3, eps=1e-6),
+            torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6))
+
+
+def train(run, reference, spec, ids, steps: int, opt, ref_opt) -> dict:
+    """`steps` optimizer steps of the pipelined run and the reference on the batch `ids`: per step the last
+    stage's loss (mean of its microbatch losses; empty on other ranks) and the reference's, and the largest
+    gradient difference after the first step."""
+    out = {"losses": [], "ref_losses": [], "grad": 0.0}
+    for step in range(steps):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        losses: list = []
+        run.step(ids, target=torch.zeros(ids.shape[0]), losses=losses)
+        ref_loss = mean_square(reference(ids).logits, None)
+        ref_loss.backward()
+        if run.last:
+            out["losses"].append(torch.stack(losses).mean().item())
+        out["ref_losses"].append(ref_loss.item())
+        if step == 0:
+            out["grad"] = _worst(run, reference, spec, grads=True)
+        opt.step()
+        ref_opt.step()
+    return out
 
 
 def _accumulate(run, reference, spec, ids, opt, ref_opt) -> float:
