@@ -36,6 +36,8 @@ MFU = that / the device's dense peak for the model's parameter dtype (Chowdhery 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
 import time
 from collections import Counter
@@ -56,9 +58,10 @@ from .api import memory_budget
 from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
-from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
-from .schedules import (SCHEDULES, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
-                        invalid_reason, pipeline_time_s, rank_of_stage)
+from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
+from .schedules import (SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
+                        invalid_reason, rank_of_stage)
+from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
 AXES = ("pp", "dp", "tp")
@@ -122,21 +125,44 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
                                         tuple(schedules or SCHEDULES))
     bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
     best: tuple[float, Candidate, dict] | None = None
-    evaluated = infeasible = 0
+    evaluated = infeasible = simulated = 0
     leanest: tuple[float, Candidate] | None = None
+    tie = itertools.count()
+    pending: list = []  # heap of (partition's step lower bound, candidate, tie, priced partition)
+    by_schedule: dict[str, tuple] = {}  # schedule -> its lowest (step, candidate, result, exact?) seen
+
+    def settle(limit: float) -> None:  # simulate the pending partitions whose bound is <= limit and <= best
+        nonlocal best, simulated, leanest
+        while pending and pending[0][0] <= limit and (best is None or pending[0][0] <= best[0]):
+            _, cand, _, res = heapq.heappop(pending)
+            res = ctx.exact(cand, res)
+            simulated += 1
+            if "step_s" not in res:
+                leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
+                continue
+            _note(by_schedule, cand, res, True)
+            if best is None or (res["step_s"], cand) < (best[0], best[1]):
+                best = (res["step_s"], cand, res)
+
     with tqdm(total=len(bounds), desc="pipeline search", disable=(None if progress is None else not progress),
               leave=False) as bar:
         for lb, cand in bounds:
-            if search == "bound" and best is not None and lb > best[0]:
-                break
+            if search == "bound":
+                settle(lb)
+                if best is not None and lb > best[0]:
+                    break
             bar.update(1)
             evaluated += 1
-            res = ctx.evaluate(cand)
-            if "step_s" not in res:
+            fits = ctx.evaluate(cand)
+            if "step_lb" not in fits[0]:
                 infeasible += 1
-                leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
-            elif best is None or (res["step_s"], cand) < (best[0], best[1]):
-                best = (res["step_s"], cand, res)
+                need = fits[0]["need_bytes"]
+                leanest = min(leanest or (math.inf, cand), (need, cand))
+                continue
+            for res in fits:
+                heapq.heappush(pending, (res["step_lb"], cand, next(tie), res))
+                _note(by_schedule, cand, res, False)
+        settle(math.inf)
     if best is None:
         need, cand = leanest
         raise InfeasiblePlanError(
@@ -151,8 +177,58 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
-                          len(ctx.cache), time.perf_counter() - start)
-    return ctx.to_plan(best[1], best[2], report, search)
+                          len(ctx.cache), time.perf_counter() - start, simulated)
+    alternatives = _alternatives(ctx, best, by_schedule, bounds)
+    return ctx.to_plan(best[1], best[2], report, search, alternatives)
+
+
+def _note(by_schedule: dict, cand: Candidate, res: dict, exact: bool) -> None:
+    """Keep per (schedule, exact) the lowest-priced candidate: its simulated step (exact) or its bound."""
+    key, step = (cand.schedule, exact), res["step_s"] if exact else res["step_lb"]
+    if key not in by_schedule or (step, cand) < by_schedule[key][:2]:
+        by_schedule[key] = (step, cand, res)
+
+
+def _alternatives(ctx: "_Context", best: tuple, by_schedule: dict, bounds: list) -> tuple[ScheduleAlternative, ...]:
+    """The winner, then for every other searched schedule its runner-up: step, bubble, peak memory, p2p
+    bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
+    priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
+    priced (each bound above the winner's step, or over memory) is reported with its best bound."""
+    out = [_alternative(best[1], best[2], None)]
+    names = dict.fromkeys(c.schedule for _, c in bounds)
+    for name in names:
+        if name == best[1].schedule:
+            continue
+        found = by_schedule.get((name, True))
+        bound = by_schedule.get((name, False))
+        if bound is not None and (found is None or bound[0] < found[0]):
+            res = ctx.exact(bound[1], bound[2])
+            if "step_s" in res and (found is None or (res["step_s"], bound[1]) < found[:2]):
+                found = (res["step_s"], bound[1], res)
+        if found is not None:
+            out.append(_alternative(found[1], found[2], best))
+            continue
+        lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
+        out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
+                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
+                                       f"{best[0]:.4g} s, or it does not fit memory"))
+    return tuple(out)
+
+
+def _alternative(cand: Candidate, res: dict, best: tuple | None) -> ScheduleAlternative:
+    """One `ScheduleAlternative` from a simulated result; reason relative to `best` (None: the winner)."""
+    peak = max(r["memory"] for r in res["ranks"])
+    bubble = bubble_fraction(res["pipeline"], res["bubble"])
+    if best is None:
+        reason = "chosen: lowest simulated step time that fits"
+    else:
+        b, slow = best[2], res["step_s"] / best[0] - 1
+        reason = (f"{slow:+.1%} step vs {best[1].schedule}; bubble {bubble:.1%} vs "
+                  f"{bubble_fraction(b['pipeline'], b['bubble']):.1%}; peak memory {peak / _GB:.1f} vs "
+                  f"{max(r['memory'] for r in b['ranks']) / _GB:.1f} GB; p2p {res['p2p_bytes'] / _GB:.2f} vs "
+                  f"{b['p2p_bytes'] / _GB:.2f} GB per step")
+    return ScheduleAlternative(cand.schedule, cand.pp, cand.dp, cand.tp, cand.num_microbatches, res["step_s"],
+                               bubble, int(peak), int(res["p2p_bytes"]), reason)
 
 
 def _tuple(x) -> tuple[int, ...] | None:
@@ -241,8 +317,9 @@ class _Context:
         return (collective_time_s("send_recv", nbytes / c.tp, topo, ("pp",))
                 + collective_time_s("all_gather", nbytes, topo, ("tp",)))
 
-    def evaluate(self, c: Candidate) -> dict:
-        """Price one candidate: {"step_s", ...} or {"need_bytes"} when it does not fit the memory budget.
+    def evaluate(self, c: Candidate) -> list[dict]:
+        """Price one candidate's partitions by their lower bound: the fitting ones ({"step_lb", ...}, to be
+        simulated by `exact`), or [{"need_bytes"}] (the smallest need) when none fits the memory budget.
 
         The DP partition (balanced, memory-aware) and the even split are both priced and the better feasible
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
@@ -263,7 +340,7 @@ class _Context:
         lean_act = np.minimum.reduce([act_by[k] for k in self.modes])
         need_lb = (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
         if need_lb > self.budget:
-            return {"need_bytes": need_lb}
+            return [{"need_bytes": need_lb}]
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
         cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
         t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
@@ -289,13 +366,16 @@ class _Context:
                                         (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
             results.append(dict(res, partition=how))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
-        if not fits:
-            return {"need_bytes": min(r["need_bytes"] for r in results)}
-        return min(fits, key=lambda r: r["step_s"])
+        return fits or [{"need_bytes": min(r["need_bytes"] for r in results)}]
 
     def _price_partition(self, c: Candidate, cuts, modes, arrays, rank, inflight, topo) -> dict:
-        """Stages, ranks, memory and step time of one partition, stage s in recomputation mode modes[s]
-        (module docstring, step 3)."""
+        """Stages, ranks, memory (closed-form in-flight counts, equal to the simulated ones: tested) and a
+        lower bound on the step time of one partition, stage s in recomputation mode modes[s] (module
+        docstring, step 3). Bound: rank r starts no earlier than microbatch 0's forward chain reaches its
+        first stage (head) and then computes m x its per-microbatch seconds (busy); with full backwards
+        (no B/W split), its last backward, on its first stage, is followed by the backward chain below it
+        (tail); its gradient all-reduce follows its last action: step >= max_r head + busy + max(tail,
+        sync) + the tied exchange. `exact` simulates the partition's action list."""
         pr, L = self.prices(c.tp), self.segments.num_blocks
         f, b, w, state, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
@@ -304,27 +384,60 @@ class _Context:
         for s in range(S):
             i, j = cuts[s], cuts[s + 1]
             segs = ([0] if s == 0 else []) + list(range(i + 1, j + 1)) + ([L + 1] if s == S - 1 else [])
-            bwd = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale) + (cut_b[i] if s > 0 else 0)
-            stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=float(f[segs].sum()) + (cut_f[j] if s < S - 1 else 0),
-                               bwd=bwd, wgrad=float(w[segs].sum()), state=float(state[segs].sum()),
+            f_c = float(f[segs].sum())
+            b_c = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale)
+            stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=f_c + (cut_f[j] if s < S - 1 else 0),
+                               bwd=b_c + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
+                               fwd_c=f_c, bwd_c=b_c, state=float(state[segs].sum()),
                                act=float(act_by[modes[s]][segs].sum()), rank=rank[s], recompute=modes[s]))
-        ranks = []
+        p2p_f = [cut_f[cuts[s + 1]] if rank[s] != rank[s + 1] else 0.0 for s in range(S - 1)]
+        p2p_b = [cut_b[cuts[s + 1]] if rank[s] != rank[s + 1] else 0.0 for s in range(S - 1)]
+        ranks, lb = [], 0.0
+        split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         for r in range(p):
             mine = [s for s in range(S) if rank[s] == r]
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
             grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
-            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, inflight=inflight[r],
+            sync = collective_time_s("all_reduce", grads, topo, ("dp",))
+            first = min(mine)
+            head = sum(stages[s]["fwd_c"] + p2p_f[s] for s in range(first))
+            tail = 0.0 if split else sum(stages[s]["bwd_c"] + stages[s]["wgrad"] + p2p_b[s] for s in range(first))
+            busy = m * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine)
+            lb = max(lb, head + busy + max(tail, sync))
+            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, inflight=inflight[r],
                               memory=tot["state"] + inflight[r] * tot["act"]))
-        hot = max(ranks, key=lambda r: r["fwd"] + r["bwd"] + r["wgrad"])
-        pipe, bubble = pipeline_time_s(c.schedule, p, m, hot["fwd"], hot["bwd"], hot["wgrad"])
-        sync = max(collective_time_s("all_reduce", r["grads"], topo, ("dp",)) for r in ranks)
         tied = 0.0
         if pr.shared_grad_bytes and rank[0] != rank[S - 1]:
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
-        return dict(step_s=pipe + sync + tied, pipeline=pipe, bubble=bubble, dp_grad_sync=sync, tied_grad_sync=tied,
-                    stages=stages, ranks=ranks, scale=self._scale(c), need_bytes=max(r["memory"] for r in ranks))
+        seg = self.segments
+        p2p_bytes = m * scale * sum(seg.cut_fwd_bytes[cuts[s + 1]] + seg.cut_bwd_bytes[cuts[s + 1]]
+                                    for s in range(S - 1) if rank[s] != rank[s + 1]) / c.tp
+        return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
+                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes,
+                    need_bytes=max(r["memory"] for r in ranks))
 
-    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str) -> PipelinePlan:
+    def exact(self, c: Candidate, res: dict) -> dict:
+        """Simulate a partition priced by `_price_partition` (`planner.simulate`: the schedule's own action
+        list): step = the last rank's end including its dp gradient all-reduce, + the tied exchange;
+        memory with the simulated peak in-flight activation bytes per rank. Returns res with "step_s",
+        "pipeline" (compute makespan), "bubble", "dp_grad_sync" (the exposed part), or {"need_bytes"} when
+        the simulated memory exceeds the budget."""
+        st, ranks = res["stages"], res["ranks"]
+        times = StageTimes(tuple(s["fwd_c"] for s in st), tuple(s["bwd_c"] for s in st),
+                           tuple(s["wgrad"] for s in st), res["p2p"][0], res["p2p"][1],
+                           tuple(s["act"] for s in st), None, tuple(r["sync"] for r in ranks))
+        sim = simulate(c.schedule, c.pp, c.num_microbatches, times)
+        ranks = [dict(r, inflight=sim.inflight_microbatches[k], memory=r["state"] + sim.peak_inflight_bytes[k])
+                 for k, r in enumerate(ranks)]
+        need = max(r["memory"] for r in ranks)
+        if need > self.budget:
+            return {"need_bytes": need}
+        return dict(res, ranks=ranks, need_bytes=need, step_s=sim.makespan_s + res["tied_grad_sync"],
+                    pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
+                    rank_bubble=sim.bubble_fraction)
+
+    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str,
+                alternatives: tuple = ()) -> PipelinePlan:
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         sched = get_schedule(c.schedule)
         per_stage = c.dp * c.tp
@@ -363,7 +476,7 @@ class _Context:
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
-            intra_stage_plan=pr.plan)
+            alternatives=alternatives, intra_stage_plan=pr.plan)
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""
