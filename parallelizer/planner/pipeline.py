@@ -132,11 +132,16 @@ class ScheduleAlternative:
     reason: str
 
     def line(self) -> str:
-        """`schedule (pp x dp x tp, m): step, bubble, memory, p2p - reason`."""
-        what = (f"{self.step_s * 1e3:.1f} ms, bubble {self.bubble_fraction:.1%}, peak {self.peak_memory_bytes / 1e9:.1f}"
-                f" GB, p2p {self.p2p_bytes / 1e9:.2f} GB" if self.step_s is not None else "-")
-        return (f"{self.schedule} (pp={self.pp} dp={self.dp} tp={self.tp}, m={self.microbatches}): {what} - "
-                f"{self.reason}")
+        """`alternative_line` of this one."""
+        return alternative_line(asdict(self))
+
+
+def alternative_line(a: dict) -> str:
+    """`schedule (pp, dp, tp, m): step, bubble, memory, p2p - reason` of a `ScheduleAlternative` as a dict (as
+    the plan JSON keeps it in model.search.alternatives)."""
+    what = (f"{a['step_s'] * 1e3:.1f} ms, bubble {a['bubble_fraction']:.1%}, peak {a['peak_memory_bytes'] / 1e9:.1f}"
+            f" GB, p2p {a['p2p_bytes'] / 1e9:.2f} GB" if a["step_s"] is not None else "-")
+    return f"{a['schedule']} (pp={a['pp']} dp={a['dp']} tp={a['tp']}, m={a['microbatches']}): {what} - {a['reason']}"
 
 
 @dataclass(frozen=True)
