@@ -15,6 +15,8 @@ schedule            v     bubble (simulated = closed form, equal stages)  peak i
 "interleaved_1f1b"  2     (p - 1) T / v                                  min(2(p - r - 1) + (v - 1) p + 1, v m) / v
 "zbv"               2     (p - 1)(F + B - W)   (ZB-H1's, on chunk times)   min(p, m)
 "dualpipev"         2     (p - 1)(F + B - W)   (as zbv when F = B = W)     min(p, m) + 1/2
+"bitpipe"           2     none (simulated; ours ~ 1.5 (p - 2) chunk-F)   >= 3p/4 (simulated; 3p/4 in the search's
+                          2 copies, m/2 microbatches each                first pass, a lower bound on p = 2..8)
 =================== ===== ============================================== ===========================================
 
 Sources: GPipe (Huang et al. 2019) and 1F1B/PipeDream-Flush both idle (p - 1) microbatch-slots per step;
@@ -31,7 +33,11 @@ torch's docstring says the same). DualPipeV (torch's `ScheduleDualPipeV`, after 
 2412.19437) runs its OVERLAP_F_B pairs back to back without a custom overlap function: same bubble as zbv
 with equal times, half a chunk-microbatch more in flight.
 
-Validity (`invalid_reason`): 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
+BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in opposite directions, each
+over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
+the up copy (two weight copies per model stage, `copies` below); each copy runs m/2 microbatches.
+
+Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
 interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's ScheduleDualPipeV: m >= stages).
 
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
@@ -59,6 +65,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("interleaved_1f1b", 2, "ScheduleInterleaved1F1B"),
     Schedule("zbv", 2, "ScheduleZBVZeroBubble"),
     Schedule("dualpipev", 2, "ScheduleDualPipeV"),
+    Schedule("bitpipe", 2, "BitPipe (planner.bitpipe lists; runtime.bitpipe)"),
 )}
 V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
 
@@ -82,15 +89,32 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
         return "interleaved_1f1b needs microbatches divisible by pp"
     if schedule in V_PLACED and m < 2 * p:
         return f"{schedule} needs microbatches >= 2 pp"
+    if schedule == "bitpipe" and (p < 2 or p % 2 or m % 2):
+        return "bitpipe needs an even pp >= 2 and an even microbatch count"
     return None
 
 
+def copies(schedule: str) -> int:
+    """Pipelines through the model: 2 for bitpipe (each model stage held twice), else 1."""
+    return 2 if schedule == "bitpipe" else 1
+
+
+def ranks_of_stage(schedule: str, stage: int, p: int) -> tuple[int, ...]:
+    """The pipeline rank of each copy of model stage `stage` (`rank_of_stage` for one copy; bitpipe: the
+    down copy's V rank and the up copy's mirrored rank, `planner.bitpipe.bitpipe_placement`)."""
+    if schedule == "bitpipe":
+        down = rank_of_stage(schedule, stage, p)
+        return down, p - 1 - down
+    return (rank_of_stage(schedule, stage, p),)
+
+
 def rank_of_stage(schedule: str, stage: int, p: int) -> int:
-    """Pipeline rank (0..p-1) of virtual stage `stage` (0..p*v-1): looped for interleaved, V for zbv."""
+    """Pipeline rank (0..p-1) of virtual stage `stage` (0..p*v-1): looped for interleaved, V for zbv and
+    dualpipev and for bitpipe's down copy (`ranks_of_stage` gives both bitpipe copies)."""
     v = get_schedule(schedule).virtual_stages
     if not 0 <= stage < p * v:
         raise ValueError(f"stage={stage}: must be in [0, {p * v}) for {schedule} on {p} ranks")
-    if schedule in V_PLACED and stage >= p:
+    if (schedule in V_PLACED or schedule == "bitpipe") and stage >= p:
         return 2 * p - 1 - stage
     return stage % p
 
@@ -109,6 +133,8 @@ def inflight_microbatches(schedule: str, p: int, m: int, rank: int) -> float:
         raise ValueError(f"p={p}, m={m}, rank={rank}: need p, m >= 1 and 0 <= rank < p")
     if schedule == "interleaved_1f1b":
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m) / v
+    if schedule == "bitpipe":
+        return 0.75 * p  # a lower bound of the simulated peak (module docstring); the search checks the exact one
     return min(p, m) + (0.5 if schedule == "dualpipev" else 0.0)  # zbv, dualpipev
 
 

@@ -59,8 +59,8 @@ from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
-from .schedules import (SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
-                        invalid_reason, rank_of_stage)
+from .schedules import (SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies, get_schedule,
+                        inflight_microbatches, invalid_reason, ranks_of_stage)
 from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
@@ -333,12 +333,13 @@ class _Context:
         state = self._state(pr, c.dp)
         t_by = {k: f + b + w + pr.rc_extra_lin[k] * scale for k in self.modes}
         act_by = {k: (pr.act_bytes + pr.rc_act_delta[k]) * scale for k in self.modes}
-        rank = [rank_of_stage(c.schedule, s, p) for s in range(p * v)]
+        rank = [ranks_of_stage(c.schedule, s, p) for s in range(p * v)]  # per copy (bitpipe holds 2)
+        held = copies(c.schedule)
         inflight = [inflight_microbatches(c.schedule, p, m, r) for r in range(p)]
         # no partition fits when the average rank does not (state + the leanest mode's activations, each
         # kept for at least the fewest in-flight microbatches): skip the DP
         lean_act = np.minimum.reduce([act_by[k] for k in self.modes])
-        need_lb = (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
+        need_lb = held * (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
         if need_lb > self.budget:
             return [{"need_bytes": need_lb}]
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
@@ -349,8 +350,8 @@ class _Context:
                            float(a0[L + 1]), cut_f, cut_b, self.modes,
                            tuple(tuple(t_by[k][1:L + 1]) for k in self.modes),
                            tuple(tuple(act_by[k][1:L + 1]) for k in self.modes))
-        limit = self.budget / v
-        stage_inflight = tuple(inflight[r] for r in rank)
+        limit = self.budget / (v * held)
+        stage_inflight = tuple(inflight[r[0]] for r in rank)
         options = {}
         if self.partitioner == "dp":
             part = partition_chain(chain, p * v, stage_inflight, limit)
@@ -389,31 +390,41 @@ class _Context:
             stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=f_c + (cut_f[j] if s < S - 1 else 0),
                                bwd=b_c + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
                                fwd_c=f_c, bwd_c=b_c, state=float(state[segs].sum()),
-                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s], recompute=modes[s]))
-        p2p_f = [cut_f[cuts[s + 1]] if rank[s] != rank[s + 1] else 0.0 for s in range(S - 1)]
-        p2p_b = [cut_b[cuts[s + 1]] if rank[s] != rank[s + 1] else 0.0 for s in range(S - 1)]
+                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s][0], recompute=modes[s]))
+        # transfers: the simulator charges them across ranks only; the bound and the byte count likewise
+        p2p_f, p2p_b = [cut_f[cuts[s + 1]] for s in range(S - 1)], [cut_b[cuts[s + 1]] for s in range(S - 1)]
+        held = len(rank[0])
+        cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
         ranks, lb = [], 0.0
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         for r in range(p):
-            mine = [s for s in range(S) if rank[s] == r]
+            mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
             grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
             sync = collective_time_s("all_reduce", grads, topo, ("dp",))
-            first = min(mine)
-            head = sum(stages[s]["fwd_c"] + p2p_f[s] for s in range(first))
-            tail = 0.0 if split else sum(stages[s]["bwd_c"] + stages[s]["wgrad"] + p2p_b[s] for s in range(first))
-            busy = m * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine)
-            lb = max(lb, head + busy + max(tail, sync))
+            heads, tails = [], []
+            for k in range(held):
+                first = min((s for s in range(S) if rank[s][k] == r), default=None)
+                if first is not None:
+                    heads.append(sum(stages[s]["fwd_c"] + p2p_f[s] * cross[k][s] for s in range(first)))
+                    tails.append(sum(stages[s]["bwd_c"] + stages[s]["wgrad"] + p2p_b[s] * cross[k][s]
+                                     for s in range(first)))
+            tail = 0.0 if split or held > 1 else tails[0]
+            busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine)
+            lb = max(lb, min(heads) + busy + max(tail, sync))
             ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, inflight=inflight[r],
                               memory=tot["state"] + inflight[r] * tot["act"]))
         tied = 0.0
-        if pr.shared_grad_bytes and rank[0] != rank[S - 1]:
+        if pr.shared_grad_bytes and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
         seg = self.segments
-        p2p_bytes = m * scale * sum(seg.cut_fwd_bytes[cuts[s + 1]] + seg.cut_bwd_bytes[cuts[s + 1]]
-                                    for s in range(S - 1) if rank[s] != rank[s + 1]) / c.tp
+        p2p_bytes = m / held * scale * sum(seg.cut_fwd_bytes[cuts[s + 1]] + seg.cut_bwd_bytes[cuts[s + 1]]
+                                           for k in range(held) for s in range(S - 1) if cross[k][s]) / c.tp
+        # BitPipe: the two copies of a stage exchange gradients (Wu et al. Sec. 3: eager, overlapping compute)
+        copy_sync = tuple(collective_time_s("send_recv", float(pr.grads_bytes[st["segs"]].sum()), topo, ("pp",))
+                          for st in stages) if held > 1 else None
         return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
-                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes,
+                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes, copy_sync=copy_sync,
                     need_bytes=max(r["memory"] for r in ranks))
 
     def exact(self, c: Candidate, res: dict) -> dict:
@@ -425,7 +436,7 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         times = StageTimes(tuple(s["fwd_c"] for s in st), tuple(s["bwd_c"] for s in st),
                            tuple(s["wgrad"] for s in st), res["p2p"][0], res["p2p"][1],
-                           tuple(s["act"] for s in st), None, tuple(r["sync"] for r in ranks))
+                           tuple(s["act"] for s in st), res["copy_sync"], tuple(r["sync"] for r in ranks))
         sim = simulate(c.schedule, c.pp, c.num_microbatches, times)
         ranks = [dict(r, inflight=sim.inflight_microbatches[k], memory=r["state"] + sim.peak_inflight_bytes[k])
                  for k, r in enumerate(ranks)]
