@@ -15,19 +15,27 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
    an all-gather over "tp" inside the node rebuilds it;
-3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
-   rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
-   the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
+3. step time = the simulated step of the schedule's own action list (`planner.simulate`: torch's lists,
+   BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each rank's gradient all-reduce
+   over "dp" after its last action, not overlapped with its backward, with ZeRO-1 the reduce-scatter +
+   all-gather moves the same bytes; BitPipe's exchange between the two copies of a stage started eagerly)
+   + the exchange of tied-embedding gradients between the first and last rank. Memory uses the simulated
+   peak in-flight activation bytes per rank.
 
-Pruning (branch and bound): a candidate's step time is at least
+Pruning (branch and bound), two levels. A candidate's step time is at least
     LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
 (the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
 in bytes so the largest rank's is >= the average's). The segment seconds are those without recomputation,
 which only adds time, so LB stays a lower bound under any recomputation choice. A candidate whose average
 rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
-exceeds the budget cannot fit and is not partitioned. Candidates are priced in increasing LB order and the
-search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
-grid (`search="exhaustive"`), typically after pricing a small fraction of it.
+exceeds the budget cannot fit and is not partitioned. Candidates are partitioned in increasing LB order;
+each fitting partition gets a tighter bound (`_Context._price_partition`: per rank, the forward chain
+before its first stage + its m microbatches of work + the backward chain below it when backward is not
+split, or its gradient sync) and waits in a heap; partitions are simulated in increasing bound order
+while their bound is <= the best simulated step, and the search stops once the next candidate's LB exceeds
+it. So it returns exactly the optimum of the exhaustive grid (`search="exhaustive"`: every candidate
+partitioned; simulation still skips partitions whose bound exceeds the best), typically after simulating
+a handful of partitions (`SearchReport.simulated`).
 
 Throughput: model FLOPs per step = `cost_model.graph_flops` of the traced graph (forward + 2x forward for
 backward, no recomputation) x global_batch / trace batch; TFLOP/s per GPU = FLOPs / (step time x devices);
