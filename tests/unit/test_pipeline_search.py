@@ -148,3 +148,19 @@ def test_gpt_39b_on_512_a100s_plans_quickly():
     assert p.global_batch == p.dp * p.num_microbatches * p.microbatch_size == 1536
     assert p.memory_bytes <= 80e9
     assert 50 < p.tflops_per_gpu < 312 * 0.7 and 0.15 < p.mfu < 0.7
+
+
+def test_bitpipe_holds_two_weight_copies_and_is_priced_by_simulation(gpt):
+    """pp = 2: BitPipe's down copy puts model stages {0, 3} on rank 0 and the up copy {1, 2}, mirrored on
+    rank 1, so each rank holds the whole model's weights (2 copies over 2 ranks) and runs m/2 microbatches
+    per copy; its memory uses the simulated peak in flight, at least the search's first-pass 3p/4."""
+    p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=2, tp=2, num_microbatches=8,
+                                   schedules=("bitpipe",), precision="bf16")
+    assert p.schedule == "bitpipe" and len(p.stages) == 4
+    state = sum(s.state_bytes for s in p.stages)
+    act = sum(s.activation_bytes for s in p.stages)
+    for r in p.ranks:
+        assert r.stages == (0, 1, 2, 3)
+        assert r.inflight_microbatches >= inflight_microbatches("bitpipe", 2, 8, r.pp_rank)
+        assert r.memory_bytes == pytest.approx(state + r.inflight_microbatches * act, rel=1e-6, abs=8)
+    assert p.search.simulated >= 1 and 0 < p.bubble_fraction < 0.5
