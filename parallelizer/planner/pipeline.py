@@ -116,7 +116,7 @@ class ScheduleAlternative:
         step_s: simulated step seconds (None: not simulated, see reason).
         bubble_fraction: idle share of the bottleneck rank's pipeline time (simulated).
         peak_memory_bytes: the largest pp rank's bytes per device.
-        p2p_bytes: activation + gradient bytes each device sends between pipeline ranks per step.
+        p2p_bytes: activation + gradient bytes the busiest device sends to other pipeline ranks per step.
         reason: one line: "chosen: ..." or how it compares with the winner.
     """
 
@@ -261,6 +261,6 @@ class PipelinePlan:
                      f"by bound, {s.evaluated} priced ({s.infeasible_memory} over memory), {s.ilp_solves} ILP solves"
                      + f", {s.simulated} simulated" + (f", {s.time_s:.1f} s" if s.time_s is not None else ""))
         if self.alternatives:
-            lines.append("why this schedule (simulated step, bubble, peak memory, p2p per device):")
+            lines.append("why this schedule (simulated step, bubble, peak memory, p2p bytes the busiest device sends):")
             lines += [f"  {a.line()}" for a in self.alternatives]
         return "\n".join(lines)

@@ -426,8 +426,13 @@ class _Context:
         if pr.shared_grad_bytes and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
         seg = self.segments
-        p2p_bytes = m / held * scale * sum(seg.cut_fwd_bytes[cuts[s + 1]] + seg.cut_bwd_bytes[cuts[s + 1]]
-                                           for k in range(held) for s in range(S - 1) if cross[k][s]) / c.tp
+        sent = [0.0] * p  # bytes each device sends per step: activations out of its stages, gradients back
+        for k in range(held):
+            for s in range(S - 1):
+                if cross[k][s]:
+                    sent[rank[s][k]] += seg.cut_fwd_bytes[cuts[s + 1]]
+                    sent[rank[s + 1][k]] += seg.cut_bwd_bytes[cuts[s + 1]]
+        p2p_bytes = m / held * scale * max(sent) / c.tp
         # BitPipe: the two copies of a stage exchange gradients (Wu et al. Sec. 3: eager, overlapping compute)
         copy_sync = tuple(collective_time_s("send_recv", float(pr.grads_bytes[st["segs"]].sum()), topo, ("pp",))
                           for st in stages) if held > 1 else None
