@@ -19,8 +19,9 @@ W(x, i) after I(x, i).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
@@ -89,33 +90,45 @@ class ActionSchedule:
         where = f"schedule {self.name!r} (p={self.num_ranks}, m={m})"
         if set(self.stage_to_rank) != set(range(n)):
             raise PipelineError(f"{where}: stage_to_rank covers {sorted(self.stage_to_rank)}, need 0..{n - 1}")
-        count: Counter = Counter()
-        for r, acts in self.actions.items():
-            for a in acts:
-                kind = a.computation_type.value
-                if kind not in COMPUTE_TYPES:
-                    raise PipelineError(f"{where}: rank {r} lists {a!r}; keep only F/B/I/W (compute_actions)")
-                if self.stage_to_rank.get(a.stage_index) != r:
-                    raise PipelineError(f"{where}: rank {r} runs {a!r} but stage {a.stage_index} is on rank "
-                                        f"{self.stage_to_rank.get(a.stage_index)}")
-                if a.microbatch_index is None or not 0 <= a.microbatch_index < m:
-                    raise PipelineError(f"{where}: {a!r} on rank {r} has microbatch outside 0..{m - 1}")
-                count[(a.stage_index, kind, a.microbatch_index)] += 1
-        for (x, kind, i), c in count.items():
-            if c != 1:
-                raise PipelineError(f"{where}: {x}{kind}{i} appears {c} times")
-        expected = 0
-        for i in range(m):
-            runs = [c for c in range(self.copies) if (c * S, "F", i) in count]
-            if len(runs) != 1:
-                raise PipelineError(f"{where}: microbatch {i} starts in copies {runs}; need exactly one")
-            for k in range(S):
-                x = runs[0] * S + k
-                has = {kind for kind in COMPUTE_TYPES if (x, kind, i) in count}
-                if has not in ({"F", "B"}, {"F", "I", "W"}):
-                    raise PipelineError(f"{where}: stage {x}, microbatch {i} has {sorted(has)}; need F and B, "
-                                        "or F, I and W")
-                expected += len(has)
-        if expected != len(count):
-            raise PipelineError(f"{where}: {len(count) - expected} actions run on a copy their microbatch does "
-                                "not flow through")
+        acts = [(r, a) for r, lst in self.actions.items() for a in lst]
+        kinds = [a.computation_type.value for _, a in acts]
+        for (r, a), kind in zip(acts, kinds):
+            if kind not in COMPUTE_TYPES:
+                raise PipelineError(f"{where}: rank {r} lists {a!r}; keep only F/B/I/W (compute_actions)")
+        ranks = np.array([r for r, _ in acts], dtype=np.int64)
+        xs = np.array([a.stage_index for _, a in acts], dtype=np.int64)
+        mbs = np.array([-1 if a.microbatch_index is None else a.microbatch_index for _, a in acts], dtype=np.int64)
+        code = np.array([COMPUTE_TYPES.index(k) for k in kinds], dtype=np.int64)
+        place = np.array([self.stage_to_rank[x] for x in range(n)] + [-1], dtype=np.int64)
+        wrong = np.flatnonzero((xs < 0) | (xs >= n) | (place[np.clip(xs, -1, n)] != ranks))
+        if len(wrong):
+            (r, a), x = acts[wrong[0]], int(xs[wrong[0]])
+            raise PipelineError(f"{where}: rank {r} runs {a!r} but stage {x} is on rank "
+                                f"{self.stage_to_rank.get(x)}")
+        out = np.flatnonzero((mbs < 0) | (mbs >= m))
+        if len(out):
+            r, a = acts[out[0]]
+            raise PipelineError(f"{where}: {a!r} on rank {r} has microbatch outside 0..{m - 1}")
+        count = np.zeros((n, len(COMPUTE_TYPES), m), dtype=np.int64)
+        np.add.at(count, (xs, code, mbs), 1)
+        dup = np.argwhere(count > 1)
+        if len(dup):
+            x, k, i = (int(v) for v in dup[0])
+            raise PipelineError(f"{where}: {x}{COMPUTE_TYPES[k]}{i} appears {count[x, k, i]} times")
+        starts = count[[c * S for c in range(self.copies)], 0, :]  # (copies, m): F on each copy's first stage
+        for i in np.flatnonzero(starts.sum(axis=0) != 1):
+            runs = [c for c in range(self.copies) if starts[c, i]]
+            raise PipelineError(f"{where}: microbatch {int(i)} starts in copies {runs}; need exactly one")
+        copy = starts.argmax(axis=0)  # (m,)
+        x_of = copy[None, :] * S + np.arange(S)[:, None]  # (S, m)
+        got = count[x_of, :, np.arange(m)[None, :]]  # (S, m, kinds F B I W)
+        ok = (got == (1, 1, 0, 0)).all(axis=-1) | (got == (1, 0, 1, 1)).all(axis=-1)
+        bad = np.argwhere(~ok)
+        if len(bad):
+            k, i = (int(v) for v in bad[0])
+            has = [COMPUTE_TYPES[j] for j in range(len(COMPUTE_TYPES)) if got[k, i, j]]
+            raise PipelineError(f"{where}: stage {int(x_of[k, i])}, microbatch {i} has {sorted(has)}; need F and "
+                                "B, or F, I and W")
+        extra = int(count.sum() - got.sum())
+        if extra:
+            raise PipelineError(f"{where}: {extra} actions run on a copy their microbatch does not flow through")

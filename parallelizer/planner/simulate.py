@@ -256,25 +256,29 @@ def _compile(sched: ActionSchedule) -> _Compiled:
             pred[n, 1] = index[dep]
             if boundary is not None and sched.stage_to_rank[dep[0]] != sched.stage_to_rank[x]:
                 xfer[n] = boundary
-    # Kahn's algorithm by levels
-    indeg = np.zeros(N, dtype=np.int64)
-    edges = [(int(u), v) for v in range(N) for u in set(pred[v].tolist()) if u != N]
-    children: list[list[int]] = [[] for _ in range(N)]
-    for u, v in edges:
-        children[u].append(v)
-        indeg[v] += 1
-    frontier = [n for n in range(N) if indeg[n] == 0]
+    # Kahn's algorithm, one frontier (level) at a time, on numpy arrays (CSR children; a repeated edge is
+    # counted in both the in-degree and the children, so it cancels)
+    src = pred.ravel()
+    dst = np.repeat(np.arange(N, dtype=np.int64), 3)
+    keep = src != N
+    src, dst = src[keep], dst[keep]
+    order = np.argsort(src, kind="stable")
+    children = dst[order]
+    starts = np.searchsorted(src[order], np.arange(N + 1))
+    indeg = np.bincount(dst, minlength=N)
+    frontier = np.flatnonzero(indeg == 0)
     levels, seen = [], 0
-    while frontier:
-        levels.append(np.array(frontier, dtype=np.int64))
+    while len(frontier):
+        levels.append(frontier)
         seen += len(frontier)
-        nxt = []
-        for u in frontier:
-            for v in children[u]:
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    nxt.append(v)
-        frontier = nxt
+        lens = starts[frontier + 1] - starts[frontier]
+        total = int(lens.sum())
+        if total == 0:
+            break
+        offs = np.repeat(starts[frontier] - np.cumsum(lens) + lens, lens) + np.arange(total)
+        ch = children[offs]
+        np.subtract.at(indeg, ch, 1)
+        frontier = np.unique(ch[indeg[ch] == 0])
     if seen != N:
         stuck = [repr(acts[n]) for n in range(N) if indeg[n] > 0][:6]
         raise PipelineError(f"schedule {sched.name!r} (p={p}, m={sched.num_microbatches}) deadlocks: "
