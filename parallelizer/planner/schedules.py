@@ -37,7 +37,8 @@ BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in oppos
 over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
 the up copy (two weight copies per model stage, `copies` below); each copy runs m/2 microbatches.
 
-Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
+Validity (`invalid_reason`): bitpipe needs an even pp >= 2 (at most `BITPIPE_MAX_PP`: its list builder
+is too slow for the search beyond) and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
 interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's ScheduleDualPipeV: m >= stages).
 
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
@@ -68,6 +69,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("bitpipe", 2, "BitPipe (planner.bitpipe lists; runtime.bitpipe)"),
 )}
 V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
+BITPIPE_MAX_PP = 16  # `planner.bitpipe.list_schedule` builds pp=16, m=64 in ~2 s but pp=32, m=128 in ~36 s
 
 
 def get_schedule(name: str) -> Schedule:
@@ -91,6 +93,8 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
         return f"{schedule} needs microbatches >= 2 pp"
     if schedule == "bitpipe" and (p < 2 or p % 2 or m % 2):
         return "bitpipe needs an even pp >= 2 and an even microbatch count"
+    if schedule == "bitpipe" and p > BITPIPE_MAX_PP:
+        return f"bitpipe beyond pp={BITPIPE_MAX_PP}: its action list takes too long to build for the search"
     return None
 
 

@@ -26,3 +26,13 @@ def test_rank_mapping_and_validity():
     assert invalid_reason("interleaved_1f1b", 4, 6, 48) is not None
     assert invalid_reason("zbv", 4, 7, 48) is not None and invalid_reason("zbv", 4, 8, 48) is None
     assert invalid_reason("1f1b", 8, 1, 4) == "8 stages > 4 blocks"
+
+
+def test_bitpipe_validity_and_placement():
+    from parallelizer.planner.schedules import BITPIPE_MAX_PP, ranks_of_stage
+    assert invalid_reason("bitpipe", 4, 8, 48) is None
+    assert "even" in invalid_reason("bitpipe", 3, 8, 48) and "even" in invalid_reason("bitpipe", 4, 7, 48)
+    assert "too long" in invalid_reason("bitpipe", 2 * BITPIPE_MAX_PP, 64, 256)
+    # down copy in a V, up copy mirrored: rank r holds {r, 2p-1-r} down and {p-1-r, p+r} up
+    assert [ranks_of_stage("bitpipe", s, 4) for s in range(8)] == [(0, 3), (1, 2), (2, 1), (3, 0),
+                                                                   (3, 0), (2, 1), (1, 2), (0, 3)]
