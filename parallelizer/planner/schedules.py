@@ -38,8 +38,9 @@ over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down c
 the up copy (two weight copies per model stage, `copies` below); each copy runs m/2 microbatches.
 
 Validity (`invalid_reason`): bitpipe needs an even pp >= 2 (at most `BITPIPE_MAX_PP`: its list builder
-is too slow for the search beyond) and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
-interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's ScheduleDualPipeV: m >= stages).
+is too slow for the search beyond) and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer
+microbatches than stages), interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's
+ScheduleDualPipeV: m >= stages).
 
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
 `bubble_ratio` = bubble / ideal (Narayanan's (p - 1) / m).

@@ -104,7 +104,8 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             the reserve (`PlanConfig.memory_reserve_bytes`, `api.memory_budget`: as `parallelizer.plan`).
         pp, tp, num_microbatches: restrict the search to these values (an int or a tuple); tp must divide
             the devices per node (tensor parallelism stays inside a node).
-        schedules: names from `schedules.SCHEDULES` (default: all: gpipe, 1f1b, interleaved_1f1b, zbv).
+        schedules: names from `schedules.SCHEDULES` (default: all six: gpipe, 1f1b, interleaved_1f1b, zbv,
+            dualpipev, bitpipe).
         zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1).
         config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, precision, solver...).
         search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).

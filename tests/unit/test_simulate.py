@@ -45,7 +45,8 @@ def test_inflight_counts_equal_the_closed_forms():
     for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("dualpipev", 2)):
         for p, m in ((1, 2), (2, 4), (3, 6), (4, 8), (4, 16), (8, 16)):
             r = simulate(name, p, m, StageTimes.uniform(p * v, 1.0, 1.0, 1.0))
-            assert r.inflight_microbatches == tuple(inflight_microbatches(name, p, m, k) for k in range(p)), (name, p, m)
+            closed = tuple(inflight_microbatches(name, p, m, k) for k in range(p))
+            assert r.inflight_microbatches == closed, (name, p, m)
 
 
 def test_transfers_cost_across_ranks_only():
@@ -122,5 +123,6 @@ def test_bad_lists_are_rejected():
 
 def test_compute_actions_drops_communication_and_expands_overlap():
     pair = _Action(0, _ComputationType.OVERLAP_F_B, None, (_Action(0, F, 1), _Action(1, B, 0)))
-    got = compute_actions([None, _Action(0, _ComputationType.SEND_F, 0), pair, _Action(0, _ComputationType.REDUCE_GRAD)])
+    got = compute_actions([None, _Action(0, _ComputationType.SEND_F, 0), pair,
+                           _Action(0, _ComputationType.REDUCE_GRAD)])
     assert [repr(a) for a in got] == ["0F1", "1B0"]
