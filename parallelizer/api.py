@@ -281,12 +281,14 @@ def _intra_mesh(dp: int, tp: int) -> MeshSpec:
 
 
 def _search_record(found) -> dict:
-    """What `plan.model["search"]` keeps of the search: the winner and how much was priced (no wall times)."""
+    """What `plan.model["search"]` keeps of the search: the winner, how much was priced (no wall times) and
+    why this schedule (`planner.pipeline.ScheduleAlternative` per searched schedule, the winner first)."""
     s = found.search
     return {"mesh": found.mesh.to_dict(), "schedule": found.schedule, "microbatches": found.num_microbatches,
             "microbatch_size": found.microbatch_size, "global_batch": found.global_batch,
             "step_s": found.step_time_s, "candidates": s.candidates, "priced": s.evaluated, "pruned": s.pruned,
-            "infeasible_memory": s.infeasible_memory}
+            "infeasible_memory": s.infeasible_memory, "simulated": s.simulated,
+            "alternatives": [dataclasses.asdict(a) for a in found.alternatives]}
 
 
 # The final intra-stage ILP of a pipeline plan sees the whole graph on one stage group; stage memory is the

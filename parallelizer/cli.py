@@ -42,6 +42,7 @@ from collections.abc import Sequence
 
 from .core.mesh import MeshSpec
 from .errors import ParallelizerError
+from .planner.stages import ALL_SCHEDULE_NAMES
 
 # Rehearse at the model's real width only when it is this small (parameters) and fits in half the free memory
 # (per rank: ~48 B/param for the sharded copy, the reference copy, their grads and AdamW states, plus twice the
@@ -120,9 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
-                   help="restrict the search to this pipeline schedule (default: all three; zbv is not offered: the "
-                        "runtime cannot run it, parallelizer/planner/stages.py)")
+    p.add_argument("--schedule", choices=ALL_SCHEDULE_NAMES,
+                   help="restrict the search to this pipeline schedule (default: gpipe, 1f1b, interleaved_1f1b; zbv, "
+                        "dualpipev and bitpipe are refused with the reason until the runtime runs them, "
+                        "parallelizer/planner/stages.py)")
     p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "
                    "or gradient-accumulation steps when pp=1; default: searched, pp with a fixed pp mesh and no "
                    "--global-batch); the plan's graph is ONE microbatch: global batch / microbatches")

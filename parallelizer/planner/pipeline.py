@@ -106,15 +106,54 @@ class SearchReport:
     infeasible_memory: int
     ilp_solves: int
     time_s: float | None = None
+    simulated: int = 0  # partitions priced exactly by simulating the schedule's action list
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAlternative:
+    """Why this schedule: the winner or the best candidate of another schedule, as the search priced it.
+
+    Attributes:
+        schedule, pp, dp, tp, microbatches: the candidate.
+        step_s: simulated step seconds (None: not simulated, see reason).
+        bubble_fraction: idle share of the bottleneck rank's pipeline time (simulated).
+        peak_memory_bytes: the largest pp rank's bytes per device.
+        p2p_bytes: activation + gradient bytes the busiest device sends to other pipeline ranks per step.
+        reason: one line: "chosen: ..." or how it compares with the winner.
+    """
+
+    schedule: str
+    pp: int
+    dp: int
+    tp: int
+    microbatches: int
+    step_s: float | None
+    bubble_fraction: float | None
+    peak_memory_bytes: int | None
+    p2p_bytes: int | None
+    reason: str
+
+    def line(self) -> str:
+        """`alternative_line` of this one."""
+        return alternative_line(asdict(self))
+
+
+def alternative_line(a: dict) -> str:
+    """`schedule (pp, dp, tp, m): step, bubble, memory, p2p - reason` of a `ScheduleAlternative` as a dict (as
+    the plan JSON keeps it in model.search.alternatives)."""
+    what = (f"{a['step_s'] * 1e3:.1f} ms, bubble {a['bubble_fraction']:.1%}, peak {a['peak_memory_bytes'] / 1e9:.1f}"
+            f" GB, p2p {a['p2p_bytes'] / 1e9:.2f} GB" if a["step_s"] is not None else "-")
+    return f"{a['schedule']} (pp={a['pp']} dp={a['dp']} tp={a['tp']}, m={a['microbatches']}): {what} - {a['reason']}"
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
     """See the module docstring. Times are seconds, memory bytes per device, throughput per GPU.
 
-    step_breakdown_s keys: "pipeline" (m T + bubble on the bottleneck rank), "bubble", "dp_grad_sync"
-    (all-reduce of each rank's gradients over dp, not overlapped), "tied_grad_sync" (embedding gradient
-    exchanged between the first and last rank); step_time_s = pipeline + dp_grad_sync + tied_grad_sync.
+    step_breakdown_s keys: "pipeline" (the simulated compute makespan of the schedule's action list,
+    `planner.simulate`), "bubble" (its idle part on the busiest rank), "dp_grad_sync" (the exposed part of
+    the ranks' gradient all-reduces over dp, each after its rank's last action), "tied_grad_sync" (embedding
+    gradient exchanged between the first and last rank); step_time_s = pipeline + dp_grad_sync + tied_grad_sync.
     partition: which stage split won for the chosen candidate: "dp" (the balancing DP) or "uniform" (even).
     intra_stage_plan: the tp-axis ILP `Plan` of the whole graph (layouts per node; see `stage_layouts`),
     kept on the object but not in the JSON (its solver summary is, in `intra_stage_solver`).
@@ -147,6 +186,7 @@ class PipelinePlan:
     config: dict = field(default_factory=dict)
     compression: dict = field(default_factory=dict)
     boundary_compression: "BoundaryCompression | None" = None  # per stage boundary codec (`planner.boundary`)
+    alternatives: tuple[ScheduleAlternative, ...] = ()  # the winner first, then each other schedule's best
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -185,7 +225,8 @@ class PipelinePlan:
             "config")}
         d.update(format_version=PIPELINE_FORMAT_VERSION, mesh=self.mesh.to_dict(),
                  stages=[asdict(s) for s in self.stages], ranks=[asdict(r) for r in self.ranks],
-                 stage_kinds=[asdict(k) for k in self.stage_kinds], search=search)
+                 stage_kinds=[asdict(k) for k in self.stage_kinds], search=search,
+                 alternatives=[asdict(a) for a in self.alternatives])
         if self.compression:
             d["compression"] = dict(self.compression)
         if self.boundary_compression is not None:
@@ -229,5 +270,8 @@ class PipelinePlan:
         s = self.search
         lines.append(f"search: {s.candidates} candidates, {sum(s.excluded.values())} excluded, {s.pruned} pruned "
                      f"by bound, {s.evaluated} priced ({s.infeasible_memory} over memory), {s.ilp_solves} ILP solves"
-                     + (f", {s.time_s:.1f} s" if s.time_s is not None else ""))
+                     + f", {s.simulated} simulated" + (f", {s.time_s:.1f} s" if s.time_s is not None else ""))
+        if self.alternatives:
+            lines.append("why this schedule (simulated step, bubble, peak memory, p2p bytes the busiest device sends):")
+            lines += [f"  {a.line()}" for a in self.alternatives]
         return "\n".join(lines)

@@ -179,6 +179,10 @@ def search_rows(plan: "Plan") -> list[tuple[str, str]]:
             ("searched", f"{found['candidates']} candidates: {found['priced']} priced ({found['infeasible_memory']} "
                          f"over memory), {found['pruned']} pruned by the lower bound"),
             ("search estimate", f"{ms(found['step_s'])} per optimizer step")]
+    if found.get("alternatives"):
+        from .pipeline import alternative_line
+        rows += [("why " + a["schedule"] if k == 0 else "vs " + a["schedule"], alternative_line(a))
+                 for k, a in enumerate(found["alternatives"])]
     m = found["microbatches"]
     if plan.pipeline is None:
         rows.append(("final ILP estimate", f"{ms(plan.cost.total_s * m)} per optimizer step ({m} x "

@@ -1,34 +1,46 @@
-"""Pipeline schedules as closed forms: which rank runs a virtual stage, how many microbatches a rank keeps
-in flight, and how long one step takes given per-microbatch stage times.
+"""Pipeline schedules: which rank runs a virtual stage, how many microbatches a rank keeps in flight, and
+the closed forms the action-list simulator (`planner.simulate`) reproduces. Step times are priced by
+simulating each schedule's own action list (`planner.simulate`); the closed forms below are kept as the
+simulator's tests (`tests/unit/test_simulate.py`).
 
 Notation: p pipeline ranks, m microbatches per step (per data-parallel replica), v virtual stages (model
-chunks) per rank, S = p * v stages in pipeline order. Per microbatch, the bottleneck rank spends F seconds in
-forward, B in backward-for-inputs and W in backward-for-weights (summed over its v chunks; T = F + B + W).
+chunks) per rank, S = p * v stages in pipeline order. With equal stages, F, B, W are a chunk's
+per-microbatch forward, input-gradient and weight-gradient seconds and T = v (F + B + W) a rank's.
 
-=================== ===== ============================================ =============================================
-schedule            v     step time (pipeline part)                    peak in-flight microbatches of rank r
-=================== ===== ============================================ =============================================
-"gpipe"             1     (m + p - 1) T                                m
-"1f1b"              1     (m + p - 1) T                                min(p - r, m)
-"interleaved_1f1b"  >=2   m T + (p - 1) T / v                          min(2(p - r - 1) + (v - 1) p + 1, v m) / v
-"zbv"               2     m T + (p - 1) max(0, F + B - 2 W) / 2        min(p, m)
-=================== ===== ============================================ =============================================
+=================== ===== ============================================== ===========================================
+schedule            v     bubble (simulated = closed form, equal stages)  peak in-flight microbatches of rank r
+=================== ===== ============================================== ===========================================
+"gpipe"             1     (p - 1) T                                      m
+"1f1b"              1     (p - 1) T                                      min(p - r, m)
+"interleaved_1f1b"  2     (p - 1) T / v                                  min(2(p - r - 1) + (v - 1) p + 1, v m) / v
+"zbv"               2     (p - 1)(F + B - W)   (ZB-H1's, on chunk times)   min(p, m)
+"dualpipev"         2     (p - 1)(F + B - W)   (as zbv when F = B = W)     min(p, m) + 1/2
+"bitpipe"           2     none (simulated; ours ~ 1.5 (p - 2) chunk-F)   >= 3p/4 (simulated; 3p/4 in the search's
+                          2 copies, m/2 microbatches each                first pass, a lower bound on p = 2..8)
+=================== ===== ============================================== ===========================================
 
 Sources: GPipe (Huang et al. 2019) and 1F1B/PipeDream-Flush both idle (p - 1) microbatch-slots per step;
 Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21,
 Sec. 2.2: bubble time (p - 1)(t_f + t_b), i.e. a bubble *ratio* (bubble / ideal) of (p - 1) / m, and
 (p - 1) / (v m) for the interleaved schedule whose chunks are v times shorter. The interleaved in-flight count
 is Megatron-LM's warm-up count (`num_warmup_microbatches = (p - r - 1) * 2 + (v - 1) * p`, plus the one in the
-steady state), counted in chunk-microbatches, each holding 1/v of the rank's activations. Megatron and
-torch.distributed.pipelining ask for m divisible by p there. Zero bubble: Qi et al., "Zero Bubble Pipeline
-Parallelism", ICLR 2024 (arXiv 2401.10241): splitting backward into B and W lets W fill the bubble; ZB-H2's
-bubble is (p - 1)(T_F + T_B - 2 T_W) per stage; ZB-V (2 chunks per rank in a V, torch's
-`ScheduleZBVZeroBubble`) reaches it at 1F1B's peak activation memory (the paper's table: bubble 0 and 1x
-memory when T_F = T_B = T_W). We apply that bubble to chunk times (F, B, W of the rank halved) and require
-m >= 2p, where the V schedule reaches its steady state.
+steady state), counted in chunk-microbatches, each holding 1/v of the rank's activations. Zero bubble: Qi et
+al., "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv 2401.10241), Sec. 3.1/Table 1: ZB-H1's bubble is
+(p - 1)(T_F + T_B - T_W) at 1F1B's activation memory. torch's `ScheduleZBVZeroBubble` list, simulated with
+chunk times F = B = W, idles exactly (p - 1)(F + B - W) = (p - 1) F, a bubble ratio (p - 1) / (3 v m): the
+ZB-H1 bubble on chunk times, not the paper's ZB-V zero (the paper's ZB-V needs its own greedy scheduler;
+torch's docstring says the same). DualPipeV (torch's `ScheduleDualPipeV`, after DeepSeek-V3, arXiv
+2412.19437) runs its OVERLAP_F_B pairs back to back without a custom overlap function: same bubble as zbv
+with equal times, half a chunk-microbatch more in flight.
 
-Validity (`invalid_reason`): 1f1b needs m >= p (torch's Schedule1F1B refuses fewer microbatches than stages),
-interleaved_1f1b m divisible by p, zbv m >= 2p.
+BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in opposite directions, each
+over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
+the up copy (two weight copies per model stage, `copies` below); each copy runs m/2 microbatches.
+
+Validity (`invalid_reason`): bitpipe needs an even pp >= 2 (at most `BITPIPE_MAX_PP`: its list builder
+is too slow for the search beyond) and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer
+microbatches than stages), interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's
+ScheduleDualPipeV: m >= stages).
 
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
 `bubble_ratio` = bubble / ideal (Narayanan's (p - 1) / m).
@@ -54,7 +66,11 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", 1, "Schedule1F1B"),
     Schedule("interleaved_1f1b", 2, "ScheduleInterleaved1F1B"),
     Schedule("zbv", 2, "ScheduleZBVZeroBubble"),
+    Schedule("dualpipev", 2, "ScheduleDualPipeV"),
+    Schedule("bitpipe", 2, "BitPipe (planner.bitpipe lists; runtime.bitpipe)"),
 )}
+V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
+BITPIPE_MAX_PP = 16  # `planner.bitpipe.list_schedule` builds pp=16, m=64 in ~2 s but pp=32, m=128 in ~36 s
 
 
 def get_schedule(name: str) -> Schedule:
@@ -74,17 +90,36 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
         return "1f1b needs microbatches >= pp"
     if schedule == "interleaved_1f1b" and m % p:
         return "interleaved_1f1b needs microbatches divisible by pp"
-    if schedule == "zbv" and m < 2 * p:
-        return "zbv needs microbatches >= 2 pp"
+    if schedule in V_PLACED and m < 2 * p:
+        return f"{schedule} needs microbatches >= 2 pp"
+    if schedule == "bitpipe" and (p < 2 or p % 2 or m % 2):
+        return "bitpipe needs an even pp >= 2 and an even microbatch count"
+    if schedule == "bitpipe" and p > BITPIPE_MAX_PP:
+        return f"bitpipe beyond pp={BITPIPE_MAX_PP}: its action list takes too long to build for the search"
     return None
 
 
+def copies(schedule: str) -> int:
+    """Pipelines through the model: 2 for bitpipe (each model stage held twice), else 1."""
+    return 2 if schedule == "bitpipe" else 1
+
+
+def ranks_of_stage(schedule: str, stage: int, p: int) -> tuple[int, ...]:
+    """The pipeline rank of each copy of model stage `stage` (`rank_of_stage` for one copy; bitpipe: the
+    down copy's V rank and the up copy's mirrored rank, `planner.bitpipe.bitpipe_placement`)."""
+    if schedule == "bitpipe":
+        down = rank_of_stage(schedule, stage, p)
+        return down, p - 1 - down
+    return (rank_of_stage(schedule, stage, p),)
+
+
 def rank_of_stage(schedule: str, stage: int, p: int) -> int:
-    """Pipeline rank (0..p-1) of virtual stage `stage` (0..p*v-1): looped for interleaved, V for zbv."""
+    """Pipeline rank (0..p-1) of virtual stage `stage` (0..p*v-1): looped for interleaved, V for zbv and
+    dualpipev and for bitpipe's down copy (`ranks_of_stage` gives both bitpipe copies)."""
     v = get_schedule(schedule).virtual_stages
     if not 0 <= stage < p * v:
         raise ValueError(f"stage={stage}: must be in [0, {p * v}) for {schedule} on {p} ranks")
-    if schedule == "zbv" and stage >= p:
+    if (schedule in V_PLACED or schedule == "bitpipe") and stage >= p:
         return 2 * p - 1 - stage
     return stage % p
 
@@ -103,21 +138,9 @@ def inflight_microbatches(schedule: str, p: int, m: int, rank: int) -> float:
         raise ValueError(f"p={p}, m={m}, rank={rank}: need p, m >= 1 and 0 <= rank < p")
     if schedule == "interleaved_1f1b":
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m) / v
-    return float(min(p, m))  # zbv
-
-
-def pipeline_time_s(schedule: str, p: int, m: int, f_s: float, b_s: float, w_s: float) -> tuple[float, float]:
-    """(pipeline seconds, bubble seconds) of one step; f_s, b_s, w_s: the bottleneck rank's per-microbatch
-    forward, input-gradient and weight-gradient seconds (module docstring)."""
-    v = get_schedule(schedule).virtual_stages
-    t = f_s + b_s + w_s
-    if schedule in ("gpipe", "1f1b"):
-        bubble = (p - 1) * t
-    elif schedule == "interleaved_1f1b":
-        bubble = (p - 1) * t / v
-    else:
-        bubble = (p - 1) * max(0.0, f_s + b_s - 2 * w_s) / v
-    return m * t + bubble, bubble
+    if schedule == "bitpipe":
+        return 0.75 * p  # a lower bound of the simulated peak (module docstring); the search checks the exact one
+    return min(p, m) + (0.5 if schedule == "dualpipev" else 0.0)  # zbv, dualpipev
 
 
 def bubble_fraction(pipeline_s: float, bubble_s: float) -> float:

@@ -16,26 +16,34 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
    an all-gather over "tp" inside the node rebuilds it; with `PlanConfig.boundary_compression` the send
    is priced at the codec's wire bytes plus its encode/decode time, per cut the cheapest allowed codec
-   (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`);
-3. step time = pipeline time of the bottleneck rank (`schedules.pipeline_time_s`) + the all-reduce of each
-   rank's gradients over "dp" (no overlap with backward; with ZeRO-1 the reduce-scatter + all-gather moves
-   the same bytes) + the exchange of tied-embedding gradients between the first and last rank.
-   With `PlanConfig.compression` other than "none" the dp sync of each candidate may be compressed
+   (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`, `exact`);
+3. step time = the simulated step of the schedule's own action list (`planner.simulate`: torch's lists,
+   BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each rank's gradient all-reduce
+   over "dp" after its last action, not overlapped with its backward, with ZeRO-1 the reduce-scatter +
+   all-gather moves the same bytes; BitPipe's exchange between the two copies of a stage started eagerly)
+   + the exchange of tied-embedding gradients between the first and last rank. Memory uses the simulated
+   peak in-flight activation bytes per rank.
+   With `PlanConfig.compression` other than "none" the dp sync of each partition may be compressed
    (`planner.compression.choose`): a codec's sync is its all-reduces of the compressed bytes plus its compute
-   (`cost_model.compression`, the rank's gradients as one bucket), and "auto" takes it only when it beats
+   (`cost_model.compression`, a rank's gradients as one bucket), and "auto" takes it only when it beats
    the uncompressed sync even fully overlapped with the rank's backward (`DeviceSpec.comm_overlap`).
 
-Pruning (branch and bound): a candidate's step time is at least
+Pruning (branch and bound), two levels. A candidate's step time is at least
     LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
 (the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
 in bytes so the largest rank's is >= the average's). The segment seconds are those without recomputation,
 which only adds time, so LB stays a lower bound under any recomputation choice. A candidate whose average
 rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
-exceeds the budget cannot fit and is not partitioned. Candidates are priced in increasing LB order and the
-search stops once LB exceeds the best step time found, so it returns exactly the optimum of the exhaustive
-grid (`search="exhaustive"`), typically after pricing a small fraction of it. With compression allowed the
-sync term of LB is 0 (a codec may shrink it arbitrarily), and a second bound pass over the same (cached)
-prices finds the best uncompressed step, against which the plan reports its speedup.
+exceeds the budget cannot fit and is not partitioned. Candidates are partitioned in increasing LB order;
+each fitting partition gets a tighter bound (`_Context._price_partition`: per rank, the forward chain
+before its first stage + its m microbatches of work + the backward chain below it when backward is not
+split, or its gradient sync) and waits in a heap; partitions are simulated in increasing bound order
+while their bound is <= the best simulated step, and the search stops once the next candidate's LB exceeds
+it. So it returns exactly the optimum of the exhaustive grid (`search="exhaustive"`: every candidate
+partitioned; simulation still skips partitions whose bound exceeds the best), typically after simulating
+a handful of partitions (`SearchReport.simulated`). With gradient compression allowed the sync term of LB
+is 0 and a partition's bound uses each rank's cheaper sync (a codec may shrink it), and a second bound pass
+over the same (cached) prices finds the best uncompressed step, against which the plan reports its speedup.
 
 Throughput: model FLOPs per step = `cost_model.graph_flops` of the traced graph (forward + 2x forward for
 backward, no recomputation) x global_batch / trace batch; TFLOP/s per GPU = FLOPs / (step time x devices);
@@ -44,6 +52,8 @@ MFU = that / the device's dense peak for the model's parameter dtype (Chowdhery 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
 import time
 from collections import Counter
@@ -67,9 +77,10 @@ from .compression import choose, codecs_of, keeps_compression, make_record
 from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
-from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
-from .schedules import (SCHEDULES, bubble_fraction, bubble_ratio, get_schedule, inflight_microbatches,
-                        invalid_reason, pipeline_time_s, rank_of_stage)
+from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
+from .schedules import (SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies, get_schedule,
+                        inflight_microbatches, invalid_reason, ranks_of_stage)
+from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
 AXES = ("pp", "dp", "tp")
@@ -104,7 +115,8 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             the reserve (`PlanConfig.memory_reserve_bytes`, `api.memory_budget`: as `parallelizer.plan`).
         pp, tp, num_microbatches: restrict the search to these values (an int or a tuple); tp must divide
             the devices per node (tensor parallelism stays inside a node).
-        schedules: names from `schedules.SCHEDULES` (default: all: gpipe, 1f1b, interleaved_1f1b, zbv).
+        schedules: names from `schedules.SCHEDULES` (default: all six: gpipe, 1f1b, interleaved_1f1b, zbv,
+            dualpipev, bitpipe).
         zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1).
         config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, precision, solver...).
         search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).
@@ -134,7 +146,8 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
     bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
     with tqdm(total=len(bounds), desc="pipeline search", disable=(None if progress is None else not progress),
               leave=False) as bar:
-        best, evaluated, infeasible, leanest = _bound_search(ctx, bounds, "step_s", search, bar)
+        best, evaluated, infeasible, simulated, leanest, by_schedule = _bound_search(ctx, bounds, "step_s", search,
+                                                                                     bar)
     if best is None:
         need, cand = leanest
         raise InfeasiblePlanError(
@@ -149,35 +162,112 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
-                          len(ctx.cache), time.perf_counter() - start)
+                          len(ctx.cache), time.perf_counter() - start, simulated)
+    alternatives = _alternatives(ctx, best, by_schedule, bounds)
     uncompressed = best[2]["uncompressed_step_s"]
-    if ctx.codecs:  # the best plan without compression (its own bound pass; prices and results are cached)
+    if ctx.codecs:  # the best plan without gradient compression (its own bound pass over cached prices)
         plain = sorted((ctx.lower_bound_s(c, compressed=False), c) for c in cands)
         uncompressed, cand, res = _bound_search(ctx, plain, "uncompressed_step_s", search, None)[0]
         if not keeps_compression(config.compression, best[2]["compression"], best[0], uncompressed):
             best = (uncompressed, cand, dict(res, step_s=uncompressed, dp_grad_sync=res["uncompressed_dp_grad_sync"],
                                              compression="none"))
-    return ctx.to_plan(best[1], best[2], report, search, uncompressed)
+    return ctx.to_plan(best[1], best[2], report, search, uncompressed, alternatives)
 
 
 def _bound_search(ctx: "_Context", bounds: list, key: str, search: str, bar):
-    """Price candidates in increasing lower bound until the bound exceeds the best `res[key]` found (all of them
-    with search="exhaustive"). Returns (best (step, candidate, res) or None, evaluated, infeasible, leanest
-    (need_bytes, candidate) of the infeasible ones or None)."""
-    best, leanest, evaluated, infeasible = None, None, 0, 0
+    """Branch and bound over `bounds` ((LB, candidate) in increasing order; module docstring) minimising
+    `res[key]` ("step_s", or "uncompressed_step_s" for the best plan without gradient compression): each
+    candidate's fitting partitions wait in a heap by their bound and are simulated (`_Context.exact`) in
+    increasing bound order while it is <= the best found. Returns (best (value, candidate, res) or None,
+    candidates partitioned, infeasible ones, partitions simulated, leanest (need_bytes, candidate) or None,
+    per (schedule, exact?) the lowest-priced candidate for `_alternatives`)."""
+    best: tuple[float, Candidate, dict] | None = None
+    evaluated = infeasible = simulated = 0
+    leanest: tuple[float, Candidate] | None = None
+    tie = itertools.count()
+    pending: list = []  # heap of (partition's step lower bound, candidate, tie, priced partition)
+    by_schedule: dict[tuple, tuple] = {}  # (schedule, exact?) -> its lowest (step, candidate, result)
+
+    def settle(limit: float) -> None:  # simulate the pending partitions whose bound is <= limit and <= best
+        nonlocal best, simulated, leanest
+        while pending and pending[0][0] <= limit and (best is None or pending[0][0] <= best[0]):
+            _, cand, _, res = heapq.heappop(pending)
+            res = ctx.exact(cand, res)
+            simulated += 1
+            if "step_s" not in res:
+                leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
+                continue
+            _note(by_schedule, cand, res, True)
+            if best is None or (res[key], cand) < (best[0], best[1]):
+                best = (res[key], cand, res)
+
     for lb, cand in bounds:
-        if search == "bound" and best is not None and lb > best[0]:
-            break
+        if search == "bound":
+            settle(lb)
+            if best is not None and lb > best[0]:
+                break
         if bar is not None:
             bar.update(1)
         evaluated += 1
-        res = ctx.evaluate(cand)
-        if "step_s" not in res:
+        fits = ctx.evaluate(cand)
+        if "step_lb" not in fits[0]:
             infeasible += 1
-            leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
-        elif best is None or (res[key], cand) < (best[0], best[1]):
-            best = (res[key], cand, res)
-    return best, evaluated, infeasible, leanest
+            leanest = min(leanest or (math.inf, cand), (fits[0]["need_bytes"], cand))
+            continue
+        for res in fits:
+            heapq.heappush(pending, (res["step_lb"], cand, next(tie), res))
+            _note(by_schedule, cand, res, False)
+    settle(math.inf)
+    return best, evaluated, infeasible, simulated, leanest, by_schedule
+
+
+def _note(by_schedule: dict, cand: Candidate, res: dict, exact: bool) -> None:
+    """Keep per (schedule, exact) the lowest-priced candidate: its simulated step (exact) or its bound."""
+    key, step = (cand.schedule, exact), res["step_s"] if exact else res["step_lb"]
+    if key not in by_schedule or (step, cand) < by_schedule[key][:2]:
+        by_schedule[key] = (step, cand, res)
+
+
+def _alternatives(ctx: "_Context", best: tuple, by_schedule: dict, bounds: list) -> tuple[ScheduleAlternative, ...]:
+    """The winner, then for every other searched schedule its runner-up: step, bubble, peak memory, p2p
+    bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
+    priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
+    priced (each bound above the winner's step, or over memory) is reported with its best bound."""
+    out = [_alternative(best[1], best[2], None)]
+    names = dict.fromkeys(c.schedule for _, c in bounds)
+    for name in names:
+        if name == best[1].schedule:
+            continue
+        found = by_schedule.get((name, True))
+        bound = by_schedule.get((name, False))
+        if bound is not None and (found is None or bound[0] < found[0]):
+            res = ctx.exact(bound[1], bound[2])
+            if "step_s" in res and (found is None or (res["step_s"], bound[1]) < found[:2]):
+                found = (res["step_s"], bound[1], res)
+        if found is not None:
+            out.append(_alternative(found[1], found[2], best))
+            continue
+        lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
+        out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
+                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
+                                       f"{best[0]:.4g} s, or it does not fit memory"))
+    return tuple(out)
+
+
+def _alternative(cand: Candidate, res: dict, best: tuple | None) -> ScheduleAlternative:
+    """One `ScheduleAlternative` from a simulated result; reason relative to `best` (None: the winner)."""
+    peak = max(r["memory"] for r in res["ranks"])
+    bubble = bubble_fraction(res["pipeline"], res["bubble"])
+    if best is None:
+        reason = "chosen: lowest simulated step time that fits"
+    else:
+        b, slow = best[2], res["step_s"] / best[0] - 1
+        reason = (f"{slow:+.1%} step vs {best[1].schedule}; bubble {bubble:.1%} vs "
+                  f"{bubble_fraction(b['pipeline'], b['bubble']):.1%}; peak memory {peak / _GB:.1f} vs "
+                  f"{max(r['memory'] for r in b['ranks']) / _GB:.1f} GB; p2p {res['p2p_bytes'] / _GB:.2f} vs "
+                  f"{b['p2p_bytes'] / _GB:.2f} GB per step")
+    return ScheduleAlternative(cand.schedule, cand.pp, cand.dp, cand.tp, cand.num_microbatches, res["step_s"],
+                               bubble, int(peak), int(res["p2p_bytes"]), reason)
 
 
 def _tuple(x) -> tuple[int, ...] | None:
@@ -239,7 +329,7 @@ class _Context:
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
         self.codecs = codecs_of(config)  # data-parallel gradient codecs (`planner.compression`)
-        self.evaluated: dict[Candidate, dict] = {}
+        self.evaluated: dict[Candidate, list[dict]] = {}
         self.boundary_codecs = boundary.codecs_of(config.boundary_compression)  # stage-boundary codecs
         self.boundary_prices = boundary.price_codecs(traced, segments.cut_values, self.boundary_codecs,
                                                      config.boundary_rank, cluster.device)
@@ -272,23 +362,24 @@ class _Context:
         return (collective_time_s("send_recv", nbytes / c.tp, topo, ("pp",))
                 + collective_time_s("all_gather", nbytes, topo, ("tp",)))
 
-    def evaluate(self, c: Candidate) -> dict:
-        """Price one candidate: {"step_s", ...} or {"need_bytes"} when it does not fit the memory budget.
+    def evaluate(self, c: Candidate) -> list[dict]:
+        """Price one candidate's partitions by their lower bound: the fitting ones ({"step_lb", ...}, to be
+        simulated by `exact`), or [{"need_bytes"}] (the smallest need) when none fits the memory budget.
 
         The DP partition (balanced, memory-aware) and the even split are both priced and the better feasible
         one kept: the DP is exact for v = 1, but for v > 1 a rank's time sums its chunks and the DP bounds
         chunk memory conservatively (budget / v each), and neither sees the dp gradient sync. Each stage
         takes the cheapest recomputation mode that fits (`partition.py`; `PlanConfig.recompute` other than
-        "auto" allows only that mode). With boundary compression allowed (`planner.boundary`), the partition
-        is priced again with each cut's codec chosen (`boundary.choose`); "auto" keeps the compressed result
-        only when its step is >= `boundary.MIN_GAIN` faster, a forced codec always; the result then carries
-        "boundary_compression" (`BoundaryCompression`, with the uncompressed price of the same stages).
-        Results are cached per candidate."""
+        "auto" allows only that mode). With boundary compression allowed (`planner.boundary`), the partitions
+        are priced again with each cut's codec chosen (`boundary.choose`), each carrying the uncompressed
+        price of its own stages ("boundary"); `exact` keeps the compressed one under "auto" only when its
+        simulated step is >= `boundary.MIN_GAIN` faster, a forced codec always. Results are cached per
+        candidate."""
         if c not in self.evaluated:
             self.evaluated[c] = self._evaluate(c)
         return self.evaluated[c]
 
-    def _evaluate(self, c: Candidate) -> dict:
+    def _evaluate(self, c: Candidate) -> list[dict]:
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
         scale, topo = self._scale(c), self.topology(c)
@@ -296,39 +387,42 @@ class _Context:
         state = self._state(pr, c.dp)
         t_by = {k: f + b + w + pr.rc_extra_lin[k] * scale for k in self.modes}
         act_by = {k: (pr.act_bytes + pr.rc_act_delta[k]) * scale for k in self.modes}
-        rank = [rank_of_stage(c.schedule, s, p) for s in range(p * v)]
+        rank = [ranks_of_stage(c.schedule, s, p) for s in range(p * v)]  # per copy (bitpipe holds 2)
+        held = copies(c.schedule)
         inflight = [inflight_microbatches(c.schedule, p, m, r) for r in range(p)]
         # no partition fits when the average rank does not (state + the leanest mode's activations, each
         # kept for at least the fewest in-flight microbatches): skip the DP
         lean_act = np.minimum.reduce([act_by[k] for k in self.modes])
-        need_lb = (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
+        need_lb = held * (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
         if need_lb > self.budget:
-            return {"need_bytes": need_lb}
+            return [{"need_bytes": need_lb}]
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
         cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
-        plain = self._partitions(c, (f, b, w, state, t_by, act_by), cut_f, cut_b, rank, inflight, topo)
-        if not self.boundary_codecs or c.pp == 1 or "step_s" not in plain:
+        arrays = (f, b, w, state, t_by, act_by)
+        plain = self._partitions(c, arrays, cut_f, cut_b, rank, inflight, held, topo)
+        if not self.boundary_codecs or c.pp == 1 or "step_lb" not in plain[0]:
             return plain
         codecs, comp_f, comp_b = boundary.choose(self.boundary_codecs, self.config.boundary_compression != "auto",
                                                  self.boundary_prices, lambda x: self._p2p_s(x, c, topo),
                                                  seg.cut_fwd_bytes, seg.cut_bwd_bytes, scale)
-        comp = self._partitions(c, (f, b, w, state, t_by, act_by), comp_f, comp_b, rank, inflight, topo)
-        if "step_s" not in comp or (self.config.boundary_compression == "auto"
-                                    and comp["step_s"] * (1 + boundary.MIN_GAIN) > plain["step_s"]):
+        comp = self._partitions(c, arrays, comp_f, comp_b, rank, inflight, held, topo)
+        if "step_lb" not in comp[0]:
             return plain
-        # the uncompressed price of the same stages, for the plan's speedup
-        again = self._price_partition(c, comp["cuts"], comp["modes"], (f, b, w, state, act_by, cut_f, cut_b),
-                                      rank, inflight, topo)
-        choices = tuple(boundary.BoundaryChoice(
-            s, codecs[j], 8 if codecs[j] == "int8" else None, self.config.boundary_rank if codecs[j] == "lowrank"
-            else None, self.boundary_prices[codecs[j]].fwd_ratio[j] if codecs[j] != "none" else 1.0,
-            comp_f[j] + comp_b[j], cut_f[j] + cut_b[j]) for s, j in enumerate(comp["cuts"][1:-1]))
-        return dict(comp, boundary_compression=boundary.BoundaryCompression(
-            self.config.boundary_compression, comp["step_s"], again["step_s"], self.config.boundary_rank, choices))
+        for res in comp:  # the uncompressed price of the same stages, and what each boundary sends
+            again = self._price_partition(c, res["cuts"], res["modes"], (f, b, w, state, act_by, cut_f, cut_b),
+                                          rank, inflight, topo)
+            choices = tuple(boundary.BoundaryChoice(
+                k, codecs[j], 8 if codecs[j] == "int8" else None,
+                self.config.boundary_rank if codecs[j] == "lowrank" else None,
+                self.boundary_prices[codecs[j]].fwd_ratio[j] if codecs[j] != "none" else 1.0,
+                comp_f[j] + comp_b[j], cut_f[j] + cut_b[j]) for k, j in enumerate(res["cuts"][1:-1]))
+            res["boundary"] = (dict(again, partition=res["partition"], cuts=res["cuts"], modes=res["modes"]),
+                               choices)
+        return comp if self.config.boundary_compression != "auto" else plain + comp
 
-    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, topo) -> dict:
-        """The better feasible of the DP partition and the even split for boundary transfer seconds
-        cut_f / cut_b per cut (`evaluate`); {"need_bytes"} when neither fits."""
+    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, held: int, topo) -> list[dict]:
+        """The DP partition and the even split of one candidate for boundary transfer seconds cut_f / cut_b
+        per cut (`evaluate`), each priced by `_price_partition`: the fitting ones, or [{"need_bytes"}]."""
         f, b, w, state, t_by, act_by = arrays
         L, v, p = self.segments.num_blocks, get_schedule(c.schedule).virtual_stages, c.pp
         t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
@@ -337,8 +431,8 @@ class _Context:
                            float(a0[L + 1]), cut_f, cut_b, self.modes,
                            tuple(tuple(t_by[k][1:L + 1]) for k in self.modes),
                            tuple(tuple(act_by[k][1:L + 1]) for k in self.modes))
-        limit = self.budget / v
-        stage_inflight = tuple(inflight[r] for r in rank)
+        limit = self.budget / (v * held)
+        stage_inflight = tuple(inflight[r[0]] for r in rank)
         options = {}
         if self.partitioner == "dp":
             part = partition_chain(chain, p * v, stage_inflight, limit)
@@ -350,17 +444,20 @@ class _Context:
                                               for s in range(p * v)))
         results = []
         for cuts, (how, modes) in options.items():
-            res = self._price_partition(c, cuts, tuple(self.modes[k] for k in modes),
-                                        (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
-            results.append(dict(res, partition=how, cuts=cuts, modes=tuple(self.modes[k] for k in modes)))
+            named = tuple(self.modes[k] for k in modes)
+            res = self._price_partition(c, cuts, named, (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
+            results.append(dict(res, partition=how, cuts=cuts, modes=named))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
-        if not fits:
-            return {"need_bytes": min(r["need_bytes"] for r in results)}
-        return min(fits, key=lambda r: r["step_s"])
+        return fits or [{"need_bytes": min(r["need_bytes"] for r in results)}]
 
     def _price_partition(self, c: Candidate, cuts, modes, arrays, rank, inflight, topo) -> dict:
-        """Stages, ranks, memory and step time of one partition, stage s in recomputation mode modes[s]
-        (module docstring, step 3)."""
+        """Stages, ranks, memory (closed-form in-flight counts, equal to the simulated ones: tested) and a
+        lower bound on the step time of one partition, stage s in recomputation mode modes[s] (module
+        docstring, step 3). Bound: rank r starts no earlier than microbatch 0's forward chain reaches its
+        first stage (head) and then computes m x its per-microbatch seconds (busy); with full backwards
+        (no B/W split), its last backward, on its first stage, is followed by the backward chain below it
+        (tail); its gradient all-reduce follows its last action: step >= max_r head + busy + max(tail,
+        sync) + the tied exchange. `exact` simulates the partition's action list."""
         pr, L = self.prices(c.tp), self.segments.num_blocks
         f, b, w, state, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
@@ -369,50 +466,119 @@ class _Context:
         for s in range(S):
             i, j = cuts[s], cuts[s + 1]
             segs = ([0] if s == 0 else []) + list(range(i + 1, j + 1)) + ([L + 1] if s == S - 1 else [])
-            bwd = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale) + (cut_b[i] if s > 0 else 0)
-            stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=float(f[segs].sum()) + (cut_f[j] if s < S - 1 else 0),
-                               bwd=bwd, wgrad=float(w[segs].sum()), state=float(state[segs].sum()),
-                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s], recompute=modes[s]))
-        ranks = []
+            f_c = float(f[segs].sum())
+            b_c = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale)
+            stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=f_c + (cut_f[j] if s < S - 1 else 0),
+                               bwd=b_c + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
+                               fwd_c=f_c, bwd_c=b_c, state=float(state[segs].sum()),
+                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s][0], recompute=modes[s]))
+        # transfers: the simulator charges them across ranks only; the bound and the byte count likewise
+        p2p_f, p2p_b = [cut_f[cuts[s + 1]] for s in range(S - 1)], [cut_b[cuts[s + 1]] for s in range(S - 1)]
+        held = len(rank[0])
+        cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
+        ranks, bounds = [], []
+        split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         for r in range(p):
-            mine = [s for s in range(S) if rank[s] == r]
+            mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
             grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
-            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, inflight=inflight[r],
+            sync = collective_time_s("all_reduce", grads, topo, ("dp",))
+            heads, tails = [], []
+            for k in range(held):
+                first = min((s for s in range(S) if rank[s][k] == r), default=None)
+                if first is not None:
+                    heads.append(sum(stages[s]["fwd_c"] + p2p_f[s] * cross[k][s] for s in range(first)))
+                    tails.append(sum(stages[s]["bwd_c"] + stages[s]["wgrad"] + p2p_b[s] * cross[k][s]
+                                     for s in range(first)))
+            tail = 0.0 if split or held > 1 else tails[0]
+            busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine)
+            bounds.append((min(heads) + busy, tail))
+            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, inflight=inflight[r],
                               memory=tot["state"] + inflight[r] * tot["act"]))
-        hot = max(ranks, key=lambda r: r["fwd"] + r["bwd"] + r["wgrad"])
-        pipe, bubble = pipeline_time_s(c.schedule, p, m, hot["fwd"], hot["bwd"], hot["wgrad"])
-        sync = max(collective_time_s("all_reduce", r["grads"], topo, ("dp",)) for r in ranks)
         codec, codec_sync = self._compression(c, stages, ranks, topo)
+        for r, rc in enumerate(ranks):  # the sync each rank runs: the chosen codec's, or the plain all-reduce
+            rc["plain_sync"] = rc["sync"]
+            rc["sync"] = codec_sync[codec][r] if codec != "none" else rc["sync"]
+        # a valid bound for both passes (`_bound_search`): each rank's cheaper sync
+        lb = max(head_busy + max(tail, min(rc["sync"], rc["plain_sync"]))
+                 for (head_busy, tail), rc in zip(bounds, ranks))
         tied = 0.0
-        if pr.shared_grad_bytes and rank[0] != rank[S - 1]:
+        if pr.shared_grad_bytes and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
-        chosen_sync = codec_sync.get(codec, sync)
-        return dict(step_s=pipe + chosen_sync + tied, pipeline=pipe, bubble=bubble, dp_grad_sync=chosen_sync,
-                    tied_grad_sync=tied, stages=stages, ranks=ranks, scale=self._scale(c),
-                    need_bytes=max(r["memory"] for r in ranks), compression=codec,
-                    uncompressed_step_s=pipe + sync + tied, uncompressed_dp_grad_sync=sync)
+        seg = self.segments
+        sent = [0.0] * p  # bytes each device sends per step: activations out of its stages, gradients back
+        for k in range(held):
+            for s in range(S - 1):
+                if cross[k][s]:
+                    sent[rank[s][k]] += seg.cut_fwd_bytes[cuts[s + 1]]
+                    sent[rank[s + 1][k]] += seg.cut_bwd_bytes[cuts[s + 1]]
+        p2p_bytes = m / held * scale * max(sent) / c.tp
+        # BitPipe: the two copies of a stage exchange gradients (Wu et al. Sec. 3: eager, overlapping compute)
+        copy_sync = tuple(collective_time_s("send_recv", float(pr.grads_bytes[st["segs"]].sum()), topo, ("pp",))
+                          for st in stages) if held > 1 else None
+        return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
+                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes, copy_sync=copy_sync,
+                    need_bytes=max(r["memory"] for r in ranks), compression=codec)
 
     def _compression(self, c: Candidate, stages: list[dict], ranks: list[dict], topo: MeshTopology
-                     ) -> tuple[str, dict[str, float]]:
-        """(chosen codec, codec -> seconds of the dp sync with it) for one partition (module docstring, step 3):
-        per codec the slowest rank's compressed all-reduces + codec compute; "auto" compares them with the
-        uncompressed sync minus what can hide under the rank's backward (m microbatches of B + W)."""
+                     ) -> tuple[str, dict[str, list[float]]]:
+        """(chosen codec, codec -> per-rank seconds of the dp sync with it) for one partition (module
+        docstring, step 3): per codec a rank's compressed all-reduces + codec compute; "auto" compares the
+        slowest rank's with the uncompressed sync minus what can hide under the rank's backward (m
+        microbatches of B + W)."""
         if c.dp == 1 or not self.codecs:
             return "none", {}
         pr, device, m = self.prices(c.tp), self.cluster.device, c.num_microbatches
         grads = [[g for s in r["stages"] for seg in stages[s]["segs"] for g in pr.grad_shapes[seg]] for r in ranks]
-        costs = {}
-        for codec in self.codecs:
-            costs[codec] = max(sum(compressed_sync_time_s(
-                compressed_sync(codec, [shape for shape, _ in g], g[0][1] if g else 4, self.config.powersgd_rank),
-                topo, ("dp",), device)) for g in grads)
-        floor = max(max(0.0, collective_time_s("all_reduce", r["grads"], topo, ("dp",))
-                        - device.comm_overlap * m * (r["bwd"] + r["wgrad"])) for r in ranks)
-        return choose(self.config.compression, floor, costs), costs
+        per_rank = {codec: [sum(compressed_sync_time_s(
+            compressed_sync(codec, [shape for shape, _ in g], g[0][1] if g else 4, self.config.powersgd_rank),
+            topo, ("dp",), device)) for g in grads] for codec in self.codecs}
+        floor = max(max(0.0, r["sync"] - device.comm_overlap * m * (r["bwd"] + r["wgrad"])) for r in ranks)
+        return choose(self.config.compression, floor, {k: max(v) for k, v in per_rank.items()}), per_rank
 
-    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str,
-                uncompressed_step_s: float) -> PipelinePlan:
+    def exact(self, c: Candidate, res: dict) -> dict:
+        """Simulate a partition priced by `_price_partition` (`planner.simulate`: the schedule's own action
+        list): step = the last rank's end including its dp gradient all-reduce, + the tied exchange;
+        memory with the simulated peak in-flight activation bytes per rank. Returns res with "step_s",
+        "pipeline" (compute makespan), "bubble", "dp_grad_sync" (the exposed part), or {"need_bytes"} when
+        the simulated memory exceeds the budget."""
+        out = self._simulate(c, res)
+        if "boundary" not in res or "step_s" not in out:
+            return out
+        again, choices = res["boundary"]  # the same stages without boundary compression
+        plain = self._simulate(c, again)
+        if (self.config.boundary_compression == "auto" and "step_s" in plain
+                and out["step_s"] * (1 + boundary.MIN_GAIN) > plain["step_s"]):
+            return plain
+        return dict(out, boundary_compression=boundary.BoundaryCompression(
+            self.config.boundary_compression, out["step_s"], plain.get("step_s", math.inf), self.config.boundary_rank,
+            choices))
+
+    def _simulate(self, c: Candidate, res: dict) -> dict:
+        """`exact` for one priced partition: its simulated step with the chosen dp sync ("step_s") and with
+        the uncompressed one ("uncompressed_step_s"; equal when no gradient codec is chosen)."""
+        st, ranks = res["stages"], res["ranks"]
+
+        def run(syncs):
+            return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
+                tuple(s["fwd_c"] for s in st), tuple(s["bwd_c"] for s in st), tuple(s["wgrad"] for s in st),
+                res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st), res["copy_sync"], syncs))
+
+        sim = run(tuple(r["sync"] for r in ranks))
+        plain = sim if res["compression"] == "none" else run(tuple(r["plain_sync"] for r in ranks))
+        ranks = [dict(r, inflight=sim.inflight_microbatches[k], memory=r["state"] + sim.peak_inflight_bytes[k])
+                 for k, r in enumerate(ranks)]
+        need = max(r["memory"] for r in ranks)
+        if need > self.budget:
+            return {"need_bytes": need}
+        tied = res["tied_grad_sync"]
+        return dict(res, ranks=ranks, need_bytes=need, step_s=sim.makespan_s + tied,
+                    pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
+                    rank_bubble=sim.bubble_fraction, uncompressed_step_s=plain.makespan_s + tied,
+                    uncompressed_dp_grad_sync=plain.makespan_s - plain.compute_end_s)
+
+    def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str, uncompressed_step_s: float,
+                alternatives: tuple = ()) -> PipelinePlan:
         pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
         sched = get_schedule(c.schedule)
         per_stage = c.dp * c.tp
@@ -452,7 +618,8 @@ class _Context:
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
             compression=make_record(self.config, res["compression"], step, uncompressed_step_s),
-            intra_stage_plan=pr.plan, boundary_compression=res.get("boundary_compression"))
+            boundary_compression=res.get("boundary_compression"), alternatives=alternatives,
+            intra_stage_plan=pr.plan)
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""

@@ -11,10 +11,11 @@ rank k % pp, i.e. on global ranks (k % pp) * W ... (k % pp + 1) * W - 1 with W =
 batch = microbatches x the traced batch.
 
 Schedules on the user's path (`SCHEDULE_NAMES`) are those `runtime.pipeline` runs: gpipe, 1f1b,
-interleaved_1f1b. The search (`planner.schedules`) also prices "zbv" (ZB-V, torch's ScheduleZBVZeroBubble),
-but it places stages in a V (stage k and 2pp-1-k on one rank) while the runtime places them looped, and
-`runtime.pipeline.SCHEDULES` has no ZB-V: a plan naming it could not run, so `parallelizer.plan` never
-searches it (`PipelineError` when asked for).
+interleaved_1f1b. The search (`planner.search`, priced by `planner.simulate`) also prices "zbv" (ZB-V,
+torch's ScheduleZBVZeroBubble) and "dualpipev" (torch's ScheduleDualPipeV), both placing stages in a V
+(stage k and 2pp-1-k on one rank) while the runtime places them looped, and "bitpipe" once its action list
+exists: a plan naming one could not run yet, so `parallelizer.plan` refuses them with the reason
+(`UNRUNNABLE_SCHEDULES`, `PipelineError`). All names: `ALL_SCHEDULE_NAMES` (the CLI's `--schedule`).
 
 `PipelineEstimate` holds what the search (`planner.search.plan_pipeline`) priced for the chosen candidate:
 step time = pipeline (m microbatches plus the bubble on the bottleneck rank) + dp gradient all-reduce + tied
@@ -35,7 +36,11 @@ from .boundary import BoundaryCompression, sig10 as _sig10
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")  # what runtime.pipeline runs (module docstring)
 UNRUNNABLE_SCHEDULES = {"zbv": "the runtime places stages looped (stage k on pp rank k % pp) and has no ZB-V "
-                               "schedule, while zbv needs V placement (torch's ScheduleZBVZeroBubble)"}
+                               "schedule, while zbv needs V placement (torch's ScheduleZBVZeroBubble)",
+                        "dualpipev": "the runtime has no DualPipeV yet (V placement, torch's ScheduleDualPipeV; "
+                                     "issue 14, runtime side); the search prices it (planner.simulate)",
+                        "bitpipe": "the runtime has no BitPipe yet (issue 14, runtime side)"}
+ALL_SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")  # as the CLI spells them
 PP_AXIS = "pp"
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "total")
 
@@ -46,8 +51,8 @@ class PipelineEstimate:
 
     Attributes:
         step_s: pipeline_s + dp_grad_sync_s + tied_grad_sync_s.
-        pipeline_s: m T + bubble on the bottleneck rank (`planner.schedules.pipeline_time_s`); bubble_s its idle part.
-        dp_grad_sync_s: all-reduce of the largest rank's gradients over dp (not overlapped with backward).
+        pipeline_s: the simulated compute makespan (`planner.simulate`); bubble_s the busiest rank's idle part.
+        dp_grad_sync_s: the exposed part of the ranks' dp gradient all-reduces (each after its rank's last action).
         tied_grad_sync_s: the tied-parameter gradient exchange between first and last pipeline rank.
         microbatch_size: samples per microbatch per data-parallel replica; global_batch: samples per step.
         partition: "dp" (the search's balanced, memory-aware cut) or "uniform" (the even cut won).

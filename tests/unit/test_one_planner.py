@@ -58,6 +58,10 @@ def test_tight_budget_gives_a_pipeline_plan_with_the_search_cuts(traced, tight):
     assert tight.cost.memory_bytes["total"] <= TIGHT  # the plan's memory is the search's peak pipeline rank
     assert str(tight.mesh) == f"(dp={found.dp})" if found.dp > 1 else str(tight.mesh) == "(dp=1)"
     assert tight.pipeline.mesh.world_size == 4 and tight.model["search"]["step_s"] == found.step_time_s
+    why = tight.model["search"]["alternatives"]  # the winner, then each other searched schedule's best
+    assert why[0]["schedule"] == found.schedule and why[0]["step_s"] == found.step_time_s
+    assert sorted(a["schedule"] for a in why) == ["1f1b", "gpipe"]  # interleaved needs m % pp == 0; m = 1
+    assert all(a["step_s"] is None or a["step_s"] >= found.step_time_s for a in why)
 
 
 def test_loose_budget_gives_a_plain_plan(traced):
@@ -74,7 +78,7 @@ def test_pipeline_plan_json_round_trip_is_byte_identical(traced, tight):
                  precision="fp32").to_json() == text  # deterministic
     shown = plan_text(again)
     for part in ("Pipeline stages", "ms/microbatch", "Pipeline memory per device by pp rank", "search estimate",
-                 "Activation recomputation"):
+                 "Activation recomputation", f"why {again.pipeline.schedule}", "vs "):
         assert part in shown, part
 
 
@@ -86,6 +90,8 @@ def test_schedule_restriction_and_unrunnable_schedules(traced):
     assert inter.pipeline.virtual_stages == 2 and [s.pp_rank for s in inter.pipeline.stages] == [0, 1, 0, 1]
     with pytest.raises(PipelineError, match="zbv.*runtime places stages looped"):
         _plan(traced, cluster=CLUSTER, global_batch=8, schedule="zbv")
+    with pytest.raises(PipelineError, match="dualpipev.*no DualPipeV yet"):
+        _plan(traced, cluster=CLUSTER, global_batch=8, schedule="dualpipev")
     with pytest.raises(PipelineError, match="virtual_stages=2 with schedule"):
         _plan(traced, {"pp": 2}, schedule="1f1b", virtual_stages=2)
     with pytest.raises(PipelineError, match="axes pp, dp, tp"):

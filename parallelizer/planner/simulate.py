@@ -1,0 +1,360 @@
+"""Simulate one step of a pipeline schedule from its own action list: per-rank timelines, makespan, bubble
+and peak in-flight activations per rank. What is priced is what runs: the lists are torch's.
+
+Input: an `ActionSchedule` (`planner.action_schedule`: per rank the compute actions F / B / I / W of
+torch.distributed.pipelining's `_Action` vocabulary, in run order, and the stage -> rank map).
+`action_schedule(name, p, m)` builds it for
+
+=================== =========================================================== ==========================
+name                list from                                                    placement (S stages)
+=================== =========================================================== ==========================
+"gpipe"             `ScheduleGPipe._get_pipeline_order`                          S = p, stage k on rank k
+"1f1b"              the loop of `Schedule1F1B._step_microbatches` (p - k warm-up  S = p
+                    forwards, then B/F pairs, then the remaining B) - torch's
+                    `_get_pipeline_order` numbers the last rank's microbatches
+                    1..m (a drawing helper; the runtime does not use it)
+"interleaved_1f1b"  `ScheduleInterleaved1F1B._calculate_single_rank_operations`  S = 2p looped (k on k % p)
+"zbv"               `ScheduleZBVZeroBubble._calculate_single_rank_operations`    S = 2p in a V
+"dualpipev"         `ScheduleDualPipeV._calculate_single_rank_operations`        S = 2p in a V
+"bitpipe"           `planner.bitpipe.bitpipe_actions` (when present)             its own (2 copies)
+=================== =========================================================== ==========================
+
+The multi-stage lists come from the schedule class's per-rank generator called on an instance made without
+`__init__` (no process group, no stages: the generators read only p, m and the local stage count);
+`__init__` would also insert the SEND/RECV actions (`_prepare_schedule_with_comms`), which takes minutes
+at p = 64, m = 512. Lists are cached per (name, p, m).
+
+Model (list scheduling with fixed per-rank order): every rank runs its actions in list order; an action
+starts when its rank is free and its dependencies are done (`action_schedule` module: F(x, i) after
+F(x-1, i) plus the transfer; I/B(x, i) after I/B(x+1, i) plus the transfer and after F(x, i); W(x, i) after
+I(x, i)). Per-action seconds (`StageTimes`, per model stage): F, I, W; B = I + W. A transfer between model
+stages k and k+1 costs `p2p_s[k]` when the two stages sit on different ranks and 0 on the same rank; it
+delays the consumer only (asynchronous sends, no link contention). `OVERLAP_F_B` (DualPipeV) runs its F
+and B back to back, as torch's runtime does without a custom overlap function. Optional: `copy_sync_s[k]`,
+the all-reduce between the copies of model stage k (BitPipe), started when every copy's last backward of k
+is done and overlapping later compute (eager); `grad_sync_s[r]`, rank r's gradient all-reduce over the
+data-parallel group after its last action (not overlapped). The step ends when the last of these ends.
+
+Formulation: the actions form a DAG (rank order + dependencies); the makespan is its longest path. The DAG,
+a topological order grouped into levels and the per-rank in-flight counts depend only on (name, p, m) and
+are compiled once (cached); pricing a cost vector is one vectorised pass over the levels (numpy), ~L numpy
+steps for L levels (~ per-rank list length + p). The planner's branch and bound prices candidates by a lower bound
+(`planner.search`, `_Context._price_partition`) and simulates only the candidates that survive it.
+
+Peak in-flight activations of rank r: walking r's list in order, F(x, i) adds model stage k's activation
+bytes, I or B(x, i) frees them (W keeps only the weight-gradient inputs, not counted); the peak of that
+running sum. It depends on the order only, not on the times.
+
+Bubble fraction of rank r = 1 - busy_r / makespan (compute only); `bubble_s` = makespan - the largest busy.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+from torch.distributed.pipelining import schedules as _torch
+
+from ..errors import PipelineError
+from .action_schedule import ActionSchedule, compute_actions
+
+_KIND = {"F": 0, "I": 1, "W": 2, "B": 3}
+_V_STAGES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zbv": 2, "dualpipev": 2}
+_TORCH_MULTI = {"interleaved_1f1b": _torch.ScheduleInterleaved1F1B, "zbv": _torch.ScheduleZBVZeroBubble,
+                "dualpipev": _torch.ScheduleDualPipeV}
+
+
+def _one_f_one_b(p: int, m: int) -> dict[int, list]:
+    """Schedule1F1B's runtime order (module docstring): stage k runs min(m, p - k) forwards, then
+    backward / forward pairs, then the remaining backwards."""
+    out = {}
+    for k in range(p):
+        warm = min(m, p - k)
+        acts = [_torch._Action(k, _torch.F, i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [_torch._Action(k, _torch.B, i), _torch._Action(k, _torch.F, warm + i)]
+        out[k] = acts + [_torch._Action(k, _torch.B, i) for i in range(m - warm, m)]
+    return out
+
+
+def _torch_multi(name: str, p: int, m: int) -> tuple[dict[int, list], dict[int, int]]:
+    cls = _TORCH_MULTI[name]
+    sched = object.__new__(cls)  # the generators read only these fields (module docstring)
+    sched.pp_group_size, sched._n_microbatches, sched.n_local_stages, sched.num_stages = p, m, 2, 2 * p
+    sched.number_of_rounds = max(1, m // p)
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    style = "loop" if name == "interleaved_1f1b" else "v"
+    return ({r: sched._calculate_single_rank_operations(r) for r in range(p)},
+            _torch.generate_stage_to_rank_mapping(p, 2 * p, style=style))
+
+
+@functools.lru_cache(maxsize=64)
+def action_schedule(name: str, p: int, m: int) -> ActionSchedule:
+    """The validated `ActionSchedule` of schedule `name` on p pipeline ranks with m microbatches (table in
+    the module docstring; cached).
+
+    Raises:
+        PipelineError: an unknown name, p or m < 1, or (p, m) the schedule class refuses (torch's message).
+    """
+    if p < 1 or m < 1:
+        raise PipelineError(f"schedule {name!r}: p={p}, m={m}; need p, m >= 1")
+    try:
+        if name == "bitpipe":
+            sched = importlib.import_module(".bitpipe", __package__).bitpipe_actions(p, m)
+        else:
+            if name == "gpipe":
+                lists, placement = _torch.ScheduleGPipe._get_pipeline_order(_GPipeShape(p, m)), None
+            elif name == "1f1b":
+                lists, placement = _one_f_one_b(p, m), None
+            elif name in _TORCH_MULTI:
+                lists, placement = _torch_multi(name, p, m)
+            else:
+                raise PipelineError(f"unknown pipeline schedule {name!r}; use one of {SIMULATED_SCHEDULES}")
+            placement = placement or {k: k for k in range(p)}
+            sched = ActionSchedule(name, {r: compute_actions(a) for r, a in lists.items()}, placement,
+                                   p * _V_STAGES[name], m)
+    except (ValueError, RuntimeError, ModuleNotFoundError) as e:
+        if isinstance(e, PipelineError):
+            raise
+        raise PipelineError(f"schedule {name!r} with p={p}, m={m}: {e}") from e
+    sched.validate()
+    return sched
+
+
+SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
+
+
+class _GPipeShape:
+    """The two fields `ScheduleGPipe._get_pipeline_order` reads."""
+
+    def __init__(self, p: int, m: int) -> None:
+        self._num_stages, self._n_microbatches = p, m
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per-microbatch costs of one candidate, per MODEL stage k (0..S-1), in seconds (bytes for act_bytes).
+
+    Attributes:
+        fwd_s, bwd_input_s, bwd_weight_s: F, I, W of stage k (B = I + W).
+        p2p_s: S - 1 transfer seconds across the boundary k -> k+1 (activations), paid across ranks only.
+        p2p_bwd_s: S - 1 seconds of the gradient k+1 -> k (default p2p_s).
+        act_bytes: activation bytes one microbatch keeps on stage k until its I/B (default 1 each: then the
+            peak is in stage-microbatches).
+        copy_sync_s: per model stage, the all-reduce between its copies (only for copies > 1).
+        grad_sync_s: per rank, its data-parallel gradient all-reduce after its last action.
+    """
+
+    fwd_s: tuple[float, ...]
+    bwd_input_s: tuple[float, ...]
+    bwd_weight_s: tuple[float, ...]
+    p2p_s: tuple[float, ...] = ()
+    p2p_bwd_s: tuple[float, ...] | None = None
+    act_bytes: tuple[float, ...] | None = None
+    copy_sync_s: tuple[float, ...] | None = None
+    grad_sync_s: tuple[float, ...] | None = None
+
+    @staticmethod
+    def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
+        """Every stage costs F = f, I = i, W = w; every boundary p2p."""
+        return StageTimes((f,) * num_stages, (i,) * num_stages, (w,) * num_stages, (p2p,) * (num_stages - 1))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated step. Seconds; per-rank tuples indexed by pp rank.
+
+    Attributes:
+        makespan_s: end of the step (compute, copy syncs and grad syncs).
+        compute_end_s: end of the last compute action.
+        busy_s: per rank, seconds of compute.
+        bubble_fraction: per rank, 1 - busy / compute_end_s.
+        bubble_s: compute_end_s - max(busy_s) (the bottleneck rank's idle time).
+        peak_inflight_bytes: per rank, peak activation bytes held (module docstring; in stage-microbatches
+            when StageTimes.act_bytes is None).
+        inflight_microbatches: per rank, peak_inflight_bytes / (sum of act bytes of the rank's action
+            stages), i.e. in units of the rank's whole per-microbatch activations.
+    """
+
+    makespan_s: float
+    compute_end_s: float
+    busy_s: tuple[float, ...]
+    bubble_fraction: tuple[float, ...]
+    bubble_s: float
+    peak_inflight_bytes: tuple[float, ...]
+    inflight_microbatches: tuple[float, ...]
+    starts: np.ndarray
+    ends: np.ndarray
+    compiled: "_Compiled"
+
+    def timeline(self) -> dict[int, list[tuple[str, float, float]]]:
+        """Per rank, (action as torch prints it, e.g. "3F7", start_s, end_s) in run order."""
+        c = self.compiled
+        return {r: [(repr(c.actions[n]), float(self.starts[n]), float(self.ends[n])) for n in c.by_rank[r]]
+                for r in range(c.p)}
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """The DAG of one ActionSchedule (module docstring: Formulation); node n = one action."""
+
+    p: int
+    S: int
+    actions: tuple
+    kind: np.ndarray        # (N,) 0 F, 1 I, 2 W, 3 B
+    stage: np.ndarray       # (N,) model stage
+    rank: np.ndarray        # (N,) pp rank
+    pred: np.ndarray        # (N, 3) rank predecessor, transfer dependency, local dependency; N = none
+    xfer: np.ndarray        # (N,) boundary index of the transfer dependency, S - 1 = none / same rank
+    levels: tuple[np.ndarray, ...]
+    by_rank: tuple[np.ndarray, ...]
+    inflight_counts: tuple[np.ndarray, ...]  # per rank (steps, S): stage-microbatches held after each step
+    last_bwd: tuple[tuple[int, ...], ...]    # per model stage, the node of each copy's last backward
+    rank_stages: tuple[tuple[int, ...], ...]  # per rank, the model stage of each action stage it holds
+
+
+@functools.lru_cache(maxsize=64)
+def compile_schedule(name: str, p: int, m: int) -> _Compiled:
+    """`_compile(action_schedule(name, p, m))`, cached."""
+    return _compile(action_schedule(name, p, m))
+
+
+def _compile(sched: ActionSchedule) -> _Compiled:
+    """Build the DAG of `sched` and its levels.
+
+    Raises:
+        PipelineError: the lists deadlock (a cycle: some action waits on one that its rank runs later).
+    """
+    S, p = sched.num_stages, sched.num_ranks
+    acts, kind, stage, rank = [], [], [], []
+    for r in range(p):
+        for a in sched.actions[r]:
+            acts.append(a)
+            kind.append(_KIND[a.computation_type.value])
+            stage.append(sched.model_stage(a.stage_index))
+            rank.append(r)
+    N = len(acts)
+    index = {(a.stage_index, kind[n] if kind[n] != 3 else 1, a.microbatch_index): n for n, a in enumerate(acts)}
+    pred = np.full((N, 3), N, dtype=np.int64)
+    xfer = np.full(N, S - 1, dtype=np.int64)
+    start = 0
+    for r in range(p):
+        n_r = len(sched.actions[r])
+        pred[start + 1:start + n_r, 0] = np.arange(start, start + n_r - 1)
+        start += n_r
+    for n, a in enumerate(acts):
+        x, i, k = a.stage_index, a.microbatch_index, stage[n]
+        if kind[n] == 0:
+            dep, boundary = ((x - 1, 0, i), k - 1) if k > 0 else (None, None)
+        elif kind[n] == 2:
+            dep, boundary = (x, 1, i), None
+        else:
+            dep, boundary = ((x + 1, 1, i), k) if k < S - 1 else (None, None)
+            pred[n, 2] = index[(x, 0, i)]
+        if dep is not None:
+            pred[n, 1] = index[dep]
+            if boundary is not None and sched.stage_to_rank[dep[0]] != sched.stage_to_rank[x]:
+                xfer[n] = boundary
+    # Kahn's algorithm, one frontier (level) at a time, on numpy arrays (CSR children; a repeated edge is
+    # counted in both the in-degree and the children, so it cancels)
+    src = pred.ravel()
+    dst = np.repeat(np.arange(N, dtype=np.int64), 3)
+    keep = src != N
+    src, dst = src[keep], dst[keep]
+    order = np.argsort(src, kind="stable")
+    children = dst[order]
+    starts = np.searchsorted(src[order], np.arange(N + 1))
+    indeg = np.bincount(dst, minlength=N)
+    frontier = np.flatnonzero(indeg == 0)
+    levels, seen = [], 0
+    while len(frontier):
+        levels.append(frontier)
+        seen += len(frontier)
+        lens = starts[frontier + 1] - starts[frontier]
+        total = int(lens.sum())
+        if total == 0:
+            break
+        offs = np.repeat(starts[frontier] - np.cumsum(lens) + lens, lens) + np.arange(total)
+        ch = children[offs]
+        np.subtract.at(indeg, ch, 1)
+        frontier = np.unique(ch[indeg[ch] == 0])
+    if seen != N:
+        stuck = [repr(acts[n]) for n in range(N) if indeg[n] > 0][:6]
+        raise PipelineError(f"schedule {sched.name!r} (p={p}, m={sched.num_microbatches}) deadlocks: "
+                            f"{stuck} wait on actions their rank runs later")
+    kind_a, stage_a, rank_a = (np.array(v, dtype=np.int64) for v in (kind, stage, rank))
+    by_rank = tuple(np.flatnonzero(rank_a == r) for r in range(p))
+    counts = []
+    for r in range(p):
+        idx = by_rank[r]
+        delta = np.zeros((len(idx), S), dtype=np.int64)
+        rows = np.arange(len(idx))
+        delta[rows, stage_a[idx]] = np.where(kind_a[idx] == 0, 1, np.where(kind_a[idx] == 2, 0, -1))
+        counts.append(np.cumsum(delta, axis=0))
+    xs = np.array([a.stage_index for a in acts], dtype=np.int64)
+    last = np.full(S * sched.copies, N, dtype=np.int64)
+    bwd = np.flatnonzero(kind_a != 0)
+    last[xs[bwd]] = bwd  # nodes increase within a rank, and a stage sits on one rank: the max wins
+    last_bwd = tuple(tuple(int(last[c * S + k]) for c in range(sched.copies)) for k in range(S))
+    rank_stages = tuple(tuple(sched.model_stage(x) for x, rr in sorted(sched.stage_to_rank.items()) if rr == r)
+                        for r in range(p))
+    return _Compiled(p, S, tuple(acts), kind_a, stage_a, rank_a, pred, xfer, tuple(levels), by_rank,
+                     tuple(counts), tuple(last_bwd), rank_stages)
+
+
+def simulate(name: str, p: int, m: int, times: StageTimes) -> SimResult:
+    """Simulate schedule `name` (module docstring) on p ranks with m microbatches at `times`.
+
+    Raises:
+        PipelineError: unknown schedule / refused (p, m) (`action_schedule`), or `times` not of length S.
+    """
+    return simulate_compiled(compile_schedule(name, p, m), times)
+
+
+def simulate_actions(sched: ActionSchedule, times: StageTimes) -> SimResult:
+    """Simulate an `ActionSchedule` built elsewhere (validated here; not cached)."""
+    sched.validate()
+    return simulate_compiled(_compile(sched), times)
+
+
+def simulate_compiled(c: _Compiled, times: StageTimes) -> SimResult:
+    """The timing pass over a compiled DAG (module docstring). Raises PipelineError on lengths != S."""
+    S = c.S
+    lens = {"fwd_s": len(times.fwd_s), "bwd_input_s": len(times.bwd_input_s),
+            "bwd_weight_s": len(times.bwd_weight_s), "p2p_s": len(times.p2p_s) + 1}
+    if any(n != S for n in lens.values()):
+        raise PipelineError(f"StageTimes lengths {lens} (p2p_s + 1): need {S} model stages")
+    f, i, w = (np.asarray(v, dtype=float) for v in (times.fwd_s, times.bwd_input_s, times.bwd_weight_s))
+    table = np.stack([f, i, w, i + w])
+    dur = table[c.kind, c.stage]
+    bwd_p2p = times.p2p_s if times.p2p_bwd_s is None else times.p2p_bwd_s
+    if len(bwd_p2p) != S - 1:
+        raise PipelineError(f"StageTimes.p2p_bwd_s has {len(bwd_p2p)} entries: need {S - 1}")
+    p2p = np.where(c.kind == 0, np.append(np.asarray(times.p2p_s, dtype=float), 0.0)[c.xfer],
+                   np.append(np.asarray(bwd_p2p, dtype=float), 0.0)[c.xfer])
+    N = len(dur)
+    end = np.zeros(N + 1)
+    pr = c.pred
+    for lv in c.levels:
+        ready = np.maximum(np.maximum(end[pr[lv, 0]], end[pr[lv, 1]] + p2p[lv]), end[pr[lv, 2]])
+        end[lv] = ready + dur[lv]
+    ends = end[:N]
+    starts = ends - dur
+    compute_end = float(ends.max())
+    busy = np.bincount(c.rank, weights=dur, minlength=c.p)
+    rank_end = np.array([ends[idx].max() if len(idx) else 0.0 for idx in c.by_rank])
+    finish = rank_end.copy()
+    if times.grad_sync_s is not None:
+        finish = finish + np.asarray(times.grad_sync_s, dtype=float)
+    makespan = float(finish.max())
+    if times.copy_sync_s is not None and any(len(nodes) > 1 for nodes in c.last_bwd):
+        for k, nodes in enumerate(c.last_bwd):
+            makespan = max(makespan, float(max(end[n] for n in nodes)) + float(times.copy_sync_s[k]))
+    act = np.ones(S) if times.act_bytes is None else np.asarray(times.act_bytes, dtype=float)
+    peak = tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
+    per_mb = [float(sum(act[k] for k in ks)) for ks in c.rank_stages]
+    return SimResult(makespan, compute_end, tuple(float(b) for b in busy),
+                     tuple(1.0 - float(b) / compute_end if compute_end > 0 else 0.0 for b in busy),
+                     compute_end - float(busy.max()), peak,
+                     tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(peak, per_mb)), starts, ends, c)

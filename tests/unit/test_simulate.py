@@ -1,0 +1,128 @@
+"""The action-list simulator (`planner.simulate`) reproduces the closed forms where they exist (GPipe / 1F1B:
+Huang et al. 2019, Narayanan et al. 2021 Sec. 2.2; interleaved 1F1B: Narayanan Sec. 2.2.1; ZB-H1: Qi et al.
+2024 Sec. 3.1) on torch's own action lists, prices transfers across ranks only, counts in-flight activations
+from the order, accepts lists built elsewhere (two copies of a stage, as BitPipe), and rejects bad lists."""
+import pytest
+from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+from parallelizer.errors import PipelineError
+from parallelizer.planner.action_schedule import ActionSchedule, compute_actions
+from parallelizer.planner.schedules import inflight_microbatches
+from parallelizer.planner.simulate import StageTimes, action_schedule, simulate, simulate_actions
+
+F, I, W, B = (_ComputationType.FORWARD, _ComputationType.BACKWARD_INPUT, _ComputationType.BACKWARD_WEIGHT,
+              _ComputationType.FULL_BACKWARD)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 8), (4, 4), (4, 9), (8, 32)])
+def test_gpipe_1f1b_makespan_is_m_plus_p_minus_one_stage_times(name, p, m):
+    r = simulate(name, p, m, StageTimes.uniform(p, 1.0, 1.5, 0.5))  # F = 1, B = I + W = 2
+    assert r.makespan_s == (m + p - 1) * 3.0
+    assert r.bubble_s == (p - 1) * 3.0  # bubble ratio (p - 1) / m
+    assert r.bubble_fraction[0] == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 4), (4, 16), (8, 64)])
+def test_interleaved_bubble_ratio_is_p_minus_one_over_v_m(p, m):
+    r = simulate("interleaved_1f1b", p, m, StageTimes.uniform(2 * p, 0.5, 0.25, 0.25))  # chunk: F + B = 1
+    ideal = max(r.busy_s)
+    assert ideal == 2 * m
+    assert r.bubble_s / ideal == pytest.approx((p - 1) / (2 * m), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16)])
+def test_zbv_and_dualpipev_match_zb_h1_with_equal_times(name, p, m):
+    """torch's ZBV list with F = I = W idles (p - 1)(F + I - W) per rank: ZB-H1's bubble on chunk times,
+    a ratio (p - 1) / (3 v m); DualPipeV (OVERLAP_F_B run back to back) equals it."""
+    r = simulate(name, p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    assert r.bubble_s == (p - 1) * 1.0
+    assert r.bubble_s / max(r.busy_s) == pytest.approx((p - 1) / (3 * 2 * m), rel=1e-12)
+
+
+def test_inflight_counts_equal_the_closed_forms():
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("dualpipev", 2)):
+        for p, m in ((1, 2), (2, 4), (3, 6), (4, 8), (4, 16), (8, 16)):
+            r = simulate(name, p, m, StageTimes.uniform(p * v, 1.0, 1.0, 1.0))
+            closed = tuple(inflight_microbatches(name, p, m, k) for k in range(p))
+            assert r.inflight_microbatches == closed, (name, p, m)
+
+
+def test_transfers_cost_across_ranks_only():
+    p, m = 4, 8
+    free = simulate("zbv", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    # only the V's turn (stage p-1 -> p, both on rank p-1) is charged: no change
+    turn = [0.0] * (2 * p - 1)
+    turn[p - 1] = 5.0
+    same = simulate("zbv", p, m, StageTimes((1.0,) * 2 * p, (1.0,) * 2 * p, (1.0,) * 2 * p, tuple(turn)))
+    assert same.makespan_s == free.makespan_s
+    # GPipe with a transfer c on every boundary: the forward and backward chains each pay (p - 1) c
+    c = 0.25
+    r = simulate("gpipe", p, m, StageTimes.uniform(p, 1.0, 1.0, 1.0, p2p=c))
+    assert r.makespan_s == (m + p - 1) * 3.0 + 2 * (p - 1) * c
+    # 1F1B's steady state waits for the round trip: more than GPipe's 2 (p - 1) c once m > p
+    assert simulate("1f1b", p, m, StageTimes.uniform(p, 1.0, 1.0, 1.0, p2p=c)).makespan_s > r.makespan_s
+
+
+def test_grad_sync_follows_each_ranks_last_action():
+    p, m = 4, 8
+    base = simulate("1f1b", p, m, StageTimes.uniform(p, 1.0, 1.0, 1.0))
+    ends = [max(e for _, _, e in acts) for acts in base.timeline().values()]
+    assert ends == [base.makespan_s] + [base.makespan_s - k * 2.0 for k in range(1, p)]  # rank 0 ends last
+    t = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,) * (p - 1), grad_sync_s=(1.0, 1.0, 1.0, 7.0))
+    assert simulate("1f1b", p, m, t).makespan_s == max(base.makespan_s + 1.0, ends[3] + 7.0)
+
+
+def test_torch_lists_are_used_and_validated():
+    s = action_schedule("zbv", 2, 4)
+    assert s.stage_to_rank == {0: 0, 1: 1, 2: 1, 3: 0}  # the V
+    assert [repr(a) for a in s.actions[0][:3]] == ["0F0", "0F1", "0F2"]
+    assert {a.computation_type.value for r in s.actions for a in s.actions[r]} == {"F", "I", "W"}
+    d = action_schedule("dualpipev", 2, 4)  # OVERLAP_F_B expanded into its F and B
+    assert {a.computation_type.value for r in d.actions for a in d.actions[r]} == {"F", "B", "I", "W"}
+    with pytest.raises(PipelineError, match="unknown pipeline schedule"):
+        action_schedule("pipedream", 2, 4)
+    with pytest.raises(PipelineError, match="dualpipev"):
+        action_schedule("dualpipev", 4, 4)  # torch: at least as many microbatches as stages
+
+
+def _two_copies(order0, order1) -> ActionSchedule:
+    """2 ranks, S = 2 model stages, 2 copies: copy 0 runs stage 0 on rank 0 -> stage 1 on rank 1 (microbatch
+    0), copy 1 runs stage 0 on rank 1 -> stage 1 on rank 0 (microbatch 1), BitPipe's two directions."""
+    acts = {0: tuple(_Action(x, t, i) for x, t, i in order0), 1: tuple(_Action(x, t, i) for x, t, i in order1)}
+    return ActionSchedule("two_copies", acts, {0: 0, 1: 1, 2: 1, 3: 0}, num_stages=2, num_microbatches=2, copies=2)
+
+
+def test_external_list_with_two_copies():
+    sched = _two_copies([(0, F, 0), (3, F, 1), (3, B, 1), (0, B, 0)],
+                        [(2, F, 1), (1, F, 0), (1, B, 0), (2, B, 1)])
+    r = simulate_actions(sched, StageTimes((1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (0.5,),
+                                           copy_sync_s=(3.0, 0.25)))
+    # rank 0: 0F0 [0,1], 3F1 [1.5,2.5] (after 2F1 [0,1] + 0.5), 3B1 [2.5,4.5], 0B0 [5,7] (after 1B0 [1.5..] + .5)
+    tl = r.timeline()
+    assert tl[0] == [("0F0", 0.0, 1.0), ("3F1", 1.5, 2.5), ("3B1", 2.5, 4.5), ("0B0", 5.0, 7.0)]
+    assert tl[1] == [("2F1", 0.0, 1.0), ("1F0", 1.5, 2.5), ("1B0", 2.5, 4.5), ("2B1", 5.0, 7.0)]
+    assert r.compute_end_s == 7.0 and r.makespan_s == 7.0 + 3.0  # stage 0's copies sync after both end
+    assert r.peak_inflight_bytes == (2.0, 2.0)
+
+
+def test_bad_lists_are_rejected():
+    with pytest.raises(PipelineError, match="deadlocks"):  # rank 0 waits for 3F1 before running 0F0
+        simulate_actions(_two_copies([(0, B, 0), (0, F, 0), (3, F, 1), (3, B, 1)],
+                                     [(2, F, 1), (1, F, 0), (1, B, 0), (2, B, 1)]),
+                         StageTimes.uniform(2, 1.0, 1.0, 1.0))
+    with pytest.raises(PipelineError, match="2F1 appears 2 times"):
+        _two_copies([(0, F, 0), (3, F, 1), (3, B, 1), (0, B, 0)],
+                    [(2, F, 1), (2, F, 1), (1, F, 0), (1, B, 0), (2, B, 1)]).validate()
+    with pytest.raises(PipelineError, match="stage 3 is on rank 0"):
+        _two_copies([(0, F, 0), (0, B, 0)], [(3, F, 1), (2, F, 1), (1, F, 0), (1, B, 0), (2, B, 1)]).validate()
+    with pytest.raises(PipelineError, match="need 2 model stages"):
+        simulate("1f1b", 2, 2, StageTimes.uniform(3, 1.0, 1.0, 1.0))
+
+
+def test_compute_actions_drops_communication_and_expands_overlap():
+    pair = _Action(0, _ComputationType.OVERLAP_F_B, None, (_Action(0, F, 1), _Action(1, B, 0)))
+    got = compute_actions([None, _Action(0, _ComputationType.SEND_F, 0), pair,
+                           _Action(0, _ComputationType.REDUCE_GRAD)])
+    assert [repr(a) for a in got] == ["0F1", "1B0"]
