@@ -179,6 +179,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     cfg["memory_budget_bytes"] = problem.budget_bytes + problem.reserve_bytes
     cfg["memory_reserve_bytes"] = problem.reserve_bytes
     cfg["precision"] = pricer.precision
+    if config.precision == "bf16" and pricer.autocast:  # asked for: the runtime runs it (`runtime.precision`)
+        cfg["mixed_precision"] = "autocast_bf16"
     cfg["batch_dims"] = [list(x) for x in config.batch_dims]
     cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
     cfg["axis_roles"] = [list(x) for x in config.axis_roles]

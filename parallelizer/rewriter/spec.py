@@ -33,6 +33,8 @@ class ShardingSpec:
     global rank stage_index * dp * tp.
     `recompute`: activation recomputation, region -> "selective" | "full" (`Plan.recompute`; emitted by
     `rewriter.recompute`).
+    `autocast`: the mixed-precision recipe the program's forward runs under (`runtime.precision`, e.g.
+    "autocast_bf16"; `Plan.config["mixed_precision"]`), None: the traced dtypes.
     """
 
     mesh: MeshSpec
@@ -41,6 +43,7 @@ class ShardingSpec:
     inputs: Mapping[str, Layout] = field(default_factory=dict)
     rank_offset: int = 0
     recompute: Mapping[str, str] = field(default_factory=dict)
+    autocast: str | None = None
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -98,13 +101,14 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
 
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
-                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute)
+                        {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute,
+                        spec.autocast)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
     """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
     output node keeps its input layouts), the stored layout of each parameter/buffer, and the recomputed
-    regions.
+    regions, and the mixed-precision recipe (`Plan.config["mixed_precision"]`, `runtime.precision`).
 
     Raises ValueError naming the node when a layout string in the plan does not parse.
     """
@@ -116,4 +120,5 @@ def spec_from_plan(plan) -> ShardingSpec:
         output = Layout.parse(node.output) if node.output is not None else Layout.replicate(plan.mesh.ndim)
         nodes[name] = NodeSharding(inputs, output)
     params = {fqn: Layout.parse(p.stored) for fqn, p in plan.params.items()}
-    return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute))
+    return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute),
+                        autocast=plan.config.get("mixed_precision"))

@@ -148,7 +148,8 @@ def carry_over(spec: ShardingSpec, planned: TracedGraph, new: TracedGraph) -> tu
     nodes["output"] = spec.nodes["output"] if same_outputs and "output" in spec.nodes else \
         NodeSharding(tuple(replicate for _ in out_new), replicate)
     result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset,
-                          recompute_within(spec.recompute, [n.name for n in new.compute_nodes()], new))
+                          recompute_within(spec.recompute, [n.name for n in new.compute_nodes()], new),
+                          spec.autocast)
     _check_mutations(result, new)
     return result, tuple(replicated)
 

@@ -154,7 +154,7 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
         nodes["output"] = NodeSharding(tuple(produced_layout(n) for n in cut.outputs[k]),
                                        Layout.replicate(spec.mesh.ndim))
     return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
-                        recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced))
+                        recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced), spec.autocast)
 
 
 class StageModule(ParallelModule):
@@ -319,8 +319,13 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules).
         schedule: a key of SCHEDULES.
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
-    Raises ValueError for an unknown schedule or a stage count that does not fit pp.
+    Raises ValueError for an unknown schedule or a stage count that does not fit pp; PipelineError for a spec
+    with a mixed-precision recipe (`runtime.precision`: not implemented for pipelines yet).
     """
+    if spec.autocast is not None:  # before any group is made: every rank raises alike
+        raise PipelineError(f"pipeline plans do not run under the mixed-precision recipe {spec.autocast!r} yet (the "
+                            "stages' send/receive buffers are allocated in the traced dtypes). Remedy: plan with "
+                            "precision='fp32' (--precision fp32), or without 'pp'")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
     per_rank, rem = divmod(cut.num_stages, pp)

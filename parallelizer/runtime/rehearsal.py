@@ -6,7 +6,10 @@ the loss, every parameter gradient (this rank's shard of the reference gradient)
 `steps` AdamW steps (gathered with `full_state_dict`). The loss is the model's own scalar output when it
 returns one first (e.g. a causal-LM loss), else the mean of squares of the first output. Differences are
 judged with dtype-aware tolerances (`runtime.tolerance`): a bf16 model, or an fp32 model with an autocast
-region, is held to bfloat16's, an fp32 model to float32's.
+region, is held to bfloat16's, an fp32 model to float32's. A plan with a mixed-precision recipe
+(`runtime.precision`, e.g. precision="bf16" asked for an fp32 model) is compared with the single-device model
+run under the same recipe (its forward under torch.autocast(bfloat16), loss and backward outside, fp32
+AdamW on fp32 weights), at bfloat16's tolerance; the report names the reference it ran.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
 from .module import ParallelModule
+from .precision import RECIPES, autocast, describe
 from .replicas import check_same_weights
-from .tolerance import compute_dtype, excess
+from .tolerance import compute_dtype, excess, loosest
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,7 @@ class RehearsalReport:
             precise of the tensor's dtype and the dtype the program computes in; elementwise for 32/64-bit
             floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
         collectives: emitted steps per kind on rank 0. rank0_code: rank 0's program source.
+        reference: what the single-device reference ran (`runtime.precision.describe`).
     """
 
     world_size: int
@@ -52,6 +57,7 @@ class RehearsalReport:
     tolerance_ratio: float
     collectives: dict
     rank0_code: str
+    reference: str = describe(None)
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -62,7 +68,7 @@ class RehearsalReport:
         return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
                 f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
                 f"{self.params:.2e} ({self.worst_param}); worst |diff| / bound = "
-                f"{self.tolerance_ratio:.2f}; collectives {self.collectives}")
+                f"{self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}")
 
 
 def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
@@ -134,16 +140,17 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
         raise ValueError(f"rehearse_many: all cases must use the same number of devices, got {sorted(sizes)}; "
                          "group the cases by mesh size")
     per_rank = spawn(_rank_cases, sizes.pop(), cases, steps, lr, eps, timeout_s=timeout_s)
-    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank]) for i, (_, _, spec) in enumerate(cases)]
+    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.autocast)
+            for i, (_, _, spec) in enumerate(cases)]
 
 
-def _report(world_size: int, results: list[dict]) -> RehearsalReport:
+def _report(world_size: int, results: list[dict], recipe: str | None = None) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
-                           results[0]["code"])
+                           results[0]["code"], describe(recipe))
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
@@ -156,14 +163,31 @@ def _loss(output) -> torch.Tensor:
 
 
 def _max_diff(pairs, compute: torch.dtype | None) -> tuple[float, str, float]:
-    """(largest |a - b|, name where it occurs, largest `tolerance.excess`) over (name, a, b)."""
+    """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
+    (name, a, b, exact): the bound is `tolerance.excess`'s, or with `exact` (the reference's value without its
+    mixed-precision recipe) the looser of it and `recipe_excess`."""
     worst, ratio = (0.0, ""), 0.0
-    for name, a, b in pairs:
+    for name, a, b, *exact in pairs:
         if not a.numel():
             continue
         worst = max(worst, ((a.detach().double() - b.detach().double()).abs().max().item(), name))
-        ratio = max(ratio, excess(a, b, compute))
+        ratio = max(ratio, min(excess(a, b, compute), *(recipe_excess(a, b, e) for e in exact)))
     return worst[0], worst[1], ratio
+
+
+def recipe_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
+    """max |actual - expected| / (2 max |expected - exact|): the sharded program's deviation from the
+    single-device model under a mixed-precision recipe (`expected`) against that recipe's own rounding, measured
+    on the same tensor as its deviation from the model run without the recipe (`exact`, fp32). Both programs
+    round the same computation at bf16 (in different orders: per-rank partial sums, bf16 Partial reductions),
+    so each lies within the recipe's rounding of the fp32 value and they lie within twice it of each other (the
+    argument of `runtime.tolerance`); a wrong program (a missing or doubled term) is off by the size of the
+    values. Needed because bf16 rounding of a sum with cancellation (a weight gradient summed over tokens, split
+    over data-parallel ranks) is large against the result, which a bound relative to the result's scale misses.
+    <= 1 is a match; 0 for equal tensors, inf for a difference where the recipe changes nothing."""
+    diff = (actual.detach().double() - expected.detach().double()).abs().max().item()
+    noise = (expected.detach().double() - exact.detach().double()).abs().max().item()
+    return 0.0 if diff == 0 else diff / (2 * noise) if noise else float("inf")
 
 
 def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
@@ -176,32 +200,46 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
+    exact = copy.deepcopy(model) if spec.autocast else None  # the reference without the recipe (its rounding)
     traced = trace(model, inputs, kwargs)
-    compute = compute_dtype(traced)
+    compute = loosest(compute_dtype(traced), RECIPES.get(spec.autocast))
     check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(traced, spec, rank, model)
-    out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)
-    flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    ref_flat = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
-    output = _max_diff((("output", a, b) for a, b in zip(flat, ref_flat)), compute)
-    loss, ref_loss = _loss(out), _loss(ref_out)
-    loss.backward()
-    ref_loss.backward()
-    ref_params = dict(reference.named_parameters())
+
+    refs = [(reference, spec.autocast)] + ([(exact, None)] if exact is not None else [])
+
+    def run(m, recipe):  # a single-device model under a recipe (None: as traced)
+        with autocast(recipe):
+            return m(*inputs, **kwargs)
+
+    def leaves(out):
+        return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+    out, ref_outs = pm(*inputs, **kwargs), [run(m, r) for m, r in refs]
+    output = _max_diff((("output", a, *bs) for a, *bs in zip(leaves(out), *map(leaves, ref_outs))), compute)
+    losses = [_loss(o) for o in (out, *ref_outs)]
+    for value in losses:
+        value.backward()
+
+    def ref_grads(fqn):  # this rank's shard of each reference's gradient
+        return [shard_tensor(_grad_or_zeros(m.get_parameter(fqn)), spec.params[fqn], spec.mesh, pm.coords)
+                for m, _ in refs]
+
     grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
-        ((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]), spec.params[fqn], spec.mesh,
-                                               pm.coords)) for fqn, p in pm.named_parameters()), compute)
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, reference))
+        ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), compute)
+    opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, *(m for m, _ in refs))]
     for step in range(steps):
         if step:
-            for m, o in ((pm, opt), (reference, ref_opt)):
+            for o in opts:
                 o.zero_grad()
-                _loss(m(*inputs, **kwargs)).backward()
-        opt.step()
-        ref_opt.step()
+            _loss(pm(*inputs, **kwargs)).backward()
+            for m, r in refs:
+                _loss(run(m, r)).backward()
+        for o in opts:
+            o.step()
     full = pm.full_state_dict()
-    ref_state = reference.state_dict()
-    params = _max_diff(((k, full[k], v) for k, v in ref_state.items()), compute)
-    return {"output": output, "loss": _max_diff([("loss", loss, ref_loss)], compute), "grad": grad, "params": params,
+    states = [m.state_dict() for m, _ in refs]
+    params = _max_diff(((k, full[k], v, *(s[k] for s in states[1:])) for k, v in states[0].items()), compute)
+    return {"output": output, "loss": _max_diff([("loss", *losses)], compute), "grad": grad, "params": params,
             "collectives": pm.program.collectives, "code": pm.program.graph_module.code if rank == 0 else ""}
