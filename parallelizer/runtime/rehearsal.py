@@ -171,7 +171,7 @@ def _max_diff(pairs, compute: torch.dtype | None) -> tuple[float, str, float]:
         if not a.numel():
             continue
         worst = max(worst, ((a.detach().double() - b.detach().double()).abs().max().item(), name))
-        ratio = max(ratio, min(excess(a, b, compute), *(recipe_excess(a, b, e) for e in exact)))
+        ratio = max(ratio, min([excess(a, b, compute), *(recipe_excess(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio
 
 
