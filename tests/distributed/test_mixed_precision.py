@@ -1,47 +1,48 @@
 """bf16 mixed precision at run time (issue 13, Build 3; `runtime.precision`): a plan made with precision="bf16"
 for an fp32 model runs its forward under torch.autocast(bfloat16) with fp32 weights and fp32 gradients.
-On 2 gloo ranks (dp=2 DDP and tp=2 Megatron) the in-repo GPT matches the single-device model run under the
-same autocast recipe (`runtime.rehearsal.recipe_excess`: within twice the recipe's own rounding, or within
-bfloat16's tolerance of `runtime.tolerance`): outputs, loss, every gradient, parameters after 3 AdamW steps.
-One launch of ranks. That the program really runs in bf16 and fp32 plans run unchanged: tests/unit/
-test_mixed_precision_runtime.py."""
+On 2 gloo ranks the in-repo GPT matches the single-device model run under the same autocast recipe
+(`runtime.rehearsal.recipe_excess`: within twice the recipe's own rounding, or within bfloat16's tolerance of
+`runtime.tolerance`): outputs, loss, every gradient, parameters after 3 AdamW steps, for tp=2 (Megatron: the
+row-parallel sum reduced in bf16) and, through `parallelizer plan --precision bf16` and `parallelizer
+rehearse`, dp=2 (DDP: fp32 gradient all-reduce), whose report says what it compared with. That the program
+really runs in bf16, and that fp32 plans run unchanged: tests/unit/test_mixed_precision_runtime.py."""
 import contextlib
 import io
 
 import pytest
 
 import parallelizer
-from parallelizer import zoo
+from parallelizer import cli, zoo
+from parallelizer.planner import Plan
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.rehearsal import rehearse_many
 
 pytestmark = pytest.mark.distributed
 
-GPT = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, block_size=64, batch=8, seq_len=16)
-CASES = {  # name: (mesh, axis roles, precision)
-    "bf16_dp2": ({"dp": 2}, {"dp": "ddp"}, "bf16"),
-    "bf16_tp2": ({"tp": 2}, {"tp": "tp"}, "bf16"),
-}
+GPT = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, block_size=64)
 
 
-@pytest.fixture(scope="module")
-def reports():
-    traced = parallelizer.trace(*zoo.gpt(device="meta", **GPT))
-    plans = {}
-    for name, (mesh, roles, precision) in CASES.items():
-        with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-            plans[name] = parallelizer.plan(traced, mesh, axis_roles=roles, precision=precision)
-    found = rehearse_many([(zoo.gpt, GPT, spec_from_plan(plans[n])) for n in CASES], timeout_s=300)
-    return {n: (plans[n], r) for n, r in zip(CASES, found)}
-
-
-@pytest.mark.parametrize("name", ["bf16_dp2", "bf16_tp2"])
-def test_bf16_plan_matches_the_autocast_reference_at_bf16_tolerance(reports, name):
-    plan, report = reports[name]
+def test_bf16_tensor_parallel_plan_matches_the_autocast_reference():
+    traced = parallelizer.trace(*zoo.gpt(device="meta", batch=8, seq_len=16, **GPT))
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        plan = parallelizer.plan(traced, {"tp": 2}, axis_roles={"tp": "tp"}, precision="bf16")
     assert plan.config["precision"] == "bf16" and plan.config["mixed_precision"] == "autocast_bf16"
-    assert report.matches(), (name, str(report))
-    assert "torch.autocast(bfloat16)" in str(report), str(report)  # the report says what it compared with
+    report, = rehearse_many([(zoo.gpt, dict(batch=8, seq_len=16, **GPT), spec_from_plan(plan))], timeout_s=300)
+    assert report.matches(), str(report)
+    assert "torch.autocast(bfloat16)" in report.reference, str(report)
     assert report.output > 1e-4, str(report)  # two bf16 computations: their rounding is really there
-    kind = "grad_all_reduce" if "dp" in name else "all_reduce"
-    assert report.collectives.get(kind), (name, report.collectives)
+    assert report.collectives.get("all_reduce"), report.collectives  # the row-parallel sum, in bf16
 
+
+def test_cli_rehearse_of_a_bf16_plan_compares_with_the_autocast_recipe(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    config = ",".join(f"{k}={v}" for k, v in GPT.items())
+    assert cli.main(["plan", "--model", "gpt", "--config", config, "--seq-len", "16", "--global-batch", "8",
+                     "--cluster", "h100:1x2", "--mesh", "dp=2", "--roles", "dp=ddp", "--precision", "bf16",
+                     "--no-progress", "-o", str(out)]) == 0
+    assert Plan.load(out).config["mixed_precision"] == "autocast_bf16"
+    capsys.readouterr()
+    assert cli.main(["rehearse", str(out), "--nproc", "2", "--width", "real", "--timeout", "300"]) == 0
+    text = capsys.readouterr().out
+    assert "numerics match on 2 ranks" in text and "under torch.autocast(bfloat16)" in text, text
+    assert "grad_all_reduce" in text, text
