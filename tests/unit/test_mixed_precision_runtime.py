@@ -78,3 +78,23 @@ def test_unknown_recipe_and_pipeline_under_autocast_raise():
     with pytest.raises(PipelineError, match="mixed-precision"):
         build(traced, spec_from_plan(plan), cut_stages(traced, 2), None, pp=2, schedule="1f1b", microbatches=2,
               loss_fn=None)
+
+
+def test_autocast_keeps_about_2_bytes_per_parameter_of_bf16_weights_for_backward():
+    """The memory the recipe adds to fp32 params + grads + Adam (16 B/param): the bf16 weight copies autocast
+    makes and autograd saves, about 2 B per matrix parameter, so the peak matches BYTES_PER_PARAM's 18."""
+    model, (ids,) = zoo.gpt(**{**GPT, "batch": 3})  # 24 tokens: no activation has a weight's shape
+    pm = parallelizer.auto_parallelize(model, (ids,), cluster="h100:1x1", precision="bf16")
+    shapes = {s for p in pm.parameters() if p.ndim == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    saved = {}
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and tuple(t.shape) in shapes:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = _logits(pm(ids)).float().pow(2).mean()
+    loss.backward()
+    matrices = sum(p.numel() for p in pm.parameters() if p.ndim == 2)
+    assert 1.9 <= sum(saved.values()) / matrices <= 2.0, (sum(saved.values()), matrices)
