@@ -1,7 +1,8 @@
 """bf16 mixed precision at run time (issue 13, Build 3; `runtime.precision`): a plan made with precision="bf16"
 for an fp32 model runs its forward under torch.autocast(bfloat16) with fp32 weights and fp32 gradients.
 On 2 gloo ranks the in-repo GPT matches the single-device model run under the same autocast recipe
-(`runtime.rehearsal.recipe_excess`: within twice the recipe's own rounding, or within bfloat16's tolerance of
+(`runtime.rehearsal.recipe_excess`: no further from the fp32 model than twice the single-device recipe, or
+within bfloat16's tolerance of
 `runtime.tolerance`): outputs, loss, every gradient, parameters after 3 AdamW steps, for tp=2 (Megatron: the
 row-parallel sum reduced in bf16) and, through `parallelizer plan --precision bf16` and `parallelizer
 rehearse`, dp=2 (DDP: fp32 gradient all-reduce), whose report says what it compared with. That the program

@@ -62,10 +62,11 @@ def test_recipe_bound_accepts_rounding_and_rejects_a_wrong_term():
     rounded = exact.to(torch.bfloat16).double()
     jitter = 1e-3 * torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     other = (exact + jitter).to(torch.bfloat16).double()  # another computation of the values, rounded
-    assert recipe_excess(rounded, rounded, exact) == 0.0
+    assert recipe_excess(rounded, rounded, exact) == 0.5
     assert recipe_excess(other, rounded, exact) <= 1.0
     assert recipe_excess(rounded + 0.1 * exact, rounded, exact) > 1.0  # a term of 10% of the values
     assert recipe_excess(rounded + 1e-3, exact, exact) == float("inf")  # no rounding to hide behind
+    assert recipe_excess(exact, exact, exact) == 0.0
 
 
 def test_unknown_recipe_and_pipeline_under_autocast_raise():
