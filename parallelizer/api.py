@@ -301,7 +301,7 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     per_stage = tuple(s.num_blocks for s in found.stages)
     cut = cut_stages(traced, len(per_stage), per_stage)
     p, layouts = plan_stages(traced, cut, sub, stage_cluster, dataclasses.replace(
-        config, axis_roles=tuple(roles.items()), memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
+        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
     memory = tuple(_rank_memory(found, r) for r in range(found.pp))
     b = found.step_breakdown_s
     estimate = PipelineEstimate(found.step_time_s, b["pipeline"], b["bubble"], b["dp_grad_sync"], b["tied_grad_sync"],
