@@ -299,10 +299,12 @@ _NO_BUDGET = 10 ** 18
 def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster, config: PlanConfig, budget: int,
                    reserve: int, record: dict) -> Plan:
     """The pipeline Plan of a search winner with pp > 1 (full mesh `whole`, pp first): the intra-stage ILP on
-    `sub` (dp priced as DDP, as the search did: role "ddp" unless the caller set one), the search's cuts and
-    estimate in `Plan.pipeline`,
+    `sub` solved per distinct stage (`planner.stage_layouts`; dp priced as DDP, as the search did: role "ddp"
+    unless the caller set one), the search's cuts and estimate and each stage's layout in `Plan.pipeline`,
     and `cost.memory_bytes` = the search's peak pipeline rank by kind (the ILP's memory would be the whole
-    model on one stage group). `cost` times stay the ILP's: the whole graph, one microbatch, one stage group."""
+    model on one stage group). `cost` times are the stage solves' summed: the whole graph, one microbatch,
+    one stage group."""
+    from .planner.stage_layouts import plan_stages
     from .runtime.pipeline import cut_stages
 
     group = traced.blocks[0]
@@ -314,10 +316,10 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
         roles.setdefault("dp", "ddp")
     per_node = min(full.devices_per_node, sub.world_size)
     stage_cluster = dataclasses.replace(full, num_nodes=sub.world_size // per_node, devices_per_node=per_node)
-    p = _solve(traced, sub, cluster=stage_cluster, config=dataclasses.replace(
-        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
     per_stage = tuple(s.num_blocks for s in found.stages)
     cut = cut_stages(traced, len(per_stage), per_stage)
+    p, layouts = plan_stages(traced, cut, sub, stage_cluster, dataclasses.replace(
+        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
     memory = tuple(_rank_memory(found, r) for r in range(found.pp))
     b = found.step_breakdown_s
     estimate = PipelineEstimate(found.step_time_s, b["pipeline"], b["bubble"], b["dp_grad_sync"], b["tied_grad_sync"],
@@ -325,7 +327,7 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
                                 tuple(s.time_s for s in found.stages), memory)
     section = pipeline_section(whole, sub.world_size, tuple(group.members), cut.stage_of, found.pp,
                                found.schedule, found.num_microbatches, found.virtual_stages, per_stage, estimate,
-                               found.boundary_compression)
+                               found.boundary_compression, layouts)
     peak = dict(estimate.peak_memory_bytes, buffers=0)
     peak["total"] = sum(v for k, v in peak.items() if k != "total")
     peak["reserve"] = reserve

@@ -44,7 +44,10 @@ class PlanConfig:
             element (fp32 statistics stay fp32); "fp32" = fp32 everything, 16 B/param. None = the default:
             "bf16" on a GPU, "fp32" on a calibrated CPU (`DeviceSpec.kind`), "bf16" for a graph traced with
             bf16 parameters. A graph traced in fp32 is priced in bf16 as if autocast to it
-            (`planner.costs.Pricer`); the plan records the precision applied.
+            (`planner.costs.Pricer`); the plan records the precision applied. "bf16" given explicitly for a
+            graph traced in fp32 also makes the runtime run it: `Plan.config["mixed_precision"]` =
+            "autocast_bf16" (`runtime.precision`: torch.autocast to bf16, fp32 weights and gradients); a
+            precision only defaulted prices bf16 and runs the traced dtypes.
         time_limit_s: solver wall-clock limit, seconds (> 0).
         mip_rel_gap: relative MIP gap at which the solver may stop (0 = prove optimality).
         solver: "highs" (default; falls back to "cbc" if highspy is missing) or "cbc".

@@ -51,10 +51,11 @@ def parse_and_validate(text: str, source: str = "plan JSON") -> dict:
         raise PlanValidationError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
                                   f"{exc.colno}). Remedy: re-create it with `parallelizer plan` or Plan.save.")
     schema = plan_schema()
-    if isinstance(data, dict) and data.get("format_version") != schema["properties"]["format_version"]["const"]:
+    readable = schema["properties"]["format_version"]["enum"]
+    if isinstance(data, dict) and data.get("format_version") not in readable:
         raise PlanValidationError(
             f"{source}: format_version {data.get('format_version')!r}; this toolkit reads "
-            f"{schema['properties']['format_version']['const']}. Remedy: re-plan with this version.", "format_version")
+            f"{' and '.join(map(str, readable))}. Remedy: re-plan with this version.", "format_version")
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
     if errors:

@@ -15,7 +15,7 @@ from cost_model.reserve import default_reserve_bytes
 from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
 
 from ..config import PlanConfig
-from ..core.layout import local_shape
+from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
@@ -29,7 +29,8 @@ from .strategies import build_spaces
 
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
-         topology: MeshTopology | None = None, config: PlanConfig | None = None, **options) -> Plan:
+         topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
+         **options) -> Plan:
     """Plan the sharding of `traced` on `mesh`.
 
     Args:
@@ -40,6 +41,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         topology: a ready `MeshTopology` (overrides `cluster`).
         config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., memory_reserve_bytes=...,
             batch_dims={...}, optimizer=..., precision="bf16"|"fp32", time_limit_s=...) override its fields.
+        pinned: parameter placeholder -> its only allowed stored layout (`build`).
     Returns:
         The `Plan`.
     Raises:
@@ -49,18 +51,30 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     """
     mesh = MeshSpec.of(mesh)
     config = dataclasses.replace(config or PlanConfig(), **options)
-    problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config)
+    problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned)
     solution = solve(problem, config)
     return to_plan(traced, problem, pricer, solution, config)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
-          config: PlanConfig) -> tuple[Problem, Pricer]:
-    """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks)."""
+          config: PlanConfig, pinned: dict[str, str] | None = None) -> tuple[Problem, Pricer]:
+    """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks).
+
+    `pinned`: parameter placeholder -> the only stored layout it may take (a layout string, "S(0)R"): how the
+    per-stage solves of a pipeline plan keep a parameter held by several stages (a tied embedding) in one
+    stored layout (`planner.stage_layouts`). Raises ValueError when a pinned layout is not among the
+    placeholder's strategies.
+    """
     topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
     pricer = Pricer(topo, mesh, config, traced)
     budget, reserve = memory_budget(config, topo.cluster.device)
     spaces = build_spaces(traced, mesh, config)
+    for name, layout in (pinned or {}).items():
+        kept = [s for s in spaces[name].strategies if str(s.output) == layout]
+        if not kept:
+            raise ValueError(f"pinned layout {layout} of {name} is not among its stored layouts "
+                             f"{[str(s.output) for s in spaces[name].strategies]} on mesh {mesh}")
+        spaces[name].strategies = kept
     return build_problem(traced, spaces, pricer, config, budget - reserve, reserve), pricer
 
 
@@ -143,8 +157,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
             is_param = spaces[ti.producer].kind == "param"
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
-            edge = derive_edge(mesh, ti.producer, name, k, str(strat[ti.producer].output), nodes[name], ti.shape,
-                               dtype_name(ti.dtype), req, is_param)
+            edge = space_edge(mesh, spaces, nodes, name, k)
             itemsize = pricer.itemsize(ti.dtype)
             priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),
                                   req, is_param)
@@ -160,12 +173,9 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         act += int(rp.saved_delta_bytes)
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():
-        stored = strat[p.placeholders[0]].output
-        loc = local_shape(p.shape, stored, mesh)
-        params[p.fqn] = ParamPlan(p.fqn, tuple(p.aliases), tuple(p.placeholders), tuple(p.shape), str(stored),
-                                  loc, p.is_buffer, dtype_name(p.dtype))
+        params[p.fqn] = param_plan(p, str(strat[p.placeholders[0]].output), mesh)
         if not p.is_buffer:
-            for i, b in enumerate(pricer.param_state_bytes(math.prod(loc), p.requires_grad)):
+            for i, b in enumerate(pricer.param_state_bytes(math.prod(params[p.fqn].local_shape), p.requires_grad)):
                 state[i] += b
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
               "buffers": problem.const_mem_bytes}
@@ -179,6 +189,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     cfg["memory_budget_bytes"] = problem.budget_bytes + problem.reserve_bytes
     cfg["memory_reserve_bytes"] = problem.reserve_bytes
     cfg["precision"] = pricer.precision
+    if config.precision == "bf16" and pricer.autocast:  # asked for: the runtime runs it (`runtime.precision`)
+        cfg["mixed_precision"] = "autocast_bf16"
     cfg["batch_dims"] = [list(x) for x in config.batch_dims]
     cfg["data_axes"] = list(config.data_axes) if config.data_axes is not None else None
     cfg["axis_roles"] = [list(x) for x in config.axis_roles]
@@ -191,6 +203,22 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         del cfg["boundary_compression"], cfg["boundary_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute), hierarchical=pricer.hierarchical_record())
+
+
+def space_edge(mesh: MeshSpec, spaces: dict, nodes: dict[str, NodePlan], name: str, k: int):
+    """The `EdgePlan` into input k of node `name` (`plan.derive_edge`) at the chosen strategies `nodes`, with the
+    tensor facts of the strategy spaces (`strategies.build_spaces`): shape, traced dtype, whether a gradient
+    flows back (the producer requires grad and the tensor is floating), whether the producer is a parameter."""
+    ti = spaces[name].inputs[k]
+    req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
+    return derive_edge(mesh, ti.producer, name, k, nodes[ti.producer].output, nodes[name], ti.shape,
+                       dtype_name(ti.dtype), req, spaces[ti.producer].kind == "param")
+
+
+def param_plan(p, stored: str, mesh: MeshSpec) -> ParamPlan:
+    """The `ParamPlan` of parameter/buffer `p` (`tracer.graph.ParamInfo`) stored as `stored` on `mesh`."""
+    return ParamPlan(p.fqn, tuple(p.aliases), tuple(p.placeholders), tuple(p.shape), stored,
+                     local_shape(p.shape, Layout.parse(stored), mesh), p.is_buffer, dtype_name(p.dtype))
 
 
 def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]

@@ -92,7 +92,7 @@ class Pricer:
         self.device: DeviceSpec = topo.cluster.device
         low = traced_in_low_precision(traced)
         self.precision = resolve_precision(config.precision, self.device, low)
-        self._autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
+        self.autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
         self.fuse_pointwise = self.device.kind == "gpu"
         self._fusion: dict[int, dict[str, FusedIO]] = {}
         self._shares: dict[int, dict[str, SavedShare]] = {}
@@ -104,7 +104,7 @@ class Pricer:
     def dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype a traced tensor of `dtype` is priced in (module docstring: fp32 -> bf16 under "bf16" for
         a graph traced in fp32)."""
-        return torch.bfloat16 if self._autocast and dtype == torch.float32 else dtype
+        return torch.bfloat16 if self.autocast and dtype == torch.float32 else dtype
 
     def itemsize(self, dtype: torch.dtype) -> int:
         """Bytes per element of a traced tensor of `dtype` as priced."""

@@ -10,9 +10,10 @@ counted on meta tensors).
 
 A pipeline plan (a mesh with a "pp" axis) has `pipeline` (`planner.stages.PipelineSection`: pp, schedule,
 microbatches, stages) and its `mesh` is the intra-stage mesh (the full mesh without pp) that every stage's
-program is sharded over; the full mesh is `pipeline.mesh`.
+program is sharded over; the full mesh is `pipeline.mesh`. Its nodes' strategies come from one intra-stage
+solve per distinct stage (`planner.stage_layouts`; `pipeline.stages[k].layout` numbers the one stage k uses).
 
-In memory every node, parameter and edge is spelled out. The JSON (format 3, `planner/plan_codec.py`)
+In memory every node, parameter and edge is spelled out. The JSON (format 4, `planner/plan_codec.py`)
 stores what was decided once: per repeated-block position its strategy (with per-member exceptions),
 parameter stored layouts folded per block, the nodes outside blocks and the tensors each node reads; edges,
 steps, local shapes and parameter placeholders are derived on load and checked. `to_json()` is
@@ -34,8 +35,9 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
 from .stages import PipelineSection
 
-# 2: + fingerprint, cluster; 3: compact (blocks folded, edges derived on load). Schema: parallelizer/plan_schema.json
-PLAN_FORMAT_VERSION = 3
+# 2: + fingerprint, cluster; 3: compact (blocks folded, edges derived on load); 4: per-stage layouts (pipeline
+# stages' "layout", blocks' "layouts"; format 3 is still read). Schema: parallelizer/plan_schema.json
+PLAN_FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +258,7 @@ class Plan:
 
     # --- JSON ---------------------------------------------------------------------------------------
     def to_dict(self, include_timing: bool = False) -> dict:
-        """The JSON document (format 3, `planner.plan_codec`): decisions stored once, derivable parts left out.
+        """The JSON document (format 4, `planner.plan_codec`): decisions stored once, derivable parts left out.
 
         Raises:
             PlanValidationError: the plan's parts disagree (e.g. a parameter placeholder whose strategy is

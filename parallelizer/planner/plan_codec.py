@@ -1,4 +1,4 @@
-"""Plan JSON format 3: store what was decided, once; derive the rest on load and check it.
+"""Plan JSON format 4: store what was decided, once; derive the rest on load and check it.
 
 The document holds mesh, config, cost, solver, fallbacks and cluster as they are in memory, and:
 
@@ -14,7 +14,11 @@ The document holds mesh, config, cost, solver, fallbacks and cluster as they are
             position one row [op, strategy, inputs] shared by every member ("positions", one line each), and
             "exceptions" {member: {position: row}} where a member differs. A ref inside a block is "@q"
             (position q of the same member), "~rel" (the placeholder of parameter `member.rel`) or "$k" (the
-            member's k-th arg); outside blocks it is the producer's name.
+            member's k-th arg); outside blocks it is the producer's name. In a pipeline plan whose stages use
+            different intra-stage layouts (`pipeline.stages[k].layout`, `planner.stage_layouts`), "positions"
+            are the rows of the layout of the group's first member and "layouts" {layout: {position: row}} holds,
+            once per other layout, the positions where its common row differs; a member's exceptions are
+            relative to its own stage's layout.
   "params"  per parameter FQN, or per block pattern ("transformer.h.*.mlp.c_fc.weight") when every member
             agrees: aliases, placeholders, shape, dtype, stored layout, is_buffer. Local shapes are derived.
   "model"   as in memory, without "blocks" (see above); "fingerprint": as in memory, without
@@ -32,6 +36,8 @@ first node was (the planner's order whenever a member's nodes are contiguous, as
 parameter entry, a fallback, memory by category: at most 8 fields of scalars or lists of scalars) is one
 line; a list of scalars is one line; a list of lists or of dicts has one element per line. One changed
 decision is then one changed line that names it (a position's row, a parameter's entry).
+
+Format 3 (before per-stage layouts) is read as format 4 with every stage on layout 0 and no "layouts".
 """
 from __future__ import annotations
 
@@ -78,7 +84,8 @@ def encode(plan) -> dict:
     if fingerprint:
         _check_fingerprint_params(plan)
         fingerprint = {**fingerprint, "summary": {k: v for k, v in fingerprint["summary"].items() if k != "params"}}
-    return {"graph": graph, "blocks": [_encode_block(plan, b, into, owner) for b in blocks],
+    variant = _member_layouts(plan.pipeline.to_dict() if plan.pipeline is not None else None)
+    return {"graph": graph, "blocks": [_encode_block(plan, b, into, owner, variant) for b in blocks],
             "params": _encode_params(plan, blocks), "model": model, "fingerprint": fingerprint}
 
 
@@ -119,8 +126,15 @@ def _input(e: EdgePlan, ref: str) -> list:
     return [ref, e.dtype, list(e.shape), e.requires_grad]
 
 
-def _encode_block(plan, b: dict, into: dict, owner: dict) -> dict:
-    """One block group: per-member names and args, per-position rows of the most common form, exceptions."""
+def _member_layouts(pipeline: dict | None) -> dict[str, int]:
+    """Block member -> the intra-stage layout of its stage (JSON form of `Plan.pipeline`; none: layout 0)."""
+    return {m: s.get("layout", 0) for s in (pipeline or {}).get("stages", []) for m in s["blocks"]}
+
+
+def _encode_block(plan, b: dict, into: dict, owner: dict, variant: dict[str, int]) -> dict:
+    """One block group: per-member names and args, per position the most common row among the members of the
+    first member's layout, per other layout the positions whose common row differs, and per member the rows
+    that differ from its layout's (exceptions)."""
     rows, args = [], []
     for member, names in zip(b["members"], b["nodes"]):
         position = {n: q for q, n in enumerate(names)}
@@ -139,16 +153,24 @@ def _encode_block(plan, b: dict, into: dict, owner: dict) -> dict:
         rows.append([[plan.nodes[n].op, plan.nodes[n].strategy, [_input(e, ref(e.src)) for e in _sorted(into.get(n, []))]]
                      for n in names])
         args.append(member_args)
-    positions, exceptions = [], {}
+    of = [variant.get(m, 0) for m in b["members"]]
+    positions, layouts, exceptions = [], {}, {}
     for q in range(len(b["nodes"][0])):
         forms = [json.dumps(r[q]) for r in rows]
-        common = max(forms, key=lambda f: (forms.count(f), -forms.index(f)))
-        positions.append(rows[forms.index(common)][q])
+        common = {}
+        for v in dict.fromkeys(of):  # each layout's most common row (ties: the first member's)
+            mine = [f for f, w in zip(forms, of) if w == v]
+            common[v] = max(mine, key=lambda f: (mine.count(f), -mine.index(f)))
+        positions.append(json.loads(common[of[0]]))
+        for v, f in common.items():
+            if f != common[of[0]]:
+                layouts.setdefault(str(v), {})[str(q)] = json.loads(f)
         for m, f in enumerate(forms):
-            if f != common:
+            if f != common[of[m]]:
                 exceptions.setdefault(str(m), {})[str(q)] = rows[m][q]
     return {"name": b["name"], "module_type": b["module_type"], "members": list(b["members"]),
-            "nodes": [list(n) for n in b["nodes"]], "args": args, "positions": positions, "exceptions": exceptions}
+            "nodes": [list(n) for n in b["nodes"]], "args": args, "positions": positions, "exceptions": exceptions,
+            **({"layouts": layouts} if layouts else {})}
 
 
 def _encode_params(plan, blocks: list[dict]) -> dict:
@@ -205,6 +227,7 @@ def decode(d: dict, mesh: MeshSpec, source: str = "plan JSON"):
         raise PlanValidationError(f"{source}: invalid at {path}: {what}. {_REMEDY}", path)
 
     blocks = d["blocks"]
+    variant = _member_layouts(d.get("pipeline"))
     params = _decode_params(d["params"], blocks, mesh, fail)
     owner = {ph: p for p in params.values() for ph in p.placeholders}
     nodes: dict[str, NodePlan] = {ph: NodePlan("placeholder", (), p.stored) for ph, p in owner.items()}
@@ -231,7 +254,7 @@ def decode(d: dict, mesh: MeshSpec, source: str = "plan JSON"):
             if bi is None or not 0 <= row[1] < len(blocks[bi]["members"]) or (bi, row[1]) in placed:
                 fail(f"graph/{i}", f"{row} names no block member, or one placed twice")
             placed.add((bi, row[1]))
-            _decode_member(blocks[bi], bi, row[1], params, add, fail)
+            _decode_member(blocks[bi], bi, row[1], params, add, fail, variant)
         else:
             add(row[0], row[1], row[2], row[3], f"graph/{i}", lambda ref: ref)
     unplaced = [f"{b['name']}[{m}]" for bi, b in enumerate(blocks) for m in range(len(b["members"]))
@@ -268,15 +291,21 @@ def _decode_params(entries: dict, blocks: list[dict], mesh: MeshSpec, fail) -> d
     return params
 
 
-def _decode_member(b: dict, bi: int, m: int, params: dict, add, fail) -> None:
-    """Add the nodes of member `m` of block `b`: its position rows (or exceptions) with refs resolved."""
+def _decode_member(b: dict, bi: int, m: int, params: dict, add, fail, variant: dict[str, int]) -> None:
+    """Add the nodes of member `m` of block `b`: its position rows (its stage's layout's where they differ,
+    or its exceptions) with refs resolved."""
     names, args, member = b["nodes"][m], b["args"][m], b["members"][m]
     if len(names) != len(b["positions"]):
         fail(f"blocks/{bi}/nodes/{m}", f"{len(names)} node names for {len(b['positions'])} positions")
+    layout = str(variant.get(member, 0))
+    if layout in b.get("layouts", {}) and layout == str(variant.get(b["members"][0], 0)):
+        fail(f"blocks/{bi}/layouts/{layout}", "the first member's layout is stored in positions, not in layouts")
     for q, name in enumerate(names):
         override = b["exceptions"].get(str(m), {}).get(str(q))
-        path = f"blocks/{bi}/exceptions/{m}/{q}" if override is not None else f"blocks/{bi}/positions/{q}"
-        op, strategy, ins = override if override is not None else b["positions"][q]
+        shared = b.get("layouts", {}).get(layout, {}).get(str(q))
+        path = (f"blocks/{bi}/exceptions/{m}/{q}" if override is not None else f"blocks/{bi}/layouts/{layout}/{q}"
+                if shared is not None else f"blocks/{bi}/positions/{q}")
+        op, strategy, ins = override if override is not None else shared if shared is not None else b["positions"][q]
 
         def resolve(ref: str, path=path) -> str:
             kind, rest = ref[0], ref[1:]

@@ -2,8 +2,9 @@
 search's estimate.
 
 A plan with pipeline parallelism has a mesh ("pp", "dp", "tp") with "pp" outermost (size-1 dp/tp axes left
-out). The intra-stage ILP plans the mesh WITHOUT pp (`Plan.mesh`, e.g. (dp=2); every stage uses that one
-intra-stage plan), and `Plan.pipeline` records the rest. Stage k holds `blocks_per_stage[k]` consecutive
+out). The intra-stage ILP plans the mesh WITHOUT pp (`Plan.mesh`, e.g. (dp=2)) once per distinct stage
+(`planner.stage_layouts`): `StagePlan.layout` numbers the solve a stage uses (stages of the same structure
+share one), and `Plan.pipeline` records the rest. Stage k holds `blocks_per_stage[k]` consecutive
 members of the first repeated-block group (the cuts the search chose, possibly uneven; ops before the first
 block go to stage 0, after the last to the last stage: `runtime.pipeline.cut_stages`) and runs on pipeline
 rank k % pp, i.e. on global ranks (k % pp) * W ... (k % pp + 1) * W - 1 with W = the intra-stage mesh size
@@ -23,8 +24,9 @@ embedding gradient exchange, per-stage seconds per microbatch, and per pipeline 
 
 JSON (`Plan.to_dict()["pipeline"]`, present only in pipeline plans): {"pp", "schedule", "microbatches",
 "virtual_stages", "mesh": the full mesh, "stages": [{"stage", "pp_rank", "blocks": [member, ...],
-"first_node", "last_node", "ranks": [first, last]}], "estimate": {...} (`PipelineEstimate.to_dict`),
-"compression": {...} (`planner.boundary.BoundaryCompression.to_dict`; absent when no boundary is compressed)}.
+"first_node", "last_node", "ranks": [first, last], "layout"}], "estimate": {...} (`PipelineEstimate.to_dict`),
+"compression": {...} (`planner.boundary.BoundaryCompression.to_dict`; absent when no boundary is compressed)}
+("layout" is absent in format-3 plans: one intra-stage plan for every stage, layout 0).
 """
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ class PipelineEstimate:
 @dataclass(frozen=True, slots=True)
 class StagePlan:
     """One pipeline stage: its index, the pipeline rank running it, its block members ("h.0", ...), the first
-    and last graph node it computes, and its global ranks (first, last; inclusive)."""
+    and last graph node it computes, its global ranks (first, last; inclusive), and the number of the distinct
+    intra-stage solve its nodes' strategies come from (`planner.stage_layouts`)."""
 
     stage: int
     pp_rank: int
@@ -119,6 +122,7 @@ class StagePlan:
     first_node: str
     last_node: str
     ranks: tuple[int, int]
+    layout: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +146,8 @@ class PipelineSection:
         return {"pp": self.pp, "schedule": self.schedule, "microbatches": self.microbatches,
                 "virtual_stages": self.virtual_stages, "mesh": self.mesh.to_dict(),
                 "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "blocks": list(s.blocks),
-                            "first_node": s.first_node, "last_node": s.last_node, "ranks": list(s.ranks)}
+                            "first_node": s.first_node, "last_node": s.last_node, "ranks": list(s.ranks),
+                            "layout": s.layout}
                            for s in self.stages],
                 **({"estimate": self.estimate.to_dict()} if self.estimate is not None else {}),
                 **({"compression": self.compression.to_dict()} if self.compression is not None else {})}
@@ -150,22 +155,27 @@ class PipelineSection:
     @classmethod
     def from_dict(cls, d: dict) -> "PipelineSection":
         stages = tuple(StagePlan(s["stage"], s["pp_rank"], tuple(s["blocks"]), s["first_node"], s["last_node"],
-                                 tuple(s["ranks"])) for s in d["stages"])
+                                 tuple(s["ranks"]), s.get("layout", 0)) for s in d["stages"])
         estimate = PipelineEstimate.from_dict(d["estimate"]) if "estimate" in d else None
         compression = BoundaryCompression.from_dict(d["compression"]) if "compression" in d else None
         return cls(d["pp"], d["schedule"], d["microbatches"], d["virtual_stages"], MeshSpec.from_dict(d["mesh"]),
                    stages, estimate, compression)
 
     def table(self) -> tuple[str, list[str], list[list[str]]]:
-        """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, first-last node, and with an
+        """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, its intra-stage layout (the
+        number of its solve; "L1 = stage 1" names the first stage solved with it), first-last node, and with an
         estimate its milliseconds per microbatch)."""
         timed = self.estimate is not None
+        first = {}
+        for s in self.stages:
+            first.setdefault(s.layout, s.stage)
         rows = [[str(s.stage), str(s.pp_rank), _span(s.blocks), f"{s.ranks[0]}-{s.ranks[1]}",
+                 f"L{s.layout}" + (f" = stage {first[s.layout]}" if first[s.layout] != s.stage else ""),
                  f"{s.first_node} .. {s.last_node}"]
                 + ([f"{self.estimate.stage_s[s.stage] * 1e3:.3f}"] if timed else []) for s in self.stages]
         title = (f"Pipeline stages (pp={self.pp}, schedule {self.schedule}, {self.microbatches} microbatches, "
                  f"{self.virtual_stages} stage(s) per pp rank, full mesh {self.mesh})")
-        header = ["stage", "pp rank", "blocks", "ranks", "nodes"] + (["ms/microbatch"] if timed else [])
+        header = ["stage", "pp rank", "blocks", "ranks", "layout", "nodes"] + (["ms/microbatch"] if timed else [])
         return title, header, rows
 
 
@@ -209,9 +219,10 @@ def check_schedules(names) -> tuple[str, ...]:
 def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...], stage_of: dict[str, int],
                      pp: int, schedule: str, microbatches: int, v: int,
                      blocks_per_stage: tuple[int, ...], estimate: PipelineEstimate | None = None,
-                     compression: BoundaryCompression | None = None) -> PipelineSection:
+                     compression: BoundaryCompression | None = None,
+                     layouts: tuple[int, ...] | None = None) -> PipelineSection:
     """The section of a cut: `stage_of` maps compute nodes (graph order) to stages (`cut_stages`);
-    `width` is the intra-stage mesh size."""
+    `width` is the intra-stage mesh size; `layouts[k]`: the intra-stage solve stage k uses (default all 0)."""
     nodes: dict[int, list[str]] = {}
     for name, k in stage_of.items():
         nodes.setdefault(k, []).append(name)
@@ -219,6 +230,6 @@ def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...],
     for k, count in enumerate(blocks_per_stage):
         p = k % pp
         stages.append(StagePlan(k, p, tuple(group_members[start:start + count]), nodes[k][0], nodes[k][-1],
-                                (p * width, (p + 1) * width - 1)))
+                                (p * width, (p + 1) * width - 1), layouts[k] if layouts else 0))
         start += count
     return PipelineSection(pp, schedule, microbatches, v, mesh, tuple(stages), estimate, compression)

@@ -39,6 +39,8 @@ class ShardingSpec:
     `rewriter.compression`).
     `hierarchy`: mesh axis -> the plan's rule for two-level collectives on that axis (`Plan.hierarchical`,
     `rewriter.hierarchical.Hierarchy`); axes absent run every collective flat.
+    `autocast`: the mixed-precision recipe the program's forward runs under (`runtime.precision`, e.g.
+    "autocast_bf16"; `Plan.config["mixed_precision"]`), None: the traced dtypes.
     """
 
     mesh: MeshSpec
@@ -49,6 +51,7 @@ class ShardingSpec:
     recompute: Mapping[str, str] = field(default_factory=dict)
     compression: GradCompression = NO_COMPRESSION
     hierarchy: Mapping[str, tuple] = field(default_factory=dict)
+    autocast: str | None = None
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -123,13 +126,14 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
                         {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute,
-                        spec.compression, spec.hierarchy)
+                        spec.compression, spec.hierarchy, spec.autocast)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
     """The rewriter's view of a `parallelizer.planner.Plan`: per-node input/output layouts (the graph's
     output node keeps its input layouts), the stored layout of each parameter/buffer, the recomputed
-    regions, the gradient codec and the hierarchical-collective rules.
+    regions, the gradient codec, the hierarchical-collective rules and the mixed-precision recipe
+    (`Plan.config["mixed_precision"]`, `runtime.precision`).
 
     Raises ValueError naming the node when a layout string in the plan does not parse.
     """
@@ -144,4 +148,4 @@ def spec_from_plan(plan) -> ShardingSpec:
     hierarchy = {axis: hierarchy_arg(h["devices_per_node"], h["bytes"]) for axis, h in plan.hierarchical.items()}
     return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute),
                         compression=GradCompression.from_record(getattr(plan, "compression", {})),
-                        hierarchy=hierarchy)
+                        hierarchy=hierarchy, autocast=plan.config.get("mixed_precision"))

@@ -38,6 +38,7 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .modes import ModeProgram, Retracer, carry_over
+from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
 
 
@@ -56,6 +57,8 @@ class ParallelModule(torch.nn.Module):
     25 MiB, as DistributedDataParallel) asynchronously during backward and are complete in `.grad` when
     `backward()` returns; `grad_bucket_bytes=0` all-reduces each one synchronously instead
     (`rewriter.grad_sync`).
+    With a mixed-precision recipe (`spec.autocast`, from the plan) the forward runs under it
+    (`runtime.precision`: torch.autocast to bf16; parameters and gradients stay fp32).
     Raises PlanMismatchError for a buffer left on `meta` (its values cannot be invented).
     """
 
@@ -168,9 +171,16 @@ class ParallelModule(torch.nn.Module):
         self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
         traced = self._active.traced
         tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
-        out = self.program.graph_module(*self._state(), *tensors)
+        with self._autocast():
+            out = self.program.graph_module(*self._state(), *tensors)
         spec = traced.exported.call_spec
         return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
+
+    def _autocast(self):
+        """The mixed-precision context of the plan (`runtime.precision.autocast`; a no-op without one), on the
+        device type of the parameters."""
+        state = self._state()
+        return autocast(self.spec.autocast, state[0].device.type if state else "cpu")
 
     def step(self, *inputs, target=None, loss_fn: LossFn | None = None, **kwargs) -> torch.Tensor:
         """One training step's forward, loss and backward of the global batch (`runtime.step`: the same call

@@ -157,7 +157,7 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
                                        Layout.replicate(spec.mesh.ndim))
     return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
                         recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced),
-                        spec.compression, spec.hierarchy)
+                        spec.compression, spec.hierarchy, spec.autocast)
 
 
 class StageModule(ParallelModule):
@@ -343,8 +343,13 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
         boundary: per stage boundary k (stage k -> k + 1) its codec kind ("int8", "lowrank") or None; () or
             a shorter tuple: the rest uncompressed (`boundary_codecs`). boundary_rank: the lowrank rank.
-    Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp.
+    Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp; PipelineError
+    for a spec with a mixed-precision recipe (`runtime.precision`: not implemented for pipelines yet).
     """
+    if spec.autocast is not None:  # before any group is made: every rank raises alike
+        raise PipelineError(f"pipeline plans do not run under the mixed-precision recipe {spec.autocast!r} yet (the "
+                            "stages' send/receive buffers are allocated in the traced dtypes). Remedy: plan with "
+                            "precision='fp32' (--precision fp32), or without 'pp'")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
     if any(kind not in (None, *KINDS) for kind in boundary):

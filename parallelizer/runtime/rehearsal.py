@@ -6,7 +6,10 @@ the loss, every parameter gradient (this rank's shard of the reference gradient)
 `steps` AdamW steps (gathered with `full_state_dict`). The loss is the model's own scalar output when it
 returns one first (e.g. a causal-LM loss), else the mean of squares of the first output. Differences are
 judged with dtype-aware tolerances (`runtime.tolerance`): a bf16 model, or an fp32 model with an autocast
-region, is held to bfloat16's, an fp32 model to float32's.
+region, is held to bfloat16's, an fp32 model to float32's. A plan with a mixed-precision recipe
+(`runtime.precision`, e.g. precision="bf16" asked for an fp32 model) is compared with the single-device model
+run under the same recipe (its forward under torch.autocast(bfloat16), loss and backward outside, fp32
+AdamW on fp32 weights), at bfloat16's tolerance; the report names the reference it ran.
 
 A plan with gradient compression (`ShardingSpec.compression`, `rewriter.compression`) approximates the
 gradient sum by design: its report gives the same measured differences (and the loss after the steps) but
@@ -30,8 +33,9 @@ from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
 from .module import ParallelModule
+from .precision import RECIPES, autocast, describe
 from .replicas import check_same_weights
-from .tolerance import compute_dtype, excess
+from .tolerance import compute_dtype, excess, loosest
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class RehearsalReport:
         compression: the gradient codec of the run (`GradCompression.spec`; "" = none).
         final_loss: largest |difference| of the loss after the steps (a forward of the stepped models); None
             where not measured (pipeline rehearsals).
+        reference: what the single-device reference ran (`runtime.precision.describe`).
     """
 
     world_size: int
@@ -62,6 +67,7 @@ class RehearsalReport:
     rank0_code: str
     compression: str = ""
     final_loss: float | None = None
+    reference: str = describe(None)
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -87,7 +93,7 @@ class RehearsalReport:
                 f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
                 f"{self.params:.2e} ({self.worst_param}), loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}")
+                f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}")
 
 
 def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
@@ -113,7 +119,10 @@ def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, 
             invariant; rows of an embedding barely used) would become parameter differences of order lr on
             either side of the comparison: with eps 1e-6 CLIP's token embedding differs by 3e-5 after two
             steps from gradients 6e-8 apart; with 1e-3 by 7e-8. The gradients themselves are compared
-            directly, at the dtype's tolerance.
+            directly, at the dtype's tolerance. Under a mixed-precision recipe (`runtime.precision`) eps is at
+            least `RECIPE_ADAM_EPS` (0.1) for the same reason at bf16's rounding (2^-8 relative, not 2^-24):
+            with eps 1e-3 a GPT's parameters after 3 steps differed by 1.18x the recipe bound from gradients
+            within 0.19x of it; with 0.1 by 0.13x.
     Raises:
         PlanMismatchError: the plan was made for another model, input shapes or constants (says what differs).
         PipelineError: a pipeline plan (`plan.pipeline`): rehearse it with `pipeline_rehearsal.rehearse_pipeline`.
@@ -164,13 +173,18 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
 
 
 def _report(world_size: int, results: list[dict], compression: str = "") -> RehearsalReport:
+    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.autocast)
+            for i, (_, _, spec) in enumerate(cases)]
+
+
+def _report(world_size: int, results: list[dict], recipe: str | None = None) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
     final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
-                           results[0]["code"], compression, final)
+                           results[0]["code"], compression, final, describe(recipe))
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
@@ -183,55 +197,93 @@ def _loss(output) -> torch.Tensor:
 
 
 def _max_diff(pairs, compute: torch.dtype | None) -> tuple[float, str, float]:
-    """(largest |a - b|, name where it occurs, largest `tolerance.excess`) over (name, a, b)."""
+    """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
+    (name, a, b, exact): the ratio is `tolerance.excess`'s, or with `exact` (the reference's value without its
+    mixed-precision recipe) the smaller of it and `recipe_excess` (a match by either criterion)."""
     worst, ratio = (0.0, ""), 0.0
-    for name, a, b in pairs:
+    for name, a, b, *exact in pairs:
         if not a.numel():
             continue
         worst = max(worst, ((a.detach().double() - b.detach().double()).abs().max().item(), name))
-        ratio = max(ratio, excess(a, b, compute))
+        ratio = max(ratio, min([excess(a, b, compute), *(recipe_excess(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio
+
+
+def recipe_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
+    """max |actual - exact| / (2 max |expected - exact|): how far the sharded program under a mixed-precision
+    recipe lies from the model run without it (`exact`, fp32), against how far the single-device model under
+    the same recipe (`expected`) lies from it, on the same tensor. Both round the same computation at bf16 in
+    different orders (per-rank partial sums, bf16 Partial reductions), so the sharded program may be as far
+    from the fp32 values as the single-device recipe is, with a factor 2 of margin for its extra roundings (as
+    `runtime.tolerance` allows two computations); a wrong program (a missing or doubled term) is off by the
+    size of the values. Needed because bf16 rounding of a sum with cancellation (a weight gradient summed over
+    tokens, split over data-parallel ranks) is large against the result, which a bound relative to the
+    result's scale misses, and AdamW turns rounding noise in tiny gradients into steps of about lr on either
+    side. <= 1 is a match; inf for a deviation where the recipe changes nothing (0 when neither deviates).
+    `expected` is unused beyond its deviation; the direct comparison is `runtime.tolerance.excess`."""
+    diff = (actual.detach().double() - exact.detach().double()).abs().max().item()
+    noise = (expected.detach().double() - exact.detach().double()).abs().max().item()
+    return diff / (2 * noise) if noise else 0.0 if diff == 0 else float("inf")
 
 
 def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
+RECIPE_ADAM_EPS = 0.1  # AdamW's eps under a mixed-precision recipe (`rehearse`, argument eps)
+
+
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float) -> dict:
+    if spec.autocast is not None:
+        eps = max(eps, RECIPE_ADAM_EPS)
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
+    exact = copy.deepcopy(model) if spec.autocast else None  # the reference without the recipe (its rounding)
     traced = trace(model, inputs, kwargs)
-    compute = compute_dtype(traced)
+    compute = loosest(compute_dtype(traced), RECIPES.get(spec.autocast))
     check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))
     pm = ParallelModule(traced, spec, rank, model)
-    out, ref_out = pm(*inputs, **kwargs), reference(*inputs, **kwargs)
-    flat = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    ref_flat = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
-    output = _max_diff((("output", a, b) for a, b in zip(flat, ref_flat)), compute)
-    loss, ref_loss = _loss(out), _loss(ref_out)
-    loss.backward()
-    ref_loss.backward()
-    ref_params = dict(reference.named_parameters())
+
+    refs = [(reference, spec.autocast)] + ([(exact, None)] if exact is not None else [])
+
+    def run(m, recipe):  # a single-device model under a recipe (None: as traced)
+        with autocast(recipe):
+            return m(*inputs, **kwargs)
+
+    def leaves(out):
+        return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+    out, ref_outs = pm(*inputs, **kwargs), [run(m, r) for m, r in refs]
+    output = _max_diff((("output", a, *bs) for a, *bs in zip(leaves(out), *map(leaves, ref_outs))), compute)
+    losses = [_loss(o) for o in (out, *ref_outs)]
+    for value in losses:
+        value.backward()
+
+    def ref_grads(fqn):  # this rank's shard of each reference's gradient
+        return [shard_tensor(_grad_or_zeros(m.get_parameter(fqn)), spec.params[fqn], spec.mesh, pm.coords)
+                for m, _ in refs]
+
     grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
-        ((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(ref_params[fqn]), spec.params[fqn], spec.mesh,
-                                               pm.coords)) for fqn, p in pm.named_parameters()), compute)
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, reference))
+        ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), compute)
+    opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, *(m for m, _ in refs))]
     for step in range(steps):
         if step:
-            for m, o in ((pm, opt), (reference, ref_opt)):
+            for o in opts:
                 o.zero_grad()
-                _loss(m(*inputs, **kwargs)).backward()
-        opt.step()
-        ref_opt.step()
+            _loss(pm(*inputs, **kwargs)).backward()
+            for m, r in refs:
+                _loss(run(m, r)).backward()
+        for o in opts:
+            o.step()
     full = pm.full_state_dict()
-    ref_state = reference.state_dict()
-    params = _max_diff(((k, full[k], v) for k, v in ref_state.items()), compute)
+    states = [m.state_dict() for m, _ in refs]
+    params = _max_diff(((k, full[k], v, *(s[k] for s in states[1:])) for k, v in states[0].items()), compute)
     with torch.no_grad():
-        final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), _loss(reference(*inputs, **kwargs)))], compute)
-    return {"output": output, "loss": _max_diff([("loss", loss, ref_loss)], compute), "grad": grad, "params": params,
+        final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))], compute)
+    return {"output": output, "loss": _max_diff([("loss", *losses)], compute), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives,
             "code": pm.program.graph_module.code if rank == 0 else ""}

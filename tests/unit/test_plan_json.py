@@ -93,7 +93,7 @@ def test_malformed_plan_names_the_field(plan, tmp_path):
         Plan.load(_corrupt(plan, tmp_path, bad_layout))
     with pytest.raises(PlanValidationError, match=r"'cost' is a required property"):
         Plan.load(_corrupt(plan, tmp_path, lambda d: d.pop("cost")))
-    with pytest.raises(PlanValidationError, match=r"format_version 2; this toolkit reads 3. Remedy: re-plan"):
+    with pytest.raises(PlanValidationError, match=r"format_version 2; this toolkit reads 3 and 4. Remedy: re-plan"):
         Plan.load(_corrupt(plan, tmp_path, lambda d: d.update(format_version=2)))
     with pytest.raises(PlanValidationError, match=r"not valid JSON"):
         Plan.from_json(plan.to_json()[:-5])

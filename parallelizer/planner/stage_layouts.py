@@ -1,0 +1,156 @@
+"""Per-stage layouts of a pipeline plan: the intra-stage ILP solved once per DISTINCT stage.
+
+A pipeline cut (`runtime.pipeline.cut_stages`) gives each stage its own graph (`runtime.pipeline.stage_graph`:
+its parameters, the values it receives as inputs, its ops, what it sends). Stages whose graphs have the same
+structure (the same op, output shapes and role at every position: the same block classes and count and the
+same boundary ops; typically every middle stage of an even cut, while the first holds the embedding and the
+last the head and loss) share one solve; the others get their own. The solve is `planner.plan` on the stage
+graph with the stage's repeated blocks as a block group (so `cluster_blocks` gives its members one strategy
+per position) on the intra-stage (dp, tp) mesh; a later stage's solve keeps a parameter already placed by an
+earlier stage (a tied embedding / lm_head) in that stored layout (`pinned`), so the copies the stages hold
+have the same shards and their gradients can be summed (`runtime.pipeline.sync_shared_grads`).
+
+The result is one whole-graph `Plan` whose every node has the strategy of its own stage's solve (stages own
+disjoint nodes), with `layouts[k]` = the index of the distinct solve stage k uses. An edge crossing a stage
+boundary goes from the producer's layout (its stage's) to the consumer's (its stage's): the runtime sends the
+value in the producer's layout and the receiving stage's program redistributes it (`runtime.pipeline.
+stage_spec`); the plan lists that edge's steps, derived as every edge's (`planner.plan.derive_edge`).
+
+Pricing caveats (recorded here, not silent): a stage's solve sees its received values as inputs (laid out
+like user inputs: sharded along their batch dim over data axes, or replicated; no gradient priced back
+through them), so the redistribution at a boundary whose layouts differ and the backward of received values
+are not in the stage's objective; the cost breakdown sums the stages' solves (one microbatch, every stage
+once), as the whole-graph ILP did before.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import PlanConfig
+from ..core.mesh import MeshSpec
+from ..errors import PipelineError
+from ..tracer.graph import BlockGroup, TracedGraph
+from .plan import CostBreakdown, NodePlan, Plan, SolverReport, empty_comm
+
+
+def stage_signature(sg: TracedGraph) -> tuple:
+    """What decides a stage's solve: per node in order, its op, output shapes and dtypes, and role."""
+    return tuple((info.op_name, tuple((tuple(t.shape), str(t.dtype)) for t in info.outputs), info.role.name)
+                 for info in sg.nodes.values())
+
+
+def stage_graphs(traced: TracedGraph, cut) -> list[TracedGraph]:
+    """Each stage's graph (`runtime.pipeline.stage_graph`) with its members of the first block group as a block
+    group of its own (when it holds two or more), so the stage's solve clusters them as the whole graph's did,
+    each parameter's uses cut to the stage's (a tied embedding's other use is another stage's), and each
+    received value a placeholder outside any block (the runtime's stage graph keeps its producer's facts)."""
+    from ..runtime.pipeline import stage_graph
+
+    group = traced.blocks[0]
+    out = []
+    for k in range(cut.num_stages):
+        sg = stage_graph(traced, cut, k)
+        sg.parameters = {f: dataclasses.replace(p, uses=type(p.uses)(u for u in p.uses if u in sg.nodes))
+                         for f, p in sg.parameters.items()}
+        for name in cut.inputs[k]:
+            sg.nodes[name] = dataclasses.replace(sg.nodes[name], op="placeholder", target=None, block=None,
+                                                 block_group=None, block_index=None, position=None, checkpoint=None)
+        held = [(m, nodes) for m, nodes in zip(group.members, group.nodes) if cut.stage_of[nodes[0]] == k]
+        if len(held) >= 2:
+            sg = dataclasses.replace(sg, blocks=[BlockGroup(group.name, group.module_type, tuple(m for m, _ in held),
+                                                            tuple(n for _, n in held))])
+        out.append(sg)
+    return out
+
+
+def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanConfig,
+                stage_configs: dict[int, PlanConfig] | None = None) -> tuple[Plan, tuple[int, ...]]:
+    """(whole-graph Plan, layout index per stage) of the cut (module docstring).
+
+    Args:
+        traced: the whole graph of one microbatch (with repeated blocks); cut: `runtime.pipeline.StageCut`.
+        mesh: the intra-stage (dp, tp) mesh; cluster: a `Cluster` of exactly its devices.
+        config: the intra-stage `PlanConfig` (the caller's roles, budget and reserve).
+        stage_configs: stage -> a config of its own (a stage with one is solved on its own, never shared):
+            to force a layout on one stage, e.g. in tests.
+    Returns:
+        The Plan (nodes, params, edges of the whole graph; cost = sum over stages of their solve's; solver =
+        the distinct solves together) and `layouts`: stage k uses distinct solve layouts[k]; layouts are
+        numbered in order of first use, so stage 0 uses layout 0.
+    Raises:
+        PipelineError: a parameter used by several stages could not keep one stored layout.
+        InfeasiblePlanError / ValueError: from the stage solves (`planner.plan`).
+    """
+    from .api import plan as solve_plan
+
+    stage_configs = stage_configs or {}
+    graphs = stage_graphs(traced, cut)
+    solved: list[tuple[TracedGraph, Plan]] = []  # per distinct layout: its stage graph and solve
+    keys: dict[tuple, int] = {}
+    layouts, strategy, stored, fallbacks = [], {}, {}, []
+    for k, sg in enumerate(graphs):
+        key = (stage_signature(sg), k) if k in stage_configs else (stage_signature(sg), None)
+        if key not in keys:
+            pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
+            keys[key] = len(solved)
+            solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
+                                          pinned=pinned)))
+        layouts.append(keys[key])
+        rep_graph, rep = solved[keys[key]]
+        names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position
+        names["output"] = None  # the stage's sent values: the whole graph's output node is not a stage's
+        fallbacks += [dataclasses.replace(f, node=names[f.node]) for f in rep.fallbacks if names.get(f.node)]
+        for name, node in rep.nodes.items():
+            mine = names[name]
+            if mine is None:
+                continue
+            param = sg.param_of_placeholder(mine)
+            if param is not None and not param.is_buffer:
+                if stored.setdefault(param.fqn, node.output) != node.output:
+                    raise PipelineError(f"parameter {param.fqn} is stored as {stored[param.fqn]} by an earlier stage "
+                                        f"and as {node.output} by stage {k}; the copies stages hold must agree. "
+                                        "Remedy: solve the stages with the same axis roles")
+            if mine in cut.inputs[k] and mine not in traced.input_names:
+                continue  # a received value: laid out by its producer's stage
+            strategy.setdefault(mine, node)
+    return _merge(traced, mesh, config, strategy, [p for _, p in solved], layouts, fallbacks), tuple(layouts)
+
+
+def _merge(traced: TracedGraph, mesh: MeshSpec, config: PlanConfig, strategy: dict[str, NodePlan],
+           solves: list[Plan], layouts: list[int], fallbacks: list) -> Plan:
+    """The whole-graph Plan from each node's strategy (module docstring)."""
+    from .api import param_plan, space_edge
+    from .strategies import build_spaces
+
+    spaces = build_spaces(traced, mesh, config)
+    nodes: dict[str, NodePlan] = {}
+    for name, space in spaces.items():
+        if name in strategy:
+            nodes[name] = strategy[name]
+        else:  # the graph output, buffers and inputs no stage reads: as the space allows (replicated)
+            s = space.strategies[0]
+            nodes[name] = NodePlan(traced.nodes[name].op_name, tuple(str(L) for L in s.inputs),
+                                   None if s.output is None else str(s.output))
+    edges = tuple(space_edge(mesh, spaces, nodes, name, k) for name, space in spaces.items()
+                  for k in range(len(space.inputs)))
+    params = {p.fqn: param_plan(p, nodes[p.placeholders[0]].output, mesh) for p in traced.parameters.values()}
+    comm = empty_comm()
+    for i in layouts:
+        for kind, s in solves[i].cost.comm_s.items():
+            comm[kind] += s
+    first = solves[0]
+    cost = CostBreakdown(sum(solves[i].cost.compute_s for i in layouts), comm, dict(first.cost.memory_bytes))
+    reports = [p.solver for p in solves]
+    gaps = [r.gap for r in reports if r.gap is not None]
+    times = [r.time_s for r in reports if r.time_s is not None]
+    solver = SolverReport(first.solver.solver, first.solver.status if all(r.optimal for r in reports) else
+                          next(r.status for r in reports if not r.optimal), all(r.optimal for r in reports),
+                          max(gaps) if gaps else None, *(sum(getattr(r, f) for r in reports) for f in
+                          ("num_variables", "num_binary", "num_constraints", "num_groups")),
+                          sum(solves[i].solver.objective_s for i in layouts), sum(times) if times else None)
+    model = {"num_nodes": len(traced.nodes), "num_parameters": traced.num_parameters,
+             "inputs": {n: list(traced.nodes[n].outputs[0].shape) for n in traced.input_names
+                        if traced.nodes[n].outputs}}
+    forced = {} if config.recompute in ("auto", "none") else {m: config.recompute for m in traced.blocks[0].members}
+    return Plan(mesh, nodes, params, edges, cost, solver, tuple(fallbacks), model, dict(first.config),
+                recompute=forced)
