@@ -168,16 +168,11 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
         raise ValueError(f"rehearse_many: all cases must use the same number of devices, got {sorted(sizes)}; "
                          "group the cases by mesh size")
     per_rank = spawn(_rank_cases, sizes.pop(), cases, steps, lr, eps, timeout_s=timeout_s)
-    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.compression.spec)
+    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.compression.spec, spec.autocast)
             for i, (_, _, spec) in enumerate(cases)]
 
 
-def _report(world_size: int, results: list[dict], compression: str = "") -> RehearsalReport:
-    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.autocast)
-            for i, (_, _, spec) in enumerate(cases)]
-
-
-def _report(world_size: int, results: list[dict], recipe: str | None = None) -> RehearsalReport:
+def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
