@@ -24,9 +24,10 @@ gradient synchronization"), and overlaps the rest of the schedule.
 
 Action vocabulary: torch.distributed.pipelining's `_Action(stage_index, computation_type,
 microbatch_index)` with computation types F (forward) and B (full backward). Because a model stage has two
-copies, the stage index in an action names a COPY: copy c = d * 2p + s is model stage s of pipeline d
-(0 down, 1 up); `copy_to_stage[c]` = s, `copy_to_rank[c]` = its device. Microbatch indices are global
-(0 .. m - 1), each run by exactly one pipeline.
+copies, the stage index in an action names a COPY: x = d * 2p + s is model stage s of pipeline d
+(0 down, 1 up); `bitpipe_placement(p)[x]` is its device. Microbatch indices are global
+(0 .. m - 1), each run by exactly one pipeline. The result is the simulator's `ActionSchedule`
+(planner/action_schedule.py): action stage x = c * 2p + k is copy c of model stage k.
 
 The order within each rank comes from a list-scheduling simulation with forward 1 and backward 2 time
 units per chunk (backward ~ 2x forward, as in Narayanan et al. SC'21): a rank that becomes free runs a ready
@@ -36,70 +37,19 @@ microbatch first); a pipeline injects a new microbatch (stage-0 forward) only wh
 memory as 1F1B's p in-flight microbatches do. This rule is ours (the reference implementation hard-codes
 per-rank orders); on the unit-time simulation its bubble is close to Chimera's (p - 2) / 2 full-stage
 slots halved by the 2-way interleave, i.e. 1.5 (p - 2) units: p=4: 3-7 units, p=8: 10-13, p=16: 30-40
-for m = p .. 4p (`makespan_units` - 6m). Every rank's order follows one feasible execution (each action
+for m = p .. 4p (`list_schedule`'s makespan - 6m). Every rank's order follows one feasible execution (each action
 starts after its dependencies ended), so executing each rank's list in order with non-blocking sends and
 blocking receives cannot deadlock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+from .action_schedule import ActionSchedule
 
 FORWARD = _ComputationType.FORWARD
 BACKWARD = _ComputationType.FULL_BACKWARD
 FORWARD_UNITS, BACKWARD_UNITS = 1, 2  # per chunk; backward ~ 2x forward (Narayanan et al. SC'21, Sec. 3.5)
-
-
-@dataclass(frozen=True)
-class BitPipeSchedule:
-    """The BitPipe schedule of p ranks and m microbatches (module docstring).
-
-    Attributes:
-        pp: pipeline ranks p (even, >= 2).
-        microbatches: m (even); microbatches 0 .. m/2 - 1 run down, m/2 .. m - 1 up.
-        num_stages: model stages S = 2p (each 1 / (2p) of the blocks).
-        copy_to_stage: model stage of each copy c (len 4p): c % 2p.
-        copy_to_rank: pipeline rank holding copy c (V placement, mirrored for the up pipeline).
-        actions: per rank, its compute actions in execution order (`_Action(copy, F|B, microbatch)`).
-        makespan_units: step length of the unit-time simulation (F = 1, B = 2 per chunk).
-    """
-
-    pp: int
-    microbatches: int
-    num_stages: int
-    copy_to_stage: tuple[int, ...]
-    copy_to_rank: tuple[int, ...]
-    actions: tuple[tuple[_Action, ...], ...]
-    makespan_units: int
-
-    def direction(self, copy: int) -> int:
-        """0 for a copy in the down pipeline, 1 for the up pipeline."""
-        return copy // self.num_stages
-
-    def copy_of(self, direction: int, stage: int) -> int:
-        """The copy index of model stage `stage` in pipeline `direction`."""
-        return direction * self.num_stages + stage
-
-    def copies_on(self, rank: int) -> tuple[int, ...]:
-        """The copies rank `rank` holds, ascending (4 of them)."""
-        return tuple(c for c, r in enumerate(self.copy_to_rank) if r == rank)
-
-    def twin(self, copy: int) -> int:
-        """The other copy of the same model stage (its gradient partner)."""
-        return (copy + self.num_stages) % (2 * self.num_stages)
-
-    def microbatches_of(self, copy: int) -> range:
-        """The global microbatch indices the pipeline of `copy` runs."""
-        half = self.microbatches // 2
-        return range(0, half) if self.direction(copy) == 0 else range(half, self.microbatches)
-
-    @property
-    def unit_bubble_fraction(self) -> float:
-        """Idle share of a rank in the unit-time simulation: 1 - busy / makespan, busy = m * 2 chunks * (F + B)
-        per rank (each rank runs 2 chunks of each microbatch: one per stage it holds in that pipeline)."""
-        busy = self.microbatches * 2 * (FORWARD_UNITS + BACKWARD_UNITS)
-        return 1.0 - busy / self.makespan_units
 
 
 def bitpipe_placement(p: int) -> tuple[int, ...]:
@@ -113,8 +63,9 @@ def bitpipe_placement(p: int) -> tuple[int, ...]:
     return tuple(down + [p - 1 - r for r in down])
 
 
-def bitpipe_actions(p: int, m: int, *, max_inflight: int | None = None) -> BitPipeSchedule:
-    """The BitPipe action lists of p ranks and m microbatches (module docstring).
+def bitpipe_actions(p: int, m: int, *, max_inflight: int | None = None) -> ActionSchedule:
+    """The BitPipe action lists of p ranks and m microbatches (module docstring): an `ActionSchedule` named
+    "bitpipe" with S = 2p model stages, `copies=2`, stage_to_rank from `bitpipe_placement`.
 
     Args:
         p: pipeline ranks (even, >= 2); m: microbatches per step (even, >= 2).
@@ -123,6 +74,14 @@ def bitpipe_actions(p: int, m: int, *, max_inflight: int | None = None) -> BitPi
     Raises:
         ValueError: p odd or < 2, m odd or < 2, max_inflight < 1.
     """
+    orders, _ = list_schedule(p, m, max_inflight=max_inflight)
+    return ActionSchedule("bitpipe", {r: tuple(o) for r, o in enumerate(orders)},
+                          dict(enumerate(bitpipe_placement(p))), 2 * p, m, copies=2)
+
+
+def list_schedule(p: int, m: int, *, max_inflight: int | None = None) -> tuple[list[list[_Action]], int]:
+    """(per-rank action lists, makespan in units) of the unit-time list schedule (F = 1, B = 2 per chunk;
+    module docstring). Raises ValueError as `bitpipe_actions`."""
     copy_to_rank = bitpipe_placement(p)
     if m < 2 or m % 2:
         raise ValueError(f"bitpipe needs an even number of microbatches >= 2 (half run down, half up), got "
@@ -161,8 +120,7 @@ def bitpipe_actions(p: int, m: int, *, max_inflight: int | None = None) -> BitPi
             if not later:  # cannot happen for valid arguments; kept to turn a logic error into an error
                 raise RuntimeError(f"bitpipe_actions(p={p}, m={m}): no action can run; {len(pending)} left")
             now = min(later)
-    return BitPipeSchedule(p, m, num_stages, tuple(c % num_stages for c in range(2 * num_stages)), copy_to_rank,
-                           tuple(tuple(o) for o in orders), max(free_at))
+    return orders, max(free_at)
 
 
 def _pick(rank: int, now: int, pending: set, done: dict, copy_to_rank: tuple[int, ...], num_stages: int,
