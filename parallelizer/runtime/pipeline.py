@@ -37,8 +37,20 @@ from .module import ParallelModule
 
 SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
-             "interleaved_zero_bubble": pipelining.ScheduleInterleavedZeroBubble}
-_MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble"}
+             "interleaved_zero_bubble": pipelining.ScheduleInterleavedZeroBubble,
+             "zbv": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
+_MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"}
+V_PLACED = {"zbv", "dualpipev", "bitpipe"}  # 2 stages per rank in a V (bitpipe: its down pipeline's copies)
+RUNNER_SCHEDULES = {"bitpipe"}  # run by our own runner (runtime.bitpipe), not a torch schedule
+
+
+def stage_pp_rank(schedule: str, stage: int, num_stages: int, pp: int) -> int:
+    """Pipeline rank of stage `stage`: looped (stage % pp) for torch's interleaved schedules, a V (stage, or
+    2 pp - 1 - stage past the turn) for zbv / dualpipev (torch's `generate_stage_to_rank_mapping(style="v")`)
+    and for bitpipe's down pipeline (`planner.bitpipe.bitpipe_placement`)."""
+    if schedule in V_PLACED and num_stages == 2 * pp and stage >= pp:
+        return 2 * pp - 1 - stage
+    return stage % pp
 
 
 @dataclass(frozen=True)
@@ -316,27 +328,32 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
 
     Args:
         spec: the intra-stage plan for the (dp, tp) mesh, made on the whole traced graph.
-        cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules).
-        schedule: a key of SCHEDULES.
+        cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules, 2 pp for zbv,
+            dualpipev and bitpipe).
+        schedule: a key of SCHEDULES, or "bitpipe" (`runtime.bitpipe.build_bitpipe`, our P2P runner).
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
     Raises ValueError for an unknown schedule or a stage count that does not fit pp.
     """
+    if schedule in RUNNER_SCHEDULES:
+        from .bitpipe import build_bitpipe  # runtime.bitpipe imports this module
+        return build_bitpipe(traced, spec, cut, model, pp=pp, microbatches=microbatches, loss_fn=loss_fn)
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES) + sorted(RUNNER_SCHEDULES)}")
     per_rank, rem = divmod(cut.num_stages, pp)
-    if rem or (per_rank > 1) != (schedule in _MULTI_STAGE):
+    if rem or (per_rank > 1) != (schedule in _MULTI_STAGE) or (schedule in V_PLACED and per_rank != 2):
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
-                         f"gpipe/1f1b, and a multiple (>= 2) of pp for interleaved schedules")
+                         f"gpipe/1f1b, a multiple (>= 2) of pp for interleaved schedules, 2 pp for zbv/dualpipev")
     width = spec.mesh.world_size
     rank = dist.get_rank()
     p, local = divmod(rank, width)
+    where = [stage_pp_rank(schedule, k, cut.num_stages, pp) for k in range(cut.num_stages)]
     pp_groups = [[q * width + i for q in range(pp)] for i in range(width)]
-    shared_by_local = [_shared_params(traced, cut, pp, width, i) for i in range(width)]
+    shared_by_local = [_shared_params(traced, cut, where, width, i) for i in range(width)]
     create_groups(pp_groups + [g for sh in shared_by_local for g in sh.values() if len(g) > 1]
                   + _sub_mesh_groups(spec, pp, width))
     group = find_group(pp_groups[local])
     stages, pipe = [], []
-    for k in range(p, cut.num_stages, pp):
+    for k in (k for k in range(cut.num_stages) if where[k] == p):
         tg = stage_graph(traced, cut, k)
         k_spec = stage_spec(spec, traced, cut, k, p * width)
         module = StageModule(tg, k_spec, local, model)
@@ -350,8 +367,8 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
                                 loss_fn=loss, scale_grads=False,
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
-    return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
-                       p == (cut.num_stages - 1) % pp, loss)
+    return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
+                       p == where[-1], loss)
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:
@@ -390,8 +407,9 @@ def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
     return out
 
 
-def _shared_params(traced: TracedGraph, cut: StageCut, pp: int, width: int, local: int) -> dict[str, list[int]]:
-    return {fqn: sorted({(k % pp) * width + local for k in stages})
+def _shared_params(traced: TracedGraph, cut: StageCut, where: list[int], width: int,
+                   local: int) -> dict[str, list[int]]:
+    return {fqn: sorted({where[k] * width + local for k in stages})
             for fqn, stages in _holders(traced, cut).items()}
 
 

@@ -35,7 +35,7 @@ from ..planner import Plan
 from ..rewriter.collectives import find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
-from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs
+from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
 
 
@@ -58,7 +58,7 @@ class PipelineModule(torch.nn.Module):
         local = rank % width
         self._pp_ranks = [q * width + local for q in range(pipe.pp)]
         # the rank of the last stage with this rank's (dp, tp) coordinates: its loss is sent to the pp group
-        self._loss_rank = ((len(pipe.stages) - 1) % pipe.pp) * width + local
+        self._loss_rank = stage_pp_rank(pipe.schedule, len(pipe.stages) - 1, len(pipe.stages), pipe.pp) * width + local
 
     @property
     def first(self) -> bool:

@@ -1,0 +1,62 @@
+"""Rank bodies for test_schedules_run: the user loop (`auto_parallelize` + `pm.step` + AdamW) on pipeline plans
+whose schedule is bitpipe, dualpipev or zbv, against the single-device model (importable by name in ranks)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+
+import torch
+import torch.distributed as dist
+
+import parallelizer
+from parallelizer import zoo
+from step_workers import _diff, lm_loss, padded_labels
+
+GPT2_8 = dict(n_layer=8, n_embd=32, n_head=4, vocab_size=128, batch=8, seq_len=16)  # 2 pp stages per rank
+
+
+def base_plan_json(pp: int, microbatches: int) -> str:
+    """An interleaved_1f1b plan (2 stages per pp rank, 1 block each) of the 8-block GPT-2 on one microbatch."""
+    traced = parallelizer.trace(*zoo.gpt2(**{**GPT2_8, "batch": GPT2_8["batch"] // microbatches}))
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return parallelizer.plan(traced, {"pp": pp}, schedule="interleaved_1f1b", microbatches=microbatches).to_json()
+
+
+def train_schedules(rank: int, world_size: int, plan_json: str, schedules: list[str], steps: int = 3) -> dict:
+    """For each schedule: the base plan with that schedule, trained `steps` AdamW steps by the user loop and
+    by the single-device model; the largest differences of loss (every step), gradients (every step) and
+    parameters after the last step, and what each rank held."""
+    report = {}
+    base = parallelizer.Plan.from_json(plan_json)
+    for name in schedules:
+        plan = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule=name))
+        torch.manual_seed(0)
+        model, (ids,) = zoo.gpt2(**GPT2_8)
+        reference = copy.deepcopy(model)
+        labels = padded_labels(ids)
+        pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
+        opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+        worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
+        for _ in range(steps):
+            loss = pm.step(ids, target=labels, loss_fn=lm_loss)
+            ref_loss = lm_loss(reference(ids), labels)
+            ref_loss.backward()
+            worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+            worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+        worst["params"] = _diff(pm, reference, grads=False)
+        worst["blocks"] = sorted(b for s in pm.stages for b in _blocks(s))
+        worst["first_last"] = (pm.first, pm.last)
+        report[name] = worst
+        dist.barrier()
+    return report
+
+
+def _blocks(stage) -> set[str]:
+    return {fqn.split(".")[2] for fqn in stage.traced.parameters if fqn.startswith("transformer.h.")}
