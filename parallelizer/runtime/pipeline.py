@@ -178,8 +178,10 @@ class StageModule(ParallelModule):
 
     def forward(self, *received):
         out = self.program.graph_module(*self._state(), *received)
-        # A value only passed through is returned as a view, so autograd links the stage's output to its input.
-        return tuple(t.view_as(t) if any(t is r for r in received) else t for t in out)
+        # A value only passed through is returned as a copy, so autograd links the stage's output to its input
+        # (a view would do, but torch's split backward (zbv, dualpipev) detaches stage outputs in place, which
+        # a view refuses).
+        return tuple(t.clone() if any(t is r for r in received) else t for t in out)
 
 
 class MicrobatchLoss:
