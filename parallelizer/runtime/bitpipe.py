@@ -42,12 +42,11 @@ import torch.distributed as dist
 from ..errors import PipelineError
 from ..planner.action_schedule import ActionSchedule
 from ..planner.bitpipe import bitpipe_actions
-from ..rewriter.collectives import find_group
 from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
 from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
-                       _sub_mesh_groups, stage_graph, stage_spec)
+                       _sub_mesh_groups, stage_graph, stage_spec, sum_over_copies)
 
 _F, _B = "F", "B"
 
@@ -141,7 +140,7 @@ class BitPipeRunner:
                     exchanges.append(self._start_exchange(x))
         for exchange in exchanges:
             self._finish_exchange(*exchange)
-        self._sync_shared()
+        sum_over_copies(self.shared, [self.modules[x] for x in sorted(self.modules)])  # tied parameters
         self._share_losses(losses, sends)
         for work, what in sends:
             _wait(work, self.timeout, what)
@@ -205,18 +204,6 @@ class BitPipeRunner:
         for p in params:
             p.grad = total[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
-
-    def _sync_shared(self) -> None:
-        """Sum the gradients of parameters used by several model stages over every copy (all ranks alike)."""
-        for fqn, ranks in sorted(self.shared.items()):
-            copies = [mod.get_parameter(fqn) for _, mod in sorted(self.modules.items()) if fqn in mod.traced.parameters]
-            if not copies:
-                continue
-            total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)
-            if len(ranks) > 1:
-                dist.all_reduce(total, group=find_group(ranks))
-            for c in copies:
-                c.grad = total.clone()
 
     def _share_losses(self, losses: dict, sends: list) -> None:
         """Give every rank holding a last stage all m microbatch losses: `loss.recorded` in microbatch order."""

@@ -3,7 +3,8 @@ program on its (dp, tp) sub-mesh, and run the stages with torch.distributed.pipe
 
 Mesh: (pp, dp, tp), pp outermost, so stage group p holds global ranks p*dp*tp ... (p+1)*dp*tp - 1 and a
 rank's pipeline peers share its (dp, tp) coordinates. Stage k runs on stage group k % pp (looped
-placement, which torch's interleaved schedules expect). Every stage uses the SAME intra-stage plan (a
+placement, which torch's interleaved schedules expect), or in a V for zbv / dualpipev (`stage_pp_rank`);
+bitpipe runs two copies of every stage through our own runner (`runtime.bitpipe`). Every stage uses the SAME intra-stage plan (a
 ShardingSpec for the (dp, tp) mesh made on the whole graph), so a value crossing a stage boundary leaves
 in its producer's layout and arrives in that layout: each rank sends its local shard to the rank with
 the same (dp, tp) coordinates in the next stage group, and nothing is redistributed at the boundary.
@@ -422,8 +423,14 @@ def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]
 def sync_shared_grads(run: PipelineRun) -> None:
     """Sum the gradients of parameters held by several stages over all their copies (after backward,
     before the optimizer step); every copy then holds the full gradient and stays equal to the others."""
-    for fqn, ranks in sorted(run.shared.items()):
-        copies = [m.get_parameter(fqn) for m in run.stages if fqn in m.traced.parameters]
+    sum_over_copies(run.shared, run.stages)
+
+
+def sum_over_copies(shared: dict[str, list[int]], stages) -> None:
+    """For each FQN of `shared` (-> the global ranks holding a copy), in sorted order on every rank: sum the
+    gradients of this rank's copies among `stages`, all-reduce the sum over the ranks, give it to each copy."""
+    for fqn, ranks in sorted(shared.items()):
+        copies = [m.get_parameter(fqn) for m in stages if fqn in m.traced.parameters]
         if not copies:
             continue
         total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)

@@ -7,7 +7,8 @@ API of every plan (`runtime.step`).
     opt.step(); opt.zero_grad()
 
 Which rank holds what (mesh (pp, dp, tp), pp outermost): global rank r is pp rank p = r // (dp * tp) and holds
-stages p, p + pp, ... (one stage for 1F1B/GPipe, `virtual_stages` for interleaved schedules) of
+stages p, p + pp, ... (one stage for 1F1B/GPipe, `virtual_stages` for interleaved schedules; p and 2 pp - 1 - p
+for zbv / dualpipev; for bitpipe also the mirrored copies of stages pp - 1 - p and pp + p, `runtime.bitpipe`) of
 `Plan.pipeline.stages`; each stage is a `runtime.pipeline.StageModule` holding this rank's shards of the
 parameters its blocks use (`ParallelModule` on the stage's (dp, tp) sub-mesh). A parameter used by several
 stages (a tied embedding / lm_head) has a copy on each; their gradients are summed in `step`, so the copies

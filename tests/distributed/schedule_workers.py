@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import parallelizer
 from parallelizer import zoo
-from step_workers import _diff, lm_loss, padded_labels
+from step_workers import padded_labels, user_loop
 
 GPT2_8 = dict(n_layer=8, n_embd=32, n_head=4, vocab_size=128, batch=8, seq_len=16)  # 2 pp stages per rank
 
@@ -35,22 +35,8 @@ def train_schedules(rank: int, world_size: int, plan_json: str, schedules: list[
         torch.manual_seed(0)
         model, (ids,) = zoo.gpt2(**GPT2_8)
         reference = copy.deepcopy(model)
-        labels = padded_labels(ids)
         pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
-        opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
-        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-        worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
-        for _ in range(steps):
-            loss = pm.step(ids, target=labels, loss_fn=lm_loss)
-            ref_loss = lm_loss(reference(ids), labels)
-            ref_loss.backward()
-            worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
-            worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
-        worst["params"] = _diff(pm, reference, grads=False)
+        worst = user_loop(pm, reference, ids, padded_labels(ids), steps)
         worst["blocks"] = sorted(b for s in pm.stages for b in _blocks(s))
         worst["first_last"] = (pm.first, pm.last)
         report[name] = worst
