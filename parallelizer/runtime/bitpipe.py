@@ -46,7 +46,7 @@ from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
 from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
-                       _sub_mesh_groups, stage_graph, stage_spec, sum_over_copies)
+                       _sub_mesh_groups, stage_graph, stage_pp_rank, stage_spec, sum_over_copies)
 
 _F, _B = "F", "B"
 
@@ -256,6 +256,13 @@ def _take_grads(modules) -> list[tuple[torch.Tensor, torch.Tensor]]:
                 taken.append((p, p.grad))
                 p.grad = None
     return taken
+
+
+def stage_holders(schedule: str, stage: int, num_stages: int, pp: int) -> tuple[int, ...]:
+    """The pipeline ranks holding a copy of `stage`: one (`runtime.pipeline.stage_pp_rank`), or for bitpipe
+    its down copy's rank q and the up copy's rank pp - 1 - q (`planner.bitpipe.bitpipe_placement`)."""
+    q = stage_pp_rank(schedule, stage, num_stages, pp)
+    return (q, pp - 1 - q) if schedule == "bitpipe" else (q,)
 
 
 def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.nn.Module, *, pp: int,
