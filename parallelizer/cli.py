@@ -109,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                         "memory needs it; none, selective (the attention core) or full force it on every block")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"),
-                   help="restrict the search to this pipeline schedule (default: all three; zbv is not offered: the "
-                        "runtime cannot run it, parallelizer/planner/stages.py)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b", "zbv"),
+                   help="restrict the search to this pipeline schedule (default: all of them, "
+                        "parallelizer/planner/stages.py)")
     p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "
                    "or gradient-accumulation steps when pp=1; default: searched, pp with a fixed pp mesh and no "
                    "--global-batch); the plan's graph is ONE microbatch: global batch / microbatches")
