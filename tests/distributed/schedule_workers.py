@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import parallelizer
 from parallelizer import zoo
+from parallelizer.runtime.pipeline_module import build_pipeline_module
 from step_workers import padded_labels, user_loop
 
 GPT2_8 = dict(n_layer=8, n_embd=32, n_head=4, vocab_size=128, batch=8, seq_len=16)  # 2 pp stages per rank
@@ -25,17 +26,22 @@ def base_plan_json(pp: int, microbatches: int) -> str:
 
 
 def train_schedules(rank: int, world_size: int, plan_json: str, schedules: list[str], steps: int = 3) -> dict:
-    """For each schedule: the base plan with that schedule, trained `steps` AdamW steps by the user loop and
-    by the single-device model; the largest differences of loss (every step), gradients (every step) and
+    """For each schedule: the base plan with that schedule (the first through `auto_parallelize`, the others
+    built on its trace), trained `steps` AdamW steps by the user loop and by the single-device model; the largest differences of loss (every step), gradients (every step) and
     parameters after the last step, and what each rank held."""
-    report = {}
+    report, traced = {}, None
     base = parallelizer.Plan.from_json(plan_json)
     for name in schedules:
         plan = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule=name))
         torch.manual_seed(0)
         model, (ids,) = zoo.gpt2(**GPT2_8)
         reference = copy.deepcopy(model)
-        pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
+        if traced is None:  # the user's call; later schedules reuse its trace (the same model, seeded alike)
+            pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
+            traced = pm.traced
+        else:
+            pm = build_pipeline_module(traced, plan, model, rank)
+            pm.plan = plan
         worst = user_loop(pm, reference, ids, padded_labels(ids), steps)
         worst["blocks"] = sorted(b for s in pm.stages for b in _blocks(s))
         worst["first_last"] = (pm.first, pm.last)
