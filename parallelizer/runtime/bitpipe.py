@@ -49,6 +49,7 @@ from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _exam
                        _sub_mesh_groups, stage_graph, stage_pp_rank, stage_spec, sum_over_copies)
 
 _F, _B = "F", "B"
+_VALUES_PER_MESSAGE = 64  # most values one stage hands to the next (tags are per value)
 
 
 class BitPipeRunner:
@@ -77,11 +78,10 @@ class BitPipeRunner:
         for i, a in enumerate(self.actions):
             if a.computation_type.value == _B:
                 self._last_backward[a.stage_index] = i
-        copy_of = {}
-        for a in self.actions:
-            if a.computation_type.value == _F and a.stage_index % S == 0:
-                copy_of[a.microbatch_index] = a.stage_index // S
-        self._mine = sorted(copy_of)  # microbatches whose loss this rank computes (if it holds a last stage)
+        widest = max(len(ex) for ex in examples.values())
+        if widest > _VALUES_PER_MESSAGE:  # each value of a hand-off gets its own tag (`_tag`)
+            raise PipelineError(f"bitpipe: a stage boundary carries {widest} values, more than the runner's "
+                                f"{_VALUES_PER_MESSAGE}. Remedy: cut the stages elsewhere, or another schedule")
         self._peer_last = [r for x, r in sorted(schedule.stage_to_rank.items())
                            if x % S == S - 1 and r != pp_rank]
 
@@ -92,7 +92,7 @@ class BitPipeRunner:
         """A distinct tag per message of one step: kind (0 activation to stage x, 1 gradient to stage x, 2
         gradient exchange, 3 losses), stage copy x, microbatch j, value i."""
         n, m = self.schedule.num_stages * self.schedule.copies, self.schedule.num_microbatches
-        return ((kind * n + x) * m + j) * 64 + i
+        return ((kind * n + x) * m + j) * _VALUES_PER_MESSAGE + i
 
     def step(self, *inputs, target=None) -> None:
         """Run one step over all microbatches: inputs / target global (microbatches x traced batch in dim 0)
