@@ -122,8 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=ALL_SCHEDULE_NAMES,
-                   help="restrict the search to this pipeline schedule (default: gpipe, 1f1b, interleaved_1f1b; zbv, "
-                        "dualpipev and bitpipe are refused with the reason until the runtime runs them, "
+                   help="restrict the search to this pipeline schedule (default: all of them, "
                         "parallelizer/planner/stages.py)")
     p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "
                    "or gradient-accumulation steps when pp=1; default: searched, pp with a fixed pp mesh and no "

@@ -18,7 +18,11 @@ every op of the stage under the plan's strategies, each storage charged once WIT
 (`cost_model.memory.saved_tensor_owners` on the stage's own graph, `runtime.pipeline.stage_graph`: a value
 received from the previous stage is a new tensor on this rank, even if an earlier stage saved it too), and
 inflight from `planner.schedules.inflight_microbatches` (GPipe: all microbatches; 1F1B: pp - r; Narayanan
-et al. SC'21 Sec. 2.2). Not counted: the stage outputs and receive buffers torch's pipelining keeps per
+et al. SC'21 Sec. 2.2). Where a rank holds its stages: `runtime.pipeline.stage_pp_rank` (looped, or a V for
+zbv / dualpipev). BitPipe holds every stage twice (rank q and its mirror pp - 1 - q,
+`runtime.bitpipe.stage_holders`), so its parameters, gradients and optimizer state count on both ranks, and
+its activations are the peak over its action list (`planner.bitpipe`: a stage's forward adds A_k until its
+backward) instead of an in-flight count. Not counted: the stage outputs and receive buffers torch's pipelining keeps per
 microbatch, and transient buffers of sends and collectives.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .config import PlanConfig
 from .core.layout import Layout
 from .errors import PipelineError
 from .planner.api import resolve_cluster
+from .planner.bitpipe import bitpipe_actions
 from .planner.costs import Pricer
 from .planner.plan import Plan
 from .planner.schedules import inflight_microbatches
@@ -56,7 +61,8 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
     if plan.pipeline is None:
         mem = {k: int(plan.cost.memory_bytes.get(k, 0)) for k in MEMORY_CATEGORIES}
         return [dict(mem, total=sum(mem.values()))]
-    from .runtime.pipeline import cut_stages, stage_graph  # runtime builds the stages the ranks run
+    from .runtime.pipeline import cut_stages, stage_graph, stage_pp_rank  # the runtime builds the ranks' stages
+    from .runtime.bitpipe import stage_holders as holders
 
     pipe = plan.pipeline
     cut = cut_stages(traced, len(pipe.stages), pipe.blocks_per_stage)
@@ -73,16 +79,20 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
     live = backward_nodes(traced.graph_module, trainable)
     ranks = [dict.fromkeys(MEMORY_CATEGORIES, 0) for _ in range(pipe.pp)]
     acts = [0] * pipe.pp
+    stage_act = []
+    S = len(pipe.stages)
     for st in pipe.stages:
         tg = stage_graph(traced, cut, st.stage)
-        mem, act = ranks[st.pp_rank], 0
-        for fqn, p in tg.parameters.items():
-            if p.is_buffer:
-                mem["buffers"] += p.nbytes
-                continue
-            parts = pricer.param_state_bytes(math.prod(plan.params[fqn].local_shape), p.requires_grad)
-            for key, b in zip(("params", "grads", "optimizer"), parts):
-                mem[key] += b
+        act = 0
+        for q in holders(pipe.schedule, st.stage, S, pipe.pp):
+            mem = ranks[q]
+            for fqn, p in tg.parameters.items():
+                if p.is_buffer:
+                    mem["buffers"] += p.nbytes
+                    continue
+                parts = pricer.param_state_bytes(math.prod(plan.params[fqn].local_shape), p.requires_grad)
+                for key, b in zip(("params", "grads", "optimizer"), parts):
+                    mem[key] += b
         for name, info in tg.nodes.items():
             if info.node.op != "call_function" or name not in plan.nodes:  # received values are placeholders
                 continue
@@ -90,9 +100,26 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
             strategy = Strategy(tuple(Layout.parse(x) for x in node.inputs), Layout.parse(node.output))
             space = NodeSpace(name, "op", tensor_inputs(traced, traced.nodes[name]), [strategy], name in live)
             act += pricer.node_cost(tg, info, space, strategy).saved_bytes
-        acts[st.pp_rank] += act
+        acts[stage_pp_rank(pipe.schedule, st.stage, S, pipe.pp)] += act
+        stage_act.append(act)
+    peaks = _bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act) if pipe.schedule == "bitpipe" else None
     for r, mem in enumerate(ranks):
-        mem["activations"] = int(round(inflight_microbatches(pipe.schedule, pipe.pp, pipe.microbatches, r)
-                                       * acts[r]))
+        mem["activations"] = int(round(peaks[r] if peaks is not None else
+                                       inflight_microbatches(pipe.schedule, pipe.pp, pipe.microbatches, r) * acts[r]))
         mem["total"] = sum(mem[k] for k in MEMORY_CATEGORIES)
     return ranks
+
+
+def _bitpipe_peaks(pp: int, microbatches: int, stage_act: list[int]) -> list[int]:
+    """Peak saved-activation bytes per rank of BitPipe, replayed from its action lists: a forward of model
+    stage k adds A_k until its backward (`planner.bitpipe.bitpipe_actions`, run in list order)."""
+    schedule = bitpipe_actions(pp, microbatches)
+    peaks = []
+    for r in range(pp):
+        now = peak = 0
+        for a in schedule.actions[r]:
+            k = schedule.model_stage(a.stage_index)
+            now += stage_act[k] if a.computation_type.value == "F" else -stage_act[k]
+            peak = max(peak, now)
+        peaks.append(peak)
+    return peaks

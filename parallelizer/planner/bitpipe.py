@@ -18,7 +18,10 @@ model's weights: twice a 1F1B stage, as in Chimera (Li & Hoefler SC'21, Table 1:
 memory per device; the BitPipe reference code builds 4 model chunks per rank). Device r holds model stages {r, 2p - 1 - r} (down) and
 {p - 1 - r, p + r} (up); device p - 1 - r holds the same four model stages with the pipelines swapped, so
 the gradient all-reduce of every stage is between the pair (r, p - 1 - r). The down pipeline runs the
-first half of the microbatches, the up pipeline the second half (m must be even). The gradient exchange of
+first half of the microbatches, the up pipeline the second half (m must be even), as the reference's figure
+(docs/BitPipe_images/BitPipe-v.svg: 4 devices, stages s1..s8, microbatches 1-2 down and 3-4 up, "local
+copying" at the tip of both V-shaped pipelines) draws it. The paper's bubble formula could not be read here
+(only the abstract of arXiv 2410.19367 was reachable): the bubble figures below are this module's own. The gradient exchange of
 a stage copy starts eagerly, as soon as its last backward of the step is done (the paper's "eager
 gradient synchronization"), and overlaps the rest of the schedule.
 

@@ -7,16 +7,16 @@ out). The intra-stage ILP plans the mesh WITHOUT pp (`Plan.mesh`, e.g. (dp=2)) o
 share one), and `Plan.pipeline` records the rest. Stage k holds `blocks_per_stage[k]` consecutive
 members of the first repeated-block group (the cuts the search chose, possibly uneven; ops before the first
 block go to stage 0, after the last to the last stage: `runtime.pipeline.cut_stages`) and runs on pipeline
-rank k % pp, i.e. on global ranks (k % pp) * W ... (k % pp + 1) * W - 1 with W = the intra-stage mesh size
-(looped placement, as torch's interleaved schedules expect). The traced graph is of ONE microbatch: global
+rank q = k % pp, i.e. on global ranks q * W ... (q + 1) * W - 1 with W = the intra-stage mesh size
+(looped placement, as torch's interleaved schedules expect; zbv places stages in a V). The traced graph is of ONE microbatch: global
 batch = microbatches x the traced batch.
 
-Schedules on the user's path (`SCHEDULE_NAMES`) are those `runtime.pipeline` runs: gpipe, 1f1b,
-interleaved_1f1b. The search (`planner.search`, priced by `planner.simulate`) also prices "zbv" (ZB-V,
-torch's ScheduleZBVZeroBubble) and "dualpipev" (torch's ScheduleDualPipeV), both placing stages in a V
-(stage k and 2pp-1-k on one rank) while the runtime places them looped, and "bitpipe" once its action list
-exists: a plan naming one could not run yet, so `parallelizer.plan` refuses them with the reason
-(`UNRUNNABLE_SCHEDULES`, `PipelineError`). All names: `ALL_SCHEDULE_NAMES` (the CLI's `--schedule`).
+Schedules on the user's path (`SCHEDULE_NAMES`) are those `runtime.pipeline` runs and the search
+(`planner.search`, priced by `planner.simulate`) prices: gpipe, 1f1b, interleaved_1f1b (looped: stage k
+on pp rank k % pp), zbv (torch's ScheduleZBVZeroBubble) and dualpipev (torch's ScheduleDualPipeV), both
+with stages in a V (stage k and 2pp-1-k on one rank, `planner.schedules.rank_of_stage`, which the
+runtime follows), and bitpipe (`runtime.bitpipe`; a stage's `pp_rank` is its down copy's V rank, the up
+copy runs on pp - 1 - that). A stage's `pp_rank` is that placement.
 
 `PipelineEstimate` holds what the search (`planner.search.plan_pipeline`) priced for the chosen candidate:
 step time = pipeline (m microbatches plus the bubble on the bottleneck rank) + dp gradient all-reduce + tied
@@ -35,14 +35,11 @@ from dataclasses import dataclass, field
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from .boundary import BoundaryCompression, sig10 as _sig10
+from .schedules import rank_of_stage
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b")  # what runtime.pipeline runs (module docstring)
-UNRUNNABLE_SCHEDULES = {"zbv": "the runtime places stages looped (stage k on pp rank k % pp) and has no ZB-V "
-                               "schedule, while zbv needs V placement (torch's ScheduleZBVZeroBubble)",
-                        "dualpipev": "the runtime has no DualPipeV yet (V placement, torch's ScheduleDualPipeV; "
-                                     "issue 14, runtime side); the search prices it (planner.simulate)",
-                        "bitpipe": "the runtime has no BitPipe yet (issue 14, runtime side)"}
-ALL_SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")  # as the CLI spells them
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")  # what runtime.pipeline runs
+UNRUNNABLE_SCHEDULES: dict[str, str] = {}  # schedule -> why the runtime cannot run it (none at present)
+ALL_SCHEDULE_NAMES = SCHEDULE_NAMES  # as the CLI spells them
 PP_AXIS = "pp"
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "total")
 
@@ -228,7 +225,7 @@ def pipeline_section(mesh: MeshSpec, width: int, group_members: tuple[str, ...],
         nodes.setdefault(k, []).append(name)
     stages, start = [], 0
     for k, count in enumerate(blocks_per_stage):
-        p = k % pp
+        p = rank_of_stage(schedule, k, pp)
         stages.append(StagePlan(k, p, tuple(group_members[start:start + count]), nodes[k][0], nodes[k][-1],
                                 (p * width, (p + 1) * width - 1), layouts[k] if layouts else 0))
         start += count

@@ -3,7 +3,8 @@ program on its (dp, tp) sub-mesh, and run the stages with torch.distributed.pipe
 
 Mesh: (pp, dp, tp), pp outermost, so stage group p holds global ranks p*dp*tp ... (p+1)*dp*tp - 1 and a
 rank's pipeline peers share its (dp, tp) coordinates. Stage k runs on stage group k % pp (looped
-placement, which torch's interleaved schedules expect). Every stage uses the SAME intra-stage plan (a
+placement, which torch's interleaved schedules expect), or in a V for zbv / dualpipev (`stage_pp_rank`);
+bitpipe runs two copies of every stage through our own runner (`runtime.bitpipe`). Every stage uses the SAME intra-stage plan (a
 ShardingSpec for the (dp, tp) mesh made on the whole graph), so a value crossing a stage boundary leaves
 in its producer's layout and arrives in that layout: each rank sends its local shard to the rank with
 the same (dp, tp) coordinates in the next stage group, and nothing is redistributed at the boundary.
@@ -39,8 +40,20 @@ from .module import ParallelModule
 
 SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
-             "interleaved_zero_bubble": pipelining.ScheduleInterleavedZeroBubble}
-_MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble"}
+             "interleaved_zero_bubble": pipelining.ScheduleInterleavedZeroBubble,
+             "zbv": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
+_MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"}
+V_PLACED = {"zbv", "dualpipev", "bitpipe"}  # 2 stages per rank in a V (bitpipe: its down pipeline's copies)
+RUNNER_SCHEDULES = {"bitpipe"}  # run by our own runner (runtime.bitpipe), not a torch schedule
+
+
+def stage_pp_rank(schedule: str, stage: int, num_stages: int, pp: int) -> int:
+    """Pipeline rank of stage `stage`: looped (stage % pp) for torch's interleaved schedules, a V (stage, or
+    2 pp - 1 - stage past the turn) for zbv / dualpipev (torch's `generate_stage_to_rank_mapping(style="v")`)
+    and for bitpipe's down pipeline (`planner.bitpipe.bitpipe_placement`)."""
+    if schedule in V_PLACED and num_stages == 2 * pp and stage >= pp:
+        return 2 * pp - 1 - stage
+    return stage % pp
 
 
 @dataclass(frozen=True)
@@ -183,11 +196,13 @@ class StageModule(ParallelModule):
             codec = self.out_codecs[j] if j < len(self.out_codecs) else None
             i = next((i for i, r in enumerate(received) if t is r), None)
             if i is not None and codec is not None and i < len(self.in_codecs) and self.in_codecs[i] == codec:
-                sent.append(wire[i].view_as(wire[i]))
+                sent.append(wire[i].clone())  # passed through still encoded (a copy: see below)
             elif codec is not None:
                 sent.append(codec.encode(t))
-            else:  # a value only passed through is returned as a view: autograd links the output to the input
-                sent.append(t.view_as(t) if i is not None else t)
+            else:  # a value only passed through is returned as a copy, so autograd links the stage's output to
+                # its input (a view would do, but torch's split backward (zbv, dualpipev) detaches stage outputs
+                # in place, which a view refuses)
+                sent.append(t.clone() if i is not None else t)
         return tuple(sent)
 
 
@@ -338,8 +353,9 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
 
     Args:
         spec: the intra-stage plan for the (dp, tp) mesh, made on the whole traced graph.
-        cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules).
-        schedule: a key of SCHEDULES.
+        cut: from `cut_stages`; `cut.num_stages` = pp (or pp * v for interleaved schedules, 2 pp for zbv,
+            dualpipev and bitpipe).
+        schedule: a key of SCHEDULES, or "bitpipe" (`runtime.bitpipe.build_bitpipe`, our P2P runner).
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
         boundary: per stage boundary k (stage k -> k + 1) its codec kind ("int8", "lowrank") or None; () or
             a shorter tuple: the rest uncompressed (`boundary_codecs`). boundary_rank: the lowrank rank.
@@ -350,24 +366,31 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         raise PipelineError(f"pipeline plans do not run under the mixed-precision recipe {spec.autocast!r} yet (the "
                             "stages' send/receive buffers are allocated in the traced dtypes). Remedy: plan with "
                             "precision='fp32' (--precision fp32), or without 'pp'")
+    if schedule in RUNNER_SCHEDULES:
+        if any(boundary):
+            raise PipelineError(f"pipeline-boundary compression {boundary} is not implemented for {schedule!r} (our own "
+                                "P2P runner). Remedy: plan with boundary_compression='none' or another schedule")
+        from .bitpipe import build_bitpipe  # runtime.bitpipe imports this module
+        return build_bitpipe(traced, spec, cut, model, pp=pp, microbatches=microbatches, loss_fn=loss_fn)
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES)}")
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(SCHEDULES) + sorted(RUNNER_SCHEDULES)}")
     if any(kind not in (None, *KINDS) for kind in boundary):
         raise ValueError(f"boundary={boundary}: each entry must be None or one of {KINDS}")
     per_rank, rem = divmod(cut.num_stages, pp)
-    if rem or (per_rank > 1) != (schedule in _MULTI_STAGE):
+    if rem or (per_rank > 1) != (schedule in _MULTI_STAGE) or (schedule in V_PLACED and per_rank != 2):
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
-                         f"gpipe/1f1b, and a multiple (>= 2) of pp for interleaved schedules")
+                         f"gpipe/1f1b, a multiple (>= 2) of pp for interleaved schedules, 2 pp for zbv/dualpipev")
     width = spec.mesh.world_size
     rank = dist.get_rank()
     p, local = divmod(rank, width)
+    where = [stage_pp_rank(schedule, k, cut.num_stages, pp) for k in range(cut.num_stages)]
     pp_groups = [[q * width + i for q in range(pp)] for i in range(width)]
-    shared_by_local = [_shared_params(traced, cut, pp, width, i) for i in range(width)]
+    shared_by_local = [_shared_params(traced, cut, where, width, i) for i in range(width)]
     create_groups(pp_groups + [g for sh in shared_by_local for g in sh.values() if len(g) > 1]
                   + _sub_mesh_groups(spec, pp, width))
     group = find_group(pp_groups[local])
     stages, pipe = [], []
-    for k in range(p, cut.num_stages, pp):
+    for k in (k for k in range(cut.num_stages) if where[k] == p):
         tg = stage_graph(traced, cut, k)
         k_spec = stage_spec(spec, traced, cut, k, p * width)
         module = StageModule(tg, k_spec, local, model)
@@ -384,8 +407,8 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
                                 loss_fn=loss, scale_grads=False,
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
-    return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == 0,
-                       p == (cut.num_stages - 1) % pp, loss)
+    return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
+                       p == where[-1], loss)
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:
@@ -452,8 +475,9 @@ def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
     return out
 
 
-def _shared_params(traced: TracedGraph, cut: StageCut, pp: int, width: int, local: int) -> dict[str, list[int]]:
-    return {fqn: sorted({(k % pp) * width + local for k in stages})
+def _shared_params(traced: TracedGraph, cut: StageCut, where: list[int], width: int,
+                   local: int) -> dict[str, list[int]]:
+    return {fqn: sorted({where[k] * width + local for k in stages})
             for fqn, stages in _holders(traced, cut).items()}
 
 
@@ -465,8 +489,14 @@ def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]
 def sync_shared_grads(run: PipelineRun) -> None:
     """Sum the gradients of parameters held by several stages over all their copies (after backward,
     before the optimizer step); every copy then holds the full gradient and stays equal to the others."""
-    for fqn, ranks in sorted(run.shared.items()):
-        copies = [m.get_parameter(fqn) for m in run.stages if fqn in m.traced.parameters]
+    sum_over_copies(run.shared, run.stages)
+
+
+def sum_over_copies(shared: dict[str, list[int]], stages) -> None:
+    """For each FQN of `shared` (-> the global ranks holding a copy), in sorted order on every rank: sum the
+    gradients of this rank's copies among `stages`, all-reduce the sum over the ranks, give it to each copy."""
+    for fqn, ranks in sorted(shared.items()):
+        copies = [m.get_parameter(fqn) for m in stages if fqn in m.traced.parameters]
         if not copies:
             continue
         total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)

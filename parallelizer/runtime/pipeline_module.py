@@ -7,7 +7,8 @@ API of every plan (`runtime.step`).
     opt.step(); opt.zero_grad()
 
 Which rank holds what (mesh (pp, dp, tp), pp outermost): global rank r is pp rank p = r // (dp * tp) and holds
-stages p, p + pp, ... (one stage for 1F1B/GPipe, `virtual_stages` for interleaved schedules) of
+stages p, p + pp, ... (one stage for 1F1B/GPipe, `virtual_stages` for interleaved schedules; p and 2 pp - 1 - p
+for zbv / dualpipev; for bitpipe also the mirrored copies of stages pp - 1 - p and pp + p, `runtime.bitpipe`) of
 `Plan.pipeline.stages`; each stage is a `runtime.pipeline.StageModule` holding this rank's shards of the
 parameters its blocks use (`ParallelModule` on the stage's (dp, tp) sub-mesh). A parameter used by several
 stages (a tied embedding / lm_head) has a copy on each; their gradients are summed in `step`, so the copies
@@ -36,7 +37,7 @@ from ..planner.boundary import build_options
 from ..rewriter.collectives import find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
-from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs
+from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
 
 
@@ -59,7 +60,7 @@ class PipelineModule(torch.nn.Module):
         local = rank % width
         self._pp_ranks = [q * width + local for q in range(pipe.pp)]
         # the rank of the last stage with this rank's (dp, tp) coordinates: its loss is sent to the pp group
-        self._loss_rank = ((len(pipe.stages) - 1) % pipe.pp) * width + local
+        self._loss_rank = stage_pp_rank(pipe.schedule, len(pipe.stages) - 1, len(pipe.stages), pipe.pp) * width + local
 
     @property
     def first(self) -> bool:

@@ -53,20 +53,7 @@ def train(rank: int, world_size: int, cases: dict, steps: int = 3, gpt2: dict = 
         labels = padded_labels(ids)
         with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
             pm = parallelizer.auto_parallelize(model, (ids,), mesh=mesh, **options)
-        opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
-        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-        worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
-        for _ in range(steps):
-            loss = pm.step(ids, target=labels, loss_fn=lm_loss)  # the user loop: identical for every plan
-            ref_loss = lm_loss(reference(ids), labels)
-            ref_loss.backward()
-            worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
-            worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
-        worst["params"] = _diff(pm, reference, grads=False)
+        worst = user_loop(pm, reference, ids, labels, steps)
         worst["kind"] = type(pm).__name__
         worst["collectives"] = sorted({kind for s in _stages(pm) for kind, n in s.program.collectives.items() if n})
         if pm.plan.pipeline is not None:
@@ -78,6 +65,26 @@ def train(rank: int, world_size: int, cases: dict, steps: int = 3, gpt2: dict = 
         report[name] = worst
         dist.barrier()
     return report
+
+
+def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
+    """`steps` AdamW steps of the user loop (`pm.step`, identical for every plan) and of the single-device
+    `reference`: the largest differences of loss and gradients (every step) and of the parameters after."""
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
+    for _ in range(steps):
+        loss = pm.step(ids, target=labels, loss_fn=lm_loss)
+        ref_loss = lm_loss(reference(ids), labels)
+        ref_loss.backward()
+        worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+        worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    worst["params"] = _diff(pm, reference, grads=False)
+    return worst
 
 
 def _stages(pm) -> list:

@@ -58,3 +58,19 @@ def test_unit_time_bubble_below_interleaved_1f1b():
 def test_bad_arguments_raise(p, m):
     with pytest.raises(ValueError, match="bitpipe needs"):
         bitpipe_actions(p, m)
+
+
+def test_runtime_refuses_a_plan_bitpipe_cannot_run():
+    # typed errors before any communication: BitPipe runs 2 pp model stages on an even pp (odd microbatch
+    # counts: test_bad_arguments_raise)
+    from parallelizer import trace, zoo
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.bitpipe import build_bitpipe
+    from parallelizer.runtime.pipeline import cut_stages
+
+    model, args = zoo.gpt2(n_layer=2, n_embd=16, n_head=2, vocab_size=32, batch=1, seq_len=4)
+    traced = trace(model, *args)
+    with pytest.raises(PipelineError, match="runs 2 \\* pp = 4 model stages.*the plan has 2"):
+        build_bitpipe(traced, None, cut_stages(traced, 2), model, pp=2, microbatches=4, loss_fn=None)
+    with pytest.raises(PipelineError, match="bitpipe: bitpipe needs an even number of pipeline ranks"):
+        build_bitpipe(traced, None, cut_stages(traced, 2), model, pp=1, microbatches=3, loss_fn=None)

@@ -82,16 +82,15 @@ def test_pipeline_plan_json_round_trip_is_byte_identical(traced, tight):
         assert part in shown, part
 
 
-def test_schedule_restriction_and_unrunnable_schedules(traced):
+def test_schedule_restriction_and_zbv_placed_in_a_v(traced):
     gpipe = _plan(traced, cluster=CLUSTER, global_batch=8, memory_budget_bytes=TIGHT, precision="fp32",
                   schedule="gpipe")
     assert gpipe.pipeline.schedule == "gpipe"
     inter = _plan(traced, {"pp": 2}, schedule="interleaved_1f1b", microbatches=2, precision="fp32")
     assert inter.pipeline.virtual_stages == 2 and [s.pp_rank for s in inter.pipeline.stages] == [0, 1, 0, 1]
-    with pytest.raises(PipelineError, match="zbv.*runtime places stages looped"):
-        _plan(traced, cluster=CLUSTER, global_batch=8, schedule="zbv")
-    with pytest.raises(PipelineError, match="dualpipev.*no DualPipeV yet"):
-        _plan(traced, cluster=CLUSTER, global_batch=8, schedule="dualpipev")
+    zbv = _plan(traced, {"pp": 2}, schedule="zbv", microbatches=4, precision="fp32")  # runs since issue 14
+    assert zbv.pipeline.virtual_stages == 2 and [s.pp_rank for s in zbv.pipeline.stages] == [0, 1, 1, 0]
+    assert [s.ranks for s in zbv.pipeline.stages] == [(0, 0), (1, 1), (1, 1), (0, 0)]
     with pytest.raises(PipelineError, match="virtual_stages=2 with schedule"):
         _plan(traced, {"pp": 2}, schedule="1f1b", virtual_stages=2)
     with pytest.raises(PipelineError, match="axes pp, dp, tp"):

@@ -2,6 +2,7 @@
 (stage parameters x bytes per parameter; in-flight microbatches per schedule)."""
 
 import contextlib
+import dataclasses
 import io
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 import parallelizer
 from parallelizer import zoo
 from parallelizer.pipeline_memory import pipeline_rank_memory
+from parallelizer.planner.schedules import inflight_microbatches
 
 E, V, P, M = 32, 128, 64, 4
 
@@ -60,3 +62,22 @@ def test_plan_without_pipeline_is_its_cost(gpt2):
     (mem,) = pipeline_rank_memory(plan, traced)
     assert {k: mem[k] for k in ("params", "activations")} == \
         {k: plan.cost.memory_bytes[k] for k in ("params", "activations")}
+
+
+def test_bitpipe_holds_every_stage_twice_and_replays_its_actions():
+    model, args, kwargs = zoo.gpt2(n_layer=4, n_embd=E, n_head=2, vocab_size=V, batch=2, seq_len=16, labels=True)
+    traced = parallelizer.trace(model, args, kwargs)
+    inter = _plan(traced, {"pp": 2}, schedule="interleaved_1f1b", microbatches=M)
+    bit = dataclasses.replace(inter, pipeline=dataclasses.replace(inter.pipeline, schedule="bitpipe"))
+    looped, mirrored = pipeline_rank_memory(inter, traced), pipeline_rank_memory(bit, traced)
+    # pp=2: each rank holds the down copies of 2 stages and the up copies of the other 2, i.e. all 4 stages
+    # (two weight copies of 2 / pp of the model), so its state is the sum of both interleaved ranks'
+    for rank in (0, 1):
+        for key in ("params", "grads", "optimizer", "buffers"):
+            assert mirrored[rank][key] == looped[0][key] + looped[1][key], (rank, key)
+    # activations: the peak of the action-list replay; with pp=2, m=4 each rank runs the forwards of 2
+    # microbatches per pipeline through its chunks before the first backward (rank 0: 0F0 5F2 6F2 3F0 0F1 5F3
+    # 6F3 3F1 3B0 ...), i.e. 2 x (A_0 + A_1 + A_2 + A_3), twice one microbatch through the whole model
+    per_mb = sum(looped[r]["activations"] / inflight_microbatches("interleaved_1f1b", 2, M, r) for r in (0, 1))
+    for rank in (0, 1):
+        assert mirrored[rank]["activations"] == pytest.approx(2 * per_mb, abs=2)
