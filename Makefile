@@ -25,9 +25,10 @@ demo: $(STAMP)
 	$(PY) -m parallelizer.demo
 
 # Two pytest workers, one test file each at a time (module fixtures launch ranks once): the suite uses about
-# 1.4 of this machine's 2 cores when run serially.
+# 1.4 of this machine's 2 cores when run serially. Files are handed out in collection order, the longest first
+# (tests/conftest.py LONG_FIRST), not xdist's default by test count, which left the long one-test files last.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 fuzz: $(STAMP)
 	$(PY) tests/fuzz/run_fuzz.py --n $(N) --seed $(SEED) --results-md benchmarks/RESULTS.md

@@ -1,10 +1,53 @@
 """Shared test settings: offline Hugging Face, deterministic torch, a few small fixtures."""
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread per process (before torch is imported; spawned ranks inherit it): `make test` runs 2
+# pytest workers whose launches start 2-4 ranks each on a 2-core machine, and more threads per process only
+# oversubscribe it (test_contract.py: 27 s of CPU with the default threads, 23 s with one, under the same load).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
 torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+# `make test` runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: whole files go to the 2 workers in
+# collection order (xdist's default reorder would queue files by test count, so the long single-test files ran
+# last and one worker finished them alone). These files take longest (ordered by their time in a full run at
+# 9a8abec): they start first, and the many short files fill in at the end. Order only; every file still runs.
+LONG_FIRST = (
+    "distributed/test_pipeline_rehearse.py",
+    "distributed/test_pipeline_run.py",
+    "distributed/test_step.py",
+    "distributed/test_numerics.py",
+    "distributed/test_semantics.py",
+    "fuzz/test_fuzz_smoke.py",
+    "distributed/test_models_smoke.py",
+    "distributed/test_recompute.py",
+    "distributed/test_issue_patterns.py",
+    "distributed/test_contract.py",
+    "distributed/test_reshard.py",
+    "test_notebooks.py",
+    "unit/test_plan_json_compact.py",
+    "distributed/test_checkpoint.py",
+    "unit/test_api_auto_parallelize.py",
+    "distributed/test_precision.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Put the files of LONG_FIRST first, in that order (a stable sort: other files and every file's tests keep
+    their order)."""
+    tests_dir = Path(__file__).resolve().parent
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+
+    def key(item):
+        path = Path(str(item.path)).resolve()
+        name = path.relative_to(tests_dir).as_posix() if path.is_relative_to(tests_dir) else ""
+        return rank.get(name, len(LONG_FIRST))
+
+    items.sort(key=key)

@@ -8,6 +8,7 @@ sharded dim of the narrow model stays divisible.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 
 import parallelizer
@@ -38,12 +39,19 @@ KINDS = {
 }
 
 
+@functools.cache
+def wide_graph(model: str):
+    """The wide `model` traced on the meta device, once per model (the planner only reads the graph; tracing
+    costs seconds, and every kind and world size plans the same graph)."""
+    builder, wide = MODELS[model][0], MODELS[model][1]
+    return parallelizer.trace(*builder(device="meta", **wide))
+
+
 def make_plan(model: str, kind: str, world_size: int):
     """The planner's plan of `kind` (forced by `PlanConfig.axis_roles`) for the wide `model` on `world_size`
     devices."""
-    builder, wide = MODELS[model][0], MODELS[model][1]
     mesh_fn, roles = KINDS[kind]
-    traced = parallelizer.trace(*builder(device="meta", **wide))
+    traced = wide_graph(model)
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
         return parallelizer.plan(traced, mesh_fn(world_size), axis_roles=roles)
 

@@ -26,6 +26,7 @@ from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, frozen_parameters, hooked_llama,
                               state_dict_contract, train_eval)
+from launch_once import run_each
 
 pytestmark = pytest.mark.distributed
 
@@ -38,11 +39,27 @@ def _spec(model_fn, mesh, roles, **kwargs):
 
 
 DP, TP = ({"dp": 2}, {"dp": "ddp"}), ({"tp": 2}, {"tp": "tp"})
+CLIP_MLP = dict(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
 
 
-def test_eval_mode_matches_eager_eval():
-    specs = {"conv_bn": _spec(conv_bn, *DP), "dropout": _spec(dropout_mlp, *TP), "branchy": _spec(branchy, *DP)}
-    for rank, r in enumerate(spawn(train_eval, 2, specs, timeout_s=240)):
+@pytest.fixture(scope="module")
+def ranks():
+    """The four checks' specs, then ONE launch of 2 gloo ranks running their rank bodies (`launch_once`):
+    {check: (its spec(s), [its result on rank 0, on rank 1])}."""
+    calls = {
+        "train_eval": (train_eval, {"conv_bn": _spec(conv_bn, *DP), "dropout": _spec(dropout_mlp, *TP),
+                                    "branchy": _spec(branchy, *DP)}),
+        "frozen": (frozen_parameters, _spec(frozen, *DP)),
+        "state_dict": (state_dict_contract, _spec(hooked_llama, *TP)),
+        "clipping": (clipping, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
+                                "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP)}),
+    }
+    per_rank = spawn(run_each, 2, [(fn, (arg,)) for fn, arg in calls.values()], timeout_s=600)
+    return {name: (arg, [r[i] for r in per_rank]) for i, (name, (_, arg)) in enumerate(calls.items())}
+
+
+def test_eval_mode_matches_eager_eval(ranks):
+    for rank, r in enumerate(ranks["train_eval"][1]):
         mine, eager = r["conv_bn_eval"]
         torch.testing.assert_close(mine, eager)  # float32 defaults of torch.testing
         assert (r["conv_bn_batch_stats"] - eager).abs().max() > 0.1  # batch statistics would be far off
@@ -69,10 +86,9 @@ def _frozen_on_one_device():
         torch.distributed.destroy_process_group()
 
 
-def test_frozen_parameters_stay_frozen():
+def test_frozen_parameters_stay_frozen(ranks):
     assert _frozen_on_one_device() == (False, None, True, False)
-    spec = _spec(frozen, *DP)
-    for r in spawn(frozen_parameters, 2, spec, timeout_s=120):
+    for r in ranks["frozen"][1]:
         assert (r["requires_grad"], r["grad"], r["moved"], r["has_state"]) == (False, None, False, False)
         assert r["grad_diff"] < 1e-6
         sync = re.compile(r"grad_all_reduce\w*\(p_frozen_weight")  # the gradient sync of the parameter
@@ -80,10 +96,10 @@ def test_frozen_parameters_stay_frozen():
         assert r["unfrozen_grad_diff"] < 1e-6
 
 
-def test_state_dict_keys_loads_errors_and_hooks():
-    spec = _spec(hooked_llama, *TP)
+def test_state_dict_keys_loads_errors_and_hooks(ranks):
+    spec, results = ranks["state_dict"]
     assert any(str(layout) != "R" for layout in spec.params.values())
-    for r in spawn(state_dict_contract, 2, spec, timeout_s=240):
+    for r in results:
         assert r["pm_keys"] == r["model_keys"] and r["full_keys"] == r["model_keys"]
         assert not any("inv_freq" in k for k in r["full_keys"]) and any("inv_freq" in k for k in r["pm_buffers"])
         assert r["pm_params"] == r["model_params"] and r["pm_buffers"] == r["model_buffers"]
@@ -101,10 +117,8 @@ def test_state_dict_keys_loads_errors_and_hooks():
         assert r["submodule_hook"] and "register the hook on the model's module BEFORE tracing" in r["submodule_hook"]
 
 
-def test_clip_grad_norm_uses_the_global_norm():
-    kwargs = dict(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
-    specs = {"tp2": _spec(zoo.mlp, *TP, **kwargs), "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **kwargs)}
-    results = spawn(clipping, 2, specs, timeout_s=240)
+def test_clip_grad_norm_uses_the_global_norm(ranks):
+    results = ranks["clipping"][1]
     for key in results[0]:
         totals = [r[key]["total"] for r in results]
         assert totals[0] == totals[1], (key, totals)  # bitwise the same on every rank

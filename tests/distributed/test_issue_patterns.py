@@ -18,6 +18,7 @@ from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, row_parallel_plus,
                             small_resnet, sum_plus, zeros_like_plus)
+from launch_once import run_each
 from semantics_models import run_outputs
 
 pytestmark = pytest.mark.distributed
@@ -32,13 +33,15 @@ def _plan(builder, mesh, **options):
 
 def test_a_constant_is_added_to_the_reduced_sum_once():
     """x.sum() + 10 and x.sum() - 10 on dp=2 with the ddp role (x = arange(10), batch-sharded): 55 and 35."""
-    for c, want in ((10.0, 55.0), (-10.0, 35.0)):
+    calls, wants = [], (55.0, 35.0)
+    for c in (10.0, -10.0):
         builder = functools.partial(sum_plus, c)
         traced, plan = _plan(builder, {"dp": 2}, axis_roles={"dp": "ddp"})
         add = next(n for n in plan.nodes.values() if n.op == "aten.add.Tensor")
         assert add.inputs == ("R",), add  # the Partial sum is all-reduced first
-        for (out,) in spawn(run_outputs, 2, builder, spec_from_plan(plan)):
-            assert out.item() == want
+        calls.append((run_outputs, (builder, spec_from_plan(plan))))
+    for rank_outputs in spawn(run_each, 2, calls):  # both constants in one launch of ranks
+        assert [out.item() for (out,) in rank_outputs] == list(wants)
 
 
 @pytest.fixture(scope="module")

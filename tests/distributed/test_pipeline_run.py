@@ -12,6 +12,7 @@ import parallelizer
 from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
+from launch_once import run_each
 from pipeline_workers import run_pipeline
 
 pytestmark = pytest.mark.distributed
@@ -34,16 +35,27 @@ def _intra_stage_plan(mesh, options, wide):
         return parallelizer.plan(traced, mesh, **options)
 
 
+@pytest.fixture(scope="module")
+def runs():
+    """Both cases' intra-stage plans, then ONE launch of 4 gloo ranks running both (`launch_once`):
+    {name: (plan, [rank 0's report, ..., rank 3's])}."""
+    plans, calls = {}, []
+    for name, (mesh, options, wide, pp, stages, schedule, microbatches) in CASES.items():
+        batch = wide.get("batch", GPT2_4["batch"]) // microbatches
+        plans[name] = _intra_stage_plan(mesh, options, {**wide, "batch": batch})
+        calls.append((run_pipeline, (GPT2_4, spec_from_plan(plans[name]), pp, stages, schedule, microbatches)))
+    per_rank = spawn(run_each, 4, calls, timeout_s=600)
+    return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(CASES)}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_pipeline_matches_single_device(name):
-    mesh, options, wide, pp, stages, schedule, microbatches = CASES[name]
-    plan = _intra_stage_plan(mesh, options, {**wide, "batch": wide.get("batch", GPT2_4["batch"]) // microbatches})
+def test_pipeline_matches_single_device(runs, name):
+    pp = CASES[name][3]
+    plan, reports = runs[name]
     if plan.mesh.world_size > 1:
         kinds = {s.kind for _, s in plan.steps()}
         expected = "grad_all_reduce" if "dp" in name else "all_gather"
         assert expected in kinds, (name, kinds)
-    reports = spawn(run_pipeline, 4, GPT2_4, spec_from_plan(plan), pp, stages, schedule, microbatches,
-                    timeout_s=300)
     for rank, r in enumerate(reports):
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (name, rank, r)
         assert r["accumulated"] <= 1e-5, (name, rank, r["accumulated"])  # two steps accumulate like eager

@@ -16,11 +16,13 @@ from parallelizer.rewriter.apply import _tensor_args
 from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, spec_from_plan
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
+from launch_once import run_each
 from semantics_models import batchnorm_mlp, dropper, meta_vs_reference, run_outputs, state_dict_round_trip
 
 pytestmark = pytest.mark.distributed
 
 LM_NARROW = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=16, labels=True)
+LM = ("dp", "tp", "vocab")  # the GPT-2 cases of `lm_cases`
 
 
 def _plan(traced, mesh, **options):
@@ -31,7 +33,9 @@ def _plan(traced, mesh, **options):
 @pytest.fixture(scope="module")
 def lm_cases():
     """Planner-made plans on 2 ranks for GPT-2 with its loss inside the model (labels with ignored tokens):
-    data parallel, tensor parallel, and a large-vocab model under tight memory (vocab-sharded)."""
+    data parallel, tensor parallel, and a large-vocab model under tight memory (vocab-sharded); and the
+    BatchNorm MLP (ddp role, uneven batch of 7) and BERT (dp) plans of two tests below: all rehearsed in ONE
+    launch of 2 ranks."""
     cases = {}
     dp = parallelizer.trace(*zoo.gpt2(device="meta", **{**LM_NARROW, "n_embd": 128, "n_head": 8,
                                                         "batch": 64, "seq_len": 1024}))
@@ -40,8 +44,13 @@ def lm_cases():
     cases["tp"] = _plan(tp, {"tp": 2}, data_axes=())
     odd = {**LM_NARROW, "vocab_size": 257}  # an odd vocabulary: shards of 129 and 128 rows
     cases["vocab"] = _plan(parallelizer.trace(*zoo.gpt2(device="meta", **odd)), {"tp": 2}, axis_roles={"tp": "tp"})
-    kwargs = {"vocab": odd}
-    reports = rehearse_many([(zoo.gpt2, kwargs.get(k, LM_NARROW), spec_from_plan(p)) for k, p in cases.items()])
+    model, inputs = batchnorm_mlp(batch=7)
+    cases["batchnorm"] = _plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"})
+    cases["bert"] = _plan(parallelizer.trace(*zoo.bert(batch=4, seq_len=16)), {"dp": 2})
+    builders = {"batchnorm": batchnorm_mlp, "bert": zoo.bert}
+    kwargs = {"vocab": odd, "batchnorm": {"batch": 7}, "bert": {"batch": 4, "seq_len": 16}}
+    reports = rehearse_many([(builders.get(k, zoo.gpt2), kwargs.get(k, LM_NARROW), spec_from_plan(p))
+                             for k, p in cases.items()])
     return {k: (p, r) for (k, p), r in zip(cases.items(), reports)}
 
 
@@ -53,7 +62,7 @@ def test_batch_sharded_mean_loss_divides_by_global_count(lm_cases):
 
 
 def test_tied_embedding_is_one_parameter_with_summed_gradient(lm_cases):
-    for plan, report in lm_cases.values():
+    for plan, report in (lm_cases[k] for k in LM):
         assert "lm_head.weight" not in plan.params and plan.params["transformer.wte.weight"].aliases == ("lm_head.weight",)
         assert report.matches(), report  # the one parameter's gradient (both uses) matches single device
 
@@ -106,25 +115,20 @@ def test_gpt2_vocabulary_50257_is_vocab_parallel_on_tp8_and_matches_on_4_ranks()
     assert report.matches(), report
 
 
-def test_batchnorm_under_data_parallel_is_synchronised():
+def test_batchnorm_under_data_parallel_is_synchronised(lm_cases):
     """BatchNorm under the ddp role runs on the batch shards (an uneven batch of 7: 4 + 3 rows) with statistics
     all-reduced over the data axis (SyncBatchNorm): outputs, gradients and the running buffers after 3 steps
     equal one device's."""
-    model, inputs = batchnorm_mlp(batch=7)
-    traced = parallelizer.trace(model, inputs)
-    plan = _plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    plan, report = lm_cases["batchnorm"]
     bn = next(n for n in plan.nodes.values() if n.op == "aten.batch_norm.default")
     assert bn.inputs[0] == "S(0)" and bn.output == "S(0)" and not plan.fallbacks
-    (report,) = rehearse_many([(batchnorm_mlp, {"batch": 7}, spec_from_plan(plan))])
     assert report.matches(), report  # compares running_mean / running_var buffers after 3 steps too
 
 
-def test_parameters_without_gradient_are_compared_as_zero():
+def test_parameters_without_gradient_are_compared_as_zero(lm_cases):
     """BERT's pooler is not on the path of the loss `rehearse` takes (the last hidden state): its gradient is
     None on both sides, and the rehearsal compares it as zero instead of failing."""
-    traced = parallelizer.trace(*zoo.bert(batch=4, seq_len=16))
-    plan = _plan(traced, {"dp": 2})
-    (report,) = rehearse_many([(zoo.bert, {"batch": 4, "seq_len": 16}, spec_from_plan(plan))])
+    _, report = lm_cases["bert"]
     assert report.matches(), report
 
 
@@ -136,36 +140,50 @@ def _spec(traced, mesh, layout):
     return ShardingSpec(mesh, nodes, {f: Layout.parse("R") for f in traced.parameters})
 
 
-def test_dropout_masks_differ_across_shards_and_agree_on_replicas():
+META_GPT = dict(n_layer=2, n_embd=2048, n_head=16, vocab_size=4096, block_size=64, batch=8, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(lm_cases):
+    """ONE launch of 2 ranks (`launch_once`) for the rank bodies of the last three tests: the dropper with a
+    batch-sharded and with a replicated spec, the meta-built GPT (tensor-parallel plan of the wide model, run
+    narrow), and the state-dict round trip of `lm_cases`' tensor-parallel plan. Returns {check: [rank 0's
+    result, rank 1's]} and the meta GPT's plan."""
     model, inputs = dropper()
     traced = parallelizer.trace(model, inputs)
     mesh = MeshSpec(("dp",), (2,))
-    sharded = spawn(run_outputs, 2, dropper, _spec(traced, mesh, Layout.parse("S(0)")))
-    replicated = spawn(run_outputs, 2, dropper, _spec(traced, mesh, Layout.parse("R")))
+    meta_plan = _plan(parallelizer.trace(*zoo.gpt(device="meta", **META_GPT)), {"tp": 2}, data_axes=())
+    small = dict(META_GPT, n_embd=64, n_head=4, vocab_size=256)
+    lm = {k: v for k, v in LM_NARROW.items() if k != "labels"}
+    calls = {"sharded": (run_outputs, (dropper, _spec(traced, mesh, Layout.parse("S(0)")))),
+             "replicated": (run_outputs, (dropper, _spec(traced, mesh, Layout.parse("R")))),
+             "meta": (meta_vs_reference, (spec_from_plan(meta_plan), small)),
+             "state_dict": (state_dict_round_trip, (spec_from_plan(lm_cases["tp"][0]), lm))}
+    per_rank = spawn(run_each, 2, list(calls.values()), timeout_s=300)
+    return {name: [r[i] for r in per_rank] for i, name in enumerate(calls)}, meta_plan
+
+
+def test_dropout_masks_differ_across_shards_and_agree_on_replicas(two_ranks):
+    sharded, replicated = two_ranks[0]["sharded"], two_ranks[0]["replicated"]
     a, b = sharded[0][0], sharded[1][0]  # each rank's (2, 64) shard
     assert a.shape == (2, 64) and not torch.equal(a != 0, b != 0)
     assert 0.3 < (a == 0).float().mean() < 0.7
     torch.testing.assert_close(replicated[0][0], replicated[1][0], rtol=0, atol=0)
 
 
-def test_meta_model_materialises_only_local_shards():
+def test_meta_model_materialises_only_local_shards(two_ranks):
     """A model built on `meta` gets its local shards initialised per rank (counter-based, no full tensor);
     gathered, they equal a CPU model initialised by the same rule, bit for bit, and its program (traced on
     meta, run on CPU) computes the same outputs."""
-    kwargs = dict(n_layer=2, n_embd=2048, n_head=16, vocab_size=4096, block_size=64, batch=8, seq_len=64)
-    traced = parallelizer.trace(*zoo.gpt(device="meta", **kwargs))
-    plan = _plan(traced, {"tp": 2}, data_axes=())
+    results, plan = two_ranks
     assert any(p.stored != "R" for p in plan.params.values())
-    small = dict(kwargs, n_embd=64, n_head=4, vocab_size=256)
-    for params, outputs in spawn(meta_vs_reference, 2, spec_from_plan(plan), small):
+    for params, outputs in results["meta"]:
         assert params == 0.0 and outputs < 1e-5  # the program traced on meta runs on CPU tensors
 
 
-def test_full_state_dict_round_trip_is_bitwise_and_strict(lm_cases):
+def test_full_state_dict_round_trip_is_bitwise_and_strict(two_ranks):
     """Gathered shards equal the original tensors bit for bit (tied alias included) and load with
     strict=True; load_full_state_dict puts another model's weights back into the shards, bitwise."""
-    plan, _ = lm_cases["tp"]
-    kwargs = {k: v for k, v in LM_NARROW.items() if k != "labels"}
-    for result in spawn(state_dict_round_trip, 2, spec_from_plan(plan), kwargs):
+    for result in two_ranks[0]["state_dict"]:
         assert result == {"keys_equal": True, "bitwise": True, "strict_load_ok": True, "reverse_bitwise": True,
                           "sharded": True}, result
