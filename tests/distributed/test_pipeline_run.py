@@ -26,8 +26,9 @@ WIDE_TP = dict(n_embd=1024, n_head=16, seq_len=256)            # weights dominat
 # here: a wide-model intra-stage TP plan, interleaved virtual stages, and gradient accumulation over steps.
 CASES = {  # name: (intra-stage mesh, plan options, wide config, pp, stages, schedule, microbatches)
     "pp2_tp2": ({"tp": 2}, {"data_axes": ()}, WIDE_TP, 2, 2, "1f1b", 2),
-    "pp4_interleaved_1f1b": ({"dp": 1}, {}, WIDE_TP, 4, 8, "interleaved_1f1b", 4),
-    "pp2_dp2_m4": ({"dp": 2}, {"axis_roles": {"dp": "ddp"}}, {}, 2, 2, "1f1b", 4),  # the dp gradient sync runs once per step, not per microbatch
+    "pp4_interleaved_1f1b": ({"dp": 1}, {}, {}, 4, 8, "interleaved_1f1b", 4),  # dp=1: nothing to plan wide
+    # pp2_dp2_m4: the dp gradient sync runs once per step, not once per microbatch
+    "pp2_dp2_m4": ({"dp": 2}, {"axis_roles": {"dp": "ddp"}}, {}, 2, 2, "1f1b", 4),
 }
 
 
