@@ -41,6 +41,16 @@ torch's DDP communication hook for it on the bucket (bf16 all-reduce, or PowerSG
 warm start; `rewriter.compression`) and step 3 waits for its future and scales the hook's average back to a
 sum. The synchronous fallbacks below stay exact (uncompressed).
 
+Deferred sync (gradient accumulation over microbatches, as DDP's `no_sync()`): inside `deferred_sync(False)`
+the gradient of a use is returned to autograd unreduced, so it accumulates locally in `param.grad` (no
+collective); inside `deferred_sync(True)` (the step's last backward) the use's gradient plus the locally
+accumulated `param.grad` (then cleared) is reduced once, by the same bucketed path and codec, and the result
+lands in `param.grad`. So one optimizer step all-reduces each gradient once however many backward passes it
+accumulates, and a codec (PowerSGD) compresses the step's gradient, not each microbatch's. The caller must
+hold back a `.grad` already reduced before the first deferred pass (`runtime.pipeline` takes the gradients
+off at the start of a step and adds them back at its end), or it would be reduced again. Outside any
+`deferred_sync` context nothing changes (every backward pass reduces its own gradient).
+
 The default bucket size is DistributedDataParallel's `bucket_cap_mb=25` (torch.nn.parallel docs), the
 first bucket's size DDP's `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
 Private torch API (checked on torch 2.13.0): `torch._C._current_graph_task_id`,
@@ -49,6 +59,7 @@ by DistributedDataParallel) and `torch._C._storage_Use_Count` (used by torch._in
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -61,7 +72,7 @@ from .collectives import Group, _GroupView, _resolve, _sum, grad_all_reduce
 from .compression import GradCompression, finish_compressed, start_compressed
 from .hierarchical import HierarchicalAllReduce, Hierarchy
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "grad_all_reduce_bucketed"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "deferred_sync", "grad_all_reduce_bucketed"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """25 MiB: DistributedDataParallel's default bucket_cap_mb."""
@@ -108,10 +119,53 @@ class _Deferred(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        if torch.is_grad_enabled() or not _accumulates(ctx.accumulator):  # create_graph, or no .grad written
+        if torch.is_grad_enabled():  # create_graph: reduced at once, never deferred
+            return _sum(grad, ctx.g), None, None, None, None
+        if _DEFERRAL.final is False:  # a step's earlier backward: accumulate locally, no collective
+            return grad, None, None, None, None
+        if _DEFERRAL.final:  # the step's last backward: reduce this use's gradient with the accumulated one
+            grad = _fold_in_accumulated(ctx.param, grad)
+        if not _accumulates(ctx.accumulator):  # no .grad written by this pass (the caller adds what we return)
             return _sum(grad, ctx.g), None, None, None, None
         _PassSync.current().add(ctx.param, grad, ctx.g, ctx.bucket_bytes, ctx.codec)
         return None, None, None, None, None
+
+
+class _Deferral:
+    final: bool | None = None
+    """None: every backward pass reduces its gradients; False: accumulate locally; True: reduce the whole step's."""
+
+
+_DEFERRAL = _Deferral()
+"""The process's deferral state (`deferred_sync`); one backward at a time per process, as for DDP."""
+
+
+@contextmanager
+def deferred_sync(final: bool):
+    """Backward passes run in this context defer the bucketed gradient sync to the last of them (DDP's
+    `no_sync()` for all but the last microbatch): `final=False` returns each gradient to autograd unreduced
+    (it accumulates in `param.grad` locally, no collective); `final=True` reduces (this pass's gradient +
+    `param.grad`), clearing `param.grad` first, so `param.grad` ends up holding the reduced sum of the whole
+    accumulation. The caller must take off any `.grad` that was already reduced before the first deferred
+    pass (module docstring). Nests; restores the previous state on exit. Synchronous fallbacks
+    (`grad_all_reduce`: hooks, non-leaf) are not deferred. Raises TypeError for a non-bool `final`."""
+    if not isinstance(final, bool):
+        raise TypeError(f"deferred_sync: final must be a bool, got {final!r}")
+    previous, _DEFERRAL.final = _DEFERRAL.final, final
+    try:
+        yield
+    finally:
+        _DEFERRAL.final = previous
+
+
+def _fold_in_accumulated(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """`grad` + the locally accumulated `param.grad`, which is cleared (the reduced sum replaces it)."""
+    if param.grad is None:
+        return grad
+    with torch.no_grad():
+        total = grad + param.grad
+        param.grad = None
+    return total
 
 
 def _has_hooks(param: torch.Tensor) -> bool:

@@ -32,6 +32,7 @@ from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
 from ..rewriter.collectives import find_group
+from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import Role, TracedGraph
@@ -255,6 +256,7 @@ class PipelineRun:
     first: bool
     last: bool
     loss: MicrobatchLoss
+    pipe: list = dataclasses.field(default_factory=list)  # this rank's torch stages (`_SyncOnceStage`)
 
     def step(self, *inputs, target=None, losses: list | None = None, loss_fn=None,
              item_count=None) -> torch.Tensor | None:
@@ -276,9 +278,11 @@ class PipelineRun:
         """
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
                     self.microbatch_size)
-        earlier = _take_shared_grads(self)  # summed over the copies already: only this step's part is summed
+        earlier = _take_grads(self)  # reduced already: only this step's part is reduced
         self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
+        finals = [stage.final_backwards for stage in self.pipe]
         self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None)
+        _check_synced(self, finals)
         if losses is not None:
             losses.extend(loss for loss, _ in self.loss.recorded)
         sync_shared_grads(self)
@@ -328,13 +332,15 @@ def global_tensor_inputs(traced: TracedGraph, args: tuple, kwargs: dict, microba
     return [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
 
 
-def _take_shared_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Detach the gradients of parameters held by several stages (set them to None) and return them."""
-    taken = []
-    for fqn in run.shared:
-        for m in run.stages:
-            if fqn in m.traced.parameters and m.get_parameter(fqn).grad is not None:
-                p = m.get_parameter(fqn)
+def _take_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detach the gradients of this rank's stage parameters (set them to None) and return them: the step
+    then starts from no gradient, so its deferred dp sync (`grad_sync.deferred_sync`) and the shared-parameter
+    sum reduce only this step's part, and `_give_back` adds the earlier (already reduced) part back."""
+    taken, seen = [], set()
+    for m in run.stages:
+        for p in m.parameters():
+            if p.grad is not None and id(p) not in seen:
+                seen.add(id(p))
                 taken.append((p, p.grad))
                 p.grad = None
     return taken
@@ -344,6 +350,33 @@ def _give_back(taken: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with torch.no_grad():
         for p, grad in taken:
             p.grad = grad if p.grad is None else grad.add_(p.grad)
+
+
+class _SyncOnceStage(pipelining.PipelineStage):
+    """torch's PipelineStage whose backward defers the stage's bucketed dp gradient sync to the stage's last
+    backward of the step (`grad_sync.deferred_sync`; torch itself only does this for DDP / FSDP submodules):
+    one all-reduce (or one codec run) per bucket and optimizer step, not one per microbatch. torch's schedules
+    pass `last_backward=True` with the m-th full backward of a stage (gpipe, 1f1b, interleaved_1f1b) or its
+    m-th weight backward (interleaved_zero_bubble: input backwards never reach a parameter);
+    `final_backwards` counts them so that `PipelineRun.step` can check every stage got its final one."""
+
+    final_backwards = 0
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        with deferred_sync(final=last_backward):
+            result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.final_backwards += bool(last_backward)
+        return result
+
+
+def _check_synced(run: PipelineRun, before: list[int]) -> None:
+    """Raise PipelineError if a stage ran no final backward in the step (its gradients would stay unreduced)."""
+    for stage, count in zip(run.pipe, before):
+        if stage.has_backward and stage.final_backwards != count + 1:
+            raise PipelineError(f"pipeline step: stage {stage.stage_index} ran {stage.final_backwards - count} "
+                                "backward passes flagged last_backward by the torch schedule (expected 1), so its "
+                                "deferred dp gradient sync did not run exactly once. Remedy: use a schedule of "
+                                f"{sorted(SCHEDULES)} (the torch version may have changed the flag)")
 
 
 def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.nn.Module, *, pp: int,
@@ -398,7 +431,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         module.in_codecs = boundary_codecs(traced, cut, k - 1, k_spec.inputs, spec, local, boundary, boundary_rank)
         module.out_codecs = boundary_codecs(traced, cut, k, sent_layouts, spec, local, boundary, boundary_rank)
         stages.append(module)
-        pipe.append(pipelining.PipelineStage(
+        pipe.append(_SyncOnceStage(
             module, k, cut.num_stages, torch.device("cpu"), group=group,
             input_args=_on_wire(_examples(traced, cut.inputs[k], k_spec.inputs, spec, local), module.in_codecs),
             output_args=_on_wire(_examples(traced, cut.outputs[k], sent_layouts, spec, local), module.out_codecs)))
@@ -408,7 +441,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
-                       p == where[-1], loss)
+                       p == where[-1], loss, pipe)
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:

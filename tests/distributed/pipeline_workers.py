@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import copy
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 from parallelizer import zoo
+from parallelizer.rewriter import grad_sync
 from parallelizer.runtime.pipeline import build, cut_stages
 from parallelizer.runtime.pipeline_rehearsal import stage_diffs
 from parallelizer.tracer.trace import trace
@@ -28,9 +30,12 @@ def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, 
     run = build(traced, spec, cut_stages(traced, num_stages), model, pp=pp, schedule=schedule,
                 microbatches=microbatches, loss_fn=mean_square)
     opt, ref_opt = optimizers(run, reference)
-    trained = train(run, reference, spec, ids, steps, opt, ref_opt)
+    with _counting_dp_syncs() as syncs:
+        trained = train(run, reference, spec, ids, steps, opt, ref_opt)
     report = {"loss": abs(trained["losses"][0] - trained["ref_losses"][0]) if run.last else 0.0,
-              "grad": trained["grad"], "stages": [m.program.graph_module.code for m in run.stages]}
+              "grad": trained["grad"], "stages": [m.program.graph_module.code for m in run.stages],
+              "bucket_launches_per_step": syncs["bucket"] / steps, "sync_fallbacks": syncs["fallback"],
+              "stage_param_bytes": [sum(p.numel() * p.element_size() for p in m.parameters()) for m in run.stages]}
     report["params"] = _worst(run, reference, spec, grads=False)
     report["accumulated"] = _accumulate(run, reference, spec, ids, opt, ref_opt)
     try:
@@ -39,6 +44,29 @@ def run_pipeline(rank: int, world_size: int, model_kwargs: dict, spec, pp: int, 
         report["uneven_batch_error"] = str(err)
     dist.barrier()
     return report
+
+
+class _counting_dp_syncs:
+    """Counts the bucketed dp gradient all-reduces started (`grad_sync._start_all_reduce`) and the
+    synchronous per-parameter sums (`grad_sync._sum`) while the context is open."""
+
+    def __enter__(self) -> dict:
+        counts = {"bucket": 0, "fallback": 0}
+
+        def counted(kind, fn):
+            def call(*args, **kwargs):
+                counts[kind] += 1
+                return fn(*args, **kwargs)
+            return call
+        self._patches = [mock.patch.object(grad_sync, "_start_all_reduce", counted("bucket", grad_sync._start_all_reduce)),
+                         mock.patch.object(grad_sync, "_sum", counted("fallback", grad_sync._sum))]
+        for patch in self._patches:
+            patch.start()
+        return counts
+
+    def __exit__(self, *exc) -> None:
+        for patch in self._patches:
+            patch.stop()
 
 
 def optimizers(run, reference) -> tuple:

@@ -2,7 +2,9 @@
 embedding / lm_head, cut into stages at layer boundaries and run with torch.distributed.pipelining.
 Loss and every gradient after one step, parameters after 3 AdamW steps, and gradients accumulated over two
 `step` calls (two batches before one optimizer step, tied embedding included) match the single-device model
-within 1e-5, for pp=2 x tp=2 and pp=4 with Interleaved1F1B (pp=2 x dp=2 and pp=4 1F1B: test_pipeline_rehearse.py)."""
+within 1e-5, for pp=2 x tp=2, pp=4 with Interleaved1F1B and pp=2 x dp=2 with 4 microbatches, whose dp
+gradient sync must run once per step (one bucket all-reduce, counted), not once per microbatch
+(pp=2 x dp=2 gpipe and pp=4 1F1B on the user's path: test_pipeline_rehearse.py)."""
 import contextlib
 import io
 
@@ -10,6 +12,7 @@ import pytest
 
 import parallelizer
 from parallelizer import zoo
+from parallelizer.rewriter.grad_sync import FIRST_BUCKET_BYTES
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
@@ -24,7 +27,9 @@ WIDE_TP = dict(n_embd=1024, n_head=16, seq_len=256)            # weights dominat
 # here: a wide-model intra-stage TP plan, interleaved virtual stages, and gradient accumulation over steps.
 CASES = {  # name: (intra-stage mesh, plan options, wide config, pp, stages, schedule, microbatches)
     "pp2_tp2": ({"tp": 2}, {"data_axes": ()}, WIDE_TP, 2, 2, "1f1b", 2),
-    "pp4_interleaved_1f1b": ({"dp": 1}, {}, WIDE_TP, 4, 8, "interleaved_1f1b", 4),
+    "pp4_interleaved_1f1b": ({"dp": 1}, {}, {}, 4, 8, "interleaved_1f1b", 4),  # dp=1: nothing to plan wide
+    # pp2_dp2_m4: the dp gradient sync runs once per step, not once per microbatch
+    "pp2_dp2_m4": ({"dp": 2}, {"axis_roles": {"dp": "ddp"}}, {}, 2, 2, "1f1b", 4),
 }
 
 
@@ -60,5 +65,9 @@ def test_pipeline_matches_single_device(runs, name):
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (name, rank, r)
         assert r["accumulated"] <= 1e-5, (name, rank, r["accumulated"])  # two steps accumulate like eager
         assert "does not split into" in r["uneven_batch_error"]
+        if "dp2" in name:  # each stage's gradients (< 1 MiB, FIRST_BUCKET_BYTES) fill one bucket per backward:
+            # one all-reduce per step, not one per microbatch (m = 4), and no per-parameter fallback
+            assert max(r["stage_param_bytes"]) < FIRST_BUCKET_BYTES, r["stage_param_bytes"]
+            assert r["bucket_launches_per_step"] == 1 and r["sync_fallbacks"] == 0, (rank, r)
     if pp == 2 and plan.mesh.world_size > 1:
         assert "_tp = " in reports[0]["stages"][0] or "_dp = " in reports[0]["stages"][0]
