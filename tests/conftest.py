@@ -36,6 +36,12 @@ LONG_FIRST = (
     "distributed/test_checkpoint.py",
     "unit/test_api_auto_parallelize.py",
     "distributed/test_precision.py",
+    "distributed/test_schedules_run.py",
+    "distributed/test_boundary_compression_run.py",
+    "distributed/test_stage_layouts_run.py",
+    "distributed/test_hierarchical.py",
+    "distributed/test_mixed_precision.py",
+    "distributed/test_grad_compression.py",
 )
 
 

@@ -1,4 +1,4 @@
-"""Rank body for test_boundary_compression: a pipelined GPT-2 (pp=2 x dp=2) trained with each boundary codec
+"""Rank body for test_boundary_compression_run: a pipelined GPT-2 (pp=2 x dp=2) trained with each boundary codec
 against the single-device model (importable by name)."""
 from __future__ import annotations
 

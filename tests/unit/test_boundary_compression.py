@@ -1,7 +1,7 @@
 """Pipeline-boundary compression codecs (issue 15, Build 3) against their closed forms: int8 per-block error
 bound and wire bytes; low-rank projection exact on its subspace; activation gradients compressed by autograd.
 The planner's choice and the plan's record of it: tests/unit/test_plan_pipeline.py; the runtime on 4 gloo
-ranks: tests/distributed/test_boundary_compression.py."""
+ranks: tests/distributed/test_boundary_compression_run.py."""
 import pytest
 import torch
 
