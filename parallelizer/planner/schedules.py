@@ -70,6 +70,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("bitpipe", 2, "BitPipe (planner.bitpipe lists; runtime.bitpipe)"),
 )}
 V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
+RUNNER_SCHEDULES = frozenset({"bitpipe"})  # run by our own runner (runtime.bitpipe), not a torch schedule
 BITPIPE_MAX_PP = 16  # `planner.bitpipe.list_schedule` builds pp=16, m=64 in ~2 s but pp=32, m=128 in ~36 s
 
 

@@ -78,8 +78,8 @@ from .costs import resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
-from .schedules import (SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies, get_schedule,
-                        inflight_microbatches, invalid_reason, ranks_of_stage)
+from .schedules import (RUNNER_SCHEDULES, SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies,
+                        get_schedule, inflight_microbatches, invalid_reason, ranks_of_stage)
 from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
@@ -306,10 +306,13 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
                         excluded["pp=1: one schedule (1f1b = gradient accumulation) suffices"] += 1  # restriction too
                     elif (why := invalid_reason(name, p, m, L)) is not None:
                         excluded[why] += 1
+                    elif name in RUNNER_SCHEDULES and ctx.config.boundary_compression != "none":
+                        excluded[f"{name} runs no pipeline-boundary compression (our own P2P runner)"] += 1
                     else:
                         cands.append(Candidate(p, d, t, m, name))
     if not cands:
-        if pps and tps and ms and len(pps) == len(tps) == len(ms) == 1:
+        batch_only = set(excluded) == {f"global batch {ctx.global_batch} not divisible by dp x microbatches"}
+        if pps and tps and ms and len(pps) == len(tps) == len(ms) == 1 and batch_only:
             d = world // (tps[0] * pps[0])
             raise ValueError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
                              f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "

@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
+from ..planner.schedules import RUNNER_SCHEDULES
 from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
@@ -45,7 +46,6 @@ SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "zbv": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
 _MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"}
 V_PLACED = {"zbv", "dualpipev", "bitpipe"}  # 2 stages per rank in a V (bitpipe: its down pipeline's copies)
-RUNNER_SCHEDULES = {"bitpipe"}  # run by our own runner (runtime.bitpipe), not a torch schedule
 
 
 def stage_pp_rank(schedule: str, stage: int, num_stages: int, pp: int) -> int:

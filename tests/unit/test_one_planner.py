@@ -126,3 +126,23 @@ def test_cli_mesh_with_pp_fixes_the_factorisation(tmp_path):
     m = plan.pipeline.microbatches
     assert plan.model["batch"]["traced_batch"] == 16 // m and plan.model["recipe"]["kwargs"]["batch"] == 16 // m
     assert "search estimate" in shown.getvalue() and "Pipeline stages" in shown.getvalue()
+
+
+def test_the_planner_offers_no_pipeline_plan_the_runtime_refuses(traced):
+    # one class: a configuration `plan` returns must run. BitPipe (our P2P runner) has no boundary compression;
+    # pipeline stages do not run the bf16 autocast recipe (each refused at run time before this test)
+    searched = _plan(traced, {"pp": 2, "dp": 2}, boundary_compression="int8", microbatches=4, precision="fp32")
+    assert searched.pipeline.schedule != "bitpipe" and searched.pipeline.compression is not None
+    with pytest.raises(ValueError, match="bitpipe runs no pipeline-boundary compression"):
+        _plan(traced, {"pp": 2, "dp": 2}, schedule="bitpipe", boundary_compression="int8", microbatches=4,
+              precision="fp32")
+    with pytest.raises(PipelineError, match="do not run the bf16 autocast recipe"):
+        _plan(traced, {"pp": 2}, microbatches=4, precision="bf16")
+    bf16 = _plan(traced, cluster=CLUSTER, global_batch=8, precision="bf16")  # searched: pp = 1 only
+    assert bf16.pipeline is None and bf16.config["mixed_precision"] == "autocast_bf16"
+
+
+def test_an_invalid_fixed_schedule_names_its_own_reason(traced):
+    # the error of a fully fixed (pp, tp, m, schedule) names why it was excluded, not the batch split
+    with pytest.raises(ValueError, match="bitpipe needs an even pp >= 2 and an even microbatch count"):
+        _plan(traced, {"pp": 2}, schedule="bitpipe", microbatches=3, global_batch=24, precision="fp32")
