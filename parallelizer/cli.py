@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from .core.mesh import MeshSpec
 from .errors import ParallelizerError
-from .planner.stages import ALL_SCHEDULE_NAMES
+from .planner.stages import SCHEDULE_NAMES
 
 # Rehearse at the model's real width only when it is this small (parameters) and fits in half the free memory
 # (per rank: ~48 B/param for the sharded copy, the reference copy, their grads and AdamW states, plus twice the
@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
-    p.add_argument("--schedule", choices=ALL_SCHEDULE_NAMES,
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES,
                    help="restrict the search to this pipeline schedule (default: all of them, "
                         "parallelizer/planner/stages.py)")
     p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "

@@ -35,11 +35,9 @@ from dataclasses import dataclass, field
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from .boundary import BoundaryCompression, sig10 as _sig10
-from .schedules import rank_of_stage
+from .schedules import SCHEDULES, rank_of_stage
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")  # what runtime.pipeline runs
-UNRUNNABLE_SCHEDULES: dict[str, str] = {}  # schedule -> why the runtime cannot run it (none at present)
-ALL_SCHEDULE_NAMES = SCHEDULE_NAMES  # as the CLI spells them
+SCHEDULE_NAMES = tuple(SCHEDULES)  # as the CLI spells them; runtime.pipeline (and runtime.bitpipe) runs each
 PP_AXIS = "pp"
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "total")
 
@@ -199,13 +197,10 @@ def check_schedules(names) -> tuple[str, ...]:
     """The schedule names a user-path plan may use, validated.
 
     Raises:
-        PipelineError: an unknown name, or one the runtime cannot run (`UNRUNNABLE_SCHEDULES`, with the reason).
+        PipelineError: an unknown name (the message lists the known ones).
     """
     names = (names,) if isinstance(names, str) else tuple(names)
     for name in names:
-        if name in UNRUNNABLE_SCHEDULES:
-            raise PipelineError(f"schedule {name!r} is not offered: {UNRUNNABLE_SCHEDULES[name]}. "
-                                f"Remedy: one of {', '.join(SCHEDULE_NAMES)}")
         if name not in SCHEDULE_NAMES:
             raise PipelineError(f"schedule {name!r}: use one of {', '.join(SCHEDULE_NAMES)}")
     if not names:
