@@ -15,8 +15,9 @@ schedule            v     bubble (simulated = closed form, equal stages)  peak i
 "interleaved_1f1b"  2     (p - 1) T / v                                  min(2(p - r - 1) + (v - 1) p + 1, v m) / v
 "zbv"               2     (p - 1)(F + B - W)   (ZB-H1's, on chunk times)   min(p, m)
 "dualpipev"         2     (p - 1)(F + B - W)   (as zbv when F = B = W)     min(p, m) + 1/2
-"bitpipe"           2     none (simulated; ours ~ 1.5 (p - 2) chunk-F)   >= 3p/4 (simulated; 3p/4 in the search's
-                          2 copies, m/2 microbatches each                first pass, a lower bound on p = 2..8)
+"bitpipe"           2     (p - 2) F when F = B (ratio (p - 2) /         (3p + 2) / 8 + min(r, p - 1 - r) / 4
+                          2 copies, (4m + p - 2)); B = 2F: 2(p - 2) F +  (simulated = closed form, m = k p)
+                          units of p (k - 1)(p - 3) F for m = k p, p >= 4
 =================== ===== ============================================== ===========================================
 
 Sources: GPipe (Huang et al. 2019) and 1F1B/PipeDream-Flush both idle (p - 1) microbatch-slots per step;
@@ -35,10 +36,11 @@ with equal times, half a chunk-microbatch more in flight.
 
 BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in opposite directions, each
 over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
-the up copy (two weight copies per model stage, `copies` below); each copy runs m/2 microbatches.
+the up copy (two weight copies per model stage, `copies` below); microbatches in units of p, half down and
+half up; the bubble and in-flight closed forms are the simulator's on the paper's figures' order
+(`planner.bitpipe` docstring: the paper's own bubble table could not be read here).
 
-Validity (`invalid_reason`): bitpipe needs an even pp >= 2 (at most `BITPIPE_MAX_PP`: its list builder
-is too slow for the search beyond) and an even m; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer
+Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and m a multiple of pp; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer
 microbatches than stages), interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's
 ScheduleDualPipeV: m >= stages).
 
@@ -71,7 +73,6 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
 )}
 V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
 RUNNER_SCHEDULES = frozenset({"bitpipe"})  # run by our own runner (runtime.bitpipe), not a torch schedule
-BITPIPE_MAX_PP = 16  # `planner.bitpipe.list_schedule` builds pp=16, m=64 in ~2 s but pp=32, m=128 in ~36 s
 
 
 def get_schedule(name: str) -> Schedule:
@@ -93,10 +94,8 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
         return "interleaved_1f1b needs microbatches divisible by pp"
     if schedule in V_PLACED and m < 2 * p:
         return f"{schedule} needs microbatches >= 2 pp"
-    if schedule == "bitpipe" and (p < 2 or p % 2 or m % 2):
-        return "bitpipe needs an even pp >= 2 and an even microbatch count"
-    if schedule == "bitpipe" and p > BITPIPE_MAX_PP:
-        return f"bitpipe beyond pp={BITPIPE_MAX_PP}: its action list takes too long to build for the search"
+    if schedule == "bitpipe" and (p < 2 or p % 2 or m % p):
+        return "bitpipe needs an even pp >= 2 and an even microbatch count, a multiple of pp"
     return None
 
 
@@ -140,7 +139,7 @@ def inflight_microbatches(schedule: str, p: int, m: int, rank: int) -> float:
     if schedule == "interleaved_1f1b":
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m) / v
     if schedule == "bitpipe":
-        return 0.75 * p  # a lower bound of the simulated peak (module docstring); the search checks the exact one
+        return (3 * p + 2) / 8 + min(rank, p - 1 - rank) / 4  # the simulated peak, m = k p (module docstring)
     return min(p, m) + (0.5 if schedule == "dualpipev" else 0.0)  # zbv, dualpipev
 
 

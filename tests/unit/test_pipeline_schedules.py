@@ -29,10 +29,12 @@ def test_rank_mapping_and_validity():
 
 
 def test_bitpipe_validity_and_placement():
-    from parallelizer.planner.schedules import BITPIPE_MAX_PP, ranks_of_stage
-    assert invalid_reason("bitpipe", 4, 8, 48) is None
+    from parallelizer.planner.schedules import ranks_of_stage
+    assert invalid_reason("bitpipe", 4, 8, 48) is None and invalid_reason("bitpipe", 32, 64, 256) is None
     assert "even" in invalid_reason("bitpipe", 3, 8, 48) and "even" in invalid_reason("bitpipe", 4, 7, 48)
-    assert "too long" in invalid_reason("bitpipe", 2 * BITPIPE_MAX_PP, 64, 256)
+    assert "multiple of pp" in invalid_reason("bitpipe", 4, 6, 48)  # units of pp microbatches
+    # peak in flight (the simulated one, test_simulate.py): rank 0 and 3 of pp=4 keep 1.75, ranks 1, 2 keep 2
+    assert [inflight_microbatches("bitpipe", 4, 8, r) for r in range(4)] == [1.75, 2.0, 2.0, 1.75]
     # down copy in a V, up copy mirrored: rank r holds {r, 2p-1-r} down and {p-1-r, p+r} up
     assert [ranks_of_stage("bitpipe", s, 4) for s in range(8)] == [(0, 3), (1, 2), (2, 1), (3, 0),
                                                                    (3, 0), (2, 1), (1, 2), (0, 3)]

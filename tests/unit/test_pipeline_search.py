@@ -153,7 +153,7 @@ def test_gpt_39b_on_512_a100s_plans_quickly():
 def test_bitpipe_holds_two_weight_copies_and_is_priced_by_simulation(gpt):
     """pp = 2: BitPipe's down copy puts model stages {0, 3} on rank 0 and the up copy {1, 2}, mirrored on
     rank 1, so each rank holds the whole model's weights (2 copies over 2 ranks) and runs m/2 microbatches
-    per copy; its memory uses the simulated peak in flight, at least the search's first-pass 3p/4."""
+    per copy; its memory uses the simulated peak in flight, at least the search's first-pass closed form."""
     p = parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, pp=2, tp=2, num_microbatches=8,
                                    schedules=("bitpipe",), precision="bf16")
     assert p.schedule == "bitpipe" and len(p.stages) == 4

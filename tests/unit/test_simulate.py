@@ -1,7 +1,8 @@
 """The action-list simulator (`planner.simulate`) reproduces the closed forms where they exist (GPipe / 1F1B:
 Huang et al. 2019, Narayanan et al. 2021 Sec. 2.2; interleaved 1F1B: Narayanan Sec. 2.2.1; ZB-H1: Qi et al.
-2024 Sec. 3.1) on torch's own action lists, prices transfers across ranks only, counts in-flight activations
-from the order, accepts lists built elsewhere (two copies of a stage, as BitPipe), and rejects bad lists."""
+2024 Sec. 3.1) on torch's own action lists and BitPipe's (D - 2) / (4N + D - 2) (equal F and B) on its list,
+prices transfers across ranks only, counts in-flight activations from the order, accepts lists built
+elsewhere (two copies of a stage, as BitPipe), and rejects bad lists."""
 import pytest
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
@@ -41,7 +42,28 @@ def test_zbv_and_dualpipev_match_zb_h1_with_equal_times(name, p, m):
     assert r.bubble_s / max(r.busy_s) == pytest.approx((p - 1) / (3 * 2 * m), rel=1e-12)
 
 
+@pytest.mark.parametrize("p,k", [(2, 1), (2, 3), (4, 1), (4, 2), (4, 5), (6, 3), (8, 1), (8, 4), (16, 2)])
+def test_bitpipe_bubble_ratio_is_d_minus_2_over_4n_plus_d_minus_2(p, k):
+    """BitPipe (planner/bitpipe.py, the order of the authors' figures) with a chunk's F = B, Chimera's equal-time
+    convention behind its (D - 2) / (2N + D - 2) (Li & Hoefler SC'21 Sec. 3): every rank idles (p - 2) F for
+    any m = k p, i.e. (D - 2) / (4N + D - 2) of the step (D = p, N = m; each rank runs 4N chunk passes).
+    With B = 2F (the figures' drawing): 2 (p - 2) F at m = p, plus (p - 3) F per further unit of p
+    (BitPipe-v.svg: 4 of 28 units at p = m = 4; scale-moreb.svg (b): 5 of 53 at p = 4, m = 8)."""
+    m = k * p
+    equal = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, 1.0, 0.5, 0.5))  # F = B = I + W = 1
+    assert max(equal.busy_s) == 4 * m and equal.bubble_s == p - 2
+    assert equal.bubble_s / equal.makespan_s == pytest.approx((p - 2) / (4 * m + p - 2), rel=1e-12)
+    assert all(f == pytest.approx((p - 2) / (4 * m + p - 2), rel=1e-12) for f in equal.bubble_fraction)
+    drawn = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))  # F = 1, B = 2
+    assert drawn.bubble_s == (0 if p == 2 else 2 * (p - 2) + (k - 1) * (p - 3))
+    if (p, m) in ((4, 4), (4, 8)):
+        assert drawn.makespan_s == {4: 28.0, 8: 53.0}[m]
+
+
 def test_inflight_counts_equal_the_closed_forms():
+    for p, m in ((2, 4), (4, 8), (4, 16), (8, 16)):  # BitPipe: m a multiple of p
+        r = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+        assert r.inflight_microbatches == tuple(inflight_microbatches("bitpipe", p, m, k) for k in range(p))
     for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("dualpipev", 2)):
         for p, m in ((1, 2), (2, 4), (3, 6), (4, 8), (4, 16), (8, 16)):
             r = simulate(name, p, m, StageTimes.uniform(p * v, 1.0, 1.0, 1.0))
