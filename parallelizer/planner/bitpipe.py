@@ -38,7 +38,8 @@ pipeline); its backwards in the same pattern with (A, A', Z, Z') replaced by (Z,
 backwards interleave as in Megatron's 1F1B: w = p + h + min(r, p - 1 - r) warm-up forwards, then u = 2p - w
 forward/backward pairs; between two units the rank runs the unit's remaining backwards, then (u > 1) one
 forward of the next unit followed by u - 1 forward/backward pairs (scale-moreb.svg (b), ranks 0 and p - 1:
-"b1 F5 F6 b2"; the reference's loop runs "b1 F5 b2 F6", one unit more idle at p = 4), then the rest of the
+"b1 F5 F6 b2"; the reference's loop, as we read it, runs "b1 F5 b2 F6": 54 instead of 53 units at p = 4,
+m = 8 with B = 2F), then the rest of the
 next unit's w warm-up forwards; after the last unit its u pairs and the remaining backwards.
 
 Bubble (tests/unit/test_simulate.py; the simulator, no transfer time, equal chunks): the paper's text
@@ -47,7 +48,8 @@ F and backward B equal (Chimera's convention behind its bubble ratio (D - 2) / (
 SC'21 Sec. 3), every rank idles exactly (p - 2) F for every m = k p: bubble / step = (D - 2) / (4N + D - 2)
 with D = p devices, N = m microbatches (4N chunk-passes of work per device). With B = 2F (the figures'
 drawing) the bubble is 2 (p - 2) F at m = p (BitPipe-v.svg: 4 idle units of 28 at p = 4) and grows by
-(p - 3) F per further unit (scale-moreb.svg (b): 5 idle units of 53 at p = 4, m = 8).
+(p - 3) F per further unit for p >= 4 (scale-moreb.svg (b): 5 idle units of 53 at p = 4, m = 8); p = 2
+idles nothing. The runtime runs full backward (B, no input/weight split), which is what both analyses assume.
 
 Action vocabulary: torch.distributed.pipelining's `_Action(stage_index, computation_type,
 microbatch_index)` with computation types F (forward) and B (full backward). Because a model stage has two

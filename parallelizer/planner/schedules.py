@@ -40,9 +40,9 @@ the up copy (two weight copies per model stage, `copies` below); microbatches in
 half up; the bubble and in-flight closed forms are the simulator's on the paper's figures' order
 (`planner.bitpipe` docstring: the paper's own bubble table could not be read here).
 
-Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and m a multiple of pp; 1f1b needs m >= p (torch's Schedule1F1B refuses fewer
-microbatches than stages), interleaved_1f1b m divisible by p, zbv m >= 2p, dualpipev m >= 2p (torch's
-ScheduleDualPipeV: m >= stages).
+Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and m a multiple of pp; 1f1b needs m >= p
+(torch's Schedule1F1B refuses fewer microbatches than stages), interleaved_1f1b m divisible by p, zbv
+m >= 2p, dualpipev m >= 2p (torch's ScheduleDualPipeV: m >= stages).
 
 `bubble_fraction` = bubble / (ideal + bubble), the share of the pipeline time a rank idles;
 `bubble_ratio` = bubble / ideal (Narayanan's (p - 1) / m).

@@ -272,7 +272,7 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
     schedule. Collective (creates process groups): call on every rank. Arguments as `runtime.pipeline.build`.
 
     Raises:
-        PipelineError: `cut.num_stages` != 2 pp, pp odd, or microbatches odd (with the remedy).
+        PipelineError: `cut.num_stages` != 2 pp, pp odd, or microbatches not a multiple of pp (with the remedy).
     """
     if cut.num_stages != 2 * pp:
         raise PipelineError(f"bitpipe on pp={pp} runs 2 * pp = {2 * pp} model stages (2 chunks per rank and "
