@@ -34,10 +34,12 @@ ARMS = {  # name: plan options (None: needs the data-parallel compression option
 }
 TAIL = 0.1  # the final loss averages the last 10% of the steps
 BOUND = 0.05  # issue 15: each compressed arm's final loss within 5% of the uncompressed one
+WARMUP_FRACTION = 0.1  # PowerSGD's exact warm-up: torch's PowerSGDState docs advise "10% of total training steps"
 
 
-def arms(dp_compression: str = "powersgd", rank: int = 4) -> dict[str, dict | str]:
-    """The arms to run: plan options, or for the PowerSGD arm a string saying why it is skipped."""
+def arms(dp_compression: str = "powersgd", rank: int = 4, steps: int = CONFIG["steps"]) -> dict[str, dict | str]:
+    """The arms to run: plan options, or for the PowerSGD arm a string saying why it is skipped. PowerSGD's
+    warm-up (exact steps before compression starts) is `WARMUP_FRACTION` of `steps`."""
     from parallelizer.config import PlanConfig
     names = {f.name for f in dataclasses.fields(PlanConfig)}
     out = {}
@@ -45,7 +47,8 @@ def arms(dp_compression: str = "powersgd", rank: int = 4) -> dict[str, dict | st
         if options is not None:
             out[name] = options
         elif "compression" in names:
-            out[name] = {"compression": dp_compression, **({"powersgd_rank": rank} if "powersgd_rank" in names else {})}
+            out[name] = {"compression": dp_compression, **({"powersgd_rank": rank} if "powersgd_rank" in names else {}),
+                         **({"powersgd_warmup": int(steps * WARMUP_FRACTION)} if "powersgd_warmup" in names else {})}
         else:
             out[name] = ("skipped: PlanConfig has no 'compression' option on this branch (data-parallel "
                          "gradient compression not merged yet)")
@@ -58,7 +61,7 @@ def train_all(steps: int, dp_compression: str, only: tuple[str, ...] = ()) -> di
     from parallelizer.runtime import spawn
     cfg = dict(CONFIG, steps=steps)
     record = {"config": cfg, "tail": TAIL, "arms": {}}
-    for name, options in arms(dp_compression).items():
+    for name, options in arms(dp_compression, steps=steps).items():
         if only and name not in only:
             continue
         if isinstance(options, str):
@@ -140,7 +143,10 @@ def _dp_text(record) -> str:
     """The data-parallel compression record of a plan (a dict from that work, or None) in a few words."""
     if not record or record.get("chosen", "none") == "none":
         return "-"
-    return f"{record['chosen']} rank {record['rank']}" if record.get("rank") else str(record["chosen"])
+    if not record.get("rank"):
+        return str(record["chosen"])
+    warmup = record.get("warmup_steps", 0)
+    return f"{record['chosen']} rank {record['rank']}" + (f", first {warmup} steps exact" if warmup else "")
 
 
 def run() -> str:
