@@ -42,9 +42,10 @@ def next_char_loss(output, target) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
 
-def train_rank(rank: int, world_size: int, cfg: dict, options: dict) -> dict:
+def train_rank(rank: int, world_size: int, cfg: dict, options: dict, probe_steps: tuple[int, ...] = ()) -> dict:
     """Train `cfg["steps"]` AdamW steps with plan `options` (the arm); returns the batch loss of every step
-    (rank 0), the plan's boundary compression and DP compression record, and seconds."""
+    (rank 0), the plan's boundary compression and DP compression record, and seconds; with `probe_steps`, also
+    "probe": at those (0-based) steps, the PowerSGD error of this rank's buckets (`_probe_powersgd`)."""
     torch.set_num_threads(1)  # 4 ranks share the machine's cores
     torch.manual_seed(0)
     model, _ = zoo.gpt2(batch=cfg["batch"], seq_len=cfg["seq_len"], **cfg["model"])
@@ -55,12 +56,46 @@ def train_rank(rank: int, world_size: int, cfg: dict, options: dict) -> dict:
                                            microbatches=cfg["microbatches"], schedule=cfg["schedule"],
                                            axis_roles={"dp": "ddp"}, **options)
     opt = torch.optim.AdamW(pm.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    losses, start = [], time.perf_counter()
-    for ids, target in data:
-        opt.zero_grad()
-        losses.append(float(pm.step(ids, target=target, loss_fn=next_char_loss)))
-        opt.step()
+    losses, start, probe, step = [], time.perf_counter(), {}, [0]
+    with _probe_powersgd(pm, probe_steps, step, probe) if probe_steps else contextlib.nullcontext():
+        for step[0], (ids, target) in enumerate(data):
+            opt.zero_grad()
+            losses.append(float(pm.step(ids, target=target, loss_fn=next_char_loss)))
+            opt.step()
     pipe = pm.plan.pipeline
     return {"losses": losses if rank == 0 else [], "seconds": time.perf_counter() - start,
             "boundary": pipe.compression.to_dict() if getattr(pipe, "compression", None) is not None else None,
-            "dp_compression": getattr(pm.plan, "compression", None)}
+            "dp_compression": getattr(pm.plan, "compression", None), "probe": probe}
+
+
+@contextlib.contextmanager
+def _probe_powersgd(pm, steps: tuple[int, ...], step: list[int], out: dict):
+    """While active, each compressing PowerSGD bucket at a step in `steps` (`step[0]`: the running one) is
+    also all-reduced exactly first (an extra blocking all-reduce on the main thread, before the hook's), and
+    `out[step]` gets {"total": ||PowerSGD average - exact average|| / ||exact average|| over the bucket,
+    "grad_norm": ||exact average||, "per_param": {FQN: the same ratio per gradient}} (Frobenius norms; the
+    PowerSGD result includes the error fed back from earlier steps, i.e. what the optimizer receives)."""
+    import torch.distributed as dist
+    from parallelizer.rewriter import compression
+
+    names, hook = {id(p): n for n, p in pm.named_parameters()}, compression.powerSGD_hook
+
+    def probed(state, bucket):
+        if state.iter < state.start_powerSGD_iter or step[0] not in steps:
+            return hook(state, bucket)
+        exact = bucket.buffer().clone()
+        dist.all_reduce(exact, group=state.process_group)
+        exact /= state.process_group.size()
+        future = hook(state, bucket)
+        got = future.wait()  # the bucket's buffer, the average (the hook completes it: `start_compressed`)
+        sizes = [p.numel() for p in bucket.parameters()]
+        out[step[0]] = {"total": ((got - exact).norm() / exact.norm()).item(), "grad_norm": exact.norm().item(),
+                        "per_param": {names[id(p)]: ((g - e).norm() / e.norm()).item() for p, g, e in
+                                      zip(bucket.parameters(), got.split(sizes), exact.split(sizes))}}
+        return future
+
+    compression.powerSGD_hook = probed
+    try:
+        yield
+    finally:
+        compression.powerSGD_hook = hook

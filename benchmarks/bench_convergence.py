@@ -12,7 +12,8 @@ ranks, pp=2 x dp=2 (gpipe, 2 microbatches, global batch 16), the same batches in
   * lowrank: the same projected onto a fixed rank-16 subspace of the hidden 64 (`core.boundary_codec`).
 "Final loss" = the mean training loss of the last 10% of the steps (every arm sees the same batches).
 Writes benchmarks/convergence.json (per-step losses and settings) and benchmarks/convergence.png; `run()`
-returns the markdown for RESULTS.md. `--plot-only` redraws the PNG from the saved JSON.
+returns the markdown for RESULTS.md. `--plot-only` redraws the PNG from the saved JSON. `--probe WARMUP --steps N`
+prints the PowerSGD arm's per-step gradient error against the exact average (why a warm-up helps; RESULTS.md).
 """
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ ARMS = {  # name: plan options (None: needs the data-parallel compression option
 }
 TAIL = 0.1  # the final loss averages the last 10% of the steps
 BOUND = 0.05  # issue 15: each compressed arm's final loss within 5% of the uncompressed one
+WARMUP_FRACTION = 0.1  # PowerSGD's exact warm-up: torch's PowerSGDState docs advise "10% of total training steps"
 
 
-def arms(dp_compression: str = "powersgd", rank: int = 4) -> dict[str, dict | str]:
-    """The arms to run: plan options, or for the PowerSGD arm a string saying why it is skipped."""
+def arms(dp_compression: str = "powersgd", rank: int = 4, steps: int = CONFIG["steps"]) -> dict[str, dict | str]:
+    """The arms to run: plan options, or for the PowerSGD arm a string saying why it is skipped. PowerSGD's
+    warm-up (exact steps before compression starts) is `WARMUP_FRACTION` of `steps`."""
     from parallelizer.config import PlanConfig
     names = {f.name for f in dataclasses.fields(PlanConfig)}
     out = {}
@@ -45,7 +48,8 @@ def arms(dp_compression: str = "powersgd", rank: int = 4) -> dict[str, dict | st
         if options is not None:
             out[name] = options
         elif "compression" in names:
-            out[name] = {"compression": dp_compression, **({"powersgd_rank": rank} if "powersgd_rank" in names else {})}
+            out[name] = {"compression": dp_compression, **({"powersgd_rank": rank} if "powersgd_rank" in names else {}),
+                         **({"powersgd_warmup": int(steps * WARMUP_FRACTION)} if "powersgd_warmup" in names else {})}
         else:
             out[name] = ("skipped: PlanConfig has no 'compression' option on this branch (data-parallel "
                          "gradient compression not merged yet)")
@@ -58,7 +62,7 @@ def train_all(steps: int, dp_compression: str, only: tuple[str, ...] = ()) -> di
     from parallelizer.runtime import spawn
     cfg = dict(CONFIG, steps=steps)
     record = {"config": cfg, "tail": TAIL, "arms": {}}
-    for name, options in arms(dp_compression).items():
+    for name, options in arms(dp_compression, steps=steps).items():
         if only and name not in only:
             continue
         if isinstance(options, str):
@@ -73,6 +77,24 @@ def train_all(steps: int, dp_compression: str, only: tuple[str, ...] = ()) -> di
         print(f"{name}: final loss {final_loss(record['arms'][name]['losses']):.4f} "
               f"({record['arms'][name]['wall_s']:.0f} s)", flush=True)
     return record
+
+
+def probe(warmup: int, steps: int, at: tuple[int, ...]) -> str:
+    """The PowerSGD arm for `steps` steps with `warmup` exact steps, probed at steps `at` (0-based; ranks 0 and
+    2, i.e. one rank of each stage, `_convergence_workers._probe_powersgd`): one line per stage and step, the
+    all-reduced gradient's relative error against the exact average and the worst matrices."""
+    from benchmarks._convergence_workers import train_rank
+    from parallelizer.runtime import spawn
+    options = {**arms(steps=steps)["powersgd"], "powersgd_warmup": warmup}
+    reports = spawn(train_rank, 4, dict(CONFIG, steps=steps), options, tuple(at), timeout_s=3600)
+    lines = [f"PowerSGD rank 4, first {warmup} of {steps} steps exact: ||PowerSGD - exact|| / ||exact|| of the "
+             "all-reduced average gradient"]
+    for stage, rank in enumerate((0, 2)):
+        for step, row in sorted(reports[rank]["probe"].items()):
+            worst = sorted(row["per_param"].items(), key=lambda kv: -kv[1])[:3]
+            lines.append(f"stage {stage} step {step}: {row['total']:.3f} (exact gradient norm {row['grad_norm']:.3f}); "
+                         "worst " + ", ".join(f"{k.split('transformer.')[-1]} {v:.2f}" for k, v in worst))
+    return "\n".join(lines)
 
 
 def final_loss(losses: list[float]) -> float:
@@ -140,7 +162,10 @@ def _dp_text(record) -> str:
     """The data-parallel compression record of a plan (a dict from that work, or None) in a few words."""
     if not record or record.get("chosen", "none") == "none":
         return "-"
-    return f"{record['chosen']} rank {record['rank']}" if record.get("rank") else str(record["chosen"])
+    if not record.get("rank"):
+        return str(record["chosen"])
+    warmup = record.get("warmup_steps", 0)
+    return f"{record['chosen']} rank {record['rank']}" + (f", first {warmup} steps exact" if warmup else "")
 
 
 def run() -> str:
@@ -157,7 +182,14 @@ def main() -> None:
     ap.add_argument("--dp-compression", default="powersgd", help="the PowerSGD arm's `compression` plan option")
     ap.add_argument("--only", nargs="*", default=(), help="run only these arms (merged into the saved JSON)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG and print the table from the JSON")
+    ap.add_argument("--probe", type=int, metavar="WARMUP", default=None,
+                    help="instead: run the PowerSGD arm for --steps steps with WARMUP exact steps and print its "
+                         "gradient error at --probe-at (nothing saved)")
+    ap.add_argument("--probe-at", type=int, nargs="*", default=(0, 1, 2, 5, 10, 20, 40, 59))
     args = ap.parse_args()
+    if args.probe is not None:
+        print(probe(args.probe, args.steps, tuple(args.probe_at)))
+        return
     if args.plot_only:
         record = json.loads(JSON_PATH.read_text())
     else:

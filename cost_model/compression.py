@@ -14,7 +14,8 @@ DDP communication hooks on our buckets):
   is compressed when ``(n + m) r' * min_compression_rate < n m`` (torch's ``_should_compress``, default rate
   2); the others (1-D tensors: biases, norm weights) are all-reduced uncompressed. The hook runs three
   all-reduces one after the other: the uncompressed tensors, all P (``sum n r'`` elements), all Q
-  (``sum m r'`` elements).
+  (``sum m r'`` elements). Its warm-up steps (torch's ``start_powerSGD_iter``, `POWERSGD_DEFAULT_WARMUP`) are
+  one plain all-reduce each: priced as ``"none"``; the prices here are the steady state after them.
 
 Codec compute (roofline, ``cost_model.compute``'s convention: ``max(FLOPs / achievable FLOP/s, bytes /
 achievable bytes/s) + kernels * launch overhead``), per compressed (n, m) matrix of rank r':
@@ -46,13 +47,17 @@ from cost_model.communication import collective_time_s
 from cost_model.hardware import DeviceSpec
 from cost_model.topology import MeshTopology
 
-__all__ = ["COMPRESSIONS", "POWERSGD_MIN_COMPRESSION_RATE", "powersgd_matrix", "CompressedSync",
-           "compressed_sync", "compressed_sync_time_s"]
+__all__ = ["COMPRESSIONS", "POWERSGD_MIN_COMPRESSION_RATE", "POWERSGD_DEFAULT_WARMUP", "powersgd_matrix",
+           "CompressedSync", "compressed_sync", "compressed_sync_time_s"]
 
 COMPRESSIONS = ("none", "bf16", "powersgd")
 """Gradient codecs the cost model prices and the runtime applies."""
 POWERSGD_MIN_COMPRESSION_RATE = 2
 """torch's ``PowerSGDState(min_compression_rate=2)`` default: compress a matrix only if it shrinks > 2x."""
+POWERSGD_DEFAULT_WARMUP = 1000
+"""Optimizer steps all-reduced exactly before PowerSGD starts: torch's ``PowerSGDState(start_powerSGD_iter=1_000)``
+default. torch's docs advise starting from 10% of the run's total steps (early training is sensitive to inexact
+gradients); the planner does not know the run's length, so a user who does sets ``PlanConfig.powersgd_warmup``."""
 
 _POWERSGD_PASSES = 11  # memory passes over a compressed gradient (module docstring)
 _POWERSGD_KERNELS_PER_MATRIX = 5

@@ -109,7 +109,8 @@ def _with_compression(p: Plan, traced: TracedGraph, cluster: Cluster, options: d
     """`p` with its gradient-compression record (`planner.compression.choose_for_plan`) when the config allows
     compression (a plan on a given mesh, or the winner of a search without repeated blocks)."""
     config = options.get("config") or PlanConfig()
-    config = dataclasses.replace(config, **{k: v for k, v in options.items() if k in ("compression", "powersgd_rank")})
+    config = dataclasses.replace(config, **{k: v for k, v in options.items()
+                                            if k in ("compression", "powersgd_rank", "powersgd_warmup")})
     if config.compression == "none":
         return p
     from cost_model.topology import MeshTopology

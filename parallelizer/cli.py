@@ -40,6 +40,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from cost_model.compression import POWERSGD_DEFAULT_WARMUP
+
 from .core.mesh import MeshSpec
 from .errors import ParallelizerError
 from .planner.stages import SCHEDULE_NAMES
@@ -114,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
                         "it speeds the estimated step up >= 1.25x, e.g. over slow links: --cluster internet:8x1), "
                         "powersgd or bf16 (forced); planner/compression.py")
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD approximation rank (default 4)")
+    p.add_argument("--powersgd-warmup", type=int, default=POWERSGD_DEFAULT_WARMUP,
+                   help="optimizer steps all-reduced exactly before PowerSGD starts (default 1000, torch's "
+                        "start_powerSGD_iter; torch's docs advise ~10%% of the run's steps)")
     p.add_argument("--boundary-compression", default="none", choices=("none", "auto", "int8", "lowrank"),
                    help="compress activations and their gradients sent between pipeline stages: none (default), auto "
                         "(the search picks int8 per boundary where it pays), int8 or lowrank on every boundary "
@@ -227,7 +232,8 @@ def cmd_plan(args) -> int:
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1e9),
                    memory_reserve_bytes=None if args.memory_reserve_gb is None else int(args.memory_reserve_gb * 1e9),
                    precision=args.precision, recompute=args.recompute, compression=args.compression,
-                   powersgd_rank=args.powersgd_rank, boundary_compression=args.boundary_compression,
+                   powersgd_rank=args.powersgd_rank, powersgd_warmup=args.powersgd_warmup,
+                   boundary_compression=args.boundary_compression,
                    boundary_rank=args.boundary_rank)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from cost_model.compression import POWERSGD_DEFAULT_WARMUP
 from cost_model.memory import OPTIMIZERS, PRECISIONS
 
 AXIS_ROLES = ("auto", "ddp", "fsdp", "tp")
@@ -68,6 +69,9 @@ class PlanConfig:
             feedback, warm start), or "auto" = the planner picks the cheapest estimated step
             (`planner.search`). FSDP reduce-scatters and activation collectives are never compressed.
         powersgd_rank: PowerSGD's approximation rank r (>= 1; Vogels et al. 2019 use 1-4).
+        powersgd_warmup: optimizer steps all-reduced exactly before PowerSGD starts (>= 0; torch's
+            `PowerSGDState.start_powerSGD_iter`, whose default 1000 this is; torch's docs advise about 10% of the
+            run's steps: early training is sensitive to inexact gradients). `rewriter.compression`.
     Raises:
         ValueError: naming the field, the value declared and what is required.
     """
@@ -87,6 +91,7 @@ class PlanConfig:
     recompute: str = "auto"
     compression: str = "none"
     powersgd_rank: int = 4
+    powersgd_warmup: int = POWERSGD_DEFAULT_WARMUP
     boundary_compression: str = "none"
     boundary_rank: int = 8
 
@@ -132,6 +137,10 @@ class PlanConfig:
         if not (isinstance(self.powersgd_rank, int) and not isinstance(self.powersgd_rank, bool)
                 and self.powersgd_rank >= 1):
             raise ValueError(f"PlanConfig.powersgd_rank={self.powersgd_rank!r}: must be an int >= 1 (e.g. 4)")
+        if not (isinstance(self.powersgd_warmup, int) and not isinstance(self.powersgd_warmup, bool)
+                and self.powersgd_warmup >= 0):
+            raise ValueError(f"PlanConfig.powersgd_warmup={self.powersgd_warmup!r}: must be an int >= 0 (optimizer "
+                             "steps before PowerSGD starts, e.g. 10% of the run's steps)")
         from .planner.boundary import OPTIONS as BOUNDARY_OPTIONS
         if self.boundary_compression not in BOUNDARY_OPTIONS:
             raise ValueError(f"PlanConfig.boundary_compression={self.boundary_compression!r}: use one of "

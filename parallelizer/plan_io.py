@@ -135,7 +135,9 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
             ["option", c["option"]], ["chosen", c["chosen"]], ["fidelity", c["fidelity"]],
             ["estimated step", f"{c['step_s'] * 1e3:.3f} ms"],
             ["best uncompressed step", f"{c['uncompressed_step_s'] * 1e3:.3f} ms"],
-            ["estimated speedup", f"{c['speedup']:.2f}x"]]))
+            ["estimated speedup", f"{c['speedup']:.2f}x"]]
+            + ([["warm-up: exact steps first", str(c["warmup_steps"])],  # PowerSGD; the step above is after them
+                ["warm-up step (uncompressed)", f"{c['warmup_step_s'] * 1e3:.3f} ms"]] if "warmup_steps" in c else [])))
     tables.append(("Activation recomputation (planner/recompute.py; regions not listed: none)", ["region", "mode"],
                    [[r, m] for r, m in sorted(plan.recompute.items())] or [["(all)", "none"]]))
     tables += _block_tables(plan, all_positions)

@@ -198,7 +198,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     if cfg["recompute"] == "auto":  # the default: left out, so plans of before the option stay byte-identical
         del cfg["recompute"]
     if cfg["compression"] == "none":  # likewise (planner.compression)
-        del cfg["compression"], cfg["powersgd_rank"]
+        del cfg["compression"], cfg["powersgd_rank"], cfg["powersgd_warmup"]
     if cfg["boundary_compression"] == "none":  # likewise (pipeline-boundary compression, `planner.boundary`)
         del cfg["boundary_compression"], cfg["boundary_rank"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,

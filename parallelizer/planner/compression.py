@@ -17,7 +17,10 @@ candidate) and by plans on a given mesh (`choose_for_plan`, from `planner.stepti
 The record (`Plan.compression`, `PipelinePlan.compression`, JSON key "compression"): {"option": the config's
 value, "chosen": "none" | "bf16" | "powersgd", "rank": r (PowerSGD), "fidelity": what the codec loses,
 "step_s": estimated step with the choice, "uncompressed_step_s": the best estimated step without compression,
-"speedup": their ratio}.
+"speedup": their ratio; PowerSGD also "warmup_steps" (`PlanConfig.powersgd_warmup`: the first optimizer steps
+are all-reduced exactly, torch's `start_powerSGD_iter`) and "warmup_step_s" (this plan's estimated step without
+compression, what each warm-up step costs)}. "step_s" and "speedup" are the steady state after the warm-up: the
+planner does not know the run's length (a run of T > W steps averages (W warmup_step_s + (T - W) step_s) / T).
 """
 from __future__ import annotations
 
@@ -70,21 +73,24 @@ def fidelity(chosen: str, rank: int) -> str:
     """What the codec gives up, in words (`cost_model.compression`)."""
     if chosen == "powersgd":
         return (f"PowerSGD rank {rank}: each gradient matrix (n x m) all-reduced as a rank-{rank} approximation "
-                "P Q^T, the residual fed back into the next step (error feedback); 1-D gradients exact")
+                "P Q^T, the residual fed back into the next step (error feedback); 1-D gradients exact; "
+                "warm-up steps exact")
     if chosen == "bf16":
         return "bf16 all-reduce: 8 significant bits, relative rounding error <= 2^-8 per element and cast"
     return "exact"
 
 
-def make_record(config: PlanConfig, chosen: str, step_s: float, uncompressed_step_s: float) -> dict:
-    """`Plan.compression` (module docstring); {} when the option is "none" (plans stay as before the option)."""
+def make_record(config: PlanConfig, chosen: str, step_s: float, uncompressed_step_s: float,
+                warmup_step_s: float) -> dict:
+    """`Plan.compression` (module docstring); {} when the option is "none" (plans stay as before the option).
+    `warmup_step_s`: the same plan's estimated step without compression (seconds; PowerSGD's warm-up steps)."""
     if config.compression == "none":
         return {}
     out = {"option": config.compression, "chosen": chosen, "fidelity": fidelity(chosen, config.powersgd_rank),
            "step_s": step_s, "uncompressed_step_s": uncompressed_step_s,
            "speedup": uncompressed_step_s / step_s if step_s > 0 else 1.0}
     if chosen == "powersgd":
-        out["rank"] = config.powersgd_rank
+        out.update(rank=config.powersgd_rank, warmup_steps=config.powersgd_warmup, warmup_step_s=warmup_step_s)
     return out
 
 
@@ -93,9 +99,11 @@ def compression_line(record: dict) -> str:
     if record.get("chosen", "none") == "none":
         return (f"gradient compression: none (option {record.get('option')!r}; no codec beats the uncompressed "
                 f"sync, estimated step {record.get('step_s', 0) * 1e3:.1f} ms)")
+    warmup = (f"; the first {record['warmup_steps']} steps exact (warm-up, {record['warmup_step_s'] * 1e3:.1f} ms "
+              "each), the step above after them" if record.get("warmup_steps") else "")
     return (f"gradient compression: {record['chosen']} (option {record['option']!r}), estimated step "
             f"{record['step_s'] * 1e3:.1f} ms vs {record['uncompressed_step_s'] * 1e3:.1f} ms uncompressed "
-            f"({record['speedup']:.1f}x); fidelity: {record['fidelity']}")
+            f"({record['speedup']:.1f}x){warmup}; fidelity: {record['fidelity']}")
 
 
 def choose_for_plan(traced, plan, topology, config: PlanConfig) -> dict:
@@ -117,4 +125,4 @@ def choose_for_plan(traced, plan, topology, config: PlanConfig) -> dict:
     chosen = choose(config.compression, base.grad_sync_exposed_s, costs)
     if not keeps_compression(config.compression, chosen, steps.get(chosen, base.total_s), base.total_s):
         chosen = "none"
-    return make_record(config, chosen, steps.get(chosen, base.total_s), base.total_s)
+    return make_record(config, chosen, steps.get(chosen, base.total_s), base.total_s, base.total_s)

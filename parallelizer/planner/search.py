@@ -620,7 +620,8 @@ class _Context:
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {
                         "nodes": self.cluster.num_nodes, "devices_per_node": self.cluster.devices_per_node}},
-            compression=make_record(self.config, res["compression"], step, uncompressed_step_s),
+            compression=make_record(self.config, res["compression"], step, uncompressed_step_s,
+                                    res.get("uncompressed_step_s", step)),
             boundary_compression=res.get("boundary_compression"), alternatives=alternatives,
             intra_stage_plan=pr.plan)
 

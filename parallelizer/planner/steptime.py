@@ -21,7 +21,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * Gradient compression (`compression=`, `cost_model.compression`): each bucket's all-reduce is priced as the
   codec's sequential all-reduces of its compressed bytes (PowerSGD: uncompressed tensors, P, Q; bf16: half the
   bytes), overlapped as above; the codec's compute (`codec_s`) is added in full (it runs on the device's
-  compute, with backward).
+  compute, with backward). A PowerSGD bucket is not overlapped: backward waits for it to complete
+  (`rewriter.compression.start_compressed`: its P and Q all-reduces come from the hook's callbacks and must not
+  interleave with backward's collectives), so its all-reduces are exposed in full. This is the steady state
+  after PowerSGD's warm-up (`PlanConfig.powersgd_warmup` exact steps, priced as the uncompressed step).
 * The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
   parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
   optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
@@ -133,7 +136,10 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     ready, comm, codec = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes, compression, powersgd_rank,
                                   pricer.device)
     backward_end = sum(w for w, _ in bwd_work)
-    exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
+    if compression == "powersgd":  # synchronous buckets (module docstring)
+        exposed = sum(comm)
+    else:
+        exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
     return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
                     len(comm), codec)
 

@@ -18,11 +18,24 @@ Adapting torch's hooks to our buckets:
 * Each bucket gets its own `PowerSGDState`, kept from step to step (error feedback and warm start need the
   same bucket again) and keyed by the bucket's first parameter, its place in the pass and its gradient sizes,
   as `grad_sync` keys its kept buffers; so the bucket is always index 0, and the last of its state.
-* torch refuses `start_powerSGD_iter <= 1` with error feedback, because DDP rebuilds its buckets after the
+* Warm-up (`GradCompression.warmup`, torch's `start_powerSGD_iter`): the first `warmup` optimizer steps of a
+  bucket are all-reduced exactly by the hook itself, compression starts at step `warmup` (0-based), with a
+  zero error and a freshly drawn Q. torch's docs (`PowerSGDState`) recommend starting "with 10% of total
+  training steps" because early training is sensitive to inexact gradients; torch's default is 1000 steps.
+  torch refuses `start_powerSGD_iter <= 1` with error feedback, because DDP rebuilds its buckets after the
   first iteration; our buckets are never rebuilt (a different bucket gets a different state), so we set it
-  to 0 after construction and compress from the first step, as the paper's Algorithm 1 does.
+  after construction and allow 0 and 1 (0: compress from the first step, as the paper's Algorithm 1 does).
+  A state counts steps by its own calls (torch's `maybe_increase_iter`, our bucket is always the last): one
+  call per optimizer step, since a pipeline stage syncs once per step (`grad_sync.deferred_sync`).
 * Both hooks AVERAGE over the group (DDP's convention); our sync SUMS, so the result is multiplied by the
   group size after the wait (`finish_compressed`).
+* A compressing PowerSGD bucket is completed before `start_compressed` returns (backward waits for it). The
+  hook issues its P and Q all-reduces from its futures' callbacks, i.e. from a gloo/nccl thread, while the
+  main thread goes on issuing collectives on the same process group (the next bucket's all-reduce, a
+  blocking activation all-reduce in backward): the ranks would then issue that group's collectives in
+  different orders, and a collective matches its peers by order alone (a hang, or a sum of the wrong
+  tensors when the sizes agree). Measured: two PowerSGD buckets in flight hung on 2 gloo ranks (torch
+  2.13.0). Warm-up steps (one plain all-reduce, issued here on the main thread) stay asynchronous.
 
 Determinism: PowerSGD's random initial Q comes from `PowerSGDState.rng`, a numpy RandomState seeded with
 `GradCompression.seed` on every rank, so all ranks (and two runs) draw the same Q. The FSDP/ZeRO-3
@@ -53,13 +66,16 @@ class GradCompression:
         kind: "none", "bf16" or "powersgd" (`cost_model.compression.COMPRESSIONS`).
         rank: PowerSGD's approximation rank r (>= 1).
         seed: seed of PowerSGD's random initial Q, the same on every rank.
+        warmup: PowerSGD only: optimizer steps all-reduced exactly before compression starts (>= 0; torch's
+            `start_powerSGD_iter`, module docstring).
     Raises:
-        ValueError: unknown kind, rank < 1, or a seed that is not an int.
+        ValueError: unknown kind, rank < 1, a seed that is not an int, or warmup < 0.
     """
 
     kind: str = "none"
     rank: int = 4
     seed: int = 0
+    warmup: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in COMPRESSIONS:
@@ -67,6 +83,9 @@ class GradCompression:
         if not (isinstance(self.rank, int) and self.rank >= 1) or not isinstance(self.seed, int):
             raise ValueError(f"GradCompression(rank={self.rank!r}, seed={self.seed!r}): rank must be an int >= 1 "
                              "and seed an int")
+        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+            raise ValueError(f"GradCompression(warmup={self.warmup!r}): the exact steps before PowerSGD starts must "
+                             "be an int >= 0")
 
     @property
     def lossy(self) -> bool:
@@ -75,28 +94,37 @@ class GradCompression:
 
     @property
     def spec(self) -> str:
-        """The string form passed to the emitted program ("" for none; "bf16"; "powersgd:RANK:SEED")."""
-        return "" if self.kind == "none" else "bf16" if self.kind == "bf16" else f"powersgd:{self.rank}:{self.seed}"
+        """The string form passed to the emitted program ("" for none; "bf16"; "powersgd:RANK:SEED", with
+        ":WARMUP" appended when warmup > 0)."""
+        if self.kind != "powersgd":
+            return "" if self.kind == "none" else self.kind
+        return f"powersgd:{self.rank}:{self.seed}" + (f":{self.warmup}" if self.warmup else "")
 
     @classmethod
     def parse(cls, spec: str) -> "GradCompression":
         """Inverse of `spec`. Raises ValueError for a malformed string."""
         if not isinstance(spec, str):
-            raise ValueError(f"gradient compression must be a string ('', 'bf16' or 'powersgd:RANK:SEED'), got "
+            raise ValueError("gradient compression must be a string ('', 'bf16' or 'powersgd:RANK:SEED[:WARMUP]'), got "
                              f"{type(spec).__name__} {spec!r}; pass a hierarchical rule as hierarchy=...")
         if not spec:
             return NO_COMPRESSION
         kind, *rest = spec.split(":")
         try:
+            if len(rest) > 3 or (rest and kind != "powersgd"):
+                raise ValueError("too many fields")
             return cls(kind, *(int(x) for x in rest))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"gradient compression {spec!r}: use '', 'bf16' or 'powersgd:RANK:SEED' ({exc})") from None
+            raise ValueError(f"gradient compression {spec!r}: use '', 'bf16' or 'powersgd:RANK:SEED[:WARMUP]' "
+                             f"({exc})") from None
 
     @classmethod
     def from_record(cls, record: dict) -> "GradCompression":
-        """The codec a plan chose (`Plan.compression`, `planner.compression`); none for an empty record."""
+        """The codec a plan chose (`Plan.compression`, `planner.compression`); none for an empty record. A record
+        without "warmup_steps" (plans of before the option) compresses from the first step."""
         chosen = record.get("chosen", "none") if record else "none"
-        return cls(chosen, int(record.get("rank", 4))) if chosen != "none" else NO_COMPRESSION
+        if chosen == "none":
+            return NO_COMPRESSION
+        return cls(chosen, int(record.get("rank", 4)), warmup=int(record.get("warmup_steps", 0)))
 
 
 NO_COMPRESSION = GradCompression()
@@ -134,7 +162,7 @@ def start_compressed(flat: torch.Tensor, params: list[torch.Tensor], group: dist
     """Start the compressed all-reduce of one bucket: `flat` (1-D, the gradients of `params` concatenated)
     is replaced in place by the codec's approximation of the AVERAGE over `group` when the returned future
     completes (`finish_compressed` turns it into the sum). `key` identifies the bucket within its pass
-    (kept PowerSGD state, module docstring).
+    (kept PowerSGD state, module docstring). A compressing PowerSGD bucket has completed on return.
 
     Raises:
         ValueError: compression "none" (use a plain all-reduce).
@@ -146,14 +174,19 @@ def start_compressed(flat: torch.Tensor, params: list[torch.Tensor], group: dist
         raise ValueError(f"start_compressed: no codec for {compression}; all-reduce uncompressed buckets directly")
     states = _STATES.setdefault(params[0], {})
     state_key = (key, tuple(p.numel() for p in params), compression)
-    if state_key not in states:
+    state = states.get(state_key)
+    if state is None:
         state = PowerSGDState(process_group=group, matrix_approximation_rank=compression.rank,
                               start_powerSGD_iter=2, min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
                               use_error_feedback=True, warm_start=True, random_seed=compression.seed,
                               compression_stats_logging_frequency=2**62)
-        state.start_powerSGD_iter = 0  # our buckets are never rebuilt (module docstring)
+        state.start_powerSGD_iter = compression.warmup  # our buckets are never rebuilt (module docstring)
         states[state_key] = state
-    return powerSGD_hook(states[state_key], bucket)
+    compressing = state.iter >= state.start_powerSGD_iter
+    future = powerSGD_hook(state, bucket)
+    if compressing:
+        future.wait()  # its collectives come from callbacks: none may interleave with the caller's (docstring)
+    return future
 
 
 def finish_compressed(future: torch.futures.Future, flat: torch.Tensor, group_size: int) -> None:

@@ -38,8 +38,10 @@ outside a backward pass (one backward at a time per process, as for DDP).
 
 With a gradient codec (`compression`, a `rewriter.compression.GradCompression` spec string), step 2 runs
 torch's DDP communication hook for it on the bucket (bf16 all-reduce, or PowerSGD with error feedback and
-warm start; `rewriter.compression`) and step 3 waits for its future and scales the hook's average back to a
-sum. The synchronous fallbacks below stay exact (uncompressed).
+warm start, after its exact warm-up steps; `rewriter.compression`) and step 3 waits for its future and scales
+the hook's average back to a sum. A compressing PowerSGD bucket is completed at step 2 already (backward waits:
+its collectives come from the hook's callbacks and must not interleave with backward's). The synchronous
+fallbacks below stay exact (uncompressed).
 
 Deferred sync (gradient accumulation over microbatches, as DDP's `no_sync()`): inside `deferred_sync(False)`
 the gradient of a use is returned to autograd unreduced, so it accumulates locally in `param.grad` (no

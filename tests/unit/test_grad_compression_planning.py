@@ -3,6 +3,7 @@ their figures, bytes and seconds of a compressed all-reduce against closed forms
 choosing PowerSGD for a 1B-parameter GPT on internet:8x1 (>= 5x faster than the best uncompressed plan) and
 not on DGX presets, and the record in the plan (JSON, show, runtime spec)."""
 import math
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_co
 
 import parallelizer
 from cost_model.communication import collective_time_s
-from cost_model.compression import compressed_sync, compressed_sync_time_s, powersgd_matrix
+from cost_model.compression import POWERSGD_DEFAULT_WARMUP, compressed_sync, compressed_sync_time_s, powersgd_matrix
 from cost_model.hardware import A100_80GB
 from cost_model.topology import MeshTopology, get_cluster
 from parallelizer import zoo
@@ -92,6 +93,9 @@ def test_internet_plan_picks_compression_5x_faster_than_the_best_uncompressed(gp
     plain = parallelizer.plan_pipeline(gpt_1b, "internet:8x1", global_batch=512, progress=False)
     record = best.compression
     assert record["chosen"] == "powersgd" and record["rank"] == 4 and "rank-4" in record["fidelity"]
+    assert record["warmup_steps"] == POWERSGD_DEFAULT_WARMUP == 1000  # torch's start_powerSGD_iter default
+    # the warm-up steps run the chosen stages uncompressed: no faster than the best uncompressed plan
+    assert record["warmup_step_s"] >= record["uncompressed_step_s"] * (1 - 1e-12)
     assert best.dp > 1 and plain.compression == {}
     assert record["uncompressed_step_s"] == pytest.approx(plain.step_time_s, rel=1e-12)
     assert record["step_s"] == best.step_time_s
@@ -109,13 +113,20 @@ def test_dgx_plan_keeps_the_exact_all_reduce(gpt_1b):
 def test_plan_records_compression_in_json_show_and_runtime_spec():
     traced = parallelizer.trace(*zoo.mlp(batch=8, in_features=16, dim=64, hidden=128, out_features=4))
     forced = parallelizer.plan(traced, {"dp": 4}, cluster="internet:4x1", axis_roles={"dp": "ddp"},
-                               compression="powersgd", powersgd_rank=2)
+                               compression="powersgd", powersgd_rank=2, powersgd_warmup=30)
     record = forced.compression
     assert record["option"] == "powersgd" and record["chosen"] == "powersgd" and record["rank"] == 2
     assert forced.config["compression"] == "powersgd" and forced.config["powersgd_rank"] == 2
+    # the warm-up steps run this plan uncompressed (on a given mesh: the uncompressed figure itself); here, a tiny
+    # MLP over 30 ms links, PowerSGD's three latency-bound all-reduces make the compressed steady state slower
+    assert record["warmup_steps"] == 30 and record["warmup_step_s"] == record["uncompressed_step_s"] < record["step_s"]
+    assert forced.config["powersgd_warmup"] == 30
     loaded = Plan.from_json(forced.to_json())
     assert loaded.compression == forced.to_dict()["compression"]
-    assert spec_from_plan(loaded).compression == GradCompression("powersgd", 2)
+    assert spec_from_plan(loaded).compression == GradCompression("powersgd", 2, warmup=30)
+    assert spec_from_plan(loaded).compression.spec == "powersgd:2:0:30"
+    assert "the first 30 steps exact" in loaded.summary()
+    assert re.search(r"warm-up: exact steps first\s+30\n", plan_text(loaded))
     assert "Data-parallel gradient compression" in plan_text(loaded) and "rank-2" in plan_text(loaded)
     assert "gradient compression: powersgd" in loaded.summary()
     exact = parallelizer.plan(traced, {"dp": 4}, cluster="internet:4x1", axis_roles={"dp": "ddp"})
@@ -130,3 +141,20 @@ def test_rehearsal_report_of_a_compressed_run_reports_instead_of_failing():
     assert not exact.acceptable() and "NUMERICS DIFFER" in str(exact)
     assert lossy.acceptable() and not lossy.matches() and lossy.final_loss == 0.05
     assert "expected by design" in str(lossy) and "3.00e-01" in str(lossy)
+
+
+def test_powersgd_warmup_option_round_trips_and_bad_values_are_refused():
+    from parallelizer.config import PlanConfig
+    codec = GradCompression.parse("powersgd:4:0:40")
+    assert codec == GradCompression("powersgd", 4, 0, warmup=40) and codec.spec == "powersgd:4:0:40"
+    assert GradCompression.parse("powersgd:4:0").warmup == 0  # programs emitted before the option
+    assert GradCompression.from_record({"chosen": "powersgd", "rank": 4}).warmup == 0  # plans of before the option
+    assert GradCompression.from_record({"chosen": "powersgd", "rank": 2, "warmup_steps": 40}) == \
+        GradCompression("powersgd", 2, warmup=40)
+    for bad in ("powersgd:4:0:-1", "powersgd:4:0:1:2", "bf16:3"):
+        with pytest.raises(ValueError, match="WARMUP"):
+            GradCompression.parse(bad)
+    assert PlanConfig().powersgd_warmup == POWERSGD_DEFAULT_WARMUP
+    for bad in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="powersgd_warmup"):
+            PlanConfig(powersgd_warmup=bad)
