@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from cost_model.topology import MeshTopology
+
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from ..tracer.graph import BlockGroup, TracedGraph
+from .costs import Pricer, traced_in_low_precision
 from .plan import CostBreakdown, NodePlan, Plan, SolverReport, empty_comm
 
 
@@ -81,10 +84,19 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         PipelineError: a parameter used by several stages could not keep one stored layout.
         InfeasiblePlanError / ValueError: from the stage solves (`planner.plan`).
     """
-    from .api import plan as solve_plan
+    from .api import plan as solve_plan, resolve_cluster
 
     stage_configs = stage_configs or {}
     graphs = stage_graphs(traced, cut)
+    # one Pricer for the solves under `config` (per graph precision, the only fact of a graph a Pricer's prices
+    # depend on: `Pricer.check_reusable`): the stages' blocks have the same shapes, so the first solve's edge
+    # and op prices (cached by layouts, shapes and dtypes) serve the later ones
+    topo = MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
+    pricers: dict[bool, Pricer] = {}
+
+    def shared(sg: TracedGraph) -> Pricer:
+        low = traced_in_low_precision(sg)
+        return pricers[low] if low in pricers else pricers.setdefault(low, Pricer(topo, mesh, config, sg))
     solved: list[tuple[TracedGraph, Plan]] = []  # per distinct layout: its stage graph and solve
     keys: dict[tuple, int] = {}
     layouts, strategy, stored, fallbacks = [], {}, {}, []
@@ -94,7 +106,7 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
             pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
             keys[key] = len(solved)
             solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
-                                          pinned=pinned)))
+                                          pinned=pinned, pricer=None if k in stage_configs else shared(sg))))
         layouts.append(keys[key])
         rep_graph, rep = solved[keys[key]]
         names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position
