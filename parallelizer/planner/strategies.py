@@ -43,7 +43,7 @@ from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from ..tracer.graph import is_view, mutated_args
+from ..tracer.graph import ParamInfo, is_view, mutated_args
 from .rules import OUT, AxisOption, OpView, rule_for
 
 R = Replicate()
@@ -196,11 +196,12 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
             batch dim does not divide over a "ddp"/"fsdp" axis.
     """
     data_axes = _data_axes(mesh, config)
+    owners = tg._placeholder_to_param()  # once: `param_of_placeholder` builds it on every call
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
         if info.op == "placeholder" or info.op == "get_attr":
-            spaces[name] = _placeholder_space(tg, info, mesh, config, data_axes)
+            spaces[name] = _placeholder_space(info, owners.get(name), mesh, config, data_axes)
             continue
         if info.op == "output":
             spaces[name] = NodeSpace(name, "output", inputs,
@@ -376,10 +377,10 @@ def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
     return config.data_axes
 
 
-def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: PlanConfig,
+def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,
                        data_axes: tuple[str, ...]) -> NodeSpace:
+    """The space of placeholder `info` standing for parameter/buffer `param` (None: a user input or constant)."""
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
-    param = tg.param_of_placeholder(info.name)
     roles = config.roles_on(mesh.axis_names)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
         return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)],
