@@ -8,7 +8,9 @@ last the head and loss) share one solve; the others get their own. The solve is 
 graph with the stage's repeated blocks as a block group (so `cluster_blocks` gives its members one strategy
 per position) on the intra-stage (dp, tp) mesh; a later stage's solve keeps a parameter already placed by an
 earlier stage (a tied embedding / lm_head) in that stored layout (`pinned`), so the copies the stages hold
-have the same shards and their gradients can be summed (`runtime.pipeline.sync_shared_grads`).
+have the same shards and their gradients can be summed (`runtime.pipeline.sync_shared_grads`). The solves share
+one `Pricer` (its edge and op prices are keyed by layouts, shapes and dtypes, so a later stage's blocks reuse
+the first stage's prices; `Pricer.check_reusable`).
 
 The result is one whole-graph `Plan` whose every node has the strategy of its own stage's solve (stages own
 disjoint nodes), with `layouts[k]` = the index of the distinct solve stage k uses. An edge crossing a stage
