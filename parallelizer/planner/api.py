@@ -30,7 +30,7 @@ from .strategies import build_spaces
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
          topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
-         **options) -> Plan:
+         pricer: Pricer | None = None, **options) -> Plan:
     """Plan the sharding of `traced` on `mesh`.
 
     Args:
@@ -42,6 +42,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         config: a `PlanConfig`; `options` (e.g. memory_budget_bytes=..., memory_reserve_bytes=...,
             batch_dims={...}, optimizer=..., precision="bf16"|"fp32", time_limit_s=...) override its fields.
         pinned: parameter placeholder -> its only allowed stored layout (`build`).
+        pricer: a `Pricer` whose caches the solve reuses (`build`).
     Returns:
         The `Plan`.
     Raises:
@@ -51,22 +52,31 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     """
     mesh = MeshSpec.of(mesh)
     config = dataclasses.replace(config or PlanConfig(), **options)
-    problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned)
+    problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
+                            pricer=pricer)
     solution = solve(problem, config)
     return to_plan(traced, problem, pricer, solution, config)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
-          config: PlanConfig, pinned: dict[str, str] | None = None) -> tuple[Problem, Pricer]:
+          config: PlanConfig, pinned: dict[str, str] | None = None, pricer: Pricer | None = None
+          ) -> tuple[Problem, Pricer]:
     """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks).
 
     `pinned`: parameter placeholder -> the only stored layout it may take (a layout string, "S(0)R"): how the
     per-stage solves of a pipeline plan keep a parameter held by several stages (a tied embedding) in one
     stored layout (`planner.stage_layouts`). Raises ValueError when a pinned layout is not among the
     placeholder's strategies.
+
+    `pricer`: a `Pricer` built earlier for the same mesh, topology and pricing (`Pricer.check_reusable`), so
+    graphs planned one after the other (the stages of a pipeline, `planner.stage_layouts`) share its caches
+    of edge and op prices; None: a new one. Raises ValueError when it was built for other prices.
     """
     topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
-    pricer = Pricer(topo, mesh, config, traced)
+    if pricer is None:
+        pricer = Pricer(topo, mesh, config, traced)
+    else:
+        pricer.check_reusable(topo, mesh, config, traced)
     budget, reserve = memory_budget(config, topo.cluster.device)
     spaces = build_spaces(traced, mesh, config)
     for name, layout in (pinned or {}).items():

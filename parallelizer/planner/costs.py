@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -66,6 +66,18 @@ class NodeCost:
         return self.fwd_s + self.bwd_s
 
 
+@dataclass
+class GraphTables:
+    """The per-graph facts a `Pricer` reads, which depend on the graph alone (not on mesh, device or precision):
+    each graph's pointwise fusion chains (`cost_model.fusion.pointwise_fusion`) and owners of saved storages
+    (`cost_model.memory.saved_tensor_owners`), by id(graph) with the graph held (so an id is never reused while
+    its entry lives). Pricers of several meshes for one graph (the search's one ILP per tp,
+    `segments.price_segments`) pass one `GraphTables` so each graph is analysed once."""
+
+    fusion: dict[int, tuple[TracedGraph, dict[str, FusedIO]]] = field(default_factory=dict)
+    shares: dict[int, tuple[TracedGraph, dict[str, SavedShare]]] = field(default_factory=dict)
+
+
 class Pricer:
     """Prices for one mesh on one topology and device (caches results; holds no decisions).
 
@@ -75,6 +87,7 @@ class Pricer:
         config: for optimizer / precision.
         traced: the graph to be priced (its parameter dtypes decide the default precision and whether fp32
             tensors are priced as bf16; `resolve_precision`). None: as a graph traced in fp32.
+        tables: per-graph facts shared with other Pricers (`GraphTables`); None: this Pricer's own.
     Attributes:
         precision: the precision applied ("bf16" or "fp32").
         fuse_pointwise: pointwise chains priced fused (GPU devices).
@@ -84,7 +97,7 @@ class Pricer:
     """
 
     def __init__(self, topo: MeshTopology, mesh: MeshSpec, config: PlanConfig,
-                 traced: TracedGraph | None = None) -> None:
+                 traced: TracedGraph | None = None, tables: GraphTables | None = None) -> None:
         if tuple(topo.axis_names) != mesh.axis_names or tuple(topo.mesh_shape) != mesh.shape:
             raise ValueError(f"topology mesh {dict(zip(topo.axis_names, topo.mesh_shape))} differs from the plan "
                              f"mesh {mesh}; build MeshTopology(cluster, mesh.shape, mesh.axis_names)")
@@ -94,11 +107,26 @@ class Pricer:
         self.precision = resolve_precision(config.precision, self.device, low)
         self.autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
         self.fuse_pointwise = self.device.kind == "gpu"
-        self._fusion: dict[int, dict[str, FusedIO]] = {}
-        self._shares: dict[int, dict[str, SavedShare]] = {}
+        self.tables = tables if tables is not None else GraphTables()
         self._edge: dict = {}
+        self._steps: dict = {}
         self._node: dict = {}
         self.matrices: dict = {}  # edge cost matrices by (layouts, shape, ...): block instances share them
+
+    def check_reusable(self, topo: MeshTopology, mesh: MeshSpec, config: PlanConfig,
+                       traced: TracedGraph | None = None, tables: GraphTables | None = None) -> None:
+        """Raise ValueError unless this Pricer prices exactly as `Pricer(topo, mesh, config, traced)` would: the
+        same topology and mesh, the same config (optimizer, precision, ...) and the same resolved precision and
+        autocast for `traced`. Then its caches (keyed by layouts, shapes, dtypes and per-graph facts only) hold
+        for `traced` too (`planner.api.build`'s `pricer`)."""
+        low = traced_in_low_precision(traced)
+        precision = resolve_precision(config.precision, self.device, low)
+        mine = (self.topo, self.mesh, self.config, self.precision, self.autocast)
+        theirs = (topo, mesh, config, precision, precision == "bf16" and not low)
+        if mine != theirs:
+            diff = [n for n, a, b in zip(("topology", "mesh", "config", "precision", "autocast"), mine, theirs) if a != b]
+            raise ValueError(f"this Pricer was built for other prices ({', '.join(diff)} differ: mesh {self.mesh} vs "
+                             f"{mesh}). Remedy: pass pricer=None, or one built for this mesh, topology and config")
 
     # --- dtypes -------------------------------------------------------------------------------------
     def dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -149,8 +177,14 @@ class Pricer:
 
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
-        return edge_steps(src, dst, shape, self.mesh, itemsize=itemsize, grad_partial_axes=grad_axes,
-                          requires_grad=requires_grad, is_parameter=is_parameter)
+        """`core.redistribute.edge_steps` on this mesh (cached on all its arguments; raises as it does)."""
+        key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
+        hit = self._steps.get(key)
+        if hit is None:
+            hit = self._steps[key] = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize,
+                                                grad_partial_axes=grad_axes, requires_grad=requires_grad,
+                                                is_parameter=is_parameter)
+        return hit
 
     def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
                     grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> float:
@@ -181,25 +215,25 @@ class Pricer:
         """The node's place in a fused pointwise chain (`cost_model.fusion`); unfused on a CPU."""
         if not self.fuse_pointwise:
             return FusedIO()
-        table = self._fusion.get(id(tg))
-        if table is None:
-            table = self._fusion[id(tg)] = pointwise_fusion(tg.graph_module)
-        return table.get(name, FusedIO())
+        held = self.tables.fusion.get(id(tg))
+        if held is None or held[0] is not tg:
+            held = self.tables.fusion[id(tg)] = (tg, pointwise_fusion(tg.graph_module))
+        return held[1].get(name, FusedIO())
 
     def saved_share(self, tg: TracedGraph, name: str) -> SavedShare | None:
         """The node's part of the storages it saves for backward (`cost_model.memory.saved_tensor_owners`: each
         storage charged to its first saver in graph order; parameters and buffers to none); None: all its own.
         The savers are the ops downstream of a trained parameter or of a floating-point graph input (a pipeline
         stage's received activations carry gradients; `runtime.pipeline.stage_graph`)."""
-        table = self._shares.get(id(tg))
-        if table is None:
+        held = self.tables.shares.get(id(tg))
+        if held is None or held[0] is not tg:
             resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
             trainable = [ph for p in tg.parameters.values() if not p.is_buffer and p.requires_grad
                          for ph in p.placeholders]
             trainable += [n for n in tg.input_names if tg.nodes[n].outputs
                           and tg.nodes[n].outputs[0].dtype.is_floating_point]
-            table = self._shares[id(tg)] = saved_tensor_owners(tg.graph_module, resident, trainable)
-        return table.get(name)
+            held = self.tables.shares[id(tg)] = (tg, saved_tensor_owners(tg.graph_module, resident, trainable))
+        return held[1].get(name)
 
     def node_costs(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace) -> list[NodeCost]:
         """`node_cost` of every strategy of a node (cached per op signature and strategy)."""

@@ -26,6 +26,7 @@ Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pic
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -100,12 +101,25 @@ def derive_edge(mesh: MeshSpec, src: str, dst: str, index: int, src_layout: str,
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"{dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16', 'int64')")
-    dst_layout = Layout.parse(consumer.inputs[index])
-    out = None if consumer.output is None else Layout.parse(consumer.output)
-    steps = edge_steps(Layout.parse(src_layout), dst_layout, shape, mesh, itemsize=torch_dtype.itemsize,
-                       grad_partial_axes=grad_partial_axes(dst_layout, out, mesh), requires_grad=requires_grad,
-                       is_parameter=is_parameter)
+    steps = _derived_steps(mesh, src_layout, consumer.inputs[index], consumer.output, tuple(shape),
+                           torch_dtype.itemsize, requires_grad, is_parameter)
     return EdgePlan(src, dst, index, src_layout, consumer.inputs[index], steps, tuple(shape), dtype, requires_grad)
+
+
+# Distinct edges (layouts, shape, dtype size, gradient facts, mesh) whose steps are kept: a plan has a few hundred
+# (the instances of a repeated block share theirs); the bound only keeps a long-lived process from growing.
+_STEPS_CACHE = 16384
+
+
+@functools.lru_cache(maxsize=_STEPS_CACHE)
+def _derived_steps(mesh: MeshSpec, src_layout: str, dst_layout: str, out_layout: str | None, shape: tuple[int, ...],
+                   itemsize: int, requires_grad: bool, is_parameter: bool) -> tuple[Step, ...]:
+    """`derive_edge`'s steps, memoised on everything they depend on (its arguments; Steps are immutable)."""
+    dst = Layout.parse(dst_layout)
+    out = None if out_layout is None else Layout.parse(out_layout)
+    return edge_steps(Layout.parse(src_layout), dst, shape, mesh, itemsize=itemsize,
+                      grad_partial_axes=grad_partial_axes(dst, out, mesh), requires_grad=requires_grad,
+                      is_parameter=is_parameter)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,7 @@ from ..tracer import TracedGraph
 from . import boundary
 from .api import memory_budget
 from .compression import choose, codecs_of, keeps_compression, make_record
-from .costs import resolve_precision, traced_in_low_precision
+from .costs import GraphTables, resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
@@ -329,6 +329,7 @@ class _Context:
         self.traced, self.segments, self.cluster, self.config = traced, segments, cluster, config
         self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
         self.cache: dict[int, SegmentPrices] = {}
+        self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
         self.codecs = codecs_of(config)  # data-parallel gradient codecs (`planner.compression`)
@@ -339,7 +340,7 @@ class _Context:
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
-            self.cache[tp] = price_segments(self.traced, self.segments, tp, self.cluster, self.config)
+            self.cache[tp] = price_segments(self.traced, self.segments, tp, self.cluster, self.config, self.tables)
         return self.cache[tp]
 
     def topology(self, c: Candidate) -> MeshTopology:

@@ -41,6 +41,7 @@ from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..tracer import BlockGroup, Role, TracedGraph
 from .api import build, recompute_prices, to_plan
+from .costs import GraphTables, Pricer
 from .ilp import solve
 from .plan import Plan
 from .problem import layout_of
@@ -192,8 +193,9 @@ def tp_cluster(cluster: Cluster, tp: int) -> Cluster:
 
 
 def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cluster,
-                   config: PlanConfig) -> SegmentPrices:
-    """Solve the intra-stage ILP on mesh ("tp",) and price every segment (module docstring).
+                   config: PlanConfig, tables: GraphTables | None = None) -> SegmentPrices:
+    """Solve the intra-stage ILP on mesh ("tp",) and price every segment (module docstring). `tables`: the
+    graph's facts shared by the solves for several tp (`costs.GraphTables`); None: computed here.
 
     Raises:
         InfeasiblePlanError: from the ILP (no strategy reachable); ValueError: tp does not fit a node.
@@ -203,7 +205,8 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
     mesh = MeshSpec(("tp",), (tp,))
     config = dataclasses.replace(config, memory_budget_bytes=_NO_BUDGET)
     topo = MeshTopology(tp_cluster(cluster, tp), (tp,), ("tp",))
-    problem, pricer = build(traced, mesh, topology=topo, config=config)
+    problem, pricer = build(traced, mesh, topology=topo, config=config,
+                            pricer=Pricer(topo, mesh, config, traced, tables))
     solution = solve(problem, config)
     plan = to_plan(traced, problem, pricer, solution, config)
     n = segments.num_blocks + 2

@@ -8,7 +8,9 @@ last the head and loss) share one solve; the others get their own. The solve is 
 graph with the stage's repeated blocks as a block group (so `cluster_blocks` gives its members one strategy
 per position) on the intra-stage (dp, tp) mesh; a later stage's solve keeps a parameter already placed by an
 earlier stage (a tied embedding / lm_head) in that stored layout (`pinned`), so the copies the stages hold
-have the same shards and their gradients can be summed (`runtime.pipeline.sync_shared_grads`).
+have the same shards and their gradients can be summed (`runtime.pipeline.sync_shared_grads`). The solves share
+one `Pricer` (its edge and op prices are keyed by layouts, shapes and dtypes, so a later stage's blocks reuse
+the first stage's prices; `Pricer.check_reusable`).
 
 The result is one whole-graph `Plan` whose every node has the strategy of its own stage's solve (stages own
 disjoint nodes), with `layouts[k]` = the index of the distinct solve stage k uses. An edge crossing a stage
@@ -26,10 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from cost_model.topology import MeshTopology
+
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from ..tracer.graph import BlockGroup, TracedGraph
+from .costs import Pricer, traced_in_low_precision
 from .plan import CostBreakdown, NodePlan, Plan, SolverReport, empty_comm
 
 
@@ -81,10 +86,19 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         PipelineError: a parameter used by several stages could not keep one stored layout.
         InfeasiblePlanError / ValueError: from the stage solves (`planner.plan`).
     """
-    from .api import plan as solve_plan
+    from .api import plan as solve_plan, resolve_cluster
 
     stage_configs = stage_configs or {}
     graphs = stage_graphs(traced, cut)
+    # one Pricer for the solves under `config` (per graph precision, the only fact of a graph a Pricer's prices
+    # depend on: `Pricer.check_reusable`): the stages' blocks have the same shapes, so the first solve's edge
+    # and op prices (cached by layouts, shapes and dtypes) serve the later ones
+    topo = MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
+    pricers: dict[bool, Pricer] = {}
+
+    def shared(sg: TracedGraph) -> Pricer:
+        low = traced_in_low_precision(sg)
+        return pricers[low] if low in pricers else pricers.setdefault(low, Pricer(topo, mesh, config, sg))
     solved: list[tuple[TracedGraph, Plan]] = []  # per distinct layout: its stage graph and solve
     keys: dict[tuple, int] = {}
     layouts, strategy, stored, fallbacks = [], {}, {}, []
@@ -94,17 +108,18 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
             pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
             keys[key] = len(solved)
             solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
-                                          pinned=pinned)))
+                                          pinned=pinned, pricer=None if k in stage_configs else shared(sg))))
         layouts.append(keys[key])
         rep_graph, rep = solved[keys[key]]
         names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position
         names["output"] = None  # the stage's sent values: the whole graph's output node is not a stage's
+        owners = sg._placeholder_to_param()  # once per stage (`param_of_placeholder` builds it per call)
         fallbacks += [dataclasses.replace(f, node=names[f.node]) for f in rep.fallbacks if names.get(f.node)]
         for name, node in rep.nodes.items():
             mine = names[name]
             if mine is None:
                 continue
-            param = sg.param_of_placeholder(mine)
+            param = owners.get(mine)
             if param is not None and not param.is_buffer:
                 if stored.setdefault(param.fqn, node.output) != node.output:
                     raise PipelineError(f"parameter {param.fqn} is stored as {stored[param.fqn]} by an earlier stage "

@@ -30,6 +30,7 @@ are `mutation_edges`; the planner forbids every layout change on them (`EdgeRole
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from ..tracer.graph import is_view, mutated_args
+from ..tracer.graph import ParamInfo, is_view, mutated_args
 from .rules import OUT, AxisOption, OpView, rule_for
 
 R = Replicate()
@@ -124,16 +125,35 @@ def _valid(combo: tuple[AxisOption, ...], ins: tuple[Layout, ...], out: Layout, 
 
 def op_strategies(view: OpView, options: list[AxisOption], mesh: MeshSpec) -> list[Strategy]:
     """Every combination of one per-axis option per mesh axis that is valid (`_valid`); order-preserving,
-    deduplicated. This is the strategy space of an op node that chooses (not a follower)."""
+    deduplicated. This is the strategy space of an op node that chooses (not a follower).
+
+    Memoised (`_STRATEGY_CACHE`) on everything it reads: the options, the mesh and the view's input and output
+    shapes (`_valid` reads nothing else), so the instances of a repeated block, the stages of a pipeline and the
+    meshes tried again by the search enumerate each distinct (options, shapes, mesh) once."""
+    return list(_product_strategies(tuple(options), mesh, _shapes(view.in_shapes), _shapes(view.out_shapes)))
+
+
+def _shapes(shapes) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(s) for s in shapes)
+
+
+# Distinct (options, mesh, shapes) keys kept per memoised function: a Llama-2-7B search and its stage solves use
+# a few hundred; the bound only keeps a long-lived process from growing without limit.
+_STRATEGY_CACHE = 8192
+
+
+@functools.lru_cache(maxsize=_STRATEGY_CACHE)
+def _product_strategies(options: tuple[AxisOption, ...], mesh: MeshSpec, in_shapes: tuple, out_shapes: tuple
+                        ) -> tuple[Strategy, ...]:
     seen, res = set(), []
     for combo in itertools.product(options, repeat=mesh.ndim):
-        ins = tuple(Layout(tuple(c.inputs[k] for c in combo)) for k in range(view.n_in))
+        ins = tuple(Layout(tuple(c.inputs[k] for c in combo)) for k in range(len(in_shapes)))
         out = Layout(tuple(c.output for c in combo))
         s = Strategy(ins, out)
-        if s not in seen and _valid(combo, ins, out, mesh, view.in_shapes, view.out_shapes):
+        if s not in seen and _valid(combo, ins, out, mesh, in_shapes, out_shapes):
             seen.add(s)
             res.append(s)
-    return res
+    return tuple(res)
 
 
 def _layouts(shape: tuple[int, ...], per_axis: list[list], mesh: MeshSpec) -> list[Layout]:
@@ -142,22 +162,30 @@ def _layouts(shape: tuple[int, ...], per_axis: list[list], mesh: MeshSpec) -> li
 
 def _follow(leader: NodeSpace, options: list[AxisOption], view: OpView, mesh: MeshSpec) -> list[Strategy]:
     """A follower's strategies: its leader's output layouts pushed through its rule (module docstring); an
-    axis the rule cannot map, or whose result breaks an evenness need, is made Replicate."""
+    axis the rule cannot map, or whose result breaks an evenness need, is made Replicate. Memoised like
+    `op_strategies` on all it reads (the leader's output layouts, the options, the mesh, the view's shapes)."""
+    return list(_followed(tuple(s.output for s in leader.strategies), tuple(options), mesh,
+                          _shapes(view.in_shapes), _shapes(view.out_shapes)))
+
+
+@functools.lru_cache(maxsize=_STRATEGY_CACHE)
+def _followed(leader_outputs: tuple[Layout, ...], options: tuple[AxisOption, ...], mesh: MeshSpec,
+              in_shapes: tuple, out_shapes: tuple) -> tuple[Strategy, ...]:
     mapping: dict = {}
     for o in options:
         mapping.setdefault(o.inputs[0], o)
     rep = mapping[R]
     res = []
-    for s in leader.strategies:
-        combo = [mapping.get(p, rep) for p in s.output]
+    for output in leader_outputs:
+        combo = [mapping.get(p, rep) for p in output]
         for a in reversed(range(mesh.ndim)):
             ins, out = (Layout(tuple(c.inputs[0] for c in combo)),), Layout(tuple(c.output for c in combo))
-            if _valid(tuple(combo), ins, out, mesh, view.in_shapes, view.out_shapes):
+            if _valid(tuple(combo), ins, out, mesh, in_shapes, out_shapes):
                 break
             combo[a] = rep
         ins, out = (Layout(tuple(c.inputs[0] for c in combo)),), Layout(tuple(c.output for c in combo))
         res.append(Strategy(ins, out))
-    return res
+    return tuple(res)
 
 
 def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[str, NodeSpace]:
@@ -168,11 +196,12 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
             batch dim does not divide over a "ddp"/"fsdp" axis.
     """
     data_axes = _data_axes(mesh, config)
+    owners = tg._placeholder_to_param()  # once: `param_of_placeholder` builds it on every call
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
         if info.op == "placeholder" or info.op == "get_attr":
-            spaces[name] = _placeholder_space(tg, info, mesh, config, data_axes)
+            spaces[name] = _placeholder_space(info, owners.get(name), mesh, config, data_axes)
             continue
         if info.op == "output":
             spaces[name] = NodeSpace(name, "output", inputs,
@@ -348,10 +377,10 @@ def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
     return config.data_axes
 
 
-def _placeholder_space(tg: TracedGraph, info: NodeInfo, mesh: MeshSpec, config: PlanConfig,
+def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,
                        data_axes: tuple[str, ...]) -> NodeSpace:
+    """The space of placeholder `info` standing for parameter/buffer `param` (None: a user input or constant)."""
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
-    param = tg.param_of_placeholder(info.name)
     roles = config.roles_on(mesh.axis_names)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
         return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)],
