@@ -4,6 +4,8 @@
 plan (`ParallelModule`, the runtime's default gradient buckets) with an AdamW optimizer, and times training
 steps: zero_grad, forward on the full batch (the module takes its own slice), the model's loss
 (`rehearsal._loss`: its own scalar loss, else the mean square of its output), backward, AdamW step, barrier.
+A pipeline case (a plan JSON) is applied by `parallelizer.auto_parallelize` and stepped with
+`pm.step(ids, target=next tokens, loss_fn=cross-entropy of the logits)` (`runtime.step`), then AdamW, barrier.
 Cases are interleaved: `rounds` rounds, each running `steps_per_round` timed steps of every case in turn, so a
 slow phase of the shared machine hits all cases alike. Returns per case the seconds of every timed step.
 """
@@ -14,7 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from parallelizer import zoo
+import torch.nn.functional as F
+
+from parallelizer import Plan, auto_parallelize, zoo
 from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
 from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
@@ -37,17 +41,40 @@ def _step(pm: ParallelModule, opt: torch.optim.Optimizer, inputs: tuple, kwargs:
     return step
 
 
-def time_rank(rank: int, world_size: int, cases: list[tuple[str, dict, ShardingSpec]], warmup: int, rounds: int,
+def _next_token_loss(output, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a causal LM's logits (batch, seq, vocab) against `target` (batch, seq)."""
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _pipeline_step(pm, opt: torch.optim.Optimizer, ids: torch.Tensor):
+    target = torch.roll(ids, -1, dims=1)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        pm.step(ids, target=target, loss_fn=_next_token_loss)
+        opt.step()
+        dist.barrier()
+    return step
+
+
+def time_rank(rank: int, world_size: int, cases: list[tuple], warmup: int, rounds: int,
               steps_per_round: int) -> list[list[float]]:
-    """Seconds of each timed step of each (model name, builder kwargs, spec) case on this rank."""
+    """Seconds of each timed step of each case on this rank: ("spec", model name, builder kwargs,
+    `ShardingSpec`) or ("pipeline", model name, builder kwargs, plan JSON)."""
     torch.set_num_threads(1)  # one compute thread per rank, as calibrated
     traced_by_model: dict = {}
     steps = []
-    for model, kwargs, spec in cases:
-        key = (model, tuple(sorted(kwargs.items())))
+    for what, model, kwargs, plan in cases:
         module, inputs, kw = build(model, kwargs)
+        if what == "pipeline":
+            pm = auto_parallelize(module, inputs, plan=Plan.from_json(plan))
+            steps.append(_pipeline_step(pm, torch.optim.AdamW(pm.parameters(), lr=1e-4), inputs[0]))
+            continue
+        key = (model, tuple(sorted(kwargs.items())))
         if key not in traced_by_model:
             traced_by_model[key] = trace(module, inputs, kw)
+        spec: ShardingSpec = plan
         create_groups(all_axis_groups(spec.mesh))
         pm = ParallelModule(traced_by_model[key], spec, rank, module)
         steps.append(_step(pm, torch.optim.AdamW(pm.parameters(), lr=1e-4), inputs, kw))

@@ -7,8 +7,12 @@ AdamW training steps on CPU gloo ranks, one thread each, cases interleaved round
 
 Plans (each made by `parallelizer.plan` on the profile, fp32, the kind forced with `axis_roles`, or "free":
 the planner's own choice on that mesh): for each model, on 2 ranks free (dp=2), ddp, fsdp, tp and free
-(tp=2); on 4 ranks free (2x2), ddp, fsdp, tp, ddp x tp, fsdp x tp. Models: zoo mlp, a 4-layer GPT-2 and a
-2-layer Llama (sizes in `MODELS`), 33 plans in all.
+(tp=2); on 4 ranks free (2x2), ddp, fsdp, tp, ddp x tp, fsdp x tp (`KINDS`). Models: zoo mlp, a 4-layer GPT-2
+and a 2-layer Llama (sizes in `MODELS`). With recomputation (`RECOMPUTE_KINDS`, GPT-2 and Llama: every block
+recomputed, `PlanConfig.recompute`): ddp + full and tp + selective on 2 ranks, ddp x tp + full on 4.
+Pipelines (`PIPELINE_KINDS`, GPT-2, schedule 1F1B, microbatches = pp, the same global batch of 8, the loss
+outside the model: `pm.step(ids, target=, loss_fn=)`): pp=2 on 2 ranks, pp=2 x dp=2 and pp=4 on 4 ranks,
+priced by the pipeline search (`planner.search` + `planner.simulate`) and `estimate_step_time`. 42 plans.
 
 Reported: per plan predicted and measured ms and the error; Spearman rank correlation over all plans and
 within each world size; the median |error|; per (model, world size) group the planner's pick (the plan of
@@ -47,13 +51,22 @@ MODELS = {
     "llama": ("llama", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=2, vocab_size=2048, batch=8, seq_len=128, labels=True)),
 }
-KINDS = {
+KINDS = {  # kind -> (mesh, axis_roles), every model
     2: {"free dp=2": ({"dp": 2}, {}), "ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}),
         "tp": ({"tp": 2}, {"tp": "tp"}), "free tp=2": ({"tp": 2}, {})},
     4: {"free 2x2": ({"dp": 2, "tp": 2}, {}), "ddp": ({"dp": 4}, {"dp": "ddp"}), "fsdp": ({"dp": 4}, {"dp": "fsdp"}),
         "tp": ({"tp": 4}, {"tp": "tp"}), "ddp x tp": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}),
         "fsdp x tp": ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"})},
 }
+RECOMPUTE_MODELS = ("gpt2", "llama")
+RECOMPUTE_KINDS = {  # kind -> (mesh, axis_roles, recompute mode of every block)
+    2: {"ddp + full recompute": ({"dp": 2}, {"dp": "ddp"}, "full"),
+        "tp + selective recompute": ({"tp": 2}, {"tp": "tp"}, "selective")},
+    4: {"ddp x tp + full recompute": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}, "full")},
+}
+PIPELINE_MODELS = ("gpt2",)
+PIPELINE_SCHEDULE = "1f1b"
+PIPELINE_KINDS = {2: {"pp=2 1f1b": {"pp": 2}}, 4: {"pp=2 x dp=2 1f1b": {"pp": 2, "dp": 2}, "pp=4 1f1b": {"pp": 4}}}
 PICK_TOLERANCE = 0.05
 
 
@@ -74,21 +87,15 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]:
+def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(MODELS)) -> list[dict]:
     """One row per plan: model, world size, kind, predicted parts (ms), measured step ms (median) and spread."""
     warmup, rounds, per_round = (1, 4, 1) if quick else (1, 9, 1)
     rows = []
     for world in worlds:
         cases, meta = [], []
-        for model, (builder, kwargs) in MODELS.items():
-            module, inputs, kw = build(builder, kwargs)
-            traced = parallelizer.trace(module, inputs, kw)
-            for kind, (mesh, roles) in KINDS[world].items():
-                with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-                    plan = parallelizer.plan(traced, mesh, cluster=profile_path, axis_roles=roles)
-                est = estimate_step_time(traced, plan, cluster=profile_path)
-                cases.append((builder, kwargs, spec_from_plan(plan)))
-                meta.append((model, kind, est))
+        for model, kind, traced, plan, case in _plans(world, profile_path, models):
+            cases.append(case)
+            meta.append((model, kind, estimate_step_time(traced, plan, cluster=profile_path)))
         print(f"timing {len(cases)} plans on {world} ranks (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
         per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, per_round, timeout_s=1500)
         for i, (model, kind, est) in enumerate(meta):
@@ -98,6 +105,7 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]
                                       "blocking_comm": est.blocking_comm_s * 1e3,
                                       "grad_sync": est.grad_sync_s * 1e3,
                                       "grad_sync_exposed": est.grad_sync_exposed_s * 1e3,
+                                      "recompute": est.recompute_s * 1e3, "pipeline": est.pipeline_s * 1e3,
                                       "optimizer": est.optimizer_s * 1e3},
                          "measured_ms": statistics.median(samples) * 1e3,
                          "samples_ms": [t * 1e3 for t in samples],
@@ -105,19 +113,46 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4)) -> list[dict]
     return rows
 
 
+def _plans(world: int, profile_path: str, models=tuple(MODELS)):
+    """(model, kind, traced, plan, worker case) of every plan on `world` ranks (module docstring). A case is
+    ("spec", builder, kwargs, ShardingSpec) or ("pipeline", builder, kwargs without labels, plan JSON)."""
+    def solve(traced, mesh, **options):
+        with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+            return parallelizer.plan(traced, mesh, cluster=profile_path, **options)
+
+    for model in models:
+        builder, kwargs = MODELS[model]
+        module, inputs, kw = build(builder, kwargs)
+        traced = parallelizer.trace(module, inputs, kw)
+        for kind, (mesh, roles) in KINDS[world].items():
+            plan = solve(traced, mesh, axis_roles=roles)
+            yield model, kind, traced, plan, ("spec", builder, kwargs, spec_from_plan(plan))
+        for kind, (mesh, roles, mode) in (RECOMPUTE_KINDS[world].items() if model in RECOMPUTE_MODELS else ()):
+            plan = solve(traced, mesh, axis_roles=roles, recompute=mode)
+            yield model, kind, traced, plan, ("spec", builder, kwargs, spec_from_plan(plan))
+        for kind, mesh in (PIPELINE_KINDS[world].items() if model in PIPELINE_MODELS else ()):
+            plain = {k: v for k, v in kwargs.items() if k != "labels"}  # the loss is computed outside the model
+            m = mesh["pp"]
+            micro_traced = parallelizer.trace(*build(builder, {**plain, "batch": kwargs["batch"] // m}))
+            plan = solve(micro_traced, mesh, schedule=PIPELINE_SCHEDULE, microbatches=m)
+            yield model, kind, micro_traced, plan, ("pipeline", builder, plain, plan.to_json())
+
+
 def report(rows: list[dict], header: str) -> str:
     """Markdown table and summary statistics (module docstring)."""
     errors = [r["predicted_ms"] / r["measured_ms"] - 1 for r in rows]
     lines = [header, "",
              "| model | ranks | plan | predicted ms (fwd / bwd / blocking comm / grad sync exposed of full / "
-             "AdamW) | measured ms (median; min-max) | error |", "|---|---|---|---|---|---|"]
+             "recompute / AdamW; pipeline: simulated schedule + AdamW) | measured ms (median; min-max) | error |",
+             "|---|---|---|---|---|---|"]
     for r, e in zip(rows, errors):
         p = r["parts_ms"]
         lo, hi = r["measured_min_max_ms"]
-        lines.append(f"| {r['model']} | {r['world']} | {r['kind']} | {r['predicted_ms']:.1f} ({p['fwd']:.1f} / "
-                     f"{p['bwd']:.1f} / {p['blocking_comm']:.1f} / {p['grad_sync_exposed']:.1f} of "
-                     f"{p['grad_sync']:.1f} / {p['optimizer']:.1f}) | {r['measured_ms']:.1f} ({lo:.0f}-{hi:.0f}) | "
-                     f"{e:+.0%} |")
+        parts = (f"pipeline {p['pipeline']:.1f} + {p['optimizer']:.1f}" if p.get("pipeline") else
+                 f"{p['fwd']:.1f} / {p['bwd']:.1f} / {p['blocking_comm']:.1f} / {p['grad_sync_exposed']:.1f} of "
+                 f"{p['grad_sync']:.1f} / {p.get('recompute', 0.0):.1f} / {p['optimizer']:.1f}")
+        lines.append(f"| {r['model']} | {r['world']} | {r['kind']} | {r['predicted_ms']:.1f} ({parts}) | "
+                     f"{r['measured_ms']:.1f} ({lo:.0f}-{hi:.0f}) | {e:+.0%} |")
     pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
     per_world = {w: spearman([r["predicted_ms"] for r in rows if r["world"] == w],
                              [r["measured_ms"] for r in rows if r["world"] == w]) for w in sorted({r["world"] for r in rows})}
@@ -183,6 +218,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
     ap.add_argument("--quick", action="store_true", help="fewer timed steps per plan")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--models", nargs="+", choices=tuple(MODELS), default=tuple(MODELS), help="models to time")
+    ap.add_argument("--worlds", nargs="+", type=int, choices=(2, 4), default=(2, 4), help="rank counts to time")
     ap.add_argument("--report", metavar="ROWS.json", help="only print the report of rows written by --json earlier")
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -195,7 +232,7 @@ def main(argv=None) -> None:
         profile_path = tempfile.NamedTemporaryFile(suffix=".profile.json", delete=False).name
         calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
     load_before = os.getloadavg()[0]
-    rows = measure(profile_path, quick=args.quick)
+    rows = measure(profile_path, quick=args.quick, worlds=tuple(args.worlds), models=tuple(args.models))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

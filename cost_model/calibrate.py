@@ -1,7 +1,10 @@
 """Measure this machine and turn the measurements into a :class:`Profile` (a "cpu" DeviceSpec + Links).
 
 What is measured (:mod:`cost_model.measure`: medians of repeated samples after warm-up, never the fastest
-sample; compute with one intra-op thread, :func:`calibration_threads`, like one gloo rank):
+sample; compute with one intra-op thread, :func:`calibration_threads`, like one gloo rank). Robust to a shared
+machine: the device quantities (matmul, memory, launch, AdamW) are measured in ``DEVICE_ROUNDS`` interleaved
+rounds (each round samples every quantity once, after a warm-up round) and each takes the median over the
+rounds, so a burst of outside load shifts one round of every quantity rather than every sample of one:
 
 * matmul FLOP/s: fp32 ``torch.mm`` of n x n matrices for a few n; FLOPs = 2 n^3 (flop_counter's mm
   formula); the median rate over the sizes becomes ``peak_flops_per_s[float32]`` with
@@ -17,7 +20,10 @@ sample; compute with one intra-op thread, :func:`calibration_threads`, like one 
   the factors of ``n`` (``DeviceSpec.scaled``): on 2 cores, 4 ranks compute at about half speed each.
 * collectives: every kind the plans use (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) over
   gloo with ``nprocs`` processes, message sizes 4 KiB-256 MiB (fewer repeats for large ones), and the
-  fraction of an all-reduce that hides under compute (``DeviceSpec.comm_overlap`` of that process count).
+  fraction of an all-reduce that hides under compute (``DeviceSpec.comm_overlap`` of that process count),
+  and the wait of a blocking collective that follows compute for the slowest rank (``sync_s``,
+  :func:`cost_model.measure._measure_sync`; ``Profile.collective_sync``, priced as
+  ``DeviceSpec.collective_sync_s`` on every collective).
 
 Fits per process count (one :class:`Link`):
 
@@ -65,7 +71,7 @@ from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_c
                                 median_time_s)
 from cost_model.topology import Cluster, Link
 
-__all__ = ["Profile", "calibrate", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
+__all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
            "fit_link", "fit_size_segments", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
            "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
 
@@ -75,6 +81,7 @@ _READABLE_FORMAT_VERSIONS = (1, 2, 3)  # 1: no per_kind overrides; 2: no size fi
 DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
 QUICK_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 DEFAULT_MATMUL_SIZES = (512, 1024, 2048)
+DEVICE_ROUNDS = 5  # interleaved rounds of the device measurements (module docstring)
 CALIBRATED_KINDS = MEASURABLE_KINDS
 # A kind that is not measured borrows the fits of its mirror (same ring steps and bytes factor).
 REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
@@ -85,24 +92,28 @@ CALIBRATION_NUM_THREADS = 1
 class Profile:
     """A calibration result: the CPU as a device (one process alone), a fitted Link per process count
     (joint alpha/beta, per-kind overrides ``Link.per_kind``, piecewise ``Link.size_fits``), and per process
-    count ``n``: ``contention[n] = (matmul, memory[, optimizer])`` slowdown of each of n concurrent processes and
-    ``comm_overlap[n]`` (fraction of a collective that hides under compute); ``cpu_count``: the machine's cores."""
+    count ``n``: ``contention[n] = (matmul, memory[, optimizer])`` slowdown of each of n concurrent processes,
+    ``comm_overlap[n]`` (fraction of a collective that hides under compute) and ``collective_sync[n]`` (seconds
+    a blocking collective after compute waits for the slowest rank); ``cpu_count``: the machine's cores."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
     contention: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     comm_overlap: Mapping[int, float] = field(default_factory=dict)
     cpu_count: int | None = None
+    collective_sync: Mapping[int, float] = field(default_factory=dict)
 
     def device_for(self, nprocs: int) -> DeviceSpec:
         """The device as each of ``nprocs`` ranks sharing this machine sees it: FLOP/s and bytes/s divided by the
-        measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` of that count (unchanged where
-        the profile did not measure them)."""
+        measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` and ``collective_sync_s`` of
+        that count (unchanged where the profile did not measure them)."""
         device = self.device
         if nprocs in self.contention:
             device = device.scaled(*self.contention[nprocs])
         if nprocs in self.comm_overlap:
             device = dataclasses.replace(device, comm_overlap=self.comm_overlap[nprocs])
+        if nprocs in self.collective_sync:
+            device = dataclasses.replace(device, collective_sync_s=self.collective_sync[nprocs])
         return device
 
     def cluster(self, nprocs: int) -> Cluster:
@@ -157,6 +168,30 @@ def _measure_memory_bytes_per_s(numel: int) -> float:
 def _measure_launch_overhead_s() -> float:
     a, b = torch.ones(1), torch.ones(1)
     return time_callable_s(lambda: torch.add(a, b), repeats=2000, warmup=200)
+
+
+def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
+                   rounds: int = DEVICE_ROUNDS) -> dict[str, float]:
+    """The device quantities of one process (module docstring), each the median over ``rounds`` interleaved
+    rounds after one warm-up round: ``matmul_flops_per_s``, ``memory_bytes_per_s`` (FLOP/s, bytes/s),
+    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds). Call inside
+    :func:`calibration_threads`.
+
+    Raises:
+        ValueError: ``rounds`` < 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"measure_device(rounds={rounds}): need >= 1 round")
+    got: dict[str, list[float]] = {}
+    for r in range(rounds + 1):
+        values = {"matmul_flops_per_s": _measure_matmul_flops_per_s(matmul_sizes),
+                  "memory_bytes_per_s": _measure_memory_bytes_per_s(memory_numel),
+                  "launch_overhead_s": _measure_launch_overhead_s()}
+        values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
+        if r:  # round 0: warm-up (first touch of the pages, lazy initialisation)
+            for key, value in values.items():
+                got.setdefault(key, []).append(value)
+    return {key: statistics.median(values) for key, values in got.items()}
 
 
 def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
@@ -272,6 +307,9 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
     for n in sorted(set(a.links) & set(b.links)):
+        if n in a.collective_sync and n in b.collective_sync:  # relative to the 4 KiB all-reduce it adds to
+            base = flat_collective_time_s("all_reduce", 4096, n, a.links[n]) + a.collective_sync[n]
+            out[f"x{n} collective_sync (of a 4 KiB all_reduce)"] = (b.collective_sync[n] - a.collective_sync[n]) / base
         if n in a.contention and n in b.contention:
             for i, what in enumerate(("matmul", "memory", "optimizer")[:min(len(a.contention[n]), len(b.contention[n]))]):
                 out[f"x{n} contention {what}"] = b.contention[n][i] / a.contention[n][i] - 1
@@ -303,6 +341,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
         "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
         "comm_overlap": {str(n): v for n, v in profile.comm_overlap.items()},
+        "collective_sync_s": {str(n): v for n, v in profile.collective_sync.items()},
         "measurements": measurements,
     }
 
@@ -349,18 +388,19 @@ def load_profile(path: str | os.PathLike) -> Profile:
         contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
                       for n, v in data.get("contention", {}).items()}
         overlap = {int(n): float(v) for n, v in data.get("comm_overlap", {}).items()}
+        sync = {int(n): float(v) for n, v in data.get("collective_sync_s", {}).items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
     return Profile(device=device, links=links, contention=contention, comm_overlap=overlap,
-                   cpu_count=data.get("cpu_count"))
+                   cpu_count=data.get("cpu_count"), collective_sync=sync)
 
 
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
               repeats: int = 9, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
-              contention: bool = True) -> Profile:
+              contention: bool = True, device_rounds: int = DEVICE_ROUNDS) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
     Takes ~2-3 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
@@ -373,6 +413,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         per_kind: fit per-kind ``Link.per_kind`` overrides and piecewise ``Link.size_fits`` (module docstring);
             ``False`` gives the joint fit only (the behaviour of format version 1).
         contention: measure the compute slowdown of ``nprocs`` concurrent processes (``Profile.contention``).
+        device_rounds: interleaved rounds of the device measurements (:func:`measure_device`).
 
     Raises:
         ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
@@ -383,7 +424,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     kinds = tuple(kinds)
     if not kinds or any(k not in MEASURABLE_KINDS for k in kinds):
         raise ValueError(f"kinds={kinds}: measure >= 1 of {MEASURABLE_KINDS}")
-    steps = ["matmul", "memory", "launch", "optimizer"] + (["contention"] if contention else []) \
+    steps = ["device"] + (["contention"] if contention else []) \
         + [f"gloo x{n}" for n in nprocs]
     bar = tqdm(total=len(steps), desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
@@ -393,35 +434,26 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         bar.set_postfix_str(label)
 
     with calibration_threads():
-        step("matmul")
-        flops_per_s = _measure_matmul_flops_per_s(matmul_sizes)
+        step("device")
+        dev = measure_device(matmul_sizes, memory_numel, device_rounds)
         bar.update()
-        step("memory")
-        bytes_per_s = _measure_memory_bytes_per_s(memory_numel)
-        bar.update()
-        step("launch")
-        launch_s = _measure_launch_overhead_s()
-        bar.update()
-        step("optimizer")
-        optimizer_bytes_per_s, optimizer_tensor_s = measure_optimizer()
-        bar.update()
-    measurements.update(matmul_flops_per_s=flops_per_s, memory_bytes_per_s=bytes_per_s, launch_overhead_s=launch_s,
-                        optimizer_bytes_per_s=optimizer_bytes_per_s, optimizer_tensor_s=optimizer_tensor_s)
-    device = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: flops_per_s},
+    measurements.update(dev)
+    device = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: dev["matmul_flops_per_s"]},
                         hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                        hbm_bytes_per_s=bytes_per_s, matmul_efficiency=1.0, memory_efficiency=1.0,
-                        launch_overhead_s=launch_s, kind="cpu", optimizer_bytes_per_s=optimizer_bytes_per_s,
-                        optimizer_tensor_s=optimizer_tensor_s)
+                        hbm_bytes_per_s=dev["memory_bytes_per_s"], matmul_efficiency=1.0, memory_efficiency=1.0,
+                        launch_overhead_s=dev["launch_overhead_s"], kind="cpu",
+                        optimizer_bytes_per_s=dev["optimizer_bytes_per_s"],
+                        optimizer_tensor_s=dev["optimizer_tensor_s"])
     slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
         step("contention")
         slowdown = measure_contention(tuple(nprocs))
         bar.update()
-    links, overlap = {}, {}
+    links, overlap, sync = {}, {}, {}
     for n in nprocs:
         step(f"gloo x{n}")
         got = measure_collectives(n, kinds, message_sizes_bytes, repeats)
-        timings, overlap[n] = got["collectives"], got["comm_overlap"]
+        timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
         links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
@@ -431,7 +463,8 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
     measurements["seconds"] = time.perf_counter() - started
     measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
-    profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count())
+    profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count(),
+                      collective_sync=sync)
     if out_path is not None:
         with open(out_path, "w") as f:
             json.dump(_profile_to_json(profile, measurements), f, indent=2, sort_keys=True)
@@ -485,6 +518,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
                      + (f", compute slowdown x{slow[0]:.2f} (memory x{slow[1]:.2f}"
                         + (f", AdamW x{slow[2]:.2f}" if len(slow) > 2 else "") + ")" if slow else "")
                      + (f", comm overlap {profile.comm_overlap[n]:.2f}" if n in profile.comm_overlap else "")
+                     + (f", collective sync {profile.collective_sync[n] * 1e6:.0f} us" if n in profile.collective_sync
+                        else "")
                      + "".join(fit(k, a, b) for k, (a, b) in link.per_kind.items()))
     return "\n".join(lines)
 

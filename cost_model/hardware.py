@@ -76,6 +76,11 @@ class DeviceSpec:
             overlaps them (bucketed gradient sync, :func:`cost_model.communication.overlapped_comm_exposed_s`):
             1 for the GPU presets (NCCL runs on its own stream/SMs, an assumption); measured by calibration on
             a CPU, where gloo's threads compete with compute for the cores.
+        collective_sync_s: seconds added to every blocking collective for the wait on the slowest rank (rank
+            skew), >= 0: 0 for the GPU presets (one device per rank, an assumption); measured by calibration
+            per process count (:func:`cost_model.measure.measure_collectives`, ``sync_s``): ranks that share
+            cores finish the compute before a collective at different times, and a back-to-back calibrated
+            collective does not see that wait.
         kind: ``"gpu"`` (the datasheet presets) or ``"cpu"`` (a calibrated machine). The planner's defaults
             follow it: bf16 mixed precision, fused kernels (flash attention, torch.compile pointwise fusion)
             and a memory reserve for CUDA workspaces on ``"gpu"``; fp32, eager kernels and no reserve on
@@ -96,6 +101,7 @@ class DeviceSpec:
     optimizer_bytes_per_s: float | None = None
     optimizer_tensor_s: float = 0.0
     comm_overlap: float = 1.0
+    collective_sync_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -125,6 +131,8 @@ class DeviceSpec:
             raise ValueError(f"DeviceSpec.optimizer_tensor_s={self.optimizer_tensor_s!r}: must be seconds in [0, 1)")
         if not (isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1):
             raise ValueError(f"DeviceSpec.comm_overlap={self.comm_overlap!r}: must be a fraction in [0, 1]")
+        if not (isinstance(self.collective_sync_s, (int, float)) and 0 <= self.collective_sync_s < 1):
+            raise ValueError(f"DeviceSpec.collective_sync_s={self.collective_sync_s!r}: must be seconds in [0, 1)")
         if self.kind not in DEVICE_KINDS:
             raise ValueError(f"DeviceSpec.kind={self.kind!r}: use one of {DEVICE_KINDS}")
 
@@ -132,7 +140,7 @@ class DeviceSpec:
         return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
                      self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
                      self.memory_efficiency, self.launch_overhead_s, self.kind, self.optimizer_bytes_per_s,
-                     self.optimizer_tensor_s, self.comm_overlap))
+                     self.optimizer_tensor_s, self.comm_overlap, self.collective_sync_s))
 
     def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
         """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.

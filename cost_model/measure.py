@@ -12,6 +12,15 @@ the fastest is the least disturbed run, which a training step does not get; the 
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
   (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
+  And ``sync_s``, the wait of a blocking collective for the slowest rank (:func:`_measure_sync`): loops of a
+  compute chunk alone (C: ``_SYNC_MATMULS`` matmuls), of a small all-reduce alone (A) and of the chunk
+  followed by the all-reduce (T), each loop timed from a barrier to a closing barrier (so the slowest rank
+  counts), the three interleaved round by round; ``sync_s = max(0, median T - median C - median A)``. On
+  an idle machine with a core per rank the ranks finish the chunk together and ``sync_s`` is ~0; ranks that
+  share cores (4 ranks on 2 cores) finish it at times skewed by the scheduler, and each blocking collective
+  waits for the last one. The planner adds it to every collective (``DeviceSpec.collective_sync_s``,
+  ``planner.costs.Pricer.step_time_s``): a collective that directly follows another with no compute
+  between them is charged it too (an upper estimate there).
 * :func:`measure_contention`: FLOP/s of ``torch.mm``, bytes/s of ``torch.add`` and of an AdamW step per process when ``k``
   processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
   seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
@@ -39,6 +48,9 @@ _OVERLAP_BYTES = 16 << 20
 _MATMUL_N = 256
 _ADAMW_NUMEL = 1 << 20
 _ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
+_SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
+_SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
+_SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
 
 
 def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
@@ -91,34 +103,67 @@ def _collective_op(kind: str, nbytes: int, rank: int, world_size: int):
     return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
 
 
-def _measure_overlap(repeats: int = 5) -> float:
-    """comm_overlap of the module docstring (all ranks take part)."""
+def _interleaved_medians(loops: dict[str, Callable[[], object]], rounds: int, inner: int = 1,
+                         closing_barrier: bool = False) -> dict[str, float]:
+    """Median seconds per call of each loop body (all ranks take part): ``rounds`` rounds after one warm-up
+    round, each timing every body in turn (``inner`` calls from a barrier; to a closing barrier when
+    ``closing_barrier``, so the slowest rank counts), so that a burst of outside load hits all bodies alike."""
     import torch.distributed as dist
-    buf = torch.ones(_OVERLAP_BYTES // 4)
+    samples: dict[str, list[float]] = {key: [] for key in loops}
+    for r in range(rounds + 1):
+        for key, fn in loops.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            if closing_barrier:
+                dist.barrier()
+            if r:  # round 0: warm-up
+                samples[key].append((time.perf_counter() - start) / inner)
+    return {key: statistics.median(got) for key, got in samples.items()}
+
+
+def _matmuls(count: int) -> Callable[[], None]:
+    """A compute chunk: ``count`` fp32 matmuls of ``_MATMUL_N`` x ``_MATMUL_N``."""
     a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
 
-    def barrier_timed(fn) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-
-    comm = statistics.median(barrier_timed(lambda: dist.all_reduce(buf)) for _ in range(repeats))
-    one_mm = median_time_s(lambda: torch.mm(a, b), repeats=20)
-    loops = max(1, round(comm / one_mm))
-
     def compute() -> None:
-        for _ in range(loops):
+        for _ in range(count):
             torch.mm(a, b)
+    return compute
+
+
+def _measure_overlap(rounds: int = 7) -> float:
+    """comm_overlap of the module docstring (all ranks take part; comm, compute and both interleaved)."""
+    import torch.distributed as dist
+    buf = torch.ones(_OVERLAP_BYTES // 4)
+    comm = _interleaved_medians({"comm": lambda: dist.all_reduce(buf)}, rounds)["comm"]
+    one = _matmuls(1)
+    compute = _matmuls(max(1, round(comm / median_time_s(one, repeats=20))))
 
     def both() -> None:
         work = dist.all_reduce(buf, async_op=True)
         compute()
         work.wait()
 
-    comp = statistics.median(barrier_timed(compute) for _ in range(repeats))
-    together = statistics.median(barrier_timed(both) for _ in range(repeats))
-    return min(1.0, max(0.0, (comp + comm - together) / min(comp, comm)))
+    got = _interleaved_medians({"comm": lambda: dist.all_reduce(buf), "compute": compute, "both": both}, rounds)
+    comm, comp = got["comm"], got["compute"]
+    return min(1.0, max(0.0, (comp + comm - got["both"]) / min(comp, comm)))
+
+
+def _measure_sync(rounds: int = 9) -> float:
+    """sync_s of the module docstring, seconds (all ranks take part)."""
+    import torch.distributed as dist
+    buf = torch.ones(_SYNC_BYTES // 4)
+    compute = _matmuls(_SYNC_MATMULS)
+
+    def both() -> None:
+        compute()
+        dist.all_reduce(buf)
+
+    got = _interleaved_medians({"C": compute, "A": lambda: dist.all_reduce(buf), "T": both}, rounds,
+                               inner=_SYNC_INNER, closing_barrier=True)
+    return max(0.0, got["T"] - got["C"] - got["A"])
 
 
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:
@@ -141,7 +186,8 @@ def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: i
 
 def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, ...], sizes_bytes: tuple[int, ...],
                        repeats: int, inner: int, timeout_s: float, queue) -> None:
-    """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap; results on ``queue``."""
+    """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap and sync_s; results on
+    ``queue``."""
     import torch.distributed as dist
     try:
         torch.set_num_threads(1)
@@ -156,8 +202,9 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
         for (kind, nbytes), got in samples.items():
             results[kind][nbytes] = statistics.median(got)
         overlap = _measure_overlap()
+        sync = _measure_sync()
         if rank == 0:
-            queue.put(("ok", {"collectives": results, "comm_overlap": overlap}))
+            queue.put(("ok", {"collectives": results, "comm_overlap": overlap, "sync_s": sync}))
         dist.barrier()
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which raises
@@ -191,10 +238,11 @@ def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
 
 def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, sizes_bytes: Sequence[int] = (1 << 20,),
                         repeats: int = 9, inner: int = 1, timeout_s: float = 600.0) -> dict:
-    """Median seconds of each collective ``kind`` and size over gloo, and ``comm_overlap`` (module docstring).
+    """Median seconds of each collective ``kind`` and size over gloo, ``comm_overlap`` and ``sync_s`` (module
+    docstring).
 
     Returns:
-        ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction}``.
+        ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction, "sync_s": seconds}``.
 
     Raises:
         ValueError: a kind outside :data:`MEASURABLE_KINDS`.
@@ -246,7 +294,7 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
 
 
 def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
-                       rounds: int = 3) -> dict[int, tuple[float, float, float]]:
+                       rounds: int = 5) -> dict[int, tuple[float, float, float]]:
     """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
     AdamW step on 1M elements), for each ``k`` in ``counts``: the
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are

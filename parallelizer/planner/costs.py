@@ -143,13 +143,15 @@ class Pricer:
         """(forward seconds, backward seconds) of one step; a `regather` step repeats its forward in backward.
         On a parameter's edge (`param_itemsize`: bytes per element of the parameter as used, the step's
         dtype) the backward moves gradients in their own dtype (`BYTES_PER_PARAM`: fp32 main gradients under
-        "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`."""
-        fwd = collective_time_s(step.fwd_collective, step.nbytes, self.topo, (step.mesh_axis,)) \
+        "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`. Each collective also waits for the
+        slowest rank: + `DeviceSpec.collective_sync_s` (0 on the GPU presets; calibrated per process count)."""
+        sync = self.device.collective_sync_s
+        fwd = collective_time_s(step.fwd_collective, step.nbytes, self.topo, (step.mesh_axis,)) + sync \
             if step.fwd_collective else 0.0
         bwd_nbytes = step.bwd_nbytes
         if param_itemsize is not None:
             bwd_nbytes = bwd_nbytes * self.grad_bytes_per_element // param_itemsize
-        bwd = collective_time_s(step.bwd_collective, bwd_nbytes, self.topo, (step.mesh_axis,)) \
+        bwd = collective_time_s(step.bwd_collective, bwd_nbytes, self.topo, (step.mesh_axis,)) + sync \
             if step.bwd_collective else 0.0
         return fwd, bwd + (fwd if step.regather else 0.0)
 

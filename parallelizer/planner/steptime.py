@@ -28,6 +28,18 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
   parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
   optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
+* Every collective waits for the slowest rank: `Pricer.step_time_s` adds the calibrated
+  `DeviceSpec.collective_sync_s` to each (0 on the GPU presets), and each gradient bucket's all-reduce gets it
+  too. The ILP and the pipeline search price collectives through the same `Pricer.step_time_s`.
+* Recomputation (`Plan.recompute`, region -> mode): in backward each recomputed node
+  (`recompute.region_recompute`) runs its forward again, priced as `recompute.price_region`'s `extra_fwd_s`
+  (its forward compute), plus the forward collectives on the edges between two recomputed nodes (the
+  rewriter emits them inside the region, so they run again; `benchmarks/bench_recompute.py` counts them),
+  which the ILP leaves out (README, known limits). `StepTime.recompute_s` is their sum; it delays backward.
+* A pipeline plan (`Plan.pipeline`): the search's price of it (`PipelineEstimate.step_s`: the simulated
+  schedule, `planner.simulate`, with its tensor-parallel collectives and sends, + the exposed dp gradient
+  sync + the tied-gradient exchange) as `pipeline_s`, + the optimizer step of the busiest pipeline rank (its
+  stages' local parameter shards; a tied parameter counts on every rank holding it).
 """
 from __future__ import annotations
 
@@ -45,9 +57,10 @@ from ..core.layout import local_shape
 from ..errors import PlanMismatchError
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
 from ..tracer import TracedGraph
-from .costs import Pricer
+from .costs import Pricer, resolve_precision, traced_in_low_precision
 from .plan import Plan
 from .problem import grad_axes
+from .recompute import region_recompute, regions, shared_inputs
 from .strategies import build_spaces
 
 __all__ = ["StepTime", "estimate_step_time"]
@@ -57,7 +70,9 @@ __all__ = ["StepTime", "estimate_step_time"]
 class StepTime:
     """Seconds of one training step by part (module docstring). `grad_sync_s` is the bucketed sync in full (the
     buckets' all-reduces); `grad_sync_exposed_s` the part of it that delays the step; `buckets` their number;
-    `codec_s` the gradient codec's compute (0 without compression)."""
+    `codec_s` the gradient codec's compute (0 without compression); `recompute_s` the recomputation in backward
+    (compute and the collectives it repeats); `pipeline_s` a pipeline plan's simulated schedule with its
+    syncs (its compute and collectives are not split into the other fields, which are then 0)."""
 
     forward_compute_s: float
     backward_compute_s: float
@@ -67,12 +82,15 @@ class StepTime:
     optimizer_s: float
     buckets: int
     codec_s: float = 0.0
+    recompute_s: float = 0.0
+    pipeline_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        """The step: compute + blocking collectives + exposed grad sync + codec + optimizer step, seconds."""
+        """The step: compute + blocking collectives + exposed grad sync + codec + recomputation + pipeline schedule
+        + optimizer step, seconds."""
         return (self.forward_compute_s + self.backward_compute_s + self.blocking_comm_s + self.grad_sync_exposed_s
-                + self.codec_s + self.optimizer_s)
+                + self.codec_s + self.recompute_s + self.pipeline_s + self.optimizer_s)
 
 
 def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | str | None = None,
@@ -96,17 +114,20 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
 
     Raises:
         PlanMismatchError: a node of the plan has a strategy the planner would not offer for `traced` (a plan
-            made for another model or config).
+            made for another model or config); a pipeline plan without the search's estimate.
         ValueError: a profile without a link for the plan's world size (`api.resolve_cluster`).
     """
     from .api import resolve_cluster  # api imports this package's modules; import at call time
     config = PlanConfig.from_record(plan.config)
+    if plan.pipeline is not None:
+        return _pipeline_step(traced, plan, resolve_cluster(cluster, plan.pipeline.mesh.world_size)[0], config)
     mesh = plan.mesh
     topo = topology or MeshTopology(resolve_cluster(cluster, mesh.world_size)[0], mesh.shape, mesh.axis_names)
     pricer = Pricer(topo, mesh, config, traced)
     spaces = build_spaces(traced, mesh, config)
     strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
-    fwd_compute = bwd_compute = blocking = 0.0
+    recomputed = _recomputed(traced, plan)
+    fwd_compute = bwd_compute = blocking = recompute = 0.0
     bwd_work: list[tuple[float, list[tuple[str, tuple[int, ...], int]]]] = []  # per node: (backward seconds,
     # [(axis, local gradient shape, bytes per gradient element)])
     for name, space in spaces.items():
@@ -115,8 +136,9 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
         if space.kind == "op":
             c = pricer.node_cost(traced, traced.nodes[name], space, s)
             fwd_compute += c.fwd_s
-            node_bwd += c.bwd_s
+            node_bwd += c.bwd_s + (c.fwd_s if name in recomputed else 0.0)
             bwd_compute += c.bwd_s
+            recompute += c.fwd_s if name in recomputed else 0.0
         for k, ti in enumerate(space.inputs):
             prod = spaces[ti.producer]
             req = prod.requires_grad and ti.dtype.is_floating_point
@@ -126,6 +148,9 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
                                    req, is_param):
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
+                if name in recomputed and ti.producer in recomputed:  # runs again in backward
+                    recompute += fwd
+                    node_bwd += fwd
                 if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
                     shape = local_shape(tuple(ti.shape), s.inputs[k], mesh)
                     grads.append((st.mesh_axis, shape, pricer.grad_bytes_per_element))
@@ -141,7 +166,40 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     else:
         exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
     return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
-                    len(comm), codec)
+                    len(comm), codec, recompute)
+
+
+def _recomputed(traced: TracedGraph, plan: Plan) -> frozenset[str]:
+    """Nodes the plan's recomputation runs again in backward (`recompute.region_recompute` of each region of
+    `Plan.recompute` that is a planner region; a user's region outside the repeated blocks is not priced, as
+    in the planner)."""
+    members, shared = regions(traced), shared_inputs(traced)
+    return frozenset(n for region, mode in sorted(plan.recompute.items()) if region in members
+                     for n in region_recompute(traced, region, members[region], mode, shared).recomputed)
+
+
+def _pipeline_step(traced: TracedGraph, plan: Plan, cluster: Cluster, config: PlanConfig) -> StepTime:
+    """A pipeline plan's step (module docstring): the search's simulated step + the busiest pipeline rank's
+    optimizer step. Parameters go to the stages of the nodes using them (`runtime.pipeline.cut_stages`)."""
+    from ..runtime.pipeline import cut_stages  # runtime imports the planner; import at call time
+    section = plan.pipeline
+    if section.estimate is None:
+        raise PlanMismatchError("this pipeline plan records no estimate of the search (made before it was "
+                                "recorded). Remedy: plan it again with parallelizer.plan")
+    cut = cut_stages(traced, len(section.stages), section.blocks_per_stage)
+    users: dict[str, set[int]] = {}
+    for name, k in cut.stage_of.items():
+        for arg in traced.nodes[name].node.all_input_nodes:
+            users.setdefault(arg.name, set()).add(section.stages[k].pp_rank)
+    per_element = bytes_per_param(resolve_precision(config.precision, cluster.device, traced_in_low_precision(traced)),
+                                  config.optimizer)
+    optimizer = 0.0
+    for rank in range(section.pp):
+        mine = [p for p in plan.params.values() if not p.is_buffer
+                and any(rank in users.get(ph, ()) for ph in p.placeholders)]
+        numel = sum(math.prod(p.local_shape) for p in mine)
+        optimizer = max(optimizer, optimizer_step_time_s(numel, len(mine), per_element, cluster.device))
+    return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, optimizer, 0, pipeline_s=section.estimate.step_s)
 
 
 def _chosen(name: str, space, plan: Plan):
@@ -161,7 +219,7 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
     nodes in reverse order; gradients fill a bucket per mesh axis (first one `first_bucket_bytes`, then
     `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones at the end of backward.
     A bucket's all-reduce is priced by `cost_model.compression` (with `compression="none"`: one all-reduce of
-    its bytes)."""
+    its bytes) + `DeviceSpec.collective_sync_s`."""
     ready, comm, open_grads, started = [], [], {}, set()
     codec_s, t = 0.0, 0.0
 
@@ -170,7 +228,7 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
         shapes, itemsize, _ = open_grads.pop(axis)
         comm_s, codec = compressed_sync_time_s(compressed_sync(compression, shapes, itemsize, powersgd_rank), topo,
                                                (axis,), device)
-        comm.append(comm_s)
+        comm.append(comm_s + device.collective_sync_s)  # the bucket's all-reduce waits for the slowest rank too
         codec_s += codec
         ready.append(at)
         started.add(axis)

@@ -28,7 +28,7 @@ def test_fit_link_recovers_alpha_beta():
 def test_calibration_smoke_round_trip(tmp_path):
     path = tmp_path / "cpu.profile.json"
     profile = calibrate(nprocs=(2,), out_path=path, progress=False, message_sizes_bytes=(1 << 12, 1 << 16, 1 << 20),
-                        matmul_sizes=(128, 256), memory_numel=1 << 20, repeats=3, contention=False)
+                        matmul_sizes=(128, 256), memory_numel=1 << 20, repeats=3, contention=False, device_rounds=1)
     text = path.read_text()
     assert list(json.loads(text)) == sorted(json.loads(text))  # stable key order
     loaded = load_profile(path)
@@ -38,6 +38,8 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert all(len(segs) == 2 for segs in loaded.links[2].size_fits.values())
     assert json.loads(text)["measurements"]["per_kind_reused"] == {}
     assert 0 <= loaded.comm_overlap[2] <= 1 and loaded.contention == {}
+    assert 0 <= loaded.collective_sync[2] < 0.1  # seconds a blocking collective waits for the slowest rank
+    assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     assert loaded.device.optimizer_bytes_per_s > 0
     cluster = loaded.cluster(2)
@@ -147,3 +149,24 @@ def test_calibrate_cli_says_reduce_scatter_reuses_all_gathers_fit(tmp_path, monk
     assert "all_gather alpha=60.0 us beta=0.90 GB/s" in printed
     assert "reduce_scatter = all_gather's fit (reused, not measured)" in printed
     assert "reduce_scatter alpha" not in printed
+
+
+def test_measure_device_takes_medians_over_interleaved_rounds(monkeypatch):
+    import importlib
+    cal = importlib.import_module("cost_model.calibrate")  # the package exports a function of that name
+    calls = []
+    rates = iter([1.0, 9.0, 2.0, 3.0])  # round 0 (warm-up: 1.0, dropped), then 9, 2, 3: median 3
+
+    def fake_matmul(sizes):
+        calls.append("matmul")
+        return next(rates)
+    monkeypatch.setattr(cal, "_measure_matmul_flops_per_s", fake_matmul)
+    monkeypatch.setattr(cal, "_measure_memory_bytes_per_s", lambda n: calls.append("memory") or 5.0)
+    monkeypatch.setattr(cal, "_measure_launch_overhead_s", lambda: calls.append("launch") or 1e-6)
+    monkeypatch.setattr(cal, "measure_optimizer", lambda: calls.append("optimizer") or (4e9, 3e-5))
+    got = cal.measure_device(rounds=3)
+    assert got["matmul_flops_per_s"] == 3.0 and got["memory_bytes_per_s"] == 5.0
+    assert got["optimizer_bytes_per_s"] == 4e9 and got["optimizer_tensor_s"] == 3e-5
+    assert calls == ["matmul", "memory", "launch", "optimizer"] * 4  # interleaved, one warm-up round
+    with pytest.raises(ValueError, match="rounds=0"):
+        cal.measure_device(rounds=0)

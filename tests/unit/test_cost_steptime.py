@@ -139,3 +139,84 @@ def test_estimate_step_time_of_a_ddp_plan_is_compute_plus_exposed_sync_plus_adam
     assert est.grad_sync_s == est.grad_sync_exposed_s  # one bucket, overlap 0
     per_param = unbucketed.blocking_comm_s - est.blocking_comm_s  # one all-reduce per parameter: more latencies
     assert per_param == pytest.approx(len(plan.params) * 2 * 1e-4 + grad_bytes / 1e9)
+
+
+def test_collective_sync_is_added_to_every_collective_and_bucket():
+    import parallelizer
+    from parallelizer import zoo
+    from parallelizer.planner.steptime import estimate_step_time
+
+    link = Link("gloo_x2", 1e-4, 1e9)
+    device = dataclasses.replace(CPU, comm_overlap=0.0)
+    plain, synced = (Cluster(dataclasses.replace(device, collective_sync_s=s), 1, 2, link, link) for s in (0.0, 2e-3))
+    traced = parallelizer.trace(*zoo.mlp(in_features=16, dim=32, hidden=64, depth=1, batch=8))
+    plan = parallelizer.plan(traced, {"dp": 2}, cluster=plain, axis_roles={"dp": "ddp"})
+    a, b = (estimate_step_time(traced, plan, cluster=c, bucket_bytes=0) for c in (plain, synced))
+    # unbucketed: one all-reduce per parameter gradient, the batch all-gather of the output (forward): 2 ms each
+    collectives = len(plan.params) + sum(st.fwd_collective is not None for e in plan.edges for st in e.steps)
+    assert b.blocking_comm_s - a.blocking_comm_s == pytest.approx(collectives * 2e-3)
+    a, b = (estimate_step_time(traced, plan, cluster=c) for c in (plain, synced))
+    assert b.buckets == a.buckets == 1 and b.grad_sync_s - a.grad_sync_s == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="collective_sync_s"):
+        dataclasses.replace(CPU, collective_sync_s=-1.0)
+
+
+def test_profile_collective_sync_round_trips_and_prices_its_process_count(tmp_path):
+    import json
+    link = Link("gloo_x4", 1e-4, 1e9, size_fits={"all_reduce": ((1e6, 1e-4, 1e9),)})
+    profile = Profile(CPU, {2: link, 4: link}, collective_sync={4: 3e-3}, cpu_count=2)
+    assert profile.device_for(4).collective_sync_s == 3e-3 and profile.device_for(2).collective_sync_s == 0.0
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(profile, {}), sort_keys=True))
+    assert load_profile(path) == profile
+    later = dataclasses.replace(profile, collective_sync={4: 4e-3})
+    base = flat_collective_time_s("all_reduce", 4096, 4, link) + 3e-3
+    assert compare_profiles(profile, later)["x4 collective_sync (of a 4 KiB all_reduce)"] == pytest.approx(1e-3 / base)
+
+
+def test_recomputation_costs_the_planners_extra_forward_and_repeats_tensor_parallel_collectives():
+    import parallelizer
+    from parallelizer import zoo
+    from parallelizer.planner.steptime import estimate_step_time
+
+    link = Link("gloo_x2", 1e-4, 1e9)
+    cluster = Cluster(CPU, 1, 2, link, link)
+    traced = parallelizer.trace(*zoo.gpt2(n_layer=2, batch=4, seq_len=16, labels=True))
+    est = {}
+    for mode in ("none", "selective", "full"):
+        plan = parallelizer.plan(traced, {"dp": 2}, cluster=cluster, axis_roles={"dp": "ddp"}, recompute=mode)
+        est[mode] = (plan, estimate_step_time(traced, plan, cluster=cluster))
+    (none_plan, none), (full_plan, full) = est["none"], est["full"]
+    assert none.recompute_s == 0 and 0 < est["selective"][1].recompute_s < full.recompute_s
+    # ddp: no collective inside a block, so the extra time is the planner's own extra forward (price_region)
+    assert full.recompute_s == pytest.approx(full_plan.cost.compute_s - none_plan.cost.compute_s, rel=1e-9)
+    assert full.total_s - none.total_s == pytest.approx(full.recompute_s, rel=1e-9)
+    slow_link = Link("slow", 1e-3, 1e9)
+    slow = Cluster(CPU, 1, 2, slow_link, slow_link)
+    assert estimate_step_time(traced, full_plan, cluster=slow).recompute_s == pytest.approx(full.recompute_s)
+    tp = parallelizer.plan(traced, {"tp": 2}, cluster=cluster, axis_roles={"tp": "tp"})
+    tp_full = dataclasses.replace(tp, recompute=dict.fromkeys(full_plan.recompute, "full"))
+    plain, again = estimate_step_time(traced, tp, cluster=cluster), estimate_step_time(traced, tp_full, cluster=cluster)
+    assert again.total_s - plain.total_s == pytest.approx(again.recompute_s, rel=1e-9)
+    # the tensor-parallel all-reduces inside the blocks run again: a slower link makes recomputation dearer
+    assert estimate_step_time(traced, tp_full, cluster=slow).recompute_s > again.recompute_s > 0
+
+
+def test_pipeline_plan_is_the_searchs_simulated_step_plus_the_busiest_ranks_adamw():
+    import parallelizer
+    from parallelizer import zoo
+    from parallelizer.planner.steptime import estimate_step_time
+
+    link = Link("gloo_x2", 1e-4, 1e9)
+    cluster = Cluster(CPU, 1, 2, link, link)
+    traced = parallelizer.trace(*zoo.gpt2(n_layer=2, batch=2, seq_len=16))
+    plan = parallelizer.plan(traced, {"pp": 2}, cluster=cluster, schedule="1f1b", microbatches=2)
+    est = estimate_step_time(traced, plan, cluster=cluster)
+    assert est.pipeline_s == plan.pipeline.estimate.step_s > 0
+    trainable = [p for p in plan.params.values() if not p.is_buffer]
+    from cost_model.memory import bytes_per_param
+    whole = optimizer_step_time_s(sum(math.prod(p.local_shape) for p in trainable), len(trainable),
+                                  bytes_per_param("fp32", "adamw"), CPU)
+    # each rank steps its stage's parameters; the tied wte / lm_head weight is on both ranks
+    assert whole / 2 < est.optimizer_s < whole
+    assert est.total_s == pytest.approx(est.pipeline_s + est.optimizer_s)
