@@ -28,15 +28,17 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
 
 Measured: every rank builds all six `PipelineModule`s first, then `WARMUP` untimed rounds and `ROUNDS` timed
 rounds, each round one step of every schedule in turn (so that load from other jobs hits all alike); a step
-is rank 0's wall time of `pm.step` + `opt.step()` between two barriers; one thread per rank. Reported per
-schedule: simulated ms, measured median (min-max) ms, both orders, Spearman's rank correlation and the
-fraction of schedule pairs the two order alike.
+is rank 0's wall time of `pm.step` + `opt.step()` between two barriers, and each rank's CPU (process) time
+of it; one thread per rank. Reported per schedule: simulated ms in three variants (the measured sharing
+factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
+cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
+time, and per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike.
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
 
-About 6-7 minutes on the idle 2-core machine (calibration ~1.5 min, building the modules ~1 min, 6 rounds
-of 6 steps ~3-4 min); several times longer under load.
+About 4-5 minutes on the 2-core machine when idle (4:56 at load average ~5: calibration, planning and
+pricing ~2 min, building the modules and 10 rounds of 6 steps the rest); longer under heavier load.
 """
 from __future__ import annotations
 
@@ -305,10 +307,12 @@ def main(argv=None) -> None:
                 json.dump(measured, f, indent=1)
     factors = ", ".join(f"{k} ranks x{pc.cores.factor(k):.2f} (AdamW x{pc.cores.factor(k, True):.2f})"
                         for k in range(2, PP + 1))
-    header = (f"Profile `{profile_path}`: {summary(load_profile(profile_path)).replace(chr(10), '; ')}\n\nSharing factors (cost "
+    profile_line = summary(load_profile(profile_path)).replace("\n", "; ")
+    header = (f"Profile `{profile_path}`: {profile_line}\n\nSharing factors (cost "
               f"model on `device_for(k)` / alone): {factors}.\n\nLoad average (1 min, {os.cpu_count()} cores): "
               f"{load0:.1f} at start, {load1:.1f} before measuring, {os.getloadavg()[0]:.1f} at the end; "
-              f"{args.warmup} warm-up + {args.rounds} timed rounds.")
+              + (f"steps read from {args.measured}." if args.measured else
+                 f"{args.warmup} warm-up + {args.rounds} timed rounds."))
     print(report(sim, measured, header))
     print(f"\n_bench_schedules_runtime: {time.perf_counter() - started:.0f} s_")
 
