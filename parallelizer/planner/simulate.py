@@ -176,7 +176,7 @@ class SimResult:
     """One simulated step. Seconds; per-rank tuples indexed by pp rank.
 
     Attributes:
-        makespan_s: end of the step (compute, copy syncs and grad syncs).
+        makespan_s: end of the step (compute, copy syncs, grad syncs and optimizer steps when given).
         compute_end_s: end of the last compute action.
         busy_s: per rank, seconds of compute (wall seconds its actions ran, slowed down when sharing cores).
         bubble_fraction: per rank, 1 - busy / compute_end_s.
