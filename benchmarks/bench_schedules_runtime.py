@@ -1,49 +1,189 @@
-"""Measured step time per pipeline schedule on 4 gloo ranks (issue 14): gpipe, 1f1b, interleaved_1f1b,
-dualpipev and bitpipe, each running the same GPT-2 (8 blocks, hidden 512, 8 heads, vocab 1024, sequence 128,
-global batch 8 = 8 microbatches of 1) through `auto_parallelize` + `pm.step` + AdamW.
+"""Simulated vs measured step time per pipeline schedule on 4 gloo ranks of this machine (issue 14): gpipe,
+1f1b, interleaved_1f1b, zbv, dualpipev and bitpipe, each training the same GPT-2 (8 blocks, hidden 512, 8
+heads, vocab 1024, sequence 128, global batch 8 = 8 microbatches of 1) through `auto_parallelize` +
+`pm.step` + AdamW.
 
-Plans: gpipe / 1f1b on 4 stages (2 blocks each), the others on 8 stages (1 block each: interleaved_1f1b
-looped, dualpipev in a V, bitpipe two mirrored V pipelines; the 8-stage plans share one cut and differ only
-in the schedule). Per schedule: `WARMUP` untimed steps, then `ITERS` timed steps (wall time of `pm.step` +
-`opt.step()` on rank 0, after a barrier), median reported; one thread per rank.
+Plans: made on a calibration profile of this machine (`cost_model.calibrate`; `--profile`, else calibrated
+first, ~1 min): gpipe / 1f1b on 4 stages, interleaved_1f1b and zbv on 8 (their own plans), dualpipev and
+bitpipe on the interleaved plan's 8-stage cut with the schedule renamed (dualpipev: a V; bitpipe: two
+mirrored V pipelines, two weight copies per stage).
 
-    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime        # prints a markdown table
+Simulated (`simulate_schedule`): the schedule's own action list (`planner.simulate`) with
+- per model stage the solo seconds of F, I (input gradient) and W (weight gradient) of its segments priced
+  by the cost model on the profile's device as ONE process sees it (`planner.segments.price_segments`), and
+  the activation transfer between ranks (`send_recv` of the cut's bytes on the profile's 4-process link);
+- the 4 ranks sharing the machine's cores (`planner.sharing`, processor sharing): each of k ranks computing
+  at once runs slower by the cost model's price on `Profile.device_for(k)` (the measured contention of k
+  processes) over its price alone, for the whole model's segments (compute) and for the rank's AdamW step
+  (optimizer);
+- zbv's and dualpipev's split backward priced as I + W = B: torch's `stage_backward_input` +
+  `stage_backward_weight` on a GPT-2 block (hidden 512, sequence 128, one thread) took 38.9 ms against
+  39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
+  measurable compute and none is priced;
+- what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
+  ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
+  stage, and each rank's AdamW step over the parameters it holds (`cost_model.compute.optimizer_step_time_s`;
+  BitPipe holds and steps two weight copies; the counts are taken from the segments and checked against
+  the runtime's `pm.parameters()`).
 
-The figures depend on the machine's load (the numbers in benchmarks/RESULTS.md say what it was); use them for
-the ORDER of the schedules, to set beside the simulator's (planner side), not as absolute times.
+Measured: every rank builds all six `PipelineModule`s first, then `WARMUP` untimed rounds and `ROUNDS` timed
+rounds, each round one step of every schedule in turn (so that load from other jobs hits all alike); a step
+is rank 0's wall time of `pm.step` + `opt.step()` between two barriers, and each rank's CPU (process) time
+of it; one thread per rank. Reported per schedule: simulated ms in three variants (the measured sharing
+factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
+cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
+time, and per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike.
+
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
+
+About 4-5 minutes on the 2-core machine when idle (4:56 at load average ~5: calibration, planning and
+pricing ~2 min, building the modules and 10 rounds of 6 steps the rest); longer under heavier load.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import io
+import json
+import math
 import os
 import statistics
+import sys
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
 import parallelizer
+from benchmarks.bench_steptime import spearman
+from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, load_profile, summary
+from cost_model.communication import collective_time_s
+from cost_model.compute import optimizer_step_time_s
+from cost_model.topology import Cluster, MeshTopology
 from parallelizer import zoo
+from parallelizer.config import PlanConfig
+from parallelizer.planner.segments import price_segments, segment_graph
+from parallelizer.planner.sharing import SharedCores
+from parallelizer.planner.simulate import StageTimes, action_schedule, simulate
 from parallelizer.runtime import spawn
 
 GPT = dict(n_layer=8, n_embd=512, n_head=8, vocab_size=1024, batch=8, seq_len=128)
-PP, MICROBATCHES, WARMUP, ITERS = 4, 8, 1, 3
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "dualpipev", "bitpipe")
+PP, MICROBATCHES, WARMUP, ROUNDS = 4, 8, 1, 9
+CLEAR = 0.05  # pairs whose simulated step times differ by at least this fraction are counted apart
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
+ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
 
 
-def _plans() -> dict[str, str]:
-    """Plan JSON per schedule, made on one microbatch (dualpipev / bitpipe: the interleaved cut, renamed)."""
-    traced = parallelizer.trace(*zoo.gpt2(**{**GPT, "batch": GPT["batch"] // MICROBATCHES}))
+def _traced():
+    return parallelizer.trace(*zoo.gpt2(**{**GPT, "batch": GPT["batch"] // MICROBATCHES}))
+
+
+def make_plans(traced, profile_path: str) -> dict[str, parallelizer.Plan]:
+    """Plan per schedule on the profile (module docstring; dualpipev / bitpipe: the interleaved cut, renamed)."""
     out = {}
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-        for name in ("gpipe", "1f1b", "interleaved_1f1b"):
-            out[name] = parallelizer.plan(traced, {"pp": PP}, schedule=name, microbatches=MICROBATCHES)
+        for name in ("gpipe", "1f1b", "interleaved_1f1b", "zbv"):
+            out[name] = parallelizer.plan(traced, {"pp": PP}, cluster=profile_path, schedule=name,
+                                          microbatches=MICROBATCHES)
     for name in ("dualpipev", "bitpipe"):
         base = out["interleaved_1f1b"]
         out[name] = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule=name))
-    return {k: v.to_json() for k, v in out.items()}
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Pricing:
+    """What `simulate_schedule` prices with, from one profile: per-segment solo (F, I, W) seconds at the
+    trace batch, the segments, the 4-process topology, the sharing curves and the solo device."""
+
+    f: object
+    i: object
+    w: object
+    segments: object
+    prices: object
+    topo: MeshTopology
+    cores: SharedCores
+    device: object
+    cpu_count: int  # the profile's core count (`Profile.cpu_count`): the ideal-sharing variant
+    plan_prices: object  # (F, I, W) per segment on the device the plans were made on (`Profile.cluster(PP)`)
+
+
+def pricing(traced, profile_path: str) -> Pricing:
+    """Price the segments alone and on `Profile.device_for(k)` for every calibrated k (module docstring)."""
+    profile = load_profile(profile_path)
+    link = profile.cluster(PP).intra_node_link
+    seg = segment_graph(traced)
+
+    def priced(device):
+        cluster = Cluster(device, num_nodes=1, devices_per_node=PP, intra_node_link=link, inter_node_link=link)
+        with contextlib.redirect_stdout(io.StringIO()):
+            return price_segments(traced, seg, 1, cluster, PlanConfig())
+    solo = priced(profile.device)
+    f, b, w = solo.time_s(1.0)
+    total = float((f + b + w).sum())
+    numel = sum(math.prod(s) for shapes in solo.grad_shapes for s, _ in shapes)
+    tensors = sum(len(shapes) for shapes in solo.grad_shapes)
+    opt_solo = optimizer_step_time_s(numel, tensors, ADAMW_BYTES, profile.device)
+    compute, optimizer = {}, {}
+    for k in sorted(profile.contention):
+        dev = profile.device_for(k)
+        fk, bk, wk = priced(dev).time_s(1.0)
+        compute[k] = float((fk + bk + wk).sum()) / total
+        optimizer[k] = optimizer_step_time_s(numel, tensors, ADAMW_BYTES, dev) / opt_solo
+    cores = SharedCores.measured(compute, PP, optimizer)
+    topo = MeshTopology(profile.cluster(PP), (PP, 1, 1), ("pp", "dp", "tp"))
+    return Pricing(f, b, w, seg, solo, topo, cores, profile.device, profile.cpu_count or os.cpu_count(),
+                   priced(profile.device_for(PP)).time_s(1.0))
+
+
+def _segs(plan: parallelizer.Plan, L: int) -> list[list[int]]:
+    """Segment indices of each stage: block "<group>.<i>" is segment i + 1, the ops before the first block
+    (segment 0) go to the first stage, after the last (L + 1) to the last (`planner.stages`)."""
+    stages = plan.pipeline.stages
+    out = [[int(b.rsplit(".", 1)[1]) + 1 for b in st.blocks] for st in stages]
+    out[0].insert(0, 0)
+    out[-1].append(L + 1)
+    return out
+
+
+def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
+    """Simulated step of one schedule's plan (module docstring): seconds, with and without core sharing,
+    and the per-rank parameter counts it assumes."""
+    S, L = len(plan.pipeline.stages), pc.segments.num_blocks
+    segs = _segs(plan, L)
+    send = lambda nbytes: collective_time_s("send_recv", float(nbytes), pc.topo, ("pp",))  # noqa: E731
+    cuts = [g[-1] for g in segs[:-1]]  # the cut after a stage's last block segment
+    p2p_f = [send(pc.segments.cut_fwd_bytes[j]) for j in cuts]
+    p2p_b = [send(pc.segments.cut_bwd_bytes[j]) for j in cuts]
+    # the stages priced here are the plan's: its estimate's per-stage seconds (on the plan's device, with
+    # the sends, no recomputation) are these segments' on that device
+    f4, i4, w4 = pc.plan_prices
+    mine = [float((f4[g] + i4[g] + w4[g]).sum()) + (p2p_f[s] if s < S - 1 else 0) + (p2p_b[s - 1] if s else 0)
+            for s, g in enumerate(segs)]
+    theirs = plan.pipeline.estimate.stage_s
+    if any(abs(a / b - 1) > 1e-6 for a, b in zip(mine, theirs)):
+        raise ValueError(f"{name}: stage seconds {mine} differ from the plan's {theirs} (recomputation?)")
+    sched = action_schedule(name, PP, MICROBATCHES)
+    holds = {r: [sched.model_stage(x) for x, rr in sched.stage_to_rank.items() if rr == r] for r in range(PP)}
+    pr = pc.prices
+    numel = [sum(math.prod(s) for k in holds[r] for g in segs[k] for s, _ in pr.grad_shapes[g]) for r in range(PP)]
+    tensors = [sum(len(pr.grad_shapes[g]) for k in holds[r] for g in segs[k]) for r in range(PP)]
+    tied_ranks = {sched.stage_to_rank[c * S + k] for c in range(sched.copies) for k in (0, S - 1)}
+    tied = send(pr.shared_grad_bytes) if pr.shared_grad_bytes and len(tied_ranks) > 1 else 0.0
+    times = StageTimes(
+        tuple(float(pc.f[g].sum()) for g in segs), tuple(float(pc.i[g].sum()) for g in segs),
+        tuple(float(pc.w[g].sum()) for g in segs),
+        tuple(p2p_f), tuple(p2p_b),
+        copy_sync_s=tuple(send(pr.grads_bytes[g].sum()) for g in segs) if sched.copies > 1 else None,
+        grad_sync_s=tuple(tied if r in tied_ranks else 0.0 for r in range(PP)),
+        optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)))
+    ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
+        ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
+    work = sum(simulate(name, PP, MICROBATCHES, times).busy_s) + sum(times.optimizer_s)
+    return {"ms": ms, "work_ms": work * 1e3, "numel": numel, "tensors": tensors, "stages": S}
 
 
 def _loss(output, target):
@@ -51,46 +191,131 @@ def _loss(output, target):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def bench_rank(rank: int, world_size: int, plans: dict[str, str]) -> dict:
-    """Median step milliseconds per schedule (rank 0's wall clock) and the first step's loss."""
+def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int) -> dict:
+    """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
+    (process time) of each, the first step's loss, and this rank's parameter count and tensors (what its
+    optimizer steps)."""
     torch.set_num_threads(1)
-    out = {}
+    built = {}
     for name in SCHEDULES:
         torch.manual_seed(0)
         model, (ids,) = zoo.gpt2(**GPT)
-        labels = torch.roll(ids, -1, dims=1)
         pm = parallelizer.auto_parallelize(model, (ids,), plan=parallelizer.Plan.from_json(plans[name]))
-        opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
-        times, first = [], None
-        for i in range(WARMUP + ITERS):
+        params = list(pm.parameters())
+        built[name] = (pm, torch.optim.AdamW(params, lr=1e-4), sum(p.numel() for p in params), len(params))
+    labels = torch.roll(ids, -1, dims=1)
+    out = {name: {"ms": [], "cpu_ms": [], "loss1": None, "numel": n, "tensors": t}
+           for name, (_, _, n, t) in built.items()}
+    for i in range(warmup + rounds):
+        for name, (pm, opt, _, _) in built.items():
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             loss = pm.step(ids, target=labels, loss_fn=_loss)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            cpu = time.process_time() - cpu
             dist.barrier()
-            if i >= WARMUP:
-                times.append((time.perf_counter() - start) * 1e3)
-            first = loss.item() if first is None else first
-        out[name] = {"median_ms": statistics.median(times), "ms": times, "loss1": first}
-        del pm, opt
+            if i >= warmup:
+                out[name]["ms"].append((time.perf_counter() - start) * 1e3)
+                out[name]["cpu_ms"].append(cpu * 1e3)
+            if out[name]["loss1"] is None:
+                out[name]["loss1"] = loss.item()
     return out
 
 
-def run() -> str:
-    plans = _plans()
-    load = os.getloadavg()[0]
-    result = spawn(bench_rank, PP, plans, timeout_s=3000)[0]
-    rows = ["| schedule | stages | median step (ms) | steps (ms) | first loss |", "|---|---|---|---|---|"]
+def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
+    """(pairs (i, j) that `a` and `b` order alike, pairs counted): Kendall's concordant pairs (a tie in either
+    counts as disagreement), over the pairs whose `a` values differ by at least `min_gap` (relative)."""
+    n = len(a)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if abs(a[i] - a[j]) >= min_gap * min(a[i], a[j])]
+    return sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs), len(pairs)
+
+
+VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
+            "cores", "own": "own core each"}
+
+
+def report(sim: dict, measured: dict | None, header: str) -> str:
+    """Markdown table + orders + agreement per simulated variant (module docstring)."""
+    rows = [header, "", "| schedule | stages | " + " | ".join(f"simulated ms ({v})" for v in VARIANTS.values())
+            + " | measured ms median (min-max) | work: simulated solo CPU ms / measured CPU ms (all ranks, "
+            "median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
     for name in SCHEDULES:
-        r = result[name]
-        stages = len(parallelizer.Plan.from_json(plans[name]).pipeline.stages)
-        rows.append(f"| {name} | {stages} | {r['median_ms']:.0f} | {', '.join(f'{t:.0f}' for t in r['ms'])} | "
-                    f"{r['loss1']:.6f} |")
-    order = sorted(SCHEDULES, key=lambda n: result[n]["median_ms"])
-    return "\n".join(rows + ["", f"measured order (fastest first): {' < '.join(order)}; load average at start "
-                                 f"{load:.1f} on {os.cpu_count()} cores"])
+        s = sim[name]
+        meas = loss = cpu = "-"
+        if measured:
+            m = measured[name]
+            meas = f"{statistics.median(m['ms']):.0f} ({min(m['ms']):.0f}-{max(m['ms']):.0f})"
+            loss, cpu = f"{m['loss1']:.6f}", f"{statistics.median(m['cpu_ms']):.0f}"
+        rows.append(f"| {name} | {s['stages']} | " + " | ".join(f"{s['ms'][v]:.0f}" for v in VARIANTS)
+                    + f" | {meas} | {s['work_ms']:.0f} / {cpu} | {loss} |")
+    rows.append("")
+    for v, what in VARIANTS.items():
+        rows.append(f"Simulated order, {what} (fastest first): "
+                    f"{' < '.join(sorted(SCHEDULES, key=lambda n: sim[n]['ms'][v]))}.")
+    if measured:
+        med = {n: statistics.median(measured[n]["ms"]) for n in SCHEDULES}
+        b = [med[n] for n in SCHEDULES]
+        rows.append(f"Measured order (fastest first): {' < '.join(sorted(SCHEDULES, key=med.get))}.")
+        for v, what in VARIANTS.items():
+            a = [sim[n]["ms"][v] for n in SCHEDULES]
+            (k, n), (kc, nc) = pairwise_agreement(a, b), pairwise_agreement(a, b, CLEAR)
+            rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
+                        f"separates by >= {CLEAR:.0%} {kc} of {nc}; median |simulated / measured - 1| "
+                        f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
+        bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
+               or list(measured[n]["tensors"]) != sim[n]["tensors"]]
+        rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"timed rounds (default {ROUNDS})")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed rounds first (default {WARMUP})")
+    ap.add_argument("--simulate-only", action="store_true", help="print the simulated step times only")
+    ap.add_argument("--json", help="write the measured steps here (JSON)")
+    ap.add_argument("--measured", metavar="STEPS.json", help="report steps written by --json earlier (no run)")
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    profile_path = args.profile
+    if profile_path is None:
+        profile_path = os.path.join(tempfile.mkdtemp(), "cpu.profile.json")
+        calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)
+    traced = _traced()
+    plans = make_plans(traced, profile_path)
+    pc = pricing(traced, profile_path)
+    sim = {name: simulate_schedule(name, plans[name], pc) for name in SCHEDULES}
+    measured = None
+    load1 = os.getloadavg()[0]
+    if args.measured:
+        with open(args.measured) as f:
+            measured = json.load(f)
+    elif not args.simulate_only:
+        print(f"measuring {len(SCHEDULES)} schedules x {args.rounds} rounds (load average {load1:.1f})",
+              file=sys.stderr)
+        measured = spawn(bench_rank, PP, {k: v.to_json() for k, v in plans.items()}, args.warmup, args.rounds,
+                         timeout_s=3600)
+        measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
+                           "tensors": [r[name]["tensors"] for r in measured],
+                           "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))]}
+                    for name in SCHEDULES}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(measured, f, indent=1)
+    factors = ", ".join(f"{k} ranks x{pc.cores.factor(k):.2f} (AdamW x{pc.cores.factor(k, True):.2f})"
+                        for k in range(2, PP + 1))
+    profile_line = summary(load_profile(profile_path)).replace("\n", "; ")
+    header = (f"Profile `{profile_path}`: {profile_line}\n\nSharing factors (cost "
+              f"model on `device_for(k)` / alone): {factors}.\n\nLoad average (1 min, {os.cpu_count()} cores): "
+              f"{load0:.1f} at start, {load1:.1f} before measuring, {os.getloadavg()[0]:.1f} at the end; "
+              + (f"steps read from {args.measured}." if args.measured else
+                 f"{args.warmup} warm-up + {args.rounds} timed rounds."))
+    print(report(sim, measured, header))
+    print(f"\n_bench_schedules_runtime: {time.perf_counter() - started:.0f} s_")
 
 
 if __name__ == "__main__":
-    print(run())
+    main()

@@ -41,6 +41,12 @@ are compiled once (cached); pricing a cost vector is one vectorised pass over th
 steps for L levels (~ per-rank list length + p). The planner's branch and bound prices candidates by a lower bound
 (`planner.search`, `_Context._price_partition`) and simulates only the candidates that survive it.
 
+Ranks sharing cores (one CPU machine, `planner.sharing`): with `cores` the per-action seconds are solo
+seconds and an event simulation slows each of k ranks computing at once by the machine's measured factor for
+k (processor sharing); the optional per-rank optimizer step (`StageTimes.optimizer_s`) runs after the rank's
+gradient sync and shares the cores too. Without `cores` (every GPU preset) each rank has its own device and
+the vectorised pass above is used unchanged.
+
 Peak in-flight activations of rank r: walking r's list in order, F(x, i) adds model stage k's activation
 bytes, I or B(x, i) frees them (W keeps only the weight-gradient inputs, not counted); the peak of that
 running sum. It depends on the order only, not on the times.
@@ -58,6 +64,7 @@ from torch.distributed.pipelining import schedules as _torch
 
 from ..errors import PipelineError
 from .action_schedule import ActionSchedule, compute_actions
+from .sharing import SharedCores, shared_pass
 
 _KIND = {"F": 0, "I": 1, "W": 2, "B": 3}
 _V_STAGES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zbv": 2, "dualpipev": 2}
@@ -144,6 +151,8 @@ class StageTimes:
             peak is in stage-microbatches).
         copy_sync_s: per model stage, the all-reduce between its copies (only for copies > 1).
         grad_sync_s: per rank, its data-parallel gradient all-reduce after its last action.
+        optimizer_s: per rank, its optimizer step after its gradient sync (default none: the planner's step
+            time leaves the optimizer out; `benchmarks/bench_schedules_runtime.py` times it in).
     """
 
     fwd_s: tuple[float, ...]
@@ -154,6 +163,7 @@ class StageTimes:
     act_bytes: tuple[float, ...] | None = None
     copy_sync_s: tuple[float, ...] | None = None
     grad_sync_s: tuple[float, ...] | None = None
+    optimizer_s: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -166,9 +176,9 @@ class SimResult:
     """One simulated step. Seconds; per-rank tuples indexed by pp rank.
 
     Attributes:
-        makespan_s: end of the step (compute, copy syncs and grad syncs).
+        makespan_s: end of the step (compute, copy syncs, grad syncs and optimizer steps when given).
         compute_end_s: end of the last compute action.
-        busy_s: per rank, seconds of compute.
+        busy_s: per rank, seconds of compute (wall seconds its actions ran, slowed down when sharing cores).
         bubble_fraction: per rank, 1 - busy / compute_end_s.
         bubble_s: compute_end_s - max(busy_s) (the bottleneck rank's idle time).
         peak_inflight_bytes: per rank, peak activation bytes held (module docstring; in stage-microbatches
@@ -303,23 +313,25 @@ def _compile(sched: ActionSchedule) -> _Compiled:
                      tuple(counts), tuple(last_bwd), rank_stages)
 
 
-def simulate(name: str, p: int, m: int, times: StageTimes) -> SimResult:
-    """Simulate schedule `name` (module docstring) on p ranks with m microbatches at `times`.
+def simulate(name: str, p: int, m: int, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
+    """Simulate schedule `name` (module docstring) on p ranks with m microbatches at `times`; with `cores`,
+    the p ranks share one machine's cores (`planner.sharing`: processor sharing, `times` are solo seconds).
 
     Raises:
         PipelineError: unknown schedule / refused (p, m) (`action_schedule`), or `times` not of length S.
     """
-    return simulate_compiled(compile_schedule(name, p, m), times)
+    return simulate_compiled(compile_schedule(name, p, m), times, cores)
 
 
-def simulate_actions(sched: ActionSchedule, times: StageTimes) -> SimResult:
+def simulate_actions(sched: ActionSchedule, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
     """Simulate an `ActionSchedule` built elsewhere (validated here; not cached)."""
     sched.validate()
-    return simulate_compiled(_compile(sched), times)
+    return simulate_compiled(_compile(sched), times, cores)
 
 
-def simulate_compiled(c: _Compiled, times: StageTimes) -> SimResult:
-    """The timing pass over a compiled DAG (module docstring). Raises PipelineError on lengths != S."""
+def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
+    """The timing pass over a compiled DAG (module docstring; with `cores` the processor-sharing pass of
+    `planner.sharing`). Raises PipelineError on lengths != S or per-rank tuples not of length p."""
     S = c.S
     lens = {"fwd_s": len(times.fwd_s), "bwd_input_s": len(times.bwd_input_s),
             "bwd_weight_s": len(times.bwd_weight_s), "p2p_s": len(times.p2p_s) + 1}
@@ -334,19 +346,27 @@ def simulate_compiled(c: _Compiled, times: StageTimes) -> SimResult:
     p2p = np.where(c.kind == 0, np.append(np.asarray(times.p2p_s, dtype=float), 0.0)[c.xfer],
                    np.append(np.asarray(bwd_p2p, dtype=float), 0.0)[c.xfer])
     N = len(dur)
-    end = np.zeros(N + 1)
-    pr = c.pred
-    for lv in c.levels:
-        ready = np.maximum(np.maximum(end[pr[lv, 0]], end[pr[lv, 1]] + p2p[lv]), end[pr[lv, 2]])
-        end[lv] = ready + dur[lv]
-    ends = end[:N]
-    starts = ends - dur
+    wait, tail = (np.zeros(c.p) if v is None else np.asarray(v, dtype=float)
+                  for v in (times.grad_sync_s, times.optimizer_s))
+    if len(wait) != c.p or len(tail) != c.p:
+        raise PipelineError(f"StageTimes.grad_sync_s / optimizer_s have {len(wait)} / {len(tail)} entries: "
+                            f"need one per rank ({c.p})")
+    if cores is None:
+        end = np.zeros(N + 1)
+        pr = c.pred
+        for lv in c.levels:
+            ready = np.maximum(np.maximum(end[pr[lv, 0]], end[pr[lv, 1]] + p2p[lv]), end[pr[lv, 2]])
+            end[lv] = ready + dur[lv]
+        ends = end[:N]
+        starts = ends - dur
+        rank_end = np.array([ends[idx].max() if len(idx) else 0.0 for idx in c.by_rank])
+        finish = rank_end + wait + tail
+    else:
+        starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p, wait,
+                                           None if times.optimizer_s is None else tail, cores)
+        end = np.append(ends, 0.0)
     compute_end = float(ends.max())
-    busy = np.bincount(c.rank, weights=dur, minlength=c.p)
-    rank_end = np.array([ends[idx].max() if len(idx) else 0.0 for idx in c.by_rank])
-    finish = rank_end.copy()
-    if times.grad_sync_s is not None:
-        finish = finish + np.asarray(times.grad_sync_s, dtype=float)
+    busy = np.bincount(c.rank, weights=dur if cores is None else ends - starts, minlength=c.p)
     makespan = float(finish.max())
     if times.copy_sync_s is not None and any(len(nodes) > 1 for nodes in c.last_bwd):
         for k, nodes in enumerate(c.last_bwd):

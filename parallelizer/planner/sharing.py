@@ -1,0 +1,181 @@
+"""Ranks that share one machine's cores: the processor-sharing timing pass of `planner.simulate`.
+
+On a GPU cluster every pipeline rank has its own device, so an action costs the same whatever the other
+ranks do (`planner.simulate`'s default pass). On one CPU machine R gloo ranks share C cores: while k ranks
+compute at once, each runs `SharedCores.factor(k)` times slower than alone, and a rank that waits (for a
+transfer, or at the end of its list) leaves the cores to the others. That is processor sharing (Kleinrock
+1967, "Time-shared systems: a theoretical model"; Harchol-Balter 2013, "Performance Modeling and Design of
+Computer Systems", Ch. 22): each running job progresses at rate 1 / factor(k) solo-seconds per second, and
+the rate changes whenever a job starts or ends.
+
+`SharedCores.measured` builds the factors from a calibration profile's contention measurements
+(`cost_model.calibrate.Profile.contention`: the slowdown of each of k processes computing at once, for the
+calibrated k), `SharedCores.ideal` from a core count alone (factor(k) = max(1, k / C)). With
+factor(k) = 1 for every k <= R (at least as many cores as ranks) the pass gives the default pass's times.
+
+Jobs: a rank's compute actions in its list order (solo seconds `dur`), then, optionally, its optimizer step
+(solo seconds, its own slowdown curve `SharedCores.optimizer`), which starts after the rank's last action and
+its gradient sync (a wait, not compute). Transfers and syncs are waits that use no core: a gloo rank
+blocked in `recv` sleeps (measured here: 5 ms of CPU time over a 3 s wait), and the copy of a few hundred
+KiB it does is small next to a stage's compute.
+
+Cost: one event per job start or end, O(p) work each: O((N + p) p) for N actions, fine for the few-rank
+machines it models (the planner's GPU presets never take this path).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PipelineError
+
+_EPS = 1e-12  # relative: a job whose remaining solo seconds fall below EPS x its length is done
+
+
+@dataclass(frozen=True)
+class SharedCores:
+    """Per-rank slowdown of k ranks computing at once on one machine (module docstring).
+
+    Attributes:
+        factors: factors[k - 1] for k = 1..R concurrent ranks; >= 1, factors[0] == 1 (dimensionless).
+        optimizer: the same for optimizer steps (default: `factors`).
+
+    Raises (construction):
+        PipelineError: empty, factors[0] != 1, or a factor < 1 or not finite.
+    """
+
+    factors: tuple[float, ...]
+    optimizer: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name, f in (("factors", self.factors), ("optimizer", self.optimizer)):
+            if f is None:
+                continue
+            if not f or f[0] != 1.0 or any(not np.isfinite(x) or x < 1.0 for x in f):
+                raise PipelineError(f"SharedCores.{name}={f}: need factor(1) == 1 and finite factors >= 1 "
+                                    "(slowdown of k concurrent ranks, k = 1..R)")
+
+    @staticmethod
+    def ideal(cores: int, ranks: int) -> "SharedCores":
+        """R = `ranks` ranks on `cores` cores with perfect sharing: factor(k) = max(1, k / cores).
+
+        Raises:
+            PipelineError: cores or ranks < 1.
+        """
+        if cores < 1 or ranks < 1:
+            raise PipelineError(f"SharedCores.ideal(cores={cores}, ranks={ranks}): need both >= 1")
+        return SharedCores(tuple(max(1.0, k / cores) for k in range(1, ranks + 1)))
+
+    @staticmethod
+    def measured(slowdown: Mapping[int, float], ranks: int,
+                 optimizer_slowdown: Mapping[int, float] | None = None) -> "SharedCores":
+        """Factors for k = 1..`ranks` from measured slowdowns {k: factor} (`Profile.contention`, e.g. its
+        matmul column): piecewise linear in k through (1, 1) and the measured points; above the largest
+        measured count K, factor(K) * k / K (the cores are already shared: the load grows with k). Each factor
+        is clamped at >= 1 (a measured "speed-up" is noise).
+
+        Raises:
+            PipelineError: ranks < 1, or a measured count < 1 / factor not finite.
+        """
+        def curve(points: Mapping[int, float]) -> tuple[float, ...]:
+            if any(k < 1 or not np.isfinite(v) for k, v in points.items()):
+                raise PipelineError(f"SharedCores.measured: slowdowns {dict(points)}: need counts >= 1, finite")
+            pts = {1: 1.0, **{int(k): float(v) for k, v in points.items() if k != 1}}
+            ks = sorted(pts)
+            out = []
+            for k in range(1, ranks + 1):
+                f = (float(np.interp(k, ks, [pts[j] for j in ks])) if k <= ks[-1]
+                     else pts[ks[-1]] * k / ks[-1])
+                out.append(max(1.0, f))
+            out[0] = 1.0
+            return tuple(out)
+        if ranks < 1:
+            raise PipelineError(f"SharedCores.measured: ranks={ranks}; need >= 1")
+        return SharedCores(curve(slowdown), None if optimizer_slowdown is None else curve(optimizer_slowdown))
+
+    def factor(self, k: int, optimizer: bool = False) -> float:
+        """Slowdown of each of k concurrent ranks (k > R: extrapolated k / R x factor(R))."""
+        f = self.optimizer if optimizer and self.optimizer is not None else self.factors
+        return f[k - 1] if k <= len(f) else f[-1] * k / len(f)
+
+
+def shared_pass(by_rank, pred: np.ndarray, dur: np.ndarray, delay: np.ndarray, tail_wait: np.ndarray,
+                tail_s: np.ndarray | None, cores: SharedCores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Processor-sharing event simulation (module docstring) of a compiled schedule.
+
+    Args:
+        by_rank: per rank, its action nodes in run order (arrays of node ids 0..N-1).
+        pred: (N, 3) node ids an action waits for (N = none); the second one's end plus `delay[n]`.
+        dur: (N,) solo seconds per action; delay: (N,) transfer seconds on pred[:, 1].
+        tail_wait: (p,) seconds each rank waits after its last action (its gradient sync) before its tail.
+        tail_s: (p,) solo seconds of each rank's optimizer step, or None (no tail).
+    Returns:
+        (starts (N,), ends (N,), finish (p,)): seconds; finish = each rank's last action end + tail_wait
+        (+ its optimizer step).
+    Raises:
+        PipelineError: the jobs cannot all run (a dependency cycle; `_compile` rejects those first).
+    """
+    N, p = len(dur), len(by_rank)
+    end = np.full(N + 1, np.inf)
+    end[N] = 0.0
+    start = np.zeros(N)
+    finish = np.zeros(p)
+    lists = [list(map(int, r)) for r in by_rank]
+    pos = [0] * p
+    running: dict[int, list] = {}   # rank -> [node (-1: tail), remaining solo s, length, is optimizer]
+    ready: dict[int, float] = {}    # rank -> time its next job may start (dependencies done)
+    done = [False] * p
+    now = 0.0
+
+    def refresh(r: int) -> None:
+        if r in running or r in ready or done[r]:
+            return
+        if pos[r] < len(lists[r]):
+            n = lists[r][pos[r]]
+            a, b, c = pred[n]
+            if end[a] < np.inf and end[b] < np.inf and end[c] < np.inf:
+                ready[r] = max(end[a], end[b] + delay[n], end[c])
+        else:
+            last = end[lists[r][-1]] if lists[r] else 0.0
+            ready[r] = last + tail_wait[r]
+
+    while True:
+        for r in range(p):
+            refresh(r)
+        for r in [r for r, t in ready.items() if t <= now]:
+            del ready[r]
+            if pos[r] < len(lists[r]):
+                n = lists[r][pos[r]]
+                start[n] = now
+                running[r] = [n, float(dur[n]), float(dur[n]), False]
+            elif tail_s is not None and tail_s[r] > 0:
+                running[r] = [-1, float(tail_s[r]), float(tail_s[r]), True]
+            else:
+                finish[r], done[r] = now, True
+        if not running:
+            if all(done):
+                break
+            if not ready:
+                stuck = [r for r in range(p) if not done[r]]
+                raise PipelineError(f"shared-core simulation: ranks {stuck} wait forever (a dependency cycle)")
+            now = min(ready.values())
+            continue
+        k = len(running)
+        rate = {r: 1.0 / cores.factor(k, job[3]) for r, job in running.items()}
+        t_next = min(now + job[1] / rate[r] for r, job in running.items())
+        if ready:
+            t_next = min(t_next, min(ready.values()))
+        dt = t_next - now
+        now = t_next
+        for r, job in list(running.items()):
+            job[1] -= rate[r] * dt
+            if job[1] <= _EPS * max(job[2], 1e-30):
+                del running[r]
+                if job[0] >= 0:
+                    end[job[0]] = now
+                    pos[r] += 1
+                else:
+                    finish[r], done[r] = now, True
+    return start, end[:N], finish
