@@ -99,6 +99,25 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
     return None
 
 
+def buffer_copies_reason(schedule: str, mutated: dict[str, str]) -> str | None:
+    """Why `schedule` cannot run a model whose forward updates buffers in place (`mutated`: buffer FQN -> the
+    node writing it, `TracedGraph.mutated_buffers`), or None when it can.
+
+    One device keeps such a buffer (a counter, an EMA, BatchNorm's running statistics) once and updates it on
+    microbatch 0, 1, ..., m - 1 in turn. A schedule holding ONE copy of each stage does the same (each stage
+    runs its forwards in microbatch order). BitPipe holds two copies of every stage (ranks r and p - 1 - r),
+    each updating its own buffers on half of the microbatches; no merge after the step equals the sequential
+    update (an EMA's microbatch j reads the value after microbatches 0..j - 1, which the other copy computed),
+    so it is refused instead of run inexactly."""
+    if copies(schedule) == 1 or not mutated:
+        return None
+    fqn, node = next(iter(mutated.items()))
+    more = f" (and {len(mutated) - 1} more)" if len(mutated) > 1 else ""
+    return (f"{schedule} keeps {copies(schedule)} copies of every stage, but the forward updates buffer {fqn!r} in "
+            f"place (node {node}){more}: the copies would diverge from one device's sequential update. Remedy: "
+            "another schedule (1f1b, zbv, interleaved_1f1b, dualpipev, gpipe keep one copy)")
+
+
 def copies(schedule: str) -> int:
     """Pipelines through the model: 2 for bitpipe (each model stage held twice), else 1."""
     return 2 if schedule == "bitpipe" else 1

@@ -69,7 +69,7 @@ from cost_model.topology import Cluster, MeshTopology, get_cluster
 
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
-from ..errors import InfeasiblePlanError, format_bytes
+from ..errors import InfeasiblePlanError, PipelineError, format_bytes
 from ..tracer import TracedGraph
 from . import boundary
 from .api import memory_budget
@@ -79,7 +79,7 @@ from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
 from .schedules import (RUNNER_SCHEDULES, SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies,
-                        get_schedule, inflight_microbatches, invalid_reason, ranks_of_stage)
+                        buffer_copies_reason, get_schedule, inflight_microbatches, invalid_reason, ranks_of_stage)
 from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
@@ -251,6 +251,9 @@ def _alternatives(ctx: "_Context", best: tuple, by_schedule: dict, bounds: list)
         out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
                                        f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
                                        f"{best[0]:.4g} s, or it does not fit memory"))
+    c = best[1]
+    out += [ScheduleAlternative(name, c.pp, c.dp, c.tp, c.num_microbatches, None, None, None, None, f"refused: {why}")
+            for name, why in ctx.refused.items()]  # left out for the model's semantics, not its price
     return tuple(out)
 
 
@@ -287,6 +290,8 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
         if per_node % t:
             raise ValueError(f"tp={t} must divide devices_per_node={per_node}: tensor parallelism stays in a node")
     excluded: Counter = Counter()
+    mutated = ctx.traced.mutated_buffers()
+    ctx.refused = {name: why for name in schedules if (why := buffer_copies_reason(name, mutated))}
     cands: list[Candidate] = []
     total = 0
     for t in tps or _divisors(per_node):
@@ -304,7 +309,7 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
                         excluded[f"global batch {ctx.global_batch} not divisible by dp x microbatches"] += 1
                     elif p == 1 and name != ("1f1b" if "1f1b" in schedules else schedules[0]):  # kept under a
                         excluded["pp=1: one schedule (1f1b = gradient accumulation) suffices"] += 1  # restriction too
-                    elif (why := invalid_reason(name, p, m, L)) is not None:
+                    elif (why := invalid_reason(name, p, m, L) or buffer_copies_reason(name, mutated)) is not None:
                         excluded[why] += 1
                     elif name in RUNNER_SCHEDULES and ctx.config.boundary_compression != "none":
                         excluded[f"{name} runs no pipeline-boundary compression (our own P2P runner)"] += 1
@@ -317,6 +322,8 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
             raise ValueError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
                              f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "
                              "another num_microbatches / pp / tp.")
+        if ctx.refused and len(ctx.refused) == len(schedules):  # only multi-copy schedules were asked for
+            raise PipelineError(next(iter(ctx.refused.values())))
         raise ValueError(f"no valid pipeline configuration; excluded: {dict(excluded)}")
     return cands, excluded, total
 
@@ -331,6 +338,7 @@ class _Context:
         self.cache: dict[int, SegmentPrices] = {}
         self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
+        self.refused: dict[str, str] = {}  # schedule -> why the model rules it out (`_enumerate`)
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
         self.codecs = codecs_of(config)  # data-parallel gradient codecs (`planner.compression`)
         self.evaluated: dict[Candidate, list[dict]] = {}

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from ..errors import PipelineError
 from ..planner.action_schedule import ActionSchedule
 from ..planner.bitpipe import bitpipe_actions
+from ..planner.schedules import buffer_copies_reason
 from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
@@ -272,8 +273,11 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
     schedule. Collective (creates process groups): call on every rank. Arguments as `runtime.pipeline.build`.
 
     Raises:
-        PipelineError: `cut.num_stages` != 2 pp, pp odd, or microbatches not a multiple of pp (with the remedy).
+        PipelineError: `cut.num_stages` != 2 pp, pp odd, microbatches not a multiple of pp, or a buffer updated
+            in forward (`planner.schedules.buffer_copies_reason`: two copies would diverge), with the remedy.
     """
+    if (why := buffer_copies_reason("bitpipe", traced.mutated_buffers())) is not None:
+        raise PipelineError(f"bitpipe: {why}")  # never train on with diverging copies (a plan from elsewhere)
     if cut.num_stages != 2 * pp:
         raise PipelineError(f"bitpipe on pp={pp} runs 2 * pp = {2 * pp} model stages (2 chunks per rank and "
                             f"pipeline direction); the plan has {cut.num_stages}. Remedy: a plan with 2 stages per "

@@ -393,7 +393,8 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         boundary: per stage boundary k (stage k -> k + 1) its codec kind ("int8", "lowrank") or None; () or
             a shorter tuple: the rest uncompressed (`boundary_codecs`). boundary_rank: the lowrank rank.
     Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp; PipelineError
-    for a spec with a mixed-precision recipe (`runtime.precision`: not implemented for pipelines yet).
+    for a spec with a mixed-precision recipe (`runtime.precision`: not implemented for pipelines yet) or a
+    buffer updated in forward that several stages (`check_buffer_copies`) or stage copies (bitpipe) would hold.
     """
     if spec.autocast is not None:  # before any group is made: every rank raises alike
         raise PipelineError(f"pipeline plans do not run under the mixed-precision recipe {spec.autocast!r} yet (the "
@@ -413,6 +414,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
     if rem or (per_rank > 1) != (schedule in _MULTI_STAGE) or (schedule in V_PLACED and per_rank != 2):
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
                          f"gpipe/1f1b, a multiple (>= 2) of pp for interleaved schedules, 2 pp for zbv/dualpipev")
+    check_buffer_copies(traced, cut)
     width = spec.mesh.world_size
     rank = dist.get_rank()
     p, local = divmod(rank, width)
@@ -497,6 +499,25 @@ def _on_wire(examples: tuple, codecs: tuple[BoundaryCodec | None, ...]) -> tuple
     """The example tensors torch's stage allocates its buffers from, in their wire shape where compressed."""
     return tuple(torch.empty(c.wire_shape, dtype=c.wire_dtype).requires_grad_(e.requires_grad) if c is not None
                  else e for e, c in zip(examples, codecs + (None,) * (len(examples) - len(codecs))))
+
+
+def check_buffer_copies(traced: TracedGraph, cut: StageCut) -> None:
+    """Refuse a buffer updated in forward (`TracedGraph.mutated_buffers`) whose placeholder several stages use:
+    each stage holds its own copy of the buffers it uses, so the update made by one stage never reaches the
+    copy another stage reads (read in stage 0, updated in stage 1: stage 0 reads the initial value forever;
+    one device keeps it once). A read AFTER the update uses the in-place op's result, an activation sent to
+    the later stage like any other, so that case is exact and allowed. Parameters used by several stages are
+    fine (their gradients are summed).
+
+    Raises:
+        PipelineError: names the buffer, its stages and the remedy.
+    """
+    for fqn, node in traced.mutated_buffers().items():
+        stages = sorted({cut.stage_of[u] for u in traced.parameters[fqn].uses if u in cut.stage_of})
+        if len(stages) > 1:
+            raise PipelineError(f"buffer {fqn!r} is updated in forward (node {node}) and used by stages {stages}: "
+                                "each stage keeps its own copy, so the update would not reach the others. Remedy: "
+                                "stage cuts that keep its uses in one stage, or a plan without 'pp'")
 
 
 def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:

@@ -9,10 +9,17 @@ global batch at once: the pipeline's loss is the MEAN OF THE MICROBATCH LOSSES (
 Megatron-LM compute it), which equals the global loss only when every microbatch counts the same number of
 items; a causal-LM loss that ignores some labels (-100; the presets ignore the first quarter of sample 0's)
 counts different numbers of tokens per microbatch, so its global mean weighs tokens differently.
-Compared (`runtime.rehearsal.RehearsalReport`): the loss of the first step (mean of the microbatch losses on
-the last stage's ranks against the reference's; also reported as "output", the only output a pipeline
-returns), every gradient after the first step (each rank's shard of the reference
-gradient, tied copies included, after their sum over stages), and the parameters after `steps` AdamW steps.
+Compared (`runtime.rehearsal.RehearsalReport`), the worst over all steps and ranks: the loss of every step
+(mean of the microbatch losses, on the ranks holding a last stage, the only ones that compute it, against the
+reference's; also reported as "output", the only output a pipeline returns), every gradient of every step
+(each rank's shard of the reference gradient, tied copies included, after their sum over stages), every
+buffer of every stage copy a rank holds after every step (a buffer updated in forward: a counter, an EMA,
+BatchNorm's running statistics), and the parameters after `steps` AdamW steps.
+The reference updates a forward-mutated buffer once per MICROBATCH, in microbatch order (eager gradient
+accumulation over the plan's microbatches, below), which is what a pipeline computes: one device running the
+global batch at once updates it once per batch instead (a different EMA; BatchNorm also normalises by the
+batch's statistics), so a pipeline plan of such a model trains like gradient accumulation, not like the
+full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the mean of squares of the first output. Tolerances: `runtime.tolerance` for the dtype the program computes in.
 A plan with pipeline-boundary compression (`Plan.pipeline.compression`) runs compressed, so the report
@@ -76,13 +83,28 @@ def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
-                grads: bool) -> tuple[float, str, float]:
+                grads: bool = False, buffers: bool = False) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
-    gradients; None counts as zeros) and its shard of the reference model's, over every stage it holds."""
-    ref = dict(reference.named_parameters())
-    pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
-    return _max_diff(((fqn, pick(p), shard_tensor(pick(ref[fqn]), spec.params[fqn], spec.mesh, s.coords))
-                      for s in run.stages for fqn, p in s.named_parameters()), compute)
+    gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
+    model's, over every stage (and stage copy) it holds. Buffers compared: those of the reference's
+    `named_buffers()` (lifted constants are not state)."""
+    if buffers:
+        ref = dict(reference.named_buffers())
+        pairs = ((s, fqn, b.detach(), ref[fqn]) for s in run.stages for fqn, b in s.named_buffers() if fqn in ref)
+    else:
+        ref = dict(reference.named_parameters())
+        pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
+        pairs = ((s, fqn, pick(p), pick(ref[fqn])) for s in run.stages for fqn, p in s.named_parameters())
+    return _max_diff(((fqn, mine, shard_tensor(full, spec.params[fqn], spec.mesh, s.coords))
+                      for s, fqn, mine, full in pairs), compute)
+
+
+def _worse(a: tuple[float, str, float], b: tuple[float, str, float], step: int | None = None
+           ) -> tuple[float, str, float]:
+    """Combine two `_max_diff` results: the larger |diff| with its name (tagged with `step`) and the larger
+    ratio to the bound (the verdict), which may come from the other."""
+    diff, name = max((a[0], a[1]), (b[0], b[1] if step is None or not b[1] else f"{b[1]} (step {step})"))
+    return diff, name, max(a[2], b[2])
 
 
 def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, m: int) -> torch.Tensor:
@@ -130,17 +152,17 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     target = torch.zeros(batch)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
-    loss = grad = (0.0, "", 0.0)
-    for step in range(steps):
+    loss = grad = bufs = (0.0, "", 0.0)
+    for step in range(steps):  # every step: a wrong update shows in the step after it, or in buffers only
         opt.zero_grad()
         ref_opt.zero_grad()
         losses: list = []
         run.step(*flat, target=target, losses=losses)
         ref_loss = _accumulated_reference(reference, inputs, kwargs, m)
-        if step == 0:
-            if run.last:
-                loss = _max_diff([("loss", torch.stack(losses).mean(), ref_loss)], compute)
-            grad = stage_diffs(run, reference, spec, compute, grads=True)
+        if run.last:
+            loss = _worse(loss, _max_diff([(f"step {step}", torch.stack(losses).mean(), ref_loss)], compute))
+        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True), step)
+        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True), step)
         opt.step()
         ref_opt.step()
     params = stage_diffs(run, reference, spec, compute, grads=False)
@@ -149,5 +171,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
         for kind, n in s.program.collectives.items():
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
-    return {"output": loss, "loss": loss, "grad": grad, "params": params, "collectives": collectives,
+    return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
             "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

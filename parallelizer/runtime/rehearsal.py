@@ -53,6 +53,8 @@ class RehearsalReport:
         final_loss: largest |difference| of the loss after the steps (a forward of the stepped models); None
             where not measured (pipeline rehearsals).
         reference: what the single-device reference ran (`runtime.precision.describe`).
+        buffers / worst_buffer: largest |difference| of a buffer after each step, over every stage copy, and
+            its FQN; None where not measured (rehearsals without stages).
     """
 
     world_size: int
@@ -68,6 +70,8 @@ class RehearsalReport:
     compression: str = ""
     final_loss: float | None = None
     reference: str = describe(None)
+    buffers: float | None = None
+    worst_buffer: str = ""
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -91,7 +95,9 @@ class RehearsalReport:
             verdict = "numerics match" if self.matches() else "NUMERICS DIFFER"
         return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
                 f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
-                f"{self.params:.2e} ({self.worst_param}), loss after steps "
+                f"{self.params:.2e} ({self.worst_param}), "
+                + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
+                + "loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
                 f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}")
 
@@ -175,11 +181,13 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
 def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
-    ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params"))
+    ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params", "buffers") if k in r)
+    buffers = worst("buffers") if all("buffers" in r for r in results) else None
     final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
-                           results[0]["code"], compression, final, describe(recipe))
+                           results[0]["code"], compression, final, describe(recipe),
+                           None if buffers is None else buffers[0], "" if buffers is None else buffers[1])
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:

@@ -284,6 +284,27 @@ class TracedGraph:
     def _placeholder_to_param(self) -> dict[str, ParamInfo]:
         return {ph: p for p in self.parameters.values() for ph in p.placeholders}
 
+    def mutated_buffers(self) -> dict[str, str]:
+        """Buffer FQN -> the first node writing it in place in forward (`self.seen.add_(...)`, an EMA's `mul_`,
+        batch_norm's running statistics; also through views and chained in-place ops), in graph order.
+
+        Such a buffer is state one device keeps ONCE and updates in microbatch order; a runtime that keeps
+        several copies of it (BitPipe's two stage copies, stages each holding their own copy) must refuse
+        or merge it (`planner.schedules.buffer_copies_reason`, `runtime.pipeline.build`). Export's
+        `graph_signature.buffers_to_mutate` is empty for this training IR (the in-place ops stay in the
+        graph), so the written arguments are followed back to their placeholders (`mutated_args`, `is_view`).
+        """
+        out: dict[str, str] = {}
+        for node in self.graph_module.graph.nodes:
+            for i in mutated_args(node):
+                arg = node.args[i] if i < len(node.args) else None
+                while isinstance(arg, torch.fx.Node) and (is_view(arg) or _returns_written(arg)):
+                    arg = arg.args[0]  # a view or an in-place op's result aliases its first argument
+                info = self.param_of_placeholder(arg.name) if isinstance(arg, torch.fx.Node) else None
+                if info is not None and info.is_buffer:
+                    out.setdefault(info.fqn, node.name)
+        return out
+
     def compute_nodes(self) -> list[NodeInfo]:
         """call_function nodes in graph order."""
         return [n for n in self.nodes.values() if n.op == "call_function"]
@@ -373,6 +394,13 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
     return (f"inputs do not match the traced call: {what}. Remedy: call the module with the inputs it was traced "
             f"with (example_inputs / example_kwargs), or trace and plan again for this call. Traced structure: "
             f"{spec}; got: {got}")
+
+
+def _returns_written(node: torch.fx.Node) -> bool:
+    """True for an in-place op returning the tensor it wrote (`add_`, `mul_`: `Tensor(a!) self -> Tensor(a!)`)."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return bool(schema and schema.returns and schema.returns[0].alias_info is not None
+                and schema.returns[0].alias_info.is_write)
 
 
 def is_view(node: torch.fx.Node) -> bool:
