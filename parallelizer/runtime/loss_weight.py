@@ -20,22 +20,24 @@ Anything else raises `StepError` naming the op, with the remedy (pass `target=` 
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
-from ..tracer.graph import Role, TracedGraph
+from ..tracer.graph import TracedGraph
 from .step import StepError
 
 aten = torch.ops.aten
 _CLASS_LOSSES = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss2d.default,
-                 aten.nll_loss_nd.default}
+                 aten.nll_loss_nd.default, aten.nll_loss_forward.default, aten.nll_loss2d_forward.default}
 _ELEMENT_LOSSES = {aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default, aten.huber_loss.default,
                    aten.binary_cross_entropy.default, aten.binary_cross_entropy_with_logits.default,
                    aten.soft_margin_loss.default}
 _PASS = {aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.clone.default,
-         aten.view.default, aten.reshape.default, aten.squeeze.default}
+         aten.view.default, aten.reshape.default, aten.squeeze.default, aten._unsafe_view.default}
 _MEAN, _SUM = 1, 2  # torch's Reduction enum (at::Reduction::Mean / Sum)
 
 
@@ -67,13 +69,17 @@ def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
 
     Raises StepError (naming the op and the remedy) when the loss is not one of the forms of the module
     docstring, e.g. cross-entropy with class weights or a target made from parameters."""
-    out = traced.graph_module.graph.output_node()
-    first = torch.fx.node.map_aggregate(out.args[0], lambda a: a)
+    return graph_weighting(traced.graph_module.graph, tuple(traced.input_names))
+
+
+def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWeighting:
+    """The weighting of the first output of `graph` (an ATen graph: a traced model, or `make_fx` of a loss_fn),
+    whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
+    Raises StepError as `own_loss_weighting`."""
+    first = graph.output_node().args[0]
     node = first[0] if isinstance(first, (tuple, list)) else first
-    scale_free = node
-    while scale_free.op == "call_function" and (scale_free.target in _PASS or _by_constant(scale_free)):
-        scale_free = scale_free.args[0]
-    node = scale_free
+    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
+        node = node.args[0]
     what = f"node {node.name} ({node.target})"
     target = node.target
     if target in _CLASS_LOSSES:
@@ -85,7 +91,7 @@ def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
         if reduction == _MEAN and labels.meta["val"].dtype.is_floating_point:
             return OwnLossWeighting("equal", None, what)  # probabilities: mean over the rows, equal counts
         if reduction == _MEAN and args.get("weight") is None:
-            program = _program(traced, labels, lambda g, v: g.call_function(
+            program = _program(graph, inputs, labels, lambda g, v: g.call_function(
                 aten.sum.default, (g.call_function(aten.ne.Scalar, (v, args.get("ignore_index", -100))),)))
             if program is not None:
                 return OwnLossWeighting("count", program, what)
@@ -99,7 +105,7 @@ def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
     if target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node):
         return OwnLossWeighting("sum", None, what)
     if target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node):
-        program = _program(traced, node.args[1], lambda g, v: v)
+        program = _program(graph, inputs, node.args[1], lambda g, v: v)
         if program is not None and not node.args[1].meta["val"].shape:
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
     _unknown(what, "an op whose per-microbatch item count the graph does not show")
@@ -130,24 +136,30 @@ def _reduces_all(node: torch.fx.Node) -> bool:
     return not node.meta["val"].shape
 
 
-def _program(traced: TracedGraph, value: torch.fx.Node, finish) -> torch.fx.GraphModule | None:
-    """A GraphModule: the traced tensor inputs -> finish(graph, `value` recomputed by its ancestor ops), or None
-    when an ancestor is a parameter, buffer or constant (the count would not follow from the inputs alone)."""
+def _first_of_loss(node: torch.fx.Node) -> bool:
+    """`out[0]` of a loss op that returns (loss, total_weight) (nll_loss_forward, as make_fx records it)."""
+    return (node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].target in _CLASS_LOSSES)
+
+
+def _program(source: torch.fx.Graph, inputs: tuple[str, ...], value: torch.fx.Node,
+             finish) -> torch.fx.GraphModule | None:
+    """A GraphModule: the placeholders `inputs` -> finish(graph, `value` recomputed by its ancestor ops), or
+    None when an ancestor is another placeholder (a parameter, buffer, constant or model output: the count
+    would not follow from the inputs alone)."""
     needed, stack = set(), [value]
     while stack:
         n = stack.pop()
         if n.name in needed:
             continue
-        if n.op == "placeholder" and traced.node(n.name).role is not Role.INPUT:
-            return None
-        if n.op not in ("placeholder", "call_function"):
+        if n.op not in ("placeholder", "call_function") or (n.op == "placeholder" and n.name not in inputs):
             return None
         needed.add(n.name)
         stack.extend(a for a in n.all_input_nodes)
     graph, env = torch.fx.Graph(), {}
-    for name in traced.input_names:
+    for name in inputs:
         env[name] = graph.placeholder(name)
-    for n in traced.graph_module.graph.nodes:
+    for n in source.nodes:
         if n.op == "call_function" and n.name in needed:
             env[n.name] = graph.node_copy(n, lambda a: env[a.name])
     graph.output(finish(graph, env[value.name]))
@@ -174,3 +186,40 @@ def _chunk_sum(t: torch.Tensor) -> torch.Tensor:
 def _one(t: torch.Tensor) -> torch.Tensor:
     """For a sum loss: `MicrobatchLoss` divides item_count(chunk) by item_count(batch), so both are 1."""
     return torch.ones((), dtype=torch.int64)
+
+
+def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
+    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on meta
+    tensors: nothing is computed): `outputs` are the model's output leaves of one microbatch (tensors or metas
+    with .shape / .dtype), `out_spec` their pytree structure, `target` one microbatch's target. The count may
+    only depend on the target. None when make_fx cannot trace `loss_fn` (data-dependent Python); StepError
+    (as `graph_weighting`) when the graph shows no per-microbatch count."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device="meta") for o in outputs]
+
+    def call(*flat):
+        structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
+        return loss_fn(structured, flat[-1])
+
+    try:
+        gm = make_fx(call, tracing_mode="fake")(*leaves, target.to("meta"))
+    except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
+        return None
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return graph_weighting(gm.graph, (names[-1],))
+
+
+class ChunkCount:
+    """`item_count` for `PipelineRun.step` from a weighting: a microbatch's chunk (dim 0 = `chunk`) counts
+    `program(chunk)` ("count") or 1; any other tensor (the whole batch) counts the sum over its `microbatches`
+    chunks, so N = sum_j n_j exactly; for "sum" every call counts 1 (weight 1 per microbatch)."""
+
+    def __init__(self, weighting: OwnLossWeighting, microbatches: int, chunk: int) -> None:
+        self.weighting, self.microbatches, self.chunk = weighting, microbatches, chunk
+
+    def __call__(self, t: torch.Tensor):
+        if self.weighting.kind == "sum":
+            return 1
+        if t.shape[0] != self.chunk:
+            return sum(self(c) for c in t.tensor_split(self.microbatches))
+        return self.weighting.program(t).detach() if self.weighting.program is not None else 1

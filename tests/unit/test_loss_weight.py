@@ -67,3 +67,32 @@ def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
     with pytest.raises(StepError, match="item_count=") as info:
         own_loss_weighting(trace(Own(kind), (ids[:B // M], labels[:B // M])))
     assert "node " in str(info.value)
+
+
+def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():
+    """loss_fn with a target: the count is read from loss_fn's graph (shifted labels), not labels != -100."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def shifted(out, y):
+        return F.cross_entropy(out["logits"][:, :-1].flatten(0, 1), y[:, 1:].flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    labels[2, 0] = -100  # counted by labels != -100, not by the shifted loss: the default count would be off
+    labels[1, 1:] = -100
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(shifted, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    count = ChunkCount(weighting, M, B // M)
+    parts = [shifted({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), shifted({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+    default = [shifted({"logits": lg}, y) * ((y != -100).sum() / (labels != -100).sum())
+               for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    assert abs(float(sum(default) - shifted({"logits": logits}, labels))) > 1e-3
+    untraceable = loss_fn_weighting(lambda out, y: out["logits"].mean() * float(y.max()),
+                                    [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert untraceable is None  # .item()-like Python on values: the caller keeps count_items
+    with pytest.raises(StepError, match="item_count="):
+        loss_fn_weighting(lambda out, y: out["logits"].amax(), [TensorMeta((B // M, T, V), torch.float32)], spec,
+                          labels[:B // M])
