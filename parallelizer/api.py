@@ -193,8 +193,13 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
     b0 = _trace_batch(traced)
     if not traced.blocks:
         if mesh is not None:
+            from .tracer.blocks import shared_weight_calls
+            shared = shared_weight_calls(traced.parameters)
+            has = (f"this graph has one block ({shared[0]}) called {shared[1]} times with shared weights, not "
+                   "several blocks with their own weights, so there is no boundary between weights to cut at"
+                   if shared else "this graph has none")
             raise PipelineError(f"mesh {mesh}: pipeline stages are cut at repeated blocks (e.g. transformer layers) "
-                                "and this graph has none. Remedy: a mesh without 'pp'")
+                                f"and {has}. Remedy: a mesh without 'pp' (dp / tp split a shared-weight model)")
         if global_batch not in (None, b0):
             if retrace is None:
                 raise ValueError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
@@ -318,7 +323,10 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     group = traced.blocks[0]
     if found.block_group != group.name:
         raise PipelineError(f"the search cut at block group {found.block_group} but the runtime cuts at the first "
-                            f"group {group.name}; this model's block groups are not supported for pipelining yet")
+                            f"group {group.name}: this model's repeated modules do not form one run of identical "
+                            "layers to cut between (e.g. an encoder-decoder such as T5, whose encoder and decoder "
+                            "blocks differ), which pipelining does not support yet. Remedy: a mesh without 'pp' "
+                            "(e.g. dp=2 or tp=2, or let the planner search without --mesh)")
     roles = dict(config.axis_roles)
     if found.dp > 1:
         roles.setdefault("dp", "ddp")

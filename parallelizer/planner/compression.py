@@ -96,6 +96,12 @@ def make_record(config: PlanConfig, chosen: str, step_s: float, uncompressed_ste
 
 def compression_line(record: dict) -> str:
     """One line for `show` / summaries: the codec, its estimated speedup and fidelity."""
+    if record.get("chosen", "none") == "none" and record.get("option") in ("bf16", "powersgd"):
+        # a forced codec is dropped only when there is nothing to compress (`choose`: no bucket)
+        return (f"gradient compression: none: option {record['option']!r} compresses the data-parallel gradient "
+                "sync, and this plan has none (no gradient all-reduce / reduce-scatter: no 'dp' axis, or the "
+                "planner replicated the batch, so every gradient is complete on its rank). Remedy: force data "
+                "parallelism (--roles dp=ddp, axis_roles={'dp': 'ddp'}), or --compression none")
     if record.get("chosen", "none") == "none":
         return (f"gradient compression: none (option {record.get('option')!r}; no codec beats the uncompressed "
                 f"sync, estimated step {record.get('step_s', 0) * 1e3:.1f} ms)")

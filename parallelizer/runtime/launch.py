@@ -264,10 +264,10 @@ def _failure_message(
     head = (
         f"spawn({name}, world_size={world_size}) timed out after {timeout_s:g} s; ranks without a "
         f"result: {sorted(failures)}" if timed_out
-        else f"spawn({name}, world_size={world_size}) failed on rank {first} "
+        else f"spawn({name}, world_size={world_size}) failed on rank {first}: {_last_error(failures[first])} "
         f"(ranks with failures: {sorted(failures)})"
     )
-    parts = [head]
+    parts = [head] + [f"  rank {rank}: {_last_error(detail)}" for rank, detail in failures.items()]
     for rank, detail in failures.items():
         parts.append(f"--- rank {rank} ---\n{detail.rstrip()}")
     parts.append(
@@ -275,6 +275,14 @@ def _failure_message(
         "collective that not every rank of its group calls."
     )
     return "\n".join(parts)
+
+
+def _last_error(detail: str) -> str:
+    """The exception line of a rank's traceback (`ExcType: message`, the last line that is not the remedy nor
+    indented), shortened to 300 characters: what the rank failed with, for the one-line summary."""
+    lines = [ln for ln in detail.strip().splitlines() if ln.strip() and not ln.startswith((" ", "Remedy:"))]
+    line = next((ln for ln in reversed(lines) if ":" in ln and not ln.startswith("Traceback")), lines[-1] if lines else "")
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _free_port() -> int:

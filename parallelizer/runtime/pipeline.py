@@ -189,6 +189,7 @@ class StageModule(ParallelModule):
     out_codecs: tuple[BoundaryCodec | None, ...] = ()
 
     def forward(self, *wire):
+        wire = tuple(_ContiguousGrad.apply(w) if w.requires_grad else w for w in wire)
         received = tuple(c.decode(w) if c is not None else w for c, w in zip(self.in_codecs, wire)) + \
             wire[len(self.in_codecs):]
         out = self.program.graph_module(*self._state(), *received)
@@ -204,7 +205,23 @@ class StageModule(ParallelModule):
                 # its input (a view would do, but torch's split backward (zbv, dualpipev) detaches stage outputs
                 # in place, which a view refuses)
                 sent.append(t.clone() if i is not None else t)
-        return tuple(sent)
+        # torch's P2P (dist.isend in _batch_p2p) sends only contiguous tensors; a stage output may be a
+        # transposed / sliced view (ViT's class token, a permuted attention output)
+        return tuple(t.contiguous() for t in sent)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity in forward; makes the gradient contiguous in backward. Wraps each received activation, so the
+    gradient torch's stage sends back to the previous stage (the received value's `.grad`) is contiguous
+    whatever layout the stage's first op produced it in (a permute's or expand's backward gives a strided one)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 class MicrobatchLoss:

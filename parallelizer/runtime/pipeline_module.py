@@ -38,6 +38,8 @@ from ..rewriter.collectives import find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
+from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
+from .loss_weight import batch_target as batch_target_of
 from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
 
 
@@ -61,6 +63,8 @@ class PipelineModule(torch.nn.Module):
         self._pp_ranks = [q * width + local for q in range(pipe.pp)]
         # the rank of the last stage with this rank's (dp, tp) coordinates: its loss is sent to the pp group
         self._loss_rank = stage_pp_rank(pipe.schedule, len(pipe.stages) - 1, len(pipe.stages), pipe.pp) * width + local
+        self._own_weighting: OwnLossWeighting | None = None  # `runtime.loss_weight`, read on the first own-loss step
+        self._fn_count: tuple = (None, None)  # (loss_fn, target dtype, shape) -> its item count (`_loss_fn_count`)
 
     @property
     def first(self) -> bool:
@@ -91,23 +95,29 @@ class PipelineModule(torch.nn.Module):
 
         Collective: call on every rank with the same global inputs and target. The first stage's ranks feed
         the inputs, the last stage's compute the loss of each microbatch (`loss_fn` on the model's output
-        structure), weighted by its share n_j / N of the batch's items (`item_count`, default `count_items`:
-        labels != -100 for integer targets), so the result is the single-device loss of the whole batch.
-        Gradients are ADDED to `.grad` (tied copies summed over stages); step the optimizer afterwards.
+        structure), weighted by its share n_j / N of the batch's items, so the result is the single-device loss
+        of the whole batch: with `loss_fn`, n_j = `item_count(target_j)` (default: read from loss_fn's ATen
+        graph, e.g. a shifted cross-entropy counts its shifted non-ignored labels, `loss_weight.loss_fn_weighting`;
+        `count_items` when make_fx cannot trace loss_fn); with loss_fn=None (the model's own loss, e.g. transformers given labels=) n_j is
+        read from the model's loss op and the microbatch's own inputs (`runtime.loss_weight`), unless
+        `item_count` and `target` are both given. Gradients are ADDED to `.grad` (tied copies summed over
+        stages); step the optimizer afterwards.
 
         Args:
             inputs / kwargs: the model's inputs, global: dim 0 of every tensor = microbatches x traced batch.
-            target: a tensor with the same dim 0 (split like the inputs), or None (loss_fn then gets None,
-                and microbatches weigh equally).
+            target: a tensor with the same dim 0 (split like the inputs), or None (loss_fn then gets None; with
+                a loss_fn microbatches then weigh equally, right for a mean over fixed-shape outputs).
             loss_fn: `loss_fn(output, target_j) -> scalar` (a mean); None: the model's first output is its loss.
-            item_count: `item_count(target) -> n` (int or 0-d tensor), the items a mean loss over `target` counts.
+            item_count: `item_count(target) -> n` (int or 0-d tensor), the items a mean loss over `target` counts;
+                needs `target`.
         Returns:
             The loss of the whole batch (0-d float32, detached) on EVERY rank: sent from the last stage to the
             ranks of its pipeline (a broadcast over the pp group).
         Raises:
             PipelineError: a batch that does not split into the plan's microbatches (before any communication).
-            StepError: loss_fn=None and the model's first output is not a scalar loss; a target that is not a
-                tensor; a loss that is not 0-d (last stage).
+            StepError: loss_fn=None and the model's first output is not a scalar loss, or a loss op whose
+                per-microbatch item count the graph does not show (`own_loss_weighting`; remedy: target= and
+                item_count=); item_count without target; a target that is not a tensor; a loss that is not 0-d.
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
         check_loss_source(self.traced, loss_fn, "PipelineModule.step")
@@ -115,16 +125,44 @@ class PipelineModule(torch.nn.Module):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "
                             f"None, got {type(target).__name__}. Remedy: pass one tensor, or put the other values "
                             "into the model's inputs")
+        if target is None and item_count is not count_items:
+            raise StepError("PipelineModule.step: item_count= was given without target=, so there is nothing to count "
+                            "per microbatch. Remedy: pass target=<the tensor item_count counts, e.g. labels> too, or "
+                            "drop item_count (with loss_fn=None the weights come from the model's own loss op)")
         flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
         out_spec = self.traced.exported.call_spec.out_spec
-        fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None)
-        batch_target = target if target is not None else torch.zeros(flat[0].shape[0])  # torch splits a tensor
-        loss = self.run.step(*flat, target=batch_target, loss_fn=fn,
-                             item_count=item_count if target is not None else None)
+        fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)
+        if loss_fn is None and item_count is count_items:  # the model's own loss: weights from its loss op
+            if self._own_weighting is None:
+                self._own_weighting = own_loss_weighting(self.traced)  # same graph on every rank: raises alike
+            batch_target, count = batch_target_of(self._own_weighting, flat, self.run.microbatches)
+        elif target is None:  # loss_fn on the outputs alone (a mean over fixed-shape outputs): equal weights
+            batch_target, count = torch.zeros(flat[0].shape[0]), None  # torch's schedules split a tensor
+        elif loss_fn is not None and item_count is count_items:  # the default count, checked against loss_fn
+            batch_target, count = target, self._loss_fn_count(loss_fn, target)
+        else:
+            batch_target, count = target, item_count
+        loss = self.run.step(*flat, target=batch_target, loss_fn=fn, item_count=count)
         value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _loss_fn_count(self, loss_fn: LossFn, target: torch.Tensor):
+        """The item count of `loss_fn` read from its graph (`loss_weight.loss_fn_weighting`, on meta tensors of
+        one microbatch's outputs; cached for the last loss_fn and target shape), or `count_items` when
+        make_fx cannot trace it. Raises StepError when the graph shows no per-microbatch count."""
+        chunk = target.shape[0] // self.run.microbatches
+        key = (loss_fn, target.dtype, tuple(target.shape))
+        if self._fn_count[0] != key:
+            out = self.traced.graph_module.graph.output_node()
+            names: list[str] = []
+            torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+            metas = [self.traced.node(n).outputs[0] for n in names]
+            weighting = loss_fn_weighting(loss_fn, metas, self.traced.exported.call_spec.out_spec, target[:chunk])
+            self._fn_count = (key, count_items if weighting is None else
+                              ChunkCount(weighting, self.run.microbatches, chunk))
+        return self._fn_count[1]
 
     def full_state_dict(self):
         raise PipelineError("PipelineModule.full_state_dict: not supported for pipeline plans yet (each rank holds "

@@ -16,8 +16,10 @@ n_j = `item_count(target_j)` is the number of items microbatch j's loss averages
 (token-weighted, as Megatron-LM with `calculate_per_token_loss`: each microbatch's loss sum is divided by
 the token count of the whole batch). A batch with no counted item gives NaN, as cross_entropy does. With a mean loss this equals the single-device loss of the whole batch exactly, also when
 microbatches count different numbers of tokens (labels -100); a plain mean of the microbatch means does not.
-`count_items` is the default count; pass `item_count=` when the loss counts items differently (e.g. a
-model's own causal-LM loss, which shifts the labels: `lambda labels: (labels[:, 1:] != -100).sum()`).
+By default n_j is read from the loss's graph (`runtime.loss_weight`): the model's own loss op when
+loss_fn is None (e.g. a transformers causal-LM loss, which shifts the labels), else loss_fn's ATen graph;
+`count_items` only when loss_fn cannot be traced; a loss whose count its graph does not show raises StepError.
+Pass `item_count=` (with `target=`) when the loss counts items differently.
 """
 from __future__ import annotations
 

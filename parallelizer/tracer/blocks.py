@@ -7,7 +7,8 @@ are labelled by their kind (parameter, buffer, or a value flowing through the mo
 that value comes from (a user input for the first block, an activation or a returned value for the others)
 is not compared, nor are names. Candidate groups are then verified position by
 position (same op, same shapes) and nested groups are dropped in favour of the outermost ones (the
-LayerNorms inside GPT-2 layers are not blocks of their own; the layers are).
+LayerNorms inside GPT-2 layers are not blocks of their own; the layers are). Instances that read no parameter
+(Dropout, activations) are not blocks.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections import defaultdict
 import networkx as nx
 import torch.fx
 
-from .graph import BlockGroup, NodeInfo, Role
+from .graph import BlockGroup, NodeInfo, ParamInfo, Role
 
 
 def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str]) -> list[BlockGroup]:
@@ -39,7 +40,7 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
     groups = []
     for (mtype, _), fqns in candidates.items():
         for same in _split_verified(fqns, members, nodes):
-            if len(same) > 1:
+            if len(same) > 1 and _reads_parameters(members[same[0]], nodes):
                 groups.append((mtype, same))
     # Outermost first: a group whose instances lie inside a kept group's instances loses those instances. A
     # module holds at least the nodes of any module inside it, so larger instances come first (the depth of a
@@ -58,6 +59,31 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
                                nodes=tuple(tuple(members[f]) for f in free)))
     kept.sort(key=lambda b: first[b.members[0]])
     return kept
+
+
+def shared_weight_calls(params: dict[str, ParamInfo]) -> tuple[str, int] | None:
+    """(module, calls) when the graph's trained parameters that several ops read all live under one module, the
+    most read ones `calls` times: one block called `calls` times with shared weights (ALBERT), which is not a
+    repeated block (there is one instance, so nothing to cut between). None when no trained parameter is read
+    twice. Used for the message of a pipeline mesh on a graph without repeated blocks."""
+    reused = {fqn: len(p.uses) for fqn, p in params.items() if p.requires_grad and len(p.uses) > 1}
+    if not reused:
+        return None
+    parts = [fqn.split(".")[:-1] for fqn in reused]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common) or "<the model>", max(reused.values())
+
+
+def _reads_parameters(names: list[str], nodes: dict[str, NodeInfo]) -> bool:
+    """Whether an instance's ops read a parameter. Stateless modules (Dropout, activations, pooling) repeated
+    around the real blocks (T5Stack's encoder and decoder `dropout`) are not blocks: they hold nothing to place
+    on a pipeline stage, and as a group of their own they would hide the layers from the cutter."""
+    return any(nodes[a.name].role is Role.PARAMETER for n in names for a in _node_args(nodes[n].node)
+               if a.name in nodes)
 
 
 def _nodes_per_module(nodes: dict[str, NodeInfo], module_types: dict[str, str]) -> dict[str, list[str]]:

@@ -13,6 +13,8 @@ import pytest
 import parallelizer
 from parallelizer import zoo
 from parallelizer.runtime import spawn
+from launch_once import run_each
+from own_loss_workers import own_loss_train
 from step_workers import GPT2_4, train
 
 pytestmark = pytest.mark.distributed
@@ -31,10 +33,27 @@ def _saved_pipeline_plan() -> str:
         return parallelizer.plan(traced, {"pp": 2, "dp": 2}, axis_roles={"dp": "ddp"}, microbatches=2).to_json()
 
 
-def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device():
+@pytest.fixture(scope="module")
+def reports():
+    """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report)]."""
     cases = {"pp2_dp2": (None, {"plan_json": _saved_pipeline_plan()}), **CASES}
-    reports = spawn(train, 4, cases, timeout_s=400)
-    for rank, report in enumerate(reports):
+    return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},))], timeout_s=500)
+
+
+def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
+    """loss_fn=None on pp=2 x dp=2: the model's own shifted causal-LM loss, microbatches weighted by their
+    non-ignored shifted labels (`runtime.loss_weight`), equals one device; its transposed block outputs cross
+    the stage boundary (and their gradients come back) non-contiguous, which torch's P2P refuses unless the
+    stage makes them contiguous."""
+    for rank, (_, r) in enumerate(reports):
+        assert r["schedule"] == "1f1b", r
+        assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
+        assert r["mean_of_means_off_by"] > 100 * 1e-5, r  # the equal-weight mean would fail the tolerance
+        assert "item_count= was given without target=" in r["item_count_error"]
+
+
+def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
+    for rank, (report, _) in enumerate(reports):
         errors = report.pop("errors")
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)

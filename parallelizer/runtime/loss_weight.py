@@ -1,0 +1,225 @@
+"""How much each microbatch's loss weighs when the model computes its own loss (`step` with `loss_fn=None`).
+
+A pipeline computes the loss of each microbatch j separately and must combine them into the loss one device
+computes over the whole batch. For a mean over n_j items (tokens that are not ignore_index, entries of a
+mask) that is sum_j loss_j * n_j / N with N = sum_j n_j; a plain mean of the microbatch means is a different
+number whenever the n_j differ (labels -100 unevenly spread). The user's `item_count` cannot see inside the
+model, so the weight is read from the traced graph of one microbatch: `own_loss_weighting` looks at the op
+that makes the model's first output and returns how a microbatch's n_j follows from its OWN inputs:
+
+- cross_entropy / nll_loss with reduction='mean' on class indices: n_j = (target != ignore_index).sum(), with
+  the target recomputed from the inputs by the graph's own ops (e.g. transformers' shifted, padded labels);
+- `a / b` with `b` made from the inputs alone (a mean over a mask: `(x * mask).sum() / mask.sum()`): n_j = b;
+- a mean over a whole tensor, or a mean-reduced loss whose denominator is the element count (mse, l1,
+  binary cross-entropy, cross-entropy on probabilities): every microbatch counts alike, equal weights;
+- a sum (reduction='sum', `.sum()`): the batch loss is the sum of the microbatch sums, weight 1 each.
+
+Anything else raises `StepError` naming the op, with the remedy (pass `target=` and `item_count=`, or a
+`loss_fn=`), instead of returning another number than one device would. Source of the rule: torch's
+`nn.CrossEntropyLoss` docs (reduction='mean' divides by the count of non-ignored targets).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from ..tracer.graph import TracedGraph
+from .step import StepError
+
+aten = torch.ops.aten
+_CLASS_LOSSES = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss2d.default,
+                 aten.nll_loss_nd.default, aten.nll_loss_forward.default, aten.nll_loss2d_forward.default}
+_ELEMENT_LOSSES = {aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default, aten.huber_loss.default,
+                   aten.binary_cross_entropy.default, aten.binary_cross_entropy_with_logits.default,
+                   aten.soft_margin_loss.default}
+_PASS = {aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.clone.default,
+         aten.view.default, aten.reshape.default, aten.squeeze.default, aten._unsafe_view.default}
+_MEAN, _SUM = 1, 2  # torch's Reduction enum (at::Reduction::Mean / Sum)
+
+
+@dataclass(frozen=True)
+class OwnLossWeighting:
+    """How microbatch j's own loss weighs in the batch loss.
+
+    kind: "count" (weight n_j / N, n_j = `program(*microbatch inputs)`), "equal" (1 / m) or "sum" (1).
+    program: for "count", a GraphModule from the traced tensor inputs of ONE microbatch (traced order) to a
+        0-d count; None otherwise. what: the loss op in words (for messages).
+    """
+
+    kind: str
+    program: torch.fx.GraphModule | None
+    what: str
+
+    def counts(self, flat: list[torch.Tensor], microbatches: int) -> torch.Tensor:
+        """n_j of each microbatch, shape (microbatches,), from the GLOBAL inputs `flat` (traced order, dim 0 =
+        microbatches x the traced batch): int64 for counted targets, else the count's dtype; "equal" gives ones,
+        "sum" gives ones too (combined by `MicrobatchLoss` as weight n_j / N resp. 1 each, see `batch_target`)."""
+        if self.program is None:
+            return torch.ones(microbatches, dtype=torch.int64)
+        split = [t.tensor_split(microbatches) for t in flat]
+        return torch.stack([self.program(*(s[j] for s in split)).detach() for j in range(microbatches)])
+
+
+def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
+    """The weighting of the model's own loss (its first output), read from `traced` (one microbatch's graph).
+
+    Raises StepError (naming the op and the remedy) when the loss is not one of the forms of the module
+    docstring, e.g. cross-entropy with class weights or a target made from parameters."""
+    return graph_weighting(traced.graph_module.graph, tuple(traced.input_names))
+
+
+def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWeighting:
+    """The weighting of the first output of `graph` (an ATen graph: a traced model, or `make_fx` of a loss_fn),
+    whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
+    Raises StepError as `own_loss_weighting`."""
+    first = graph.output_node().args[0]
+    node = first[0] if isinstance(first, (tuple, list)) else first
+    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
+        node = node.args[0]
+    what = f"node {node.name} ({node.target})"
+    target = node.target
+    if target in _CLASS_LOSSES:
+        args = _normalized(node)
+        reduction = args.get("reduction", _MEAN)
+        labels = args["target"]
+        if reduction == _SUM:
+            return OwnLossWeighting("sum", None, what)
+        if reduction == _MEAN and labels.meta["val"].dtype.is_floating_point:
+            return OwnLossWeighting("equal", None, what)  # probabilities: mean over the rows, equal counts
+        if reduction == _MEAN and args.get("weight") is None:
+            program = _program(graph, inputs, labels, lambda g, v: g.call_function(
+                aten.sum.default, (g.call_function(aten.ne.Scalar, (v, args.get("ignore_index", -100))),)))
+            if program is not None:
+                return OwnLossWeighting("count", program, what)
+        _unknown(what, "a cross-entropy with class weights or a target not made from the inputs alone")
+    if target in _ELEMENT_LOSSES:
+        reduction = _normalized(node).get("reduction", _MEAN)
+        if reduction in (_MEAN, _SUM):
+            return OwnLossWeighting("equal" if reduction == _MEAN else "sum", None, what)
+    if target in (aten.mean.default, aten.mean.dim) and _reduces_all(node):
+        return OwnLossWeighting("equal", None, what)
+    if target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node):
+        return OwnLossWeighting("sum", None, what)
+    if target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node):
+        program = _program(graph, inputs, node.args[1], lambda g, v: v)
+        if program is not None and not node.args[1].meta["val"].shape:
+            return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
+    _unknown(what, "an op whose per-microbatch item count the graph does not show")
+
+
+def _unknown(what: str, why: str):
+    raise StepError(f"pm.step(loss_fn=None) on a pipeline plan: the model's own loss is {what}, {why}, so the "
+                    "microbatch losses cannot be weighted to give the single-device loss of the batch (a plain "
+                    "mean of microbatch means differs when microbatches count different numbers of items). "
+                    "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
+                    "items the loss averages over in that microbatch>, or loss_fn= computing a mean loss from the "
+                    "outputs and target=")
+
+
+def _by_constant(node: torch.fx.Node) -> bool:
+    """A product / quotient by a Python number (a scale: does not change the weighting)."""
+    return (node.target in (aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar)
+            and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], (int, float)))
+
+
+def _normalized(node: torch.fx.Node) -> dict:
+    """The op's arguments by schema name (positional and keyword alike)."""
+    names = [a.name for a in node.target._schema.arguments]
+    return dict(zip(names, node.args)) | dict(node.kwargs)
+
+
+def _reduces_all(node: torch.fx.Node) -> bool:
+    return not node.meta["val"].shape
+
+
+def _first_of_loss(node: torch.fx.Node) -> bool:
+    """`out[0]` of a loss op that returns (loss, total_weight) (nll_loss_forward, as make_fx records it)."""
+    return (node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].target in _CLASS_LOSSES)
+
+
+def _program(source: torch.fx.Graph, inputs: tuple[str, ...], value: torch.fx.Node,
+             finish) -> torch.fx.GraphModule | None:
+    """A GraphModule: the placeholders `inputs` -> finish(graph, `value` recomputed by its ancestor ops), or
+    None when an ancestor is another placeholder (a parameter, buffer, constant or model output: the count
+    would not follow from the inputs alone)."""
+    needed, stack = set(), [value]
+    while stack:
+        n = stack.pop()
+        if n.name in needed:
+            continue
+        if n.op not in ("placeholder", "call_function") or (n.op == "placeholder" and n.name not in inputs):
+            return None
+        needed.add(n.name)
+        stack.extend(a for a in n.all_input_nodes)
+    graph, env = torch.fx.Graph(), {}
+    for name in inputs:
+        env[name] = graph.placeholder(name)
+    for n in source.nodes:
+        if n.op == "call_function" and n.name in needed:
+            env[n.name] = graph.node_copy(n, lambda a: env[a.name])
+    graph.output(finish(graph, env[value.name]))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def batch_target(weighting: OwnLossWeighting, flat: list[torch.Tensor], microbatches: int) -> tuple[torch.Tensor, object]:
+    """(target, item_count) for `PipelineRun.step` that make `MicrobatchLoss` weigh microbatch j by n_j / N ("count",
+    "equal") or by 1 ("sum"): target has dim 0 = the global batch, microbatch j's chunk holds n_j in its first
+    entry and zeros elsewhere, so item_count(chunk) = chunk.sum() = n_j and item_count(whole) = N exactly."""
+    counts = weighting.counts(flat, microbatches)
+    size = flat[0].shape[0] // microbatches
+    target = torch.zeros(flat[0].shape[0], dtype=counts.dtype)
+    target[::size] = counts
+    if weighting.kind == "sum":
+        return target, _one
+    return target, _chunk_sum
+
+
+def _chunk_sum(t: torch.Tensor) -> torch.Tensor:
+    return t.sum()
+
+
+def _one(t: torch.Tensor) -> torch.Tensor:
+    """For a sum loss: `MicrobatchLoss` divides item_count(chunk) by item_count(batch), so both are 1."""
+    return torch.ones((), dtype=torch.int64)
+
+
+def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
+    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on meta
+    tensors: nothing is computed): `outputs` are the model's output leaves of one microbatch (tensors or metas
+    with .shape / .dtype), `out_spec` their pytree structure, `target` one microbatch's target. The count may
+    only depend on the target. None when make_fx cannot trace `loss_fn` (data-dependent Python); StepError
+    (as `graph_weighting`) when the graph shows no per-microbatch count."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device="meta") for o in outputs]
+
+    def call(*flat):
+        structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
+        return loss_fn(structured, flat[-1])
+
+    try:
+        gm = make_fx(call, tracing_mode="fake")(*leaves, target.to("meta"))
+    except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
+        return None
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return graph_weighting(gm.graph, (names[-1],))
+
+
+class ChunkCount:
+    """`item_count` for `PipelineRun.step` from a weighting: a microbatch's chunk (dim 0 = `chunk`) counts
+    `program(chunk)` ("count") or 1; any other tensor (the whole batch) counts the sum over its `microbatches`
+    chunks, so N = sum_j n_j exactly; for "sum" every call counts 1 (weight 1 per microbatch)."""
+
+    def __init__(self, weighting: OwnLossWeighting, microbatches: int, chunk: int) -> None:
+        self.weighting, self.microbatches, self.chunk = weighting, microbatches, chunk
+
+    def __call__(self, t: torch.Tensor):
+        if self.weighting.kind == "sum":
+            return 1
+        if t.shape[0] != self.chunk:
+            return sum(self(c) for c in t.tensor_split(self.microbatches))
+        return self.weighting.program(t).detach() if self.weighting.program is not None else 1

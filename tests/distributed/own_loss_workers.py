@@ -1,0 +1,83 @@
+"""Rank body for test_step's own-loss case: a model that computes its own shifted causal-LM loss (labels -100
+unevenly spread) and whose blocks all read an expanded mask made before the first block (a non-contiguous
+value crossing the stage boundary, as ViT's expanded attention mask) and hand on a transposed view, trained with `pm.step(ids, labels=labels)` (loss_fn=None) on a pipeline
+plan, against the single-device model (importable by name in spawned ranks)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import torch
+import torch.nn.functional as F
+
+import parallelizer
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime.pipeline_rehearsal import stage_diffs
+from parallelizer.runtime.step import StepError
+from step_workers import padded_labels
+
+V, D, BATCH, SEQ = 64, 16, 8, 16
+
+
+class TransposedBlock(torch.nn.Module):
+    """Works in (T, B, D) and returns a (B, T, D) transposed view; halves the entries where `keep` (B, T, D) is
+    False."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(D, D)
+
+    def forward(self, x, keep):
+        y = (x.transpose(0, 1) + torch.tanh(self.fc(x.transpose(0, 1)))).transpose(0, 1)
+        return torch.where(keep, y, 0.5 * y)
+
+
+class OwnLoss(torch.nn.Module):
+    """Embedding, 4 `TransposedBlock`s, head; its own loss: transformers' shifted causal-LM cross-entropy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(V, D), torch.nn.Linear(D, V)
+        self.blocks = torch.nn.ModuleList(TransposedBlock() for _ in range(4))
+
+    def forward(self, ids, labels):
+        x = self.emb(ids)
+        keep = (ids % 3 != 0).unsqueeze(-1).expand(-1, -1, D)  # a stride-0 view: not contiguous
+        for b in self.blocks:
+            x = b(x, keep)
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(self.head(x).flatten(0, 1), shifted.flatten())
+
+
+def own_loss_train(rank: int, world_size: int, mesh: dict, steps: int = 2) -> dict:
+    """`steps` AdamW steps of `pm.step(ids, labels=labels)` and of the single-device model: the largest loss,
+    gradient (every step) and parameter differences, how far a plain mean of the 2 microbatch means is from the
+    batch loss, and the StepError of item_count= without target=."""
+    torch.manual_seed(0)
+    model = OwnLoss()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, V, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    labels = padded_labels(ids)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        pm = parallelizer.auto_parallelize(model, (ids, labels), mesh=mesh, schedule="1f1b", microbatches=2)
+    spec = spec_from_plan(pm.plan)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (pm, reference))
+    worst = {"loss": 0.0, "grad": 0.0}
+    for _ in range(steps):
+        loss = pm.step(ids, labels)
+        ref_loss = reference(ids, labels)
+        ref_loss.backward()
+        worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+        worst["grad"] = max(worst["grad"], stage_diffs(pm.run, reference, spec, None, grads=True)[0])
+        opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
+    worst["params"] = stage_diffs(pm.run, reference, spec, None, grads=False)[0]
+    with torch.no_grad():
+        halves = [reference(i, y) for i, y in zip(ids.tensor_split(2), labels.tensor_split(2))]
+        worst["mean_of_means_off_by"] = abs(float(sum(halves) / 2 - reference(ids, labels)))
+    try:
+        pm.step(ids, labels, item_count=lambda y: (y != -100).sum())
+    except StepError as e:
+        worst["item_count_error"] = str(e)
+    worst["schedule"] = pm.plan.pipeline.schedule
+    return worst

@@ -1,0 +1,98 @@
+"""`runtime.loss_weight`: the weights read from a model's own loss op make the weighted microbatch losses equal
+the single-device loss of the whole batch (labels -100 unevenly spread), and an unknown loss op raises."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parallelizer.runtime.loss_weight import batch_target, own_loss_weighting
+from parallelizer.runtime.step import StepError
+from parallelizer.tracer.trace import trace
+
+V, B, T, M = 11, 4, 6, 2
+
+
+class Own(torch.nn.Module):
+    """A model that computes its own loss in one of several ways (`kind`)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.emb, self.head = torch.nn.Embedding(V, 8), torch.nn.Linear(8, V)
+
+    def forward(self, ids, labels):
+        logits = self.head(self.emb(ids))
+        if self.kind == "shifted":  # transformers' causal-LM loss: pad with -100, shift left
+            shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+            return F.cross_entropy(logits.flatten(0, 1), shifted.flatten())
+        if self.kind == "nll":
+            return F.nll_loss(logits.log_softmax(-1).flatten(0, 1), labels.flatten(), ignore_index=-100) * 2.0
+        if self.kind == "mask":
+            mask = (labels != -100).float()
+            return (logits.pow(2).mean(-1) * mask).sum() / mask.sum()
+        if self.kind == "sum":
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+        if self.kind == "mean":
+            return logits.pow(2).mean()
+        if self.kind == "weighted":
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), weight=self.head.bias.detach().abs())
+        return logits.pow(2).mean(-1).max()  # "max": no per-microbatch count
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    ids, labels = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    labels[0, :5] = -100  # microbatch 0 counts far fewer tokens than microbatch 1
+    return ids, labels
+
+
+@pytest.mark.parametrize("kind", ["shifted", "nll", "mask", "sum", "mean"])
+def test_weighted_microbatch_losses_equal_the_batch_loss(kind):
+    torch.manual_seed(0)
+    model, (ids, labels) = Own(kind), _batch()
+    weighting = own_loss_weighting(trace(model, (ids[:B // M], labels[:B // M])))
+    target, count = batch_target(weighting, [ids, labels], M)
+    chunks = target.tensor_split(M)
+    total = count(target)
+    parts = [model(i, y) * (count(c) / total) for i, y, c in zip(ids.tensor_split(M), labels.tensor_split(M), chunks)]
+    full = model(ids, labels)
+    torch.testing.assert_close(sum(parts), full, rtol=1e-6, atol=1e-6)
+    if kind in ("shifted", "nll", "mask"):  # the plain mean of microbatch means is another number here
+        plain = sum(model(i, y) for i, y in zip(ids.tensor_split(M), labels.tensor_split(M))) / M
+        assert abs(float((plain - full).detach())) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["weighted", "max"])
+def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
+    ids, labels = _batch()
+    with pytest.raises(StepError, match="item_count=") as info:
+        own_loss_weighting(trace(Own(kind), (ids[:B // M], labels[:B // M])))
+    assert "node " in str(info.value)
+
+
+def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():
+    """loss_fn with a target: the count is read from loss_fn's graph (shifted labels), not labels != -100."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def shifted(out, y):
+        return F.cross_entropy(out["logits"][:, :-1].flatten(0, 1), y[:, 1:].flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    labels[2, 0] = -100  # counted by labels != -100, not by the shifted loss: the default count would be off
+    labels[1, 1:] = -100
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(shifted, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    count = ChunkCount(weighting, M, B // M)
+    parts = [shifted({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), shifted({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+    default = [shifted({"logits": lg}, y) * ((y != -100).sum() / (labels != -100).sum())
+               for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    assert abs(float(sum(default) - shifted({"logits": logits}, labels))) > 1e-3
+    untraceable = loss_fn_weighting(lambda out, y: out["logits"].mean() * float(y.max()),
+                                    [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert untraceable is None  # .item()-like Python on values: the caller keeps count_items
+    with pytest.raises(StepError, match="item_count="):
+        loss_fn_weighting(lambda out, y: out["logits"].amax(), [TensorMeta((B // M, T, V), torch.float32)], spec,
+                          labels[:B // M])

@@ -1,0 +1,75 @@
+"""Errors and detection met by models from outside the zoo: stateless repeated modules (Dropout) are not
+blocks, one shared-weight block called N times (ALBERT) on a pipeline mesh, a forced gradient codec on a plan
+without gradient sync, and a failed launch naming each rank's exception."""
+import pytest
+import torch
+
+import parallelizer
+from parallelizer.errors import PipelineError
+from parallelizer.planner.compression import compression_line
+from parallelizer.runtime.launch import _failure_message
+from parallelizer.tracer.trace import trace
+
+
+class Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Stack(torch.nn.Module):
+    """Two stacks (as T5's encoder and decoder), each with its own dropout around its layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc_drop, self.dec_drop = torch.nn.Dropout(0.1), torch.nn.Dropout(0.1)
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(4))
+
+    def forward(self, x):  # each dropout applied twice, as T5Stack's (after the embedding and at the end)
+        for drop, layers in ((self.enc_drop, self.layers[:2]), (self.dec_drop, self.layers[2:])):
+            x = drop(x)
+            for layer in layers:
+                x = layer(x)
+            x = drop(x)
+        return x.sum()
+
+
+class Albert(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = Layer()
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.shared(x)
+        return x.pow(2).mean()
+
+
+def test_dropout_modules_are_not_a_block_group():
+    traced = trace(Stack().train(), (torch.randn(2, 8),))
+    assert [b.name for b in traced.blocks] == ["layers.*"]
+
+
+def test_shared_weight_block_on_pp_names_the_block_and_calls():
+    traced = trace(Albert(), (torch.randn(4, 8),))
+    with pytest.raises(PipelineError, match=r"one block \(shared\.fc\) called 3 times with shared weights.*Remedy: a "
+                                            r"mesh without 'pp'"):
+        parallelizer.plan(traced, {"pp": 2})
+
+
+def test_forced_codec_without_gradient_sync_says_there_is_nothing_to_compress():
+    line = compression_line({"option": "bf16", "chosen": "none", "step_s": 1e-3})
+    assert "this plan has none" in line and "no codec beats" not in line
+    assert "no codec beats" in compression_line({"option": "auto", "chosen": "none", "step_s": 1e-3})
+
+
+def test_failed_launch_names_each_ranks_exception():
+    text = _failure_message(print, 2, 10.0, {0: "Traceback (most recent call last):\n  File x\nRuntimeError: input "
+                                                "tensor has to be contiguous\n",
+                                             1: "Traceback:\n  File y\nRuntimeError: Connection closed by peer\n"}, False)
+    assert text.splitlines()[0].endswith("failed on rank 0: RuntimeError: input tensor has to be contiguous "
+                                         "(ranks with failures: [0, 1])")
+    assert "  rank 1: RuntimeError: Connection closed by peer" in text
