@@ -228,7 +228,7 @@ class MicrobatchLoss:
     """The loss torch's schedule calls on the last stage for each microbatch: `fn(output, target_j) * w_j`.
 
     w_j = n_j / N (`runtime.step`: token-weighted) when the step gave an item count (`begin`), else 1 / m (a
-    plain mean of the microbatch losses, as torch's schedules and the rehearsal compute it). `recorded` gets
+    plain mean of the microbatch losses, as torch's schedules compute it). `recorded` gets
     (unscaled loss_j, w_j) of the running step, in the order the schedule computes them.
     """
 

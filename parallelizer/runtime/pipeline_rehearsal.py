@@ -4,13 +4,14 @@ Each rank builds the model at the GLOBAL batch (microbatches x the traced microb
 every rank and the reference hold the same weights), traces it on the first microbatch, cuts the stages the
 plan records (`Plan.pipeline.blocks_per_stage`) and builds its `PipelineRun` with the plan's intra-stage
 spec. One `step` per optimizer step runs the schedule over all microbatches; the reference model runs the
-same microbatches one after the other, accumulating gradients (eager gradient accumulation). Why not the
-global batch at once: the pipeline's loss is the MEAN OF THE MICROBATCH LOSSES (as torch's schedules and
-Megatron-LM compute it), which equals the global loss only when every microbatch counts the same number of
-items; a causal-LM loss that ignores some labels (-100; the presets ignore the first quarter of sample 0's)
-counts different numbers of tokens per microbatch, so its global mean weighs tokens differently.
+same microbatches one after the other, accumulating gradients (eager gradient accumulation), each
+microbatch's loss weighted as `PipelineModule.step` weighs it (`runtime.loss_weight`: the model's own
+cross-entropy that ignores some labels (-100) by n_j / N, its non-ignored targets; the fallback loss by 1 / m),
+so the pipeline's batch loss is the single-device loss of the whole batch. When the forward updates no buffer,
+the pipeline's loss is also compared with the whole batch run at once on one device (an independent check of
+the weights).
 Compared (`runtime.rehearsal.RehearsalReport`), the worst over all steps and ranks: the loss of every step
-(mean of the microbatch losses, on the ranks holding a last stage, the only ones that compute it, against the
+(the weighted sum of the microbatch losses, on the ranks holding a last stage, the only ones that compute it, against the
 reference's; also reported as "output", the only output a pipeline returns), every gradient of every step
 (each rank's shard of the reference gradient, tied copies included, after their sum over stages), every
 buffer of every stage copy a rank holds after every step (a buffer updated in forward: a counter, an EMA,
@@ -40,6 +41,7 @@ from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
+from .loss_weight import batch_target, own_loss_weighting
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, microbatch_of
 from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype
@@ -107,17 +109,46 @@ def _worse(a: tuple[float, str, float], b: tuple[float, str, float], step: int |
     return diff, name, max(a[2], b[2])
 
 
-def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, m: int) -> torch.Tensor:
-    """Eager gradient accumulation over the same `m` microbatches: backward of each microbatch's loss / m;
-    returns the mean of the microbatch losses (the pipeline's loss)."""
-    losses = []
-    for k in range(m):
-        args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[k] if isinstance(t, torch.Tensor) else t,
+def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, weights: torch.Tensor
+                           ) -> torch.Tensor:
+    """Eager gradient accumulation over the same microbatches (`len(weights)` of them): backward of microbatch
+    j's loss x weights[j]; returns the weighted sum of the microbatch losses (the pipeline's batch loss)."""
+    total = torch.zeros((), dtype=torch.float64)
+    m = len(weights)
+    for j, w in enumerate(weights.tolist()):
+        args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[j] if isinstance(t, torch.Tensor) else t,
                                    (tuple(inputs), kwargs))
         loss = _loss(reference(*args, **kw))
-        (loss / m).backward()
-        losses.append(loss.detach())
-    return torch.stack(losses).mean()
+        (loss * w).backward()
+        total = total + loss.detach().double() * w
+    return total
+
+
+def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int):
+    """(target, item_count, weights) of `pm.step`'s weighting for the rehearsal: the model's own 0-d loss is
+    weighted as `PipelineModule.step` weighs it (`runtime.loss_weight`: n_j / N for a cross-entropy that ignores
+    some labels, 1 for a sum); the fallback loss (mean of squares of the first output) weighs every microbatch
+    1 / m. Raises StepError as `pm.step` does for a loss whose per-microbatch weight the graph does not show."""
+    first = traced.graph_module.graph.output_node().args[0]
+    first = pytree.tree_leaves(first)[0]
+    meta = traced.node(first.name).outputs[0] if isinstance(first, torch.fx.Node) else None
+    if meta is None or tuple(meta.shape) != ():
+        return torch.zeros(flat[0].shape[0]), None, torch.full((m,), 1.0 / m, dtype=torch.float64)
+    weighting = own_loss_weighting(traced)
+    target, count = batch_target(weighting, flat, m)
+    counts = weighting.counts(flat, m).double()
+    weights = torch.ones(m, dtype=torch.float64) if weighting.kind == "sum" else counts / counts.sum()
+    return target, count, weights
+
+
+def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict
+                     ) -> torch.Tensor | None:
+    """The loss of the whole batch at once on one device (an independent check of the microbatch weights),
+    or None when the forward updates buffers (then running it would change the reference's state)."""
+    if traced.mutated_buffers():
+        return None
+    with torch.no_grad():
+        return _loss(reference(*inputs, **kwargs)).double()
 
 
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
@@ -149,18 +180,21 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     m = pipe["microbatches"]
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = compute_dtype(traced)
-    target = torch.zeros(batch)
+    target, count, weights = _weighting(traced, flat, m)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
     loss = grad = bufs = (0.0, "", 0.0)
     for step in range(steps):  # every step: a wrong update shows in the step after it, or in buffers only
         opt.zero_grad()
         ref_opt.zero_grad()
-        losses: list = []
-        run.step(*flat, target=target, losses=losses)
-        ref_loss = _accumulated_reference(reference, inputs, kwargs, m)
+        full = _full_batch_loss(reference, traced, inputs, kwargs)
+        batch_loss = run.step(*flat, target=target, item_count=count)
+        ref_loss = _accumulated_reference(reference, inputs, kwargs, weights)
         if run.last:
-            loss = _worse(loss, _max_diff([(f"step {step}", torch.stack(losses).mean(), ref_loss)], compute))
+            pairs = [(f"step {step}", batch_loss, ref_loss)]
+            if full is not None:  # the microbatch weights themselves, against the whole batch at once
+                pairs.append((f"step {step} (whole batch)", batch_loss, full))
+            loss = _worse(loss, _max_diff(pairs, compute))
         grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True), step)
         bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True), step)
         opt.step()
