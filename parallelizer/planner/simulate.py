@@ -29,7 +29,11 @@ starts when its rank is free and its dependencies are done (`action_schedule` mo
 F(x-1, i) plus the transfer; I/B(x, i) after I/B(x+1, i) plus the transfer and after F(x, i); W(x, i) after
 I(x, i)). Per-action seconds (`StageTimes`, per model stage): F, I, W; B = I + W. A transfer between model
 stages k and k+1 costs `p2p_s[k]` when the two stages sit on different ranks and 0 on the same rank; it
-delays the consumer only (asynchronous sends, no link contention). `OVERLAP_F_B` (DualPipeV) runs its F
+is asynchronous (the sender goes on), but each directed rank pair is one link that carries one transfer at
+a time, in the sender's list order: a transfer starts when its producer ends and the link's previous
+transfer has arrived (so m transfers of p2p seconds take at least m p2p on a slow link, e.g. 100 Mb/s
+between nodes; a rank's links to different peers do not share bandwidth; the processor-sharing pass of
+`planner.sharing` keeps the contention-free transfers). `OVERLAP_F_B` (DualPipeV) runs its F
 and B back to back, as torch's runtime does without a custom overlap function. Optional: `copy_sync_s[k]`,
 the all-reduce between the copies of model stage k (BitPipe), started when every copy's last backward of k
 is done and overlapping later compute (eager); `grad_sync_s[r]`, rank r's gradient all-reduce over the
@@ -217,6 +221,7 @@ class _Compiled:
     rank: np.ndarray        # (N,) pp rank
     pred: np.ndarray        # (N, 3) rank predecessor, transfer dependency, local dependency; N = none
     xfer: np.ndarray        # (N,) boundary index of the transfer dependency, S - 1 = none / same rank
+    prev_link: np.ndarray   # (N,) consumer of the previous transfer on the same directed rank pair; N = none
     levels: tuple[np.ndarray, ...]
     by_rank: tuple[np.ndarray, ...]
     inflight_counts: tuple[np.ndarray, ...]  # per rank (steps, S): stage-microbatches held after each step
@@ -294,6 +299,7 @@ def _compile(sched: ActionSchedule) -> _Compiled:
         raise PipelineError(f"schedule {sched.name!r} (p={p}, m={sched.num_microbatches}) deadlocks: "
                             f"{stuck} wait on actions their rank runs later")
     kind_a, stage_a, rank_a = (np.array(v, dtype=np.int64) for v in (kind, stage, rank))
+    prev_link = _link_order(pred[:, 1], xfer, rank_a, S)
     by_rank = tuple(np.flatnonzero(rank_a == r) for r in range(p))
     counts = []
     for r in range(p):
@@ -309,8 +315,22 @@ def _compile(sched: ActionSchedule) -> _Compiled:
     last_bwd = tuple(tuple(int(last[c * S + k]) for c in range(sched.copies)) for k in range(S))
     rank_stages = tuple(tuple(sched.model_stage(x) for x, rr in sorted(sched.stage_to_rank.items()) if rr == r)
                         for r in range(p))
-    return _Compiled(p, S, tuple(acts), kind_a, stage_a, rank_a, pred, xfer, tuple(levels), by_rank,
+    return _Compiled(p, S, tuple(acts), kind_a, stage_a, rank_a, pred, xfer, prev_link, tuple(levels), by_rank,
                      tuple(counts), tuple(last_bwd), rank_stages)
+
+
+def _link_order(producer: np.ndarray, xfer: np.ndarray, rank: np.ndarray, S: int) -> np.ndarray:
+    """For each consumer n of a cross-rank transfer, the consumer of the transfer sent just before it on the
+    same directed rank pair (sender's list order: node numbers increase along a rank's list), else N."""
+    N = len(xfer)
+    prev = np.full(N, N, dtype=np.int64)
+    last: dict[tuple[int, int], int] = {}
+    cons = np.flatnonzero(xfer != S - 1)
+    for n in cons[np.argsort(producer[cons], kind="stable")]:
+        key = (int(rank[producer[n]]), int(rank[n]))
+        prev[n] = last.get(key, N)
+        last[key] = int(n)
+    return prev
 
 
 def simulate(name: str, p: int, m: int, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
@@ -352,11 +372,16 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
         raise PipelineError(f"StageTimes.grad_sync_s / optimizer_s have {len(wait)} / {len(tail)} entries: "
                             f"need one per rank ({c.p})")
     if cores is None:
-        end = np.zeros(N + 1)
-        pr = c.pred
+        end, arrive = np.zeros(N + 1), np.zeros(N + 1)
+        pr, cross = c.pred, c.xfer != S - 1
+        consumer = np.full(N + 1, N, dtype=np.int64)  # producer -> consumer of its cross-rank transfer
+        consumer[pr[cross, 1]] = np.flatnonzero(cross)
         for lv in c.levels:
-            ready = np.maximum(np.maximum(end[pr[lv, 0]], end[pr[lv, 1]] + p2p[lv]), end[pr[lv, 2]])
-            end[lv] = ready + dur[lv]
+            got = np.where(cross[lv], arrive[lv], end[pr[lv, 1]] + p2p[lv])
+            end[lv] = np.maximum(np.maximum(end[pr[lv, 0]], got), end[pr[lv, 2]]) + dur[lv]
+            out = consumer[lv]  # one action per rank per level: at most one send per directed link
+            out = out[out != N]
+            arrive[out] = np.maximum(end[pr[out, 1]], arrive[c.prev_link[out]]) + p2p[out]
         ends = end[:N]
         starts = ends - dur
         rank_end = np.array([ends[idx].max() if len(idx) else 0.0 for idx in c.by_rank])

@@ -148,3 +148,18 @@ def test_compute_actions_drops_communication_and_expands_overlap():
     got = compute_actions([None, _Action(0, _ComputationType.SEND_F, 0), pair,
                            _Action(0, _ComputationType.REDUCE_GRAD)])
     assert [repr(a) for a in got] == ["0F1", "1B0"]
+
+
+@pytest.mark.parametrize("name, slow, fast", [("gpipe", 8.0, 10.002), ("1f1b", 5.0, 10.004)])
+def test_a_slow_link_carries_one_transfer_at_a_time(name, slow, fast):
+    """p = 2, m = 4, compute ~0, each transfer 1 s. gpipe: the 4 activations cross the link one after the other
+    (arriving at 1, 2, 3, 4 s), then the 4 gradients back (5, 6, 7, 8 s): 2 m = 8 s. 1f1b: two forwards in
+    flight; after the first arrival (1 s) every second brings one activation forward and one gradient back,
+    the last gradient at m + 1 = 5 s. Without link contention both were 2-4 s (every transfer 1 s after its
+    producer). Compute-bound times (F = 1, B = 1, transfers 1 ms) keep the closed form (m + p - 1)(F + B)
+    plus the transfers on the critical path (2 hops for gpipe, 4 for 1f1b), unchanged by the link model."""
+    eps = 1e-6
+    got = simulate(name, 2, 4, StageTimes.uniform(2, eps, eps, eps, p2p=1.0)).makespan_s
+    assert got == pytest.approx(slow, abs=1e-4)
+    compute_bound = simulate(name, 2, 4, StageTimes.uniform(2, 1.0, 0.5, 0.5, p2p=1e-3)).makespan_s
+    assert compute_bound == pytest.approx(fast, abs=1e-9)
