@@ -113,13 +113,12 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         rep_graph, rep = solved[keys[key]]
         names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position
         names["output"] = None  # the stage's sent values: the whole graph's output node is not a stage's
-        owners = sg._placeholder_to_param()  # once per stage (`param_of_placeholder` builds it per call)
         fallbacks += [dataclasses.replace(f, node=names[f.node]) for f in rep.fallbacks if names.get(f.node)]
         for name, node in rep.nodes.items():
             mine = names[name]
             if mine is None:
                 continue
-            param = owners.get(mine)
+            param = sg.param_of_placeholder(mine)
             if param is not None and not param.is_buffer:
                 if stored.setdefault(param.fqn, node.output) != node.output:
                     raise PipelineError(f"parameter {param.fqn} is stored as {stored[param.fqn]} by an earlier stage "

@@ -196,12 +196,11 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[st
             batch dim does not divide over a "ddp"/"fsdp" axis.
     """
     data_axes = _data_axes(mesh, config)
-    owners = tg._placeholder_to_param()  # once: `param_of_placeholder` builds it on every call
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
         if info.op == "placeholder" or info.op == "get_attr":
-            spaces[name] = _placeholder_space(info, owners.get(name), mesh, config, data_axes)
+            spaces[name] = _placeholder_space(info, tg.param_of_placeholder(name), mesh, config, data_axes)
             continue
         if info.op == "output":
             spaces[name] = NodeSpace(name, "output", inputs,

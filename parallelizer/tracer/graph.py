@@ -206,6 +206,7 @@ class TracedGraph:
     constant_inputs: dict[str, Any] = field(default_factory=dict)
     call_inputs: tuple[str, ...] = ()
     training: bool = True
+    _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
@@ -278,11 +279,11 @@ class TracedGraph:
             raise UnknownNodeError(name, "the traced graph", self.nodes) from None
 
     def param_of_placeholder(self, placeholder: str) -> ParamInfo | None:
-        """The parameter/buffer a placeholder stands for (tied aliases resolve to one `ParamInfo`)."""
-        return self._placeholder_to_param().get(placeholder)
-
-    def _placeholder_to_param(self) -> dict[str, ParamInfo]:
-        return {ph: p for p in self.parameters.values() for ph in p.placeholders}
+        """The parameter/buffer a placeholder stands for (tied aliases resolve to one `ParamInfo`); the map is
+        built once per `parameters` dict (rebuilt when the attribute is given a new dict, as a stage graph does)."""
+        if self._owners is None or self._owners[0] is not self.parameters:
+            self._owners = (self.parameters, {ph: p for p in self.parameters.values() for ph in p.placeholders})
+        return self._owners[1].get(placeholder)
 
     def mutated_buffers(self) -> dict[str, str]:
         """Buffer FQN -> the first node writing it in place in forward (`self.seen.add_(...)`, an EMA's `mul_`,
