@@ -7,10 +7,13 @@ rounds (each round samples every quantity once, after a warm-up round) and each 
 rounds, so a burst of outside load shifts one round of every quantity rather than every sample of one:
 
 * matmul FLOP/s: fp32 ``torch.mm`` of n x n matrices for a few n; FLOPs = 2 n^3 (flop_counter's mm
-  formula); the median rate over the sizes becomes ``peak_flops_per_s[float32]`` with
-  ``matmul_efficiency = 1`` (the rate is already achievable, not a datasheet peak).
+  formula); the median rate over the sizes becomes ``peak_flops_per_s[float32]``.
 * memory bandwidth: ``torch.add(a, b, out=c)`` on large fp32 tensors, bytes = 3 x tensor bytes (two
-  reads, one write; the STREAM "add" kernel, McCalpin 1995); ``memory_efficiency = 1``.
+  reads, one write; the STREAM "add" kernel, McCalpin 1995).
+* step efficiency: the forward + backward of a small reference transformer LM, measured and priced on the
+  two rates above (:mod:`cost_model.step_efficiency`); priced / measured becomes the device's
+  ``matmul_efficiency`` and ``memory_efficiency`` (0.78 on this machine: a step's ops run slower than the
+  isolated kernels).
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
@@ -69,6 +72,7 @@ from cost_model.communication import alpha_beta_coefficients, flat_collective_ti
 from cost_model.hardware import DeviceSpec
 from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_contention, measure_optimizer,
                                 median_time_s)
+from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, Link
 
 __all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
@@ -108,8 +112,8 @@ class Profile:
         measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` and ``collective_sync_s`` of
         that count (unchanged where the profile did not measure them)."""
         device = self.device
-        if nprocs in self.contention:
-            device = device.scaled(*self.contention[nprocs])
+        if nprocs in self.contention:  # >= 1: a speed-up of concurrent processes is noise (measure_contention)
+            device = device.scaled(*(max(1.0, f) for f in self.contention[nprocs]))
         if nprocs in self.comm_overlap:
             device = dataclasses.replace(device, comm_overlap=self.comm_overlap[nprocs])
         if nprocs in self.collective_sync:
@@ -174,8 +178,9 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
                    rounds: int = DEVICE_ROUNDS) -> dict[str, float]:
     """The device quantities of one process (module docstring), each the median over ``rounds`` interleaved
     rounds after one warm-up round: ``matmul_flops_per_s``, ``memory_bytes_per_s`` (FLOP/s, bytes/s),
-    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds). Call inside
-    :func:`calibration_threads`.
+    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds), and
+    ``reference_step_s``, the forward + backward of :func:`cost_model.step_efficiency.reference_model` (the
+    faster of two per round). Call inside :func:`calibration_threads`.
 
     Raises:
         ValueError: ``rounds`` < 1.
@@ -183,10 +188,12 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
     if rounds < 1:
         raise ValueError(f"measure_device(rounds={rounds}): need >= 1 round")
     got: dict[str, list[float]] = {}
+    reference = reference_model()
     for r in range(rounds + 1):
         values = {"matmul_flops_per_s": _measure_matmul_flops_per_s(matmul_sizes),
                   "memory_bytes_per_s": _measure_memory_bytes_per_s(memory_numel),
-                  "launch_overhead_s": _measure_launch_overhead_s()}
+                  "launch_overhead_s": _measure_launch_overhead_s(),
+                  "reference_step_s": min(time_reference_s(*reference) for _ in range(2))}
         values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
         if r:  # round 0: warm-up (first touch of the pages, lazy initialisation)
             for key, value in values.items():
@@ -297,13 +304,14 @@ def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> t
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
-    memory and optimizer bytes/s, and for each process count both calibrated, the contention factors, the
+    memory and optimizer bytes/s, step efficiency, and for each process count both calibrated, the contention factors, the
     comm_overlap (absolute difference) and each size-fitted collective kind at each segment's upper size
     (seconds through :func:`cost_model.communication.flat_collective_time_s`). Keys name the quantity."""
     out: dict[str, float] = {}
     da, db = a.device, b.device
     out["matmul_flops_per_s"] = db.peak_flops_per_s[torch.float32] / da.peak_flops_per_s[torch.float32] - 1
     out["memory_bytes_per_s"] = db.hbm_bytes_per_s / da.hbm_bytes_per_s - 1
+    out["step_efficiency"] = db.matmul_efficiency / da.matmul_efficiency - 1
     if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
     for n in sorted(set(a.links) & set(b.links)):
@@ -436,14 +444,18 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     with calibration_threads():
         step("device")
         dev = measure_device(matmul_sizes, memory_numel, device_rounds)
+        rates = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: dev["matmul_flops_per_s"]},
+                           hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                           hbm_bytes_per_s=dev["memory_bytes_per_s"], matmul_efficiency=1.0, memory_efficiency=1.0,
+                           launch_overhead_s=dev["launch_overhead_s"], kind="cpu",
+                           optimizer_bytes_per_s=dev["optimizer_bytes_per_s"],
+                           optimizer_tensor_s=dev["optimizer_tensor_s"])
+        dev["reference_priced_s"] = price_reference_s(rates)
+        dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"], [dev["reference_step_s"]])
         bar.update()
     measurements.update(dev)
-    device = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: dev["matmul_flops_per_s"]},
-                        hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                        hbm_bytes_per_s=dev["memory_bytes_per_s"], matmul_efficiency=1.0, memory_efficiency=1.0,
-                        launch_overhead_s=dev["launch_overhead_s"], kind="cpu",
-                        optimizer_bytes_per_s=dev["optimizer_bytes_per_s"],
-                        optimizer_tensor_s=dev["optimizer_tensor_s"])
+    device = dataclasses.replace(rates, matmul_efficiency=dev["step_efficiency"],
+                                 memory_efficiency=dev["step_efficiency"])
     slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
         step("contention")
@@ -506,7 +518,7 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
     lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
              f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
-             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor"]
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}"]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

@@ -6,7 +6,7 @@ the fastest is the least disturbed run, which a training step does not get; the 
 * :func:`measure_collectives`: each collective kind over gloo with ``nprocs`` spawned processes (one intra-op
   thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`). One sample =
   ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
-  (:func:`repeats_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
+  (:func:`repeats_for`) and more calls per sample for small ones (:func:`inner_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
   of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
   larger: one pair at a time, their buffers being hundreds of MiB per rank). send_recv pairs ranks (0->1, 2->3, ...) concurrently, as pipeline stages do.
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for",
+__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for", "inner_for",
            "median_time_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -48,6 +48,7 @@ _OVERLAP_BYTES = 16 << 20
 _MATMUL_N = 256
 _ADAMW_NUMEL = 1 << 20
 _ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
+_SMALL_BYTES, _SMALL_INNER = 1 << 20, 4  # messages below _SMALL_BYTES: >= _SMALL_INNER collectives per sample
 _SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
 _SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
 _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
@@ -66,10 +67,15 @@ def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) 
 
 
 def repeats_for(nbytes: int, repeats: int) -> int:
-    """Samples taken of a message of ``nbytes``: ``repeats`` below 4 MiB, a third (>= 3) below 64 MiB, else 3."""
-    if nbytes < 4 << 20:
-        return repeats
-    return max(3, repeats // 3) if nbytes < 64 << 20 else 3
+    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else 3 (one 256 MiB collective
+    takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two calibrations)."""
+    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, 3)
+
+
+def inner_for(nbytes: int, inner: int) -> int:
+    """Back-to-back collectives per sample of a message of ``nbytes``: at least ``_SMALL_INNER`` below
+    ``_SMALL_BYTES`` (a single latency-bound collective of ~0.1-0.5 ms is at the scheduler's resolution)."""
+    return max(inner, _SMALL_INNER) if nbytes < _SMALL_BYTES else inner
 
 
 def _free_port() -> int:
@@ -133,7 +139,7 @@ def _matmuls(count: int) -> Callable[[], None]:
     return compute
 
 
-def _measure_overlap(rounds: int = 7) -> float:
+def _measure_overlap(rounds: int = 11) -> float:
     """comm_overlap of the module docstring (all ranks take part; comm, compute and both interleaved)."""
     import torch.distributed as dist
     buf = torch.ones(_OVERLAP_BYTES // 4)
@@ -151,7 +157,7 @@ def _measure_overlap(rounds: int = 7) -> float:
     return min(1.0, max(0.0, (comp + comm - got["both"]) / min(comp, comm)))
 
 
-def _measure_sync(rounds: int = 9) -> float:
+def _measure_sync(rounds: int = 21) -> float:
     """sync_s of the module docstring, seconds (all ranks take part)."""
     import torch.distributed as dist
     buf = torch.ones(_SYNC_BYTES // 4)
@@ -175,12 +181,13 @@ def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: i
         for (kind, nbytes), op in ops.items():
             if r > repeats_for(nbytes, repeats):
                 continue
+            calls = inner_for(nbytes, inner)
             dist.barrier()
             start = time.perf_counter()
-            for _ in range(inner if op is not None else 0):
+            for _ in range(calls if op is not None else 0):
                 op()
             if r:  # round 0: warm-up (connections, first touch of the pages)
-                samples[(kind, nbytes)].append((time.perf_counter() - start) / inner)
+                samples[(kind, nbytes)].append((time.perf_counter() - start) / calls)
     return samples
 
 
@@ -294,12 +301,14 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
 
 
 def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
-                       rounds: int = 5) -> dict[int, tuple[float, float, float]]:
+                       rounds: int = 9) -> dict[int, tuple[float, float, float]]:
     """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
     AdamW step on 1M elements), for each ``k`` in ``counts``: the
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
     measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
-    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0).
+    outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0). Each factor
+    is clamped at >= 1: k processes cannot each run faster than one alone, and a ratio below 1 (measured: 0.65
+    for AdamW at k = 2 in one of two idle calibrations, 0.98 in the other) is noise.
 
     Raises:
         ValueError: a count < 1.
@@ -331,7 +340,7 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
         results = [p[1] for _, p in got]
         solo = next(r["solo"] for r in results if r["solo"] is not None)
-        out[k] = tuple(solo[i] / statistics.median(r["all"][i] for r in results) for i in range(3))
+        out[k] = tuple(max(1.0, solo[i] / statistics.median(r["all"][i] for r in results)) for i in range(3))
     return out
 
 

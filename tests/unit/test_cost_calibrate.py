@@ -1,5 +1,6 @@
 """cost_model.calibrate: a short real calibration round-trips through JSON."""
 
+import dataclasses
 import json
 import warnings
 
@@ -9,6 +10,7 @@ import torch
 from cost_model import Cluster, MeshTopology, collective_time_s, load_profile
 from cost_model.calibrate import Profile, _profile_to_json, calibrate, fit_link
 from cost_model.communication import flat_collective_time_s
+from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.hardware import H100_SXM
 from cost_model.topology import Link
 
@@ -42,6 +44,10 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     assert loaded.device.optimizer_bytes_per_s > 0
+    # the step efficiency is the reference step's priced / measured seconds, used for matmuls and memory alike
+    m = json.loads(text)["measurements"]
+    assert loaded.device.matmul_efficiency == loaded.device.memory_efficiency == m["step_efficiency"]
+    assert m["step_efficiency"] == pytest.approx(min(1.0, m["reference_priced_s"] / m["reference_step_s"]))
     cluster = loaded.cluster(2)
     assert (cluster.num_nodes, cluster.devices_per_node) == (1, 2)
     topo = MeshTopology(cluster, (2,), ("dp",))
@@ -170,3 +176,31 @@ def test_measure_device_takes_medians_over_interleaved_rounds(monkeypatch):
     assert calls == ["matmul", "memory", "launch", "optimizer"] * 4  # interleaved, one warm-up round
     with pytest.raises(ValueError, match="rounds=0"):
         cal.measure_device(rounds=0)
+
+
+def test_step_efficiency_prices_the_reference_on_the_device_rates():
+    """The reference step's price scales with the device's rates (roofline) and the efficiency is the
+    clamped ratio of priced to measured seconds."""
+    slow = dataclasses.replace(H100_SXM, kind="cpu", launch_overhead_s=0.0,
+                               peak_flops_per_s={torch.float32: 1e11}, hbm_bytes_per_s=1e10)
+    fast = dataclasses.replace(slow, peak_flops_per_s={torch.float32: 2e11}, hbm_bytes_per_s=2e10)
+    priced = price_reference_s(slow)
+    assert priced > 0 and price_reference_s(fast) == pytest.approx(priced / 2, rel=1e-9)
+    assert step_efficiency(0.5, [1.0, 2.0, 0.9]) == pytest.approx(0.5)  # median 1.0
+    assert step_efficiency(3.0, [1.0]) == 1.0  # clamped: the rates are an upper bound
+    with pytest.raises(ValueError, match="positive"):
+        step_efficiency(1.0, [])
+
+
+def test_profile_clamps_a_measured_speed_up_of_concurrent_processes():
+    """A contention factor below 1 is noise: the rank device is never faster than one process alone."""
+    profile = Profile(device=_cpu_device(), links={2: Link("l", 1e-4, 1e9)}, contention={2: (0.65, 0.9, 0.5)})
+    dev = profile.device_for(2)
+    assert dev.peak_flops_per_s[torch.float32] == profile.device.peak_flops_per_s[torch.float32]
+    assert dev.hbm_bytes_per_s == profile.device.hbm_bytes_per_s
+    assert dev.optimizer_bytes_per_s == profile.device.optimizer_bytes_per_s
+
+
+def _cpu_device():
+    import dataclasses
+    return dataclasses.replace(H100_SXM, kind="cpu", optimizer_bytes_per_s=4e9)
