@@ -17,13 +17,13 @@ from cost_model.hardware import A100_40GB, A100_80GB, DEVICE_PRESETS, H100_SXM, 
 from cost_model.memory import (BYTES_PER_PARAM, MemoryBreakdown, SavedShare, activation_memory_bytes,
                                graph_saved_activation_bytes, inflight_microbatches, saved_activation_bytes,
                                saved_tensor_owners, training_state_bytes)
-from cost_model.topology import (CLUSTER_PRESETS, Cluster, GroupInfo, Link, MeshTopology, dgx_a100, dgx_h100,
-                                 dgx_h200, get_cluster)
+from cost_model.topology import (CLUSTER_PRESETS, Cluster, CoreSharing, GroupInfo, Link, MeshTopology, dgx_a100,
+                                 dgx_h100, dgx_h200, get_cluster)
 
 __all__ = [
     "DeviceSpec", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device",
-    "Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200", "CLUSTER_PRESETS",
-    "get_cluster",
+    "Link", "Cluster", "CoreSharing", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
+    "CLUSTER_PRESETS", "get_cluster",
     "COLLECTIVE_KINDS", "ALGORITHMS", "alpha_beta_coefficients", "flat_collective_time_s", "collective_time_s",
     "HIERARCHICAL_KINDS", "collective_algorithm", "hierarchical_byte_ranges",
     "OpCost", "MetaExecutionError", "op_cost", "op_flops", "op_bytes", "is_free_op", "graph_flops",

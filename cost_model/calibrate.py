@@ -73,7 +73,7 @@ from cost_model.hardware import DeviceSpec
 from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_contention, measure_optimizer,
                                 median_time_s)
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
-from cost_model.topology import Cluster, Link
+from cost_model.topology import Cluster, CoreSharing, Link
 
 __all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
            "fit_link", "fit_size_segments", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
@@ -121,7 +121,12 @@ class Profile:
         return device
 
     def cluster(self, nprocs: int) -> Cluster:
-        """A Cluster of 1 node x ``nprocs`` devices (:meth:`device_for`) whose links are the fitted one.
+        """A Cluster of 1 node x ``nprocs`` devices (:meth:`device_for`: slowed by the contention of all
+        ``nprocs`` processes, right when all compute at once) whose links are the fitted one, and, when the
+        profile measured contention, its :class:`~cost_model.topology.CoreSharing`: the measured slowdown
+        points (matmul and optimizer columns) and the matmul factor applied to the device, from which the
+        pipeline search prices ranks that wait in their bubbles and leave the cores to the others
+        (``planner.sharing``).
 
         Raises:
             ValueError: ``nprocs`` was not calibrated; lists the calibrated counts.
@@ -130,8 +135,14 @@ class Profile:
             raise ValueError(f"no link calibrated for nprocs={nprocs}; calibrated: {sorted(self.links)}. "
                              f"Remedy: calibrate(nprocs=({nprocs},))")
         link = self.links[nprocs]
+        sharing = None
+        if self.contention:
+            sharing = CoreSharing(
+                tuple((n, f[0]) for n, f in self.contention.items()),
+                tuple((n, f[2]) for n, f in self.contention.items() if len(f) > 2),
+                max(1.0, self.contention[nprocs][0]) if nprocs in self.contention else 1.0)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
-                       inter_node_link=link)
+                       inter_node_link=link, sharing=sharing)
 
 
 def time_callable_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:

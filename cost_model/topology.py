@@ -48,8 +48,8 @@ from typing import Callable, Mapping
 
 from cost_model.hardware import A100_80GB, H100_SXM, H200_SXM, DeviceSpec
 
-__all__ = ["COLLECTIVE_KINDS", "Link", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100", "dgx_h200",
-           "ethernet_a100", "internet_a100", "CLUSTER_PRESETS", "get_cluster"]
+__all__ = ["COLLECTIVE_KINDS", "Link", "CoreSharing", "Cluster", "GroupInfo", "MeshTopology", "dgx_a100", "dgx_h100",
+           "dgx_h200", "ethernet_a100", "internet_a100", "CLUSTER_PRESETS", "get_cluster"]
 
 GB = 1e9
 # The collective kinds priced by cost_model.communication (defined here so a Link can validate its
@@ -157,9 +157,66 @@ def _checked_size_fits(size_fits: object) -> dict[str, tuple[tuple[float, float,
     return out
 
 
+def _slowdown_points(where: str, points: object) -> tuple[tuple[int, float], ...]:
+    """``((k, factor), ...)`` validated (k an int >= 1, each once; factor finite > 0) and sorted by k."""
+    if isinstance(points, Mapping):
+        points = tuple(points.items())
+    out: dict[int, float] = {}
+    for item in points:  # type: ignore[union-attr]
+        if isinstance(item, (str, bytes)) or not hasattr(item, "__len__") or len(item) != 2:
+            raise ValueError(f"{where}: entry {item!r} must be a pair (processes, factor)")
+        k, factor = item
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1) or k in out:
+            raise ValueError(f"{where}: process count {k!r} must be an int >= 1, given once")
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"{where}[{k}]={factor!r}: must be a finite slowdown > 0")
+        out[k] = float(factor)
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSharing:
+    """The devices of a :class:`Cluster` are processes sharing one machine's cores (a calibration profile's
+    cluster, :meth:`cost_model.calibrate.Profile.cluster`): each of k processes computing at once runs
+    ``factor(k)`` times slower than alone, and a process that waits leaves the cores to the others. The
+    planner's pipeline search prices its schedules with that (processor sharing, ``planner.sharing``); the
+    cost model itself reads nothing here. ``None`` on every GPU preset (one device per rank).
+
+    Attributes:
+        compute_slowdown: ``((k, factor), ...)`` sorted by k: the measured slowdown of each of k concurrent
+            processes in compute (the matmul column of ``Profile.contention``); k = 1 (alone) may be left out
+            (it is 1). The planner interpolates between the points (``planner.sharing.SharedCores.measured``).
+        optimizer_slowdown: the same for the optimizer step (``Profile.contention``'s optimizer column), or
+            ``()`` when not measured (then ``compute_slowdown``).
+        applied_compute: the compute factor ``Cluster.device`` is already slowed by (``DeviceSpec.scaled``
+            with the matmul column at the cluster's process count; 1.0 when that count was not measured), so
+            ``price / applied_compute`` is a price at solo speed.
+
+    Raises:
+        ValueError: a point that is not (an int >= 1 given once, a finite factor > 0), no compute point, or an
+            applied factor that is not finite > 0; names the entry.
+    """
+
+    compute_slowdown: tuple[tuple[int, float], ...]
+    optimizer_slowdown: tuple[tuple[int, float], ...] = ()
+    applied_compute: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_slowdown",
+                           _slowdown_points("CoreSharing.compute_slowdown", self.compute_slowdown))
+        object.__setattr__(self, "optimizer_slowdown",
+                           _slowdown_points("CoreSharing.optimizer_slowdown", self.optimizer_slowdown))
+        if not self.compute_slowdown:
+            raise ValueError("CoreSharing.compute_slowdown is empty: give >= 1 point (processes, slowdown)")
+        a = self.applied_compute
+        if not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
+            raise ValueError(f"CoreSharing.applied_compute={a!r}: must be a finite factor > 0")
+
+
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """``num_nodes`` identical nodes of ``devices_per_node`` devices.
+    """``num_nodes`` identical nodes of ``devices_per_node`` devices; ``sharing``: set when the devices are
+    processes sharing one machine's cores (:class:`CoreSharing`, a calibration profile's cluster), else None.
 
     Raises:
         ValueError: non-positive counts; names the field and value.
@@ -170,12 +227,15 @@ class Cluster:
     devices_per_node: int
     intra_node_link: Link
     inter_node_link: Link
+    sharing: CoreSharing | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("num_nodes", "devices_per_node"):
             value = getattr(self, field_name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"Cluster.{field_name}={value!r}: must be an int >= 1")
+        if self.sharing is not None and not isinstance(self.sharing, CoreSharing):
+            raise ValueError(f"Cluster.sharing={self.sharing!r}: must be a CoreSharing or None")
 
     @property
     def world_size(self) -> int:

@@ -45,6 +45,21 @@ a handful of partitions (`SearchReport.simulated`). With gradient compression al
 is 0 and a partition's bound uses each rank's cheaper sync (a codec may shrink it), and a second bound pass
 over the same (cached) prices finds the best uncompressed step, against which the plan reports its speedup.
 
+Ranks sharing cores: when the cluster carries a `cost_model.topology.CoreSharing` (a calibration profile's
+cluster, `Profile.cluster(n)`: n processes on one machine's cores) the pp x dp x tp devices are processes whose
+pipeline ranks wait in their bubbles and leave the cores to the others. The prices stay those of the device
+slowed for all n processes computing at once (the intra-stage ILP, the stage seconds recorded in the plan and the
+partition DP are unchanged, and so are non-pipeline plans on that cluster); only the simulation changes: every
+compute second (F, I, W, with the stage's tp collectives) is multiplied by `sharing.pipeline_cores`'s scale
+F(dp*tp) / F(n), which turns the price into the time of one pipeline rank computing alone (dividing by the
+applied F(n) rather than pricing again on the unslowed device: no second ILP solve, the same strategies, and all
+pp ranks computing give back the slowed price when F(n) is the applied factor), and the schedule is simulated by
+processor sharing (`planner.sharing`) with factors F(k*dp*tp) / F(dp*tp) for k computing pipeline ranks;
+transfers and the dp gradient sync are waits that use no core (the sharing pass's model). Both lower bounds use
+the same scaled compute seconds: under sharing an action takes at least its scaled seconds, so they stay lower
+bounds and the search stays exact. The optimizer step is not in the search's step (as on every cluster);
+`steptime` adds the busiest rank's on the slowed device.
+
 Throughput: model FLOPs per step = `cost_model.graph_flops` of the traced graph (forward + 2x forward for
 backward, no recomputation) x global_batch / trace batch; TFLOP/s per GPU = FLOPs / (step time x devices);
 MFU = that / the device's dense peak for the model's parameter dtype (Chowdhery et al. 2022, App. B).
@@ -80,6 +95,7 @@ from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
 from .schedules import (RUNNER_SCHEDULES, SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies,
                         buffer_copies_reason, get_schedule, inflight_microbatches, invalid_reason, ranks_of_stage)
+from .sharing import SharedCores, pipeline_cores
 from .simulate import StageTimes, simulate
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
@@ -345,6 +361,16 @@ class _Context:
         self.boundary_codecs = boundary.codecs_of(config.boundary_compression)  # stage-boundary codecs
         self.boundary_prices = boundary.price_codecs(traced, segments.cut_values, self.boundary_codecs,
                                                      config.boundary_rank, cluster.device)
+        self.shared: dict[tuple[int, int, int], tuple[SharedCores | None, float]] = {}
+
+    def sharing(self, c: Candidate) -> tuple[SharedCores | None, float]:
+        """(cores, scale) of candidate c's simulation (module docstring, "Ranks sharing cores"): without
+        `Cluster.sharing` (every GPU preset) (None, 1.0); else `sharing.pipeline_cores`, cached per mesh."""
+        key = (c.pp, c.dp, c.tp)
+        if key not in self.shared:
+            share = self.cluster.sharing
+            self.shared[key] = (None, 1.0) if share is None else pipeline_cores(share, *key)
+        return self.shared[key]
 
     def prices(self, tp: int) -> SegmentPrices:
         if tp not in self.cache:
@@ -366,7 +392,7 @@ class _Context:
         f, b, w = pr.time_s(self._scale(c))
         sync = 0.0 if self.codecs and compressed else \
             collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
-        return c.num_microbatches * float((f + b + w).sum()) / c.pp + sync
+        return c.num_microbatches * float((f + b + w).sum()) * self.sharing(c)[1] / c.pp + sync
 
     def _p2p_s(self, nbytes: float, c: Candidate, topo: MeshTopology) -> float:
         if c.pp == 1 or nbytes == 0:
@@ -473,7 +499,7 @@ class _Context:
         pr, L = self.prices(c.tp), self.segments.num_blocks
         f, b, w, state, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
-        scale = self._scale(c)
+        scale, shared = self._scale(c), self.sharing(c)[1]  # shared: compute seconds -> simulated (sharing)
         stages = []
         for s in range(S):
             i, j = cuts[s], cuts[s + 1]
@@ -499,11 +525,12 @@ class _Context:
             for k in range(held):
                 first = min((s for s in range(S) if rank[s][k] == r), default=None)
                 if first is not None:
-                    heads.append(sum(stages[s]["fwd_c"] + p2p_f[s] * cross[k][s] for s in range(first)))
-                    tails.append(sum(stages[s]["bwd_c"] + stages[s]["wgrad"] + p2p_b[s] * cross[k][s]
+                    heads.append(sum(stages[s]["fwd_c"] * shared + p2p_f[s] * cross[k][s] for s in range(first)))
+                    tails.append(sum((stages[s]["bwd_c"] + stages[s]["wgrad"]) * shared + p2p_b[s] * cross[k][s]
                                      for s in range(first)))
             tail = 0.0 if split or held > 1 else tails[0]
-            busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine)
+            busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"]
+                                  for s in mine) * shared
             bounds.append((min(heads) + busy, tail))
             ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, inflight=inflight[r],
                               memory=tot["state"] + inflight[r] * tot["act"]))
@@ -570,11 +597,13 @@ class _Context:
         """`exact` for one priced partition: its simulated step with the chosen dp sync ("step_s") and with
         the uncompressed one ("uncompressed_step_s"; equal when no gradient codec is chosen)."""
         st, ranks = res["stages"], res["ranks"]
+        cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
         def run(syncs):
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
-                tuple(s["fwd_c"] for s in st), tuple(s["bwd_c"] for s in st), tuple(s["wgrad"] for s in st),
-                res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st), res["copy_sync"], syncs))
+                tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
+                tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
+                res["copy_sync"], syncs), cores)
 
         sim = run(tuple(r["sync"] for r in ranks))
         plain = sim if res["compression"] == "none" else run(tuple(r["plain_sync"] for r in ranks))

@@ -21,6 +21,11 @@ KiB it does is small next to a stage's compute.
 
 Cost: one event per job start or end, O(p) work each: O((N + p) p) for N actions, fine for the few-rank
 machines it models (the planner's GPU presets never take this path).
+
+The pipeline search (`planner.search`) takes this path when its cluster carries a
+`cost_model.topology.CoreSharing` (a calibration profile's cluster, `Profile.cluster`): `pipeline_cores`
+turns its measured points into the factors of the simulated pipeline ranks, each of which stands for
+dp x tp processes computing in lockstep.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from cost_model.topology import CoreSharing
 
 from ..errors import PipelineError
 
@@ -99,6 +106,38 @@ class SharedCores:
         """Slowdown of each of k concurrent ranks (k > R: extrapolated k / R x factor(R))."""
         f = self.optimizer if optimizer and self.optimizer is not None else self.factors
         return f[k - 1] if k <= len(f) else f[-1] * k / len(f)
+
+
+def pipeline_cores(sharing: CoreSharing, pp: int, dp: int, tp: int) -> tuple[SharedCores, float]:
+    """The machine as `simulate(..., cores=)` sees pp pipeline ranks of a pp x dp x tp mesh whose processes
+    share its cores, and the factor that turns the cluster device's prices into the simulation's durations.
+
+    While k pipeline ranks compute at once, k x dp x tp processes do (a stage's dp x tp processes run the same
+    schedule in lockstep), each slowed by the measured real factor F(k dp tp) (`SharedCores.measured` over
+    the cluster's pp dp tp processes from `sharing.compute_slowdown` / `optimizer_slowdown`). The cluster's
+    device prices every action at F(n), n = pp dp tp (`sharing.applied_compute`), so an action priced c
+    takes c / F(n) seconds alone and c F(k dp tp) / F(n) among k computing pipeline ranks. With durations
+    c x scale, scale = F(dp tp) / F(n), the factors are F(k dp tp) / F(dp tp) (1 for k = 1, as
+    `SharedCores` needs; processor sharing only sees rates, so the split is exact); each is clamped at >= 1
+    (a measured curve that dips is noise).
+
+    Returns:
+        (cores: `SharedCores` for k = 1..pp, scale: dimensionless, > 0). With pp = 1 the one rank always runs
+        with all n processes: scale = F(n) / applied_compute (1 when the device was slowed by the same curve).
+    Raises:
+        PipelineError: pp, dp or tp < 1 (`SharedCores.measured`).
+    """
+    if min(pp, dp, tp) < 1:
+        raise PipelineError(f"pipeline_cores(pp={pp}, dp={dp}, tp={tp}): need each >= 1")
+    width = dp * tp
+    opt = dict(sharing.optimizer_slowdown) or None
+    real = SharedCores.measured(dict(sharing.compute_slowdown), pp * width, opt)
+
+    def curve(optimizer: bool) -> tuple[float, ...]:
+        base = real.factor(width, optimizer)
+        return (1.0,) + tuple(max(1.0, real.factor(k * width, optimizer) / base) for k in range(2, pp + 1))
+    cores = SharedCores(curve(False), curve(True) if opt else None)
+    return cores, real.factor(width) / sharing.applied_compute
 
 
 def shared_pass(by_rank, pred: np.ndarray, dur: np.ndarray, delay: np.ndarray, tail_wait: np.ndarray,

@@ -39,7 +39,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * A pipeline plan (`Plan.pipeline`): the search's price of it (`PipelineEstimate.step_s`: the simulated
   schedule, `planner.simulate`, with its tensor-parallel collectives and sends, + the exposed dp gradient
   sync + the tied-gradient exchange) as `pipeline_s`, + the optimizer step of the busiest pipeline rank (its
-  stages' local parameter shards; a tied parameter counts on every rank holding it).
+  stages' local parameter shards; a tied parameter counts on every rank holding it). On a calibration
+  profile's cluster (`Cluster.sharing`) that simulation lets ranks in their bubbles leave the shared cores to
+  the others (processor sharing, `planner.search` module docstring); the optimizer step is priced on the
+  device slowed for all processes at once, as for the other plans.
 """
 from __future__ import annotations
 
