@@ -46,6 +46,7 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
 from ..tracer import NodeInfo, TracedGraph
 from .strategies import NodeSpace, Strategy
+from .op_comm import op_collectives
 
 aten = torch.ops.aten
 _SHAPE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand}
@@ -250,7 +251,9 @@ class Pricer:
         return res
 
     def node_cost(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, strategy: Strategy) -> NodeCost:
-        """Cost of one op under one strategy (0 for getitem and placeholders). Cached per local signature."""
+        """Cost of one op under one strategy (0 for getitem and placeholders): its compute on local shapes
+        (cached per local signature) + the collectives its sharded form runs inside the op
+        (`op_comm.op_collectives`, e.g. a vocab-parallel cross-entropy's all-reduces)."""
         if info.op != "call_function" or info.target is operator.getitem:
             return NodeCost(0.0, 0.0, 0)
         in_local = [local_shape(i.shape, L, self.mesh) for i, L in zip(space.inputs, strategy.inputs)]
@@ -261,7 +264,19 @@ class Pricer:
         if hit is None:
             hit = self._price(tg, info, space, in_local, out_local)
             self._node[key] = hit
-        return hit
+        inner = op_collectives(info.node, strategy.inputs, in_local,
+                               self.itemsize(space.inputs[0].dtype) if space.inputs else 4)
+        if not inner:
+            return hit
+        fwd = bwd = 0.0
+        for kind, nbytes, axis, backward in inner:
+            t = collective_time_s(kind, nbytes, self.topo, (self.mesh.axis_names[axis],)) \
+                + self.device.collective_sync_s
+            if backward:
+                bwd += t if space.requires_grad else 0.0
+            else:
+                fwd += t
+        return NodeCost(hit.fwd_s + fwd, hit.bwd_s + bwd, hit.saved_bytes, hit.note)
 
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local) -> NodeCost:
         args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, self.dtype)

@@ -180,3 +180,30 @@ def test_pointwise_chain_is_priced_as_one_kernel():
     assert total == x.numel() * 4 + b.numel() * 4 + x.numel() * 4  # x and b read once, y written once
     one_kernel = total / H100_SXM.achievable_bytes_per_s + H100_SXM.launch_overhead_s
     assert seconds == pytest.approx(one_kernel, rel=1e-12)
+
+
+def test_composite_ops_move_the_bytes_of_their_decomposition():
+    """cross_entropy_loss = _log_softmax (reads and writes the logits) + nll_loss_forward (reads them again and the
+    targets; writes the loss and total weight), two kernels; linear keeps its one-kernel bytes."""
+    n, c = 512, 2048
+    logits, target, loss = meta(n, c), meta(n, dtype=torch.int64), meta()
+    cost = op_cost(aten.cross_entropy_loss.default, (logits, target), {}, loss, H100_SXM)
+    expected = (4 * n * c + 4 * n * c) + (4 * n * c + 8 * n + 4 + 4)
+    assert cost.fwd_bytes == expected and cost.bwd_bytes == 2 * expected
+    assert cost.fwd_s == pytest.approx(expected / (3350e9 * H100_SXM.memory_efficiency) + 2 * H100_SXM.launch_overhead_s)
+    x, w, bias, out = meta(4, 128, 768), meta(3072, 768), meta(3072), meta(4, 128, 3072)
+    assert op_cost(aten.linear.default, (x, w, bias), {}, out, H100_SXM).fwd_bytes == 4 * (x.numel() + w.numel()
+                                                                                            + bias.numel() + out.numel())
+
+
+def test_matmul_of_a_permuted_operand_pays_its_copy():
+    """q (B, H, S, D) permuted from (B, S, H, D), as attention heads are split: its batch dims cannot be merged
+    into one stride, so matmul clones it contiguous before bmm (a transposed last-two-dims operand needs no
+    copy: bmm takes it as is)."""
+    q = torch.empty_strided((2, 4, 64, 32), (8192, 32, 128, 1), device="meta")  # (2, 64, 4, 32).permute(0, 2, 1, 3)
+    k, scores = meta(2, 4, 32, 64), meta(2, 4, 64, 64)
+    plain = op_cost(aten.matmul.default, (meta(2, 4, 64, 32), k), {}, scores, H100_SXM).fwd_bytes
+    assert plain == 4 * (q.numel() + k.numel() + scores.numel())
+    assert op_cost(aten.matmul.default, (q, k), {}, scores, H100_SXM).fwd_bytes == plain + 2 * 4 * q.numel()
+    k_t = torch.empty_strided((2, 4, 32, 64), (8192, 2048, 1, 32), device="meta")  # (.., 64, 32).transpose(-1, -2)
+    assert op_cost(aten.matmul.default, (meta(2, 4, 64, 32), k_t), {}, scores, H100_SXM).fwd_bytes == plain

@@ -93,8 +93,9 @@ def test_fixed_schedule_structure_and_memory(gpt, schedule):
         act = sum(p.stages[s].activation_bytes for s in r.stages)
         assert r.memory_bytes == pytest.approx(state + infl * act, rel=1e-6, abs=8)
     assert 0 <= p.bubble_fraction < 1 and p.step_time_s > p.step_breakdown_s["bubble"]
-    if schedule in ("gpipe", "1f1b"):  # (p-1)/(m+p-1) with equal stages and free sends; these are neither
-        assert 1 / 9 < p.bubble_fraction < 1 / 9 + 0.02
+    if schedule in ("gpipe", "1f1b"):  # (p-1)/(m+p-1) with equal stages and free sends; these are neither:
+        # sends add to the bubble, and a bottleneck rank whose stage is the longer one idles less than 1/9
+        assert abs(p.bubble_fraction - 1 / 9) < 0.02
     b = p.step_breakdown_s
     assert p.step_time_s == pytest.approx(b["pipeline"] + b["dp_grad_sync"] + b["tied_grad_sync"], rel=1e-9)
     assert p.alternatives[0].schedule == schedule and p.alternatives[0].reason.startswith("chosen")

@@ -1,0 +1,67 @@
+"""Collectives inside sharded ops (`planner.op_comm`) and their price in `Pricer.node_cost`."""
+import pytest
+import torch
+from torch import nn
+
+import parallelizer
+from cost_model.communication import collective_time_s
+from parallelizer.config import PlanConfig
+from parallelizer.core import Layout, MeshSpec
+from parallelizer.planner.api import build
+from parallelizer.planner.op_comm import op_collectives
+
+aten = torch.ops.aten
+
+
+def _node(target, *args):
+    g = torch.fx.Graph()
+    ins = [g.placeholder(f"x{i}") for i in range(2)]
+    return g.call_function(target, (*ins, *args))
+
+
+def test_vocab_parallel_cross_entropy_all_reduces_three_row_vectors():
+    ce = _node(aten.cross_entropy_loss.default)  # reduction "mean" (default)
+    # logits (N, C) classes sharded on axis 1 ("tp"), rows on axis 0 ("dp"): local (256, 512), target (256,)
+    got = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), [(256, 512), (256,)], 4)
+    assert sorted(got) == sorted([("all_reduce", 3 * 256 * 4, 1, False), ("all_reduce", 4, 0, False)])
+    summed = _node(aten.cross_entropy_loss.default, None, 2)  # reduction "sum": no denominator
+    assert op_collectives(summed, (Layout.parse("S(0)R"), Layout.parse("S(0)R")), [(256, 512), (256,)], 4) == []
+    assert op_collectives(ce, (Layout.parse("RR"), Layout.parse("RR")), [(512, 1024), (512,)], 4) == []
+
+
+def test_sync_batch_norm_all_reduces_statistics_forward_and_their_gradients_backward():
+    g = torch.fx.Graph()
+    x, w, b, rm, rv = (g.placeholder(n) for n in "xwbmv")
+    bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False))
+    got = op_collectives(bn, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, [(8, 16, 4, 4)], 4)
+    assert sorted(got) == sorted([("all_reduce", 4, 0, False)] + [("all_reduce", 64, 0, False)] * 2
+                                 + [("all_reduce", 64, 0, True)] * 2)
+    eval_bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, False, 0.1, 1e-5, False))
+    assert op_collectives(eval_bn, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, [(8, 16, 4, 4)], 4) == []
+
+
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 1024, bias=False)
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.proj(x), y)
+
+
+def test_node_cost_adds_the_inner_collectives_of_a_vocab_parallel_cross_entropy(monkeypatch):
+    traced = parallelizer.trace(_Head(), (torch.randn(128, 64), torch.randint(0, 1024, (128,))))
+    problem, pricer = build(traced, MeshSpec(("tp",), (2,)), cluster="h100:1x2", config=PlanConfig(precision="fp32"))
+    name = next(n for n, i in traced.nodes.items() if "cross_entropy" in str(i.target))
+    info, space = traced.nodes[name], problem.spaces[name]
+    by_input = {str(s.inputs[0]): s for s in space.strategies}
+    vocab, rows = by_input["S(1)"], by_input["S(0)"]
+    with_comm = {k: pricer.node_cost(traced, info, space, s) for k, s in (("vocab", vocab), ("rows", rows))}
+    monkeypatch.setattr("parallelizer.planner.costs.op_collectives", lambda *a: [])
+    alone = {k: pricer.node_cost(traced, info, space, s) for k, s in (("vocab", vocab), ("rows", rows))}
+    sync = pricer.device.collective_sync_s
+    three_rows = collective_time_s("all_reduce", 3 * 128 * 4, pricer.topo, ("tp",)) + sync  # (128,) rows x 3, fp32
+    denominator = collective_time_s("all_reduce", 4, pricer.topo, ("tp",)) + sync
+    assert with_comm["vocab"].fwd_s == pytest.approx(alone["vocab"].fwd_s + three_rows, rel=1e-12)
+    assert with_comm["rows"].fwd_s == pytest.approx(alone["rows"].fwd_s + denominator, rel=1e-12)
+    assert [c.bwd_s for c in with_comm.values()] == [c.bwd_s for c in alone.values()]  # no backward collective
