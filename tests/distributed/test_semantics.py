@@ -96,7 +96,10 @@ def test_vocab_sharded_embedding_and_logits(lm_cases):
     emb = next(n for n in plan.nodes.values() if n.op == "aten.embedding.default")
     assert emb.inputs[0] == "S(0)" and emb.output == "P"
     ce = next(n for n in plan.nodes.values() if n.op == "aten.cross_entropy_loss.default")
-    assert ce.inputs[0] == "S(1)" and ce.output == "R"
+    # the cross-entropy reads the vocab-sharded logits (vocab-parallel, its 3 all-reduces priced since
+    # planner.op_comm) or gathers them first (cheaper at this tiny size once those all-reduces are priced);
+    # either way the rehearsal below must match one device
+    assert (ce.inputs[0], ce.output) in {("S(1)", "R"), ("R", "R")}
     assert report.matches(), report
 
 
