@@ -15,8 +15,8 @@ Model (roofline, Williams et al., "Roofline", CACM 2009)::
 * Bytes = every tensor input read + every tensor output written. Gather-like ops (embedding,
   index_select, index, gather) read only output-sized rows of their source, not the whole table. A
   CompositeImplicitAutograd op that torch.export keeps whole is priced as the ATen ops it decomposes into
-  (recorded under a ``TorchDispatchMode`` while it runs on meta tensors of the traced shapes and strides):
-  their bytes summed, one kernel launch each. So ``cross_entropy_loss`` is ``_log_softmax`` (reads and
+  (recorded under a ``TorchDispatchMode`` while it runs on meta tensors of the traced shapes and strides, in
+  the same single run that counts its FLOPs): their bytes summed, one kernel launch each. So ``cross_entropy_loss`` is ``_log_softmax`` (reads and
   writes the logits) + ``nll_loss_forward`` (reads them again), not one read of the logits, and ``matmul``
   of an operand whose batch dims cannot be merged into one stride (heads split by a permute) includes the
   ``clone`` that makes it contiguous for ``bmm``; ``linear`` and ``layer_norm`` come out as before. Measured
@@ -46,8 +46,9 @@ Model (roofline, Williams et al., "Roofline", CACM 2009)::
   otherwise. ``aten._to_copy`` always copies.
 * Meta tensors carry no data and no real device. Composite ops are run with every device argument mapped to
   ``meta`` (``_fx.to_meta``); an op that still cannot run on meta tensors (it reads a value, e.g. ``.item()``)
-  has its FLOPs left uncounted: it is priced by bytes, and ``OpCost.uncounted_flops`` says why, so that the
-  caller can record it.
+  has its FLOPs left uncounted: it is priced as one kernel by the bytes of its inputs and outputs, and
+  ``OpCost.uncounted_flops`` says why, so that the caller can record it (the planner lists it in
+  ``Plan.fallbacks``).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class MetaExecutionError(ValueError):
     def __init__(self, op: str, cause: BaseException) -> None:
         self.op, self.cause = op, cause
         super().__init__(f"cannot count the FLOPs of {op} on meta tensors ({type(cause).__name__}: "
-                         f"{str(cause).splitlines()[0] if str(cause) else ''}); it is priced by the bytes it moves")
+                         f"{str(cause).splitlines()[0] if str(cause) else ''}); it is priced as one kernel by the bytes of its "
+                         f"inputs and outputs")
 
 
 def _is_composite(target: torch._ops.OpOverload) -> bool:
@@ -150,19 +152,7 @@ def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
         ValueError: an op decomposed under ``FlopCounterMode`` has symbolic shapes.
         MetaExecutionError (a ValueError): the op cannot run on meta tensors (it reads a tensor's value).
     """
-    packet = target.overloadpacket
-    if packet in flop_registry:
-        return int(flop_registry[packet](*args, **kwargs, out_val=out))
-    if not _is_composite(target) or is_free_op(target, args, out, kwargs):
-        return 0
-    counter = FlopCounterMode(display=False)
-    meta_args, meta_kwargs = to_meta((args, kwargs))
-    try:
-        with counter:
-            target(*meta_args, **meta_kwargs)
-    except (NotImplementedError, RuntimeError) as exc:  # meta kernels refuse data access (item(), copies)
-        raise MetaExecutionError(str(target), exc) from exc
-    return int(counter.get_total_flops())
+    return _flops_and_ops(target, args, kwargs, out, want_ops=False)[0]
 
 
 class _RecordOps(TorchDispatchMode):
@@ -178,30 +168,47 @@ class _RecordOps(TorchDispatchMode):
         return out
 
 
-def _decomposed(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple] | None:
-    """The non-free ATen ops ``(op, args, kwargs, out)`` a CompositeImplicitAutograd ``target`` runs on meta
-    tensors of the same shapes and strides (module docstring); None when it cannot run on meta tensors."""
+def _decomposes(target: torch._ops.OpOverload, fused_args: frozenset[int], output_fused: bool) -> bool:
+    """Whether ``target``'s bytes are those of the ATen ops it decomposes into: a CompositeImplicitAutograd op
+    outside a fused chain, other than SDPA (priced as one fused kernel) and dropout."""
+    return (_is_composite(target) and not fused_args and not output_fused
+            and target.overloadpacket not in _SDPA_OPS | _DROPOUT_OPS)
+
+
+def _flops_and_ops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object,
+                   want_ops: bool) -> tuple[int, list[tuple] | None]:
+    """``(forward FLOPs, decomposition)`` of one op. A CompositeImplicitAutograd op runs ONCE on meta tensors of
+    the same shapes and strides under ``FlopCounterMode`` and an op recorder; the decomposition is the list of
+    non-free ATen ops ``(op, args, kwargs, out)`` it ran (None unless ``want_ops`` or needed for FLOPs).
+
+    Raises:
+        MetaExecutionError: the composite cannot run on meta tensors (it reads a tensor's value).
+    """
+    packet = target.overloadpacket
+    registered = packet in flop_registry
+    if is_free_op(target, args, out, kwargs) or not _is_composite(target) or (registered and not want_ops):
+        return (int(flop_registry[packet](*args, **kwargs, out_val=out)) if registered else 0), None
+    counter, recorder = FlopCounterMode(display=False), _RecordOps()
     meta_args, meta_kwargs = to_meta((args, kwargs))
-    recorder = _RecordOps()
     try:
-        with recorder:
+        with counter, recorder:
             target(*meta_args, **meta_kwargs)
-    except (NotImplementedError, RuntimeError):
-        return None
-    return [(f, a, k, o) for f, a, k, o in recorder.ops if not is_free_op(f, a, o, k)]
+    except (NotImplementedError, RuntimeError) as exc:  # meta kernels refuse data access (item(), copies)
+        raise MetaExecutionError(str(target), exc) from exc
+    flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if registered else int(counter.get_total_flops())
+    return flops, [(f, a, k, o) for f, a, k, o in recorder.ops if not is_free_op(f, a, o, k)]
 
 
 def _bytes_and_kernels(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object,
-                       fused_args: frozenset[int], output_fused: bool) -> tuple[int, int]:
+                       fused_args: frozenset[int], output_fused: bool,
+                       decomposition: list[tuple] | None) -> tuple[int, int]:
     """``(forward bytes, kernels)`` of one op (:func:`op_bytes`; kernels: 1, 0 when ``output_fused``, or the
-    count of the ops a composite decomposes into)."""
+    count of the ops of its ``decomposition`` (:func:`_flops_and_ops`) when :func:`_decomposes`)."""
     if is_free_op(target, args, out, kwargs):
         return 0, 0
-    if (_is_composite(target) and not fused_args and not output_fused
-            and target.overloadpacket not in _SDPA_OPS | _DROPOUT_OPS):
-        ops = _decomposed(target, args, kwargs)
-        if ops:
-            return sum(_bytes_and_kernels(f, a, k, o, frozenset(), False)[0] for f, a, k, o in ops), len(ops)
+    if decomposition and _decomposes(target, fused_args, output_fused):
+        nbytes = sum(_io_bytes(f, a, k, o, frozenset(), False) for f, a, k, o in decomposition)
+        return nbytes, len(decomposition)
     return _io_bytes(target, args, kwargs, out, fused_args, output_fused), 0 if output_fused else 1
 
 
@@ -217,7 +224,11 @@ def op_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: obje
     of the same shapes and strides: ``cross_entropy_loss`` writes and re-reads its log-softmax, ``matmul`` of
     a head-permuted operand copies it contiguous before ``bmm`` (module docstring).
     """
-    return _bytes_and_kernels(target, args, kwargs, out, fused_args, output_fused)[0]
+    try:
+        decomposition = _flops_and_ops(target, args, kwargs, out, _decomposes(target, fused_args, output_fused))[1]
+    except MetaExecutionError:  # documented: one kernel of its inputs and outputs (op_cost records why)
+        decomposition = None
+    return _bytes_and_kernels(target, args, kwargs, out, fused_args, output_fused, decomposition)[0]
 
 
 def _io_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object,
@@ -278,12 +289,13 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
     """
     if not isinstance(target, torch._ops.OpOverload):
         raise ValueError(f"op_cost needs a torch._ops.OpOverload (e.g. torch.ops.aten.mm.default), got {target!r}")
-    uncounted = None
+    uncounted, decomposition = None, None
     try:
-        fwd_flops = op_flops(target, args, kwargs, out)
+        fwd_flops, decomposition = _flops_and_ops(target, args, kwargs, out,
+                                                  _decomposes(target, fused_args, output_fused))
     except MetaExecutionError as exc:
         fwd_flops, uncounted = 0, str(exc)
-    fwd_bytes, kernels = _bytes_and_kernels(target, args, kwargs, out, fused_args, output_fused)
+    fwd_bytes, kernels = _bytes_and_kernels(target, args, kwargs, out, fused_args, output_fused, decomposition)
     has_bwd = not is_free_op(target, args, out, kwargs) and _has_backward(args, kwargs, out)
     bwd_flops = BACKWARD_FLOPS_FACTOR * fwd_flops if has_bwd else 0
     bwd_bytes = BACKWARD_BYTES_FACTOR * fwd_bytes if has_bwd else 0
