@@ -22,7 +22,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from ..errors import ParallelizerError
 from .mesh import MeshSpec
 
-__all__ = ["Shard", "Replicate", "Partial", "Placement", "Layout", "placement_str", "parse_placement",
+__all__ = ["Regroup", "view_regroups", "Shard", "Replicate", "Partial", "Placement", "Layout", "placement_str", "parse_placement",
            "chunk_range", "local_shape", "local_region", "fits", "divides_evenly", "IndivisibleShardError", "R", "P"]
 
 R = Replicate()
@@ -214,3 +214,53 @@ def divides_evenly(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec,
                 return False
             local[d] //= size
     return True
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """One re-cut a view of an unevenly sharded dim needs (`view_regroups`): along tensor dim `dim`, split over
+    mesh axis `axis` in consecutive blocks of `have[j]` elements (member j holds block j), into torch.chunk's
+    blocks `want[j]`. `after`: the re-cut runs on the view's output (a merge); else on its input (a split)."""
+
+    axis: int
+    dim: int
+    have: tuple[int, ...]
+    want: tuple[int, ...]
+    after: bool
+
+    def rows_sent(self) -> int:
+        """The most rows any member sends to others (the overlap of its old block with its new one stays)."""
+        start_have = start_want = 0
+        most = 0
+        for h, w in zip(self.have, self.want):
+            kept = max(0, min(start_have + h, start_want + w) - max(start_have, start_want))
+            most = max(most, h - kept)
+            start_have, start_want = start_have + h, start_want + w
+        return most
+
+
+def view_regroups(src: tuple[int, ...], dst: tuple[int, ...], inputs: Layout, output: Layout,
+                  mesh_shape: tuple[int, ...]) -> list[Regroup]:
+    """The re-cuts (`Regroup`) a view from global shape `src` (layout `inputs`) to `dst` (layout `output`) needs
+    on a mesh of `mesh_shape`: a sharded dim it merges (rows -> rows x k) or splits whose chunks do not line up
+    with torch.chunk's split of the new dim. Example: (10, 7) Shard(0) over 4 -> (70,) Shard(0): rows (3, 3,
+    3, 1) give blocks (21, 21, 21, 7) but Shard(0) of 70 is (18, 18, 18, 16): one re-cut after the view.
+    Used by the rewriter (`rewriter.localize.regrouped_view`) and priced by the planner (`planner.op_comm`)."""
+    out = []
+    for axis, (p_in, p_out) in enumerate(zip(inputs, output)):
+        n = mesh_shape[axis]
+        if n == 1 or not isinstance(p_in, Shard) or not isinstance(p_out, Shard):
+            continue
+        d, e = p_in.dim % len(src), p_out.dim % len(dst)
+        chunks = lambda size: tuple(chunk_range(size, n, j)[1] for j in range(n))  # noqa: E731
+        if dst[e] > src[d]:      # merge: local rows n_j become n_j * k elements of the new dim
+            k = dst[e] // src[d]
+            have, want = tuple(m * k for m in chunks(src[d])), chunks(dst[e])
+            if have != want:
+                out.append(Regroup(axis, e, have, want, True))
+        elif dst[e] < src[d]:    # split: re-cut first so that the local rows are whole groups of k
+            k = src[d] // dst[e]
+            have, want = chunks(src[d]), tuple(m * k for m in chunks(dst[e]))
+            if have != want:
+                out.append(Regroup(axis, d, have, want, False))
+    return out

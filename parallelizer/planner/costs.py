@@ -264,7 +264,8 @@ class Pricer:
         if hit is None:
             hit = self._price(tg, info, space, in_local, out_local)
             self._node[key] = hit
-        inner = op_collectives(info.node, strategy.inputs, in_local,
+        inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
+                               tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,
                                self.itemsize(space.inputs[0].dtype) if space.inputs else 4)
         if not inner:
             return hit

@@ -18,6 +18,12 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
   deviations (C elements each); backward the gradients of the two per-channel statistics (C each,
   `collectives.grad_all_reduce`).
 
+* views that merge or split an unevenly sharded dim (`localize.regrouped_view`, `core.layout.view_regroups`):
+  each re-cut is an all-to-all of uneven pieces over its mesh axis in forward and the reverse one in backward,
+  priced as an all-to-all whose per-rank buffer is n / (n - 1) x the most bytes one member sends (the cost
+  model's all-to-all sends (n - 1) / n of its buffer, `cost_model.communication`), so what is priced is
+  what the busiest member sends.
+
 Each collective is priced like an edge's (`Pricer.step_time_s`): its calibrated time on the axis plus the
 device's `collective_sync_s`.
 """
@@ -29,7 +35,9 @@ import torch
 import torch.fx
 from torch.distributed.tensor.placement_types import Shard
 
-from ..core.layout import Layout
+from ..core.layout import Layout, local_shape, view_regroups
+from ..core.mesh import MeshSpec
+from ..rewriter.localize import VIEW_OPS
 
 __all__ = ["OpCollective", "op_collectives"]
 
@@ -50,13 +58,18 @@ def _sharded(layout: Layout, dims) -> list[int]:
     return [a for a, p in enumerate(layout) if isinstance(p, Shard) and p.dim in dims]
 
 
-def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], in_local: list[tuple[int, ...]],
+def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layout,
+                   in_shapes: list[tuple[int, ...]], out_shape: tuple[int, ...] | None, mesh: MeshSpec,
                    itemsize: int) -> list[OpCollective]:
     """The collectives (kind, bytes, mesh axis index, backward?) the local form of `node` runs under input
-    layouts `inputs` (module docstring); [] for every other op. `in_local`: local input shapes; `itemsize`:
-    bytes per element of the op's floating-point input as priced."""
+    layouts `inputs` and output layout `output` on `mesh` (module docstring); [] for every other op.
+    `in_shapes`, `out_shape`: global shapes of the tensor inputs and the (first) output; `itemsize`: bytes
+    per element of the op's floating-point input as priced."""
     if not inputs:
         return []
+    in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
+    if node.target in VIEW_OPS and out_shape is not None:
+        return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, in_local[0], itemsize)
     packet = getattr(node.target, "overloadpacket", None)
     if packet is aten.cross_entropy_loss:
         nd = len(in_local[0])
@@ -77,3 +90,17 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], in_local: li
                     ("all_reduce", channels * itemsize, a, True)]
         return out
     return []
+
+
+def _regroup_collectives(src: tuple[int, ...], dst: tuple[int, ...], inputs: Layout, output: Layout,
+                         mesh: MeshSpec, src_local: tuple[int, ...], itemsize: int) -> list[OpCollective]:
+    """A re-cutting view's all-to-alls, forward and backward (module docstring)."""
+    dst_local = local_shape(dst, output, mesh)
+    out = []
+    for r in view_regroups(src, dst, inputs, output, mesh.shape):
+        shape = dst_local if r.after else src_local
+        row_bytes = math.prod(shape) // max(shape[r.dim], 1) * itemsize
+        n = mesh.shape[r.axis]
+        nbytes = -(-r.rows_sent() * row_bytes * n // (n - 1))
+        out += [("all_to_all", nbytes, r.axis, False), ("all_to_all", nbytes, r.axis, True)]
+    return out

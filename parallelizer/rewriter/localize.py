@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from ..core.layout import Layout, Partial, Shard, chunk_range, local_region, local_shape
+from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
 from . import collectives
@@ -34,7 +34,7 @@ aten = torch.ops.aten
 # views: emitted as a view / reshape to this rank's local output shape (their size or dims arguments describe
 # the global shape; squeeze without dims would also drop a dim whose local shard holds one element); a
 # sharded dim they merge or split is regrouped when its chunks are uneven (`regrouped_view`)
-_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
+VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
           aten.unflatten.int, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
 # op -> index of its size argument
 SIZE_ARG = {
@@ -77,7 +77,7 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     """Append the local form of `ctx.node` (with already-redistributed `args`/`kwargs`) to `graph`."""
     target = ctx.node.target
     packet = getattr(target, "overloadpacket", None)
-    if target in _VIEWS:
+    if target in VIEW_OPS:
         return _local_view(graph, ctx, args)
     if target in SIZE_ARG and ctx.out_shape is not None:
         i = SIZE_ARG[target]
@@ -124,25 +124,13 @@ def _local_view(graph: torch.fx.Graph, ctx: Context, args: tuple) -> torch.fx.No
     when one mesh axis shards that dim, `AxisOption.regroup`)."""
     out_local = list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords))
     before, after, mid = [], [], list(out_local)
-    src, dst = ctx.in_shapes[0], ctx.out_shape
-    for i, (p_in, p_out) in enumerate(zip(ctx.inputs[0], ctx.output)):
-        n = ctx.mesh.shape[i]
-        if n == 1 or not isinstance(p_in, Shard) or not isinstance(p_out, Shard):
-            continue
-        d, e = p_in.dim % len(src), p_out.dim % len(dst)
-        ranks, me = ctx.groups[ctx.mesh.axis_names[i]], ctx.coords[i]
-        chunks = lambda size: [chunk_range(size, n, j)[1] for j in range(n)]
-        if dst[e] > src[d]:      # merge: local rows n_j become n_j * k elements of the new dim
-            k = dst[e] // src[d]
-            have, want = [m * k for m in chunks(src[d])], chunks(dst[e])
-            if have != want:
-                after.append((e, ranks, have, want))
-                mid[e] = have[me]
-        elif dst[e] < src[d]:    # split: re-cut first so that the local rows are whole groups of k
-            k = src[d] // dst[e]
-            have, want = chunks(src[d]), [m * k for m in chunks(dst[e])]
-            if have != want:
-                before.append((d, ranks, have, want))
+    for r in view_regroups(ctx.in_shapes[0], ctx.out_shape, ctx.inputs[0], ctx.output, ctx.mesh.shape):
+        ranks, me = ctx.groups[ctx.mesh.axis_names[r.axis]], ctx.coords[r.axis]
+        if r.after:
+            after.append((r.dim, ranks, list(r.have), list(r.want)))
+            mid[r.dim] = r.have[me]
+        else:
+            before.append((r.dim, ranks, list(r.have), list(r.want)))
     if not before and not after:
         target = ctx.node.target if ctx.node.target in SIZE_ARG else aten.reshape.default
         return graph.call_function(target, (args[0], out_local))

@@ -22,22 +22,41 @@ def _node(target, *args):
 def test_vocab_parallel_cross_entropy_all_reduces_three_row_vectors():
     ce = _node(aten.cross_entropy_loss.default)  # reduction "mean" (default)
     # logits (N, C) classes sharded on axis 1 ("tp"), rows on axis 0 ("dp"): local (256, 512), target (256,)
-    got = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), [(256, 512), (256,)], 4)
+    mesh, rr, shapes = MeshSpec(("dp", "tp"), (2, 2)), Layout.parse("RR"), [(512, 1024), (512,)]
+    got = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), rr, shapes, (), mesh, 4)
     assert sorted(got) == sorted([("all_reduce", 3 * 256 * 4, 1, False), ("all_reduce", 4, 0, False)])
     summed = _node(aten.cross_entropy_loss.default, None, 2)  # reduction "sum": no denominator
-    assert op_collectives(summed, (Layout.parse("S(0)R"), Layout.parse("S(0)R")), [(256, 512), (256,)], 4) == []
-    assert op_collectives(ce, (Layout.parse("RR"), Layout.parse("RR")), [(512, 1024), (512,)], 4) == []
+    assert op_collectives(summed, (Layout.parse("S(0)R"), Layout.parse("S(0)R")), rr, shapes, (), mesh, 4) == []
+    assert op_collectives(ce, (rr, rr), rr, shapes, (), mesh, 4) == []
 
 
 def test_sync_batch_norm_all_reduces_statistics_forward_and_their_gradients_backward():
     g = torch.fx.Graph()
     x, w, b, rm, rv = (g.placeholder(n) for n in "xwbmv")
     bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False))
-    got = op_collectives(bn, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, [(8, 16, 4, 4)], 4)
+    mesh, layouts = MeshSpec(("dp",), (2,)), (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4
+    shapes = [(16, 16, 4, 4)] + [(16,)] * 4
+    got = op_collectives(bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, 4)
     assert sorted(got) == sorted([("all_reduce", 4, 0, False)] + [("all_reduce", 64, 0, False)] * 2
                                  + [("all_reduce", 64, 0, True)] * 2)
     eval_bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, False, 0.1, 1e-5, False))
-    assert op_collectives(eval_bn, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, [(8, 16, 4, 4)], 4) == []
+    assert op_collectives(eval_bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, 4) == []
+
+
+@pytest.mark.parametrize("src, dst, row_elems, even_src, even_dst", [
+    ((10, 7), (70,), 1, (8, 7), (56,)), ((70,), (10, 7), 1, (56,), (8, 7)), ((10, 7, 3), (70, 3), 3, (8, 7, 3), (56, 3))])
+def test_view_of_an_uneven_shard_prices_its_recut_as_an_all_to_all_each_way(src, dst, row_elems, even_src, even_dst):
+    """(10, 7) over 4 ranks holds rows (3, 3, 3, 1): blocks of (21, 21, 21, 7) elements, while Shard(0) of 70 is
+    (18, 18, 18, 16). Member j keeps the overlap of its old and new block and sends the rest: 3, 6, 9, 0 rows
+    (the split sends 0, 3, 6, 9); the busiest sends 9. The all-to-all's buffer is 9 rows x 4/3 (its (n-1)/n is
+    sent, `cost_model.communication`)."""
+    view = _node(aten.view.default, list(dst))
+    mesh, s0 = MeshSpec(("dp",), (4,)), Layout.parse("S(0)")
+    nbytes = 9 * row_elems * 4 * 4 // 3
+    got = op_collectives(view, (s0,), s0, [src], dst, mesh, 4)
+    assert got == [("all_to_all", nbytes, 0, False), ("all_to_all", nbytes, 0, True)]
+    assert op_collectives(view, (s0,), s0, [even_src], even_dst, mesh, 4) == []  # blocks line up: no re-cut
+    assert op_collectives(view, (Layout.parse("R"),), Layout.parse("R"), [src], dst, mesh, 4) == []
 
 
 class _Head(nn.Module):
