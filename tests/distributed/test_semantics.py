@@ -3,6 +3,7 @@ tied embedding / lm_head, row-parallel bias added once, replicated norm weights'
 vocab-sharded embedding and logits, a 'mean' loss over a batch-sharded axis divided by the global count,
 BatchNorm under data parallelism, and dropout masks under sharding."""
 import contextlib
+import dataclasses
 import io
 
 import pytest
@@ -48,10 +49,23 @@ def lm_cases():
     cases["batchnorm"] = _plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"})
     cases["bert"] = _plan(parallelizer.trace(*zoo.bert(batch=4, seq_len=16)), {"dp": 2})
     builders = {"batchnorm": batchnorm_mlp, "bert": zoo.bert}
-    kwargs = {"vocab": odd, "batchnorm": {"batch": 7}, "bert": {"batch": 4, "seq_len": 16}}
-    reports = rehearse_many([(builders.get(k, zoo.gpt2), kwargs.get(k, LM_NARROW), spec_from_plan(p))
-                             for k, p in cases.items()])
+    kwargs = {"vocab": odd, "vocab_ce": odd, "batchnorm": {"batch": 7}, "bert": {"batch": 4, "seq_len": 16}}
+    specs = {k: spec_from_plan(p) for k, p in cases.items()}
+    specs["vocab_ce"] = _vocab_parallel_loss(cases["vocab"], specs["vocab"])
+    cases["vocab_ce"] = cases["vocab"]
+    reports = rehearse_many([(builders.get(k, zoo.gpt2), kwargs.get(k, LM_NARROW), specs[k]) for k in cases])
     return {k: (p, r) for (k, p), r in zip(cases.items(), reports)}
+
+
+def _vocab_parallel_loss(plan, spec: ShardingSpec) -> ShardingSpec:
+    """`spec` with the cross-entropy forced to read the logits as the LM head leaves them, vocab-sharded
+    (S(1) of (tokens, vocab)), with its target replicated: Megatron's vocab-parallel cross-entropy
+    (`rewriter.localize`), whatever the planner chose for it."""
+    ce = next(n for n, p in plan.nodes.items() if p.op == "aten.cross_entropy_loss.default")
+    producer = plan.nodes[next(e.src for e in plan.edges if e.dst == ce and e.index == 0)]
+    assert producer.output == "S(1)", producer  # the LM head's logits, vocab-sharded
+    forced = NodeSharding((Layout.parse("S(1)"), Layout.parse("R")), Layout.parse("R"))
+    return dataclasses.replace(spec, nodes={**spec.nodes, ce: forced})
 
 
 def test_batch_sharded_mean_loss_divides_by_global_count(lm_cases):
@@ -100,6 +114,14 @@ def test_vocab_sharded_embedding_and_logits(lm_cases):
     # planner.op_comm) or gathers them first (cheaper at this tiny size once those all-reduces are priced);
     # either way the rehearsal below must match one device
     assert (ce.inputs[0], ce.output) in {("S(1)", "R"), ("R", "R")}
+    assert report.matches(), report
+
+
+def test_vocab_parallel_cross_entropy_forced_on_odd_vocabulary(lm_cases):
+    """The same plan with the cross-entropy forced onto the vocab-sharded logits (129 + 128 classes per rank):
+    the vocab-parallel form (row maxima, sums of exponentials and target logits all-reduced) gives one
+    device's loss, gradients and parameters after 3 steps."""
+    _, report = lm_cases["vocab_ce"]
     assert report.matches(), report
 
 
