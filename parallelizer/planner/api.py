@@ -30,7 +30,7 @@ from .strategies import build_spaces
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
          topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
-         pricer: Pricer | None = None, **options) -> Plan:
+         pricer: Pricer | None = None, received: dict[str, str] | None = None, **options) -> Plan:
     """Plan the sharding of `traced` on `mesh`.
 
     Args:
@@ -43,6 +43,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
             batch_dims={...}, optimizer=..., precision="bf16"|"fp32", time_limit_s=...) override its fields.
         pinned: parameter placeholder -> its only allowed stored layout (`build`).
         pricer: a `Pricer` whose caches the solve reuses (`build`).
+        received: input placeholder -> the layout it arrives in (`build`).
     Returns:
         The `Plan`.
     Raises:
@@ -53,20 +54,24 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     mesh = MeshSpec.of(mesh)
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
-                            pricer=pricer)
+                            pricer=pricer, received=received)
     solution = solve(problem, config)
     return to_plan(traced, problem, pricer, solution, config)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
-          config: PlanConfig, pinned: dict[str, str] | None = None, pricer: Pricer | None = None
-          ) -> tuple[Problem, Pricer]:
+          config: PlanConfig, pinned: dict[str, str] | None = None, pricer: Pricer | None = None,
+          received: dict[str, str] | None = None) -> tuple[Problem, Pricer]:
     """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks).
 
     `pinned`: parameter placeholder -> the only stored layout it may take (a layout string, "S(0)R"): how the
     per-stage solves of a pipeline plan keep a parameter held by several stages (a tied embedding) in one
     stored layout (`planner.stage_layouts`). Raises ValueError when a pinned layout is not among the
     placeholder's strategies.
+
+    `received`: input placeholder -> the layout (string) it arrives in, with its gradient sent back
+    (`strategies.build_spaces`): a pipeline stage's values from the previous stage, so that the stage's solve
+    prices re-laying them out, forward and backward (`planner.stage_layouts`).
 
     `pricer`: a `Pricer` built earlier for the same mesh, topology and pricing (`Pricer.check_reusable`), so
     graphs planned one after the other (the stages of a pipeline, `planner.stage_layouts`) share its caches
@@ -78,7 +83,7 @@ def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
     else:
         pricer.check_reusable(topo, mesh, config, traced)
     budget, reserve = memory_budget(config, topo.cluster.device)
-    spaces = build_spaces(traced, mesh, config)
+    spaces = build_spaces(traced, mesh, config, {n: Layout.parse(L) for n, L in (received or {}).items()})
     for name, layout in (pinned or {}).items():
         kept = [s for s in spaces[name].strategies if str(s.output) == layout]
         if not kept:

@@ -18,11 +18,13 @@ boundary goes from the producer's layout (its stage's) to the consumer's (its st
 value in the producer's layout and the receiving stage's program redistributes it (`runtime.pipeline.
 stage_spec`); the plan lists that edge's steps, derived as every edge's (`planner.plan.derive_edge`).
 
-Pricing caveats (recorded here, not silent): a stage's solve sees its received values as inputs (laid out
-like user inputs: sharded along their batch dim over data axes, or replicated; no gradient priced back
-through them), so the redistribution at a boundary whose layouts differ and the backward of received values
-are not in the stage's objective; the cost breakdown sums the stages' solves (one microbatch, every stage
-once), as the whole-graph ILP did before.
+Stages are solved in order, and a stage's received values are inputs fixed to the layout their producer's
+stage chose, with their gradient sent back (`planner.api.build`'s `received`): the re-layout of a received
+value at a boundary, forward and backward, is in the receiving stage's objective. Two stages share a solve
+only when their graphs have the same structure AND their values arrive in the same layouts. Caveats: the
+sending stage's solve does not see what its choice costs the next stage (stages are solved greedily in
+order, not jointly), and the cost breakdown sums the stages' solves (one microbatch, every stage once), as
+the whole-graph ILP did before.
 """
 from __future__ import annotations
 
@@ -103,12 +105,16 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
     keys: dict[tuple, int] = {}
     layouts, strategy, stored, fallbacks = [], {}, {}, []
     for k, sg in enumerate(graphs):
-        key = (stage_signature(sg), k) if k in stage_configs else (stage_signature(sg), None)
+        # values from earlier stages arrive in their producer's layout (stages are solved in order)
+        received = {n: strategy[n].output for n in sg.nodes if n in cut.inputs[k] and n not in traced.input_names}
+        arrival = tuple(received[n] for n in sg.nodes if n in received)  # by position: stages share solves
+        key = (stage_signature(sg), arrival, k if k in stage_configs else None)
         if key not in keys:
             pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
             keys[key] = len(solved)
             solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
-                                          pinned=pinned, pricer=None if k in stage_configs else shared(sg))))
+                                          pinned=pinned, received=received,
+                                          pricer=None if k in stage_configs else shared(sg))))
         layouts.append(keys[key])
         rep_graph, rep = solved[keys[key]]
         names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position

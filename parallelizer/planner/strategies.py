@@ -188,17 +188,26 @@ def _followed(leader_outputs: tuple[Layout, ...], options: tuple[AxisOption, ...
     return tuple(res)
 
 
-def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig) -> dict[str, NodeSpace]:
+def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
+                 received: dict[str, Layout] | None = None) -> dict[str, NodeSpace]:
     """`NodeSpace` per graph node (placeholders, ops, output), in graph order.
+
+    `received`: input placeholder -> the one layout it arrives in, with a gradient sent back when it is
+    floating point (a pipeline stage's values from the previous stage, in their producer's layout:
+    `planner.stage_layouts`); other inputs are user inputs (batch-sharded over data axes or replicated, no
+    gradient).
 
     Raises:
         ValueError: a data axis or an axis role naming an axis that is not a mesh axis; a user input whose
-            batch dim does not divide over a "ddp"/"fsdp" axis.
+            batch dim does not divide over a "ddp"/"fsdp" axis; a received layout that does not fit its value.
     """
     data_axes = _data_axes(mesh, config)
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
+        if received and name in received:
+            spaces[name] = _received_space(info, received[name], mesh)
+            continue
         if info.op == "placeholder" or info.op == "get_attr":
             spaces[name] = _placeholder_space(info, tg.param_of_placeholder(name), mesh, config, data_axes)
             continue
@@ -374,6 +383,16 @@ def _data_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[str, ...]:
     for a in config.data_axes:
         mesh.index(a)
     return config.data_axes
+
+
+def _received_space(info: NodeInfo, layout: Layout, mesh: MeshSpec) -> NodeSpace:
+    """The space of a value that arrives in `layout` (`build_spaces`' `received`)."""
+    out = info.outputs[0] if info.outputs else None
+    if info.op != "placeholder" or out is None or not fits(tuple(out.shape), layout, mesh):
+        raise ValueError(f"received layout {layout} of {info.name!r} (op {info.op}, shape "
+                         f"{tuple(out.shape) if out is not None else None}) does not fit mesh {mesh}: a received value "
+                         "is a tensor placeholder of a stage graph laid out as its producer's output")
+    return NodeSpace(info.name, "input", (), [Strategy((), layout)], out.dtype.is_floating_point)
 
 
 def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,

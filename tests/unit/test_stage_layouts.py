@@ -76,3 +76,32 @@ def test_show_prints_each_stages_layout(pipeline_plan):
     _, plan = pipeline_plan
     table = plan.summary()
     assert "layout" in table and "L1 = stage 1" in table and "L2" in table, table
+
+
+def test_received_values_arrive_in_their_producers_layout_and_their_re_layout_is_priced():
+    """A stage's solve takes the values it receives in the layout the sending stage chose (`received`), with a
+    gradient sent back: on a tensor-parallel stage (Megatron blocks read the residual stream replicated),
+    receiving it batch-sharded costs an all-gather forward and its conjugate backward that receiving it
+    replicated does not, and the plan's edges start from the received layout."""
+    from parallelizer.planner.stage_layouts import stage_graphs
+    from parallelizer.runtime.pipeline import cut_stages
+
+    traced = parallelizer.trace(*zoo.gpt2(device="meta", **GPT2_4))
+    cut = cut_stages(traced, 2)
+    sg = stage_graphs(traced, cut)[1]
+    sent = [n for n in cut.inputs[1] if n not in traced.input_names]
+    assert sent, cut.inputs[1]
+
+    def solve(layout):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return parallelizer.plan(sg, {"tp": 2}, axis_roles={"tp": "tp"}, precision="fp32",
+                                     received={n: layout for n in sent})
+    sharded, replicated = solve("S(0)"), solve("R")
+    for plan, layout in ((sharded, "S(0)"), (replicated, "R")):
+        assert {plan.nodes[n].output for n in sent} == {layout}
+        assert {e.src_layout for e in plan.edges if e.src in sent} == {layout}
+    gathers = [e for e in sharded.edges if e.src in sent and e.steps]
+    assert gathers and all(e.requires_grad for e in gathers)  # the gradient goes back through the re-layout
+    assert sharded.cost.total_s > replicated.cost.total_s
+    with pytest.raises(ValueError, match="received layout"):
+        solve("S(5)")
