@@ -24,7 +24,6 @@ from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import memory_budget, resolve_cluster
-from .planner.costs import traced_in_low_precision
 from .planner.schedules import get_schedule
 from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
                              split_mesh)
@@ -184,12 +183,6 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         if group is not None and pp > group.count:
             raise PipelineError(f"mesh {mesh}: pp={pp} stages > the {group.count} blocks of {group.name} (stages are "
                                 f"cut at block boundaries). Remedy: pp <= {group.count}")
-    if config.precision == "bf16" and not traced_in_low_precision(traced):  # the autocast recipe would run
-        if pps is not None and pps[0] > 1:
-            raise PipelineError(f"mesh {mesh}: pipeline plans do not run the bf16 autocast recipe yet (the stages' "
-                                "send/receive buffers use the traced dtypes). Remedy: precision='fp32' "
-                                "(--precision fp32), or a mesh without 'pp'")
-        pps = (1,)  # a searched plan: only pp = 1 runs the recipe
     b0 = _trace_batch(traced)
     if not traced.blocks:
         if mesh is not None:

@@ -12,7 +12,9 @@ initial weights) and torch's P2P primitives (`dist.isend` / `dist.irecv`, every 
 `timeout_s`).
 
 One step (`BitPipeRunner.step`, called by `PipelineRun.step` like torch's schedules):
-- each rank runs its action list in order: F(x, j) receives its inputs from copy x - 1 (or takes
+- each rank runs its action list in order (under a plan's mixed-precision recipe every stage copy's program
+  runs in its autocast context, `StageModule`, and the receive buffers have the dtypes the stages send,
+  `runtime.pipeline.boundary_dtypes`): F(x, j) receives its inputs from copy x - 1 (or takes
   microbatch j of the batch at a copy's stage 0), runs the stage and sends what the next stage needs; the
   last stage computes `MicrobatchLoss` (weight n_j / N, token-weighted over the whole batch); B(x, j)
   receives the gradient of its outputs, runs autograd backward and sends the gradients of its received
@@ -47,7 +49,8 @@ from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
 from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
-                       _sub_mesh_groups, stage_graph, stage_pp_rank, stage_spec, sum_over_copies)
+                       _sub_mesh_groups, boundary_dtypes, sent_dtypes, stage_graph, stage_pp_rank, stage_spec,
+                       sum_over_copies)
 
 _F, _B = "F", "B"
 _VALUES_PER_MESSAGE = 64  # most values one stage hands to the next (tags are per value)
@@ -286,6 +289,7 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
         schedule = bitpipe_actions(pp, microbatches)
     except ValueError as e:
         raise PipelineError(f"bitpipe: {e}") from None
+    dtypes = boundary_dtypes(traced, cut, spec.autocast)  # under a recipe: what the stages send (before any group)
     S, width = cut.num_stages, spec.mesh.world_size
     p, local = divmod(dist.get_rank(), width)
     holders = {fqn: sorted({schedule.stage_to_rank[c * S + k] for c in range(schedule.copies) for k in stages})
@@ -298,10 +302,11 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
     examples, modules = {}, {}
     for k in range(S):
         k_spec = stage_spec(spec, traced, cut, k, p * width)
-        examples[k] = _examples(traced, cut.inputs[k], k_spec.inputs, spec, local)
+        examples[k] = _examples(traced, cut.inputs[k], k_spec.inputs, spec, local, dtypes)
         for c in range(schedule.copies):
             if schedule.stage_to_rank[c * S + k] == p:
                 modules[c * S + k] = StageModule(stage_graph(traced, cut, k), k_spec, local, model)
+                modules[c * S + k].sent_dtypes = sent_dtypes(cut, k, dtypes, spec.autocast)
     loss = MicrobatchLoss(loss_fn, microbatches)
     runner = BitPipeRunner(schedule, modules, examples, pp_rank=p, width=width, local=local, loss=loss,
                            shared=shared_by_local[local], timeout_s=timeout_s)

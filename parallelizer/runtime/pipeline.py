@@ -181,18 +181,28 @@ class StageModule(ParallelModule):
     Boundary compression (`core.boundary_codec`): `in_codecs[i]` decodes received value i (None: sent as is)
     before the program runs, `out_codecs[j]` encodes sent value j after it; autograd compresses the
     activation gradients on the way back. A value only passed through with the same codec on both sides
-    (same kind, shape and seed) is forwarded as received, still encoded, so its error is not compounded."""
+    (same kind, shape and seed) is forwarded as received, still encoded, so its error is not compounded.
+
+    Under a mixed-precision recipe (`spec.autocast`, `runtime.precision`) the stage program runs inside its
+    autocast context, as `ParallelModule.forward` runs the whole program; codecs and the loss (torch's schedule
+    calls it on the last stage's output, as `pm.step` calls it on the forward's output) run outside it. The
+    values sent are then in the dtypes autocast gives them (`boundary_dtypes`), which `sent_dtypes` records
+    and `forward` checks (a mismatch would be sent into a receive buffer of another size)."""
 
     _retraces = False
     _no_retrace = "a pipeline stage runs in the mode the model was traced in"
     in_codecs: tuple[BoundaryCodec | None, ...] = ()
     out_codecs: tuple[BoundaryCodec | None, ...] = ()
+    sent_dtypes: tuple[torch.dtype, ...] = ()  # under a recipe: the dtypes its boundary buffers were made in
 
     def forward(self, *wire):
         wire = tuple(_ContiguousGrad.apply(w) if w.requires_grad else w for w in wire)
         received = tuple(c.decode(w) if c is not None else w for c, w in zip(self.in_codecs, wire)) + \
             wire[len(self.in_codecs):]
-        out = self.program.graph_module(*self._state(), *received)
+        with self._autocast():  # the plan's mixed-precision recipe (a no-op without one), as ParallelModule
+            out = self.program.graph_module(*self._state(), *received)
+        if self.sent_dtypes:
+            _check_sent_dtypes(self, out)
         sent = []
         for j, t in enumerate(out):
             codec = self.out_codecs[j] if j < len(self.out_codecs) else None
@@ -208,6 +218,65 @@ class StageModule(ParallelModule):
         # torch's P2P (dist.isend in _batch_p2p) sends only contiguous tensors; a stage output may be a
         # transposed / sliced view (ViT's class token, a permuted attention output)
         return tuple(t.contiguous() for t in sent)
+
+
+def _check_sent_dtypes(module: StageModule, out) -> None:
+    """Raise PipelineError if the stage program's outputs are not in the dtypes its boundary buffers were
+    allocated in (`boundary_dtypes`: inferred on fake tensors under the recipe)."""
+    got = tuple(t.dtype for t in out)
+    if got != module.sent_dtypes:
+        names = module.traced.graph_module.graph.output_node().args[0]
+        wrong = [f"{n.name}: {d} (expected {e})" for n, d, e in zip(names, got, module.sent_dtypes) if d != e]
+        raise PipelineError(f"pipeline stage ({module.traced.notes[0] if module.traced.notes else 'stage'}) under "
+                            f"the recipe {module.spec.autocast!r} produced {', '.join(wrong)}: its sharded program "
+                            "computes other dtypes than the stage graph run under autocast on fake tensors "
+                            "(`runtime.pipeline.boundary_dtypes`), so the send/receive buffers would not fit. "
+                            "Remedy: plan with precision='fp32' (--precision fp32), or without 'pp'")
+
+
+def boundary_dtypes(traced: TracedGraph, cut: StageCut, recipe: str | None,
+                    device_type: str = "cpu") -> dict[str, torch.dtype]:
+    """The dtype of every value a stage receives or sends (`cut.inputs` / `cut.outputs` names) when the stages
+    run under the mixed-precision `recipe` (`runtime.precision.autocast`; None: the traced dtypes).
+
+    Stage by stage, each stage graph (`stage_graph`) runs on fake tensors (`FakeTensorMode`: no data, no
+    collectives: the unsharded graph, whose ops produce the dtypes the sharded program's local ops produce)
+    inside the recipe's autocast on `device_type` (autocast's op lists differ by device): its parameters and
+    buffers in their traced dtypes, its received values in the dtypes the earlier stages' runs gave them, the
+    model's inputs as traced. Under bf16 autocast a value made by a matmul or linear is bfloat16, one made by a
+    residual add of an fp32 and a bf16 tensor, a norm or a softmax is float32. The gradient of a received value
+    that comes back over the same boundary has the value's dtype (autograd's contract: a tensor's grad has its
+    dtype), so these dtypes size the gradient buffers too.
+
+    Raises:
+        PipelineError: a stage graph that cannot run on fake tensors (names the stage and the error).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .precision import autocast
+
+    dtypes = {n: traced.node(n).outputs[0].dtype for k in range(cut.num_stages)
+              for n in cut.inputs[k] + cut.outputs[k] if traced.node(n).outputs}
+    if recipe is None:
+        return dtypes
+    for k in range(cut.num_stages):
+        tg = stage_graph(traced, cut, k)
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=False):
+                args = []
+                for node in tg.graph_module.graph.find_nodes(op="placeholder"):
+                    meta = traced.node(node.name).outputs[0]
+                    dtype = dtypes.get(node.name, meta.dtype) if node.name in cut.inputs[k] else meta.dtype
+                    args.append(torch.empty(meta.shape, dtype=dtype).requires_grad_(dtype.is_floating_point))
+                with autocast(recipe, device_type):
+                    out = tg.graph_module(*args)
+        except Exception as err:  # noqa: BLE001 (any op's failure on fake tensors; named in the message)
+            raise PipelineError(f"pipeline stage {k}: could not infer the dtypes its boundary values have under the "
+                                f"recipe {recipe!r} by running the stage on fake tensors ({type(err).__name__}: "
+                                f"{err}). Remedy: plan with precision='fp32' (--precision fp32), or without "
+                                "'pp'") from err
+        dtypes.update((n, t.dtype) for n, t in zip(cut.outputs[k], out))
+    return dtypes
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -409,14 +478,12 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         loss_fn: `loss_fn(last stage outputs, target) -> scalar`.
         boundary: per stage boundary k (stage k -> k + 1) its codec kind ("int8", "lowrank") or None; () or
             a shorter tuple: the rest uncompressed (`boundary_codecs`). boundary_rank: the lowrank rank.
+    A spec with a mixed-precision recipe (`spec.autocast`, `runtime.precision`) runs every stage's program under
+    it (`StageModule`), with send/receive buffers in the dtypes the stages produce under it (`boundary_dtypes`).
     Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp; PipelineError
-    for a spec with a mixed-precision recipe (`runtime.precision`: not implemented for pipelines yet) or a
-    buffer updated in forward that several stages (`check_buffer_copies`) or stage copies (bitpipe) would hold.
+    for a buffer updated in forward that several stages (`check_buffer_copies`) or stage copies (bitpipe) would
+    hold, or boundary dtypes that cannot be inferred under the recipe (`boundary_dtypes`).
     """
-    if spec.autocast is not None:  # before any group is made: every rank raises alike
-        raise PipelineError(f"pipeline plans do not run under the mixed-precision recipe {spec.autocast!r} yet (the "
-                            "stages' send/receive buffers are allocated in the traced dtypes). Remedy: plan with "
-                            "precision='fp32' (--precision fp32), or without 'pp'")
     if schedule in RUNNER_SCHEDULES:
         if any(boundary):
             raise PipelineError(f"pipeline-boundary compression {boundary} is not implemented for {schedule!r} (our own "
@@ -432,6 +499,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
                          f"gpipe/1f1b, a multiple (>= 2) of pp for interleaved schedules, 2 pp for zbv/dualpipev")
     check_buffer_copies(traced, cut)
+    dtypes = boundary_dtypes(traced, cut, spec.autocast)  # before any group is made: every rank raises alike
     width = spec.mesh.world_size
     rank = dist.get_rank()
     p, local = divmod(rank, width)
@@ -447,13 +515,18 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         k_spec = stage_spec(spec, traced, cut, k, p * width)
         module = StageModule(tg, k_spec, local, model)
         sent_layouts = _sent_layouts(k_spec, cut.outputs[k])
-        module.in_codecs = boundary_codecs(traced, cut, k - 1, k_spec.inputs, spec, local, boundary, boundary_rank)
-        module.out_codecs = boundary_codecs(traced, cut, k, sent_layouts, spec, local, boundary, boundary_rank)
+        module.in_codecs = boundary_codecs(traced, cut, k - 1, k_spec.inputs, spec, local, boundary, boundary_rank,
+                                           dtypes)
+        module.out_codecs = boundary_codecs(traced, cut, k, sent_layouts, spec, local, boundary, boundary_rank,
+                                            dtypes)
+        module.sent_dtypes = sent_dtypes(cut, k, dtypes, spec.autocast)
         stages.append(module)
         pipe.append(_SyncOnceStage(
             module, k, cut.num_stages, torch.device("cpu"), group=group,
-            input_args=_on_wire(_examples(traced, cut.inputs[k], k_spec.inputs, spec, local), module.in_codecs),
-            output_args=_on_wire(_examples(traced, cut.outputs[k], sent_layouts, spec, local), module.out_codecs)))
+            input_args=_on_wire(_examples(traced, cut.inputs[k], k_spec.inputs, spec, local, dtypes),
+                                module.in_codecs),
+            output_args=_on_wire(_examples(traced, cut.outputs[k], sent_layouts, spec, local, dtypes),
+                                 module.out_codecs)))
     loss = MicrobatchLoss(loss_fn, microbatches)
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
                                 loss_fn=loss, scale_grads=False,
@@ -475,30 +548,41 @@ def _sent_layouts(spec: ShardingSpec, names: tuple[str, ...]) -> dict[str, Layou
     return dict(zip(names, spec.nodes["output"].inputs))
 
 
+def sent_dtypes(cut: StageCut, k: int, dtypes: dict[str, torch.dtype], recipe: str | None) -> tuple[torch.dtype, ...]:
+    """What `StageModule.sent_dtypes` checks for stage k: the dtypes of its outputs under `recipe`, () without
+    one (the traced dtypes need no check)."""
+    return tuple(dtypes[n] for n in cut.outputs[k]) if recipe is not None else ()
+
+
 def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, Layout], spec: ShardingSpec,
-              local: int) -> tuple:
+              local: int, dtypes: dict[str, torch.dtype] | None = None) -> tuple:
     """Empty tensors of the local shapes of `names` on sub-mesh rank `local` (torch's stages need them;
-    shape inference would run the program, collectives included, on meta tensors)."""
+    shape inference would run the program, collectives included, on meta tensors), in `dtypes` (the
+    dtypes under the plan's recipe, `boundary_dtypes`) or the traced dtypes."""
     out = []
     coords = mesh_coords(spec.mesh, local)
     for n in names:
         meta = traced.node(n).outputs[0]
+        dtype = (dtypes or {}).get(n, meta.dtype)
         layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
-        example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=meta.dtype)
+        example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=dtype)
         # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
-        out.append(example.requires_grad_(meta.dtype.is_floating_point and n in layouts))
+        out.append(example.requires_grad_(dtype.is_floating_point and n in layouts))
     return tuple(out)
 
 
 def boundary_codecs(traced: TracedGraph, cut: StageCut, k: int, layouts: dict[str, Layout], spec: ShardingSpec,
-                    local: int, boundary: tuple[str | None, ...], rank: int) -> tuple[BoundaryCodec | None, ...]:
+                    local: int, boundary: tuple[str | None, ...], rank: int,
+                    dtypes: dict[str, torch.dtype] | None = None) -> tuple[BoundaryCodec | None, ...]:
     """The codec of each value crossing boundary k (stage k -> k + 1, `cut.outputs[k]` order) on sub-mesh rank
     `local`: `boundary[k]`'s kind for the values that carry a gradient (`planner.segments.depends_on_parameters`:
     activations; not masks or inputs passed through, whose -inf entries a codec could not represent) and that
     `core.boundary_codec.compressible` accepts at their local shape; None for the others and outside
     0 <= k < len(boundary). The lowrank basis is seeded by the value's
     name (crc32), so a value passed through several stages is projected onto one subspace; sender and
-    receiver compute the same codec from the same plan."""
+    receiver compute the same codec from the same plan. A codec is made for the value's dtype in `dtypes` (under
+    a mixed-precision recipe, `boundary_dtypes`: e.g. bfloat16; int8 then packs it into fp32 words as any
+    float, lowrank projects it in bfloat16) or its traced dtype."""
     if not 0 <= k < min(len(boundary), cut.num_stages - 1) or boundary[k] is None:
         return ()
     from ..planner.segments import depends_on_parameters
@@ -506,9 +590,10 @@ def boundary_codecs(traced: TracedGraph, cut: StageCut, k: int, layouts: dict[st
     out = []
     for n in cut.outputs[k]:
         meta = traced.node(n).outputs[0]
+        dtype = (dtypes or {}).get(n, meta.dtype)
         shape = tuple(local_shape(meta.shape, layouts.get(n, Layout.replicate(spec.mesh.ndim)), spec.mesh, coords))
-        ok = n in learned and compressible(shape, meta.dtype, boundary[k], rank)
-        out.append(BoundaryCodec(boundary[k], shape, meta.dtype, rank, zlib.crc32(n.encode())) if ok else None)
+        ok = n in learned and compressible(shape, dtype, boundary[k], rank)
+        out.append(BoundaryCodec(boundary[k], shape, dtype, rank, zlib.crc32(n.encode())) if ok else None)
     return tuple(out)
 
 

@@ -23,6 +23,13 @@ batch's statistics), so a pipeline plan of such a model trains like gradient acc
 full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the mean of squares of the first output. Tolerances: `runtime.tolerance` for the dtype the program computes in.
+A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
+runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
+under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
+the loss and backward outside, as the non-pipeline rehearsal runs it, `runtime.rehearsal`), judged as there: at
+bfloat16's tolerance, or no further from the model run without the recipe (a third copy, accumulated over the
+same microbatches) than twice the single-device recipe (`runtime.rehearsal.recipe_excess`), with AdamW's eps at
+least `RECIPE_ADAM_EPS`; the report names the reference.
 A plan with pipeline-boundary compression (`Plan.pipeline.compression`) runs compressed, so the report
 shows the codec's measured deviation from one device (and does not match within the tolerance).
 """
@@ -43,8 +50,9 @@ from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, own_loss_weighting
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, microbatch_of
-from .rehearsal import RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
-from .tolerance import compute_dtype
+from .precision import RECIPES, autocast
+from .rehearsal import RECIPE_ADAM_EPS, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
+from .tolerance import compute_dtype, loosest
 
 
 def pipeline_loss(output, target=None) -> torch.Tensor:
@@ -70,7 +78,7 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)
-    return _report(world, per_rank, _lossy_codecs(spec, pipeline))
+    return _report(world, per_rank, _lossy_codecs(spec, pipeline), spec.autocast)
 
 
 def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
@@ -85,20 +93,24 @@ def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
-                grads: bool = False, buffers: bool = False) -> tuple[float, str, float]:
+                grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None
+                ) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
     gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
     model's, over every stage (and stage copy) it holds. Buffers compared: those of the reference's
-    `named_buffers()` (lifted constants are not state)."""
+    `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
+    mixed-precision recipe, for `runtime.rehearsal.recipe_excess` (`_max_diff`)."""
+    models = [reference] + ([exact] if exact is not None else [])
     if buffers:
-        ref = dict(reference.named_buffers())
-        pairs = ((s, fqn, b.detach(), ref[fqn]) for s in run.stages for fqn, b in s.named_buffers() if fqn in ref)
+        refs = [dict(m.named_buffers()) for m in models]
+        pairs = ((s, fqn, b.detach(), *(r[fqn] for r in refs)) for s in run.stages for fqn, b in s.named_buffers()
+                 if fqn in refs[0])
     else:
-        ref = dict(reference.named_parameters())
+        refs = [dict(m.named_parameters()) for m in models]
         pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
-        pairs = ((s, fqn, pick(p), pick(ref[fqn])) for s in run.stages for fqn, p in s.named_parameters())
-    return _max_diff(((fqn, mine, shard_tensor(full, spec.params[fqn], spec.mesh, s.coords))
-                      for s, fqn, mine, full in pairs), compute)
+        pairs = ((s, fqn, pick(p), *(pick(r[fqn]) for r in refs)) for s in run.stages for fqn, p in s.named_parameters())
+    return _max_diff(((fqn, mine, *(shard_tensor(full, spec.params[fqn], spec.mesh, s.coords) for full in fulls))
+                      for s, fqn, mine, *fulls in pairs), compute)
 
 
 def _worse(a: tuple[float, str, float], b: tuple[float, str, float], step: int | None = None
@@ -109,16 +121,20 @@ def _worse(a: tuple[float, str, float], b: tuple[float, str, float], step: int |
     return diff, name, max(a[2], b[2])
 
 
-def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, weights: torch.Tensor
-                           ) -> torch.Tensor:
+def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: dict, weights: torch.Tensor,
+                           recipe: str | None = None) -> torch.Tensor:
     """Eager gradient accumulation over the same microbatches (`len(weights)` of them): backward of microbatch
-    j's loss x weights[j]; returns the weighted sum of the microbatch losses (the pipeline's batch loss)."""
+    j's loss x weights[j], each forward under the mixed-precision `recipe` (`runtime.precision.autocast`; the
+    loss and backward outside it, as `pm.step`); returns the weighted sum of the microbatch losses (the
+    pipeline's batch loss)."""
     total = torch.zeros((), dtype=torch.float64)
     m = len(weights)
     for j, w in enumerate(weights.tolist()):
         args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[j] if isinstance(t, torch.Tensor) else t,
                                    (tuple(inputs), kwargs))
-        loss = _loss(reference(*args, **kw))
+        with autocast(recipe):
+            out = reference(*args, **kw)
+        loss = _loss(out)
         (loss * w).backward()
         total = total + loss.detach().double() * w
     return total
@@ -141,14 +157,17 @@ def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int):
     return target, count, weights
 
 
-def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict
-                     ) -> torch.Tensor | None:
-    """The loss of the whole batch at once on one device (an independent check of the microbatch weights),
-    or None when the forward updates buffers (then running it would change the reference's state)."""
+def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict,
+                     recipe: str | None = None) -> torch.Tensor | None:
+    """The loss of the whole batch at once on one device (an independent check of the microbatch weights;
+    the forward under `recipe`), or None when the forward updates buffers (then running it would change the
+    reference's state)."""
     if traced.mutated_buffers():
         return None
     with torch.no_grad():
-        return _loss(reference(*inputs, **kwargs)).double()
+        with autocast(recipe):
+            out = reference(*inputs, **kwargs)
+        return _loss(out).double()
 
 
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
@@ -173,33 +192,40 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
                steps: int, lr: float, eps: float) -> dict:
+    recipe = spec.autocast
+    if recipe is not None:
+        eps = max(eps, RECIPE_ADAM_EPS)  # `runtime.rehearsal.rehearse`: rounding noise in tiny gradients
     torch.manual_seed(0)
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
+    exact = copy.deepcopy(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
     m = pipe["microbatches"]
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
-    compute = compute_dtype(traced)
+    compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
     target, count, weights = _weighting(traced, flat, m)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, eps=eps)
+    ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]
     loss = grad = bufs = (0.0, "", 0.0)
     for step in range(steps):  # every step: a wrong update shows in the step after it, or in buffers only
         opt.zero_grad()
-        ref_opt.zero_grad()
-        full = _full_batch_loss(reference, traced, inputs, kwargs)
+        for o in ref_opts:
+            o.zero_grad()
+        full = _full_batch_loss(reference, traced, inputs, kwargs, recipe)
         batch_loss = run.step(*flat, target=target, item_count=count)
-        ref_loss = _accumulated_reference(reference, inputs, kwargs, weights)
+        ref_loss = _accumulated_reference(reference, inputs, kwargs, weights, recipe)
+        exact_loss = () if exact is None else (_accumulated_reference(exact, inputs, kwargs, weights),)
         if run.last:
-            pairs = [(f"step {step}", batch_loss, ref_loss)]
+            pairs = [(f"step {step}", batch_loss, ref_loss, *exact_loss)]
             if full is not None:  # the microbatch weights themselves, against the whole batch at once
-                pairs.append((f"step {step} (whole batch)", batch_loss, full))
+                pairs.append((f"step {step} (whole batch)", batch_loss, full, *exact_loss))
             loss = _worse(loss, _max_diff(pairs, compute))
-        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True), step)
-        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True), step)
+        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True, exact=exact), step)
+        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True, exact=exact), step)
         opt.step()
-        ref_opt.step()
-    params = stage_diffs(run, reference, spec, compute, grads=False)
+        for o in ref_opts:
+            o.step()
+    params = stage_diffs(run, reference, spec, compute, grads=False, exact=exact)
     collectives: dict = {}
     for s in run.stages:
         for kind, n in s.program.collectives.items():

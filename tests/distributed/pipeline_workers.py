@@ -111,3 +111,50 @@ def _accumulate(run, reference, spec, ids, opt, ref_opt) -> float:
 
 def _worst(run, reference, spec, grads: bool) -> float:
     return stage_diffs(run, reference, spec, None, grads=grads)[0]
+
+
+def run_bf16_pipeline(rank: int, world_size: int, model_fn, model_kwargs: dict, spec, pipe: dict,
+                      steps: int = 3) -> dict:
+    """A pipeline plan with the bf16 recipe (`spec.autocast`) trained `steps` AdamW steps against the eager
+    single-device model under the same torch.autocast(bfloat16) over the same microbatches (and the eager model
+    without autocast, `exact`, for the recipe bound and to show the rounding is there). Per quantity:
+    (largest |diff| against the autocast reference, its ratio to the bound (`_max_diff`: bf16 tolerance or
+    `recipe_excess`), largest |diff| against `exact`); the dtypes this rank's stages sent; the last stage's
+    output dtype."""
+    from parallelizer.runtime.pipeline_rehearsal import _accumulated_reference, _weighting, pipeline_run
+    from parallelizer.runtime.rehearsal import RECIPE_ADAM_EPS, _max_diff
+
+    torch.manual_seed(0)
+    model, inputs = model_fn(**model_kwargs)[:2]
+    reference, exact = copy.deepcopy(model), copy.deepcopy(model)
+    run, traced, flat, _ = pipeline_run(model, inputs, {}, spec, pipe)
+    target, count, weights = _weighting(traced, flat, pipe["microbatches"])
+    out_dtypes: list = []
+    for stage in run.stages:
+        stage.register_forward_hook(lambda mod, args, out: out_dtypes.append(tuple(t.dtype for t in out)))
+    opts = [torch.optim.AdamW(params, lr=1e-3, eps=RECIPE_ADAM_EPS) for params in
+            ([p for m in run.stages for p in m.parameters()], reference.parameters(), exact.parameters())]
+    bf16 = torch.bfloat16
+    worst = {k: (0.0, 0.0, 0.0) for k in ("loss", "grad", "params")}
+
+    def keep(key, against_ref, against_exact):
+        a = worst[key]
+        worst[key] = (max(a[0], against_ref[0]), max(a[1], against_ref[2]), max(a[2], against_exact[0]))
+
+    for step in range(steps):
+        for o in opts:
+            o.zero_grad()
+        batch_loss = run.step(*flat, target=target, item_count=count)
+        ref_loss = _accumulated_reference(reference, inputs, {}, weights, spec.autocast)
+        exact_loss = _accumulated_reference(exact, inputs, {}, weights)
+        if run.last:
+            keep("loss", _max_diff([("loss", batch_loss, ref_loss, exact_loss)], bf16),
+                 _max_diff([("loss", batch_loss, exact_loss)], None))
+        keep("grad", stage_diffs(run, reference, spec, bf16, grads=True, exact=exact),
+             stage_diffs(run, exact, spec, None, grads=True))
+        for o in opts:
+            o.step()
+    keep("params", stage_diffs(run, reference, spec, bf16, exact=exact), stage_diffs(run, exact, spec, None))
+    dist.barrier()
+    return {**worst, "sent": sorted({str(d) for m in run.stages for d in m.sent_dtypes}),
+            "outputs": sorted({str(d) for dts in out_dtypes for d in dts}), "last": run.last}

@@ -29,3 +29,32 @@ class AutocastMLP(nn.Module):
 def autocast_mlp(seed: int = 0):
     torch.manual_seed(seed)
     return AutocastMLP().train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+class _LinearBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim, bias=False)  # a bias would be added in fp32 (the tracer splits it off)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class LinearStack(nn.Module):
+    """fp32 blocks of bias-free Linear -> ReLU without a residual: under torch.autocast(bfloat16) every block's output,
+    so every pipeline boundary value and its gradient, is bfloat16 (a GPT's residual sums are fp32)."""
+
+    def __init__(self, dim: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_LinearBlock(dim) for _ in range(blocks))
+        self.head = nn.Linear(dim, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def linear_stack(batch: int = 8, dim: int = 32, blocks: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return LinearStack(dim, blocks).train(), (torch.randn(batch, dim, generator=torch.Generator().manual_seed(seed + 1)),)

@@ -2,13 +2,15 @@
 precision="bf16" for an fp32 model records "autocast_bf16" and runs its forward in bf16 (bf16 logits) with
 fp32 parameters and fp32 gradients, equal to the eager model under torch.autocast(bfloat16) at bf16's
 tolerance; plans in fp32 or with a defaulted precision run the traced dtypes, equal to eager at 1e-5.
-The rehearsal's recipe bound (`recipe_excess`) accepts rounding and rejects a wrong term."""
+The rehearsal's recipe bound (`recipe_excess`) accepts rounding and rejects a wrong term. Pipeline stages under
+the recipe send the dtypes an eager autocast run of the stages produces (`runtime.pipeline.boundary_dtypes`)."""
 import pytest
 import torch
 
 import parallelizer
 from parallelizer import zoo
-from parallelizer.errors import PipelineError, PrecisionError
+from parallelizer.errors import PrecisionError
+from parallelizer.runtime.pipeline import _boundaries, boundary_dtypes, cut_stages, stage_graph
 from parallelizer.runtime.precision import autocast
 from parallelizer.runtime.rehearsal import recipe_excess
 
@@ -69,16 +71,54 @@ def test_recipe_bound_accepts_rounding_and_rejects_a_wrong_term():
     assert recipe_excess(exact, exact, exact) == 0.0
 
 
-def test_unknown_recipe_and_pipeline_under_autocast_raise():
+def test_unknown_recipe_raises():
     with pytest.raises(PrecisionError, match="autocast_fp8"):
         autocast("autocast_fp8")
-    traced = parallelizer.trace(*zoo.gpt(device="meta", **{**GPT, "n_layer": 2}))
-    from parallelizer.rewriter.spec import spec_from_plan
-    from parallelizer.runtime.pipeline import build, cut_stages
-    plan = parallelizer.plan(traced, {"dp": 1}, precision="bf16")
-    with pytest.raises(PipelineError, match="mixed-precision"):
-        build(traced, spec_from_plan(plan), cut_stages(traced, 2), None, pp=2, schedule="1f1b", microbatches=2,
-              loss_fn=None)
+
+
+def _eager_stage_dtypes(model, traced, cut):
+    """Run each stage graph eagerly on real values under torch.autocast(bfloat16), chaining the stages: the
+    dtype of every value sent, and of the gradient each stage's received values get back (what flows over the
+    boundary backwards)."""
+    full = {**dict(model.named_parameters()), **dict(model.named_buffers()), **traced.constant_values()}
+    by_placeholder = {ph: full[fqn].detach() for fqn, p in traced.parameters.items() for ph in p.placeholders}
+    ids = zoo.gpt(**GPT)[1][0]
+    values, sent, grads = {traced.input_names[0]: ids}, {}, {}
+    for k in range(cut.num_stages):
+        tg = stage_graph(traced, cut, k)
+        received = {n: values[n].detach().requires_grad_(values[n].is_floating_point()) for n in cut.inputs[k]}
+        args = [by_placeholder[n.name] if n.name in by_placeholder else received[n.name]
+                for n in tg.graph_module.graph.find_nodes(op="placeholder")]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = tg.graph_module(*args)
+        floats = [t for t in out if t.requires_grad]
+        torch.autograd.backward(floats, [torch.ones_like(t) for t in floats])
+        grads.update((n, t.grad.dtype) for n, t in received.items() if t.grad is not None)
+        values.update(zip(cut.outputs[k], out))
+        sent.update((n, t.dtype) for n, t in zip(cut.outputs[k], out))
+    return sent, grads
+
+
+def test_boundary_dtypes_under_the_recipe_equal_an_eager_autocast_run():
+    """`runtime.pipeline.boundary_dtypes` (fake tensors under autocast) gives every boundary value the dtype an
+    eager autocast run of the stages gives it, and its gradient comes back in that dtype: at block boundaries
+    (a residual sum: fp32) and at a cut right after a linear layer (bf16); without a recipe, the traced dtypes."""
+    model = zoo.gpt(**{**GPT, "n_layer": 2})[0]
+    traced = parallelizer.trace(model, zoo.gpt(**GPT)[1])
+    first_linear = next(i.name for i in traced.compute_nodes() if i.block == traced.blocks[0].members[0]
+                        and "linear" in str(i.target))
+    names = [i.name for i in traced.compute_nodes()]
+    after_linear = _boundaries(traced, {n: int(j > names.index(first_linear)) for j, n in enumerate(names)}, 2)
+    seen = set()
+    for cut in (cut_stages(traced, 2), after_linear):
+        inferred = boundary_dtypes(traced, cut, "autocast_bf16")
+        sent, grads = _eager_stage_dtypes(model, traced, cut)
+        assert {n: inferred[n] for n in sent} == sent
+        assert grads and all(grads[n] == sent[n] for n in grads), (grads, sent)  # gradients in the value's dtype
+        assert boundary_dtypes(traced, cut, None) == {n: traced.node(n).outputs[0].dtype for n in inferred}
+        seen |= {sent[n] for n in cut.outputs[0]}
+    assert {torch.bfloat16, torch.float32} <= seen  # both kinds of boundary value occur
+    assert inferred[first_linear] == torch.bfloat16 and traced.node(first_linear).outputs[0].dtype == torch.float32
 
 
 def test_autocast_keeps_about_2_bytes_per_parameter_of_bf16_weights_for_backward():

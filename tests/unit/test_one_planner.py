@@ -129,17 +129,20 @@ def test_cli_mesh_with_pp_fixes_the_factorisation(tmp_path):
 
 
 def test_the_planner_offers_no_pipeline_plan_the_runtime_refuses(traced):
-    # one class: a configuration `plan` returns must run. BitPipe (our P2P runner) has no boundary compression;
-    # pipeline stages do not run the bf16 autocast recipe (each refused at run time before this test)
+    # one class: a configuration `plan` returns must run. BitPipe (our P2P runner) has no boundary compression
+    # (refused at run time before this test). Pipeline stages run the bf16 autocast recipe (`runtime.pipeline`,
+    # tests/distributed/test_pipeline_run.py), so a fixed pp mesh and a search may plan it
     searched = _plan(traced, {"pp": 2, "dp": 2}, boundary_compression="int8", microbatches=4, precision="fp32")
     assert searched.pipeline.schedule != "bitpipe" and searched.pipeline.compression is not None
     with pytest.raises(ValueError, match="bitpipe runs no pipeline-boundary compression"):
         _plan(traced, {"pp": 2, "dp": 2}, schedule="bitpipe", boundary_compression="int8", microbatches=4,
               precision="fp32")
-    with pytest.raises(PipelineError, match="do not run the bf16 autocast recipe"):
-        _plan(traced, {"pp": 2}, microbatches=4, precision="bf16")
-    bf16 = _plan(traced, cluster=CLUSTER, global_batch=8, precision="bf16")  # searched: pp = 1 only
-    assert bf16.pipeline is None and bf16.config["mixed_precision"] == "autocast_bf16"
+    fixed = _plan(traced, {"pp": 2}, microbatches=4, precision="bf16")
+    assert fixed.pipeline.pp == 2 and fixed.config["mixed_precision"] == "autocast_bf16"
+    # searched: a budget a full replica's state does not fit picks a pipeline, as in fp32
+    bf16 = _plan(traced, cluster=CLUSTER, global_batch=8, precision="bf16", memory_budget_bytes=TIGHT)
+    assert bf16.pipeline is not None and bf16.pipeline.pp > 1, bf16.mesh
+    assert bf16.config["mixed_precision"] == "autocast_bf16"
 
 
 def test_an_invalid_fixed_schedule_names_its_own_reason(traced):
