@@ -31,8 +31,13 @@ at the peak (tests/unit/test_mixed_precision_runtime.py checks 1.9-2.0 per matri
 by aten.add, norm weights) get no bf16 copy. Megatron instead keeps the bf16 copy persistently and the fp32
 main weights in the optimizer: the same 18 B/param at peak.
 
-Not implemented: pipeline plans under this recipe (`runtime.pipeline.build` raises PipelineError: the
-stages' send/receive buffers are allocated in the traced dtypes), fp16 (needs a gradient scaler).
+Pipeline plans (`runtime.pipeline`, `runtime.bitpipe`): every stage's program runs under this context
+(`StageModule.forward`), the loss outside it as above; the stages' send / receive buffers (and boundary codecs)
+are in the dtypes the stages produce under autocast (`runtime.pipeline.boundary_dtypes`: each stage graph run
+under autocast on fake tensors), e.g. fp32 for a GPT's residual stream, bf16 for a bias-free matmul's output;
+activation gradients come back in their activation's dtype.
+
+Not implemented: fp16 (needs a gradient scaler).
 """
 from __future__ import annotations
 

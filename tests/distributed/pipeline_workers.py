@@ -119,8 +119,8 @@ def run_bf16_pipeline(rank: int, world_size: int, model_fn, model_kwargs: dict, 
     single-device model under the same torch.autocast(bfloat16) over the same microbatches (and the eager model
     without autocast, `exact`, for the recipe bound and to show the rounding is there). Per quantity:
     (largest |diff| against the autocast reference, its ratio to the bound (`_max_diff`: bf16 tolerance or
-    `recipe_excess`), largest |diff| against `exact`); the dtypes this rank's stages sent; the last stage's
-    output dtype."""
+    `recipe_excess`), largest |diff| against `exact`); the dtypes this rank's stages other than the last send
+    to the next stage; the dtypes its stage programs output."""
     from parallelizer.runtime.pipeline_rehearsal import _accumulated_reference, _weighting, pipeline_run
     from parallelizer.runtime.rehearsal import RECIPE_ADAM_EPS, _max_diff
 
@@ -156,5 +156,11 @@ def run_bf16_pipeline(rank: int, world_size: int, model_fn, model_kwargs: dict, 
             o.step()
     keep("params", stage_diffs(run, reference, spec, bf16, exact=exact), stage_diffs(run, exact, spec, None))
     dist.barrier()
-    return {**worst, "sent": sorted({str(d) for m in run.stages for d in m.sent_dtypes}),
+    inner = [m for m in run.stages if _stage_index(m) < len(pipe["stages"]) - 1]  # they send to a next stage
+    return {**worst, "sent": sorted({str(d) for m in inner for d in m.sent_dtypes}),
             "outputs": sorted({str(d) for dts in out_dtypes for d in dts}), "last": run.last}
+
+
+def _stage_index(module) -> int:
+    """k of a stage module (its graph's note "pipeline stage k of n", `runtime.pipeline.stage_graph`)."""
+    return int(module.traced.notes[0].split()[2])

@@ -4,19 +4,33 @@ Loss and every gradient after one step, parameters after 3 AdamW steps, and grad
 `step` calls (two batches before one optimizer step, tied embedding included) match the single-device model
 within 1e-5, for pp=2 x tp=2, pp=4 with Interleaved1F1B and pp=2 x dp=2 with 4 microbatches, whose dp
 gradient sync must run once per step (one bucket all-reduce, counted), not once per microbatch
-(pp=2 x dp=2 gpipe and pp=4 1F1B on the user's path: test_pipeline_rehearse.py)."""
+(pp=2 x dp=2 gpipe and pp=4 1F1B on the user's path: test_pipeline_rehearse.py).
+
+In the same launch, plans made with precision="bf16" (the autocast recipe, `runtime.precision`) train 2 AdamW
+steps against the eager single-device model under the same torch.autocast(bfloat16) over the same
+microbatches: GPT-2 pp=2 x dp=2 with bitpipe (our runner) and pp=2 x tp=2 with zbv (torch's runtime, V
+placement), and a stack of bias-free Linear -> ReLU blocks, whose pipeline boundary values and their
+gradients are bfloat16, pp=2 x dp=2 with 1f1b: loss, every gradient and the parameters within the recipe bound
+(`runtime.rehearsal._max_diff`: bfloat16 tolerance, or no further from the fp32 model than twice the
+single-device recipe). And the rank body of `parallelizer rehearse` (`runtime.pipeline_rehearsal._rank_main`) on
+a plan made by `parallelizer plan --mesh pp=2,dp=2 --precision bf16` of the GPT-2 preset (its own causal-LM
+loss, computed in the last stage under autocast): the report matches and names the autocast reference."""
 import contextlib
 import io
 
 import pytest
 
 import parallelizer
-from parallelizer import zoo
+from parallelizer import cli, presets, zoo
+from parallelizer.planner import Plan
 from parallelizer.rewriter.grad_sync import FIRST_BUCKET_BYTES
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
+from parallelizer.runtime.pipeline_rehearsal import _rank_main as rehearsal_rank
+from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
-from pipeline_workers import run_pipeline
+from pipeline_workers import run_bf16_pipeline, run_pipeline
+from precision_models import linear_stack
 
 pytestmark = pytest.mark.distributed
 
@@ -32,6 +46,33 @@ CASES = {  # name: (intra-stage mesh, plan options, wide config, pp, stages, sch
     "pp2_dp2_m4": ({"dp": 2}, {"axis_roles": {"dp": "ddp"}}, {}, 2, 2, "1f1b", 4),
 }
 
+GPT2_BF16 = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, seq_len=16)
+BF16_CASES = {  # name: (builder, its kwargs, mesh, plan options, schedule, microbatches, global batch)
+    "bf16_gpt2_pp2_dp2_bitpipe": (zoo.gpt2, GPT2_BF16, {"pp": 2, "dp": 2}, {"axis_roles": {"dp": "ddp"}}, "bitpipe", 2, 8),
+    "bf16_gpt2_pp2_tp2_zbv": (zoo.gpt2, GPT2_BF16, {"pp": 2, "tp": 2}, {"axis_roles": {"tp": "tp"}}, "zbv", 4, 8),
+    "bf16_stack_pp2_dp2_1f1b": (linear_stack, {}, {"pp": 2, "dp": 2}, {"axis_roles": {"dp": "ddp"}}, "1f1b", 2, 8),
+}
+
+
+def _bf16_plan(fn, kwargs, mesh, options, schedule, microbatches, batch):
+    """A pipeline plan with precision="bf16" (`parallelizer.plan`: records the autocast recipe) on one microbatch."""
+    example = fn(batch=batch // microbatches, **kwargs)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        return parallelizer.plan(parallelizer.trace(*example), mesh, schedule=schedule, microbatches=microbatches,
+                                 precision="bf16", **options)
+
+
+PRESET = ["--model", "gpt2", "--config", "n_layer=4,n_embd=64,n_head=4,vocab_size=256", "--seq-len", "16"]
+
+
+def _cli_bf16_plan(out) -> Plan:
+    """`parallelizer plan ... --mesh pp=2,dp=2 --precision bf16` (gpipe, 2 microbatches of 4)."""
+    argv = ["plan", *PRESET, "--mesh", "pp=2,dp=2", "--roles", "dp=ddp", "--schedule", "gpipe", "--microbatches", "2",
+            "--global-batch", "8", "--precision", "bf16", "--no-progress", "-o", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0
+    return Plan.load(out)
+
 
 def _intra_stage_plan(mesh, options, wide):
     """The planner's (dp, tp) plan for one stage group, made on a wide GPT-2 of one microbatch."""
@@ -41,7 +82,7 @@ def _intra_stage_plan(mesh, options, wide):
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
     """Both cases' intra-stage plans, then ONE launch of 4 gloo ranks running both (`launch_once`):
     {name: (plan, [rank 0's report, ..., rank 3's])}."""
     plans, calls = {}, []
@@ -49,8 +90,16 @@ def runs():
         batch = wide.get("batch", GPT2_4["batch"]) // microbatches
         plans[name] = _intra_stage_plan(mesh, options, {**wide, "batch": batch})
         calls.append((run_pipeline, (GPT2_4, spec_from_plan(plans[name]), pp, stages, schedule, microbatches)))
-    per_rank = spawn(run_each, 4, calls, timeout_s=600)
-    return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(CASES)}
+    for name, (fn, kwargs, *rest) in BF16_CASES.items():
+        plans[name] = _bf16_plan(fn, kwargs, *rest)
+        calls.append((run_bf16_pipeline, (fn, {**kwargs, "batch": rest[-1]}, spec_from_plan(plans[name]),
+                                          plans[name].pipeline.to_dict(), 2)))
+    plans["bf16_rehearse"] = plan = _cli_bf16_plan(tmp_path_factory.mktemp("bf16") / "plan.json")
+    calls.append((rehearsal_rank, (presets.build_cpu, cli._global_batch(plan.model["recipe"], 2), spec_from_plan(plan),
+                                   plan.pipeline.to_dict(), 2, 1e-3, 1e-3)))  # as `parallelizer rehearse` runs it
+    per_rank = spawn(run_each, 4, calls, timeout_s=900)
+    names = [*CASES, *BF16_CASES, "bf16_rehearse"]
+    return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(names)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -71,3 +120,30 @@ def test_pipeline_matches_single_device(runs, name):
             assert r["bucket_launches_per_step"] == 1 and r["sync_fallbacks"] == 0, (rank, r)
     if pp == 2 and plan.mesh.world_size > 1:
         assert "_tp = " in reports[0]["stages"][0] or "_dp = " in reports[0]["stages"][0]
+
+
+@pytest.mark.parametrize("name", sorted(BF16_CASES))
+def test_bf16_pipeline_matches_single_device_under_autocast(runs, name):
+    plan, reports = runs[name]
+    assert plan.config["mixed_precision"] == "autocast_bf16" and plan.pipeline.schedule == BF16_CASES[name][4]
+    assert plan.pipeline.pp == 2 and plan.mesh.world_size == 2
+    for rank, r in enumerate(reports):
+        for key in ("loss", "grad", "params"):  # (|diff| to the autocast reference, its ratio to the bound, |diff| to fp32)
+            assert r[key][1] <= 1.0, (name, rank, key, r)
+        assert r["grad"][2] > 0 and r["params"][2] > 0, (name, rank, r)  # bf16 rounding really happened
+        if r["last"]:
+            assert r["loss"][2] > 0, (name, rank, r)
+    outputs = {d for r in reports for d in r["outputs"]}
+    sent = {d for r in reports for d in r["sent"]}  # what stages other than the last send to the next one
+    assert "torch.bfloat16" in outputs, (name, outputs)  # the stages ran under autocast (bf16 logits / activations)
+    # GPT-2's block boundary is the residual sum (fp32); the Linear -> ReLU stack sends bf16 (and gets bf16 back)
+    assert sent == ({"torch.bfloat16"} if "stack" in name else {"torch.float32"}), (name, sent)
+
+
+def test_bf16_pipeline_plan_rehearses_like_parallelizer_rehearse(runs):
+    plan, per_rank = runs["bf16_rehearse"]
+    assert plan.pipeline.pp == 2 and plan.config["mixed_precision"] == "autocast_bf16"
+    report = _report(4, per_rank, "", plan.config["mixed_precision"])  # what rehearse_pipeline returns
+    assert report.matches(), str(report)
+    assert "reference: the single-device model under torch.autocast(bfloat16)" in str(report), str(report)
+    assert report.collectives.get("grad_all_reduce"), report.collectives

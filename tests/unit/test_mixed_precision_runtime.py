@@ -9,8 +9,11 @@ import torch
 
 import parallelizer
 from parallelizer import zoo
+from parallelizer.core.layout import Layout
 from parallelizer.errors import PrecisionError
-from parallelizer.runtime.pipeline import _boundaries, boundary_dtypes, cut_stages, stage_graph
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime.pipeline import (_boundaries, _examples, _on_wire, boundary_codecs, boundary_dtypes,
+                                           cut_stages, stage_graph)
 from parallelizer.runtime.precision import autocast
 from parallelizer.runtime.rehearsal import recipe_excess
 
@@ -105,10 +108,7 @@ def test_boundary_dtypes_under_the_recipe_equal_an_eager_autocast_run():
     (a residual sum: fp32) and at a cut right after a linear layer (bf16); without a recipe, the traced dtypes."""
     model = zoo.gpt(**{**GPT, "n_layer": 2})[0]
     traced = parallelizer.trace(model, zoo.gpt(**GPT)[1])
-    first_linear = next(i.name for i in traced.compute_nodes() if i.block == traced.blocks[0].members[0]
-                        and "linear" in str(i.target))
-    names = [i.name for i in traced.compute_nodes()]
-    after_linear = _boundaries(traced, {n: int(j > names.index(first_linear)) for j, n in enumerate(names)}, 2)
+    first_linear, after_linear = _cut_after_first_linear(traced)
     seen = set()
     for cut in (cut_stages(traced, 2), after_linear):
         inferred = boundary_dtypes(traced, cut, "autocast_bf16")
@@ -119,6 +119,40 @@ def test_boundary_dtypes_under_the_recipe_equal_an_eager_autocast_run():
         seen |= {sent[n] for n in cut.outputs[0]}
     assert {torch.bfloat16, torch.float32} <= seen  # both kinds of boundary value occur
     assert inferred[first_linear] == torch.bfloat16 and traced.node(first_linear).outputs[0].dtype == torch.float32
+
+
+def _cut_after_first_linear(traced):
+    first_linear = next(i.name for i in traced.compute_nodes() if i.block == traced.blocks[0].members[0]
+                        and "linear" in str(i.target))
+    names = [i.name for i in traced.compute_nodes()]
+    return first_linear, _boundaries(traced, {n: int(j > names.index(first_linear)) for j, n in enumerate(names)}, 2)
+
+
+@pytest.mark.parametrize("kind", ["int8", "lowrank"])
+def test_boundary_codecs_under_the_recipe_code_the_bf16_values_sent(kind):
+    """Pipeline-boundary compression under the recipe: a codec is made for the dtype the stage sends (bf16 after
+    a linear layer), its wire tensor has the dtype torch's stage allocates (`_on_wire`), and the value and its
+    gradient go through encode / decode in bf16 (int8: packed into fp32 words)."""
+    model = zoo.gpt(**{**GPT, "n_layer": 2})[0]
+    traced = parallelizer.trace(model, zoo.gpt(**GPT)[1])
+    first_linear, cut = _cut_after_first_linear(traced)
+    dtypes = boundary_dtypes(traced, cut, "autocast_bf16")
+    spec = spec_from_plan(parallelizer.plan(traced, {"dp": 1}, precision="bf16"))
+    codecs = boundary_codecs(traced, cut, 0, {}, spec, 0, (kind,), 4, dtypes)
+    codec = codecs[cut.outputs[0].index(first_linear)]
+    assert codec is not None and codec.dtype == torch.bfloat16
+    example = _examples(traced, cut.outputs[0], dict.fromkeys(cut.outputs[0], Layout.replicate(1)), spec, 0, dtypes)
+    wire_example = _on_wire(example, codecs)[cut.outputs[0].index(first_linear)]
+    x = torch.randn(codec.shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).requires_grad_()
+    wire = codec.encode(x)
+    assert wire.dtype == wire_example.dtype == codec.wire_dtype == (torch.float32 if kind == "int8" else torch.bfloat16)
+    received = wire.detach().requires_grad_()
+    decoded = codec.decode(received)
+    assert decoded.dtype == torch.bfloat16
+    decoded.backward(torch.ones_like(decoded))
+    assert received.grad.dtype == wire.dtype
+    wire.backward(received.grad)
+    assert x.grad.dtype == torch.bfloat16 and x.grad.shape == x.shape
 
 
 def test_autocast_keeps_about_2_bytes_per_parameter_of_bf16_weights_for_backward():
