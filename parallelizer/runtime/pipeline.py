@@ -36,7 +36,7 @@ from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
-from ..tracer.graph import Role, TracedGraph
+from ..tracer.graph import Role, TracedGraph, carries_grad
 from .launch import create_groups
 from .module import ParallelModule
 
@@ -486,7 +486,7 @@ def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, La
         layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
         example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=meta.dtype)
         # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
-        out.append(example.requires_grad_(meta.dtype.is_floating_point and n in layouts))
+        out.append(example.requires_grad_(carries_grad(meta.dtype) and n in layouts))
     return tuple(out)
 
 
