@@ -28,3 +28,25 @@ class ComplexRotary(nn.Module):
 def complex_rotary():
     torch.manual_seed(0)
     return ComplexRotary(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class EmaUnderNoGrad(nn.Module):
+    """An EMA buffer updated in place inside `torch.no_grad()` from a parameter and an activation, read by the
+    next step's forward: the buffer must carry no autograd history (eager: no_grad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+        self.register_buffer("ema", torch.zeros(H))
+
+    def forward(self, x):
+        h = self.a(x)
+        out = self.b(h - self.ema)
+        with torch.no_grad():
+            self.ema.mul_(0.5).add_(self.a.bias * 0.25 + h.mean((0, 1)) * 0.25)
+        return out
+
+
+def ema_under_no_grad():
+    torch.manual_seed(0)
+    return EmaUnderNoGrad(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
