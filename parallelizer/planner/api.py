@@ -20,6 +20,7 @@ from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
+from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
@@ -169,7 +170,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             if c.note:
                 fallbacks.append(Fallback(name, info.op_name, c.note))
         for k, ti in enumerate(space.inputs):
-            req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
+            req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
             is_param = spaces[ti.producer].kind == "param"
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = space_edge(mesh, spaces, nodes, name, k)
@@ -225,7 +226,7 @@ def space_edge(mesh: MeshSpec, spaces: dict, nodes: dict[str, NodePlan], name: s
     tensor facts of the strategy spaces (`strategies.build_spaces`): shape, traced dtype, whether a gradient
     flows back (the producer requires grad and the tensor is floating), whether the producer is a parameter."""
     ti = spaces[name].inputs[k]
-    req = spaces[ti.producer].requires_grad and ti.dtype.is_floating_point
+    req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
     return derive_edge(mesh, ti.producer, name, k, nodes[ti.producer].output, nodes[name], ti.shape,
                        dtype_name(ti.dtype), req, spaces[ti.producer].kind == "param")
 

@@ -27,6 +27,7 @@ import torch
 from cost_model.hardware import DeviceSpec
 
 from ..core.boundary_codec import KINDS, compressible, wire_bytes
+from ..tracer.graph import carries_grad
 
 OPTIONS = ("none", "auto") + KINDS
 MIN_GAIN = 0.05  # "auto" keeps compression only for >= 5% lower estimated step time (a lossy codec must pay)
@@ -69,7 +70,7 @@ def price_codecs(traced, cut_values: tuple[tuple[str, ...], ...], kinds: tuple[s
                 on = n in learned and compressible(shape, dtype, kind, rank)
                 raw, wire = wire_bytes(shape, dtype, None, rank), wire_bytes(shape, dtype, kind if on else None, rank)
                 raw_f, wire_f = raw_f + raw, wire_f + wire
-                if n in learned and dtype.is_floating_point:  # what carries a gradient back (as segments counts)
+                if n in learned and carries_grad(dtype):  # what carries a gradient back (as segments counts)
                     raw_b, wire_b = raw_b + raw, wire_b + wire
                 if on:
                     seconds += codec_seconds(kind, shape, dtype, rank, device)

@@ -45,6 +45,7 @@ from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
 from ..tracer import NodeInfo, TracedGraph
+from ..tracer.graph import carries_grad
 from .strategies import NodeSpace, Strategy
 from .op_comm import op_collectives
 
@@ -234,7 +235,7 @@ class Pricer:
             trainable = [ph for p in tg.parameters.values() if not p.is_buffer and p.requires_grad
                          for ph in p.placeholders]
             trainable += [n for n in tg.input_names if tg.nodes[n].outputs
-                          and tg.nodes[n].outputs[0].dtype.is_floating_point]
+                          and carries_grad(tg.nodes[n].outputs[0].dtype)]
             held = self.tables.shares[id(tg)] = (tg, saved_tensor_owners(tg.graph_module, resident, trainable))
         return held[1].get(name)
 

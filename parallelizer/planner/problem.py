@@ -35,6 +35,7 @@ from ..core.layout import Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
+from ..tracer.graph import carries_grad
 from .costs import Pricer
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
 from .strategies import EdgeRoles, NodeSpace, Strategy, mutation_edges, role_axes
@@ -161,7 +162,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             h = group_of[ti.producer]
             prod = spaces[ti.producer]
             mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
-                                      prod.requires_grad and ti.dtype.is_floating_point, mesh, prod.kind == "param",
+                                      prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
                                       _edge_roles(roles, prod, space, k, (name, k) in mutated))
             if h == g:
                 lin[g] += np.diag(mat)

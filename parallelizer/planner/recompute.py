@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..tracer import Role, TracedGraph
+from ..tracer.graph import carries_grad
 from .strategies import tensor_inputs
 
 _SOFTMAX = ("softmax", "_softmax", "_safe_softmax")
@@ -133,7 +134,7 @@ def region_recompute(tg: TracedGraph, region: str, nodes: tuple[str, ...], mode:
     for name in part:
         for k, ti in enumerate(tensor_inputs(tg, tg.nodes[name])):
             if (ti.producer in inside or ti.producer in seen or ti.producer in shared
-                    or tg.nodes[ti.producer].role in (Role.PARAMETER, Role.BUFFER) or not ti.dtype.is_floating_point):
+                    or tg.nodes[ti.producer].role in (Role.PARAMETER, Role.BUFFER) or not carries_grad(ti.dtype)):
                 continue
             seen.add(ti.producer)
             kept.append((name, k))

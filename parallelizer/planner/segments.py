@@ -40,6 +40,7 @@ from cost_model.topology import Cluster, MeshTopology
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..tracer import BlockGroup, Role, TracedGraph
+from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
 from .costs import GraphTables, Pricer
 from .ilp import solve
@@ -117,7 +118,7 @@ def segment_graph(traced: TracedGraph) -> Segments:
     for name, seg in owner.items():
         info = traced.nodes[name]
         last = max((owner_of(u.name) or seg for u in info.node.users), default=seg)
-        floating = any(t.dtype.is_floating_point for t in info.outputs)
+        floating = any(carries_grad(t.dtype) for t in info.outputs)
         for k in range(seg, last):
             fwd[k] += info.nbytes
             bwd[k] += info.nbytes if floating and name in depends else 0

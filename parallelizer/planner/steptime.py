@@ -60,6 +60,7 @@ from ..core.layout import local_shape
 from ..errors import PlanMismatchError
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
 from ..tracer import TracedGraph
+from ..tracer.graph import carries_grad
 from .costs import Pricer, resolve_precision, traced_in_low_precision
 from .plan import Plan
 from .problem import grad_axes
@@ -144,7 +145,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             recompute += c.fwd_s if name in recomputed else 0.0
         for k, ti in enumerate(space.inputs):
             prod = spaces[ti.producer]
-            req = prod.requires_grad and ti.dtype.is_floating_point
+            req = prod.requires_grad and carries_grad(ti.dtype)
             is_param = prod.kind == "param"
             itemsize = pricer.itemsize(ti.dtype)
             for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),

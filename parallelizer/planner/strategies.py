@@ -43,7 +43,7 @@ from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from ..tracer.graph import ParamInfo, is_view, mutated_args
+from ..tracer.graph import ParamInfo, carries_grad, is_view, mutated_args
 from .rules import OUT, AxisOption, OpView, rule_for
 
 R = Replicate()
@@ -216,7 +216,7 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
                                      [Strategy(tuple(Layout.replicate(mesh.ndim) for _ in inputs), None)], False)
             continue
         req = (any(spaces[i.producer].requires_grad for i in inputs) and bool(info.outputs)
-               and info.outputs[0].dtype.is_floating_point and info.op_name != "aten.detach.default")
+               and carries_grad(info.outputs[0].dtype) and info.op_name != "aten.detach.default")
         view = op_view(tg, info, inputs)
         rule = rule_for(info.target)
         options = rule(view) if rule is not None else None
@@ -392,7 +392,7 @@ def _received_space(info: NodeInfo, layout: Layout, mesh: MeshSpec) -> NodeSpace
         raise ValueError(f"received layout {layout} of {info.name!r} (op {info.op}, shape "
                          f"{tuple(out.shape) if out is not None else None}) does not fit mesh {mesh}: a received value "
                          "is a tensor placeholder of a stage graph laid out as its producer's output")
-    return NodeSpace(info.name, "input", (), [Strategy((), layout)], out.dtype.is_floating_point)
+    return NodeSpace(info.name, "input", (), [Strategy((), layout)], carries_grad(out.dtype))
 
 
 def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,

@@ -29,7 +29,7 @@ from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
-from ..tracer.graph import Role, TracedGraph, mutated_args
+from ..tracer.graph import Role, TracedGraph, carries_grad, mutated_args
 from . import collectives, grad_sync, localize, recompute
 from .grad_sync import DEFAULT_BUCKET_BYTES
 from .reshard import reshard_after_forward
@@ -155,7 +155,7 @@ class _Rewriter:
             stored = self._stored(fqn)
             new = self.graph.placeholder(_safe_name(fqn))
             state.append(fqn)
-            trainable = not param.is_buffer and param.dtype.is_floating_point and fqn not in self.frozen
+            trainable = not param.is_buffer and carries_grad(param.dtype) and fqn not in self.frozen
             if trainable:
                 self.trainable.add(new)
             for ph in param.placeholders:
@@ -164,7 +164,7 @@ class _Rewriter:
         for name in self.traced.input_names:
             self.env[name] = self.graph.placeholder(name)
             self.layout[name] = self.spec.inputs.get(name, Layout.replicate(self.mesh.ndim))
-            self.requires_grad[name] = name in self.spec.inputs and self.traced.node(name).outputs[0].dtype.is_floating_point
+            self.requires_grad[name] = name in self.spec.inputs and carries_grad(self.traced.node(name).outputs[0].dtype)
             inputs.append(name)
         return tuple(state), tuple(inputs)
 
@@ -308,7 +308,7 @@ _NON_DIFFERENTIABLE = {torch.ops.aten.detach.default, torch.ops.aten.arange.defa
 def _differentiable(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     leaves = [t for t in pytree.tree_leaves(val) if isinstance(t, torch.Tensor)]
-    return node.target not in _NON_DIFFERENTIABLE and any(t.dtype.is_floating_point for t in leaves)
+    return node.target not in _NON_DIFFERENTIABLE and any(carries_grad(t.dtype) for t in leaves)
 
 
 def _safe_name(fqn: str) -> str:

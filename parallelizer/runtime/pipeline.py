@@ -36,7 +36,7 @@ from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
-from ..tracer.graph import Role, TracedGraph
+from ..tracer.graph import Role, TracedGraph, carries_grad
 from .launch import create_groups
 from .module import ParallelModule
 
@@ -267,7 +267,7 @@ def boundary_dtypes(traced: TracedGraph, cut: StageCut, recipe: str | None,
                 for node in tg.graph_module.graph.find_nodes(op="placeholder"):
                     meta = traced.node(node.name).outputs[0]
                     dtype = dtypes.get(node.name, meta.dtype) if node.name in cut.inputs[k] else meta.dtype
-                    args.append(torch.empty(meta.shape, dtype=dtype).requires_grad_(dtype.is_floating_point))
+                    args.append(torch.empty(meta.shape, dtype=dtype).requires_grad_(carries_grad(dtype)))
                 with autocast(recipe, device_type):
                     out = tg.graph_module(*args)
         except Exception as err:  # noqa: BLE001 (any op's failure on fake tensors; named in the message)
@@ -567,7 +567,7 @@ def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, La
         layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
         example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=dtype)
         # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
-        out.append(example.requires_grad_(dtype.is_floating_point and n in layouts))
+        out.append(example.requires_grad_(carries_grad(dtype) and n in layouts))
     return tuple(out)
 
 

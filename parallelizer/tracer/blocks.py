@@ -40,7 +40,7 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
     groups = []
     for (mtype, _), fqns in candidates.items():
         for same in _split_verified(fqns, members, nodes):
-            if len(same) > 1 and _reads_parameters(members[same[0]], nodes):
+            if len(same) > 1 and _reads_parameters(members[same[0]], nodes) and not _interleaved(same, members, nodes):
                 groups.append((mtype, same))
     # Outermost first: a group whose instances lie inside a kept group's instances loses those instances. A
     # module holds at least the nodes of any module inside it, so larger instances come first (the depth of a
@@ -59,6 +59,15 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
                                nodes=tuple(tuple(members[f]) for f in free)))
     kept.sort(key=lambda b: first[b.members[0]])
     return kept
+
+
+def _interleaved(fqns: list[str], members: dict[str, list[str]], nodes: dict[str, NodeInfo]) -> bool:
+    """Whether the instances' node ranges overlap in graph order: modules each called several times in turn
+    (ALBERT's one layer called N times: its query/key/value/dense Linears, its two LayerNorms). Such
+    instances are no run of blocks (a stage cut between them would split every call), so they are no group."""
+    order = {name: i for i, name in enumerate(nodes)}
+    spans = sorted((min(order[n] for n in members[f]), max(order[n] for n in members[f])) for f in fqns)
+    return any(a[1] > b[0] for a, b in zip(spans, spans[1:]))
 
 
 def shared_weight_calls(params: dict[str, ParamInfo]) -> tuple[str, int] | None:

@@ -363,6 +363,16 @@ class TracedGraph:
                 f"({_fmt_bytes(self.parameter_bytes)}), blocks=[{blocks}])")
 
 
+def carries_grad(dtype: torch.dtype) -> bool:
+    """Whether autograd can carry a gradient through a tensor of `dtype`: floating AND complex dtypes (a
+    value that passes through complex tensors, e.g. a complex rotary embedding's view_as_complex -> mul ->
+    view_as_real, still has a gradient). Every "does a gradient flow here" decision of the planner, the
+    rewriter and the pipeline runtime uses this: with `dtype.is_floating_point` alone the gradient chain
+    was cut at the first complex value, and the Megatron f (gradient all-reduce) of a replicated value
+    feeding a sharded op downstream was not emitted (silent gradient mismatch)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 _HIDDEN_MUTATIONS = {torch.ops.aten.batch_norm.default: (3, 4)}  # composites whose schema hides a mutation
 
 

@@ -2,8 +2,9 @@
 
 1. Shape-assertion nodes (`_assert_tensor_metadata` and friends: no outputs, no users) are dropped.
 2. A `torch.no_grad()` / `torch.enable_grad()` region inside forward (exported as a call of the
-   `wrap_with_set_grad_enabled` higher-order op on a submodule) is inlined; the outputs of a no-grad region
-   go through `aten.detach`, so the region stays a stop-gradient. A `torch.autocast(...)` region (the
+   `wrap_with_set_grad_enabled` higher-order op on a submodule) is inlined; the inputs of a no-grad region
+   (but those it writes in place) and its outputs go through `aten.detach`, so the region stays a
+   stop-gradient, also for what it writes into state (a buffer updated in place from activations). A `torch.autocast(...)` region (the
    `wrap_with_autocast` higher-order op, whose body holds the ops BEFORE autocast's casts) is inlined with
    autocast's casts made explicit: each op's inputs go through the `aten.to.dtype` casts torch's autocast
    policy gives that op on that device (probed per op on fake tensors), so the graph computes what eager
@@ -108,6 +109,11 @@ def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             autocast = (device_type, dtype) if enabled else None
             kind = f"torch.autocast({device_type!r}, dtype={dtype}, enabled={enabled})"
         sub = gm.get_submodule(sub_attr.target)
+        if node.target is _GRAD_HOP and not enabled:  # nothing computed inside has a gradient, written
+            written = _written_operands(sub)           # state (a buffer updated in place) included
+            with gm.graph.inserting_before(node):
+                operands = [_detach(gm, o) if k not in written and _carries_grad(o) else o
+                            for k, o in enumerate(operands)]
         outputs = _inline_body(gm, node, sub, operands, autocast)
         if node.target is _GRAD_HOP and not enabled:
             with gm.graph.inserting_before(node):
@@ -127,6 +133,31 @@ def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
                    (_AUTOCAST_HOP, True): " (autocast's input casts made explicit)"}
         detail = details.get((node.target, bool(enabled)), "")
         notes.append(f"inlined a {kind} region{' at ' + where if where else ''}{detail}")
+
+
+def _written_operands(sub: torch.fx.GraphModule) -> set[int]:
+    """Positions of the region's operands that an op inside it writes in place, directly or through views
+    (`ema.mul_(0.5).add_(x)` writes `ema`): those stay as they are (a detached alias would be written the
+    same, but the planner keeps the write on the operand itself); every other operand is detached."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    root = {p: k for k, p in enumerate(placeholders)}
+    written: set[int] = set()
+    for n in sub.graph.nodes:
+        if n.op != "call_function":
+            continue
+        for i in mutated_args(n):
+            arg = n.args[i] if i < len(n.args) else None
+            if isinstance(arg, torch.fx.Node) and arg in root:
+                written.add(root[arg])
+        first = n.args[0] if n.args else None
+        if isinstance(first, torch.fx.Node) and first in root and (is_view(n) or mutated_args(n) == [0]):
+            root[n] = root[first]
+    return written
+
+
+def _carries_grad(value: Any) -> bool:
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and (val.dtype.is_floating_point or val.dtype.is_complex)
 
 
 def _inline_body(gm: torch.fx.GraphModule, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: list,

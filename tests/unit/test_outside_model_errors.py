@@ -60,6 +60,39 @@ def test_shared_weight_block_on_pp_names_the_block_and_calls():
         parallelizer.plan(traced, {"pp": 2})
 
 
+class TwoLinearLayer(torch.nn.Module):
+    """ALBERT's shared layer has several sibling Linears (query, key, value, dense) and two LayerNorms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.n1, self.n2 = torch.nn.LayerNorm(8), torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.n2(x + self.k(self.n1(torch.relu(self.q(x)))))
+
+
+class AlbertSiblings(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = TwoLinearLayer()
+
+    def forward(self, x):
+        for _ in range(4):
+            x = self.shared(x)
+        return x.pow(2).mean()
+
+
+def test_sibling_modules_of_a_shared_layer_called_in_turn_are_not_blocks():
+    """The shared layer's q and k (and n1, n2) are each called 4 times, alternately: their calls interleave,
+    so they are no run of blocks to cut a pipeline at. Before, they were taken for a group of 2 blocks and a
+    pp=2 plan failed with a raw KeyError inside `runtime.pipeline.stage_graph` (transformers' ALBERT did)."""
+    traced = trace(AlbertSiblings(), (torch.randn(4, 8),))
+    assert not traced.blocks, traced.blocks
+    with pytest.raises(PipelineError, match=r"called 4 times with shared weights"):
+        parallelizer.plan(traced, {"pp": 2})
+
+
 def test_forced_codec_without_gradient_sync_says_there_is_nothing_to_compress():
     line = compression_line({"option": "bf16", "chosen": "none", "step_s": 1e-3})
     assert "this plan has none" in line and "no codec beats" not in line

@@ -116,7 +116,7 @@ def kept_dims(dim_index: int = 1, keep_index: int | None = 2) -> Callable[[OpVie
     def rule(v: OpView) -> list[AxisOption]:
         nd = v.nd()
         dims = dims_arg(v, dim_index, "dim", nd)
-        keep = bool(v.arg(keep_index, "keepdim", False) if keep_index is not None else v.kwargs.get("keepdim", False))
+        keep = bool(v.arg(_keepdim_index(v, keep_index), "keepdim", False))
         opts = [replicate(v)]
         for d in range(nd):
             if d not in dims and v.in_shapes[0][d] > 1:
@@ -126,6 +126,17 @@ def kept_dims(dim_index: int = 1, keep_index: int | None = 2) -> Callable[[OpVie
     rule.__doc__ = kept_dims.__doc__
     rule.__name__ = f"kept_dims({dim_index}, {keep_index})"
     return rule
+
+
+def _keepdim_index(v: OpView, default: int | None) -> int:
+    """Position of `keepdim` in the op's schema (overloads differ: var.dim/std.dim take it 4th, positionally;
+    var.correction takes it as a keyword only), else `default`; len(args) when it is keyword-only."""
+    schema = getattr(v.target, "_schema", None)
+    if schema is not None:
+        for i, a in enumerate(schema.arguments):
+            if a.name == "keepdim":
+                return len(v.args) if a.kwarg_only else i
+    return len(v.args) if default is None else default
 
 
 def inplace(base: Callable[[OpView], list[AxisOption]]) -> Callable[[OpView], list[AxisOption]]:

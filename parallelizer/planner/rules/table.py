@@ -191,7 +191,7 @@ _add([aten.max.dim, aten.min.dim], pointwise.kept_dims(), lambda o: calls(o, (t(
 _add([aten.logsumexp], pointwise.kept_dims(), calls(aten.logsumexp.default, (t(3, 7), [1]), (t(5, 2, 3), [0], True)))
 _add([aten.var, aten.std], pointwise.kept_dims(keep_index=None),
      lambda p: [*calls(p.correction, (t(3, 7), [1]), correction=1), *calls(p.correction, (t(5, 2, 3), [0, 2]), keepdim=True),
-                *calls(p.dim, (t(3, 7), [1]))])
+                *calls(p.dim, (t(3, 7), [1])), *calls(p.dim, (t(5, 2, 3), [0], True, True))])
 _add([aten.var_mean], pointwise.kept_dims(keep_index=None), calls(aten.var_mean.correction, (t(3, 7), [1]), correction=0))
 _add([aten.linalg_vector_norm], pointwise.kept_dims(2, 3), calls(aten.linalg_vector_norm.default, (t(3, 7), 2, [1]),
                                                                  (t(5, 2, 3), 2.0, [0], True)))

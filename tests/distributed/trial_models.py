@@ -1,0 +1,52 @@
+"""Models behind the wrong numbers found by trying outside patterns (branch `trial`), importable by spawned
+ranks. Each builder returns (model, example_inputs); seeded, so every rank builds the same weights."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+B, T, H = 4, 8, 16
+
+
+class ComplexRotary(nn.Module):
+    """linear -> view_as_complex -> complex rotation (polar) -> view_as_real -> linear: Meta-Llama's complex
+    rotary embedding between two projections. Under tp the second projection is column parallel, so the
+    gradient reaching the replicated complex region is Partial and must be all-reduced (Megatron's f)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        z = torch.view_as_complex(h.reshape(B, T, H // 2, 2))
+        ang = torch.arange(T).float()[:, None] * torch.arange(H // 2).float()[None] * 0.1
+        h = torch.view_as_real(z * torch.polar(torch.ones_like(ang), ang)).reshape(B, T, H)
+        return self.b(h)
+
+
+def complex_rotary():
+    torch.manual_seed(0)
+    return ComplexRotary(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class EmaUnderNoGrad(nn.Module):
+    """An EMA buffer updated in place inside `torch.no_grad()` from a parameter and an activation, read by the
+    next step's forward: the buffer must carry no autograd history (eager: no_grad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+        self.register_buffer("ema", torch.zeros(H))
+
+    def forward(self, x):
+        h = self.a(x)
+        out = self.b(h - self.ema)
+        with torch.no_grad():
+            self.ema.mul_(0.5).add_(self.a.bias * 0.25 + h.mean((0, 1)) * 0.25)
+        return out
+
+
+def ema_under_no_grad():
+    torch.manual_seed(0)
+    return EmaUnderNoGrad(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
