@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
-from .graph import is_view, mutated_args
+from .graph import carries_grad, is_view, mutated_args
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -157,7 +157,7 @@ def _written_operands(sub: torch.fx.GraphModule) -> set[int]:
 
 def _carries_grad(value: Any) -> bool:
     val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and (val.dtype.is_floating_point or val.dtype.is_complex)
+    return isinstance(val, torch.Tensor) and carries_grad(val.dtype)
 
 
 def _inline_body(gm: torch.fx.GraphModule, node: torch.fx.Node, sub: torch.fx.GraphModule, operands: list,

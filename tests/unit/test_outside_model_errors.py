@@ -38,12 +38,14 @@ class Stack(torch.nn.Module):
 
 
 class Albert(torch.nn.Module):
-    def __init__(self) -> None:
+    """One layer (`Layer()` by default) called `calls` times with shared weights."""
+
+    def __init__(self, layer: torch.nn.Module | None = None, calls: int = 3) -> None:
         super().__init__()
-        self.shared = Layer()
+        self.shared, self.calls = layer if layer is not None else Layer(), calls
 
     def forward(self, x):
-        for _ in range(3):
+        for _ in range(self.calls):
             x = self.shared(x)
         return x.pow(2).mean()
 
@@ -72,22 +74,11 @@ class TwoLinearLayer(torch.nn.Module):
         return self.n2(x + self.k(self.n1(torch.relu(self.q(x)))))
 
 
-class AlbertSiblings(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shared = TwoLinearLayer()
-
-    def forward(self, x):
-        for _ in range(4):
-            x = self.shared(x)
-        return x.pow(2).mean()
-
-
 def test_sibling_modules_of_a_shared_layer_called_in_turn_are_not_blocks():
     """The shared layer's q and k (and n1, n2) are each called 4 times, alternately: their calls interleave,
     so they are no run of blocks to cut a pipeline at. Before, they were taken for a group of 2 blocks and a
     pp=2 plan failed with a raw KeyError inside `runtime.pipeline.stage_graph` (transformers' ALBERT did)."""
-    traced = trace(AlbertSiblings(), (torch.randn(4, 8),))
+    traced = trace(Albert(TwoLinearLayer(), calls=4), (torch.randn(4, 8),))
     assert not traced.blocks, traced.blocks
     with pytest.raises(PipelineError, match=r"called 4 times with shared weights"):
         parallelizer.plan(traced, {"pp": 2})
