@@ -50,3 +50,21 @@ class EmaUnderNoGrad(nn.Module):
 def ema_under_no_grad():
     torch.manual_seed(0)
     return EmaUnderNoGrad(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class BatchNormFedBias(nn.Module):
+    """linear (with bias) -> BatchNorm -> linear, loss = sum of squares: the first bias's gradient is 0 in exact
+    arithmetic (BatchNorm removes any shift), computed in fp32 as a sum of terms of about 1e-2 that cancel, so
+    fp32 leaves about 7e-4 of rounding on one device (MobileViT's conv biases before BatchNorm, 1e-4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.b(self.bn(self.a(x))).pow(2).sum()
+
+
+def bn_fed_bias():
+    torch.manual_seed(0)
+    return BatchNormFedBias(), (torch.randn(64, 16) * 1e-3,)
