@@ -205,8 +205,9 @@ def _loss(output) -> torch.Tensor:
 def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, str, float]:
     """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
     (name, a, b, exact): the ratio is `tolerance.excess`'s, or with `exact` the smaller of it and
-    `judge(a, b, exact)` (a match by either criterion): `recipe_excess` when `exact` is the reference's value
-    without its mixed-precision recipe, `float64_excess` when it is a float64 copy's."""
+    `judge(a, b, exact)` (a match by either criterion): `recipe_excess` (the default) when `exact` is the
+    reference's value without its mixed-precision recipe, `float64_excess` when it is a float64 copy's."""
+    judge = judge or recipe_excess
     worst, ratio = (0.0, ""), 0.0
     for name, a, b, *exact in pairs:
         if not a.numel():
