@@ -112,7 +112,7 @@ def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         if node.target is _GRAD_HOP and not enabled:  # nothing computed inside has a gradient, written
             written = _written_operands(sub)           # state (a buffer updated in place) included
             with gm.graph.inserting_before(node):
-                operands = [_detach(gm, o) if k not in written and _carries_grad(o) else o
+                operands = [_detach(gm, o, node) if k not in written and _carries_grad(o) else o
                             for k, o in enumerate(operands)]
         outputs = _inline_body(gm, node, sub, operands, autocast)
         if node.target is _GRAD_HOP and not enabled:
@@ -258,9 +258,12 @@ def _autocast_casts(node: torch.fx.Node, autocast: tuple[str, torch.dtype]) -> d
     return {tensor_index[k]: d for k, d in recorder.casts.items()}
 
 
-def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node) -> torch.fx.Node:
+def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node, where: torch.fx.Node | None = None) -> torch.fx.Node:
+    """`aten.detach(value)`, recorded as made where `where` (default: `value`) was: its module stack and source,
+    so that the detach of a no-grad region's input belongs to the module that opened the region (a block),
+    not to the one that produced the input (the previous block), and repeated blocks stay alike."""
     out = gm.graph.call_function(torch.ops.aten.detach.default, (value,))
-    out.meta = _meta_like(value)
+    out.meta = {k: v for k, v in (where if where is not None else value).meta.items() if k in _COPIED_META}
     out.meta["val"] = value.meta["val"].detach()
     return out
 

@@ -287,3 +287,24 @@ def test_meta_and_cpu_traces_of_an_sdpa_model_are_one_graph():
     shapes = [[(n, t.op_name, [tuple(o.shape) for o in t.outputs]) for n, t in tg.nodes.items()] for tg in (meta, cpu)]
     assert shapes[0] == shapes[1]
     assert not any(t.op_name == "aten.contiguous.default" for t in meta.nodes.values())
+
+
+class _EmaBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(0.1 * x.mean(0))
+        return x + torch.tanh(self.fc(x))
+
+
+def test_no_grad_region_input_detach_belongs_to_the_block_that_opened_the_region():
+    """The detach the tracer puts on a no-grad region's input (so that a buffer written from it carries no
+    history) is recorded in the block that opened the region: the 4 blocks stay alike and form one group (when
+    it took the producer's module, the previous block got an extra node and the last block fell out)."""
+    model = torch.nn.Sequential(*[_EmaBlock() for _ in range(4)])
+    traced = parallelizer.trace(model, (torch.randn(4, 8),))
+    assert [b.members for b in traced.blocks] == [("0", "1", "2", "3")]
