@@ -67,10 +67,12 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
     per element of the op's floating-point input as priced."""
     if not inputs:
         return []
-    in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
-    if node.target in VIEW_OPS and out_shape is not None:
-        return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, in_local[0], itemsize)
+    if node.target in VIEW_OPS:
+        return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, itemsize) if out_shape else []
     packet = getattr(node.target, "overloadpacket", None)
+    if packet not in (aten.cross_entropy_loss, aten.batch_norm):
+        return []
+    in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
     if packet is aten.cross_entropy_loss:
         nd = len(in_local[0])
         if nd < 2:
@@ -93,12 +95,11 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
 
 
 def _regroup_collectives(src: tuple[int, ...], dst: tuple[int, ...], inputs: Layout, output: Layout,
-                         mesh: MeshSpec, src_local: tuple[int, ...], itemsize: int) -> list[OpCollective]:
+                         mesh: MeshSpec, itemsize: int) -> list[OpCollective]:
     """A re-cutting view's all-to-alls, forward and backward (module docstring)."""
-    dst_local = local_shape(dst, output, mesh)
     out = []
     for r in view_regroups(src, dst, inputs, output, mesh.shape):
-        shape = dst_local if r.after else src_local
+        shape = local_shape(dst, output, mesh) if r.after else local_shape(src, inputs, mesh)
         row_bytes = math.prod(shape) // max(shape[r.dim], 1) * itemsize
         n = mesh.shape[r.axis]
         nbytes = -(-r.rows_sent() * row_bytes * n // (n - 1))
