@@ -13,6 +13,11 @@ parameters (`clip_grad_norm_` over `DTensor.full_tensor()`-free partial norms):
 - total = (sum over classes)^(1/p); a last MAX over every axis makes it bitwise equal on every rank, so
   every rank scales its local gradients by the same factor min(1, max_norm / (total + 1e-6)) (torch's).
 
+Pipeline ranks (`PipelineModule.clip_grad_norm_`) hold different stages: each sums only the gradients it
+`counted` (one copy of a parameter that several stages or BitPipe's twin copies hold, all equal after the
+step's gradient sum), and the per-rank totals are then summed (max for inf) over `across` (the pp group of
+ranks with the same (dp, tp) coordinates) before the root; the last MAX also runs over `across`.
+
 Sums are accumulated in float64 and the total returned in the gradients' dtype, like torch's.
 """
 from __future__ import annotations
@@ -29,9 +34,15 @@ from ..rewriter import collectives
 
 def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
                     max_norm: float, norm_type: float = 2.0, *, error_if_nonfinite: bool = False,
-                    foreach: bool | None = None) -> torch.Tensor:
+                    foreach: bool | None = None, counted: Sequence[tuple[torch.Tensor, Layout]] | None = None,
+                    across: Sequence[Sequence[int]] = ()) -> torch.Tensor:
     """Clip the gradients of local shards `params` (each with its stored layout on `mesh`) by their global
-    norm; `groups` maps each mesh axis to this rank's group on it. Collective over the mesh.
+    norm; `groups` maps each mesh axis to this rank's group on it. Collective over the mesh (and `across`).
+
+    Args:
+        counted: the pairs whose gradients make up the norm (default: `params`); `params` are all scaled.
+        across: further groups of global ranks (a pipeline's pp group) over which the per-rank totals are
+            summed (module docstring); () for one mesh.
 
     Returns:
         The total norm of the full gradient (a scalar tensor in the gradients' dtype, float32 when none).
@@ -44,8 +55,9 @@ def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpe
     if not (norm_type > 0):
         raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}; the global norm is "
                          "built from per-shard sums of |g|^p (p > 0) or maxima (inf)")
-    grads = [(p.grad, layout) for p, layout in params if p.grad is not None]
-    dtype = grads[0][0].dtype if grads else torch.float32
+    grads = [(p.grad, layout) for p, layout in (params if counted is None else counted) if p.grad is not None]
+    scaled = [p.grad for p, _ in params if p.grad is not None]
+    dtype = scaled[0].dtype if scaled else torch.float32
     axes = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape) if size > 1]
     # one class per set of sharding axes, from every parameter (not only those with a gradient here), so
     # that every rank calls the same collectives on vectors of the same length
@@ -61,13 +73,13 @@ def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpe
                 classes[key] = torch.maximum(classes[key], g.abs().max())
             else:
                 classes[key] = classes[key] + g.abs().pow(norm_type).sum()
-        total = _reduce(classes, axes, groups, norm_type)
+        total = _reduce(classes, axes, groups, norm_type, across)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
                                "so it cannot be clipped. To disable this error and scale the gradients by the "
                                "non-finite norm anyway, set `error_if_nonfinite=False`")
         coef = torch.clamp(max_norm / (total.to(dtype) + 1e-6), max=1.0)
-        for grad, _ in grads:
+        for grad in scaled:
             grad.mul_(coef)  # in the gradient's dtype, computed as torch does (a float32 factor)
     return total.to(dtype)
 
@@ -78,22 +90,25 @@ def _sharded_axes(layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:
 
 
 def _reduce(classes: dict[tuple[str, ...], torch.Tensor], axes: list[tuple[str, int]], groups: dict[str, list[int]],
-            norm_type: float) -> torch.Tensor:
+            norm_type: float, across: Sequence[Sequence[int]] = ()) -> torch.Tensor:
     """The global total from per-class local sums (module docstring); the same value on every rank."""
     keys = sorted(classes)
-    if not keys:
-        return torch.zeros((), dtype=torch.float64)
-    values = torch.stack([classes[k] for k in keys])
+    values = torch.stack([classes[k] for k in keys]) if keys else torch.zeros(1, dtype=torch.float64)
     if math.isinf(norm_type):
         for name, _ in axes:
             values = collectives.all_reduce_max(values, groups[name])
-        total = values.max()
+        total = values.max().reshape(1)
+        for ranks in across:
+            total = collectives.all_reduce_max(total, ranks)
     else:
         for name, _ in axes:
             rows = [i for i, k in enumerate(keys) if name in k]
             if rows:
                 values[rows] = collectives.all_reduce(values[rows].contiguous(), groups[name])
-        total = values.sum().pow(1.0 / norm_type)
-    for name, _ in axes:  # bitwise agreement, whatever the reduction orders were
-        total = collectives.all_reduce_max(total.reshape(1), groups[name]).reshape(())
-    return total
+        total = values.sum().reshape(1)
+        for ranks in across:
+            total = collectives.all_reduce(total, ranks)
+        total = total.pow(1.0 / norm_type)
+    for ranks in [groups[name] for name, _ in axes] + list(across):  # bitwise agreement, whatever the orders
+        total = collectives.all_reduce_max(total, ranks)
+    return total.reshape(())

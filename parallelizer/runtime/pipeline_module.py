@@ -18,8 +18,10 @@ nn.Module contract, as far as a pipeline allows:
 - `parameters()` / `named_parameters()`: the local shards of this rank's stages, named
   `stages.<i>.<model FQN>` (i-th stage of this rank); a torch optimizer steps them as usual.
 - `state_dict()` / `load_state_dict()`: the same names and local shards (a per-rank checkpoint: reload it on
-  the same plan and world size). `full_state_dict()`, `parallelizer.checkpoint` and `clip_grad_norm_` over the
-  global norm are not supported for pipeline modules yet (they raise PipelineError).
+  the same plan and world size). `full_state_dict()` and `parallelizer.checkpoint` are not supported for
+  pipeline modules yet (they raise PipelineError).
+- `clip_grad_norm_(max_norm, norm_type)`: clips by the norm of the whole model's gradient, each parameter
+  counted once over stages, copies and shards (call it on every rank after `step`).
 - `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.
 - train/eval: the stages run in the mode the model was traced in; switching raises PipelineError.
 """
@@ -34,9 +36,10 @@ from torch.utils import _pytree as pytree
 from ..errors import PipelineError
 from ..planner import Plan
 from ..planner.boundary import build_options
-from ..rewriter.collectives import find_group
+from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
+from .grad_norm import clip_grad_norm_
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
 from .loss_weight import batch_target as batch_target_of
@@ -169,10 +172,41 @@ class PipelineModule(torch.nn.Module):
                             "only its stages). Remedy: save pm.state_dict() per rank and reload it on the same "
                             "plan, or gather with a plan without 'pp'")
 
-    def clip_grad_norm_(self, *args, **kwargs):
-        raise PipelineError("PipelineModule.clip_grad_norm_: the global norm over stages is not implemented yet. "
-                            "Remedy: train without clipping, or with a plan without 'pp' (ParallelModule clips "
-                            "by the global norm)")
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` over the GLOBAL gradient of the whole model (collective: call on
+        every rank after `step`), as `ParallelModule.clip_grad_norm_` does on one mesh (`runtime.grad_norm`).
+
+        Every parameter counts once: a parameter that several stages hold (a tied embedding / lm_head) or that
+        BitPipe keeps twice (its two pipeline directions) has equal gradients on every copy after `step`, so
+        only the copy on the lowest pp rank holding it is counted (an all-reduce over the pp group finds it);
+        within a stage, shards count over the (dp, tp) axes that shard them. The per-rank totals are summed over
+        the pp group, and every copy and shard on every rank is scaled by the same min(1, max_norm / (total +
+        1e-6)). Returns the total norm (a scalar tensor in the gradients' dtype, the same bitwise on every rank).
+
+        Raises:
+            ValueError: norm_type is not > 0 or inf. RuntimeError: a non-finite total with error_if_nonfinite.
+        """
+        held: dict[str, list[tuple[torch.Tensor, object]]] = {}
+        for stage in self.run.stages:
+            for fqn, p in stage.named_parameters():
+                held.setdefault(fqn, []).append((p, stage.spec.params[fqn]))
+        owned = self._counted_here(held)
+        first = self.run.stages[0]
+        return clip_grad_norm_([c for copies in held.values() for c in copies], first.spec.mesh, first.groups,
+                               max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach,
+                               counted=[held[fqn][0] for fqn in owned],
+                               across=[self._pp_ranks] if len(self._pp_ranks) > 1 else [])
+
+    def _counted_here(self, held: dict) -> list[str]:
+        """The trainable parameters whose gradients this rank counts in the global norm: those it holds for
+        which no lower pp rank (same (dp, tp) coordinates) holds a copy (an all-reduce of -rank, max = -min)."""
+        names = sorted(f for f, info in self.traced.parameters.items() if not info.is_buffer)
+        me, nobody = self._pp_ranks.index(dist.get_rank()), len(self._pp_ranks)
+        mine = torch.tensor([-me if any(p.requires_grad for p, _ in held.get(f, ())) else -nobody for f in names],
+                            dtype=torch.float64)
+        lowest = all_reduce_max(mine, self._pp_ranks) if len(self._pp_ranks) > 1 else mine
+        return [f for f, low, own in zip(names, lowest.tolist(), mine.tolist()) if own == low == -me]
 
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:

@@ -67,16 +67,29 @@ def train(rank: int, world_size: int, cases: dict, steps: int = 3, gpt2: dict = 
     return report
 
 
+CLIP = (0.05, (2.0, float("inf"), 2.0))  # max_norm below every step's total norm; the norm type of step i
+
+
 def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
-    """`steps` AdamW steps of the user loop (`pm.step`, identical for every plan) and of the single-device
-    `reference`: the largest differences of loss and gradients (every step) and of the parameters after."""
+    """`steps` AdamW steps of the user loop (`pm.step`, `pm.clip_grad_norm_`, identical for every plan) and of
+    the single-device `reference` (torch's clip_grad_norm_): the largest differences of loss, total norm and
+    clipped gradients (every step) and of the parameters after; "ref_norm": the smallest reference total norm
+    (above max_norm: the clipping scaled), "norm_spread": the largest difference of the total between ranks."""
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    worst = {"loss": 0.0, "grad": 0.0, "params": 0.0}
-    for _ in range(steps):
+    worst = {"loss": 0.0, "grad": 0.0, "params": 0.0, "norm": 0.0, "ref_norm": float("inf"), "norm_spread": 0.0}
+    max_norm, norm_types = CLIP
+    for i in range(steps):
         loss = pm.step(ids, target=labels, loss_fn=lm_loss)
         ref_loss = lm_loss(reference(ids), labels)
         ref_loss.backward()
+        total = pm.clip_grad_norm_(max_norm, norm_types[i % len(norm_types)])
+        ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_types[i % len(norm_types)])
+        totals = [torch.zeros(()) for _ in range(dist.get_world_size())]
+        dist.all_gather(totals, total.detach().float())
+        worst["norm_spread"] = max(worst["norm_spread"], max(totals).item() - min(totals).item())
+        worst["norm"] = max(worst["norm"], abs(total.item() - ref_total.item()) / ref_total.item())
+        worst["ref_norm"] = min(worst["ref_norm"], ref_total.item())
         worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
         worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
         opt.step()

@@ -1,12 +1,15 @@
 """BitPipe and DualPipeV executed (issue 14): the user loop (`auto_parallelize` + `pm.step` + AdamW) on 4 gloo
 ranks (pp=4) with an 8-block GPT-2 (tied wte / lm_head, padded labels) on a plan with 2 stages per pp rank
 whose schedule is bitpipe (our P2P runner: two weight copies per stage, eager twin gradient exchange) or
-dualpipev / zbv (torch's ScheduleDualPipeV / ScheduleZBVZeroBubble with our stage split, V placement): loss (every step), every gradient
-(every step) and the parameters after 3 AdamW steps match the single-device model within 1e-5 (fp32)."""
+dualpipev / zbv (torch's ScheduleDualPipeV / ScheduleZBVZeroBubble with our stage split, V placement): loss
+(every step), every gradient (every step) and the parameters after 3 AdamW steps match the single-device model
+within 1e-5 (fp32), with `pm.clip_grad_norm_` in the loop: its global norm (BitPipe's twin copies and the tied
+wte / lm_head counted once) equals torch's clip_grad_norm_ on one device."""
 import pytest
 
 from parallelizer.runtime import spawn
 from schedule_workers import base_plan_json, train_schedules
+from step_workers import CLIP
 
 pytestmark = pytest.mark.distributed
 
@@ -24,6 +27,7 @@ def test_bitpipe_dualpipev_and_zbv_train_like_one_device():
         for name in SCHEDULES:
             r = report[name]
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
+            assert r["norm"] <= 1e-5 and r["ref_norm"] > CLIP[0] and r["norm_spread"] == 0.0, (rank, name, r)
             assert r["blocks"] == HELD[name][rank], (rank, name, r["blocks"])
         # bitpipe: the down pipeline enters and leaves at rank 0, the up pipeline at rank 3
         assert tuple(report["bitpipe"]["first_last"]) == ((True, True) if rank in (0, 3) else (False, False))

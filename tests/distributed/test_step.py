@@ -2,7 +2,9 @@
 user loop, on a 4-block GPT-2 with tied embeddings and padded labels (-100), on 4 gloo ranks: pp=2 x dp=2 (a
 saved plan, applied) and pp=2 x tp=2 (planned by rank 0) pipeline plans (torch.distributed.pipelining) and a
 dp=2 x tp=2 non-pipeline plan. Loss (every
-step, every rank), gradients (every step) and parameters after 3 steps match the single-device model within
+step, every rank), the global gradient norm of `pm.clip_grad_norm_` (norms 2 and inf; relative, the same
+bitwise on every rank: the tied wte / lm_head counted once over its two stages), the clipped gradients (every
+step) and parameters after 3 steps match the single-device model (torch's clip_grad_norm_) within
 1e-5 (fp32); the pipeline loss is token-weighted over microbatches (a plain mean of the microbatch means
 would be off by far more than the tolerance); and the typed errors of a pipeline module."""
 import contextlib
@@ -15,7 +17,7 @@ from parallelizer import zoo
 from parallelizer.runtime import spawn
 from launch_once import run_each
 from own_loss_workers import own_loss_train
-from step_workers import GPT2_4, train
+from step_workers import CLIP, GPT2_4, train
 
 pytestmark = pytest.mark.distributed
 
@@ -57,6 +59,7 @@ def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
         errors = report.pop("errors")
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
+            assert r["norm"] <= 1e-5 and r["ref_norm"] > CLIP[0] and r["norm_spread"] == 0.0, (rank, name, r)
             assert r["kind"] == ("ParallelModule" if name == "dp2_tp2" else "PipelineModule"), (rank, name)
             if name != "pp2_dp2":
                 assert "all_gather" in r["collectives"] or "all_reduce" in r["collectives"], (rank, name, r)
