@@ -18,8 +18,9 @@ nn.Module contract, as far as a pipeline allows:
 - `parameters()` / `named_parameters()`: the local shards of this rank's stages, named
   `stages.<i>.<model FQN>` (i-th stage of this rank); a torch optimizer steps them as usual.
 - `state_dict()` / `load_state_dict()`: the same names and local shards (a per-rank checkpoint: reload it on
-  the same plan and world size). `full_state_dict()` and `parallelizer.checkpoint` are not supported for
-  pipeline modules yet (they raise PipelineError).
+  the same plan and world size). `full_state_dict()` / `load_full_state_dict()`: the model's own keys and
+  full tensors (gathered over sub-meshes, broadcast over the pipeline), as `ParallelModule`'s.
+  `parallelizer.checkpoint` is not supported for pipeline modules yet (it raises PipelineError).
 - `clip_grad_norm_(max_norm, norm_type)`: clips by the norm of the whole model's gradient, each parameter
   counted once over stages, copies and shards (call it on every rank after `step`).
 - `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError
+from ..errors import PipelineError, StateDictError
 from ..planner import Plan
 from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
@@ -167,10 +168,58 @@ class PipelineModule(torch.nn.Module):
                               ChunkCount(weighting, self.run.microbatches, chunk))
         return self._fn_count[1]
 
-    def full_state_dict(self):
-        raise PipelineError("PipelineModule.full_state_dict: not supported for pipeline plans yet (each rank holds "
-                            "only its stages). Remedy: save pm.state_dict() per rank and reload it on the same "
-                            "plan, or gather with a plan without 'pp'")
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Gather every tensor of the model's `state_dict()` to its full value on EVERY rank (collective: call on
+        all ranks), as `ParallelModule.full_state_dict` does on one mesh.
+
+        Keys are exactly those of the original model's `state_dict()` (tied aliases included, non-persistent
+        buffers and lifted constants left out), so `model.load_state_dict(sd, strict=True)` works on the
+        unparallelised model. Each stage gathers its tensors over its (dp, tp) sub-mesh; a tensor is then
+        broadcast over the pp group from the lowest pp rank holding it (copies on other stages, and BitPipe's
+        twins, are equal after `step`). For models whose full state fits one device.
+        """
+        fulls: dict[str, torch.Tensor] = {}
+        for stage in self.run.stages:  # every rank of a stage's sub-mesh runs the same stages in the same order
+            for fqn, full in stage.full_state_dict().items():
+                fulls.setdefault(fqn, full)
+        params = self.traced.parameters
+        names = sorted(f for f, info in params.items() if info.persistent)
+        owned = set(self._lowest_holder(names, lambda f: f in fulls))
+        if orphans := [f for f in names if f not in self._holder_rank]:
+            raise StateDictError(f"PipelineModule.full_state_dict: no stage holds {orphans[:5]} (the traced forward "
+                                 "never reads them, so no stage program keeps them). Remedy: take them from the "
+                                 "model itself, or remove unused parameters", missing=orphans, unexpected=[])
+        out = {}
+        for fqn in names:
+            info = params[fqn]
+            full = fulls[fqn].clone() if fqn in owned else torch.empty(info.shape, dtype=info.dtype)
+            if len(self._pp_ranks) > 1:
+                dist.broadcast(full, src=self._holder_rank[fqn], group=find_group(self._pp_ranks))
+            for name in (fqn, *info.aliases):
+                out[name] = full
+        return out
+
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
+        """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into every
+        stage it holds (each copy of a tied or BitPipe-twinned tensor). No communication.
+
+        Returns (missing_keys, unexpected_keys) against the whole model, like `nn.Module.load_state_dict`.
+        Raises:
+            StateDictError: with strict=True, keys missing or unexpected; a tensor of another shape than the
+                model's (`ParallelModule.load_full_state_dict`'s checks, per stage).
+        """
+        params = self.traced.parameters
+        expected = {n for f, info in params.items() if info.persistent for n in (f, *info.aliases)}
+        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        if strict and (missing or unexpected):
+            raise StateDictError(
+                f"PipelineModule.load_full_state_dict: {len(missing)} missing key(s) {missing[:5]}, {len(unexpected)} "
+                f"unexpected key(s) {unexpected[:5]}. The state dict must have the keys of the model's state_dict() "
+                "(tied aliases included, non-persistent buffers left out). Remedy: save it with model.state_dict() "
+                "/ pm.full_state_dict(), or pass strict=False", missing=missing, unexpected=unexpected)
+        for stage in self.run.stages:
+            stage.load_full_state_dict({k: v for k, v in state_dict.items() if k in expected}, strict=False)
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                         foreach: bool | None = None) -> torch.Tensor:
@@ -191,21 +240,22 @@ class PipelineModule(torch.nn.Module):
         for stage in self.run.stages:
             for fqn, p in stage.named_parameters():
                 held.setdefault(fqn, []).append((p, stage.spec.params[fqn]))
-        owned = self._counted_here(held)
+        names = sorted(f for f, info in self.traced.parameters.items() if not info.is_buffer)
+        owned = self._lowest_holder(names, lambda f: any(p.requires_grad for p, _ in held.get(f, ())))
         first = self.run.stages[0]
         return clip_grad_norm_([c for copies in held.values() for c in copies], first.spec.mesh, first.groups,
                                max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach,
                                counted=[held[fqn][0] for fqn in owned],
                                across=[self._pp_ranks] if len(self._pp_ranks) > 1 else [])
 
-    def _counted_here(self, held: dict) -> list[str]:
-        """The trainable parameters whose gradients this rank counts in the global norm: those it holds for
-        which no lower pp rank (same (dp, tp) coordinates) holds a copy (an all-reduce of -rank, max = -min)."""
-        names = sorted(f for f, info in self.traced.parameters.items() if not info.is_buffer)
+    def _lowest_holder(self, names: list[str], holds) -> list[str]:
+        """Of `names` (the same list on every rank), those for which this rank is the lowest pp rank (same (dp, tp)
+        coordinates) with `holds(name)` true: an all-reduce of -pp rank over the pp group (max = -min). Records
+        each name's lowest holder (global rank) in `_holder_rank`."""
         me, nobody = self._pp_ranks.index(dist.get_rank()), len(self._pp_ranks)
-        mine = torch.tensor([-me if any(p.requires_grad for p, _ in held.get(f, ())) else -nobody for f in names],
-                            dtype=torch.float64)
-        lowest = all_reduce_max(mine, self._pp_ranks) if len(self._pp_ranks) > 1 else mine
+        mine = torch.tensor([-me if holds(f) else -nobody for f in names], dtype=torch.float64)
+        lowest = all_reduce_max(mine, self._pp_ranks) if nobody > 1 else mine
+        self._holder_rank = {f: self._pp_ranks[int(-low)] for f, low in zip(names, lowest.tolist()) if -low < nobody}
         return [f for f, low, own in zip(names, lowest.tolist(), mine.tolist()) if own == low == -me]
 
 

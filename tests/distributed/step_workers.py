@@ -74,7 +74,9 @@ def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int
     """`steps` AdamW steps of the user loop (`pm.step`, `pm.clip_grad_norm_`, identical for every plan) and of
     the single-device `reference` (torch's clip_grad_norm_): the largest differences of loss, total norm and
     clipped gradients (every step) and of the parameters after; "ref_norm": the smallest reference total norm
-    (above max_norm: the clipping scaled), "norm_spread": the largest difference of the total between ranks."""
+    (above max_norm: the clipping scaled), "norm_spread": the largest difference of the total between ranks;
+    then `pm.full_state_dict()` against the reference's state_dict ("state_keys" equal, "state" difference) and
+    the parameters after `pm.load_full_state_dict(reference.state_dict())` ("loaded": 0 when exact)."""
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     worst = {"loss": 0.0, "grad": 0.0, "params": 0.0, "norm": 0.0, "ref_norm": float("inf"), "norm_spread": 0.0}
@@ -97,6 +99,11 @@ def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int
         opt.zero_grad()
         ref_opt.zero_grad()
     worst["params"] = _diff(pm, reference, grads=False)
+    full, ref_sd = pm.full_state_dict(), reference.state_dict()
+    worst["state_keys"] = sorted(full) == sorted(ref_sd)
+    worst["state"] = max((full[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
+    pm.load_full_state_dict(ref_sd)  # pure data movement: every shard and copy now equals one device's, bitwise
+    worst["loaded"] = _diff(pm, reference, grads=False)
     return worst
 
 

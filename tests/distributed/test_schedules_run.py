@@ -28,6 +28,7 @@ def test_bitpipe_dualpipev_and_zbv_train_like_one_device():
             r = report[name]
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
             assert r["norm"] <= 1e-5 and r["ref_norm"] > CLIP[0] and r["norm_spread"] == 0.0, (rank, name, r)
+            assert r["state_keys"] and r["state"] <= 1e-5 and r["loaded"] == 0.0, (rank, name, r)
             assert r["blocks"] == HELD[name][rank], (rank, name, r["blocks"])
         # bitpipe: the down pipeline enters and leaves at rank 0, the up pipeline at rank 3
         assert tuple(report["bitpipe"]["first_last"]) == ((True, True) if rank in (0, 3) else (False, False))

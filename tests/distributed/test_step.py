@@ -60,6 +60,7 @@ def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
             assert r["norm"] <= 1e-5 and r["ref_norm"] > CLIP[0] and r["norm_spread"] == 0.0, (rank, name, r)
+            assert r["state_keys"] and r["state"] <= 1e-5 and r["loaded"] == 0.0, (rank, name, r)
             assert r["kind"] == ("ParallelModule" if name == "dp2_tp2" else "PipelineModule"), (rank, name)
             if name != "pp2_dp2":
                 assert "all_gather" in r["collectives"] or "all_reduce" in r["collectives"], (rank, name, r)
