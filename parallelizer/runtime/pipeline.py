@@ -190,6 +190,7 @@ class StageModule(ParallelModule):
     and `forward` checks (a mismatch would be sent into a receive buffer of another size)."""
 
     _retraces = False
+    _pipeline_stage = True
     _no_retrace = "a pipeline stage runs in the mode the model was traced in"
     in_codecs: tuple[BoundaryCodec | None, ...] = ()
     out_codecs: tuple[BoundaryCodec | None, ...] = ()
