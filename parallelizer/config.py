@@ -102,10 +102,11 @@ class PlanConfig:
         object.__setattr__(self, "batch_dims", tuple(tuple(x) for x in bd))
         if self.data_axes is not None:
             object.__setattr__(self, "data_axes", tuple(self.data_axes))
-        roles = self.axis_roles
+        roles = self.axis_roles if self.axis_roles is not None else ()  # None: no roles (as the default)
         if isinstance(roles, dict):
             roles = tuple(sorted(roles.items(), key=str))
-        if isinstance(roles, str) or not all(isinstance(x, (tuple, list)) and len(x) == 2 for x in roles):
+        if isinstance(roles, str) or not isinstance(roles, (tuple, list)) or not all(
+                isinstance(x, (tuple, list)) and len(x) == 2 for x in roles):
             raise ValueError(f"PlanConfig.axis_roles={self.axis_roles!r}: give a dict of mesh axis name -> role, "
                              "e.g. {'dp': 'fsdp', 'tp': 'tp'}")
         object.__setattr__(self, "axis_roles", tuple(tuple(x) for x in roles))

@@ -251,9 +251,16 @@ def _check_roles_take_effect(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig
         if role == "tp":
             params = [p for p in tg.parameters.values() if not p.is_buffer and p.placeholders[0] in spaces]
             if not any(s.output.placements[i] != R for p in params for s in spaces[p.placeholders[0]].strategies):
+                held = {ph for p in params for ph in p.placeholders}
+                no_rule = sorted({tg.nodes[n].op_name for n, sp in spaces.items() if sp.fallback
+                                  and any(t.producer in held for t in sp.inputs)})
+                why = (f"every parameter is used by an op without a sharding rule ({', '.join(no_rule)}), which "
+                       "takes it whole" if no_rule else f"no parameter dim divides by {mesh.size(axis)}")
+                remedy = ("another role for this axis, or compute those ops from sharding-friendly ones (e.g. "
+                          "torch.nn.utils.parametrize.remove_parametrizations before tracing)" if no_rule else
+                          "a tp size that divides the hidden sizes, or another role")
                 raise ValueError(f"axis_roles[{axis!r}]='tp': no parameter can be stored sharded over {axis} (size "
-                                 f"{mesh.size(axis)}) on mesh {mesh}: no parameter dim divides by {mesh.size(axis)}. "
-                                 "Remedy: a tp size that divides the hidden sizes, or another role")
+                                 f"{mesh.size(axis)}) on mesh {mesh}: {why}. Remedy: {remedy}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
   state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
   the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
   is one graph) and raises TraceError at registration saying so;
-- `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`);
+- `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`), and so does
+  `torch.nn.utils.clip_grad_norm_(pm.parameters(), ...)` (the parameters are registered with their layouts);
 - `step(*inputs, target=, loss_fn=)` runs forward, loss and backward and returns the loss (`runtime.step`),
   the same call as a pipeline plan's `PipelineModule.step`.
 `full_state_dict()` gathers a state dict that loads into the unparallelised model with strict=True (every
@@ -37,6 +38,7 @@ from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
+from .grad_norm import register as register_for_clipping
 from .modes import ModeProgram, Retracer, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
@@ -85,6 +87,7 @@ class ParallelModule(torch.nn.Module):
         self._first_modes = self._modes()
         self._active = self._program_for(self._first_modes, self._frozen(), None, None)
         self.groups = self.program.groups
+        register_for_clipping([(p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
 
     # -- state ---------------------------------------------------------------------------------------
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,

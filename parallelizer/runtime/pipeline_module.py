@@ -41,6 +41,7 @@ from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
+from .grad_norm import register as register_for_clipping
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
 from .loss_weight import batch_target as batch_target_of
@@ -69,6 +70,9 @@ class PipelineModule(torch.nn.Module):
         self._loss_rank = stage_pp_rank(pipe.schedule, len(pipe.stages) - 1, len(pipe.stages), pipe.pp) * width + local
         self._own_weighting: OwnLossWeighting | None = None  # `runtime.loss_weight`, read on the first own-loss step
         self._fn_count: tuple = (None, None)  # (loss_fn, target dtype, shape) -> its item count (`_loss_fn_count`)
+        for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
+            register_for_clipping([(p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
+                                  stage.groups, pipeline=self)
 
     @property
     def first(self) -> bool:

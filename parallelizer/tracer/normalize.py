@@ -15,6 +15,13 @@
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
    after the all-reduce (adding it inside the matmul would add it once per rank).
+5. An in-place op writing a FRESH activation (`loss += aux_loss` in transformers' MoE models, `F.relu(x,
+   inplace=True)` on a conv output) becomes its out-of-place form, and the readers of the written value after
+   the write read the new result: fresh = the output of a compute op that is neither a view nor itself an
+   in-place write (so it aliases no parameter, buffer, input or other value) and that no view aliases. The
+   planner never redistributes a value written in place (`planner.strategies.mutation_edges`), which is right
+   for state but made `loss += aux` on a Partial (a mean loss over a sharded batch) unplannable under 'ddp'
+   (InfeasiblePlanError on cross_entropy_loss); the out-of-place form computes the same values.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
-from .graph import carries_grad, is_view, mutated_args
+from .graph import _returns_written, carries_grad, is_view, mutated_args
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -47,6 +54,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _drop_asserts(gm, notes)
     _drop_contiguous(gm, notes)
     _split_biases(gm, notes)
+    _out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
 
@@ -303,6 +311,64 @@ def _split_biases(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         split += 1
     if split:
         notes.append(f"split the bias off {split} linear layer(s) (linear/addmm -> matmul + add)")
+
+
+def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 5 (module docstring): `op_(fresh, ...)` -> `op(fresh, ...)`, later readers redirected."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    rewritten: dict[str, int] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or mutated_args(node) != [0] or not _returns_written(node):
+            continue
+        base = node.args[0]
+        if not (isinstance(base, torch.fx.Node) and base.op == "call_function" and not is_view(base)
+                and not _returns_written(base) and not mutated_args(base) and "val" in base.meta
+                and not any(is_view(u) for u in base.users)):
+            continue
+        functional = _functional_overload(node.target)
+        if functional is None or not _same_result(functional, node):
+            continue
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(functional, node.args, node.kwargs)
+            new.meta = _meta_like(node)
+        order[new] = order[node]
+        for user in list(base.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(base, new)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        name = node.target.name().split("::")[-1].split(".")[0]
+        rewritten[name] = rewritten.get(name, 0) + 1
+    if rewritten:
+        notes.append("wrote in-place op(s) on fresh activations out of place (same values; the planner may then "
+                     "redistribute them): " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+
+
+def _functional_overload(target):
+    """aten.add_.Tensor -> aten.add.Tensor (same overload of the packet without the trailing underscore)."""
+    name = getattr(target, "_schema", None) and target._schema.name  # "aten::add_"
+    if not name or not name.endswith("_") or not name.startswith("aten::"):
+        return None
+    packet = getattr(torch.ops.aten, name[len("aten::"):-1], None)
+    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    if overload is None or len(overload._schema.arguments) != len(target._schema.arguments):
+        return None
+    return overload
+
+
+def _same_result(functional, node: torch.fx.Node) -> bool:
+    """Whether the out-of-place op gives the in-place op's shape and dtype (type promotion could differ)."""
+    val = node.meta.get("val")
+    fake_mode = getattr(val, "fake_mode", None)
+    if not isinstance(val, torch.Tensor) or fake_mode is None:
+        return False
+    args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
+    try:
+        with fake_mode:
+            out = functional(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - keep the in-place op when its functional form does not run on fakes
+        return False
+    return isinstance(out, torch.Tensor) and out.shape == val.shape and out.dtype == val.dtype
 
 
 def _meta_like(node: torch.fx.Node) -> dict[str, Any]:

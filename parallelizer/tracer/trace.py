@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -79,11 +80,36 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         raise TraceError("use_cache=True (a key/value cache returned from a training forward)", None,
                          "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
                          "the cache, and the toolkit turns it off by itself when it is not asked for")
-    with _cache_off(model, notes), _checkpoint_regions(notes):
+    with _cache_off(model, notes), _checkpoint_regions(notes), _host_rng_watch(notes):
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
     return _build(model, exported, gm, notes)
+
+
+HOST_RNG_NOTE = ("forward drew random numbers from numpy's or Python's generator (not torch's): tracing froze the "
+                 "values it drew into the graph as constants, so the traced and the parallel program repeat them at "
+                 "every step while the model draws new ones per call (e.g. Wav2Vec2's SpecAugment time mask, "
+                 "mask_time_prob > 0); draw them with torch (torch.rand / torch.bernoulli) to keep them random, "
+                 "or switch the augmentation off")
+
+
+@contextlib.contextmanager
+def _host_rng_watch(notes: list[str]):
+    """Note, and warn, when the traced forward advanced numpy's or Python's global random generator
+    (`HOST_RNG_NOTE`): export runs forward once and lifts what it drew as constants. Checked by comparing the
+    generators' states before and after tracing (export itself draws from neither)."""
+    import random
+
+    np = sys.modules.get("numpy")
+    before = (random.getstate(), np.random.get_state() if np is not None else None)
+    yield
+    after_np = np.random.get_state() if np is not None else None
+    moved = random.getstate() != before[0] or (
+        after_np is not None and (after_np[2] != before[1][2] or not (after_np[1] == before[1][1]).all()))
+    if moved:
+        notes.append(HOST_RNG_NOTE)
+        warnings.warn(HOST_RNG_NOTE, stacklevel=4)
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:

@@ -273,6 +273,15 @@ def clipping(rank: int, world_size: int, specs: dict) -> dict:
             ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
             grads = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
                         for f, p in pm.named_parameters())
+            # the user keeps torch's call on pm.parameters() (a swapped module, nothing else changed)
+            pm.zero_grad()
+            reference.zero_grad()
+            (pm(x) * 100).pow(2).mean().backward()
+            (reference(x) * 100).pow(2).mean().backward()
+            torch_total = torch.nn.utils.clip_grad_norm_(pm.parameters(), 0.05, norm_type)
+            torch_ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
+            torch_grads = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
+                              for f, p in pm.named_parameters())
             opt = torch.optim.SGD(pm.parameters(), lr=1.0)
             opt.step()
             replicas_equal = True
@@ -284,5 +293,6 @@ def clipping(rank: int, world_size: int, specs: dict) -> dict:
                 replicas_equal &= all(torch.equal(c, copies[0]) for c in copies)
             out[(name, norm_type)] = {"total": total.item(), "ref_total": ref_total.item(), "naive": naive,
                                       "grad_diff": grads, "replicas_equal": replicas_equal,
-                                      "dtype": str(total.dtype)}
+                                      "dtype": str(total.dtype), "torch_total": torch_total.item(), "torch_ref_total": torch_ref_total.item(),
+                                      "torch_grad_diff": torch_grads}
     return out

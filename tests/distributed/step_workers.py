@@ -71,7 +71,8 @@ CLIP = (0.05, (2.0, float("inf"), 2.0))  # max_norm below every step's total nor
 
 
 def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
-    """`steps` AdamW steps of the user loop (`pm.step`, `pm.clip_grad_norm_`, identical for every plan) and of
+    """`steps` AdamW steps of the user loop (`pm.step`, `pm.clip_grad_norm_` on even steps, torch's
+    `clip_grad_norm_(pm.parameters())` on odd ones; identical for every plan) and of
     the single-device `reference` (torch's clip_grad_norm_): the largest differences of loss, total norm and
     clipped gradients (every step) and of the parameters after; "ref_norm": the smallest reference total norm
     (above max_norm: the clipping scaled), "norm_spread": the largest difference of the total between ranks;
@@ -85,7 +86,10 @@ def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int
         loss = pm.step(ids, target=labels, loss_fn=lm_loss)
         ref_loss = lm_loss(reference(ids), labels)
         ref_loss.backward()
-        total = pm.clip_grad_norm_(max_norm, norm_types[i % len(norm_types)])
+        if i % 2:  # as a user keeps it: torch's function over pm.parameters() (routed to the global norm)
+            total = torch.nn.utils.clip_grad_norm_(pm.parameters(), max_norm, norm_types[i % len(norm_types)])
+        else:
+            total = pm.clip_grad_norm_(max_norm, norm_types[i % len(norm_types)])
         ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_types[i % len(norm_types)])
         totals = [torch.zeros(()) for _ in range(dist.get_world_size())]
         dist.all_gather(totals, total.detach().float())

@@ -11,7 +11,8 @@ the eager model on one device:
    gathered state dict loads with strict=True, typed errors for wrong shapes and missing/unexpected keys,
    hooks on the module, on parameters, and on the model before tracing work; on a submodule it is refused.
 8. clip_grad_norm_ returns eager's total norm (2 and inf) on every rank, scales the shards like eager, and
-   replicated parameters stay equal across ranks (tp=2 and fsdp dp=2).
+   replicated parameters stay equal across ranks (tp=2 and fsdp dp=2); so does torch.nn.utils.clip_grad_norm_
+   called on pm.parameters().
 """
 import contextlib
 import io
@@ -129,3 +130,7 @@ def test_clip_grad_norm_uses_the_global_norm(ranks):
             assert abs(r["naive"] - r["ref_total"]) > 1e-3 * r["ref_total"]  # local norms are not the norm
         for rr in results:
             assert rr[key]["grad_diff"] < 1e-6 and rr[key]["replicas_equal"], (key, rr[key])
+            # torch.nn.utils.clip_grad_norm_(pm.parameters()) as a user keeps it: the same global norm (before:
+            # each rank's local norm, e.g. 69-100 instead of 105 on fsdp dp=2, and its own clip factor)
+            torch.testing.assert_close(rr[key]["torch_total"], rr[key]["torch_ref_total"], rtol=1.3e-6, atol=1e-5)
+            assert rr[key]["torch_grad_diff"] < 1e-6, (key, rr[key])

@@ -7,7 +7,7 @@ import pytest
 
 import parallelizer
 from parallelizer.runtime.rehearsal import rehearse_many
-from trial_models import bn_fed_bias, complex_rotary, ema_under_no_grad
+from trial_models import aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad
 
 pytestmark = pytest.mark.distributed
 
@@ -22,7 +22,9 @@ def _plan(builder, mesh, **options):
 def two_rank_reports():
     cases = {"complex_rotary": (complex_rotary, _plan(complex_rotary, {"tp": 2}, axis_roles={"tp": "tp"})),
              "ema": (ema_under_no_grad, _plan(ema_under_no_grad, {"dp": 2}, axis_roles={"dp": "ddp"})),
-             "bn_fed_bias": (bn_fed_bias, _plan(bn_fed_bias, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+             "bn_fed_bias": (bn_fed_bias, _plan(bn_fed_bias, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "bool_mask": (bool_mask_fill, _plan(bool_mask_fill, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "aux_in_place": (aux_loss_in_place, _plan(aux_loss_in_place, {"dp": 2}, axis_roles={"dp": "ddp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -53,4 +55,20 @@ def test_rounding_of_a_cancelling_sum_is_judged_against_a_float64_reference(two_
     one device is), the program matches; the plain fp32 bound (1e-5 + 1.3e-6 |ref| per element) flagged it
     (MobileViT's conv biases on tp=2: a false alarm at 11x the bound)."""
     report = two_rank_reports["bn_fed_bias"]
+    assert report.matches(), report
+
+
+def test_a_boolean_mask_index_put_shards_the_mask_with_the_batch(two_rank_reports):
+    """`h[mask] = embed` with a (B, T) boolean mask on a (B, T, H) activation, dp=2 (ddp): the mask covers dims
+    0 and 1 of h, so h is sharded with the mask along the batch. Before, the index_put rule counted one dim per
+    index tensor and let h be sharded along T with the mask replicated: every rank raised IndexError (mask
+    [4, 8] vs a local [4, 4, 16]); Wav2Vec2 with its default SpecAugment masking failed so on tp=2."""
+    report = two_rank_reports["bool_mask"]
+    assert report.matches(), report
+
+
+def test_loss_plus_aux_loss_in_place_matches_under_ddp(two_rank_reports):
+    """`loss += 0.1 * aux` on a mean cross-entropy (Mixtral / Qwen2-MoE with output_router_logits): planned on
+    dp=2 (ddp) now that the tracer writes it out of place (before: InfeasiblePlanError), and equal to eager."""
+    report = two_rank_reports["aux_in_place"]
     assert report.matches(), report

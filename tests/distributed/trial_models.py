@@ -68,3 +68,45 @@ class BatchNormFedBias(nn.Module):
 def bn_fed_bias():
     torch.manual_seed(0)
     return BatchNormFedBias(), (torch.randn(64, 16) * 1e-3,)
+
+
+class BoolMaskFill(nn.Module):
+    """`h[mask] = embed` with a boolean (B, T) mask made in forward (Wav2Vec2's SpecAugment time mask, drawn by
+    numpy, becomes a constant of the graph) on a (B, T, H) activation: the mask covers two dims of h."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+        self.embed = nn.Parameter(torch.randn(H))
+
+    def forward(self, x):
+        h = self.a(x)
+        mask = torch.tensor([[(i + j) % 3 == 0 for i in range(T)] for j in range(B)])
+        h[mask] = self.embed
+        return self.b(h)
+
+
+def bool_mask_fill():
+    torch.manual_seed(0)
+    return BoolMaskFill(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class AuxLossInPlace(nn.Module):
+    """transformers' MoE causal LMs: `loss += coef * aux_loss` written in place on a mean cross-entropy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.router, self.head = nn.Embedding(32, H), nn.Linear(H, 4), nn.Linear(H, 32)
+
+    def forward(self, ids, labels):
+        h = self.emb(ids)
+        loss = nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+        aux = self.router(h).softmax(-1).mean((0, 1)).pow(2).sum()
+        loss += 0.1 * aux
+        return loss
+
+
+def aux_loss_in_place():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    return AuxLossInPlace(), (torch.randint(0, 32, (B, T), generator=g), torch.randint(0, 32, (B, T), generator=g))

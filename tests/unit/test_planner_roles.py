@@ -174,3 +174,13 @@ def test_tp_role_never_gathers_a_weight_sharded_over_two_axes():
     stored = Layout.parse(p.params["transformer.wte.weight"].stored)
     assert all(isinstance(x, Shard) for x in stored), stored
     assert not [(e.src, s) for e in _param_edges(p) for s in e.steps if s.mesh_axis == "tp" and s.kind == "all_gather"]
+
+
+def test_axis_roles_none_means_no_roles_and_a_non_mapping_is_a_value_error():
+    """`plan(..., axis_roles=None)` raised a bare TypeError ('NoneType' object is not iterable) from
+    PlanConfig; None now means no roles, and a non-mapping such as 5 is the documented ValueError."""
+    from parallelizer.config import PlanConfig
+
+    assert PlanConfig(axis_roles=None).axis_roles == ()
+    with pytest.raises(ValueError, match=r"PlanConfig.axis_roles=5: give a dict"):
+        PlanConfig(axis_roles=5)

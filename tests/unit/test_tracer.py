@@ -308,3 +308,69 @@ def test_no_grad_region_input_detach_belongs_to_the_block_that_opened_the_region
     model = torch.nn.Sequential(*[_EmaBlock() for _ in range(4)])
     traced = parallelizer.trace(model, (torch.randn(4, 8),))
     assert [b.members for b in traced.blocks] == [("0", "1", "2", "3")]
+
+
+class _AuxLossInPlace(torch.nn.Module):
+    """transformers' MoE causal LMs: `loss += coef * aux_loss` on the cross-entropy (and a ReLU(inplace=True)
+    on a fresh activation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.router, self.head = torch.nn.Embedding(32, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 32)
+
+    def forward(self, ids, labels):
+        h = torch.nn.functional.relu(self.emb(ids) * 2.0, inplace=True)
+        loss = torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+        aux = self.router(h).softmax(-1).mean((0, 1)).pow(2).sum()
+        loss += 0.1 * aux
+        return loss
+
+
+def test_in_place_write_of_a_fresh_activation_is_written_out_of_place_and_plans_under_ddp():
+    """`loss += aux` wrote the cross-entropy (a Partial over a sharded batch) in place; the planner never
+    redistributes a value written in place, so {"dp": 2} with role ddp raised InfeasiblePlanError on
+    cross_entropy_loss (Mixtral and Qwen2-MoE with output_router_logits=True). The tracer now writes such ops
+    out of place (same values on one device); a buffer's in-place EMA stays in place."""
+    torch.manual_seed(0)
+    model = _AuxLossInPlace()
+    g = torch.Generator().manual_seed(1)
+    inputs = (torch.randint(0, 32, (4, 8), generator=g), torch.randint(0, 32, (4, 8), generator=g))
+    traced = parallelizer.trace(model, inputs)
+    ops = [t.op_name for t in traced.nodes.values()]
+    assert "aten.add_.Tensor" not in ops and "aten.relu_.default" not in ops, ops
+    assert any("out of place" in n for n in traced.notes), traced.notes
+    assert torch.equal(traced.exported.module()(*inputs), model(*inputs))
+    plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert plan.mesh.world_size == 2
+    ema = parallelizer.trace(torch.nn.Sequential(_EmaBlock()), (torch.randn(4, 8),))
+    assert ema.mutated_buffers() == {"0.ema": "mul_"}
+
+
+class _NumpyMask(torch.nn.Module):
+    """SpecAugment-style: a mask drawn with numpy inside forward (Wav2Vec2's _compute_mask_indices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.embed = torch.nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        import numpy as np
+
+        h = self.a(x)
+        h[torch.tensor(np.random.rand(*h.shape[:2]) < 0.5)] = self.embed
+        return h
+
+
+def test_randomness_drawn_with_numpy_in_forward_is_noted_and_warned():
+    """export runs forward once and lifts what numpy drew as a constant: the traced program repeats that mask
+    at every step while eager draws a new one per call (Wav2Vec2 with its default mask_time_prob: rehearse
+    found outputs 4.5 apart, nothing said why). The tracer now notes and warns; a torch-only model does not."""
+    model, x = _NumpyMask(), torch.randn(4, 6, 8)
+    with pytest.warns(UserWarning, match="numpy's or Python's generator"):
+        traced = parallelizer.trace(model, (x,))
+    assert any("froze the values" in n for n in traced.notes)
+    program = traced.exported.module()
+    assert torch.equal(program(x), program(x)) and not torch.equal(model(x), model(x))  # the frozen mask
+    quiet = parallelizer.trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)), (x,))
+    assert not any("froze the values" in n for n in quiet.notes)

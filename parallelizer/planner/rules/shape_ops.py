@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
+
 from torch.distributed.tensor.placement_types import Shard
 
 from .base import OUT, P, R, AxisOption, OpView, replicate
@@ -127,41 +129,67 @@ def gather(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
 
 
+def _indexed_dims(v: OpView) -> list[int] | None:
+    """The dims of x (tensor input 0) that the index tensors of `v.args[1]` cover, in order, or None when
+    they are not one contiguous run. A boolean (or uint8) mask of k dims covers k dims of x (x[mask] with
+    mask (B, T) on x (B, T, H) selects over B and T); an integer index tensor covers one. Counting one dim per
+    index tensor (as before) let a rule shard x on a dim a mask covers: Wav2Vec2's SpecAugment
+    `hidden[mask_time_indices] = masked_spec_embed` on a sequence-sharded hidden state raised IndexError
+    (mask [4, 39] vs a local [4, 20, 32]) on every rank."""
+    dims, at, j = [], 0, 1
+    for t in v.args[1]:
+        if t is None:
+            at += 1
+            continue
+        dtype = v.in_dtypes[j] if j < len(v.in_dtypes) else torch.int64
+        k = len(v.in_shapes[j]) if dtype in (torch.bool, torch.uint8) else 1
+        dims += range(at, at + k)
+        at, j = at + k, j + 1
+    if not dims or dims != list(range(dims[0], dims[0] + len(dims))):
+        return None
+    return dims
+
+
 def index(v: OpView) -> list[AxisOption]:
-    """x[indices] (aten.index.Tensor) with the index tensors on contiguous dims k0 .. k0+m-1: shard x on a
-    dim it keeps (before or after them); index tensors Replicate. Partial x passes (selection is linear)."""
-    indices = v.args[1]
-    pos = [i for i, t in enumerate(indices) if t is not None]
-    if not pos or pos != list(range(pos[0], pos[0] + len(pos))):
+    """x[indices] (aten.index.Tensor) with the index tensors on contiguous dims k0 .. k0+c-1 (`_indexed_dims`:
+    a boolean mask covers as many dims as it has): shard x on a dim it keeps (before or after them); index
+    tensors Replicate. Partial x passes (selection is linear)."""
+    covered = _indexed_dims(v)
+    if covered is None:
         return [replicate(v)]
-    k0, m = pos[0], len(pos)
-    idx_nd = len(v.out) - (v.nd() - m)
+    k0, c = covered[0], len(covered)
+    idx_nd = len(v.out) - (v.nd() - c)
     extra = (R,) * (v.n_in - 1)
     opts = [replicate(v)]
     for d in range(v.nd()):
-        if k0 <= d < k0 + m or v.in_shapes[0][d] == 1:
+        if k0 <= d < k0 + c or v.in_shapes[0][d] == 1:
             continue
-        e = d if d < k0 else d - m + idx_nd
+        e = d if d < k0 else d - c + idx_nd
         opts.append(AxisOption((Shard(d),) + extra, Shard(e)))
     return opts + [AxisOption((P,) + extra, P)] if v.out_is_float else opts
 
 
 def index_put(v: OpView) -> list[AxisOption]:
-    """index_put(x, indices, values, accumulate) with index tensors on leading dims 0..m-1: shard x on a
-    trailing (not indexed) dim and `values` on the matching dim (Replicate where values broadcast)."""
-    indices = v.args[1]
-    pos = [i for i, t in enumerate(indices) if t is not None]
-    if pos != list(range(len(pos))) or not pos:
+    """index_put(x, indices, values, accumulate) with index tensors on leading dims 0..c-1 (`_indexed_dims`:
+    a boolean mask covers as many dims as it has): shard x on a trailing (not indexed) dim and `values` on the
+    matching dim (Replicate where values broadcast); or, for one boolean mask and values that broadcast over
+    the selection (`h[mask] = embed`), shard x and the mask alike on a dim the mask covers."""
+    covered = _indexed_dims(v)
+    if covered is None or covered[0] != 0:
         return [replicate(v)]
     x, vals = v.in_shapes[0], v.in_shapes[-1]
     n_idx = v.n_in - 2
     opts = [replicate(v)]
-    for d in range(len(pos), len(x)):
+    for d in range(len(covered), len(x)):
         if x[d] == 1:
             continue
         k = len(vals) - (len(x) - d)
         pv = Shard(k) if k >= 0 and vals[k] == x[d] else R
         opts.append(AxisOption((Shard(d),) + (R,) * n_idx + (pv,), Shard(d)))
+    mask = n_idx == 1 and v.in_dtypes[1] in (torch.bool, torch.uint8)
+    broadcast_values = len(vals) <= len(x) - len(covered) or vals[0] == 1  # no dim enumerating the selection
+    if mask and broadcast_values:  # x and the mask sharded alike on a dim the mask covers (a batch-sharded mask)
+        opts += [AxisOption((Shard(d), Shard(d), R), Shard(d)) for d in covered if x[d] > 1]
     return opts
 
 
