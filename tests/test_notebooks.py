@@ -1,10 +1,10 @@
-"""Every notebook in notebooks/ executes without a cell error (nbclient, kernel = this interpreter), in < 60 s
-each, and each notebook that plots produces an image output; the copies in the repository are stored
-executed, with those outputs (`make notebooks` refreshes them), so that a code host shows the plots."""
+"""Every notebook in notebooks/ executes without a cell error (nbclient, kernel = this interpreter; a cell
+times out after 300 s; no speed target here, a loaded machine would fail it), and each notebook that plots
+produces an image output; the copies in the repository are stored executed, with those outputs (`make
+notebooks` refreshes them), so that a code host shows the plots."""
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -35,10 +35,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
 
     nb = nbformat.read(path, as_version=4)
     kernel = _kernel_for_this_interpreter(tmp_path, monkeypatch)
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=120, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}}).execute()
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"{path.name} took {elapsed:.0f} s (limit 60 s)"
+    NotebookClient(nb, timeout=300, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     if path.name in PLOTTING:

@@ -196,12 +196,15 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
     """Each case on this rank; an fp32 case that some rank finds outside the fp32 bound runs again with the
     float64 copy (`float64_excess`; decided by all ranks together, an all-reduce of the verdicts, so that every
-    rank runs the same collectives), which costs a second run only where the plain bound did not suffice."""
-    out = []
+    rank runs the same collectives), which costs a second run only where the plain bound did not suffice.
+    Cases of the same model (builder and kwargs) share one trace on this rank (`_rank_main`'s `traces`): a
+    TracedGraph is read-only to the ParallelModules built on it, each of which takes the weights of its own
+    freshly built model (as `benchmarks/_steptime_workers` does)."""
+    out, traces = [], {}
     for fn, kwargs, spec in cases:
-        result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps)
+        result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, traces=traces)
         if spec.autocast is None and not spec.compression.spec and _any_rank_outside(result):
-            result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, wide=True)
+            result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, wide=True, traces=traces)
         out.append(result)
     return out
 
@@ -308,9 +311,9 @@ RECIPE_ADAM_EPS = 0.1  # AdamW's eps under a mixed-precision recipe (`rehearse`,
 
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
-               eps: float, wide: bool = False) -> dict:
+               eps: float, wide: bool = False, traces: dict | None = None) -> dict:
     """One case on this rank (module docstring); `wide`: with the float64 copy of an fp32 model as a second
-    judge (`float64_excess`)."""
+    judge (`float64_excess`); `traces`: (builder, repr of its kwargs) -> TracedGraph, reused and filled."""
     if spec.autocast is not None:
         eps = max(eps, RECIPE_ADAM_EPS)
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
@@ -319,7 +322,10 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     reference = copy.deepcopy(model)
     # the reference without the recipe (its rounding), or a float64 copy of an fp32 model (`float64_excess`)
     exact = copy.deepcopy(model) if spec.autocast is not None or wide else None
-    traced = trace(model, inputs, kwargs)
+    key = (model_fn, repr(model_kwargs))
+    traced = (traces or {}).get(key) or trace(model, inputs, kwargs)
+    if traces is not None:
+        traces[key] = traced
     compute = loosest(compute_dtype(traced), RECIPES.get(spec.autocast))
     check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))

@@ -299,7 +299,7 @@ class TracedGraph:
         for node in self.graph_module.graph.nodes:
             for i in mutated_args(node):
                 arg = node.args[i] if i < len(node.args) else None
-                while isinstance(arg, torch.fx.Node) and (is_view(arg) or _returns_written(arg)):
+                while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
                     arg = arg.args[0]  # a view or an in-place op's result aliases its first argument
                 info = self.param_of_placeholder(arg.name) if isinstance(arg, torch.fx.Node) else None
                 if info is not None and info.is_buffer:
@@ -407,7 +407,7 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
             f"{spec}; got: {got}")
 
 
-def _returns_written(node: torch.fx.Node) -> bool:
+def returns_written(node: torch.fx.Node) -> bool:
     """True for an in-place op returning the tensor it wrote (`add_`, `mul_`: `Tensor(a!) self -> Tensor(a!)`)."""
     schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
     return bool(schema and schema.returns and schema.returns[0].alias_info is not None

@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
-from .graph import _returns_written, carries_grad, is_view, mutated_args
+from .graph import carries_grad, is_view, mutated_args, returns_written
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -318,11 +318,11 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     rewritten: dict[str, int] = {}
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or mutated_args(node) != [0] or not _returns_written(node):
+        if node.op != "call_function" or mutated_args(node) != [0] or not returns_written(node):
             continue
         base = node.args[0]
         if not (isinstance(base, torch.fx.Node) and base.op == "call_function" and not is_view(base)
-                and not _returns_written(base) and not mutated_args(base) and "val" in base.meta
+                and not returns_written(base) and not mutated_args(base) and "val" in base.meta
                 and not any(is_view(u) for u in base.users)):
             continue
         functional = _functional_overload(node.target)

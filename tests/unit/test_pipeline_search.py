@@ -2,7 +2,6 @@
 checks, determinism, bound == exhaustive, stage structure, in-flight memory, prices consistent with the
 intra-stage ILP, infeasibility message; and (slow) the 39B GPT on 512 A100s."""
 import json
-import time
 
 import pytest
 import torch
@@ -138,13 +137,13 @@ def test_summary_mentions_throughput(best):
 
 
 @pytest.mark.slow
-def test_gpt_39b_on_512_a100s_plans_quickly():
+def test_gpt_39b_on_512_a100s_plans_a_valid_layout():
+    """The search's plan for a 39B GPT on 512 A100s: a valid factorisation, batch and memory, and a plausible MFU
+    (its planning time is a benchmark: benchmarks/bench_pipeline.py, not a timed test)."""
     model, inputs = zoo.gpt2(n_layer=48, n_embd=8192, n_head=64, vocab_size=51200, n_positions=2048, batch=1,
                              seq_len=2048, device="meta")
     traced = parallelizer.trace(model.to(torch.bfloat16), inputs)
-    start = time.perf_counter()
     p = parallelizer.plan_pipeline(traced, dgx_a100(64), global_batch=1536, precision="bf16")
-    assert time.perf_counter() - start < 120
     assert p.tp <= 8 and 8 % p.tp == 0 and p.pp * p.dp * p.tp == 512
     assert p.global_batch == p.dp * p.num_microbatches * p.microbatch_size == 1536
     assert p.memory_bytes <= 80e9
