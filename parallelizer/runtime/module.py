@@ -250,19 +250,9 @@ class ParallelModule(torch.nn.Module):
             StateDictError: with strict=True, keys missing or unexpected (lists them); in any case a tensor
                 whose shape is not the model's (names it, both shapes, and what to do).
         """
-        expected = {name: fqn for fqn, info in self.traced.parameters.items() if info.persistent
-                    for name in (fqn, *info.aliases)}
-        missing = sorted(set(expected) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(expected))
+        expected, missing, unexpected = check_state_keys(self.traced, state_dict, strict, "load_full_state_dict")
         loadable = {fqn: next((state_dict[n] for n in (fqn, *self.traced.parameters[fqn].aliases) if n in state_dict),
                               None) for fqn in set(expected.values())}
-        if strict and (missing or unexpected):
-            raise StateDictError(
-                f"load_full_state_dict: {len(missing)} missing key(s) {_some(missing)}, {len(unexpected)} unexpected "
-                f"key(s) {_some(unexpected)}. The state dict must have the keys of the model's state_dict() "
-                "(tied aliases included, non-persistent buffers left out). Remedy: save it with "
-                "model.state_dict() / ParallelModule.full_state_dict(), or pass strict=False to load the keys "
-                "that match", missing=missing, unexpected=unexpected)
         for fqn, value in loadable.items():
             shape = tuple(self.traced.parameters[fqn].shape)
             if value is not None and tuple(value.shape) != shape:
@@ -318,6 +308,28 @@ def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:
             module.add_module(part, _StateOnly())
         module = module._modules[part]
     return module
+
+
+def check_state_keys(traced: TracedGraph, state_dict: dict, strict: bool, where: str
+                     ) -> tuple[dict[str, str], list[str], list[str]]:
+    """The keys a full state dict of the traced model has (name -> canonical FQN: persistent tensors and their
+    tied aliases), and `state_dict`'s missing and unexpected keys against them.
+
+    Raises:
+        StateDictError: with strict=True, keys missing or unexpected (lists them, with the remedy).
+    """
+    expected = {name: fqn for fqn, info in traced.parameters.items() if info.persistent
+                for name in (fqn, *info.aliases)}
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if strict and (missing or unexpected):
+        raise StateDictError(
+            f"{where}: {len(missing)} missing key(s) {_some(missing)}, {len(unexpected)} unexpected "
+            f"key(s) {_some(unexpected)}. The state dict must have the keys of the model's state_dict() "
+            "(tied aliases included, non-persistent buffers left out). Remedy: save it with "
+            "model.state_dict() / full_state_dict(), or pass strict=False to load the keys "
+            "that match", missing=missing, unexpected=unexpected)
+    return expected, missing, unexpected
 
 
 def _some(keys: list[str], n: int = 8) -> str:

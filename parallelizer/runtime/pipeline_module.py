@@ -32,6 +32,7 @@ import functools
 
 import torch
 import torch.distributed as dist
+from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError, StateDictError
@@ -42,6 +43,7 @@ from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
+from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
 from .loss_weight import batch_target as batch_target_of
@@ -188,17 +190,18 @@ class PipelineModule(torch.nn.Module):
                 fulls.setdefault(fqn, full)
         params = self.traced.parameters
         names = sorted(f for f, info in params.items() if info.persistent)
-        owned = set(self._lowest_holder(names, lambda f: f in fulls))
-        if orphans := [f for f in names if f not in self._holder_rank]:
+        holder = self._lowest_holders(names, lambda f: f in fulls)
+        if orphans := [f for f in names if f not in holder]:
             raise StateDictError(f"PipelineModule.full_state_dict: no stage holds {orphans[:5]} (the traced forward "
                                  "never reads them, so no stage program keeps them). Remedy: take them from the "
                                  "model itself, or remove unused parameters", missing=orphans, unexpected=[])
         out = {}
         for fqn in names:
             info = params[fqn]
-            full = fulls[fqn].clone() if fqn in owned else torch.empty(info.shape, dtype=info.dtype)
+            mine = holder[fqn] == dist.get_rank()
+            full = fulls[fqn].clone() if mine else torch.empty(info.shape, dtype=info.dtype)
             if len(self._pp_ranks) > 1:
-                dist.broadcast(full, src=self._holder_rank[fqn], group=find_group(self._pp_ranks))
+                dist.broadcast(full, src=holder[fqn], group=find_group(self._pp_ranks))
             for name in (fqn, *info.aliases):
                 out[name] = full
         return out
@@ -212,18 +215,11 @@ class PipelineModule(torch.nn.Module):
             StateDictError: with strict=True, keys missing or unexpected; a tensor of another shape than the
                 model's (`ParallelModule.load_full_state_dict`'s checks, per stage).
         """
-        params = self.traced.parameters
-        expected = {n for f, info in params.items() if info.persistent for n in (f, *info.aliases)}
-        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
-        if strict and (missing or unexpected):
-            raise StateDictError(
-                f"PipelineModule.load_full_state_dict: {len(missing)} missing key(s) {missing[:5]}, {len(unexpected)} "
-                f"unexpected key(s) {unexpected[:5]}. The state dict must have the keys of the model's state_dict() "
-                "(tied aliases included, non-persistent buffers left out). Remedy: save it with model.state_dict() "
-                "/ pm.full_state_dict(), or pass strict=False", missing=missing, unexpected=unexpected)
+        expected, missing, unexpected = check_state_keys(self.traced, state_dict, strict,
+                                                         "PipelineModule.load_full_state_dict")
         for stage in self.run.stages:
             stage.load_full_state_dict({k: v for k, v in state_dict.items() if k in expected}, strict=False)
-        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+        return _IncompatibleKeys(missing, unexpected)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                         foreach: bool | None = None) -> torch.Tensor:
@@ -245,22 +241,22 @@ class PipelineModule(torch.nn.Module):
             for fqn, p in stage.named_parameters():
                 held.setdefault(fqn, []).append((p, stage.spec.params[fqn]))
         names = sorted(f for f, info in self.traced.parameters.items() if not info.is_buffer)
-        owned = self._lowest_holder(names, lambda f: any(p.requires_grad for p, _ in held.get(f, ())))
+        holder = self._lowest_holders(names, lambda f: any(p.requires_grad for p, _ in held.get(f, ())))
+        owned = [f for f in names if holder.get(f) == dist.get_rank()]
         first = self.run.stages[0]
         return clip_grad_norm_([c for copies in held.values() for c in copies], first.spec.mesh, first.groups,
                                max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach,
                                counted=[held[fqn][0] for fqn in owned],
                                across=[self._pp_ranks] if len(self._pp_ranks) > 1 else [])
 
-    def _lowest_holder(self, names: list[str], holds) -> list[str]:
-        """Of `names` (the same list on every rank), those for which this rank is the lowest pp rank (same (dp, tp)
-        coordinates) with `holds(name)` true: an all-reduce of -pp rank over the pp group (max = -min). Records
-        each name's lowest holder (global rank) in `_holder_rank`."""
+    def _lowest_holders(self, names: list[str], holds) -> dict[str, int]:
+        """name -> the global rank of the lowest pp rank (with this rank's (dp, tp) coordinates) for which
+        `holds(name)` is true, for the names (the same list on every rank) some pp rank holds: an all-reduce of
+        -pp rank over the pp group (max = -min)."""
         me, nobody = self._pp_ranks.index(dist.get_rank()), len(self._pp_ranks)
         mine = torch.tensor([-me if holds(f) else -nobody for f in names], dtype=torch.float64)
         lowest = all_reduce_max(mine, self._pp_ranks) if nobody > 1 else mine
-        self._holder_rank = {f: self._pp_ranks[int(-low)] for f, low in zip(names, lowest.tolist()) if -low < nobody}
-        return [f for f, low, own in zip(names, lowest.tolist(), mine.tolist()) if own == low == -me]
+        return {f: self._pp_ranks[int(-low)] for f, low in zip(names, lowest.tolist()) if -low < nobody}
 
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:

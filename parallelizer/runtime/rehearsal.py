@@ -322,10 +322,11 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     reference = copy.deepcopy(model)
     # the reference without the recipe (its rounding), or a float64 copy of an fp32 model (`float64_excess`)
     exact = copy.deepcopy(model) if spec.autocast is not None or wide else None
+    traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
-    traced = (traces or {}).get(key) or trace(model, inputs, kwargs)
-    if traces is not None:
-        traces[key] = traced
+    if key not in traces:
+        traces[key] = trace(model, inputs, kwargs)
+    traced = traces[key]
     compute = loosest(compute_dtype(traced), RECIPES.get(spec.autocast))
     check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))
