@@ -23,7 +23,15 @@ Memory: save and load materialise nothing but DCP's own buffers for one saved ch
 at most one full tensor, when it was saved replicated); export holds one full tensor (plus one received
 shard) on rank 0. So no rank holds more than its shards plus one tensor.
 Optimizer state exists only for parameters with gradients: a frozen parameter has none, saved or loaded.
-Pipeline stages (`runtime.pipeline`) are not covered yet.
+
+Pipeline modules (`runtime.pipeline_module.PipelineModule`) use the same checkpoint format: each stage is a
+`ParallelModule` on its (dp, tp) sub-mesh, so every rank hands DCP the shards of the stages it runs, as
+DTensors on that stage's sub-mesh, under the model's own FQNs. A tensor several stages hold (a tied
+embedding / lm_head, BitPipe's twin copies: equal after `step`) is saved from its first copy on the rank
+and loaded into every copy, optimizer state included. The optimizer state is flattened by the same key
+scheme as torch's (`state.<fqn>.<key>`, `param_groups.<fqn>.<key>`), written here because torch's
+`get_optimizer_state_dict` maps parameters of one module, and a pipeline rank's optimizer spans several
+stages. So a checkpoint saved on any plan, pipeline or not, loads into any other plan of the same model.
 
 Private torch API: `DeviceMesh(..., _init_backend=False)` (a mesh that describes ranks without creating
 process groups: DTensor metadata needs coordinates only), checked on torch 2.13.0.
@@ -46,6 +54,7 @@ from .core.layout import Layout, Shard, local_region
 from .errors import StateDictError
 from .rewriter.spec import mesh_coords
 from .runtime.module import ParallelModule
+from .runtime.pipeline_module import PipelineModule
 
 __all__ = ["save", "load", "export_full_state_dict", "read_full_state_dict", "INDEX_FILE"]
 
@@ -54,10 +63,11 @@ INDEX_FILE = "model.safetensors.index.json"
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def save(pm: ParallelModule, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> None:
+def save(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer | None,
+         path: str | os.PathLike) -> None:
     """Write this rank's shards of the model and of `optimizer`'s state to directory `path` (collective: call
     on every rank with the same path; ranks of one machine, or a shared file system). See the module
-    docstring for the layout of the checkpoint.
+    docstring for the layout of the checkpoint; `pm` may be a pipeline rank's `PipelineModule`.
 
     Raises:
         StateDictError: an optimizer state tensor is neither a scalar nor of its parameter's local shape
@@ -67,32 +77,42 @@ def save(pm: ParallelModule, optimizer: torch.optim.Optimizer | None, path: str 
              checkpoint_id=str(path))
 
 
-def load(pm: ParallelModule, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> None:
+def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer | None,
+         path: str | os.PathLike) -> None:
     """Fill this rank's parameters, buffers and `optimizer` state from the checkpoint at `path`, resharded to
-    `pm`'s plan and mesh (collective). `optimizer` must be built over `pm.parameters()`; when it has no state
-    yet, its state is created first (`_create_state`: it clears existing gradients) and then overwritten.
+    `pm`'s plan and mesh (collective; a checkpoint of any plan of the same model, pipeline or not).
+    `optimizer` must be built over `pm.parameters()`; when it has no state yet, its state is created first
+    (`_create_state`: it clears existing gradients) and then overwritten. On a `PipelineModule` every copy of
+    a tensor several stages hold receives the loaded value.
 
     Raises:
         StateDictError: the checkpoint's keys differ from this model's and optimizer's (lists both sides),
-            or a tensor has another global shape (names it, both shapes).
+            or a tensor has another global shape (names it, both shapes); an optimizer parameter that no stage
+            of a `PipelineModule` holds.
     """
     if optimizer is not None and not optimizer.state:
         _create_state(optimizer)
     osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
     tree = _tree(pm, optimizer, osd)
-    _check_against(tree, dcp.FileSystemReader(str(path)).read_metadata(), path)
+    _check_against(tree, dcp.FileSystemReader(str(path)).read_metadata(), path, _all_wanted(pm, tree))
     dcp.load(tree, checkpoint_id=str(path))  # in place: the DTensors share storage with the local tensors
-    if optimizer is not None:
+    if isinstance(pm, PipelineModule):
+        _fill_copies(pm, optimizer, tree)
+    elif optimizer is not None:
         local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
         set_optimizer_state_dict(pm, optimizer, local, options=_OPTIONS)
 
 
-def export_full_state_dict(pm: ParallelModule, directory: str | os.PathLike, config=None) -> list[str]:
+def export_full_state_dict(pm: ParallelModule | PipelineModule, directory: str | os.PathLike,
+                           config=None) -> list[str]:
     """Write the full model as a transformers-style sharded safetensors checkpoint in `directory`, one tensor
     at a time (collective: call on every rank). Keys are those of the model's `state_dict()` (tied aliases
     included, each in its own file; non-persistent buffers left out), so `read_full_state_dict(directory)`
     loads into the original model with strict=True, and with `config` (a transformers config: written as
     config.json) `AutoModel...from_pretrained(directory)` reads it.
+
+    On a `PipelineModule` the tensors come from `pm.full_state_dict()`, which gives every rank the whole model
+    (for models that fit one device), instead of one tensor at a time.
 
     Returns the files written (on rank 0; [] on the others).
     """
@@ -104,9 +124,13 @@ def export_full_state_dict(pm: ParallelModule, directory: str | os.PathLike, con
         directory.mkdir(parents=True, exist_ok=True)
     weight_map, written, total = {}, [], 0
     entries = [(fqn, info) for fqn, info in pm.traced.parameters.items() if info.persistent]
+    whole = pm.full_state_dict() if isinstance(pm, PipelineModule) else None
     for i, (fqn, info) in enumerate(entries):
-        local = pm.get_buffer(fqn) if info.is_buffer else pm.get_parameter(fqn)
-        full = _gather_to_first(local.detach(), pm, fqn)
+        if whole is not None:
+            full = whole[fqn] if me == 0 else None
+        else:
+            local = pm.get_buffer(fqn) if info.is_buffer else pm.get_parameter(fqn)
+            full = _gather_to_first(local.detach(), pm, fqn)
         if full is None:
             continue
         for j, name in enumerate((fqn, *info.aliases)):
@@ -173,31 +197,102 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
                 group["lr"] = lr
 
 
-def _optimizer_state(pm: ParallelModule, optimizer: torch.optim.Optimizer) -> dict:
-    """torch's flattened, FQN-keyed optimizer state dict of `pm`'s local parameters."""
-    return get_optimizer_state_dict(pm, optimizer, options=_OPTIONS)
+def _copies(pm: ParallelModule | PipelineModule) -> dict[str, list[tuple[ParallelModule, torch.Tensor]]]:
+    """fqn -> [(module, local tensor), ...] for every persistent parameter and buffer this rank holds: one entry
+    on a `ParallelModule`; on a `PipelineModule` one per stage holding it (tied copies, BitPipe twins), the
+    first of which is saved."""
+    out: dict[str, list[tuple[ParallelModule, torch.Tensor]]] = {}
+    for module in (pm.run.stages if isinstance(pm, PipelineModule) else [pm]):
+        for fqn, info in module.traced.parameters.items():
+            if info.persistent:
+                local = module.get_buffer(fqn) if info.is_buffer else module.get_parameter(fqn)
+                out.setdefault(fqn, []).append((module, local))
+    return out
 
 
-def _tree(pm: ParallelModule, optimizer, osd: dict | None) -> dict:
-    """{"model": {fqn: DTensor}, "optimizer": {flattened key: DTensor | tensor | value}} over local storage."""
-    mesh = _mesh(pm)
-    model = {}
-    for fqn, info in pm.traced.parameters.items():
-        if info.persistent:
-            local = pm.get_buffer(fqn) if info.is_buffer else pm.get_parameter(fqn)
-            model[fqn] = _dtensor(local.detach(), pm.spec.params[fqn], mesh, tuple(info.shape))
+def _optimizer_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer) -> dict:
+    """torch's flattened, FQN-keyed optimizer state dict of `pm`'s local parameters (module docstring: on a
+    `PipelineModule` built here by the same keys, each tensor's first copy only)."""
+    if not isinstance(pm, PipelineModule):
+        return get_optimizer_state_dict(pm, optimizer, options=_OPTIONS)
+    copies = _copies(pm)
+    fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            fqn = fqn_of.get(id(p))
+            if fqn is None:
+                raise StateDictError(f"the optimizer holds a parameter of shape {tuple(p.shape)} that no stage of this "
+                                     "PipelineModule holds. Remedy: build the optimizer over pm.parameters()")
+            if copies[fqn][0][1] is not p:
+                continue  # a second copy of a tied / twinned parameter: saved from its first copy
+            out.update({f"state.{fqn}.{k}": v for k, v in optimizer.state.get(p, {}).items()})
+            out.update({f"param_groups.{fqn}.{k}": v for k, v in group.items() if k != "params"})
+    return out
+
+
+def _tree(pm: ParallelModule | PipelineModule, optimizer, osd: dict | None) -> dict:
+    """{"model": {fqn: DTensor}, "optimizer": {flattened key: DTensor | tensor | value}} over local storage
+    (on a `PipelineModule`, the first copy of each tensor, a DTensor on its stage's sub-mesh)."""
+    meshes: dict[int, DeviceMesh] = {}
+    model, holder = {}, {}
+    for fqn, ((module, local), *_) in _copies(pm).items():
+        if id(module) not in meshes:
+            meshes[id(module)] = _mesh(module)
+        holder[fqn] = (module, meshes[id(module)])
+        model[fqn] = _dtensor(local.detach(), module.spec.params[fqn], meshes[id(module)],
+                              tuple(module.traced.parameters[fqn].shape))
     tree = {"model": model}
     if osd is not None:
-        tree["optimizer"] = {key: _state_entry(pm, key, value, mesh) for key, value in osd.items()}
+        tree["optimizer"] = {key: _state_entry(holder, key, value) for key, value in osd.items()}
     return tree
 
 
-def _state_entry(pm: ParallelModule, key: str, value, mesh: DeviceMesh):
-    """A flattened optimizer-state entry: a per-parameter tensor becomes a DTensor sharded like its parameter."""
+def _fill_copies(pm: PipelineModule, optimizer, tree: dict) -> None:
+    """After DCP loaded the first copies in place: every copy of each tensor, every copy's optimizer state
+    (tensors in place, other values assigned) and each parameter group's hyperparameters (lr, betas, ...)."""
+    copies = _copies(pm)
+    with torch.no_grad():
+        for (_, first), *others in copies.values():
+            for _, local in others:
+                local.copy_(first)
+    if optimizer is None:
+        return
+    loaded = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
+    fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            fqn = fqn_of[id(p)]
+            state = optimizer.state.get(p, {})
+            for key in list(state):
+                value = loaded.get(f"state.{fqn}.{key}")
+                if isinstance(state[key], torch.Tensor) and isinstance(value, torch.Tensor):
+                    state[key].copy_(value)  # the first copy's tensor is `value` itself (loaded in place)
+                elif value is not None:
+                    state[key] = value
+            group.update({k: loaded[f"param_groups.{fqn}.{k}"] for k in group
+                          if k != "params" and f"param_groups.{fqn}.{k}" in loaded})
+
+
+def _all_wanted(pm: ParallelModule | PipelineModule, tree: dict) -> set[str] | None:
+    """On a `PipelineModule`: the keys every rank loads (each rank holds only its stages' part; gathered from
+    all ranks, under the default group's timeout), so that a key no rank wants is reported. None otherwise."""
+    if not isinstance(pm, PipelineModule):
+        return None
+    keys = [f"{top}.{key}" for top, entries in tree.items() for key in entries]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, keys)
+    return {k for ks in everyone for k in ks}
+
+
+def _state_entry(holder: dict[str, tuple[ParallelModule, DeviceMesh]], key: str, value):
+    """A flattened optimizer-state entry: a per-parameter tensor becomes a DTensor sharded like its parameter
+    (`holder`: fqn -> the module whose copy is saved, and its mesh)."""
     if not isinstance(value, torch.Tensor) or not key.startswith("state.") or value.ndim == 0:
         return value
     fqn = key[len("state."):].rpartition(".")[0]
-    info = pm.traced.parameters.get(fqn)
+    pm, mesh = holder.get(fqn, (None, None))
+    info = pm.traced.parameters.get(fqn) if pm is not None else None
     if info is None or tuple(value.shape) != tuple(pm.get_parameter(fqn).shape):
         raise StateDictError(
             f"optimizer state {key!r} has shape {tuple(value.shape)}, which is neither a scalar nor the local shape "
@@ -207,15 +302,17 @@ def _state_entry(pm: ParallelModule, key: str, value, mesh: DeviceMesh):
     return _dtensor(value, pm.spec.params[fqn], mesh, tuple(info.shape))
 
 
-def _check_against(tree: dict, metadata, path) -> None:
-    """Raise StateDictError when the checkpoint's keys or global shapes differ from what is loaded into."""
+def _check_against(tree: dict, metadata, path, all_wanted: set[str] | None = None) -> None:
+    """Raise StateDictError when the checkpoint's keys or global shapes differ from what is loaded into
+    (`all_wanted`: the keys of all ranks, when each rank loads only a part: a pipeline's stages)."""
     saved = metadata.state_dict_metadata
     wanted = {}
     for top, entries in tree.items():
         for key, value in entries.items():
             wanted[f"{top}.{key}"] = value
     missing = sorted(k for k in wanted if k not in saved)
-    unexpected = sorted(k for k in saved if k not in wanted and k.split(".")[0] in tree)
+    known = set(wanted) if all_wanted is None else all_wanted
+    unexpected = sorted(k for k in saved if k not in known and k.split(".")[0] in tree)
     if missing or unexpected:
         raise StateDictError(
             f"checkpoint {str(path)!r}: {len(missing)} key(s) this model/optimizer needs are not in it {missing[:8]}, "

@@ -20,7 +20,8 @@ nn.Module contract, as far as a pipeline allows:
 - `state_dict()` / `load_state_dict()`: the same names and local shards (a per-rank checkpoint: reload it on
   the same plan and world size). `full_state_dict()` / `load_full_state_dict()`: the model's own keys and
   full tensors (gathered over sub-meshes, broadcast over the pipeline), as `ParallelModule`'s.
-  `parallelizer.checkpoint` is not supported for pipeline modules yet (it raises PipelineError).
+  `parallelizer.checkpoint.save` / `load` write and read the same sharded DCP checkpoint as for a
+  `ParallelModule` (model and optimizer state), so a checkpoint moves between pipeline and other plans.
 - `clip_grad_norm_(max_norm, norm_type)`: clips by the norm of the whole model's gradient, each parameter
   counted once over stages, copies and shards (call it on every rank after `step`).
 - `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.

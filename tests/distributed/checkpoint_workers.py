@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from parallelizer import checkpoint, zoo
+from parallelizer import Plan, auto_parallelize, checkpoint, zoo
 from parallelizer.rewriter.spec import all_axis_groups
 from parallelizer.rewriter.state import gather_tensor, shard_tensor
 from parallelizer.runtime import create_groups
 from parallelizer.runtime.module import ParallelModule
 from parallelizer.tracer.trace import trace
 
-CFG = dict(n_layer=2, n_embd=256, n_head=4, vocab_size=4001, batch=8, seq_len=16, labels=True)
+CFG = dict(n_layer=4, n_embd=256, n_head=4, vocab_size=4001, batch=8, seq_len=16, labels=True)
 FROZEN = "transformer.wpe.weight"
 
 
@@ -58,14 +58,13 @@ def _module(spec, seed: int) -> tuple[ParallelModule, torch.optim.Optimizer]:
 
 
 def _train(pm, opt, steps) -> list[float]:
+    """AdamW steps through `pm.step` (the model's own loss), alike for ParallelModule and PipelineModule."""
     losses = []
     for step in steps:
         args, kwargs = batch(step)
         opt.zero_grad()
-        loss = pm(*args, **kwargs)[0]
-        loss.backward()
+        losses.append(pm.step(*args, **kwargs).item())
         opt.step()
-        losses.append(loss.item())
     return losses
 
 
@@ -81,7 +80,7 @@ def _full_optimizer_state(pm, opt) -> dict[str, torch.Tensor]:
     return out
 
 
-def resume(rank: int, world_size: int, specs: dict, root: str) -> dict:
+def resume(rank: int, world_size: int, specs: dict, root: str, pipelines: dict) -> dict:
     """Train 3 steps on specs["first"], save, train 2 more; resume from the checkpoint on every other spec
     (a model of another seed, so every value must come from the checkpoint) and train the same 2 steps.
     Returns losses, bitwise checks and memory peaks of this rank."""
@@ -120,4 +119,44 @@ def resume(rank: int, world_size: int, specs: dict, root: str) -> dict:
         result["losses"] = _train(pm2, opt2, range(3, 5))
         out[name] = result
     dist.barrier()
+    out["pipeline"] = _pipeline_round_trips(root_dir, pipelines, specs["dp4"], params, out["losses"])
+    dist.barrier()
+    return out
+
+
+def _pipeline_module(plan_json: str, seed: int):
+    model, args, kwargs = build(seed)  # the global batch: auto_parallelize traces one microbatch of it
+    pm = auto_parallelize(model, args, example_kwargs=kwargs, plan=Plan.from_json(plan_json))
+    return pm, torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-6)
+
+
+def _pipeline_round_trips(root: Path, pipelines: dict, dp4, params_at_3: dict, losses_3_5: list) -> dict:
+    """Checkpoints between pipeline and other plans (test_checkpoint's pipeline test):
+    - "pp_dp" (pp=2 x dp=2, seed 0) trains 3 steps, is saved ("pp_ckpt"), trains 2 more;
+    - the fsdp x tp checkpoint of `resume` ("ckpt") loads into "pp_tp" (pp=2 x tp=2, seed 1; the tied lm_head
+      copy on the last stage must receive wte's value) and trains the same 2 steps;
+    - "pp_ckpt" loads into a ParallelModule on dp4 (seed 1) and trains the same 2 steps.
+    Returns full parameters after the load and after the 2 steps, and the losses of each."""
+    pm, opt = _pipeline_module(pipelines["pp_dp"], seed=0)
+    out = {"pp_losses_0_3": _train(pm, opt, range(3))}
+    checkpoint.save(pm, opt, root / "pp_ckpt")
+    out["pp_at_3"] = pm.full_state_dict()
+    checkpoint.export_full_state_dict(pm, root / "pp_export")
+    dist.barrier()
+    exported = checkpoint.read_full_state_dict(root / "pp_export")
+    out["pp_export_equal"] = (sorted(exported) == sorted(build()[0].state_dict())
+                              and all(torch.equal(v, out["pp_at_3"][k]) for k, v in exported.items()))
+    out["pp_losses"] = _train(pm, opt, range(3, 5))
+    out["pp_at_5"] = pm.full_state_dict()
+    pm2, opt2 = _pipeline_module(pipelines["pp_tp"], seed=1)
+    checkpoint.load(pm2, opt2, root / "ckpt")
+    out["into_pp_bitwise"] = all(torch.equal(v, params_at_3[k]) for k, v in pm2.full_state_dict().items())
+    out["into_pp_lr"] = opt2.param_groups[0]["lr"]
+    out["into_pp_losses"] = _train(pm2, opt2, range(3, 5))
+    pm3, opt3 = _module(dp4, seed=1)
+    checkpoint.load(pm3, opt3, root / "pp_ckpt")
+    out["from_pp_bitwise"] = all(torch.equal(v, out["pp_at_3"][k]) for k, v in pm3.full_state_dict().items())
+    out["from_pp_losses"] = _train(pm3, opt3, range(3, 5))
+    out["from_pp_at_5"] = pm3.full_state_dict()
+    out["resume_losses"] = losses_3_5
     return out
