@@ -264,10 +264,14 @@ def _translate(exc: Exception) -> TraceError:
     location = _user_location(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
+        library = _library_frame(exc)
         return TraceError(
             "data-dependent control flow (Python control flow on a tensor value)", location,
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
-            "outside forward and pass it in as a Python value", detail=first)
+            "outside forward and pass it in as a Python value"
+            + (f"; here the value is read inside torch's module code ({library}), called from your line: "
+               "change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
+               "as a Python float: give momentum a number)" if library else ""), detail=first)
     unknown = _UNKNOWN_OUTPUT.search(text)
     if unknown:
         kind = unknown.group(1)
@@ -293,6 +297,20 @@ def _raised_outside_torch(exc: BaseException) -> bool:
     return bool(frames) and not _internal(frames[-1].filename)
 
 
+def _library_frame(exc: BaseException) -> str | None:
+    """`file:line: source` of the innermost frame in torch.nn's module code after the user's last frame (a
+    data-dependent read inside e.g. BatchNorm's forward), or None when the user's code did it itself."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [i for i, f in enumerate(frames) if not _internal(f.filename)]
+    nn_dir = os.path.join(os.path.dirname(torch.__file__), "nn") + os.sep
+    inner = [f for f in frames[(user[-1] + 1 if user else 0):]
+             if f.filename.startswith(nn_dir) and not f.filename.endswith("module.py")]
+    if not inner:
+        return None
+    f = inner[-1]
+    return f"{os.path.relpath(f.filename, os.path.dirname(os.path.dirname(torch.__file__)))}:{f.lineno}: {(f.line or '').strip()}"
+
+
 def _user_location(exc: BaseException) -> str | None:
     """file:line of the innermost frame outside torch and this package, from the traceback."""
     user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
@@ -315,7 +333,7 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
         nodes[node.name] = NodeInfo(
             name=node.name, node=node, op=node.op,
             target=node.target if node.op == "call_function" else None, role=role,
-            outputs=_tensor_metas(node.meta.get("val")), module_fqn=module,
+            outputs=_static_metas(node), module_fqn=module,
             param_fqn=canonical.get(fqn, (fqn,))[0] if fqn else None)
     parameters = _parameters(model, gm, nodes, canonical)
     blocks = find_repeated_blocks(nodes, module_types)
@@ -364,6 +382,24 @@ def _module_of(node: torch.fx.Node, fqn: str | None, module_types: dict[str, str
     for path, mtype in stack.values():
         module_types.setdefault(path, mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", str(mtype)))
     return path
+
+
+def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
+    """`_tensor_metas` of a node's value; a shape that depends on tensor values (nonzero, masked_select, unique,
+    boolean-mask indexing: export gives it an unbacked symbol) is a TraceError naming the node, its op and the
+    user's source line (int() of such a symbol raised torch's GuardOnDataDependentSymNode from here)."""
+    leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
+    for t in leaves:
+        if any(isinstance(d, torch.SymInt) and not isinstance(d.node.maybe_as_int(), int) for d in t.shape):
+            frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+            user = [f"{f}:{n}" for f, n in frames if not _internal(f)]
+            raise TraceError(
+                f"an op whose output size depends on tensor values ({node.name}: {node.target}, shape "
+                f"{tuple(t.shape)})", user[-1] if user else None,
+                "the sharded program needs every shape known when tracing: keep sizes fixed, e.g. "
+                "torch.where(mask, x, 0) or x * mask instead of x[mask] / masked_select / nonzero / unique, "
+                "and sums over the masked tensor instead of its selected elements")
+    return _tensor_metas(node.meta.get("val"))
 
 
 def _tensor_metas(val: Any) -> tuple[TensorMeta, ...]:

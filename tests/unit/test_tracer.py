@@ -155,6 +155,36 @@ def test_data_dependent_branch_names_file_and_line(capfd):
     assert "data-dependent control flow" in str(err.value) and "torch.where" in str(err.value)
 
 
+class _DataDependentSize(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.a = op, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return (h.masked_select(h > 0) if self.op == "masked_select" else torch.unique(x.long())).sum()
+
+
+@pytest.mark.parametrize("op", ["masked_select", "unique"])
+def test_an_output_size_that_depends_on_values_is_a_trace_error(op):
+    """masked_select / unique / nonzero give a shape export leaves as an unbacked symbol; the tracer raised
+    torch's GuardOnDataDependentSymNode from reading it (an untyped crash from inside the package)."""
+    line = inspect.getsourcelines(_DataDependentSize.forward)[1] + 2
+    with pytest.raises(TraceError, match=r"output size depends on tensor values \(.*(masked_select|unique)") as err:
+        parallelizer.trace(_DataDependentSize(op), (torch.randn(3, 4),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "torch.where" in err.value.remedy
+
+
+def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
+    """BatchNorm(momentum=None) reads num_batches_tracked as a Python float inside torch's forward: the error
+    says so and what to change, besides the user's line."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    with pytest.raises(TraceError, match=r"(?s)data-dependent.*batchnorm\.py:\d+: exponential_average_factor.*"
+                                         r"give momentum a number"):
+        parallelizer.trace(model, (torch.randn(5, 4),))
+
+
 class _NoGrad(torch.nn.Module):
     def __init__(self):
         super().__init__()
