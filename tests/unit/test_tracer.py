@@ -185,6 +185,74 @@ def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
         parallelizer.trace(model, (torch.randn(5, 4),))
 
 
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -0.5 * g
+
+
+class _Square(torch.autograd.Function):  # a backward that is the derivative of the forward (BLOOM's GeLU kind)
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _WithFunction(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn, self.a, self.b = fn, torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.fn == "hook":
+            h = h * 1.0
+            h.register_hook(lambda g: g * 10)
+        else:
+            h = self.fn.apply(h)
+        return self.b(h).sum()
+
+
+def test_an_autograd_function_whose_backward_is_not_its_derivative_is_a_trace_error():
+    """export keeps only the forward ops of a torch.autograd.Function: a gradient reversal layer was traced as
+    identity, so the program's a.weight gradient had the wrong sign and size (silent; 7e-2 off in trial3b)."""
+    line = inspect.getsourcelines(_WithFunction.forward)[1] + 6
+    with pytest.raises(TraceError, match=r"autograd.Function with its own backward \(.*_GradReverse\)") as err:
+        parallelizer.trace(_WithFunction(_GradReverse), (torch.randn(3, 4),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "detach" in err.value.remedy
+
+
+def test_an_autograd_function_whose_backward_is_its_derivative_traces_with_a_note():
+    torch.manual_seed(0)
+    model, x = _WithFunction(_Square), torch.randn(3, 4)
+    tg = parallelizer.trace(model, (x,))
+    assert any("_Square" in n and "equals their derivative" in n for n in tg.notes), tg.notes
+    model(x).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    traced = tg.exported.module()
+    for p in (*model.parameters(), *traced.parameters()):
+        p.grad = None
+    traced(x).backward()
+    for n, p in traced.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n])
+
+
+def test_a_tensor_hook_registered_in_forward_is_warned():
+    with pytest.warns(UserWarning, match=r"registers a gradient hook.*export drops it"):
+        tg = parallelizer.trace(_WithFunction("hook"), (torch.randn(3, 4),))
+    assert any("register_hook" in n for n in tg.notes)
+
+
 class _NoGrad(torch.nn.Module):
     def __init__(self):
         super().__init__()
