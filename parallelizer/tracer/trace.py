@@ -81,7 +81,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
                          "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
                          "the cache, and the toolkit turns it off by itself when it is not asked for")
     with _cache_off(model, notes), _checkpoint_regions(notes), _host_rng_watch(notes), \
-            _custom_backward_watch(notes):
+            _custom_backward_watch(notes), _python_state_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
@@ -111,6 +111,44 @@ def _host_rng_watch(notes: list[str]):
     if moved:
         notes.append(HOST_RNG_NOTE)
         warnings.warn(HOST_RNG_NOTE, stacklevel=4)
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _plain_state(model: torch.nn.Module) -> dict[str, object]:
+    """Python-valued attributes (numbers, strings, flags; not tensors, modules or containers of them) of every
+    submodule, by dotted name."""
+    return {f"{name}.{k}" if name else k: v for name, mod in model.named_modules()
+            for k, v in vars(mod).items() if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN)}
+
+
+@contextlib.contextmanager
+def _python_state_watch(model: torch.nn.Module, notes: list[str]):
+    """Note, and warn, when forward changes Python attributes of the model (`self.calls += 1`, a warm-up
+    counter): export runs forward once, bakes the values it read into the graph as constants and then restores
+    the attributes, so the traced and the sharded program compute with the first call's values at every step
+    while the model would not. Seen by a forward hook on the root (run before torch restores them)."""
+    before = _plain_state(model)
+    changed: dict[str, tuple] = {}
+
+    def hook(module, args, output):
+        after = _plain_state(model)
+        changed.update({k: (before.get(k), v) for k, v in after.items() if k not in before or before[k] != v})
+
+    handle = model.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+    if changed:
+        text = ("forward changes Python attributes of the model (" + ", ".join(
+            f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items())[:5]) + "): tracing bakes the values forward "
+            "read into the graph, so the traced and the parallel program compute with them at every step while "
+            "the model would read the new ones; keep such state in a registered buffer (a tensor updated in place) "
+            "or pass it as an input")
+        notes.append(text)
+        warnings.warn(text, stacklevel=4)
 
 
 @contextlib.contextmanager

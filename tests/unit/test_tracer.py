@@ -253,6 +253,26 @@ def test_a_tensor_hook_registered_in_forward_is_warned():
     assert any("register_hook" in n for n in tg.notes)
 
 
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.calls = torch.nn.Linear(4, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.a(x) * min(1.0, self.calls / 4)
+
+
+def test_python_state_changed_by_forward_is_warned():
+    """A warm-up counter in forward: export bakes scale 0.25 into the graph and restores calls to 0, so the
+    program would use 0.25 at every step while the model uses 0.5, 0.75, ... (silent before)."""
+    model = _Counter()
+    with pytest.warns(UserWarning, match=r"forward changes Python attributes of the model \(calls: 0 -> 1\)"):
+        tg = parallelizer.trace(model, (torch.randn(3, 4),))
+    assert any("calls: 0 -> 1" in n for n in tg.notes)
+    assert model.calls == 0
+
+
 class _NoGrad(torch.nn.Module):
     def __init__(self):
         super().__init__()
