@@ -1,4 +1,5 @@
 """Tracer: shapes, roles, module FQNs, repeated blocks, tied parameters, errors (issue: tracer)."""
+import copy
 import inspect
 
 import pytest
@@ -271,6 +272,35 @@ def test_python_state_changed_by_forward_is_warned():
         tg = parallelizer.trace(model, (torch.randn(3, 4),))
     assert any("calls: 0 -> 1" in n for n in tg.notes)
     assert model.calls == 0
+
+
+class _ClipInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.a.weight.clamp_(-0.1, 0.1)  # WGAN-style weight clipping
+        return self.b(self.a(x)).pow(2).sum()
+
+
+def test_a_parameter_written_in_a_no_grad_region_keeps_its_gradient():
+    """The region writes a.weight through a detached alias and a.weight is read as itself afterwards. Before,
+    the traced graph ran clamp_ on the leaf parameter outside no_grad (RuntimeError on every rank) and read the
+    region's detached output, so a.weight would have had no gradient."""
+    torch.manual_seed(0)
+    model, x = _ClipInForward(), torch.randn(3, 4)
+    traced = copy.deepcopy(model)
+    model(x).backward()
+    tg = parallelizer.trace(traced, (x,))
+    program = tg.graph_module
+    params = [dict(traced.named_parameters())[tg.nodes[n.name].param_fqn]
+              for n in program.graph.nodes if n.op == "placeholder" and tg.nodes[n.name].param_fqn]
+    program(*params, x)[0].backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(dict(traced.named_parameters())[name].grad, p.grad)
+    torch.testing.assert_close(traced.a.weight, model.a.weight)
 
 
 class _NoGrad(torch.nn.Module):
