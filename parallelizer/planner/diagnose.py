@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import PlanConfig
 from ..tracer import TracedGraph
+from ..tracer.graph import is_view, mutated_args
 from .problem import Problem, min_memory_bytes
 from .strategies import mutation_edges, role_axes
 
@@ -64,6 +65,20 @@ def binding_constraint(problem: Problem, tg: TracedGraph, config: PlanConfig) ->
             + _why(problem, tg, config, node, other))
 
 
+def _writer_through(node) -> str | None:
+    """For a view node (detach, view, ...): the in-place op that writes through it ("embedding_renorm_
+    (aten.embedding_renorm_.default)"), else None (the node itself writes its input)."""
+    if not is_view(node) or mutated_args(node):
+        return None
+    for user in node.users:
+        if any(p < len(user.args) and user.args[p] is node for p in mutated_args(user)):
+            return f"{user.name} ({user.target})"
+        inner = _writer_through(user)
+        if inner is not None:
+            return inner
+    return None
+
+
 def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other: str | None) -> str:
     """Which constraint makes the edges between `node` and `other` (or into `node`) impossible."""
     members = set(problem.groups[problem.group_of[node]])
@@ -75,7 +90,11 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
         space = problem.spaces[name]
         for k, ti in enumerate(space.inputs):
             if (name, k) in mutated:
-                reasons.append(f"{name} writes {ti.producer} in place, so that value may not be redistributed")
+                writer = _writer_through(tg.nodes[name].node)
+                reasons.append(f"{name} writes {ti.producer} in place, so that value may not be redistributed"
+                               if writer is None else
+                               f"{name} is a view of {ti.producer} that {writer} writes in place, so that value "
+                               "may not be redistributed")
     data, tp = role_axes(problem.mesh, config)
     if data or tp:
         roles = dict(config.axis_roles)

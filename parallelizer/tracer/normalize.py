@@ -117,15 +117,18 @@ def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             autocast = (device_type, dtype) if enabled else None
             kind = f"torch.autocast({device_type!r}, dtype={dtype}, enabled={enabled})"
         sub = gm.get_submodule(sub_attr.target)
+        originals = list(operands)
         if node.target is _GRAD_HOP and not enabled:  # nothing computed inside has a gradient, written
             written = _written_operands(sub)           # state (a buffer updated in place) included
             with gm.graph.inserting_before(node):
-                operands = [_detach(gm, o, node) if k not in written and _carries_grad(o) else o
-                            for k, o in enumerate(operands)]
+                operands = [_detach(gm, o, node) if (k not in written or _is_grad_leaf(o)) and _carries_grad(o)
+                            else o for k, o in enumerate(operands)]
         outputs = _inline_body(gm, node, sub, operands, autocast)
         if node.target is _GRAD_HOP and not enabled:
-            with gm.graph.inserting_before(node):
-                outputs = tuple(_detach(gm, o) for o in outputs)
+            roots = _output_roots(sub)
+            with gm.graph.inserting_before(node):  # a parameter written in the region is read as itself after it
+                outputs = tuple(originals[roots[i]] if roots.get(i) is not None and _is_grad_leaf(originals[roots[i]])
+                                else _detach(gm, o) for i, o in enumerate(outputs))
         for user in list(node.users):
             user.replace_all_uses_with(outputs[user.args[1]])
             gm.graph.erase_node(user)
@@ -161,6 +164,28 @@ def _written_operands(sub: torch.fx.GraphModule) -> set[int]:
         if isinstance(first, torch.fx.Node) and first in root and (is_view(n) or mutated_args(n) == [0]):
             root[n] = root[first]
     return written
+
+
+def _output_roots(sub: torch.fx.GraphModule) -> dict[int, int]:
+    """Region output position -> operand position, for outputs that are the operand itself after in-place
+    writes and views (`p.clamp_(-c, c)` returns p)."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    root = {p: k for k, p in enumerate(placeholders)}
+    for n in sub.graph.nodes:
+        first = n.args[0] if n.op == "call_function" and n.args else None
+        if isinstance(first, torch.fx.Node) and first in root and (is_view(n) or mutated_args(n) == [0]):
+            root[n] = root[first]
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    return {i: root[o] for i, o in enumerate(out if isinstance(out, (tuple, list)) else (out,)) if o in root}
+
+
+def _is_grad_leaf(value: Any) -> bool:
+    """A value that requires grad as it enters the graph (a parameter): a no-grad region that writes it in place
+    (WGAN's weight clipping, `p.clamp_(-c, c)`) writes it through a detached alias, as eager's no_grad does;
+    written directly outside no_grad, torch refuses an in-place op on a leaf that requires grad."""
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    return isinstance(value, torch.fx.Node) and value.op == "placeholder" and isinstance(val, torch.Tensor) \
+        and val.requires_grad
 
 
 def _carries_grad(value: Any) -> bool:

@@ -7,7 +7,8 @@ import pytest
 
 import parallelizer
 from parallelizer.runtime.rehearsal import rehearse_many
-from trial_models import aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad
+from trial_models import (aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
+                          embedding_grad_by_freq)
 
 pytestmark = pytest.mark.distributed
 
@@ -24,7 +25,9 @@ def two_rank_reports():
              "ema": (ema_under_no_grad, _plan(ema_under_no_grad, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "bn_fed_bias": (bn_fed_bias, _plan(bn_fed_bias, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "bool_mask": (bool_mask_fill, _plan(bool_mask_fill, {"dp": 2}, axis_roles={"dp": "ddp"})),
-             "aux_in_place": (aux_loss_in_place, _plan(aux_loss_in_place, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+             "aux_in_place": (aux_loss_in_place, _plan(aux_loss_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "grad_by_freq": (embedding_grad_by_freq,
+                              _plan(embedding_grad_by_freq, {"dp": 2}, axis_roles={"dp": "fsdp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -71,4 +74,13 @@ def test_loss_plus_aux_loss_in_place_matches_under_ddp(two_rank_reports):
     """`loss += 0.1 * aux` on a mean cross-entropy (Mixtral / Qwen2-MoE with output_router_logits): planned on
     dp=2 (ddp) now that the tracer writes it out of place (before: InfeasiblePlanError), and equal to eager."""
     report = two_rank_reports["aux_in_place"]
+    assert report.matches(), report
+
+
+def test_embedding_scale_grad_by_freq_counts_ids_over_the_whole_batch(two_rank_reports):
+    """nn.Embedding(scale_grad_by_freq=True) on dp=2 (fsdp): the embedding runs on the whole batch of ids (the
+    rule no longer shards the indices), so each row's gradient is divided by its count in the whole batch as
+    on one device. Before, each rank counted only its own half: emb.weight's gradient was off by 3.4e-3
+    (ratio 342 to the bound) with outputs and loss equal (silent in training)."""
+    report = two_rank_reports["grad_by_freq"]
     assert report.matches(), report

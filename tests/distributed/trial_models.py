@@ -110,3 +110,21 @@ def aux_loss_in_place():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     return AuxLossInPlace(), (torch.randint(0, 32, (B, T), generator=g), torch.randint(0, 32, (B, T), generator=g))
+
+
+class EmbeddingGradByFreq(nn.Module):
+    """nn.Embedding(scale_grad_by_freq=True): the backward divides each row's gradient by the number of times
+    its id occurs in the whole batch of indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.a = nn.Embedding(12, H, scale_grad_by_freq=True), nn.Linear(H, H)
+
+    def forward(self, ids):
+        return self.a(self.emb(ids))
+
+
+def embedding_grad_by_freq():
+    torch.manual_seed(0)
+    # id 1 four times in the first half of the batch, 2 twice in each half: local counts differ from global ones
+    return EmbeddingGradByFreq(), (torch.tensor([[1, 2, 3, 1], [1, 4, 5, 2], [1, 1, 2, 7], [8, 9, 2, 0]]),)

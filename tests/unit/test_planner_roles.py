@@ -184,3 +184,14 @@ def test_axis_roles_none_means_no_roles_and_a_non_mapping_is_a_value_error():
     assert PlanConfig(axis_roles=None).axis_roles == ()
     with pytest.raises(ValueError, match=r"PlanConfig.axis_roles=5: give a dict"):
         PlanConfig(axis_roles=5)
+
+
+def test_infeasible_in_place_write_through_a_view_names_the_writer():
+    """nn.Embedding(max_norm=...) renormalises rows of weight.detach() in place (embedding_renorm_): under fsdp the
+    weight may not be redistributed. The error named detach as the writer; it names embedding_renorm_."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 8, max_norm=1.0), torch.nn.Linear(8, 8))
+    traced = parallelizer.trace(model, (torch.randint(0, 11, (4, 3)),))
+    with pytest.raises(InfeasiblePlanError, match=r"detach is a view of p_0_weight that embedding_renorm_ "
+                                                  r"\(aten.embedding_renorm_.default\) writes in place"):
+        _plan(traced, {"dp": 2}, axis_roles={"dp": "fsdp"})

@@ -1,4 +1,5 @@
 """Tracer: shapes, roles, module FQNs, repeated blocks, tied parameters, errors (issue: tracer)."""
+import copy
 import inspect
 
 import pytest
@@ -153,6 +154,153 @@ def test_data_dependent_branch_names_file_and_line(capfd):
     assert "def forward" not in printed.out + printed.err  # torch's graph dumps are held back
     assert err.value.location == f"{__file__}:{line}"
     assert "data-dependent control flow" in str(err.value) and "torch.where" in str(err.value)
+
+
+class _DataDependentSize(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.a = op, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return (h.masked_select(h > 0) if self.op == "masked_select" else torch.unique(x.long())).sum()
+
+
+@pytest.mark.parametrize("op", ["masked_select", "unique"])
+def test_an_output_size_that_depends_on_values_is_a_trace_error(op):
+    """masked_select / unique / nonzero give a shape export leaves as an unbacked symbol; the tracer raised
+    torch's GuardOnDataDependentSymNode from reading it (an untyped crash from inside the package)."""
+    line = inspect.getsourcelines(_DataDependentSize.forward)[1] + 2
+    with pytest.raises(TraceError, match=r"output size depends on tensor values \(.*(masked_select|unique)") as err:
+        parallelizer.trace(_DataDependentSize(op), (torch.randn(3, 4),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "torch.where" in err.value.remedy
+
+
+def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
+    """BatchNorm(momentum=None) reads num_batches_tracked as a Python float inside torch's forward: the error
+    says so and what to change, besides the user's line."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    with pytest.raises(TraceError, match=r"(?s)data-dependent.*batchnorm\.py:\d+: exponential_average_factor.*"
+                                         r"give momentum a number"):
+        parallelizer.trace(model, (torch.randn(5, 4),))
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -0.5 * g
+
+
+class _Square(torch.autograd.Function):  # a backward that is the derivative of the forward (BLOOM's GeLU kind)
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _WithFunction(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn, self.a, self.b = fn, torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.fn == "hook":
+            h = h * 1.0
+            h.register_hook(lambda g: g * 10)
+        else:
+            h = self.fn.apply(h)
+        return self.b(h).sum()
+
+
+def test_an_autograd_function_whose_backward_is_not_its_derivative_is_a_trace_error():
+    """export keeps only the forward ops of a torch.autograd.Function: a gradient reversal layer was traced as
+    identity, so the program's a.weight gradient had the wrong sign and size (silent; 7e-2 off in trial3b)."""
+    line = inspect.getsourcelines(_WithFunction.forward)[1] + 6
+    with pytest.raises(TraceError, match=r"autograd.Function with its own backward \(.*_GradReverse\)") as err:
+        parallelizer.trace(_WithFunction(_GradReverse), (torch.randn(3, 4),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "detach" in err.value.remedy
+
+
+def test_an_autograd_function_whose_backward_is_its_derivative_traces_with_a_note():
+    torch.manual_seed(0)
+    model, x = _WithFunction(_Square), torch.randn(3, 4)
+    tg = parallelizer.trace(model, (x,))
+    assert any("_Square" in n and "equals their derivative" in n for n in tg.notes), tg.notes
+    model(x).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    traced = tg.exported.module()
+    for p in (*model.parameters(), *traced.parameters()):
+        p.grad = None
+    traced(x).backward()
+    for n, p in traced.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n])
+
+
+def test_a_tensor_hook_registered_in_forward_is_warned():
+    with pytest.warns(UserWarning, match=r"registers a gradient hook.*export drops it"):
+        tg = parallelizer.trace(_WithFunction("hook"), (torch.randn(3, 4),))
+    assert any("register_hook" in n for n in tg.notes)
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.calls = torch.nn.Linear(4, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.a(x) * min(1.0, self.calls / 4)
+
+
+def test_python_state_changed_by_forward_is_warned():
+    """A warm-up counter in forward: export bakes scale 0.25 into the graph and restores calls to 0, so the
+    program would use 0.25 at every step while the model uses 0.5, 0.75, ... (silent before)."""
+    model = _Counter()
+    with pytest.warns(UserWarning, match=r"forward changes Python attributes of the model \(calls: 0 -> 1\)"):
+        tg = parallelizer.trace(model, (torch.randn(3, 4),))
+    assert any("calls: 0 -> 1" in n for n in tg.notes)
+    assert model.calls == 0
+
+
+class _ClipInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.a.weight.clamp_(-0.1, 0.1)  # WGAN-style weight clipping
+        return self.b(self.a(x)).pow(2).sum()
+
+
+def test_a_parameter_written_in_a_no_grad_region_keeps_its_gradient():
+    """The region writes a.weight through a detached alias and a.weight is read as itself afterwards. Before,
+    the traced graph ran clamp_ on the leaf parameter outside no_grad (RuntimeError on every rank) and read the
+    region's detached output, so a.weight would have had no gradient."""
+    torch.manual_seed(0)
+    model, x = _ClipInForward(), torch.randn(3, 4)
+    traced = copy.deepcopy(model)
+    model(x).backward()
+    tg = parallelizer.trace(traced, (x,))
+    program = tg.graph_module
+    params = [dict(traced.named_parameters())[tg.nodes[n.name].param_fqn]
+              for n in program.graph.nodes if n.op == "placeholder" and tg.nodes[n.name].param_fqn]
+    program(*params, x)[0].backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(dict(traced.named_parameters())[name].grad, p.grad)
+    torch.testing.assert_close(traced.a.weight, model.a.weight)
 
 
 class _NoGrad(torch.nn.Module):

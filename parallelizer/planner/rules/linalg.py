@@ -105,11 +105,16 @@ def einsum(v: OpView) -> list[AxisOption]:
 def embedding(v: OpView) -> list[AxisOption]:
     """weight (V, C), indices (...): batch dims of the indices; column (C); vocab parallel (V -> Partial,
     Megatron's VocabParallelEmbedding: each rank looks up the ids of its own rows, the others read zeros;
-    uneven vocabularies allowed) without scale_grad_by_freq / sparse."""
+    uneven vocabularies allowed) without scale_grad_by_freq / sparse.
+
+    With scale_grad_by_freq the backward divides a row's gradient by the number of times its id occurs in
+    ALL the indices, so the indices are never sharded (a shard would count only its own occurrences: a
+    gradient 2x off for an id seen once on each of two ranks); the column split keeps every index."""
     k = len(v.out)
-    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(k - 1) if v.out[d] > 1]
+    freq = bool(v.arg(3, "scale_grad_by_freq", False))
+    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(k - 1) if v.out[d] > 1 and not freq]
     opts.append(AxisOption((Shard(1), R), Shard(k - 1)))
-    if not v.arg(3, "scale_grad_by_freq", False) and not v.arg(4, "sparse", False):
+    if not freq and not v.arg(4, "sparse", False):
         opts.append(AxisOption((Shard(0), R), P))
     return opts
 

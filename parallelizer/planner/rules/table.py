@@ -257,7 +257,7 @@ _add([aten.einsum], linalg.einsum, calls(aten.einsum.default, ("bij,bjk->bik", [
                                          ("nchw,cd->nhwd", [t(2, 3, 5, 4), t(3, 6)]), ("ii->i", [t(5, 5)]),
                                          ("ij,kj", [t(3, 5), t(4, 5)])))
 _add([aten.embedding], linalg.embedding, calls(aten.embedding.default, (t(11, 5), ints(11, 3, 4)), (t(13, 3), ints(13, 7)),
-                                               (t(11, 5), ints(11, 3, 4), 2)))
+                                               (t(11, 5), ints(11, 3, 4), 2), (t(5, 3), ints(3, 7, 4), -1, True)))
 _add([aten.scaled_dot_product_attention], linalg.sdpa, [
     *calls(aten.scaled_dot_product_attention.default, (t(3, 2, 5, 4), t(3, 2, 7, 4), t(3, 2, 7, 4))),
     *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 5, 4), t(2, 3, 5, 4), t(2, 3, 5, 4)), is_causal=True),
