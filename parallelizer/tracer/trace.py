@@ -29,7 +29,6 @@ import os
 import re
 import sys
 import traceback
-import warnings
 from typing import Any
 
 import torch
@@ -43,6 +42,7 @@ from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
+from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
 _SCALAR_TYPES = (int, float, bool, type(None))
 
@@ -80,196 +80,12 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         raise TraceError("use_cache=True (a key/value cache returned from a training forward)", None,
                          "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
                          "the cache, and the toolkit turns it off by itself when it is not asked for")
-    with _cache_off(model, notes), _checkpoint_regions(notes), _host_rng_watch(notes), \
-            _custom_backward_watch(notes), _python_state_watch(model, notes):
+    with _cache_off(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), \
+            custom_backward_watch(notes), python_state_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
     return _build(model, exported, gm, notes)
-
-
-HOST_RNG_NOTE = ("forward drew random numbers from numpy's or Python's generator (not torch's): tracing froze the "
-                 "values it drew into the graph as constants, so the traced and the parallel program repeat them at "
-                 "every step while the model draws new ones per call (e.g. Wav2Vec2's SpecAugment time mask, "
-                 "mask_time_prob > 0); draw them with torch (torch.rand / torch.bernoulli) to keep them random, "
-                 "or switch the augmentation off")
-
-
-@contextlib.contextmanager
-def _host_rng_watch(notes: list[str]):
-    """Note, and warn, when the traced forward advanced numpy's or Python's global random generator
-    (`HOST_RNG_NOTE`): export runs forward once and lifts what it drew as constants. Checked by comparing the
-    generators' states before and after tracing (export itself draws from neither)."""
-    import random
-
-    np = sys.modules.get("numpy")
-    before = (random.getstate(), np.random.get_state() if np is not None else None)
-    yield
-    after_np = np.random.get_state() if np is not None else None
-    moved = random.getstate() != before[0] or (
-        after_np is not None and (after_np[2] != before[1][2] or not (after_np[1] == before[1][1]).all()))
-    if moved:
-        notes.append(HOST_RNG_NOTE)
-        warnings.warn(HOST_RNG_NOTE, stacklevel=4)
-
-
-_PLAIN = (int, float, bool, str, type(None))
-
-
-def _plain_state(model: torch.nn.Module) -> dict[str, object]:
-    """Python-valued attributes (numbers, strings, flags; not tensors, modules or containers of them) of every
-    submodule, by dotted name."""
-    return {f"{name}.{k}" if name else k: v for name, mod in model.named_modules()
-            for k, v in vars(mod).items() if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN)}
-
-
-@contextlib.contextmanager
-def _python_state_watch(model: torch.nn.Module, notes: list[str]):
-    """Note, and warn, when forward changes Python attributes of the model (`self.calls += 1`, a warm-up
-    counter): export runs forward once, bakes the values it read into the graph as constants and then restores
-    the attributes, so the traced and the sharded program compute with the first call's values at every step
-    while the model would not. Seen by a forward hook on the root (run before torch restores them)."""
-    before = _plain_state(model)
-    changed: dict[str, tuple] = {}
-
-    def hook(module, args, output):
-        after = _plain_state(model)
-        changed.update({k: (before.get(k), v) for k, v in after.items() if k not in before or before[k] != v})
-
-    handle = model.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-    if changed:
-        text = ("forward changes Python attributes of the model (" + ", ".join(
-            f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items())[:5]) + "): tracing bakes the values forward "
-            "read into the graph, so the traced and the parallel program compute with them at every step while "
-            "the model would read the new ones; keep such state in a registered buffer (a tensor updated in place) "
-            "or pass it as an input")
-        notes.append(text)
-        warnings.warn(text, stacklevel=4)
-
-
-@contextlib.contextmanager
-def _custom_backward_watch(notes: list[str]):
-    """A `torch.autograd.Function` called in forward: export keeps only the ops of its forward, so the traced
-    (and every sharded) program differentiates those ops instead of calling its `backward`. Each Function
-    class defined outside torch and this package is checked once after tracing (`_check_custom_backward`): its
-    backward against autograd of its forward, on random inputs of the traced shapes. Equal (BLOOM's GeLU, a
-    fused op written for speed): noted. Different (a gradient reversal layer, a straight-through estimator):
-    TraceError, since the program would train with other gradients than the model, silently. Not checkable
-    (non-float inputs, a forward that needs more of ctx than save_for_backward): warned and noted."""
-    function = torch.autograd.function.Function
-    original = function.__dict__["apply"]
-    seen: dict[type, tuple] = {}
-
-    def apply(cls, *args, **kwargs):
-        if cls not in seen and not _internal(getattr(sys.modules.get(cls.__module__), "__file__", None) or "<"):
-            metas = pytree.tree_map_only(torch.Tensor, lambda t: (tuple(int(d) for d in t.shape), t.dtype,
-                                                                  t.requires_grad), (args, kwargs))
-            user = [f for f in traceback.extract_stack()[:-1] if not _internal(f.filename)]
-            seen[cls] = (metas, f"{user[-1].filename}:{user[-1].lineno}" if user else None)
-        return original.__func__(cls, *args, **kwargs)
-
-    hook_calls: list[str] = []
-    register_hook = torch.Tensor.register_hook
-
-    def watched_hook(tensor, hook):
-        user = [f for f in traceback.extract_stack()[:-1] if not _internal(f.filename)]
-        hook_calls.append(f"{user[-1].filename}:{user[-1].lineno}" if user else "an unknown location")
-        return register_hook(tensor, hook)
-
-    function.apply = classmethod(apply)
-    torch.Tensor.register_hook = watched_hook
-    try:
-        yield
-    finally:
-        function.apply = original
-        torch.Tensor.register_hook = register_hook
-    if hook_calls:
-        text = (f"forward registers a gradient hook on a tensor (register_hook at {', '.join(sorted(set(hook_calls)))}): "
-                "torch.export drops it, so the traced and the sharded program run without it; a hook that changes "
-                "the gradient (scaling, clipping) must become ops of forward (e.g. a detach form) or a hook on the "
-                "ParallelModule's parameters")
-        notes.append(text)
-        warnings.warn(text, stacklevel=4)
-    for cls, (metas, location) in seen.items():
-        _check_custom_backward(cls, metas, location, notes)
-
-
-class _Ctx:
-    """A stand-in for the ctx of an autograd.Function's forward, called directly (autograd records its ops)."""
-
-    def __init__(self) -> None:
-        self.saved_tensors = ()
-        self.needs_input_grad = ()
-
-    def save_for_backward(self, *tensors) -> None:
-        self.saved_tensors = tensors
-
-    def mark_non_differentiable(self, *args) -> None:
-        pass
-
-    def set_materialize_grads(self, value) -> None:
-        pass
-
-    def mark_dirty(self, *args) -> None:
-        raise RuntimeError("mark_dirty")
-
-
-def _check_custom_backward(cls: type, metas, location: str | None, notes: list[str]) -> None:
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    gen = torch.Generator().manual_seed(0)
-
-    def real(meta):
-        shape, dtype, grad = meta
-        return torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(grad)
-
-    def is_meta(x):
-        return isinstance(x, tuple) and len(x) == 3 and isinstance(x[1], torch.dtype)
-
-    try:
-        leaves = [m for m in pytree.tree_leaves(metas, is_leaf=is_meta) if is_meta(m)]
-        if not leaves or not all(m[1].is_floating_point for m in leaves):
-            raise RuntimeError("non-float tensor inputs")
-        args, kwargs = pytree.tree_map(lambda m: real(m) if is_meta(m) else m, metas, is_leaf=is_meta)
-        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not inputs:
-            return
-        with torch.enable_grad():
-            custom = cls.apply(*args, **kwargs)
-            plain = cls.forward(_Ctx(), *args, **kwargs)
-            outs = [(c, p) for c, p in zip(pytree.tree_leaves(custom), pytree.tree_leaves(plain))
-                    if isinstance(c, torch.Tensor) and c.requires_grad and p.requires_grad]
-            if not outs:
-                return
-            seeds = [torch.randn(c.shape, generator=gen, dtype=c.dtype) for c, _ in outs]
-            g_custom = torch.autograd.grad([c for c, _ in outs], inputs, seeds, allow_unused=True)
-            g_plain = torch.autograd.grad([p for _, p in outs], inputs, seeds, allow_unused=True)
-    except Exception as exc:  # the check could not run: say so, do not guess
-        text = (f"forward calls the torch.autograd.Function {name}: the traced program differentiates the ops of "
-                f"its forward instead of calling its backward, and whether the two agree could not be checked "
-                f"({type(exc).__name__}: {str(exc)[:120]}); if its backward is not the derivative of its forward "
-                "(gradient reversal, straight-through estimators), the sharded program's gradients differ")
-        notes.append(text)
-        warnings.warn(text, stacklevel=4)
-        return
-    zero = torch.zeros(())
-    worst = max((((a if a is not None else zero) - (b if b is not None else zero)).abs().max().item()
-                 for a, b in zip(g_custom, g_plain)), default=0.0)
-    scale = max((g.abs().max().item() for g in (*g_custom, *g_plain) if g is not None), default=0.0)
-    if worst > 1e-6 * max(scale, 1.0):
-        raise TraceError(
-            f"a torch.autograd.Function with its own backward ({name}) whose backward is not the derivative of "
-            "its forward", location,
-            "torch.export keeps only the ops of its forward, so the program would be trained with their "
-            "derivative instead, silently. Write the custom gradient with detach instead: a straight-through "
-            "estimator as x + (f(x) - x).detach(), a gradient reversal by a as (1 + a) * x.detach() - a * x",
-            detail=f"on random inputs of the traced shapes its backward and the derivative of its forward differ "
-                   f"by {worst:.3g} (largest gradient {scale:.3g})")
-    notes.append(f"forward calls the torch.autograd.Function {name}: traced as the ops of its forward; its backward "
-                 "equals their derivative on random inputs of the traced shapes (checked in float64)")
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:
@@ -382,12 +198,6 @@ def _common_module(fqns: list[str]) -> str:
             n += 1
         common = common[:n]
     return ".".join(common)
-
-
-def _internal(filename: str) -> bool:
-    """Whether a source file belongs to torch or to this package (not to the user's model)."""
-    return filename.startswith((os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))) \
-        or filename.startswith("<")
 
 
 def _on_meta(model: torch.nn.Module) -> bool:
