@@ -2,7 +2,7 @@
 
 Two findings: (1) `parallelizer rehearse` of this pp=2 plan aborts rank 0 with a gloo size mismatch
 (SIGABRT, "1024 vs 64": the float model input `mask` crosses the boundary flagged as grad-carrying, runtime/pipeline.py
-`_examples`), untyped, not fixed; (2) with that flag cleared it ran and said "numerics match ... 0.00" while its loss and
+`_examples`), untyped; fixed in f916b76; (2) with that fix it ran and said "numerics match ... 0.00" while its loss and
 gradients were NaN: rehearsal._max_diff ignored NaN (fixed).
 
 The model's own loss is `div(S, b)` with b made from the inputs, so `runtime.loss_weight` weighs microbatch j by
