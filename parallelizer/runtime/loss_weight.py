@@ -9,7 +9,9 @@ that makes the model's first output and returns how a microbatch's n_j follows f
 
 - cross_entropy / nll_loss with reduction='mean' on class indices: n_j = (target != ignore_index).sum(), with
   the target recomputed from the inputs by the graph's own ops (e.g. transformers' shifted, padded labels);
-- `a / b` with `b` made from the inputs alone (a mean over a mask: `(x * mask).sum() / mask.sum()`): n_j = b;
+- `a / b` with `b` made from the inputs alone (a mean over a mask: `(x * mask).sum() / mask.sum()`): n_j = b,
+  where a and b are both plain sums over all elements (a count clamped or offset after the sum,
+  `mask.sum().clamp(min=1)`, does not add up over microbatches and raises);
 - a mean over a whole tensor, or a mean-reduced loss whose denominator is the element count (mse, l1,
   binary cross-entropy, cross-entropy on probabilities): every microbatch counts alike, equal weights;
 - a sum (reduction='sum', `.sum()`): the batch loss is the sum of the microbatch sums, weight 1 each.
@@ -107,6 +109,10 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
     if target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node):
         program = _program(graph, inputs, node.args[1], lambda g, v: v)
         if program is not None and not node.args[1].meta["val"].shape:
+            if not (_is_full_sum(node.args[0]) and _is_full_sum(node.args[1])):
+                _unknown(what, f"a quotient whose numerator ({node.args[0].name}) or denominator "
+                         f"({node.args[1].name}) is not a plain sum over all items (e.g. a clamped or offset count "
+                         "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
     _unknown(what, "an op whose per-microbatch item count the graph does not show")
 
@@ -124,6 +130,17 @@ def _by_constant(node: torch.fx.Node) -> bool:
     """A product / quotient by a Python number (a scale: does not change the weighting)."""
     return (node.target in (aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar)
             and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], (int, float)))
+
+
+def _is_full_sum(node) -> bool:
+    """Whether `node` is a sum over all elements (through casts, views and scaling by a Python number): a value
+    that adds up over microbatches, as the "count" weighting of `a / b` needs of both a and b. A count clamped
+    or offset after the sum (`mask.sum().clamp(min=1)`) is not: for a microbatch without items it is 1, not 0,
+    so sum_j b_j is not the batch's denominator."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
+        node = node.args[0]
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and node.target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node))
 
 
 def _normalized(node: torch.fx.Node) -> dict:

@@ -566,8 +566,10 @@ def _examples(traced: TracedGraph, names: tuple[str, ...], layouts: dict[str, La
         dtype = (dtypes or {}).get(n, meta.dtype)
         layout = layouts.get(n, Layout.replicate(spec.mesh.ndim))
         example = torch.empty(local_shape(meta.shape, layout, spec.mesh, coords), dtype=dtype)
-        # received / sent activations carry gradients: torch's stage allocates its buffers from these flags
-        out.append(example.requires_grad_(carries_grad(dtype) and n in layouts))
+        # received / sent activations carry gradients: torch's stage allocates its buffers from these flags,
+        # which must agree on both sides of a boundary; a model input passed through (a float loss mask) carries
+        # none (the receiver's `stage_spec.inputs` leaves model inputs out, the sender's layouts list them)
+        out.append(example.requires_grad_(carries_grad(dtype) and n in layouts and n not in traced.input_names))
     return tuple(out)
 
 

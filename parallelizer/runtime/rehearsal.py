@@ -22,6 +22,7 @@ check is as strict as ever.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -232,7 +233,12 @@ def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, st
     for name, a, b, *exact in pairs:
         if not a.numel():
             continue
-        worst = max(worst, ((a.detach().double() - b.detach().double()).abs().max().item(), name))
+        if not torch.equal(a.detach().isnan(), b.detach().isnan()):  # NaN on one side only: never a match
+            # (max() and `>` ignore NaN, so a NaN difference would otherwise read as 0: a silent "match")
+            worst, ratio = max(worst, (math.inf, name)), math.inf
+            continue
+        diff = (a.detach().double() - b.detach().double()).abs().nan_to_num(nan=0.0).max().item()
+        worst = max(worst, (diff, name))
         ratio = max(ratio, min([excess(a, b, compute), *(judge(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio
 

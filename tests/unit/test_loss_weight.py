@@ -29,6 +29,10 @@ class Own(torch.nn.Module):
         if self.kind == "mask":
             mask = (labels != -100).float()
             return (logits.pow(2).mean(-1) * mask).sum() / mask.sum()
+        if self.kind in ("clamped", "offset"):  # a guarded masked mean: the count does not add up over microbatches
+            mask = (labels != -100).float()
+            count = mask.sum().clamp(min=1) if self.kind == "clamped" else mask.sum() + 1.0
+            return (logits.pow(2).mean(-1) * mask).sum() / count
         if self.kind == "sum":
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
         if self.kind == "mean":
@@ -61,8 +65,11 @@ def test_weighted_microbatch_losses_equal_the_batch_loss(kind):
         assert abs(float((plain - full).detach())) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["weighted", "max"])
+@pytest.mark.parametrize("kind", ["weighted", "max", "clamped", "offset"])
 def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
+    """clamped / offset (`/ mask.sum().clamp(min=1)`, `/ (mask.sum() + 1)`): weighing microbatch j by its own
+    b_j gives sum_j S_j / sum_j b_j, not the batch's S / b(batch) (a microbatch without items has b_j = 1);
+    before, they were weighted as counts and trained on another loss than one device (trial3a)."""
     ids, labels = _batch()
     with pytest.raises(StepError, match="item_count=") as info:
         own_loss_weighting(trace(Own(kind), (ids[:B // M], labels[:B // M])))
@@ -96,3 +103,16 @@ def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():
     with pytest.raises(StepError, match="item_count="):
         loss_fn_weighting(lambda out, y: out["logits"].amax(), [TensorMeta((B // M, T, V), torch.float32)], spec,
                           labels[:B // M])
+
+
+def test_a_clamped_count_would_not_give_the_batch_loss():
+    """Independent of the weighting code: one device's loss of the whole batch is S / max(M, 1), while weighing
+    the microbatch losses by their clamped counts gives S / sum_j max(m_j, 1), another number when a microbatch
+    has no items (the reason `clamped` must raise above)."""
+    torch.manual_seed(0)
+    model, (ids, labels) = Own("clamped"), _batch()
+    labels[: B // M] = -100  # microbatch 0 has no items
+    full = model(ids, labels)
+    parts = [(model(i, y), (y != -100).sum().clamp(min=1)) for i, y in zip(ids.tensor_split(M), labels.tensor_split(M))]
+    weighted = sum(p * c for p, c in parts) / sum(c for _, c in parts)
+    assert abs(float((weighted - full).detach())) > 1e-3

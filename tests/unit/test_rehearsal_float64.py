@@ -34,3 +34,19 @@ def test_same_computation_only_when_the_float64_copy_agrees_with_the_fp32_model(
     other_mask = out64 * (torch.rand(16, 32, generator=gen, dtype=torch.float64) > 0.1) / 0.9  # dropout redrawn
     assert not _same_computation([out64.float()], [other_mask])
     assert not _same_computation([out64.float()], [])
+
+
+def test_a_nan_on_one_side_is_a_mismatch_not_a_zero_difference():
+    """A pipeline whose microbatch loss is 0 / 0 (a masked mean over a microbatch without items) returned NaN
+    for the batch loss and every gradient while one device's whole-batch loss was finite; `rehearse` said
+    "numerics match ... worst |diff| / bound = 0.00", because max() and `>` ignore NaN (trial3a,
+    trial/pipeline_extra_inputs.py). NaN against a finite value is now an infinite difference; NaN at the same
+    places on both sides still compares the rest."""
+    from parallelizer.runtime.rehearsal import _max_diff
+    finite, nan = torch.tensor([1.0, 2.0]), torch.tensor([float("nan"), 2.0])
+    diff, name, ratio = _max_diff([("loss", nan, finite)], torch.float32)
+    assert diff == float("inf") and ratio == float("inf") and name == "loss"
+    diff, name, ratio = _max_diff([("ok", finite, finite), ("loss", finite, nan)], torch.float32)
+    assert ratio > 1 and name == "loss"
+    diff, _, ratio = _max_diff([("same", nan, nan.clone())], torch.float32)
+    assert diff == 0.0 and ratio <= 1
