@@ -15,25 +15,27 @@ import torch
 import torch.distributed as dist
 
 from parallelizer import Plan, auto_parallelize, checkpoint, zoo
-from parallelizer.rewriter.spec import all_axis_groups
+from parallelizer.rewriter.spec import all_axis_groups, spec_from_plan
 from parallelizer.rewriter.state import gather_tensor, shard_tensor
 from parallelizer.runtime import create_groups
 from parallelizer.runtime.module import ParallelModule
 from parallelizer.tracer.trace import trace
 
-CFG = dict(n_layer=4, n_embd=256, n_head=4, vocab_size=4001, batch=8, seq_len=16, labels=True)
+CFG = dict(n_layer=2, n_embd=256, n_head=4, vocab_size=4001, batch=8, seq_len=16, labels=True)
+# the pipeline round trips: 4 blocks (zbv on pp=2 cuts 4 stages), small, vocab 257 (uneven shards)
+PIPE_CFG = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=257, batch=8, seq_len=16, labels=True)
 FROZEN = "transformer.wpe.weight"
 
 
-def build(seed: int = 0):
+def build(seed: int = 0, cfg: dict = CFG):
     """GPT-2 (tied wte / lm_head, vocab 4001: uneven shards) with the position table frozen."""
-    model, args, kwargs = zoo.gpt2(**CFG, seed=seed)
+    model, args, kwargs = zoo.gpt2(**cfg, seed=seed)
     model.get_parameter(FROZEN).requires_grad_(False)
     return model, args, kwargs
 
 
-def batch(step: int) -> tuple[tuple, dict]:
-    ids = torch.randint(0, CFG["vocab_size"], (CFG["batch"], CFG["seq_len"]),
+def batch(step: int, cfg: dict = CFG) -> tuple[tuple, dict]:
+    ids = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["seq_len"]),
                         generator=torch.Generator().manual_seed(100 + step))
     return (ids,), {"labels": ids}
 
@@ -50,18 +52,18 @@ def peak_added_bytes(fn) -> int:
     return _rss("VmHWM") - before
 
 
-def _module(spec, seed: int) -> tuple[ParallelModule, torch.optim.Optimizer]:
-    model, args, kwargs = build(seed)
+def _module(spec, seed: int, cfg: dict = CFG) -> tuple[ParallelModule, torch.optim.Optimizer]:
+    model, args, kwargs = build(seed, cfg)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(trace(model, args, kwargs), spec, dist.get_rank(), model)
     return pm, torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-6)
 
 
-def _train(pm, opt, steps) -> list[float]:
+def _train(pm, opt, steps, cfg: dict = CFG) -> list[float]:
     """AdamW steps through `pm.step` (the model's own loss), alike for ParallelModule and PipelineModule."""
     losses = []
     for step in steps:
-        args, kwargs = batch(step)
+        args, kwargs = batch(step, cfg)
         opt.zero_grad()
         losses.append(pm.step(*args, **kwargs).item())
         opt.step()
@@ -119,44 +121,47 @@ def resume(rank: int, world_size: int, specs: dict, root: str, pipelines: dict) 
         result["losses"] = _train(pm2, opt2, range(3, 5))
         out[name] = result
     dist.barrier()
-    out["pipeline"] = _pipeline_round_trips(root_dir, pipelines, specs["dp4"], params, out["losses"])
+    out["pipeline"] = _pipeline_round_trips(root_dir, pipelines)
     dist.barrier()
     return out
 
 
 def _pipeline_module(plan_json: str, seed: int):
-    model, args, kwargs = build(seed)  # the global batch: auto_parallelize traces one microbatch of it
+    model, args, kwargs = build(seed, PIPE_CFG)  # the global batch: auto_parallelize traces one microbatch of it
     pm = auto_parallelize(model, args, example_kwargs=kwargs, plan=Plan.from_json(plan_json))
     return pm, torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-6)
 
 
-def _pipeline_round_trips(root: Path, pipelines: dict, dp4, params_at_3: dict, losses_3_5: list) -> dict:
-    """Checkpoints between pipeline and other plans (test_checkpoint's pipeline test):
-    - "pp_dp" (pp=2 x dp=2, seed 0) trains 3 steps, is saved ("pp_ckpt"), trains 2 more;
-    - the fsdp x tp checkpoint of `resume` ("ckpt") loads into "pp_tp" (pp=2 x tp=2, seed 1; the tied lm_head
-      copy on the last stage must receive wte's value) and trains the same 2 steps;
-    - "pp_ckpt" loads into a ParallelModule on dp4 (seed 1) and trains the same 2 steps.
-    Returns full parameters after the load and after the 2 steps, and the losses of each."""
-    pm, opt = _pipeline_module(pipelines["pp_dp"], seed=0)
-    out = {"pp_losses_0_3": _train(pm, opt, range(3))}
+def _pipeline_round_trips(root: Path, plans: dict) -> dict:
+    """Checkpoints between pipeline and other plans of a 4-block GPT-2 (test_checkpoint's pipeline test):
+    - "pp_dp" (pp=2 x dp=2 1f1b, seed 0) trains 3 steps, is saved ("pp_ckpt") and exported, trains 2 more;
+    - "pp_ckpt" loads into a ParallelModule on "dp2_tp2" (seed 1), which saves it again ("plain_ckpt") and
+      trains the same 2 steps;
+    - "plain_ckpt" loads into "pp_tp" (pp=2 x tp=2 zbv, seed 1: pp rank 0 holds wte AND the tied lm_head copy,
+      both must receive the value) and trains the same 2 steps.
+    Returns bitwise checks after each load, the losses and the full parameters after the 2 steps."""
+    pm, opt = _pipeline_module(plans["pp_dp"], seed=0)
+    _train(pm, opt, range(3), PIPE_CFG)
     checkpoint.save(pm, opt, root / "pp_ckpt")
-    out["pp_at_3"] = pm.full_state_dict()
+    at_3 = pm.full_state_dict()
     checkpoint.export_full_state_dict(pm, root / "pp_export")
     dist.barrier()
     exported = checkpoint.read_full_state_dict(root / "pp_export")
-    out["pp_export_equal"] = (sorted(exported) == sorted(build()[0].state_dict())
-                              and all(torch.equal(v, out["pp_at_3"][k]) for k, v in exported.items()))
-    out["pp_losses"] = _train(pm, opt, range(3, 5))
+    out = {"export_equal": (sorted(exported) == sorted(build(0, PIPE_CFG)[0].state_dict())
+                            and all(torch.equal(v, at_3[k]) for k, v in exported.items()))}
+    out["pp_losses"] = _train(pm, opt, range(3, 5), PIPE_CFG)
     out["pp_at_5"] = pm.full_state_dict()
-    pm2, opt2 = _pipeline_module(pipelines["pp_tp"], seed=1)
-    checkpoint.load(pm2, opt2, root / "ckpt")
-    out["into_pp_bitwise"] = all(torch.equal(v, params_at_3[k]) for k, v in pm2.full_state_dict().items())
+    out["moved"] = max((out["pp_at_5"][k] - at_3[k]).abs().max().item() for k in at_3)
+    plain, plain_opt = _module(spec_from_plan(Plan.from_json(plans["dp2_tp2"])), 1, PIPE_CFG)
+    checkpoint.load(plain, plain_opt, root / "pp_ckpt")
+    out["into_plain_bitwise"] = all(torch.equal(v, at_3[k]) for k, v in plain.full_state_dict().items())
+    checkpoint.save(plain, plain_opt, root / "plain_ckpt")
+    out["plain_losses"] = _train(plain, plain_opt, range(3, 5), PIPE_CFG)
+    out["plain_at_5"] = plain.full_state_dict()
+    pm2, opt2 = _pipeline_module(plans["pp_tp"], seed=1)
+    checkpoint.load(pm2, opt2, root / "plain_ckpt")
+    out["into_pp_bitwise"] = all(torch.equal(v, at_3[k]) for k, v in pm2.full_state_dict().items())
     out["into_pp_lr"] = opt2.param_groups[0]["lr"]
-    out["into_pp_losses"] = _train(pm2, opt2, range(3, 5))
-    pm3, opt3 = _module(dp4, seed=1)
-    checkpoint.load(pm3, opt3, root / "pp_ckpt")
-    out["from_pp_bitwise"] = all(torch.equal(v, out["pp_at_3"][k]) for k, v in pm3.full_state_dict().items())
-    out["from_pp_losses"] = _train(pm3, opt3, range(3, 5))
-    out["from_pp_at_5"] = pm3.full_state_dict()
-    out["resume_losses"] = losses_3_5
+    out["into_pp_losses"] = _train(pm2, opt2, range(3, 5), PIPE_CFG)
+    out["into_pp_at_5"] = pm2.full_state_dict()
     return out
