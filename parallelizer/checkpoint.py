@@ -23,6 +23,8 @@ Memory: save and load materialise nothing but DCP's own buffers for one saved ch
 at most one full tensor, when it was saved replicated); export holds one full tensor (plus one received
 shard) on rank 0. So no rank holds more than its shards plus one tensor.
 Optimizer state exists only for parameters with gradients: a frozen parameter has none, saved or loaded.
+A checkpoint saved before the optimizer's first step holds its param groups only (saving does not create
+state), and loading it leaves the optimizer without state, so training continues as if it never stopped.
 
 Pipeline modules (`runtime.pipeline_module.PipelineModule`) use the same checkpoint format: each stage is a
 `ParallelModule` on its (dp, tp) sub-mesh, so every rank hands DCP the shards of the stages it runs, as
@@ -87,16 +89,25 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
 
     Raises:
         StateDictError: the checkpoint's keys differ from this model's and optimizer's (lists both sides),
-            or a tensor has another global shape (names it, both shapes); an optimizer parameter that no stage
-            of a `PipelineModule` holds.
+            or a tensor has another global shape (names it, both shapes): on a `PipelineModule` checked against
+            the keys of all ranks, so every rank raises it (none enters DCP's collective load alone); an
+            optimizer parameter that no stage of a `PipelineModule` holds.
+        FileNotFoundError: no checkpoint at `path` (its `.metadata` file is named).
+    A checkpoint saved before the optimizer's first step (param groups only) leaves `optimizer` without state.
     """
-    if optimizer is not None and not optimizer.state:
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    # saved before the optimizer's first step: no state to load, and the optimizer must have none either (its
+    # first step then initialises it, as in the run that saved)
+    stateless = not any(k.startswith("optimizer.state.") for k in metadata.state_dict_metadata)
+    if optimizer is not None and stateless:
+        optimizer.state.clear()
+    elif optimizer is not None and not optimizer.state:
         _create_state(optimizer)
     osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
     tree = _tree(pm, optimizer, osd)
-    _check_against(tree, dcp.FileSystemReader(str(path)).read_metadata(), path, _all_wanted(pm, tree))
+    _check_against(_all_wanted(pm, tree), metadata, path)
     dcp.load(tree, checkpoint_id=str(path))  # in place: the DTensors share storage with the local tensors
-    if isinstance(pm, PipelineModule):
+    if isinstance(pm, PipelineModule) or (optimizer is not None and stateless):
         _fill_copies(pm, optimizer, tree)
     elif optimizer is not None:
         local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
@@ -213,8 +224,11 @@ def _copies(pm: ParallelModule | PipelineModule) -> dict[str, list[tuple[Paralle
 def _optimizer_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer) -> dict:
     """torch's flattened, FQN-keyed optimizer state dict of `pm`'s local parameters (module docstring: on a
     `PipelineModule` built here by the same keys, each tensor's first copy only)."""
-    if not isinstance(pm, PipelineModule):
+    if not isinstance(pm, PipelineModule) and optimizer.state:
         return get_optimizer_state_dict(pm, optimizer, options=_OPTIONS)
+    # (torch's get_optimizer_state_dict would first create the state of an optimizer that has none by a step
+    # with zero gradients: Adam's step count 1 before the first real step, a silently different training run
+    # after a checkpoint saved before the first step. Without state only the param groups are written.)
     copies = _copies(pm)
     fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
     out = {}
@@ -248,9 +262,10 @@ def _tree(pm: ParallelModule | PipelineModule, optimizer, osd: dict | None) -> d
     return tree
 
 
-def _fill_copies(pm: PipelineModule, optimizer, tree: dict) -> None:
+def _fill_copies(pm: ParallelModule | PipelineModule, optimizer, tree: dict) -> None:
     """After DCP loaded the first copies in place: every copy of each tensor, every copy's optimizer state
-    (tensors in place, other values assigned) and each parameter group's hyperparameters (lr, betas, ...)."""
+    (tensors in place, other values assigned) and each parameter group's hyperparameters (lr, betas, ...).
+    Also used for a ParallelModule's checkpoint saved before the first optimizer step (param groups only)."""
     copies = _copies(pm)
     with torch.no_grad():
         for (_, first), *others in copies.values():
@@ -274,15 +289,27 @@ def _fill_copies(pm: PipelineModule, optimizer, tree: dict) -> None:
                           if k != "params" and f"param_groups.{fqn}.{k}" in loaded})
 
 
-def _all_wanted(pm: ParallelModule | PipelineModule, tree: dict) -> set[str] | None:
-    """On a `PipelineModule`: the keys every rank loads (each rank holds only its stages' part; gathered from
-    all ranks, under the default group's timeout), so that a key no rank wants is reported. None otherwise."""
+def _wanted(tree: dict) -> dict[str, tuple[int, ...] | None]:
+    """"<top>.<key>" -> the global shape of each tensor loaded into (None for other values)."""
+    return {f"{top}.{key}": tuple(value.shape) if isinstance(value, torch.Tensor) else None
+            for top, entries in tree.items() for key, value in entries.items()}
+
+
+def _all_wanted(pm: ParallelModule | PipelineModule, tree: dict) -> dict[str, tuple[int, ...] | None]:
+    """The keys (and global shapes) loaded into, of ALL ranks on a `PipelineModule` (each rank holds only its
+    stages' part; gathered under the default group's timeout), so that every rank checks the same set and
+    raises the same error: a key only some ranks miss (a deeper model's last stage) or a shape only some
+    ranks hold must not let the other ranks enter DCP's collective load alone (a hang). This rank's
+    otherwise (every rank of a `ParallelModule` holds every key)."""
+    mine = _wanted(tree)
     if not isinstance(pm, PipelineModule):
-        return None
-    keys = [f"{top}.{key}" for top, entries in tree.items() for key in entries]
+        return mine
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, keys)
-    return {k for ks in everyone for k in ks}
+    dist.all_gather_object(everyone, mine)
+    merged: dict = {}
+    for wanted in everyone:
+        merged.update(wanted)
+    return merged
 
 
 def _state_entry(holder: dict[str, tuple[ParallelModule, DeviceMesh]], key: str, value):
@@ -302,28 +329,24 @@ def _state_entry(holder: dict[str, tuple[ParallelModule, DeviceMesh]], key: str,
     return _dtensor(value, pm.spec.params[fqn], mesh, tuple(info.shape))
 
 
-def _check_against(tree: dict, metadata, path, all_wanted: set[str] | None = None) -> None:
-    """Raise StateDictError when the checkpoint's keys or global shapes differ from what is loaded into
-    (`all_wanted`: the keys of all ranks, when each rank loads only a part: a pipeline's stages)."""
+def _check_against(wanted: dict[str, tuple[int, ...] | None], metadata, path) -> None:
+    """Raise StateDictError when the checkpoint's keys or global shapes differ from `wanted` ("<top>.<key>" ->
+    global shape or None, `_all_wanted`: the same on every rank, so every rank raises alike)."""
     saved = metadata.state_dict_metadata
-    wanted = {}
-    for top, entries in tree.items():
-        for key, value in entries.items():
-            wanted[f"{top}.{key}"] = value
+    tops = {k.split(".")[0] for k in wanted}
     missing = sorted(k for k in wanted if k not in saved)
-    known = set(wanted) if all_wanted is None else all_wanted
-    unexpected = sorted(k for k in saved if k not in known and k.split(".")[0] in tree)
+    unexpected = sorted(k for k in saved if k not in wanted and k.split(".")[0] in tops)
     if missing or unexpected:
         raise StateDictError(
             f"checkpoint {str(path)!r}: {len(missing)} key(s) this model/optimizer needs are not in it {missing[:8]}, "
             f"{len(unexpected)} key(s) in it are not in this model/optimizer {unexpected[:8]}. Remedy: load with "
             "the model and optimizer configuration the checkpoint was saved with (a frozen parameter has no "
             "optimizer state)", missing=missing, unexpected=unexpected)
-    for key, value in wanted.items():
+    for key, shape in sorted(wanted.items()):
         size = getattr(saved[key], "size", None)
-        if isinstance(value, torch.Tensor) and size is not None and tuple(size) != tuple(value.shape):
+        if shape is not None and size is not None and tuple(size) != shape:
             raise StateDictError(
-                f"checkpoint {str(path)!r}: {key!r} has global shape {tuple(size)} there but {tuple(value.shape)} "
+                f"checkpoint {str(path)!r}: {key!r} has global shape {tuple(size)} there but {shape} "
                 "here. Remedy: load into a model of the configuration the checkpoint was saved from")
 
 

@@ -111,3 +111,25 @@ def test_pipeline_checkpoints_move_between_pipeline_and_other_plans(resumed):
             torch.testing.assert_close(pp[f"{other}_losses"], pp["pp_losses"], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(pp[f"{other}_at_5"], pp["pp_at_5"], rtol=1e-5, atol=1e-5)
         assert pp["moved"] > 1e-4  # the 2 steps moved the parameters (an optimizer state error would show above)
+
+
+def test_a_key_only_some_pipeline_ranks_miss_raises_on_every_rank(resumed):
+    """A checkpoint lacking tensors that only the last stage holds (e.g. saved from a shallower model): every
+    rank raises StateDictError naming them, none enters DCP's collective load alone (a hang before)."""
+    results, _ = resumed
+    for rank, r in enumerate(results):
+        got = r["pipeline"]["partial_errors"]
+        assert got.startswith("StateDictError") and "transformer.h.3." in got, (rank, got)
+
+
+def test_a_checkpoint_saved_before_the_first_step_changes_nothing_and_loads_anywhere(resumed):
+    """Saved before the optimizer's first step: saving created no optimizer state (torch's own state dict call
+    would step Adam once: a silently different run), and it loads on a pipeline and back, without state."""
+    results, _ = resumed
+    for rank, r in enumerate(results):
+        s = r["pipeline"]["step0"]
+        assert not s["dp_save_created_state"] and s["from_pp_error"] is None, (rank, s)
+        assert s["into_pp_bitwise"] and not s["into_pp_state"] and not s["from_pp_state"], (rank, s)
+        torch.testing.assert_close(s["losses"][1], s["losses"][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s["losses"][2], s["losses"][0], rtol=1e-5, atol=1e-5)
+        assert s["max_diff"] < 1e-5, (rank, s["max_diff"])
