@@ -230,19 +230,26 @@ def _optimizer_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim
     # with zero gradients: Adam's step count 1 before the first real step, a silently different training run
     # after a checkpoint saved before the first step. Without state only the param groups are written.)
     copies = _copies(pm)
-    fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
     out = {}
+    for group, p, fqn in _optimizer_params(optimizer, copies):
+        if copies[fqn][0][1] is not p:
+            continue  # a second copy of a tied / twinned parameter: saved from its first copy
+        out.update({f"state.{fqn}.{k}": v for k, v in optimizer.state.get(p, {}).items()})
+        out.update({f"param_groups.{fqn}.{k}": v for k, v in group.items() if k != "params"})
+    return out
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer, copies: dict):
+    """(param group, parameter, its model FQN) for every parameter of `optimizer` (`copies`: `_copies`).
+
+    Raises StateDictError for a parameter the module does not hold."""
+    fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            fqn = fqn_of.get(id(p))
-            if fqn is None:
+            if id(p) not in fqn_of:
                 raise StateDictError(f"the optimizer holds a parameter of shape {tuple(p.shape)} that no stage of this "
                                      "PipelineModule holds. Remedy: build the optimizer over pm.parameters()")
-            if copies[fqn][0][1] is not p:
-                continue  # a second copy of a tied / twinned parameter: saved from its first copy
-            out.update({f"state.{fqn}.{k}": v for k, v in optimizer.state.get(p, {}).items()})
-            out.update({f"param_groups.{fqn}.{k}": v for k, v in group.items() if k != "params"})
-    return out
+            yield group, p, fqn_of[id(p)]
 
 
 def _tree(pm: ParallelModule | PipelineModule, optimizer, osd: dict | None) -> dict:
@@ -274,19 +281,16 @@ def _fill_copies(pm: ParallelModule | PipelineModule, optimizer, tree: dict) -> 
     if optimizer is None:
         return
     loaded = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
-    fqn_of = {id(local): fqn for fqn, held in copies.items() for _, local in held}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            fqn = fqn_of[id(p)]
-            state = optimizer.state.get(p, {})
-            for key in list(state):
-                value = loaded.get(f"state.{fqn}.{key}")
-                if isinstance(state[key], torch.Tensor) and isinstance(value, torch.Tensor):
-                    state[key].copy_(value)  # the first copy's tensor is `value` itself (loaded in place)
-                elif value is not None:
-                    state[key] = value
-            group.update({k: loaded[f"param_groups.{fqn}.{k}"] for k in group
-                          if k != "params" and f"param_groups.{fqn}.{k}" in loaded})
+    for group, p, fqn in _optimizer_params(optimizer, copies):
+        state = optimizer.state.get(p, {})
+        for key in list(state):
+            value = loaded.get(f"state.{fqn}.{key}")
+            if isinstance(state[key], torch.Tensor) and isinstance(value, torch.Tensor):
+                state[key].copy_(value)  # the first copy's tensor is `value` itself (loaded in place)
+            elif value is not None:
+                state[key] = value
+        group.update({k: loaded[f"param_groups.{fqn}.{k}"] for k in group
+                      if k != "params" and f"param_groups.{fqn}.{k}" in loaded})
 
 
 def _wanted(tree: dict) -> dict[str, tuple[int, ...] | None]:
