@@ -2,9 +2,8 @@
 
 Three entry points:
 
-- `spawn(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size` fresh processes (start
-  method "spawn"), each with an initialised default process group, and returns the ranks' return values in
-  rank order. It never hangs: an outer deadline kills every rank, and the first rank that raised, crashed
+- `spawn(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size` new processes, each with
+  an initialised default process group, and returns the ranks' return values in rank order. It never hangs: an outer deadline kills every rank, and the first rank that raised, crashed
   or did not finish is named in a `DistributedError` together with its traceback.
 - `init_from_env()` / `shutdown()` for programs launched by torchrun (or any launcher that sets RANK,
   WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
@@ -16,6 +15,13 @@ workers can abort with SIGABRT at interpreter exit after they passed, so each wo
 group, flushes and leaves with `os._exit`, and results travel through a queue, never through exit codes;
 one failing rank blocks the others inside their next collective until the process-group timeout, so the
 parent stops waiting for the other ranks shortly after the first failure and kills them.
+Ranks start by multiprocessing's "forkserver" method with torch, parallelizer and transformers' model base
+preloaded (`_PRELOAD`): the server imports them once per parent process (about 8 s of CPU on this machine
+kind) and every rank is a fork of it, where the "spawn" method imported them again in every rank of every
+launch. A fork is taken from the server, which runs no torch op and holds no thread or process group, never
+from the caller, so the parent's state (threads, process groups, CUDA) does not leak into ranks. Each rank
+takes the caller's environment variables of the launch (the server's are those of its own start); variables
+that glibc or the dynamic loader read at process start (MALLOC_*, LD_*) keep the server's values.
 """
 from __future__ import annotations
 
@@ -53,6 +59,9 @@ _POLL_S = 0.05
 _PORT_ATTEMPTS = 3
 _INIT_FAILED = "init_process_group failed:\n"  # prefix of a worker's report when it could not join
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Modules the fork server imports before it forks any rank (module docstring); one that is not installed is
+# skipped by multiprocessing's server.
+_PRELOAD = ("parallelizer", "parallelizer.runtime.rehearsal", "transformers.modeling_utils")
 
 
 class DistributedError(ParallelizerError):
@@ -97,11 +106,12 @@ def spawn(
     to 3 attempts within the same deadline; `fn` has not run on any rank then.
 
     Args:
-        fn: a module-level (picklable) function; it runs in a fresh interpreter that imports its module.
+        fn: a module-level (picklable) function; it runs in a process forked from the server (module
+            docstring), which imports its module.
         world_size: number of ranks, >= 1.
         *args: extra picklable arguments passed to every rank.
         timeout_s: wall-clock deadline for the whole run in seconds, process start-up included
-            (importing torch takes 1.3-2 s per process on this machine kind).
+            (the first launch of a process also starts the fork server: about 8 s of imports here).
         backend: torch.distributed backend ("gloo" on CPU, "nccl" on GPUs).
 
     Returns:
@@ -133,13 +143,13 @@ def _run_once(
     deadline: float,
 ) -> tuple[dict[int, Any], dict[int, str], bool]:
     """Start the ranks on a fresh port, collect their reports until `deadline`, kill what is left."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     reports = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, fn, args, init_method, backend, timeout_s, reports),
+            args=(rank, world_size, fn, args, init_method, backend, timeout_s, reports, dict(os.environ)),
             name=f"parallelizer-rank{rank}",
             daemon=True,
         )
@@ -152,6 +162,13 @@ def _run_once(
     finally:
         _kill_all(procs)
         reports.close()
+
+
+def _context():
+    """multiprocessing's "forkserver" context, its server set to preload `_PRELOAD` (module docstring)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOAD))  # takes effect when the server starts (first launch only)
+    return ctx
 
 
 def _port_was_taken(failures: dict[int, str]) -> bool:
@@ -168,8 +185,12 @@ def _worker(
     backend: str,
     timeout_s: float,
     reports: Any,
+    environ: dict[str, str],
 ) -> None:
-    """Body of one spawned rank: init, run, report ("ok", pickled result) or ("error", traceback), exit."""
+    """Body of one spawned rank: take the caller's environment `environ`, init, run, report ("ok", pickled
+    result) or ("error", traceback), exit."""
+    os.environ.clear()
+    os.environ.update(environ)
     # torch.fx.Interpreter makes a (disabled) tqdm bar, whose first use creates a multiprocessing lock that is
     # registered with the resource tracker; os._exit below skips its release, which the tracker then reports
     # as "leaked semaphore objects". A thread lock is all a rank's progress bars need.

@@ -2,12 +2,14 @@
 
 Memory is measured as the peak resident set size above the level before a call: /proc/self/clear_refs
 resets the kernel's high-water mark (VmHWM), so VmHWM after the call minus VmRSS before it is the most
-memory the call added at any moment. The test starts the ranks with MALLOC_MMAP_THRESHOLD_ set, so that
-glibc returns every freed tensor's pages at once (its adaptive threshold would otherwise keep freed blocks
-mapped and the figure would count memory no tensor holds).
+memory the call added at any moment. Each rank first sets glibc's mmap threshold to 64 KiB (mallopt
+M_MMAP_THRESHOLD, as the MALLOC_MMAP_THRESHOLD_ variable would at process start), so that glibc returns
+every freed tensor's pages at once (its adaptive threshold would otherwise keep freed blocks mapped and the
+figure would count memory no tensor holds).
 """
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 
@@ -42,6 +44,15 @@ def batch(step: int, cfg: dict = CFG) -> tuple[tuple, dict]:
 
 def _rss(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def return_freed_pages() -> None:
+    """Allocations of 64 KiB and more are mmapped and unmapped on free (module docstring)."""
+    if not ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 65536):
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD, 65536) failed")
 
 
 def peak_added_bytes(fn) -> int:
@@ -86,6 +97,7 @@ def resume(rank: int, world_size: int, specs: dict, root: str, pipelines: dict) 
     """Train 3 steps on specs["first"], save, train 2 more; resume from the checkpoint on every other spec
     (a model of another seed, so every value must come from the checkpoint) and train the same 2 steps.
     Returns losses, bitwise checks and memory peaks of this rank."""
+    return_freed_pages()
     root_dir = Path(root)
     pm, opt = _module(specs["first"], seed=0)
     _train(pm, opt, range(3))

@@ -418,3 +418,8 @@ def run_fx_interpreter(rank: int, world_size: int) -> int:
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     torch.fx.Interpreter(gm).run(torch.ones(1, 2))
     return rank
+
+
+def read_environ(rank: int, world_size: int, name: str) -> str | None:
+    """The rank's value of environment variable `name` (None when unset)."""
+    return os.environ.get(name)

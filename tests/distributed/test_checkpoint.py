@@ -49,9 +49,7 @@ def resumed(tmp_path_factory):
         with contextlib.redirect_stdout(io.StringIO()):  # plans are made on one microbatch of the batch of 8
             pipelines[name] = parallelizer.plan(micro, mesh, schedule=schedule, microbatches=m).to_json()
     root = tmp_path_factory.mktemp("ckpt")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # freed tensors go back to the OS at once (see workers)
-        results = spawn(resume, 4, specs, str(root), pipelines, timeout_s=500)
+    results = spawn(resume, 4, specs, str(root), pipelines, timeout_s=500)
     return results, root
 
 

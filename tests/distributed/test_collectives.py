@@ -80,6 +80,17 @@ def test_taken_rendezvous_port_is_retried(monkeypatch):
         assert not ports  # the taken port was really tried first
 
 
+def test_ranks_take_the_environment_of_their_launch(monkeypatch):
+    """Ranks are forks of a server started at the first launch (`runtime.launch`); each launch still hands its
+    ranks the caller's environment as it is then: a variable set or removed after the server started."""
+    monkeypatch.setenv("PARALLELIZER_TEST_VAR", "first")
+    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=60) == ["first", "first"]
+    monkeypatch.setenv("PARALLELIZER_TEST_VAR", "second")
+    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=60) == ["second", "second"]
+    monkeypatch.delenv("PARALLELIZER_TEST_VAR")
+    assert spawn(W.read_environ, 1, "PARALLELIZER_TEST_VAR", timeout_s=60) == [None]
+
+
 def test_ranks_leak_no_semaphores():
     """A rank that ran an fx Interpreter (tqdm's multiprocessing lock) exits without the resource tracker
     reporting "leaked semaphore objects" when the launching process ends."""
