@@ -225,6 +225,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
 
 
 _UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output")
+# torch.export's words when forward used `.data` (a tensor outside autograd becomes a fake constant)
+_FAKE_CONSTANT = "fake tensor in the exported program constant"
 _MODEL_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, NameError, AssertionError)
 
 
@@ -252,6 +254,12 @@ def _translate(exc: Exception) -> TraceError:
              if cache else "return tensors (or tuples/lists/dicts of them) from forward, or register the class "
              "with torch.utils._pytree.register_pytree_node (torch.export.register_dataclass for a dataclass)"),
             detail=first)
+    if _FAKE_CONSTANT in text:
+        return TraceError(
+            "a tensor that forward takes out of autograd: `.data` of a parameter or buffer (e.g. "
+            "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
+            "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
+            "values with `.detach()` instead of `.data`", detail=first)
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,

@@ -303,6 +303,27 @@ def test_a_parameter_written_in_a_no_grad_region_keeps_its_gradient():
     torch.testing.assert_close(traced.a.weight, model.a.weight)
 
 
+class _DataAccess(torch.nn.Module):
+    def __init__(self, write: bool):
+        super().__init__()
+        self.write, self.a = write, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.write:
+            self.a.weight.data.clamp_(-0.1, 0.1)
+            return self.a(x).sum()
+        return (self.a(x) * self.a.weight.data.norm()).sum()
+
+
+@pytest.mark.parametrize("write", [True, False], ids=["write", "read"])
+def test_data_of_a_parameter_in_forward_is_a_trace_error_with_the_no_grad_remedy(write):
+    """`.data` makes a tensor export cannot follow; torch's message spoke of a fake tensor in the constants
+    and asked to file an issue. The no_grad form of the remedy is `_ClipInForward`, traced above."""
+    with pytest.raises(TraceError, match=r"`\.data` of a parameter or buffer") as err:
+        parallelizer.trace(_DataAccess(write), (torch.randn(3, 4),))
+    assert "torch.no_grad()" in err.value.remedy and ".detach()" in err.value.remedy
+
+
 class _NoGrad(torch.nn.Module):
     def __init__(self):
         super().__init__()
