@@ -293,6 +293,16 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
+    """loss_j * w_j of one microbatch in the batch loss. A microbatch that counts no item while the batch does
+    (w_j = n_j / N = 0, e.g. every label -100) adds exactly 0: its mean loss is 0/0 = NaN, and NaN * 0 would
+    make the batch loss NaN where one device's loss of the whole batch is finite (its gradient is already 0:
+    a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
+    (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
+    zero = (weight == 0) if not isinstance(weight, torch.Tensor) else bool((weight == 0).all())
+    return torch.zeros_like(loss) if zero else loss * weight
+
+
 class MicrobatchLoss:
     """The loss torch's schedule calls on the last stage for each microbatch: `fn(output, target_j) * w_j`.
 
@@ -375,7 +385,7 @@ class PipelineRun:
         _give_back(earlier)
         if not self.last:
             return None
-        return sum(loss * weight for loss, weight in self.loss.recorded)
+        return sum(weighted_loss(loss, weight) for loss, weight in self.loss.recorded)
 
 
 def check_batch(tensors, microbatches: int, microbatch_size: int) -> None:

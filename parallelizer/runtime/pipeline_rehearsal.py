@@ -49,7 +49,7 @@ from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, own_loss_weighting
-from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, microbatch_of
+from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
 from .precision import RECIPES, autocast
 from .rehearsal import RECIPE_ADAM_EPS, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest
@@ -136,7 +136,7 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
             out = reference(*args, **kw)
         loss = _loss(out)
         (loss * w).backward()
-        total = total + loss.detach().double() * w
+        total = total + weighted_loss(loss.detach().double(), w)
     return total
 
 
