@@ -67,7 +67,7 @@ def build(name):
                              final_logit_softcapping=3.0, attn_logit_softcapping=5.0, attn_implementation="eager")
         return T.Gemma2ForCausalLM(cfg), (ids,), {"labels": labels}
     if name == "t5":
-        cfg = T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0)
+        cfg = T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
         return T.T5ForConditionalGeneration(cfg), (ids,), {"labels": labels.clamp(min=0)}
     if name == "bart":
         cfg = T.BartConfig(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
