@@ -80,6 +80,14 @@ def build(name):
                             num_key_value_heads=2, max_position_embeddings=64)
         labels[a:b] = -100
         return T.LlamaForCausalLM(cfg), (ids,), {"labels": labels}
+    if name in ("llama_pos1", "llama_nitems", "llama_nitems_t"):
+        cfg = T.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64)
+        m = T.LlamaForCausalLM(cfg)
+        if name == "llama_pos1":  # one row of positions broadcast over the batch (common HF usage)
+            return m, (ids,), {"position_ids": torch.arange(S)[None], "labels": labels}
+        n = int((labels[:, 1:] != -100).sum())
+        return m, (ids,), {"labels": labels, "num_items_in_batch": n if name == "llama_nitems" else torch.tensor(n)}
     if name == "gpt2":
         from parallelizer import zoo
         m, (x,) = zoo.gpt2(n_layer=4, n_embd=32, n_head=4, vocab_size=V, batch=B, seq_len=S)

@@ -392,6 +392,13 @@ def check_batch(tensors, microbatches: int, microbatch_size: int) -> None:
     """Raise PipelineError unless dim 0 of every tensor is `microbatches` x `microbatch_size`."""
     for t in tensors:
         if t.ndim == 0 or t.shape[0] != microbatches * microbatch_size:
+            if (t.ndim == 0 or t.shape[0] == 1) and microbatches * microbatch_size > 1:
+                raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} has no batch dim "
+                                    f"to split into {microbatches} microbatches (a 0-d tensor, or a dim 0 of 1 "
+                                    "broadcast over the batch, e.g. position_ids of shape (1, T)): every tensor input "
+                                    "of a pipeline carries the batch in dim 0. Remedy: expand it to the batch "
+                                    f"(x.expand({microbatches * microbatch_size}, ...)), or leave it out / pass a "
+                                    "Python value")
             raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} does not split into "
                                 f"{microbatches} microbatches of {microbatch_size} (the batch size the model was "
                                 f"traced with): dim 0 must be {microbatches * microbatch_size}. Remedy: pass "
