@@ -55,6 +55,11 @@ def build(name):
         cfg = T.MixtralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
         return T.MixtralForCausalLM(cfg), (ids,), {"labels": labels}
+    if name == "qwen2moe":
+        cfg = T.Qwen2MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+        return T.Qwen2MoeForCausalLM(cfg), (ids,), {"labels": labels}
     if name == "qwen2moe_aux":
         cfg = T.Qwen2MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
                                shared_expert_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,

@@ -299,8 +299,7 @@ def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
     make the batch loss NaN where one device's loss of the whole batch is finite (its gradient is already 0:
     a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
     (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
-    zero = (weight == 0) if not isinstance(weight, torch.Tensor) else bool((weight == 0).all())
-    return torch.zeros_like(loss) if zero else loss * weight
+    return torch.zeros_like(loss) if _is_zero(weight) else loss * weight
 
 
 class MicrobatchLoss:
@@ -327,7 +326,25 @@ class MicrobatchLoss:
         loss = self.fn(output, target)
         weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
         self.recorded.append((loss.detach(), weight))
+        if _is_zero(weight) and not bool(torch.isfinite(loss).all()):
+            return _zero_through(output, loss)
         return loss * weight
+
+
+def _is_zero(weight) -> bool:
+    return bool((weight == 0).all()) if isinstance(weight, torch.Tensor) else weight == 0
+
+
+def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
+    """A 0 whose backward sends zero gradients into the stage's finite floating outputs, for a microbatch that
+    counts no item (weight 0) and whose mean loss is not finite: backward of `loss * 0` through a masked mean
+    `(x * mask).sum() / mask.sum()` with an all-zero mask is 0 / 0 = NaN in every gradient (one device's loss
+    of the whole batch has none). Falls back to `loss * 0` when no output is finite and differentiable."""
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
+              and t.is_floating_point() and bool(torch.isfinite(t).all())]
+    if not leaves:
+        return loss * 0
+    return sum((t * 0).sum() for t in leaves).to(loss.dtype)
 
 
 @dataclass

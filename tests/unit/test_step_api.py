@@ -105,3 +105,33 @@ def test_a_broadcast_input_of_a_pipeline_step_is_named_as_such():
         check_batch((torch.zeros(8, 16), torch.arange(16)[None]), 2, 4)
     with pytest.raises(PipelineError, match="drop or pad a short last batch"):
         check_batch((torch.zeros(6, 16),), 2, 4)
+
+
+def test_a_microbatch_without_items_sends_zero_not_nan_gradients():
+    """The model's own masked mean `(x * mask).sum() / mask.sum()` on a microbatch whose mask is all 0 (weight
+    n_j / N = 0): its loss is 0/0 = NaN, and backward of `loss * 0` through the division is NaN in every
+    gradient, while one device's loss of the whole batch is finite. `MicrobatchLoss` sends zeros through the
+    stage's finite outputs instead; the batch loss and gradients equal the whole batch's (trial4a)."""
+    from parallelizer.runtime.pipeline import MicrobatchLoss, weighted_loss
+
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(4, 3)
+    mask = torch.tensor([0.0, 0.0, 1.0, 1.0])  # microbatch 0 (rows 0-1) counts nothing
+
+    def own(rows):
+        h = x[rows] @ w
+        return ((h.pow(2) * mask[rows]).sum() / mask[rows].sum(), h)  # the stage's outputs: (loss, h)
+
+    loss_fn = MicrobatchLoss(lambda out, t: out[0], 2)
+    target = mask.clone()
+    loss_fn.begin(None, lambda t: t.sum(), target)
+    for rows in (slice(0, 2), slice(2, 4)):
+        out = loss_fn(own(rows), target[rows])
+        out.backward()
+    total = sum(weighted_loss(loss, weight) for loss, weight in loss_fn.recorded)
+    whole = torch.randn(3).copy_(w.detach()).requires_grad_()
+    ref = ((x @ whole).pow(2) * mask).sum() / mask.sum()
+    ref.backward()
+    assert torch.isfinite(w.grad).all(), w.grad
+    torch.testing.assert_close(w.grad, whole.grad)
+    torch.testing.assert_close(total, ref.detach())
