@@ -34,6 +34,10 @@ def build(name):
         m = T.BertForSequenceClassification(cfg)
         am = torch.ones(B, S, dtype=torch.long); am[:3, 10:] = 0
         return m, (ids,), {"attention_mask": am, "labels": torch.arange(B) % 3}
+    if name == "bert_reg":  # num_labels=1: MSE regression loss (own loss, "equal" weighting)
+        cfg = T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+                           max_position_embeddings=32, num_labels=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return T.BertForSequenceClassification(cfg), (ids,), {"labels": torch.linspace(-1, 1, B)}
     if name == "roberta_cls":
         cfg = T.RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
                               max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
