@@ -340,7 +340,10 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
                              "another num_microbatches / pp / tp.")
         if ctx.refused and len(ctx.refused) == len(schedules):  # only multi-copy schedules were asked for
             raise PipelineError(next(iter(ctx.refused.values())))
-        raise ValueError(f"no valid pipeline configuration; excluded: {dict(excluded)}")
+        raise ValueError(f"no valid pipeline configuration; excluded: {dict(excluded)}. Remedy: change what "
+                         "excluded them: microbatches= (1f1b needs >= pp, interleaved_1f1b a multiple of pp, zbv and "
+                         "dualpipev >= 2 x pp, bitpipe a multiple of an even pp), another schedule=, or a smaller pp "
+                         "(a schedule with v stages per rank needs pp x v <= the model's repeated blocks)")
     return cands, excluded, total
 
 

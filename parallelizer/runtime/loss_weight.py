@@ -123,7 +123,10 @@ def _unknown(what: str, why: str):
                     "mean of microbatch means differs when microbatches count different numbers of items). "
                     "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
                     "items the loss averages over in that microbatch>, or loss_fn= computing a mean loss from the "
-                    "outputs and target=")
+                    "outputs and target=. Either gives one device's loss of the batch only when the loss is a "
+                    "mean of per-item terms: a batch-level term (an MoE router's load-balancing loss, a product "
+                    "of means over the batch's tokens; in-batch negatives) is computed per microbatch, which is "
+                    "what gradient accumulation over the microbatches computes, not one device's value")
 
 
 def _by_constant(node: torch.fx.Node) -> bool:

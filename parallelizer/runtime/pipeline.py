@@ -293,6 +293,15 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
+    """loss_j * w_j of one microbatch in the batch loss. A microbatch that counts no item while the batch does
+    (w_j = n_j / N = 0, e.g. every label -100) adds exactly 0: its mean loss is 0/0 = NaN, and NaN * 0 would
+    make the batch loss NaN where one device's loss of the whole batch is finite (its gradient is already 0:
+    a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
+    (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
+    return torch.zeros_like(loss) if _is_zero(weight) else loss * weight
+
+
 class MicrobatchLoss:
     """The loss torch's schedule calls on the last stage for each microbatch: `fn(output, target_j) * w_j`.
 
@@ -317,7 +326,25 @@ class MicrobatchLoss:
         loss = self.fn(output, target)
         weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
         self.recorded.append((loss.detach(), weight))
+        if _is_zero(weight) and not bool(torch.isfinite(loss).all()):
+            return _zero_through(output, loss)
         return loss * weight
+
+
+def _is_zero(weight) -> bool:
+    return bool((weight == 0).all()) if isinstance(weight, torch.Tensor) else weight == 0
+
+
+def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
+    """A 0 whose backward sends zero gradients into the stage's finite floating outputs, for a microbatch that
+    counts no item (weight 0) and whose mean loss is not finite: backward of `loss * 0` through a masked mean
+    `(x * mask).sum() / mask.sum()` with an all-zero mask is 0 / 0 = NaN in every gradient (one device's loss
+    of the whole batch has none). Falls back to `loss * 0` when no output is finite and differentiable."""
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
+              and t.is_floating_point() and bool(torch.isfinite(t).all())]
+    if not leaves:
+        return loss * 0
+    return sum((t * 0).sum() for t in leaves).to(loss.dtype)
 
 
 @dataclass
@@ -375,13 +402,20 @@ class PipelineRun:
         _give_back(earlier)
         if not self.last:
             return None
-        return sum(loss * weight for loss, weight in self.loss.recorded)
+        return sum(weighted_loss(loss, weight) for loss, weight in self.loss.recorded)
 
 
 def check_batch(tensors, microbatches: int, microbatch_size: int) -> None:
     """Raise PipelineError unless dim 0 of every tensor is `microbatches` x `microbatch_size`."""
     for t in tensors:
         if t.ndim == 0 or t.shape[0] != microbatches * microbatch_size:
+            if (t.ndim == 0 or t.shape[0] == 1) and microbatches * microbatch_size > 1:
+                raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} has no batch dim "
+                                    f"to split into {microbatches} microbatches (a 0-d tensor, or a dim 0 of 1 "
+                                    "broadcast over the batch, e.g. position_ids of shape (1, T)): every tensor input "
+                                    "of a pipeline carries the batch in dim 0. Remedy: expand it to the batch "
+                                    f"(x.expand({microbatches * microbatch_size}, ...)), or leave it out / pass a "
+                                    "Python value")
             raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} does not split into "
                                 f"{microbatches} microbatches of {microbatch_size} (the batch size the model was "
                                 f"traced with): dim 0 must be {microbatches * microbatch_size}. Remedy: pass "

@@ -49,9 +49,9 @@ from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, own_loss_weighting
-from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, microbatch_of
+from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
 from .precision import RECIPES, autocast
-from .rehearsal import RECIPE_ADAM_EPS, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
+from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest
 
 
@@ -136,7 +136,7 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
             out = reference(*args, **kw)
         loss = _loss(out)
         (loss * w).backward()
-        total = total + loss.detach().double() * w
+        total = total + weighted_loss(loss.detach().double(), w)
     return total
 
 
@@ -232,4 +232,4 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
-            "code": run.stages[0].program.graph_module.code if rank == 0 else ""}
+            "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

@@ -76,6 +76,7 @@ class RehearsalReport:
     reference: str = describe(None)
     buffers: float | None = None
     worst_buffer: str = ""
+    random: str = ""  # the random ops the traced forward draws from (`random_ops`), named when numbers differ
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -103,7 +104,11 @@ class RehearsalReport:
                 + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
                 + "loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}")
+                f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}"
+                + ("" if self.matches() or not self.random else
+                   f"; the forward draws random numbers ({self.random}): sharded ranks draw other masks than one "
+                   "device, so such a model cannot match; rehearse it with dropout 0 (e.g. transformers' "
+                   "*dropout* config fields) to check the plan"))
 
 
 def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
@@ -191,7 +196,28 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
                            results[0]["code"], compression, final, describe(recipe),
-                           None if buffers is None else buffers[0], "" if buffers is None else buffers[1])
+                           None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
+                           results[0].get("random", ""))
+
+
+_RANDOM = ("dropout", "bernoulli", "rand", "normal", "multinomial", "randperm")
+
+
+def random_ops(traced) -> str:
+    """The ops of the traced forward that draw random numbers with a non-zero probability (dropout p > 0,
+    bernoulli, rand...), as 'node (op)' (the first 3) or ''."""
+    found = []
+    for node in traced.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if not any(r in name for r in _RANDOM):
+            continue
+        if "dropout" in name and (len(node.args) < 2 or node.args[1] == 0 or
+                                  (len(node.args) > 2 and node.args[2] is False)):
+            continue
+        found.append(f"{node.name} ({name})")
+    return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
@@ -388,5 +414,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))], compute,
                           judge)
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
-            "final_loss": final, "collectives": pm.program.collectives,
+            "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
             "code": pm.program.graph_module.code if rank == 0 else ""}

@@ -81,3 +81,25 @@ def own_loss_train(rank: int, world_size: int, mesh: dict, steps: int = 2) -> di
         worst["item_count_error"] = str(e)
     worst["schedule"] = pm.plan.pipeline.schedule
     return worst
+
+
+def ignored_microbatch_train(rank: int, world_size: int, mesh: dict) -> dict:
+    """One `pm.step(ids, labels)` (loss_fn=None) on a pipeline plan whose first microbatch has every label -100
+    (its mean loss is 0/0 = NaN, its weight n_j / N = 0), against one device's loss of the whole batch (finite)
+    and its gradients (ratio to the fp32 bound)."""
+    torch.manual_seed(0)
+    model = OwnLoss()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, V, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    labels = padded_labels(ids)
+    labels[: BATCH // 2] = -100  # microbatch 0 of 2: nothing to count
+    with contextlib.redirect_stdout(io.StringIO()):
+        pm = parallelizer.auto_parallelize(model, (ids, labels), mesh=mesh, schedule="gpipe", microbatches=2)
+    spec = spec_from_plan(pm.plan)
+    out = {}
+    loss = pm.step(ids, labels)
+    ref_loss = reference(ids, labels)
+    ref_loss.backward()
+    out["own_loss"], out["own_ref"] = loss.item(), ref_loss.item()
+    out["own_grad"] = stage_diffs(pm.run, reference, spec, None, grads=True)[2]
+    return out

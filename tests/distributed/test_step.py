@@ -9,6 +9,7 @@ step) and parameters after 3 steps match the single-device model (torch's clip_g
 would be off by far more than the tolerance); and the typed errors of a pipeline module."""
 import contextlib
 import io
+import math
 
 import pytest
 
@@ -16,7 +17,7 @@ import parallelizer
 from parallelizer import zoo
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from own_loss_workers import own_loss_train
+from own_loss_workers import ignored_microbatch_train, own_loss_train
 from step_workers import CLIP, GPT2_4, train
 
 pytestmark = pytest.mark.distributed
@@ -37,9 +38,11 @@ def _saved_pipeline_plan() -> str:
 
 @pytest.fixture(scope="module")
 def reports():
-    """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report)]."""
+    """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report, the
+    ignored-microbatch report)]."""
     cases = {"pp2_dp2": (None, {"plan_json": _saved_pipeline_plan()}), **CASES}
-    return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},))], timeout_s=500)
+    return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},)),
+                               (ignored_microbatch_train, ({"pp": 2, "dp": 2},))], timeout_s=500)
 
 
 def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
@@ -47,15 +50,26 @@ def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
     non-ignored shifted labels (`runtime.loss_weight`), equals one device; its transposed block outputs cross
     the stage boundary (and their gradients come back) non-contiguous, which torch's P2P refuses unless the
     stage makes them contiguous."""
-    for rank, (_, r) in enumerate(reports):
+    for rank, (_, r, _) in enumerate(reports):
         assert r["schedule"] == "1f1b", r
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
         assert r["mean_of_means_off_by"] > 100 * 1e-5, r  # the equal-weight mean would fail the tolerance
         assert "item_count= was given without target=" in r["item_count_error"]
 
 
+def test_a_microbatch_without_counted_labels_adds_zero_to_the_batch_loss(reports):
+    """pp=2 x dp=2, the model's own loss, microbatch 0's labels all -100: the batch loss is one device's loss of
+    the whole batch and the gradients match. Before, the microbatch's mean (0/0 = NaN) times its weight 0 made
+    `pm.step` return NaN on every rank (the gradients were right: an all-ignored cross-entropy back-propagates
+    zeros), and the rehearsal's accumulated reference was NaN too."""
+    for rank, (_, _, r) in enumerate(reports):
+        assert math.isfinite(r["own_ref"]), r
+        assert abs(r["own_loss"] - r["own_ref"]) <= 1e-5, (rank, r)
+        assert r["own_grad"] <= 1.0, (rank, r)
+
+
 def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
-    for rank, (report, _) in enumerate(reports):
+    for rank, (report, _, _) in enumerate(reports):
         errors = report.pop("errors")
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)

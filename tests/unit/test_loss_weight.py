@@ -37,6 +37,9 @@ class Own(torch.nn.Module):
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
         if self.kind == "mean":
             return logits.pow(2).mean()
+        if self.kind == "aux":  # cross-entropy + an MoE-style load-balancing term: a product of batch means
+            probs = logits.softmax(-1).flatten(0, 1)
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten()) + 0.1 * (probs.mean(0) * probs.mean(0)).sum() * V
         if self.kind == "weighted":
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), weight=self.head.bias.detach().abs())
         return logits.pow(2).mean(-1).max()  # "max": no per-microbatch count
@@ -65,7 +68,7 @@ def test_weighted_microbatch_losses_equal_the_batch_loss(kind):
         assert abs(float((plain - full).detach())) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["weighted", "max", "clamped", "offset"])
+@pytest.mark.parametrize("kind", ["weighted", "max", "clamped", "offset", "aux"])
 def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
     """clamped / offset (`/ mask.sum().clamp(min=1)`, `/ (mask.sum() + 1)`): weighing microbatch j by its own
     b_j gives sum_j S_j / sum_j b_j, not the batch's S / b(batch) (a microbatch without items has b_j = 1);
@@ -74,6 +77,24 @@ def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
     with pytest.raises(StepError, match="item_count=") as info:
         own_loss_weighting(trace(Own(kind), (ids[:B // M], labels[:B // M])))
     assert "node " in str(info.value)
+
+
+def test_the_remedy_says_a_batch_level_term_is_not_one_devices_value():
+    """cross-entropy + a load-balancing term (a product of means over the batch, as Mixtral's router aux loss):
+    its n_j / N-weighted microbatch values (what the remedy's item_count gives) differ from the whole batch's,
+    while the cross-entropy part alone agrees; the StepError's remedy says so instead of promising one device's
+    loss (trial4a: Mixtral on pp=2 x dp=2 followed the remedy to a loss 8e-6 and gradients 234x the bound off)."""
+    ids, labels = _batch()
+    model = Own("aux")
+    with torch.no_grad():
+        whole = model(ids, labels)
+        n = [(labels[j * B // M:(j + 1) * B // M] != -100).sum() for j in range(M)]
+        parts = [model(ids[j * B // M:(j + 1) * B // M], labels[j * B // M:(j + 1) * B // M]) for j in range(M)]
+        weighted = sum(p * n[j] / sum(n) for j, p in enumerate(parts))
+    assert abs(weighted - whole) > 1e-4, (weighted, whole)
+    with pytest.raises(StepError, match="load-balancing") as info:
+        own_loss_weighting(trace(Own("aux"), (ids[:B // M], labels[:B // M])))
+    assert "gradient accumulation" in str(info.value)
 
 
 def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():

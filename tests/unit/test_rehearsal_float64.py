@@ -50,3 +50,25 @@ def test_a_nan_on_one_side_is_a_mismatch_not_a_zero_difference():
     assert ratio > 1 and name == "loss"
     diff, _, ratio = _max_diff([("same", nan, nan.clone())], torch.float32)
     assert diff == 0.0 and ratio <= 1
+
+
+def test_a_differing_rehearsal_of_a_model_with_dropout_names_the_cause():
+    """A rehearsal report that differs for a model drawing dropout masks (BERT's default hidden_dropout_prob 0.1:
+    a pp=2 x dp=2 CLI rehearsal said only NUMERICS DIFFER, ratio 3533, trial4a) names the random ops and the
+    remedy; dropout with p=0 is not named, and a matching report says nothing."""
+    import dataclasses
+
+    import torch
+
+    from parallelizer.runtime.rehearsal import RehearsalReport, random_ops
+    from parallelizer.tracer.trace import trace
+
+    def model(p):
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(p), torch.nn.Linear(4, 1))
+
+    x = torch.randn(2, 4)
+    assert "dropout" in random_ops(trace(model(0.1), (x,)))
+    assert random_ops(trace(model(0.0), (x,))) == ""
+    report = RehearsalReport(2, 1.0, 1.0, 1.0, 1.0, "a", "b", 3533.0, {}, "", random="dropout (dropout.default)")
+    assert "draws random numbers (dropout (dropout.default))" in str(report) and "dropout 0" in str(report)
+    assert "random" not in str(dataclasses.replace(report, tolerance_ratio=0.5))
