@@ -22,6 +22,12 @@
    planner never redistributes a value written in place (`planner.strategies.mutation_edges`), which is right
    for state but made `loss += aux` on a Partial (a mean loss over a sharded batch) unplannable under 'ddp'
    (InfeasiblePlanError on cross_entropy_loss); the out-of-place form computes the same values.
+6. (Applied first, in every region's body too.) An `out=` variant (`torch.div(a, b, out=buf)`;
+   `F.normalize(..., out=u)` in `nn.utils.spectral_norm`'s power iteration, which writes its `u`/`v` buffers)
+   becomes its functional overload followed by `aten.copy_(buf, result)`, and readers of the op's result read
+   the copy: the write is then an ordinary in-place write of `buf` (kept where `buf` lives, not detached in a
+   no-grad region). The planner's rules know functional ops, whose tensor arguments are all inputs; an `out`
+   keyword was taken for an extra input (IndexError inside strategy enumeration).
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ _REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)
 
 def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """Apply the normalisations of the module docstring to `gm` in place and recompile it."""
+    _functional_out_variants(gm, notes)
     _inline_regions(gm, notes)
     _drop_asserts(gm, notes)
     _drop_contiguous(gm, notes)
@@ -57,6 +64,68 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
+
+
+def _functional_out_variants(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 6 (module docstring), in `gm` and in every submodule graph (region bodies)."""
+    aten = torch.ops.aten
+    rewritten: dict[str, int] = {}
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in list(module.graph.nodes):
+            schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+            if schema is None or not schema.name.startswith("aten::"):
+                continue
+            outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+            if not outs:
+                continue
+            name = schema.name.split("::")[-1]
+            where = _stack_location(node)
+            functional = _out_free_overload(schema) if len(outs) == 1 else None
+            buf = node.kwargs.get(outs[0].name)
+            val = node.meta.get("val")
+            if (functional is None or not isinstance(buf, torch.fx.Node) or not isinstance(val, torch.Tensor)
+                    or not isinstance(buf.meta.get("val"), torch.Tensor) or buf.meta["val"].shape != val.shape
+                    or buf.meta["val"].dtype != val.dtype):
+                raise TraceError(f"aten.{name}.{node.target._overloadname} (node {node.name}) writes its result into "
+                                 f"an `out=` tensor{' at ' + where if where else ''}, and no functional form of it "
+                                 "with the same result shape and dtype was found. Remedy: assign the result "
+                                 "(`y = op(...)`, then `buf.copy_(y)` if a buffer must be updated) instead of "
+                                 "passing `out=`")
+            kwargs = {k: v for k, v in node.kwargs.items() if k != outs[0].name}
+            with module.graph.inserting_before(node):
+                result = module.graph.call_function(functional, node.args, kwargs)
+                result.meta = _meta_like(node)
+                copy = module.graph.call_function(aten.copy_.default, (buf, result))
+                copy.meta = _meta_like(node)
+            node.replace_all_uses_with(copy)
+            module.graph.erase_node(node)
+            rewritten[name] = rewritten.get(name, 0) + 1
+        if module is not gm:
+            module.graph.lint()
+            module.recompile()
+    if rewritten:
+        notes.append("wrote `out=` op(s) as their functional form + copy_ into the out tensor: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+
+
+def _out_free_overload(schema):
+    """The overload of the same aten packet whose arguments are `schema`'s without the `out` one (div.out ->
+    div.Tensor), or None."""
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None)
+    if packet is None:
+        return None
+    wanted = [(a.name, str(a.type)) for a in schema.arguments
+              if not (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)]
+    for overload_name in packet.overloads():
+        overload = getattr(packet, overload_name)
+        args = overload._schema.arguments
+        if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+            continue
+        if [(a.name, str(a.type)) for a in args] == wanted:
+            return overload
+    return None
 
 
 def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
