@@ -414,3 +414,16 @@ for _k in BATCH_KINDS:
     _f = _batch(_k)
     globals()[_f.__name__] = _f
     BUILDERS[_f.__name__] = _f
+
+
+def as_strided_t(s, h): return h.transpose(1, 2).as_strided((B, H, T // 2), (T * H, 1, 2 * H))
+def as_strided_tc(s, h): return h.transpose(1, 2).contiguous().as_strided((B, H, T // 2), (T * H, T, 2)).transpose(1, 2).reshape(B, T // 2, H)
+def as_strided_off(s, h): return h[:, 1:].as_strided((B, T // 2, H), (T * H, 2 * H, 1))
+def as_strided_off2(s, h): return h[:, 1:].as_strided((B, T // 2, H), (T * H, 2 * H, 1), 3 * H)
+
+
+for _b in [as_strided_t, as_strided_tc, as_strided_off, as_strided_off2]:
+    _f = _mk(_b, out_in={"as_strided_t": T // 2}.get(_b.__name__, H))
+    _f.__qualname__ = _f.__name__ = "m_" + _b.__name__
+    globals()[_f.__name__] = _f
+    BUILDERS[_f.__name__] = _f

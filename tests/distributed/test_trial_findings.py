@@ -8,7 +8,8 @@ import pytest
 import parallelizer
 from parallelizer.runtime.rehearsal import rehearse_many
 from trial_models import (aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
-                          embedding_grad_by_freq, spectral_norm_linear, uneven_gather_as_strided)
+                          as_strided_of_transpose, embedding_grad_by_freq, spectral_norm_linear,
+                          uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
 
@@ -30,6 +31,8 @@ def two_rank_reports():
                               _plan(embedding_grad_by_freq, {"dp": 2}, axis_roles={"dp": "fsdp"})),
              "as_strided": (uneven_gather_as_strided,
                             _plan(uneven_gather_as_strided, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "as_strided_t": (as_strided_of_transpose,
+                              _plan(as_strided_of_transpose, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "spectral_norm": (spectral_norm_linear, _plan(spectral_norm_linear, {"tp": 2}, axis_roles={"tp": "tp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
@@ -104,4 +107,13 @@ def test_spectral_norm_power_iteration_written_with_out_matches(two_rank_reports
     and the buffers after 3 steps equal eager's. Before, planning raised a bare IndexError ("tuple index out
     of range") in strategy enumeration: the `out` keyword was counted as an input of div."""
     report = two_rank_reports["spectral_norm"]
+    assert report.matches(), report
+
+
+def test_as_strided_of_a_transposed_activation_reads_its_values_under_ddp(two_rank_reports):
+    """`h.transpose(1, 2).as_strided(size, strides into h's memory)` on dp=2 (ddp): the tracer rewrites
+    as_strided to read its input's values (scattered at their traced storage positions first), so the ranks,
+    whose input is a gathered fresh tensor, read what eager reads. Before: outputs off by 2.1 on every mesh
+    (ddp, fsdp, tp=2, tp=3, dp x tp), silently."""
+    report = two_rank_reports["as_strided_t"]
     assert report.matches(), report

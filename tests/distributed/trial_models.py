@@ -176,3 +176,21 @@ class SpectralNormLinear(nn.Module):
 def spectral_norm_linear():
     torch.manual_seed(0)
     return SpectralNormLinear(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class AsStridedOfTranspose(nn.Module):
+    """`as_strided` on a transposed activation, with strides into the activation's memory (every other
+    position of the untransposed (B, T, H) storage): eager reads h's storage, whatever the transpose's strides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(T // 2, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h.transpose(1, 2).as_strided((B, H, T // 2), (T * H, 1, 2 * H)))
+
+
+def as_strided_of_transpose():
+    torch.manual_seed(0)
+    return AsStridedOfTranspose(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)

@@ -570,3 +570,21 @@ def test_repeated_groups_whose_names_fold_alike_get_distinct_names_and_the_plan_
     assert len(names) == 2 and len(set(names)) == 2, names
     plan = parallelizer.plan(tg, {"tp": 2}, axis_roles={"tp": "tp"})
     assert parallelizer.Plan.from_json(plan.to_json()).to_json() == plan.to_json()
+
+
+def test_as_strided_reading_memory_outside_its_input_is_a_trace_error():
+    """`h[:, 1:].as_strided(..., storage_offset=0)` reads elements of h (its row 0) that are not in the slice (the
+    memory around it): the sharded program holds the slice's values only, so this is refused with a
+    TraceError naming the op and a remedy (before: torch's setStorage RuntimeError on every rank). Reading
+    within the input's own elements is rewritten to a layout-free form (test_trial_findings)."""
+    class OffsetStrided(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x)[:, 1:].as_strided((2, 2, 4), (24, 8, 1), 0)  # reads row 0, not in the slice
+
+    with pytest.raises(TraceError, match="as_strided") as info:
+        parallelizer.trace(OffsetStrided(), (torch.randn(2, 6, 4),))
+    assert info.value.remedy and "contiguous" in info.value.remedy
