@@ -40,6 +40,24 @@ def rank_cases(rank, world_size, cases, steps, lr, eps):
     return out
 
 
+def random_plan(traced, mesh, roles, seed):
+    """A valid plan under random ILP costs (as tests/fuzz does): arbitrary sharded strategies get exercised."""
+    import numpy as np
+    from parallelizer.core import MeshSpec
+    from parallelizer.config import PlanConfig
+    from parallelizer.planner.api import build as build_problem, to_plan
+    from parallelizer.planner.ilp import solve
+    config = PlanConfig(axis_roles=roles)
+    problem, pricer = build_problem(traced, MeshSpec(tuple(mesh), tuple(mesh.values())), config=config)
+    rng = np.random.default_rng(seed)
+    problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
+    problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
+    return to_plan(traced, problem, pricer, solve(problem, config), config)
+
+
+RANDOM = 0  # set by --random=K
+
+
 def main(names, meshes):
     t0 = time.time()
     by_size, results = {}, {}
@@ -51,7 +69,13 @@ def main(names, meshes):
             try:
                 model, inputs = fn()[:2]
                 with contextlib.redirect_stdout(io.StringIO()):
-                    plan = parallelizer.plan(parallelizer.trace(model, inputs), mesh, axis_roles=roles)
+                    traced = parallelizer.trace(model, inputs)
+                    if RANDOM:
+                        for k in range(RANDOM):
+                            spec = spec_from_plan(random_plan(traced, mesh, roles, k))
+                            by_size.setdefault(spec.mesh.world_size, []).append((f"{name}@{mname}#r{k}", fn, spec))
+                        continue
+                    plan = parallelizer.plan(traced, mesh, axis_roles=roles)
                 spec = spec_from_plan(plan)
                 by_size.setdefault(spec.mesh.world_size, []).append((f"{name}@{mname}", fn, spec))
             except Exception as e:  # noqa: BLE001
@@ -70,13 +94,17 @@ def main(names, meshes):
         print(f"size {size} done at {time.time() - t0:.0f}s", flush=True)
     for k in sorted(results):
         print(k, "::", results[k].split("\n")[0][:300])
-    json.dump(results, open(f"/tmp/trial4b_{'_'.join(meshes)}_{names[0]}.json", "w"), indent=1)
+    json.dump(results, open(f"/tmp/trial4b_{'_'.join(meshes)}_{names[0]}_r{RANDOM}.json", "w"), indent=1)
     return results
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    global_args = args
     meshes = [m for m, *_ in MESHES]
+    if args and args[0].startswith("--random="):
+        globals()["RANDOM"] = int(args[0].split("=")[1])
+        args = args[1:]
     if args and args[0].startswith("--meshes="):
         meshes = args[0].split("=")[1].split(",")
         args = args[1:]

@@ -427,3 +427,59 @@ for _b in [as_strided_t, as_strided_tc, as_strided_off, as_strided_off2]:
     _f.__qualname__ = _f.__name__ = "m_" + _b.__name__
     globals()[_f.__name__] = _f
     BUILDERS[_f.__name__] = _f
+
+
+# ---------------- batch 3: pooling/pad/conv/kron along the (sharded) hidden dim ------------
+def pad_reflect(s, h): return F.pad(h, (3, 2), mode="reflect")[..., :H] + F.pad(h, (2, 2), mode="circular")[..., 1:H + 1]
+def pad_replicate(s, h): return F.pad(h, (1, 4), mode="replicate")[..., 3:H + 3]
+def avgpool(s, h): return torch.cat([F.avg_pool1d(h.reshape(B * T, 1, H), 3, 2, 1, ceil_mode=True).reshape(B, T, -1),
+                                     F.max_pool1d(h.reshape(B * T, 1, H), 3, 2, 1).reshape(B, T, -1)], -1)
+def adapool(s, h): return F.adaptive_avg_pool1d(h.reshape(B * T, 1, H), 5).reshape(B, T, 5).repeat(1, 1, 4)[..., :H] \
+    + F.adaptive_max_pool1d(h.reshape(B * T, 1, H), 3).reshape(B, T, 3).sum(-1, keepdim=True)
+def lrn(s, h): return F.local_response_norm(h.transpose(1, 2), 3).transpose(1, 2)
+def kron(s, h): return torch.kron(h, torch.tensor([1.0, -0.5]))[..., ::2] + torch.outer(h[0, 0], h[1, 1]).sum(0)
+def index_add_dup(s, h):
+    idx = torch.tensor([0, 3, 3, 15, 7, 7, 7, 1, 2, 2, 9, 10, 11, 12, 13, 14])
+    return torch.zeros_like(h).index_add(-1, idx, h) + h.index_select(-1, idx.flip(0))
+def take_along(s, h):
+    idx = torch.arange(H).flip(0).remainder(7).expand(B, T, H)
+    return torch.take_along_dim(h, idx, -1) + h
+def searchsorted(s, h):
+    edges = torch.linspace(-2, 2, 9)
+    return h * torch.bucketize(h.detach(), edges).float() + torch.searchsorted(edges, h.detach().contiguous()).float()
+def diff2(s, h): return torch.diff(h, n=2, dim=-1, prepend=h[..., :1], append=h[..., -1:]) + \
+    torch.cumulative_trapezoid(h, dim=-1, ).sum(-1, keepdim=True)
+
+
+class ConvKind(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+        self.conv = {"grouped": lambda: nn.Conv1d(H, H, 3, padding=1, groups=4),
+                     "depthwise": lambda: nn.Conv1d(H, H, 3, padding=1, groups=H),
+                     "prelu": lambda: nn.PReLU(H),
+                     "convT": lambda: nn.ConvTranspose1d(H, H, 2, stride=2, groups=2)}[kind]()
+
+    def forward(self, x):
+        h = self.a(x).transpose(1, 2)  # (B, C=H, T)
+        c = self.conv(h)
+        if self.kind == "convT":
+            c = c[..., ::2]
+        return self.b(c.transpose(1, 2))
+
+
+BATCH3 = [pad_reflect, pad_replicate, avgpool, adapool, lrn, kron, index_add_dup, take_along, searchsorted, diff2]
+EXTRA3 = {"avgpool": {"out_in": 17}}
+for _b in BATCH3:
+    _f = _mk(_b, **EXTRA3.get(_b.__name__, {}))
+    _f.__qualname__ = _f.__name__ = "m_" + _b.__name__
+    globals()[_f.__name__] = _f
+    BUILDERS[_f.__name__] = _f
+for _k in ["grouped", "depthwise", "prelu", "convT"]:
+    def _cb(_k=_k):
+        torch.manual_seed(0)
+        return ConvKind(_k), (_x(B, T, H),)
+    _cb.__name__ = _cb.__qualname__ = "conv_" + _k
+    globals()[_cb.__name__] = _cb
+    BUILDERS[_cb.__name__] = _cb
