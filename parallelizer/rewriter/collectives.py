@@ -231,7 +231,9 @@ def _gather(x: torch.Tensor, dim: int, g: _GroupView, full: int | None = None) -
         out = hierarchical.all_gather(padded, dim, g.levels)
     else:
         out = _wait(funcol.all_gather_single(padded, dim, g.name))
-    return out.narrow(dim, 0, full) if step * g.size != full else out
+    # contiguous like the single-device tensor it stands for: a trimmed view (uneven chunks along a dim > 0) or
+    # a moved dim (two-level) has other strides, which `view` rejects and `as_strided` silently misreads
+    return (out.narrow(dim, 0, full) if step * g.size != full else out).contiguous()
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
@@ -245,7 +247,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
         out = hierarchical.reduce_scatter(padded, dim, g.levels)
     else:
         out = _wait(funcol.reduce_scatter_single(padded, "sum", dim, g.name))
-    return out.narrow(dim, 0, _sizes(full, g)[g.index])
+    return out.narrow(dim, 0, _sizes(full, g)[g.index]).contiguous()  # as `_gather`'s result
 
 
 def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:

@@ -98,6 +98,31 @@ class _ShapeRun(torch.fx.Interpreter):
         self.program, self.traced, self.spec = program, traced, spec
         self.coords = mesh_coords(spec.mesh, program.rank)
 
+    def _eager_on_empty(self, n: torch.fx.Node):
+        """The op run eagerly on real tensors when some input is EMPTY (a rank's chunk of a dim shorter than
+        the mesh, e.g. a batch of 4 on 3 ranks: 2, 2, 0), as fake shapes; None when no input is empty or eager
+        fails too. Some meta kernels reject empty inputs that the eager kernel accepts (linalg_vector_norm with
+        ord=inf on a (0, T, H) shard: "cannot compute the inf norm on the dimension -1"), and the rank runs the
+        eager kernel. Zero elements: nothing is computed."""
+        if n.op != "call_function":
+            return None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not any(t.numel() == 0 for t in tensors) or any(t.numel() > 1 << 16 for t in tensors):
+            return None
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            real = pytree.tree_map_only(torch.Tensor, lambda t: torch.zeros(tuple(t.shape), dtype=t.dtype),
+                                        (args, kwargs))
+            try:
+                out = n.target(*real[0], **real[1])
+            except RuntimeError:
+                return None
+            shapes = pytree.tree_map_only(torch.Tensor, lambda t: (tuple(t.shape), t.dtype), out)
+        return pytree.tree_map(lambda v: torch.empty(v[0], dtype=v[1])
+                               if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], torch.dtype) else v,
+                               shapes, is_leaf=lambda v: isinstance(v, tuple) and len(v) == 2
+                               and isinstance(v[1], torch.dtype))
+
     def run_node(self, n: torch.fx.Node):
         if n.meta.get("passthrough"):
             return self.env[n.args[0]]
@@ -118,6 +143,9 @@ class _ShapeRun(torch.fx.Interpreter):
         try:
             result = super().run_node(n)
         except RuntimeError as exc:  # the op does not accept the local shapes it is given
+            result = self._eager_on_empty(n)
+            if result is not None:
+                return result
             where = self.traced.node(n.meta["source"]).node.format_node() if "source" in n.meta else n.format_node()
             raise VerificationError(f"rank {self.program.rank}: {where} cannot run on its local shapes on mesh "
                                     f"{self.spec.mesh}: {str(exc).splitlines()[0]}") from exc

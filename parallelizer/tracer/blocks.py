@@ -55,7 +55,10 @@ def find_repeated_blocks(nodes: dict[str, NodeInfo], module_types: dict[str, str
         if len(free) < 2:
             continue
         taken.extend(free)
-        kept.append(BlockGroup(name=_group_name(free), module_type=mtype, members=tuple(free),
+        name = _group_name(free)
+        if any(k.name == name for k in kept):  # two groups whose members' names fold alike (root-level q, o and
+            name = "{" + ",".join(free) + "}"  # k, v of a cross-attention: both "*"): a plan names blocks uniquely
+        kept.append(BlockGroup(name=name, module_type=mtype, members=tuple(free),
                                nodes=tuple(tuple(members[f]) for f in free)))
     kept.sort(key=lambda b: first[b.members[0]])
     return kept

@@ -22,6 +22,21 @@
    planner never redistributes a value written in place (`planner.strategies.mutation_edges`), which is right
    for state but made `loss += aux` on a Partial (a mean loss over a sharded batch) unplannable under 'ddp'
    (InfeasiblePlanError on cross_entropy_loss); the out-of-place form computes the same values.
+6. (Applied first, in every region's body too.) An `out=` variant (`torch.div(a, b, out=buf)`;
+   `F.normalize(..., out=u)` in `nn.utils.spectral_norm`'s power iteration, which writes its `u`/`v` buffers)
+   becomes its functional overload followed by `aten.copy_(buf, result)`, and readers of the op's result read
+   the copy: the write is then an ordinary in-place write of `buf` (kept where `buf` lives, not detached in a
+   no-grad region). The planner's rules know functional ops, whose tensor arguments are all inputs; an `out`
+   keyword was taken for an extra input (IndexError inside strategy enumeration).
+7. (Applied before 3.) `aten.as_strided(x, size, stride, offset)` reads x's STORAGE at the traced strides and
+   offset, but the sharded program re-materialises values (a collective's result is a fresh tensor, a slice
+   of a gathered value has its own offset), so the same op read other elements there: an `as_strided` of a
+   transposed activation was off by 2.1 on every mesh, one of `h[:, 1:]` raised torch's setStorage error.
+   It is rewritten so that it reads the VALUES of x: when x is contiguous in the trace,
+   `as_strided(clone(x), size, stride, offset - x's offset)`; otherwise x is first scattered into a zero
+   buffer at its traced storage positions (`new_zeros` + `as_strided_scatter`), which as_strided then reads.
+   An as_strided that reads storage outside x's own elements (memory of the tensor x is a view of) has no
+   such form: `TraceError` naming it, with a remedy.
 """
 from __future__ import annotations
 
@@ -50,13 +65,158 @@ _REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)
 
 def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """Apply the normalisations of the module docstring to `gm` in place and recompile it."""
+    _functional_out_variants(gm, notes)
     _inline_regions(gm, notes)
+    _layout_free_as_strided(gm, notes)
     _drop_asserts(gm, notes)
     _drop_contiguous(gm, notes)
     _split_biases(gm, notes)
     _out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
+
+
+def _functional_out_variants(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 6 (module docstring), in `gm` and in every submodule graph (region bodies)."""
+    aten = torch.ops.aten
+    rewritten: dict[str, int] = {}
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in list(module.graph.nodes):
+            schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+            if schema is None or not schema.name.startswith("aten::"):
+                continue
+            outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+            if not outs:
+                continue
+            name = schema.name.split("::")[-1]
+            where = _stack_location(node)
+            functional = _out_free_overload(schema) if len(outs) == 1 else None
+            buf = node.kwargs.get(outs[0].name)
+            val = node.meta.get("val")
+            if (functional is None or not isinstance(buf, torch.fx.Node) or not isinstance(val, torch.Tensor)
+                    or not isinstance(buf.meta.get("val"), torch.Tensor) or buf.meta["val"].shape != val.shape
+                    or buf.meta["val"].dtype != val.dtype):
+                raise TraceError(f"an `out=` op without a functional form (aten.{name}.{node.target._overloadname}, "
+                                 f"node {node.name})", where,
+                                 "assign the result (`y = op(...)`, then `buf.copy_(y)` if a buffer must be "
+                                 "updated) instead of passing `out=`",
+                                 "no overload of the op without `out` gives the same result shape and dtype")
+            kwargs = {k: v for k, v in node.kwargs.items() if k != outs[0].name}
+            with module.graph.inserting_before(node):
+                result = module.graph.call_function(functional, node.args, kwargs)
+                result.meta = _meta_like(node)
+                copy = module.graph.call_function(aten.copy_.default, (buf, result))
+                copy.meta = _meta_like(node)
+            node.replace_all_uses_with(copy)
+            module.graph.erase_node(node)
+            rewritten[name] = rewritten.get(name, 0) + 1
+        if module is not gm:
+            module.graph.lint()
+            module.recompile()
+    if rewritten:
+        notes.append("wrote `out=` op(s) as their functional form + copy_ into the out tensor: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+
+
+_AS_STRIDED_CHECK_MAX = 1 << 24  # elements: above, a non-contiguous input's positions are not enumerated
+
+
+def _layout_free_as_strided(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 7 (module docstring)."""
+    aten = torch.ops.aten
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.as_strided.default:
+            continue
+        x, size, stride = node.args[:3]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        xv, val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None, node.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or not isinstance(val, torch.Tensor) or val.numel() == 0:
+            continue
+        if not all(isinstance(v, int) for v in (*size, *stride, *xv.shape, *xv.stride())) or \
+                not isinstance(xv.storage_offset(), int) or not isinstance(offset, (int, type(None))):
+            continue  # symbolic shapes: left as traced
+        x_offset = xv.storage_offset()
+        offset = x_offset if offset is None else offset
+        where = _stack_location(node)
+
+        def refuse(why: str):
+            raise TraceError(f"as_strided reading memory around its input (node {node.name})", where,
+                             "express the selection with views of the tensor itself (slicing with a step, unfold, "
+                             "narrow, reshape), or call .contiguous() before as_strided and read only its elements",
+                             f"it {why}: the sharded program holds the values of the input, not the memory the "
+                             "input is a view of")
+        lo = offset + sum(min(0, (n - 1) * st) for n, st in zip(size, stride))
+        hi = offset + sum(max(0, (n - 1) * st) for n, st in zip(size, stride))
+        fake_mode = getattr(val, "fake_mode", None)
+        if xv.is_contiguous():
+            if lo < x_offset or hi >= x_offset + xv.numel():
+                refuse("reads storage outside the elements of its (contiguous) input")
+            with gm.graph.inserting_before(node):
+                copy = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+                copy.meta = {**_meta_like(node), "val": xv.clone(memory_format=torch.contiguous_format)
+                             if fake_mode is None else _in_mode(fake_mode, lambda: xv.clone(
+                                 memory_format=torch.contiguous_format))}
+                new = gm.graph.call_function(aten.as_strided.default, (copy, list(size), list(stride),
+                                                                        offset - x_offset))
+                new.meta = _meta_like(node)
+        else:
+            if xv.numel() > _AS_STRIDED_CHECK_MAX or val.numel() > _AS_STRIDED_CHECK_MAX:
+                refuse(f"reads a non-contiguous input of {xv.numel()} elements (too many to check which "
+                       "elements it reads)")
+            held = _positions(xv.shape, xv.stride(), x_offset)
+            read = _positions(size, stride, offset)
+            if not bool(torch.isin(read, held).all()):
+                refuse("reads storage outside the elements of its (non-contiguous) input")
+            length = int(held.max()) + 1
+            with gm.graph.inserting_before(node):
+                zeros = gm.graph.call_function(aten.new_zeros.default, (x, [length]))
+                scattered = gm.graph.call_function(aten.as_strided_scatter.default,
+                                                   (zeros, x, list(xv.shape), list(xv.stride()), x_offset))
+                new = gm.graph.call_function(aten.as_strided.default, (scattered, list(size), list(stride), offset))
+                new.meta = _meta_like(node)
+                flat = _in_mode(fake_mode, lambda: xv.new_zeros([length])) if fake_mode else xv.new_zeros([length])
+                zeros.meta = {**_meta_like(node), "val": flat}
+                scattered.meta = {**_meta_like(node), "val": flat}
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        notes.append(f"made {count} as_strided op(s) read their input's values, not its storage (clone, or a "
+                     "scatter at the traced storage positions, first)")
+
+
+def _in_mode(fake_mode, fn):
+    with fake_mode:
+        return fn()
+
+
+def _positions(size, stride, offset) -> torch.Tensor:
+    """Storage positions of every element of a strided view, flat (int64)."""
+    pos = torch.full((), offset, dtype=torch.int64)
+    for n, st in zip(size, stride):
+        pos = pos.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return pos.reshape(-1)
+
+
+def _out_free_overload(schema):
+    """The overload of the same aten packet whose arguments are `schema`'s without the `out` one (div.out ->
+    div.Tensor), or None."""
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None)
+    if packet is None:
+        return None
+    wanted = [(a.name, str(a.type)) for a in schema.arguments
+              if not (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)]
+    for overload_name in packet.overloads():
+        overload = getattr(packet, overload_name)
+        args = overload._schema.arguments
+        if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+            continue
+        if [(a.name, str(a.type)) for a in args] == wanted:
+            return overload
+    return None
 
 
 def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:

@@ -8,7 +8,8 @@ import pytest
 import parallelizer
 from parallelizer.runtime.rehearsal import rehearse_many
 from trial_models import (aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
-                          embedding_grad_by_freq)
+                          as_strided_of_transpose, embedding_grad_by_freq, spectral_norm_linear,
+                          uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
 
@@ -27,7 +28,12 @@ def two_rank_reports():
              "bool_mask": (bool_mask_fill, _plan(bool_mask_fill, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "aux_in_place": (aux_loss_in_place, _plan(aux_loss_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "grad_by_freq": (embedding_grad_by_freq,
-                              _plan(embedding_grad_by_freq, {"dp": 2}, axis_roles={"dp": "fsdp"}))}
+                              _plan(embedding_grad_by_freq, {"dp": 2}, axis_roles={"dp": "fsdp"})),
+             "as_strided": (uneven_gather_as_strided,
+                            _plan(uneven_gather_as_strided, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "as_strided_t": (as_strided_of_transpose,
+                              _plan(as_strided_of_transpose, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "spectral_norm": (spectral_norm_linear, _plan(spectral_norm_linear, {"tp": 2}, axis_roles={"tp": "tp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -83,4 +89,31 @@ def test_embedding_scale_grad_by_freq_counts_ids_over_the_whole_batch(two_rank_r
     on one device. Before, each rank counted only its own half: emb.weight's gradient was off by 3.4e-3
     (ratio 342 to the bound) with outputs and loss equal (silent in training)."""
     report = two_rank_reports["grad_by_freq"]
+    assert report.matches(), report
+
+
+def test_as_strided_after_an_uneven_all_gather_reads_the_gathered_values(two_rank_reports):
+    """A column-parallel linear of width 15 on tp=2 (shards 8, 7), gathered, then `as_strided` with the strides
+    of a contiguous tensor: the all-gather's result is contiguous, so as_strided picks every other feature as on
+    one device. Before, it was the padded buffer trimmed by `narrow` (strides (128, 16, 1)): outputs off by 1.7
+    (ratio 1.3e5 to the bound), silently."""
+    report = two_rank_reports["as_strided"]
+    assert report.matches(), report
+
+
+def test_spectral_norm_power_iteration_written_with_out_matches(two_rank_reports):
+    """`nn.utils.spectral_norm` on tp=2: its power iteration writes the u / v buffers with
+    `F.normalize(..., out=u)` (`aten.div.out`), now traced as div + copy_ into the buffer; outputs, gradients
+    and the buffers after 3 steps equal eager's. Before, planning raised a bare IndexError ("tuple index out
+    of range") in strategy enumeration: the `out` keyword was counted as an input of div."""
+    report = two_rank_reports["spectral_norm"]
+    assert report.matches(), report
+
+
+def test_as_strided_of_a_transposed_activation_reads_its_values_under_ddp(two_rank_reports):
+    """`h.transpose(1, 2).as_strided(size, strides into h's memory)` on dp=2 (ddp): the tracer rewrites
+    as_strided to read its input's values (scattered at their traced storage positions first), so the ranks,
+    whose input is a gathered fresh tensor, read what eager reads. Before: outputs off by 2.1 on every mesh
+    (ddp, fsdp, tp=2, tp=3, dp x tp), silently."""
+    report = two_rank_reports["as_strided_t"]
     assert report.matches(), report

@@ -128,3 +128,69 @@ def embedding_grad_by_freq():
     torch.manual_seed(0)
     # id 1 four times in the first half of the batch, 2 twice in each half: local counts differ from global ones
     return EmbeddingGradByFreq(), (torch.tensor([[1, 2, 3, 1], [1, 4, 5, 2], [1, 1, 2, 7], [8, 9, 2, 0]]),)
+
+
+class UnevenGatherThenStrided(nn.Module):
+    """A column-parallel linear of width 15 (no bias) on tp=2 (shards 8 and 7), whose gathered output goes to
+    an op that reads memory layout: `as_strided` (every other feature, with the strides of a contiguous
+    (B, T, 15) tensor) or `view(B, T * 15)` (merging the last dim with T needs contiguous memory). The
+    all-gather pads the short shard for the collective and trims the padding."""
+
+    W = 15
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.a = nn.Linear(H, self.W, bias=False)  # no bias: the gathered tensor itself is read
+        self.b = nn.Linear(self.W // 2, H) if kind == "as_strided" else nn.Linear(T * self.W, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.kind == "as_strided":
+            return self.b(h.as_strided((B, T, self.W // 2), (T * self.W, self.W, 2)))
+        return self.b(h.view(B, T * self.W))
+
+
+def uneven_gather_as_strided():
+    torch.manual_seed(0)
+    return UnevenGatherThenStrided("as_strided"), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+def uneven_gather_view():
+    torch.manual_seed(0)
+    return UnevenGatherThenStrided("view"), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class SpectralNormLinear(nn.Module):
+    """`nn.utils.spectral_norm`: one power iteration per training forward, written into the `weight_u` /
+    `weight_v` buffers with `F.normalize(..., out=u)` under no_grad (exported as `aten.div.out`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.utils.spectral_norm(nn.Linear(H, H))
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+def spectral_norm_linear():
+    torch.manual_seed(0)
+    return SpectralNormLinear(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class AsStridedOfTranspose(nn.Module):
+    """`as_strided` on a transposed activation, with strides into the activation's memory (every other
+    position of the untransposed (B, T, H) storage): eager reads h's storage, whatever the transpose's strides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(T // 2, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h.transpose(1, 2).as_strided((B, H, T // 2), (T * H, 1, 2 * H)))
+
+
+def as_strided_of_transpose():
+    torch.manual_seed(0)
+    return AsStridedOfTranspose(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)

@@ -543,3 +543,69 @@ def test_randomness_drawn_with_numpy_in_forward_is_noted_and_warned():
     assert torch.equal(program(x), program(x)) and not torch.equal(model(x), model(x))  # the frozen mask
     quiet = parallelizer.trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)), (x,))
     assert not any("froze the values" in n for n in quiet.notes)
+
+
+class _SpectralNormed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.utils.spectral_norm(torch.nn.Linear(6, 6))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_out_variants_become_functional_op_plus_copy_into_the_out_tensor():
+    """`nn.utils.spectral_norm` writes its u / v buffers with `F.normalize(..., out=u)` (aten.div.out under
+    no_grad). The traced graph has no `out=` op left: div.Tensor, then copy_ into the buffer itself (not a
+    detached alias), so planning works (before: a bare IndexError in strategy enumeration) and the program
+    updates the buffers as eager does."""
+    torch.manual_seed(0)
+    tg = parallelizer.trace(_SpectralNormed(), (torch.randn(3, 6),))
+    ops = [n for n in tg.graph_module.graph.nodes if n.op == "call_function"]
+    assert not [n for n in ops if any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+                                      for a in getattr(getattr(n.target, "_schema", None), "arguments", ()))]
+    copies = [n for n in ops if n.target is torch.ops.aten.copy_.default]
+    assert sorted(c.args[0].name for c in copies) == ["b_lin_weight_u", "b_lin_weight_v"]
+    assert any("out=" in note for note in tg.notes)
+    plan = parallelizer.plan(tg, {"tp": 2}, axis_roles={"tp": "tp"})
+    assert plan.mesh.world_size == 2  # the run on ranks: tests/distributed/test_trial_findings.py
+
+
+def test_repeated_groups_whose_names_fold_alike_get_distinct_names_and_the_plan_json_round_trips():
+    """A cross-attention with root-level q, k, v, o: q/o run on x and k/v on the longer y, so they form two
+    groups whose common name is "*" for both. Block names are unique now ("*" and "{k,v}"), and the plan's JSON
+    reads back to the same plan; before, decoding raised PlanValidationError ("['*', 0] names no block member,
+    or one placed twice"), so `auto_parallelize` failed on every mesh while broadcasting its plan."""
+    class Cross(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x, y):
+            a = (self.q(x) @ self.k(y).transpose(1, 2)).softmax(-1) @ self.v(y)
+            return self.o(a)
+
+    torch.manual_seed(0)
+    tg = parallelizer.trace(Cross(), (torch.randn(2, 3, 8), torch.randn(2, 5, 8)))
+    names = [b.name for b in tg.blocks]
+    assert len(names) == 2 and len(set(names)) == 2, names
+    plan = parallelizer.plan(tg, {"tp": 2}, axis_roles={"tp": "tp"})
+    assert parallelizer.Plan.from_json(plan.to_json()).to_json() == plan.to_json()
+
+
+def test_as_strided_reading_memory_outside_its_input_is_a_trace_error():
+    """`h[:, 1:].as_strided(..., storage_offset=0)` reads elements of h (its row 0) that are not in the slice (the
+    memory around it): the sharded program holds the slice's values only, so this is refused with a
+    TraceError naming the op and a remedy (before: torch's setStorage RuntimeError on every rank). Reading
+    within the input's own elements is rewritten to a layout-free form (test_trial_findings)."""
+    class OffsetStrided(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x)[:, 1:].as_strided((2, 2, 4), (24, 8, 1), 0)  # reads row 0, not in the slice
+
+    with pytest.raises(TraceError, match="as_strided") as info:
+        parallelizer.trace(OffsetStrided(), (torch.randn(2, 6, 4),))
+    assert info.value.remedy and "contiguous" in info.value.remedy
