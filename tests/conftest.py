@@ -18,33 +18,34 @@ torch.use_deterministic_algorithms(True, warn_only=True)
 # `make test` runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: whole files go to the 2 workers in
 # collection order (xdist's default reorder would queue files by test count, so the long single-test files ran
 # last and one worker finished them alone). These files take longest (ordered by their time in a full run at
-# 37034bc): they start first, and the many short files fill in at the end. Order only; every file still runs.
+# 73a715b, after ranks started forking from a preloaded server): they start first, and the many short files
+# fill in at the end. Order only; every file still runs.
 LONG_FIRST = (
+    "distributed/test_checkpoint.py",
     "distributed/test_numerics.py",
+    "test_notebooks.py",
     "distributed/test_pipeline_run.py",
     "distributed/test_pipeline_rehearse.py",
-    "distributed/test_semantics.py",
-    "distributed/test_collectives.py",
-    "test_notebooks.py",
     "distributed/test_step.py",
-    "distributed/test_issue_patterns.py",
-    "distributed/test_checkpoint.py",
-    "unit/test_api_auto_parallelize.py",
     "distributed/test_schedules_run.py",
     "fuzz/test_fuzz_smoke.py",
+    "unit/test_api_auto_parallelize.py",
+    "distributed/test_semantics.py",
+    "unit/test_plan_json_compact.py",
+    "distributed/test_collectives.py",
+    "distributed/test_recompute.py",
+    "unit/test_pipeline_search.py",
+    "distributed/test_issue_patterns.py",
     "distributed/test_stage_layouts_run.py",
     "distributed/test_boundary_compression_run.py",
     "distributed/test_models_smoke.py",
-    "distributed/test_recompute.py",
     "distributed/test_hierarchical.py",
     "distributed/test_pipeline_buffers.py",
     "distributed/test_contract.py",
     "distributed/test_mixed_precision.py",
     "distributed/test_grad_compression.py",
-    "unit/test_pipeline_search.py",
     "distributed/test_reshard.py",
     "distributed/test_precision.py",
-    "unit/test_plan_json_compact.py",
     "distributed/test_trial_findings.py",
 )
 
