@@ -3,8 +3,9 @@
 Three entry points:
 
 - `spawn(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size` new processes, each with
-  an initialised default process group, and returns the ranks' return values in rank order. It never hangs: an outer deadline kills every rank, and the first rank that raised, crashed
-  or did not finish is named in a `DistributedError` together with its traceback.
+  an initialised default process group, and returns the ranks' return values in rank order. It never hangs:
+  an outer deadline kills every rank, and the first rank that raised, crashed or did not finish is named in
+  a `DistributedError` together with its traceback.
 - `init_from_env()` / `shutdown()` for programs launched by torchrun (or any launcher that sets RANK,
   WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
 - `create_groups(groups)` makes the sub-groups of a device mesh (e.g. [[0, 1], [2, 3]]) so that the
