@@ -117,11 +117,8 @@ class _ShapeRun(torch.fx.Interpreter):
                 out = n.target(*real[0], **real[1])
             except RuntimeError:
                 return None
-            shapes = pytree.tree_map_only(torch.Tensor, lambda t: (tuple(t.shape), t.dtype), out)
-        return pytree.tree_map(lambda v: torch.empty(v[0], dtype=v[1])
-                               if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], torch.dtype) else v,
-                               shapes, is_leaf=lambda v: isinstance(v, tuple) and len(v) == 2
-                               and isinstance(v[1], torch.dtype))
+        # (under the interpreter's fake mode again: the shapes of `out`, as fake tensors)
+        return pytree.tree_map_only(torch.Tensor, lambda t: torch.empty(tuple(t.shape), dtype=t.dtype), out)
 
     def run_node(self, n: torch.fx.Node):
         if n.meta.get("passthrough"):

@@ -118,15 +118,18 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
 
 
 def _unknown(what: str, why: str):
-    raise StepError(f"pm.step(loss_fn=None) on a pipeline plan: the model's own loss is {what}, {why}, so the "
-                    "microbatch losses cannot be weighted to give the single-device loss of the batch (a plain "
-                    "mean of microbatch means differs when microbatches count different numbers of items). "
-                    "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
-                    "items the loss averages over in that microbatch>, or loss_fn= computing a mean loss from the "
-                    "outputs and target=. Either gives one device's loss of the batch only when the loss is a "
-                    "mean of per-item terms: a batch-level term (an MoE router's load-balancing loss, a product "
-                    "of means over the batch's tokens; in-batch negatives) is computed per microbatch, which is "
-                    "what gradient accumulation over the microbatches computes, not one device's value")
+    """Raise the StepError of a loss whose per-microbatch count is unknown; its `loss` attribute is `what`."""
+    error = StepError(f"pm.step(loss_fn=None) on a pipeline plan: the model's own loss is {what}, {why}, so the "
+                      "microbatch losses cannot be weighted to give the single-device loss of the batch (a plain "
+                      "mean of microbatch means differs when microbatches count different numbers of items). "
+                      "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
+                      "items the loss averages over in that microbatch>, or loss_fn= computing a mean loss from the "
+                      "outputs and target=. Either gives one device's loss of the batch only when the loss is a "
+                      "mean of per-item terms: a batch-level term (an MoE router's load-balancing loss, a product "
+                      "of means over the batch's tokens; in-batch negatives) is computed per microbatch, which is "
+                      "what gradient accumulation over the microbatches computes, not one device's value")
+    error.loss = what
+    raise error
 
 
 def _by_constant(node: torch.fx.Node) -> bool:

@@ -178,8 +178,8 @@ class PipelineModule(torch.nn.Module):
         try:
             own_loss_weighting(self.traced)
         except StepError as e:
-            what = str(e).split("the model's own loss is ", 1)[-1].split(",", 1)[0]
-            warnings.warn(f"PipelineModule.step: weighting the model's own loss ({what}) by your item_count. The "
+            what = f" ({e.loss})" if hasattr(e, "loss") else ""
+            warnings.warn(f"PipelineModule.step: weighting the model's own loss{what} by your item_count. The "
                           "batch loss equals one device's only if that loss is a mean of per-item terms; a "
                           "batch-level term (e.g. an MoE router's load-balancing aux loss) is computed per microbatch "
                           "(gradient accumulation's value, not one device's). Remedy for an exact match: a mesh "

@@ -129,9 +129,30 @@ def test_a_microbatch_without_items_sends_zero_not_nan_gradients():
         out = loss_fn(own(rows), target[rows])
         out.backward()
     total = sum(weighted_loss(loss, weight) for loss, weight in loss_fn.recorded)
-    whole = torch.randn(3).copy_(w.detach()).requires_grad_()
+    whole = w.detach().clone().requires_grad_()
     ref = ((x @ whole).pow(2) * mask).sum() / mask.sum()
     ref.backward()
     assert torch.isfinite(w.grad).all(), w.grad
     torch.testing.assert_close(w.grad, whole.grad)
     torch.testing.assert_close(total, ref.detach())
+
+
+def test_item_count_for_a_model_loss_without_a_count_is_warned_once_naming_the_loss_op():
+    """The model's own loss with a batch-level term (a load-balancing product of batch means) has no
+    per-microbatch count: weighting it by the user's item_count gives gradient accumulation's value, so
+    `PipelineModule.step` warns once, naming the loss op (the module is assembled without ranks)."""
+    import warnings
+
+    from test_loss_weight import B, M, Own, _batch  # tests/unit is on sys.path (pytest's rootdir-less import)
+
+    from parallelizer.runtime.pipeline_module import PipelineModule
+    from parallelizer.tracer.trace import trace
+
+    ids, labels = _batch()
+    pm = PipelineModule.__new__(PipelineModule)
+    pm.traced, pm._trusted_warned = trace(Own("aux"), (ids[:B // M], labels[:B // M])), False
+    with pytest.warns(UserWarning, match=r"own loss \(node add \(aten\.add\.Tensor\)\) by your item_count"):
+        pm._warn_trusted_count()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pm._warn_trusted_count()  # once
