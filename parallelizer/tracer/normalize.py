@@ -511,10 +511,11 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
                 and not any(is_view(u) for u in base.users)):
             continue
         functional = _functional_overload(node.target)
-        if functional is None or not _same_result(functional, node):
+        args = _with_defaults(node.target._schema, node.args, node.kwargs)  # bernoulli_(x): p=0.5 for bernoulli.p
+        if functional is None or not _same_result(functional, node, args):
             continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(functional, node.args, node.kwargs)
+            new = gm.graph.call_function(functional, args, node.kwargs)
             new.meta = _meta_like(node)
         order[new] = order[node]
         for user in list(base.users):
@@ -530,24 +531,51 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
 
 
 def _functional_overload(target):
-    """aten.add_.Tensor -> aten.add.Tensor (same overload of the packet without the trailing underscore)."""
+    """The out-of-place op of an in-place ATen op: the same overload of the packet without the trailing
+    underscore (aten.add_.Tensor -> aten.add.Tensor), else the overload of that packet or of its
+    `_functional` packet whose arguments have the same names and types (aten.bernoulli_.float ->
+    aten.bernoulli.p, aten.normal_.default -> aten.normal_functional.default, aten.pow_.Tensor ->
+    aten.pow.Tensor_Tensor); None when there is none."""
     name = getattr(target, "_schema", None) and target._schema.name  # "aten::add_"
     if not name or not name.endswith("_") or not name.startswith("aten::"):
         return None
-    packet = getattr(torch.ops.aten, name[len("aten::"):-1], None)
+    base = name[len("aten::"):-1]
+    packet = getattr(torch.ops.aten, base, None)
     overload = getattr(packet, target._overloadname, None) if packet is not None else None
-    if overload is None or len(overload._schema.arguments) != len(target._schema.arguments):
-        return None
-    return overload
+    if overload is not None and len(overload._schema.arguments) == len(target._schema.arguments):
+        return overload
+    signature = _argument_signature(target._schema)
+    for packet in (getattr(torch.ops.aten, base, None), getattr(torch.ops.aten, f"{base}_functional", None)):
+        for candidate in (getattr(packet, o) for o in packet.overloads()) if packet is not None else ():
+            if _argument_signature(candidate._schema) == signature and len(candidate._schema.returns) == 1:
+                return candidate
+    return None
 
 
-def _same_result(functional, node: torch.fx.Node) -> bool:
-    """Whether the out-of-place op gives the in-place op's shape and dtype (type promotion could differ)."""
+def _argument_signature(schema) -> tuple[tuple[str, str, bool], ...]:
+    """(name, type, keyword-only) of each argument: alias annotations (`Tensor(a!)`) and defaults aside."""
+    return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
+
+
+def _with_defaults(schema, args: tuple, kwargs: dict) -> tuple:
+    """`args` extended by the defaults of the positional arguments a call left out (up to the first one
+    without a default or passed by keyword): the out-of-place overload may have no default for them."""
+    args = list(args)
+    for argument in schema.arguments[len(args):]:
+        if argument.kwarg_only or argument.name in kwargs or not argument.has_default_value():
+            break
+        args.append(argument.default_value)
+    return tuple(args)
+
+
+def _same_result(functional, node: torch.fx.Node, args: tuple) -> bool:
+    """Whether the out-of-place op called with `args` (and the node's kwargs) gives the in-place op's shape
+    and dtype (type promotion could differ)."""
     val = node.meta.get("val")
     fake_mode = getattr(val, "fake_mode", None)
     if not isinstance(val, torch.Tensor) or fake_mode is None:
         return False
-    args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs))
+    args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), (args, node.kwargs))
     try:
         with fake_mode:
             out = functional(*args, **kwargs)

@@ -85,7 +85,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
-    return _build(model, exported, gm, notes)
+    return _build(model, exported, gm, notes, _fx_legal_input_names(gm, exported.graph_signature))
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:
@@ -297,8 +297,28 @@ def _user_location(exc: BaseException) -> str | None:
     return f"{user[-1].filename}:{user[-1].lineno}"
 
 
+def _fx_legal_input_names(gm: torch.fx.GraphModule, sig) -> dict[str, str]:
+    """Rename the user-input placeholders that fx would not name so; returns {export's name: new name}.
+
+    export names a user input after the forward's argument, e.g. `input` (nn.Sequential, nn.Linear), but a
+    graph built anew by fx (each rank's program, a pipeline stage) renames a placeholder that shadows a Python
+    builtin or keyword (`input` -> `input_1`), so a lookup of the built node's name in the trace failed on
+    every mesh (UnknownNodeError). Renamed once here, every graph built from the trace keeps the name."""
+    user = {spec.arg.name for spec in sig.input_specs if spec.kind == InputKind.USER_INPUT}
+    renamed = {}
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if node.name in user and not torch.fx.Graph().placeholder(node.name).name == node.name:
+            old = node.name
+            node._rename(f"{old}_1")  # the graph's namespace makes it unique (`input_1`, `input_2` if taken)
+            renamed[old] = node.name
+    if renamed:
+        gm.recompile()
+    return renamed
+
+
 def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: torch.fx.GraphModule,
-           notes: list[str]) -> TracedGraph:
+           notes: list[str], renamed: dict[str, str]) -> TracedGraph:
+    """The TracedGraph of the normalised `gm`; `renamed`: user inputs' export names -> their names in `gm`."""
     sig = exported.graph_signature
     canonical = _canonical_names(model)
     module_types: dict[str, str] = {"": type(model).__qualname__}
@@ -318,13 +338,14 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
     _tag_blocks(blocks, nodes, parameters)
     _name_checkpoint_regions(nodes, blocks)
     user = [spec.arg for spec in sig.input_specs if spec.kind == InputKind.USER_INPUT]
-    constants = {arg.name: arg.value for arg in user if isinstance(arg, ConstantArgument)}
+    names = [renamed.get(arg.name, arg.name) for arg in user]
+    constants = {n: arg.value for n, arg in zip(names, user) if isinstance(arg, ConstantArgument)}
     if constants:
         notes.append("traced with constant input(s) " + ", ".join(f"{k}={v!r}" for k, v in constants.items())
                      + ": their values are part of the graph (a call with other values is rejected)")
     return TracedGraph(exported=exported, graph_module=gm, nodes=nodes, parameters=parameters, blocks=blocks,
-                       input_names=tuple(a.name for a in user if a.name not in constants), notes=notes,
-                       constant_inputs=constants, call_inputs=tuple(a.name for a in user), training=model.training)
+                       input_names=tuple(n for n in names if n not in constants), notes=notes,
+                       constant_inputs=constants, call_inputs=tuple(names), training=model.training)
 
 
 def _canonical_names(model: torch.nn.Module) -> dict[str, tuple[str, bool]]:

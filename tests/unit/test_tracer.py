@@ -609,3 +609,74 @@ def test_as_strided_reading_memory_outside_its_input_is_a_trace_error():
     with pytest.raises(TraceError, match="as_strided") as info:
         parallelizer.trace(OffsetStrided(), (torch.randn(2, 6, 4),))
     assert info.value.remedy and "contiguous" in info.value.remedy
+
+
+def test_inputs_named_like_python_builtins_keep_their_names_in_rank_programs_and_pipeline_stages():
+    """nn.Sequential (and nn.Linear, and any forward(self, input)) names its input `input`; export keeps that
+    name, but fx renames a placeholder that shadows a builtin when it builds a graph anew (`input` ->
+    `input_1`), so each rank's program and each pipeline stage failed to find its input in the trace
+    (UnknownNodeError on every mesh; a plain nn.Sequential could not run). The tracer renames such inputs once;
+    a call by keyword still uses the forward's own argument name."""
+    from parallelizer.rewriter.apply import rewrite
+    from parallelizer.rewriter.spec import spec_from_plan
+    from parallelizer.rewriter.verify import verify
+    from parallelizer.runtime.pipeline import cut_stages, stage_graph
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, input, type=None):  # noqa: A002 - the builtin names under test
+            return input + torch.tanh(self.lin(input))
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), *[Block() for _ in range(4)])
+    traced = parallelizer.trace(model, (torch.randn(4, 8),))
+    assert traced.input_names == ("input_1",)
+    by_keyword = parallelizer.trace(model, (), {"input": torch.randn(4, 8)})
+    assert by_keyword.input_names == ("input_1",)
+    assert by_keyword.tensor_inputs((), {"input": torch.ones(4, 8)})[0].sum() == 32
+    for mesh, role in (({"tp": 2}, "tp"), ({"dp": 2}, "fsdp")):
+        spec = spec_from_plan(parallelizer.plan(traced, mesh, axis_roles={next(iter(mesh)): role}))
+        for rank in range(2):
+            program = rewrite(traced, spec, rank)
+            verify(program, traced, spec)
+            assert program.input_names == ("input_1",)
+    cut = cut_stages(traced, 2)
+    assert [stage_graph(traced, cut, k).input_names[:1] for k in range(2)][0] == ("input_1",)
+
+
+class _InPlaceRandomFills(torch.nn.Module):
+    """Noise and masks drawn in place into fresh tensors: `empty_like(h).normal_()`, `.bernoulli_(p)`,
+    `.exponential_()` (Gumbel noise), `h ** e` written with `pow_`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        noise = torch.empty_like(h).normal_(0.0, 0.1)
+        keep = torch.empty_like(h).bernoulli_(0.5)
+        gumbel = -torch.empty_like(h).exponential_().log()
+        return ((h + noise) * keep + gumbel).pow_(torch.full_like(h, 2.0)).sum()
+
+
+def test_in_place_ops_whose_out_of_place_form_has_another_overload_name_are_written_out_of_place():
+    """`normal_` has no `aten.normal.default` (its out-of-place form is `normal_functional`), `bernoulli_.float`
+    pairs with `bernoulli.p` and `pow_.Tensor` with `pow.Tensor_Tensor`: looked up by overload name only, they
+    stayed in place, and a value written in place is never redistributed, so noise drawn into
+    `empty_like(h)` of a batch-sharded h was unplannable under ddp (InfeasiblePlanError). Matched by argument
+    names and types now; the same seed draws the same values as the model."""
+    model = _InPlaceRandomFills()
+    x = torch.randn(4, 8)
+    traced = parallelizer.trace(model, (x,))
+    ops = {t.op_name for t in traced.nodes.values()}
+    assert {"aten.normal_functional.default", "aten.bernoulli.p", "aten.pow.Tensor_Tensor"} <= ops, ops
+    assert not {"aten.normal_.default", "aten.bernoulli_.float", "aten.pow_.Tensor"} & ops, ops
+    torch.manual_seed(3)
+    traced_value = traced.exported.module()(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(traced_value, model(x))
+    for role in ("ddp", "fsdp"):
+        assert parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role}).mesh.world_size == 2
