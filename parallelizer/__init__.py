@@ -17,8 +17,8 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (InfeasiblePlanError, ParallelizerError, PlanMismatchError, PlanValidationError, PrecisionError,
-                     StateDictError, TraceError, UnsupportedOpError)
+from .errors import (InfeasiblePlanError, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
+                     PrecisionError, StateDictError, TraceError, UnsupportedOpError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
@@ -34,5 +34,5 @@ __all__ = [
     "rewrite", "ParallelModule",
     "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
-    "PlanValidationError", "StateDictError", "PrecisionError",
+    "PlanValidationError", "StateDictError", "PrecisionError", "OptimizerError",
 ]

@@ -60,6 +60,18 @@ class StateDictError(ParallelizerError, RuntimeError):
         super().__init__(message)
 
 
+class OptimizerError(ParallelizerError, TypeError):
+    """An optimizer whose update of a local shard (or of one rank's stage parameters) is not that part of the
+    single-device update; the message names the optimizer, its kind, a parameter, its layout and the remedy.
+
+    Attributes: optimizer (class name), kind ("per-tensor" or "coupled"), parameter (FQN).
+    """
+
+    def __init__(self, message: str, optimizer: str, kind: str, parameter: str) -> None:
+        self.optimizer, self.kind, self.parameter = optimizer, kind, parameter
+        super().__init__(message)
+
+
 class PlanValidationError(ParallelizerError, ValueError):
     """A plan file is not valid JSON or violates the plan schema (`parallelizer/plan_schema.json`).
 

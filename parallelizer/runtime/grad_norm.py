@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -126,22 +127,39 @@ def _reduce(classes: dict[tuple[str, ...], torch.Tensor], axes: list[tuple[str, 
     return total.reshape(())
 
 
-_OWNERS = WeakIdKeyDictionary()  # local parameter -> (its Layout, the mesh, this rank's groups, pipeline or None)
+class Owner(NamedTuple):
+    """What a registered local parameter is: its stored layout on `mesh`, this rank's `groups`, the
+    `PipelineModule` whose stage holds it (a weak reference; None outside pipelines) and its FQN."""
+
+    layout: Layout
+    mesh: MeshSpec
+    groups: dict[str, list[int]]
+    pipeline: weakref.ref | None
+    fqn: str
+
+
+_OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
 
 
-def register(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
+def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
              pipeline=None) -> None:
-    """Record each local parameter's layout so that `torch.nn.utils.clip_grad_norm_` over them takes the global
-    norm (module docstring); installs `_clip_any_grad_norm_` in torch.nn.utils on first use. `pipeline`: the
-    `PipelineModule` whose stages hold them (kept as a weak reference): clipping them clips that module by
-    its norm over all stages (`PipelineModule.clip_grad_norm_`)."""
+    """Record each local parameter's (FQN, tensor, layout) so that `torch.nn.utils.clip_grad_norm_` over them
+    takes the global norm (module docstring); installs `_clip_any_grad_norm_` in torch.nn.utils on first use.
+    `pipeline`: the `PipelineModule` whose stages hold them (kept as a weak reference): clipping them clips
+    that module by its norm over all stages (`PipelineModule.clip_grad_norm_`). `runtime.optimizer_check`
+    reads the same record (`owner_of`)."""
     ref = None if pipeline is None else weakref.ref(pipeline)
-    for p, layout in params:
-        _OWNERS[p] = (layout, mesh, groups, ref)
+    for fqn, p, layout in params:
+        _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn)
     if torch.nn.utils.clip_grad_norm_ is not _clip_any_grad_norm_:
         torch.nn.utils.clip_grad_norm_ = _clip_any_grad_norm_
         torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
+
+
+def owner_of(p: torch.Tensor) -> Owner | None:
+    """The Owner of a local parameter registered by a ParallelModule or PipelineModule, else None."""
+    return _OWNERS.get(p)
 
 
 def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
@@ -158,7 +176,7 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
     owned = [_OWNERS.get(p) for p in params]
     if not any(o is not None for o in owned):
         return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
-    pipelines = {o[3]() if o is not None and o[3] is not None else None for o in owned}
+    pipelines = {o.pipeline() if o is not None and o.pipeline is not None else None for o in owned}
     if pipelines != {None}:
         pm = next(iter(pipelines))
         if len(pipelines) != 1 or pm is None or {id(p) for p in params} != {id(p) for p in pm.parameters()}:
@@ -166,11 +184,12 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
                              "module (a pipeline clips the norm of all its stages' gradients). Remedy: pass "
                              "pm.parameters(), or call pm.clip_grad_norm_(max_norm)")
         return pm.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
-    meshes = {(o[1], tuple(sorted((k, tuple(v)) for k, v in o[2].items()))) if o is not None else None for o in owned}
+    meshes = {(o.mesh, tuple(sorted((k, tuple(v)) for k, v in o.groups.items()))) if o is not None else None
+              for o in owned}
     if len(meshes) != 1:
         raise ValueError("torch.nn.utils.clip_grad_norm_: the parameters mix shards of a ParallelModule with other "
                          "tensors (or shards of two meshes), so no global norm can be formed. Remedy: clip each "
                          "ParallelModule with pm.clip_grad_norm_(max_norm) and other parameters separately")
-    _, mesh, groups, _ = owned[0]
-    return clip_grad_norm_([(p, o[0]) for p, o in zip(params, owned)], mesh, groups, max_norm, norm_type,
+    mesh, groups = owned[0].mesh, owned[0].groups
+    return clip_grad_norm_([(p, o.layout) for p, o in zip(params, owned)], mesh, groups, max_norm, norm_type,
                            error_if_nonfinite=error_if_nonfinite, foreach=foreach)

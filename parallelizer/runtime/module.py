@@ -1,7 +1,9 @@
 """`ParallelModule`: a rank's sharded program with its local parameter shards, usable like the model.
 
 It keeps nn.Module's contract (DESIGN.md rule 10):
-- `parameters()` are the local shards (any torch optimizer steps on them); `forward` takes the same inputs
+- `parameters()` are the local shards: an optimizer that updates each element on its own (SGD, Adam, AdamW,
+  ...) steps on them as on one device; one that reads whole tensors (Adafactor, Muon) or all its tensors
+  together (LBFGS) is refused on shards with an OptimizerError (`runtime.optimizer_check`); `forward` takes the same inputs
   as the original model (global tensors: each rank slices what it needs) and returns the same structure;
 - `named_parameters()`, `state_dict()` and `named_buffers()` use the model's own names: tied aliases appear
   in `state_dict()` as in the model's, non-persistent buffers (a rotary `inv_freq`) and tensors created in
@@ -39,6 +41,7 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
+from .optimizer_check import install as check_optimizer_steps
 from .modes import ModeProgram, Retracer, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
@@ -87,7 +90,8 @@ class ParallelModule(torch.nn.Module):
         self._first_modes = self._modes()
         self._active = self._program_for(self._first_modes, self._frozen(), None, None)
         self.groups = self.program.groups
-        register_for_clipping([(p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
+        register_for_clipping([(f, p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
+        check_optimizer_steps()
 
     # -- state ---------------------------------------------------------------------------------------
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,

@@ -45,6 +45,7 @@ from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
+from .optimizer_check import install as check_optimizer_steps
 from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
@@ -77,8 +78,9 @@ class PipelineModule(torch.nn.Module):
         self._trusted_warned = False  # `_warn_trusted_count` ran
         self._checked_counts: set = set()  # (loss_fn, item_count) pairs `_check_user_count` looked at
         for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
-            register_for_clipping([(p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
+            register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
                                   stage.groups, pipeline=self)
+        check_optimizer_steps()
 
     @property
     def first(self) -> bool:

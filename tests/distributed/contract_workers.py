@@ -296,3 +296,42 @@ def clipping(rank: int, world_size: int, specs: dict) -> dict:
                                       "dtype": str(total.dtype), "torch_total": torch_total.item(), "torch_ref_total": torch_ref_total.item(),
                                       "torch_grad_diff": torch_grads}
     return out
+
+
+def optimizers(rank: int, world_size: int, specs: dict) -> dict:
+    """torch optimizers stepping pm.parameters(), per spec: Adafactor / Muon / LBFGS raise OptimizerError before
+    touching a shard (tp=2, fsdp dp=2) and, on ddp (whole tensors on every rank), give eager's parameters after
+    2 steps; AdamW is stepped on every spec. {(spec, optimizer): {"error": (kind, parameter) | None,
+    "unchanged": parameters untouched by a refused step, "params": max |diff| to eager after 2 steps}}."""
+    from parallelizer import zoo
+    from parallelizer.runtime.optimizer_check import OptimizerError
+
+    makers = {"adafactor": lambda ps: torch.optim.Adafactor(ps, lr=1e-2),
+              "muon": lambda ps: torch.optim.Muon([p for p in ps if p.ndim == 2], lr=1e-2),
+              "lbfgs": lambda ps: torch.optim.LBFGS(ps, lr=0.1, max_iter=3),
+              "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2)}
+    out = {}
+    for name, spec in specs.items():
+        for kind, make in makers.items():
+            model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+            reference = copy.deepcopy(model)
+            pm = _pm(model, (x,), spec)
+            before = {f: p.detach().clone() for f, p in pm.named_parameters()}
+            result = {"error": None, "unchanged": None, "params": None}
+            try:
+                for m in (pm, reference):
+                    opt = make(list(m.parameters()))
+                    for _ in range(2):
+                        def closure(m=m, opt=opt):
+                            opt.zero_grad()
+                            loss = m(x).pow(2).mean()
+                            loss.backward()
+                            return loss
+                        opt.step(closure)
+                result["params"] = max(_diff(p.detach(), _shard(reference.get_parameter(f).detach(), spec, f, pm))
+                                       for f, p in pm.named_parameters())
+            except OptimizerError as e:
+                result["error"] = (e.kind, e.parameter)
+                result["unchanged"] = all(torch.equal(p, before[f]) for f, p in pm.named_parameters())
+            out[(name, kind)] = result
+    return out

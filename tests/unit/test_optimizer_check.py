@@ -1,0 +1,90 @@
+"""`runtime.optimizer_check`: an optimizer's kind is found by running it, and a step that cannot give one
+device's numbers on this rank's pieces is refused (the 2-rank checks are in tests/distributed/test_contract.py)."""
+import pytest
+import torch
+
+from parallelizer.core.layout import Layout
+from parallelizer.core.mesh import MeshSpec
+from parallelizer.runtime import grad_norm, optimizer_check
+from parallelizer.runtime.optimizer_check import COUPLED, ELEMENT, TENSOR, OptimizerError, kind_of
+
+
+class _Lamb(torch.optim.Optimizer):
+    """LAMB's core (You et al. 2020, Alg. 2 without moments): the update is scaled by the trust ratio
+    ||w|| / ||g|| of the whole tensor."""
+
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.sub_(group["lr"] * p.norm() / (p.grad.norm() + 1e-12) * p.grad)
+
+
+class _NeedsAModel(torch.optim.SGD):
+    def __init__(self, params, model, lr=1e-2):  # a constructor the probe cannot call
+        super().__init__(params, lr=lr)
+
+
+def _defaults(cls, **kwargs):
+    return cls([torch.nn.Parameter(torch.zeros(2, 2))], **kwargs).defaults
+
+
+@pytest.mark.parametrize("cls, kwargs, kind", [
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1), ELEMENT),
+    (torch.optim.Adam, dict(lr=1e-2), ELEMENT),
+    (torch.optim.AdamW, dict(lr=1e-2, amsgrad=True), ELEMENT),  # its defaults hold a key its constructor lacks
+    (torch.optim.RMSprop, dict(lr=1e-2, centered=True), ELEMENT),
+    (torch.optim.Adagrad, dict(lr=1e-2), ELEMENT),
+    (torch.optim.Adafactor, dict(lr=1e-2), TENSOR),   # factored second moments, parameter RMS
+    (torch.optim.Muon, dict(lr=1e-2), TENSOR),        # Newton-Schulz orthogonalisation of each matrix
+    (_Lamb, dict(lr=1e-2), TENSOR),                   # trust ratio of each tensor
+    (torch.optim.LBFGS, dict(lr=0.1, max_iter=3), COUPLED),  # one flat direction over all tensors
+])
+def test_the_kind_of_an_optimizer_is_found_by_running_it(cls, kwargs, kind):
+    assert kind_of(cls, _defaults(cls, **kwargs)) == kind
+
+
+def test_an_optimizer_the_probe_cannot_build_is_unknown():
+    assert kind_of(_NeedsAModel, {"lr": 0.1}) is None
+
+
+def _registered(shape, layout: str, pipeline=None) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.randn(*shape))
+    mesh = MeshSpec(("tp",), (2,))
+    grad_norm.register([("block.weight", p, Layout.parse(layout))], mesh, {"tp": [0, 1]}, pipeline=pipeline)
+    optimizer_check.install()
+    p.grad = torch.ones_like(p)
+    return p
+
+
+class _Pipeline:  # stands for a PipelineModule (weakly referenced by the registry)
+    pass
+
+
+def test_a_step_on_shards_or_stage_parameters_is_refused_by_kind():
+    """A sharded parameter refuses per-tensor and coupled optimizers; a pipeline stage's whole parameter
+    refuses only coupled ones (the other stages' tensors are missing from its direction); a replicated one
+    refuses none. A refused step leaves the parameter untouched."""
+    stage = _Pipeline()
+    sharded, staged, replicated = _registered((4, 3), "S(0)"), _registered((4, 3), "R", stage), _registered((4, 3), "R")
+    for p, refused in ((sharded, {"Adafactor": TENSOR, "LBFGS": COUPLED}), (staged, {"LBFGS": COUPLED}),
+                       (replicated, {})):
+        for cls, kwargs in ((torch.optim.Adafactor, {}), (torch.optim.LBFGS, {"max_iter": 2}),
+                            (torch.optim.AdamW, {})):
+            before = p.detach().clone()
+            opt = cls([p], lr=0.1, **kwargs)
+            closure = (lambda: p.sum()) if cls is torch.optim.LBFGS else None
+            if cls.__name__ in refused:
+                with pytest.raises(OptimizerError, match="block.weight") as info:
+                    opt.step(closure)
+                assert info.value.kind == refused[cls.__name__] and "Remedy" in str(info.value)
+                assert torch.equal(p.detach(), before)
+            else:
+                opt.step(closure)
+                assert not torch.equal(p.detach(), before)
