@@ -14,7 +14,9 @@ global tensors):
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
 - `aten.dropout`, `aten.rand_like`, `aten.randn_like`: random draws that differ across shards and agree on
-  replicas (`sharded_dropout`, `sharded_random`).
+  replicas (`sharded_dropout`, `sharded_random`); every other op that draws from torch's generator
+  (`tracer.graph.draws_random`: SDPA with dropout_p > 0, RNN dropout, ...) on a sharded output runs with the
+  generator seeded per shard (`seeded_per_shard`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch.fx
 from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
+from ..tracer.graph import draws_random
 from . import collectives
 
 aten = torch.ops.aten
@@ -98,6 +101,8 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
         return graph.call_function(sharded_dropout, (*args, _shard_groups(ctx)))
     elif packet in (aten.rand_like, aten.randn_like):
         return graph.call_function(sharded_random, (packet.__name__, args[0], _shard_groups(ctx)), kwargs)
+    elif draws_random(ctx.node) and _shard_groups(ctx):
+        return graph.call_function(seeded_per_shard, (target, _shard_groups(ctx), *args), kwargs)
     return graph.call_function(target, args, kwargs)
 
 
@@ -195,6 +200,22 @@ def sharded_dropout(x: torch.Tensor, p: float, train: bool, groups: list[list[in
         return x
     keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(_shard_seed(groups))) >= p
     return x * keep.to(x.dtype) / (1.0 - p)
+
+
+def seeded_per_shard(op, groups: list[list[int]], *args, **kwargs):
+    """`op(*args, **kwargs)` for an op that draws from torch's default generator internally (the
+    `nondeterministic_seeded` ops without a form of their own here: scaled_dot_product_attention with
+    dropout_p > 0, the RNNs' inter-layer dropout, bernoulli / normal / uniform / ... on shards), run with that
+    generator seeded by `_shard_seed(groups)` inside `torch.random.fork_rng`: draws differ across shards and
+    agree on replicas, as `sharded_dropout`'s. Run as is, every shard drew the same numbers (SDPA's attention
+    dropout on tp=2: heads h and h + H/2 had one mask; on ddp, samples b and b + B/2). The outer stream
+    advances by `_shard_seed`'s one draw on every rank alike, whatever the local shapes; recomputation
+    replays it (checkpoint restores the generator first)."""
+    seed = _shard_seed(groups)
+    devices = sorted({a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "cpu"}, key=str)
+    with torch.random.fork_rng(devices=devices):  # the CPU generator, and that of an accelerator the op runs on
+        torch.manual_seed(seed)
+        return op(*args, **kwargs)
 
 
 def sharded_random(kind: str, x: torch.Tensor, groups: list[list[int]], **kwargs) -> torch.Tensor:

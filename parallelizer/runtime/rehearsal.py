@@ -34,6 +34,7 @@ from ..fingerprint import check_plan
 from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import shard_tensor
+from ..tracer.graph import draws_random
 from ..tracer.trace import trace
 from .launch import create_groups, spawn
 from .module import ParallelModule
@@ -200,23 +201,11 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            results[0].get("random", ""))
 
 
-_RANDOM = ("dropout", "bernoulli", "rand", "normal", "multinomial", "randperm")
-
-
 def random_ops(traced) -> str:
-    """The ops of the traced forward that draw random numbers with a non-zero probability (dropout p > 0,
-    bernoulli, rand...), as 'node (op)' (the first 3) or ''."""
-    found = []
-    for node in traced.graph_module.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = getattr(node.target, "__name__", str(node.target))
-        if not any(r in name for r in _RANDOM):
-            continue
-        if "dropout" in name and (len(node.args) < 2 or node.args[1] == 0 or
-                                  (len(node.args) > 2 and node.args[2] is False)):
-            continue
-        found.append(f"{node.name} ({name})")
+    """The ops of the traced forward that draw random numbers (`tracer.graph.draws_random`: dropout p > 0,
+    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3) or ''."""
+    found = [f"{node.name} ({getattr(node.target, '__name__', node.target)})"
+             for node in traced.graph_module.graph.nodes if draws_random(node)]
     return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 

@@ -407,6 +407,26 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
             f"{spec}; got: {got}")
 
 
+_NO_DRAW_WHEN = ("p", "dropout_p", "dropout", "train", "training")  # arguments whose 0 / False means no draw
+
+
+def draws_random(node: torch.fx.Node) -> bool:
+    """Whether a traced op draws from torch's random generator: its ATen schema is tagged
+    `nondeterministic_seeded` (dropout, bernoulli, rand*, normal, multinomial, randperm, scaled_dot_product_attention,
+    the RNNs, rrelu_with_noise, ...) and none of its dropout-probability or train arguments (`p`, `dropout_p`,
+    `dropout`, `train`, `training`) is 0 or False in this call (SDPA with dropout_p=0, eval-mode dropout)."""
+    target = node.target if node.op == "call_function" else None
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+        return False
+    for i, argument in enumerate(target._schema.arguments):
+        if argument.name in _NO_DRAW_WHEN:
+            value = node.args[i] if i < len(node.args) and not argument.kwarg_only else node.kwargs.get(
+                argument.name, argument.default_value if argument.has_default_value() else None)
+            if isinstance(value, (bool, int, float)) and not value:
+                return False
+    return True
+
+
 def returns_written(node: torch.fx.Node) -> bool:
     """True for an in-place op returning the tensor it wrote (`add_`, `mul_`: `Tensor(a!) self -> Tensor(a!)`)."""
     schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None

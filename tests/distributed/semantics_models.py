@@ -46,6 +46,24 @@ def dropper(batch: int = 4, seed: int = 0):
     return Dropper().train(), (torch.ones(batch, 64),)
 
 
+class AttentionDropper(torch.nn.Module):
+    """(B, H, T, D) -> (B, H, T, D): h = x * w, then scaled_dot_product_attention(h, h, h, dropout_p=0.5), whose
+    dropout is drawn inside the op (no aten.dropout node); w is a parameter of ones."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * self.w
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h, dropout_p=0.5)
+
+
+def attention_dropper(batch: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return AttentionDropper().train(), (torch.ones(batch, 4, 8, 16),)
+
+
 def run_outputs(rank: int, world_size: int, model_fn, spec) -> list[torch.Tensor]:
     """This rank's outputs of the sharded program (outputs as the spec lays them out)."""
     model, inputs = model_fn()

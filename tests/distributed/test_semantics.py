@@ -18,7 +18,8 @@ from parallelizer.rewriter.spec import NodeSharding, ShardingSpec, spec_from_pla
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
-from semantics_models import batchnorm_mlp, dropper, meta_vs_reference, run_outputs, state_dict_round_trip
+from semantics_models import (attention_dropper, batchnorm_mlp, dropper, meta_vs_reference, run_outputs,
+                             state_dict_round_trip)
 
 pytestmark = pytest.mark.distributed
 
@@ -180,8 +181,11 @@ def two_ranks(lm_cases):
     meta_plan = _plan(parallelizer.trace(*zoo.gpt(device="meta", **META_GPT)), {"tp": 2}, data_axes=())
     small = dict(META_GPT, n_embd=64, n_head=4, vocab_size=256)
     lm = {k: v for k, v in LM_NARROW.items() if k != "labels"}
+    attention = parallelizer.trace(*attention_dropper())
     calls = {"sharded": (run_outputs, (dropper, _spec(traced, mesh, Layout.parse("S(0)")))),
              "replicated": (run_outputs, (dropper, _spec(traced, mesh, Layout.parse("R")))),
+             **{f"attention {layout}": (run_outputs, (attention_dropper, _spec(attention, mesh, Layout.parse(layout))))
+                for layout in ("S(0)", "S(1)", "R")},
              "meta": (meta_vs_reference, (spec_from_plan(meta_plan), small)),
              "state_dict": (state_dict_round_trip, (spec_from_plan(lm_cases["tp"][0]), lm))}
     per_rank = spawn(run_each, 2, list(calls.values()), timeout_s=300)
@@ -193,6 +197,20 @@ def test_dropout_masks_differ_across_shards_and_agree_on_replicas(two_ranks):
     a, b = sharded[0][0], sharded[1][0]  # each rank's (2, 64) shard
     assert a.shape == (2, 64) and not torch.equal(a != 0, b != 0)
     assert 0.3 < (a == 0).float().mean() < 0.7
+    torch.testing.assert_close(replicated[0][0], replicated[1][0], rtol=0, atol=0)
+
+
+def test_dropout_inside_attention_differs_across_shards_and_agrees_on_replicas(two_ranks):
+    """scaled_dot_product_attention(dropout_p=0.5) draws its mask inside the op. Run as is on each shard, every
+    shard drew the same mask: the two ranks' halves of the batch (S(0)) or of the heads (S(1), tensor
+    parallel attention) were bitwise equal on inputs of ones. Now the op runs with the generator seeded per
+    shard (`localize.seeded_per_shard`), like the dropout op; replicas still draw one mask."""
+    for layout in ("S(0)", "S(1)"):
+        a, b = (r[0] for r in two_ranks[0][f"attention {layout}"])
+        assert a.shape == b.shape == ((2, 4, 8, 16) if layout == "S(0)" else (4, 2, 8, 16)), (layout, a.shape)
+        assert not torch.equal(a, b), layout
+        assert torch.isfinite(a).all() and (a > 0).any()
+    replicated = two_ranks[0]["attention R"]
     torch.testing.assert_close(replicated[0][0], replicated[1][0], rtol=0, atol=0)
 
 

@@ -69,6 +69,19 @@ def test_a_differing_rehearsal_of_a_model_with_dropout_names_the_cause():
     x = torch.randn(2, 4)
     assert "dropout" in random_ops(trace(model(0.1), (x,)))
     assert random_ops(trace(model(0.0), (x,))) == ""
+    assert random_ops(trace(model(0.1).eval(), (x,))) == ""
+
+    class Attention(torch.nn.Module):  # BERT's SDPA path: the dropout is drawn inside the attention op
+        def __init__(self, p):
+            super().__init__()
+            self.p = p
+
+        def forward(self, h):
+            return torch.nn.functional.scaled_dot_product_attention(h, h, h, dropout_p=self.p)
+
+    h = torch.randn(2, 2, 3, 4)
+    assert "scaled_dot_product_attention" in random_ops(trace(Attention(0.1), (h,)))
+    assert random_ops(trace(Attention(0.0), (h,))) == ""
     report = RehearsalReport(2, 1.0, 1.0, 1.0, 1.0, "a", "b", 3533.0, {}, "", random="dropout (dropout.default)")
     assert "draws random numbers (dropout (dropout.default))" in str(report) and "dropout 0" in str(report)
     assert "random" not in str(dataclasses.replace(report, tolerance_ratio=0.5))
