@@ -164,7 +164,10 @@ class _Rewriter:
         for name in self.traced.input_names:
             self.env[name] = self.graph.placeholder(name)
             self.layout[name] = self.spec.inputs.get(name, Layout.replicate(self.mesh.ndim))
-            self.requires_grad[name] = name in self.spec.inputs and carries_grad(self.traced.node(name).outputs[0].dtype)
+            # a floating input may require grad at call time (a trainable module before `pm`, adversarial inputs):
+            # its gradient then gets the same collectives as any value (Megatron f before a sharded op); backward
+            # runs them only when it does
+            self.requires_grad[name] = carries_grad(self.traced.node(name).outputs[0].dtype)
             inputs.append(name)
         return tuple(state), tuple(inputs)
 

@@ -130,7 +130,8 @@ class PipelineModule(torch.nn.Module):
             The loss of the whole batch (0-d float32, detached) on EVERY rank: sent from the last stage to the
             ranks of its pipeline (a broadcast over the pp group).
         Raises:
-            PipelineError: a batch that does not split into the plan's microbatches (before any communication).
+            PipelineError: a batch that does not split into the plan's microbatches (before any communication);
+                an input or target that requires grad (the schedules send no gradient back to it).
             StepError: loss_fn=None and the model's first output is not a scalar loss, or a loss op whose
                 per-microbatch item count the graph does not show (`own_loss_weighting`; remedy: target= and
                 item_count=); item_count without target; a target that is not a tensor; a loss that is not 0-d.
@@ -146,6 +147,7 @@ class PipelineModule(torch.nn.Module):
                             "per microbatch. Remedy: pass target=<the tensor item_count counts, e.g. labels> too, or "
                             "drop item_count (with loss_fn=None the weights come from the model's own loss op)")
         flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
+        _refuse_input_gradients(self.traced, flat, target)
         out_spec = self.traced.exported.call_spec.out_spec
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)
         if loss_fn is None and item_count is count_items:  # the model's own loss: weights from its loss op
@@ -335,3 +337,18 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
                 **build_options(pipe.compression))
     return PipelineModule(run, traced, plan, rank)
+
+
+def _refuse_input_gradients(traced: TracedGraph, flat: list[torch.Tensor], target) -> None:
+    """PipelineError when an input (or the target) requires grad: torch.distributed.pipelining's schedules
+    detach the first stage's inputs and the last stage's target, so a trainable module in front of the
+    pipeline (or a teacher producing the target) would silently get no gradient."""
+    names = [n for n, t in zip(traced.input_names, flat) if t.requires_grad]
+    if isinstance(target, torch.Tensor) and target.requires_grad:
+        names.append("target")
+    if names:
+        raise PipelineError(f"PipelineModule.step: {', '.join(names)} require(s) grad, but a pipeline's schedule "
+                            "sends no gradient back to its inputs or target, so what produced them would not be "
+                            "trained (its .grad stays None). Remedy: make that module part of the model you "
+                            "parallelize, detach the tensor if no gradient is wanted, or plan without 'pp' (a "
+                            "ParallelModule returns input gradients)")

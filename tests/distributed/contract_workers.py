@@ -335,3 +335,25 @@ def optimizers(rank: int, world_size: int, specs: dict) -> dict:
                 result["unchanged"] = all(torch.equal(p, before[f]) for f, p in pm.named_parameters())
             out[(name, kind)] = result
     return out
+
+
+def input_gradients(rank: int, world_size: int, specs: dict) -> dict:
+    """A trainable Linear `stem` in front of pm (not parallelised, the same on every rank) and an input that
+    requires grad: {spec: (max |diff| of x.grad, of stem.weight.grad) against eager on the whole batch}."""
+    from parallelizer import zoo
+
+    out = {}
+    for name, spec in specs.items():
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        torch.manual_seed(1)
+        stem = nn.Linear(16, 16)
+        stem_ref = copy.deepcopy(stem)
+        pm = _pm(model, (x,), spec)
+        grads = []
+        for m, s in ((pm, stem), (reference, stem_ref)):
+            xi = x.clone().requires_grad_()
+            m(s(xi)).pow(2).mean().backward()
+            grads.append((xi.grad, s.weight.grad))
+        out[name] = (_diff(grads[0][0], grads[1][0]), _diff(grads[0][1], grads[1][1]))
+    return out

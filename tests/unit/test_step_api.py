@@ -156,3 +156,21 @@ def test_item_count_for_a_model_loss_without_a_count_is_warned_once_naming_the_l
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pm._warn_trusted_count()  # once
+
+
+def test_a_pipeline_step_refuses_inputs_or_a_target_that_require_grad():
+    """torch's pipeline schedules send no gradient back to the first stage's inputs or the last stage's
+    target: a trainable module in front of a PipelineModule would silently stay untrained (its .grad None).
+    `PipelineModule.step` refuses such tensors before any communication, naming them."""
+    import types
+
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.pipeline_module import _refuse_input_gradients
+
+    traced = types.SimpleNamespace(input_names=("input_ids", "inputs_embeds"))
+    plain = [torch.zeros(4, 3, dtype=torch.long), torch.zeros(4, 3, 8)]
+    _refuse_input_gradients(traced, plain, torch.zeros(4))
+    with pytest.raises(PipelineError, match="inputs_embeds require"):
+        _refuse_input_gradients(traced, [plain[0], plain[1].requires_grad_()], None)
+    with pytest.raises(PipelineError, match="target require"):
+        _refuse_input_gradients(traced, plain[:1] + [torch.zeros(4, 3, 8)], torch.zeros(4, requires_grad=True))
