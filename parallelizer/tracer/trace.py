@@ -85,7 +85,11 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
     normalize(gm, notes)
-    return _build(model, exported, gm, notes, _fx_legal_input_names(gm, exported.graph_signature))
+    renamed = _fx_legal_input_names(gm, exported.graph_signature)
+    if renamed:
+        notes.append("input(s) named like Python builtins are called " + ", ".join(
+            f"{old} -> {new}" for old, new in renamed.items()) + " in the graph and the plan (fx's rule)")
+    return _build(model, exported, gm, notes, renamed)
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:

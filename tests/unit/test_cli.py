@@ -71,10 +71,10 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     text = capsys.readouterr().out
     # no repeated blocks: pp=1, the ILP on (dp=4) and (dp=2, tp=2); not (dp=1, tp=4) = (dp=4)
     assert "searched: 2 candidates: 2 priced" in text and "chosen: (pp=1, dp=" in text
-    assert "traced inputs: input (8, 8)" in text
+    assert "traced inputs: input_1 (8, 8)" in text  # forward(self, input): fx's name for a builtin's
     plan = Plan.load(out)
     assert plan.mesh.world_size == 4 and plan.model["recipe"]["factory"] == "test_cli:tiny_factory"
-    assert plan.model["inputs"] == {"input": [8, 8]}
+    assert plan.model["inputs"] == {"input_1": [8, 8]}
 
 
 @pytest.mark.parametrize("argv, message", [

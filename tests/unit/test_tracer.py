@@ -632,7 +632,7 @@ def test_inputs_named_like_python_builtins_keep_their_names_in_rank_programs_and
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), *[Block() for _ in range(4)])
     traced = parallelizer.trace(model, (torch.randn(4, 8),))
-    assert traced.input_names == ("input_1",)
+    assert traced.input_names == ("input_1",) and any("input -> input_1" in n for n in traced.notes)
     by_keyword = parallelizer.trace(model, (), {"input": torch.randn(4, 8)})
     assert by_keyword.input_names == ("input_1",)
     assert by_keyword.tensor_inputs((), {"input": torch.ones(4, 8)})[0].sum() == 32
