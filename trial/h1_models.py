@@ -643,3 +643,134 @@ def cum_max():
 BUILDERS = {name: fn for name, fn in list(globals().items())
             if callable(fn) and not isinstance(fn, type) and not name.startswith("_")
             and fn.__module__ == __name__}
+
+
+# ---- batch 2 -------------------------------------------------------------------------------------------
+class EmbBagOffsets(nn.Module):
+    """EmbeddingBag with 1-D ids + offsets (positions into the flat ids: not per-sample rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(V, H, mode="mean")
+        self.f = nn.Linear(H, H)
+
+    def forward(self, ids, offsets):
+        return self.f(self.bag(ids, offsets))
+
+
+def emb_bag_offsets():
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (20,), generator=_g())
+    return EmbBagOffsets(), (ids, torch.tensor([0, 3, 9, 10, 15, 17]))
+
+
+class CdistCross(nn.Module):
+    """cdist over the (column-sharded) feature dim, cross product over a dim of 3, pixel_shuffle of channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, 12)
+        self.c = nn.Linear(T, H)
+
+    def forward(self, x):
+        u, w = self.a(x), self.a(x.flip(1))
+        d = torch.cdist(u, w)                                     # (B, T, T)
+        v = self.b(x).view(x.size(0), T, 4, 3)
+        cr = torch.linalg.cross(v, v.roll(1, dims=2), dim=-1)     # (B, T, 4, 3)
+        ps = F.pixel_shuffle(self.b(x).permute(0, 2, 1).reshape(x.size(0), 12, 2, 4), 2)  # (B, 3, 4, 8)
+        return self.c(d) + cr.sum((-1, -2))[..., None] + ps.mean()
+
+
+def cdist_cross():
+    torch.manual_seed(0)
+    return CdistCross(), (_x(),)
+
+
+class LinearAlgebraMix(nn.Module):
+    """addmm with beta/alpha, lerp with a tensor weight, bilinear, baddbmm, layer_norm over (T, H)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(H, H) * 0.1)
+        self.bias = nn.Parameter(torch.randn(H) * 0.1)
+        self.bil = nn.Bilinear(H, H, 8)
+        self.f = nn.Linear(H, H)
+        self.g = nn.Linear(8, H)
+
+    def forward(self, x):
+        flat = x.flatten(0, 1)
+        h = torch.addmm(self.bias, flat, self.w, beta=0.5, alpha=2.0).view_as(x)
+        k = self.f(x)
+        m = torch.lerp(h, k, torch.sigmoid(k))
+        bb = torch.baddbmm(m, m, m.transpose(1, 2) @ m * 0.01, beta=0.3, alpha=0.7)
+        ln = F.layer_norm(bb, (T, H))
+        return ln + self.g(self.bil(x, m))
+
+
+def linear_algebra_mix():
+    torch.manual_seed(0)
+    return LinearAlgebraMix(), (_x(),)
+
+
+class UnfoldTake(nn.Module):
+    """Sliding windows over the sequence (Tensor.unfold), torch.take with flat indices, take_along_dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(H, H)
+        self.b = nn.Linear(3 * H, H)
+
+    def forward(self, x, flat_idx):
+        h = self.a(x)
+        win = h.unfold(1, 3, 1)                                   # (B, T-2, H, 3)
+        w = self.b(win.flatten(-2))                               # (B, T-2, H)
+        t = torch.take(h, flat_idx)                               # (K,)
+        order = h.argsort(dim=-1)
+        tad = torch.take_along_dim(h, order, dim=-1)
+        return w.sum(1, keepdim=True) + tad + t.mean()
+
+
+def unfold_take():
+    torch.manual_seed(0)
+    return UnfoldTake(), (_x(), torch.randint(0, B * T * H, (10,), generator=_g()))
+
+
+class CTCHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Linear(H, 12)
+
+    def forward(self, x, targets, in_len, tgt_len):
+        lp = F.log_softmax(self.f(x), -1).transpose(0, 1)         # (T, B, C)
+        return F.ctc_loss(lp, targets, in_len, tgt_len, blank=0, reduction="mean", zero_infinity=True)
+
+
+def ctc_head():
+    torch.manual_seed(0)
+    targets = torch.randint(1, 12, (B, 3), generator=_g())
+    return CTCHead(), (_x(), targets, torch.tensor([8, 7, 8, 6]), torch.tensor([3, 2, 3, 1]))
+
+
+class SoftmaxOverBatch(nn.Module):
+    """Position-reading ops over the BATCH dim (softmax / cumsum / sort over dim 0) under a ddp axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        s = torch.softmax(h, dim=0)
+        c = torch.cumsum(h, dim=0)
+        srt = torch.sort(h, dim=0).values
+        return self.b(s * c + srt)
+
+
+def softmax_over_batch():
+    torch.manual_seed(0)
+    return SoftmaxOverBatch(), (_x(b=5),)
+
+
+BUILDERS2 = {n: globals()[n] for n in ("emb_bag_offsets", "cdist_cross", "linear_algebra_mix", "unfold_take",
+                                       "ctc_head", "softmax_over_batch")}
+BUILDERS.update(BUILDERS2)
