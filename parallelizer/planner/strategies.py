@@ -43,7 +43,7 @@ from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from ..tracer.graph import ParamInfo, carries_grad, is_view, mutated_args
+from ..tracer.graph import ParamInfo, carries_grad, is_view, mutated_args, returns_written
 from .rules import OUT, AxisOption, OpView, rule_for
 
 R = Replicate()
@@ -202,6 +202,7 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
             batch dim does not divide over a "ddp"/"fsdp" axis; a received layout that does not fit its value.
     """
     data_axes = _data_axes(mesh, config)
+    written = written_inputs(tg)
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
@@ -209,7 +210,8 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
             spaces[name] = _received_space(info, received[name], mesh)
             continue
         if info.op == "placeholder" or info.op == "get_attr":
-            spaces[name] = _placeholder_space(info, tg.param_of_placeholder(name), mesh, config, data_axes)
+            spaces[name] = _placeholder_space(info, tg.param_of_placeholder(name), mesh, config, data_axes,
+                                              written=name in written)
             continue
         if info.op == "output":
             spaces[name] = NodeSpace(name, "output", inputs,
@@ -245,6 +247,14 @@ def _check_roles_take_effect(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig
             if not any(s.output.placements[i] != R for n in names for s in spaces[n].strategies):
                 shapes = ", ".join(f"{n} {tuple(tg.nodes[n].outputs[0].shape)} (batch dim {config.batch_dim_of(n)})"
                                    for n in names if tg.nodes[n].outputs) or "none"
+                written = sorted(written_inputs(tg) & set(names))
+                if written:
+                    raise ValueError(
+                        f"axis_roles[{axis!r}]={role!r}: no user input can be sharded over {axis} (size "
+                        f"{mesh.size(axis)}) on mesh {mesh}: forward writes input(s) {', '.join(written)} in place "
+                        "(the caller's tensor, which one device mutates whole; so it is kept whole on every rank, "
+                        f"a batch shard would write only this rank's rows); inputs: {shapes}. Remedy: write a "
+                        "copy in forward (`x = x.mul(2)` instead of `x.mul_(2)`), or another role")
                 raise ValueError(f"axis_roles[{axis!r}]={role!r}: no user input can be sharded over {axis} (size "
                                  f"{mesh.size(axis)}) on mesh {mesh}; inputs: {shapes}. Remedy: a batch of at least "
                                  f"{mesh.size(axis)} along the batch dim (batch_dims/default_batch_dim), or another role")
@@ -402,11 +412,32 @@ def _received_space(info: NodeInfo, layout: Layout, mesh: MeshSpec) -> NodeSpace
     return NodeSpace(info.name, "input", (), [Strategy((), layout)], carries_grad(out.dtype))
 
 
+def written_inputs(tg: TracedGraph) -> frozenset[str]:
+    """Names of the user-input placeholders that forward writes in place (`x.mul_(2)`, `x[:, 0] = 0`; also
+    through views and chained in-place ops). Such an input is the caller's tensor, which eager mutates
+    whole: it stays Replicate (every rank passes and writes its whole tensor), since a batch shard would be
+    a view of the caller's tensor and only this rank's rows would be written (the caller's tensor would
+    then differ between ranks and from one device)."""
+    out = set()
+    for node in tg.graph_module.graph.nodes:
+        for i in mutated_args(node):
+            arg = node.args[i] if i < len(node.args) else None
+            while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
+                arg = arg.args[0]
+            info = tg.nodes.get(arg.name) if isinstance(arg, torch.fx.Node) else None
+            if info is not None and info.op == "placeholder" and info.role is Role.INPUT:
+                out.add(arg.name)
+    return frozenset(out)
+
+
 def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,
-                       data_axes: tuple[str, ...]) -> NodeSpace:
-    """The space of placeholder `info` standing for parameter/buffer `param` (None: a user input or constant)."""
+                       data_axes: tuple[str, ...], written: bool = False) -> NodeSpace:
+    """The space of placeholder `info` standing for parameter/buffer `param` (None: a user input or constant).
+    `written`: a user input that forward writes in place (`written_inputs`): Replicate only."""
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
     roles = config.roles_on(mesh.axis_names)
+    if info.role is Role.INPUT and written:
+        return NodeSpace(info.name, "input", (), [Strategy((), Layout.replicate(mesh.ndim))], False)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
         return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)],
                          param.requires_grad,

@@ -29,7 +29,7 @@ from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
-from ..tracer.graph import Role, TracedGraph, carries_grad, mutated_args
+from ..tracer.graph import Role, TracedGraph, carries_grad, is_view, mutated_args
 from . import collectives, grad_sync, localize, recompute
 from .grad_sync import DEFAULT_BUCKET_BYTES
 from .reshard import reshard_after_forward
@@ -220,8 +220,8 @@ class _Rewriter:
         `localize.empty_shard_guard` when inputs carry gradients, on every rank (the decision is the same on
         all of them), so that every rank runs the same collectives in backward."""
         if (not isinstance(node.meta.get("val"), torch.Tensor) or node.target is operator.getitem
-                or not _differentiable(node)):
-            return value
+                or not _differentiable(node) or is_view(node) or mutated_args(node)):
+            return value  # views and in-place ops keep their gradient path on empty tensors
         shapes = [(self.traced.node(a.name).outputs[0].shape, L) for a, L in zip(tensor_args, sharding.inputs)
                   if self.traced.node(a.name).outputs]
         shapes.append((self.traced.node(node.name).outputs[0].shape, sharding.output))
@@ -232,7 +232,8 @@ class _Rewriter:
                  for a, L in zip(tensor_args, sharding.inputs) if self.requires_grad[a.name]]
         if not grads:
             return value
-        guarded = self.graph.call_function(localize.empty_shard_guard, (value, *grads))
+        guarded = self.graph.call_function(localize.empty_shard_guard, (value, *grads),
+                                           {"fresh": True} if _written_later(node) else {})
         guarded.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
         return guarded
 
@@ -306,6 +307,20 @@ def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 _NON_DIFFERENTIABLE = {torch.ops.aten.detach.default, torch.ops.aten.arange.default,
                        torch.ops.aten.arange.start, torch.ops.aten.arange.start_step}
+
+
+def _written_later(node: torch.fx.Node) -> bool:
+    """Whether an in-place op writes `node`'s output later, directly or through views of it."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if any(p < len(user.args) and user.args[p] is n for p in mutated_args(user)):
+                return True
+            if is_view(user) and user.args and user.args[0] is n and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
 
 
 def _differentiable(node: torch.fx.Node) -> bool:

@@ -319,11 +319,15 @@ class _Conjugate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, forward, backward):  # type: ignore[override]
-        ctx.conjugate = backward
+        ctx.step, ctx.conjugate = forward, backward
         return forward(x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph (double backward): the conjugate is itself a step whose
+            # backward is the forward step (the pairs are adjoint), so second derivatives cross the ranks
+            # too; the collectives run outside autograd, which would take them for constants
+            return _Conjugate.apply(grad, ctx.conjugate, ctx.step), None, None
         return ctx.conjugate(grad), None, None
 
 

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,7 @@ import torch.fx
 from torch.autograd import Variable
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .collectives import Group, _GroupView, _resolve, _sum, grad_all_reduce
+from .collectives import Group, _Conjugate, _GroupView, _identity, _resolve, _sum, grad_all_reduce
 from .compression import GradCompression, finish_compressed, start_compressed
 from .hierarchical import HierarchicalAllReduce, Hierarchy
 
@@ -121,8 +122,8 @@ class _Deferred(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        if torch.is_grad_enabled():  # create_graph: reduced at once, never deferred
-            return _sum(grad, ctx.g), None, None, None, None
+        if torch.is_grad_enabled():  # create_graph: reduced at once, never deferred, and differentiable
+            return _Conjugate.apply(grad, partial(_sum, g=ctx.g), _identity), None, None, None, None
         if _DEFERRAL.final is False:  # a step's earlier backward: accumulate locally, no collective
             return grad, None, None, None, None
         if _DEFERRAL.final:  # the step's last backward: reduce this use's gradient with the accumulated one

@@ -159,17 +159,21 @@ class _EmptyShardGuard(torch.autograd.Function):
     """Identity on `out`; in backward, zero gradients for `inputs` (added to whatever else reaches them)."""
 
     @staticmethod
-    def forward(ctx, out, *inputs):  # type: ignore[override]
+    def forward(ctx, out, fresh, *inputs):  # type: ignore[override]
         ctx.specs = [(tuple(i.shape), i.dtype, i.device, i.requires_grad) for i in inputs]
-        return out.view_as(out)
+        # fresh: a copy, for a value that is later written in place (through views): autograd forbids in-place
+        # writes to a view made inside a custom Function
+        return out.clone() if fresh else out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad, *_):  # type: ignore[override]
-        return (grad, *[torch.zeros(s, dtype=d, device=dev) if req else None for s, d, dev, req in ctx.specs])
+        return (grad, None,
+                *[torch.zeros(s, dtype=d, device=dev) if req else None for s, d, dev, req in ctx.specs])
 
 
-def empty_shard_guard(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """`out` unchanged, with a (zero) gradient path to every input.
+def empty_shard_guard(out: torch.Tensor, *inputs: torch.Tensor, fresh: bool = False) -> torch.Tensor:
+    """`out` unchanged (a copy of it with `fresh`, for a value the program later writes in place), with a
+    (zero) gradient path to every input.
 
     On a rank whose shard of an op's input or output is empty, torch's kernels may drop the gradient path to
     an input altogether (scaled_dot_product_attention on an empty batch returns no gradient for its mask),
@@ -178,7 +182,7 @@ def empty_shard_guard(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     would wait forever. The rewriter wraps such ops in this guard on every rank of the mesh (whether its own
     shard is empty or not), so that every rank runs the same collectives in backward. Shapes: out (...) ->
     (...)."""
-    return _EmptyShardGuard.apply(out, *inputs)
+    return _EmptyShardGuard.apply(out, fresh, *inputs)
 
 
 # --- random ops ---------------------------------------------------------------------------------------------

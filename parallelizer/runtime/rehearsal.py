@@ -353,7 +353,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))
     pm = ParallelModule(traced, spec, rank, model)
 
-    args = {id(reference): (inputs, kwargs)}
+    # each model gets its own copy of the inputs: a forward that writes an input in place (`x.mul_(2)`)
+    # mutates the caller's tensor, and would otherwise feed its write to the other side's next call
+    args = {id(reference): copy.deepcopy((inputs, kwargs))}
 
     def run(m, recipe):  # a single-device model under a recipe (None: as traced), on its own inputs
         with autocast(recipe):
@@ -366,7 +368,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     refs, judge = [(reference, spec.autocast)], recipe_excess
     out, ref_outs = pm(*inputs, **kwargs), [run(reference, spec.autocast)]
     if spec.autocast is not None:
-        args[id(exact)] = (inputs, kwargs)
+        args[id(exact)] = copy.deepcopy((inputs, kwargs))
         refs.append((exact, None))
         ref_outs.append(run(exact, None))
     elif exact is not None and compute == torch.float32:
@@ -402,6 +404,12 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     with torch.no_grad():
         final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))], compute,
                           judge)
+    # the inputs after the steps: a forward that writes an input in place must leave the caller's tensor as
+    # one device does (every element, on every rank), not only this rank's shard of it
+    written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(
+        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if a.is_floating_point()), compute, judge)
+    output = (max(output[0], written[0]), output[1] if output[0] >= written[0] else written[1],
+              max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
             "code": pm.program.graph_module.code if rank == 0 else ""}

@@ -194,3 +194,88 @@ class AsStridedOfTranspose(nn.Module):
 def as_strided_of_transpose():
     torch.manual_seed(0)
     return AsStridedOfTranspose(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class InputWrittenInPlace(nn.Module):
+    """Forward doubles its input `x` in place (eager mutates the caller's tensor, every row), then reads it;
+    `y` is the batch that a "ddp" axis shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(H, H)
+
+    def forward(self, x, y):
+        x.mul_(2.0)
+        return self.a(y) + x.mean(0)
+
+
+def input_written_in_place():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    return InputWrittenInPlace(), (torch.randn(B, T, H, generator=g), torch.randn(B, T, H, generator=g))
+
+
+class PenaltyNet(nn.Module):
+    """LayerNorm -> Linear -> tanh -> Linear: the critic of a gradient penalty (WGAN-GP), whose loss reads the
+    gradient with respect to the input (`autograd.grad(..., create_graph=True)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(H)
+        self.a, self.b = nn.Linear(H, 2 * H), nn.Linear(2 * H, H)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(self.ln(x))))
+
+
+def penalty_net():
+    torch.manual_seed(0)
+    return PenaltyNet(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+def gradient_penalty_rank(rank: int, world_size: int, spec) -> dict:
+    """Rank body: loss = mean(out^2) + mean(d out.sum() / dx ^2) on the ParallelModule and on eager; the
+    largest |difference| of x.grad and of this rank's parameter-gradient shards."""
+    import copy
+
+    import parallelizer
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.rewriter.state import shard_tensor
+    from parallelizer.runtime.launch import create_groups
+    from parallelizer.runtime.module import ParallelModule
+
+    model, (x,) = penalty_net()
+    reference = copy.deepcopy(model)
+    create_groups(all_axis_groups(spec.mesh))
+    pm = ParallelModule(parallelizer.trace(copy.deepcopy(model), (x,)), spec, rank, model)
+    grads = []
+    for m in (pm, reference):
+        xi = x.clone().requires_grad_(True)
+        out = m(xi)
+        (g,) = torch.autograd.grad(out.sum(), xi, create_graph=True)
+        (out.pow(2).mean() + g.pow(2).mean()).backward()
+        grads.append(xi.grad)
+    worst = max(float((p.grad - shard_tensor(reference.get_parameter(fqn).grad, spec.params[fqn], spec.mesh,
+                                             pm.coords)).abs().max()) for fqn, p in pm.named_parameters())
+    return {"x_grad": float((grads[0] - grads[1]).abs().max()), "param_grad": worst,
+            "scale": float(max(p.grad.abs().max() for p in reference.parameters()))}
+
+
+class InPlaceThroughViews(nn.Module):
+    """In-place writes through views of an activation (`narrow().mul_`, a slice's `add_`, `h[..., 0] = c`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(H, H), nn.Linear(H, H)
+
+    def forward(self, x):
+        h = self.a(x)
+        h.narrow(-1, 3, 10).mul_(2.0)
+        h[:, 1:5].add_(1.0)
+        h[..., 0] = 0.25
+        return self.b(torch.tanh(h))
+
+
+def in_place_through_views():
+    torch.manual_seed(0)
+    return InPlaceThroughViews(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
