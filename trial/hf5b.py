@@ -204,3 +204,34 @@ FAMILIES = ["modernbert", "deepseek_v3", "deepseek_v2", "gemma3", "llama4", "jam
             "recurrent_gemma", "longformer", "fnet", "nemotron", "phimoe", "glm", "glm4", "exaone4", "helium", "bamba",
             "cohere2", "gpt_oss", "qwen3_next", "smollm3", "dots1", "siglip", "hiera", "dinov2_reg", "data2vec_text",
             "blip_text", "idefics3_vision", "sew", "patchtst", "perceiver"]
+
+
+class _Layer(torch.nn.Module):
+    """A layer whose `attn` part repeats but whose MLP differs between layers (DeepSeek-V3's dense then MoE)."""
+
+    def __init__(self, extra):
+        super().__init__()
+        nn = torch.nn
+        self.attn, self.extra = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16)), extra
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)) if extra else nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = x + self.attn(x)
+        return h + self.mlp(h)
+
+
+class MixedLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(False), _Layer(True)])
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).pow(2).mean()
+
+
+def mixed_layers(batch=4, **kw):
+    torch.manual_seed(0)
+    return MixedLayers(), (_x(batch, 16),)
