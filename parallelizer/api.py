@@ -315,11 +315,15 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
 
     group = traced.blocks[0]
     if found.block_group != group.name:
+        layers = found.block_group.split(".*.")[0] + ".*" if ".*." in found.block_group else None
+        why = (f"; here only the {found.block_group} parts repeat: the layers {layers} themselves differ in "
+               "structure (e.g. a dense first layer before MoE layers as in DeepSeek-V3, or layers with and "
+               "without rotary embeddings as in Llama 4)" if layers else "")
         raise PipelineError(f"the search cut at block group {found.block_group} but the runtime cuts at the first "
                             f"group {group.name}: this model's repeated modules do not form one run of identical "
                             "layers to cut between (e.g. an encoder-decoder such as T5, whose encoder and decoder "
-                            "blocks differ), which pipelining does not support yet. Remedy: a mesh without 'pp' "
-                            "(e.g. dp=2 or tp=2, or let the planner search without --mesh)")
+                            f"blocks differ{why}), which pipelining does not support yet. Remedy: a mesh without "
+                            "'pp' (e.g. dp=2 or tp=2, or let the planner search without --mesh)")
     roles = dict(config.axis_roles)
     if found.dp > 1:
         roles.setdefault("dp", "ddp")

@@ -241,13 +241,17 @@ def _translate(exc: Exception) -> TraceError:
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
         library = _library_frame(exc)
+        random_line = _random_condition(exc)
         return TraceError(
             "data-dependent control flow (Python control flow on a tensor value)", location,
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
             "outside forward and pass it in as a Python value"
             + (f"; here the value is read inside torch's module code ({library}), called from your line: "
                "change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
-               "as a Python float: give momentum a number)" if library else ""), detail=first)
+               "as a Python float: give momentum a number)" if library else "")
+            + (f"; the condition is a random number drawn in forward ({random_line}), e.g. LayerDrop's "
+               "`torch.rand([]) < layerdrop`: a traced program cannot draw a new branch each step, so turn it off "
+               "for the sharded run (e.g. config.layerdrop=0.0)" if random_line else ""), detail=first)
     unknown = _UNKNOWN_OUTPUT.search(text)
     if unknown:
         kind = unknown.group(1)
@@ -291,6 +295,24 @@ def _library_frame(exc: BaseException) -> str | None:
         return None
     f = inner[-1]
     return f"{os.path.relpath(f.filename, os.path.dirname(os.path.dirname(torch.__file__)))}:{f.lineno}: {(f.line or '').strip()}"
+
+
+_RANDOM_DRAW = re.compile(r"torch\.(rand|randn|randint|bernoulli|multinomial)\b|\brandom\.random\(|\blayerdrop\b")
+
+
+def _random_condition(exc: BaseException, lines: int = 6) -> str | None:
+    """'file:line: text' of a random draw in the `lines` source lines up to the user's failing line (LayerDrop
+    draws `torch.rand([])` and branches on it a few lines later), or None."""
+    import linecache
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    if not user or user[-1].lineno is None:
+        return None
+    frame = user[-1]
+    for lineno in range(frame.lineno, max(frame.lineno - lines, 1) - 1, -1):
+        text = linecache.getline(frame.filename, lineno).strip()
+        if _RANDOM_DRAW.search(text):
+            return f"{os.path.basename(frame.filename)}:{lineno}: {text}"
+    return None
 
 
 def _user_location(exc: BaseException) -> str | None:

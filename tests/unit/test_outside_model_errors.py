@@ -97,3 +97,21 @@ def test_failed_launch_names_each_ranks_exception():
     assert text.splitlines()[0].endswith("failed on rank 0: RuntimeError: input tensor has to be contiguous "
                                          "(ranks with failures: [0, 1])")
     assert "  rank 1: RuntimeError: Connection closed by peer" in text
+
+
+def test_layers_that_differ_but_share_a_repeated_part_on_pp_say_which_layers_differ():
+    """Llama 4 with a layer without rotary embeddings (no_rope_layers) among rope layers: only the layers'
+    feed_forward parts repeat, the decoder layers themselves differ. The PipelineError named only an
+    encoder-decoder such as T5 as the cause; it now names the layers that differ and this kind of cause
+    (found trying Llama 4 and DeepSeek-V3 with a dense first layer on pp=2 x dp=2)."""
+    import transformers as tf
+    cfg = tf.Llama4TextConfig(hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64,
+                              num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=1,
+                              no_rope_layers=[1, 0], moe_layers=[0, 1], attention_chunk_size=4)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8))
+    traced = trace(tf.Llama4ForCausalLM(cfg), (ids,), {"labels": ids})
+    with pytest.raises(PipelineError, match=r"(?s)only the model\.layers\.\*\.\w+ parts repeat: the layers "
+                                            r"model\.layers\.\* themselves differ.*Remedy: a mesh without 'pp'"):
+        parallelizer.plan(traced, {"pp": 2, "dp": 1}, global_batch=4)

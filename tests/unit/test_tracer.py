@@ -186,6 +186,37 @@ def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
         parallelizer.trace(model, (torch.randn(5, 4),))
 
 
+class _LayerDrop(torch.nn.Module):
+    """transformers' LayerDrop (SEW, Wav2Vec2, Hubert with their default layerdrop=0.1): a random draw in forward
+    decides whether a layer runs."""
+
+    def __init__(self, layerdrop=0.1):
+        super().__init__()
+        self.layers, self.layerdrop = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2)), layerdrop
+
+    def forward(self, x):
+        for layer in self.layers:
+            skip = False
+            if self.training and self.layerdrop > 0.0:
+                p = torch.rand([])
+                skip = p < self.layerdrop
+            if not skip:
+                x = layer(x)
+        return x
+
+
+def test_a_branch_on_a_random_draw_names_the_draw_and_says_to_turn_it_off():
+    """A data-dependent branch on `torch.rand([])` (LayerDrop) gave only the generic remedy (torch.where /
+    torch.cond), which cannot make a sharded program draw a new branch every step: the error now names the
+    draw and says to turn it off (found with SEW's default config)."""
+    with pytest.raises(TraceError, match=r"(?s)data-dependent.*random number drawn in forward.*"
+                                         r"torch\.rand\(\[\]\).*layerdrop=0\.0"):
+        parallelizer.trace(_LayerDrop(), (torch.randn(3, 4),))
+    assert "random number" not in str(pytest.raises(TraceError, parallelizer.trace, _Branchy(),
+                                                      (torch.randn(3),)).value)
+    parallelizer.trace(_LayerDrop(0.0), (torch.randn(3, 4),))  # off: traces
+
+
 class _GradReverse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
