@@ -26,6 +26,7 @@ full tensor on every rank: for small models; `parallelizer.checkpoint` saves and
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -45,6 +46,9 @@ from .optimizer_check import install as check_optimizer_steps
 from .modes import ModeProgram, Retracer, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
+
+# nn.Module's own per-instance state (parameters, buffers, submodules, hooks, mode): copied by __deepcopy__
+_MODULE_STATE = frozenset(torch.nn.Module().__dict__)
 
 
 class ParallelModule(torch.nn.Module):
@@ -92,6 +96,21 @@ class ParallelModule(torch.nn.Module):
         self.groups = self.program.groups
         register_for_clipping([(f, p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
         check_optimizer_steps()
+
+    def __deepcopy__(self, memo: dict) -> "ParallelModule":
+        """A ParallelModule with its own copies of this rank's parameter and buffer shards (ties kept) and of
+        nn.Module's state (hooks, modes), sharing what is read-only: the trace, the plan, the rank programs and
+        the process groups. What `torch.optim.swa_utils.AveragedModel(pm)` and EMA / teacher copies do; the copy
+        runs the same collectives, so make and call it on every rank alike. Its parameters are registered like
+        the original's (global-norm clipping, the optimizer check). Before, deepcopy reached the FakeTensors of
+        the kept trace and raised torch's "Cannot access data pointer" RuntimeError."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = copy.deepcopy(value, memo) if key in _MODULE_STATE else value
+        register_for_clipping([(f, p, new.spec.params[f]) for f, p in new.named_parameters()], new.spec.mesh,
+                              new.groups)
+        return new
 
     # -- state ---------------------------------------------------------------------------------------
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,

@@ -100,6 +100,15 @@ class PipelineModule(torch.nn.Module):
                                 "plan without 'pp' (ParallelModule switches programs)")
         return super().train(mode)
 
+    def __deepcopy__(self, memo: dict):
+        """Refused (PipelineError): a copy would need its own schedules and stage-to-stage channels, which
+        deepcopy cannot make (before: torch's "Cannot access data pointer" RuntimeError from the kept trace)."""
+        raise PipelineError("copy.deepcopy(PipelineModule) (e.g. torch.optim.swa_utils.AveragedModel or an EMA "
+                            "teacher): a pipeline's copy would need its own schedules and channels between stages. "
+                            "Remedy: keep the average of the local parameters yourself (ema = [p.detach().clone() "
+                            "for p in pm.parameters()], then ema_p.lerp_(p, 1 - decay) after each step), or a plan "
+                            "without 'pp', whose ParallelModule can be deep-copied")
+
     def forward(self, *args, **kwargs):
         raise PipelineError("PipelineModule: a pipeline plan runs forward and backward together over its "
                             f"{self.run.microbatches} microbatches. Remedy: loss = pm.step(*inputs, target=..., "

@@ -357,3 +357,33 @@ def input_gradients(rank: int, world_size: int, specs: dict) -> dict:
             grads.append((xi.grad, s.weight.grad))
         out[name] = (_diff(grads[0][0], grads[1][0]), _diff(grads[0][1], grads[1][1]))
     return out
+
+
+def averaged_copies(rank: int, world_size: int, specs: dict) -> dict:
+    """torch.optim.swa_utils.AveragedModel(pm) (an EMA, decay 0.9) over 3 SGD steps, against the same on the
+    eager model: {spec: (max |diff| of the EMA model's outputs, whether the copy's shards are separate
+    tensors from pm's, max |diff| of clip_grad_norm_'s total on the copy vs eager's)}."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from parallelizer import zoo
+
+    out = {}
+    for name, spec in specs.items():
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        results = []
+        for m in (pm, reference):
+            ema = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(3):
+                opt.zero_grad()
+                m(x).pow(2).mean().backward()
+                opt.step()
+                ema.update_parameters(m)
+            ema.module(x).pow(2).mean().backward()
+            total = torch.nn.utils.clip_grad_norm_(ema.module.parameters(), 1e9)
+            results.append((ema(x).detach(), total, ema.module))
+        separate = all(p.data_ptr() != q.data_ptr() for p, q in zip(pm.parameters(), results[0][2].parameters()))
+        out[name] = (_diff(results[0][0], results[1][0]), separate, _diff(results[0][1], results[1][1]))
+    return out

@@ -174,3 +174,13 @@ def test_a_pipeline_step_refuses_inputs_or_a_target_that_require_grad():
         _refuse_input_gradients(traced, [plain[0], plain[1].requires_grad_()], None)
     with pytest.raises(PipelineError, match="target require"):
         _refuse_input_gradients(traced, plain[:1] + [torch.zeros(4, 3, 8)], torch.zeros(4, requires_grad=True))
+
+
+def test_a_pipeline_module_refuses_deepcopy_with_a_remedy():
+    """copy.deepcopy of a PipelineModule (AveragedModel, EMA teachers) cannot copy its schedules: a typed
+    PipelineError naming the remedy, not torch's "Cannot access data pointer" RuntimeError."""
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.pipeline_module import PipelineModule
+
+    with pytest.raises(PipelineError, match="ema_p.lerp_"):
+        copy.deepcopy(PipelineModule.__new__(PipelineModule))
