@@ -74,9 +74,10 @@ def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
     return graph_weighting(traced.graph_module.graph, tuple(traced.input_names))
 
 
-def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWeighting:
+def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str = "own") -> OwnLossWeighting:
     """The weighting of the first output of `graph` (an ATen graph: a traced model, or `make_fx` of a loss_fn),
     whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
+    source: "own" (the model's own loss) or "loss_fn" (a user's loss_fn), for the message.
     Raises StepError as `own_loss_weighting`."""
     first = graph.output_node().args[0]
     node = first[0] if isinstance(first, (tuple, list)) else first
@@ -97,7 +98,10 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
                 aten.sum.default, (g.call_function(aten.ne.Scalar, (v, args.get("ignore_index", -100))),)))
             if program is not None:
                 return OwnLossWeighting("count", program, what)
-        _unknown(what, "a cross-entropy with class weights or a target not made from the inputs alone")
+        if args.get("weight") is not None:
+            _unknown(what, "a cross-entropy with class weights (its mean divides by the sum of the targets' "
+                     "weights, not by their count; e.g. item_count=lambda y: weight[y[y != -100]].sum())", source)
+        _unknown(what, "a cross-entropy whose target is not made from the inputs alone", source)
     if target in _ELEMENT_LOSSES:
         reduction = _normalized(node).get("reduction", _MEAN)
         if reduction in (_MEAN, _SUM):
@@ -114,12 +118,15 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
                          f"({node.args[1].name}) is not a plain sum over all items (e.g. a clamped or offset count "
                          "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
-    _unknown(what, "an op whose per-microbatch item count the graph does not show")
+    _unknown(what, "an op whose per-microbatch item count the graph does not show", source)
 
 
-def _unknown(what: str, why: str):
-    """Raise the StepError of a loss whose per-microbatch count is unknown; its `loss` attribute is `what`."""
-    error = StepError(f"pm.step(loss_fn=None) on a pipeline plan: the model's own loss is {what}, {why}, so the "
+def _unknown(what: str, why: str, source: str = "own"):
+    """Raise the StepError of a loss whose per-microbatch count is unknown; its `loss` attribute is `what`.
+    source: "own" (the model's own loss, loss_fn=None) or "loss_fn" (a user's loss_fn given without item_count)."""
+    whose = ("pm.step(loss_fn=None) on a pipeline plan: the model's own loss is" if source == "own" else
+             "pm.step(loss_fn=..., target=...) without item_count= on a pipeline plan: your loss_fn's loss is")
+    error = StepError(f"{whose} {what}, {why}, so the "
                       "microbatch losses cannot be weighted to give the single-device loss of the batch (a plain "
                       "mean of microbatch means differs when microbatches count different numbers of items). "
                       "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
@@ -212,24 +219,30 @@ def _one(t: torch.Tensor) -> torch.Tensor:
 
 
 def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
-    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on meta
-    tensors: nothing is computed): `outputs` are the model's output leaves of one microbatch (tensors or metas
+    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on fake
+    tensors on the target's device: nothing is computed or allocated): `outputs` are the model's output leaves of one microbatch (tensors or metas
     with .shape / .dtype), `out_spec` their pytree structure, `target` one microbatch's target. The count may
     only depend on the target. None when make_fx cannot trace `loss_fn` (data-dependent Python); StepError
     (as `graph_weighting`) when the graph shows no per-microbatch count."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
-    leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device="meta") for o in outputs]
+    # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,
+    # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
+    # back to labels != -100 (a class-weighted cross-entropy on pp=2 x tp=2: loss 1e-2 off one device)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device=target.device) for o in outputs]
+        fake_target = torch.empty(tuple(target.shape), dtype=target.dtype, device=target.device)
 
     def call(*flat):
         structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
         return loss_fn(structured, flat[-1])
 
     try:
-        gm = make_fx(call, tracing_mode="fake")(*leaves, target.to("meta"))
+        gm = make_fx(call, tracing_mode="fake")(*leaves, fake_target)
     except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    return graph_weighting(gm.graph, (names[-1],))
+    return graph_weighting(gm.graph, (names[-1],), "loss_fn")
 
 
 class ChunkCount:

@@ -137,3 +137,52 @@ def test_a_clamped_count_would_not_give_the_batch_loss():
     parts = [(model(i, y), (y != -100).sum().clamp(min=1)) for i, y in zip(ids.tensor_split(M), labels.tensor_split(M))]
     weighted = sum(p * c for p, c in parts) / sum(c for _, c in parts)
     assert abs(float((weighted - full).detach())) > 1e-3
+
+
+def test_a_loss_fn_holding_a_cpu_tensor_is_weighted_by_its_graph_not_guessed():
+    """trial6a: a loss_fn that holds a tensor of its own (here a logit bias; class weights alike) was traced by
+    make_fx on meta tensors, which fails when the meta logits meet that CPU tensor, and the step then counted
+    labels != -100 per microbatch without a word. For a shifted loss that weighting is not one device's (checked
+    here against the loss of the whole batch computed directly); traced on fake CPU tensors, the graph's shifted
+    count is read and the weighted microbatch losses equal the batch loss."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    bias = torch.linspace(-1.0, 1.0, V)
+
+    def shifted_with_bias(out, y):
+        return F.cross_entropy((out["logits"] + bias)[:, :-1].flatten(0, 1), y[:, 1:].flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    labels[2, 0] = -100  # counted by labels != -100, not by the shifted loss
+    labels[1, 1:] = -100
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(shifted_with_bias, [TensorMeta((B // M, T, V), torch.float32)], spec,
+                                  labels[:B // M])
+    assert weighting is not None and weighting.kind == "count", weighting  # before: None (make_fx failed)
+    count = ChunkCount(weighting, M, B // M)
+    parts = [shifted_with_bias({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), shifted_with_bias({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+
+
+def test_a_class_weighted_loss_fn_is_refused_with_its_own_remedy():
+    """trial6a: a class-weighted cross-entropy as loss_fn on a pipeline trained 1e-2 off one device (pp=2 x tp=2,
+    trial/weighted_ce_pipeline.py): its mean divides by the sum of the targets' weights, which labels != -100
+    does not give. Now a StepError that speaks of the loss_fn (not of the model's own loss) and names the
+    weighted count as the remedy."""
+    from parallelizer.runtime.loss_weight import loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    weight = torch.linspace(0.5, 1.5, V)
+
+    def weighted(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten(), weight=weight)
+
+    _, labels = _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": torch.zeros(1)})[1]
+    with pytest.raises(StepError, match="class weights") as info:
+        loss_fn_weighting(weighted, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert "your loss_fn's loss" in str(info.value) and "loss_fn=None" not in str(info.value)
+    assert "weight[y[y != -100]].sum()" in str(info.value)
