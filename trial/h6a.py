@@ -61,7 +61,7 @@ class Stack(nn.Module):
         x = self.emb(ids)
         mask = None
         if pad is not None:  # (B, T) bool keep -> (B, 1, T, T) attention mask, causal
-            causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+            causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool, device=ids.device).tril()
             mask = pad[:, None, None, :] & causal
         for b in self.blocks:
             x = b(x, mask) if mask is not None else b(x)
@@ -313,3 +313,45 @@ def ce_seqmean_first(out, y):  # mean over tokens per sample then mean over samp
 def ce_max(out, y):
     per = F.cross_entropy(_lg(out).flatten(0, 1), y.flatten(), reduction="none")
     return per.max()
+
+
+def cli_stack(batch: int = 8, seq_len: int = 8, block: str = "attn", n: int = 4, tied: int = 1, device="cpu"):
+    """CLI factory: the attention stack with a padding mask as a second input, loss computed inside (labels=)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = OwnLossStack(block, n, bool(tied))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, V, (batch, seq_len), generator=g)
+    pad = torch.ones(batch, seq_len, dtype=torch.bool)
+    pad[1 % batch, seq_len // 2:] = False
+    y = labels_of(ids, True) if batch >= 8 else labels_of(ids, False)
+    return m, (ids.to(device), pad.to(device)), {"labels": y.to(device)}
+
+
+class OwnLossStack(Stack):
+    def forward(self, ids, pad, labels):
+        logits = super().forward(ids, pad)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def cli_llama(batch: int = 8, seq_len: int = 8, device="cpu"):
+    m, (ids,), kw = zoo.llama(num_hidden_layers=4, hidden_size=32, intermediate_size=64, vocab_size=128,
+                              batch=batch, seq_len=seq_len, labels=True, device=device)
+    return m, (ids,), kw
+
+
+def ce_sum_div_numel(out, y):  # "sum then divide by the batch's element count": a mean written by hand
+    return F.cross_entropy(_lg(out).flatten(0, 1), y.flatten(), reduction="sum") / y.numel()
+
+
+def ce_sum_div_batch(out, y):  # "per-sample loss summed, divided by the batch size"
+    return F.cross_entropy(_lg(out).flatten(0, 1), y.flatten(), reduction="sum") / y.shape[0]
+
+
+def sq_sum_div_len(out, y):
+    return _lg(out).pow(2).sum() / len(y)
+
+
+def kl_mean0_sum(out, y):  # per-dim terms averaged over the batch, then summed over dims
+    lp = F.log_softmax(_lg(out), -1)
+    return (-(lp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1))).mean(0).sum()

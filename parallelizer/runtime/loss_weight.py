@@ -242,7 +242,70 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    return graph_weighting(gm.graph, (names[-1],), "loss_fn")
+    weighting = graph_weighting(gm.graph, (names[-1],), "loss_fn")
+    _check_scales_fixed(make_fx, call, gm, leaves, target, weighting.what)
+    return weighting
+
+
+def _check_scales_fixed(make_fx, call, gm: torch.fx.GraphModule, leaves: list, target: torch.Tensor, what: str):
+    """Raise StepError when a number that scales the loss (what `graph_weighting` skips as a constant factor)
+    changes with the microbatch size: `loss.sum() / y.numel()`, `/ y.shape[0]`, `/ len(y)` are per-microbatch
+    normalizers, and the weighting of the scaled op (weight 1 per microbatch for a sum) then adds up m times one
+    device's loss (pp=2 x tp=2, 4 microbatches: loss 4x, gradients 1.5 off). Found by tracing loss_fn again on
+    twice the batch (dim 0 of every output and of the target; 0-d outputs kept); nothing when that trace fails."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not target.dim():
+        return
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        doubled = [torch.empty((2 * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device) if t.dim() else
+                   torch.empty((), dtype=t.dtype, device=t.device) for t in leaves]
+        fake_target = torch.empty((2 * target.shape[0], *target.shape[1:]), dtype=target.dtype, device=target.device)
+    try:
+        gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
+    except Exception:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch: cannot tell, keep
+        return
+    (one, base), (two, base2) = _scale_chain(gm.graph), _scale_chain(gm2.graph)
+    items, items2 = _reduced_numel(base), _reduced_numel(base2)
+    if items is not None and items2 is not None and items2 != 2 * items:
+        _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
+                 "terms do not grow with the batch (e.g. `x.mean(0).sum()`, `x.sum(0).mean()`: a mean or sum over the "
+                 "batch dim before the final reduction), so the microbatch values do not add up to one device's "
+                 "(pp=2 x tp=2, 8 microbatches: `.mean(0).sum()` gave a loss 270 off). Write the loss as a reduction "
+                 "over per-item terms (e.g. `.sum(-1).mean()`)", "loss_fn")
+    if one != two:
+        _unknown(what, f"scaled by numbers that change with the microbatch size ({one} on this microbatch, {two} on "
+                 "twice its batch: e.g. `/ y.numel()`, `/ y.shape[0]`, `/ len(y)`), a per-microbatch normalizer "
+                 "whose microbatch values do not add up to one device's (write the mean as reduction='mean' / "
+                 ".mean(), or divide by a fixed number)", "loss_fn")
+
+
+def _scale_chain(graph: torch.fx.Graph) -> list:
+    """The Python numbers that `graph_weighting` skips as constant factors on the way from the loss output."""
+    first = graph.output_node().args[0]
+    node = first[0] if isinstance(first, (tuple, list)) else first
+    numbers = []
+    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
+        if _by_constant(node):
+            numbers.append((node.target.__name__, node.args[1]))
+        node = node.args[0]
+    return numbers, node
+
+
+def _reduced_numel(node: torch.fx.Node) -> int | None:
+    """The number of elements the loss op `node` reduces (its first input; for a quotient, its numerator's),
+    or None for another op (graph_weighting has already accepted or refused it)."""
+    if node.op != "call_function":
+        return None
+    if node.target == aten.div.Tensor and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+        while node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
+            node = node.args[0]
+    reduces = _CLASS_LOSSES | _ELEMENT_LOSSES | {aten.mean.default, aten.mean.dim, aten.sum.default,
+                                                 aten.sum.dim_IntList}
+    if node.op != "call_function" or node.target not in reduces or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    val = node.args[0].meta.get("val")
+    return val.numel() if isinstance(val, torch.Tensor) else None
 
 
 class ChunkCount:

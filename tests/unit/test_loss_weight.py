@@ -186,3 +186,63 @@ def test_a_class_weighted_loss_fn_is_refused_with_its_own_remedy():
         loss_fn_weighting(weighted, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
     assert "your loss_fn's loss" in str(info.value) and "loss_fn=None" not in str(info.value)
     assert "weight[y[y != -100]].sum()" in str(info.value)
+
+
+def test_a_loss_fn_normalised_by_the_microbatch_size_is_refused():
+    """trial6a: `F.cross_entropy(..., reduction="sum") / y.shape[0]` (or `/ y.numel()`, `/ len(y)`) as loss_fn on
+    a pipeline: the division was skipped as a constant factor, the sum weighted 1 per microbatch, and the step
+    returned m times one device's loss (pp=2 x tp=2, 4 microbatches: loss 69 off, gradients 1.5). The weighting
+    is now refused (StepError naming the changing numbers); a fixed factor (x 2.0) is still read as before and
+    its weighted microbatch losses equal the whole batch's loss (computed directly here)."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def per_sample(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten(), reduction="sum") / y.shape[0]
+
+    def doubled(out, y):
+        return 2.0 * F.cross_entropy(out["logits"].flatten(0, 1), y.flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    metas = [TensorMeta((B // M, T, V), torch.float32)]
+    summed = sum(per_sample({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M)))
+    assert abs(float(summed - per_sample({"logits": logits}, labels))) > 1.0  # weight 1 each: M x too large
+    with pytest.raises(StepError, match="change with the microbatch size"):
+        loss_fn_weighting(per_sample, metas, spec, labels[:B // M])
+    weighting = loss_fn_weighting(doubled, metas, spec, labels[:B // M])
+    count = ChunkCount(weighting, M, B // M)
+    parts = [doubled({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), doubled({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+
+
+def test_a_loss_fn_reducing_over_the_batch_before_its_final_sum_is_refused():
+    """trial6a: `nll.mean(0).sum()` as loss_fn on a pipeline (pp=2 x tp=2, 8 microbatches): the final sum was
+    weighted 1 per microbatch, but its terms are batch means, so the step returned about m times one device's loss
+    (270 off). Checked here directly: the sum of the microbatch values is not the whole batch's; the weighting
+    is now refused. A reduction over per-item terms (`.sum(-1).mean()`) is still accepted and matches."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def batch_mean_then_sum(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.clamp(min=0).flatten(), reduction="none") \
+            .view(y.shape).mean(0).sum()
+
+    def per_item(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.clamp(min=0).flatten(), reduction="none") \
+            .view(y.shape).sum(-1).mean()
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    metas = [TensorMeta((B // M, T, V), torch.float32)]
+    summed = sum(batch_mean_then_sum({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M)))
+    assert abs(float(summed - batch_mean_then_sum({"logits": logits}, labels))) > 1.0
+    with pytest.raises(StepError, match="do not grow with the batch"):
+        loss_fn_weighting(batch_mean_then_sum, metas, spec, labels[:B // M])
+    count = ChunkCount(loss_fn_weighting(per_item, metas, spec, labels[:B // M]), M, B // M)
+    parts = [per_item({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), per_item({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
