@@ -97,6 +97,9 @@ def build(spec):
             pad[4, 2:] = False
             args = (ids, pad)
         return m, args, {}
+    if kind.startswith("own_"):
+        m = OwnNormStack(kind[4:])
+        return m, (torch.randint(0, V, (B, T), generator=g),), {}
     if kind == "gpt2":
         m, (ids,) = zoo.gpt2(n_layer=4, n_embd=32, n_head=4, vocab_size=128, batch=B, seq_len=T,
                              dropout=spec.get("p", 0.0))
@@ -183,7 +186,8 @@ def _case(rank, world, spec):
         for a in range(accum):
             if own:
                 loss = pm.step(*args, labels=labels, **kwargs)
-                rl = ref(*args, labels=labels, **kwargs).loss
+                rl = ref(*args, labels=labels, **kwargs)
+                rl = rl.loss if hasattr(rl, "loss") else rl
             else:
                 lf = globals()[spec.get("loss", "ce")]
                 extra = {"item_count": spec["item_count"]} if "item_count" in spec else {}
@@ -355,3 +359,18 @@ def sq_sum_div_len(out, y):
 def kl_mean0_sum(out, y):  # per-dim terms averaged over the batch, then summed over dims
     lp = F.log_softmax(_lg(out), -1)
     return (-(lp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1))).mean(0).sum()
+
+
+class OwnNormStack(Stack):
+    """The model's own loss, normalised by the batch size (`kind` "div_batch") or a batch mean then sum."""
+
+    def __init__(self, kind):
+        super().__init__("mlp", 4)
+        self.kind = kind
+
+    def forward(self, ids, labels):
+        lg = super().forward(ids)
+        if self.kind == "div_batch":
+            return F.cross_entropy(lg.flatten(0, 1), labels.flatten(), reduction="sum") / ids.shape[0]
+        per = F.cross_entropy(lg.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(labels.shape)
+        return per.mean(0).sum()
