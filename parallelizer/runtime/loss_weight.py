@@ -74,9 +74,10 @@ def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
     return graph_weighting(traced.graph_module.graph, tuple(traced.input_names))
 
 
-def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWeighting:
+def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str = "own") -> OwnLossWeighting:
     """The weighting of the first output of `graph` (an ATen graph: a traced model, or `make_fx` of a loss_fn),
     whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
+    source: "own" (the model's own loss) or "loss_fn" (a user's loss_fn), for the message.
     Raises StepError as `own_loss_weighting`."""
     first = graph.output_node().args[0]
     node = first[0] if isinstance(first, (tuple, list)) else first
@@ -97,7 +98,10 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
                 aten.sum.default, (g.call_function(aten.ne.Scalar, (v, args.get("ignore_index", -100))),)))
             if program is not None:
                 return OwnLossWeighting("count", program, what)
-        _unknown(what, "a cross-entropy with class weights or a target not made from the inputs alone")
+        if args.get("weight") is not None:
+            _unknown(what, "a cross-entropy with class weights (its mean divides by the sum of the targets' "
+                     "weights, not by their count; e.g. item_count=lambda y: weight[y[y != -100]].sum())", source)
+        _unknown(what, "a cross-entropy whose target is not made from the inputs alone", source)
     if target in _ELEMENT_LOSSES:
         reduction = _normalized(node).get("reduction", _MEAN)
         if reduction in (_MEAN, _SUM):
@@ -114,12 +118,15 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...]) -> OwnLossWe
                          f"({node.args[1].name}) is not a plain sum over all items (e.g. a clamped or offset count "
                          "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
-    _unknown(what, "an op whose per-microbatch item count the graph does not show")
+    _unknown(what, "an op whose per-microbatch item count the graph does not show", source)
 
 
-def _unknown(what: str, why: str):
-    """Raise the StepError of a loss whose per-microbatch count is unknown; its `loss` attribute is `what`."""
-    error = StepError(f"pm.step(loss_fn=None) on a pipeline plan: the model's own loss is {what}, {why}, so the "
+def _unknown(what: str, why: str, source: str = "own"):
+    """Raise the StepError of a loss whose per-microbatch count is unknown; its `loss` attribute is `what`.
+    source: "own" (the model's own loss, loss_fn=None) or "loss_fn" (a user's loss_fn given without item_count)."""
+    whose = ("pm.step(loss_fn=None) on a pipeline plan: the model's own loss is" if source == "own" else
+             "pm.step(loss_fn=..., target=...) without item_count= on a pipeline plan: your loss_fn's loss is")
+    error = StepError(f"{whose} {what}, {why}, so the "
                       "microbatch losses cannot be weighted to give the single-device loss of the batch (a plain "
                       "mean of microbatch means differs when microbatches count different numbers of items). "
                       "Remedy: pass target=<a tensor split like the inputs> and item_count=lambda target_j: <the "
@@ -212,24 +219,93 @@ def _one(t: torch.Tensor) -> torch.Tensor:
 
 
 def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
-    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on meta
-    tensors: nothing is computed): `outputs` are the model's output leaves of one microbatch (tensors or metas
+    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on fake
+    tensors on the target's device: nothing is computed or allocated): `outputs` are the model's output leaves of one microbatch (tensors or metas
     with .shape / .dtype), `out_spec` their pytree structure, `target` one microbatch's target. The count may
     only depend on the target. None when make_fx cannot trace `loss_fn` (data-dependent Python); StepError
     (as `graph_weighting`) when the graph shows no per-microbatch count."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
-    leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device="meta") for o in outputs]
+    # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,
+    # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
+    # back to labels != -100 (a class-weighted cross-entropy on pp=2 x tp=2: loss 1e-2 off one device)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device=target.device) for o in outputs]
+        fake_target = torch.empty(tuple(target.shape), dtype=target.dtype, device=target.device)
 
     def call(*flat):
         structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
         return loss_fn(structured, flat[-1])
 
     try:
-        gm = make_fx(call, tracing_mode="fake")(*leaves, target.to("meta"))
+        gm = make_fx(call, tracing_mode="fake")(*leaves, fake_target)
     except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    return graph_weighting(gm.graph, (names[-1],))
+    weighting = graph_weighting(gm.graph, (names[-1],), "loss_fn")
+    _check_scales_fixed(make_fx, call, gm, leaves, target, weighting.what)
+    return weighting
+
+
+def _check_scales_fixed(make_fx, call, gm: torch.fx.GraphModule, leaves: list, target: torch.Tensor, what: str):
+    """Raise StepError when a number that scales the loss (what `graph_weighting` skips as a constant factor)
+    changes with the microbatch size: `loss.sum() / y.numel()`, `/ y.shape[0]`, `/ len(y)` are per-microbatch
+    normalizers, and the weighting of the scaled op (weight 1 per microbatch for a sum) then adds up m times one
+    device's loss (pp=2 x tp=2, 4 microbatches: loss 4x, gradients 1.5 off). Found by tracing loss_fn again on
+    twice the batch (dim 0 of every output and of the target; 0-d outputs kept); nothing when that trace fails."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not target.dim():
+        return
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        doubled = [torch.empty((2 * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device) if t.dim() else
+                   torch.empty((), dtype=t.dtype, device=t.device) for t in leaves]
+        fake_target = torch.empty((2 * target.shape[0], *target.shape[1:]), dtype=target.dtype, device=target.device)
+    try:
+        gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
+    except Exception:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch: cannot tell, keep
+        return
+    (one, base), (two, base2) = _scale_chain(gm.graph), _scale_chain(gm2.graph)
+    items, items2 = _reduced_numel(base), _reduced_numel(base2)
+    if items is not None and items2 is not None and items2 != 2 * items:
+        _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
+                 "terms do not grow with the batch (e.g. `x.mean(0).sum()`, `x.sum(0).mean()`: a mean or sum over the "
+                 "batch dim before the final reduction), so the microbatch values do not add up to one device's "
+                 "(pp=2 x tp=2, 8 microbatches: `.mean(0).sum()` gave a loss 270 off). Write the loss as a reduction "
+                 "over per-item terms (e.g. `.sum(-1).mean()`)", "loss_fn")
+    if one != two:
+        _unknown(what, f"scaled by numbers that change with the microbatch size ({one} on this microbatch, {two} on "
+                 "twice its batch: e.g. `/ y.numel()`, `/ y.shape[0]`, `/ len(y)`), a per-microbatch normalizer "
+                 "whose microbatch values do not add up to one device's (write the mean as reduction='mean' / "
+                 ".mean(), or divide by a fixed number)", "loss_fn")
+
+
+def _scale_chain(graph: torch.fx.Graph) -> list:
+    """The Python numbers that `graph_weighting` skips as constant factors on the way from the loss output."""
+    first = graph.output_node().args[0]
+    node = first[0] if isinstance(first, (tuple, list)) else first
+    numbers = []
+    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
+        if _by_constant(node):
+            numbers.append((node.target.__name__, node.args[1]))
+        node = node.args[0]
+    return numbers, node
+
+
+def _reduced_numel(node: torch.fx.Node) -> int | None:
+    """The number of elements the loss op `node` reduces (its first input; for a quotient, its numerator's),
+    or None for another op (graph_weighting has already accepted or refused it)."""
+    if node.op != "call_function":
+        return None
+    if node.target == aten.div.Tensor and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+        while node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
+            node = node.args[0]
+    reduces = _CLASS_LOSSES | _ELEMENT_LOSSES | {aten.mean.default, aten.mean.dim, aten.sum.default,
+                                                 aten.sum.dim_IntList}
+    if node.op != "call_function" or node.target not in reduces or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    val = node.args[0].meta.get("val")
+    return val.numel() if isinstance(val, torch.Tensor) else None
 
 
 class ChunkCount:

@@ -131,8 +131,8 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     reads = ("each tensor as a whole (e.g. factored moments, norms, orthogonalisation)" if kind == TENSOR else
              "all its tensors together (e.g. one flat search direction and line search)")
     raise OptimizerError(
-        f"{cls.__name__}.step() on the local shards of a ParallelModule: it updates {reads}, so on this rank's "
-        f"pieces it computes other numbers than on one device; {where}. Remedy: an elementwise optimizer "
+        f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it updates {reads}, so on them it "
+        f"computes other numbers than on one device; {where}. Remedy: an elementwise optimizer "
         "(torch.optim.AdamW, Adam, SGD, RMSprop, ...), or a plan that keeps whole tensors on every rank for the "
         "parameters it steps: data parallel without sharding (axis_roles={'dp': 'ddp'})"
         + (", without pipeline stages" if kind == COUPLED else " (pipeline stages are fine)"),

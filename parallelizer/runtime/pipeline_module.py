@@ -236,6 +236,12 @@ class PipelineModule(torch.nn.Module):
             torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
             metas = [self.traced.node(n).outputs[0] for n in names]
             weighting = loss_fn_weighting(loss_fn, metas, self.traced.exported.call_spec.out_spec, target[:chunk])
+            if weighting is None:  # not silent: count_items is right only for a plain mean over the labels
+                warnings.warn(f"PipelineModule.step: could not trace loss_fn {getattr(loss_fn, '__name__', loss_fn)!r} "
+                              "(make_fx) to read what its mean averages over, so each microbatch is weighted by "
+                              "count_items(target_j) (labels != -100 for integer targets, elements for float ones). "
+                              "That gives one device's loss only for an unweighted mean over those items. Remedy: "
+                              "pass item_count=lambda target_j: <the items loss_fn averages over>", stacklevel=3)
             self._fn_count = (key, count_items if weighting is None else
                               ChunkCount(weighting, self.run.microbatches, chunk))
         return self._fn_count[1]

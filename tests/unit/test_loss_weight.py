@@ -70,7 +70,7 @@ def test_weighted_microbatch_losses_equal_the_batch_loss(kind):
 
 @pytest.mark.parametrize("kind", ["weighted", "max", "clamped", "offset", "aux"])
 def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
-    """clamped / offset (`/ mask.sum().clamp(min=1)`, `/ (mask.sum() + 1)`): weighing microbatch j by its own
+    """Clamped / offset (`/ mask.sum().clamp(min=1)`, `/ (mask.sum() + 1)`): weighing microbatch j by its own
     b_j gives sum_j S_j / sum_j b_j, not the batch's S / b(batch) (a microbatch without items has b_j = 1);
     before, they were weighted as counts and trained on another loss than one device (trial3a)."""
     ids, labels = _batch()
@@ -80,7 +80,7 @@ def test_a_loss_without_a_known_count_raises_with_the_remedy(kind):
 
 
 def test_the_remedy_says_a_batch_level_term_is_not_one_devices_value():
-    """cross-entropy + a load-balancing term (a product of means over the batch, as Mixtral's router aux loss):
+    """Cross-entropy + a load-balancing term (a product of means over the batch, as Mixtral's router aux loss):
     its n_j / N-weighted microbatch values (what the remedy's item_count gives) differ from the whole batch's,
     while the cross-entropy part alone agrees; the StepError's remedy says so instead of promising one device's
     loss (trial4a: Mixtral on pp=2 x dp=2 followed the remedy to a loss 8e-6 and gradients 234x the bound off)."""
@@ -98,7 +98,7 @@ def test_the_remedy_says_a_batch_level_term_is_not_one_devices_value():
 
 
 def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():
-    """loss_fn with a target: the count is read from loss_fn's graph (shifted labels), not labels != -100."""
+    """Loss_fn with a target: the count is read from loss_fn's graph (shifted labels), not labels != -100."""
     from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
     from parallelizer.tracer.graph import TensorMeta
 
@@ -137,3 +137,111 @@ def test_a_clamped_count_would_not_give_the_batch_loss():
     parts = [(model(i, y), (y != -100).sum().clamp(min=1)) for i, y in zip(ids.tensor_split(M), labels.tensor_split(M))]
     weighted = sum(p * c for p, c in parts) / sum(c for _, c in parts)
     assert abs(float((weighted - full).detach())) > 1e-3
+
+
+def test_a_loss_fn_holding_a_cpu_tensor_is_weighted_by_its_graph_not_guessed():
+    """A loss_fn that holds a tensor of its own (here a logit bias; class weights alike) was traced by
+    make_fx on meta tensors, which fails when the meta logits meet that CPU tensor, and the step then counted
+    labels != -100 per microbatch without a word. For a shifted loss that weighting is not one device's (checked
+    here against the loss of the whole batch computed directly); traced on fake CPU tensors, the graph's shifted
+    count is read and the weighted microbatch losses equal the batch loss."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    bias = torch.linspace(-1.0, 1.0, V)
+
+    def shifted_with_bias(out, y):
+        return F.cross_entropy((out["logits"] + bias)[:, :-1].flatten(0, 1), y[:, 1:].flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    labels[2, 0] = -100  # counted by labels != -100, not by the shifted loss
+    labels[1, 1:] = -100
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(shifted_with_bias, [TensorMeta((B // M, T, V), torch.float32)], spec,
+                                  labels[:B // M])
+    assert weighting is not None and weighting.kind == "count", weighting  # before: None (make_fx failed)
+    count = ChunkCount(weighting, M, B // M)
+    parts = [shifted_with_bias({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), shifted_with_bias({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+
+
+def test_a_class_weighted_loss_fn_is_refused_with_its_own_remedy():
+    """A class-weighted cross-entropy as loss_fn on a pipeline trained 1e-2 off one device (pp=2 x tp=2): its mean divides by the sum of the targets' weights, which labels != -100
+    does not give. Now a StepError that speaks of the loss_fn (not of the model's own loss) and names the
+    weighted count as the remedy."""
+    from parallelizer.runtime.loss_weight import loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    weight = torch.linspace(0.5, 1.5, V)
+
+    def weighted(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten(), weight=weight)
+
+    _, labels = _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": torch.zeros(1)})[1]
+    with pytest.raises(StepError, match="class weights") as info:
+        loss_fn_weighting(weighted, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert "your loss_fn's loss" in str(info.value) and "loss_fn=None" not in str(info.value)
+    assert "weight[y[y != -100]].sum()" in str(info.value)
+
+
+def test_a_loss_fn_normalised_by_the_microbatch_size_is_refused():
+    """`F.cross_entropy(..., reduction="sum") / y.shape[0]` (or `/ y.numel()`, `/ len(y)`) as loss_fn on
+    a pipeline: the division was skipped as a constant factor, the sum weighted 1 per microbatch, and the step
+    returned m times one device's loss (pp=2 x tp=2, 4 microbatches: loss 69 off, gradients 1.5). The weighting
+    is now refused (StepError naming the changing numbers); a fixed factor (x 2.0) is still read as before and
+    its weighted microbatch losses equal the whole batch's loss (computed directly here)."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def per_sample(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten(), reduction="sum") / y.shape[0]
+
+    def doubled(out, y):
+        return 2.0 * F.cross_entropy(out["logits"].flatten(0, 1), y.flatten())
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    metas = [TensorMeta((B // M, T, V), torch.float32)]
+    summed = sum(per_sample({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M)))
+    assert abs(float(summed - per_sample({"logits": logits}, labels))) > 1.0  # weight 1 each: M x too large
+    with pytest.raises(StepError, match="change with the microbatch size"):
+        loss_fn_weighting(per_sample, metas, spec, labels[:B // M])
+    weighting = loss_fn_weighting(doubled, metas, spec, labels[:B // M])
+    count = ChunkCount(weighting, M, B // M)
+    parts = [doubled({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), doubled({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+
+
+def test_a_loss_fn_reducing_over_the_batch_before_its_final_sum_is_refused():
+    """`nll.mean(0).sum()` as loss_fn on a pipeline (pp=2 x tp=2, 8 microbatches): the final sum was
+    weighted 1 per microbatch, but its terms are batch means, so the step returned about m times one device's loss
+    (270 off). Checked here directly: the sum of the microbatch values is not the whole batch's; the weighting
+    is now refused. A reduction over per-item terms (`.sum(-1).mean()`) is still accepted and matches."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def batch_mean_then_sum(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.clamp(min=0).flatten(), reduction="none") \
+            .view(y.shape).mean(0).sum()
+
+    def per_item(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.clamp(min=0).flatten(), reduction="none") \
+            .view(y.shape).sum(-1).mean()
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    metas = [TensorMeta((B // M, T, V), torch.float32)]
+    summed = sum(batch_mean_then_sum({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M)))
+    assert abs(float(summed - batch_mean_then_sum({"logits": logits}, labels))) > 1.0
+    with pytest.raises(StepError, match="do not grow with the batch"):
+        loss_fn_weighting(batch_mean_then_sum, metas, spec, labels[:B // M])
+    count = ChunkCount(loss_fn_weighting(per_item, metas, spec, labels[:B // M]), M, B // M)
+    parts = [per_item({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), per_item({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
