@@ -220,10 +220,11 @@ def _one(t: torch.Tensor) -> torch.Tensor:
 
 def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
     """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on fake
-    tensors on the target's device: nothing is computed or allocated): `outputs` are the model's output leaves of one microbatch (tensors or metas
-    with .shape / .dtype), `out_spec` their pytree structure, `target` one microbatch's target. The count may
-    only depend on the target. None when make_fx cannot trace `loss_fn` (data-dependent Python); StepError
-    (as `graph_weighting`) when the graph shows no per-microbatch count."""
+    tensors on the target's device: nothing is computed or allocated): `outputs` are the model's output
+    leaves of one microbatch (tensors or metas with .shape / .dtype), `out_spec` their pytree structure,
+    `target` one microbatch's target. The count may only depend on the target. None when make_fx cannot trace
+    `loss_fn` (data-dependent Python); StepError (as `graph_weighting`) when the graph shows no per-microbatch
+    count, or when a scale or reduction changes with the microbatch size (`_check_scales_fixed`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,

@@ -3,8 +3,10 @@
 It keeps nn.Module's contract (DESIGN.md rule 10):
 - `parameters()` are the local shards: an optimizer that updates each element on its own (SGD, Adam, AdamW,
   ...) steps on them as on one device; one that reads whole tensors (Adafactor, Muon) or all its tensors
-  together (LBFGS) is refused on shards with an OptimizerError (`runtime.optimizer_check`); `forward` takes the same inputs
-  as the original model (global tensors: each rank slices what it needs) and returns the same structure;
+  together (LBFGS) is refused on shards with an OptimizerError (`runtime.optimizer_check`);
+- `forward` takes the same inputs as the original model (global tensors: each rank slices what it needs)
+  and returns the same structure; an input that requires grad gets one device's gradient;
+- `copy.deepcopy(pm)` copies the local shards and shares the trace and programs (`AveragedModel`, EMA);
 - `named_parameters()`, `state_dict()` and `named_buffers()` use the model's own names: tied aliases appear
   in `state_dict()` as in the model's, non-persistent buffers (a rotary `inv_freq`) and tensors created in
   forward are not in it; values are this rank's local shards;

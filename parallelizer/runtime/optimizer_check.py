@@ -28,6 +28,7 @@ import warnings
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..core.layout import Shard
 from ..errors import OptimizerError
 from .grad_norm import owner_of
 
@@ -140,5 +141,5 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
 
 
 def _is_sharded(layout, mesh) -> bool:
-    return any(isinstance(p, torch.distributed.tensor.placement_types.Shard) and size > 1
+    return any(isinstance(p, Shard) and size > 1
                for p, size in zip(layout.placements, mesh.shape))
