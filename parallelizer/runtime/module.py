@@ -28,6 +28,7 @@ full tensor on every rank: for small models; `parallelizer.checkpoint` saves and
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -51,6 +52,7 @@ from .step import LossFn, check_loss_source, compute_loss
 
 # nn.Module's own per-instance state (parameters, buffers, submodules, hooks, mode): copied by __deepcopy__
 _MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+_NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
 class ParallelModule(torch.nn.Module):
@@ -230,6 +232,20 @@ class ParallelModule(torch.nn.Module):
         return loss.detach()
 
     # -- gradients -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DistributedDataParallel's `no_sync()`, for training loops written for DDP: gradient accumulation over
+        several backward passes gives the same `.grad` as DDP's (the sum over the passes, every rank alike).
+        The gradients are still synchronised in each backward here (one sync per pass, not one per step: more
+        communication, the same values), which a warning says once per process. Deferring it would need the
+        backward after the block to fold in what was accumulated, which this module does not see."""
+        if not _NO_SYNC_WARNED:
+            _NO_SYNC_WARNED.append(True)
+            warnings.warn("ParallelModule.no_sync(): gradients are still synchronised in every backward (the same "
+                          "accumulated values as DDP's no_sync, more communication); pm.step on a pipeline plan "
+                          "syncs once per step", stacklevel=3)
+        yield
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                         foreach: bool | None = None) -> torch.Tensor:
         """`torch.nn.utils.clip_grad_norm_` over the GLOBAL gradient (collective: call on every rank).

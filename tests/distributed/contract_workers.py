@@ -5,6 +5,7 @@ Functions return plain values (numbers, booleans, messages) so that the test ass
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -386,4 +387,26 @@ def averaged_copies(rank: int, world_size: int, specs: dict) -> dict:
             results.append((ema(x).detach(), total, ema.module))
         separate = all(p.data_ptr() != q.data_ptr() for p, q in zip(pm.parameters(), results[0][2].parameters()))
         out[name] = (_diff(results[0][0], results[1][0]), separate, _diff(results[0][1], results[1][1]))
+    return out
+
+
+def accumulation_under_no_sync(rank: int, world_size: int, specs: dict) -> dict:
+    """A DDP training loop: two backward passes under `pm.no_sync()` and a third outside, then one step:
+    {spec: max |diff| of this rank's gradient shards to eager's accumulated gradients}."""
+    from parallelizer import zoo
+
+    out = {}
+    for name, spec in specs.items():
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        for k in range(3):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                context = pm.no_sync() if k < 2 else contextlib.nullcontext()
+                with context:
+                    (pm(x) * (k + 1)).pow(2).mean().backward()
+            (reference(x) * (k + 1)).pow(2).mean().backward()
+        out[name] = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
+                        for f, p in pm.named_parameters())
     return out

@@ -18,6 +18,7 @@ the eager model on one device:
 10. gradients reach pm's inputs: a trainable module in front of pm gets eager's gradient (tp=2, fsdp, ddp).
 11. copy.deepcopy(pm) (AveragedModel's EMA) copies the shards and shares the programs: the EMA model's outputs and
     its global gradient norm equal eager's (tp=2, fsdp).
+12. a DDP loop's `with pm.no_sync():` accumulation gives eager's accumulated gradients (ddp, fsdp).
 """
 import contextlib
 import io
@@ -31,7 +32,8 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, frozen_parameters, hooked_llama,
-                              averaged_copies, input_gradients, optimizers, state_dict_contract, train_eval)
+                              accumulation_under_no_sync, averaged_copies, input_gradients, optimizers,
+                              state_dict_contract, train_eval)
 from launch_once import run_each
 
 pytestmark = pytest.mark.distributed
@@ -67,6 +69,8 @@ def ranks():
                                               "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
         "averaged_copies": (averaged_copies, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
                                               "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP)}),
+        "no_sync": (accumulation_under_no_sync, {"ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP),
+                                                 "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP)}),
     }
     per_rank = spawn(run_each, 2, [(fn, (arg,)) for fn, arg in calls.values()], timeout_s=600)
     return {name: (arg, [r[i] for r in per_rank]) for i, (name, (_, arg)) in enumerate(calls.items())}
@@ -181,3 +185,12 @@ def test_an_averaged_copy_of_pm_tracks_the_single_device_average(ranks):
     for rank_results in ranks["averaged_copies"][1]:
         for spec, (outputs, separate, total) in rank_results.items():
             assert outputs < 1e-5 and separate and total < 1e-4, (spec, outputs, separate, total)
+
+
+def test_a_ddp_loop_accumulating_under_no_sync_gets_the_accumulated_gradient(ranks):
+    """Loops written for DistributedDataParallel accumulate with `with model.no_sync(): loss.backward()`:
+    ParallelModule had no `no_sync` (AttributeError). It now has one that keeps syncing each backward (a
+    warning says so), so two passes inside it and one outside give eager's accumulated gradients."""
+    for rank_results in ranks["no_sync"][1]:
+        for spec, diff in rank_results.items():
+            assert diff < 1e-5, (spec, diff)
