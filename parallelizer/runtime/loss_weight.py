@@ -265,19 +265,37 @@ def _check_scales_fixed(make_fx, call, gm: torch.fx.GraphModule, leaves: list, t
         gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
     except Exception:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch: cannot tell, keep
         return
-    (one, base), (two, base2) = _scale_chain(gm.graph), _scale_chain(gm2.graph)
+    check_batch_scaling(gm.graph, gm2.graph, what, "loss_fn")
+
+
+def needs_batch_check(graph: torch.fx.Graph) -> bool:
+    """Whether the loss of `graph` has a form whose weighting a second trace on twice the batch must confirm
+    (`check_batch_scaling`): a constant factor on the way from the output, or a plain sum / mean as its
+    reduction. A loss op that counts its own items (cross-entropy, mse, ...) unscaled needs none."""
+    numbers, base = _scale_chain(graph)
+    return bool(numbers) or (base.op == "call_function" and base.target in _PLAIN_REDUCTIONS)
+
+
+def check_batch_scaling(graph: torch.fx.Graph, doubled: torch.fx.Graph, what: str, source: str) -> None:
+    """Raise StepError (`source` "own" or "loss_fn", for the message) when the loss of `graph` (one
+    microbatch) and of `doubled` (the same loss traced on twice the batch) show that its microbatch values do
+    not add up to one device's: a number that scales the loss changes with the batch size (`/ y.shape[0]`,
+    `/ y.numel()`, `/ len(y)`: a per-microbatch normalizer, weighted as a sum it gives about m times one
+    device's loss), or the final reduction's terms do not double with the batch (`x.mean(0).sum()`: a
+    reduction over the batch dim first)."""
+    (one, base), (two, base2) = _scale_chain(graph), _scale_chain(doubled)
     items, items2 = _reduced_numel(base), _reduced_numel(base2)
     if items is not None and items2 is not None and items2 != 2 * items:
         _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
                  "terms do not grow with the batch (e.g. `x.mean(0).sum()`, `x.sum(0).mean()`: a mean or sum over the "
                  "batch dim before the final reduction), so the microbatch values do not add up to one device's "
                  "(pp=2 x tp=2, 8 microbatches: `.mean(0).sum()` gave a loss 270 off). Write the loss as a reduction "
-                 "over per-item terms (e.g. `.sum(-1).mean()`)", "loss_fn")
+                 "over per-item terms (e.g. `.sum(-1).mean()`)", source)
     if one != two:
         _unknown(what, f"scaled by numbers that change with the microbatch size ({one} on this microbatch, {two} on "
                  "twice its batch: e.g. `/ y.numel()`, `/ y.shape[0]`, `/ len(y)`), a per-microbatch normalizer "
                  "whose microbatch values do not add up to one device's (write the mean as reduction='mean' / "
-                 ".mean(), or divide by a fixed number)", "loss_fn")
+                 ".mean(), or divide by a fixed number)", source)
 
 
 def _scale_chain(graph: torch.fx.Graph) -> list:
@@ -292,6 +310,9 @@ def _scale_chain(graph: torch.fx.Graph) -> list:
     return numbers, node
 
 
+_PLAIN_REDUCTIONS = {aten.mean.default, aten.mean.dim, aten.sum.default, aten.sum.dim_IntList}
+
+
 def _reduced_numel(node: torch.fx.Node) -> int | None:
     """The number of elements the loss op `node` reduces (its first input; for a quotient, its numerator's),
     or None for another op (graph_weighting has already accepted or refused it)."""
@@ -301,8 +322,7 @@ def _reduced_numel(node: torch.fx.Node) -> int | None:
         node = node.args[0]
         while node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
             node = node.args[0]
-    reduces = _CLASS_LOSSES | _ELEMENT_LOSSES | {aten.mean.default, aten.mean.dim, aten.sum.default,
-                                                 aten.sum.dim_IntList}
+    reduces = _CLASS_LOSSES | _ELEMENT_LOSSES | _PLAIN_REDUCTIONS
     if node.op != "call_function" or node.target not in reduces or not isinstance(node.args[0], torch.fx.Node):
         return None
     val = node.args[0].meta.get("val")

@@ -48,7 +48,9 @@ from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
-from .loss_weight import ChunkCount, OwnLossWeighting, loss_fn_weighting, own_loss_weighting
+from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
+                          own_loss_weighting)
+from .modes import Retracer
 from .loss_weight import batch_target as batch_target_of
 from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
 
@@ -160,8 +162,12 @@ class PipelineModule(torch.nn.Module):
         out_spec = self.traced.exported.call_spec.out_spec
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)
         if loss_fn is None and item_count is count_items:  # the model's own loss: weights from its loss op
-            if self._own_weighting is None:
-                self._own_weighting = own_loss_weighting(self.traced)  # same graph on every rank: raises alike
+            if self._own_weighting is None:  # same graphs on every rank: raises alike
+                self._own_weighting = own_loss_weighting(self.traced)
+                doubled = self._doubled_trace()
+                if doubled is not None:
+                    check_batch_scaling(self.traced.graph_module.graph, doubled.graph_module.graph,
+                                        self._own_weighting.what, "own")
             batch_target, count = batch_target_of(self._own_weighting, flat, self.run.microbatches)
         elif target is None:  # loss_fn on the outputs alone (a mean over fixed-shape outputs): equal weights
             batch_target, count = torch.zeros(flat[0].shape[0]), None  # torch's schedules split a tensor
@@ -178,6 +184,28 @@ class PipelineModule(torch.nn.Module):
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _doubled_trace(self) -> TracedGraph | None:
+        """The model traced again on twice the traced microbatch (inputs of zeros; the skeleton kept when its
+        own loss has a form `loss_weight.check_batch_scaling` must confirm, e.g. `sum / ids.shape[0]`, whose
+        per-microbatch normalizer one trace cannot tell from a constant), or None when not needed or the
+        model does not trace at that batch."""
+        skeleton = self.__dict__.get("_skeleton")
+        if skeleton is None or skeleton.skeleton is None:
+            return None
+        traced, leaves = self.traced, []
+        for name in traced.call_inputs or traced.input_names:
+            if name in traced.constant_inputs:
+                leaves.append(traced.constant_inputs[name])
+                continue
+            meta = traced.node(name).outputs[0]
+            shape = tuple(meta.shape)
+            leaves.append(torch.zeros((2 * shape[0], *shape[1:]) if shape else (), dtype=meta.dtype))
+        args, kwargs = pytree.tree_unflatten(leaves, traced.exported.call_spec.in_spec)
+        try:
+            return skeleton.trace({"": traced.training}, args, kwargs)
+        except Exception:  # noqa: BLE001 - a model that cannot trace at another batch: keep the one-trace weighting
+            return None
 
     def _warn_trusted_count(self) -> None:
         """Once: the model's own loss weighted by the user's item_count although its graph shows no per-microbatch
@@ -351,7 +379,10 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
                 **build_options(pipe.compression))
-    return PipelineModule(run, traced, plan, rank)
+    module = PipelineModule(run, traced, plan, rank)
+    if needs_batch_check(traced.graph_module.graph):  # a storage-free copy to trace the own loss at 2x the batch
+        module.__dict__["_skeleton"] = Retracer.of(model)
+    return module
 
 
 def _refuse_input_gradients(traced: TracedGraph, flat: list[torch.Tensor], target) -> None:

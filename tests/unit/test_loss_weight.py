@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parallelizer.runtime.loss_weight import batch_target, own_loss_weighting
+from parallelizer.runtime.loss_weight import (batch_target, check_batch_scaling, needs_batch_check,
+                                              own_loss_weighting)
 from parallelizer.runtime.step import StepError
 from parallelizer.tracer.trace import trace
 
@@ -40,6 +41,10 @@ class Own(torch.nn.Module):
         if self.kind == "aux":  # cross-entropy + an MoE-style load-balancing term: a product of batch means
             probs = logits.softmax(-1).flatten(0, 1)
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten()) + 0.1 * (probs.mean(0) * probs.mean(0)).sum() * V
+        if self.kind == "per_sequence":  # a sum divided by the batch size (a per-sequence loss)
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / ids.shape[0]
+        if self.kind == "batch_first":  # a mean over the batch dim before the final sum
+            return logits.pow(2).mean(0).sum()
         if self.kind == "weighted":
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), weight=self.head.bias.detach().abs())
         return logits.pow(2).mean(-1).max()  # "max": no per-microbatch count
@@ -245,3 +250,29 @@ def test_a_loss_fn_reducing_over_the_batch_before_its_final_sum_is_refused():
     parts = [per_item({"logits": lg}, y) * (count(y) / count(labels))
              for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
     torch.testing.assert_close(sum(parts), per_item({"logits": logits}, labels), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, refused", [("per_sequence", True), ("batch_first", True), ("sum", False),
+                                           ("mean", False), ("nll", False)])
+def test_a_models_own_loss_normalised_by_its_batch_is_found_by_a_second_trace(kind, refused):
+    """A model's OWN loss `F.cross_entropy(..., reduction="sum") / ids.shape[0]` or `x.mean(0).sum()`: one trace
+    at the microbatch size shows a sum scaled by a constant (export bakes the batch size in), which the
+    pipeline step weighted as a per-item sum: about m times one device's loss (pp=2 x tp=2, 4 microbatches:
+    69 and 116 off). `PipelineModule.step` traces the model again on twice the microbatch when the loss has
+    such a form (`needs_batch_check`) and `check_batch_scaling` refuses it; a sum, a mean and a constant
+    factor (nll x 2.0) are kept. The refused forms' microbatch values do not add up to the batch's."""
+    torch.manual_seed(0)
+    model, (ids, labels) = Own(kind), _batch()
+    one = trace(model, (ids[:B // M], labels[:B // M])).graph_module.graph
+    two = trace(model, (ids[:2 * B // M], labels[:2 * B // M])).graph_module.graph
+    weighting = own_loss_weighting(trace(model, (ids[:B // M], labels[:B // M])))
+    if not refused:
+        check_batch_scaling(one, two, weighting.what, "own")
+        return
+    assert needs_batch_check(one)
+    with pytest.raises(StepError, match="pm.step\\(loss_fn=None\\)"):
+        check_batch_scaling(one, two, weighting.what, "own")
+    target, count = batch_target(weighting, [ids, labels], M)  # what the one-trace weighting would give
+    parts = [model(i, y) * (count(c) / count(target)) for i, y, c in
+             zip(ids.tensor_split(M), labels.tensor_split(M), target.tensor_split(M))]
+    assert abs(float((sum(parts) - model(ids, labels)).detach())) > 1e-2
