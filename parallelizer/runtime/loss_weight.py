@@ -79,10 +79,7 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str 
     whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
     source: "own" (the model's own loss) or "loss_fn" (a user's loss_fn), for the message.
     Raises StepError as `own_loss_weighting`."""
-    first = graph.output_node().args[0]
-    node = first[0] if isinstance(first, (tuple, list)) else first
-    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
-        node = node.args[0]
+    _, node = _scale_chain(graph)
     what = f"node {node.name} ({node.target})"
     target = node.target
     if target in _CLASS_LOSSES:
@@ -150,10 +147,16 @@ def _is_full_sum(node) -> bool:
     that adds up over microbatches, as the "count" weighting of `a / b` needs of both a and b. A count clamped
     or offset after the sum (`mask.sum().clamp(min=1)`) is not: for a microbatch without items it is 1, not 0,
     so sum_j b_j is not the batch's denominator."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
-        node = node.args[0]
+    node = _unscaled(node)
     return (isinstance(node, torch.fx.Node) and node.op == "call_function"
             and node.target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node))
+
+
+def _unscaled(node):
+    """`node` through casts, views and scaling by a Python number."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
+        node = node.args[0]
+    return node
 
 
 def _normalized(node: torch.fx.Node) -> dict:
@@ -225,14 +228,11 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     `target` one microbatch's target. The count may only depend on the target. None when make_fx cannot trace
     `loss_fn` (data-dependent Python); StepError (as `graph_weighting`) when the graph shows no per-microbatch
     count, or when a scale or reduction changes with the microbatch size (`_check_scales_fixed`)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,
     # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
     # back to labels != -100 (a class-weighted cross-entropy on pp=2 x tp=2: loss 1e-2 off one device)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        leaves = [torch.empty(tuple(o.shape), dtype=o.dtype, device=target.device) for o in outputs]
-        fake_target = torch.empty(tuple(target.shape), dtype=target.dtype, device=target.device)
+    leaves, fake_target = _fakes([*outputs, target], target.device)
 
     def call(*flat):
         structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
@@ -244,23 +244,31 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     weighting = graph_weighting(gm.graph, (names[-1],), "loss_fn")
-    _check_scales_fixed(make_fx, call, gm, leaves, target, weighting.what)
+    _check_scales_fixed(call, gm, [*outputs, target], target.device, weighting.what)
     return weighting
 
 
-def _check_scales_fixed(make_fx, call, gm: torch.fx.GraphModule, leaves: list, target: torch.Tensor, what: str):
+def _fakes(metas: list, device, factor: int = 1) -> tuple[list, torch.Tensor]:
+    """(storage-free fake tensors of `metas`' shapes and dtypes on `device`, dim 0 times `factor` for those with
+    dims, but the last; the last)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = [torch.empty((factor * m.shape[0], *m.shape[1:]) if len(m.shape) else (), dtype=m.dtype,
+                             device=device) for m in metas]
+    return fakes[:-1], fakes[-1]
+
+
+def _check_scales_fixed(call, gm: torch.fx.GraphModule, metas: list, device, what: str):
     """Raise StepError when a number that scales the loss (what `graph_weighting` skips as a constant factor)
     changes with the microbatch size: `loss.sum() / y.numel()`, `/ y.shape[0]`, `/ len(y)` are per-microbatch
     normalizers, and the weighting of the scaled op (weight 1 per microbatch for a sum) then adds up m times one
     device's loss (pp=2 x tp=2, 4 microbatches: loss 4x, gradients 1.5 off). Found by tracing loss_fn again on
-    twice the batch (dim 0 of every output and of the target; 0-d outputs kept); nothing when that trace fails."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    if not target.dim():
+    twice the batch (dim 0 of every output and of the target, `metas`; 0-d outputs kept); nothing when that
+    trace fails."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    if not len(metas[-1].shape):
         return
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        doubled = [torch.empty((2 * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device) if t.dim() else
-                   torch.empty((), dtype=t.dtype, device=t.device) for t in leaves]
-        fake_target = torch.empty((2 * target.shape[0], *target.shape[1:]), dtype=target.dtype, device=target.device)
+    doubled, fake_target = _fakes(metas, device, factor=2)
     try:
         gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
     except Exception:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch: cannot tell, keep
@@ -298,8 +306,9 @@ def check_batch_scaling(graph: torch.fx.Graph, doubled: torch.fx.Graph, what: st
                  ".mean(), or divide by a fixed number)", source)
 
 
-def _scale_chain(graph: torch.fx.Graph) -> list:
-    """The Python numbers that `graph_weighting` skips as constant factors on the way from the loss output."""
+def _scale_chain(graph: torch.fx.Graph) -> tuple[list, torch.fx.Node]:
+    """(the Python numbers skipped as constant factors on the way from the first output, the loss op reached):
+    casts, views, scaling by a number and `out[0]` of a (loss, total_weight) op are passed through."""
     first = graph.output_node().args[0]
     node = first[0] if isinstance(first, (tuple, list)) else first
     numbers = []
@@ -319,9 +328,7 @@ def _reduced_numel(node: torch.fx.Node) -> int | None:
     if node.op != "call_function":
         return None
     if node.target == aten.div.Tensor and isinstance(node.args[0], torch.fx.Node):
-        node = node.args[0]
-        while node.op == "call_function" and (node.target in _PASS or _by_constant(node)):
-            node = node.args[0]
+        node = _unscaled(node.args[0])
     reduces = _CLASS_LOSSES | _ELEMENT_LOSSES | _PLAIN_REDUCTIONS
     if node.op != "call_function" or node.target not in reduces or not isinstance(node.args[0], torch.fx.Node):
         return None

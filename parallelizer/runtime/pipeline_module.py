@@ -50,8 +50,8 @@ from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
-from .modes import Retracer
 from .loss_weight import batch_target as batch_target_of
+from .modes import Retracer
 from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
 
 
