@@ -13,10 +13,10 @@ global tensors):
   gradient); on sharded classes, Megatron's vocab-parallel cross-entropy;
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
-- `aten.dropout`, `aten.rand_like`, `aten.randn_like`: random draws that differ across shards and agree on
-  replicas (`sharded_dropout`, `sharded_random`); every other op that draws from torch's generator
-  (`tracer.graph.draws_random`: SDPA with dropout_p > 0, RNN dropout, ...) on a sharded output runs with the
-  generator seeded per shard (`seeded_per_shard`).
+- every op that draws from torch's generator (`tracer.graph.draws_random`: dropout, rand_like, bernoulli,
+  SDPA with dropout_p > 0, RNN dropout, ...) on a sharded output runs with the generator seeded per shard
+  (`seeded_per_shard`): draws differ across shards and agree on replicas and on the summands of a Partial
+  value (so dropout stays linear in it).
 """
 from __future__ import annotations
 
@@ -97,10 +97,6 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     elif packet is aten.batch_norm and _bn_axes(ctx):
         return graph.call_function(sync_batch_norm, (*_full_args(ctx, args, kwargs, 8),
                                                      [ctx.groups[a] for a in _bn_axes(ctx)]))
-    elif packet is aten.dropout:
-        return graph.call_function(sharded_dropout, (*args, _shard_groups(ctx)))
-    elif packet in (aten.rand_like, aten.randn_like):
-        return graph.call_function(sharded_random, (packet.__name__, args[0], _shard_groups(ctx)), kwargs)
     elif draws_random(ctx.node) and _shard_groups(ctx):
         return graph.call_function(seeded_per_shard, (target, _shard_groups(ctx), *args), kwargs)
     return graph.call_function(target, args, kwargs)
@@ -196,23 +192,14 @@ def _shard_seed(groups: list[list[int]]) -> int:
     return seed
 
 
-def sharded_dropout(x: torch.Tensor, p: float, train: bool, groups: list[list[int]]) -> torch.Tensor:
-    """Dropout whose mask is the same on ranks holding the same data (replicas, and the summands of a
-    Partial value, so that dropout stays linear) and different across shards (`_shard_seed`).
-    Shapes: x (...) -> (...)."""
-    if not train or p == 0.0:
-        return x
-    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(_shard_seed(groups))) >= p
-    return x * keep.to(x.dtype) / (1.0 - p)
-
-
 def seeded_per_shard(op, groups: list[list[int]], *args, **kwargs):
     """`op(*args, **kwargs)` for an op that draws from torch's default generator internally (the
-    `nondeterministic_seeded` ops without a form of their own here: scaled_dot_product_attention with
-    dropout_p > 0, the RNNs' inter-layer dropout, bernoulli / normal / uniform / ... on shards), run with that
-    generator seeded by `_shard_seed(groups)` inside `torch.random.fork_rng`: draws differ across shards and
-    agree on replicas, as `sharded_dropout`'s. Run as is, every shard drew the same numbers (SDPA's attention
-    dropout on tp=2: heads h and h + H/2 had one mask; on ddp, samples b and b + B/2). The outer stream
+    `nondeterministic_seeded` ops: dropout, rand_like, scaled_dot_product_attention with dropout_p > 0, the
+    RNNs' inter-layer dropout, bernoulli / normal / uniform / ... on shards), run with that generator seeded by
+    `_shard_seed(groups)` (the output's shard axes) inside `torch.random.fork_rng`: draws differ across shards
+    and agree on replicas and on the summands of a Partial value. Run as is, every shard drew the same numbers
+    (SDPA's attention dropout on tp=2: heads h and h + H/2 had one mask; on ddp, samples b and b + B/2); an op
+    on a replicated or Partial output draws from the default generator as is, alike on every rank. The outer stream
     advances by `_shard_seed`'s one draw on every rank alike, whatever the local shapes; recomputation
     replays it (checkpoint restores the generator first)."""
     seed = _shard_seed(groups)
@@ -220,14 +207,6 @@ def seeded_per_shard(op, groups: list[list[int]], *args, **kwargs):
     with torch.random.fork_rng(devices=devices):  # the CPU generator, and that of an accelerator the op runs on
         torch.manual_seed(seed)
         return op(*args, **kwargs)
-
-
-def sharded_random(kind: str, x: torch.Tensor, groups: list[list[int]], **kwargs) -> torch.Tensor:
-    """rand_like / randn_like of the local shard `x`, drawn like `sharded_dropout`'s mask."""
-    gen = torch.Generator().manual_seed(_shard_seed(groups))
-    fn = torch.rand if kind == "rand_like" else torch.randn
-    dtype = kwargs.get("dtype") or x.dtype
-    return fn(x.shape, generator=gen, dtype=dtype).to(x.device)
 
 
 # --- position-dependent ops ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ Which traced nodes a region covers (`node_regions`):
     feeds (the nearest after it), plus every op on a path between the two (scale, mask, dtype cast,
     dropout). Each core is a region of its own, named "<region>#attention<k>".
 
-Random ops replay their draws: `localize.sharded_dropout` / `sharded_random` take their seed from torch's
+Random ops replay their draws: `localize.seeded_per_shard` takes its seed from torch's
 default CPU generator, whose state checkpoint saves at the region's entry and restores for the recomputation
 (`preserve_rng_state=True`, torch's default, also covers the device generators of CUDA inputs), so the
 recomputed masks equal the forward's. A region must not write in place into a value made outside it (the

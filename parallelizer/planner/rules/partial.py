@@ -17,7 +17,7 @@ all-reduce or reduce-scatter that makes it Replicate or Shard):
 |                                                            | Replicate or a Python scalar   |         |
 | neg, clone, contiguous, alias, detach, lift_fresh_copy     | yes                            | Partial |
 | dropout (the mask is the same on every summand,            | yes                            | Partial |
-|   `rewriter.localize.sharded_dropout`)                     |                                |         |
+|   `rewriter.localize.seeded_per_shard`)                    |                                |         |
 | casts to the same dtype or an exactly wider float          | yes                            | Partial |
 |   (bf16/fp16 -> fp32 -> fp64)                              |                                |         |
 | casts to a narrower or another dtype (rounding)            | no                             |         |

@@ -46,7 +46,7 @@ def constant_fill(v: OpView) -> list[AxisOption]:
 def like(v: OpView) -> list[AxisOption]:
     """zeros_like / ones_like / full_like / empty_like / fill, and rand_like / randn_like: the output has the
     input's layout (a shard of zeros is zeros); a Partial input gives a Replicate output (the fill value does
-    not depend on the summands). Random fills draw per shard (`rewriter.localize.sharded_random`)."""
+    not depend on the summands). Random fills draw per shard (`rewriter.localize.seeded_per_shard`)."""
     extra = (R,) * (v.n_in - 1)  # fill.Tensor's value
     opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d)) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
     return opts + [AxisOption((P,) + extra, R)]
