@@ -64,7 +64,8 @@ class OptimizerError(ParallelizerError, TypeError):
     """An optimizer whose update of a local shard (or of one rank's stage parameters) is not that part of the
     single-device update; the message names the optimizer, its kind, a parameter, its layout and the remedy.
 
-    Attributes: optimizer (class name), kind ("per-tensor" or "coupled"), parameter (FQN).
+    Attributes: optimizer (class name), kind ("per-tensor", "coupled" or "partitioned": it broadcasts whole
+    parameters between ranks, as ZeroRedundancyOptimizer does), parameter (FQN).
     """
 
     def __init__(self, message: str, optimizer: str, kind: str, parameter: str) -> None:

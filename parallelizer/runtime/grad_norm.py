@@ -1,4 +1,4 @@
-"""Gradient-norm clipping over sharded parameters: the norm of the full gradient, as on one device.
+"""Norms and inf checks over sharded parameters: the values of the full tensors, as on one device.
 
 `torch.nn.utils.clip_grad_norm_(pm.parameters(), ...)` would take the norm of this rank's LOCAL gradients:
 a sharded parameter contributes only its shard (so every rank gets another, too small, norm) and each rank
@@ -20,18 +20,28 @@ ranks with the same (dp, tp) coordinates) before the root; the last MAX also run
 
 Sums are accumulated in float64 and the total returned in the gradients' dtype, like torch's.
 
-A user who swaps the model for the ParallelModule and keeps `torch.nn.utils.clip_grad_norm_(pm.parameters(),
-...)` gets the same global norm: every ParallelModule registers its parameters with their layouts
-(`register`), and the first registration replaces `torch.nn.utils.clip_grad_norm_` (and
-`torch.nn.utils.clip_grad.clip_grad_norm_`) by `_clip_any_grad_norm_`, which sends registered parameters here
-and any others to torch's own function (all the parameters of a `PipelineModule`: its
-`clip_grad_norm_` over all stages). Before, that call silently clipped each rank by its local norm
-(fsdp dp=2 / tp=2: norms 69-100 instead of 105, parameters 5e-3 off eager after 3 steps, replicas apart).
-A name bound before the first ParallelModule existed (`from torch.nn.utils import clip_grad_norm_` at the top
-of a script) still refers to torch's function: use `pm.clip_grad_norm_` there.
+A user who swaps the model for the ParallelModule and keeps torch's calls gets the same global values:
+every ParallelModule registers its parameters with their layouts (`register`), and the first registration
+installs, in torch:
+- `torch.nn.utils.clip_grad_norm_` (and `torch.nn.utils.clip_grad.clip_grad_norm_`) -> `_clip_any_grad_norm_`,
+  which sends registered parameters here and any others to torch's own function (all the parameters of a
+  `PipelineModule`: its `clip_grad_norm_` over all stages). Before, that call silently clipped each rank by
+  its local norm (fsdp dp=2 / tp=2: norms 69-100 instead of 105, parameters 5e-3 off eager after 3 steps);
+- `torch.nn.utils.get_total_norm` (and the module's `_get_total_norm`, which torch's own `clip_grad_norm_`
+  calls, so a name bound before the first ParallelModule existed clips by the global norm too) ->
+  `_any_total_norm`: the norm of the full gradients or parameter values when given registered parameters'
+  `.grad` or the parameters themselves; torch >= 2.6's `get_total_norm` + `clip_grads_with_norm_` then clip
+  as one device does (before: each rank's local norm, MLP on tp=2: 5277 and 5526 instead of 7613);
+- `torch.amp.GradScaler._unscale_grads_` -> `_agreeing_unscale_grads_`: the inf/nan verdict that decides
+  whether `scaler.step` skips the optimizer step and how `update` changes the scale is max-reduced over the
+  ranks holding the optimizer's registered parameters, as FSDP's ShardedGradScaler does (before: a rank whose
+  shard alone held an inf skipped while the others stepped; replicas apart, scales 8 and 16).
+These are collectives: call them on every rank. Norms over a part of a PipelineModule's parameters, or over
+registered and other tensors together, are ValueErrors with the remedy.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections.abc import Sequence
@@ -45,56 +55,79 @@ from ..core.mesh import MeshSpec
 from ..rewriter import collectives
 
 
+def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
+                norm_type: float = 2.0, *, error_if_nonfinite: bool = False,
+                across: Sequence[Sequence[int]] = ()) -> torch.Tensor:
+    """The p-norm of the FULL tensors whose local pieces on this rank are `tensors` (each with its stored layout
+    on `mesh`), as `torch.nn.utils.get_total_norm` gives on one device for the full tensors (module
+    docstring). Collective over the mesh axes (and `across`); the same value bitwise on every rank.
+
+    Args:
+        groups: each mesh axis's group of this rank.
+        across: further groups of global ranks (a pipeline's pp group) over which the per-rank totals are
+            summed; () for one mesh. Each rank passes the pieces it counts (one copy of each tensor).
+
+    Returns:
+        A scalar tensor in the first tensor's dtype (float32 when there is none).
+    Raises:
+        ValueError: norm_type is not a positive number or inf.
+        RuntimeError: the total is nan/inf and error_if_nonfinite (torch's behaviour and message sense).
+    """
+    norm_type = float(norm_type)
+    if not (norm_type > 0):
+        raise ValueError(f"clip_grad_norm_ / get_total_norm: norm_type must be > 0 or inf, got {norm_type}; the "
+                         "global norm is built from per-shard sums of |g|^p (p > 0) or maxima (inf)")
+    dtype = tensors[0][0].dtype if tensors else torch.float32
+    axes = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape) if size > 1]
+    # one class per set of sharding axes: every subset of the axes, so that every rank calls the same
+    # collectives on vectors of the same length whatever tensors it holds
+    classes = {key: torch.zeros((), dtype=torch.float64)
+               for n in range(len(axes) + 1) for key in itertools.combinations([a for a, _ in axes], n)}
+    with torch.no_grad():
+        for tensor, layout in tensors:
+            t = tensor.detach().double()
+            if not t.numel():
+                continue
+            key = _sharded_axes(layout, mesh)
+            if math.isinf(norm_type):
+                classes[key] = torch.maximum(classes[key], t.abs().max())
+            else:
+                classes[key] = classes[key] + t.abs().pow(norm_type).sum()
+        total = _reduce(classes, axes, groups, norm_type, across)
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
+                           "so it cannot be clipped. To disable this error and scale the gradients by the "
+                           "non-finite norm anyway, set `error_if_nonfinite=False`")
+    return total.to(dtype)
+
+
 def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
                     max_norm: float, norm_type: float = 2.0, *, error_if_nonfinite: bool = False,
                     foreach: bool | None = None, counted: Sequence[tuple[torch.Tensor, Layout]] | None = None,
                     across: Sequence[Sequence[int]] = ()) -> torch.Tensor:
     """Clip the gradients of local shards `params` (each with its stored layout on `mesh`) by their global
-    norm; `groups` maps each mesh axis to this rank's group on it. Collective over the mesh (and `across`).
+    norm (`global_norm` of their gradients); `groups` maps each mesh axis to this rank's group on it.
+    Collective over the mesh (and `across`).
 
     Args:
         counted: the pairs whose gradients make up the norm (default: `params`); `params` are all scaled.
-        across: further groups of global ranks (a pipeline's pp group) over which the per-rank totals are
-            summed (module docstring); () for one mesh.
+        across: as for `global_norm`.
 
     Returns:
         The total norm of the full gradient (a scalar tensor in the gradients' dtype, float32 when none).
     Raises:
-        ValueError: norm_type is not a positive number or inf.
-        RuntimeError: the total is nan/inf and error_if_nonfinite (torch's behaviour and message sense).
+        ValueError, RuntimeError: as `global_norm`.
     """
     del foreach  # accepted for signature parity with torch; the local work here is one pass per tensor
-    norm_type = float(norm_type)
-    if not (norm_type > 0):
-        raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}; the global norm is "
-                         "built from per-shard sums of |g|^p (p > 0) or maxima (inf)")
     grads = [(p.grad, layout) for p, layout in (params if counted is None else counted) if p.grad is not None]
     scaled = [p.grad for p, _ in params if p.grad is not None]
-    dtype = scaled[0].dtype if scaled else torch.float32
-    axes = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape) if size > 1]
-    # one class per set of sharding axes, from every parameter (not only those with a gradient here), so
-    # that every rank calls the same collectives on vectors of the same length
-    classes = {_sharded_axes(layout, mesh): torch.zeros((), dtype=torch.float64) for p, layout in params
-               if p.requires_grad or p.grad is not None}
+    total = global_norm(grads, mesh, groups, norm_type, error_if_nonfinite=error_if_nonfinite, across=across)
+    total = total.to(scaled[0].dtype if scaled else torch.float32)
     with torch.no_grad():
-        for grad, layout in grads:
-            g = grad.detach().double()
-            if not g.numel():
-                continue
-            key = _sharded_axes(layout, mesh)
-            if math.isinf(norm_type):
-                classes[key] = torch.maximum(classes[key], g.abs().max())
-            else:
-                classes[key] = classes[key] + g.abs().pow(norm_type).sum()
-        total = _reduce(classes, axes, groups, norm_type, across)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
-                               "so it cannot be clipped. To disable this error and scale the gradients by the "
-                               "non-finite norm anyway, set `error_if_nonfinite=False`")
-        coef = torch.clamp(max_norm / (total.to(dtype) + 1e-6), max=1.0)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for grad in scaled:
             grad.mul_(coef)  # in the gradient's dtype, computed as torch does (a float32 factor)
-    return total.to(dtype)
+    return total
 
 
 def _sharded_axes(layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:
@@ -106,7 +139,7 @@ def _reduce(classes: dict[tuple[str, ...], torch.Tensor], axes: list[tuple[str, 
             norm_type: float, across: Sequence[Sequence[int]] = ()) -> torch.Tensor:
     """The global total from per-class local sums (module docstring); the same value on every rank."""
     keys = sorted(classes)
-    values = torch.stack([classes[k] for k in keys]) if keys else torch.zeros(1, dtype=torch.float64)
+    values = torch.stack([classes[k] for k in keys])
     if math.isinf(norm_type):
         for name, _ in axes:
             values = collectives.all_reduce_max(values, groups[name])
@@ -140,26 +173,57 @@ class Owner(NamedTuple):
 
 _OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
+_TORCH_TOTAL = torch.nn.utils.clip_grad._get_total_norm
+_TORCH_UNSCALE = torch.amp.GradScaler._unscale_grads_
 
 
 def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
              pipeline=None) -> None:
-    """Record each local parameter's (FQN, tensor, layout) so that `torch.nn.utils.clip_grad_norm_` over them
-    takes the global norm (module docstring); installs `_clip_any_grad_norm_` in torch.nn.utils on first use.
-    `pipeline`: the `PipelineModule` whose stages hold them (kept as a weak reference): clipping them clips
-    that module by its norm over all stages (`PipelineModule.clip_grad_norm_`). `runtime.optimizer_check`
-    reads the same record (`owner_of`)."""
+    """Record each local parameter's (FQN, tensor, layout) so that torch's norm and scaler functions over them
+    take global values (module docstring); on first use installs `_clip_any_grad_norm_` and `_any_total_norm`
+    in torch.nn.utils and `_agreeing_unscale_grads_` in torch.amp.GradScaler. `pipeline`: the
+    `PipelineModule` whose stages hold them (kept as a weak reference): clipping them clips that module by its
+    norm over all stages (`PipelineModule.clip_grad_norm_`). `runtime.optimizer_check` reads the same record
+    (`owner_of`)."""
     ref = None if pipeline is None else weakref.ref(pipeline)
     for fqn, p, layout in params:
         _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn)
     if torch.nn.utils.clip_grad_norm_ is not _clip_any_grad_norm_:
-        torch.nn.utils.clip_grad_norm_ = _clip_any_grad_norm_
-        torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
+        # torch's own clip_grad_norm_ (a name bound before this) looks `_get_total_norm` up in its module
+        torch.nn.utils.get_total_norm = torch.nn.utils.clip_grad._get_total_norm = _any_total_norm
+        torch.amp.GradScaler._unscale_grads_ = _agreeing_unscale_grads_
 
 
 def owner_of(p: torch.Tensor) -> Owner | None:
     """The Owner of a local parameter registered by a ParallelModule or PipelineModule, else None."""
     return _OWNERS.get(p)
+
+
+def _scope(owned: list[Owner | None], what: str):
+    """What a list of tensors' owners (None: not registered) lets one global norm be taken over: None (no
+    registered tensor: torch's own function), a PipelineModule, or (mesh, groups) of one ParallelModule's mesh.
+
+    Raises:
+        ValueError: a mix of registered and other tensors, or of two meshes or modules, with the remedy.
+    """
+    if all(o is None for o in owned):
+        return None
+    pipelines = {o.pipeline() if o is not None and o.pipeline is not None else None for o in owned}
+    if pipelines != {None}:
+        pm = next(iter(pipelines))
+        if len(pipelines) != 1 or pm is None:
+            raise ValueError(f"{what}: the tensors are not all of one pipeline module (a pipeline's norm is that of "
+                             "all its stages' tensors). Remedy: pass pm.parameters() (or their .grad), or call "
+                             "pm.clip_grad_norm_(max_norm)")
+        return pm
+    meshes = {(o.mesh, tuple(sorted((k, tuple(v)) for k, v in o.groups.items()))) if o is not None else None
+              for o in owned}
+    if len(meshes) != 1:
+        raise ValueError(f"{what}: the tensors mix shards of a ParallelModule with other tensors (or shards of two "
+                         "meshes), so no global norm can be formed. Remedy: take each ParallelModule's norm "
+                         "(pm.clip_grad_norm_(max_norm)) and other tensors' norm separately")
+    return owned[0].mesh, owned[0].groups
 
 
 def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
@@ -174,22 +238,93 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     owned = [_OWNERS.get(p) for p in params]
-    if not any(o is not None for o in owned):
+    scope = _scope(owned, "torch.nn.utils.clip_grad_norm_")
+    if scope is None:
         return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
-    pipelines = {o.pipeline() if o is not None and o.pipeline is not None else None for o in owned}
-    if pipelines != {None}:
-        pm = next(iter(pipelines))
-        if len(pipelines) != 1 or pm is None or {id(p) for p in params} != {id(p) for p in pm.parameters()}:
-            raise ValueError("torch.nn.utils.clip_grad_norm_: the parameters are not exactly those of one pipeline "
-                             "module (a pipeline clips the norm of all its stages' gradients). Remedy: pass "
-                             "pm.parameters(), or call pm.clip_grad_norm_(max_norm)")
-        return pm.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
-    meshes = {(o.mesh, tuple(sorted((k, tuple(v)) for k, v in o.groups.items()))) if o is not None else None
-              for o in owned}
-    if len(meshes) != 1:
-        raise ValueError("torch.nn.utils.clip_grad_norm_: the parameters mix shards of a ParallelModule with other "
-                         "tensors (or shards of two meshes), so no global norm can be formed. Remedy: clip each "
-                         "ParallelModule with pm.clip_grad_norm_(max_norm) and other parameters separately")
-    mesh, groups = owned[0].mesh, owned[0].groups
+    if not isinstance(scope, tuple):
+        _require_all(scope, {id(p) for p in params}, {id(p) for p in scope.parameters()},
+                     "torch.nn.utils.clip_grad_norm_")
+        return scope.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+    mesh, groups = scope
     return clip_grad_norm_([(p, o.layout) for p, o in zip(params, owned)], mesh, groups, max_norm, norm_type,
                            error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+
+
+def _any_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: bool | None = None) -> torch.Tensor:
+    """`torch.nn.utils.get_total_norm` that knows ParallelModule shards: over the gradients (`p.grad`) or the
+    values of parameters registered by a ParallelModule it is the norm of the FULL tensors (`global_norm`,
+    collective over the mesh: call it on every rank), over all of a PipelineModule's gradients or parameters
+    the norm over all its stages (`PipelineModule.total_norm`); over other tensors torch's own function.
+    torch's `clip_grad_norm_` computes its norm with this function, and `clip_grads_with_norm_` scales by the
+    norm given, so `get_total_norm` + `clip_grads_with_norm_` clip as on one device.
+    Before, each rank got the norm of its local pieces (MLP on tp=2: 5277 and 5526 instead of 7613).
+
+    Raises:
+        ValueError: as `_scope`; a part of a pipeline module's tensors, or a mix of gradients and values.
+    """
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    known = {}
+    for p, owner in list(_OWNERS.items()):
+        known[id(p)] = ("value", owner)
+        if p.grad is not None:
+            known[id(p.grad)] = ("grad", owner)
+    found = [known.get(id(t)) for t in tensors]
+    scope = _scope([f[1] if f is not None else None for f in found], "torch.nn.utils.get_total_norm")
+    if scope is None:
+        return _TORCH_TOTAL(tensors, norm_type, error_if_nonfinite, foreach)
+    if not isinstance(scope, tuple):
+        of = {f[0] for f in found}
+        whole = {id(p) if of == {"value"} else id(p.grad) for p in scope.parameters()
+                 if of == {"value"} or p.grad is not None}
+        _require_all(scope, {id(t) for t in tensors} if len(of) == 1 else set(), whole,
+                     "torch.nn.utils.get_total_norm")
+        return scope.total_norm(norm_type, of=of.pop(), error_if_nonfinite=error_if_nonfinite)
+    mesh, groups = scope
+    return global_norm([(t, f[1].layout) for t, f in zip(tensors, found)], mesh, groups, norm_type,
+                       error_if_nonfinite=error_if_nonfinite)
+
+
+def _require_all(pm, given: set[int], whole: set[int], what: str) -> None:
+    """Raise ValueError unless `given` (tensor ids) is exactly `whole`, all of pipeline module `pm`'s."""
+    if given != whole:
+        raise ValueError(f"{what}: the tensors are not exactly all the parameters (or all the gradients) of one "
+                         "pipeline module: a pipeline rank holds only its stages, so a norm over a part of them "
+                         "cannot be formed. Remedy: pass pm.parameters() (or all their .grad), or call "
+                         "pm.clip_grad_norm_(max_norm)")
+
+
+def _agreeing_unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor,
+                             found_inf: torch.Tensor, allow_fp16: bool) -> dict:
+    """`torch.amp.GradScaler._unscale_grads_` (it unscales the optimizer's gradients and records whether any
+    is inf/nan, per device) whose verdict is the same on every rank that holds pieces of a ParallelModule or
+    PipelineModule the optimizer steps: the flags are all-reduced (max) over each mesh axis of the owners and
+    a pipeline's pp group, as FSDP's ShardedGradScaler does over its process group. Before, a rank whose
+    shard alone held an inf skipped its step and halved its scale while the others stepped (tp=2: replicas
+    apart, scales 8 and 16). Collective when the optimizer holds registered parameters."""
+    per_device = _TORCH_UNSCALE(self, optimizer, inv_scale, found_inf, allow_fp16)
+    owners = [o for group in optimizer.param_groups for p in group["params"] if (o := _OWNERS.get(p)) is not None]
+    if not owners:
+        return per_device
+    found = torch.zeros(1)
+    for flag in per_device.values():
+        found = torch.maximum(found, flag.detach().float().cpu().reshape(1))
+    for ranks in _agreement_groups(owners):
+        found = collectives.all_reduce_max(found, ranks)
+    for flag in per_device.values():
+        flag.fill_(found.item())
+    return per_device
+
+
+def _agreement_groups(owners: list[Owner]) -> list[list[int]]:
+    """The groups over which a max over them reaches every rank holding the owners' module(s): each mesh axis
+    of size > 1 (in mesh order), then a pipeline's pp group; the same sequence on every rank."""
+    seen: dict[tuple, list[int]] = {}
+    for o in owners:
+        for name, size in zip(o.mesh.axis_names, o.mesh.shape):
+            if size > 1:
+                seen.setdefault((0, name, tuple(o.groups[name])), o.groups[name])
+        pm = o.pipeline() if o.pipeline is not None else None
+        if pm is not None and len(pm._pp_ranks) > 1:
+            seen.setdefault((1, "pp", tuple(pm._pp_ranks)), pm._pp_ranks)
+    return [seen[k] for k in sorted(seen, key=lambda k: (k[0], k[1]))]

@@ -11,11 +11,16 @@ exactly when the optimizer updates every element from that element's own paramet
 - **coupled** optimizers read all their tensors together: LBFGS's flat search direction and line search.
   They differ whenever the model's parameters are split over ranks at all (shards or pipeline stages):
   1.7e-3 off under fsdp; exact under ddp.
+- **partitioned** optimizers communicate: torch's ZeroRedundancyOptimizer steps a partition of the parameters
+  on each rank and broadcasts every parameter from its owner, overwriting the other ranks' different shards
+  (MLP, 2 AdamW steps on tp=2 / fsdp dp=2: parameters 0.33-0.51 off); exact under ddp.
 
 `install()` (called by every ParallelModule and PipelineModule) adds a global step pre-hook to torch.optim
 (`register_optimizer_step_pre_hook`). Before each `step()` of an optimizer holding
-parameters registered by those modules (`grad_norm.register`), it classifies the optimizer's class with its
-defaults by RUNNING it once (`kind_of`, cached; a verified rule, not a list of names), and raises
+parameters registered by those modules (`grad_norm.register`), it classifies the optimizer's class, with each
+param group's own hyperparameters (a group may override the defaults: an option that switches a layer-wise
+adaptation on for one group), by RUNNING it once (`kind_of`, cached; a verified rule, not a list of names; the
+one exception is ZeroRedundancyOptimizer, which needs a process group and is recognised by class), and raises
 `OptimizerError` on every rank alike (no collective is involved, so no rank waits on another) when the kind
 cannot give one device's step for the parameters it holds. A class that cannot be run on the probe tensors
 (a constructor needing other arguments) is warned about once, naming it, and stepped.
@@ -32,7 +37,7 @@ from ..core.layout import Shard
 from ..errors import OptimizerError
 from .grad_norm import owner_of
 
-ELEMENT, TENSOR, COUPLED = "per-element", "per-tensor", "coupled"
+ELEMENT, TENSOR, COUPLED, PARTITIONED = "per-element", "per-tensor", "coupled", "partitioned"
 _KINDS: dict[tuple[type, str], str | None] = {}  # (optimizer class, repr of its defaults) -> kind (None: unknown)
 _WARNED: set[type] = set()
 _HANDLE = None
@@ -104,17 +109,32 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """The step pre-hook (module docstring). Raises OptimizerError."""
-    owned = [(p, owner_of(p)) for group in optimizer.param_groups for p in group["params"]]
-    owned = [(p, o) for p, o in owned if o is not None]
-    if not owned:
-        return
-    sharded = [o for _, o in owned if _is_sharded(o.layout, o.mesh)]
-    staged = [o for _, o in owned if o.pipeline is not None]
-    if not sharded and not staged:
-        return
+    """The step pre-hook (module docstring): each param group holding registered parameters is classified
+    with its own hyperparameters (a group may override the defaults). Raises OptimizerError."""
+    for group in optimizer.param_groups:
+        owned = [o for p in group["params"] if (o := owner_of(p)) is not None]
+        sharded = [o for o in owned if _is_sharded(o.layout, o.mesh)]
+        staged = [o for o in owned if o.pipeline is not None]
+        if sharded or staged:
+            _check_group(optimizer, group, sharded, staged)
+
+
+def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, staged: list) -> None:
     cls = type(optimizer)
-    kind = kind_of(cls, optimizer.defaults)
+    first = (sharded or staged)[0]
+    where = (f"parameter {first.fqn!r} is stored as {first.layout} on mesh {first.mesh}" if sharded else
+             f"parameter {first.fqn!r} is held by one pipeline stage (each rank steps its stages' parameters alone)")
+    if _partitions(optimizer):
+        raise OptimizerError(
+            f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it steps a partition of the "
+            "parameters on each rank of its process group and broadcasts each updated parameter from its owner "
+            f"to all ranks, overwriting their different shards or stages; {where}. Remedy: ZeRO-style sharding "
+            "planned by the toolkit (axis_roles={'dp': 'fsdp'}) with a plain torch.optim optimizer (its state "
+            "is then sharded with the parameters), or this optimizer with data parallel only "
+            "(axis_roles={'dp': 'ddp'})", cls.__name__, PARTITIONED, first.fqn)
+    # a scheduler's changing lr never changes the kind (and lr = 0 in a warm-up would hide every kind)
+    options = {**optimizer.defaults, **{k: group[k] for k in optimizer.defaults if k in group and k != "lr"}}
+    kind = kind_of(cls, options)
     if kind is None:
         if cls not in _WARNED:
             _WARNED.add(cls)
@@ -122,22 +142,30 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
                           "each element on its own is unknown. On sharded parameters (tp, fsdp) an optimizer that "
                           "reads whole tensors (factored moments, norms, orthogonalisation) or all its tensors "
                           "together gives other numbers than one device; elementwise ones (SGD, Adam, AdamW) are "
-                          "exact", stacklevel=3)
+                          "exact", stacklevel=4)
         return
     if kind == ELEMENT or (kind == TENSOR and not sharded):
         return
-    first = (sharded or staged)[0]
-    where = (f"parameter {first.fqn!r} is stored as {first.layout} on mesh {first.mesh}" if sharded else
-             f"parameter {first.fqn!r} is held by one pipeline stage (each rank steps its stages' parameters alone)")
     reads = ("each tensor as a whole (e.g. factored moments, norms, orthogonalisation)" if kind == TENSOR else
              "all its tensors together (e.g. one flat search direction and line search)")
+    overridden = sorted(k for k in options if repr(options[k]) != repr(optimizer.defaults.get(k)))
     raise OptimizerError(
         f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it updates {reads}, so on them it "
-        f"computes other numbers than on one device; {where}. Remedy: an elementwise optimizer "
-        "(torch.optim.AdamW, Adam, SGD, RMSprop, ...), or a plan that keeps whole tensors on every rank for the "
-        "parameters it steps: data parallel without sharding (axis_roles={'dp': 'ddp'})"
-        + (", without pipeline stages" if kind == COUPLED else " (pipeline stages are fine)"),
+        f"computes other numbers than on one device; {where}"
+        + (f" (in a param group that overrides {', '.join(overridden)})" if overridden else "")
+        + ". Remedy: an elementwise optimizer (torch.optim.AdamW, Adam, SGD, RMSprop, ...), or a plan that keeps "
+        "whole tensors on every rank for the parameters it steps: data parallel without sharding "
+        "(axis_roles={'dp': 'ddp'})" + (", without pipeline stages" if kind == COUPLED else
+                                          " (pipeline stages are fine)"),
         cls.__name__, kind, first.fqn)
+
+
+def _partitions(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is torch's ZeroRedundancyOptimizer (ZeRO-1: each rank steps a partition of the
+    parameters and broadcasts them; torch.distributed.optim docs), which no probe on one process can run."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
 
 
 def _is_sharded(layout, mesh) -> bool:

@@ -43,7 +43,7 @@ from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
-from .grad_norm import clip_grad_norm_
+from .grad_norm import clip_grad_norm_, global_norm
 from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .module import check_state_keys
@@ -336,18 +336,41 @@ class PipelineModule(torch.nn.Module):
         Raises:
             ValueError: norm_type is not > 0 or inf. RuntimeError: a non-finite total with error_if_nonfinite.
         """
+        held, counted, across = self._norm_pieces(lambda p: p.requires_grad)
+        first = self.run.stages[0]
+        return clip_grad_norm_([c for copies in held.values() for c in copies], first.spec.mesh, first.groups,
+                               max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach,
+                               counted=counted, across=across)
+
+    def total_norm(self, norm_type: float = 2.0, *, of: str = "grad", error_if_nonfinite: bool = False) -> torch.Tensor:
+        """The p-norm of the whole model's gradients (`of="grad"`) or parameters (`of="value"`) over all stages,
+        each parameter counted once as in `clip_grad_norm_`; what `torch.nn.utils.get_total_norm` gives for
+        `[p.grad for p in pm.parameters() if p.grad is not None]` or `pm.parameters()` (collective: call on
+        every rank). A scalar tensor, the same bitwise on every rank.
+
+        Raises:
+            ValueError: `of` is neither "grad" nor "value"; norm_type is not > 0 or inf. RuntimeError: a
+                non-finite total with error_if_nonfinite."""
+        if of not in ("grad", "value"):
+            raise ValueError(f"PipelineModule.total_norm: of must be 'grad' or 'value', got {of!r}")
+        held, counted, across = self._norm_pieces((lambda p: p.requires_grad) if of == "grad" else (lambda p: True))
+        pieces = [(p.grad if of == "grad" else p, layout) for p, layout in counted]
+        first = self.run.stages[0]
+        return global_norm([(t, layout) for t, layout in pieces if t is not None], first.spec.mesh, first.groups,
+                           norm_type, error_if_nonfinite=error_if_nonfinite, across=across)
+
+    def _norm_pieces(self, counts) -> tuple[dict, list, list]:
+        """(FQN -> every (local parameter, layout) this rank's stages hold, the pairs this rank counts in a
+        global norm: one copy of each parameter `counts` is true for, on the lowest pp rank holding it, the
+        pp groups to sum over)."""
         held: dict[str, list[tuple[torch.Tensor, object]]] = {}
         for stage in self.run.stages:
             for fqn, p in stage.named_parameters():
                 held.setdefault(fqn, []).append((p, stage.spec.params[fqn]))
         names = sorted(f for f, info in self.traced.parameters.items() if not info.is_buffer)
-        holder = self._lowest_holders(names, lambda f: any(p.requires_grad for p, _ in held.get(f, ())))
-        owned = [f for f in names if holder.get(f) == dist.get_rank()]
-        first = self.run.stages[0]
-        return clip_grad_norm_([c for copies in held.values() for c in copies], first.spec.mesh, first.groups,
-                               max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach,
-                               counted=[held[fqn][0] for fqn in owned],
-                               across=[self._pp_ranks] if len(self._pp_ranks) > 1 else [])
+        holder = self._lowest_holders(names, lambda f: any(counts(p) for p, _ in held.get(f, ())))
+        counted = [held[fqn][0] for fqn in names if holder.get(fqn) == dist.get_rank()]
+        return held, counted, [self._pp_ranks] if len(self._pp_ranks) > 1 else []
 
     def _lowest_holders(self, names: list[str], holds) -> dict[str, int]:
         """name -> the global rank of the lowest pp rank (with this rank's (dp, tp) coordinates) for which

@@ -16,7 +16,7 @@ from torch import nn
 from parallelizer.errors import StateDictError, TraceError
 from parallelizer.rewriter.spec import all_axis_groups
 from parallelizer.rewriter.state import gather_tensor, shard_tensor
-from parallelizer.runtime import create_groups
+from parallelizer.runtime import create_groups, grad_norm
 from parallelizer.runtime.module import ParallelModule
 from parallelizer.tracer.trace import trace
 
@@ -283,6 +283,19 @@ def clipping(rank: int, world_size: int, specs: dict) -> dict:
             torch_ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
             torch_grads = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
                               for f, p in pm.named_parameters())
+            # torch's function bound before any ParallelModule existed (`from torch.nn.utils import
+            # clip_grad_norm_` at the top of a script) takes its norm from the patched get_total_norm
+            pm.zero_grad()
+            reference.zero_grad()
+            (pm(x) * 100).pow(2).mean().backward()
+            (reference(x) * 100).pow(2).mean().backward()
+            bound_total = grad_norm._TORCH_CLIP(pm.parameters(), 0.05, norm_type)
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05, norm_type)
+            bound_grads = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
+                              for f, p in pm.named_parameters())
+            # the norm of the parameters' values (logged weight norms)
+            weight_norm = torch.nn.utils.get_total_norm(pm.parameters(), norm_type)
+            ref_weight_norm = torch.nn.utils.get_total_norm(reference.parameters(), norm_type)
             opt = torch.optim.SGD(pm.parameters(), lr=1.0)
             opt.step()
             replicas_equal = True
@@ -295,7 +308,9 @@ def clipping(rank: int, world_size: int, specs: dict) -> dict:
             out[(name, norm_type)] = {"total": total.item(), "ref_total": ref_total.item(), "naive": naive,
                                       "grad_diff": grads, "replicas_equal": replicas_equal,
                                       "dtype": str(total.dtype), "torch_total": torch_total.item(), "torch_ref_total": torch_ref_total.item(),
-                                      "torch_grad_diff": torch_grads}
+                                      "torch_grad_diff": torch_grads, "bound_total": bound_total.item(),
+                                      "bound_grad_diff": bound_grads, "weight_norm": weight_norm.item(),
+                                      "ref_weight_norm": ref_weight_norm.item()}
     return out
 
 
@@ -335,6 +350,59 @@ def optimizers(rank: int, world_size: int, specs: dict) -> dict:
                 result["error"] = (e.kind, e.parameter)
                 result["unchanged"] = all(torch.equal(p, before[f]) for f, p in pm.named_parameters())
             out[(name, kind)] = result
+    return out
+
+
+def scaler_and_zero(rank: int, world_size: int, specs: dict) -> dict:
+    """torch.amp.GradScaler and torch's ZeroRedundancyOptimizer on pm.parameters(), per spec:
+    "inf": an inf written into rank 0's piece of one gradient only: (parameters moved by scaler.step, the scale
+    after update) - every rank must skip and halve alike; "scaled": max |diff| of the parameters to eager (the
+    same scaler loop) after 2 steps; "zero": ZeroRedundancyOptimizer(AdamW): ("refused", kind, unchanged) or
+    max |diff| to eager AdamW after 2 steps."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from parallelizer import zoo
+    from parallelizer.runtime.optimizer_check import OptimizerError
+
+    out = {}
+    for name, spec in specs.items():
+        r = {}
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        for m in (pm, reference):
+            opt, scaler = torch.optim.SGD(m.parameters(), lr=0.1), torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+            for _ in range(2):
+                opt.zero_grad()
+                scaler.scale(m(x).pow(2).mean()).backward()
+                scaler.step(opt)
+                scaler.update()
+        r["scaled"] = max(_diff(p, _shard(reference.get_parameter(f).detach(), spec, f, pm))
+                          for f, p in pm.named_parameters())
+        opt, scaler = torch.optim.SGD(pm.parameters(), lr=0.1), torch.amp.GradScaler("cpu", init_scale=16.0)
+        scaler.scale(pm(x).pow(2).mean()).backward()
+        if rank == 0:
+            next(p for p in pm.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+        before = [p.detach().clone() for p in pm.parameters()]
+        scaler.step(opt)
+        scaler.update()
+        r["inf"] = (any(not torch.equal(a, b) for a, b in zip(before, pm.parameters())), scaler.get_scale())
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        before = [p.detach().clone() for p in pm.parameters()]
+        try:
+            for m, opt in ((pm, ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)),
+                           (reference, torch.optim.AdamW(reference.parameters(), lr=1e-2))):
+                for _ in range(2):
+                    opt.zero_grad()
+                    m(x).pow(2).mean().backward()
+                    opt.step()
+            r["zero"] = max(_diff(p, _shard(reference.get_parameter(f).detach(), spec, f, pm))
+                            for f, p in pm.named_parameters())
+        except OptimizerError as e:
+            r["zero"] = ("refused", e.kind, all(torch.equal(a, b) for a, b in zip(before, pm.parameters())))
+        out[name] = r
     return out
 
 

@@ -71,8 +71,9 @@ CLIP = (0.05, (2.0, float("inf"), 2.0))  # max_norm below every step's total nor
 
 
 def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
-    """`steps` AdamW steps of the user loop (`pm.step`, `pm.clip_grad_norm_` on even steps, torch's
-    `clip_grad_norm_(pm.parameters())` on odd ones; identical for every plan) and of
+    """`steps` AdamW steps of the user loop (`pm.step`, then by step i mod 3: `pm.clip_grad_norm_`, torch's
+    `clip_grad_norm_(pm.parameters())`, torch's `get_total_norm` of the gradients + `clip_grads_with_norm_`;
+    identical for every plan) and of
     the single-device `reference` (torch's clip_grad_norm_): the largest differences of loss, total norm and
     clipped gradients (every step) and of the parameters after; "ref_norm": the smallest reference total norm
     (above max_norm: the clipping scaled), "norm_spread": the largest difference of the total between ranks;
@@ -86,8 +87,12 @@ def user_loop(pm, reference, ids: torch.Tensor, labels: torch.Tensor, steps: int
         loss = pm.step(ids, target=labels, loss_fn=lm_loss)
         ref_loss = lm_loss(reference(ids), labels)
         ref_loss.backward()
-        if i % 2:  # as a user keeps it: torch's function over pm.parameters() (routed to the global norm)
+        if i % 3 == 1:  # as a user keeps it: torch's function over pm.parameters() (routed to the global norm)
             total = torch.nn.utils.clip_grad_norm_(pm.parameters(), max_norm, norm_types[i % len(norm_types)])
+        elif i % 3 == 2:  # torch >= 2.6's two halves (the norm used to be this rank's local pieces' norm)
+            total = torch.nn.utils.get_total_norm([p.grad for p in pm.parameters() if p.grad is not None],
+                                                  norm_types[i % len(norm_types)])
+            torch.nn.utils.clip_grads_with_norm_(pm.parameters(), max_norm, total)
         else:
             total = pm.clip_grad_norm_(max_norm, norm_types[i % len(norm_types)])
         ref_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_types[i % len(norm_types)])

@@ -12,13 +12,15 @@ the eager model on one device:
    hooks on the module, on parameters, and on the model before tracing work; on a submodule it is refused.
 8. clip_grad_norm_ returns eager's total norm (2 and inf) on every rank, scales the shards like eager, and
    replicated parameters stay equal across ranks (tp=2 and fsdp dp=2); so does torch.nn.utils.clip_grad_norm_
-   called on pm.parameters().
+   called on pm.parameters(), torch's own function bound before pm existed, and get_total_norm of the values.
 9. torch optimizers on pm.parameters(): those that read whole tensors (Adafactor, Muon) or all tensors together
    (LBFGS) are refused on shards (OptimizerError, nothing stepped) and match eager under ddp; AdamW matches.
 10. gradients reach pm's inputs: a trainable module in front of pm gets eager's gradient (tp=2, fsdp, ddp).
 11. copy.deepcopy(pm) (AveragedModel's EMA) copies the shards and shares the programs: the EMA model's outputs and
     its global gradient norm equal eager's (tp=2, fsdp).
 12. a DDP loop's `with pm.no_sync():` accumulation gives eager's accumulated gradients (ddp, fsdp).
+13. torch.amp.GradScaler's inf/nan verdict is the same on every rank, and ZeroRedundancyOptimizer (which broadcasts
+    whole parameters) is refused on shards and equals eager under ddp.
 """
 import contextlib
 import io
@@ -32,7 +34,7 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, frozen_parameters, hooked_llama,
-                              accumulation_under_no_sync, averaged_copies, input_gradients, optimizers,
+                              accumulation_under_no_sync, averaged_copies, input_gradients, optimizers, scaler_and_zero,
                               state_dict_contract, train_eval)
 from launch_once import run_each
 
@@ -64,6 +66,9 @@ def ranks():
         "optimizers": (optimizers, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
                                     "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP),
                                     "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
+        "scaler_and_zero": (scaler_and_zero, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
+                                              "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP),
+                                              "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
         "input_gradients": (input_gradients, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
                                               "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP),
                                               "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
@@ -151,6 +156,11 @@ def test_clip_grad_norm_uses_the_global_norm(ranks):
             # each rank's local norm, e.g. 69-100 instead of 105 on fsdp dp=2, and its own clip factor)
             torch.testing.assert_close(rr[key]["torch_total"], rr[key]["torch_ref_total"], rtol=1.3e-6, atol=1e-5)
             assert rr[key]["torch_grad_diff"] < 1e-6, (key, rr[key])
+            # torch's own clip_grad_norm_ (a name bound before pm existed) and get_total_norm of the parameter
+            # values: before, each rank's local norm (MLP tp=2: 5277 / 5526 for eager's 7613)
+            torch.testing.assert_close(rr[key]["bound_total"], rr[key]["torch_ref_total"], rtol=1.3e-6, atol=1e-5)
+            assert rr[key]["bound_grad_diff"] < 1e-6, (key, rr[key])
+            torch.testing.assert_close(rr[key]["weight_norm"], rr[key]["ref_weight_norm"], rtol=1.3e-6, atol=1e-5)
 
 
 def test_optimizers_that_read_whole_tensors_are_refused_on_shards_and_exact_on_whole_tensors(ranks):
@@ -165,6 +175,22 @@ def test_optimizers_that_read_whole_tensors_are_refused_on_shards_and_exact_on_w
             else:
                 expected = "coupled" if kind == "lbfgs" else "per-tensor"
                 assert r["error"] is not None and r["error"][0] == expected and r["unchanged"], (spec, kind, r)
+
+
+def test_grad_scaler_verdicts_agree_and_zero_redundancy_is_refused_on_pieces(ranks):
+    """GradScaler: an inf in rank 0's piece of one gradient made rank 0 skip its step and halve its scale while
+    rank 1 stepped (tp=2, fsdp: replicas apart, scales 8 and 16); now every rank skips and halves, and a
+    scaler loop without infs equals eager's. ZeroRedundancyOptimizer broadcast each rank's partition over the
+    others' different shards (parameters 0.33-0.51 off eager after 2 AdamW steps on tp=2 / fsdp, silently);
+    now refused before it touches a parameter, and under ddp (whole tensors) it equals eager's AdamW."""
+    for rank_results in ranks["scaler_and_zero"][1]:
+        for spec, r in rank_results.items():
+            assert r["inf"] == (False, 8.0), (spec, r)
+            assert r["scaled"] < 1e-5, (spec, r)
+            if spec == "ddp2":
+                assert r["zero"] < 1e-5, (spec, r)
+            else:
+                assert r["zero"] == ("refused", "partitioned", True), (spec, r)
 
 
 def test_a_trainable_module_in_front_of_pm_gets_the_single_device_gradient(ranks):

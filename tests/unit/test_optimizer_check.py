@@ -9,6 +9,13 @@ from parallelizer.runtime import grad_norm, optimizer_check
 from parallelizer.runtime.optimizer_check import COUPLED, ELEMENT, TENSOR, OptimizerError, kind_of
 
 
+def _run(closure) -> None:
+    """Call the probe's closure (it computes the gradients) as torch's optimizers do."""
+    if closure is not None:
+        with torch.enable_grad():
+            closure()
+
+
 class _Lamb(torch.optim.Optimizer):
     """LAMB's core (You et al. 2020, Alg. 2 without moments): the update is scaled by the trust ratio
     ||w|| / ||g|| of the whole tensor."""
@@ -18,9 +25,7 @@ class _Lamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        if closure is not None:
-            with torch.enable_grad():
-                closure()
+        _run(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 p.sub_(group["lr"] * p.norm() / (p.grad.norm() + 1e-12) * p.grad)
@@ -88,3 +93,37 @@ def test_a_step_on_shards_or_stage_parameters_is_refused_by_kind():
             else:
                 opt.step(closure)
                 assert not torch.equal(p.detach(), before)
+
+
+class _Lars(torch.optim.Optimizer):
+    """LARS (You et al. 2017, eq. 6 without momentum) with the usual per-group switch: `adapt=True` scales a
+    tensor's step by its trust ratio ||w|| / ||g|| (per-tensor), `adapt=False` is plain SGD (per-element);
+    biases and norms are commonly put in a group without adaptation."""
+
+    def __init__(self, params, lr=1e-2, adapt=True):
+        super().__init__(params, {"lr": lr, "adapt": adapt})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        _run(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                ratio = p.norm() / (p.grad.norm() + 1e-12) if group["adapt"] else 1.0
+                p.sub_(group["lr"] * ratio * p.grad)
+
+
+def test_each_param_group_is_classified_with_its_own_hyperparameters():
+    """A group's override decides its kind: adaptation switched ON for the group holding a sharded parameter is
+    refused although the defaults are elementwise (before: the defaults were probed, and the step silently
+    used the shard's norms); switched OFF there, the step runs although the defaults are per-tensor. lr
+    (changed by schedulers, 0 in a warm-up) is taken from the defaults."""
+    sharded, replicated = _registered((4, 3), "S(0)"), _registered((4, 3), "R")
+    opt = _Lars([{"params": [replicated]}, {"params": [sharded], "adapt": True}], lr=0.1, adapt=False)
+    opt.param_groups[1]["lr"] = 0.0  # a warm-up's first lr: every kind would look elementwise with it
+    before = sharded.detach().clone()
+    with pytest.raises(OptimizerError, match="overrides adapt") as info:
+        opt.step()
+    assert info.value.kind == TENSOR and torch.equal(sharded.detach(), before)
+    opt = _Lars([{"params": [replicated]}, {"params": [sharded], "adapt": False}], lr=0.1, adapt=True)
+    opt.step()
+    assert not torch.equal(sharded.detach(), before)
