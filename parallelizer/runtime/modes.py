@@ -24,9 +24,10 @@ Limits: a mode graph whose parameters differ from the first graph's (another set
 reuse the stored shards (`PlanMismatchError`); an in-place op of the new graph whose written argument would
 have to be redistributed (a copy would be written, not the tensor) raises `UnsupportedOpError`; the
 skeleton is a deep copy of the model's modules, so a model that cannot be deep-copied cannot change mode
-(the error says so when the mode changes). A submodule without parameters or buffers (e.g. `nn.Dropout`)
-takes its mode from its nearest ancestor that has some (`ParallelModule` only mirrors modules that own
-state).
+(the error says so when the mode changes). `ParallelModule` mirrors every module of the model
+(`runtime.mirror`), so each one's mode is its own; a module's plain settings changed after the
+ParallelModule was built (a Dropout's `p`, a BatchNorm's `momentum`) select a program the same way: the
+skeleton is traced with them applied.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec
 from ..tracer.graph import TracedGraph, is_view, mutated_args
 from ..tracer.trace import trace
+from .mirror import apply_settings, restore_settings
 
 MODE_ARGUMENTS = frozenset({"training", "train", "use_input_stats"})
 """Schema argument names of ATen ops that carry the module mode (batch_norm, instance_norm, dropout and its
@@ -88,9 +90,10 @@ class Retracer:
                                    f"ParallelModule was built ({type(exc).__name__}: {exc}); make it deep-copyable")
         return cls(skeleton, mode, "", tuple(name for name, _ in skeleton.named_modules()))
 
-    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict) -> TracedGraph:
+    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict, changes: tuple = ()) -> TracedGraph:
         """Trace the skeleton on `args`/`kwargs` with each module in the mode of its nearest entry in `modes`
-        (module name -> training; "" is the root).
+        (module name -> training; "" is the root) and the settings `changes` applied
+        (`runtime.mirror.changed_settings`: (module name, attribute, value), e.g. a Dropout's p).
 
         Raises:
             PlanMismatchError: the model could not be deep-copied into a skeleton (says why and what to do).
@@ -102,7 +105,11 @@ class Retracer:
                 "model in the mode you want and build a ParallelModule for that (or switch the mode back)")
         for name, module in self.skeleton.named_modules():
             module.training = modes[_nearest(name, modes)]
-        return trace(self.skeleton, args, kwargs)
+        undo = apply_settings(self.skeleton, changes)
+        try:
+            return trace(self.skeleton, args, kwargs)
+        finally:
+            restore_settings(undo)
 
 
 def _nearest(name: str, known: dict[str, bool]) -> str:

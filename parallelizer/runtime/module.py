@@ -15,6 +15,9 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
 - `train()` / `eval()` select the program: one program per mode, made the first time the mode is used
   (`runtime.modes`: the model is traced again in that mode and the plan's decisions are carried over);
   the programs share the parameter and buffer shards;
+- submodules are mirrors of the model's modules (`runtime.mirror`: instances of their classes holding the
+  local shards), so code that finds modules by type acts on them; a plain setting changed after build (a
+  Dropout's p) selects a program traced with it, as a mode does;
 - hooks: forward (pre-)hooks and backward hooks on the ParallelModule itself, tensor hooks on parameters,
   state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
   the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
@@ -45,13 +48,14 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
+from .mirror import MODULE_STATE, changed_settings, describe, mirror, settings
 from .optimizer_check import install as check_optimizer_steps
 from .modes import ModeProgram, Retracer, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
 
-# nn.Module's own per-instance state (parameters, buffers, submodules, hooks, mode): copied by __deepcopy__
-_MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+MAX_PROGRAMS = 8
+"""Programs kept for modes / settings other than the first (each change of a setting traces the model again)."""
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
@@ -84,6 +88,7 @@ class ParallelModule(torch.nn.Module):
         self.traced, self.spec, self.rank = traced, spec, rank
         self.grad_bucket_bytes = grad_bucket_bytes
         self.coords = mesh_coords(spec.mesh, rank)
+        self.__dict__["_settings"] = self._mirror(model)
         full = {**dict(model.named_parameters()), **dict(model.named_buffers()), **traced.constant_values()}
         for fqn, info in traced.parameters.items():
             self._register(fqn, self._local(fqn, full[fqn].detach(), init_seed), info.is_buffer,
@@ -111,12 +116,27 @@ class ParallelModule(torch.nn.Module):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            new.__dict__[key] = copy.deepcopy(value, memo) if key in _MODULE_STATE else value
+            new.__dict__[key] = copy.deepcopy(value, memo) if key in MODULE_STATE else value
         register_for_clipping([(f, p, new.spec.params[f]) for f, p in new.named_parameters()], new.spec.mesh,
                               new.groups)
         return new
 
     # -- state ---------------------------------------------------------------------------------------
+    def _mirror(self, model: torch.nn.Module) -> dict[str, dict[str, object]]:
+        """Add a mirror of every submodule of `model` (`runtime.mirror`; a module at two paths is one mirror
+        at both, as in the model); returns each one's settings snapshot by name."""
+        made: dict[int, torch.nn.Module] = {}
+        snapshots = {}
+        for name, module in model.named_modules(remove_duplicate=False):
+            if not name:
+                continue
+            parent, _, leaf = name.rpartition(".")
+            if id(module) not in made:
+                made[id(module)] = mirror(module)
+                snapshots[name] = settings(made[id(module)])
+            self.get_submodule(parent).add_module(leaf, made[id(module)])
+        return snapshots
+
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,
                   requires_grad: bool) -> None:
         """Register `local` under `fqn` and every tied alias of it, with the model's flags."""
@@ -160,8 +180,11 @@ class ParallelModule(torch.nn.Module):
         """The program of the mode last run (at first: the mode the model was traced in)."""
         return self._active.program
 
-    def _modes(self) -> tuple[tuple[str, bool], ...]:
-        return tuple((name, m.training) for name, m in self.named_modules())
+    def _modes(self) -> tuple[tuple[tuple[str, bool], ...], tuple]:
+        """(each submodule's (name, training), the settings changed since the mirrors were made
+        (`runtime.mirror.changed_settings`)): what selects a program."""
+        return (tuple((name, m.training) for name, m in self.named_modules()),
+                changed_settings(self, self.__dict__.get("_settings", {})))
 
     def _frozen(self) -> frozenset[str]:
         return frozenset(f for f, p in self.named_parameters() if not p.requires_grad)
@@ -178,7 +201,7 @@ class ParallelModule(torch.nn.Module):
         elif modes == getattr(self, "_first_modes", modes):
             traced, spec, replicated = self.traced, self.spec, ()
         else:
-            traced = self._retracer.trace(dict(modes), args, kwargs)
+            traced = self._retrace(modes, args, kwargs)
             spec, replicated = carry_over(self.spec, self.traced, traced)
             self._register_new_constants(traced)
             if replicated:
@@ -188,7 +211,26 @@ class ParallelModule(torch.nn.Module):
         program = rewrite(traced, spec, self.rank, grad_bucket_bytes=self.grad_bucket_bytes, frozen=frozen)
         verify(program, traced, spec)
         self.programs[key] = ModeProgram(traced, spec, program, replicated)
+        for old in [k for k in self.programs if k[0] != self._first_modes and k != key][:-MAX_PROGRAMS]:
+            del self.programs[old]  # settings changed often (a dropout schedule): keep the latest few
         return self.programs[key]
+
+    def _retrace(self, modes, args, kwargs) -> TracedGraph:
+        """The model traced again in `modes` (`runtime.modes.Retracer`); a TraceError with settings changed
+        after build names them."""
+        flags, changes = modes
+        try:
+            return self._retracer.trace(dict(flags), args, kwargs, changes)
+        except TraceError as exc:
+            if not changes:
+                raise
+            raise TraceError(
+                f"the model with settings changed after the ParallelModule was built ({describe(changes)})",
+                exc.location, "set such settings on the model before parallelising it, or set them back. "
+                "torch.optim.swa_utils.update_bn sets BatchNorm momentum=None, whose cumulative average "
+                "reads a buffer's value in Python: instead reset_running_stats() on the BatchNorm modules "
+                "and run the loader in train mode with momentum = 1 / k before the k-th batch",
+                str(exc)) from exc
 
     def _register_new_constants(self, traced: TracedGraph) -> None:
         values = traced.constant_values()
@@ -310,43 +352,12 @@ class ParallelModule(torch.nn.Module):
         return _IncompatibleKeys(missing, unexpected)
 
 
-class _StateOnly(torch.nn.Module):
-    """A submodule of a ParallelModule: it holds the local shards of one of the model's modules but never
-    runs (the rank's program is one graph), so forward hooks on it could never fire: registering one raises.
-    Children are reached by attribute, and by index or key as in a ModuleList / ModuleDict."""
-
-    def _no_hooks(self, *args, **kwargs):
-        raise TraceError(
-            "a forward or module backward hook registered on a submodule of a ParallelModule", None,
-            "such a submodule never runs by itself (the sharded program is one graph); register the hook on the "
-            "model's module BEFORE tracing/auto_parallelize (torch.export traces it into the program), or hook "
-            "the ParallelModule itself, or a parameter (tensor hooks work)")
-
-    register_forward_hook = register_forward_pre_hook = _no_hooks
-    register_full_backward_hook = register_full_backward_pre_hook = _no_hooks
-
-    def __getitem__(self, key: int | str) -> torch.nn.Module:
-        """`pm.model.layers[0]` as on the model's ModuleList / ModuleDict (the children holding state)."""
-        if isinstance(key, int):
-            key = str(key if key >= 0 else len(self._modules) + key)
-        return self._modules[key]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __bool__(self) -> bool:  # a module is truthy whatever its number of children (as nn.Module)
-        return True
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-
 def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:
     """The (created on demand) submodule of `root` that owns attribute path `fqn`."""
     module = root
     for part in fqn.split(".")[:-1]:
         if part not in module._modules:
-            module.add_module(part, _StateOnly())
+            module.add_module(part, mirror(None))
         module = module._modules[part]
     return module
 
@@ -378,6 +389,8 @@ def _some(keys: list[str], n: int = 8) -> str:
 
 
 def _describe(modes) -> str:
-    root = dict(modes)[""]
-    odd = [name for name, training in modes if name and training != root]
-    return ("train" if root else "eval") + (f" (submodules in the other mode: {', '.join(odd[:3])})" if odd else "")
+    flags, changes = modes
+    root = dict(flags)[""]
+    odd = [name for name, training in flags if name and training != root]
+    return ("train" if root else "eval") + (f" (submodules in the other mode: {', '.join(odd[:3])})" if odd else "") \
+        + (f" (settings changed: {describe(changes)})" if changes else "")

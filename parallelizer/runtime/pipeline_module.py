@@ -44,6 +44,7 @@ from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_, global_norm
+from .mirror import describe
 from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .module import check_state_keys
@@ -102,6 +103,21 @@ class PipelineModule(torch.nn.Module):
                                 "plan without 'pp' (ParallelModule switches programs)")
         return super().train(mode)
 
+    def _check_modes(self) -> None:
+        """Raise PipelineError when a stage's submodules changed mode or settings (`runtime.mirror`: a BatchNorm
+        set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
+        and before such changes were silently ignored."""
+        for stage in self.run.stages:
+            flags, changes = stage._modes()
+            first_flags, _ = stage._first_modes
+            moved = [name for (name, t), (_, t0) in zip(flags, first_flags) if t != t0]
+            if moved or changes:
+                what = (f"submodules switched train/eval: {', '.join(moved[:3])}" if moved else
+                        f"settings changed: {describe(changes)}")
+                raise PipelineError(f"PipelineModule.step: {what} after the pipeline was built; its stages run the "
+                                    "programs traced then and cannot trace again. Remedy: make the change on the model "
+                                    "before auto_parallelize, or use a plan without 'pp' (ParallelModule traces again)")
+
     def __deepcopy__(self, memo: dict):
         """Refused (PipelineError): a copy would need its own schedules and stage-to-stage channels, which
         deepcopy cannot make (before: torch's "Cannot access data pointer" RuntimeError from the kept trace)."""
@@ -149,6 +165,7 @@ class PipelineModule(torch.nn.Module):
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
         check_loss_source(self.traced, loss_fn, "PipelineModule.step")
+        self._check_modes()
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "
                             f"None, got {type(target).__name__}. Remedy: pass one tensor, or put the other values "

@@ -154,6 +154,27 @@ def train_eval(rank: int, world_size: int, specs: dict) -> dict:
     out["branchy_warning"] = [str(w.message) for w in caught]
     pm.train()
     out["branchy_train"] = (pm(x).detach(), reference.train()(x).detach())
+
+    # modules found by type after wrapping (runtime.mirror): BatchNorm frozen in a training loop (ddp), a
+    # Dropout's p lowered to 0 (tp=2); before, the loops matched no submodule of pm and changed nothing
+    model, (x,) = conv_bn()
+    reference = copy.deepcopy(model)
+    pm = _pm(model, (x,), specs["conv_bn"])
+    for m in (pm, reference):
+        for module in m.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.eval()
+    out["bn_frozen_by_type"] = (pm(x).detach(), reference(x).detach())
+    model, (x,) = dropout_mlp()
+    reference = copy.deepcopy(model)
+    pm = _pm(model, (x,), specs["dropout"])
+    for m in (pm, reference):
+        for module in m.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the dropout op with p=0 is not the plan's: run replicated (warned)
+        out["dropout_p_by_type"] = (pm(x).detach(), reference(x).detach())
     return out
 
 

@@ -4,7 +4,8 @@ the eager model on one device:
 5. train()/eval(): after one training step, eval outputs of Conv -> BatchNorm2d -> Linear (dp=2) equal eager
    eval outputs and the running buffers stay untouched and equal to eager's; a dropout model (tp=2) is the
    identity in eval; a model with a Python branch on self.training runs its eval branch (its extra op
-   replicated, with a warning); train() returns to the training program.
+   replicated, with a warning); train() returns to the training program. Modules found by type after wrapping
+   (`isinstance(m, nn.BatchNorm2d)` -> eval, `isinstance(m, nn.Dropout)` -> p = 0) act as on the model.
 6. a frozen Linear(2, 2, bias=False) before a trainable one: no requires_grad, no gradient, no gradient
    sync, no optimizer state, not moved by AdamW, on one device and on dp=2; unfreezing gives eager's gradient.
 7. state_dict/named_parameters keys equal the model's (Llama: non-persistent inv_freq left out), the
@@ -93,6 +94,8 @@ def test_eval_mode_matches_eager_eval(ranks):
         torch.testing.assert_close(*r["branchy_eval"])
         torch.testing.assert_close(*r["branchy_train"])
         assert any("run replicated: mul" in w for w in r["branchy_warning"]), r["branchy_warning"]
+        torch.testing.assert_close(*r["bn_frozen_by_type"])  # before: batch statistics, > 0.1 off
+        torch.testing.assert_close(*r["dropout_p_by_type"])  # before: p = 0.5 dropout
 
 
 def _frozen_on_one_device():

@@ -1,0 +1,167 @@
+"""The module tree of a ParallelModule: the model's modules mirrored by instances of their own classes.
+
+A ParallelModule runs one traced program, so its submodules never run; they hold the local shards under the
+model's names. Training scripts find modules by type after wrapping: `for m in pm.modules(): if
+isinstance(m, nn.BatchNorm2d): m.eval()` (frozen BatchNorm statistics when fine-tuning),
+`torch.optim.swa_utils.update_bn(loader, pm)` (it resets BatchNorm statistics and sets `momentum=None`), a
+Dropout's `p` lowered by a schedule, `model.apply(init_fn)`. With plain holder modules these matched nothing
+and did nothing, silently (update_bn on a Conv -> BatchNorm model left the running mean 0.15 off one
+device's). So each submodule of a ParallelModule is a MIRROR:
+
+- an instance of a class derived from the model module's own class (`mirror_class`: `_StateOnly` first, so
+  it never runs a forward and refuses module hooks), made without calling its constructor, holding the
+  model module's attributes (shallow copies of its `__dict__` outside nn.Module's own state, except tensors
+  and modules kept as plain attributes: they hold full values) and this rank's shards of its parameters and
+  buffers; `isinstance` and attribute reads see the model's module;
+- the module's SETTINGS are its plain attributes (bool, int, float, str, None, and tuples of them: a
+  Dropout's `p`, a BatchNorm's `momentum` and `eps`, an activation's `approximate`), snapshotted when the
+  mirror is made (`settings`). A change after that (`changed_settings`) is a different model: the
+  ParallelModule traces the model again with the change applied (`runtime.modes`, as for train/eval), or, where
+  it cannot (a pipeline stage), raises PlanMismatchError; it is never ignored.
+
+Method calls on a mirror run the model class's code on the mirror's local shards: elementwise writes
+(`reset_running_stats`, `nn.init.normal_`, `zero_`) act on each shard as on the full tensor; code that reads
+a parameter's shape or indexes its rows (`xavier_uniform_`'s fans, `weight[padding_idx].zero_()`) sees the
+local shard, as for any use of `pm.parameters()`: initialise the model before parallelising it.
+A class whose mirror class cannot be made (a metaclass or `__init_subclass__` that refuses it) is mirrored by a
+plain `_StateOnly`.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ..errors import TraceError
+
+MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+"""nn.Module's own per-instance state (parameters, buffers, submodules, hooks, mode): not copied to mirrors
+(and what `ParallelModule.__deepcopy__` copies)."""
+_CLASSES: dict[type, type] = {}
+_MISSING = object()
+
+
+class _StateOnly(torch.nn.Module):
+    """A submodule of a ParallelModule: it holds the local shards of one of the model's modules but never
+    runs (the rank's program is one graph), so forward hooks on it could never fire: registering one raises.
+    Children are reached by attribute, and by index or key as in a ModuleList / ModuleDict."""
+
+    def _no_hooks(self, *args, **kwargs):
+        raise TraceError(
+            "a forward or module backward hook registered on a submodule of a ParallelModule", None,
+            "such a submodule never runs by itself (the sharded program is one graph); register the hook on the "
+            "model's module BEFORE tracing/auto_parallelize (torch.export traces it into the program), or hook "
+            "the ParallelModule itself, or a parameter (tensor hooks work)")
+
+    register_forward_hook = register_forward_pre_hook = _no_hooks
+    register_full_backward_hook = register_full_backward_pre_hook = _no_hooks
+
+    def forward(self, *args, **kwargs):
+        raise TraceError(
+            f"a call of the submodule {type(self).__name__} of a ParallelModule", None,
+            "its parameters are this rank's shards and the sharded program runs the model as one graph; call the "
+            "ParallelModule itself (or parallelise that submodule as its own model)")
+
+    def __getitem__(self, key: int | str) -> torch.nn.Module:
+        """`pm.model.layers[0]` as on the model's ModuleList / ModuleDict (the children holding state)."""
+        if isinstance(key, int):
+            key = str(key if key >= 0 else len(self._modules) + key)
+        return self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __bool__(self) -> bool:  # a module is truthy whatever its number of children (as nn.Module)
+        return True
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+def mirror_class(cls: type) -> type:
+    """The mirror class of module class `cls` (cached): `_StateOnly` before `cls` in the MRO, named like
+    `cls`; `_StateOnly` itself when `cls` is nn.Module or no such class can be made."""
+    if cls in (torch.nn.Module, _StateOnly) or issubclass(cls, _StateOnly):
+        return _StateOnly
+    if cls not in _CLASSES:
+        try:
+            _CLASSES[cls] = types.new_class(cls.__name__, (_StateOnly, cls), exec_body=lambda ns: ns.update(
+                {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}))
+        except Exception:  # noqa: BLE001 - a metaclass, layout conflict or __init_subclass__ refusing it:
+            # a plain holder (isinstance then fails, as before mirrors)
+            _CLASSES[cls] = _StateOnly
+    return _CLASSES[cls]
+
+
+def mirror(module: torch.nn.Module | None) -> torch.nn.Module:
+    """A mirror of `module` (module docstring) without its parameters, buffers and children; a plain
+    `_StateOnly` for None (a path the model does not have as a module)."""
+    if module is None:
+        return _StateOnly()
+    cls = mirror_class(type(module))
+    new = object.__new__(cls)
+    torch.nn.Module.__init__(new)
+    if cls is not _StateOnly:
+        for key, value in module.__dict__.items():  # not tensors or modules outside nn.Module's registries:
+            if key not in MODULE_STATE and not isinstance(value, (torch.Tensor, torch.nn.Module)):  # full values
+                new.__dict__[key] = value
+        for registry in ("_parameters", "_buffers"):  # entries registered as None (Conv2d(bias=False).bias)
+            getattr(new, registry).update({k: None for k, v in getattr(module, registry).items() if v is None})
+    new.training = module.training
+    return new
+
+
+def settings(module: torch.nn.Module) -> dict[str, object]:
+    """The module's plain attributes (module docstring), by name."""
+    return {k: v for k, v in module.__dict__.items() if k not in MODULE_STATE and _plain(v)}
+
+
+def changed_settings(root: torch.nn.Module, snapshots: dict[str, dict[str, object]]) -> tuple:
+    """((module name, attribute, current value), ...) for every snapshotted setting of `root`'s submodules
+    that differs now (a deleted one: the value `None` with attribute name suffixed ' (deleted)')."""
+    out = []
+    for name, module in root.named_modules():
+        for key, value in snapshots.get(name, {}).items():
+            now = module.__dict__.get(key, _MISSING)
+            if now is _MISSING:
+                out.append((name, key + " (deleted)", None))
+            elif now is not value and not (type(now) is type(value) and now == value):
+                out.append((name, key, now))
+    return tuple(out)
+
+
+def apply_settings(skeleton: torch.nn.Module, changes: tuple) -> list[tuple]:
+    """Set `changes` (from `changed_settings`) on the matching modules of `skeleton`; returns what to pass to
+    `restore_settings` to undo it."""
+    undo = []
+    for name, key, value in changes:
+        module = skeleton.get_submodule(name)
+        if key.endswith(" (deleted)"):
+            key = key[: -len(" (deleted)")]
+            undo.append((module, key, module.__dict__.get(key, _MISSING)))
+            module.__dict__.pop(key, None)
+        else:
+            undo.append((module, key, module.__dict__.get(key, _MISSING)))
+            setattr(module, key, value)
+    return undo
+
+
+def restore_settings(undo: list[tuple]) -> None:
+    """Undo `apply_settings`."""
+    for module, key, value in reversed(undo):
+        if value is _MISSING:
+            module.__dict__.pop(key, None)
+        else:
+            module.__dict__[key] = value
+
+
+def describe(changes: tuple, n: int = 3) -> str:
+    """'bn.momentum=None, drop.p=0.0' for the first n changes."""
+    text = ", ".join(f"{name or '<root>'}.{key}={value!r}" for name, key, value in changes[:n])
+    return text + (f" ... ({len(changes) - n} more)" if len(changes) > n else "")
+
+
+def _plain(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
