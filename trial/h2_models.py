@@ -566,7 +566,7 @@ class SoftRank(nn.Module):
         soft = torch.sigmoid((s[:, None] - s[None, :]) / self.tau).sum(1)
         target = y.flatten().argsort().argsort().float()
         srt, idx = s.sort(0, descending=True)
-        top = srt[:3].sum() + s[idx[-1]]
+        top = srt[:3].sum() + s.gather(0, idx[-1:]).sum()
         return (soft - target).pow(2).mean() + 0.01 * top
 
 
