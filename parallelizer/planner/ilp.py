@@ -252,11 +252,14 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool) -> Solution:
     elapsed = time.perf_counter() - start
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         check_memory(problem, config, recompute)
+        proved = prob.status == pulp.LpStatusInfeasible  # not the time limit: no plan exists
         raise InfeasiblePlanError(
-            f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
-            f"{pulp.LpStatus[prob.status]}) on mesh {problem.mesh}: {_binding(problem, config)}. Remedies for a "
-            "binding memory budget: raise it, more devices, activation recomputation (recompute='auto' or "
-            "'full'); for the time limit: raise time_limit_s.")
+            f"the {solver_name} solver " + ("proved that no plan exists" if proved else
+                                            f"found no plan within {config.time_limit_s} s")
+            + f" (status {pulp.LpStatus[prob.status]}, {elapsed:.1f} s) on mesh {problem.mesh}: "
+            f"{_binding(problem, config)}. Remedies for a binding memory budget: raise it, more devices, activation "
+            "recomputation (recompute='auto' or 'full')" + ("." if proved else "; for the time limit: raise "
+                                                             "time_limit_s."))
     choice = tuple(0 if len(vs) == 1 else int(np.argmax([v.varValue or 0.0 for v in vs])) for vs in x)
     gap = _gap(prob, solver_name)
     optimal = prob.sol_status == pulp.LpSolutionOptimal and (gap is None or gap <= max(config.mip_rel_gap, 1e-6))

@@ -370,11 +370,12 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
         inside = (local_t >= 0) & (local_t < logits.shape[1])
         picked = shifted.gather(1, local_t.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)).squeeze(1) \
             if logits.shape[1] else shifted.new_zeros(target.shape)
-        picked = picked * inside
+        picked = torch.where(inside, picked, 0.0)  # not `* inside`: a clamped index may land on a -inf logit
+        # (a banned class, padded vocab, a masked diagonal), and -inf * 0 is NaN
         for ranks in class_groups:
             sum_exp = collectives.all_reduce(sum_exp, ranks)
             picked = collectives.all_reduce(picked, ranks)
-        loss = (sum_exp.log() - picked) * (target != ignore_index)
+        loss = torch.where(target != ignore_index, sum_exp.log() - picked, 0.0)  # an ignored row may be all -inf
         if reduction == 2 or reduction == 1:
             loss = loss.sum()
     if names[reduction] != "mean":

@@ -413,6 +413,7 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     """`_tensor_metas` of a node's value; a shape that depends on tensor values (nonzero, masked_select, unique,
     boolean-mask indexing: export gives it an unbacked symbol) is a TraceError naming the node, its op and the
     user's source line (int() of such a symbol raised torch's GuardOnDataDependentSymNode from here)."""
+    _refuse_tensor_read_as_number(node)
     leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
     for t in leaves:
         if any(isinstance(d, torch.SymInt) and not isinstance(d.node.maybe_as_int(), int) for d in t.shape):
@@ -425,6 +426,33 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
                 "torch.where(mask, x, 0) or x * mask instead of x[mask] / masked_select / nonzero / unique, "
                 "and sums over the masked tensor instead of its selected elements")
     return _tensor_metas(node.meta.get("val"))
+
+
+_SYMBOLIC_CHECKS = ("_assert_scalar", "sym_constrain_range", "_assert_async")
+
+
+def _refuse_tensor_read_as_number(node: torch.fx.Node) -> None:
+    """A TraceError where a tensor's value, read as a Python number (`t.item()`, `int(t)`, indexing with a 0-dim
+    tensor: `s[idx[-1]]`), is an argument of another op (select, narrow, roll, mul by a scalar...). Its value is
+    unknown when tracing (export gives it an unbacked symbol), differs per rank where the tensor is sharded or a
+    Partial sum, and a sharding rule sees only tensor arguments (the planner failed with a bare StopIteration)."""
+    val = node.meta.get("val")
+    if node.op != "call_function" or not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) \
+            or isinstance(val.node.maybe_as_int() if isinstance(val, torch.SymInt) else None, int):
+        return
+    users = [u for u in node.users if u.op == "call_function"
+             and not any(c in str(u.target) for c in _SYMBOLIC_CHECKS)]
+    if not users:
+        return
+    frames = re.findall(r'File "([^"]+)", line (\d+)', users[0].meta.get("stack_trace") or node.meta.get("stack_trace")
+                        or "")
+    user = [f"{f}:{n}" for f, n in frames if not _internal(f)]
+    raise TraceError(
+        f"a tensor value read as a Python number ({node.name}: {node.target}) and passed to another op "
+        f"({users[0].name}: {users[0].target})", user[-1] if user else None,
+        "keep the value a tensor: index with index_select / gather / take_along_dim (e.g. "
+        "s.gather(0, idx[-1:]) instead of s[idx[-1]]), multiply by the 0-dim tensor instead of its .item(), "
+        "or compute the number outside forward and pass it in as a Python value")
 
 
 def _tensor_metas(val: Any) -> tuple[TensorMeta, ...]:

@@ -3,14 +3,18 @@ against the single-device model (eager, `rehearse`)."""
 import contextlib
 import io
 
+import numpy as np
 import pytest
 
 import parallelizer
+from parallelizer.config import PlanConfig
+from parallelizer.planner.api import build as build_problem, to_plan
+from parallelizer.planner.ilp import solve
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
-from trial_models import (aux_loss_in_place, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
+from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, penalty_net, spectral_norm_linear,
                           uneven_gather_as_strided)
@@ -22,6 +26,19 @@ def _plan(builder, mesh, **options):
     model, inputs = builder()[:2]
     with contextlib.redirect_stdout(io.StringIO()):
         return parallelizer.plan(parallelizer.trace(model, inputs), mesh, **options)
+
+
+def _random_cost_plan(builder, mesh, roles, seed):
+    """A plan whose ILP costs are replaced by random ones (as `tests/fuzz/run_fuzz.py`), for unusual layouts."""
+    model, inputs = builder()[:2]
+    with contextlib.redirect_stdout(io.StringIO()):
+        traced, config = parallelizer.trace(model, inputs), PlanConfig(axis_roles=roles)
+        problem, pricer = build_problem(traced, parallelizer.core.MeshSpec(tuple(mesh), tuple(mesh.values())),
+                                        config=config)
+        rng = np.random.default_rng(seed)
+        problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
+        problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
+        return to_plan(traced, problem, pricer, solve(problem, config), config)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +56,8 @@ def two_rank_reports():
                               _plan(as_strided_of_transpose, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "spectral_norm": (spectral_norm_linear, _plan(spectral_norm_linear, {"tp": 2}, axis_roles={"tp": "tp"})),
              "input_written": (input_written_in_place,
-                               _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+                               _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 1))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -79,6 +97,17 @@ def test_a_boolean_mask_index_put_shards_the_mask_with_the_batch(two_rank_report
     index tensor and let h be sharded along T with the mask replicated: every rank raised IndexError (mask
     [4, 8] vs a local [4, 4, 16]); Wav2Vec2 with its default SpecAugment masking failed so on tp=2."""
     report = two_rank_reports["bool_mask"]
+    assert report.matches(), report
+
+
+def test_vocab_parallel_cross_entropy_of_logits_with_minus_inf_entries(two_rank_reports):
+    """Two classes' logits set to -inf before cross-entropy, classes sharded on tp=2 (vocab-parallel
+    cross-entropy, chosen under random planner costs): the loss equals eager's. Before, the rank whose shard
+    does not hold a row's target gathered a clamped index, here a -inf logit, and zeroed it as
+    `picked * inside` = -inf * 0 = NaN: the loss was NaN on every rank while the gradients matched (SimCLR's
+    NT-Xent with its masked diagonal on dp=2 under random costs, trial h2)."""
+    report = two_rank_reports["banned_classes"]
+    assert "sharded_cross_entropy" in report.rank0_code and "[[0, 1]], 0)" in report.rank0_code, report.rank0_code
     assert report.matches(), report
 
 

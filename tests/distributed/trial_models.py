@@ -279,3 +279,27 @@ class InPlaceThroughViews(nn.Module):
 def in_place_through_views():
     torch.manual_seed(0)
     return InPlaceThroughViews(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class BannedClasses(nn.Module):
+    """linear -> tanh -> head whose logits of two classes are set to -inf (banned tokens; Megatron's padded
+    vocabulary; the masked diagonal of SimCLR's in-batch similarities) -> cross-entropy. Class 8 is the first
+    class of the second shard on tp=2, where a rank that does not hold a row's target gathers (clamped)."""
+
+    def __init__(self, v: int = 16) -> None:
+        super().__init__()
+        self.a, self.head = nn.Linear(H, H), nn.Linear(H, v)
+        banned = torch.zeros(v, dtype=torch.bool)
+        banned[[3, v // 2]] = True
+        self.register_buffer("banned", banned, persistent=False)
+
+    def forward(self, x, y):
+        logits = self.head(torch.tanh(self.a(x))).masked_fill(self.banned, float("-inf"))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def banned_classes():
+    torch.manual_seed(0)
+    y = torch.randint(0, 16, (B, T), generator=torch.Generator().manual_seed(7))
+    y[(y == 3) | (y == 8)] = 5
+    return BannedClasses(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)), y)

@@ -195,3 +195,27 @@ def test_infeasible_in_place_write_through_a_view_names_the_writer():
     with pytest.raises(InfeasiblePlanError, match=r"detach is a view of p_0_weight that embedding_renorm_ "
                                                   r"\(aten.embedding_renorm_.default\) writes in place"):
         _plan(traced, {"dp": 2}, axis_roles={"dp": "fsdp"})
+
+
+class _PairsOverTheBatch(nn.Module):
+    """A margin ranking loss over every pair of the batch: s_i - s_j needs the whole batch on each rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 1)
+
+    def forward(self, x):
+        s = self.a(x).squeeze(-1)
+        return torch.relu(0.5 - (s[:, None] - s[None, :])).mean()
+
+
+def test_an_infeasible_problem_is_reported_as_proved_not_as_a_time_limit():
+    """The solver proves the problem infeasible (forced ddp forbids gathering the batch a pairwise loss needs):
+    the error says so. It read 'found no plan within 60.0 s' and advised raising time_limit_s (trial h2)."""
+    torch.manual_seed(0)
+    traced = parallelizer.trace(_PairsOverTheBatch(), (torch.randn(4, 8),))
+    with pytest.raises(InfeasiblePlanError) as err:
+        _plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    text = str(err.value)
+    assert "time_limit_s" not in text and "within" not in text, text
+    assert "no plan" in text and "axis_roles" in text, text

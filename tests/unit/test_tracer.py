@@ -177,6 +177,29 @@ def test_an_output_size_that_depends_on_values_is_a_trace_error(op):
     assert "torch.where" in err.value.remedy
 
 
+class _TensorReadAsNumber(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.a = op, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        s = self.a(x).flatten()
+        return s[s.argsort()[-1]] if self.op == "index" else s * s.abs().max().item()
+
+
+@pytest.mark.parametrize("op", ["index", "item"])
+def test_a_tensor_value_read_as_a_number_and_passed_to_an_op_is_a_trace_error(op):
+    """`s[idx[-1]]` (indexing with a 0-dim tensor) and `s * t.item()` trace to an unbacked scalar (aten.item)
+    passed to select.int / mul: the planner raised a bare StopIteration from its pricer (it walks only
+    tensor arguments), on every mesh (a soft-rank loss, trial h2)."""
+    line = inspect.getsourcelines(_TensorReadAsNumber.forward)[1] + 2
+    with pytest.raises(TraceError, match=r"tensor value read as a Python number \(item.*(select|mul)") as err:
+        parallelizer.trace(_TensorReadAsNumber(op), (torch.randn(3, 4),))
+    if op == "index":
+        assert err.value.location == f"{__file__}:{line}"
+    assert "gather" in err.value.remedy
+
+
 def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
     """BatchNorm(momentum=None) reads num_batches_tracked as a Python float inside torch's forward: the error
     says so and what to change, besides the user's line."""
