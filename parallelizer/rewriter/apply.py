@@ -253,6 +253,8 @@ class _Rewriter:
         steps = edge_steps(src, dst, tuple(shape), self.mesh, itemsize=dtype.itemsize,
                            grad_partial_axes=grad_axes if requires_grad else (), requires_grad=requires_grad,
                            is_parameter=is_parameter)
+        if is_parameter and requires_grad and any(s.kind in ("grad_all_reduce", "all_gather") for s in steps):
+            _refuse_sparse_gradient(self.traced.node(name), steps)
         for step in steps:
             value = self._emit_step(value, step, tuple(shape))
         return value
@@ -295,6 +297,24 @@ class _Rewriter:
         dsts = sharding.inputs if sharding else tuple(Layout.replicate(self.mesh.ndim) for _ in tensor_args)
         delivered = iter([self._redistribute(a, dst, ()) for a, dst in zip(tensor_args, dsts)])
         self.graph.output(torch.fx.node.map_arg(node.args, lambda a: next(delivered))[0])
+
+
+def _refuse_sparse_gradient(info, steps) -> None:
+    """Raise UnsupportedOpError when the parameter of NodeInfo `info` feeds an `nn.Embedding(sparse=True)`
+    (a sparse gradient) and its gradient crosses ranks (`steps`: a DDP all-reduce, an FSDP reduce-scatter):
+    the collectives move dense tensors. Before, the first backward raised torch's "reshape is not implemented
+    for sparse tensors" (ddp) or "unsupported memory format option Contiguous" (fsdp) from inside the
+    gradient sync."""
+    for user in info.node.users:
+        sparse = user.args[4] if len(user.args) > 4 else user.kwargs.get("sparse", False)
+        if user.target is torch.ops.aten.embedding.default and sparse:
+            step = next(s for s in steps if s.kind in ("grad_all_reduce", "all_gather"))
+            raise UnsupportedOpError(
+                f"parameter {info.param_fqn or info.name!r} feeds node {user.name} (nn.Embedding(sparse=True)): "
+                f"its sparse gradient would cross ranks over mesh axis {step.mesh_axis!r} ({step.kind}), and the "
+                "gradient collectives move dense tensors. Remedy: nn.Embedding(sparse=False) (dense gradients; Adam "
+                "or SGD instead of SparseAdam), or a mesh where the embedding weight is stored and used sharded "
+                "(axis_roles 'tp') so its gradient stays local")
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:

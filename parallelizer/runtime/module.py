@@ -22,6 +22,11 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
   state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
   the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
   is one graph) and raises TraceError at registration saying so;
+- `full_model()` yields the model's own modules with full tensors and writes the shards back; `apply(fn)` runs
+  `fn` there (initialisers see nn.Linear and whole tensors); `to_empty` keeps the materialised shards;
+  `torch.func.functional_call(pm, {fqn: local tensor}, ...)` runs the given tensors; torch.func transforms are
+  refused; `torch.nn.init`'s shape-reading / random initialisers on sharded parameters are refused
+  (`runtime.init_check`);
 - `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`), and so does
   `torch.nn.utils.clip_grad_norm_(pm.parameters(), ...)` (the parameters are registered with their layouts);
 - `step(*inputs, target=, loss_fn=)` runs forward, loss and backward and returns the loss (`runtime.step`),
@@ -39,7 +44,7 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
-from ..errors import PlanMismatchError, StateDictError, TraceError
+from ..errors import PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, rewrite
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
@@ -48,9 +53,10 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
-from .mirror import MODULE_STATE, changed_settings, describe, mirror, settings
+from .init_check import install as check_initialisers
+from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, settings
 from .optimizer_check import install as check_optimizer_steps
-from .modes import ModeProgram, Retracer, carry_over
+from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
 
@@ -105,6 +111,7 @@ class ParallelModule(torch.nn.Module):
         self.groups = self.program.groups
         register_for_clipping([(f, p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
         check_optimizer_steps()
+        check_initialisers()
 
     def __deepcopy__(self, memo: dict) -> "ParallelModule":
         """A ParallelModule with its own copies of this rank's parameter and buffer shards (ties kept) and of
@@ -142,6 +149,7 @@ class ParallelModule(torch.nn.Module):
         """Register `local` under `fqn` and every tied alias of it, with the model's flags."""
         info = self.traced.parameters.get(fqn)
         tensor = local if is_buffer else torch.nn.Parameter(local, requires_grad=requires_grad)
+        self.__dict__.setdefault("_local_shapes", {})[fqn] = tuple(local.shape)
         for name in (fqn, *(info.aliases if info is not None else ())):
             owner = _owner(self, name)
             if is_buffer:
@@ -166,9 +174,36 @@ class ParallelModule(torch.nn.Module):
         return init_local_shard(fqn, tuple(full.shape), full.dtype, layout, self.spec.mesh, self.coords, seed=seed)
 
     def _state(self, program: RankProgram | None = None) -> list[torch.Tensor]:
-        """The local tensors of `program`'s leading placeholders (default: the current program's)."""
+        """The local tensors of `program`'s leading placeholders (default: the current program's), read as
+        attributes, so that tensors swapped in by `torch.func.functional_call(pm, {fqn: tensor}, ...)` (MAML's
+        fast weights, a hypernetwork) are the ones the program runs on.
+
+        Raises:
+            PlanMismatchError: a swapped-in tensor whose shape is not this rank's local shard's (e.g. a full
+                tensor from the unparallelised model), naming it, both shapes and the remedy.
+        """
         program = program or self.program
-        return [self.get_parameter(f) if not self._is_buffer(f) else self.get_buffer(f) for f in program.state_fqns]
+        out = []
+        for fqn in program.state_fqns:
+            owner, _, name = fqn.rpartition(".")
+            module = self.get_submodule(owner)
+            tensor = getattr(module, name)
+            local = self._local_shapes.get(fqn)
+            if local is not None and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) != local:
+                full = tuple(self.traced.parameters[fqn].shape) if fqn in self.traced.parameters else None
+                hint = (" (the full tensor's shape: this rank holds a shard of it)"
+                        if full is not None and tuple(tensor.shape) == full else "")
+                raise PlanMismatchError(
+                    f"{fqn!r} was given as a tensor of shape {tuple(tensor.shape)}{hint}, but this rank's program "
+                    f"takes its local shard of shape {local}. Remedy: pass tensors shaped like "
+                    "pm.named_parameters()'s values (e.g. computed from them), as torch.func.functional_call(pm, "
+                    "{name: p - lr * g for (name, p), g in zip(pm.named_parameters(), grads)}, inputs)")
+            out.append(tensor)
+        return out
+
+    def _registered(self, fqn: str) -> torch.Tensor:
+        """The registered local parameter or buffer `fqn`."""
+        return self.get_buffer(fqn) if self._is_buffer(fqn) else self.get_parameter(fqn)
 
     def _is_buffer(self, fqn: str) -> bool:
         owner, _, name = fqn.rpartition(".")
@@ -240,6 +275,13 @@ class ParallelModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         """Run the program of the current mode on global inputs; returns the model's output structure."""
+        if torch._C._are_functorch_transforms_active():
+            raise UnsupportedOpError(
+                "ParallelModule under a torch.func transform (grad, vmap, jacrev, jvp, ...): its collectives are "
+                "autograd.Functions that functorch cannot transform, and its program is made for the traced batch "
+                "(vmap's per-sample calls are batches of 1). Remedy: take gradients with torch.autograd.grad or "
+                "backward() (torch.func.functional_call(pm, params, inputs) works without a transform around it); "
+                "for per-sample gradients, compute them on the unparallelised model")
         self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
         traced = self._active.traced
         tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
@@ -302,6 +344,99 @@ class ParallelModule(torch.nn.Module):
         return clip_grad_norm_([(p, layouts[f]) for f, p in self.named_parameters()], self.spec.mesh, self.groups,
                                max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
 
+    # -- the whole model -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def full_model(self, writeback: bool = True):
+        """The model as one device holds it, for code that reads module types or whole tensors (collective:
+        enter and leave on every rank alike).
+
+        Yields a copy of the model's modules, of their own classes (nn.Linear, the model's blocks...), holding
+        the FULL parameters and buffers gathered from every rank. On leaving (writeback=True), every rank
+        writes its shard of each tensor back into `pm`, mirrors `requires_grad_` and train/eval changes, and
+        the copy is dropped. What needs it: re-initialisation (`m.apply(init)`, `nn.init.orthogonal_`,
+        `reset_parameters()`: a shard's shape is not the tensor's, so fans, orthogonality and random draws on
+        `pm.parameters()` differ from one device's), projections that read a whole tensor (`p.div_(p.norm())`,
+        `torch.renorm`) and freezing by module type. `pm.apply(fn)` runs `fn` this way. FSDP's
+        `summon_full_params(writeback=True)` is the same idea. Every full tensor exists on every rank: for
+        models that fit one device (a model too large for that is initialised from `meta` by its shards,
+        `init_seed`).
+
+        Modes and plain settings (a dropout's `p`) changed on the copy are set on `pm`'s submodules (`runtime.
+        mirror`), so the next forward runs a program traced with them, as for a change made on `pm` directly.
+
+        Raises (on leaving, before anything is written back):
+            UnsupportedOpError (on entering): no skeleton of the model (a pipeline stage, a model that could not
+                be deep-copied).
+            StateDictError: a tensor was replaced by one of another shape.
+            PlanMismatchError: the ranks computed different values (random draws from generators seeded
+                differently): seed every rank alike before calling it.
+        """
+        skeleton = self._retracer.skeleton
+        if skeleton is None:
+            raise UnsupportedOpError(
+                f"ParallelModule.full_model / apply needs the model's skeleton, which this module has not: "
+                f"{self._retracer.error or self._no_retrace}. Remedy: initialise or change the model before "
+                "auto_parallelize, or write values with load_full_state_dict(full_state_dict)")
+        stateful = {f: info for f, info in self.traced.parameters.items() if not info.is_constant}
+        locals_ = {f: self._registered(f) for f in stateful}
+        memo: dict[int, torch.Tensor] = {}
+        for fqn, info in stateful.items():
+            full = gather_tensor(locals_[fqn], self.spec.params[fqn], self.spec.mesh, self.groups, tuple(info.shape),
+                                 self.coords).clone()
+            tensor = full if info.is_buffer else torch.nn.Parameter(full, locals_[fqn].requires_grad)
+            memo.setdefault(id(_attribute(skeleton, fqn)), tensor)
+        model = copy.deepcopy(skeleton, memo)
+        flags, changes = self._modes()
+        apply_settings(model, changes)  # the copy as the mirrors are now: modes and settings changed since build
+        flags = dict(flags)
+        for name, module in model.named_modules():
+            module.training = flags[_nearest(name, flags)]
+        yield model
+        if not writeback:
+            return
+        values = {}
+        for fqn, info in stateful.items():
+            value = _attribute(model, fqn)
+            if tuple(value.shape) != tuple(info.shape):
+                raise StateDictError(
+                    f"full_model / apply replaced {fqn!r} {tuple(info.shape)} by a tensor of shape "
+                    f"{tuple(value.shape)}; nothing was written back. Remedy: write the tensor in place, keeping "
+                    "its shape (a new shape needs a new trace and plan)", missing=[], unexpected=[])
+            values[fqn] = value
+        _check_equal_across_ranks(values, self.spec.mesh.world_size)
+        with torch.no_grad():
+            for fqn, value in values.items():
+                local = locals_[fqn]
+                local.copy_(shard_tensor(value.detach().to(local.dtype), self.spec.params[fqn], self.spec.mesh,
+                                         self.coords))
+                if isinstance(local, torch.nn.Parameter):
+                    local.requires_grad_(value.requires_grad)
+        own = dict(self.named_modules())
+        for name, module in model.named_modules():  # modes and settings changed inside: the mirrors take them
+            if name in own:  # (a changed setting selects a program traced with it at the next forward)
+                own[name].training = module.training
+                for key, value in settings(module).items():
+                    if name and own[name].__dict__.get(key, value) is not value:
+                        setattr(own[name], key, value)
+
+    def apply(self, fn):
+        """`nn.Module.apply` on the model as one device holds it: `fn` sees the model's own module classes with
+        full tensors (`full_model`), and each rank keeps its shards of the result, so `pm.apply(init_weights)`
+        initialises as `model.apply(init_weights)` does on one device (the same numbers from the same seed on
+        every rank). Collective. Before, `fn` saw the ParallelModule's state-holding containers (no
+        nn.Linear among them): an `isinstance(m, nn.Linear)` initialiser did nothing, silently."""
+        with self.full_model() as model:
+            model.apply(fn)
+        return self
+
+    def to_empty(self, *, device, recurse: bool = True):
+        """`nn.Module.to_empty` (FSDP2 / torchtitan's meta-device recipe: build on meta, parallelise,
+        `to_empty`, initialise). A ParallelModule's shards are already materialised (a model on `meta` is
+        initialised shard by shard, `init_seed`), so they keep their values and move to `device`; initialise
+        them afterwards with `pm.apply(fn)` or `full_model()`. Before, this replaced them with uninitialised
+        memory, which an initialiser that never ran (see `apply`) left in place: NaN outputs."""
+        return self.to(device)
+
     # -- full tensors --------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Gather every tensor of the model's `state_dict()` to its full value (collective: call on all ranks).
@@ -322,6 +457,29 @@ class ParallelModule(torch.nn.Module):
             for name in (fqn, *info.aliases):
                 out[name] = full
         return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """`nn.Module.load_state_dict` of LOCAL shards (what `pm.state_dict()` holds on this rank).
+
+        Raises:
+            StateDictError: a tensor has the full shape of the model's tensor where this rank holds a shard
+                (a state dict of the unparallelised model): names it and the remedy, `load_full_state_dict`.
+                Before, torch's "size mismatch" RuntimeError named only the shapes (tp, fsdp); under ddp it
+                loads, as local and full shapes are equal.
+        """
+        expected, _, _ = check_state_keys(self.traced, state_dict, False, "load_state_dict")
+        full = [key for key, value in state_dict.items() if key in expected and isinstance(value, torch.Tensor)
+                and tuple(value.shape) == tuple(self.traced.parameters[expected[key]].shape)
+                != self._local_shapes.get(expected[key], tuple(value.shape))]
+        if full:
+            raise StateDictError(
+                f"load_state_dict: {len(full)} tensor(s) have the model's full shape where this rank holds a shard, "
+                f"e.g. {full[0]!r} {tuple(state_dict[full[0]].shape)} (local shard "
+                f"{self._local_shapes[expected[full[0]]]}): pm.load_state_dict takes this rank's local shards, as "
+                "pm.state_dict() gives them. Remedy: pm.load_full_state_dict(state_dict, strict=...) for a state "
+                "dict of the unparallelised model (each rank cuts its shards), or parallelizer.checkpoint.load "
+                "for a sharded checkpoint", missing=[], unexpected=[])
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> _IncompatibleKeys:
         """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into the
@@ -350,6 +508,33 @@ class ParallelModule(torch.nn.Module):
                 local = self.get_buffer(fqn) if self.traced.parameters[fqn].is_buffer else self.get_parameter(fqn)
                 local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
         return _IncompatibleKeys(missing, unexpected)
+
+
+def _attribute(root: torch.nn.Module, fqn: str):
+    """The attribute at dotted path `fqn` of `root` (a parameter, buffer or any tensor attribute)."""
+    owner, _, name = fqn.rpartition(".")
+    return getattr(root.get_submodule(owner), name)
+
+
+def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) -> None:
+    """Raise PlanMismatchError naming the first tensor whose checksum differs between the ranks (collective
+    over the default group, which a non-pipeline ParallelModule's mesh spans)."""
+    import torch.distributed as dist
+
+    if not values or not dist.is_initialized() or dist.get_world_size() != world_size or world_size == 1:
+        return
+    sums = torch.stack([torch.nan_to_num(v.detach().double().sum(), nan=0.0, posinf=1e300, neginf=-1e300)
+                        for v in values.values()])
+    low, high = sums.clone(), sums.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    differs = [fqn for fqn, lo, hi in zip(values, low.tolist(), high.tolist()) if lo != hi]
+    if differs:
+        raise PlanMismatchError(
+            f"full_model / apply: the ranks computed different values for {differs[0]!r}"
+            f"{f' (and {len(differs) - 1} more)' if len(differs) > 1 else ''}, e.g. random draws from generators "
+            "seeded differently; nothing was written back. Remedy: torch.manual_seed(same seed) on every rank "
+            "before it")
 
 
 def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:

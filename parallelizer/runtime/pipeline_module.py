@@ -127,6 +127,15 @@ class PipelineModule(torch.nn.Module):
                             "for p in pm.parameters()], then ema_p.lerp_(p, 1 - decay) after each step), or a plan "
                             "without 'pp', whose ParallelModule can be deep-copied")
 
+    def apply(self, fn):
+        """Refused (PipelineError): the stages hold this rank's pieces of the model (each stage's modules mirror
+        the whole model's, `runtime.mirror`, but only its own parameters are there, as shards), so `fn` would see
+        neither every parameter nor whole tensors; a ParallelModule runs `fn` on the full model
+        (`ParallelModule.apply`)."""
+        raise PipelineError("PipelineModule.apply(fn): the stages hold this rank's pieces of the model, so fn (an "
+                            "initialiser) would see neither all parameters nor whole tensors. Remedy: apply fn to the "
+                            "model before auto_parallelize, or load values with pm.load_full_state_dict(state_dict)")
+
     def forward(self, *args, **kwargs):
         raise PipelineError("PipelineModule: a pipeline plan runs forward and backward together over its "
                             f"{self.run.microbatches} microbatches. Remedy: loss = pm.step(*inputs, target=..., "

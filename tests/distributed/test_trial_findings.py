@@ -10,14 +10,15 @@ import parallelizer
 from parallelizer.config import PlanConfig
 from parallelizer.planner.api import build as build_problem, to_plan
 from parallelizer.planner.ilp import solve
+from parallelizer.errors import UnsupportedOpError
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
-                          in_place_through_views, input_written_in_place, penalty_net, spectral_norm_linear,
-                          uneven_gather_as_strided)
+                          in_place_through_views, input_written_in_place, loop_mlp, penalty_net, sparse_embedding,
+                          spectral_norm_linear, training_loop_rank, uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
 
@@ -210,3 +211,72 @@ def test_in_place_writes_through_views_on_a_mesh_with_an_empty_shard():
     plan = _plan(in_place_through_views, {"dp": 3}, axis_roles={"dp": "fsdp"})
     report = rehearse_many([(in_place_through_views, {}, plan)], steps=2)[0]
     assert report.matches(), report
+
+
+# ------------------------------------------------- round 7: user code around and on a ParallelModule
+LOOP_MESHES = {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"})}
+
+
+@pytest.fixture(scope="module")
+def loop_results():
+    """`training_loop_rank` on ddp, fsdp and tp=2 plans of the MLP, in ONE launch of 2 ranks."""
+    specs = {name: spec_from_plan(_plan(loop_mlp, mesh, axis_roles=roles))
+             for name, (mesh, roles) in LOOP_MESHES.items()}
+    per_rank = spawn(run_each, 2, [(training_loop_rank, (spec,)) for spec in specs.values()], timeout_s=300)
+    return {name: [ranks[i] for ranks in per_rank] for i, name in enumerate(specs)}
+
+
+@pytest.mark.parametrize("mesh", list(LOOP_MESHES))
+def test_apply_initialises_the_full_model_as_one_device_does(loop_results, mesh):
+    """`pm.apply(init)` with an `isinstance(m, nn.Linear)` initialiser (seeded xavier_uniform_ + normal_) gives
+    eager's parameters and gradients; so does FSDP2's meta recipe (build on meta, parallelise, `to_empty`,
+    `apply(init)`) and a whole-tensor projection (`p.div_(p.norm())`) under `pm.full_model()`. Before, fn saw the
+    ParallelModule's state containers (no nn.Linear): nothing was initialised, outputs 2.9 off eager on every
+    mesh, and `to_empty` left uninitialised memory: NaN outputs."""
+    for r in loop_results[mesh]:
+        assert r["apply"] < 1e-5 and r["meta_to_empty_apply"] < 1e-5 and r["full_model_div_norm"] < 1e-6, r
+
+
+@pytest.mark.parametrize("mesh", list(LOOP_MESHES))
+def test_whole_tensor_initialisers_on_shards_are_refused(loop_results, mesh):
+    """`nn.init.orthogonal_` on a sharded `pm` parameter raises UnsupportedOpError naming it and the remedy
+    (before: outputs 4.5 (fsdp) and 9.2 (tp=2) off eager, silently); under ddp every rank
+    holds the whole tensor and it runs. `pm.apply` with unequal seeds on the ranks is refused before anything is
+    written; a module attribute changed inside `apply` is set on pm's submodule (runtime.mirror: the next
+    forward traces the model with it); a full state dict given to `load_state_dict` names `load_full_state_dict`."""
+    for r in loop_results[mesh]:
+        if mesh == "ddp":
+            assert r["init_on_shards"] == "no error", r
+        else:
+            assert r["init_on_shards"].startswith("UnsupportedOpError: torch.nn.init.orthogonal_ on 'proj.weight'"), r
+            assert "load_full_state_dict" in r["load_full_as_local"] and "StateDictError" in r["load_full_as_local"], r
+        assert r["apply_unseeded"].startswith("PlanMismatchError") and "manual_seed" in r["apply_unseeded"], r
+        assert r["apply_changes_attribute"] == 3, r
+
+
+@pytest.mark.parametrize("mesh", list(LOOP_MESHES))
+def test_functional_call_runs_the_given_tensors_and_func_transforms_are_refused(loop_results, mesh):
+    """MAML: `torch.func.functional_call(pm, fast_weights, x)` with fast weights made from pm's shards, then the
+    outer backward: pm's gradients equal eager's. Before, every call raised AttributeError "`weight` is not an
+    nn.Parameter" from nn.Module.get_parameter. `torch.func.grad` / vmap / jacrev over pm raise
+    UnsupportedOpError (before: torch's autograd.Function setup_context RuntimeError); full tensors given to
+    functional_call on a sharded mesh name the local shape."""
+    for r in loop_results[mesh]:
+        assert r["maml"] < 1e-6, r
+        assert r["func_grad"].startswith("UnsupportedOpError: ParallelModule under a torch.func transform"), r
+        if mesh != "ddp":
+            assert r["full_tensors_to_functional_call"].startswith("PlanMismatchError"), r
+
+
+@pytest.mark.parametrize("roles", [{"dp": "ddp"}, {"dp": "fsdp"}])
+def test_a_sparse_embedding_gradient_that_would_cross_ranks_is_refused_at_build(roles):
+    """nn.Embedding(sparse=True) on dp=2: the rewriter raises UnsupportedOpError naming the weight and the remedy
+    (before: the first backward raised torch's "reshape is not implemented for sparse tensors" (ddp) or
+    "unsupported memory format option Contiguous" (fsdp) from inside the gradient sync). On tp=2 the weight's
+    gradient stays local and it trains as eager (checked by hand: 1.5e-8)."""
+    model, inputs = sparse_embedding()
+    traced = parallelizer.trace(model, inputs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"dp": 2}, axis_roles=roles)
+    with pytest.raises(UnsupportedOpError, match=r"'emb.weight'.*sparse=True.*Remedy: nn.Embedding\(sparse=False\)"):
+        parallelizer.rewrite(traced, plan, rank=0)

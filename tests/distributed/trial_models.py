@@ -303,3 +303,114 @@ def banned_classes():
     y = torch.randint(0, 16, (B, T), generator=torch.Generator().manual_seed(7))
     y[(y == 3) | (y == 8)] = 5
     return BannedClasses(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)), y)
+
+
+# ------------------------------------------------- round 7: user code around and on a ParallelModule
+LOOP_MLP = dict(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+
+
+def loop_mlp(device: str = "cpu"):
+    from parallelizer import zoo
+
+    return zoo.mlp(device=device, **LOOP_MLP)
+
+
+class SparseEmbeddingBag(nn.Module):
+    """nn.Embedding(sparse=True) -> mean over the sequence -> Linear: a sparse gradient for SparseAdam."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, H, sparse=True), nn.Linear(H, 4)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def sparse_embedding():
+    torch.manual_seed(0)
+    return SparseEmbeddingBag(), (torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(1)),)
+
+
+def _xavier(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        nn.init.xavier_uniform_(m.weight)
+        nn.init.normal_(m.bias)
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test asserts the class and message
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def training_loop_rank(rank: int, world_size: int, spec) -> dict:
+    """User code around and on a ParallelModule against the same code on the eager MLP (module docstring of
+    test_trial_findings, round 7): max |diff| of this rank's shards to eager's, or the error a call raised."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.func import functional_call, grad
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.rewriter.state import shard_tensor
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    create_groups(all_axis_groups(spec.mesh))
+
+    def fresh(device="cpu"):
+        model, (x,) = loop_mlp(device)
+        return ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model), loop_mlp()[0], x
+
+    def off(pm, ref, attr=None):  # max |diff| of parameters (or their .grad) to eager's, on this rank's shards
+        full = {f: getattr(p, attr) if attr else p for f, p in ref.named_parameters()}
+        return max((getattr(p, attr) if attr else p).detach().sub(
+            shard_tensor(full[f].detach(), spec.params[f], spec.mesh, pm.coords)).abs().max().item()
+            for f, p in pm.named_parameters())
+
+    out = {}
+    pm, ref, x = fresh()
+    for m in (pm, ref):
+        torch.manual_seed(3)
+        m.apply(_xavier)
+        m(x).pow(2).mean().backward()
+    out["apply"] = max(off(pm, ref), off(pm, ref, "grad"))
+
+    pm, ref, x = fresh("meta")
+    pm.to_empty(device="cpu")
+    for m in (pm, ref):
+        torch.manual_seed(3)
+        m.apply(_xavier)
+    out["meta_to_empty_apply"] = off(pm, ref)
+
+    pm, ref, x = fresh()
+    with pm.full_model() as full, torch.no_grad():
+        for p in full.parameters():
+            p.div_(p.norm())
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.div_(p.norm())
+    out["full_model_div_norm"] = off(pm, ref)
+
+    pm, ref, x = fresh()
+    out["init_on_shards"] = _error(lambda: nn.init.orthogonal_(pm.get_parameter("proj.weight")))
+    torch.manual_seed(rank)
+    out["apply_unseeded"] = _error(lambda: pm.apply(_xavier))
+    pm.apply(lambda m: setattr(m, "in_features", 3) if isinstance(m, nn.Linear) else None)
+    out["apply_changes_attribute"] = pm.get_submodule("proj").in_features  # the submodule (a mirror) takes it
+    out["load_full_as_local"] = _error(lambda: pm.load_state_dict(ref.state_dict()))
+
+    pm, ref, x = fresh()
+    for m in (pm, ref):  # MAML: an inner step on fast weights through functional_call, then the outer backward
+        names, params = zip(*m.named_parameters())
+        inner = torch.autograd.grad(m(x).pow(2).mean(), params)
+        fast = {n: p - 0.1 * g for n, p, g in zip(names, params, inner)}
+        functional_call(m, fast, (x.flip(0),)).pow(2).mean().backward()
+    out["maml"] = off(pm, ref, "grad")
+    params = {n: p.detach() for n, p in pm.named_parameters()}
+    out["func_grad"] = _error(lambda: grad(lambda ps: functional_call(pm, ps, (x,)).pow(2).mean())(params))
+    out["full_tensors_to_functional_call"] = _error(lambda: functional_call(pm, dict(ref.named_parameters()), (x,)))
+    return out

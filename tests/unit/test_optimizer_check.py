@@ -55,6 +55,22 @@ def test_the_kind_of_an_optimizer_is_found_by_running_it(cls, kwargs, kind):
     assert kind_of(cls, _defaults(cls, **kwargs)) == kind
 
 
+@pytest.mark.parametrize("kwargs", [{}, dict(line_search_fn="strong_wolfe"), dict(max_iter=50, history_size=5)])
+def test_an_optimizer_that_converges_on_the_quadratic_probe_is_still_classified(kwargs):
+    """LBFGS with its defaults (20 iterations per step) reaches the probe quadratic's minimum within 3 steps,
+    whether it reads the tensors together or not, so the quadratic alone called it per-element and it stepped
+    fsdp / tp shards: on 2 ranks the ranks' local stopping tests then disagreed and the run hung
+    (trial/lbfgs_default_on_shards.py). A linear loss, which it cannot converge on, shows it is coupled; the
+    per-element optimizers stay per-element on it."""
+    assert kind_of(torch.optim.LBFGS, _defaults(torch.optim.LBFGS, **kwargs)) == COUPLED
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Rprop, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax,
+                                 torch.optim.Adadelta, torch.optim.ASGD])
+def test_elementwise_optimizers_stay_elementwise_on_the_linear_probe(cls):
+    assert kind_of(cls, _defaults(cls)) == ELEMENT
+
+
 def test_an_optimizer_the_probe_cannot_build_is_unknown():
     assert kind_of(_NeedsAModel, {"lr": 0.1}) is None
 

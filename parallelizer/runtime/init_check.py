@@ -1,0 +1,61 @@
+"""`torch.nn.init` on local shards: refuse initialisers whose result on a shard is not the shard of the result.
+
+`ParallelModule.parameters()` are this rank's local shards. An initialiser that reads the tensor's shape
+(xavier / kaiming fans, `orthogonal_`, `eye_`, `dirac_`, `sparse_`) or draws random numbers (`uniform_`,
+`normal_`, `trunc_normal_`) computes on the shard: other fans and bounds, a shard that is orthogonal on its
+own, and, with every rank seeded alike as it must be, the same draws on every shard (fsdp dp=2: the two halves
+of each weight equal). Measured on a 2-layer MLP: outputs 4.5 (fsdp) and 9.2 (tp=2) off one device after
+`nn.init.orthogonal_` on `pm.parameters()`, silently. `constant_`, `zeros_` and `ones_` fill every element alike
+and are exact; on replicated parameters (ddp) every initialiser is exact.
+
+`install()` (called by every ParallelModule) replaces those functions in `torch.nn.init` once, by wrappers that
+raise `UnsupportedOpError` for a parameter registered by a ParallelModule (`grad_norm.owner_of`) whose stored
+layout shards it over a mesh axis of size > 1, naming the parameter, its layout and the remedy
+(`pm.apply(fn)` / `with pm.full_model() as model:`, which run on the full tensors), and call torch's own function
+otherwise. Module methods that call them through the module (`nn.Linear.reset_parameters` calls
+`init.kaiming_uniform_`) are covered; a name imported from torch.nn.init before the first ParallelModule was
+built is torch's own function, as for `clip_grad_norm_` (`runtime.grad_norm`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..core.layout import Shard
+from ..errors import UnsupportedOpError
+from .grad_norm import owner_of
+
+SHAPE_OR_RANDOM = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                   "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
+"""The torch.nn.init functions whose result on a shard is not the shard of their result on the full tensor."""
+
+
+def install() -> None:
+    """Wrap the SHAPE_OR_RANDOM functions of torch.nn.init (once per process)."""
+    for name in SHAPE_OR_RANDOM:
+        original = getattr(torch.nn.init, name, None)
+        if original is None or getattr(original, "_parallelizer_checked", False):
+            continue
+        setattr(torch.nn.init, name, _checked(name, original))
+
+
+def _checked(name: str, original):
+    @functools.wraps(original)
+    def init(tensor, *args, **kwargs):
+        owner = owner_of(tensor) if isinstance(tensor, torch.Tensor) else None
+        if owner is not None:
+            axes = [axis for axis, size, p in zip(owner.mesh.axis_names, owner.mesh.shape, owner.layout)
+                    if isinstance(p, Shard) and size > 1]
+            if axes:
+                raise UnsupportedOpError(
+                    f"torch.nn.init.{name} on {owner.fqn!r}, a local shard (stored sharded over mesh axis "
+                    f"{', '.join(axes)}): its shape is not the parameter's, so fans, orthogonality and random draws "
+                    "(the same on every rank seeded alike) would differ from one device's. Remedy: initialise the "
+                    "model before auto_parallelize (or load values with pm.load_full_state_dict), or run the "
+                    "initialiser on full tensors: pm.apply(init_fn), or "
+                    "`with pm.full_model() as model: torch.nn.init." + name + "(model.<name>)`")
+        return original(tensor, *args, **kwargs)
+
+    init._parallelizer_checked = True
+    return init
