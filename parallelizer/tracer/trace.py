@@ -413,7 +413,17 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     """`_tensor_metas` of a node's value; a shape that depends on tensor values (nonzero, masked_select, unique,
     boolean-mask indexing: export gives it an unbacked symbol) is a TraceError naming the node, its op and the
     user's source line (int() of such a symbol raised torch's GuardOnDataDependentSymNode from here)."""
-    leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
+    val = node.meta.get("val")
+    if (node.op == "call_function" and node.users and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
+            and val.node.maybe_as_int() is None and not val.node.is_constant()):
+        frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+        user = [f"{f}:{n}" for f, n in frames if not _internal(f)]
+        raise TraceError(
+            f"a Python number read from tensor data ({node.name}: {getattr(node.target, '__name__', node.target)}"
+            f" -> {type(val).__name__}, e.g. `.item()`) used in the computation", user[-1] if user else None,
+            "keep it a tensor (`y / y.abs().max()` instead of `y / y.abs().max().item()`): on shards each rank "
+            "would read its own shard's number, and the planner can shard and price tensors only")
+    leaves = [t for t in pytree.tree_leaves(val) if isinstance(t, torch.Tensor)]
     for t in leaves:
         if any(isinstance(d, torch.SymInt) and not isinstance(d.node.maybe_as_int(), int) for d in t.shape):
             frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")

@@ -177,6 +177,48 @@ def test_an_output_size_that_depends_on_values_is_a_trace_error(op):
     assert "torch.where" in err.value.remedy
 
 
+class _AssertOnData(torch.nn.Module):
+    """XLM's / Flaubert's forward: `assert lengths.max().item() <= slen` on lengths computed from the ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        lengths = (x != 0).long().sum(dim=1)
+        torch._check(lengths.max().item() <= x.shape[1])  # what export makes of a plain `assert` (pytest rewrites those)
+        return self.a(x)
+
+
+def test_a_data_dependent_assert_leaves_no_scalar_nodes_and_plans():
+    """Export turns the assert into `max -> item -> operator.le -> _assert_scalar`; dropping only the last left
+    a SymBool node that the planner's pricer met with a bare StopIteration (XLM, Flaubert on every mesh)."""
+    traced = parallelizer.trace(_AssertOnData(), (torch.randn(4, 4),))
+    targets = [str(n.target) for n in traced.graph_module.graph.nodes]
+    assert not any("item" in t or "le" == t.rpartition(" ")[2].strip(">") for t in targets), targets
+    assert any("computing only their conditions" in n for n in traced.notes)
+    plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert plan.mesh.world_size == 2
+
+
+class _ItemInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return h / h.abs().max().item()
+
+
+def test_a_number_read_from_tensor_data_and_used_is_a_trace_error():
+    """`.item()` whose value feeds the computation: each rank would read its own shard's number; the planner
+    raised a bare StopIteration (untyped) on the SymFloat it produced."""
+    with pytest.raises(TraceError, match=r"Python number read from tensor data") as err:
+        parallelizer.trace(_ItemInForward(), (torch.randn(3, 4),))
+    assert "keep it a tensor" in err.value.remedy
+
+
 def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
     """BatchNorm(momentum=None) reads num_batches_tracked as a Python float inside torch's forward: the error
     says so and what to change, besides the user's line."""
