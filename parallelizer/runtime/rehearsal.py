@@ -36,6 +36,7 @@ from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_grou
 from ..rewriter.state import shard_tensor
 from ..tracer.graph import draws_random
 from ..tracer.trace import trace
+from ..tracer.watch import HOST_RNG_NOTE
 from .launch import create_groups, spawn
 from .module import ParallelModule
 from .precision import RECIPES, autocast, describe
@@ -203,10 +204,16 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
 
 def random_ops(traced) -> str:
     """The ops of the traced forward that draw random numbers (`tracer.graph.draws_random`: dropout p > 0,
-    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3) or ''."""
+    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draw the
+    tracer noted (numpy / Python random: values frozen at trace time, e.g. LayerDrop or SpecAugment); '' if none."""
     found = [f"{node.name} ({getattr(node.target, '__name__', node.target)})"
              for node in traced.graph_module.graph.nodes if draws_random(node)]
-    return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    text = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    host = next((n for n in traced.notes if n.startswith(HOST_RNG_NOTE)), None)
+    if host is not None:
+        text += ("; " if text else "") + "numpy / Python random in forward, frozen at trace time" + \
+            (f" ({host.split('first draw: ', 1)[1]})" if "first draw: " in host else "")
+    return text
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:

@@ -50,7 +50,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
-from .graph import carries_grad, is_view, mutated_args, returns_written
+from .graph import carries_grad, draws_random, is_view, mutated_args, returns_written
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -220,13 +220,32 @@ def _out_free_overload(schema):
 
 
 def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    dropped = 0
+    """Drop export's assertion nodes, and with them the condition each one alone read: a data-dependent
+    `assert lengths.max().item() <= slen` (XLM, Flaubert) leaves `max -> item -> operator.le` with no user
+    once its `_assert_scalar` is gone, and a SymInt/SymBool computed from tensor data is no value the
+    planner can price or shard (it raised a bare StopIteration there). Only nodes that write nothing are
+    removed, and only when nothing else reads them."""
+    dropped, dead = 0, 0
+    todo: list[torch.fx.Node] = []
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in _ASSERT_OPS and not node.users:
+            todo.extend(a for a in node.all_input_nodes)
             gm.graph.erase_node(node)
             dropped += 1
+    erased: set[torch.fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if (node in erased or node.users or node.op != "call_function" or mutated_args(node)
+                or draws_random(node) or node.target in _ASSERT_OPS):
+            continue
+        inputs = list(node.all_input_nodes)
+        gm.graph.erase_node(node)
+        erased.add(node)
+        dead += 1
+        todo.extend(inputs)
     if dropped:
-        notes.append(f"dropped {dropped} shape-assertion node(s)")
+        notes.append(f"dropped {dropped} shape-assertion node(s)"
+                     + (f" and {dead} node(s) computing only their conditions" if dead else ""))
 
 
 def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:

@@ -38,22 +38,51 @@ HOST_RNG_NOTE = ("forward drew random numbers from numpy's or Python's generator
                  "or switch the augmentation off")
 
 
+_NUMPY_DRAWS = ("rand", "randn", "randint", "random", "random_sample", "ranf", "sample", "choice", "uniform",
+                "normal", "permutation", "shuffle", "binomial", "poisson", "beta", "exponential")
+_PYTHON_DRAWS = ("random", "randint", "randrange", "choice", "choices", "uniform", "shuffle", "sample", "gauss")
+
+
 @contextlib.contextmanager
 def host_rng_watch(notes: list[str]):
     """Note, and warn, when the traced forward advanced numpy's or Python's global random generator
     (`HOST_RNG_NOTE`): export runs forward once and lifts what it drew as constants. Checked by comparing the
-    generators' states before and after tracing (export itself draws from neither)."""
+    generators' states before and after tracing (export itself draws from neither); the module-level draw
+    functions are wrapped meanwhile so that the note names the first call's source line (e.g. a LayerDrop
+    `np.random.random()` or a SpecAugment mask)."""
     import random
 
     np = sys.modules.get("numpy")
+    calls: list[str] = []
+    patched = [(random, name, getattr(random, name)) for name in _PYTHON_DRAWS]
+    if np is not None:
+        patched += [(np.random, name, getattr(np.random, name)) for name in _NUMPY_DRAWS if hasattr(np.random, name)]
+    for module, name, fn in patched:
+        setattr(module, name, _recording(fn, f"{'numpy.random' if module is not random else 'random'}.{name}", calls))
     before = (random.getstate(), np.random.get_state() if np is not None else None)
-    yield
+    try:
+        yield
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)
     after_np = np.random.get_state() if np is not None else None
     moved = random.getstate() != before[0] or (
         after_np is not None and (after_np[2] != before[1][2] or not (after_np[1] == before[1][1]).all()))
     if moved:
-        notes.append(HOST_RNG_NOTE)
-        warnings.warn(HOST_RNG_NOTE, stacklevel=4)
+        note = HOST_RNG_NOTE + (f"; first draw: {calls[0]}" if calls else "")
+        notes.append(note)
+        warnings.warn(note, stacklevel=4)
+
+
+def _recording(fn, name: str, calls: list[str]):
+    """`fn` that records, on its first call, `name` and the calling source line outside this module."""
+    def draw(*args, **kwargs):
+        if not calls:
+            frame = next((f for f in reversed(traceback.extract_stack()[:-1]) if f.filename != __file__), None)
+            calls.append(f"{name} at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})" if frame
+                         else name)
+        return fn(*args, **kwargs)
+    return draw
 
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -162,34 +191,56 @@ class _Ctx:
 
 
 def _check_custom_backward(cls: type, metas, location: str | None, notes: list[str]) -> None:
+    """Non-float tensor inputs (masks, indices) are ones: every position valid (YOSO's int query/key masks,
+    which made the check give up before). Float inputs are drawn from N(0, scale^2), at scale 1 and else
+    0.1: a forward defined only on part of the line (YOSO's acos of q . k) gives NaN at scale 1, and NaN
+    gradients compared with `>` would have read as equal."""
     name = f"{cls.__module__}.{cls.__qualname__}"
-    gen = torch.Generator().manual_seed(0)
-
-    def real(meta):
-        shape, dtype, grad = meta
-        return torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(grad)
 
     def is_meta(x):
         return isinstance(x, tuple) and len(x) == 3 and isinstance(x[1], torch.dtype)
 
-    try:
-        leaves = [m for m in pytree.tree_leaves(metas, is_leaf=is_meta) if is_meta(m)]
-        if not leaves or not all(m[1].is_floating_point for m in leaves):
-            raise RuntimeError("non-float tensor inputs")
+    def attempt(scale: float):
+        gen = torch.Generator().manual_seed(0)
+
+        def real(meta):
+            shape, dtype, grad = meta
+            if not dtype.is_floating_point:
+                return torch.ones(shape, dtype=dtype)
+            return (scale * torch.randn(shape, generator=gen, dtype=torch.float64)).requires_grad_(grad)
+
         args, kwargs = pytree.tree_map(lambda m: real(m) if is_meta(m) else m, metas, is_leaf=is_meta)
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not inputs:
-            return
+            return None
         with torch.enable_grad():
             custom = cls.apply(*args, **kwargs)
             plain = cls.forward(_Ctx(), *args, **kwargs)
             outs = [(c, p) for c, p in zip(pytree.tree_leaves(custom), pytree.tree_leaves(plain))
                     if isinstance(c, torch.Tensor) and c.requires_grad and p.requires_grad]
             if not outs:
-                return
+                return None
             seeds = [torch.randn(c.shape, generator=gen, dtype=c.dtype) for c, _ in outs]
             g_custom = torch.autograd.grad([c for c, _ in outs], inputs, seeds, allow_unused=True)
             g_plain = torch.autograd.grad([p for _, p in outs], inputs, seeds, allow_unused=True)
+        return g_custom, g_plain
+
+    def finite(grads):
+        return all(g is None or bool(torch.isfinite(g).all()) for g in (*grads[0], *grads[1]))
+
+    try:
+        leaves = [m for m in pytree.tree_leaves(metas, is_leaf=is_meta) if is_meta(m)]
+        if not any(m[1].is_floating_point for m in leaves):
+            raise RuntimeError("no float tensor inputs")
+        for scale in (1.0, 0.1):
+            grads = attempt(scale)
+            if grads is None:
+                return
+            if finite(grads):
+                break
+        else:
+            raise RuntimeError("non-finite gradients on random inputs at scales 1 and 0.1")
+        g_custom, g_plain = grads
     except Exception as exc:  # the check could not run: say so, do not guess
         text = (f"forward calls the torch.autograd.Function {name}: the traced program differentiates the ops of "
                 f"its forward instead of calling its backward, and whether the two agree could not be checked "

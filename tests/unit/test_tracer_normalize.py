@@ -1,11 +1,14 @@
 """Tracer, continued: the graph normalisations (`tracer/normalize.py`: no-grad regions, in-place writes of fresh
 values and their out-of-place overloads, out= variants, as_strided), what `tracer/watch.py` notes (numpy
 draws), repeated-group names, and user inputs named like Python builtins."""
+import inspect
+
 import pytest
 import torch
 
 import parallelizer
 from parallelizer import TraceError
+from parallelizer.runtime.rehearsal import random_ops
 
 
 class _EmaBlock(torch.nn.Module):
@@ -89,6 +92,10 @@ def test_randomness_drawn_with_numpy_in_forward_is_noted_and_warned():
     with pytest.warns(UserWarning, match="numpy's or Python's generator"):
         traced = parallelizer.trace(model, (x,))
     assert any("froze the values" in n for n in traced.notes)
+    # the note names the draw and its line; the rehearsal's list of random sources carries it
+    line = inspect.getsourcelines(_NumpyMask.forward)[1] + 4
+    assert any(f"numpy.random.rand at {__file__}:{line}" in n for n in traced.notes), traced.notes
+    assert f"frozen at trace time (numpy.random.rand at {__file__}:{line}" in random_ops(traced)
     program = traced.exported.module()
     assert torch.equal(program(x), program(x)) and not torch.equal(model(x), model(x))  # the frozen mask
     quiet = parallelizer.trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)), (x,))
