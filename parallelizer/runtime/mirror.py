@@ -13,7 +13,7 @@ device's). So each submodule of a ParallelModule is a MIRROR:
   model module's attributes (shallow copies of its `__dict__` outside nn.Module's own state, except tensors
   and modules kept as plain attributes: they hold full values) and this rank's shards of its parameters and
   buffers; `isinstance` and attribute reads see the model's module;
-- the module's SETTINGS are its plain attributes (bool, int, float, str, None, and tuples of them: a
+- the module's SETTINGS are its public plain attributes (bool, int, float, str, None, and tuples of them: a
   Dropout's `p`, a BatchNorm's `momentum` and `eps`, an activation's `approximate`), snapshotted when the
   mirror is made (`settings`). A change after that (`changed_settings`) is a different model: the
   ParallelModule traces the model again with the change applied (`runtime.modes`, as for train/eval), or, where
@@ -112,8 +112,9 @@ def mirror(module: torch.nn.Module | None) -> torch.nn.Module:
 
 
 def settings(module: torch.nn.Module) -> dict[str, object]:
-    """The module's plain attributes (module docstring), by name."""
-    return {k: v for k, v in module.__dict__.items() if k not in MODULE_STATE and _plain(v)}
+    """The module's public plain attributes (module docstring), by name (private ones, `_name`, are bookkeeping
+    of torch or libraries, not the model's configuration)."""
+    return {k: v for k, v in module.__dict__.items() if k not in MODULE_STATE and not k.startswith("_") and _plain(v)}
 
 
 def changed_settings(root: torch.nn.Module, snapshots: dict[str, dict[str, object]]) -> tuple:
