@@ -18,7 +18,9 @@
 5. An in-place op writing a FRESH activation (`loss += aux_loss` in transformers' MoE models, `F.relu(x,
    inplace=True)` on a conv output) becomes its out-of-place form, and the readers of the written value after
    the write read the new result: fresh = the output of a compute op that is neither a view nor itself an
-   in-place write (so it aliases no parameter, buffer, input or other value) and that no view aliases. The
+   in-place write (so it aliases no parameter, buffer, input or other value) and that no view aliases, or a
+   view of one that only that view reads (`nn.Dropout(inplace=True)` on `pooled.flatten(1)`, MobileNetV2's
+   classifier: its dropout_ had no rule and ran replicated, and under 'ddp' the plan was infeasible). The
    planner never redistributes a value written in place (`planner.strategies.mutation_edges`), which is right
    for state but made `loss += aux` on a Partial (a mean loss over a sharded batch) unplannable under 'ddp'
    (InfeasiblePlanError on cross_entropy_loss); the out-of-place form computes the same values.
@@ -525,9 +527,7 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
         if node.op != "call_function" or mutated_args(node) != [0] or not returns_written(node):
             continue
         base = node.args[0]
-        if not (isinstance(base, torch.fx.Node) and base.op == "call_function" and not is_view(base)
-                and not returns_written(base) and not mutated_args(base) and "val" in base.meta
-                and not any(is_view(u) for u in base.users)):
+        if not (isinstance(base, torch.fx.Node) and _fresh(base) and not any(is_view(u) for u in base.users)):
             continue
         functional = _functional_overload(node.target)
         args = _with_defaults(node.target._schema, node.args, node.kwargs)  # bernoulli_(x): p=0.5 for bernoulli.p
@@ -547,6 +547,19 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
     if rewritten:
         notes.append("wrote in-place op(s) on fresh activations out of place (same values; the planner may then "
                      "redistribute them): " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+
+
+def _fresh(node: torch.fx.Node) -> bool:
+    """Whether `node` is a fresh activation (module docstring, normalisation 5), or a view of one that only
+    this chain of views reads (`F.dropout(h.flatten(1), inplace=True)` after a pooling: the write reaches no
+    other reader of the pooled value)."""
+    while is_view(node):
+        parent = node.args[0] if node.args else None
+        if not (isinstance(parent, torch.fx.Node) and len(parent.users) == 1):
+            return False
+        node = parent
+    return (node.op == "call_function" and not returns_written(node) and not mutated_args(node)
+            and "val" in node.meta)
 
 
 def _functional_overload(target):

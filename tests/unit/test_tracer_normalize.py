@@ -237,3 +237,30 @@ def test_in_place_ops_whose_out_of_place_form_has_another_overload_name_are_writ
     torch.testing.assert_close(traced_value, model(x))
     for role in ("ddp", "fsdp"):
         assert parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role}).mesh.world_size == 2
+
+
+class _PooledInPlaceDropout(torch.nn.Module):
+    """MobileNetV2's head: conv -> global pooling -> flatten (a view) -> Dropout(inplace=True) -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.drop, self.head = torch.nn.Conv2d(3, 8, 3), torch.nn.Dropout(0.2, inplace=True), \
+            torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.nn.functional.adaptive_avg_pool2d(self.conv(x), 1).flatten(1)))
+
+
+def test_an_in_place_op_on_a_view_only_it_reads_is_written_out_of_place():
+    """`dropout_` on `pooled.flatten(1)`: the view is the pooled value's only reader, so the write is rewritten
+    as `dropout` (which has a rule). Before, dropout_ kept no rule (run replicated, a fallback) and its written
+    view could not be redistributed, so forced data parallelism was infeasible (MobileNetV2 under ddp)."""
+    import contextlib
+    import io
+
+    traced = parallelizer.trace(_PooledInPlaceDropout(), (torch.randn(4, 3, 6, 6),))
+    targets = [str(n.target) for n in traced.graph_module.graph.nodes]
+    assert "aten.dropout.default" in targets and "aten.dropout_.default" not in targets, targets
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert not plan.fallbacks
