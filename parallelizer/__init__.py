@@ -18,7 +18,7 @@ Public API (see README.md):
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
 from .errors import (InfeasiblePlanError, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
-                     PrecisionError, StateDictError, TraceError, UnsupportedOpError)
+                     PrecisionError, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
@@ -34,5 +34,5 @@ __all__ = [
     "rewrite", "ParallelModule",
     "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
-    "PlanValidationError", "StateDictError", "PrecisionError", "OptimizerError",
+    "PlanValidationError", "StateDictError", "PrecisionError", "OptimizerError", "WrapperError",
 ]

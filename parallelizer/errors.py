@@ -73,6 +73,12 @@ class OptimizerError(ParallelizerError, TypeError):
         super().__init__(message)
 
 
+class WrapperError(ParallelizerError, TypeError):
+    """A torch wrapper that synchronises or shards parameters itself (DistributedDataParallel, FSDP) applied to
+    a module holding a ParallelModule's or PipelineModule's parameters; the message names the wrapper, a
+    parameter and the remedy (use the parallel module directly: its plan already does data parallelism)."""
+
+
 class PlanValidationError(ParallelizerError, ValueError):
     """A plan file is not valid JSON or violates the plan schema (`parallelizer/plan_schema.json`).
 

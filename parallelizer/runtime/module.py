@@ -56,6 +56,7 @@ from .grad_norm import register as register_for_clipping
 from .init_check import install as check_initialisers
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, settings
 from .optimizer_check import install as check_optimizer_steps
+from .wrappers import install as check_wrappers
 from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
@@ -111,6 +112,7 @@ class ParallelModule(torch.nn.Module):
         self.groups = self.program.groups
         register_for_clipping([(f, p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
         check_optimizer_steps()
+        check_wrappers()
         check_initialisers()
 
     def __deepcopy__(self, memo: dict) -> "ParallelModule":

@@ -47,6 +47,7 @@ from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe
 from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
+from .wrappers import install as check_wrappers
 from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
@@ -84,6 +85,7 @@ class PipelineModule(torch.nn.Module):
             register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
                                   stage.groups, pipeline=self)
         check_optimizer_steps()
+        check_wrappers()
 
     @property
     def first(self) -> bool:

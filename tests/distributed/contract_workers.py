@@ -427,6 +427,29 @@ def scaler_and_zero(rank: int, world_size: int, specs: dict) -> dict:
     return out
 
 
+def wrappers(rank: int, world_size: int, specs: dict) -> dict:
+    """DistributedDataParallel / FullyShardedDataParallel around pm (a DDP script kept after the swap): the
+    WrapperError's message, or "no error"; and DDP around a plain module still wraps ("plain")."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallelizer import zoo
+    from parallelizer.errors import WrapperError
+
+    out = {}
+    for name, spec in specs.items():
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        pm = _pm(model, (x,), spec)
+        for wrapper in (DistributedDataParallel, FullyShardedDataParallel):
+            try:
+                wrapper(pm)
+                out[(name, wrapper.__name__)] = "no error"
+            except WrapperError as e:
+                out[(name, wrapper.__name__)] = str(e)
+    out["plain"] = type(DistributedDataParallel(nn.Linear(2, 2))).__name__
+    return out
+
+
 def input_gradients(rank: int, world_size: int, specs: dict) -> dict:
     """A trainable Linear `stem` in front of pm (not parallelised, the same on every rank) and an input that
     requires grad: {spec: (max |diff| of x.grad, of stem.weight.grad) against eager on the whole batch}."""

@@ -21,7 +21,7 @@ the eager model on one device:
     its global gradient norm equal eager's (tp=2, fsdp).
 12. a DDP loop's `with pm.no_sync():` accumulation gives eager's accumulated gradients (ddp, fsdp).
 13. torch.amp.GradScaler's inf/nan verdict is the same on every rank, and ZeroRedundancyOptimizer (which broadcasts
-    whole parameters) is refused on shards and equals eager under ddp.
+    whole parameters) is refused on shards and equals eager under ddp; DDP / FSDP around pm are refused.
 """
 import contextlib
 import io
@@ -35,7 +35,7 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, frozen_parameters, hooked_llama,
-                              accumulation_under_no_sync, averaged_copies, input_gradients, optimizers, scaler_and_zero,
+                              accumulation_under_no_sync, averaged_copies, input_gradients, optimizers, scaler_and_zero, wrappers,
                               state_dict_contract, train_eval)
 from launch_once import run_each
 
@@ -70,6 +70,7 @@ def ranks():
         "scaler_and_zero": (scaler_and_zero, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
                                               "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP),
                                               "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
+        "wrappers": (wrappers, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP), "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
         "input_gradients": (input_gradients, {"tp2": _spec(zoo.mlp, *TP, **CLIP_MLP),
                                               "fsdp2": _spec(zoo.mlp, {"dp": 2}, {"dp": "fsdp"}, **CLIP_MLP),
                                               "ddp2": _spec(zoo.mlp, *DP, **CLIP_MLP)}),
@@ -194,6 +195,17 @@ def test_grad_scaler_verdicts_agree_and_zero_redundancy_is_refused_on_pieces(ran
                 assert r["zero"] < 1e-5, (spec, r)
             else:
                 assert r["zero"] == ("refused", "partitioned", True), (spec, r)
+
+
+def test_data_parallel_wrappers_around_pm_are_refused(ranks):
+    """DistributedDataParallel(pm), kept from a DDP script: it broadcast rank 0's shards over rank 1's (tp=2:
+    0.47 off) and averaged gradients the program had already summed (0.12-0.18 off; halved under ddp),
+    silently. Now DDP and FSDP around a module holding pm's parameters raise WrapperError naming one and the
+    remedy; DDP around a plain module is untouched."""
+    for r in ranks["wrappers"][1]:
+        assert r.pop("plain") == "DistributedDataParallel"
+        for (spec, wrapper), message in r.items():
+            assert message.startswith(f"{wrapper}(...) around a module holding") and "Remedy" in message, message
 
 
 def test_a_trainable_module_in_front_of_pm_gets_the_single_device_gradient(ranks):
