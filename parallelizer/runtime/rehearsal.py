@@ -33,7 +33,7 @@ from ..errors import PipelineError
 from ..fingerprint import check_plan
 from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
-from ..rewriter.state import shard_tensor
+from ..rewriter.state import gather_tensor, shard_tensor
 from ..tracer.graph import draws_random
 from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
@@ -200,6 +200,19 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            results[0]["code"], compression, final, describe(recipe),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""))
+
+
+def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
+    """(name, pm's full value, each reference's) of every non-persistent buffer of the model (not in
+    `state_dict()`, so not among the compared parameters): a buffer forward writes (an EMA of batch statistics,
+    a cache) is compared as one device holds it. Collective (gathers each one)."""
+    rows = []
+    for fqn, info in traced.parameters.items():
+        if info.is_buffer and not info.persistent and not info.is_constant:
+            full = gather_tensor(pm.get_buffer(fqn), pm.spec.params[fqn], pm.spec.mesh, pm.groups,
+                                 tuple(info.shape), pm.coords)
+            rows.append((f"{fqn} (non-persistent buffer)", full, *(m.get_buffer(fqn) for m, _ in refs)))
+    return rows
 
 
 def random_ops(traced) -> str:
@@ -408,6 +421,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     full = pm.full_state_dict()
     states = [m.state_dict() for m, _ in refs]
     params = _max_diff(((k, full[k], v, *(s[k] for s in states[1:])) for k, v in states[0].items()), compute, judge)
+    hidden = _max_diff(_non_persistent_buffers(pm, traced, refs), compute, judge)  # not in any state dict
+    params = (*max(params[:2], hidden[:2]), max(params[2], hidden[2]))
     with torch.no_grad():
         final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))], compute,
                           judge)

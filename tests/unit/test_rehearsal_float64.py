@@ -85,3 +85,45 @@ def test_a_differing_rehearsal_of_a_model_with_dropout_names_the_cause():
     report = RehearsalReport(2, 1.0, 1.0, 1.0, 1.0, "a", "b", 3533.0, {}, "", random="dropout (dropout.default)")
     assert "draws random numbers (dropout (dropout.default))" in str(report) and "dropout 0" in str(report)
     assert "random" not in str(dataclasses.replace(report, tolerance_ratio=0.5))
+
+
+class _HiddenState(torch.nn.Module):
+    """A non-persistent buffer written in forward (a running mean of the activations; not in state_dict)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.register_buffer("running", torch.zeros(4), persistent=False)
+
+    def forward(self, x):
+        h = self.a(x)
+        with torch.no_grad():
+            self.running.mul_(0.9).add_(0.1 * h.mean(0))
+        return h
+
+
+def test_rehearsal_compares_non_persistent_buffers_written_in_forward():
+    """Rehearsal compared parameters and buffers through state_dict(), which leaves non-persistent buffers out:
+    a wrong running statistic kept in one would have gone unseen. `_non_persistent_buffers` gathers each one
+    (here on one process) next to the references' values, and a difference is named."""
+    import copy
+
+    import parallelizer
+    from parallelizer.runtime.rehearsal import _max_diff, _non_persistent_buffers
+
+    model, x = _HiddenState(), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    pm = parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1")
+    try:
+        pm(x)
+        reference(x)
+        rows = _non_persistent_buffers(pm, pm.traced, [(reference, None)])
+        assert [r[0] for r in rows] == ["running (non-persistent buffer)"]
+        assert _max_diff(rows, torch.float32)[0] < 1e-6  # the program keeps it as one device does
+        with torch.no_grad():
+            pm.get_buffer("running").add_(1e-3)
+        diff, name, ratio = _max_diff(_non_persistent_buffers(pm, pm.traced, [(reference, None)]), torch.float32)
+        assert name == "running (non-persistent buffer)" and ratio > 1
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
