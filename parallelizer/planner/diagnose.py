@@ -99,7 +99,10 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
     if data or tp:
         roles = dict(config.axis_roles)
         reasons.append(f"the axis roles {roles} forbid gathering activations over {[problem.mesh.axis_names[i] for i in data]}"
-                       f" and parameters over {[problem.mesh.axis_names[i] for i in tp]}")
+                       f" and parameters over {[problem.mesh.axis_names[i] for i in tp]}"
+                       + (" (an op that pairs samples across the batch, as an in-batch contrastive or ranking loss "
+                          "does with a @ b.T over it, needs every sample on each rank: compute such a loss outside "
+                          "the model, on the ParallelModule's outputs, which are whole)" if data else ""))
     reasons.append("a Partial value cannot become what a consumer needs without a reduction, and a Shard cannot "
                    "become Partial")
     remedy = ("plan without axis_roles (or with 'auto' on an axis) to see whether they bind" if data or tp else

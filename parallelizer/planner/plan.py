@@ -361,7 +361,9 @@ class Plan:
         roles = {a: r for a, r in self.config.get("axis_roles") or []}
         if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
             axis = self.mesh.axis_names[0]
-            remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism" if not roles else
+            remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism (not for a forward that pairs "
+                      "samples across the batch, e.g. an in-batch contrastive loss: compute that loss outside the "
+                      "model)" if not roles else
                       f"the axis roles {roles} shard nothing here: check the batch and hidden sizes against the mesh")
             return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
                     f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "

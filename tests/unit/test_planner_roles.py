@@ -219,3 +219,5 @@ def test_an_infeasible_problem_is_reported_as_proved_not_as_a_time_limit():
     text = str(err.value)
     assert "time_limit_s" not in text and "within" not in text, text
     assert "no plan" in text and "axis_roles" in text, text
+    assert "compute such a loss outside the model" in text, text  # not only "plan without axis_roles", whose
+    # plan (no parallelism) in turn suggested forcing ddp
