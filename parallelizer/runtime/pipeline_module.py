@@ -65,6 +65,8 @@ class PipelineModule(torch.nn.Module):
         stages: the stage modules (a ModuleList: `parameters()` are theirs).
         plan: the `Plan` (set by `auto_parallelize`); traced: the graph of ONE microbatch.
         first / last: whether this rank runs the first / the last stage.
+        copied: FQNs of the parameters the pipeline holds more than once (a tied embedding / lm_head on two
+            stages; every parameter under BitPipe): `runtime.init_check` refuses random initialisers on them.
     """
 
     def __init__(self, run: PipelineRun, traced: TracedGraph, plan: Plan, rank: int) -> None:
@@ -81,6 +83,7 @@ class PipelineModule(torch.nn.Module):
         self._fn_count: tuple = (None, None)  # (loss_fn, target dtype, shape) -> its item count (`_loss_fn_count`)
         self._trusted_warned = False  # `_warn_trusted_count` ran
         self._checked_counts: set = set()  # (loss_fn, item_count) pairs `_check_user_count` looked at
+        self.copied: frozenset[str] = frozenset()  # FQNs held more than once in the pipeline (build_pipeline_module)
         for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
             register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
                                   stage.groups, pipeline=self)
@@ -426,11 +429,18 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
                             "apply it with ParallelModule / auto_parallelize")
     pipe = plan.pipeline
     per_stage = pipe.blocks_per_stage
-    run = build(traced, spec_from_plan(plan), cut_stages(traced, len(per_stage), per_stage), model, pp=pipe.pp,
+    cut = cut_stages(traced, len(per_stage), per_stage)
+    run = build(traced, spec_from_plan(plan), cut, model, pp=pipe.pp,
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
                 **build_options(pipe.compression))
     module = PipelineModule(run, traced, plan, rank)
+    # parameters held more than once in the pipeline (a tied embedding / lm_head on two stages; every parameter
+    # under BitPipe, which keeps two copies of each stage): `runtime.init_check` refuses random initialisers on them
+    module.copied = frozenset(
+        traced.parameters if pipe.schedule == "bitpipe" else
+        (fqn for fqn, info in traced.parameters.items()
+         if len({cut.stage_of[u] for u in info.uses if u in cut.stage_of}) > 1))
     if needs_batch_check(traced.graph_module.graph):  # a storage-free copy to trace the own loss at 2x the batch
         module.__dict__["_skeleton"] = Retracer.of(model)
     return module

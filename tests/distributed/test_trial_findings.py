@@ -18,7 +18,8 @@ from launch_once import run_each
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, penalty_net, sparse_embedding,
-                          spectral_norm_linear, training_loop_rank, uneven_gather_as_strided)
+                          pipeline_init_rank, spectral_norm_linear, training_loop_rank,
+                          uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
 
@@ -280,3 +281,35 @@ def test_a_sparse_embedding_gradient_that_would_cross_ranks_is_refused_at_build(
         plan = parallelizer.plan(traced, {"dp": 2}, axis_roles=roles)
     with pytest.raises(UnsupportedOpError, match=r"'emb.weight'.*sparse=True.*Remedy: nn.Embedding\(sparse=False\)"):
         parallelizer.rewrite(traced, plan, rank=0)
+
+
+# ------------------------------------------------- round 8: contract features on pipeline plans (trial h4)
+@pytest.fixture(scope="module")
+def pipeline_init_results():
+    """`pipeline_init_rank` on pp=2 with zbv (wte and its tied lm_head copy both on rank 0) and bitpipe (two
+    copies of every stage), in ONE launch of 2 ranks."""
+    cases = {"zbv": ("zbv", 4), "bitpipe": ("bitpipe", 2), "1f1b": ("1f1b", 2)}
+    per_rank = spawn(run_each, 2, [(pipeline_init_rank, args) for args in cases.values()], timeout_s=300)
+    return {name: [ranks[i] for ranks in per_rank] for i, name in enumerate(cases)}
+
+
+def test_random_initialisers_on_a_pipeline_parameter_held_twice_are_refused(pipeline_init_results):
+    """torch.nn.init.normal_ on a parameter a pipeline holds more than once (the tied wte / lm_head on the first
+    and last stage; under BitPipe every parameter, whose stage is kept twice) raises UnsupportedOpError naming it
+    and the remedy; a parameter held once (wpe, a block's weight outside BitPipe) initialises as on one device.
+    Before, every copy drew its own values (zbv: wte drawn twice on rank 0; bitpipe: twins drawn in each rank's
+    order), so the copies of one parameter stayed apart for the rest of training, silently: a 4-block GPT-2's
+    pipeline loss 4.9e-3 (zbv) and 2.2e-2 (bitpipe) off the eager loss of its own full_state_dict()
+    (trial/h4_init_tied_copies.py). 1f1b matched only because wte was the first tensor drawn on both ranks."""
+    refused = "UnsupportedOpError: torch.nn.init.normal_ on 'transformer.wte.weight', one of the copies"
+    for name, ranks in pipeline_init_results.items():
+        assert all(refused in e for r in ranks for e in r.get("transformer.wte.weight", ())), (name, ranks)
+        assert sum(len(r.get("transformer.wte.weight", ())) for r in ranks) >= 2, ranks
+        for r in ranks:
+            if name == "bitpipe":
+                assert r["copied"] == sorted(k for k in r if k != "copied"), r
+                assert all(e.startswith("UnsupportedOpError") for k, es in r.items() if k != "copied" for e in es), r
+            else:
+                assert r["copied"] == ["transformer.wte.weight"], r
+                assert all(e == "no error" for k, es in r.items() if k not in ("copied", "transformer.wte.weight")
+                           for e in es), r

@@ -414,3 +414,25 @@ def training_loop_rank(rank: int, world_size: int, spec) -> dict:
     out["func_grad"] = _error(lambda: grad(lambda ps: functional_call(pm, ps, (x,)).pow(2).mean())(params))
     out["full_tensors_to_functional_call"] = _error(lambda: functional_call(pm, dict(ref.named_parameters()), (x,)))
     return out
+
+
+def pipeline_init_rank(rank: int, world_size: int, schedule: str, microbatches: int) -> dict:
+    """torch.nn.init on the parameters of a pp=2 PipelineModule of a tied 4-block GPT-2 (every rank seeded
+    alike): the error (or "no error") of `normal_` on each parameter this rank holds, by FQN."""
+    import contextlib
+    import io
+
+    import parallelizer
+    from parallelizer import zoo
+
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(n_layer=4, n_embd=16, n_head=2, vocab_size=64, batch=4, seq_len=8)
+    with contextlib.redirect_stdout(io.StringIO()):
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2}, schedule=schedule,
+                                           microbatches=microbatches)
+    torch.manual_seed(1)
+    out = {}
+    for fqn, p in pm.named_parameters():
+        out.setdefault(fqn.split(".", 2)[2], []).append(_error(lambda p=p: nn.init.normal_(p, std=0.02)))
+    out["copied"] = sorted(pm.copied)
+    return out
