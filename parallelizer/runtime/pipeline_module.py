@@ -384,7 +384,7 @@ class PipelineModule(torch.nn.Module):
                 non-finite total with error_if_nonfinite."""
         if of not in ("grad", "value"):
             raise ValueError(f"PipelineModule.total_norm: of must be 'grad' or 'value', got {of!r}")
-        held, counted, across = self._norm_pieces((lambda p: p.requires_grad) if of == "grad" else (lambda p: True))
+        _, counted, across = self._norm_pieces((lambda p: p.requires_grad) if of == "grad" else (lambda p: True))
         pieces = [(p.grad if of == "grad" else p, layout) for p, layout in counted]
         first = self.run.stages[0]
         return global_norm([(t, layout) for t, layout in pieces if t is not None], first.spec.mesh, first.groups,

@@ -417,11 +417,9 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
     for t in leaves:
         if any(isinstance(d, torch.SymInt) and not isinstance(d.node.maybe_as_int(), int) for d in t.shape):
-            frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-            user = [f"{f}:{n}" for f, n in frames if not _internal(f)]
             raise TraceError(
                 f"an op whose output size depends on tensor values ({node.name}: {node.target}, shape "
-                f"{tuple(t.shape)})", user[-1] if user else None,
+                f"{tuple(t.shape)})", _user_line(node),
                 "the sharded program needs every shape known when tracing: keep sizes fixed, e.g. "
                 "torch.where(mask, x, 0) or x * mask instead of x[mask] / masked_select / nonzero / unique, "
                 "and sums over the masked tensor instead of its selected elements")
@@ -444,15 +442,20 @@ def _refuse_tensor_read_as_number(node: torch.fx.Node) -> None:
              and not any(c in str(u.target) for c in _SYMBOLIC_CHECKS)]
     if not users:
         return
-    frames = re.findall(r'File "([^"]+)", line (\d+)', users[0].meta.get("stack_trace") or node.meta.get("stack_trace")
-                        or "")
-    user = [f"{f}:{n}" for f, n in frames if not _internal(f)]
     raise TraceError(
         f"a tensor value read as a Python number ({node.name}: {node.target}) and passed to another op "
-        f"({users[0].name}: {users[0].target})", user[-1] if user else None,
+        f"({users[0].name}: {users[0].target})", _user_line(users[0], node),
         "keep the value a tensor: index with index_select / gather / take_along_dim (e.g. "
         "s.gather(0, idx[-1:]) instead of s[idx[-1]]), multiply by the 0-dim tensor instead of its .item(), "
         "or compute the number outside forward and pass it in as a Python value")
+
+
+def _user_line(*nodes: torch.fx.Node) -> str | None:
+    """"file:line" of the innermost frame outside torch and this package in the recorded stack trace of the
+    first of `nodes` that has one (the user's line that made the node), else None."""
+    text = next((n.meta["stack_trace"] for n in nodes if n.meta.get("stack_trace")), "")
+    user = [f"{f}:{n}" for f, n in re.findall(r'File "([^"]+)", line (\d+)', text) if not _internal(f)]
+    return user[-1] if user else None
 
 
 def _tensor_metas(val: Any) -> tuple[TensorMeta, ...]:
