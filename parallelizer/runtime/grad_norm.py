@@ -35,7 +35,14 @@ installs, in torch:
 - `torch.amp.GradScaler._unscale_grads_` -> `_agreeing_unscale_grads_`: the inf/nan verdict that decides
   whether `scaler.step` skips the optimizer step and how `update` changes the scale is max-reduced over the
   ranks holding the optimizer's registered parameters, as FSDP's ShardedGradScaler does (before: a rank whose
-  shard alone held an inf skipped while the others stepped; replicas apart, scales 8 and 16).
+  shard alone held an inf skipped while the others stepped; replicas apart, scales 8 and 16);
+- `torch.amp.GradScaler.unscale_` / `.step` -> `_pipeline_ready_unscale_` / `_pipeline_ready_step`: on a
+  pipeline, `scaler.scale(loss)` runs inside `loss_fn` on the last stage's ranks only, so the other ranks'
+  scalers were never initialised: their `unscale_` raised torch's "_scale is None" while the last stage's
+  ranks waited in the verdict's all-reduce until the group timeout. A scaler without a scale that unscales
+  an optimizer holding a PipelineModule's parameters now starts at its `init_scale`, the value the last
+  stage's scaler scaled the loss with (backward carries that factor to every stage), and the agreeing
+  verdicts keep the ranks' scales equal from then on.
 These are collectives: call them on every rank. Norms over a part of a PipelineModule's parameters, or over
 registered and other tensors together, are ValueErrors with the remedy.
 """
@@ -175,6 +182,8 @@ _OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
 _TORCH_TOTAL = torch.nn.utils.clip_grad._get_total_norm
 _TORCH_UNSCALE = torch.amp.GradScaler._unscale_grads_
+_TORCH_SCALER_UNSCALE = torch.amp.GradScaler.unscale_
+_TORCH_SCALER_STEP = torch.amp.GradScaler.step
 
 
 def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
@@ -193,6 +202,8 @@ def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec,
         # torch's own clip_grad_norm_ (a name bound before this) looks `_get_total_norm` up in its module
         torch.nn.utils.get_total_norm = torch.nn.utils.clip_grad._get_total_norm = _any_total_norm
         torch.amp.GradScaler._unscale_grads_ = _agreeing_unscale_grads_
+        torch.amp.GradScaler.unscale_ = _pipeline_ready_unscale_
+        torch.amp.GradScaler.step = _pipeline_ready_step
 
 
 def owner_of(p: torch.Tensor) -> Owner | None:
@@ -314,6 +325,32 @@ def _agreeing_unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: 
     for flag in per_device.values():
         flag.fill_(found.item())
     return per_device
+
+
+def _pipeline_ready_unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    """`torch.amp.GradScaler.unscale_`, with `_start_on_pipeline_rank` first (module docstring)."""
+    _start_on_pipeline_rank(self, optimizer)
+    return _TORCH_SCALER_UNSCALE(self, optimizer)
+
+
+def _pipeline_ready_step(self, optimizer: torch.optim.Optimizer, *args, **kwargs):
+    """`torch.amp.GradScaler.step`, with `_start_on_pipeline_rank` first (module docstring)."""
+    _start_on_pipeline_rank(self, optimizer)
+    return _TORCH_SCALER_STEP(self, optimizer, *args, **kwargs)
+
+
+def _start_on_pipeline_rank(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """Initialise `scaler`'s scale at its `init_scale` (torch's own lazy initialisation) when it has none yet
+    and `optimizer` holds parameters of a PipelineModule: on a rank without the last stage `scaler.scale(loss)`
+    never ran, and the loss that sent this rank its gradients was scaled by the last stage's scaler at that same
+    `init_scale` (the user's scalers are built alike on every rank). Elsewhere a scaler without a scale keeps
+    torch's error (a script that never called `scaler.scale`)."""
+    if not scaler.is_enabled() or scaler._scale is not None:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    owners = [_OWNERS.get(p) for p in params]
+    if any(o is not None and o.pipeline is not None and o.pipeline() is not None for o in owners):
+        scaler._lazy_init_scale_growth_tracker(params[0].device)
 
 
 def _agreement_groups(owners: list[Owner]) -> list[list[int]]:

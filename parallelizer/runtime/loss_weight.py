@@ -22,6 +22,7 @@ Anything else raises `StepError` naming the op, with the remedy (pass `target=` 
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass
 
@@ -137,9 +138,25 @@ def _unknown(what: str, why: str, source: str = "own"):
 
 
 def _by_constant(node: torch.fx.Node) -> bool:
-    """A product / quotient by a Python number (a scale: does not change the weighting)."""
+    """A product / quotient by a Python number or by a tensor held by the loss function (a scale that is the same
+    for every microbatch, e.g. `torch.amp.GradScaler.scale(loss)`'s scale): does not change the weighting."""
     return (node.target in (aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar)
-            and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], (int, float)))
+            and isinstance(node.args[0], torch.fx.Node)
+            and (isinstance(node.args[1], (int, float)) or _held_tensor(node.args[1]) is not None))
+
+
+def _held_tensor(node) -> str | None:
+    """The name of the tensor constant (a `get_attr` of make_fx's graph: a tensor the traced function holds,
+    not computed from its inputs) that `node` is, through casts and views; None for anything else."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASS:
+        node = node.args[0]
+    return node.target if isinstance(node, torch.fx.Node) and node.op == "get_attr" else None
+
+
+def _factor(node: torch.fx.Node):
+    """What scales the loss at `node` (a `_by_constant` node), comparable between two traces of one function."""
+    held = _held_tensor(node.args[1])
+    return (node.target.__name__, node.args[1] if held is None else f"tensor {held}")
 
 
 def _is_full_sum(node) -> bool:
@@ -236,7 +253,8 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
 
     def call(*flat):
         structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
-        return loss_fn(structured, flat[-1])
+        with _real_scaler_start():
+            return loss_fn(structured, flat[-1])
 
     try:
         gm = make_fx(call, tracing_mode="fake")(*leaves, fake_target)
@@ -246,6 +264,26 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     weighting = graph_weighting(gm.graph, (names[-1],), "loss_fn")
     _check_scales_fixed(call, gm, [*outputs, target], target.device, weighting.what)
     return weighting
+
+
+@contextlib.contextmanager
+def _real_scaler_start():
+    """While loss_fn is traced: a `torch.amp.GradScaler` whose first `scale(loss)` runs inside loss_fn creates its
+    scale as a real tensor (torch's lazy initialisation, outside fake mode and make_fx), as its first real call
+    would, and the trace holds it as a constant. Before, the trace left a FakeTensor as the user's scaler's scale
+    (a pipeline's later real `scale` failed on it) and recorded the scale as an op, not a constant factor."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    lazy = torch.amp.GradScaler._lazy_init_scale_growth_tracker
+
+    def real(self, dev):
+        with unset_fake_temporarily(), disable_proxy_modes_tracing():
+            lazy(self, torch.device(dev.type, dev.index) if dev.type != "meta" else torch.device("cpu"))
+    torch.amp.GradScaler._lazy_init_scale_growth_tracker = real
+    try:
+        yield
+    finally:
+        torch.amp.GradScaler._lazy_init_scale_growth_tracker = lazy
 
 
 def _fakes(metas: list, device, factor: int = 1) -> tuple[list, torch.Tensor]:
@@ -314,7 +352,7 @@ def _scale_chain(graph: torch.fx.Graph) -> tuple[list, torch.fx.Node]:
     numbers = []
     while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
         if _by_constant(node):
-            numbers.append((node.target.__name__, node.args[1]))
+            numbers.append(_factor(node))
         node = node.args[0]
     return numbers, node
 

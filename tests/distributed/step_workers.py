@@ -149,3 +149,39 @@ def _pipeline_errors(pm, model, ids, labels) -> dict:
         except kind as err:
             out[key] = str(err)
     return out
+
+
+def scaler_train(rank: int, world_size: int, mesh: dict, steps: int = 3) -> dict:
+    """torch.amp.GradScaler on a pipeline plan, as a user writes it: `loss_fn` returns `scaler.scale(loss)` (it runs
+    on the last stage's ranks only) and every rank calls `scaler.unscale_` / `step` / `update`; the scaler is NOT
+    initialised by hand. Steps 0-1 pass `item_count=` (loss_fn not traced), step 2 lets the step read the count
+    from loss_fn's graph. At step 1 rank 0's first gradient gets an inf (and the reference's same parameter), so
+    every rank must skip that step and halve its scale. Returns the scale after each step, the reference's, and
+    the largest parameter difference after the steps."""
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(**GPT2_4)
+    reference, labels = copy.deepcopy(model), padded_labels(ids)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh=mesh, schedule="1f1b")
+    opt, ref_opt = torch.optim.SGD(pm.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)
+    scaler, ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 7), torch.amp.GradScaler("cpu", init_scale=2.0 ** 7)
+    scales, ref_scales = [], []
+    for i in range(steps):
+        counted = {"item_count": lambda y: (y != -100).sum()} if i < 2 else {}
+        pm.step(ids, target=labels, loss_fn=lambda out, y: scaler.scale(lm_loss(out, y)), **counted)
+        ref_scaler.scale(lm_loss(reference(ids), labels)).backward()
+        if i == 1:
+            if rank == 0:
+                next(iter(pm.parameters())).grad.view(-1)[0] = float("inf")
+            next(iter(reference.parameters())).grad.view(-1)[0] = float("inf")
+        scaler.unscale_(opt)
+        ref_scaler.unscale_(ref_opt)
+        scaler.step(opt)
+        ref_scaler.step(ref_opt)
+        scaler.update()
+        ref_scaler.update()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        scales.append(scaler.get_scale())
+        ref_scales.append(ref_scaler.get_scale())
+    return {"scales": scales, "ref_scales": ref_scales, "params": _diff(pm, reference, grads=False)}

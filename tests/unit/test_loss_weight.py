@@ -276,3 +276,31 @@ def test_a_models_own_loss_normalised_by_its_batch_is_found_by_a_second_trace(ki
     parts = [model(i, y) * (count(c) / count(target)) for i, y, c in
              zip(ids.tensor_split(M), labels.tensor_split(M), target.tensor_split(M))]
     assert abs(float((sum(parts) - model(ids, labels)).detach())) > 1e-2
+
+
+def test_a_loss_fn_scaled_by_a_fresh_grad_scaler_is_weighted_and_leaves_the_scaler_real():
+    """`loss_fn=lambda out, y: scaler.scale(ce(out, y))` (torch.amp.GradScaler on a pipeline): tracing the
+    loss_fn ran the scaler's first `scale` under make_fx, which left a FakeTensor as the user's scaler's scale and
+    recorded its creation as an op (`full`), so the step raised StepError ("an op whose per-microbatch item count
+    the graph does not show"). Now the scale is created as a real tensor (the value the first real call creates)
+    and is read as a constant factor: the weighting is the cross-entropy's count, and the weighted microbatch
+    losses equal the scaled loss of the whole batch (computed directly)."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 7)
+
+    def scaled(out, y):
+        return scaler.scale(F.cross_entropy(out["logits"].flatten(0, 1), y.flatten()))
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(scaled, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert weighting is not None and weighting.kind == "count", weighting
+    assert type(scaler._scale) is torch.Tensor and scaler.get_scale() == 2.0 ** 7
+    count = ChunkCount(weighting, M, B // M)
+    parts = [scaled({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), scaled({"logits": logits}, labels))
+    assert abs(float(sum(parts) / 2 ** 7 - F.cross_entropy(logits.flatten(0, 1), labels.flatten()))) < 1e-5
