@@ -335,15 +335,15 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
         batch_only = set(excluded) == {f"global batch {ctx.global_batch} not divisible by dp x microbatches"}
         if pps and tps and ms and len(pps) == len(tps) == len(ms) == 1 and batch_only:
             d = world // (tps[0] * pps[0])
-            raise ValueError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
-                             f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "
-                             "another num_microbatches / pp / tp.")
+            raise PipelineError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
+                                f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "
+                                "another num_microbatches / pp / tp.")
         if ctx.refused and len(ctx.refused) == len(schedules):  # only multi-copy schedules were asked for
             raise PipelineError(next(iter(ctx.refused.values())))
-        raise ValueError(f"no valid pipeline configuration; excluded: {dict(excluded)}. Remedy: change what "
-                         "excluded them: microbatches= (1f1b needs >= pp, interleaved_1f1b a multiple of pp, zbv and "
-                         "dualpipev >= 2 x pp, bitpipe a multiple of an even pp), another schedule=, or a smaller pp "
-                         "(a schedule with v stages per rank needs pp x v <= the model's repeated blocks)")
+        raise PipelineError(f"no valid pipeline configuration; excluded: {dict(excluded)}. Remedy: change what "
+                            "excluded them: microbatches= (1f1b needs >= pp, interleaved_1f1b a multiple of pp, zbv and "
+                            "dualpipev >= 2 x pp, bitpipe a multiple of an even pp), another schedule=, or a smaller pp "
+                            "(a schedule with v stages per rank needs pp x v <= the model's repeated blocks)")
     return cands, excluded, total
 
 
