@@ -16,10 +16,14 @@ if __name__ == "__main__":
     tg = parallelizer.trace(model, (torch.zeros(1, 8192, dtype=torch.long, device="meta"),))
     print(f"traced in {time.time() - t0:.0f} s", flush=True)
     for sched in (("1f1b", "interleaved_1f1b"),):
-        for rc in ("auto",):
+        for rc in ("auto", "selective", "none"):
             t0 = time.time()
-            p = parallelizer.plan_pipeline(tg, "h100:1024x8", global_batch=2048, precision="bf16", pp=16, tp=8,
-                                           schedules=sched, recompute=rc, progress=False)
+            try:
+                p = parallelizer.plan_pipeline(tg, "h100:1024x8", global_batch=2048, precision="bf16", pp=16, tp=8,
+                                               schedules=sched, recompute=rc, progress=False)
+            except parallelizer.InfeasiblePlanError as e:
+                print(f"recompute={rc}: infeasible: {str(e)[:400]}", flush=True)
+                continue
             modes = sorted({s.recompute for s in p.stages})
             print(f"recompute={rc}: pp={p.pp} dp={p.dp} tp={p.tp} {p.schedule} m={p.num_microbatches} x "
                   f"{p.microbatch_size}, step {p.step_time_s:.2f} s, {p.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU "
