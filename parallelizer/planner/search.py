@@ -173,8 +173,11 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             + f"on {cluster.world_size} "
             f"{cluster.device.name} devices; the leanest (pp={cand.pp}, dp={cand.dp}, tp={cand.tp}, "
             f"m={cand.num_microbatches}, {cand.schedule}) needs {format_bytes(need)} per device. Remedies: more "
-            "devices, a smaller global batch or more microbatches, bf16 precision (precision='bf16'), "
-            "ZeRO-1 (zero1=True), "
+            "devices, a smaller global batch or more microbatches, "
+            # only remedies not already in effect (a bf16 plan was told to use bf16, zero1=True to use ZeRO-1)
+            + ("bf16 precision (precision='bf16'), " if resolve_precision(
+                config.precision, cluster.device, traced_in_low_precision(traced)) != "bf16" else "")
+            + ("ZeRO-1 (zero1=True), " if not zero1 else "")
             + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,

@@ -128,7 +128,26 @@ def test_gpt2_flops_match_megatron_formula(gpt2_program):
     fwd, bwd = graph_flops(program.graph_module)
     megatron = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
     assert bwd == 2 * fwd
-    assert (fwd + bwd) == pytest.approx(megatron, rel=0.03)
+    assert (fwd + bwd) == pytest.approx(megatron, rel=1e-12)  # exact: the formula counts the same matmuls
+    assert fwd == B * s * l * (24 * h * h + 4 * s * h) + 2 * B * s * h * V  # its integer form (eq. 3's derivation)
+
+
+def test_llama_flops_match_palm_formula():
+    """PaLM's model FLOPs per token (Chowdhery et al. 2022, App. B): 6 N + 12 L H Q T, with N the matmul
+    parameters (attention q/k/v/o with grouped KV heads, the SwiGLU MLP's three matrices and the untied output
+    head; the input embedding is a lookup) and 12 L H Q T the score and attention-x-V matmuls, forward and
+    backward. Exact for a Llama (GQA, SwiGLU, untied head), as graph_flops counts the same matmuls."""
+    transformers = pytest.importorskip("transformers")
+    B, s, l, h, ffn, a, kv, V = 2, 16, 2, 64, 176, 4, 2, 300
+    cfg = transformers.LlamaConfig(hidden_size=h, intermediate_size=ffn, num_hidden_layers=l, num_attention_heads=a,
+                                   num_key_value_heads=kv, vocab_size=V, max_position_embeddings=s, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+        ids = torch.zeros(B, s, dtype=torch.long)
+    fwd, bwd = graph_flops(torch.export.export(model, (ids,), strict=False).graph_module)
+    d = h // a
+    n = l * (2 * h * h + 2 * h * kv * d + 3 * h * ffn) + V * h
+    assert fwd + bwd == B * s * (6 * n + 12 * l * h * s)
 
 
 def test_sdpa_is_one_fused_kernel_moving_q_k_v_o():

@@ -128,6 +128,10 @@ def test_infeasible_names_smallest_need(gpt):
     with pytest.raises(InfeasiblePlanError, match=r"needs \d+\.\d [kMG]B per device") as err:
         parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, memory_budget_bytes=1000)
     assert "Remedies" in str(err.value)
+    # only remedies not already in effect: this search runs in bf16 (GPU preset) with ZeRO-1 (the default)
+    assert "precision='bf16'" not in str(err.value) and "zero1=True" not in str(err.value)
+    with pytest.raises(InfeasiblePlanError, match=r"ZeRO-1 \(zero1=True\)"):
+        parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, memory_budget_bytes=1000, zero1=False)
 
 
 def test_summary_mentions_throughput(best):
