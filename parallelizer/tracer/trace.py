@@ -267,6 +267,16 @@ def _translate(exc: Exception) -> TraceError:
             "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
             "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
             "values with `.detach()` instead of `.data`", detail=first)
+    if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
+        op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
+        lstsq = "lstsq" in op
+        return TraceError(
+            f"an op whose output shapes depend on tensor values under export ({op})", location,
+            ("torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
+             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
+             "full-rank A" if lstsq else
+             "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
+            detail=first)
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
