@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench notebooks fuzz setup clean
+.PHONY: demo test bench notebooks fuzz sweep setup clean
 N ?= 300
 SEED ?= 0
 
@@ -32,6 +32,10 @@ test: $(STAMP)
 
 fuzz: $(STAMP)
 	$(PY) tests/fuzz/run_fuzz.py --n $(N) --seed $(SEED) --results-md benchmarks/RESULTS.md
+
+# torch.nn layers, losses and linalg/special/fft/distributions ops on 5 plans each (1-2 h): JSON lines
+sweep: $(STAMP)
+	$(PY) tests/fuzz/nn_sweep.py benchmarks/nn_sweep.jsonl
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

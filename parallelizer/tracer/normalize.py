@@ -529,12 +529,22 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
         base = node.args[0]
         if not (isinstance(base, torch.fx.Node) and _fresh(base) and not any(is_view(u) for u in base.users)):
             continue
-        functional = _functional_overload(node.target)
-        args = _with_defaults(node.target._schema, node.args, node.kwargs)  # bernoulli_(x): p=0.5 for bernoulli.p
-        if functional is None or not _same_result(functional, node, args):
-            continue
+        if node.target is torch.ops.aten.copy_.default:
+            # aten.copy (copy_'s out-of-place overload) has no autograd formula in torch ("derivative for
+            # aten::copy is not implemented" in backward: nn.CrossMapLRN2d's `out=` pow written as copy_ into a
+            # fresh buffer); copying a source of the same shape is a clone / cast of the source
+            functional, args, kwargs = _copy_as_clone(node)
+            if functional is None:
+                continue
+        else:
+            kwargs = node.kwargs
+            functional = _functional_overload(node.target)
+            args = _with_defaults(node.target._schema, node.args, node.kwargs)  # bernoulli_(x): p=0.5 for bernoulli.p
+            if functional is None or not _same_result(functional, node, args) \
+                    or not _has_derivative(functional, args, node.kwargs):
+                continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(functional, args, node.kwargs)
+            new = gm.graph.call_function(functional, args, kwargs)
             new.meta = _meta_like(node)
         order[new] = order[node]
         for user in list(base.users):
@@ -547,6 +557,74 @@ def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> No
     if rewritten:
         notes.append("wrote in-place op(s) on fresh activations out of place (same values; the planner may then "
                      "redistribute them): " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
+
+
+_DERIVATIVE_KNOWN: dict[Any, bool] = {}
+_FACTORY = ("empty", "zeros", "ones", "full", "rand", "new_", "scalar_tensor", "arange", "linspace")
+
+
+def _has_derivative(functional, args: tuple, kwargs: dict) -> bool:
+    """Whether the out-of-place overload has an autograd formula where the traced program needs one: some
+    have none although their in-place op has one (aten.resize_as, aten.copy: "derivative for aten::resize_as
+    is not implemented" in backward, nn.CrossMapLRN2d's buffers), so writing the in-place op out of place
+    would break backward. Probed once per overload and gradient pattern on small real tensors (the traced
+    ranks, dims capped at 2): the written tensor requires grad unless a factory made it (`empty_like(h)` filled
+    by `normal_`: nothing flows back), the other float arguments do. An op that does not run on such values
+    counts as differentiable (the fake-tensor check `_same_result` passed)."""
+    base = args[0] if args else None
+    base_grad = not (isinstance(base, torch.fx.Node) and base.op == "call_function"
+                     and any(word in str(base.target).split(".")[-2] for word in _FACTORY))
+
+    def grad_of(n):
+        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        return isinstance(val, torch.Tensor) and val.dtype.is_floating_point and (n is not base or base_grad)
+
+    flags = tuple(grad_of(n) for n in pytree.tree_leaves((args, kwargs)))
+    key = (functional, flags)
+    if key in _DERIVATIVE_KNOWN:
+        return _DERIVATIVE_KNOWN[key]
+
+    def real(n):  # every dim above 2 made 2 (a model traced on meta with a (8, 1024, 50257) value allocates 8)
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return n
+        shape = tuple(min(int(d), 2) for d in val.shape)
+        if val.dtype.is_floating_point:
+            return torch.rand(shape, dtype=val.dtype).requires_grad_(grad_of(n))
+        return torch.zeros(shape, dtype=val.dtype)
+
+    ok = True
+    try:
+        r_args, r_kwargs = pytree.tree_map_only(torch.fx.Node, real, (args, kwargs))
+        with torch.enable_grad():
+            out = functional(*r_args, **r_kwargs)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                try:
+                    out.float().sum().backward()
+                except RuntimeError as err:
+                    ok = "not implemented" not in str(err)
+    except Exception:  # noqa: BLE001 - values the op rejects: keep the fake-tensor verdict
+        ok = True
+    _DERIVATIVE_KNOWN[key] = ok
+    return ok
+
+
+def _copy_as_clone(node: torch.fx.Node):
+    """(op, args, kwargs) computing `copy_(fresh, src)`'s value from `src` alone, differentiably: aten.clone when the
+    source has the destination's shape and dtype, aten._to_copy to its dtype when only the dtype differs;
+    (None, None, None) when the copy broadcasts, crosses devices or has non_blocking set (the in-place copy_
+    stays)."""
+    if len(node.args) != 2 or node.kwargs.get("non_blocking", False):
+        return None, None, None
+    dst, src = node.args
+    dst_val = dst.meta.get("val") if isinstance(dst, torch.fx.Node) else None
+    src_val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if not (isinstance(dst_val, torch.Tensor) and isinstance(src_val, torch.Tensor)) \
+            or dst_val.shape != src_val.shape or dst_val.device != src_val.device:
+        return None, None, None
+    if dst_val.dtype == src_val.dtype:
+        return torch.ops.aten.clone.default, (src,), {}
+    return torch.ops.aten._to_copy.default, (src,), {"dtype": dst_val.dtype}
 
 
 def _fresh(node: torch.fx.Node) -> bool:

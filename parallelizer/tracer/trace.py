@@ -247,8 +247,7 @@ def _translate(exc: Exception) -> TraceError:
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
             "outside forward and pass it in as a Python value"
             + (f"; here the value is read inside torch's module code ({library}), called from your line: "
-               "change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
-               "as a Python float: give momentum a number)" if library else "")
+               + _library_remedy(library) if library else "")
             + (f"; the condition is a random number drawn in forward ({random_line}), e.g. LayerDrop's "
                "`torch.rand([]) < layerdrop`: a traced program cannot draw a new branch each step, so turn it off "
                "for the sharded run (e.g. config.layerdrop=0.0)" if random_line else ""), detail=first)
@@ -268,6 +267,16 @@ def _translate(exc: Exception) -> TraceError:
             "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
             "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
             "values with `.detach()` instead of `.data`", detail=first)
+    if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
+        op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
+        lstsq = "lstsq" in op
+        return TraceError(
+            f"an op whose output shapes depend on tensor values under export ({op})", location,
+            ("torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
+             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
+             "full-rank A" if lstsq else
+             "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
+            detail=first)
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
@@ -283,14 +292,35 @@ def _raised_outside_torch(exc: BaseException) -> bool:
     return bool(frames) and not _internal(frames[-1].filename)
 
 
+def _library_remedy(library: str) -> str:
+    """What to change when torch's own code (`_library_frame`'s 'file:line: source') branched on a tensor."""
+    if os.sep + "distributions" + os.sep in library or library.startswith("torch/distributions"):
+        # Distribution.__init__ / log_prob check their arguments (`if not valid.all(): raise`) while
+        # validate_args is on (the default outside `python -O`)
+        return ("a torch.distributions object checks its arguments' values while validate_args is on (the "
+                "default): pass validate_args=False to the distribution (Normal(loc, scale, validate_args=False)) "
+                "or call torch.distributions.Distribution.set_default_validate_args(False) before tracing")
+    if "adaptive.py" in library:  # AdaptiveLogSoftmaxWithLoss.forward gathers each cluster's rows by target value
+        return ("AdaptiveLogSoftmaxWithLoss.forward routes each target to its cluster by value (sizes that depend on "
+                "the targets), which no traced program can: call its log_prob(input) (every class, fixed shapes) and "
+                "pick the targets' columns with gather, or compute the loss outside the model on the outputs")
+    if "var < 0" in library:  # F.gaussian_nll_loss: `elif torch.any(var < 0): raise ValueError`
+        return ("gaussian_nll_loss / GaussianNLLLoss checks `var >= 0` on the values, which has no switch: write "
+                "the loss out, 0.5 * (var.clamp(min=eps).log() + (input - target) ** 2 / var.clamp(min=eps)) "
+                "(+ 0.5 * log(2 * pi) with full=True), with your reduction")
+    return ("change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
+            "as a Python float: give momentum a number)")
+
+
 def _library_frame(exc: BaseException) -> str | None:
-    """`file:line: source` of the innermost frame in torch.nn's module code after the user's last frame (a
-    data-dependent read inside e.g. BatchNorm's forward), or None when the user's code did it itself."""
+    """`file:line: source` of the innermost frame in torch.nn's module code or torch.distributions after the
+    user's last frame (a data-dependent read inside e.g. BatchNorm's forward, a distribution's argument
+    check), or None when the user's code did it itself."""
     frames = traceback.extract_tb(exc.__traceback__)
     user = [i for i, f in enumerate(frames) if not _internal(f.filename)]
-    nn_dir = os.path.join(os.path.dirname(torch.__file__), "nn") + os.sep
+    lib_dirs = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("nn", "distributions"))
     inner = [f for f in frames[(user[-1] + 1 if user else 0):]
-             if f.filename.startswith(nn_dir) and not f.filename.endswith("module.py")]
+             if f.filename.startswith(lib_dirs) and not f.filename.endswith("module.py")]
     if not inner:
         return None
     f = inner[-1]

@@ -15,7 +15,8 @@ from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
-from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, ema_under_no_grad,
+from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
+                          ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, penalty_net, sparse_embedding,
                           pipeline_init_rank, spectral_norm_linear, training_loop_rank,
@@ -59,7 +60,8 @@ def two_rank_reports():
              "spectral_norm": (spectral_norm_linear, _plan(spectral_norm_linear, {"tp": 2}, axis_roles={"tp": "tp"})),
              "input_written": (input_written_in_place,
                                _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
-             "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 1))}
+             "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 1)),
+             "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -144,6 +146,15 @@ def test_spectral_norm_power_iteration_written_with_out_matches(two_rank_reports
     and the buffers after 3 steps equal eager's. Before, planning raised a bare IndexError ("tuple index out
     of range") in strategy enumeration: the `out` keyword was counted as an input of div."""
     report = two_rank_reports["spectral_norm"]
+    assert report.matches(), report
+
+
+def test_cross_map_lrn_in_place_buffers_keep_their_derivative(two_rank_reports):
+    """nn.CrossMapLRN2d on tp=2 (trial 9b): the in-place copy_ / resize_as_ into its fresh buffers were written
+    out of place as aten.copy / aten.resize_as, which have no autograd formula: backward raised "derivative for
+    aten::copy is not implemented" on every rank. Now copy_ of a same-shape source is a clone and resize_as_
+    stays in place; outputs, gradients and parameters after 3 steps equal eager's (the Function's own backward)."""
+    report = two_rank_reports["cross_map_lrn"]
     assert report.matches(), report
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 B, T, H = 4, 8, 16
 
@@ -189,6 +190,24 @@ class AsStridedOfTranspose(nn.Module):
     def forward(self, x):
         h = self.a(x)
         return self.b(h.transpose(1, 2).as_strided((B, H, T // 2), (T * H, 1, 2 * H)))
+
+
+class _CrossMapLRN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.lrn, self.lin2 = nn.Linear(16, 64), nn.CrossMapLRN2d(3), nn.Linear(64, 8)
+
+    def forward(self, x, y):
+        h = self.lrn(self.lin1(x).view(x.shape[0], 4, 4, 4))
+        return F.mse_loss(self.lin2(h.reshape(x.shape[0], -1)), y)
+
+
+def cross_map_lrn():
+    """nn.CrossMapLRN2d (a legacy autograd.Function) between two Linears: its forward writes `pow(out=buf)` and
+    `copy_` into fresh `input.new()` buffers resized with `resize_as_`; written out of place as aten.copy /
+    aten.resize_as (which have no autograd formula), every sharded program failed in backward (trial 9b)."""
+    torch.manual_seed(0)
+    return _CrossMapLRN(), (torch.randn(4, 16), torch.randn(4, 8))
 
 
 def as_strided_of_transpose():

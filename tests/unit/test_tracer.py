@@ -233,6 +233,107 @@ def test_batch_norm_with_momentum_none_names_torch_line_and_remedy():
         parallelizer.trace(model, (torch.randn(5, 4),))
 
 
+class _Distribution(torch.nn.Module):
+    def __init__(self, validate):
+        super().__init__()
+        self.a, self.validate = torch.nn.Linear(4, 8), validate
+
+    def forward(self, x):
+        h = self.a(x)
+        d = torch.distributions.Normal(h[:, :4], torch.nn.functional.softplus(h[:, 4:]) + 0.1,
+                                       validate_args=self.validate)
+        return d.log_prob(x.detach()).mean()
+
+
+def test_a_distribution_checking_its_arguments_names_validate_args():
+    """torch.distributions objects check their arguments' values (`if not valid.all(): raise`) by default: the
+    error said only "branch with torch.where" (a VAE's KL term, a policy-gradient loss; trial 9b); it now names
+    torch's line and validate_args=False, which traces."""
+    with pytest.raises(TraceError, match=r"(?s)distributions/distribution\.py:\d+.*validate_args=False"):
+        parallelizer.trace(_Distribution(None), (torch.randn(3, 4),))
+    parallelizer.trace(_Distribution(False), (torch.randn(3, 4),))
+
+
+class _GaussianNLL(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        return torch.nn.functional.gaussian_nll_loss(h[:, :4], x, h[:, 4:].exp())
+
+
+def test_gaussian_nll_loss_value_check_names_the_written_out_loss():
+    with pytest.raises(TraceError, match=r"(?s)functional\.py:\d+: elif torch\.any\(var < 0\).*write the loss out"):
+        parallelizer.trace(_GaussianNLL(), (torch.randn(3, 4),))
+
+
+class _AdaptiveSoftmax(torch.nn.Module):
+    def __init__(self, use_log_prob):
+        super().__init__()
+        self.a, self.use_log_prob = torch.nn.Linear(4, 12), use_log_prob
+        self.asm = torch.nn.AdaptiveLogSoftmaxWithLoss(12, 30, cutoffs=[8, 20])
+
+    def forward(self, x, t):
+        if self.use_log_prob:
+            return -self.asm.log_prob(self.a(x)).gather(1, t[:, None]).mean()
+        return self.asm(self.a(x), t).loss
+
+
+def test_adaptive_log_softmax_forward_names_log_prob_as_the_traceable_form():
+    """AdaptiveLogSoftmaxWithLoss.forward routes targets to clusters by value: the remedy said to change the
+    module's configuration (BatchNorm's momentum, trial 9b); it now names log_prob + gather, which traces."""
+    inputs = (torch.randn(4, 4), torch.tensor([1, 9, 25, 3]))
+    with pytest.raises(TraceError, match=r"(?s)adaptive\.py:\d+.*log_prob\(input\)"):
+        parallelizer.trace(_AdaptiveSoftmax(False), inputs)
+    parallelizer.trace(_AdaptiveSoftmax(True), inputs)
+
+
+class _Lstsq(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.a(x).view(-1, 4, 4) + 3 * torch.eye(4)
+        return torch.linalg.lstsq(h, h[..., :2]).solution.sum()
+
+
+def test_lstsq_names_the_op_and_pinv():
+    """torch.linalg.lstsq fails export with DynamicOutputShapeException (any driver): the remedy said only
+    "make forward traceable" (trial 9b); it now names the op and pinv / solve."""
+    with pytest.raises(TraceError, match=r"(?s)linalg_lstsq.*pinv") as err:
+        parallelizer.trace(_Lstsq(), (torch.randn(4, 16),))
+    assert err.value.location.endswith(f":{inspect.getsourcelines(_Lstsq.forward)[1] + 2}")
+
+
+class _CrossMapLRN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.lrn = torch.nn.Linear(16, 64), torch.nn.CrossMapLRN2d(3)
+
+    def forward(self, x):
+        return self.lrn(self.a(x).view(x.shape[0], 4, 4, 4)).pow(2).mean()
+
+
+def test_in_place_writes_into_fresh_buffers_keep_a_derivative():
+    """nn.CrossMapLRN2d's Function writes `pow(out=buf)` and copy_ into fresh `input.new().resize_as_(x)`
+    buffers. Writing those out of place gave aten.copy / aten.resize_as, which have no autograd formula: the
+    traced program's backward raised "derivative for aten::copy is not implemented" (trial 9b). The traced
+    program's gradient now equals eager's."""
+    torch.manual_seed(0)
+    model, x = _CrossMapLRN(), torch.randn(4, 16)
+    traced = parallelizer.trace(model, (x,))
+    targets = {n.target for n in traced.graph_module.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.copy.default not in targets and torch.ops.aten.resize_as.default not in targets
+    model(x).backward()
+    expected = model.a.weight.grad.clone()
+    weight, bias = (p.detach().clone().requires_grad_() for p in (model.a.weight, model.a.bias))
+    traced.graph_module(weight, bias, x)[0].backward()  # placeholders: parameters, then inputs
+    torch.testing.assert_close(weight.grad, expected)
+
+
 class _LayerDrop(torch.nn.Module):
     """transformers' LayerDrop (SEW, Wav2Vec2, Hubert with their default layerdrop=0.1): a random draw in forward
     decides whether a layer runs."""
