@@ -8,6 +8,12 @@ group left with no strategy is a node that no plan can place; the edge that empt
 impossible (a Partial value that no collective makes, the axis roles, an in-place mutation that must not be
 redistributed), name the constraint. Without such a group the structural constraints are satisfiable and
 the memory budget (or the solver's time limit) is what binds.
+
+The group that propagation empties first is often not the cause: a conflict at an op that reads across the
+batch (`F.normalize(h, dim=0)` under forced ddp) propagates back and empties the linear before it, which is
+then blamed. So the node named is the first one in program order whose group makes the problem infeasible:
+the smallest prefix of groups (in the order of their first node) that propagation proves infeasible, found by
+bisection (adding groups only adds constraints, so infeasibility is monotone in the prefix).
 """
 from __future__ import annotations
 
@@ -20,14 +26,18 @@ from .problem import Problem, min_memory_bytes
 from .strategies import mutation_edges, role_axes
 
 
-def _alive_after_propagation(problem: Problem) -> tuple[list[np.ndarray], int | None, tuple | None]:
-    """(alive masks per group, first group emptied or None, (group, neighbour) pair that emptied it)."""
-    alive = [np.isfinite(lin) for lin in problem.lin]
+def _alive_after_propagation(problem: Problem, prefix: int | None = None) -> tuple[list[np.ndarray], int | None, tuple | None]:
+    """(alive masks per group, first group emptied or None, (group, neighbour) pair that emptied it), over the
+    groups with index < `prefix` and the pairs between them (all groups when None)."""
+    count = len(problem.lin) if prefix is None else prefix
+    alive = [np.isfinite(lin) for lin in problem.lin[:count]]
     for g, mask in enumerate(alive):
         if not mask.any():
             return alive, g, None
     neighbours: dict[int, list[tuple[int, np.ndarray]]] = {}
     for (a, b), mat in problem.pairs.items():
+        if a >= count or b >= count:
+            continue
         ok = np.isfinite(mat)
         neighbours.setdefault(a, []).append((b, ok))
         neighbours.setdefault(b, []).append((a, ok.T))
@@ -45,9 +55,40 @@ def _alive_after_propagation(problem: Problem) -> tuple[list[np.ndarray], int | 
     return alive, None, None
 
 
+def _first_conflict(problem: Problem) -> int:
+    """The group whose addition first makes propagation prove infeasibility: the smallest k such that the groups
+    0..k (and the pairs among them) are infeasible (module docstring). Call only when all groups are."""
+    low, high = 0, len(problem.lin) - 1  # the answer lies in [low, high]; prefix high + 1 is infeasible
+    while low < high:
+        mid = (low + high) // 2
+        if _alive_after_propagation(problem, mid + 1)[1] is None:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+def _conflicting_neighbour(problem: Problem, g: int) -> int | None:
+    """A neighbour group (earlier than `g`) none of whose strategies still possible before `g` was added is
+    compatible with any strategy of `g`, or None when the conflict needs several neighbours together."""
+    alive, _, _ = _alive_after_propagation(problem, g)
+    own = np.isfinite(problem.lin[g])
+    for (a, b), mat in sorted(problem.pairs.items()):
+        if g not in (a, b) or max(a, b) > g or a == b:
+            continue
+        h, ok = (b, np.isfinite(mat)) if a == g else (a, np.isfinite(mat).T)
+        if not ok[np.ix_(own, alive[h])].any():
+            return h
+    return None
+
+
 def binding_constraint(problem: Problem, tg: TracedGraph, config: PlanConfig) -> str:
     """A sentence naming what makes the problem infeasible (module docstring)."""
-    _, empty, pair = _alive_after_propagation(problem)
+    _, empty, _ = _alive_after_propagation(problem)
+    if empty is not None:
+        empty = _first_conflict(problem)
+        neighbour = _conflicting_neighbour(problem, empty)
+        pair = None if neighbour is None else (empty, neighbour)
     if empty is None:
         need = min_memory_bytes(problem)
         from ..errors import format_bytes
@@ -58,11 +99,16 @@ def binding_constraint(problem: Problem, tg: TracedGraph, config: PlanConfig) ->
     info = tg.nodes[node]
     shape = info.outputs[0].shape if info.outputs else ()
     what = f"node {node} ({info.op_name}, output shape {tuple(shape)})"
+    mates = [m for m in problem.groups[empty][1:] if m in tg.nodes]
+    if mates:  # placed as one ILP variable: the op that binds may be any of them (e.g. a norm over the batch)
+        what += (" placed together with " + ", ".join(f"{m} ({tg.nodes[m].op_name})" for m in mates[:4])
+                 + (f" and {len(mates) - 4} more" if len(mates) > 4 else ""))
     if pair is None:
-        return f"{what}: none of its strategies can be reached from its inputs ({_why(problem, tg, config, node, None)})"
+        return (f"{what}: none of its strategies fits what the nodes before it allow (the first node in program "
+                f"order that no plan can place): {_why(problem, tg, config, node, None)}")
     other = problem.groups[pair[1]][0]
-    return (f"{what}: no strategy of it is compatible with {other} ({tg.nodes[other].op_name}): "
-            + _why(problem, tg, config, node, other))
+    return (f"{what}: no strategy of it is compatible with {other} ({tg.nodes[other].op_name}) (the first node in "
+            "program order that no plan can place): " + _why(problem, tg, config, node, other))
 
 
 def _writer_through(node) -> str | None:
