@@ -303,6 +303,13 @@ def _translate(exc: Exception) -> TraceError:
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
         library = _library_frame(exc)
         random_line = _random_condition(exc)
+        checked = _assert_line(exc)
+        if checked:
+            return TraceError(
+                f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
+                "computed yet", location,
+                "remove the assert for the sharded run, or write it as torch._check(...) on the value (kept as a "
+                "runtime check), or check the inputs outside forward", detail=first)
         return TraceError(
             "data-dependent control flow (Python control flow on a tensor value)", location,
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
@@ -336,6 +343,14 @@ def _translate(exc: Exception) -> TraceError:
             "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
     return TraceError(f"the model ({type(exc).__name__})", location,
                       "make forward traceable by torch.export(strict=False); see the cause above", detail=first)
+
+
+def _assert_line(exc: BaseException) -> str | None:
+    """The source of the innermost user frame when it is an `assert` statement (ProphetNet's
+    `assert torch.all(shifted_input_ids >= 0).item(), ...`: the remedy 'branch with torch.where' did not fit)."""
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    line = (user[-1].line or "").strip() if user else ""
+    return line.split(",")[0] if line.startswith("assert ") else None
 
 
 def _raised_outside_torch(exc: BaseException) -> bool:

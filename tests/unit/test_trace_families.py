@@ -110,3 +110,22 @@ def test_a_module_to_that_changes_nothing_in_forward_traces():
     traced = parallelizer.trace(model, (x,))
     torch.testing.assert_close(traced.exported.module()(x), model(x))
     assert torch.nn.Module.to.__name__ == "to" and torch.nn.Module.to.__qualname__ == "Module.to"  # restored
+
+
+class _AssertsOnAValue(torch.nn.Module):
+    """ProphetNet's `_shift_right`: `assert torch.all(shifted_input_ids >= 0).item(), "..."`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        assert torch.all(x > -100).item(), "values must be above -100"
+        return self.lin(x)
+
+
+def test_an_assert_on_a_tensor_value_says_so():
+    """Trial h1: ProphetNet with default options; the remedy was 'branch with torch.where or torch.cond'."""
+    with pytest.raises(TraceError, match=r"an assert on a tensor value \(`assert torch.all\(x > -100\).item\(\)`\)"
+                                         r"(.|\n)*Remedy: remove the assert for the sharded run, or write it as torch._check"):
+        parallelizer.trace(_AssertsOnAValue(), (torch.randn(2, 4),))
