@@ -308,7 +308,8 @@ def _translate(exc: Exception) -> TraceError:
             return TraceError(
                 f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
                 "computed yet", location,
-                "remove the assert for the sharded run, or write it as torch._check(...) on the value (kept as a "
+                "remove the assert (or the check that raises) for the sharded run, or write it as "
+                "torch._check(...) on the value (kept as a "
                 "runtime check), or check the inputs outside forward", detail=first)
         return TraceError(
             "data-dependent control flow (Python control flow on a tensor value)", location,
@@ -350,7 +351,14 @@ def _assert_line(exc: BaseException) -> str | None:
     `assert torch.all(shifted_input_ids >= 0).item(), ...`: the remedy 'branch with torch.where' did not fit)."""
     user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
     line = (user[-1].line or "").strip() if user else ""
-    return line.split(",")[0] if line.startswith("assert ") else None
+    if line.startswith("assert "):
+        return line.split(",")[0]
+    if line.startswith("if ") and line.endswith(":"):  # `if labels.max() >= vocab_size: raise ...` (Wav2Vec2ForCTC)
+        import linecache
+        following = linecache.getline(user[-1].filename, user[-1].lineno + 1).strip()
+        if following.startswith("raise "):
+            return line.rstrip(":") + ": raise"
+    return None
 
 
 def _raised_outside_torch(exc: BaseException) -> bool:

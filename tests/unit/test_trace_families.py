@@ -127,5 +127,23 @@ class _AssertsOnAValue(torch.nn.Module):
 def test_an_assert_on_a_tensor_value_says_so():
     """Trial h1: ProphetNet with default options; the remedy was 'branch with torch.where or torch.cond'."""
     with pytest.raises(TraceError, match=r"an assert on a tensor value \(`assert torch.all\(x > -100\).item\(\)`\)"
-                                         r"(.|\n)*Remedy: remove the assert for the sharded run, or write it as torch._check"):
+                                         r"(.|\n)*Remedy: remove the assert \(or the check that raises\) for the sharded run, or write it as torch._check"):
         parallelizer.trace(_AssertsOnAValue(), (torch.randn(2, 4),))
+
+
+class _RaisesOnAValue(torch.nn.Module):
+    """Wav2Vec2ForCTC: `if labels is not None and labels.max() >= self.config.vocab_size: raise ValueError(...)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, labels):
+        if labels.max() >= 4:
+            raise ValueError("labels must be below 4")
+        return torch.nn.functional.cross_entropy(self.lin(x), labels)
+
+
+def test_a_check_that_raises_on_a_tensor_value_says_so():
+    with pytest.raises(TraceError, match=r"an assert on a tensor value \(`if labels.max\(\) >= 4: raise`\)"):
+        parallelizer.trace(_RaisesOnAValue(), (torch.randn(2, 4), torch.tensor([1, 2])))
