@@ -23,6 +23,7 @@ What export needs of a model and its inputs, handled here (each recorded in `not
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import os
@@ -217,7 +218,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
     level = shapes_log.level
     shapes_log.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err):
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
         raise _translate(exc) from exc
@@ -234,14 +235,82 @@ _FAKE_CONSTANT = "fake tensor in the exported program constant"
 _MODEL_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, NameError, AssertionError)
 
 
+@contextlib.contextmanager
+def _noop_module_to():
+    """`module.to(dtype/device)` inside forward that changes nothing (SwitchTransformers' router runs
+    `self.classifier = self.classifier.to(self.dtype)` every call) is the module itself, as eagerly: under
+    export, `Module._apply` tried to swap each (fake) parameter and failed ("Couldn't swap Linear.weight")."""
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        try:
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        except Exception:
+            return original(self, *args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        same = memory_format is None and all(
+            (device is None or t.device == device or (device.index is None and t.device.type == device.type))
+            and (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype) for t in tensors)
+        return self if same else original(self, *args, **kwargs)
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original
+
+
+_COMPILING = re.compile(r"\b(is_torchdynamo_compiling|is_compiling|is_exporting|is_dynamo_compiling)\s*\(")
+
+
+def _tracing_branch(exc: BaseException) -> str | None:
+    """`file:line: source` of a test of "am I being traced" (transformers' `is_torchdynamo_compiling()`,
+    `torch.compiler.is_compiling()`) in a function of the user's code on the failing call stack, innermost
+    first: such code runs another path under torch.export than eagerly (SwitchTransformers and LongT5 skip
+    building their default attention mask: `if attention_mask is None and not is_torchdynamo_compiling():`),
+    so an error there is not the model's eager error. Only such a skipped default (`is None` on the line, run
+    before the failing call) counts: a test that only silences a warning changes nothing traced."""
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        code = frame.f_code
+        if _internal(code.co_filename):
+            continue
+        try:
+            lines, start = inspect.getsourcelines(code)
+        except (OSError, TypeError):
+            continue
+        for i, line in enumerate(lines):
+            if _COMPILING.search(line) and " is None" in line and start + i <= frame.f_lineno:
+                return f"{code.co_filename}:{start + i}: `{line.strip().rstrip(':')}`"
+    return None
+
+
 def _translate(exc: Exception) -> TraceError:
     """Turn an export failure into a TraceError naming the construct and the user's file:line."""
     text = str(exc)
     location = _user_location(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    branch = _tracing_branch(exc)
+    if branch and "data-dependent" not in text:
+        return TraceError(
+            f"the model ({type(exc).__name__}): its code takes another path when traced than eagerly ({branch}: "
+            "true under torch.export)", location,
+            "pass the inputs that path leaves out explicitly (e.g. attention_mask=torch.ones_like(input_ids) when "
+            "it skips building a default mask), so that the traced path is the eager one", detail=first)
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
         library = _library_frame(exc)
         random_line = _random_condition(exc)
+        checked = _assert_line(exc)
+        if checked:
+            return TraceError(
+                f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
+                "computed yet", location,
+                "remove the assert (or the check that raises) for the sharded run, or write it as "
+                "torch._check(...) on the value (kept as a "
+                "runtime check), or check the inputs outside forward", detail=first)
         return TraceError(
             "data-dependent control flow (Python control flow on a tensor value)", location,
             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
@@ -284,6 +353,21 @@ def _translate(exc: Exception) -> TraceError:
             "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
     return TraceError(f"the model ({type(exc).__name__})", location,
                       "make forward traceable by torch.export(strict=False); see the cause above", detail=first)
+
+
+def _assert_line(exc: BaseException) -> str | None:
+    """The source of the innermost user frame when it is an `assert` statement (ProphetNet's
+    `assert torch.all(shifted_input_ids >= 0).item(), ...`: the remedy 'branch with torch.where' did not fit)."""
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    line = (user[-1].line or "").strip() if user else ""
+    if line.startswith("assert "):
+        return line.split(",")[0]
+    if line.startswith("if ") and line.endswith(":"):  # `if labels.max() >= vocab_size: raise ...` (Wav2Vec2ForCTC)
+        import linecache
+        following = linecache.getline(user[-1].filename, user[-1].lineno + 1).strip()
+        if following.startswith("raise "):
+            return line.rstrip(":") + ": raise"
+    return None
 
 
 def _raised_outside_torch(exc: BaseException) -> bool:

@@ -63,3 +63,87 @@ def test_an_error_of_the_model_itself_says_so():
     with pytest.raises(TraceError, match=r"forward raised AttributeError in code outside torch.*\n.*"
                                          r"decoder_start_token_id'\nRemedy: this is an error of the model"):
         parallelizer.trace(model, (ids,), {"labels": ids})
+
+
+class _SkipsDefaultMaskWhenTraced(torch.nn.Module):
+    """transformers' SwitchTransformers / LongT5 pattern: the default mask is built only when not compiling."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):
+        if mask is None and not torch.compiler.is_compiling():
+            mask = torch.ones(x.shape[:-1])
+        return self.lin(x) * mask[..., None]
+
+
+def test_a_path_taken_only_when_traced_is_not_called_the_models_own_error():
+    """Trial h1: SwitchTransformers with default options runs eagerly but skips its default attention_mask under
+    export; the TraceError said "model(*inputs) fails the same way", which is false. It names the branch and
+    says to pass the input; with the input given, it traces."""
+    model, x = _SkipsDefaultMaskWhenTraced(), torch.randn(2, 3, 4)
+    model(x)  # eager runs
+    with pytest.raises(TraceError, match=r"takes another path when traced than eagerly .*is_compiling\(\)`.*\n.*\n"
+                                         r"Remedy: pass the inputs that path leaves out") as info:
+        parallelizer.trace(model, (x,))
+    assert "fails the same way" not in str(info.value)
+    parallelizer.trace(model, (x,), {"mask": torch.ones(2, 3)})
+
+
+class _CastsItsRouterEveryCall(torch.nn.Module):
+    """SwitchTransformers' router: `self.classifier = self.classifier.to(self.dtype)` in forward (a no-op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(torch.float32)
+        return self.classifier(x.to(torch.float32)).softmax(-1)
+
+
+def test_a_module_to_that_changes_nothing_in_forward_traces():
+    """Under export `Module._apply` tried to swap each fake parameter: TraceError "Couldn't swap Linear.weight"
+    for a `.to` that is the module itself eagerly."""
+    model, x = _CastsItsRouterEveryCall(), torch.randn(2, 4)
+    traced = parallelizer.trace(model, (x,))
+    torch.testing.assert_close(traced.exported.module()(x), model(x))
+    assert torch.nn.Module.to.__name__ == "to" and torch.nn.Module.to.__qualname__ == "Module.to"  # restored
+
+
+class _AssertsOnAValue(torch.nn.Module):
+    """ProphetNet's `_shift_right`: `assert torch.all(shifted_input_ids >= 0).item(), "..."`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        assert torch.all(x > -100).item(), "values must be above -100"
+        return self.lin(x)
+
+
+def test_an_assert_on_a_tensor_value_says_so():
+    """Trial h1: ProphetNet with default options; the remedy was 'branch with torch.where or torch.cond'."""
+    with pytest.raises(TraceError, match=r"an assert on a tensor value \(`assert torch.all\(x > -100\).item\(\)`\)"
+                                         r"(.|\n)*Remedy: remove the assert \(or the check that raises\) for the sharded run, or write it as torch._check"):
+        parallelizer.trace(_AssertsOnAValue(), (torch.randn(2, 4),))
+
+
+class _RaisesOnAValue(torch.nn.Module):
+    """Wav2Vec2ForCTC: `if labels is not None and labels.max() >= self.config.vocab_size: raise ValueError(...)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, labels):
+        if labels.max() >= 4:
+            raise ValueError("labels must be below 4")
+        return torch.nn.functional.cross_entropy(self.lin(x), labels)
+
+
+def test_a_check_that_raises_on_a_tensor_value_says_so():
+    with pytest.raises(TraceError, match=r"an assert on a tensor value \(`if labels.max\(\) >= 4: raise`\)"):
+        parallelizer.trace(_RaisesOnAValue(), (torch.randn(2, 4), torch.tensor([1, 2])))
