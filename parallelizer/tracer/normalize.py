@@ -573,7 +573,8 @@ def _has_derivative(functional, args: tuple, kwargs: dict) -> bool:
     counts as differentiable (the fake-tensor check `_same_result` passed)."""
     base = args[0] if args else None
     base_grad = not (isinstance(base, torch.fx.Node) and base.op == "call_function"
-                     and any(word in str(base.target).split(".")[-2] for word in _FACTORY))
+                     and isinstance(base.target, torch._ops.OpOverload)
+                     and any(word in base.target._opname for word in _FACTORY))
 
     def grad_of(n):
         val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None

@@ -23,10 +23,8 @@ What export needs of a model and its inputs, handled here (each recorded in `not
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import logging
-import os
 import re
 import sys
 import traceback
@@ -43,6 +41,7 @@ from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
+from .export_errors import translate
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
 _SCALAR_TYPES = (int, float, bool, type(None))
@@ -221,18 +220,12 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     finally:
         shapes_log.setLevel(level)
     sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward
     sys.stderr.write(captured_err.getvalue())
     return exported
-
-
-_UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output")
-# torch.export's words when forward used `.data` (a tensor outside autograd becomes a fake constant)
-_FAKE_CONSTANT = "fake tensor in the exported program constant"
-_MODEL_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, NameError, AssertionError)
 
 
 @contextlib.contextmanager
@@ -258,183 +251,6 @@ def _noop_module_to():
         yield
     finally:
         torch.nn.Module.to = original
-
-
-_COMPILING = re.compile(r"\b(is_torchdynamo_compiling|is_compiling|is_exporting|is_dynamo_compiling)\s*\(")
-
-
-def _tracing_branch(exc: BaseException) -> str | None:
-    """`file:line: source` of a test of "am I being traced" (transformers' `is_torchdynamo_compiling()`,
-    `torch.compiler.is_compiling()`) in a function of the user's code on the failing call stack, innermost
-    first: such code runs another path under torch.export than eagerly (SwitchTransformers and LongT5 skip
-    building their default attention mask: `if attention_mask is None and not is_torchdynamo_compiling():`),
-    so an error there is not the model's eager error. Only such a skipped default (`is None` on the line, run
-    before the failing call) counts: a test that only silences a warning changes nothing traced."""
-    tb, frames = exc.__traceback__, []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
-        code = frame.f_code
-        if _internal(code.co_filename):
-            continue
-        try:
-            lines, start = inspect.getsourcelines(code)
-        except (OSError, TypeError):
-            continue
-        for i, line in enumerate(lines):
-            if _COMPILING.search(line) and " is None" in line and start + i <= frame.f_lineno:
-                return f"{code.co_filename}:{start + i}: `{line.strip().rstrip(':')}`"
-    return None
-
-
-def _translate(exc: Exception) -> TraceError:
-    """Turn an export failure into a TraceError naming the construct and the user's file:line."""
-    text = str(exc)
-    location = _user_location(exc)
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    branch = _tracing_branch(exc)
-    if branch and "data-dependent" not in text:
-        return TraceError(
-            f"the model ({type(exc).__name__}): its code takes another path when traced than eagerly ({branch}: "
-            "true under torch.export)", location,
-            "pass the inputs that path leaves out explicitly (e.g. attention_mask=torch.ones_like(input_ids) when "
-            "it skips building a default mask), so that the traced path is the eager one", detail=first)
-    if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
-        library = _library_frame(exc)
-        random_line = _random_condition(exc)
-        checked = _assert_line(exc)
-        if checked:
-            return TraceError(
-                f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
-                "computed yet", location,
-                "remove the assert (or the check that raises) for the sharded run, or write it as "
-                "torch._check(...) on the value (kept as a "
-                "runtime check), or check the inputs outside forward", detail=first)
-        return TraceError(
-            "data-dependent control flow (Python control flow on a tensor value)", location,
-            "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
-            "outside forward and pass it in as a Python value"
-            + (f"; here the value is read inside torch's module code ({library}), called from your line: "
-               + _library_remedy(library) if library else "")
-            + (f"; the condition is a random number drawn in forward ({random_line}), e.g. LayerDrop's "
-               "`torch.rand([]) < layerdrop`: a traced program cannot draw a new branch each step, so turn it off "
-               "for the sharded run (e.g. config.layerdrop=0.0)" if random_line else ""), detail=first)
-    unknown = _UNKNOWN_OUTPUT.search(text)
-    if unknown:
-        kind = unknown.group(1)
-        cache = "Cache" in kind.rpartition(".")[2]
-        return TraceError(
-            f"an output of type {kind} (not a tensor, Python scalar or container of them)", location,
-            ("pass use_cache=False and return no cache object from forward: a training step does not read it"
-             if cache else "return tensors (or tuples/lists/dicts of them) from forward, or register the class "
-             "with torch.utils._pytree.register_pytree_node (torch.export.register_dataclass for a dataclass)"),
-            detail=first)
-    if _FAKE_CONSTANT in text:
-        return TraceError(
-            "a tensor that forward takes out of autograd: `.data` of a parameter or buffer (e.g. "
-            "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
-            "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
-            "values with `.detach()` instead of `.data`", detail=first)
-    if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
-        op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
-        lstsq = "lstsq" in op
-        return TraceError(
-            f"an op whose output shapes depend on tensor values under export ({op})", location,
-            ("torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
-             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
-             "full-rank A" if lstsq else
-             "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
-            detail=first)
-    if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
-        return TraceError(
-            f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
-            "this is an error of the model's code, config or inputs, not of tracing (model(*inputs) fails the "
-            "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
-    return TraceError(f"the model ({type(exc).__name__})", location,
-                      "make forward traceable by torch.export(strict=False); see the cause above", detail=first)
-
-
-def _assert_line(exc: BaseException) -> str | None:
-    """The source of the innermost user frame when it is an `assert` statement (ProphetNet's
-    `assert torch.all(shifted_input_ids >= 0).item(), ...`: the remedy 'branch with torch.where' did not fit)."""
-    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
-    line = (user[-1].line or "").strip() if user else ""
-    if line.startswith("assert "):
-        return line.split(",")[0]
-    if line.startswith("if ") and line.endswith(":"):  # `if labels.max() >= vocab_size: raise ...` (Wav2Vec2ForCTC)
-        import linecache
-        following = linecache.getline(user[-1].filename, user[-1].lineno + 1).strip()
-        if following.startswith("raise "):
-            return line.rstrip(":") + ": raise"
-    return None
-
-
-def _raised_outside_torch(exc: BaseException) -> bool:
-    """Whether the innermost frame of the traceback (where it was raised) is outside torch and this package."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and not _internal(frames[-1].filename)
-
-
-def _library_remedy(library: str) -> str:
-    """What to change when torch's own code (`_library_frame`'s 'file:line: source') branched on a tensor."""
-    if os.sep + "distributions" + os.sep in library or library.startswith("torch/distributions"):
-        # Distribution.__init__ / log_prob check their arguments (`if not valid.all(): raise`) while
-        # validate_args is on (the default outside `python -O`)
-        return ("a torch.distributions object checks its arguments' values while validate_args is on (the "
-                "default): pass validate_args=False to the distribution (Normal(loc, scale, validate_args=False)) "
-                "or call torch.distributions.Distribution.set_default_validate_args(False) before tracing")
-    if "adaptive.py" in library:  # AdaptiveLogSoftmaxWithLoss.forward gathers each cluster's rows by target value
-        return ("AdaptiveLogSoftmaxWithLoss.forward routes each target to its cluster by value (sizes that depend on "
-                "the targets), which no traced program can: call its log_prob(input) (every class, fixed shapes) and "
-                "pick the targets' columns with gather, or compute the loss outside the model on the outputs")
-    if "var < 0" in library:  # F.gaussian_nll_loss: `elif torch.any(var < 0): raise ValueError`
-        return ("gaussian_nll_loss / GaussianNLLLoss checks `var >= 0` on the values, which has no switch: write "
-                "the loss out, 0.5 * (var.clamp(min=eps).log() + (input - target) ** 2 / var.clamp(min=eps)) "
-                "(+ 0.5 * log(2 * pi) with full=True), with your reduction")
-    return ("change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
-            "as a Python float: give momentum a number)")
-
-
-def _library_frame(exc: BaseException) -> str | None:
-    """`file:line: source` of the innermost frame in torch.nn's module code or torch.distributions after the
-    user's last frame (a data-dependent read inside e.g. BatchNorm's forward, a distribution's argument
-    check), or None when the user's code did it itself."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = [i for i, f in enumerate(frames) if not _internal(f.filename)]
-    lib_dirs = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("nn", "distributions"))
-    inner = [f for f in frames[(user[-1] + 1 if user else 0):]
-             if f.filename.startswith(lib_dirs) and not f.filename.endswith("module.py")]
-    if not inner:
-        return None
-    f = inner[-1]
-    return f"{os.path.relpath(f.filename, os.path.dirname(os.path.dirname(torch.__file__)))}:{f.lineno}: {(f.line or '').strip()}"
-
-
-_RANDOM_DRAW = re.compile(r"torch\.(rand|randn|randint|bernoulli|multinomial)\b|\brandom\.random\(|\blayerdrop\b")
-
-
-def _random_condition(exc: BaseException, lines: int = 6) -> str | None:
-    """'file:line: text' of a random draw in the `lines` source lines up to the user's failing line (LayerDrop
-    draws `torch.rand([])` and branches on it a few lines later), or None."""
-    import linecache
-    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
-    if not user or user[-1].lineno is None:
-        return None
-    frame = user[-1]
-    for lineno in range(frame.lineno, max(frame.lineno - lines, 1) - 1, -1):
-        text = linecache.getline(frame.filename, lineno).strip()
-        if _RANDOM_DRAW.search(text):
-            return f"{os.path.basename(frame.filename)}:{lineno}: {text}"
-    return None
-
-
-def _user_location(exc: BaseException) -> str | None:
-    """file:line of the innermost frame outside torch and this package, from the traceback."""
-    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
-    if not user:
-        return None
-    return f"{user[-1].filename}:{user[-1].lineno}"
 
 
 def _fx_legal_input_names(gm: torch.fx.GraphModule, sig) -> dict[str, str]:
