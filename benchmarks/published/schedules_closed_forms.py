@@ -10,7 +10,9 @@ ZB-H1 (Qi et al. ICLR 2024 Sec. 3.1): (p - 1)(F + I - W). Interleaved: Korthikan
 from collections import deque
 from torch.distributed.pipelining.schedules import _Action, _ComputationType as T
 from parallelizer.planner.action_schedule import ActionSchedule
-from parallelizer.planner.simulate import StageTimes, simulate
+import os
+
+from parallelizer.planner.simulate import StageTimes, simulate, simulate_actions
 
 
 def deepseek_dualpipev(p, m):
@@ -108,6 +110,34 @@ def atomic_pairs(p, m, f, i, w, pairs=True):
     return max(t_rank.values()) - 2 * m * (f + i + w)
 
 
+def authors_zbv(path, p, m, f, i, w, sc=1000):
+    """The ZB authors' own ZB-V list (sail-sg/zero-bubble-pipeline-parallelism,
+    megatron/core/pipeline_parallel/zerobubble/scheduler/zbv.py, `PipelineGraph.try_v_schedule`, best of its four
+    fill options as `create_schedule` picks; memory as their runtime's 34h / -2h / -32h per F / B / W, 1F1B's
+    limit) as an ActionSchedule, and the authors' own bubble estimate (max idle after each rank's first action)."""
+    src = "\n".join(line for line in open(path).read().splitlines() if not line.startswith("from megatron"))
+    ns = {}
+    exec(compile(src, path, "exec"), ns)
+    g = ns["PipelineGraph"](p, m, int(f * sc), int(i * sc), int(w * sc), 0, f_mem=34, b_mem=-2, w_mem=-32)
+    best = min((g.try_v_schedule(fill_f=ff, fill_b=fb) for fb in (True, False) for ff in (True, False)),
+               key=lambda t: t[2])
+    lists = {}
+    for r in range(p):
+        acts = []
+        for cat, ch, mb in best[0][r]:
+            chunk = ch if cat == 0 else 1 - ch  # their B / W chunk index runs backwards (create_schedule)
+            kind = (T.FORWARD, T.BACKWARD_INPUT, T.BACKWARD_WEIGHT)[cat]
+            acts.append(_Action(r if chunk == 0 else 2 * p - 1 - r, kind, mb))
+        lists[r] = tuple(acts)
+    placement = {s: (s if s < p else 2 * p - 1 - s) for s in range(2 * p)}
+    return ActionSchedule("authors_zbv", lists, placement, 2 * p, m), best[2] / sc
+
+
+def after_start(res):
+    """Max over ranks of the idle between a rank's first action and its last (the ZB authors' bubble measure)."""
+    return max(acts[-1][2] - acts[0][1] - res.busy_s[r] for r, acts in res.timeline().items())
+
+
 if __name__ == "__main__":
     print("| schedule | p | m | F, I, W | published form | published | simulated (torch's runtime) | DeepSeek runtime (pairs atomic) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -130,3 +160,15 @@ if __name__ == "__main__":
         print(f"| dualpipev | {p} | {m} | PP + 1 stage-mb (PP = 2p), every rank | {2 * p + 1} | {min(dv):g}-{max(dv):g} |")
         print(f"| zbv | {p} | {m} | 1x 1F1B (rank-mb, max rank) | {one:g} | {max(zb):g} |")
         print(f"| interleaved_1f1b | {p} | {m} | L(1+(p-1)/(pv)) layer-mb, rank 0, L = 2p | {2 * p * (1 + (p - 1) / (2 * p)):g} | {il:g} |")
+    zb = os.environ.get("SAIL_ZBV_PY")  # path to the ZB authors' zbv.py (a checkout of their repository)
+    if zb:
+        print()
+        print("| p | m | F, I, W | authors' ZB-V list: step bubble / after-start (their estimate) | torch zbv | dualpipev |")
+        print("|---|---|---|---|---|---|")
+        for p, m in ((4, 8), (8, 16)):
+            for t in ((1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 0.5), (1, 0.5, 1.5)):
+                sched, est = authors_zbv(zb, p, m, *t)
+                st = StageTimes.uniform(2 * p, *t)
+                a, z, d = simulate_actions(sched, st), simulate("zbv", p, m, st), simulate("dualpipev", p, m, st)
+                print(f"| {p} | {m} | {t[0]}, {t[1]}, {t[2]} | {a.bubble_s:g} / {after_start(a):g} ({est:g}) | "
+                      f"{z.bubble_s:g} / {after_start(z):g} | {d.bubble_s:g} / {after_start(d):g} |")

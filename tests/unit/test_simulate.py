@@ -243,7 +243,7 @@ def _list_schedule(lists: dict[int, list[str]], S: int, dur: dict[str, float], a
                 continue
             inside = set(bl[pos[r]])
             need = [d for a in bl[pos[r]] for d in deps(*a) if d not in inside]
-            got = [done.get(d, done.get((d[0], "I", d[2]), done.get((d[0], "B", d[2]))) if d[1] == "IB" else done.get(d))
+            got = [done.get((d[0], "I", d[2]), done.get((d[0], "B", d[2]))) if d[1] == "IB" else done.get(d)
                    for d in need]
             if None in got:
                 continue
@@ -314,3 +314,20 @@ def test_interleaved_first_rank_holds_korthikantis_activations(p, m):
         r = simulate("interleaved_1f1b", p, m, StageTimes.uniform(2 * p, *t))
         assert r.peak_inflight_bytes[0] == L * (1 + (p - 1) / (p * v))
         assert r.bubble_s == pytest.approx((p - 1) * sum(t))  # Narayanan (p - 1)(t_f + t_b) / v on rank times
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16), (8, 32)])
+def test_zbv_is_zero_bubble_in_the_zb_papers_measure(p, m):
+    """The ZB authors' "ZBV bubble 0" (sail-sg/zero-bubble-pipeline-parallelism README table; their scheduler's
+    `stage_bubble`, zerobubble/scheduler/zbv.py) counts each rank's idle AFTER its first action: the start-up
+    ramp is hidden across steps by their optimizer post-validation. torch's ZBV list at F = I = W idles 0 in that
+    measure on every rank; the step (makespan) still carries the ramp (p - 1) F, which no schedule avoids within
+    one step (rank p - 1's first forward waits for p - 1 forwards). The authors' own ZB-V list, simulated here,
+    gives the same (p - 1) F makespan bubble at F = I = W (benchmarks/published/schedules_closed_forms.py).
+    DualPipeV's (p - 1) F is idle after the start (its pairs' order), 1F1B's (p - 1)(F + B) likewise."""
+    def after_start(r):
+        return max(acts[-1][2] - acts[0][1] - r.busy_s[k] for k, acts in r.timeline().items())
+    zbv = simulate("zbv", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    assert after_start(zbv) == 0.0 and zbv.bubble_s == p - 1.0
+    assert after_start(simulate("dualpipev", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))) == p - 1.0
+    assert after_start(simulate("1f1b", p, m, StageTimes.uniform(p, 2.0, 2.0, 2.0))) == 6.0 * (p - 1)
