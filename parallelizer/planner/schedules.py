@@ -13,8 +13,11 @@ schedule            v     bubble (simulated = closed form, equal stages)  peak i
 "gpipe"             1     (p - 1) T                                      m
 "1f1b"              1     (p - 1) T                                      min(p - r, m)
 "interleaved_1f1b"  2     (p - 1) T / v                                  min(2(p - r - 1) + (v - 1) p + 1, v m) / v
-"zbv"               2     (p - 1)(F + B - W)   (ZB-H1's, on chunk times)   min(p, m)
-"dualpipev"         2     (p - 1)(F + B - W)   (as zbv when F = B = W)     min(p, m) + 1/2
+"zbv"               2     (p - 1) F at F = B = W (ZB-H1's (p - 1)        min(p, m)
+                          (F + B - W) there; not at unequal times)
+"dualpipev"         2     (p - 1) F at F = B = W (as zbv); DeepSeek's    min(p, m) + 1/2 (= PP + 1
+                          (PP/2 - 1)(F&B + B - 3W) is 2 (p - 1) F: its   stage-microbatches, PP = 2p:
+                          pairs wait both inputs, torch's do not          DeepSeek's table)
 "bitpipe"           2     (p - 2) F when F = B (ratio (p - 2) /         (3p + 2) / 8 + min(r, p - 1 - r) / 4
                           2 copies, (4m + p - 2)); B = 2F: 2(p - 2) F +  (simulated = closed form, m = k p)
                           units of p (k - 1)(p - 3) F for m = k p, p >= 4
@@ -29,10 +32,22 @@ steady state), counted in chunk-microbatches, each holding 1/v of the rank's act
 al., "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv 2401.10241), Sec. 3.1/Table 1: ZB-H1's bubble is
 (p - 1)(T_F + T_B - T_W) at 1F1B's activation memory. torch's `ScheduleZBVZeroBubble` list, simulated with
 chunk times F = B = W, idles exactly (p - 1)(F + B - W) = (p - 1) F, a bubble ratio (p - 1) / (3 v m): the
-ZB-H1 bubble on chunk times, not the paper's ZB-V zero (the paper's ZB-V needs its own greedy scheduler;
-torch's docstring says the same). DualPipeV (torch's `ScheduleDualPipeV`, after DeepSeek-V3, arXiv
-2412.19437) runs its OVERLAP_F_B pairs back to back without a custom overlap function: same bubble as zbv
-with equal times, half a chunk-microbatch more in flight.
+ZB-H1 bubble on chunk times. That is also what the authors' own ZB-V list (their greedy scheduler,
+sail-sg/zero-bubble-pipeline-parallelism zerobubble/scheduler/zbv.py) idles per step at F = B = W: their
+README's "ZBV bubble 0" counts each rank's idle after its first action (the start-up ramp (p - 1) F, which no
+schedule avoids within one step, is hidden across steps by their optimizer post-validation), and torch's list
+idles 0 in that measure too; at unequal times their list idles less (F, I, W = 2, 1, 1, p = 4: 6 vs 8).
+DualPipeV (torch's `ScheduleDualPipeV`, after DeepSeek-V3, arXiv 2412.19437) runs its OVERLAP_F_B pairs back to
+back without a custom overlap function: same bubble as zbv with equal times, half a chunk-microbatch more in
+flight. torch's DualPipeV list is DeepSeek's `DualPipeV.step` order action for action
+(github.com/deepseek-ai/DualPipe, dualpipe/dualpipev.py; tests/unit/test_simulate.py), but DeepSeek's runtime
+starts an overlapped F&B pair only when both its inputs are there, which gives its README's bubble (PP/2 - 1)(F&B
++ B - 3W) (B a full backward; PP = 2p stages) for F <= I and W <= I: 2 (p - 1) F at F = I = W, twice what torch's
+runtime (each half waits only its own input) idles. Neither ZB-H1's form nor DeepSeek's is exact at unequal times
+(e.g. p = 4, m = 8, F, I, W = 2, 1, 1: zbv 8, form 6); the planner prices the simulated lists, never the forms.
+Activations: ZBV 1x 1F1B (sail-sg/zero-bubble-pipeline-parallelism README table), DualPipeV PP + 1
+stage-microbatches (DeepSeek-V3 report Table 2); interleaved 1F1B's rank 0 holds Korthikanti et al. 2022 Sec.
+4.2.3's L (1 + (p - 1) / (p v)) layers' activations (m >= its warm-up).
 
 BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in opposite directions, each
 over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of

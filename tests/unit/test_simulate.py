@@ -163,3 +163,188 @@ def test_a_slow_link_carries_one_transfer_at_a_time(name, slow, fast):
     assert got == pytest.approx(slow, abs=1e-4)
     compute_bound = simulate(name, 2, 4, StageTimes.uniform(2, 1.0, 0.5, 0.5, p2p=1e-3)).makespan_s
     assert compute_bound == pytest.approx(fast, abs=1e-9)
+
+
+# ---- Schedules vs published closed forms (benchmarks/RESULTS.md "Schedules vs published closed forms") ----
+
+def _deepseek_dualpipev(p: int, m: int) -> dict[int, list[str]]:
+    """DeepSeek's DualPipeV order, transcribed from `DualPipeV.step` (github.com/deepseek-ai/DualPipe,
+    dualpipe/dualpipev.py, steps 1-8; commit 3da1bbe): phase 0 = stage r, phase 1 = stage 2p - 1 - r;
+    `_backward_chunk(enable_zb=True)` runs I and queues W (WeightGradStore, FIFO), `_weight_chunk` pops one W;
+    `_forward_backward_chunk(a, b)` = F of phase a then full B of phase b."""
+    lists = {}
+    for r in range(p):
+        st, fc, bc, wq, out = (r, 2 * p - 1 - r), [0, 0], [0, 0], [], []
+
+        def f(ph):
+            out.append(f"{st[ph]}F{fc[ph]}")
+            fc[ph] += 1
+
+        def b(ph, zb=False):
+            out.append(f"{st[ph]}{'I' if zb else 'B'}{bc[ph]}")
+            if zb:
+                wq.append(f"{st[ph]}W{bc[ph]}")
+            bc[ph] += 1
+
+        for _ in range(2 * (p - r - 1)):
+            f(0)
+        for _ in range(r + 1):
+            f(0), f(1)
+        for _ in range(p - r - 1):
+            b(1, True), out.append(wq.pop(0)), f(1)
+        for _ in range(m - 2 * p + r + 1):
+            f(0), b(1), f(1), b(0)
+        for _ in range(p - r - 1):
+            b(1), f(1), b(0)
+        zb = False
+        for i in range(r + 1):
+            zb = zb or (i == (r + 1) // 2 and r % 2 == 1)
+            b(1, zb)
+            zb = zb or (i == (r + 1) // 2 and r % 2 == 0)
+            b(0, zb)
+        for _ in range(p - r - 1):
+            out.append(wq.pop(0)), b(0, True)
+        out += wq
+        lists[r] = out
+    return lists
+
+
+def _list_schedule(lists: dict[int, list[str]], S: int, dur: dict[str, float], atomic_pairs: bool) -> float:
+    """Independent event scheduler (not planner.simulate): each rank runs its list in order, an action starts
+    when its rank is free and its inputs are done (no transfer time). atomic_pairs: an F followed by a full B
+    (DualPipe's `_forward_backward_chunk`) is one block that starts only when BOTH inputs are there, as
+    DeepSeek's step waits all receives before an overlapped F&B; otherwise each waits only its own input
+    (torch's runtime without a custom overlap function). Returns the makespan."""
+    import re
+    parse = {r: [(int(x), k, int(i)) for x, k, i in (re.fullmatch(r"(\d+)([FIBW])(\d+)", a).groups() for a in acts)]
+             for r, acts in lists.items()}
+    blocks = {}
+    for r, acts in parse.items():
+        bl, n = [], 0
+        while n < len(acts):
+            take = 2 if atomic_pairs and acts[n][1] == "F" and n + 1 < len(acts) and acts[n + 1][1] == "B" else 1
+            bl.append(acts[n:n + take])
+            n += take
+        blocks[r] = bl
+
+    def deps(x, k, i):
+        if k == "F":
+            return [(x - 1, "F", i)] if x > 0 else []
+        if k == "W":
+            return [(x, "I", i)]
+        return [(x, "F", i)] + ([(x + 1, "IB", i)] if x < S - 1 else [])
+
+    done, pos, free = {}, dict.fromkeys(blocks, 0), dict.fromkeys(blocks, 0.0)
+    moved = True
+    while moved:
+        moved = False
+        for r, bl in blocks.items():
+            if pos[r] == len(bl):
+                continue
+            inside = set(bl[pos[r]])
+            need = [d for a in bl[pos[r]] for d in deps(*a) if d not in inside]
+            got = [done.get((d[0], "I", d[2]), done.get((d[0], "B", d[2]))) if d[1] == "IB" else done.get(d)
+                   for d in need]
+            if None in got:
+                continue
+            t = max([free[r]] + got)
+            for a in bl[pos[r]]:
+                t += dur[a[1]]
+                done[a] = t
+            free[r], pos[r], moved = t, pos[r] + 1, True
+    assert all(pos[r] == len(bl) for r, bl in blocks.items()), "deadlock"
+    return max(free.values())
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 10), (8, 16), (8, 20)])
+def test_dualpipev_is_deepseeks_list_with_pp_plus_one_activations(p, m):
+    """torch's ScheduleDualPipeV list is DeepSeek's DualPipeV.step order action for action (OVERLAP_F_B = F then
+    B); its peak in-flight activations are PP + 1 stage-microbatches on every rank (DeepSeek-V3 report Table 2 /
+    DualPipe README, PP = 2p stages), 1x parameters (2 chunks of 1/(2p) per device = README's "2x" of a PP-stage
+    1F1B device, on PP/2 devices)."""
+    ours = action_schedule("dualpipev", p, m)
+    assert {r: [repr(a) for a in ours.actions[r]] for r in range(p)} == _deepseek_dualpipev(p, m)
+    r = simulate("dualpipev", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    assert r.peak_inflight_bytes == (2 * p + 1.0,) * p
+
+
+@pytest.mark.parametrize("f,i,w", [(1, 1, 1), (1, 1, 0.5), (1, 2, 1), (2, 1, 1), (1, 0.5, 1.5)])
+def test_dualpipev_bubble_vs_deepseeks_closed_form(f, i, w):
+    """DeepSeek's (PP/2 - 1)(F&B + B - 3W) (B = a full backward I + W; F&B = F + B without an overlap kernel)
+    is what DeepSeek's runtime idles, where an overlapped pair waits for both inputs: the independent scheduler
+    with atomic pairs gives it for F <= I and W <= I (the README figure: 6 idle units at p = 4, m = 10 with
+    F = I = W = 1), more otherwise. torch's runtime (our DualPipeV) runs the pair's F as soon as ITS input is
+    there: planner.simulate = the independent scheduler without atomic pairs, below the closed form whenever
+    the closed form holds (half of it at F = I = W)."""
+    dur = {"F": f, "I": i, "W": w, "B": i + w}
+    closed = lambda p: (p - 1) * ((f + i + w) + (i + w) - 3 * w)
+    for p, m in ((2, 4), (4, 10), (8, 16)):
+        ideal = 2 * m * (f + i + w)
+        lists = _deepseek_dualpipev(p, m)
+        atomic = _list_schedule(lists, 2 * p, dur, atomic_pairs=True) - ideal
+        seq = _list_schedule(lists, 2 * p, dur, atomic_pairs=False) - ideal
+        sim = simulate("dualpipev", p, m, StageTimes.uniform(2 * p, f, i, w))
+        assert sim.makespan_s - ideal == pytest.approx(seq, abs=1e-12) and sim.bubble_s == pytest.approx(seq)
+        if f <= i and w <= i:
+            assert atomic == pytest.approx(closed(p)) and seq < closed(p)
+        else:
+            assert atomic > closed(p)
+        if (f, i, w) == (1, 1, 1):
+            assert atomic == 2 * (p - 1) and seq == p - 1
+
+
+def test_zbv_and_dualpipev_leave_zb_h1s_form_with_unequal_times():
+    """(p - 1)(F + I - W) (ZB-H1, Qi et al. 2024 Sec. 3.1; DeepSeek's ZB1P (PP - 1)(F + B - 2W) with a full B)
+    is torch's ZBV bubble at F = I = W only; measured, p = 4, m = 8: F, I, W = 2, 1, 1 -> 8 (form 6);
+    1, 1, 0.5 -> 3 (form 4.5); 1, 0.5, 1.5 -> 4 (form 0). DualPipeV: 6, 4.5, 3."""
+    got = {t: (simulate("zbv", 4, 8, StageTimes.uniform(8, *t)).bubble_s,
+               simulate("dualpipev", 4, 8, StageTimes.uniform(8, *t)).bubble_s)
+           for t in ((2, 1, 1), (1, 1, 0.5), (1, 0.5, 1.5))}
+    assert got == {(2, 1, 1): (8.0, 6.0), (1, 1, 0.5): (3.0, 4.5), (1, 0.5, 1.5): (4.0, 3.0)}
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 64), (16, 32)])
+def test_interleaved_first_rank_holds_korthikantis_activations(p, m):
+    """Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4.2.3: with the interleaved schedule the first stage
+    holds L (1 + (p - 1) / (p v)) layers' activations (L layers, v chunks per rank; m >= the warm-up). One layer
+    per chunk (L = 2p, act_bytes 1): the simulated peak of rank 0 in layer-microbatches equals it, also with
+    unequal F, I, W (the order, not the times, decides it)."""
+    v, L = 2, 2 * p
+    for t in ((1.0, 1.0, 1.0), (1.0, 2.0, 0.5)):
+        r = simulate("interleaved_1f1b", p, m, StageTimes.uniform(2 * p, *t))
+        assert r.peak_inflight_bytes[0] == L * (1 + (p - 1) / (p * v))
+        assert r.bubble_s == pytest.approx((p - 1) * sum(t))  # Narayanan (p - 1)(t_f + t_b) / v on rank times
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16), (8, 32)])
+def test_zbv_is_zero_bubble_in_the_zb_papers_measure(p, m):
+    """The ZB authors' "ZBV bubble 0" (sail-sg/zero-bubble-pipeline-parallelism README table; their scheduler's
+    `stage_bubble`, zerobubble/scheduler/zbv.py) counts each rank's idle AFTER its first action: the start-up
+    ramp is hidden across steps by their optimizer post-validation. torch's ZBV list at F = I = W idles 0 in that
+    measure on every rank; the step (makespan) still carries the ramp (p - 1) F, which no schedule avoids within
+    one step (rank p - 1's first forward waits for p - 1 forwards). The authors' own ZB-V list, simulated here,
+    gives the same (p - 1) F makespan bubble at F = I = W (benchmarks/published/schedules_closed_forms.py).
+    DualPipeV's (p - 1) F is idle after the start (its pairs' order), 1F1B's (p - 1)(F + B) likewise."""
+    def after_start(r):
+        return max(acts[-1][2] - acts[0][1] - r.busy_s[k] for k, acts in r.timeline().items())
+    zbv = simulate("zbv", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    assert after_start(zbv) == 0.0 and zbv.bubble_s == p - 1.0
+    assert after_start(simulate("dualpipev", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))) == p - 1.0
+    assert after_start(simulate("1f1b", p, m, StageTimes.uniform(p, 2.0, 2.0, 2.0))) == 6.0 * (p - 1)
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+def test_peak_holds_when_w_keeps_the_weight_gradient_inputs(name):
+    """The simulator frees a microbatch's activations at I (module docstring); the ZB paper's accounting (Qi et
+    al. 2024 Table 1: F +M_B, B +M_W - M_B, W -M_W, M_W = 32 b s h of M_B's 34 b s h + 5 a s^2 b) keeps M_W
+    until W. On torch's ZBV and DualPipeV lists the peak is the same either way (reached before a rank's first
+    I), so the reported peaks (p and PP + 1) are what the paper's accounting gives."""
+    for p, m in ((2, 4), (4, 8), (4, 16), (8, 16)):
+        sched = action_schedule(name, p, m)
+        for r in range(p):
+            cur = peak = 0.0
+            for a in sched.actions[r]:
+                cur += {"F": 1.0, "I": 0.0, "W": -1.0, "B": -1.0}[a.computation_type.value]
+                peak = max(peak, cur)
+            got = simulate(name, p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0)).peak_inflight_bytes[r]
+            assert peak == got == 2 * p + (1 if name == "dualpipev" else 0)
