@@ -522,3 +522,44 @@ def accumulation_under_no_sync(rank: int, world_size: int, specs: dict) -> dict:
         out[name] = max(_diff(p.grad, _shard(reference.get_parameter(f).grad, spec, f, pm))
                         for f, p in pm.named_parameters())
     return out
+
+
+def parametrizations(rank: int, world_size: int, specs: dict) -> dict:
+    """torch.nn.utils.parametrizations.weight_norm registered on a submodule of pm AFTER wrapping (a script that
+    adds it once the model is built), on every Linear weight: per spec, the largest output difference against
+    eager (same registration) after 3 SGD steps, or the refusal's message; and the refusal at forward of one
+    registered by torch's own function bound before the first ParallelModule (the wrapper never saw it)."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from parallelizer import zoo
+    from parallelizer.errors import UnsupportedOpError
+
+    out = {}
+    for name, spec in specs.items():
+        model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        try:
+            for m, r in zip(pm.modules(), reference.modules()):
+                if isinstance(m, nn.Linear):
+                    weight_norm(m)
+                    weight_norm(r)
+        except UnsupportedOpError as e:
+            out[name] = str(e)
+            raw = getattr(parametrize.register_parametrization, "__wrapped__")
+            raw(pm.head, "weight", nn.Identity())  # torch's own function: the forward refuses the shard
+            try:
+                pm(x)
+                out[name + "_bound_early"] = "no error"
+            except UnsupportedOpError as e2:
+                out[name + "_bound_early"] = str(e2)
+            continue
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (pm, reference)]
+        for _ in range(3):
+            for m, opt in zip((pm, reference), opts):
+                m(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        out[name] = _diff(pm(x), reference(x))
+    return out
