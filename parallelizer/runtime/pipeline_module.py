@@ -44,7 +44,7 @@ from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_, global_norm
-from .mirror import describe
+from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
@@ -113,6 +113,7 @@ class PipelineModule(torch.nn.Module):
         set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
         and before such changes were silently ignored."""
         for stage in self.run.stages:
+            refuse_foreign_modules(stage, "a pipeline stage")
             flags, changes = stage._modes()
             first_flags, _ = stage._first_modes
             moved = [name for (name, t), (_, t0) in zip(flags, first_flags) if t != t0]
