@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError, StateDictError
+from ..errors import PipelineError, StateDictError, UnsupportedOpError
 from ..planner import Plan
 from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
@@ -112,6 +112,13 @@ class PipelineModule(torch.nn.Module):
         """Raise PipelineError when a stage's submodules changed mode or settings (`runtime.mirror`: a BatchNorm
         set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
         and before such changes were silently ignored."""
+        added = [name for name, child in self.named_children()
+                 if name != "stages" or list(child) != list(self.run.stages)]
+        if added:  # `pm.head = nn.Identity()` on a PipelineModule only adds a child that no stage runs
+            raise UnsupportedOpError(
+                f"PipelineModule.step: submodule(s) {', '.join(added)} set on the PipelineModule after it was built "
+                "(a module swap or a new module): its stages run the programs traced then, so the change would be "
+                "ignored. Remedy: change the model before auto_parallelize")
         for stage in self.run.stages:
             refuse_foreign_modules(stage, "a pipeline stage")
             flags, changes = stage._modes()

@@ -605,8 +605,14 @@ def module_surgery(rank: int, world_size: int, specs: dict) -> dict:
 
     cases = {"swap": _swap, "prepare_qat": _qat, "swap_in_full_model": _swap_inside_full_model,
              "prune_l1": lambda m: prune.l1_unstructured(m.blocks[0].up, "weight", amount=0.5),
-             "del_block": lambda m: m.blocks.__delitem__(1)}
+             "del_block": lambda m: m.blocks.__delitem__(1),
+             "vector_of_the_model": lambda m: torch.nn.utils.vector_to_parameters(
+                 whole * 0.5, m.parameters()),
+             "vector_round_trip": lambda m: torch.nn.utils.vector_to_parameters(
+                 torch.nn.utils.parameters_to_vector(m.parameters()).detach() * 0.5, m.parameters())}
     out = {}
+    whole = torch.nn.utils.parameters_to_vector(  # the single-device model's parameters as one vector
+        zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)[0].parameters()).detach()
     for name, spec in specs.items():
         for case, fn in cases.items():
             model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
