@@ -49,7 +49,18 @@ def lin_weights(m):
     return [(mod, "weight") for mod in m.modules() if isinstance(mod, nn.Linear)]
 
 
+def data_full(m):
+    full = torch.ones(4, 32) * 0.01
+    m.head.weight.data = full
+
+
+def qdyn(m):
+    return torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8)
+
+
 CASES = {
+    "data_full": data_full,
+    "new_param_full": lambda m: setattr(m.blocks[0].up, "weight", nn.Parameter(torch.ones(64, 32) * 0.01)),
     "prune_l1": lambda m: prune.l1_unstructured(m.blocks[0].up, "weight", amount=0.5),
     "prune_ln": lambda m: prune.ln_structured(m.blocks[0].up, "weight", amount=0.5, n=2, dim=0),
     "prune_global": lambda m: prune.global_unstructured(lin_weights(m), pruning_method=prune.L1Unstructured, amount=0.5),
@@ -68,6 +79,13 @@ def one(rank, world, name, spec):
     ref = copy.deepcopy(model)
     create_groups(all_axis_groups(spec.mesh))
     pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+    if name == "quantize_dynamic":
+        try:
+            q_ref = qdyn(ref.eval()); pm.eval()
+            q_pm = qdyn(pm)
+            return f"diff {(q_pm(x) - q_ref(x)).abs().max().item():.3g}"
+        except Exception as e:
+            return f"{type(e).__name__}: {str(e)[:250]}"
     try:
         CASES[name](ref)
     except Exception as e:
@@ -98,7 +116,7 @@ def spec_of(mesh, roles):
 
 
 if __name__ == "__main__":
-    names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(CASES)
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(CASES) + ["quantize_dynamic"]
     specs = {"ddp2": spec_of({"dp": 2}, {"dp": "ddp"}), "fsdp2": spec_of({"dp": 2}, {"dp": "fsdp"}),
              "tp2": spec_of({"tp": 2}, {"tp": "tp"})}
     res = spawn(body, 2, specs, names, timeout_s=900)

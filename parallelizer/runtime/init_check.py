@@ -52,6 +52,7 @@ def install() -> None:
             continue
         setattr(torch.nn.init, name, _checked(name, original))
     _install_vector_check()
+    _install_quantization_check()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -168,3 +169,38 @@ def _install_vector_check() -> None:
 
 
 _install_vector_check()
+
+
+def _install_quantization_check() -> None:
+    """Wrap torch.ao.quantization.quantize.propagate_qconfig_ (once), which prepare, prepare_qat, quantize and
+    quantize_dynamic all call through that module's global (however the user imported them): on a module tree
+    holding ParallelModule mirrors it raises UnsupportedOpError. torch matches module classes exactly, so on a
+    ParallelModule nothing was swapped: quantize_dynamic(pm) returned a float copy (1.5e-2 off the quantised model
+    on one device, silently, on ddp, fsdp and tp=2)."""
+    import sys
+
+    import torch.ao.quantization  # noqa: F401 - loads the quantize module
+    quantize = sys.modules["torch.ao.quantization.quantize"]
+    original = quantize.propagate_qconfig_
+    if getattr(original, "_parallelizer_checked", False):
+        return
+
+    @functools.wraps(original)
+    def propagate_qconfig_(module, *args, **kwargs):
+        from .mirror import _StateOnly
+        mirrored = next((name for name, m in module.named_modules() if isinstance(m, _StateOnly)), None)
+        if mirrored is not None:
+            raise UnsupportedOpError(
+                f"torch.ao.quantization (prepare / prepare_qat / quantize_dynamic: propagate_qconfig_) on a module "
+                f"holding a ParallelModule's submodules ({mirrored!r}): torch swaps modules by exact class and pm's "
+                "submodules are mirrors of the model's, so nothing would be quantised or fake-quantised and the "
+                "program would run the float model. Remedy: prepare_qat / quantize_dynamic the model before "
+                "auto_parallelize (the fake quantisation is then traced), or quantise the single-device model "
+                "from pm.full_state_dict()")
+        return original(module, *args, **kwargs)
+
+    propagate_qconfig_._parallelizer_checked = True
+    quantize.propagate_qconfig_ = propagate_qconfig_
+
+
+_install_quantization_check()

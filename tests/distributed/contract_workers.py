@@ -603,7 +603,9 @@ def module_surgery(rank: int, world_size: int, specs: dict) -> dict:
 
     from parallelizer import zoo
 
-    cases = {"swap": _swap, "prepare_qat": _qat, "swap_in_full_model": _swap_inside_full_model,
+    cases = {"swap": _swap, "prepare_qat": _qat,
+             "quantize_dynamic": lambda m: torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, inplace=True),
+             "swap_in_full_model": _swap_inside_full_model,
              "prune_l1": lambda m: prune.l1_unstructured(m.blocks[0].up, "weight", amount=0.5),
              "del_block": lambda m: m.blocks.__delitem__(1),
              "vector_of_the_model": lambda m: torch.nn.utils.vector_to_parameters(

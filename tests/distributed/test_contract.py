@@ -24,7 +24,7 @@ the eager model on one device:
     whole parameters) is refused on shards and equals eager under ddp; DDP / FSDP around pm are refused.
 14. a parametrization (weight_norm) registered on pm's submodules after wrapping: exact on replicated weights
     (ddp), refused on shards (tp=2), also when registered by torch's function bound before pm existed.
-15. model surgery after wrapping (a submodule swapped for a user's Linear, prepare_qat, torch.nn.utils.prune, a
+15. model surgery after wrapping (a submodule swapped for a user's Linear, prepare_qat, quantize_dynamic, prune, a
     deleted block, a swap inside full_model, vector_to_parameters of the whole model's vector into shards) is refused
     with UnsupportedOpError (ddp and tp=2; the vector only on shards): before, the swaps
     and prepare_qat were ignored (1.7e-2 / 1.3e-2 off eager after 3 SGD steps, silently), pruning raised KeyError.
@@ -264,7 +264,7 @@ def test_model_surgery_after_wrapping_is_refused(ranks):
     now, naming the submodule and the remedy (change the model before auto_parallelize). vector_to_parameters of the
     whole model's vector into tp=2 shards filled each shard with other elements (0.1 off, silently): refused; pm's own
     vector round-trips, and under ddp the model's vector is exact."""
-    expected = {"swap": "'blocks.0.up'", "prepare_qat": "qconfig", "swap_in_full_model": "module tree",
+    expected = {"swap": "'blocks.0.up'", "prepare_qat": "qconfig", "quantize_dynamic": "qconfig", "swap_in_full_model": "module tree",
                 "prune_l1": "torch.nn.utils.prune", "del_block": "'blocks.1.up.weight'",
                 "vector_of_the_model": "vector_to_parameters"}
     for r in ranks["module_surgery"][1]:
