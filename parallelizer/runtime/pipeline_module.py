@@ -112,7 +112,7 @@ class PipelineModule(torch.nn.Module):
         """Raise PipelineError when a stage's submodules changed mode or settings (`runtime.mirror`: a BatchNorm
         set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
         and before such changes were silently ignored."""
-        added = [name for name, child in self.named_children()
+        added = [name for name, child in self.__dict__.get("_modules", {}).items()
                  if name != "stages" or list(child) != list(self.run.stages)]
         if added:  # `pm.head = nn.Identity()` on a PipelineModule only adds a child that no stage runs
             raise UnsupportedOpError(
