@@ -51,6 +51,8 @@ def install() -> None:
         if original is None or getattr(original, "_parallelizer_checked", False):
             continue
         setattr(torch.nn.init, name, _checked(name, original))
+    _install_vector_check()
+    _install_quantization_check()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -110,6 +112,29 @@ def _checked(name: str, original):
     return init
 
 
+def _checked_vector_to_parameters(original):
+    @functools.wraps(original)
+    def vector_to_parameters(vec, parameters):
+        parameters = list(parameters)
+        sharded = [(owner, p) for p in parameters if (owner := owner_of(p)) is not None and _sharded_axes(owner)]
+        held = sum(p.numel() for p in parameters)
+        if sharded and isinstance(vec, torch.Tensor) and vec.numel() != held:
+            owner = sharded[0][0]
+            raise UnsupportedOpError(
+                f"torch.nn.utils.vector_to_parameters of a vector of {vec.numel()} elements into parameters of a "
+                f"ParallelModule that hold {held} on this rank ({owner.fqn!r} is a local shard, stored sharded over "
+                f"mesh axis {', '.join(_sharded_axes(owner))}): torch fills them in order without checking the "
+                "length, so a vector of the whole model's parameters would put other elements in every shard "
+                "(0.1 off one device, silently, before). Remedy: a vector of pm's own parameters "
+                "(parameters_to_vector(pm.parameters())) round-trips; for the whole model's values use "
+                "pm.load_full_state_dict(state_dict) or `with pm.full_model() as model: "
+                "vector_to_parameters(vec, model.parameters())`")
+        return original(vec, parameters)
+
+    vector_to_parameters._parallelizer_checked = True
+    return vector_to_parameters
+
+
 def refuse_parametrized_shards(root: torch.nn.Module, params: dict, mesh) -> None:
     """Raise UnsupportedOpError when a submodule of `root` (a ParallelModule) is parametrized
     (torch.nn.utils.parametrize) on a parameter whose layout in `params` (FQN -> Layout) shards it over an axis of
@@ -131,3 +156,51 @@ def refuse_parametrized_shards(root: torch.nn.Module, params: dict, mesh) -> Non
                     "(torch.nn.utils.parametrize.remove_parametrizations) and register it on the model before "
                     "auto_parallelize")
 
+
+
+def _install_vector_check() -> None:
+    """Wrap torch.nn.utils.vector_to_parameters (once). Also done when this module is imported (with
+    `import parallelizer`), so that a script's `from torch.nn.utils import vector_to_parameters` written after
+    `import parallelizer` binds the checked function; one bound before is not checked."""
+    import torch.nn.utils.convert_parameters as convert
+    if not getattr(convert.vector_to_parameters, "_parallelizer_checked", False):
+        checked = _checked_vector_to_parameters(convert.vector_to_parameters)
+        convert.vector_to_parameters = torch.nn.utils.vector_to_parameters = checked
+
+
+_install_vector_check()
+
+
+def _install_quantization_check() -> None:
+    """Wrap torch.ao.quantization.quantize.propagate_qconfig_ (once), which prepare, prepare_qat, quantize and
+    quantize_dynamic all call through that module's global (however the user imported them): on a module tree
+    holding ParallelModule mirrors it raises UnsupportedOpError. torch matches module classes exactly, so on a
+    ParallelModule nothing was swapped: quantize_dynamic(pm) returned a float copy (1.5e-2 off the quantised model
+    on one device, silently, on ddp, fsdp and tp=2)."""
+    import sys
+
+    import torch.ao.quantization  # noqa: F401 - loads the quantize module
+    quantize = sys.modules["torch.ao.quantization.quantize"]
+    original = quantize.propagate_qconfig_
+    if getattr(original, "_parallelizer_checked", False):
+        return
+
+    @functools.wraps(original)
+    def propagate_qconfig_(module, *args, **kwargs):
+        from .mirror import _StateOnly
+        mirrored = next((name for name, m in module.named_modules() if isinstance(m, _StateOnly)), None)
+        if mirrored is not None:
+            raise UnsupportedOpError(
+                f"torch.ao.quantization (prepare / prepare_qat / quantize_dynamic: propagate_qconfig_) on a module "
+                f"holding a ParallelModule's submodules ({mirrored!r}): torch swaps modules by exact class and pm's "
+                "submodules are mirrors of the model's, so nothing would be quantised or fake-quantised and the "
+                "program would run the float model. Remedy: prepare_qat / quantize_dynamic the model before "
+                "auto_parallelize (the fake quantisation is then traced), or quantise the single-device model "
+                "from pm.full_state_dict()")
+        return original(module, *args, **kwargs)
+
+    propagate_qconfig_._parallelizer_checked = True
+    quantize.propagate_qconfig_ = propagate_qconfig_
+
+
+_install_quantization_check()

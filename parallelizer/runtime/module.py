@@ -54,7 +54,7 @@ from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shards
-from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, settings
+from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .modes import ModeProgram, Retracer, _nearest, carry_over
@@ -188,8 +188,13 @@ class ParallelModule(torch.nn.Module):
         out = []
         for fqn in program.state_fqns:
             owner, _, name = fqn.rpartition(".")
-            module = self.get_submodule(owner)
-            tensor = getattr(module, name)
+            try:
+                tensor = getattr(self.get_submodule(owner), name)
+            except AttributeError as exc:
+                raise UnsupportedOpError(
+                    f"{fqn!r}, which the sharded program reads, is gone from the ParallelModule (a submodule or "
+                    f"tensor deleted after wrapping: {exc}). The program runs the model as it was traced. Remedy: "
+                    "change the model before auto_parallelize (delete the module, then trace and plan it)") from exc
             local = self._local_shapes.get(fqn)
             if local is not None and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) != local:
                 full = tuple(self.traced.parameters[fqn].shape) if fqn in self.traced.parameters else None
@@ -284,6 +289,7 @@ class ParallelModule(torch.nn.Module):
                 "(vmap's per-sample calls are batches of 1). Remedy: take gradients with torch.autograd.grad or "
                 "backward() (torch.func.functional_call(pm, params, inputs) works without a transform around it); "
                 "for per-sample gradients, compute them on the unparallelised model")
+        refuse_foreign_modules(self)
         refuse_parametrized_shards(self, self.spec.params, self.spec.mesh)
         self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
         traced = self._active.traced
@@ -389,6 +395,7 @@ class ParallelModule(torch.nn.Module):
             tensor = full if info.is_buffer else torch.nn.Parameter(full, locals_[fqn].requires_grad)
             memo.setdefault(id(_attribute(skeleton, fqn)), tensor)
         model = copy.deepcopy(skeleton, memo)
+        tree = {name: id(module) for name, module in model.named_modules()}
         flags, changes = self._modes()
         apply_settings(model, changes)  # the copy as the mirrors are now: modes and settings changed since build
         flags = dict(flags)
@@ -397,6 +404,14 @@ class ParallelModule(torch.nn.Module):
         yield model
         if not writeback:
             return
+        now = {name: id(module) for name, module in model.named_modules()}
+        if now != tree:  # a module swapped, added or removed inside (prepare_qat, a new head): writing back the
+            changed = sorted(n for n in now.keys() | tree.keys() if now.get(n) != tree.get(n))  # tensors drops it
+            raise UnsupportedOpError(
+                f"full_model / apply changed the module tree ({', '.join(changed[:4])}"
+                f"{' ...' if len(changed) > 4 else ''}: a module swapped, added, removed or parametrized); only "
+                "tensor values and settings are written back, so the change would be lost. Nothing was written "
+                "back. Remedy: change the model's structure before auto_parallelize")
         values = {}
         for fqn, info in stateful.items():
             value = _attribute(model, fqn)

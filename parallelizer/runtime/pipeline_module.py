@@ -37,14 +37,14 @@ import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError, StateDictError
+from ..errors import PipelineError, StateDictError, UnsupportedOpError
 from ..planner import Plan
 from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_, global_norm
-from .mirror import describe
+from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
@@ -112,7 +112,15 @@ class PipelineModule(torch.nn.Module):
         """Raise PipelineError when a stage's submodules changed mode or settings (`runtime.mirror`: a BatchNorm
         set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
         and before such changes were silently ignored."""
+        added = [name for name, child in self.__dict__.get("_modules", {}).items()
+                 if name != "stages" or list(child) != list(self.run.stages)]
+        if added:  # `pm.head = nn.Identity()` on a PipelineModule only adds a child that no stage runs
+            raise UnsupportedOpError(
+                f"PipelineModule.step: submodule(s) {', '.join(added)} set on the PipelineModule after it was built "
+                "(a module swap or a new module): its stages run the programs traced then, so the change would be "
+                "ignored. Remedy: change the model before auto_parallelize")
         for stage in self.run.stages:
+            refuse_foreign_modules(stage, "a pipeline stage")
             flags, changes = stage._modes()
             first_flags, _ = stage._first_modes
             moved = [name for (name, t), (_, t0) in zip(flags, first_flags) if t != t0]
