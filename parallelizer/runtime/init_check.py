@@ -157,7 +157,6 @@ def refuse_parametrized_shards(root: torch.nn.Module, params: dict, mesh) -> Non
                     "auto_parallelize")
 
 
-
 def _install_vector_check() -> None:
     """Wrap torch.nn.utils.vector_to_parameters (once). Also done when this module is imported (with
     `import parallelizer`), so that a script's `from torch.nn.utils import vector_to_parameters` written after
