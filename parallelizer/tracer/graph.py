@@ -456,3 +456,14 @@ def _fmt_bytes(n: int) -> str:
         if value < 1024:
             break
     return f"{value:.1f} {unit}"
+
+
+COPIED_META = ("nn_module_stack", "stack_trace", "torch_fn", "custom")  # custom: user checkpoint regions (trace)
+
+
+def meta_like(node: torch.fx.Node) -> dict[str, Any]:
+    """The metadata a node that replaces `node` keeps: its value (`val`) and COPIED_META (source location, module
+    stack, user checkpoint regions)."""
+    meta = {k: v for k, v in node.meta.items() if k in COPIED_META}
+    meta["val"] = node.meta["val"]
+    return meta

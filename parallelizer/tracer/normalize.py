@@ -15,7 +15,7 @@
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
    after the all-reduce (adding it inside the matmul would add it once per rank).
-5. An in-place op writing a FRESH activation (`loss += aux_loss` in transformers' MoE models, `F.relu(x,
+5. (`tracer/fresh_writes.py`) An in-place op writing a FRESH activation (`loss += aux_loss` in transformers' MoE models, `F.relu(x,
    inplace=True)` on a conv output) becomes its out-of-place form, and the readers of the written value after
    the write read the new result: fresh = the output of a compute op that is neither a view nor itself an
    in-place write (so it aliases no parameter, buffer, input or other value) and that no view aliases, or a
@@ -52,14 +52,14 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
-from .graph import carries_grad, draws_random, is_view, mutated_args, returns_written
+from .fresh_writes import out_of_place_fresh_writes
+from .graph import COPIED_META, carries_grad, draws_random, is_view, meta_like as _meta_like, mutated_args
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
     torch.ops.aten._assert_scalar.default,
     torch.ops.aten.sym_constrain_range_for_size.default,
 }
-_COPIED_META = ("nn_module_stack", "stack_trace", "torch_fn", "custom")  # custom: user checkpoint regions (trace)
 _GRAD_HOP = torch.ops.higher_order.wrap_with_set_grad_enabled
 _AUTOCAST_HOP = torch.ops.higher_order.wrap_with_autocast
 _REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)
@@ -73,7 +73,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _drop_asserts(gm, notes)
     _drop_contiguous(gm, notes)
     _split_biases(gm, notes)
-    _out_of_place_fresh_writes(gm, notes)
+    out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
 
@@ -477,7 +477,7 @@ def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node, where: torch.fx.Node
     so that the detach of a no-grad region's input belongs to the module that opened the region (a block),
     not to the one that produced the input (the previous block), and repeated blocks stay alike."""
     out = gm.graph.call_function(torch.ops.aten.detach.default, (value,))
-    out.meta = {k: v for k, v in (where if where is not None else value).meta.items() if k in _COPIED_META}
+    out.meta = {k: v for k, v in (where if where is not None else value).meta.items() if k in COPIED_META}
     out.meta["val"] = value.meta["val"].detach()
     return out
 
@@ -517,185 +517,3 @@ def _split_biases(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         split += 1
     if split:
         notes.append(f"split the bias off {split} linear layer(s) (linear/addmm -> matmul + add)")
-
-
-def _out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Normalisation 5 (module docstring): `op_(fresh, ...)` -> `op(fresh, ...)`, later readers redirected."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    rewritten: dict[str, int] = {}
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or mutated_args(node) != [0] or not returns_written(node):
-            continue
-        base = node.args[0]
-        if not (isinstance(base, torch.fx.Node) and _fresh(base) and not any(is_view(u) for u in base.users)):
-            continue
-        if node.target is torch.ops.aten.copy_.default:
-            # aten.copy (copy_'s out-of-place overload) has no autograd formula in torch ("derivative for
-            # aten::copy is not implemented" in backward: nn.CrossMapLRN2d's `out=` pow written as copy_ into a
-            # fresh buffer); copying a source of the same shape is a clone / cast of the source
-            functional, args, kwargs = _copy_as_clone(node)
-            if functional is None:
-                continue
-        else:
-            kwargs = node.kwargs
-            functional = _functional_overload(node.target)
-            args = _with_defaults(node.target._schema, node.args, node.kwargs)  # bernoulli_(x): p=0.5 for bernoulli.p
-            if functional is None or not _same_result(functional, node, args) \
-                    or not _has_derivative(functional, args, node.kwargs):
-                continue
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(functional, args, kwargs)
-            new.meta = _meta_like(node)
-        order[new] = order[node]
-        for user in list(base.users):
-            if user is not node and order[user] > order[node]:
-                user.replace_input_with(base, new)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        name = node.target.name().split("::")[-1].split(".")[0]
-        rewritten[name] = rewritten.get(name, 0) + 1
-    if rewritten:
-        notes.append("wrote in-place op(s) on fresh activations out of place (same values; the planner may then "
-                     "redistribute them): " + ", ".join(f"{k} x{v}" for k, v in sorted(rewritten.items())))
-
-
-_DERIVATIVE_KNOWN: dict[Any, bool] = {}
-_FACTORY = ("empty", "zeros", "ones", "full", "rand", "new_", "scalar_tensor", "arange", "linspace")
-
-
-def _has_derivative(functional, args: tuple, kwargs: dict) -> bool:
-    """Whether the out-of-place overload has an autograd formula where the traced program needs one: some
-    have none although their in-place op has one (aten.resize_as, aten.copy: "derivative for aten::resize_as
-    is not implemented" in backward, nn.CrossMapLRN2d's buffers), so writing the in-place op out of place
-    would break backward. Probed once per overload and gradient pattern on small real tensors (the traced
-    ranks, dims capped at 2): the written tensor requires grad unless a factory made it (`empty_like(h)` filled
-    by `normal_`: nothing flows back), the other float arguments do. An op that does not run on such values
-    counts as differentiable (the fake-tensor check `_same_result` passed)."""
-    base = args[0] if args else None
-    base_grad = not (isinstance(base, torch.fx.Node) and base.op == "call_function"
-                     and isinstance(base.target, torch._ops.OpOverload)
-                     and any(word in base.target._opname for word in _FACTORY))
-
-    def grad_of(n):
-        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-        return isinstance(val, torch.Tensor) and val.dtype.is_floating_point and (n is not base or base_grad)
-
-    flags = tuple(grad_of(n) for n in pytree.tree_leaves((args, kwargs)))
-    key = (functional, flags)
-    if key in _DERIVATIVE_KNOWN:
-        return _DERIVATIVE_KNOWN[key]
-
-    def real(n):  # every dim above 2 made 2 (a model traced on meta with a (8, 1024, 50257) value allocates 8)
-        val = n.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            return n
-        shape = tuple(min(int(d), 2) for d in val.shape)
-        if val.dtype.is_floating_point:
-            return torch.rand(shape, dtype=val.dtype).requires_grad_(grad_of(n))
-        return torch.zeros(shape, dtype=val.dtype)
-
-    ok = True
-    try:
-        r_args, r_kwargs = pytree.tree_map_only(torch.fx.Node, real, (args, kwargs))
-        with torch.enable_grad():
-            out = functional(*r_args, **r_kwargs)
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                try:
-                    out.float().sum().backward()
-                except RuntimeError as err:
-                    ok = "not implemented" not in str(err)
-    except Exception:  # noqa: BLE001 - values the op rejects: keep the fake-tensor verdict
-        ok = True
-    _DERIVATIVE_KNOWN[key] = ok
-    return ok
-
-
-def _copy_as_clone(node: torch.fx.Node):
-    """(op, args, kwargs) computing `copy_(fresh, src)`'s value from `src` alone, differentiably: aten.clone when the
-    source has the destination's shape and dtype, aten._to_copy to its dtype when only the dtype differs;
-    (None, None, None) when the copy broadcasts, crosses devices or has non_blocking set (the in-place copy_
-    stays)."""
-    if len(node.args) != 2 or node.kwargs.get("non_blocking", False):
-        return None, None, None
-    dst, src = node.args
-    dst_val = dst.meta.get("val") if isinstance(dst, torch.fx.Node) else None
-    src_val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-    if not (isinstance(dst_val, torch.Tensor) and isinstance(src_val, torch.Tensor)) \
-            or dst_val.shape != src_val.shape or dst_val.device != src_val.device:
-        return None, None, None
-    if dst_val.dtype == src_val.dtype:
-        return torch.ops.aten.clone.default, (src,), {}
-    return torch.ops.aten._to_copy.default, (src,), {"dtype": dst_val.dtype}
-
-
-def _fresh(node: torch.fx.Node) -> bool:
-    """Whether `node` is a fresh activation (module docstring, normalisation 5), or a view of one that only
-    this chain of views reads (`F.dropout(h.flatten(1), inplace=True)` after a pooling: the write reaches no
-    other reader of the pooled value)."""
-    while is_view(node):
-        parent = node.args[0] if node.args else None
-        if not (isinstance(parent, torch.fx.Node) and len(parent.users) == 1):
-            return False
-        node = parent
-    return (node.op == "call_function" and not returns_written(node) and not mutated_args(node)
-            and "val" in node.meta)
-
-
-def _functional_overload(target):
-    """The out-of-place op of an in-place ATen op: the same overload of the packet without the trailing
-    underscore (aten.add_.Tensor -> aten.add.Tensor), else the overload of that packet or of its
-    `_functional` packet whose arguments have the same names and types (aten.bernoulli_.float ->
-    aten.bernoulli.p, aten.normal_.default -> aten.normal_functional.default, aten.pow_.Tensor ->
-    aten.pow.Tensor_Tensor); None when there is none."""
-    name = getattr(target, "_schema", None) and target._schema.name  # "aten::add_"
-    if not name or not name.endswith("_") or not name.startswith("aten::"):
-        return None
-    base = name[len("aten::"):-1]
-    packet = getattr(torch.ops.aten, base, None)
-    overload = getattr(packet, target._overloadname, None) if packet is not None else None
-    if overload is not None and len(overload._schema.arguments) == len(target._schema.arguments):
-        return overload
-    signature = _argument_signature(target._schema)
-    for packet in (getattr(torch.ops.aten, base, None), getattr(torch.ops.aten, f"{base}_functional", None)):
-        for candidate in (getattr(packet, o) for o in packet.overloads()) if packet is not None else ():
-            if _argument_signature(candidate._schema) == signature and len(candidate._schema.returns) == 1:
-                return candidate
-    return None
-
-
-def _argument_signature(schema) -> tuple[tuple[str, str, bool], ...]:
-    """(name, type, keyword-only) of each argument: alias annotations (`Tensor(a!)`) and defaults aside."""
-    return tuple((a.name, str(a.type), a.kwarg_only) for a in schema.arguments)
-
-
-def _with_defaults(schema, args: tuple, kwargs: dict) -> tuple:
-    """`args` extended by the defaults of the positional arguments a call left out (up to the first one
-    without a default or passed by keyword): the out-of-place overload may have no default for them."""
-    args = list(args)
-    for argument in schema.arguments[len(args):]:
-        if argument.kwarg_only or argument.name in kwargs or not argument.has_default_value():
-            break
-        args.append(argument.default_value)
-    return tuple(args)
-
-
-def _same_result(functional, node: torch.fx.Node, args: tuple) -> bool:
-    """Whether the out-of-place op called with `args` (and the node's kwargs) gives the in-place op's shape
-    and dtype (type promotion could differ)."""
-    val = node.meta.get("val")
-    fake_mode = getattr(val, "fake_mode", None)
-    if not isinstance(val, torch.Tensor) or fake_mode is None:
-        return False
-    args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), (args, node.kwargs))
-    try:
-        with fake_mode:
-            out = functional(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - keep the in-place op when its functional form does not run on fakes
-        return False
-    return isinstance(out, torch.Tensor) and out.shape == val.shape and out.dtype == val.dtype
-
-
-def _meta_like(node: torch.fx.Node) -> dict[str, Any]:
-    meta = {k: v for k, v in node.meta.items() if k in _COPIED_META}
-    meta["val"] = node.meta["val"]
-    return meta
