@@ -135,26 +135,24 @@ def _checked_vector_to_parameters(original):
     return vector_to_parameters
 
 
-def refuse_parametrized_shards(root: torch.nn.Module, params: dict, mesh) -> None:
-    """Raise UnsupportedOpError when a submodule of `root` (a ParallelModule) is parametrized
-    (torch.nn.utils.parametrize) on a parameter whose layout in `params` (FQN -> Layout) shards it over an axis of
-    `mesh` of size > 1: the guard at forward for a `register_parametrization` imported before the first
-    ParallelModule existed (the wrapper of `install` never saw it; module docstring)."""
-    for prefix, module in root.named_modules():
-        if not torch.nn.utils.parametrize.is_parametrized(module):
-            continue
-        for name in module.parametrizations:
-            fqn = f"{prefix}.{name}" if prefix else name
-            layout = params.get(fqn)
-            axes = [axis for axis, size, p in zip(mesh.axis_names, mesh.shape, layout or ())
-                    if isinstance(p, Shard) and size > 1]
-            if axes:
-                raise UnsupportedOpError(
-                    f"a parametrization registered on {fqn!r} after wrapping, a local shard (stored sharded over mesh "
-                    f"axis {', '.join(axes)}): it computes on that piece (a norm, an orthogonalisation or any function "
-                    "of the whole tensor differs from one device's). Remedy: remove it "
-                    "(torch.nn.utils.parametrize.remove_parametrizations) and register it on the model before "
-                    "auto_parallelize")
+def refuse_parametrized_shard(prefix: str, module: torch.nn.Module, params: dict, mesh) -> None:
+    """Raise UnsupportedOpError when `module` (the parametrized submodule `prefix` of a ParallelModule) is
+    parametrized (torch.nn.utils.parametrize) on a parameter whose layout in `params` (FQN -> Layout) shards it
+    over an axis of `mesh` of size > 1: the guard at forward (`mirror.refuse_foreign_modules` calls it) for a
+    `register_parametrization` imported before the first ParallelModule existed (the wrapper of `install`
+    never saw it; module docstring)."""
+    for name in module.parametrizations:
+        fqn = f"{prefix}.{name}" if prefix else name
+        layout = params.get(fqn)
+        axes = [axis for axis, size, p in zip(mesh.axis_names, mesh.shape, layout or ())
+                if isinstance(p, Shard) and size > 1]
+        if axes:
+            raise UnsupportedOpError(
+                f"a parametrization registered on {fqn!r} after wrapping, a local shard (stored sharded over mesh "
+                f"axis {', '.join(axes)}): it computes on that piece (a norm, an orthogonalisation or any function "
+                "of the whole tensor differs from one device's). Remedy: remove it "
+                "(torch.nn.utils.parametrize.remove_parametrizations) and register it on the model before "
+                "auto_parallelize")
 
 
 def _install_vector_check() -> None:

@@ -92,15 +92,15 @@ class _StateOnly(torch.nn.Module):
         return iter(self._modules.values())
 
 
-def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule") -> None:
+def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule", parametrized=None) -> None:
     """Raise UnsupportedOpError when a submodule of `root` (a ParallelModule) is not a mirror: a module swapped in
     or added after wrapping (`pm.fc = MyLinear(...)`, `torch.ao.quantization.prepare_qat(pm)`, `pm.head =
     nn.Identity()`). The program runs the model as traced and reads only the parameters and buffers at the
     traced names, so the new module's forward would never run: a fake-quantised or custom Linear trained as the
     plain one (prepare_qat on an MLP: outputs 1.3e-2 off one device after 3 SGD steps, silently, on ddp, fsdp
     and tp alike). A parametrization registered later keeps the module (its class gains a parametrized
-    subclass, `runtime.init_check` judges it); its `parametrizations` container is torch's, not a model
-    module, and is allowed."""
+    subclass, judged by `parametrized(name, module)` when given: `runtime.init_check.refuse_parametrized_shard`,
+    in this same walk); its `parametrizations` container is torch's, not a model module, and is allowed."""
     from torch.nn.utils.parametrize import is_parametrized
     torchs: list[str] = []  # the `parametrizations` containers of parametrized mirrors (and what they hold)
     for name, module in root.named_modules():
@@ -117,6 +117,8 @@ def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule
                     "prepare_qat(model) before auto_parallelize (the fake quantisation is then traced)")
             if is_parametrized(module):
                 torchs.append(f"{name}.parametrizations")
+                if parametrized is not None:
+                    parametrized(name, module)
             continue
         raise UnsupportedOpError(
             f"submodule {name!r} of {owner} is a {type(module).__module__}.{type(module).__qualname__} set after "

@@ -53,7 +53,7 @@ from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
-from .init_check import install as check_initialisers, refuse_parametrized_shards
+from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
@@ -289,8 +289,8 @@ class ParallelModule(torch.nn.Module):
                 "(vmap's per-sample calls are batches of 1). Remedy: take gradients with torch.autograd.grad or "
                 "backward() (torch.func.functional_call(pm, params, inputs) works without a transform around it); "
                 "for per-sample gradients, compute them on the unparallelised model")
-        refuse_foreign_modules(self)
-        refuse_parametrized_shards(self, self.spec.params, self.spec.mesh)
+        refuse_foreign_modules(self, parametrized=lambda name, module: refuse_parametrized_shard(
+            name, module, self.spec.params, self.spec.mesh))
         self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
         traced = self._active.traced
         tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
