@@ -8,7 +8,8 @@ our "selective" (Korthikanti's: every block keeps all but the attention core) ne
 torchtitan's selective is op-level SAC (recomputes every second matmul), which we do not model, so the planner
 picks per block among none / selective / full to fit. Ours: tokens per GPU per second = 2 x 8192 / plan.cost.total_s
 (compute + every collective, nothing overlapped). Model: hidden 4096, FFN 14336, 32 layers, 32 heads,
-8 KV heads, vocab 128256 (untied head), SDPA, returning only the loss (`LossOnly`). Usage: python -m benchmarks.published.steptime_torchtitan [gpus...]"""
+8 KV heads, vocab 128256 (untied head), SDPA, returning only the loss (`LossOnly`).
+Usage: python -m benchmarks.published.steptime_torchtitan [gpus...]"""
 import sys
 from collections import Counter
 import time
