@@ -3,7 +3,8 @@ DGX cluster presets, best uncompressed plan vs `compression="auto"`.
 `python -m benchmarks.bench_grad_compression_plans` (about 1 minute idle on 2 cores; prints markdown).
 
 Model: `parallelizer.zoo.gpt` with GPT-3 XL's shape (Brown et al. 2020, Table 2.1: 24 layers, d_model 2048,
-16 heads, context 2048, batch 0.5M tokens -> 256 sequences), vocabulary 50304, bf16, on `meta`. The search
+context 2048, batch 1M tokens -> 512 sequences; the table's 24 heads of d_head 128 do not multiply to d_model
+2048, so 16 heads of 128), vocabulary 50304, bf16, on `meta`. The search
 engine `plan_pipeline` prices every (pp, dp, tp), microbatch count and schedule; with "auto" each candidate's
 dp sync may be bf16 or PowerSGD rank 4 (`planner/compression.py`). Estimates only: nothing here is measured.
 """
@@ -17,7 +18,7 @@ import parallelizer
 from parallelizer import zoo
 
 CLUSTERS = ("internet:8x1", "ethernet:4x8", "a100:8x8", "h100:8x8")
-GLOBAL_BATCH = 256
+GLOBAL_BATCH = 512  # GPT-3 XL: 1M tokens per batch (Table 2.1) / 2048 tokens per sequence
 
 
 def run() -> str:

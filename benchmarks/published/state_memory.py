@@ -1,7 +1,7 @@
 """Planner's per-rank param / grad / optimizer bytes vs ZeRO (Rajbhandari et al. SC'20 Sec. 3.1, Fig. 1) and
-Megatron's distributed-optimizer table (docs/api-guide/dist_optimizer.md: bf16 params + fp32 grads: 18 B/param,
-6 + 12/d distributed). GPT-2 shape (4 layers, hidden 1024, vocab 51200, seq 1024) traced in bf16 on meta,
-priced on the h100:1x8 preset with bf16 + AdamW."""
+Megatron's distributed-optimizer table (NVIDIA/Megatron-LM docs/user-guide/features/dist_optimizer.md, formerly
+docs/api-guide/: bf16 params + fp32 grads: 18 B/param, 6 + 12/d distributed). GPT-2 shape (4 layers, hidden
+1024, vocab 51200, seq 1024) traced in bf16 on meta, priced on the h100:1x8 preset with bf16 + AdamW."""
 import torch
 import parallelizer
 from parallelizer import zoo

@@ -148,24 +148,36 @@ def min_memory_with_recompute_bytes(problem: Problem) -> int:
 
 def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: bool = False) -> None:
     """Raise InfeasiblePlanError when even the leanest strategies exceed the budget (with `recompute`: also
-    recomputing every free region, `min_memory_with_recompute_bytes`)."""
+    recomputing every free region, `min_memory_with_recompute_bytes`). The remedies listed are only those not
+    already in effect (`_memory_remedies`)."""
     need = min_memory_with_recompute_bytes(problem) if recompute else min_memory_bytes(problem)
     if need > problem.budget_bytes:
-        mode = config.recompute if config is not None else "auto"
         roles = dict(config.axis_roles) if config is not None else {}
         raise InfeasiblePlanError(
             f"memory: needs >= {format_bytes(need)} per device, budget {format_bytes(problem.budget_bytes)} "
             + (f"(after a reserve of {format_bytes(problem.reserve_bytes)}) " if problem.reserve_bytes else "")
             + f"on mesh {problem.mesh}" + (f" with axis_roles {roles}" if roles else "")
             + (" even with activation recomputation" if recompute else "") + ". Remedies: "
-            + ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
-               "parameters and optimizer state where it pays), " if roles else "")
-            + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
-               f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "")
-            + "more devices (a larger mesh), a data axis so that parameters and optimizer state can be sharded "
-            "(ZeRO/FSDP is searched on every axis that shards the batch), fewer samples per step (gradient "
-            "accumulation), bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), or "
-            "a smaller memory reserve (memory_reserve_bytes=).")
+            + _memory_remedies(problem, config))
+
+
+def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
+    """The remedies of `check_memory`'s message, leaving out those already in effect: sharding roles when no
+    axis is forced to "ddp" or "tp", a data axis when one already has a data role, recomputation when
+    recompute is "auto" or "full", bf16 when the plan is priced in bf16."""
+    mode = config.recompute if config is not None else "auto"
+    roles = set(dict(config.axis_roles).values()) if config is not None else set()
+    return ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
+            "parameters and optimizer state where it pays), " if roles & {"ddp", "tp"} else "") \
+        + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
+           f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "") \
+        + "more devices (a larger mesh), " \
+        + ("a data axis so that parameters and optimizer state can be sharded (ZeRO/FSDP is searched on every "
+           "axis that shards the batch), " if not roles & {"ddp", "fsdp"} else "") \
+        + "fewer samples per step (gradient accumulation), " \
+        + ("bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), "
+           if problem.precision != "bf16" else "") \
+        + "or a smaller memory reserve (memory_reserve_bytes=)."
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:

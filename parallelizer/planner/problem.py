@@ -64,6 +64,7 @@ class Problem:
     config: PlanConfig | None = None
     recompute_fixed: dict[str, str] = field(default_factory=dict)  # region -> mode folded into lin / mem
     recompute_classes: list["RecomputeClass"] = field(default_factory=list)  # free regions ("auto")
+    precision: str | None = None  # as priced (`Pricer.precision`): what the infeasible message need not suggest
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -189,7 +190,8 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         del pairs[(a, b)], pair_counts[(a, b)]
         folded += 1
     problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, reserve_bytes,
-                      folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config)
+                      folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
+                      precision=pricer.precision)
     recompute_terms(problem, tg, pricer, config)
     return problem
 

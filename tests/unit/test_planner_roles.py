@@ -147,6 +147,15 @@ def test_role_errors_name_the_field_axis_and_remedy(mlp_graph):
     with pytest.raises(InfeasiblePlanError, match=r"with axis_roles \{'dp': 'ddp'\}. Remedies: roles that shard more"):
         _plan(mlp_graph, {"dp": 4}, axis_roles={"dp": "ddp"}, memory_budget_bytes=ddp.cost.memory_bytes["total"] // 2,
               recompute="none")  # (with recompute="auto" recomputing the blocks makes it fit)
+    for mesh, roles, absent, present in (  # remedies already in effect are not suggested (found pricing
+            # torchtitan's Llama 3.1 8B FSDP layout: bf16 + fsdp were told to use bf16, fsdp and a data axis)
+            ({"dp": 4}, {"dp": "fsdp"}, ("roles that shard more", "a data axis", "bf16 precision"), ()),
+            ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}, ("a data axis", "bf16 precision"), ("roles that shard",))):
+        lean = _plan(mlp_graph, mesh, axis_roles=roles, precision="bf16")
+        with pytest.raises(InfeasiblePlanError, match="Remedies: ") as err:
+            _plan(mlp_graph, mesh, axis_roles=roles, precision="bf16", recompute="none",
+                  memory_budget_bytes=lean.cost.memory_bytes["total"] // 4)
+        assert not [a for a in absent if a in str(err.value)] and all(p in str(err.value) for p in present), err.value
     odd = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=6, device="meta"))
     uneven = _plan(odd, {"dp": 4}, axis_roles={"dp": "ddp"})  # a batch of 6 on 4 ranks: shards 2, 2, 2, 0
     assert uneven.nodes[odd.input_names[0]].output == "S(0)"
