@@ -72,7 +72,8 @@ def ce_mean(out, y):
 LOSSES = {"sum_over_const": ce_sum_over_const, "mean": ce_mean}
 
 
-def run_case(rank, world, mesh, batch, sinks, loss, own_loss, options, steps=2, clip=None, reuse=False, n_blocks=2):
+def run_case(rank, world, mesh, batch, sinks, loss, own_loss, options, steps=2, clip=None, reuse=False, n_blocks=2,
+             accum=1):
     torch.manual_seed(0)
     model = Tiny(sinks=sinks, own_loss=own_loss, reuse=reuse, n_blocks=n_blocks)
     g = torch.Generator().manual_seed(3)
@@ -88,9 +89,13 @@ def run_case(rank, world, mesh, batch, sinks, loss, own_loss, options, steps=2, 
         if own_loss:
             l = pm.step(ids, labels=labels)
             r = reference(ids, labels=labels)[0]
-        else:
-            l = pm.step(ids, target=labels, loss_fn=LOSSES[loss])
-            r = LOSSES[loss](reference(ids), labels)
+        else:  # accum > 1: torchtitan#1733 / NeMo-Automodel#3530 (accumulated gradients rescaled or wiped)
+            for a in range(accum):
+                ids_a, labels_a = (ids, labels) if a == 0 else (ids.flip(0), labels.roll(1, 1))
+                l = pm.step(ids_a, target=labels_a, loss_fn=LOSSES[loss])
+                r = LOSSES[loss](reference(ids_a), labels_a)
+                if a < accum - 1:
+                    r.backward()
         r.backward()
         if clip:
             n = pm.clip_grad_norm_(clip)
@@ -151,6 +156,10 @@ CASES = {
     "mm izb pp2xdp2": dict(mesh=P, batch=8, sinks=False, loss="mean", own_loss=None, reuse="mm", n_blocks=4,
                            options={"axis_roles": {"dp": "ddp"}, "schedule": "interleaved_zero_bubble",
                                     "microbatches": 4}),
+    "accum2 1f1b pp2xdp2": dict(mesh=P, batch=8, sinks=False, loss="mean", own_loss=None, accum=2,
+                                options={"axis_roles": {"dp": "ddp"}, "microbatches": 2}),
+    "accum2 zbv pp2xtp2": dict(mesh={"pp": 2, "tp": 2}, batch=8, sinks=False, loss="mean", own_loss=None, accum=2,
+                               n_blocks=4, options={"axis_roles": {"tp": "tp"}, "schedule": "zbv", "microbatches": 4}),
 }
 
 if __name__ == "__main__":
