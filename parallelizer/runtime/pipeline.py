@@ -46,6 +46,7 @@ SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "zbv": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
 _MULTI_STAGE = {"interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"}
 V_PLACED = {"zbv", "dualpipev", "bitpipe"}  # 2 stages per rank in a V (bitpipe: its down pipeline's copies)
+SPLIT_BACKWARD = {"interleaved_zero_bubble", "zbv", "dualpipev"}  # torch runs input (I) and weight (W) backward apart
 
 
 def stage_pp_rank(schedule: str, stage: int, num_stages: int, pp: int) -> int:
@@ -516,7 +517,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
     it (`StageModule`), with send/receive buffers in the dtypes the stages produce under it (`boundary_dtypes`).
     Raises ValueError for an unknown schedule or codec, or a stage count that does not fit pp; PipelineError
     for a buffer updated in forward that several stages (`check_buffer_copies`) or stage copies (bitpipe) would
-    hold, or boundary dtypes that cannot be inferred under the recipe (`boundary_dtypes`).
+    hold, a zero-bubble schedule on a stage reading a trained parameter twice (`check_split_backward`), or boundary dtypes that cannot be inferred under the recipe (`boundary_dtypes`).
     """
     if schedule in RUNNER_SCHEDULES:
         if any(boundary):
@@ -533,6 +534,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         raise ValueError(f"{cut.num_stages} stages on pp={pp} with schedule {schedule!r}: use pp stages for "
                          f"gpipe/1f1b, a multiple (>= 2) of pp for interleaved schedules, 2 pp for zbv/dualpipev")
     check_buffer_copies(traced, cut)
+    check_split_backward(traced, cut, schedule)
     dtypes = boundary_dtypes(traced, cut, spec.autocast)  # before any group is made: every rank raises alike
     width = spec.mesh.world_size
     rank = dist.get_rank()
@@ -656,6 +658,57 @@ def check_buffer_copies(traced: TracedGraph, cut: StageCut) -> None:
             raise PipelineError(f"buffer {fqn!r} is updated in forward (node {node}) and used by stages {stages}: "
                                 "each stage keeps its own copy, so the update would not reach the others. Remedy: "
                                 "stage cuts that keep its uses in one stage, or a plan without 'pp'")
+
+
+def check_split_backward(traced: TracedGraph, cut: StageCut, schedule: str) -> None:
+    """Refuse a zero-bubble schedule (`SPLIT_BACKWARD`: torch's stage_backward_input, then
+    stage_backward_weight from the saved intermediates) on a stage in which a trained parameter is read by
+    two or more ops: torch's weight pass walks each parameter's uses separately, and when two such parameters
+    share the path (a Linear applied to its own output: its weight and its split-off bias each used twice)
+    the second walk finds the graph freed by the first, a RuntimeError from inside torch in the middle of
+    a step; torch's pytorch#180952 reports the same split path double-counting a weight used twice on one
+    path. Parameters used by several STAGES (tied weights) are fine (one use per stage, gradients summed).
+
+    Raises:
+        PipelineError: names the stage, the parameter, its uses and the remedy.
+    """
+    if schedule not in SPLIT_BACKWARD:
+        return
+    for fqn, p in traced.parameters.items():
+        if not p.requires_grad:
+            continue
+        per_stage: dict[int, list[str]] = {}
+        for u in p.uses:
+            if u in cut.stage_of:
+                per_stage.setdefault(cut.stage_of[u], []).append(u)
+        for k, uses in sorted(per_stage.items()):
+            if len(uses) > 1:
+                raise PipelineError(
+                    f"schedule {schedule!r} splits each stage's backward into an input pass and a weight pass "
+                    f"(torch.distributed.pipelining), which is not exact when a trained parameter is read by "
+                    f"several ops of one stage: {fqn!r} is read by {len(uses)} ops of stage {k} ({', '.join(uses)}; "
+                    f"a module applied twice, or a weight reused in its own block). Remedy: schedule='1f1b', "
+                    f"'interleaved_1f1b' or 'gpipe' (one backward pass), or a model that reads it once per stage")
+
+
+def read_twice_by_a_stage(traced: TracedGraph) -> list[str]:
+    """The trained parameters that `check_split_backward` may refuse for some stage cut: read by two ops anywhere,
+    unless one read is before the first repeated block (always stage 0) and the other after the last (always
+    the last stage), as a tied embedding and head are. Reads in two blocks count (the cut may put both blocks
+    on one stage; e.g. ALBERT's one layer shared by every block). The search (`api.plan`) leaves the
+    zero-bubble schedules out for such a model, so that it never picks a schedule the build refuses."""
+    order = {name: i for i, name in enumerate(traced.nodes)}
+    in_blocks = [order[n] for n, info in traced.nodes.items() if info.block is not None]
+    first, last = (min(in_blocks), max(in_blocks)) if in_blocks else (len(order), -1)
+
+    def where(u: str):
+        return "pre" if order[u] < first else "post" if order[u] > last else "block"
+    out = []
+    for fqn, p in traced.parameters.items():
+        places = sorted(where(u) for u in p.uses if u in traced.nodes)
+        if p.requires_grad and len(places) > 1 and places != ["post", "pre"]:
+            out.append(fqn)
+    return out
 
 
 def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
