@@ -239,7 +239,7 @@ class TracedGraph:
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
-                    raise ValueError(f"input {name!r} is {value!r} but the graph was traced with {traced!r}: a "
+                    raise ValueError(f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a "
                                      "non-tensor input is a constant of the traced graph. Remedy: pass the traced "
                                      "value, or trace (and plan) again with the new one")
             else:
@@ -388,6 +388,13 @@ def mutated_args(node: torch.fx.Node) -> list[int]:
     if schema is None:
         return []
     return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _short(value) -> str:
+    """A call's value for a message: a tensor by shape and dtype (a batch's repr would fill the screen)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
+    return repr(value)
 
 
 def _check_float_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:

@@ -179,6 +179,10 @@ def test_a_call_with_other_shapes_or_keywords_is_a_typed_error_naming_it():
         pm(torch.randn(8, 4))
     with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['other'\]"):
         pm(torch.randn(8, 4), scale=torch.ones(4), other=1)
+    pm = parallelizer.auto_parallelize(Kw(), (torch.randn(8, 4),), example_kwargs={"scale": None})
+    with pytest.raises(ValueError, match=r"input 'scale' is a tensor of shape \(4,\) \(torch.float32\) but the graph "
+                       r"was traced with None"):  # named by shape: a batch's repr would fill the message
+        pm(torch.randn(8, 4), scale=torch.ones(4))
 
 
 def test_a_floating_input_of_another_dtype_is_a_typed_error_naming_it():
