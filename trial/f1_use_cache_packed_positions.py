@@ -2,7 +2,7 @@
 attention_mask (packed sequences, DataCollatorWithFlattening-style, or any position_ids whose diff != 1):
 the eager model keeps a DynamicCache, so transformers' masking_utils skips packed-sequence detection
 (`packed_sequence_mask` only when `cache is None`), while parallelizer.trace sets config.use_cache=False
-while tracing (tracer/trace.py, `_no_kv_cache`), so the traced graph DOES apply the packed-sequence mask.
+while tracing (tracer/trace.py, `_cache_off`), so the traced graph DOES apply the packed-sequence mask.
 The ParallelModule trains another model than the user's single-device script, on every mesh (ddp, tp, ...).
 One process is enough: auto_parallelize without a launcher runs on one device.
 Run: PYTHONPATH=$PWD python trial/f1_use_cache_packed_positions.py"""
