@@ -235,10 +235,11 @@ class TracedGraph:
                         f"{want}: a sharded program is made for the traced shapes. Remedy: pass batches of the "
                         "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
                         "for the new shape")
+                _check_float_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
-                    raise ValueError(f"input {name!r} is {value!r} but the graph was traced with {traced!r}: a "
+                    raise ValueError(f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a "
                                      "non-tensor input is a constant of the traced graph. Remedy: pass the traced "
                                      "value, or trace (and plan) again with the new one")
             else:
@@ -387,6 +388,25 @@ def mutated_args(node: torch.fx.Node) -> list[int]:
     if schema is None:
         return []
     return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _short(value) -> str:
+    """A call's value for a message: a tensor by shape and dtype (a batch's repr would fill the screen)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
+    return repr(value)
+
+
+def _check_float_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
+    """Raise PlanMismatchError when a floating input has another floating dtype than traced: dtype-reading code
+    (transformers' RMSNorm `x.to(input_dtype)`, `.float()` on an fp32 input) is baked or dropped at trace time,
+    so the program would compute in the traced dtype where the model computes (or refuses) otherwise (an fp64
+    `inputs_embeds` ran in fp32 while eager Llama raised). Integer width (int32 token ids) is left alone."""
+    if got != want and got.is_floating_point and want.is_floating_point:
+        raise PlanMismatchError(
+            f"input {name!r} has dtype {got} but the graph was traced (and planned) with {want}: code reading the "
+            f"input's dtype was fixed when tracing. Remedy: cast it (`.to({want})`), or trace and plan again with "
+            "inputs of that dtype")
 
 
 def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:

@@ -28,6 +28,7 @@ import logging
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         raise TraceError("use_cache=True (a key/value cache returned from a training forward)", None,
                          "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
                          "the cache, and the toolkit turns it off by itself when it is not asked for")
-    with _cache_off(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), \
+    with _cache_off(model, notes, example_kwargs), _checkpoint_regions(notes), host_rng_watch(notes), \
             custom_backward_watch(notes), python_state_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
     gm = exported.graph_module
@@ -104,10 +105,26 @@ def _check_input_types(args: tuple, kwargs: dict) -> None:
 
 
 @contextlib.contextmanager
-def _cache_off(model: torch.nn.Module, notes: list[str]):
+def _cache_off(model: torch.nn.Module, notes: list[str], kwargs: dict | None = None):
     """Set `use_cache = False` on every distinct `config` of the model's modules that has it True (transformers
-    configs; an encoder-decoder's decoder stack holds its own copy) while exporting, and restore it after."""
+    configs; an encoder-decoder's decoder stack holds its own copy) while exporting, and restore it after.
+
+    The cache is not always unread: transformers' masks detect packed sequences from `position_ids` only when no
+    cache exists (masking_utils `_preprocess_mask_arguments`: `attention_mask is None and cache is None`), so with
+    `position_ids` and no `attention_mask` the traced graph masks across packed sequences where the model with
+    use_cache=True does not (a row with positions 0,1,2,0,1,2,3,4: logits 0.2 off one device). That call is
+    warned about, with the remedy (`trial/f1_use_cache_packed_positions.py`, round 10a)."""
     configs = {id(c): c for m in model.modules() if getattr(c := getattr(m, "config", None), "use_cache", None) is True}
+    kwargs = kwargs or {}
+    if configs and isinstance(kwargs.get("position_ids"), torch.Tensor) and kwargs.get("attention_mask") is None:
+        message = ("trace: position_ids without attention_mask on a model whose config says use_cache=True: the "
+                   "toolkit traces with use_cache=False, and transformers then masks packed sequences (position_ids "
+                   "restarting inside a row) that the model with use_cache=True attends across, so the parallel "
+                   "model would compute another value than yours on such rows. Remedy: set model.config.use_cache "
+                   "= False before parallelising (your single-device model then computes the same), or pass an "
+                   "attention_mask")
+        warnings.warn(message, stacklevel=4)
+        notes.append(message)
     for config in configs.values():
         config.use_cache = False
     try:

@@ -63,10 +63,23 @@ def peak_added_bytes(fn) -> int:
     return _rss("VmHWM") - before
 
 
+_TRACES: dict[tuple, object] = {}  # this rank's trace per config (tracing costs seconds; 8 modules use 2 configs)
+
+
+def _traced(cfg: dict):
+    """The trace of `cfg`'s model, made once per rank: a TracedGraph is read-only to the ParallelModules built
+    on it, each of which takes the weights of its own freshly built model (as rehearsal's `traces` cache)."""
+    key = tuple(sorted(cfg.items()))
+    if key not in _TRACES:
+        model, args, kwargs = build(0, cfg)
+        _TRACES[key] = trace(model, args, kwargs)
+    return _TRACES[key]
+
+
 def _module(spec, seed: int, cfg: dict = CFG) -> tuple[ParallelModule, torch.optim.Optimizer]:
-    model, args, kwargs = build(seed, cfg)
+    model = build(seed, cfg)[0]
     create_groups(all_axis_groups(spec.mesh))
-    pm = ParallelModule(trace(model, args, kwargs), spec, dist.get_rank(), model)
+    pm = ParallelModule(_traced(cfg), spec, dist.get_rank(), model)
     return pm, torch.optim.AdamW(pm.parameters(), lr=1e-3, eps=1e-6)
 
 

@@ -179,6 +179,30 @@ def test_a_call_with_other_shapes_or_keywords_is_a_typed_error_naming_it():
         pm(torch.randn(8, 4))
     with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['other'\]"):
         pm(torch.randn(8, 4), scale=torch.ones(4), other=1)
+    pm = parallelizer.auto_parallelize(Kw(), (torch.randn(8, 4),), example_kwargs={"scale": None})
+    with pytest.raises(ValueError, match=r"input 'scale' is a tensor of shape \(4,\) \(torch.float32\) but the graph "
+                       r"was traced with None"):  # named by shape: a batch's repr would fill the message
+        pm(torch.randn(8, 4), scale=torch.ones(4))
+
+
+def test_a_floating_input_of_another_dtype_is_a_typed_error_naming_it():
+    """Dtype-reading code is fixed at trace time (Llama's RMSNorm `x.to(input_dtype)`): an fp64 input to a graph
+    traced with fp32 ran in fp32 while the eager model raised; integer ids of another width still run."""
+    class CastBack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+            self.e = torch.nn.Embedding(10, 4)
+
+        def forward(self, x, ids):
+            return self.l(x.float()).to(x.dtype) + self.e(ids)
+
+    model = CastBack()
+    x, ids = torch.randn(8, 4), torch.randint(0, 10, (8,))
+    pm = parallelizer.auto_parallelize(model, (x, ids))
+    with pytest.raises(PlanMismatchError, match=r"input 'x' has dtype torch.float64 but the graph was traced .*float32"):
+        pm(x.double(), ids)
+    torch.testing.assert_close(pm(x, ids.int()), model(x, ids.int()))
 
 
 def test_a_mesh_may_be_given_as_the_cli_string():

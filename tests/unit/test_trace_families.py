@@ -36,6 +36,27 @@ def test_explicit_use_cache_true_is_refused_with_a_remedy():
     parallelizer.trace(model, args, {**kwargs, "use_cache": False})  # the remedy works
 
 
+def test_position_ids_without_mask_on_a_caching_config_warn_that_packing_differs():
+    """transformers masks packed sequences (position_ids restarting in a row) only without a cache: traced with
+    use_cache=False the graph does, the model with its default use_cache=True does not (logits 0.2 off on the
+    packed row). Tracing such a call warns with the remedy; the remedy makes both agree."""
+    model, args, kwargs = families.llama()
+    ids = args[0] if args else kwargs["input_ids"]
+    pos = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
+    pos[0, 3:] -= 3  # two sequences packed in row 0
+    call = {"input_ids": ids, "position_ids": pos}
+    with pytest.warns(UserWarning, match=r"position_ids without attention_mask .*use_cache=True.*Remedy: set "
+                                         r"model.config.use_cache = False"):
+        traced = parallelizer.trace(model, (), call)
+    got = traced.exported.module()(**call).logits
+    assert not torch.allclose(got[0], model(**call).logits[0])  # the difference warned about
+    model.config.use_cache = False  # the remedy: no warning, and the traced graph computes the model's value
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("error", UserWarning)
+        traced = parallelizer.trace(model, (), call)
+    torch.testing.assert_close(traced.exported.module()(**call).logits, model(**call).logits)
+
+
 class _ReturnsAnObject(torch.nn.Module):
     class Box:
         def __init__(self, t):
