@@ -132,9 +132,11 @@ def _local_view(graph: torch.fx.Graph, ctx: Context, args: tuple) -> torch.fx.No
             mid[r.dim] = r.have[me]
         else:
             before.append((r.dim, ranks, list(r.have), list(r.want)))
-    if not before and not after:
-        target = ctx.node.target if ctx.node.target in SIZE_ARG else aten.reshape.default
-        return graph.call_function(target, (args[0], out_local))
+    if not before and not after:  # a reshape, not a view: the traced view was valid on the TRACED strides (e.g.
+        # permute(0, 2, 1, 3).view(...) of an attention output whose CPU kernel returned the permuted layout, where
+        # `.contiguous()` was a no-op and not recorded), but this rank's input may be a collective's fresh
+        # contiguous result, on which view raised (Data2VecVision, tp=2); reshape is that view wherever one exists
+        return graph.call_function(aten.reshape.default, (args[0], out_local))
     return graph.call_function(regrouped_view, (args[0], mid, before, after))
 
 

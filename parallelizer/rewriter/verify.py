@@ -139,7 +139,8 @@ class _ShapeRun(torch.fx.Interpreter):
             return torch.empty(self._expected(n) or (), dtype=info.outputs[0].dtype)
         try:
             result = super().run_node(n)
-        except RuntimeError as exc:  # the op does not accept the local shapes it is given
+        except (RuntimeError, ValueError) as exc:  # the op does not accept the local shapes (or strides) it is
+            # given (fake tensors raise ValueError where real ones raise RuntimeError, e.g. an invalid view)
             result = self._eager_on_empty(n)
             if result is not None:
                 return result

@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
+from .eager_check import compare_with_eager
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
@@ -84,6 +85,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     with _cache_off(model, notes, example_kwargs), _checkpoint_regions(notes), host_rng_watch(notes), \
             custom_backward_watch(notes), python_state_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
+    with _cache_off(model, []):  # the settings export ran with; after the watches (their notes decide a skip)
+        compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
     gm = exported.graph_module
     normalize(gm, notes)
     renamed = _fx_legal_input_names(gm, exported.graph_signature)

@@ -1,0 +1,106 @@
+"""Does the exported program compute what the model computes eagerly? (one call on the example inputs)
+
+torch.export runs forward under tracing, and model code can take another path there than in an eager call:
+a `torch.compiler.is_compiling()` / `is_exporting()` / `torch.jit.is_tracing()` branch, or a mask that a
+library builds only when traced (transformers 5.24's PaliGemma, default config: eager attention gets no mask
+and attends both ways, the exported program builds the causal mask; logits 7e-2 apart on one device). Every
+sharded program computes the EXPORTED function, so such a model would train to other numbers than the user's,
+on every mesh, without an error. `compare_with_eager` runs both once on the example inputs and warns (and
+notes) when they differ beyond 10x torch.testing's default tolerance of the output dtype.
+
+Skipped where one call cannot decide: parameters or inputs on the meta device (nothing computes; the trace
+notes the meta device already), and, with a note saying why, forward drawing random numbers (torch ops or the host generators), forward changing Python
+attributes of the model, or more than `MAX_ELEMENTS` parameter elements (two forwards of a large model on
+the host would cost more than the trace). Buffers forward writes (BatchNorm statistics) and torch's global RNG
+state are restored after the two calls, so tracing leaves the model as it was.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .graph import draws_random
+
+MAX_ELEMENTS = 50_000_000  # parameter elements (~200 MB in fp32): two host forwards stay cheaper than the trace
+_FACTOR = 10.0  # times torch.testing's default rtol / atol of the dtype: eager and exported run the same kernels
+
+
+def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: dict, notes: list[str]) -> None:
+    """Run `model(*args, **kwargs)` and `exported.module()(*args, **kwargs)` once and warn when an output leaf
+    differs (module docstring). Appends a note in every case but a match or a meta model. Never raises for a mismatch: the
+    user decides (rehearse shows the numbers); raises nothing of its own."""
+    if _on_meta(model, args, kwargs):  # nothing computes (the trace notes the meta device already)
+        return
+    reason = _skip_reason(model, exported, notes)
+    if reason:
+        notes.append(f"exported program not compared with eager forward: {reason}")
+        return
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            eager = pytree.tree_leaves(model(*args, **kwargs))
+            _restore(model, saved)  # both calls start from the same state (a buffer forward writes, then reads)
+            traced = pytree.tree_leaves(exported.module()(*args, **kwargs))
+    except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
+        notes.append(f"exported program not compared with eager forward: a call raised {type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        return
+    finally:
+        _restore(model, saved)
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(eager, traced))
+             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
+    if len(eager) != len(traced):
+        notes.append(f"exported program not compared with eager forward: {len(eager)} output leaves eagerly, "
+                     f"{len(traced)} exported")
+        return
+    worst = _worst(pairs)
+    if worst is not None:
+        i, diff, shape = worst
+        text = (f"the exported program differs from the model's eager forward on the example inputs (output leaf "
+                f"{i} of shape {shape}: max |eager - exported| = {diff:.3g}): the model's code takes another path "
+                "under torch.export than when called (a torch.compiler.is_compiling() / is_exporting() or "
+                "torch.jit.is_tracing() branch, or a mask a library builds only when traced), and every parallel "
+                "program computes the exported one, so it would train to other numbers than your model on any "
+                "mesh. Remedy: make both paths compute the same (e.g. pass the mask or option that makes the "
+                "eager path explicit), then trace again")
+        notes.append(text)
+        warnings.warn(text, stacklevel=3)
+
+
+def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name in saved and b.shape == saved[name].shape:
+                b.copy_(saved[name])
+
+
+def _on_meta(model, args, kwargs) -> bool:
+    tensors = [*model.parameters(), *model.buffers(), *(t for t in pytree.tree_leaves((args, kwargs))
+                                                       if isinstance(t, torch.Tensor))]
+    return any(t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor) for t in tensors)
+
+
+def _skip_reason(model, exported, notes) -> str:
+    if sum(p.numel() for p in model.parameters()) > MAX_ELEMENTS:
+        return f"more than {MAX_ELEMENTS:,} parameter elements (two host forwards)"
+    if any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function"):
+        return "forward draws random numbers"
+    if any(n.startswith(("forward drew random numbers", "forward changes Python attributes")) for n in notes):
+        return "forward draws host random numbers or changes Python attributes"
+    return ""
+
+
+def _worst(pairs) -> tuple[int, float, tuple] | None:
+    """(leaf index, largest |difference|, shape) of the first pair beyond `_FACTOR` times the dtype's bound
+    (`runtime.tolerance.excess`: torch.testing's defaults; integers and bool exact), or None when all agree."""
+    from ..runtime.tolerance import excess  # (runtime imports the tracer)
+
+    for i, a, b in pairs:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return i, float("inf"), tuple(a.shape)
+        if a.numel() and (not torch.equal(a.detach().isnan(), b.detach().isnan())
+                          or excess(b.nan_to_num(0.0), a.nan_to_num(0.0)) > _FACTOR):
+            return i, float((a.detach().double() - b.detach().double()).abs().nan_to_num(0.0).max()), tuple(a.shape)
+    return None

@@ -1,0 +1,90 @@
+"""The tracer compares the exported program with the model's eager forward once (`tracer.eager_check`):
+model code that takes another path under torch.export (trial 10b: transformers' PaliGemma, default config,
+logits 7e-2 apart on one device; every sharded program computes the exported function) is warned about
+and noted, with the size of the difference; a model that computes the same gets no note; what one call
+cannot decide is skipped with a note; the model's buffers and torch's RNG state are left as they were."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import parallelizer
+from parallelizer.tracer.eager_check import MAX_ELEMENTS
+
+
+class Branchy(nn.Module):
+    """Scales by 2 eagerly and by 3 under torch.export (the class: an is_compiling() branch)."""
+
+    def __init__(self, branch: bool = True) -> None:
+        super().__init__()
+        self.lin, self.bn, self.branch = nn.Linear(8, 8), nn.BatchNorm1d(8), branch
+
+    def forward(self, x):
+        h = self.bn(self.lin(x))
+        return h * (3.0 if self.branch and torch.compiler.is_compiling() else 2.0)
+
+
+def _trace(model, x):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = parallelizer.trace(model, (x,))
+    return traced, [str(w.message) for w in caught]
+
+
+def test_a_model_that_computes_otherwise_under_export_is_warned_about_with_the_difference():
+    torch.manual_seed(0)
+    model, x = Branchy(), torch.randn(4, 8)
+    eager = model(x).detach()  # (its own BatchNorm update; the trace below must not add one)
+    stats = model.bn.running_mean.clone(), model.bn.num_batches_tracked.clone()
+    rng = torch.get_rng_state()
+    traced, caught = _trace(model, x)
+    notes = [n for n in traced.notes if n.startswith("the exported program differs")]
+    assert len(notes) == 1 and "output leaf 0 of shape (4, 8)" in notes[0] and "Remedy" in notes[0], traced.notes
+    # eager computes 2 h, the exported program 3 h (h = the BatchNorm output on this batch): |difference| = |h|
+    stated = float(notes[0].split("max |eager - exported| = ")[1].split(")")[0])
+    assert stated == pytest.approx(float((eager / 2).abs().max()), rel=5e-3)  # (3 digits)
+    assert any(m.startswith("the exported program differs") for m in caught)
+    assert torch.equal(model.bn.running_mean, stats[0]) and torch.equal(model.bn.num_batches_tracked, stats[1])
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+class WritesThenReads(nn.Module):
+    """Forward updates a buffer in place, then reads it: each call must start from the same state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.ema.mul_(0.5).add_(x.mean(0))
+        return self.lin(x) * self.ema
+
+
+@pytest.mark.parametrize("make", [lambda: Branchy(branch=False), WritesThenReads], ids=["plain", "writes_then_reads"])
+def test_a_model_that_computes_the_same_gets_no_note(make):
+    torch.manual_seed(0)
+    model = make()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    traced, caught = _trace(model, torch.randn(4, 8))
+    assert not [n for n in traced.notes if "exported program" in n], traced.notes
+    assert not [m for m in caught if "exported program" in m]
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # tracing changed no state
+
+
+@pytest.mark.parametrize("case, reason", [("dropout", "draws random numbers"), ("large", f"more than {MAX_ELEMENTS:,}")])
+def test_what_one_call_cannot_decide_is_skipped_with_a_note(case, reason):
+    if case == "dropout":
+        model, x = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), torch.randn(4, 8)
+    else:  # just over the bound (~200 MB), frozen
+        model, x = nn.Embedding(MAX_ELEMENTS // 64 + 1, 64, _freeze=True), torch.zeros(2, 3, dtype=torch.long)
+    traced, _ = _trace(model, x)
+    assert any(n.startswith("exported program not compared with eager forward") and reason in n
+               for n in traced.notes), traced.notes
+
+
+def test_a_meta_model_is_not_compared_and_gets_no_extra_note():
+    traced, caught = _trace(Branchy().to("meta"), torch.randn(4, 8, device="meta"))
+    assert not [n for n in traced.notes if "exported program" in n] and not [m for m in caught if "exported" in m]
