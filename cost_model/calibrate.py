@@ -232,6 +232,9 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
              size_fits: bool = False) -> Link:
     """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
 
+    The samples are first reduced to one median per (kind, process count, size), made non-decreasing in size
+    per kind by a suffix minimum, as `fit_size_segments` does (on a shared machine noise only slows a sample
+    down: under load 8-15 the raw repeats of 64 KiB - 4 MiB messages once fitted a negative inverse bandwidth).
     Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
     The link's own alpha/beta are the joint fit over all samples.
 
@@ -249,6 +252,7 @@ def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitt
     """
     if len(samples) < 2:
         raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
+    samples = _non_decreasing_medians(samples)
     alpha, beta = _fit_alpha_beta(samples, f"link {name!r}")
     overrides: dict[str, tuple[float, float]] = {}
     if per_kind:
@@ -300,9 +304,7 @@ def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> t
         raise ValueError(f"fit_size_segments({kind!r}): needs samples of one process count (got {sorted(ranks)}) at "
                          f">= 2 message sizes (got {sorted(by_size)}) with positive times; measure more sizes")
     steps, factor = alpha_beta_coefficients(kind, ranks.pop())
-    sizes = sorted(by_size)
-    medians = [statistics.median(by_size[b]) for b in sizes]
-    times = list(np.minimum.accumulate(medians[::-1])[::-1])  # t_i = min over sizes >= s_i
+    sizes, times = _suffix_min_medians(by_size)
     segments = []
     for (s0, t0), (s1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
         inv_beta = max((t1 - t0) / (factor * (s1 - s0)), _MIN_INV_BANDWIDTH)
@@ -311,6 +313,25 @@ def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> t
             alpha, inv_beta = 0.0, t1 / (factor * s1)
         segments.append((float(s1), float(alpha), float(1 / inv_beta)))
     return tuple(segments)
+
+
+def _suffix_min_medians(by_size: Mapping[int, Sequence[float]]) -> tuple[list[int], list[float]]:
+    """(sizes ascending, their median seconds made non-decreasing: t_i = min over sizes >= s_i)."""
+    sizes = sorted(by_size)
+    medians = [statistics.median(by_size[b]) for b in sizes]
+    return sizes, [float(t) for t in np.minimum.accumulate(medians[::-1])[::-1]]
+
+
+def _non_decreasing_medians(samples: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
+    """``(kind, num_ranks, nbytes, seconds)`` samples reduced to one median per (kind, num_ranks, nbytes), made
+    non-decreasing in nbytes per (kind, num_ranks) (`_suffix_min_medians`)."""
+    groups: dict[tuple[str, int], dict[int, list[float]]] = {}
+    for kind, n, nbytes, seconds in samples:
+        groups.setdefault((kind, n), {}).setdefault(nbytes, []).append(seconds)
+    out = []
+    for (kind, n), by_size in sorted(groups.items()):
+        out += [(kind, n, b, t) for b, t in zip(*_suffix_min_medians(by_size))]
+    return out
 
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:

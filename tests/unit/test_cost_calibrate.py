@@ -206,3 +206,21 @@ def test_profile_clamps_a_measured_speed_up_of_concurrent_processes():
 def _cpu_device():
     import dataclasses
     return dataclasses.replace(H100_SXM, kind="cpu", optimizer_bytes_per_s=4e9)
+
+
+def test_fit_link_takes_non_decreasing_medians_so_a_slowed_small_message_gives_no_negative_bandwidth():
+    """Under load a small message's repeats can all be slowed (the smoke calibration under load 8-15 once fitted a
+    negative inverse bandwidth from raw repeats and raised): the fit takes one median per size, made
+    non-decreasing by a suffix minimum (noise only slows a sample down), as the size fits do."""
+    from cost_model.calibrate import _fit_alpha_beta
+
+    samples = [("all_gather", 2, 1 << 16, t) for t in (6e-3, 5e-3, 7e-3)] + \
+              [("all_gather", 2, 1 << 20, t) for t in (1.0e-3, 1.1e-3, 0.9e-3)] + \
+              [("all_gather", 2, 1 << 22, t) for t in (1.2e-3, 1.3e-3, 1.1e-3)]
+    with pytest.raises(ValueError, match="non-positive inverse bandwidth"):
+        _fit_alpha_beta(samples, "raw repeats")  # the fact behind: the raw repeats fit no bandwidth
+    link = fit_link(samples, per_kind=True, size_fits=True)
+    assert link.bandwidth_bytes_per_s > 0 and link.per_kind["all_gather"][1] > 0
+    # through the suffix-minimum medians (1.0 ms at 64 KiB and 1 MiB, 1.2 ms at 4 MiB): 0.2 ms per (4 MiB - 1 MiB)
+    # of all-gather bytes (ring factor 1/2 on 2 ranks); the least-squares line lies near it
+    assert link.bandwidth_bytes_per_s == pytest.approx(0.5 * 3 * (1 << 20) / 0.2e-3, rel=0.5)
