@@ -39,6 +39,10 @@
    buffer at its traced storage positions (`new_zeros` + `as_strided_scatter`), which as_strided then reads.
    An as_strided that reads storage outside x's own elements (memory of the tensor x is a view of) has no
    such form: `TraceError` naming it, with a remedy.
+8. (`tracer/cache_output.py`, after 3.) What building a key/value cache adds to a graph traced with the
+   model's own `use_cache=True` (the cache itself is dropped from the output): `cat` operands with no elements
+   are removed (a `cat` of one operand is that operand), then ops whose values reach no output and that write
+   nothing a kept op or a placeholder reads (dead code; random draws kept).
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
+from .cache_output import drop_dead_code, drop_empty_cat_operands
 from .fresh_writes import out_of_place_fresh_writes
 from .graph import COPIED_META, carries_grad, draws_random, is_view, meta_like as _meta_like, mutated_args
 
@@ -72,6 +77,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _layout_free_as_strided(gm, notes)
     _drop_asserts(gm, notes)
     _drop_contiguous(gm, notes)
+    _drop_cache_leftovers(gm, notes)
     _split_biases(gm, notes)
     out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
@@ -248,6 +254,14 @@ def _drop_asserts(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     if dropped:
         notes.append(f"dropped {dropped} shape-assertion node(s)"
                      + (f" and {dead} node(s) computing only their conditions" if dead else ""))
+
+
+def _drop_cache_leftovers(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 8 of the module docstring."""
+    cats, dead = drop_empty_cat_operands(gm), drop_dead_code(gm)
+    if cats or dead:
+        notes.append(f"removed empty operands of {cats} cat(s) and {dead} node(s) whose values reach no output "
+                     "and that write nothing read (e.g. what building a key/value cache adds)")
 
 
 def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:

@@ -9,8 +9,9 @@ forward is inlined as a stop-gradient, and biases are split off linear layers (s
 What export needs of a model and its inputs, handled here (each recorded in `notes`):
 - transformers models return a key/value cache object (DynamicCache, EncoderDecoderCache, ...) from forward
   when their config says `use_cache=True` (the default of generative models); a training step never reads
-  it and export cannot return it, so every `config.use_cache` of the model's modules is False while
-  exporting (restored afterwards);
+  it and export cannot return it. The model is traced with its own settings and the cache object is dropped
+  from the traced output; what building it added to the graph is normalised away (`cache_output`). (Turning
+  use_cache off while tracing changed the function: transformers masks packed sequences only without a cache);
 - a non-tensor input (bool, int, float, None, str, inside any nesting of tuples/lists/dicts) is a traced
   constant: export bakes its value into the graph; `TracedGraph.constant_inputs` records it and
   `TracedGraph.tensor_inputs` checks that a later call passes the same value;
@@ -28,7 +29,6 @@ import logging
 import re
 import sys
 import traceback
-import warnings
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
+from .cache_output import cache_dropped, drop_unused_constants
 from .eager_check import compare_with_eager
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
@@ -61,7 +62,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     Returns:
         A `TracedGraph` (see its docstring for the per-node facts).
     Raises:
-        TraceError: an input of an unsupported type, `use_cache=True` passed explicitly, data-dependent
+        TraceError: an input of an unsupported type, data-dependent
             control flow (a Python branch on a tensor value), an output that is not a tensor container, an
             error of the model's own code, or any other construct torch.export cannot capture; the message
             names the construct, the user's source file:line and a remedy.
@@ -78,17 +79,14 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
-    if example_kwargs.get("use_cache") is True:
-        raise TraceError("use_cache=True (a key/value cache returned from a training forward)", None,
-                         "drop use_cache from the inputs or pass use_cache=False: a training step does not read "
-                         "the cache, and the toolkit turns it off by itself when it is not asked for")
-    with _cache_off(model, notes, example_kwargs), _checkpoint_regions(notes), host_rng_watch(notes), \
+    with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), \
             custom_backward_watch(notes), python_state_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
-    with _cache_off(model, []):  # the settings export ran with; after the watches (their notes decide a skip)
+    with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
         compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
     gm = exported.graph_module
     normalize(gm, notes)
+    drop_unused_constants(exported)
     renamed = _fx_legal_input_names(gm, exported.graph_signature)
     if renamed:
         notes.append("input(s) named like Python builtins are called " + ", ".join(
@@ -105,40 +103,6 @@ def _check_input_types(args: tuple, kwargs: dict) -> None:
                 f"an input of type {type(leaf).__qualname__} ({where})", None,
                 "pass tensors, Python scalars, or tuples/lists/dicts of them; register custom containers "
                 "with torch.utils._pytree.register_pytree_node")
-
-
-@contextlib.contextmanager
-def _cache_off(model: torch.nn.Module, notes: list[str], kwargs: dict | None = None):
-    """Set `use_cache = False` on every distinct `config` of the model's modules that has it True (transformers
-    configs; an encoder-decoder's decoder stack holds its own copy) while exporting, and restore it after.
-
-    The cache is not always unread: transformers' masks detect packed sequences from `position_ids` only when no
-    cache exists (masking_utils `_preprocess_mask_arguments`: `attention_mask is None and cache is None`), so with
-    `position_ids` and no `attention_mask` the traced graph masks across packed sequences where the model with
-    use_cache=True does not (a row with positions 0,1,2,0,1,2,3,4: logits 0.2 off one device). That call is
-    warned about, with the remedy (`trial/f1_use_cache_packed_positions.py`, round 10a)."""
-    configs = {id(c): c for m in model.modules() if getattr(c := getattr(m, "config", None), "use_cache", None) is True}
-    kwargs = kwargs or {}
-    if configs and isinstance(kwargs.get("position_ids"), torch.Tensor) and kwargs.get("attention_mask") is None:
-        message = ("trace: position_ids without attention_mask on a model whose config says use_cache=True: the "
-                   "toolkit traces with use_cache=False, and transformers then masks packed sequences (position_ids "
-                   "restarting inside a row) that the model with use_cache=True attends across, so the parallel "
-                   "model would compute another value than yours on such rows. Remedy: set model.config.use_cache "
-                   "= False before parallelising (your single-device model then computes the same), or pass an "
-                   "attention_mask")
-        warnings.warn(message, stacklevel=4)
-        notes.append(message)
-    for config in configs.values():
-        config.use_cache = False
-    try:
-        yield
-    finally:
-        for config in configs.values():
-            config.use_cache = True
-    if configs:
-        notes.append(f"set config.use_cache=False on {len(configs)} config(s) while tracing: a training step needs "
-                     "no key/value cache, and a forward that returns one (transformers' DynamicCache) cannot be "
-                     "traced; the traced forward returns no cache")
 
 
 @contextlib.contextmanager

@@ -19,16 +19,16 @@ from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_m
                           ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, penalty_net, sparse_embedding,
-                          pipeline_init_rank, spectral_norm_linear, training_loop_rank,
+                          packed_llama, pipeline_init_rank, spectral_norm_linear, training_loop_rank,
                           uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
 
 
 def _plan(builder, mesh, **options):
-    model, inputs = builder()[:2]
+    model, inputs, *kwargs = builder()
     with contextlib.redirect_stdout(io.StringIO()):
-        return parallelizer.plan(parallelizer.trace(model, inputs), mesh, **options)
+        return parallelizer.plan(parallelizer.trace(model, inputs, *kwargs), mesh, **options)
 
 
 def _random_cost_plan(builder, mesh, roles, seed):
@@ -61,7 +61,8 @@ def two_rank_reports():
              "input_written": (input_written_in_place,
                                _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 1)),
-             "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"}))}
+             "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -112,6 +113,15 @@ def test_vocab_parallel_cross_entropy_of_logits_with_minus_inf_entries(two_rank_
     NT-Xent with its masked diagonal on dp=2 under random costs, trial h2)."""
     report = two_rank_reports["banned_classes"]
     assert "sharded_cross_entropy" in report.rank0_code and "[[0, 1]], 0)" in report.rank0_code, report.rank0_code
+    assert report.matches(), report
+
+
+def test_packed_sequences_on_a_caching_config_match_the_users_model_on_tp(two_rank_reports):
+    """Llama with its default use_cache=True, position_ids restarting inside row 0 and no attention_mask, tp=2:
+    outputs, loss and gradients equal the user's eager model, which attends across the packed sequences
+    (transformers masks them only without a cache). Before, tracing turned use_cache off, so every mesh (and
+    one device) masked them: logits 0.21 off on the packed row, with only a warning (round 10a)."""
+    report = two_rank_reports["packed_llama"]
     assert report.matches(), report
 
 

@@ -455,3 +455,15 @@ def pipeline_init_rank(rank: int, world_size: int, schedule: str, microbatches: 
         out.setdefault(fqn.split(".", 2)[2], []).append(_error(lambda p=p: nn.init.normal_(p, std=0.02)))
     out["copied"] = sorted(pm.copied)
     return out
+
+
+def packed_llama():
+    """transformers' Llama with its default `use_cache=True`, two sequences packed in row 0 (position_ids
+    restarting at 3) and no attention_mask: the model attends across them (transformers detects packing only
+    without a cache); the traced program must too. Returns (model, (), {input_ids, position_ids, labels})."""
+    from parallelizer.zoo import families
+
+    model, (ids,), kwargs = families.llama()
+    pos = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
+    pos[0, 3:] -= 3
+    return model, (), {"input_ids": ids, "position_ids": pos, **kwargs}

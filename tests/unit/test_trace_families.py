@@ -1,5 +1,5 @@
 """Issue 12, item 1: every transformers family built from its config class with DEFAULT options (cache on)
-traces for training; the traced program computes eager's numbers; the cache is turned off only while tracing,
+traces for training; the traced program computes eager's numbers; the cache object is dropped from the output,
 and what cannot be traced says which construct and what to do."""
 import pytest
 import torch
@@ -7,6 +7,7 @@ from torch.utils import _pytree as pytree
 
 import parallelizer
 from parallelizer import TraceError
+from parallelizer.tracer.cache_output import is_cache
 from parallelizer.zoo import families
 
 
@@ -20,41 +21,52 @@ def test_family_with_default_config_traces_and_matches_eager(name):
     caching = {id(m.config): m.config for m in model.modules()
                if getattr(getattr(m, "config", None), "use_cache", None) is True}
     traced = parallelizer.trace(model, args, kwargs)
-    assert all(c.use_cache is True for c in caching.values())  # the user's configs are restored
-    if caching:
-        assert any("use_cache=False" in note for note in traced.notes), traced.notes
-    expected = _first_tensor(model(*args, **kwargs))  # eager, one device: the loss or the first output
+    assert all(c.use_cache is True for c in caching.values())  # the user's settings are left alone
+    eager = model(*args, **kwargs)
+    if any(is_cache(v) for v in eager.values()):  # (BART with labels= turns its cache off itself)
+        assert any("own use_cache setting" in note for note in traced.notes), traced.notes
+    expected = _first_tensor(eager)  # eager, one device: the loss or the first output
     got = _first_tensor(traced.exported.module()(*args, **kwargs))
     torch.testing.assert_close(got, expected)  # two op graphs (split biases): float32 tolerances
 
 
-def test_explicit_use_cache_true_is_refused_with_a_remedy():
+def test_explicit_use_cache_true_traces_as_the_default():
+    """use_cache=True passed explicitly is the config's default: traced with it, the cache dropped from the
+    output, the same graph and values as without it."""
     model, args, kwargs = families.llama()
-    with pytest.raises(TraceError, match=r"use_cache=True.*\nRemedy: drop use_cache from the inputs or pass "
-                                         r"use_cache=False"):
-        parallelizer.trace(model, args, {**kwargs, "use_cache": True})
-    parallelizer.trace(model, args, {**kwargs, "use_cache": False})  # the remedy works
+    plain = parallelizer.trace(model, args, kwargs)
+    explicit = parallelizer.trace(model, args, {**kwargs, "use_cache": True})
+    def ops(traced):
+        return [n.target for n in traced.graph_module.graph.nodes if n.op == "call_function"]
+    assert ops(explicit) == ops(plain)
+    assert explicit.constant_inputs == {"use_cache": True}
+    torch.testing.assert_close(explicit.exported.module()(*args, **kwargs, use_cache=True).loss,
+                               model(*args, **kwargs).loss)
 
 
-def test_position_ids_without_mask_on_a_caching_config_warn_that_packing_differs():
-    """transformers masks packed sequences (position_ids restarting in a row) only without a cache: traced with
-    use_cache=False the graph does, the model with its default use_cache=True does not (logits 0.2 off on the
-    packed row). Tracing such a call warns with the remedy; the remedy makes both agree."""
-    model, args, kwargs = families.llama()
+def _packed_call(model_builder):
+    model, args, kwargs = model_builder()
     ids = args[0] if args else kwargs["input_ids"]
     pos = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
     pos[0, 3:] -= 3  # two sequences packed in row 0
-    call = {"input_ids": ids, "position_ids": pos}
-    with pytest.warns(UserWarning, match=r"position_ids without attention_mask .*use_cache=True.*Remedy: set "
-                                         r"model.config.use_cache = False"):
-        traced = parallelizer.trace(model, (), call)
-    got = traced.exported.module()(**call).logits
-    assert not torch.allclose(got[0], model(**call).logits[0])  # the difference warned about
-    model.config.use_cache = False  # the remedy: no warning, and the traced graph computes the model's value
-    with __import__("warnings").catch_warnings():
-        __import__("warnings").simplefilter("error", UserWarning)
-        traced = parallelizer.trace(model, (), call)
-    torch.testing.assert_close(traced.exported.module()(**call).logits, model(**call).logits)
+    return model, {"input_ids": ids, "position_ids": pos}
+
+
+def test_packed_position_ids_without_mask_on_a_caching_config_match_the_model():
+    """transformers masks packed sequences (position_ids restarting in a row) only without a cache. Tracing used
+    to turn use_cache off, so the traced graph masked across the packed row that the model with its default
+    use_cache=True attends across (logits 0.21 off, no error). Traced with the model's own setting (the cache
+    dropped from the output), the program computes the model's logits, and with use_cache=False (the other
+    function) it computes that one's: each traced setting is the user's."""
+    model, call = _packed_call(families.llama)
+    eager = model(**call).logits
+    traced = parallelizer.trace(model, (), call)
+    assert not any(n.target is torch.ops.aten.lift_fresh_copy.default for n in traced.graph_module.graph.nodes)
+    torch.testing.assert_close(traced.exported.module()(**call).logits, eager)
+    model.config.use_cache = False
+    masked = model(**call).logits
+    assert not torch.allclose(masked[0], eager[0])  # the two settings are two functions on the packed row
+    torch.testing.assert_close(parallelizer.trace(model, (), call).exported.module()(**call).logits, masked)
 
 
 class _ReturnsAnObject(torch.nn.Module):

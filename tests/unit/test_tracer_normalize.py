@@ -264,3 +264,34 @@ def test_an_in_place_op_on_a_view_only_it_reads_is_written_out_of_place():
     with contextlib.redirect_stdout(io.StringIO()):
         plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
     assert not plan.fallbacks
+
+
+class _CacheLike(torch.nn.Module):
+    """What a key/value cache adds to a forward (an empty constant cat'ed with k, a scratch buffer filled in
+    place and never read), next to a buffer write and a random draw whose results reach no output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        k = torch.cat([torch.tensor([]), self.fc(x)], dim=-2)  # a fresh cache layer's first update
+        scratch = torch.zeros(4, 8)
+        scratch[:, :4].copy_(k[:, :4])  # written, never read: dead
+        self.count.add_(1)  # a buffer write: kept
+        torch.rand(3)  # drawn, unused: kept (removing it would shift later draws)
+        return k.relu()
+
+
+def test_empty_cat_operands_and_dead_writes_are_removed_buffer_writes_and_draws_kept():
+    """Normalisation 8: cat([empty, k]) is k, the unread scratch buffer and its write are gone, the lifted empty
+    constant leaves the program's signature; the buffer write and the random draw stay; values unchanged."""
+    model, x = _CacheLike(), torch.randn(4, 8)
+    traced = parallelizer.trace(model, (x,))
+    targets = [n.target for n in traced.graph_module.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert aten.cat.default not in targets and aten.zeros.default not in targets and aten.copy_.default not in targets
+    assert aten.add_.Tensor in targets and aten.rand.default in targets
+    assert not traced.exported.constants and not [p for p in traced.parameters.values() if p.is_constant]
+    torch.testing.assert_close(traced.exported.module()(x), torch.relu(model.fc(x)))
