@@ -455,3 +455,29 @@ def pipeline_init_rank(rank: int, world_size: int, schedule: str, microbatches: 
         out.setdefault(fqn.split(".", 2)[2], []).append(_error(lambda p=p: nn.init.normal_(p, std=0.02)))
     out["copied"] = sorted(pm.copied)
     return out
+
+
+class MergedBatchSlice(nn.Module):
+    """TimeSformer's embeddings: a class token and position embedding added over the merged (batch x frames) dim,
+    then `e[:batch]` (HF's `embeddings[:batch_size, 0, :]`) and a split back to (batch, frames x patches)."""
+
+    def __init__(self, dim: int = 16, patches: int = 4):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, patches + 1, dim))
+        self.embed, self.head = nn.Linear(dim, dim), nn.Linear(dim, 5)
+
+    def forward(self, x):  # (batch, frames, patches, dim)
+        b, t, p, d = x.shape
+        e = torch.cat((self.cls.expand(b * t, -1, -1), self.embed(x.reshape(b * t, p, d))), dim=1) + self.pos
+        cls = e[:b, 0].unsqueeze(1)
+        rest = e[:, 1:].reshape(b, t * p, d)
+        return self.head(torch.cat((cls, rest), dim=1).mean(dim=1))
+
+
+def merged_batch_slice():
+    """`MergedBatchSlice` on a batch of 2 x 2 frames: under forced ddp / fsdp the slice `e[:b]` over the batch-sharded
+    merged dim followed the position add's layouts, which fixed a gather (forbidden) where an all-to-all to the
+    feature dim serves: InfeasiblePlanError (trial 10e, TimeSformer)."""
+    torch.manual_seed(0)
+    return MergedBatchSlice(), (torch.randn(2, 2, 4, 16),)
