@@ -20,8 +20,10 @@ may be uneven (torch.chunk's split, `core.layout`) except where an option asks f
 Followers (an exact-by-construction reduction of the search): a node with ONE tensor input, produced by an op
 or user input in the same block instance, whose rule maps each input placement to one output placement
 (views, unary pointwise ops, getitem, softmax, ...), does not choose: its strategy i is its producer's
-strategy i pushed through the rule (an axis the rule cannot map is redistributed to Replicate first).
-It shares its producer's ILP variables.
+strategy i pushed through the rule. It shares its producer's ILP variables. Only a node that takes EVERY
+layout of its producer as it is follows (`_takes_each_as_it_is`): where the rule cannot map one (the leader's
+Shard on a dim the node slices), the layout change it needs is the ILP's choice (an all-to-all to another dim
+rather than a gather), so such a node has its own variables.
 
 Mutations: an in-place op (`add_`, `fill_`, `relu_`, `copy_`, `index_put_`, batch_norm's running statistics)
 writes the tensor where it lives, so the value it mutates, and every view on the way from that value's
@@ -227,9 +229,9 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
             spaces[name] = NodeSpace(name, "op", inputs, rep, req, fallback=f"no sharding rule for {info.op_name}")
             continue
         leader = _leader(tg, info, inputs, options, spaces)
-        if leader is not None:
-            strategies = _follow(spaces[inputs[0].producer], options, view, mesh)
-            spaces[name] = NodeSpace(name, "op", inputs, strategies, req, leader=leader)
+        followed = None if leader is None else _follow(spaces[inputs[0].producer], options, view, mesh)
+        if followed is not None and _takes_each_as_it_is(spaces[inputs[0].producer], followed):
+            spaces[name] = NodeSpace(name, "op", inputs, followed, req, leader=leader)
         else:
             spaces[name] = NodeSpace(name, "op", inputs, op_strategies(view, options, mesh), req)
     _keep_tp_weights_usable(tg, mesh, config, spaces)
@@ -359,6 +361,16 @@ def _leader(tg: TracedGraph, info: NodeInfo, inputs, options, spaces) -> str | N
         return None
     return prod.leader or prod.name
 
+
+
+def _takes_each_as_it_is(producer: NodeSpace, followed: list[Strategy]) -> bool:
+    """Whether a would-be follower takes every output layout of its producer without a layout change (module
+    docstring). Where its rule cannot map one (a slice or view over the sharded dim, a Partial into an op that
+    needs the sum), following would fix that redistribution to a gather to Replicate, although an all-to-all to
+    another dim (or a reduce-scatter) may be what a plan needs: under "ddp"/"fsdp" roles, which forbid gathering
+    activations, that made TimeSformer's `embeddings[:batch_size, 0]` over the merged (batch x frames) dim
+    infeasible. Such a node chooses its own strategies instead."""
+    return all(f.inputs[0] == p.output for f, p in zip(followed, producer.strategies))
 
 
 def _set_param_strategies(spaces: dict[str, NodeSpace], placeholders, strategies: list[Strategy]) -> None:

@@ -18,8 +18,8 @@ from launch_once import run_each
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
                           ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
-                          in_place_through_views, input_written_in_place, loop_mlp, penalty_net, sparse_embedding,
-                          packed_llama, pipeline_init_rank, spectral_norm_linear, training_loop_rank,
+                          in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
+                          sparse_embedding, packed_llama, pipeline_init_rank, spectral_norm_linear, training_loop_rank,
                           uneven_gather_as_strided)
 
 pytestmark = pytest.mark.distributed
@@ -62,7 +62,9 @@ def two_rank_reports():
                                _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 1)),
              "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"})),
-             "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"}))}
+             "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "merged_batch_slice": (merged_batch_slice,
+                                    _plan(merged_batch_slice, {"dp": 2}, axis_roles={"dp": "ddp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -175,6 +177,14 @@ def test_as_strided_of_a_transposed_activation_reads_its_values_under_ddp(two_ra
     (ddp, fsdp, tp=2, tp=3, dp x tp), silently."""
     report = two_rank_reports["as_strided_t"]
     assert report.matches(), report
+
+
+def test_a_slice_over_the_merged_batch_dim_trains_as_one_device_under_ddp(two_rank_reports):
+    """TimeSformer's `embeddings[:batch_size, 0]` over the (batch x frames) dim under forced ddp: InfeasiblePlanError
+    before the slice chose its own layout (an all-to-all to the feature dim, `strategies._takes_each_as_it_is`)."""
+    report = two_rank_reports["merged_batch_slice"]
+    assert report.matches(), report
+    assert report.collectives.get("all_to_all"), report.collectives
 
 
 def test_an_input_written_in_place_is_written_whole_on_every_rank(two_rank_reports):

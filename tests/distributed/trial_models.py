@@ -467,3 +467,29 @@ def packed_llama():
     pos = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
     pos[0, 3:] -= 3
     return model, (), {"input_ids": ids, "position_ids": pos, **kwargs}
+
+
+class MergedBatchSlice(nn.Module):
+    """TimeSformer's embeddings: a class token and position embedding added over the merged (batch x frames) dim,
+    then `e[:batch]` (HF's `embeddings[:batch_size, 0, :]`) and a split back to (batch, frames x patches)."""
+
+    def __init__(self, dim: int = 16, patches: int = 4):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, patches + 1, dim))
+        self.embed, self.head = nn.Linear(dim, dim), nn.Linear(dim, 5)
+
+    def forward(self, x):  # (batch, frames, patches, dim)
+        b, t, p, d = x.shape
+        e = torch.cat((self.cls.expand(b * t, -1, -1), self.embed(x.reshape(b * t, p, d))), dim=1) + self.pos
+        cls = e[:b, 0].unsqueeze(1)
+        rest = e[:, 1:].reshape(b, t * p, d)
+        return self.head(torch.cat((cls, rest), dim=1).mean(dim=1))
+
+
+def merged_batch_slice():
+    """`MergedBatchSlice` on a batch of 2 x 2 frames: under forced ddp / fsdp the slice `e[:b]` over the batch-sharded
+    merged dim followed the position add's layouts, which fixed a gather (forbidden) where an all-to-all to the
+    feature dim serves: InfeasiblePlanError (trial 10e, TimeSformer)."""
+    torch.manual_seed(0)
+    return MergedBatchSlice(), (torch.randn(2, 2, 4, 16),)

@@ -1,6 +1,8 @@
 """`PlanConfig.axis_roles`: forcing DDP, FSDP/ZeRO-3 or tensor parallelism on a mesh axis, and its errors."""
 import contextlib
 import io
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +232,31 @@ def test_an_infeasible_problem_is_reported_as_proved_not_as_a_time_limit():
     assert "no plan" in text and "axis_roles" in text, text
     assert "compute such a loss outside the model" in text, text  # not only "plan without axis_roles", whose
     # plan (no parallelism) in turn suggested forcing ddp
+
+
+@pytest.mark.parametrize("roles", [{"dp": "ddp"}, {"dp": "fsdp"}])
+def test_a_slice_over_the_merged_batch_dim_has_a_data_parallel_plan(roles):
+    """TimeSformer slices `e[:batch]` of its (batch x frames) dim after adding a position embedding. The slice
+    followed the add (shared ILP variables): for the add's batch-sharded layout that fixed a gather to Replicate,
+    which forced ddp / fsdp forbid, although an all-to-all to the feature dim serves: InfeasiblePlanError naming
+    the add (trial 10e). A node whose rule cannot take each of its producer's layouts now chooses its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+    from trial_models import merged_batch_slice
+    model, inputs = merged_batch_slice()
+    p = _plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles=roles)
+    assert str(p.nodes["x"].output) == "S(0)", p.nodes["x"]
+    stored = {q.placeholders[0]: p.nodes[q.placeholders[0]].output for q in _params(p)}
+    replicated = [str(L) == "R" for L in stored.values()]
+    assert all(replicated) if roles["dp"] == "ddp" else not any(replicated), stored
+
+
+def test_a_conv3d_tubelet_embedding_keeps_the_batch_sharded_under_ddp():
+    """aten.conv3d had no sharding rule (the convolution rule named it, the table did not register it): under
+    forced ddp ViViT / VideoMAE gathered the batch into the tubelet conv and ran every op after it replicated,
+    the whole batch on each rank with no gradient all-reduce (trial 10e). It now takes the batch shard."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(3, 8, (2, 4, 4), stride=(2, 4, 4)), nn.Flatten(2), nn.Linear(8, 8))
+    p = _plan(parallelizer.trace(model, (torch.randn(4, 3, 4, 8, 8),)), {"dp": 2}, axis_roles={"dp": "ddp"})
+    conv = next(n for n, q in p.nodes.items() if q.op == "aten.conv3d.default")
+    assert str(p.nodes[conv].output) == "S(0)", p.nodes[conv]
+    assert not p.fallbacks, p.fallbacks

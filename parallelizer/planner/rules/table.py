@@ -275,11 +275,14 @@ _add([aten.batch_norm], nn_ops.batch_norm, [
            (t(5, 4), t(4), t(4), t(4), pos(4), True, 0.3, 1e-5, False),
            (t(3, 4, 5, 3), None, None, t(4), pos(4), True, 0.1, 1e-5, False),
            (t(7, 3, 5), t(3), t(3), t(3), pos(3), False, 0.1, 1e-5, False))])
-_add([aten.conv1d, aten.conv2d], nn_ops.convolution, lambda p: (
+_add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: (
     calls(p.default, (t(3, 4, 9), t(6, 4, 3)), (t(3, 4, 9), t(6, 4, 3), t(6), [2], [1]), (t(5, 4, 7), t(4, 1, 3), t(4), [1], [1], [1], 4))
     if p is aten.conv1d else
     calls(p.default, (t(3, 4, 7, 6), t(5, 4, 3, 3)), (t(3, 4, 7, 6), t(5, 4, 3, 3), t(5), [1, 2], [1, 1]),
-          (t(2, 6, 5, 5), t(6, 3, 3, 3), None, [1], [0], [1], 2))))
+          (t(2, 6, 5, 5), t(6, 3, 3, 3), None, [1], [0], [1], 2))
+    if p is aten.conv2d else  # conv3d: ViViT / VideoMAE tubelets ran replicated, whole batch on every rank
+    calls(p.default, (t(3, 4, 4, 5, 3), t(6, 4, 2, 3, 3)), (t(3, 4, 4, 5, 3), t(5, 4, 2, 2, 2), t(5), [2, 2, 1]),
+          (t(2, 6, 3, 4, 4), t(6, 3, 1, 3, 3), None, [1], [0], [1], 2))))
 _add([aten.max_pool2d], nn_ops.pooling(False, 2), calls(aten.max_pool2d.default, (t(3, 4, 7, 6), [2, 2]), (t(3, 4, 7, 6), [3, 3], [2, 2], [1, 1])))
 _add([aten.avg_pool2d], nn_ops.pooling(True, 2), calls(aten.avg_pool2d.default, (t(3, 4, 7, 6), [2, 2]), (t(3, 4, 7, 6), [3, 3], [2, 2], [1, 1])))
 _add([aten.adaptive_avg_pool2d], nn_ops.pooling(True, 2), calls(aten.adaptive_avg_pool2d.default, (t(3, 4, 7, 6), [1, 1]), (t(3, 4, 7, 6), [3, 2])))
