@@ -113,12 +113,14 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
     if runs_eagerly is not None and runs_eagerly() is True:
         return TraceError(
             f"the model ({type(exc).__name__}): it raises under torch.export but runs when called on the same "
-            "inputs, so its code takes another path when traced (e.g. transformers' masking_utils builds an "
-            "attention mask under export that an eager call skips: Informer's ProbSparse and Autoformer's "
-            "auto-correlation attention then reject its size)", location,
-            "find the torch.compiler.is_compiling() / is_exporting() / torch.jit.is_tracing() test in the code "
-            "the model calls and make both paths compute the same (pass the input that path builds, or a config "
-            "that avoids it); the parallel program can only be built from the exported one", detail=first)
+            "inputs, so either its code takes another path when traced (e.g. transformers' masking_utils builds "
+            "an attention mask under export that an eager call skips: Informer's ProbSparse and Autoformer's "
+            "auto-correlation attention then reject its size) or export cannot follow an op it calls (the cause "
+            "above says which)", location,
+            "for another path, find the torch.compiler.is_compiling() / is_exporting() / torch.jit.is_tracing() "
+            "test in the code the model calls and make both paths compute the same (pass the input that path "
+            "builds, or a config that avoids it); otherwise make forward traceable by torch.export(strict=False). "
+            "The parallel program can only be built from the exported one", detail=first)
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
