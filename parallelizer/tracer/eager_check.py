@@ -40,7 +40,11 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         with torch.random.fork_rng(devices=[]):
-            eager = pytree.tree_leaves(model(*args, **kwargs))
+            try:
+                eager = pytree.tree_leaves(model(*args, **kwargs))
+            except Exception as exc:  # noqa: BLE001 - the model's own error, reported, not raised
+                _warn_eager_raises(exc, notes)
+                return
             _restore(model, saved)  # both calls start from the same state (a buffer forward writes, then reads)
             traced = pytree.tree_leaves(exported.module()(*args, **kwargs))
     except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
@@ -67,6 +71,34 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
                 "eager path explicit), then trace again")
         notes.append(text)
         warnings.warn(text, stacklevel=3)
+
+
+def _warn_eager_raises(exc: Exception, notes: list[str]) -> None:
+    """Warn and note that the model's eager forward raised on the example inputs although export traced it:
+    export runs on fake tensors, which check no values (TAPAS's token type 2 into an embedding of 2 rows traced;
+    every rank of every plan then raised IndexError inside the sharded program)."""
+    text = (f"the model's eager forward raises {type(exc).__name__} on the example inputs "
+            f"({str(exc).splitlines()[0][:200] if str(exc) else ''}) although torch.export traced it (export checks "
+            "no tensor values, e.g. indices beyond an embedding's rows): every parallel program would raise too. "
+            "Remedy: fix the example inputs (or the model) until model(*args, **kwargs) runs, then trace again")
+    notes.append(text)
+    warnings.warn(text, stacklevel=4)
+
+
+def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | None:
+    """Whether `model(*args, **kwargs)` returns without raising (no_grad; buffers and torch's RNG state restored),
+    or None where one call is not run: meta tensors, or more than `MAX_ELEMENTS` parameter elements."""
+    if _on_meta(model, args, kwargs) or sum(p.numel() for p in model.parameters()) > MAX_ELEMENTS:
+        return None
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model(*args, **kwargs)
+        return True
+    except Exception:  # noqa: BLE001 - any error of the model's eager call answers the question
+        return False
+    finally:
+        _restore(model, saved)
 
 
 def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

@@ -9,6 +9,7 @@ import linecache
 import os
 import re
 import traceback
+from typing import Callable
 
 import torch
 
@@ -49,8 +50,10 @@ def _tracing_branch(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: Exception) -> TraceError:
-    """Turn an export failure into a TraceError naming the construct and the user's file:line."""
+def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = None) -> TraceError:
+    """Turn an export failure into a TraceError naming the construct and the user's file:line. `runs_eagerly`
+    (asked only for an error that is not a known construct: `eager_check.runs_eagerly` on the same inputs)
+    tells a model that fails under export only (another path when traced) from one that fails eagerly too."""
     text = str(exc)
     location = _user_location(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
@@ -107,6 +110,17 @@ def translate(exc: Exception) -> TraceError:
              "full-rank A" if lstsq else
              "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
             detail=first)
+    if runs_eagerly is not None and runs_eagerly() is True:
+        return TraceError(
+            f"the model ({type(exc).__name__}): it raises under torch.export but runs when called on the same "
+            "inputs, so either its code takes another path when traced (e.g. transformers' masking_utils builds "
+            "an attention mask under export that an eager call skips: Informer's ProbSparse and Autoformer's "
+            "auto-correlation attention then reject its size) or export cannot follow an op it calls (the cause "
+            "above says which)", location,
+            "for another path, find the torch.compiler.is_compiling() / is_exporting() / torch.jit.is_tracing() "
+            "test in the code the model calls and make both paths compute the same (pass the input that path "
+            "builds, or a config that avoids it); otherwise make forward traceable by torch.export(strict=False). "
+            "The parallel program can only be built from the exported one", detail=first)
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,

@@ -88,3 +88,60 @@ def test_what_one_call_cannot_decide_is_skipped_with_a_note(case, reason):
 def test_a_meta_model_is_not_compared_and_gets_no_extra_note():
     traced, caught = _trace(Branchy().to("meta"), torch.randn(4, 8, device="meta"))
     assert not [n for n in traced.notes if "exported program" in n] and not [m for m in caught if "exported" in m]
+
+
+class BadIndex(nn.Module):
+    """An embedding of 2 rows read with index 2 (trial 10f: TAPAS's 4th token type, 2 rows, given values 0..2):
+    export checks no values and traces it; the eager forward raises IndexError, as every sharded rank then did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(2, 8), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return self.lin(self.emb(ids))
+
+
+def test_an_eager_forward_that_raises_on_the_example_inputs_is_warned_about():
+    torch.manual_seed(0)
+    model, ids = BadIndex(), torch.tensor([[0, 1, 2]])
+    with pytest.raises(IndexError):
+        model(ids)  # one device cannot run these inputs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = parallelizer.trace(model, (ids,))
+    said = [str(w.message) for w in caught if "eager forward raises IndexError" in str(w.message)]
+    assert len(said) == 1 and "Remedy: fix the example inputs" in said[0], [str(w.message) for w in caught]
+    assert any(n.startswith("the model's eager forward raises IndexError") for n in traced.notes)
+
+
+def _mask_when_traced(h):
+    """A library helper (transformers' masking_utils): builds a mask only under tracing, None when called."""
+    return torch.zeros(h.shape[0], 1, h.shape[1] + 1) if torch.compiler.is_compiling() else None
+
+
+class ExportOnlyMask(nn.Module):
+    """Raises ValueError only when the export-only mask arrives (trial 10f: Informer's ProbSparse attention and
+    Autoformer's auto-correlation reject the mask transformers builds under export; eager gets None and runs).
+    The TraceError said "model(*inputs) fails the same way", which was false."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        mask = _mask_when_traced(h)
+        if mask is not None and mask.shape[-1] != h.shape[1]:
+            raise ValueError(f"mask should be of size {h.shape[1]}, got {mask.shape[-1]}")
+        return h
+
+
+def test_an_error_raised_only_under_export_says_the_model_runs_eagerly():
+    model, x = ExportOnlyMask(), torch.randn(2, 4, 8)
+    model(x)  # runs eagerly
+    with pytest.raises(parallelizer.TraceError) as info:
+        parallelizer.trace(model, (x,))
+    text = str(info.value)
+    assert "raises under torch.export but runs when called on the same inputs" in text, text
+    assert "fails the same way" not in text and "is_compiling()" in text.split("Remedy")[1]
