@@ -22,7 +22,7 @@ global batch at once updates it once per batch instead (a different EMA; BatchNo
 batch's statistics), so a pipeline plan of such a model trains like gradient accumulation, not like the
 full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
-loss), else the mean of squares of the first output. Tolerances: `runtime.tolerance` for the dtype the program computes in.
+loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances: `runtime.tolerance` for the dtype the program computes in.
 A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
 runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
 under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
@@ -57,7 +57,8 @@ from .tolerance import compute_dtype, loosest
 
 def pipeline_loss(output, target=None) -> torch.Tensor:
     """The rehearsal's loss of a last-stage output tuple: the model's scalar loss when its first tensor is one,
-    else the mean of squares of the first tensor (`target` unused; torch's schedules pass one)."""
+    else the weighted mean of squares of the first tensor (`rehearsal._loss`; `target` unused; torch's schedules
+    pass one)."""
     return _loss(output)
 
 
@@ -143,7 +144,7 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
 def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int):
     """(target, item_count, weights) of `pm.step`'s weighting for the rehearsal: the model's own 0-d loss is
     weighted as `PipelineModule.step` weighs it (`runtime.loss_weight`: n_j / N for a cross-entropy that ignores
-    some labels, 1 for a sum); the fallback loss (mean of squares of the first output) weighs every microbatch
+    some labels, 1 for a sum); the fallback loss (weighted mean of squares of the first output) weighs every microbatch
     1 / m. Raises StepError as `pm.step` does for a loss whose per-microbatch weight the graph does not show."""
     first = traced.graph_module.graph.output_node().args[0]
     first = pytree.tree_leaves(first)[0]
