@@ -12,7 +12,8 @@ Skipped where one call cannot decide: parameters or inputs on the meta device (n
 notes the meta device already), and, with a note saying why, forward drawing random numbers (torch ops or the host generators), forward changing Python
 attributes of the model, or more than `MAX_ELEMENTS` parameter elements (two forwards of a large model on
 the host would cost more than the trace). Buffers forward writes (BatchNorm statistics) and torch's global RNG
-state are restored after the two calls, so tracing leaves the model as it was.
+state are restored after the two calls, and each call gets copies of the inputs, so tracing leaves the model
+and the example inputs as they were.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ _FACTOR = 10.0  # times torch.testing's default rtol / atol of the dtype: eager 
 
 def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: dict, notes: list[str]) -> None:
     """Run `model(*args, **kwargs)` and `exported.module()(*args, **kwargs)` once and warn when an output leaf
-    differs (module docstring). Appends a note in every case but a match or a meta model. Never raises for a mismatch: the
-    user decides (rehearse shows the numbers); raises nothing of its own."""
+    differs (module docstring). Appends a note in every case but a match or a meta model. Never raises for a
+    mismatch: the user decides (rehearse shows the numbers); raises nothing of its own."""
     if _on_meta(model, args, kwargs):  # nothing computes (the trace notes the meta device already)
         return
     reason = _skip_reason(model, exported, notes)
@@ -41,12 +42,12 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
     try:
         with torch.random.fork_rng(devices=[]):
             try:
-                eager = pytree.tree_leaves(model(*args, **kwargs))
+                eager = pytree.tree_leaves(model(*_fresh(args), **_fresh(kwargs)))
             except Exception as exc:  # noqa: BLE001 - the model's own error, reported, not raised
                 _warn_eager_raises(exc, notes)
                 return
             _restore(model, saved)  # both calls start from the same state (a buffer forward writes, then reads)
-            traced = pytree.tree_leaves(exported.module()(*args, **kwargs))
+            traced = pytree.tree_leaves(exported.module()(*_fresh(args), **_fresh(kwargs)))
     except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
         notes.append(f"exported program not compared with eager forward: a call raised {type(exc).__name__}: "
                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
@@ -93,12 +94,18 @@ def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | No
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            model(*args, **kwargs)
+            model(*_fresh(args), **_fresh(kwargs))
         return True
     except Exception:  # noqa: BLE001 - any error of the model's eager call answers the question
         return False
     finally:
         _restore(model, saved)
+
+
+def _fresh(tree):
+    """Copies of the tensors of `tree` (requires_grad kept): a forward that writes an input in place must
+    neither change the caller's example inputs nor feed the second call a written one."""
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), tree)
 
 
 def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

@@ -59,12 +59,13 @@ def lm_cases():
 
 
 def _vocab_parallel_loss(plan, spec: ShardingSpec) -> ShardingSpec:
-    """`spec` with the cross-entropy forced to read the logits as the LM head leaves them, vocab-sharded
-    (S(1) of (tokens, vocab)), with its target replicated: Megatron's vocab-parallel cross-entropy
-    (`rewriter.localize`), whatever the planner chose for it."""
+    """`spec` with the cross-entropy forced to read the logits vocab-sharded (S(1) of (tokens, vocab)), with its
+    target replicated: Megatron's vocab-parallel cross-entropy (`rewriter.localize`), whatever the planner chose
+    for it. The flattening view before it is the planner's choice: vocab-sharded as the LM head leaves them, or
+    replicated (the logits gathered), from which S(1) is a local slice."""
     ce = next(n for n, p in plan.nodes.items() if p.op == "aten.cross_entropy_loss.default")
     producer = plan.nodes[next(e.src for e in plan.edges if e.dst == ce and e.index == 0)]
-    assert producer.output == "S(1)", producer  # the LM head's logits, vocab-sharded
+    assert producer.op == "aten.view.default" and producer.output in ("S(1)", "R"), producer
     forced = NodeSharding((Layout.parse("S(1)"), Layout.parse("R")), Layout.parse("R"))
     return dataclasses.replace(spec, nodes={**spec.nodes, ce: forced})
 

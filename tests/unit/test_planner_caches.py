@@ -63,10 +63,12 @@ def test_searched_plan_is_unchanged_by_the_caches(monkeypatch):
     warm = _plan(traced, **kw)
     s = warm.model["search"]
     # what the planner returned before the caches (commit 4c9ccea, same call); the step re-pinned when composite
-    # ops came to be priced by their decomposition (the cross-entropy's log-softmax: 0.440 -> 0.443 ms)
+    # ops came to be priced by their decomposition (the cross-entropy's log-softmax: 0.440 -> 0.443 ms), and again
+    # when views and pointwise ops stopped following their producer's choice where their rule cannot take its
+    # layout as it is (trial 10e: a freer ILP, same mesh, schedule and stages: 0.4427 -> 0.4402 ms)
     assert (s["mesh"]["shape"], s["schedule"], s["microbatches"]) == ([2, 2, 1], "gpipe", 1)
     assert [st.layout for st in warm.pipeline.stages] == [0, 1] and dict(warm.recompute) == {}
-    assert s["step_s"] == pytest.approx(0.0004427441988261076, rel=1e-12)
+    assert s["step_s"] == pytest.approx(0.0004402441973335703, rel=1e-12)
     _cold(monkeypatch)
     cold = _plan(traced, **kw)
     assert cold.to_json() == warm.to_json()
