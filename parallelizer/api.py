@@ -170,8 +170,8 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
 
     config = dataclasses.replace(options.pop("config", None) or PlanConfig(), **options)
     schedules = check_schedules(schedule or SCHEDULE_NAMES)
-    if schedule is None:  # a zero-bubble schedule would be refused at build (`runtime.pipeline.check_split_backward`)
-        from .runtime.pipeline import SPLIT_BACKWARD, read_twice_by_a_stage
+    if schedule is None:  # a zero-bubble schedule would be refused at build (`runtime.stage_checks.check_split_backward`)
+        from .runtime.stage_checks import SPLIT_BACKWARD, read_twice_by_a_stage
         if read_twice_by_a_stage(traced):
             schedules = tuple(n for n in schedules if n not in SPLIT_BACKWARD)
     if virtual_stages is not None and any(get_schedule(n).virtual_stages != virtual_stages for n in schedules):

@@ -16,7 +16,8 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 import parallelizer
 from parallelizer.errors import PipelineError
-from parallelizer.runtime.pipeline import SPLIT_BACKWARD, check_split_backward, cut_stages
+from parallelizer.runtime.pipeline import cut_stages
+from parallelizer.runtime.stage_checks import SPLIT_BACKWARD, check_split_backward
 
 V, H, T, B = 32, 16, 4, 2
 
@@ -80,7 +81,7 @@ def test_the_search_leaves_zero_bubble_schedules_out_for_a_parameter_a_stage_may
     parameter: twice inside one block, or once in each of two blocks (ALBERT-style sharing: a cut may put both
     blocks on one stage); a tied embedding and head (one read before the blocks, one after: always the first
     and the last stage) keeps them."""
-    from parallelizer.runtime.pipeline import read_twice_by_a_stage
+    from parallelizer.runtime.stage_checks import read_twice_by_a_stage
 
     assert read_twice_by_a_stage(_cut(reuse=True)[0]) == [f"blocks.{i}.{k}" for i in range(4) for k in ("weight", "bias")]
     assert read_twice_by_a_stage(_cut(reuse=False)[0]) == []
