@@ -17,6 +17,7 @@ and the example inputs as they were.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -38,22 +39,19 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
     if reason:
         notes.append(f"exported program not compared with eager forward: {reason}")
         return
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        with torch.random.fork_rng(devices=[]):
+        with _state_kept(model) as restore:
             try:
                 eager = pytree.tree_leaves(model(*_fresh(args), **_fresh(kwargs)))
             except Exception as exc:  # noqa: BLE001 - the model's own error, reported, not raised
                 _warn_eager_raises(exc, notes)
                 return
-            _restore(model, saved)  # both calls start from the same state (a buffer forward writes, then reads)
+            restore()  # both calls start from the same state (a buffer forward writes, then reads)
             traced = pytree.tree_leaves(exported.module()(*_fresh(args), **_fresh(kwargs)))
     except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
         notes.append(f"exported program not compared with eager forward: a call raised {type(exc).__name__}: "
                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
         return
-    finally:
-        _restore(model, saved)
     pairs = [(i, a, b) for i, (a, b) in enumerate(zip(eager, traced))
              if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
     if len(eager) != len(traced):
@@ -89,30 +87,42 @@ def _warn_eager_raises(exc: Exception, notes: list[str]) -> None:
 def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | None:
     """Whether `model(*args, **kwargs)` returns without raising (no_grad; buffers and torch's RNG state restored),
     or None where one call is not run: meta tensors, or more than `MAX_ELEMENTS` parameter elements."""
-    if _on_meta(model, args, kwargs) or sum(p.numel() for p in model.parameters()) > MAX_ELEMENTS:
+    if _on_meta(model, args, kwargs) or _too_large(model):
         return None
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with _state_kept(model), torch.no_grad():
             model(*_fresh(args), **_fresh(kwargs))
         return True
     except Exception:  # noqa: BLE001 - any error of the model's eager call answers the question
         return False
+
+
+@contextlib.contextmanager
+def _state_kept(model: torch.nn.Module):
+    """Inside: torch's RNG state forked; on exit (and whenever the yielded `restore()` is called) the model's
+    buffers are back to their values on entry."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+
+    def restore() -> None:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in saved and b.shape == saved[name].shape:
+                    b.copy_(saved[name])
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield restore
     finally:
-        _restore(model, saved)
+        restore()
+
+
+def _too_large(model: torch.nn.Module) -> bool:
+    return sum(p.numel() for p in model.parameters()) > MAX_ELEMENTS
 
 
 def _fresh(tree):
     """Copies of the tensors of `tree` (requires_grad kept): a forward that writes an input in place must
     neither change the caller's example inputs nor feed the second call a written one."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), tree)
-
-
-def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name in saved and b.shape == saved[name].shape:
-                b.copy_(saved[name])
 
 
 def _on_meta(model, args, kwargs) -> bool:
@@ -122,7 +132,7 @@ def _on_meta(model, args, kwargs) -> bool:
 
 
 def _skip_reason(model, exported, notes) -> str:
-    if sum(p.numel() for p in model.parameters()) > MAX_ELEMENTS:
+    if _too_large(model):
         return f"more than {MAX_ELEMENTS:,} parameter elements (two host forwards)"
     if any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function"):
         return "forward draws random numbers"
