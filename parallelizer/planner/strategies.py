@@ -47,6 +47,7 @@ from ..core.redistribute import ImpossibleRedistributionError, redistribute_step
 from ..tracer import NodeInfo, Role, TracedGraph
 from ..tracer.graph import ParamInfo, carries_grad, is_view, mutated_args, returns_written
 from .rules import OUT, AxisOption, OpView, rule_for
+from .rules.table import unverified_overload
 
 R = Replicate()
 
@@ -226,7 +227,8 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
         options = rule(view) if rule is not None else None
         if options is None:
             rep = [Strategy(tuple(Layout.replicate(mesh.ndim) for _ in inputs), Layout.replicate(mesh.ndim))]
-            spaces[name] = NodeSpace(name, "op", inputs, rep, req, fallback=f"no sharding rule for {info.op_name}")
+            why = unverified_overload(info.target) if rule is None else " with these arguments (its rule's docstring says why)"
+            spaces[name] = NodeSpace(name, "op", inputs, rep, req, fallback=f"no sharding rule for {info.op_name}{why}")
             continue
         leader = _leader(tg, info, inputs, options, spaces)
         followed = None if leader is None else _follow(spaces[inputs[0].producer], options, view, mesh)

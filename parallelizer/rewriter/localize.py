@@ -11,6 +11,9 @@ global tensors):
 - `aten.cross_entropy_loss` on a sharded batch (or other non-class dim): the local sum divided by the
   global denominator (count, or sum of class weights, of the targets not ignored; all-reduced, no
   gradient); on sharded classes, Megatron's vocab-parallel cross-entropy;
+- `aten.nll_loss_nd` on a sharded batch: as cross-entropy's, the mean over the global denominator;
+- elementwise losses (`planner.rules.losses`: mse, l1, huber, BCE, KL, ...) with reduction "mean" on
+  sharded inputs: the local sum divided by the GLOBAL element count;
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
 - every op that draws from torch's generator (`tracer.graph.draws_random`: dropout, rand_like, bernoulli,
@@ -30,6 +33,7 @@ import torch.fx
 from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
+from ..planner.rules.losses import ELEMENTWISE_LOSSES, reduction_index
 from ..tracer.graph import draws_random
 from . import collectives
 
@@ -91,6 +95,11 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
         return _mean_as_sum(graph, ctx, args, kwargs)
     elif packet is aten.cross_entropy_loss and len(ctx.in_shapes[0]) >= 2:
         return _cross_entropy(graph, ctx, args, kwargs)
+    elif packet is aten.nll_loss_nd and len(ctx.in_shapes[0]) >= 2 and _batch_axes(ctx):
+        return graph.call_function(sharded_nll_loss, (*_full_args(ctx, args, kwargs, 5),
+                                                      [ctx.groups[a] for a in _batch_axes(ctx)]))
+    elif packet in ELEMENTWISE_LOSSES and _any_sharded(ctx):
+        return _loss_mean_as_sum(graph, ctx, args, kwargs)
     elif packet in (aten.tril, aten.triu):
         args = _shift_diagonal(ctx, args, kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k != "diagonal"}
@@ -330,7 +339,7 @@ def _cross_entropy(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dic
     full = _full_args(ctx, args, kwargs, 6)
     nd = len(ctx.in_shapes[0])
     class_axes = ctx.sharded_axes(ctx.inputs[0], {1}, nd)
-    batch_axes = ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd)
+    batch_axes = _batch_axes(ctx)
     if not class_axes and (not batch_axes or full[3] == 0):
         return graph.call_function(ctx.node.target, args, kwargs)
     starts, _ = local_region(ctx.in_shapes[0], ctx.inputs[0], ctx.mesh, ctx.coords)
@@ -382,11 +391,65 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
             loss = loss.sum()
     if names[reduction] != "mean":
         return loss
+    return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logits.dtype)
+
+
+def _mean_denominator(target: torch.Tensor, weight, ignore_index: int, batch_groups: list[list[int]],
+                      dtype: torch.dtype) -> torch.Tensor:
+    """The denominator of a cross-entropy / NLL "mean" over the whole sharded batch: the number of rows of
+    probability targets, else the count (or the class-weight sum) of the targets that are not
+    `ignore_index`; all-reduced over `batch_groups` without gradient."""
     if target.is_floating_point():
-        local = torch.tensor(float(target.numel() // max(target.shape[1], 1)), dtype=logits.dtype)
+        local = torch.tensor(float(target.numel() // max(target.shape[1], 1)), dtype=dtype)
     else:
         valid = target != ignore_index
-        local = (weight[target[valid]].sum() if weight is not None else valid.sum()).to(logits.dtype)
+        local = (weight[target[valid]].sum() if weight is not None else valid.sum()).to(dtype)
     for ranks in batch_groups:
         local = collectives.all_reduce(local.detach(), ranks)
-    return loss / local
+    return local
+
+
+def _batch_axes(ctx: Context) -> list[str]:
+    """Mesh axes sharding a loss input's non-class dims (every dim but 1)."""
+    nd = len(ctx.in_shapes[0])
+    return ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd)
+
+
+def sharded_nll_loss(logp: torch.Tensor, target: torch.Tensor, weight, reduction: int, ignore_index: int,
+                     batch_groups: list[list[int]]) -> torch.Tensor:
+    """nll_loss of a batch shard (log-probabilities (N_local, C, *), target (N_local, *)): "none" the local
+    losses, "sum" the local sum (Partial), "mean" the local sum over the GLOBAL denominator
+    (`_mean_denominator`, torch.nn.functional.nll_loss's definition)."""
+    loss = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
+                                        reduction="none" if reduction == 0 else "sum")
+    if reduction != 1:
+        return loss
+    return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logp.dtype)
+
+
+# --- elementwise losses ----------------------------------------------------------------------------------
+
+def _any_sharded(ctx: Context) -> bool:
+    return any(ctx.sharded_axes(layout, set(range(len(shape))), len(shape))
+               for layout, shape in zip(ctx.inputs, ctx.in_shapes))
+
+
+def _loss_mean_as_sum(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
+    """An elementwise loss with reduction "mean" on sharded inputs: its local sum over the global count."""
+    i = reduction_index(ctx.node.target)
+    full = list(_full_args(ctx, args, kwargs, i + 1))
+    if full[i] != 1:
+        return graph.call_function(ctx.node.target, args, kwargs)
+    full[i] = 2
+    rest = list(args[i + 1:])
+    count = math.prod(torch.broadcast_shapes(*ctx.in_shapes))
+    placed = {a.name for a in ctx.node.target._schema.arguments[:i + 1]}
+    return graph.call_function(sharded_loss_mean, (ctx.node.target, count, *full, *rest),
+                               {k: v for k, v in kwargs.items() if k not in placed})
+
+
+def sharded_loss_mean(op, count: int, *args, **kwargs) -> torch.Tensor:
+    """This rank's share of an elementwise loss's mean: `op(*args, **kwargs)` with reduction "sum" (set by
+    the caller) divided by the GLOBAL number of elements `count`; the sum over ranks is the mean
+    (Partial(sum))."""
+    return op(*args, **kwargs) / count

@@ -374,12 +374,14 @@ def carries_grad(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
-_HIDDEN_MUTATIONS = {torch.ops.aten.batch_norm.default: (3, 4)}  # composites whose schema hides a mutation
+# composites whose schema hides a mutation: the running statistics of batch_norm and instance_norm
+_HIDDEN_MUTATIONS = {torch.ops.aten.batch_norm.default: (3, 4), torch.ops.aten.instance_norm.default: (3, 4)}
 
 
 def mutated_args(node: torch.fx.Node) -> list[int]:
     """Positions of the arguments an op writes in place: schema alias annotations `Tensor(a!)` (add_, fill_,
-    copy_, index_put_, ...) and batch_norm's running statistics (a composite whose schema does not say so)."""
+    copy_, index_put_, ...) and the running statistics of batch_norm and instance_norm (composites whose schema
+    does not say so)."""
     if node.op != "call_function":
         return []
     if node.target in _HIDDEN_MUTATIONS:

@@ -11,7 +11,12 @@ import contextlib
 import functools
 import io
 
+import numpy as np
+
 import parallelizer
+from parallelizer.config import PlanConfig
+from parallelizer.planner.api import build as build_problem, to_plan
+from parallelizer.planner.ilp import solve
 from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 
@@ -61,3 +66,16 @@ def case(model: str, kind: str, world_size: int):
     builder, narrow = MODELS[model][0], MODELS[model][2]
     plan = make_plan(model, kind, world_size)
     return builder, narrow, spec_from_plan(plan), plan
+
+
+def random_cost_plan(builder, mesh, roles, seed):
+    """A plan whose ILP costs are replaced by random ones (as `tests/fuzz/run_fuzz.py`), for unusual layouts."""
+    model, inputs = builder()[:2]
+    with contextlib.redirect_stdout(io.StringIO()):
+        traced, config = parallelizer.trace(model, inputs), PlanConfig(axis_roles=roles)
+        problem, pricer = build_problem(traced, parallelizer.core.MeshSpec(tuple(mesh), tuple(mesh.values())),
+                                        config=config)
+        rng = np.random.default_rng(seed)
+        problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
+        problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
+        return to_plan(traced, problem, pricer, solve(problem, config), config)

@@ -3,18 +3,15 @@ against the single-device model (eager, `rehearse`)."""
 import contextlib
 import io
 
-import numpy as np
 import pytest
 
 import parallelizer
-from parallelizer.config import PlanConfig
-from parallelizer.planner.api import build as build_problem, to_plan
-from parallelizer.planner.ilp import solve
 from parallelizer.errors import UnsupportedOpError
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
+from plan_cases import random_cost_plan
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
                           ema_under_no_grad,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
@@ -29,19 +26,6 @@ def _plan(builder, mesh, **options):
     model, inputs, *kwargs = builder()
     with contextlib.redirect_stdout(io.StringIO()):
         return parallelizer.plan(parallelizer.trace(model, inputs, *kwargs), mesh, **options)
-
-
-def _random_cost_plan(builder, mesh, roles, seed):
-    """A plan whose ILP costs are replaced by random ones (as `tests/fuzz/run_fuzz.py`), for unusual layouts."""
-    model, inputs = builder()[:2]
-    with contextlib.redirect_stdout(io.StringIO()):
-        traced, config = parallelizer.trace(model, inputs), PlanConfig(axis_roles=roles)
-        problem, pricer = build_problem(traced, parallelizer.core.MeshSpec(tuple(mesh), tuple(mesh.values())),
-                                        config=config)
-        rng = np.random.default_rng(seed)
-        problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
-        problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
-        return to_plan(traced, problem, pricer, solve(problem, config), config)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +44,7 @@ def two_rank_reports():
              "spectral_norm": (spectral_norm_linear, _plan(spectral_norm_linear, {"tp": 2}, axis_roles={"tp": "tp"})),
              "input_written": (input_written_in_place,
                                _plan(input_written_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
-             "banned_classes": (banned_classes, _random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 4)),  # seed 4: classes
+             "banned_classes": (banned_classes, random_cost_plan(banned_classes, {"tp": 2}, {"tp": "tp"}, 4)),  # seed 4: classes
              # sharded (seed 1 sharded the rows once followers became free, trial 10e)
              "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"})),
              "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"})),

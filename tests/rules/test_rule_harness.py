@@ -8,7 +8,8 @@ import torch
 
 from harness import MESHES, Mismatch, check
 from parallelizer.planner.rules import TABLE, partial
-from parallelizer.planner.rules.samples import Sample, t
+from parallelizer.planner.rules.samples import Sample, T, pos, t
+from parallelizer.tracer.graph import mutated_args
 from parallelizer.rewriter import localize
 
 aten = torch.ops.aten
@@ -71,3 +72,32 @@ def test_mutation_tril_without_the_shard_offset_is_caught(monkeypatch):
     monkeypatch.setattr(localize, "_shift_diagonal", lambda ctx, args, kwargs: tuple(args[:2]) or (args[0], 0))
     text = _catches(TABLE[aten.tril], Sample(aten.tril.default, (t(5, 7),)))
     assert "S(0) -> S(0)" in text or "S(1) -> S(1)" in text
+
+
+def _written_positions(sample: Sample) -> set[int]:
+    """Positions of the top-level tensor arguments whose version counter a call of the op bumps."""
+    args, kwargs = sample.materialize(0)
+    before = [a._version if isinstance(a, torch.Tensor) else None for a in args]
+    sample.op(*args, **kwargs)
+    return {i for i, (a, v) in enumerate(zip(args, before)) if v is not None and a._version != v}
+
+
+# calls that write an input although their rule refuses them (no sample can run them through the harness)
+_WRITING_CALLS = [Sample(aten.instance_norm.default, (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False),
+                                                      True, 0.1, 1e-5, False))]
+
+
+def test_every_input_an_op_writes_is_known_as_written():
+    """The planner keeps a written input where it lives (no redistribution on the way to it) and the harness
+    compares it, only for the positions `mutated_args` knows: the schema's `Tensor(a!)` annotations plus the
+    composites that hide a write. instance_norm's running statistics were missing (a channel-sharded plan
+    sliced them per rank and updated the slices: running_var 0.14 off after 2 steps, silently). Every sample
+    of every row, and calls the rules refuse, are run eagerly and the version counters of their arguments
+    compared with that list."""
+    unknown = []
+    for sample in [s for e in ENTRIES for s in e.samples] + _WRITING_CALLS:
+        written = _written_positions(sample)
+        known = set(mutated_args(torch.fx.Graph().call_function(sample.op, ())))
+        if written - known:
+            unknown.append((str(sample.op), sorted(written - known)))
+    assert not unknown, unknown

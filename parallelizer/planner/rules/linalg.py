@@ -7,6 +7,9 @@ rank under a Partial output, so those options exist only without a bias.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch.distributed.tensor.placement_types import Shard
 
 from .base import OUT, P, R, AxisOption, OpView, replicate, same_dims
@@ -31,6 +34,50 @@ def addmm(v: OpView) -> list[AxisOption]:
     bias_for = lambda d: same_dims(OpView(v.target, (), {}, v.in_shapes[:1], v.out_shapes), d)[0]
     return [replicate(v), AxisOption((bias_for(0), Shard(0), R), Shard(0)),
             AxisOption((bias_for(1), R, Shard(1)), Shard(1))]
+
+
+def baddbmm(v: OpView) -> list[AxisOption]:
+    """beta * self + alpha * b1 (B, N, C) @ b2 (B, C, O), `self` broadcast to (B, N, O) (attention scores
+    plus a mask in torch's MultiheadAttention): shard the batch, the rows of b1 or the columns of b2, `self`
+    alike where it has that dim. Never the contraction: `self` would be added once per summand."""
+    if any(len(s) != 3 for s in v.in_shapes[1:]):
+        return [replicate(v)]
+    self_for = lambda d: same_dims(OpView(v.target, (), {}, v.in_shapes[:1], v.out_shapes), d)[0]
+    return [replicate(v)] + [AxisOption((self_for(d),) + ab, Shard(d)) for d, ab in
+                             ((0, (Shard(0), Shard(0))), (1, (Shard(1), R)), (2, (R, Shard(2)))) if v.out[d] > 1]
+
+
+def distance(reduced: Callable[[OpView, tuple[int, ...]], int]) -> Callable[[OpView], list[AxisOption]]:
+    """Rule of cosine_similarity(x1, x2, dim) / pairwise_distance(x1, x2, p, eps, keepdim): a reduction over
+    one dim (`reduced(v, broadcast shape)`) of the broadcast inputs: shard any other dim, both inputs alike
+    where they have it."""
+    def rule(v: OpView) -> list[AxisOption]:
+        full = tuple(torch.broadcast_shapes(*v.in_shapes))
+        r = reduced(v, full)
+        keep = len(v.out) == len(full)
+        return [replicate(v)] + [AxisOption(same_dims(v, d, out=full), Shard(d if keep or d < r else d - 1))
+                                 for d in range(len(full)) if d != r and full[d] > 1]
+    rule.__name__ = f"distance({reduced.__name__})"
+    rule.__doc__ = distance.__doc__
+    return rule
+
+
+def cosine_dim(v: OpView, full: tuple[int, ...]) -> int:
+    return v.arg(2, "dim", 1) % len(full)
+
+
+def last_dim(v: OpView, full: tuple[int, ...]) -> int:
+    return len(full) - 1
+
+
+def cdist(v: OpView) -> list[AxisOption]:
+    """cdist(x1 (*, P, M), x2 (*, R, M)) -> (*, P, R): shard a batch dim on both, P on x1 or R on x2."""
+    (a, b), out = v.in_shapes, v.out
+    if len(a) != len(b):
+        return [replicate(v)]
+    opts = [replicate(v)] + [AxisOption((Shard(d), Shard(d)), Shard(d)) for d in range(len(a) - 2) if out[d] > 1]
+    return opts + [AxisOption((Shard(len(a) - 2), R), Shard(len(out) - 2)),
+                   AxisOption((R, Shard(len(b) - 2)), Shard(len(out) - 1))]
 
 
 def matmul(v: OpView) -> list[AxisOption]:

@@ -9,7 +9,7 @@ import torch
 
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import OUT, P, R, AxisOption, OpView, replicate
+from .base import OUT, P, R, AxisOption, OpView, replicate, same_dims
 
 
 def reshape_like(v: OpView) -> list[AxisOption]:
@@ -61,6 +61,47 @@ def t_map(v: OpView, d: int) -> int:
 def expand_map(v: OpView, d: int) -> int | None:
     off = len(v.out) - v.nd()
     return d + off if v.in_shapes[0][d] == v.out[d + off] else None
+
+
+def broadcast(v: OpView) -> list[AxisOption]:
+    """broadcast_tensors(tensors): every output has the broadcast shape; shard any dim of it, each input
+    alike where it has that dim (Replicate where it is broadcast: its local expansion is the shard of the
+    global one); Partial passes when every input is Partial (expansion is data movement). F.mse_loss,
+    F.l1_loss, F.huber_loss, ... call it before their op."""
+    opts = [replicate(v)] + [AxisOption(same_dims(v, d), Shard(d)) for d in range(len(v.out)) if v.out[d] > 1]
+    return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float else opts
+
+
+def expand_as(v: OpView) -> list[AxisOption]:
+    """expand_as(x, other): x expanded to other's shape (F.normalize divides by its norm expanded so); x's
+    dims map as `expand_map`; the local op takes `other`'s LOCAL shape, so other must be sharded on the same
+    output dim (a Replicate other would expand a shard to the whole shape); Partial x passes with other
+    Replicate (data movement)."""
+    off = len(v.out) - v.nd()
+    opts = [replicate(v)]
+    for d in range(v.nd()):
+        if v.in_shapes[0][d] == v.out[d + off] > 1:
+            opts.append(AxisOption((Shard(d), Shard(d + off)), Shard(d + off)))
+    for e in range(len(v.out)):  # a dim x broadcasts: x Replicate, expanded to other's shard
+        if v.out[e] > 1 and (e < off or v.in_shapes[0][e - off] == 1):
+            opts.append(AxisOption((R, Shard(e)), Shard(e)))
+    return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
+
+
+def repeat_map(v: OpView, d: int) -> int | None:
+    """repeat(x, repeats): input dim d is output dim d + (len(repeats) - x.dim()), shardable where it is
+    repeated once (a repeated dim holds copies of the whole dim: a shard of it is not a shard of the output)."""
+    repeats = v.arg(1, "repeats")
+    off = len(repeats) - v.nd()
+    return d + off if repeats[d + off] == 1 else None
+
+
+def dtype_view_map(v: OpView, d: int) -> int | None:
+    """view(x, dtype) reinterprets bits: to a dtype of the same size every dim keeps its size; to another
+    size the last dim is rescaled, so only the other dims may be sharded. Never Partial: the bits of a sum
+    are not the sum of the bits (the rule is `dim_map(dtype_view_map, partial=False)`)."""
+    same = v.in_dtypes[0].itemsize == v.out_dtypes[0].itemsize
+    return d if same or d < v.nd() - 1 else None
 
 
 def except_dim(index: int, default: int = 0) -> Callable[[OpView, int], int | None]:

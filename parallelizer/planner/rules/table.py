@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import linalg, nn_ops, pointwise, shape_ops
+from . import linalg, losses, nn_ops, pointwise, shape_ops
 from .base import AxisOption, OpView, aten
 from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, pos, t
 
-Rule = Callable[[OpView], list[AxisOption]]
+Rule = Callable[[OpView], list[AxisOption] | None]  # None: no verified option for this call (replicated, noted)
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ class RuleEntry:
     samples: tuple[Sample, ...]
     exact: bool = False
     random: bool = False
+
+    @property
+    def verified(self) -> frozenset:
+        """The overloads this row's samples run (a packet row covers only these, `rule_for`)."""
+        return frozenset(s.op for s in self.samples)
 
     @property
     def name(self) -> str:
@@ -66,12 +71,15 @@ _UNARY_OPS = ("relu", "silu", "tanh", "sigmoid", "neg", "exp", "erf", "abs", "si
               "softplus", "mish", "elu", "hardswish", "hardsigmoid", "hardtanh", "leaky_relu", "sign", "floor",
               "ceil", "round", "trunc", "expm1", "atan", "logical_not", "bitwise_not", "clone", "contiguous",
               "alias", "detach", "lift_fresh_copy")
-_POS_OPS = ("log", "sqrt", "rsqrt", "reciprocal", "log1p", "log2")
+_UNARY_OPS += ("selu", "celu", "log_sigmoid", "hardshrink", "softshrink", "special_i0", "special_i1e", "special_erfcx",
+               "special_sinc", "special_log_ndtr")  # (ran replicated without a row)
+_POS_OPS = ("log", "sqrt", "rsqrt", "reciprocal", "log1p", "log2", "special_digamma", "special_gammaln")
 for _n in _UNARY_OPS:
     _p = getattr(aten, _n)
     _args = [(mask(3, 5),), (mask(2, 7, 3),)] if _n in ("logical_not", "bitwise_not") else UNARY
     _add([_p], pointwise.elementwise, calls(_p.default, *_args), exact=_n in ("clone", "contiguous", "alias",
                                                                               "detach", "lift_fresh_copy", "neg"))
+_add([aten.round], pointwise.elementwise, [*calls(aten.round.default, *UNARY), *calls(aten.round.decimals, (t(3, 5),), decimals=2)])
 for _n in _POS_OPS:
     _add([getattr(aten, _n)], pointwise.elementwise, calls(getattr(aten, _n).default, *POS_UNARY))
 _add([aten.gelu], pointwise.elementwise, [*calls(aten.gelu.default, *UNARY),
@@ -86,13 +94,18 @@ _add([aten.div], pointwise.elementwise, [*calls(aten.div.Tensor, (t(3, 5), pos(3
                                                 (t(3, 5), 2.5)),
                                          *calls(aten.div.Tensor_mode, (t(3, 5), 0.3), rounding_mode="floor"),
                                          *calls(aten.div.Scalar, (t(3, 5), 3.0))])
-_add([aten.rsub], pointwise.elementwise, calls(aten.rsub.Scalar, (t(3, 5), 1.0)))
+_add([aten.rsub], pointwise.elementwise, [*calls(aten.rsub.Scalar, (t(3, 5), 1.0)), *calls(aten.rsub.Tensor, *BINARY[:2])])
+_add([aten.threshold], pointwise.elementwise, calls(aten.threshold.default, (t(3, 5), 0.1, -2.0)))
+_add([aten.special_xlogy], pointwise.elementwise, calls(aten.special_xlogy.default, (t(3, 5), pos(3, 5)), (t(2, 3, 5), pos(5))))
+for _n in ("special_erfinv", "special_ndtri", "special_logit"):  # (inputs in (0, 1))
+    _add([getattr(aten, _n)], pointwise.elementwise, calls(getattr(aten, _n).default, (T((3, 5), "prob"),)))
 _add([aten.pow.Tensor_Scalar], pointwise.elementwise, calls(aten.pow.Tensor_Scalar, (t(3, 5), 2), (pos(2, 7, 3), 0.5)))
 _add([aten.pow.Tensor_Tensor], pointwise.elementwise, calls(aten.pow.Tensor_Tensor, (pos(3, 5), t(3, 5))))
 for _n in ("maximum", "minimum", "atan2", "remainder", "floor_divide", "fmod"):
     _p = getattr(aten, _n)
     _ov = _p.Tensor if _n in ("remainder", "fmod") else _p.default
-    _add([_p], pointwise.elementwise, calls(_ov, (t(3, 5), pos(3, 5)), (t(2, 3, 5), pos(5))))
+    _add([_p], pointwise.elementwise, [*calls(_ov, (t(3, 5), pos(3, 5)), (t(2, 3, 5), pos(5))),
+                                       *(calls(_p.Scalar, (t(3, 5), 0.7)) if _n in ("remainder", "fmod", "floor_divide") else [])])
 _add([aten.max.other, aten.min.other], pointwise.elementwise, lambda o: calls(o, *BINARY))
 for _n in ("eq", "ne", "le", "lt", "ge", "gt"):
     _p = getattr(aten, _n)
@@ -104,16 +117,19 @@ for _n in ("logical_and", "logical_or", "__and__", "__or__", "bitwise_and", "bit
 _add([aten.where], pointwise.elementwise, [*calls(aten.where.self, (mask(3, 5), t(3, 5), t(3, 5)),
                                                   (mask(2, 1, 5), t(3, 5), t(2, 3, 1))),
                                            *calls(aten.where.ScalarOther, (mask(3, 5), t(3, 5), 0.0)),
-                                           *calls(aten.where.ScalarSelf, (mask(3, 5), 1.0, t(3, 5)))])
+                                           *calls(aten.where.ScalarSelf, (mask(3, 5), 1.0, t(3, 5))),
+                                           *calls(aten.where.Scalar, (mask(3, 5), 1.0, -2.0))])
 _add([aten.masked_fill], pointwise.elementwise, [*calls(aten.masked_fill.Scalar, (t(3, 5), mask(3, 5), -1.0),
                                                         (t(2, 3, 5), mask(3, 5), 0.0)),
                                                  *calls(aten.masked_fill.Tensor, (t(3, 5), mask(3, 5), t()))])
 _add([aten.clamp], pointwise.elementwise, [*calls(aten.clamp.default, (t(3, 5), -0.5, 0.5), (t(3, 5), 0.0)),
                                            *calls(aten.clamp.Tensor, (t(3, 5), t(3, 5), None))])
-_add([aten.clamp_min, aten.clamp_max], pointwise.elementwise, lambda p: calls(p.default, (t(3, 5), 0.1)))
+_add([aten.clamp_min, aten.clamp_max], pointwise.elementwise, lambda p: [*calls(p.default, (t(3, 5), 0.1)),
+                                                                          *calls(p.Tensor, (t(3, 5), t(5)))])
 _add([aten.addcmul, aten.addcdiv], pointwise.elementwise,
      lambda p: calls(p.default, (t(3, 5), t(3, 5), pos(3, 5)), value=0.5))
-_add([aten.lerp], pointwise.elementwise, calls(aten.lerp.Scalar, (t(3, 5), t(3, 5), 0.3)))
+_add([aten.lerp], pointwise.elementwise, [*calls(aten.lerp.Scalar, (t(3, 5), t(3, 5), 0.3)),
+                                          *calls(aten.lerp.Tensor, (t(3, 5), t(3, 5), T((3, 5), "prob")))])
 _add([aten.dropout], pointwise.elementwise, calls(aten.dropout.default, (t(3, 5), 0.0, True), (t(2, 7, 3), 0.5, False)))
 _add([aten.native_dropout], pointwise.elementwise, calls(aten.native_dropout.default, (t(3, 5), 0.0, False)))
 _add([aten._to_copy], pointwise.elementwise, [
@@ -124,7 +140,9 @@ _add([aten._to_copy], pointwise.elementwise, [
 # (random=True rows: values undefined or random; the harness checks shapes, the semantics tests the RNG)
 _add([aten.to], pointwise.elementwise, [*calls(aten.to.dtype, (t(3, 5), torch.float16), (t(3, 5), torch.float64),
                                                (t(2, 7, 3), torch.float32)),
-                                        *calls(aten.to.device, (t(3, 5), torch.device("cpu"), torch.bfloat16))],
+                                        *calls(aten.to.device, (t(3, 5), torch.device("cpu"), torch.bfloat16)),
+                                        *calls(aten.to.dtype_layout, (t(3, 5),), dtype=torch.float64),  # x.to(dtype=...)
+                                        *calls(aten.to.other, (t(3, 5), t(1, dtype=torch.float64)))],
      exact=True)
 _add([aten.type_as], pointwise.elementwise, calls(aten.type_as.default, (t(3, 5), t(1, dtype=torch.bfloat16)),
                                                   (t(3, 5), t(1, dtype=torch.float64))), exact=True)
@@ -137,6 +155,8 @@ _add([aten.zeros, aten.ones], pointwise.constant_fill, lambda p: calls(p.default
      exact=True)
 _add([aten.empty], pointwise.constant_fill, calls(aten.empty.memory_format, ([3, 5],), dtype=torch.float32), random=True)
 _add([aten.full], pointwise.constant_fill, calls(aten.full.default, ([3, 5], 1.5)), exact=True)
+_add([aten.eye], pointwise.creation, [*calls(aten.eye.default, (5,)), *calls(aten.eye.m, (3, 5))], exact=True)
+_add([aten.linspace], pointwise.creation, calls(aten.linspace.default, (0.0, 1.0, 7)), exact=True)
 _add([aten.scalar_tensor], pointwise.creation, calls(aten.scalar_tensor.default, (2.0,)), exact=True)
 _add([aten.rand, aten.randn], pointwise.creation, lambda p: calls(p.default, ([3, 5],)), random=True)
 _add([aten.new_zeros, aten.new_ones], pointwise.constant_fill, lambda p: calls(p.default, (t(3, 5), [2, 7])),
@@ -173,7 +193,8 @@ _add([aten.sort], pointwise.along(pointwise.dim_arg(1, default=-1)),
      [*calls(aten.sort.default, (t(3, 7),), (t(5, 2, 3), 0, True)), *calls(aten.sort.stable, (t(3, 7),), stable=True, dim=0)],
      exact=True)
 _add([aten.argsort], pointwise.along(pointwise.dim_arg(1, default=-1)),
-     calls(aten.argsort.default, (t(3, 7),), (t(5, 2, 3), 0)), exact=True)
+     [*calls(aten.argsort.default, (t(3, 7),), (t(5, 2, 3), 0)), *calls(aten.argsort.stable, (t(3, 7),), stable=True, dim=0)],
+     exact=True)
 _add([aten.topk], pointwise.along(pointwise.dim_arg(2, default=-1)),
      calls(aten.topk.default, (t(3, 7), 2), (t(5, 2, 3), 3, 0), (t(2, 7, 3), 1, 1, False)), exact=True)
 
@@ -192,16 +213,28 @@ _add([aten.logsumexp], pointwise.kept_dims(), calls(aten.logsumexp.default, (t(3
 _add([aten.var, aten.std], pointwise.kept_dims(keep_index=None),
      lambda p: [*calls(p.correction, (t(3, 7), [1]), correction=1), *calls(p.correction, (t(5, 2, 3), [0, 2]), keepdim=True),
                 *calls(p.dim, (t(3, 7), [1])), *calls(p.dim, (t(5, 2, 3), [0], True, True))])
-_add([aten.var_mean], pointwise.kept_dims(keep_index=None), calls(aten.var_mean.correction, (t(3, 7), [1]), correction=0))
+_add([aten.var_mean], pointwise.kept_dims(keep_index=None), [*calls(aten.var_mean.correction, (t(3, 7), [1]), correction=0),
+                                                              *calls(aten.var_mean.dim, (t(5, 2, 3), [0, 2], True, True))])
 _add([aten.linalg_vector_norm], pointwise.kept_dims(2, 3), calls(aten.linalg_vector_norm.default, (t(3, 7), 2, [1]),
                                                                  (t(5, 2, 3), 2.0, [0], True)))
 _add([aten.prod.dim_int], pointwise.kept_dims(), calls(aten.prod.dim_int, (pos(3, 7), 1), (pos(5, 2, 3), 0, True)))
-_add([aten.any, aten.all], pointwise.kept_dims(), lambda p: calls(p.dim, (mask(3, 7), 1), (mask(5, 2, 3), 0, True)))
+_add([aten.any, aten.all], pointwise.kept_dims(), lambda p: [*calls(p.dim, (mask(3, 7), 1), (mask(5, 2, 3), 0, True)),
+                                                              *calls(p.dims, (mask(5, 2, 3), [0, 2])),
+                                                              *calls(p.default, (mask(3, 7),))])
 
 # --- data movement --------------------------------------------------------------------------------------------
 _add([aten.view, aten._unsafe_view, aten.reshape], shape_ops.reshape_like,
      lambda p: calls(p.default, (t(6, 5), [2, 3, 5]), (t(2, 3, 5), [6, 5]), (t(3, 4, 5), [3, 20]), (t(7, 5), [35]),
                      (t(4, 6), [4, 2, 3]), (t(5, 6), [5, 6])), exact=True)
+_add([aten.view.dtype], shape_ops.dim_map(shape_ops.dtype_view_map, partial=False),
+     calls(aten.view.dtype, (t(3, 6), torch.int32), (t(3, 6), torch.bfloat16), (t(3, 5, dtype=torch.bfloat16), torch.float16)),
+     exact=True)
+_add([aten.broadcast_tensors], shape_ops.broadcast, calls(aten.broadcast_tensors.default, ([t(3, 5), t(5)],), ([t(2, 1, 5), t(3, 1)],),
+                                                           ([t(3, 5), t(3, 5)],)), exact=True)
+_add([aten.expand_as], shape_ops.expand_as, calls(aten.expand_as.default, (t(3, 1), t(3, 5)), (t(5,), t(2, 3, 5)), (t(3, 5), t(3, 5))),
+     exact=True)
+_add([aten.repeat], shape_ops.dim_map(shape_ops.repeat_map), calls(aten.repeat.default, (t(3, 5), [1, 2]), (t(3, 5), [2, 1, 1]),
+                                                                   (t(2, 3, 5), [1, 1, 1])), exact=True)
 _add([aten.flatten], shape_ops.reshape_like, calls(aten.flatten.using_ints, (t(3, 4, 5), 1), (t(6, 2, 3), 0, 1)), exact=True)
 _add([aten.unflatten], shape_ops.reshape_like, calls(aten.unflatten.int, (t(3, 20), 1, [4, 5]), (t(6, 5), 0, [2, 3])), exact=True)
 _add([aten.unsqueeze], shape_ops.reshape_like, calls(aten.unsqueeze.default, (t(3, 5), 1), (t(3, 5), 0)), exact=True)
@@ -248,6 +281,13 @@ _add([aten.constant_pad_nd], shape_ops.constant_pad, calls(aten.constant_pad_nd.
 _add([aten.linear], linalg.linear, calls(aten.linear.default, (t(3, 5), t(7, 5)), (t(2, 3, 5), t(6, 5), t(6)),
                                          (t(2, 5, 3, 4), t(3, 4))))
 _add([aten.addmm], linalg.addmm, calls(aten.addmm.default, (t(7), t(3, 5), t(5, 7)), (t(3, 1), t(3, 5), t(5, 6))))
+_add([aten.baddbmm], linalg.baddbmm, [*calls(aten.baddbmm.default, (t(3, 4, 5), t(3, 4, 2), t(3, 2, 5)), (t(4, 5), t(3, 4, 2), t(3, 2, 5))),
+                                        *calls(aten.baddbmm.default, (t(3, 1, 5), t(3, 4, 2), t(3, 2, 5)), beta=0.5, alpha=2.0)])
+_add([aten.cosine_similarity], linalg.distance(linalg.cosine_dim), calls(aten.cosine_similarity.default, (t(3, 5), t(3, 5)),
+                                                                         (t(2, 3, 5), t(3, 5), -1), (t(4, 3, 2), t(4, 3, 2), 0)))
+_add([aten.pairwise_distance], linalg.distance(linalg.last_dim), calls(aten.pairwise_distance.default, (t(3, 5), t(3, 5)),
+                                                                       (t(2, 3, 5), t(2, 3, 5), 1.0, 1e-6, True)))
+_add([aten.cdist], linalg.cdist, calls(aten.cdist.default, (t(2, 3, 4), t(2, 5, 4)), (t(3, 4), t(5, 4), 1.0)))
 _add([aten.mm], linalg.matmul, calls(aten.mm.default, (t(3, 5), t(5, 7))))
 _add([aten.bmm], linalg.matmul, calls(aten.bmm.default, (t(3, 5, 4), t(3, 4, 7))))
 _add([aten.matmul], linalg.matmul, calls(aten.matmul.default, (t(2, 3, 5), t(5, 7)), (t(2, 3, 5, 4), t(3, 4, 6))))
@@ -275,7 +315,9 @@ _add([aten.batch_norm], nn_ops.batch_norm, [
            (t(5, 4), t(4), t(4), t(4), pos(4), True, 0.3, 1e-5, False),
            (t(3, 4, 5, 3), None, None, t(4), pos(4), True, 0.1, 1e-5, False),
            (t(7, 3, 5), t(3), t(3), t(3), pos(3), False, 0.1, 1e-5, False))])
-_add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: (
+_SAME = {aten.conv1d: (t(3, 4, 9), t(6, 4, 3)), aten.conv2d: (t(3, 4, 7, 6), t(5, 4, 3, 2)),
+         aten.conv3d: (t(2, 4, 4, 3, 3), t(6, 4, 2, 3, 1))}  # padding="same" (the `.padding` overloads)
+_add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: calls(p.padding, (*_SAME[p], None, [1], "same")) + (
     calls(p.default, (t(3, 4, 9), t(6, 4, 3)), (t(3, 4, 9), t(6, 4, 3), t(6), [2], [1]), (t(5, 4, 7), t(4, 1, 3), t(4), [1], [1], [1], 4))
     if p is aten.conv1d else
     calls(p.default, (t(3, 4, 7, 6), t(5, 4, 3, 3)), (t(3, 4, 7, 6), t(5, 4, 3, 3), t(5), [1, 2], [1, 1]),
@@ -283,30 +325,110 @@ _add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: (
     if p is aten.conv2d else  # conv3d: ViViT / VideoMAE tubelets ran replicated, whole batch on every rank
     calls(p.default, (t(3, 4, 4, 5, 3), t(6, 4, 2, 3, 3)), (t(3, 4, 4, 5, 3), t(5, 4, 2, 2, 2), t(5), [2, 2, 1]),
           (t(2, 6, 3, 4, 4), t(6, 3, 1, 3, 3), None, [1], [0], [1], 2))))
-_add([aten.max_pool2d], nn_ops.pooling(False, 2), calls(aten.max_pool2d.default, (t(3, 4, 7, 6), [2, 2]), (t(3, 4, 7, 6), [3, 3], [2, 2], [1, 1])))
-_add([aten.avg_pool2d], nn_ops.pooling(True, 2), calls(aten.avg_pool2d.default, (t(3, 4, 7, 6), [2, 2]), (t(3, 4, 7, 6), [3, 3], [2, 2], [1, 1])))
-_add([aten.adaptive_avg_pool2d], nn_ops.pooling(True, 2), calls(aten.adaptive_avg_pool2d.default, (t(3, 4, 7, 6), [1, 1]), (t(3, 4, 7, 6), [3, 2])))
+_add([aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d], nn_ops.conv_transpose, lambda p: (
+    calls(p.default, (t(3, 4, 5), t(4, 6, 3)), (t(3, 4, 5), t(4, 3, 3), t(6), [2], [1], [1], 2))
+    if p is aten.conv_transpose1d else
+    calls(p.input, (t(3, 4, 4, 3), t(4, 5, 3, 3)), (t(3, 4, 4, 3), t(4, 5, 2, 2), t(5), [2, 2], [0], [1]))
+    if p is aten.conv_transpose2d else
+    calls(p.input, (t(3, 4, 3, 2, 3), t(4, 5, 2, 2, 2)), (t(2, 4, 2, 3, 2), t(4, 3, 1, 2, 2), t(6), [1], [0], [0], 2))))
+_POOL = t(3, 4, 7, 6)
+_add([aten.max_pool2d], nn_ops.pooling(False, 2), calls(aten.max_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
+_add([aten.avg_pool2d], nn_ops.pooling(True, 2), calls(aten.avg_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
+_add([aten.adaptive_avg_pool2d], nn_ops.pooling(True, 2), calls(aten.adaptive_avg_pool2d.default, (_POOL, [1, 1]), (_POOL, [3, 2])))
 _add([aten.max_pool1d], nn_ops.pooling(False, 1), calls(aten.max_pool1d.default, (t(3, 4, 9), [2])))
 _add([aten.avg_pool1d], nn_ops.pooling(True, 1), calls(aten.avg_pool1d.default, (t(3, 4, 9), [3])))
 _add([aten.adaptive_avg_pool1d], nn_ops.pooling(True, 1), calls(aten.adaptive_avg_pool1d.default, (t(3, 4, 9), [2])))
+# (the 3-D forms, the adaptive max forms and the forms that return indices ran replicated before, without a row)
+_add([aten.max_pool3d], nn_ops.pooling(False, 3), calls(aten.max_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2])))
+_add([aten.avg_pool3d], nn_ops.pooling(True, 3), calls(aten.avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2], [1, 1, 1])))
+_add([aten.adaptive_avg_pool3d], nn_ops.pooling(True, 3), calls(aten.adaptive_avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 1, 3])))
+for _k, _p in ((1, aten.adaptive_max_pool1d), (2, aten.adaptive_max_pool2d), (3, aten.adaptive_max_pool3d)):
+    _add([_p], nn_ops.pooling(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
+for _k, _p in ((1, aten.max_pool1d_with_indices), (2, aten.max_pool2d_with_indices), (3, aten.max_pool3d_with_indices)):
+    _add([_p], nn_ops.pooling(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
+_add([aten.max_unpool2d], nn_ops.pooling(True, 2), [Sample(aten.max_unpool2d.default, (t(3, 4, 2, 2), T((3, 4, 2, 2), "int", torch.int64, 16), [4, 4]))],
+     exact=True)
+# upsampling (F.interpolate, nn.Upsample) in every mode: independent over batch and channels, linear in x
+_SCALE = {1: [2.0], 2: [2.0, 1.5], 3: [2.0, 1.0, 1.5]}
+for _k, _p, _corners in ((1, aten.upsample_nearest1d, None), (2, aten.upsample_nearest2d, None), (3, aten.upsample_nearest3d, None),
+                         (1, aten._upsample_nearest_exact1d, None), (2, aten._upsample_nearest_exact2d, None),
+                         (3, aten._upsample_nearest_exact3d, None), (1, aten.upsample_linear1d, False),
+                         (2, aten.upsample_bilinear2d, True), (2, aten._upsample_bilinear2d_aa, False),
+                         (2, aten.upsample_bicubic2d, False), (2, aten._upsample_bicubic2d_aa, False),
+                         (3, aten.upsample_trilinear3d, False)):
+    _x = t(3, 4, *(5, 4, 3)[:_k])
+    _vec = ((_x, None, _SCALE[_k]),) if _corners is None else ((_x, None, _corners, _SCALE[_k]),)
+    _out = [7, 5, 4][:_k]
+    _sized = (_x, _out, None) if _corners is None else (_x, _out, _corners, None)
+    _add([_p], nn_ops.pooling(True, _k, even_batch=True), calls(_p.vec, *_vec, _sized), exact=_corners is None)  # (F.interpolate: .vec)
+_add([aten.pixel_shuffle], nn_ops.pooling(True, 3, even_batch=True), calls(aten.pixel_shuffle.default, (t(3, 8, 2, 3), 2)), exact=True)
+_add([aten.pixel_unshuffle], nn_ops.pooling(True, 3, even_batch=True), calls(aten.pixel_unshuffle.default, (t(3, 2, 4, 6), 2)), exact=True)
+_add([aten.im2col], nn_ops.pooling(True, 3), calls(aten.im2col.default, (t(3, 2, 5, 4), [2, 2], [1, 1], [0, 0], [1, 1])))
+_add([aten.col2im], nn_ops.pooling(True, 2), calls(aten.col2im.default, (t(3, 8, 12), [5, 4], [2, 2], [1, 1], [0, 0], [1, 1])))
+_add([aten.channel_shuffle], pointwise.along(lambda v: [1], linear=True), calls(aten.channel_shuffle.default, (t(3, 6, 4), 2)),
+     exact=True)
+_add([aten.grid_sampler], nn_ops.grid_sampler, calls(aten.grid_sampler.default, (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 0, 0, False),
+                                                     (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 1, 1, True)))
+_add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)), (t(3, 4, 5, 2), pos(1))))
+_add([aten.instance_norm], nn_ops.instance_norm, calls(aten.instance_norm.default,
+                                                       (t(3, 4, 5), t(4), t(4), None, None, True, 0.1, 1e-5, False),
+                                                       (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False), False, 0.1, 1e-5, False),
+                                                       (t(3, 4, 3, 2), None, None, None, None, True, 0.1, 1e-5, False)))
+_add([aten.glu], pointwise.along(pointwise.dim_arg(1, default=-1)), calls(aten.glu.default, (t(3, 8),), (t(4, 6, 3), 1)))
 _add([aten.cross_entropy_loss], nn_ops.cross_entropy, [
     *calls(aten.cross_entropy_loss.default, (t(7, 5), ints(5, 7)), (t(7, 5), ints(5, 7), None, 2), (t(7, 5), ints(5, 7), None, 0),
            (t(6, 5), ints(5, 6), None, 1, 2), (t(7, 5), ints(5, 7), pos(5, grad=False)), (t(7, 5), ints(5, 7), pos(5, grad=False), 1, 3, 0.1),
            (t(7, 5), ints(5, 7), None, 1, -100, 0.2), (t(3, 5, 4), ints(5, 3, 4)), (t(3, 5, 4), ints(5, 3, 4), None, 0),
            (t(7, 5), T((7, 5), "prob")), (t(7, 5), T((7, 5), "prob"), None, 2))])
-_add([aten.lstm], nn_ops.lstm, calls(aten.lstm.input, (t(5, 3, 4), [t(1, 3, 6), t(1, 3, 6)],
+# losses: elementwise ones shard any dim (reduction "none" keeps the shard; "sum"/"mean" give Partial, the
+# mean's local form dividing the local sum by the GLOBAL element count, `rewriter.localize`)
+_add([aten.mse_loss, aten.l1_loss, aten.smooth_l1_loss, aten.huber_loss], losses.elementwise,
+     lambda p: calls(p.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(2, 3, 5), 2), (t(4, 3), t(4, 3), 0)))
+# (no broadcast samples: F.*_loss expands its operands first, and aten.mse_loss on unexpanded shapes returns a
+# target gradient twice too large under "mean" in torch 2.13)
+_add([aten.soft_margin_loss], losses.elementwise, calls(aten.soft_margin_loss.default, (t(3, 5), T((3, 5), "sign", grad=False)),
+                                                        (t(2, 3, 5), T((2, 3, 5), "sign", grad=False), 2)))
+_add([aten.kl_div], losses.elementwise, [*calls(aten.kl_div.default, (t(3, 5), T((3, 5), "prob")), (t(4, 3), T((4, 3), "prob"), 0)),
+                                          *calls(aten.kl_div.default, (t(2, 3, 5), t(2, 3, 5), 1), log_target=True)])
+_add([aten.binary_cross_entropy], losses.elementwise, calls(
+    aten.binary_cross_entropy.default, (T((3, 5), "prob"), T((3, 5), "prob", grad=False)),
+    (T((2, 3, 5), "prob"), T((2, 3, 5), "prob", grad=False), pos(5, grad=False), 2), (T((4, 3), "prob"), T((4, 3), "prob", grad=False), None, 0)))
+_add([aten.binary_cross_entropy_with_logits], losses.elementwise, calls(
+    aten.binary_cross_entropy_with_logits.default, (t(3, 5), T((3, 5), "prob")),
+    (t(2, 3, 5), T((2, 3, 5), "prob"), pos(3, 5, grad=False), pos(5, grad=False), 2), (t(4, 3), T((4, 3), "prob"), None, pos(3, grad=False), 0)))
+_add([aten.hinge_embedding_loss], losses.elementwise, calls(aten.hinge_embedding_loss.default, (t(3, 5), T((3, 5), "sign", grad=False)),
+                                                            (t(2, 3, 5), T((2, 3, 5), "sign", grad=False), 0.5, 2)))
+_add([aten.margin_ranking_loss], losses.elementwise, calls(aten.margin_ranking_loss.default, (t(3, 5), t(3, 5), T((3, 5), "sign", grad=False)),
+                                                           (t(2, 3, 5), t(2, 3, 5), T((2, 3, 5), "sign", grad=False), 0.1, 0)))
+_add([aten.poisson_nll_loss], losses.elementwise, calls(aten.poisson_nll_loss.default, (t(3, 5), pos(3, 5, grad=False), True, False, 1e-8, 1),
+                                                        (pos(2, 3, 5), pos(2, 3, 5, grad=False), False, True, 1e-8, 2)))
+_add([aten.nll_loss_nd], losses.nll_loss, calls(aten.nll_loss_nd.default, (t(7, 5), ints(5, 7)), (t(7, 5), ints(5, 7), pos(5, grad=False)),
+                                               (t(6, 5), ints(5, 6), None, 1, 2), (t(3, 5, 4), ints(5, 3, 4), None, 0),
+                                               (t(3, 5, 4), ints(5, 3, 4), pos(5, grad=False), 2)))
+_add([aten.lstm], nn_ops.recurrent, calls(aten.lstm.input, (t(5, 3, 4), [t(1, 3, 6), t(1, 3, 6)],
                                                         [t(24, 4), t(24, 6), t(24), t(24)], True, 1, 0.0, True, False, False),
                                      (t(4, 5, 3), [t(2, 5, 4), t(2, 5, 4)],
                                       [t(16, 3), t(16, 4), t(16, 4), t(16, 4)], False, 2, 0.0, True, False, False),
                                      (t(3, 5, 4), [t(1, 3, 6), t(1, 3, 6)],
                                       [t(24, 4), t(24, 6), t(24), t(24)], True, 1, 0.0, True, False, True)))
 
+_add([aten.gru, aten.rnn_tanh, aten.rnn_relu], nn_ops.recurrent, lambda p: calls(
+    p.input, (t(5, 3, 4), t(1, 3, 6), [t(6 * (3 if p is aten.gru else 1), 4), t(6 * (3 if p is aten.gru else 1), 6),
+                                     t(6 * (3 if p is aten.gru else 1)), t(6 * (3 if p is aten.gru else 1))],
+              True, 1, 0.0, True, False, False)))
+
+_add([aten.lstm_cell], nn_ops.cell, calls(aten.lstm_cell.default, (t(3, 4), [t(3, 6), t(3, 6)], t(24, 4), t(24, 6), t(24), t(24)),
+                                          (t(5, 4), [t(5, 6), t(5, 6)], t(24, 4), t(24, 6))))
+_add([aten.gru_cell, aten.rnn_tanh_cell, aten.rnn_relu_cell], nn_ops.cell, lambda p: calls(
+    p.default, (t(3, 4), t(3, 6), t(6 * (3 if p is aten.gru_cell else 1), 4), t(6 * (3 if p is aten.gru_cell else 1), 6),
+                t(6 * (3 if p is aten.gru_cell else 1)), t(6 * (3 if p is aten.gru_cell else 1)))))
+
 # --- in-place forms: the out-of-place rule, the mutated input keeping its layout -------------------------------
 _INPLACE = {
-    aten.add_: [*calls(aten.add_.Tensor, *BINARY[:2]), *calls(aten.add_.Tensor, (t(3, 5), 1.0))],
-    aten.mul_: calls(aten.mul_.Tensor, *BINARY[:2], (t(3, 5), 0.5)),
-    aten.sub_: calls(aten.sub_.Tensor, *BINARY[:2]),
-    aten.div_: calls(aten.div_.Tensor, (t(3, 5), pos(3, 5)), (t(3, 5), 2.0)),
+    aten.add_: [*calls(aten.add_.Tensor, *BINARY[:2]), *calls(aten.add_.Tensor, (t(3, 5), 1.0)), *calls(aten.add_.Scalar, (t(3, 5), 1.0))],
+    aten.mul_: [*calls(aten.mul_.Tensor, *BINARY[:2], (t(3, 5), 0.5)), *calls(aten.mul_.Scalar, (t(3, 5), 0.5))],
+    aten.sub_: [*calls(aten.sub_.Tensor, *BINARY[:2]), *calls(aten.sub_.Scalar, (t(3, 5), 1.0))],
+    aten.div_: [*calls(aten.div_.Tensor, (t(3, 5), pos(3, 5)), (t(3, 5), 2.0)), *calls(aten.div_.Scalar, (t(3, 5), 2.0))],
     aten.relu_: calls(aten.relu_.default, *UNARY), aten.silu_: calls(aten.silu_.default, *UNARY),
     aten.gelu_: calls(aten.gelu_.default, *UNARY), aten.tanh_: calls(aten.tanh_.default, *UNARY),
     aten.sigmoid_: calls(aten.sigmoid_.default, *UNARY), aten.neg_: calls(aten.neg_.default, *UNARY),
@@ -331,9 +453,23 @@ for _p, _s in _INPLACE.items():
 
 
 def rule_for(target: object) -> Rule | None:
-    """The rule of an OpOverload (its own row, else its packet's row) or of operator.getitem; None when the
-    table has none (the planner then replicates the node and records a fallback)."""
+    """The rule of an OpOverload, or None when the table has no VERIFIED rule for it (the planner then
+    replicates the node and records a fallback). A row keyed by an op packet covers only the overloads its
+    samples run (`RuleEntry.verified`): overloads of one packet may differ in kind (`view.dtype`
+    reinterprets bits where `view.default` reshapes; `lstm.data` takes packed sequences where `lstm.input`
+    takes a batch), and a rule applied to an overload nobody ran gave silent wrong numbers."""
     entry = TABLE.get(target)
     if entry is None:
         entry = TABLE.get(getattr(target, "overloadpacket", None))
+        if entry is not None and target not in entry.verified:
+            return None
     return entry.rule if entry is not None else None
+
+
+def unverified_overload(target: object) -> str:
+    """Why `rule_for(target)` is None although its packet has a row ("" when the packet has none)."""
+    entry = TABLE.get(getattr(target, "overloadpacket", None))
+    if entry is None or target in entry.verified:
+        return ""
+    names = ", ".join(sorted(o._overloadname for o in entry.verified))
+    return f" (the row of {entry.name} is verified on its overloads {names} only)"

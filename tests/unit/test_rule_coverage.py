@@ -1,0 +1,60 @@
+"""Two classes around the rule table, each a silent loss (of numbers, or of parallelism).
+
+1. A row keyed by an op packet applied to EVERY overload of the packet, including overloads nobody verified:
+   `aten.view.dtype` (bit reinterpretation) took `aten.view.default`'s reshape rule, which lets a Partial
+   value through (the bits of a sum are not the sum of the bits) and regroups a last dim whose size the
+   dtype changes; `aten.lstm.data` (packed sequences) took `lstm.input`'s batch rule. A packet row now
+   covers only the overloads its samples run (`rule_for`); others are replicated and noted.
+2. Ops without a row ran replicated and took everything around them along (a data-parallel decoder gathered
+   its whole batch for the transposed conv, the upsampling and the loss): transposed convs, 3-D and adaptive
+   max pooling, pooling with indices and unpooling, every interpolation mode, pixel (un)shuffle, instance
+   norm, PReLU, GLU, grid sampling, GRU / RNN, elementwise and NLL losses, broadcast_tensors (which F.mse_loss
+   calls), baddbmm, repeat. Each row's options are verified by the rule harness (tests/rules); here whole
+   models plan with no fallback.
+"""
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.tensor.placement_types import Partial, Shard
+
+import parallelizer
+from parallelizer.planner.rules import TABLE, rule_for
+from parallelizer.planner.rules.samples import Sample, t
+from parallelizer.planner.rules.table import unverified_overload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import coverage_models  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def test_a_packet_row_covers_only_the_overloads_its_samples_run():
+    assert rule_for(aten.lstm.input) is not None
+    assert rule_for(aten.lstm.data) is None  # packed sequences: (sum of lengths, H) data, no batch dim
+    assert "verified on its overloads input only" in unverified_overload(aten.lstm.data)
+    for entry in TABLE.values():
+        for sample in entry.samples:
+            assert rule_for(sample.op) is entry.rule, sample.op
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bfloat16, torch.float64])
+def test_a_dtype_view_never_passes_a_partial_and_keeps_a_rescaled_last_dim_whole(dtype):
+    view, _ = Sample(aten.view.dtype, (t(4, 6), dtype)).view()
+    options = rule_for(aten.view.dtype)(view)
+    assert not any(isinstance(p, Partial) for o in options for p in (*o.inputs, o.output)), options
+    sharded = {o.output.dim for o in options if isinstance(o.output, Shard)}
+    assert sharded == ({0, 1} if dtype.itemsize == 4 else {0}), options
+
+
+@pytest.mark.parametrize("name", sorted(coverage_models.BUILDERS))
+def test_models_made_of_previously_uncovered_ops_plan_data_parallel_without_a_fallback(name):
+    model, inputs = coverage_models.BUILDERS[name]()
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert not plan.fallbacks, plan.fallbacks
+    replicated = sorted({q.op for q in plan.nodes.values() if q.op and q.op.startswith("aten") and str(q.output) == "R"})
+    assert not replicated, replicated  # every op runs on its batch shard (the losses give Partial sums)
