@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import P, R, AxisOption, OpView, aten, dims_arg, replicate, same_dims
+from .base import OUT, P, R, AxisOption, OpView, aten, dims_arg, replicate, same_dims
 from .partial import pointwise_partial_options
 
 
@@ -85,6 +85,26 @@ def roll_dims(v: OpView) -> list[int]:
     """roll(x, shifts, dims): the rolled dims (every dim when dims is empty: it rolls the flattened tensor)."""
     dims = v.arg(2, "dims", [])
     return list(range(v.nd())) if not dims else [d % v.nd() for d in dims]
+
+
+def histogram(v: OpView) -> list[AxisOption]:
+    """histc(x, bins, min, max): counts over every element, so a shard of any dim counts its own elements and
+    the counts of the shards add up (Partial); the bins are the same on every rank only with a fixed range
+    (min < max: with min == max torch takes each tensor's own min and max), else Replicate only. (MoE
+    routers count tokens per expert with it: Mixtral, Qwen2-MoE.)"""
+    opts = [replicate(v)]
+    if v.arg(2, "min", 0) >= v.arg(3, "max", 0):
+        return opts
+    return opts + [AxisOption((Shard(d),), P) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
+
+
+def weight_norm(v: OpView) -> list[AxisOption]:
+    """_weight_norm(v, g, dim) = g * v / ||v|| (the norm over every dim but `dim`; g has size 1 elsewhere):
+    shard `dim` on both (wav2vec2 / HuBERT's positional conv, dim 2)."""
+    dim = v.arg(2, "dim", 0) % v.nd()
+    if v.in_shapes[0][dim] == 1 or v.in_shapes[1][dim] != v.in_shapes[0][dim]:
+        return [replicate(v)]
+    return [replicate(v), AxisOption((Shard(dim), Shard(dim)), Shard(dim), (0, 1, OUT))]  # (an empty shard: SIGFPE)
 
 
 def tril_triu(v: OpView) -> list[AxisOption]:

@@ -88,6 +88,16 @@ def expand_as(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
 
 
+def leading_map(v: OpView, d: int) -> int | None:
+    """Input dim d is output dim d (one_hot: the classes are a new trailing dim)."""
+    return d
+
+
+def numpy_t_map(v: OpView, d: int) -> int | None:
+    """x.T (aten.numpy_T: every dim reversed; Falcon's rotary)."""
+    return v.nd() - 1 - d
+
+
 def repeat_map(v: OpView, d: int) -> int | None:
     """repeat(x, repeats): input dim d is output dim d + (len(repeats) - x.dim()), shardable where it is
     repeated once (a repeated dim holds copies of the whole dim: a shard of it is not a shard of the output)."""

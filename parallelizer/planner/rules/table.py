@@ -198,6 +198,9 @@ _add([aten.argsort], pointwise.along(pointwise.dim_arg(1, default=-1)),
 _add([aten.topk], pointwise.along(pointwise.dim_arg(2, default=-1)),
      calls(aten.topk.default, (t(3, 7), 2), (t(5, 2, 3), 3, 0), (t(2, 7, 3), 1, 1, False)), exact=True)
 
+_add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
+_add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1)))))
+
 # --- reductions -----------------------------------------------------------------------------------------------
 _add([aten.sum], pointwise.reduction, [*calls(aten.sum.default, (t(3, 7),), (t(2, 5, 3),)),
                                        *calls(aten.sum.dim_IntList, (t(3, 7), [1]), (t(5, 2, 3), [0, 2], True),
@@ -233,6 +236,11 @@ _add([aten.broadcast_tensors], shape_ops.broadcast, calls(aten.broadcast_tensors
                                                            ([t(3, 5), t(3, 5)],)), exact=True)
 _add([aten.expand_as], shape_ops.expand_as, calls(aten.expand_as.default, (t(3, 1), t(3, 5)), (t(5,), t(2, 3, 5)), (t(3, 5), t(3, 5))),
      exact=True)
+_add([aten.one_hot], shape_ops.dim_map(shape_ops.leading_map, partial=False),
+     calls(aten.one_hot.default, (ints(5, 3, 4), 5), (ints(4, 7), 4)), exact=True)  # (num_classes given: -1 reads the data)
+_add([aten.numpy_T], shape_ops.dim_map(shape_ops.numpy_t_map), calls(aten.numpy_T.default, (t(3, 5),), (t(2, 3, 5),)), exact=True)
+_add([aten.repeat_interleave.self_int], pointwise.along(pointwise.dim_arg(2, default=None), linear=True),
+     calls(aten.repeat_interleave.self_int, (t(3, 5), 2, 1), (t(2, 3, 4), 3, -1), (t(3, 4), 2)), exact=True)
 _add([aten.repeat], shape_ops.dim_map(shape_ops.repeat_map), calls(aten.repeat.default, (t(3, 5), [1, 2]), (t(3, 5), [2, 1, 1]),
                                                                    (t(2, 3, 5), [1, 1, 1])), exact=True)
 _add([aten.flatten], shape_ops.reshape_like, calls(aten.flatten.using_ints, (t(3, 4, 5), 1), (t(6, 2, 3), 0, 1)), exact=True)
