@@ -174,3 +174,26 @@ class OddWidth(nn.Module):
 def odd_width(seed: int = 0):
     torch.manual_seed(seed)
     return OddWidth(), (torch.randint(0, 101, (10, 3), generator=torch.Generator().manual_seed(seed)),)
+
+
+# --- round 9 (public reports of other auto-parallel systems' silent wrong numbers; trial/r9b_*) ---------------
+
+class RefactoredView(nn.Module):
+    """(12, 5) -> Linear -> (12, 8) -> view(16, 6) -> Linear -> view(-1, 8): a view whose sharded dim maps to one
+    of another size that is neither a multiple nor a divisor of it (12 rows of 8 -> 16 rows of 6, 4/3 rows per
+    row), pytorch#179502 (https://github.com/pytorch/pytorch/issues/179502): DTensor's view of a dim-1 shard gave
+    wrong numbers; ours crashed on every rank under ddp ("shape '[6, 6]' is invalid for input of size 48"):
+    the re-cut of the rows assumed an integer ratio (16 // 12 = 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 8)
+        self.b = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).view(16, 6)).view(-1, 8)
+
+
+def refactored_view(seed: int = 0):
+    torch.manual_seed(seed)
+    return RefactoredView(), (torch.randn(12, 5, generator=torch.Generator().manual_seed(seed)),)

@@ -16,8 +16,8 @@ from parallelizer.core.layout import Layout, Shard
 from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
-from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, row_parallel_plus,
-                            small_resnet, sum_plus, zeros_like_plus)
+from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, refactored_view,
+                            row_parallel_plus, small_resnet, sum_plus, zeros_like_plus)
 from launch_once import run_each
 from semantics_models import run_outputs
 
@@ -140,3 +140,32 @@ def test_parameters_whose_dims_do_not_divide_are_still_sharded(four_rank_reports
     assert report.matches(), report
     _, eight = _plan(odd_width, {"dp": 8}, axis_roles={"dp": "fsdp"})
     assert eight.params["emb.weight"].stored != "R"  # Embedding(101, 29) on 8 ranks
+
+
+# --- round 9: further public reports (trial/r9b_*; benchmarks/RESULTS.md "Round 9") -------------------------
+
+def test_a_view_between_dims_of_unrelated_sizes_plans_and_runs():
+    """pytorch#179502 (https://github.com/pytorch/pytorch/issues/179502): (12, 8) -> (16, 6) with the batch dim
+    sharded. Its chunks of 6 rows (48 elements) are 8 rows of 6 on 2 and 4 ranks (a local view, no re-cut); on
+    3 ranks 4 rows (32 elements) are 5.33 rows of 6 and no re-cut of whole rows exists, so the planner must not
+    offer Shard(0) -> Shard(0) there (before: a re-cut by 16 // 12 = 1 row, a reshape error on every rank)."""
+    from parallelizer.core.layout import IndivisibleShardError, view_regroups
+    s0 = Layout.parse("S(0)")
+    assert view_regroups((12, 8), (16, 6), s0, s0, (2,)) == [] == view_regroups((12, 8), (16, 6), s0, s0, (4,))
+    with pytest.raises(IndivisibleShardError):
+        view_regroups((12, 8), (16, 6), s0, s0, (3,))
+    (r,) = view_regroups((10, 7), (70,), s0, s0, (4,))   # an integer ratio re-cuts as before
+    assert (r.have, r.want, r.after) == ((21, 21, 21, 7), (18, 18, 18, 16), True)
+    _, three = _plan(refactored_view, {"dp": 3}, axis_roles={"dp": "ddp"})
+    view = next(n for n in three.nodes.values() if n.op == "aten.view.default")
+    assert (view.inputs[0], view.output) != ("S(0)", "S(0)"), view
+
+
+def test_a_view_between_dims_of_unrelated_sizes_matches_one_device():
+    plans = [_plan(refactored_view, {"dp": n}, axis_roles={"dp": "ddp"})[1] for n in (2, 4)]
+    for p in plans:
+        view = next(n for n in p.nodes.values() if n.op == "aten.view.default")
+        assert (view.inputs[0], view.output) == ("S(0)", "S(0)"), view  # the batch stays sharded through it
+    for p in plans:
+        (report,) = rehearse_many([(refactored_view, {}, spec_from_plan(p))])
+        assert report.matches(), report
