@@ -16,8 +16,9 @@ from parallelizer.core.layout import Layout, Shard
 from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
-from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, refactored_view,
-                            row_parallel_plus, small_resnet, sum_plus, zeros_like_plus)
+from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, out_of_range_indices,
+                            refactored_view, row_parallel_plus, small_resnet, sum_plus, tied_vocab_ce,
+                            zeros_like_plus)
 from launch_once import run_each
 from semantics_models import run_outputs
 
@@ -169,3 +170,24 @@ def test_a_view_between_dims_of_unrelated_sizes_matches_one_device():
     for p in plans:
         (report,) = rehearse_many([(refactored_view, {}, spec_from_plan(p))])
         assert report.matches(), report
+
+
+def test_indices_outside_a_sharded_vocabulary_raise_as_on_one_device():
+    """torchtitan#4297 (https://github.com/pytorch/torchtitan/pull/4297): a label outside the vocabulary (not the
+    ignore_index) in a vocab-parallel cross-entropy falls in no rank's slice, so every rank dropped its target
+    term and the loss was the log-sum-exp alone, where one device raises IndexError; an id outside the
+    vocabulary of a vocab-parallel embedding read zeros. On tp=2 (37 classes: 19 + 18) both now raise IndexError
+    on every rank, and valid labels with -100 rows give one device's loss."""
+    _, plan = _plan(tied_vocab_ce, {"tp": 2}, axis_roles={"tp": "tp"})
+    spec = spec_from_plan(plan)  # force the vocab-parallel loss and lookup (the planner keeps this small one off)
+    nodes, L = dict(spec.nodes), Layout.parse
+    for name, n in plan.nodes.items():
+        if n.op == "aten.cross_entropy_loss.default":
+            nodes[name] = NodeSharding((L("S(1)"), L("R")), L("R"))
+        elif n.op == "aten.embedding.default":
+            nodes[name] = NodeSharding((L("S(0)"), L("R")), L("P"))
+    spec = dataclasses.replace(spec, nodes=nodes)
+    for ranks in spawn(out_of_range_indices, 2, spec):
+        got, want = ranks.pop("valid")
+        torch.testing.assert_close(got, want)
+        assert ranks == {k: ("IndexError", "IndexError") for k in ("label_high", "label_negative", "id_high")}, ranks
