@@ -369,6 +369,8 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
     (class-index targets, no weight or label smoothing; Megatron's vocab-parallel cross-entropy, Shoeybi
     et al. 2019, Sec. 3): the row max (all-reduce max), the sum of exponentials and the target logit
     (all-reduce sum) are combined over the class groups, and the loss is Replicate there.
+    `classes` (the global class count): a target outside [0, classes) other than `ignore_index` raises
+    IndexError, as on one device (`check_indices`).
     Shapes: logits (N, C_local, *) , target (N, *) class ids or (N, C, *) probabilities -> per reduction.
     """
     names = {0: "none", 1: "mean", 2: "sum"}
