@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
@@ -252,15 +253,27 @@ def view_regroups(src: tuple[int, ...], dst: tuple[int, ...], inputs: Layout, ou
         if n == 1 or not isinstance(p_in, Shard) or not isinstance(p_out, Shard):
             continue
         d, e = p_in.dim % len(src), p_out.dim % len(dst)
+        if src[d] == dst[e]:
+            continue
         chunks = lambda size: tuple(chunk_range(size, n, j)[1] for j in range(n))  # noqa: E731
-        if dst[e] > src[d]:      # merge: local rows n_j become n_j * k elements of the new dim
-            k = dst[e] // src[d]
-            have, want = tuple(m * k for m in chunks(src[d])), chunks(dst[e])
-            if have != want:
-                out.append(Regroup(axis, e, have, want, True))
-        elif dst[e] < src[d]:    # split: re-cut first so that the local rows are whole groups of k
-            k = src[d] // dst[e]
-            have, want = chunks(src[d]), tuple(m * k for m in chunks(dst[e]))
-            if have != want:
-                out.append(Regroup(axis, d, have, want, False))
+        # rows of dim d hold src_inner elements, rows of dim e dst_inner: a block of m rows of d is m * dst[e] /
+        # src[d] rows of e (the ratio is rational: (12, 8) -> (16, 6) is 4/3 rows of e per row of d)
+        ratio = Fraction(dst[e], src[d])
+        have, want = tuple(m * ratio for m in chunks(src[d])), chunks(dst[e])
+        if have == want:        # the blocks coincide (every even split does): a local view
+            continue
+        if dst[e] > src[d] and all(h.denominator == 1 for h in have):   # merge: re-cut the output rows
+            out.append(Regroup(axis, e, tuple(int(h) for h in have), want, True))
+            continue
+        back = tuple(w / ratio for w in want)
+        if all(b.denominator == 1 for b in back):    # split: re-cut the input rows first
+            out.append(Regroup(axis, d, chunks(src[d]), tuple(int(b) for b in back), False))
+            continue
+        if all(h.denominator == 1 for h in have):
+            out.append(Regroup(axis, e, tuple(int(h) for h in have), want, True))
+            continue
+        raise IndivisibleShardError(
+            f"a view from {tuple(src)} to {tuple(dst)} sharding dim {d} -> dim {e} over {n} ranks: the chunks "
+            f"{chunks(src[d])} of dim {d} are not whole rows of dim {e} (chunks {want}), nor the reverse",
+            tuple(src), str(inputs), None, d, None)
     return out

@@ -41,7 +41,7 @@ import torch
 import torch.fx
 
 from ..config import PlanConfig
-from ..core.layout import Layout, Replicate, Shard, divides_evenly, fits
+from ..core.layout import IndivisibleShardError, Layout, Replicate, Shard, divides_evenly, fits, view_regroups
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
@@ -123,6 +123,11 @@ def _valid(combo: tuple[AxisOption, ...], ins: tuple[Layout, ...], out: Layout, 
             if k in option.even or any(isinstance(q, Shard) and q.dim % len(shapes[0]) == p.dim % len(shapes[0])
                                        and mesh.shape[i] > 1 for i, q in enumerate(layout) if i != axis):
                 return False
+    if any(option.regroup for option in combo):  # a view whose uneven chunks are not whole rows on either side
+        try:                                     # ((12, 8) -> (16, 6) over 3: 32 elements are 5.33 rows of 6)
+            view_regroups(in_shapes[0], out_shapes[0], ins[0], out, mesh.shape)
+        except IndivisibleShardError:
+            return False
     return True
 
 

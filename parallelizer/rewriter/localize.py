@@ -267,17 +267,34 @@ def _vocab_parallel_embedding(graph: torch.fx.Graph, ctx: Context, args: tuple, 
                                  "re-plan (the planner keeps such embeddings off the vocabulary dim)")
     starts, lengths = local_region(ctx.in_shapes[0], ctx.input_layout(0), ctx.mesh, ctx.coords)
     padding_idx = args[2] if len(args) > 2 else -1
-    return graph.call_function(masked_embedding, (args[0], args[1], starts[0], lengths[0], padding_idx))
+    return graph.call_function(masked_embedding, (args[0], args[1], starts[0], lengths[0], padding_idx,
+                                                  ctx.in_shapes[0][0]))
+
+
+def check_indices(index: torch.Tensor, size: int, what: str, ignore: int | None = None) -> None:
+    """Raise IndexError, as the op on one device does, when an entry of `index` (other than `ignore`) is
+    outside [0, size): the local form of an op indexing a dim sharded over ranks (a vocabulary) looks each
+    index up in this rank's slice only, so an index outside every slice would silently read zeros (an
+    embedding) or drop its target term (a cross-entropy's loss becomes the log-sum-exp alone; torchtitan#4297)."""
+    bad = (index < 0) | (index >= size)
+    if ignore is not None:
+        bad &= index != ignore
+    if bool(bad.any()):
+        raise IndexError(f"{what}: index {int(index[bad][0])} is out of range for a dim of size {size} (sharded "
+                         "over ranks here; on one device the op raises the same way)")
 
 
 def masked_embedding(weight: torch.Tensor, ids: torch.Tensor, start: int, rows: int,
-                     padding_idx: int = -1) -> torch.Tensor:
+                     padding_idx: int = -1, total: int | None = None) -> torch.Tensor:
     """Look up `ids` in the rows [start, start + rows) of a vocabulary held as `weight` (rows, C).
 
     Ids outside the range give zero vectors, so summing the ranks' outputs gives the full embedding;
-    `padding_idx` (global, -1 for none) keeps its row's gradient at zero on the rank that holds it.
+    `padding_idx` (global, -1 for none) keeps its row's gradient at zero on the rank that holds it. An id
+    outside the whole vocabulary of `total` rows raises IndexError as torch's embedding does (`check_indices`).
     Shapes: weight (rows, C), ids (...) int64 -> (..., C).
     """
+    if total is not None:
+        check_indices(ids, total, "embedding (vocab-parallel)")
     local = ids - start
     outside = (local < 0) | (local >= rows)
     local_pad = padding_idx - start if padding_idx >= 0 and 0 <= padding_idx - start < rows else None
@@ -344,12 +361,13 @@ def _cross_entropy(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dic
         return graph.call_function(ctx.node.target, args, kwargs)
     starts, _ = local_region(ctx.in_shapes[0], ctx.inputs[0], ctx.mesh, ctx.coords)
     return graph.call_function(sharded_cross_entropy, (*full, [ctx.groups[a] for a in batch_axes],
-                                                       [ctx.groups[a] for a in class_axes], starts[1]))
+                                                       [ctx.groups[a] for a in class_axes], starts[1],
+                                                       ctx.in_shapes[0][1]))
 
 
 def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, reduction: int, ignore_index: int,
                           label_smoothing: float, batch_groups: list[list[int]], class_groups: list[list[int]],
-                          class_start: int) -> torch.Tensor:
+                          class_start: int, classes: int | None = None) -> torch.Tensor:
     """Cross-entropy of local shards: rows (and trailing dims) split over `batch_groups`, classes (dim 1)
     over `class_groups` starting at global class `class_start`.
 
@@ -360,6 +378,8 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
     (class-index targets, no weight or label smoothing; Megatron's vocab-parallel cross-entropy, Shoeybi
     et al. 2019, Sec. 3): the row max (all-reduce max), the sum of exponentials and the target logit
     (all-reduce sum) are combined over the class groups, and the loss is Replicate there.
+    `classes` (the global class count): a target outside [0, classes) other than `ignore_index` raises
+    IndexError, as on one device (`check_indices`).
     Shapes: logits (N, C_local, *) , target (N, *) class ids or (N, C, *) probabilities -> per reduction.
     """
     names = {0: "none", 1: "mean", 2: "sum"}
@@ -371,6 +391,8 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
         if weight is not None or label_smoothing or target.is_floating_point():
             raise UnsupportedOpError("vocab-parallel cross-entropy supports class-index targets without class "
                                      "weights or label smoothing; re-plan (the planner does not choose it otherwise)")
+        if classes is not None:  # a target in no rank's class slice: one device raises, not a log-sum-exp loss
+            check_indices(target, classes, "cross_entropy (vocab-parallel) target", ignore_index)
         rows = logits.detach().amax(dim=1) if logits.shape[1] else \
             logits.new_full((logits.shape[0], *logits.shape[2:]), float("-inf"))  # an empty class shard
         for ranks in class_groups:

@@ -174,3 +174,75 @@ class OddWidth(nn.Module):
 def odd_width(seed: int = 0):
     torch.manual_seed(seed)
     return OddWidth(), (torch.randint(0, 101, (10, 3), generator=torch.Generator().manual_seed(seed)),)
+
+
+# --- round 9 (public reports of other auto-parallel systems' silent wrong numbers; trial/r9b_*) ---------------
+
+class RefactoredView(nn.Module):
+    """(12, 5) -> Linear -> (12, 8) -> view(16, 6) -> Linear -> view(-1, 8): a view whose sharded dim maps to one
+    of another size that is neither a multiple nor a divisor of it (12 rows of 8 -> 16 rows of 6, 4/3 rows per
+    row), pytorch#179502 (https://github.com/pytorch/pytorch/issues/179502): DTensor's view of a dim-1 shard gave
+    wrong numbers; ours crashed on every rank under ddp ("shape '[6, 6]' is invalid for input of size 48"):
+    the re-cut of the rows assumed an integer ratio (16 // 12 = 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 8)
+        self.b = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).view(16, 6)).view(-1, 8)
+
+
+def refactored_view(seed: int = 0):
+    torch.manual_seed(seed)
+    return RefactoredView(), (torch.randn(12, 5, generator=torch.Generator().manual_seed(seed)),)
+
+
+class TiedVocabCE(nn.Module):
+    """Embedding(37, 16) -> tanh(Linear) -> logits through the tied embedding -> cross-entropy: under tp the
+    vocabulary (37: uneven over 2 or 4 ranks) is sharded, so the lookup and the loss index a sharded dim."""
+
+    def __init__(self, vocab: int = 37, dim: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.mid = nn.Linear(dim, dim)
+
+    def forward(self, ids, labels):
+        logits = torch.tanh(self.mid(self.emb(ids))) @ self.emb.weight.t()
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def tied_vocab_ce(vocab: int = 37, dim: int = 16, seed: int = 0, device: str = "cpu"):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, vocab, (4, 5), generator=gen)
+    labels[0, :2] = -100
+    with torch.device(device):
+        model = TiedVocabCE(vocab, dim)
+    return model, (torch.randint(0, vocab, (4, 5), generator=gen).to(device), labels.to(device))
+
+
+def out_of_range_indices(rank: int, world_size: int, spec) -> dict:
+    """The sharded program and the eager model on valid inputs (labels -100 included: the loss) and on a
+    label / an id outside the vocabulary (the exception's class name, or the value returned)."""
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    model, (ids, labels) = tied_vocab_ce()
+    pm = ParallelModule(trace(model, (ids, labels)), spec, rank, model)
+    create_groups(all_axis_groups(spec.mesh))
+    out = {"valid": (pm(ids, labels).item(), model(ids, labels).item())}
+    for name, bad_ids, bad_labels in (("label_high", ids, labels.clone().index_fill_(1, torch.tensor([3]), 40)),
+                                      ("label_negative", ids, labels.clone().index_fill_(1, torch.tensor([3]), -5)),
+                                      ("id_high", ids.clone().index_fill_(1, torch.tensor([3]), 37), labels)):
+        got = []
+        for m in (pm, model):
+            try:
+                got.append(f"returned {m(bad_ids, bad_labels).item():.4f}")
+            except Exception as e:  # noqa: BLE001
+                got.append(type(e).__name__)
+        out[name] = tuple(got)
+    return out

@@ -16,8 +16,9 @@ from parallelizer.core.layout import Layout, Shard
 from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
-from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, row_parallel_plus,
-                            small_resnet, sum_plus, zeros_like_plus)
+from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, out_of_range_indices,
+                            refactored_view, row_parallel_plus, small_resnet, sum_plus, tied_vocab_ce,
+                            zeros_like_plus)
 from launch_once import run_each
 from semantics_models import run_outputs
 
@@ -51,7 +52,8 @@ def two_rank_reports():
     wide = functools.partial(causal_scores, 512, 64, 0, "meta")  # planned wide (on meta), run narrow
     _, cases["tril"] = _plan(wide, {"tp": 2}, axis_roles={"tp": "tp"})
     _, cases["zeros_like"] = _plan(zeros_like_plus, {"dp": 2}, axis_roles={"dp": "ddp"})
-    builders = {"cast": narrow_cast, "tril": causal_scores, "zeros_like": zeros_like_plus}
+    _, cases["view"] = _plan(refactored_view, {"dp": 2}, axis_roles={"dp": "ddp"})
+    builders = {"cast": narrow_cast, "tril": causal_scores, "zeros_like": zeros_like_plus, "view": refactored_view}
     specs = {k: spec_from_plan(p) for k, p in cases.items()}
     for dim in (1, 2):  # the planner keeps the scores Partial through tril (linear); force row / column shards
         specs[f"tril_dim{dim}"] = _with_layout(specs["tril"], "aten.tril.default", cases["tril"], f"S({dim})")
@@ -99,6 +101,7 @@ def four_rank_reports():
         "resnet": (small_resnet, {"dp": 4}, {"dp": "ddp"}),     # batch 6 over 4: 2, 2, 2, 0
         "moe": (einsum_moe, {"tp": 4}, {"tp": "tp"}),
         "odd": (odd_width, {"dp": 4}, {"dp": "fsdp"}),           # hidden 62, Embedding(101, 29)
+        "view": (refactored_view, {"dp": 4}, {"dp": "ddp"}),     # (12, 8) -> (16, 6), rows 3 -> 4 per rank
     }
     plans = {k: _plan(b, mesh, axis_roles=roles)[1] for k, (b, mesh, roles) in cases.items()}
     reports = rehearse_many([(cases[k][0], {}, spec_from_plan(p)) for k, p in plans.items()])
@@ -140,3 +143,50 @@ def test_parameters_whose_dims_do_not_divide_are_still_sharded(four_rank_reports
     assert report.matches(), report
     _, eight = _plan(odd_width, {"dp": 8}, axis_roles={"dp": "fsdp"})
     assert eight.params["emb.weight"].stored != "R"  # Embedding(101, 29) on 8 ranks
+
+
+# --- round 9: further public reports (trial/r9b_*; benchmarks/RESULTS.md "Round 9") -------------------------
+
+def test_a_view_between_dims_of_unrelated_sizes_plans_and_runs():
+    """pytorch#179502 (https://github.com/pytorch/pytorch/issues/179502): (12, 8) -> (16, 6) with the batch dim
+    sharded. Its chunks of 6 rows (48 elements) are 8 rows of 6 on 2 and 4 ranks (a local view, no re-cut); on
+    3 ranks 4 rows (32 elements) are 5.33 rows of 6 and no re-cut of whole rows exists, so the planner must not
+    offer Shard(0) -> Shard(0) there (before: a re-cut by 16 // 12 = 1 row, a reshape error on every rank)."""
+    from parallelizer.core.layout import IndivisibleShardError, view_regroups
+    s0 = Layout.parse("S(0)")
+    assert view_regroups((12, 8), (16, 6), s0, s0, (2,)) == [] == view_regroups((12, 8), (16, 6), s0, s0, (4,))
+    with pytest.raises(IndivisibleShardError):
+        view_regroups((12, 8), (16, 6), s0, s0, (3,))
+    (r,) = view_regroups((10, 7), (70,), s0, s0, (4,))   # an integer ratio re-cuts as before
+    assert (r.have, r.want, r.after) == ((21, 21, 21, 7), (18, 18, 18, 16), True)
+    _, three = _plan(refactored_view, {"dp": 3}, axis_roles={"dp": "ddp"})
+    view = next(n for n in three.nodes.values() if n.op == "aten.view.default")
+    assert (view.inputs[0], view.output) != ("S(0)", "S(0)"), view
+
+
+def test_a_view_between_dims_of_unrelated_sizes_matches_one_device(two_rank_reports, four_rank_reports):
+    for plan, report in (two_rank_reports["view"], four_rank_reports["view"]):  # dp=2 and dp=4, ddp
+        view = next(n for n in plan.nodes.values() if n.op == "aten.view.default")
+        assert (view.inputs[0], view.output) == ("S(0)", "S(0)"), view  # the batch stays sharded through it
+        assert report.matches(), report
+
+
+def test_indices_outside_a_sharded_vocabulary_raise_as_on_one_device():
+    """torchtitan#4297 (https://github.com/pytorch/torchtitan/pull/4297): a label outside the vocabulary (not the
+    ignore_index) in a vocab-parallel cross-entropy falls in no rank's slice, so every rank dropped its target
+    term and the loss was the log-sum-exp alone, where one device raises IndexError; an id outside the
+    vocabulary of a vocab-parallel embedding read zeros. On tp=2 (37 classes: 19 + 18) both now raise IndexError
+    on every rank, and valid labels with -100 rows give one device's loss."""
+    _, plan = _plan(tied_vocab_ce, {"tp": 2}, axis_roles={"tp": "tp"})
+    spec = spec_from_plan(plan)  # force the vocab-parallel loss and lookup (the planner keeps this small one off)
+    nodes, L = dict(spec.nodes), Layout.parse
+    for name, n in plan.nodes.items():
+        if n.op == "aten.cross_entropy_loss.default":
+            nodes[name] = NodeSharding((L("S(1)"), L("R")), L("R"))
+        elif n.op == "aten.embedding.default":
+            nodes[name] = NodeSharding((L("S(0)"), L("R")), L("P"))
+    spec = dataclasses.replace(spec, nodes=nodes)
+    for ranks in spawn(out_of_range_indices, 2, spec):
+        got, want = ranks.pop("valid")
+        torch.testing.assert_close(got, want)
+        assert ranks == {k: ("IndexError", "IndexError") for k in ("label_high", "label_negative", "id_high")}, ranks
