@@ -36,6 +36,7 @@ from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import gather_tensor, shard_tensor
 from ..tracer.graph import draws_random
+from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
 from .launch import create_groups, spawn
@@ -271,6 +272,21 @@ def _loss(output) -> torch.Tensor:
     return squares.mean()
 
 
+def _output_pairs(out, ref_outs: list) -> list[tuple]:
+    """("output <key path>", the plan's tensor, each reference's) for every tensor leaf of the outputs, paired
+    by key path (`tracer.leaves`: a ModelOutput may hold its fields in another order than the reference's);
+    a structure with other paths pairs by position, and a different number of tensors is never a match."""
+    paired = pair_by_path(out, *ref_outs)
+    if paired is None:
+        tensors = [[t for t in pytree.tree_leaves(o) if isinstance(t, torch.Tensor)] for o in (out, *ref_outs)]
+        if len({len(t) for t in tensors}) != 1:
+            nan = torch.tensor(float("nan"))
+            return [(f"output: {len(tensors[0])} tensors, the reference returned {len(tensors[1])}", nan,
+                     torch.tensor(0.0), *([torch.tensor(0.0)] * (len(tensors) - 2)))]
+        return [("output", *ts) for ts in zip(*tensors)]
+    return [(f"output {path}", a, *bs) for path, a, *bs in paired if isinstance(a, torch.Tensor)]
+
+
 def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, str, float]:
     """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
     (name, a, b, exact): the ratio is `tolerance.excess`'s, or with `exact` the smaller of it and
@@ -410,7 +426,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])
-    output = _max_diff((("output", a, *bs) for a, *bs in zip(leaves(out), *map(leaves, ref_outs))), compute, judge)
+    output = _max_diff(_output_pairs(out, ref_outs), compute, judge)
     losses = [_loss(o) for o in (out, *ref_outs)]
     for value in losses:
         value.backward()
