@@ -16,7 +16,7 @@ from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
-                          ema_under_no_grad, reordered_output, reordered_output_rank,
+                          ema_under_no_grad, reordered_output, reordered_output_rank, tiny_output,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, spectral_norm_linear, training_loop_rank,
@@ -66,7 +66,8 @@ def two_rank_reports():
              "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"})),
              "merged_batch_slice": (merged_batch_slice,
                                     _plan(merged_batch_slice, {"dp": 2}, axis_roles={"dp": "ddp"})),
-             "reordered_output": (reordered_output, _plan(reordered_output, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+             "reordered_output": (reordered_output, _plan(reordered_output, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "tiny_output": (tiny_output, _plan(tiny_output, {"dp": 2}, axis_roles={"dp": "ddp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -137,6 +138,16 @@ def test_a_model_output_rebuilt_in_another_field_order_is_compared_field_by_fiel
     with their default configs on ddp, tp=2 and fsdp, round 9)."""
     report = two_rank_reports["reordered_output"]
     assert report.output < 1e-5 and report.matches(), report
+
+
+def test_a_rehearsal_whose_gradients_are_all_below_the_tolerance_says_it_checked_nothing(two_rank_reports):
+    """An output of order 1e-8 (DPT's depth head at its initial weights: output 2.5e-8, largest gradient 5.7e-9):
+    every one-device gradient (largest 4e-8 here) is below float32's atol 1e-5, so any program with gradients as
+    small would match. The report says so (`blind`, "NOTHING CHECKED" with the remedy); a model with gradients
+    of order 1 is not flagged. Before, it read "numerics match" (DPT on ddp, tp=2, fsdp: ratio 4e-10)."""
+    report = two_rank_reports["tiny_output"]
+    assert report.blind and report.grad_scale < 1e-5 and "NOTHING CHECKED" in str(report), report
+    assert not two_rank_reports["ema"].blind and "NOTHING CHECKED" not in str(two_rank_reports["ema"])
 
 
 def test_loss_plus_aux_loss_in_place_matches_under_ddp(two_rank_reports):
