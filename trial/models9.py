@@ -382,3 +382,77 @@ def efficientnet(seed=0, device="cpu"):
 
 
 MORE = ["switch_transformers", "olmoe", "qwen2_vl", "levit", "pvt_v2", "focalnet"]  # hiera, efficientnet: my sizes invalid
+
+
+# ---------------------------------------------------------------- hand-written patterns
+class _ConvPatterns(torch.nn.Module):
+    """Dilated grouped conv, transposed grouped conv with output_padding, pixel_unshuffle / pixel_shuffle,
+    interpolate by a non-integer factor (bicubic, antialias off), a relative position bias table gathered by offsets."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(8, 16, 3, padding=2, dilation=2, groups=4)
+        self.t1 = torch.nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.c2 = torch.nn.Conv2d(32, 16, 1)
+        self.table = torch.nn.Parameter(torch.randn(2 * 8 - 1, 4))
+        idx = torch.arange(8)
+        self.register_buffer("rel", (idx[:, None] - idx[None, :] + 7), persistent=False)
+        self.q = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 5)
+
+    def forward(self, x):  # (B, 8, 16, 16)
+        h = torch.nn.functional.gelu(self.c1(x))                       # (B, 16, 16, 16)
+        h = self.t1(h)                                                 # (B, 8, 32, 32)
+        h = torch.nn.functional.pixel_unshuffle(h, 2)                  # (B, 32, 16, 16)
+        h = self.c2(h)                                                 # (B, 16, 16, 16)
+        h = torch.nn.functional.interpolate(h, scale_factor=0.5, mode="bicubic", align_corners=False)  # (B,16,8,8)
+        t = h.flatten(2).transpose(1, 2).reshape(h.shape[0], 8, 8, 16).mean(2)  # (B, 8, 16) tokens
+        q = self.q(t).view(t.shape[0], 8, 4, 4).transpose(1, 2)       # (B, 4 heads, 8, 4)
+        bias = self.table[self.rel].permute(2, 0, 1)                    # (4, 8, 8)
+        att = (q @ q.transpose(-1, -2) + bias).softmax(-1) @ q          # (B, 4, 8, 4)
+        return self.head(att.transpose(1, 2).reshape(t.shape[0], 8, 16).mean(1))
+
+
+def conv_patterns(seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        m = _ConvPatterns()
+    return m, (torch.randn(B, 8, 16, 16, generator=_g(1)),), {}
+
+
+class _CrossAttnMoE(torch.nn.Module):
+    """Cross-attention of 6 queries over 10 keys (SDPA, another length), then a top-2 router over 4 experts
+    with softmax gates and index_add dispatch (scatter), and an aux load-balance loss added to the output."""
+
+    def __init__(self, d=16, e=4):
+        super().__init__()
+        self.q, self.kv = torch.nn.Linear(d, d), torch.nn.Linear(d, 2 * d)
+        self.router = torch.nn.Linear(d, e, bias=False)
+        self.w1 = torch.nn.Parameter(torch.randn(e, d, 2 * d) * 0.1)
+        self.w2 = torch.nn.Parameter(torch.randn(e, 2 * d, d) * 0.1)
+        self.e = e
+
+    def forward(self, x, mem):  # (B, 6, d), (B, 10, d)
+        b, n, d = x.shape
+        k, v = self.kv(mem).chunk(2, -1)
+        h = torch.nn.functional.scaled_dot_product_attention(
+            self.q(x).view(b, n, 4, d // 4).transpose(1, 2), k.view(b, -1, 4, d // 4).transpose(1, 2),
+            v.view(b, -1, 4, d // 4).transpose(1, 2)).transpose(1, 2).reshape(b, n, d)
+        flat = h.reshape(-1, d)
+        probs = self.router(flat).softmax(-1)
+        gate, idx = probs.topk(2, -1)
+        gate = gate / gate.sum(-1, keepdim=True)
+        onehot = torch.nn.functional.one_hot(idx, self.e).to(flat.dtype)           # (N, 2, e)
+        dispatch = (onehot * gate[..., None]).sum(1)                                # (N, e)
+        expert_out = torch.einsum("nd,edf->nef", flat, self.w1).relu()
+        expert_out = torch.einsum("nef,efd->ned", expert_out, self.w2)
+        y = (expert_out * dispatch[..., None]).sum(1).view(b, n, d)
+        aux = (probs.mean(0) * onehot.sum(1).mean(0)).sum() * self.e
+        return y.pow(2).mean() + 0.01 * aux
+
+
+def cross_attn_moe(seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        m = _CrossAttnMoE()
+    return m, (torch.randn(B, 6, 16, generator=_g(1)), torch.randn(B, 10, 16, generator=_g(2))), {}
