@@ -233,3 +233,24 @@ def test_a_pipeline_loss_fn_reads_the_output_fields_at_the_models_positions():
 
     expected = eager.to_tuple()[1][0].sum() * 2 + 1.0
     torch.testing.assert_close(_structured_loss(loss_fn, spec, False, tuple(leaves), torch.tensor(1.0)), expected)
+
+
+def test_the_pipeline_loss_weighting_traces_loss_fn_on_the_fields_at_the_models_positions():
+    """`loss_weight.loss_fn_weighting` rebuilds the output for tracing the user's loss_fn with the traced field
+    order: a cross-entropy over `out[1][0]` (hidden_states[0], (4, 6, 8)) against 24 targets traces and gives a
+    weighting. Before, `out[1]` was pooler_output (4, 8), the trace failed on the shapes and the weighting was
+    silently dropped (None: the caller's fallback count)."""
+    from torch.utils import _pytree as pytree
+
+    from parallelizer.runtime.loss_weight import loss_fn_weighting
+
+    torch.manual_seed(0)
+    eager = ReorderedOutput()(torch.randn(4, 6, 8))
+    leaves, spec = pytree.tree_flatten(eager)
+    target = torch.randint(0, 8, (24,))
+
+    def loss_fn(out, t):
+        return torch.nn.functional.cross_entropy(out[1][0].reshape(-1, 8), t)
+
+    loss_fn(eager, target)  # runs on the model's own output
+    assert loss_fn_weighting(loss_fn, [x.detach() for x in leaves], spec, target) is not None
