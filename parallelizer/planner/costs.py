@@ -263,7 +263,17 @@ class Pricer:
                self.fusion_of(tg, info.name), self.saved_share(tg, info.name))
         hit = self._node.get(key)
         if hit is None:
-            hit = self._price(tg, info, space, in_local, out_local)
+            try:
+                hit = self._price(tg, info, space, in_local, out_local)
+            except ValueError as exc:  # cost_model has no peak for the op's dtype (a float64 matmul on a GPU preset)
+                if "no peak FLOP/s" not in str(exc):
+                    raise
+                dtypes = sorted({str(i.dtype).removeprefix("torch.") for i in space.inputs})
+                raise PrecisionError(
+                    f"node {info.name} ({info.target}) computes in {', '.join(dtypes)}, which device "
+                    f"{self.device.name!r} has no peak FLOP/s for ({exc}). Remedy: compute that op in a dtype the "
+                    "device prices (e.g. float32: .float() before it), or plan on a DeviceSpec with a peak for "
+                    "it (cluster=...)") from exc
             self._node[key] = hit
         inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
                                tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,

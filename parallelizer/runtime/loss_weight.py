@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
 from ..tracer.graph import TracedGraph
+from ..tracer.leaves import unflatten_in_order
 from .step import StepError
 
 aten = torch.ops.aten
@@ -252,7 +252,7 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     leaves, fake_target = _fakes([*outputs, target], target.device)
 
     def call(*flat):
-        structured = pytree.tree_unflatten(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
+        structured = unflatten_in_order(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
         with _real_scaler_start():
             return loss_fn(structured, flat[-1])
 

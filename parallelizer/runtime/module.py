@@ -51,6 +51,7 @@ from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
+from ..tracer.leaves import unflatten_in_order
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
@@ -297,7 +298,8 @@ class ParallelModule(torch.nn.Module):
         with self._autocast():
             out = self.program.graph_module(*self._state(), *tensors)
         spec = traced.exported.call_spec
-        return pytree.tree_unflatten(list(out), spec.out_spec) if spec.out_spec is not None else out
+        # with the traced call's key order (a ModelOutput's positions, `to_tuple()`): `tracer.leaves`
+        return unflatten_in_order(list(out), spec.out_spec) if spec.out_spec is not None else out
 
     def _autocast(self):
         """The mixed-precision context of the plan (`runtime.precision.autocast`; a no-op without one), on the

@@ -43,6 +43,7 @@ from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
+from ..tracer.leaves import unflatten_in_order
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register as register_for_clipping
@@ -423,7 +424,7 @@ class PipelineModule(torch.nn.Module):
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:
     """The user's loss on the last stage's output tuple, restored to the model's output structure."""
-    structured = pytree.tree_unflatten(list(output), out_spec) if out_spec is not None else output
+    structured = unflatten_in_order(list(output), out_spec) if out_spec is not None else output  # `tracer.leaves`
     return compute_loss(structured, None if no_target else target, loss_fn)
 
 

@@ -36,6 +36,7 @@ from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import gather_tensor, shard_tensor
 from ..tracer.graph import draws_random
+from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
 from .launch import create_groups, spawn
@@ -80,6 +81,16 @@ class RehearsalReport:
     buffers: float | None = None
     worst_buffer: str = ""
     random: str = ""  # the random ops the traced forward draws from (`random_ops`), named when numbers differ
+    grad_scale: float | None = None  # largest |gradient| of the one-device reference over every parameter
+    grad_atol: float | None = None  # the absolute tolerance gradients are compared with
+
+    @property
+    def blind(self) -> bool:
+        """True when every gradient of the one-device reference is below the absolute tolerance it is compared
+        with: any program whose gradients are as small matches, right or wrong (DPT's depth head at its
+        initial weights: output 2.5e-8, largest gradient 5.7e-9 under atol 1e-5; round 9). Not a mismatch:
+        the report says so and names the remedy."""
+        return self.grad_scale is not None and self.grad_atol is not None and self.grad_scale < self.grad_atol
 
     def matches(self) -> bool:
         """True when every compared value is within its dtype-aware bound (`runtime.tolerance`)."""
@@ -108,6 +119,11 @@ class RehearsalReport:
                 + "loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
                 f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}"
+                + ("" if not self.blind else
+                   f"; NOTHING CHECKED: the one-device gradients are all below the absolute tolerance (largest "
+                   f"|grad| {self.grad_scale:.2e} < atol {self.grad_atol:.0e}), so a wrong program with gradients "
+                   "as small would match too; rehearse with the model's own loss (e.g. labels=) or inputs that give "
+                   "outputs of order 1")
                 + ("" if self.matches() or not self.random else
                    f"; the forward draws random numbers ({self.random}): sharded ranks draw other masks than one "
                    "device, so such a model cannot match; rehearse it with dropout 0 (e.g. transformers' "
@@ -200,7 +216,10 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
                            results[0]["code"], compression, final, describe(recipe),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
-                           results[0].get("random", ""))
+                           results[0].get("random", ""),
+                           max((r["grad_scale"][0] for r in results), default=None) if all(
+                               "grad_scale" in r for r in results) else None,
+                           results[0]["grad_scale"][1] if results and "grad_scale" in results[0] else None)
 
 
 def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
@@ -269,6 +288,21 @@ def _loss(output) -> torch.Tensor:
         size = first.shape[-1]
         squares = squares * (1 + torch.arange(size, dtype=squares.dtype, device=squares.device) / size)
     return squares.mean()
+
+
+def _output_pairs(out, ref_outs: list) -> list[tuple]:
+    """("output <key path>", the plan's tensor, each reference's) for every tensor leaf of the outputs, paired
+    by key path (`tracer.leaves`: a ModelOutput may hold its fields in another order than the reference's);
+    a structure with other paths pairs by position, and a different number of tensors is never a match."""
+    paired = pair_by_path(out, *ref_outs)
+    if paired is None:
+        tensors = [[t for t in pytree.tree_leaves(o) if isinstance(t, torch.Tensor)] for o in (out, *ref_outs)]
+        if len({len(t) for t in tensors}) != 1:
+            nan = torch.tensor(float("nan"))
+            return [(f"output: {len(tensors[0])} tensors, the reference returned {len(tensors[1])}", nan,
+                     torch.tensor(0.0), *([torch.tensor(0.0)] * (len(tensors) - 2)))]
+        return [("output", *ts) for ts in zip(*tensors)]
+    return [(f"output {path}", a, *bs) for path, a, *bs in paired if isinstance(a, torch.Tensor)]
 
 
 def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, str, float]:
@@ -410,7 +444,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])
-    output = _max_diff((("output", a, *bs) for a, *bs in zip(leaves(out), *map(leaves, ref_outs))), compute, judge)
+    output = _max_diff(_output_pairs(out, ref_outs), compute, judge)
     losses = [_loss(o) for o in (out, *ref_outs)]
     for value in losses:
         value.backward()
@@ -421,6 +455,10 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
 
     grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
         ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), compute, judge)
+    scale = max((p.grad.detach().abs().max().item() for p in reference.parameters()
+                 if p.grad is not None and p.grad.numel()), default=0.0)
+    dtype = next((p.dtype for p in reference.parameters() if p.is_floating_point()), torch.float32)
+    grad_scale = (scale, tolerances(loosest(dtype, compute))[1])  # (`RehearsalReport.blind`)
     opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, *(m for m, _ in refs))]
     for step in range(steps):
         if step:
@@ -447,4 +485,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
+            "grad_scale": grad_scale,
             "code": pm.program.graph_module.code if rank == 0 else ""}

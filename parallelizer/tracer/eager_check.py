@@ -24,6 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .graph import draws_random
+from .leaves import leaves_by_path, pair_by_path
 
 MAX_ELEMENTS = 50_000_000  # parameter elements (~200 MB in fp32): two host forwards stay cheaper than the trace
 _FACTOR = 10.0  # times torch.testing's default rtol / atol of the dtype: eager and exported run the same kernels
@@ -42,22 +43,23 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
     try:
         with _state_kept(model) as restore:
             try:
-                eager = pytree.tree_leaves(model(*_fresh(args), **_fresh(kwargs)))
+                eager = model(*_fresh(args), **_fresh(kwargs))
             except Exception as exc:  # noqa: BLE001 - the model's own error, reported, not raised
                 _warn_eager_raises(exc, notes)
                 return
             restore()  # both calls start from the same state (a buffer forward writes, then reads)
-            traced = pytree.tree_leaves(exported.module()(*_fresh(args), **_fresh(kwargs)))
+            traced = exported.module()(*_fresh(args), **_fresh(kwargs))
     except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
         notes.append(f"exported program not compared with eager forward: a call raised {type(exc).__name__}: "
                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
         return
-    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(eager, traced))
-             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
-    if len(eager) != len(traced):
-        notes.append(f"exported program not compared with eager forward: {len(eager)} output leaves eagerly, "
-                     f"{len(traced)} exported")
+    paired = pair_by_path(eager, traced)  # by key path: a ModelOutput rebuilt by export may order its fields
+    if paired is None:                    # otherwise than eager's (`tracer.leaves`)
+        notes.append(f"exported program not compared with eager forward: {len(leaves_by_path(eager))} output "
+                     f"leaves eagerly, {len(leaves_by_path(traced))} exported, at other paths")
         return
+    pairs = [(f"{i}{' ' + path if path else ''}", a, b) for i, (path, a, b) in enumerate(paired)
+             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
     worst = _worst(pairs)
     if worst is not None:
         i, diff, shape = worst
@@ -141,8 +143,8 @@ def _skip_reason(model, exported, notes) -> str:
     return ""
 
 
-def _worst(pairs) -> tuple[int, float, tuple] | None:
-    """(leaf index, largest |difference|, shape) of the first pair beyond `_FACTOR` times the dtype's bound
+def _worst(pairs) -> tuple[str, float, tuple] | None:
+    """(leaf index and key path, largest |difference|, shape) of the first pair beyond `_FACTOR` times the dtype's bound
     (`runtime.tolerance.excess`: torch.testing's defaults; integers and bool exact), or None when all agree."""
     from ..runtime.tolerance import excess  # (runtime imports the tracer)
 

@@ -36,6 +36,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as checkpoint_module
 from torch.export.graph_signature import ConstantArgument, InputKind
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
@@ -85,8 +86,12 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
         compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
     gm = exported.graph_module
-    normalize(gm, notes)
-    drop_unused_constants(exported)
+    try:
+        normalize(gm, notes)
+        drop_unused_constants(exported)
+    except GuardOnDataDependentSymNode:
+        _refuse_data_dependent_shapes(gm)  # the TraceError `_static_metas` would raise, before a pass guarded
+        raise
     renamed = _fx_legal_input_names(gm, exported.graph_signature)
     if renamed:
         notes.append("input(s) named like Python builtins are called " + ", ".join(
@@ -338,6 +343,15 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
                 "torch.where(mask, x, 0) or x * mask instead of x[mask] / masked_select / nonzero / unique, "
                 "and sums over the masked tensor instead of its selected elements")
     return _tensor_metas(node.meta.get("val"))
+
+
+def _refuse_data_dependent_shapes(gm: torch.fx.GraphModule) -> None:
+    """The TraceError of `_static_metas` for the first node whose value has a shape that depends on tensor
+    values, raised when a graph pass (normalize: a cat's empty operands, views, dead code) compared such a
+    symbolic size and torch raised its untyped GuardOnDataDependentSymNode (Idefics3 / SmolVLM keep the real
+    images with `pixel_values[real_images_inds]`). Returns when there is none (the caller re-raises)."""
+    for node in gm.graph.nodes:
+        _static_metas(node)
 
 
 _SYMBOLIC_CHECKS = ("_assert_scalar", "sym_constrain_range", "_assert_async")

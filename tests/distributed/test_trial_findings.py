@@ -13,7 +13,7 @@ from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from plan_cases import random_cost_plan
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
-                          ema_under_no_grad,
+                          ema_under_no_grad, reordered_output, reordered_output_rank, tiny_output,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, spectral_norm_linear, training_loop_rank,
@@ -49,7 +49,9 @@ def two_rank_reports():
              "cross_map_lrn": (cross_map_lrn, _plan(cross_map_lrn, {"tp": 2}, axis_roles={"tp": "tp"})),
              "packed_llama": (packed_llama, _plan(packed_llama, {"tp": 2}, axis_roles={"tp": "tp"})),
              "merged_batch_slice": (merged_batch_slice,
-                                    _plan(merged_batch_slice, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+                                    _plan(merged_batch_slice, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "reordered_output": (reordered_output, _plan(reordered_output, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "tiny_output": (tiny_output, _plan(tiny_output, {"dp": 2}, axis_roles={"dp": "ddp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -99,7 +101,7 @@ def test_vocab_parallel_cross_entropy_of_logits_with_minus_inf_entries(two_rank_
     `picked * inside` = -inf * 0 = NaN: the loss was NaN on every rank while the gradients matched (SimCLR's
     NT-Xent with its masked diagonal on dp=2 under random costs, trial h2)."""
     report = two_rank_reports["banned_classes"]
-    assert "sharded_cross_entropy" in report.rank0_code and "[[0, 1]], 0)" in report.rank0_code, report.rank0_code
+    assert "sharded_cross_entropy" in report.rank0_code and "[[0, 1]], 0, 16)" in report.rank0_code, report.rank0_code
     assert report.matches(), report
 
 
@@ -110,6 +112,26 @@ def test_packed_sequences_on_a_caching_config_match_the_users_model_on_tp(two_ra
     one device) masked them: logits 0.21 off on the packed row, with only a warning (round 10a)."""
     report = two_rank_reports["packed_llama"]
     assert report.matches(), report
+
+
+def test_a_model_output_rebuilt_in_another_field_order_is_compared_field_by_field(two_rank_reports):
+    """A ModelOutput whose fields were inserted (last_hidden_state, hidden_states, pooler_output) is rebuilt by
+    pytree as (last_hidden_state, pooler_output, hidden_states): on dp=2 (ddp) every field equals eager's when
+    paired by key path. Before, rehearse paired the output leaves by position (pooler_output (4, 8) with
+    hidden_states[0] (4, 6, 8)) and reported NUMERICS DIFFER (ratio inf) for a right plan (InternVL and Aria
+    with their default configs on ddp, tp=2 and fsdp, round 9)."""
+    report = two_rank_reports["reordered_output"]
+    assert report.output < 1e-5 and report.matches(), report
+
+
+def test_a_rehearsal_whose_gradients_are_all_below_the_tolerance_says_it_checked_nothing(two_rank_reports):
+    """An output of order 1e-8 (DPT's depth head at its initial weights: output 2.5e-8, largest gradient 5.7e-9):
+    every one-device gradient (largest 4e-8 here) is below float32's atol 1e-5, so any program with gradients as
+    small would match. The report says so (`blind`, "NOTHING CHECKED" with the remedy); a model with gradients
+    of order 1 is not flagged. Before, it read "numerics match" (DPT on ddp, tp=2, fsdp: ratio 4e-10)."""
+    report = two_rank_reports["tiny_output"]
+    assert report.blind and report.grad_scale < 1e-5 and "NOTHING CHECKED" in str(report), report
+    assert not two_rank_reports["ema"].blind and "NOTHING CHECKED" not in str(two_rank_reports["ema"])
 
 
 def test_loss_plus_aux_loss_in_place_matches_under_ddp(two_rank_reports):
@@ -228,6 +250,18 @@ def test_in_place_writes_through_views_on_a_mesh_with_an_empty_shard():
     plan = _plan(in_place_through_views, {"dp": 3}, axis_roles={"dp": "fsdp"})
     report = rehearse_many([(in_place_through_views, {}, plan)], steps=2)[0]
     assert report.matches(), report
+
+
+def test_a_parallel_module_returns_the_model_output_fields_in_the_models_order():
+    """`pm(x)` of a model whose ModelOutput fields were inserted out of their dataclass order (InternVL's and
+    Aria's vision output) holds them in the model's order, so `out[1]` / `to_tuple()` read the same field as
+    eagerly (values within float32 rounding, on dp=2 ddp). Before, pytree's unflatten rebuilt the dataclass
+    order: `out.to_tuple()[1]` was pooler_output where the model returns hidden_states."""
+    spec = spec_from_plan(_plan(reordered_output, {"dp": 2}, axis_roles={"dp": "ddp"}))
+    for r in spawn(run_each, 2, [(reordered_output_rank, (spec,))], timeout_s=300):
+        r = r[0]
+        assert r["keys"] == r["eager_keys"] == ["last_hidden_state", "hidden_states", "pooler_output"], r
+        assert r["by_position"] < 1e-5, r
 
 
 # ------------------------------------------------- round 7: user code around and on a ParallelModule

@@ -493,3 +493,72 @@ def merged_batch_slice():
     feature dim serves: InfeasiblePlanError (trial 10e, TimeSformer)."""
     torch.manual_seed(0)
     return MergedBatchSlice(), (torch.randn(2, 2, 4, 16),)
+
+
+class ReorderedOutput(nn.Module):
+    """Returns a transformers ModelOutput whose fields were inserted in another order than its dataclass
+    declares (InternVL's / Aria's vision output: hidden_states set before pooler_output), which pytree
+    rebuilds in the declared order: (last_hidden_state, hidden_states, pooler_output) eagerly,
+    (last_hidden_state, pooler_output, hidden_states) after unflatten."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.a, self.b = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):  # (batch, seq, dim)
+        h = self.a(x)
+        out = _model_output()(last_hidden_state=self.b(h), hidden_states=(h,))
+        out["pooler_output"] = out.last_hidden_state.mean(1)
+        return out
+
+
+def reordered_output():
+    _model_output()  # imported before tracing
+    torch.manual_seed(0)
+    return ReorderedOutput(), (torch.randn(4, 6, 8),)
+
+
+def _model_output():
+    """transformers' BaseModelOutputWithPooling, imported before tracing (a ModelOutput class first imported
+    under torch.export is not yet known to its output check)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return BaseModelOutputWithPooling
+
+
+def reordered_output_rank(rank: int, world_size: int, spec) -> dict:
+    """The field order of `pm(x)` and eager's, and the largest |difference| of the two outputs' tensors paired
+    by POSITION (`to_tuple()`, as user code indexing `out[1]` reads them)."""
+    import torch.distributed as dist
+    from torch.utils import _pytree as pytree
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    create_groups(all_axis_groups(spec.mesh))
+    model, (x,) = reordered_output()
+    eager = model(x)
+    pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+    out = pm(x)
+    pairs = list(zip(pytree.tree_leaves(out.to_tuple()), pytree.tree_leaves(eager.to_tuple())))
+    diff = max((a - b).abs().max().item() if a.shape == b.shape else float("inf") for a, b in pairs)
+    return {"keys": list(out.keys()), "eager_keys": list(eager.keys()), "by_position": diff}
+
+
+class TinyOutput(nn.Module):
+    """An output of order 1e-8 (DPT's depth head at its initial weights): the fallback loss's gradients are all
+    below float32's atol (1e-5)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x) * 1e-8
+
+
+def tiny_output():
+    torch.manual_seed(0)
+    return TinyOutput(), (torch.randn(4, 8),)

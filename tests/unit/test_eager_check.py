@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import parallelizer
 from parallelizer.tracer import eager_check
@@ -162,3 +163,94 @@ def test_an_error_raised_only_under_export_says_the_model_runs_eagerly():
     text = str(info.value)
     assert "raises under torch.export but runs when called on the same inputs" in text, text
     assert "fails the same way" not in text and "is_compiling()" in text.split("Remedy")[1]
+
+
+class ReorderedOutput(nn.Module):
+    """A transformers ModelOutput whose fields are inserted (last_hidden_state, hidden_states, pooler_output),
+    which pytree rebuilds in its dataclass order (last_hidden_state, pooler_output, hidden_states), as
+    InternVL's and Aria's vision outputs; `export_only` adds 1 to the pooled output under torch.export."""
+
+    def __init__(self, export_only: bool = False) -> None:
+        super().__init__()
+        self.export_only, self.a, self.b = export_only, nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        out = BaseModelOutputWithPooling(last_hidden_state=self.b(h), hidden_states=(h,))
+        pooled = out.last_hidden_state.mean(1)
+        out["pooler_output"] = pooled + 1 if self.export_only and torch.compiler.is_exporting() else pooled
+        return out
+
+
+def test_outputs_rebuilt_in_another_field_order_are_compared_by_key_path():
+    """Before, the eager check paired output leaves by position: pooler_output (4, 8) with hidden_states[0]
+    (4, 6, 8), and warned that the exported program computes another function (|diff| = inf) for InternVL and
+    Aria, whose exported programs compute exactly the model's outputs."""
+    torch.manual_seed(0)
+    traced, caught = _trace(ReorderedOutput(), torch.randn(4, 6, 8))
+    assert not [n for n in traced.notes if "exported program" in n], traced.notes
+    assert not [m for m in caught if "exported program" in m]
+
+
+def test_a_real_difference_in_a_reordered_output_is_still_warned_with_its_path():
+    torch.manual_seed(0)
+    traced, caught = _trace(ReorderedOutput(export_only=True), torch.randn(4, 6, 8))
+    notes = [n for n in traced.notes if n.startswith("the exported program differs")]
+    assert len(notes) == 1 and "['pooler_output'] of shape (4, 8): max |eager - exported| = 1)" in notes[0], notes
+
+
+def test_unflatten_in_order_keeps_the_traced_field_order():
+    """The ParallelModule rebuilds its output with `tracer.leaves.unflatten_in_order`: positions
+    (`out[1]`, `to_tuple()`) hold the fields the model returned there, bitwise (pure data movement)."""
+    from torch.utils import _pytree as pytree
+
+    from parallelizer.tracer.leaves import unflatten_in_order
+
+    torch.manual_seed(0)
+    eager = ReorderedOutput()(torch.randn(4, 6, 8))
+    leaves, spec = pytree.tree_flatten(eager)
+    assert list(pytree.tree_unflatten(leaves, spec).keys()) != list(eager.keys())  # what pytree alone gives
+    rebuilt = unflatten_in_order(leaves, spec)
+    assert list(rebuilt.keys()) == list(eager.keys())
+    assert all(a is b or all(x is y for x, y in zip(a, b)) for a, b in zip(rebuilt.to_tuple(), eager.to_tuple()))
+
+
+
+def test_a_pipeline_loss_fn_reads_the_output_fields_at_the_models_positions():
+    """The pipeline's last stage rebuilds the output for the user's loss_fn (`pipeline_module._structured_loss`,
+    and `loss_weight.loss_fn_weighting` tracing loss_fn on metas) with the traced field order: a loss_fn reading
+    `out[1]` gets hidden_states, as on one device. Before, it got pooler_output."""
+    from torch.utils import _pytree as pytree
+
+    from parallelizer.runtime.pipeline_module import _structured_loss
+
+    torch.manual_seed(0)
+    eager = ReorderedOutput()(torch.randn(4, 6, 8))
+    leaves, spec = pytree.tree_flatten(eager)
+
+    def loss_fn(out, target):
+        return out[1][0].sum() * 2 + target
+
+    expected = eager.to_tuple()[1][0].sum() * 2 + 1.0
+    torch.testing.assert_close(_structured_loss(loss_fn, spec, False, tuple(leaves), torch.tensor(1.0)), expected)
+
+
+def test_the_pipeline_loss_weighting_traces_loss_fn_on_the_fields_at_the_models_positions():
+    """`loss_weight.loss_fn_weighting` rebuilds the output for tracing the user's loss_fn with the traced field
+    order: a cross-entropy over `out[1][0]` (hidden_states[0], (4, 6, 8)) against 24 targets traces and gives a
+    weighting. Before, `out[1]` was pooler_output (4, 8), the trace failed on the shapes and the weighting was
+    silently dropped (None: the caller's fallback count)."""
+    from torch.utils import _pytree as pytree
+
+    from parallelizer.runtime.loss_weight import loss_fn_weighting
+
+    torch.manual_seed(0)
+    eager = ReorderedOutput()(torch.randn(4, 6, 8))
+    leaves, spec = pytree.tree_flatten(eager)
+    target = torch.randint(0, 8, (24,))
+
+    def loss_fn(out, t):
+        return torch.nn.functional.cross_entropy(out[1][0].reshape(-1, 8), t)
+
+    loss_fn(eager, target)  # runs on the model's own output
+    assert loss_fn_weighting(loss_fn, [x.detach() for x in leaves], spec, target) is not None

@@ -1,6 +1,7 @@
 """Planner unit tests: clustered == unclustered objective, closed-form DP objective, determinism, JSON,
 infeasibility message, explain, fallbacks."""
 import pytest
+import torch
 
 import parallelizer
 from cost_model.communication import collective_time_s
@@ -195,3 +196,29 @@ def test_cpu_device_defaults_to_fp32_and_refuses_bf16(big_batch_mlp):
     assert (p.config["precision"], p.config["memory_reserve_bytes"]) == ("fp32", 0)
     with pytest.raises(PrecisionError, match="no bf16 peak"):
         plan(big_batch_mlp, DP8, cluster=cluster, precision="bf16")
+
+
+class _Float64Gram(torch.nn.Module):
+    """An fp32 model with one float64 matmul (a Gram matrix computed in double)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x).double()
+        return (h @ h.transpose(0, 1)).float().sum()
+
+
+def test_an_op_in_a_dtype_the_device_does_not_price_is_a_precision_error_naming_it():
+    """A float64 matmul on the default GPU preset (no float64 peak): a typed PrecisionError naming the node,
+    its dtype and the remedy. Before, cost_model's plain ValueError escaped parallelizer.plan (round 9: DepthPro
+    as float64, or any model with a double-precision matmul)."""
+    import torch
+
+    from parallelizer.errors import PrecisionError
+
+    traced = parallelizer.trace(_Float64Gram(), (torch.randn(4, 8),))
+    with pytest.raises(PrecisionError, match=r"node matmul \(aten\.matmul\.default\) computes in float64") as err:
+        parallelizer.plan(traced, {"dp": 2})
+    assert "Remedy" in str(err.value) and "float32" in str(err.value)

@@ -177,6 +177,31 @@ def test_an_output_size_that_depends_on_values_is_a_trace_error(op):
     assert "torch.where" in err.value.remedy
 
 
+class _SelectedThenCat(torch.nn.Module):
+    """Rows kept by a boolean mask (Idefics3 / SmolVLM: `pixel_values[real_images_inds]`), then concatenated."""
+    def __init__(self, empty_first):
+        super().__init__()
+        self.empty_first, self.a = empty_first, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        kept = x[x.sum(-1) > 0]
+        if self.empty_first:  # a fresh cache layer's form: cat([tensor([]), new])
+            return torch.cat([torch.tensor([]), kept.reshape(-1)]).sum()
+        return torch.cat([kept, self.a(x)], 0).sum()
+
+
+@pytest.mark.parametrize("empty_first", [False, True])
+def test_a_value_dependent_size_read_by_a_graph_pass_is_the_same_trace_error(empty_first):
+    """A pass of normalize (the cache clean-up's empty-cat-operand check) compared the unbacked size of a
+    boolean-indexed tensor and torch raised its untyped GuardOnDataDependentSymNode (Idefics3, SmolVLM with
+    their default configs); now it is the TraceError naming the op that made the size, with the remedy."""
+    line = inspect.getsourcelines(_SelectedThenCat.forward)[1] + 1
+    with pytest.raises(TraceError, match=r"output size depends on tensor values \(.*aten\.index") as err:
+        parallelizer.trace(_SelectedThenCat(empty_first), (torch.randn(6, 4),))
+    assert err.value.location == f"{__file__}:{line}"
+    assert "torch.where" in err.value.remedy
+
+
 class _TensorReadAsNumber(torch.nn.Module):
     def __init__(self, op):
         super().__init__()
