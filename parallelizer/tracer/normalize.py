@@ -43,6 +43,9 @@
    model's own `use_cache=True` (the cache itself is dropped from the output): `cat` operands with no elements
    are removed (a `cat` of one operand is that operand), then ops whose values reach no output and that write
    nothing a kept op or a placeholder reads (dead code; random draws kept).
+9. Twins of ops with sharding rules become those ops: `aten.concat` / `aten.concatenate` (aliases of
+   `aten.cat`) become `aten.cat`, and `aten.reshape_as(x, other)` becomes `aten.reshape(x, other's traced
+   shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule, and under ddp gathered the batch).
 """
 from __future__ import annotations
 
@@ -79,6 +82,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _drop_contiguous(gm, notes)
     _drop_cache_leftovers(gm, notes)
     _split_biases(gm, notes)
+    _twins(gm, notes)
     out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
@@ -291,6 +295,24 @@ def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         dropped += 1
     if dropped:
         notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only; a view of one became a reshape)")
+
+
+def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 9 (module docstring): aliases of cat and reshape_as become cat and reshape."""
+    aten = torch.ops.aten
+    renamed = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in (aten.concat.default, aten.concatenate.default):
+            node.target = aten.cat.default
+        elif node.target is aten.reshape_as.default and not node.kwargs:
+            node.target, node.args = aten.reshape.default, (node.args[0], list(node.args[1].meta["val"].shape))
+        else:
+            continue
+        renamed += 1
+    if renamed:
+        notes.append(f"{renamed} concat / reshape_as node(s) written as cat / reshape (same values; those have rules)")
 
 
 def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:

@@ -295,3 +295,29 @@ def test_empty_cat_operands_and_dead_writes_are_removed_buffer_writes_and_draws_
     assert aten.add_.Tensor in targets and aten.rand.default in targets
     assert not traced.exported.constants and not [p for p in traced.parameters.values() if p.is_constant]
     torch.testing.assert_close(traced.exported.module()(x), torch.relu(model.fc(x)))
+
+
+class _Twins(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(12, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        g = h.reshape(x.shape[0], 3, 2).reshape_as(h)
+        return self.b(torch.concat([g, torch.concatenate([h], 1)], 1))
+
+
+def test_concat_and_reshape_as_become_cat_and_reshape_and_plan_data_parallel():
+    """`torch.concat` / `torch.concatenate` (aliases of cat) and `reshape_as` had no rule: GOT-OCR2, LeViT and
+    ZoeDepth ran them replicated and under ddp gathered the batch (round 9). They are written as the ops with
+    rules; the graph computes the model's values and the ddp plan has no fallback."""
+    torch.manual_seed(0)
+    model, x = _Twins(), torch.randn(4, 6)
+    tg = parallelizer.trace(model, (x,))
+    ops = [n.target for n in tg.graph_module.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert ops.count(aten.cat.default) == 2 and ops.count(aten.reshape.default) == 2, ops
+    assert not {aten.concat.default, aten.concatenate.default, aten.reshape_as.default} & set(ops)
+    torch.testing.assert_close(tg.graph_module(*model.parameters(), x)[0], model(x))
+    assert not parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"}).fallbacks
