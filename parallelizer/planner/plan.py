@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..core.layout import Layout
+from ..core.layout import Layout, placement_str
 from ..core.mesh import MeshSpec
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
 from .stages import PipelineSection
@@ -270,6 +270,37 @@ class Plan:
         """All (edge, step) pairs, optionally of one step kind."""
         return [(e, s) for e in self.edges for s in e.steps if kind is None or s.kind == kind]
 
+    def program_steps(self) -> dict[tuple[str, str], int]:
+        """(step kind, mesh axis) -> how many steps each rank's emitted forward program holds, as
+        `rewriter.apply` emits them (and `RankProgram.collectives` / `rehearse` count them per kind): one per
+        (value, target layout, gradient axes), however many uses share it (`steps()` has one per use: a tied
+        embedding and lm_head gathered alike count twice there, once here), and user inputs, which arrive whole,
+        sliced to the rank's part from Replicate (no edge of the plan holds that slice: the plan's input layout is
+        already the sliced one), with the gradient steps a floating input needs should it require grad at call
+        time (they run in backward only then). Each step's backward conjugate runs in backward and is not counted apart;
+        local_slice moves no data; the gradient all-reduces of replicated parameters are bucketed at run time."""
+        inputs = set(self.model.get("inputs") or {})
+        counts: dict[tuple[str, str], int] = {}
+        seen = set()
+        for e in self.edges:
+            out = None if e.dst == "output" else self.nodes[e.dst].output
+            grad_axes = () if out is None else grad_partial_axes(Layout.parse(e.dst_layout), Layout.parse(out),
+                                                                   self.mesh)
+            key = (e.src, e.dst_layout, grad_axes)
+            if key in seen:
+                continue
+            seen.add(key)
+            steps = e.steps
+            if e.src in inputs:  # arrives whole; a floating one may require grad at call time (rewriter)
+                dtype = getattr(torch, e.dtype)
+                steps = _derived_steps(self.mesh, str(Layout.replicate(self.mesh.ndim)), e.dst_layout, out,
+                                       tuple(e.shape), dtype.itemsize, dtype.is_floating_point or dtype.is_complex,
+                                       False)
+            for st in steps:
+                if self.mesh.size(st.mesh_axis) > 1:
+                    counts[(st.kind, st.mesh_axis)] = counts.get((st.kind, st.mesh_axis), 0) + 1
+        return dict(sorted(counts.items()))
+
     # --- JSON ---------------------------------------------------------------------------------------
     def to_dict(self, include_timing: bool = False) -> dict:
         """The JSON document (format 4, `planner.plan_codec`): decisions stored once, derivable parts left out.
@@ -351,25 +382,81 @@ class Plan:
             hierarchical=dict(d.get("hierarchical", {})))
 
     # --- human ---------------------------------------------------------------------------------------
+    def idle_axes(self) -> list[str]:
+        """Mesh axes of more than one device over which no value and no parameter is sharded or Partial: the
+        ranks along such an axis all compute the same thing (the whole plan, when every such axis is idle)."""
+        layouts = {L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))}
+        layouts |= {p.stored for p in self.params.values()}
+        used = set()
+        for text in layouts:
+            for axis, pl in zip(self.mesh.axis_names, Layout.parse(text).placements):
+                if placement_str(pl) != "R":
+                    used.add(axis)
+        return [a for a, n in zip(self.mesh.axis_names, self.mesh.shape) if n > 1 and a not in used]
+
+    def _idle_axis_note(self, axis: str, idle: list[str]) -> str:
+        """The note of one idle axis of a plan that uses another axis: its devices folded into the first axis
+        in use is the mesh to try instead."""
+        n = self.mesh.size(axis)
+        busy = next(a for a, k in zip(self.mesh.axis_names, self.mesh.shape) if k > 1 and a not in idle)
+        other = {a: k * (n if a == busy else 1) for a, k in zip(self.mesh.axis_names, self.mesh.shape)
+                 if a not in idle}
+        return (f"axis {axis} ({n} devices) is unused: nothing is sharded over it, so the {n} ranks along it "
+                f"compute the same values (each repeats the others' work). Remedies: a mesh without it (e.g. "
+                f"{other}), or a role that shards over it (axis_roles={{'{axis}': 'ddp'}}, or 'tp')")
+
+    def _no_parallelism_note(self, roles: dict) -> str:
+        """The note of a plan that uses no parallelism on a mesh of several devices, naming why (batch smaller
+        than the axes, ops without a sharding rule, axis roles, the cost model) and the remedies that apply."""
+        big = [(a, n) for a, n in zip(self.mesh.axis_names, self.mesh.shape) if n > 1]
+        bd = dict(tuple(x) for x in self.config.get("batch_dims") or [])
+        default_dim = self.config.get("default_batch_dim", 0)
+        batch = 0
+        for name, shape in (self.model.get("inputs") or {}).items():
+            dim = bd.get(name, default_dim)
+            if dim is not None and shape and -len(shape) <= dim < len(shape):
+                batch = max(batch, shape[dim])
+        why, remedies = [], []
+        if batch and batch < min(n for _, n in big):
+            why.append(f"the batch ({batch} sample(s) along the batch dim of the inputs) has fewer samples than "
+                       f"any axis has devices ({', '.join(f'{a}={n}' for a, n in big)}), so it cannot be split")
+            remedies.append(f"a batch of at least {min(n for _, n in big)} samples per step")
+        ops = [n for n in self.nodes.values() if n.op not in ("placeholder", "output", "get_attr")]
+        no_rule = [f for f in self.fallbacks if f.reason.startswith("no sharding rule")]
+        if ops and len(no_rule) * 2 >= len(ops):
+            why.append(f"{len(no_rule)} of its {len(ops)} ops have no sharding rule and run replicated "
+                       f"({', '.join(sorted({f.op for f in no_rule})[:6])}{', ...' if len({f.op for f in no_rule}) > 6 else ''})")
+        if roles:
+            why.append(f"the axis roles {roles} shard nothing here")
+            remedies.append("check the batch and hidden sizes against the mesh")
+        device = (self.cluster or {}).get("device")
+        if not why or (not roles and not remedies):
+            why.append(f"under the cost model ({'the ' + device if device else 'its devices'}"
+                       f"{', the default cluster' if (self.cluster or {}).get('spec', '').startswith('h100') else ''}) "
+                       f"no sharding pays for its communication at this size (compute {self.cost.compute_s * 1e3:.3g} ms "
+                       "per step)")
+            axis = next((a for a, n in big if not batch or batch >= n), None)
+            if axis is not None and not roles:
+                remedies.append(f"axis_roles={{'{axis}': 'ddp'}} to force data parallelism (not for a forward that "
+                                "pairs samples across the batch, e.g. an in-batch contrastive loss: compute that loss "
+                                "outside the model)")
+            remedies.append("a cluster that describes the devices you run on (CPU ranks: cluster='profile.json' "
+                            "from `parallelizer calibrate`)")
+        return (f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
+                f"mesh {self.mesh}, so each device computes the whole step (the ranks repeat the same work; the "
+                f"estimated time is one device's). Why: {'; '.join(why)}. Remedies: fewer devices, "
+                f"{', '.join(remedies)}.".replace(", .", "."))
+
     def notes(self) -> list[str]:
         """What a reader should see first, derived from the plan (not stored): a plan on several devices that
         uses no parallelism at all; ops without a sharding rule (run replicated) and axis roles a parameter
         could not honour (`fallbacks`); activations gathered over a "ddp"/"fsdp" axis because the op reading
         them has no strategy that keeps them sharded there (it runs on the whole batch)."""
-        layouts = [L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))]
-        layouts += [p.stored for p in self.params.values()]
+        idle = self.idle_axes()
         roles = {a: r for a, r in self.config.get("axis_roles") or []}
-        if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
-            axis = self.mesh.axis_names[0]
-            remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism (not for a forward that pairs "
-                      "samples across the batch, e.g. an in-batch contrastive loss: compute that loss outside the "
-                      "model)" if not roles else
-                      f"the axis roles {roles} shard nothing here: check the batch and hidden sizes against the mesh")
-            return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
-                    f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "
-                    "under the cost model no sharding pays for its communication at this size. Remedies: fewer "
-                    f"devices, a larger batch, {remedy}."]
-        notes = []
+        if idle and len(idle) == sum(n > 1 for n in self.mesh.shape):
+            return [self._no_parallelism_note(roles)]
+        notes = [self._idle_axis_note(a, idle) for a in idle]
         no_rule = sorted({f.op for f in self.fallbacks if f.reason.startswith("no sharding rule")})
         if no_rule:
             notes.append(f"{len([f for f in self.fallbacks if f.reason.startswith('no sharding rule')])} op(s) have "
