@@ -111,7 +111,8 @@ class RehearsalReport:
                 + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
                 + "loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; steps in rank 0's program (forward, per kind; `show`: "in each rank's program") {self.collectives}; reference: {self.reference}"
+                f"bound = {self.tolerance_ratio:.2f}; steps in rank 0's program (forward, per kind; show: column "
+                f"\"in each rank's program\") {self.collectives}; reference: {self.reference}"
                 + ("" if self.matches() or not self.random else
                    f"; the forward draws random numbers ({self.random}): sharded ranks draw other masks than one "
                    "device, so such a model cannot match; rehearse it with dropout 0 (e.g. transformers' "
