@@ -101,7 +101,7 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     batch = plan.model.get("batch")
     if batch:
         rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
-    rows.append(["precision", precision_text(plan.config)])
+    rows.append(["precision", precision_text(plan.config, plan.trained_dtypes())])
     if plan.config.get("axis_roles"):
         rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
     tables.append(("Mesh", ["axis", "size"], rows))

@@ -159,11 +159,27 @@ _PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and g
                    "fp32": "fp32 params, activations and gradients (16 B/param with Adam)"}
 
 
-def precision_text(config: dict) -> str:
-    """The recorded precision with what it means (`cost_model.memory.BYTES_PER_PARAM`); plans made before
-    precision was recorded say so."""
+def precision_text(config: dict, param_dtypes: tuple[str, ...] = ()) -> str:
+    """The recorded precision with what it means (`cost_model.memory.BYTES_PER_PARAM`) and what the runtime will
+    run: the autocast recipe when the plan records one (`runtime.precision`), else the traced dtypes of the
+    trained parameters (`param_dtypes`, e.g. ("float32",)). Before, a defaulted bf16 (a GPU preset, the default
+    cluster of `auto_parallelize` and of `plan` without `--cluster`) printed "bf16" while the program ran in
+    float32; plans made before precision was recorded say so."""
     precision = config.get("precision")
-    return f"{precision}: {_PRECISION_TEXT.get(precision, '')}".rstrip(": ") if precision else "not recorded"
+    if not precision:
+        return "not recorded"
+    text = f"{precision}: {_PRECISION_TEXT.get(precision, '')}".rstrip(": ")
+    if config.get("mixed_precision") == "autocast_bf16":
+        return f"{text}; runs: torch.autocast(bfloat16) forward, fp32 weights and gradients (runtime/precision.py)"
+    dtypes = sorted(set(param_dtypes))
+    if not dtypes:
+        return text
+    runs = "/".join(dtypes)
+    if precision == "bf16" and any(d != "bfloat16" for d in dtypes):
+        return (f"{text}, as priced; runs: {runs} (the traced dtypes: a defaulted bf16 is a pricing assumption, "
+                f"no autocast; plan with precision='bf16' / --precision bf16 to run bf16 autocast, or "
+                f"precision='fp32' to price what runs)")
+    return f"{text}; runs: {runs} (the traced dtypes)"
 
 
 def memory_rows(plan: "Plan") -> list[tuple[str, int]]:
@@ -269,6 +285,12 @@ class Plan:
     def steps(self, kind: str | None = None) -> list[tuple[EdgePlan, Step]]:
         """All (edge, step) pairs, optionally of one step kind."""
         return [(e, s) for e in self.edges for s in e.steps if kind is None or s.kind == kind]
+
+    def trained_dtypes(self) -> tuple[str, ...]:
+        """The torch dtype names of the plan's floating parameters (not buffers), sorted: what the program runs
+        in unless the plan records an autocast recipe (`precision_text`)."""
+        return tuple(sorted({p.dtype for p in self.params.values() if not p.is_buffer
+                             and getattr(torch, p.dtype).is_floating_point}))
 
     def program_steps(self) -> dict[tuple[str, str], int]:
         """(step kind, mesh axis) -> how many steps each rank's emitted forward program holds, as
@@ -485,7 +507,7 @@ class Plan:
                   f"{self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
                  f"(compute {c.compute_s * 1e3:.3f} ms"
                  + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
-                 f"precision: {precision_text(self.config)}",
+                 f"precision: {precision_text(self.config, self.trained_dtypes())}",
                  "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in memory_rows(self)),
                  f"solver: {s.solver} {s.status} (gap {gap}), {s.num_variables} variables "
                  f"({s.num_binary} binary), {s.num_constraints} constraints, {s.num_groups} groups"
