@@ -33,6 +33,7 @@ import torch
 
 from ..core.layout import Layout, placement_str
 from ..core.mesh import MeshSpec
+from ..errors import format_bytes
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
 from .stages import PipelineSection
 
@@ -155,6 +156,11 @@ class CostBreakdown:
 
 
 _MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserve")
+# A gathered value at least this large gets a note (`Plan._large_gather_notes`): a GPT-2 small batch of 8 x 1024
+# tokens has 1.6 GB of fp32 logits.
+LARGE_GATHER_BYTES = 64 * 2**20
+_LOSS_OPS = ("cross_entropy", "nll_loss", "log_softmax", "_softmax", "kl_div", "binary_cross_entropy")
+
 _PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and gradients (18 B/param with Adam)",
                    "fp32": "fp32 params, activations and gradients (16 B/param with Adam)"}
 
@@ -493,6 +499,42 @@ class Plan:
         if moved:
             notes.append(f"under the axis roles {roles} these ops gather or re-shard their input over {', '.join(data)} "
                          f"(no strategy of theirs keeps it sharded along the batch there): {', '.join(moved)}")
+        notes += self._large_gather_notes()
+        return notes
+
+    def _large_gather_notes(self) -> list[str]:
+        """Values of at least LARGE_GATHER_BYTES gathered whole over a mesh axis to be returned by the model or
+        to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
+        step and how to avoid it. The loss fused into the traced graph runs vocab-parallel (no gather); a loss
+        computed outside the model on returned logits needs them whole on every rank."""
+        losses = {n for n, x in self.nodes.items() if any(k in x.op for k in _LOSS_OPS)}
+        has_loss = any(any(k in x.op for k in ("cross_entropy", "nll_loss")) and x.inputs
+                       and any(placement_str(pl) != "R" for pl in Layout.parse(x.inputs[0]).placements)
+                       for x in self.nodes.values())  # a loss in the graph that runs on the shards
+        notes = []
+        for e in self.edges:
+            if e.dst != "output" and e.dst not in losses:
+                continue
+            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all") and s.mesh_axis in
+                     self.mesh.axis_names and self.mesh.size(s.mesh_axis) > 1]
+            nbytes = sum(s.nbytes or 0 for s in moved)
+            if nbytes < LARGE_GATHER_BYTES:
+                continue
+            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is gathered whole over "
+                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} per step, forward; "
+                    f"every rank then holds all of it)")
+            if e.dst == "output" and has_loss:
+                hint = ("because the model returns it beside its loss, which the traced graph already computes on "
+                        "the shards (vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
+                        "loss (a wrapper module whose forward returns `out.loss`)")
+            elif e.dst == "output":
+                hint = ("to be returned: a loss computed outside the model on it needs it whole. Remedy: put the "
+                        "loss into the traced graph (transformers: pass labels= in example_kwargs and to pm(...)), "
+                        "which runs vocab-parallel cross-entropy on the shards, and return only the loss")
+            else:
+                hint = (f"to feed {self.nodes[e.dst].op}, whose strategy here needs it whole (vocab-parallel "
+                        "cross-entropy applies to a cross-entropy / nll loss over the sharded dim)")
+            notes.append(f"large gather: {what} {hint}")
         return notes
 
     def summary(self, max_nodes: int = 40) -> str:
