@@ -465,9 +465,9 @@ class Plan:
                        "per step)")
             axis = next((a for a, n in big if not batch or batch >= n), None)
             if axis is not None and not roles:
-                remedies.append(f"axis_roles={{'{axis}': 'ddp'}} to force data parallelism (not for a forward that "
-                                "pairs samples across the batch, e.g. an in-batch contrastive loss: compute that loss "
-                                "outside the model)")
+                remedies.append(f"axis_roles={{'{axis}': 'ddp'}} (CLI: --roles {axis}=ddp) to force data parallelism "
+                                "(not for a forward that pairs samples across the batch, e.g. an in-batch contrastive "
+                                "loss: compute that loss outside the model)")
             remedies.append("a cluster that describes the devices you run on (CPU ranks: cluster='profile.json' "
                             "from `parallelizer calibrate`)")
         return (f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
@@ -525,7 +525,7 @@ class Plan:
                     f"every rank then holds all of it)")
             if e.dst == "output" and has_loss:
                 hint = ("because the model returns it beside its loss, which the traced graph already computes on "
-                        "the shards (vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
+                        "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
                         "loss (a wrapper module whose forward returns `out.loss`)")
             elif e.dst == "output":
                 hint = ("to be returned: a loss computed outside the model on it needs it whole. Remedy: put the "
