@@ -197,7 +197,9 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                    "several blocks with their own weights, so there is no boundary between weights to cut at"
                    if shared else "this graph has none")
             raise PipelineError(f"mesh {mesh}: pipeline stages are cut at repeated blocks (e.g. transformer layers) "
-                                f"and {has}. Remedy: a mesh without 'pp' (dp / tp split a shared-weight model)")
+                                f"and {has}. Remedy: a mesh without 'pp' (dp / tp"
+                                + (" split a shared-weight model)" if shared else
+                                   f", e.g. {{'dp': {MeshSpec.of(mesh).world_size}}})"))
         if global_batch not in (None, b0):
             if retrace is None:
                 raise ValueError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
