@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -19,7 +20,7 @@ from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .config import PlanConfig
-from .errors import InfeasiblePlanError, ParallelizerError, PipelineError, PlanMismatchError
+from .errors import InfeasiblePlanError, NoParallelismWarning, ParallelizerError, PipelineError, PlanMismatchError
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
@@ -196,7 +197,9 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                    "several blocks with their own weights, so there is no boundary between weights to cut at"
                    if shared else "this graph has none")
             raise PipelineError(f"mesh {mesh}: pipeline stages are cut at repeated blocks (e.g. transformer layers) "
-                                f"and {has}. Remedy: a mesh without 'pp' (dp / tp split a shared-weight model)")
+                                f"and {has}. Remedy: a mesh without 'pp' (dp / tp"
+                                + (" split a shared-weight model)" if shared else
+                                   f", e.g. {{'dp': {MeshSpec.of(mesh).world_size}}})"))
         if global_batch not in (None, b0):
             if retrace is None:
                 raise ValueError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
@@ -468,6 +471,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         chosen = Plan.from_json(outcome[1])
     if distributed:
         check_same_weights(model)
+    if rank == 0:
+        _warn_idle_axes(chosen)
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
@@ -478,6 +483,15 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     module = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     return module
+
+
+def _warn_idle_axes(chosen: Plan) -> None:
+    """Warn `NoParallelismWarning` (rank 0) with the plan's note when the plan leaves some mesh axis of more than
+    one device unused: the ranks along it repeat one another's work, which nothing else would tell the user."""
+    idle = chosen.idle_axes()
+    if idle:
+        notes = [n for n in chosen.notes() if n.startswith("no parallelism") or " is unused: " in n]
+        warnings.warn(NoParallelismWarning(f"auto_parallelize: {' '.join(notes)}", tuple(idle)), stacklevel=3)
 
 
 def _plan_for(traced, mesh, cluster, memory_budget, optimizer, options) -> Plan:

@@ -119,3 +119,14 @@ class PipelineError(ParallelizerError, ValueError):
     """A pipeline request that cannot be cut or scheduled: a "pp" axis that is not outermost, a stage count
     that does not divide the repeated blocks, an unknown schedule, or microbatches < 1 (the message names
     the value and the remedy)."""
+
+
+class NoParallelismWarning(UserWarning):
+    """Warned by `auto_parallelize` when the plan leaves every mesh axis of more than one device unused (every op
+    and parameter Replicate: the N launched ranks do N copies of the same work) or some of them (an idle 'tp'
+    of a dp x tp mesh). The message is the plan's note (`Plan.notes`): why (a batch smaller than the axes, ops
+    without a sharding rule, axis roles, the cost model) and the remedies. Attribute `axes`: the idle axes."""
+
+    def __init__(self, message: str, axes: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.axes = tuple(axes)

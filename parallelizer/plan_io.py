@@ -101,7 +101,7 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     batch = plan.model.get("batch")
     if batch:
         rows.append(["batch", ", ".join(f"{k} {v}" for k, v in batch.items() if v is not None)])
-    rows.append(["precision", precision_text(plan.config)])
+    rows.append(["precision", precision_text(plan.config, plan.trained_dtypes())])
     if plan.config.get("axis_roles"):
         rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
     tables.append(("Mesh", ["axis", "size"], rows))
@@ -146,8 +146,19 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     for _, st in plan.steps():
         key = (st.kind, st.mesh_axis)
         counts[key] = counts.get(key, 0) + 1
-    tables.append(("Redistribution steps", ["kind", "mesh axis", "count"],
-                   [[k, a, str(n)] for (k, a), n in sorted(counts.items())]))
+    if plan.pipeline is None:
+        program = plan.program_steps()
+        tables.append(("Redistribution steps (plan edges: one per use of a value, as priced; in each rank's program: "
+                       "one per value and target layout, user inputs sliced from whole, as emitted and as `rehearse` "
+                       "counts them per kind; forward kinds, each with its backward conjugate; local_slice moves no "
+                       "data; gradient all-reduces are bucketed at run time)",
+                       ["kind", "mesh axis", "plan edges", "in each rank's program"],
+                       [[k, a, str(counts.get((k, a), 0)), str(program.get((k, a), 0))]
+                        for k, a in sorted(set(counts) | set(program))]))
+    else:
+        tables.append(("Redistribution steps (plan edges of the whole graph on one stage group, one per use of a "
+                       "value; `rehearse` counts the steps emitted in rank 0's stage programs)",
+                       ["kind", "mesh axis", "plan edges"], [[k, a, str(n)] for (k, a), n in sorted(counts.items())]))
     tables.append(_hierarchical_table(plan))
     s = plan.solver
     tables.append(("Solver", ["field", "value"], [

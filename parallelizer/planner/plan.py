@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..core.layout import Layout
+from ..core.layout import Layout, placement_str
 from ..core.mesh import MeshSpec
+from ..errors import format_bytes
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
 from .stages import PipelineSection
 
@@ -155,15 +156,36 @@ class CostBreakdown:
 
 
 _MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserve")
+# A gathered value at least this large gets a note (`Plan._large_gather_notes`): a GPT-2 small batch of 8 x 1024
+# tokens has 1.6 GB of fp32 logits.
+LARGE_GATHER_BYTES = 64 * 2**20
+_LOSS_OPS = ("cross_entropy", "nll_loss", "log_softmax", "_softmax", "kl_div", "binary_cross_entropy")
+
 _PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and gradients (18 B/param with Adam)",
                    "fp32": "fp32 params, activations and gradients (16 B/param with Adam)"}
 
 
-def precision_text(config: dict) -> str:
-    """The recorded precision with what it means (`cost_model.memory.BYTES_PER_PARAM`); plans made before
-    precision was recorded say so."""
+def precision_text(config: dict, param_dtypes: tuple[str, ...] = ()) -> str:
+    """The recorded precision with what it means (`cost_model.memory.BYTES_PER_PARAM`) and what the runtime will
+    run: the autocast recipe when the plan records one (`runtime.precision`), else the traced dtypes of the
+    trained parameters (`param_dtypes`, e.g. ("float32",)). Before, a defaulted bf16 (a GPU preset, the default
+    cluster of `auto_parallelize` and of `plan` without `--cluster`) printed "bf16" while the program ran in
+    float32; plans made before precision was recorded say so."""
     precision = config.get("precision")
-    return f"{precision}: {_PRECISION_TEXT.get(precision, '')}".rstrip(": ") if precision else "not recorded"
+    if not precision:
+        return "not recorded"
+    text = f"{precision}: {_PRECISION_TEXT.get(precision, '')}".rstrip(": ")
+    if config.get("mixed_precision") == "autocast_bf16":
+        return f"{text}; runs: torch.autocast(bfloat16) forward, fp32 weights and gradients (runtime/precision.py)"
+    dtypes = sorted(set(param_dtypes))
+    if not dtypes:
+        return text
+    runs = "/".join(dtypes)
+    if precision == "bf16" and any(d != "bfloat16" for d in dtypes):
+        return (f"{text}, as priced; runs: {runs} (the traced dtypes: a defaulted bf16 is a pricing assumption, "
+                f"no autocast; plan with precision='bf16' / --precision bf16 to run bf16 autocast, or "
+                f"precision='fp32' to price what runs)")
+    return f"{text}; runs: {runs} (the traced dtypes)"
 
 
 def memory_rows(plan: "Plan") -> list[tuple[str, int]]:
@@ -270,6 +292,43 @@ class Plan:
         """All (edge, step) pairs, optionally of one step kind."""
         return [(e, s) for e in self.edges for s in e.steps if kind is None or s.kind == kind]
 
+    def trained_dtypes(self) -> tuple[str, ...]:
+        """The torch dtype names of the plan's floating parameters (not buffers), sorted: what the program runs
+        in unless the plan records an autocast recipe (`precision_text`)."""
+        return tuple(sorted({p.dtype for p in self.params.values() if not p.is_buffer
+                             and getattr(torch, p.dtype).is_floating_point}))
+
+    def program_steps(self) -> dict[tuple[str, str], int]:
+        """(step kind, mesh axis) -> how many steps each rank's emitted forward program holds, as
+        `rewriter.apply` emits them (and `RankProgram.collectives` / `rehearse` count them per kind): one per
+        (value, target layout, gradient axes), however many uses share it (`steps()` has one per use: a tied
+        embedding and lm_head gathered alike count twice there, once here), and user inputs, which arrive whole,
+        sliced to the rank's part from Replicate (no edge of the plan holds that slice: the plan's input layout is
+        already the sliced one), with the gradient steps a floating input needs should it require grad at call
+        time (they run in backward only then). Each step's backward conjugate runs in backward and is not counted apart;
+        local_slice moves no data; the gradient all-reduces of replicated parameters are bucketed at run time."""
+        inputs = set(self.model.get("inputs") or {})
+        counts: dict[tuple[str, str], int] = {}
+        seen = set()
+        for e in self.edges:
+            out = None if e.dst == "output" else self.nodes[e.dst].output
+            grad_axes = () if out is None else grad_partial_axes(Layout.parse(e.dst_layout), Layout.parse(out),
+                                                                   self.mesh)
+            key = (e.src, e.dst_layout, grad_axes)
+            if key in seen:
+                continue
+            seen.add(key)
+            steps = e.steps
+            if e.src in inputs:  # arrives whole; a floating one may require grad at call time (rewriter)
+                dtype = getattr(torch, e.dtype)
+                steps = _derived_steps(self.mesh, str(Layout.replicate(self.mesh.ndim)), e.dst_layout, out,
+                                       tuple(e.shape), dtype.itemsize, dtype.is_floating_point or dtype.is_complex,
+                                       False)
+            for st in steps:
+                if self.mesh.size(st.mesh_axis) > 1:
+                    counts[(st.kind, st.mesh_axis)] = counts.get((st.kind, st.mesh_axis), 0) + 1
+        return dict(sorted(counts.items()))
+
     # --- JSON ---------------------------------------------------------------------------------------
     def to_dict(self, include_timing: bool = False) -> dict:
         """The JSON document (format 4, `planner.plan_codec`): decisions stored once, derivable parts left out.
@@ -351,25 +410,81 @@ class Plan:
             hierarchical=dict(d.get("hierarchical", {})))
 
     # --- human ---------------------------------------------------------------------------------------
+    def idle_axes(self) -> list[str]:
+        """Mesh axes of more than one device over which no value and no parameter is sharded or Partial: the
+        ranks along such an axis all compute the same thing (the whole plan, when every such axis is idle)."""
+        layouts = {L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))}
+        layouts |= {p.stored for p in self.params.values()}
+        used = set()
+        for text in layouts:
+            for axis, pl in zip(self.mesh.axis_names, Layout.parse(text).placements):
+                if placement_str(pl) != "R":
+                    used.add(axis)
+        return [a for a, n in zip(self.mesh.axis_names, self.mesh.shape) if n > 1 and a not in used]
+
+    def _idle_axis_note(self, axis: str, idle: list[str]) -> str:
+        """The note of one idle axis of a plan that uses another axis: its devices folded into the first axis
+        in use is the mesh to try instead."""
+        n = self.mesh.size(axis)
+        busy = next(a for a, k in zip(self.mesh.axis_names, self.mesh.shape) if k > 1 and a not in idle)
+        other = {a: k * (n if a == busy else 1) for a, k in zip(self.mesh.axis_names, self.mesh.shape)
+                 if a not in idle}
+        return (f"axis {axis} ({n} devices) is unused: nothing is sharded over it, so the {n} ranks along it "
+                f"compute the same values (each repeats the others' work). Remedies: a mesh without it (e.g. "
+                f"{other}), or a role that shards over it (axis_roles={{'{axis}': 'ddp'}}, or 'tp')")
+
+    def _no_parallelism_note(self, roles: dict) -> str:
+        """The note of a plan that uses no parallelism on a mesh of several devices, naming why (batch smaller
+        than the axes, ops without a sharding rule, axis roles, the cost model) and the remedies that apply."""
+        big = [(a, n) for a, n in zip(self.mesh.axis_names, self.mesh.shape) if n > 1]
+        bd = dict(tuple(x) for x in self.config.get("batch_dims") or [])
+        default_dim = self.config.get("default_batch_dim", 0)
+        batch = 0
+        for name, shape in (self.model.get("inputs") or {}).items():
+            dim = bd.get(name, default_dim)
+            if dim is not None and shape and -len(shape) <= dim < len(shape):
+                batch = max(batch, shape[dim])
+        why, remedies = [], []
+        if batch and batch < min(n for _, n in big):
+            why.append(f"the batch ({batch} sample(s) along the batch dim of the inputs) has fewer samples than "
+                       f"any axis has devices ({', '.join(f'{a}={n}' for a, n in big)}), so it cannot be split")
+            remedies.append(f"a batch of at least {min(n for _, n in big)} samples per step")
+        ops = [n for n in self.nodes.values() if n.op not in ("placeholder", "output", "get_attr")]
+        no_rule = [f for f in self.fallbacks if f.reason.startswith("no sharding rule")]
+        if ops and len(no_rule) * 2 >= len(ops):
+            why.append(f"{len(no_rule)} of its {len(ops)} ops have no sharding rule and run replicated "
+                       f"({', '.join(sorted({f.op for f in no_rule})[:6])}{', ...' if len({f.op for f in no_rule}) > 6 else ''})")
+        if roles:
+            why.append(f"the axis roles {roles} shard nothing here")
+            remedies.append("check the batch and hidden sizes against the mesh")
+        device = (self.cluster or {}).get("device")
+        if not why or (not roles and not remedies):
+            why.append(f"under the cost model ({'the ' + device if device else 'its devices'}"
+                       f"{', the default cluster' if (self.cluster or {}).get('spec', '').startswith('h100') else ''}) "
+                       f"no sharding pays for its communication at this size (compute {self.cost.compute_s * 1e3:.3g} ms "
+                       "per step)")
+            axis = next((a for a, n in big if not batch or batch >= n), None)
+            if axis is not None and not roles:
+                remedies.append(f"axis_roles={{'{axis}': 'ddp'}} (CLI: --roles {axis}=ddp) to force data parallelism "
+                                "(not for a forward that pairs samples across the batch, e.g. an in-batch contrastive "
+                                "loss: compute that loss outside the model)")
+            remedies.append("a cluster that describes the devices you run on (CPU ranks: cluster='profile.json' "
+                            "from `parallelizer calibrate`)")
+        return (f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
+                f"mesh {self.mesh}, so each device computes the whole step (the ranks repeat the same work; the "
+                f"estimated time is one device's). Why: {'; '.join(why)}. Remedies: fewer devices, "
+                f"{', '.join(remedies)}.".replace(", .", "."))
+
     def notes(self) -> list[str]:
         """What a reader should see first, derived from the plan (not stored): a plan on several devices that
         uses no parallelism at all; ops without a sharding rule (run replicated) and axis roles a parameter
         could not honour (`fallbacks`); activations gathered over a "ddp"/"fsdp" axis because the op reading
         them has no strategy that keeps them sharded there (it runs on the whole batch)."""
-        layouts = [L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))]
-        layouts += [p.stored for p in self.params.values()]
+        idle = self.idle_axes()
         roles = {a: r for a, r in self.config.get("axis_roles") or []}
-        if self.mesh.world_size > 1 and all(set(L) <= {"R"} for L in layouts):
-            axis = self.mesh.axis_names[0]
-            remedy = (f"or axis_roles={{'{axis}': 'ddp'}} to force data parallelism (not for a forward that pairs "
-                      "samples across the batch, e.g. an in-batch contrastive loss: compute that loss outside the "
-                      "model)" if not roles else
-                      f"the axis roles {roles} shard nothing here: check the batch and hidden sizes against the mesh")
-            return [f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
-                    f"mesh {self.mesh}, so each device computes the whole step (the estimated time is one device's); "
-                    "under the cost model no sharding pays for its communication at this size. Remedies: fewer "
-                    f"devices, a larger batch, {remedy}."]
-        notes = []
+        if idle and len(idle) == sum(n > 1 for n in self.mesh.shape):
+            return [self._no_parallelism_note(roles)]
+        notes = [self._idle_axis_note(a, idle) for a in idle]
         no_rule = sorted({f.op for f in self.fallbacks if f.reason.startswith("no sharding rule")})
         if no_rule:
             notes.append(f"{len([f for f in self.fallbacks if f.reason.startswith('no sharding rule')])} op(s) have "
@@ -384,6 +499,42 @@ class Plan:
         if moved:
             notes.append(f"under the axis roles {roles} these ops gather or re-shard their input over {', '.join(data)} "
                          f"(no strategy of theirs keeps it sharded along the batch there): {', '.join(moved)}")
+        notes += self._large_gather_notes()
+        return notes
+
+    def _large_gather_notes(self) -> list[str]:
+        """Values of at least LARGE_GATHER_BYTES gathered whole over a mesh axis to be returned by the model or
+        to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
+        step and how to avoid it. The loss fused into the traced graph runs vocab-parallel (no gather); a loss
+        computed outside the model on returned logits needs them whole on every rank."""
+        losses = {n for n, x in self.nodes.items() if any(k in x.op for k in _LOSS_OPS)}
+        has_loss = any(any(k in x.op for k in ("cross_entropy", "nll_loss")) and x.inputs
+                       and any(placement_str(pl) != "R" for pl in Layout.parse(x.inputs[0]).placements)
+                       for x in self.nodes.values())  # a loss in the graph that runs on the shards
+        notes = []
+        for e in self.edges:
+            if e.dst != "output" and e.dst not in losses:
+                continue
+            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all") and s.mesh_axis in
+                     self.mesh.axis_names and self.mesh.size(s.mesh_axis) > 1]
+            nbytes = sum(s.nbytes or 0 for s in moved)
+            if nbytes < LARGE_GATHER_BYTES:
+                continue
+            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is gathered whole over "
+                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} per step, forward; "
+                    f"every rank then holds all of it)")
+            if e.dst == "output" and has_loss:
+                hint = ("because the model returns it beside its loss, which the traced graph already computes on "
+                        "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
+                        "loss (a wrapper module whose forward returns `out.loss`)")
+            elif e.dst == "output":
+                hint = ("to be returned: a loss computed outside the model on it needs it whole. Remedy: put the "
+                        "loss into the traced graph (transformers: pass labels= in example_kwargs and to pm(...)), "
+                        "which runs vocab-parallel cross-entropy on the shards, and return only the loss")
+            else:
+                hint = (f"to feed {self.nodes[e.dst].op}, whose strategy here needs it whole (vocab-parallel "
+                        "cross-entropy applies to a cross-entropy / nll loss over the sharded dim)")
+            notes.append(f"large gather: {what} {hint}")
         return notes
 
     def summary(self, max_nodes: int = 40) -> str:
@@ -398,7 +549,7 @@ class Plan:
                   f"{self.mesh}: estimated step {c.total_s * 1e3:.3f} ms "
                  f"(compute {c.compute_s * 1e3:.3f} ms"
                  + "".join(f", {k} {v * 1e3:.3f} ms" for k, v in c.comm_s.items() if v) + ")",
-                 f"precision: {precision_text(self.config)}",
+                 f"precision: {precision_text(self.config, self.trained_dtypes())}",
                  "memory per device: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in memory_rows(self)),
                  f"solver: {s.solver} {s.status} (gap {gap}), {s.num_variables} variables "
                  f"({s.num_binary} binary), {s.num_constraints} constraints, {s.num_groups} groups"

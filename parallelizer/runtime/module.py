@@ -294,7 +294,19 @@ class ParallelModule(torch.nn.Module):
             name, module, self.spec.params, self.spec.mesh))
         self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
         traced = self._active.traced
-        tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
+        try:
+            tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
+        except PlanMismatchError as exc:
+            if traced is self.traced:
+                raise
+            # a mode traced again (eval, changed settings) was traced at its FIRST call's shapes, not the plan's:
+            # "traced (and planned) with (3, ...)" misled a user whose plan was made for batch 8 (trial r9c)
+            planned = {n: tuple(self.traced.node(n).outputs[0].shape) for n in self.traced.input_names
+                       if self.traced.node(n).outputs}
+            raise PlanMismatchError(
+                f"{exc} (in mode {_describe(self._modes())} the program was traced at the shapes of that mode's first "
+                f"call, not at the plan's {planned}; each mode keeps the shapes of its first call: use one batch shape "
+                "per mode)") from None
         with self._autocast():
             out = self.program.graph_module(*self._state(), *tensors)
         spec = traced.exported.call_spec

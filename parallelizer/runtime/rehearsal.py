@@ -56,7 +56,11 @@ class RehearsalReport:
             (`runtime.tolerance.excess`: torch.testing.assert_close's default rtol and atol for the least
             precise of the tensor's dtype and the dtype the program computes in; elementwise for 32/64-bit
             floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
-        collectives: emitted steps per kind on rank 0. rank0_code: rank 0's program source.
+        collectives: redistribution steps per kind in rank 0's emitted forward program (its stages' for a
+            pipeline plan): one per (value, target layout), user inputs' slices included, local_slice moves no
+            data, backward conjugates are not counted apart; `Plan.program_steps` gives the same per mesh axis
+            (`show`'s column "in each rank's program"), `show`'s "plan edges" column counts one per use.
+            rank0_code: rank 0's program source.
         compression: the gradient codec of the run (`GradCompression.spec`; "" = none).
         final_loss: largest |difference| of the loss after the steps (a forward of the stepped models); None
             where not measured (pipeline rehearsals).
@@ -118,7 +122,8 @@ class RehearsalReport:
                 + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
                 + "loss after steps "
                 f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; collectives {self.collectives}; reference: {self.reference}"
+                f"bound = {self.tolerance_ratio:.2f}; steps in rank 0's program (forward, per kind; show: column "
+                f"\"in each rank's program\") {self.collectives}; reference: {self.reference}"
                 + ("" if not self.blind else
                    f"; NOTHING CHECKED: the one-device gradients are all below the absolute tolerance (largest "
                    f"|grad| {self.grad_scale:.2e} < atol {self.grad_atol:.0e}), so a wrong program with gradients "

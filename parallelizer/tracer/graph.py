@@ -208,6 +208,24 @@ class TracedGraph:
     training: bool = True
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
+    def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call that passes by keyword inputs traced positionally (`pm(user=u, item=i)` for a model traced with
+        `(u, i)`; `pm(input_ids=ids)` for `(ids,)`), as Python binds them for the model's forward: each traced
+        positional input is a tensor leaf whose placeholder carries the forward's parameter name, so those
+        keywords are moved to their positions. Before, such a call was a TypeError although the model takes it."""
+        if spec is None or spec.num_children != 2 or not isinstance(kwargs, dict) or not kwargs:
+            return args, kwargs
+        positional = spec.child(0)
+        n = positional.num_children
+        if len(args) >= n or any(positional.child(i).num_children for i in range(n)):
+            return args, kwargs
+        names = list(self.call_inputs or self.input_names)[:n]
+        missing = names[len(args):]
+        if len(names) != n or not all(name in kwargs for name in missing):
+            return args, kwargs
+        rest = {k: v for k, v in kwargs.items() if k not in missing}
+        return (*args, *(kwargs[name] for name in missing)), rest
+
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
         call has the traced structure and passes every constant input with its traced value.
@@ -217,6 +235,7 @@ class TracedGraph:
             ValueError: a constant input has another value than when traced (names it and both values).
         """
         spec = self.exported.call_spec.in_spec
+        args, kwargs = self._bind_positional_keywords(spec, tuple(args), kwargs)
         if spec is not None and isinstance(kwargs, dict) and spec.num_children == 2:
             order = spec.child(1).context  # keywords in the traced order (a call may order them freely)
             if isinstance(order, list) and set(order) == set(kwargs):

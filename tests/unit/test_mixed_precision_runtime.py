@@ -62,6 +62,24 @@ def test_fp32_and_defaulted_precision_run_the_traced_dtypes(precision):
     torch.testing.assert_close(logits, _logits(reference(ids)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision,runs,dtype", [(None, "runs: float32", torch.float32),
+                                                   ("fp32", "runs: float32", torch.float32),
+                                                   ("bf16", "runs: torch.autocast(bfloat16)", torch.bfloat16)])
+def test_show_and_summary_say_what_runs(precision, runs, dtype):
+    """`show` printed "precision bf16: bf16 params and activations ..." for a defaulted bf16 (GPU preset: the
+    default cluster of auto_parallelize and of `plan` without --cluster) while the program ran float32 (trial
+    r9c). The text now says what the runtime runs; the dtype of the logits checks it."""
+    from parallelizer.plan_io import plan_text
+
+    model, (ids,) = zoo.gpt(**GPT)
+    pm = parallelizer.auto_parallelize(model, (ids,), cluster="h100:1x1", precision=precision)
+    assert _logits(pm(ids)).dtype == dtype
+    row = next(line for line in plan_text(pm.plan).splitlines() if line.startswith("precision "))
+    assert runs in row and runs in pm.plan.summary(), row
+    if precision is None:
+        assert "as priced" in row and "--precision bf16" in row, row
+
+
 def test_recipe_bound_accepts_rounding_and_rejects_a_wrong_term():
     exact = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     rounded = exact.to(torch.bfloat16).double()

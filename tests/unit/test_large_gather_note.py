@@ -1,0 +1,64 @@
+"""A plan that gathers a large value whole over a mesh axis to return it (a language model's logits, vocab-sharded
+by a column-parallel lm_head) says so in its notes, with the bytes and the remedy (trial r9c).
+
+GPT-2 (vocabulary 50257, batch 8 x 1024 tokens) on tp=2 all-gathers 1.6 GB of fp32 logits per step to return
+them, with or without labels= (transformers returns the logits beside the loss), and nothing said so. Shapes on
+`meta`: nothing is allocated.
+"""
+import contextlib
+import io
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer import zoo
+
+B, T, V = 8, 1024, 50257
+
+
+class _LossOnly(torch.nn.Module):
+    """The remedy the note gives for a model that returns its logits beside its loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_ids, labels):
+        return self.m(input_ids=input_ids, labels=labels).loss
+
+
+def _plan(labels: bool, loss_only: bool = False, vocab: int = V):
+    model, (ids,), *kw = zoo.gpt2(n_layer=1, n_embd=64, n_head=2, vocab_size=vocab, batch=B, seq_len=T,
+                                  device="meta", labels=labels)
+    traced = (parallelizer.trace(_LossOnly(model), (ids, kw[0]["labels"])) if loss_only else
+              parallelizer.trace(model, (ids,), *kw))
+    with contextlib.redirect_stdout(io.StringIO()):
+        return parallelizer.plan(traced, {"tp": 2}, axis_roles={"tp": "tp"})
+
+
+def _gathered_into_output(p):
+    return sum(s.nbytes for e in p.edges if e.dst == "output" for s in e.steps if s.kind == "all_gather")
+
+
+@pytest.mark.parametrize("labels,hint", [(False, "pass labels="), (True, "return only the loss")])
+def test_gathered_logits_are_noted_with_their_bytes_and_the_remedy(labels, hint):
+    p = _plan(labels)
+    assert _gathered_into_output(p) == B * T * V * 4  # the fp32 logits, whole (independent count)
+    (note,) = [n for n in p.notes() if n.startswith("large gather")]
+    assert f"({B}, {T}, {V}) float32" in note and "1.6 GB per step" in note and hint in note, note
+    if labels:  # the model's own loss already runs on the vocabulary shards
+        (ce,) = [x for x in p.nodes.values() if "cross_entropy" in x.op]
+        assert ce.inputs[0] != "R", ce
+
+
+def test_the_remedy_removes_the_gather_and_the_note():
+    p = _plan(True, loss_only=True)
+    assert _gathered_into_output(p) == 0
+    assert not [n for n in p.notes() if n.startswith("large gather")]
+
+
+def test_a_small_gather_is_not_noted():
+    p = _plan(False, vocab=512)  # 16 MiB of logits
+    assert 0 < _gathered_into_output(p) < 64 * 2**20
+    assert not [n for n in p.notes() if n.startswith("large gather")]

@@ -1,0 +1,87 @@
+"""A plan that leaves a mesh axis unused (the ranks along it repeat one another's work) is warned about by
+`auto_parallelize` (`NoParallelismWarning`, rank 0) with why and a remedy that applies (trial r9c).
+
+Before, `auto_parallelize` on 2 ranks with its defaults returned an all-Replicate plan for a small MLP and said
+nothing (the note existed only in `plan.summary()` / `show`); a batch of 1 was told to force
+`axis_roles={'dp': 'ddp'}` (which raises ValueError for that batch), a (dp=1, tp=2) mesh was told to force ddp on
+its size-1 'dp' axis, and an unused 'tp' axis of a dp x tp mesh was not noted at all.
+"""
+import contextlib
+import io
+import warnings
+
+import pytest
+
+import parallelizer
+from parallelizer import NoParallelismWarning, zoo
+from parallelizer.api import _warn_idle_axes
+from parallelizer.core import Layout
+from parallelizer.core.layout import placement_str
+from parallelizer.planner import plan
+
+
+def _plan(tg, mesh, **options):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return plan(tg, mesh, **options)
+
+
+def _mlp(batch):
+    return parallelizer.trace(*zoo.mlp(depth=1, batch=batch, dim=16, hidden=32, in_features=8, device="meta"))
+
+
+def _unsharded_axes(p):
+    """Axes of more than one device with every layout Replicate on them, read from the layouts directly."""
+    layouts = [L for n in p.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))]
+    layouts += [q.stored for q in p.params.values()]
+    return [a for i, (a, n) in enumerate(zip(p.mesh.axis_names, p.mesh.shape))
+            if n > 1 and all(placement_str(Layout.parse(L).placements[i]) == "R" for L in layouts)]
+
+
+def _warned(p):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_idle_axes(p)
+    return [w for w in caught if issubclass(w.category, NoParallelismWarning)]
+
+
+def test_an_all_replicate_plan_is_warned_with_the_cost_model_reason_and_the_ddp_remedy():
+    p = _plan(_mlp(8), {"dp": 2})
+    assert _unsharded_axes(p) == ["dp"] == p.idle_axes()
+    (w,) = _warned(p)
+    assert w.message.axes == ("dp",)
+    text = str(w.message)
+    assert "no parallelism" in text and "cost model" in text and "axis_roles={'dp': 'ddp'}" in text, text
+    forced = _plan(_mlp(8), {"dp": 2}, axis_roles={"dp": "ddp"})  # the remedy works
+    assert _unsharded_axes(forced) == [] and not _warned(forced)
+
+
+def test_a_batch_smaller_than_the_axis_is_named_and_not_told_to_force_ddp():
+    p = _plan(_mlp(1), {"dp": 2})
+    assert _unsharded_axes(p) == ["dp"]
+    (w,) = _warned(p)
+    text = str(w.message)
+    assert "the batch (1 sample(s)" in text and "a batch of at least 2 samples" in text, text
+    assert "axis_roles" not in text, text
+    with pytest.raises(ValueError):  # what the note used to suggest
+        _plan(_mlp(1), {"dp": 2}, axis_roles={"dp": "ddp"})
+
+
+def test_a_size_one_axis_is_not_the_remedy():
+    p = _plan(_mlp(8), {"dp": 1, "tp": 2})
+    assert _unsharded_axes(p) == ["tp"] == p.idle_axes()
+    (w,) = _warned(p)
+    assert "axis_roles={'tp': 'ddp'}" in str(w.message) and "{'dp': 'ddp'}" not in str(w.message), w.message
+
+
+def test_one_unused_axis_of_a_two_axis_mesh_is_warned():
+    p = _plan(_mlp(8), {"dp": 2, "tp": 2}, axis_roles={"dp": "ddp"})
+    assert _unsharded_axes(p) == ["tp"] == p.idle_axes()
+    (w,) = _warned(p)
+    assert w.message.axes == ("tp",)
+    assert "axis tp (2 devices) is unused" in str(w.message) and "{'dp': 4}" in str(w.message), w.message
+    assert any(" is unused: " in n for n in p.notes())
+
+
+def test_a_parallel_plan_and_one_device_are_not_warned():
+    assert not _warned(_plan(_mlp(8), {"dp": 2}, axis_roles={"dp": "fsdp"}))
+    assert not _warned(_plan(_mlp(8), {"dp": 1}))
