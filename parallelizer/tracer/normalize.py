@@ -46,10 +46,15 @@
 9. Twins of ops with sharding rules become those ops: `aten.concat` / `aten.concatenate` (aliases of
    `aten.cat`) become `aten.cat`, and `aten.reshape_as(x, other)` becomes `aten.reshape(x, other's traced
    shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule, and under ddp gathered the batch).
+10. A batch-first recurrent layer (`nn.LSTM / GRU / RNN(batch_first=True)`, the usual way to write one) becomes
+   the sequence-first op between two transposes (torch's batch-first kernel transposes the same way inside):
+   the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
+   every output one placement); batch-first calls ran replicated and under ddp gathered the batch.
 """
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any
 
 import torch
@@ -83,6 +88,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _drop_cache_leftovers(gm, notes)
     _split_biases(gm, notes)
     _twins(gm, notes)
+    _sequence_first_rnns(gm, notes)
     out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()
@@ -313,6 +319,35 @@ def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         renamed += 1
     if renamed:
         notes.append(f"{renamed} concat / reshape_as node(s) written as cat / reshape (same values; those have rules)")
+
+
+def _sequence_first_rnns(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 10 (module docstring): rnn(x, ..., batch_first=True) -> transpose(rnn(transpose(x), ...,
+    batch_first=False)[0]); the states (outputs 1, 2) are laid out alike in both forms."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if (node.op != "call_function" or node.kwargs or len(node.args) != 9 or node.args[8] is not True
+                or node.target not in (aten.lstm.input, aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input)):
+            continue
+        x, val = node.args[0], node.meta["val"]
+        with gm.graph.inserting_before(node):
+            xt = gm.graph.call_function(aten.transpose.int, (x, 0, 1))
+            xt.meta = {**_meta_like(node), "val": _in_mode(val[0].fake_mode, lambda: x.meta["val"].transpose(0, 1))}
+        node.args = (xt, *node.args[1:8], False)
+        node.meta["val"] = (_in_mode(val[0].fake_mode, lambda: val[0].transpose(0, 1)), *val[1:])
+        for user in list(node.users):
+            if user.target is not operator.getitem or user.args[1] != 0:
+                continue
+            original = user.meta["val"]
+            user.meta["val"] = node.meta["val"][0]
+            with gm.graph.inserting_after(user):
+                back = gm.graph.call_function(aten.transpose.int, (user, 0, 1))
+                back.meta = {**_meta_like(user), "val": original}
+            user.replace_all_uses_with(back, delete_user_cb=lambda u: u is not back)
+        rewritten += 1
+    if rewritten:
+        notes.append(f"{rewritten} batch-first recurrent layer(s) written as the sequence-first op between transposes")
 
 
 def _inline_regions(gm: torch.fx.GraphModule, notes: list[str]) -> None:

@@ -99,6 +99,28 @@ def contrastive():
     return Contrastive(), (torch.randn(4, 2, 6, generator=g), torch.randn(4, 2, 6, generator=g))
 
 
+class BatchFirstRnn(nn.Module):
+    """nn.LSTM (2 layers, bidirectional) and nn.GRU with batch_first=True, the usual way to write them: the
+    tracer writes them as the sequence-first op between transposes (normalisation 10), so the batch shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, 2, batch_first=True, bidirectional=True)
+        self.gru = nn.GRU(12, 5, batch_first=True)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x, y):
+        o, (h, c) = self.lstm(x)
+        p, q = self.gru(o)
+        return F.mse_loss(self.head(p[:, -1]), y) + (h.mean() + c.mean() + q.mean()) * 0.1
+
+
+def batch_first_rnn():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    return BatchFirstRnn(), (torch.randn(4, 7, 4, generator=g), torch.randn(4, 3, generator=g))
+
+
 class TrackedInstanceNorm(nn.Module):
     """InstanceNorm2d(track_running_stats=True) in training between two convs: its running statistics are
     written inside a composite whose schema does not say so."""
@@ -119,4 +141,4 @@ def tracked_instance_norm():
     return TrackedInstanceNorm(), (torch.randn(4, 3, 5, 5, generator=g), torch.randn(4, 3, generator=g))
 
 
-BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive}
+BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive, "batch_first_rnn": batch_first_rnn}

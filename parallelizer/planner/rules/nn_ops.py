@@ -163,8 +163,9 @@ def cell(v: OpView) -> list[AxisOption]:
 def recurrent(v: OpView) -> list[AxisOption]:
     """lstm.input(x (L, N, H), [h0, c0], params, ..., batch_first=False) and gru / rnn_tanh / rnn_relu
     .input(x, h0, params, ...): h0, c0 (layers*dirs, N, Hout); shard the batch N on x, the states and every
-    output; weights Replicate. A batch_first call stays replicated: its output has the batch on dim 0 and
-    its states on dim 1, and one option gives every output one placement. Only the `.input` overloads:
+    output; weights Replicate. A batch_first call (which the tracer rewrites to this form between transposes,
+    `tracer.normalize` 10) stays replicated: its output has the batch on dim 0 and its states on dim 1, and
+    one option gives every output one placement. Only the `.input` overloads:
     `.data` takes packed sequences (rows of every sequence concatenated)."""
     if v.arg(8, "batch_first", False) or v.in_shapes[0][1] == 1 or v.nd() != 3:
         return [replicate(v)]
