@@ -98,6 +98,22 @@ def histogram(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((Shard(d),), P) for d in range(v.nd()) if v.in_shapes[0][d] > 1]
 
 
+def bucketize(v: OpView) -> list[AxisOption]:
+    """bucketize(x, boundaries (K,)) and searchsorted(sorted (K,), x): the bucket of each element of x against
+    one sorted 1-D sequence (Replicate): shard any dim of x (MoE routers: Aria, OLMoE). A batched sorted
+    sequence (searchsorted with a sorted tensor of rank > 1) stays replicated."""
+    x, seq = (0, 1) if v.packet is aten.bucketize else (1, 0)
+    if len(v.in_shapes[seq]) != 1:
+        return [replicate(v)]
+    opts = [replicate(v)]
+    for d in range(len(v.in_shapes[x])):
+        if v.in_shapes[x][d] > 1:
+            ins = [R, R]
+            ins[x] = Shard(d)
+            opts.append(AxisOption(tuple(ins), Shard(d)))
+    return opts
+
+
 def weight_norm(v: OpView) -> list[AxisOption]:
     """_weight_norm(v, g, dim) = g * v / ||v|| (the norm over every dim but `dim`; g has size 1 elsewhere):
     shard `dim` on both (wav2vec2 / HuBERT's positional conv, dim 2)."""

@@ -19,7 +19,7 @@ from .base import OpView
 @dataclass(frozen=True)
 class T:
     """A random global tensor: `kind` "normal" (N(0, 1)), "pos" (in [0.5, 2)), "int" (in [0, high)),
-    "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
+    "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
     differentiate (e.g. cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
@@ -33,6 +33,8 @@ class T:
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
         if self.kind == "bool":
             return torch.rand(self.shape, generator=gen) > 0.5
+        if self.kind == "sorted":
+            return torch.randn(self.shape, generator=gen).sort(-1).values.to(self.dtype)
         if self.kind == "sign":
             return (torch.rand(self.shape, generator=gen) > 0.5).to(self.dtype) * 2 - 1
         if self.kind == "pos":

@@ -198,6 +198,11 @@ _add([aten.argsort], pointwise.along(pointwise.dim_arg(1, default=-1)),
 _add([aten.topk], pointwise.along(pointwise.dim_arg(2, default=-1)),
      calls(aten.topk.default, (t(3, 7), 2), (t(5, 2, 3), 3, 0), (t(2, 7, 3), 1, 1, False)), exact=True)
 
+_SORTED = T((6,), "sorted")
+_add([aten.bucketize], pointwise.bucketize, [*calls(aten.bucketize.Tensor, (t(3, 5), _SORTED), (t(2, 7, 3), _SORTED)),
+                                             *calls(aten.bucketize.Tensor, (t(3, 5), _SORTED), right=True, out_int32=True)], exact=True)
+_add([aten.searchsorted], pointwise.bucketize, [*calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), (_SORTED, t(2, 7, 3))),
+                                                *calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), right=True)], exact=True)
 _add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
 _add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1)))))
 
