@@ -14,6 +14,8 @@ global tensors):
 - `aten.nll_loss_nd` on a sharded batch: as cross-entropy's, the mean over the global denominator;
 - elementwise losses (`planner.rules.losses`: mse, l1, huber, BCE, KL, ...) with reduction "mean" on
   sharded inputs: the local sum divided by the GLOBAL element count;
+- `aten.masked_scatter` on a sharded batch: the op after a check that every rank's mask selects what its
+  source rows hold (`checked_masked_scatter`);
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
 - every op that draws from torch's generator (`tracer.graph.draws_random`: dropout, rand_like, bernoulli,
@@ -98,6 +100,9 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     elif packet is aten.nll_loss_nd and len(ctx.in_shapes[0]) >= 2 and _batch_axes(ctx):
         return graph.call_function(sharded_nll_loss, (*_full_args(ctx, args, kwargs, 5),
                                                       [ctx.groups[a] for a in _batch_axes(ctx)]))
+    elif packet is aten.masked_scatter and ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0])):
+        axes = ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0]))
+        return graph.call_function(checked_masked_scatter, (*args, [ctx.groups[a] for a in axes]))
     elif packet in ELEMENTWISE_LOSSES and _any_sharded(ctx):
         return _loss_mean_as_sum(graph, ctx, args, kwargs)
     elif packet in (aten.tril, aten.triu):
@@ -447,6 +452,33 @@ def sharded_nll_loss(logp: torch.Tensor, target: torch.Tensor, weight, reduction
     if reduction != 1:
         return loss
     return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logp.dtype)
+
+
+# --- masked_scatter ---------------------------------------------------------------------------------------
+
+def checked_masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor,
+                           batch_groups: list[list[int]]) -> torch.Tensor:
+    """masked_scatter on a batch shard (x, mask (B_local, ...), source (M_local, ...); `planner.rules.shape_ops
+    .masked_scatter`): right only when this rank's mask selects exactly as many elements as its source rows
+    hold, on every rank (then each rank's positions are the global ones its source rows fill). Checked here,
+    the mismatch flags summed over `batch_groups` so every rank raises together.
+
+    Raises:
+        UnsupportedOpError: some rank's samples select another number of elements than their source rows
+            hold (e.g. samples with different numbers of image tokens); names both counts and the remedy.
+    """
+    count = mask.sum()
+    bad = (count != source.numel()).to(torch.float32).reshape(1)
+    for ranks in batch_groups:
+        bad = collectives.all_reduce(bad.detach(), ranks)
+    if bool(bad.item()):
+        raise UnsupportedOpError(
+            f"masked_scatter on a batch shard: this rank's mask selects {int(count)} elements and its source rows hold "
+            f"{source.numel()} (mismatched on {int(bad.item())} rank(s)): the samples do not each select what their "
+            "share of the source holds (e.g. different numbers of image tokens per sample), so the rows would land "
+            "in other samples. Remedy: equal counts per sample, or plan with axis_roles that keep this op off "
+            "the batch (re-plan with the batch gathered here)")
+    return torch.ops.aten.masked_scatter.default(x, mask, source)
 
 
 # --- elementwise losses ----------------------------------------------------------------------------------

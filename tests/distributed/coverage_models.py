@@ -121,6 +121,35 @@ def batch_first_rnn():
     return BatchFirstRnn(), (torch.randn(4, 7, 4, generator=g), torch.randn(4, 3, generator=g))
 
 
+class TinyVlm(nn.Module):
+    """A LLaVA-style VLM: patch features projected and placed into the text embeddings at the image-token
+    positions with masked_scatter (the same number of image tokens per sample), then a GRU LM and CE."""
+
+    IMAGE_TOKEN, TOKENS = 3, 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.vision = nn.Linear(6, 8)
+        self.lm = nn.GRU(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, ids, patches, labels):
+        text = self.embed(ids)                                          # (B, S, 8)
+        image = self.vision(patches).reshape(-1, 8)                     # (B * TOKENS, 8), sample-major
+        mask = (ids == self.IMAGE_TOKEN).unsqueeze(-1).expand_as(text)
+        h, _ = self.lm(text.masked_scatter(mask, image))
+        return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+
+
+def tiny_vlm():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(4, 16, (4, 6), generator=g)
+    ids[:, 1:1 + TinyVlm.TOKENS] = TinyVlm.IMAGE_TOKEN  # each sample: its image tokens after the first token
+    return TinyVlm(), (ids, torch.randn(4, TinyVlm.TOKENS, 6, generator=g), torch.randint(0, 16, (4, 6), generator=g))
+
+
 class TrackedInstanceNorm(nn.Module):
     """InstanceNorm2d(track_running_stats=True) in training between two convs: its running statistics are
     written inside a composite whose schema does not say so."""
@@ -141,4 +170,5 @@ def tracked_instance_norm():
     return TrackedInstanceNorm(), (torch.randn(4, 3, 5, 5, generator=g), torch.randn(4, 3, generator=g))
 
 
-BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive, "batch_first_rnn": batch_first_rnn}
+BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive, "batch_first_rnn": batch_first_rnn,
+            "tiny_vlm": tiny_vlm}

@@ -58,3 +58,19 @@ def test_models_made_of_previously_uncovered_ops_plan_data_parallel_without_a_fa
     assert not plan.fallbacks, plan.fallbacks
     replicated = sorted({q.op for q in plan.nodes.values() if q.op and q.op.startswith("aten") and str(q.output) == "R"})
     assert not replicated, replicated  # every op runs on its batch shard (the losses give Partial sums)
+
+
+def test_a_batch_sharded_masked_scatter_refuses_samples_whose_counts_do_not_fill_their_rows():
+    """masked_scatter's batch option is right only when each rank's mask selects what its source rows hold (the
+    same number of image tokens per sample); the local form checks it (counts compared and, over the batch
+    groups, all-reduced so every rank raises together) instead of placing rows into other samples."""
+    from parallelizer.errors import UnsupportedOpError
+    from parallelizer.rewriter.localize import checked_masked_scatter
+
+    x, src = torch.randn(2, 3, 4), torch.randn(2, 4)
+    mask = torch.zeros(2, 3, 4, dtype=torch.bool)
+    mask[0, 1], mask[1, 2] = True, True  # one token per sample: 8 elements for 8 source elements
+    torch.testing.assert_close(checked_masked_scatter(x, mask, src, []), x.masked_scatter(mask, src), rtol=0, atol=0)
+    mask[1, 0] = True  # the second sample selects two tokens
+    with pytest.raises(UnsupportedOpError, match="selects 12 elements and its source rows hold 8"):
+        checked_masked_scatter(x, mask, src, [])

@@ -7,6 +7,7 @@ and 2x2 devices, forward and backward, against the op on the global tensors.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +20,8 @@ from .base import OpView
 @dataclass(frozen=True)
 class T:
     """A random global tensor: `kind` "normal" (N(0, 1)), "pos" (in [0.5, 2)), "int" (in [0, high)),
-    "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
+    "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "per_row" (bool,
+    exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
     differentiate (e.g. cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
@@ -33,6 +35,10 @@ class T:
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
         if self.kind == "bool":
             return torch.rand(self.shape, generator=gen) > 0.5
+        if self.kind == "per_row":  # bool, exactly `high` True elements in each index of dim 0
+            keys = torch.rand(self.shape[0], math.prod(self.shape[1:]), generator=gen)
+            chosen = keys.argsort(1)[:, :self.high]
+            return torch.zeros_like(keys, dtype=torch.bool).scatter_(1, chosen, True).reshape(self.shape)
         if self.kind == "sorted":
             return torch.randn(self.shape, generator=gen).sort(-1).values.to(self.dtype)
         if self.kind == "sign":

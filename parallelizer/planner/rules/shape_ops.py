@@ -93,6 +93,19 @@ def leading_map(v: OpView, d: int) -> int | None:
     return d
 
 
+def masked_scatter(v: OpView) -> list[AxisOption]:
+    """masked_scatter(x (B, ...), mask (x's shape), source (M, ...)): the k-th True position of x (row-major)
+    takes source's k-th element (VLMs place image features into the text embeddings with it). The batch of
+    all three may be sharded when source holds the same number of rows per sample (M a multiple of B) and
+    every shard is even: a rank's source rows are then its own samples' rows, provided each sample's mask
+    selects what its rows hold. That is data, so the local form checks it on every rank, all ranks raising
+    together (`rewriter.localize.checked_masked_scatter`)."""
+    x, mask, src = v.in_shapes
+    if len(x) < 2 or mask != x or not src or x[0] < 2 or src[0] % x[0]:
+        return [replicate(v)]
+    return [replicate(v), AxisOption((Shard(0), Shard(0), Shard(0)), Shard(0), (0, 1, 2, OUT))]
+
+
 def numpy_t_map(v: OpView, d: int) -> int | None:
     """x.T (aten.numpy_T: every dim reversed; Falcon's rotary)."""
     return v.nd() - 1 - d

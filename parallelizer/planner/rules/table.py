@@ -243,6 +243,9 @@ _add([aten.expand_as], shape_ops.expand_as, calls(aten.expand_as.default, (t(3, 
      exact=True)
 _add([aten.one_hot], shape_ops.dim_map(shape_ops.leading_map, partial=False),
      calls(aten.one_hot.default, (ints(5, 3, 4), 5), (ints(4, 7), 4)), exact=True)  # (num_classes given: -1 reads the data)
+_add([aten.masked_scatter], shape_ops.masked_scatter, calls(
+    aten.masked_scatter.default, (t(4, 3, 2), T((4, 3, 2), "per_row", torch.bool, 2), t(4, 2)),
+    (t(4, 5, 3), T((4, 5, 3), "per_row", torch.bool, 6), t(8, 3)), (t(4, 3), T((4, 3), "per_row", torch.bool, 1), t(4))), exact=True)
 _add([aten.numpy_T], shape_ops.dim_map(shape_ops.numpy_t_map), calls(aten.numpy_T.default, (t(3, 5),), (t(2, 3, 5),)), exact=True)
 _add([aten.repeat_interleave.self_int], pointwise.along(pointwise.dim_arg(2, default=None), linear=True),
      calls(aten.repeat_interleave.self_int, (t(3, 5), 2, 1), (t(2, 3, 4), 3, -1), (t(3, 4), 2)), exact=True)
