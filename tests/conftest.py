@@ -47,6 +47,8 @@ LONG_FIRST = (
     "distributed/test_reshard.py",
     "distributed/test_precision.py",
     "distributed/test_trial_findings.py",
+    "rules/test_rule_harness.py",
+    "distributed/test_rule_coverage_run.py",
 )
 
 
