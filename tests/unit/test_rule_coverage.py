@@ -74,3 +74,26 @@ def test_a_batch_sharded_masked_scatter_refuses_samples_whose_counts_do_not_fill
     mask[1, 0] = True  # the second sample selects two tokens
     with pytest.raises(UnsupportedOpError, match="selects 12 elements and its source rows hold 8"):
         checked_masked_scatter(x, mask, src, [])
+
+
+class _FourierMixer(torch.nn.Module):
+    """FNet's token mixing: the real part of a 2-D FFT over (sequence, hidden), between linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(torch.fft.fftn(h, dim=(1, 2)).real + h).pow(2).mean()
+
+
+def test_an_fft_over_sequence_and_hidden_keeps_the_batch_sharded_under_ddp():
+    """fft_fftn (and the complex views around FFTs) had no row: FNet ran its token mixing replicated, and under
+    ddp gathered the batch for it in every layer."""
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(parallelizer.trace(_FourierMixer(), (torch.randn(4, 6, 8),)), {"dp": 2},
+                                 axis_roles={"dp": "ddp"})
+    nodes = {q.op: str(q.output) for q in plan.nodes.values() if q.op in ("aten.fft_fftn.default", "aten.real.default")}
+    assert nodes == {"aten.fft_fftn.default": "S(0)", "aten.real.default": "S(0)"}, nodes

@@ -53,18 +53,18 @@ def like(v: OpView) -> list[AxisOption]:
 
 
 def along(read: Callable[[OpView], list[int]], linear: bool = False,
-          single_input: bool = False) -> Callable[[OpView], list[AxisOption]]:
+          single_input: bool = False, even: bool = False) -> Callable[[OpView], list[AxisOption]]:
     """Rule of an op that reads positions along the dims `read(v)` of its first input: shard the other
     dims (the output keeps the input's rank); Partial passes through when the op is `linear`. With
     `single_input`, a call with further tensor inputs (diff's prepend/append, shaped like the input) is
-    only replicated."""
+    only replicated. With `even`, shards must be equal (FFTs: MKL rejects an empty one)."""
     def rule(v: OpView) -> list[AxisOption]:
         if single_input and v.n_in > 1:
             return [replicate(v)]
         dims = set(read(v))
         extra = (R,) * (v.n_in - 1)
-        opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d)) for d in range(v.nd())
-                                 if d not in dims and v.in_shapes[0][d] > 1]
+        opts = [replicate(v)] + [AxisOption((Shard(d),) + extra, Shard(d), (0, OUT) if even else ())
+                                 for d in range(v.nd()) if d not in dims and v.in_shapes[0][d] > 1]
         return opts + [AxisOption((P,) + extra, P)] if linear and v.out_is_float else opts
     rule.__doc__ = f"Shards every dim except those read (`{read.__name__}`)" + ("; Partial passes." if linear else ".")
     rule.__name__ = f"along({read.__name__}{', linear' if linear else ''})"

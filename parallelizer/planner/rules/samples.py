@@ -45,7 +45,7 @@ class T:
             return (torch.rand(self.shape, generator=gen) > 0.5).to(self.dtype) * 2 - 1
         if self.kind == "pos":
             return (0.5 + 1.5 * torch.rand(self.shape, generator=gen)).to(self.dtype)
-        x = torch.randn(self.shape, generator=gen)
+        x = torch.randn(self.shape, generator=gen, dtype=self.dtype if self.dtype.is_complex else torch.float32)
         if self.kind == "prob":
             x = x.softmax(1)
         return x.to(self.dtype)

@@ -203,6 +203,18 @@ _add([aten.bucketize], pointwise.bucketize, [*calls(aten.bucketize.Tensor, (t(3,
                                              *calls(aten.bucketize.Tensor, (t(3, 5), _SORTED), right=True, out_int32=True)], exact=True)
 _add([aten.searchsorted], pointwise.bucketize, [*calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), (_SORTED, t(2, 7, 3))),
                                                 *calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), right=True)], exact=True)
+# FFTs (FNet mixes tokens with fftn over (seq, hidden)) and complex views: shard the dims not transformed
+_C = torch.complex64
+for _p, _dims, _samples in ((aten.fft_fft, pointwise.dim_arg(2, default=-1), ((t(3, 6),), (t(4, 3, 5), None, 1))),
+                            (aten.fft_ifft, pointwise.dim_arg(2, default=-1), ((t(3, 6, dtype=_C),), (t(4, 3, 5, dtype=_C), 4, 1))),
+                            (aten.fft_rfft, pointwise.dim_arg(2, default=-1), ((t(3, 6),), (t(4, 3, 5), None, 1, "ortho"))),
+                            (aten.fft_irfft, pointwise.dim_arg(2, default=-1), ((t(3, 4, dtype=_C),), (t(4, 3, 5, dtype=_C), 6, 1))),
+                            (aten.fft_fftn, pointwise.dim_arg(2, "dim", None), ((t(4, 3, 5), None, [1, 2]), (t(3, 4, 2), None, [0]))),
+                            (aten.fft_fft2, pointwise.dim_arg(2, "dim", None), ((t(4, 3, 5), None, [1, 2]),))):
+    _add([_p], pointwise.along(_dims, even=True), calls(_p.default, *_samples))
+_add([aten.real, aten.imag], pointwise.elementwise, lambda p: calls(p.default, (t(3, 5, dtype=_C),), (t(2, 7, 3, dtype=_C),)), exact=True)
+_add([aten.view_as_real], shape_ops.dim_map(shape_ops.leading_map), calls(aten.view_as_real.default, (t(3, 5, dtype=_C),)), exact=True)
+_add([aten.complex], pointwise.elementwise, calls(aten.complex.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(5))), exact=True)
 _add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
 _add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1)))))
 
