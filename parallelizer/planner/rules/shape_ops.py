@@ -106,6 +106,11 @@ def masked_scatter(v: OpView) -> list[AxisOption]:
     return [replicate(v), AxisOption((Shard(0), Shard(0), Shard(0)), Shard(0), (0, 1, 2, OUT))]
 
 
+def all_but_last_map(v: OpView, d: int) -> int | None:
+    """view_as_complex (x (..., 2) -> (...)): every dim but the last (the real / imaginary pair) keeps its place."""
+    return d if d < v.nd() - 1 else None
+
+
 def numpy_t_map(v: OpView, d: int) -> int | None:
     """x.T (aten.numpy_T: every dim reversed; Falcon's rotary)."""
     return v.nd() - 1 - d

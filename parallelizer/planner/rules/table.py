@@ -213,6 +213,12 @@ for _p, _dims, _samples in ((aten.fft_fft, pointwise.dim_arg(2, default=-1), ((t
                             (aten.fft_fft2, pointwise.dim_arg(2, "dim", None), ((t(4, 3, 5), None, [1, 2]),))):
     _add([_p], pointwise.along(_dims, even=True), calls(_p.default, *_samples))
 _add([aten.real, aten.imag], pointwise.elementwise, lambda p: calls(p.default, (t(3, 5, dtype=_C),), (t(2, 7, 3, dtype=_C),)), exact=True)
+_add([aten.view_as_complex], shape_ops.dim_map(shape_ops.all_but_last_map), calls(aten.view_as_complex.default, (t(3, 5, 2),),
+                                                                                  (t(2, 3, 4, 2),)), exact=True)  # (Llama's reference rotary)
+_add([aten.fft_fftshift, aten.fft_ifftshift], pointwise.along(pointwise.dim_arg(1, "dim", None), linear=True),
+     lambda p: calls(p.default, (t(3, 6), [1]), (t(4, 3, 5), [1, 2])), exact=True)
+_add([aten.fft_hfft], pointwise.along(pointwise.dim_arg(2, default=-1), even=True),
+     calls(aten.fft_hfft.default, (t(3, 4, dtype=_C),), (t(4, 3, 5, dtype=_C), 6, 1)))
 _add([aten.view_as_real], shape_ops.dim_map(shape_ops.leading_map), calls(aten.view_as_real.default, (t(3, 5, dtype=_C),)), exact=True)
 _add([aten.complex], pointwise.elementwise, calls(aten.complex.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(5))), exact=True)
 _add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
