@@ -92,11 +92,13 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str 
     if len(terms) == 1:
         return _term_weighting(graph, terms[0][1], inputs, source)
     whats = [f"node {b.name} ({b.target})" for _, b in terms]
-    what = f"a sum of {len(terms)} loss terms ({', '.join(whats)})"
+    top = _scale_chain(graph)[1]
+    what = f"node {top.name} ({top.target})"
     kinds = [_term_weighting(graph, b, inputs, source) for _, b in terms]
     if all(k.kind == kinds[0].kind for k in kinds) and kinds[0].kind in ("equal", "sum"):
-        return OwnLossWeighting(kinds[0].kind, None, what)
-    _unknown(what, "terms weighted differently (" + ", ".join(f"{w}: {k.kind}" for w, k in zip(whats, kinds))
+        return OwnLossWeighting(kinds[0].kind, None, f"{what}, a sum of {len(terms)} loss terms ({', '.join(whats)})")
+    _unknown(what, f"a sum of {len(terms)} loss terms weighted differently ("
+             + ", ".join(f"{w}: {k.kind}" for w, k in zip(whats, kinds))
              + "): only terms that all weigh equally (means over fixed numbers of items) or all add up (sums) "
              "combine", source)
 

@@ -416,7 +416,7 @@ def test_a_sum_of_loss_terms_weighted_differently_or_normalised_per_microbatch_i
     microbatch size are found by the second trace in every term, as for one term."""
     x, eps = _terms_batch()
     n = x.shape[0] // M
-    with pytest.raises(StepError, match="terms weighted differently"):
+    with pytest.raises(StepError, match="loss terms weighted differently"):
         own_loss_weighting(trace(Terms("mixed"), (x[:n], eps[:n])))
     model = Terms("per_sample_sums")
     one = trace(model, (x[:n], eps[:n])).graph_module.graph
