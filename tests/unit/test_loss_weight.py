@@ -383,6 +383,8 @@ class Terms(torch.nn.Module):
             return F.mse_loss(rec, x, reduction="sum") + (1 + lv - mu.pow(2)).sum()
         if self.kind == "per_sample_sums":  # each term a sum over the microbatch divided by its size
             return F.mse_loss(rec, x, reduction="sum") / x.shape[0] + (1 + lv - mu.pow(2)).sum() / x.shape[0]
+        if self.kind == "batch_term":  # a mean of squared batch means: a batch-level term, not per item
+            return F.mse_loss(rec, x) + h.mean(0).pow(2).mean()
         return F.mse_loss(rec, x, reduction="sum") + kl  # "mixed": a sum plus a mean
 
 
@@ -413,7 +415,8 @@ def test_a_sum_of_loss_terms_that_weigh_alike_is_the_batch_loss(kind):
 
 def test_a_sum_of_loss_terms_weighted_differently_or_normalised_per_microbatch_is_refused():
     """A sum plus a mean has no one weighting (refused, naming both terms); sums each divided by the
-    microbatch size are found by the second trace in every term, as for one term."""
+    microbatch size, and a batch-level mean (of squared batch means) beside a per-item mean, are found by the
+    second trace in every term, as for one term."""
     x, eps = _terms_batch()
     n = x.shape[0] // M
     with pytest.raises(StepError, match="loss terms weighted differently"):
@@ -422,4 +425,9 @@ def test_a_sum_of_loss_terms_weighted_differently_or_normalised_per_microbatch_i
     one = trace(model, (x[:n], eps[:n])).graph_module.graph
     assert needs_batch_check(one)
     with pytest.raises(StepError, match="change with the microbatch size"):
+        check_batch_scaling(one, trace(model, (x[:2 * n], eps[:2 * n])).graph_module.graph, "loss", "own")
+    model = Terms("batch_term")
+    one = trace(model, (x[:n], eps[:n])).graph_module.graph
+    assert own_loss_weighting(trace(model, (x[:n], eps[:n]))).kind == "equal" and needs_batch_check(one)
+    with pytest.raises(StepError, match="do not grow with the batch"):
         check_batch_scaling(one, trace(model, (x[:2 * n], eps[:2 * n])).graph_module.graph, "loss", "own")
