@@ -57,7 +57,9 @@ def kind_of(cls: type, defaults: dict) -> str | None:
     its own; else COUPLED. Loss 0.5 * sum(c * (w - t)^2) with column scales c of 1..100 (so a shard's
     statistics differ from the tensor's); closures as LBFGS needs (the others call them once). Compared with
     torch.testing's float32 tolerances (rtol 1.3e-6, atol 1e-5). None when `cls(params, **defaults)` or its
-    step raises on the probe (then nothing is known)."""
+    step raises on the probe, or the probe tensors do not move (then nothing is known). The probe computes the
+    gradients before each step (and passes the closure too), so an optimizer that ignores the closure is
+    classified by what it does with them."""
     key = (cls, repr(sorted(defaults.items(), key=lambda kv: kv[0])))
     if key not in _KINDS:
         try:
@@ -99,11 +101,18 @@ def _classify(cls: type, defaults: dict, linear: bool) -> str:
                     loss = sum(term(p, tt, c) for p, (_, tt, c) in zip(ps, group))
                     loss.backward()
                     return loss
+                # the gradients first, as a training loop's backward does: an optimizer whose step ignores
+                # the closure (most hand-written ones: `def step(self, closure=None)` reading p.grad) then
+                # updates too (before, it saw no gradient, moved nothing and passed as per-element)
+                with torch.enable_grad():
+                    closure()
                 opt.step(closure)
         return [p.detach() for ps in params for p in ps]
 
     left, right = (w[:, :3], t[:, :3], scale[:3]), (w[:, 3:], t[:, 3:], scale[3:])
     whole = run([[(w, t, scale)]])[0]
+    if torch.equal(whole, w):
+        raise ValueError("the probe did not move: its update is unknown")  # kind_of: None (warned, stepped)
     if _close(whole, torch.cat(run([[left], [right]]), dim=1)):
         return ELEMENT
     if all(_close(a, b) for a, b in zip(run([[left, right]]), run([[left], [right]]))):
@@ -154,7 +163,8 @@ def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, s
     if kind is None:
         if cls not in _WARNED:
             _WARNED.add(cls)
-            warnings.warn(f"{cls.__name__} could not be run on the toolkit's probe tensors, so whether it updates "
+            warnings.warn(f"{cls.__name__} could not be run on the toolkit's probe tensors (or moved none of "
+                          "them), so whether it updates "
                           "each element on its own is unknown. On sharded parameters (tp, fsdp) an optimizer that "
                           "reads whole tensors (factored moments, norms, orthogonalisation) or all its tensors "
                           "together gives other numbers than one device; elementwise ones (SGD, Adam, AdamW) are "
