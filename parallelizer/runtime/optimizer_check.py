@@ -159,7 +159,9 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     with its own hyperparameters (a group may override the defaults). Raises OptimizerError."""
     _check_wrapped(optimizer)
     for group in optimizer.param_groups:
-        owned = [o for p in group["params"] if (o := owner_of(p)) is not None]
+        # a frozen parameter is never stepped (no gradient): it neither refuses nor is named (before, a frozen
+        # tp-sharded embedding was the parameter a user's LARS was refused for)
+        owned = [o for p in group["params"] if p.requires_grad and (o := owner_of(p)) is not None]
         sharded = [o for o in owned if _is_sharded(o.layout, o.mesh)]
         staged = [o for o in owned if o.pipeline is not None]
         if sharded or staged:

@@ -199,3 +199,17 @@ def test_a_closure_ignoring_per_tensor_optimizer_is_refused_on_a_shard():
     assert info.value.kind == TENSOR and torch.equal(p.detach(), before)
     _SignSgdIgnoringClosure([p]).step()
     torch.testing.assert_close(p.detach(), before - 0.01)
+
+
+def test_a_frozen_sharded_parameter_does_not_refuse_the_step():
+    """A frozen (requires_grad=False) S(0) parameter is never stepped: a per-tensor optimizer over it and a
+    replicated trainable one steps (trial r9e: a frozen tp-sharded embedding was what a LARS was refused for);
+    the trainable one moves as on one device, the frozen one stays."""
+    frozen, trained = _registered((4, 3), "S(0)"), _registered((4, 3), "R")
+    frozen.requires_grad_(False)
+    frozen.grad = None
+    before_frozen, before = frozen.detach().clone(), trained.detach().clone()
+    _LarsIgnoringClosure([frozen, trained], lr=0.1).step()
+    torch.testing.assert_close(frozen.detach(), before_frozen, rtol=0, atol=0)
+    ratio = before.norm() / torch.ones_like(before).norm()
+    torch.testing.assert_close(trained.detach(), before - 0.1 * ratio)
