@@ -428,6 +428,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .runtime.module import ParallelModule
     from .runtime.pipeline import microbatch_of
     from .runtime.pipeline_module import build_pipeline_module
+    from .runtime.optimizer_check import remember_wrapped
     from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -476,12 +477,14 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
+        remember_wrapped(model, module)
         return module
     spec = spec_from_plan(chosen)
     if distributed:
         create_groups(all_axis_groups(mesh) + hierarchical_sub_groups(spec))
     module = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
+    remember_wrapped(model, module)
     return module
 
 

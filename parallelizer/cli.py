@@ -313,8 +313,9 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
     traced = trace(*presets.build(used, "meta"))
     check_plan(plan, traced, structure_only=not real)
-    print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width: "
-          + ", ".join(f"{k}={v}" for k, v in used["kwargs"].items()), flush=True)
+    settings = ", ".join(f"{k}={v}" for k, v in used["kwargs"].items())
+    print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width"
+          + (f": {settings}" if settings else " (the model factory's defaults)"), flush=True)
     start = time.perf_counter()
     if plan.pipeline is not None:
         from .runtime.pipeline_rehearsal import rehearse_pipeline

@@ -333,7 +333,7 @@ class ParallelModule(torch.nn.Module):
         Raises:
             StepError: no loss_fn and no scalar first output, or a loss that is not 0-d.
         """
-        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step")
+        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs)
         loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)
         loss.backward()
         return loss.detach()

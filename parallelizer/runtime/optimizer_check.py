@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..core.layout import Shard
 from ..errors import OptimizerError
@@ -41,6 +43,25 @@ ELEMENT, TENSOR, COUPLED, PARTITIONED = "per-element", "per-tensor", "coupled", 
 _KINDS: dict[tuple[type, str], str | None] = {}  # (optimizer class, repr of its defaults) -> kind (None: unknown)
 _WARNED: set[type] = set()
 _HANDLE = None
+# a parameter of a model handed to auto_parallelize -> (its FQN, weak reference to the parallel module)
+_WRAPPED = WeakIdKeyDictionary()
+# a local parameter of such a module -> weak reference to the model's parameter of the same FQN
+_SOURCE_OF = WeakIdKeyDictionary()
+
+
+def remember_wrapped(model: torch.nn.Module, module: torch.nn.Module) -> None:
+    """Record that `module` (a ParallelModule or PipelineModule) was built from `model`: `module` trains its own
+    tensors (local shards or stage copies) and never reads `model`'s again, so an optimizer over `model`'s
+    parameters, or a backward through `model`, trains nothing that `module` computes with (`_check_wrapped`)."""
+    ref = weakref.ref(module)
+    own = dict(model.named_parameters())
+    for fqn, p in own.items():
+        if p.device.type != "meta":
+            _WRAPPED[p] = (fqn, ref)
+    for name, local in module.named_parameters():
+        fqn = name.split(".", 2)[2] if name.startswith("stages.") else name
+        if fqn in own and own[fqn].device.type != "meta":
+            _SOURCE_OF[local] = weakref.ref(own[fqn])
 
 
 def install() -> None:
@@ -57,7 +78,9 @@ def kind_of(cls: type, defaults: dict) -> str | None:
     its own; else COUPLED. Loss 0.5 * sum(c * (w - t)^2) with column scales c of 1..100 (so a shard's
     statistics differ from the tensor's); closures as LBFGS needs (the others call them once). Compared with
     torch.testing's float32 tolerances (rtol 1.3e-6, atol 1e-5). None when `cls(params, **defaults)` or its
-    step raises on the probe (then nothing is known)."""
+    step raises on the probe, or the probe tensors do not move (then nothing is known). The probe computes the
+    gradients before each step (and passes the closure too), so an optimizer that ignores the closure is
+    classified by what it does with them."""
     key = (cls, repr(sorted(defaults.items(), key=lambda kv: kv[0])))
     if key not in _KINDS:
         try:
@@ -99,11 +122,18 @@ def _classify(cls: type, defaults: dict, linear: bool) -> str:
                     loss = sum(term(p, tt, c) for p, (_, tt, c) in zip(ps, group))
                     loss.backward()
                     return loss
+                # the gradients first, as a training loop's backward does: an optimizer whose step ignores
+                # the closure (most hand-written ones: `def step(self, closure=None)` reading p.grad) then
+                # updates too (before, it saw no gradient, moved nothing and passed as per-element)
+                with torch.enable_grad():
+                    closure()
                 opt.step(closure)
         return [p.detach() for ps in params for p in ps]
 
     left, right = (w[:, :3], t[:, :3], scale[:3]), (w[:, 3:], t[:, 3:], scale[3:])
     whole = run([[(w, t, scale)]])[0]
+    if torch.equal(whole, w):
+        raise ValueError("the probe did not move: its update is unknown")  # kind_of: None (warned, stepped)
     if _close(whole, torch.cat(run([[left], [right]]), dim=1)):
         return ELEMENT
     if all(_close(a, b) for a, b in zip(run([[left, right]]), run([[left], [right]]))):
@@ -127,12 +157,47 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     """The step pre-hook (module docstring): each param group holding registered parameters is classified
     with its own hyperparameters (a group may override the defaults). Raises OptimizerError."""
+    _check_wrapped(optimizer)
     for group in optimizer.param_groups:
-        owned = [o for p in group["params"] if (o := owner_of(p)) is not None]
+        # a frozen parameter is never stepped (no gradient): it neither refuses nor is named (before, a frozen
+        # tp-sharded embedding was the parameter a user's LARS was refused for)
+        owned = [o for p in group["params"] if p.requires_grad and (o := owner_of(p)) is not None]
         sharded = [o for o in owned if _is_sharded(o.layout, o.mesh)]
         staged = [o for o in owned if o.pipeline is not None]
         if sharded or staged:
             _check_group(optimizer, group, sharded, staged)
+
+
+def _check_wrapped(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse a step that would train nothing the parallel module computes with (`remember_wrapped`): an
+    optimizer over the ORIGINAL model's parameters (built from `model.parameters()` after wrapping: none of
+    them has a gradient, since `pm`'s backward fills `pm`'s own), or over `pm`'s parameters when none has a
+    gradient while the model's have (the backward ran through `model(...)`, not `pm(...)`). Before, both
+    stepped nothing and `pm` never trained, silently (ConvAE on dp=2: the loss stayed at its first value).
+    An optimizer stepping a model that was trained eagerly after wrapping (its own gradients) is left alone."""
+    held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    wrapped = [p for p in held if p in _WRAPPED and owner_of(p) is None]
+    if wrapped and all(p.grad is None for p in wrapped):
+        fqn, ref = _WRAPPED[wrapped[0]]
+        kind = type(ref()).__name__ if ref() is not None else "parallel module"
+        raise OptimizerError(
+            f"{type(optimizer).__name__}.step() over the parameters of the model given to auto_parallelize (e.g. "
+            f"{fqn!r}), none of which has a gradient: the {kind} trains its own tensors (this rank's shards), "
+            "never the model's, so this step would change nothing it computes with. Remedy: build the optimizer "
+            "after wrapping over pm.parameters() (`torch.optim.AdamW(pm.parameters())`), and read the trained "
+            "weights with pm.full_state_dict() or parallelizer.checkpoint, not model.state_dict()",
+            type(optimizer).__name__, "wrapped model", fqn)
+    local = [p for p in held if owner_of(p) is not None]
+    if local and all(p.grad is None for p in local):
+        sources = [s for p in local if p in _SOURCE_OF and (s := _SOURCE_OF[p]()) is not None]
+        if any(s.grad is not None for s in sources):
+            fqn = owner_of(local[0]).fqn
+            raise OptimizerError(
+                f"{type(optimizer).__name__}.step() over a parallel module's parameters (e.g. {fqn!r}), none of "
+                "which has a gradient, while the model given to auto_parallelize has gradients: the backward ran "
+                "through the original model (`model(...)`), which the parallel module does not read. Remedy: "
+                "run the forward through the module auto_parallelize returned (`pm(...)` or `pm.step(...)`)",
+                type(optimizer).__name__, "wrapped model", fqn)
 
 
 def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, staged: list) -> None:
@@ -154,7 +219,8 @@ def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, s
     if kind is None:
         if cls not in _WARNED:
             _WARNED.add(cls)
-            warnings.warn(f"{cls.__name__} could not be run on the toolkit's probe tensors, so whether it updates "
+            warnings.warn(f"{cls.__name__} could not be run on the toolkit's probe tensors (or moved none of "
+                          "them), so whether it updates "
                           "each element on its own is unknown. On sharded parameters (tp, fsdp) an optimizer that "
                           "reads whole tensors (factored moments, norms, orthogonalisation) or all its tensors "
                           "together gives other numbers than one device; elementwise ones (SGD, Adam, AdamW) are "

@@ -187,7 +187,7 @@ class PipelineModule(torch.nn.Module):
                 item_count=); item_count without target; a target that is not a tensor; a loss that is not 0-d.
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
-        check_loss_source(self.traced, loss_fn, "PipelineModule.step")
+        check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs)
         self._check_modes()
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "

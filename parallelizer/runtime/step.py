@@ -59,9 +59,11 @@ def count_items(target) -> torch.Tensor | int:
     return (first != IGNORE_INDEX).sum()
 
 
-def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str) -> None:
+def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None) -> None:
     """Raise StepError, on every rank alike (it reads only the traced graph), when `loss_fn` is None and the
-    model's first output is not a scalar loss. `where` names the caller in the message."""
+    model's first output is not a scalar loss. `where` names the caller in the message. `kwargs`: the step's
+    keyword inputs; one the model was not traced with (`labels=` given to step but not in `example_kwargs`) is
+    named with its remedy (before, the message told such a caller to pass labels=, which they had)."""
     if loss_fn is not None:
         return
     out = traced.graph_module.graph.output_node()
@@ -69,6 +71,17 @@ def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str) -
     torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
     shape = tuple(traced.node(names[0]).outputs[0].shape) if names and traced.node(names[0]).outputs else None
     if shape != ():
+        spec = traced.exported.call_spec.in_spec
+        traced_keywords = spec.child(1).context if spec is not None and spec.num_children == 2 else None
+        known = set(traced_keywords or ()) | set(traced.call_inputs or traced.input_names)
+        extra = sorted(k for k in (kwargs or {}) if k not in known)
+        if extra:
+            raise StepError(f"{where}: loss_fn=None, but the model's first output has shape {shape}, not a scalar "
+                            f"loss: the model was traced without the keyword input(s) {extra} passed here, so its "
+                            "traced program computes no loss from them (the call would also be refused as another "
+                            f"structure). Remedy: trace with them, auto_parallelize(model, inputs, example_kwargs="
+                            f"{{{extra[0]!r}: ...}}), then pass them to step as now; or pass loss_fn=lambda output, "
+                            "target: ... with target=")
         raise StepError(f"{where}: loss_fn=None, but the model's first output has shape {shape}, not a scalar loss. "
                         "Remedy: pass loss_fn=lambda output, target: ... (a mean over the items it counts), or "
                         "call the model so that it returns its loss first (e.g. transformers models given labels=)")

@@ -143,3 +143,73 @@ def test_each_param_group_is_classified_with_its_own_hyperparameters():
     opt = _Lars([{"params": [replicated]}, {"params": [sharded], "adapt": False}], lr=0.1, adapt=True)
     opt.step()
     assert not torch.equal(sharded.detach(), before)
+
+
+class _LarsIgnoringClosure(torch.optim.Optimizer):
+    """A user's LARS as most hand-written optimizers are: `step(closure=None)` reads p.grad and never calls
+    the closure. Before, the probe's gradients came only from the closure, so it saw no gradient, moved nothing
+    and was taken for per-element: on tp=2 a GRU tagger trained with it ended 169x the float32 bound off one
+    device after 2 steps (trial r9e), silently."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"] * float(p.norm() / (p.grad.norm() + 1e-8)))
+
+
+class _SignSgdIgnoringClosure(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+
+
+class _DoesNothing(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):
+        return None
+
+
+@pytest.mark.parametrize("cls, kind", [(_LarsIgnoringClosure, TENSOR), (_SignSgdIgnoringClosure, ELEMENT),
+                                       (_DoesNothing, None)])
+def test_an_optimizer_that_ignores_the_closure_is_classified_by_its_update(cls, kind):
+    assert kind_of(cls, _defaults(cls)) == kind
+
+
+def test_a_closure_ignoring_per_tensor_optimizer_is_refused_on_a_shard():
+    """The step pre-hook on a registered S(0) parameter with a gradient: the user's LARS (closure ignored) is
+    refused, nothing stepped; sign SGD (per-element, closure ignored) steps."""
+    p = _registered((4, 3), "S(0)")
+    p.grad = torch.ones_like(p)
+    before = p.detach().clone()
+    with pytest.raises(OptimizerError, match="block.weight") as info:
+        _LarsIgnoringClosure([p]).step()
+    assert info.value.kind == TENSOR and torch.equal(p.detach(), before)
+    _SignSgdIgnoringClosure([p]).step()
+    torch.testing.assert_close(p.detach(), before - 0.01)
+
+
+def test_a_frozen_sharded_parameter_does_not_refuse_the_step():
+    """A frozen (requires_grad=False) S(0) parameter is never stepped: a per-tensor optimizer over it and a
+    replicated trainable one steps (trial r9e: a frozen tp-sharded embedding was what a LARS was refused for);
+    the trainable one moves as on one device, the frozen one stays."""
+    frozen, trained = _registered((4, 3), "S(0)"), _registered((4, 3), "R")
+    frozen.requires_grad_(False)
+    frozen.grad = None
+    before_frozen, before = frozen.detach().clone(), trained.detach().clone()
+    _LarsIgnoringClosure([frozen, trained], lr=0.1).step()
+    torch.testing.assert_close(frozen.detach(), before_frozen, rtol=0, atol=0)
+    ratio = before.norm() / torch.ones_like(before).norm()
+    torch.testing.assert_close(trained.detach(), before - 0.1 * ratio)

@@ -1,0 +1,69 @@
+"""The model handed to auto_parallelize is not what the returned module trains (trial r9e): an optimizer built
+over `model.parameters()` after wrapping, or a backward through `model(...)` with the optimizer over
+`pm.parameters()`, stepped nothing `pm` computes with and `pm` never trained, silently (a conv autoencoder on
+dp=2: the loss stayed at its first value, 6x the float32 bound above one device's after 2 SGD steps). Both are
+an OptimizerError now; the right loop, and eager training of the original model after wrapping (a reference
+run), are untouched and match one device."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import parallelizer
+from parallelizer.errors import OptimizerError
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 6))
+    x = torch.randn(4, 6)
+    ref = copy.deepcopy(model)
+    pm = parallelizer.auto_parallelize(model, (x,))
+    return model, ref, pm, x
+
+
+def _loss(out, y):
+    return F.mse_loss(out, y)
+
+
+def test_an_optimizer_over_the_original_models_parameters_is_refused():
+    model, _, pm, x = _setup()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    pm.step(x, target=x, loss_fn=_loss)
+    before = [p.detach().clone() for p in pm.parameters()]
+    with pytest.raises(OptimizerError, match=r"pm\.parameters\(\)") as info:
+        opt.step()
+    assert info.value.kind == "wrapped model" and info.value.parameter == "0.weight"
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, pm.parameters()))
+
+
+def test_a_backward_through_the_original_model_is_refused_at_the_step():
+    model, _, pm, x = _setup()
+    opt = torch.optim.SGD(pm.parameters(), lr=0.5)
+    _loss(model(x), x).backward()
+    with pytest.raises(OptimizerError, match=r"backward ran through the original model"):
+        opt.step()
+
+
+def test_the_right_loop_and_an_eager_reference_on_the_original_model_train_as_one_device():
+    model, ref, pm, x = _setup()
+    opt, ref_opt = torch.optim.SGD(pm.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    model_opt = torch.optim.SGD(model.parameters(), lr=0.5)  # the original model trained eagerly: allowed
+    for _ in range(2):
+        opt.zero_grad(); loss = pm.step(x, target=x, loss_fn=_loss); opt.step()
+        ref_opt.zero_grad(); expected = _loss(ref(x), x); expected.backward(); ref_opt.step()
+        model_opt.zero_grad(); _loss(model(x), x).backward(); model_opt.step()
+        torch.testing.assert_close(loss, expected.detach())
+    full = pm.full_state_dict()
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(full[k], v)
+        torch.testing.assert_close(model.state_dict()[k], v)
