@@ -383,13 +383,7 @@ def _scale_chain(graph: torch.fx.Graph) -> tuple[list, torch.fx.Node]:
     """(the Python numbers skipped as constant factors on the way from the first output, the loss op reached):
     casts, views, scaling by a number and `out[0]` of a (loss, total_weight) op are passed through."""
     first = graph.output_node().args[0]
-    node = first[0] if isinstance(first, (tuple, list)) else first
-    numbers = []
-    while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
-        if _by_constant(node):
-            numbers.append(_factor(node))
-        node = node.args[0]
-    return numbers, node
+    return _chain_from(first[0] if isinstance(first, (tuple, list)) else first)
 
 
 def _terms(graph: torch.fx.Graph) -> list[tuple[list, torch.fx.Node]]:
@@ -416,7 +410,7 @@ def _split(numbers: list, node: torch.fx.Node) -> list[tuple[list, torch.fx.Node
 
 
 def _chain_from(node: torch.fx.Node) -> tuple[list, torch.fx.Node]:
-    """`_scale_chain` from `node` (a term of a sum): (the numbers passed, the node reached)."""
+    """The scale chain from `node` (the first output, or a term of a sum): (the numbers passed, the node reached)."""
     numbers = []
     while node.op == "call_function" and (node.target in _PASS or _by_constant(node) or _first_of_loss(node)):
         if _by_constant(node):
