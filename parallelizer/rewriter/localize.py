@@ -100,9 +100,8 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     elif packet is aten.nll_loss_nd and len(ctx.in_shapes[0]) >= 2 and _batch_axes(ctx):
         return graph.call_function(sharded_nll_loss, (*_full_args(ctx, args, kwargs, 5),
                                                       [ctx.groups[a] for a in _batch_axes(ctx)]))
-    elif packet is aten.masked_scatter and ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0])):
-        axes = ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0]))
-        return graph.call_function(checked_masked_scatter, (*args, [ctx.groups[a] for a in axes]))
+    elif packet is aten.masked_scatter and _batch_groups(ctx):
+        return graph.call_function(checked_masked_scatter, (*args, _batch_groups(ctx)))
     elif packet in ELEMENTWISE_LOSSES and _any_sharded(ctx):
         return _loss_mean_as_sum(graph, ctx, args, kwargs)
     elif packet in (aten.tril, aten.triu):
@@ -455,6 +454,11 @@ def sharded_nll_loss(logp: torch.Tensor, target: torch.Tensor, weight, reduction
 
 
 # --- masked_scatter ---------------------------------------------------------------------------------------
+
+def _batch_groups(ctx: Context) -> list[list[int]]:
+    """Groups of the mesh axes sharding dim 0 (the batch) of the op's first input."""
+    return [ctx.groups[a] for a in ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0]))]
+
 
 def checked_masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor,
                            batch_groups: list[list[int]]) -> torch.Tensor:

@@ -63,7 +63,7 @@ def _conv(v: OpView, out_dim: int, in_dim: int) -> list[AxisOption]:
     return opts
 
 
-def pooling(linear: bool, spatial: int, even_batch: bool = False):
+def leading_dims(linear: bool, spatial: int, even_batch: bool = False):
     """Rule of an op independent over the leading dims of its inputs (all but the trailing `spatial`):
     max/avg (adaptive) pooling, max pooling with indices and unpooling (the indices address positions
     inside one (batch, channel) plane), upsampling / interpolation of every mode, pixel (un)shuffle
@@ -79,7 +79,7 @@ def pooling(linear: bool, spatial: int, even_batch: bool = False):
                                  for d in range(v.nd() - spatial) if v.in_shapes[0][d] > 1]
         return opts + [AxisOption((P,), P)] if linear and v.out_is_float and v.n_in == 1 else opts
     rule.__name__ = f"{'linear' if linear else 'nonlinear'}_leading_dims_{spatial}d"
-    rule.__doc__ = pooling.__doc__
+    rule.__doc__ = leading_dims.__doc__
     return rule
 
 

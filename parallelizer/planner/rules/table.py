@@ -69,7 +69,7 @@ def _default(packet):
 # --- pointwise ------------------------------------------------------------------------------------------------
 _UNARY_OPS = ("relu", "silu", "tanh", "sigmoid", "neg", "exp", "erf", "abs", "sin", "cos", "square",
               "softplus", "mish", "elu", "hardswish", "hardsigmoid", "hardtanh", "leaky_relu", "sign", "floor",
-              "ceil", "round", "trunc", "expm1", "atan", "logical_not", "bitwise_not", "clone", "contiguous",
+              "ceil", "trunc", "expm1", "atan", "logical_not", "bitwise_not", "clone", "contiguous",
               "alias", "detach", "lift_fresh_copy")
 _UNARY_OPS += ("selu", "celu", "log_sigmoid", "hardshrink", "softshrink", "special_i0", "special_i1e", "special_erfcx",
                "special_sinc", "special_log_ndtr")  # (ran replicated without a row)
@@ -366,21 +366,21 @@ _add([aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d], nn_o
     if p is aten.conv_transpose2d else
     calls(p.input, (t(3, 4, 3, 2, 3), t(4, 5, 2, 2, 2)), (t(2, 4, 2, 3, 2), t(4, 3, 1, 2, 2), t(6), [1], [0], [0], 2))))
 _POOL = t(3, 4, 7, 6)
-_add([aten.max_pool2d], nn_ops.pooling(False, 2), calls(aten.max_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
-_add([aten.avg_pool2d], nn_ops.pooling(True, 2), calls(aten.avg_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
-_add([aten.adaptive_avg_pool2d], nn_ops.pooling(True, 2), calls(aten.adaptive_avg_pool2d.default, (_POOL, [1, 1]), (_POOL, [3, 2])))
-_add([aten.max_pool1d], nn_ops.pooling(False, 1), calls(aten.max_pool1d.default, (t(3, 4, 9), [2])))
-_add([aten.avg_pool1d], nn_ops.pooling(True, 1), calls(aten.avg_pool1d.default, (t(3, 4, 9), [3])))
-_add([aten.adaptive_avg_pool1d], nn_ops.pooling(True, 1), calls(aten.adaptive_avg_pool1d.default, (t(3, 4, 9), [2])))
+_add([aten.max_pool2d], nn_ops.leading_dims(False, 2), calls(aten.max_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
+_add([aten.avg_pool2d], nn_ops.leading_dims(True, 2), calls(aten.avg_pool2d.default, (_POOL, [2, 2]), (_POOL, [3, 3], [2, 2], [1, 1])))
+_add([aten.adaptive_avg_pool2d], nn_ops.leading_dims(True, 2), calls(aten.adaptive_avg_pool2d.default, (_POOL, [1, 1]), (_POOL, [3, 2])))
+_add([aten.max_pool1d], nn_ops.leading_dims(False, 1), calls(aten.max_pool1d.default, (t(3, 4, 9), [2])))
+_add([aten.avg_pool1d], nn_ops.leading_dims(True, 1), calls(aten.avg_pool1d.default, (t(3, 4, 9), [3])))
+_add([aten.adaptive_avg_pool1d], nn_ops.leading_dims(True, 1), calls(aten.adaptive_avg_pool1d.default, (t(3, 4, 9), [2])))
 # (the 3-D forms, the adaptive max forms and the forms that return indices ran replicated before, without a row)
-_add([aten.max_pool3d], nn_ops.pooling(False, 3), calls(aten.max_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2])))
-_add([aten.avg_pool3d], nn_ops.pooling(True, 3), calls(aten.avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2], [1, 1, 1])))
-_add([aten.adaptive_avg_pool3d], nn_ops.pooling(True, 3), calls(aten.adaptive_avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 1, 3])))
+_add([aten.max_pool3d], nn_ops.leading_dims(False, 3), calls(aten.max_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2])))
+_add([aten.avg_pool3d], nn_ops.leading_dims(True, 3), calls(aten.avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 2, 2], [1, 1, 1])))
+_add([aten.adaptive_avg_pool3d], nn_ops.leading_dims(True, 3), calls(aten.adaptive_avg_pool3d.default, (t(3, 4, 5, 4, 3), [2, 1, 3])))
 for _k, _p in ((1, aten.adaptive_max_pool1d), (2, aten.adaptive_max_pool2d), (3, aten.adaptive_max_pool3d)):
-    _add([_p], nn_ops.pooling(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
+    _add([_p], nn_ops.leading_dims(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
 for _k, _p in ((1, aten.max_pool1d_with_indices), (2, aten.max_pool2d_with_indices), (3, aten.max_pool3d_with_indices)):
-    _add([_p], nn_ops.pooling(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
-_add([aten.max_unpool2d], nn_ops.pooling(True, 2), [Sample(aten.max_unpool2d.default, (t(3, 4, 2, 2), T((3, 4, 2, 2), "int", torch.int64, 16), [4, 4]))],
+    _add([_p], nn_ops.leading_dims(False, _k), calls(_p.default, (t(3, 4, *(5, 4, 3)[:_k]), [2] * _k)), exact=True)
+_add([aten.max_unpool2d], nn_ops.leading_dims(True, 2), [Sample(aten.max_unpool2d.default, (t(3, 4, 2, 2), T((3, 4, 2, 2), "int", torch.int64, 16), [4, 4]))],
      exact=True)
 # upsampling (F.interpolate, nn.Upsample) in every mode: independent over batch and channels, linear in x
 _SCALE = {1: [2.0], 2: [2.0, 1.5], 3: [2.0, 1.0, 1.5]}
@@ -394,11 +394,11 @@ for _k, _p, _corners in ((1, aten.upsample_nearest1d, None), (2, aten.upsample_n
     _vec = ((_x, None, _SCALE[_k]),) if _corners is None else ((_x, None, _corners, _SCALE[_k]),)
     _out = [7, 5, 4][:_k]
     _sized = (_x, _out, None) if _corners is None else (_x, _out, _corners, None)
-    _add([_p], nn_ops.pooling(True, _k, even_batch=True), calls(_p.vec, *_vec, _sized), exact=_corners is None)  # (F.interpolate: .vec)
-_add([aten.pixel_shuffle], nn_ops.pooling(True, 3, even_batch=True), calls(aten.pixel_shuffle.default, (t(3, 8, 2, 3), 2)), exact=True)
-_add([aten.pixel_unshuffle], nn_ops.pooling(True, 3, even_batch=True), calls(aten.pixel_unshuffle.default, (t(3, 2, 4, 6), 2)), exact=True)
-_add([aten.im2col], nn_ops.pooling(True, 3), calls(aten.im2col.default, (t(3, 2, 5, 4), [2, 2], [1, 1], [0, 0], [1, 1])))
-_add([aten.col2im], nn_ops.pooling(True, 2), calls(aten.col2im.default, (t(3, 8, 12), [5, 4], [2, 2], [1, 1], [0, 0], [1, 1])))
+    _add([_p], nn_ops.leading_dims(True, _k, even_batch=True), calls(_p.vec, *_vec, _sized), exact=_corners is None)  # (F.interpolate: .vec)
+_add([aten.pixel_shuffle], nn_ops.leading_dims(True, 3, even_batch=True), calls(aten.pixel_shuffle.default, (t(3, 8, 2, 3), 2)), exact=True)
+_add([aten.pixel_unshuffle], nn_ops.leading_dims(True, 3, even_batch=True), calls(aten.pixel_unshuffle.default, (t(3, 2, 4, 6), 2)), exact=True)
+_add([aten.im2col], nn_ops.leading_dims(True, 3), calls(aten.im2col.default, (t(3, 2, 5, 4), [2, 2], [1, 1], [0, 0], [1, 1])))
+_add([aten.col2im], nn_ops.leading_dims(True, 2), calls(aten.col2im.default, (t(3, 8, 12), [5, 4], [2, 2], [1, 1], [0, 0], [1, 1])))
 _add([aten.channel_shuffle], pointwise.along(lambda v: [1], linear=True), calls(aten.channel_shuffle.default, (t(3, 6, 4), 2)),
      exact=True)
 _add([aten.grid_sampler], nn_ops.grid_sampler, calls(aten.grid_sampler.default, (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 0, 0, False),
