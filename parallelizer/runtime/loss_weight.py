@@ -23,11 +23,13 @@ Anything else raises `StepError` naming the op, with the remedy (pass `target=` 
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
 from ..planner.rules.losses import ELEMENTWISE_LOSSES
 from ..tracer.graph import TracedGraph
@@ -70,18 +72,24 @@ class OwnLossWeighting:
         return torch.stack([self.program(*(s[j] for s in split)).detach() for j in range(microbatches)])
 
 
-def own_loss_weighting(traced: TracedGraph) -> OwnLossWeighting:
-    """The weighting of the model's own loss (its first output), read from `traced` (one microbatch's graph).
+def own_loss_weighting(traced: TracedGraph, doubled: TracedGraph | None = None) -> OwnLossWeighting:
+    """The weighting of the model's own loss (its first output), read from `traced` (one microbatch's graph)
+    and, when given, `doubled` (the same model traced on twice that microbatch: `check_batch_scaling`, which
+    finds the terms that are sums divided by the microbatch size).
 
     Raises StepError (naming the op and the remedy) when the loss is not one of the forms of the module
     docstring, e.g. cross-entropy with class weights or a target made from parameters."""
-    return graph_weighting(traced.graph_module.graph, tuple(traced.input_names))
+    graph = traced.graph_module.graph
+    per_item = frozenset() if doubled is None else check_batch_scaling(graph, doubled.graph_module.graph, "own")
+    return graph_weighting(graph, tuple(traced.input_names), per_item=per_item)
 
 
-def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str = "own") -> OwnLossWeighting:
+def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str = "own",
+                    per_item: frozenset[int] = frozenset()) -> OwnLossWeighting:
     """The weighting of the first output of `graph` (an ATen graph: a traced model, or `make_fx` of a loss_fn),
     whose count may be computed from the placeholders named `inputs` (the program takes them in that order).
-    source: "own" (the model's own loss) or "loss_fn" (a user's loss_fn), for the message.
+    source: "own" (the model's own loss) or "loss_fn" (a user's loss_fn), for the message. per_item: the
+    indices (`_terms` order) of the terms `check_batch_scaling` found divided by the microbatch size.
     Raises StepError as `own_loss_weighting`.
 
     A sum of loss terms (`mse + 0.1 * kl`: a VAE; `l1 + adversarial BCE`: an SRGAN generator) weighs as its
@@ -89,12 +97,12 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str 
     the sum of the terms' batch means) or every term "sum"; terms weighted otherwise (a cross-entropy counting
     its tokens plus an auxiliary mean) raise, as before."""
     terms = _terms(graph)
+    kinds = [_per_item(_term_weighting(graph, b, inputs, source), source) if i in per_item
+             else _term_weighting(graph, b, inputs, source) for i, (_, b) in enumerate(terms)]
     if len(terms) == 1:
-        return _term_weighting(graph, terms[0][1], inputs, source)
+        return kinds[0]
     whats = [f"node {b.name} ({b.target})" for _, b in terms]
-    top = _scale_chain(graph)[1]
-    what = f"node {top.name} ({top.target})"
-    kinds = [_term_weighting(graph, b, inputs, source) for _, b in terms]
+    what = _top_what(graph)
     if all(k.kind == kinds[0].kind for k in kinds) and kinds[0].kind in ("equal", "sum"):
         return OwnLossWeighting(kinds[0].kind, None, f"{what}, a sum of {len(terms)} loss terms ({', '.join(whats)})")
     _unknown(what, f"a sum of {len(terms)} loss terms weighted differently ("
@@ -142,6 +150,25 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
                          "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
     _unknown(what, "an op whose per-microbatch item count the graph does not show", source)
+
+
+def _per_item(weighting: OwnLossWeighting, source: str) -> OwnLossWeighting:
+    """A term divided by a number proportional to the microbatch size b (`sum / y.shape[0]`, `/ y.numel()`,
+    `kl_div(reduction="batchmean")`). A sum S_j over the items of microbatch j divided by b is a mean over
+    per-item sums; with m equal microbatches (a pipeline's: `check_batch`) one device's S / (m b) is
+    sum_j (S_j / b) / m, so such a term weighs equally. Any other term so divided (a mean or a count-weighted
+    loss divided again by b) has no weighting that gives one device's value: StepError."""
+    if weighting.kind != "sum":
+        _unknown(weighting.what, "a loss that is not a sum, divided by a number proportional to the microbatch size "
+                 "(e.g. `loss.mean() / y.shape[0]`): its microbatch values do not add up to one device's (write the "
+                 "mean as reduction='mean' / .mean(), or divide by a fixed number)", source)
+    return OwnLossWeighting("equal", None, weighting.what + ", a sum divided by the microbatch size")
+
+
+def _top_what(graph: torch.fx.Graph) -> str:
+    """The loss op `_scale_chain` reaches from `graph`'s first output, in words (for messages)."""
+    top = _scale_chain(graph)[1]
+    return f"node {top.name} ({top.target})"
 
 
 def _unknown(what: str, why: str, source: str = "own"):
@@ -269,7 +296,8 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     leaves of one microbatch (tensors or metas with .shape / .dtype), `out_spec` their pytree structure,
     `target` one microbatch's target. The count may only depend on the target. None when make_fx cannot trace
     `loss_fn` (data-dependent Python); StepError (as `graph_weighting`) when the graph shows no per-microbatch
-    count, or when a scale or reduction changes with the microbatch size (`_check_scales_fixed`)."""
+    count, or when a scale or reduction changes with the microbatch size otherwise than a division by it
+    (`_batch_scaled_terms`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,
     # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
@@ -286,9 +314,8 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    weighting = graph_weighting(gm.graph, (names[-1],), "loss_fn")
-    _check_scales_fixed(call, gm, [*outputs, target], target.device, weighting.what)
-    return weighting
+    per_item = _batch_scaled_terms(call, gm, [*outputs, target], target.device)
+    return graph_weighting(gm.graph, (names[-1],), "loss_fn", per_item=per_item)
 
 
 @contextlib.contextmanager
@@ -321,22 +348,55 @@ def _fakes(metas: list, device, factor: int = 1) -> tuple[list, torch.Tensor]:
     return fakes[:-1], fakes[-1]
 
 
-def _check_scales_fixed(call, gm: torch.fx.GraphModule, metas: list, device, what: str):
-    """Raise StepError when a number that scales the loss (what `graph_weighting` skips as a constant factor)
-    changes with the microbatch size: `loss.sum() / y.numel()`, `/ y.shape[0]`, `/ len(y)` are per-microbatch
-    normalizers, and the weighting of the scaled op (weight 1 per microbatch for a sum) then adds up m times one
-    device's loss (pp=2 x tp=2, 4 microbatches: loss 4x, gradients 1.5 off). Found by tracing loss_fn again on
-    twice the batch (dim 0 of every output and of the target, `metas`; 0-d outputs kept); nothing when that
-    trace fails."""
+def _batch_scaled_terms(call, gm: torch.fx.GraphModule, metas: list, device) -> frozenset[int]:
+    """`check_batch_scaling` of a loss_fn: its terms divided by the microbatch size (`loss.sum() / y.numel()`,
+    `/ y.shape[0]`, `/ len(y)`: weighted as a sum they gave about m times one device's loss, pp=2 x tp=2 with 4
+    microbatches: loss 4x, gradients 1.5 off; now per-item means, weighed equally), found by tracing loss_fn again
+    on twice the batch (dim 0 of every output and of the target, `metas`; 0-d outputs kept). Raises StepError when
+    another scale changes with the batch, or when the loss has a form that needs this second trace
+    (`needs_batch_check`) and loss_fn does not trace on twice the batch (e.g. it reshapes to the traced batch)."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    if not len(metas[-1].shape):
-        return
+    if not len(metas[-1].shape) or not needs_batch_check(gm.graph):
+        return frozenset()
     doubled, fake_target = _fakes(metas, device, factor=2)
     try:
         gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
-    except Exception:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch: cannot tell, keep
-        return
-    check_batch_scaling(gm.graph, gm2.graph, what, "loss_fn")
+    except Exception as exc:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch
+        unconfirmed(gm.graph, f"{type(exc).__name__}: {exc}", "loss_fn")
+    return check_batch_scaling(gm.graph, gm2.graph, "loss_fn")
+
+
+def doubled_trace(retracer, traced: TracedGraph) -> TracedGraph:
+    """The model of `retracer` (`runtime.modes.Retracer`: a storage-free skeleton) traced again on twice the
+    microbatch of `traced` (inputs of zeros, constants as traced), in its traced mode: what `check_batch_scaling`
+    compares a loss with, e.g. to tell `sum / ids.shape[0]` (a per-item mean) from `sum / 4`.
+    Raises StepError (`unconfirmed`) when the model could not be copied into a skeleton or does not trace at that
+    batch (before, the one-trace weighting was kept: `sum / ids.shape[0]` was weighted as a sum, m times one
+    device's loss)."""
+    if retracer.skeleton is None:
+        unconfirmed(traced.graph_module.graph, retracer.error, "own")
+    leaves = []
+    for name in traced.call_inputs or traced.input_names:
+        if name in traced.constant_inputs:
+            leaves.append(traced.constant_inputs[name])
+            continue
+        meta = traced.node(name).outputs[0]
+        shape = tuple(meta.shape)
+        leaves.append(torch.zeros((2 * shape[0], *shape[1:]) if shape else (), dtype=meta.dtype))
+    args, kwargs = pytree.tree_unflatten(leaves, traced.exported.call_spec.in_spec)
+    try:
+        return retracer.trace({"": traced.training}, args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot trace at another batch
+        unconfirmed(traced.graph_module.graph, f"{type(exc).__name__}: {exc}", "own")
+
+
+def unconfirmed(graph: torch.fx.Graph, why: str, source: str):
+    """Raise the StepError of the loss of `graph` (one microbatch) whose form needs a second trace on twice the
+    microbatch (`needs_batch_check`: a scale number could be a per-microbatch normalizer, a plain reduction could
+    reduce over the batch dim first) when that trace failed (`why`): one trace cannot tell `sum / 4` from
+    `sum / y.shape[0]` at a microbatch of 4."""
+    _unknown(_top_what(graph), "a loss with a scale or plain reduction that only a second trace on twice the "
+             f"microbatch can confirm adds up over microbatches, and that trace failed ({why[:300]})", source)
 
 
 def needs_batch_check(graph: torch.fx.Graph) -> bool:
@@ -349,22 +409,29 @@ def needs_batch_check(graph: torch.fx.Graph) -> bool:
                                  for numbers, base in terms)
 
 
-def check_batch_scaling(graph: torch.fx.Graph, doubled: torch.fx.Graph, what: str, source: str) -> None:
-    """Raise StepError (`source` "own" or "loss_fn", for the message) when the loss of `graph` (one
-    microbatch) and of `doubled` (the same loss traced on twice the batch) show that its microbatch values do
-    not add up to one device's: a number that scales the loss changes with the batch size (`/ y.shape[0]`,
-    `/ y.numel()`, `/ len(y)`: a per-microbatch normalizer, weighted as a sum it gives about m times one
-    device's loss), or the final reduction's terms do not double with the batch (`x.mean(0).sum()`: a
-    reduction over the batch dim first)."""
+def check_batch_scaling(graph: torch.fx.Graph, doubled: torch.fx.Graph, source: str) -> frozenset[int]:
+    """The indices (`_terms` order) of the loss terms of `graph` (one microbatch) that `doubled` (the same loss
+    traced on twice the batch) shows divided by a number proportional to the microbatch size (`/ y.shape[0]`,
+    `/ y.numel()`, `* (1 / len(y))`, `kl_div(reduction="batchmean")`: exactly one scale number that doubles as
+    a divisor or halves as a factor; `graph_weighting(per_item=...)` weighs those terms equally when they are
+    sums, see `_per_item`).
+
+    Raises StepError (`source` "own" or "loss_fn", for the message) when the microbatch values cannot add up to
+    one device's: a scale that changes otherwise with the batch size (`/ y.shape[0] ** 2`; two such numbers),
+    or the final reduction's terms do not double with the batch (`x.mean(0).sum()`: a reduction over the batch
+    dim first)."""
     terms, terms2 = _terms(graph), _terms(doubled)
+    what = _top_what(graph)
     if len(terms) != len(terms2):
         _unknown(what, f"a loss of {len(terms)} terms on this microbatch and {len(terms2)} on twice its batch", source)
-    for (one, base), (two, base2) in zip(terms, terms2):  # every term of a sum of losses alike
-        _check_term_scaling(one, base, two, base2, what, source)
+    return frozenset(i for i, ((one, base), (two, base2)) in enumerate(zip(terms, terms2))  # every term alike
+                     if _check_term_scaling(one, base, two, base2, what, source))
 
 
-def _check_term_scaling(one, base, two, base2, what: str, source: str) -> None:
-    """`check_batch_scaling` of one loss term: its scale numbers and loss op on one microbatch and on twice it."""
+def _check_term_scaling(one, base, two, base2, what: str, source: str) -> bool:
+    """`check_batch_scaling` of one loss term: its scale numbers and loss op on one microbatch and on twice it.
+    True when the term is divided by a number proportional to the microbatch size, False when its scale is
+    fixed; raises StepError otherwise."""
     items, items2 = _reduced_numel(base), _reduced_numel(base2)
     if items is not None and items2 is not None and items2 != 2 * items:
         _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
@@ -372,11 +439,25 @@ def _check_term_scaling(one, base, two, base2, what: str, source: str) -> None:
                  "batch dim before the final reduction), so the microbatch values do not add up to one device's "
                  "(pp=2 x tp=2, 8 microbatches: `.mean(0).sum()` gave a loss 270 off). Write the loss as a reduction "
                  "over per-item terms (e.g. `.sum(-1).mean()`)", source)
-    if one != two:
-        _unknown(what, f"scaled by numbers that change with the microbatch size ({one} on this microbatch, {two} on "
-                 "twice its batch: e.g. `/ y.numel()`, `/ y.shape[0]`, `/ len(y)`), a per-microbatch normalizer "
-                 "whose microbatch values do not add up to one device's (write the mean as reduction='mean' / "
-                 ".mean(), or divide by a fixed number)", source)
+    if one == two:
+        return False
+    changed = [(a, b) for a, b in zip(one, two) if a != b]
+    if len(one) == len(two) and len(changed) == 1 and _proportional_to_batch(*changed[0]):
+        return True
+    _unknown(what, f"scaled by numbers that change with the microbatch size other than in proportion to it ({one} "
+             f"on this microbatch, {two} on twice its batch: e.g. `/ y.shape[0] ** 2`, or two per-microbatch "
+             "normalizers), whose microbatch values do not add up to one device's (write the mean as "
+             "reduction='mean' / .mean(), or divide by a fixed number)", source)
+
+
+def _proportional_to_batch(one: tuple, two: tuple) -> bool:
+    """Whether a scale number (`_factor`: (op name, number)) on one microbatch and on twice it is a division by a
+    number proportional to the batch: a divisor that doubles, or a factor that halves."""
+    (op, a), (op2, b) = one, two
+    if op != op2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v for v in (a, b)):
+        return False
+    ratio = b / a
+    return math.isclose(ratio, 2.0 if op.startswith("div") else 0.5, rel_tol=1e-9)
 
 
 def _scale_chain(graph: torch.fx.Graph) -> tuple[list, torch.fx.Node]:

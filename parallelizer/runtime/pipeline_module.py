@@ -35,7 +35,6 @@ import warnings
 import torch
 import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
-from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError, StateDictError, UnsupportedOpError
 from ..planner import Plan
@@ -51,7 +50,7 @@ from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .module import check_state_keys
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
-from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
+from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
 from .modes import Retracer
@@ -203,11 +202,7 @@ class PipelineModule(torch.nn.Module):
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)
         if loss_fn is None and item_count is count_items:  # the model's own loss: weights from its loss op
             if self._own_weighting is None:  # same graphs on every rank: raises alike
-                self._own_weighting = own_loss_weighting(self.traced)
-                doubled = self._doubled_trace()
-                if doubled is not None:
-                    check_batch_scaling(self.traced.graph_module.graph, doubled.graph_module.graph,
-                                        self._own_weighting.what, "own")
+                self._own_weighting = own_loss_weighting(self.traced, self._doubled_trace())
             batch_target, count = batch_target_of(self._own_weighting, flat, self.run.microbatches)
         elif target is None:  # loss_fn on the outputs alone (a mean over fixed-shape outputs): equal weights
             batch_target, count = torch.zeros(flat[0].shape[0]), None  # torch's schedules split a tensor
@@ -226,26 +221,10 @@ class PipelineModule(torch.nn.Module):
         return value.to(torch.float32)
 
     def _doubled_trace(self) -> TracedGraph | None:
-        """The model traced again on twice the traced microbatch (inputs of zeros; the skeleton kept when its
-        own loss has a form `loss_weight.check_batch_scaling` must confirm, e.g. `sum / ids.shape[0]`, whose
-        per-microbatch normalizer one trace cannot tell from a constant), or None when not needed or the
-        model does not trace at that batch."""
+        """`loss_weight.doubled_trace` of the skeleton kept when the own loss needs it (`needs_batch_check`),
+        or None when not needed."""
         skeleton = self.__dict__.get("_skeleton")
-        if skeleton is None or skeleton.skeleton is None:
-            return None
-        traced, leaves = self.traced, []
-        for name in traced.call_inputs or traced.input_names:
-            if name in traced.constant_inputs:
-                leaves.append(traced.constant_inputs[name])
-                continue
-            meta = traced.node(name).outputs[0]
-            shape = tuple(meta.shape)
-            leaves.append(torch.zeros((2 * shape[0], *shape[1:]) if shape else (), dtype=meta.dtype))
-        args, kwargs = pytree.tree_unflatten(leaves, traced.exported.call_spec.in_spec)
-        try:
-            return skeleton.trace({"": traced.training}, args, kwargs)
-        except Exception:  # noqa: BLE001 - a model that cannot trace at another batch: keep the one-trace weighting
-            return None
+        return None if skeleton is None else doubled_trace(skeleton, self.traced)
 
     def _warn_trusted_count(self) -> None:
         """Once: the model's own loss weighted by the user's item_count although its graph shows no per-microbatch

@@ -48,7 +48,8 @@ from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
-from .loss_weight import batch_target, own_loss_weighting
+from .loss_weight import batch_target, doubled_trace, needs_batch_check, own_loss_weighting
+from .modes import Retracer
 from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
 from .precision import RECIPES, autocast
 from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
@@ -141,17 +142,19 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
     return total
 
 
-def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int):
+def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int, model: torch.nn.Module):
     """(target, item_count, weights) of `pm.step`'s weighting for the rehearsal: the model's own 0-d loss is
     weighted as `PipelineModule.step` weighs it (`runtime.loss_weight`: n_j / N for a cross-entropy that ignores
-    some labels, 1 for a sum); the fallback loss (weighted mean of squares of the first output) weighs every microbatch
+    some labels, 1 for a sum, 1 / m for a sum divided by the microbatch size, with the same second trace of
+    `model` on twice the microbatch when the loss needs it); the fallback loss (weighted mean of squares of the first output) weighs every microbatch
     1 / m. Raises StepError as `pm.step` does for a loss whose per-microbatch weight the graph does not show."""
     first = traced.graph_module.graph.output_node().args[0]
     first = pytree.tree_leaves(first)[0]
     meta = traced.node(first.name).outputs[0] if isinstance(first, torch.fx.Node) else None
     if meta is None or tuple(meta.shape) != ():
         return torch.zeros(flat[0].shape[0]), None, torch.full((m,), 1.0 / m, dtype=torch.float64)
-    weighting = own_loss_weighting(traced)
+    doubled = doubled_trace(Retracer.of(model), traced) if needs_batch_check(traced.graph_module.graph) else None
+    weighting = own_loss_weighting(traced, doubled)
     target, count = batch_target(weighting, flat, m)
     counts = weighting.counts(flat, m).double()
     weights = torch.ones(m, dtype=torch.float64) if weighting.kind == "sum" else counts / counts.sum()
@@ -204,7 +207,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     m = pipe["microbatches"]
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
-    target, count, weights = _weighting(traced, flat, m)
+    target, count, weights = _weighting(traced, flat, m, model)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]
     loss = grad = bufs = (0.0, "", 0.0)

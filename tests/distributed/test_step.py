@@ -39,9 +39,10 @@ def _saved_pipeline_plan() -> str:
 @pytest.fixture(scope="module")
 def reports():
     """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report, the
-    ignored-microbatch report, the GradScaler report)]."""
+    kl_div batchmean own-loss report, the ignored-microbatch report, the GradScaler report)]."""
     cases = {"pp2_dp2": (None, {"plan_json": _saved_pipeline_plan()}), **CASES}
     return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},)),
+                               (own_loss_train, ({"pp": 4}, 2, "kl_batchmean", 4)),
                                (ignored_microbatch_train, ({"pp": 2, "dp": 2},)),
                                (scaler_train, ({"pp": 2, "dp": 2},))], timeout_s=500)
 
@@ -51,11 +52,21 @@ def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
     non-ignored shifted labels (`runtime.loss_weight`), equals one device; its transposed block outputs cross
     the stage boundary (and their gradients come back) non-contiguous, which torch's P2P refuses unless the
     stage makes them contiguous."""
-    for rank, (_, r, _, _) in enumerate(reports):
+    for rank, (_, r, _, _, _) in enumerate(reports):
         assert r["schedule"] == "1f1b", r
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
         assert r["mean_of_means_off_by"] > 100 * 1e-5, r  # the equal-weight mean would fail the tolerance
         assert "item_count= was given without target=" in r["item_count_error"]
+
+
+def test_a_models_own_batchmean_loss_on_a_pipeline_matches_one_device(reports):
+    """pp=4, 4 microbatches, the model's own `F.kl_div(..., reduction="batchmean")` (a sum divided by the
+    microbatch size, a number in the traced graph). It was refused on every pipeline (StepError: "scaled by
+    numbers that change with the microbatch size"); weighted as a sum it would be 4 times one device's loss.
+    The second trace on twice the microbatch shows the divisor doubling: a per-item mean, weighted 1/4 each."""
+    for rank, (_, _, r, _, _) in enumerate(reports):  # torch.testing's float32 bound on the loss (about 59)
+        assert r["loss"] <= 1e-5 + 1.3e-6 * r["ref_abs"], (rank, r)
+        assert r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
 
 
 def test_a_microbatch_without_counted_labels_adds_zero_to_the_batch_loss(reports):
@@ -63,14 +74,14 @@ def test_a_microbatch_without_counted_labels_adds_zero_to_the_batch_loss(reports
     the whole batch and the gradients match. Before, the microbatch's mean (0/0 = NaN) times its weight 0 made
     `pm.step` return NaN on every rank (the gradients were right: an all-ignored cross-entropy back-propagates
     zeros), and the rehearsal's accumulated reference was NaN too."""
-    for rank, (_, _, r, _) in enumerate(reports):
+    for rank, (_, _, _, r, _) in enumerate(reports):
         assert math.isfinite(r["own_ref"]), r
         assert abs(r["own_loss"] - r["own_ref"]) <= 1e-5, (rank, r)
         assert r["own_grad"] <= 1.0, (rank, r)
 
 
 def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
-    for rank, (report, _, _, _) in enumerate(reports):
+    for rank, (report, _, _, _, _) in enumerate(reports):
         errors = report.pop("errors")
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
@@ -98,6 +109,6 @@ def test_grad_scaler_on_a_pipeline_needs_no_manual_start_and_skips_alike(reports
     the loss_fn left a FakeTensor in the scaler and the step refused the scaled loss. Now every rank starts at
     `init_scale`, an inf in rank 0's piece at step 1 makes all skip and halve (128, 64, 64 as one device), and
     the parameters after 3 steps equal one device's."""
-    for rank, (_, _, _, r) in enumerate(reports):
+    for rank, (_, _, _, _, r) in enumerate(reports):
         assert r["scales"] == r["ref_scales"] == [128.0, 64.0, 64.0], (rank, r)
         assert r["params"] <= 1e-5, (rank, r)
