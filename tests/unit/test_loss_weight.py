@@ -468,3 +468,32 @@ def test_a_sum_of_loss_terms_weighted_differently_or_reduced_over_the_batch_is_r
     assert own_loss_weighting(trace(model, (x[:n], eps[:n]))).kind == "equal" and needs_batch_check(one)
     with pytest.raises(StepError, match="do not grow with the batch"):
         check_batch_scaling(one, trace(model, (x[:2 * n], eps[:2 * n])).graph_module.graph, "own")
+
+
+class FixedBatch(torch.nn.Module):
+    """A model that reshapes to the batch it was written for (4 rows) and returns a scaled sum: it traces on a
+    microbatch of 4 but not on twice it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(V, V)
+
+    def forward(self, x):
+        return self.lin(x).reshape(4, V).pow(2).sum() * 0.25
+
+
+def test_a_loss_whose_confirming_second_trace_fails_is_refused_not_guessed():
+    """`sum * 0.25` at a microbatch of 4 is either a sum scaled by a constant (weight 1 per microbatch) or a per-item
+    mean (`/ x.shape[0]`, weight 1 / m): one trace cannot tell, and the two weightings differ by a factor m. Before,
+    a model that did not trace on twice the microbatch kept the one-trace weighting (a sum) silently; now
+    `doubled_trace` raises StepError naming the loss op and why the second trace failed."""
+    from parallelizer.runtime.loss_weight import doubled_trace
+    from parallelizer.runtime.modes import Retracer
+
+    torch.manual_seed(0)
+    model, x = FixedBatch(), torch.randn(4, V)
+    traced = trace(model, (x,))
+    assert needs_batch_check(traced.graph_module.graph) and own_loss_weighting(traced).kind == "sum"
+    with pytest.raises(StepError, match="that trace failed") as info:
+        doubled_trace(Retracer.of(model), traced)
+    assert "node" in str(info.value) and "sum" in str(info.value)
