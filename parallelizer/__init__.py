@@ -18,7 +18,7 @@ Public API (see README.md):
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
 from .errors import (InfeasiblePlanError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
-                     PrecisionError, StateDictError, TraceError, UnsupportedOpError, WrapperError)
+                     PrecisionError, StaleModelWarning, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
 from .core import Layout, MeshSpec
@@ -36,4 +36,5 @@ __all__ = [
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
     "PlanValidationError", "StateDictError", "PrecisionError", "OptimizerError", "WrapperError",
     "NoParallelismWarning",
+    "StaleModelWarning",
 ]

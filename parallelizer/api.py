@@ -429,6 +429,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .runtime.pipeline import microbatch_of
     from .runtime.pipeline_module import build_pipeline_module
     from .runtime.optimizer_check import remember_wrapped
+    from .runtime.stale_model import watch
     from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -478,6 +479,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
         remember_wrapped(model, module)
+        watch(model, module)
         return module
     spec = spec_from_plan(chosen)
     if distributed:
@@ -485,6 +487,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     module = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     remember_wrapped(model, module)
+    watch(model, module)
     return module
 
 

@@ -130,3 +130,12 @@ class NoParallelismWarning(UserWarning):
     def __init__(self, message: str, axes: tuple[str, ...] = ()):
         super().__init__(message)
         self.axes = tuple(axes)
+
+
+class StaleModelWarning(UserWarning):
+    """Warned (once per model) when the model given to `auto_parallelize` is run or its `state_dict()` is read
+    after the parallel module it was wrapped into has changed its parameters (an optimizer step, a load): the
+    parallel module trains its own tensors (this rank's shards or stage copies), never the model's, so the
+    model still computes with, and saves, the weights it had when it was wrapped. Remedy in the message:
+    `pm(...)` to run, `pm.full_state_dict()` / `parallelizer.checkpoint` to save, `pm.full_model()` for the
+    model's own modules with the trained weights."""

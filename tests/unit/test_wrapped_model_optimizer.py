@@ -54,6 +54,7 @@ def test_a_backward_through_the_original_model_is_refused_at_the_step():
         opt.step()
 
 
+@pytest.mark.filterwarnings("ignore::parallelizer.StaleModelWarning")  # model(x) after pm's first step: warned
 def test_the_right_loop_and_an_eager_reference_on_the_original_model_train_as_one_device():
     model, ref, pm, x = _setup()
     opt, ref_opt = torch.optim.SGD(pm.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
@@ -67,3 +68,52 @@ def test_the_right_loop_and_an_eager_reference_on_the_original_model_train_as_on
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(full[k], v)
         torch.testing.assert_close(model.state_dict()[k], v)
+
+
+def test_the_original_model_run_or_saved_after_pm_trained_is_warned_about_once():
+    """After `pm` trains, `model(x)` computes with, and `model.state_dict()` saves, the weights the model had when
+    it was wrapped (documented, but silent: an evaluation or a checkpoint of the untrained model). Both now warn
+    StaleModelWarning with the remedy, once per model; before `pm` changes a parameter nothing is said (the model
+    still equals `pm`), and copies of the model (a reference kept for comparison, `pm.full_model()`'s copy with
+    the trained weights) are never warned about. The values themselves: the model's output is the untrained one,
+    full_model's is pm's."""
+    import warnings
+
+    model, ref, pm, x = _setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", parallelizer.StaleModelWarning)
+        untrained = model(x)  # nothing trained yet: the model equals pm, no warning
+        model.state_dict()
+    opt = torch.optim.SGD(pm.parameters(), lr=0.5)
+    pm.step(x, target=x, loss_fn=_loss)
+    opt.step()
+    early = copy.deepcopy(model)
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"pm\.full_state_dict\(\)") as record:
+        stale = model(x)
+        model.state_dict()
+    assert len([w for w in record if w.category is parallelizer.StaleModelWarning]) == 1
+    torch.testing.assert_close(stale, untrained)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", parallelizer.StaleModelWarning)
+        ref(x), early(x), early.state_dict()
+        with pm.full_model() as full:
+            trained = full(x)
+    torch.testing.assert_close(trained, pm(x))
+    assert (trained - stale).abs().max() > 1e-3
+
+
+def test_a_second_wrapped_model_is_watched_on_its_own():
+    """Each wrapped model warns for its own parallel module: a model whose pm has not trained says nothing while
+    another model's pm trains."""
+    import warnings
+
+    a, _, pm_a, x = _setup()
+    b, _, _, _ = _setup()
+    torch.optim.SGD(pm_a.parameters(), lr=0.5)
+    pm_a.step(x, target=x, loss_fn=_loss)
+    torch.optim.SGD(pm_a.parameters(), lr=0.5).step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", parallelizer.StaleModelWarning)
+        b(x)
+    with pytest.warns(parallelizer.StaleModelWarning):
+        a(x)
