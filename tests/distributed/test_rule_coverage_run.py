@@ -9,7 +9,7 @@ import io
 import pytest
 
 import parallelizer
-from coverage_models import BUILDERS, tracked_instance_norm
+from coverage_models import BUILDERS, BUILDERS_R10, tracked_instance_norm
 from parallelizer.runtime.rehearsal import rehearse_many
 from plan_cases import random_cost_plan
 
@@ -53,4 +53,44 @@ def test_instance_norm_updating_running_statistics_runs_replicated_and_keeps_the
     that updates the statistics has no rule: it runs replicated, noted, and trains as one device."""
     plan, report = reports[("tracked_instance_norm", kind)]
     assert any("instance_norm" in f.op for f in plan.fallbacks), plan.fallbacks
+    assert report.matches(), report
+
+
+# round 10: the ops of each model had no row (they ran replicated, the batch gathered for them under ddp/fsdp)
+MESHES_R10 = {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),
+              "dp2xtp2": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"})}
+NEW_OPS = ("linalg_", "cholesky_solve", "margin_loss", "cosine_embedding_loss", "affine_grid_generator",
+           "bilinear", "special_", "fft_r", "fft_ir")
+
+
+@pytest.fixture(scope="module")
+def reports_r10():
+    cases = [(name, kind) for name in sorted(BUILDERS_R10) for kind in MESHES_R10]
+    plans = {}
+    for name, kind in cases:
+        model, inputs = BUILDERS_R10[name]()
+        mesh, roles = MESHES_R10[kind]
+        with contextlib.redirect_stdout(io.StringIO()):
+            plans[(name, kind)] = parallelizer.plan(parallelizer.trace(model, inputs), mesh, axis_roles=roles)
+    got = {}
+    for size in (2, 4):  # one launch of ranks per world size
+        group = [c for c in cases if (2 if len(MESHES_R10[c[1]][0]) == 1 else 4) == size]
+        for case, report in zip(group, rehearse_many([(BUILDERS_R10[n], {}, plans[(n, k)]) for n, k in group], steps=2)):
+            got[case] = report
+    return {case: (plans[case], got[case]) for case in cases}
+
+
+@pytest.mark.parametrize("kind", sorted(MESHES_R10))
+@pytest.mark.parametrize("name", sorted(BUILDERS_R10))
+def test_round10_rows_train_as_one_device(reports_r10, name, kind):
+    """Batched torch.linalg functions, per-sample margin / embedding losses, affine_grid, meshgrid, bilinear,
+    torch.special aliases and rfft2 / irfftn between Linears: no fallback, every new op sharded on the batch
+    under ddp (each rank factors / scores its own samples), and 2 AdamW steps equal one device (outputs, loss,
+    every gradient, parameters)."""
+    plan, report = reports_r10[(name, kind)]
+    unsharded = [f for f in plan.fallbacks if "sharding rule" in f.reason]  # (pricing notes aside: linalg in bf16)
+    assert not unsharded, unsharded
+    if kind == "ddp":
+        new = {n: p.output for n, p in plan.nodes.items() if p.op and any(k in p.op for k in NEW_OPS)}
+        assert new and all(out != "R" for out in new.values()), new
     assert report.matches(), report

@@ -125,6 +125,14 @@ def grid_sampler(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P, R), P)]
 
 
+def affine_grid(v: OpView) -> list[AxisOption]:
+    """affine_grid_generator(theta (N, 2, 3) or (N, 3, 4), size [N, C, *spatial], align_corners) -> (N, *spatial,
+    k): each sample's grid is its own theta applied to one base grid, so the batch shards (the size argument's N
+    becomes the local batch, `rewriter.localize`), and the grid is linear in theta: Partial passes."""
+    opts = [replicate(v)] + ([AxisOption((Shard(0),), Shard(0))] if v.in_shapes[0][0] > 1 else [])
+    return opts + [AxisOption((P,), P)]
+
+
 def cross_entropy(v: OpView) -> list[AxisOption]:
     """cross_entropy_loss(input (N, C, d1..) or (C,), target, weight, reduction, ignore_index, label_smoothing):
     shard N or a d_i on input and target alike; reduction "none" keeps the shard, "mean"/"sum" give Partial

@@ -269,3 +269,16 @@ def constant_pad(v: OpView) -> list[AxisOption]:
     opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd())
                              if d not in padded and v.in_shapes[0][d] > 1]
     return opts + [AxisOption((P,), P)] if v.out_is_float and not v.arg(2, "value", 0) else opts
+
+
+def meshgrid(v: OpView) -> list[AxisOption]:
+    """meshgrid(tensors (n_0,), (n_1,), ..., indexing) -> k tensors of shape (n_0, n_1, ...) ("ij"; "xy" swaps
+    the first two dims): output j is tensor j broadcast along the other dims, so sharding tensor i (the
+    others Replicate) shards every output on tensor i's dim; linear in each tensor: all Partial -> Partial."""
+    if any(len(s) != 1 for s in v.in_shapes):
+        return [replicate(v)]
+    xy = v.arg(1, "indexing", "ij") == "xy" and v.n_in >= 2
+    dim = (lambda i: {0: 1, 1: 0}.get(i, i) if xy else i)
+    opts = [replicate(v)] + [AxisOption(tuple(Shard(0) if j == i else R for j in range(v.n_in)), Shard(dim(i)))
+                             for i in range(v.n_in) if v.in_shapes[i][0] > 1]
+    return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float else opts
