@@ -20,6 +20,8 @@ global tensors):
   source rows hold (`checked_masked_scatter`);
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
+- `aten.instance_norm` updating running statistics on a batch shard: the buffers' update from the
+  all-reduced batch sums of the per-instance statistics (`sync_instance_norm`);
 - every op that draws from torch's generator (`tracer.graph.draws_random`: dropout, rand_like, bernoulli,
   SDPA with dropout_p > 0, RNN dropout, ...) on a sharded output runs with the generator seeded per shard
   (`seeded_per_shard`): draws differ across shards and agree on replicas and on the summands of a Partial
@@ -118,6 +120,9 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     elif packet is aten.batch_norm and _bn_axes(ctx):
         return graph.call_function(sync_batch_norm, (*_full_args(ctx, args, kwargs, 8),
                                                      [ctx.groups[a] for a in _bn_axes(ctx)]))
+    elif packet is aten.instance_norm and _tracking_batch_groups(ctx):
+        return graph.call_function(sync_instance_norm, (*_full_args(ctx, args, kwargs, 9), ctx.in_shapes[0][0],
+                                                        _tracking_batch_groups(ctx)))
     elif draws_random(ctx.node) and _shard_groups(ctx):
         return graph.call_function(seeded_per_shard, (target, _shard_groups(ctx), *args), kwargs)
     return graph.call_function(target, args, kwargs)
@@ -358,6 +363,32 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
         with torch.no_grad():
             running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
             running_var.mul_(1 - momentum).add_(var.detach() * (n / (n - 1).clamp(min=1)) * momentum)
+    return out
+
+
+def _tracking_batch_groups(ctx: Context) -> list[list[int]]:
+    """Groups of the axes sharding the batch of an instance_norm that updates running statistics ([] if none)."""
+    full = _full_args(ctx, tuple(ctx.node.args), dict(ctx.node.kwargs), 6)
+    return _batch_groups(ctx) if full[5] and full[3] is not None else []
+
+
+def sync_instance_norm(x: torch.Tensor, weight, bias, running_mean: torch.Tensor, running_var: torch.Tensor,
+                       use_input_stats: bool, momentum: float, eps: float, cudnn_enabled: bool, batch: int,
+                       groups: list[list[int]]) -> torch.Tensor:
+    """instance_norm on a batch shard x (N_local, C, *) that updates running statistics (C,) as one device
+    does over the whole batch of `batch` samples: the output uses each instance's own statistics (no
+    communication); torch updates the buffers with the per-instance means and unbiased variances averaged
+    over the batch, running <- (1 - momentum) running + momentum * mean over N, so the local sums over
+    instances are all-reduced over `groups` (the mesh axes sharding the batch) and divided by the global N;
+    every rank writes the same buffers."""
+    out = torch.ops.aten.instance_norm.default(x, weight, bias, None, None, True, momentum, eps, cudnn_enabled)
+    with torch.no_grad():
+        dims = list(range(2, x.dim()))
+        stats = torch.stack([x.mean(dims).sum(0), x.var(dims, correction=1).sum(0)])  # (2, C): local sums over N
+        for ranks in groups:
+            stats = collectives.all_reduce(stats, ranks)
+        running_mean.mul_(1 - momentum).add_(stats[0] / batch * momentum)
+        running_var.mul_(1 - momentum).add_(stats[1] / batch * momentum)
     return out
 
 

@@ -46,15 +46,18 @@ def test_previously_uncovered_ops_train_as_one_device(reports, name, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(PLANS))
-def test_instance_norm_updating_running_statistics_runs_replicated_and_keeps_them(reports, kind):
+def test_instance_norm_updating_running_statistics_shards_the_batch_and_keeps_them(reports, kind):
     """The rule gave instance_norm a channel shard with its running statistics sliced per rank while they were
     updated in place, unseen (its schema hides the write): running_var 0.14 off one device after 2 steps on
-    ddp, fsdp and tp=2 (`nn_sweep`), silently. Now the write is known (`tracer.graph.mutated_args`) and a call
-    that updates the statistics has no rule: it runs replicated, noted, and trains as one device."""
+    ddp, fsdp and tp=2 (`nn_sweep`), silently. Round 9 made such a call run replicated (a fallback: the batch
+    gathered onto every rank for it). Now it has the batch shard only, with the per-instance statistics'
+    batch sums all-reduced before the buffers' update (`localize.sync_instance_norm`): no fallback, sharded
+    on ddp / fsdp, running statistics and everything else as one device after 3 steps."""
     plan, report = reports[("tracked_instance_norm", kind)]
-    assert any("instance_norm" in f.op for f in plan.fallbacks), plan.fallbacks
+    assert not any("instance_norm" in f.op for f in plan.fallbacks), plan.fallbacks
+    if kind != "random":
+        assert [p.output for p in plan.nodes.values() if p.op == "aten.instance_norm.default"] == ["S(0)"], plan.nodes
     assert report.matches(), report
-
 
 # round 10: the ops of each model had no row (they ran replicated, the batch gathered for them under ddp/fsdp)
 MESHES_R10 = {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),

@@ -407,7 +407,10 @@ _add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)),
 _add([aten.instance_norm], nn_ops.instance_norm, calls(aten.instance_norm.default,
                                                        (t(3, 4, 5), t(4), t(4), None, None, True, 0.1, 1e-5, False),
                                                        (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False), False, 0.1, 1e-5, False),
-                                                       (t(3, 4, 3, 2), None, None, None, None, True, 0.1, 1e-5, False)))
+                                                       (t(3, 4, 3, 2), None, None, None, None, True, 0.1, 1e-5, False),
+                                                       # updating running statistics (InstanceNorm(track_running_stats=True) in training)
+                                                       (t(6, 4, 5), t(4), t(4), T((4,), grad=False), pos(4, grad=False), True, 0.1, 1e-5, False),
+                                                       (t(4, 3, 3, 2), None, None, T((3,), grad=False), pos(3, grad=False), True, 0.3, 1e-5, False)))
 _add([aten.glu], pointwise.along(pointwise.dim_arg(1, default=-1)), calls(aten.glu.default, (t(3, 8),), (t(4, 6, 3), 1)))
 _add([aten.cross_entropy_loss], nn_ops.cross_entropy, [
     *calls(aten.cross_entropy_loss.default, (t(7, 5), ints(5, 7)), (t(7, 5), ints(5, 7), None, 2), (t(7, 5), ints(5, 7), None, 0),
