@@ -269,9 +269,37 @@ def grids_and_spectra():
     return GridsAndSpectra(), (torch.randn(4, 6, generator=g), torch.randn(4, 4, generator=g))
 
 
+class Bags(nn.Module):
+    """Recommendation-style pooled embeddings: nn.EmbeddingBag in "sum" (with per-sample weights from a Linear),
+    "mean" and "max" over fixed-size bags of ids (N, L), into a Linear head (`tracer/bags.py` rewrites them as
+    embedding + reduction; the fused op had no row and ran replicated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(5, 3)
+        self.sum = nn.EmbeddingBag(13, 6, mode="sum")
+        self.mean = nn.EmbeddingBag(13, 6, mode="mean")
+        self.max = nn.EmbeddingBag(11, 4, mode="max")
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids, dense, y):
+        w = torch.sigmoid(self.gate(dense))                                     # (N, 3) per-sample weights
+        pooled = torch.cat([self.sum(ids, per_sample_weights=w), self.mean(ids), self.max(ids % 11)], 1)
+        return F.mse_loss(self.head(pooled), y)
+
+
+def bags():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(10)
+    ids = torch.randint(0, 13, (4, 3), generator=g)
+    ids[0, 2] = ids[0, 0]                                                       # an id twice in one bag (a max tie)
+    return Bags(), (ids, torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g))
+
+
 # round 10: ops that had no row, each between sharded Linears (tests/distributed/test_rule_coverage_run.py plans
 # them on ddp, fsdp, tp=2 and dp=2 x tp=2)
-BUILDERS_R10 = {"batched_linalg": batched_linalg, "metric_losses": metric_losses, "grids_and_spectra": grids_and_spectra}
+BUILDERS_R10 = {"batched_linalg": batched_linalg, "metric_losses": metric_losses, "grids_and_spectra": grids_and_spectra,
+                "bags": bags}
 
 BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive, "batch_first_rnn": batch_first_rnn,
             "tiny_vlm": tiny_vlm}

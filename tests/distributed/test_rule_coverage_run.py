@@ -63,7 +63,7 @@ def test_instance_norm_updating_running_statistics_shards_the_batch_and_keeps_th
 MESHES_R10 = {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),
               "dp2xtp2": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"})}
 NEW_OPS = ("linalg_", "cholesky_solve", "margin_loss", "cosine_embedding_loss", "affine_grid_generator",
-           "bilinear", "special_", "fft_r", "fft_ir")
+           "bilinear", "special_", "fft_r", "fft_ir", "embedding")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def reports_r10():
 @pytest.mark.parametrize("name", sorted(BUILDERS_R10))
 def test_round10_rows_train_as_one_device(reports_r10, name, kind):
     """Batched torch.linalg functions, per-sample margin / embedding losses, affine_grid, meshgrid, bilinear,
-    torch.special aliases and rfft2 / irfftn between Linears: no fallback, every new op sharded on the batch
+    torch.special aliases, rfft2 / irfftn and embedding bags (as embedding + reduction) between Linears: no fallback, every new op sharded on the batch
     under ddp (each rank factors / scores its own samples), and 2 AdamW steps equal one device (outputs, loss,
     every gradient, parameters)."""
     plan, report = reports_r10[(name, kind)]
