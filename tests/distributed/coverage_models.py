@@ -173,13 +173,14 @@ def tracked_instance_norm():
 class BatchedLinalg(nn.Module):
     """Per-sample 3x3 matrices from a Linear, through torch.linalg (cholesky, solve, solve_triangular,
     cholesky_solve, lu_factor + lu_solve, det, slogdet, inv, qr, svdvals, eigh, matrix_exp, matrix_power,
-    matrix and vector norms), then a Linear head and MSE: round 10's batched matrix rows."""
+    matrix and vector norms, vecdot, cross, diagonal, vander, matrix_rank), then a Linear head and MSE: round
+    10's batched matrix rows."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin1 = nn.Linear(6, 9)
         self.lin2 = nn.Linear(6, 9)
-        self.head = nn.Linear(9 * 8 + 3 * 5 + 2, 4)
+        self.head = nn.Linear(9 * 10 + 3 * 8 + 3, 4)
 
     def forward(self, x, y):
         n = x.shape[0]
@@ -191,12 +192,15 @@ class BatchedLinalg(nn.Module):
         lu, piv = torch.linalg.lu_factor(w)
         mats = [chol, torch.linalg.solve(a, b), torch.linalg.solve_triangular(chol, b, upper=False),
                 torch.cholesky_solve(b, chol), torch.linalg.lu_solve(lu, piv, b), torch.linalg.inv(w),
-                torch.linalg.qr(w)[1], torch.linalg.matrix_exp(0.3 * b)]
+                torch.linalg.qr(w)[1], torch.linalg.matrix_exp(0.3 * b), torch.linalg.cross(b, w),
+                torch.linalg.vander(b[:, 0])]
         vecs = [torch.linalg.svdvals(w), torch.linalg.eigh(a)[0], torch.linalg.det(w)[:, None].expand(n, 3),
                 torch.linalg.slogdet(a)[1][:, None].expand(n, 3),
-                torch.linalg.matrix_norm(torch.linalg.matrix_power(0.5 * b, 2), dim=(1, 2), keepdim=True)[:, 0].expand(n, 3)]
+                torch.linalg.matrix_norm(torch.linalg.matrix_power(0.5 * b, 2), dim=(1, 2), keepdim=True)[:, 0].expand(n, 3),
+                torch.linalg.vecdot(b, w), torch.linalg.diagonal(w), torch.diagonal(m, 0, 1, 2)]
+        rank = torch.linalg.matrix_rank(w.detach()).to(w.dtype)[:, None]         # (N, 1): 3 for each sample
         feats = torch.cat([t.flatten(1) for t in mats + vecs] + [torch.linalg.norm(b, dim=(1, 2))[:, None],
-                                                                torch.linalg.matrix_norm(w, "fro")[:, None]], 1)
+                                                                torch.linalg.matrix_norm(w, "fro")[:, None], rank * b[:, :1, 0]], 1)
         return F.mse_loss(self.head(feats), y)
 
 
@@ -238,7 +242,7 @@ def metric_losses():
 class GridsAndSpectra(nn.Module):
     """A spatial-transformer head (theta from a Linear -> affine_grid -> grid_sample), a learned position grid
     from meshgrid of two parameter vectors, nn.Bilinear, torch.special functions (entr, xlog1py, expit,
-    log_softmax, logsumexp) and rfft2 / irfftn of a feature map, between Linears."""
+    log_softmax, logsumexp), rfft2 / irfftn / fftfreq of a feature map and 3-D max unpooling, between Linears."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -255,7 +259,9 @@ class GridsAndSpectra(nn.Module):
         grid = F.affine_grid(theta, [n, 2, 3, 3], align_corners=False)              # (N, 3, 3, 2)
         r, c = torch.meshgrid(self.rows, self.cols, indexing="ij")                # (4, 4) each
         f = f + r + c
-        spec = torch.fft.irfftn(torch.fft.rfft2(f) * 0.5, s=(4, 4), dim=(2, 3))   # (N, 2, 4, 4)
+        spec = torch.fft.irfftn(torch.fft.rfft2(f) * torch.fft.fftfreq(4)[:3].abs(), s=(4, 4), dim=(2, 3))  # (N, 2, 4, 4)
+        pooled, idx = F.max_pool3d(f.view(n, 1, 2, 4, 4), 2, return_indices=True)
+        f = f + F.max_unpool3d(pooled, idx, 2).view(n, 2, 4, 4)                    # 3-D unpooling
         z = self.bil(x, x.flip(1))                                                # (N, 8)
         sp = torch.special.entr(torch.special.expit(z)) + torch.special.xlog1py(z, z.abs())
         feats = torch.cat([F.grid_sample(f, grid, align_corners=False).flatten(1), spec.flatten(1), sp,

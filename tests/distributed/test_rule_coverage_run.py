@@ -63,7 +63,7 @@ def test_instance_norm_updating_running_statistics_shards_the_batch_and_keeps_th
 MESHES_R10 = {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),
               "dp2xtp2": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"})}
 NEW_OPS = ("linalg_", "cholesky_solve", "margin_loss", "cosine_embedding_loss", "affine_grid_generator",
-           "bilinear", "special_", "fft_r", "fft_ir", "embedding")
+           "bilinear", "special_", "fft_r", "fft_ir", "embedding", "diagonal", "max_unpool3d")
 
 
 @pytest.fixture(scope="module")

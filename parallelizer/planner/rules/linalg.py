@@ -89,6 +89,18 @@ def last_dim(v: OpView, full: tuple[int, ...]) -> int:
     return len(full) - 1
 
 
+def vecdot_dim(v: OpView, full: tuple[int, ...]) -> int:
+    return v.arg(2, "dim", -1) % len(full)
+
+
+def cross(v: OpView) -> list[AxisOption]:
+    """linalg_cross(a, b, dim) (3-vectors along `dim`, broadcast like a pointwise op): shard any other dim of
+    the broadcast shape, both inputs alike where they have it."""
+    full = tuple(torch.broadcast_shapes(*v.in_shapes))
+    r = v.arg(2, "dim", -1) % len(full)
+    return [replicate(v)] + [AxisOption(same_dims(v, d, out=full), Shard(d)) for d in range(len(full)) if d != r and full[d] > 1]
+
+
 def cdist(v: OpView) -> list[AxisOption]:
     """cdist(x1 (*, P, M), x2 (*, R, M)) -> (*, P, R): shard a batch dim on both, P on x1 or R on x2."""
     (a, b), out = v.in_shapes, v.out

@@ -107,7 +107,8 @@ def masked_scatter(v: OpView) -> list[AxisOption]:
 
 
 def all_but_last_map(v: OpView, d: int) -> int | None:
-    """view_as_complex (x (..., 2) -> (...)): every dim but the last (the real / imaginary pair) keeps its place."""
+    """view_as_complex (x (..., 2) -> (...)): every dim but the last (the real / imaginary pair) keeps its place;
+    also linalg_vander (x (..., n) -> (..., n, N), N defaulting to n)."""
     return d if d < v.nd() - 1 else None
 
 
@@ -282,3 +283,15 @@ def meshgrid(v: OpView) -> list[AxisOption]:
     opts = [replicate(v)] + [AxisOption(tuple(Shard(0) if j == i else R for j in range(v.n_in)), Shard(dim(i)))
                              for i in range(v.n_in) if v.in_shapes[i][0] > 1]
     return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float else opts
+
+
+def diagonal_map(dim1: int, dim2: int) -> Callable[[OpView, int], int | None]:
+    """diagonal(x, offset, dim1, dim2) (defaults `dim1`, `dim2`: 0, 1 for torch.diagonal, -2, -1 for
+    torch.linalg.diagonal): the two dims read become one trailing dim (never sharded); every other dim keeps
+    its order before it."""
+    def mapping(v: OpView, d: int) -> int | None:
+        nd = v.nd()
+        read = {v.arg(2, "dim1", dim1) % nd, v.arg(3, "dim2", dim2) % nd}
+        return None if d in read else d - sum(r < d for r in read)
+    mapping.__name__ = f"diagonal_map({dim1}, {dim2})"
+    return mapping

@@ -508,6 +508,23 @@ _add([aten.linalg_matrix_norm], pointwise.kept_dims(2, 3, default_dims=(-2, -1))
 _add([aten.linalg_norm], pointwise.kept_dims(2, 3), [*calls(aten.linalg_norm.default, (t(5, 3, 4), None, [2]), (t(5, 3, 4), 2, [1, 2], True),
                                                             (t(5, 3), 3, [-1])),
                                                      *calls(aten.linalg_norm.ord_str, (t(5, 3, 4), "fro", [1, 2]))])
+_add([aten.linalg_matrix_rank], matrix.batched(matrix.matrix_dims_last), calls(aten.linalg_matrix_rank.atol_rtol_tensor, (_WC(5, 3, 3),),
+                                                                                 (t(5, 3, 4),)))
+_add([aten.linalg_vecdot], linalg.distance(linalg.vecdot_dim), [*calls(aten.linalg_vecdot.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(5, 3))),
+                                                                *calls(aten.linalg_vecdot.default, (t(5, 3, 4), t(5, 3, 4)), dim=1)])
+_add([aten.linalg_cross], linalg.cross, [*calls(aten.linalg_cross.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(1, 5, 3))),
+                                         *calls(aten.linalg_cross.default, (t(5, 3, 4), t(5, 3, 4)), dim=1)])
+# (vander's N defaults to the size of x's last dim: that dim is never sharded)
+_add([aten.linalg_vander], shape_ops.dim_map(shape_ops.all_but_last_map, partial=False),
+     [*calls(aten.linalg_vander.default, (t(5,),), (t(3, 5),)), *calls(aten.linalg_vander.default, (t(3, 5),), N=3)])
+_add([aten.diagonal], shape_ops.dim_map(shape_ops.diagonal_map(0, 1)), calls(aten.diagonal.default, (t(5, 5),), (t(5, 3, 4), 1, 1, 2),
+                                                                             (t(3, 4, 5), -1, 0, -1)), exact=True)
+_add([aten.linalg_diagonal], shape_ops.dim_map(shape_ops.diagonal_map(-2, -1)), [*calls(aten.linalg_diagonal.default, (t(5, 3, 4),)),
+                                                                                 *calls(aten.linalg_diagonal.default, (t(5, 3, 4),), offset=1, dim1=0, dim2=2)],
+     exact=True)
+_add([aten.fft_fftfreq, aten.fft_rfftfreq], pointwise.creation, lambda p: calls(p.default, (7,), (6, 0.5)), exact=True)
+_add([aten.max_unpool3d], nn_ops.leading_dims(True, 3), [Sample(aten.max_unpool3d.default, (t(3, 4, 2, 2, 2), T((3, 4, 2, 2, 2), "int", torch.int64, 64),
+                                                                                            [4, 4, 4], [2, 2, 2], [0, 0, 0]))], exact=True)
 # torch.special aliases of rows above
 for _n in ("special_expit", "special_exp2", "special_erfc", "special_i0e", "special_i1", "special_ndtr", "special_round",
            "special_bessel_j0", "special_bessel_j1", "special_entr"):
