@@ -87,9 +87,10 @@ def reports_r10():
 @pytest.mark.parametrize("name", sorted(BUILDERS_R10))
 def test_round10_rows_train_as_one_device(reports_r10, name, kind):
     """Batched torch.linalg functions, per-sample margin / embedding losses, affine_grid, meshgrid, bilinear,
-    torch.special aliases, rfft2 / irfftn and embedding bags (as embedding + reduction) between Linears: no fallback, every new op sharded on the batch
-    under ddp (each rank factors / scores its own samples), and 2 AdamW steps equal one device (outputs, loss,
-    every gradient, parameters)."""
+    torch.special aliases, FFTs, diagonal, 3-D unpooling and embedding bags (as embedding + reduction) between
+    Linears: no sharding fallback, every new op fed by the batch sharded under ddp (each rank factors / scores
+    its own samples), and 2 AdamW steps equal one device (outputs, loss, every gradient, parameters) on ddp,
+    fsdp, tp=2 and dp=2 x tp=2."""
     plan, report = reports_r10[(name, kind)]
     unsharded = [f for f in plan.fallbacks if "sharding rule" in f.reason]  # (pricing notes aside: linalg in bf16)
     assert not unsharded, unsharded

@@ -519,12 +519,13 @@ _add([aten.linalg_vander], shape_ops.dim_map(shape_ops.all_but_last_map, partial
      [*calls(aten.linalg_vander.default, (t(5,),), (t(3, 5),)), *calls(aten.linalg_vander.default, (t(3, 5),), N=3)])
 _add([aten.diagonal], shape_ops.dim_map(shape_ops.diagonal_map(0, 1)), calls(aten.diagonal.default, (t(5, 5),), (t(5, 3, 4), 1, 1, 2),
                                                                              (t(3, 4, 5), -1, 0, -1)), exact=True)
-_add([aten.linalg_diagonal], shape_ops.dim_map(shape_ops.diagonal_map(-2, -1)), [*calls(aten.linalg_diagonal.default, (t(5, 3, 4),)),
-                                                                                 *calls(aten.linalg_diagonal.default, (t(5, 3, 4),), offset=1, dim1=0, dim2=2)],
+_add([aten.linalg_diagonal], shape_ops.dim_map(shape_ops.diagonal_map(-2, -1)),
+     [*calls(aten.linalg_diagonal.default, (t(5, 3, 4),)), *calls(aten.linalg_diagonal.default, (t(5, 3, 4),), offset=1, dim1=0, dim2=2)],
      exact=True)
 _add([aten.fft_fftfreq, aten.fft_rfftfreq], pointwise.creation, lambda p: calls(p.default, (7,), (6, 0.5)), exact=True)
-_add([aten.max_unpool3d], nn_ops.leading_dims(True, 3), [Sample(aten.max_unpool3d.default, (t(3, 4, 2, 2, 2), T((3, 4, 2, 2, 2), "int", torch.int64, 64),
-                                                                                            [4, 4, 4], [2, 2, 2], [0, 0, 0]))], exact=True)
+_add([aten.max_unpool3d], nn_ops.leading_dims(True, 3),
+     [Sample(aten.max_unpool3d.default, (t(3, 4, 2, 2, 2), T((3, 4, 2, 2, 2), "int", torch.int64, 64), [4, 4, 4], [2, 2, 2], [0, 0, 0]))],
+     exact=True)
 # torch.special aliases of rows above
 for _n in ("special_expit", "special_exp2", "special_erfc", "special_i0e", "special_i1", "special_ndtr", "special_round",
            "special_bessel_j0", "special_bessel_j1", "special_entr"):
@@ -553,10 +554,12 @@ _add([aten.multi_margin_loss], losses.per_sample, calls(aten.multi_margin_loss.d
                                                         (t(3, 4), ints(4, 3)), (t(3, 4), ints(4, 3), 1, 1.0, None, 2)))
 _add([aten.multilabel_margin_loss], losses.per_sample, calls(aten.multilabel_margin_loss.default, (t(7, 5), T((7, 5), "int", torch.int64, 5)),
                                                              (t(7, 5), T((7, 5), "int", torch.int64, 5), 0),
-                                                             (t(5, 4), T((5, 4), "int", torch.int64, 4), 2), (t(3, 4), T((3, 4), "int", torch.int64, 4), 1)))
+                                                             (t(5, 4), T((5, 4), "int", torch.int64, 4), 2),
+                                                             (t(3, 4), T((3, 4), "int", torch.int64, 4), 1)))
 _add([aten.cosine_embedding_loss], losses.per_sample, calls(aten.cosine_embedding_loss.default, (t(7, 5), t(7, 5), T((7,), "sign", grad=False)),
                                                             (t(7, 5), t(7, 5), T((7,), "sign", grad=False), 0.2, 0),
-                                                            (t(5, 4), t(5, 4), T((5,), "sign", grad=False), 0.0, 2), (t(3, 4), t(3, 4), T((3,), "sign", grad=False))))
+                                                            (t(5, 4), t(5, 4), T((5,), "sign", grad=False), 0.0, 2),
+                                                            (t(3, 4), t(3, 4), T((3,), "sign", grad=False))))
 _add([aten.triplet_margin_loss], losses.per_sample, calls(aten.triplet_margin_loss.default, (t(7, 5), t(7, 5), t(7, 5)),
                                                           (t(7, 5), t(7, 5), t(7, 5), 0.5, 1.0, 1e-6, True, 0),
                                                           (t(5, 4), t(5, 4), t(5, 4), 1.0, 2.0, 1e-6, False, 2), (t(3, 4), t(3, 4), t(3, 4))))
