@@ -18,6 +18,10 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
   deviations (C elements each); backward the gradients of the two per-channel statistics (C each,
   `collectives.grad_all_reduce`).
 
+* `instance_norm` updating running statistics with the batch sharded over axis a
+  (`localize.sync_instance_norm`): forward all-reduce over a of the batch sums of the per-instance means and
+  variances (2 x C elements, no gradient); the output itself needs none.
+
 * views that merge or split an unevenly sharded dim (`localize.regrouped_view`, `core.layout.view_regroups`):
   each re-cut is an all-to-all of uneven pieces over its mesh axis in forward and the reverse one in backward,
   priced as an all-to-all whose per-rank buffer is n / (n - 1) x the most bytes one member sends (the cost
@@ -70,7 +74,7 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
     if node.target in VIEW_OPS:
         return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, itemsize) if out_shape else []
     packet = getattr(node.target, "overloadpacket", None)
-    if packet not in (aten.cross_entropy_loss, aten.batch_norm):
+    if packet not in (aten.cross_entropy_loss, aten.batch_norm, aten.instance_norm):
         return []
     in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
     if packet is aten.cross_entropy_loss:
@@ -82,6 +86,10 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
         if _arg(node, 3, "reduction", 1) == 1:
             out += [("all_reduce", itemsize, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
         return out
+    if packet is aten.instance_norm:
+        tracking = _arg(node, 5, "use_input_stats", True) and _arg(node, 3, "running_mean", None) is not None
+        channels = in_local[0][1] if len(in_local[0]) > 1 else 1
+        return [("all_reduce", 2 * channels * itemsize, a, False) for a in _sharded(inputs[0], {0})] if tracking else []
     if packet is aten.batch_norm and _arg(node, 5, "training", False):
         nd = len(in_local[0])
         channels = in_local[0][1] if nd > 1 else 1

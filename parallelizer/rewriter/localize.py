@@ -4,7 +4,8 @@ Most ATen ops run unchanged on local shards once their inputs have the layouts t
 exceptions, each handled here (every one is executed by the rule harness, tests/rules, against the op on
 global tensors):
 - ops with a size argument (view, reshape, expand, new_zeros, ...): the size becomes this rank's local
-  output shape (shards may be uneven, `core.layout`);
+  output shape (shards may be uneven, `core.layout`); affine_grid_generator's size [N, C, H, W] takes the
+  local batch N;
 - `aten.embedding` with the weight sharded on the vocabulary dim (vocab-parallel embedding, Megatron):
   each rank looks up the ids in its own vocabulary rows and reads zeros for the others (Partial output);
 - `aten.mean` over a sharded dim: the local SUM divided by the GLOBAL count (exact for uneven shards);
@@ -12,12 +13,15 @@ global tensors):
   global denominator (count, or sum of class weights, of the targets not ignored; all-reduced, no
   gradient); on sharded classes, Megatron's vocab-parallel cross-entropy;
 - `aten.nll_loss_nd` on a sharded batch: as cross-entropy's, the mean over the global denominator;
-- elementwise losses (`planner.rules.losses`: mse, l1, huber, BCE, KL, ...) with reduction "mean" on
-  sharded inputs: the local sum divided by the GLOBAL element count;
+- elementwise losses (`planner.rules.losses`: mse, l1, huber, BCE, KL, ...) and per-sample losses
+  (multi-margin, multilabel-margin, cosine-embedding, triplet-margin) with reduction "mean" on sharded
+  inputs: the local sum divided by the GLOBAL count of loss terms (`losses.mean_count`);
 - `aten.masked_scatter` on a sharded batch: the op after a check that every rank's mask selects what its
   source rows hold (`checked_masked_scatter`);
 - `aten.tril` / `aten.triu` sharded along its last two dims: the diagonal shifted by the shard offsets;
 - `aten.batch_norm` in training on a sharded input: synchronised statistics (SyncBatchNorm semantics);
+- `aten.instance_norm` updating running statistics on a batch shard: the buffers' update from the
+  all-reduced batch sums of the per-instance statistics (`sync_instance_norm`);
 - every op that draws from torch's generator (`tracer.graph.draws_random`: dropout, rand_like, bernoulli,
   SDPA with dropout_p > 0, RNN dropout, ...) on a sharded output runs with the generator seeded per shard
   (`seeded_per_shard`): draws differ across shards and agree on replicas and on the summands of a Partial
@@ -35,7 +39,7 @@ import torch.fx
 from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..errors import UnsupportedOpError
-from ..planner.rules.losses import ELEMENTWISE_LOSSES, reduction_index
+from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES, mean_count, reduction_index
 from ..tracer.graph import draws_random
 from . import collectives
 
@@ -51,6 +55,8 @@ SIZE_ARG = {
     aten.new_zeros.default: 1, aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1,
     aten.zeros.default: 0, aten.ones.default: 0, aten.empty.memory_format: 0, aten.full.default: 0,
 }
+# op -> index of a size argument whose first entry is the output's batch dim 0 (the rest describe other dims)
+BATCH_SIZE_ARG = {aten.affine_grid_generator.default: 1}
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,10 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     if target in SIZE_ARG and ctx.out_shape is not None:
         i = SIZE_ARG[target]
         args = args[:i] + (list(local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)),) + args[i + 1:]
+    elif target in BATCH_SIZE_ARG and ctx.out_shape is not None:
+        i = BATCH_SIZE_ARG[target]
+        n = local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)[0]
+        args = args[:i] + ([n, *args[i][1:]],) + args[i + 1:]
     elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
     elif packet is aten.mean and _mean_over_shards(ctx):
@@ -102,7 +112,7 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
                                                       [ctx.groups[a] for a in _batch_axes(ctx)]))
     elif packet is aten.masked_scatter and _batch_groups(ctx):
         return graph.call_function(checked_masked_scatter, (*args, _batch_groups(ctx)))
-    elif packet in ELEMENTWISE_LOSSES and _any_sharded(ctx):
+    elif (packet in ELEMENTWISE_LOSSES or packet in PER_SAMPLE_LOSSES) and _any_sharded(ctx):
         return _loss_mean_as_sum(graph, ctx, args, kwargs)
     elif packet in (aten.tril, aten.triu):
         args = _shift_diagonal(ctx, args, kwargs)
@@ -110,6 +120,9 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
     elif packet is aten.batch_norm and _bn_axes(ctx):
         return graph.call_function(sync_batch_norm, (*_full_args(ctx, args, kwargs, 8),
                                                      [ctx.groups[a] for a in _bn_axes(ctx)]))
+    elif packet is aten.instance_norm and _tracking_batch_groups(ctx):
+        return graph.call_function(sync_instance_norm, (*_full_args(ctx, args, kwargs, 9), ctx.in_shapes[0][0],
+                                                        _tracking_batch_groups(ctx)))
     elif draws_random(ctx.node) and _shard_groups(ctx):
         return graph.call_function(seeded_per_shard, (target, _shard_groups(ctx), *args), kwargs)
     return graph.call_function(target, args, kwargs)
@@ -353,6 +366,32 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     return out
 
 
+def _tracking_batch_groups(ctx: Context) -> list[list[int]]:
+    """Groups of the axes sharding the batch of an instance_norm that updates running statistics ([] if none)."""
+    full = _full_args(ctx, tuple(ctx.node.args), dict(ctx.node.kwargs), 6)
+    return _batch_groups(ctx) if full[5] and full[3] is not None else []
+
+
+def sync_instance_norm(x: torch.Tensor, weight, bias, running_mean: torch.Tensor, running_var: torch.Tensor,
+                       use_input_stats: bool, momentum: float, eps: float, cudnn_enabled: bool, batch: int,
+                       groups: list[list[int]]) -> torch.Tensor:
+    """instance_norm on a batch shard x (N_local, C, *) that updates running statistics (C,) as one device
+    does over the whole batch of `batch` samples: the output uses each instance's own statistics (no
+    communication); torch updates the buffers with the per-instance means and unbiased variances averaged
+    over the batch, running <- (1 - momentum) running + momentum * mean over N, so the local sums over
+    instances are all-reduced over `groups` (the mesh axes sharding the batch) and divided by the global N;
+    every rank writes the same buffers."""
+    out = torch.ops.aten.instance_norm.default(x, weight, bias, None, None, True, momentum, eps, cudnn_enabled)
+    with torch.no_grad():
+        dims = list(range(2, x.dim()))
+        stats = torch.stack([x.mean(dims).sum(0), x.var(dims, correction=1).sum(0)])  # (2, C): local sums over N
+        for ranks in groups:
+            stats = collectives.all_reduce(stats, ranks)
+        running_mean.mul_(1 - momentum).add_(stats[0] / batch * momentum)
+        running_var.mul_(1 - momentum).add_(stats[1] / batch * momentum)
+    return out
+
+
 # --- cross-entropy ---------------------------------------------------------------------------------------
 
 def _cross_entropy(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
@@ -493,21 +532,30 @@ def _any_sharded(ctx: Context) -> bool:
 
 
 def _loss_mean_as_sum(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torch.fx.Node:
-    """An elementwise loss with reduction "mean" on sharded inputs: its local sum over the global count."""
+    """An elementwise or per-sample loss on sharded inputs: with reduction "mean" its local sum over the
+    global count; a per-sample loss in any reduction through `sharded_loss_mean`, which gives an empty batch
+    shard its value (torch's margin-loss kernels return nan for the sum of no samples)."""
     i = reduction_index(ctx.node.target)
     full = list(_full_args(ctx, args, kwargs, i + 1))
-    if full[i] != 1:
+    per_sample = getattr(ctx.node.target, "overloadpacket", None) in PER_SAMPLE_LOSSES
+    if full[i] != 1 and not per_sample:
         return graph.call_function(ctx.node.target, args, kwargs)
-    full[i] = 2
+    count = mean_count(getattr(ctx.node.target, "overloadpacket", None), ctx.in_shapes) if full[i] == 1 else 1
+    full[i] = 0 if full[i] == 0 else 2
     rest = list(args[i + 1:])
-    count = math.prod(torch.broadcast_shapes(*ctx.in_shapes))
     placed = {a.name for a in ctx.node.target._schema.arguments[:i + 1]}
     return graph.call_function(sharded_loss_mean, (ctx.node.target, count, *full, *rest),
                                {k: v for k, v in kwargs.items() if k not in placed})
 
 
 def sharded_loss_mean(op, count: int, *args, **kwargs) -> torch.Tensor:
-    """This rank's share of an elementwise loss's mean: `op(*args, **kwargs)` with reduction "sum" (set by
-    the caller) divided by the GLOBAL number of elements `count`; the sum over ranks is the mean
-    (Partial(sum))."""
+    """This rank's share of a loss's sum (count 1) or mean: `op(*args, **kwargs)` with reduction "sum" (set by
+    the caller) divided by the GLOBAL number of loss terms `count`; the sum over ranks is the mean
+    (Partial(sum)). On an empty batch shard (a per-sample loss over fewer samples than ranks) the local sum is
+    0 (and reduction "none" the empty vector), connected to the input for autograd."""
+    x = args[0]
+    if x.dim() >= 2 and x.shape[0] == 0 and op.overloadpacket in PER_SAMPLE_LOSSES:
+        empty = x.sum(-1) * 0.0
+        i = reduction_index(op)
+        return empty if args[i] == 0 else empty.sum()
     return op(*args, **kwargs) / count

@@ -13,7 +13,8 @@ that makes the model's first output and returns how a microbatch's n_j follows f
   where a and b are both plain sums over all elements (a count clamped or offset after the sum,
   `mask.sum().clamp(min=1)`, does not add up over microbatches and raises);
 - a mean over a whole tensor, or a mean-reduced loss whose denominator is the element count (mse, l1,
-  binary cross-entropy, cross-entropy on probabilities): every microbatch counts alike, equal weights;
+  binary cross-entropy, cross-entropy on probabilities) or the sample count (multi-margin, triplet-margin,
+  cosine-embedding): every microbatch counts alike, equal weights;
 - a sum (reduction='sum', `.sum()`): the batch loss is the sum of the microbatch sums, weight 1 each.
 
 Anything else raises `StepError` naming the op, with the remedy (pass `target=` and `item_count=`, or a
@@ -31,7 +32,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..planner.rules.losses import ELEMENTWISE_LOSSES
+from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from .step import StepError
@@ -42,8 +43,10 @@ _CLASS_LOSSES = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nl
 # every elementwise loss with a sharding rule (mse, l1, ..., kl_div, hinge embedding, margin ranking, Poisson NLL):
 # "mean" averages over every element of the broadcast inputs, so equal microbatches weigh equally. Read from the
 # rules' own list: a hand-kept copy here knew 7 of the 11, and a model returning kl_div / poisson_nll_loss /
-# hinge_embedding_loss / margin_ranking_loss as its own loss was refused on every pipeline (round 9 (d)).
-_ELEMENT_LOSSES = {p.default for p in ELEMENTWISE_LOSSES}
+# hinge_embedding_loss / margin_ranking_loss as its own loss was refused on every pipeline (round 9 (d)). The
+# per-sample losses (multi-margin, multilabel-margin, cosine-embedding, triplet-margin; round 10) average over
+# the samples, so equal microbatches weigh equally too.
+_ELEMENT_LOSSES = {p.default for p in (*ELEMENTWISE_LOSSES, *PER_SAMPLE_LOSSES)}
 _PASS = {aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.clone.default,
          aten.view.default, aten.reshape.default, aten.squeeze.default, aten._unsafe_view.default}
 _MEAN, _SUM = 1, 2  # torch's Reduction enum (at::Reduction::Mean / Sum)

@@ -50,6 +50,8 @@
    the sequence-first op between two transposes (torch's batch-first kernel transposes the same way inside):
    the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
    every output one placement); batch-first calls ran replicated and under ddp gathered the batch.
+11. (`tracer/bags.py`) An embedding bag of fixed-size bags (`nn.EmbeddingBag` on a 2-D index tensor) becomes
+   embedding + sum / mean / amax over the bag dim (same values and weight gradient; it ran replicated).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import TraceError
+from .bags import fixed_bags_as_embedding
 from .cache_output import drop_dead_code, drop_empty_cat_operands
 from .fresh_writes import out_of_place_fresh_writes
 from .graph import COPIED_META, carries_grad, draws_random, is_view, meta_like as _meta_like, mutated_args
@@ -89,6 +92,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     _split_biases(gm, notes)
     _twins(gm, notes)
     _sequence_first_rnns(gm, notes)
+    fixed_bags_as_embedding(gm, notes)
     out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
     gm.recompile()

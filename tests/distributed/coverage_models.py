@@ -170,5 +170,142 @@ def tracked_instance_norm():
     return TrackedInstanceNorm(), (torch.randn(4, 3, 5, 5, generator=g), torch.randn(4, 3, generator=g))
 
 
+class BatchedLinalg(nn.Module):
+    """Per-sample 3x3 matrices from a Linear, through torch.linalg (cholesky, solve, solve_triangular,
+    cholesky_solve, lu_factor + lu_solve, det, slogdet, inv, qr, svdvals, eigh, matrix_exp, matrix_power,
+    matrix and vector norms, vecdot, cross, diagonal, vander, matrix_rank), then a Linear head and MSE: round
+    10's batched matrix rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(6, 9)
+        self.lin2 = nn.Linear(6, 9)
+        self.head = nn.Linear(9 * 10 + 3 * 8 + 3, 4)
+
+    def forward(self, x, y):
+        n = x.shape[0]
+        m = self.lin1(x).view(n, 3, 3)
+        a = m @ m.transpose(1, 2) / 3 + 3 * torch.eye(3)              # (N, 3, 3) symmetric positive definite
+        b = self.lin2(x).view(n, 3, 3)
+        w = b + 4 * torch.eye(3)                                      # (N, 3, 3) well conditioned
+        chol = torch.linalg.cholesky(a)
+        lu, piv = torch.linalg.lu_factor(w)
+        mats = [chol, torch.linalg.solve(a, b), torch.linalg.solve_triangular(chol, b, upper=False),
+                torch.cholesky_solve(b, chol), torch.linalg.lu_solve(lu, piv, b), torch.linalg.inv(w),
+                torch.linalg.qr(w)[1], torch.linalg.matrix_exp(0.3 * b), torch.linalg.cross(b, w),
+                torch.linalg.vander(b[:, 0])]
+        vecs = [torch.linalg.svdvals(w), torch.linalg.eigh(a)[0], torch.linalg.det(w)[:, None].expand(n, 3),
+                torch.linalg.slogdet(a)[1][:, None].expand(n, 3),
+                torch.linalg.matrix_norm(torch.linalg.matrix_power(0.5 * b, 2), dim=(1, 2), keepdim=True)[:, 0].expand(n, 3),
+                torch.linalg.vecdot(b, w), torch.linalg.diagonal(w), torch.diagonal(m, 0, 1, 2)]
+        rank = torch.linalg.matrix_rank(w.detach()).to(w.dtype)[:, None]         # (N, 1): 3 for each sample
+        feats = torch.cat([t.flatten(1) for t in mats + vecs] + [torch.linalg.norm(b, dim=(1, 2))[:, None],
+                                                                torch.linalg.matrix_norm(w, "fro")[:, None], rank * b[:, :1, 0]], 1)
+        return F.mse_loss(self.head(feats), y)
+
+
+def batched_linalg():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    return BatchedLinalg(), (torch.randn(4, 6, generator=g), torch.randn(4, 4, generator=g))
+
+
+class MetricLosses(nn.Module):
+    """Embeddings and class scores from Linears into the per-sample losses that had no row: multi-margin
+    (p=2, class weights), multilabel-margin, cosine-embedding and triplet-margin (mean and sum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.scores = nn.Linear(8, 5)
+        self.register_buffer("class_weight", torch.tensor([1.0, 0.5, 2.0, 1.5, 0.8]))
+
+    def forward(self, a, p, q, target, labels, sign):
+        za, zp, zq = self.embed(a), self.embed(p), self.embed(q)          # (N, 8)
+        s = self.scores(torch.tanh(za))                                 # (N, 5)
+        return (F.multi_margin_loss(s, target, p=2, margin=0.5, weight=self.class_weight)
+                + F.multilabel_margin_loss(s, labels, reduction="sum") * 0.1
+                + F.cosine_embedding_loss(za, zp, sign, margin=0.1)
+                + F.triplet_margin_loss(za, zp, zq, margin=0.5))
+
+
+def metric_losses():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(8)
+    labels = torch.full((4, 5), -1)
+    labels[:, 0] = torch.randint(0, 5, (4,), generator=g)
+    labels[:2, 1] = (labels[:2, 0] + 2) % 5                             # two labels for two samples, one for the others
+    return MetricLosses(), (torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g),
+                            torch.randint(0, 5, (4,), generator=g), labels, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+
+
+class GridsAndSpectra(nn.Module):
+    """A spatial-transformer head (theta from a Linear -> affine_grid -> grid_sample), a learned position grid
+    from meshgrid of two parameter vectors, nn.Bilinear, torch.special functions (entr, xlog1py, expit,
+    log_softmax, logsumexp), rfft2 / irfftn / fftfreq of a feature map and 3-D max unpooling, between Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.feat = nn.Linear(6, 2 * 4 * 4)
+        self.theta = nn.Linear(6, 6)
+        self.rows, self.cols = nn.Parameter(torch.randn(4) * 0.1), nn.Parameter(torch.randn(4) * 0.1)
+        self.bil = nn.Bilinear(6, 6, 8)
+        self.head = nn.Linear(2 * 3 * 3 + 2 * 4 * 4 + 8 + 8 + 1, 4)
+
+    def forward(self, x, y):
+        n = x.shape[0]
+        f = self.feat(x).view(n, 2, 4, 4)
+        theta = self.theta(x).view(n, 2, 3) * 0.3 + torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        grid = F.affine_grid(theta, [n, 2, 3, 3], align_corners=False)              # (N, 3, 3, 2)
+        r, c = torch.meshgrid(self.rows, self.cols, indexing="ij")                # (4, 4) each
+        f = f + r + c
+        spec = torch.fft.irfftn(torch.fft.rfft2(f) * torch.fft.fftfreq(4)[:3].abs(), s=(4, 4), dim=(2, 3))  # (N, 2, 4, 4)
+        pooled, idx = F.max_pool3d(f.view(n, 1, 2, 4, 4), 2, return_indices=True)
+        f = f + F.max_unpool3d(pooled, idx, 2).view(n, 2, 4, 4)                    # 3-D unpooling
+        z = self.bil(x, x.flip(1))                                                # (N, 8)
+        sp = torch.special.entr(torch.special.expit(z)) + torch.special.xlog1py(z, z.abs())
+        feats = torch.cat([F.grid_sample(f, grid, align_corners=False).flatten(1), spec.flatten(1), sp,
+                           torch.special.log_softmax(z, 1), torch.special.logsumexp(z, [1], keepdim=True)], 1)
+        return F.mse_loss(self.head(feats), y)
+
+
+def grids_and_spectra():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(9)
+    return GridsAndSpectra(), (torch.randn(4, 6, generator=g), torch.randn(4, 4, generator=g))
+
+
+class Bags(nn.Module):
+    """Recommendation-style pooled embeddings: nn.EmbeddingBag in "sum" (with per-sample weights from a Linear),
+    "mean" and "max" over fixed-size bags of ids (N, L), into a Linear head (`tracer/bags.py` rewrites them as
+    embedding + reduction; the fused op had no row and ran replicated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(5, 3)
+        self.sum = nn.EmbeddingBag(13, 6, mode="sum")
+        self.mean = nn.EmbeddingBag(13, 6, mode="mean")
+        self.max = nn.EmbeddingBag(11, 4, mode="max")
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids, dense, y):
+        w = torch.sigmoid(self.gate(dense))                                     # (N, 3) per-sample weights
+        pooled = torch.cat([self.sum(ids, per_sample_weights=w), self.mean(ids), self.max(ids % 11)], 1)
+        return F.mse_loss(self.head(pooled), y)
+
+
+def bags():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(10)
+    ids = torch.randint(0, 13, (4, 3), generator=g)
+    ids[0, 2] = ids[0, 0]                                                       # an id twice in one bag (a max tie)
+    return Bags(), (ids, torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g))
+
+
+# round 10: ops that had no row, each between sharded Linears (tests/distributed/test_rule_coverage_run.py plans
+# them on ddp, fsdp, tp=2 and dp=2 x tp=2)
+BUILDERS_R10 = {"batched_linalg": batched_linalg, "metric_losses": metric_losses, "grids_and_spectra": grids_and_spectra,
+                "bags": bags}
+
 BUILDERS = {"decoder_2d": decoder_2d, "sequence": sequence, "contrastive": contrastive, "batch_first_rnn": batch_first_rnn,
             "tiny_vlm": tiny_vlm}

@@ -43,6 +43,21 @@ def test_sync_batch_norm_all_reduces_statistics_forward_and_their_gradients_back
     assert op_collectives(eval_bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, 4) == []
 
 
+def test_instance_norm_updating_running_statistics_on_a_batch_shard_all_reduces_them_forward_only():
+    """`localize.sync_instance_norm` (round 10) all-reduces the batch sums of the per-instance means and variances
+    (2 x C) before the buffers' update; the priced collectives must be exactly those (DESIGN.md rule 1)."""
+    g = torch.fx.Graph()
+    x, w, b, rm, rv = (g.placeholder(n) for n in "xwbmv")
+    tracked = g.call_function(aten.instance_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False))
+    mesh, layouts = MeshSpec(("dp", "tp"), (2, 2)), (Layout.parse("S(0)R"),) + (Layout.parse("RR"),) * 4
+    shapes, out = [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4)
+    assert op_collectives(tracked, layouts, Layout.parse("S(0)R"), shapes, out, mesh, 4) == [("all_reduce", 2 * 6 * 4, 0, False)]
+    plain = g.call_function(aten.instance_norm.default, (x, w, b, None, None, True, 0.1, 1e-5, False))
+    assert op_collectives(plain, layouts[:3], Layout.parse("S(0)R"), shapes[:3], out, mesh, 4) == []
+    rr = (Layout.parse("RR"),) * 5
+    assert op_collectives(tracked, rr, Layout.parse("RR"), shapes, out, mesh, 4) == []
+
+
 @pytest.mark.parametrize("src, dst, row_elems, even_src, even_dst", [
     ((10, 7), (70,), 1, (8, 7), (56,)), ((70,), (10, 7), 1, (56,), (8, 7)), ((10, 7, 3), (70, 3), 3, (8, 7, 3), (56, 3))])
 def test_view_of_an_uneven_shard_prices_its_recut_as_an_all_to_all_each_way(src, dst, row_elems, even_src, even_dst):

@@ -28,6 +28,25 @@ def linear(v: OpView) -> list[AxisOption]:
     return opts
 
 
+def bilinear(v: OpView) -> list[AxisOption]:
+    """bilinear(x1 (..., I1), x2 (..., I2), W (O, I1, I2), b (O)?) -> (..., O), y_o = x1^T W_o x2 + b_o: shard
+    a leading dim on x1 and x2 alike; the output features (W, b S(0) -> out S(-1)); without a bias a
+    contracted feature (x1 S(-1), W S(1) or x2 S(-1), W S(2) -> Partial) and a Partial x1, x2 or W with the
+    others Replicate (bilinear in x1 and x2, linear in W). Shards must be equal: torch's bilinear reshapes an
+    empty shard to (-1, 0), which it rejects."""
+    k, bias = v.nd(), v.n_in == 4
+    if v.nd(1) != k:
+        return [replicate(v)]
+    b = (lambda p: (p,) if bias else ())
+    opts = [replicate(v)] + [AxisOption((Shard(d), Shard(d), R) + b(R), Shard(d), (0, 1, OUT)) for d in range(k - 1)
+                             if v.in_shapes[0][d] > 1 and v.in_shapes[1][d] == v.in_shapes[0][d]]
+    opts.append(AxisOption((R, R, Shard(0)) + b(Shard(0)), Shard(k - 1), (2, OUT)))
+    if not bias:
+        opts += [AxisOption((Shard(k - 1), R, Shard(1)), P, (0, 2)), AxisOption((R, Shard(k - 1), Shard(2)), P, (1, 2)),
+                 AxisOption((P, R, R), P), AxisOption((R, P, R), P), AxisOption((R, R, P), P)]
+    return opts
+
+
 def addmm(v: OpView) -> list[AxisOption]:
     """bias + m1 (N, C) @ m2 (C, O) (GPT-2's Conv1D as a hand-made graph has it; the tracer splits the bias
     off): shard rows of m1 or columns of m2, the bias broadcast to (N, O) alike."""
@@ -68,6 +87,18 @@ def cosine_dim(v: OpView, full: tuple[int, ...]) -> int:
 
 def last_dim(v: OpView, full: tuple[int, ...]) -> int:
     return len(full) - 1
+
+
+def vecdot_dim(v: OpView, full: tuple[int, ...]) -> int:
+    return v.arg(2, "dim", -1) % len(full)
+
+
+def cross(v: OpView) -> list[AxisOption]:
+    """linalg_cross(a, b, dim) (3-vectors along `dim`, broadcast like a pointwise op): shard any other dim of
+    the broadcast shape, both inputs alike where they have it."""
+    full = tuple(torch.broadcast_shapes(*v.in_shapes))
+    r = v.arg(2, "dim", -1) % len(full)
+    return [replicate(v)] + [AxisOption(same_dims(v, d, out=full), Shard(d)) for d in range(len(full)) if d != r and full[d] > 1]
 
 
 def cdist(v: OpView) -> list[AxisOption]:

@@ -8,21 +8,40 @@ broadcast): "none" keeps the shard, "sum" gives Partial, and "mean" gives Partia
 the local sum divided by the GLOBAL element count (`rewriter.localize.sharded_loss_mean`: exact for uneven
 shards, as `aten.mean`). A Partial input never passes: none of them is linear.
 
+A per-sample loss (multi-margin, multilabel-margin, cosine-embedding, triplet-margin) reads a whole row of
+its inputs (the classes, the embedding) for each sample of the batch dim 0 and gives one loss per sample:
+the batch may be sharded, and its "mean" is the local sum over the GLOBAL number of samples, as above.
+
 Before these rows the ops ran replicated, and so did the prediction feeding them: a data-parallel regression
 or diffusion model gathered its whole batch of predictions onto every rank for the loss.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import P, AxisOption, OpView, aten, replicate, same_dims
+from .base import P, R, AxisOption, OpView, aten, replicate, same_dims
 from .nn_ops import cross_entropy
 
 # the ops `elementwise` covers; `rewriter.localize` gives their "mean" its local form
 ELEMENTWISE_LOSSES = frozenset({aten.mse_loss, aten.l1_loss, aten.smooth_l1_loss, aten.huber_loss, aten.soft_margin_loss,
                                 aten.kl_div, aten.binary_cross_entropy, aten.binary_cross_entropy_with_logits,
                                 aten.hinge_embedding_loss, aten.margin_ranking_loss, aten.poisson_nll_loss})
+# the ops `per_sample` covers -> how many of their leading tensor inputs hold one row per sample (the rest,
+# multi_margin_loss's class weights, are Replicate)
+PER_SAMPLE_LOSSES = {aten.multi_margin_loss: 2, aten.multilabel_margin_loss: 2, aten.cosine_embedding_loss: 3,
+                     aten.triplet_margin_loss: 3}
+
+
+def mean_count(packet, in_shapes) -> int:
+    """The number of loss terms a "mean" reduction of loss op `packet` divides by, from the GLOBAL input shapes:
+    every element of the broadcast inputs for an elementwise loss, every sample (the first input's dims but
+    the last: (N, C) -> N, (C,) -> 1) for a per-sample loss."""
+    if packet in PER_SAMPLE_LOSSES:
+        return math.prod(in_shapes[0][:-1])
+    return math.prod(torch.broadcast_shapes(*in_shapes))
 
 
 def reduction_index(target) -> int:
@@ -37,6 +56,18 @@ def elementwise(v: OpView) -> list[AxisOption]:
     full = tuple(torch.broadcast_shapes(*v.in_shapes))
     return [replicate(v)] + [AxisOption(same_dims(v, d, out=full), Shard(d) if reduction == 0 else P)
                              for d in range(len(full)) if full[d] > 1]
+
+
+def per_sample(v: OpView) -> list[AxisOption]:
+    """Per-sample loss (module docstring) on a batch (N, ...): shard N on the per-sample inputs (input and
+    target, or the embeddings and the +-1 target), class weights Replicate; "none" keeps the shard, "sum" and
+    "mean" give Partial. An unbatched call (1-D input) is replicated."""
+    rows = PER_SAMPLE_LOSSES[v.packet]
+    n = v.in_shapes[0][0] if v.nd() == 2 else 1
+    if n == 1 or any(s[:1] != (n,) for s in v.in_shapes[:rows]):
+        return [replicate(v)]
+    reduction = v.arg(reduction_index(v.target), "reduction", 1)
+    return [replicate(v), AxisOption((Shard(0),) * rows + (R,) * (v.n_in - rows), Shard(0) if reduction == 0 else P)]
 
 
 def nll_loss(v: OpView) -> list[AxisOption]:

@@ -93,21 +93,24 @@ def prelu(v: OpView) -> list[AxisOption]:
                              for d in range(v.nd()) if v.in_shapes[0][d] > 1]
 
 
-def instance_norm(v: OpView) -> list[AxisOption] | None:
+def instance_norm(v: OpView) -> list[AxisOption]:
     """instance_norm(x (N, C, *), weight, bias, running_mean, running_var (C,)?, use_input_stats, ...):
     statistics per (sample, channel), so the channel dim shards with every per-channel tensor alike, and
-    the batch dim with them Replicate. None (no rule: replicated and noted) when running statistics are
-    updated (use_input_stats with running buffers, InstanceNorm(track_running_stats=True) in training):
-    the update averages over the batch, which a batch shard splits, and writes buffers that the schema does
-    not mark as written (`tracer.graph.mutated_args` knows)."""
+    the batch dim with them Replicate. When running statistics are updated (use_input_stats with running
+    buffers: InstanceNorm(track_running_stats=True) in training) the update averages the per-instance
+    statistics over the whole batch, and writes buffers that the schema does not mark as written
+    (`tracer.graph.mutated_args` knows): only the batch shard, with the buffers Replicate and the batch sums
+    of the statistics all-reduced before the update, so every rank writes what one device writes
+    (`rewriter.localize.sync_instance_norm`); a channel shard would slice buffers written in place."""
     if v.nd() < 3:
         return [replicate(v)]
-    if v.arg(5, "use_input_stats", True) and v.arg(3, "running_mean") is not None:
-        return None
+    tracking = v.arg(5, "use_input_stats", True) and v.arg(3, "running_mean") is not None
     per_channel = (R,) * (v.n_in - 1)
     opts = [replicate(v)]
     if v.in_shapes[0][0] > 1:
         opts.append(AxisOption((Shard(0),) + per_channel, Shard(0), (0, OUT)))  # (torch raises on an empty shard)
+    if tracking:
+        return opts
     if v.in_shapes[0][1] > 1:
         opts.append(AxisOption((Shard(1),) + (Shard(0),) * (v.n_in - 1), Shard(1), tuple(range(v.n_in)) + (OUT,)))
     return opts
@@ -123,6 +126,14 @@ def grid_sampler(v: OpView) -> list[AxisOption]:
     if v.in_shapes[0][1] > 1:
         opts.append(AxisOption((Shard(1), R), Shard(1)))
     return opts + [AxisOption((P, R), P)]
+
+
+def affine_grid(v: OpView) -> list[AxisOption]:
+    """affine_grid_generator(theta (N, 2, 3) or (N, 3, 4), size [N, C, *spatial], align_corners) -> (N, *spatial,
+    k): each sample's grid is its own theta applied to one base grid, so the batch shards (the size argument's N
+    becomes the local batch, `rewriter.localize`), and the grid is linear in theta: Partial passes."""
+    opts = [replicate(v)] + ([AxisOption((Shard(0),), Shard(0))] if v.in_shapes[0][0] > 1 else [])
+    return opts + [AxisOption((P,), P)]
 
 
 def cross_entropy(v: OpView) -> list[AxisOption]:

@@ -72,10 +72,10 @@ def along(read: Callable[[OpView], list[int]], linear: bool = False,
 
 
 def dim_arg(index: int, name: str = "dim", default=0) -> Callable[[OpView], list[int]]:
-    """The dims an op reads: its `dim` argument (positional `index`)."""
-    def read(v: OpView) -> list[int]:
+    """The dims an op reads: its `dim` argument (positional `index`), else `default` (None: every dim)."""
+    def read(v: OpView) -> list[int]:  # (a list default, fft2's [-2, -1], is read as given)
         d = v.arg(index, name, default)
-        return list(range(v.nd())) if d is None else dims_arg(v, index, name, v.nd()) if isinstance(d, (list, tuple)) \
+        return list(range(v.nd())) if d is None or d == [] else sorted({x % v.nd() for x in d}) if isinstance(d, (list, tuple)) \
             else [d % max(v.nd(), 1)]
     read.__name__ = f"arg {index} '{name}'"
     return read
@@ -145,13 +145,15 @@ def reduction(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P,), P)] if v.out_is_float else opts
 
 
-def kept_dims(dim_index: int = 1, keep_index: int | None = 2) -> Callable[[OpView], list[AxisOption]]:
+def kept_dims(dim_index: int = 1, keep_index: int | None = 2,
+              default_dims: tuple[int, ...] | None = None) -> Callable[[OpView], list[AxisOption]]:
     """Rule of a non-linear reduction over dims (amax, argmax, max.dim, var, std, logsumexp, norms, any,
     all) whose dims are argument `dim_index` and keepdim argument `keep_index` (or the keyword): shard the
-    kept dims only."""
+    kept dims only. An omitted dims argument means every dim, or `default_dims` (matrix_norm: (-2, -1))."""
     def rule(v: OpView) -> list[AxisOption]:
         nd = v.nd()
-        dims = dims_arg(v, dim_index, "dim", nd)
+        omitted = default_dims is not None and v.arg(dim_index, "dim") is None
+        dims = sorted(d % nd for d in default_dims) if omitted else dims_arg(v, dim_index, "dim", nd)
         keep = bool(v.arg(_keepdim_index(v, keep_index), "keepdim", False))
         opts = [replicate(v)]
         for d in range(nd):

@@ -21,7 +21,9 @@ from .base import OpView
 class T:
     """A random global tensor: `kind` "normal" (N(0, 1)), "pos" (in [0.5, 2)), "int" (in [0, high)),
     "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "per_row" (bool,
-    exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1); `grad` False for an input the op does not
+    exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1), "spd" (symmetric positive definite
+    matrices in the last two dims: A A^T + n I), "wellcond" (matrices A + n I with A ~ N(0, 1), I of shape (m, n): full rank,
+    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n); `grad` False for an input the op does not
     differentiate (e.g. cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
@@ -33,6 +35,8 @@ class T:
     def make(self, gen: torch.Generator) -> torch.Tensor:
         if self.kind == "int":
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
+        if self.kind == "pivots":  # LAPACK pivots of no row exchange: 1, 2, ..., n along the last dim
+            return torch.arange(1, self.shape[-1] + 1, dtype=self.dtype).expand(self.shape).contiguous()
         if self.kind == "bool":
             return torch.rand(self.shape, generator=gen) > 0.5
         if self.kind == "per_row":  # bool, exactly `high` True elements in each index of dim 0
@@ -46,6 +50,9 @@ class T:
         if self.kind == "pos":
             return (0.5 + 1.5 * torch.rand(self.shape, generator=gen)).to(self.dtype)
         x = torch.randn(self.shape, generator=gen, dtype=self.dtype if self.dtype.is_complex else torch.float32)
+        if self.kind in ("spd", "wellcond"):
+            eye = max(self.shape[-2:]) * torch.eye(*self.shape[-2:])
+            x = (x @ x.transpose(-2, -1) if self.kind == "spd" else x) + eye
         if self.kind == "prob":
             x = x.softmax(1)
         return x.to(self.dtype)

@@ -107,7 +107,8 @@ def masked_scatter(v: OpView) -> list[AxisOption]:
 
 
 def all_but_last_map(v: OpView, d: int) -> int | None:
-    """view_as_complex (x (..., 2) -> (...)): every dim but the last (the real / imaginary pair) keeps its place."""
+    """view_as_complex (x (..., 2) -> (...)): every dim but the last (the real / imaginary pair) keeps its place;
+    also linalg_vander (x (..., n) -> (..., n, N), N defaulting to n)."""
     return d if d < v.nd() - 1 else None
 
 
@@ -269,3 +270,28 @@ def constant_pad(v: OpView) -> list[AxisOption]:
     opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd())
                              if d not in padded and v.in_shapes[0][d] > 1]
     return opts + [AxisOption((P,), P)] if v.out_is_float and not v.arg(2, "value", 0) else opts
+
+
+def meshgrid(v: OpView) -> list[AxisOption]:
+    """meshgrid(tensors (n_0,), (n_1,), ..., indexing) -> k tensors of shape (n_0, n_1, ...) ("ij"; "xy" swaps
+    the first two dims): output j is tensor j broadcast along the other dims, so sharding tensor i (the
+    others Replicate) shards every output on tensor i's dim; linear in each tensor: all Partial -> Partial."""
+    if any(len(s) != 1 for s in v.in_shapes):
+        return [replicate(v)]
+    xy = v.arg(1, "indexing", "ij") == "xy" and v.n_in >= 2
+    dim = (lambda i: {0: 1, 1: 0}.get(i, i) if xy else i)
+    opts = [replicate(v)] + [AxisOption(tuple(Shard(0) if j == i else R for j in range(v.n_in)), Shard(dim(i)))
+                             for i in range(v.n_in) if v.in_shapes[i][0] > 1]
+    return opts + [AxisOption((P,) * v.n_in, P)] if v.out_is_float else opts
+
+
+def diagonal_map(dim1: int, dim2: int) -> Callable[[OpView, int], int | None]:
+    """diagonal(x, offset, dim1, dim2) (defaults `dim1`, `dim2`: 0, 1 for torch.diagonal, -2, -1 for
+    torch.linalg.diagonal): the two dims read become one trailing dim (never sharded); every other dim keeps
+    its order before it."""
+    def mapping(v: OpView, d: int) -> int | None:
+        nd = v.nd()
+        read = {v.arg(2, "dim1", dim1) % nd, v.arg(3, "dim2", dim2) % nd}
+        return None if d in read else d - sum(r < d for r in read)
+    mapping.__name__ = f"diagonal_map({dim1}, {dim2})"
+    return mapping

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import linalg, losses, nn_ops, pointwise, shape_ops
+from . import linalg, losses, matrix, nn_ops, pointwise, shape_ops
 from .base import AxisOption, OpView, aten
 from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, pos, t
 
@@ -407,7 +407,10 @@ _add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)),
 _add([aten.instance_norm], nn_ops.instance_norm, calls(aten.instance_norm.default,
                                                        (t(3, 4, 5), t(4), t(4), None, None, True, 0.1, 1e-5, False),
                                                        (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False), False, 0.1, 1e-5, False),
-                                                       (t(3, 4, 3, 2), None, None, None, None, True, 0.1, 1e-5, False)))
+                                                       (t(3, 4, 3, 2), None, None, None, None, True, 0.1, 1e-5, False),
+                                                       # updating running statistics (InstanceNorm(track_running_stats=True) in training)
+                                                       (t(6, 4, 5), t(4), t(4), T((4,), grad=False), pos(4, grad=False), True, 0.1, 1e-5, False),
+                                                       (t(4, 3, 3, 2), None, None, T((3,), grad=False), pos(3, grad=False), True, 0.3, 1e-5, False)))
 _add([aten.glu], pointwise.along(pointwise.dim_arg(1, default=-1)), calls(aten.glu.default, (t(3, 8),), (t(4, 6, 3), 1)))
 _add([aten.cross_entropy_loss], nn_ops.cross_entropy, [
     *calls(aten.cross_entropy_loss.default, (t(7, 5), ints(5, 7)), (t(7, 5), ints(5, 7), None, 2), (t(7, 5), ints(5, 7), None, 0),
@@ -456,6 +459,117 @@ _add([aten.lstm_cell], nn_ops.cell, calls(aten.lstm_cell.default, (t(3, 4), [t(3
 _add([aten.gru_cell, aten.rnn_tanh_cell, aten.rnn_relu_cell], nn_ops.cell, lambda p: calls(
     p.default, (t(3, 4), t(3, 6), t(6 * (3 if p is aten.gru_cell else 1), 4), t(6 * (3 if p is aten.gru_cell else 1), 6),
                 t(6 * (3 if p is aten.gru_cell else 1)), t(6 * (3 if p is aten.gru_cell else 1)))))
+
+# --- ops that ran replicated without a row (round 10 survey: torch.nn, torch.linalg / special / fft) ----------
+# batched matrix functions: shard the batch dims only (`matrix`); odd batches (5 over 2, 3, 4 ranks) and a
+# batch of 3 over 4 ranks (an empty shard) are sampled
+_WC, _SPD = (lambda *s: T(s, "wellcond")), (lambda *s: T(s, "spd"))
+for _p, _ov, _samples in (
+        (aten.linalg_det, "default", [(_WC(5, 3, 3),), (_WC(2, 3, 4, 4),)]),
+        (aten.linalg_slogdet, "default", [(_WC(5, 3, 3),)]),
+        (aten.logdet, "default", [(_SPD(5, 3, 3),)]),
+        (aten.linalg_inv, "default", [(_WC(5, 3, 3),), (_WC(2, 3, 4, 4),)]),
+        (aten.linalg_inv_ex, "default", [(_WC(5, 3, 3),)]),
+        (aten.linalg_cholesky, "default", [(_SPD(5, 3, 3),), (_SPD(2, 3, 4, 4),)]),
+        (aten.linalg_cholesky_ex, "default", [(_SPD(5, 3, 3),)]),
+        (aten.linalg_qr, "default", [(_WC(5, 3, 3),), (_WC(3, 4, 4), "complete")]),
+        (aten.linalg_svd, "default", [(_WC(5, 3, 3),)]),
+        (aten.linalg_svdvals, "default", [(_WC(5, 3, 3),), (_WC(2, 3, 4, 4),)]),
+        (aten.linalg_eigh, "default", [(_SPD(5, 3, 3),), (_SPD(3, 4, 4), "U")]),
+        (aten.linalg_eigvalsh, "default", [(_SPD(5, 3, 3),)]),
+        (aten.linalg_lu_factor, "default", [(_WC(5, 3, 3),)]),
+        (aten.linalg_lu, "default", [(_WC(5, 3, 3),)]),
+        (aten.linalg_matrix_exp, "default", [(_WC(5, 3, 3),), (_WC(2, 3, 4, 4),)]),
+        (aten.linalg_matrix_power, "default", [(_WC(5, 3, 3), 3), (_WC(5, 3, 3), -2)]),
+        (aten.cholesky_inverse, "default", [(_SPD(5, 3, 3),)]),
+        (aten.linalg_cond, "default", [(_WC(5, 3, 3),)]),
+        (aten.linalg_pinv, "atol_rtol_tensor", [(_WC(5, 3, 3),), (_WC(5, 3, 4),)])):
+    _add([_p], matrix.batched(matrix.matrices if _p is not aten.linalg_pinv else matrix.matrix_dims_last),
+         calls(getattr(_p, _ov), *_samples))
+_add([aten.linalg_solve], matrix.batched(matrix.solve_rhs, linear=1), [
+    *calls(aten.linalg_solve.default, (_WC(5, 3, 3), t(5, 3, 2)), (_WC(5, 3, 3), t(5, 3)), (_WC(3, 3), t(4, 3, 2)),
+           (_WC(2, 3, 4, 4), t(3, 4, 1))),
+    *calls(aten.linalg_solve.default, (_WC(5, 3, 3), t(5, 2, 3)), left=False)])
+_add([aten.linalg_solve_ex], matrix.batched(matrix.solve_rhs), calls(aten.linalg_solve_ex.default, (_WC(5, 3, 3), t(5, 3, 2))))
+_add([aten.linalg_solve_triangular], matrix.batched(matrix.matrices, linear=1), [
+    *calls(aten.linalg_solve_triangular.default, (_WC(5, 3, 3), t(5, 3, 2)), upper=False),
+    *calls(aten.linalg_solve_triangular.default, (_WC(3, 3), t(4, 3, 2)), upper=True, left=True)])
+_add([aten.cholesky_solve], matrix.batched(matrix.matrices, linear=0), calls(aten.cholesky_solve.default,
+                                                                              (t(5, 3, 2), _WC(5, 3, 3)), (t(4, 3, 2), _WC(3, 3), True)))
+_add([aten.triangular_solve], matrix.batched(matrix.matrices), calls(aten.triangular_solve.default, (t(5, 3, 2), _WC(5, 3, 3))))
+_add([aten.linalg_lu_solve], matrix.batched(matrix.lu_solve, linear=2), calls(
+    aten.linalg_lu_solve.default, (_WC(5, 3, 3), T((5, 3), "pivots", torch.int32), t(5, 3, 2))))
+_add([aten.linalg_householder_product], matrix.batched(matrix.householder),
+     calls(aten.linalg_householder_product.default, (t(5, 4, 3), t(5, 2))))
+# matrix / vector norms of torch.linalg: non-linear reductions over their dims
+_add([aten.linalg_matrix_norm], pointwise.kept_dims(2, 3, default_dims=(-2, -1)), [
+    *calls(aten.linalg_matrix_norm.default, (t(5, 3, 4), 2), (t(5, 3, 4), 1, [0, 2], True), (t(4, 3, 5), -1)),
+    *calls(aten.linalg_matrix_norm.str_ord, (t(5, 3, 4), "fro"), (t(5, 3, 4), "nuc"))])
+_add([aten.linalg_norm], pointwise.kept_dims(2, 3), [*calls(aten.linalg_norm.default, (t(5, 3, 4), None, [2]), (t(5, 3, 4), 2, [1, 2], True),
+                                                            (t(5, 3), 3, [-1])),
+                                                     *calls(aten.linalg_norm.ord_str, (t(5, 3, 4), "fro", [1, 2]))])
+_add([aten.linalg_matrix_rank], matrix.batched(matrix.matrix_dims_last), calls(aten.linalg_matrix_rank.atol_rtol_tensor, (_WC(5, 3, 3),),
+                                                                                 (t(5, 3, 4),)))
+_add([aten.linalg_vecdot], linalg.distance(linalg.vecdot_dim), [*calls(aten.linalg_vecdot.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(5, 3))),
+                                                                *calls(aten.linalg_vecdot.default, (t(5, 3, 4), t(5, 3, 4)), dim=1)])
+_add([aten.linalg_cross], linalg.cross, [*calls(aten.linalg_cross.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(1, 5, 3))),
+                                         *calls(aten.linalg_cross.default, (t(5, 3, 4), t(5, 3, 4)), dim=1)])
+# (vander's N defaults to the size of x's last dim: that dim is never sharded)
+_add([aten.linalg_vander], shape_ops.dim_map(shape_ops.all_but_last_map, partial=False),
+     [*calls(aten.linalg_vander.default, (t(5,),), (t(3, 5),)), *calls(aten.linalg_vander.default, (t(3, 5),), N=3)])
+_add([aten.diagonal], shape_ops.dim_map(shape_ops.diagonal_map(0, 1)), calls(aten.diagonal.default, (t(5, 5),), (t(5, 3, 4), 1, 1, 2),
+                                                                             (t(3, 4, 5), -1, 0, -1)), exact=True)
+_add([aten.linalg_diagonal], shape_ops.dim_map(shape_ops.diagonal_map(-2, -1)),
+     [*calls(aten.linalg_diagonal.default, (t(5, 3, 4),)), *calls(aten.linalg_diagonal.default, (t(5, 3, 4),), offset=1, dim1=0, dim2=2)],
+     exact=True)
+_add([aten.fft_fftfreq, aten.fft_rfftfreq], pointwise.creation, lambda p: calls(p.default, (7,), (6, 0.5)), exact=True)
+_add([aten.max_unpool3d], nn_ops.leading_dims(True, 3),
+     [Sample(aten.max_unpool3d.default, (t(3, 4, 2, 2, 2), T((3, 4, 2, 2, 2), "int", torch.int64, 64), [4, 4, 4], [2, 2, 2], [0, 0, 0]))],
+     exact=True)
+# torch.special aliases of rows above
+for _n in ("special_expit", "special_exp2", "special_erfc", "special_i0e", "special_i1", "special_ndtr", "special_round",
+           "special_bessel_j0", "special_bessel_j1", "special_entr"):
+    _add([getattr(aten, _n)], pointwise.elementwise, calls(getattr(aten, _n).default, *UNARY))
+for _n in ("special_psi", "special_log1p"):
+    _add([getattr(aten, _n)], pointwise.elementwise, calls(getattr(aten, _n).default, *POS_UNARY))
+_add([aten.special_polygamma], pointwise.elementwise, calls(aten.special_polygamma.default, (1, pos(3, 5)), (2, pos(2, 7, 3))))
+_add([aten.special_multigammaln], pointwise.elementwise, calls(aten.special_multigammaln.default, (T((3, 5), "pos") , 1),))
+_add([aten.special_xlog1py], pointwise.elementwise, calls(aten.special_xlog1py.default, (t(3, 5), pos(3, 5)), (t(2, 3, 5), pos(5))))
+_add([aten.special_zeta], pointwise.elementwise, [*calls(aten.special_zeta.other_scalar, (pos(3, 5), 1.0)),
+                                                  *calls(aten.special_zeta.default, (pos(3, 5), pos(3, 5)))])
+_add([aten.special_softmax, aten.special_log_softmax], pointwise.along(pointwise.dim_arg(1)),
+     lambda p: calls(p.default, (t(3, 7), 1), (t(2, 5, 3), 0)))
+_add([aten.special_logsumexp], pointwise.kept_dims(), calls(aten.special_logsumexp.default, (t(3, 7), [1]), (t(5, 2, 3), [0], True)))
+# FFTs the first rows lacked (the dims they transform are read whole; MKL rejects an empty shard: even)
+for _p, _dims, _samples in ((aten.fft_ifft2, pointwise.dim_arg(2, "dim", [-2, -1]), ((t(4, 3, 5, dtype=_C),), (t(4, 3, 5, dtype=_C), None, [0, 2]))),
+                            (aten.fft_rfft2, pointwise.dim_arg(2, "dim", [-2, -1]), ((t(4, 3, 5),),)),
+                            (aten.fft_rfftn, pointwise.dim_arg(2, "dim", None), ((t(4, 3, 5), None, [1, 2]),)),
+                            (aten.fft_irfftn, pointwise.dim_arg(2, "dim", None), ((t(4, 3, 3, dtype=_C), [3, 4], [1, 2]),)),
+                            (aten.fft_ihfft, pointwise.dim_arg(2, default=-1), ((t(3, 6),), (t(4, 3, 5), None, 1)))):
+    _add([_p], pointwise.along(_dims, even=True), calls(_p.default, *_samples))
+# per-sample losses: the batch shards (`losses.per_sample`; "mean" over the GLOBAL number of samples)
+_add([aten.multi_margin_loss], losses.per_sample, calls(aten.multi_margin_loss.default, (t(7, 5), ints(5, 7)),
+                                                        (t(7, 5), ints(5, 7), 2, 0.5, pos(5, grad=False)), (t(7, 5), ints(5, 7), 1, 1.0, None, 0),
+                                                        (t(5, 4), ints(4, 5), 1, 1.0, None, 2), (t(3, 4), ints(4, 3), 1, 1.0, None, 0),
+                                                        (t(3, 4), ints(4, 3)), (t(3, 4), ints(4, 3), 1, 1.0, None, 2)))
+_add([aten.multilabel_margin_loss], losses.per_sample, calls(aten.multilabel_margin_loss.default, (t(7, 5), T((7, 5), "int", torch.int64, 5)),
+                                                             (t(7, 5), T((7, 5), "int", torch.int64, 5), 0),
+                                                             (t(5, 4), T((5, 4), "int", torch.int64, 4), 2),
+                                                             (t(3, 4), T((3, 4), "int", torch.int64, 4), 1)))
+_add([aten.cosine_embedding_loss], losses.per_sample, calls(aten.cosine_embedding_loss.default, (t(7, 5), t(7, 5), T((7,), "sign", grad=False)),
+                                                            (t(7, 5), t(7, 5), T((7,), "sign", grad=False), 0.2, 0),
+                                                            (t(5, 4), t(5, 4), T((5,), "sign", grad=False), 0.0, 2),
+                                                            (t(3, 4), t(3, 4), T((3,), "sign", grad=False))))
+_add([aten.triplet_margin_loss], losses.per_sample, calls(aten.triplet_margin_loss.default, (t(7, 5), t(7, 5), t(7, 5)),
+                                                          (t(7, 5), t(7, 5), t(7, 5), 0.5, 1.0, 1e-6, True, 0),
+                                                          (t(5, 4), t(5, 4), t(5, 4), 1.0, 2.0, 1e-6, False, 2), (t(3, 4), t(3, 4), t(3, 4))))
+_add([aten.affine_grid_generator], nn_ops.affine_grid, calls(aten.affine_grid_generator.default, (t(5, 2, 3), [5, 1, 3, 4], False),
+                                                             (t(3, 3, 4), [3, 2, 2, 3, 4], True)))
+_add([aten.meshgrid], shape_ops.meshgrid, [*calls(aten.meshgrid.indexing, ([t(5), t(3)],), indexing="ij"),
+                                           *calls(aten.meshgrid.indexing, ([t(5), t(3), t(4)],), indexing="xy"),
+                                           *calls(aten.meshgrid.default, ([t(5), t(3)],))], exact=True)
+_add([aten.bilinear], linalg.bilinear, calls(aten.bilinear.default, (t(5, 3), t(5, 4), t(6, 3, 4), t(6)), (t(5, 3), t(5, 4), t(6, 3, 4)),
+                                             (t(2, 5, 3), t(2, 5, 4), t(7, 3, 4))))
 
 # --- in-place forms: the out-of-place rule, the mutated input keeping its layout -------------------------------
 _INPLACE = {
