@@ -302,6 +302,19 @@ def bags():
     return Bags(), (ids, torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g))
 
 
+def mixtral():
+    """transformers' Mixtral (2 layers, hidden 32, 4 experts, top-2), whose experts on CPU / float32 run through
+    transformers' custom op `transformers::grouped_mm_fallback` (a row of `rules.table.EXTENSIONS`); no labels
+    (the rehearsal's own loss)."""
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    return transformers.MixtralForCausalLM(cfg), (ids,)
+
+
 # round 10: ops that had no row, each between sharded Linears (tests/distributed/test_rule_coverage_run.py plans
 # them on ddp, fsdp, tp=2 and dp=2 x tp=2)
 BUILDERS_R10 = {"batched_linalg": batched_linalg, "metric_losses": metric_losses, "grids_and_spectra": grids_and_spectra,

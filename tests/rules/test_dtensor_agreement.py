@@ -10,6 +10,7 @@ import torch
 
 from harness import one_op_graph
 from parallelizer.planner.rules import TABLE
+from parallelizer.planner.rules.table import load_extension_rows
 from parallelizer.planner.rules import dtensor_check as dc
 from parallelizer.planner.rules import report
 from parallelizer.planner.rules.base import P, R, AxisOption
@@ -95,6 +96,7 @@ def test_documented_equivalences_and_redistributions():
 def test_the_options_checked_are_the_options_the_harness_runs():
     """`Sample.view` (what the DTensor check feeds the rules) sees every sample as the harness's one-op graph
     does (`strategies.op_view`), so the options compared with DTensor are exactly those executed."""
+    load_extension_rows()
     for entry in TABLE.values():
         if entry.key is operator.getitem:
             continue

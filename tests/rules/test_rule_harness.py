@@ -8,11 +8,13 @@ import torch
 
 from harness import MESHES, Mismatch, check
 from parallelizer.planner.rules import TABLE, partial
+from parallelizer.planner.rules.table import load_extension_rows
 from parallelizer.planner.rules.samples import Sample, T, pos, t
 from parallelizer.tracer.graph import mutated_args
 from parallelizer.rewriter import localize
 
 aten = torch.ops.aten
+EXTENSIONS = load_extension_rows()  # rows of other libraries' custom ops (transformers' grouped_mm_fallback)
 ENTRIES = [e for e in TABLE.values() if e.key is not operator.getitem]
 
 

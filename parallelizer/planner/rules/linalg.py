@@ -47,6 +47,16 @@ def bilinear(v: OpView) -> list[AxisOption]:
     return opts
 
 
+def grouped_mm(v: OpView) -> list[AxisOption]:
+    """transformers' `grouped_mm_fallback(x (S, K), W (E, K, N), offs (E,)) -> (S, N)`: row block g of x (rows
+    offs[g-1]:offs[g], tokens sorted by expert) times W[g] (an MoE's experts; Mixtral and the transformers 5
+    MoE families on CPU / float32). The output features (W S(2) -> out S(1)); the contracted features
+    (x S(1), W S(1) -> Partial); a Partial x or W with the other Replicate (linear in each). Never the tokens or
+    the experts: `offs` holds global row positions, which no shard's rows keep."""
+    return [replicate(v), AxisOption((R, Shard(2), R), Shard(1)), AxisOption((Shard(1), Shard(1), R), P),
+            AxisOption((P, R, R), P), AxisOption((R, P, R), P)]
+
+
 def addmm(v: OpView) -> list[AxisOption]:
     """bias + m1 (N, C) @ m2 (C, O) (GPT-2's Conv1D as a hand-made graph has it; the tracer splits the bias
     off): shard rows of m1 or columns of m2, the bias broadcast to (N, O) alike."""

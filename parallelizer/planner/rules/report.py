@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import dtensor_check as dc
-from .table import TABLE, RuleEntry
+from .table import TABLE, RuleEntry, load_extension_rows
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
 _TABLE_NAMES = {"op_single_dim_strategy_funcs": "single-dim strategy", "op_strategy_funcs": "strategy",
@@ -72,7 +72,9 @@ def survey_entry(entry: RuleEntry) -> RowReport:
 
 @functools.lru_cache(maxsize=1)
 def survey() -> tuple[RowReport, ...]:
-    """`survey_entry` for every row of the table, in table order (computed once per process)."""
+    """`survey_entry` for every row of the table, in table order (computed once per process; extension ops'
+    rows included, `table.load_extension_rows`)."""
+    load_extension_rows()
     return tuple(survey_entry(e) for e in TABLE.values())
 
 

@@ -23,7 +23,8 @@ class T:
     "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "per_row" (bool,
     exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1), "spd" (symmetric positive definite
     matrices in the last two dims: A A^T + n I), "wellcond" (matrices A + n I with A ~ N(0, 1), I of shape (m, n): full rank,
-    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n); `grad` False for an input the op does not
+    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n), "offsets" (int64 group ends along the
+    last dim: non-decreasing in [0, high], the last one `high`, an empty group included); `grad` False for an input the op does not
     differentiate (e.g. cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
@@ -35,6 +36,11 @@ class T:
     def make(self, gen: torch.Generator) -> torch.Tensor:
         if self.kind == "int":
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
+        if self.kind == "offsets":  # cumulative group sizes ending at `high`, the second group empty
+            ends = torch.randint(0, self.high + 1, self.shape, generator=gen).sort(-1).values
+            ends[..., -1] = self.high
+            ends[..., 1] = ends[..., 0]
+            return ends
         if self.kind == "pivots":  # LAPACK pivots of no row exchange: 1, 2, ..., n along the last dim
             return torch.arange(1, self.shape[-1] + 1, dtype=self.dtype).expand(self.shape).contiguous()
         if self.kind == "bool":

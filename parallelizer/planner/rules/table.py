@@ -600,6 +600,45 @@ for _p, _s in _INPLACE.items():
     _add([_p], pointwise.inplace(TABLE[_BASE[_p]].rule), _s, exact=_p in (aten.fill_, aten.zero_, aten.detach_, aten.copy_))
 
 
+# --- ops other libraries register (torch.library custom ops) ------------------------------------------------------
+# keyed by the op's qualified name: the op object exists only once its library module is imported (transformers
+# registers `transformers::grouped_mm_fallback` when its MoE integration loads), so the row is added then, by
+# `rule_for` meeting the op in a graph or by `load_extension_rows` (the harness and docs/rules.md import the module).
+EXTENSIONS: dict[str, tuple[str, Rule, Callable[[object], list[Sample]]]] = {
+    "transformers::grouped_mm_fallback": (
+        "transformers.integrations.moe", linalg.grouped_mm,
+        lambda op: calls(op, (t(7, 4), t(3, 4, 5), T((3,), "offsets", torch.int64, 7, grad=False)),
+                         (t(6, 3), t(4, 3, 6), T((4,), "offsets", torch.int64, 6, grad=False)))),
+}
+
+
+def _add_extension(name: str) -> bool:
+    """Add the row of extension op `name` when the op exists (its library module was imported); whether it is in."""
+    namespace, op_name = name.split("::")
+    packet = getattr(getattr(torch.ops, namespace), op_name, None) if hasattr(torch.ops, namespace) else None
+    if packet is None:
+        return False
+    if packet.default not in TABLE:
+        _, rule, samples = EXTENSIONS[name]
+        _add([packet.default], rule, samples)
+    return True
+
+
+def load_extension_rows() -> list[str]:
+    """Import the library module of every extension op (those installed) and add its row; returns the names of
+    the ops whose rows are in the table (for the harness and docs/rules.md, which must see every row)."""
+    import importlib
+    loaded = []
+    for name, (module, _, _) in EXTENSIONS.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:  # the library is not installed: its op cannot appear in a graph either
+            continue
+        if _add_extension(name):
+            loaded.append(name)
+    return loaded
+
+
 def rule_for(target: object) -> Rule | None:
     """The rule of an OpOverload, or None when the table has no VERIFIED rule for it (the planner then
     replicates the node and records a fallback). A row keyed by an op packet covers only the overloads its
@@ -607,6 +646,9 @@ def rule_for(target: object) -> Rule | None:
     reinterprets bits where `view.default` reshapes; `lstm.data` takes packed sequences where `lstm.input`
     takes a batch), and a rule applied to an overload nobody ran gave silent wrong numbers."""
     entry = TABLE.get(target)
+    if entry is None and isinstance(target, torch._ops.OpOverload) and target.name() in EXTENSIONS:
+        _add_extension(target.name())
+        entry = TABLE.get(target)
     if entry is None:
         entry = TABLE.get(getattr(target, "overloadpacket", None))
         if entry is not None and target not in entry.verified:
