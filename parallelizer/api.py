@@ -20,7 +20,8 @@ from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .config import PlanConfig
-from .errors import InfeasiblePlanError, NoParallelismWarning, ParallelizerError, PipelineError, PlanMismatchError
+from .errors import (InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, ParallelizerError, PipelineError,
+                     PlanMismatchError)
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
@@ -420,6 +421,11 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
         PipelineError: a pipeline mesh whose example batch does not split into the microbatches; the errors of
             `plan` for pipeline meshes.
+    Warns (rank 0):
+        NoParallelismWarning: the plan leaves a mesh axis unused.
+        MicrobatchWarning: a pipeline plan whose microbatches change what the model computes (its forward mixes
+            the samples of the batch, e.g. BatchNorm in training, or writes a buffer once per call): it trains as
+            gradient accumulation over the microbatches (`tracer.microbatch_check`).
     """
     import torch.distributed as dist
 
@@ -447,6 +453,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
                                 f"Remedy: launch with `torchrun --nproc-per-node {mesh.world_size}` or pass a mesh "
                                 f"of {world} devices.")
     microbatches = _microbatches(mesh, given, plan_options)
+    global_call = (tuple(example_inputs), dict(example_kwargs or {}))
     if microbatches is not None:  # a pipeline plan is made for, and runs, one microbatch at a time
         example_inputs, example_kwargs = microbatch_of(example_inputs, example_kwargs or {}, microbatches)
     traced = trace(model, example_inputs, example_kwargs)
@@ -474,6 +481,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         check_same_weights(model)
     if rank == 0:
         _warn_idle_axes(chosen)
+        if chosen.pipeline is not None:
+            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches, traced)
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
@@ -495,6 +504,20 @@ def _warn_idle_axes(chosen: Plan) -> None:
     if idle:
         notes = [n for n in chosen.notes() if n.startswith("no parallelism") or " is unused: " in n]
         warnings.warn(NoParallelismWarning(f"auto_parallelize: {' '.join(notes)}", tuple(idle)), stacklevel=3)
+
+
+def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int,
+                            traced: TracedGraph) -> None:
+    """Warn `MicrobatchWarning` (rank 0) when cutting the example batch into the pipeline plan's microbatches
+    changes what the model computes (`tracer.microbatch_check`: a forward that mixes the samples of its batch,
+    or a buffer it writes once per call): the pipeline would train such a model as gradient accumulation over
+    the microbatches, not as the model on the whole batch, and nothing else would tell the user (trial r10b:
+    batch centering, loss 1.7e-2 off one device on pp=2 x dp=2)."""
+    from .tracer.microbatch_check import microbatch_mixing
+
+    found = microbatch_mixing(model, *global_call, microbatches, traced)
+    if found is not None:
+        warnings.warn(MicrobatchWarning(f"auto_parallelize: {found[1]}", found[0]), stacklevel=3)
 
 
 def _plan_for(traced, mesh, cluster, memory_budget, optimizer, options) -> Plan:

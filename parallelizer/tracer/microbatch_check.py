@@ -1,0 +1,143 @@
+"""Does cutting the batch into microbatches change what the model computes? (pipeline plans)
+
+A pipeline runs each stage on one microbatch at a time (the global batch / microbatches along dim 0), so a
+forward that mixes the samples of its batch computes another function there than the model called on the
+whole batch: BatchNorm normalises by each microbatch's statistics in training, `x - x.mean(0)` centres each
+microbatch on its own mean, an in-batch softmax or contrastive term sees a quarter of the batch. A buffer the
+forward writes (BatchNorm's running statistics, an EMA, a counter) is written once per microbatch instead of
+once per batch. `auto_parallelize` would then train such a model to other numbers than one device, with no
+error (public reports of the class: GPipe / torchgpipe's "deferred batch norm", pytorch#175024 and #1051 for
+a BatchNorm called twice per step; trial r10b: batch centering in a block on pp=2 x dp=2, loss 1.7e-2 off one
+device at the first step, 1580x the float32 bound; BatchNorm1d in the blocks: running means 1.4e4x the bound
+off after 3 steps). The runtime's reference for pipelines is gradient accumulation over the microbatches
+(README, pipeline rehearsal); this check makes the difference visible where the user did not ask for it.
+
+`microbatch_mixing` runs the model once on the whole batch and once per microbatch in order, records the
+tensor outputs of every module call (forward hooks: innermost modules first), and reports the first call
+whose outputs on the microbatches, concatenated along dim 0, differ from its output on the whole batch by
+more than 10x torch.testing's default tolerance of the dtype (`eager_check._worst`), then the first buffer
+that ends elsewhere. Outputs that are not batch-major (scalars, a loss, tensors whose concatenation has
+another shape, such as a (T, T) mask) are not compared; mixing in the root module's own code is seen only
+through its per-sample outputs (a scalar loss is weighted by `runtime.loss_weight` instead). Skipped (None)
+for meta models, models over `eager_check.MAX_ELEMENTS` parameter elements and forwards that draw random
+numbers (the microbatches would draw other masks). Buffers and torch's RNG state are restored afterwards.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .eager_check import _fresh, _on_meta, _skip_reason, _state_kept, _too_large, _worst
+from .graph import draws_random
+
+
+def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microbatches: int,
+                      traced=None) -> tuple[str, str] | None:
+    """(where, message) when `model` computes other values on the whole batch `args`/`kwargs` (dim 0 of every
+    tensor is the batch) than on its `microbatches` microbatches one at a time (module docstring), else None.
+    `traced` (the model's TracedGraph, of any batch) lets the check skip forwards that draw random numbers.
+    Raises nothing of its own; the model's own exceptions are not caught (the caller traced it already)."""
+    if microbatches <= 1 or _on_meta(model, args, kwargs) or _too_large(model):
+        return None
+    if traced is not None and (_skip_reason(model, traced.notes) or any(
+            draws_random(n) for n in traced.graph_module.graph.nodes if n.op == "call_function")):
+        return None
+    parts = _split(args, kwargs, microbatches)
+    if parts is None:
+        return None
+    with _state_kept(model) as restore, torch.no_grad():
+        whole, whole_buffers = _record(model, [(args, kwargs)])
+        restore()
+        micro, micro_buffers = _record(model, parts)
+    return _first_module(whole, micro, microbatches) or _first_buffer(whole_buffers, micro_buffers, microbatches)
+
+
+def _split(args: tuple, kwargs: dict, microbatches: int) -> list[tuple[tuple, dict]] | None:
+    """The microbatches of a global call (dim 0 of every tensor cut in `microbatches` equal parts, as the
+    pipeline cuts them), or None when some tensor's dim 0 does not split."""
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if not tensors or any(t.ndim == 0 or t.shape[0] % microbatches for t in tensors):
+        return None
+    chunks = [pytree.tree_map_only(torch.Tensor, lambda t, j=j: t.tensor_split(microbatches)[j], (args, kwargs))
+              for j in range(microbatches)]
+    return [(tuple(a), k) for a, k in chunks]
+
+
+def _record(model: torch.nn.Module, calls: list[tuple[tuple, dict]]):
+    """Run `model` on each call in order; return {(module name, call index): [per call: (its tensor inputs, its
+    tensor outputs)]} (innermost modules first, in the order of the first call) and the buffers after the last
+    call."""
+    seen: dict[tuple[str, int], list[list[torch.Tensor]]] = {}
+    count: dict[str, int] = {}
+
+    def hook(name):
+        def record(_module, inputs, output):
+            index = count.get(name, 0)
+            count[name] = index + 1
+            seen.setdefault((name, index), []).append(tuple(
+                [t.detach().clone() for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+                for x in (inputs, output)))
+        return record
+    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()]
+    try:
+        for args, kwargs in calls:
+            count.clear()
+            model(*_fresh(args), **_fresh(kwargs))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def _batch_major_pairs(whole: list[torch.Tensor], per_micro: list[list[torch.Tensor]], microbatches: int):
+    """(index, the microbatches' tensors concatenated along dim 0, the whole batch's) for each floating tensor
+    that is batch-major in both runs (its microbatch pieces concatenate to the whole batch's shape)."""
+    pairs = []
+    for i, full in enumerate(whole):
+        pieces = [p[i] for p in per_micro if i < len(p)]
+        if full.ndim == 0 or len(pieces) != microbatches or any(p.ndim != full.ndim for p in pieces):
+            continue
+        joined = torch.cat(pieces, 0)
+        if joined.shape == full.shape and joined.dtype == full.dtype and full.is_floating_point():
+            pairs.append((i, joined, full))
+    return pairs
+
+
+def _first_module(whole, micro, microbatches: int) -> tuple[str, str] | None:
+    """(where, message) of the first module call (innermost first) whose batch-major outputs differ; where its
+    inputs differ already, the mixing happened in its parent's own code before the call, which is named."""
+    for (name, index), ((inputs, outputs),) in whole.items():
+        per_micro = micro.get((name, index), [])
+        if len(per_micro) != microbatches:
+            continue
+        worst = _worst(_batch_major_pairs(outputs, [p[1] for p in per_micro], microbatches))
+        if worst is not None:
+            i, diff, shape = worst
+            where = f"module '{name or 'the model'}'"
+            if _worst(_batch_major_pairs(inputs, [p[0] for p in per_micro], microbatches)) is not None:
+                parent = name.rsplit(".", 1)[0] if "." in name else ""
+                where = f"the code of module '{parent or 'the model'}' before its call of '{name}'"
+            return name or "the model", (
+                f"pipeline with {microbatches} microbatches: {where} computes other values on the whole "
+                f"batch than on its {microbatches} microbatches one at a time (output {i} of shape {shape}: max "
+                f"|whole batch - microbatches| = {diff:.3g}): its forward mixes the samples of the batch (BatchNorm "
+                "statistics in training, a mean or softmax over the batch dim, an in-batch loss), so the pipeline "
+                f"trains another function than your model on the whole batch, as gradient accumulation over "
+                f"{microbatches} microbatches would. Remedy: a mesh without 'pp' (data and tensor parallelism "
+                "synchronise batch statistics, e.g. BatchNorm as SyncBatchNorm), a per-sample layer (LayerNorm, "
+                "GroupNorm), or keep the pipeline if gradient-accumulation semantics are what you want")
+    return None
+
+
+def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str] | None:
+    pairs = [(name, micro[name], b) for name, b in whole.items()
+             if name in micro and b.is_floating_point() and micro[name].shape == b.shape]
+    worst = _worst(pairs)
+    if worst is None:
+        return None
+    name, diff, shape = worst
+    return name, (f"pipeline with {microbatches} microbatches: buffer '{name}' (shape {shape}), which the forward "
+                  f"writes, ends {diff:.3g} away from its value after one call on the whole batch: it is updated "
+                  f"once per microbatch ({microbatches} times per step) instead of once per batch (running "
+                  "statistics, an EMA, a counter), as in gradient accumulation over the microbatches. Remedy: a "
+                  "mesh without 'pp', or keep the pipeline if gradient-accumulation semantics are what you want")

@@ -1,0 +1,102 @@
+"""Cutting the batch into a pipeline's microbatches must not change the model's numbers silently
+(`tracer.microbatch_check`, trial r10b: a batch centering inside a block trained on pp=2 x dp=2 with its loss
+1.7e-2 off one device, 1580x the float32 bound, and BatchNorm1d in the blocks left running means 1.4e4x the
+bound off, with no error or warning). The check names the first module whose whole-batch outputs differ from
+its outputs on the microbatches one at a time (or the parent's own code before it, or a buffer the forward
+writes once per call), with the size of the difference computed here independently; a per-sample model gets
+nothing; forwards that draw random numbers are skipped; the model's buffers and RNG are left as they were."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import parallelizer
+from parallelizer.tracer.microbatch_check import microbatch_mixing
+
+
+class Block(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm, self.a = nn.LayerNorm(6), nn.Linear(6, 6)
+        self.bn = nn.BatchNorm1d(6)
+        self.register_buffer("ema", torch.zeros(6))
+
+    def forward(self, x):                         # x (B, T, 6)
+        h = self.norm(x)
+        if self.kind == "bn":
+            h = self.bn(h.transpose(1, 2)).transpose(1, 2)
+        elif self.kind == "center":
+            h = h - h.mean(0, keepdim=True)       # mixes the samples in the block's own code
+        elif self.kind == "ema":
+            with torch.no_grad():
+                self.ema.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))  # per call, not per sample
+        elif self.kind == "dropout":
+            h = F.dropout(h, 0.5, self.training)
+        return x + self.a(h)
+
+
+class Net(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(kind) for _ in range(2))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).pow(2).mean()         # a scalar loss: not compared itself
+
+
+def _net(kind: str):
+    torch.manual_seed(0)
+    return Net(kind), torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1))
+
+
+def test_batchnorm_in_training_is_named_with_its_difference():
+    model, x = _net("bn")
+    blk = model.blocks[0]
+    with torch.no_grad():  # independently: the first BatchNorm on the whole batch and on 2 microbatches of 4
+        h = blk.norm(x).transpose(1, 2)
+        whole = F.batch_norm(h, None, None, blk.bn.weight, blk.bn.bias, training=True)
+        parts = torch.cat([F.batch_norm(p, None, None, blk.bn.weight, blk.bn.bias, training=True)
+                           for p in h.tensor_split(2)])
+    want = (whole - parts).abs().max().item()
+    assert want > 0.1
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "blocks.0.bn" and "module 'blocks.0.bn'" in message and "2 microbatches" in message
+    assert f"{want:.3g}" in message, (want, message)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # running stats untouched
+
+
+def test_mixing_in_a_blocks_own_code_names_the_block():
+    model, x = _net("center")
+    where, message = microbatch_mixing(model, (x,), {}, 4)
+    assert where == "blocks.0.a" and "the code of module 'blocks.0' before its call of 'blocks.0.a'" in message
+
+
+def test_a_buffer_written_once_per_call_is_named():
+    model, x = _net("ema")
+    with torch.no_grad():  # one device: one update from the whole batch; the pipeline: one per microbatch
+        h = model.blocks[0].norm(x)
+        once = 0.1 * h.mean((0, 1))
+        twice = torch.zeros(6)
+        for p in h.tensor_split(2):
+            twice = twice * 0.9 + 0.1 * p.mean((0, 1))
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "blocks.0.ema" and "updated once per microbatch (2 times per step)" in message
+    assert f"{(once - twice).abs().max().item():.3g}" in message
+    assert torch.equal(model.blocks[0].ema, torch.zeros(6))
+
+
+def test_per_sample_models_eval_mode_and_random_forwards_pass():
+    model, x = _net("none")
+    assert microbatch_mixing(model, (x,), {}, 2) is None
+    model, x = _net("bn")
+    model.eval()  # running statistics: per sample
+    assert microbatch_mixing(model, (x,), {}, 2) is None
+    model, x = _net("dropout")
+    traced = parallelizer.trace(model, (x[:4],))
+    assert microbatch_mixing(model, (x,), {}, 2, traced) is None  # microbatches would draw other masks
+    model, x = _net("bn")
+    assert microbatch_mixing(model, (x,), {}, 1) is None and microbatch_mixing(model, (x[:7],), {}, 2) is None
