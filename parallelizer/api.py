@@ -482,7 +482,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if rank == 0:
         _warn_idle_axes(chosen)
         if chosen.pipeline is not None:
-            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches, traced)
+            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches)
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
@@ -506,8 +506,7 @@ def _warn_idle_axes(chosen: Plan) -> None:
         warnings.warn(NoParallelismWarning(f"auto_parallelize: {' '.join(notes)}", tuple(idle)), stacklevel=3)
 
 
-def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int,
-                            traced: TracedGraph) -> None:
+def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int) -> None:
     """Warn `MicrobatchWarning` (rank 0) when cutting the example batch into the pipeline plan's microbatches
     changes what the model computes (`tracer.microbatch_check`: a forward that mixes the samples of its batch,
     or a buffer it writes once per call): the pipeline would train such a model as gradient accumulation over
@@ -515,7 +514,7 @@ def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, di
     batch centering, loss 1.7e-2 off one device on pp=2 x dp=2)."""
     from .tracer.microbatch_check import microbatch_mixing
 
-    found = microbatch_mixing(model, *global_call, microbatches, traced)
+    found = microbatch_mixing(model, *global_call, microbatches)
     if found is not None:
         warnings.warn(MicrobatchWarning(f"auto_parallelize: {found[1]}", found[0]), stacklevel=3)
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
@@ -76,10 +78,27 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
         DistributedError: a rank failed or timed out (names the rank, with its traceback); a batch that does
             not split into the microbatches fails there with the remedy.
     """
+    _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches)
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)
     return _report(world, per_rank, _lossy_codecs(spec, pipeline), spec.autocast)
+
+
+def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int) -> None:
+    """Warn `MicrobatchWarning` when the model computes otherwise on its microbatches than on the whole batch
+    (`tracer.microbatch_check`, as `auto_parallelize` does): this rehearsal's reference is gradient accumulation
+    over the same microbatches, so such a model reports a match although the plan trains another function than
+    the model on the whole batch (BatchNorm in training: running means 1.4e4x the bound off, trial r10b)."""
+    from ..errors import MicrobatchWarning
+    from ..tracer.microbatch_check import microbatch_mixing
+
+    torch.manual_seed(0)
+    model, args, *rest = model_fn(**model_kwargs)
+    found = microbatch_mixing(model, tuple(args), rest[0] if rest else {}, microbatches)
+    if found is not None:
+        warnings.warn(MicrobatchWarning(f"rehearse_pipeline: {found[1]} (this rehearsal compares with gradient "
+                                        "accumulation over the same microbatches)", found[0]), stacklevel=3)
 
 
 def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:

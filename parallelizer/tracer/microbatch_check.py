@@ -20,33 +20,36 @@ that ends elsewhere. Outputs that are not batch-major (scalars, a loss, tensors 
 another shape, such as a (T, T) mask) are not compared; mixing in the root module's own code is seen only
 through its per-sample outputs (a scalar loss is weighted by `runtime.loss_weight` instead). Skipped (None)
 for meta models, models over `eager_check.MAX_ELEMENTS` parameter elements and forwards that draw random
-numbers (the microbatches would draw other masks). Buffers and torch's RNG state are restored afterwards.
+numbers (the microbatches would draw other masks; found by a second whole-batch call from another generator
+state). Buffers and torch's RNG state are restored afterwards.
 """
 from __future__ import annotations
 
 import torch
 from torch.utils import _pytree as pytree
 
-from .eager_check import _fresh, _on_meta, _skip_reason, _state_kept, _too_large, _worst
-from .graph import draws_random
+from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst
 
 
-def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microbatches: int,
-                      traced=None) -> tuple[str, str] | None:
+def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict,
+                      microbatches: int) -> tuple[str, str] | None:
     """(where, message) when `model` computes other values on the whole batch `args`/`kwargs` (dim 0 of every
     tensor is the batch) than on its `microbatches` microbatches one at a time (module docstring), else None.
-    `traced` (the model's TracedGraph, of any batch) lets the check skip forwards that draw random numbers.
-    Raises nothing of its own; the model's own exceptions are not caught (the caller traced it already)."""
+    A forward that computes otherwise when called twice on the whole batch from other generator states draws
+    random numbers (dropout, numpy): skipped (None). Raises nothing of its own; the model's own exceptions
+    are not caught (the caller traced it already)."""
     if microbatches <= 1 or _on_meta(model, args, kwargs) or _too_large(model):
-        return None
-    if traced is not None and (_skip_reason(model, traced.notes) or any(
-            draws_random(n) for n in traced.graph_module.graph.nodes if n.op == "call_function")):
         return None
     parts = _split(args, kwargs, microbatches)
     if parts is None:
         return None
     with _state_kept(model) as restore, torch.no_grad():
         whole, whole_buffers = _record(model, [(args, kwargs)])
+        restore()
+        torch.manual_seed(torch.initial_seed() + 1)  # another draw: a random forward differs from itself
+        again, again_buffers = _record(model, [(args, kwargs)])
+        if _first_module(whole, again, 1) or _first_buffer(whole_buffers, again_buffers, 1):
+            return None
         restore()
         micro, micro_buffers = _record(model, parts)
     return _first_module(whole, micro, microbatches) or _first_buffer(whole_buffers, micro_buffers, microbatches)

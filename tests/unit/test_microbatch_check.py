@@ -5,11 +5,15 @@ bound off, with no error or warning). The check names the first module whose who
 its outputs on the microbatches one at a time (or the parent's own code before it, or a buffer the forward
 writes once per call), with the size of the difference computed here independently; a per-sample model gets
 nothing; forwards that draw random numbers are skipped; the model's buffers and RNG are left as they were."""
+import warnings
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import parallelizer
+from parallelizer import MicrobatchWarning
+from parallelizer.runtime.pipeline_rehearsal import _warn_microbatch_mixing
 from parallelizer.tracer.microbatch_check import microbatch_mixing
 
 
@@ -96,7 +100,20 @@ def test_per_sample_models_eval_mode_and_random_forwards_pass():
     model.eval()  # running statistics: per sample
     assert microbatch_mixing(model, (x,), {}, 2) is None
     model, x = _net("dropout")
-    traced = parallelizer.trace(model, (x[:4],))
-    assert microbatch_mixing(model, (x,), {}, 2, traced) is None  # microbatches would draw other masks
+    assert microbatch_mixing(model, (x,), {}, 2) is None  # microbatches would draw other masks
     model, x = _net("bn")
     assert microbatch_mixing(model, (x,), {}, 1) is None and microbatch_mixing(model, (x[:7],), {}, 2) is None
+
+
+def test_the_pipeline_rehearsal_warns_too():
+    """rehearse_pipeline compares with gradient accumulation over the same microbatches, so a BatchNorm model
+    reports a match there: it warns before its ranks start (the same check as auto_parallelize)."""
+    def build(kind):
+        model, x = _net(kind)
+        return model, (x,)
+    with pytest.warns(MicrobatchWarning, match="blocks.0.bn.*compares with gradient accumulation") as caught:
+        _warn_microbatch_mixing(build, {"kind": "bn"}, 2)
+    assert caught[0].message.where == "blocks.0.bn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_microbatch_mixing(build, {"kind": "none"}, 2)
