@@ -421,6 +421,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
         PipelineError: a pipeline mesh whose example batch does not split into the microbatches; the errors of
             `plan` for pipeline meshes.
+        PrecisionError: a bf16 plan whose traced program raises under torch.autocast (quotes the error).
     Warns (rank 0):
         NoParallelismWarning: the plan leaves a mesh axis unused.
         MicrobatchWarning: a pipeline plan whose microbatches change what the model computes (its forward mixes
@@ -435,6 +436,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .runtime.pipeline import microbatch_of
     from .runtime.pipeline_module import build_pipeline_module
     from .runtime.optimizer_check import remember_wrapped
+    from .runtime.precision import check_recipe_runs
     from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -460,12 +462,15 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if given is not None:
         _check_pipeline(given, mesh)
         check_plan(given, traced, split_mesh(mesh)[1] if PP_AXIS in mesh.axis_names else mesh)
+        check_recipe_runs(traced, example_inputs, example_kwargs or {}, given.config.get("mixed_precision"))
         chosen = given
     else:
         outcome, failure = None, None
         if rank == 0:
             try:
-                outcome = ("ok", _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options).to_json())
+                made = _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options)
+                check_recipe_runs(traced, example_inputs, example_kwargs or {}, made.config.get("mixed_precision"))
+                outcome = ("ok", made.to_json())
             except Exception as exc:  # every rank must hear of it, or they wait in the broadcast until the timeout
                 failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}")
         if distributed:
