@@ -52,7 +52,7 @@ from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, own_loss_weighting
 from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
-from .precision import RECIPES, autocast
+from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest
 
@@ -77,8 +77,15 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     Raises:
         DistributedError: a rank failed or timed out (names the rank, with its traceback); a batch that does
             not split into the microbatches fails there with the remedy.
+        PrecisionError: a recipe under which the traced program raises (`precision.check_recipe_runs`).
+    Warns:
+        MicrobatchWarning: the microbatches change what the model computes (`tracer.microbatch_check`).
     """
     _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches)
+    if spec.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
+        model, args, *rest = model_fn(**model_kwargs)
+        micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
+        check_recipe_runs(trace(model, micro_args, micro_kwargs), micro_args, micro_kwargs, spec.autocast)
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)

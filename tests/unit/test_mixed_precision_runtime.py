@@ -4,6 +4,8 @@ fp32 parameters and fp32 gradients, equal to the eager model under torch.autocas
 tolerance; plans in fp32 or with a defaulted precision run the traced dtypes, equal to eager at 1e-5.
 The rehearsal's recipe bound (`recipe_excess`) accepts rounding and rejects a wrong term. Pipeline stages under
 the recipe send the dtypes an eager autocast run of the stages produces (`runtime.pipeline.boundary_dtypes`)."""
+import types
+
 import pytest
 import torch
 
@@ -119,6 +121,7 @@ def test_a_model_that_raises_under_the_recipe_is_refused_before_any_forward():
     rank raised torch's RuntimeError (index_add: Float self, BFloat16 source) in its first forward; now
     auto_parallelize and rehearse raise PrecisionError quoting the program's error; so they do for a model whose
     trace fixed a dtype in fp32 (zeros_like(x, dtype=y.dtype) runs eagerly under autocast, not as traced)."""
+    from parallelizer.runtime.pipeline_rehearsal import rehearse_pipeline
     from parallelizer.runtime.rehearsal import checked_spec
 
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
@@ -132,6 +135,9 @@ def test_a_model_that_raises_under_the_recipe_is_refused_before_any_forward():
     for given in (plan, spec_from_plan(plan)):
         with pytest.raises(PrecisionError, match="index_add_"):
             checked_spec(given, lambda: (IndexAddExperts(), (x,)), {})
+    with pytest.raises(PrecisionError, match="index_add_"):  # raised before any pipeline rank starts
+        rehearse_pipeline(lambda: (IndexAddExperts(), (torch.cat([x, x]),)), {}, spec_from_plan(plan),
+                          types.SimpleNamespace(microbatches=2, pp=2))
     model = IndexAddExperts(cast=True)  # runs eagerly under autocast, but the trace fixed zeros_like's fp32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(x)
