@@ -487,7 +487,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if rank == 0:
         _warn_idle_axes(chosen)
         if chosen.pipeline is not None:
-            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches)
+            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches, traced)
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
@@ -511,15 +511,31 @@ def _warn_idle_axes(chosen: Plan) -> None:
         warnings.warn(NoParallelismWarning(f"auto_parallelize: {' '.join(notes)}", tuple(idle)), stacklevel=3)
 
 
-def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int) -> None:
+def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int,
+                            traced: TracedGraph) -> None:
     """Warn `MicrobatchWarning` (rank 0) when cutting the example batch into the pipeline plan's microbatches
     changes what the model computes (`tracer.microbatch_check`: a forward that mixes the samples of its batch,
     or a buffer it writes once per call): the pipeline would train such a model as gradient accumulation over
     the microbatches, not as the model on the whole batch, and nothing else would tell the user (trial r10b:
-    batch centering, loss 1.7e-2 off one device on pp=2 x dp=2)."""
+    batch centering, loss 1.7e-2 off one device on pp=2 x dp=2). `traced` (one microbatch) gives how pm.step
+    weighs the model's own loss, so a loss that mixes the samples is found too. Advisory: an error of the
+    check itself (e.g. the model's forward raising on the whole batch) is not raised here, where the other
+    ranks would wait for rank 0."""
+    from .runtime.loss_weight import own_loss_weighting
+    from .runtime.pipeline import global_tensor_inputs
+    from .runtime.step import StepError
     from .tracer.microbatch_check import microbatch_mixing
 
-    found = microbatch_mixing(model, *global_call, microbatches)
+    try:  # how pm.step weighs the model's own loss per microbatch (None: no own loss of a form it weighs)
+        weighting = own_loss_weighting(traced)
+        counts = weighting.counts(global_tensor_inputs(traced, *global_call, microbatches), microbatches).double()
+        weights = counts if weighting.kind == "sum" else counts / counts.sum()
+    except (StepError, ValueError, TypeError, RuntimeError, IndexError):
+        weights = None
+    try:
+        found = microbatch_mixing(model, *global_call, microbatches, weights)
+    except Exception:  # noqa: BLE001 - advisory (docstring); the pipeline's own run reports the model's errors
+        found = None
     if found is not None:
         warnings.warn(MicrobatchWarning(f"auto_parallelize: {found[1]}", found[0]), stacklevel=3)
 

@@ -31,10 +31,15 @@ from torch.utils import _pytree as pytree
 from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst
 
 
-def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict,
-                      microbatches: int) -> tuple[str, str] | None:
+def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microbatches: int,
+                      loss_weights: torch.Tensor | None = None) -> tuple[str, str] | None:
     """(where, message) when `model` computes other values on the whole batch `args`/`kwargs` (dim 0 of every
     tensor is the batch) than on its `microbatches` microbatches one at a time (module docstring), else None.
+    `loss_weights` (shape (microbatches,)): how the pipeline weighs each microbatch's own loss (the model's 0-d
+    first output; `runtime.loss_weight`); given, the whole batch's loss is compared with the weighted sum of
+    the microbatches' losses too, which finds a loss that mixes the samples in the model's own code (an in-batch
+    contrastive loss: trial r10b, CLIP's logits a @ b.T with a cross-entropy against the diagonal, pm.step 1.44
+    where one device gives 2.16 on pp=2 x dp=2).
     A forward that computes otherwise when called twice on the whole batch from other generator states draws
     random numbers (dropout, numpy): skipped (None). Raises nothing of its own; the model's own exceptions
     are not caught (the caller traced it already)."""
@@ -52,7 +57,33 @@ def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict,
             return None
         restore()
         micro, micro_buffers = _record(model, parts)
-    return _first_module(whole, micro, microbatches) or _first_buffer(whole_buffers, micro_buffers, microbatches)
+    return (_first_module(whole, micro, microbatches) or _weighted_loss(whole, micro, loss_weights)
+            or _first_buffer(whole_buffers, micro_buffers, microbatches))
+
+
+def _weighted_loss(whole, micro, loss_weights: torch.Tensor | None) -> tuple[str, str] | None:
+    """(where, message) when the model's 0-d first output on the whole batch differs from the microbatches'
+    first outputs weighted by `loss_weights` (the pipeline's batch loss), else None."""
+    root = whole.get(("", 0))
+    if loss_weights is None or root is None or not root[0][1] or root[0][1][0].ndim:
+        return None
+    parts = [outputs[0] for _, outputs in micro.get(("", 0), []) if outputs and outputs[0].ndim == 0]
+    if len(parts) != len(loss_weights):
+        return None
+    full = root[0][1][0]
+    combined = (torch.stack([p.double() for p in parts]) * loss_weights.double()).sum().to(full.dtype)
+    worst = _worst([(0, combined, full)])
+    if worst is None:
+        return None
+    m = len(parts)
+    return "the model's loss", (
+        f"pipeline with {m} microbatches: the model's loss on the whole batch is {full.item():.6g}, its "
+        f"{m} microbatches' losses weighted as the pipeline weighs them give {combined.item():.6g} (|difference| "
+        f"{worst[1]:.3g}): the loss mixes the samples of the batch in the model's own code (an in-batch "
+        "contrastive or ranking loss: a @ b.T over the batch, a batch statistic), so on the pipeline it sees only "
+        "each microbatch's samples and trains another function than your model on the whole batch. Remedy: a "
+        "mesh without 'pp', or return the per-sample outputs and compute such a loss on the whole batch "
+        "outside the model")
 
 
 def _split(args: tuple, kwargs: dict, microbatches: int) -> list[tuple[tuple, dict]] | None:

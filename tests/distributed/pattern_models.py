@@ -269,12 +269,16 @@ class MixingBlock(nn.Module):
 class MixingNet(nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
+        self.kind = kind
         self.blocks = nn.ModuleList(MixingBlock(kind) for _ in range(4))
         self.head = nn.Linear(6, 3)
 
     def forward(self, x):
         for b in self.blocks:
             x = b(x)
+        if self.kind == "contrastive":  # an in-batch loss in the model's own code (CLIP's form)
+            z = torch.nn.functional.normalize(self.head(x).mean(1), dim=-1)
+            return torch.nn.functional.cross_entropy(z @ z.t() * 5.0, torch.arange(x.shape[0]))
         return self.head(x).pow(2).mean()
 
 

@@ -117,3 +117,39 @@ def test_the_pipeline_rehearsal_warns_too():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_microbatch_mixing(build, {"kind": "none"}, 2)
+
+
+class InBatch(nn.Module):
+    """Per-sample blocks and CLIP's loss in the model's own code (kind "clip": logits over the batch) or a
+    token-mean over a mask (kind "mask": per sample, weighted by token counts on a pipeline)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.net = kind, Net("none")
+
+    def forward(self, x, mask):
+        h = x
+        for b in self.net.blocks:
+            h = b(h)
+        if self.kind == "clip":
+            z = F.normalize(self.net.head(h).mean(1), dim=-1)
+            return F.cross_entropy(z @ z.t() * 5.0, torch.arange(x.shape[0]))
+        return (self.net.head(h).pow(2).sum(-1) * mask).sum() / mask.sum()
+
+
+def test_a_loss_that_mixes_the_samples_in_the_models_own_code_is_found_with_the_pipelines_weights():
+    torch.manual_seed(0)
+    x = torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(8, 5)
+    for i, n in enumerate((5, 1, 0, 2, 5, 5, 4, 5)):  # microbatches of 4 rows: 8 and 19 tokens
+        mask[i, :n] = 1
+    model = InBatch("clip")
+    with torch.no_grad():  # one device on the whole batch; the pipeline: the mean of the microbatch means
+        whole = model(x, mask).item()
+        parts = sum(model(a, m).item() for a, m in zip(x.tensor_split(2), mask.tensor_split(2))) / 2
+    where, message = microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.5, 0.5]))
+    assert where == "the model's loss" and f"{whole:.6g}" in message and f"{parts:.6g}" in message
+    assert microbatch_mixing(model, (x, mask), {}, 2) is None  # without the weights: not compared
+    model = InBatch("mask")  # per sample: the token counts' weights reproduce the whole batch's loss
+    assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([8 / 27, 19 / 27])) is None
+    assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.5, 0.5]))[0] == "the model's loss"
