@@ -25,6 +25,8 @@ state). Buffers and torch's RNG state are restored afterwards.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -175,3 +177,36 @@ def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str
                   f"once per microbatch ({microbatches} times per step) instead of once per batch (running "
                   "statistics, an EMA, a counter), as in gradient accumulation over the microbatches. Remedy: a "
                   "mesh without 'pp', or keep the pipeline if gradient-accumulation semantics are what you want")
+
+
+def loss_fn_mixing(loss: Callable, outputs: list[torch.Tensor], batch_major: list[bool], target: torch.Tensor,
+                   weight: Callable[[torch.Tensor], float], microbatches: int) -> str | None:
+    """A message when the user's loss on the whole batch differs from its microbatch losses weighted as the
+    pipeline weighs them, on the given outputs (random values of the global batch's shapes), else None.
+
+    `loss(outputs, target) -> 0-d`: the loss as `PipelineModule.step` applies it to one microbatch's outputs;
+    `batch_major[i]`: output i has the batch as dim 0 (cut in `microbatches` chunks, else passed whole);
+    `weight(target_j)`: microbatch j's weight (n_j / N, or 1 for a sum). A loss_fn that mixes the samples of
+    the batch (CLIP's logits a @ b.T over the batch with a cross-entropy against the diagonal: trial r10b,
+    pm.step 1.44 where one device gives 2.16 on pp=2 x dp=2) sees only each microbatch's samples on a
+    pipeline. Errors of the loss on these values (e.g. a log of negative random values) skip the check."""
+    try:
+        with torch.no_grad():
+            whole = loss(tuple(outputs), target)
+            cut = [t.tensor_split(microbatches) if major else [t] * microbatches
+                   for t, major in zip(outputs, batch_major)]
+            parts = [loss(tuple(c[j] for c in cut), target.tensor_split(microbatches)[j]) for j in range(microbatches)]
+            combined = sum(float(weight(t)) * p.double() for t, p in zip(target.tensor_split(microbatches), parts))
+    except Exception:  # noqa: BLE001 - advisory: the step itself runs the loss on real values
+        return None
+    if not isinstance(whole, torch.Tensor) or whole.ndim or not whole.is_floating_point():
+        return None
+    worst = _worst([(0, combined.to(whole.dtype), whole)])
+    if worst is None or not torch.isfinite(whole):
+        return None
+    return (f"pipeline with {microbatches} microbatches: loss_fn gives {whole.item():.6g} on the whole batch of "
+            f"(random) outputs and {combined.item():.6g} weighted over its {microbatches} microbatches as the "
+            "pipeline weighs them: it mixes the samples of the batch (an in-batch contrastive or ranking loss: "
+            "a @ b.T over the batch, a batch statistic), so on the pipeline it sees only each microbatch's samples "
+            "and trains another function than one device. Remedy: a mesh without 'pp', or compute such a loss "
+            "outside pm.step on the whole batch's outputs")

@@ -276,10 +276,15 @@ class MixingNet(nn.Module):
     def forward(self, x):
         for b in self.blocks:
             x = b(x)
-        if self.kind == "contrastive":  # an in-batch loss in the model's own code (CLIP's form)
+        if self.kind in ("contrastive", "embeddings"):
             z = torch.nn.functional.normalize(self.head(x).mean(1), dim=-1)
-            return torch.nn.functional.cross_entropy(z @ z.t() * 5.0, torch.arange(x.shape[0]))
+            return in_batch_loss(z) if self.kind == "contrastive" else z  # CLIP's loss in the model, or outside
         return self.head(x).pow(2).mean()
+
+
+def in_batch_loss(z, target=None):
+    """CLIP's form: logits over the batch, cross-entropy against the diagonal (mixes the samples)."""
+    return torch.nn.functional.cross_entropy(z @ z.t() * 5.0, torch.arange(z.shape[0]))
 
 
 def mixing_net(kind: str):
@@ -300,12 +305,15 @@ def microbatch_mixing_step(rank: int, world_size: int, kinds: tuple[str, ...]) -
     for kind in kinds:
         model, (x,) = mixing_net(kind)
         ref = copy.deepcopy(model)
+        fn = in_batch_loss if kind == "embeddings" else None  # the loss outside the model: pm.step's loss_fn
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pm = parallelizer.auto_parallelize(model, (x,), mesh={"pp": 2, "dp": 2}, microbatches=2, schedule="1f1b")
+            step = pm.step(x, loss_fn=fn).item()
+        one = (lambda *a: in_batch_loss(ref(*a))) if fn else ref
         with torch.no_grad():
-            whole = copy.deepcopy(ref)(x).item()
-            accumulated = sum(ref(p).item() for p in x.tensor_split(2)) / 2
+            whole = one(*copy.deepcopy((x,))).item() if fn else copy.deepcopy(ref)(x).item()
+            accumulated = sum(one(p).item() for p in x.tensor_split(2)) / 2
         out[kind] = {"warned": [w.message.where for w in caught if isinstance(w.message, parallelizer.MicrobatchWarning)],
-                     "step": pm.step(x).item(), "whole": whole, "accumulated": accumulated}
+                     "step": step, "whole": whole, "accumulated": accumulated}
     return out

@@ -198,17 +198,19 @@ def test_a_pipeline_whose_microbatches_change_the_model_warns():
     """GPipe's BatchNorm-over-microbatches class (pytorch#175024 / #1051 for BatchNorm called on two batches per
     step): a pipeline runs each stage on one microbatch at a time, so batch centering inside a block (x - x.mean(0))
     and BatchNorm in training compute another function than the model on the whole batch, and so does an in-batch
-    contrastive loss in the model's own code (CLIP's; trial r10b: pm.step 1.44 where one device gives 2.16).
+    contrastive loss in the model's own code or as pm.step's loss_fn (CLIP's; trial r10b: pm.step 1.44 where one
+    device gives 2.16).
     auto_parallelize on
     pp=2 x dp=2 trained them silently (trial r10b: loss 1.7e-2 off one device, 1580x the fp32 bound); now rank 0
     warns MicrobatchWarning naming the module, pm.step's loss is the gradient-accumulation loss, which differs
     from the whole batch's, and a per-sample model is not warned about and gives the whole batch's loss."""
-    ranks = spawn(microbatch_mixing_step, 4, ("center", "bn", "contrastive", "plain"), timeout_s=300)
+    ranks = spawn(microbatch_mixing_step, 4, ("center", "bn", "contrastive", "embeddings", "plain"), timeout_s=300)
     first = ranks[0]
     assert first["center"]["warned"] == ["blocks.0.a"] and first["bn"]["warned"] == ["blocks.0.bn"]
     assert first["contrastive"]["warned"] == ["the model's loss"]  # CLIP's in-batch loss in the model's code
+    assert first["embeddings"]["warned"] == ["loss_fn"]  # the same loss as pm.step's loss_fn
     assert first["plain"]["warned"] == [] and all(r[k]["warned"] == [] for r in ranks[1:] for k in r)
-    for kind in ("center", "bn", "contrastive"):
+    for kind in ("center", "bn", "contrastive", "embeddings"):
         got = first[kind]
         torch.testing.assert_close(got["step"], got["accumulated"])
         assert abs(got["whole"] - got["accumulated"]) > 1e-3, got

@@ -153,3 +153,32 @@ def test_a_loss_that_mixes_the_samples_in_the_models_own_code_is_found_with_the_
     model = InBatch("mask")  # per sample: the token counts' weights reproduce the whole batch's loss
     assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([8 / 27, 19 / 27])) is None
     assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.5, 0.5]))[0] == "the model's loss"
+
+
+def test_a_loss_fn_that_mixes_the_samples_is_found_and_per_item_losses_are_not():
+    """PipelineModule.step's probe of the user's loss_fn (`loss_fn_mixing`), on random outputs of the global batch:
+    CLIP's in-batch loss (trial r10b: pm.step(loss_fn=...) 1.44 where one device gives 2.16 on pp=2 x dp=2) is
+    found with both numbers, computed here independently; a cross-entropy over padded labels weighted by its
+    non-ignored counts, a mean squared error weighted equally and a sum weighted 1 per microbatch are not."""
+    from parallelizer.tracer.microbatch_check import loss_fn_mixing
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+
+    def clip(out, target):
+        return F.cross_entropy(out[0] @ out[1].t(), torch.arange(out[0].shape[0]))
+    whole = clip((a, b), None).item()
+    parts = (clip((a[:4], b[:4]), None) + clip((a[4:], b[4:]), None)).item() / 2
+    message = loss_fn_mixing(clip, [a, b], [True, True], torch.zeros(8), lambda t: 0.5, 2)
+    assert f"{whole:.6g}" in message and f"{parts:.6g}" in message
+    logits, labels = torch.randn(8, 5, 7, generator=g), torch.randint(0, 7, (8, 5), generator=g)
+    labels[1, 2:] = -100
+    labels[5:] = -100
+    ce = (lambda out, y: F.cross_entropy(out[0].flatten(0, 1), y.flatten()))
+    n = (labels != -100).sum()
+    assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: (y != -100).sum() / n, 2) is None
+    mse = (lambda out, y: (out[0] - 1).pow(2).mean())
+    assert loss_fn_mixing(mse, [logits], [True], torch.zeros(8), lambda t: 0.5, 2) is None
+    total = (lambda out, y: out[0].sum())
+    assert loss_fn_mixing(total, [logits], [True], torch.zeros(8), lambda t: 1.0, 2) is None
+    assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: 0.5, 2) is not None  # wrong weights: found
