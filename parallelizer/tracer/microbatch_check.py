@@ -53,9 +53,10 @@ def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microba
     with _state_kept(model) as restore, torch.no_grad():
         whole, whole_buffers = _record(model, [(args, kwargs)])
         restore()
-        torch.manual_seed(torch.initial_seed() + 1)  # another draw: a random forward differs from itself
-        again, again_buffers = _record(model, [(args, kwargs)])
-        if _first_module(whole, again, 1) or _first_buffer(whole_buffers, again_buffers, 1):
+        torch.manual_seed(int(torch.randint(2**62, ())))  # other generator states (every device): a random forward
+        again, again_buffers = _record(model, [(args, kwargs)])  # differs from itself
+        if (_first_module(whole, again, 1) or _weighted_loss(whole, again, torch.ones(1))
+                or _first_buffer(whole_buffers, again_buffers, 1)):
             return None
         restore()
         micro, micro_buffers = _record(model, parts)

@@ -103,6 +103,9 @@ def test_per_sample_models_eval_mode_and_random_forwards_pass():
     assert microbatch_mixing(model, (x,), {}, 2) is None  # microbatches would draw other masks
     model, x = _net("bn")
     assert microbatch_mixing(model, (x,), {}, 1) is None and microbatch_mixing(model, (x[:7],), {}, 2) is None
+    lin = nn.Linear(6, 6)  # dropout in the root's own code before a scalar loss: random, not compared
+    root = type("Root", (nn.Module,), {"forward": lambda self, x: F.dropout(lin(x), 0.5, True).pow(2).mean()})()
+    assert microbatch_mixing(root, (x,), {}, 2, torch.tensor([0.5, 0.5])) is None
 
 
 def test_the_pipeline_rehearsal_warns_too():
