@@ -20,7 +20,8 @@ from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .config import PlanConfig
-from .errors import InfeasiblePlanError, NoParallelismWarning, ParallelizerError, PipelineError, PlanMismatchError
+from .errors import (InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, ParallelizerError, PipelineError,
+                     PlanMismatchError)
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
@@ -420,6 +421,12 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         ParallelizerError: a mesh whose size differs from the world size (remedy: torchrun --nproc-per-node).
         PipelineError: a pipeline mesh whose example batch does not split into the microbatches; the errors of
             `plan` for pipeline meshes.
+        PrecisionError: a bf16 plan whose traced program raises under torch.autocast (quotes the error).
+    Warns (rank 0):
+        NoParallelismWarning: the plan leaves a mesh axis unused.
+        MicrobatchWarning: a pipeline plan whose microbatches change what the model computes (its forward mixes
+            the samples of the batch, e.g. BatchNorm in training, or writes a buffer once per call): it trains as
+            gradient accumulation over the microbatches (`tracer.microbatch_check`).
     """
     import torch.distributed as dist
 
@@ -430,6 +437,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .runtime.pipeline_module import build_pipeline_module
     from .runtime.optimizer_check import remember_wrapped
     from .runtime.stale_model import watch
+    from .runtime.precision import check_recipe_runs
     from .runtime.replicas import check_same_weights
 
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -448,18 +456,22 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
                                 f"Remedy: launch with `torchrun --nproc-per-node {mesh.world_size}` or pass a mesh "
                                 f"of {world} devices.")
     microbatches = _microbatches(mesh, given, plan_options)
+    global_call = (tuple(example_inputs), dict(example_kwargs or {}))
     if microbatches is not None:  # a pipeline plan is made for, and runs, one microbatch at a time
         example_inputs, example_kwargs = microbatch_of(example_inputs, example_kwargs or {}, microbatches)
     traced = trace(model, example_inputs, example_kwargs)
     if given is not None:
         _check_pipeline(given, mesh)
         check_plan(given, traced, split_mesh(mesh)[1] if PP_AXIS in mesh.axis_names else mesh)
+        check_recipe_runs(traced, example_inputs, example_kwargs or {}, given.config.get("mixed_precision"))
         chosen = given
     else:
         outcome, failure = None, None
         if rank == 0:
             try:
-                outcome = ("ok", _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options).to_json())
+                made = _plan_for(traced, mesh, cluster, memory_budget, optimizer, plan_options)
+                check_recipe_runs(traced, example_inputs, example_kwargs or {}, made.config.get("mixed_precision"))
+                outcome = ("ok", made.to_json())
             except Exception as exc:  # every rank must hear of it, or they wait in the broadcast until the timeout
                 failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}")
         if distributed:
@@ -475,6 +487,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         check_same_weights(model)
     if rank == 0:
         _warn_idle_axes(chosen)
+        if chosen.pipeline is not None:
+            _warn_microbatch_mixing(model, global_call, chosen.pipeline.microbatches, traced)
     if chosen.pipeline is not None:  # its groups (pp, stage sub-meshes, tied copies) are made by the build
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
@@ -498,6 +512,35 @@ def _warn_idle_axes(chosen: Plan) -> None:
     if idle:
         notes = [n for n in chosen.notes() if n.startswith("no parallelism") or " is unused: " in n]
         warnings.warn(NoParallelismWarning(f"auto_parallelize: {' '.join(notes)}", tuple(idle)), stacklevel=3)
+
+
+def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, dict], microbatches: int,
+                            traced: TracedGraph) -> None:
+    """Warn `MicrobatchWarning` (rank 0) when cutting the example batch into the pipeline plan's microbatches
+    changes what the model computes (`tracer.microbatch_check`: a forward that mixes the samples of its batch,
+    or a buffer it writes once per call): the pipeline would train such a model as gradient accumulation over
+    the microbatches, not as the model on the whole batch, and nothing else would tell the user (trial r10b:
+    batch centering, loss 1.7e-2 off one device on pp=2 x dp=2). `traced` (one microbatch) gives how pm.step
+    weighs the model's own loss, so a loss that mixes the samples is found too. Advisory: an error of the
+    check itself (e.g. the model's forward raising on the whole batch) is not raised here, where the other
+    ranks would wait for rank 0."""
+    from .runtime.loss_weight import model_loss_weighting
+    from .runtime.pipeline import global_tensor_inputs
+    from .runtime.step import StepError
+    from .tracer.microbatch_check import microbatch_mixing
+
+    try:  # how pm.step weighs the model's own loss per microbatch (None: no own loss of a form it weighs)
+        weighting = model_loss_weighting(model, traced)
+        counts = weighting.counts(global_tensor_inputs(traced, *global_call, microbatches), microbatches).double()
+        weights = counts if weighting.kind == "sum" else counts / counts.sum()
+    except (StepError, ValueError, TypeError, RuntimeError, IndexError):
+        weights = None
+    try:
+        found = microbatch_mixing(model, *global_call, microbatches, weights)
+    except Exception:  # noqa: BLE001 - advisory (docstring); the pipeline's own run reports the model's errors
+        found = None
+    if found is not None:
+        warnings.warn(MicrobatchWarning(f"auto_parallelize: {found[1]}", found[0]), stacklevel=3)
 
 
 def _plan_for(traced, mesh, cluster, memory_budget, optimizer, options) -> Plan:

@@ -121,6 +121,19 @@ class PipelineError(ParallelizerError, ValueError):
     the value and the remedy)."""
 
 
+class MicrobatchWarning(UserWarning):
+    """Warned by `auto_parallelize` when a pipeline plan's microbatches change what the model computes: a module's
+    outputs on the whole batch differ from its outputs on the microbatches one at a time (its forward mixes the
+    samples of the batch: BatchNorm statistics in training, a mean over the batch dim), or a buffer written in
+    forward ends elsewhere (updated once per microbatch instead of once per batch). The pipeline then trains as
+    gradient accumulation over the microbatches does, not as the model on the whole batch
+    (`tracer.microbatch_check`). Attribute `where`: the module or buffer named."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__(message)
+        self.where = where
+
+
 class NoParallelismWarning(UserWarning):
     """Warned by `auto_parallelize` when the plan leaves every mesh axis of more than one device unused (every op
     and parameter Replicate: the N launched ranks do N copies of the same work) or some of them (an idle 'tp'

@@ -369,6 +369,15 @@ def _batch_scaled_terms(call, gm: torch.fx.GraphModule, metas: list, device) -> 
     return check_batch_scaling(gm.graph, gm2.graph, "loss_fn")
 
 
+def model_loss_weighting(model: torch.nn.Module, traced: TracedGraph) -> OwnLossWeighting:
+    """`own_loss_weighting` of `traced` (one microbatch of `model`) with the second trace on twice the microbatch
+    when the loss needs it (`needs_batch_check`, `doubled_trace` of a skeleton of `model`), as `pm.step` weighs it.
+    Raises StepError as those do."""
+    from .modes import Retracer
+    graph = traced.graph_module.graph
+    return own_loss_weighting(traced, doubled_trace(Retracer.of(model), traced) if needs_batch_check(graph) else None)
+
+
 def doubled_trace(retracer, traced: TracedGraph) -> TracedGraph:
     """The model of `retracer` (`runtime.modes.Retracer`: a storage-free skeleton) traced again on twice the
     microbatch of `traced` (inputs of zeros, constants as traced), in its traced mode: what `check_batch_scaling`

@@ -36,13 +36,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 
-from ..errors import PipelineError, StateDictError, UnsupportedOpError
+from ..errors import MicrobatchWarning, PipelineError, StateDictError, UnsupportedOpError
 from ..planner import Plan
 from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
+from ..tracer.microbatch_check import loss_fn_mixing
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register as register_for_clipping
@@ -83,6 +84,8 @@ class PipelineModule(torch.nn.Module):
         self._fn_count: tuple = (None, None)  # (loss_fn, target dtype, shape) -> its item count (`_loss_fn_count`)
         self._trusted_warned = False  # `_warn_trusted_count` ran
         self._checked_counts: set = set()  # (loss_fn, item_count) pairs `_check_user_count` looked at
+        self._checked_mixing: set = set()  # (loss_fn, target dtype, shape) `_warn_loss_fn_mixing` looked at
+        self._rank = rank
         self.copied: frozenset[str] = frozenset()  # FQNs held more than once in the pipeline (build_pipeline_module)
         for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
             register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
@@ -214,11 +217,40 @@ class PipelineModule(torch.nn.Module):
             else:
                 self._check_user_count(loss_fn, target, item_count)
             batch_target, count = target, item_count
+        if loss_fn is not None:
+            self._warn_loss_fn_mixing(loss_fn, fn, batch_target, count)
         loss = self.run.step(*flat, target=batch_target, loss_fn=fn, item_count=count)
         value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _warn_loss_fn_mixing(self, loss_fn: LossFn, fn, target: torch.Tensor, count) -> None:
+        """Once per (loss_fn, target dtype and shape), on rank 0: warn `MicrobatchWarning` when loss_fn on random
+        outputs of the global batch differs from its microbatch losses weighted as `run.step` weighs them
+        (`tracer.microbatch_check.loss_fn_mixing`: an in-batch loss). Runs loss_fn 1 + microbatches more times,
+        on those random values (keep Python side effects out of loss_fn, as for its traces)."""
+        key = (loss_fn, target.dtype, tuple(target.shape))
+        if self._rank != 0 or key in self._checked_mixing:
+            return
+        self._checked_mixing.add(key)
+        m = self.run.microbatches
+        batch = self.traced.node(self.traced.input_names[0]).outputs[0].shape[0]
+        out = self.traced.graph_module.graph.output_node()
+        names: list[str] = []
+        torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+        metas = [self.traced.node(n).outputs[0] for n in names]
+        major = [bool(meta.shape) and meta.shape[0] == batch for meta in metas]
+        gen = torch.Generator().manual_seed(0)
+        outputs = [(torch.randn((m * meta.shape[0], *meta.shape[1:]) if big else tuple(meta.shape), generator=gen)
+                    .to(meta.dtype) if meta.dtype.is_floating_point else
+                    torch.zeros((m * meta.shape[0], *meta.shape[1:]) if big else tuple(meta.shape), dtype=meta.dtype))
+                   for meta, big in zip(metas, major)]
+        total = float(count(target)) if count is not None else None
+        found = loss_fn_mixing(fn, outputs, major, target,
+                               (lambda t: float(count(t)) / total) if total else (lambda t: 1.0 / m), m)
+        if found is not None:
+            warnings.warn(MicrobatchWarning(f"PipelineModule.step: {found}", "loss_fn"), stacklevel=3)
 
     def _doubled_trace(self) -> TracedGraph | None:
         """`loss_weight.doubled_trace` of the skeleton kept when the own loss needs it (`needs_batch_check`),

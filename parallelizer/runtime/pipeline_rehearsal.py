@@ -38,6 +38,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
@@ -48,10 +50,9 @@ from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
-from .loss_weight import batch_target, doubled_trace, needs_batch_check, own_loss_weighting
-from .modes import Retracer
+from .loss_weight import batch_target, model_loss_weighting
 from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
-from .precision import RECIPES, autocast
+from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest
 
@@ -76,11 +77,35 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     Raises:
         DistributedError: a rank failed or timed out (names the rank, with its traceback); a batch that does
             not split into the microbatches fails there with the remedy.
+        PrecisionError: a recipe under which the traced program raises (`precision.check_recipe_runs`).
+    Warns:
+        MicrobatchWarning: the microbatches change what the model computes (`tracer.microbatch_check`).
     """
+    _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches)
+    if spec.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
+        model, args, *rest = model_fn(**model_kwargs)
+        micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
+        check_recipe_runs(trace(model, micro_args, micro_kwargs), micro_args, micro_kwargs, spec.autocast)
     world = pipeline.pp * spec.mesh.world_size
     per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
                      timeout_s=timeout_s)
     return _report(world, per_rank, _lossy_codecs(spec, pipeline), spec.autocast)
+
+
+def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int) -> None:
+    """Warn `MicrobatchWarning` when the model computes otherwise on its microbatches than on the whole batch
+    (`tracer.microbatch_check`, as `auto_parallelize` does): this rehearsal's reference is gradient accumulation
+    over the same microbatches, so such a model reports a match although the plan trains another function than
+    the model on the whole batch (BatchNorm in training: running means 1.4e4x the bound off, trial r10b)."""
+    from ..errors import MicrobatchWarning
+    from ..tracer.microbatch_check import microbatch_mixing
+
+    torch.manual_seed(0)
+    model, args, *rest = model_fn(**model_kwargs)
+    found = microbatch_mixing(model, tuple(args), rest[0] if rest else {}, microbatches)
+    if found is not None:
+        warnings.warn(MicrobatchWarning(f"rehearse_pipeline: {found[1]} (this rehearsal compares with gradient "
+                                        "accumulation over the same microbatches)", found[0]), stacklevel=3)
 
 
 def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
@@ -153,8 +178,7 @@ def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int, model: tor
     meta = traced.node(first.name).outputs[0] if isinstance(first, torch.fx.Node) else None
     if meta is None or tuple(meta.shape) != ():
         return torch.zeros(flat[0].shape[0]), None, torch.full((m,), 1.0 / m, dtype=torch.float64)
-    doubled = doubled_trace(Retracer.of(model), traced) if needs_batch_check(traced.graph_module.graph) else None
-    weighting = own_loss_weighting(traced, doubled)
+    weighting = model_loss_weighting(model, traced)
     target, count = batch_target(weighting, flat, m)
     counts = weighting.counts(flat, m).double()
     weights = torch.ones(m, dtype=torch.float64) if weighting.kind == "sum" else counts / counts.sum()

@@ -71,3 +71,42 @@ def describe(recipe: str | None) -> str:
     if recipe is None:
         return "the single-device model in its traced dtypes"
     return f"the single-device model under torch.autocast(bfloat16) ({recipe}: fp32 weights and gradients)"
+
+
+
+def check_recipe_runs(traced, args: tuple, kwargs: dict, recipe: str | None) -> None:
+    """Raise PrecisionError when the traced program raises under the recipe's autocast on the example inputs
+    (`traced.exported`, one call, no_grad, torch's RNG restored; skipped for meta models and models over
+    `tracer.eager_check.MAX_ELEMENTS` parameter elements, as `eager_check` skips them). Autocast makes matmul /
+    linear outputs bfloat16, and an op that needs operands of one dtype then fails: `index_add` of a bf16 expert
+    output into an fp32 `zeros_like` ("index_add_(): self (Float) and source (BFloat16) must have the same
+    scalar type"), which the model itself raises under torch.autocast, or a dtype the trace fixed in fp32
+    (`zeros_like(x, dtype=y.dtype)` is traced with y in fp32, so the program keeps fp32 where the eager model
+    under autocast takes bf16). Before, such a bf16 plan was made and every rank raised torch's RuntimeError
+    in its first forward (trial r10b: an index_add expert dispatch, precision="bf16" on tp=2 and fsdp dp=2).
+
+    Raises:
+        PrecisionError: quotes the error and gives the remedy.
+    """
+    if recipe is None:
+        return
+    from ..tracer.eager_check import _fresh, _on_meta, _too_large
+
+    model = traced.exported.module()
+    if _on_meta(model, args, kwargs) or _too_large(model):
+        return
+    tensor = next(iter([*model.parameters(), *model.buffers()]), None)
+    try:
+        with torch.random.fork_rng(), torch.no_grad(), autocast(recipe, tensor.device.type if tensor is not None
+                                                                  else "cpu"):
+            model(*_fresh(args), **_fresh(kwargs))
+    except PrecisionError:
+        raise
+    except Exception as err:  # noqa: BLE001 (the program's error under the recipe, quoted)
+        raise PrecisionError(
+            f"the traced program raises under the mixed-precision recipe {recipe!r} (torch.autocast to bfloat16) "
+            f"on the example inputs: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. "
+            "Autocast makes matmul / linear outputs bfloat16, and an op that needs operands of one dtype fails: "
+            "the model raises the same under torch.autocast, or the trace fixed a dtype in float32 (a dtype= "
+            "read from a tensor while tracing in fp32). Remedy: plan with precision='fp32' (--precision fp32), "
+            "or cast explicitly in the model (e.g. index_add(..., y.to(out.dtype)))") from err

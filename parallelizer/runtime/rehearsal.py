@@ -41,7 +41,7 @@ from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
 from .launch import create_groups, spawn
 from .module import ParallelModule
-from .precision import RECIPES, autocast, describe
+from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
 from .tolerance import compute_dtype, excess, loosest, tolerances
 
@@ -177,6 +177,10 @@ def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: di
     """The `ShardingSpec` of `plan`; a `Plan` is first checked against the traced model of
     `model_fn(**model_kwargs)` (built and traced here, in this process). Raises as `rehearse`."""
     if isinstance(plan, ShardingSpec):
+        if plan.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
+            model, inputs, *rest = model_fn(**model_kwargs)
+            kwargs = rest[0] if rest else {}
+            check_recipe_runs(trace(model, inputs, kwargs), inputs, kwargs, plan.autocast)
         return plan
     if not isinstance(plan, Plan):
         raise TypeError(f"rehearse: pass the Plan that parallelizer.plan returned (or Plan.load), or a "
@@ -186,8 +190,11 @@ def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: di
                             "per rank without stages. Remedy: `parallelizer rehearse plan.json --nproc N`, or "
                             "runtime.pipeline_rehearsal.rehearse_pipeline with a builder of the global batch")
     model, inputs, *rest = model_fn(**model_kwargs)
-    check_plan(plan, trace(model, inputs, rest[0] if rest else {}), structure_only=structure_only)
-    return spec_from_plan(plan)
+    traced = trace(model, inputs, rest[0] if rest else {})
+    check_plan(plan, traced, structure_only=structure_only)
+    spec = spec_from_plan(plan)
+    check_recipe_runs(traced, inputs, rest[0] if rest else {}, spec.autocast)
+    return spec
 
 
 def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, steps: int = 3, lr: float = 1e-3,

@@ -246,3 +246,74 @@ def out_of_range_indices(rank: int, world_size: int, spec) -> dict:
                 got.append(type(e).__name__)
         out[name] = tuple(got)
     return out
+
+
+class MixingBlock(nn.Module):
+    """LayerNorm -> Linear residual block; kind "center" subtracts the batch mean in the block's own code, "bn"
+    normalises with BatchNorm1d over (batch, time), "plain" is per sample."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm, self.a, self.bn = nn.LayerNorm(6), nn.Linear(6, 6), nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        h = self.norm(x)
+        if self.kind == "center":
+            h = h - h.mean(0, keepdim=True)
+        elif self.kind == "bn":
+            h = self.bn(h.transpose(1, 2)).transpose(1, 2)
+        return x + self.a(h)
+
+
+class MixingNet(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.blocks = nn.ModuleList(MixingBlock(kind) for _ in range(4))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        if self.kind in ("contrastive", "embeddings"):
+            z = torch.nn.functional.normalize(self.head(x).mean(1), dim=-1)
+            return in_batch_loss(z) if self.kind == "contrastive" else z  # CLIP's loss in the model, or outside
+        return self.head(x).pow(2).mean()
+
+
+def in_batch_loss(z, target=None):
+    """CLIP's form: logits over the batch, cross-entropy against the diagonal (mixes the samples)."""
+    return torch.nn.functional.cross_entropy(z @ z.t() * 5.0, torch.arange(z.shape[0]))
+
+
+def mixing_net(kind: str):
+    torch.manual_seed(0)
+    return MixingNet(kind), (torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1)),)
+
+
+def microbatch_mixing_step(rank: int, world_size: int, kinds: tuple[str, ...]) -> dict:
+    """auto_parallelize on pp=2 x dp=2 (2 microbatches) and one pm.step per kind: the MicrobatchWarnings this rank
+    saw (the module named), the step's loss, and one device's loss on the whole batch and accumulated over the
+    same 2 microbatches (computed here on a copy, independently of the pipeline)."""
+    import copy
+    import warnings
+
+    import parallelizer
+
+    out = {}
+    for kind in kinds:
+        model, (x,) = mixing_net(kind)
+        ref = copy.deepcopy(model)
+        fn = in_batch_loss if kind == "embeddings" else None  # the loss outside the model: pm.step's loss_fn
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pm = parallelizer.auto_parallelize(model, (x,), mesh={"pp": 2, "dp": 2}, microbatches=2, schedule="1f1b")
+            step = pm.step(x, loss_fn=fn).item()
+        one = (lambda *a: in_batch_loss(ref(*a))) if fn else ref
+        with torch.no_grad():
+            whole = one(*copy.deepcopy((x,))).item() if fn else copy.deepcopy(ref)(x).item()
+            accumulated = sum(one(p).item() for p in x.tensor_split(2)) / 2
+        out[kind] = {"warned": [w.message.where for w in caught if isinstance(w.message, parallelizer.MicrobatchWarning)],
+                     "step": step, "whole": whole, "accumulated": accumulated}
+    return out

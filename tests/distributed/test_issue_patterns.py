@@ -16,9 +16,9 @@ from parallelizer.core.layout import Layout, Shard
 from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
 from parallelizer.runtime import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
-from pattern_models import (causal_scores, einsum_moe, encoder_lm, narrow_cast, odd_width, out_of_range_indices,
-                            refactored_view, row_parallel_plus, small_resnet, sum_plus, tied_vocab_ce,
-                            zeros_like_plus)
+from pattern_models import (causal_scores, einsum_moe, encoder_lm, microbatch_mixing_step, narrow_cast, odd_width,
+                            out_of_range_indices, refactored_view, row_parallel_plus, small_resnet, sum_plus,
+                            tied_vocab_ce, zeros_like_plus)
 from launch_once import run_each
 from semantics_models import run_outputs
 
@@ -190,3 +190,28 @@ def test_indices_outside_a_sharded_vocabulary_raise_as_on_one_device():
         got, want = ranks.pop("valid")
         torch.testing.assert_close(got, want)
         assert ranks == {k: ("IndexError", "IndexError") for k in ("label_high", "label_negative", "id_high")}, ranks
+
+
+# --- round 10 (b): public reports of a third round (trial/r10b_*; benchmarks/RESULTS.md "Round 10 (r10b)") ------
+
+def test_a_pipeline_whose_microbatches_change_the_model_warns():
+    """GPipe's BatchNorm-over-microbatches class (pytorch#175024 / #1051 for BatchNorm called on two batches per
+    step): a pipeline runs each stage on one microbatch at a time, so batch centering inside a block (x - x.mean(0))
+    and BatchNorm in training compute another function than the model on the whole batch, and so does an in-batch
+    contrastive loss in the model's own code or as pm.step's loss_fn (CLIP's; trial r10b: pm.step 1.44 where one
+    device gives 2.16).
+    auto_parallelize on
+    pp=2 x dp=2 trained them silently (trial r10b: loss 1.7e-2 off one device, 1580x the fp32 bound); now rank 0
+    warns MicrobatchWarning naming the module, pm.step's loss is the gradient-accumulation loss, which differs
+    from the whole batch's, and a per-sample model is not warned about and gives the whole batch's loss."""
+    ranks = spawn(microbatch_mixing_step, 4, ("center", "bn", "contrastive", "embeddings", "plain"), timeout_s=300)
+    first = ranks[0]
+    assert first["center"]["warned"] == ["blocks.0.a"] and first["bn"]["warned"] == ["blocks.0.bn"]
+    assert first["contrastive"]["warned"] == ["the model's loss"]  # CLIP's in-batch loss in the model's code
+    assert first["embeddings"]["warned"] == ["loss_fn"]  # the same loss as pm.step's loss_fn
+    assert first["plain"]["warned"] == [] and all(r[k]["warned"] == [] for r in ranks[1:] for k in r)
+    for kind in ("center", "bn", "contrastive", "embeddings"):
+        got = first[kind]
+        torch.testing.assert_close(got["step"], got["accumulated"])
+        assert abs(got["whole"] - got["accumulated"]) > 1e-3, got
+    torch.testing.assert_close(first["plain"]["step"], first["plain"]["whole"])

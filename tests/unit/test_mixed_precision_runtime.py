@@ -4,6 +4,8 @@ fp32 parameters and fp32 gradients, equal to the eager model under torch.autocas
 tolerance; plans in fp32 or with a defaulted precision run the traced dtypes, equal to eager at 1e-5.
 The rehearsal's recipe bound (`recipe_excess`) accepts rounding and rejects a wrong term. Pipeline stages under
 the recipe send the dtypes an eager autocast run of the stages produces (`runtime.pipeline.boundary_dtypes`)."""
+import types
+
 import pytest
 import torch
 
@@ -95,6 +97,52 @@ def test_recipe_bound_accepts_rounding_and_rejects_a_wrong_term():
 def test_unknown_recipe_raises():
     with pytest.raises(PrecisionError, match="autocast_fp8"):
         autocast("autocast_fp8")
+
+
+class IndexAddExperts(torch.nn.Module):
+    """Top-1 experts dispatched with index_add into an fp32 zeros_like (pytorch#160285's MoE shape): under bf16
+    autocast the bmm output is bf16, and index_add raises on one device too."""
+
+    def __init__(self, cast: bool = False) -> None:
+        super().__init__()
+        self.cast = cast
+        self.router = torch.nn.Linear(8, 4, bias=False)
+        self.w = torch.nn.Parameter(torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(0)) * 0.3)
+
+    def forward(self, x):                                 # (N, 8)
+        p, idx = self.router(x).softmax(-1).max(-1)
+        y = torch.bmm(x.unsqueeze(1), self.w[idx]).squeeze(1) * p.unsqueeze(-1)
+        out = torch.zeros_like(x, dtype=y.dtype if self.cast else None)
+        return out.index_add(0, torch.arange(x.shape[0]), y).float().pow(2).mean()
+
+
+def test_a_model_that_raises_under_the_recipe_is_refused_before_any_forward():
+    """trial r10b: precision="bf16" for a model whose forward raises under torch.autocast made a plan, and every
+    rank raised torch's RuntimeError (index_add: Float self, BFloat16 source) in its first forward; now
+    auto_parallelize and rehearse raise PrecisionError quoting the program's error; so they do for a model whose
+    trace fixed a dtype in fp32 (zeros_like(x, dtype=y.dtype) runs eagerly under autocast, not as traced)."""
+    from parallelizer.runtime.pipeline_rehearsal import rehearse_pipeline
+    from parallelizer.runtime.rehearsal import checked_spec
+
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="same scalar type"), torch.autocast("cpu", dtype=torch.bfloat16):
+        IndexAddExperts()(x)  # one device raises too
+    with pytest.raises(PrecisionError, match="index_add_.*same scalar type.*precision='fp32'"):
+        parallelizer.auto_parallelize(IndexAddExperts(), (x,), cluster="h100:1x1", precision="bf16")
+    plan = parallelizer.plan(parallelizer.trace(IndexAddExperts(), (x,)), {"dp": 1}, cluster="h100:1x1",
+                             precision="bf16")
+    assert plan.config["mixed_precision"] == "autocast_bf16"
+    for given in (plan, spec_from_plan(plan)):
+        with pytest.raises(PrecisionError, match="index_add_"):
+            checked_spec(given, lambda: (IndexAddExperts(), (x,)), {})
+    with pytest.raises(PrecisionError, match="index_add_"):  # raised before any pipeline rank starts
+        rehearse_pipeline(lambda: (IndexAddExperts(), (torch.cat([x, x]),)), {}, spec_from_plan(plan),
+                          types.SimpleNamespace(microbatches=2, pp=2))
+    model = IndexAddExperts(cast=True)  # runs eagerly under autocast, but the trace fixed zeros_like's fp32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    with pytest.raises(PrecisionError, match="fixed a dtype in float32"):
+        parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1", precision="bf16")
 
 
 def _eager_stage_dtypes(model, traced, cut):

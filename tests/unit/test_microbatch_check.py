@@ -1,0 +1,187 @@
+"""Cutting the batch into a pipeline's microbatches must not change the model's numbers silently
+(`tracer.microbatch_check`, trial r10b: a batch centering inside a block trained on pp=2 x dp=2 with its loss
+1.7e-2 off one device, 1580x the float32 bound, and BatchNorm1d in the blocks left running means 1.4e4x the
+bound off, with no error or warning). The check names the first module whose whole-batch outputs differ from
+its outputs on the microbatches one at a time (or the parent's own code before it, or a buffer the forward
+writes once per call), with the size of the difference computed here independently; a per-sample model gets
+nothing; forwards that draw random numbers are skipped; the model's buffers and RNG are left as they were."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallelizer import MicrobatchWarning
+from parallelizer.runtime.pipeline_rehearsal import _warn_microbatch_mixing
+from parallelizer.tracer.microbatch_check import microbatch_mixing
+
+
+class Block(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm, self.a = nn.LayerNorm(6), nn.Linear(6, 6)
+        self.bn = nn.BatchNorm1d(6)
+        self.register_buffer("ema", torch.zeros(6))
+
+    def forward(self, x):                         # x (B, T, 6)
+        h = self.norm(x)
+        if self.kind == "bn":
+            h = self.bn(h.transpose(1, 2)).transpose(1, 2)
+        elif self.kind == "center":
+            h = h - h.mean(0, keepdim=True)       # mixes the samples in the block's own code
+        elif self.kind == "ema":
+            with torch.no_grad():
+                self.ema.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))  # per call, not per sample
+        elif self.kind == "dropout":
+            h = F.dropout(h, 0.5, self.training)
+        return x + self.a(h)
+
+
+class Net(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(kind) for _ in range(2))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).pow(2).mean()         # a scalar loss: not compared itself
+
+
+def _net(kind: str):
+    torch.manual_seed(0)
+    return Net(kind), torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1))
+
+
+def test_batchnorm_in_training_is_named_with_its_difference():
+    model, x = _net("bn")
+    blk = model.blocks[0]
+    with torch.no_grad():  # independently: the first BatchNorm on the whole batch and on 2 microbatches of 4
+        h = blk.norm(x).transpose(1, 2)
+        whole = F.batch_norm(h, None, None, blk.bn.weight, blk.bn.bias, training=True)
+        parts = torch.cat([F.batch_norm(p, None, None, blk.bn.weight, blk.bn.bias, training=True)
+                           for p in h.tensor_split(2)])
+    want = (whole - parts).abs().max().item()
+    assert want > 0.1
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "blocks.0.bn" and "module 'blocks.0.bn'" in message and "2 microbatches" in message
+    assert f"{want:.3g}" in message, (want, message)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # running stats untouched
+
+
+def test_mixing_in_a_blocks_own_code_names_the_block():
+    model, x = _net("center")
+    where, message = microbatch_mixing(model, (x,), {}, 4)
+    assert where == "blocks.0.a" and "the code of module 'blocks.0' before its call of 'blocks.0.a'" in message
+
+
+def test_a_buffer_written_once_per_call_is_named():
+    model, x = _net("ema")
+    with torch.no_grad():  # one device: one update from the whole batch; the pipeline: one per microbatch
+        h = model.blocks[0].norm(x)
+        once = 0.1 * h.mean((0, 1))
+        twice = torch.zeros(6)
+        for p in h.tensor_split(2):
+            twice = twice * 0.9 + 0.1 * p.mean((0, 1))
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "blocks.0.ema" and "updated once per microbatch (2 times per step)" in message
+    assert f"{(once - twice).abs().max().item():.3g}" in message
+    assert torch.equal(model.blocks[0].ema, torch.zeros(6))
+
+
+def test_per_sample_models_eval_mode_and_random_forwards_pass():
+    model, x = _net("none")
+    assert microbatch_mixing(model, (x,), {}, 2) is None
+    model, x = _net("bn")
+    model.eval()  # running statistics: per sample
+    assert microbatch_mixing(model, (x,), {}, 2) is None
+    model, x = _net("dropout")
+    assert microbatch_mixing(model, (x,), {}, 2) is None  # microbatches would draw other masks
+    model, x = _net("bn")
+    assert microbatch_mixing(model, (x,), {}, 1) is None and microbatch_mixing(model, (x[:7],), {}, 2) is None
+    lin = nn.Linear(6, 6)  # dropout in the root's own code before a scalar loss: random, not compared
+    root = type("Root", (nn.Module,), {"forward": lambda self, x: F.dropout(lin(x), 0.5, True).pow(2).mean()})()
+    assert microbatch_mixing(root, (x,), {}, 2, torch.tensor([0.5, 0.5])) is None
+
+
+def test_the_pipeline_rehearsal_warns_too():
+    """rehearse_pipeline compares with gradient accumulation over the same microbatches, so a BatchNorm model
+    reports a match there: it warns before its ranks start (the same check as auto_parallelize)."""
+    def build(kind):
+        model, x = _net(kind)
+        return model, (x,)
+    with pytest.warns(MicrobatchWarning, match="blocks.0.bn.*compares with gradient accumulation") as caught:
+        _warn_microbatch_mixing(build, {"kind": "bn"}, 2)
+    assert caught[0].message.where == "blocks.0.bn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_microbatch_mixing(build, {"kind": "none"}, 2)
+
+
+class InBatch(nn.Module):
+    """Per-sample blocks and CLIP's loss in the model's own code (kind "clip": logits over the batch) or a
+    token-mean over a mask (kind "mask": per sample, weighted by token counts on a pipeline)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.net = kind, Net("none")
+
+    def forward(self, x, mask):
+        h = x
+        for b in self.net.blocks:
+            h = b(h)
+        if self.kind == "clip":
+            z = F.normalize(self.net.head(h).mean(1), dim=-1)
+            return F.cross_entropy(z @ z.t() * 5.0, torch.arange(x.shape[0]))
+        return (self.net.head(h).pow(2).sum(-1) * mask).sum() / mask.sum()
+
+
+def test_a_loss_that_mixes_the_samples_in_the_models_own_code_is_found_with_the_pipelines_weights():
+    torch.manual_seed(0)
+    x = torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(8, 5)
+    for i, n in enumerate((5, 1, 0, 2, 5, 5, 4, 5)):  # microbatches of 4 rows: 8 and 19 tokens
+        mask[i, :n] = 1
+    model = InBatch("clip")
+    with torch.no_grad():  # one device on the whole batch; the pipeline: the mean of the microbatch means
+        whole = model(x, mask).item()
+        parts = sum(model(a, m).item() for a, m in zip(x.tensor_split(2), mask.tensor_split(2))) / 2
+    where, message = microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.5, 0.5]))
+    assert where == "the model's loss" and f"{whole:.6g}" in message and f"{parts:.6g}" in message
+    assert microbatch_mixing(model, (x, mask), {}, 2) is None  # without the weights: not compared
+    model = InBatch("mask")  # per sample: the token counts' weights reproduce the whole batch's loss
+    assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([8 / 27, 19 / 27])) is None
+    assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.5, 0.5]))[0] == "the model's loss"
+
+
+def test_a_loss_fn_that_mixes_the_samples_is_found_and_per_item_losses_are_not():
+    """PipelineModule.step's probe of the user's loss_fn (`loss_fn_mixing`), on random outputs of the global batch:
+    CLIP's in-batch loss (trial r10b: pm.step(loss_fn=...) 1.44 where one device gives 2.16 on pp=2 x dp=2) is
+    found with both numbers, computed here independently; a cross-entropy over padded labels weighted by its
+    non-ignored counts, a mean squared error weighted equally and a sum weighted 1 per microbatch are not."""
+    from parallelizer.tracer.microbatch_check import loss_fn_mixing
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+
+    def clip(out, target):
+        return F.cross_entropy(out[0] @ out[1].t(), torch.arange(out[0].shape[0]))
+    whole = clip((a, b), None).item()
+    parts = (clip((a[:4], b[:4]), None) + clip((a[4:], b[4:]), None)).item() / 2
+    message = loss_fn_mixing(clip, [a, b], [True, True], torch.zeros(8), lambda t: 0.5, 2)
+    assert f"{whole:.6g}" in message and f"{parts:.6g}" in message
+    logits, labels = torch.randn(8, 5, 7, generator=g), torch.randint(0, 7, (8, 5), generator=g)
+    labels[1, 2:] = -100
+    labels[5:] = -100
+    ce = (lambda out, y: F.cross_entropy(out[0].flatten(0, 1), y.flatten()))
+    n = (labels != -100).sum()
+    assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: (y != -100).sum() / n, 2) is None
+    mse = (lambda out, y: (out[0] - 1).pow(2).mean())
+    assert loss_fn_mixing(mse, [logits], [True], torch.zeros(8), lambda t: 0.5, 2) is None
+    total = (lambda out, y: out[0].sum())
+    assert loss_fn_mixing(total, [logits], [True], torch.zeros(8), lambda t: 1.0, 2) is None
+    assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: 0.5, 2) is not None  # wrong weights: found
