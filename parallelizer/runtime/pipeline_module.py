@@ -46,7 +46,7 @@ from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
-from .grad_norm import register as register_for_clipping
+from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .module import check_state_keys
@@ -86,8 +86,7 @@ class PipelineModule(torch.nn.Module):
         self._checked_counts: set = set()  # (loss_fn, item_count) pairs `_check_user_count` looked at
         self.copied: frozenset[str] = frozenset()  # FQNs held more than once in the pipeline (build_pipeline_module)
         for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
-            register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
-                                  stage.groups, pipeline=self)
+            register_for_clipping(stage, pipeline=self)
         check_optimizer_steps()
         check_wrappers()
 
