@@ -131,6 +131,11 @@ class ParallelModule(torch.nn.Module):
         register_for_clipping(new)
         return new
 
+    def __reduce_ex__(self, protocol):
+        """Refused (UnsupportedOpError, `pickling_refused`): `torch.save(pm, path)` / `pickle.dumps(pm)`. Before,
+        pickle's "Can't pickle <class 'torch.nn.modules.linear.Linear'>: it's not the same object" (the mirrors)."""
+        raise pickling_refused(type(self).__name__)
+
     # -- state ---------------------------------------------------------------------------------------
     def _mirror(self, model: torch.nn.Module) -> dict[str, dict[str, object]]:
         """Add a mirror of every submodule of `model` (`runtime.mirror`; a module at two paths is one mirror
@@ -565,6 +570,18 @@ class ParallelModule(torch.nn.Module):
                 local = self.get_buffer(fqn) if self.traced.parameters[fqn].is_buffer else self.get_parameter(fqn)
                 local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
         return _IncompatibleKeys(missing, unexpected)
+
+
+def pickling_refused(kind: str) -> UnsupportedOpError:
+    """The error for pickling a parallel module (`torch.save(pm, path)`, `pickle.dumps(pm)`, `copy.copy(pm)`): it
+    holds this rank's pieces, its process groups and programs, which another process cannot take up."""
+    return UnsupportedOpError(
+        f"torch.save / pickle of a {kind}: it holds this rank's pieces of the model, process groups and compiled "
+        "programs, which another process cannot take up. Remedy: save its state instead: "
+        "parallelizer.checkpoint.save(pm, opt, dir) (model and optimizer, loads on any plan), "
+        "torch.save(pm.state_dict(), f'ckpt-rank{dist.get_rank()}.pt') per rank (same rank and plan), or the "
+        "whole model for one device: parallelizer.checkpoint.export_full_state_dict(pm, dir) (a ParallelModule "
+        "also: `with pm.full_model() as model: torch.save(model, path)` on every rank)")
 
 
 def _attribute(root: torch.nn.Module, fqn: str):

@@ -49,7 +49,7 @@ from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
-from .module import check_state_keys
+from .module import check_state_keys, pickling_refused
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
@@ -139,6 +139,10 @@ class PipelineModule(torch.nn.Module):
                             "Remedy: keep the average of the local parameters yourself (ema = [p.detach().clone() "
                             "for p in pm.parameters()], then ema_p.lerp_(p, 1 - decay) after each step), or a plan "
                             "without 'pp', whose ParallelModule can be deep-copied")
+
+    def __reduce_ex__(self, protocol):
+        """Refused (UnsupportedOpError): `torch.save(pm, path)` / pickle (`module.pickling_refused`)."""
+        raise pickling_refused(type(self).__name__)
 
     def apply(self, fn):
         """Refused (PipelineError): the stages hold this rank's pieces of the model (each stage's modules mirror
