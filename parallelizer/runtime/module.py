@@ -116,6 +116,7 @@ class ParallelModule(torch.nn.Module):
         check_optimizer_steps()
         check_wrappers()
         check_initialisers()
+        shard_origin.install_dcp_guard()
 
     def __deepcopy__(self, memo: dict) -> "ParallelModule":
         """A ParallelModule with its own copies of this rank's parameter and buffer shards (ties kept) and of
@@ -493,6 +494,13 @@ class ParallelModule(torch.nn.Module):
                                  self.coords)
             for name in (fqn, *info.aliases):
                 out[name] = full
+        return out
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """`nn.Module.state_dict` (this rank's local pieces), whose pieces of sharded tensors are marked so that
+        torch.distributed.checkpoint refuses them (`shard_origin.install_dcp_guard`)."""
+        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        shard_origin.mark(self, out, prefix)
         return out
 
     def _save_to_state_dict(self, destination, prefix: str, keep_vars: bool) -> None:

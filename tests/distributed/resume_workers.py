@@ -88,3 +88,41 @@ def rank0_file_resume(rank: int, world_size: int, specs: dict) -> dict:
                              for f, p in pm.named_parameters())
         out[name] = r
     return out
+
+
+def dcp_direct(rank: int, world_size: int, specs: dict, directory: str) -> dict:
+    """torch.distributed.checkpoint called directly on pm.state_dict() / opt.state_dict() (not through
+    parallelizer.checkpoint), per spec in order (ddp2 first): "save" / "optimizer save" / "load": the
+    StateDictError's message, or for ddp2 the max |diff| of the parameters to their values before a save, a
+    disturbance and a load (a round trip)."""
+    import torch.distributed.checkpoint as dcp
+
+    out = {}
+    for name, spec in specs.items():
+        r = {}
+        model, (x,) = zoo.mlp(**SIZES)
+        pm = _pm(model, (x,), spec)
+        opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+        _train(pm, opt, range(1))
+        before = {k: v.clone() for k, v in pm.state_dict().items()}
+        path = f"{directory}/{name}"
+        try:
+            dcp.save({"model": pm.state_dict()}, checkpoint_id=path)
+            with torch.no_grad():
+                for p in pm.parameters():
+                    p.add_(1.0)
+            loaded = {"model": pm.state_dict()}
+            dcp.load(loaded, checkpoint_id=path)
+            pm.load_state_dict(loaded["model"])
+            r["save"] = max(_diff(pm.state_dict()[k], v) for k, v in before.items())
+        except StateDictError as exc:
+            r["save"] = str(exc)
+        for key, call in (("optimizer save", lambda: dcp.save({"optim": opt.state_dict()}, checkpoint_id=path + "-o")),
+                          ("load", lambda: dcp.load({"model": pm.state_dict()}, checkpoint_id=f"{directory}/ddp2"))):
+            try:
+                call()
+                r[key] = "ran"
+            except StateDictError as exc:
+                r[key] = str(exc)
+        out[name] = r
+    return out
