@@ -512,7 +512,7 @@ class ParallelModule(torch.nn.Module):
         if metadata is not None:
             entry = metadata.setdefault(prefix[:-1], {})
             entry[shard_origin.KEY] = shard_origin.module_pieces(self)
-            entry[shard_origin.KEY + "_rank"] = self.rank
+            entry[shard_origin.KEY + "_rank"] = shard_origin.process_rank(self.rank)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
@@ -524,7 +524,8 @@ class ParallelModule(torch.nn.Module):
             loaded = {name: value for name, value in saved.items() if prefix + name in state_dict}
             by = local_metadata.get(shard_origin.KEY + "_rank")
             shard_origin.check(f"{type(self).__name__}.load_state_dict", shard_origin.module_pieces(self), loaded,
-                               f" (saved by rank {by}, loaded on rank {self.rank})" if by is not None else "")
+                               f" (saved by rank {by}, loaded on rank {shard_origin.process_rank(self.rank)})"
+                               if by is not None else "")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 

@@ -44,6 +44,13 @@ def piece(shape: tuple[int, ...], layout: Layout, mesh: MeshSpec, coords: tuple[
     return tuple(shape), starts, lengths
 
 
+def process_rank(mesh_rank: int) -> int:
+    """This process's global rank (a pipeline stage's `rank` is its rank on the stage's sub-mesh)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else mesh_rank
+
+
 def describe(p: Piece) -> str:
     shape, starts, lengths = p
     if tuple(lengths) == tuple(shape):

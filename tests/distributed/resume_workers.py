@@ -126,3 +126,24 @@ def dcp_direct(rank: int, world_size: int, specs: dict, directory: str) -> dict:
                 r[key] = str(exc)
         out[name] = r
     return out
+
+
+def pipeline_rank0_file(rank: int, world_size: int) -> str:
+    """GPT-2 on pp=2 x dp=2 (fsdp), one pm.step + AdamW step, then every rank loads RANK 0's pm.state_dict():
+    "loaded", or the error's type and message (stage 1's ranks lack stage 0's keys: torch's RuntimeError, or a
+    StateDictError first when they hold a copy of a tied tensor)."""
+    import parallelizer
+
+    model, (ids,), kw = zoo.hf.gpt2(batch=4, seq_len=16, labels=True)
+    pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2, "dp": 2}, axis_roles={"dp": "fsdp"},
+                                       example_kwargs=kw, microbatches=2)
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+    pm.step(ids, **kw)
+    opt.step()
+    box = [_blob(pm, opt)]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        pm.load_state_dict(_load(box[0])["model"])
+        return "loaded"
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"

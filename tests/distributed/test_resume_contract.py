@@ -21,7 +21,7 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from resume_workers import SIZES, dcp_direct, rank0_file_resume
+from resume_workers import SIZES, dcp_direct, pipeline_rank0_file, rank0_file_resume
 
 pytestmark = pytest.mark.distributed
 
@@ -69,3 +69,15 @@ def test_dcp_called_directly_refuses_per_rank_pieces_and_round_trips_whole_tenso
                 text = r[name][key]
                 assert isinstance(text, str) and text.startswith(f"torch.distributed.checkpoint.{verb} of "), (name, key, text)
                 assert "parallelizer.checkpoint.save(pm, opt, dir)" in text
+
+
+def test_pipeline_stages_refuse_another_ranks_shards():
+    """pp=2 x dp=2 (fsdp): rank 1 holds stage 0's other fsdp shards; rank 3 holds stage 1's, with its copy of the tied
+    wte; rank 2 lacks stage 0's keys (torch's own missing-keys RuntimeError, as eagerly)."""
+    results = spawn(pipeline_rank0_file, 4, timeout_s=300)
+    assert results[0] == "loaded"
+    for rank in (1, 3):
+        assert results[rank].startswith("StateDictError: StageModule.load_state_dict: the state dict holds another "
+                                        "rank's or plan's piece"), results[rank]
+        assert f"(saved by rank 0, loaded on rank {rank})" in results[rank]
+    assert results[2].startswith("RuntimeError: Error(s) in loading state_dict") and "Missing key(s)" in results[2]
