@@ -54,6 +54,7 @@ from torch.distributed.tensor import DTensor
 
 from .core.layout import Layout, Shard, local_region
 from .errors import StateDictError
+from .runtime import shard_origin
 from .rewriter.spec import mesh_coords
 from .runtime.module import ParallelModule
 from .runtime.pipeline_module import PipelineModule
@@ -225,7 +226,10 @@ def _optimizer_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim
     """torch's flattened, FQN-keyed optimizer state dict of `pm`'s local parameters (module docstring: on a
     `PipelineModule` built here by the same keys, each tensor's first copy only)."""
     if not isinstance(pm, PipelineModule) and optimizer.state:
-        return get_optimizer_state_dict(pm, optimizer, options=_OPTIONS)
+        # without the record of which pieces a per-rank state dict holds (`runtime.shard_origin`): a checkpoint
+        # is resharded onto whatever pieces the loading plan holds
+        return {k: v for k, v in get_optimizer_state_dict(pm, optimizer, options=_OPTIONS).items()
+                if not k.endswith("." + shard_origin.KEY)}
     # (torch's get_optimizer_state_dict would first create the state of an optimizer that has none by a step
     # with zero gradients: Adam's step count 1 before the first real step, a silently different training run
     # after a checkpoint saved before the first step. Without state only the param groups are written.)
@@ -235,7 +239,7 @@ def _optimizer_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim
         if copies[fqn][0][1] is not p:
             continue  # a second copy of a tied / twinned parameter: saved from its first copy
         out.update({f"state.{fqn}.{k}": v for k, v in optimizer.state.get(p, {}).items()})
-        out.update({f"param_groups.{fqn}.{k}": v for k, v in group.items() if k != "params"})
+        out.update({f"param_groups.{fqn}.{k}": v for k, v in group.items() if k not in ("params", shard_origin.KEY)})
     return out
 
 

@@ -169,13 +169,16 @@ def _reduce(classes: dict[tuple[str, ...], torch.Tensor], axes: list[tuple[str, 
 
 class Owner(NamedTuple):
     """What a registered local parameter is: its stored layout on `mesh`, this rank's `groups`, the
-    `PipelineModule` whose stage holds it (a weak reference; None outside pipelines) and its FQN."""
+    `PipelineModule` whose stage holds it (a weak reference; None outside pipelines), its FQN, and (when known)
+    its global shape and this rank's mesh coordinates, which fix the piece it holds (`runtime.shard_origin`)."""
 
     layout: Layout
     mesh: MeshSpec
     groups: dict[str, list[int]]
     pipeline: weakref.ref | None
     fqn: str
+    shape: tuple[int, ...] | None = None
+    coords: tuple[int, ...] | None = None
 
 
 _OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
@@ -186,17 +189,26 @@ _TORCH_SCALER_UNSCALE = torch.amp.GradScaler.unscale_
 _TORCH_SCALER_STEP = torch.amp.GradScaler.step
 
 
+def register_module(pm, pipeline=None) -> None:
+    """`register` every parameter of a ParallelModule (or pipeline stage) `pm` with its layout, global shape and
+    this rank's coordinates; `pipeline`: the PipelineModule holding the stage."""
+    register([(f, p, pm.spec.params[f]) for f, p in pm.named_parameters()], pm.spec.mesh, pm.groups, pipeline,
+             shapes={f: tuple(info.shape) for f, info in pm.traced.parameters.items()}, coords=pm.coords)
+
+
 def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec, groups: dict[str, list[int]],
-             pipeline=None) -> None:
+             pipeline=None, *, shapes: dict[str, tuple[int, ...]] | None = None,
+             coords: tuple[int, ...] | None = None) -> None:
     """Record each local parameter's (FQN, tensor, layout) so that torch's norm and scaler functions over them
     take global values (module docstring); on first use installs `_clip_any_grad_norm_` and `_any_total_norm`
     in torch.nn.utils and `_agreeing_unscale_grads_` in torch.amp.GradScaler. `pipeline`: the
     `PipelineModule` whose stages hold them (kept as a weak reference): clipping them clips that module by its
     norm over all stages (`PipelineModule.clip_grad_norm_`). `runtime.optimizer_check` reads the same record
-    (`owner_of`)."""
+    (`owner_of`). `shapes` (FQN -> global shape) and `coords` (this rank's mesh coordinates) let an optimizer's
+    state dict record which piece of each parameter it holds (`runtime.shard_origin`)."""
     ref = None if pipeline is None else weakref.ref(pipeline)
     for fqn, p, layout in params:
-        _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn)
+        _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn, (shapes or {}).get(fqn), coords)
     if torch.nn.utils.clip_grad_norm_ is not _clip_any_grad_norm_:
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
         # torch's own clip_grad_norm_ (a name bound before this) looks `_get_total_norm` up in its module

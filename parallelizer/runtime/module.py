@@ -52,8 +52,9 @@ from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
+from . import shard_origin
 from .grad_norm import clip_grad_norm_
-from .grad_norm import register as register_for_clipping
+from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import install as check_optimizer_steps
@@ -111,10 +112,11 @@ class ParallelModule(torch.nn.Module):
         self._first_modes = self._modes()
         self._active = self._program_for(self._first_modes, self._frozen(), None, None)
         self.groups = self.program.groups
-        register_for_clipping([(f, p, spec.params[f]) for f, p in self.named_parameters()], spec.mesh, self.groups)
+        register_for_clipping(self)
         check_optimizer_steps()
         check_wrappers()
         check_initialisers()
+        shard_origin.install_dcp_guard()
 
     def __deepcopy__(self, memo: dict) -> "ParallelModule":
         """A ParallelModule with its own copies of this rank's parameter and buffer shards (ties kept) and of
@@ -127,9 +129,13 @@ class ParallelModule(torch.nn.Module):
         memo[id(self)] = new
         for key, value in self.__dict__.items():
             new.__dict__[key] = copy.deepcopy(value, memo) if key in MODULE_STATE else value
-        register_for_clipping([(f, p, new.spec.params[f]) for f, p in new.named_parameters()], new.spec.mesh,
-                              new.groups)
+        register_for_clipping(new)
         return new
+
+    def __reduce_ex__(self, protocol):
+        """Refused (UnsupportedOpError, `pickling_refused`): `torch.save(pm, path)` / `pickle.dumps(pm)`. Before,
+        pickle's "Can't pickle <class 'torch.nn.modules.linear.Linear'>: it's not the same object" (the mirrors)."""
+        raise pickling_refused(type(self).__name__)
 
     # -- state ---------------------------------------------------------------------------------------
     def _mirror(self, model: torch.nn.Module) -> dict[str, dict[str, object]]:
@@ -490,6 +496,39 @@ class ParallelModule(torch.nn.Module):
                 out[name] = full
         return out
 
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """`nn.Module.state_dict` (this rank's local pieces), whose pieces of sharded tensors are marked so that
+        torch.distributed.checkpoint refuses them (`shard_origin.install_dcp_guard`)."""
+        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        shard_origin.mark(self, out, prefix)
+        return out
+
+    def _save_to_state_dict(self, destination, prefix: str, keep_vars: bool) -> None:
+        """nn.Module's hook for this module's own tensors (it has none: its submodules hold them), used to record
+        in the state dict's metadata which piece of each tensor this rank holds (`runtime.shard_origin`), so that
+        loading it on another rank or plan is refused instead of training from another rank's shards."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        metadata = getattr(destination, "_metadata", None)
+        if metadata is not None:
+            entry = metadata.setdefault(prefix[:-1], {})
+            entry[shard_origin.KEY] = shard_origin.module_pieces(self)
+            entry[shard_origin.KEY + "_rank"] = shard_origin.process_rank(self.rank)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """Refuse (StateDictError, before anything is copied: torch loads this module before its submodules) a
+        state dict that records other pieces than this rank holds (`_save_to_state_dict`): rank 0's file
+        loaded on every rank, or a file saved under another plan."""
+        saved = local_metadata.get(shard_origin.KEY)
+        if saved is not None:
+            loaded = {name: value for name, value in saved.items() if prefix + name in state_dict}
+            by = local_metadata.get(shard_origin.KEY + "_rank")
+            shard_origin.check(f"{type(self).__name__}.load_state_dict", shard_origin.module_pieces(self), loaded,
+                               f" (saved by rank {by}, loaded on rank {shard_origin.process_rank(self.rank)})"
+                               if by is not None else "")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """`nn.Module.load_state_dict` of LOCAL shards (what `pm.state_dict()` holds on this rank).
 
@@ -540,6 +579,18 @@ class ParallelModule(torch.nn.Module):
                 local = self.get_buffer(fqn) if self.traced.parameters[fqn].is_buffer else self.get_parameter(fqn)
                 local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
         return _IncompatibleKeys(missing, unexpected)
+
+
+def pickling_refused(kind: str) -> UnsupportedOpError:
+    """The error for pickling a parallel module (`torch.save(pm, path)`, `pickle.dumps(pm)`, `copy.copy(pm)`): it
+    holds this rank's pieces, its process groups and programs, which another process cannot take up."""
+    return UnsupportedOpError(
+        f"torch.save / pickle of a {kind}: it holds this rank's pieces of the model, process groups and compiled "
+        "programs, which another process cannot take up. Remedy: save its state instead: "
+        "parallelizer.checkpoint.save(pm, opt, dir) (model and optimizer, loads on any plan), "
+        "torch.save(pm.state_dict(), f'ckpt-rank{dist.get_rank()}.pt') per rank (same rank and plan), or the "
+        "whole model for one device: parallelizer.checkpoint.export_full_state_dict(pm, dir) (a ParallelModule "
+        "also: `with pm.full_model() as model: torch.save(model, path)` on every rank)")
 
 
 def _attribute(root: torch.nn.Module, fqn: str):

@@ -37,6 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..core.layout import Shard
 from ..errors import OptimizerError
+from . import shard_origin
 from .grad_norm import owner_of
 
 ELEMENT, TENSOR, COUPLED, PARTITIONED = "per-element", "per-tensor", "coupled", "partitioned"
@@ -47,6 +48,7 @@ _HANDLE = None
 _WRAPPED = WeakIdKeyDictionary()
 # a local parameter of such a module -> weak reference to the model's parameter of the same FQN
 _SOURCE_OF = WeakIdKeyDictionary()
+_STAMPED = WeakIdKeyDictionary()  # optimizers whose state_dict records their parameters' pieces (`shard_origin`)
 
 
 def remember_wrapped(model: torch.nn.Module, module: torch.nn.Module) -> None:
@@ -156,8 +158,14 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     """The step pre-hook (module docstring): each param group holding registered parameters is classified
-    with its own hyperparameters (a group may override the defaults). Raises OptimizerError."""
+    with its own hyperparameters (a group may override the defaults). Raises OptimizerError; StateDictError for
+    a loaded state of other pieces than this rank holds (`runtime.shard_origin`), before anything is stepped."""
     _check_wrapped(optimizer)
+    if optimizer not in _STAMPED and any(owner_of(p) is not None for g in optimizer.param_groups for p in g["params"]):
+        # from the first step on (no state exists before it), its state_dict records each parameter's piece
+        _STAMPED[optimizer] = optimizer.register_state_dict_post_hook(
+            lambda opt, sd: shard_origin.stamp_optimizer(opt, sd, owner_of))
+    shard_origin.check_optimizer(optimizer, owner_of)
     for group in optimizer.param_groups:
         # a frozen parameter is never stepped (no gradient): it neither refuses nor is named (before, a frozen
         # tp-sharded embedding was the parameter a user's LARS was refused for)

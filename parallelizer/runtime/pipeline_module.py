@@ -46,10 +46,10 @@ from ..tracer.leaves import unflatten_in_order
 from ..tracer.microbatch_check import loss_fn_mixing
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
-from .grad_norm import register as register_for_clipping
+from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
-from .module import check_state_keys
+from .module import check_state_keys, pickling_refused
 from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
@@ -88,8 +88,7 @@ class PipelineModule(torch.nn.Module):
         self._rank = rank
         self.copied: frozenset[str] = frozenset()  # FQNs held more than once in the pipeline (build_pipeline_module)
         for stage in run.stages:  # torch.nn.utils.clip_grad_norm_(pm.parameters()) clips over all stages
-            register_for_clipping([(f, p, stage.spec.params[f]) for f, p in stage.named_parameters()], stage.spec.mesh,
-                                  stage.groups, pipeline=self)
+            register_for_clipping(stage, pipeline=self)
         check_optimizer_steps()
         check_wrappers()
 
@@ -142,6 +141,10 @@ class PipelineModule(torch.nn.Module):
                             "Remedy: keep the average of the local parameters yourself (ema = [p.detach().clone() "
                             "for p in pm.parameters()], then ema_p.lerp_(p, 1 - decay) after each step), or a plan "
                             "without 'pp', whose ParallelModule can be deep-copied")
+
+    def __reduce_ex__(self, protocol):
+        """Refused (UnsupportedOpError): `torch.save(pm, path)` / pickle (`module.pickling_refused`)."""
+        raise pickling_refused(type(self).__name__)
 
     def apply(self, fn):
         """Refused (PipelineError): the stages hold this rank's pieces of the model (each stage's modules mirror

@@ -17,6 +17,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import PlanMismatchError, UnknownNodeError
+from .call_defaults import drop_passed_defaults
 
 
 class Role(str, enum.Enum):
@@ -194,6 +195,9 @@ class TracedGraph:
         call_inputs: placeholder names of ALL user inputs (tensor and constant) in flattened call order.
         training: the model's `training` flag when traced: export bakes the mode into mode-dependent ops
             (`batch_norm(training=...)`, `dropout(train=...)`) and into Python branches on `self.training`.
+        forward_positional, untraced_defaults: the forward's positional parameter names, and {name: default} of
+            its parameters the traced call left at a plain-constant default: a call passing one of them with
+            that value computes the traced function (`tracer.call_defaults`).
     """
 
     exported: torch.export.ExportedProgram
@@ -206,6 +210,8 @@ class TracedGraph:
     constant_inputs: dict[str, Any] = field(default_factory=dict)
     call_inputs: tuple[str, ...] = ()
     training: bool = True
+    forward_positional: tuple[str, ...] = ()
+    untraced_defaults: dict[str, Any] = field(default_factory=dict)
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -231,10 +237,14 @@ class TracedGraph:
         call has the traced structure and passes every constant input with its traced value.
 
         Raises:
-            TypeError: the call's structure (positional count, keyword names, nesting) differs from the trace.
+            TypeError: the call's structure (positional count, keyword names, nesting) differs from the trace;
+                an input the traced call left at its default is passed with another value (`call_defaults`).
             ValueError: a constant input has another value than when traced (names it and both values).
         """
         spec = self.exported.call_spec.in_spec
+        if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict) and self.untraced_defaults:
+            args, kwargs = drop_passed_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
+                                                self.forward_positional, self.untraced_defaults, tuple(args), kwargs)
         args, kwargs = self._bind_positional_keywords(spec, tuple(args), kwargs)
         if spec is not None and isinstance(kwargs, dict) and spec.num_children == 2:
             order = spec.child(1).context  # keywords in the traced order (a call may order them freely)

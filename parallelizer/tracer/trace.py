@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
+from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, runs_eagerly
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
@@ -96,7 +97,9 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     if renamed:
         notes.append("input(s) named like Python builtins are called " + ", ".join(
             f"{old} -> {new}" for old, new in renamed.items()) + " in the graph and the plan (fx's rule)")
-    return _build(model, exported, gm, notes, renamed)
+    traced = _build(model, exported, gm, notes, renamed)
+    traced.forward_positional, traced.untraced_defaults = untraced_defaults(model, example_inputs, example_kwargs)
+    return traced
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:

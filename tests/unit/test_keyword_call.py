@@ -46,5 +46,7 @@ def test_other_keyword_mistakes_stay_typed():
         pm(user=u, item=i, extra=u)
     with pytest.raises(TypeError, match=r"1 positional input\(s\), traced with 2"):
         pm(u)
-    with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['scale'\]"):  # not passed when traced
+    with pytest.raises(TypeError, match=r"input 'scale' = 2.0 was not passed when the model was traced(.|\n)*"
+                                        r"default scale=1.0(.|\n)*example_kwargs=\{'scale': 2.0\}"):
         pm(u, i, scale=2.0)
+    torch.testing.assert_close(pm(u, i, scale=1.0), model(u, i))  # its default: the traced function

@@ -1,0 +1,149 @@
+"""Rank bodies for test_resume_contract: per-rank state dicts saved and loaded the way DDP scripts do it.
+
+Every check compares with the eager model on one device, built from the same seed in the same rank. Functions
+return plain values (messages, booleans, numbers) so that the test asserts them in the parent.
+"""
+from __future__ import annotations
+
+import copy
+import io
+
+import torch
+import torch.distributed as dist
+
+from parallelizer import zoo
+from parallelizer.errors import StateDictError
+from contract_workers import _diff, _pm, _shard
+
+SIZES = dict(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(SIZES["batch"], SIZES["in_features"], generator=torch.Generator().manual_seed(100 + step))
+
+
+def _train(m, opt, steps: range) -> None:
+    for s in steps:
+        m(_batch(s)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _blob(pm, opt) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": pm.state_dict(), "opt": opt.state_dict()}, buf)
+    return buf.getvalue()
+
+
+def _load(blob: bytes) -> dict:
+    return torch.load(io.BytesIO(blob))
+
+
+def rank0_file_resume(rank: int, world_size: int, specs: dict) -> dict:
+    """Per spec, after 2 AdamW steps on pm and on eager:
+    "model": pm.load_state_dict of RANK 0's saved state dict (DDP's "rank 0 saves, every rank loads"): "loaded" or
+        the StateDictError's message;
+    "optimizer": a new AdamW loading rank 0's optimizer state dict, then step(): ("stepped", moved) or
+        (message, whether the parameters stayed unchanged);
+    "own_files": each rank reloads its OWN saved model and optimizer state (after the parameters were disturbed),
+        then 2 more steps on pm and eager: max |diff| of the parameters to eager's shards."""
+    out = {}
+    for name, spec in specs.items():
+        r = {}
+        model, (x,) = zoo.mlp(**SIZES)
+        reference = copy.deepcopy(model)
+        pm = _pm(model, (x,), spec)
+        opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (pm, reference))
+        _train(pm, opt, range(2))
+        _train(reference, ref_opt, range(2))
+        own = _blob(pm, opt)
+        box = [own]
+        dist.broadcast_object_list(box, src=0)  # the file rank 0 wrote, read by every rank
+        first = _load(box[0])
+        with torch.no_grad():
+            for p in pm.parameters():
+                p.add_(1.0)
+        try:
+            pm.load_state_dict(first["model"])
+            r["model"] = "loaded"
+        except StateDictError as exc:
+            r["model"] = str(exc)
+        pm(_batch(2)).pow(2).mean().backward()
+        again = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+        again.load_state_dict(first["opt"])
+        before = [p.detach().clone() for p in pm.parameters()]
+        try:
+            again.step()
+            r["optimizer"] = ("stepped", any(not torch.equal(a, b) for a, b in zip(before, pm.parameters())))
+        except StateDictError as exc:
+            r["optimizer"] = (str(exc), all(torch.equal(a, b) for a, b in zip(before, pm.parameters())))
+        pm.zero_grad()
+        mine = _load(own)
+        pm.load_state_dict(mine["model"])
+        resumed = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+        resumed.load_state_dict(mine["opt"])
+        _train(pm, resumed, range(2, 4))
+        _train(reference, ref_opt, range(2, 4))
+        r["own_files"] = max(_diff(p, _shard(reference.get_parameter(f).detach(), spec, f, pm))
+                             for f, p in pm.named_parameters())
+        out[name] = r
+    return out
+
+
+def dcp_direct(rank: int, world_size: int, specs: dict, directory: str) -> dict:
+    """torch.distributed.checkpoint called directly on pm.state_dict() / opt.state_dict() (not through
+    parallelizer.checkpoint), per spec in order (ddp2 first): "save" / "optimizer save" / "load": the
+    StateDictError's message, or for ddp2 the max |diff| of the parameters to their values before a save, a
+    disturbance and a load (a round trip)."""
+    import torch.distributed.checkpoint as dcp
+
+    out = {}
+    for name, spec in specs.items():
+        r = {}
+        model, (x,) = zoo.mlp(**SIZES)
+        pm = _pm(model, (x,), spec)
+        opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+        _train(pm, opt, range(1))
+        before = {k: v.clone() for k, v in pm.state_dict().items()}
+        path = f"{directory}/{name}"
+        try:
+            dcp.save({"model": pm.state_dict()}, checkpoint_id=path)
+            with torch.no_grad():
+                for p in pm.parameters():
+                    p.add_(1.0)
+            loaded = {"model": pm.state_dict()}
+            dcp.load(loaded, checkpoint_id=path)
+            pm.load_state_dict(loaded["model"])
+            r["save"] = max(_diff(pm.state_dict()[k], v) for k, v in before.items())
+        except StateDictError as exc:
+            r["save"] = str(exc)
+        for key, call in (("optimizer save", lambda: dcp.save({"optim": opt.state_dict()}, checkpoint_id=path + "-o")),
+                          ("load", lambda: dcp.load({"model": pm.state_dict()}, checkpoint_id=f"{directory}/ddp2"))):
+            try:
+                call()
+                r[key] = "ran"
+            except StateDictError as exc:
+                r[key] = str(exc)
+        out[name] = r
+    return out
+
+
+def pipeline_rank0_file(rank: int, world_size: int) -> str:
+    """GPT-2 on pp=2 x dp=2 (fsdp), one pm.step + AdamW step, then every rank loads RANK 0's pm.state_dict():
+    "loaded", or the error's type and message (stage 1's ranks lack stage 0's keys: torch's RuntimeError, or a
+    StateDictError first when they hold a copy of a tied tensor)."""
+    import parallelizer
+
+    model, (ids,), kw = zoo.hf.gpt2(batch=4, seq_len=16, labels=True)
+    pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2, "dp": 2}, axis_roles={"dp": "fsdp"},
+                                       example_kwargs=kw, microbatches=2)
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
+    pm.step(ids, **kw)
+    opt.step()
+    box = [_blob(pm, opt)]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        pm.load_state_dict(_load(box[0])["model"])
+        return "loaded"
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
