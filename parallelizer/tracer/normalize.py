@@ -44,8 +44,11 @@
    are removed (a `cat` of one operand is that operand), then ops whose values reach no output and that write
    nothing a kept op or a placeholder reads (dead code; random draws kept).
 9. Twins of ops with sharding rules become those ops: `aten.concat` / `aten.concatenate` (aliases of
-   `aten.cat`) become `aten.cat`, and `aten.reshape_as(x, other)` becomes `aten.reshape(x, other's traced
-   shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule, and under ddp gathered the batch).
+   `aten.cat`) become `aten.cat`, and `aten.reshape_as(x, other)` / `aten.view_as(x, other)` become
+   `aten.reshape(x, other's traced shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule,
+   and under ddp gathered the batch); `aten.type_as(x, other)` becomes `aten.to.dtype(x, other's dtype)` (it
+   reads only other's dtype, but its rule took other as an elementwise operand: PegasusX's positional
+   encoding, `arange(...).type_as(inputs_embeds)`, gathered the batch-sharded embeddings under ddp).
 10. A batch-first recurrent layer (`nn.LSTM / GRU / RNN(batch_first=True)`, the usual way to write one) becomes
    the sequence-first op between two transposes (torch's batch-first kernel transposes the same way inside):
    the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
@@ -304,7 +307,8 @@ def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
 
 
 def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Normalisation 9 (module docstring): aliases of cat and reshape_as become cat and reshape."""
+    """Normalisation 9 (module docstring): ops reading only the shape or dtype of their second operand, and aliases
+    of cat, become the ops with rules (reshape, to(dtype), cat)."""
     aten = torch.ops.aten
     renamed = 0
     for node in gm.graph.nodes:
@@ -312,13 +316,17 @@ def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             continue
         if node.target in (aten.concat.default, aten.concatenate.default):
             node.target = aten.cat.default
-        elif node.target is aten.reshape_as.default and not node.kwargs:
+        elif node.target in (aten.reshape_as.default, aten.view_as.default) and not node.kwargs:
             node.target, node.args = aten.reshape.default, (node.args[0], list(node.args[1].meta["val"].shape))
+        elif (node.target is aten.type_as.default and not node.kwargs
+              and node.args[0].meta["val"].device == node.args[1].meta["val"].device):
+            node.target, node.args = aten.to.dtype, (node.args[0], node.args[1].meta["val"].dtype)
         else:
             continue
         renamed += 1
     if renamed:
-        notes.append(f"{renamed} concat / reshape_as node(s) written as cat / reshape (same values; those have rules)")
+        notes.append(f"{renamed} concat / reshape_as / view_as / type_as node(s) written as cat / reshape / to(dtype) "
+                     "(same values; those have rules and do not read the other operand's values)")
 
 
 def _sequence_first_rnns(gm: torch.fx.GraphModule, notes: list[str]) -> None:
