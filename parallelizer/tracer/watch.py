@@ -220,6 +220,8 @@ def _check_custom_backward(cls: type, metas, location: str | None, notes: list[s
     0.1: a forward defined only on part of the line (YOSO's acos of q . k) gives NaN at scale 1, and NaN
     gradients compared with `>` would have read as equal.
 
+    Both calls draw from torch's generator in the same state, so a Function drawing random numbers in forward
+    (XDropout) is compared with the same draws (before, its two masks differed and it was refused).
     Compared: the gradients of the float inputs AND of the parameters of modules passed to `apply` (a
     reversible layer, Reformer's `_ReversibleFunction(hidden, layers, ...)`, runs them in forward and
     accumulates their gradients inside its backward). An output whose forward ops carry no gradient (they
@@ -261,8 +263,9 @@ def _check_custom_backward(cls: type, metas, location: str | None, notes: list[s
             kept = [p.grad for p in params]
             for t in leaves:
                 t.grad = None
-            try:
-                with torch.enable_grad():
+            try:  # both runs draw the same numbers (XDropout's mask in DeBERTa-v2 / SEW-D)
+                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
                     outs = [o for o in pytree.tree_leaves(run()) if isinstance(o, torch.Tensor) and o.is_floating_point()]
                     seeds = [torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=o.dtype) for o in outs]
                     pairs = [(o, s) for o, s in zip(outs, seeds) if o.requires_grad]
