@@ -43,9 +43,14 @@
    model's own `use_cache=True` (the cache itself is dropped from the output): `cat` operands with no elements
    are removed (a `cat` of one operand is that operand), then ops whose values reach no output and that write
    nothing a kept op or a placeholder reads (dead code; random draws kept).
-9. Twins of ops with sharding rules become those ops: `aten.concat` / `aten.concatenate` (aliases of
-   `aten.cat`) become `aten.cat`, and `aten.reshape_as(x, other)` becomes `aten.reshape(x, other's traced
-   shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule, and under ddp gathered the batch).
+9. Twins of ops with sharding rules become those ops: torch's aliases (`ALIASES`: `concat` / `concatenate` of
+   `cat`, `clip` of `clamp`, `multiply` of `mul`, `swapaxes` of `transpose`, ... which torch.export keeps under
+   their own names and which had no rule: LayoutLMv3's `clip` ran replicated and gathered the batch under ddp)
+   become the ops they alias, and `aten.reshape_as(x, other)` / `aten.view_as(x, other)` become
+   `aten.reshape(x, other's traced shape)` (GOT-OCR2, LeViT, ZoeDepth: they ran replicated, without a rule,
+   and under ddp gathered the batch); `aten.type_as(x, other)` becomes `aten.to.dtype(x, other's dtype)` (it
+   reads only other's dtype, but its rule took other as an elementwise operand: PegasusX's positional
+   encoding, `arange(...).type_as(inputs_embeds)`, gathered the batch-sharded embeddings under ddp).
 10. A batch-first recurrent layer (`nn.LSTM / GRU / RNN(batch_first=True)`, the usual way to write one) becomes
    the sequence-first op between two transposes (torch's batch-first kernel transposes the same way inside):
    the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
@@ -307,22 +312,81 @@ def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only; a view of one became a reshape)")
 
 
+ALIASES = {
+    "absolute": "abs", "arccos": "acos", "arccosh": "acosh", "arcsin": "asin", "arcsinh": "asinh", "arctan": "atan",
+    "arctan2": "atan2", "arctanh": "atanh", "clip": "clamp", "concat": "cat", "concatenate": "cat", "divide": "div",
+    "true_divide": "div", "fix": "trunc", "greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+    "multiply": "mul", "negative": "neg", "not_equal": "ne", "subtract": "sub", "swapaxes": "transpose",
+    "swapdims": "transpose", "moveaxis": "movedim", "special_expit": "sigmoid", "special_exp2": "exp2",
+    "special_expm1": "expm1", "special_log1p": "log1p", "special_round": "round", "special_sinc": "sinc",
+    "special_logit": "logit", "special_psi": "digamma", "special_digamma": "digamma", "special_erf": "erf",
+    "special_erfc": "erfc", "special_erfinv": "erfinv", "special_gammaln": "lgamma", "special_polygamma": "polygamma",
+    "special_multigammaln": "mvlgamma", "special_log_softmax": "log_softmax", "special_softmax": "softmax",
+    "special_i0": "i0", "special_xlogy": "xlogy"}
+"""torch's documented aliases (`torch.clip` is `torch.clamp`, ...) that torch.export keeps under their own names:
+alias -> the op with a sharding rule. In-place forms (`clip_`) map alike; an overload is renamed only where the
+target has the same overload with the same arguments."""
+
+
+def _alias_target(node: torch.fx.Node):
+    """The canonical overload of the aliased ATen overload `node` calls (`ALIASES`), or None: the same argument
+    types (and names, where the node passes keywords: `swapaxes(axis0, axis1)` is `transpose(dim0, dim1)`)."""
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    base, inplace = (name[:-1], "_") if name.endswith("_") and not name.endswith("__") else (name, "")
+    canonical = ALIASES.get(base)
+    if canonical is None:
+        return None
+    packet = getattr(torch.ops.aten, canonical + inplace, None)
+    if packet is None:
+        return None
+    keys = (lambda a: (a.name, str(a.type))) if node.kwargs else (lambda a: str(a.type))
+    wanted = [keys(a) for a in target._schema.arguments]
+    names = [target._overloadname] + [o for o in packet.overloads() if o != target._overloadname]
+    for overload in (getattr(packet, o, None) for o in names):  # the same overload name first (swapaxes.default
+        if overload is not None and [keys(a) for a in overload._schema.arguments] == wanted:  # is transpose.int)
+            return overload
+    return None
+
+
+def _movedim_order(node: torch.fx.Node) -> list[int]:
+    """The permutation `movedim(x, source, destination)` applies (x's traced rank)."""
+    nd = node.args[0].meta["val"].dim()
+    src, dst = (list(a) if isinstance(a, (list, tuple)) else [a] for a in node.args[1:3])
+    src, dst = [d % nd for d in src], [d % nd for d in dst]
+    rest = iter(d for d in range(nd) if d not in src)
+    placed = dict(zip(dst, src))
+    return [placed[i] if i in placed else next(rest) for i in range(nd)]
+
+
 def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Normalisation 9 (module docstring): aliases of cat and reshape_as become cat and reshape."""
+    """Normalisation 9 (module docstring): ops reading only the shape or dtype of their second operand, and aliases
+    (`ALIASES`: cat's, clamp's, mul's, ...), become the ops with rules (reshape, to(dtype), the aliased op)."""
     aten = torch.ops.aten
-    renamed = 0
+    renamed: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target in (aten.concat.default, aten.concatenate.default):
-            node.target = aten.cat.default
-        elif node.target is aten.reshape_as.default and not node.kwargs:
+        name = str(getattr(node.target, "overloadpacket", node.target)).replace("aten.", "")
+        if (canonical := _alias_target(node)) is not None:
+            node.target = canonical
+            if canonical in (aten.movedim.int, aten.movedim.intlist):  # movedim has no rule: a permute
+                node.target, node.args = aten.permute.default, (node.args[0], _movedim_order(node))
+        elif node.target in (aten.movedim.int, aten.movedim.intlist) and not node.kwargs:
+            node.target, node.args = aten.permute.default, (node.args[0], _movedim_order(node))
+        elif node.target in (aten.reshape_as.default, aten.view_as.default) and not node.kwargs:
             node.target, node.args = aten.reshape.default, (node.args[0], list(node.args[1].meta["val"].shape))
+        elif (node.target is aten.type_as.default and not node.kwargs
+              and node.args[0].meta["val"].device == node.args[1].meta["val"].device):
+            node.target, node.args = aten.to.dtype, (node.args[0], node.args[1].meta["val"].dtype)
         else:
             continue
-        renamed += 1
+        renamed[name] = renamed.get(name, 0) + 1
     if renamed:
-        notes.append(f"{renamed} concat / reshape_as node(s) written as cat / reshape (same values; those have rules)")
+        notes.append(f"{sum(renamed.values())} node(s) written as the ops they alias or read only the shape / dtype of "
+                     f"another operand ({', '.join(f'{k} x{v}' for k, v in sorted(renamed.items()))}; same values; "
+                     "those ops have sharding rules)")
 
 
 def _sequence_first_rnns(gm: torch.fx.GraphModule, notes: list[str]) -> None:

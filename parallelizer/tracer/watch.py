@@ -135,6 +135,7 @@ def custom_backward_watch(notes: list[str]):
     function = torch.autograd.function.Function
     original = function.__dict__["apply"]
     seen: dict[type, tuple] = {}
+    grad_off: set[type] = set()  # Functions whose forward turns gradients off (torch.no_grad inside)
 
     def apply(cls, *args, **kwargs):
         if cls not in seen and not internal(getattr(sys.modules.get(cls.__module__), "__file__", None) or "<"):
@@ -142,7 +143,24 @@ def custom_backward_watch(notes: list[str]):
                                                                   t.requires_grad), (args, kwargs))
             user = [f for f in traceback.extract_stack()[:-1] if not internal(f.filename)]
             seen[cls] = (metas, f"{user[-1].filename}:{user[-1].lineno}" if user else None)
-        return original.__func__(cls, *args, **kwargs)
+        # apply runs forward with grad mode off in C++ and turns it back on after, where export does not see
+        # it: a no_grad block inside forward (or an enable_grad block's exit) leaves the rest of forward AND
+        # every later op of the model exported under no_grad. Such a Function is refused after tracing
+        # (`grad_off`); the mode is set again after apply, where export sees it, so the refusal is the error
+        # the user gets rather than a graph without gradients.
+        enabled, set_grad = torch.is_grad_enabled(), torch._C._set_grad_enabled
+
+        def watched_set_grad(mode: bool):
+            if not mode:
+                grad_off.add(cls)
+            return set_grad(mode)
+
+        torch._C._set_grad_enabled = watched_set_grad
+        try:
+            return original.__func__(cls, *args, **kwargs)
+        finally:
+            torch._C._set_grad_enabled = set_grad
+            torch.set_grad_enabled(enabled)
 
     hook_calls: list[str] = []
     register_hook = torch.Tensor.register_hook
@@ -167,7 +185,13 @@ def custom_backward_watch(notes: list[str]):
         notes.append(text)
         warnings.warn(text, stacklevel=4)
     for cls, (metas, location) in seen.items():
-        _check_custom_backward(cls, metas, location, notes)
+        _check_custom_backward(cls, metas, location, notes, grad_off=cls in grad_off)
+
+
+_CUT_REMEDY = ("its backward computes the gradients itself (a reversible or recomputing layer, e.g. Reformer's "
+               "RevNet) while torch.export keeps only the forward's ops, so the program's gradient would stop there, "
+               "silently. Write forward without the Function (for the memory saving, torch.utils.checkpoint regions "
+               "are supported and recomputed in backward)")
 
 
 class _Ctx:
@@ -190,39 +214,72 @@ class _Ctx:
         raise RuntimeError("mark_dirty")
 
 
-def _check_custom_backward(cls: type, metas, location: str | None, notes: list[str]) -> None:
+def _check_custom_backward(cls: type, metas, location: str | None, notes: list[str], *, grad_off: bool = False) -> None:
     """Non-float tensor inputs (masks, indices) are ones: every position valid (YOSO's int query/key masks,
     which made the check give up before). Float inputs are drawn from N(0, scale^2), at scale 1 and else
     0.1: a forward defined only on part of the line (YOSO's acos of q . k) gives NaN at scale 1, and NaN
-    gradients compared with `>` would have read as equal."""
+    gradients compared with `>` would have read as equal.
+
+    Both calls draw from torch's generator in the same state, so a Function drawing random numbers in forward
+    (XDropout) is compared with the same draws (before, its two masks differed and it was refused).
+    Compared: the gradients of the float inputs AND of the parameters of modules passed to `apply` (a
+    reversible layer, Reformer's `_ReversibleFunction(hidden, layers, ...)`, runs them in forward and
+    accumulates their gradients inside its backward). An output whose forward ops carry no gradient (they
+    run under `torch.no_grad()`, which the traced program keeps as a stop-gradient) has a derivative of zero.
+    In float64 when the Function's modules allow it, else in the traced dtypes (float32: a looser bound).
+
+    A Function whose forward turns gradients off (`grad_off`: torch.no_grad inside it) is a TraceError without
+    the check: export keeps the rest of its forward without gradient, while its backward supplies one
+    (Reformer's `_ReversibleFunction`; its cache argument, filled by the traced call, also makes a re-run fail)."""
     name = f"{cls.__module__}.{cls.__qualname__}"
+    if grad_off:
+        raise TraceError(f"a torch.autograd.Function with its own backward ({name}) whose forward turns gradients "
+                         "off (torch.no_grad(), or the exit of torch.enable_grad(), inside it)", location, _CUT_REMEDY,
+                         detail="torch.export keeps the ops after that point in forward without gradient")
 
     def is_meta(x):
         return isinstance(x, tuple) and len(x) == 3 and isinstance(x[1], torch.dtype)
 
-    def attempt(scale: float):
+    modules = [m for m in pytree.tree_leaves(metas, is_leaf=is_meta) if isinstance(m, torch.nn.Module)]
+    params = list(dict.fromkeys(p for m in modules for p in m.parameters() if p.requires_grad))
+
+    def attempt(scale: float, dtype: torch.dtype | None):
         gen = torch.Generator().manual_seed(0)
 
         def real(meta):
-            shape, dtype, grad = meta
-            if not dtype.is_floating_point:
-                return torch.ones(shape, dtype=dtype)
-            return (scale * torch.randn(shape, generator=gen, dtype=torch.float64)).requires_grad_(grad)
+            shape, traced_dtype, grad = meta
+            if not traced_dtype.is_floating_point:
+                return torch.ones(shape, dtype=traced_dtype)
+            x = scale * torch.randn(shape, generator=gen, dtype=torch.float64)
+            return x.to(dtype or traced_dtype).requires_grad_(grad)
 
         args, kwargs = pytree.tree_map(lambda m: real(m) if is_meta(m) else m, metas, is_leaf=is_meta)
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not inputs:
             return None
-        with torch.enable_grad():
-            custom = cls.apply(*args, **kwargs)
-            plain = cls.forward(_Ctx(), *args, **kwargs)
-            outs = [(c, p) for c, p in zip(pytree.tree_leaves(custom), pytree.tree_leaves(plain))
-                    if isinstance(c, torch.Tensor) and c.requires_grad and p.requires_grad]
-            if not outs:
-                return None
-            seeds = [torch.randn(c.shape, generator=gen, dtype=c.dtype) for c, _ in outs]
-            g_custom = torch.autograd.grad([c for c, _ in outs], inputs, seeds, allow_unused=True)
-            g_plain = torch.autograd.grad([p for _, p in outs], inputs, seeds, allow_unused=True)
+        leaves = [*inputs, *params]
+
+        def grads(run):  # gradients of `leaves` for the seeded outputs of `run` (None: none carries one)
+            kept = [p.grad for p in params]
+            for t in leaves:
+                t.grad = None
+            try:  # both runs draw the same numbers (XDropout's mask in DeBERTa-v2 / SEW-D)
+                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    outs = [o for o in pytree.tree_leaves(run()) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+                    seeds = [torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=o.dtype) for o in outs]
+                    pairs = [(o, s) for o, s in zip(outs, seeds) if o.requires_grad]
+                    if pairs:
+                        torch.autograd.backward([o for o, _ in pairs], [s for _, s in pairs])
+                return [t.grad for t in leaves], bool(pairs)
+            finally:
+                for p, g in zip(params, kept):
+                    p.grad = g
+
+        g_custom, any_custom = grads(lambda: cls.apply(*args, **kwargs))
+        if not any_custom:
+            return None
+        g_plain, _ = grads(lambda: cls.forward(_Ctx(), *args, **kwargs))
         return g_custom, g_plain
 
     def finite(grads):
@@ -232,14 +289,18 @@ def _check_custom_backward(cls: type, metas, location: str | None, notes: list[s
         leaves = [m for m in pytree.tree_leaves(metas, is_leaf=is_meta) if is_meta(m)]
         if not any(m[1].is_floating_point for m in leaves):
             raise RuntimeError("no float tensor inputs")
-        for scale in (1.0, 0.1):
-            grads = attempt(scale)
-            if grads is None:
-                return
-            if finite(grads):
-                break
-        else:
-            raise RuntimeError("non-finite gradients on random inputs at scales 1 and 0.1")
+        try:
+            dtype, bound = torch.float64, 1e-6
+            grads = attempt(1.0, dtype)
+        except RuntimeError:  # modules passed to the Function hold float32 parameters: check in their dtype
+            dtype, bound = None, 1e-4
+            grads = attempt(1.0, dtype)
+        if grads is not None and not finite(grads):
+            grads = attempt(0.1, dtype)
+            if grads is not None and not finite(grads):
+                raise RuntimeError("non-finite gradients on random inputs at scales 1 and 0.1")
+        if grads is None:
+            return
         g_custom, g_plain = grads
     except Exception as exc:  # the check could not run: say so, do not guess
         text = (f"forward calls the torch.autograd.Function {name}: the traced program differentiates the ops of "
@@ -253,14 +314,18 @@ def _check_custom_backward(cls: type, metas, location: str | None, notes: list[s
     worst = max((((a if a is not None else zero) - (b if b is not None else zero)).abs().max().item()
                  for a, b in zip(g_custom, g_plain)), default=0.0)
     scale = max((g.abs().max().item() for g in (*g_custom, *g_plain) if g is not None), default=0.0)
-    if worst > 1e-6 * max(scale, 1.0):
+    if worst > bound * max(scale, 1.0):
+        cut = all(g is None or not bool(g.any()) for g in g_plain)
         raise TraceError(
             f"a torch.autograd.Function with its own backward ({name}) whose backward is not the derivative of "
             "its forward", location,
-            "torch.export keeps only the ops of its forward, so the program would be trained with their "
-            "derivative instead, silently. Write the custom gradient with detach instead: a straight-through "
-            "estimator as x + (f(x) - x).detach(), a gradient reversal by a as (1 + a) * x.detach() - a * x",
+            (_CUT_REMEDY if cut else
+             "torch.export keeps only the ops of its forward, so the program would be trained with their "
+             "derivative instead, silently. Write the custom gradient with detach instead: a straight-through "
+             "estimator as x + (f(x) - x).detach(), a gradient reversal by a as (1 + a) * x.detach() - a * x"),
             detail=f"on random inputs of the traced shapes its backward and the derivative of its forward differ "
-                   f"by {worst:.3g} (largest gradient {scale:.3g})")
+                   f"by {worst:.3g} (largest gradient {scale:.3g}" + ("; the forward's ops carry no gradient)"
+                                                                     if cut else ")"))
     notes.append(f"forward calls the torch.autograd.Function {name}: traced as the ops of its forward; its backward "
-                 "equals their derivative on random inputs of the traced shapes (checked in float64)")
+                 f"equals their derivative on random inputs of the traced shapes (checked in "
+                 f"{'float64' if dtype is not None else 'the traced dtypes'})")

@@ -9,6 +9,7 @@ import torch
 import parallelizer
 from parallelizer import TraceError
 from parallelizer.runtime.rehearsal import random_ops
+from parallelizer.tracer.normalize import ALIASES
 
 
 class _EmaBlock(torch.nn.Module):
@@ -321,3 +322,65 @@ def test_concat_and_reshape_as_become_cat_and_reshape_and_plan_data_parallel():
     assert not {aten.concat.default, aten.concatenate.default, aten.reshape_as.default} & set(ops)
     torch.testing.assert_close(tg.graph_module(*model.parameters(), x)[0], model(x))
     assert not parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"}).fallbacks
+
+
+class _ShapeAndDtypeReaders(torch.nn.Module):
+    """PegasusX's sinusoidal positions (`arange(...).type_as(inputs_embeds)`) and a `view_as`: both read only the
+    shape or dtype of a batch-sharded operand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                                     # (B, 6)
+        freq = torch.exp(torch.arange(6).type_as(h) * -0.5)               # (6,), dtype of h
+        g = (h * freq).reshape(x.shape[0], 3, 2).view_as(h)               # (B, 6)
+        return self.b(g)
+
+
+def test_type_as_and_view_as_read_no_values_so_ddp_keeps_the_batch_sharded():
+    """Round 10a: under ddp PegasusX all-gathered its batch-sharded embeddings for `type_as` (whose rule took the
+    operand whose dtype it reads as an elementwise input), and `view_as` had no rule (replicated, the batch
+    gathered). Now written as to(dtype) / reshape: same values, no fallback, no gather over dp."""
+    torch.manual_seed(0)
+    model, x = _ShapeAndDtypeReaders(), torch.randn(4, 6)
+    tg = parallelizer.trace(model, (x,))
+    aten = torch.ops.aten
+    ops = [n.target for n in tg.graph_module.graph.nodes if n.op == "call_function"]
+    assert not {aten.type_as.default, aten.view_as.default} & set(ops) and aten.to.dtype in ops, ops
+    torch.testing.assert_close(tg.graph_module(*model.parameters(), x)[0], model(x))
+    plan = parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert not plan.fallbacks and not plan.notes(), plan.notes()
+
+
+class _Aliases(torch.nn.Module):
+    """torch's aliases that torch.export keeps under their own names (LayoutLMv3 clips its relative positions with
+    `torch.clip`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                                                   # (B, 6)
+        g = torch.clip(h, -1.0, 1.0) + torch.multiply(h, 2.0) - torch.divide(h, torch.absolute(h) + 1)
+        g = torch.subtract(g, torch.negative(torch.arctan(h))) * torch.special.expit(h)
+        g = g + torch.greater(h, 0).float() + torch.fix(h * 3) + torch.true_divide(h, 2)
+        g = torch.swapaxes(g.unsqueeze(2), 1, 2).squeeze(1) + torch.moveaxis(h.unsqueeze(0), 0, 1).squeeze(1)
+        g.clip_(-5.0, 5.0)
+        return self.b(g)
+
+
+def test_aliases_become_the_ops_they_alias_and_ddp_plans_without_fallbacks():
+    """Round 10a: 13 of torch's aliases kept by export had no rule (LayoutLMv3's `aten.clip` ran replicated and,
+    under ddp, gathered the batch). They become the aliased ops: same values as the model, no fallback, no gather."""
+    torch.manual_seed(0)
+    model, x = _Aliases(), torch.randn(4, 6)
+    tg = parallelizer.trace(model, (x,))
+    names = {str(n.target.overloadpacket).replace("aten.", "") for n in tg.graph_module.graph.nodes
+             if n.op == "call_function" and hasattr(n.target, "overloadpacket")}
+    assert not names & {*ALIASES, *(a + "_" for a in ALIASES)}, names
+    torch.testing.assert_close(tg.graph_module(*model.parameters(), x)[0], model(x))
+    plan = parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert not plan.fallbacks and not plan.notes(), plan.notes()
