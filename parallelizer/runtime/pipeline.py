@@ -217,8 +217,10 @@ class StageModule(ParallelModule):
                 # in place, which a view refuses)
                 sent.append(t.clone() if i is not None else t)
         # torch's P2P (dist.isend in _batch_p2p) sends only contiguous tensors; a stage output may be a
-        # transposed / sliced view (ViT's class token, a permuted attention output)
-        return tuple(t.contiguous() for t in sent)
+        # transposed / sliced view (ViT's class token, a permuted attention output). A contiguous view (OPT's
+        # block ends in `.view(batch, seq, hidden)`) is copied too: torch's split backward (zbv, dualpipev)
+        # detaches stage outputs in place, which a view refuses ("Can't detach views in-place", every rank)
+        return tuple(t.clone() if t._is_view() and t.is_contiguous() else t.contiguous() for t in sent)
 
 
 def _check_sent_dtypes(module: StageModule, out) -> None:
