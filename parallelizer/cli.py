@@ -343,6 +343,9 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
     traced = trace(*presets.build(used, "meta"))
     check_plan(plan, traced, structure_only=not real)
+    if plan.pipeline is not None:  # a hand-edited cut is refused here, before any rank starts
+        from .runtime.pipeline import plan_cut
+        plan_cut(traced, plan.pipeline.stages)
     settings = ", ".join(f"{k}={v}" for k, v in used["kwargs"].items())
     print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width"
           + (f": {settings}" if settings else " (the model factory's defaults)"), flush=True)
