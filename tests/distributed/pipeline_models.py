@@ -50,3 +50,36 @@ def view_out_lm(batch: int = 8, seq_len: int = 6):
     labels = ids.clone()
     labels[::3, : seq_len // 2] = -100
     return ViewOutLM(), (ids, labels)
+
+
+class _BNBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.bn = nn.BatchNorm1d(WIDTH)
+
+    def forward(self, x):  # (B, d)
+        return x + F.relu(self.bn(self.fc(x)))
+
+
+class BNStack(nn.Module):
+    """Linear -> 4 x (Linear, BatchNorm1d over (batch, features), ReLU, residual) -> Linear -> cross-entropy:
+    trained, BatchNorm1d refuses a batch of one sample ("Expected more than 1 value per channel")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, WIDTH)
+        self.blocks = nn.ModuleList(_BNBlock() for _ in range(4))
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h), y)
+
+
+def bn_stack(batch: int = 8):
+    """`--model pipeline_models:bn_stack`: (BNStack, (x (batch, 6), y (batch,)))."""
+    g = torch.Generator().manual_seed(5)
+    return BNStack(), (torch.randn(batch, 6, generator=g), torch.arange(batch) % 3)
