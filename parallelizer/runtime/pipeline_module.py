@@ -51,6 +51,7 @@ from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .module import check_state_keys
 from .pipeline import PipelineRun, build, global_tensor_inputs, plan_cut, stage_pp_rank
+from .stage_checks import batch_statistics_nodes
 from .loss_weight import (ChunkCount, OwnLossWeighting, check_batch_scaling, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
@@ -199,6 +200,7 @@ class PipelineModule(torch.nn.Module):
                             "drop item_count (with loss_fn=None the weights come from the model's own loss op)")
         flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
         _refuse_input_gradients(self.traced, flat, target)
+        self._warn_batch_statistics()
         out_spec = self.traced.exported.call_spec.out_spec
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)
         if loss_fn is None and item_count is count_items:  # the model's own loss: weights from its loss op
@@ -246,6 +248,24 @@ class PipelineModule(torch.nn.Module):
             return skeleton.trace({"": traced.training}, args, kwargs)
         except Exception:  # noqa: BLE001 - a model that cannot trace at another batch: keep the one-trace weighting
             return None
+
+    def _warn_batch_statistics(self) -> None:
+        """Once: warn when the model normalises by batch statistics in training (`stage_checks.
+        batch_statistics_nodes`): the step then computes gradient accumulation's loss and gradients over the
+        microbatches, not one device's on the whole batch, as for an MoE aux loss (which raises StepError for the
+        model's own loss), but here for any loss, so a warning (a BatchNorm1d stack on pp=4, 4 microbatches of 2:
+        loss 2.5e4 x the float32 bound from one device on the whole batch after 3 AdamW steps, silently, before)."""
+        if self.__dict__.get("_batch_stats_warned"):
+            return
+        self.__dict__["_batch_stats_warned"] = True
+        nodes = batch_statistics_nodes(self.traced)
+        if nodes:
+            warnings.warn(f"PipelineModule.step: the model normalises by batch statistics in training ({nodes[0]}"
+                          + (f" and {len(nodes) - 1} more" if len(nodes) > 1 else "") + f"): each of the "
+                          f"{self.run.microbatches} microbatches is normalised by its own statistics and updates the "
+                          "running buffers, so loss and gradients are gradient accumulation's over the microbatches, "
+                          "not one device's on the whole batch. Remedy for an exact match: a mesh without 'pp' (data "
+                          "parallel shards synchronise the statistics), or GroupNorm / LayerNorm", stacklevel=3)
 
     def _warn_trusted_count(self) -> None:
         """Once: the model's own loss weighted by the user's item_count although its graph shows no per-microbatch

@@ -82,3 +82,20 @@ def read_twice_by_a_stage(traced: TracedGraph) -> list[str]:
         if p.requires_grad and len(places) > 1 and places != ["post", "pre"]:
             out.append(fqn)
     return out
+
+
+_BATCH_STAT_OPS = ("aten.batch_norm.", "aten.native_batch_norm.", "aten._native_batch_norm_legit.",
+                   "aten._native_batch_norm_legit_functional.", "aten.cudnn_batch_norm.")
+
+
+def batch_statistics_nodes(traced: TracedGraph) -> list[str]:
+    """Nodes that normalise by statistics over the batch in training (BatchNorm in train mode: argument 5,
+    `training`, true). On a pipeline each microbatch is normalised by its OWN statistics (and the running
+    buffers move once per microbatch): gradient accumulation's values, not one device's on the whole batch."""
+    out = []
+    for info in traced.compute_nodes():
+        node = info.node
+        if node.op == "call_function" and str(node.target).startswith(_BATCH_STAT_OPS) \
+                and len(node.args) > 5 and node.args[5] is True:
+            out.append(node.name)
+    return out

@@ -83,3 +83,24 @@ def bn_stack(batch: int = 8):
     """`--model pipeline_models:bn_stack`: (BNStack, (x (batch, 6), y (batch,)))."""
     g = torch.Generator().manual_seed(5)
     return BNStack(), (torch.randn(batch, 6, generator=g), torch.arange(batch) % 3)
+
+
+def bn_step_rank(rank: int, world_size: int) -> dict:
+    """`auto_parallelize(BNStack, mesh {"pp": 4}, microbatches=4)` + one `pm.step` (its own loss), warnings caught;
+    the step's loss against eager accumulation over the same 4 microbatches (what a pipeline computes) and the
+    whole batch at once (one device)."""
+    import copy
+    import warnings
+
+    import parallelizer
+
+    torch.manual_seed(0)
+    model, (x, y) = bn_stack(batch=8)
+    reference, whole = copy.deepcopy(model), copy.deepcopy(model)
+    pm = parallelizer.auto_parallelize(model, (x, y), mesh={"pp": 4}, microbatches=4, cluster="h100:1x4")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = pm.step(x, y).item()
+    accumulated = sum(reference(x[j:j + 2], y[j:j + 2]).item() / 4 for j in range(0, 8, 2))
+    return {"loss": loss, "accumulated": accumulated, "whole": whole(x, y).item(),
+            "warned": [str(w.message) for w in caught if "batch statistics" in str(w.message)]}

@@ -13,6 +13,8 @@ every gradient and buffer every step, parameters after 3 AdamW steps, within flo
   failed to plan ("cannot trace the model"): planned with microbatches of >= 2 samples (tests/unit/
   test_cli_least_batch.py) and run as `parallelizer rehearse` runs it (running statistics updated once per
   microbatch, as eager accumulation does).
+- `pm.step` of that BatchNorm stack on pp=4 (the user's loop) computes gradient accumulation's loss, not one
+  device's on the whole batch (microbatch statistics), silently before: now it warns once, naming the node.
 """
 import contextlib
 import io
@@ -29,7 +31,7 @@ from parallelizer.runtime import spawn
 from parallelizer.runtime.pipeline_rehearsal import _rank_main as rehearsal_rank
 from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
-from pipeline_models import view_out_lm
+from pipeline_models import bn_step_rank, view_out_lm
 
 pytestmark = pytest.mark.distributed
 
@@ -90,6 +92,8 @@ def runs(tmp_path_factory):
     plans["bn_searched"] = plan = _cli_plan(tmp / "bn.json")
     calls.append((rehearsal_rank, (presets.build_cpu, cli._global_batch(plan.model["recipe"], plan.pipeline.microbatches),
                                    spec_from_plan(plan), plan.pipeline.to_dict(), 3, 1e-3, 1e-3)))
+    plans["bn_step"] = None
+    calls.append((bn_step_rank, ()))
     per_rank = spawn(run_each, 4, calls, timeout_s=600)
     return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(plans)}
 
@@ -117,3 +121,11 @@ def test_a_searched_plan_of_a_batchnorm_stack_runs_its_microbatches_and_matches(
     report = _report(4, per_rank, "", None)
     assert report.matches(), str(report)
     assert max(r["buffers"][0] for r in per_rank) <= 1e-5  # running statistics as eager accumulation
+
+
+def test_a_pipeline_step_over_batch_statistics_warns_and_equals_accumulation(runs):
+    _, per_rank = runs["bn_step"]
+    for rank, r in enumerate(per_rank):
+        assert abs(r["loss"] - r["accumulated"]) <= 1e-5 + 1.3e-6 * abs(r["accumulated"]), (rank, r)
+        assert abs(r["whole"] - r["accumulated"]) > 1e-2, r  # what the warning is about: one device differs
+        assert len(r["warned"]) == 1 and "batch_norm" in r["warned"][0] and "4 microbatches" in r["warned"][0], r
