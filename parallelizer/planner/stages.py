@@ -180,8 +180,10 @@ def check_section(section: PipelineSection) -> None:
     """Raise PipelineError naming every field of `section` that the runtime cannot run as written: the
     schedule's stages per pp rank (`virtual_stages`, pp x v stages), a stage without blocks or listing a block
     twice, a stage's `pp_rank` / `ranks` other than the schedule's placement (`rank_of_stage`; the runtime
-    places stages by the schedule, so an edited rank would be ignored, silently), and microbatch counts the
-    schedule cannot run (`invalid_reason`: 1f1b needs >= pp, ...). Checked when a plan is loaded, so a
+    places stages by the schedule, so an edited rank would be ignored, silently), microbatch counts the
+    schedule cannot run (`invalid_reason`: 1f1b needs >= pp, ...) and a count that no longer makes the estimate's
+    global batch (the traced graph is one microbatch: an edited count silently ran another batch, e.g. 16 samples
+    for a plan made and priced for 8). Checked when a plan is loaded, so a
     reviewer's edit is refused before any rank starts (before: torch's ValueError, or an empty stage's
     "optimizer got an empty parameter list", in every rank after the launch)."""
     pp, name, m = section.pp, section.schedule, section.microbatches
@@ -214,6 +216,13 @@ def check_section(section: PipelineSection) -> None:
     why = invalid_reason(name, pp, m, len(seen))
     if why is not None:
         problems.append(f"schedule {name}, microbatches {m}, pp {pp}: {why}")
+    est = section.estimate
+    dp = dict(zip(section.mesh.axis_names, section.mesh.shape)).get("dp", 1)
+    if est is not None and est.global_batch != est.microbatch_size * dp * m:
+        problems.append(f"microbatches {m}: the plan was made for a global batch of {est.global_batch} in microbatches "
+                        f"of {est.microbatch_size} per replica (dp={dp}); {m} of them would be a batch of "
+                        f"{est.microbatch_size * dp * m} with another memory and step estimate (the graph is traced at "
+                        "one microbatch, so another count for the same batch needs another trace)")
     if problems:
         raise PipelineError("the plan's pipeline section cannot run as written (edited by hand?):\n  "
                             + "\n  ".join(problems) + "\nRemedy: re-plan with `parallelizer plan --mesh ... --schedule "

@@ -1,7 +1,7 @@
 """A saved pipeline plan edited by a reviewer (round 10 (e)): another schedule, microbatch count, cut or
 placement either loads and runs as written or is refused at load with a PipelineError naming the field.
 
-Before: `Plan.load` took every edit; 1f1b with fewer microbatches than stages, interleaved_1f1b / zbv on one
+Before: `Plan.load` took every edit (a microbatch count that makes another global batch ran that batch); 1f1b with fewer microbatches than stages, interleaved_1f1b / zbv on one
 stage per rank and an empty stage failed in every rank after the launch (torch's ValueError, our ValueError,
 "optimizer got an empty parameter list" and a gloo crash), and an edited `pp_rank` was ignored silently (the
 runtime places stages by the schedule). A cut whose blocks were moved without its nodes ran the counts
@@ -70,9 +70,13 @@ def test_placement_and_empty_stages_are_refused_at_load(saved, tmp_path):
         _load(tmp_path, d)
 
 
-def test_gpipe_and_more_microbatches_load_as_written(saved, tmp_path):
-    plan = _load(tmp_path, _edited(saved[1], schedule="gpipe", microbatches=8))
-    assert (plan.pipeline.schedule, plan.pipeline.microbatches) == ("gpipe", 8)
+def test_gpipe_loads_as_written_and_another_microbatch_count_is_refused(saved, tmp_path):
+    plan = _load(tmp_path, _edited(saved[1], schedule="gpipe"))
+    assert (plan.pipeline.schedule, plan.pipeline.microbatches) == ("gpipe", 4)
+    # 8 microbatches of the traced 2 samples would be a batch of 16 for a plan priced (memory too) for 8: before,
+    # `rehearse` ran 16 samples without a word
+    with pytest.raises(PipelineError, match="global batch of 8 in microbatches of 2 per replica .dp=1.; 8 of them"):
+        _load(tmp_path, _edited(saved[1], microbatches=8))
 
 
 def test_a_moved_cut_must_name_its_nodes(saved, tmp_path):
