@@ -16,7 +16,7 @@ import pytest
 
 import parallelizer
 from parallelizer import zoo
-from parallelizer.errors import PipelineError
+from parallelizer.errors import PipelineError, PlanValidationError
 from parallelizer.planner import Plan
 from parallelizer.runtime.pipeline import cut_stages, plan_cut
 
@@ -95,3 +95,14 @@ def test_a_moved_cut_must_name_its_nodes(saved, tmp_path):
     d["pipeline"]["stages"][0]["blocks"] = ["transformer.h.1", "transformer.h.0", "transformer.h.2"]
     with pytest.raises(PipelineError, match="holds the next consecutive run"):
         plan_cut(traced, _load(tmp_path, d).pipeline.stages)
+
+
+def test_a_stage_layout_edit_names_what_the_layout_is(saved, tmp_path):
+    d = _edited(saved[1])
+    s0, s1 = d["pipeline"]["stages"]
+    assert s0["layout"] != s1["layout"]  # first and last stage: solved apart (embedding / head)
+    block = d["blocks"][0]  # as a model whose stages' blocks differ stores them (LongSkip: 4 layouts)
+    block.setdefault("layouts", {})[str(s1["layout"])] = {"0": block["positions"][0]}
+    s0["layout"] = s1["layout"]  # the reviewer's edit: stage 0 "uses" stage 1's layout
+    with pytest.raises(PlanValidationError, match="runs its pipeline stage's `layout`.*re-plan to change them"):
+        _load(tmp_path, d)  # before: only "the first member's layout is stored in positions, not in layouts"
