@@ -43,7 +43,7 @@ def describe_cluster(cluster: Cluster, spec: str | None = None) -> dict:
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: Cluster | str | None = None,
          global_batch: int | None = None, retrace: Callable[[int], TracedGraph] | None = None,
-         schedule: str | tuple[str, ...] | None = None, microbatches: int | None = None,
+         schedule: str | tuple[str, ...] | None = None, microbatches: int | tuple[int, ...] | None = None,
          virtual_stages: int | None = None, recipe: dict | None = None, batch: dict | None = None,
          progress: bool | None = None, **options) -> Plan:
     """THE planner: one `Plan` for `traced`, with provenance (module docstring).
@@ -73,7 +73,9 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
         global_batch: samples per optimizer step (search only; default traced batch x microbatches).
         retrace: batch -> TracedGraph of the same model at that batch (search only; see above).
         schedule: one name or a tuple restricting the pipeline schedules (`planner.stages.SCHEDULE_NAMES`).
-        microbatches: fix the number of microbatches (pp > 1) or gradient-accumulation steps (pp == 1).
+        microbatches: fix the number of microbatches (pp > 1) or gradient-accumulation steps (pp == 1), or a
+            tuple of the counts the search may choose (with `global_batch`; e.g. the CLI's counts whose
+            microbatch has at least as many samples as the model runs on: BatchNorm needs 2 in training).
         virtual_stages: stages per pp rank; must match the schedule (1 for gpipe/1f1b, 2 for interleaved).
         recipe: how to rebuild the model (`parallelizer.presets`), kept in `plan.model["recipe"]`.
         batch: batch facts kept in `plan.model["batch"]` (e.g. {"global_batch": 512, "seq_len": 2048}).
@@ -209,13 +211,15 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
             traced, b0 = retrace(global_batch), global_batch
         found = _with_compression(_search_without_blocks(traced, full, config, b0), traced, full, {"config": config})
         return _with_provenance(found, traced, full, spec, recipe, batch)
+    if isinstance(microbatches, tuple) and global_batch is None:
+        raise ValueError(f"microbatches={microbatches} (counts to choose from) needs global_batch=")
     if global_batch is None:
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
-        ms = (microbatches,)
-        if retrace is None and global_batch != microbatches * b0:
+        ms = microbatches if isinstance(microbatches, tuple) else (microbatches,)
+        if retrace is None and any(global_batch != m * b0 for m in ms):
             raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
-                             f"batch {global_batch / microbatches:g}, not {b0}. Remedy: trace one microbatch, or pass "
+                             f"batch {global_batch / ms[0]:g}, not {b0}. Remedy: trace one microbatch, or pass "
                              "retrace=")
     elif retrace is not None:
         ms = None

@@ -213,13 +213,17 @@ def cmd_plan(args) -> int:
         # tp axis, weights replicated), which no microbatch of 1-4 samples can do. The winner is traced again
         # at its step batch (`retrace` below).
         traced_batch = 1
-    recipe = presets.recipe(args.model, config, traced_batch, args.seq_len)
     start = time.perf_counter()
-    model, inputs, *keywords = presets.build(recipe, "meta")
-    bar.update()
     bar.set_description("trace")
-    traced = trace(model, inputs, *keywords)
-    bar.update()
+    recipe, traced = _first_traceable(args.model, config, traced_batch, args.seq_len, args.global_batch, trace)
+    bar.update(2)
+    if traced_batch == 1 and searched and args.microbatches is None and recipe["kwargs"]["batch"] > 1:
+        # the model does not run on one sample (BatchNorm over (batch, features)): the search may only choose
+        # microbatches of at least the batch it traced (the winner is traced again at its step batch)
+        least = recipe["kwargs"]["batch"]
+        print(f"note: the model does not trace on fewer than {least} samples; microbatches of >= {least} samples")
+        pipe["microbatches"] = tuple(m for m in range(1, args.global_batch + 1)
+                                     if args.global_batch % m == 0 and args.global_batch // m >= least)
     used = [recipe]
 
     def retrace(batch: int):  # the search's winner needs the graph at its step batch (`parallelizer.plan`)
@@ -253,6 +257,32 @@ def cmd_plan(args) -> int:
     print(f"traced batch: {best.model['batch']['traced_batch'] or 'model default'}; wrote {args.out} "
           f"({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def _first_traceable(model: str, config: dict, batch: int | None, seq_len: int | None, global_batch: int | None,
+                     trace) -> tuple[dict, object]:
+    """(recipe, traced graph) of the model on meta at `batch`; when that is the search's one-sample trace
+    (`batch` 1 for a `global_batch`) and the model refuses one sample (BatchNorm over (batch, features) in
+    training: "Expected more than 1 value per channel"), at the next divisor of `global_batch` that traces.
+
+    Raises:
+        TraceError: the model traces at no batch tried (the error at `batch`).
+    """
+    from . import presets
+    from .errors import TraceError
+
+    first = None
+    tried = [batch] if batch != 1 or global_batch is None else [b for b in range(1, global_batch + 1)
+                                                                if global_batch % b == 0]
+    for b in tried:
+        recipe = presets.recipe(model, config, b, seq_len)
+        try:
+            return recipe, trace(*presets.build(recipe, "meta"))
+        except TraceError as exc:
+            first = first or exc
+            if "batch" not in recipe["kwargs"]:
+                raise
+    raise first
 
 
 def _with_batch(plan, args, recipe: dict):
@@ -313,6 +343,9 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
     traced = trace(*presets.build(used, "meta"))
     check_plan(plan, traced, structure_only=not real)
+    if plan.pipeline is not None:  # a hand-edited cut is refused here, before any rank starts
+        from .runtime.pipeline import plan_cut
+        plan_cut(traced, plan.pipeline.stages)
     settings = ", ".join(f"{k}={v}" for k, v in used["kwargs"].items())
     print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width"
           + (f": {settings}" if settings else " (the model factory's defaults)"), flush=True)

@@ -227,6 +227,9 @@ def decode(d: dict, mesh: MeshSpec, source: str = "plan JSON"):
         raise PlanValidationError(f"{source}: invalid at {path}: {what}. {_REMEDY}", path)
 
     blocks = d["blocks"]
+    if d.get("pipeline"):  # its own checks first (a hand-edited cut or schedule: `stages.check_section` names it)
+        from .stages import PipelineSection
+        PipelineSection.from_dict(d["pipeline"])
     variant = _member_layouts(d.get("pipeline"))
     params = _decode_params(d["params"], blocks, mesh, fail)
     owner = {ph: p for p in params.values() for ph in p.placeholders}
@@ -299,7 +302,10 @@ def _decode_member(b: dict, bi: int, m: int, params: dict, add, fail, variant: d
         fail(f"blocks/{bi}/nodes/{m}", f"{len(names)} node names for {len(b['positions'])} positions")
     layout = str(variant.get(member, 0))
     if layout in b.get("layouts", {}) and layout == str(variant.get(b["members"][0], 0)):
-        fail(f"blocks/{bi}/layouts/{layout}", "the first member's layout is stored in positions, not in layouts")
+        fail(f"blocks/{bi}/layouts/{layout}", "the first member's layout is stored in positions, not in layouts"
+             + (f" (member {member} runs its pipeline stage's `layout` {layout}, the first member's too: a block moved "
+                "to a stage of another layout, or a stage's layout index edited, has no strategies stored for it; "
+                "intra-stage layouts are the planner's, re-plan to change them)" if variant else ""))
     for q, name in enumerate(names):
         override = b["exceptions"].get(str(m), {}).get(str(q))
         shared = b.get("layouts", {}).get(layout, {}).get(str(q))

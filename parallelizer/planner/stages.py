@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from .boundary import BoundaryCompression, sig10 as _sig10
-from .schedules import SCHEDULES, rank_of_stage
+from .schedules import SCHEDULES, get_schedule, invalid_reason, rank_of_stage
 
 SCHEDULE_NAMES = tuple(SCHEDULES)  # as the CLI spells them; runtime.pipeline (and runtime.bitpipe) runs each
 PP_AXIS = "pp"
@@ -153,8 +153,10 @@ class PipelineSection:
                                  tuple(s["ranks"]), s.get("layout", 0)) for s in d["stages"])
         estimate = PipelineEstimate.from_dict(d["estimate"]) if "estimate" in d else None
         compression = BoundaryCompression.from_dict(d["compression"]) if "compression" in d else None
-        return cls(d["pp"], d["schedule"], d["microbatches"], d["virtual_stages"], MeshSpec.from_dict(d["mesh"]),
-                   stages, estimate, compression)
+        section = cls(d["pp"], d["schedule"], d["microbatches"], d["virtual_stages"], MeshSpec.from_dict(d["mesh"]),
+                      stages, estimate, compression)
+        check_section(section)  # a saved plan may have been edited by hand (a reviewer's schedule, cut or count)
+        return section
 
     def table(self) -> tuple[str, list[str], list[list[str]]]:
         """(title, header, rows): one row per stage (stage, pp rank, blocks, ranks, its intra-stage layout (the
@@ -172,6 +174,60 @@ class PipelineSection:
                  f"{self.virtual_stages} stage(s) per pp rank, full mesh {self.mesh})")
         header = ["stage", "pp rank", "blocks", "ranks", "layout", "nodes"] + (["ms/microbatch"] if timed else [])
         return title, header, rows
+
+
+def check_section(section: PipelineSection) -> None:
+    """Raise PipelineError naming every field of `section` that the runtime cannot run as written: the
+    schedule's stages per pp rank (`virtual_stages`, pp x v stages), a stage without blocks or listing a block
+    twice, a stage's `pp_rank` / `ranks` other than the schedule's placement (`rank_of_stage`; the runtime
+    places stages by the schedule, so an edited rank would be ignored, silently), microbatch counts the
+    schedule cannot run (`invalid_reason`: 1f1b needs >= pp, ...) and a count that no longer makes the estimate's
+    global batch (the traced graph is one microbatch: an edited count silently ran another batch, e.g. 16 samples
+    for a plan made and priced for 8). Checked when a plan is loaded, so a
+    reviewer's edit is refused before any rank starts (before: torch's ValueError, or an empty stage's
+    "optimizer got an empty parameter list", in every rank after the launch)."""
+    pp, name, m = section.pp, section.schedule, section.microbatches
+    try:
+        v = get_schedule(name).virtual_stages
+    except ValueError as exc:
+        raise PipelineError(f"pipeline.schedule: {exc}") from None
+    problems = []
+    if section.mesh.shape[0] != pp:
+        problems.append(f"pp {pp}: the pipeline mesh {section.mesh} has {section.mesh.shape[0]} pp ranks")
+    if section.virtual_stages != v:
+        problems.append(f"virtual_stages {section.virtual_stages}: {name} runs {v} stage(s) per pp rank")
+    if len(section.stages) != pp * v:
+        problems.append(f"stages: {len(section.stages)} listed; {name} on pp={pp} runs pp x {v} = {pp * v}")
+    width = section.mesh.world_size // section.mesh.shape[0]
+    seen: set[str] = set()
+    for k, st in enumerate(section.stages):
+        if st.stage != k:
+            problems.append(f"stages/{k}/stage: {st.stage}, must be {k} (stages in order)")
+        if not st.blocks:
+            problems.append(f"stages/{k}/blocks: empty; every stage holds at least one block")
+        if seen & set(st.blocks) or len(set(st.blocks)) != len(st.blocks):
+            problems.append(f"stages/{k}/blocks: {list(st.blocks)} lists a block another entry lists too")
+        seen |= set(st.blocks)
+        if len(section.stages) == pp * v:
+            q = rank_of_stage(name, k, pp)
+            if st.pp_rank != q or tuple(st.ranks) != (q * width, (q + 1) * width - 1):
+                problems.append(f"stages/{k}: pp_rank {st.pp_rank}, ranks {list(st.ranks)}; {name} places stage {k} "
+                                f"on pp rank {q}, ranks [{q * width}, {(q + 1) * width - 1}]")
+    why = invalid_reason(name, pp, m, len(seen))
+    if why is not None:
+        problems.append(f"schedule {name}, microbatches {m}, pp {pp}: {why}")
+    est = section.estimate
+    dp = dict(zip(section.mesh.axis_names, section.mesh.shape)).get("dp", 1)
+    if est is not None and est.global_batch != est.microbatch_size * dp * m:
+        problems.append(f"microbatches {m}: the plan was made for a global batch of {est.global_batch} in microbatches "
+                        f"of {est.microbatch_size} per replica (dp={dp}); {m} of them would be a batch of "
+                        f"{est.microbatch_size * dp * m} with another memory and step estimate (the graph is traced at "
+                        "one microbatch, so another count for the same batch needs another trace)")
+    if problems:
+        raise PipelineError("the plan's pipeline section cannot run as written (edited by hand?):\n  "
+                            + "\n  ".join(problems) + "\nRemedy: re-plan with `parallelizer plan --mesh ... --schedule "
+                            "NAME --microbatches M` (it derives stages, placement and layouts), or correct the fields "
+                            "named")
 
 
 def _span(blocks: tuple[str, ...]) -> str:

@@ -98,6 +98,34 @@ def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int
     return _boundaries(traced, stage_of, num_stages)
 
 
+def plan_cut(traced: TracedGraph, stages) -> StageCut:
+    """The cut a plan's stages describe (`PipelineSection.stages`, or their dicts), checked against `traced`:
+    the stages' blocks must be the members of the first block group in order (stage k's run after stage
+    k - 1's), and each stage's first / last node the ones those blocks give (`cut_stages`).
+
+    Raises:
+        PipelineError: blocks or nodes that differ (a hand-edited cut), naming the stage and the values.
+    """
+    get = (lambda st, key: st[key]) if stages and isinstance(stages[0], dict) else getattr
+    listed = [b for st in stages for b in get(st, "blocks")]
+    group = traced.blocks[0] if traced.blocks else None
+    if group is None or listed != list(group.members):
+        raise PipelineError(f"the plan's stages hold blocks {listed}, but the model's blocks to cut between are "
+                            f"{list(group.members) if group else []} ({group.name if group else 'none'}): stage k "
+                            "holds the next consecutive run of them. Remedy: list them in that order, or re-plan")
+    cut = cut_stages(traced, len(stages), tuple(len(get(st, "blocks")) for st in stages))
+    nodes: dict[int, list[str]] = {}
+    for name, k in cut.stage_of.items():
+        nodes.setdefault(k, []).append(name)
+    wrong = [f"stage {k}: first_node {get(st, 'first_node')}, last_node {get(st, 'last_node')}; its blocks give "
+             f"{nodes[k][0]} .. {nodes[k][-1]}" for k, st in enumerate(stages)
+             if (get(st, "first_node"), get(st, "last_node")) != (nodes[k][0], nodes[k][-1])]
+    if wrong:
+        raise PipelineError("the plan's stage nodes do not match their blocks (a cut edited by hand?):\n  "
+                            + "\n  ".join(wrong) + "\nRemedy: write the nodes named, or re-plan")
+    return cut
+
+
 def _boundaries(traced: TracedGraph, stage_of: dict[str, int], num_stages: int) -> StageCut:
     """Values each stage must receive: everything used at or after it that was made before it."""
     produced = {n: 0 for n in traced.input_names} | stage_of
@@ -217,8 +245,10 @@ class StageModule(ParallelModule):
                 # in place, which a view refuses)
                 sent.append(t.clone() if i is not None else t)
         # torch's P2P (dist.isend in _batch_p2p) sends only contiguous tensors; a stage output may be a
-        # transposed / sliced view (ViT's class token, a permuted attention output)
-        return tuple(t.contiguous() for t in sent)
+        # transposed / sliced view (ViT's class token, a permuted attention output). A contiguous view (OPT's
+        # block ends in `.view(batch, seq, hidden)`) is copied too: torch's split backward (zbv, dualpipev)
+        # detaches stage outputs in place, which a view refuses ("Can't detach views in-place", every rank)
+        return tuple(t.clone() if t._is_view() and t.is_contiguous() else t.contiguous() for t in sent)
 
 
 def _check_sent_dtypes(module: StageModule, out) -> None:

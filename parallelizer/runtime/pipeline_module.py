@@ -50,7 +50,7 @@ from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
-from .pipeline import PipelineRun, build, cut_stages, global_tensor_inputs, stage_pp_rank
+from .pipeline import PipelineRun, build, global_tensor_inputs, plan_cut, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
@@ -451,8 +451,7 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
         raise PipelineError("build_pipeline_module: the plan has no pipeline stages (no 'pp' axis). Remedy: "
                             "apply it with ParallelModule / auto_parallelize")
     pipe = plan.pipeline
-    per_stage = pipe.blocks_per_stage
-    cut = cut_stages(traced, len(per_stage), per_stage)
+    cut = plan_cut(traced, pipe.stages)
     run = build(traced, spec_from_plan(plan), cut, model, pp=pipe.pp,
                 schedule=pipe.schedule, microbatches=pipe.microbatches,
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),

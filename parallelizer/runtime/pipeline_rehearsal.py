@@ -51,7 +51,7 @@ from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, model_loss_weighting
-from .pipeline import PipelineRun, build, weighted_loss, cut_stages, global_tensor_inputs, microbatch_of
+from .pipeline import PipelineRun, build, weighted_loss, global_tensor_inputs, microbatch_of, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest
@@ -210,8 +210,7 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
     """
     m = pipe["microbatches"]
     traced = trace(model, *microbatch_of(inputs, kwargs, m))
-    per_stage = tuple(len(s["blocks"]) for s in pipe["stages"])
-    run = build(traced, spec, cut_stages(traced, len(per_stage), per_stage), model, pp=pipe["pp"],
+    run = build(traced, spec, plan_cut(traced, pipe["stages"]), model, pp=pipe["pp"],
                 schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss,
                 **build_options(pipe.get("compression")))  # lossy: the report then shows its deviation
     flat = global_tensor_inputs(traced, inputs, kwargs, m)

@@ -128,7 +128,7 @@ def run_bf16_pipeline(rank: int, world_size: int, model_fn, model_kwargs: dict, 
     model, inputs = model_fn(**model_kwargs)[:2]
     reference, exact = copy.deepcopy(model), copy.deepcopy(model)
     run, traced, flat, _ = pipeline_run(model, inputs, {}, spec, pipe)
-    target, count, weights = _weighting(traced, flat, pipe["microbatches"])
+    target, count, weights = _weighting(traced, flat, pipe["microbatches"], model)
     out_dtypes: list = []
     for stage in run.stages:
         stage.register_forward_hook(lambda mod, args, out: out_dtypes.append(tuple(t.dtype for t in out)))
