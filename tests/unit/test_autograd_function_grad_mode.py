@@ -14,6 +14,15 @@ import parallelizer
 from parallelizer.errors import TraceError
 
 
+def _recomputed_input_grad(ctx, g):
+    """Backward of x + ctx.layer(x) by recomputing it: accumulates the layer's parameter gradients and returns x's."""
+    (x,) = ctx.saved_tensors
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        torch.autograd.backward(x + ctx.layer(x), g)
+    return x.grad
+
+
 class _NormByMax(torch.autograd.Function):
     """x / (max|x| + 1) with the scale held constant in backward: the derivative of the forward's traced ops,
     since the scale is computed under no_grad (a stop-gradient in the program too)."""
@@ -48,12 +57,7 @@ class _Reversible(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            y = x + ctx.layer(x)
-            torch.autograd.backward(y, g)
-        return x.grad, None, None
+        return _recomputed_input_grad(ctx, g), None, None
 
 
 class _ScaledParamGrad(torch.autograd.Function):
@@ -88,12 +92,7 @@ class _Plain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            y = x + ctx.layer(x)
-            torch.autograd.backward(y, g)
-        return x.grad, None
+        return _recomputed_input_grad(ctx, g), None
 
 
 class _Net(torch.nn.Module):
