@@ -437,7 +437,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .rewriter.spec import all_axis_groups, hierarchical_sub_groups, spec_from_plan
     from .runtime import create_groups, init_from_env
     from .runtime.module import ParallelModule
-    from .runtime.pipeline import microbatch_of
+    from .runtime.microbatches import microbatch_of
     from .runtime.pipeline_module import build_pipeline_module
     from .runtime.optimizer_check import remember_wrapped
     from .runtime.stale_model import watch
@@ -529,7 +529,7 @@ def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, di
     check itself (e.g. the model's forward raising on the whole batch) is not raised here, where the other
     ranks would wait for rank 0."""
     from .runtime.loss_weight import model_loss_weighting
-    from .runtime.pipeline import global_tensor_inputs
+    from .runtime.microbatches import global_tensor_inputs
     from .runtime.step import StepError
     from .tracer.microbatch_check import microbatch_mixing
 

@@ -50,7 +50,8 @@ from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
-from .pipeline import PipelineRun, build, global_tensor_inputs, plan_cut, stage_pp_rank
+from .microbatches import global_tensor_inputs
+from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of

@@ -51,7 +51,8 @@ from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
 from .loss_weight import batch_target, model_loss_weighting
-from .pipeline import PipelineRun, build, weighted_loss, global_tensor_inputs, microbatch_of, plan_cut
+from .microbatches import global_tensor_inputs, microbatch_of
+from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
 from .tolerance import compute_dtype, loosest

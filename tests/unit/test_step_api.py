@@ -99,7 +99,7 @@ def test_a_broadcast_input_of_a_pipeline_step_is_named_as_such():
     """position_ids of shape (1, T) (transformers' common broadcast form) under a pipeline: the typed error says
     the input has no batch dim and to expand it, not to drop or pad a short last batch (trial4a)."""
     from parallelizer.errors import PipelineError
-    from parallelizer.runtime.pipeline import check_batch
+    from parallelizer.runtime.microbatches import check_batch
 
     with pytest.raises(PipelineError, match=r"\(1, 16\) has no batch dim .*expand\(8, \.\.\.\)"):
         check_batch((torch.zeros(8, 16), torch.arange(16)[None]), 2, 4)

@@ -1,0 +1,58 @@
+"""A pipeline call's global batch and its microbatches: what a pipeline plan is traced on (`microbatch_of`), the
+check that every input splits into equal microbatches (`check_batch`), and a global call's tensors in the traced
+order (`global_tensor_inputs`). Used by `runtime.pipeline` (each step), `PipelineModule`, the pipeline rehearsal
+and `auto_parallelize`."""
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import PipelineError
+from ..tracer.graph import TracedGraph
+
+
+def check_batch(tensors, microbatches: int, microbatch_size: int) -> None:
+    """Raise PipelineError unless dim 0 of every tensor is `microbatches` x `microbatch_size`."""
+    for t in tensors:
+        if t.ndim == 0 or t.shape[0] != microbatches * microbatch_size:
+            if (t.ndim == 0 or t.shape[0] == 1) and microbatches * microbatch_size > 1:
+                raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} has no batch dim "
+                                    f"to split into {microbatches} microbatches (a 0-d tensor, or a dim 0 of 1 "
+                                    "broadcast over the batch, e.g. position_ids of shape (1, T)): every tensor input "
+                                    "of a pipeline carries the batch in dim 0. Remedy: expand it to the batch "
+                                    f"(x.expand({microbatches * microbatch_size}, ...)), or leave it out / pass a "
+                                    "Python value")
+            raise PipelineError(f"pipeline step: an input or target of shape {tuple(t.shape)} does not split into "
+                                f"{microbatches} microbatches of {microbatch_size} (the batch size the model was "
+                                f"traced with): dim 0 must be {microbatches * microbatch_size}. Remedy: pass "
+                                "batches of microbatches x the traced batch (drop or pad a short last batch), "
+                                "or re-trace")
+
+
+def microbatch_of(args: tuple, kwargs: dict, microbatches: int) -> tuple[tuple, dict]:
+    """The first microbatch of a global call (every tensor's dim 0 cut to batch / microbatches): what a
+    pipeline plan is traced on. Raises PipelineError when a tensor's dim 0 does not split (`check_batch`)."""
+    tensors = [t for t in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
+    batch = tensors[0].shape[0] if tensors and tensors[0].ndim else 0
+    if not batch or batch % microbatches:
+        raise PipelineError(f"pipeline: the example batch (dim 0 of {tuple(tensors[0].shape) if tensors else ()}) "
+                            f"does not split into {microbatches} microbatches. Remedy: a batch that is a multiple "
+                            f"of {microbatches}, or microbatches= a divisor of the batch")
+    check_batch(tensors, microbatches, batch // microbatches)
+    return pytree.tree_map(lambda t: t[:batch // microbatches] if isinstance(t, torch.Tensor) else t,
+                           (tuple(args), kwargs))
+
+
+def global_tensor_inputs(traced: TracedGraph, args: tuple, kwargs: dict, microbatches: int) -> list[torch.Tensor]:
+    """The tensor leaves of a GLOBAL call `model(*args, **kwargs)` in the traced input order, for a graph
+    traced on one microbatch. The call's structure and constants are checked by `TracedGraph.tensor_inputs`
+    on the first microbatch.
+
+    Raises PipelineError when a tensor's dim 0 is not `microbatches` x the traced batch (`check_batch`), TypeError /
+    ValueError / PlanMismatchError as `tensor_inputs` for another structure, constant or shape."""
+    leaves = pytree.tree_leaves((tuple(args), kwargs))
+    check_batch([t for t in leaves if isinstance(t, torch.Tensor)], microbatches,
+                traced.node(traced.input_names[0]).outputs[0].shape[0])
+    micro = microbatch_of(args, kwargs, microbatches)
+    position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
+    return [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
