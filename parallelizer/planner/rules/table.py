@@ -615,7 +615,7 @@ EXTENSIONS: dict[str, tuple[str, Rule, Callable[[object], list[Sample]]]] = {
 def _add_extension(name: str) -> bool:
     """Add the row of extension op `name` when the op exists (its library module was imported); whether it is in."""
     namespace, op_name = name.split("::")
-    packet = getattr(getattr(torch.ops, namespace), op_name, None) if hasattr(torch.ops, namespace) else None
+    packet = getattr(getattr(torch.ops, namespace), op_name, None)  # torch.ops makes any namespace on access
     if packet is None:
         return False
     if packet.default not in TABLE:
