@@ -34,6 +34,7 @@ Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of t
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -54,7 +55,9 @@ _BYTES_PER_PARAM_REHEARSAL = 48
 
 
 def parse_kv(text: str | None, what: str) -> dict:
-    """"a=1,b=x" -> {"a": 1, "b": "x"} (values parsed as JSON when they are, else strings).
+    """"a=1,b=x,c=False" -> {"a": 1, "b": "x", "c": False} (values parsed as JSON or else as Python literals when
+    they are, so `true` and `True`, `null` and `None` are the bool / None a config expects, not the truthy
+    string "False"; anything else stays a string).
 
     Raises ValueError naming `what` and the malformed item."""
     out: dict = {}
@@ -65,11 +68,20 @@ def parse_kv(text: str | None, what: str) -> dict:
             raise ValueError(f"{what}: {item!r} is not KEY=VALUE (e.g. {example})")
         if key.strip() in out:
             raise ValueError(f"{what}: {key.strip()!r} is given twice in {text!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value.strip()
+        out[key.strip()] = _value(value.strip())
     return out
+
+
+def _value(text: str):
+    """`text` as JSON, else as a Python literal (`False`, `None`, `1e-5`, `'gelu'`), else the string itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
 
 
 def parse_mesh(text: str) -> MeshSpec:
@@ -87,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="trace a model on the meta device and plan its sharding")
     p.add_argument("--model", required=True, help="preset (gpt2, gpt2-medium, llama2-7b, bert, vit, mlp, gpt, ...) "
                    "or package.module:factory")
-    p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048")
+    p.add_argument("--config", default="", help="config overrides, e.g. n_layer=24,n_embd=2048,use_cache=False "
+                   "(values are JSON or Python literals, else strings)")
     p.add_argument("--cluster", help="PRESET:NODESxDEVICES (e.g. h100:2x8; presets a100, h100, h200, ethernet "
                    "(25 GbE), internet (100 Mb/s, 30 ms): cost_model/topology.py) or a calibration profile JSON "
                    "(default: DGX H100 nodes holding the --mesh, as the Python API; h100:1x8 without --mesh)")

@@ -9,8 +9,11 @@ readable summary, so that a mismatch can say WHAT differs, not only that somethi
   * `structure_sha256`: the same without shapes and dtypes (node names, ops, parameter FQNs). Node names
     come from torch.export and depend only on the model's structure, so a plan made for a wide config
     applies to a narrow config of the same structure (used by `parallelizer rehearse` at reduced width).
-  * `summary`: node count, op counts, input and parameter shapes/dtypes, and (when there are any) the
-    constant inputs' values as `repr` strings.
+  * `summary`: node count, op counts, input and parameter shapes/dtypes, how many node outputs have each
+    dtype, the device type traced on ("meta" for the CLI), and (when there are any) the constant inputs' values
+    as `repr` strings. Normalisation makes a model's graph the same on every device (`tracer/device_free.py`);
+    what stays different is the model's own code branching on the device, which the dtype counts and devices
+    then name.
 
 `check_plan(plan, traced, mesh)` raises `PlanMismatchError` listing the differences, e.g.
 "parameter h.0.c_fc.weight: plan has shape (2048, 8192), model has (1024, 4096)" or
@@ -51,7 +54,10 @@ def graph_fingerprint(traced: TracedGraph) -> dict:
     constants = {name: repr(value) for name, value in traced.constant_inputs.items()}
     full += [f"constant {name} {value}" for name, value in constants.items()]
     summary = {"num_nodes": len(traced.nodes), "ops": dict(sorted(traced.op_counts().items())),
-               "inputs": inputs, "params": params}
+               "inputs": inputs, "params": params, "dtypes": _dtype_counts(traced)}
+    device = traced_device(traced)
+    if device is not None:
+        summary["device"] = device
     if constants:
         summary["constants"] = constants
     return {
@@ -85,10 +91,14 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
         diffs += _graph_diffs(plan, traced, structure_only)
     if diffs:
         listed = diffs[:_MAX_LISTED] + ([f"... {len(diffs) - _MAX_LISTED} more"] if len(diffs) > _MAX_LISTED else [])
-        raise PlanMismatchError(
-            "the plan was made for another model, input shapes or mesh:\n  " + "\n  ".join(listed)
-            + "\nRemedy: re-plan for this model and mesh (`parallelizer.plan` / `parallelizer plan`), or apply "
-            "the plan to the model, inputs and mesh it was made for.")
+        if any(d.startswith("device:") for d in diffs):
+            remedy = ("plan the model as built on the device type it runs on (`parallelizer.plan(parallelizer."
+                      "trace(model, inputs), mesh)`, then `plan.save(...)`); `parallelizer plan` traces on meta")
+        else:
+            remedy = ("re-plan for this model and mesh (`parallelizer.plan` / `parallelizer plan`), or apply the plan "
+                      "to the model, inputs and mesh it was made for")
+        raise PlanMismatchError("the plan was made for another model, input shapes or mesh:\n  " + "\n  ".join(listed)
+                                + f"\nRemedy: {remedy}.")
 
 
 def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
@@ -134,8 +144,42 @@ def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
         if plan.nodes[name].op != traced.nodes[name].op_name:
             diffs.append(f"node {name}: plan has op {plan.nodes[name].op}, model has {traced.nodes[name].op_name}")
     if not diffs and theirs.get(key) is not None:
+        diffs += _device_diffs(a, b)
+    if not diffs and theirs.get(key) is not None:
         diffs.append(f"graph {key} differs (plan {theirs[key][:12]}..., model {mine[key][:12]}...): same "
                      "parameters, inputs and ops, so some intermediate shape or dtype differs")
+    return diffs
+
+
+def traced_device(traced: TracedGraph) -> str | None:
+    """The device type ("meta", "cpu", "cuda") of the first parameter or input tensor the graph was traced
+    with; None when it has no tensor placeholder."""
+    for node in traced.graph_module.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if hasattr(val, "device"):
+            return val.device.type
+    return None
+
+
+def _dtype_counts(traced: TracedGraph) -> dict[str, int]:
+    """How many node outputs have each dtype, e.g. {"float32": 120, "int64": 4}."""
+    counts = Counter(dtype_name(t.dtype) for n in traced.nodes.values() for t in n.outputs)
+    return dict(sorted(counts.items()))
+
+
+def _device_diffs(a: dict, b: dict) -> list[str]:
+    """The dtype-count differences of two summaries, and the device types when they differ (graphs that agree
+    on nodes, ops, parameters and inputs)."""
+    diffs = []
+    dtypes_a, dtypes_b = Counter(a.get("dtypes", {})), Counter(b.get("dtypes", {}))
+    if dtypes_a:
+        for dtype in sorted(dtypes_a.keys() | dtypes_b.keys()):
+            if dtypes_a[dtype] != dtypes_b[dtype]:
+                diffs.append(f"node outputs of dtype {dtype}: plan has {dtypes_a[dtype]}, model has {dtypes_b[dtype]}")
+    if a.get("device") and b.get("device") and a["device"] != b["device"]:
+        diffs.append(f"device: the plan's model was traced on {a['device']}, this one on {b['device']}; code that "
+                     "branches on the device type traces another graph (transformers' MoE counts tokens per expert "
+                     "with histc in float32 on CPU, int32 elsewhere)")
     return diffs
 
 

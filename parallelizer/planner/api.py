@@ -259,7 +259,9 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
 @dataclass(frozen=True, slots=True)
 class Explanation:
     """Why node `node` got its strategy: total objective (seconds) and memory of the plan with the node's
-    group switched to each alternative, other groups fixed. `alternatives` is sorted by cost."""
+    group switched to each alternative, other groups fixed. `alternatives` is sorted by cost; an alternative the
+    problem excludes (a forced axis role, or no redistribution between it and its neighbours' chosen layouts)
+    costs `math.inf` and is printed as excluded, not as `inf ms`."""
 
     node: str
     chosen: str
@@ -269,6 +271,10 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"{self.node}: chosen {self.chosen} (objective {self.chosen_s * 1e3:.4f} ms)"]
         for s, c, m, ok in self.alternatives[:8]:
+            if math.isinf(c):
+                lines.append(f"  {s:40s} excluded (a forced axis role, or no redistribution to the neighbours' "
+                             "chosen layouts)")
+                continue
             delta = (c - self.chosen_s) * 1e3
             lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), {m / 1e9:.2f} GB"
                          + ("" if ok else "  [over memory budget]"))

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import InputKind
 
-from .graph import is_view, mutated_args, returns_written
+from .graph import is_view, mutated_args, returns_written, written_through
 
 
 def is_cache(value: Any) -> bool:
@@ -106,7 +106,7 @@ def drop_empty_cat_operands(gm: torch.fx.GraphModule) -> int:
         if len(kept) == len(operands) or not kept:
             continue
         if len(kept) == 1 and isinstance(kept[0], torch.fx.Node) and _same_shape(kept[0], out) \
-                and not _written_through(node) and not _written_through(kept[0]):
+                and not written_through(node) and not written_through(kept[0]):
             node.replace_all_uses_with(kept[0])
             gm.graph.erase_node(node)
         else:
@@ -125,19 +125,6 @@ def _skipped_by_cat(arg: Any, dim: int, out: torch.Tensor) -> bool:
 def _same_shape(node: torch.fx.Node, out: torch.Tensor) -> bool:
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and tuple(val.shape) == tuple(out.shape) and val.dtype == out.dtype
-
-
-def _written_through(node: torch.fx.Node) -> bool:
-    """Whether an op writes `node`'s value in place, directly or through its views."""
-    todo = [node]
-    while todo:
-        value = todo.pop()
-        for user in value.users:
-            if any(i < len(user.args) and user.args[i] is value for i in mutated_args(user)):
-                return True
-            if is_view(user) or returns_written(user):
-                todo.append(user)
-    return False
 
 
 def drop_dead_code(gm: torch.fx.GraphModule) -> int:

@@ -497,6 +497,20 @@ def is_view(node: torch.fx.Node) -> bool:
                 and not schema.returns[0].alias_info.is_write)
 
 
+def written_through(node: torch.fx.Node) -> bool:
+    """Whether an op writes `node`'s value in place, directly or through its views (or through the results of
+    in-place ops on it)."""
+    todo = [node]
+    while todo:
+        value = todo.pop()
+        for user in value.users:
+            if any(i < len(user.args) and user.args[i] is value for i in mutated_args(user)):
+                return True
+            if is_view(user) or returns_written(user):
+                todo.append(user)
+    return False
+
+
 def _fmt_bytes(n: int) -> str:
     """Human-readable bytes in binary units (KiB, MiB, GiB)."""
     if n < 1024:

@@ -9,8 +9,12 @@
    autocast's casts made explicit: each op's inputs go through the `aten.to.dtype` casts torch's autocast
    policy gives that op on that device (probed per op on fake tensors), so the graph computes what eager
    autocast computes and every later stage sees ordinary ops and dtypes.
-3. `aten.contiguous` (memory layout only; recorded or not depending on the device's strides) is dropped,
-   so that a model traced on meta and on CPU gives one graph; a view of it becomes a reshape.
+3. (`tracer/device_free.py`) What export records on some devices only, so that a model traced on meta and on
+   CPU gives one graph: every `aten.view` becomes `aten.reshape`; `aten.contiguous` (memory layout only) is
+   dropped; a Python number wrapped as a tensor is `scalar_tensor(v)`, and written into a slice `fill_(v)`;
+   `aten.lift_fresh_copy` of a constant created in forward that nothing writes through is the constant, and
+   `aten.detach_` of a graph input or constant that carries no gradient is removed. Last of all (in
+   `tracer.trace`), op nodes are renamed in graph order, so that names do not depend on what was removed.
 4. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
@@ -73,6 +77,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import TraceError
 from .bags import fixed_bags_as_embedding
 from .cache_output import drop_dead_code, drop_empty_cat_operands
+from .device_free import drop_contiguous, uncopied_constants, views_as_reshapes, wrapped_scalars
 from .fresh_writes import out_of_place_fresh_writes
 from .graph import COPIED_META, carries_grad, draws_random, is_view, meta_like as _meta_like, mutated_args
 
@@ -86,13 +91,14 @@ _AUTOCAST_HOP = torch.ops.higher_order.wrap_with_autocast
 _REGION_HOPS = (_GRAD_HOP, _AUTOCAST_HOP)
 
 
-def normalize(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """Apply the normalisations of the module docstring to `gm` in place and recompile it."""
+def normalize(gm: torch.fx.GraphModule, notes: list[str], constants: dict[str, torch.Tensor] | None = None) -> None:
+    """Apply the normalisations of the module docstring to `gm` in place and recompile it. `constants`:
+    placeholder name -> value of each lifted tensor constant (normalisation 3 reads wrapped Python numbers)."""
     _functional_out_variants(gm, notes)
     _inline_regions(gm, notes)
     _layout_free_as_strided(gm, notes)
     _drop_asserts(gm, notes)
-    _drop_contiguous(gm, notes)
+    _device_free(gm, notes, constants or {})
     _drop_cache_leftovers(gm, notes)
     _split_biases(gm, notes)
     _twins(gm, notes)
@@ -283,33 +289,16 @@ def _drop_cache_leftovers(gm: torch.fx.GraphModule, notes: list[str]) -> None:
                      "and that write nothing read (e.g. what building a key/value cache adds)")
 
 
-def _drop_contiguous(gm: torch.fx.GraphModule, notes: list[str]) -> None:
-    """`aten.contiguous` only changes memory layout, and whether export records it depends on the strides the
-    device's kernels return (SDPA's output is contiguous after its transpose on CPU, not on meta), so a model
-    traced on meta and on CPU would give different graphs. It is dropped; an `aten.view` reading it (directly
-    or through other views) becomes `aten.reshape`, which is the same view whenever `view` would have worked
-    and a copy otherwise. Kept when something writes in place through it (the copy must not alias)."""
-    aten = torch.ops.aten
-    dropped = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.contiguous.default or node.kwargs:
-            continue
-        aliases, todo = [], [node]  # what reads the copy through views: its views must accept any strides
-        while todo:
-            for user in todo.pop().users:
-                if user.op == "call_function" and (is_view(user) or user.target is aten.view.default):
-                    aliases.append(user)
-                    todo.append(user)
-        if any(mutated_args(user) for a in [node, *aliases] for user in a.users):
-            continue  # an in-place write through the copy must not reach the original: keep it
-        for alias in aliases:
-            if alias.target is aten.view.default:
-                alias.target = aten.reshape.default
-        node.replace_all_uses_with(node.args[0])
-        gm.graph.erase_node(node)
-        dropped += 1
+def _device_free(gm: torch.fx.GraphModule, notes: list[str], constants: dict[str, torch.Tensor]) -> None:
+    """Normalisation 3 of the module docstring (`tracer/device_free.py`; the renaming runs last, in trace)."""
+    views_as_reshapes(gm)  # canonical spellings, not noted
+    wrapped_scalars(gm, constants)
+    dropped, constants = drop_contiguous(gm), uncopied_constants(gm)
     if dropped:
-        notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only; a view of one became a reshape)")
+        notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only)")
+    if constants:
+        notes.append(f"removed {constants} lift_fresh_copy / detach_ node(s) on constants created in forward "
+                     "(recorded on some devices only; nothing writes through them)")
 
 
 ALIASES = {

@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
+from .device_free import canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, runs_eagerly
 from .normalize import normalize
@@ -88,8 +89,11 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
     gm = exported.graph_module
     try:
-        normalize(gm, notes)
+        lifted = exported.graph_signature.inputs_to_lifted_tensor_constants
+        normalize(gm, notes, {name: exported.constants[fqn] for name, fqn in lifted.items()
+                              if fqn in exported.constants})
         drop_unused_constants(exported)
+        canonical_names(gm, exported)
     except GuardOnDataDependentSymNode:
         _refuse_data_dependent_shapes(gm)  # the TraceError `_static_metas` would raise, before a pass guarded
         raise

@@ -65,7 +65,7 @@ def _vocab_parallel_loss(plan, spec: ShardingSpec) -> ShardingSpec:
     replicated (the logits gathered), from which S(1) is a local slice."""
     ce = next(n for n, p in plan.nodes.items() if p.op == "aten.cross_entropy_loss.default")
     producer = plan.nodes[next(e.src for e in plan.edges if e.dst == ce and e.index == 0)]
-    assert producer.op == "aten.view.default" and producer.output in ("S(1)", "R"), producer
+    assert producer.op == "aten.reshape.default" and producer.output in ("S(1)", "R"), producer
     forced = NodeSharding((Layout.parse("S(1)"), Layout.parse("R")), Layout.parse("R"))
     return dataclasses.replace(spec, nodes={**spec.nodes, ce: forced})
 

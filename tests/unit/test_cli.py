@@ -162,6 +162,9 @@ def test_mesh_contradicting_cluster_and_broken_pipe(tmp_path, capsys, monkeypatc
 
 def test_parse_helpers():
     assert cli.parse_kv("n_layer=24,bias=false,name=x", "--config") == {"n_layer": 24, "bias": False, "name": "x"}
+    # Python spellings are typed too: "False" used to arrive as the (truthy) string "False"
+    assert cli.parse_kv("use_cache=False,rope_scaling=None,eps=1e-5,act='gelu',roles=ddp", "--config") == {
+        "use_cache": False, "rope_scaling": None, "eps": 1e-5, "act": "gelu", "roles": "ddp"}
     assert cli.parse_mesh("dp=4,tp=2").shape == (4, 2)
     with pytest.raises(ValueError, match="KEY=VALUE"):
         cli.parse_kv("n_layer", "--config")

@@ -100,6 +100,19 @@ def test_explain_and_fallbacks(small_gpt):
     assert "Plan on mesh (dp=2, tp=4)" in p.summary()
 
 
+def test_explain_prints_alternatives_excluded_by_forced_roles_as_excluded(big_batch_mlp):
+    """Under `axis_roles={"dp": "ddp"}` the alternatives that would not be DDP cost math.inf; they used to print
+    as "inf ms (+inf ms)" with no reason."""
+    p = plan(big_batch_mlp, DP8, axis_roles={"dp": "ddp"})
+    first_linear = next(n for n, node in p.nodes.items() if node.op == "aten.linear.default")
+    ex = explain(big_batch_mlp, p, first_linear)
+    excluded = [a for a in ex.alternatives if a[1] == float("inf")]
+    assert excluded and ex.chosen_s < float("inf")
+    text = str(ex)
+    finite = len(ex.alternatives) - len(excluded)
+    assert "inf ms" not in text and text.count("excluded (a forced axis role") == min(len(excluded), 8 - finite) > 0
+
+
 @pytest.mark.parametrize("precision, per_param", [("bf16", (2, 4, 12)), ("fp32", (4, 4, 8))])
 def test_training_state_budget_helper_matches_cost_model(big_batch_mlp, precision, per_param):
     p = plan(big_batch_mlp, DP8, precision=precision)

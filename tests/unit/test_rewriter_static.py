@@ -66,7 +66,7 @@ def test_verifier_catches_a_wrong_local_shape():
     view = next(n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.reshape.default)
     global_shape = list(traced.node(view.meta["source"]).outputs[0].shape)
     view.args = (view.args[0], global_shape)  # a view left with its global (unsharded) size
-    with pytest.raises(VerificationError, match=r"view.default.* cannot run on its local shapes on mesh \(dp=2\)"):
+    with pytest.raises(VerificationError, match=r"reshape.default.* cannot run on its local shapes on mesh \(dp=2\)"):
         verify(program, traced, spec)
     view.args = (view.args[0], [2] + global_shape[1:-1] + [8, 2])  # right numel, wrong local shape
     with pytest.raises(VerificationError, match=r"local shape of .* is \(2, 64, 4, 8, 2\).* gives \(2, 64, 4, 16\)"):

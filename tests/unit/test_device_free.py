@@ -1,0 +1,165 @@
+"""A model traced on meta (what `parallelizer plan` does) and the same model traced on CPU (what a user's run
+and `parallelizer rehearse` do) are one graph, node by node (`tracer/device_free.py`).
+
+Before: GPT-2, Llama, OPT and Falcon traced on meta held the KV cache's empty constants with `detach_` nodes,
+Falcon on CPU read its constants through `lift_fresh_copy`, a view after a `.contiguous()` that was a no-op on
+CPU stayed a view, and BART's `shift_tokens_right` (`x[:, 0] = start_id`) was `fill_` of a CPU constant on CPU
+and `copy_` of an expanded `scalar_tensor` on meta, which shifted every later node name. A CLI plan then failed
+`parallelizer rehearse` on every rank (UnsupportedOpError for `%lift_fresh_copy`) or was refused by
+`auto_parallelize(plan=...)` with a PlanMismatchError. Each member of the class has a case below; the CPU graph
+after normalisation still computes eager's values.
+"""
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import parallelizer
+from parallelizer import cli
+from parallelizer.errors import PlanMismatchError
+from parallelizer.fingerprint import graph_fingerprint
+from parallelizer.zoo import families
+
+
+def falcon(device: str = "cpu"):
+    """FalconForCausalLM (default cache, constants created in forward), token ids (2, 16)."""
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.FalconForCausalLM(transformers.FalconConfig(
+            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, hidden_dropout=0.0,
+            attention_dropout=0.0))
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    return model, (ids.to(device),), {"labels": ids.to(device)}
+
+
+def opt(device: str = "cpu"):
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+            word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0, layerdrop=0.0))
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    return model, (ids.to(device),), {"labels": ids.to(device)}
+
+
+def bart(device: str = "cpu"):
+    """BART with labels= only: `shift_tokens_right` writes the start token into a slice."""
+    return families.bart(device=device)
+
+
+class Patterns(nn.Module):
+    """One op pattern per mode that torch.export records differently on meta and on CPU."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode, self.proj = mode, nn.Linear(8, 8)
+
+    def forward(self, x, ids):
+        h = self.proj(x)
+        if self.mode == "slice_int":  # shift_tokens_right
+            s = ids.new_zeros(ids.shape)
+            s[:, 1:] = ids[:, :-1].clone()
+            s[:, 0] = 2
+            return h * s.float().mean()
+        if self.mode == "slice_float":
+            h = h.clone()
+            h[:, 3:5] = 0.5
+            return h
+        if self.mode == "mask":
+            h = h.clone()
+            h[h > 0.1] = -1.0
+            return h
+        if self.mode == "ignore_index":  # labels[labels == pad] = -100
+            s = ids.clone()
+            s[s == 3] = 0
+            return h * s.float().mean()
+        if self.mode == "constant":  # torch.tensor(...) in forward: lift_fresh_copy + detach_ on CPU
+            return h * torch.tensor(2.0) + torch.tensor(0.5, device=h.device)
+        if self.mode == "heads":  # attention's `.transpose(1, 2).contiguous().view(...)`: the copy is a no-op on
+            q = h.view(1, h.shape[0], 2, 4).transpose(1, 2)  # CPU (SDPA's strides), recorded on meta
+            out = nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).contiguous()
+            return out.view(h.shape[0], 8)
+        raise ValueError(self.mode)
+
+
+def _patterns(mode):
+    def build(device):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Patterns(mode)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(0, 6, (4, 6), generator=torch.Generator().manual_seed(2))
+        return model, (x.to(device), ids.to(device)), {}
+    return build
+
+
+BUILDERS = {"falcon": falcon, "opt": opt, "bart": bart, "gpt2": lambda d: families.gpt2(device=d),
+            "llama": lambda d: families.llama(device=d),
+            **{f"pattern_{m}": _patterns(m)
+               for m in ("slice_int", "slice_float", "mask", "ignore_index", "constant", "heads")}}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_meta_and_cpu_traces_are_one_graph_and_cpu_matches_eager(name):
+    build = BUILDERS[name]
+    traced = {device: parallelizer.trace(*build(device)) for device in ("meta", "cpu")}
+    meta, cpu = (graph_fingerprint(traced[d]) for d in ("meta", "cpu"))
+    assert [(n.name, n.op_name) for n in traced["meta"].nodes.values()] == \
+        [(n.name, n.op_name) for n in traced["cpu"].nodes.values()]
+    assert meta["sha256"] == cpu["sha256"]  # shapes and dtypes too
+    model, args, kwargs = build("cpu")
+    expected = model(*args, **kwargs)
+    got = traced["cpu"].exported.module()(*args, **kwargs)
+    expected = expected.loss if hasattr(expected, "loss") else expected
+    got = got.loss if hasattr(got, "loss") else got
+    torch.testing.assert_close(got, expected)  # two op graphs: float32 tolerances
+
+
+def test_op_names_are_numbered_in_graph_order_without_gaps():
+    """After normalisation removed nodes (cache leftovers, contiguous, asserts), names do not depend on what was
+    removed: per base name, `base`, `base_1`, `base_2`, ... in graph order (fx skips Python builtins: `sum_1`)."""
+    traced = parallelizer.trace(*falcon("meta"))
+    seen: dict[str, list[int]] = {}
+    for node in traced.graph_module.graph.nodes:
+        if node.op == "call_function":
+            base, _, number = re.fullmatch(r"(.*?)(_(\d+))?", node.name).groups()
+            seen.setdefault(base, []).append(int(number) if number else 0)
+    for base, numbers in seen.items():
+        start = numbers[0]
+        assert numbers == list(range(start, start + len(numbers))) and start in (0, 1), (base, numbers)
+
+
+@pytest.mark.parametrize("name", ["falcon", "opt", "bart"])
+def test_a_plan_made_on_meta_fits_the_model_built_on_cpu(name):
+    meta = parallelizer.trace(*BUILDERS[name]("meta"))
+    plan = parallelizer.plan(meta, {"dp": 2})
+    parallelizer.check_plan(plan, parallelizer.trace(*BUILDERS[name]("cpu")), {"dp": 2})  # raises if not
+
+
+def test_device_dependent_model_code_is_named_in_the_mismatch():
+    """transformers' MoE counts tokens per expert with histc in float32 on CPU and int32 elsewhere: one graph
+    per device type, which no normalisation can join. The mismatch names the dtypes and both devices, and the
+    remedy is to plan the model as built where it runs (not the circular 'apply it to the model it was made
+    for')."""
+    plan = parallelizer.plan(parallelizer.trace(*families.mixtral(device="meta")), {"dp": 2})
+    with pytest.raises(PlanMismatchError) as caught:
+        parallelizer.check_plan(plan, parallelizer.trace(*families.mixtral(device="cpu")))
+    text = str(caught.value)
+    assert "node outputs of dtype int32: plan has 6, model has 2" in text
+    assert "traced on meta, this one on cpu" in text and "device type it runs on" in text
+
+
+@pytest.mark.distributed
+def test_cli_plan_of_falcon_rehearses_on_two_ranks(tmp_path, capsys):
+    """The README's flow: `parallelizer plan` (meta) then `parallelizer rehearse` (CPU ranks) on Falcon, whose
+    plan used to fail on both ranks with UnsupportedOpError for `%lift_fresh_copy`."""
+    out = tmp_path / "falcon.json"
+    assert cli.main(["plan", "--model", "test_device_free:falcon", "--mesh", "tp=2", "--cluster", "h100:1x2",
+                     "--no-progress", "-o", str(out)]) == 0
+    assert cli.main(["rehearse", str(out), "--nproc", "2", "--timeout", "240"]) == 0
+    assert "numerics match on 2 ranks" in capsys.readouterr().out
