@@ -28,7 +28,9 @@ from .core.mesh import MeshSpec
 from .errors import PlanMismatchError
 from .tracer import TracedGraph
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
+"""2: traces made device-independent (`tracer/device_free.py`: views as reshapes, op nodes renamed in graph
+order), summary with dtype counts and device. A version-1 plan names another spelling of the same graph."""
 _MAX_LISTED = 12  # differences listed in one error message
 
 
@@ -143,6 +145,10 @@ def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:
     for name in sorted(plan_nodes & model_nodes):
         if plan.nodes[name].op != traced.nodes[name].op_name:
             diffs.append(f"node {name}: plan has op {plan.nodes[name].op}, model has {traced.nodes[name].op_name}")
+    if diffs and theirs.get("version", FINGERPRINT_VERSION) < FINGERPRINT_VERSION:
+        diffs.insert(0, f"the plan was made by an earlier version of this toolkit (fingerprint version "
+                        f"{theirs['version']}, now {FINGERPRINT_VERSION}: tracing now spells views, constants and "
+                        "node names alike on every device); re-plan to apply it")
     if not diffs and theirs.get(key) is not None:
         diffs += _device_diffs(a, b)
     if not diffs and theirs.get(key) is not None:

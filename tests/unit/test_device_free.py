@@ -163,3 +163,18 @@ def test_cli_plan_of_falcon_rehearses_on_two_ranks(tmp_path, capsys):
                      "--no-progress", "-o", str(out)]) == 0
     assert cli.main(["rehearse", str(out), "--nproc", "2", "--timeout", "240"]) == 0
     assert "numerics match on 2 ranks" in capsys.readouterr().out
+
+
+def test_a_plan_of_the_earlier_fingerprint_version_says_re_plan():
+    """Plans saved before tracing became device-independent spell views as `aten.view` and keep export's node
+    numbering: their mismatch says where they come from and to re-plan, before the node-by-node differences."""
+    import dataclasses
+
+    traced = parallelizer.trace(*BUILDERS["pattern_heads"]("cpu"))
+    plan = parallelizer.plan(traced, {"dp": 2})
+    view = next(n for n, node in plan.nodes.items() if node.op == "aten.reshape.default")
+    old = dataclasses.replace(plan, fingerprint={**plan.fingerprint, "version": 1, "sha256": "0" * 64},
+                              nodes={**plan.nodes, view: dataclasses.replace(plan.nodes[view], op="aten.view.default")})
+    with pytest.raises(PlanMismatchError, match=r"earlier version of this toolkit \(fingerprint version 1, now 2"):
+        parallelizer.check_plan(old, traced)
+    parallelizer.check_plan(plan, traced)  # the plan of this version fits
