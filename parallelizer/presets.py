@@ -115,7 +115,9 @@ def build(recipe: dict, device: str = "meta") -> tuple:
     """`(model, example_inputs)` or `(model, example_inputs, example_kwargs)` of a recipe on `device` ("meta":
     shapes only; "cpu": seeded random weights), ready for `trace(*build(recipe))`.
 
-    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. It may
+    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. On "meta"
+    the model is then moved there (legacy constructors such as `torch.FloatTensor(...)`, XLNet's, ignore the
+    context; a factory may ignore its `device`). It may
     return `(model, args)`, `(model, args, kwargs)` (keyword inputs, e.g. labels=) or only a transformers
     model, which then gets token ids (batch, seq_len) from `config.vocab_size`.
     Raises:
@@ -133,6 +135,9 @@ def build(recipe: dict, device: str = "meta") -> tuple:
         else:
             with torch.device(device):
                 out = fn(**kwargs)
+        model = out[0] if isinstance(out, tuple) and out else out
+        if device == "meta" and isinstance(model, torch.nn.Module):
+            model.to("meta")  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
     except Exception as exc:
         raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc) from exc
     if isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], torch.nn.Module) \

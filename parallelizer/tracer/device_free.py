@@ -24,10 +24,14 @@ PlanMismatchError, or an UnsupportedOpError for a node the plan never saw):
   `x[mask] = 0.0`) is wrapped in a 0-dim CPU constant on CPU (read through `lift_fresh_copy`, written with
   `fill_.Tensor` into a slice) and built with `aten.scalar_tensor` on other devices (meta, cuda; written into a
   slice as `copy_` of its `expand`). Both become `scalar_tensor(v)` where read as a tensor, and a slice
-  assignment becomes `fill_.Scalar(dst, v)` (`wrapped_scalars`; the value is read from the CPU constant);
+  assignment becomes `fill_.Scalar(dst, v)` (`wrapped_scalars`; the value is read from the CPU constant). Any
+  other 0-dim tensor written into a slice (`x[:, 0] = h.sum()`, `torch.tensor(v, device=...)`; MBart's
+  `shift_tokens_right` at batch 1, where the start token is a `squeeze`d gather) is `fill_.Tensor` on CPU and
+  the same `copy_` of an `expand` elsewhere: it becomes `fill_.Tensor(dst, x)`;
 - the nodes the devices record differently shift export's per-op counters in every later name (`expand_1` on
   meta where CPU has `expand`), so after normalisation every op node is renamed in graph order: the name
-  export gave it without its `_N` suffix, then `_1`, `_2`, ... per name (`canonical_names`).
+  export gave it without its `_N` suffix, then `_1`, `_2`, ... per name (`canonical_names`), and lifted
+  constants are numbered 0, 1, ... in input order (`canonical_constants`).
 
 Tests: tests/tracer/test_device_free.py traces transformers decoders on meta and on CPU and compares the two
 graphs node by node.
@@ -38,6 +42,7 @@ import re
 
 import torch
 import torch.fx
+from torch.export.graph_signature import InputKind
 
 from .graph import written_through
 
@@ -102,42 +107,76 @@ def wrapped_scalars(gm: torch.fx.GraphModule, constants: dict[str, torch.Tensor]
         gm.graph.erase_node(node)
         changed += 1
     for node in list(gm.graph.nodes):
-        number = _filled_number(node)
-        if number is None:
+        found = _fill_value(node)
+        if found is None:
             continue
-        dst = node.args[0]
+        value, chain = found
+        number = value.args[0] if value.target is aten.scalar_tensor.default and len(value.users) == 1 else None
+        target, arg = (aten.fill_.Tensor, value) if number is None else (aten.fill_.Scalar, number)
+        if node.target is target:
+            continue  # already fill_.Tensor(dst, x) of a computed or constant x
         with gm.graph.inserting_before(node):
-            fill = gm.graph.create_node("call_function", aten.fill_.Scalar, (dst, number), name="fill_")
+            fill = gm.graph.create_node("call_function", target, (node.args[0], arg), name="fill_")
         fill.meta = dict(node.meta)
         node.replace_all_uses_with(fill)
-        source = node.args[1]
         gm.graph.erase_node(node)
-        while source is not None and not source.users:  # the expand / reshape / scalar_tensor chain, now unread
-            up = source.args[0] if source.target is not aten.scalar_tensor.default else None
-            gm.graph.erase_node(source)
-            source = up
+        for link in [*chain, *([value] if number is not None else [])]:  # expand, reshape, scalar_tensor: unread
+            if not link.users:
+                gm.graph.erase_node(link)
         changed += 1
     return changed
 
 
-def _filled_number(node: torch.fx.Node):
-    """v when `node` is `fill_.Tensor(dst, scalar_tensor(v))` or `copy_(dst, expand(reshape(scalar_tensor(v),
-    []), dst's shape))` whose operands nothing else reads; otherwise None."""
+def _fill_value(node: torch.fx.Node):
+    """(x, the nodes between x and `node`) when `node` writes one 0-dim value x into all of its destination:
+    `fill_.Tensor(dst, x)`, or `copy_(dst, expand(reshape(x, []), dst's shape))` whose expand / reshape nothing
+    else reads (torch's setitem on devices other than CPU); otherwise None."""
     if node.op != "call_function" or node.target not in (aten.fill_.Tensor, aten.copy_.default) \
             or len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], torch.fx.Node):
         return None
-    source = node.args[1]
+    source, chain = node.args[1], []
     if node.target is aten.copy_.default:
         dst = node.args[0].meta.get("val")
         if source.target is not aten.expand.default or len(source.users) != 1 or not isinstance(dst, torch.Tensor) \
                 or list(source.args[1]) != list(dst.shape):
             return None
+        chain.append(source)
         source = source.args[0]
         if source.target is aten.reshape.default and len(source.users) == 1 and list(source.args[1]) == []:
+            chain.append(source)
             source = source.args[0]
-    if source.op != "call_function" or source.target is not aten.scalar_tensor.default or len(source.users) != 1:
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 0:
         return None
-    return source.args[0]
+    return source, chain
+
+
+def canonical_constants(gm: torch.fx.GraphModule, exported: torch.export.ExportedProgram) -> int:
+    """Renumber the lifted tensor constants `...lifted_tensor_N` 0, 1, 2, ... in input order (their targets in
+    the signature and `exported.constants`, and their placeholders `c_..._lifted_tensor_N`): a constant that
+    export lifted on one device only (a wrapped Python number on CPU) and normalisation removed left a gap that
+    renamed every later constant. Run after `drop_unused_constants`. Returns how many were renamed."""
+    pattern = re.compile(r"^(.*)lifted_tensor_(\d+)$")
+    specs = [s for s in exported.graph_signature.input_specs
+             if s.kind == InputKind.CONSTANT_TENSOR and pattern.match(s.target) and pattern.match(s.arg.name)]
+    moves = []
+    for index, spec in enumerate(specs):
+        target = pattern.sub(rf"\g<1>lifted_tensor_{index}", spec.target)
+        name = pattern.sub(rf"\g<1>lifted_tensor_{index}", spec.arg.name)
+        if target != spec.target or name != spec.arg.name:
+            moves.append((spec, target, name))
+    placeholders = {n.name: n for n in gm.graph.find_nodes(op="placeholder")}
+    values = {spec.target: exported.constants.pop(spec.target) for spec, _, _ in moves
+              if spec.target in exported.constants}
+    for spec, target, name in moves:
+        if spec.target in values:
+            exported.constants[target] = values[spec.target]
+        node = placeholders[spec.arg.name]
+        node.name = node.target = name  # `canonical_names` rebuilds the graph's namespace afterwards
+        spec.target, spec.arg.name = target, name
+    if moves:
+        gm.recompile()
+    return len(moves)
 
 
 def canonical_names(gm: torch.fx.GraphModule, exported: torch.export.ExportedProgram) -> int:

@@ -366,8 +366,7 @@ def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             node.target, node.args = aten.permute.default, (node.args[0], _movedim_order(node))
         elif node.target in (aten.reshape_as.default, aten.view_as.default) and not node.kwargs:
             node.target, node.args = aten.reshape.default, (node.args[0], list(node.args[1].meta["val"].shape))
-        elif (node.target is aten.type_as.default and not node.kwargs
-              and node.args[0].meta["val"].device == node.args[1].meta["val"].device):
+        elif node.target is aten.type_as.default and not node.kwargs and _type_as_keeps_device(node):
             node.target, node.args = aten.to.dtype, (node.args[0], node.args[1].meta["val"].dtype)
         else:
             continue
@@ -376,6 +375,16 @@ def _twins(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         notes.append(f"{sum(renamed.values())} node(s) written as the ops they alias or read only the shape / dtype of "
                      f"another operand ({', '.join(f'{k} x{v}' for k, v in sorted(renamed.items()))}; same values; "
                      "those ops have sharding rules)")
+
+
+def _type_as_keeps_device(node: torch.fx.Node) -> bool:
+    """Whether `type_as(x, other)` is `to(x, other's dtype)` on every device: x on other's device, or x a lifted
+    constant or buffer (a placeholder: the sharded program keeps it on the module's device, like a buffer), or
+    0-dim (ops take a 0-dim CPU tensor beside tensors of any device). DeBERTa-v2's `torch.tensor(mid - 1)
+    .type_as(relative_pos)` traced on meta is a CPU constant `type_as` a meta tensor: it stayed `type_as` there
+    and became `to` on CPU, so the CLI's plan did not fit the CPU model."""
+    x, other = (a.meta["val"] for a in node.args[:2])
+    return x.device == other.device or node.args[0].op == "placeholder" or x.dim() == 0
 
 
 def _sequence_first_rnns(gm: torch.fx.GraphModule, notes: list[str]) -> None:

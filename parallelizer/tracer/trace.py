@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
-from .device_free import canonical_names
+from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, runs_eagerly
 from .normalize import normalize
@@ -78,6 +78,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     example_kwargs = dict(example_kwargs or {})
     _check_input_types(example_inputs, example_kwargs)
     notes: list[str] = []
+    _check_not_partly_meta(model)
     if _on_meta(model):
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
@@ -93,6 +94,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         normalize(gm, notes, {name: exported.constants[fqn] for name, fqn in lifted.items()
                               if fqn in exported.constants})
         drop_unused_constants(exported)
+        canonical_constants(gm, exported)
         canonical_names(gm, exported)
     except GuardOnDataDependentSymNode:
         _refuse_data_dependent_shapes(gm)  # the TraceError `_static_metas` would raise, before a pass guarded
@@ -198,6 +200,26 @@ def _common_module(fqns: list[str]) -> str:
             n += 1
         common = common[:n]
     return ".".join(common)
+
+
+def _check_not_partly_meta(model: torch.nn.Module) -> None:
+    """Raise TraceError when some parameters or buffers are on `meta` and others are not: a model built under
+    `with torch.device("meta"):` whose code makes tensors with a legacy constructor (`torch.FloatTensor(...)`,
+    XLNet's `mask_emb` and attention weights), which ignores the device context. It failed deep in export with
+    a FakeTensorDeviceMismatchError naming a line of the model, not the cause."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    meta = [n for n, t in named if t.device.type == "meta"]
+    other = [(n, t.device.type) for n, t in named if t.device.type != "meta"]
+    if meta and other:
+        listed = ", ".join(f"{n} ({d})" for n, d in other[:4])
+        listed += f" and {len(other) - 4} more" if len(other) > 4 else ""
+        raise TraceError(
+            "a model that is partly on the meta device", None,
+            "build every tensor on one device: create parameters with `torch.empty(...)` / `torch.zeros(...)` (which "
+            "follow `with torch.device(...)`) instead of legacy constructors such as `torch.FloatTensor(...)`, or "
+            "move the rest after building (`model.to('meta')`, or `to_empty(device='meta')`); a factory for "
+            "`parallelizer plan` may take a `device` parameter and do this itself",
+            f"{len(meta)} parameter(s) / buffer(s) are on meta, {len(other)} are not: {listed}")
 
 
 def _on_meta(model: torch.nn.Module) -> bool:

@@ -52,6 +52,38 @@ def bart(device: str = "cpu"):
     return families.bart(device=device)
 
 
+def mbart_one_row(device: str = "cpu"):
+    """MBart with labels= at batch 1: its `shift_tokens_right` writes a gathered, squeezed (0-dim) start token
+    into a slice, `fill_.Tensor` on CPU and `copy_` of an `expand` elsewhere."""
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(
+            vocab_size=128, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0, max_position_embeddings=64))
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(1))
+    return model, (ids.to(device),), {"labels": labels.to(device)}
+
+
+class LegacyParameter(nn.Module):
+    """A parameter made by a legacy constructor, which ignores `with torch.device(...)` (XLNet's `mask_emb`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.FloatTensor(8).fill_(0.5))
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+
+def legacy(batch: int = 4, **_):
+    return LegacyParameter(), (torch.randn(batch, 8),)
+
+
 class Patterns(nn.Module):
     """One op pattern per mode that torch.export records differently on meta and on CPU."""
 
@@ -80,6 +112,24 @@ class Patterns(nn.Module):
             return h * s.float().mean()
         if self.mode == "constant":  # torch.tensor(...) in forward: lift_fresh_copy + detach_ on CPU
             return h * torch.tensor(2.0) + torch.tensor(0.5, device=h.device)
+        if self.mode == "computed_into_slice":  # a 0-dim value that is no constant
+            h2 = h.clone()
+            h2[:, 0] = h.sum()
+            return h2
+        if self.mode == "device_tensor_into_slice":
+            h = h.clone()
+            h[:2, :2] = torch.tensor(7.0, device=h.device)
+            return h
+        if self.mode == "type_as_constant":  # DeBERTa-v2's make_log_bucket_position
+            return torch.where(h > 0, h, torch.tensor(3.0).type_as(h))
+        if self.mode == "number_then_vector":  # a number lifted on CPU only, then another constant
+            s = ids.clone()
+            s[:, 0] = 2
+            return h * torch.tensor([1.0] * 8, device=h.device) + s.float().mean()
+        if self.mode == "list_index":
+            h = h.clone()
+            h[[0, 2], 1] = 3.0
+            return h
         if self.mode == "heads":  # attention's `.transpose(1, 2).contiguous().view(...)`: the copy is a no-op on
             q = h.view(1, h.shape[0], 2, 4).transpose(1, 2)  # CPU (SDPA's strides), recorded on meta
             out = nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).contiguous()
@@ -98,10 +148,11 @@ def _patterns(mode):
     return build
 
 
-BUILDERS = {"falcon": falcon, "opt": opt, "bart": bart, "gpt2": lambda d: families.gpt2(device=d),
-            "llama": lambda d: families.llama(device=d),
-            **{f"pattern_{m}": _patterns(m)
-               for m in ("slice_int", "slice_float", "mask", "ignore_index", "constant", "heads")}}
+PATTERNS = ("slice_int", "slice_float", "mask", "ignore_index", "constant", "heads", "computed_into_slice",
+            "device_tensor_into_slice", "type_as_constant", "number_then_vector", "list_index")
+BUILDERS = {"falcon": falcon, "opt": opt, "bart": bart, "mbart_one_row": mbart_one_row,
+            "gpt2": lambda d: families.gpt2(device=d), "llama": lambda d: families.llama(device=d),
+            **{f"pattern_{m}": _patterns(m) for m in PATTERNS}}
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -134,7 +185,7 @@ def test_op_names_are_numbered_in_graph_order_without_gaps():
         assert numbers == list(range(start, start + len(numbers))) and start in (0, 1), (base, numbers)
 
 
-@pytest.mark.parametrize("name", ["falcon", "opt", "bart"])
+@pytest.mark.parametrize("name", ["falcon", "opt", "bart", "mbart_one_row"])
 def test_a_plan_made_on_meta_fits_the_model_built_on_cpu(name):
     meta = parallelizer.trace(*BUILDERS[name]("meta"))
     plan = parallelizer.plan(meta, {"dp": 2})
@@ -178,3 +229,19 @@ def test_a_plan_of_the_earlier_fingerprint_version_says_re_plan():
     with pytest.raises(PlanMismatchError, match=r"earlier version of this toolkit \(fingerprint version 1, now 2"):
         parallelizer.check_plan(old, traced)
     parallelizer.check_plan(plan, traced)  # the plan of this version fits
+
+
+def test_a_model_partly_on_meta_is_named_and_the_cli_build_moves_it():
+    """A legacy constructor ignores `with torch.device("meta")`: the model was half on meta and export failed
+    with a FakeTensorDeviceMismatchError at a line of the model (XLNet). `trace` names the tensors and the cause;
+    the CLI's build moves such a model to meta, so `parallelizer plan` works on it."""
+    from parallelizer import TraceError, presets
+
+    with torch.device("meta"):
+        model = LegacyParameter()
+    with pytest.raises(TraceError, match=r"partly on the meta device") as caught:
+        parallelizer.trace(model, (torch.randn(4, 8),))
+    assert "2 parameter(s) / buffer(s) are on meta, 1 are not: scale (cpu)" in str(caught.value)
+    built, args = presets.build({"factory": "test_device_free:legacy", "builder": None, "kwargs": {"batch": 4}})
+    assert {p.device.type for p in built.parameters()} == {"meta"}
+    assert parallelizer.trace(built, args).parameters["scale"].shape == (8,)
