@@ -33,8 +33,8 @@ PlanMismatchError, or an UnsupportedOpError for a node the plan never saw):
   export gave it without its `_N` suffix, then `_1`, `_2`, ... per name (`canonical_names`), and lifted
   constants are numbered 0, 1, ... in input order (`canonical_constants`).
 
-Tests: tests/tracer/test_device_free.py traces transformers decoders on meta and on CPU and compares the two
-graphs node by node.
+Tests: tests/unit/test_device_free.py traces transformers models and one pattern per member on meta and on CPU
+and compares the two graphs node by node, and the CPU program with eager.
 """
 from __future__ import annotations
 
@@ -91,8 +91,7 @@ def wrapped_scalars(gm: torch.fx.GraphModule, constants: dict[str, torch.Tensor]
     """Rewrite the wrapped Python numbers of the module docstring in place; `constants`: placeholder name ->
     value of each lifted tensor constant (meta values are not read). Run after `views_as_reshapes` and before
     `uncopied_constants` (a wrapped number is a `lift_fresh_copy` that no `detach_` reads; `torch.tensor(v)` in
-    forward adds a `detach_`).
-    Returns how many nodes changed."""
+    forward adds a `detach_`). Returns how many nodes changed."""
     changed = 0
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.lift_fresh_copy.default)):
         value = constants.get(getattr(node.args[0], "name", None))

@@ -11,10 +11,11 @@
    autocast computes and every later stage sees ordinary ops and dtypes.
 3. (`tracer/device_free.py`) What export records on some devices only, so that a model traced on meta and on
    CPU gives one graph: every `aten.view` becomes `aten.reshape`; `aten.contiguous` (memory layout only) is
-   dropped; a Python number wrapped as a tensor is `scalar_tensor(v)`, and written into a slice `fill_(v)`;
-   `aten.lift_fresh_copy` of a constant created in forward that nothing writes through is the constant, and
-   `aten.detach_` of a graph input or constant that carries no gradient is removed. Last of all (in
-   `tracer.trace`), op nodes are renamed in graph order, so that names do not depend on what was removed.
+   dropped; a Python number wrapped as a tensor is `scalar_tensor(v)`, and a 0-dim value written into a slice
+   is `fill_`; `aten.lift_fresh_copy` of a constant created in forward that nothing writes through is the
+   constant, and `aten.detach_` of a graph input or constant that carries no gradient is removed (`type_as` of
+   a constant is `to`: 9). Last of all (in `tracer.trace`), lifted constants and op nodes are renumbered in
+   graph order, so that names do not depend on what was removed.
 4. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
@@ -293,11 +294,11 @@ def _device_free(gm: torch.fx.GraphModule, notes: list[str], constants: dict[str
     """Normalisation 3 of the module docstring (`tracer/device_free.py`; the renaming runs last, in trace)."""
     views_as_reshapes(gm)  # canonical spellings, not noted
     wrapped_scalars(gm, constants)
-    dropped, constants = drop_contiguous(gm), uncopied_constants(gm)
+    dropped, removed = drop_contiguous(gm), uncopied_constants(gm)
     if dropped:
         notes.append(f"dropped {dropped} aten.contiguous node(s) (memory layout only)")
-    if constants:
-        notes.append(f"removed {constants} lift_fresh_copy / detach_ node(s) on constants created in forward "
+    if removed:
+        notes.append(f"removed {removed} lift_fresh_copy / detach_ node(s) on constants created in forward "
                      "(recorded on some devices only; nothing writes through them)")
 
 

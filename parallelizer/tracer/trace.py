@@ -203,13 +203,14 @@ def _common_module(fqns: list[str]) -> str:
 
 
 def _check_not_partly_meta(model: torch.nn.Module) -> None:
-    """Raise TraceError when some parameters or buffers are on `meta` and others are not: a model built under
+    """Raise TraceError when some parameters or buffers are on `meta` and others (not 0-dim, which ops take
+    beside tensors of any device) are not: a model built under
     `with torch.device("meta"):` whose code makes tensors with a legacy constructor (`torch.FloatTensor(...)`,
     XLNet's `mask_emb` and attention weights), which ignores the device context. It failed deep in export with
     a FakeTensorDeviceMismatchError naming a line of the model, not the cause."""
     named = [*model.named_parameters(), *model.named_buffers()]
     meta = [n for n, t in named if t.device.type == "meta"]
-    other = [(n, t.device.type) for n, t in named if t.device.type != "meta"]
+    other = [(n, t.device.type) for n, t in named if t.device.type != "meta" and t.dim() > 0]  # 0-dim: any device
     if meta and other:
         listed = ", ".join(f"{n} ({d})" for n, d in other[:4])
         listed += f" and {len(other) - 4} more" if len(other) > 4 else ""
