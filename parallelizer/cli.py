@@ -55,13 +55,14 @@ _BYTES_PER_PARAM_REHEARSAL = 48
 
 
 def parse_kv(text: str | None, what: str) -> dict:
-    """"a=1,b=x,c=False" -> {"a": 1, "b": "x", "c": False} (values parsed as JSON or else as Python literals when
+    """"a=1,b=x,c=False,l=[1,2]" -> {"a": 1, "b": "x", "c": False, "l": [1, 2]} (items split at commas outside
+    brackets and quotes; values parsed as JSON or else as Python literals when
     they are, so `true` and `True`, `null` and `None` are the bool / None a config expects, not the truthy
     string "False"; anything else stays a string).
 
     Raises ValueError naming `what` and the malformed item."""
     out: dict = {}
-    for item in filter(None, (text or "").split(",")):
+    for item in filter(None, _items(text or "")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             example = {"--mesh": "dp=4,tp=2", "--roles": "dp=fsdp,tp=tp"}.get(what, "n_layer=24")
@@ -70,6 +71,24 @@ def parse_kv(text: str | None, what: str) -> dict:
             raise ValueError(f"{what}: {key.strip()!r} is given twice in {text!r}")
         out[key.strip()] = _value(value.strip())
     return out
+
+
+def _items(text: str) -> list[str]:
+    """`text` split at the commas outside brackets and quotes: "l=[1,2],n=3" -> ["l=[1,2]", "n=3"]."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]]
 
 
 def _value(text: str):
@@ -213,10 +232,12 @@ def cmd_plan(args) -> int:
     roles = parse_kv(args.roles, "--roles")
     if roles and mesh is None:
         raise ValueError(f"--roles {args.roles}: give the mesh they refer to with --mesh (e.g. --mesh dp=2,tp=4)")
-    micro = args.microbatches or (mesh.size("pp") if mesh is not None and "pp" in mesh.axis_names else 1)
+    micro = args.microbatches or 1  # without --microbatches a search chooses them (a divisor of the batch)
     if args.global_batch is not None and args.global_batch % (args.grad_accum * micro):
-        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum} "
-                         f"x --microbatches {micro} (the model is traced with one microbatch)")
+        given = f"--microbatches {micro}" if args.microbatches else f"--grad-accum {args.grad_accum}"
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of {given} (the model is traced "
+                         f"with one microbatch). Remedy: a global batch that {given} divides, or drop "
+                         f"{given.split()[0]}" + (" and let the search choose the microbatches" if searched else ""))
     config = parse_kv(args.config, "--config")
     bar = tqdm(total=3, desc="build", disable=args.no_progress, file=sys.stderr)
     traced_batch = None if args.global_batch is None else args.global_batch // (args.grad_accum * micro)

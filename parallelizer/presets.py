@@ -115,9 +115,10 @@ def build(recipe: dict, device: str = "meta") -> tuple:
     """`(model, example_inputs)` or `(model, example_inputs, example_kwargs)` of a recipe on `device` ("meta":
     shapes only; "cpu": seeded random weights), ready for `trace(*build(recipe))`.
 
-    A factory that takes a `device` argument gets it; otherwise it runs under `torch.device(device)`. On "meta"
-    the model is then moved there (legacy constructors such as `torch.FloatTensor(...)`, XLNet's, ignore the
-    context; a factory may ignore its `device`). It may
+    A factory with a parameter named `device` gets it; otherwise (also one taking only `**kwargs`, which used to
+    get `device=` and pass it into a config, building the whole model on CPU) it runs under
+    `torch.device(device)`. On "meta" what is left elsewhere is then moved there, tied tensors staying tied
+    (legacy constructors such as `torch.FloatTensor(...)`, XLNet's, ignore the context). It may
     return `(model, args)`, `(model, args, kwargs)` (keyword inputs, e.g. labels=) or only a transformers
     model, which then gets token ids (batch, seq_len) from `config.vocab_size`.
     Raises:
@@ -130,14 +131,14 @@ def build(recipe: dict, device: str = "meta") -> tuple:
     try:
         if "factory" not in recipe:
             return fn(device=device, **kwargs)
-        if _accepts(fn, "device"):
+        if _names_device(fn):
             out = fn(device=device, **kwargs)
         else:
             with torch.device(device):
                 out = fn(**kwargs)
         model = out[0] if isinstance(out, tuple) and out else out
         if device == "meta" and isinstance(model, torch.nn.Module):
-            model.to("meta")  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
+            _rest_to_meta(model)  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
     except Exception as exc:
         raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc) from exc
     if isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], torch.nn.Module) \
@@ -248,6 +249,31 @@ def _factory(spec: str):
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import model factory {spec!r} ({exc}); use 'package.module:function' with the "
                          "package importable (on sys.path / installed)") from exc
+
+
+def _names_device(fn) -> bool:
+    """Whether factory `fn` has a parameter named `device` (not only `**kwargs`)."""
+    try:
+        return "device" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _rest_to_meta(model: torch.nn.Module) -> None:
+    """Move the parameters and buffers of `model` that are not on meta there, one new tensor per tensor, so
+    that tied weights stay one tensor (`Module.to("meta")` makes a new Parameter per owning module and unties
+    them: the plan then held two weights where the model has one, and no longer fit it)."""
+    moved: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, tensor in store.items():
+                if tensor is None or tensor.is_meta:
+                    continue
+                if id(tensor) not in moved:
+                    new = torch.empty_like(tensor, device="meta")
+                    moved[id(tensor)] = torch.nn.Parameter(new, tensor.requires_grad) \
+                        if isinstance(tensor, torch.nn.Parameter) else new
+                store[name] = moved[id(tensor)]
 
 
 def _accepts(fn, name: str) -> bool:

@@ -217,11 +217,16 @@ def search_rows(plan: "Plan") -> list[tuple[str, str]]:
             ("searched", f"{found['candidates']} candidates: {found['priced']} priced ({found['infeasible_memory']} "
                          f"over memory), {found['pruned']} pruned by the lower bound"),
             ("search estimate", f"{ms(found['step_s'])} per optimizer step")]
-    if found.get("alternatives"):
+    if found.get("alternatives") and plan.pipeline is not None:  # schedules compared: only with stages
         from .pipeline import alternative_line
         rows += [("why " + a["schedule"] if k == 0 else "vs " + a["schedule"], alternative_line(a))
                  for k, a in enumerate(found["alternatives"])]
     m = found["microbatches"]
+    idle = plan.idle_axes()
+    if plan.pipeline is None and idle and len(idle) == sum(n > 1 for n in plan.mesh.shape):
+        rows.append(("but", f"the final ILP on {plan.mesh} sharded nothing (see the note on no parallelism): the "
+                            "search priced these axes as data parallelism, the whole-graph ILP found replication "
+                            "cheaper, so each device runs the whole step"))
     if plan.pipeline is None:
         rows.append(("final ILP estimate", f"{ms(plan.cost.total_s * m)} per optimizer step ({m} x "
                                            f"{ms(plan.cost.total_s)} per traced step) on mesh {plan.mesh}"))
@@ -446,9 +451,13 @@ class Plan:
                 batch = max(batch, shape[dim])
         why, remedies = [], []
         if batch and batch < min(n for _, n in big):
-            why.append(f"the batch ({batch} sample(s) along the batch dim of the inputs) has fewer samples than "
-                       f"any axis has devices ({', '.join(f'{a}={n}' for a, n in big)}), so it cannot be split")
-            remedies.append(f"a batch of at least {min(n for _, n in big)} samples per step")
+            what = "microbatch" if self.pipeline is not None else "batch"
+            why.append(f"the {what} ({batch} sample(s) along the batch dim of the inputs) has fewer samples than "
+                       f"any axis has devices ({', '.join(f'{a}={n}' for a, n in big)}), so it cannot be split, "
+                       "and no other sharding paid for its communication under the cost model")
+            remedies.append(f"fewer, larger microbatches (--microbatches; at least {min(n for _, n in big)} samples "
+                            "each)" if self.pipeline is not None else
+                            f"a batch of at least {min(n for _, n in big)} samples per step")
         ops = [n for n in self.nodes.values() if n.op not in ("placeholder", "output", "get_attr")]
         no_rule = [f for f in self.fallbacks if f.reason.startswith("no sharding rule")]
         if ops and len(no_rule) * 2 >= len(ops):

@@ -150,7 +150,7 @@ class ParallelModule(torch.nn.Module):
             if id(module) not in made:
                 made[id(module)] = mirror(module)
                 snapshots[name] = settings(made[id(module)])
-            self.get_submodule(parent).add_module(leaf, made[id(module)])
+            _add_child(_submodule(self, parent), leaf, made[id(module)])
         return snapshots
 
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,
@@ -160,11 +160,7 @@ class ParallelModule(torch.nn.Module):
         tensor = local if is_buffer else torch.nn.Parameter(local, requires_grad=requires_grad)
         self.__dict__.setdefault("_local_shapes", {})[fqn] = tuple(local.shape)
         for name in (fqn, *(info.aliases if info is not None else ())):
-            owner = _owner(self, name)
-            if is_buffer:
-                owner.register_buffer(name.rpartition(".")[2], tensor, persistent=persistent)
-            else:
-                owner.register_parameter(name.rpartition(".")[2], tensor)
+            _add_member(_owner(self, name), name.rpartition(".")[2], tensor, is_buffer, persistent)
 
     def _local(self, fqn: str, full: torch.Tensor, seed: int) -> torch.Tensor:
         """This rank's shard: cut from a real tensor, or initialised in place for a parameter on `meta`."""
@@ -196,7 +192,7 @@ class ParallelModule(torch.nn.Module):
         for fqn in program.state_fqns:
             owner, _, name = fqn.rpartition(".")
             try:
-                tensor = getattr(self.get_submodule(owner), name)
+                tensor = _member(_submodule(self, owner), name)
             except AttributeError as exc:
                 raise UnsupportedOpError(
                     f"{fqn!r}, which the sharded program reads, is gone from the ParallelModule (a submodule or "
@@ -217,11 +213,7 @@ class ParallelModule(torch.nn.Module):
 
     def _registered(self, fqn: str) -> torch.Tensor:
         """The registered local parameter or buffer `fqn`."""
-        return self.get_buffer(fqn) if self._is_buffer(fqn) else self.get_parameter(fqn)
-
-    def _is_buffer(self, fqn: str) -> bool:
-        owner, _, name = fqn.rpartition(".")
-        return name in self.get_submodule(owner)._buffers
+        return _member(_submodule(self, fqn.rpartition(".")[0]), fqn.rpartition(".")[2])
 
     # -- programs ------------------------------------------------------------------------------------
     @property
@@ -489,7 +481,7 @@ class ParallelModule(torch.nn.Module):
         for fqn, info in self.traced.parameters.items():
             if not info.persistent:
                 continue
-            local = self.get_buffer(fqn) if info.is_buffer else self.get_parameter(fqn)
+            local = self._registered(fqn)
             full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups, tuple(info.shape),
                                  self.coords)
             for name in (fqn, *info.aliases):
@@ -576,7 +568,7 @@ class ParallelModule(torch.nn.Module):
             for fqn, value in loadable.items():
                 if value is None:
                     continue
-                local = self.get_buffer(fqn) if self.traced.parameters[fqn].is_buffer else self.get_parameter(fqn)
+                local = self._registered(fqn)
                 local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
         return _IncompatibleKeys(missing, unexpected)
 
@@ -596,7 +588,7 @@ def pickling_refused(kind: str) -> UnsupportedOpError:
 def _attribute(root: torch.nn.Module, fqn: str):
     """The attribute at dotted path `fqn` of `root` (a parameter, buffer or any tensor attribute)."""
     owner, _, name = fqn.rpartition(".")
-    return getattr(root.get_submodule(owner), name)
+    return _member(_submodule(root, owner), name)
 
 
 def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) -> None:
@@ -618,6 +610,52 @@ def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) 
             f"{f' (and {len(differs) - 1} more)' if len(differs) > 1 else ''}, e.g. random draws from generators "
             "seeded differently; nothing was written back. Remedy: torch.manual_seed(same seed) on every rank "
             "before it")
+
+
+def _add_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    """`parent.add_module(name, child)`, or, for a name that is an attribute of ParallelModule itself (a
+    submodule `traced` or `spec` of the model), straight into `parent._modules` (`_add_member`)."""
+    if name in parent._modules or not hasattr(parent, name):
+        parent.add_module(name, child)
+    else:
+        parent._modules[name] = child
+
+
+def _submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The submodule at dotted `path` of `root`, through the module dicts (`_add_child`); `get_submodule` reads
+    attributes, which a ParallelModule attribute of the same name shadows."""
+    module = root
+    for part in filter(None, path.split(".")):
+        if part not in module._modules:
+            raise AttributeError(f"{module._get_name()} has no submodule {part!r} (path {path!r})")
+        module = module._modules[part]
+    return module
+
+
+def _add_member(owner: torch.nn.Module, name: str, tensor: torch.Tensor, is_buffer: bool, persistent: bool) -> None:
+    """Register `tensor` as parameter or buffer `name` of `owner`. A model's tensor named like an attribute of
+    ParallelModule itself (a counter buffer `step`, a submodule `traced`) goes into the module's tensor dict
+    directly: `register_buffer` refused it (an untyped KeyError on every rank), and the name keeps meaning the
+    API (`pm.step(...)`) while state_dict(), named_buffers() and the program (`_member`) read the tensor."""
+    store = owner._buffers if is_buffer else owner._parameters
+    if name in store or not hasattr(owner, name):
+        if is_buffer:
+            owner.register_buffer(name, tensor, persistent=persistent)
+        else:
+            owner.register_parameter(name, tensor)
+        return
+    store[name] = tensor
+    if is_buffer and not persistent:
+        owner._non_persistent_buffers_set.add(name)
+
+
+def _member(module: torch.nn.Module, name: str):
+    """Parameter or buffer `name` of `module` (its tensor dicts first: `_add_member`; also what
+    torch.func.functional_call swaps in), else the attribute."""
+    for store in (module._parameters, module._buffers):
+        if name in store:
+            return store[name]
+    return getattr(module, name)
 
 
 def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:

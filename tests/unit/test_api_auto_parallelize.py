@@ -94,3 +94,34 @@ def test_torchrun_example_default_mesh_is_parallel_and_matches():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trained 2 steps on (dp=2, tp=2): losses match single device" in proc.stdout
     assert "NoParallelismWarning" not in proc.stderr and "steps: none" not in proc.stdout
+
+
+class _NamedLikeTheApi(torch.nn.Module):
+    """A counter buffer `step` and a submodule `traced`: attributes of ParallelModule itself (pm.step(...),
+    pm.traced). Registering them raised an untyped KeyError ("attribute 'step' already exists") on every rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.traced = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.register_buffer("step", torch.zeros(()))
+
+    def forward(self, x):
+        self.step += 1
+        return self.traced(torch.relu(self.first(x))).pow(2).mean()
+
+
+def test_model_tensors_named_like_parallel_module_attributes_keep_both_meanings():
+    torch.manual_seed(0)
+    model, x = _NamedLikeTheApi(), torch.randn(8, 8)
+    reference = _NamedLikeTheApi()
+    reference.load_state_dict(model.state_dict())
+    pm = parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1")
+    assert set(pm.state_dict()) == set(reference.state_dict()) == {
+        "step", "first.weight", "first.bias", "traced.weight", "traced.bias"}
+    loss = pm(x)
+    torch.testing.assert_close(loss, reference(x))
+    loss.backward()
+    assert callable(pm.step) and isinstance(pm.traced, parallelizer.TracedGraph)  # the API keeps its names
+    assert pm.state_dict()["step"].item() == dict(pm.named_buffers())["step"].item() == reference.step.item() == 1
+    torch.testing.assert_close(pm._modules["traced"].weight.grad, torch.autograd.grad(
+        reference(x), reference.traced.weight)[0])

@@ -83,6 +83,8 @@ def test_mesh_search_without_mesh_and_factory_model(tmp_path, capsys):
     (["plan", *GPT, "--cluster", "tpu:1x8"], "unknown cluster preset"),
     (["plan", *GPT, "--global-batch", "5", "--grad-accum", "2"], "multiple of --grad-accum"),
     (["plan", *GPT, "--global-batch", "0"], "--global-batch 0: give the number of samples"),
+    (["plan", *GPT, "--mesh", "pp=2", "--global-batch", "7", "--microbatches", "2"],
+     "--global-batch 7 must be a multiple of --microbatches 2 (the model is traced with one microbatch). Remedy"),
     (["plan", *GPT, "--roles", "dp=fsdp"], "--roles dp=fsdp: give the mesh they refer to with --mesh"),
     (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp=zero3"], "axis_roles['dp']='zero3'"),
     (["plan", *GPT, "--mesh", "dp=2", "--roles", "dp=fsdp,dp=ddp"], "--roles: 'dp' is given twice"),
@@ -160,11 +162,23 @@ def test_mesh_contradicting_cluster_and_broken_pipe(tmp_path, capsys, monkeypatc
         assert "has 2 devices" in err and "has 4" in err
 
 
+def test_pipeline_mesh_with_an_odd_global_batch_lets_the_search_choose_microbatches(tmp_path):
+    """`--mesh pp=2 --global-batch 7` without --microbatches was refused as "a multiple of --grad-accum 1 x
+    --microbatches 2", flags the user never gave; the search chooses 7 microbatches of 1."""
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", *GPT, "--mesh", "pp=2", "--global-batch", "7", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert (plan.pipeline.pp, plan.pipeline.microbatches) == (2, 7)
+
+
 def test_parse_helpers():
     assert cli.parse_kv("n_layer=24,bias=false,name=x", "--config") == {"n_layer": 24, "bias": False, "name": "x"}
     # Python spellings are typed too: "False" used to arrive as the (truthy) string "False"
     assert cli.parse_kv("use_cache=False,rope_scaling=None,eps=1e-5,act='gelu',roles=ddp", "--config") == {
         "use_cache": False, "rope_scaling": None, "eps": 1e-5, "act": "gelu", "roles": "ddp"}
+    # lists, tuples and dicts keep their commas ("'2]' is not KEY=VALUE" before)
+    assert cli.parse_kv("l=[1,2],t=(3,4),d={'a': 1, 'b': [5,6]},s='x,y',n=7", "--config") == {
+        "l": [1, 2], "t": (3, 4), "d": {"a": 1, "b": [5, 6]}, "s": "x,y", "n": 7}
     assert cli.parse_mesh("dp=4,tp=2").shape == (4, 2)
     with pytest.raises(ValueError, match="KEY=VALUE"):
         cli.parse_kv("n_layer", "--config")

@@ -84,6 +84,25 @@ def legacy(batch: int = 4, **_):
     return LegacyParameter(), (torch.randn(batch, 8),)
 
 
+class TiedLegacy(nn.Module):
+    """Tied embedding / head beside a legacy-constructor parameter (the CPU leftover that is moved to meta)."""
+
+    def __init__(self, vocab: int = 32, dim: int = 8):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+        self.gain = nn.Parameter(torch.FloatTensor(dim).fill_(1.0))
+
+    def forward(self, ids):
+        return nn.functional.cross_entropy(self.head(self.emb(ids) * self.gain).flatten(0, 1), ids.flatten())
+
+
+def tied_kwargs(batch: int = 4, **config):
+    """A factory with only **kwargs: it used to receive `device="meta"` (taken for a device parameter)."""
+    assert "device" not in config, config
+    return TiedLegacy(**config), (torch.randint(0, 32, (batch, 6), generator=torch.Generator().manual_seed(0)),)
+
+
 class Patterns(nn.Module):
     """One op pattern per mode that torch.export records differently on meta and on CPU."""
 
@@ -245,3 +264,17 @@ def test_a_model_partly_on_meta_is_named_and_the_cli_build_moves_it():
     built, args = presets.build({"factory": "test_device_free:legacy", "builder": None, "kwargs": {"batch": 4}})
     assert {p.device.type for p in built.parameters()} == {"meta"}
     assert parallelizer.trace(built, args).parameters["scale"].shape == (8,)
+
+
+def test_cli_build_on_meta_keeps_tied_weights_tied_and_the_plan_fits_the_cpu_model():
+    """A **kwargs factory got `device="meta"` (built on CPU, the device written into its config); then moving the
+    legacy tensor to meta with `Module.to` untied the embedding and the head: the plan held two weights and
+    `auto_parallelize(plan=...)` refused the real, tied model ("head.weight: in the plan, not in the model")."""
+    from parallelizer import presets
+
+    recipe = {"factory": "test_device_free:tied_kwargs", "builder": None, "kwargs": {"batch": 4}}
+    model, args = presets.build(recipe, "meta")
+    assert model.head.weight is model.emb.weight and {p.device.type for p in model.parameters()} == {"meta"}
+    plan = parallelizer.plan(parallelizer.trace(model, args), {"dp": 2})
+    cpu_model, cpu_args = presets.build(recipe, "cpu")
+    parallelizer.check_plan(plan, parallelizer.trace(cpu_model, cpu_args), {"dp": 2})  # raises if not
