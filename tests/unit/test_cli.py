@@ -204,6 +204,9 @@ def test_rehearse_reduced_width_on_two_ranks(tmp_path, capsys):
     assert cli.main(["rehearse", str(out), "--nproc", "2", "--width", "reduced", "--timeout", "120"]) == 0
     text = capsys.readouterr().out
     assert "reduced width" in text and "numerics match on 2 ranks" in text
+    # this small MLP's plan replicates everything on h100 prices: the match is said not to show any sharding
+    assert any(n.startswith("no parallelism") for n in Plan.load(out).notes())
+    assert "note: the plan shards nothing, so this match compares one device's work" in text
 
 
 def test_mesh_without_cluster_is_sized_like_the_python_api(tmp_path):
