@@ -290,7 +290,26 @@ def cmd_plan(args) -> int:
         print(f"per optimizer step ({accum} micro-steps): {best.cost.total_s * accum * 1e3:.3f} ms")
     print(f"traced batch: {best.model['batch']['traced_batch'] or 'model default'}; wrote {args.out} "
           f"({time.perf_counter() - start:.1f} s)")
+    reason = _unweighted_own_loss(traced) if best.pipeline is not None else None
+    if reason:
+        print(f"note: pm.step(loss_fn=None) and `parallelizer rehearse` cannot weigh this model's own loss over "
+              f"the pipeline's microbatches: {reason}")
     return 0
+
+
+def _unweighted_own_loss(traced) -> str | None:
+    """Why the model's own loss of `traced` cannot be weighted over microbatches (`runtime.loss_weight`: the
+    StepError's text, with its remedy), or None when it can (or the model returns no loss to weigh)."""
+    from .runtime.loss_weight import own_loss_weighting, returns_scalar_loss
+    from .runtime.step import StepError
+
+    if not returns_scalar_loss(traced):
+        return None
+    try:
+        own_loss_weighting(traced)
+    except StepError as exc:
+        return str(exc)
+    return None
 
 
 def _first_traceable(model: str, config: dict, batch: int | None, seq_len: int | None, global_batch: int | None,
@@ -380,6 +399,13 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     if plan.pipeline is not None:  # a hand-edited cut is refused here, before any rank starts
         from .runtime.pipeline import plan_cut
         plan_cut(traced, plan.pipeline.stages)
+        reason = _unweighted_own_loss(traced)
+        if reason:  # before any rank starts: the ranks would raise it at their first step
+            from .runtime.step import StepError
+            raise StepError(f"rehearse runs a pipeline plan with the model's own loss, and cannot weigh it over "
+                            f"microbatches: {reason} `parallelizer rehearse` cannot pass target= / item_count= / "
+                            "loss_fn=; run the plan in your own loop with them (pm.step), or rehearse a mesh "
+                            "without 'pp'")
     settings = ", ".join(f"{k}={v}" for k, v in used["kwargs"].items())
     print(f"rehearsing the plan on {nproc} gloo ranks at {'real' if real else 'reduced'} width"
           + (f": {settings}" if settings else " (the model factory's defaults)"), flush=True)

@@ -75,6 +75,14 @@ class OwnLossWeighting:
         return torch.stack([self.program(*(s[j] for s in split)).detach() for j in range(microbatches)])
 
 
+def returns_scalar_loss(traced: TracedGraph) -> bool:
+    """Whether the model's first output is a 0-d tensor (its own loss, which pipelines weigh by
+    `own_loss_weighting`; other outputs get the rehearsal's fallback loss, equal weights)."""
+    first = pytree.tree_leaves(traced.graph_module.graph.output_node().args[0])[0]
+    meta = traced.node(first.name).outputs[0] if isinstance(first, torch.fx.Node) else None
+    return meta is not None and tuple(meta.shape) == ()
+
+
 def own_loss_weighting(traced: TracedGraph, doubled: TracedGraph | None = None) -> OwnLossWeighting:
     """The weighting of the model's own loss (its first output), read from `traced` (one microbatch's graph)
     and, when given, `doubled` (the same model traced on twice that microbatch: `check_batch_scaling`, which

@@ -50,7 +50,7 @@ from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
-from .loss_weight import batch_target, model_loss_weighting
+from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
@@ -174,10 +174,7 @@ def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int, model: tor
     some labels, 1 for a sum, 1 / m for a sum divided by the microbatch size, with the same second trace of
     `model` on twice the microbatch when the loss needs it); the fallback loss (weighted mean of squares of the first output) weighs every microbatch
     1 / m. Raises StepError as `pm.step` does for a loss whose per-microbatch weight the graph does not show."""
-    first = traced.graph_module.graph.output_node().args[0]
-    first = pytree.tree_leaves(first)[0]
-    meta = traced.node(first.name).outputs[0] if isinstance(first, torch.fx.Node) else None
-    if meta is None or tuple(meta.shape) != ():
+    if not returns_scalar_loss(traced):
         return torch.zeros(flat[0].shape[0]), None, torch.full((m,), 1.0 / m, dtype=torch.float64)
     weighting = model_loss_weighting(model, traced)
     target, count = batch_target(weighting, flat, m)

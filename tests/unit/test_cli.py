@@ -171,6 +171,43 @@ def test_pipeline_mesh_with_an_odd_global_batch_lets_the_search_choose_microbatc
     assert (plan.pipeline.pp, plan.pipeline.microbatches) == (2, 7)
 
 
+class _ClassWeighted(torch.nn.Module):
+    """Four identical blocks and a class-weighted cross-entropy as the model's own loss."""
+
+    def __init__(self, vocab: int = 16, dim: int = 16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(dim, dim), torch.nn.ReLU())
+                                          for _ in range(4))
+        self.head = torch.nn.Linear(dim, vocab)
+        self.register_buffer("class_weight", torch.linspace(0.5, 2.0, vocab))
+
+    def forward(self, ids, labels):
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten(),
+                                                 weight=self.class_weight)
+
+
+def class_weighted(batch: int = 8):
+    ids = torch.randint(0, 16, (batch, 6), generator=torch.Generator().manual_seed(0))
+    return _ClassWeighted(), (ids, ids.roll(1, 1))
+
+
+def test_pipeline_plan_of_an_unweighable_own_loss_says_so_and_rehearse_refuses_before_ranks(tmp_path, capsys):
+    """A class-weighted cross-entropy's mean divides by the sum of the targets' weights, which the pipeline cannot
+    read per microbatch: `plan` notes it, and `rehearse` (which cannot pass target= / item_count=) refuses up
+    front with the remedy for one's own loop; it used to fail on every rank with a remedy it could not take."""
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "test_cli:class_weighted", "--mesh", "pp=2", "--global-batch", "8",
+                     "--no-progress", "-o", str(out)]) == 0
+    assert "note: pm.step(loss_fn=None) and `parallelizer rehearse` cannot weigh" in capsys.readouterr().out
+    assert cli.main(["rehearse", str(out), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cross-entropy with class weights" in err and "cannot pass target= / item_count=" in err
+
+
 def test_parse_helpers():
     assert cli.parse_kv("n_layer=24,bias=false,name=x", "--config") == {"n_layer": 24, "bias": False, "name": "x"}
     # Python spellings are typed too: "False" used to arrive as the (truthy) string "False"
