@@ -56,6 +56,7 @@ from . import shard_origin
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
+from .members import add_child, add_member, attribute_at, member, owner_of, submodule
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import install as check_optimizer_steps
 from .wrappers import install as check_wrappers
@@ -150,7 +151,7 @@ class ParallelModule(torch.nn.Module):
             if id(module) not in made:
                 made[id(module)] = mirror(module)
                 snapshots[name] = settings(made[id(module)])
-            _add_child(_submodule(self, parent), leaf, made[id(module)])
+            add_child(submodule(self, parent), leaf, made[id(module)])
         return snapshots
 
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,
@@ -160,7 +161,7 @@ class ParallelModule(torch.nn.Module):
         tensor = local if is_buffer else torch.nn.Parameter(local, requires_grad=requires_grad)
         self.__dict__.setdefault("_local_shapes", {})[fqn] = tuple(local.shape)
         for name in (fqn, *(info.aliases if info is not None else ())):
-            _add_member(_owner(self, name), name.rpartition(".")[2], tensor, is_buffer, persistent)
+            add_member(owner_of(self, name), name.rpartition(".")[2], tensor, is_buffer, persistent)
 
     def _local(self, fqn: str, full: torch.Tensor, seed: int) -> torch.Tensor:
         """This rank's shard: cut from a real tensor, or initialised in place for a parameter on `meta`."""
@@ -192,7 +193,7 @@ class ParallelModule(torch.nn.Module):
         for fqn in program.state_fqns:
             owner, _, name = fqn.rpartition(".")
             try:
-                tensor = _member(_submodule(self, owner), name)
+                tensor = member(submodule(self, owner), name)
             except AttributeError as exc:
                 raise UnsupportedOpError(
                     f"{fqn!r}, which the sharded program reads, is gone from the ParallelModule (a submodule or "
@@ -213,7 +214,7 @@ class ParallelModule(torch.nn.Module):
 
     def _registered(self, fqn: str) -> torch.Tensor:
         """The registered local parameter or buffer `fqn`."""
-        return _member(_submodule(self, fqn.rpartition(".")[0]), fqn.rpartition(".")[2])
+        return member(submodule(self, fqn.rpartition(".")[0]), fqn.rpartition(".")[2])
 
     # -- programs ------------------------------------------------------------------------------------
     @property
@@ -405,7 +406,7 @@ class ParallelModule(torch.nn.Module):
             full = gather_tensor(locals_[fqn], self.spec.params[fqn], self.spec.mesh, self.groups, tuple(info.shape),
                                  self.coords).clone()
             tensor = full if info.is_buffer else torch.nn.Parameter(full, locals_[fqn].requires_grad)
-            memo.setdefault(id(_attribute(skeleton, fqn)), tensor)
+            memo.setdefault(id(attribute_at(skeleton, fqn)), tensor)
         model = copy.deepcopy(skeleton, memo)
         tree = {name: id(module) for name, module in model.named_modules()}
         flags, changes = self._modes()
@@ -426,7 +427,7 @@ class ParallelModule(torch.nn.Module):
                 "back. Remedy: change the model's structure before auto_parallelize")
         values = {}
         for fqn, info in stateful.items():
-            value = _attribute(model, fqn)
+            value = attribute_at(model, fqn)
             if tuple(value.shape) != tuple(info.shape):
                 raise StateDictError(
                     f"full_model / apply replaced {fqn!r} {tuple(info.shape)} by a tensor of shape "
@@ -585,12 +586,6 @@ def pickling_refused(kind: str) -> UnsupportedOpError:
         "also: `with pm.full_model() as model: torch.save(model, path)` on every rank)")
 
 
-def _attribute(root: torch.nn.Module, fqn: str):
-    """The attribute at dotted path `fqn` of `root` (a parameter, buffer or any tensor attribute)."""
-    owner, _, name = fqn.rpartition(".")
-    return _member(_submodule(root, owner), name)
-
-
 def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) -> None:
     """Raise PlanMismatchError naming the first tensor whose checksum differs between the ranks (collective
     over the default group, which a non-pipeline ParallelModule's mesh spans)."""
@@ -610,62 +605,6 @@ def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) 
             f"{f' (and {len(differs) - 1} more)' if len(differs) > 1 else ''}, e.g. random draws from generators "
             "seeded differently; nothing was written back. Remedy: torch.manual_seed(same seed) on every rank "
             "before it")
-
-
-def _add_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
-    """`parent.add_module(name, child)`, or, for a name that is an attribute of ParallelModule itself (a
-    submodule `traced` or `spec` of the model), straight into `parent._modules` (`_add_member`)."""
-    if name in parent._modules or not hasattr(parent, name):
-        parent.add_module(name, child)
-    else:
-        parent._modules[name] = child
-
-
-def _submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
-    """The submodule at dotted `path` of `root`, through the module dicts (`_add_child`); `get_submodule` reads
-    attributes, which a ParallelModule attribute of the same name shadows."""
-    module = root
-    for part in filter(None, path.split(".")):
-        if part not in module._modules:
-            raise AttributeError(f"{module._get_name()} has no submodule {part!r} (path {path!r})")
-        module = module._modules[part]
-    return module
-
-
-def _add_member(owner: torch.nn.Module, name: str, tensor: torch.Tensor, is_buffer: bool, persistent: bool) -> None:
-    """Register `tensor` as parameter or buffer `name` of `owner`. A model's tensor named like an attribute of
-    ParallelModule itself (a counter buffer `step`, a submodule `traced`) goes into the module's tensor dict
-    directly: `register_buffer` refused it (an untyped KeyError on every rank), and the name keeps meaning the
-    API (`pm.step(...)`) while state_dict(), named_buffers() and the program (`_member`) read the tensor."""
-    store = owner._buffers if is_buffer else owner._parameters
-    if name in store or not hasattr(owner, name):
-        if is_buffer:
-            owner.register_buffer(name, tensor, persistent=persistent)
-        else:
-            owner.register_parameter(name, tensor)
-        return
-    store[name] = tensor
-    if is_buffer and not persistent:
-        owner._non_persistent_buffers_set.add(name)
-
-
-def _member(module: torch.nn.Module, name: str):
-    """Parameter or buffer `name` of `module` (its tensor dicts first: `_add_member`; also what
-    torch.func.functional_call swaps in), else the attribute."""
-    for store in (module._parameters, module._buffers):
-        if name in store:
-            return store[name]
-    return getattr(module, name)
-
-
-def _owner(root: torch.nn.Module, fqn: str) -> torch.nn.Module:
-    """The (created on demand) submodule of `root` that owns attribute path `fqn`."""
-    module = root
-    for part in fqn.split(".")[:-1]:
-        if part not in module._modules:
-            module.add_module(part, mirror(None))
-        module = module._modules[part]
-    return module
 
 
 def check_state_keys(traced: TracedGraph, state_dict: dict, strict: bool, where: str
