@@ -417,10 +417,9 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     else:
         report = rehearse(presets.build_cpu, used, spec_from_plan(plan), steps=steps, timeout_s=timeout_s)
     print(report)
-    idle = [note for note in plan.notes() if note.startswith("no parallelism")]
-    if idle:  # a match says the program is right, not that it shards anything
+    if plan.shards_nothing():  # a match says the program is right, not that it shards anything
         print("note: the plan shards nothing, so this match compares one device's work repeated on each rank: "
-              + idle[0])
+              + plan.notes()[0])
     print(f"rehearsal took {time.perf_counter() - start:.1f} s", flush=True)
     return report
 

@@ -131,7 +131,7 @@ def build(recipe: dict, device: str = "meta") -> tuple:
     try:
         if "factory" not in recipe:
             return fn(device=device, **kwargs)
-        if _names_device(fn):
+        if _accepts(fn, "device", var_keyword=False):
             out = fn(device=device, **kwargs)
         else:
             with torch.device(device):
@@ -251,12 +251,6 @@ def _factory(spec: str):
                          "package importable (on sys.path / installed)") from exc
 
 
-def _names_device(fn) -> bool:
-    """Whether factory `fn` has a parameter named `device` (not only `**kwargs`)."""
-    try:
-        return "device" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _rest_to_meta(model: torch.nn.Module) -> None:
@@ -276,9 +270,11 @@ def _rest_to_meta(model: torch.nn.Module) -> None:
                 store[name] = moved[id(tensor)]
 
 
-def _accepts(fn, name: str) -> bool:
+def _accepts(fn, name: str, var_keyword: bool = True) -> bool:
+    """Whether `fn` takes keyword `name`: a parameter so named, or (with `var_keyword`) `**kwargs`. A factory gets
+    `device=` only for a parameter so named (a `**kwargs` factory used to pass it into a config)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return name in params or (var_keyword and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()))

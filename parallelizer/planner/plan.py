@@ -222,8 +222,7 @@ def search_rows(plan: "Plan") -> list[tuple[str, str]]:
         rows += [("why " + a["schedule"] if k == 0 else "vs " + a["schedule"], alternative_line(a))
                  for k, a in enumerate(found["alternatives"])]
     m = found["microbatches"]
-    idle = plan.idle_axes()
-    if plan.pipeline is None and idle and len(idle) == sum(n > 1 for n in plan.mesh.shape):
+    if plan.pipeline is None and plan.shards_nothing():
         rows.append(("but", f"the final ILP on {plan.mesh} sharded nothing (see the note on no parallelism): the "
                             "search priced these axes as data parallelism, the whole-graph ILP found replication "
                             "cheaper, so each device runs the whole step"))
@@ -427,6 +426,12 @@ class Plan:
                     used.add(axis)
         return [a for a, n in zip(self.mesh.axis_names, self.mesh.shape) if n > 1 and a not in used]
 
+    def shards_nothing(self) -> bool:
+        """Whether the mesh has devices to share the work but every axis of more than one device is idle
+        (`idle_axes`): each device computes the whole step."""
+        idle = self.idle_axes()
+        return bool(idle) and len(idle) == sum(n > 1 for n in self.mesh.shape)
+
     def _idle_axis_note(self, axis: str, idle: list[str]) -> str:
         """The note of one idle axis of a plan that uses another axis: its devices folded into the first axis
         in use is the mesh to try instead."""
@@ -491,7 +496,7 @@ class Plan:
         them has no strategy that keeps them sharded there (it runs on the whole batch)."""
         idle = self.idle_axes()
         roles = {a: r for a, r in self.config.get("axis_roles") or []}
-        if idle and len(idle) == sum(n > 1 for n in self.mesh.shape):
+        if self.shards_nothing():
             return [self._no_parallelism_note(roles)]
         notes = [self._idle_axis_note(a, idle) for a in idle]
         no_rule = sorted({f.op for f in self.fallbacks if f.reason.startswith("no sharding rule")})

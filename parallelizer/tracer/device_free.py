@@ -62,11 +62,9 @@ def drop_contiguous(gm: torch.fx.GraphModule) -> int:
     dropped copy through views accepts any strides). Kept when something writes in place through it, directly
     or through views (the copy must not alias). Returns how many were dropped."""
     dropped = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.contiguous.default or node.kwargs:
-            continue
-        if written_through(node):
-            continue  # an in-place write through the copy must not reach the original: keep it
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.contiguous.default)):
+        if node.kwargs or written_through(node):
+            continue  # a memory_format, or an in-place write through the copy must not reach the original: keep it
         node.replace_all_uses_with(node.args[0])
         gm.graph.erase_node(node)
         dropped += 1
