@@ -23,6 +23,11 @@ batch's statistics), so a pipeline plan of such a model trains like gradient acc
 full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances: `runtime.tolerance` for the dtype the program computes in.
+An fp32 plan that some rank finds outside that bound runs again judged also against a float64 copy of the
+model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as rehearsals on one mesh
+do): a gradient that is a sum of large terms cancelling to a small one (a bias before a norm that removes any
+shift) carries fp32 rounding of the terms' size, which dp or tp ranks summing in another order reproduce with
+other digits; a value then matches when it lies from float64's no further than 8x one device's fp32 rounding.
 A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
 runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
 under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
@@ -54,7 +59,8 @@ from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
-from .rehearsal import RECIPE_ADAM_EPS, random_ops, RehearsalReport, _grad_or_zeros, _loss, _max_diff, _report
+from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
+                        _grad_or_zeros, _loss, _max_diff, _report, _same_computation)
 from .tolerance import compute_dtype, loosest
 
 
@@ -88,9 +94,22 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
         micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
         check_recipe_runs(trace(model, micro_args, micro_kwargs), micro_args, micro_kwargs, spec.autocast)
     world = pipeline.pp * spec.mesh.world_size
-    per_rank = spawn(_rank_main, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps,
+    lossy = _lossy_codecs(spec, pipeline)
+    per_rank = spawn(_rank_judged, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps, bool(lossy),
                      timeout_s=timeout_s)
-    return _report(world, per_rank, _lossy_codecs(spec, pipeline), spec.autocast)
+    return _report(world, per_rank, lossy, spec.autocast)
+
+
+def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
+                 steps: int, lr: float, eps: float, lossy: bool) -> dict:
+    """`_rank_main`, run again with a float64 copy of an fp32 model as a second judge (`wide`) when some rank
+    finds a value outside the fp32 bound, as `runtime.rehearsal` does for one mesh (all ranks decide together:
+    `rehearsal._any_rank_outside`). Not for a mixed-precision recipe (its own judge) or a lossy codec (it
+    deviates by design)."""
+    result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps)
+    if spec.autocast is None and not lossy and _any_rank_outside(result):
+        result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps, wide=True)
+    return result
 
 
 def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int) -> None:
@@ -121,13 +140,14 @@ def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
-                grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None
+                grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None, judge=None
                 ) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
     gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
     model's, over every stage (and stage copy) it holds. Buffers compared: those of the reference's
     `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
-    mixed-precision recipe, for `runtime.rehearsal.recipe_excess` (`_max_diff`)."""
+    mixed-precision recipe, or a float64 copy of an fp32 model, judged by `judge` (`_max_diff`: by default
+    `runtime.rehearsal.recipe_excess`; `float64_excess` for the float64 copy)."""
     models = [reference] + ([exact] if exact is not None else [])
     if buffers:
         refs = [dict(m.named_buffers()) for m in models]
@@ -138,7 +158,7 @@ def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: to
         pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
         pairs = ((s, fqn, pick(p), *(pick(r[fqn]) for r in refs)) for s in run.stages for fqn, p in s.named_parameters())
     return _max_diff(((fqn, mine, *(shard_tensor(full, spec.params[fqn], spec.mesh, s.coords) for full in fulls))
-                      for s, fqn, mine, *fulls in pairs), compute)
+                      for s, fqn, mine, *fulls in pairs), compute, judge)
 
 
 def _worse(a: tuple[float, str, float], b: tuple[float, str, float], step: int | None = None
@@ -196,6 +216,27 @@ def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tu
         return _loss(out).double()
 
 
+def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, microbatches: int
+                       ) -> tuple[torch.nn.Module, tuple[tuple, dict]] | None:
+    """(a float64 copy of `model`, float64 copies of its floating `inputs` / `kwargs`) when that copy computes
+    what the fp32 model does (`runtime.rehearsal._same_computation` on the first microbatch's outputs, run on
+    copies so that no buffer of `model` moves), else None: it draws other random numbers, takes another
+    branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
+    first = microbatch_of(tuple(inputs), kwargs, microbatches)
+    with torch.no_grad():
+        fp32 = copy.deepcopy(model)(*first[0], **first[1])
+        fp64 = _float64_run(copy.deepcopy(model), *first)
+    if fp64 is None or not _same_computation(_tensor_leaves(fp32), _tensor_leaves(fp64[0])):
+        return None
+    wide = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                           (tuple(inputs), kwargs))
+    return copy.deepcopy(model).double(), wide
+
+
+def _tensor_leaves(out) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
                  pipe: dict) -> tuple[PipelineRun, TracedGraph, list[torch.Tensor], int]:
     """This rank's `PipelineRun` of a pipeline plan, built as `rehearse_pipeline` runs it: the model traced on
@@ -216,18 +257,27 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
 
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
-               steps: int, lr: float, eps: float) -> dict:
+               steps: int, lr: float, eps: float, wide: bool = False) -> dict:
+    """This rank's comparison (module docstring); `wide`: also judge by a float64 copy of an fp32 model
+    (`_float64_reference`, `runtime.rehearsal.float64_excess`)."""
     recipe = spec.autocast
     if recipe is not None:
         eps = max(eps, RECIPE_ADAM_EPS)  # `runtime.rehearsal.rehearse`: rounding noise in tiny gradients
     torch.manual_seed(0)
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
+    m = pipe["microbatches"]
     reference = copy.deepcopy(model)
     exact = copy.deepcopy(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
-    m = pipe["microbatches"]
+    exact_inputs, judge = (inputs, kwargs), None
+    if wide and recipe is None:
+        found = _float64_reference(model, inputs, kwargs, m)
+        if found is not None:
+            exact, exact_inputs, judge = *found, float64_excess
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
+    if judge is not None and compute != torch.float32:  # float64_excess judges fp32 programs only
+        exact, exact_inputs, judge = None, (inputs, kwargs), None
     target, count, weights = _weighting(traced, flat, m, model)
     opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
     ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]
@@ -239,22 +289,23 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
         full = _full_batch_loss(reference, traced, inputs, kwargs, recipe)
         batch_loss = run.step(*flat, target=target, item_count=count)
         ref_loss = _accumulated_reference(reference, inputs, kwargs, weights, recipe)
-        exact_loss = () if exact is None else (_accumulated_reference(exact, inputs, kwargs, weights),)
+        exact_loss = () if exact is None else (_accumulated_reference(exact, *exact_inputs, weights),)
         if run.last:
             pairs = [(f"step {step}", batch_loss, ref_loss, *exact_loss)]
             if full is not None:  # the microbatch weights themselves, against the whole batch at once
                 pairs.append((f"step {step} (whole batch)", batch_loss, full, *exact_loss))
-            loss = _worse(loss, _max_diff(pairs, compute))
-        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True, exact=exact), step)
-        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True, exact=exact), step)
+            loss = _worse(loss, _max_diff(pairs, compute, judge))
+        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True, exact=exact, judge=judge), step)
+        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True, exact=exact, judge=judge), step)
         opt.step()
         for o in ref_opts:
             o.step()
-    params = stage_diffs(run, reference, spec, compute, grads=False, exact=exact)
+    params = stage_diffs(run, reference, spec, compute, grads=False, exact=exact, judge=judge)
     collectives: dict = {}
     for s in run.stages:
         for kind, n in s.program.collectives.items():
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
+            "float64_judge": judge is not None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

@@ -218,6 +218,11 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
             for i, (_, _, spec) in enumerate(cases)]
 
 
+FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's fp32 "
+                 "rounding: sums that cancel)")
+"""What `RehearsalReport.reference` adds when some rank judged by the float64 copy (`float64_excess`)."""
+
+
 def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
@@ -226,7 +231,8 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
     final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
-                           results[0]["code"], compression, final, describe(recipe),
+                           results[0]["code"], compression, final, describe(recipe) + (
+                               FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else ""),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""),
                            max((r["grad_scale"][0] for r in results), default=None) if all(
@@ -279,7 +285,7 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
 
 def _any_rank_outside(result: dict) -> bool:
     """Whether any rank's comparison exceeds its bound (an all-reduce (max) over the default process group)."""
-    ratio = max(result[k][2] for k in ("output", "loss", "grad", "params", "final_loss") if k in result)
+    ratio = max(result[k][2] for k in ("output", "loss", "grad", "params", "buffers", "final_loss") if k in result)
     verdict = torch.tensor([1.0 if ratio > 1 else 0.0])
     torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
     return bool(verdict.item())
@@ -497,5 +503,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
-            "grad_scale": grad_scale,
+            "grad_scale": grad_scale, "float64_judge": judge is float64_excess,
             "code": pm.program.graph_module.code if rank == 0 else ""}

@@ -164,3 +164,23 @@ def run_bf16_pipeline(rank: int, world_size: int, model_fn, model_kwargs: dict, 
 def _stage_index(module) -> int:
     """k of a stage module (its graph's note "pipeline stage k of n", `runtime.pipeline.stage_graph`)."""
     return int(module.traced.notes[0].split()[2])
+
+
+def judged_with_a_wrong_gradient(rank: int, world_size: int, *args) -> dict:
+    """`pipeline_rehearsal._rank_judged` with every step's gradient of blocks.1.linear.weight scaled by 1.001 after
+    the schedule ran (a wrong program by 0.1%): the float64 judge must still flag it."""
+    from parallelizer.runtime import pipeline_rehearsal
+    from parallelizer.runtime.pipeline import PipelineRun
+
+    step = PipelineRun.step
+
+    def wrong_step(self, *a, **k):
+        out = step(self, *a, **k)
+        for stage in self.stages:
+            for name, p in stage.named_parameters():
+                if name == "blocks.1.linear.weight" and p.grad is not None:
+                    p.grad.mul_(1.001)
+        return out
+
+    with mock.patch.object(PipelineRun, "step", wrong_step):
+        return pipeline_rehearsal._rank_judged(rank, world_size, *args)

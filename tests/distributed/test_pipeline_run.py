@@ -26,11 +26,12 @@ from parallelizer.planner import Plan
 from parallelizer.rewriter.grad_sync import FIRST_BUCKET_BYTES
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
-from parallelizer.runtime.pipeline_rehearsal import _rank_main as rehearsal_rank
+from parallelizer.runtime.pipeline_rehearsal import _rank_judged, _rank_main as rehearsal_rank
 from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
-from pipeline_workers import run_bf16_pipeline, run_pipeline
+from pipeline_workers import judged_with_a_wrong_gradient, run_bf16_pipeline, run_pipeline
 from precision_models import linear_stack
+from trial_models import norm_fed_bias_stack
 
 pytestmark = pytest.mark.distributed
 
@@ -81,6 +82,13 @@ def _intra_stage_plan(mesh, options, wide):
         return parallelizer.plan(traced, mesh, **options)
 
 
+def _cancelling_plan() -> Plan:
+    """pp=2 x dp=2 (ddp), 1f1b, 2 microbatches of 4 of `norm_fed_bias_stack`."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return parallelizer.plan(parallelizer.trace(*norm_fed_bias_stack(batch=4)), {"pp": 2, "dp": 2},
+                                 schedule="1f1b", microbatches=2, axis_roles={"dp": "ddp"})
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both cases' intra-stage plans, then ONE launch of 4 gloo ranks running both (`launch_once`):
@@ -97,8 +105,12 @@ def runs(tmp_path_factory):
     plans["bf16_rehearse"] = plan = _cli_bf16_plan(tmp_path_factory.mktemp("bf16") / "plan.json")
     calls.append((rehearsal_rank, (presets.build_cpu, cli._global_batch(plan.model["recipe"], 2), spec_from_plan(plan),
                                    plan.pipeline.to_dict(), 2, 1e-3, 1e-3)))  # as `parallelizer rehearse` runs it
+    plans["cancelling"] = plan = _cancelling_plan()
+    judged = (norm_fed_bias_stack, {"batch": 8}, spec_from_plan(plan), plan.pipeline.to_dict(), 3, 1e-3, 1e-3, False)
+    calls += [(_rank_judged, judged), (judged_with_a_wrong_gradient, judged)]
+    plans["cancelling_wrong"] = plan
     per_rank = spawn(run_each, 4, calls, timeout_s=900)
-    names = [*CASES, *BF16_CASES, "bf16_rehearse"]
+    names = [*CASES, *BF16_CASES, "bf16_rehearse", "cancelling", "cancelling_wrong"]
     return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(names)}
 
 
@@ -147,3 +159,25 @@ def test_bf16_pipeline_plan_rehearses_like_parallelizer_rehearse(runs):
     assert report.matches(), str(report)
     assert "reference: the single-device model under torch.autocast(bfloat16)" in str(report), str(report)
     assert report.collectives.get("grad_all_reduce"), report.collectives
+
+
+def test_pipeline_rehearsal_judges_rounding_of_a_cancelling_sum_against_float64(runs):
+    """A bias whose gradient is 0 in exact arithmetic and a sum of large cancelling terms in fp32
+    (`trial_models.NormFedBiasStack`) on pp=2 x dp=2: the dp ranks sum their halves in another order than one
+    device, so the gradient differs by ~2e-3 (ratio ~200 to the fp32 bound) and AdamW moves the bias ~1e-3 apart;
+    one device's fp32 lies as far from float64. The pipeline rehearsal now reruns such a case judged also against a
+    float64 copy of the model (`rehearsal.float64_excess`, as rehearsals on one mesh do) and matches; before, it
+    reported NUMERICS DIFFER for a right program."""
+    plan, per_rank = runs["cancelling"]
+    assert all(r["float64_judge"] for r in per_rank), "the fp32 bound alone flagged nothing: the case tests nothing"
+    report = _report(4, per_rank)
+    assert report.matches(), str(report)
+    assert report.grad > 1e-4 and "float64 copy" in report.reference, str(report)
+
+
+def test_pipeline_rehearsal_with_the_float64_judge_still_flags_a_wrong_gradient(runs):
+    """The same case with one weight's gradient made 0.1% wrong on every rank: judged against float64 too, it
+    differs (a wrong term is off by the size of the values, far beyond their rounding)."""
+    plan, per_rank = runs["cancelling_wrong"]
+    report = _report(4, per_rank)
+    assert not report.matches() and report.worst_grad.startswith("blocks.1.linear.weight"), str(report)

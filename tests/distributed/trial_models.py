@@ -71,6 +71,39 @@ def bn_fed_bias():
     return BatchNormFedBias(), (torch.randn(64, 16) * 1e-3,)
 
 
+class NormedLinear(nn.Module):
+    """Linear (with bias) -> instance norm over the sequence (per sample and channel, no affine)."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(h, h)
+
+    def forward(self, x):
+        return F.instance_norm(self.linear(x).transpose(1, 2)).transpose(1, 2)
+
+
+class NormFedBiasStack(nn.Module):
+    """4 `NormedLinear` blocks and a head, loss = sum of squares, on inputs of 1e-3: the first block's bias
+    gradient is 0 in exact arithmetic (the norm removes any per-channel shift) and a sum of large terms that
+    cancel in fp32 (their size grows as the inputs' spread shrinks), as `BatchNormFedBias`, but with a norm
+    over each sample alone, so microbatches compute what the whole batch does (a pipeline's model)."""
+
+    def __init__(self, blocks: int = 4, h: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(NormedLinear(h) for _ in range(blocks))
+        self.head = nn.Linear(h, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).sum()
+
+
+def norm_fed_bias_stack(batch: int = 8):
+    torch.manual_seed(0)
+    return NormFedBiasStack(), (torch.randn(batch, 16, 32, generator=torch.Generator().manual_seed(1)) * 1e-3,)
+
+
 class BoolMaskFill(nn.Module):
     """`h[mask] = embed` with a boolean (B, T) mask made in forward (Wav2Vec2's SpecAugment time mask, drawn by
     numpy, becomes a constant of the graph) on a (B, T, H) activation: the mask covers two dims of h."""
