@@ -525,10 +525,12 @@ def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, di
     or a buffer it writes once per call): the pipeline would train such a model as gradient accumulation over
     the microbatches, not as the model on the whole batch, and nothing else would tell the user (trial r10b:
     batch centering, loss 1.7e-2 off one device on pp=2 x dp=2). `traced` (one microbatch) gives how pm.step
-    weighs the model's own loss, so a loss that mixes the samples is found too. Advisory: an error of the
+    weighs the model's own loss, so a loss that mixes the samples is found too; a model's own 0-d loss that
+    pm.step cannot weigh (a class-weighted cross-entropy) is warned about here, before the first step refuses
+    it (StepError, with the remedy). Advisory: an error of the
     check itself (e.g. the model's forward raising on the whole batch) is not raised here, where the other
     ranks would wait for rank 0."""
-    from .runtime.loss_weight import model_loss_weighting
+    from .runtime.loss_weight import model_loss_weighting, returns_scalar_loss
     from .runtime.microbatches import global_tensor_inputs
     from .runtime.step import StepError
     from .tracer.microbatch_check import microbatch_mixing
@@ -537,7 +539,12 @@ def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, di
         weighting = model_loss_weighting(model, traced)
         counts = weighting.counts(global_tensor_inputs(traced, *global_call, microbatches), microbatches).double()
         weights = counts if weighting.kind == "sum" else counts / counts.sum()
-    except (StepError, ValueError, TypeError, RuntimeError, IndexError):
+    except StepError as exc:
+        weights = None
+        if returns_scalar_loss(traced):  # said now, not first at pm.step (as `parallelizer plan` notes it)
+            warnings.warn(f"auto_parallelize: pm.step(loss_fn=None) will refuse this pipeline plan's model: {exc}",
+                          UserWarning, stacklevel=3)
+    except (ValueError, TypeError, RuntimeError, IndexError):
         weights = None
     try:
         found = microbatch_mixing(model, *global_call, microbatches, weights)

@@ -125,3 +125,24 @@ def test_model_tensors_named_like_parallel_module_attributes_keep_both_meanings(
     assert pm.state_dict()["step"].item() == dict(pm.named_buffers())["step"].item() == reference.step.item() == 1
     torch.testing.assert_close(pm._modules["traced"].weight.grad, torch.autograd.grad(
         reference(x), reference.traced.weight)[0])
+
+
+def test_a_pipeline_plan_of_an_unweighable_own_loss_is_warned_at_wrapping():
+    """A class-weighted cross-entropy as the model's own loss: pm.step(loss_fn=None) refuses it (its mean divides
+    by the targets' summed weights, which no per-microbatch count of the inputs gives). `auto_parallelize` of a
+    pipeline plan now says so when wrapping, with pm.step's remedy; before, nothing was said until the first step.
+    A model whose own loss pm.step can weigh gets no such warning."""
+    import warnings
+
+    from parallelizer.api import _warn_microbatch_mixing
+    from test_cli import class_weighted
+
+    model, (ids, labels) = class_weighted(batch=8)
+    traced = parallelizer.trace(model, (ids[:4], labels[:4]))
+    with pytest.warns(UserWarning, match=r"pm.step\(loss_fn=None\) will refuse .*cross-entropy with class weights"):
+        _warn_microbatch_mixing(model, ((ids, labels), {}), 2, traced)
+    model.class_weight = None  # the plain mean over the labels: weighed by their count
+    traced = parallelizer.trace(model, (ids[:4], labels[:4]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_microbatch_mixing(model, ((ids, labels), {}), 2, traced)
