@@ -59,7 +59,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
     `mesh_candidates`, one ILP each (`_search_without_blocks`).
 
     Search rules: tp divides the devices per node; the global batch splits as dp x microbatches x an integer
-    microbatch; dp is priced as data parallelism with replicated optimizer state (the runtime has no ZeRO-1);
+    microbatch; dp is priced as data parallelism with replicated optimizer state, or with zero1="dp" partitioned
+    over dp (ZeRO-1, run by torch's ZeroRedundancyOptimizer over `pm.process_group("dp")`);
     stage memory (the schedule's in-flight microbatches) must fit the budget minus the reserve
     (`planner.api.memory_budget`). The Plan's traced graph must be at the winner's step batch
     (global_batch / microbatches): `retrace(batch)` gives it; without `retrace` the microbatch count is fixed
@@ -99,6 +100,10 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
             raise PipelineError(f"{given[0]}= is for searched or pipeline plans: put a 'pp' axis first in the mesh "
                                 f"(e.g. {{'pp': 2, **{dict(zip(mesh.axis_names, mesh.shape))}}}), pass no mesh to "
                                 f"search, or drop {given[0]}=")
+        zero1 = options.get("zero1") or getattr(options.get("config"), "zero1", None)
+        if zero1 is not None and zero1 not in mesh.axis_names:
+            raise ValueError(f"zero1={zero1!r} names no axis of mesh {mesh} (axes: {', '.join(mesh.axis_names)}); "
+                             "give the data-parallel axis to partition the optimizer state over, e.g. zero1='dp'")
         topology = options.get("topology")
         resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
         solved = _solve(traced, mesh, cluster=resolved, **options)
@@ -233,7 +238,8 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
     search_config = dataclasses.replace(config, memory_budget_bytes=None, memory_reserve_bytes=None, data_axes=None,
                                         axis_roles=tuple((a, r) for a, r in config.axis_roles if a == "tp"))
     found = plan_pipeline(traced, full, global_batch=global_batch, memory_budget_bytes=budget - reserve, pp=pps,
-                          tp=tps, num_microbatches=ms, schedules=schedules, zero1=False, config=search_config,
+                          tp=tps, num_microbatches=ms, schedules=schedules, zero1=config.zero1 == "dp",
+                          config=search_config,
                           progress=progress)
     step_batch = global_batch // found.num_microbatches
     if step_batch != b0:

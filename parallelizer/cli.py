@@ -156,6 +156,11 @@ def _parser() -> argparse.ArgumentParser:
                         "(the search picks int8 per boundary where it pays), int8 or lowrank on every boundary "
                         "(parallelizer/planner/boundary.py)")
     p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
+    p.add_argument("--zero1", metavar="AXIS",
+                   help="partition the optimizer state over this data-parallel mesh axis (ZeRO-1, e.g. dp; the axis "
+                        "runs data parallel): priced as 1/N of it per rank plus a parameter all-gather per step; run "
+                        "it with ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=..., "
+                        "process_group=pm.process_group(AXIS)) (parallelizer/runtime/zero1.py)")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
                    help="optimizer whose state is counted in the memory per device (default adamw)")
     p.add_argument("--schedule", choices=SCHEDULE_NAMES,
@@ -272,7 +277,7 @@ def cmd_plan(args) -> int:
                    precision=args.precision, recompute=args.recompute, compression=args.compression,
                    powersgd_rank=args.powersgd_rank, powersgd_warmup=args.powersgd_warmup,
                    boundary_compression=args.boundary_compression,
-                   boundary_rank=args.boundary_rank)
+                   boundary_rank=args.boundary_rank, zero1=args.zero1)
     bar.set_description("search" if searched else f"solve {mesh}")
     if searched:
         best = api.plan(traced, mesh, global_batch=args.global_batch, retrace=None if args.microbatches else retrace,

@@ -69,6 +69,14 @@ class PlanConfig:
             feedback, warm start), or "auto" = the planner picks the cheapest estimated step
             (`planner.search`). FSDP reduce-scatters and activation collectives are never compressed.
         powersgd_rank: PowerSGD's approximation rank r (>= 1; Vogels et al. 2019 use 1-4).
+        zero1: a mesh axis over which each parameter's optimizer state is partitioned (ZeRO stage 1,
+            Rajbhandari et al. SC'20 Sec. 5.1: P_os), or None (default: every rank keeps all of it). The axis
+            carries the role "ddp" (given so, or "auto" taken as "ddp": parameters Replicate over it, the batch
+            sharded); each of its N ranks keeps 1/N of the optimizer state and, after its step, broadcasts the
+            parameters it stepped (`planner.costs.Pricer`: optimizer bytes / N, and an all-gather's time of the
+            local parameters per step). ZeroRedundancyOptimizer partitions whole tensors greedily by size, so
+            with one dominant tensor the largest rank holds more than 1/N. Run it with torch's
+            ZeroRedundancyOptimizer over `pm.process_group(axis)` (`runtime/zero1.py`).
         powersgd_warmup: optimizer steps all-reduced exactly before PowerSGD starts (>= 0; torch's
             `PowerSGDState.start_powerSGD_iter`, whose default 1000 this is; torch's docs advise about 10% of the
             run's steps: early training is sensitive to inexact gradients). `rewriter.compression`.
@@ -94,6 +102,7 @@ class PlanConfig:
     powersgd_warmup: int = POWERSGD_DEFAULT_WARMUP
     boundary_compression: str = "none"
     boundary_rank: int = 8
+    zero1: str | None = None
 
     def __post_init__(self) -> None:
         bd = self.batch_dims
@@ -121,6 +130,12 @@ class PlanConfig:
                 raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r} contradicts data_axes={self.data_axes}: "
                                  "a 'ddp'/'fsdp' axis must be a data axis and a 'tp' axis must not; drop data_axes "
                                  "(roles imply it) or make them agree")
+        if self.zero1 is not None and (not isinstance(self.zero1, str)
+                                       or dict(self.axis_roles).get(self.zero1, "auto") not in ("auto", "ddp")):
+            raise ValueError(f"PlanConfig.zero1={self.zero1!r}: give the name of the data-parallel mesh axis to "
+                             "partition the optimizer state over (e.g. 'dp'), whose role is 'ddp' or 'auto' (an "
+                             "'fsdp' axis already shards the state with the parameters; a 'tp' axis holds other "
+                             "pieces on each rank)")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"PlanConfig.precision={self.precision!r}: use one of {PRECISIONS} or None (the "
                              "device's default: bf16 on a GPU, fp32 on a calibrated CPU)")
@@ -166,8 +181,8 @@ class PlanConfig:
         return cls(**{k: v for k, v in record.items() if k in names})
 
     def role_of(self, axis: str) -> str:
-        """The role of mesh axis `axis` ("auto" when not named in `axis_roles`)."""
-        return dict(self.axis_roles).get(axis, "auto")
+        """The role of mesh axis `axis` ("auto" when not named in `axis_roles`; "ddp" for the `zero1` axis)."""
+        return dict(self.axis_roles).get(axis, "ddp" if axis == self.zero1 else "auto")
 
     def roles_on(self, axis_names: tuple[str, ...]) -> list[str]:
         """The role of each of `axis_names` (a mesh's axes, in order)."""

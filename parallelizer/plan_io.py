@@ -104,6 +104,11 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     rows.append(["precision", precision_text(plan.config, plan.trained_dtypes())])
     if plan.config.get("axis_roles"):
         rows.append(["axis roles", ", ".join(f"{a}={r}" for a, r in plan.config["axis_roles"])])
+    if plan.config.get("zero1"):
+        axis = plan.config["zero1"]
+        rows.append(["zero1", f"optimizer state partitioned over {axis} (ZeRO-1), as priced: run "
+                              f"ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=..., "
+                              f"process_group=pm.process_group({axis!r}))"])
     tables.append(("Mesh", ["axis", "size"], rows))
     notes = plan.notes()
     if notes:

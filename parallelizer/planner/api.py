@@ -191,8 +191,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     for p in tg.parameters.values():
         params[p.fqn] = param_plan(p, str(strat[p.placeholders[0]].output), mesh)
         if not p.is_buffer:
-            for i, b in enumerate(pricer.param_state_bytes(math.prod(params[p.fqn].local_shape), p.requires_grad)):
+            numel = math.prod(params[p.fqn].local_shape)
+            for i, b in enumerate(pricer.param_state_bytes(numel, p.requires_grad)):
                 state[i] += b
+            comm["all_gather"] += pricer.zero1_broadcast_s(numel, p.requires_grad)  # ZeRO-1's (0 without)
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
               "buffers": problem.const_mem_bytes}
     memory["total"] = sum(memory.values())  # the plan's tensors; the reserve comes on top (<= the budget)
@@ -217,6 +219,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         del cfg["compression"], cfg["powersgd_rank"], cfg["powersgd_warmup"]
     if cfg["boundary_compression"] == "none":  # likewise (pipeline-boundary compression, `planner.boundary`)
         del cfg["boundary_compression"], cfg["boundary_rank"]
+    if cfg["zero1"] is None:  # likewise (ZeRO-1, `PlanConfig.zero1`)
+        del cfg["zero1"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
                 tuple(fallbacks), model, cfg, recompute=dict(sol.recompute), hierarchical=pricer.hierarchical_record())
 

@@ -313,11 +313,30 @@ class Pricer:
     def param_state_bytes(self, numel: int, trainable: bool = True) -> tuple[int, int, int]:
         """(param, grad, optimizer) bytes of `numel` stored elements, by precision and optimizer
         (`cost_model.memory.BYTES_PER_PARAM`: 2 + 4 + 12 in bf16 with Adam); a frozen parameter
-        (`trainable=False`) has no gradient and no optimizer state (and no fp32 main copy)."""
+        (`trainable=False`) has no gradient and no optimizer state (and no fp32 main copy). With ZeRO-1
+        (`PlanConfig.zero1`) the optimizer bytes are those of one rank's 1/N share."""
         p, g, o = bytes_per_param(self.precision, self.config.optimizer)
         if not trainable:
             return p * numel, 0, 0
-        return p * numel, g * numel, o * numel
+        return p * numel, g * numel, o * numel // self.zero1_ranks
+
+    @property
+    def zero1_ranks(self) -> int:
+        """N, the ranks of the `PlanConfig.zero1` axis of this mesh (1 without ZeRO-1 or without that axis: a
+        pipeline stage's mesh without it)."""
+        axis = self.config.zero1
+        return self.mesh.size(axis) if axis is not None and axis in self.mesh.axis_names else 1
+
+    def zero1_broadcast_s(self, numel: int, trainable: bool = True) -> float:
+        """Seconds per step of ZeRO-1's parameter broadcast for `numel` stored elements of a trainable parameter:
+        each of the N ranks sends the 1/N it stepped to the others, an all-gather's volume
+        (`cost_model.communication.collective_time_s`; ZeroRedundancyOptimizer broadcasts per owner), plus the
+        collective's sync wait. 0 without ZeRO-1 or for a frozen parameter."""
+        if self.zero1_ranks == 1 or not trainable:
+            return 0.0
+        nbytes = numel * bytes_per_param(self.precision, self.config.optimizer)[0]
+        return (collective_time_s("all_gather", nbytes, self.topo, (self.config.zero1,))
+                + self.device.collective_sync_s)
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)

@@ -150,8 +150,9 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             continue
         space = spaces[p.placeholders[0]]
         g = group_of[space.name]
-        mem[g] += [sum(pricer.param_state_bytes(math.prod(local_shape(p.shape, s.output, mesh)), p.requires_grad))
-                   for s in space.strategies]
+        numels = [math.prod(local_shape(p.shape, s.output, mesh)) for s in space.strategies]
+        mem[g] += [sum(pricer.param_state_bytes(n, p.requires_grad)) for n in numels]
+        lin[g] += [pricer.zero1_broadcast_s(n, p.requires_grad) for n in numels]  # 0 without ZeRO-1
     for name, space in spaces.items():
         g = group_of[name]
         info = tg.nodes[name]

@@ -133,7 +133,10 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             the devices per node (tensor parallelism stays inside a node).
         schedules: names from `schedules.SCHEDULES` (default: all six: gpipe, 1f1b, interleaved_1f1b, zbv,
             dualpipev, bitpipe).
-        zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1).
+        zero1: shard optimizer state over dp (Megatron's distributed optimizer, ZeRO stage 1: its
+            reduce-scatter + all-gather priced as the all-reduce's bytes). With `PlanConfig.zero1 == "dp"` (the
+            user's path, run by torch's ZeroRedundancyOptimizer: all-reduce, then a broadcast of the stepped
+            parameters) an all-gather of each rank's parameters over dp is priced on top.
         config / options: `PlanConfig` fields for the intra-stage ILP (optimizer, precision, solver...).
         search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).
         partitioner: "dp" (balanced, memory-aware) or "uniform" (equal blocks per stage, for comparison).
@@ -527,6 +530,10 @@ class _Context:
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
             grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
             sync = collective_time_s("all_reduce", grads, topo, ("dp",))
+            if self.config.zero1 == "dp":  # torch's ZeroRedundancyOptimizer runs it: it broadcasts the stepped
+                # parameters after the all-reduce (an all-gather's bytes more than the distributed optimizer's)
+                params = float(sum(pr.params_bytes[stages[s]["segs"]].sum() for s in mine))
+                sync += collective_time_s("all_gather", params, topo, ("dp",))
             heads, tails = [], []
             for k in range(held):
                 first = min((s for s in range(S) if rank[s][k] == r), default=None)

@@ -41,6 +41,8 @@ class ShardingSpec:
     `rewriter.hierarchical.Hierarchy`); axes absent run every collective flat.
     `autocast`: the mixed-precision recipe the program's forward runs under (`runtime.precision`, e.g.
     "autocast_bf16"; `Plan.config["mixed_precision"]`), None: the traced dtypes.
+    `zero1`: the mesh axis the plan prices the optimizer state partitioned over (`Plan.config["zero1"]`,
+    `runtime.zero1`), None: every rank keeps all of it.
     """
 
     mesh: MeshSpec
@@ -52,6 +54,7 @@ class ShardingSpec:
     compression: GradCompression = NO_COMPRESSION
     hierarchy: Mapping[str, tuple] = field(default_factory=dict)
     autocast: str | None = None
+    zero1: str | None = None
 
 
 def axis_ranks(mesh: MeshSpec, rank: int) -> dict[str, list[int]]:
@@ -126,7 +129,7 @@ def squeeze_trivial_axes(spec: ShardingSpec) -> ShardingSpec:
     nodes = {n: NodeSharding(tuple(squeeze(x) for x in s.inputs), squeeze(s.output)) for n, s in spec.nodes.items()}
     return ShardingSpec(spec.mesh, nodes, {f: squeeze(x) for f, x in spec.params.items()},
                         {n: squeeze(x) for n, x in spec.inputs.items()}, spec.rank_offset, spec.recompute,
-                        spec.compression, spec.hierarchy, spec.autocast)
+                        spec.compression, spec.hierarchy, spec.autocast, spec.zero1)
 
 
 def spec_from_plan(plan) -> ShardingSpec:
@@ -148,4 +151,5 @@ def spec_from_plan(plan) -> ShardingSpec:
     hierarchy = {axis: hierarchy_arg(h["devices_per_node"], h["bytes"]) for axis, h in plan.hierarchical.items()}
     return ShardingSpec(plan.mesh, nodes, params, recompute=dict(plan.recompute),
                         compression=GradCompression.from_record(getattr(plan, "compression", {})),
-                        hierarchy=hierarchy, autocast=plan.config.get("mixed_precision"))
+                        hierarchy=hierarchy, autocast=plan.config.get("mixed_precision"),
+                        zero1=plan.config.get("zero1"))

@@ -156,7 +156,7 @@ def carry_over(spec: ShardingSpec, planned: TracedGraph, new: TracedGraph) -> tu
         NodeSharding(tuple(replicate for _ in out_new), replicate)
     result = ShardingSpec(spec.mesh, nodes, params, dict(spec.inputs), spec.rank_offset,
                           recompute_within(spec.recompute, [n.name for n in new.compute_nodes()], new),
-                          spec.compression, spec.hierarchy, spec.autocast)
+                          spec.compression, spec.hierarchy, spec.autocast, spec.zero1)
     _check_mutations(result, new)
     return result, tuple(replicated)
 

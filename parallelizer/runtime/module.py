@@ -58,8 +58,9 @@ from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
-from .optimizer_check import install as check_optimizer_steps
+from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .wrappers import install as check_wrappers
+from .zero1 import axis_group
 from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
@@ -115,6 +116,8 @@ class ParallelModule(torch.nn.Module):
         self.groups = self.program.groups
         register_for_clipping(self)
         check_optimizer_steps()
+        if spec.zero1 in spec.mesh.axis_names and spec.mesh.size(spec.zero1) > 1:  # priced partitioned: say so
+            expect_zero1(self.parameters(), spec.zero1)  # if the optimizer is not (`optimizer_check`)
         check_wrappers()
         check_initialisers()
         shard_origin.install_dcp_guard()
@@ -351,6 +354,14 @@ class ParallelModule(torch.nn.Module):
                           "accumulated values as DDP's no_sync, more communication); pm.step on a pipeline plan "
                           "syncs once per step", stacklevel=3)
         yield
+
+    def process_group(self, axis: str):
+        """The torch ProcessGroup of this rank's ranks along mesh axis `axis`, e.g. for ZeRO-1 over the
+        data-parallel replicas: `ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=torch.optim.AdamW,
+        process_group=pm.process_group("dp"), lr=...)` steps 1/dp of the parameters per rank and broadcasts
+        them (`runtime/zero1.py`; a group spanning ranks with other pieces is refused at `step()`).
+        Raises ValueError for an axis the mesh lacks or one of a single device."""
+        return axis_group(self.groups, self.spec.mesh, axis, "ParallelModule.process_group")
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                         foreach: bool | None = None) -> torch.Tensor:

@@ -12,8 +12,11 @@ exactly when the optimizer updates every element from that element's own paramet
   They differ whenever the model's parameters are split over ranks at all (shards or pipeline stages):
   1.7e-3 off under fsdp; exact under ddp.
 - **partitioned** optimizers communicate: torch's ZeroRedundancyOptimizer steps a partition of the parameters
-  on each rank and broadcasts every parameter from its owner, overwriting the other ranks' different shards
-  (MLP, 2 AdamW steps on tp=2 / fsdp dp=2: parameters 0.33-0.51 off); exact under ddp.
+  on each rank of its process group and broadcasts every parameter from its owner, overwriting the other ranks'
+  different shards (MLP, 2 AdamW steps on tp=2 / fsdp dp=2 with the whole world as the group: parameters
+  0.33-0.51 off); exact under ddp, and over a group of replicas that hold the same pieces (ZeRO-1 over 'dp' of
+  a dp x tp plan or of a pipeline stage: `pm.process_group("dp")`, `runtime/zero1.py`), where the optimizer
+  class it wraps is then classified as any other.
 
 `install()` (called by every ParallelModule and PipelineModule) adds a global step pre-hook to torch.optim
 (`register_optimizer_step_pre_hook`). Before each `step()` of an optimizer holding
@@ -39,6 +42,7 @@ from ..core.layout import Shard
 from ..errors import OptimizerError
 from . import shard_origin
 from .grad_norm import owner_of
+from .zero1 import overwritten
 
 ELEMENT, TENSOR, COUPLED, PARTITIONED = "per-element", "per-tensor", "coupled", "partitioned"
 _KINDS: dict[tuple[type, str], str | None] = {}  # (optimizer class, repr of its defaults) -> kind (None: unknown)
@@ -49,6 +53,36 @@ _WRAPPED = WeakIdKeyDictionary()
 # a local parameter of such a module -> weak reference to the model's parameter of the same FQN
 _SOURCE_OF = WeakIdKeyDictionary()
 _STAMPED = WeakIdKeyDictionary()  # optimizers whose state_dict records their parameters' pieces (`shard_origin`)
+_ZERO1 = WeakIdKeyDictionary()  # a local parameter of a plan priced with ZeRO-1 -> its axis (`expect_zero1`)
+# optimizers warned about once, and the partition optimizers inside ZeroRedundancyOptimizers (never warned)
+_ZERO1_WARNED: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+
+
+def expect_zero1(params, axis: str) -> None:
+    """Record that `params` (local parameters of a plan with `PlanConfig.zero1`) were priced with their optimizer
+    state partitioned over mesh axis `axis`: a step of an optimizer holding them that is not torch's
+    ZeroRedundancyOptimizer warns once (`_check_zero1`)."""
+    for p in params:
+        _ZERO1[p] = axis
+
+
+def _check_zero1(optimizer: torch.optim.Optimizer) -> None:
+    """Warn (once per optimizer) when an optimizer that keeps all its state on every rank steps parameters whose
+    plan priced that state partitioned (ZeRO-1): the ranks then hold N times the planned optimizer memory."""
+    if _partitions(optimizer):  # its own optimizer of the partition steps next: that step is ZeRO-1's
+        if getattr(optimizer, "optim", None) is not None:
+            _ZERO1_WARNED.add(optimizer.optim)
+        return
+    if optimizer in _ZERO1_WARNED:
+        return
+    axes = sorted({_ZERO1[p] for g in optimizer.param_groups for p in g["params"] if p in _ZERO1})
+    if axes:
+        _ZERO1_WARNED.add(optimizer)
+        warnings.warn(f"{type(optimizer).__name__} keeps all its state on every rank, but the plan priced the "
+                      f"optimizer state partitioned over {axes[0]!r} (ZeRO-1, plan config zero1): each rank holds "
+                      "more memory than planned. Remedy: ZeroRedundancyOptimizer(pm.parameters(), optimizer_class="
+                      f"{type(optimizer).__name__}, process_group=pm.process_group({axes[0]!r}), ...) "
+                      "(parallelizer/runtime/zero1.py), or plan without zero1", stacklevel=4)
 
 
 def remember_wrapped(model: torch.nn.Module, module: torch.nn.Module) -> None:
@@ -161,6 +195,7 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     with its own hyperparameters (a group may override the defaults). Raises OptimizerError; StateDictError for
     a loaded state of other pieces than this rank holds (`runtime.shard_origin`), before anything is stepped."""
     _check_wrapped(optimizer)
+    _check_zero1(optimizer)
     if optimizer not in _STAMPED and any(owner_of(p) is not None for g in optimizer.param_groups for p in g["params"]):
         # from the first step on (no state exists before it), its state_dict records each parameter's piece
         _STAMPED[optimizer] = optimizer.register_state_dict_post_hook(
@@ -214,13 +249,21 @@ def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, s
     where = (f"parameter {first.fqn!r} is stored as {first.layout} on mesh {first.mesh}" if sharded else
              f"parameter {first.fqn!r} is held by one pipeline stage (each rank steps its stages' parameters alone)")
     if _partitions(optimizer):
-        raise OptimizerError(
-            f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it steps a partition of the "
-            "parameters on each rank of its process group and broadcasts each updated parameter from its owner "
-            f"to all ranks, overwriting their different shards or stages; {where}. Remedy: ZeRO-style sharding "
-            "planned by the toolkit (axis_roles={'dp': 'fsdp'}) with a plain torch.optim optimizer (its state "
-            "is then sharded with the parameters), or this optimizer with data parallel only "
-            "(axis_roles={'dp': 'ddp'})", cls.__name__, PARTITIONED, first.fqn)
+        ranks = torch.distributed.get_process_group_ranks(optimizer.process_group)
+        bad = overwritten(ranks, torch.distributed.get_rank(), sharded + staged)
+        if bad is not None:
+            where = (f"parameter {bad.fqn!r} is stored as {bad.layout} on mesh {bad.mesh}" if bad.pipeline is None
+                     else f"parameter {bad.fqn!r} is held by one pipeline stage")
+            raise OptimizerError(
+                f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it steps a partition of the "
+                f"parameters on each rank of its process group (ranks {ranks}) and broadcasts each updated "
+                "parameter from its owner to all of them, overwriting their different shards or stages; "
+                f"{where}. Remedy: ZeRO-1 over the data-parallel replicas only: "
+                "ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=..., process_group=pm.process_group('dp')) "
+                "(`runtime/zero1.py`), or ZeRO-style sharding planned by the toolkit (axis_roles={'dp': 'fsdp'}) "
+                "with a plain torch.optim optimizer", cls.__name__, PARTITIONED, bad.fqn)
+        # over replicas each rank steps whole local pieces with the optimizer class it wraps: classify that one
+        cls = optimizer._optim_constructor
     # a scheduler's changing lr never changes the kind (and lr = 0 in a warm-up would hide every kind)
     options = {**optimizer.defaults, **{k: group[k] for k in optimizer.defaults if k in group and k != "lr"}}
     kind = kind_of(cls, options)

@@ -201,7 +201,7 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
                                        Layout.replicate(spec.mesh.ndim))
     return ShardingSpec(spec.mesh, nodes, spec.params, received, stage_rank_offset,
                         recompute_within(spec.recompute, [n for n in nodes if n != "output"], traced),
-                        spec.compression, spec.hierarchy, spec.autocast)
+                        spec.compression, spec.hierarchy, spec.autocast, spec.zero1)
 
 
 class StageModule(ParallelModule):

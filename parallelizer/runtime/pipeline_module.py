@@ -52,6 +52,7 @@ from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
 from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank
+from .zero1 import axis_group
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
@@ -328,6 +329,16 @@ class PipelineModule(torch.nn.Module):
             self._fn_count = (key, count_items if weighting is None else
                               ChunkCount(weighting, self.run.microbatches, chunk))
         return self._fn_count[1]
+
+    def process_group(self, axis: str):
+        """The torch ProcessGroup of this rank's ranks along axis `axis` of the intra-stage (dp, tp) mesh: the
+        ranks holding the same stages, e.g. for ZeRO-1 over a stage's data-parallel replicas
+        (`ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=torch.optim.AdamW,
+        process_group=pm.process_group("dp"))`, `runtime/zero1.py`). Every stage a rank holds has the same
+        intra-stage coordinates, so one group serves them all. Raises ValueError for "pp" or an axis of a
+        single device."""
+        stage = self.run.stages[0]
+        return axis_group(stage.groups, stage.spec.mesh, axis, "PipelineModule.process_group")
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Gather every tensor of the model's `state_dict()` to its full value on EVERY rank (collective: call on

@@ -62,6 +62,7 @@ from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, _same_computation)
 from .tolerance import compute_dtype, loosest
+from .zero1 import plan_optimizer
 
 
 def pipeline_loss(output, target=None) -> torch.Tensor:
@@ -279,7 +280,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     if judge is not None and compute != torch.float32:  # float64_excess judges fp32 programs only
         exact, exact_inputs, judge = None, (inputs, kwargs), None
     target, count, weights = _weighting(traced, flat, m, model)
-    opt = torch.optim.AdamW([p for s in run.stages for p in s.parameters()], lr=lr, eps=eps)
+    opt = plan_optimizer((p for s in run.stages for p in s.parameters()), spec, run.stages[0], lr, eps)  # ZeRO-1 too
     ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]
     loss = grad = bufs = (0.0, "", 0.0)
     for step in range(steps):  # every step: a wrong update shows in the step after it, or in buffers only

@@ -43,6 +43,7 @@ from .launch import create_groups, spawn
 from .module import ParallelModule
 from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
+from .zero1 import plan_optimizer
 from .tolerance import compute_dtype, excess, loosest, tolerances
 
 
@@ -477,7 +478,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
                  if p.grad is not None and p.grad.numel()), default=0.0)
     dtype = next((p.dtype for p in reference.parameters() if p.is_floating_point()), torch.float32)
     grad_scale = (scale, tolerances(loosest(dtype, compute))[1])  # (`RehearsalReport.blind`)
-    opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m in (pm, *(m for m, _ in refs))]
+    opts = [plan_optimizer(pm.parameters(), spec, pm, lr, eps),  # ZeRO-1 as the plan says (`runtime.zero1`)
+            *(torch.optim.AdamW(m.parameters(), lr=lr, eps=eps) for m, _ in refs)]
     for step in range(steps):
         if step:
             for o in opts:
