@@ -31,6 +31,7 @@ from parallelizer.runtime.launch import create_groups
 from parallelizer.runtime.module import ParallelModule
 from parallelizer.runtime.rehearsal import _loss as rehearsal_loss  # the model's loss, as rehearse takes it
 from parallelizer.tracer.trace import trace
+from parallelizer.runtime.zero1 import plan_optimizer
 
 
 def _storage_bytes(tensors) -> tuple[int, set[int]]:
@@ -71,9 +72,10 @@ def _measure(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> dic
     activations = sum({s.data_ptr(): s.nbytes() for s in saved if s.data_ptr() not in state}.values())
     loss.backward()
     grads, _ = _storage_bytes(p.grad for p in pm.parameters() if p.grad is not None)
-    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+    opt = plan_optimizer(pm.parameters(), spec, pm, 1e-3, 1e-8)  # ZeroRedundancyOptimizer for a zero1 plan
     opt.step()
-    optimizer, _ = _storage_bytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
+    held = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer: the state of this rank's partition
+    optimizer, _ = _storage_bytes(t for st in held.state.values() for t in st.values() if isinstance(t, torch.Tensor))
     return {"params": params, "buffers": buffers, "activations": activations, "grads": grads,
             "optimizer": optimizer}
 

@@ -11,7 +11,10 @@ reported; the error is (predicted - measured) / measured of the sum of the categ
 Models (fp32, CPU): transformers GPT-2 (2 layers, hidden 64, 4 heads, vocab 256; batch 8 x 64 tokens, labels
 inside the model, so logits and loss are part of the graph) and the zoo MLP (in 32, dim 64, hidden 256,
 depth 2, batch 256).
-Kinds: ddp, fsdp (ZeRO-3, reshard after forward), tp on 2 ranks; ddp, fsdp, tp, ddp x tp, fsdp x tp on 4 ranks.
+Kinds: ddp, fsdp (ZeRO-3, reshard after forward), tp, ddp + zero1 on 2 ranks; ddp, fsdp, tp, ddp x tp, fsdp x tp,
+ddp + zero1, ddp x tp + zero1 on 4 ranks. A zero1 plan (`PlanConfig.zero1`) runs torch's ZeroRedundancyOptimizer
+over `pm.process_group("dp")` (`runtime.zero1.plan_optimizer`), which partitions whole tensors greedily by size:
+its measured optimizer state is the largest rank's partition, the prediction 1/N of the whole.
 
 Pipeline plans (4 gloo ranks; GPT-2 with 4 layers, microbatch 2 x 64 tokens, 4 microbatches): pp=2 x dp=2,
 pp=2 x tp=2 and pp=4 with 1F1B, pp=4 with GPipe. Predicted per pipeline rank by
@@ -39,11 +42,14 @@ MODELS = {
     "gpt2": (zoo.gpt2, dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=8, seq_len=64, labels=True)),
     "mlp": (zoo.mlp, dict(in_features=32, dim=64, hidden=256, depth=2, batch=256)),
 }
-KINDS = {
-    2: {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"})},
+KINDS = {  # name: (mesh, axis roles[, other plan options])
+    2: {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),
+        "ddp + zero1": ({"dp": 2}, {}, {"zero1": "dp"})},
     4: {"ddp": ({"dp": 4}, {"dp": "ddp"}), "fsdp": ({"dp": 4}, {"dp": "fsdp"}), "tp": ({"tp": 4}, {"tp": "tp"}),
         "ddp x tp": ({"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}),
-        "fsdp x tp": ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"})},
+        "fsdp x tp": ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"}),
+        "ddp + zero1": ({"dp": 4}, {}, {"zero1": "dp"}),
+        "ddp x tp + zero1": ({"dp": 2, "tp": 2}, {"tp": "tp"}, {"zero1": "dp"})},
 }
 PIPELINE_MODEL = (zoo.gpt2, dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, seq_len=64, labels=True))
 PIPELINE_MICROBATCH, PIPELINE_MICROBATCHES = 2, 4
@@ -64,9 +70,10 @@ def measure() -> list[dict]:
         cases, meta = [], []
         for model, (fn, kwargs) in MODELS.items():
             traced = parallelizer.trace(*fn(**kwargs))
-            for kind, (mesh, roles) in kinds.items():
+            for kind, (mesh, roles, *options) in kinds.items():
                 with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-                    plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32")  # as it runs on CPU
+                    plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32",  # as it runs on CPU
+                                             **(options[0] if options else {}))
                 cases.append((fn, kwargs, spec_from_plan(plan)))
                 meta.append((model, kind, plan))
         per_rank = launch.spawn(measure_rank, world_size, cases, timeout_s=600)
