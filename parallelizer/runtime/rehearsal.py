@@ -493,7 +493,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     # the inputs after the steps: a forward that writes an input in place must leave the caller's tensor as
     # one device does (every element, on every rank), not only this rank's shard of it
     written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(
-        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if a.is_floating_point()), compute, judge)
+        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if carries_grad(a.dtype)), compute, judge)
     output = (max(output[0], written[0]), output[1] if output[0] >= written[0] else written[1],
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,

@@ -90,3 +90,20 @@ def _clipped(rank: int, complex_first: bool, spec) -> dict:
         norms.append(pair)
     full, eager = pm.full_state_dict(), reference.state_dict()
     return {"norms": norms, "params": max((_real(full[k]) - _real(eager[k])).abs().max().item() for k in eager)}
+
+
+def imaginary_replicas(rank: int, world_size: int) -> str:
+    """`check_same_weights` on a model whose complex weight differs between the ranks only in an imaginary part
+    (as a rank seeded otherwise would build it): the PlanMismatchError's message, or "" when none was raised
+    (before `as_real`, the float64 digest kept only real parts and saw no difference)."""
+    from parallelizer.errors import PlanMismatchError
+    from parallelizer.runtime.replicas import check_same_weights
+
+    model, _ = spectral()
+    with torch.no_grad():
+        model.w.imag[0, 0, 0] += rank
+    try:
+        check_same_weights(model)
+    except PlanMismatchError as err:
+        return str(err)
+    return ""

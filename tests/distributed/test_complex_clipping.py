@@ -5,7 +5,7 @@ imaginary part; torch warns once), so the norm returned and the clipping were wr
 returned 2-norm 0.4% off, 3100x the float32 bound, with the complex weight registered after a real one), and
 raised torch's untyped NotImplementedError ("clamp is not supported for complex types") when the first
 gradient was complex. Complex all-to-all: tests/distributed/distributed_workers.check_complex; the rehearsal's
-judge: tests/unit/test_complex_judge.py."""
+judge: tests/unit/test_complex_judge.py. Replica checksums of complex weights: the last test."""
 import contextlib
 import io
 
@@ -14,7 +14,7 @@ import pytest
 import parallelizer
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
-from complex_workers import clipped_training, spectral
+from complex_workers import clipped_training, imaginary_replicas, spectral
 
 pytestmark = pytest.mark.distributed
 
@@ -44,3 +44,8 @@ def test_clipping_complex_gradients_matches_eager(results, name, complex_first):
             assert dtype == eager_dtype == "torch.float32", (dtype, eager_dtype)  # a real norm, as torch's
             assert eager > 0.05, eager  # the clip binds, so a wrong norm would move the parameters
         assert r["params"] <= 1e-5, (rank, r["params"])
+
+
+def test_ranks_whose_complex_weights_differ_in_an_imaginary_part_are_refused():
+    messages = spawn(imaginary_replicas, 2, timeout_s=120)
+    assert all("'w'" in m for m in messages), messages

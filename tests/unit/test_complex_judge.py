@@ -57,3 +57,31 @@ def test_the_global_norm_of_complex_gradients_is_the_norm_of_their_magnitudes(no
         assert total.dtype == torch.float32
         assert total.item() == pytest.approx(want.item(), rel=1e-6)
         assert total.item() == pytest.approx(torch.nn.utils.get_total_norm(tensors, norm_type).item(), rel=1e-6)
+
+
+class _BatchFFT(torch.nn.Module):
+    """Mixes the samples of its batch in a COMPLEX output (an fft over dim 0)."""
+
+    def forward(self, x):
+        return torch.fft.fft(x, dim=0)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.mix = torch.nn.Linear(4, 4), _BatchFFT()
+
+    def forward(self, x):
+        return self.lin(self.mix(x).abs())
+
+
+def test_a_module_mixing_the_batch_in_a_complex_output_is_named():
+    from parallelizer.tracer.microbatch_check import microbatch_mixing
+
+    torch.manual_seed(0)
+    model, x = _Net(), torch.randn(8, 4, generator=torch.Generator().manual_seed(3))
+    whole = torch.fft.fft(x, dim=0)
+    parts = torch.cat([torch.fft.fft(p, dim=0) for p in x.tensor_split(2)])
+    assert (whole - parts).abs().max() > 0.1  # independently: the microbatches compute another value
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "mix", (where, message)  # before: its complex output was skipped and 'lin' was named
