@@ -686,4 +686,3 @@ class _Context:
             mem["total"] = sum(mem.values())
             out.append(StageKindSummary(kind, tuple(idx), total - sum(comm.values()), comm, mem))
         return tuple(out)
-

@@ -75,7 +75,8 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
             summed; () for one mesh. Each rank passes the pieces it counts (one copy of each tensor).
 
     Returns:
-        A scalar tensor in the first tensor's dtype (float32 when there is none).
+        A scalar tensor in the first tensor's dtype, its real dtype for a complex one (float32 when there is
+        none); a complex tensor counts its magnitudes |z| (`torch.linalg.vector_norm`'s convention).
     Raises:
         ValueError: norm_type is not a positive number or inf.
         RuntimeError: the total is nan/inf and error_if_nonfinite (torch's behaviour and message sense).
