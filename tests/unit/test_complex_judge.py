@@ -85,3 +85,41 @@ def test_a_module_mixing_the_batch_in_a_complex_output_is_named():
     assert (whole - parts).abs().max() > 0.1  # independently: the microbatches compute another value
     where, message = microbatch_mixing(model, (x,), {}, 2)
     assert where == "mix", (where, message)  # before: its complex output was skipped and 'lin' was named
+
+
+class _ToComplexWrongGrad(torch.autograd.Function):
+    """Real pairs -> complex values, with a backward that is NOT the derivative of the forward (x 3)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.view_as_real(g).reshape(*g.shape[:-1], -1) * 6  # the derivative is 2 (conj-linear), not 6
+
+
+class _ComplexHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _ToComplexWrongGrad.apply(self.a(x)).abs().sum()
+
+
+def test_an_autograd_function_with_complex_outputs_is_checked():
+    """Its complex output was skipped by the check (only floating outputs were seeded), so the wrong backward
+    passed with neither error nor note, and every parallel program would train with the forward's derivative
+    while eager uses the Function's backward."""
+    import parallelizer
+    from parallelizer.errors import TraceError
+
+    model, x = _ComplexHead(), torch.randn(3, 4)
+    x.requires_grad_(False)
+    eager = torch.autograd.grad(model(x), model.a.weight)[0]
+    plain = torch.autograd.grad(torch.view_as_complex(model.a(x).reshape(3, 2, 2)).mul(2).abs().sum(),
+                                model.a.weight)[0]
+    assert (eager - 3 * plain).abs().max() < 1e-5  # independently: eager's gradient is 3x the derivative's
+    with pytest.raises(TraceError, match="_ToComplexWrongGrad"):
+        parallelizer.trace(model, (x,))
