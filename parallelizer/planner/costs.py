@@ -391,3 +391,14 @@ def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, 
     params = tuple(i for i, a in enumerate(info.node.args) if isinstance(a, torch.fx.Node)
                    and tg.nodes[a.name].role.value in ("parameter", "buffer"))
     return args, kwargs, out, params
+
+
+def mfu_dtype(traced: TracedGraph, device: DeviceSpec) -> torch.dtype:
+    """The dtype whose peak FLOP/s a pipeline plan's MFU is reported against: that of the largest trained
+    parameter, a complex one's real dtype, float32 where the device has no peak for it. Before (trial r12a),
+    the largest tensor of the state decided, buffers included, and the device's table was indexed with it: a
+    model whose largest tensor was an FNO's cfloat spectral weight, or a bool causal-mask buffer, made every
+    pipeline plan raise a raw KeyError (torch.complex64 / torch.bool) after the search had finished."""
+    trained = [p for p in traced.parameters.values() if not p.is_buffer and carries_grad(p.dtype)]
+    dtype = max(trained, key=lambda q: q.numel).dtype.to_real() if trained else torch.float32
+    return dtype if dtype in device.peak_flops_per_s else torch.float32

@@ -89,7 +89,7 @@ from ..tracer import TracedGraph
 from . import boundary
 from .api import memory_budget
 from .compression import choose, codecs_of, keeps_compression, make_record
-from .costs import GraphTables, resolve_precision, traced_in_low_precision
+from .costs import GraphTables, mfu_dtype, resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
 from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
@@ -647,8 +647,7 @@ class _Context:
         world = self.cluster.world_size
         fwd_flops, bwd_flops = graph_flops(self.traced.graph_module)
         flops = int((fwd_flops + bwd_flops) * self.global_batch / seg.trace_batch)
-        dtype = max(self.traced.parameters.values(), key=lambda q: q.numel).dtype
-        peak = float(self.cluster.device.peak_flops_per_s[dtype])
+        peak = float(self.cluster.device.peak_flops_per_s[mfu_dtype(self.traced, self.cluster.device)])
         step = res["step_s"]
         s = pr.plan.solver
         return PipelinePlan(

@@ -57,6 +57,7 @@ import torch.fx
 
 from parallelizer.core.layout import chunk_range
 from parallelizer.runtime.launch import DistributedError
+from parallelizer.tracer.graph import as_real
 
 from . import hierarchical
 from .hierarchical import Hierarchy, Levels, uses_hierarchy
@@ -264,8 +265,11 @@ def _swap(send: list[torch.Tensor], shapes: list[list[int]], dim: int, g: _Group
     """All-to-all of uneven pieces: `send[j]` goes to member j; the piece from member j has shape `shapes[j]`;
     the received pieces are concatenated along `dim` in group order."""
     flat = torch.cat([p.reshape(-1) for p in send])
-    received = _wait(funcol.all_to_all_single(flat, [math.prod(s) for s in shapes], [p.numel() for p in send],
-                                              g.name))
+    k = 2 if flat.is_complex() else 1  # gloo's all-to-all has no complex types: moved as (real, imag) pairs
+    received = _wait(funcol.all_to_all_single(as_real(flat).reshape(-1), [k * math.prod(s) for s in shapes],
+                                              [k * p.numel() for p in send], g.name))
+    if k == 2:
+        received = torch.view_as_complex(received.view(-1, 2))
     pieces = received.split([math.prod(s) for s in shapes])
     return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=dim)
 

@@ -75,7 +75,8 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
             summed; () for one mesh. Each rank passes the pieces it counts (one copy of each tensor).
 
     Returns:
-        A scalar tensor in the first tensor's dtype (float32 when there is none).
+        A scalar tensor in the first tensor's dtype, its real dtype for a complex one (float32 when there is
+        none); a complex tensor counts its magnitudes |z| (`torch.linalg.vector_norm`'s convention).
     Raises:
         ValueError: norm_type is not a positive number or inf.
         RuntimeError: the total is nan/inf and error_if_nonfinite (torch's behaviour and message sense).
@@ -84,7 +85,7 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
     if not (norm_type > 0):
         raise ValueError(f"clip_grad_norm_ / get_total_norm: norm_type must be > 0 or inf, got {norm_type}; the "
                          "global norm is built from per-shard sums of |g|^p (p > 0) or maxima (inf)")
-    dtype = tensors[0][0].dtype if tensors else torch.float32
+    dtype = tensors[0][0].dtype.to_real() if tensors else torch.float32  # torch's norm of complex values is real
     axes = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape) if size > 1]
     # one class per set of sharding axes: every subset of the axes, so that every rank calls the same
     # collectives on vectors of the same length whatever tensors it holds
@@ -92,7 +93,8 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
                for n in range(len(axes) + 1) for key in itertools.combinations([a for a, _ in axes], n)}
     with torch.no_grad():
         for tensor, layout in tensors:
-            t = tensor.detach().double()
+            t = tensor.detach()
+            t = t.to(torch.complex128).abs() if t.is_complex() else t.double()  # |z|, not its real part
             if not t.numel():
                 continue
             key = _sharded_axes(layout, mesh)
@@ -129,7 +131,7 @@ def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpe
     grads = [(p.grad, layout) for p, layout in (params if counted is None else counted) if p.grad is not None]
     scaled = [p.grad for p, _ in params if p.grad is not None]
     total = global_norm(grads, mesh, groups, norm_type, error_if_nonfinite=error_if_nonfinite, across=across)
-    total = total.to(scaled[0].dtype if scaled else torch.float32)
+    total = total.to(scaled[0].dtype.to_real() if scaled else torch.float32)
     with torch.no_grad():
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for grad in scaled:

@@ -50,7 +50,7 @@ from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
-from ..tracer.graph import TracedGraph
+from ..tracer.graph import TracedGraph, as_real
 from ..tracer.leaves import unflatten_in_order
 from . import shard_origin
 from .grad_norm import clip_grad_norm_
@@ -604,7 +604,7 @@ def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) 
 
     if not values or not dist.is_initialized() or dist.get_world_size() != world_size or world_size == 1:
         return
-    sums = torch.stack([torch.nan_to_num(v.detach().double().sum(), nan=0.0, posinf=1e300, neginf=-1e300)
+    sums = torch.stack([torch.nan_to_num(as_real(v.detach()).double().sum(), nan=0.0, posinf=1e300, neginf=-1e300)
                         for v in values.values()])
     low, high = sums.clone(), sums.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)

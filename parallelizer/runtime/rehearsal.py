@@ -35,7 +35,7 @@ from ..fingerprint import check_plan
 from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import gather_tensor, shard_tensor
-from ..tracer.graph import draws_random
+from ..tracer.graph import as_real, carries_grad, draws_random
 from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
@@ -338,7 +338,7 @@ def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, st
             # (max() and `>` ignore NaN, so a NaN difference would otherwise read as 0: a silent "match")
             worst, ratio = max(worst, (math.inf, name)), math.inf
             continue
-        diff = (a.detach().double() - b.detach().double()).abs().nan_to_num(nan=0.0).max().item()
+        diff = (as_real(a.detach()).double() - as_real(b.detach()).double()).abs().nan_to_num(nan=0.0).max().item()
         worst = max(worst, (diff, name))
         ratio = max(ratio, min([excess(a, b, compute), *(judge(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio
@@ -362,7 +362,7 @@ def float64_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Te
     beyond their rounding, and stays outside. Used only when the two references are the same computation
     (`_same_computation`)."""
     rtol, atol = tolerances(torch.float32)
-    a, b, e = (t.detach().double() for t in (actual, expected, exact))
+    a, b, e = (as_real(t.detach()).double() for t in (actual, expected, exact))
     noise = (b - e).abs().max().item()
     diff = (a - e).abs()
     bound = atol + rtol * e.abs() + ORDER_FACTOR * noise
@@ -375,8 +375,8 @@ def _same_computation(fp32: list[torch.Tensor], fp64: list[torch.Tensor]) -> boo
     whose draws may depend on the dtype) or took another branch; then `float64_excess` is not used."""
     atol = tolerances(torch.float32)[1]
     return len(fp32) == len(fp64) and all(
-        a.shape == b.shape and (not a.is_floating_point() or (a.double() - b.double()).abs().max().item()
-                                <= SAME_COMPUTATION_RTOL * b.double().abs().max().item() + atol)
+        a.shape == b.shape and (not carries_grad(a.dtype) or (as_real(a).double() - as_real(b).double()).abs().max()
+                                .item() <= SAME_COMPUTATION_RTOL * as_real(b).double().abs().max().item() + atol)
         for a, b in zip(fp32, fp64) if a.numel())
 
 
@@ -405,8 +405,9 @@ def recipe_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Ten
     result's scale misses, and AdamW turns rounding noise in tiny gradients into steps of about lr on either
     side. <= 1 is a match; inf for a deviation where the recipe changes nothing (0 when neither deviates).
     `expected` is unused beyond its deviation; the direct comparison is `runtime.tolerance.excess`."""
-    diff = (actual.detach().double() - exact.detach().double()).abs().max().item()
-    noise = (expected.detach().double() - exact.detach().double()).abs().max().item()
+    actual, expected, exact = (as_real(t.detach()).double() for t in (actual, expected, exact))
+    diff = (actual - exact).abs().max().item()
+    noise = (expected - exact).abs().max().item()
     return diff / (2 * noise) if noise else 0.0 if diff == 0 else float("inf")
 
 
@@ -500,7 +501,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     # the inputs after the steps: a forward that writes an input in place must leave the caller's tensor as
     # one device does (every element, on every rank), not only this rank's shard of it
     written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(
-        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if a.is_floating_point()), compute, judge)
+        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if carries_grad(a.dtype)), compute, judge)
     output = (max(output[0], written[0]), output[1] if output[0] >= written[0] else written[1],
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PlanMismatchError
+from ..tracer.graph import as_real
 
 
 def check_same_weights(model: torch.nn.Module) -> None:
@@ -24,8 +25,8 @@ def check_same_weights(model: torch.nn.Module) -> None:
              if t.device.type != "meta" and (t.is_floating_point() or t.is_complex() or t.dtype == torch.int64)]
     if not named:
         return
-    digest = torch.stack([torch.stack([t.detach().double().sum(), t.detach().double().abs().sum()])
-                          for _, t in named]).cpu()
+    wide = [as_real(t.detach()).double() for _, t in named]  # complex: both parts (`as_real`)
+    digest = torch.stack([torch.stack([t.sum(), t.abs().sum()]) for t in wide]).cpu()
     low, high = digest.clone(), digest.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)

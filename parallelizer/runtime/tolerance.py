@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tracer.graph import TracedGraph
+from ..tracer.graph import TracedGraph, as_real
 
 
 def tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -52,6 +52,7 @@ def excess(actual: torch.Tensor, expected: torch.Tensor, compute: torch.dtype | 
     and `compute`: <= 1 is a match. Empty tensors match; a non-zero difference with a zero bound is inf."""
     if not expected.numel():
         return 0.0
+    actual, expected = as_real(actual), as_real(expected)  # complex: both parts compared
     dtype = loosest(expected.dtype, compute) if expected.dtype.is_floating_point else expected.dtype
     rtol, atol = tolerances(dtype)
     a, b = actual.detach().double(), expected.detach().double()

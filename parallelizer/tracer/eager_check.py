@@ -27,7 +27,7 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
-from .graph import draws_random
+from .graph import as_real, draws_random
 from .leaves import leaves_by_path, pair_by_path
 
 MAX_ELEMENTS = 50_000_000  # parameter elements (~200 MB in fp32): two host forwards stay cheaper than the trace
@@ -165,5 +165,6 @@ def _worst(pairs) -> tuple[str, float, tuple] | None:
             return i, float("inf"), tuple(a.shape)
         if a.numel() and (not torch.equal(a.detach().isnan(), b.detach().isnan())
                           or excess(b.nan_to_num(0.0), a.nan_to_num(0.0)) > _FACTOR):
-            return i, float((a.detach().double() - b.detach().double()).abs().nan_to_num(0.0).max()), tuple(a.shape)
+            diff = as_real(a.detach()).double() - as_real(b.detach()).double()
+            return i, float(diff.abs().nan_to_num(0.0).max()), tuple(a.shape)
     return None

@@ -31,6 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst
+from .graph import carries_grad
 
 
 def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microbatches: int,
@@ -135,7 +136,7 @@ def _batch_major_pairs(whole: list[torch.Tensor], per_micro: list[list[torch.Ten
         if full.ndim == 0 or len(pieces) != microbatches or any(p.ndim != full.ndim for p in pieces):
             continue
         joined = torch.cat(pieces, 0)
-        if joined.shape == full.shape and joined.dtype == full.dtype and full.is_floating_point():
+        if joined.shape == full.shape and joined.dtype == full.dtype and carries_grad(full.dtype):
             pairs.append((i, joined, full))
     return pairs
 
@@ -168,7 +169,7 @@ def _first_module(whole, micro, microbatches: int) -> tuple[str, str] | None:
 
 def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str] | None:
     pairs = [(name, micro[name], b) for name, b in whole.items()
-             if name in micro and b.is_floating_point() and micro[name].shape == b.shape]
+             if name in micro and carries_grad(b.dtype) and micro[name].shape == b.shape]
     worst = _worst(pairs)
     if worst is None:
         return None
