@@ -23,9 +23,10 @@ class T:
     "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "per_row" (bool,
     exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1), "spd" (symmetric positive definite
     matrices in the last two dims: A A^T + n I), "wellcond" (matrices A + n I with A ~ N(0, 1), I of shape (m, n): full rank,
-    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n), "offsets" (int64 group ends along the
-    last dim: non-decreasing in [0, high], the last one `high`, an empty group included); `grad` False for an input the op does not
-    differentiate (e.g. cross-entropy's class weights)."""
+    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n), "perm" (int64 permutations of
+    0 .. n-1 along the last dim), "offsets" (int64 group ends along the last dim: non-decreasing in [0, high], the
+    last one `high`, an empty group included); `grad` False for an input the op does not differentiate (e.g.
+    cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
     kind: str = "normal"
@@ -34,6 +35,8 @@ class T:
     grad: bool = True
 
     def make(self, gen: torch.Generator) -> torch.Tensor:
+        if self.kind == "perm":  # a permutation of 0 .. n-1 along the last dim (searchsorted's sorter)
+            return torch.rand(self.shape, generator=gen).argsort(-1)
         if self.kind == "int":
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
         if self.kind == "offsets":  # cumulative group sizes ending at `high`, the second group empty
