@@ -23,8 +23,8 @@ from torch.distributed.tensor.placement_types import Partial, Shard
 
 import parallelizer
 from parallelizer.planner.rules import TABLE, rule_for
-from parallelizer.planner.rules.samples import Sample, T, t
-from parallelizer.planner.rules.table import RuleEntry, optional_tensors_passed, unverified_overload
+from parallelizer.planner.rules.samples import Sample, T, optional_tensors_passed, t
+from parallelizer.planner.rules.table import RuleEntry, unverified_overload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 import coverage_models  # noqa: E402

@@ -133,3 +133,16 @@ def calls(op, *arg_lists, **kwargs) -> list[Sample]:
 UNARY = [(t(3, 5),), (t(2, 7, 3),)]
 POS_UNARY = [(pos(3, 5),), (pos(2, 7, 3),)]
 BINARY = [(t(3, 5), t(3, 5)), (t(2, 3, 5), t(5)), (t(4, 1), t(1, 6))]
+
+
+def optional_tensors_passed(op: object, args: tuple, kwargs: dict, kind: type) -> frozenset[str]:
+    """Schema names of the optional tensor arguments (`Tensor?`) of `op` that a call passes a tensor for, a
+    tensor being a leaf of type `kind` (a sample's `T`, a graph's `torch.fx.Node`)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return frozenset()
+    given = dict(zip((a.name for a in schema.arguments), args)) | dict(kwargs)
+    return frozenset(a.name for a in schema.arguments
+                     if str(a.type).startswith("Optional") and "Tensor" in str(a.type)
+                     and any(isinstance(x, kind) for x in pytree.tree_leaves(given.get(a.name),
+                                                                            is_leaf=lambda x: isinstance(x, kind))))

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
 from . import linalg, losses, matrix, nn_ops, pointwise, shape_ops
 from .base import AxisOption, OpView, aten
-from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, pos, t
+from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, optional_tensors_passed, pos, t
 
 Rule = Callable[[OpView], list[AxisOption] | None]  # None: no verified option for this call (replicated, noted)
 
@@ -656,19 +655,6 @@ def load_extension_rows() -> list[str]:
     return loaded
 
 
-def optional_tensors_passed(op: object, args: tuple, kwargs: dict, kind: type) -> frozenset[str]:
-    """Schema names of the optional tensor arguments (`Tensor?`) of `op` that a call passes a tensor for, a
-    tensor being a leaf of type `kind` (a sample's `T`, a graph's `torch.fx.Node`)."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return frozenset()
-    given = dict(zip((a.name for a in schema.arguments), args)) | dict(kwargs)
-    return frozenset(a.name for a in schema.arguments
-                     if str(a.type).startswith("Optional") and "Tensor" in str(a.type)
-                     and any(isinstance(x, kind) for x in pytree.tree_leaves(given.get(a.name),
-                                                                            is_leaf=lambda x: isinstance(x, kind))))
-
-
 def _unverified_arguments(entry: RuleEntry, target: object, view: OpView | None) -> frozenset[str]:
     """The optional tensor arguments `view`'s call passes that no sample of its overload passes."""
     if view is None:
@@ -680,12 +666,10 @@ def _unverified_arguments(entry: RuleEntry, target: object, view: OpView | None)
 def rule_for(target: object, view: OpView | None = None) -> Rule | None:
     """The rule of an OpOverload, or None when the table has no VERIFIED rule for it (the planner then
     replicates the node and records a fallback). A row keyed by an op packet covers only the overloads its
-    samples run (`RuleEntry.verified`): overloads of one packet may differ in kind (`view.dtype`
-    reinterprets bits where `view.default` reshapes; `lstm.data` takes packed sequences where `lstm.input`
-    takes a batch), and a rule applied to an overload nobody ran gave silent wrong numbers. Likewise a
-    call (`view`) passing an optional tensor argument that no sample of its overload passes is not covered:
-    a rule written without it may give it no layout (searchsorted's `sorter`: a raw IndexError in planning)
-    or the wrong one."""
+    samples run (`RuleEntry.verified`): overloads of one packet may differ in kind (`view.dtype` reinterprets
+    bits where `view.default` reshapes), and a rule applied to an overload nobody ran gave silent wrong numbers.
+    Likewise a call (`view`) passing an optional tensor argument no sample of its overload passes is not covered
+    (a rule written without it gave searchsorted's `sorter` no layout: a raw IndexError in planning)."""
     entry = TABLE.get(target)
     if entry is None and isinstance(target, torch._ops.OpOverload) and target.name() in EXTENSIONS:
         _add_extension(target.name())
