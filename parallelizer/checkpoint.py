@@ -104,6 +104,7 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
         optimizer.state.clear()
     elif optimizer is not None and not optimizer.state:
         _create_state(optimizer)
+        _drop_unsaved_state(pm, optimizer, metadata)
     osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
     tree = _tree(pm, optimizer, osd)
     _check_against(_all_wanted(pm, tree), metadata, path)
@@ -207,6 +208,18 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
         for group, lr in zip(optimizer.param_groups, lrs):
             if lr is not None:
                 group["lr"] = lr
+
+
+def _drop_unsaved_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer, metadata) -> None:
+    """Remove the state `_create_state` made for parameters that have none in the checkpoint (frozen when it was
+    saved, or never reached by a gradient), so they start their state at their first step, as torch's
+    `Optimizer.load_state_dict` leaves them on one device (progressive unfreezing across a resume). Before, the
+    load refused such a checkpoint with a StateDictError listing their state keys."""
+    saved = {key[len("optimizer.state."):].rpartition(".")[0] for key in metadata.state_dict_metadata
+             if key.startswith("optimizer.state.")}
+    for _, p, fqn in list(_optimizer_params(optimizer, _copies(pm))):
+        if fqn not in saved:
+            optimizer.state.pop(p, None)
 
 
 def _copies(pm: ParallelModule | PipelineModule) -> dict[str, list[tuple[ParallelModule, torch.Tensor]]]:

@@ -228,11 +228,11 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
         req = (any(spaces[i.producer].requires_grad for i in inputs) and bool(info.outputs)
                and carries_grad(info.outputs[0].dtype) and info.op_name != "aten.detach.default")
         view = op_view(tg, info, inputs)
-        rule = rule_for(info.target)
+        rule = rule_for(info.target, view)
         options = rule(view) if rule is not None else None
         if options is None:
             rep = [Strategy(tuple(Layout.replicate(mesh.ndim) for _ in inputs), Layout.replicate(mesh.ndim))]
-            why = unverified_overload(info.target) if rule is None else " with these arguments (its rule's docstring says why)"
+            why = unverified_overload(info.target, view) if rule is None else " with these arguments (its rule's docstring says why)"
             spaces[name] = NodeSpace(name, "op", inputs, rep, req, fallback=f"no sharding rule for {info.op_name}{why}")
             continue
         leader = _leader(tg, info, inputs, options, spaces)

@@ -329,6 +329,13 @@ def _bn_axes(ctx: Context) -> list[str]:
     return ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd) if training else []
 
 
+def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's kernels accumulate `dtype` values in (ATen's `at::opmath_type`): float32 for float16 and
+    bfloat16, the dtype itself otherwise. Statistics a local form computes across ranks (batch norm's counts,
+    sums and variances) are kept in it, as the one-device kernel keeps them."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
                     eps: float, groups: list[list[int]]) -> torch.Tensor:
     """Batch norm with statistics over the whole sharded input (SyncBatchNorm semantics, uneven shards).
@@ -338,10 +345,22 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     normalise, and the running buffers are updated in place with the unbiased variance, identically on
     every rank. Statistics that are Replicate but used on local shards get partial gradients, so each is
     followed by `collectives.grad_all_reduce` (Megatron's f). Shapes: x (N, C, *) -> (N, C, *).
+
+    A float16 / bfloat16 input is reduced and normalised in float32 (`opmath_dtype`) and the output cast back,
+    as torch's batch_norm kernels do (`aten/src/ATen/native/cpu/batch_norm_kernel.cpp`, `Normalization.cuh`:
+    `opmath_t` / `accscalar_t` accumulation). torch's CPU kernel also rounds the mean and 1/std it normalises
+    with to the input's dtype when no parameter or buffer is float32 (its `save_mean` / `save_invstd` take
+    the parameters' dtype: a model cast whole to bf16), so that case rounds them too, which equals the
+    one-device output bit for bit; under autocast (float32 weights) and on CUDA they stay float32. Before,
+    count, sums and variance were held in the input's dtype: in float16 a count or a sum above 65504 became
+    inf (outputs inf where one device is finite), in bfloat16 a count of 2312 was 2304 (rehearse: 102x the
+    bound) and under autocast the statistics were rounded where one device keeps them float32.
     """
     dims = [0] + list(range(2, x.dim()))
     view = [1, -1] + [1] * (x.dim() - 2)
-    count = torch.tensor(float(x.numel() // max(x.shape[1], 1)), dtype=x.dtype)
+    acc = opmath_dtype(x.dtype)
+    xa = x.to(acc)
+    count = torch.tensor(float(x.numel() // max(x.shape[1], 1)), dtype=acc)
 
     def total(t: torch.Tensor) -> torch.Tensor:
         for ranks in groups:
@@ -351,19 +370,24 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
         return t
 
     n = total(count.detach())
-    mean = total(x.sum(dims)) / n
-    centered = x - mean.view(view)
+    mean = total(xa.sum(dims)) / n
+    centered = xa - mean.view(view)
     var = total((centered * centered).sum(dims)) / n
-    out = centered * torch.rsqrt(var + eps).view(view)
+    invstd = torch.rsqrt(var + eps)
+    if acc != x.dtype and x.device.type == "cpu" and not any(
+            t is not None and t.dtype == torch.float32 for t in (weight, bias, running_mean, running_var)):
+        centered = xa - mean.to(x.dtype).to(acc).view(view)  # torch's CPU kernel: statistics in the params' dtype
+        invstd = invstd.to(x.dtype).to(acc)
+    out = centered * invstd.view(view)
     if weight is not None:
-        out = out * weight.view(view)
+        out = out * weight.to(acc).view(view)
     if bias is not None:
-        out = out + bias.view(view)
+        out = out + bias.to(acc).view(view)
     if running_mean is not None:
         with torch.no_grad():
             running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
             running_var.mul_(1 - momentum).add_(var.detach() * (n / (n - 1).clamp(min=1)) * momentum)
-    return out
+    return out.to(x.dtype)
 
 
 def _tracking_batch_groups(ctx: Context) -> list[list[int]]:
@@ -384,7 +408,8 @@ def sync_instance_norm(x: torch.Tensor, weight, bias, running_mean: torch.Tensor
     out = torch.ops.aten.instance_norm.default(x, weight, bias, None, None, True, momentum, eps, cudnn_enabled)
     with torch.no_grad():
         dims = list(range(2, x.dim()))
-        stats = torch.stack([x.mean(dims).sum(0), x.var(dims, correction=1).sum(0)])  # (2, C): local sums over N
+        xa = x.to(opmath_dtype(x.dtype))  # (float32 statistics of a 16-bit input, as `sync_batch_norm`)
+        stats = torch.stack([xa.mean(dims).sum(0), xa.var(dims, correction=1).sum(0)])  # (2, C): local sums over N
         for ranks in groups:
             stats = collectives.all_reduce(stats, ranks)
         running_mean.mul_(1 - momentum).add_(stats[0] / batch * momentum)

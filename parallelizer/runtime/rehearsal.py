@@ -334,11 +334,18 @@ def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, st
     for name, a, b, *exact in pairs:
         if not a.numel():
             continue
-        if not torch.equal(a.detach().isnan(), b.detach().isnan()):  # NaN on one side only: never a match
-            # (max() and `>` ignore NaN, so a NaN difference would otherwise read as 0: a silent "match")
+        odd = ~b.detach().isfinite()
+        if not torch.equal(~a.detach().isfinite(), odd) or not torch.equal(a.detach()[odd].nan_to_num(nan=0.0),
+                                                                            b.detach()[odd].nan_to_num(nan=0.0)):
+            # NaN / inf on one side only, or an inf of the other sign: never a match (max() and `>` ignore NaN, and
+            # inf / inf is NaN, so a difference at an inf the other side lacks read as 0: a silent "match", e.g.
+            # one device's float16 loss overflowing to inf where the sharded program's local sums stay finite)
             worst, ratio = max(worst, (math.inf, name)), math.inf
             continue
-        diff = (as_real(a.detach()).double() - as_real(b.detach()).double()).abs().nan_to_num(nan=0.0).max().item()
+        # equal NaN / inf on both sides are equal values (torch.testing's equal_nan): compared as zeros
+        a, b = a.detach().masked_fill(odd, 0), b.detach().masked_fill(odd, 0)
+        exact = [e.detach().masked_fill(odd, 0) for e in exact]
+        diff = (as_real(a).double() - as_real(b).double()).abs().max().item()  # complex: both parts (`as_real`)
         worst = max(worst, (diff, name))
         ratio = max(ratio, min([excess(a, b, compute), *(judge(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio

@@ -147,3 +147,36 @@ def pipeline_rank0_file(rank: int, world_size: int) -> str:
         return "loaded"
     except RuntimeError as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+def unfrozen_after_checkpoint(rank: int, world_size: int, specs: dict, directory: str) -> float | str:
+    """Progressive unfreezing across a resume: the head is frozen for 2 AdamW steps on ddp2, saved with
+    `parallelizer.checkpoint` (no optimizer state for the head), loaded into a model of another seed on tp2 with
+    the head trainable, and trained 2 more steps; eager does the same 4 steps on one device (the head's state
+    starts at its first step). Returns the largest |diff| of the parameters to eager's, or the error's message
+    (round 12: the load raised StateDictError listing the head's state keys)."""
+    from parallelizer import checkpoint
+
+    frozen = ("head.weight", "head.bias")
+    eager, (x,) = zoo.mlp(**SIZES)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4)
+    for name in frozen:
+        eager.get_parameter(name).requires_grad_(False)
+    _train(eager, opt_e, range(2))
+    for name in frozen:
+        eager.get_parameter(name).requires_grad_(True)
+    _train(eager, opt_e, range(2, 4))
+    pm = _pm(zoo.mlp(**SIZES)[0], (x,), specs["ddp2"])
+    for name in frozen:
+        pm.get_parameter(name).requires_grad_(False)
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, eps=1e-4)
+    _train(pm, opt, range(2))
+    checkpoint.save(pm, opt, f"{directory}/frozen-head")
+    pm2 = _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs["tp2"])
+    opt2 = torch.optim.AdamW(pm2.parameters(), lr=1e-2, eps=1e-4)
+    try:
+        checkpoint.load(pm2, opt2, f"{directory}/frozen-head")
+    except StateDictError as exc:
+        return str(exc)
+    _train(pm2, opt2, range(2, 4))
+    return max(_diff(p, _shard(eager.get_parameter(fqn), specs["tp2"], fqn, pm2)) for fqn, p in pm2.named_parameters())

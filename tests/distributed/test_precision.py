@@ -1,7 +1,8 @@
 """bf16 (issue 12 item 11): a model with bf16 parameters and an fp32 model with a torch.autocast(bfloat16)
 region trace, plan and run on dp=2 and tp=2, and match eager at bfloat16's tolerance (`runtime.tolerance`:
 torch.testing's bf16 rtol, relative to each tensor's scale, for two bf16 computations): outputs, loss, every
-gradient, parameters after 3 AdamW steps."""
+gradient, parameters after 3 AdamW steps. A batch norm synchronised over ranks on 16-bit inputs keeps the
+precision of torch's one-device kernel (round 12)."""
 import contextlib
 import io
 
@@ -12,7 +13,8 @@ import parallelizer
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.rehearsal import rehearse_many
 from parallelizer.runtime.tolerance import compute_dtype
-from precision_models import autocast_mlp, bf16_mlp
+from parallelizer.runtime.launch import spawn
+from precision_models import autocast_mlp, batch_norm_precision_rank, bf16_mlp, conv_batch_norm
 
 pytestmark = pytest.mark.distributed
 
@@ -32,3 +34,39 @@ def test_bf16_and_autocast_models_match_eager_at_bf16_tolerance():
         assert report.output > 1e-4 or report.grad > 1e-5, str(report)  # bf16 rounding is really there
     autocast_tp = reports[3]
     assert autocast_tp.collectives.get("all_reduce"), str(autocast_tp)  # the row-parallel sum runs in bf16
+
+
+@pytest.mark.parametrize("case", ["float16", "bfloat16", "autocast_bf16", "instance_autocast_bf16"])
+def test_batch_norm_statistics_over_ranks_keep_the_precision_of_one_device(case):
+    """A training BatchNorm2d on a batch-sharded (ddp) 16-bit input synchronises its statistics in float32, as
+    torch's kernel accumulates them, rounding the mean and 1/std to the input's dtype where the kernel does (a
+    model cast whole to 16 bits, on CPU) and not under autocast (the planner's `precision="bf16"` recipe: float32
+    weights and buffers). The per-sample channel means of the normalised output (289 or 4096 values each, whose
+    one-ulp roundings average out) equal one device's within a quarter of an ulp of the dtype, 16-bit running
+    buffers within one ulp and float32 ones at float32's tolerance. Before (round 12, r12c), count, sums and
+    variance were held in the input's dtype: float16 with 16 x 64 x 64 values per channel (sums above 65504) gave
+    NaN outputs and buffers; bfloat16 counted 8 x 17 x 17 = 2312 as 2304 (outputs 1.0e-2 off, now 5.4e-4);
+    under autocast outputs were 8.7e-3 and the float32 running mean 1.1e-3 off (now 0 and 1.5e-8). An
+    InstanceNorm2d tracking running statistics (its output needs no communication; its buffers average over the
+    sharded batch) under autocast: running mean 6.8e-3 off, now 0."""
+    dtype, kwargs, precision = {"float16": (torch.float16, dict(dtype="float16", hw=64, batch=16), None),
+                                "bfloat16": (torch.bfloat16, dict(dtype="bfloat16"), None),
+                                "autocast_bf16": (torch.bfloat16, dict(), "bf16"),
+                                "instance_autocast_bf16": (torch.bfloat16, dict(norm="instance", shift=20.0), "bf16")}[case]
+    model, inputs = conv_batch_norm(**kwargs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"},
+                                 **({"precision": precision} if precision else {}))
+    spec = spec_from_plan(plan)
+    assert (spec.autocast is not None) == (precision is not None)
+    norm = next(n for n in spec.nodes if n.startswith(("batch_norm", "instance_norm")))
+    assert str(spec.nodes[norm].inputs[0]) == "S(0)"  # statistics synchronised over the ranks
+    for r in spawn(batch_norm_precision_rank, 2, spec, kwargs, timeout_s=300):
+        torch.testing.assert_close(r["out"], r["ref"], rtol=0, atol=torch.finfo(dtype).eps / 4)
+        for name, ref in r["ref_buffers"].items():
+            got = r["buffers"][name]
+            if ref.dtype == torch.float32:
+                torch.testing.assert_close(got, ref, msg=name)
+            else:
+                ulp = torch.finfo(ref.dtype).eps * ref.float().abs().clamp(min=1.0)
+                assert ((got.float() - ref.float()).abs() <= ulp).all(), (name, got, ref)

@@ -52,6 +52,23 @@ def test_a_nan_on_one_side_is_a_mismatch_not_a_zero_difference():
     assert diff == 0.0 and ratio <= 1
 
 
+@torch.no_grad()
+def test_an_inf_on_one_side_or_of_another_sign_is_a_mismatch():
+    """One device's float16 loss over 70001 rows overflows to inf where the sharded program's local sums stay
+    finite (round 12, r12c): `rehearse` said "numerics match ... 0.28", since inf / inf bounds read as NaN and
+    max() drops NaN (its report even showed a difference of 1.8e308). An inf against a finite value, or against
+    an inf of the other sign, is now an infinite ratio, under every judge; equal infs compare the rest."""
+    from parallelizer.runtime.rehearsal import _max_diff
+    finite, inf, neg = torch.tensor([1.5, 2.0]), torch.tensor([float("inf"), 2.0]), torch.tensor([float("-inf"), 2.0])
+    for dtype in (torch.float16, torch.float32):
+        a, b, c = finite.to(dtype), inf.to(dtype), neg.to(dtype)
+        for pairs in ([("loss", a, b)], [("loss", b, a)], [("loss", b, c)], [("loss", a, b, a.float())]):
+            diff, name, ratio = _max_diff(pairs, dtype)
+            assert ratio == float("inf") and name == "loss", (dtype, pairs)
+        diff, _, ratio = _max_diff([("same", b, b.clone(), a.float())], dtype)
+        assert diff == 0.0 and ratio == 0.0
+
+
 def test_a_differing_rehearsal_of_a_model_with_dropout_names_the_cause():
     """A rehearsal report that differs for a model drawing dropout masks (BERT's default hidden_dropout_prob 0.1:
     a pp=2 x dp=2 CLI rehearsal said only NUMERICS DIFFER, ratio 3533, trial4a) names the random ops and the

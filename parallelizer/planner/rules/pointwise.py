@@ -99,16 +99,18 @@ def histogram(v: OpView) -> list[AxisOption]:
 
 
 def bucketize(v: OpView) -> list[AxisOption]:
-    """bucketize(x, boundaries (K,)) and searchsorted(sorted (K,), x): the bucket of each element of x against
-    one sorted 1-D sequence (Replicate): shard any dim of x (MoE routers: Aria, OLMoE). A batched sorted
-    sequence (searchsorted with a sorted tensor of rank > 1) stays replicated."""
+    """bucketize(x, boundaries (K,)) and searchsorted(sorted (K,), x[, sorter=(K,)]): the bucket of each element
+    of x against one sorted 1-D sequence (Replicate, as is searchsorted's `sorter`, the permutation that sorts
+    it): shard any dim of x (MoE routers: Aria, OLMoE). A batched sorted sequence (searchsorted with a sorted
+    tensor of rank > 1) stays replicated. (Before, a call with `sorter=` got options of two inputs for its
+    three, and planning raised a raw IndexError.)"""
     x, seq = (0, 1) if v.packet is aten.bucketize else (1, 0)
     if len(v.in_shapes[seq]) != 1:
         return [replicate(v)]
     opts = [replicate(v)]
     for d in range(len(v.in_shapes[x])):
         if v.in_shapes[x][d] > 1:
-            ins = [R, R]
+            ins = [R] * v.n_in
             ins[x] = Shard(d)
             opts.append(AxisOption(tuple(ins), Shard(d)))
     return opts

@@ -23,9 +23,10 @@ class T:
     "bool", "sign" (-1.0 or 1.0: the targets of margin losses), "sorted" (sorted along the last dim), "per_row" (bool,
     exactly `high` True elements per index of dim 0), "prob" (rows of a probability simplex along dim 1), "spd" (symmetric positive definite
     matrices in the last two dims: A A^T + n I), "wellcond" (matrices A + n I with A ~ N(0, 1), I of shape (m, n): full rank,
-    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n), "offsets" (int64 group ends along the
-    last dim: non-decreasing in [0, high], the last one `high`, an empty group included); `grad` False for an input the op does not
-    differentiate (e.g. cross-entropy's class weights)."""
+    distinct singular values), "pivots" (LAPACK pivots of no row exchange, 1..n), "perm" (int64 permutations of
+    0 .. n-1 along the last dim), "offsets" (int64 group ends along the last dim: non-decreasing in [0, high], the
+    last one `high`, an empty group included); `grad` False for an input the op does not differentiate (e.g.
+    cross-entropy's class weights)."""
 
     shape: tuple[int, ...]
     kind: str = "normal"
@@ -34,6 +35,8 @@ class T:
     grad: bool = True
 
     def make(self, gen: torch.Generator) -> torch.Tensor:
+        if self.kind == "perm":  # a permutation of 0 .. n-1 along the last dim (searchsorted's sorter)
+            return torch.rand(self.shape, generator=gen).argsort(-1)
         if self.kind == "int":
             return torch.randint(0, self.high, self.shape, generator=gen, dtype=torch.int64)
         if self.kind == "offsets":  # cumulative group sizes ending at `high`, the second group empty
@@ -130,3 +133,16 @@ def calls(op, *arg_lists, **kwargs) -> list[Sample]:
 UNARY = [(t(3, 5),), (t(2, 7, 3),)]
 POS_UNARY = [(pos(3, 5),), (pos(2, 7, 3),)]
 BINARY = [(t(3, 5), t(3, 5)), (t(2, 3, 5), t(5)), (t(4, 1), t(1, 6))]
+
+
+def optional_tensors_passed(op: object, args: tuple, kwargs: dict, kind: type) -> frozenset[str]:
+    """Schema names of the optional tensor arguments (`Tensor?`) of `op` that a call passes a tensor for, a
+    tensor being a leaf of type `kind` (a sample's `T`, a graph's `torch.fx.Node`)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return frozenset()
+    given = dict(zip((a.name for a in schema.arguments), args)) | dict(kwargs)
+    return frozenset(a.name for a in schema.arguments
+                     if str(a.type).startswith("Optional") and "Tensor" in str(a.type)
+                     and any(isinstance(x, kind) for x in pytree.tree_leaves(given.get(a.name),
+                                                                            is_leaf=lambda x: isinstance(x, kind))))

@@ -19,15 +19,17 @@ covers the op and those verdicts.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.fx
 
 from . import linalg, losses, matrix, nn_ops, pointwise, shape_ops
 from .base import AxisOption, OpView, aten
-from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, pos, t
+from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, optional_tensors_passed, pos, t
 
 Rule = Callable[[OpView], list[AxisOption] | None]  # None: no verified option for this call (replicated, noted)
 
@@ -46,6 +48,15 @@ class RuleEntry:
     def verified(self) -> frozenset:
         """The overloads this row's samples run (a packet row covers only these, `rule_for`)."""
         return frozenset(s.op for s in self.samples)
+
+    @functools.cached_property
+    def verified_optional(self) -> dict[object, frozenset[str]]:
+        """Per verified overload, the optional tensor arguments (schema names: searchsorted's `sorter`, a
+        conv's `bias`) that some sample passes a tensor for; a call passing another is not covered (`rule_for`)."""
+        out: dict[object, frozenset[str]] = {}
+        for s in self.samples:
+            out[s.op] = out.get(s.op, frozenset()) | optional_tensors_passed(s.op, s.args, s.kwargs, T)
+        return out
 
     @property
     def name(self) -> str:
@@ -123,7 +134,7 @@ _add([aten.masked_fill], pointwise.elementwise, [*calls(aten.masked_fill.Scalar,
                                                         (t(2, 3, 5), mask(3, 5), 0.0)),
                                                  *calls(aten.masked_fill.Tensor, (t(3, 5), mask(3, 5), t()))])
 _add([aten.clamp], pointwise.elementwise, [*calls(aten.clamp.default, (t(3, 5), -0.5, 0.5), (t(3, 5), 0.0)),
-                                           *calls(aten.clamp.Tensor, (t(3, 5), t(3, 5), None))])
+                                           *calls(aten.clamp.Tensor, (t(3, 5), t(3, 5), None), (t(3, 5), None, t(5)))])
 _add([aten.clamp_min, aten.clamp_max], pointwise.elementwise, lambda p: [*calls(p.default, (t(3, 5), 0.1)),
                                                                           *calls(p.Tensor, (t(3, 5), t(5)))])
 _add([aten.addcmul, aten.addcdiv], pointwise.elementwise,
@@ -180,7 +191,7 @@ _add([aten.cumprod, aten.logcumsumexp], pointwise.along(pointwise.dim_arg(1)),
      lambda p: calls(p.default, (t(3, 7), 1), (t(5, 2, 3), 0)))
 _add([aten.diff], pointwise.along(pointwise.dim_arg(2, "dim", -1), linear=True, single_input=True),
      calls(aten.diff.default, (t(3, 7),), (t(5, 2, 3), 1, 0), (t(4, 6), 2, 1), (ints(9, 3, 7),),
-           (t(3, 4), 1, -1, t(3, 1))))
+           (t(3, 4), 1, -1, t(3, 1)), (t(3, 4), 1, -1, t(3, 1), t(3, 2))))
 _add([aten.flip], pointwise.along(pointwise.dim_arg(1, "dims"), linear=True),
      calls(aten.flip.default, (t(3, 7), [1]), (t(5, 2, 3), [0, 2])), exact=True)
 _add([aten.roll], pointwise.along(pointwise.roll_dims, linear=True),
@@ -202,7 +213,9 @@ _SORTED = T((6,), "sorted")
 _add([aten.bucketize], pointwise.bucketize, [*calls(aten.bucketize.Tensor, (t(3, 5), _SORTED), (t(2, 7, 3), _SORTED)),
                                              *calls(aten.bucketize.Tensor, (t(3, 5), _SORTED), right=True, out_int32=True)], exact=True)
 _add([aten.searchsorted], pointwise.bucketize, [*calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), (_SORTED, t(2, 7, 3))),
-                                                *calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), right=True)], exact=True)
+                                                *calls(aten.searchsorted.Tensor, (_SORTED, t(3, 5)), right=True),
+                                                *calls(aten.searchsorted.Tensor, (t(6), t(3, 5)), sorter=T((6,), "perm", grad=False), side="right")],
+     exact=True)
 # FFTs (FNet mixes tokens with fftn over (seq, hidden)) and complex views: shard the dims not transformed
 _C = torch.complex64
 for _p, _dims, _samples in ((aten.fft_fft, pointwise.dim_arg(2, default=-1), ((t(3, 6),), (t(4, 3, 5), None, 1))),
@@ -351,7 +364,8 @@ _add([aten.batch_norm], nn_ops.batch_norm, [
            (t(7, 3, 5), t(3), t(3), t(3), pos(3), False, 0.1, 1e-5, False))])
 _SAME = {aten.conv1d: (t(3, 4, 9), t(6, 4, 3)), aten.conv2d: (t(3, 4, 7, 6), t(5, 4, 3, 2)),
          aten.conv3d: (t(2, 4, 4, 3, 3), t(6, 4, 2, 3, 1))}  # padding="same" (the `.padding` overloads)
-_add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: calls(p.padding, (*_SAME[p], None, [1], "same")) + (
+_add([aten.conv1d, aten.conv2d, aten.conv3d], nn_ops.convolution, lambda p: calls(p.padding, (*_SAME[p], None, [1], "same"),
+                                                                         (*_SAME[p], t(_SAME[p][1].shape[0]), [1], "valid")) + (
     calls(p.default, (t(3, 4, 9), t(6, 4, 3)), (t(3, 4, 9), t(6, 4, 3), t(6), [2], [1]), (t(5, 4, 7), t(4, 1, 3), t(4), [1], [1], [1], 4))
     if p is aten.conv1d else
     calls(p.default, (t(3, 4, 7, 6), t(5, 4, 3, 3)), (t(3, 4, 7, 6), t(5, 4, 3, 3), t(5), [1, 2], [1, 1]),
@@ -482,10 +496,11 @@ for _p, _ov, _samples in (
         (aten.linalg_matrix_exp, "default", [(_WC(5, 3, 3),), (_WC(2, 3, 4, 4),)]),
         (aten.linalg_matrix_power, "default", [(_WC(5, 3, 3), 3), (_WC(5, 3, 3), -2)]),
         (aten.cholesky_inverse, "default", [(_SPD(5, 3, 3),)]),
-        (aten.linalg_cond, "default", [(_WC(5, 3, 3),)]),
-        (aten.linalg_pinv, "atol_rtol_tensor", [(_WC(5, 3, 3),), (_WC(5, 3, 4),)])):
-    _add([_p], matrix.batched(matrix.matrices if _p is not aten.linalg_pinv else matrix.matrix_dims_last),
-         calls(getattr(_p, _ov), *_samples))
+        (aten.linalg_cond, "default", [(_WC(5, 3, 3),)])):
+    _add([_p], matrix.batched(matrix.matrices), calls(getattr(_p, _ov), *_samples))
+_add([aten.linalg_pinv], matrix.batched(matrix.matrix_dims_last),  # atol / rtol: one tolerance per matrix
+     [*calls(aten.linalg_pinv.atol_rtol_tensor, (_WC(5, 3, 3),), (_WC(5, 3, 4),)),
+      *calls(aten.linalg_pinv.atol_rtol_tensor, (_WC(5, 3, 4),), atol=pos(5, grad=False), rtol=pos(5, grad=False))])
 _add([aten.linalg_solve], matrix.batched(matrix.solve_rhs, linear=1), [
     *calls(aten.linalg_solve.default, (_WC(5, 3, 3), t(5, 3, 2)), (_WC(5, 3, 3), t(5, 3)), (_WC(3, 3), t(4, 3, 2)),
            (_WC(2, 3, 4, 4), t(3, 4, 1))),
@@ -508,8 +523,9 @@ _add([aten.linalg_matrix_norm], pointwise.kept_dims(2, 3, default_dims=(-2, -1))
 _add([aten.linalg_norm], pointwise.kept_dims(2, 3), [*calls(aten.linalg_norm.default, (t(5, 3, 4), None, [2]), (t(5, 3, 4), 2, [1, 2], True),
                                                             (t(5, 3), 3, [-1])),
                                                      *calls(aten.linalg_norm.ord_str, (t(5, 3, 4), "fro", [1, 2]))])
-_add([aten.linalg_matrix_rank], matrix.batched(matrix.matrix_dims_last), calls(aten.linalg_matrix_rank.atol_rtol_tensor, (_WC(5, 3, 3),),
-                                                                                 (t(5, 3, 4),)))
+_add([aten.linalg_matrix_rank], matrix.batched(matrix.matrix_dims_last),
+     [*calls(aten.linalg_matrix_rank.atol_rtol_tensor, (_WC(5, 3, 3),), (t(5, 3, 4),)),
+      *calls(aten.linalg_matrix_rank.atol_rtol_tensor, (t(5, 3, 4),), atol=pos(5, grad=False), rtol=pos(5, grad=False))])
 _add([aten.linalg_vecdot], linalg.distance(linalg.vecdot_dim), [*calls(aten.linalg_vecdot.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(5, 3))),
                                                                 *calls(aten.linalg_vecdot.default, (t(5, 3, 4), t(5, 3, 4)), dim=1)])
 _add([aten.linalg_cross], linalg.cross, [*calls(aten.linalg_cross.default, (t(5, 3), t(5, 3)), (t(2, 5, 3), t(1, 5, 3))),
@@ -639,12 +655,21 @@ def load_extension_rows() -> list[str]:
     return loaded
 
 
-def rule_for(target: object) -> Rule | None:
+def _unverified_arguments(entry: RuleEntry, target: object, view: OpView | None) -> frozenset[str]:
+    """The optional tensor arguments `view`'s call passes that no sample of its overload passes."""
+    if view is None:
+        return frozenset()
+    passed = optional_tensors_passed(target, view.args, view.kwargs, torch.fx.Node)
+    return passed - entry.verified_optional.get(target, frozenset())
+
+
+def rule_for(target: object, view: OpView | None = None) -> Rule | None:
     """The rule of an OpOverload, or None when the table has no VERIFIED rule for it (the planner then
     replicates the node and records a fallback). A row keyed by an op packet covers only the overloads its
-    samples run (`RuleEntry.verified`): overloads of one packet may differ in kind (`view.dtype`
-    reinterprets bits where `view.default` reshapes; `lstm.data` takes packed sequences where `lstm.input`
-    takes a batch), and a rule applied to an overload nobody ran gave silent wrong numbers."""
+    samples run (`RuleEntry.verified`): overloads of one packet may differ in kind (`view.dtype` reinterprets
+    bits where `view.default` reshapes), and a rule applied to an overload nobody ran gave silent wrong numbers.
+    Likewise a call (`view`) passing an optional tensor argument no sample of its overload passes is not covered
+    (a rule written without it gave searchsorted's `sorter` no layout: a raw IndexError in planning)."""
     entry = TABLE.get(target)
     if entry is None and isinstance(target, torch._ops.OpOverload) and target.name() in EXTENSIONS:
         _add_extension(target.name())
@@ -653,13 +678,21 @@ def rule_for(target: object) -> Rule | None:
         entry = TABLE.get(getattr(target, "overloadpacket", None))
         if entry is not None and target not in entry.verified:
             return None
+    if entry is not None and _unverified_arguments(entry, target, view):
+        return None
     return entry.rule if entry is not None else None
 
 
-def unverified_overload(target: object) -> str:
-    """Why `rule_for(target)` is None although its packet has a row ("" when the packet has none)."""
-    entry = TABLE.get(getattr(target, "overloadpacket", None))
-    if entry is None or target in entry.verified:
+def unverified_overload(target: object, view: OpView | None = None) -> str:
+    """Why `rule_for(target, view)` is None although its packet has a row ("" when the packet has none)."""
+    entry = TABLE.get(target) or TABLE.get(getattr(target, "overloadpacket", None))
+    if entry is None:
         return ""
-    names = ", ".join(sorted(o._overloadname for o in entry.verified))
-    return f" (the row of {entry.name} is verified on its overloads {names} only)"
+    if target not in entry.verified and entry.key is not target:
+        names = ", ".join(sorted(o._overloadname for o in entry.verified))
+        return f" (the row of {entry.name} is verified on its overloads {names} only)"
+    missing = _unverified_arguments(entry, target, view)
+    if missing:
+        return (f" (the row of {entry.name} is verified without a tensor for {', '.join(sorted(missing))}, which this "
+                "call passes)")
+    return ""
