@@ -109,6 +109,13 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
         solved = _solve(traced, mesh, cluster=resolved, **options)
         solved = _with_compression(solved, traced, resolved, options)
         return _with_provenance(solved, traced, resolved, spec, recipe, batch)
+    zero1 = options.get("zero1") or getattr(options.get("config"), "zero1", None)
+    if zero1 is not None and (zero1 != "dp" or (mesh is not None and "dp" not in mesh.axis_names)):
+        where = f"mesh {mesh}" if mesh is not None else "a searched (pp, dp, tp) mesh"
+        raise ValueError(f"zero1={zero1!r} on {where}: a pipeline or searched plan partitions the optimizer state over "
+                         "its data-parallel axis 'dp' only, which " + ("this mesh lacks" if zero1 == "dp" else
+                                                                        "is the one to name")
+                         + ". Remedy: zero1='dp' (CLI --zero1 dp) on a mesh with a dp axis, e.g. pp=2,dp=2, or no zero1")
     return _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages,
                           recipe, batch, progress, options)
 

@@ -164,13 +164,16 @@ def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: 
 def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
     """The remedies of `check_memory`'s message, leaving out those already in effect: sharding roles when no
     axis is forced to "ddp" or "tp", a data axis when one already has a data role, recomputation when
-    recompute is "auto" or "full", bf16 when the plan is priced in bf16."""
+    recompute is "auto" or "full", bf16 when the plan is priced in bf16, ZeRO-1 when it is on or no axis is
+    "ddp"."""
     mode = config.recompute if config is not None else "auto"
     roles = set(dict(config.axis_roles).values()) if config is not None else set()
     return ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
             "parameters and optimizer state where it pays), " if roles & {"ddp", "tp"} else "") \
         + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
            f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "") \
+        + ("ZeRO-1 over the 'ddp' axis (zero1='dp', CLI --zero1 dp: each rank keeps 1/N of the optimizer state), "
+           if "ddp" in roles and (config is None or config.zero1 is None) else "") \
         + "more devices (a larger mesh), " \
         + ("a data axis so that parameters and optimizer state can be sharded (ZeRO/FSDP is searched on every "
            "axis that shards the batch), " if not roles & {"ddp", "fsdp"} else "") \

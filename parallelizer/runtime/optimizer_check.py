@@ -201,6 +201,11 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         _STAMPED[optimizer] = optimizer.register_state_dict_post_hook(
             lambda opt, sd: shard_origin.stamp_optimizer(opt, sd, owner_of))
     shard_origin.check_optimizer(optimizer, owner_of)
+    if _partitions(optimizer) and getattr(optimizer, "optim", None) is not None:
+        # ZeroRedundancyOptimizer.load_state_dict copies its groups' loaded records into its partition optimizer's
+        # groups (`_sync_param_groups`), whose parameters are a subset: checked above on the whole groups
+        for group in optimizer.optim.param_groups:
+            group.pop(shard_origin.KEY, None)
     for group in optimizer.param_groups:
         # a frozen parameter is never stepped (no gradient): it neither refuses nor is named (before, a frozen
         # tp-sharded embedding was the parameter a user's LARS was refused for)
@@ -252,8 +257,11 @@ def _check_group(optimizer: torch.optim.Optimizer, group: dict, sharded: list, s
         ranks = torch.distributed.get_process_group_ranks(optimizer.process_group)
         bad = overwritten(ranks, torch.distributed.get_rank(), sharded + staged)
         if bad is not None:
-            where = (f"parameter {bad.fqn!r} is stored as {bad.layout} on mesh {bad.mesh}" if bad.pipeline is None
-                     else f"parameter {bad.fqn!r} is held by one pipeline stage")
+            where = (f"parameter {bad.fqn!r} is stored as {bad.layout} on mesh {bad.mesh}, so the group's ranks hold "
+                     "different pieces of it (a ZeroRedundancyOptimizer group may only span mesh axes over which "
+                     "every parameter is replicated; over an 'fsdp' axis the optimizer state is already sharded "
+                     "with the parameters: use a plain optimizer there)" if bad.pipeline is None
+                     else f"parameter {bad.fqn!r} is held by other ranks' pipeline stages than some of the group's")
             raise OptimizerError(
                 f"{cls.__name__}.step() on this rank's pieces of a parallelized model: it steps a partition of the "
                 f"parameters on each rank of its process group (ranks {ranks}) and broadcasts each updated "

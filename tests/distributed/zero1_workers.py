@@ -74,3 +74,55 @@ def _train(pm, reference, opt, plan, x) -> tuple:
     params = max(_diff(full[f], p) for f, p in reference.state_dict().items())
     group = getattr(opt, "process_group", None)
     return params, losses, torch.distributed.get_world_size(group) if group is not None else 1
+
+
+def zero1_resume(rank: int, world_size: int, plan, path: str) -> dict:
+    """ZeroRedundancyOptimizer(AdamW) on `plan`: 2 steps; parallelizer.checkpoint.save with it (refused?); the
+    model saved by parallelizer.checkpoint and the optimizer by torch's recipe per replica group
+    (consolidate_state_dict(to=0), torch.save on the group's first rank, load_state_dict of that file on every
+    rank of the group) into a new module and optimizer on the same plan; 2 more
+    steps. Returns (checkpoint.save's error type and text, max |diff| of the parameters to eager AdamW's after 4
+    steps)."""
+    import os
+
+    import torch.distributed as dist
+
+    from parallelizer import checkpoint
+    from parallelizer.errors import StateDictError
+
+    model, (x,) = _mlp()
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+
+    def steps(pm, opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            pm(x).pow(2).mean().backward()
+            opt.step()
+
+    def zero(pm):
+        return ZeroRedundancyOptimizer(pm.parameters(), optimizer_class=torch.optim.AdamW,
+                                       process_group=pm.process_group("dp"), lr=1e-2)
+
+    pm = parallelizer.auto_parallelize(copy.deepcopy(model), (x,), plan=plan)
+    opt = zero(pm)
+    steps(pm, opt, 2)
+    try:
+        checkpoint.save(pm, opt, os.path.join(path, "refused"))
+        refused = ("saved", "")
+    except StateDictError as e:
+        refused = (type(e).__name__, str(e))
+    checkpoint.save(pm, None, os.path.join(path, "model"))
+    opt.consolidate_state_dict(to=0)  # per replica group: its first rank holds the group's state (of its pieces)
+    lead = dist.get_global_rank(pm.process_group("dp"), 0)
+    if rank == lead:
+        torch.save(opt.state_dict(), os.path.join(path, f"optimizer.{lead}.pt"))
+    dist.barrier()
+    resumed = parallelizer.auto_parallelize(copy.deepcopy(model), (x,), plan=plan)
+    checkpoint.load(resumed, None, os.path.join(path, "model"))
+    opt2 = zero(resumed)
+    opt2.load_state_dict(torch.load(os.path.join(path, f"optimizer.{lead}.pt"), weights_only=False))
+    steps(resumed, opt2, 2)
+    steps(reference, ref_opt, 4)
+    full = resumed.full_state_dict()
+    return refused, max(_diff(full[f], p) for f, p in reference.state_dict().items())

@@ -123,3 +123,13 @@ def test_pipeline_search_prices_zero_redundancy_optimizers_broadcast():
     topo = MeshTopology(get_cluster("a100:1x8"), (2, 4, 1), ("pp", "dp", "tp"))
     whole = collective_time_s("all_gather", sum(p.numel for p in traced.parameters.values()) * 2, topo, ("dp",))
     assert 0 < extra < whole, (extra, whole)
+
+
+def test_zero1_on_a_pipeline_mesh_names_its_dp_axis(gpt):
+    """A pipeline or searched plan partitions the optimizer state over 'dp' only: zero1='dp' on a mesh without
+    dp, or zero1 naming another axis, is refused before planning (it was accepted, and `show` then printed a
+    recipe whose process_group('dp') raised, trial r12e)."""
+    for mesh, zero1 in (({"pp": 2, "tp": 2}, "dp"), ({"pp": 2, "dp": 2}, "pp"), ({"pp": 2, "dp": 2}, "tp")):
+        with pytest.raises(ValueError, match=f"zero1={zero1!r} on mesh"):
+            with contextlib.redirect_stdout(io.StringIO()):
+                parallelizer.plan(gpt, mesh, cluster="a100:1x8", zero1=zero1, schedule="1f1b", microbatches=2)
