@@ -100,6 +100,14 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
             "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
             "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
             "values with `.detach()` instead of `.data`", detail=first)
+    if type(exc).__name__ == "FakeTensorDeviceMismatchError" and "meta" in text:
+        return TraceError(
+            "a tensor made in forward on another device than the model's (the model is on meta, the tensor is not: "
+            "a factory call without device=, e.g. `torch.zeros(B, C)`)", location,
+            "make it where the tensors it meets are: `torch.zeros(B, C, device=x.device)`, `x.new_zeros(B, C)` or "
+            "`torch.zeros_like(x)` (as the model needs on a GPU too); `parallelizer plan` traces the model on the "
+            "meta device, where a tensor made without device= is on the CPU. Or plan a model built on CPU from "
+            "Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)", detail=first)
     if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
         op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
         lstsq = "lstsq" in op

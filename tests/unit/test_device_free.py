@@ -278,3 +278,29 @@ def test_cli_build_on_meta_keeps_tied_weights_tied_and_the_plan_fits_the_cpu_mod
     plan = parallelizer.plan(parallelizer.trace(model, args), {"dp": 2})
     cpu_model, cpu_args = presets.build(recipe, "cpu")
     parallelizer.check_plan(plan, parallelizer.trace(cpu_model, cpu_args), {"dp": 2})  # raises if not
+
+
+class _StateWithoutDevice(nn.Module):
+    """RWKV's recurrence state as users write it on CPU: `torch.zeros(B, C)` in forward, no device=."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        state = torch.zeros(x.shape[0], 8)
+        return self.lin(x) + state
+
+
+def test_a_tensor_made_in_forward_without_device_on_a_meta_model_gets_the_device_remedy():
+    """Round 12 (r12b): `parallelizer plan` (the model on meta) of a forward making `torch.zeros(B, C)` said only
+    "make forward traceable by torch.export(strict=False)", although it traces; the error now names the
+    device= remedy (and planning the CPU model from Python)."""
+    from parallelizer import TraceError
+
+    with torch.device("meta"):
+        model = _StateWithoutDevice()
+    with pytest.raises(TraceError, match=r"made in forward on another device") as caught:
+        parallelizer.trace(model, (torch.randn(4, 8, device="meta"),))
+    assert "device=x.device" in str(caught.value) and "test_device_free.py" in str(caught.value)
+    parallelizer.trace(_StateWithoutDevice(), (torch.randn(4, 8),))  # on CPU it traces
