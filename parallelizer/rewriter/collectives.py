@@ -33,7 +33,7 @@ is a partial contribution: the ZeRO-3/FSDP parameter all-gather (`all_gather_rs`
 sync of a replicated parameter (`grad_all_reduce`).
 
 Communication uses the functional collectives of `torch.distributed._functional_collectives`, waited on
-at once. With a `hierarchy` rule (the plan's, `rewriter.hierarchical`), all-reduce, all-gather and
+at once; a dtype gloo's kernels lack (complex, int16, unsigned, float8) travels as one they take (`_carried`). With a `hierarchy` rule (the plan's, `rewriter.hierarchical`), all-reduce, all-gather and
 reduce-scatter over a group spanning nodes run two-level on sub-groups when the rule says so for their bytes;
 every function that takes `hierarchy` passes it to each collective it runs, forward and backward.
 The functional collectives' own autograd is not used: a functional all-reduce differentiates to an all-reduce
@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from typing import Union
 
 import torch
@@ -57,7 +57,6 @@ import torch.fx
 
 from parallelizer.core.layout import chunk_range
 from parallelizer.runtime.launch import DistributedError
-from parallelizer.tracer.graph import as_real
 
 from . import hierarchical
 from .hierarchical import Hierarchy, Levels, uses_hierarchy
@@ -218,6 +217,39 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
     return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
+# dtypes gloo's kernels take (ProcessGroupGloo's GENERATE_ALL_TYPES, torch 2.13.0); any other raised a bare
+# "Invalid scalar type" on every rank from a functional collective
+_CARRIED = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                      torch.float32, torch.float64})
+_SAME_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}  # bit views for moves
+
+
+def _carried(sums: bool):
+    """Run a communication step (first argument: the local tensor; dims >= 0) on a dtype the backend carries.
+
+    A complex tensor moves and sums as its real view ((re, im) pairs in a new last dim of 2; parts add apart,
+    as `torch.distributed.all_reduce` itself reduces complex tensors): an FFT convolution's spectrum or a
+    complex rotary's queries redistributed raised "Invalid scalar type" before (round 12, S4D on tp=2). Other
+    dtypes gloo lacks (int16, uint16/32/64, float8) move as a bit view of the same size (exact) and, for a
+    step that sums (`sums`), add in a wider dtype (int64, float32) cast back (integers wrap as in their own
+    dtype; a float8 sum is rounded once)."""
+    def wrap(step):
+        @wraps(step)
+        def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            if x.dtype in _CARRIED:
+                return step(x, *args, **kwargs)
+            if x.is_complex():
+                return torch.view_as_complex(step(torch.view_as_real(x.resolve_conj().contiguous()), *args,
+                                                  **kwargs).contiguous())
+            if sums:
+                wide = torch.float32 if x.is_floating_point() else torch.int64
+                return step(x.to(wide), *args, **kwargs).to(x.dtype)
+            return step(x.contiguous().view(_SAME_SIZE[x.element_size()]), *args, **kwargs).view(x.dtype)
+        return run
+    return wrap
+
+
+@_carried(sums=False)
 def _gather(x: torch.Tensor, dim: int, g: _GroupView, full: int | None = None) -> torch.Tensor:
     """All-gather along `dim`: this rank's chunk -> the `full` elements (default: local size x group size)."""
     if g.size == 1:
@@ -237,6 +269,7 @@ def _gather(x: torch.Tensor, dim: int, g: _GroupView, full: int | None = None) -
     return (out.narrow(dim, 0, full) if step * g.size != full else out).contiguous()
 
 
+@_carried(sums=True)
 def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
     """Sum over the group, keep this rank's chunk along `dim`: (.., S, ..) -> (.., chunk of S, ..)."""
     if g.size == 1:
@@ -251,6 +284,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, g: _GroupView) -> torch.Tensor:
     return out.narrow(dim, 0, _sizes(full, g)[g.index]).contiguous()  # as `_gather`'s result
 
 
+@_carried(sums=True)
 def _sum(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
     """All-reduce (sum) over the group; shape unchanged."""
     if g.size == 1:
@@ -265,15 +299,13 @@ def _swap(send: list[torch.Tensor], shapes: list[list[int]], dim: int, g: _Group
     """All-to-all of uneven pieces: `send[j]` goes to member j; the piece from member j has shape `shapes[j]`;
     the received pieces are concatenated along `dim` in group order."""
     flat = torch.cat([p.reshape(-1) for p in send])
-    k = 2 if flat.is_complex() else 1  # gloo's all-to-all has no complex types: moved as (real, imag) pairs
-    received = _wait(funcol.all_to_all_single(as_real(flat).reshape(-1), [k * math.prod(s) for s in shapes],
-                                              [k * p.numel() for p in send], g.name))
-    if k == 2:
-        received = torch.view_as_complex(received.view(-1, 2))
+    received = _wait(funcol.all_to_all_single(flat, [math.prod(s) for s in shapes], [p.numel() for p in send],
+                                              g.name))
     pieces = received.split([math.prod(s) for s in shapes])
     return torch.cat([p.view(s) for p, s in zip(pieces, shapes)], dim=dim)
 
 
+@_carried(sums=False)
 def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_full: int) -> torch.Tensor:
     """All-to-all: shard of a tensor split on `src_dim` -> shard of the same tensor split on `dst_dim`.
 
@@ -293,6 +325,7 @@ def _exchange(x: torch.Tensor, src_dim: int, dst_dim: int, g: _GroupView, src_fu
     return _swap(send, shapes, src_dim, g)
 
 
+@_carried(sums=False)
 def _move_rows(x: torch.Tensor, dim: int, g: _GroupView, src: Sequence[int], dst: Sequence[int]) -> torch.Tensor:
     """Re-cut a dim split over the group in consecutive blocks of `src` elements (member j holds the j-th
     block) into blocks of `dst` elements: each member sends the overlap of its block with every member's new

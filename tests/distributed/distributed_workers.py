@@ -274,6 +274,83 @@ def check_uneven(g: list[int]) -> None:
         _close(x.grad, _piece(ref.grad, 2, i, n), f"uneven all_gather_rs {size} grad")
 
 
+
+def _cfull(shape: Sequence[int], seed: int) -> torch.Tensor:
+    """A global complex128 tensor, identical on every rank (real and imaginary parts from two seeds)."""
+    return torch.complex(_full(shape, seed), _full(shape, seed + 1000))
+
+
+def check_complex(g: list[int]) -> None:
+    """Every step on complex tensors (an FFT convolution's spectrum, a complex rotary's queries: round 12,
+    S4D on tp=2 with random plan costs), even and uneven, forward and backward, against the single-process
+    reference. gloo's kernels take no complex dtype: every rank raised "Invalid scalar type" before."""
+    n, i = _where(g)
+    for size in (2 * n, 2 * n + 1):
+        X, W = _cfull((size, 3, size), 16), _cfull((size, 3, size), 17)
+        ref = _leaf(X)
+        (ref.sin() * W).real.sum().backward()
+        for name, src, dst, call in (
+                ("all_gather", 0, None, lambda x: C.all_gather(x, 0, g, size)),
+                ("all_to_all", 0, 2, lambda x: C.all_to_all(x, 0, 2, g, size)),
+                ("local_slice", None, 2, lambda x: C.local_slice(x, 2, g))):
+            x = _leaf(X if src is None else _piece(X, src, i, n))
+            y = call(x)
+            w = W if dst is None else _piece(W, dst, i, n)
+            (y.sin() * w).real.sum().backward()
+            _close(y, X if dst is None else _piece(X, dst, i, n), f"complex {name} {size} value")
+            _close(x.grad, ref.grad if src is None else _piece(ref.grad, src, i, n), f"complex {name} {size} grad")
+        Ws = [_cfull((size, 3, size), 700 + r) for r in range(n)]          # ZeRO-3 gather: partial grads
+        ref_rs = _leaf(X)
+        sum((ref_rs.sin() * w).real.sum() for w in Ws).backward()
+        x = _leaf(_piece(X, 2, i, n))
+        (C.all_gather_rs(x, 2, g, size).sin() * Ws[i]).real.sum().backward()
+        _close(x.grad, _piece(ref_rs.grad, 2, i, n), f"complex all_gather_rs {size} grad")
+        Xs = [_cfull((size, 3), 800 + r) for r in range(n)]                 # Partial -> Shard(0) / R
+        for name, call, piece in (("reduce_scatter", lambda x: C.reduce_scatter(x, 0, g), lambda t: _piece(t, 0, i, n)),
+                                  ("all_reduce", lambda x: C.all_reduce(x, g), lambda t: t)):
+            refs = [_leaf(t) for t in Xs]
+            (sum(refs).sin() * W[:, :, 0]).real.sum().backward()
+            x = _leaf(Xs[i])
+            y = call(x)
+            (y.sin() * piece(W[:, :, 0])).real.sum().backward()
+            _close(y, piece(sum(Xs)), f"complex {name} {size} value")
+            _close(x.grad, refs[i].grad, f"complex {name} {size} grad")
+        Ds = [_cfull((2, size), 900 + r) for r in range(n)]                  # R used on batch shards
+        P = X[:, 0, :]
+        ref = _leaf(P)
+        sum((D @ ref).tanh().real.sum() for D in Ds).backward()
+        p = _leaf(P)
+        (Ds[i] @ C.grad_all_reduce(p, g)).tanh().real.sum().backward()
+        _close(p.grad, ref.grad, f"complex grad_all_reduce {size} grad")
+
+
+def check_dtypes_gloo_lacks(g: list[int]) -> None:
+    """Moves and sums of dtypes gloo's kernels lack (int16, uint16/32/64, float8): bitwise moves, sums as
+    one device adds in that dtype (integers wrap; float8 rounded once). Every rank raised "Invalid scalar
+    type" before."""
+    n, i = _where(g)
+    for dtype in (torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        for size in (2 * n, 2 * n + 1):
+            base = _full((size, 3, size), 18) * 40
+            X = base.to(dtype) if dtype.is_floating_point else base.round().to(torch.int64).to(dtype)
+            bits = (lambda t: t.view(torch.uint8)) if dtype.itemsize == 1 else (lambda t: t.to(torch.int64))
+            same = lambda a, b, what: torch.equal(bits(a), bits(b)) or _fail(what)  # noqa: E731
+            same(C.all_gather(_piece(X, 0, i, n), 0, g, size), X, f"{dtype} all_gather {size}")
+            same(C.all_to_all(_piece(X, 0, i, n), 0, 2, g, size), _piece(X, 2, i, n), f"{dtype} all_to_all {size}")
+            parts = [(_full((size, 3), 1000 + r) * 40) for r in range(n)]
+            if dtype.is_floating_point:
+                Xs = [p.to(dtype) for p in parts]
+                total = sum(t.to(torch.float32) for t in Xs).to(dtype)
+            else:
+                Xs = [p.round().to(torch.int64).to(dtype) for p in parts]
+                total = sum(t.to(torch.int64) for t in Xs).to(dtype)
+            same(C.all_reduce(Xs[i], g), total, f"{dtype} all_reduce {size}")
+            same(C.reduce_scatter(Xs[i], 0, g), _piece(total, 0, i, n), f"{dtype} reduce_scatter {size}")
+
+
+def _fail(what: str) -> bool:
+    raise AssertionError(f"{what}: not bitwise equal to the single-process reference")
+
 class MegatronMLP(torch.nn.Module):
     """Tensor-parallel MLP on local shards: f -> x @ W1[:, shard] -> relu -> @ W2[shard, :] -> g."""
 
@@ -326,50 +403,10 @@ def check_hand_built_graph(g: list[int]) -> None:
     _close(x.grad, torch.full_like(X, 2.0), "hand-built graph grad")
 
 
-def _cfull(shape: Sequence[int], seed: int) -> torch.Tensor:
-    """A complex128 global tensor (real and imaginary parts from `_full`)."""
-    return torch.complex(_full(shape, seed), _full(shape, seed + 1))
-
-
-def check_complex(g: list[int]) -> None:
-    """Every reshaping collective on complex values (an FNO's spectral activations, a complex rotary), even and
-    uneven (2n + 1: chunks of 3 with a shorter last), forward and backward against the single-process reference
-    with a real loss. gloo's all-to-all has no complex types: before `tracer.graph.as_real` in `_swap`, every
-    rank raised torch's untyped "RuntimeError: Invalid scalar type" (round 12, trial r12a)."""
-    n, i = _where(g)
-    for size in (2 * n, 2 * n + 1):
-        X, W = _cfull((size, 3, size), 20), _cfull((size, 3, size), 22)
-        ref = _leaf(X)
-        (ref.sin() * W).real.sum().backward()
-        x = _leaf(_piece(X, 0, i, n))
-        y = C.all_to_all(x, 0, 2, g, size)                               # Shard(0) -> Shard(2)
-        (y.sin() * _piece(W, 2, i, n)).real.sum().backward()
-        _close(y, _piece(X, 2, i, n), f"complex all_to_all {size} value")
-        _close(x.grad, _piece(ref.grad, 0, i, n), f"complex all_to_all {size} grad")
-        x = _leaf(_piece(X, 2, i, n))
-        y = C.all_gather(x, 2, g, size)                                  # Shard(2) -> R
-        (y.sin() * W).real.sum().backward()
-        _close(y, X, f"complex all_gather {size} value")
-        _close(x.grad, _piece(ref.grad, 2, i, n), f"complex all_gather {size} grad")
-        Xs = [_cfull((size, 3), 600 + 2 * r) for r in range(n)]         # Partial -> Shard(0), Partial -> R
-        refs = [_leaf(t) for t in Xs]
-        (sum(refs).sin() * W[:, :, 0]).real.sum().backward()
-        x = _leaf(Xs[i])
-        y = C.reduce_scatter(x, 0, g)
-        (y.sin() * _piece(W[:, :, 0], 0, i, n)).real.sum().backward()
-        _close(y, _piece(sum(Xs), 0, i, n), f"complex reduce_scatter {size} value")
-        _close(x.grad, refs[i].grad, f"complex reduce_scatter {size} grad")
-        x = _leaf(Xs[i])
-        y = C.all_reduce(x, g)
-        (y.sin() * W[:, :, 0]).real.sum().backward()
-        _close(y, sum(Xs), f"complex all_reduce {size} value")
-        _close(x.grad, refs[i].grad, f"complex all_reduce {size} grad")
-
-
 CHECKS: list[Check] = [
     check_all_gather, check_all_gather_rs, check_reduce_scatter, check_all_reduce, check_grad_all_reduce,
     check_grad_all_reduce_bucketed, check_all_to_all, check_local_slice, check_megatron_fx, check_hand_built_graph,
-    check_uneven, check_complex,
+    check_uneven, check_complex, check_dtypes_gloo_lacks,
 ]
 
 

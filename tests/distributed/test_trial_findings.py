@@ -13,6 +13,7 @@ from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from plan_cases import random_cost_plan
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_mask_fill, complex_rotary, cross_map_lrn,
+                          fft_conv,
                           ema_under_no_grad, reordered_output, reordered_output_rank, tiny_output,
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
@@ -375,3 +376,15 @@ def test_random_initialisers_on_a_pipeline_parameter_held_twice_are_refused(pipe
                 assert r["copied"] == ["transformer.wte.weight"], r
                 assert all(e == "no error" for k, es in r.items() if k not in ("copied", "transformer.wte.weight")
                            for e in es), r
+
+
+# ------------------------------------------------- round 12 (r12b): complex activations between ranks
+def test_fft_convolution_redistributing_complex_spectra_trains_as_one_device():
+    """S4D's FFT convolution (`trial_models.FFTConv`) on plans whose (random) costs move a complex tensor
+    between ranks (the spectra of `rfft`, the complex kernel terms): before, every rank raised gloo's bare
+    "Invalid scalar type" from a functional collective, on tp=2 and dp=2 alike (every seed tried, 1-4); the
+    collectives now move a complex tensor as its real view. Loss, every gradient and the parameters after 2
+    AdamW steps match one device."""
+    plans = [random_cost_plan(fft_conv, {"tp": 2}, {}, 1), random_cost_plan(fft_conv, {"dp": 2}, {}, 2)]
+    reports = rehearse_many([(fft_conv, {}, plan) for plan in plans], steps=2)
+    assert all(r.matches() for r in reports), reports

@@ -619,3 +619,30 @@ class SorterRouter(nn.Module):
 def sorter_router():
     torch.manual_seed(0)
     return SorterRouter(), (torch.randn(B, T, H),)
+
+
+class FFTConv(nn.Module):
+    """S4D's long convolution (state-spaces/s4, `models/s4/s4d.py`): a kernel from complex diagonal state-space
+    parameters (`view_as_complex`, `exp` of complex), applied by FFT (`rfft` of the input and the kernel,
+    product of spectra, `irfft`), between two linears. Round 12: with random plan costs on tp=2 a complex spectrum
+    is redistributed, and every rank raised gloo's "Invalid scalar type"."""
+
+    def __init__(self, d: int = 8, n: int = 4) -> None:
+        super().__init__()
+        self.encoder, self.decoder = nn.Linear(3, d), nn.Linear(d, 4)
+        self.C = nn.Parameter(torch.randn(d, n, 2))
+        self.log_dt = nn.Parameter(torch.rand(d) * 2 - 4)
+        self.A_imag = nn.Parameter(torch.arange(n).float().repeat(d, 1))
+
+    def forward(self, x):  # (B, L, 3)
+        u = self.encoder(x).transpose(1, 2)  # (B, d, L)
+        L = u.shape[-1]
+        dtA = (-0.5 + 1j * self.A_imag) * self.log_dt.exp().unsqueeze(-1)
+        C = torch.view_as_complex(self.C) * (dtA.exp() - 1.0) / (-0.5 + 1j * self.A_imag)
+        k = 2 * torch.einsum("hn,hnl->hl", C, torch.exp(dtA.unsqueeze(-1) * torch.arange(L))).real
+        y = torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * torch.fft.rfft(k, n=2 * L), n=2 * L)[..., :L]
+        return self.decoder(torch.nn.functional.gelu(y + u).transpose(1, 2))
+
+
+def fft_conv():
+    return FFTConv(), (torch.randn(4, 6, 3),)
