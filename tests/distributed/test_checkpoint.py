@@ -4,8 +4,9 @@ GPT-2 (tied embedding, vocab 4001 so that shards are uneven, position table froz
 (dp=2 fsdp, tp=2 tp), is saved, and trains 2 more steps. The checkpoint is loaded into models of another
 seed planned on {"tp": 4} and on {"dp": 4}: parameters and optimizer state equal the saved ones bit for bit
 (resharded), the frozen parameter has no optimizer state, and the next 2 losses equal those of the run that
-never stopped (1e-6). Save, load and the tensor-by-tensor export add at most one full tensor to any rank's
-memory (measured: peak RSS above the level before the call). The export loads into the original model
+never stopped (torch.testing's float32 tolerance: another sharding sums in another order). Save, load and
+the tensor-by-tensor export add at most one full tensor to any rank's memory (measured: peak RSS above the
+level before the call). The export loads into the original model
 with strict=True and through transformers' from_pretrained. Pipeline plans save and load the same checkpoint
 (pp=2 x dp=2 -> dp=2 x tp=2 -> pp=2 x tp=2 zbv, a 4-block GPT-2), and export it.
 """
@@ -61,7 +62,11 @@ def test_resume_on_another_mesh_is_bitwise_and_continues_the_losses(resumed, nam
         assert got["params_bitwise"] and got["state_keys_equal"] and got["state_bitwise"], (name, rank, got)
         assert not got["frozen_has_state"] and not r["frozen_has_state"]
         assert got["lr"] == 1e-3
-        torch.testing.assert_close(got["losses"], r["losses"], rtol=1e-6, atol=1e-6)
+        # tp4 / dp4 against the dp2 x tp2 run: the same parameters and optimizer state (bitwise, above) through
+        # other op graphs (partial sums of other shardings), so float32's default tolerance, not a tighter one (the
+        # losses are Python floats: torch.testing would take float64's); a wrong parameter, or a lost optimizer
+        # state (AdamW steps of about lr = 1e-3 per element in another direction), moves them far more
+        torch.testing.assert_close(got["losses"], r["losses"], rtol=1.3e-6, atol=1e-5)
         assert r["losses"][0] < 10  # a real loss (vocab 4001: ln(4001) = 8.3 at the start)
 
 

@@ -30,7 +30,8 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("world_size", sorted(LAYOUTS))
 def test_collectives_match_single_process_reference(world_size):
-    reports = spawn(W.run_all_checks, world_size, LAYOUTS[world_size], timeout_s=90)
+    # a deadline, not a speed target: 4 ranks on a loaded 2-core machine (start-up included) may take minutes
+    reports = spawn(W.run_all_checks, world_size, LAYOUTS[world_size], timeout_s=300)
     assert [report["rank"] for report in reports] == list(range(world_size))  # results in rank order
     failures = [f for report in reports for f in report["failures"]]
     assert not failures, "\n\n".join(failures)
@@ -39,11 +40,15 @@ def test_collectives_match_single_process_reference(world_size):
 
 
 def test_failing_rank_is_named_without_hanging():
+    """Rank 0 waits in a barrier rank 1 never reaches: spawn reports rank 1's failure when it happens, not at the
+    deadline (the message would then read "timed out after 300 s"). The deadline is generous so that a loaded
+    machine's slow start-up cannot reach it; half of it bounds the wall time (a hang would take all of it)."""
     start = time.monotonic()
     with pytest.raises(DistributedError) as info:
-        spawn(W.raise_on_rank_one, 2, timeout_s=60)
+        spawn(W.raise_on_rank_one, 2, timeout_s=300)
     elapsed_s = time.monotonic() - start
-    assert elapsed_s < 30, f"spawn took {elapsed_s:.1f} s to report a failed rank"
+    assert elapsed_s < 150, f"spawn took {elapsed_s:.1f} s to report a failed rank"
+    assert "timed out" not in str(info.value).splitlines()[0], str(info.value)
     assert "failed on rank 1" in str(info.value)
     assert "deliberate failure on rank 1" in str(info.value)  # the rank's traceback is in the message
     assert "RuntimeError" in info.value.failures[1]
@@ -54,14 +59,16 @@ def test_rank_past_deadline_is_named_and_killed():
     with pytest.raises(DistributedError) as info:
         spawn(W.sleep_on_rank_zero, 2, 600.0, timeout_s=4)
     elapsed_s = time.monotonic() - start
-    assert elapsed_s < 12, f"spawn took {elapsed_s:.1f} s for a 4 s deadline"
+    # the rank would sleep 600 s unless killed at the deadline; the margin above the 4 s is for start-up on a
+    # loaded machine (forking the ranks, the first launch's fork server), not a speed target
+    assert elapsed_s < 60, f"spawn took {elapsed_s:.1f} s for a 4 s deadline"
     assert "timed out after 4 s" in str(info.value)
     assert 0 in info.value.failures and "timed out" in info.value.failures[0]
 
 
 def test_crashed_rank_is_named_with_its_signal():
     with pytest.raises(DistributedError) as info:
-        spawn(W.abort_on_rank_one, 2, timeout_s=60)
+        spawn(W.abort_on_rank_one, 2, timeout_s=120)
     assert "failed on rank 1" in str(info.value)
     assert "signal SIGABRT" in info.value.failures[1]
 
@@ -76,7 +83,7 @@ def test_taken_rendezvous_port_is_retried(monkeypatch):
         ports = [squatter.getsockname()[1]]
         real_free_port = launch._free_port
         monkeypatch.setattr(launch, "_free_port", lambda: ports.pop() if ports else real_free_port())
-        assert spawn(W.sleep_on_rank_zero, 1, 0.0, timeout_s=60) == [0]
+        assert spawn(W.sleep_on_rank_zero, 1, 0.0, timeout_s=120) == [0]
         assert not ports  # the taken port was really tried first
 
 
@@ -84,20 +91,20 @@ def test_ranks_take_the_environment_of_their_launch(monkeypatch):
     """Ranks are forks of a server started at the first launch (`runtime.launch`); each launch still hands its
     ranks the caller's environment as it is then: a variable set or removed after the server started."""
     monkeypatch.setenv("PARALLELIZER_TEST_VAR", "first")
-    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=60) == ["first", "first"]
+    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=120) == ["first", "first"]
     monkeypatch.setenv("PARALLELIZER_TEST_VAR", "second")
-    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=60) == ["second", "second"]
+    assert spawn(W.read_environ, 2, "PARALLELIZER_TEST_VAR", timeout_s=120) == ["second", "second"]
     monkeypatch.delenv("PARALLELIZER_TEST_VAR")
-    assert spawn(W.read_environ, 1, "PARALLELIZER_TEST_VAR", timeout_s=60) == [None]
+    assert spawn(W.read_environ, 1, "PARALLELIZER_TEST_VAR", timeout_s=120) == [None]
 
 
 def test_ranks_leak_no_semaphores():
     """A rank that ran an fx Interpreter (tqdm's multiprocessing lock) exits without the resource tracker
     reporting "leaked semaphore objects" when the launching process ends."""
     script = "import distributed_workers as W\nfrom parallelizer.runtime import spawn\n" \
-             "if __name__ == '__main__':\n    print(spawn(W.run_fx_interpreter, 2, timeout_s=60))\n"
+             "if __name__ == '__main__':\n    print(spawn(W.run_fx_interpreter, 2, timeout_s=120))\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(W.__file__), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr
     assert "leaked semaphore" not in done.stderr, done.stderr
 

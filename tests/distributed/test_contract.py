@@ -45,7 +45,9 @@ from contract_workers import (branchy, clipping, conv_bn, dropout_mlp, frozen, f
                               state_dict_contract, train_eval)
 from launch_once import run_each
 
-pytestmark = pytest.mark.distributed
+# pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: planning plus the launch's own 600 s
+# deadline (it names the ranks still running) must fit on a loaded machine
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 
 def _spec(model_fn, mesh, roles, **kwargs):

@@ -11,7 +11,9 @@ from parallelizer.core.layout import Layout, Replicate
 from parallelizer.runtime.rehearsal import rehearse_many
 from plan_cases import KINDS, MODELS, case
 
-pytestmark = pytest.mark.distributed
+# pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: two launches with deadlines of 900 s
+# each (they name the ranks still running) must not be cut short by it on a loaded machine
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2100)]
 
 CASES = {
     2: [(m, k) for m in MODELS for k in ("dp", "tp")],

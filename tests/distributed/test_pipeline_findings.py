@@ -33,7 +33,9 @@ from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
 from pipeline_models import bn_step_rank, view_out_lm
 
-pytestmark = pytest.mark.distributed
+# pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: planning plus the launch's own 600 s
+# deadline (it names the ranks still running) must fit on a loaded machine
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 CASES = {  # name: (builder, global batch, mesh, plan options)
     "view_out_pp2_dp2_zbv": (view_out_lm, 8, {"pp": 2, "dp": 2},

@@ -33,7 +33,9 @@ from pipeline_workers import judged_with_a_wrong_gradient, run_bf16_pipeline, ru
 from precision_models import linear_stack
 from trial_models import norm_fed_bias_stack
 
-pytestmark = pytest.mark.distributed
+# pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: it must not cut the launch's own 900 s
+# deadline short (that one names the ranks still running; a loaded machine can take several times the idle time)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1200)]
 
 GPT2_4 = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, batch=8, seq_len=16)
 WIDE_TP = dict(n_embd=1024, n_head=16, seq_len=256)            # weights dominate: tensor parallel pays

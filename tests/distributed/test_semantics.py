@@ -74,7 +74,10 @@ def test_batch_sharded_mean_loss_divides_by_global_count(lm_cases):
     plan, report = lm_cases["dp"]
     ce = next(n for n in plan.nodes.values() if n.op == "aten.cross_entropy_loss.default")
     assert ce.inputs[0].startswith("S(0)") and ce.output.startswith("P"), ce  # the loss is computed sharded
-    assert report.loss < 1e-6 and report.matches(), report
+    # two op graphs (per-rank partial sums of the token losses, all-reduced, against one device's sum): the loss of
+    # ~5.5 (vocab 256) may differ by rounding, 1e-6 being 2 float32 ulps of it, so 1e-5 (torch.testing's float32
+    # atol); dividing each rank's sum by its LOCAL count (half the tokens) would double the loss: ~5.5 off
+    assert report.loss < 1e-5 and report.matches(), report
 
 
 def test_tied_embedding_is_one_parameter_with_summed_gradient(lm_cases):

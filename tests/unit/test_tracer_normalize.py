@@ -62,7 +62,9 @@ def test_in_place_write_of_a_fresh_activation_is_written_out_of_place_and_plans_
     ops = [t.op_name for t in traced.nodes.values()]
     assert "aten.add_.Tensor" not in ops and "aten.relu_.default" not in ops, ops
     assert any("out of place" in n for n in traced.notes), traced.notes
-    assert torch.equal(traced.exported.module()(*inputs), model(*inputs))
+    # the traced program (out-of-place relu/add, export's ops) against the module: two op graphs, so torch.testing's
+    # float32 tolerance, not bitwise; dropping the aux term (0.1 * aux, about 0.03 here) would be far outside it
+    torch.testing.assert_close(traced.exported.module()(*inputs), model(*inputs))
     plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"})
     assert plan.mesh.world_size == 2
     ema = parallelizer.trace(torch.nn.Sequential(_EmaBlock()), (torch.randn(4, 8),))
