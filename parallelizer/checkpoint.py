@@ -382,11 +382,15 @@ def _check_against(wanted: dict[str, tuple[int, ...] | None], metadata, path) ->
     missing = sorted(k for k in wanted if k not in saved)
     unexpected = sorted(k for k in saved if k not in wanted and k.split(".")[0] in tops)
     if missing or unexpected:
+        group_keys = sorted({k.rpartition(".")[2] for k in (*missing, *unexpected)
+                             if k.startswith("optimizer.param_groups.")})
         raise StateDictError(
             f"checkpoint {str(path)!r}: {len(missing)} key(s) this model/optimizer needs are not in it {missing[:8]}, "
             f"{len(unexpected)} key(s) in it are not in this model/optimizer {unexpected[:8]}. Remedy: load with "
             "the model and optimizer configuration the checkpoint was saved with (a frozen parameter has no "
-            "optimizer state)", missing=missing, unexpected=unexpected)
+            "optimizer state" + (f"; param-group settings {group_keys} differ: an LR scheduler adds 'initial_lr' "
+                                 "to the groups, so build it before checkpoint.load as it was when saving"
+                                 if group_keys else "") + ")", missing=missing, unexpected=unexpected)
     for key, shape in sorted(wanted.items()):
         size = getattr(saved[key], "size", None)
         if shape is not None and size is not None and tuple(size) != shape:
