@@ -60,7 +60,7 @@ from .members import add_child, add_member, attribute_at, member, owner_of, subm
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .wrappers import install as check_wrappers
-from .zero1 import axis_group
+from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .precision import autocast
 from .step import LossFn, check_loss_source, compute_loss
@@ -116,8 +116,8 @@ class ParallelModule(torch.nn.Module):
         self.groups = self.program.groups
         register_for_clipping(self)
         check_optimizer_steps()
-        if spec.zero1 in spec.mesh.axis_names and spec.mesh.size(spec.zero1) > 1:  # priced partitioned: say so
-            expect_zero1(self.parameters(), spec.zero1)  # if the optimizer is not (`optimizer_check`)
+        if runs_zero1(spec):  # priced with the optimizer state partitioned: say so if the optimizer is not
+            expect_zero1(self.parameters(), spec.zero1)  # (`optimizer_check`)
         check_wrappers()
         check_initialisers()
         shard_origin.install_dcp_guard()

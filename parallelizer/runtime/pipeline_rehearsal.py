@@ -62,7 +62,7 @@ from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, _same_computation)
 from .tolerance import compute_dtype, loosest
-from .zero1 import plan_optimizer
+from .zero1 import plan_optimizer, runs_zero1
 
 
 def pipeline_loss(output, target=None) -> torch.Tensor:
@@ -308,5 +308,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
-            "float64_judge": judge is not None,
+            "float64_judge": judge is not None, "zero1": spec.zero1 if runs_zero1(spec) else None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

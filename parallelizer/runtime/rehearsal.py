@@ -43,7 +43,7 @@ from .launch import create_groups, spawn
 from .module import ParallelModule
 from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
-from .zero1 import plan_optimizer
+from .zero1 import plan_optimizer, runs_zero1
 from .tolerance import compute_dtype, excess, loosest, tolerances
 
 
@@ -222,6 +222,7 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
 FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's fp32 "
                  "rounding: sums that cancel)")
 """What `RehearsalReport.reference` adds when some rank judged by the float64 copy (`float64_excess`)."""
+ZERO1_NOTE = "; the plan was stepped by ZeroRedundancyOptimizer(AdamW) over {!r} (its zero1), the reference by AdamW"
 
 
 def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None) -> RehearsalReport:
@@ -233,7 +234,8 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
                            results[0]["code"], compression, final, describe(recipe) + (
-                               FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else ""),
+                               FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else "") + (
+                               ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else ""),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""),
                            max((r["grad_scale"][0] for r in results), default=None) if all(
@@ -514,4 +516,5 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
             "grad_scale": grad_scale, "float64_judge": judge is float64_excess,
+            "zero1": spec.zero1 if runs_zero1(spec) else None,
             "code": pm.program.graph_module.code if rank == 0 else ""}

@@ -66,13 +66,19 @@ def overwritten(ranks: list[int], rank: int, owners: list) -> object | None:
     return None
 
 
+def runs_zero1(spec) -> bool:
+    """Whether `spec` (a ShardingSpec) partitions the optimizer state: `spec.zero1` names an axis of more than one
+    device of its mesh."""
+    axis = spec.zero1
+    return axis is not None and axis in spec.mesh.axis_names and spec.mesh.size(axis) > 1
+
+
 def plan_optimizer(params, spec, holder, lr: float, eps: float):
     """AdamW over `params` as the plan runs it (the rehearsals' optimizer): with `spec.zero1` on an axis of more
     than one device, torch's ZeroRedundancyOptimizer(AdamW) over `holder.process_group(spec.zero1)` (`holder`: a
     ParallelModule or pipeline stage holding `params`), else torch.optim.AdamW."""
     params = list(params)
-    axis = spec.zero1
-    if axis is None or axis not in spec.mesh.axis_names or spec.mesh.size(axis) < 2:
+    if not runs_zero1(spec):
         return torch.optim.AdamW(params, lr=lr, eps=eps)
-    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=holder.process_group(axis),
-                                   lr=lr, eps=eps)
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                   process_group=holder.process_group(spec.zero1), lr=lr, eps=eps)

@@ -78,6 +78,7 @@ def test_rehearse_runs_a_zero1_plan_with_zero_redundancy_optimizer(results):
     _, plans = results
     report = rehearse(_mlp, {}, plans["dp_tp"], steps=3)
     assert report.matches(), str(report)
+    assert "stepped by ZeroRedundancyOptimizer(AdamW) over 'dp'" in str(report), str(report)
 
 
 def test_zero1_checkpoints_are_refused_by_parallelizer_checkpoint_and_resume_with_torchs_recipe(results):
