@@ -53,6 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from .core.layout import Layout, Shard, local_region
+from .rewriter.collectives import carried_view
 from .errors import StateDictError
 from .runtime import shard_origin
 from .rewriter.spec import mesh_coords
@@ -414,7 +415,7 @@ def _gather_to_first(local: torch.Tensor, pm: ParallelModule, fqn: str) -> torch
     me = dist.get_rank()
     if me != first:
         if any(r == me for r, (_, lengths) in owners if 0 not in lengths):
-            dist.send(local.contiguous(), dst=first)
+            dist.send(carried_view(local.contiguous()), dst=first)
         return None
     full = torch.empty(shape, dtype=local.dtype)
     for r, (starts, lengths) in owners:
@@ -426,10 +427,10 @@ def _gather_to_first(local: torch.Tensor, pm: ParallelModule, fqn: str) -> torch
         if r == me:
             target.copy_(local)
         elif target.is_contiguous():
-            dist.recv(target, src=r)
+            dist.recv(carried_view(target), src=r)
         else:
             piece = torch.empty(lengths, dtype=local.dtype)
-            dist.recv(piece, src=r)
+            dist.recv(carried_view(piece), src=r)
             target.copy_(piece)
     return full
 

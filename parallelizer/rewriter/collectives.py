@@ -224,6 +224,20 @@ _CARRIED = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.in
 _SAME_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}  # bit views for moves
 
 
+def carried_view(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a tensor of a dtype gloo's kernels take, over the same bytes (a view: receiving into it fills `x`):
+    complex as its real view ((re, im) pairs in a new last dim of 2), int16 / uint16-64 / float8 as a same-size
+    bit view; other dtypes unchanged. For moves only (a sum of bit views is not the sum of the values:
+    `_carried(sums=True)` widens instead). Used by every point-to-point and broadcast outside this module
+    (checkpoint export, a pipeline's full state dict, BitPipe's transfers), where gloo raised "Invalid scalar
+    type" for these dtypes."""
+    if x.dtype in _CARRIED:
+        return x
+    if x.is_complex():
+        return torch.view_as_real(x.resolve_conj())
+    return x.view(_SAME_SIZE[x.element_size()])
+
+
 def _carried(sums: bool):
     """Run a communication step (first argument: the local tensor; dims >= 0) on a dtype the backend carries.
 
@@ -239,12 +253,11 @@ def _carried(sums: bool):
             if x.dtype in _CARRIED:
                 return step(x, *args, **kwargs)
             if x.is_complex():
-                return torch.view_as_complex(step(torch.view_as_real(x.resolve_conj().contiguous()), *args,
-                                                  **kwargs).contiguous())
+                return torch.view_as_complex(step(carried_view(x.contiguous()), *args, **kwargs).contiguous())
             if sums:
                 wide = torch.float32 if x.is_floating_point() else torch.int64
                 return step(x.to(wide), *args, **kwargs).to(x.dtype)
-            return step(x.contiguous().view(_SAME_SIZE[x.element_size()]), *args, **kwargs).view(x.dtype)
+            return step(carried_view(x.contiguous()), *args, **kwargs).view(x.dtype)
         return run
     return wrap
 

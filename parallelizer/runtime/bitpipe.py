@@ -45,6 +45,7 @@ from ..errors import PipelineError
 from ..planner.action_schedule import ActionSchedule
 from ..planner.bitpipe import bitpipe_actions
 from ..planner.schedules import buffer_copies_reason
+from ..rewriter.collectives import carried_view
 from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
@@ -159,7 +160,8 @@ class BitPipeRunner:
         for i, t in enumerate(tensors):
             t = t.detach().contiguous()
             what = f"{'activation' if kind == _F else 'gradient'} {i} of microbatch {j} to stage copy {to_x}"
-            sends.append((dist.isend(t, self._global(to_rank), tag=self._tag(kind == _B, to_x, j, i)), what))
+            sends.append((dist.isend(carried_view(t), self._global(to_rank), tag=self._tag(kind == _B, to_x, j, i)),
+                          what))
 
     def _receive(self, local_box: dict, kind: str, x: int, j: int, examples, from_x: int) -> list[torch.Tensor]:
         """The tensors stage copy x gets for microbatch j (activations for F, output gradients for B)."""
@@ -172,8 +174,8 @@ class BitPipeRunner:
                 buf = torch.empty(ex.shape, dtype=ex.dtype)
                 what = (f"{'activation' if kind == _F else 'gradient'} {i} of microbatch {j} for stage copy {x} "
                         f"from pipeline rank {from_rank}")
-                _wait(dist.irecv(buf, self._global(from_rank), tag=self._tag(kind == _B, x, j, i)), self.timeout,
-                      what)
+                _wait(dist.irecv(carried_view(buf), self._global(from_rank), tag=self._tag(kind == _B, x, j, i)),
+                      self.timeout, what)
                 got.append(buf)
         if kind == _F:
             got = [t.requires_grad_(ex.requires_grad) for t, ex in zip(got, examples)]

@@ -39,7 +39,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 from ..errors import MicrobatchWarning, PipelineError, StateDictError, UnsupportedOpError
 from ..planner import Plan
 from ..planner.boundary import build_options
-from ..rewriter.collectives import all_reduce_max, find_group
+from ..rewriter.collectives import all_reduce_max, carried_view, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
@@ -367,7 +367,7 @@ class PipelineModule(torch.nn.Module):
             mine = holder[fqn] == dist.get_rank()
             full = fulls[fqn].clone() if mine else torch.empty(info.shape, dtype=info.dtype)
             if len(self._pp_ranks) > 1:
-                dist.broadcast(full, src=holder[fqn], group=find_group(self._pp_ranks))
+                dist.broadcast(carried_view(full), src=holder[fqn], group=find_group(self._pp_ranks))
             for name in (fqn, *info.aliases):
                 out[name] = full
         return out
