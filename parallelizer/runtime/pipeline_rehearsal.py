@@ -23,11 +23,12 @@ batch's statistics), so a pipeline plan of such a model trains like gradient acc
 full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances: `runtime.tolerance` for the dtype the program computes in.
-An fp32 plan that some rank finds outside that bound runs again judged also against a float64 copy of the
-model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as rehearsals on one mesh
+An fp32 or 16-bit plan without a recipe that some rank finds outside that bound runs again judged also against
+a float64 copy of the model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as rehearsals on one mesh
 do): a gradient that is a sum of large terms cancelling to a small one (a bias before a norm that removes any
 shift) carries fp32 rounding of the terms' size, which dp or tp ranks summing in another order reproduce with
-other digits; a value then matches when it lies from float64's no further than 8x one device's fp32 rounding.
+other digits; a value then matches when it lies from float64's no further than 8x one device's own rounding
+(16-bit models only when the forward draws no random numbers, `runtime.rehearsal.wide_judged`).
 A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
 runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
 under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
@@ -60,7 +61,7 @@ from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
-                        _grad_or_zeros, _loss, _max_diff, _report, _same_computation)
+                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, wide_judged)
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -103,8 +104,8 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
 
 def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
                  steps: int, lr: float, eps: float, lossy: bool) -> dict:
-    """`_rank_main`, run again with a float64 copy of an fp32 model as a second judge (`wide`) when some rank
-    finds a value outside the fp32 bound, as `runtime.rehearsal` does for one mesh (all ranks decide together:
+    """`_rank_main`, run again with a float64 copy of the model as a second judge (`wide`) when some rank
+    finds a value outside its dtype's bound (fp32 and 16-bit models, `runtime.rehearsal.wide_judged`), as `runtime.rehearsal` does for one mesh (all ranks decide together:
     `rehearsal._any_rank_outside`). Not for a mixed-precision recipe (its own judge) or a lossy codec (it
     deviates by design)."""
     result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps)
@@ -147,7 +148,7 @@ def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: to
     gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
     model's, over every stage (and stage copy) it holds. Buffers compared: those of the reference's
     `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
-    mixed-precision recipe, or a float64 copy of an fp32 model, judged by `judge` (`_max_diff`: by default
+    mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
     `runtime.rehearsal.recipe_excess`; `float64_excess` for the float64 copy)."""
     models = [reference] + ([exact] if exact is not None else [])
     if buffers:
@@ -217,17 +218,17 @@ def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tu
         return _loss(out).double()
 
 
-def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, microbatches: int
-                       ) -> tuple[torch.nn.Module, tuple[tuple, dict]] | None:
+def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, microbatches: int,
+                       compute: torch.dtype | None) -> tuple[torch.nn.Module, tuple[tuple, dict]] | None:
     """(a float64 copy of `model`, float64 copies of its floating `inputs` / `kwargs`) when that copy computes
-    what the fp32 model does (`runtime.rehearsal._same_computation` on the first microbatch's outputs, run on
-    copies so that no buffer of `model` moves), else None: it draws other random numbers, takes another
-    branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
+    what the model in its own dtypes (computing in `compute`) does (`runtime.rehearsal.same_computation` on
+    the first microbatch's outputs, run on copies so that no buffer of `model` moves), else None: it draws
+    other random numbers, takes another branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
     first = microbatch_of(tuple(inputs), kwargs, microbatches)
     with torch.no_grad():
-        fp32 = copy.deepcopy(model)(*first[0], **first[1])
+        own = copy.deepcopy(model)(*first[0], **first[1])
         fp64 = _float64_run(copy.deepcopy(model), *first)
-    if fp64 is None or not _same_computation(_tensor_leaves(fp32), _tensor_leaves(fp64[0])):
+    if fp64 is None or not same_computation(_tensor_leaves(own), _tensor_leaves(fp64[0]), compute):
         return None
     wide = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                            (tuple(inputs), kwargs))
@@ -259,7 +260,7 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
                steps: int, lr: float, eps: float, wide: bool = False) -> dict:
-    """This rank's comparison (module docstring); `wide`: also judge by a float64 copy of an fp32 model
+    """This rank's comparison (module docstring); `wide`: also judge by a float64 copy of the model
     (`_float64_reference`, `runtime.rehearsal.float64_excess`)."""
     recipe = spec.autocast
     if recipe is not None:
@@ -271,14 +272,12 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     reference = copy.deepcopy(model)
     exact = copy.deepcopy(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
     exact_inputs, judge = (inputs, kwargs), None
-    if wide and recipe is None:
-        found = _float64_reference(model, inputs, kwargs, m)
-        if found is not None:
-            exact, exact_inputs, judge = *found, float64_excess
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
-    if judge is not None and compute != torch.float32:  # float64_excess judges fp32 programs only
-        exact, exact_inputs, judge = None, (inputs, kwargs), None
+    if wide and recipe is None and wide_judged(compute, traced):  # fp32, or 16-bit without random draws
+        found = _float64_reference(reference, inputs, kwargs, m, compute)  # `reference` is untouched so far
+        if found is not None:
+            exact, exact_inputs, judge = *found, float64_excess
     target, count, weights = _weighting(traced, flat, m, model)
     opt = plan_optimizer((p for s in run.stages for p in s.parameters()), spec, run.stages[0], lr, eps)  # ZeRO-1 too
     ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]

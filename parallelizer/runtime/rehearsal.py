@@ -10,10 +10,12 @@ judged with dtype-aware tolerances (`runtime.tolerance`): a bf16 model, or an fp
 region, is held to bfloat16's, an fp32 model to float32's. A plan with a mixed-precision recipe
 (`runtime.precision`, e.g. precision="bf16" asked for an fp32 model) is compared with the single-device model
 run under the same recipe (its forward under torch.autocast(bfloat16), loss and backward outside, fp32
-AdamW on fp32 weights), at bfloat16's tolerance; the report names the reference it ran. An fp32 case that
-some rank finds outside float32's bound runs again, judged also against a float64 copy of the single-device
-model (`float64_excess`, when the copy runs and computes the same outputs, `_same_computation`): a match by
-either criterion, so that the rounding of sums whose terms cancel is not taken for a wrong program.
+AdamW on fp32 weights), at bfloat16's tolerance; the report names the reference it ran. A case without a
+recipe (an fp32, bf16 or fp16 model) that some rank finds outside its dtype's bound runs again, judged also
+against a float64 copy of the single-device model (`float64_excess`, when the copy runs and computes the same
+outputs, `same_computation`; for a 16-bit model only when the forward draws no random numbers,
+`wide_judged`): a match by either criterion, so that the rounding of sums whose terms cancel is not taken for
+a wrong program.
 
 A plan with gradient compression (`ShardingSpec.compression`, `rewriter.compression`) approximates the
 gradient sum by design: its report gives the same measured differences (and the loss after the steps) but
@@ -219,7 +221,7 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
             for i, (_, _, spec) in enumerate(cases)]
 
 
-FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's fp32 "
+FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's own "
                  "rounding: sums that cancel)")
 """What `RehearsalReport.reference` adds when some rank judged by the float64 copy (`float64_excess`)."""
 ZERO1_NOTE = "; the plan was stepped by ZeroRedundancyOptimizer(AdamW) over {!r} (its zero1), the reference by AdamW"
@@ -271,7 +273,7 @@ def random_ops(traced) -> str:
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
-    """Each case on this rank; an fp32 case that some rank finds outside the fp32 bound runs again with the
+    """Each case on this rank; a case without a recipe that some rank finds outside its bound runs again with the
     float64 copy (`float64_excess`; decided by all ranks together, an all-reduce of the verdicts, so that every
     rank runs the same collectives), which costs a second run only where the plain bound did not suffice.
     Cases of the same model (builder and kwargs) share one trace on this rank (`_rank_main`'s `traces`): a
@@ -353,46 +355,63 @@ def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, st
     return worst[0], worst[1], ratio
 
 
-SAME_COMPUTATION_RTOL = 1e-4  # `_same_computation`: how far the fp32 reference's outputs may lie from float64's
+SAME_COMPUTATION_RTOL = 1e-4  # `same_computation`: how far an fp32 reference's outputs may lie from float64's
+LOW_PRECISION_SAME_FACTOR = 8  # `same_computation`: a 16-bit reference's, in units of its dtype's rtol
 ORDER_FACTOR = 8  # `float64_excess`: rounding of another summation order, against the one-device model's
+WIDE_JUDGED = (torch.float32, torch.bfloat16, torch.float16)  # compute dtypes `float64_excess` judges
 
 
 def float64_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
-    """For an fp32 model: the largest |actual - exact| over atol + rtol |exact| + 8 max |expected - exact|
-    (float32's assert_close tolerances), elementwise, where `exact` is the same tensor of a float64 copy of the
-    single-device model. So an element may lie from the float64 value up to 8 times as far as the fp32
-    single-device model lies from it anywhere in the tensor: a gradient that is a sum of large terms
-    cancelling to a small one (a bias feeding a BatchNorm: 9.4e-5 of fp32 rounding on one device, 1.1e-4
-    sharded, MobileViT on tp=2) is judged by the rounding its terms carry, which the plain bound (relative to
-    the small result) is not. The factor 8: the sharded program sums in another order (per-rank partial sums
-    then a reduction), and two orders of the same fp32 terms lie up to 5.7x as far from float64 as each other
-    (measured: 400 random orders of 1024 cancelling terms of magnitude 100, whole and as two halves; median
-    2x). A wrong program (a missing or doubled term) is off by the size of the terms, orders of magnitude
-    beyond their rounding, and stays outside. Used only when the two references are the same computation
-    (`_same_computation`)."""
-    rtol, atol = tolerances(torch.float32)
-    a, b, e = (as_real(t.detach()).double() for t in (actual, expected, exact))
+    """The largest |actual - exact| over atol + rtol |exact| + 8 max |expected - exact|, elementwise, where
+    `exact` is the same tensor of a float64 copy of the single-device model and (rtol, atol) are
+    `torch.testing.assert_close`'s for `expected`'s dtype (float32's for a float32 or non-floating one; a bf16
+    model's tensors get bfloat16's). So an element may lie from the float64 value up to 8 times as far as the
+    single-device model in its own dtype lies from it anywhere in the tensor: a gradient that is a sum of
+    large terms cancelling to a small one (a bias feeding a BatchNorm: 9.4e-5 of fp32 rounding on one device,
+    1.1e-4 sharded, MobileViT on tp=2; in a bf16 model 6.9 of rounding on one device against a true 0) is
+    judged by the rounding its terms carry, which the plain bound (relative to the small result) is not. The
+    factor 8: the sharded program sums in another order (per-rank partial sums then a reduction), and two
+    orders of the same fp32 terms lie up to 5.7x as far from float64 as each other (measured: 400 random
+    orders of 1024 cancelling terms of magnitude 100, whole and as two halves; median 2x). A wrong program (a
+    missing or doubled term) is off by the size of the terms, orders of magnitude beyond their rounding, and
+    stays outside. Used only when the two references are the same computation (`same_computation`)."""
+    a, b, e = (as_real(t.detach()) for t in (actual, expected, exact))
+    dtype = b.dtype if b.dtype.is_floating_point and b.dtype.itemsize <= 2 else torch.float32
+    rtol, atol = tolerances(dtype)
+    a, b, e = a.double(), b.double(), e.double()
     noise = (b - e).abs().max().item()
     diff = (a - e).abs()
     bound = atol + rtol * e.abs() + ORDER_FACTOR * noise
     return torch.where(diff == 0, torch.zeros_like(diff), diff / bound).max().item()
 
 
-def _same_computation(fp32: list[torch.Tensor], fp64: list[torch.Tensor]) -> bool:
-    """Whether a float64 copy computed what the fp32 model did (the first forward's output tensors agree within
-    1e-4 of their largest magnitude + float32's atol): not when it drew other random numbers (dropout masks,
-    whose draws may depend on the dtype) or took another branch; then `float64_excess` is not used."""
+def wide_judged(compute: torch.dtype | None, traced) -> bool:
+    """Whether a case computing in `compute` may be judged by a float64 copy (`float64_excess`): fp32, bf16 and
+    fp16 programs; a 16-bit one only when its forward draws no random numbers (`random_ops`), since its outputs
+    lie too far from float64's for `same_computation` to tell another dropout mask from rounding."""
+    return compute in WIDE_JUDGED and (compute == torch.float32 or not random_ops(traced))
+
+
+def same_computation(low: list[torch.Tensor], fp64: list[torch.Tensor], compute: torch.dtype | None) -> bool:
+    """Whether a float64 copy computed what the model in its own dtypes did, computing in `compute`
+    (`runtime.tolerance.compute_dtype`): the first forward's output tensors agree within 1e-4 of their largest
+    magnitude + float32's atol when it computes in fp32, 8 rtol of the dtype in 16 bits (bf16: 12.8%, for a
+    model that lies further from float64 on one device the float64 copy judges nothing). Not when the copy
+    drew other random numbers (dropout masks, whose draws may depend on the dtype) or took another branch;
+    then `float64_excess` is not used."""
     atol = tolerances(torch.float32)[1]
-    return len(fp32) == len(fp64) and all(
+    low_precision = compute is not None and compute.itemsize <= 2
+    rtol = LOW_PRECISION_SAME_FACTOR * tolerances(compute)[0] if low_precision else SAME_COMPUTATION_RTOL
+    return len(low) == len(fp64) and all(
         a.shape == b.shape and (not carries_grad(a.dtype) or (as_real(a).double() - as_real(b).double()).abs().max()
-                                .item() <= SAME_COMPUTATION_RTOL * as_real(b).double().abs().max().item() + atol)
-        for a, b in zip(fp32, fp64) if a.numel())
+                                .item() <= rtol * as_real(b).double().abs().max().item() + atol)
+        for a, b in zip(low, fp64) if a.numel())
 
 
 def _float64_run(model: torch.nn.Module, inputs: tuple, kwargs: dict):
     """(output, (inputs, kwargs)) of `model` converted to float64 (parameters and floating buffers) on float64
     copies of the floating inputs; None when the model cannot run in float64 (it makes float32 tensors of its
-    own and mixes them in an op that needs one dtype): then the fp32 bound alone judges (`float64_excess`)."""
+    own and mixes them in an op that needs one dtype): then the plain bound alone judges (`float64_excess`)."""
     wide = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                            (inputs, kwargs))
     model.double()
@@ -429,15 +448,15 @@ RECIPE_ADAM_EPS = 0.1  # AdamW's eps under a mixed-precision recipe (`rehearse`,
 
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float, wide: bool = False, traces: dict | None = None) -> dict:
-    """One case on this rank (module docstring); `wide`: with the float64 copy of an fp32 model as a second
-    judge (`float64_excess`); `traces`: (builder, repr of its kwargs) -> TracedGraph, reused and filled."""
+    """One case on this rank (module docstring); `wide`: with the float64 copy of a model without a recipe as a
+    second judge (`float64_excess`, `wide_judged`); `traces`: (builder, repr of its kwargs) -> TracedGraph, reused and filled."""
     if spec.autocast is not None:
         eps = max(eps, RECIPE_ADAM_EPS)
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     reference = copy.deepcopy(model)
-    # the reference without the recipe (its rounding), or a float64 copy of an fp32 model (`float64_excess`)
+    # the reference without the recipe (its rounding), or a float64 copy of the model (`float64_excess`)
     exact = copy.deepcopy(model) if spec.autocast is not None or wide else None
     traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
@@ -467,9 +486,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         args[id(exact)] = copy.deepcopy((inputs, kwargs))
         refs.append((exact, None))
         ref_outs.append(run(exact, None))
-    elif exact is not None and compute == torch.float32:
+    elif exact is not None and wide_judged(compute, traced):
         run64 = _float64_run(exact, inputs, kwargs)
-        if run64 is not None and _same_computation(leaves(ref_outs[0]), leaves(run64[0])):
+        if run64 is not None and same_computation(leaves(ref_outs[0]), leaves(run64[0]), compute):
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])

@@ -166,9 +166,9 @@ def _stage_index(module) -> int:
     return int(module.traced.notes[0].split()[2])
 
 
-def judged_with_a_wrong_gradient(rank: int, world_size: int, *args) -> dict:
-    """`pipeline_rehearsal._rank_judged` with every step's gradient of blocks.1.linear.weight scaled by 1.001 after
-    the schedule ran (a wrong program by 0.1%): the float64 judge must still flag it."""
+def judged_with_a_wrong_gradient(rank: int, world_size: int, *args, factor: float = 1.001) -> dict:
+    """`pipeline_rehearsal._rank_judged` with every step's gradient of blocks.1.linear.weight scaled by `factor`
+    after the schedule ran (a wrong program by 0.1% by default): the float64 judge must still flag it."""
     from parallelizer.runtime import pipeline_rehearsal
     from parallelizer.runtime.pipeline import PipelineRun
 
@@ -179,7 +179,7 @@ def judged_with_a_wrong_gradient(rank: int, world_size: int, *args) -> dict:
         for stage in self.stages:
             for name, p in stage.named_parameters():
                 if name == "blocks.1.linear.weight" and p.grad is not None:
-                    p.grad.mul_(1.001)
+                    p.grad.mul_(factor)
         return out
 
     with mock.patch.object(PipelineRun, "step", wrong_step):

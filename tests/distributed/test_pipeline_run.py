@@ -16,6 +16,7 @@ single-device recipe). And the rank body of `parallelizer rehearse` (`runtime.pi
 a plan made by `parallelizer plan --mesh pp=2,dp=2 --precision bf16` of the GPT-2 preset (its own causal-LM
 loss, computed in the last stage under autocast): the report matches and names the autocast reference."""
 import contextlib
+import functools
 import io
 
 import pytest
@@ -84,10 +85,13 @@ def _intra_stage_plan(mesh, options, wide):
         return parallelizer.plan(traced, mesh, **options)
 
 
-def _cancelling_plan() -> Plan:
-    """pp=2 x dp=2 (ddp), 1f1b, 2 microbatches of 4 of `norm_fed_bias_stack`."""
+BF16_CANCELLING = {"dtype": "bfloat16", "scale": 0.1}  # `norm_fed_bias_stack` as a bf16 model
+
+
+def _cancelling_plan(**options) -> Plan:
+    """pp=2 x dp=2 (ddp), 1f1b, 2 microbatches of 4 of `norm_fed_bias_stack(**options)`."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return parallelizer.plan(parallelizer.trace(*norm_fed_bias_stack(batch=4)), {"pp": 2, "dp": 2},
+        return parallelizer.plan(parallelizer.trace(*norm_fed_bias_stack(batch=4, **options)), {"pp": 2, "dp": 2},
                                  schedule="1f1b", microbatches=2, axis_roles={"dp": "ddp"})
 
 
@@ -111,8 +115,13 @@ def runs(tmp_path_factory):
     judged = (norm_fed_bias_stack, {"batch": 8}, spec_from_plan(plan), plan.pipeline.to_dict(), 3, 1e-3, 1e-3, False)
     calls += [(_rank_judged, judged), (judged_with_a_wrong_gradient, judged)]
     plans["cancelling_wrong"] = plan
+    plans["cancelling_bf16"] = plans["cancelling_bf16_wrong"] = plan = _cancelling_plan(**BF16_CANCELLING)
+    judged = (norm_fed_bias_stack, {"batch": 8, **BF16_CANCELLING}, spec_from_plan(plan), plan.pipeline.to_dict(), 3,
+              1e-3, 1e-3, False)
+    calls += [(_rank_judged, judged), (functools.partial(judged_with_a_wrong_gradient, factor=1.1), judged)]
     per_rank = spawn(run_each, 4, calls, timeout_s=900)
-    names = [*CASES, *BF16_CASES, "bf16_rehearse", "cancelling", "cancelling_wrong"]
+    names = [*CASES, *BF16_CASES, "bf16_rehearse", "cancelling", "cancelling_wrong", "cancelling_bf16",
+             "cancelling_bf16_wrong"]
     return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(names)}
 
 
@@ -183,3 +192,18 @@ def test_pipeline_rehearsal_with_the_float64_judge_still_flags_a_wrong_gradient(
     plan, per_rank = runs["cancelling_wrong"]
     report = _report(4, per_rank)
     assert not report.matches() and report.worst_grad.startswith("blocks.1.linear.weight"), str(report)
+
+
+def test_a_bf16_pipeline_is_judged_against_float64_in_its_own_tolerances(runs):
+    """The same model cast whole to bf16 (inputs of 0.1, where its forward stays within 1% of float64's) on
+    pp=2 x dp=2: the bias gradients carry bf16 rounding of the cancelling terms' size, on one device and on the
+    ranks alike. Judged by the bf16 bound alone it reported NUMERICS DIFFER at 69x (fp16: 818x) for a right
+    program; the float64 copy, in bf16's tolerances, now judges 16-bit programs too (0.39); a weight gradient
+    made 10% wrong still differs."""
+    plan, per_rank = runs["cancelling_bf16"]
+    assert all(r["float64_judge"] for r in per_rank), "the bf16 bound alone flagged nothing: the case tests nothing"
+    report = _report(4, per_rank)
+    assert report.matches() and "float64 copy" in report.reference, str(report)
+    plan, per_rank = runs["cancelling_bf16_wrong"]
+    report = _report(4, per_rank)
+    assert not report.matches() and max(r["grad"][2] for r in per_rank) > 1, str(report)

@@ -66,9 +66,19 @@ class BatchNormFedBias(nn.Module):
         return self.b(self.bn(self.a(x))).pow(2).sum()
 
 
-def bn_fed_bias():
+def bn_fed_bias(dtype: str = "float32", scale: float = 1e-3):
+    """`BatchNormFedBias` cast whole to `dtype` on inputs of `scale` (a 16-bit model: 0.1, where its own forward
+    stays within 1% of float64's)."""
     torch.manual_seed(0)
-    return BatchNormFedBias(), (torch.randn(64, 16) * 1e-3,)
+    return BatchNormFedBias().to(getattr(torch, dtype)), ((torch.randn(64, 16) * scale).to(getattr(torch, dtype)),)
+
+
+def bn_fed_bias_bf16():
+    return bn_fed_bias("bfloat16", 0.1)
+
+
+def bn_fed_bias_fp16():
+    return bn_fed_bias("float16", 0.1)
 
 
 class NormedLinear(nn.Module):
@@ -99,9 +109,10 @@ class NormFedBiasStack(nn.Module):
         return self.head(x).pow(2).sum()
 
 
-def norm_fed_bias_stack(batch: int = 8):
+def norm_fed_bias_stack(batch: int = 8, dtype: str = "float32", scale: float = 1e-3):
     torch.manual_seed(0)
-    return NormFedBiasStack(), (torch.randn(batch, 16, 32, generator=torch.Generator().manual_seed(1)) * 1e-3,)
+    x = torch.randn(batch, 16, 32, generator=torch.Generator().manual_seed(1)) * scale
+    return NormFedBiasStack().to(getattr(torch, dtype)), (x.to(getattr(torch, dtype)),)
 
 
 class BoolMaskFill(nn.Module):
