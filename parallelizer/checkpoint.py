@@ -97,6 +97,8 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
             optimizer parameter that no stage of a `PipelineModule` holds.
         FileNotFoundError: no checkpoint at `path` (its `.metadata` file is named).
     A checkpoint saved before the optimizer's first step (param groups only) leaves `optimizer` without state.
+    Param-group settings come from the checkpoint as `Optimizer.load_state_dict` takes them (`_group_settings`:
+    an LR scheduler may be built before or after the load, as on one device).
     A ZeroRedundancyOptimizer raises StateDictError (`_refuse_partitioned`).
     """
     _refuse_partitioned(optimizer, "load")
@@ -110,14 +112,43 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
         _create_state(optimizer)
         _drop_unsaved_state(pm, optimizer, metadata)
     osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
+    kept, added = _group_settings(osd, metadata) if osd is not None else ({}, {})
+    if osd is not None:
+        osd = {**{k: v for k, v in osd.items() if k not in kept}, **added}
     tree = _tree(pm, optimizer, osd)
     _check_against(_all_wanted(pm, tree), metadata, path)
     dcp.load(tree, checkpoint_id=str(path))  # in place: the DTensors share storage with the local tensors
+    if added:
+        _add_group_settings(pm, optimizer, {k: tree["optimizer"][k] for k in added})
     if isinstance(pm, PipelineModule) or (optimizer is not None and stateless):
         _fill_copies(pm, optimizer, tree)
     elif optimizer is not None:
         local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
-        set_optimizer_state_dict(pm, optimizer, local, options=_OPTIONS)
+        set_optimizer_state_dict(pm, optimizer, {**kept, **local}, options=_OPTIONS)
+
+
+def _group_settings(osd: dict, metadata) -> tuple[dict, dict]:
+    """Param-group settings (lr, betas, an LR scheduler's 'initial_lr', ...) loaded as torch's
+    `Optimizer.load_state_dict` loads them, the saved groups' settings taking over: (this optimizer's flattened
+    "param_groups.<fqn>.<key>" entries that the checkpoint lacks -> their current values, kept; the
+    checkpoint's entries for parameters of this optimizer that its groups lack -> None, to be loaded and added
+    to the groups). So an LR scheduler built after `load` finds the saved 'initial_lr' as on one device (round
+    12: the load refused the key difference, StateDictError), and one built before a load of a checkpoint saved
+    without it keeps its own."""
+    prefix = "optimizer."
+    saved = {k[len(prefix):] for k in metadata.state_dict_metadata if k.startswith(prefix + "param_groups.")}
+    mine = {k for k in osd if k.startswith("param_groups.")}
+    fqns = {k.rpartition(".")[0] for k in mine}
+    kept = {k: osd[k] for k in mine - saved}
+    added = {k: None for k in saved - mine if k.rpartition(".")[0] in fqns}
+    return kept, added
+
+
+def _add_group_settings(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer, loaded: dict) -> None:
+    """Set each loaded "param_groups.<fqn>.<key>" entry (`_group_settings`' added ones) on the group of <fqn>."""
+    for group, _, fqn in _optimizer_params(optimizer, _copies(pm)):
+        prefix = f"param_groups.{fqn}."
+        group.update({k[len(prefix):]: v for k, v in loaded.items() if k.startswith(prefix)})
 
 
 def _refuse_partitioned(optimizer: torch.optim.Optimizer | None, what: str) -> None:
@@ -383,15 +414,11 @@ def _check_against(wanted: dict[str, tuple[int, ...] | None], metadata, path) ->
     missing = sorted(k for k in wanted if k not in saved)
     unexpected = sorted(k for k in saved if k not in wanted and k.split(".")[0] in tops)
     if missing or unexpected:
-        group_keys = sorted({k.rpartition(".")[2] for k in (*missing, *unexpected)
-                             if k.startswith("optimizer.param_groups.")})
         raise StateDictError(
             f"checkpoint {str(path)!r}: {len(missing)} key(s) this model/optimizer needs are not in it {missing[:8]}, "
             f"{len(unexpected)} key(s) in it are not in this model/optimizer {unexpected[:8]}. Remedy: load with "
             "the model and optimizer configuration the checkpoint was saved with (a frozen parameter has no "
-            "optimizer state" + (f"; param-group settings {group_keys} differ: an LR scheduler adds 'initial_lr' "
-                                 "to the groups, so build it before checkpoint.load as it was when saving"
-                                 if group_keys else "") + ")", missing=missing, unexpected=unexpected)
+            "optimizer state)", missing=missing, unexpected=unexpected)
     for key, shape in sorted(wanted.items()):
         size = getattr(saved[key], "size", None)
         if shape is not None and size is not None and tuple(size) != shape:

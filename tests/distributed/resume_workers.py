@@ -180,3 +180,64 @@ def unfrozen_after_checkpoint(rank: int, world_size: int, specs: dict, directory
         return str(exc)
     _train(pm2, opt2, range(2, 4))
     return max(_diff(p, _shard(eager.get_parameter(fqn), specs["tp2"], fqn, pm2)) for fqn, p in pm2.named_parameters())
+
+
+def _halving(step: int) -> float:
+    return 0.5 ** step
+
+
+def scheduler_after_load(rank: int, world_size: int, specs: dict, directory: str) -> dict:
+    """An LR scheduler built after the load, as many scripts do: 2 AdamW steps with LambdaLR(0.5 ** step) on
+    fsdp2, saved with `parallelizer.checkpoint` (the groups hold the scheduler's 'initial_lr') and the scheduler's
+    own state_dict; loaded into a model of another seed on tp2 (ddp2 for the pipeline-free path through
+    torch's set_optimizer_state_dict: both), THEN LambdaLR built and its state loaded, 2 more steps. Eager does
+    the same on one device with torch's Optimizer.load_state_dict. Returns, per target spec, the largest |diff|
+    of the parameters to eager's and the learning rates of both, or the error's message (round 12: the load
+    raised StateDictError naming 'initial_lr')."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from parallelizer import checkpoint
+
+    def train(m, opt, sched, steps):
+        for s in steps:
+            m(_batch(s)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+
+    eager, (x,) = zoo.mlp(**SIZES)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4)
+    sched_e = LambdaLR(opt_e, _halving)
+    train(eager, opt_e, sched_e, range(2))
+    saved = copy.deepcopy((eager.state_dict(), opt_e.state_dict(), sched_e.state_dict()))
+    eager2 = zoo.mlp(**SIZES, seed=1)[0]
+    eager2.load_state_dict(saved[0])
+    opt_e2 = torch.optim.AdamW(eager2.parameters(), lr=1e-2, eps=1e-4)
+    opt_e2.load_state_dict(saved[1])
+    sched_e2 = LambdaLR(opt_e2, _halving)
+    sched_e2.load_state_dict(saved[2])
+    train(eager2, opt_e2, sched_e2, range(2, 4))
+
+    pm = _pm(zoo.mlp(**SIZES)[0], (x,), specs["fsdp2"])
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, eps=1e-4)
+    sched = LambdaLR(opt, _halving)
+    train(pm, opt, sched, range(2))
+    checkpoint.save(pm, opt, f"{directory}/with-scheduler")
+    sched_state = sched.state_dict()
+    out = {}
+    for name in ("tp2", "ddp2"):
+        pm2 = _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs[name])
+        opt2 = torch.optim.AdamW(pm2.parameters(), lr=1e-2, eps=1e-4)
+        try:
+            checkpoint.load(pm2, opt2, f"{directory}/with-scheduler")
+        except StateDictError as exc:
+            out[name] = str(exc)
+            continue
+        sched2 = LambdaLR(opt2, _halving)
+        sched2.load_state_dict(sched_state)
+        train(pm2, opt2, sched2, range(2, 4))
+        out[name] = {"diff": max(_diff(p, _shard(eager2.get_parameter(fqn), specs[name], fqn, pm2))
+                                 for fqn, p in pm2.named_parameters()),
+                     "lr": [g["lr"] for g in opt2.param_groups], "eager_lr": [g["lr"] for g in opt_e2.param_groups],
+                     "initial_lr": [g["initial_lr"] for g in opt2.param_groups]}
+    return out

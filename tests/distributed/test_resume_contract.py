@@ -21,7 +21,8 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from resume_workers import SIZES, dcp_direct, pipeline_rank0_file, rank0_file_resume, unfrozen_after_checkpoint
+from resume_workers import (SIZES, dcp_direct, pipeline_rank0_file, rank0_file_resume, scheduler_after_load,
+                            unfrozen_after_checkpoint)
 
 pytestmark = pytest.mark.distributed
 
@@ -38,7 +39,8 @@ def ranks(tmp_path_factory):
              "fsdp2": _spec({"dp": 2}, {"dp": "fsdp"})}
     directory = str(tmp_path_factory.mktemp("dcp"))
     return spawn(run_each, 2, [(rank0_file_resume, (specs,)), (dcp_direct, (specs, directory)),
-                               (unfrozen_after_checkpoint, (specs, directory))], timeout_s=300)
+                               (unfrozen_after_checkpoint, (specs, directory)),
+                               (scheduler_after_load, (specs, directory))], timeout_s=300)
 
 
 def test_rank0_state_dicts_are_refused_on_ranks_holding_other_shards(ranks):
@@ -91,3 +93,16 @@ def test_pipeline_stages_refuse_another_ranks_shards():
                                         "rank's or plan's piece"), results[rank]
         assert f"(saved by rank 0, loaded on rank {rank})" in results[rank]
     assert results[2].startswith("RuntimeError: Error(s) in loading state_dict") and "Missing key(s)" in results[2]
+
+
+def test_an_lr_scheduler_built_after_the_load_resumes_as_on_one_device(ranks):
+    """Saved on fsdp2 with a LambdaLR attached (its groups hold 'initial_lr'), loaded on tp2 and ddp2 into a fresh
+    optimizer, THEN the scheduler built and its state loaded, as torch allows on one device: the load refused the
+    param-group key difference (StateDictError, round 12); now the saved settings are loaded as
+    Optimizer.load_state_dict takes them, and 2 more steps equal eager's (lr and parameters)."""
+    for rank in (0, 1):
+        for name in ("tp2", "ddp2"):
+            r = ranks[rank][3][name]
+            assert isinstance(r, dict), (rank, name, r)
+            assert r["lr"] == r["eager_lr"] and r["initial_lr"] == [1e-2], (rank, name, r)
+            assert r["diff"] <= 1e-5, (rank, name, r)
