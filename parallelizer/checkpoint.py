@@ -86,9 +86,11 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
          path: str | os.PathLike) -> None:
     """Fill this rank's parameters, buffers and `optimizer` state from the checkpoint at `path`, resharded to
     `pm`'s plan and mesh (collective; a checkpoint of any plan of the same model, pipeline or not).
-    `optimizer` must be built over `pm.parameters()`; when it has no state yet, its state is created first
-    (`_create_state`: it clears existing gradients) and then overwritten. On a `PipelineModule` every copy of
-    a tensor several stages hold receives the loaded value.
+    `optimizer` must be built over `pm.parameters()`; it ends up holding state for exactly the parameters the
+    checkpoint holds state for, as after torch's `Optimizer.load_state_dict` (`_match_saved_state`: state is
+    created where missing, `_create_state`, which clears existing gradients, and then overwritten; a parameter
+    frozen now keeps its saved state without stepping, one without saved state starts at its first step). On a
+    `PipelineModule` every copy of a tensor several stages hold receives the loaded value.
 
     Raises:
         StateDictError: the checkpoint's keys differ from this model's and optimizer's (lists both sides),
@@ -108,9 +110,8 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
     stateless = not any(k.startswith("optimizer.state.") for k in metadata.state_dict_metadata)
     if optimizer is not None and stateless:
         optimizer.state.clear()
-    elif optimizer is not None and not optimizer.state:
-        _create_state(optimizer)
-        _drop_unsaved_state(pm, optimizer, metadata)
+    elif optimizer is not None:
+        _match_saved_state(pm, optimizer, metadata)
     osd = _optimizer_state(pm, optimizer) if optimizer is not None else None
     kept, added = _group_settings(osd, metadata) if osd is not None else ({}, {})
     if osd is not None:
@@ -124,7 +125,11 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
         _fill_copies(pm, optimizer, tree)
     elif optimizer is not None:
         local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in tree["optimizer"].items()}
+        # torch's set_optimizer_state_dict skips parameters without requires_grad: their state, loaded in place
+        # by DCP above, is put back, as torch's Optimizer.load_state_dict keeps it on one device
+        frozen = {p: state for p, state in optimizer.state.items() if not p.requires_grad}
         set_optimizer_state_dict(pm, optimizer, {**kept, **local}, options=_OPTIONS)
+        optimizer.state.update(frozen)
 
 
 def _group_settings(osd: dict, metadata) -> tuple[dict, dict]:
@@ -244,38 +249,43 @@ def _dtensor(local: torch.Tensor, layout: Layout, mesh: DeviceMesh, shape: tuple
                               shape=torch.Size(shape), stride=stride)
 
 
-def _create_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create `optimizer`'s state (to be overwritten) by steps with zero gradients and lr 0, as torch's
-    `_init_optim_state` does, but one parameter at a time, so that one zero gradient exists at a time
-    instead of a gradient for every parameter. Parameters without requires_grad get no state."""
+def _create_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """Create `optimizer`'s state for `params` (to be overwritten) by steps with zero gradients and lr 0, as
+    torch's `_init_optim_state` does, but one parameter at a time, so that one zero gradient exists at a time
+    instead of a gradient for every parameter (a parameter without requires_grad too: its gradient is set
+    directly, as torch allows)."""
+    if not params:
+        return
     lrs = [group.get("lr") for group in optimizer.param_groups]
     for group in optimizer.param_groups:
         if "lr" in group:
             group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
     optimizer.zero_grad(set_to_none=True)
     try:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-                    optimizer.step()
-                    p.grad = None
+        for p in params:
+            p.grad = torch.zeros_like(p)
+            optimizer.step()
+            p.grad = None
     finally:
         for group, lr in zip(optimizer.param_groups, lrs):
             if lr is not None:
                 group["lr"] = lr
 
 
-def _drop_unsaved_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer, metadata) -> None:
-    """Remove the state `_create_state` made for parameters that have none in the checkpoint (frozen when it was
-    saved, or never reached by a gradient), so they start their state at their first step, as torch's
-    `Optimizer.load_state_dict` leaves them on one device (progressive unfreezing across a resume). Before, the
-    load refused such a checkpoint with a StateDictError listing their state keys."""
+def _match_saved_state(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer, metadata) -> None:
+    """Make `optimizer` hold state for exactly the parameters that have state in the checkpoint, as torch's
+    `Optimizer.load_state_dict` leaves them on one device: a parameter without saved state (frozen when saved, or
+    never reached by a gradient) has none and starts it at its first step (progressive unfreezing across a
+    resume: round 12); one with saved state gets it even when it is frozen now (it keeps that state without
+    stepping, and an unfreezing later continues from it). Before, either difference raised StateDictError
+    listing the state keys (the second one: round 12's left item)."""
     saved = {key[len("optimizer.state."):].rpartition(".")[0] for key in metadata.state_dict_metadata
              if key.startswith("optimizer.state.")}
-    for _, p, fqn in list(_optimizer_params(optimizer, _copies(pm))):
+    params = list(_optimizer_params(optimizer, _copies(pm)))
+    for _, p, fqn in params:
         if fqn not in saved:
             optimizer.state.pop(p, None)
+    _create_state(optimizer, [p for _, p, fqn in params if fqn in saved and not optimizer.state.get(p)])
 
 
 def _copies(pm: ParallelModule | PipelineModule) -> dict[str, list[tuple[ParallelModule, torch.Tensor]]]:

@@ -241,3 +241,41 @@ def scheduler_after_load(rank: int, world_size: int, specs: dict, directory: str
                      "lr": [g["lr"] for g in opt2.param_groups], "eager_lr": [g["lr"] for g in opt_e2.param_groups],
                      "initial_lr": [g["initial_lr"] for g in opt2.param_groups]}
     return out
+
+
+def frozen_when_loading(rank: int, world_size: int, specs: dict, directory: str) -> float | str:
+    """The reverse of `unfrozen_after_checkpoint`: every parameter trains 2 AdamW steps on ddp2 and is saved with
+    `parallelizer.checkpoint` (the head's state included); the checkpoint is loaded on tp2 into a model whose head
+    is frozen, which trains 1 step, then the head is unfrozen for 1 more step. On one device torch's
+    Optimizer.load_state_dict keeps the frozen head's state, which the step after unfreezing continues from.
+    Returns the largest |diff| of the parameters to eager's, or the error's message (round 12: StateDictError
+    listing the head's state keys as unexpected)."""
+    from parallelizer import checkpoint
+
+    frozen = ("head.weight", "head.bias")
+    eager, (x,) = zoo.mlp(**SIZES)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4)
+    _train(eager, opt_e, range(2))
+    for name in frozen:
+        eager.get_parameter(name).requires_grad_(False)
+    _train(eager, opt_e, range(2, 3))
+    for name in frozen:
+        eager.get_parameter(name).requires_grad_(True)
+    _train(eager, opt_e, range(3, 4))
+    pm = _pm(zoo.mlp(**SIZES)[0], (x,), specs["ddp2"])
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, eps=1e-4)
+    _train(pm, opt, range(2))
+    checkpoint.save(pm, opt, f"{directory}/all-trained")
+    pm2 = _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs["tp2"])
+    for name in frozen:
+        pm2.get_parameter(name).requires_grad_(False)
+    opt2 = torch.optim.AdamW(pm2.parameters(), lr=1e-2, eps=1e-4)
+    try:
+        checkpoint.load(pm2, opt2, f"{directory}/all-trained")
+    except StateDictError as exc:
+        return str(exc)
+    _train(pm2, opt2, range(2, 3))
+    for name in frozen:
+        pm2.get_parameter(name).requires_grad_(True)
+    _train(pm2, opt2, range(3, 4))
+    return max(_diff(p, _shard(eager.get_parameter(fqn), specs["tp2"], fqn, pm2)) for fqn, p in pm2.named_parameters())
