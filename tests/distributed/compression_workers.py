@@ -124,3 +124,27 @@ def run_against_torch_ddp(rank: int, world_size: int, spec: ShardingSpec) -> dic
         grads = _sgd_grads(ddp, lambda step: (x[half], y[half]), DDP_STEPS)
         out[name] = [{k.removeprefix("module."): g for k, g in step.items()} for step in grads]
     return out
+
+
+def complex_codec_grads(rank: int, world_size: int, spec: ShardingSpec) -> dict:
+    """The complex spectral weight of an FNO layer (`complex_workers.spectral`) under each lossy codec on dp=2
+    (`spec`: ddp): per codec, its gradient after two backward passes on the same batch (the sum of two), next to
+    one device's. bf16 after the warm-up-free cast, PowerSGD rank 1 with one warm-up step (exact) then one
+    compressed step."""
+    from complex_workers import spectral
+
+    model, inputs = spectral()
+    traced = trace(model, inputs)
+    create_groups(all_axis_groups(spec.mesh))
+    reference = copy.deepcopy(model)
+    for _ in range(2):
+        reference(*inputs).pow(2).mean().backward()
+    out = {"reference": reference.w.grad.clone()}
+    for codec in (GradCompression("bf16"), GradCompression("powersgd", rank=1, warmup=1)):
+        pm = ParallelModule(traced, dataclasses.replace(spec, compression=codec), rank, copy.deepcopy(model))
+        grads = []
+        for _ in range(2):
+            pm(*inputs).pow(2).mean().backward()
+            grads.append(pm.get_parameter("w").grad.clone())
+        out[codec.kind] = grads
+    return out
