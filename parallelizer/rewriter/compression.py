@@ -92,6 +92,12 @@ class GradCompression:
         """Whether the codec changes the summed gradients (every kind but "none")."""
         return self.kind != "none"
 
+    def deviates_within(self, steps: int) -> bool:
+        """Whether `steps` gradient syncs of a bucket under this codec change the sum: a lossy kind, except
+        PowerSGD whose warm-up (`warmup` syncs all-reduced exactly by the hook) covers them (a plan's default
+        warm-up is 1000 steps: a rehearsal of a few steps is exact, and judged as such)."""
+        return self.lossy and not (self.kind == "powersgd" and self.warmup >= steps)
+
     @property
     def spec(self) -> str:
         """The string form passed to the emitted program ("" for none; "bf16"; "powersgd:RANK:SEED", with

@@ -61,7 +61,8 @@ from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
-                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, wide_judged)
+                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, unjudged_codec,
+                        wide_judged)
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -96,10 +97,10 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
         micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
         check_recipe_runs(trace(model, micro_args, micro_kwargs), micro_args, micro_kwargs, spec.autocast)
     world = pipeline.pp * spec.mesh.world_size
-    lossy = _lossy_codecs(spec, pipeline)
+    lossy, note = _lossy_codecs(spec, pipeline, steps)
     per_rank = spawn(_rank_judged, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps, bool(lossy),
                      timeout_s=timeout_s)
-    return _report(world, per_rank, lossy, spec.autocast)
+    return _report(world, per_rank, lossy, spec.autocast, note)
 
 
 def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
@@ -130,15 +131,18 @@ def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches
                                         "accumulation over the same microbatches)", found[0]), stacklevel=3)
 
 
-def _lossy_codecs(spec: ShardingSpec, pipeline) -> str:
-    """The lossy codecs the run uses, e.g. "powersgd:4:0, boundary int8" ("" for none): gradient compression
-    (`spec.compression`) and pipeline-boundary compression (`pipeline.compression`) both deviate by design."""
-    codecs = [spec.compression.spec] if spec.compression.lossy else []
+def _lossy_codecs(spec: ShardingSpec, pipeline, steps: int) -> tuple[str, str]:
+    """(the lossy codecs a run of `steps` steps uses, e.g. "powersgd:4:0, boundary int8" ("" for none); the note
+    `rehearsal.unjudged_codec` gives a gradient codec that stays exact over them): gradient compression
+    (`spec.compression`; PowerSGD within its warm-up is exact) and pipeline-boundary compression
+    (`pipeline.compression`) deviate by design."""
+    gradient, note = unjudged_codec(spec, steps)
+    codecs = [gradient] if gradient else []
     boundary = getattr(pipeline, "compression", None)
     if boundary is not None:
         kinds = sorted({c.codec for c in boundary.boundaries if c.codec != "none"})
         codecs += [f"boundary {'/'.join(kinds)}"] if kinds else []
-    return ", ".join(codecs)
+    return ", ".join(codecs), note
 
 
 def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,

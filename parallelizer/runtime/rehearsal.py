@@ -20,7 +20,8 @@ a wrong program.
 A plan with gradient compression (`ShardingSpec.compression`, `rewriter.compression`) approximates the
 gradient sum by design: its report gives the same measured differences (and the loss after the steps) but
 does not judge them against the tolerance (`RehearsalReport.expected_deviation`); without compression the
-check is as strict as ever.
+check is as strict as ever, and so it is for a PowerSGD plan whose warm-up covers the rehearsal's steps (exact
+all-reduces: `unjudged_codec`).
 """
 from __future__ import annotations
 
@@ -217,8 +218,25 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
         raise ValueError(f"rehearse_many: all cases must use the same number of devices, got {sorted(sizes)}; "
                          "group the cases by mesh size")
     per_rank = spawn(_rank_cases, sizes.pop(), cases, steps, lr, eps, timeout_s=timeout_s)
-    return [_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], spec.compression.spec, spec.autocast)
-            for i, (_, _, spec) in enumerate(cases)]
+    reports = []
+    for i, (_, _, spec) in enumerate(cases):
+        codec, note = unjudged_codec(spec, steps)
+        reports.append(_report(spec.mesh.world_size, [ranks[i] for ranks in per_rank], codec, spec.autocast, note))
+    return reports
+
+
+WARMUP_NOTE = "; the plan's PowerSGD ran within its warm-up ({} exact steps), so it is judged"
+
+
+def unjudged_codec(spec: ShardingSpec, steps: int) -> tuple[str, str]:
+    """(the gradient codec whose deviation a rehearsal of `steps` steps reports without judging it, "" when the
+    codec leaves the sums exact over those steps; a note for the report's reference). A PowerSGD plan within
+    its warm-up (`GradCompression.deviates_within`) is judged as an uncompressed one: its report said
+    "expected by design, not judged" for exact all-reduces (a plan's default warm-up is 1000 steps)."""
+    codec = spec.compression
+    if codec.deviates_within(steps):
+        return codec.spec, ""
+    return "", WARMUP_NOTE.format(codec.warmup) if codec.lossy else ""
 
 
 FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's own "
@@ -227,7 +245,8 @@ FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's 
 ZERO1_NOTE = "; the plan was stepped by ZeroRedundancyOptimizer(AdamW) over {!r} (its zero1), the reference by AdamW"
 
 
-def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None) -> RehearsalReport:
+def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None, note: str = ""
+            ) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params", "buffers") if k in r)
@@ -237,7 +256,8 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
                            results[0]["code"], compression, final, describe(recipe) + (
                                FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else "") + (
-                               ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else ""),
+                               ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else "")
+                           + note,
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""),
                            max((r["grad_scale"][0] for r in results), default=None) if all(
@@ -282,7 +302,7 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
     out, traces = [], {}
     for fn, kwargs, spec in cases:
         result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, traces=traces)
-        if spec.autocast is None and not spec.compression.spec and _any_rank_outside(result):
+        if spec.autocast is None and not spec.compression.deviates_within(steps) and _any_rank_outside(result):
             result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, wide=True, traces=traces)
         out.append(result)
     return out

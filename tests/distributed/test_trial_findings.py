@@ -38,6 +38,8 @@ def two_rank_reports():
              "bn_fed_bias_bf16_ddp": (bn_fed_bias_bf16, _plan(bn_fed_bias_bf16, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "bn_fed_bias_bf16_fsdp": (bn_fed_bias_bf16, _plan(bn_fed_bias_bf16, {"dp": 2}, axis_roles={"dp": "fsdp"})),
              "bn_fed_bias_fp16_ddp": (bn_fed_bias_fp16, _plan(bn_fed_bias_fp16, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "powersgd_in_warmup": (bn_fed_bias, _plan(bn_fed_bias, {"dp": 2}, axis_roles={"dp": "ddp"},
+                                                       compression="powersgd", powersgd_rank=1)),
              "bool_mask": (bool_mask_fill, _plan(bool_mask_fill, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "aux_in_place": (aux_loss_in_place, _plan(aux_loss_in_place, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "grad_by_freq": (embedding_grad_by_freq,
@@ -100,6 +102,16 @@ def test_rounding_of_a_cancelling_sum_is_judged_against_a_float64_reference(two_
     (MobileViT's conv biases on tp=2: a false alarm at 11x the bound)."""
     report = two_rank_reports["bn_fed_bias"]
     assert report.matches(), report
+
+
+def test_a_powersgd_plan_rehearsed_within_its_warm_up_is_judged(two_rank_reports):
+    """A PowerSGD plan (default warm-up: 1000 exact steps) rehearsed for 3 steps all-reduces exactly, yet its
+    report said "compression powersgd:1:0:1000 on: measured deviation (expected by design, not judged)": any
+    wrong number would have passed. Now it is judged as an uncompressed plan (here with the float64 copy: the
+    bias before the BatchNorm) and says why."""
+    report = two_rank_reports["powersgd_in_warmup"]
+    assert not report.expected_deviation and report.matches(), report
+    assert "PowerSGD ran within its warm-up (1000 exact steps)" in report.reference, report.reference
 
 
 @pytest.mark.parametrize("case", ["bn_fed_bias_bf16_ddp", "bn_fed_bias_bf16_fsdp", "bn_fed_bias_fp16_ddp"])

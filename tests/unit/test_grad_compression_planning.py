@@ -158,3 +158,19 @@ def test_powersgd_warmup_option_round_trips_and_bad_values_are_refused():
     for bad in (-1, True, 2.5):
         with pytest.raises(ValueError, match="powersgd_warmup"):
             PlanConfig(powersgd_warmup=bad)
+
+
+def test_a_powersgd_run_within_its_warm_up_is_judged():
+    """A rehearsal of a few steps of a PowerSGD plan with the default warm-up (1000 exact steps) all-reduces
+    exactly, yet its report said "expected by design, not judged": now only a codec that changes the sums over
+    the rehearsed steps goes unjudged (`rehearsal.unjudged_codec`, `GradCompression.deviates_within`)."""
+    from types import SimpleNamespace
+
+    from parallelizer.runtime.rehearsal import WARMUP_NOTE, unjudged_codec
+
+    cases = {GradCompression(): ("", ""), GradCompression("bf16"): ("bf16", ""),
+             GradCompression("powersgd", 4, warmup=1000): ("", WARMUP_NOTE.format(1000)),
+             GradCompression("powersgd", 4, warmup=3): ("", WARMUP_NOTE.format(3)),
+             GradCompression("powersgd", 4, warmup=2): ("powersgd:4:0:2", "")}
+    for codec, expected in cases.items():
+        assert unjudged_codec(SimpleNamespace(compression=codec), 3) == expected, codec
