@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
-from ..errors import PipelineError
+from ..errors import PipelineError, PlanMismatchError
 from ..tracer.graph import TracedGraph
 
 
@@ -55,4 +55,22 @@ def global_tensor_inputs(traced: TracedGraph, args: tuple, kwargs: dict, microba
                 traced.node(traced.input_names[0]).outputs[0].shape[0])
     micro = microbatch_of(args, kwargs, microbatches)
     position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
-    return [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
+    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
+    return [_traced_integer_width(name, t, traced.node(name).outputs[0].dtype)
+            for name, t in zip(traced.input_names, flat)]
+
+
+def _traced_integer_width(name: str, t: torch.Tensor, want: torch.dtype) -> torch.Tensor:
+    """`t` in the traced dtype when only its integer width differs (`tensor_inputs` lets int32 ids through): a
+    pipeline's stages receive values in buffers made for the traced dtypes, so an int32 tensor sent into an int64
+    buffer was read as other numbers (GPT-2's labels on pp=2 x dp=2: "Target 21474836506 is out of bounds" on one
+    rank, its peers waiting for ever; an integer mask would have been silently wrong). Raises PlanMismatchError
+    when a value does not fit the traced dtype."""
+    if t.dtype == want:
+        return t
+    cast = t.to(want)
+    if not torch.equal(cast.to(t.dtype), t):
+        raise PlanMismatchError(f"input {name!r} has dtype {t.dtype} but the pipeline was traced (and planned) with "
+                                f"{want}, which cannot hold all of its values: a pipeline's stages send and receive "
+                                f"the traced dtypes. Remedy: trace and plan again with inputs of dtype {t.dtype}")
+    return cast

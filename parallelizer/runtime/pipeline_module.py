@@ -57,7 +57,7 @@ from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_w
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
 from .modes import Retracer
-from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
+from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
 
 
 class PipelineModule(torch.nn.Module):
@@ -194,6 +194,7 @@ class PipelineModule(torch.nn.Module):
                 item_count=); item_count without target; a target that is not a tensor; a loss that is not 0-d.
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
+        check_grad_enabled("PipelineModule.step")
         check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs)
         self._check_modes()
         if target is not None and not isinstance(target, torch.Tensor):

@@ -59,6 +59,18 @@ def count_items(target) -> torch.Tensor | int:
     return (first != IGNORE_INDEX).sum()
 
 
+def check_grad_enabled(where: str) -> None:
+    """Raise StepError, on every rank alike and before any communication, when gradients are off
+    (`torch.no_grad()`, `torch.inference_mode()`): a step runs backward. Before, a ParallelModule raised autograd's
+    "element 0 of tensors does not require grad" from `backward`, and a pipeline torch's schedule error, whose
+    remedy (`eval()`) a PipelineModule refuses."""
+    if not torch.is_grad_enabled():
+        raise StepError(f"{where} under torch.no_grad() / torch.inference_mode(): a step runs backward. Remedy: call "
+                        "step with gradients on; to evaluate, call the module itself (a ParallelModule: pm.eval() and "
+                        "pm(*inputs) under torch.no_grad()), or evaluate the model from pm.full_model() / "
+                        "pm.full_state_dict() (a pipeline has no forward)")
+
+
 def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None) -> None:
     """Raise StepError, on every rank alike (it reads only the traced graph), when `loss_fn` is None and the
     model's first output is not a scalar loss. `where` names the caller in the message. `kwargs`: the step's

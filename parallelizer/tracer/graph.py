@@ -232,6 +232,17 @@ class TracedGraph:
         rest = {k: v for k, v in kwargs.items() if k not in missing}
         return (*args, *(kwargs[name] for name in missing)), rest
 
+    def _bind_extra_positional(self, traced_args: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call that passes positionally inputs beyond the traced positional ones (`pm(ids, mask)` for a model
+        traced as `model(ids, mask=mask)`), as Python binds them: each is moved to the keyword of the forward's
+        parameter at its position (`forward_positional`), unless the call passes that keyword too (Python's own
+        TypeError then stands). Before, such a call was a TypeError although the model takes it (trial r13c)."""
+        extra = args[traced_args:]
+        names = self.forward_positional[traced_args:traced_args + len(extra)]
+        if not extra or len(names) != len(extra) or any(name in kwargs for name in names):
+            return args, kwargs
+        return args[:traced_args], {**kwargs, **dict(zip(names, extra))}
+
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
         call has the traced structure and passes every constant input with its traced value.
@@ -242,6 +253,8 @@ class TracedGraph:
             ValueError: a constant input has another value than when traced (names it and both values).
         """
         spec = self.exported.call_spec.in_spec
+        if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict):
+            args, kwargs = self._bind_extra_positional(spec.child(0).num_children, tuple(args), kwargs)
         if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict) and self.untraced_defaults:
             args, kwargs = drop_passed_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
                                                 self.forward_positional, self.untraced_defaults, tuple(args), kwargs)
@@ -256,6 +269,9 @@ class TracedGraph:
         names = self.call_inputs or self.input_names
         tensors = []
         for name, value in zip(names, flat):
+            if name not in self.constant_inputs and not isinstance(value, torch.Tensor):
+                raise TypeError(_not_a_tensor(name, value, self.nodes[name].outputs[0] if name in self.nodes and
+                                              self.nodes[name].outputs else None))
             if isinstance(value, torch.Tensor) and name in self.nodes and self.nodes[name].outputs:
                 want = tuple(self.nodes[name].outputs[0].shape)
                 if tuple(value.shape) != want:
@@ -264,7 +280,7 @@ class TracedGraph:
                         f"{want}: a sharded program is made for the traced shapes. Remedy: pass batches of the "
                         "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
                         "for the new shape")
-                _check_float_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
+                check_input_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
@@ -438,16 +454,35 @@ def _short(value) -> str:
     return repr(value)
 
 
-def _check_float_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
-    """Raise PlanMismatchError when a floating input has another floating dtype than traced: dtype-reading code
-    (transformers' RMSNorm `x.to(input_dtype)`, `.float()` on an fp32 input) is baked or dropped at trace time,
-    so the program would compute in the traced dtype where the model computes (or refuses) otherwise (an fp64
-    `inputs_embeds` ran in fp32 while eager Llama raised). Integer width (int32 token ids) is left alone."""
-    if got != want and got.is_floating_point and want.is_floating_point:
+def integer_width_only(got: torch.dtype, want: torch.dtype) -> bool:
+    """Whether two dtypes differ only in integer width (int32 token ids where int64 was traced): both integer,
+    neither bool."""
+    return not (got.is_floating_point or got.is_complex or want.is_floating_point or want.is_complex
+                or torch.bool in (got, want))
+
+
+def check_input_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
+    """Raise PlanMismatchError when an input has another dtype than traced, unless only its integer width differs
+    (int32 token ids: the program runs them as given, as the model does). Dtype-reading code (transformers'
+    RMSNorm `x.to(input_dtype)`, `.float()` on an fp32 input, a branch on `mask.dtype == torch.bool`) is baked or
+    dropped at trace time, so the program would compute in the traced dtype where the model computes (or refuses)
+    otherwise: an fp64 `inputs_embeds` ran in fp32 while eager Llama raised; a float input given where an integer
+    was traced (or a bool mask where a float one was) ran the traced branch, or raised torch's error from inside
+    the program (trial r13c)."""
+    if got != want and not integer_width_only(got, want):
         raise PlanMismatchError(
             f"input {name!r} has dtype {got} but the graph was traced (and planned) with {want}: code reading the "
             f"input's dtype was fixed when tracing. Remedy: cast it (`.to({want})`), or trace and plan again with "
             "inputs of that dtype")
+
+
+def _not_a_tensor(name: str, value, traced) -> str:
+    """The TypeError text of a call passing a non-tensor (None for an optional mask) where a tensor was traced."""
+    what = f"a tensor of shape {tuple(traced.shape)} and dtype {traced.dtype}" if traced is not None else "a tensor"
+    return (f"input {name!r} is {_short(value)} but the graph was traced (and planned) with {what}: the program "
+            f"computes with that tensor. Remedy: pass a tensor of that shape and dtype (for an optional mask, the "
+            f"value meaning 'no mask', e.g. all ones), or trace and plan again with {name}={_short(value)} "
+            "(example_inputs / example_kwargs)")
 
 
 def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
