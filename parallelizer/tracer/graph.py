@@ -259,10 +259,8 @@ class TracedGraph:
             args, kwargs = drop_passed_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
                                                 self.forward_positional, self.untraced_defaults, tuple(args), kwargs)
         args, kwargs = self._bind_positional_keywords(spec, tuple(args), kwargs)
-        if spec is not None and isinstance(kwargs, dict) and spec.num_children == 2:
-            order = spec.child(1).context  # keywords in the traced order (a call may order them freely)
-            if isinstance(order, list) and set(order) == set(kwargs):
-                kwargs = {k: kwargs[k] for k in order}
+        if spec is not None:  # keywords and dict keys in the traced order (a call may order them freely)
+            args, kwargs = _in_traced_order((tuple(args), kwargs), spec)
         flat, in_spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec is not None and in_spec != spec:
             raise TypeError(_call_mismatch(spec, in_spec, args, kwargs))
@@ -485,6 +483,18 @@ def _not_a_tensor(name: str, value, traced) -> str:
             "(example_inputs / example_kwargs)")
 
 
+def _in_traced_order(value, spec):
+    """`value` with every plain dict (the keywords, a dict input and dicts nested in it) holding the same keys as
+    its traced counterpart in `spec` rebuilt in the traced key order: a dict's keys are a set to the model, but
+    pytree's structure compares them in order, so `pm({"y": y, "x": x})` for a model traced with `{"x": x, "y": y}`
+    was a TypeError "the nesting of the inputs differs" (trial r13c). Anything else is returned as it is."""
+    if spec.type is dict and type(value) is dict and set(value) == set(spec.context or ()):
+        return {k: _in_traced_order(value[k], spec.child(i)) for i, k in enumerate(spec.context)}
+    if spec.type in (tuple, list) and type(value) is spec.type and len(value) == spec.num_children:
+        return spec.type(_in_traced_order(v, spec.child(i)) for i, v in enumerate(value))
+    return value
+
+
 def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
     """The TypeError text of a call whose structure is not the traced one: the positional count and the
     keywords missing or extra, then both structures."""
@@ -497,10 +507,32 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
         parts.append(f"unexpected keyword(s) {sorted(set(kwargs) - traced_kwargs)}")
     if traced_kwargs - set(kwargs):
         parts.append(f"missing keyword(s) {sorted(traced_kwargs - set(kwargs))}")
-    what = "; ".join(parts) or "the nesting of the inputs differs"
+    what = "; ".join(parts) or _first_difference(spec, got) or "the nesting of the inputs differs"
     return (f"inputs do not match the traced call: {what}. Remedy: call the module with the inputs it was traced "
             f"with (example_inputs / example_kwargs), or trace and plan again for this call. Traced structure: "
             f"{spec}; got: {got}")
+
+
+def _first_difference(spec, got, path: str = "") -> str | None:
+    """Where two call structures first differ, in words (`inputs[0]['y']` missing, a list where a dict was
+    traced), or None when they agree (the top level's counts and keywords are told by `_call_mismatch`)."""
+    def at(i):
+        key = spec.context[i] if spec.type is dict else i
+        return path + (f"[{key!r}]" if path else ("inputs" if i == 0 else "keywords"))
+    if spec.type is not got.type:
+        return f"{path or 'the call'} is a {got.type.__name__} where a {spec.type.__name__} was traced"
+    if spec.type is dict and spec.context != got.context:
+        traced, given = set(spec.context or ()), set(got.context or ())
+        missing, extra = sorted(traced - given, key=str), sorted(given - traced, key=str)
+        return (f"{path or 'the call'} has keys {list(got.context)}, traced with {list(spec.context)}"
+                + (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else ""))
+    if spec.num_children != got.num_children:
+        return f"{path or 'the call'} has {got.num_children} element(s), traced with {spec.num_children}"
+    for i in range(spec.num_children):
+        found = _first_difference(spec.child(i), got.child(i), at(i))
+        if found:
+            return found
+    return None
 
 
 _NO_DRAW_WHEN = ("p", "dropout_p", "dropout", "train", "training")  # arguments whose 0 / False means no draw

@@ -10,6 +10,9 @@ model: each gives eager's numbers or a typed error naming the input, the traced 
   traced shape and dtype and the remedy;
 - an input traced as a keyword passed positionally (`pm(ids, mask)` for `model(ids, mask=mask)`): a false
   TypeError, although the model takes it; now bound as Python binds it;
+- a dict input with its keys in another order: a false TypeError "the nesting of the inputs differs" (dict keys are
+  a set to the model, an order to pytree); now reordered as traced, and a missing / extra key or a list for a dict
+  is named;
 - `pm.step` under `torch.no_grad()` / `torch.inference_mode()`: autograd's "element 0 of tensors does not require
   grad" from backward; now a StepError before the forward.
 """
@@ -101,3 +104,29 @@ def test_step_with_gradients_off_is_a_step_error(context):
         pm.step(ids, target=ids, loss_fn=loss_fn, mask=additive)
     loss = pm.step(ids, target=ids, loss_fn=loss_fn, mask=additive)  # gradients on again: the step runs
     torch.testing.assert_close(loss, loss_fn(model(ids, mask=additive), ids))
+
+
+class _DictInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(6, 12), nn.Linear(4, 12), nn.Linear(12, 3)
+
+    def forward(self, batch):
+        return self.out(torch.relu(self.a(batch["x"]) + self.b(batch["y"])))
+
+
+def test_a_dict_input_in_another_key_order_runs_and_other_keys_are_named():
+    """A dict's keys are a set to the model; pytree compares them in order. Before: `pm({"y": y, "x": x})` was a
+    TypeError "the nesting of the inputs differs", as were a missing or an extra key, without naming it."""
+    torch.manual_seed(0)
+    model = _DictInput()
+    x, y = torch.randn(4, 6), torch.randn(4, 4)
+    pm = parallelizer.auto_parallelize(model, ({"x": x, "y": y},))
+    torch.testing.assert_close(pm({"y": y, "x": x}), model({"x": x, "y": y}))
+    with pytest.raises(TypeError, match=r"inputs\[0\] has keys \['x'\], traced with \['x', 'y'\] \(missing \['y'\]\)"):
+        pm({"x": x})
+    with pytest.raises(TypeError, match=r"inputs\[0\] has keys \['x', 'y', 'z'\], traced with \['x', 'y'\] "
+                                        r"\(unexpected \['z'\]\)"):
+        pm({"x": x, "y": y, "z": y})
+    with pytest.raises(TypeError, match=r"inputs\[0\] is a list where a dict was traced"):
+        pm([x, y])
