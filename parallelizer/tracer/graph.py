@@ -243,6 +243,19 @@ class TracedGraph:
             return args, kwargs
         return args[:traced_args], {**kwargs, **dict(zip(names, extra))}
 
+    def _check_input_device(self, name: str, got: torch.device) -> None:
+        """Raise PlanMismatchError when an input is on another device type than traced (a CPU batch given to a
+        model traced on GPU; a meta tensor): the program's ops and collectives would meet it deep inside, where
+        the model's own `x.to(device)` was baked away when the input already lay there. Model on meta: no check."""
+        node = next(iter(self.graph_module.graph.find_nodes(op="placeholder", target=name)), None)
+        val = node.meta.get("val") if node is not None else None
+        want = val.device if isinstance(val, torch.Tensor) else None
+        if want is not None and want.type != "meta" and got.type != want.type:
+            raise PlanMismatchError(
+                f"input {name!r} is on device {got} but the graph was traced (and planned) with it on {want}: the "
+                f"program runs on the traced devices. Remedy: move it there first (`.to({str(want)!r})`), or trace "
+                "and plan again with inputs on that device")
+
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
         call has the traced structure and passes every constant input with its traced value.
@@ -279,6 +292,7 @@ class TracedGraph:
                         "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
                         "for the new shape")
                 check_input_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
+                self._check_input_device(name, value.device)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:

@@ -130,3 +130,32 @@ def test_a_dict_input_in_another_key_order_runs_and_other_keys_are_named():
         pm({"x": x, "y": y, "z": y})
     with pytest.raises(TypeError, match=r"inputs\[0\] is a list where a dict was traced"):
         pm([x, y])
+
+
+def test_an_input_on_another_device_is_named():
+    """Before: torch's "Tensor on device meta is not on the expected device cpu!" from inside the program (on a GPU
+    plan, a CPU batch would reach the program's ops and collectives the same way)."""
+    model, ids, _, additive = _model_and_inputs()
+    pm = parallelizer.auto_parallelize(model, (ids,), example_kwargs={"mask": additive})
+    with pytest.raises(PlanMismatchError, match=r"input 'mask' is on device meta but the graph was traced \(and "
+                                                r"planned\) with it on cpu(.|\n)*Remedy: move it there first"):
+        pm(ids, mask=additive.to("meta"))
+
+
+def test_pipeline_batch_checks_name_the_input_and_integer_widths_take_the_traced_dtype():
+    """`global_tensor_inputs` (every pipeline step): a short last batch names the input as the caller wrote it
+    (before: "an input or target of shape ..."); an int32 input where int64 was traced comes back int64 (the
+    stages' buffers hold the traced dtype), one whose values the traced dtype cannot hold is refused."""
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.microbatches import global_tensor_inputs
+
+    model, ids, _, additive = _model_and_inputs()
+    traced = parallelizer.trace(model, (ids[:2],), {"mask": additive[:2]})  # one of 2 microbatches
+    with pytest.raises(PipelineError, match=r"input 'mask' of shape \(3, 6\) does not split into 2 microbatches"):
+        global_tensor_inputs(traced, (ids,), {"mask": additive[:3]}, 2)
+    flat = global_tensor_inputs(traced, (ids.int(),), {"mask": additive}, 2)
+    assert flat[0].dtype == torch.int64 and torch.equal(flat[0], ids)
+    narrow = parallelizer.trace(model, (ids[:2].int(),), {"mask": additive[:2]})
+    with pytest.raises(PlanMismatchError, match=r"input 'ids' has dtype torch.int64 but the pipeline was traced "
+                                                r"\(and planned\) with torch.int32, which cannot hold"):
+        global_tensor_inputs(narrow, (ids + 2 ** 40,), {"mask": additive}, 2)
