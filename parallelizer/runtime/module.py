@@ -336,7 +336,8 @@ class ParallelModule(torch.nn.Module):
             StepError: no loss_fn and no scalar first output, or a loss that is not 0-d.
         """
         check_grad_enabled("ParallelModule.step")
-        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs)
+        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs,
+                          ("target",) if target is not None else ())
         loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)
         loss.backward()
         return loss.detach()

@@ -195,7 +195,8 @@ class PipelineModule(torch.nn.Module):
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
         check_grad_enabled("PipelineModule.step")
-        check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs)
+        check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs,
+                          ("target",) * (target is not None) + ("item_count",) * (item_count is not count_items))
         self._check_modes()
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "

@@ -159,3 +159,27 @@ def test_pipeline_batch_checks_name_the_input_and_integer_widths_take_the_traced
     with pytest.raises(PlanMismatchError, match=r"input 'ids' has dtype torch.int64 but the pipeline was traced "
                                                 r"\(and planned\) with torch.int32, which cannot hold"):
         global_tensor_inputs(narrow, (ids + 2 ** 40,), {"mask": additive}, 2)
+
+
+class _OwnTarget(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, target=None):
+        out = self.fc(x)
+        return (nn.functional.cross_entropy(out, target), out) if target is not None else out
+
+
+def test_a_model_input_named_like_a_step_argument_is_told_apart():
+    """`pm.step(x, target=y)` for a model traced as `model(x, target=y)`: step keeps `target` as its loss target, so
+    the model was called without it, and the TypeError "missing keyword(s) ['target']" told the caller to pass what
+    they had passed. Now a StepError with the positional remedy, which runs as eager."""
+    torch.manual_seed(0)
+    model = _OwnTarget()
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+    pm = parallelizer.auto_parallelize(model, (x,), example_kwargs={"target": y})
+    with pytest.raises(StepError, match=r"traced with the keyword input\(s\) \['target'\], which step takes as its "
+                                        r"own(.|\n)*Remedy: pass them to step positionally"):
+        pm.step(x, target=y)
+    torch.testing.assert_close(pm.step(x, y), model(x, target=y)[0].detach())
