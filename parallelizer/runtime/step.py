@@ -67,9 +67,9 @@ def check_grad_enabled(where: str) -> None:
     remedy (`eval()`) a PipelineModule refuses."""
     if not torch.is_grad_enabled():
         raise StepError(f"{where} under torch.no_grad() / torch.inference_mode(): a step runs backward. Remedy: call "
-                        "step with gradients on; to evaluate, call the module itself (a ParallelModule: pm.eval() and "
-                        "pm(*inputs) under torch.no_grad()), or evaluate the model from pm.full_model() / "
-                        "pm.full_state_dict() (a pipeline has no forward)")
+                        "step with gradients on; to evaluate, call a ParallelModule itself (pm.eval(), then pm(*inputs) "
+                        "under torch.no_grad()); a PipelineModule has no forward: load pm.full_state_dict() (on every "
+                        "rank) into the model on one device and evaluate that")
 
 
 def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None,
