@@ -258,12 +258,17 @@ class TracedGraph:
 
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
-        call has the traced structure and passes every constant input with its traced value.
+        call has the traced structure and passes every constant input with its traced value. The call is first
+        bound as Python binds it for the forward (keywords for traced positions, positions for traced keywords,
+        dict keys in any order).
 
         Raises:
-            TypeError: the call's structure (positional count, keyword names, nesting) differs from the trace;
-                an input the traced call left at its default is passed with another value (`call_defaults`).
+            TypeError: the call's structure (positional count, keyword names, nesting, dict keys) differs from the
+                trace; an input the traced call left at its default is passed with another value (`call_defaults`);
+                a non-tensor (None) is passed where a tensor was traced.
             ValueError: a constant input has another value than when traced (names it and both values).
+            PlanMismatchError: a tensor of another shape, dtype (integer width aside: `check_input_dtype`) or
+                device type than traced.
         """
         spec = self.exported.call_spec.in_spec
         if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict):
