@@ -33,6 +33,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES
+from ..tracer.device_free import views_as_reshapes
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from .step import StepError
@@ -276,7 +277,10 @@ def _program(source: torch.fx.Graph, inputs: tuple[str, ...], value: torch.fx.No
         if n.op == "call_function" and n.name in needed:
             env[n.name] = graph.node_copy(n, lambda a: env[a.name])
     graph.output(finish(graph, env[value.name]))
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    program = torch.fx.GraphModule(torch.nn.Module(), graph)
+    if views_as_reshapes(program):  # make_fx of a loss_fn records `flatten` of its contiguous fake target as a
+        program.recompile()  # view, which raised on an expanded target (on the ranks that count: the others hung)
+    return program
 
 
 def batch_target(weighting: OwnLossWeighting, flat: list[torch.Tensor], microbatches: int) -> tuple[torch.Tensor, object]:

@@ -63,7 +63,7 @@ from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .precision import autocast
-from .step import LossFn, check_loss_source, compute_loss
+from .step import LossFn, check_grad_enabled, check_loss_source, compute_loss
 
 MAX_PROGRAMS = 8
 """Programs kept for modes / settings other than the first (each change of a setting traces the model again)."""
@@ -335,7 +335,9 @@ class ParallelModule(torch.nn.Module):
         Raises:
             StepError: no loss_fn and no scalar first output, or a loss that is not 0-d.
         """
-        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs)
+        check_grad_enabled("ParallelModule.step")
+        check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs,
+                          ("target",) if target is not None else ())
         loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)
         loss.backward()
         return loss.detach()

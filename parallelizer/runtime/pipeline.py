@@ -422,7 +422,7 @@ class PipelineRun:
                 silently make uneven microbatches, and the loss would weigh them wrongly).
         """
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
-                    self.microbatch_size)
+                    self.microbatch_size, [None] * len(inputs) + ["target"])
         earlier = _take_grads(self)  # reduced already: only this step's part is reduced
         self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
         finals = [stage.final_backwards for stage in self.pipe]

@@ -57,7 +57,7 @@ from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_w
                           own_loss_weighting)
 from .loss_weight import batch_target as batch_target_of
 from .modes import Retracer
-from .step import LossFn, StepError, check_loss_source, compute_loss, count_items
+from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
 
 
 class PipelineModule(torch.nn.Module):
@@ -194,7 +194,9 @@ class PipelineModule(torch.nn.Module):
                 item_count=); item_count without target; a target that is not a tensor; a loss that is not 0-d.
             TypeError / ValueError / PlanMismatchError: inputs of another structure or shape than traced.
         """
-        check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs)
+        check_grad_enabled("PipelineModule.step")
+        check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs,
+                          ("target",) * (target is not None) + ("item_count",) * (item_count is not count_items))
         self._check_modes()
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "

@@ -35,6 +35,7 @@ from ..tracer.graph import TracedGraph
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index (torch docs), used by transformers
 
 LossFn = Callable[[object, object], torch.Tensor]
+STEP_KEYWORDS = ("target", "loss_fn", "item_count")  # step's own keyword arguments: never passed to the model
 
 
 class StepError(ParallelizerError, ValueError):
@@ -59,11 +60,34 @@ def count_items(target) -> torch.Tensor | int:
     return (first != IGNORE_INDEX).sum()
 
 
-def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None) -> None:
+def check_grad_enabled(where: str) -> None:
+    """Raise StepError, on every rank alike and before any communication, when gradients are off
+    (`torch.no_grad()`, `torch.inference_mode()`): a step runs backward. Before, a ParallelModule raised autograd's
+    "element 0 of tensors does not require grad" from `backward`, and a pipeline torch's schedule error, whose
+    remedy (`eval()`) a PipelineModule refuses."""
+    if not torch.is_grad_enabled():
+        raise StepError(f"{where} under torch.no_grad() / torch.inference_mode(): a step runs backward. Remedy: call "
+                        "step with gradients on; to evaluate, call a ParallelModule itself (pm.eval(), then pm(*inputs) "
+                        "under torch.no_grad()); a PipelineModule has no forward: load pm.full_state_dict() (on every "
+                        "rank) into the model on one device and evaluate that")
+
+
+def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None,
+                      given: tuple[str, ...] = ()) -> None:
     """Raise StepError, on every rank alike (it reads only the traced graph), when `loss_fn` is None and the
     model's first output is not a scalar loss. `where` names the caller in the message. `kwargs`: the step's
     keyword inputs; one the model was not traced with (`labels=` given to step but not in `example_kwargs`) is
-    named with its remedy (before, the message told such a caller to pass labels=, which they had)."""
+    named with its remedy (before, the message told such a caller to pass labels=, which they had). `given`: the
+    names of step's own arguments (`STEP_KEYWORDS`) the call gave; one the model was traced with as a keyword input
+    (a forward(x, target)) is a StepError: step keeps it, so the model would be called without it."""
+    spec = traced.exported.call_spec.in_spec
+    traced_keywords = set(spec.child(1).context or ()) if spec is not None and spec.num_children == 2 else set()
+    taken = sorted(traced_keywords.intersection(given) - set(kwargs or {}))
+    if taken:  # step consumed them (before: "missing keyword(s) ['target']" told the caller to pass what they had)
+        raise StepError(f"{where}: the model was traced with the keyword input(s) {taken}, which step takes as its "
+                        f"own argument(s) ({', '.join(STEP_KEYWORDS)}), so the model would be called without them. "
+                        f"Remedy: pass them to step positionally in the forward's order (pm.step(x, y) for forward(x, "
+                        f"{taken[0]})), or rename the model's parameter")
     if loss_fn is not None:
         return
     out = traced.graph_module.graph.output_node()
@@ -71,9 +95,7 @@ def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, k
     torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
     shape = tuple(traced.node(names[0]).outputs[0].shape) if names and traced.node(names[0]).outputs else None
     if shape != ():
-        spec = traced.exported.call_spec.in_spec
-        traced_keywords = spec.child(1).context if spec is not None and spec.num_children == 2 else None
-        known = set(traced_keywords or ()) | set(traced.call_inputs or traced.input_names)
+        known = traced_keywords | set(traced.call_inputs or traced.input_names)
         extra = sorted(k for k in (kwargs or {}) if k not in known)
         if extra:
             raise StepError(f"{where}: loss_fn=None, but the model's first output has shape {shape}, not a scalar "

@@ -232,30 +232,62 @@ class TracedGraph:
         rest = {k: v for k, v in kwargs.items() if k not in missing}
         return (*args, *(kwargs[name] for name in missing)), rest
 
+    def _bind_extra_positional(self, traced_args: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call that passes positionally inputs beyond the traced positional ones (`pm(ids, mask)` for a model
+        traced as `model(ids, mask=mask)`), as Python binds them: each is moved to the keyword of the forward's
+        parameter at its position (`forward_positional`), unless the call passes that keyword too (Python's own
+        TypeError then stands). Before, such a call was a TypeError although the model takes it (trial r13c)."""
+        extra = args[traced_args:]
+        names = self.forward_positional[traced_args:traced_args + len(extra)]
+        if not extra or len(names) != len(extra) or any(name in kwargs for name in names):
+            return args, kwargs
+        return args[:traced_args], {**kwargs, **dict(zip(names, extra))}
+
+    def _check_input_device(self, name: str, got: torch.device) -> None:
+        """Raise PlanMismatchError when an input is on another device type than traced (a CPU batch given to a
+        model traced on GPU; a meta tensor): the program's ops and collectives would meet it deep inside, where
+        the model's own `x.to(device)` was baked away when the input already lay there. Model on meta: no check."""
+        node = next(iter(self.graph_module.graph.find_nodes(op="placeholder", target=name)), None)
+        val = node.meta.get("val") if node is not None else None
+        want = val.device if isinstance(val, torch.Tensor) else None
+        if want is not None and want.type != "meta" and got.type != want.type:
+            raise PlanMismatchError(
+                f"input {name!r} is on device {got} but the graph was traced (and planned) with it on {want}: the "
+                f"program runs on the traced devices. Remedy: move it there first (`.to({str(want)!r})`), or trace "
+                "and plan again with inputs on that device")
+
     def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
-        call has the traced structure and passes every constant input with its traced value.
+        call has the traced structure and passes every constant input with its traced value. The call is first
+        bound as Python binds it for the forward (keywords for traced positions, positions for traced keywords,
+        dict keys in any order).
 
         Raises:
-            TypeError: the call's structure (positional count, keyword names, nesting) differs from the trace;
-                an input the traced call left at its default is passed with another value (`call_defaults`).
+            TypeError: the call's structure (positional count, keyword names, nesting, dict keys) differs from the
+                trace; an input the traced call left at its default is passed with another value (`call_defaults`);
+                a non-tensor (None) is passed where a tensor was traced.
             ValueError: a constant input has another value than when traced (names it and both values).
+            PlanMismatchError: a tensor of another shape, dtype (integer width aside: `check_input_dtype`) or
+                device type than traced.
         """
         spec = self.exported.call_spec.in_spec
+        if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict):
+            args, kwargs = self._bind_extra_positional(spec.child(0).num_children, tuple(args), kwargs)
         if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict) and self.untraced_defaults:
             args, kwargs = drop_passed_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
                                                 self.forward_positional, self.untraced_defaults, tuple(args), kwargs)
         args, kwargs = self._bind_positional_keywords(spec, tuple(args), kwargs)
-        if spec is not None and isinstance(kwargs, dict) and spec.num_children == 2:
-            order = spec.child(1).context  # keywords in the traced order (a call may order them freely)
-            if isinstance(order, list) and set(order) == set(kwargs):
-                kwargs = {k: kwargs[k] for k in order}
+        if spec is not None:  # keywords and dict keys in the traced order (a call may order them freely)
+            args, kwargs = _in_traced_order((tuple(args), kwargs), spec)
         flat, in_spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec is not None and in_spec != spec:
             raise TypeError(_call_mismatch(spec, in_spec, args, kwargs))
         names = self.call_inputs or self.input_names
         tensors = []
         for name, value in zip(names, flat):
+            if name not in self.constant_inputs and not isinstance(value, torch.Tensor):
+                raise TypeError(_not_a_tensor(name, value, self.nodes[name].outputs[0] if name in self.nodes and
+                                              self.nodes[name].outputs else None))
             if isinstance(value, torch.Tensor) and name in self.nodes and self.nodes[name].outputs:
                 want = tuple(self.nodes[name].outputs[0].shape)
                 if tuple(value.shape) != want:
@@ -264,7 +296,8 @@ class TracedGraph:
                         f"{want}: a sharded program is made for the traced shapes. Remedy: pass batches of the "
                         "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
                         "for the new shape")
-                _check_float_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
+                check_input_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
+                self._check_input_device(name, value.device)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
@@ -438,16 +471,47 @@ def _short(value) -> str:
     return repr(value)
 
 
-def _check_float_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
-    """Raise PlanMismatchError when a floating input has another floating dtype than traced: dtype-reading code
-    (transformers' RMSNorm `x.to(input_dtype)`, `.float()` on an fp32 input) is baked or dropped at trace time,
-    so the program would compute in the traced dtype where the model computes (or refuses) otherwise (an fp64
-    `inputs_embeds` ran in fp32 while eager Llama raised). Integer width (int32 token ids) is left alone."""
-    if got != want and got.is_floating_point and want.is_floating_point:
+def integer_width_only(got: torch.dtype, want: torch.dtype) -> bool:
+    """Whether two dtypes differ only in integer width (int32 token ids where int64 was traced): both integer,
+    neither bool."""
+    return not (got.is_floating_point or got.is_complex or want.is_floating_point or want.is_complex
+                or torch.bool in (got, want))
+
+
+def check_input_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
+    """Raise PlanMismatchError when an input has another dtype than traced, unless only its integer width differs
+    (int32 token ids: the program runs them as given, as the model does). Dtype-reading code (transformers'
+    RMSNorm `x.to(input_dtype)`, `.float()` on an fp32 input, a branch on `mask.dtype == torch.bool`) is baked or
+    dropped at trace time, so the program would compute in the traced dtype where the model computes (or refuses)
+    otherwise: an fp64 `inputs_embeds` ran in fp32 while eager Llama raised; a float input given where an integer
+    was traced (or a bool mask where a float one was) ran the traced branch, or raised torch's error from inside
+    the program (trial r13c)."""
+    if got != want and not integer_width_only(got, want):
         raise PlanMismatchError(
             f"input {name!r} has dtype {got} but the graph was traced (and planned) with {want}: code reading the "
             f"input's dtype was fixed when tracing. Remedy: cast it (`.to({want})`), or trace and plan again with "
             "inputs of that dtype")
+
+
+def _not_a_tensor(name: str, value, traced) -> str:
+    """The TypeError text of a call passing a non-tensor (None for an optional mask) where a tensor was traced."""
+    what = f"a tensor of shape {tuple(traced.shape)} and dtype {traced.dtype}" if traced is not None else "a tensor"
+    return (f"input {name!r} is {_short(value)} but the graph was traced (and planned) with {what}: the program "
+            f"computes with that tensor. Remedy: pass a tensor of that shape and dtype (for an optional mask, the "
+            f"value meaning 'no mask', e.g. all ones), or trace and plan again with {name}={_short(value)} "
+            "(example_inputs / example_kwargs)")
+
+
+def _in_traced_order(value, spec):
+    """`value` with every plain dict (the keywords, a dict input and dicts nested in it) holding the same keys as
+    its traced counterpart in `spec` rebuilt in the traced key order: a dict's keys are a set to the model, but
+    pytree's structure compares them in order, so `pm({"y": y, "x": x})` for a model traced with `{"x": x, "y": y}`
+    was a TypeError "the nesting of the inputs differs" (trial r13c). Anything else is returned as it is."""
+    if spec.type is dict and type(value) is dict and set(value) == set(spec.context or ()):
+        return {k: _in_traced_order(value[k], spec.child(i)) for i, k in enumerate(spec.context)}
+    if spec.type in (tuple, list) and type(value) is spec.type and len(value) == spec.num_children:
+        return spec.type(_in_traced_order(v, spec.child(i)) for i, v in enumerate(value))
+    return value
 
 
 def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
@@ -462,10 +526,32 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
         parts.append(f"unexpected keyword(s) {sorted(set(kwargs) - traced_kwargs)}")
     if traced_kwargs - set(kwargs):
         parts.append(f"missing keyword(s) {sorted(traced_kwargs - set(kwargs))}")
-    what = "; ".join(parts) or "the nesting of the inputs differs"
+    what = "; ".join(parts) or _first_difference(spec, got) or "the nesting of the inputs differs"
     return (f"inputs do not match the traced call: {what}. Remedy: call the module with the inputs it was traced "
             f"with (example_inputs / example_kwargs), or trace and plan again for this call. Traced structure: "
             f"{spec}; got: {got}")
+
+
+def _first_difference(spec, got, path: str = "") -> str | None:
+    """Where two call structures first differ, in words (`inputs[0]['y']` missing, a list where a dict was
+    traced), or None when they agree (the top level's counts and keywords are told by `_call_mismatch`)."""
+    def at(i):
+        key = spec.context[i] if spec.type is dict else i
+        return path + (f"[{key!r}]" if path else ("inputs" if i == 0 else "keywords"))
+    if spec.type is not got.type:
+        return f"{path or 'the call'} is a {got.type.__name__} where a {spec.type.__name__} was traced"
+    if spec.type is dict and spec.context != got.context:
+        traced, given = set(spec.context or ()), set(got.context or ())
+        missing, extra = sorted(traced - given, key=str), sorted(given - traced, key=str)
+        return (f"{path or 'the call'} has keys {list(got.context)}, traced with {list(spec.context)}"
+                + (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else ""))
+    if spec.num_children != got.num_children:
+        return f"{path or 'the call'} has {got.num_children} element(s), traced with {spec.num_children}"
+    for i in range(spec.num_children):
+        found = _first_difference(spec.child(i), got.child(i), at(i))
+        if found:
+            return found
+    return None
 
 
 _NO_DRAW_WHEN = ("p", "dropout_p", "dropout", "train", "training")  # arguments whose 0 / False means no draw
