@@ -117,3 +117,24 @@ def test_a_second_wrapped_model_is_watched_on_its_own():
         b(x)
     with pytest.warns(parallelizer.StaleModelWarning):
         a(x)
+
+
+def test_clipping_the_original_models_parameters_is_refused_and_pms_clip_as_one_device():
+    """trial r13a: a DDP script's `clip_grad_norm_(model.parameters(), c)` with `model` still the original
+    returned a norm of 0 and left pm's gradients unclipped, silently (DDP shares the tensors; we do not)."""
+    model, ref, pm, x = _setup()
+    pm.step(x, target=x * 10, loss_fn=_loss)
+    _loss(ref(x), x * 10).backward()
+    with pytest.raises(OptimizerError, match=r"clip_grad_norm_.*pm\.parameters\(\)") as info:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    assert info.value.parameter == "0.weight"
+    with pytest.raises(OptimizerError, match=r"clip_grad_value_.*pm\.parameters\(\)"):
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.01)
+    norm = torch.nn.utils.clip_grad_norm_(pm.parameters(), 0.1)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+    torch.testing.assert_close(norm, ref_norm)
+    assert ref_norm > 1.0  # the clip is real: without it the gradients would be this much larger
+    torch.nn.utils.clip_grad_value_(pm.parameters(), 0.001)
+    torch.nn.utils.clip_grad_value_(ref.parameters(), 0.001)
+    for (name, p), q in zip(pm.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
