@@ -46,3 +46,45 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
     # stack levels: check, the hook, torch's caller(s) of the hook, then the user's line
     model.register_forward_pre_hook(lambda mod, args: check(mod, "a forward", 6))
     model.register_state_dict_pre_hook(lambda mod, prefix, keep_vars: check(mod, "state_dict()", 4))
+    _watch_writes(model_ref, module_ref)
+
+
+def _state(model: torch.nn.Module) -> dict[str, tuple[int, int, bool]]:
+    """(tensor id, version counter, requires_grad) of each parameter of `model`, by name (buffers are left out:
+    an eager reference forward of the model writes its BatchNorm statistics)."""
+    return {name: (id(t), t._version, t.requires_grad) for name, t in model.named_parameters()}
+
+
+def _watch_writes(model_ref, module_ref) -> None:
+    """The other direction (trial r13a): warn `StaleModelWarning` once, at the parallel module's next forward,
+    when the MODEL was changed after wrapping by what users do to it before training: a checkpoint loaded into
+    it (`model.load_state_dict(...)`), values written in place, tensors replaced, parameters frozen or unfrozen
+    (`requires_grad_`). The parallel module never reads the model again, so it trained from the weights (and
+    with the frozen set) it had when it was wrapped, silently: with DDP, which shares the model's tensors, the
+    same script trains the loaded weights. A model trained eagerly after wrapping (a reference run: its
+    parameters have gradients) is left alone."""
+    start, state = _state(model_ref()), {"warned": False}
+
+    def check(mod: torch.nn.Module, args) -> None:
+        model = model_ref()
+        if state["warned"] or mod is not module_ref() or model is None:
+            return
+        params = dict(model.named_parameters())
+        if any(p.grad is not None for p in params.values()):
+            return  # trained eagerly after wrapping: a reference, not a set-up step
+        now = _state(model)
+        changed = [n for n, v in now.items() if start.get(n) != v] + [n for n in start if n not in now]
+        if not changed:
+            return
+        state["warned"] = True
+        what = ("its requires_grad" if all(start.get(n, (0, 0, None))[:2] == now.get(n, (1, 1, None))[:2]
+                                             for n in changed) else "its values (a load, an in-place write)")
+        warnings.warn(StaleModelWarning(
+            f"the model given to auto_parallelize was changed after wrapping (e.g. {changed[0]!r}: {what}): the "
+            f"{type(mod).__name__} holds its own tensors, copied when it was built, and never reads the model "
+            "again, so it runs and trains without that change. Remedy: load or change the model before "
+            "auto_parallelize, or apply it to the parallel module (pm.load_full_state_dict(state), "
+            "pm.get_parameter(name).requires_grad_(False), `with pm.full_model() as m:` for in-place edits)"),
+            stacklevel=4)
+
+    module_ref().register_forward_pre_hook(check)

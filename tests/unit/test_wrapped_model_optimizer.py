@@ -138,3 +138,30 @@ def test_clipping_the_original_models_parameters_is_refused_and_pms_clip_as_one_
     torch.nn.utils.clip_grad_value_(ref.parameters(), 0.001)
     for (name, p), q in zip(pm.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_a_load_or_a_freeze_of_the_original_model_after_wrapping_is_warned_and_the_remedy_applies_it():
+    """trial r13a: `model.load_state_dict(checkpoint)` (or `requires_grad_(False)`) on the model after
+    auto_parallelize changed nothing the parallel module computes with: it ran and trained from the weights it
+    was built with, silently (a DDP script does this: DDP shares the model's tensors). Warned at pm's next
+    forward now; pm.load_full_state_dict applies the load."""
+    import warnings
+
+    model, _, pm, x = _setup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm(x)
+    assert not [w for w in caught if issubclass(w.category, parallelizer.StaleModelWarning)]
+    torch.manual_seed(1)
+    checkpoint = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 6))
+    model.load_state_dict(checkpoint.state_dict())
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"changed after wrapping.*'0\.weight'.*load_full_state_dict"):
+        stale = pm(x)
+    assert not torch.allclose(stale, checkpoint(x))  # what the warning is about: pm still runs the old weights
+    pm.load_full_state_dict(checkpoint.state_dict())
+    torch.testing.assert_close(pm(x), checkpoint(x))
+
+    model, _, pm, x = _setup()
+    model[2].weight.requires_grad_(False)
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"'2\.weight': its requires_grad"):
+        pm(x)
