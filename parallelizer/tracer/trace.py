@@ -156,6 +156,7 @@ def _checkpoint_regions(notes: list[str]):
     inside, so its function is called directly instead. Wraps the two module-level names `checkpoint`
     dispatches to (private torch API, checked on torch 2.13.0; when a name is absent it is left alone)."""
     calls: list[str] = []
+    cut: list[str] = []  # reentrant regions none of whose tensor arguments requires grad
     patched: dict[str, object] = {}
 
     def record() -> dict:
@@ -176,7 +177,15 @@ def _checkpoint_regions(notes: list[str]):
             @staticmethod
             def apply(function, _preserve_rng_state, *args):
                 with fx_traceback.annotate(record()):
-                    return function(*args)
+                    out = function(*args)
+                if torch.is_grad_enabled() and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                    # as on one device: CheckpointFunction's output needs no gradient when none of its tensor
+                    # arguments does (torch warns "None of the inputs have requires_grad=True"), so nothing
+                    # inside the region gets one; inlined without this, every plan trained the region's
+                    # parameters where the model leaves them untouched (trial r13a)
+                    cut.append(calls[-1])
+                    out = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)
+                return out
         patched["CheckpointFunction"] = original_function
         checkpoint_module.CheckpointFunction = Inlined
     try:
@@ -190,6 +199,11 @@ def _checkpoint_regions(notes: list[str]):
         notes.append(f"inlined {len(calls)} torch.utils.checkpoint region(s) ({where}) into the traced graph; "
                      "their nodes are recorded (TracedGraph.user_recompute) and recomputed in backward by the "
                      "emitted program (Plan.recompute)")
+    if cut:
+        notes.append(f"reentrant checkpoint region(s) at {', '.join(sorted(set(cut)))} have no tensor argument that "
+                     "requires grad: as on one device (torch warns 'None of the inputs have requires_grad=True'), "
+                     "nothing inside them gets a gradient. To train their parameters pass use_reentrant=False, or "
+                     "make an argument require grad (transformers: model.enable_input_require_grads())")
 
 
 CHECKPOINT_KEY = "parallelizer_checkpoint"
