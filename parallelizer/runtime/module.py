@@ -70,6 +70,15 @@ MAX_PROGRAMS = 8
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
+def _original(model: torch.nn.Module, fqn: str) -> torch.Tensor:
+    """The model's parameter `fqn`, or an empty tensor (no hooks, no attributes) when the model has none by that
+    name."""
+    try:
+        return model.get_parameter(fqn)
+    except AttributeError:
+        return torch.empty(0)
+
+
 class ParallelModule(torch.nn.Module):
     """The sharded model of one rank.
 
@@ -182,9 +191,10 @@ class ParallelModule(torch.nn.Module):
         if not self._retraces:
             refused = [fqn for fqn, p in model.named_parameters() if any(hooks_of(p))]
             where = "a pipeline stage runs backward once per microbatch, so a hook would see microbatch gradients"
-        else:
-            refused = [f"{fqn} (stored {self.spec.params[fqn]})" for fqn, p in model.named_parameters()
-                       if fqn in self.spec.params and any(hooks_of(p)) and not self.spec.params[fqn].is_replicated]
+        else:  # by this module's names (the plan's; a tied parameter may be named otherwise in the model)
+            refused = [f"{fqn} (stored {self.spec.params[fqn]})" for fqn, _ in self.named_parameters()
+                       if fqn in self.spec.params and not self.spec.params[fqn].is_replicated
+                       and any(hooks_of(_original(model, fqn)))]
             where = ("the plan shards it, so a hook would see this rank's piece (a mask or an index in it would apply "
                      "to other rows or raise)")
         if refused:
@@ -194,10 +204,7 @@ class ParallelModule(torch.nn.Module):
                 "(axis_roles={'dp': 'ddp'} without a 'tp' axis or a pipeline), or remove the hook before wrapping "
                 "and register one written for this rank's piece on pm's parameter (pm.get_parameter(name))")
         for fqn, local in self.named_parameters(remove_duplicate=True):
-            try:
-                original = model.get_parameter(fqn)
-            except AttributeError:
-                continue
+            original = _original(model, fqn)
             for key, value in original.__dict__.items():
                 local.__dict__.setdefault(key, value)
             hooks, post = hooks_of(original)

@@ -165,3 +165,9 @@ def test_a_load_or_a_freeze_of_the_original_model_after_wrapping_is_warned_and_t
     model[2].weight.requires_grad_(False)
     with pytest.warns(parallelizer.StaleModelWarning, match=r"'2\.weight': its requires_grad"):
         pm(x)
+
+    model, _, pm, x = _setup()
+    model.eval()  # a validation loop written for DDP: the parallel module keeps its own mode (dropout stays on)
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"train/eval mode.*pm\.eval\(\)"):
+        pm(x)
+    assert pm.training
