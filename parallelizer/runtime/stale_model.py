@@ -41,12 +41,31 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
             "tensors, never the model's, so the model still holds the weights it had when it was wrapped. Remedy: "
             "run pm(...) instead of model(...); save pm.full_state_dict() or use parallelizer.checkpoint instead of "
             "model.state_dict(); `with pm.full_model() as m:` gives the model's own modules with the trained "
-            "weights"), stacklevel=stacklevel)
+            "weights; an EMA / SWA copy: AveragedModel(pm), updated from pm"), stacklevel=stacklevel)
 
     # stack levels: check, the hook, torch's caller(s) of the hook, then the user's line
     model.register_forward_pre_hook(lambda mod, args: check(mod, "a forward", 6))
     model.register_state_dict_pre_hook(lambda mod, prefix, keep_vars: check(mod, "state_dict()", 4))
+    # an EMA / SWA copy made before wrapping and updated from the model (a DDP script: DDP shares the model's
+    # tensors) averaged the untrained weights at every step, silently (trial r13a)
+    _READERS[model] = check
+    if torch.optim.swa_utils.AveragedModel.update_parameters is not _update_parameters:
+        torch.optim.swa_utils.AveragedModel.update_parameters = _update_parameters
     _watch_writes(model_ref, module_ref)
+
+
+_READERS: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+"""A wrapped model -> its `watch` check, for readers of the model's tensors other than forward / state_dict."""
+_TORCH_UPDATE_PARAMETERS = torch.optim.swa_utils.AveragedModel.update_parameters
+
+
+def _update_parameters(self, model: torch.nn.Module) -> None:
+    """`AveragedModel.update_parameters` that warns `StaleModelWarning` (`watch`) when `model` is a model given to
+    auto_parallelize whose parallel module has trained: its tensors are the weights it had when wrapped."""
+    check = _READERS.get(model)
+    if check is not None:
+        check(model, "AveragedModel.update_parameters' read", 3)
+    return _TORCH_UPDATE_PARAMETERS(self, model)
 
 
 def _state(model: torch.nn.Module) -> dict[str, tuple]:

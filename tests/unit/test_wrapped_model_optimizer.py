@@ -171,3 +171,22 @@ def test_a_load_or_a_freeze_of_the_original_model_after_wrapping_is_warned_and_t
     with pytest.warns(parallelizer.StaleModelWarning, match=r"train/eval mode.*pm\.eval\(\)"):
         pm(x)
     assert pm.training
+
+
+def test_an_ema_of_the_original_model_updated_after_wrapping_is_warned():
+    """trial r13a: AveragedModel(model) made before wrapping and updated from `model` (a DDP script: DDP shares
+    the model's tensors) averaged the untrained weights at every step, silently."""
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 6))
+    x = torch.randn(4, 6)
+    ema = AveragedModel(model)
+    pm = parallelizer.auto_parallelize(model, (x,))
+    opt = torch.optim.SGD(pm.parameters(), lr=0.5)
+    pm.step(x, target=x, loss_fn=_loss)
+    opt.step()
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"AveragedModel\.update_parameters.*AveragedModel\(pm\)"):
+        ema.update_parameters(model)
+    assert torch.equal(ema.module[0].weight, model[0].weight)  # what it averaged: the untrained weights
+    assert not torch.allclose(model[0].weight, pm.get_parameter("0.weight"))
