@@ -185,6 +185,7 @@ class Owner(NamedTuple):
 
 _OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
+_TORCH_CLIP_VALUE = torch.nn.utils.clip_grad.clip_grad_value_
 _TORCH_TOTAL = torch.nn.utils.clip_grad._get_total_norm
 _TORCH_UNSCALE = torch.amp.GradScaler._unscale_grads_
 _TORCH_SCALER_UNSCALE = torch.amp.GradScaler.unscale_
@@ -213,6 +214,7 @@ def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec,
         _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn, (shapes or {}).get(fqn), coords)
     if torch.nn.utils.clip_grad_norm_ is not _clip_any_grad_norm_:
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
+        torch.nn.utils.clip_grad_value_ = torch.nn.utils.clip_grad.clip_grad_value_ = _clip_any_grad_value_
         # torch's own clip_grad_norm_ (a name bound before this) looks `_get_total_norm` up in its module
         torch.nn.utils.get_total_norm = torch.nn.utils.clip_grad._get_total_norm = _any_total_norm
         torch.amp.GradScaler._unscale_grads_ = _agreeing_unscale_grads_
@@ -265,6 +267,11 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
     owned = [_OWNERS.get(p) for p in params]
     scope = _scope(owned, "torch.nn.utils.clip_grad_norm_")
     if scope is None:
+        # the model given to auto_parallelize, clipped after wrapping (a DDP script's `clip_grad_norm_(model.
+        # parameters())` with `model` still the original): its tensors have no gradient, so torch returned a norm
+        # of 0 and pm's gradients went unclipped, silently (trial r13a)
+        from .optimizer_check import refuse_wrapped_originals
+        refuse_wrapped_originals(params, "torch.nn.utils.clip_grad_norm_", "clip_grad_norm_")
         return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
     if not isinstance(scope, tuple):
         _require_all(scope, {id(p) for p in params}, {id(p) for p in scope.parameters()},
@@ -273,6 +280,16 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
     mesh, groups = scope
     return clip_grad_norm_([(p, o.layout) for p, o in zip(params, owned)], mesh, groups, max_norm, norm_type,
                            error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+
+
+def _clip_any_grad_value_(parameters, clip_value: float, foreach: bool | None = None) -> None:
+    """`torch.nn.utils.clip_grad_value_`, elementwise and so right on shards as it is; over the parameters of the
+    model given to auto_parallelize (no gradients: pm's backward fills its own) it raises OptimizerError, as
+    `clip_grad_norm_` does, where torch clipped nothing, silently (trial r13a)."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    from .optimizer_check import refuse_wrapped_originals
+    refuse_wrapped_originals(params, "torch.nn.utils.clip_grad_value_", "clip_grad_value_")
+    return _TORCH_CLIP_VALUE(params, clip_value, foreach=foreach)
 
 
 def _any_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False,

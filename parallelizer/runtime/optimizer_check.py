@@ -216,6 +216,25 @@ def _check_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
             _check_group(optimizer, group, sharded, staged)
 
 
+def refuse_wrapped_originals(params, call: str, optimizer: str) -> None:
+    """Raise OptimizerError when `params` include parameters of a model given to auto_parallelize
+    (`remember_wrapped`) and none of those has a gradient: `call` (an optimizer's step, torch's
+    `clip_grad_norm_`) would act on tensors the parallel module never computes with (its backward fills its own
+    parameters' gradients). `optimizer`: the name recorded in the error."""
+    wrapped = [p for p in params if p in _WRAPPED and owner_of(p) is None]
+    if wrapped and all(p.grad is None for p in wrapped):
+        fqn, ref = _WRAPPED[wrapped[0]]
+        kind = type(ref()).__name__ if ref() is not None else "parallel module"
+        raise OptimizerError(
+            f"{call} over the parameters of the model given to auto_parallelize (e.g. {fqn!r}), none of which has "
+            f"a gradient: the {kind} trains its own tensors (this rank's shards), never the model's, so this call "
+            "would change nothing it computes with. Remedy: pass pm.parameters() (`torch.optim.AdamW(pm."
+            "parameters())` built after wrapping, `torch.nn.utils.clip_grad_norm_(pm.parameters(), ...)` or "
+            "`pm.clip_grad_norm_(...)`), and read the trained weights with pm.full_state_dict() or "
+            "parallelizer.checkpoint, not model.state_dict()",
+            optimizer, "wrapped model", fqn)
+
+
 def _check_wrapped(optimizer: torch.optim.Optimizer) -> None:
     """Refuse a step that would train nothing the parallel module computes with (`remember_wrapped`): an
     optimizer over the ORIGINAL model's parameters (built from `model.parameters()` after wrapping: none of
@@ -224,17 +243,7 @@ def _check_wrapped(optimizer: torch.optim.Optimizer) -> None:
     stepped nothing and `pm` never trained, silently (ConvAE on dp=2: the loss stayed at its first value).
     An optimizer stepping a model that was trained eagerly after wrapping (its own gradients) is left alone."""
     held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    wrapped = [p for p in held if p in _WRAPPED and owner_of(p) is None]
-    if wrapped and all(p.grad is None for p in wrapped):
-        fqn, ref = _WRAPPED[wrapped[0]]
-        kind = type(ref()).__name__ if ref() is not None else "parallel module"
-        raise OptimizerError(
-            f"{type(optimizer).__name__}.step() over the parameters of the model given to auto_parallelize (e.g. "
-            f"{fqn!r}), none of which has a gradient: the {kind} trains its own tensors (this rank's shards), "
-            "never the model's, so this step would change nothing it computes with. Remedy: build the optimizer "
-            "after wrapping over pm.parameters() (`torch.optim.AdamW(pm.parameters())`), and read the trained "
-            "weights with pm.full_state_dict() or parallelizer.checkpoint, not model.state_dict()",
-            type(optimizer).__name__, "wrapped model", fqn)
+    refuse_wrapped_originals(held, f"{type(optimizer).__name__}.step()", type(optimizer).__name__)
     local = [p for p in held if owner_of(p) is not None]
     if local and all(p.grad is None for p in local):
         sources = [s for p in local if p in _SOURCE_OF and (s := _SOURCE_OF[p]()) is not None]

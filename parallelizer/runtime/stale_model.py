@@ -41,8 +41,91 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
             "tensors, never the model's, so the model still holds the weights it had when it was wrapped. Remedy: "
             "run pm(...) instead of model(...); save pm.full_state_dict() or use parallelizer.checkpoint instead of "
             "model.state_dict(); `with pm.full_model() as m:` gives the model's own modules with the trained "
-            "weights"), stacklevel=stacklevel)
+            "weights; an EMA / SWA copy: AveragedModel(pm), updated from pm"), stacklevel=stacklevel)
 
     # stack levels: check, the hook, torch's caller(s) of the hook, then the user's line
     model.register_forward_pre_hook(lambda mod, args: check(mod, "a forward", 6))
     model.register_state_dict_pre_hook(lambda mod, prefix, keep_vars: check(mod, "state_dict()", 4))
+    # an EMA / SWA copy made before wrapping and updated from the model (a DDP script: DDP shares the model's
+    # tensors) averaged the untrained weights at every step, silently (trial r13a)
+    _READERS[model] = check
+    if torch.optim.swa_utils.AveragedModel.update_parameters is not _update_parameters:
+        torch.optim.swa_utils.AveragedModel.update_parameters = _update_parameters
+    _watch_writes(model_ref, module_ref)
+
+
+_READERS: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+"""A wrapped model -> its `watch` check, for readers of the model's tensors other than forward / state_dict."""
+_TORCH_UPDATE_PARAMETERS = torch.optim.swa_utils.AveragedModel.update_parameters
+
+
+def _update_parameters(self, model: torch.nn.Module) -> None:
+    """`AveragedModel.update_parameters` that warns `StaleModelWarning` (`watch`) when `model` is a model given to
+    auto_parallelize whose parallel module has trained: its tensors are the weights it had when wrapped."""
+    check = _READERS.get(model)
+    if check is not None:
+        check(model, "AveragedModel.update_parameters' read", 3)
+    return _TORCH_UPDATE_PARAMETERS(self, model)
+
+
+def _state(model: torch.nn.Module) -> dict[str, tuple]:
+    """(tensor id, version counter, requires_grad) of each parameter of `model`, by name (buffers are left out:
+    an eager reference forward of the model writes its BatchNorm statistics), and each module's train/eval mode
+    (by "<name> (mode)")."""
+    state: dict[str, tuple] = {name: (id(t), t._version, t.requires_grad) for name, t in model.named_parameters()}
+    state.update({f"{name or type(model).__name__} (mode)": ("mode", m.training) for name, m in model.named_modules()})
+    return state
+
+
+def _mode_followed(pm: torch.nn.Module, name: str | None, value: tuple) -> bool:
+    """Whether `value`, a module's ("mode", training) entry of `_state` for the module `name` of the model,
+    is the mode of the parallel module's module of that name too (the user switched both: nothing is lost)."""
+    if name is None or value[0] != "mode":
+        return False
+    try:
+        return pm.get_submodule(name).training == value[1]
+    except AttributeError:
+        return False
+
+
+def _watch_writes(model_ref, module_ref) -> None:
+    """The other direction (trial r13a): warn `StaleModelWarning` once, at the parallel module's next forward,
+    when the MODEL was changed after wrapping by what users do to it before training: a checkpoint loaded into
+    it (`model.load_state_dict(...)`), values written in place, tensors replaced, parameters frozen or unfrozen
+    (`requires_grad_`), `model.eval()` / `model.train()` (the parallel module kept its own mode: dropout stayed on
+    in a validation run). The parallel module never reads the model again, so it trained from the weights (and
+    with the frozen set) it had when it was wrapped, silently: with DDP, which shares the model's tensors, the
+    same script trains the loaded weights. A model trained eagerly after wrapping (a reference run: its
+    parameters have gradients) is left alone."""
+    start, state = _state(model_ref()), {"warned": False}
+
+    def check(mod: torch.nn.Module, args) -> None:
+        model = model_ref()
+        if state["warned"] or mod is not module_ref() or model is None:
+            return
+        params = dict(model.named_parameters())
+        if any(p.grad is not None for p in params.values()):
+            return  # trained eagerly after wrapping: a reference, not a set-up step
+        now = _state(model)
+        modes = {f"{name or type(model).__name__} (mode)": name for name, _ in model.named_modules()}
+        changed = [n for n, v in now.items() if start.get(n) != v and not _mode_followed(mod, modes.get(n), v)]
+        changed += [n for n in start if n not in now]
+        if not changed:
+            return
+        state["warned"] = True
+        if changed[0].endswith(" (mode)"):
+            what = "its train/eval mode: pm.train() / pm.eval() set the parallel module's"
+        elif all(start.get(n, (0, 0, None))[:2] == now.get(n, (1, 1, None))[:2] for n in changed):
+            what = "its requires_grad"
+        else:
+            what = "its values (a load, an in-place write)"
+        warnings.warn(StaleModelWarning(
+            f"the model given to auto_parallelize was changed after wrapping (e.g. {changed[0]!r}: {what}): the "
+            f"{type(mod).__name__} holds its own tensors, copied when it was built, and never reads the model "
+            "again, so it runs and trains without that change. Remedy: load or change the model before "
+            "auto_parallelize, or apply it to the parallel module (pm.load_full_state_dict(state), "
+            "pm.get_parameter(name).requires_grad_(False), pm.eval(), `with pm.full_model() as m:` for in-place "
+            "edits)"),
+            stacklevel=4)
+
+    module_ref().register_forward_pre_hook(check)

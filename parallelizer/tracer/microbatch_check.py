@@ -61,8 +61,35 @@ def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microba
             return None
         restore()
         micro, micro_buffers = _record(model, parts)
-    return (_first_module(whole, micro, microbatches) or _weighted_loss(whole, micro, loss_weights)
-            or _first_buffer(whole_buffers, micro_buffers, microbatches))
+    return (_cut_across_batch(whole, micro, microbatches, parts) or _first_module(whole, micro, microbatches)
+            or _weighted_loss(whole, micro, loss_weights) or _first_buffer(whole_buffers, micro_buffers, microbatches))
+
+
+def _cut_across_batch(whole, micro, microbatches: int, parts) -> tuple[str, str] | None:
+    """(where, message) when an output of the model has the batch in dim 0 on the whole batch but not on a
+    microbatch (trial r13a): a pipeline cuts dim 0 of every tensor input, so an input whose batch is in another
+    dim (mRoPE position ids of shape (3, B, T), a sequence-first (T, B, D) tensor) whose dim 0 happens to split
+    was cut across something else and broadcast against the others: each microbatch paired the wrong values and
+    the pipeline trained another function, silently (a pp=2 step gave loss 0.881 where one device gives 1.259).
+    Such outputs are not batch-major in the microbatch run, so the module comparison skips them."""
+    root, per_micro = whole.get(("", 0)), micro.get(("", 0), [])
+    if root is None or len(per_micro) != microbatches:
+        return None
+    first = next(t for t in pytree.tree_leaves(parts[0]) if isinstance(t, torch.Tensor))
+    batch = first.shape[0] * microbatches
+    (_, outputs), = root
+    for i, full in enumerate(outputs):
+        shapes = {tuple(p[1][i].shape) for p in per_micro if i < len(p[1])}
+        expected = (batch // microbatches, *full.shape[1:])
+        if full.ndim and full.shape[0] == batch and shapes and shapes != {expected}:
+            return "the model", (
+                f"pipeline with {microbatches} microbatches: the model's output {i} has shape {tuple(full.shape)} "
+                f"on the whole batch (dim 0 = the batch, {batch}) but {sorted(shapes)[0]} on a microbatch, not "
+                f"{expected}: a pipeline cuts dim 0 of every tensor input, so an input whose batch is in another dim "
+                "(e.g. position ids of shape (3, B, T), a sequence-first (T, B, D) tensor) was cut across something "
+                "else and each microbatch paired the wrong values. Remedy: pass every input with its batch in dim 0 "
+                "(permute it there, and back inside forward), or a mesh without 'pp'")
+    return None
 
 
 def _weighted_loss(whole, micro, loss_weights: torch.Tensor | None) -> tuple[str, str] | None:

@@ -79,6 +79,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     _check_input_types(example_inputs, example_kwargs)
     notes: list[str] = []
     _check_not_partly_meta(model)
+    _refuse_module_backward_hooks(model)
     if _on_meta(model):
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
@@ -108,6 +109,32 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     return traced
 
 
+def _refuse_module_backward_hooks(model: torch.nn.Module) -> None:
+    """Raise TraceError for module backward hooks on `model` or its submodules (register_full_backward_hook,
+    register_full_backward_pre_hook, the old register_backward_hook) and global ones
+    (`torch.nn.modules.module.register_module_full_backward_hook` / `_pre_hook`): torch.export keeps no trace of
+    them, so the traced program, and every plan made from it, ran backward without them while the model runs
+    them (trial r13a: a hook halving a Linear's grad_output left every gradient before it 2x eager's, silently).
+    Forward hooks are traced into the program and stay allowed; tensor hooks on parameters are carried by the
+    ParallelModule (`ParallelModule._carry_parameter_hooks`)."""
+    from torch.nn.modules import module as nn_module
+    hooked = [f"{name or type(model).__name__} ({type(mod).__name__}): {kind}"
+              for name, mod in model.named_modules()
+              for kind, hooks in (("a backward hook", mod._backward_hooks),
+                                  ("a backward pre-hook", mod._backward_pre_hooks)) if hooks]
+    hooked += [f"every module: a global {kind}" for kind, hooks in
+               (("backward hook", nn_module._global_backward_hooks),
+                ("backward pre-hook", nn_module._global_backward_pre_hooks)) if hooks]
+    if hooked:
+        raise TraceError(
+            f"module backward hooks ({'; '.join(hooked)})", None,
+            "torch.export drops them, so the traced and the sharded program would run backward without them (a "
+            "hook that changes grad_input / grad_output would silently train other gradients). Remove them before "
+            "tracing (handle.remove()) and register the hook on the ParallelModule itself (pm.register_full_"
+            "backward_hook works), or as tensor hooks on the parameters, or write its effect into forward "
+            "(e.g. x * s + (x * (1 - s)).detach() scales the gradient of x by s)")
+
+
 def _check_input_types(args: tuple, kwargs: dict) -> None:
     leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
     for path, leaf in leaves:
@@ -129,6 +156,7 @@ def _checkpoint_regions(notes: list[str]):
     inside, so its function is called directly instead. Wraps the two module-level names `checkpoint`
     dispatches to (private torch API, checked on torch 2.13.0; when a name is absent it is left alone)."""
     calls: list[str] = []
+    cut: list[str] = []  # reentrant regions none of whose tensor arguments requires grad
     patched: dict[str, object] = {}
 
     def record() -> dict:
@@ -149,7 +177,15 @@ def _checkpoint_regions(notes: list[str]):
             @staticmethod
             def apply(function, _preserve_rng_state, *args):
                 with fx_traceback.annotate(record()):
-                    return function(*args)
+                    out = function(*args)
+                if torch.is_grad_enabled() and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                    # as on one device: CheckpointFunction's output needs no gradient when none of its tensor
+                    # arguments does (torch warns "None of the inputs have requires_grad=True"), so nothing
+                    # inside the region gets one; inlined without this, every plan trained the region's
+                    # parameters where the model leaves them untouched (trial r13a)
+                    cut.append(calls[-1])
+                    out = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)
+                return out
         patched["CheckpointFunction"] = original_function
         checkpoint_module.CheckpointFunction = Inlined
     try:
@@ -163,6 +199,11 @@ def _checkpoint_regions(notes: list[str]):
         notes.append(f"inlined {len(calls)} torch.utils.checkpoint region(s) ({where}) into the traced graph; "
                      "their nodes are recorded (TracedGraph.user_recompute) and recomputed in backward by the "
                      "emitted program (Plan.recompute)")
+    if cut:
+        notes.append(f"reentrant checkpoint region(s) at {', '.join(sorted(set(cut)))} have no tensor argument that "
+                     "requires grad: as on one device (torch warns 'None of the inputs have requires_grad=True'), "
+                     "nothing inside them gets a gradient. To train their parameters pass use_reentrant=False, or "
+                     "make an argument require grad (transformers: model.enable_input_require_grads())")
 
 
 CHECKPOINT_KEY = "parallelizer_checkpoint"

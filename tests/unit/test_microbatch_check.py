@@ -205,3 +205,37 @@ def test_a_loss_fn_that_mixes_the_samples_is_found_and_per_item_losses_are_not()
     total = (lambda out, y: out[0].sum())
     assert loss_fn_mixing(total, [logits], [True], torch.zeros(8), lambda t: 1.0, 2) is None
     assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: 0.5, 2) is not None  # wrong weights: found
+
+
+class SectionPositions(nn.Module):
+    """mRoPE-style position ids of shape (3, B, T): the batch is dim 1 of that input (NeMo Automodel#1482)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(10, 8), nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids, position_ids):
+        return self.head(torch.tanh(self.emb(ids) + self.pos(position_ids).sum(0)))
+
+
+def test_an_input_whose_batch_is_not_dim_0_is_named_when_its_dim_0_happens_to_split():
+    """trial r13a: with B = 3 and 3 microbatches, dim 0 of the (3, B, T) position ids splits too, so a pipeline
+    cut the sections instead of the samples and every microbatch paired sample j with section j of all samples:
+    pm.step on pp=2 gave loss 0.881 where one device gives 1.259, silently (the output, (3, T, 3) on every
+    microbatch, is not batch-major there, so no module was compared). The check names it now."""
+    torch.manual_seed(0)
+    model = SectionPositions()
+    g = torch.Generator().manual_seed(1)
+    ids, pos = torch.randint(0, 10, (3, 5), generator=g), torch.randint(0, 16, (3, 3, 5), generator=g)
+    whole = model(ids, pos)
+    cut = model(ids[:1], pos[:1])  # what the first microbatch computes: not whole[:1]
+    assert cut.shape == (3, 5, 3) and not torch.allclose(cut[:1], whole[:1])
+    found = microbatch_mixing(model, (ids, pos), {}, 3)
+    assert found is not None and found[0] == "the model", found
+    assert "(3, 5, 3) on a microbatch, not (1, 5, 3)" in found[1] and "batch in dim 0" in found[1], found[1]
+    # with the batch in dim 0 of every input the pipeline's cut is right and nothing is said
+    per_sample = SectionPositions()
+    per_sample.forward = lambda ids, p: per_sample.head(torch.tanh(per_sample.emb(ids)
+                                                                   + per_sample.pos(p.transpose(0, 1)).sum(0)))
+    assert microbatch_mixing(per_sample, (ids, pos.transpose(0, 1).contiguous()), {}, 3) is None

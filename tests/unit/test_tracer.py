@@ -329,6 +329,54 @@ def test_checkpoint_region_is_noted_and_keeps_its_gradient():
     assert not any("checkpoint" in n for n in plain.notes) and plain.user_recompute == {}
 
 
+def test_a_reentrant_checkpoint_region_whose_inputs_need_no_grad_trains_nothing_inside_as_on_one_device():
+    """trial r13a: torch's reentrant checkpoint gives nothing inside a region a gradient when none of its
+    tensor arguments requires grad (it warns "None of the inputs have requires_grad=True"; transformers' remedy
+    is model.enable_input_require_grads()). Inlined, the region was differentiable: every plan trained a.weight
+    (gradient norm 0.77 in the one-region model below) where the model leaves it untouched (None). Now its outputs are cut as on one
+    device, with a note naming the region and the remedies; a region with a grad-carrying argument trains."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    class Frozen(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x, h):
+            y = checkpoint(self.a, x, use_reentrant=True)  # x needs no grad
+            z = checkpoint(self.a, h, use_reentrant=True)  # h does
+            return self.b(torch.relu(y) + z)
+
+    torch.manual_seed(0)
+    model = Frozen()
+    x, h = torch.randn(3, 4), torch.randn(3, 4, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's "None of the inputs have requires_grad=True"
+        tg = parallelizer.trace(model, (x, h))
+        model(x, h).pow(2).sum().backward()
+    note = next(n for n in tg.notes if "reentrant checkpoint region" in n)
+    assert "use_reentrant=False" in note and "enable_input_require_grads" in note, note
+    traced = tg.exported.module()
+    h2 = h.detach().clone().requires_grad_(True)
+    traced(x, h2).pow(2).sum().backward()
+    grads = dict(traced.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad, msg=name)
+    torch.testing.assert_close(h2.grad, h.grad)
+
+    alone = Frozen()
+    alone.forward = lambda x, h: alone.b(torch.relu(checkpoint(alone.a, x, use_reentrant=True)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        cut = parallelizer.trace(alone, (x, h)).exported.module()
+        cut(x, h).pow(2).sum().backward()
+        alone(x, h).pow(2).sum().backward()
+    assert alone.a.weight.grad is None
+    assert dict(cut.named_parameters())["a.weight"].grad is None
+
+
 def test_meta_and_cpu_traces_of_an_sdpa_model_are_one_graph():
     """SDPA's output is contiguous after its transpose on CPU but not on meta, so export recorded an
     `aten.contiguous` on meta only; a plan made on meta then mis-assigned every later node on CPU ranks.

@@ -117,3 +117,76 @@ def test_a_second_wrapped_model_is_watched_on_its_own():
         b(x)
     with pytest.warns(parallelizer.StaleModelWarning):
         a(x)
+
+
+def test_clipping_the_original_models_parameters_is_refused_and_pms_clip_as_one_device():
+    """trial r13a: a DDP script's `clip_grad_norm_(model.parameters(), c)` with `model` still the original
+    returned a norm of 0 and left pm's gradients unclipped, silently (DDP shares the tensors; we do not)."""
+    model, ref, pm, x = _setup()
+    pm.step(x, target=x * 10, loss_fn=_loss)
+    _loss(ref(x), x * 10).backward()
+    with pytest.raises(OptimizerError, match=r"clip_grad_norm_.*pm\.parameters\(\)") as info:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    assert info.value.parameter == "0.weight"
+    with pytest.raises(OptimizerError, match=r"clip_grad_value_.*pm\.parameters\(\)"):
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.01)
+    norm = torch.nn.utils.clip_grad_norm_(pm.parameters(), 0.1)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+    torch.testing.assert_close(norm, ref_norm)
+    assert ref_norm > 1.0  # the clip is real: without it the gradients would be this much larger
+    torch.nn.utils.clip_grad_value_(pm.parameters(), 0.001)
+    torch.nn.utils.clip_grad_value_(ref.parameters(), 0.001)
+    for (name, p), q in zip(pm.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_a_load_or_a_freeze_of_the_original_model_after_wrapping_is_warned_and_the_remedy_applies_it():
+    """trial r13a: `model.load_state_dict(checkpoint)` (or `requires_grad_(False)`) on the model after
+    auto_parallelize changed nothing the parallel module computes with: it ran and trained from the weights it
+    was built with, silently (a DDP script does this: DDP shares the model's tensors). Warned at pm's next
+    forward now; pm.load_full_state_dict applies the load."""
+    import warnings
+
+    model, _, pm, x = _setup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm(x)
+    assert not [w for w in caught if issubclass(w.category, parallelizer.StaleModelWarning)]
+    torch.manual_seed(1)
+    checkpoint = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 6))
+    model.load_state_dict(checkpoint.state_dict())
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"changed after wrapping.*'0\.weight'.*load_full_state_dict"):
+        stale = pm(x)
+    assert not torch.allclose(stale, checkpoint(x))  # what the warning is about: pm still runs the old weights
+    pm.load_full_state_dict(checkpoint.state_dict())
+    torch.testing.assert_close(pm(x), checkpoint(x))
+
+    model, _, pm, x = _setup()
+    model[2].weight.requires_grad_(False)
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"'2\.weight': its requires_grad"):
+        pm(x)
+
+    model, _, pm, x = _setup()
+    model.eval()  # a validation loop written for DDP: the parallel module keeps its own mode (dropout stays on)
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"train/eval mode.*pm\.eval\(\)"):
+        pm(x)
+    assert pm.training
+
+
+def test_an_ema_of_the_original_model_updated_after_wrapping_is_warned():
+    """trial r13a: AveragedModel(model) made before wrapping and updated from `model` (a DDP script: DDP shares
+    the model's tensors) averaged the untrained weights at every step, silently."""
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 6))
+    x = torch.randn(4, 6)
+    ema = AveragedModel(model)
+    pm = parallelizer.auto_parallelize(model, (x,))
+    opt = torch.optim.SGD(pm.parameters(), lr=0.5)
+    pm.step(x, target=x, loss_fn=_loss)
+    opt.step()
+    with pytest.warns(parallelizer.StaleModelWarning, match=r"AveragedModel\.update_parameters.*AveragedModel\(pm\)"):
+        ema.update_parameters(model)
+    assert torch.equal(ema.module[0].weight, model[0].weight)  # what it averaged: the untrained weights
+    assert not torch.allclose(model[0].weight, pm.get_parameter("0.weight"))
