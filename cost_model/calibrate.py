@@ -133,7 +133,9 @@ class Profile:
         """
         if nprocs not in self.links:
             raise ValueError(f"no link calibrated for nprocs={nprocs}; calibrated: {sorted(self.links)}. "
-                             f"Remedy: calibrate(nprocs=({nprocs},))")
+                             f"Remedy: calibrate that count too (`parallelizer calibrate -o PROFILE.json --nprocs "
+                             f"{' '.join(str(n) for n in sorted({*self.links, nprocs}))}`, or "
+                             f"calibrate(nprocs=({nprocs},)) in Python), or plan for {sorted(self.links)} devices")
         link = self.links[nprocs]
         sharing = None
         if self.contention:

@@ -422,7 +422,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         cluster: what to price on (`resolve_cluster`); default: DGX H100 devices, one per rank.
         memory_budget: per-device bytes (None: the device's memory). optimizer: "adamw", "adam" or "sgd".
         plan: a `Plan` or a path to a saved one: applied without re-solving, after `check_plan` against this
-            model and mesh (the mesh then defaults to the plan's).
+            model and mesh (the mesh then defaults to the plan's); planning options beside it must be the plan's.
         grad_bucket_bytes: bucket size of the asynchronous gradient sync of replicated parameters (default
             25 MiB as DDP; 0 = one synchronous all-reduce per parameter), see `ParallelModule`.
         plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...);
@@ -464,6 +464,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     if not distributed:  # the emitted program's collectives (size-1 groups) still need a process group
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     given = plan if isinstance(plan, Plan) or plan is None else Plan.load(plan)
+    if given is not None:
+        _refuse_options_beside_plan(given, cluster, memory_budget, optimizer, plan_options)
     if mesh is None:
         mesh = (given.mesh if given.pipeline is None else given.pipeline.mesh) if given is not None else MeshSpec(
             ("dp",), (world,))
@@ -569,6 +571,53 @@ def _warn_microbatch_mixing(model: torch.nn.Module, global_call: tuple[tuple, di
 
 def _plan_for(traced, mesh, cluster, memory_budget, optimizer, options) -> Plan:
     return plan(traced, mesh, cluster=cluster, memory_budget_bytes=memory_budget, optimizer=optimizer, **options)
+
+
+# solver settings: a saved plan is not solved again, so they change nothing
+_SOLVER_ONLY = frozenset({"time_limit_s", "mip_rel_gap", "solver"})
+
+
+def _refuse_options_beside_plan(given: Plan, cluster, memory_budget, optimizer: str, options: dict) -> None:
+    """Raise PlanMismatchError for a planning option passed with `plan=` whose value is not the plan's own: a saved
+    plan is applied as made, so `precision="bf16"`, `zero1=`, `axis_roles=`, a cluster or a budget beside it was
+    ignored, silently (r13d: an fp32 plan with precision="bf16" ran fp32)."""
+    import dataclasses
+
+    recorded = PlanConfig.from_record(given.config)
+    fields = {f.name for f in dataclasses.fields(PlanConfig)}
+    asked = {k: v for k, v in options.items() if k not in _SOLVER_ONLY}
+    asked.update({k: v for k, v in (("optimizer", optimizer), ("memory_budget_bytes", memory_budget)) if v is not None})
+    if optimizer == "adamw" and recorded.optimizer != "adamw":
+        del asked["optimizer"]  # the default argument, not a request
+    runs_bf16 = given.config.get("mixed_precision") is not None  # what runs: a defaulted bf16 only prices
+    differ = [k for k, v in asked.items() if (k == "precision" and (v == "bf16") != runs_bf16)
+              or (k != "precision" and (k not in fields or _replaced(recorded, k, v) != recorded))]
+    if given.pipeline is not None and options.get("microbatches") == given.pipeline.microbatches:
+        differ.remove("microbatches")
+    if cluster is not None and not (isinstance(cluster, str) and cluster == given.cluster.get("spec")):
+        differ.append("cluster")
+    if differ:
+        shown = ", ".join(f"{k}={cluster if k == 'cluster' else asked[k]!r}" for k in differ)
+        pipeline = given.pipeline.to_dict() if given.pipeline is not None else {}
+        made = ", ".join(f"{k}={given.cluster.get('spec')!r}" if k == "cluster"
+                         else f"{k}={getattr(recorded, k)!r}" + (" (priced only: it runs the traced dtypes)"
+                                                                 if k == "precision" and not runs_bf16 else "")
+                         if k in fields else f"{k}={pipeline[k]!r}" if k in pipeline else f"no {k}" for k in differ)
+        raise PlanMismatchError(
+            f"auto_parallelize(plan=...) applies the saved plan as it was made, without planning again, so {shown} "
+            f"would be ignored (the plan has {made}). "
+            "Remedy: drop these options, or plan with them (parallelizer.plan / `parallelizer plan`, or "
+            "auto_parallelize without plan=) and pass that plan")
+
+
+def _replaced(config: PlanConfig, key: str, value) -> PlanConfig | None:
+    """`config` with `key` set to `value` as `plan` would set it (None when the value is not valid there)."""
+    import dataclasses
+
+    try:
+        return dataclasses.replace(config, **{key: value})
+    except (TypeError, ValueError):
+        return None
 
 
 def _microbatches(mesh: MeshSpec, given: Plan | None, options: dict) -> int | None:

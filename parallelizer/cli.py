@@ -107,8 +107,8 @@ def parse_mesh(text: str) -> MeshSpec:
     """"dp=4,tp=2" -> MeshSpec(("dp", "tp"), (4, 2)) (last axis innermost). Raises ValueError."""
     try:
         return MeshSpec.of(text)
-    except ValueError as exc:
-        raise ValueError(f"--{exc}") from None
+    except ValueError as exc:  # "mesh 'dp2': ..." from the parser; the MeshSpec's own checks name no string
+        raise ValueError(f"--{exc}" if str(exc).startswith("mesh ") else f"--mesh {text!r}: {exc}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -200,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"plan": cmd_plan, "show": cmd_show, "rehearse": cmd_rehearse, "calibrate": cmd_calibrate}[
             args.command](args)
     except (ParallelizerError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from tqdm import tqdm
+        tqdm.write(f"error: {exc}", file=sys.stderr)  # on its own line, not after an open progress bar
         return 2
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         try:  # point stdout at /dev/null so that the interpreter's final flush does not raise again

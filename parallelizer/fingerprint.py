@@ -25,7 +25,7 @@ import hashlib
 from collections import Counter
 
 from .core.mesh import MeshSpec
-from .errors import PlanMismatchError
+from .errors import PlanMismatchError, PlanValidationError
 from .tracer import TracedGraph
 
 FINGERPRINT_VERSION = 2
@@ -101,6 +101,27 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
                       "to the model, inputs and mesh it was made for")
         raise PlanMismatchError("the plan was made for another model, input shapes or mesh:\n  " + "\n  ".join(listed)
                                 + f"\nRemedy: {remedy}.")
+    if traced is not None and not structure_only:
+        _check_strategies(plan, traced)
+
+
+def _check_strategies(plan, traced: TracedGraph) -> None:
+    """Raise `PlanValidationError` when a node's strategy or a stored layout is not one the planner could have
+    chosen for `traced` (`planner.strategies.unplannable_strategies`: a hand-edited plan file)."""
+    from .config import PlanConfig
+    from .planner.strategies import unplannable_strategies
+
+    config = PlanConfig.from_record(plan.config)
+    problems = unplannable_strategies(traced, plan.mesh, config, plan.nodes)
+    if problems:
+        listed = problems[:_MAX_LISTED] + ([f"... {len(problems) - _MAX_LISTED} more"]
+                                           if len(problems) > _MAX_LISTED else [])
+        raise PlanValidationError(
+            f"the plan gives layouts the planner could not have chosen for this model (no sharding rule, or the "
+            f"plan's axis roles {dict(config.axis_roles)}, allows them: was it edited by hand?); run as written, its "
+            "program may compute other numbers than the model on one device:\n  " + "\n  ".join(listed)
+            + "\nRemedy: re-create the plan with `parallelizer plan` (or `parallelizer.plan` + Plan.save); to steer "
+              "the planner, give axis roles (--roles) or a memory budget instead of editing layouts.")
 
 
 def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:

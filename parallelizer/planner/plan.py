@@ -482,8 +482,9 @@ class Plan:
                 remedies.append(f"axis_roles={{'{axis}': 'ddp'}} (CLI: --roles {axis}=ddp) to force data parallelism "
                                 "(not for a forward that pairs samples across the batch, e.g. an in-batch contrastive "
                                 "loss: compute that loss outside the model)")
-            remedies.append("a cluster that describes the devices you run on (CPU ranks: cluster='profile.json' "
-                            "from `parallelizer calibrate`)")
+            if not (self.cluster or {}).get("spec", "").endswith(".json"):  # not already a calibration profile
+                remedies.append("a cluster that describes the devices you run on (CPU ranks: cluster='profile.json' "
+                                "from `parallelizer calibrate`)")
         return (f"no parallelism: every op and parameter is Replicate on all {self.mesh.world_size} devices of "
                 f"mesh {self.mesh}, so each device computes the whole step (the ranks repeat the same work; the "
                 f"estimated time is one device's). Why: {'; '.join(why)}. Remedies: fewer devices, "

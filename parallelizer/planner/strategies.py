@@ -496,3 +496,39 @@ def mutation_edges(tg: TracedGraph) -> frozenset[tuple[str, int]]:
                     break
                 consumer, arg = arg, arg.args[0]
     return frozenset(edges)
+
+
+def unplannable_strategies(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, nodes: dict) -> list[str]:
+    """The nodes of a plan (`nodes`: name -> `NodePlan`) whose strategy the planner could not have chosen for
+    `tg` on `mesh` under `config`, one readable line each (empty when every strategy is one it offers).
+
+    A plan file edited by hand passes the JSON checks of `Plan.load` with a strategy no rule gives its op (a
+    3x3 conv sharded along a spatial dim computes without its neighbours' rows; a loss mean declared
+    Replicate where each rank holds its own batch's mean), or a stored layout the program cannot keep (a
+    BatchNorm running buffer written in place, sharded): the emitted program then trains other numbers than
+    one device, silently. Allowed here: an op's rule strategies on the mesh (`op_strategies`, which holds a
+    follower's too), Replicate for an op without a rule, a parameter's layouts under the roles with the
+    relaxed fallback of `_keep_tp_weights_usable`, and a buffer's or user input's space. The graph output
+    is checked by its edges (`Plan.load`)."""
+    spaces = build_spaces(tg, mesh, config)
+    roles = config.roles_on(mesh.axis_names)
+    problems = []
+    for name, space in spaces.items():
+        chosen = nodes.get(name)
+        if chosen is None or space.kind == "output":
+            continue
+        info = tg.nodes[name]
+        if space.kind == "param":
+            allowed = [Strategy((), L) for L in _param_layouts(tuple(info.outputs[0].shape), roles, mesh, force=False)]
+        elif space.kind == "op" and space.leader is not None:
+            view = op_view(tg, info, space.inputs)
+            allowed = op_strategies(view, rule_for(info.target, view)(view), mesh)
+        else:
+            allowed = space.strategies
+        text = {f"{' '.join(map(str, s.inputs))} -> {s.output}".lstrip() for s in allowed}
+        if chosen.strategy not in text:
+            shown = sorted(text)[:6]
+            problems.append(f"{name} ({info.op_name}, {space.kind}{f' {space.param_fqn}' if space.param_fqn else ''}): "
+                            f"'{chosen.strategy}' is not a strategy the planner offers it on mesh {mesh} (it offers "
+                            f"{', '.join(repr(s) for s in shown)}{' ...' if len(text) > len(shown) else ''})")
+    return problems

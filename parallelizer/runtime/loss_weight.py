@@ -460,9 +460,10 @@ def _check_term_scaling(one, base, two, base2, what: str, source: str) -> bool:
     if items is not None and items2 is not None and items2 != 2 * items:
         _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
                  "terms do not grow with the batch (e.g. `x.mean(0).sum()`, `x.sum(0).mean()`: a mean or sum over the "
-                 "batch dim before the final reduction), so the microbatch values do not add up to one device's "
-                 "(pp=2 x tp=2, 8 microbatches: `.mean(0).sum()` gave a loss 270 off). Write the loss as a reduction "
-                 "over per-item terms (e.g. `.sum(-1).mean()`)", source)
+                 "batch dim before the final reduction; or a term over parameters alone, e.g. an L2 penalty "
+                 "`w.pow(2).sum()`), so the microbatch values do not add up to one device's (pp=2 x tp=2, 8 "
+                 "microbatches: `.mean(0).sum()` gave a loss 270 off; write such a loss as a reduction over per-item "
+                 "terms, e.g. `.sum(-1).mean()`)", source)
     if one == two:
         return False
     changed = [(a, b) for a, b in zip(one, two) if a != b]

@@ -59,6 +59,7 @@ from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
+from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, carry_over
@@ -365,6 +366,8 @@ class ParallelModule(torch.nn.Module):
                 f"{exc} (in mode {_describe(self._modes())} the program was traced at the shapes of that mode's first "
                 f"call, not at the plan's {planned}; each mode keeps the shapes of its first call: use one batch shape "
                 "per mode)") from None
+        if inputs_unchecked(self, count=True):
+            check_same_inputs(list(zip(traced.input_names, tensors)), "ParallelModule call")
         with self._autocast():
             out = self.program.graph_module(*self._state(), *tensors)
         spec = traced.exported.call_spec
@@ -394,6 +397,8 @@ class ParallelModule(torch.nn.Module):
         check_grad_enabled("ParallelModule.step")
         check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs,
                           ("target",) if target is not None else ())
+        if inputs_unchecked(self, count=False):
+            check_same_inputs([("target", target)], "ParallelModule.step")
         loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)
         loss.backward()
         return loss.detach()

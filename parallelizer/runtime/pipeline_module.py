@@ -48,6 +48,7 @@ from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
+from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
@@ -207,6 +208,8 @@ class PipelineModule(torch.nn.Module):
                             "per microbatch. Remedy: pass target=<the tensor item_count counts, e.g. labels> too, or "
                             "drop item_count (with loss_fn=None the weights come from the model's own loss op)")
         flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
+        if inputs_unchecked(self, count=True):
+            check_same_inputs([*zip(self.traced.input_names, flat), ("target", target)], "PipelineModule.step")
         _refuse_input_gradients(self.traced, flat, target)
         out_spec = self.traced.exported.call_spec.out_spec
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)

@@ -25,15 +25,61 @@ def check_same_weights(model: torch.nn.Module) -> None:
              if t.device.type != "meta" and (t.is_floating_point() or t.is_complex() or t.dtype == torch.int64)]
     if not named:
         return
-    wide = [as_real(t.detach()).double() for _, t in named]  # complex: both parts (`as_real`)
-    digest = torch.stack([torch.stack([t.sum(), t.abs().sum()]) for t in wide]).cpu()
-    low, high = digest.clone(), digest.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    differ = [name for (name, _), a, b in zip(named, low, high) if not torch.equal(a, b)]
+    differ = [named[i][0] for i in _differing(t for _, t in named)]
     if differ:
         raise PlanMismatchError(
             f"the ranks built different weights: {len(differ)} tensor(s) differ between ranks, first "
             f"{differ[0]!r}. Each rank shards its own copy, so they "
             "must be equal. Remedy: call torch.manual_seed(SEED) before building the model on every rank, or "
             "load the same checkpoint on every rank (or build it on the meta device)")
+
+
+CHECKED_CALLS = 2
+"""Calls of a module whose inputs `check_same_inputs` compares across ranks (`inputs_unchecked`): the first
+ones, where a per-rank batch (the DDP habit) shows from the start. Each check costs a host synchronisation and an
+all-reduce, so later steps (a GPU's asynchronous ones) do not pay them."""
+
+
+def inputs_unchecked(module: torch.nn.Module, count: bool) -> bool:
+    """Whether `module` is within its first `CHECKED_CALLS` calls, whose inputs are compared across ranks;
+    `count`: this is a call (a forward), not a check before one (`step`'s target)."""
+    calls = module.__dict__.get("_input_checks", 0)
+    if count:
+        module.__dict__["_input_checks"] = calls + 1  # a plain counter, outside nn.Module's state
+    return calls < CHECKED_CALLS
+
+
+def check_same_inputs(named: list[tuple[str, object]], where: str) -> None:
+    """Collective over the default process group (call on every rank): raise `PlanMismatchError` when a tensor
+    of a call's global inputs (`named`: (name, value); values that are not dense tensors are skipped) differs
+    between ranks. Every rank passes the SAME global batch and cuts its own piece; a DDP habit (each rank
+    loading its own batch with a DistributedSampler) ran silently before (r13d): a ddp rank took its rows of
+    its own batch (half the data, another function), tp ranks summed partial products of different samples
+    (tp=2: the ranks returned losses 21.68 and 20.32). One all-reduce of 3 float64 numbers per tensor; callers
+    check a module's first calls only (`inputs_unchecked`)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    named = [(n, t) for n, t in named if isinstance(t, torch.Tensor) and t.device.type != "meta" and not t.is_sparse]
+    differ = [named[i][0] for i in _differing(t for _, t in named)]
+    if differ:
+        raise PlanMismatchError(
+            f"{where}: input(s) {', '.join(repr(n) for n in differ)} differ between ranks. Every rank passes the same "
+            "GLOBAL batch and the program cuts each rank's piece of it (a rank's own batch, as for "
+            "DistributedDataParallel with a DistributedSampler, would train another function than one device). "
+            "Remedy: give every rank the same batch (the same seed for shuffling, no DistributedSampler; "
+            "the global batch is what DDP's ranks would load together)")
+
+
+def _differing(tensors) -> list[int]:
+    """Collective: positions of the tensors whose digest (float64 sum, sum of absolute values, and a sum with
+    weights by position along dim 0, which sees rows in another order) is not the same on every rank."""
+    wide = [as_real(t.detach()).double() for t in tensors]  # complex: both parts (`as_real`)
+    if not wide:
+        return []
+    rows = [t.reshape(t.shape[0] if t.dim() else 1, -1).sum(1) for t in wide]
+    digest = torch.stack([torch.stack([t.sum(), t.abs().sum(), (r * (torch.arange(len(r), device=r.device) % 1009 + 1)).sum()])
+                          for t, r in zip(wide, rows)]).cpu()
+    both = torch.cat([digest, -digest])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    high, low = both[:len(wide)], -both[len(wide):]
+    return [i for i in range(len(wide)) if not torch.equal(high[i], low[i])]

@@ -38,3 +38,68 @@ def test_complex_weights_differing_in_their_imaginary_parts_are_named():
     ComplexWarning), so ranks whose complex weights differed there passed the check and trained apart."""
     with pytest.raises(DistributedError, match=r"PlanMismatchError: the ranks built different weights.*'w'"):
         spawn(_complex_imag_differs, 2, timeout_s=120)
+
+
+class _Blocks(torch.nn.Module):
+    """Two identical residual blocks and a head (pipeline stages cut between the blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                                              torch.nn.Linear(16, 8)) for _ in range(2))
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def _inputs_per_rank(rank: int, world_size: int) -> dict:
+    """Each of 2 ranks calls pm with the same global batch (must run), with its own batch (the DDP habit), with
+    the batch's rows in another order, and pm.step with its own target; on ddp, tp and pp=2: the outcomes. Each
+    case runs on a module within its first calls (`replicas.CHECKED_CALLS`: later calls are not checked, "late
+    own batch")."""
+    import parallelizer
+    from parallelizer.runtime.replicas import CHECKED_CALLS
+    out = {}
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 8), torch.randn(4, 4)
+    own = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 + rank))
+    mse = torch.nn.functional.mse_loss
+    for mesh, roles in (({"dp": 2}, {"dp": "ddp"}), ({"tp": 2}, {"tp": "tp"}), ({"pp": 2}, None)):
+        torch.manual_seed(0)
+        pm = parallelizer.auto_parallelize(_Blocks(), (x,), mesh=mesh, axis_roles=roles)
+        axis = next(iter(mesh))
+        calls = {"same": (x, y), "own batch": (own, y), "rows permuted": (x.roll(rank, 0), y),
+                 "own target": (x, y + rank)}
+        for name, (a, t) in calls.items():
+            pm.__dict__["_input_checks"] = 0  # each case as the module's first call
+            try:
+                if axis == "pp" or name == "own target":
+                    pm.step(a, target=t, loss_fn=mse)
+                else:
+                    pm(a)
+                out[f"{axis} {name}"] = "ran"
+            except Exception as exc:  # noqa: BLE001 - the outcome is the result
+                out[f"{axis} {name}"] = f"{type(exc).__name__}: {exc}"
+        if axis == "dp":
+            for _ in range(CHECKED_CALLS):
+                pm(x)
+            pm(own)  # past the first calls: not compared (no collective, no host synchronisation)
+            out["dp late own batch"] = "ran"
+    return out
+
+
+def test_inputs_that_differ_between_ranks_are_named():
+    """Round 13 (r13d): every rank must pass the same global batch, but nothing checked it: a DDP habit (each
+    rank loading its own batch) ran silently, a ddp rank training on its rows of its own batch and tp=2 ranks
+    summing partial products of different samples (the two ranks returned losses 21.68 and 20.32)."""
+    for r in spawn(_inputs_per_rank, 2, timeout_s=300):
+        for axis in ("dp", "tp", "pp"):
+            assert r[f"{axis} same"] == "ran", r
+            for name, what in (("own batch", "'x'"), ("rows permuted", "'x'"), ("own target", "'target'")):
+                msg = r[f"{axis} {name}"]
+                assert msg.startswith("PlanMismatchError: ") and f"input(s) {what} differ between ranks" in msg, (axis, name, msg)
+                assert "Remedy: give every rank the same batch" in msg
+        assert r["dp late own batch"] == "ran"

@@ -45,6 +45,25 @@ def test_saved_plan_is_applied_after_its_fingerprint_check(tmp_path):
         parallelizer.auto_parallelize(other, other_inputs, plan=path)
 
 
+def test_planning_options_beside_a_saved_plan_must_be_its_own(tmp_path):
+    """Round 13 (r13d): with plan=, auto_parallelize ignored cluster=, memory_budget=, precision=, zero1=,
+    axis_roles=, microbatches= ... silently (an fp32 plan given precision="bf16" ran fp32). Options equal to the
+    plan's (or solver settings, which a saved plan does not use) still pass."""
+    model, inputs = _mlp()
+    path = tmp_path / "plan.json"
+    parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 1}, axis_roles={"dp": "ddp"}).save(path)
+    pm = parallelizer.auto_parallelize(model, inputs, plan=path, axis_roles={"dp": "ddp"}, time_limit_s=5,
+                                       precision="fp32", cluster="h100:1x1")
+    torch.testing.assert_close(pm(*inputs), model(*inputs))
+    for option, made in ((dict(precision="bf16"), "precision='bf16' (priced only: it runs the traced dtypes)"),
+                         (dict(axis_roles={"dp": "fsdp"}), "axis_roles=(('dp', 'ddp'),)"),
+                         (dict(zero1="dp"), "zero1=None"), (dict(memory_budget=1e9), "memory_budget_bytes="),
+                         (dict(cluster="h100:1x4"), "cluster='h100:1x1'")):
+        with pytest.raises(PlanMismatchError, match="applies the saved plan as it was made") as info:
+            parallelizer.auto_parallelize(model, inputs, plan=path, **option)
+        assert f"the plan has {made}" in str(info.value) and "Remedy: drop these options" in str(info.value)
+
+
 def test_typed_errors_with_remedies():
     model, inputs = _mlp()
     with pytest.raises(ParallelizerError, match=r"mesh \(dp=4\) has 4 devices but this job has 1 rank.*torchrun"):

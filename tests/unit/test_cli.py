@@ -336,3 +336,14 @@ def test_default_precision_follows_the_cluster_kind(tmp_path, capsys):
     assert "precision  fp32" in shown
     for kind in ("params", "grads", "optimizer", "activations", "reserve", "budget"):
         assert f"\n{kind} " in shown
+
+
+def test_mesh_errors_name_the_flag_and_start_their_own_line(tmp_path, capsys):
+    """Round 13 (r13d): `--mesh dp=0` printed "error: --MeshSpec declared shape=(0,)...", and an error raised while
+    the progress bar was open was printed after it on the same line ("solve (foo=2):  67%|...| error: ...")."""
+    assert cli.main(["plan", "--model", "mlp", "--mesh", "dp=0", "-o", str(tmp_path / "p.json")]) == 2
+    assert "error: --mesh 'dp=0': MeshSpec declared shape=(0,)" in capsys.readouterr().err
+    argv = ["plan", "--model", "mlp", "--mesh", "foo=2", "--roles", "dp=ddp", "-o", str(tmp_path / "p.json")]
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("error: axis_roles names mesh axis 'dp', but mesh (foo=2)") for line in lines), lines

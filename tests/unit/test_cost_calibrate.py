@@ -229,3 +229,12 @@ def test_fit_link_takes_non_decreasing_medians_so_a_slowed_small_message_gives_n
     # through the suffix-minimum medians (1.0 ms at 64 KiB and 1 MiB, 1.2 ms at 4 MiB): 0.2 ms per (4 MiB - 1 MiB)
     # of all-gather bytes (ring factor 1/2 on 2 ranks); the least-squares line lies near it
     assert link.bandwidth_bytes_per_s == pytest.approx(0.5 * 3 * (1 << 20) / 0.2e-3, rel=0.5)
+
+
+def test_a_device_count_the_profile_lacks_names_the_cli_remedy(tmp_path):
+    """Round 13 (r13d): planning 4 devices on a profile calibrated for 2 said "Remedy: calibrate(nprocs=(4,))", a
+    Python call, to a user of `parallelizer plan --cluster profile.json`."""
+    profile = Profile(device=_device(tmp_path), links={2: Link("gloo_x2", 90e-6, 1.8e9)})
+    with pytest.raises(ValueError, match=r"nprocs=4; calibrated: \[2\]") as info:
+        profile.cluster(4)
+    assert "`parallelizer calibrate -o PROFILE.json --nprocs 2 4`" in str(info.value)

@@ -288,6 +288,13 @@ def test_a_loss_fn_reducing_over_the_batch_before_its_final_sum_is_refused():
     assert abs(float(summed - batch_mean_then_sum({"logits": logits}, labels))) > 1.0
     with pytest.raises(StepError, match="do not grow with the batch"):
         loss_fn_weighting(batch_mean_then_sum, metas, spec, labels[:B // M])
+    weight = torch.randn(16, 8)  # round 13 (r13d): an L2 penalty on a tensor is named among the causes
+
+    def with_penalty(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten()) + 1e-4 * weight.pow(2).sum()
+
+    with pytest.raises(StepError, match=r"or a term over parameters alone, e\.g\. an L2 penalty"):
+        loss_fn_weighting(with_penalty, metas, spec, labels[:B // M])
     count = ChunkCount(loss_fn_weighting(per_item, metas, spec, labels[:B // M]), M, B // M)
     parts = [per_item({"logits": lg}, y) * (count(y) / count(labels))
              for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]

@@ -55,6 +55,17 @@ def test_an_all_replicate_plan_is_warned_with_the_cost_model_reason_and_the_ddp_
     assert _unsharded_axes(forced) == [] and not _warned(forced)
 
 
+def test_a_plan_priced_on_a_calibration_profile_is_not_told_to_calibrate():
+    """Round 13 (r13d): a plan made with `--cluster profile.json` was told to use "cluster='profile.json' from
+    `parallelizer calibrate`", the profile it was priced on."""
+    import dataclasses
+    p = _plan(_mlp(8), {"dp": 2})
+    assert "parallelizer calibrate" in p.notes()[0]
+    on_profile = dataclasses.replace(p, cluster={**p.cluster, "spec": "/tmp/profile.json"})
+    text = on_profile.notes()[0]
+    assert "parallelizer calibrate" not in text and "axis_roles={'dp': 'ddp'}" in text, text
+
+
 def test_a_batch_smaller_than_the_axis_is_named_and_not_told_to_force_ddp():
     p = _plan(_mlp(1), {"dp": 2})
     assert _unsharded_axes(p) == ["dp"]
