@@ -646,3 +646,28 @@ class FFTConv(nn.Module):
 
 def fft_conv():
     return FFTConv(), (torch.randn(4, 6, 3),)
+
+
+class WrittenParameters(nn.Module):
+    """Parameters written in place in forward under no_grad: a frozen key encoder updated as an EMA of the
+    query encoder (MoCo's momentum update, `p_k.mul_(m).add_(p_q * (1 - m))`) and trainable prototypes
+    re-normalised before use (SwAV's `protos.weight.copy_(normalize(...))`). Under an "fsdp" axis a parameter
+    is used whole but a write must hit it where it is stored, so these are stored Replicate there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(H, H), nn.Linear(H, H)
+        self.k.requires_grad_(False)
+        self.protos = nn.Linear(H, 6, bias=False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            for pq, pk in zip(self.q.parameters(), self.k.parameters()):
+                pk.mul_(0.9).add_(pq.detach() * 0.1)
+            self.protos.weight.copy_(F.normalize(self.protos.weight, dim=1))
+        return self.protos(torch.tanh(self.q(x)) + self.k(x).detach())
+
+
+def written_parameters():
+    torch.manual_seed(0)
+    return WrittenParameters(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
