@@ -19,7 +19,7 @@ from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_m
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, sorter_router, spectral_norm_linear,
-                          training_loop_rank, uneven_gather_as_strided, written_parameters)
+                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm)
 
 pytestmark = pytest.mark.distributed
 
@@ -410,3 +410,15 @@ def test_parameters_written_in_forward_train_as_one_device_under_fsdp():
     assert not any("written in place" in f.reason for f in plans[1].fallbacks)  # ddp stores them Replicate anyway
     for report in rehearse_many([(written_parameters, {}, p) for p in plans], steps=3):
         assert report.matches(), report
+
+
+def test_a_batch_norm_applied_twice_per_forward_trains_under_ddp():
+    """One BatchNorm1d on a one-sample input (whole on every rank: torch's batch_norm, which saves its running
+    buffers for backward) and then on the batch-sharded input (the program's SyncBatchNorm), as SwAV / SimCLR
+    apply one encoder to two views: loss, gradients, parameters and running buffers after 3 AdamW steps equal
+    eager's. Before, SyncBatchNorm's in-place running-buffer update bumped their version counters, which
+    torch's kernel does not, and backward raised "modified by an inplace operation" on every rank (SwAV on
+    dp=2 with random costs; this model under forced ddp; round 13, r13b)."""
+    plan = _plan(shared_batch_norm, {"dp": 2}, axis_roles={"dp": "ddp"})
+    report = rehearse_many([(shared_batch_norm, {}, plan)], steps=3)[0]
+    assert report.matches(), report

@@ -671,3 +671,25 @@ class WrittenParameters(nn.Module):
 def written_parameters():
     torch.manual_seed(0)
     return WrittenParameters(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class SharedBatchNorm(nn.Module):
+    """One BatchNorm1d applied twice per forward (SwAV / SimCLR / BYOL run one encoder on two views): a
+    one-sample input x (1, H, T), which no plan can batch-shard, then a batch y (B, H, T) sharded under ddp. The
+    first call is torch's batch_norm on the whole x, which saves the running buffers for backward, and whose
+    kernel updates them without bumping their version counter; the second is the program's SyncBatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(H, H), nn.BatchNorm1d(H), nn.Linear(H, 4)
+
+    def forward(self, x, y):
+        hx = self.bn(self.a(x.transpose(1, 2)).transpose(1, 2))
+        hy = self.bn(self.a(y.transpose(1, 2)).transpose(1, 2))
+        return self.b(hy.transpose(1, 2)).square().mean() + self.b(hx.transpose(1, 2)).square().mean()
+
+
+def shared_batch_norm():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    return SharedBatchNorm(), (torch.randn(1, H, T, generator=g), torch.randn(B, H, T, generator=g))
