@@ -104,3 +104,54 @@ def test_buffer_updated_in_one_stage_and_read_in_another_refused():
             continue
         with pytest.raises(PipelineError, match=r"'blocks\.3\.ema' .* used by stages \[0, 1\]"):
             check_buffer_copies(traced, cut_stages(traced, 2))
+
+
+class _ShadowBlock(__import__("torch").nn.Module):
+    """A block that writes a frozen shadow Linear in forward as an EMA of its own trained weight (a per-block
+    momentum teacher) and adds the shadow's output: a PARAMETER updated in forward."""
+
+    def __init__(self) -> None:
+        import torch
+        super().__init__()
+        self.fc, self.shadow = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.shadow.requires_grad_(False)
+
+    def forward(self, x):
+        import torch
+        with torch.no_grad():
+            self.shadow.weight.mul_(0.9).add_(self.fc.weight.detach() * 0.1)
+        return x + torch.tanh(self.fc(x)) + 0.1 * self.shadow(x).detach()
+
+
+def _shadow_model(batch: int = 4):
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_ShadowBlock() for _ in range(4)])
+    return model, (torch.randn(batch, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def test_a_parameter_updated_in_forward_counts_as_state_one_device_keeps_once():
+    """Before (r13b) only buffers counted: a pipeline plan of a model whose blocks write a parameter in forward
+    (a per-block EMA teacher) got BitPipe, whose two stage copies each update their own shadow on half of the
+    microbatches (rehearse said "match": outputs 6.4e-3 and shadow weights 0.1 off, within a float64 judge's
+    bound that the reference's extra whole-batch forward, one more EMA update per step, had widened). Now the
+    written parameters are `mutated_state`: the search leaves BitPipe out, a forced BitPipe is refused at plan and
+    build time, and the rehearsal's reference runs no extra whole-batch forward."""
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.bitpipe import build_bitpipe
+    from parallelizer.runtime.pipeline_rehearsal import _full_batch_loss
+    model, inputs = _shadow_model()
+    traced = trace(model, inputs)
+    with pytest.raises(PipelineError, match="bitpipe: bitpipe keeps 2 copies"):  # before: built, copies diverged
+        build_bitpipe(traced, None, None, model, pp=2, microbatches=2, loss_fn=None)
+    assert traced.mutated_state() == {f"{i}.shadow.weight": f"mul_{'_' + str(i) if i else ''}" for i in range(4)}
+    assert traced.mutated_buffers() == {}
+    plan = api.plan(traced, parse_mesh("pp=2"), global_batch=8, microbatches=2, progress=False)
+    assert plan.pipeline.schedule != "bitpipe"
+    refused = [a for a in plan.model["search"]["alternatives"] if a["schedule"] == "bitpipe"]
+    assert len(refused) == 1 and "'0.shadow.weight'" in refused[0]["reason"], refused
+    with pytest.raises(PipelineError, match=r"'0\.shadow\.weight' in place \(node mul_\) \(and 3 more\).*Remedy"):
+        api.plan(traced, parse_mesh("pp=2"), global_batch=8, schedule="bitpipe", microbatches=2, progress=False)
+    before = model[0].shadow.weight.detach().clone()
+    assert _full_batch_loss(model, traced, inputs, {}) is None
+    assert __import__("torch").equal(model[0].shadow.weight, before)
