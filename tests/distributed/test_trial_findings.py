@@ -19,7 +19,7 @@ from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_m
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, sorter_router, spectral_norm_linear,
-                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm)
+                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm, max_norm_embedding)
 
 pytestmark = pytest.mark.distributed
 
@@ -408,7 +408,9 @@ def test_parameters_written_in_forward_train_as_one_device_under_fsdp():
         assert any("written in place" in n for n in plan.notes()) or any(
             "axis roles could not be honoured" in n for n in plan.notes()), plan.notes()
     assert not any("written in place" in f.reason for f in plans[1].fallbacks)  # ddp stores them Replicate anyway
-    for report in rehearse_many([(written_parameters, {}, p) for p in plans], steps=3):
+    renorm = _plan(max_norm_embedding, {"dp": 2}, axis_roles={"dp": "fsdp"})  # Embedding(max_norm): infeasible before
+    cases = [(written_parameters, p) for p in plans] + [(max_norm_embedding, renorm)]
+    for report in rehearse_many([(fn, {}, p) for fn, p in cases], steps=3):
         assert report.matches(), report
 
 

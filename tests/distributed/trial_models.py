@@ -693,3 +693,13 @@ def shared_batch_norm():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     return SharedBatchNorm(), (torch.randn(1, H, T, generator=g), torch.randn(B, H, T, generator=g))
+
+
+def max_norm_embedding():
+    """nn.Embedding(max_norm=1.0): forward renormalises the looked-up rows of the weight in place
+    (embedding_renorm_ on weight.detach()), a parameter written in forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(11, 8, max_norm=1.0), nn.Linear(8, 8))
+    with torch.no_grad():
+        model[0].weight.mul_(3.0)  # rows above the max norm, so the renormalisation changes them
+    return model, (torch.randint(0, 11, (4, 3), generator=torch.Generator().manual_seed(1)),)
