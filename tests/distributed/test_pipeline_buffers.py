@@ -155,3 +155,22 @@ def test_a_parameter_updated_in_forward_counts_as_state_one_device_keeps_once():
     before = model[0].shadow.weight.detach().clone()
     assert _full_batch_loss(model, traced, inputs, {}) is None
     assert __import__("torch").equal(model[0].shadow.weight, before)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_a_parameter_written_in_forward_and_saved_for_backward_trains_on_a_pipeline(schedule):
+    """Blocks that write a frozen shadow Linear in forward (an EMA of their weights) and feed its output on:
+    `mm` saves the shadow weight for backward, and the pipeline runs microbatch 1's forward (a write) before
+    microbatch 0's backward. Before (r13b), every rank raised "modified by an inplace operation ... is at
+    version 4; expected version 2" inside torch's stage backward; now each read takes a copy
+    (`pipeline.snapshot_written_state`) and loss, gradients, parameters (the shadows too) after 2 steps equal
+    one device's gradient accumulation over the same microbatches."""
+    from buffer_workers import rank_shadow, shadow_model
+    model, inputs = shadow_model(batch=2)
+    plan = api.plan(trace(model, inputs), parse_mesh("pp=2,dp=2"), global_batch=8, schedule=schedule,
+                    microbatches=4, progress=False, axis_roles={"dp": "ddp"})
+    assert plan.pipeline.schedule == schedule
+    per_rank = spawn(rank_shadow, 4, [({"batch": 8}, spec_from_plan(plan), plan.pipeline.to_dict())], 2, timeout_s=300)
+    report = _report(4, [ranks[0] for ranks in per_rank])
+    assert report.matches(), str(report)
+    assert max(report.loss, report.grad, report.params) <= 1e-5, str(report)
