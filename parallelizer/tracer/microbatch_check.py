@@ -175,9 +175,9 @@ def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str
     if worst is None:
         return None
     name, diff, shape = worst
-    return name, (f"pipeline with {microbatches} microbatches: buffer or parameter '{name}' (shape {shape}), which the forward "
-                  f"writes, ends {diff:.3g} away from its value after one call on the whole batch: it is updated "
-                  f"once per microbatch ({microbatches} times per step) instead of once per batch (running "
+    return name, (f"pipeline with {microbatches} microbatches: buffer or parameter '{name}' (shape {shape}), which "
+                  f"the forward writes, ends {diff:.3g} away from its value after one call on the whole batch: it is "
+                  f"updated once per microbatch ({microbatches} times per step) instead of once per batch (running "
                   "statistics, an EMA, a counter), as in gradient accumulation over the microbatches. Remedy: a "
                   "mesh without 'pp', or keep the pipeline if gradient-accumulation semantics are what you want")
 

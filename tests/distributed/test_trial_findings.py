@@ -19,7 +19,8 @@ from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bool_m
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, sorter_router, spectral_norm_linear,
-                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm, max_norm_embedding)
+                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm,
+                          max_norm_embedding)
 
 pytestmark = pytest.mark.distributed
 
