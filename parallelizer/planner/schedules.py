@@ -115,8 +115,8 @@ def invalid_reason(schedule: str, p: int, m: int, num_blocks: int) -> str | None
 
 
 def buffer_copies_reason(schedule: str, mutated: dict[str, str]) -> str | None:
-    """Why `schedule` cannot run a model whose forward updates buffers in place (`mutated`: buffer FQN -> the
-    node writing it, `TracedGraph.mutated_buffers`), or None when it can.
+    """Why `schedule` cannot run a model whose forward updates buffers (or parameters) in place (`mutated`: FQN ->
+    the node writing it, `TracedGraph.mutated_state`), or None when it can.
 
     One device keeps such a buffer (a counter, an EMA, BatchNorm's running statistics) once and updates it on
     microbatch 0, 1, ..., m - 1 in turn. A schedule holding ONE copy of each stage does the same (each stage
@@ -128,7 +128,7 @@ def buffer_copies_reason(schedule: str, mutated: dict[str, str]) -> str | None:
         return None
     fqn, node = next(iter(mutated.items()))
     more = f" (and {len(mutated) - 1} more)" if len(mutated) > 1 else ""
-    return (f"{schedule} keeps {copies(schedule)} copies of every stage, but the forward updates buffer {fqn!r} in "
+    return (f"{schedule} keeps {copies(schedule)} copies of every stage, but the forward updates {fqn!r} in "
             f"place (node {node}){more}: the copies would diverge from one device's sequential update. Remedy: "
             "another schedule (1f1b, zbv, interleaved_1f1b, dualpipev, gpipe keep one copy)")
 

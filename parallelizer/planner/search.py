@@ -312,7 +312,7 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
         if per_node % t:
             raise ValueError(f"tp={t} must divide devices_per_node={per_node}: tensor parallelism stays in a node")
     excluded: Counter = Counter()
-    mutated = ctx.traced.mutated_buffers()
+    mutated = ctx.traced.mutated_state()
     ctx.refused = {name: why for name in schedules if (why := buffer_copies_reason(name, mutated))}
     cands: list[Candidate] = []
     total = 0

@@ -211,6 +211,9 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
     """
     data_axes = _data_axes(mesh, config)
     written = written_inputs(tg)
+    written_params = {}
+    for ph, op in sorted(written_placeholders(tg, Role.PARAMETER)):
+        written_params.setdefault(ph, op)
     spaces: dict[str, NodeSpace] = {}
     for name, info in tg.nodes.items():
         inputs = tensor_inputs(tg, info)
@@ -218,8 +221,11 @@ def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,
             spaces[name] = _received_space(info, received[name], mesh)
             continue
         if info.op == "placeholder" or info.op == "get_attr":
-            spaces[name] = _placeholder_space(info, tg.param_of_placeholder(name), mesh, config, data_axes,
-                                              written=name in written)
+            param = tg.param_of_placeholder(name)
+            writer = next((written_params[ph] for ph in (param.placeholders if param is not None else ())
+                           if ph in written_params), None)
+            spaces[name] = _placeholder_space(info, param, mesh, config, data_axes,
+                                              written=name in written, writer=writer)
             continue
         if info.op == "output":
             spaces[name] = NodeSpace(name, "output", inputs,
@@ -437,6 +443,13 @@ def written_inputs(tg: TracedGraph) -> frozenset[str]:
     whole: it stays Replicate (every rank passes and writes its whole tensor), since a batch shard would be
     a view of the caller's tensor and only this rank's rows would be written (the caller's tensor would
     then differ between ranks and from one device)."""
+    return frozenset(n for n, _ in written_placeholders(tg, Role.INPUT))
+
+
+def written_placeholders(tg: TracedGraph, role: Role) -> frozenset[tuple[str, str]]:
+    """(placeholder, writing op) of every placeholder of `role` that forward writes in place, through views
+    and chained in-place ops too: user inputs (`written_inputs`) and parameters (an EMA key encoder updated
+    in forward under no_grad: MoCo's `p_k.mul_(m).add_(p_q * (1 - m))`, SwAV's prototypes re-normalised)."""
     out = set()
     for node in tg.graph_module.graph.nodes:
         for i in mutated_args(node):
@@ -444,23 +457,35 @@ def written_inputs(tg: TracedGraph) -> frozenset[str]:
             while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
                 arg = arg.args[0]
             info = tg.nodes.get(arg.name) if isinstance(arg, torch.fx.Node) else None
-            if info is not None and info.op == "placeholder" and info.role is Role.INPUT:
-                out.add(arg.name)
+            if info is not None and info.op == "placeholder" and info.role is role:
+                out.add((arg.name, tg.nodes[node.name].op_name if node.name in tg.nodes else str(node.target)))
     return frozenset(out)
 
 
 def _placeholder_space(info: NodeInfo, param: ParamInfo | None, mesh: MeshSpec, config: PlanConfig,
-                       data_axes: tuple[str, ...], written: bool = False) -> NodeSpace:
+                       data_axes: tuple[str, ...], written: bool = False, writer: str | None = None) -> NodeSpace:
     """The space of placeholder `info` standing for parameter/buffer `param` (None: a user input or constant).
-    `written`: a user input that forward writes in place (`written_inputs`): Replicate only."""
+    `written`: a user input that forward writes in place (`written_inputs`): Replicate only.
+    `writer`: the op that writes parameter `param` in place in forward (`written_placeholders`), or None. An
+    in-place op writes the stored tensor (`mutation_edges`: no layout change on the way), while a "ddp"/"fsdp"
+    axis has every parameter used Replicate: a parameter stored Shard over an "fsdp" axis could be neither
+    written where it lives nor used whole, and every plan was infeasible. Such a parameter is stored Replicate
+    over the "fsdp" axes instead (as under "ddp"), recorded as a fallback."""
     shape = tuple(info.outputs[0].shape) if info.outputs else ()
     roles = config.roles_on(mesh.axis_names)
     if info.role is Role.INPUT and written:
         return NodeSpace(info.name, "input", (), [Strategy((), Layout.replicate(mesh.ndim))], False)
     if info.role is Role.PARAMETER and param is not None and not param.is_buffer:
-        return NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, roles, mesh)],
-                         param.requires_grad,
-                         param_fqn=param.fqn)
+        fsdp = [a for a, r in zip(mesh.axis_names, roles) if r == "fsdp"] if writer else []
+        stored = ["ddp" if r == "fsdp" and fsdp else r for r in roles]
+        space = NodeSpace(info.name, "param", (), [Strategy((), L) for L in _param_layouts(shape, stored, mesh)],
+                          param.requires_grad, param_fqn=param.fqn)
+        if fsdp:
+            space.fallback = (f"axis roles {dict(config.axis_roles)}: parameter {param.fqn} {shape} is written in "
+                              f"place in forward ({writer}), so it is stored Replicate over the 'fsdp' axes "
+                              f"{', '.join(fsdp)} (written where it lives and used whole there, as under 'ddp'); "
+                              "to shard it, update it outside forward (e.g. after optimizer.step())")
+        return space
     if info.role is Role.INPUT:
         bd = config.batch_dim_of(info.name)
         shardable = bd is not None and len(shape) > 0 and shape[bd] > 1

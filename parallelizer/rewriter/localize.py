@@ -355,6 +355,13 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     count, sums and variance were held in the input's dtype: in float16 a count or a sum above 65504 became
     inf (outputs inf where one device is finite), in bfloat16 a count of 2312 was 2304 (rehearse: 102x the
     bound) and under autocast the statistics were rounded where one device keeps them float32.
+
+    The running buffers are written through `.data`, so their version counters stay as they were: torch's
+    batch_norm kernel updates them in place without a version bump, and its autograd node saves them (for
+    eval-mode backward), so a module applied twice per forward (SwAV / SimCLR's encoder on two views) whose
+    first call ran as aten.batch_norm (on an input no plan batch-shards) and second as this function raised
+    "one of the variables needed for gradient computation has been modified by an inplace operation" on
+    every rank in backward (round 13, r13b), where one device runs.
     """
     dims = [0] + list(range(2, x.dim()))
     view = [1, -1] + [1] * (x.dim() - 2)
@@ -384,9 +391,9 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     if bias is not None:
         out = out + bias.to(acc).view(view)
     if running_mean is not None:
-        with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
-            running_var.mul_(1 - momentum).add_(var.detach() * (n / (n - 1).clamp(min=1)) * momentum)
+        with torch.no_grad():  # `.data`: written as torch's kernel writes them, without bumping their versions
+            running_mean.data.mul_(1 - momentum).add_(mean.detach() * momentum)
+            running_var.data.mul_(1 - momentum).add_(var.detach() * (n / (n - 1).clamp(min=1)) * momentum)
     return out.to(x.dtype)
 
 

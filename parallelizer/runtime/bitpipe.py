@@ -281,7 +281,7 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
         PipelineError: `cut.num_stages` != 2 pp, pp odd, microbatches not a multiple of pp, or a buffer updated
             in forward (`planner.schedules.buffer_copies_reason`: two copies would diverge), with the remedy.
     """
-    if (why := buffer_copies_reason("bitpipe", traced.mutated_buffers())) is not None:
+    if (why := buffer_copies_reason("bitpipe", traced.mutated_state())) is not None:
         raise PipelineError(f"bitpipe: {why}")  # never train on with diverging copies (a plan from elsewhere)
     if cut.num_stages != 2 * pp:
         raise PipelineError(f"bitpipe on pp={pp} runs 2 * pp = {2 * pp} model stages (2 chunks per rank and "

@@ -212,9 +212,10 @@ def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int, model: tor
 def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict,
                      recipe: str | None = None) -> torch.Tensor | None:
     """The loss of the whole batch at once on one device (an independent check of the microbatch weights;
-    the forward under `recipe`), or None when the forward updates buffers (then running it would change the
-    reference's state)."""
-    if traced.mutated_buffers():
+    the forward under `recipe`), or None when the forward updates buffers or parameters (then running it would
+    change the reference's state: a per-block EMA teacher written once more per step left the fp32 reference
+    0.1 away, and only the float64 judge's bound, widened by that gap, let the right pipeline match; r13b)."""
+    if traced.mutated_state():
         return None
     with torch.no_grad():
         with autocast(recipe):

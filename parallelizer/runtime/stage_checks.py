@@ -19,20 +19,23 @@ def uses_by_stage(traced: TracedGraph, fqn: str, cut) -> dict[int, list[str]]:
 
 
 def check_buffer_copies(traced: TracedGraph, cut: StageCut) -> None:
-    """Refuse a buffer updated in forward (`TracedGraph.mutated_buffers`) whose placeholder several stages use:
+    """Refuse a buffer (or parameter) updated in forward (`TracedGraph.mutated_state`) whose placeholder several
+    stages use:
     each stage holds its own copy of the buffers it uses, so the update made by one stage never reaches the
     copy another stage reads (read in stage 0, updated in stage 1: stage 0 reads the initial value forever;
     one device keeps it once). A read AFTER the update uses the in-place op's result, an activation sent to
     the later stage like any other, so that case is exact and allowed. Parameters used by several stages are
-    fine (their gradients are summed).
+    fine (their gradients are summed) unless forward writes them (a per-block EMA teacher): written values are
+    not summed, so they count as buffers.
 
     Raises:
         PipelineError: names the buffer, its stages and the remedy.
     """
-    for fqn, node in traced.mutated_buffers().items():
+    for fqn, node in traced.mutated_state().items():
         stages = sorted(uses_by_stage(traced, fqn, cut))
         if len(stages) > 1:
-            raise PipelineError(f"buffer {fqn!r} is updated in forward (node {node}) and used by stages {stages}: "
+            kind = "buffer" if traced.parameters[fqn].is_buffer else "parameter"
+            raise PipelineError(f"{kind} {fqn!r} is updated in forward (node {node}) and used by stages {stages}: "
                                 "each stage keeps its own copy, so the update would not reach the others. Remedy: "
                                 "stage cuts that keep its uses in one stage, or a plan without 'pp'")
 

@@ -46,17 +46,28 @@ def is_cache(value: Any) -> bool:
 
 
 def without_cache(output: Any) -> Any:
-    """`output` with its cache objects removed: a transformers `ModelOutput` rebuilt without the cache field
-    (the structure forward returns with use_cache=False, whose `to_tuple` skips None fields), a tuple without
-    its cache elements; anything else unchanged."""
+    """`output` with its cache objects removed, at any depth: a transformers `ModelOutput` rebuilt without the
+    cache field (the structure forward returns with use_cache=False, whose `to_tuple` skips None fields), a
+    tuple or list without its cache elements, a dict without cache values; containers holding none are
+    returned as they are (the same object). Nested: a composite model's output holds its language model's
+    (InstructBLIP's and BLIP-2's `language_model_outputs`, with `return_dict=False` a tuple in the tuple),
+    whose cache export could not return (a TraceError under the default use_cache=True)."""
     model_output = getattr(sys.modules.get("transformers.utils"), "ModelOutput", None)
     if model_output is not None and isinstance(output, model_output):
-        if not any(is_cache(v) for v in output.values()):
+        kept = {k: without_cache(v) for k, v in output.items() if not is_cache(v)}
+        if len(kept) == len(output) and all(kept[k] is v for k, v in output.items()):
             return output
-        return type(output)(**{k: v for k, v in output.items() if not is_cache(v)})
-    if isinstance(output, tuple) and any(is_cache(v) for v in output):
-        kept = [v for v in output if not is_cache(v)]
+        return type(output)(**kept)
+    if isinstance(output, (tuple, list)):
+        kept = [without_cache(v) for v in output if not is_cache(v)]
+        if len(kept) == len(output) and all(a is b for a, b in zip(kept, output)):
+            return output
         return type(output)(*kept) if hasattr(output, "_fields") else type(output)(kept)
+    if isinstance(output, dict):
+        kept = {k: without_cache(v) for k, v in output.items() if not is_cache(v)}
+        if len(kept) == len(output) and all(kept[k] is v for k, v in output.items()):
+            return output
+        return type(output)(kept)
     return output
 
 

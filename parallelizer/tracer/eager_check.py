@@ -94,7 +94,7 @@ def _warn_eager_raises(exc: Exception, notes: list[str]) -> None:
 
 
 def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | None:
-    """Whether `model(*args, **kwargs)` returns without raising (no_grad; buffers and torch's RNG state restored),
+    """Whether `model(*args, **kwargs)` returns without raising (no_grad; state and torch's RNG state restored),
     or None where one call is not run: meta tensors, or more than `MAX_ELEMENTS` parameter elements."""
     if _on_meta(model, args, kwargs) or _too_large(model):
         return None
@@ -108,17 +108,20 @@ def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | No
 
 @contextlib.contextmanager
 def _state_kept(model: torch.nn.Module):
-    """Inside: torch's RNG state forked (CPU and the CUDA devices the model is on); on exit the model's buffers
-    are back to their values on entry, and whenever the yielded `restore()` is called the buffers AND the
-    generators are (so a second forward draws what the first drew)."""
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    """Inside: torch's RNG state forked (CPU and the CUDA devices the model is on); on exit the model's state
+    (`state_tensors`: buffers and parameters) is back to its values on entry, and whenever the yielded
+    `restore()` is called the state AND the generators are (so a second forward draws what the first drew).
+    Parameters count: a forward that writes one in place under no_grad (MoCo's momentum update of its key
+    encoder) advanced it by one update per check call, so tracing changed the user's model (and the exported
+    program, run second, read the written values: a false "differs from eager forward" warning)."""
+    saved = {name: t.detach().clone() for name, t in state_tensors(model)}
     devices = sorted({t.device.index or 0 for t in [*model.parameters(), *model.buffers()] if t.device.type == "cuda"})
 
     def restore() -> None:
         with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in saved and b.shape == saved[name].shape:
-                    b.copy_(saved[name])
+            for name, t in state_tensors(model):
+                if name in saved and t.shape == saved[name].shape:
+                    t.copy_(saved[name])
         torch.set_rng_state(cpu_state)
         for d, state in zip(devices, cuda_states):
             torch.cuda.set_rng_state(state, d)
@@ -129,6 +132,11 @@ def _state_kept(model: torch.nn.Module):
             yield restore
     finally:
         restore()
+
+
+def state_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter and buffer of `model`: what a forward may write in place."""
+    return [*model.named_parameters(), *model.named_buffers()]
 
 
 def _too_large(model: torch.nn.Module) -> bool:

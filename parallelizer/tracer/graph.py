@@ -349,12 +349,20 @@ class TracedGraph:
         return self._owners[1].get(placeholder)
 
     def mutated_buffers(self) -> dict[str, str]:
-        """Buffer FQN -> the first node writing it in place in forward (`self.seen.add_(...)`, an EMA's `mul_`,
-        batch_norm's running statistics; also through views and chained in-place ops), in graph order.
+        """`mutated_state` restricted to buffers."""
+        return {fqn: node for fqn, node in self.mutated_state().items() if self.parameters[fqn].is_buffer}
 
-        Such a buffer is state one device keeps ONCE and updates in microbatch order; a runtime that keeps
-        several copies of it (BitPipe's two stage copies, stages each holding their own copy) must refuse
-        or merge it (`planner.schedules.buffer_copies_reason`, `runtime.pipeline.build`). Export's
+    def mutated_state(self) -> dict[str, str]:
+        """Buffer or parameter FQN -> the first node writing it in place in forward (`self.seen.add_(...)`, an
+        EMA's `mul_`, batch_norm's running statistics, a frozen key encoder updated as an EMA of the query
+        encoder (MoCo), prototypes re-normalised (SwAV); also through views and chained in-place ops), in
+        graph order.
+
+        Such state is kept ONCE on one device and updated in microbatch order; a runtime that keeps several
+        copies of it (BitPipe's two stage copies, stages each holding their own copy) must refuse or merge it
+        (`planner.schedules.buffer_copies_reason`, `runtime.pipeline.build`), and a reference that runs the
+        forward once more must not (`runtime.pipeline_rehearsal`). Parameters count as buffers do: their
+        gradients are summed across copies, but a value written in forward is not (round 13, r13b). Export's
         `graph_signature.buffers_to_mutate` is empty for this training IR (the in-place ops stay in the
         graph), so the written arguments are followed back to their placeholders (`mutated_args`, `is_view`).
         """
@@ -365,7 +373,7 @@ class TracedGraph:
                 while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
                     arg = arg.args[0]  # a view or an in-place op's result aliases its first argument
                 info = self.param_of_placeholder(arg.name) if isinstance(arg, torch.fx.Node) else None
-                if info is not None and info.is_buffer:
+                if info is not None:
                     out.setdefault(info.fqn, node.name)
         return out
 

@@ -21,7 +21,8 @@ another shape, such as a (T, T) mask) are not compared; mixing in the root modul
 through its per-sample outputs (a scalar loss is weighted by `runtime.loss_weight` instead). Skipped (None)
 for meta models, models over `eager_check.MAX_ELEMENTS` parameter elements and forwards that draw random
 numbers (the microbatches would draw other masks; found by a second whole-batch call from another generator
-state). Buffers and torch's RNG state are restored afterwards.
+state). Buffers, parameters (a parameter the forward writes in place, such as MoCo's EMA key encoder, is
+compared like a buffer) and torch's RNG state are restored afterwards.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst
+from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst, state_tensors
 from .graph import carries_grad
 
 
@@ -130,8 +131,8 @@ def _split(args: tuple, kwargs: dict, microbatches: int) -> list[tuple[tuple, di
 
 def _record(model: torch.nn.Module, calls: list[tuple[tuple, dict]]):
     """Run `model` on each call in order; return {(module name, call index): [per call: (its tensor inputs, its
-    tensor outputs)]} (innermost modules first, in the order of the first call) and the buffers after the last
-    call."""
+    tensor outputs)]} (innermost modules first, in the order of the first call) and the buffers and parameters
+    after the last call."""
     seen: dict[tuple[str, int], list[list[torch.Tensor]]] = {}
     count: dict[str, int] = {}
 
@@ -151,7 +152,7 @@ def _record(model: torch.nn.Module, calls: list[tuple[tuple, dict]]):
     finally:
         for h in handles:
             h.remove()
-    return seen, {name: b.detach().clone() for name, b in model.named_buffers()}
+    return seen, {name: t.detach().clone() for name, t in state_tensors(model)}
 
 
 def _batch_major_pairs(whole: list[torch.Tensor], per_micro: list[list[torch.Tensor]], microbatches: int):
@@ -201,9 +202,9 @@ def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str
     if worst is None:
         return None
     name, diff, shape = worst
-    return name, (f"pipeline with {microbatches} microbatches: buffer '{name}' (shape {shape}), which the forward "
-                  f"writes, ends {diff:.3g} away from its value after one call on the whole batch: it is updated "
-                  f"once per microbatch ({microbatches} times per step) instead of once per batch (running "
+    return name, (f"pipeline with {microbatches} microbatches: buffer or parameter '{name}' (shape {shape}), which "
+                  f"the forward writes, ends {diff:.3g} away from its value after one call on the whole batch: it is "
+                  f"updated once per microbatch ({microbatches} times per step) instead of once per batch (running "
                   "statistics, an EMA, a counter), as in gradient accumulation over the microbatches. Remedy: a "
                   "mesh without 'pp', or keep the pipeline if gradient-accumulation semantics are what you want")
 

@@ -67,3 +67,40 @@ def rank_cases(rank: int, world_size: int, cases: list, steps: int) -> list[dict
         with contextlib.nullcontext() if guarded else off:
             out.append(_rank_main(rank, world_size, ema_model, model_kwargs, spec, pipe, steps, 1e-3, 1e-3))
     return out
+
+
+class ShadowBlock(nn.Module):
+    """A block that writes a frozen shadow Linear in forward as an EMA of its own trained weight (a per-block
+    momentum teacher) and adds the shadow's output: a PARAMETER updated in forward and then read by `mm`,
+    which saves it for the backward of the block's input."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc, self.shadow = nn.Linear(d, d), nn.Linear(d, d)
+        self.shadow.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.shadow.weight.mul_(0.9).add_(self.fc.weight.detach() * 0.1)
+        return x + torch.tanh(self.fc(x)) + 0.1 * self.shadow(x)
+
+
+class ShadowModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ShadowBlock() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def shadow_model(batch: int = 8):
+    torch.manual_seed(0)
+    return ShadowModel(), (torch.randn(batch, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def rank_shadow(rank: int, world_size: int, cases: list, steps: int) -> list[dict]:
+    """`pipeline_rehearsal._rank_main` of `shadow_model` per (model_kwargs, spec, pipeline dict) case."""
+    return [_rank_main(rank, world_size, shadow_model, kw, spec, pipe, steps, 1e-3, 1e-3) for kw, spec, pipe in cases]

@@ -104,3 +104,73 @@ def test_buffer_updated_in_one_stage_and_read_in_another_refused():
             continue
         with pytest.raises(PipelineError, match=r"'blocks\.3\.ema' .* used by stages \[0, 1\]"):
             check_buffer_copies(traced, cut_stages(traced, 2))
+
+
+class _ShadowBlock(__import__("torch").nn.Module):
+    """A block that writes a frozen shadow Linear in forward as an EMA of its own trained weight (a per-block
+    momentum teacher) and adds the shadow's output: a PARAMETER updated in forward."""
+
+    def __init__(self) -> None:
+        import torch
+        super().__init__()
+        self.fc, self.shadow = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.shadow.requires_grad_(False)
+
+    def forward(self, x):
+        import torch
+        with torch.no_grad():
+            self.shadow.weight.mul_(0.9).add_(self.fc.weight.detach() * 0.1)
+        return x + torch.tanh(self.fc(x)) + 0.1 * self.shadow(x).detach()
+
+
+def _shadow_model(batch: int = 4):
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_ShadowBlock() for _ in range(4)])
+    return model, (torch.randn(batch, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def test_a_parameter_updated_in_forward_counts_as_state_one_device_keeps_once():
+    """Before (r13b) only buffers counted: a pipeline plan of a model whose blocks write a parameter in forward
+    (a per-block EMA teacher) got BitPipe, whose two stage copies each update their own shadow on half of the
+    microbatches (rehearse said "match": outputs 6.4e-3 and shadow weights 0.1 off, within a float64 judge's
+    bound that the reference's extra whole-batch forward, one more EMA update per step, had widened). Now the
+    written parameters are `mutated_state`: the search leaves BitPipe out, a forced BitPipe is refused at plan and
+    build time, and the rehearsal's reference runs no extra whole-batch forward."""
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.bitpipe import build_bitpipe
+    from parallelizer.runtime.pipeline_rehearsal import _full_batch_loss
+    model, inputs = _shadow_model()
+    traced = trace(model, inputs)
+    with pytest.raises(PipelineError, match="bitpipe: bitpipe keeps 2 copies"):  # before: built, copies diverged
+        build_bitpipe(traced, None, None, model, pp=2, microbatches=2, loss_fn=None)
+    assert traced.mutated_state() == {f"{i}.shadow.weight": f"mul_{'_' + str(i) if i else ''}" for i in range(4)}
+    assert traced.mutated_buffers() == {}
+    plan = api.plan(traced, parse_mesh("pp=2"), global_batch=8, microbatches=2, progress=False)
+    assert plan.pipeline.schedule != "bitpipe"
+    refused = [a for a in plan.model["search"]["alternatives"] if a["schedule"] == "bitpipe"]
+    assert len(refused) == 1 and "'0.shadow.weight'" in refused[0]["reason"], refused
+    with pytest.raises(PipelineError, match=r"'0\.shadow\.weight' in place \(node mul_\) \(and 3 more\).*Remedy"):
+        api.plan(traced, parse_mesh("pp=2"), global_batch=8, schedule="bitpipe", microbatches=2, progress=False)
+    before = model[0].shadow.weight.detach().clone()
+    assert _full_batch_loss(model, traced, inputs, {}) is None
+    assert __import__("torch").equal(model[0].shadow.weight, before)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_a_parameter_written_in_forward_and_saved_for_backward_trains_on_a_pipeline(schedule):
+    """Blocks that write a frozen shadow Linear in forward (an EMA of their weights) and feed its output on:
+    `mm` saves the shadow weight for backward, and the pipeline runs microbatch 1's forward (a write) before
+    microbatch 0's backward. Before (r13b), every rank raised "modified by an inplace operation ... is at
+    version 4; expected version 2" inside torch's stage backward; now each read takes a copy
+    (`pipeline.snapshot_written_state`) and loss, gradients, parameters (the shadows too) after 2 steps equal
+    one device's gradient accumulation over the same microbatches."""
+    from buffer_workers import rank_shadow, shadow_model
+    model, inputs = shadow_model(batch=2)
+    plan = api.plan(trace(model, inputs), parse_mesh("pp=2,dp=2"), global_batch=8, schedule=schedule,
+                    microbatches=4, progress=False, axis_roles={"dp": "ddp"})
+    assert plan.pipeline.schedule == schedule
+    per_rank = spawn(rank_shadow, 4, [({"batch": 8}, spec_from_plan(plan), plan.pipeline.to_dict())], 2, timeout_s=300)
+    report = _report(4, [ranks[0] for ranks in per_rank])
+    assert report.matches(), str(report)
+    assert max(report.loss, report.grad, report.params) <= 1e-5, str(report)

@@ -2,6 +2,7 @@
 against the single-device model (eager, `rehearse`)."""
 import contextlib
 import io
+import re
 
 import pytest
 
@@ -19,7 +20,8 @@ from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed
                           as_strided_of_transpose, embedding_grad_by_freq, gradient_penalty_rank,
                           in_place_through_views, input_written_in_place, loop_mlp, merged_batch_slice, penalty_net,
                           sparse_embedding, packed_llama, pipeline_init_rank, sorter_router, spectral_norm_linear,
-                          training_loop_rank, uneven_gather_as_strided)
+                          training_loop_rank, uneven_gather_as_strided, written_parameters, shared_batch_norm,
+                          max_norm_embedding)
 
 pytestmark = pytest.mark.distributed
 
@@ -415,3 +417,38 @@ def test_fft_convolution_redistributing_complex_spectra_trains_as_one_device():
     plans = [random_cost_plan(fft_conv, {"tp": 2}, {}, 1), random_cost_plan(fft_conv, {"dp": 2}, {}, 2)]
     reports = rehearse_many([(fft_conv, {}, plan) for plan in plans], steps=2)
     assert all(r.matches() for r in reports), reports
+
+
+def test_parameters_written_in_forward_train_as_one_device_under_fsdp():
+    """A frozen key encoder updated in forward as an EMA of the query encoder (MoCo) and trainable prototypes
+    re-normalised in forward (SwAV), all under no_grad: on dp=2 with the "fsdp" role (and "fsdp" x "tp" on
+    the planner's side) they are stored Replicate over dp, said in the plan's fallbacks, and outputs, loss,
+    gradients and parameters after 3 AdamW steps equal eager's, as under "ddp". Before, every fsdp plan was
+    infeasible (InfeasiblePlanError at `mul_`: a parameter stored Shard over "fsdp" must be used whole, and
+    an in-place write must reach it where it is stored), while ddp and tp planned (round 13, r13b)."""
+    plans = [_plan(written_parameters, {"dp": 2}, axis_roles={"dp": "fsdp"}),
+             _plan(written_parameters, {"dp": 2}, axis_roles={"dp": "ddp"})]
+    fsdp_tp = _plan(written_parameters, {"dp": 2, "tp": 2}, axis_roles={"dp": "fsdp", "tp": "tp"})
+    for plan in (plans[0], fsdp_tp):
+        written = sorted(re.search(r"parameter (\S+)", f.reason).group(1) for f in plan.fallbacks
+                         if "written in place in forward" in f.reason)
+        assert written == ["k.bias", "k.weight", "protos.weight"], plan.fallbacks
+        assert any("written in place" in n for n in plan.notes()) or any(
+            "axis roles could not be honoured" in n for n in plan.notes()), plan.notes()
+    assert not any("written in place" in f.reason for f in plans[1].fallbacks)  # ddp stores them Replicate anyway
+    renorm = _plan(max_norm_embedding, {"dp": 2}, axis_roles={"dp": "fsdp"})  # Embedding(max_norm): infeasible before
+    cases = [(written_parameters, p) for p in plans] + [(max_norm_embedding, renorm)]
+    for report in rehearse_many([(fn, {}, p) for fn, p in cases], steps=3):
+        assert report.matches(), report
+
+
+def test_a_batch_norm_applied_twice_per_forward_trains_under_ddp():
+    """One BatchNorm1d on a one-sample input (whole on every rank: torch's batch_norm, which saves its running
+    buffers for backward) and then on the batch-sharded input (the program's SyncBatchNorm), as SwAV / SimCLR
+    apply one encoder to two views: loss, gradients, parameters and running buffers after 3 AdamW steps equal
+    eager's. Before, SyncBatchNorm's in-place running-buffer update bumped their version counters, which
+    torch's kernel does not, and backward raised "modified by an inplace operation" on every rank (SwAV on
+    dp=2 with random costs; this model under forced ddp; round 13, r13b)."""
+    plan = _plan(shared_batch_norm, {"dp": 2}, axis_roles={"dp": "ddp"})
+    report = rehearse_many([(shared_batch_norm, {}, plan)], steps=3)[0]
+    assert report.matches(), report

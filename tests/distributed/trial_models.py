@@ -657,3 +657,60 @@ class FFTConv(nn.Module):
 
 def fft_conv():
     return FFTConv(), (torch.randn(4, 6, 3),)
+
+
+class WrittenParameters(nn.Module):
+    """Parameters written in place in forward under no_grad: a frozen key encoder updated as an EMA of the
+    query encoder (MoCo's momentum update, `p_k.mul_(m).add_(p_q * (1 - m))`) and trainable prototypes
+    re-normalised before use (SwAV's `protos.weight.copy_(normalize(...))`). Under an "fsdp" axis a parameter
+    is used whole but a write must hit it where it is stored, so these are stored Replicate there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(H, H), nn.Linear(H, H)
+        self.k.requires_grad_(False)
+        self.protos = nn.Linear(H, 6, bias=False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            for pq, pk in zip(self.q.parameters(), self.k.parameters()):
+                pk.mul_(0.9).add_(pq.detach() * 0.1)
+            self.protos.weight.copy_(F.normalize(self.protos.weight, dim=1))
+        return self.protos(torch.tanh(self.q(x)) + self.k(x).detach())
+
+
+def written_parameters():
+    torch.manual_seed(0)
+    return WrittenParameters(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class SharedBatchNorm(nn.Module):
+    """One BatchNorm1d applied twice per forward (SwAV / SimCLR / BYOL run one encoder on two views): a
+    one-sample input x (1, H, T), which no plan can batch-shard, then a batch y (B, H, T) sharded under ddp. The
+    first call is torch's batch_norm on the whole x, which saves the running buffers for backward, and whose
+    kernel updates them without bumping their version counter; the second is the program's SyncBatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(H, H), nn.BatchNorm1d(H), nn.Linear(H, 4)
+
+    def forward(self, x, y):
+        hx = self.bn(self.a(x.transpose(1, 2)).transpose(1, 2))
+        hy = self.bn(self.a(y.transpose(1, 2)).transpose(1, 2))
+        return self.b(hy.transpose(1, 2)).square().mean() + self.b(hx.transpose(1, 2)).square().mean()
+
+
+def shared_batch_norm():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    return SharedBatchNorm(), (torch.randn(1, H, T, generator=g), torch.randn(B, H, T, generator=g))
+
+
+def max_norm_embedding():
+    """nn.Embedding(max_norm=1.0): forward renormalises the looked-up rows of the weight in place
+    (embedding_renorm_ on weight.detach()), a parameter written in forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(11, 8, max_norm=1.0), nn.Linear(8, 8))
+    with torch.no_grad():
+        model[0].weight.mul_(3.0)  # rows above the max norm, so the renormalisation changes them
+    return model, (torch.randint(0, 11, (4, 3), generator=torch.Generator().manual_seed(1)),)

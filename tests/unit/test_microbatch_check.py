@@ -35,6 +35,9 @@ class Block(nn.Module):
         elif self.kind == "ema":
             with torch.no_grad():
                 self.ema.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))  # per call, not per sample
+        elif self.kind == "ema_param":
+            with torch.no_grad():  # a parameter written per call (MoCo's momentum update of a key encoder)
+                self.a.bias.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))
         elif self.kind == "dropout":
             h = F.dropout(h, 0.5, self.training)
         return x + self.a(h)
@@ -108,6 +111,26 @@ def test_a_buffer_written_once_per_call_is_named():
     assert where == "blocks.0.ema" and "updated once per microbatch (2 times per step)" in message
     assert _stated(message, r"ends", r"away from") == pytest.approx((once - twice).abs().max().item(), rel=DIGITS3)
     assert torch.equal(model.blocks[0].ema, torch.zeros(6))
+
+
+def test_a_parameter_written_once_per_call_is_named_and_left_as_it_was():
+    """A parameter the forward writes in place per call (MoCo's momentum update) is updated once per
+    microbatch: the module reading it is named, with the difference computed here, and the parameter is left
+    as it was. Before (r13b) the check restored buffers only, so its second whole-batch call started from the
+    parameter its first call wrote, differed from it, and the model was taken for a random forward and
+    skipped (None), with the parameter left written by the check's calls."""
+    model, x = _net("ema_param")
+    bias = model.blocks[0].a.bias.detach().clone()
+    with torch.no_grad():  # blocks.0.a's output on each half: the bias written once (whole) or per microbatch
+        h = model.blocks[0].norm(x)
+        once = bias * 0.9 + 0.1 * h.mean((0, 1))
+        second = (bias * 0.9 + 0.1 * h.tensor_split(2)[0].mean((0, 1))) * 0.9 + 0.1 * h.tensor_split(2)[1].mean((0, 1))
+        first = bias * 0.9 + 0.1 * h.tensor_split(2)[0].mean((0, 1))
+        expected = max((once - first).abs().max().item(), (once - second).abs().max().item())
+    where, message = microbatch_mixing(model, (x,), {}, 2)
+    assert where == "blocks.0.a", (where, message)
+    assert _stated(message, r"microbatches\|\s*=", r"\)") == pytest.approx(expected, rel=DIGITS3)
+    assert torch.equal(model.blocks[0].a.bias, bias)
 
 
 def test_per_sample_models_eval_mode_and_random_forwards_pass():

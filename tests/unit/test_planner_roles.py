@@ -197,15 +197,19 @@ def test_axis_roles_none_means_no_roles_and_a_non_mapping_is_a_value_error():
         PlanConfig(axis_roles=5)
 
 
-def test_infeasible_in_place_write_through_a_view_names_the_writer():
-    """nn.Embedding(max_norm=...) renormalises rows of weight.detach() in place (embedding_renorm_): under fsdp the
-    weight may not be redistributed. The error named detach as the writer; it names embedding_renorm_."""
+def test_a_weight_written_in_place_through_a_view_under_fsdp_is_stored_replicate_naming_the_writer():
+    """nn.Embedding(max_norm=...) renormalises rows of weight.detach() in place (embedding_renorm_). Under fsdp the
+    weight could not be redistributed, and the plan was infeasible (the error named the writer, first detach, then
+    embedding_renorm_). Since r13b a parameter written in forward is stored Replicate over 'fsdp' axes, recorded
+    as a fallback that names the writer (the numbers: test_trial_findings.py, against eager)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(11, 8, max_norm=1.0), torch.nn.Linear(8, 8))
     traced = parallelizer.trace(model, (torch.randint(0, 11, (4, 3)),))
-    with pytest.raises(InfeasiblePlanError, match=r"detach is a view of p_0_weight that embedding_renorm_ "
-                                                  r"\(aten.embedding_renorm_.default\) writes in place"):
-        _plan(traced, {"dp": 2}, axis_roles={"dp": "fsdp"})
+    plan = _plan(traced, {"dp": 2}, axis_roles={"dp": "fsdp"})
+    assert not any(isinstance(x, Shard) for x in Layout.parse(plan.params["0.weight"].stored).placements)
+    assert isinstance(Layout.parse(plan.params["1.weight"].stored).placements[0], Shard)
+    [written] = [f for f in plan.fallbacks if "written in place in forward" in f.reason]
+    assert "parameter 0.weight (11, 8)" in written.reason and "aten.embedding_renorm_.default" in written.reason
 
 
 class _PairsOverTheBatch(nn.Module):

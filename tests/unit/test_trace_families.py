@@ -180,3 +180,41 @@ class _RaisesOnAValue(torch.nn.Module):
 def test_a_check_that_raises_on_a_tensor_value_says_so():
     with pytest.raises(TraceError, match=r"an assert on a tensor value \(`if labels.max\(\) >= 4: raise`\)"):
         parallelizer.trace(_RaisesOnAValue(), (torch.randn(2, 4), torch.tensor([1, 2])))
+
+
+class _Composite(torch.nn.Module):
+    """A composite model returning its language model's output NESTED (InstructBLIP / BLIP-2's
+    `language_model_outputs`): with the LM's default use_cache=True a DynamicCache sits inside a ModelOutput
+    (return_dict) or a tuple inside the tuple (return_dict=False)."""
+
+    def __init__(self, return_dict: bool) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        self.lm = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1, vocab_size=32))
+        self.proj = torch.nn.Linear(16, 16)
+        self.return_dict = return_dict
+
+    def forward(self, input_ids, labels):
+        out = self.lm(input_ids=input_ids, labels=labels, return_dict=self.return_dict)
+        loss = out[0]
+        return (loss, out) if not self.return_dict else {"loss": loss, "lm_outputs": out, "extra": [out.logits]}
+
+
+@pytest.mark.parametrize("return_dict", [False, True])
+def test_a_cache_nested_in_the_output_is_dropped(return_dict):
+    """Before (r13b) only a cache at the top level of the output was dropped: InstructBLIP with its default
+    config raised TraceError ('an output of type DynamicCache') for its nested language-model output. Now the
+    nested cache is dropped, noted, and the exported program returns the model's loss and logits."""
+    model = _Composite(return_dict)
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(1))
+    assert any(is_cache(v) for v in pytree.tree_leaves(model(ids, ids), is_leaf=is_cache))  # a cache is nested
+    traced = parallelizer.trace(model, (ids, ids))
+    assert any("own use_cache setting" in n for n in traced.notes), traced.notes
+    eager, exported = model(ids, ids), traced.exported.module()(ids, ids)
+    assert not any(is_cache(v) for v in pytree.tree_leaves(exported, is_leaf=is_cache))
+    lm_eager = eager[1] if not return_dict else eager["lm_outputs"]
+    lm_exported = exported[1] if not return_dict else exported["lm_outputs"]
+    torch.testing.assert_close(exported[0] if not return_dict else exported["loss"], lm_eager[0])
+    torch.testing.assert_close(lm_exported[1], lm_eager[1])  # the logits
