@@ -149,37 +149,43 @@ def pipeline_rank0_file(rank: int, world_size: int) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-def unfrozen_after_checkpoint(rank: int, world_size: int, specs: dict, directory: str) -> float | str:
-    """Progressive unfreezing across a resume: the head is frozen for 2 AdamW steps on ddp2, saved with
-    `parallelizer.checkpoint` (no optimizer state for the head), loaded into a model of another seed on tp2 with
-    the head trainable, and trained 2 more steps; eager does the same 4 steps on one device (the head's state
-    starts at its first step). Returns the largest |diff| of the parameters to eager's, or the error's message
-    (round 12: the load raised StateDictError listing the head's state keys)."""
+def _resume_with_freezing(specs: dict, directory: str, tag: str, trainable: tuple[bool, ...]) -> float | str:
+    """4 AdamW steps of the MLP with the head trainable or frozen at step s as `trainable[s]` says: eager on one
+    device; steps 0-1 on ddp2, saved with `parallelizer.checkpoint`, loaded into a model of another seed on tp2
+    (the head already set as step 2 wants it) and steps 2-3 there. Returns the largest |diff| of the parameters to
+    eager's, or the load's StateDictError message."""
     from parallelizer import checkpoint
 
-    frozen = ("head.weight", "head.bias")
+    def run(m, opt, steps):
+        for s in steps:
+            for name in ("head.weight", "head.bias"):
+                m.get_parameter(name).requires_grad_(trainable[s])
+            _train(m, opt, range(s, s + 1))
+
     eager, (x,) = zoo.mlp(**SIZES)
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4)
-    for name in frozen:
-        eager.get_parameter(name).requires_grad_(False)
-    _train(eager, opt_e, range(2))
-    for name in frozen:
-        eager.get_parameter(name).requires_grad_(True)
-    _train(eager, opt_e, range(2, 4))
+    run(eager, torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4), range(4))
     pm = _pm(zoo.mlp(**SIZES)[0], (x,), specs["ddp2"])
-    for name in frozen:
-        pm.get_parameter(name).requires_grad_(False)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, eps=1e-4)
-    _train(pm, opt, range(2))
-    checkpoint.save(pm, opt, f"{directory}/frozen-head")
+    run(pm, opt, range(2))
+    checkpoint.save(pm, opt, f"{directory}/{tag}")
     pm2 = _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs["tp2"])
+    for name in ("head.weight", "head.bias"):
+        pm2.get_parameter(name).requires_grad_(trainable[2])
     opt2 = torch.optim.AdamW(pm2.parameters(), lr=1e-2, eps=1e-4)
     try:
-        checkpoint.load(pm2, opt2, f"{directory}/frozen-head")
+        checkpoint.load(pm2, opt2, f"{directory}/{tag}")
     except StateDictError as exc:
         return str(exc)
-    _train(pm2, opt2, range(2, 4))
+    run(pm2, opt2, range(2, 4))
     return max(_diff(p, _shard(eager.get_parameter(fqn), specs["tp2"], fqn, pm2)) for fqn, p in pm2.named_parameters())
+
+
+def unfrozen_after_checkpoint(rank: int, world_size: int, specs: dict, directory: str) -> float | str:
+    """Progressive unfreezing across a resume: the head is frozen for 2 AdamW steps on ddp2, saved (no optimizer
+    state for the head), loaded on tp2 with the head trainable, and trained 2 more steps; on one device the
+    head's state starts at its first step (round 12: the load raised StateDictError listing the head's state
+    keys). `_resume_with_freezing`."""
+    return _resume_with_freezing(specs, directory, "frozen-head", (False, False, True, True))
 
 
 def _halving(step: int) -> float:
@@ -244,38 +250,9 @@ def scheduler_after_load(rank: int, world_size: int, specs: dict, directory: str
 
 
 def frozen_when_loading(rank: int, world_size: int, specs: dict, directory: str) -> float | str:
-    """The reverse of `unfrozen_after_checkpoint`: every parameter trains 2 AdamW steps on ddp2 and is saved with
-    `parallelizer.checkpoint` (the head's state included); the checkpoint is loaded on tp2 into a model whose head
-    is frozen, which trains 1 step, then the head is unfrozen for 1 more step. On one device torch's
-    Optimizer.load_state_dict keeps the frozen head's state, which the step after unfreezing continues from.
-    Returns the largest |diff| of the parameters to eager's, or the error's message (round 12: StateDictError
-    listing the head's state keys as unexpected)."""
-    from parallelizer import checkpoint
-
-    frozen = ("head.weight", "head.bias")
-    eager, (x,) = zoo.mlp(**SIZES)
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, eps=1e-4)
-    _train(eager, opt_e, range(2))
-    for name in frozen:
-        eager.get_parameter(name).requires_grad_(False)
-    _train(eager, opt_e, range(2, 3))
-    for name in frozen:
-        eager.get_parameter(name).requires_grad_(True)
-    _train(eager, opt_e, range(3, 4))
-    pm = _pm(zoo.mlp(**SIZES)[0], (x,), specs["ddp2"])
-    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, eps=1e-4)
-    _train(pm, opt, range(2))
-    checkpoint.save(pm, opt, f"{directory}/all-trained")
-    pm2 = _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs["tp2"])
-    for name in frozen:
-        pm2.get_parameter(name).requires_grad_(False)
-    opt2 = torch.optim.AdamW(pm2.parameters(), lr=1e-2, eps=1e-4)
-    try:
-        checkpoint.load(pm2, opt2, f"{directory}/all-trained")
-    except StateDictError as exc:
-        return str(exc)
-    _train(pm2, opt2, range(2, 3))
-    for name in frozen:
-        pm2.get_parameter(name).requires_grad_(True)
-    _train(pm2, opt2, range(3, 4))
-    return max(_diff(p, _shard(eager.get_parameter(fqn), specs["tp2"], fqn, pm2)) for fqn, p in pm2.named_parameters())
+    """The reverse of `unfrozen_after_checkpoint`: every parameter trains 2 AdamW steps on ddp2 and is saved (the
+    head's state included); loaded on tp2 into a model whose head is frozen, which trains 1 step, then the head is
+    unfrozen for 1 more step. On one device torch's Optimizer.load_state_dict keeps the frozen head's state,
+    which the step after unfreezing continues from (round 12: StateDictError listing the head's state keys as
+    unexpected). `_resume_with_freezing`."""
+    return _resume_with_freezing(specs, directory, "all-trained", (True, True, False, True))
