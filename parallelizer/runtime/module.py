@@ -59,6 +59,7 @@ from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
+from .parameter_state import carry_parameter_state
 from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
@@ -69,15 +70,6 @@ from .step import LossFn, check_grad_enabled, check_loss_source, compute_loss
 MAX_PROGRAMS = 8
 """Programs kept for modes / settings other than the first (each change of a setting traces the model again)."""
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
-
-
-def _original(model: torch.nn.Module, fqn: str) -> torch.Tensor:
-    """The model's parameter `fqn`, or an empty tensor (no hooks, no attributes) when the model has none by that
-    name."""
-    try:
-        return model.get_parameter(fqn)
-    except AttributeError:
-        return torch.empty(0)
 
 
 class ParallelModule(torch.nn.Module):
@@ -114,7 +106,7 @@ class ParallelModule(torch.nn.Module):
         for fqn, info in traced.parameters.items():
             self._register(fqn, self._local(fqn, full[fqn].detach(), init_seed), info.is_buffer,
                            info.persistent, info.requires_grad)
-        self._carry_parameter_state(model)
+        carry_parameter_state(self, model)
         # the containers start in the modes the model was traced in (the model's own, unless it changed since)
         modules = dict(model.named_modules()) if model.training == traced.training else {}
         for name, module in self.named_modules():
@@ -167,52 +159,6 @@ class ParallelModule(torch.nn.Module):
                 snapshots[name] = settings(made[id(module)])
             add_child(submodule(self, parent), leaf, made[id(module)])
         return snapshots
-
-    def _carry_parameter_state(self, model: torch.nn.Module) -> None:
-        """Give this rank's parameters what the user attached to the model's parameters before wrapping, which
-        stayed on the model's own tensors (never used by the program), silently, before (trial r13a):
-        - Python attributes (mamba_ssm's `A_log._no_weight_decay = True`, S4's `_optim` lr / weight-decay
-          settings, Megatron's `sequence_parallel`), which optimizer set-up code reads from `pm.parameters()`
-          to build its param groups: without them every parameter was decayed;
-        - gradient hooks (`register_hook`, `register_post_accumulate_grad_hook`: e.g. a mask that freezes
-          embedding rows, a gradient scale), in their order: every plan (and one device) trained without them
-          (the rows the mask froze moved, a weight scaled by 0.5 got its whole gradient). A replicated
-          parameter's hook sees the summed gradient, as on one device (`grad_sync`: hooked parameters are
-          reduced before autograd hands them on).
-
-        Raises UnsupportedOpError, on every rank alike (nothing registered then), for a hook on a parameter the
-        plan shards (the hook would see this rank's piece: a mask or an index in it would apply to other rows or
-        raise), and for any hooked parameter of a model built as pipeline stages (backward runs once per
-        microbatch there, so a hook that is not linear, e.g. a clamp, would see microbatch gradients; the whole
-        model is checked, as each rank builds only its own stages)."""
-        def hooks_of(param):
-            return (list((param._backward_hooks or {}).values()),
-                    list((getattr(param, "_post_accumulate_grad_hooks", None) or {}).values()))
-
-        if not self._retraces:
-            refused = [fqn for fqn, p in model.named_parameters() if any(hooks_of(p))]
-            where = "a pipeline stage runs backward once per microbatch, so a hook would see microbatch gradients"
-        else:  # by this module's names (the plan's; a tied parameter may be named otherwise in the model)
-            refused = [f"{fqn} (stored {self.spec.params[fqn]})" for fqn, _ in self.named_parameters()
-                       if fqn in self.spec.params and not self.spec.params[fqn].is_replicated
-                       and any(hooks_of(_original(model, fqn)))]
-            where = ("the plan shards it, so a hook would see this rank's piece (a mask or an index in it would apply "
-                     "to other rows or raise)")
-        if refused:
-            raise UnsupportedOpError(
-                f"gradient hooks (register_hook / register_post_accumulate_grad_hook) on the model's parameter(s) "
-                f"{', '.join(refused)}: {where}. Nothing was wrapped. Remedy: a plan that keeps the parameter whole "
-                "(axis_roles={'dp': 'ddp'} without a 'tp' axis or a pipeline), or remove the hook before wrapping "
-                "and register one written for this rank's piece on pm's parameter (pm.get_parameter(name))")
-        for fqn, local in self.named_parameters(remove_duplicate=True):
-            original = _original(model, fqn)
-            for key, value in original.__dict__.items():
-                local.__dict__.setdefault(key, value)
-            hooks, post = hooks_of(original)
-            for hook in hooks:
-                local.register_hook(hook)
-            for hook in post:
-                local.register_post_accumulate_grad_hook(hook)
 
     def _register(self, fqn: str, local: torch.Tensor, is_buffer: bool, persistent: bool,
                   requires_grad: bool) -> None:
