@@ -36,11 +36,12 @@ from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
-from ..tracer.graph import Role, TracedGraph, carries_grad, is_view, mutated_args, returns_written
+from ..tracer.graph import Role, TracedGraph, carries_grad
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
 from .stage_checks import SPLIT_BACKWARD, check_buffer_copies, check_split_backward, uses_by_stage  # noqa: F401
+from .written_state import snapshot_written_state
 
 SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
@@ -555,41 +556,6 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
                        p == where[-1], loss, pipe)
-
-
-def snapshot_written_state(gm: torch.fx.GraphModule, traced: TracedGraph) -> int:
-    """Make each read of a parameter or buffer that the stage's forward writes in place (`mutated_state`: a
-    per-block EMA teacher's `shadow.weight.mul_(m).add_(...)`) read a copy taken at that point; returns how many.
-
-    A pipeline runs the forwards of several microbatches before their backwards, so the write of microbatch 1
-    came between microbatch 0's read of the state (saved by `mm` for its backward) and that backward: every
-    rank raised torch's "modified by an inplace operation ... is at version 4; expected version 2" (1f1b,
-    interleaved_1f1b; round 13, r13b). One device with gradient accumulation runs each backward right after
-    its forward and reads the values the copy holds, so the copies give its numbers. Writes (`mutated_args`)
-    and the views / in-place results that carry a write stay on the state itself."""
-    written = set(traced.mutated_state())
-    alias: set[torch.fx.Node] = set()
-    for node in gm.graph.find_nodes(op="placeholder"):
-        info = traced.param_of_placeholder(node.name)
-        if info is not None and info.fqn in written:
-            alias.add(node)
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function":
-            continue
-        if (is_view(node) or returns_written(node)) and node.args and node.args[0] in alias:
-            alias.add(node)  # the state itself under another name: writes through it reach the state
-            continue
-        writes = set(mutated_args(node))
-        for i, arg in enumerate(node.args):
-            if arg in alias and i not in writes:
-                with gm.graph.inserting_before(node):
-                    copy = gm.graph.call_function(torch.ops.aten.clone.default, (arg,))
-                node.update_arg(i, copy)
-                count += 1
-    if count:
-        gm.recompile()
-    return count
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:
