@@ -25,7 +25,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
-from .recompute import RegionPrice, price_region, region_recompute, regions, shared_inputs
+from .recompute import RegionPrice, price_region, region_recompute, regions, shared_inputs, state_writing
 from .strategies import build_spaces
 
 
@@ -187,6 +187,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute)).values():
         compute_s += rp.extra_fwd_s
         act += int(rp.saved_delta_bytes)
+    if config.recompute in ("selective", "full"):  # asked for every block: say which it could not be (`forced_regions`)
+        fallbacks += [Fallback(name, tg.nodes[name].op_name, f"recompute: block {region!r} is not recomputed: this op "
+                               "writes state in place (running statistics, an EMA), which recomputation would write twice")
+                      for region, name in state_writing(tg).items() if region not in dict(sol.recompute)]
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():
         params[p.fqn] = param_plan(p, str(strat[p.placeholders[0]].output), mesh)

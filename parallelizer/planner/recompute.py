@@ -22,8 +22,10 @@ region; a mode forces it on every repeated-block member."""
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from ..tracer import Role, TracedGraph
-from ..tracer.graph import carries_grad
+from ..tracer.graph import carries_grad, mutated_args
 from .strategies import tensor_inputs
 
 _SOFTMAX = ("softmax", "_softmax", "_safe_softmax")
@@ -186,13 +188,15 @@ def forced_regions(tg: TracedGraph) -> dict[str, str]:
     module holding it, with an "@checkpoint<k>" suffix when it is not a whole module (`tracer.trace`); the
     suffix is ignored here. A region outside every repeated block (and holding none) is not a planner
     region: it is not priced, and `parallelizer.plan` still puts it into `Plan.recompute` so the emitted
-    program recomputes it as the user asked (`rewriter.recompute`).
+    program recomputes it as the user asked (`rewriter.recompute`). A block whose forward writes state in place
+    (`state_writing`: a BatchNorm's running statistics, an EMA buffer) is forced "none", whatever
+    `PlanConfig.recompute` says, unless the user checkpointed it.
 
     Raises:
         ValueError: a mode outside `RECOMPUTE_MODES`.
     """
     known = regions(tg)
-    out: dict[str, str] = {}
+    out: dict[str, str] = {r: "none" for r in state_writing(tg)}
     for region, mode in sorted(dict(getattr(tg, "user_recompute", None) or {}).items()):
         if mode not in RECOMPUTE_MODES:
             raise ValueError(f"user checkpoint region {region!r} -> {mode!r}: modes are {RECOMPUTE_MODES}")
@@ -203,3 +207,21 @@ def forced_regions(tg: TracedGraph) -> dict[str, str]:
             if RECOMPUTE_MODES.index(mode) > RECOMPUTE_MODES.index(out.get(r, "none")):
                 out[r] = mode
     return dict(sorted(out.items()))
+
+
+def state_writing(tg: TracedGraph) -> dict[str, str]:
+    """Region -> the first of its ops that writes in place into a value made outside the region (a BatchNorm's
+    running statistics and counter, an EMA buffer, a parameter written in forward): recomputing the region would
+    write it twice, so `rewriter.recompute` refuses it and the planner never chooses it (`forced_regions`).
+    Before, `recompute="full"` (or "auto" under a tight budget) on a model of Linear/Conv -> BatchNorm blocks
+    made a plan whose program raised UnsupportedOpError on every rank (round 13)."""
+    out: dict[str, str] = {}
+    for region, names in regions(tg).items():
+        inside = set(names)
+        for name in names:
+            node = tg.nodes[name].node
+            written = [node.args[i] for i in mutated_args(node) if i < len(node.args)]
+            if any(isinstance(w, torch.fx.Node) and w.name not in inside for w in written):
+                out[region] = name
+                break
+    return out

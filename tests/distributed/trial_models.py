@@ -714,3 +714,46 @@ def max_norm_embedding():
     with torch.no_grad():
         model[0].weight.mul_(3.0)  # rows above the max norm, so the renormalisation changes them
     return model, (torch.randint(0, 11, (4, 3), generator=torch.Generator().manual_seed(1)),)
+
+
+class _StateBlock(nn.Module):
+    """x + relu(norm(linear(x))) with a training BatchNorm1d (`ema=False`), or x + relu(linear(x)) that also keeps an
+    EMA buffer of the activations' mean, written in place under no_grad (`ema=True`): a block whose forward writes
+    state in place, which recomputation would write twice."""
+
+    def __init__(self, ema: bool) -> None:
+        super().__init__()
+        self.ema_mode = ema
+        self.linear = nn.Linear(16, 16)
+        self.norm = nn.Identity() if ema else nn.BatchNorm1d(16)
+        self.register_buffer("ema", torch.zeros(16))
+
+    def forward(self, x):
+        h = self.norm(self.linear(x))
+        if self.ema_mode:
+            with torch.no_grad():
+                self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        return x + torch.relu(h)
+
+
+class StateBlocks(nn.Module):
+    """Two `_StateBlock`s and a head: repeated blocks the planner would recompute under recompute="full"."""
+
+    def __init__(self, ema: bool = False) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_StateBlock(ema) for _ in range(2))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def state_blocks(ema: bool = False, batch: int = 8):
+    torch.manual_seed(0)
+    return StateBlocks(ema), (torch.randn(batch, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def ema_blocks():
+    return state_blocks(ema=True)
