@@ -26,7 +26,7 @@ from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import memory_budget, resolve_cluster
-from .planner.recompute import forced_regions
+from .planner.recompute import forced_regions, runnable
 from .planner.schedules import get_schedule
 from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
                              split_mesh)
@@ -375,8 +375,8 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     # the search's recomputation mode per stage, on every block of the stage (what its memory was priced with)
     # but those forced "none" (`recompute.forced_regions`: a block writing state in place, never priced recomputed)
     kept = {r for r, m in forced_regions(traced).items() if m == "none"}
-    recompute = {member: stage.recompute for stage, planned in zip(found.stages, section.stages)
-                 if stage.recompute != "none" for member in planned.blocks if member not in kept}
+    recompute = runnable(traced, {member: stage.recompute for stage, planned in zip(found.stages, section.stages)
+                                  if stage.recompute != "none" for member in planned.blocks if member not in kept})
     return dataclasses.replace(p, cost=dataclasses.replace(p.cost, memory_bytes=peak), config=cfg,
                                pipeline=section, model={**p.model, "search": record},
                                recompute={**p.recompute, **recompute})

@@ -25,7 +25,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
-from .recompute import RegionPrice, price_region, region_recompute, regions, shared_inputs, state_writing
+from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
 
 
@@ -226,7 +226,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     if cfg["zero1"] is None:  # likewise (ZeRO-1, `PlanConfig.zero1`)
         del cfg["zero1"]
     return Plan(mesh, nodes, params, tuple(edges), CostBreakdown(compute_s, comm, memory), report,
-                tuple(fallbacks), model, cfg, recompute=dict(sol.recompute), hierarchical=pricer.hierarchical_record())
+                tuple(fallbacks), model, cfg, recompute=runnable(tg, dict(sol.recompute)),
+                hierarchical=pricer.hierarchical_record())
 
 
 def space_edge(mesh: MeshSpec, spaces: dict, nodes: dict[str, NodePlan], name: str, k: int):

@@ -225,3 +225,13 @@ def state_writing(tg: TracedGraph) -> dict[str, str]:
                 out[region] = name
                 break
     return out
+
+
+def runnable(tg: TracedGraph, decision: dict[str, str]) -> dict[str, str]:
+    """`decision` (region -> mode, a plan's `recompute`) without "selective" on a block that has no attention core
+    (`attention_core` empty: an MLP or conv block), which recomputes nothing and which `rewriter.recompute` refuses:
+    recompute="selective" (or a pipeline stage's "selective" on such blocks) made a plan whose program raised
+    UnsupportedOpError on every rank (round 13). Regions that are not blocks (a user's checkpoint) are kept."""
+    blocks = regions(tg)
+    return {r: m for r, m in decision.items()
+            if not (m == "selective" and r in blocks and not attention_core(tg, blocks[r]))}

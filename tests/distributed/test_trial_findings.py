@@ -14,7 +14,7 @@ from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from plan_cases import random_cost_plan
 from trial_models import (aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16, bn_fed_bias_fp16,
-                          ema_blocks, state_blocks,
+                          ema_blocks, state_blocks, zoo_mlp,
                           bool_mask_fill, complex_rotary, cross_map_lrn,
                           fft_conv,
                           ema_under_no_grad, reordered_output, reordered_output_rank, tiny_output,
@@ -45,6 +45,8 @@ def two_rank_reports():
                                                          recompute="full")),
              "recompute_ema_blocks": (ema_blocks, _plan(ema_blocks, {"tp": 2}, axis_roles={"tp": "tp"},
                                                         recompute="full")),
+             "recompute_selective_mlp": (zoo_mlp, _plan(zoo_mlp, {"dp": 2}, axis_roles={"dp": "ddp"},
+                                                         recompute="selective")),
              "powersgd_in_warmup": (bn_fed_bias, _plan(bn_fed_bias, {"dp": 2}, axis_roles={"dp": "ddp"},
                                                        compression="powersgd", powersgd_rank=1)),
              "bool_mask": (bool_mask_fill, _plan(bool_mask_fill, {"dp": 2}, axis_roles={"dp": "ddp"})),
@@ -111,13 +113,14 @@ def test_rounding_of_a_cancelling_sum_is_judged_against_a_float64_reference(two_
     assert report.matches(), report
 
 
-@pytest.mark.parametrize("case", ["recompute_bn_blocks", "recompute_ema_blocks"])
+@pytest.mark.parametrize("case", ["recompute_bn_blocks", "recompute_ema_blocks", "recompute_selective_mlp"])
 def test_blocks_that_write_state_are_not_recomputed_and_the_plan_runs(two_rank_reports, case):
     """recompute="full" on blocks whose forward writes state in place (Linear -> BatchNorm1d: running statistics
     and counter; an EMA buffer): the planner recomputed every block, and the emitted program raised
     UnsupportedOpError on every rank ("writes in place into a value made outside the region, and recomputation
     would write it twice"). The planner now never recomputes such a block (`planner.recompute.state_writing`),
-    says so in the plan's notes, and the program matches one device."""
+    says so in the plan's notes, and the program matches one device. So for recompute="selective" on MLP blocks
+    (no attention core: "the region has no attention core" on every rank; `planner.recompute.runnable`)."""
     report = two_rank_reports[case]
     assert report.matches(), report
 

@@ -757,3 +757,9 @@ def state_blocks(ema: bool = False, batch: int = 8):
 
 def ema_blocks():
     return state_blocks(ema=True)
+
+
+def zoo_mlp():
+    """The zoo's MLP (two residual blocks without attention)."""
+    from parallelizer import zoo
+    return zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)

@@ -1,4 +1,5 @@
-"""Blocks whose forward writes state in place are never recomputed by a plan (`planner.recompute.state_writing`):
+"""A plan recomputes only what its program can run: blocks whose forward writes state in place are never recomputed
+(`planner.recompute.state_writing`), nor "selective" blocks without an attention core (`planner.recompute.runnable`):
 recomputation would write the state twice, and the emitted program refused such regions on every rank
 (`rewriter.recompute`), so recompute="full" on a model of Linear -> BatchNorm blocks, or "auto" under a budget
 that needs recomputation, made a plan that could not run (round 13)."""
@@ -40,3 +41,15 @@ def test_a_forced_recompute_leaves_them_out_and_says_so_on_one_mesh_and_on_a_pip
     gpt = _plan(*zoo.gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=64, batch=2, seq_len=8), {"dp": 2},
                 recompute="full")
     assert set(gpt.recompute.values()) == {"full"} and len(gpt.recompute) == 2  # other blocks still recomputed
+
+
+def test_selective_on_blocks_without_an_attention_core_is_left_out_and_attention_blocks_keep_it():
+    """recompute="selective" on MLP blocks (no attention core: nothing to recompute) was written into the plan, and
+    the emitted program refused it on every rank ("the region has no attention core"); one mesh and pipelines."""
+    mlp = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+    assert _plan(*mlp, {"dp": 2}, axis_roles={"dp": "ddp"}, recompute="selective").recompute == {}
+    micro = zoo.mlp(batch=4, in_features=16, dim=32, hidden=64, out_features=4)
+    assert _plan(*micro, {"pp": 2}, schedule="1f1b", microbatches=2, recompute="selective").recompute == {}
+    gpt = _plan(*zoo.gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=64, batch=2, seq_len=8), {"dp": 2},
+                recompute="selective")
+    assert gpt.recompute == {"transformer.h.0": "selective", "transformer.h.1": "selective"}, gpt.recompute
