@@ -188,8 +188,9 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         compute_s += rp.extra_fwd_s
         act += int(rp.saved_delta_bytes)
     if config.recompute in ("selective", "full"):  # asked for every block: say which it could not be (`forced_regions`)
-        fallbacks += [Fallback(name, tg.nodes[name].op_name, f"recompute: block {region!r} is not recomputed: this op "
-                               "writes state in place (running statistics, an EMA), which recomputation would write twice")
+        fallbacks += [Fallback(name, tg.nodes[name].op_name,
+                               f"recompute: block {region!r} is not recomputed: this op writes state in place (running "
+                               "statistics, an EMA), which recomputation would write twice")
                       for region, name in state_writing(tg).items() if region not in dict(sol.recompute)]
     params, state = {}, [0, 0, 0]
     for p in tg.parameters.values():

@@ -492,9 +492,10 @@ class Plan:
 
     def notes(self) -> list[str]:
         """What a reader should see first, derived from the plan (not stored): a plan on several devices that
-        uses no parallelism at all; ops without a sharding rule (run replicated) and axis roles a parameter
-        could not honour and blocks that could not be recomputed (`fallbacks`); activations gathered over a "ddp"/"fsdp" axis because the op reading
-        them has no strategy that keeps them sharded there (it runs on the whole batch)."""
+        uses no parallelism at all; ops without a sharding rule (run replicated), axis roles a parameter could
+        not honour and blocks that could not be recomputed (`fallbacks`); activations gathered over a
+        "ddp"/"fsdp" axis because the op reading them has no strategy that keeps them sharded there (it runs on
+        the whole batch)."""
         idle = self.idle_axes()
         roles = {a: r for a, r in self.config.get("axis_roles") or []}
         if self.shards_nothing():
@@ -509,7 +510,8 @@ class Plan:
             notes.append(f"the axis roles could not be honoured for {len(role_fallbacks)} parameter(s) (see fallbacks)")
         kept = [f for f in self.fallbacks if f.reason.startswith("recompute:")]
         if kept:
-            notes.append(f"{len(kept)} block(s) are not recomputed: their forward writes state in place (see fallbacks)")
+            notes.append(f"{len(kept)} block(s) are not recomputed: their forward writes state in place "
+                         "(see fallbacks)")
         data = [a for a, r in roles.items() if r in ("ddp", "fsdp")]
         params = {ph for p in self.params.values() for ph in p.placeholders}
         moved = sorted({self.nodes[e.dst].op for e in self.edges if e.src not in params and e.dst != "output"

@@ -24,11 +24,11 @@ full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
 loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances: `runtime.tolerance` for the dtype the program computes in.
 An fp32 or 16-bit plan without a recipe that some rank finds outside that bound runs again judged also against
-a float64 copy of the model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as rehearsals on one mesh
-do): a gradient that is a sum of large terms cancelling to a small one (a bias before a norm that removes any
-shift) carries fp32 rounding of the terms' size, which dp or tp ranks summing in another order reproduce with
-other digits; a value then matches when it lies from float64's no further than 8x one device's own rounding
-(16-bit models only when the forward draws no random numbers, `runtime.rehearsal.wide_judged`).
+a float64 copy of the model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as
+rehearsals on one mesh do): a gradient that is a sum of large terms cancelling to a small one (a bias before a
+norm that removes any shift) carries fp32 rounding of the terms' size, which dp or tp ranks summing in another
+order reproduce with other digits; a value then matches when it lies from float64's no further than 8x one
+device's own rounding (16-bit models only when the forward draws no random numbers, `runtime.rehearsal.wide_judged`).
 A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
 runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
 under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
@@ -106,9 +106,9 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
 def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict,
                  steps: int, lr: float, eps: float, lossy: bool) -> dict:
     """`_rank_main`, run again with a float64 copy of the model as a second judge (`wide`) when some rank
-    finds a value outside its dtype's bound (fp32 and 16-bit models, `runtime.rehearsal.wide_judged`), as `runtime.rehearsal` does for one mesh (all ranks decide together:
-    `rehearsal._any_rank_outside`). Not for a mixed-precision recipe (its own judge) or a lossy codec (it
-    deviates by design)."""
+    finds a value outside its dtype's bound (fp32 and 16-bit models, `runtime.rehearsal.wide_judged`), as
+    `runtime.rehearsal` does for one mesh (all ranks decide together: `rehearsal._any_rank_outside`). Not for a
+    mixed-precision recipe (its own judge) or a lossy codec (it deviates by design)."""
     result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps)
     if spec.autocast is None and not lossy and _any_rank_outside(result):
         result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps, wide=True)

@@ -469,7 +469,8 @@ RECIPE_ADAM_EPS = 0.1  # AdamW's eps under a mixed-precision recipe (`rehearse`,
 def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: ShardingSpec, steps: int, lr: float,
                eps: float, wide: bool = False, traces: dict | None = None) -> dict:
     """One case on this rank (module docstring); `wide`: with the float64 copy of a model without a recipe as a
-    second judge (`float64_excess`, `wide_judged`); `traces`: (builder, repr of its kwargs) -> TracedGraph, reused and filled."""
+    second judge (`float64_excess`, `wide_judged`); `traces`: (builder, repr of its kwargs) -> TracedGraph,
+    reused and filled."""
     if spec.autocast is not None:
         eps = max(eps, RECIPE_ADAM_EPS)
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself

@@ -77,8 +77,9 @@ def _differing(tensors) -> list[int]:
     if not wide:
         return []
     rows = [t.reshape(t.shape[0] if t.dim() else 1, -1).sum(1) for t in wide]
-    digest = torch.stack([torch.stack([t.sum(), t.abs().sum(), (r * (torch.arange(len(r), device=r.device) % 1009 + 1)).sum()])
-                          for t, r in zip(wide, rows)]).cpu()
+    weights = [torch.arange(len(r), device=r.device) % 1009 + 1 for r in rows]  # row positions, as the digest's 3rd
+    digest = torch.stack([torch.stack([t.sum(), t.abs().sum(), (r * w).sum()])
+                          for t, r, w in zip(wide, rows, weights)]).cpu()
     both = torch.cat([digest, -digest])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     high, low = both[:len(wide)], -both[len(wide):]
