@@ -196,10 +196,17 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                             "1 stage per pp rank, interleaved_1f1b 2. Remedy: drop virtual_stages= or pick a schedule")
     if mesh is None:
         full, spec = search_cluster(cluster)
-        pps = tps = None
+        pps = (1,) if _batch_not_first(traced, config) else None  # microbatches cut dim 0 (`_batch_not_first`)
+        tps = None
     else:
         full, spec, pp, tp = _fixed_factorisation(mesh, cluster)
         pps, tps = (pp,), (tp,)
+        if pp > 1 and (late := _batch_not_first(traced, config)):
+            raise PipelineError(f"mesh {mesh}: a pipeline splits every input into microbatches along dim 0, but "
+                                f"{', '.join(f'{n!r} has its batch in dim {d}' for n, d in late)} (batch_dims): "
+                                "microbatches cut along another dim compute another function. Remedy: pass those "
+                                "inputs batch-first (transpose in the data loader and back inside forward), or a mesh "
+                                "without 'pp'")
         group = traced.blocks[0] if traced.blocks else None
         if group is not None and pp > group.count:
             raise PipelineError(f"mesh {mesh}: pp={pp} stages > the {group.count} blocks of {group.name} (stages are "
@@ -266,6 +273,13 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         p = _pipeline_plan(traced, found, whole, sub, full, config, budget, reserve, record)
     p = dataclasses.replace(p, compression=dict(found.compression))  # the search's choice (planner.search)
     return _with_provenance(p, traced, full, spec, recipe, batch)
+
+
+def _batch_not_first(traced: TracedGraph, config: PlanConfig) -> list[tuple[str, int]]:
+    """(input, batch dim) of the user inputs whose declared batch dim (`PlanConfig.batch_dims` /
+    `default_batch_dim`) is not 0: a pipeline cuts microbatches along dim 0 (`runtime.microbatches`), so such a plan
+    would microbatch along another dim, silently another function (round 13, r13a: a sequence-first input)."""
+    return [(n, d) for n in traced.input_names if (d := config.batch_dim_of(n)) not in (0, None)]
 
 
 def _search_without_blocks(traced: TracedGraph, cluster: Cluster, config: PlanConfig, batch: int) -> Plan:
