@@ -555,7 +555,10 @@ class ParallelModule(torch.nn.Module):
         full = [key for key, value in state_dict.items() if key in expected and isinstance(value, torch.Tensor)
                 and tuple(value.shape) == tuple(self.traced.parameters[expected[key]].shape)
                 != self._local_shapes.get(expected[key], tuple(value.shape))]
-        if full:
+        # a ParallelModule's state dict (it records its pieces, `_save_to_state_dict`) whose whole tensors are shards
+        # here was saved on another plan, not by the unparallelised model: `_load_from_state_dict` names that
+        recorded = ((getattr(state_dict, "_metadata", None) or {}).get("") or {}).get(shard_origin.KEY) is not None
+        if full and not recorded:
             raise StateDictError(
                 f"load_state_dict: {len(full)} tensor(s) have the model's full shape where this rank holds a shard, "
                 f"e.g. {full[0]!r} {tuple(state_dict[full[0]].shape)} (local shard "

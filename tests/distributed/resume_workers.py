@@ -31,7 +31,7 @@ def _train(m, opt, steps: range) -> None:
 
 def _blob(pm, opt) -> bytes:
     buf = io.BytesIO()
-    torch.save({"model": pm.state_dict(), "opt": opt.state_dict()}, buf)
+    torch.save({"model": pm.state_dict(), "opt": opt.state_dict() if opt is not None else None}, buf)
     return buf.getvalue()
 
 
@@ -256,3 +256,17 @@ def frozen_when_loading(rank: int, world_size: int, specs: dict, directory: str)
     which the step after unfreezing continues from (round 12: StateDictError listing the head's state keys as
     unexpected). `_resume_with_freezing`."""
     return _resume_with_freezing(specs, directory, "all-trained", (True, True, False, True))
+
+
+def other_plan_file(rank: int, world_size: int, specs: dict) -> str:
+    """This rank's own `torch.save(pm.state_dict())` from tp2 (the bias and head are whole there), loaded on fsdp2
+    where they are shards: the error, which named a state dict of the unparallelised model ("the model's full
+    shape where this rank holds a shard", remedy load_full_state_dict) though the file came from another plan
+    (trial r13d)."""
+    x = zoo.mlp(**SIZES)[1][0]
+    blob = _blob(_pm(zoo.mlp(**SIZES)[0], (x,), specs["tp2"]), None)
+    try:
+        _pm(zoo.mlp(**SIZES, seed=1)[0], (x,), specs["fsdp2"]).load_state_dict(_load(blob)["model"])
+    except StateDictError as exc:
+        return str(exc)
+    return "loaded"

@@ -21,8 +21,8 @@ from parallelizer import zoo
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from resume_workers import (SIZES, dcp_direct, frozen_when_loading, pipeline_rank0_file, rank0_file_resume,
-                            scheduler_after_load, unfrozen_after_checkpoint)
+from resume_workers import (SIZES, dcp_direct, frozen_when_loading, other_plan_file, pipeline_rank0_file,
+                            rank0_file_resume, scheduler_after_load, unfrozen_after_checkpoint)
 
 pytestmark = pytest.mark.distributed
 
@@ -41,7 +41,8 @@ def ranks(tmp_path_factory):
     return spawn(run_each, 2, [(rank0_file_resume, (specs,)), (dcp_direct, (specs, directory)),
                                (unfrozen_after_checkpoint, (specs, directory)),
                                (scheduler_after_load, (specs, directory)),
-                               (frozen_when_loading, (specs, directory))], timeout_s=300)
+                               (frozen_when_loading, (specs, directory)), (other_plan_file, (specs,))],
+                 timeout_s=300)
 
 
 def test_rank0_state_dicts_are_refused_on_ranks_holding_other_shards(ranks):
@@ -117,3 +118,13 @@ def test_a_parameter_frozen_when_loading_keeps_its_saved_state_as_on_one_device(
     for rank in (0, 1):
         got = ranks[rank][4]
         assert isinstance(got, float) and got <= 1e-5, (rank, got)
+
+
+def test_a_per_rank_file_of_another_plan_is_named_as_such(ranks):
+    """A rank's own `torch.save(pm.state_dict())` from tp2, loaded on fsdp2 where its whole tensors are shards: the
+    error spoke of a state dict of the unparallelised model (remedy `load_full_state_dict`, trial r13d); a state
+    dict that records its pieces is now refused as another plan's, with the checkpoint remedy."""
+    for rank in (0, 1):
+        got = ranks[rank][5]
+        assert "another rank's or plan's piece" in got and "parallelizer.checkpoint" in got, (rank, got)
+        assert "unparallelised" not in got, (rank, got)
