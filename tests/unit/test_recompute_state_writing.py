@@ -13,7 +13,7 @@ from parallelizer import zoo
 from parallelizer.planner.recompute import forced_regions, state_writing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from trial_models import state_blocks  # noqa: E402
+from state_models import state_blocks  # noqa: E402
 
 
 def _plan(model, inputs, mesh, **options):
