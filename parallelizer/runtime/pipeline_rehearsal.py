@@ -61,8 +61,8 @@ from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
-                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, unjudged_codec,
-                        wide_judged)
+                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, tensor_leaves, unjudged_codec,
+                        wide_judged, widened)
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -233,15 +233,9 @@ def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, micr
     with torch.no_grad():
         own = copy.deepcopy(model)(*first[0], **first[1])
         fp64 = _float64_run(copy.deepcopy(model), *first)
-    if fp64 is None or not same_computation(_tensor_leaves(own), _tensor_leaves(fp64[0]), compute):
+    if fp64 is None or not same_computation(tensor_leaves(own), tensor_leaves(fp64[0]), compute):
         return None
-    wide = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                           (tuple(inputs), kwargs))
-    return copy.deepcopy(model).double(), wide
-
-
-def _tensor_leaves(out) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return copy.deepcopy(model).double(), widened((tuple(inputs), kwargs))
 
 
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,

@@ -339,7 +339,7 @@ def _output_pairs(out, ref_outs: list) -> list[tuple]:
     a structure with other paths pairs by position, and a different number of tensors is never a match."""
     paired = pair_by_path(out, *ref_outs)
     if paired is None:
-        tensors = [[t for t in pytree.tree_leaves(o) if isinstance(t, torch.Tensor)] for o in (out, *ref_outs)]
+        tensors = [tensor_leaves(o) for o in (out, *ref_outs)]
         if len({len(t) for t in tensors}) != 1:
             nan = torch.tensor(float("nan"))
             return [(f"output: {len(tensors[0])} tensors, the reference returned {len(tensors[1])}", nan,
@@ -428,12 +428,21 @@ def same_computation(low: list[torch.Tensor], fp64: list[torch.Tensor], compute:
         for a, b in zip(low, fp64) if a.numel())
 
 
+def tensor_leaves(tree) -> list[torch.Tensor]:
+    """The tensors among the leaves of `tree` (a model's outputs, a call's inputs), in pytree order."""
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def widened(tree):
+    """`tree` with float64 copies of its floating tensors (the inputs of a float64 copy of the model)."""
+    return pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
+
+
 def _float64_run(model: torch.nn.Module, inputs: tuple, kwargs: dict):
     """(output, (inputs, kwargs)) of `model` converted to float64 (parameters and floating buffers) on float64
     copies of the floating inputs; None when the model cannot run in float64 (it makes float32 tensors of its
     own and mixes them in an op that needs one dtype): then the plain bound alone judges (`float64_excess`)."""
-    wide = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                           (inputs, kwargs))
+    wide = widened((inputs, kwargs))
     model.double()
     try:
         return model(*wide[0], **wide[1]), wide
@@ -498,9 +507,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             ins, kws = args[id(m)]
             return m(*ins, **kws)
 
-    def leaves(out):
-        return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-
     refs, judge = [(reference, spec.autocast)], recipe_excess
     out, ref_outs = pm(*inputs, **kwargs), [run(reference, spec.autocast)]
     if spec.autocast is not None:
@@ -509,7 +515,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         ref_outs.append(run(exact, None))
     elif exact is not None and wide_judged(compute, traced):
         run64 = _float64_run(exact, inputs, kwargs)
-        if run64 is not None and same_computation(leaves(ref_outs[0]), leaves(run64[0]), compute):
+        if run64 is not None and same_computation(tensor_leaves(ref_outs[0]), tensor_leaves(run64[0]), compute):
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])
@@ -549,8 +555,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
                           judge)
     # the inputs after the steps: a forward that writes an input in place must leave the caller's tensor as
     # one device does (every element, on every rank), not only this rank's shard of it
-    written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(
-        zip(leaves((inputs, kwargs)), leaves(args[id(reference)]))) if carries_grad(a.dtype)), compute, judge)
+    after = zip(tensor_leaves((inputs, kwargs)), tensor_leaves(args[id(reference)]))
+    written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(after)
+                         if carries_grad(a.dtype)), compute, judge)
     output = (max(output[0], written[0]), output[1] if output[0] >= written[0] else written[1],
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
