@@ -106,9 +106,12 @@ def _watch_writes(model_ref, module_ref) -> None:
         params = dict(model.named_parameters())
         if any(p.grad is not None for p in params.values()):
             return  # trained eagerly after wrapping: a reference, not a set-up step
-        now = _state(model)
+        now = _state(model)  # on every forward until it warns: the cheap comparison first, names only on a change
+        differ = [n for n, v in now.items() if start.get(n) != v]
+        if not differ and len(now) == len(start):
+            return
         modes = {f"{name or type(model).__name__} (mode)": name for name, _ in model.named_modules()}
-        changed = [n for n, v in now.items() if start.get(n) != v and not _mode_followed(mod, modes.get(n), v)]
+        changed = [n for n in differ if not _mode_followed(mod, modes.get(n), now[n])]
         changed += [n for n in start if n not in now]
         if not changed:
             return
