@@ -26,7 +26,7 @@ from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import memory_budget, resolve_cluster
-from .planner.recompute import forced_regions, runnable
+from .planner.recompute import runnable
 from .planner.schedules import get_schedule
 from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
                              split_mesh)
@@ -387,10 +387,9 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     cfg = dict(p.config, memory_budget_bytes=budget, memory_reserve_bytes=reserve)
     cfg["axis_roles"] = [list(x) for x in roles.items()]
     # the search's recomputation mode per stage, on every block of the stage (what its memory was priced with)
-    # but those forced "none" (`recompute.forced_regions`: a block writing state in place, never priced recomputed)
-    kept = {r for r, m in forced_regions(traced).items() if m == "none"}
+    # that the program can run (`recompute.runnable`: blocks writing state in place were priced without it too)
     recompute = runnable(traced, {member: stage.recompute for stage, planned in zip(found.stages, section.stages)
-                                  if stage.recompute != "none" for member in planned.blocks if member not in kept})
+                                  if stage.recompute != "none" for member in planned.blocks})
     return dataclasses.replace(p, cost=dataclasses.replace(p.cost, memory_bytes=peak), config=cfg,
                                pipeline=section, model={**p.model, "search": record},
                                recompute={**p.recompute, **recompute})

@@ -228,10 +228,12 @@ def state_writing(tg: TracedGraph) -> dict[str, str]:
 
 
 def runnable(tg: TracedGraph, decision: dict[str, str]) -> dict[str, str]:
-    """`decision` (region -> mode, a plan's `recompute`) without "selective" on a block that has no attention core
-    (`attention_core` empty: an MLP or conv block), which recomputes nothing and which `rewriter.recompute` refuses:
-    recompute="selective" (or a pipeline stage's "selective" on such blocks) made a plan whose program raised
-    UnsupportedOpError on every rank (round 13). Regions that are not blocks (a user's checkpoint) are kept."""
+    """`decision` (region -> mode, a plan's `recompute`) without what `rewriter.recompute` refuses: the blocks
+    `forced_regions` forces "none" (`state_writing`), and "selective" on a block that has no attention core
+    (`attention_core` empty: an MLP or conv block, which it would not change): recompute="selective" (or a
+    pipeline stage's "selective" on such blocks) made a plan whose program raised UnsupportedOpError on every rank
+    (round 13). Regions that are not blocks (a user's checkpoint) are kept."""
     blocks = regions(tg)
-    return {r: m for r, m in decision.items()
-            if not (m == "selective" and r in blocks and not attention_core(tg, blocks[r]))}
+    kept = {r for r, m in forced_regions(tg).items() if m == "none"}
+    return {r: m for r, m in decision.items() if r not in kept
+            and not (m == "selective" and r in blocks and not attention_core(tg, blocks[r]))}

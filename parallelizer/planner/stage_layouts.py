@@ -38,7 +38,7 @@ from ..errors import PipelineError
 from ..tracer.graph import BlockGroup, TracedGraph
 from .costs import Pricer, traced_in_low_precision
 from .plan import CostBreakdown, NodePlan, Plan, SolverReport, empty_comm
-from .recompute import forced_regions, runnable
+from .recompute import runnable
 
 
 def stage_signature(sg: TracedGraph) -> tuple:
@@ -172,8 +172,7 @@ def _merge(traced: TracedGraph, mesh: MeshSpec, config: PlanConfig, strategy: di
     model = {"num_nodes": len(traced.nodes), "num_parameters": traced.num_parameters,
              "inputs": {n: list(traced.nodes[n].outputs[0].shape) for n in traced.input_names
                         if traced.nodes[n].outputs}}
-    kept = {r for r, m in forced_regions(traced).items() if m == "none"}  # blocks writing state in place
-    forced = {} if config.recompute in ("auto", "none") else runnable(traced, {
-        m: config.recompute for m in traced.blocks[0].members if m not in kept})
+    forced = {} if config.recompute in ("auto", "none") else runnable(
+        traced, {m: config.recompute for m in traced.blocks[0].members})
     return Plan(mesh, nodes, params, edges, cost, solver, tuple(fallbacks), model, dict(first.config),
                 recompute=forced)
