@@ -72,12 +72,7 @@ def hooks_and_attributes(rank: int, world_size: int, mesh: dict, roles: dict) ->
            "dropped": max((reference.get_parameter(n).grad - unhooked.get_parameter(n).grad).abs().max().item()
                           for n in full_grads),
            "flag": getattr(pm.get_parameter("l1.bias"), "_no_weight_decay", None)}
-    opts = [torch.optim.AdamW(_groups(m), lr=0.05) for m in (pm, reference)]
-    for _ in range(3):
-        for m, opt in zip((pm, reference), opts):
-            opt.zero_grad()
-            m(ids).pow(2).mean().backward()
-            opt.step()
+    _train_side_by_side((pm, reference), ids)
     full = pm.full_state_dict()
     out["params"] = max((full[n] - p).abs().max().item() for n, p in reference.state_dict().items())
     return out
@@ -89,13 +84,18 @@ def unhooked_reference_differs(rank: int, world_size: int) -> float:
     model, ids = hooked_net()
     plain, _ = hooked_net()
     del plain.l1.bias._no_weight_decay
-    opts = [torch.optim.AdamW(_groups(m), lr=0.05) for m in (model, plain)]
+    _train_side_by_side((model, plain), ids)
+    return (model.l1.bias - plain.l1.bias).abs().max().item()
+
+
+def _train_side_by_side(models, ids) -> None:
+    """3 AdamW steps (lr 0.05, the user's param groups `_groups`) of each model on `ids`, in turn."""
+    opts = [torch.optim.AdamW(_groups(m), lr=0.05) for m in models]
     for _ in range(3):
-        for m, opt in zip((model, plain), opts):
+        for m, opt in zip(models, opts):
             opt.zero_grad()
             m(ids).pow(2).mean().backward()
             opt.step()
-    return (model.l1.bias - plain.l1.bias).abs().max().item()
 
 
 
