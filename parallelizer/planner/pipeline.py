@@ -152,7 +152,7 @@ class PipelinePlan:
 
     step_breakdown_s keys: "pipeline" (the simulated compute makespan of the schedule's action list,
     `planner.simulate`), "bubble" (its idle part on the busiest rank), "dp_grad_sync" (the exposed part of
-    the ranks' gradient all-reduces over dp, each after its rank's last action), "tied_grad_sync" (embedding
+    the ranks' gradient all-reduces over dp, each stage's started during its last backward: `planner.simulate`), "tied_grad_sync" (embedding
     gradient exchanged between the first and last rank); step_time_s = pipeline + dp_grad_sync + tied_grad_sync.
     partition: which stage split won for the chosen candidate: "dp" (the balancing DP) or "uniform" (even).
     intra_stage_plan: the tp-axis ILP `Plan` of the whole graph (layouts per node; see `stage_layouts`),

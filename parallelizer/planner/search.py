@@ -18,9 +18,12 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    is priced at the codec's wire bytes plus its encode/decode time, per cut the cheapest allowed codec
    (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`, `exact`);
 3. step time = the simulated step of the schedule's own action list (`planner.simulate`: torch's lists,
-   BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each rank's gradient all-reduce
-   over "dp" after its last action, not overlapped with its backward, with ZeRO-1 the reduce-scatter +
-   all-gather moves the same bytes; BitPipe's exchange between the two copies of a stage started eagerly)
+   BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each stage's gradient all-reduce
+   over "dp" in the runtime's buckets (`stage_syncs`: 1 MiB, then 25 MiB each), started as the stage's last
+   backward produces them and overlapping it (`rewriter.grad_sync.deferred_sync`; `overlap_grad_sync=False`:
+   after the rank's last action), with ZeRO-1 the reduce-scatter + all-gather moves the same bytes (torch's
+   ZeroRedundancyOptimizer: its broadcast after the rank's sync); BitPipe's exchange between the two copies of
+   a stage started eagerly)
    + the exchange of tied-embedding gradients between the first and last rank. Memory uses the simulated
    peak in-flight activation bytes per rank.
    With `PlanConfig.compression` other than "none" the dp sync of each partition may be compressed
@@ -29,10 +32,14 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    the uncompressed sync even fully overlapped with the rank's backward (`DeviceSpec.comm_overlap`).
 
 Pruning (branch and bound), two levels. A candidate's step time is at least
-    LB = m * sum(segment seconds per microbatch) / pp + all_reduce(sum(gradient bytes) / pp over dp)
+    LB = m * sum(segment seconds per microbatch) / pp + max((1 - o) A, A - o W / pp),
+    A = all_reduce(sum(gradient bytes) / pp over dp)
 (the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
-in bytes so the largest rank's is >= the average's). The segment seconds are those without recomputation,
-which only adds time, so LB stays a lower bound under any recomputation choice. A candidate whose average
+in bytes so the average rank's bucketed sync is >= A; it overlaps at most that rank's last backward, whose
+average is <= W / pp, W = the sum of every segment's b + w + costliest recomputation, when each rank holds
+one stage alone on its device, else only the fraction o (comm_overlap) of it can hide). The segment seconds
+are those without recomputation, which only adds time, so LB stays a lower bound under any recomputation
+choice. A candidate whose average
 rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
 exceeds the budget cannot fit and is not partitioned. Candidates are partitioned in increasing LB order;
 each fitting partition gets a tighter bound (`_Context._price_partition`: per rank, the forward chain
@@ -85,6 +92,7 @@ from cost_model.topology import Cluster, MeshTopology, get_cluster
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, PipelineError, format_bytes
+from ..rewriter.grad_sync import bucket_sizes
 from ..tracer import TracedGraph
 from . import boundary
 from .api import memory_budget
@@ -119,7 +127,7 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
                   tp: int | tuple[int, ...] | None = None, num_microbatches: int | tuple[int, ...] | None = None,
                   schedules: tuple[str, ...] | None = None, zero1: bool = True, config: PlanConfig | None = None,
                   search: str = "bound", partitioner: str = "dp", progress: bool | None = None,
-                  **options) -> PipelinePlan:
+                  overlap_grad_sync: bool = True, **options) -> PipelinePlan:
     """Choose mesh (pp, dp, tp), schedule, microbatches and stages for training `traced` on `cluster`.
 
     Args:
@@ -141,6 +149,10 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
         search: "bound" (branch and bound, exact) or "exhaustive" (price every candidate).
         partitioner: "dp" (balanced, memory-aware) or "uniform" (equal blocks per stage, for comparison).
         progress: tqdm bar over candidates; None = only on a terminal.
+        overlap_grad_sync: True (what our runtime does, as Megatron-LM's `--overlap-grad-reduce` since 2023):
+            each stage's bucketed dp all-reduce overlaps its last backward (step 3). False prices it after
+            each rank's last action (Megatron-LM's local DDP before that flag, NVIDIA/Megatron-LM#391 and #428:
+            to compare with measurements of that runtime).
     Returns:
         The best `PipelinePlan` (lowest estimated step time; ties by (pp, dp, tp, m, schedule)).
     Raises:
@@ -153,13 +165,16 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
         raise ValueError(f"global_batch={global_batch!r}: must be an int >= 1 (samples per optimizer step)")
     if search not in ("bound", "exhaustive") or partitioner not in ("dp", "uniform"):
         raise ValueError(f"search={search!r}, partitioner={partitioner!r}: use 'bound'|'exhaustive', 'dp'|'uniform'")
+    if not isinstance(overlap_grad_sync, bool):
+        raise ValueError(f"overlap_grad_sync={overlap_grad_sync!r}: must be True or False")
     config = dataclasses.replace(config or PlanConfig(), **options)
     if memory_budget_bytes is not None:
         config = dataclasses.replace(config, memory_budget_bytes=memory_budget_bytes)
     total_budget, reserve = memory_budget(config, cluster.device)
     budget = total_budget - reserve
     ctx = _Context(traced, segment_graph(traced), cluster, config, budget, global_batch, zero1, partitioner)
-    ctx.reserve = reserve
+    ctx.reserve, ctx.overlap_grad_sync = reserve, overlap_grad_sync
+    ctx.sync_overlap = cluster.device.comm_overlap if overlap_grad_sync else 0.0
     cands, excluded, total = _enumerate(ctx, _tuple(pp), _tuple(tp), _tuple(num_microbatches),
                                         tuple(schedules or SCHEDULES))
     bounds = sorted((ctx.lower_bound_s(c), c) for c in cands)
@@ -363,6 +378,8 @@ class _Context:
         self.cache: dict[int, SegmentPrices] = {}
         self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
+        self.overlap_grad_sync = True  # plan_pipeline's argument; the fraction of a dp sync that can hide:
+        self.sync_overlap = cluster.device.comm_overlap
         self.refused: dict[str, str] = {}  # schedule -> why the model rules it out (`_enumerate`)
         self.modes = RECOMPUTE_MODES if config.recompute == "auto" else (config.recompute,)
         self.codecs = codecs_of(config)  # data-parallel gradient codecs (`planner.compression`)
@@ -399,9 +416,48 @@ class _Context:
         """LB of the module docstring (sync term 0 when a codec may compress it and `compressed`)."""
         pr = self.prices(c.tp)
         f, b, w = pr.time_s(self._scale(c))
-        sync = 0.0 if self.codecs and compressed else \
-            collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
-        return c.num_microbatches * float((f + b + w).sum()) * self.sharing(c)[1] / c.pp + sync
+        shared = self.sharing(c)[1]
+        sync = 0.0
+        if not (self.codecs and compressed):
+            whole = collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
+            o = self.sync_overlap
+            sync = (1 - o) * whole
+            if self._one_window(c):  # the average rank's last backward (B = I + W, with its recomputation)
+                # hides at most its share of every segment's b + w + most costly recomputation
+                extra = np.max(np.stack(list(pr.rc_extra_lin.values())), axis=0) if pr.rc_extra_lin else 0.0
+                window = float((b + w + extra * self._scale(c)).sum())
+                sync = max(sync, whole - o * window * shared / c.pp)
+        return c.num_microbatches * float((f + b + w).sum()) * shared / c.pp + sync
+
+    def _one_window(self, c: Candidate) -> bool:
+        """Whether every rank of c holds one stage and runs alone on its device: then the window its stage syncs
+        overlap (that stage's last backward) lasts at most one microbatch's B (= I + W) seconds."""
+        return (get_schedule(c.schedule).virtual_stages == 1 and copies(c.schedule) == 1
+                and self.sharing(c)[0] is None)
+
+    def _exposed_lb(self, sync: float, window: float) -> float:
+        """A lower bound on the seconds a rank's stage syncs of `sync` seconds delay its end, when they overlap
+        a window of at most `window` seconds (`planner.simulate`: the last bucket is ready at the window's
+        end; only `comm_overlap` of a sync can hide)."""
+        o = self.sync_overlap
+        return (1 - o) * sync + o * max(0.0, sync - window)
+
+    def stage_syncs(self, c: Candidate, stages: list[dict], topo: MeshTopology
+                    ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+        """(bucket seconds, ready fractions) per model stage of its dp gradient all-reduce as the runtime runs it
+        (`rewriter.grad_sync`: a first bucket of `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES` each, one
+        all-reduce per bucket, started while the stage's last backward produces the gradients, evenly over
+        it: a bucket is ready once that backward has produced its share of the bytes); none when dp = 1.
+        Without `overlap_grad_sync` one all-reduce of the stage's flat gradient buffer after that backward
+        (Megatron-LM's local DDP)."""
+        pr, secs, ready = self.prices(c.tp), [], []
+        for st in stages:
+            nbytes = float(pr.grads_bytes[st["segs"]].sum())
+            sizes = [] if c.dp == 1 or not nbytes else bucket_sizes(nbytes) if self.overlap_grad_sync else [nbytes]
+            secs.append(tuple(collective_time_s("all_reduce", b, topo, ("dp",)) + self.cluster.device.collective_sync_s
+                              for b in sizes))  # each waits for the slowest rank too (`steptime`)
+            ready.append(tuple(min(1.0, x / nbytes) for x in itertools.accumulate(sizes)))
+        return tuple(secs), tuple(ready)
 
     def _p2p_s(self, nbytes: float, c: Candidate, topo: MeshTopology) -> float:
         if c.pp == 1 or nbytes == 0:
@@ -503,8 +559,10 @@ class _Context:
         docstring, step 3). Bound: rank r starts no earlier than microbatch 0's forward chain reaches its
         first stage (head) and then computes m x its per-microbatch seconds (busy); with full backwards
         (no B/W split), its last backward, on its first stage, is followed by the backward chain below it
-        (tail); its gradient all-reduce follows its last action: step >= max_r head + busy + max(tail,
-        sync) + the tied exchange. `exact` simulates the partition's action list."""
+        (tail); its gradient all-reduce delays its end by at least (1 - o) sync + o max(0, sync - W) (`_exposed_lb`;
+        o the hidden fraction, W its one stage's B when it holds one stage alone on its device, else
+        unbounded): step >= max_r head + busy + max(tail, that + ZeRO-1's broadcast) + the tied exchange.
+        `exact` simulates the partition's action list."""
         pr, L = self.prices(c.tp), self.segments.num_blocks
         f, b, w, state, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
@@ -525,15 +583,18 @@ class _Context:
         cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
         ranks, bounds = [], []
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
+        syncs, ready = self.stage_syncs(c, stages, topo)
         for r in range(p):
             mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
             grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
-            sync = collective_time_s("all_reduce", grads, topo, ("dp",))
+            sync, after = sum(sum(syncs[s]) for s in mine), 0.0
             if self.config.zero1 == "dp":  # torch's ZeroRedundancyOptimizer runs it: it broadcasts the stepped
                 # parameters after the all-reduce (an all-gather's bytes more than the distributed optimizer's)
                 params = float(sum(pr.params_bytes[stages[s]["segs"]].sum() for s in mine))
-                sync += collective_time_s("all_gather", params, topo, ("dp",))
+                after = collective_time_s("all_gather", params, topo, ("dp",))
+            window = sum(stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine) * shared \
+                if self._one_window(c) else math.inf  # the simulated B of its one stage
             heads, tails = [], []
             for k in range(held):
                 first = min((s for s in range(S) if rank[s][k] == r), default=None)
@@ -545,15 +606,16 @@ class _Context:
             busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"]
                                   for s in mine) * shared
             bounds.append((min(heads) + busy, tail))
-            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, inflight=inflight[r],
-                              memory=tot["state"] + inflight[r] * tot["act"]))
+            ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, after=after, window=window,
+                              inflight=inflight[r], memory=tot["state"] + inflight[r] * tot["act"]))
         codec, codec_sync = self._compression(c, stages, ranks, topo)
         for r, rc in enumerate(ranks):  # the sync each rank runs: the chosen codec's, or the plain all-reduce
             rc["plain_sync"] = rc["sync"]
             rc["sync"] = codec_sync[codec][r] if codec != "none" else rc["sync"]
-        # a valid bound for both passes (`_bound_search`): each rank's cheaper sync
-        lb = max(head_busy + max(tail, min(rc["sync"], rc["plain_sync"]))
-                 for (head_busy, tail), rc in zip(bounds, ranks))
+        # a valid bound for both passes (`_bound_search`): each rank's cheaper exposed sync (PowerSGD's in full)
+        lb = max(head_busy + max(tail, rc["after"] + min(
+            rc["sync"] if codec == "powersgd" else self._exposed_lb(rc["sync"], rc["window"]),
+            self._exposed_lb(rc["plain_sync"], rc["window"]))) for (head_busy, tail), rc in zip(bounds, ranks))
         tied = 0.0
         if pr.shared_grad_bytes and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
             tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
@@ -569,6 +631,7 @@ class _Context:
         copy_sync = tuple(collective_time_s("send_recv", float(pr.grads_bytes[st["segs"]].sum()), topo, ("pp",))
                           for st in stages) if held > 1 else None
         return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
+                    stage_sync=(syncs, ready),
                     p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes, copy_sync=copy_sync,
                     need_bytes=max(r["memory"] for r in ranks), compression=codec)
 
@@ -612,14 +675,14 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
-        def run(syncs):
+        def run(codec):
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
                 tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
-                res["copy_sync"], syncs), cores)
+                res["copy_sync"], **self._sync_times(res, codec)), cores)
 
-        sim = run(tuple(r["sync"] for r in ranks))
-        plain = sim if res["compression"] == "none" else run(tuple(r["plain_sync"] for r in ranks))
+        sim = run(res["compression"])
+        plain = sim if res["compression"] == "none" else run("none")
         ranks = [dict(r, inflight=sim.inflight_microbatches[k], memory=r["state"] + sim.peak_inflight_bytes[k])
                  for k, r in enumerate(ranks)]
         need = max(r["memory"] for r in ranks)
@@ -630,6 +693,21 @@ class _Context:
                     pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
                     rank_bubble=sim.bubble_fraction, uncompressed_step_s=plain.makespan_s + tied,
                     uncompressed_dp_grad_sync=plain.makespan_s - plain.compute_end_s)
+
+    def _sync_times(self, res: dict, codec: str) -> dict:
+        """StageTimes' sync fields of a priced partition with `codec` ("none": the plain all-reduces): each
+        stage's sync overlaps its last backward, a bf16 codec's scaled by its rank's compressed / plain seconds;
+        PowerSGD's waits after the rank's last action (backward waits for its buckets, `steptime`); ZeRO-1's
+        all-gather after the sync."""
+        ranks, (syncs, ready) = res["ranks"], res["stage_sync"]
+        after = tuple(r["after"] for r in ranks)
+        if codec == "powersgd":
+            return dict(grad_sync_s=tuple(r["sync"] + r["after"] for r in ranks))
+        if codec != "none":
+            ratio = [r["sync"] / r["plain_sync"] if r["plain_sync"] > 0 else 1.0 for r in ranks]
+            syncs = tuple(tuple(x * ratio[st["rank"]] for x in k) for k, st in zip(syncs, res["stages"]))
+        return dict(grad_sync_s=after, stage_sync_s=syncs, stage_sync_ready=ready,
+                    sync_overlap=self.sync_overlap)
 
     def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str, uncompressed_step_s: float,
                 alternatives: tuple = ()) -> PipelinePlan:
@@ -666,6 +744,7 @@ class _Context:
             search=report,
             config={"memory_budget_bytes": self.budget + self.reserve, "memory_reserve_bytes": self.reserve,
                     "recompute": self.config.recompute, "zero1": self.zero1, "search": search,
+                    "overlap_grad_sync": self.overlap_grad_sync,
                     "partitioner": self.partitioner, "optimizer": self.config.optimizer,
                     "precision": resolve_precision(self.config.precision, self.cluster.device,
                                                    traced_in_low_precision(self.traced)), "cluster": {

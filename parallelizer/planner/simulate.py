@@ -36,8 +36,16 @@ between nodes; a rank's links to different peers do not share bandwidth; the pro
 `planner.sharing` keeps the contention-free transfers). `OVERLAP_F_B` (DualPipeV) runs its F
 and B back to back, as torch's runtime does without a custom overlap function. Optional: `copy_sync_s[k]`,
 the all-reduce between the copies of model stage k (BitPipe), started when every copy's last backward of k
-is done and overlapping later compute (eager); `grad_sync_s[r]`, rank r's gradient all-reduce over the
-data-parallel group after its last action (not overlapped). The step ends when the last of these ends.
+is done and overlapping later compute (eager); `stage_sync_s[k]`, the data-parallel gradient all-reduce of
+model stage k's gradients, which the runtime buckets and starts during the stage's last backward
+(`rewriter.grad_sync.deferred_sync`; Megatron's `--overlap-grad-reduce` does the same): its
+buckets (`stage_sync_s[k]`: seconds of each) become ready over that backward action [s, e] as backward
+produces their gradients (bucket i at s + f_i (e - s), f_i = `stage_sync_ready[k][i]`, by default
+(i + 1) / n for n buckets) and each rank all-reduces its stages' buckets one at a time in ready order, so rank
+r's sync delays its end by `cost_model.communication.overlapped_comm_exposed_s` (only `sync_overlap`, the
+device's comm_overlap, can hide; the last bucket is always exposed); `grad_sync_s[r]`, a wait after rank
+r's last action and its overlapped sync (not overlapped: ZeRO-1's all-gather of the stepped parameters, or a
+codec whose buckets backward must wait for). The step ends when the last of these ends.
 
 Formulation: the actions form a DAG (rank order + dependencies); the makespan is its longest path. The DAG,
 a topological order grouped into levels and the per-rank in-flight counts depend only on (name, p, m) and
@@ -64,6 +72,7 @@ import importlib
 from dataclasses import dataclass
 
 import numpy as np
+from cost_model.communication import overlapped_comm_exposed_s
 from torch.distributed.pipelining import schedules as _torch
 
 from ..errors import PipelineError
@@ -154,7 +163,11 @@ class StageTimes:
         act_bytes: activation bytes one microbatch keeps on stage k until its I/B (default 1 each: then the
             peak is in stage-microbatches).
         copy_sync_s: per model stage, the all-reduce between its copies (only for copies > 1).
-        grad_sync_s: per rank, its data-parallel gradient all-reduce after its last action.
+        stage_sync_s: per model stage, the seconds of each bucket of the dp all-reduce of its gradients, which
+            overlaps its last backward (module docstring); stage_sync_ready: per model stage, the fraction
+            of that backward after which each bucket is ready (increasing, in (0, 1]; default (i + 1) / n);
+            sync_overlap: the fraction of the syncs that can hide, in [0, 1].
+        grad_sync_s: per rank, a wait after its last action and its overlapped stage syncs.
         optimizer_s: per rank, its optimizer step after its gradient sync (default none: the planner's step
             time leaves the optimizer out; `benchmarks/bench_schedules_runtime.py` times it in).
     """
@@ -168,6 +181,9 @@ class StageTimes:
     copy_sync_s: tuple[float, ...] | None = None
     grad_sync_s: tuple[float, ...] | None = None
     optimizer_s: tuple[float, ...] | None = None
+    stage_sync_s: tuple[tuple[float, ...], ...] | None = None
+    stage_sync_ready: tuple[tuple[float, ...], ...] | None = None
+    sync_overlap: float = 1.0
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -227,6 +243,41 @@ class _Compiled:
     inflight_counts: tuple[np.ndarray, ...]  # per rank (steps, S): stage-microbatches held after each step
     last_bwd: tuple[tuple[int, ...], ...]    # per model stage, the node of each copy's last backward
     rank_stages: tuple[tuple[int, ...], ...]  # per rank, the model stage of each action stage it holds
+
+
+def _overlapped_sync(c: _Compiled, starts: np.ndarray, ends: np.ndarray, times: StageTimes) -> np.ndarray:
+    """(p,) seconds by which each rank's stage syncs (`StageTimes.stage_sync_s`, module docstring) delay its
+    end: its stages' buckets, ready over each stage's last backward on this rank, all-reduced one at a time
+    in ready order (`overlapped_comm_exposed_s`). Zeros without stage syncs.
+
+    Raises:
+        PipelineError: stage_sync_s / stage_sync_ready not one entry per model stage, a negative bucket time,
+            ready fractions not increasing in (0, 1] or not one per bucket, or sync_overlap outside [0, 1].
+    """
+    if times.stage_sync_s is None:
+        return np.zeros(c.p)
+    syncs = tuple(tuple(float(x) for x in k) for k in times.stage_sync_s)
+    ready = times.stage_sync_ready or tuple(tuple((i + 1) / len(k) for i in range(len(k))) for k in syncs)
+    bad = (len(syncs) != c.S or len(ready) != c.S or not 0 <= times.sync_overlap <= 1
+           or any(x < 0 for k in syncs for x in k)
+           or any(len(f) != len(k) or any(not 0 < a <= 1 for a in f) or list(f) != sorted(f)
+                  for f, k in zip(ready, syncs)))
+    if bad:
+        raise PipelineError(f"StageTimes.stage_sync_s {syncs} / stage_sync_ready {ready} / sync_overlap "
+                            f"{times.sync_overlap}: need per model stage ({c.S}) bucket seconds >= 0 and as many "
+                            f"increasing ready fractions in (0, 1], and an overlap in [0, 1]")
+    out = np.zeros(c.p)
+    for r, idx in enumerate(c.by_rank):
+        pieces = []  # (ready s, seconds) of every bucket of rank r
+        for k, nodes in enumerate(c.last_bwd):
+            for n in (n for n in nodes if n < len(c.rank) and c.rank[n] == r):
+                s0, width = float(starts[n]), float(ends[n] - starts[n])
+                pieces += [(s0 + f * width, x) for f, x in zip(ready[k], syncs[k])]
+        if pieces:
+            pieces.sort()
+            out[r] = overlapped_comm_exposed_s([t for t, _ in pieces], [x for _, x in pieces],
+                                               float(ends[idx].max()), times.sync_overlap)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -385,10 +436,14 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
         ends = end[:N]
         starts = ends - dur
         rank_end = np.array([ends[idx].max() if len(idx) else 0.0 for idx in c.by_rank])
-        finish = rank_end + wait + tail
-    else:
-        starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p, wait,
-                                           None if times.optimizer_s is None else tail, cores)
+        finish = rank_end + _overlapped_sync(c, starts, ends, times) + wait + tail
+    else:  # the stage syncs' exposed part is read off a first pass's timeline (the same one when nothing
+        # runs after the syncs; an optimizer tail sharing the cores may move other ranks' later actions)
+        optimizer = None if times.optimizer_s is None else tail
+        starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p, wait, optimizer, cores)
+        if times.stage_sync_s is not None:
+            starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p,
+                                               wait + _overlapped_sync(c, starts, ends, times), optimizer, cores)
         end = np.append(ends, 0.0)
     compute_end = float(ends.max())
     busy = np.bincount(c.rank, weights=dur if cores is None else ends - starts, minlength=c.p)

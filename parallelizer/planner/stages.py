@@ -49,7 +49,8 @@ class PipelineEstimate:
     Attributes:
         step_s: pipeline_s + dp_grad_sync_s + tied_grad_sync_s.
         pipeline_s: the simulated compute makespan (`planner.simulate`); bubble_s the busiest rank's idle part.
-        dp_grad_sync_s: the exposed part of the ranks' dp gradient all-reduces (each after its rank's last action).
+        dp_grad_sync_s: the exposed part of the ranks' dp gradient all-reduces (each stage's started during its last
+            backward, `planner.simulate`).
         tied_grad_sync_s: the tied-parameter gradient exchange between first and last pipeline rank.
         microbatch_size: samples per microbatch per data-parallel replica; global_batch: samples per step.
         partition: "dp" (the search's balanced, memory-aware cut) or "uniform" (the even cut won).

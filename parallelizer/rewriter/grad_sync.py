@@ -75,12 +75,25 @@ from .collectives import Group, _Conjugate, _GroupView, _identity, _resolve, _su
 from .compression import GradCompression, finish_compressed, start_compressed
 from .hierarchical import HierarchicalAllReduce, Hierarchy
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "deferred_sync", "grad_all_reduce_bucketed"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "bucket_sizes", "deferred_sync", "grad_all_reduce_bucketed"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """25 MiB: DistributedDataParallel's default bucket_cap_mb."""
 FIRST_BUCKET_BYTES = 2**20
 """1 MiB: the size at which the first bucket of a backward pass is started (DDP's first-bucket size)."""
+
+
+def bucket_sizes(nbytes: float, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[float]:
+    """The buckets (bytes, in the order they start) that one backward pass's `nbytes` of gradients fill on one
+    process group: the first at `FIRST_BUCKET_BYTES`, then `bucket_bytes` each, the rest in the last one. The
+    runtime closes a bucket at the first whole gradient that reaches the size, so real buckets are this large
+    or a little larger (the planner's model of them). [] for nbytes <= 0."""
+    sizes, left, size = [], float(nbytes), float(min(bucket_bytes, FIRST_BUCKET_BYTES))
+    while left > 0:
+        sizes.append(min(size, left))
+        left -= sizes[-1]
+        size = float(bucket_bytes)
+    return sizes
 
 
 def grad_all_reduce_bucketed(param: torch.Tensor, ranks: Group, bucket_bytes: int, compression: str = "",

@@ -75,6 +75,25 @@ def test_as_many_cores_as_ranks_gives_the_default_pass(name, v):
     assert one >= m * (sum(t.fwd_s) + S * (0.7 + 0.4)) + sum(t.optimizer_s) - 1e-9
 
 
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("bitpipe", 2)])
+def test_stage_syncs_under_sharing_match_the_default_pass_with_enough_cores(name, v):
+    """The dp syncs overlapping each stage's last backward (`StageTimes.stage_sync_s`) are read off the
+    sharing pass's timeline: with a core per rank it is the default pass's, so the ends agree; on 2 cores
+    the compute slows and the syncs, waits that use no core, delay the end by no more than they do alone."""
+    p, m = 4, 8
+    S = p * v
+    t = StageTimes(tuple(1.0 + 0.1 * k for k in range(S)), (0.7,) * S, (0.4,) * S, (0.05,) * (S - 1),
+                   grad_sync_s=(0.1,) * p, stage_sync_s=tuple(((0.5 + 0.2 * k) / 3,) * 3 for k in range(S)),
+                   sync_overlap=0.6)
+    plain = simulate(name, p, m, t)
+    assert plain.makespan_s > simulate(name, p, m, StageTimes(t.fwd_s, t.bwd_input_s, t.bwd_weight_s, t.p2p_s,
+                                                               grad_sync_s=t.grad_sync_s)).makespan_s
+    shared = simulate(name, p, m, t, SharedCores.ideal(cores=4, ranks=4))
+    assert shared.makespan_s == pytest.approx(plain.makespan_s, rel=1e-12)
+    two = simulate(name, p, m, t, SharedCores.ideal(cores=2, ranks=4))
+    assert two.compute_end_s < two.makespan_s <= two.compute_end_s + 0.1 + sum(map(sum, t.stage_sync_s)) + 1e-9
+
+
 def test_measured_factors_interpolate_and_extrapolate():
     c = SharedCores.measured({2: 1.2, 4: 2.4}, ranks=6, optimizer_slowdown={4: 3.0})
     assert c.factors == pytest.approx((1.0, 1.2, 1.8, 2.4, 3.0, 3.6))

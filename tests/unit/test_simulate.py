@@ -3,6 +3,9 @@ Huang et al. 2019, Narayanan et al. 2021 Sec. 2.2; interleaved 1F1B: Narayanan S
 2024 Sec. 3.1) on torch's own action lists and BitPipe's (D - 2) / (4N + D - 2) (equal F and B) on its list,
 prices transfers across ranks only, counts in-flight activations from the order, accepts lists built
 elsewhere (two copies of a stage, as BitPipe), and rejects bad lists."""
+import dataclasses
+import re
+
 import pytest
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
@@ -94,6 +97,71 @@ def test_grad_sync_follows_each_ranks_last_action():
     assert ends == [base.makespan_s] + [base.makespan_s - k * 2.0 for k in range(1, p)]  # rank 0 ends last
     t = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,) * (p - 1), grad_sync_s=(1.0, 1.0, 1.0, 7.0))
     assert simulate("1f1b", p, m, t).makespan_s == max(base.makespan_s + 1.0, ends[3] + 7.0)
+
+
+def test_stage_sync_overlaps_the_stages_last_backward():
+    """The runtime buckets a stage's dp all-reduce and starts it during the stage's last backward
+    (`rewriter.grad_sync.deferred_sync`): n equal buckets of x / n seconds ready at s + (i + 1) d, d = B / n,
+    over that backward [s, e], one at a time, end at max(s + d + x, e + x / n) (the recurrence's closed
+    form for evenly spaced buckets), and only the overlap fraction o of the delay can hide."""
+    p, m = 4, 8
+    base = simulate("1f1b", p, m, StageTimes.uniform(p, 1.0, 1.0, 1.0))  # B = I + W = 2 on every stage
+    for x, n, o in ((3.0, 4, 1.0), (3.0, 4, 0.5), (0.5, 4, 1.0), (3.0, 1, 1.0), (10.0, 100, 1.0)):
+        t = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,) * (p - 1), stage_sync_s=((x / n,) * n,) * p,
+                       sync_overlap=o)
+        after_end = max(x - 2.0 + 2.0 / n, x / n)  # rank 0's last action ends last: its delay decides
+        expected = o * after_end + (1 - o) * x
+        assert simulate("1f1b", p, m, t).makespan_s == pytest.approx(base.makespan_s + expected, rel=1e-12)
+    # one bucket: the whole sync after the stage's last backward, as a wait after the rank's last action
+    one = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,) * (p - 1), stage_sync_s=((1.0,),) * 3 + ((7.0,),))
+    wait = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,) * (p - 1), grad_sync_s=(1.0, 1.0, 1.0, 7.0))
+    assert simulate("1f1b", p, m, one).makespan_s == simulate("1f1b", p, m, wait).makespan_s
+
+
+def test_stage_sync_buckets_are_ready_when_backward_has_produced_their_share():
+    """A first bucket of 1/4 of the bytes is ready a quarter into the last backward [s, e] (B = 2), the
+    rest at e: 1F1B, p = 2, syncs 1.0 then 0.2 seconds end at max(s + 0.5 + 1.0, e) + 0.2 = e + 0.2."""
+    p, m = 2, 4
+    base = simulate("1f1b", p, m, StageTimes.uniform(p, 1.0, 1.0, 1.0))
+    t = StageTimes((1.0,) * p, (1.0,) * p, (1.0,) * p, (0.0,), stage_sync_s=((1.0, 0.2),) * p,
+                   stage_sync_ready=((0.25, 1.0),) * p)
+    assert simulate("1f1b", p, m, t).makespan_s == pytest.approx(base.makespan_s + 0.2, rel=1e-12)
+    t = dataclasses.replace(t, stage_sync_s=((2.0, 0.2),) * p)  # s + 0.5 + 2.0 = e + 0.5, then + 0.2
+    assert simulate("1f1b", p, m, t).makespan_s == pytest.approx(base.makespan_s + 0.7, rel=1e-12)
+
+
+def test_stage_syncs_of_a_rank_run_in_the_order_their_stages_finish():
+    """Interleaved 1F1B: rank r holds stages r and r + p; each stage's one-bucket sync is ready at the end of
+    its last backward on the timeline, and the rank's syncs run one at a time from there."""
+    p, m, x = 2, 4, 1.5
+    times = dict(fwd_s=(1.0,) * 4, bwd_input_s=(1.0,) * 4, bwd_weight_s=(0.5,) * 4, p2p_s=(0.0,) * 3)
+    base = simulate("interleaved_1f1b", p, m, StageTimes(**times))
+    got = simulate("interleaved_1f1b", p, m, StageTimes(**times, stage_sync_s=((x,),) * 4))
+    finish = []
+    for r, acts in base.timeline().items():
+        last_b = {}
+        for name, _, end in acts:
+            stage, kind = re.match(r"(\d+)([A-Z]+)\d+$", name).groups()
+            if kind != "F":
+                last_b[int(stage)] = end
+        t = 0.0
+        for ready in sorted(last_b.values()):
+            t = max(t, ready) + x
+        assert len(last_b) == 2
+        finish.append(max(t, max(e for _, _, e in acts)))
+    assert got.makespan_s == pytest.approx(max(finish), rel=1e-12)
+    assert got.compute_end_s == base.compute_end_s
+
+
+def test_stage_sync_checks_its_inputs():
+    t = StageTimes.uniform(2, 1.0, 1.0, 1.0)
+    two = ((1.0,), (1.0, 1.0))
+    for bad in (dict(stage_sync_s=((1.0,),)), dict(stage_sync_s=two, stage_sync_ready=((1.0,), (0.5,))),
+                dict(stage_sync_s=two, stage_sync_ready=((1.0,), (0.7, 0.5))),
+                dict(stage_sync_s=two, stage_sync_ready=((1.0,), (0.0, 1.0))),
+                dict(stage_sync_s=((1.0,), (-1.0,))), dict(stage_sync_s=two, sync_overlap=1.5)):
+        with pytest.raises(PipelineError, match="stage_sync_s"):
+            simulate("1f1b", 2, 4, dataclasses.replace(t, **bad))
 
 
 def test_torch_lists_are_used_and_validated():
