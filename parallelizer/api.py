@@ -397,14 +397,15 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
 
 def _rank_memory(found, r: int) -> dict:
     """Pipeline rank r's bytes per device by kind from the search: state of its stages (params, grads,
-    optimizer per `StageKindSummary`) + its in-flight microbatches x its stages' activations of one microbatch."""
+    optimizer per `StageKindSummary`) + its in-flight microbatches x its stages' activations of one microbatch
+    + on the last stage one microbatch of the returned outputs."""
     rank = found.ranks[r]
     kinds = {k.kind: k.memory_bytes for k in found.stage_kinds}
-    out = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0}
+    out = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "outputs": 0}
     for i in rank.stages:
         stage = found.stages[i]
-        for k in ("params", "grads", "optimizer"):
-            out[k] += int(kinds[stage.kind][k])
+        for k in ("params", "grads", "optimizer", "outputs"):
+            out[k] += int(kinds[stage.kind].get(k, 0))
         out["activations"] += int(stage.activation_bytes * rank.inflight_microbatches)
     out["total"] = sum(out.values())
     return out

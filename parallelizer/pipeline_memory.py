@@ -12,6 +12,9 @@ copy of the parameters and buffers it uses):
                                a parameter used by two stages (a tied embedding) counts in each
     buffers                  = sum over r's stages of the buffers they use (replicated)
     activations              = inflight(schedule, pp, microbatches, r) x sum over r's stages of A_k
+    outputs                  = on the ranks of the last stage: one microbatch of the model's returned values,
+                               whole (`planner.problem.returned_bytes`: the runtime gathers them over the
+                               mesh each microbatch, then hands them to the loss or drops them)
 
 with A_k the bytes stage k saves for backward for ONE microbatch (the traced batch): `Pricer.node_cost` of
 every op of the stage under the plan's strategies, each storage charged once WITHIN the stage
@@ -38,6 +41,7 @@ from .errors import PipelineError
 from .planner.api import resolve_cluster
 from .planner.bitpipe import bitpipe_actions
 from .planner.costs import Pricer
+from .planner.problem import returned_bytes
 from .planner.plan import Plan
 from .planner.schedules import inflight_microbatches
 from .planner.strategies import NodeSpace, Strategy, tensor_inputs
@@ -45,7 +49,7 @@ from .tracer import TracedGraph
 
 __all__ = ["pipeline_rank_memory", "MEMORY_CATEGORIES"]
 
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "outputs", "buffers")
 
 
 def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]]:
@@ -102,6 +106,9 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
             act += pricer.node_cost(tg, info, space, strategy).saved_bytes
         acts[stage_pp_rank(pipe.schedule, st.stage, S, pipe.pp)] += act
         stage_act.append(act)
+    returned = returned_bytes(tensor_inputs(traced, traced.nodes["output"]), pricer)
+    for q in holders(pipe.schedule, S - 1, S, pipe.pp):
+        ranks[q]["outputs"] = returned
     peaks = _bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act) if pipe.schedule == "bitpipe" else None
     for r, mem in enumerate(ranks):
         mem["activations"] = int(round(peaks[r] if peaks is not None else

@@ -201,7 +201,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 state[i] += b
             comm["all_gather"] += pricer.zero1_broadcast_s(numel, p.requires_grad)  # ZeRO-1's (0 without)
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
-              "buffers": problem.const_mem_bytes}
+              "outputs": problem.output_mem_bytes, "buffers": problem.const_mem_bytes - problem.output_mem_bytes}
     memory["total"] = sum(memory.values())  # the plan's tensors; the reserve comes on top (<= the budget)
     memory["reserve"] = problem.reserve_bytes
     report = SolverReport(sol.solver, sol.status, sol.optimal, sol.gap, sol.num_variables, sol.num_binary,

@@ -143,7 +143,8 @@ class CostBreakdown:
     """Estimated step time (seconds) and per-device memory (bytes).
 
     comm_s: seconds per collective kind, forward and backward together (keys: COLLECTIVE_KINDS).
-    memory_bytes: "params", "grads", "optimizer", "activations", "buffers", "total".
+    memory_bytes: "params", "grads", "optimizer", "activations", "outputs" (the returned values, whole on every
+        rank; absent in plans made before it was counted), "buffers", "total".
     """
 
     compute_s: float
@@ -155,7 +156,7 @@ class CostBreakdown:
         return self.compute_s + sum(self.comm_s.values())
 
 
-_MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserve")
+_MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "reserve")
 # A gathered value at least this large gets a note (`Plan._large_gather_notes`): a GPT-2 small batch of 8 x 1024
 # tokens has 1.6 GB of fp32 logits.
 LARGE_GATHER_BYTES = 64 * 2**20
@@ -189,7 +190,7 @@ def precision_text(config: dict, param_dtypes: tuple[str, ...] = ()) -> str:
 
 
 def memory_rows(plan: "Plan") -> list[tuple[str, int]]:
-    """Per-device memory by kind, in reading order: params, grads, optimizer, activations, buffers, total (the
+    """Per-device memory by kind, in reading order: params, grads, optimizer, activations, outputs, buffers, total (the
     plan's tensors), reserve (kept out of the plan: fragmentation, workspaces, communication buffers), then
     the budget the total plus reserve must fit in. Kinds the plan does not record are left out."""
     mem = plan.cost.memory_bytes

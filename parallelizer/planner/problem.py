@@ -12,7 +12,8 @@ ends are in g; `pair[(g, h)][i, j]` = every edge between g and h (forward + back
 including gradient synchronisation; inf where `PlanConfig.axis_roles` forbid the pair, `EdgeRoles`). A pair
 matrix that is separable (C[i,j] = a_i + b_j) is folded into
 `lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
-bytes saved for backward; `const_mem_bytes` covers buffers.
+bytes saved for backward; `const_mem_bytes` covers buffers and the values the program returns
+(`output_mem_bytes`, `returned_bytes`: whole on every rank).
 
 Activation recomputation (`planner.recompute`, `recompute_terms`): a region's mode adds `RegionPrice` terms,
 linear in the strategies of the groups of its nodes. Forced modes (a user's checkpoint regions; a
@@ -38,7 +39,7 @@ from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
-from .strategies import EdgeRoles, NodeSpace, Strategy, mutation_edges, role_axes
+from .strategies import EdgeRoles, NodeSpace, Strategy, TensorInput, mutation_edges, role_axes
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Problem:
     recompute_fixed: dict[str, str] = field(default_factory=dict)  # region -> mode folded into lin / mem
     recompute_classes: list["RecomputeClass"] = field(default_factory=list)  # free regions ("auto")
     precision: str | None = None  # as priced (`Pricer.precision`): what the infeasible message need not suggest
+    output_mem_bytes: int = 0  # of const_mem_bytes: the returned values (`returned_bytes`)
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -190,11 +192,21 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             continue
         del pairs[(a, b)], pair_counts[(a, b)]
         folded += 1
-    problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem, budget_bytes, reserve_bytes,
-                      folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
-                      precision=pricer.precision)
+    returned = sum(returned_bytes(s.inputs, pricer) for s in spaces.values() if s.kind == "output")
+    problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem + returned, budget_bytes,
+                      reserve_bytes, folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
+                      precision=pricer.precision, output_mem_bytes=returned)
     recompute_terms(problem, tg, pricer, config)
     return problem
+
+
+def returned_bytes(returned: tuple[TensorInput, ...], pricer: Pricer) -> int:
+    """Bytes per device of the values the program returns (the output node's tensor inputs), as priced
+    (`Pricer.itemsize`). The output node takes every returned value replicated (`strategies.build_spaces`: the
+    module returns the model's whole outputs), so each rank holds all of them, beside the activations saved for
+    backward, until the caller lets go of them (a language model's logits returned beside its loss: batch x seq
+    x vocab on every rank)."""
+    return int(sum(math.prod(ti.shape) * pricer.itemsize(ti.dtype) for ti in returned))
 
 
 def recompute_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, config: PlanConfig) -> None:

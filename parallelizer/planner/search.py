@@ -584,6 +584,9 @@ class _Context:
         ranks, bounds = [], []
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         syncs, ready = self.stage_syncs(c, stages, topo)
+        # the last stage returns the model's outputs of each microbatch whole over dp and tp (`runtime.pipeline`:
+        # gathered, then handed to the loss or dropped), so its ranks hold one microbatch of them at a time
+        out_bytes = pr.plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
         for r in range(p):
             mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
@@ -606,8 +609,10 @@ class _Context:
             busy = m / held * sum(stages[s]["fwd_c"] + stages[s]["bwd_c"] + stages[s]["wgrad"]
                                   for s in mine) * shared
             bounds.append((min(heads) + busy, tail))
+            held_out = out_bytes if S - 1 in mine else 0.0
             ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, after=after, window=window,
-                              inflight=inflight[r], memory=tot["state"] + inflight[r] * tot["act"]))
+                              outputs=held_out, inflight=inflight[r],
+                              memory=tot["state"] + held_out + inflight[r] * tot["act"]))
         codec, codec_sync = self._compression(c, stages, ranks, topo)
         for r, rc in enumerate(ranks):  # the sync each rank runs: the chosen codec's, or the plain all-reduce
             rc["plain_sync"] = rc["sync"]
@@ -683,7 +688,8 @@ class _Context:
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")
-        ranks = [dict(r, inflight=sim.inflight_microbatches[k], memory=r["state"] + sim.peak_inflight_bytes[k])
+        ranks = [dict(r, inflight=sim.inflight_microbatches[k],
+                      memory=r["state"] + r["outputs"] + sim.peak_inflight_bytes[k])
                  for k, r in enumerate(ranks)]
         need = max(r["memory"] for r in ranks)
         if need > self.budget:
@@ -769,6 +775,8 @@ class _Context:
             mem = {"params": int(pr.params_bytes[segs].sum()), "grads": int(pr.grads_bytes[segs].sum())}
             mem["optimizer"] = int(st["state"]) - mem["params"] - mem["grads"]
             mem["activations"] = int(st["act"] * res["ranks"][st["rank"]]["inflight"])
+            if st["segs"][-1] == self.segments.num_blocks + 1:  # the last stage: one microbatch of the returned outputs (`_price_partition`)
+                mem["outputs"] = int(res["ranks"][st["rank"]]["outputs"])
             mem["total"] = sum(mem.values())
             out.append(StageKindSummary(kind, tuple(idx), total - sum(comm.values()), comm, mem))
         return tuple(out)

@@ -39,7 +39,7 @@ from .schedules import SCHEDULES, get_schedule, invalid_reason, rank_of_stage
 
 SCHEDULE_NAMES = tuple(SCHEDULES)  # as the CLI spells them; runtime.pipeline (and runtime.bitpipe) runs each
 PP_AXIS = "pp"
-MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "total")
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "total")
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,10 @@ def test_stage_state_and_inflight_activations(gpt2):
     # 1F1B keeps pp - r microbatches in flight on rank r, GPipe all M (Narayanan et al. SC'21, Sec. 2.2)
     assert gpipe[0]["activations"] == M / 2 * one_f[0]["activations"]
     assert gpipe[1]["activations"] == M * one_f[1]["activations"]
-    assert all(m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
+    assert all(m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "outputs", "buffers"))
                for m in one_f)
+    # the last stage holds one microbatch of the returned (loss, logits) whole: 4 + 2 x 16 x V x 4 bytes
+    assert [m["outputs"] for m in one_f] == [0, 4 + 2 * 16 * V * 4]
 
 
 def test_stage_activations_cover_the_whole_graph_once(gpt2):
