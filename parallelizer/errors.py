@@ -154,6 +154,16 @@ class StaleModelWarning(UserWarning):
     model's own modules with the trained weights."""
 
 
+
+class CheckpointFilesError(ParallelizerError, FileNotFoundError):
+    """A checkpoint directory lacks files it needs: its `.metadata` (DCP writes it last: a save interrupted before
+    its end), or a file its metadata lists (another rank's file on storage this rank does not share, or a save
+    interrupted on one rank). Attributes: path, missing (file names)."""
+
+    def __init__(self, message: str, path: str = "", missing: list[str] | None = None) -> None:
+        self.path, self.missing = path, list(missing or ())
+        super().__init__(message)
+
 def rank0_failure(kind: str, text: str, rank: int) -> BaseException:
     """The error a rank raises when rank 0's planning raised `kind` ("module:qualname") with message `text`: the
     same class, so that `except InfeasiblePlanError:` (a retry with another budget) catches it on every rank alike,
