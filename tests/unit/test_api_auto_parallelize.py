@@ -121,16 +121,20 @@ def test_a_rank_0_failure_keeps_its_class_and_the_base_class():
 
 
 @pytest.mark.distributed
-def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks():
-    """The example's user loop (`pm.step`) on pp=2 x dp=2 under torchrun (dp x tp: tests/distributed/test_step.py)."""
+@pytest.mark.parametrize("mesh", ["pp=2,dp=2", "pp=2,tp=2"])
+def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks(mesh):
+    """The example's user loop (`pm.step`) on pp=2 x dp=2 and pp=2 x tp=2 under torchrun (dp x tp:
+    tests/distributed/test_step.py), every axis used (trial r14e: pp=2 x tp=2 left tp unused, a
+    NoParallelismWarning, and still printed "trained ... on (pp=2, tp=2)")."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--nproc-per-node", "4", "examples/torchrun_auto_parallelize.py",
-                           "--steps", "3", "--mesh", "pp=2,dp=2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           "--steps", "3", "--mesh", mesh], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "trained 3 steps on (pp=2, dp=2): losses match single device" in proc.stdout
+    assert f"trained 3 steps on ({mesh.replace(',', ', ')}): losses match single device" in proc.stdout
     assert proc.stdout.count("step ") >= 3
+    assert "no parallelism" not in proc.stdout + proc.stderr and " is unused" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.distributed
