@@ -529,8 +529,8 @@ class Plan:
         return notes
 
     def _large_gather_notes(self) -> list[str]:
-        """Values of at least LARGE_GATHER_BYTES gathered whole over a mesh axis to be returned by the model or
-        to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
+        """Values of at least LARGE_GATHER_BYTES gathered (or all-reduced from a Partial) whole over a mesh axis to
+        be returned by the model or to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
         step and how to avoid it. The loss fused into the traced graph runs vocab-parallel (no gather); a loss
         computed outside the model on returned logits needs them whole on every rank."""
         losses = {n for n, x in self.nodes.items() if any(k in x.op for k in _LOSS_OPS)}
@@ -538,17 +538,21 @@ class Plan:
                        and any(placement_str(pl) != "R" for pl in Layout.parse(x.inputs[0]).placements)
                        for x in self.nodes.values())  # a loss in the graph that runs on the shards
         notes = []
+        m = self.pipeline.microbatches if self.pipeline is not None else 0
+        per = f"per microbatch, {m} per step" if m else "per step"  # a pipeline plan's graph is one microbatch
+        where = "of the last stage " if m else ""
         for e in self.edges:
             if e.dst != "output" and e.dst not in losses:
                 continue
-            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all") and s.mesh_axis in
+            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all", "all_reduce") and s.mesh_axis in
                      self.mesh.axis_names and self.mesh.size(s.mesh_axis) > 1]
             nbytes = sum(s.nbytes or 0 for s in moved)
             if nbytes < LARGE_GATHER_BYTES:
                 continue
-            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is gathered whole over "
-                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} per step, forward; "
-                    f"every rank then holds all of it: {self._unpriced_whole(e.shape, e.dtype)})")
+            how = "summed (all-reduce of a Partial)" if all(s.kind == "all_reduce" for s in moved) else "gathered"
+            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is {how} whole over "
+                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} {per}, forward; "
+                    f"every rank {where}then holds all of it: {self._unpriced_whole(e.shape, e.dtype)})")
             if e.dst == "output" and has_loss:
                 hint = ("because the model returns it beside its loss, which the traced graph already computes on "
                         "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
