@@ -70,10 +70,10 @@ def main() -> None:
     mesh = parse_mesh(args.mesh) if args.mesh else ({"dp": 2, "tp": 2} if world == 4 else None)
     # Roles: on CPU ranks the default pricing (H100s) finds this small model's sharding unprofitable and would
     # replicate everything (a NoParallelismWarning: 4 ranks doing one rank's work), so fix each axis's kind
-    # (dp: data parallel, tp: Megatron tensor parallel); a pipeline plan's stages choose their own layouts.
+    # (dp: data parallel, tp: Megatron tensor parallel), inside pipeline stages too (before, pp=2 x tp=2 left tp
+    # unused and still printed "trained ... on (pp=2, tp=2)").
     axes = dict(zip(*((m := MeshSpec.of(mesh)).axis_names, m.shape))) if mesh is not None else {"dp": world}
-    roles = None if "pp" in axes else {a: {"dp": "ddp", "tp": "tp"}[a] for a, n in axes.items()
-                                       if a in ("dp", "tp") and n > 1} or None
+    roles = {a: {"dp": "ddp", "tp": "tp"}[a] for a, n in axes.items() if a in ("dp", "tp") and n > 1} or None
     pm = parallelizer.auto_parallelize(model, (tokens,), mesh=mesh, optimizer="adamw", time_limit_s=30,
                                        axis_roles=roles)
     rank = dist.get_rank() if dist.is_initialized() else 0

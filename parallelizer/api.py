@@ -21,7 +21,7 @@ from cost_model.topology import Cluster
 from .core.mesh import MeshSpec
 from .config import PlanConfig
 from .errors import (InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, ParallelizerError, PipelineError,
-                     PlanMismatchError)
+                     PlanMismatchError, rank0_failure)
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
@@ -509,7 +509,8 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
                 check_recipe_runs(traced, example_inputs, example_kwargs or {}, made.config.get("mixed_precision"))
                 outcome = ("ok", made.to_json())
             except Exception as exc:  # every rank must hear of it, or they wait in the broadcast until the timeout
-                failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}")
+                failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}",
+                                         f"{type(exc).__module__}:{type(exc).__qualname__}")
         if distributed:
             box = [outcome]
             dist.broadcast_object_list(box, src=0)
@@ -517,7 +518,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         if failure is not None:
             raise failure
         if outcome[0] == "error":
-            raise ParallelizerError(f"planning failed on rank 0, so rank {rank} has no plan: {outcome[1]}")
+            raise rank0_failure(outcome[2], outcome[1], rank)  # rank 0's class, so except clauses agree
         chosen = Plan.from_json(outcome[1])
     if distributed:
         check_same_weights(model)

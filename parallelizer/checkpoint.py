@@ -54,7 +54,7 @@ from torch.distributed.tensor import DTensor
 
 from .core.layout import Layout, Shard, local_region
 from .rewriter.collectives import carried_view
-from .errors import StateDictError
+from .errors import CheckpointFilesError, StateDictError
 from .runtime import shard_origin
 from .rewriter.spec import mesh_coords
 from .runtime.module import ParallelModule
@@ -82,6 +82,36 @@ def save(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
              checkpoint_id=str(path))
 
 
+def _read_metadata(path: str | os.PathLike):
+    """DCP's metadata of the checkpoint at `path`, after checking that this rank sees every file it lists.
+
+    Raises:
+        CheckpointFilesError: `.metadata` missing (DCP writes it last: a save interrupted before its end has
+            none), or data files it lists missing here (a save interrupted on some rank, or node-local storage:
+            resuming on another mesh reads files other ranks wrote). Before, DCP's raw FileNotFoundError on the
+            ranks lacking a file, mid-load.
+    """
+    root = Path(path)
+    try:
+        metadata = dcp.FileSystemReader(str(root)).read_metadata()
+    except FileNotFoundError as exc:
+        raise CheckpointFilesError(
+            f"no checkpoint at {root}: {root / '.metadata'} is missing (DCP writes it after every rank's file, so a "
+            "save interrupted before its end has none). Remedy: load an earlier, complete checkpoint, or give the "
+            "directory `parallelizer.checkpoint.save` wrote", str(root), [".metadata"]) from exc
+    listed = sorted({info.relative_path for info in metadata.storage_data.values()})
+    missing = [name for name in listed if not (root / name).is_file()]
+    if missing:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise CheckpointFilesError(
+            f"checkpoint {root}: {len(missing)} of the {len(listed)} data files its .metadata lists are missing on "
+            f"rank {rank}: {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}. A save interrupted on some "
+            "rank, or storage this rank does not share (node-local disks: a resume on another mesh reads files "
+            "other ranks wrote). Remedy: save to and load from a filesystem every rank reads, or load an earlier, "
+            "complete checkpoint", str(root), missing)
+    return metadata
+
+
 def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer | None,
          path: str | os.PathLike) -> None:
     """Fill this rank's parameters, buffers and `optimizer` state from the checkpoint at `path`, resharded to
@@ -97,14 +127,15 @@ def load(pm: ParallelModule | PipelineModule, optimizer: torch.optim.Optimizer |
             or a tensor has another global shape (names it, both shapes): on a `PipelineModule` checked against
             the keys of all ranks, so every rank raises it (none enters DCP's collective load alone); an
             optimizer parameter that no stage of a `PipelineModule` holds.
-        FileNotFoundError: no checkpoint at `path` (its `.metadata` file is named).
+        CheckpointFilesError (a FileNotFoundError): no `.metadata` at `path` (none, or a save interrupted before
+            its end), or files it lists missing on this rank (`_read_metadata`), before any tensor is read.
     A checkpoint saved before the optimizer's first step (param groups only) leaves `optimizer` without state.
     Param-group settings come from the checkpoint as `Optimizer.load_state_dict` takes them (`_group_settings`:
     an LR scheduler may be built before or after the load, as on one device).
     A ZeroRedundancyOptimizer raises StateDictError (`_refuse_partitioned`).
     """
     _refuse_partitioned(optimizer, "load")
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    metadata = _read_metadata(path)
     # saved before the optimizer's first step: no state to load, and the optimizer must have none either (its
     # first step then initialises it, as in the run that saved)
     stateless = not any(k.startswith("optimizer.state.") for k in metadata.state_dict_metadata)

@@ -152,3 +152,37 @@ class StaleModelWarning(UserWarning):
     model still computes with, and saves, the weights it had when it was wrapped. Remedy in the message:
     `pm(...)` to run, `pm.full_state_dict()` / `parallelizer.checkpoint` to save, `pm.full_model()` for the
     model's own modules with the trained weights."""
+
+
+
+class CheckpointFilesError(ParallelizerError, FileNotFoundError):
+    """A checkpoint directory lacks files it needs: its `.metadata` (DCP writes it last: a save interrupted before
+    its end), or a file its metadata lists (another rank's file on storage this rank does not share, or a save
+    interrupted on one rank). Attributes: path, missing (file names)."""
+
+    def __init__(self, message: str, path: str = "", missing: list[str] | None = None) -> None:
+        self.path, self.missing = path, list(missing or ())
+        super().__init__(message)
+
+def rank0_failure(kind: str, text: str, rank: int) -> BaseException:
+    """The error a rank raises when rank 0's planning raised `kind` ("module:qualname") with message `text`: the
+    same class, so that `except InfeasiblePlanError:` (a retry with another budget) catches it on every rank alike,
+    and a `ParallelizerError` as before. Built without the class's own `__init__` (its arguments stayed on rank 0):
+    structured attributes are absent; the message names rank 0 as where it was raised."""
+    import importlib
+
+    module, _, qualname = kind.partition(":")
+    cls = None
+    try:
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError, ValueError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = ParallelizerError
+    elif not issubclass(cls, ParallelizerError):  # e.g. a ValueError of the roles: keep both contracts
+        cls = type(cls.__name__, (cls, ParallelizerError), {"__module__": cls.__module__})
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, f"planning failed on rank 0, so rank {rank} has no plan: {text}")
+    return exc

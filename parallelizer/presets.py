@@ -235,11 +235,26 @@ def check_config(model: str, config: dict) -> None:
     else:
         return  # unknown preset: recipe() says so
     names.discard("device")
-    for key in config:
+    for key, value in config.items():
         if key in names or (hf is not None and key != "device" and not key.startswith("_") and hasattr(hf, key)
-                            and not callable(getattr(hf, key))):
+                            and not callable(getattr(hf, key))) or _sets_a_config_field(hf, key, value):
             continue
         raise UnknownConfigKeyError(key, model, sorted(n for n in names if not n.startswith("_")))
+
+
+def _sets_a_config_field(hf, key: str, value) -> bool:
+    """Whether a transformers config class takes `key` as a legacy alias that it stores under another field
+    (transformers 5 reads Llama 3's `rope_theta=500000.0` into `rope_parameters`): building the config with it
+    changes a field of the default config. An unknown key only adds itself (transformers keeps any key); a
+    value the class rejects shows that it read the key, and the build names the cause."""
+    if hf is None or key == "device" or key.startswith("_") or callable(getattr(hf, key, None)):
+        return False
+    default = hf.to_dict()
+    try:
+        changed = type(hf)(**{key: value}).to_dict()
+    except Exception:  # noqa: BLE001 - the class read the key: the build reports the value (ModelBuildError)
+        return True
+    return any(k != key and k in default and changed[k] != default[k] for k in changed)
 
 
 def _factory(spec: str):

@@ -163,24 +163,30 @@ def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: 
 
 def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
     """The remedies of `check_memory`'s message, leaving out those already in effect: sharding roles when no
-    axis is forced to "ddp" or "tp", a data axis when one already has a data role, recomputation when
-    recompute is "auto" or "full", bf16 when the plan is priced in bf16, ZeRO-1 when it is on or no axis is
-    "ddp"."""
+    axis is forced to "ddp" or "tp", a data axis unless every axis of the mesh is forced to "tp" (a free axis is
+    already searched as one), recomputation when recompute is "auto" or "full", bf16 when the plan is priced in
+    bf16, ZeRO-1 when it is on or no axis is "ddp", a smaller reserve when none is kept."""
     mode = config.recompute if config is not None else "auto"
-    roles = set(dict(config.axis_roles).values()) if config is not None else set()
-    return ("roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards "
-            "parameters and optimizer state where it pays), " if roles & {"ddp", "tp"} else "") \
-        + (f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now "
-           f"recompute={mode!r}; CLI --recompute), " if mode in ("none", "selective") else "") \
-        + ("ZeRO-1 over the 'ddp' axis (zero1='dp', CLI --zero1 dp: each rank keeps 1/N of the optimizer state), "
-           if "ddp" in roles and (config is None or config.zero1 is None) else "") \
-        + "more devices (a larger mesh), " \
-        + ("a data axis so that parameters and optimizer state can be sharded (ZeRO/FSDP is searched on every "
-           "axis that shards the batch), " if not roles & {"ddp", "fsdp"} else "") \
-        + "fewer samples per step (gradient accumulation), " \
-        + ("bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations), "
-           if problem.precision != "bf16" else "") \
-        + "or a smaller memory reserve (memory_reserve_bytes=)."
+    forced = dict(config.axis_roles) if config is not None else {}
+    roles = set(forced.values())
+    axes = [a for a, n in zip(problem.mesh.axis_names, problem.mesh.shape) if n > 1]
+    remedies = [
+        "roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards parameters and "
+        "optimizer state where it pays)" if roles & {"ddp", "tp"} else "",
+        f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now recompute={mode!r}; "
+        "CLI --recompute)" if mode in ("none", "selective") else "",
+        "ZeRO-1 over the 'ddp' axis (zero1='dp', CLI --zero1 dp: each rank keeps 1/N of the optimizer state)"
+        if "ddp" in roles and (config is None or config.zero1 is None) else "",
+        "more devices (a larger mesh)",
+        "a data axis so that parameters and optimizer state can be sharded (ZeRO/FSDP is searched on every axis "
+        "that shards the batch)" if all(forced.get(a) == "tp" for a in axes) else "",
+        "fewer samples per step (gradient accumulation)",
+        "bf16 precision (precision='bf16', 18 instead of 16 B/param but half the activations)"
+        if problem.precision != "bf16" else "",
+        "a smaller memory reserve (memory_reserve_bytes=)" if problem.reserve_bytes > 0 else "",
+    ]
+    remedies = [r for r in remedies if r]
+    return ", ".join(remedies[:-1]) + f", or {remedies[-1]}."
 
 
 def solve(problem: Problem, config: PlanConfig) -> Solution:

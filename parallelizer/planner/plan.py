@@ -27,6 +27,7 @@ Schema shipped as `parallelizer/plan_schema.json` and never execute code (no pic
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -464,6 +465,11 @@ class Plan:
             remedies.append(f"fewer, larger microbatches (--microbatches; at least {min(n for _, n in big)} samples "
                             "each)" if self.pipeline is not None else
                             f"a batch of at least {min(n for _, n in big)} samples per step")
+        weights = any(len(q.shape) >= 2 and not q.is_buffer for q in self.params.values())
+        tp_axis = next((a for a, _ in big if a not in ("dp", "pp")), None)
+        if weights and tp_axis is not None and not roles:  # Megatron's remedy needs no samples along the axis
+            remedies.append(f"axis_roles={{'{tp_axis}': 'tp'}} (CLI: --roles {tp_axis}=tp) to force tensor "
+                            "parallelism (weights sharded over the axis, the batch not split there)")
         ops = [n for n in self.nodes.values() if n.op not in ("placeholder", "output", "get_attr")]
         no_rule = [f for f in self.fallbacks if f.reason.startswith("no sharding rule")]
         if ops and len(no_rule) * 2 >= len(ops):
@@ -524,8 +530,8 @@ class Plan:
         return notes
 
     def _large_gather_notes(self) -> list[str]:
-        """Values of at least LARGE_GATHER_BYTES gathered whole over a mesh axis to be returned by the model or
-        to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
+        """Values of at least LARGE_GATHER_BYTES gathered (or all-reduced from a Partial) whole over a mesh axis to
+        be returned by the model or to feed a loss op (a language model's logits, vocab-sharded by a column-parallel lm_head): the bytes per
         step and how to avoid it. The loss fused into the traced graph runs vocab-parallel (no gather); a loss
         computed outside the model on returned logits needs them whole on every rank."""
         losses = {n for n, x in self.nodes.items() if any(k in x.op for k in _LOSS_OPS)}
@@ -533,17 +539,21 @@ class Plan:
                        and any(placement_str(pl) != "R" for pl in Layout.parse(x.inputs[0]).placements)
                        for x in self.nodes.values())  # a loss in the graph that runs on the shards
         notes = []
+        m = self.pipeline.microbatches if self.pipeline is not None else 0
+        per = f"per microbatch, {m} per step" if m else "per step"  # a pipeline plan's graph is one microbatch
+        where = "of the last stage " if m else ""
         for e in self.edges:
             if e.dst != "output" and e.dst not in losses:
                 continue
-            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all") and s.mesh_axis in
+            moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all", "all_reduce") and s.mesh_axis in
                      self.mesh.axis_names and self.mesh.size(s.mesh_axis) > 1]
             nbytes = sum(s.nbytes or 0 for s in moved)
             if nbytes < LARGE_GATHER_BYTES:
                 continue
-            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is gathered whole over "
-                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} per step, forward; "
-                    f"every rank then holds all of it)")
+            how = "summed (all-reduce of a Partial)" if all(s.kind == "all_reduce" for s in moved) else "gathered"
+            what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is {how} whole over "
+                    f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} {per}, forward; "
+                    f"every rank {where}then holds all of it: {self._unpriced_whole(e.shape, e.dtype)})")
             if e.dst == "output" and has_loss:
                 hint = ("because the model returns it beside its loss, which the traced graph already computes on "
                         "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
@@ -557,6 +567,19 @@ class Plan:
                         "cross-entropy applies to a cross-entropy / nll loss over the sharded dim)")
             notes.append(f"large gather: {what} {hint}")
         return notes
+
+    def _unpriced_whole(self, shape, dtype: str) -> str:
+        """The bytes of a whole gathered value, which the memory per device (saved activations and training
+        state) does not count, and what a device then needs against the budget."""
+        itemsize = getattr(torch, str(dtype).removeprefix("torch."), torch.float32).itemsize
+        whole = math.prod(shape) * itemsize
+        text = f"{format_bytes(whole)}, not counted in the plan's memory per device"
+        mem, budget = self.cost.memory_bytes, self.config.get("memory_budget_bytes")
+        if "total" in mem:
+            need = mem["total"] + mem.get("reserve", 0) + whole
+            text += f" (with it {format_bytes(need)} per device, reserve included"
+            text += (f", over the budget of {format_bytes(budget)})" if budget and need > budget else ")")
+        return text
 
     def summary(self, max_nodes: int = 40) -> str:
         """Text summary: notes, cost, memory, solver, parameter layouts, the main ops' strategies, fallbacks."""

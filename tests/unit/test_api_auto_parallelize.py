@@ -88,17 +88,53 @@ def test_options_reach_every_rank_and_a_planning_error_reaches_every_rank():
     assert "planning failed on rank 0, so rank 1 has no plan: InfeasiblePlanError: memory" in info.value.failures[1]
 
 
+def _ranks_retry_after_infeasible(rank: int, world_size: int) -> tuple[str, bool]:
+    """Spawned rank body: a retry written as users write it, `except InfeasiblePlanError:` then a larger budget;
+    returns the class caught and whether the retry's output equals the model's."""
+    from parallelizer import InfeasiblePlanError
+    model, inputs = _mlp()
+    try:
+        parallelizer.auto_parallelize(model, inputs, mesh={"dp": world_size}, axis_roles={"dp": "ddp"},
+                                      memory_budget=1)
+        caught = "nothing"
+    except InfeasiblePlanError as exc:
+        caught = type(exc).__name__
+    pm = parallelizer.auto_parallelize(model, inputs, mesh={"dp": world_size}, axis_roles={"dp": "ddp"})
+    return caught, bool(torch.allclose(pm(*inputs), model(*inputs), atol=1e-6, rtol=1e-5))
+
+
 @pytest.mark.distributed
-def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks():
-    """The example's user loop (`pm.step`) on pp=2 x dp=2 under torchrun (dp x tp: tests/distributed/test_step.py)."""
+def test_a_planning_error_has_rank_0s_class_on_every_rank():
+    """Trial r14e: rank 0's InfeasiblePlanError reached rank 1 as a plain ParallelizerError, so a retry written
+    `except InfeasiblePlanError:` caught it on rank 0 only and the job died on rank 1."""
+    from parallelizer.runtime import spawn
+    assert spawn(_ranks_retry_after_infeasible, 2, timeout_s=120) == [("InfeasiblePlanError", True)] * 2
+
+
+def test_a_rank_0_failure_keeps_its_class_and_the_base_class():
+    from parallelizer.errors import InfeasiblePlanError, rank0_failure
+    exc = rank0_failure("parallelizer.errors:InfeasiblePlanError", "InfeasiblePlanError: memory", 3)
+    assert type(exc) is InfeasiblePlanError and "so rank 3 has no plan: InfeasiblePlanError: memory" in str(exc)
+    roles = rank0_failure("builtins:ValueError", "ValueError: role", 1)
+    assert isinstance(roles, ValueError) and isinstance(roles, ParallelizerError)
+    assert type(rank0_failure("no.such.module:Error", "x", 1)) is ParallelizerError
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mesh", ["pp=2,dp=2", "pp=2,tp=2"])
+def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks(mesh):
+    """The example's user loop (`pm.step`) on pp=2 x dp=2 and pp=2 x tp=2 under torchrun (dp x tp:
+    tests/distributed/test_step.py), every axis used (trial r14e: pp=2 x tp=2 left tp unused, a
+    NoParallelismWarning, and still printed "trained ... on (pp=2, tp=2)")."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--nproc-per-node", "4", "examples/torchrun_auto_parallelize.py",
-                           "--steps", "3", "--mesh", "pp=2,dp=2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           "--steps", "3", "--mesh", mesh], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "trained 3 steps on (pp=2, dp=2): losses match single device" in proc.stdout
+    assert f"trained 3 steps on ({mesh.replace(',', ', ')}): losses match single device" in proc.stdout
     assert proc.stdout.count("step ") >= 3
+    assert "no parallelism" not in proc.stdout + proc.stderr and " is unused" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.distributed

@@ -36,3 +36,34 @@ def test_param_group_settings_follow_the_checkpoint_as_torch_loads_them():
     kept, added = _group_settings({"state.w.exp_avg": 0, "param_groups.w.lr": 1e-3},
                                   _saved("optimizer.param_groups.w.initial_lr"))
     assert kept == {} and added == {"param_groups.w.initial_lr": None}
+
+
+def test_a_checkpoint_missing_its_metadata_or_a_data_file_is_named_before_any_read(tmp_path):
+    """Trial r14e: a checkpoint whose save was interrupted (no `.metadata`, which DCP writes last) or one of whose
+    rank files this rank cannot see (node-local disks, resuming on another mesh) failed with DCP's raw
+    FileNotFoundError mid-load; now a typed CheckpointFilesError (still a FileNotFoundError) names the files and
+    the remedy, before anything is read."""
+    import shutil
+
+    import torch
+
+    import parallelizer
+    from parallelizer import checkpoint, zoo
+    from parallelizer.errors import CheckpointFilesError
+
+    torch.manual_seed(0)
+    model, inputs = zoo.mlp(depth=1, batch=4, dim=8, hidden=16, in_features=4)
+    pm = parallelizer.auto_parallelize(model, inputs, mesh={"dp": 1})
+    opt = torch.optim.AdamW(pm.parameters())
+    pm(*inputs).sum().backward()
+    opt.step()
+    checkpoint.save(pm, opt, tmp_path / "ok")
+    checkpoint.load(pm, opt, tmp_path / "ok")  # complete: loads
+    for removed in (".metadata", "__0_0.distcp"):
+        broken = tmp_path / removed.strip("._")
+        shutil.copytree(tmp_path / "ok", broken)
+        (broken / removed).unlink()
+        with pytest.raises(CheckpointFilesError, match="Remedy: ") as e:
+            checkpoint.load(pm, opt, broken)
+        assert e.value.missing == [removed] and isinstance(e.value, FileNotFoundError), e.value
+        assert ("interrupted" in str(e.value)) and removed in str(e.value), e.value

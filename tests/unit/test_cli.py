@@ -127,6 +127,19 @@ def test_valid_config_keys_pass_the_check():
         presets.check_config("gpt2", {"to_dict": 1})  # a method, not a config field
 
 
+def test_a_config_alias_the_config_class_maps_to_another_field_passes():
+    """Llama 3's config.json key `rope_theta`: transformers 5 stores it in `rope_parameters`, so it is no attribute
+    of the default config; it was refused as an unknown key, with no way to set Llama 3's rotary base."""
+    from parallelizer import presets
+    presets.check_config("llama", {"rope_theta": 500000.0})
+    built = presets.build(presets.recipe("llama", {"rope_theta": 500000.0, "num_hidden_layers": 1, "hidden_size": 64,
+                                                   "intermediate_size": 128, "num_attention_heads": 4,
+                                                   "vocab_size": 128}, batch=1, seq_len=8))
+    assert built[0].config.rope_parameters["rope_theta"] == 500000.0
+    with pytest.raises(presets.UnknownConfigKeyError, match="rope_thetta"):
+        presets.check_config("llama", {"rope_thetta": 500000.0})  # a typo only adds itself: still refused
+
+
 @pytest.mark.parametrize("model, config, cause", [
     ("gpt2", "n_layer=four", "StrictDataclassFieldValidationError"),
     ("test_cli:failing_factory", "width=8", "RuntimeError: boom at width 8"),

@@ -96,3 +96,15 @@ def test_one_unused_axis_of_a_two_axis_mesh_is_warned():
 def test_a_parallel_plan_and_one_device_are_not_warned():
     assert not _warned(_plan(_mlp(8), {"dp": 2}, axis_roles={"dp": "fsdp"}))
     assert not _warned(_plan(_mlp(8), {"dp": 1}))
+
+
+def test_a_tp_axis_too_wide_for_the_batch_is_offered_the_tp_role():
+    """Trial r14e: `--mesh pp=2,tp=2` on a small Llama searched microbatches of 1 sample and left tp unused; the
+    note only said "fewer, larger microbatches" (which would split the batch over tp, i.e. data parallelism), not
+    the tensor parallelism a Megatron user asked for, which `--roles tp=tp` gives with any batch."""
+    p = _plan(_mlp(1), {"tp": 2})
+    assert _unsharded_axes(p) == ["tp"]
+    (w,) = _warned(p)
+    assert "axis_roles={'tp': 'tp'} (CLI: --roles tp=tp)" in str(w.message), w.message
+    forced = _plan(_mlp(1), {"tp": 2}, axis_roles={"tp": "tp"})  # the remedy works on a batch of 1
+    assert _unsharded_axes(forced) == [] and not _warned(forced)

@@ -163,6 +163,20 @@ def test_role_errors_name_the_field_axis_and_remedy(mlp_graph):
     assert uneven.nodes[odd.input_names[0]].output == "S(0)"
 
 
+def test_memory_remedies_leave_out_a_data_axis_the_free_mesh_has_and_a_reserve_of_zero():
+    """Trial r14e: `--mesh dp=2,tp=2 --memory-budget-gb 0.0001` (no roles: both axes already searched as data axes;
+    an explicit budget keeps no reserve) was told to add "a data axis" and use "a smaller memory reserve"."""
+    tg = parallelizer.trace(*zoo.mlp(in_features=32, dim=64, hidden=256, depth=1, batch=8, device="meta"))
+    with pytest.raises(InfeasiblePlanError, match="Remedies: ") as err:
+        _plan(tg, {"dp": 2, "tp": 2}, memory_budget_bytes=1000, recompute="none")
+    text = str(err.value)
+    assert "a data axis" not in text and "memory reserve" not in text, text
+    assert "more devices" in text and text.endswith("."), text
+    with pytest.raises(InfeasiblePlanError) as err:  # every axis forced to tp: a data axis is the remedy
+        _plan(tg, {"tp": 2}, axis_roles={"tp": "tp"}, memory_budget_bytes=1000, recompute="none")
+    assert "a data axis" in str(err.value), err.value
+
+
 def test_a_plan_without_parallelism_says_so_and_the_ddp_role_is_the_remedy():
     from parallelizer.plan_io import plan_text
 
