@@ -553,7 +553,7 @@ class Plan:
             how = "summed (all-reduce of a Partial)" if all(s.kind == "all_reduce" for s in moved) else "gathered"
             what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is {how} whole over "
                     f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} {per}, forward; "
-                    f"every rank {where}then holds all of it: {self._unpriced_whole(e.shape, e.dtype)})")
+                    f"every rank {where}then holds all of it: {self._whole_text(e.shape, e.dtype, e.dst)})")
             if e.dst == "output" and has_loss:
                 hint = ("because the model returns it beside its loss, which the traced graph already computes on "
                         "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
@@ -568,13 +568,17 @@ class Plan:
             notes.append(f"large gather: {what} {hint}")
         return notes
 
-    def _unpriced_whole(self, shape, dtype: str) -> str:
-        """The bytes of a whole gathered value, which the memory per device (saved activations and training
-        state) does not count, and what a device then needs against the budget."""
+    def _whole_text(self, shape, dtype: str, dst: str) -> str:
+        """The bytes of a whole gathered value. A returned one is counted in the memory per device ("outputs",
+        `problem.returned_bytes`); a plan made before that was counted (no "outputs" kind) and a value fed to
+        a loss are said with what a device then needs against the budget."""
         itemsize = getattr(torch, str(dtype).removeprefix("torch."), torch.float32).itemsize
         whole = math.prod(shape) * itemsize
-        text = f"{format_bytes(whole)}, not counted in the plan's memory per device"
         mem, budget = self.cost.memory_bytes, self.config.get("memory_budget_bytes")
+        if dst == "output" and "outputs" in mem:
+            return (f"{format_bytes(whole)}, counted in the plan's memory per device as outputs"
+                    + (" on the last stage's ranks" if self.pipeline is not None else ""))
+        text = f"{format_bytes(whole)}, not counted in the plan's memory per device"
         if "total" in mem:
             need = mem["total"] + mem.get("reserve", 0) + whole
             text += f" (with it {format_bytes(need)} per device, reserve included"
