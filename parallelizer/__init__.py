@@ -17,7 +17,7 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
+from .errors import (InfeasiblePlanError, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
                      PrecisionError, StaleModelWarning, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
@@ -35,5 +35,6 @@ __all__ = [
     "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
     "PlanValidationError", "StateDictError", "PrecisionError", "OptimizerError", "WrapperError",
+    "ModelAttributeError",
     "NoParallelismWarning", "MicrobatchWarning", "StaleModelWarning",
 ]

@@ -57,6 +57,8 @@ from .grad_norm import clip_grad_norm_
 from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
+from .model_attrs import ModelAttributes
+from .stale_model import tag_snapshot
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .parameter_state import carry_parameter_state
@@ -72,7 +74,7 @@ MAX_PROGRAMS = 8
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
-class ParallelModule(torch.nn.Module):
+class ParallelModule(ModelAttributes, torch.nn.Module):
     """The sharded model of one rank.
 
     Attributes:
@@ -507,7 +509,7 @@ class ParallelModule(torch.nn.Module):
                                  self.coords)
             for name in (fqn, *info.aliases):
                 out[name] = full
-        return out
+        return tag_snapshot(self, out)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """`nn.Module.state_dict` (this rank's local pieces), whose pieces of sharded tensors are marked so that

@@ -46,6 +46,8 @@ from ..tracer.leaves import unflatten_in_order
 from ..tracer.microbatch_check import loss_fn_mixing
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
+from .model_attrs import ModelAttributes
+from .stale_model import tag_snapshot
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .replicas import check_same_inputs, inputs_unchecked
@@ -61,7 +63,7 @@ from .modes import Retracer
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
 
 
-class PipelineModule(torch.nn.Module):
+class PipelineModule(ModelAttributes, torch.nn.Module):
     """This rank's stages of a pipeline plan (module docstring), trained with `step`.
 
     Attributes:
@@ -375,7 +377,7 @@ class PipelineModule(torch.nn.Module):
                 dist.broadcast(carried_view(full), src=holder[fqn], group=find_group(self._pp_ranks))
             for name in (fqn, *info.aliases):
                 out[name] = full
-        return out
+        return tag_snapshot(self, out)
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
         """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into every
