@@ -27,6 +27,12 @@ from .fingerprint import check_plan, graph_fingerprint
 from .api import auto_parallelize, plan
 from .rewriter import rewrite
 from .runtime.module import ParallelModule
+from .runtime.optimizer_check import install as _check_optimizer_steps
+
+# in every process that imports the package, not only where a parallel module is built: a rank's optimizer state
+# loaded into an optimizer on one device in a new process (resuming there) is refused before it steps
+# (`runtime.shard_origin.check_optimizer`; before, torch's size mismatch mid-step, trial r14c)
+_check_optimizer_steps()
 
 __all__ = [
     "trace", "TracedGraph", "NodeInfo", "ParamInfo", "BlockGroup", "Role", "TensorMeta",
