@@ -143,3 +143,46 @@ def one_device_resume(rank: int, world_size: int, names: list[str]) -> dict:
         out[name] = ("stepped", max(_diff(a, b) for a, b in zip(one.parameters(), eager.parameters())), None)
     dist.barrier()
     return out
+
+
+def cast_after_wrapping(rank: int, world_size: int) -> dict:
+    """Parameters cast after wrapping, as for a low-precision evaluation or export after training:
+    "pipeline full": pp=2 GPT-2 after pm.to(bfloat16): max |full_state_dict() - eager's bf16 state_dict()| (and the
+        dtypes it holds); "pipeline step": the next pm.step -> error class and message;
+    "tp2 forward": tp=2 GPT-2 after pm.to(bfloat16): a forward -> error class and message;
+    "int input double": Embedding -> Linear -> GELU -> Linear (every op follows its inputs' dtype) on tp=2 after
+        pm.double(), token ids in: max |pm(ids) - eager's float64 model(ids)| (it ran before and still runs)."""
+    out = {}
+    model, (ids,), kw = _model()
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2}, example_kwargs=kw)
+    pm.to(torch.bfloat16)
+    eager.to(torch.bfloat16)
+    full, reference = pm.full_state_dict(), eager.state_dict()
+    out["pipeline full"] = (max(_diff(full[k], reference[k]) for k in reference), sorted({str(v.dtype) for v in full.values()}))
+    try:
+        pm.step(ids, **kw)
+        out["pipeline step"] = ("ran", "")
+    except Exception as exc:  # noqa: BLE001 - the class is what is checked
+        out["pipeline step"] = (type(exc).__name__, str(exc))
+    dist.barrier()
+    _, pm, _, _, _ = _trained("tp2")
+    pm.to(torch.bfloat16)
+    try:
+        pm(_ids(5), labels=_ids(5))
+        out["tp2 forward"] = ("ran", "")
+    except Exception as exc:  # noqa: BLE001
+        out["tp2 forward"] = (type(exc).__name__, str(exc))
+    dist.barrier()
+    torch.manual_seed(0)
+    small = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 4))
+    eager_small = copy.deepcopy(small).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = parallelizer.auto_parallelize(small, (_ids(0),), mesh={"tp": 2}, axis_roles={"tp": "tp"})
+    pm.double()
+    out["int input double"] = _diff(pm(_ids(1)), eager_small(_ids(1)))
+    return out
