@@ -41,7 +41,9 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
             f"parameters (e.g. {moved[0]!r}, by an optimizer step or a load): the parallel module trains its own "
             "tensors, never the model's, so the model still holds the weights it had when it was wrapped. Remedy: "
             "run pm(...) instead of model(...); save pm.full_state_dict() or use parallelizer.checkpoint instead of "
-            "model.state_dict(); `with pm.full_model() as m:` gives the model's own modules with the trained "
+            "model.state_dict(); model.load_state_dict(pm.full_state_dict()) (on every rank) gives the model the "
+            "trained weights (then save_pretrained / generate it); `with pm.full_model() as m:` gives the model's "
+            "own modules with the trained "
             "weights; an EMA / SWA copy: AveragedModel(pm), updated from pm"), stacklevel=stacklevel)
 
     # stack levels: check, the hook, torch's caller(s) of the hook, then the user's line
@@ -52,7 +54,7 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
     _READERS[model] = check
     if torch.optim.swa_utils.AveragedModel.update_parameters is not _update_parameters:
         torch.optim.swa_utils.AveragedModel.update_parameters = _update_parameters
-    writes_start = _watch_writes(model_ref, module_ref)
+    writes = _watch_writes(model_ref, module_ref)
 
     def loading(mod, state_dict, prefix, local_metadata, *rest) -> None:
         tag = (local_metadata or {}).get(SNAPSHOT)
@@ -66,8 +68,9 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
             # `model.load_state_dict(pm.full_state_dict())` was warned about both ways, as stale and as changed)
             start.clear()
             start.update(versions)
-            writes_start.clear()
-            writes_start.update(_state(mod))
+            # and is used on its own from now on (model.eval() for generate, an export): changes to it are no
+            # longer set-up steps meant for the parallel module, so `_watch_writes` stops
+            writes["warned"] = True
 
     model.register_load_state_dict_pre_hook(loading)
     model.register_load_state_dict_post_hook(loaded)
@@ -123,7 +126,7 @@ def _mode_followed(pm: torch.nn.Module, name: str | None, value: tuple) -> bool:
         return False
 
 
-def _watch_writes(model_ref, module_ref) -> dict[str, tuple]:
+def _watch_writes(model_ref, module_ref) -> dict[str, bool]:
     """The other direction (trial r13a): warn `StaleModelWarning` once, at the parallel module's next forward,
     when the MODEL was changed after wrapping by what users do to it before training: a checkpoint loaded into
     it (`model.load_state_dict(...)`), values written in place, tensors replaced, parameters frozen or unfrozen
@@ -131,8 +134,8 @@ def _watch_writes(model_ref, module_ref) -> dict[str, tuple]:
     in a validation run). The parallel module never reads the model again, so it trained from the weights (and
     with the frozen set) it had when it was wrapped, silently: with DDP, which shares the model's tensors, the
     same script trains the loaded weights. A model trained eagerly after wrapping (a reference run: its
-    parameters have gradients) is left alone. Returns the model's state it compares with (`watch` resets it when
-    the model loads the parallel module's own full state dict)."""
+    parameters have gradients) is left alone. Returns its {"warned": ...} state (`watch` sets it when the model
+    loads the parallel module's own full state dict: the model is an exported copy from then on)."""
     start, state = _state(model_ref()), {"warned": False}
 
     def check(mod: torch.nn.Module, args) -> None:
@@ -168,4 +171,4 @@ def _watch_writes(model_ref, module_ref) -> dict[str, tuple]:
             stacklevel=4)
 
     module_ref().register_forward_pre_hook(check)
-    return start
+    return state

@@ -85,7 +85,7 @@ def model_attributes(rank: int, world_size: int, names: list[str]) -> dict:
 
 def export_recipe(rank: int, world_size: int, names: list[str], directory: str) -> dict:
     """Per plan, after 2 steps:
-    "recipe": model.load_state_dict(pm.full_state_dict()), model.save_pretrained, from_pretrained, generate:
+    "recipe": model.load_state_dict(pm.full_state_dict()), model.save_pretrained, model.eval(), generate, from_pretrained:
         (warnings, max |logits - eager's| of the loaded model, generated tokens equal to eager's);
     "next step": pm trains one more step after the recipe -> warnings at its forward;
     "stale again": model.save_pretrained after that step, without loading pm's weights again -> warnings (the model
@@ -102,6 +102,7 @@ def export_recipe(rank: int, world_size: int, names: list[str], directory: str) 
         def recipe():
             model.load_state_dict(pm.full_state_dict())
             model.save_pretrained(where)
+            model.eval()  # for generation; pm keeps its own mode
             tokens = model.generate(ids[:, :4], max_new_tokens=4, do_sample=False)
             return tokens
 
