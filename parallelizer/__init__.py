@@ -17,7 +17,7 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (CheckpointFilesError, InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
+from .errors import (CheckpointFilesError, InfeasiblePlanError, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, PlanValidationError,
                      PrecisionError, StaleModelWarning, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
@@ -27,6 +27,12 @@ from .fingerprint import check_plan, graph_fingerprint
 from .api import auto_parallelize, plan
 from .rewriter import rewrite
 from .runtime.module import ParallelModule
+from .runtime.optimizer_check import install as _check_optimizer_steps
+
+# in every process that imports the package, not only where a parallel module is built: a rank's optimizer state
+# loaded into an optimizer on one device in a new process (resuming there) is refused before it steps
+# (`runtime.shard_origin.check_optimizer`; before, torch's size mismatch mid-step, trial r14c)
+_check_optimizer_steps()
 
 __all__ = [
     "trace", "TracedGraph", "NodeInfo", "ParamInfo", "BlockGroup", "Role", "TensorMeta",
@@ -35,5 +41,6 @@ __all__ = [
     "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError",
     "PlanValidationError", "StateDictError", "CheckpointFilesError", "PrecisionError", "OptimizerError", "WrapperError",
+    "ModelAttributeError",
     "NoParallelismWarning", "MicrobatchWarning", "StaleModelWarning",
 ]

@@ -469,6 +469,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     from .runtime.module import ParallelModule
     from .runtime.microbatches import microbatch_of
     from .runtime.pipeline_module import build_pipeline_module
+    from .runtime.model_attrs import remember as remember_model
     from .runtime.optimizer_check import remember_wrapped
     from .runtime.stale_model import watch
     from .runtime.precision import check_recipe_runs
@@ -530,6 +531,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
         module = build_pipeline_module(traced, chosen, model, rank)
         module.plan = chosen
         remember_wrapped(model, module)
+        remember_model(module, model)
         watch(model, module)
         return module
     spec = spec_from_plan(chosen)
@@ -538,6 +540,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     module = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=grad_bucket_bytes)
     module.plan = chosen
     remember_wrapped(model, module)
+    remember_model(module, model)
     watch(model, module)
     return module
 

@@ -79,6 +79,12 @@ class WrapperError(ParallelizerError, TypeError):
     parameter and the remedy (use the parallel module directly: its plan already does data parallelism)."""
 
 
+class ModelAttributeError(ParallelizerError, AttributeError):
+    """An attribute of the wrapped model's own class or instance (`save_pretrained`, `generate`, `config`) read on
+    the parallel module, which holds this rank's pieces and runs the traced forward only; the message names the
+    attribute, the model's class and the remedy. An AttributeError too, so `hasattr(pm, name)` stays False."""
+
+
 class PlanValidationError(ParallelizerError, ValueError):
     """A plan file is not valid JSON or violates the plan schema (`parallelizer/plan_schema.json`).
 

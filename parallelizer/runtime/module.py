@@ -57,6 +57,9 @@ from .grad_norm import clip_grad_norm_
 from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
+from .cast_check import cast_tensors, refuse as refuse_cast
+from .model_attrs import ModelAttributes
+from .stale_model import tag_snapshot
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .parameter_state import carry_parameter_state
@@ -72,7 +75,7 @@ MAX_PROGRAMS = 8
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
-class ParallelModule(torch.nn.Module):
+class ParallelModule(ModelAttributes, torch.nn.Module):
     """The sharded model of one rank.
 
     Attributes:
@@ -314,8 +317,13 @@ class ParallelModule(torch.nn.Module):
                 "per mode)") from None
         if inputs_unchecked(self, count=True):
             check_same_inputs(list(zip(traced.input_names, tensors)), "ParallelModule call")
-        with self._autocast():
-            out = self.program.graph_module(*self._state(), *tensors)
+        try:
+            with self._autocast():
+                out = self.program.graph_module(*self._state(), *tensors)
+        except RuntimeError as exc:  # a program traced in other dtypes than pm was cast to: typed (`cast_check`)
+            refuse_cast("ParallelModule forward", cast_tensors(self.traced, {**dict(self.named_parameters()),
+                                                                             **dict(self.named_buffers())}), exc)
+            raise
         spec = traced.exported.call_spec
         # with the traced call's key order (a ModelOutput's positions, `to_tuple()`): `tracer.leaves`
         return unflatten_in_order(list(out), spec.out_spec) if spec.out_spec is not None else out
@@ -507,7 +515,7 @@ class ParallelModule(torch.nn.Module):
                                  self.coords)
             for name in (fqn, *info.aliases):
                 out[name] = full
-        return out
+        return tag_snapshot(self, out)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """`nn.Module.state_dict` (this rank's local pieces), whose pieces of sharded tensors are marked so that

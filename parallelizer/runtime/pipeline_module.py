@@ -46,6 +46,9 @@ from ..tracer.leaves import unflatten_in_order
 from ..tracer.microbatch_check import loss_fn_mixing
 from .grad_norm import clip_grad_norm_, global_norm
 from .mirror import describe, refuse_foreign_modules
+from .cast_check import cast_tensors, refuse as refuse_cast
+from .model_attrs import ModelAttributes
+from .stale_model import tag_snapshot
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .replicas import check_same_inputs, inputs_unchecked
@@ -61,7 +64,7 @@ from .modes import Retracer
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
 
 
-class PipelineModule(torch.nn.Module):
+class PipelineModule(ModelAttributes, torch.nn.Module):
     """This rank's stages of a pipeline plan (module docstring), trained with `step`.
 
     Attributes:
@@ -126,6 +129,9 @@ class PipelineModule(torch.nn.Module):
                 "ignored. Remedy: change the model before auto_parallelize")
         for stage in self.run.stages:
             refuse_foreign_modules(stage, "a pipeline stage")
+            # its stage-to-stage buffers have the traced dtypes: a cast pipeline cannot run (`cast_check`)
+            refuse_cast("PipelineModule.step", cast_tensors(stage.traced, {**dict(stage.named_parameters()),
+                                                                           **dict(stage.named_buffers())}))
             flags, changes = stage._modes()
             first_flags, _ = stage._first_modes
             moved = [name for (name, t), (_, t0) in zip(flags, first_flags) if t != t0]
@@ -366,16 +372,17 @@ class PipelineModule(torch.nn.Module):
             raise StateDictError(f"PipelineModule.full_state_dict: no stage holds {orphans[:5]} (the traced forward "
                                  "never reads them, so no stage program keeps them). Remedy: take them from the "
                                  "model itself, or remove unused parameters", missing=orphans, unexpected=[])
+        dtypes = self._holder_dtypes(names, holder, fulls)
         out = {}
         for fqn in names:
             info = params[fqn]
             mine = holder[fqn] == dist.get_rank()
-            full = fulls[fqn].clone() if mine else torch.empty(info.shape, dtype=info.dtype)
+            full = fulls[fqn].clone() if mine else torch.empty(info.shape, dtype=dtypes[fqn])
             if len(self._pp_ranks) > 1:
                 dist.broadcast(carried_view(full), src=holder[fqn], group=find_group(self._pp_ranks))
             for name in (fqn, *info.aliases):
                 out[name] = full
-        return out
+        return tag_snapshot(self, out)
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
         """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into every
@@ -443,6 +450,23 @@ class PipelineModule(torch.nn.Module):
         counted = [held[fqn][0] for fqn in names if holder.get(fqn) == dist.get_rank()]
         return held, counted, [self._pp_ranks] if len(self._pp_ranks) > 1 else []
 
+    def _holder_dtypes(self, names: list[str], holder: dict[str, int], fulls: dict) -> dict[str, torch.dtype]:
+        """name -> the dtype of the holder's tensor (`_lowest_holders`), which the other pp ranks receive into: the
+        parameters' dtype now, not the traced one (trial r14c: after `pm.to(torch.bfloat16)` the other ranks
+        received bf16 bytes into float32 buffers, and full_state_dict returned values 1e17 off, silently). An
+        all-reduce (max) over the pp group of each name's dtype code, set by its holder only."""
+        if len(self._pp_ranks) == 1:
+            return {f: fulls[f].dtype for f in names}
+        mine = torch.tensor([_code(fulls[f].dtype) if holder[f] == dist.get_rank() else 0 for f in names],
+                            dtype=torch.float64)
+        dtypes = {f: _DTYPES[int(c) - 1] if int(c) <= len(_DTYPES) else None
+                  for f, c in zip(names, all_reduce_max(mine, self._pp_ranks).tolist())}
+        if odd := [f for f, d in dtypes.items() if d is None]:  # the same verdict on every rank
+            raise StateDictError(f"PipelineModule.full_state_dict: {odd[0]!r} is held in a dtype outside {_DTYPES} "
+                                 "on its stage. Remedy: cast the parallel module to one of those dtypes",
+                                 missing=[], unexpected=[])
+        return dtypes
+
     def _lowest_holders(self, names: list[str], holds) -> dict[str, int]:
         """name -> the global rank of the lowest pp rank (with this rank's (dp, tp) coordinates) for which
         `holds(name)` is true, for the names (the same list on every rank) some pp rank holds: an all-reduce of
@@ -451,6 +475,17 @@ class PipelineModule(torch.nn.Module):
         mine = torch.tensor([-me if holds(f) else -nobody for f in names], dtype=torch.float64)
         lowest = all_reduce_max(mine, self._pp_ranks) if nobody > 1 else mine
         return {f: self._pp_ranks[int(-low)] for f, low in zip(names, lowest.tolist()) if -low < nobody}
+
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn,
+           torch.float8_e5m2)
+"""The dtypes a pipeline's tensors may be held in, by code (`PipelineModule._holder_dtypes`)."""
+
+
+def _code(dtype: torch.dtype) -> int:
+    """1 + the index of `dtype` in `_DTYPES`; len(_DTYPES) + 1 for another dtype."""
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else len(_DTYPES) + 1
 
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:

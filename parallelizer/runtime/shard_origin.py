@@ -110,6 +110,8 @@ def check_optimizer(optimizer: torch.optim.Optimizer, owner_of) -> None:
         mine, saved = {}, {}
         for p, entry in zip(group["params"], record):
             o = owner_of(p)
+            if entry is not None and o is None and not _whole(entry[1]):
+                _refuse_into_whole(optimizer, p, *entry)
             if entry is None or o is None or o.coords is None:
                 continue
             fqn, was = entry
@@ -123,6 +125,21 @@ def check_optimizer(optimizer: torch.optim.Optimizer, owner_of) -> None:
                     "saved it, or use parallelizer.checkpoint.save / load (optimizer state by parameter name)",
                     missing=[], unexpected=[])
         check(f"{type(optimizer).__name__}.load_state_dict", mine, saved, "")
+
+
+def _refuse_into_whole(optimizer: torch.optim.Optimizer, p: torch.Tensor, fqn: str, was: Piece) -> None:
+    """A per-rank optimizer state holding a piece of `fqn` was loaded into an optimizer over a tensor that no parallel
+    module holds (the model on one device, resumed from a rank's `opt.state_dict()`): before, AdamW raised torch's
+    "The size of tensor a (16) must match the size of tensor b (32)" mid-step (trial r14c), or, where the piece
+    broadcast against the tensor, would step it with one rank's moments."""
+    raise StateDictError(
+        f"{type(optimizer).__name__}.load_state_dict: the optimizer state holds one rank's piece {describe(was)} of "
+        f"{fqn!r}, saved from a parallel module's optimizer, but was loaded into an optimizer over a tensor of shape "
+        f"{tuple(p.shape)} that no parallel module holds (e.g. the model on one device). The other ranks' pieces are "
+        "not in it. Remedy: parallelizer.checkpoint.save(pm, opt, dir) on every rank, then on one device "
+        "pm1 = parallelizer.auto_parallelize(model, inputs) (no launcher: one device), opt1 over pm1.parameters(), "
+        "parallelizer.checkpoint.load(pm1, opt1, dir) (it reshards model and optimizer state); or, for the weights "
+        "alone, model.load_state_dict(pm.full_state_dict()) and a new optimizer", missing=[], unexpected=[])
 
 
 # --- torch.distributed.checkpoint called directly on per-rank pieces ---------------------------------------------

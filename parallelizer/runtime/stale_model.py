@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -25,7 +26,7 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
     or PipelineModule built from it) changed a parameter. Holds `model` and `module` by weak reference only."""
     model_ref, module_ref = weakref.ref(model), weakref.ref(module)
     start = {name: p._version for name, p in module.named_parameters()}
-    state = {"warned": False}
+    state = {"warned": False, "loading": None}
 
     def check(mod: torch.nn.Module, what: str, stacklevel: int) -> None:
         pm = module_ref()
@@ -40,7 +41,9 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
             f"parameters (e.g. {moved[0]!r}, by an optimizer step or a load): the parallel module trains its own "
             "tensors, never the model's, so the model still holds the weights it had when it was wrapped. Remedy: "
             "run pm(...) instead of model(...); save pm.full_state_dict() or use parallelizer.checkpoint instead of "
-            "model.state_dict(); `with pm.full_model() as m:` gives the model's own modules with the trained "
+            "model.state_dict(); model.load_state_dict(pm.full_state_dict()) (on every rank) gives the model the "
+            "trained weights (then save_pretrained / generate it); `with pm.full_model() as m:` gives the model's "
+            "own modules with the trained "
             "weights; an EMA / SWA copy: AveragedModel(pm), updated from pm"), stacklevel=stacklevel)
 
     # stack levels: check, the hook, torch's caller(s) of the hook, then the user's line
@@ -51,7 +54,42 @@ def watch(model: torch.nn.Module, module: torch.nn.Module) -> None:
     _READERS[model] = check
     if torch.optim.swa_utils.AveragedModel.update_parameters is not _update_parameters:
         torch.optim.swa_utils.AveragedModel.update_parameters = _update_parameters
-    _watch_writes(model_ref, module_ref)
+    writes = _watch_writes(model_ref, module_ref)
+
+    def loading(mod, state_dict, prefix, local_metadata, *rest) -> None:
+        tag = (local_metadata or {}).get(SNAPSHOT)
+        pm = module_ref()
+        state["loading"] = tag[1] if prefix == "" and tag is not None and pm is not None and tag[0] == id(pm) else None
+
+    def loaded(mod, incompatible) -> None:
+        versions, state["loading"] = state["loading"], None
+        if versions is not None and not incompatible.missing_keys:
+            # the model now holds the parallel module's weights as of `versions` (trial r14c: the export recipe
+            # `model.load_state_dict(pm.full_state_dict())` was warned about both ways, as stale and as changed)
+            start.clear()
+            start.update(versions)
+            # and is used on its own from now on (model.eval() for generate, an export): changes to it are no
+            # longer set-up steps meant for the parallel module, so `_watch_writes` stops
+            writes["warned"] = True
+
+    model.register_load_state_dict_pre_hook(loading)
+    model.register_load_state_dict_post_hook(loaded)
+
+
+SNAPSHOT = "parallelizer_snapshot"
+"""The key, in the root entry of a full state dict's `_metadata`, of (id of the parallel module, the version counter
+of each of its parameters when the state dict was gathered): `tag_snapshot`."""
+
+
+def tag_snapshot(module: torch.nn.Module, full: dict) -> "OrderedDict[str, torch.Tensor]":
+    """`full` (the parallel module's `full_state_dict()`) as an OrderedDict that records in `_metadata`, the
+    attribute torch's `load_state_dict` passes on, which version of `module`'s weights it holds. Loading it into the
+    model given to auto_parallelize (`model.load_state_dict(pm.full_state_dict())`, then `model.save_pretrained` or
+    `model.generate`) makes the model current as of that version, so `watch` warns neither that the model is stale
+    (until `module` trains again) nor, at `module`'s next forward, that the model was changed after wrapping."""
+    tagged = OrderedDict(full)
+    tagged._metadata = {"": {SNAPSHOT: (id(module), {n: p._version for n, p in module.named_parameters()})}}
+    return tagged
 
 
 _READERS: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
@@ -88,7 +126,7 @@ def _mode_followed(pm: torch.nn.Module, name: str | None, value: tuple) -> bool:
         return False
 
 
-def _watch_writes(model_ref, module_ref) -> None:
+def _watch_writes(model_ref, module_ref) -> dict[str, bool]:
     """The other direction (trial r13a): warn `StaleModelWarning` once, at the parallel module's next forward,
     when the MODEL was changed after wrapping by what users do to it before training: a checkpoint loaded into
     it (`model.load_state_dict(...)`), values written in place, tensors replaced, parameters frozen or unfrozen
@@ -96,7 +134,8 @@ def _watch_writes(model_ref, module_ref) -> None:
     in a validation run). The parallel module never reads the model again, so it trained from the weights (and
     with the frozen set) it had when it was wrapped, silently: with DDP, which shares the model's tensors, the
     same script trains the loaded weights. A model trained eagerly after wrapping (a reference run: its
-    parameters have gradients) is left alone."""
+    parameters have gradients) is left alone. Returns its {"warned": ...} state (`watch` sets it when the model
+    loads the parallel module's own full state dict: the model is an exported copy from then on)."""
     start, state = _state(model_ref()), {"warned": False}
 
     def check(mod: torch.nn.Module, args) -> None:
@@ -132,3 +171,4 @@ def _watch_writes(model_ref, module_ref) -> None:
             stacklevel=4)
 
     module_ref().register_forward_pre_hook(check)
+    return state

@@ -15,6 +15,7 @@ process: one whose module holds a parameter registered by a parallel module (`gr
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -42,8 +43,34 @@ def _checked(name: str, original):
                 f"{owned.layout} on mesh {owned.mesh}): the ParallelModule already synchronises (and shards) them "
                 f"as its plan says; {name} would broadcast rank 0's parameters over the other ranks' different "
                 "shards and average gradients the program already summed. Remedy: use the ParallelModule itself "
-                "(its plan's 'ddp' / 'fsdp' axis roles are DDP and FSDP; `with pm.no_sync():` works as DDP's)")
+                "(its plan's 'ddp' / 'fsdp' axis roles are DDP and FSDP; `with pm.no_sync():` works as DDP's)"
+                + _library_hint())
         original(self, module, *args, **kwargs)
 
     init._parallelizer_checked = True
     return init
+
+
+_LIBRARIES = {
+    "accelerate": (" (called from accelerate's Accelerator.prepare, which wraps every model it is given in a distributed "
+                   "launch: prepare the optimizer (and scheduler) alone, `opt = accelerator.prepare(opt)`, leave pm and "
+                   "the DataLoader unprepared, since every rank feeds pm the same global batch, and call "
+                   "`accelerator.backward(loss)` or `loss.backward()`: trial r14c, equal to one device)"),
+    "transformers.trainer": (" (called from transformers' Trainer, which wraps the model in DistributedDataParallel in "
+                             "every distributed launch and gives each rank its own batches: train pm with your own loop "
+                             "or `pm.step(...)`, feeding every rank the same global batch; `accelerate` with the "
+                             "optimizer prepared alone works)"),
+}
+
+
+def _library_hint() -> str:
+    """What to do instead when the wrapper was built by a training library (trial r14c: transformers' Trainer and
+    accelerate's `Accelerator.prepare` given a ParallelModule both ended in this error, whose remedy named neither):
+    the hint of the outermost caller frame from a module in `_LIBRARIES` (Trainer calls accelerate), else ""."""
+    found, frame = "", sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        found = next((hint for library, hint in _LIBRARIES.items()
+                      if name == library or name.startswith(library + ".")), found)
+        frame = frame.f_back
+    return found
