@@ -663,3 +663,24 @@ def zoo_mlp():
     """The zoo's MLP (two residual blocks without attention)."""
     from parallelizer import zoo
     return zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+
+
+class SpectralEnvelope(torch.nn.Module):
+    """stft -> istft of a projected signal (an audio front end): istft checks its window's overlap-add with
+    aten.equal, and stft's centring reflect-pads a (1, B, T) view of its (B, T) input (trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(9, 4)
+
+    def forward(self, x):  # (B, T=9, 16)
+        sig = self.a(x).mean(-1)
+        window = torch.hann_window(4)
+        spec = torch.stft(sig, n_fft=4, hop_length=1, window=window, return_complex=True)
+        rec = torch.istft(spec, n_fft=4, hop_length=1, window=window, length=sig.shape[1])
+        return self.b(rec).pow(2).mean() + spec.abs().mean()
+
+
+def spectral_envelope():
+    return SpectralEnvelope(), (torch.randn(4, 9, 16),)

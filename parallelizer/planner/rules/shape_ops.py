@@ -9,7 +9,7 @@ import torch
 
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import OUT, P, R, AxisOption, OpView, replicate, same_dims
+from .base import OUT, P, R, AxisOption, OpView, aten, replicate, same_dims
 
 
 def reshape_like(v: OpView) -> list[AxisOption]:
@@ -264,12 +264,22 @@ def index_put(v: OpView) -> list[AxisOption]:
 
 
 def constant_pad(v: OpView) -> list[AxisOption]:
-    """constant_pad_nd(x, pad, value): shard a dim that is not padded; Partial passes when value is 0."""
+    """constant_pad_nd(x, pad, value) and pad(x, pad, mode, value): shard a dim that is not padded; Partial
+    passes for a constant pad of 0. The reflect / replicate / circular kernels reject an empty dim other than
+    the batch (the first dim of an input with two more dims than it pads), so a shard of such a dim must be
+    even (non-empty): stft's centring reflect-pads a (1, B, T) view of its (B, T) input, and a batch of 4 on
+    dp=3 (2, 2, 0) left rank 2 a (1, 0, T) shard the kernel rejects (trial r14a)."""
     pad = list(v.arg(1, "pad"))
     padded = {v.nd() - 1 - i // 2 for i in range(len(pad)) if pad[i] != 0}
-    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd())
+    constant = v.packet is aten.constant_pad_nd or v.arg(2, "mode", "constant") == "constant"
+    batched = v.nd() == len(pad) // 2 + 2
+
+    def even(d: int) -> tuple[int, ...]:
+        return () if constant or (batched and d == 0) else (0, OUT)
+    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d), even(d)) for d in range(v.nd())
                              if d not in padded and v.in_shapes[0][d] > 1]
-    return opts + [AxisOption((P,), P)] if v.out_is_float and not v.arg(2, "value", 0) else opts
+    value = v.arg(2, "value", 0) if v.packet is aten.constant_pad_nd else v.arg(3, "value", None)
+    return opts + [AxisOption((P,), P)] if v.out_is_float and constant and not value else opts
 
 
 def meshgrid(v: OpView) -> list[AxisOption]:

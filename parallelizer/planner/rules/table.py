@@ -320,7 +320,9 @@ _add([aten.index], shape_ops.index, calls(aten.index.Tensor, (t(7, 5), [ints(7, 
 _add([aten.index_put], shape_ops.index_put, calls(aten.index_put.default, (t(7, 5), [ints(7, 3)], t(3, 5)),
                                                   (t(7, 5, 3), [ints(7, 2)], t(3)), (t(7, 5), [mask(7)], t(1), True),
                                                   (t(7, 5, 3), [mask(7, 5)], t(3)), (t(7, 5, 3), [mask(7, 5)], t(1, 3), True)))
-_add([aten.pad], shape_ops.constant_pad, calls(aten.pad.default, (t(3, 5), [1, 2]), (t(3, 5, 4), [1, 1, 0, 2], "constant", 0.5)),
+_add([aten.pad], shape_ops.constant_pad, calls(aten.pad.default, (t(3, 5), [1, 2]), (t(3, 5, 4), [1, 1, 0, 2], "constant", 0.5),
+                                                (t(1, 5, 7), [2, 2], "reflect"), (t(5, 4), [1, 0], "replicate"),
+                                                (t(3, 5, 4, 6), [1, 2, 1, 1], "reflect"), (t(3, 5, 4), [1, 1], "circular")),
      exact=True)
 _add([aten.constant_pad_nd], shape_ops.constant_pad, calls(aten.constant_pad_nd.default, (t(3, 5), [1, 2])), exact=True)
 
