@@ -199,6 +199,48 @@ def gather(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
 
 
+def index_write(linear: bool) -> Callable[[OpView], list[AxisOption]]:
+    """index_add / index_copy (x, dim, index (K,), source), index_fill (x, dim, index, value), and scatter /
+    scatter_add / scatter_reduce (x, dim, index, src or value; index and src of x's rank): positions along
+    `dim` are written by value, so `dim` stays whole; shard x, a same-rank index and source alike on another
+    dim where their sizes agree (scatter's index may be smaller than x there: then not), a 1-D index
+    Replicate. `linear` (index_add, scatter_add): Partial x and source with a Replicate index give Partial.
+    (pytorch#177414 registers DTensor strategies of this shape; before, these ran replicated, and under
+    ddp a GNN's message sum gathered the batch, trial r14a.)"""
+    def rule(v: OpView) -> list[AxisOption]:
+        nd = v.nd()
+        dim = v.arg(1, "dim") % nd
+        shapes = v.in_shapes
+        opts = [replicate(v)]
+        for d in range(nd):
+            if d == dim or shapes[0][d] <= 1:
+                continue
+            ins = []
+            for i, sh in enumerate(shapes):
+                if i > 0 and (len(sh) == 0 or len(sh) == 1 and nd > 1):
+                    ins.append(R)            # index_*'s 1-D index, index_fill's 0-d value
+                elif len(sh) == nd and sh[d] == shapes[0][d]:
+                    ins.append(Shard(d))
+                else:
+                    break
+            if len(ins) == len(shapes):
+                opts.append(AxisOption(tuple(ins), Shard(d)))
+        if linear and v.out_is_float and len(shapes) == 3:
+            opts.append(AxisOption((P, R, P), P))
+        return opts
+    rule.__doc__ = index_write.__doc__
+    rule.__name__ = f"index_write({'linear' if linear else ''})"
+    return rule
+
+
+def take(v: OpView) -> list[AxisOption]:
+    """take(x, index): x read whole (flat positions, by value), the output shaped like the index: shard any
+    dim of the index (x Replicate); Partial x passes."""
+    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(len(v.in_shapes[1]))
+                             if v.in_shapes[1][d] > 1]
+    return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
+
+
 def _indexed_dims(v: OpView) -> list[int] | None:
     """The dims of x (tensor input 0) that the index tensors of `v.args[1]` cover, in order, or None when
     they are not one contiguous run. A boolean (or uint8) mask of k dims covers k dims of x (x[mask] with

@@ -336,6 +336,25 @@ _add([aten.index], shape_ops.index, calls(aten.index.Tensor, (t(7, 5), [ints(7, 
 _add([aten.index_put], shape_ops.index_put, calls(aten.index_put.default, (t(7, 5), [ints(7, 3)], t(3, 5)),
                                                   (t(7, 5, 3), [ints(7, 2)], t(3)), (t(7, 5), [mask(7)], t(1), True),
                                                   (t(7, 5, 3), [mask(7, 5)], t(3)), (t(7, 5, 3), [mask(7, 5)], t(1, 3), True)))
+# index / scatter writes along a dim (GNN message sums, MoE dispatch masks; ran replicated without a row, r14a)
+_add([aten.index_add], shape_ops.index_write(linear=True),
+     [*calls(aten.index_add.default, (t(7, 5), 0, ints(7, 4), t(4, 5)), (t(3, 7, 5), 1, ints(7, 9), t(3, 9, 5))),
+      *calls(aten.index_add.default, (t(7, 5), 1, ints(5, 3), t(7, 3)), alpha=2.0)])
+_add([aten.index_copy], shape_ops.index_write(linear=False),
+     calls(aten.index_copy.default, (t(7, 5), 0, T((3,), "perm"), t(3, 5)), (t(3, 7, 5), 1, T((2,), "perm"), t(3, 2, 5))), exact=True)
+_add([aten.index_fill], shape_ops.index_write(linear=False),
+     [*calls(aten.index_fill.int_Scalar, (t(7, 5), 0, ints(7, 3), 0.5), (t(3, 7, 5), -1, ints(5, 2), -1.0)),
+      *calls(aten.index_fill.int_Tensor, (t(7, 5), 1, ints(5, 3), t()))], exact=True)
+_add([aten.scatter], shape_ops.index_write(linear=False),
+     [*calls(aten.scatter.value, (t(7, 5), 1, T((7, 3), "perm"), 1.0), (t(3, 7, 5), 2, T((3, 7, 2), "perm"), 0.0)),
+      *calls(aten.scatter.src, (t(7, 5), 1, T((7, 3), "perm"), t(7, 3)), (t(7, 5), 0, ints(7, 2, 5), t(2, 5)))],
+     exact=True)
+_add([aten.scatter_add], shape_ops.index_write(linear=True),
+     calls(aten.scatter_add.default, (t(7, 5), 1, ints(5, 7, 4), t(7, 4)), (t(3, 7, 5), 1, ints(7, 3, 9, 5), t(3, 9, 5))))
+_add([aten.scatter_reduce.two], shape_ops.index_write(linear=False),
+     [*calls(aten.scatter_reduce.two, (t(7, 5), 1, ints(5, 7, 4), t(7, 4), "amax"), (t(3, 7, 5), 0, ints(3, 4, 7, 5), t(4, 7, 5), "sum")),
+      *calls(aten.scatter_reduce.two, (t(7, 5), 1, ints(5, 7, 4), t(7, 4), "mean"), include_self=False)])
+_add([aten.take], shape_ops.take, calls(aten.take.default, (t(7, 5), ints(35, 3, 4)), (t(3, 5), ints(15, 6))), exact=True)
 _add([aten.pad], shape_ops.constant_pad, calls(aten.pad.default, (t(3, 5), [1, 2]), (t(3, 5, 4), [1, 1, 0, 2], "constant", 0.5),
                                                 (t(1, 5, 7), [2, 2], "reflect"), (t(5, 4), [1, 0], "replicate"),
                                                 (t(3, 5, 4, 6), [1, 2, 1, 1], "reflect"), (t(3, 5, 4), [1, 1], "circular")),
