@@ -17,7 +17,7 @@ from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, stat
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
                           ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
-                          input_written_in_place, loop_mlp, merged_batch_slice, packed_llama, penalty_net,
+                          input_written_in_place, loop_mlp, merged_batch_slice, message_passing, packed_llama, penalty_net,
                           pipeline_init_rank, spectral_envelope, reordered_output, reordered_output_rank, sorter_router,
                           sparse_embedding, spectral_norm_linear, tiny_output, training_loop_rank,
                           uneven_gather_as_strided, zoo_mlp)
@@ -321,6 +321,17 @@ def test_stft_and_istft_plan_and_train_as_one_device_under_ddp(mesh):
     circular pad shards non-batch dims only evenly."""
     plan = _plan(spectral_envelope, mesh, axis_roles={"dp": "ddp"})
     report = rehearse_many([(spectral_envelope, {}, plan)], steps=2)[0]
+    assert report.matches(), report
+
+
+@pytest.mark.parametrize("mesh,roles", [({"dp": 2}, {"dp": "ddp"}), ({"tp": 2}, {"tp": "tp"}), ({"dp": 3}, {"dp": "fsdp"})])
+def test_index_add_scatter_and_scatter_reduce_shard_and_train_as_one_device(mesh, roles):
+    """index_add / scatter / scatter_reduce had no rule row and ran replicated (under ddp the batch was gathered
+    for them, trial r14a); their rows (`shape_ops.index_write`) shard the dims they do not write by position.
+    The plan uses them and a message-passing model trains as on one device."""
+    plan = _plan(message_passing, mesh, axis_roles=roles)
+    assert not [f for f in plan.fallbacks if "no sharding rule" in str(f)], plan.fallbacks
+    report = rehearse_many([(message_passing, {}, plan)], steps=2)[0]
     assert report.matches(), report
 
 

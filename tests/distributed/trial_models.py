@@ -684,3 +684,29 @@ class SpectralEnvelope(torch.nn.Module):
 
 def spectral_envelope():
     return SpectralEnvelope(), (torch.randn(4, 9, 16),)
+
+
+class MessagePassing(torch.nn.Module):
+    """PyG-style message passing over a fixed edge list, then mean and max pooling per graph with scatter_reduce
+    and a top-2 dispatch mask with scatter (index_add / scatter / scatter_reduce: trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.m, self.out = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 2))
+        self.register_buffer("src", torch.tensor([0, 1, 2, 3, 4, 5, 6, 1, 3, 8, 8, 0]))
+        self.register_buffer("dst", torch.tensor([1, 2, 0, 4, 3, 6, 5, 8, 7, 7, 2, 2]))
+        self.register_buffer("graph", torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2]))
+
+    def forward(self, x):  # (B, N=9, 16): B batches of three graphs each
+        h = torch.relu(self.a(x))
+        h = h + torch.zeros_like(h).index_add(1, self.dst, self.m(h)[:, self.src])
+        top = h.topk(2, dim=-1).indices
+        h = h * torch.zeros_like(h).scatter(-1, top, 1.0) + h
+        index = self.graph[None, :, None].expand(h.shape[0], -1, 16)
+        mean = torch.zeros(h.shape[0], 3, 16).scatter_reduce(1, index, h, reduce="mean", include_self=False)
+        return self.out(mean + torch.zeros(h.shape[0], 3, 16).scatter_reduce(1, index, h, reduce="amax",
+                                                                              include_self=False))
+
+
+def message_passing():
+    return MessagePassing(), (torch.randn(4, 9, 16),)
