@@ -212,6 +212,10 @@ _add([aten.sort], pointwise.along(pointwise.dim_arg(1, default=-1)),
 _add([aten.argsort], pointwise.along(pointwise.dim_arg(1, default=-1)),
      [*calls(aten.argsort.default, (t(3, 7),), (t(5, 2, 3), 0)), *calls(aten.argsort.stable, (t(3, 7),), stable=True, dim=0)],
      exact=True)
+# Tensor.unfold(dim, size, step): windows along `dim` (read whole), the other dims kept, a window dim appended
+# (sliding-window features; ran replicated without a row, r14a)
+_add([aten.unfold], pointwise.along(pointwise.dim_arg(1), linear=True),
+     calls(aten.unfold.default, (t(3, 9, 5), 1, 3, 2), (t(5, 2, 7), 2, 2, 1), (t(7, 4), 0, 7, 1)), exact=True)
 _add([aten.cummax, aten.cummin], pointwise.along(pointwise.dim_arg(1)),
      lambda p: calls(p.default, (t(3, 7), 1), (t(5, 2, 3), 0)), exact=True)  # (ran replicated without a row, r14a)
 _add([aten.topk], pointwise.along(pointwise.dim_arg(2, default=-1)),
