@@ -18,7 +18,7 @@ from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_cla
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
                           ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
                           input_written_in_place, loop_mlp, merged_batch_slice, message_passing, packed_llama, penalty_net,
-                          pipeline_init_rank, spectral_envelope, reordered_output, reordered_output_rank, sorter_router,
+                          pipeline_init_rank, spectral_envelope, reordered_output, reordered_output_rank, sorter_router, scatter_like,
                           sparse_embedding, spectral_norm_linear, tiny_output, training_loop_rank,
                           uneven_gather_as_strided, zoo_mlp)
 
@@ -332,6 +332,16 @@ def test_index_add_scatter_and_scatter_reduce_shard_and_train_as_one_device(mesh
     plan = _plan(message_passing, mesh, axis_roles=roles)
     assert not [f for f in plan.fallbacks if "no sharding rule" in str(f)], plan.fallbacks
     report = rehearse_many([(message_passing, {}, plan)], steps=2)[0]
+    assert report.matches(), report
+
+
+def test_masked_scatter_of_a_source_shaped_like_its_input_is_replicated_and_matches_under_ddp():
+    """`h.masked_scatter(mask, values)` with values shaped like h takes them in order over the whole batch; the
+    batch-sharded option (right when each sample's mask selects what its source rows hold) could pass its
+    runtime check only with every mask element True, and every step under ddp raised UnsupportedOpError
+    (trial r14a, also on a plan made without roles). Such a source is now replicated: the run matches."""
+    plan = _plan(scatter_like, {"dp": 2}, axis_roles={"dp": "ddp"})
+    report = rehearse_many([(scatter_like, {}, plan)], steps=2)[0]
     assert report.matches(), report
 
 

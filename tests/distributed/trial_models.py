@@ -710,3 +710,20 @@ class MessagePassing(torch.nn.Module):
 
 def message_passing():
     return MessagePassing(), (torch.randn(4, 9, 16),)
+
+
+class ScatterLike(torch.nn.Module):
+    """masked_scatter of a source shaped like its input (values taken in order, not per sample: trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):  # (B, T, 16)
+        h = self.a(x)
+        values = torch.arange(h.numel(), dtype=h.dtype).reshape(h.shape) * 1e-3
+        return self.c(h.masked_scatter(self.b(x) > 0, values + h)).pow(2).mean()
+
+
+def scatter_like():
+    return ScatterLike(), (torch.randn(4, 5, 16),)

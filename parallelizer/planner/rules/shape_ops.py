@@ -99,9 +99,14 @@ def masked_scatter(v: OpView) -> list[AxisOption]:
     all three may be sharded when source holds the same number of rows per sample (M a multiple of B) and
     every shard is even: a rank's source rows are then its own samples' rows, provided each sample's mask
     selects what its rows hold. That is data, so the local form checks it on every rank, all ranks raising
-    together (`rewriter.localize.checked_masked_scatter`)."""
+    together (`rewriter.localize.checked_masked_scatter`). A source whose rows per sample hold at least as many
+    elements as a sample has positions (one shaped like x: `h.masked_scatter(m, values_like_h)`) could pass that
+    check only with every mask element True, so it is replicated: under ddp the check refused every step of
+    such a model, also of plans made without roles (trial r14a)."""
     x, mask, src = v.in_shapes
     if len(x) < 2 or mask != x or not src or x[0] < 2 or src[0] % x[0]:
+        return [replicate(v)]
+    if src[0] // x[0] * math.prod(src[1:]) >= math.prod(x[1:]):
         return [replicate(v)]
     return [replicate(v), AxisOption((Shard(0), Shard(0), Shard(0)), Shard(0), (0, 1, 2, OUT))]
 
