@@ -663,3 +663,67 @@ def zoo_mlp():
     """The zoo's MLP (two residual blocks without attention)."""
     from parallelizer import zoo
     return zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+
+
+class SpectralEnvelope(torch.nn.Module):
+    """stft -> istft of a projected signal (an audio front end): istft checks its window's overlap-add with
+    aten.equal, and stft's centring reflect-pads a (1, B, T) view of its (B, T) input (trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(9, 4)
+
+    def forward(self, x):  # (B, T=9, 16)
+        sig = self.a(x).mean(-1)
+        window = torch.hann_window(4)
+        spec = torch.stft(sig, n_fft=4, hop_length=1, window=window, return_complex=True)
+        rec = torch.istft(spec, n_fft=4, hop_length=1, window=window, length=sig.shape[1])
+        return self.b(rec).pow(2).mean() + spec.abs().mean()
+
+
+def spectral_envelope():
+    return SpectralEnvelope(), (torch.randn(4, 9, 16),)
+
+
+class MessagePassing(torch.nn.Module):
+    """PyG-style message passing over a fixed edge list, then mean and max pooling per graph with scatter_reduce
+    and a top-2 dispatch mask with scatter (index_add / scatter / scatter_reduce: trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.m, self.out = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 2))
+        self.register_buffer("src", torch.tensor([0, 1, 2, 3, 4, 5, 6, 1, 3, 8, 8, 0]))
+        self.register_buffer("dst", torch.tensor([1, 2, 0, 4, 3, 6, 5, 8, 7, 7, 2, 2]))
+        self.register_buffer("graph", torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2]))
+
+    def forward(self, x):  # (B, N=9, 16): B batches of three graphs each
+        h = torch.relu(self.a(x))
+        h = h + torch.zeros_like(h).index_add(1, self.dst, self.m(h)[:, self.src])
+        top = h.topk(2, dim=-1).indices
+        h = h * torch.zeros_like(h).scatter(-1, top, 1.0) + h
+        index = self.graph[None, :, None].expand(h.shape[0], -1, 16)
+        mean = torch.zeros(h.shape[0], 3, 16).scatter_reduce(1, index, h, reduce="mean", include_self=False)
+        return self.out(mean + torch.zeros(h.shape[0], 3, 16).scatter_reduce(1, index, h, reduce="amax",
+                                                                              include_self=False))
+
+
+def message_passing():
+    return MessagePassing(), (torch.randn(4, 9, 16),)
+
+
+class ScatterLike(torch.nn.Module):
+    """masked_scatter of a source shaped like its input (values taken in order, not per sample: trial r14a)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):  # (B, T, 16)
+        h = self.a(x)
+        values = torch.arange(h.numel(), dtype=h.dtype).reshape(h.shape) * 1e-3
+        return self.c(h.masked_scatter(self.b(x) > 0, values + h)).pow(2).mean()
+
+
+def scatter_like():
+    return ScatterLike(), (torch.randn(4, 5, 16),)

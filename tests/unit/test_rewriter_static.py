@@ -8,7 +8,7 @@ from parallelizer import zoo
 from parallelizer.core.mesh import MeshSpec
 from parallelizer.rewriter.apply import rewrite
 from parallelizer.rewriter.baselines import batch_parallel_spec
-from parallelizer.rewriter.spec import axis_ranks, mesh_coords
+from parallelizer.rewriter.spec import axis_ranks, mesh_coords, spec_from_plan
 from parallelizer.rewriter.verify import VerificationError, verify
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,26 @@ def test_verifier_accepts_an_op_whose_meta_kernel_rejects_an_empty_shard_that_ea
     traced = parallelizer.trace(InfNorm(), (torch.randn(4, 8, 16),))
     spec = batch_parallel_spec(traced, MeshSpec(("dp",), (3,)))
     for rank in range(3):
+        verify(rewrite(traced, spec, rank=rank), traced, spec)
+
+
+def test_verifier_accepts_an_op_whose_fake_kernel_reads_values():
+    """torch.istft checks that its window's overlap-add has no zero with aten.equal, which a fake tensor
+    cannot answer (DataDependentOutputException): the verifier raised VerificationError "cannot run on its
+    local shapes" for every plan of a model calling it, on ranks that run it eagerly (trial r14a). Such an
+    op now gets the spec's local shape; a wrong shape elsewhere is still caught (the test above)."""
+    class ISTFT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            spec = torch.stft(self.a(x).mean(-1), n_fft=4, hop_length=1, window=torch.ones(4), return_complex=True)
+            return torch.istft(spec, n_fft=4, hop_length=1, window=torch.ones(4), length=x.shape[1])
+
+    traced = parallelizer.trace(ISTFT(), (torch.randn(4, 9, 16),))
+    spec = spec_from_plan(parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": "ddp"}))
+    for rank in range(2):
         verify(rewrite(traced, spec, rank=rank), traced, spec)
 
 

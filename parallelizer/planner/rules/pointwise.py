@@ -7,6 +7,7 @@ except tril/triu, whose local form shifts the diagonal by the shard offsets (`re
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from torch.distributed.tensor.placement_types import Shard
@@ -165,6 +166,16 @@ def kept_dims(dim_index: int = 1, keep_index: int | None = 2,
         return opts
     rule.__doc__ = kept_dims.__doc__
     rule.__name__ = f"kept_dims({dim_index}, {keep_index})"
+    return rule
+
+
+def nonempty(base: Callable[[OpView], list[AxisOption]]) -> Callable[[OpView], list[AxisOption]]:
+    """`base`'s options, those that shard made even (equal, so never empty, chunks): for a kernel that rejects
+    an empty input (quantile: "input tensor must be non-empty")."""
+    def rule(v: OpView) -> list[AxisOption]:
+        return [o if all(p == R for p in o.inputs) else dataclasses.replace(o, even=(0, OUT)) for o in base(v)]
+    rule.__doc__ = f"`{base.__name__}` with its sharded options even (the kernel rejects an empty shard)."
+    rule.__name__ = f"nonempty({base.__name__})"
     return rule
 
 

@@ -9,7 +9,7 @@ import torch
 
 from torch.distributed.tensor.placement_types import Shard
 
-from .base import OUT, P, R, AxisOption, OpView, replicate, same_dims
+from .base import OUT, P, R, AxisOption, OpView, aten, replicate, same_dims
 
 
 def reshape_like(v: OpView) -> list[AxisOption]:
@@ -99,9 +99,14 @@ def masked_scatter(v: OpView) -> list[AxisOption]:
     all three may be sharded when source holds the same number of rows per sample (M a multiple of B) and
     every shard is even: a rank's source rows are then its own samples' rows, provided each sample's mask
     selects what its rows hold. That is data, so the local form checks it on every rank, all ranks raising
-    together (`rewriter.localize.checked_masked_scatter`)."""
+    together (`rewriter.localize.checked_masked_scatter`). A source whose rows per sample hold at least as many
+    elements as a sample has positions (one shaped like x: `h.masked_scatter(m, values_like_h)`) could pass that
+    check only with every mask element True, so it is replicated: under ddp the check refused every step of
+    such a model, also of plans made without roles (trial r14a)."""
     x, mask, src = v.in_shapes
     if len(x) < 2 or mask != x or not src or x[0] < 2 or src[0] % x[0]:
+        return [replicate(v)]
+    if src[0] // x[0] * math.prod(src[1:]) >= math.prod(x[1:]):
         return [replicate(v)]
     return [replicate(v), AxisOption((Shard(0), Shard(0), Shard(0)), Shard(0), (0, 1, 2, OUT))]
 
@@ -199,6 +204,48 @@ def gather(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
 
 
+def index_write(linear: bool) -> Callable[[OpView], list[AxisOption]]:
+    """index_add / index_copy (x, dim, index (K,), source), index_fill (x, dim, index, value), and scatter /
+    scatter_add / scatter_reduce (x, dim, index, src or value; index and src of x's rank): positions along
+    `dim` are written by value, so `dim` stays whole; shard x, a same-rank index and source alike on another
+    dim where their sizes agree (scatter's index may be smaller than x there: then not), a 1-D index
+    Replicate. `linear` (index_add, scatter_add): Partial x and source with a Replicate index give Partial.
+    (pytorch#177414 registers DTensor strategies of this shape; before, these ran replicated, and under
+    ddp a GNN's message sum gathered the batch, trial r14a.)"""
+    def rule(v: OpView) -> list[AxisOption]:
+        nd = v.nd()
+        dim = v.arg(1, "dim") % nd
+        shapes = v.in_shapes
+        opts = [replicate(v)]
+        for d in range(nd):
+            if d == dim or shapes[0][d] <= 1:
+                continue
+            ins = []
+            for i, sh in enumerate(shapes):
+                if i > 0 and (len(sh) == 0 or len(sh) == 1 and nd > 1):
+                    ins.append(R)            # index_*'s 1-D index, index_fill's 0-d value
+                elif len(sh) == nd and sh[d] == shapes[0][d]:
+                    ins.append(Shard(d))
+                else:
+                    break
+            if len(ins) == len(shapes):
+                opts.append(AxisOption(tuple(ins), Shard(d)))
+        if linear and v.out_is_float and len(shapes) == 3:
+            opts.append(AxisOption((P, R, P), P))
+        return opts
+    rule.__doc__ = index_write.__doc__
+    rule.__name__ = f"index_write({'linear' if linear else ''})"
+    return rule
+
+
+def take(v: OpView) -> list[AxisOption]:
+    """take(x, index): x read whole (flat positions, by value), the output shaped like the index: shard any
+    dim of the index (x Replicate); Partial x passes."""
+    opts = [replicate(v)] + [AxisOption((R, Shard(d)), Shard(d)) for d in range(len(v.in_shapes[1]))
+                             if v.in_shapes[1][d] > 1]
+    return opts + [AxisOption((P, R), P)] if v.out_is_float else opts
+
+
 def _indexed_dims(v: OpView) -> list[int] | None:
     """The dims of x (tensor input 0) that the index tensors of `v.args[1]` cover, in order, or None when
     they are not one contiguous run. A boolean (or uint8) mask of k dims covers k dims of x (x[mask] with
@@ -264,12 +311,22 @@ def index_put(v: OpView) -> list[AxisOption]:
 
 
 def constant_pad(v: OpView) -> list[AxisOption]:
-    """constant_pad_nd(x, pad, value): shard a dim that is not padded; Partial passes when value is 0."""
+    """constant_pad_nd(x, pad, value) and pad(x, pad, mode, value): shard a dim that is not padded; Partial
+    passes for a constant pad of 0. The reflect / replicate / circular kernels reject an empty dim other than
+    the batch (the first dim of an input with two more dims than it pads), so a shard of such a dim must be
+    even (non-empty): stft's centring reflect-pads a (1, B, T) view of its (B, T) input, and a batch of 4 on
+    dp=3 (2, 2, 0) left rank 2 a (1, 0, T) shard the kernel rejects (trial r14a)."""
     pad = list(v.arg(1, "pad"))
     padded = {v.nd() - 1 - i // 2 for i in range(len(pad)) if pad[i] != 0}
-    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d)) for d in range(v.nd())
+    constant = v.packet is aten.constant_pad_nd or v.arg(2, "mode", "constant") == "constant"
+    batched = v.nd() == len(pad) // 2 + 2
+
+    def even(d: int) -> tuple[int, ...]:
+        return () if constant or (batched and d == 0) else (0, OUT)
+    opts = [replicate(v)] + [AxisOption((Shard(d),), Shard(d), even(d)) for d in range(v.nd())
                              if d not in padded and v.in_shapes[0][d] > 1]
-    return opts + [AxisOption((P,), P)] if v.out_is_float and not v.arg(2, "value", 0) else opts
+    value = v.arg(2, "value", 0) if v.packet is aten.constant_pad_nd else v.arg(3, "value", None)
+    return opts + [AxisOption((P,), P)] if v.out_is_float and constant and not value else opts
 
 
 def meshgrid(v: OpView) -> list[AxisOption]:

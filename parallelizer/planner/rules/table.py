@@ -84,12 +84,15 @@ _UNARY_OPS = ("relu", "silu", "tanh", "sigmoid", "neg", "exp", "erf", "abs", "si
               "alias", "detach", "lift_fresh_copy")
 _UNARY_OPS += ("selu", "celu", "log_sigmoid", "hardshrink", "softshrink", "special_i0", "special_i1e", "special_erfcx",
                "special_sinc", "special_log_ndtr")  # (ran replicated without a row)
+_UNARY_OPS += ("frac", "relu6")  # (ran replicated without a row: straight-through quantisers, MobileNets; r14a)
 _POS_OPS = ("log", "sqrt", "rsqrt", "reciprocal", "log1p", "log2", "special_digamma", "special_gammaln")
 for _n in _UNARY_OPS:
     _p = getattr(aten, _n)
     _args = [(mask(3, 5),), (mask(2, 7, 3),)] if _n in ("logical_not", "bitwise_not") else UNARY
     _add([_p], pointwise.elementwise, calls(_p.default, *_args), exact=_n in ("clone", "contiguous", "alias",
                                                                               "detach", "lift_fresh_copy", "neg"))
+_add([aten.nan_to_num], pointwise.elementwise, [*calls(aten.nan_to_num.default, *UNARY),
+                                                *calls(aten.nan_to_num.default, (t(3, 5),), nan=0.0, posinf=1.0, neginf=-1.0)])
 _add([aten.round], pointwise.elementwise, [*calls(aten.round.default, *UNARY), *calls(aten.round.decimals, (t(3, 5),), decimals=2)])
 for _n in _POS_OPS:
     _add([getattr(aten, _n)], pointwise.elementwise, calls(getattr(aten, _n).default, *POS_UNARY))
@@ -121,10 +124,13 @@ _add([aten.max.other, aten.min.other], pointwise.elementwise, lambda o: calls(o,
 for _n in ("eq", "ne", "le", "lt", "ge", "gt"):
     _p = getattr(aten, _n)
     _add([_p], pointwise.elementwise, [*calls(_p.Tensor, *BINARY), *calls(_p.Scalar, (t(3, 5), 0.1))])
-for _n in ("logical_and", "logical_or", "__and__", "__or__", "bitwise_and", "bitwise_or"):
+for _n in ("logical_and", "logical_or", "logical_xor", "__and__", "__or__", "__xor__", "bitwise_and", "bitwise_or",
+           "bitwise_xor"):  # (xor, integer bit fields and the Scalar overloads, `ids & 3`: ran replicated, r14a)
     _p = getattr(aten, _n)
-    _add([_p], pointwise.elementwise, calls(_p.Tensor if hasattr(_p, "Tensor") else _p.default,
-                                            (mask(3, 5), mask(3, 5)), (mask(2, 3, 5), mask(5))))
+    _add([_p], pointwise.elementwise, [*calls(_p.Tensor if hasattr(_p, "Tensor") else _p.default,
+                                              (mask(3, 5), mask(3, 5)), (mask(2, 3, 5), mask(5)),
+                                              *([] if _n.startswith("logical") else [(ints(9, 3, 5), ints(9, 5))])),
+                                       *(calls(_p.Scalar, (ints(9, 3, 5), 3)) if hasattr(_p, "Scalar") else [])])
 _add([aten.where], pointwise.elementwise, [*calls(aten.where.self, (mask(3, 5), t(3, 5), t(3, 5)),
                                                   (mask(2, 1, 5), t(3, 5), t(2, 3, 1))),
                                            *calls(aten.where.ScalarOther, (mask(3, 5), t(3, 5), 0.0)),
@@ -206,6 +212,12 @@ _add([aten.sort], pointwise.along(pointwise.dim_arg(1, default=-1)),
 _add([aten.argsort], pointwise.along(pointwise.dim_arg(1, default=-1)),
      [*calls(aten.argsort.default, (t(3, 7),), (t(5, 2, 3), 0)), *calls(aten.argsort.stable, (t(3, 7),), stable=True, dim=0)],
      exact=True)
+# Tensor.unfold(dim, size, step): windows along `dim` (read whole), the other dims kept, a window dim appended
+# (sliding-window features; ran replicated without a row, r14a)
+_add([aten.unfold], pointwise.along(pointwise.dim_arg(1), linear=True),
+     calls(aten.unfold.default, (t(3, 9, 5), 1, 3, 2), (t(5, 2, 7), 2, 2, 1), (t(7, 4), 0, 7, 1)), exact=True)
+_add([aten.cummax, aten.cummin], pointwise.along(pointwise.dim_arg(1)),
+     lambda p: calls(p.default, (t(3, 7), 1), (t(5, 2, 3), 0)), exact=True)  # (ran replicated without a row, r14a)
 _add([aten.topk], pointwise.along(pointwise.dim_arg(2, default=-1)),
      calls(aten.topk.default, (t(3, 7), 2), (t(5, 2, 3), 3, 0), (t(2, 7, 3), 1, 1, False)), exact=True)
 
@@ -249,6 +261,14 @@ _add([aten.amax, aten.amin], pointwise.kept_dims(), lambda p: calls(p.default, (
 _add([aten.argmax, aten.argmin], pointwise.kept_dims(), lambda p: calls(p.default, (t(3, 7), 1), (t(5, 2, 3), 0, True)))
 _add([aten.max.dim, aten.min.dim], pointwise.kept_dims(), lambda o: calls(o, (t(3, 7), 1), (t(5, 2, 3), 0, True)))
 _add([aten.logsumexp], pointwise.kept_dims(), calls(aten.logsumexp.default, (t(3, 7), [1]), (t(5, 2, 3), [0], True)))
+# (order statistics over a dim, e.g. hard-example mining over the batch: ran replicated without a row, r14a)
+_add([aten.kthvalue], pointwise.kept_dims(2, 3, default_dims=(-1,)),
+     calls(aten.kthvalue.default, (t(3, 7), 2), (t(5, 2, 3), 1, 0, True)), exact=True)
+_add([aten.median.dim, aten.nanmedian.dim], pointwise.kept_dims(), lambda o: calls(o, (t(3, 7), 1), (t(5, 2, 3), 0, True)),
+     exact=True)
+_add([aten.mode], pointwise.kept_dims(1, 2, default_dims=(-1,)),
+     calls(aten.mode.default, (ints(3, 3, 7),), (ints(3, 5, 2, 3), 0, True)), exact=True)
+_add([aten.quantile.scalar], pointwise.nonempty(pointwise.kept_dims(2, 3)), calls(aten.quantile.scalar, (t(3, 7), 0.25, 1), (t(5, 2, 3), 0.75, 0, True)))
 _add([aten.var, aten.std], pointwise.kept_dims(keep_index=None),
      lambda p: [*calls(p.correction, (t(3, 7), [1]), correction=1), *calls(p.correction, (t(5, 2, 3), [0, 2]), keepdim=True),
                 *calls(p.dim, (t(3, 7), [1])), *calls(p.dim, (t(5, 2, 3), [0], True, True))])
@@ -320,7 +340,28 @@ _add([aten.index], shape_ops.index, calls(aten.index.Tensor, (t(7, 5), [ints(7, 
 _add([aten.index_put], shape_ops.index_put, calls(aten.index_put.default, (t(7, 5), [ints(7, 3)], t(3, 5)),
                                                   (t(7, 5, 3), [ints(7, 2)], t(3)), (t(7, 5), [mask(7)], t(1), True),
                                                   (t(7, 5, 3), [mask(7, 5)], t(3)), (t(7, 5, 3), [mask(7, 5)], t(1, 3), True)))
-_add([aten.pad], shape_ops.constant_pad, calls(aten.pad.default, (t(3, 5), [1, 2]), (t(3, 5, 4), [1, 1, 0, 2], "constant", 0.5)),
+# index / scatter writes along a dim (GNN message sums, MoE dispatch masks; ran replicated without a row, r14a)
+_add([aten.index_add], shape_ops.index_write(linear=True),
+     [*calls(aten.index_add.default, (t(7, 5), 0, ints(7, 4), t(4, 5)), (t(3, 7, 5), 1, ints(7, 9), t(3, 9, 5))),
+      *calls(aten.index_add.default, (t(7, 5), 1, ints(5, 3), t(7, 3)), alpha=2.0)])
+_add([aten.index_copy], shape_ops.index_write(linear=False),
+     calls(aten.index_copy.default, (t(7, 5), 0, T((3,), "perm"), t(3, 5)), (t(3, 7, 5), 1, T((2,), "perm"), t(3, 2, 5))), exact=True)
+_add([aten.index_fill], shape_ops.index_write(linear=False),
+     [*calls(aten.index_fill.int_Scalar, (t(7, 5), 0, ints(7, 3), 0.5), (t(3, 7, 5), -1, ints(5, 2), -1.0)),
+      *calls(aten.index_fill.int_Tensor, (t(7, 5), 1, ints(5, 3), t()))], exact=True)
+_add([aten.scatter], shape_ops.index_write(linear=False),
+     [*calls(aten.scatter.value, (t(7, 5), 1, T((7, 3), "perm"), 1.0), (t(3, 7, 5), 2, T((3, 7, 2), "perm"), 0.0)),
+      *calls(aten.scatter.src, (t(7, 5), 1, T((7, 3), "perm"), t(7, 3)), (t(7, 5), 0, ints(7, 2, 5), t(2, 5)))],
+     exact=True)
+_add([aten.scatter_add], shape_ops.index_write(linear=True),
+     calls(aten.scatter_add.default, (t(7, 5), 1, ints(5, 7, 4), t(7, 4)), (t(3, 7, 5), 1, ints(7, 3, 9, 5), t(3, 9, 5))))
+_add([aten.scatter_reduce.two], shape_ops.index_write(linear=False),
+     [*calls(aten.scatter_reduce.two, (t(7, 5), 1, ints(5, 7, 4), t(7, 4), "amax"), (t(3, 7, 5), 0, ints(3, 4, 7, 5), t(4, 7, 5), "sum")),
+      *calls(aten.scatter_reduce.two, (t(7, 5), 1, ints(5, 7, 4), t(7, 4), "mean"), include_self=False)])
+_add([aten.take], shape_ops.take, calls(aten.take.default, (t(7, 5), ints(35, 3, 4)), (t(3, 5), ints(15, 6))), exact=True)
+_add([aten.pad], shape_ops.constant_pad, calls(aten.pad.default, (t(3, 5), [1, 2]), (t(3, 5, 4), [1, 1, 0, 2], "constant", 0.5),
+                                                (t(1, 5, 7), [2, 2], "reflect"), (t(5, 4), [1, 0], "replicate"),
+                                                (t(3, 5, 4, 6), [1, 2, 1, 1], "reflect"), (t(3, 5, 4), [1, 1], "circular")),
      exact=True)
 _add([aten.constant_pad_nd], shape_ops.constant_pad, calls(aten.constant_pad_nd.default, (t(3, 5), [1, 2])), exact=True)
 
