@@ -283,7 +283,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
-        raise translate(exc, lambda: runs_eagerly(model, args, kwargs)) from exc
+        raise translate(exc, lambda: runs_eagerly(model, args, kwargs), _on_meta(model)) from exc
     finally:
         shapes_log.setLevel(level)
     sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward
