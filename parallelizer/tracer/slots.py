@@ -99,3 +99,32 @@ def drop_phantom_input_writes(model: torch.nn.Module, exported, args: tuple, kwa
     gm.recompile()
     notes.append(f"torch.export recorded a write into the input(s) {', '.join(names)} where forward stored a tensor "
                  "on the model; the eager forward writes no input, so the write was removed from the graph")
+
+
+@contextlib.contextmanager
+def one_process_view(notes: list[str]):
+    """Inside, `torch.distributed.is_initialized()` answers False: the model is traced as it runs on one device,
+    on the global batch the example inputs hold, which is what every parallel program must compute. A model
+    written for DDP that syncs batch statistics itself when a process group exists (vector-quantize-pytorch's
+    LFQ: `dist.nn.all_reduce(avg_prob) / world_size` of its codebook entropy) could not be exported on ranks
+    (torch's "all_reduce is not supported under torch.compile", a TraceError on every rank of `rehearse` and of
+    `auto_parallelize` under torchrun) and would otherwise trace another graph there than in one process.
+    Noted when forward asked while a group exists."""
+    import torch.distributed as dist
+
+    original = dist.is_initialized
+    asked: list[bool] = []
+
+    def is_initialized() -> bool:
+        asked.append(original())
+        return False
+
+    dist.is_initialized = is_initialized
+    try:
+        yield
+    finally:
+        dist.is_initialized = original
+    if any(asked):
+        notes.append("forward asked torch.distributed.is_initialized() while a process group exists: traced as on "
+                     "one device (False), since the parallel program computes the model's step on the global batch "
+                     "and does its own communication")
