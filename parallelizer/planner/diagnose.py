@@ -147,8 +147,10 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
         reasons.append(f"the axis roles {roles} forbid gathering activations over {[problem.mesh.axis_names[i] for i in data]}"
                        f" and parameters over {[problem.mesh.axis_names[i] for i in tp]}"
                        + (" (an op that pairs samples across the batch, as an in-batch contrastive or ranking loss "
-                          "does with a @ b.T over it, needs every sample on each rank: compute such a loss outside "
-                          "the model, on the ParallelModule's outputs, which are whole)" if data else ""))
+                          "does with a @ b.T over it, or a graph network's message passing does when it gathers node "
+                          "features by edge index (the nodes are the batch), needs every sample on each rank: compute "
+                          "such a loss outside the model, on the ParallelModule's outputs, which are whole; leave a "
+                          "graph network's data axis free)" if data else ""))
     reasons.append("a Partial value cannot become what a consumer needs without a reduction, and a Shard cannot "
                    "become Partial")
     remedy = ("plan without axis_roles (or with 'auto' on an axis) to see whether they bind" if data or tp else

@@ -12,12 +12,12 @@ from .mirror import mirror
 
 
 def add_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
-    """`parent.add_module(name, child)`, or, for a name that is an attribute of ParallelModule itself (a
-    submodule `traced` or `spec` of the model), straight into `parent._modules` (`add_member`)."""
-    if name in parent._modules or not hasattr(parent, name):
-        parent.add_module(name, child)
-    else:
-        parent._modules[name] = child
+    """Put `child` into `parent._modules` under the model's own (already validated) name. Not `add_module`: it
+    refuses a name that is an attribute of ParallelModule itself (a submodule `traced` or `spec` of the model),
+    and its `hasattr` check calls the model class's own `__getattr__`, which peft's `ModulesToSaveWrapper` makes
+    raise KeyError while the wrapper's children are still being added (before: a raw KeyError 'modules_to_save'
+    on every rank building a ParallelModule of a peft model with `modules_to_save`, round 14 r14b)."""
+    parent._modules[name] = child
 
 
 def submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -32,20 +32,16 @@ def submodule(root: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 def add_member(owner: torch.nn.Module, name: str, tensor: torch.Tensor, is_buffer: bool, persistent: bool) -> None:
-    """Register `tensor` as parameter or buffer `name` of `owner`. A model's tensor named like an attribute of
-    ParallelModule itself (a counter buffer `step`, a submodule `traced`) goes into the module's tensor dict
-    directly: `register_buffer` refused it (an untyped KeyError on every rank), and the name keeps meaning the
-    API (`pm.step(...)`) while state_dict(), named_buffers() and the program (`member`) read the tensor."""
-    store = owner._buffers if is_buffer else owner._parameters
-    if name in store or not hasattr(owner, name):
-        if is_buffer:
-            owner.register_buffer(name, tensor, persistent=persistent)
-        else:
-            owner.register_parameter(name, tensor)
-        return
-    store[name] = tensor
+    """Put `tensor` into `owner`'s parameter or buffer dict under the model's own name, as `add_child` does for
+    modules (`register_buffer` / `register_parameter` refuse a name that is an attribute of ParallelModule itself,
+    a counter buffer `step`, with an untyped KeyError on every rank, and call the class's `__getattr__`): the name
+    keeps meaning the API (`pm.step(...)`) while state_dict(), named_buffers() and the program (`member`) read
+    the tensor."""
+    (owner._buffers if is_buffer else owner._parameters)[name] = tensor
     if is_buffer and not persistent:
         owner._non_persistent_buffers_set.add(name)
+    elif is_buffer:
+        owner._non_persistent_buffers_set.discard(name)
 
 
 def member(module: torch.nn.Module, name: str):

@@ -31,7 +31,6 @@ skeleton is traced with them applied.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +45,7 @@ from ..rewriter.spec import NodeSharding, ShardingSpec
 from ..tracer.graph import TracedGraph, is_view, mutated_args
 from ..tracer.trace import trace
 from .mirror import apply_settings, restore_settings
+from .module_copy import copy_module
 
 MODE_ARGUMENTS = frozenset({"training", "train", "use_input_stats"})
 """Schema argument names of ATen ops that carry the module mode (batch_norm, instance_norm, dropout and its
@@ -84,7 +84,7 @@ class Retracer:
             fake = mode.from_tensor(t.detach())
             memo[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake
         try:
-            skeleton = copy.deepcopy(model, memo)
+            skeleton = copy_module(model, memo)
         except Exception as exc:  # any object a module holds may refuse to be copied
             return cls(None, None, "the model could not be deep-copied into a storage-free skeleton when the "
                                    f"ParallelModule was built ({type(exc).__name__}: {exc}); make it deep-copyable")

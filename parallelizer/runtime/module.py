@@ -67,6 +67,7 @@ from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, carry_over
+from .module_copy import copy_module
 from .precision import autocast
 from .step import LossFn, check_grad_enabled, check_loss_source, compute_loss
 
@@ -435,7 +436,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
                                  self.coords).clone()
             tensor = full if info.is_buffer else torch.nn.Parameter(full, locals_[fqn].requires_grad)
             memo.setdefault(id(attribute_at(skeleton, fqn)), tensor)
-        model = copy.deepcopy(skeleton, memo)
+        model = copy_module(skeleton, memo)
         tree = {name: id(module) for name, module in model.named_modules()}
         flags, changes = self._modes()
         apply_settings(model, changes)  # the copy as the mirrors are now: modes and settings changed since build

@@ -41,7 +41,6 @@ shows the codec's measured deviation from one device (and does not match within 
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import warnings
@@ -56,6 +55,7 @@ from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .launch import spawn
+from .module_copy import copy_module
 from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
@@ -231,11 +231,11 @@ def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, micr
     other random numbers, takes another branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
     first = microbatch_of(tuple(inputs), kwargs, microbatches)
     with torch.no_grad():
-        own = copy.deepcopy(model)(*first[0], **first[1])
-        fp64 = _float64_run(copy.deepcopy(model), *first)
+        own = copy_module(model)(*first[0], **first[1])
+        fp64 = _float64_run(copy_module(model), *first)
     if fp64 is None or not same_computation(tensor_leaves(own), tensor_leaves(fp64[0]), compute):
         return None
-    return copy.deepcopy(model).double(), widened((tuple(inputs), kwargs))
+    return copy_module(model).double(), widened((tuple(inputs), kwargs))
 
 
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
@@ -268,8 +268,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     m = pipe["microbatches"]
-    reference = copy.deepcopy(model)
-    exact = copy.deepcopy(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
+    reference = copy_module(model)
+    exact = copy_module(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
     exact_inputs, judge = (inputs, kwargs), None
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))

@@ -44,6 +44,7 @@ from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE
 from .launch import create_groups, spawn
 from .module import ParallelModule
+from .module_copy import copy_module
 from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
 from .zero1 import plan_optimizer, runs_zero1
@@ -485,9 +486,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
-    reference = copy.deepcopy(model)
+    reference = copy_module(model)
     # the reference without the recipe (its rounding), or a float64 copy of the model (`float64_excess`)
-    exact = copy.deepcopy(model) if spec.autocast is not None or wide else None
+    exact = copy_module(model) if spec.autocast is not None or wide else None
     traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
     if key not in traces:

@@ -28,6 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .graph import as_real, draws_random
+from .slots import tensor_slots_kept
 from .leaves import leaves_by_path, pair_by_path
 
 MAX_ELEMENTS = 50_000_000  # parameter elements (~200 MB in fp32): two host forwards stay cheaper than the trace
@@ -126,7 +127,7 @@ def _state_kept(model: torch.nn.Module):
         for d, state in zip(devices, cuda_states):
             torch.cuda.set_rng_state(state, d)
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), tensor_slots_kept(model):
             cpu_state = torch.get_rng_state()
             cuda_states = [torch.cuda.get_rng_state(d) for d in devices]
             yield restore

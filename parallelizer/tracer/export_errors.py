@@ -50,10 +50,13 @@ def _tracing_branch(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = None) -> TraceError:
+def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = None,
+              on_meta: bool = False) -> TraceError:
     """Turn an export failure into a TraceError naming the construct and the user's file:line. `runs_eagerly`
     (asked only for an error that is not a known construct: `eager_check.runs_eagerly` on the same inputs)
-    tells a model that fails under export only (another path when traced) from one that fails eagerly too."""
+    tells a model that fails under export only (another path when traced) from one that fails eagerly too;
+    `on_meta` (the model and inputs on the meta device, where no eager call tells) adds the CPU remedy to an
+    otherwise unknown error."""
     text = str(exc)
     location = _user_location(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
@@ -135,7 +138,12 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
             "this is an error of the model's code, config or inputs, not of tracing (model(*inputs) fails the "
             "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
     return TraceError(f"the model ({type(exc).__name__})", location,
-                      "make forward traceable by torch.export(strict=False); see the cause above", detail=first)
+                      "make forward traceable by torch.export(strict=False); see the cause above"
+                      + ("; the model was traced on the meta device (`parallelizer plan` builds it there), where code "
+                         "that runs only on a real device raises (x-transformers' "
+                         "`torch.autocast(x.device.type, enabled=False)`: 'unsupported scalarType'): if the model runs "
+                         "on CPU, plan the CPU model from Python: parallelizer.plan(parallelizer.trace(model, inputs), "
+                         "mesh)" if on_meta else ""), detail=first)
 
 
 def _assert_line(exc: BaseException) -> str | None:

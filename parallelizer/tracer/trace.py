@@ -48,6 +48,7 @@ from .eager_check import compare_with_eager, runs_eagerly
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
+from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
 _SCALAR_TYPES = (int, float, bool, type(None))
@@ -84,9 +85,11 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
-    with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), \
-            custom_backward_watch(notes), python_state_watch(model, notes):
+    with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), custom_backward_watch(notes), \
+            python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes):
         exported = _export(model, example_inputs, example_kwargs)
+    if stored:
+        drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)
     with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
         compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
     gm = exported.graph_module
@@ -280,7 +283,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
-        raise translate(exc, lambda: runs_eagerly(model, args, kwargs)) from exc
+        raise translate(exc, lambda: runs_eagerly(model, args, kwargs), _on_meta(model)) from exc
     finally:
         shapes_log.setLevel(level)
     sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward

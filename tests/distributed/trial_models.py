@@ -727,3 +727,55 @@ class ScatterLike(torch.nn.Module):
 
 def scatter_like():
     return ScatterLike(), (torch.randn(4, 5, 16),)
+class LambdaTiedHead(nn.Module):
+    """A head tied to the embedding through a lambda stored on the module (x-transformers' `tie_embedding`:
+    `self.to_logits = lambda t: t @ self.token_emb.emb.weight.t()`; round 14, trial r14b): `copy.deepcopy`
+    shares the lambda, so a copy's head read the ORIGINAL's embedding. The rehearsal's reference did (a false
+    "differs" on every plan: embedding gradient 1.3e-2 apart), and so did the eval program and `full_model`
+    (outputs 1.19 off after 2 AdamW steps on one device, silently)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, H)
+        self.mid = nn.Linear(H, H)
+        self.to_logits = lambda t: t @ self.emb.weight.t()
+
+    def forward(self, ids, labels):
+        logits = self.to_logits(torch.tanh(self.mid(self.emb(ids))))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def lambda_tied_head():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 20, (B, T), generator=torch.Generator().manual_seed(1))
+    return LambdaTiedHead(), (ids, ids.roll(-1, 1))
+
+
+class CachedBias(nn.Module):
+    """An ALiBi-style position bias cached by registering a buffer in forward on the first call (x-transformers'
+    `AlibiPositionalBias`; round 14, trial r14b): export left a FakeTensor in that buffer, so the model (and
+    every rank's reference copy) raised DataDependentOutputException (aten.equal) on its next call."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(H, 3 * H), nn.Linear(H, H)
+        self.register_buffer("slopes", torch.tensor([0.5, 0.25]).view(2, 1, 1), persistent=False)
+        self.register_buffer("bias", None, persistent=False)
+
+    def position_bias(self, n):
+        if self.bias is not None and self.bias.shape[-1] >= n:
+            return self.bias[..., :n, :n]
+        pos = torch.arange(n)
+        self.register_buffer("bias", -(pos[None, :] - pos[:, None]).abs() * self.slopes, persistent=False)
+        return self.bias
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, H // 2).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-1, -2) / (H // 2) ** 0.5 + self.position_bias(n)).softmax(-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(b, n, H)).pow(2).mean()
+
+
+def cached_bias():
+    torch.manual_seed(0)
+    return CachedBias(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)

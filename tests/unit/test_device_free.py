@@ -304,3 +304,25 @@ def test_a_tensor_made_in_forward_without_device_on_a_meta_model_gets_the_device
         parallelizer.trace(model, (torch.randn(4, 8, device="meta"),))
     assert "device=x.device" in str(caught.value) and "test_device_free.py" in str(caught.value)
     parallelizer.trace(_StateWithoutDevice(), (torch.randn(4, 8),))  # on CPU it traces
+
+
+class _AutocastOff(nn.Module):
+    """x-transformers' pattern (round 14, r14b): `with torch.autocast(x.device.type, enabled=False)` in forward,
+    which raises 'unsupported scalarType' for device type 'meta', where `parallelizer plan` builds the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return self.lin(x)
+
+
+def test_an_error_raised_only_on_meta_gets_the_cpu_remedy():
+    """Before: 'make forward traceable by torch.export(strict=False)', though the CPU model traces."""
+    with pytest.raises(parallelizer.TraceError) as caught:
+        parallelizer.trace(_AutocastOff().to("meta"), (torch.randn(2, 4, device="meta"),))
+    assert "traced on the meta device" in str(caught.value) and "parallelizer.plan(parallelizer.trace(model" \
+        in str(caught.value), str(caught.value)
+    parallelizer.trace(_AutocastOff(), (torch.randn(2, 4),))  # on CPU it traces

@@ -1,0 +1,75 @@
+"""Deep copies of a user's model that compute with their own tensors.
+
+`copy.deepcopy` copies a Python function as it is: a function stored on a module whose closure holds the
+module, a submodule or a tensor of the model (x-transformers' `tie_embedding`:
+`self.to_logits = lambda t: t @ self.token_emb.emb.weight.t()`; a forward hook closing over `self`) is shared
+by the copy, so the copy computes with the ORIGINAL's tensors. Every copy this package makes of a user's model
+(the rehearsal's references, the mode-change skeleton, `ParallelModule.full_model`) goes through
+`copy_module`, which rebinds such closures to the copy. Before: the eval program of a model tied through a
+lambda used the weights the model had when it was wrapped, frozen (outputs 1.19 off after 2 AdamW steps on one
+device), and `rehearse` compared the plan with a reference that did the same (a false "differs", every plan).
+"""
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+
+
+def copy_module(model: torch.nn.Module, memo: dict | None = None) -> torch.nn.Module:
+    """`copy.deepcopy(model, memo)` whose functions held by its modules (attributes, hook dicts, lists of them)
+    close over copies of what the originals closed over: every closure cell whose object was copied (a module,
+    a tensor, a container; `memo` maps the original's id to its copy, as in `copy.deepcopy`) now holds the
+    copy. Functions without such cells stay the same objects."""
+    memo = {} if memo is None else memo
+    clone = copy.deepcopy(model, memo)
+    for module in clone.modules():
+        for key, value in list(vars(module).items()):
+            new = _rebound_in(value, memo)
+            if new is not value:
+                module.__dict__[key] = new
+    return clone
+
+
+def _rebound_in(value, memo: dict):
+    """`value` with its functions rebound (`_rebound`): a function, or one level of dict / list / tuple of them
+    (the copy's own containers are changed in place; deepcopy made them)."""
+    if isinstance(value, types.FunctionType):
+        return _rebound(value, memo)
+    if isinstance(value, dict):
+        for k, v in list(value.items()):
+            if isinstance(v, types.FunctionType):
+                value[k] = _rebound(v, memo)
+    elif isinstance(value, list):
+        value[:] = [_rebound(v, memo) if isinstance(v, types.FunctionType) else v for v in value]
+    elif isinstance(value, tuple) and any(isinstance(v, types.FunctionType) for v in value):
+        return tuple(_rebound(v, memo) if isinstance(v, types.FunctionType) else v for v in value)
+    return value
+
+
+def _rebound(fn: types.FunctionType, memo: dict) -> types.FunctionType:
+    """`fn`, or a new function of the same code whose closure cells hold the copies `memo` names (functions in
+    cells rebound too; the new function is recorded in `memo`, so cycles and shared functions resolve once)."""
+    if id(fn) in memo:
+        return memo[id(fn)]
+    if not fn.__closure__:
+        return fn
+    memo[id(fn)] = fn  # while its cells are looked at: a function closing over itself keeps itself
+    contents = []
+    for cell in fn.__closure__:
+        try:
+            obj = cell.cell_contents
+        except ValueError:  # an empty cell (a name assigned after the function was made)
+            contents.append(cell)
+            continue
+        new = _rebound(obj, memo) if isinstance(obj, types.FunctionType) else memo.get(id(obj), obj)
+        contents.append(cell if new is obj else types.CellType(new))
+    if all(a is b for a, b in zip(contents, fn.__closure__)):
+        memo.pop(id(fn))
+        return fn
+    new_fn = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, tuple(contents))
+    new_fn.__kwdefaults__, new_fn.__qualname__, new_fn.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
+    new_fn.__dict__.update(fn.__dict__)
+    memo[id(fn)] = new_fn
+    return new_fn

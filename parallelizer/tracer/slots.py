@@ -1,0 +1,130 @@
+"""Tensors a forward stores on the model's modules, put back after tracing (`tensor_slots_kept`).
+
+A forward may store a tensor on a module instead of writing one in place: a cache registered in forward
+(x-transformers' ALiBi: `self.register_buffer('bias', bias, persistent=False)` on its first call, read on later
+calls), `self.cache = tensor`, a parameter replaced. export runs forward on FakeTensors and restores only the
+tensors it swapped in, so such a slot kept a FakeTensor: the user's model, and every copy of it (the rehearsal's
+references, the eager check), then raised torch's "DataDependentOutputException: aten.equal" or read a tensor
+without data on its next call (before: `rehearse` of x-transformers' `alibi_pos_bias=True` failed on every rank).
+The slots are put back as they were (added ones removed), the traced program computes such a tensor at every
+call, and the change is noted and warned: equal for a cache, while state meant for the next call is not carried.
+
+torch.export (2.13) also records such a store as a write into a USER INPUT: `register_buffer('bias', t)` into a
+slot that held None gave `aten.copy_(x, t)` on the input `x`, so the exported (and every parallel) program
+overwrote the caller's batch with the bias (1.66 off), or crashed building the program when the shapes differ
+(`VerificationError`). `drop_phantom_input_writes` removes such a write when the eager forward does not write
+that input (checked on copies of the example inputs).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
+
+_KINDS = ("_parameters", "_buffers")
+
+
+def _slots(model: torch.nn.Module) -> dict[tuple[str, str, str], object]:
+    """(module name, kind, key) -> object of every parameter / buffer slot and tensor-valued plain attribute."""
+    found = {}
+    for name, module in model.named_modules():
+        for kind in _KINDS:
+            found.update({(name, kind, key): value for key, value in vars(module)[kind].items()})
+        found.update({(name, "", key): value for key, value in vars(module).items()
+                      if isinstance(value, torch.Tensor)})
+    return found
+
+
+@contextlib.contextmanager
+def tensor_slots_kept(model: torch.nn.Module, notes: list[str] | None = None):
+    """On exit, every parameter / buffer slot and tensor attribute of `model`'s modules holds the object it held
+    on entry (slots added inside are removed). With `notes`, a change is noted there and warned. Yields a list
+    that holds, after exit, the (module name, kind, key) of each slot changed inside."""
+    before = _slots(model)
+    changed: list[tuple[str, str, str]] = []
+    try:
+        yield changed
+    finally:
+        after = _slots(model)
+        changed += sorted(k for k, v in after.items() if k not in before or before[k] is not v)
+        modules = dict(model.named_modules())
+        for name, kind, key in changed:
+            module = modules[name]
+            if (name, kind, key) in before:
+                (vars(module)[kind] if kind else vars(module))[key] = before[(name, kind, key)]
+            else:
+                del (vars(module)[kind] if kind else vars(module))[key]
+        if changed and notes is not None:
+            text = ("forward stores tensors on the model (" + ", ".join(
+                f"{name + '.' if name else ''}{key}" for name, _, key in changed[:5]) + "): tracing put them "
+                "back as they were; the traced and the parallel program compute them at every call, which is equal "
+                "for a cache (x-transformers' ALiBi bias) but does not carry state to the next call as the model "
+                "would (a memory kept as `self.mem = ...`): keep such state in a registered buffer written in "
+                "place, or pass it as an input")
+            notes.append(text)
+            warnings.warn(text, stacklevel=4)
+
+
+def drop_phantom_input_writes(model: torch.nn.Module, exported, args: tuple, kwargs: dict, notes: list[str]) -> None:
+    """Erase the `copy_`s into user inputs that export recorded after forward stored a tensor on the model
+    (module docstring) when the eager forward, run on copies of the inputs, writes none of its inputs.
+    Raises TraceError when the model cannot run here (meta) to tell."""
+    from ..errors import TraceError
+    from .eager_check import _fresh, _on_meta, _state_kept
+
+    gm = exported.graph_module
+    inputs = {s.arg.name for s in exported.graph_signature.input_specs
+              if s.kind == InputKind.USER_INPUT and hasattr(s.arg, "name")}
+    writes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+              and not n.users and isinstance(n.args[0], torch.fx.Node) and n.args[0].name in inputs]
+    if not writes:
+        return
+    if _on_meta(model, args, kwargs):
+        raise TraceError(f"a tensor stored on the model in forward, which torch.export records as a write into the "
+                         f"input(s) {sorted({n.args[0].name for n in writes})}", None,
+                         "build the model on CPU to trace it, or call it once before tracing so that its cache "
+                         "exists (then forward reads it instead of storing it)")
+    copies = _fresh((args, kwargs))
+    with _state_kept(model), torch.no_grad():
+        model(*copies[0], **copies[1])
+    if any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
+           for a, b in zip(pytree.tree_leaves((args, kwargs)), pytree.tree_leaves(copies))):
+        return  # the forward writes an input itself: its writes are kept (and planned as such)
+    names = sorted({n.args[0].name for n in writes})
+    for node in writes:
+        gm.graph.erase_node(node)
+    gm.recompile()
+    notes.append(f"torch.export recorded a write into the input(s) {', '.join(names)} where forward stored a tensor "
+                 "on the model; the eager forward writes no input, so the write was removed from the graph")
+
+
+@contextlib.contextmanager
+def one_process_view(notes: list[str]):
+    """Inside, `torch.distributed.is_initialized()` answers False: the model is traced as it runs on one device,
+    on the global batch the example inputs hold, which is what every parallel program must compute. A model
+    written for DDP that syncs batch statistics itself when a process group exists (vector-quantize-pytorch's
+    LFQ: `dist.nn.all_reduce(avg_prob) / world_size` of its codebook entropy) could not be exported on ranks
+    (torch's "all_reduce is not supported under torch.compile", a TraceError on every rank of `rehearse` and of
+    `auto_parallelize` under torchrun) and would otherwise trace another graph there than in one process.
+    Noted when forward asked while a group exists."""
+    import torch.distributed as dist
+
+    original = dist.is_initialized
+    asked: list[bool] = []
+
+    def is_initialized() -> bool:
+        asked.append(original())
+        return False
+
+    dist.is_initialized = is_initialized
+    try:
+        yield
+    finally:
+        dist.is_initialized = original
+    if any(asked):
+        notes.append("forward asked torch.distributed.is_initialized() while a process group exists: traced as on "
+                     "one device (False), since the parallel program computes the model's step on the global batch "
+                     "and does its own communication")

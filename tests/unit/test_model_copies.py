@@ -1,0 +1,138 @@
+"""Copies of the user's model that this package makes, and the model after tracing (round 14, trial r14b: models
+from x-transformers). A function stored on a module that closes over the module (x-transformers' tied head
+`self.to_logits = lambda t: t @ self.token_emb.emb.weight.t()`, a hook closing over `self`) must compute with the
+copy's tensors; a tensor a forward stores on a module (x-transformers' ALiBi cache registered in forward) must
+not be left a FakeTensor by tracing. Expected values come from the eager model on one device."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import parallelizer
+from parallelizer.runtime.module_copy import copy_module
+from parallelizer.runtime.pipeline_rehearsal import _float64_reference
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+class LambdaTied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 16)
+        self.mid = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.0)  # a module whose mode the eval program changes
+        self.to_logits = lambda t: t @ self.emb.weight.t()
+
+    def forward(self, ids):
+        return self.to_logits(self.drop(torch.tanh(self.mid(self.emb(ids)))))
+
+
+def _ids():
+    return torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(1))
+
+
+def _trained_pair(steps=2):
+    torch.manual_seed(0)
+    model = LambdaTied()
+    torch.manual_seed(0)
+    reference = LambdaTied()
+    ids = _ids()
+    pm = parallelizer.auto_parallelize(model, (ids,))
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-1) for m in (pm, reference)]
+    for _ in range(steps):
+        for m, opt in zip((pm, reference), opts):
+            F.cross_entropy(m(ids).flatten(0, 1), ids.flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+    return pm, reference, ids
+
+
+def test_eval_program_of_a_head_tied_through_a_lambda_uses_the_trained_embedding():
+    """Before: the eval program (traced from a deepcopy skeleton whose lambda read the original model) used the
+    embedding as it was when wrapped, as a constant: outputs 1.19 off eager after 2 AdamW steps."""
+    pm, reference, ids = _trained_pair()
+    pm.eval()
+    reference.eval()
+    torch.testing.assert_close(pm(ids), reference(ids))
+
+
+def test_full_model_of_a_head_tied_through_a_lambda_computes_with_its_own_embedding():
+    """Before: `full_model()` was a deepcopy whose lambda read the wrapped model's untrained embedding (1.19 off)."""
+    pm, reference, ids = _trained_pair()
+    with pm.full_model(writeback=False) as full:
+        torch.testing.assert_close(full(ids), reference(ids))
+        assert full.to_logits(torch.ones(1, 16)).shape == (1, 20)
+
+
+def test_copy_module_rebinds_closures_over_the_model_its_parameters_and_hooks():
+    torch.manual_seed(0)
+    model = LambdaTied()
+    weight = model.mid.weight
+    model.scaled = lambda t: t * weight.sum()  # closes over a parameter
+    model.mid.register_forward_hook(lambda mod, args, out: out + model.emb.weight[0, 0])  # over the root
+    ids = _ids()
+    expected = model(ids), model.scaled(torch.ones(2))
+    clone = copy_module(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-3.0)  # the original changes; the copy must not follow
+    torch.testing.assert_close((clone(ids), clone.scaled(torch.ones(2))), expected)
+    assert clone.to_logits.__code__ is model.to_logits.__code__
+    plain = nn.Linear(2, 2)
+    assert copy_module(nn.Sequential(plain))[0].forward.__func__ is nn.Linear.forward
+
+
+def test_pipeline_float64_reference_of_a_head_tied_through_a_lambda_is_made():
+    """Before: the float64 copy's lambda read the float32 original, so the copy raised a dtype error and the
+    pipeline rehearsal lost its float64 judge (`_float64_reference` returned None)."""
+    torch.manual_seed(0)
+    model, ids = LambdaTied(), _ids()
+    made = _float64_reference(model, (ids,), {}, 1, None)
+    assert made is not None
+    wide, (args, kwargs) = made
+    torch.testing.assert_close(wide(*args, **kwargs).float(), model(ids), rtol=1e-5, atol=1e-5)
+
+
+class RegistersInForward(nn.Module):
+    """A bias cached by `register_buffer` on the first call (x-transformers' ALiBi), and a tensor attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.register_buffer("bias", None, persistent=False)
+
+    def forward(self, x):
+        if self.bias is None or self.bias.shape[-1] < x.shape[-1]:
+            self.register_buffer("bias", torch.arange(x.shape[-1], dtype=x.dtype) * 0.1, persistent=False)
+        self.last = x.detach()
+        return self.lin(x) + self.bias
+
+
+def test_tracing_leaves_no_fake_tensor_where_forward_stored_one_and_notes_it():
+    """Before: export left FakeTensors in the slots, and the model raised on its next call; and torch.export
+    recorded the stored bias as a write into the input x (`copy_(x, bias)`), so the program raised a
+    VerificationError building (plain export's program overwrote the caller's x, 1.66 off)."""
+    torch.manual_seed(0)
+    model, x = RegistersInForward(), torch.randn(3, 6)
+    expected = RegistersInForward()
+    expected.load_state_dict(model.state_dict())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = parallelizer.trace(model, (x,))
+    assert model.bias is None and "last" not in vars(model)
+    torch.testing.assert_close(model(x), expected(x))
+    assert any("forward stores tensors on the model (last, bias)" in n for n in traced.notes), traced.notes
+    assert any("forward stores tensors" in str(w.message) for w in caught)
+    assert not any(n.target is torch.ops.aten.copy_.default for n in traced.graph_module.graph.nodes)
+    torch.manual_seed(0)
+    pm = parallelizer.auto_parallelize(RegistersInForward(), (x,))
+    before = x.clone()
+    torch.testing.assert_close(pm(x), expected(x))
+    torch.testing.assert_close(x, before, rtol=0, atol=0)  # the caller's input is not written
