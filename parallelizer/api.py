@@ -328,12 +328,14 @@ def _intra_mesh(dp: int, tp: int) -> MeshSpec:
 
 def _search_record(found) -> dict:
     """What `plan.model["search"]` keeps of the search: the winner, how much was priced (no wall times) and
-    why this schedule (`planner.pipeline.ScheduleAlternative` per searched schedule, the winner first)."""
+    why this schedule (`planner.pipeline.ScheduleAlternative` per searched schedule, the winner first), and
+    the stages that took the memory-lean layout (`StageSpec.lean`)."""
     s = found.search
     return {"mesh": found.mesh.to_dict(), "schedule": found.schedule, "microbatches": found.num_microbatches,
             "microbatch_size": found.microbatch_size, "global_batch": found.global_batch,
             "step_s": found.step_time_s, "candidates": s.candidates, "priced": s.evaluated, "pruned": s.pruned,
             "infeasible_memory": s.infeasible_memory, "simulated": s.simulated,
+            "lean_stages": [st.index for st in found.stages if st.lean],
             "alternatives": [dataclasses.asdict(a) for a in found.alternatives]}
 
 
@@ -372,7 +374,8 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     per_stage = tuple(s.num_blocks for s in found.stages)
     cut = cut_stages(traced, len(per_stage), per_stage)
     p, layouts = plan_stages(traced, cut, sub, stage_cluster, dataclasses.replace(
-        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0))
+        config, axis_roles=roles, memory_budget_bytes=_NO_BUDGET, memory_reserve_bytes=0),
+        lean=tuple(s.lean for s in found.stages))
     memory = tuple(_rank_memory(found, r) for r in range(found.pp))
     b = found.step_breakdown_s
     estimate = PipelineEstimate(found.step_time_s, b["pipeline"], b["bubble"], b["dp_grad_sync"], b["tied_grad_sync"],

@@ -17,7 +17,9 @@ sc21 (default), sc22, h100):
   s/6h + V/(12 l h)) for this GPT), DP/TP/PP communication overlapped, recomputation not stated.
 
 Our MFU: model FLOPs (72 form, no recomputation) / (T x GPUs x peak), for both.
-(schedules offered: SCHEDULES, default 1f1b,interleaved_1f1b)"""
+(schedules offered: SCHEDULES, default 1f1b,interleaved_1f1b; ACTIVATION=gelu: the MLP's GeLU as one op saving only
+its input, as Megatron's fused bias-GeLU kernel does and Korthikanti Table 2 counts, instead of transformers GPT-2's
+default gelu_new, whose eager decomposition saves several 4h-wide intermediates)"""
 import os
 import sys
 import time
@@ -79,7 +81,8 @@ if __name__ == "__main__":
             continue
         t0 = time.time()
         model, inputs = zoo.gpt2(n_layer=l, n_embd=h, n_head=a, vocab_size=V, n_positions=S, batch=1, seq_len=S,
-                                 device="meta", attn_implementation=attn)
+                                 device="meta", attn_implementation=attn,
+                                 **({"activation_function": os.environ["ACTIVATION"]} if "ACTIVATION" in os.environ else {}))
         tg = parallelizer.trace(model.to(torch.bfloat16), inputs)
         f_model = model_flops(batch, S, l, h, V)
         t_their = their_step(batch, S, l, h, V, gpus, figure, peak)

@@ -22,7 +22,7 @@ from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
-from .ilp import Solution, memory_bytes, objective_s, solve
+from .ilp import Solution, memory_bytes, objective_s, solve, solve_lean
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
@@ -31,7 +31,8 @@ from .strategies import build_spaces
 
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
          topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
-         pricer: Pricer | None = None, received: dict[str, str] | None = None, **options) -> Plan:
+         pricer: Pricer | None = None, received: dict[str, str] | None = None, lean: bool = False,
+         **options) -> Plan:
     """Plan the sharding of `traced` on `mesh`.
 
     Args:
@@ -45,6 +46,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         pinned: parameter placeholder -> its only allowed stored layout (`build`).
         pricer: a `Pricer` whose caches the solve reuses (`build`).
         received: input placeholder -> the layout it arrives in (`build`).
+        lean: solve for the memory-lean layout (`ilp.solve_lean`: the fastest within 1% of the least activation
+            bytes) instead of the fastest under the budget: a pipeline stage the search gave that layout.
     Returns:
         The `Plan`.
     Raises:
@@ -56,7 +59,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
                             pricer=pricer, received=received)
-    solution = solve(problem, config)
+    solution = (solve_lean if lean else solve)(problem, config)
     return to_plan(traced, problem, pricer, solution, config)
 
 

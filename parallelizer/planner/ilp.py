@@ -71,7 +71,7 @@ import pulp
 
 from ..config import PlanConfig
 from ..errors import InfeasiblePlanError, format_bytes
-from .problem import Problem, min_memory_bytes
+from .problem import Problem, activation_rows, min_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
@@ -207,6 +207,32 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
     return _solve(problem, config, True)
 
 
+LEAN_SLACK = 0.01  # `solve_lean`: the fastest layout within 1% of the least activation bytes
+
+
+def activation_bytes(problem: Problem, choice: tuple[int, ...]) -> float:
+    """Bytes saved for backward of a choice (the activation part of the memory row, `problem.activation_rows`)."""
+    return float(sum(float(a[c]) for a, c in zip(activation_rows(problem), choice)))
+
+
+def solve_lean(problem: Problem, config: PlanConfig) -> Solution:
+    """The memory-lean layout: the fastest choice (the ILP of the module docstring, without recomputation
+    variables: the caller prices recomputation per mode) among those whose activation bytes are within
+    `LEAN_SLACK` of the least any choice saves. Two solves: (1) minimise the activation bytes (the memory row
+    less the parameters' training state); (2) minimise time under an added row `activations <= A1 (1 + slack)`.
+    On a tensor-parallel mesh this reaches the sequence-parallel layout of Korthikanti et al. 2022 (norms,
+    dropouts and residual adds sharded between the tp matmuls, reduce-scatter + all-gather instead of
+    all-reduce) when the rule table offers it, since no other layout saves fewer bytes; the pipeline search
+    (`planner.search`) chooses per stage between it and `solve`'s time-optimal layout.
+
+    Raises:
+        InfeasiblePlanError: as `solve`.
+    """
+    least = _solve(problem, config, False, minimise="activations")
+    bound = activation_bytes(problem, least.choice) * (1 + LEAN_SLACK) + 1.0
+    return _solve(problem, config, False, act_bound_bytes=bound)
+
+
 def recompute_cost(problem: Problem, choice: tuple[int, ...], counts: dict[int, dict[str, int]]) -> tuple[float, float]:
     """(extra seconds, saved-bytes change) of `counts[class][mode]` instances recomputing at `choice`."""
     extra = delta = 0.0
@@ -218,8 +244,11 @@ def recompute_cost(problem: Problem, choice: tuple[int, ...], counts: dict[int, 
     return extra, delta
 
 
-def _solve(problem: Problem, config: PlanConfig, recompute: bool) -> Solution:
-    """The ILP of the module docstring, with the recomputation variables when `recompute`."""
+def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str = "time",
+           act_bound_bytes: float | None = None) -> Solution:
+    """The ILP of the module docstring, with the recomputation variables when `recompute`. `minimise`:
+    "time" (the objective of the module docstring) or "activations" (the activation bytes, `solve_lean`);
+    `act_bound_bytes`: an added row bounding the activation bytes (`solve_lean`)."""
     check_memory(problem, config, recompute)
     prob = pulp.LpProblem("parallelizer_plan", pulp.LpMinimize)
     x: list[list] = []
@@ -261,6 +290,16 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool) -> Solution:
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
     counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
+    acts = activation_rows(problem)
+    if minimise == "activations":  # MB, so that the solver's gaps resolve bytes as they resolve microseconds
+        terms = [(v, float(a) / 1e6) for g in range(len(x)) for v, a in zip(x[g], acts[g])
+                 if not isinstance(v, int) and a]
+    if act_bound_bytes is not None:
+        fixed_act = sum(float(acts[g][0]) for g in range(len(x)) if len(x[g]) == 1)
+        prob += pulp.LpAffineExpression([(v, float(a) / _GB) for g in range(len(x)) for v, a in zip(x[g], acts[g])
+                                         if not isinstance(v, int) and a]) <= (act_bound_bytes - fixed_act) / _GB, \
+            "activations"
+        num_cons += 1
     prob += pulp.LpAffineExpression(terms)
     fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1)
     prob += pulp.LpAffineExpression(mem_terms) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, "memory"

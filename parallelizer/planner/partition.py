@@ -18,6 +18,12 @@ memory(s, i, j) are those of the cheapest mode whose memory fits (a block's seco
 bytes shrink with recomputation, so the fastest feasible mode is the first that fits); the DP below is
 unchanged otherwise and stays exact for that per-stage choice.
 
+Memory-lean stage layouts (`planner.search`): a mode may also stand for another intra-stage layout (the
+sequence-parallel-like one of `ilp.solve_lean`), whose parameters' state and embedding / head parts differ
+too: `mode_block_state_bytes` and `mode_ends` give them per mode (default: the same for every mode). The
+modes are then ordered by their seconds per block (the search sorts them), and a stage still takes the first
+that fits; exact when every block and the end parts order the modes alike (identical blocks: always).
+
 Dynamic programme over cut positions: best[s][j] = min over i of max(best[s-1][i], time(s, i, j)) among
 feasible (memory(s, i, j) <= limit[s]) stages; O(M S L^2), vectorised over (i, j) with numpy. Exact for the
 min-max objective (the same recurrence as the linear partition problem, Skiena, "The Algorithm Design
@@ -54,14 +60,27 @@ class ChainCosts:
     modes: tuple[str, ...] = ("none",)
     mode_block_s: tuple[tuple[float, ...], ...] = ()
     mode_block_act_bytes: tuple[tuple[float, ...], ...] = ()
+    mode_block_state_bytes: tuple[tuple[float, ...], ...] = ()
+    mode_ends: tuple[tuple[float, float, float, float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
-        """`mode_block_s` / `mode_block_act_bytes`: one row per entry of `modes` (default: the single row
-        `block_s` / `block_act_bytes` as mode "none")."""
+        """`mode_block_s` / `mode_block_act_bytes` / `mode_block_state_bytes`: one row per entry of `modes`
+        (default: `block_s` / `block_act_bytes` for a single mode "none", `block_state_bytes` for every mode);
+        `mode_ends`: per mode (pre_s, post_s, pre_state_bytes, pre_act_bytes, post_state_bytes, post_act_bytes)
+        (default: the fields' values for every mode)."""
         n = len(self.block_s)
         if n == 0:
             raise ValueError("ChainCosts.block_s is empty: need at least one block")
-        for name, base in (("mode_block_s", self.block_s), ("mode_block_act_bytes", self.block_act_bytes)):
+        ends = (self.pre_s, self.post_s, self.pre_state_bytes, self.pre_act_bytes, self.post_state_bytes,
+                self.post_act_bytes)
+        object.__setattr__(self, "mode_block_state_bytes", tuple(tuple(r) for r in self.mode_block_state_bytes)
+                           or (tuple(self.block_state_bytes),) * len(self.modes))
+        object.__setattr__(self, "mode_ends", tuple(tuple(float(x) for x in e) for e in self.mode_ends)
+                           or (ends,) * len(self.modes))
+        if len(self.mode_ends) != len(self.modes) or any(len(e) != 6 for e in self.mode_ends):
+            raise ValueError(f"ChainCosts.mode_ends: need one 6-tuple per mode of {self.modes}")
+        for name, base in (("mode_block_s", self.block_s), ("mode_block_act_bytes", self.block_act_bytes),
+                           ("mode_block_state_bytes", self.block_state_bytes)):
             rows = tuple(tuple(r) for r in getattr(self, name)) or (tuple(base),)
             object.__setattr__(self, name, rows)
             if len(rows) != len(self.modes) or any(len(r) != n for r in rows):
@@ -81,16 +100,18 @@ class ChainCosts:
 
     def stage_time_s(self, s: int, num_stages: int, i: int, j: int, mode: int = 0) -> float:
         """time(s, i, j) of the module docstring, its blocks in mode `modes[mode]`."""
-        return float(sum(self.mode_block_s[mode][i:j]) + (self.pre_s if s == 0 else 0.0)
-                     + (self.post_s if s == num_stages - 1 else 0.0)
+        pre_s, post_s = self.mode_ends[mode][:2]
+        return float(sum(self.mode_block_s[mode][i:j]) + (pre_s if s == 0 else 0.0)
+                     + (post_s if s == num_stages - 1 else 0.0)
                      + (self.cut_bwd_s[i] if s > 0 else 0.0) + (self.cut_fwd_s[j] if s < num_stages - 1 else 0.0))
 
     def stage_memory_bytes(self, s: int, num_stages: int, i: int, j: int, inflight: float = 1.0,
                            mode: int = 0) -> tuple[float, float]:
         """(state bytes, activation bytes of ONE microbatch) of stage s over blocks [i, j) in mode `mode`."""
         first, last = s == 0, s == num_stages - 1
-        state = sum(self.block_state_bytes[i:j]) + first * self.pre_state_bytes + last * self.post_state_bytes
-        act = sum(self.mode_block_act_bytes[mode][i:j]) + first * self.pre_act_bytes + last * self.post_act_bytes
+        _, _, pre_state, pre_act, post_state, post_act = self.mode_ends[mode]
+        state = sum(self.mode_block_state_bytes[mode][i:j]) + first * pre_state + last * post_state
+        act = sum(self.mode_block_act_bytes[mode][i:j]) + first * pre_act + last * post_act
         return float(state), float(act)
 
     def stage_mode(self, s: int, num_stages: int, i: int, j: int, inflight: float, limit_bytes: float) -> int:
@@ -136,7 +157,7 @@ def partition_chain(costs: ChainCosts, num_stages: int, inflight: tuple[float, .
     ranges = lambda x: (lambda c: c[None, :] - c[:, None])(np.concatenate([np.zeros(1), np.cumsum(x)]))
     base_t = np.stack([ranges(row) for row in costs.mode_block_s])  # (M, i, j)
     base_act = np.stack([ranges(row) for row in costs.mode_block_act_bytes])
-    base_state = ranges(costs.block_state_bytes)
+    base_state = np.stack([ranges(row) for row in costs.mode_block_state_bytes])
     ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     valid = jj > ii
     cut_fwd, cut_bwd = np.asarray(costs.cut_fwd_s), np.asarray(costs.cut_bwd_s)
@@ -145,19 +166,20 @@ def partition_chain(costs: ChainCosts, num_stages: int, inflight: tuple[float, .
     choice = np.zeros((S, n + 1), dtype=int)
     for s in range(S):
         first, last = s == 0, s == S - 1
-        extra = (costs.pre_s if first else 0.0) + (costs.post_s if last else 0.0)
+        cuts_s = 0.0
         if not first:
-            extra = extra + cut_bwd[:, None]
+            cuts_s = cuts_s + cut_bwd[:, None]
         if not last:
-            extra = extra + cut_fwd[None, :]
-        state = base_state + first * costs.pre_state_bytes + last * costs.post_state_bytes
-        room = limits[s] - state - inflight[s] * (first * costs.pre_act_bytes + last * costs.post_act_bytes)
+            cuts_s = cuts_s + cut_fwd[None, :]
         allowed = valid & (ii == 0 if first else True) & (jj == n if last else True)
         # per (i, j) the time of the first mode that fits (module docstring); inf where none fits
         t = np.full((n + 1, n + 1), math.inf)
         for m in range(len(costs.modes) - 1, -1, -1):
-            t = np.where(inflight[s] * base_act[m] <= room, base_t[m], t)
-        cand = np.where(allowed, np.maximum(best[:, None], t + extra), math.inf)
+            pre_s, post_s, pre_state, pre_act, post_state, post_act = costs.mode_ends[m]
+            state = base_state[m] + first * pre_state + last * post_state
+            room = limits[s] - state - inflight[s] * (first * pre_act + last * post_act)
+            t = np.where(inflight[s] * base_act[m] <= room, base_t[m] + first * pre_s + last * post_s, t)
+        cand = np.where(allowed, np.maximum(best[:, None], t + cuts_s), math.inf)
         choice[s] = np.argmin(cand, axis=0)
         best = cand[choice[s], np.arange(n + 1)]
     if not math.isfinite(best[n]):

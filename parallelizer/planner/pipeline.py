@@ -39,6 +39,8 @@ class StageSpec:
         recompute: the activation-recomputation mode of its blocks (`planner.recompute`: "none",
             "selective" or "full"; blocks a user checkpointed keep their own mode); its extra forward
             seconds are in `bwd_s`.
+        lean: its intra-stage layout is the memory-lean one (`ilp.solve_lean`: sequence-parallel-like), which
+            the search takes where it fits more blocks than the time-optimal layout and so is faster.
     """
 
     index: int
@@ -55,6 +57,7 @@ class StageSpec:
     state_bytes: int
     activation_bytes: int
     recompute: str = "none"
+    lean: bool = False
 
     @property
     def num_blocks(self) -> int:
@@ -68,7 +71,7 @@ class StageSpec:
     def kind(self) -> str:
         """Stages of one kind share their intra-stage solve: "6 blocks", "6 blocks + pre", ..."""
         return (f"{self.num_blocks} blocks" + (" + pre" if self.includes_pre else "")
-                + (" + post" if self.includes_post else ""))
+                + (" + post" if self.includes_post else "") + (", lean layout" if self.lean else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,8 @@ class StageKindSummary:
 @dataclass(frozen=True, slots=True)
 class SearchReport:
     """How the outer search went: candidates enumerated, excluded (with reasons and counts), pruned by the
-    lower bound, priced, infeasible for memory; ILP solves (one per tp); wall-clock seconds."""
+    lower bound, priced, infeasible for memory; ILP solves (one per tp, two more per tp whose memory-lean layout
+    was priced, `ilp.solve_lean`); wall-clock seconds."""
 
     candidates: int
     excluded: dict[str, int]
@@ -256,7 +260,8 @@ class PipelinePlan:
             lines.append(f"  {s.index:3d} rank {s.pp_rank:3d}: blocks {s.first_block:3d}-{s.last_block:3d}"
                          f"{' +pre' if s.includes_pre else ''}{' +post' if s.includes_post else ''}  "
                          f"{s.time_s * 1e3:8.2f} ms/microbatch  state {s.state_bytes / gb:6.2f} GB  "
-                         f"act/mb {s.activation_bytes / gb:6.2f} GB  recompute {s.recompute}")
+                         f"act/mb {s.activation_bytes / gb:6.2f} GB  recompute {s.recompute}"
+                         + ("  lean layout" if s.lean else ""))
         modes = {}
         for s in self.stages:
             modes[s.recompute] = modes.get(s.recompute, 0) + s.num_blocks

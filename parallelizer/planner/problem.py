@@ -67,6 +67,7 @@ class Problem:
     recompute_classes: list["RecomputeClass"] = field(default_factory=list)  # free regions ("auto")
     precision: str | None = None  # as priced (`Pricer.precision`): what the infeasible message need not suggest
     output_mem_bytes: int = 0  # of const_mem_bytes: the returned values (`returned_bytes`)
+    state_mem: list[np.ndarray] = field(default_factory=list)  # the training-state part of `mem` (the rest: activations)
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -143,6 +144,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     lin = [np.zeros(n) for n in sizes]
     lin_counts = [np.zeros(n) for n in sizes]
     mem = [np.zeros(n) for n in sizes]
+    state_mem = [np.zeros(n) for n in sizes]
     pairs: dict[tuple[int, int], np.ndarray] = {}
     pair_counts: dict[tuple[int, int], np.ndarray] = {}
     const_mem = 0
@@ -153,7 +155,9 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         space = spaces[p.placeholders[0]]
         g = group_of[space.name]
         numels = [math.prod(local_shape(p.shape, s.output, mesh)) for s in space.strategies]
-        mem[g] += [sum(pricer.param_state_bytes(n, p.requires_grad)) for n in numels]
+        state = [sum(pricer.param_state_bytes(n, p.requires_grad)) for n in numels]
+        mem[g] += state
+        state_mem[g] += state
         lin[g] += [pricer.zero1_broadcast_s(n, p.requires_grad) for n in numels]  # 0 without ZeRO-1
     for name, space in spaces.items():
         g = group_of[name]
@@ -195,7 +199,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     returned = sum(returned_bytes(s.inputs, pricer) for s in spaces.values() if s.kind == "output")
     problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem + returned, budget_bytes,
                       reserve_bytes, folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
-                      precision=pricer.precision, output_mem_bytes=returned)
+                      precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem)
     recompute_terms(problem, tg, pricer, config)
     return problem
 
@@ -338,6 +342,12 @@ def _unique(items: list) -> tuple[list, np.ndarray]:
 def min_memory_bytes(problem: Problem) -> int:
     """The least per-device memory any plan needs (memory is a sum of independent per-group choices)."""
     return int(problem.const_mem_bytes + sum(float(m.min()) for m in problem.mem))
+
+
+def activation_rows(problem: Problem) -> list[np.ndarray]:
+    """Per group, the activation part of `mem` (bytes saved for backward, forced recomputation folded in): `mem`
+    less the training state of stored parameter shards (`state_mem`)."""
+    return [m - s for m, s in zip(problem.mem, problem.state_mem)] if problem.state_mem else list(problem.mem)
 
 
 def layout_of(problem: Problem, name: str, choice: list[int]) -> Strategy:

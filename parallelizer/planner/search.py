@@ -12,6 +12,16 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    `segments.SegmentPrices.rc_extra_lin` adds the recomputed forward to B, `rc_act_delta` changes the
    saved bytes); the budget is the device's (or `memory_budget_bytes`) minus the reserve, exactly as
    `parallelizer.plan` (`api.memory_budget`);
+   memory-lean stage layouts: the intra-stage ILP chooses each layout for TIME (memory is only a constraint,
+   and the segment solve has none), which at tp = 8 keeps part of a block replicated (11.25 s b h per layer
+   with selective recomputation against the 4.25 of Megatron's tensor + sequence parallelism, Korthikanti et
+   al. 2022 Table 2). Where memory binds for a candidate on tp > 1 (no partition fits, a stage recomputes, or
+   the balanced cut is not the one without a memory limit), the segments are priced a second time with the
+   memory-lean layout (`ilp.solve_lean`: the fastest within 1% of the least activation bytes; it reaches
+   Table 2's TP+SP rows) and the DP's modes become (layout, recomputation) pairs ordered by seconds per
+   block: each stage takes the fastest pair that fits (`StageSpec.lean`; `parallelizer.plan` solves those
+   stages lean too, `stage_layouts.plan_stages`). Where memory does not bind the lean layout is not priced
+   (no extra solves: the time-optimal partition is the best);
    point-to-point transfers at the cuts use Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1):
    each tp rank sends 1/tp of the activation over the pipeline link (`send_recv` on the "pp" axis), then
    an all-gather over "tp" inside the node rebuilds it; with `PlanConfig.boundary_compression` the send
@@ -32,14 +42,16 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    the uncompressed sync even fully overlapped with the rank's backward (`DeviceSpec.comm_overlap`).
 
 Pruning (branch and bound), two levels. A candidate's step time is at least
-    LB = m * sum(segment seconds per microbatch) / pp + max((1 - o) A, A - o W / pp),
-    A = all_reduce(sum(gradient bytes) / pp over dp)
-(the bottleneck rank does at least the average work, the bubble is >= 0, and the all-reduce time is affine
-in bytes so the average rank's bucketed sync is >= A; it overlaps at most that rank's last backward, whose
-average is <= W / pp, W = the sum of every segment's b + w + costliest recomputation, when each rank holds
-one stage alone on its device, else only the fraction o (comm_overlap) of it can hide). The segment seconds
+    LB = m * sum(segment seconds per microbatch) / pp + (1 - o) A,   A = all_reduce(sum(gradient bytes) / pp over dp)
+(the bottleneck rank does at least the average work, the bubble is >= 0, the all-reduce time is affine in
+bytes so the average rank's bucketed sync is >= A, and at most the fraction o (comm_overlap) of a sync hides
+under backward; the partition bound below also charges what one stage's last backward cannot hide). The segment seconds
 are those without recomputation, which only adds time, so LB stays a lower bound under any recomputation
-choice. A candidate whose average
+choice; the lean layout's seconds summed over the segments are at least the time-optimal layout's (it solves
+the same ILP under one more row), so LB holds for lean stages too, except for its sync term, which uses the
+time-optimal layout's gradient bytes: a lean layout that shards a parameter the time-optimal one replicates
+(a bias or norm weight; both shard the matmul weights) syncs that many fewer bytes, a known inexactness of
+the bound (< 0.1% of a block's gradients at h >= 1024) left as it is. A candidate whose average
 rank memory (all state plus the leanest mode's activations times the fewest in-flight microbatches, / pp)
 exceeds the budget cannot fit and is not partitioned. Candidates are partitioned in increasing LB order;
 each fitting partition gets a tighter bound (`_Context._price_partition`: per rank, the forward chain
@@ -199,7 +211,7 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
-                          len(ctx.cache), time.perf_counter() - start, simulated)
+                          len(ctx.cache) + 2 * len(ctx.lean_cache), time.perf_counter() - start, simulated)
     alternatives = _alternatives(ctx, best, by_schedule, bounds)
     uncompressed = best[2]["uncompressed_step_s"]
     if ctx.codecs:  # the best plan without gradient compression (its own bound pass over cached prices)
@@ -376,6 +388,8 @@ class _Context:
         self.traced, self.segments, self.cluster, self.config = traced, segments, cluster, config
         self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
         self.cache: dict[int, SegmentPrices] = {}
+        self.lean_cache: dict[int, SegmentPrices] = {}  # tp -> the memory-lean layout's prices (`prices`)
+        self.built: dict[int, tuple] = {}  # tp -> the intra-stage ILP's (problem, pricer), for both layouts
         self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.overlap_grad_sync = True  # plan_pipeline's argument; the fraction of a dp sync that can hide:
@@ -398,10 +412,14 @@ class _Context:
             self.shared[key] = (None, 1.0) if share is None else pipeline_cores(share, *key)
         return self.shared[key]
 
-    def prices(self, tp: int) -> SegmentPrices:
-        if tp not in self.cache:
-            self.cache[tp] = price_segments(self.traced, self.segments, tp, self.cluster, self.config, self.tables)
-        return self.cache[tp]
+    def prices(self, tp: int, lean: bool = False) -> SegmentPrices:
+        """Per-segment prices on tp devices of the time-optimal intra-stage layout, or (`lean`) of the
+        memory-lean one (`ilp.solve_lean`), each solved once per tp."""
+        cache = self.lean_cache if lean else self.cache
+        if tp not in cache:
+            cache[tp] = price_segments(self.traced, self.segments, tp, self.cluster, self.config, self.tables, lean,
+                                       self.built)
+        return cache[tp]
 
     def topology(self, c: Candidate) -> MeshTopology:
         return MeshTopology(self.cluster, (c.pp, c.dp, c.tp), AXES)
@@ -420,13 +438,8 @@ class _Context:
         sync = 0.0
         if not (self.codecs and compressed):
             whole = collective_time_s("all_reduce", float(pr.grads_bytes.sum()) / c.pp, self.topology(c), ("dp",))
-            o = self.sync_overlap
-            sync = (1 - o) * whole
-            if self._one_window(c):  # the average rank's last backward (B = I + W, with its recomputation)
-                # hides at most its share of every segment's b + w + most costly recomputation
-                extra = np.max(np.stack(list(pr.rc_extra_lin.values())), axis=0) if pr.rc_extra_lin else 0.0
-                window = float((b + w + extra * self._scale(c)).sum())
-                sync = max(sync, whole - o * window * shared / c.pp)
+            sync = (1 - self.sync_overlap) * whole  # at most the fraction o of a sync hides (a lean stage's
+            # backward, which the sync may overlap, can be longer than this layout's: no window term here)
         return c.num_microbatches * float((f + b + w).sum()) * shared / c.pp + sync
 
     def _one_window(self, c: Candidate) -> bool:
@@ -450,9 +463,9 @@ class _Context:
         it: a bucket is ready once that backward has produced its share of the bytes); none when dp = 1.
         Without `overlap_grad_sync` one all-reduce of the stage's flat gradient buffer after that backward
         (Megatron-LM's local DDP)."""
-        pr, secs, ready = self.prices(c.tp), [], []
+        secs, ready = [], []
         for st in stages:
-            nbytes = float(pr.grads_bytes[st["segs"]].sum())
+            nbytes = float(st["grads"])
             sizes = [] if c.dp == 1 or not nbytes else bucket_sizes(nbytes) if self.overlap_grad_sync else [nbytes]
             secs.append(tuple(collective_time_s("all_reduce", b, topo, ("dp",)) + self.cluster.device.collective_sync_s
                               for b in sizes))  # each waits for the slowest rank too (`steptime`)
@@ -483,36 +496,62 @@ class _Context:
         return self.evaluated[c]
 
     def _evaluate(self, c: Candidate) -> list[dict]:
-        pr, seg, L = self.prices(c.tp), self.segments, self.segments.num_blocks
+        """`evaluate` with the time-optimal stage layout; where memory binds on a tp > 1 mesh (no partition
+        fits, a stage recomputes, or the balanced cut is not the one without a memory limit) again with each
+        stage free to take the memory-lean layout instead (`ilp.solve_lean`, priced once per tp only then):
+        a mode of the partition DP is then a (layout, recomputation) pair (`partition.py`). Where memory does
+        not bind the time-optimal layout's partition is the best one, so the lean layout is not priced."""
+        if c.tp in self.lean_cache:  # priced already: one DP over both layouts (the same result where memory
+            return self._evaluate_layouts(c, (False, True))[0]  # does not bind: the fastest mode everywhere)
+        plain, binds = self._evaluate_layouts(c, (False,))
+        if c.tp == 1 or not binds:
+            return plain
+        return self._evaluate_layouts(c, (False, True))[0]
+
+    def _evaluate_layouts(self, c: Candidate, layouts: tuple[bool, ...]) -> tuple[list[dict], bool]:
+        """(`evaluate`'s results with stages free to take any of `layouts` (False: time-optimal, True: lean),
+        whether memory binds: see `_evaluate`)."""
+        seg, L = self.segments, self.segments.num_blocks
         v, p, m = get_schedule(c.schedule).virtual_stages, c.pp, c.num_microbatches
         scale, topo = self._scale(c), self.topology(c)
-        f, b, w = pr.time_s(scale)
-        state = self._state(pr, c.dp)
-        t_by = {k: f + b + w + pr.rc_extra_lin[k] * scale for k in self.modes}
-        act_by = {k: (pr.act_bytes + pr.rc_act_delta[k]) * scale for k in self.modes}
+        by_layout, t_by, act_by = {}, {}, {}
+        for lean in layouts:
+            pr = self.prices(c.tp, lean)
+            f, b, w = pr.time_s(scale)
+            by_layout[lean] = (f, b, w, self._state(pr, c.dp))
+            for k in self.modes:
+                t_by[(lean, k)] = f + b + w + pr.rc_extra_lin[k] * scale
+                act_by[(lean, k)] = (pr.act_bytes + pr.rc_act_delta[k]) * scale
+        # modes of the partition DP: fastest per block first (`partition.py`); ties keep (layout, mode) order;
+        # a mode no faster than an earlier one that holds no more bytes anywhere can never be chosen: dropped
+        order = sorted(t_by, key=lambda k: float(t_by[k][1:L + 1].sum()))
+        state_of = {k: by_layout[k[0]][3] for k in order}
+        modes = tuple(k for i, k in enumerate(order) if not any(
+            (state_of[j] <= state_of[k]).all() and (act_by[j] <= act_by[k]).all() and (t_by[j] <= t_by[k]).all()
+            for j in order[:i]))
         rank = [ranks_of_stage(c.schedule, s, p) for s in range(p * v)]  # per copy (bitpipe holds 2)
         held = copies(c.schedule)
         inflight = [inflight_microbatches(c.schedule, p, m, r) for r in range(p)]
         # no partition fits when the average rank does not (state + the leanest mode's activations, each
         # kept for at least the fewest in-flight microbatches): skip the DP
-        lean_act = np.minimum.reduce([act_by[k] for k in self.modes])
-        need_lb = held * (float(state.sum()) + min(inflight) * float(lean_act.sum())) / p
+        need_lb = min(held * (float(by_layout[lean][3].sum()) + min(inflight) * float(np.minimum.reduce(
+            [act_by[(lean, k)] for k in self.modes]).sum())) / p for lean in layouts)
         if need_lb > self.budget:
-            return [{"need_bytes": need_lb}]
+            return [{"need_bytes": need_lb}], True
         p2p = {x: self._p2p_s(x * scale, c, topo) for x in set(seg.cut_fwd_bytes) | set(seg.cut_bwd_bytes)}
         cut_f, cut_b = tuple(p2p[x] for x in seg.cut_fwd_bytes), tuple(p2p[x] for x in seg.cut_bwd_bytes)
-        arrays = (f, b, w, state, t_by, act_by)
-        plain = self._partitions(c, arrays, cut_f, cut_b, rank, inflight, held, topo)
+        arrays = (by_layout, t_by, act_by, modes)
+        plain, binds = self._partitions(c, arrays, cut_f, cut_b, rank, inflight, held, topo)
         if not self.boundary_codecs or c.pp == 1 or "step_lb" not in plain[0]:
-            return plain
+            return plain, binds
         codecs, comp_f, comp_b = boundary.choose(self.boundary_codecs, self.config.boundary_compression != "auto",
                                                  self.boundary_prices, lambda x: self._p2p_s(x, c, topo),
                                                  seg.cut_fwd_bytes, seg.cut_bwd_bytes, scale)
-        comp = self._partitions(c, arrays, comp_f, comp_b, rank, inflight, held, topo)
+        comp, _ = self._partitions(c, arrays, comp_f, comp_b, rank, inflight, held, topo)
         if "step_lb" not in comp[0]:
-            return plain
+            return plain, binds
         for res in comp:  # the uncompressed price of the same stages, and what each boundary sends
-            again = self._price_partition(c, res["cuts"], res["modes"], (f, b, w, state, act_by, cut_f, cut_b),
+            again = self._price_partition(c, res["cuts"], res["modes"], (by_layout, act_by, cut_f, cut_b),
                                           rank, inflight, topo)
             choices = tuple(boundary.BoundaryChoice(
                 k, codecs[j], 8 if codecs[j] == "int8" else None,
@@ -521,37 +560,49 @@ class _Context:
                 comp_f[j] + comp_b[j], cut_f[j] + cut_b[j]) for k, j in enumerate(res["cuts"][1:-1]))
             res["boundary"] = (dict(again, partition=res["partition"], cuts=res["cuts"], modes=res["modes"]),
                                choices)
-        return comp if self.config.boundary_compression != "auto" else plain + comp
+        return (comp if self.config.boundary_compression != "auto" else plain + comp), binds
 
-    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, held: int, topo) -> list[dict]:
+    def _partitions(self, c: Candidate, arrays, cut_f, cut_b, rank, inflight, held: int, topo
+                    ) -> tuple[list[dict], bool]:
         """The DP partition and the even split of one candidate for boundary transfer seconds cut_f / cut_b
-        per cut (`evaluate`), each priced by `_price_partition`: the fitting ones, or [{"need_bytes"}]."""
-        f, b, w, state, t_by, act_by = arrays
+        per cut (`evaluate`), each priced by `_price_partition`: (the fitting ones, or [{"need_bytes"}];
+        whether memory binds: none fits, a stage takes a mode other than the fastest, or the DP's cut is
+        slower than the one without a memory limit). A mode is a (lean layout?, recomputation) pair."""
+        by_layout, t_by, act_by, modes = arrays
         L, v, p = self.segments.num_blocks, get_schedule(c.schedule).virtual_stages, c.pp
-        t0, a0 = t_by[self.modes[0]], act_by[self.modes[0]]
-        chain = ChainCosts(tuple(t0[1:L + 1]), tuple(state[1:L + 1]), tuple(a0[1:L + 1]), float(t0[0]),
-                           float(t0[L + 1]), float(state[0]), float(a0[0]), float(state[L + 1]),
-                           float(a0[L + 1]), cut_f, cut_b, self.modes,
-                           tuple(tuple(t_by[k][1:L + 1]) for k in self.modes),
-                           tuple(tuple(act_by[k][1:L + 1]) for k in self.modes))
+        state_by = {k: by_layout[k[0]][3] for k in modes}
+        ends = tuple((float(t_by[k][0]), float(t_by[k][L + 1]), float(state_by[k][0]), float(act_by[k][0]),
+                      float(state_by[k][L + 1]), float(act_by[k][L + 1])) for k in modes)
+        t0, a0, s0 = t_by[modes[0]], act_by[modes[0]], state_by[modes[0]]
+        chain = ChainCosts(tuple(t0[1:L + 1]), tuple(s0[1:L + 1]), tuple(a0[1:L + 1]), *ends[0][:2],
+                           ends[0][2], ends[0][3], ends[0][4], ends[0][5], cut_f, cut_b,
+                           tuple(("lean:" if lean else "") + k for lean, k in modes),
+                           tuple(tuple(t_by[k][1:L + 1]) for k in modes),
+                           tuple(tuple(act_by[k][1:L + 1]) for k in modes),
+                           tuple(tuple(state_by[k][1:L + 1]) for k in modes), ends)
         limit = self.budget / (v * held)
         stage_inflight = tuple(inflight[r[0]] for r in rank)
         options = {}
+        binds = False
         if self.partitioner == "dp":
             part = partition_chain(chain, p * v, stage_inflight, limit)
             if part is not None:
                 options[part.cuts] = ("dp", part.modes)
+                if not any(part.modes):  # every stage in the fastest mode: is the cut the unlimited one?
+                    free = partition_chain(chain, p * v, stage_inflight)
+                    binds = free is not None and free.max_stage_s < part.max_stage_s
         cuts = uniform_partition(L, p * v)
         if cuts not in options:
             options[cuts] = ("uniform", tuple(chain.stage_mode(s, p * v, cuts[s], cuts[s + 1], stage_inflight[s], limit)
                                               for s in range(p * v)))
         results = []
-        for cuts, (how, modes) in options.items():
-            named = tuple(self.modes[k] for k in modes)
-            res = self._price_partition(c, cuts, named, (f, b, w, state, act_by, cut_f, cut_b), rank, inflight, topo)
+        for cuts, (how, chosen) in options.items():
+            named = tuple(modes[k] for k in chosen)
+            res = self._price_partition(c, cuts, named, (by_layout, act_by, cut_f, cut_b), rank, inflight, topo)
             results.append(dict(res, partition=how, cuts=cuts, modes=named))
         fits = [r for r in results if r["need_bytes"] <= self.budget]
-        return fits or [{"need_bytes": min(r["need_bytes"] for r in results)}]
+        binds = binds or not fits or any(k != modes[0] for r in fits for k in r["modes"])
+        return fits or [{"need_bytes": min(r["need_bytes"] for r in results)}], binds
 
     def _price_partition(self, c: Candidate, cuts, modes, arrays, rank, inflight, topo) -> dict:
         """Stages, ranks, memory (closed-form in-flight counts, equal to the simulated ones: tested) and a
@@ -562,21 +613,26 @@ class _Context:
         (tail); its gradient all-reduce delays its end by at least (1 - o) sync + o max(0, sync - W) (`_exposed_lb`;
         o the hidden fraction, W its one stage's B when it holds one stage alone on its device, else
         unbounded): step >= max_r head + busy + max(tail, that + ZeRO-1's broadcast) + the tied exchange.
-        `exact` simulates the partition's action list."""
-        pr, L = self.prices(c.tp), self.segments.num_blocks
-        f, b, w, state, act_by, cut_f, cut_b = arrays
+        `exact` simulates the partition's action list. modes[s] = (lean layout?, recomputation mode) of stage
+        s (`_partitions`)."""
+        L = self.segments.num_blocks
+        by_layout, act_by, cut_f, cut_b = arrays
         S, p, m = len(cuts) - 1, c.pp, c.num_microbatches
         scale, shared = self._scale(c), self.sharing(c)[1]  # shared: compute seconds -> simulated (sharing)
         stages = []
         for s in range(S):
             i, j = cuts[s], cuts[s + 1]
+            lean, rc = modes[s]
+            pr = self.prices(c.tp, lean)
+            f, b, w, state = by_layout[lean]
             segs = ([0] if s == 0 else []) + list(range(i + 1, j + 1)) + ([L + 1] if s == S - 1 else [])
             f_c = float(f[segs].sum())
-            b_c = float(b[segs].sum() + pr.rc_extra_lin[modes[s]][segs].sum() * scale)
+            b_c = float(b[segs].sum() + pr.rc_extra_lin[rc][segs].sum() * scale)
             stages.append(dict(segs=segs, blocks=(i, j - 1), fwd=f_c + (cut_f[j] if s < S - 1 else 0),
                                bwd=b_c + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
                                fwd_c=f_c, bwd_c=b_c, state=float(state[segs].sum()),
-                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s][0], recompute=modes[s]))
+                               act=float(act_by[modes[s]][segs].sum()), rank=rank[s][0], recompute=rc, lean=lean,
+                               grads=float(pr.grads_bytes[segs].sum()), params=float(pr.params_bytes[segs].sum())))
         # transfers: the simulator charges them across ranks only; the bound and the byte count likewise
         p2p_f, p2p_b = [cut_f[cuts[s + 1]] for s in range(S - 1)], [cut_b[cuts[s + 1]] for s in range(S - 1)]
         held = len(rank[0])
@@ -586,15 +642,15 @@ class _Context:
         syncs, ready = self.stage_syncs(c, stages, topo)
         # the last stage returns the model's outputs of each microbatch whole over dp and tp (`runtime.pipeline`:
         # gathered, then handed to the loss or dropped), so its ranks hold one microbatch of them at a time
-        out_bytes = pr.plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
+        out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
         for r in range(p):
             mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
-            grads = float(sum(pr.grads_bytes[stages[s]["segs"]].sum() for s in mine))
+            grads = sum(stages[s]["grads"] for s in mine)
             sync, after = sum(sum(syncs[s]) for s in mine), 0.0
             if self.config.zero1 == "dp":  # torch's ZeroRedundancyOptimizer runs it: it broadcasts the stepped
                 # parameters after the all-reduce (an all-gather's bytes more than the distributed optimizer's)
-                params = float(sum(pr.params_bytes[stages[s]["segs"]].sum() for s in mine))
+                params = sum(stages[s]["params"] for s in mine)
                 after = collective_time_s("all_gather", params, topo, ("dp",))
             window = sum(stages[s]["bwd_c"] + stages[s]["wgrad"] for s in mine) * shared \
                 if self._one_window(c) else math.inf  # the simulated B of its one stage
@@ -622,8 +678,9 @@ class _Context:
             rc["sync"] if codec == "powersgd" else self._exposed_lb(rc["sync"], rc["window"]),
             self._exposed_lb(rc["plain_sync"], rc["window"]))) for (head_busy, tail), rc in zip(bounds, ranks))
         tied = 0.0
-        if pr.shared_grad_bytes and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
-            tied = collective_time_s("send_recv", pr.shared_grad_bytes, topo, ("pp",))
+        shared_grads = self.prices(c.tp, stages[0]["lean"]).shared_grad_bytes  # the first stage's copy
+        if shared_grads and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
+            tied = collective_time_s("send_recv", shared_grads, topo, ("pp",))
         seg = self.segments
         sent = [0.0] * p  # bytes each device sends per step: activations out of its stages, gradients back
         for k in range(held):
@@ -633,7 +690,7 @@ class _Context:
                     sent[rank[s + 1][k]] += seg.cut_bwd_bytes[cuts[s + 1]]
         p2p_bytes = m / held * scale * max(sent) / c.tp
         # BitPipe: the two copies of a stage exchange gradients (Wu et al. Sec. 3: eager, overlapping compute)
-        copy_sync = tuple(collective_time_s("send_recv", float(pr.grads_bytes[st["segs"]].sum()), topo, ("pp",))
+        copy_sync = tuple(collective_time_s("send_recv", st["grads"], topo, ("pp",))
                           for st in stages) if held > 1 else None
         return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
                     stage_sync=(syncs, ready),
@@ -648,8 +705,9 @@ class _Context:
         microbatches of B + W)."""
         if c.dp == 1 or not self.codecs:
             return "none", {}
-        pr, device, m = self.prices(c.tp), self.cluster.device, c.num_microbatches
-        grads = [[g for s in r["stages"] for seg in stages[s]["segs"] for g in pr.grad_shapes[seg]] for r in ranks]
+        device, m = self.cluster.device, c.num_microbatches
+        grads = [[g for s in r["stages"] for seg in stages[s]["segs"]
+                  for g in self.prices(c.tp, stages[s]["lean"]).grad_shapes[seg]] for r in ranks]
         per_rank = {codec: [sum(compressed_sync_time_s(
             compressed_sync(codec, [shape for shape, _ in g], g[0][1] if g else 4, self.config.powersgd_rank),
             topo, ("dp",), device)) for g in grads] for codec in self.codecs}
@@ -724,7 +782,7 @@ class _Context:
             s, st["rank"], st["blocks"][0], st["blocks"][1], 0 in st["segs"], L + 1 in st["segs"],
             tuple(range(st["rank"] * per_stage, (st["rank"] + 1) * per_stage)),
             tuple(dict.fromkeys(n for k in st["segs"] for n in seg.nodes[k])),
-            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]), st["recompute"])
+            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]), st["recompute"], st["lean"])
             for s, st in enumerate(res["stages"]))
         ranks = tuple(RankCost(r, rc["stages"], rc["fwd"] + rc["bwd"] + rc["wgrad"], rc["inflight"], int(rc["memory"]))
                       for r, rc in enumerate(res["ranks"]))
@@ -743,7 +801,7 @@ class _Context:
             step_breakdown_s={k: res[k] for k in ("pipeline", "bubble", "dp_grad_sync", "tied_grad_sync")},
             flops_per_step=flops, tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak,
             peak_flops_per_s=peak, device=self.cluster.device.name,
-            stage_kinds=self._kinds(stages, res, pr), block_group=seg.group, partition=res["partition"],
+            stage_kinds=self._kinds(stages, res, c.tp), block_group=seg.group, partition=res["partition"],
             intra_stage_solver={"mesh": str(pr.plan.mesh), "solver": s.solver, "status": s.status,
                                 "optimal": s.optimal, "objective_s_at_trace_batch": s.objective_s,
                                 "num_groups": s.num_groups, "num_variables": s.num_variables},
@@ -760,7 +818,7 @@ class _Context:
             boundary_compression=res.get("boundary_compression"), alternatives=alternatives,
             intra_stage_plan=pr.plan)
 
-    def _kinds(self, stages: tuple[StageSpec, ...], res: dict, pr: SegmentPrices) -> tuple[StageKindSummary, ...]:
+    def _kinds(self, stages: tuple[StageSpec, ...], res: dict, tp: int) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""
         by_kind: dict[str, list[int]] = {}
         for st in stages:
@@ -768,6 +826,7 @@ class _Context:
         out = []
         for kind, idx in by_kind.items():
             st, segs = res["stages"][idx[0]], res["stages"][idx[0]]["segs"]
+            pr = self.prices(tp, st["lean"])
             comm = {k: float(pr.comm_lin_s[k][segs].sum() * res["scale"] + pr.comm_fixed_s[k][segs].sum())
                     for k in COMM_KINDS}
             total = float((pr.fwd_lin[segs].sum() + pr.bwd_lin[segs].sum() + pr.rc_extra_lin[st["recompute"]][segs].sum())

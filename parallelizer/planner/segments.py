@@ -43,7 +43,7 @@ from ..tracer import BlockGroup, Role, TracedGraph
 from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
 from .costs import GraphTables, Pricer
-from .ilp import solve
+from .ilp import solve, solve_lean
 from .plan import Plan
 from .problem import layout_of
 from .recompute import RECOMPUTE_MODES, forced_regions
@@ -194,9 +194,13 @@ def tp_cluster(cluster: Cluster, tp: int) -> Cluster:
 
 
 def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cluster,
-                   config: PlanConfig, tables: GraphTables | None = None) -> SegmentPrices:
+                   config: PlanConfig, tables: GraphTables | None = None, lean: bool = False,
+                   built: dict | None = None) -> SegmentPrices:
     """Solve the intra-stage ILP on mesh ("tp",) and price every segment (module docstring). `tables`: the
-    graph's facts shared by the solves for several tp (`costs.GraphTables`); None: computed here.
+    graph's facts shared by the solves for several tp (`costs.GraphTables`); None: computed here. `lean`: the
+    memory-lean layout (`ilp.solve_lean`: the fastest within 1% of the least activation bytes) instead of the
+    time-optimal one, for the stages where memory binds (`planner.search`). `built`: tp -> (problem, pricer)
+    kept by the caller, so that the two layouts of one tp share one ILP build.
 
     Raises:
         InfeasiblePlanError: from the ILP (no strategy reachable); ValueError: tp does not fit a node.
@@ -206,9 +210,11 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
     mesh = MeshSpec(("tp",), (tp,))
     config = dataclasses.replace(config, memory_budget_bytes=_NO_BUDGET)
     topo = MeshTopology(tp_cluster(cluster, tp), (tp,), ("tp",))
-    problem, pricer = build(traced, mesh, topology=topo, config=config,
-                            pricer=Pricer(topo, mesh, config, traced, tables))
-    solution = solve(problem, config)
+    built = {} if built is None else built
+    if tp not in built:
+        built[tp] = build(traced, mesh, topology=topo, config=config, pricer=Pricer(topo, mesh, config, traced, tables))
+    problem, pricer = built[tp]
+    solution = (solve_lean if lean else solve)(problem, config)
     plan = to_plan(traced, problem, pricer, solution, config)
     n = segments.num_blocks + 2
     z = lambda: np.zeros(n)

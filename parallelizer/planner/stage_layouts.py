@@ -72,7 +72,8 @@ def stage_graphs(traced: TracedGraph, cut) -> list[TracedGraph]:
 
 
 def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanConfig,
-                stage_configs: dict[int, PlanConfig] | None = None) -> tuple[Plan, tuple[int, ...]]:
+                stage_configs: dict[int, PlanConfig] | None = None, lean: tuple[bool, ...] = ()
+                ) -> tuple[Plan, tuple[int, ...]]:
     """(whole-graph Plan, layout index per stage) of the cut (module docstring).
 
     Args:
@@ -81,6 +82,9 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         config: the intra-stage `PlanConfig` (the caller's roles, budget and reserve).
         stage_configs: stage -> a config of its own (a stage with one is solved on its own, never shared):
             to force a layout on one stage, e.g. in tests.
+        lean: per stage, whether it takes the memory-lean layout (`ilp.solve_lean`), as the pipeline search
+            chose where memory binds (`StageSpec.lean`); default none. Stages share a solve only with stages
+            of the same choice.
     Returns:
         The Plan (nodes, params, edges of the whole graph; cost = sum over stages of their solve's; solver =
         the distinct solves together) and `layouts`: stage k uses distinct solve layouts[k]; layouts are
@@ -109,12 +113,13 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         # values from earlier stages arrive in their producer's layout (stages are solved in order)
         received = {n: strategy[n].output for n in sg.nodes if n in cut.inputs[k] and n not in traced.input_names}
         arrival = tuple(received[n] for n in sg.nodes if n in received)  # by position: stages share solves
-        key = (stage_signature(sg), arrival, k if k in stage_configs else None)
+        lean_k = k < len(lean) and lean[k]
+        key = (stage_signature(sg), arrival, k if k in stage_configs else None, lean_k)
         if key not in keys:
             pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
             keys[key] = len(solved)
             solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
-                                          pinned=pinned, received=received,
+                                          pinned=pinned, received=received, lean=lean_k,
                                           pricer=None if k in stage_configs else shared(sg))))
         layouts.append(keys[key])
         rep_graph, rep = solved[keys[key]]
