@@ -570,15 +570,18 @@ class Plan:
 
     def _whole_text(self, shape, dtype: str, dst: str) -> str:
         """The bytes of a whole gathered value. A returned one is counted in the memory per device ("outputs",
-        `problem.returned_bytes`); a plan made before that was counted (no "outputs" kind) and a value fed to
-        a loss are said with what a device then needs against the budget."""
+        `problem.returned_bytes`); in a plan made before that was counted (no "outputs" kind) it was not, and the
+        text says what a device then needs against the budget. A value fed to a loss is priced as that op's
+        input in its layout (what the loss saves for backward is in "activations"): its bytes only."""
         itemsize = getattr(torch, str(dtype).removeprefix("torch."), torch.float32).itemsize
         whole = math.prod(shape) * itemsize
         mem, budget = self.cost.memory_bytes, self.config.get("memory_budget_bytes")
-        if dst == "output" and "outputs" in mem:
+        if dst != "output":
+            return format_bytes(whole)
+        if "outputs" in mem:
             return (f"{format_bytes(whole)}, counted in the plan's memory per device as outputs"
                     + (" on the last stage's ranks" if self.pipeline is not None else ""))
-        text = f"{format_bytes(whole)}, not counted in the plan's memory per device"
+        text = f"{format_bytes(whole)}, not counted in this plan's memory per device (made before outputs were)"
         if "total" in mem:
             need = mem["total"] + mem.get("reserve", 0) + whole
             text += f" (with it {format_bytes(need)} per device, reserve included"
