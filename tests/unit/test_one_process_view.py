@@ -2,44 +2,53 @@
 (vector-quantize-pytorch's LFQ: `torch.distributed.nn.all_reduce(avg_prob) / world_size` for its codebook entropy;
 round 14, trial r14b). Under a process group export failed ("all_reduce is not supported under torch.compile"),
 a TraceError on every rank of `rehearse` and under torchrun; it is now traced as on one device, on the global
-batch the parallel program computes. Expected values: the model called on one device without a group."""
-import pytest
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+batch the parallel program computes. Expected values: the model called on one device without a group.
 
-import parallelizer
+The body runs in a new process: it needs a default process group of its own, which a test run before it in the
+same pytest worker may still hold (torch allows one per process)."""
+import subprocess
+import sys
+import textwrap
 
+SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
 
-@pytest.fixture(autouse=True)
-def _no_leftover_process_group():
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    import parallelizer
 
+    class SyncedEntropy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.dec = nn.Linear(6, 8), nn.Linear(8, 6)
 
-class SyncedEntropy(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.enc, self.dec = nn.Linear(6, 8), nn.Linear(8, 6)
+        def forward(self, x):
+            probs = self.enc(x).softmax(-1)
+            avg = probs.mean(0)
+            if dist.is_initialized():
+                avg = torch.distributed.nn.functional.all_reduce(avg) / dist.get_world_size()
+            entropy = -(avg * avg.clamp_min(1e-9).log()).sum()
+            return F.mse_loss(self.dec(probs), x) - 0.1 * entropy
 
-    def forward(self, x):
-        probs = self.enc(x).softmax(-1)
-        avg = probs.mean(0)
-        if dist.is_initialized():
-            avg = torch.distributed.nn.functional.all_reduce(avg) / dist.get_world_size()
-        entropy = -(avg * avg.clamp_min(1e-9).log()).sum()
-        return F.mse_loss(self.dec(probs), x) - 0.1 * entropy
-
-
-def test_a_model_that_syncs_its_own_batch_statistic_traces_under_a_process_group_as_on_one_device(tmp_path):
     torch.manual_seed(0)
     model, x = SyncedEntropy(), torch.randn(4, 6)
     expected = model(x)  # one device, no group
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    traced = parallelizer.trace(model, (x,))
-    assert any("torch.distributed.is_initialized()" in note for note in traced.notes), traced.notes
-    assert not any("all_reduce" in str(n.target) for n in traced.graph_module.graph.nodes)
-    pm = parallelizer.auto_parallelize(model, (x,))
-    torch.testing.assert_close(pm(x), expected)
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    try:
+        traced = parallelizer.trace(model, (x,))
+        assert any("torch.distributed.is_initialized()" in note for note in traced.notes), traced.notes
+        assert not any("all_reduce" in str(n.target) for n in traced.graph_module.graph.nodes)
+        pm = parallelizer.auto_parallelize(model, (x,))
+        torch.testing.assert_close(pm(x), expected)
+        print("ok")
+    finally:
+        dist.destroy_process_group()
+""")
+
+
+def test_a_model_that_syncs_its_own_batch_statistic_traces_under_a_process_group_as_on_one_device(tmp_path):
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
