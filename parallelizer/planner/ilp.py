@@ -161,8 +161,12 @@ def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: 
             + _memory_remedies(problem, config))
 
 
+OUTPUTS_REMEDY_FRACTION = 0.1  # returned values above this share of the budget are named first among the remedies
+
+
 def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
-    """The remedies of `check_memory`'s message, leaving out those already in effect: sharding roles when no
+    """The remedies of `check_memory`'s message, leaving out those already in effect: returning less when the
+    returned values (`Problem.output_mem_bytes`) take over `OUTPUTS_REMEDY_FRACTION` of the budget, sharding roles when no
     axis is forced to "ddp" or "tp", a data axis unless every axis of the mesh is forced to "tp" (a free axis is
     already searched as one), recomputation when recompute is "auto" or "full", bf16 when the plan is priced in
     bf16, ZeRO-1 when it is on or no axis is "ddp", a smaller reserve when none is kept."""
@@ -170,7 +174,11 @@ def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
     forced = dict(config.axis_roles) if config is not None else {}
     roles = set(forced.values())
     axes = [a for a, n in zip(problem.mesh.axis_names, problem.mesh.shape) if n > 1]
+    returned = problem.output_mem_bytes
     remedies = [
+        f"return less: the module's returned values take {format_bytes(returned)} on every rank (each rank gets "
+        "them whole; a language model's logits beside its loss: return only the loss, e.g. a wrapper whose "
+        "forward returns `out.loss`)" if returned > OUTPUTS_REMEDY_FRACTION * problem.budget_bytes else "",
         "roles that shard more (e.g. 'fsdp' instead of 'ddp', or none: the planner then also shards parameters and "
         "optimizer state where it pays)" if roles & {"ddp", "tp"} else "",
         f"activation recomputation (recompute='auto' lets the planner choose, or 'full'; now recompute={mode!r}; "

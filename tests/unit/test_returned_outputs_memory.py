@@ -41,9 +41,10 @@ def test_a_returned_output_is_counted_whole_on_every_rank():
     assert mem["total"] == sum(v for k, v in mem.items() if k not in ("total", "reserve"))
     assert ("outputs", 1024 * 4096 * 4) in memory_rows(p)  # `show`'s memory table
     # a budget that holds the training state and activations but not the returned output cannot be met
-    with pytest.raises(InfeasiblePlanError, match="memory"):
+    with pytest.raises(InfeasiblePlanError, match="memory") as err:
         _quiet(parallelizer.plan, traced, {"dp": 2}, precision="fp32", memory_budget_bytes=8_000_000,
                memory_reserve_bytes=0)
+    assert "Remedies: return less: the module's returned values take 16.8 MB on every rank" in str(err.value)
 
 
 def test_a_pipelines_last_stage_holds_one_microbatch_of_the_outputs():
