@@ -29,7 +29,7 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
    (`planner.boundary`), and the partition is priced with and without (`_Context.evaluate`, `exact`);
 3. step time = the simulated step of the schedule's own action list (`planner.simulate`: torch's lists,
    BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each stage's gradient all-reduce
-   over "dp" in the runtime's buckets (`stage_syncs`: 1 MiB, then 25 MiB each), started as the stage's last
+   over "dp" in the runtime's buckets (`stage_sync.stage_syncs`: 1 MiB, then 25 MiB each), started as the stage's last
    backward produces them and overlapping it (`rewriter.grad_sync.deferred_sync`; `overlap_grad_sync=False`:
    after the rank's last action), with ZeRO-1 the reduce-scatter + all-gather moves the same bytes (torch's
    ZeroRedundancyOptimizer: its broadcast after the rank's sync); BitPipe's exchange between the two copies of
@@ -104,23 +104,23 @@ from cost_model.topology import Cluster, MeshTopology, get_cluster
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import InfeasiblePlanError, PipelineError, format_bytes
-from ..rewriter.grad_sync import bucket_sizes
 from ..tracer import TracedGraph
 from . import boundary
+from .alternatives import note, schedule_alternatives
 from .api import memory_budget
 from .compression import choose, codecs_of, keeps_compression, make_record
 from .costs import GraphTables, mfu_dtype, resolve_precision, traced_in_low_precision
 from .partition import ChainCosts, partition_chain, uniform_partition
 from .recompute import RECOMPUTE_MODES
-from .pipeline import PipelinePlan, RankCost, ScheduleAlternative, SearchReport, StageKindSummary, StageSpec
+from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, StageSpec
 from .schedules import (RUNNER_SCHEDULES, SCHEDULES, V_PLACED, bubble_fraction, bubble_ratio, copies,
                         buffer_copies_reason, get_schedule, inflight_microbatches, invalid_reason, ranks_of_stage)
 from .sharing import SharedCores, pipeline_cores
 from .simulate import StageTimes, simulate
+from .stage_sync import exposed_lb, stage_syncs, sync_times
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments, segment_graph
 
 AXES = ("pp", "dp", "tp")
-_GB = 1e9
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -212,7 +212,7 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
                           len(ctx.cache) + 2 * len(ctx.lean_cache), time.perf_counter() - start, simulated)
-    alternatives = _alternatives(ctx, best, by_schedule, bounds)
+    alternatives = schedule_alternatives(ctx, best, by_schedule, bounds)
     uncompressed = best[2]["uncompressed_step_s"]
     if ctx.codecs:  # the best plan without gradient compression (its own bound pass over cached prices)
         plain = sorted((ctx.lower_bound_s(c, compressed=False), c) for c in cands)
@@ -229,7 +229,7 @@ def _bound_search(ctx: "_Context", bounds: list, key: str, search: str, bar):
     candidate's fitting partitions wait in a heap by their bound and are simulated (`_Context.exact`) in
     increasing bound order while it is <= the best found. Returns (best (value, candidate, res) or None,
     candidates partitioned, infeasible ones, partitions simulated, leanest (need_bytes, candidate) or None,
-    per (schedule, exact?) the lowest-priced candidate for `_alternatives`)."""
+    per (schedule, exact?) the lowest-priced candidate for `alternatives.schedule_alternatives`)."""
     best: tuple[float, Candidate, dict] | None = None
     evaluated = infeasible = simulated = 0
     leanest: tuple[float, Candidate] | None = None
@@ -246,7 +246,7 @@ def _bound_search(ctx: "_Context", bounds: list, key: str, search: str, bar):
             if "step_s" not in res:
                 leanest = min(leanest or (math.inf, cand), (res["need_bytes"], cand))
                 continue
-            _note(by_schedule, cand, res, True)
+            note(by_schedule, cand, res, True)
             if best is None or (res[key], cand) < (best[0], best[1]):
                 best = (res[key], cand, res)
 
@@ -265,61 +265,9 @@ def _bound_search(ctx: "_Context", bounds: list, key: str, search: str, bar):
             continue
         for res in fits:
             heapq.heappush(pending, (res["step_lb"], cand, next(tie), res))
-            _note(by_schedule, cand, res, False)
+            note(by_schedule, cand, res, False)
     settle(math.inf)
     return best, evaluated, infeasible, simulated, leanest, by_schedule
-
-
-def _note(by_schedule: dict, cand: Candidate, res: dict, exact: bool) -> None:
-    """Keep per (schedule, exact) the lowest-priced candidate: its simulated step (exact) or its bound."""
-    key, step = (cand.schedule, exact), res["step_s"] if exact else res["step_lb"]
-    if key not in by_schedule or (step, cand) < by_schedule[key][:2]:
-        by_schedule[key] = (step, cand, res)
-
-
-def _alternatives(ctx: "_Context", best: tuple, by_schedule: dict, bounds: list) -> tuple[ScheduleAlternative, ...]:
-    """The winner, then for every other searched schedule its runner-up: step, bubble, peak memory, p2p
-    bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
-    priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
-    priced (each bound above the winner's step, or over memory) is reported with its best bound."""
-    out = [_alternative(best[1], best[2], None)]
-    names = dict.fromkeys(c.schedule for _, c in bounds)
-    for name in names:
-        if name == best[1].schedule:
-            continue
-        found = by_schedule.get((name, True))
-        bound = by_schedule.get((name, False))
-        if bound is not None and (found is None or bound[0] < found[0]):
-            res = ctx.exact(bound[1], bound[2])
-            if "step_s" in res and (found is None or (res["step_s"], bound[1]) < found[:2]):
-                found = (res["step_s"], bound[1], res)
-        if found is not None:
-            out.append(_alternative(found[1], found[2], best))
-            continue
-        lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
-        out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
-                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
-                                       f"{best[0]:.4g} s, or it does not fit memory"))
-    c = best[1]
-    out += [ScheduleAlternative(name, c.pp, c.dp, c.tp, c.num_microbatches, None, None, None, None, f"refused: {why}")
-            for name, why in ctx.refused.items()]  # left out for the model's semantics, not its price
-    return tuple(out)
-
-
-def _alternative(cand: Candidate, res: dict, best: tuple | None) -> ScheduleAlternative:
-    """One `ScheduleAlternative` from a simulated result; reason relative to `best` (None: the winner)."""
-    peak = max(r["memory"] for r in res["ranks"])
-    bubble = bubble_fraction(res["pipeline"], res["bubble"])
-    if best is None:
-        reason = "chosen: lowest simulated step time that fits"
-    else:
-        b, slow = best[2], res["step_s"] / best[0] - 1
-        reason = (f"{slow:+.1%} step vs {best[1].schedule}; bubble {bubble:.1%} vs "
-                  f"{bubble_fraction(b['pipeline'], b['bubble']):.1%}; peak memory {peak / _GB:.1f} vs "
-                  f"{max(r['memory'] for r in b['ranks']) / _GB:.1f} GB; p2p {res['p2p_bytes'] / _GB:.2f} vs "
-                  f"{b['p2p_bytes'] / _GB:.2f} GB per step")
-    return ScheduleAlternative(cand.schedule, cand.pp, cand.dp, cand.tp, cand.num_microbatches, res["step_s"],
-                               bubble, int(peak), int(res["p2p_bytes"]), reason)
 
 
 def _tuple(x) -> tuple[int, ...] | None:
@@ -447,30 +395,6 @@ class _Context:
         overlap (that stage's last backward) lasts at most one microbatch's B (= I + W) seconds."""
         return (get_schedule(c.schedule).virtual_stages == 1 and copies(c.schedule) == 1
                 and self.sharing(c)[0] is None)
-
-    def _exposed_lb(self, sync: float, window: float) -> float:
-        """A lower bound on the seconds a rank's stage syncs of `sync` seconds delay its end, when they overlap
-        a window of at most `window` seconds (`planner.simulate`: the last bucket is ready at the window's
-        end; only `comm_overlap` of a sync can hide)."""
-        o = self.sync_overlap
-        return (1 - o) * sync + o * max(0.0, sync - window)
-
-    def stage_syncs(self, c: Candidate, stages: list[dict], topo: MeshTopology
-                    ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
-        """(bucket seconds, ready fractions) per model stage of its dp gradient all-reduce as the runtime runs it
-        (`rewriter.grad_sync`: a first bucket of `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES` each, one
-        all-reduce per bucket, started while the stage's last backward produces the gradients, evenly over
-        it: a bucket is ready once that backward has produced its share of the bytes); none when dp = 1.
-        Without `overlap_grad_sync` one all-reduce of the stage's flat gradient buffer after that backward
-        (Megatron-LM's local DDP)."""
-        secs, ready = [], []
-        for st in stages:
-            nbytes = float(st["grads"])
-            sizes = [] if c.dp == 1 or not nbytes else bucket_sizes(nbytes) if self.overlap_grad_sync else [nbytes]
-            secs.append(tuple(collective_time_s("all_reduce", b, topo, ("dp",)) + self.cluster.device.collective_sync_s
-                              for b in sizes))  # each waits for the slowest rank too (`steptime`)
-            ready.append(tuple(min(1.0, x / nbytes) for x in itertools.accumulate(sizes)))
-        return tuple(secs), tuple(ready)
 
     def _p2p_s(self, nbytes: float, c: Candidate, topo: MeshTopology) -> float:
         if c.pp == 1 or nbytes == 0:
@@ -610,7 +534,7 @@ class _Context:
         docstring, step 3). Bound: rank r starts no earlier than microbatch 0's forward chain reaches its
         first stage (head) and then computes m x its per-microbatch seconds (busy); with full backwards
         (no B/W split), its last backward, on its first stage, is followed by the backward chain below it
-        (tail); its gradient all-reduce delays its end by at least (1 - o) sync + o max(0, sync - W) (`_exposed_lb`;
+        (tail); its gradient all-reduce delays its end by at least (1 - o) sync + o max(0, sync - W) (`stage_sync.exposed_lb`;
         o the hidden fraction, W its one stage's B when it holds one stage alone on its device, else
         unbounded): step >= max_r head + busy + max(tail, that + ZeRO-1's broadcast) + the tied exchange.
         `exact` simulates the partition's action list. modes[s] = (lean layout?, recomputation mode) of stage
@@ -639,7 +563,8 @@ class _Context:
         cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
         ranks, bounds = [], []
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
-        syncs, ready = self.stage_syncs(c, stages, topo)
+        syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.cluster.device,
+                                   self.overlap_grad_sync)
         # the last stage returns the model's outputs of each microbatch whole over dp and tp (`runtime.pipeline`:
         # gathered, then handed to the loss or dropped), so its ranks hold one microbatch of them at a time
         out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
@@ -675,8 +600,8 @@ class _Context:
             rc["sync"] = codec_sync[codec][r] if codec != "none" else rc["sync"]
         # a valid bound for both passes (`_bound_search`): each rank's cheaper exposed sync (PowerSGD's in full)
         lb = max(head_busy + max(tail, rc["after"] + min(
-            rc["sync"] if codec == "powersgd" else self._exposed_lb(rc["sync"], rc["window"]),
-            self._exposed_lb(rc["plain_sync"], rc["window"]))) for (head_busy, tail), rc in zip(bounds, ranks))
+            rc["sync"] if codec == "powersgd" else exposed_lb(rc["sync"], rc["window"], self.sync_overlap),
+            exposed_lb(rc["plain_sync"], rc["window"], self.sync_overlap))) for (head_busy, tail), rc in zip(bounds, ranks))
         tied = 0.0
         shared_grads = self.prices(c.tp, stages[0]["lean"]).shared_grad_bytes  # the first stage's copy
         if shared_grads and any(rank[0][k] != rank[S - 1][k] for k in range(held)):
@@ -742,7 +667,7 @@ class _Context:
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
                 tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
-                res["copy_sync"], **self._sync_times(res, codec)), cores)
+                res["copy_sync"], **sync_times(res, codec, self.sync_overlap)), cores)
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")
@@ -757,21 +682,6 @@ class _Context:
                     pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
                     rank_bubble=sim.bubble_fraction, uncompressed_step_s=plain.makespan_s + tied,
                     uncompressed_dp_grad_sync=plain.makespan_s - plain.compute_end_s)
-
-    def _sync_times(self, res: dict, codec: str) -> dict:
-        """StageTimes' sync fields of a priced partition with `codec` ("none": the plain all-reduces): each
-        stage's sync overlaps its last backward, a bf16 codec's scaled by its rank's compressed / plain seconds;
-        PowerSGD's waits after the rank's last action (backward waits for its buckets, `steptime`); ZeRO-1's
-        all-gather after the sync."""
-        ranks, (syncs, ready) = res["ranks"], res["stage_sync"]
-        after = tuple(r["after"] for r in ranks)
-        if codec == "powersgd":
-            return dict(grad_sync_s=tuple(r["sync"] + r["after"] for r in ranks))
-        if codec != "none":
-            ratio = [r["sync"] / r["plain_sync"] if r["plain_sync"] > 0 else 1.0 for r in ranks]
-            syncs = tuple(tuple(x * ratio[st["rank"]] for x in k) for k, st in zip(syncs, res["stages"]))
-        return dict(grad_sync_s=after, stage_sync_s=syncs, stage_sync_ready=ready,
-                    sync_overlap=self.sync_overlap)
 
     def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str, uncompressed_step_s: float,
                 alternatives: tuple = ()) -> PipelinePlan:

@@ -1,0 +1,62 @@
+"""The pipeline search's report of the schedules it did not pick (`planner.search`): per schedule its best
+candidate, simulated, with a one-line reason relative to the winner (step, bubble, peak memory, p2p bytes), or
+why it was never priced or was refused. `PipelinePlan.alternatives`, printed by `show`."""
+from __future__ import annotations
+
+from .pipeline import ScheduleAlternative
+from .schedules import bubble_fraction
+
+_GB = 1e9
+
+
+def note(by_schedule: dict, cand, res: dict, exact: bool) -> None:
+    """Keep per (schedule, exact) the lowest-priced candidate: its simulated step (exact) or its bound."""
+    key, step = (cand.schedule, exact), res["step_s"] if exact else res["step_lb"]
+    if key not in by_schedule or (step, cand) < by_schedule[key][:2]:
+        by_schedule[key] = (step, cand, res)
+
+
+def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> tuple[ScheduleAlternative, ...]:
+    """The winner, then for every other searched schedule its runner-up: step, bubble, peak memory, p2p
+    bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
+    priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
+    priced (each bound above the winner's step, or over memory) is reported with its best bound. `ctx`: the
+    search's context (`search._Context`: its `exact` simulation and the schedules it `refused`)."""
+    out = [alternative(best[1], best[2], None)]
+    names = dict.fromkeys(c.schedule for _, c in bounds)
+    for name in names:
+        if name == best[1].schedule:
+            continue
+        found = by_schedule.get((name, True))
+        bound = by_schedule.get((name, False))
+        if bound is not None and (found is None or bound[0] < found[0]):
+            res = ctx.exact(bound[1], bound[2])
+            if "step_s" in res and (found is None or (res["step_s"], bound[1]) < found[:2]):
+                found = (res["step_s"], bound[1], res)
+        if found is not None:
+            out.append(alternative(found[1], found[2], best))
+            continue
+        lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
+        out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
+                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
+                                       f"{best[0]:.4g} s, or it does not fit memory"))
+    c = best[1]
+    out += [ScheduleAlternative(name, c.pp, c.dp, c.tp, c.num_microbatches, None, None, None, None, f"refused: {why}")
+            for name, why in ctx.refused.items()]  # left out for the model's semantics, not its price
+    return tuple(out)
+
+
+def alternative(cand, res: dict, best: tuple | None) -> ScheduleAlternative:
+    """One `ScheduleAlternative` from a simulated result; reason relative to `best` (None: the winner)."""
+    peak = max(r["memory"] for r in res["ranks"])
+    bubble = bubble_fraction(res["pipeline"], res["bubble"])
+    if best is None:
+        reason = "chosen: lowest simulated step time that fits"
+    else:
+        b, slow = best[2], res["step_s"] / best[0] - 1
+        reason = (f"{slow:+.1%} step vs {best[1].schedule}; bubble {bubble:.1%} vs "
+                  f"{bubble_fraction(b['pipeline'], b['bubble']):.1%}; peak memory {peak / _GB:.1f} vs "
+                  f"{max(r['memory'] for r in b['ranks']) / _GB:.1f} GB; p2p {res['p2p_bytes'] / _GB:.2f} vs "
+                  f"{b['p2p_bytes'] / _GB:.2f} GB per step")
+    return ScheduleAlternative(cand.schedule, cand.pp, cand.dp, cand.tp, cand.num_microbatches, res["step_s"],
+                               bubble, int(peak), int(res["p2p_bytes"]), reason)

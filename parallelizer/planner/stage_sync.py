@@ -1,0 +1,53 @@
+"""The data-parallel gradient sync of pipeline stages as the pipeline search prices it (`planner.search`,
+step 3): the runtime defers each stage's bucketed all-reduce to the stage's last backward
+(`rewriter.grad_sync.deferred_sync`) and starts each bucket while that backward produces its gradients, so the
+simulator (`planner.simulate`, `StageTimes.stage_sync_s`) overlaps the sync with it; these functions give the
+buckets, the StageTimes fields of a priced partition, and the lower bound the branch and bound uses."""
+from __future__ import annotations
+
+import itertools
+
+from cost_model.communication import collective_time_s
+from cost_model.hardware import DeviceSpec
+from cost_model.topology import MeshTopology
+
+from ..rewriter.grad_sync import bucket_sizes
+
+
+def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, device: DeviceSpec, overlap: bool
+                ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """(bucket seconds, ready fractions) per model stage of its dp gradient all-reduce as the runtime runs it
+    (`rewriter.grad_sync`: a first bucket of `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES` each, one
+    all-reduce per bucket plus `DeviceSpec.collective_sync_s`, as `steptime` prices them, started while the
+    stage's last backward produces the gradients, evenly over it: a bucket is ready once that backward has
+    produced its share of the bytes); none when dp = 1. `grads_bytes`: per stage, its gradient bytes per
+    device. Without `overlap` one all-reduce of the stage's flat gradient buffer after that backward
+    (Megatron-LM's local DDP)."""
+    secs, ready = [], []
+    for nbytes in map(float, grads_bytes):
+        sizes = [] if dp == 1 or not nbytes else bucket_sizes(nbytes) if overlap else [nbytes]
+        secs.append(tuple(collective_time_s("all_reduce", b, topo, ("dp",)) + device.collective_sync_s for b in sizes))
+        ready.append(tuple(min(1.0, x / nbytes) for x in itertools.accumulate(sizes)))
+    return tuple(secs), tuple(ready)
+
+
+def exposed_lb(sync: float, window: float, overlap: float) -> float:
+    """A lower bound on the seconds a rank's stage syncs of `sync` seconds delay its end, when they overlap a
+    window of at most `window` seconds (`planner.simulate`: the last bucket is ready at the window's end; only
+    the fraction `overlap`, the device's comm_overlap, of a sync can hide)."""
+    return (1 - overlap) * sync + overlap * max(0.0, sync - window)
+
+
+def sync_times(res: dict, codec: str, overlap: float) -> dict:
+    """StageTimes' sync fields of a priced partition (`search._Context._price_partition`'s result) with `codec`
+    ("none": the plain all-reduces): each stage's sync overlaps its last backward, a bf16 codec's scaled by its
+    rank's compressed / plain seconds; PowerSGD's waits after the rank's last action (backward waits for its
+    buckets, `steptime`); ZeRO-1's all-gather after the sync."""
+    ranks, (syncs, ready) = res["ranks"], res["stage_sync"]
+    after = tuple(r["after"] for r in ranks)
+    if codec == "powersgd":
+        return dict(grad_sync_s=tuple(r["sync"] + r["after"] for r in ranks))
+    if codec != "none":
+        ratio = [r["sync"] / r["plain_sync"] if r["plain_sync"] > 0 else 1.0 for r in ranks]
+        syncs = tuple(tuple(x * ratio[st["rank"]] for x in k) for k, st in zip(syncs, res["stages"]))
+    return dict(grad_sync_s=after, stage_sync_s=syncs, stage_sync_ready=ready, sync_overlap=overlap)
