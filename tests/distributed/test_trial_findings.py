@@ -13,13 +13,13 @@ from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from plan_cases import random_cost_plan
+from library_models import cached_bias, lambda_tied_head, message_passing, scatter_like, spectral_envelope
 from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, state_blocks, written_parameters
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
                           ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
-                          input_written_in_place, lambda_tied_head, cached_bias, loop_mlp, merged_batch_slice,
-                          message_passing, packed_llama, penalty_net, pipeline_init_rank, spectral_envelope,
-                          reordered_output, reordered_output_rank, sorter_router, scatter_like,
+                          input_written_in_place, loop_mlp, merged_batch_slice, packed_llama, penalty_net,
+                          pipeline_init_rank, reordered_output, reordered_output_rank, sorter_router,
                           sparse_embedding, spectral_norm_linear, tiny_output, training_loop_rank,
                           uneven_gather_as_strided, zoo_mlp)
 
