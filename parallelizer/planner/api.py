@@ -25,6 +25,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, memory_bytes, objective_s, solve, solve_lean
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
+from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
 
@@ -161,6 +162,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     strat = {n: spaces[n].strategies[sol.choice[problem.group_of[n]]] for n in spaces}
     nodes, edges, fallbacks = {}, [], []
     compute_s, comm, act = 0.0, empty_comm(), 0
+    uses = FirstUses(tg)  # a redistribution is emitted once per (value, target layout): `shared_uses`
     for name, space in spaces.items():
         info, s = tg.nodes[name], strat[name]
         nodes[name] = NodePlan(info.op_name, tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output))
@@ -178,10 +180,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = space_edge(mesh, spaces, nodes, name, k)
             itemsize = pricer.itemsize(ti.dtype)
-            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),
-                                  req, is_param)
-            for st in priced:
-                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
+            axes = grad_axes(s, k, mesh)
+            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
+            for st in (priced if uses.first(ti.producer, name, s.inputs[k], axes) else ()):  # one copy per key
+                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None, bucketed=True)
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd
                 if st.bwd_collective:

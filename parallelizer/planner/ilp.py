@@ -18,6 +18,10 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         sum_g sum_i mem[g][i] x[g, i] <= budget - const     (per-device bytes: stored parameter shards x
                                                              (param + grad + optimizer bytes) + activations
                                                              saved for backward; const = buffers)
+    One redistribution per (value, target layout) (`shared_uses`): the rewriter runs one copy of a value per
+    target layout however many uses read it, so the cost entries of keys that several uses of one value can ask
+    for leave the pair matrices and are paid through y[a, K] in [0, 1] with y >= (pair product of every use
+    taking K while the value takes a): once when any use takes the key.
     Tie-break (`tie_break_weights`): among plans of equal estimated time, less memory, then fewer collective
     launches. T = w_mem * (bytes of the memory row) + w_coll * (collectives launched, forward + backward, of
     every edge: `Pricer.edge_cost`), with w_mem * M_max <= TIE_RESOLUTION_US / 2 and w_coll * K_max <=
@@ -102,7 +106,7 @@ def objective_s(problem: Problem, choice: tuple[int, ...]) -> float:
     """The ILP objective of a choice, in seconds (sum of linear and pair costs)."""
     total = sum(float(problem.lin[g][c]) for g, c in enumerate(choice))
     total += sum(float(m[choice[a], choice[b]]) for (a, b), m in sorted(problem.pairs.items()))
-    return total
+    return total + sum(s.seconds(choice)[0] for s in problem.shared)
 
 
 def memory_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
@@ -113,7 +117,8 @@ def tie_break_weights(problem: Problem) -> tuple[float, float]:
     """(w_mem per byte, w_coll per collective), in microseconds, of the tie-break term (module docstring)."""
     m_max = float(sum(float(m.max()) for m in problem.mem)) or 1.0
     k_max = float(sum(float(c.max()) for c in problem.lin_counts)
-                  + sum(float(c.max()) for c in problem.pair_counts.values())) or 1.0
+                  + sum(float(c.max()) for c in problem.pair_counts.values())
+                  + sum(float(s.count.max(axis=0).sum()) for s in problem.shared)) or 1.0
     w_mem = TIE_RESOLUTION_US / 2 / m_max
     w_coll = min(TIE_RESOLUTION_US / 2, w_mem * MEMORY_TIE_QUANTUM_BYTES) / k_max
     return w_mem, w_coll
@@ -279,11 +284,12 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             prob += pulp.LpAffineExpression([(v, 1) for v in vs]) == 1, f"onehot_{g}"
             num_cons += 1
     num_edge = 0
+    pair_vars: dict[tuple[int, int], list[list]] = {}
     for (a, b), mat in sorted(problem.pairs.items()):
         na, nb = mat.shape
         finite = np.isfinite(mat)  # an impossible pair (inf) gets no variable: it cannot be chosen
-        e = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i, j] else None
-              for j in range(nb)] for i in range(na)]
+        e = pair_vars[(a, b)] = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i, j] else None
+                                  for j in range(nb)] for i in range(na)]
         num_edge += int(finite.sum())
         count = problem.pair_counts.get((a, b), np.zeros(mat.shape))
         terms += [(e[i][j], float(mat[i, j]) * _SCALE + w_coll * float(count[i, j]))
@@ -295,6 +301,8 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             prob += pulp.LpAffineExpression([(e[i][j], 1) for i in range(na) if finite[i, j]]
                                             + [(x[b][j], -1)]) == 0, f"c_{a}_{b}_{j}"
         num_cons += na + nb
+    num_shared, shared_cons = _shared_vars(prob, problem, x, pair_vars, terms, w_coll)
+    num_cons += shared_cons
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
     counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
@@ -340,7 +348,8 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     extra_s = recompute_cost(problem, choice, counts)[0]
     num_rc = sum(len(per) for per in counts_vars.values())
     return Solution(choice, objective_s(problem, choice) + extra_s, "optimal" if optimal else "feasible", optimal,
-                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge, num_bin + num_rc,
+                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge + num_shared,
+                    num_bin + num_rc,
                     len(prob.constraints) if recompute else num_cons, solver_name,
                     tuple(sorted((r, m) for r, m in decision.items() if m != "none")))
 
@@ -369,6 +378,47 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
                     terms.append((v, float(e[i]) * _SCALE + w_mem * float(d[i])))
                     mem_terms.append((v, float(d[i]) / _GB))
     return counts
+
+
+def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_vars: dict, terms: list,
+                 w_coll: float) -> tuple[int, int]:
+    """Add y[a, K] >= ind_u(a, K) of every shared key (`shared_uses` module docstring) and its cost to `terms`
+    (in place). Returns (variables, constraints) added."""
+    num_vars = num_cons = 0
+    for n, sr in enumerate(problem.shared):
+        g = sr.g
+        for a in range(len(x[g])):
+            for K in range(sr.cost.shape[1]):
+                inds = [ind for h, key_of in sr.uses
+                        if (ind := _indicator(x, pair_vars, g, a, h, key_of, K)) is not None]
+                if not inds or not (sr.cost[a, K] > 0 or sr.count[a, K] > 0):
+                    continue
+                y = _var(prob, f"y_{n}_{a}_{K}", 0, 1, pulp.LpContinuous)
+                terms.append((y, float(sr.cost[a, K]) * _SCALE + w_coll * float(sr.count[a, K])))
+                num_vars += 1
+                for m, ind in enumerate(inds):
+                    prob += y - ind >= 0, f"y_{n}_{a}_{K}_{m}"
+                    num_cons += 1
+    return num_vars, num_cons
+
+
+def _indicator(x: list[list], pair_vars: dict, g: int, a: int, h: int, key_of: tuple[int, ...], K: int):
+    """ind_u(a, K) (`shared_uses`): 1 when group g takes strategy a and use u (group h, key index per strategy)
+    takes key K, as an affine expression in the ILP's variables; None when it is always 0."""
+    cols = [b for b, key in enumerate(key_of) if key == K]
+    if not cols:
+        return None
+    if h == g:
+        return x[g][a] if a in cols else None
+    if len(x[h]) == 1:  # the use's strategy is fixed
+        return x[g][a]
+    if len(x[g]) == 1:
+        return pulp.lpSum(x[h][b] for b in cols)
+    lo, hi = min(g, h), max(g, h)
+    e = pair_vars[(lo, hi)]
+    vs = [e[a][b] if g == lo else e[b][a] for b in cols]
+    vs = [v for v in vs if v is not None]
+    return pulp.lpSum(vs) if vs else None
 
 
 def _binding(problem: Problem, config: PlanConfig) -> str:

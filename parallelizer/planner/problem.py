@@ -38,6 +38,7 @@ from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
+from .shared_uses import EdgeUse, SharedRedistribution, share, use_epochs
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
 from .strategies import EdgeRoles, NodeSpace, Strategy, TensorInput, mutation_edges, role_axes
 
@@ -68,6 +69,7 @@ class Problem:
     precision: str | None = None  # as priced (`Pricer.precision`): what the infeasible message need not suggest
     output_mem_bytes: int = 0  # of const_mem_bytes: the returned values (`returned_bytes`)
     state_mem: list[np.ndarray] = field(default_factory=list)  # the training-state part of `mem` (the rest: activations)
+    shared: list[SharedRedistribution] = field(default_factory=list)  # keys priced once (`shared_uses`)
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -147,6 +149,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     state_mem = [np.zeros(n) for n in sizes]
     pairs: dict[tuple[int, int], np.ndarray] = {}
     pair_counts: dict[tuple[int, int], np.ndarray] = {}
+    uses: list[EdgeUse] = []
     const_mem = 0
     for p in tg.parameters.values():
         if p.is_buffer:
@@ -167,21 +170,27 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             lin[g] += [c.total_s for c in costs]
             mem[g] += [c.saved_bytes for c in costs]
         for k, ti in enumerate(space.inputs):
-            h = group_of[ti.producer]
             prod = spaces[ti.producer]
             mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
                                       prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
                                       _edge_roles(roles, prod, space, k, (name, k) in mutated))
-            if h == g:
-                lin[g] += np.diag(mat)
-                lin_counts[g] += np.diag(count)
-            else:
-                key, mat, count = ((h, g), mat, count) if h < g else ((g, h), mat.T, count.T)
-                pairs[key] = pairs.get(key, 0) + mat
-                pair_counts[key] = pair_counts.get(key, 0) + count
+            uses.append(EdgeUse(ti.producer, name, k, group_of[ti.producer], g, mat, count,
+                                [(s.inputs[k], grad_axes(s, k, mesh)) for s in space.strategies]))
+    shared, keep = share(uses, use_epochs(tg))  # one redistribution per (value, target layout): `shared_uses`
+    for u in uses:  # u.g: the producer's group, u.h: the consumer's; u.cost is (u.g strategies x u.h strategies)
+        mat, count = u.cost, u.count
+        if u.g == u.h:
+            lin[u.g] += np.diag(mat)
+            lin_counts[u.g] += np.diag(count)
+        else:
+            key, mat, count = ((u.g, u.h), mat, count) if u.g < u.h else ((u.h, u.g), mat.T, count.T)
+            pairs[key] = pairs.get(key, 0) + mat
+            pair_counts[key] = pair_counts.get(key, 0) + count
     folded = 0
     for (a, b), mat in list(pairs.items()):
         count = pair_counts[(a, b)]
+        if (a, b) in keep and mat.shape[0] > 1 and mat.shape[1] > 1:
+            continue  # a shared key's indicators read this pair's variables
         if mat.shape[0] == 1 or mat.shape[1] == 1:  # one side is fixed: the pair is linear in the other
             for m, target in ((mat, lin), (count, lin_counts)):
                 if mat.shape[0] == 1:
@@ -199,7 +208,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     returned = sum(returned_bytes(s.inputs, pricer) for s in spaces.values() if s.kind == "output")
     problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem + returned, budget_bytes,
                       reserve_bytes, folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
-                      precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem)
+                      precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem, shared=shared)
     recompute_terms(problem, tg, pricer, config)
     return problem
 

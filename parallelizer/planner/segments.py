@@ -38,7 +38,9 @@ import numpy as np
 from cost_model.topology import Cluster, MeshTopology
 
 from ..config import PlanConfig
+from ..core.layout import Layout
 from ..core.mesh import MeshSpec
+from ..core.redistribute import grad_partial_axes
 from ..tracer import BlockGroup, Role, TracedGraph
 from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
@@ -47,6 +49,7 @@ from .ilp import solve, solve_lean
 from .plan import Plan
 from .problem import layout_of
 from .recompute import RECOMPUTE_MODES, forced_regions
+from .shared_uses import FirstUses
 
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 _NO_BUDGET = 10 ** 18  # bytes: the intra-stage ILP runs without its memory row (module docstring)
@@ -231,12 +234,17 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
         act[seg] += c.saved_bytes
         if any(spaces[t.producer].kind == "param" for t in space.inputs):
             wl[seg] += c.bwd_s / 2  # grad-weight matmul: half of a linear's 2x-forward backward
+    uses = FirstUses(traced)  # one copy per (value, target layout): `shared_uses`
     for edge in plan.edges:
+        out = None if edge.dst == "output" else plan.nodes[edge.dst].output
+        axes = () if out is None else grad_partial_axes(Layout.parse(edge.dst_layout), Layout.parse(out), plan.mesh)
+        if not uses.first(edge.src, edge.dst, edge.dst_layout, axes):
+            continue
         seg = segments.owner.get(edge.dst, n - 1)
         is_param = spaces[edge.src].kind == "param"
         param_itemsize = pricer.itemsize(traced.nodes[edge.src].outputs[0].dtype) if is_param else None
         for step in edge.steps:
-            f, b = pricer.step_time_s(step, param_itemsize)
+            f, b = pricer.step_time_s(step, param_itemsize, bucketed=True)
             (ff if is_param else fl)[seg] += f
             (bf if is_param else bl)[seg] += b
             if is_param:

@@ -7,7 +7,8 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
            + optimizer step                                               (memory-bound, `cost_model.compute`)
 
 * Blocking collectives (activation redistributions, FSDP/ZeRO-3 all-gathers and their reduce-scatters,
-  tensor-parallel all-reduces) are priced in full where they run (`costs.Pricer.step_time_s`).
+  tensor-parallel all-reduces) are priced in full where they run (`costs.Pricer.step_time_s`), once per
+  (value, target layout) as the rewriter emits them (`shared_uses`: later uses read the first use's copy).
 * Gradient sync of replicated parameters (`Step.kind == "grad_all_reduce"`, DDP) is what the runtime buckets
   (`rewriter.grad_sync`: first bucket `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES`, in the order backward
   produces gradients, per mesh axis) and all-reduces asynchronously while backward goes on. Each bucket is
@@ -15,9 +16,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
   ready when backward has produced its last gradient (backward run in reverse graph order, blocking
   collectives included), and the delay it causes is
   `cost_model.communication.overlapped_comm_exposed_s` (buckets one at a time, only the device's
-  `comm_overlap` fraction can hide). The ILP prices the same sync per parameter and in full: an upper bound
-  of this estimate (the exposed time is <= the full time), so plans the ILP prefers are never priced
-  optimistically; the estimate here is the figure to compare with a measured step.
+  `comm_overlap` fraction can hide). The ILP prices the same sync in full, each parameter as its share of a
+  full bucket's all-reduce (`Pricer.step_time_s(bucketed=True)`: the latency paid once per bucket, not per
+  parameter): an upper bound of this estimate up to the last, partly filled bucket (the exposed time is <= the
+  full time); the estimate here is the figure to compare with a measured step.
 * Gradient compression (`compression=`, `cost_model.compression`): each bucket's all-reduce is priced as the
   codec's sequential all-reduces of its compressed bytes (PowerSGD: uncompressed tensors, P, Q; bf16: half the
   bytes), overlapped as above; the codec's compute (`codec_s`) is added in full (it runs on the device's
@@ -65,6 +67,7 @@ from .costs import Pricer, resolve_precision, traced_in_low_precision
 from .plan import Plan
 from .problem import grad_axes
 from .recompute import region_recompute, regions, shared_inputs
+from .shared_uses import FirstUses
 from .strategies import build_spaces
 
 __all__ = ["StepTime", "estimate_step_time"]
@@ -131,6 +134,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     spaces = build_spaces(traced, mesh, config)
     strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
     recomputed = _recomputed(traced, plan)
+    uses = FirstUses(traced)
     fwd_compute = bwd_compute = blocking = recompute = 0.0
     bwd_work: list[tuple[float, list[tuple[str, tuple[int, ...], int]]]] = []  # per node: (backward seconds,
     # [(axis, local gradient shape, bytes per gradient element)])
@@ -148,8 +152,10 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             req = prod.requires_grad and carries_grad(ti.dtype)
             is_param = prod.kind == "param"
             itemsize = pricer.itemsize(ti.dtype)
-            for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, grad_axes(s, k, mesh),
-                                   req, is_param):
+            axes = grad_axes(s, k, mesh)
+            if not uses.first(ti.producer, name, s.inputs[k], axes):
+                continue  # the program hands this use the copy an earlier use made (`shared_uses`)
+            for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param):
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
                 if name in recomputed and ti.producer in recomputed:  # runs again in backward

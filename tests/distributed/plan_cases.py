@@ -78,4 +78,6 @@ def random_cost_plan(builder, mesh, roles, seed):
         rng = np.random.default_rng(seed)
         problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
         problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
+        for shared in problem.shared:  # keys priced once (`planner.shared_uses`)
+            shared.cost = rng.random(shared.cost.shape)
         return to_plan(traced, problem, pricer, solve(problem, config), config)

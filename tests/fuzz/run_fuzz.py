@@ -86,6 +86,8 @@ def _randomise(problem, seed: int) -> None:
     rng = np.random.default_rng(seed)
     problem.lin = [np.where(np.isfinite(v), rng.random(v.shape), v) for v in problem.lin]
     problem.pairs = {k: np.where(np.isfinite(m), rng.random(m.shape), m) for k, m in problem.pairs.items()}
+    for shared in problem.shared:  # keys priced once (`planner.shared_uses`)
+        shared.cost = rng.random(shared.cost.shape)
 
 
 def run(seeds: list[int], chunk: int = 10) -> list[dict]:

@@ -41,14 +41,16 @@ def test_clustered_objective_equals_unclustered(small_gpt):
 
 
 def test_pure_dp_objective_is_closed_form(big_batch_mlp):
-    """DDP on a 1-D mesh: sum of local compute + one gradient all-reduce per parameter + the gather of the
-    (batch-sharded) output to a replicated output. bf16 (the H100 default): the fp32-traced output is gathered
-    in bf16 (2 B/element), gradients are reduced as fp32 main gradients (4 B/element)."""
+    """DDP on a 1-D mesh: sum of local compute + each parameter's share of its gradient bucket's all-reduce
+    (n bytes of a 25 MiB bucket B: t(B) * n / B, the runtime's buckets) + the gather of the (batch-sharded)
+    output to a replicated output. bf16 (the H100 default): the fp32-traced output is gathered in bf16
+    (2 B/element), gradients are reduced as fp32 main gradients (4 B/element)."""
     p = plan(big_batch_mlp, DP8)
     assert p.config["precision"] == "bf16"
     topo = MeshTopology(dgx_h100(1), (8,), ("dp",))
     pricer = Pricer(topo, DP8, PlanConfig(), big_batch_mlp)
-    grad_sync = sum(collective_time_s("all_reduce", prm.numel * 4, topo, ("dp",))
+    bucket = 25 * 2**20
+    grad_sync = sum(collective_time_s("all_reduce", bucket, topo, ("dp",)) * prm.numel * 4 / bucket
                     for prm in big_batch_mlp.parameters.values())
     out = next(n for n in big_batch_mlp.nodes.values() if n.op == "output")
     out_bytes = big_batch_mlp.nodes[out.node.args[0][0].name].nbytes // 2  # fp32 traced, priced as bf16
