@@ -18,7 +18,13 @@ Pipeline ranks (`PipelineModule.clip_grad_norm_`) hold different stages: each su
 step's gradient sum), and the per-rank totals are then summed (max for inf) over `across` (the pp group of
 ranks with the same (dp, tp) coordinates) before the root; the last MAX also runs over `across`.
 
-Sums are accumulated in float64 and the total returned in the gradients' dtype, like torch's.
+Sums are accumulated in float64 and the total returned in the dtype torch's `get_total_norm` gives: the
+promotion (`torch.promote_types`) of every tensor's real dtype, over all ranks (a pipeline stage holding only
+bf16 tensors and another holding float32 ones both return float32), so the clip factor max_norm / (total +
+1e-6) is computed in that dtype on every rank. Before, the FIRST tensor's dtype was taken: a model whose first
+parameter is bf16 and the others float32 got a bf16-rounded total where torch returns float32 (ddp dp=2:
+1.8125 for 1.8088, float32 parameters 8.4e-5 off one device after 3 SGD steps clipped at 0.1), and on a
+pp=2 pipeline the stages returned 1.8125 (bf16) and 1.8087 (float32) for one norm (trial r15a).
 
 A user who swaps the model for the ParallelModule and keeps torch's calls gets the same global values:
 every ParallelModule registers its parameters with their layouts (`register`), and the first registration
@@ -75,8 +81,9 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
             summed; () for one mesh. Each rank passes the pieces it counts (one copy of each tensor).
 
     Returns:
-        A scalar tensor in the first tensor's dtype, its real dtype for a complex one (float32 when there is
-        none); a complex tensor counts its magnitudes |z| (`torch.linalg.vector_norm`'s convention).
+        A scalar tensor in the dtype torch's `get_total_norm` returns (`norm_dtype`: the promotion of the
+        tensors' real dtypes over all ranks, float32 when there is none); a complex tensor counts its
+        magnitudes |z| (`torch.linalg.vector_norm`'s convention).
     Raises:
         ValueError: norm_type is not a positive number or inf.
         RuntimeError: the total is nan/inf and error_if_nonfinite (torch's behaviour and message sense).
@@ -85,8 +92,8 @@ def global_norm(tensors: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpec, 
     if not (norm_type > 0):
         raise ValueError(f"clip_grad_norm_ / get_total_norm: norm_type must be > 0 or inf, got {norm_type}; the "
                          "global norm is built from per-shard sums of |g|^p (p > 0) or maxima (inf)")
-    dtype = tensors[0][0].dtype.to_real() if tensors else torch.float32  # torch's norm of complex values is real
     axes = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape) if size > 1]
+    dtype = norm_dtype([t for t, _ in tensors], across)
     # one class per set of sharding axes: every subset of the axes, so that every rank calls the same
     # collectives on vectors of the same length whatever tensors it holds
     classes = {key: torch.zeros((), dtype=torch.float64)
@@ -123,7 +130,7 @@ def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpe
         across: as for `global_norm`.
 
     Returns:
-        The total norm of the full gradient (a scalar tensor in the gradients' dtype, float32 when none).
+        The total norm of the full gradient (a scalar tensor in `norm_dtype` of the gradients, as torch's).
     Raises:
         ValueError, RuntimeError: as `global_norm`.
     """
@@ -131,12 +138,36 @@ def clip_grad_norm_(params: Sequence[tuple[torch.Tensor, Layout]], mesh: MeshSpe
     grads = [(p.grad, layout) for p, layout in (params if counted is None else counted) if p.grad is not None]
     scaled = [p.grad for p, _ in params if p.grad is not None]
     total = global_norm(grads, mesh, groups, norm_type, error_if_nonfinite=error_if_nonfinite, across=across)
-    total = total.to(scaled[0].dtype.to_real() if scaled else torch.float32)
     with torch.no_grad():
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for grad in scaled:
             grad.mul_(coef)  # in the gradient's dtype, computed as torch does (a float32 factor)
     return total
+
+
+_NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def norm_dtype(tensors: Sequence[torch.Tensor], across: Sequence[Sequence[int]] = ()) -> torch.dtype:
+    """The dtype of torch's `get_total_norm` over `tensors`: each tensor's norm is in its real dtype (a complex
+    tensor's |z| is real) and the stack of those norms promotes them (bf16 and float32 -> float32); float32 when
+    there is none. With `across` (a pipeline's groups of ranks holding other stages), the promotion over the
+    dtypes every rank of each group holds, so that all ranks return one total in one dtype. Collective over
+    `across` (none without it)."""
+    present = torch.zeros(len(_NORM_DTYPES), dtype=torch.float64)
+    dtype = None
+    for t in tensors:
+        real = t.dtype.to_real()
+        if real in _NORM_DTYPES:
+            present[_NORM_DTYPES.index(real)] = 1.0
+        else:  # a dtype torch promotes with the others (float8): kept on this rank's side
+            dtype = real if dtype is None else torch.promote_types(dtype, real)
+    for ranks in across:
+        present = collectives.all_reduce_max(present, ranks)
+    for flag, candidate in zip(present.tolist(), _NORM_DTYPES):
+        if flag:
+            dtype = candidate if dtype is None else torch.promote_types(dtype, candidate)
+    return dtype or torch.float32
 
 
 def _sharded_axes(layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:

@@ -389,7 +389,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         contributes over the mesh axes that shard its stored layout (sums of |g|^p all-reduced over those
         axes; the max for the inf-norm), replicated copies are counted once. Every rank gets the same total
         norm and scales its local gradients by the same `min(1, max_norm / (total + 1e-6))`.
-        Returns the total norm (a scalar tensor in the gradients' dtype). See `runtime.grad_norm`.
+        Returns the total norm (a scalar tensor in the promotion of the gradients' dtypes, as torch's). See `runtime.grad_norm`.
         """
         layouts = {f: self.spec.params[f] for f in self.traced.parameters}
         return clip_grad_norm_([(p, layouts[f]) for f, p in self.named_parameters()], self.spec.mesh, self.groups,

@@ -409,7 +409,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         only the copy on the lowest pp rank holding it is counted (an all-reduce over the pp group finds it);
         within a stage, shards count over the (dp, tp) axes that shard them. The per-rank totals are summed over
         the pp group, and every copy and shard on every rank is scaled by the same min(1, max_norm / (total +
-        1e-6)). Returns the total norm (a scalar tensor in the gradients' dtype, the same bitwise on every rank).
+        1e-6)). Returns the total norm (a scalar tensor in the promotion of all stages' gradient dtypes, the same bitwise on every rank).
 
         Raises:
             ValueError: norm_type is not > 0 or inf. RuntimeError: a non-finite total with error_if_nonfinite.

@@ -113,14 +113,10 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
             "Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)", detail=first)
     if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
         op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
-        lstsq = "lstsq" in op
-        return TraceError(
-            f"an op whose output shapes depend on tensor values under export ({op})", location,
-            ("torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
-             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
-             "full-rank A" if lstsq else
-             "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
-            detail=first)
+        return TraceError(f"an op whose output shapes depend on tensor values under export ({op})", location,
+                          next((remedy for key, remedy in _DYNAMIC_SHAPE_REMEDIES if key in op),
+                               "replace the op by one with fixed output shapes (masking with torch.where instead "
+                               "of selecting)"), detail=first)
     if runs_eagerly is not None and runs_eagerly() is True:
         return TraceError(
             f"the model ({type(exc).__name__}): it raises under torch.export but runs when called on the same "
@@ -144,6 +140,21 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
                          "`torch.autocast(x.device.type, enabled=False)`: 'unsupported scalarType'): if the model runs "
                          "on CPU, plan the CPU model from Python: parallelizer.plan(parallelizer.trace(model, inputs), "
                          "mesh)" if on_meta else ""), detail=first)
+
+
+_DYNAMIC_SHAPE_REMEDIES = (  # ops whose fake kernel raises DynamicOutputShapeException though they select nothing
+    ("lstsq", "torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the "
+              "driver: write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) "
+              "for a full-rank A"),
+    ("ctc_loss", "torch's ctc_loss sizes its saved alignment table by the longest target, a value export cannot "
+                 "fix (even for lengths given as Python ints), so a forward that computes CTC cannot be traced "
+                 "(transformers' *ForCTC with labels=): return the log-probabilities (or logits) from forward and "
+                 "compute F.ctc_loss on what the parallel module returns, `loss = F.ctc_loss(pm(x).log_softmax(-1)"
+                 ".transpose(0, 1), targets, input_lengths, target_lengths)` on every rank (the returned value is "
+                 "whole on every rank, and its gradient goes back to each rank's part)"),
+)
+"""Per-op remedies for `DynamicOutputShapeException` where the generic one (mask instead of selecting) does not
+apply (round 9 (b): lstsq; round 15 (r15a): ctc_loss, whose trace error told a CTC model to mask)."""
 
 
 def _assert_line(exc: BaseException) -> str | None:

@@ -373,3 +373,21 @@ def test_a_tensor_hook_registered_in_forward_is_warned():
     with pytest.warns(UserWarning, match=r"registers a gradient hook.*export drops it"):
         tg = parallelizer.trace(_WithFunction("hook"), (torch.randn(3, 4),))
     assert any("register_hook" in n for n in tg.notes)
+
+
+class _CtcInside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 6)
+
+    def forward(self, x, targets):
+        log_probs = self.a(x).log_softmax(-1).transpose(0, 1)  # (T, B, C)
+        return torch.nn.functional.ctc_loss(log_probs, targets, [9, 9], [3, 2])
+
+
+def test_ctc_loss_inside_forward_names_the_op_and_computing_it_on_the_output():
+    """F.ctc_loss in forward fails export with DynamicOutputShapeException even for lengths given as ints (its
+    alignment table is sized by the longest target): the remedy told a CTC model to mask with torch.where instead
+    of selecting (trial r15a); it now names ctc_loss and computing it on the module's output."""
+    with pytest.raises(TraceError, match=r"(?s)ctc_loss.*F\.ctc_loss on what the parallel module returns"):
+        parallelizer.trace(_CtcInside(), (torch.randn(2, 9, 8), torch.tensor([[1, 2, 3], [4, 5, 0]])))
