@@ -4,7 +4,14 @@ Every figure is a **median** of repeated samples after warm-up (not the fastest 
 the fastest is the least disturbed run, which a training step does not get; the median is what a step meets).
 
 * :func:`measure_collectives`: each collective kind over gloo with ``nprocs`` spawned processes (one intra-op
-  thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`). One sample =
+  thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`), called the
+  way a training step calls it (:func:`_collective_op`): the blocking kinds (all_reduce, all_gather,
+  reduce_scatter, all_to_all) through torch's functional collectives (``torch.distributed._functional_collectives``:
+  out of place, a fresh output tensor per call, waited on at once), which is what an emitted program runs
+  (``parallelizer.rewriter.collectives``); send_recv through ``dist.send`` / ``dist.recv``, as pipeline stages
+  do. (Until round 15 the blocking kinds were timed as in-place ``dist.all_reduce`` & co.: on 2 gloo ranks of
+  this machine the functional call costs 0.1-0.3 ms more CPU per call below 1 MiB and ~1 ms more at 4 MiB,
+  1.4-2.8x the in-place call's wall time back to back; benchmarks/RESULTS.md, round 15 r15c.) One sample =
   ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
   (:func:`repeats_for`) and more calls per sample for small ones (:func:`inner_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
   of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
@@ -49,7 +56,8 @@ _MATMUL_N = 256
 _ADAMW_NUMEL = 1 << 22  # 64 MiB of AdamW state: beyond the caches, as a model's optimizer step (1M elements fit in
 # the last-level cache alone but not four at once: measured x4 slowdowns of 2.2-6.6 between calibrations)
 _ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
-_SMALL_BYTES, _SMALL_INNER = 1 << 20, 4  # messages below _SMALL_BYTES: >= _SMALL_INNER collectives per sample
+_SMALL_BYTES, _SMALL_INNER = 1 << 20, 16  # messages below _SMALL_BYTES: >= _SMALL_INNER collectives per sample
+_MEDIUM_BYTES, _MEDIUM_INNER = 4 << 20, 4  # messages from _SMALL_BYTES up to _MEDIUM_BYTES: >= _MEDIUM_INNER
 _SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
 _SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
 _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
@@ -74,9 +82,14 @@ def repeats_for(nbytes: int, repeats: int) -> int:
 
 
 def inner_for(nbytes: int, inner: int) -> int:
-    """Back-to-back collectives per sample of a message of ``nbytes``: at least ``_SMALL_INNER`` below
-    ``_SMALL_BYTES`` (a single latency-bound collective of ~0.1-0.5 ms is at the scheduler's resolution)."""
-    return max(inner, _SMALL_INNER) if nbytes < _SMALL_BYTES else inner
+    """Back-to-back collectives per sample of a message of ``nbytes``: at least ``_SMALL_INNER`` (16) below
+    ``_SMALL_BYTES`` (1 MiB), at least ``_MEDIUM_INNER`` (4) up to ``_MEDIUM_BYTES`` (4 MiB) inclusive, else
+    ``inner``. A single latency-bound collective of ~0.1-1 ms is at the scheduler's resolution: with 4 calls per
+    sample below 1 MiB and 1 call at 1 MiB, two calibrations back to back moved the 64 KiB-1 MiB medians by
+    -64% .. +151% (benchmarks/RESULTS.md, step-time section); 16 calls of <= 1 ms add < 2 s per calibration."""
+    if nbytes < _SMALL_BYTES:
+        return max(inner, _SMALL_INNER)
+    return max(inner, _MEDIUM_INNER) if nbytes <= _MEDIUM_BYTES else inner
 
 
 def _free_port() -> int:
@@ -86,28 +99,38 @@ def _free_port() -> int:
 
 
 def _collective_op(kind: str, nbytes: int, rank: int, world_size: int):
-    """A zero-argument callable running one collective of ``kind`` on ``nbytes`` (module docstring), or None on a
-    rank that takes no part (send_recv with an odd world size)."""
+    """A zero-argument callable running one collective of ``kind`` on ``nbytes`` as a training step runs it
+    (module docstring: blocking kinds through torch's functional collectives, waited on at once; send_recv
+    through ``dist.send`` / ``dist.recv``), or None on a rank that takes no part (send_recv with an odd world
+    size)."""
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     numel = max(world_size, nbytes // 4)
     numel -= numel % world_size
+    group = dist.group.WORLD
     if kind == "all_reduce":
         buf = torch.ones(numel)
-        return lambda: dist.all_reduce(buf)
+        return lambda: _waited(funcol.all_reduce(buf, "sum", group))
     if kind == "all_gather":  # nbytes: the OUTPUT size
-        out, inp = torch.empty(numel), torch.ones(numel // world_size)
-        return lambda: dist.all_gather_single(out, inp)
+        inp = torch.ones(numel // world_size)
+        return lambda: _waited(funcol.all_gather_single(inp, 0, group))
     if kind == "reduce_scatter":  # nbytes: the INPUT size
-        inp, out = torch.ones(numel), torch.empty(numel // world_size)
-        return lambda: dist.reduce_scatter_single(out, inp)
+        inp = torch.ones(numel)
+        return lambda: _waited(funcol.reduce_scatter_single(inp, "sum", 0, group))
     if kind == "all_to_all":  # nbytes: the per-rank send (= receive) buffer
-        inp, out = torch.ones(numel), torch.empty(numel)
-        return lambda: dist.all_to_all_single(out, inp)
+        inp = torch.ones(numel)
+        return lambda: _waited(funcol.all_to_all_single(inp, None, None, group))
     peer = rank + 1 if rank % 2 == 0 else rank - 1  # send_recv: nbytes is the message
     if peer >= world_size:
         return None
     buf = torch.ones(numel)
     return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor of a functional collective's result, waited on (as the runtime does at once)."""
+    import torch.distributed._functional_collectives as funcol
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
 def _interleaved_medians(loops: dict[str, Callable[[], object]], rounds: int, inner: int = 1,
@@ -161,14 +184,14 @@ def _measure_overlap(rounds: int = 11) -> float:
 def _measure_sync(rounds: int = 21) -> float:
     """sync_s of the module docstring, seconds (all ranks take part)."""
     import torch.distributed as dist
-    buf = torch.ones(_SYNC_BYTES // 4)
+    reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), dist.get_world_size())  # as a step calls it
     compute = _matmuls(_SYNC_MATMULS)
 
     def both() -> None:
         compute()
-        dist.all_reduce(buf)
+        reduce()
 
-    got = _interleaved_medians({"C": compute, "A": lambda: dist.all_reduce(buf), "T": both}, rounds,
+    got = _interleaved_medians({"C": compute, "A": reduce, "T": both}, rounds,
                                inner=_SYNC_INNER, closing_barrier=True)
     return max(0.0, got["T"] - got["C"] - got["A"])
 
