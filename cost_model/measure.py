@@ -19,15 +19,23 @@ the fastest is the least disturbed run, which a training step does not get; the 
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
   (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
-  And ``sync_s``, the wait of a blocking collective for the slowest rank (:func:`_measure_sync`): loops of a
-  compute chunk alone (C: ``_SYNC_MATMULS`` matmuls), of a small all-reduce alone (A) and of the chunk
-  followed by the all-reduce (T), each loop timed from a barrier to a closing barrier (so the slowest rank
-  counts), the three interleaved round by round; ``sync_s = max(0, median T - median C - median A)``. On
-  an idle machine with a core per rank the ranks finish the chunk together and ``sync_s`` is ~0; ranks that
-  share cores (4 ranks on 2 cores) finish it at times skewed by the scheduler, and each blocking collective
-  waits for the last one. The planner adds it to every collective (``DeviceSpec.collective_sync_s``,
-  ``planner.costs.Pricer.step_time_s``): a collective that directly follows another with no compute
-  between them is charged it too (an upper estimate there).
+  And ``sync_s``, what a blocking collective that follows compute costs beyond the same collective back to
+  back (:func:`_measure_sync`, :func:`sync_wait_s`): each rank runs a compute chunk (``_SYNC_MATMULS``
+  matmuls) then a small all-reduce, ``_SYNC_INNER`` times per round, stamping each call's entry and exit on
+  ``time.perf_counter`` (the system-wide monotonic clock: the calibration's processes share one machine);
+  the stamps are gathered and per call ``max over ranks of exit - mean over ranks of entry`` is what the
+  collective adds to a step's critical path: the straggler's lag (the last entry against the mean one: for
+  2 ranks half the lag between them, which is what a barrier adds to ``max`` of the two ranks' compute over
+  their mean) plus the collective once the last rank is in (a rank that waited asleep in gloo must be
+  scheduled again). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
+  (interleaved round by round). The compute never enters the difference, so its noise does not either
+  (until round 15 ``sync_s = median T - median C - median A`` of three loop timings: on this shared machine
+  C's noise swamped it, 0-194 us between calibrations, and it came out 0 when it mattered most: in the same
+  processes at load 12 a collective after compute took 1.2-9x its back-to-back time in a step,
+  benchmarks/RESULTS.md, round 15 r15c). The planner adds it to every collective
+  (``DeviceSpec.collective_sync_s``, ``planner.costs.Pricer.step_time_s``): a collective that directly
+  follows another with no compute between them is charged it too (an upper estimate there: measured, those
+  cost their back-to-back time).
 * :func:`measure_contention`: FLOP/s of ``torch.mm``, bytes/s of ``torch.add`` and of an AdamW step per process when ``k``
   processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
   seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
@@ -48,7 +56,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for", "inner_for",
-           "median_time_s"]
+           "median_time_s", "sync_wait_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -181,19 +189,49 @@ def _measure_overlap(rounds: int = 11) -> float:
     return min(1.0, max(0.0, (comp + comm - got["both"]) / min(comp, comm)))
 
 
+def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence[float]], alone_s: float) -> float:
+    """``sync_s`` of the module docstring from per-call stamps: ``entries_s[r][c]`` / ``exits_s[r][c]`` the
+    seconds at which rank r entered / left call c (one clock for all ranks), ``alone_s`` the same collective's
+    seconds back to back. Returns ``max(0, median_c(max_r exits_s[r][c] - mean_r entries_s[r][c]) - alone_s)``.
+
+    Raises:
+        ValueError: no calls, or ranks with different numbers of calls.
+    """
+    calls = {len(e) for e in (*entries_s, *exits_s)}
+    if len(calls) != 1 or calls == {0}:
+        raise ValueError(f"sync_wait_s: every rank needs the same number (>= 1) of entry and exit stamps, got "
+                         f"{sorted(len(e) for e in entries_s)} entries and {sorted(len(e) for e in exits_s)} exits")
+    per_call = [max(x[c] for x in exits_s) - statistics.fmean(e[c] for e in entries_s) for c in range(calls.pop())]
+    return max(0.0, statistics.median(per_call) - alone_s)
+
+
 def _measure_sync(rounds: int = 21) -> float:
     """sync_s of the module docstring, seconds (all ranks take part)."""
     import torch.distributed as dist
-    reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), dist.get_world_size())  # as a step calls it
+    world = dist.get_world_size()
+    reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), world)  # as a step calls it
     compute = _matmuls(_SYNC_MATMULS)
-
-    def both() -> None:
-        compute()
-        reduce()
-
-    got = _interleaved_medians({"C": compute, "A": reduce, "T": both}, rounds,
-                               inner=_SYNC_INNER, closing_barrier=True)
-    return max(0.0, got["T"] - got["C"] - got["A"])
+    stamps: list[tuple[float, float]] = []
+    alone: list[float] = []
+    for r in range(rounds + 1):  # round 0: warm-up
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(_SYNC_INNER):
+            reduce()
+        if r:
+            alone.append((time.perf_counter() - start) / _SYNC_INNER)
+        dist.barrier()
+        for _ in range(_SYNC_INNER):
+            compute()
+            entry = time.perf_counter()
+            reduce()
+            if r:
+                stamps.append((entry, time.perf_counter()))
+    mine = torch.tensor(stamps, dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return sync_wait_s([t[:, 0].tolist() for t in every], [t[:, 1].tolist() for t in every],
+                       statistics.median(alone))
 
 
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:

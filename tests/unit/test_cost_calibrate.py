@@ -272,3 +272,20 @@ def test_calls_per_sample_grow_for_small_messages():
     assert [inner_for(b, 1) for b in (4096, (1 << 20) - 4, 1 << 20, 4 << 20, (4 << 20) + 4, 64 << 20)] == \
         [16, 16, 4, 4, 1, 1]
     assert inner_for(4096, 20) == 20 and inner_for(16 << 20, 3) == 3
+
+
+def test_sync_wait_is_the_last_exit_after_the_mean_entry_less_the_back_to_back_time():
+    """`measure.sync_wait_s`: per call max_r exit - mean_r entry (the straggler's lag over the mean entry plus the
+    collective once the last rank is in), median over calls, minus the back-to-back time, clamped at 0."""
+    from cost_model.measure import sync_wait_s
+    entries = [[0.0, 10.0, 20.0], [1.0, 10.0, 26.0]]  # ms; call 2: rank 1 enters 6 ms late
+    exits = [[3.0, 12.0, 27.0], [3.0, 12.5, 27.0]]
+    # per call: 3 - 0.5 = 2.5, 12.5 - 10 = 2.5, 27 - 23 = 4.0 -> median 2.5; back to back 1.0
+    assert sync_wait_s(entries, exits, 1.0) == pytest.approx(1.5)
+    assert sync_wait_s(entries, exits, 3.0) == 0.0  # never negative
+    three = [[0.0], [0.0], [3.0]]  # 3 ranks: mean entry 1.0, last exit 5.0
+    assert sync_wait_s(three, [[5.0], [5.0], [5.0]], 0.5) == pytest.approx(3.5)
+    with pytest.raises(ValueError, match="same number"):
+        sync_wait_s([[0.0, 1.0], [0.0]], [[1.0, 2.0], [1.0]], 0.0)
+    with pytest.raises(ValueError, match="same number"):
+        sync_wait_s([[], []], [[], []], 0.0)
