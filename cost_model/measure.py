@@ -4,7 +4,14 @@ Every figure is a **median** of repeated samples after warm-up (not the fastest 
 the fastest is the least disturbed run, which a training step does not get; the median is what a step meets).
 
 * :func:`measure_collectives`: each collective kind over gloo with ``nprocs`` spawned processes (one intra-op
-  thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`). One sample =
+  thread each), per message size (nccl-tests byte convention, :mod:`cost_model.communication`), called the
+  way a training step calls it (:func:`_collective_op`): the blocking kinds (all_reduce, all_gather,
+  reduce_scatter, all_to_all) through torch's functional collectives (``torch.distributed._functional_collectives``:
+  out of place, a fresh output tensor per call, waited on at once), which is what an emitted program runs
+  (``parallelizer.rewriter.collectives``); send_recv through ``dist.send`` / ``dist.recv``, as pipeline stages
+  do. (Until round 15 the blocking kinds were timed as in-place ``dist.all_reduce`` & co.: on 2 gloo ranks of
+  this machine the functional call costs 0.1-0.3 ms more CPU per call below 1 MiB and ~1 ms more at 4 MiB,
+  1.4-2.8x the in-place call's wall time back to back; benchmarks/RESULTS.md, round 15 r15c.) One sample =
   ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
   (:func:`repeats_for`) and more calls per sample for small ones (:func:`inner_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
   of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
@@ -12,15 +19,23 @@ the fastest is the least disturbed run, which a training step does not get; the 
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
   (all-reduce started asynchronously, the loop run, then waited: B); ``overlap = (C + A - B) / min(C, A)``
   clamped to [0, 1] (1: the collective hid completely; 0: none of it did).
-  And ``sync_s``, the wait of a blocking collective for the slowest rank (:func:`_measure_sync`): loops of a
-  compute chunk alone (C: ``_SYNC_MATMULS`` matmuls), of a small all-reduce alone (A) and of the chunk
-  followed by the all-reduce (T), each loop timed from a barrier to a closing barrier (so the slowest rank
-  counts), the three interleaved round by round; ``sync_s = max(0, median T - median C - median A)``. On
-  an idle machine with a core per rank the ranks finish the chunk together and ``sync_s`` is ~0; ranks that
-  share cores (4 ranks on 2 cores) finish it at times skewed by the scheduler, and each blocking collective
-  waits for the last one. The planner adds it to every collective (``DeviceSpec.collective_sync_s``,
-  ``planner.costs.Pricer.step_time_s``): a collective that directly follows another with no compute
-  between them is charged it too (an upper estimate there).
+  And ``sync_s``, what a blocking collective that follows compute costs beyond the same collective back to
+  back (:func:`_measure_sync`, :func:`sync_wait_s`): each rank runs a compute chunk (``_SYNC_MATMULS``
+  matmuls) then a small all-reduce, ``_SYNC_INNER`` times per round, stamping each call's entry and exit on
+  ``time.perf_counter`` (the system-wide monotonic clock: the calibration's processes share one machine);
+  the stamps are gathered and per call ``max over ranks of exit - mean over ranks of entry`` is what the
+  collective adds to a step's critical path: the straggler's lag (the last entry against the mean one: for
+  2 ranks half the lag between them, which is what a barrier adds to ``max`` of the two ranks' compute over
+  their mean) plus the collective once the last rank is in (a rank that waited asleep in gloo must be
+  scheduled again). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
+  (interleaved round by round). The compute never enters the difference, so its noise does not either
+  (until round 15 ``sync_s = median T - median C - median A`` of three loop timings: on this shared machine
+  C's noise swamped it, 0-194 us between calibrations, and it came out 0 when it mattered most: in the same
+  processes at load 12 a collective after compute took 1.2-9x its back-to-back time in a step,
+  benchmarks/RESULTS.md, round 15 r15c). The planner adds it to every collective
+  (``DeviceSpec.collective_sync_s``, ``planner.costs.Pricer.step_time_s``): a collective that directly
+  follows another with no compute between them is charged it too (an upper estimate there: measured, those
+  cost their back-to-back time).
 * :func:`measure_contention`: FLOP/s of ``torch.mm``, bytes/s of ``torch.add`` and of an AdamW step per process when ``k``
   processes (one thread each) run them at once, for each ``k`` (throughput: work done over wall-clock
   seconds, so the time a process waits for a core counts), against one process alone in alternating windows; the slowdown ``rate(1) / rate(k)`` is how much
@@ -41,7 +56,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for", "inner_for",
-           "median_time_s"]
+           "median_time_s", "sync_wait_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -49,7 +64,8 @@ _MATMUL_N = 256
 _ADAMW_NUMEL = 1 << 22  # 64 MiB of AdamW state: beyond the caches, as a model's optimizer step (1M elements fit in
 # the last-level cache alone but not four at once: measured x4 slowdowns of 2.2-6.6 between calibrations)
 _ROUND_ROBIN_MAX_BYTES = 64 << 20  # smaller messages are sampled round-robin, larger ones one pair at a time
-_SMALL_BYTES, _SMALL_INNER = 1 << 20, 4  # messages below _SMALL_BYTES: >= _SMALL_INNER collectives per sample
+_SMALL_BYTES, _SMALL_INNER = 1 << 20, 16  # messages below _SMALL_BYTES: >= _SMALL_INNER collectives per sample
+_MEDIUM_BYTES, _MEDIUM_INNER = 4 << 20, 4  # messages from _SMALL_BYTES up to _MEDIUM_BYTES: >= _MEDIUM_INNER
 _SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
 _SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
 _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
@@ -74,9 +90,14 @@ def repeats_for(nbytes: int, repeats: int) -> int:
 
 
 def inner_for(nbytes: int, inner: int) -> int:
-    """Back-to-back collectives per sample of a message of ``nbytes``: at least ``_SMALL_INNER`` below
-    ``_SMALL_BYTES`` (a single latency-bound collective of ~0.1-0.5 ms is at the scheduler's resolution)."""
-    return max(inner, _SMALL_INNER) if nbytes < _SMALL_BYTES else inner
+    """Back-to-back collectives per sample of a message of ``nbytes``: at least ``_SMALL_INNER`` (16) below
+    ``_SMALL_BYTES`` (1 MiB), at least ``_MEDIUM_INNER`` (4) up to ``_MEDIUM_BYTES`` (4 MiB) inclusive, else
+    ``inner``. A single latency-bound collective of ~0.1-1 ms is at the scheduler's resolution: with 4 calls per
+    sample below 1 MiB and 1 call at 1 MiB, two calibrations back to back moved the 64 KiB-1 MiB medians by
+    -64% .. +151% (benchmarks/RESULTS.md, step-time section); 16 calls of <= 1 ms add < 2 s per calibration."""
+    if nbytes < _SMALL_BYTES:
+        return max(inner, _SMALL_INNER)
+    return max(inner, _MEDIUM_INNER) if nbytes <= _MEDIUM_BYTES else inner
 
 
 def _free_port() -> int:
@@ -86,28 +107,38 @@ def _free_port() -> int:
 
 
 def _collective_op(kind: str, nbytes: int, rank: int, world_size: int):
-    """A zero-argument callable running one collective of ``kind`` on ``nbytes`` (module docstring), or None on a
-    rank that takes no part (send_recv with an odd world size)."""
+    """A zero-argument callable running one collective of ``kind`` on ``nbytes`` as a training step runs it
+    (module docstring: blocking kinds through torch's functional collectives, waited on at once; send_recv
+    through ``dist.send`` / ``dist.recv``), or None on a rank that takes no part (send_recv with an odd world
+    size)."""
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     numel = max(world_size, nbytes // 4)
     numel -= numel % world_size
+    group = dist.group.WORLD
     if kind == "all_reduce":
         buf = torch.ones(numel)
-        return lambda: dist.all_reduce(buf)
+        return lambda: _waited(funcol.all_reduce(buf, "sum", group))
     if kind == "all_gather":  # nbytes: the OUTPUT size
-        out, inp = torch.empty(numel), torch.ones(numel // world_size)
-        return lambda: dist.all_gather_single(out, inp)
+        inp = torch.ones(numel // world_size)
+        return lambda: _waited(funcol.all_gather_single(inp, 0, group))
     if kind == "reduce_scatter":  # nbytes: the INPUT size
-        inp, out = torch.ones(numel), torch.empty(numel // world_size)
-        return lambda: dist.reduce_scatter_single(out, inp)
+        inp = torch.ones(numel)
+        return lambda: _waited(funcol.reduce_scatter_single(inp, "sum", 0, group))
     if kind == "all_to_all":  # nbytes: the per-rank send (= receive) buffer
-        inp, out = torch.ones(numel), torch.empty(numel)
-        return lambda: dist.all_to_all_single(out, inp)
+        inp = torch.ones(numel)
+        return lambda: _waited(funcol.all_to_all_single(inp, None, None, group))
     peer = rank + 1 if rank % 2 == 0 else rank - 1  # send_recv: nbytes is the message
     if peer >= world_size:
         return None
     buf = torch.ones(numel)
     return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor of a functional collective's result, waited on (as the runtime does at once)."""
+    import torch.distributed._functional_collectives as funcol
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
 def _interleaved_medians(loops: dict[str, Callable[[], object]], rounds: int, inner: int = 1,
@@ -158,19 +189,49 @@ def _measure_overlap(rounds: int = 11) -> float:
     return min(1.0, max(0.0, (comp + comm - got["both"]) / min(comp, comm)))
 
 
+def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence[float]], alone_s: float) -> float:
+    """``sync_s`` of the module docstring from per-call stamps: ``entries_s[r][c]`` / ``exits_s[r][c]`` the
+    seconds at which rank r entered / left call c (one clock for all ranks), ``alone_s`` the same collective's
+    seconds back to back. Returns ``max(0, median_c(max_r exits_s[r][c] - mean_r entries_s[r][c]) - alone_s)``.
+
+    Raises:
+        ValueError: no calls, or ranks with different numbers of calls.
+    """
+    calls = {len(e) for e in (*entries_s, *exits_s)}
+    if len(calls) != 1 or calls == {0}:
+        raise ValueError(f"sync_wait_s: every rank needs the same number (>= 1) of entry and exit stamps, got "
+                         f"{sorted(len(e) for e in entries_s)} entries and {sorted(len(e) for e in exits_s)} exits")
+    per_call = [max(x[c] for x in exits_s) - statistics.fmean(e[c] for e in entries_s) for c in range(calls.pop())]
+    return max(0.0, statistics.median(per_call) - alone_s)
+
+
 def _measure_sync(rounds: int = 21) -> float:
     """sync_s of the module docstring, seconds (all ranks take part)."""
     import torch.distributed as dist
-    buf = torch.ones(_SYNC_BYTES // 4)
+    world = dist.get_world_size()
+    reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), world)  # as a step calls it
     compute = _matmuls(_SYNC_MATMULS)
-
-    def both() -> None:
-        compute()
-        dist.all_reduce(buf)
-
-    got = _interleaved_medians({"C": compute, "A": lambda: dist.all_reduce(buf), "T": both}, rounds,
-                               inner=_SYNC_INNER, closing_barrier=True)
-    return max(0.0, got["T"] - got["C"] - got["A"])
+    stamps: list[tuple[float, float]] = []
+    alone: list[float] = []
+    for r in range(rounds + 1):  # round 0: warm-up
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(_SYNC_INNER):
+            reduce()
+        if r:
+            alone.append((time.perf_counter() - start) / _SYNC_INNER)
+        dist.barrier()
+        for _ in range(_SYNC_INNER):
+            compute()
+            entry = time.perf_counter()
+            reduce()
+            if r:
+                stamps.append((entry, time.perf_counter()))
+    mine = torch.tensor(stamps, dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return sync_wait_s([t[:, 0].tolist() for t in every], [t[:, 1].tolist() for t in every],
+                       statistics.median(alone))
 
 
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:

@@ -8,9 +8,11 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
 
 * `cross_entropy_loss` (`localize.sharded_cross_entropy`), input 0 (N, C, *):
   - classes (dim 1) sharded over mesh axis a (vocab parallel, Shoeybi et al. 2019 Sec. 3): forward
-    all-reduces over a of the row maxima, the row sums of exponentials and the target logits, 3 x 4 B per
-    local row (fp32 or the logits' dtype); backward none (`collectives.all_reduce`'s backward is the
-    identity, the max has no gradient);
+    three all-reduces over a, of the row maxima, the row sums of exponentials and the target logits, 4 B per
+    local row each (fp32 or the logits' dtype); backward none (`collectives.all_reduce`'s backward is the
+    identity, the max has no gradient). Three calls, priced as three: each pays its own latency and sync
+    wait (priced as one call of 3 x the bytes before round 15; on 2 gloo ranks a 4 KiB all-reduce costs
+    0.3-1 ms, nearly all of it per call, `benchmarks/RESULTS.md`, round 15 r15c);
   - with reduction "mean" and rows sharded over axis b: forward all-reduce over b of the denominator
     (one element), no backward.
 * `batch_norm` in training with the input sharded over axis a (`localize.sync_batch_norm`): forward
@@ -28,7 +30,8 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
   model's all-to-all sends (n - 1) / n of its buffer, `cost_model.communication`), so what is priced is
   what the busiest member sends.
 
-Each collective is priced like an edge's (`Pricer.step_time_s`): its calibrated time on the axis plus the
+Each entry is one call the rewriter emits (calls are never merged in the price: a collective's fixed
+latency and sync wait are per call). Each collective is priced like an edge's (`Pricer.step_time_s`): its calibrated time on the axis plus the
 device's `collective_sync_s`.
 """
 from __future__ import annotations
@@ -82,7 +85,7 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
         if nd < 2:
             return []
         rows = math.prod(in_local[1]) if len(in_local) > 1 else 1
-        out = [("all_reduce", 3 * rows * itemsize, a, False) for a in _sharded(inputs[0], {1})]
+        out = [("all_reduce", rows * itemsize, a, False) for a in _sharded(inputs[0], {1}) for _ in range(3)]
         if _arg(node, 3, "reduction", 1) == 1:
             out += [("all_reduce", itemsize, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
         return out

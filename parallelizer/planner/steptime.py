@@ -12,7 +12,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * Gradient sync of replicated parameters (`Step.kind == "grad_all_reduce"`, DDP) is what the runtime buckets
   (`rewriter.grad_sync`: first bucket `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES`, in the order backward
   produces gradients, per mesh axis) and all-reduces asynchronously while backward goes on. Each bucket is
-  priced as ONE all-reduce of its bytes (`collective_time_s`, fewer latencies than per parameter), becomes
+  priced as ONE all-reduce of its bytes (`collective_time_s`, fewer latencies than per parameter; on a
+  calibration profile the fit of the functional all-reduce that blocking collectives use, while the bucket runs
+  an in-place `dist.all_reduce` after copying its gradients into one buffer: the functional call's output copy
+  stands for that copy, `cost_model.measure`), becomes
   ready when backward has produced its last gradient (backward run in reverse graph order, blocking
   collectives included), and the delay it causes is
   `cost_model.communication.overlapped_comm_exposed_s` (buckets one at a time, only the device's
