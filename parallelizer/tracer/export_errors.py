@@ -25,6 +25,20 @@ _MODEL_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, Na
 _COMPILING = re.compile(r"\b(is_torchdynamo_compiling|is_compiling|is_exporting|is_dynamo_compiling)\s*\(")
 
 
+
+_SHAPE_REMEDIES = {
+    "lstsq": "torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
+             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
+             "full-rank A",
+    # round 15 (r15b): every CTC head (Wav2Vec2 / HuBERT ForCTC, a padded-target F.ctc_loss of the user's own)
+    "ctc_loss": "torch's CTC loss keeps an alignment table of (batch, time, 2 x the LONGEST target + 1), a size set "
+                "by the target lengths' values, whether targets are concatenated or padded: compute the CTC loss "
+                "outside the parallel program: plan a model (or wrapper) that returns the logits, then "
+                "`loss = F.ctc_loss(pm(*inputs).log_softmax(-1).transpose(0, 1), targets, input_lengths, "
+                "target_lengths)` and `loss.backward()` (every rank holds the whole returned logits; the gradient "
+                "flows back through pm). transformers' ForCTC heads compute it when given labels=: leave labels out",
+}
+
 def _tracing_branch(exc: BaseException) -> str | None:
     """`file:line: source` of a test of "am I being traced" (transformers' `is_torchdynamo_compiling()`,
     `torch.compiler.is_compiling()`) in a function of the user's code on the failing call stack, innermost
@@ -113,14 +127,10 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
             "Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)", detail=first)
     if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
         op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
-        lstsq = "lstsq" in op
-        return TraceError(
-            f"an op whose output shapes depend on tensor values under export ({op})", location,
-            ("torch.linalg.lstsq returns rank and singular values whose sizes export cannot fix, whatever the driver: "
-             "write the solution as torch.linalg.pinv(A) @ B, or torch.linalg.solve(A.mT @ A, A.mT @ B) for a "
-             "full-rank A" if lstsq else
-             "replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"),
-            detail=first)
+        return TraceError(f"an op whose output shapes depend on tensor values under export ({op})", location,
+                          _SHAPE_REMEDIES.get(next((k for k in _SHAPE_REMEDIES if k in op), None),
+                                              "replace the op by one with fixed output shapes (masking with "
+                                              "torch.where instead of selecting)"), detail=first)
     if runs_eagerly is not None and runs_eagerly() is True:
         return TraceError(
             f"the model ({type(exc).__name__}): it raises under torch.export but runs when called on the same "
