@@ -48,6 +48,7 @@ from .eager_check import compare_with_eager, runs_eagerly
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
+from .overflow_guard import overflow_guards_as_clamps
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
@@ -86,7 +87,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
     with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), custom_backward_watch(notes), \
-            python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes):
+            python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
+            overflow_guards_as_clamps(notes):
         exported = _export(model, example_inputs, example_kwargs)
     if stored:
         drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)

@@ -127,3 +127,27 @@ class CachedBias(nn.Module):
 def cached_bias():
     torch.manual_seed(0)
     return CachedBias(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)
+
+
+class OverflowGuarded(nn.Module):
+    """Two feed-forward blocks ending with transformers' DETR-family training-time overflow guard (round 15, trial
+    r15b): `if not torch.isfinite(h).all(): clamp` was a TraceError in training mode; it is traced as the clamp."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(H, 2 * H), nn.ReLU(), nn.Linear(2 * H, H)) for _ in range(2))
+
+    def forward(self, x):
+        hidden_states = x
+        for block in self.blocks:
+            hidden_states = hidden_states + block(hidden_states)
+            if self.training:
+                if not torch.isfinite(hidden_states).all():
+                    clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+                    hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+        return hidden_states.pow(2).mean()
+
+
+def overflow_guarded():
+    torch.manual_seed(0)
+    return OverflowGuarded(), (torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)),)

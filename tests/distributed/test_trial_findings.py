@@ -13,7 +13,8 @@ from parallelizer.runtime.launch import spawn
 from parallelizer.runtime.rehearsal import rehearse_many
 from launch_once import run_each
 from plan_cases import random_cost_plan
-from library_models import cached_bias, lambda_tied_head, message_passing, scatter_like, spectral_envelope
+from library_models import (cached_bias, lambda_tied_head, message_passing, overflow_guarded, scatter_like,
+                            spectral_envelope)
 from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, state_blocks, written_parameters
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
@@ -71,7 +72,9 @@ def two_rank_reports():
              "sorter_tp": (sorter_router, _plan(sorter_router, {"tp": 2}, axis_roles={"tp": "tp"})),
              "lambda_tied_ddp": (lambda_tied_head, _plan(lambda_tied_head, {"dp": 2}, axis_roles={"dp": "ddp"})),
              "lambda_tied_tp": (lambda_tied_head, _plan(lambda_tied_head, {"tp": 2}, axis_roles={"tp": "tp"})),
-             "cached_bias": (cached_bias, _plan(cached_bias, {"tp": 2}, axis_roles={"tp": "tp"}))}
+             "cached_bias": (cached_bias, _plan(cached_bias, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "overflow_guard_tp": (overflow_guarded, _plan(overflow_guarded, {"tp": 2}, axis_roles={"tp": "tp"})),
+             "overflow_guard_ddp": (overflow_guarded, _plan(overflow_guarded, {"dp": 2}, axis_roles={"dp": "ddp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -517,6 +520,14 @@ def test_a_head_tied_through_a_lambda_is_judged_against_a_reference_that_uses_it
     report = two_rank_reports[case]
     assert report.matches(), str(report)
     assert report.grad_scale > 1e-3, str(report)  # the tied embedding's gradient is judged, not blind
+
+
+@pytest.mark.parametrize("case", ["overflow_guard_tp", "overflow_guard_ddp"])
+def test_a_training_time_overflow_guard_traces_as_its_clamp_and_matches(two_rank_reports, case):
+    """transformers' DETR-family guard `if not torch.isfinite(h).all(): clamp` (round 15, r15b): a TraceError
+    in training mode before (no plan could be made); tp=2 and ddp now match one device."""
+    report = two_rank_reports[case]
+    assert report.matches(), str(report)
 
 
 def test_a_buffer_registered_in_forward_as_a_cache_runs_and_matches(two_rank_reports):

@@ -205,6 +205,28 @@ def test_lstsq_names_the_op_and_pinv():
     assert err.value.location.endswith(f":{inspect.getsourcelines(_Lstsq.forward)[1] + 2}")
 
 
+class _PaddedCTC(torch.nn.Module):
+    """A CTC loss on padded (B, S) targets with input and target lengths (an ASR fine-tune's loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 6)
+
+    def forward(self, x, targets, target_lengths):
+        log_probs = self.a(x).log_softmax(-1).transpose(0, 1)
+        lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
+        return torch.nn.functional.ctc_loss(log_probs, targets, lengths, target_lengths, zero_infinity=True)
+
+
+def test_ctc_loss_names_the_loss_outside_the_program():
+    """aten._ctc_loss (round 15, r15b: Wav2Vec2 / HuBERT CTC fine-tunes): its alignment table's size is set by the
+    target lengths' values, padded targets too; the remedy said "masking with torch.where instead of selecting",
+    which no CTC code can do; it now says to compute the loss outside on the returned logits."""
+    targets = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    with pytest.raises(TraceError, match=r"(?s)_ctc_loss.*what the parallel module returns.*F\.ctc_loss\(pm"):
+        parallelizer.trace(_PaddedCTC(), (torch.randn(2, 10, 8), targets, torch.tensor([3, 2])))
+
+
 class _CrossMapLRN(torch.nn.Module):
     def __init__(self):
         super().__init__()
