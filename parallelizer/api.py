@@ -26,12 +26,13 @@ from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import memory_budget, resolve_cluster
-from .planner.recompute import runnable
+from .planner.recompute import regions, runnable
 from .planner.schedules import get_schedule
 from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
                              split_mesh)
 from .rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from .tracer import TracedGraph, trace
+from .tracer.blocks import pipeline_unit
 
 
 def describe_cluster(cluster: Cluster, spec: str | None = None) -> dict:
@@ -207,7 +208,7 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                                 "microbatches cut along another dim compute another function. Remedy: pass those "
                                 "inputs batch-first (transpose in the data loader and back inside forward), or a mesh "
                                 "without 'pp'")
-        group = traced.blocks[0] if traced.blocks else None
+        group = pipeline_unit(traced)
         if group is not None and pp > group.count:
             raise PipelineError(f"mesh {mesh}: pp={pp} stages > the {group.count} blocks of {group.name} (stages are "
                                 f"cut at block boundaries). Remedy: pp <= {group.count}")
@@ -355,12 +356,12 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     from .planner.stage_layouts import plan_stages
     from .runtime.pipeline import cut_stages
 
-    group = traced.blocks[0]
+    group = pipeline_unit(traced)
     if found.block_group != group.name:
         layers = found.block_group.split(".*.")[0] + ".*" if ".*." in found.block_group else None
-        why = (f"; here only the {found.block_group} parts repeat: the layers {layers} themselves differ in "
-               "structure (e.g. a dense first layer before MoE layers as in DeepSeek-V3, or layers with and "
-               "without rotary embeddings as in Llama 4)" if layers else "")
+        why = (f"; here only the {found.block_group} parts repeat and the layers {layers} are not the numbered "
+               "children of one ModuleList called one after another, which a pipeline of layers of several kinds "
+               "needs (`tracer.blocks.layer_stack`)" if layers else "")
         raise PipelineError(f"the search cut at block group {found.block_group} but the runtime cuts at the first "
                             f"group {group.name}: this model's repeated modules do not form one run of identical "
                             "layers to cut between (e.g. an encoder-decoder such as T5, whose encoder and decoder "
@@ -391,8 +392,9 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     cfg["axis_roles"] = [list(x) for x in roles.items()]
     # the search's recomputation mode per stage, on every block of the stage (what its memory was priced with)
     # that the program can run (`recompute.runnable`: blocks writing state in place were priced without it too)
+    blocks = regions(traced)  # a layer of a stack that is no repeated block is not recomputed (`segments`)
     recompute = runnable(traced, {member: stage.recompute for stage, planned in zip(found.stages, section.stages)
-                                  if stage.recompute != "none" for member in planned.blocks})
+                                  if stage.recompute != "none" for member in planned.blocks if member in blocks})
     return dataclasses.replace(p, cost=dataclasses.replace(p.cost, memory_bytes=peak), config=cfg,
                                pipeline=section, model={**p.model, "search": record},
                                recompute={**p.recompute, **recompute})

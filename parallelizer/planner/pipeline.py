@@ -58,6 +58,7 @@ class StageSpec:
     activation_bytes: int
     recompute: str = "none"
     lean: bool = False
+    contents: str = ""  # with layers of several kinds (`segments.Segments.block_kinds`): its layers' kinds
 
     @property
     def num_blocks(self) -> int:
@@ -69,8 +70,10 @@ class StageSpec:
 
     @property
     def kind(self) -> str:
-        """Stages of one kind share their intra-stage solve: "6 blocks", "6 blocks + pre", ..."""
-        return (f"{self.num_blocks} blocks" + (" + pre" if self.includes_pre else "")
+        """Stages of one kind share their intra-stage solve: "6 blocks", "6 blocks + pre", ...; with layers of
+        several kinds the kinds they hold, e.g. "2 blocks (model.layers.*, {model.layers.1,model.layers.3})"."""
+        return (f"{self.num_blocks} blocks" + (f" ({self.contents})" if self.contents else "")
+                + (" + pre" if self.includes_pre else "")
                 + (" + post" if self.includes_post else "") + (", lean layout" if self.lean else ""))
 
 

@@ -187,6 +187,9 @@ def _encode_params(plan, blocks: list[dict]) -> dict:
             continue
         b, member = folded
         key = _fold(p.fqn, member, b["name"])
+        if _block_of_key(key, blocks) is not b:  # the key would unfold under another group whose name folds alike
+            out[p.fqn] = entry  # (Llama 4: "model.layers.*" and "model.layers.*.feed_forward"): kept whole
+            continue
         groups.setdefault((b["name"], key), []).append((p.fqn, member, entry, _fold(entry, member, b["name"])))
     for (name, key), items in groups.items():
         members = next(b["members"] for b in blocks if b["name"] == name)
@@ -198,6 +201,16 @@ def _encode_params(plan, blocks: list[dict]) -> dict:
         else:
             out.update({fqn: e for fqn, _, e, _ in items})
     return out
+
+
+def _block_of_key(key: str, blocks: list[dict]) -> dict | None:
+    """The block group a folded parameter key unfolds under: the longest group name ending where a dot follows in
+    `key` (two groups' names may fold alike, one a prefix of the other: Llama 4's "model.layers.*" (dense layers)
+    and "model.layers.*.feed_forward" (its MoE layers' feed-forwards); before, the first one took every key of the
+    other, and the plan JSON the planner wrote did not load: PlanValidationError "ref '~router.weight' resolves
+    to nothing")."""
+    return max((b for b in blocks if "*" in b["name"] and key.startswith(b["name"] + ".")),
+               key=lambda b: len(b["name"]), default=None)
 
 
 def _fold(x, member: str, pattern: str):
@@ -278,7 +291,7 @@ def decode(d: dict, mesh: MeshSpec, source: str = "plan JSON"):
 def _decode_params(entries: dict, blocks: list[dict], mesh: MeshSpec, fail) -> dict[str, ParamPlan]:
     params = {}
     for key, e in entries.items():
-        block = next((b for b in blocks if "*" in b["name"] and key.startswith(b["name"] + ".")), None)
+        block = _block_of_key(key, blocks)
         for member in (block["members"] if block else [None]):
             fqn, entry = (key, e) if member is None else (_unfold(key, member, block["name"]),
                                                           _unfold(e, member, block["name"]))

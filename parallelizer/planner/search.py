@@ -692,7 +692,8 @@ class _Context:
             s, st["rank"], st["blocks"][0], st["blocks"][1], 0 in st["segs"], L + 1 in st["segs"],
             tuple(range(st["rank"] * per_stage, (st["rank"] + 1) * per_stage)),
             tuple(dict.fromkeys(n for k in st["segs"] for n in seg.nodes[k])),
-            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]), st["recompute"], st["lean"])
+            st["fwd"], st["bwd"], st["wgrad"], int(st["state"]), int(st["act"]), st["recompute"], st["lean"],
+            ", ".join(seg.block_kinds[st["blocks"][0]:st["blocks"][1] + 1]))
             for s, st in enumerate(res["stages"]))
         ranks = tuple(RankCost(r, rc["stages"], rc["fwd"] + rc["bwd"] + rc["wgrad"], rc["inflight"], int(rc["memory"]))
                       for r, rc in enumerate(res["ranks"]))

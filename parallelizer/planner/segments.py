@@ -1,7 +1,8 @@
 """Cut a `TracedGraph` at repeated-block boundaries and price each piece with the intra-stage ILP.
 
 Segments: 0 = "pre" (every op before the first block: embeddings, masks), 1..L = the L instances of the
-largest repeated-block group (by ops), L + 1 = "post" (final norm, head, loss). An op between two blocks that
+largest repeated-block group (by ops), or the L layers of the layer stack of a model whose layers differ
+(`tracer.blocks.layer_stack`: each layer priced by its own ops), L + 1 = "post" (final norm, head, loss). An op between two blocks that
 belongs to no block joins the block before it. A parameter belongs to every segment that uses it (GPT-2's
 tied `wte` / `lm_head` is in pre and post, so the first and last stages both hold it and exchange its
 gradient).
@@ -42,13 +43,14 @@ from ..core.layout import Layout
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import BlockGroup, Role, TracedGraph
+from ..tracer.blocks import layer_stack, pipeline_unit
 from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
 from .costs import GraphTables, Pricer
 from .ilp import solve, solve_lean
 from .plan import Plan
 from .problem import layout_of
-from .recompute import RECOMPUTE_MODES, forced_regions
+from .recompute import RECOMPUTE_MODES, forced_regions, regions
 from .shared_uses import FirstUses
 
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -69,6 +71,9 @@ class Segments:
         trace_batch: b0, samples in the traced inputs.
         cut_values: the names of the values crossing each cut (k = 0..L), in graph order (what
             `planner.boundary` prices a codec on).
+        block_kinds: with a layer stack (layers of several kinds), per block the repeated-block group it is a
+            member of (else its own name): stages holding other kinds are priced and summarised apart
+            (`pipeline.StageSpec.kind`); empty for identical blocks.
     """
 
     group: str
@@ -79,6 +84,7 @@ class Segments:
     cut_bwd_bytes: tuple[int, ...]
     trace_batch: int
     cut_values: tuple[tuple[str, ...], ...] = ()
+    block_kinds: tuple[str, ...] = ()
 
 
 def segment_graph(traced: TracedGraph) -> Segments:
@@ -91,7 +97,8 @@ def segment_graph(traced: TracedGraph) -> Segments:
         raise ValueError("pipeline planning cuts the model at repeated blocks, and the traced graph has none "
                          "(traced.blocks is empty). Remedy: use parallelizer.plan (no pipeline axis), or a model "
                          "whose layers are instances of one module class with equal shapes.")
-    group: BlockGroup = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
+    group: BlockGroup = layer_stack(traced) or max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block,
+                                                                                   -traced.blocks.index(b)))
     L = group.count
     in_block = {n: i + 1 for i, member in enumerate(group.nodes) for n in member}
     order = list(traced.nodes)
@@ -126,8 +133,10 @@ def segment_graph(traced: TracedGraph) -> Segments:
             fwd[k] += info.nbytes
             bwd[k] += info.nbytes if floating and name in depends else 0
             crossing[k].append(name)
+    kind_of = {m: g.name for g in traced.blocks for m in g.members}
+    kinds = () if group in traced.blocks else tuple(kind_of.get(m, m) for m in group.members)
     return Segments(group.name, L, tuple(tuple(m) for m in members), owner, tuple(fwd), tuple(bwd),
-                    _trace_batch(traced), tuple(tuple(c) for c in crossing))
+                    _trace_batch(traced), tuple(tuple(c) for c in crossing), kinds)
 
 
 def depends_on_parameters(traced: TracedGraph) -> set[str]:
@@ -281,11 +290,15 @@ def _recompute_prices(traced: TracedGraph, segments: Segments, problem, pricer, 
     n = segments.num_blocks + 2
     extra = {m: np.zeros(n) for m in RECOMPUTE_MODES}
     delta = {m: np.zeros(n) for m in RECOMPUTE_MODES}
-    group = next(g for g in traced.blocks if g.name == segments.group)
+    group = pipeline_unit(traced) if segments.group not in {g.name for g in traced.blocks} else \
+        next(g for g in traced.blocks if g.name == segments.group)
     forced = forced_regions(traced)
     strat = {name: layout_of(problem, name, choice) for name in problem.spaces}
     seen: dict[tuple, tuple[float, float]] = {}
+    blocks = regions(traced)
     for seg, (region, nodes) in enumerate(zip(group.members, group.nodes), start=1):
+        if region not in blocks:  # a layer of a stack that is no repeated block: priced without recomputation
+            continue
         key = tuple(strat.get(name) for name in nodes)
         for mode in RECOMPUTE_MODES:
             m = forced.get(region, mode)

@@ -35,10 +35,11 @@ from cost_model.topology import MeshTopology
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
+from ..tracer.blocks import pipeline_unit
 from ..tracer.graph import BlockGroup, TracedGraph
 from .costs import Pricer, traced_in_low_precision
 from .plan import CostBreakdown, NodePlan, Plan, SolverReport, empty_comm
-from .recompute import runnable
+from .recompute import regions, runnable
 
 
 def stage_signature(sg: TracedGraph) -> tuple:
@@ -48,13 +49,17 @@ def stage_signature(sg: TracedGraph) -> tuple:
 
 
 def stage_graphs(traced: TracedGraph, cut) -> list[TracedGraph]:
-    """Each stage's graph (`runtime.pipeline.stage_graph`) with its members of the first block group as a block
-    group of its own (when it holds two or more), so the stage's solve clusters them as the whole graph's did,
+    """Each stage's graph (`runtime.pipeline.stage_graph`) with its members of the pipeline unit's block group
+    (of each repeated-block group, for a layer stack of several kinds) as a block group of its own (when it
+    holds two or more), so the stage's solve clusters them as the whole graph's did,
     each parameter's uses cut to the stage's (a tied embedding's other use is another stage's), and each
     received value a placeholder outside any block (the runtime's stage graph keeps its producer's facts)."""
     from ..runtime.pipeline import stage_graph
 
-    group = traced.blocks[0]
+    group = pipeline_unit(traced)
+    # identical layers: the unit is their group; layers of several kinds (a stack): each repeated-block group's
+    # members the stage holds, so each kind is clustered apart
+    groups = [group] if group in traced.blocks else traced.blocks
     out = []
     for k in range(cut.num_stages):
         sg = stage_graph(traced, cut, k)
@@ -63,10 +68,13 @@ def stage_graphs(traced: TracedGraph, cut) -> list[TracedGraph]:
         for name in cut.inputs[k]:
             sg.nodes[name] = dataclasses.replace(sg.nodes[name], op="placeholder", target=None, block=None,
                                                  block_group=None, block_index=None, position=None, checkpoint=None)
-        held = [(m, nodes) for m, nodes in zip(group.members, group.nodes) if cut.stage_of[nodes[0]] == k]
-        if len(held) >= 2:
-            sg = dataclasses.replace(sg, blocks=[BlockGroup(group.name, group.module_type, tuple(m for m, _ in held),
-                                                            tuple(n for _, n in held))])
+        kept = []
+        for g in groups:
+            held = [(m, nodes) for m, nodes in zip(g.members, g.nodes) if cut.stage_of.get(nodes[0]) == k]
+            if len(held) >= 2:
+                kept.append(BlockGroup(g.name, g.module_type, tuple(m for m, _ in held), tuple(n for _, n in held)))
+        if kept:
+            sg = dataclasses.replace(sg, blocks=kept)
         out.append(sg)
     return out
 
@@ -177,7 +185,8 @@ def _merge(traced: TracedGraph, mesh: MeshSpec, config: PlanConfig, strategy: di
     model = {"num_nodes": len(traced.nodes), "num_parameters": traced.num_parameters,
              "inputs": {n: list(traced.nodes[n].outputs[0].shape) for n in traced.input_names
                         if traced.nodes[n].outputs}}
+    blocks = regions(traced)
     forced = {} if config.recompute in ("auto", "none") else runnable(
-        traced, {m: config.recompute for m in traced.blocks[0].members})
+        traced, {m: config.recompute for m in pipeline_unit(traced).members if m in blocks})
     return Plan(mesh, nodes, params, edges, cost, solver, tuple(fallbacks), model, dict(first.config),
                 recompute=forced)

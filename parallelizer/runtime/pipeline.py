@@ -36,6 +36,7 @@ from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
+from ..tracer.blocks import pipeline_unit
 from ..tracer.graph import Role, TracedGraph, carries_grad
 from .launch import create_groups
 from .microbatches import check_batch
@@ -71,29 +72,30 @@ class StageCut:
 
 
 def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int, ...] | None = None) -> StageCut:
-    """Cut at repeated-block boundaries: stage k gets `blocks_per_stage[k]` consecutive blocks of the first
-    block group (default: as even as possible, earlier stages first); ops before the first block go to
-    stage 0, ops after the last to the last stage, other ops to the stage of the op before them.
+    """Cut between the members of the pipeline unit (`tracer.blocks.pipeline_unit`: the first repeated-block
+    group, or the layer stack of a model whose layers differ): stage k gets `blocks_per_stage[k]` consecutive
+    members (default: as even as possible, earlier stages first); ops before the first member go to stage 0,
+    ops after the last to the last stage, other ops to the stage of the op before them.
 
     Raises ValueError when the graph has no repeated blocks or the counts do not add up.
     """
-    if not traced.blocks:
+    group = pipeline_unit(traced)
+    if group is None:
         raise ValueError("cannot cut stages: the traced graph has no repeated blocks; pipeline parallelism "
                          "splits at block boundaries (e.g. transformer layers)")
-    group = traced.blocks[0]
     if blocks_per_stage is None:
         base, extra = divmod(group.count, num_stages)
         blocks_per_stage = tuple(base + (k < extra) for k in range(num_stages))
     if len(blocks_per_stage) != num_stages or sum(blocks_per_stage) != group.count:
         raise ValueError(f"blocks_per_stage={blocks_per_stage} must have {num_stages} entries adding up to the "
                          f"{group.count} blocks of {group.name}")
-    first = {m: k for k, count in enumerate(blocks_per_stage)
-             for m in group.members[sum(blocks_per_stage[:k]):sum(blocks_per_stage[:k]) + count]}
+    first = {n: k for k, count in enumerate(blocks_per_stage)
+             for member in group.nodes[sum(blocks_per_stage[:k]):sum(blocks_per_stage[:k]) + count] for n in member}
     stage_of, current, past_last_block = {}, 0, False
     for info in traced.compute_nodes():  # graph order
-        if info.block_group == group.name:
-            current = first[info.block]
-        elif info.block_group is None and past_last_block:
+        if info.name in first:
+            current = first[info.name]
+        elif past_last_block:
             current = num_stages - 1
         stage_of[info.name] = current
         past_last_block = past_last_block or info.name == group.nodes[-1][-1]
@@ -102,7 +104,7 @@ def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int
 
 def plan_cut(traced: TracedGraph, stages) -> StageCut:
     """The cut a plan's stages describe (`PipelineSection.stages`, or their dicts), checked against `traced`:
-    the stages' blocks must be the members of the first block group in order (stage k's run after stage
+    the stages' blocks must be the members of the pipeline unit (`tracer.blocks.pipeline_unit`) in order (stage k's run after stage
     k - 1's), and each stage's first / last node the ones those blocks give (`cut_stages`).
 
     Raises:
@@ -110,7 +112,7 @@ def plan_cut(traced: TracedGraph, stages) -> StageCut:
     """
     get = (lambda st, key: st[key]) if stages and isinstance(stages[0], dict) else getattr
     listed = [b for st in stages for b in get(st, "blocks")]
-    group = traced.blocks[0] if traced.blocks else None
+    group = pipeline_unit(traced)
     if group is None or listed != list(group.members):
         raise PipelineError(f"the plan's stages hold blocks {listed}, but the model's blocks to cut between are "
                             f"{list(group.members) if group else []} ({group.name if group else 'none'}): stage k "

@@ -190,3 +190,74 @@ def _group_name(fqns: list[str]) -> str:
         parts = [p[0] if len(set(p)) == 1 else "*" for p in zip(*split)]
         return ".".join(parts)
     return "{" + ",".join(fqns) + "}"
+
+
+def layer_stack(traced) -> BlockGroup | None:
+    """The run of consecutive layers a pipeline cuts between when the model's layers are NOT all identical
+    (hybrid models: Jamba, Bamba, Qwen3-Next; dense and MoE layers alternating: Qwen3-MoE's
+    `decoder_sparse_step`, DeepSeek's `first_k_dense_replace`, Llama 4's `interleave_moe_layer_step`;
+    x-transformers' attention and feed-forward entries), else None.
+
+    A stack is the numbered children `P.0, P.1, ...` of one module path P (a ModuleList or Sequential, called or
+    not) whose calls run one after another in graph order, each reading a parameter, that together hold every
+    member of the graph's first repeated-block group and of its largest one (so a homogeneous model, whose
+    layers ARE that group, and an encoder-decoder, whose two stacks each hold one group, keep their rule). A
+    member's nodes are its run before the next member starts; later calls of a member's modules (a DiT head
+    calling `transformer_blocks[0].norm1.emb`) must come after the last member, where they join the head's
+    stage, and a parameter they read is held by both stages as a tied one. Returned as a `BlockGroup` named
+    "P.<first>-<last>" whose members may differ in structure; None when the first group's members already are
+    the whole stack (the identical-layer rule applies) or when no such stack exists.
+    """
+    if not traced.blocks:
+        return None
+    first = traced.blocks[0]
+    largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
+    order = {name: i for i, name in enumerate(traced.nodes)}
+    under: dict[str, list[str]] = defaultdict(list)  # every module path (called or not) -> its nodes
+    for info in traced.nodes.values():
+        if info.op == "call_function":
+            for fqn in _ancestors(info.module_fqn):
+                under[fqn].append(info.name)
+    children: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for fqn in under:
+        parent, _, last = fqn.rpartition(".")
+        if last.isdigit():
+            children[parent].append((int(last), fqn))
+    best: tuple[int, BlockGroup] | None = None
+    for parent, kids in children.items():
+        fqns = [f for _, f in sorted(kids)]
+        runs = _runs(fqns, under, order)
+        covers = lambda g: all(any(m == f or _inside(m, f) for f in fqns) for m in g.members)  # noqa: E731
+        if runs is None or not (covers(first) and covers(largest)) or list(first.members) == fqns:
+            continue
+        if not all(_reads_parameters(run, traced.nodes) for run in runs):
+            continue
+        size = sum(map(len, runs))
+        if best is None or size > best[0]:
+            idx = [i for i, _ in sorted(kids)]
+            best = (size, BlockGroup(name=f"{parent}.{idx[0]}-{idx[-1]}", module_type="(layers of several kinds)",
+                                     members=tuple(fqns), nodes=tuple(tuple(r) for r in runs)))
+    return best[1] if best else None
+
+
+def _runs(fqns: list[str], under: dict[str, list[str]], order: dict[str, int]) -> list[list[str]] | None:
+    """Each member's nodes before the next member's first node, or None when the members do not run one after
+    another (a member starting before the previous one, fewer than two members, or a member's later nodes
+    before the end of the last member: calls in turn, not a stack)."""
+    if len(fqns) < 2:
+        return None
+    starts = [order[under[f][0]] for f in fqns]
+    if starts != sorted(starts) or len(set(starts)) != len(starts):
+        return None
+    runs = [[n for n in under[f] if order[n] < nxt] for f, nxt in zip(fqns, starts[1:] + [len(order)])]
+    end = order[runs[-1][-1]]
+    late = [n for f, run in zip(fqns, runs) for n in under[f][len(run):]]
+    if any(order[n] < end for n in late):
+        return None
+    return runs
+
+
+def pipeline_unit(traced) -> BlockGroup | None:
+    """The members a pipeline cuts between: the layer stack (`layer_stack`) when the layers differ, else the
+    first repeated-block group (None: no repeated blocks)."""
+    return layer_stack(traced) or (traced.blocks[0] if traced.blocks else None)
