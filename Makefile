@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench notebooks fuzz sweep setup clean
+.PHONY: demo test bench notebooks fuzz sweep longrun setup clean
 N ?= 300
 SEED ?= 0
 
@@ -36,6 +36,12 @@ fuzz: $(STAMP)
 # torch.nn layers, losses and linalg/special/fft/distributions ops on 5 plans each (1-2 h): JSON lines
 sweep: $(STAMP)
 	$(PY) tests/fuzz/nn_sweep.py benchmarks/nn_sweep.jsonl
+
+# Long runs (200 steps): plans' loss / gradient-norm / eval curves and final states against one device in float32
+# and float64 (`benchmarks/bench_long_runs.py`; ~30 min on this machine); STEPS=, ONLY="name ..." to narrow
+STEPS ?= 200
+longrun: $(STAMP)
+	$(PY) -m benchmarks.bench_long_runs --steps $(STEPS) --json benchmarks/long_runs.json $(if $(ONLY),--only $(ONLY),)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
