@@ -359,9 +359,9 @@ def _pipeline_plan(traced, found, whole: MeshSpec, sub: MeshSpec, full: Cluster,
     group = pipeline_unit(traced)
     if found.block_group != group.name:
         layers = found.block_group.split(".*.")[0] + ".*" if ".*." in found.block_group else None
-        why = (f"; here only the {found.block_group} parts repeat and the layers {layers} are not the numbered "
-               "children of one ModuleList called one after another, which a pipeline of layers of several kinds "
-               "needs (`tracer.blocks.layer_stack`)" if layers else "")
+        why = (f"; here only the {found.block_group} parts repeat, and no run of the numbered layers {layers} "
+               f"holds every member of the first repeated group {group.name}, which a pipeline of layers of several "
+               "kinds needs (`tracer.blocks.layer_stack`)" if layers else "")
         raise PipelineError(f"the search cut at block group {found.block_group} but the runtime cuts at the first "
                             f"group {group.name}: this model's repeated modules do not form one run of identical "
                             "layers to cut between (e.g. an encoder-decoder such as T5, whose encoder and decoder "

@@ -29,7 +29,8 @@ def test_lean_layout_on_tp2_matches_single_device():
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
         lean = solve_plan(traced, {"tp": 2}, cluster="h100:1x2", axis_roles={"tp": "tp"}, precision="fp32", lean=True)
         fast = solve_plan(traced, {"tp": 2}, cluster="h100:1x2", axis_roles={"tp": "tp"}, precision="fp32")
-    assert lean.cost.memory_bytes["activations"] < 0.8 * fast.cost.memory_bytes["activations"]
+    # 2.17 vs 2.47 MB (0.88; 0.8 before round 15, whose once-per-key pricing of shared gathers made the time layout leaner)
+    assert lean.cost.memory_bytes["activations"] < fast.cost.memory_bytes["activations"]
     norms = {n.inputs[0] for n in lean.nodes.values() if n.op == "aten.layer_norm.default"}
     assert "R" not in norms, norms  # sharded between the matmuls, not replicated
     (report,) = rehearse_many([(zoo.gpt2, GPT2_TP, lean)])
@@ -41,7 +42,7 @@ def test_lean_stage_of_a_pipeline_plan_matches_single_device():
     with contextlib.redirect_stdout(io.StringIO()):
         plan = parallelizer.plan(traced, {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"}, schedule="1f1b",
                                  microbatches=MICROBATCHES, global_batch=GPT2_PP["batch"], progress=False,
-                                 recompute="none", precision="fp32", memory_budget_bytes=6_700_000,
+                                 recompute="none", precision="fp32", memory_budget_bytes=5_600_000,
                                  memory_reserve_bytes=0, cluster="h100:1x4")
     assert plan.model["search"]["lean_stages"] == [0] and plan.pipeline.blocks_per_stage == (2, 2)
     reports = spawn(run_pipeline, 4, GPT2_PP, spec_from_plan(plan), 2, 2, "1f1b", MICROBATCHES, timeout_s=300)
@@ -72,7 +73,7 @@ def test_lean_layouts_hold_what_is_priced():
     with contextlib.redirect_stdout(io.StringIO()):
         free = parallelizer.plan(traced, {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"}, precision="fp32", schedule="1f1b",
                                  microbatches=4, recompute="none")
-        budget = int(0.9 * max(m["total"] for m in free.pipeline.estimate.rank_memory_bytes))
+        budget = int(0.95 * max(m["total"] for m in free.pipeline.estimate.rank_memory_bytes))  # lean: 0.92
         plan = parallelizer.plan(traced, {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"}, precision="fp32", schedule="1f1b",
                                  microbatches=4, recompute="none", memory_budget_bytes=budget, memory_reserve_bytes=0)
     assert plan.model["search"]["lean_stages"] == [0]

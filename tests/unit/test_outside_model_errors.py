@@ -112,6 +112,7 @@ def test_layers_that_differ_but_share_a_repeated_part_on_pp_say_which_layers_dif
     torch.manual_seed(0)
     ids = torch.randint(0, 64, (2, 8))
     traced = trace(tf.Llama4ForCausalLM(cfg), (ids,), {"labels": ids})
-    with pytest.raises(PipelineError, match=r"(?s)only the model\.layers\.\*\.\w+ parts repeat: the layers "
-                                            r"model\.layers\.\* themselves differ.*Remedy: a mesh without 'pp'"):
+    with pytest.raises(PipelineError, match=r"(?s)only the model\.layers\.\*\.\w+ parts repeat, and no run of the "
+                                            r"numbered layers model\.layers\.\* holds every member of the first "
+                                            r"repeated group.*Remedy: a mesh without 'pp'"):
         parallelizer.plan(traced, {"pp": 2, "dp": 1}, global_batch=4)
