@@ -44,7 +44,7 @@ from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
-from .eager_check import compare_with_eager, runs_eagerly
+from .eager_check import compare_with_eager, eager_outcome
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
@@ -283,7 +283,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
-        raise translate(exc, lambda: runs_eagerly(model, args, kwargs), _on_meta(model)) from exc
+        raise translate(exc, lambda: eager_outcome(model, args, kwargs), _on_meta(model), model,
+                        (args, kwargs)) from exc
     finally:
         shapes_log.setLevel(level)
     sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward
