@@ -276,12 +276,15 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         except TraceError as exc:
             if not changes:
                 raise
+            # the update_bn recipe only where a change is momentum=None (round 15, r15f: it was given for any change)
+            momentum_none = any(key == "momentum" and value is None for _, key, value in changes)
             raise TraceError(
                 f"the model with settings changed after the ParallelModule was built ({describe(changes)})",
-                exc.location, "set such settings on the model before parallelising it, or set them back. "
-                "torch.optim.swa_utils.update_bn sets BatchNorm momentum=None, whose cumulative average "
-                "reads a buffer's value in Python: instead reset_running_stats() on the BatchNorm modules "
-                "and run the loader in train mode with momentum = 1 / k before the k-th batch",
+                exc.location, "set such settings on the model before parallelising it, or set them back"
+                + (". torch.optim.swa_utils.update_bn sets BatchNorm momentum=None, whose cumulative average "
+                   "reads a buffer's value in Python: instead reset_running_stats() on the BatchNorm modules "
+                   "and run the loader in train mode with momentum = 1 / k before the k-th batch"
+                   if momentum_none else f" (the error traced with them: {exc.construct})"),
                 str(exc)) from exc
 
     def _register_new_constants(self, traced: TracedGraph) -> None:

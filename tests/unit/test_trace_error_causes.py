@@ -293,3 +293,38 @@ def test_cli_paths_that_are_directories_or_in_missing_folders_are_one_error_line
     assert cli.main(["plan", "--model", "test_trace_error_causes:item_factory", "--mesh", "dp=2", "-o",
                      str(tmp_path / "plan.json"), "--no-progress"]) == 2  # item_factory fails on meta, typed
     assert "a meta tensor does not have" in capsys.readouterr().err
+
+
+class _Select(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.select = False
+
+    def forward(self, h):
+        return h[h > 0] if self.select else h
+
+
+class _Switchable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.gate = nn.Linear(8, 8), _Select()
+
+    def forward(self, x):
+        return self.gate(self.lin(x)).sum()
+
+
+def test_a_setting_changed_after_wrapping_gets_the_update_bn_recipe_only_for_momentum_none():
+    """Before: any setting changed after auto_parallelize whose retrace failed got 'update_bn sets BatchNorm
+    momentum=None ... momentum = 1 / k' as its remedy (here a model without BatchNorm)."""
+    x = torch.randn(8, 8)
+    try:
+        pm = parallelizer.auto_parallelize(_Switchable(), (x,), cluster="h100:1x1")
+        pm.gate.select = True
+        with pytest.raises(TraceError) as info:
+            pm(x)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    text = str(info.value)
+    assert "settings changed after the ParallelModule was built (gate.select=True)" in text, text
+    assert "update_bn" not in text and "output size depends on tensor values" in info.value.remedy
