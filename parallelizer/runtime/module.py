@@ -44,7 +44,7 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
-from ..errors import PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
+from ..errors import InputMismatchError, PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, rewrite
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
@@ -309,12 +309,15 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         try:
             tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
         except PlanMismatchError as exc:
-            if traced is self.traced:
-                raise
             # a mode traced again (eval, changed settings) was traced at its FIRST call's shapes, not the plan's:
-            # "traced (and planned) with (3, ...)" misled a user whose plan was made for batch 8 (trial r9c)
+            # "traced (and planned) with (3, ...)" misled a user whose plan was made for batch 8 (trial r9c); said
+            # only where that mode's shapes differ from the plan's (r15f: it was said of equal shapes too)
             planned = {n: tuple(self.traced.node(n).outputs[0].shape) for n in self.traced.input_names
                        if self.traced.node(n).outputs}
+            mode_shapes = {n: tuple(traced.node(n).outputs[0].shape) for n in traced.input_names
+                           if n in traced.nodes and traced.node(n).outputs}
+            if traced is self.traced or isinstance(exc, InputMismatchError) or mode_shapes == planned:
+                raise
             raise PlanMismatchError(
                 f"{exc} (in mode {_describe(self._modes())} the program was traced at the shapes of that mode's first "
                 f"call, not at the plan's {planned}; each mode keeps the shapes of its first call: use one batch shape "

@@ -328,3 +328,41 @@ def test_a_setting_changed_after_wrapping_gets_the_update_bn_recipe_only_for_mom
     text = str(info.value)
     assert "settings changed after the ParallelModule was built (gate.select=True)" in text, text
     assert "update_bn" not in text and "output size depends on tensor values" in info.value.remedy
+
+
+class _LinearNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = nn.Linear(8, 8), nn.BatchNorm1d(8)
+
+    def forward(self, x, y=None):
+        return self.bn(self.lin(x)).sum()
+
+
+def test_calls_of_a_parallel_module_with_other_inputs_name_what_differs():
+    """Before: pm((x,)) (a tuple where a tensor was traced) was a raw AttributeError ('NoneType' object has no
+    attribute '__name__') from the message builder; a (4, 7) input for a (4, 8) trace was told to 'drop or pad
+    the last short batch'; an eval call whose first call had the plan's shapes was said to have been traced at
+    other shapes than the plan's."""
+    x = torch.randn(4, 8)
+    try:
+        pm = parallelizer.auto_parallelize(_LinearNorm(), (x,), cluster="h100:1x1")
+        for call in ((x,), [x]):
+            with pytest.raises(parallelizer.InputMismatchError, match=r"inputs\[0\] is a (tuple|list) where a "
+                                                                      r"tensor was traced") as info:
+                pm(call)
+            assert isinstance(info.value, TypeError)
+        with pytest.raises(parallelizer.PlanMismatchError) as info:
+            pm(torch.randn(4, 7))
+        assert "dim(s) 1 (7, traced 8) differ, not only the batch" in str(info.value)
+        assert "short batch" not in str(info.value)
+        with pytest.raises(parallelizer.PlanMismatchError, match=r"it has 3 dim\(s\), traced with 2"):
+            pm(torch.randn(4, 8, 1))
+        pm.eval()
+        pm(x)
+        with pytest.raises(parallelizer.PlanMismatchError) as info:
+            pm(torch.randn(6, 8))
+        assert "short batch" in str(info.value) and "in mode" not in str(info.value), str(info.value)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
