@@ -17,13 +17,17 @@ def _listed(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
-    """(name as the caller wrote it: `example_inputs[0]`, `example_kwargs['mask']`, then the path inside, tensor)."""
+def named_inputs(args: tuple, kwargs: dict) -> list[tuple[str, object]]:
+    """(name as the caller wrote it: `example_inputs[0]`, `example_kwargs['mask']`, then the path inside, leaf)."""
     out = []
     for top, tree in (("example_inputs", args), ("example_kwargs", kwargs)):
         leaves, _ = pytree.tree_flatten_with_path(tree)
-        out += [(top + pytree.keystr(path), t) for path, t in leaves if isinstance(t, torch.Tensor)]
+        out += [(top + pytree.keystr(path), leaf) for path, leaf in leaves]
     return out
+
+
+def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    return [(n, t) for n, t in named_inputs(args, kwargs) if isinstance(t, torch.Tensor)]
 
 
 def _state_by_device(model: torch.nn.Module) -> dict[str, list[str]]:

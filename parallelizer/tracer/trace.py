@@ -48,6 +48,7 @@ from .eager_check import compare_with_eager, eager_outcome
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
+from .export_facts import named_inputs
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
@@ -139,10 +140,8 @@ def _refuse_module_backward_hooks(model: torch.nn.Module) -> None:
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:
-    leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
-    for path, leaf in leaves:
+    for where, leaf in named_inputs(args, kwargs):  # `example_inputs[0]` (was `inputs[0][0]`: the (args, kwargs) pair)
         if not isinstance(leaf, (torch.Tensor, *_SCALAR_TYPES, str)):
-            where = "inputs" + pytree.keystr(path)
             raise TraceError(
                 f"an input of type {type(leaf).__qualname__} ({where})", None,
                 "pass tensors, Python scalars, or tuples/lists/dicts of them; register custom containers "

@@ -366,3 +366,11 @@ def test_calls_of_a_parallel_module_with_other_inputs_name_what_differs():
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def test_an_input_of_an_unsupported_type_is_named_as_the_caller_passed_it():
+    """Before: 'an input of type ndarray (inputs[0][0])', the path inside the (args, kwargs) pair."""
+    import numpy as np
+    err = _trace_error(nn.Linear(8, 8), (torch.randn(4, 8),), {"extra": {"w": np.ones(2)}})
+    assert "an input of type ndarray (example_kwargs['extra']['w'])" in str(err), str(err)
+    assert "(example_inputs[0])" in str(_trace_error(nn.Linear(8, 8), (np.ones((4, 8)),)))
