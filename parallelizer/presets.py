@@ -26,6 +26,7 @@ import difflib
 import importlib
 import inspect
 import math
+import re
 
 import torch
 
@@ -56,11 +57,12 @@ class ModelBuildError(ParallelizerError):
         # the cause as far as the facts tell it: no config to blame when none was given (round 15, r15f: "fix that
         # --config value" for a factory called with {}), and a factory that reads a tensor value while building
         # (`.item()`, `.tolist()`) fails on meta only, where `parallelizer plan` builds it
-        on_meta = device == "meta" and "meta" in str(cause)
-        remedy = ("the factory reads a value of a tensor it made while building (`.item()`, `.tolist()`, numpy), "
-                  "which a meta tensor does not have (`parallelizer plan` builds on the meta device, shapes only): "
-                  "give the factory a `device` parameter and make such values on CPU, or plan the CPU model from "
-                  "Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)" if on_meta else
+        on_meta = device == "meta" and re.search(r"\bmeta (tensor|device)", str(cause)) is not None
+        remedy = ("the cause names meta tensors: the factory fails on the meta device `parallelizer plan` builds on "
+                  "(shapes only), e.g. reading a value of a tensor it made (`.item()`, `.tolist()`, numpy), which a "
+                  "meta tensor does not have: give the factory a `device` parameter and make such values on CPU, or "
+                  "plan the CPU model from Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)"
+                  if on_meta else
                   "fix the --config value (or the batch / seq_len) the cause names" if config else
                   "the builder raised with its default arguments (no --config given): fix the factory")
         super().__init__(f"building model {model} with config {config} failed (on the {device} device): {text}\n"
