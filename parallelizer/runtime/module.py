@@ -44,7 +44,7 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils import _pytree as pytree
 
-from ..errors import InputMismatchError, PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
+from ..errors import PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, rewrite
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
@@ -316,7 +316,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
                        if self.traced.node(n).outputs}
             mode_shapes = {n: tuple(traced.node(n).outputs[0].shape) for n in traced.input_names
                            if n in traced.nodes and traced.node(n).outputs}
-            if traced is self.traced or isinstance(exc, InputMismatchError) or mode_shapes == planned:
+            if traced is self.traced or type(exc) is not PlanMismatchError or mode_shapes == planned:
                 raise
             raise PlanMismatchError(
                 f"{exc} (in mode {_describe(self._modes())} the program was traced at the shapes of that mode's first "

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..errors import InputMismatchError, PlanMismatchError, UnknownNodeError
+from ..errors import ConstantInputError, InputMismatchError, PlanMismatchError, UnknownNodeError
 from .call_defaults import drop_passed_defaults
 
 
@@ -300,9 +300,10 @@ class TracedGraph:
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
-                    raise ValueError(f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a "
-                                     "non-tensor input is a constant of the traced graph. Remedy: pass the traced "
-                                     "value, or trace (and plan) again with the new one")
+                    raise ConstantInputError(
+                        f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a non-tensor "
+                        "input is a constant of the traced graph. Remedy: pass the traced value, or trace (and plan) "
+                        "again with the new one")
             else:
                 tensors.append(value)
         return tensors

@@ -374,3 +374,26 @@ def test_an_input_of_an_unsupported_type_is_named_as_the_caller_passed_it():
     err = _trace_error(nn.Linear(8, 8), (torch.randn(4, 8),), {"extra": {"w": np.ones(2)}})
     assert "an input of type ndarray (example_kwargs['extra']['w'])" in str(err), str(err)
     assert "(example_inputs[0])" in str(_trace_error(nn.Linear(8, 8), (np.ones((4, 8)),)))
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, scale=1.0):
+        return (self.lin(x) * scale).sum()
+
+
+def test_a_constant_input_of_another_value_is_a_typed_error():
+    """Before: a plain ValueError (with a remedy) from the toolkit; now a PlanMismatchError that is a ValueError."""
+    x = torch.randn(4, 8)
+    try:
+        pm = parallelizer.auto_parallelize(_Scaled(), (x,), example_kwargs={"scale": 0.5}, cluster="h100:1x1")
+        with pytest.raises(parallelizer.ConstantInputError, match=r"input 'scale' is 0.7 but the graph was traced "
+                                                                  r"with 0.5") as info:
+            pm(x, scale=0.7)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, parallelizer.ParallelizerError)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
