@@ -160,8 +160,11 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
-            f"this is an error of the model's code, config or inputs, not of tracing ({eagerly}): run the model once "
-            "eagerly on the example inputs and fix what it reports" + hint, detail=first)
+            (f"this is an error of the model's code, config or inputs, not of tracing ({eagerly}): run the model "
+             "once eagerly on the example inputs and fix what it reports" if ran is False else
+             f"an error of the model's code, config or inputs, unless that code runs only on a real device ({eagerly}):"
+             " run the model once eagerly on CPU with the example inputs and fix what it reports") + hint,
+            detail=first)
     if ran is False:
         return TraceError(
             f"the model ({type(exc).__name__}): it raises on these example inputs when called eagerly too ({eagerly})",
