@@ -199,16 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"plan": cmd_plan, "show": cmd_show, "rehearse": cmd_rehearse, "calibrate": cmd_calibrate}[
             args.command](args)
-    except (ParallelizerError, ValueError, FileNotFoundError) as exc:
-        from tqdm import tqdm
-        tqdm.write(f"error: {exc}", file=sys.stderr)  # on its own line, not after an open progress bar
-        return 2
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         try:  # point stdout at /dev/null so that the interpreter's final flush does not raise again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError, AttributeError):
             pass
         return 141
+    except (ParallelizerError, ValueError, OSError) as exc:  # OSError: e.g. a directory given as a file
+        from tqdm import tqdm
+        tqdm.write(f"error: {exc}", file=sys.stderr)  # on its own line, not after an open progress bar
+        return 2
 
 
 def cmd_plan(args) -> int:
@@ -219,6 +219,7 @@ def cmd_plan(args) -> int:
     from . import api, presets
     from .tracer import trace
 
+    _check_writable(args.out)
     if args.global_batch is not None and args.global_batch < 1:
         raise ValueError(f"--global-batch {args.global_batch}: give the number of samples per optimizer step (>= 1)")
     if args.memory_reserve_gb is not None and args.memory_reserve_gb < 0:
@@ -454,10 +455,23 @@ def _fits_real_width(plan, nproc: int) -> bool:
     return params <= _REAL_WIDTH_MAX_PARAMS and nproc * per_rank <= free / 2
 
 
+def _check_writable(path: str | None) -> None:
+    """Raise ValueError before any work when -o cannot be written: a directory, or a file in a missing directory
+    (before, `plan` solved and `calibrate` measured for minutes, then failed; `-o DIR` was a raw traceback)."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"-o {path}: is a directory; give a file name (e.g. -o {os.path.join(path, 'plan.json')})")
+    if not os.path.isdir(folder):
+        raise ValueError(f"-o {path}: the directory {folder} does not exist; create it (mkdir -p) or write elsewhere")
+
+
 def cmd_calibrate(args) -> int:
     """`parallelizer calibrate`: `cost_model.calibrate` over gloo, written to -o."""
     from cost_model.calibrate import main as calibrate_main
 
+    _check_writable(args.out)
     calibrate_main(["-o", args.out, "--nprocs", *map(str, args.nprocs)] + (["--quick"] if args.quick else [])
                    + (["--compare", args.compare] if args.compare else []))
     return 0

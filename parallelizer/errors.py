@@ -48,6 +48,17 @@ class PlanMismatchError(ParallelizerError):
     """A plan was made for another model, input shapes or mesh than the one it is applied to."""
 
 
+class InputMismatchError(PlanMismatchError, TypeError):
+    """A call of a traced program whose inputs are not the traced call's: another structure (a tuple where a
+    tensor was traced, a keyword not traced) or a non-tensor where a tensor was traced. A TypeError too, as a
+    function called with the wrong arguments raises (before round 15 it was a plain TypeError)."""
+
+
+class ConstantInputError(PlanMismatchError, ValueError):
+    """A non-tensor input (a flag, a scale) whose value differs from the traced one: it is a constant of the traced
+    graph. A ValueError too (before round 15 it was a plain ValueError)."""
+
+
 class StateDictError(ParallelizerError, RuntimeError):
     """A state dict does not fit the model: keys missing or unexpected, or a tensor of another shape.
     A RuntimeError too, as `nn.Module.load_state_dict` raises for the same mistakes.

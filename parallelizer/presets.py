@@ -26,6 +26,7 @@ import difflib
 import importlib
 import inspect
 import math
+import re
 
 import torch
 
@@ -49,12 +50,23 @@ class UnknownConfigKeyError(ParallelizerError, ValueError):
 class ModelBuildError(ParallelizerError):
     """Building the model from its recipe raised. Attributes: model, config (the kwargs), cause (the exception)."""
 
-    def __init__(self, model: str, config: dict, cause: BaseException) -> None:
+    def __init__(self, model: str, config: dict, cause: BaseException, device: str = "meta") -> None:
         self.model, self.config, self.cause = model, config, cause
         text = " ".join(f"{type(cause).__name__}: {cause}".split())
         text = text if len(text) <= 300 else text[:300] + "..."
-        super().__init__(f"building model {model} with config {config} failed: {text}\nRemedy: fix that --config "
-                         f"value (see the cause), or build the model in Python to see the full traceback")
+        # the cause as far as the facts tell it: no config to blame when none was given (round 15, r15f: "fix that
+        # --config value" for a factory called with {}), and a factory that reads a tensor value while building
+        # (`.item()`, `.tolist()`) fails on meta only, where `parallelizer plan` builds it
+        on_meta = device == "meta" and re.search(r"\bmeta (tensor|device)", str(cause)) is not None
+        remedy = ("the cause names meta tensors: the factory fails on the meta device `parallelizer plan` builds on "
+                  "(shapes only), e.g. reading a value of a tensor it made (`.item()`, `.tolist()`, numpy), which a "
+                  "meta tensor does not have: give the factory a `device` parameter and make such values on CPU, or "
+                  "plan the CPU model from Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)"
+                  if on_meta else
+                  "fix the --config value (or the batch / seq_len) the cause names" if config else
+                  "the builder raised with its default arguments (no --config given): fix the factory")
+        super().__init__(f"building model {model} with config {config} failed (on the {device} device): {text}\n"
+                         f"Remedy: {remedy}, or build the model in Python to see the full traceback")
 
 # Language-model presets are traced as they train: with labels, so the logits and the loss (cross-entropy over
 # the vocabulary, the largest activation of a small model) are part of the graph and of its memory; and with
@@ -140,7 +152,8 @@ def build(recipe: dict, device: str = "meta") -> tuple:
         if device == "meta" and isinstance(model, torch.nn.Module):
             _rest_to_meta(model)  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
     except Exception as exc:
-        raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc) from exc
+        raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc,
+                              device) from exc
     if isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], torch.nn.Module) \
             and (len(out) == 2 or isinstance(out[2], dict)):
         model, inputs, *kwargs = out

@@ -276,12 +276,15 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         except TraceError as exc:
             if not changes:
                 raise
+            # the update_bn recipe only where a change is momentum=None (round 15, r15f: it was given for any change)
+            momentum_none = any(key == "momentum" and value is None for _, key, value in changes)
             raise TraceError(
                 f"the model with settings changed after the ParallelModule was built ({describe(changes)})",
-                exc.location, "set such settings on the model before parallelising it, or set them back. "
-                "torch.optim.swa_utils.update_bn sets BatchNorm momentum=None, whose cumulative average "
-                "reads a buffer's value in Python: instead reset_running_stats() on the BatchNorm modules "
-                "and run the loader in train mode with momentum = 1 / k before the k-th batch",
+                exc.location, "set such settings on the model before parallelising it, or set them back"
+                + (". torch.optim.swa_utils.update_bn sets BatchNorm momentum=None, whose cumulative average "
+                   "reads a buffer's value in Python: instead reset_running_stats() on the BatchNorm modules "
+                   "and run the loader in train mode with momentum = 1 / k before the k-th batch"
+                   if momentum_none else f" (the error traced with them: {exc.construct})"),
                 str(exc)) from exc
 
     def _register_new_constants(self, traced: TracedGraph) -> None:
@@ -306,12 +309,15 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         try:
             tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
         except PlanMismatchError as exc:
-            if traced is self.traced:
-                raise
             # a mode traced again (eval, changed settings) was traced at its FIRST call's shapes, not the plan's:
-            # "traced (and planned) with (3, ...)" misled a user whose plan was made for batch 8 (trial r9c)
+            # "traced (and planned) with (3, ...)" misled a user whose plan was made for batch 8 (trial r9c); said
+            # only where that mode's shapes differ from the plan's (r15f: it was said of equal shapes too)
             planned = {n: tuple(self.traced.node(n).outputs[0].shape) for n in self.traced.input_names
                        if self.traced.node(n).outputs}
+            mode_shapes = {n: tuple(traced.node(n).outputs[0].shape) for n in traced.input_names
+                           if n in traced.nodes and traced.node(n).outputs}
+            if traced is self.traced or type(exc) is not PlanMismatchError or mode_shapes == planned:
+                raise
             raise PlanMismatchError(
                 f"{exc} (in mode {_describe(self._modes())} the program was traced at the shapes of that mode's first "
                 f"call, not at the plan's {planned}; each mode keeps the shapes of its first call: use one batch shape "

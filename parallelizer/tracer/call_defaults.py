@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..errors import InputMismatchError
+
 _PLAIN = (type(None), bool, int, float, str)
 _KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -54,7 +56,7 @@ def drop_passed_defaults(traced_args: int, traced_keywords: set[str], positional
             return True
         shown = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value))[:80]
         given = "<that tensor>" if isinstance(value, torch.Tensor) else shown
-        raise TypeError(
+        raise InputMismatchError(
             f"input {name!r} = {shown} was not passed when the model was traced, so the program computes forward "
             f"with its default {name}={default!r}. Remedy: trace and plan with it, e.g. auto_parallelize(model, "
             f"example_inputs, example_kwargs={{{name!r}: {given}}}), or leave it at its default")

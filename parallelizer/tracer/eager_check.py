@@ -97,14 +97,20 @@ def _warn_eager_raises(exc: Exception, notes: list[str]) -> None:
 def runs_eagerly(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool | None:
     """Whether `model(*args, **kwargs)` returns without raising (no_grad; state and torch's RNG state restored),
     or None where one call is not run: meta tensors, or more than `MAX_ELEMENTS` parameter elements."""
+    return eager_outcome(model, args, kwargs)[0]
+
+
+def eager_outcome(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[bool | None, Exception | None]:
+    """(`runs_eagerly`'s answer, the exception the eager call raised or None): an export failure's message
+    states what the eager call did instead of guessing it (`export_errors.translate`)."""
     if _on_meta(model, args, kwargs) or _too_large(model):
-        return None
+        return None, None
     try:
         with _state_kept(model), torch.no_grad():
             model(*_fresh(args), **_fresh(kwargs))
-        return True
-    except Exception:  # noqa: BLE001 - any error of the model's eager call answers the question
-        return False
+        return True, None
+    except Exception as exc:  # noqa: BLE001 - any error of the model's eager call answers the question
+        return False, exc
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..errors import TraceError
+from .export_facts import device_cause, keyword_hint, signature_mismatch
 from .watch import internal as _internal
 
 _UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output")
@@ -50,18 +51,31 @@ def _tracing_branch(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = None,
-              on_meta: bool = False) -> TraceError:
-    """Turn an export failure into a TraceError naming the construct and the user's file:line. `runs_eagerly`
-    (asked only for an error that is not a known construct: `eager_check.runs_eagerly` on the same inputs)
-    tells a model that fails under export only (another path when traced) from one that fails eagerly too;
-    `on_meta` (the model and inputs on the meta device, where no eager call tells) adds the CPU remedy to an
-    otherwise unknown error."""
+def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception | None]] | None = None,
+              on_meta: bool = False, model: torch.nn.Module | None = None,
+              inputs: tuple[tuple, dict] = ((), {})) -> TraceError:
+    """Turn an export failure into a TraceError naming the construct and the user's file:line. `eager` (asked
+    only where the answer decides the cause: `eager_check.eager_outcome` on the same inputs, called at most once)
+    tells a model that fails under export only (another path when traced) from one that fails eagerly too, with
+    the eager error; `on_meta` (the model and inputs on the meta device, where no eager call tells) adds the CPU
+    remedy to an otherwise unknown error; `model` and `inputs` (the args and kwargs given to export) are where
+    the facts a cause names come from (devices, forward's signature), instead of the exception's text alone."""
     text = str(exc)
     location = _user_location(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    outcome: list[tuple[bool | None, Exception | None]] = []
+
+    def eager_ran() -> tuple[bool | None, Exception | None]:
+        if not outcome:
+            outcome.append(eager() if eager is not None else (None, None))
+        return outcome[0]
+
+    mismatch = signature_mismatch(model, *inputs) if model is not None and isinstance(exc, TypeError) else None
+    if mismatch:
+        return TraceError(mismatch[0], None, mismatch[1], detail=first)
     branch = _tracing_branch(exc)
-    if branch and "data-dependent" not in text:
+    if branch and "data-dependent" not in text and eager_ran()[0] is not False:
+        # (an eager call that fails too is the model's error: a wrong input meets the same op on both paths)
         return TraceError(
             f"the model ({type(exc).__name__}): its code takes another path when traced than eagerly ({branch}: "
             "true under torch.export)", location,
@@ -71,6 +85,7 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
         library = _library_frame(exc)
         random_line = _random_condition(exc)
         checked = _assert_line(exc)
+        value_line = _value_read_line(exc, library)
         if checked:
             return TraceError(
                 f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
@@ -79,14 +94,19 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
                 "torch._check(...) on the value (kept as a "
                 "runtime check), or check the inputs outside forward", detail=first)
         return TraceError(
-            "data-dependent control flow (Python control flow on a tensor value)", location,
-            "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
-            "outside forward and pass it in as a Python value"
-            + (f"; here the value is read inside torch's module code ({library}), called from your line: "
-               + _library_remedy(library) if library else "")
-            + (f"; the condition is a random number drawn in forward ({random_line}), e.g. LayerDrop's "
-               "`torch.rand([]) < layerdrop`: a traced program cannot draw a new branch each step, so turn it off "
-               "for the sharded run (e.g. config.layerdrop=0.0)" if random_line else ""), detail=first)
+            (f"a tensor value read as a Python number or size (`{value_line}`: data-dependent, no branch)"
+             if value_line else "data-dependent control flow (Python control flow on a tensor value)"), location,
+            ("keep the value a tensor (multiply by the 0-dim tensor instead of its int() / float() / .item()), give "
+             "sizes as Python ints (e.g. F.one_hot(x, num_classes=C)), or compute the number outside forward and "
+             "pass it in as a Python value" if value_line and not library else "" if value_line else
+             "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
+             "outside forward and pass it in as a Python value")
+            + (f"{'; here t' if not value_line else 'T'}he value is read inside torch's module code ({library}), "
+               "called from your line: " + _library_remedy(library) if library else "")
+            + (f"; a random number drawn in forward precedes it in the same function ({random_line}): if the "
+               "condition reads it, as LayerDrop's `torch.rand([]) < layerdrop` does, a traced program cannot draw "
+               "a new branch each step, so turn it off for the sharded run (e.g. config.layerdrop=0.0)"
+               if random_line and not value_line else ""), detail=first)
     unknown = _UNKNOWN_OUTPUT.search(text)
     if unknown:
         kind = unknown.group(1)
@@ -100,24 +120,27 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
     if _FAKE_CONSTANT in text:
         return TraceError(
             "a tensor that forward takes out of autograd: `.data` of a parameter or buffer (e.g. "
-            "`self.weight.data.clamp_(-c, c)`), which export cannot follow", location,
+            "`self.weight.data.clamp_(-c, c)`) or of an input or activation (`x.data`), which export cannot "
+            "follow", location,
             "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
             "values with `.detach()` instead of `.data`", detail=first)
-    if type(exc).__name__ == "FakeTensorDeviceMismatchError" and "meta" in text:
-        return TraceError(
-            "a tensor made in forward on another device than the model's (the model is on meta, the tensor is not: "
-            "a factory call without device=, e.g. `torch.zeros(B, C)`)", location,
-            "make it where the tensors it meets are: `torch.zeros(B, C, device=x.device)`, `x.new_zeros(B, C)` or "
-            "`torch.zeros_like(x)` (as the model needs on a GPU too); `parallelizer plan` traces the model on the "
-            "meta device, where a tensor made without device= is on the CPU. Or plan a model built on CPU from "
-            "Python: parallelizer.plan(parallelizer.trace(model, inputs), mesh)", detail=first)
+    if type(exc).__name__ == "FakeTensorDeviceMismatchError" and model is not None:
+        construct, remedy = device_cause(text, model, *inputs)
+        return TraceError(construct, location, remedy, detail=first)
     if type(exc).__name__ == "DynamicOutputShapeException" or "DynamicOutputShapeException" in text:
         op = next((line.strip() for line in text.splitlines() if line.strip().startswith("aten.")), "an op")
-        return TraceError(f"an op whose output shapes depend on tensor values under export ({op})", location,
-                          next((remedy for key, remedy in _DYNAMIC_SHAPE_REMEDIES if key in op),
-                               "replace the op by one with fixed output shapes (masking with torch.where instead "
-                               "of selecting)"), detail=first)
-    if runs_eagerly is not None and runs_eagerly() is True:
+        known = next((remedy for key, remedy in _DYNAMIC_SHAPE_REMEDIES if key in op), None)
+        selects = any(k in op for k in _SELECTING)
+        return TraceError(
+            f"an op whose output shapes depend on tensor values under export ({op})", location,
+            known or ("replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"
+                      if selects else
+                      f"{op} has no output shapes export can fix, whatever its arguments: compute it outside forward "
+                      "on the model's outputs (for a loss: return what it reads and pass the loss as "
+                      "pm.step(loss_fn=...)), or write it with ops of fixed shapes"),
+            detail=first)
+    ran, eager_exc = eager_ran()
+    if ran is True:
         return TraceError(
             f"the model ({type(exc).__name__}): it raises under torch.export but runs when called on the same "
             "inputs, so either its code takes another path when traced (e.g. transformers' masking_utils builds "
@@ -128,18 +151,60 @@ def translate(exc: Exception, runs_eagerly: Callable[[], bool | None] | None = N
             "test in the code the model calls and make both paths compute the same (pass the input that path "
             "builds, or a config that avoids it); otherwise make forward traceable by torch.export(strict=False). "
             "The parallel program can only be built from the exported one", detail=first)
+    hint = keyword_hint(model, inputs[0]) if model is not None else ""
+    eagerly = (f"model(*inputs) raises {type(eager_exc).__name__}: {_first_line(eager_exc)}" if ran is False
+               else "not checked by an eager call: the model or its inputs are on the meta device or too large")
     if isinstance(exc, _MODEL_ERRORS) and _raised_outside_torch(exc):
         return TraceError(
             f"the model: its forward raised {type(exc).__name__} in code outside torch", location,
-            "this is an error of the model's code, config or inputs, not of tracing (model(*inputs) fails the "
-            "same way): run the model once eagerly on the example inputs and fix what it reports", detail=first)
+            (f"this is an error of the model's code, config or inputs, not of tracing ({eagerly}): run the model "
+             "once eagerly on the example inputs and fix what it reports" if ran is False else
+             f"an error of the model's code, config or inputs, unless that code runs only on a real device ({eagerly}):"
+             " run the model once eagerly on CPU with the example inputs and fix what it reports") + hint,
+            detail=first)
+    if ran is False:
+        return TraceError(
+            f"the model ({type(exc).__name__}): it raises on these example inputs when called eagerly too ({eagerly})",
+            location,
+            "this is an error of the model's code, config or example inputs (their shapes, dtypes or number), not of "
+            "tracing: run model(*inputs) once and fix what it reports, then trace again" + hint, detail=first)
     return TraceError(f"the model ({type(exc).__name__})", location,
-                      "make forward traceable by torch.export(strict=False); see the cause above"
-                      + ("; the model was traced on the meta device (`parallelizer plan` builds it there), where code "
-                         "that runs only on a real device raises (x-transformers' "
-                         "`torch.autocast(x.device.type, enabled=False)`: 'unsupported scalarType'): if the model runs "
-                         "on CPU, plan the CPU model from Python: parallelizer.plan(parallelizer.trace(model, inputs), "
-                         "mesh)" if on_meta else ""), detail=first)
+                      ("the model was traced on the meta device (`parallelizer plan` builds it there), where no eager "
+                       "call tells an error of the model or its example inputs (a shape, dtype or count forward does "
+                       "not accept: see the cause above) from code that runs only on a real device (x-transformers' "
+                       "`torch.autocast(x.device.type, enabled=False)`: 'unsupported scalarType'): build it on CPU and "
+                       "call model(*inputs) once; if that runs, plan the CPU model from Python: "
+                       "parallelizer.plan(parallelizer.trace(model, inputs), mesh); otherwise fix what it reports"
+                       if on_meta else "make forward traceable by torch.export(strict=False); see the cause above")
+                      + hint, detail=first)
+
+
+_SELECTING = ("nonzero", "masked_select", "unique", "index", "argwhere")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+_BRANCH = re.compile(r"^(if|elif|while|assert)\b|\bif\b.*\belse\b|^return\b.*\b(and|or|not)\b")
+
+
+def _value_read_line(exc: BaseException, library: str | None) -> str | None:
+    """The innermost source line (torch's module code when `library` names it, else the user's) of a data-dependent
+    failure when it is not a branch (`if` / `while` / `assert` / a conditional expression) but reads a tensor value
+    as a Python number or size (`int(x.max())`, `F.one_hot(labels)`, BatchNorm's `float(num_batches_tracked)`),
+    or None for a branch or an unknown line."""
+    if library:
+        line = library.split(": ", 1)[1] if ": " in library else ""
+    else:
+        user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+        line = (user[-1].line or "").strip() if user else ""
+    if not line or _BRANCH.search(line):
+        return None
+    if line.startswith("raise ") or line.endswith(":"):
+        return None
+    return line
 
 
 _DYNAMIC_SHAPE_REMEDIES = (  # ops whose fake kernel raises DynamicOutputShapeException though they select nothing
@@ -216,17 +281,22 @@ _RANDOM_DRAW = re.compile(r"torch\.(rand|randn|randint|bernoulli|multinomial)\b|
 
 
 def _random_condition(exc: BaseException, lines: int = 6) -> str | None:
-    """'file:line: text' of a random draw in the `lines` source lines up to the user's failing line (LayerDrop
-    draws `torch.rand([])` and branches on it a few lines later), or None."""
-    import linecache
-    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
-    if not user or user[-1].lineno is None:
+    """'file:line: text' of a random draw in the `lines` source lines up to the user's failing line, inside the
+    same function (LayerDrop draws `torch.rand([])` and branches on it a few lines later), or None. (Before, the
+    window crossed the function's first line and named a draw of other code above it.)"""
+    tb, user = exc.__traceback__, None
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            user = tb
+        tb = tb.tb_next
+    if user is None:
         return None
-    frame = user[-1]
-    for lineno in range(frame.lineno, max(frame.lineno - lines, 1) - 1, -1):
-        text = linecache.getline(frame.filename, lineno).strip()
+    filename, lineno = user.tb_frame.f_code.co_filename, user.tb_lineno
+    first = max(lineno - lines, user.tb_frame.f_code.co_firstlineno, 1)
+    for at in range(lineno, first - 1, -1):
+        text = linecache.getline(filename, at).strip()
         if _RANDOM_DRAW.search(text):
-            return f"{os.path.basename(frame.filename)}:{lineno}: {text}"
+            return f"{os.path.basename(filename)}:{at}: {text}"
     return None
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..errors import PlanMismatchError, UnknownNodeError
+from ..errors import ConstantInputError, InputMismatchError, PlanMismatchError, UnknownNodeError
 from .call_defaults import drop_passed_defaults
 
 
@@ -281,29 +281,29 @@ class TracedGraph:
             args, kwargs = _in_traced_order((tuple(args), kwargs), spec)
         flat, in_spec = pytree.tree_flatten((tuple(args), kwargs))
         if spec is not None and in_spec != spec:
-            raise TypeError(_call_mismatch(spec, in_spec, args, kwargs))
+            raise InputMismatchError(_call_mismatch(spec, in_spec, args, kwargs))
         names = self.call_inputs or self.input_names
         tensors = []
         for name, value in zip(names, flat):
             if name not in self.constant_inputs and not isinstance(value, torch.Tensor):
-                raise TypeError(_not_a_tensor(name, value, self.nodes[name].outputs[0] if name in self.nodes and
+                raise InputMismatchError(_not_a_tensor(name, value, self.nodes[name].outputs[0] if name in self.nodes and
                                               self.nodes[name].outputs else None))
             if isinstance(value, torch.Tensor) and name in self.nodes and self.nodes[name].outputs:
                 want = tuple(self.nodes[name].outputs[0].shape)
                 if tuple(value.shape) != want:
                     raise PlanMismatchError(
                         f"input {name!r} has shape {tuple(value.shape)} but the graph was traced (and planned) with "
-                        f"{want}: a sharded program is made for the traced shapes. Remedy: pass batches of the "
-                        "traced shape (drop or pad the last short batch of an epoch), or trace and plan again "
-                        "for the new shape")
+                        f"{want}: a sharded program is made for the traced shapes. Remedy: "
+                        + _shape_remedy(tuple(value.shape), want))
                 check_input_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
                 self._check_input_device(name, value.device)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
-                    raise ValueError(f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a "
-                                     "non-tensor input is a constant of the traced graph. Remedy: pass the traced "
-                                     "value, or trace (and plan) again with the new one")
+                    raise ConstantInputError(
+                        f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a non-tensor "
+                        "input is a constant of the traced graph. Remedy: pass the traced value, or trace (and plan) "
+                        "again with the new one")
             else:
                 tensors.append(value)
         return tensors
@@ -540,14 +540,30 @@ def _call_mismatch(spec, got, args: tuple, kwargs: dict) -> str:
             f"{spec}; got: {got}")
 
 
+def _shape_remedy(given: tuple, traced: tuple) -> str:
+    """What to do about an input of shape `given` where `traced` was traced, from the dims that differ: only the
+    first (a batch: drop or pad it), or others (the rank, a sequence length or feature size: no short batch)."""
+    if len(given) == len(traced) and given[1:] == traced[1:]:
+        return ("pass batches of the traced shape (drop or pad the last short batch of an epoch), or trace and plan "
+                "again for the new shape")
+    if len(given) != len(traced):
+        what = f"it has {len(given)} dim(s), traced with {len(traced)}"
+    else:
+        dims = [d for d in range(1, len(given)) if given[d] != traced[d]]
+        what = "dim(s) " + ", ".join(f"{d} ({given[d]}, traced {traced[d]})" for d in dims) + " differ, not only the batch"
+    return (f"{what}: pass inputs of the traced shape (pad a sequence to the traced length), or trace and plan "
+            "again for the new shape")
+
+
 def _first_difference(spec, got, path: str = "") -> str | None:
     """Where two call structures first differ, in words (`inputs[0]['y']` missing, a list where a dict was
     traced), or None when they agree (the top level's counts and keywords are told by `_call_mismatch`)."""
     def at(i):
         key = spec.context[i] if spec.type is dict else i
         return path + (f"[{key!r}]" if path else ("inputs" if i == 0 else "keywords"))
-    if spec.type is not got.type:
-        return f"{path or 'the call'} is a {got.type.__name__} where a {spec.type.__name__} was traced"
+    if spec.type is not got.type:  # a leaf's type is None: a tensor (or a constant)
+        kind = lambda t: f"a {t.__name__}" if t is not None else "a tensor"  # noqa: E731
+        return f"{path or 'the call'} is {kind(got.type)} where {kind(spec.type)} was traced"
     if spec.type is dict and spec.context != got.context:
         traced, given = set(spec.context or ()), set(got.context or ())
         missing, extra = sorted(traced - given, key=str), sorted(given - traced, key=str)

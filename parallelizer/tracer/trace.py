@@ -44,11 +44,12 @@ from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
-from .eager_check import compare_with_eager, runs_eagerly
+from .eager_check import compare_with_eager, eager_outcome
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
 from .export_errors import translate
 from .overflow_guard import overflow_guards_as_clamps
+from .export_facts import named_inputs
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
@@ -141,10 +142,8 @@ def _refuse_module_backward_hooks(model: torch.nn.Module) -> None:
 
 
 def _check_input_types(args: tuple, kwargs: dict) -> None:
-    leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
-    for path, leaf in leaves:
+    for where, leaf in named_inputs(args, kwargs):  # `example_inputs[0]` (was `inputs[0][0]`: the (args, kwargs) pair)
         if not isinstance(leaf, (torch.Tensor, *_SCALAR_TYPES, str)):
-            where = "inputs" + pytree.keystr(path)
             raise TraceError(
                 f"an input of type {type(leaf).__qualname__} ({where})", None,
                 "pass tensors, Python scalars, or tuples/lists/dicts of them; register custom containers "
@@ -285,7 +284,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
-        raise translate(exc, lambda: runs_eagerly(model, args, kwargs), _on_meta(model)) from exc
+        raise translate(exc, lambda: eager_outcome(model, args, kwargs), _on_meta(model), model,
+                        (args, kwargs)) from exc
     finally:
         shapes_log.setLevel(level)
     sys.stdout.write(captured.getvalue())  # e.g. the user's own prints inside forward

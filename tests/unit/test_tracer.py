@@ -243,7 +243,7 @@ def test_no_grad_region_stays_a_stop_gradient():
 
 
 def test_unsupported_input_type_is_rejected():
-    with pytest.raises(TraceError, match=r"input of type object \(inputs\[0\]\[0\]\)"):
+    with pytest.raises(TraceError, match=r"input of type object \(example_inputs\[0\]\)"):
         parallelizer.trace(torch.nn.Identity(), (object(),))
 
 
