@@ -213,7 +213,8 @@ _DYNAMIC_SHAPE_REMEDIES = (  # ops whose fake kernel raises DynamicOutputShapeEx
               "for a full-rank A"),
     ("ctc_loss", "torch's ctc_loss sizes its saved alignment table by the longest target, a value export cannot "
                  "fix (even for lengths given as Python ints), so a forward that computes CTC cannot be traced "
-                 "(transformers' *ForCTC with labels=): return the log-probabilities (or logits) from forward and "
+                 "(transformers' *ForCTC with labels=): compute it outside forward: return the log-probabilities "
+                 "(or logits) from forward and "
                  "compute F.ctc_loss on what the parallel module returns, `loss = F.ctc_loss(pm(x).log_softmax(-1)"
                  ".transpose(0, 1), targets, input_lengths, target_lengths)` on every rank (the returned value is "
                  "whole on every rank, and its gradient goes back to each rank's part)"),
