@@ -65,27 +65,33 @@ def _epochs(traced):
     return epochs
 
 
-def _independent_price(traced, problem, pricer, choice) -> tuple[float, int]:
-    """(seconds, distinct keys with collectives) of `choice`: ops + one `edge_time_s` per distinct key."""
+def _distinct_uses(traced, problem, choice):
+    """(strategies of `choice`, and per distinct key (value, target layout, gradient axes, epoch) its first use as
+    (consumer strategy, input index, TensorInput, producer space)), keyed independently of `shared_uses`."""
     spaces, mesh = problem.spaces, problem.mesh
     strat = {n: spaces[n].strategies[choice[problem.group_of[n]]] for n in spaces}
-    epochs, seen, total, keys = _epochs(traced), set(), 0.0, 0
+    epochs, seen, uses = _epochs(traced), set(), []
+    last = epochs[next(reversed(epochs))]
     for name, space in spaces.items():
         s = strat[name]
-        if space.kind == "op":
-            total += pricer.node_cost(traced, traced.nodes[name], space, s).total_s
         for k, ti in enumerate(space.inputs):
-            prod = spaces[ti.producer]
-            key = (ti.producer, str(s.inputs[k]), grad_axes(s, k, mesh), epochs.get(name, epochs[next(reversed(epochs))]))
-            if key in seen:
-                continue
-            seen.add(key)
-            t = pricer.edge_time_s(strat[ti.producer].output, s.inputs[k], ti.shape, pricer.itemsize(ti.dtype),
-                                   grad_axes(s, k, mesh), prod.requires_grad and carries_grad(ti.dtype),
-                                   prod.kind == "param")
-            total += t
-            keys += t > 0
-    return total, keys
+            key = (ti.producer, str(s.inputs[k]), grad_axes(s, k, mesh), epochs.get(name, last))
+            if key not in seen:
+                seen.add(key)
+                uses.append((s, k, ti, spaces[ti.producer]))
+    return strat, uses
+
+
+def _independent_price(traced, problem, pricer, choice) -> float:
+    """Seconds of `choice`: ops + one `edge_time_s` per distinct key."""
+    strat, uses = _distinct_uses(traced, problem, choice)
+    total = sum(pricer.node_cost(traced, traced.nodes[n], sp, strat[n]).total_s
+                for n, sp in problem.spaces.items() if sp.kind == "op")
+    for s, k, ti, prod in uses:
+        total += pricer.edge_time_s(strat[ti.producer].output, s.inputs[k], ti.shape, pricer.itemsize(ti.dtype),
+                                    grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype),
+                                    prod.kind == "param")
+    return total
 
 
 def _llama(num_hidden_layers: int):
@@ -100,23 +106,14 @@ def _llama(num_hidden_layers: int):
 def _blocking(traced, problem, pricer, choice) -> float:
     """Seconds of the blocking collectives of `choice` (all but the bucketed gradient all-reduces of parameters,
     which `estimate_step_time` overlaps), one step chain per distinct key, priced step by step unbucketed."""
-    spaces, mesh = problem.spaces, problem.mesh
-    strat = {n: spaces[n].strategies[choice[problem.group_of[n]]] for n in spaces}
-    epochs, seen, total = _epochs(traced), set(), 0.0
-    for name, space in spaces.items():
-        s = strat[name]
-        for k, ti in enumerate(space.inputs):
-            prod = spaces[ti.producer]
-            axes = grad_axes(s, k, mesh)
-            key = (ti.producer, str(s.inputs[k]), axes, epochs.get(name, epochs[next(reversed(epochs))]))
-            if key in seen:
-                continue
-            seen.add(key)
-            is_param, itemsize = prod.kind == "param", pricer.itemsize(ti.dtype)
-            for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes,
-                                   prod.requires_grad and carries_grad(ti.dtype), is_param):
-                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
-                total += fwd + (0.0 if st.kind == "grad_all_reduce" and is_param else bwd)
+    strat, uses = _distinct_uses(traced, problem, choice)
+    total = 0.0
+    for s, k, ti, prod in uses:
+        is_param, itemsize = prod.kind == "param", pricer.itemsize(ti.dtype)
+        for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize,
+                               grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype), is_param):
+            fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
+            total += fwd + (0.0 if st.kind == "grad_all_reduce" and is_param else bwd)
     return total
 
 
@@ -140,7 +137,7 @@ def test_ilp_objective_prices_each_key_once(fan, mesh):
     for g, n in enumerate(problem.sizes()):
         for i in range(n):
             choice = best[:g] + (i,) + best[g + 1:]
-            want, _ = _independent_price(fan, problem, pricer, choice)
+            want = _independent_price(fan, problem, pricer, choice)
             got = objective_s(problem, choice)
             if want == float("inf"):
                 assert got == float("inf")
@@ -160,8 +157,8 @@ def test_ilp_choice_is_cheaper_than_the_per_use_pricing_choice(monkeypatch):
     new = solve(problem, PlanConfig())
     monkeypatch.setattr(problem_module, "share", lambda uses, epochs: ([], set()))
     old = solve(_build(traced, mesh)[0], PlanConfig())
-    new_s, _ = _independent_price(traced, problem, pricer, new.choice)
-    old_s, _ = _independent_price(traced, problem, pricer, old.choice)
+    new_s = _independent_price(traced, problem, pricer, new.choice)
+    old_s = _independent_price(traced, problem, pricer, old.choice)
     assert new.objective_s == pytest.approx(new_s, rel=1e-9)
     assert new_s < old_s * (1 - 0.01)
 
@@ -181,7 +178,7 @@ def test_plan_comm_and_step_time_price_each_key_once(mesh):
                         if (tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output))
                         == (p.nodes[members[0]].inputs, p.nodes[members[0]].output))
                    for members in problem.groups)
-    total, _ = _independent_price(traced, problem, pricer, choice)
+    total = _independent_price(traced, problem, pricer, choice)
     compute = sum(pricer.node_cost(traced, traced.nodes[n], sp, sp.strategies[choice[problem.group_of[n]]]).total_s
                   for n, sp in problem.spaces.items() if sp.kind == "op")
     assert sum(p.cost.comm_s.values()) == pytest.approx(total - compute, rel=1e-9, abs=1e-15)
