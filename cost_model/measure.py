@@ -27,7 +27,13 @@ the fastest is the least disturbed run, which a training step does not get; the 
   collective adds to a step's critical path: the straggler's lag (the last entry against the mean one: for
   2 ranks half the lag between them, which is what a barrier adds to ``max`` of the two ranks' compute over
   their mean) plus the collective once the last rank is in (a rank that waited asleep in gloo must be
-  scheduled again). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
+  scheduled again). With more ranks than cores (4 ranks on 2 cores) the lag is left out, per call
+  ``max exit - max entry``: the ranks then take turns on the cores, so a rank that waits frees its core for
+  the stragglers and the last one enters when the cores have done everyone's work, the time the contention
+  slowdown (``measure_contention``, throughput of k processes) already prices as the compute of every rank;
+  counting the lag again charged each collective twice for it (round 16: 5.8 ms per collective on 4 ranks,
+  idle; fsdp plans on 4 ranks predicted at 2.0-2.6x their measured step, 13 all-gathers' lag alone 227 of
+  424 ms). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
   (interleaved round by round). The compute never enters the difference, so its noise does not either
   (until round 15 ``sync_s = median T - median C - median A`` of three loop timings: on this shared machine
   C's noise swamped it, 0-194 us between calibrations, and it came out 0 when it mattered most: in the same
@@ -189,10 +195,14 @@ def _measure_overlap(rounds: int = 11) -> float:
     return min(1.0, max(0.0, (comp + comm - got["both"]) / min(comp, comm)))
 
 
-def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence[float]], alone_s: float) -> float:
+def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence[float]], alone_s: float,
+                oversubscribed: bool = False) -> float:
     """``sync_s`` of the module docstring from per-call stamps: ``entries_s[r][c]`` / ``exits_s[r][c]`` the
     seconds at which rank r entered / left call c (one clock for all ranks), ``alone_s`` the same collective's
-    seconds back to back. Returns ``max(0, median_c(max_r exits_s[r][c] - mean_r entries_s[r][c]) - alone_s)``.
+    seconds back to back. Returns ``max(0, median_c(max_r exits_s[r][c] - mean_r entries_s[r][c]) - alone_s)``;
+    with ``oversubscribed`` (more ranks than cores) the last entry replaces the mean one,
+    ``max(0, median_c(max_r exits_s[r][c] - max_r entries_s[r][c]) - alone_s)``: the stragglers' lag is then
+    priced by the contention slowdown (module docstring).
 
     Raises:
         ValueError: no calls, or ranks with different numbers of calls.
@@ -201,7 +211,8 @@ def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence
     if len(calls) != 1 or calls == {0}:
         raise ValueError(f"sync_wait_s: every rank needs the same number (>= 1) of entry and exit stamps, got "
                          f"{sorted(len(e) for e in entries_s)} entries and {sorted(len(e) for e in exits_s)} exits")
-    per_call = [max(x[c] for x in exits_s) - statistics.fmean(e[c] for e in entries_s) for c in range(calls.pop())]
+    enter = max if oversubscribed else statistics.fmean
+    per_call = [max(x[c] for x in exits_s) - enter([e[c] for e in entries_s]) for c in range(calls.pop())]
     return max(0.0, statistics.median(per_call) - alone_s)
 
 
@@ -231,7 +242,12 @@ def _measure_sync(rounds: int = 21) -> float:
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     return sync_wait_s([t[:, 0].tolist() for t in every], [t[:, 1].tolist() for t in every],
-                       statistics.median(alone))
+                       statistics.median(alone), oversubscribed=world > _cores())
+
+
+def _cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:

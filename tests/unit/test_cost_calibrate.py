@@ -289,3 +289,17 @@ def test_sync_wait_is_the_last_exit_after_the_mean_entry_less_the_back_to_back_t
         sync_wait_s([[0.0, 1.0], [0.0]], [[1.0, 2.0], [1.0]], 0.0)
     with pytest.raises(ValueError, match="same number"):
         sync_wait_s([[], []], [[], []], 0.0)
+
+
+def test_sync_wait_with_more_ranks_than_cores_leaves_the_stragglers_lag_to_the_contention_slowdown():
+    """`measure.sync_wait_s(..., oversubscribed=True)`: per call max_r exit - max_r entry (what the collective takes
+    once the last rank is in), median over calls, minus the back-to-back time: ranks taking turns on the cores
+    enter late because the others computed, which the contention slowdown prices already."""
+    from cost_model.measure import sync_wait_s
+    entries = [[0.0, 10.0, 20.0], [1.0, 10.0, 26.0]]  # the same stamps as the test above
+    exits = [[3.0, 12.0, 27.0], [3.0, 12.5, 27.0]]
+    # per call: 3 - 1 = 2.0, 12.5 - 10 = 2.5, 27 - 26 = 1.0 -> median 2.0; back to back 1.0
+    assert sync_wait_s(entries, exits, 1.0, oversubscribed=True) == pytest.approx(1.0)
+    three = [[0.0], [0.0], [3.0]]  # last entry 3.0, last exit 5.0
+    assert sync_wait_s(three, [[5.0], [5.0], [5.0]], 0.5, oversubscribed=True) == pytest.approx(1.5)
+    assert sync_wait_s(three, [[5.0], [5.0], [5.0]], 2.5, oversubscribed=True) == 0.0
