@@ -386,7 +386,8 @@ class MeshTopology:
             raise ValueError(
                 f"mesh {dict(zip(names, shape))} has {math.prod(shape)} devices but the cluster has "
                 f"{self.cluster.num_nodes} nodes x {self.cluster.devices_per_node} = {self.cluster.world_size}; "
-                "make prod(mesh_shape) equal the device count (build a smaller Cluster to use fewer devices)"
+                f"make the mesh's axis sizes multiply to {self.cluster.world_size}, or plan on {math.prod(shape)} "
+                f"devices: {_fewer_devices_remedy(self.cluster, math.prod(shape))}"
             )
 
     def axis_size(self, axis_name: str) -> int:
@@ -444,3 +445,15 @@ def _group_info(mesh_shape: tuple[int, ...], axis_indices: tuple[int, ...], devi
             return GroupInfo(size=size, ranks_per_node=1, num_nodes=size)
     (ranks_per_node,) = ranks_per_node_seen
     return GroupInfo(size=size, ranks_per_node=ranks_per_node, num_nodes=size // ranks_per_node)
+
+
+def _fewer_devices_remedy(cluster: Cluster, devices: int) -> str:
+    """How to name a cluster of `devices` devices like `cluster` (MeshTopology's mesh/cluster mismatch error)."""
+    per_node = min(devices, cluster.devices_per_node)
+    if devices % per_node:
+        return ("no whole number of its nodes holds that many; choose a mesh of whole nodes, or a cluster of "
+                "nodes that divide it")
+    shape = f"{devices // per_node}x{per_node}"
+    return (f"a cluster of {shape} (CLI: --cluster PRESET:{shape}, e.g. h100:{shape}, or leave --cluster out to get "
+            f"nodes holding the mesh; Python: dataclasses.replace(cluster, num_nodes={devices // per_node}, "
+            f"devices_per_node={per_node}))")

@@ -111,6 +111,26 @@ def parse_mesh(text: str) -> MeshSpec:
         raise ValueError(f"--{exc}" if str(exc).startswith("mesh ") else f"--mesh {text!r}: {exc}") from None
 
 
+def _number(kind: type, least: float, what: str):
+    """An argparse type: `kind` (int or float) of at least `least` (argparse then exits 2 naming the option, before
+    any work: a 0 there ran a rehearsal that compared nothing, or failed deep in the planner)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not value >= least:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+_COUNT = _number(int, 1, "an integer >= 1")
+_COUNT0 = _number(int, 0, "an integer >= 0")
+_AMOUNT = _number(float, 1e-12, "> 0")
+_AMOUNT0 = _number(float, 0.0, ">= 0")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="parallelizer", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,12 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--roles", help="force the parallelism of mesh axes (needs --mesh), e.g. dp=ddp,tp=tp; "
                                    "roles: ddp, fsdp, tp, auto (default: the planner decides)")
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (default: the model's example)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step with a --mesh without pp "
+    p.add_argument("--grad-accum", type=_COUNT, default=1, help="micro-steps per optimizer step with a --mesh without pp "
                    "(default 1; the search chooses them itself: --microbatches fixes them)")
-    p.add_argument("--seq-len", type=int, help="sequence length (token models)")
-    p.add_argument("--memory-budget-gb", type=float, help="per-device memory budget in GB, reserve included "
+    p.add_argument("--seq-len", type=_COUNT, help="sequence length (token models)")
+    p.add_argument("--memory-budget-gb", type=_AMOUNT, help="per-device memory budget in GB, reserve included "
                    "(default: device memory)")
-    p.add_argument("--memory-reserve-gb", type=float,
+    p.add_argument("--memory-reserve-gb", type=_AMOUNT0,
                    help="GB of the budget kept out of the plan for allocator fragmentation, cuBLAS/NCCL workspaces and "
                         "communication buffers (default: 10%% of a GPU's memory + 1 GB with the device's memory as "
                         "budget, 0 with --memory-budget-gb or on a calibrated CPU; cost_model/reserve.py)")
@@ -147,15 +167,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="data-parallel gradient compression: none (default, exact), auto (the planner picks it when "
                         "it speeds the estimated step up >= 1.25x, e.g. over slow links: --cluster internet:8x1), "
                         "powersgd or bf16 (forced); planner/compression.py")
-    p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD approximation rank (default 4)")
-    p.add_argument("--powersgd-warmup", type=int, default=POWERSGD_DEFAULT_WARMUP,
+    p.add_argument("--powersgd-rank", type=_COUNT, default=4, help="PowerSGD approximation rank (default 4)")
+    p.add_argument("--powersgd-warmup", type=_COUNT0, default=POWERSGD_DEFAULT_WARMUP,
                    help="optimizer steps all-reduced exactly before PowerSGD starts (default 1000, torch's "
                         "start_powerSGD_iter; torch's docs advise ~10%% of the run's steps)")
     p.add_argument("--boundary-compression", default="none", choices=("none", "auto", "int8", "lowrank"),
                    help="compress activations and their gradients sent between pipeline stages: none (default), auto "
                         "(the search picks int8 per boundary where it pays), int8 or lowrank on every boundary "
                         "(parallelizer/planner/boundary.py)")
-    p.add_argument("--boundary-rank", type=int, default=8, help="subspace rank of --boundary-compression lowrank")
+    p.add_argument("--boundary-rank", type=_COUNT, default=8, help="subspace rank of --boundary-compression lowrank")
     p.add_argument("--zero1", metavar="AXIS",
                    help="partition the optimizer state over this data-parallel mesh axis (ZeRO-1, e.g. dp; the axis "
                         "runs data parallel): priced as 1/N of it per rank plus a parameter all-gather per step; run "
@@ -166,11 +186,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULE_NAMES,
                    help="restrict the search to this pipeline schedule (default: all of them, "
                         "parallelizer/planner/stages.py)")
-    p.add_argument("--microbatches", type=int, help="fix the microbatches per optimizer step (pipeline microbatches, "
+    p.add_argument("--microbatches", type=_COUNT, help="fix the microbatches per optimizer step (pipeline microbatches, "
                    "or gradient-accumulation steps when pp=1; default: searched, pp with a fixed pp mesh and no "
                    "--global-batch); the plan's graph is ONE microbatch: global batch / microbatches")
-    p.add_argument("--virtual-stages", type=int, help="stages per pp rank (1 for gpipe/1f1b, 2 for interleaved_1f1b)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per mesh (default 60)")
+    p.add_argument("--virtual-stages", type=_COUNT, help="stages per pp rank (1 for gpipe/1f1b, 2 for interleaved_1f1b)")
+    p.add_argument("--time-limit", type=_AMOUNT, default=60.0, help="solver seconds per mesh (default 60)")
     p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = sub.add_parser("show", help="print a plan as tables")
@@ -178,15 +198,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="every node position of each block, not only the main ops")
     r = sub.add_parser("rehearse", help="run a plan on local gloo ranks and compare with one device")
     r.add_argument("plan", help="plan JSON written by `parallelizer plan` (it records how to rebuild the model)")
-    r.add_argument("--nproc", type=int, required=True, help="local ranks; must equal the plan's mesh size")
+    r.add_argument("--nproc", type=_COUNT, required=True, help="local ranks; must equal the plan's mesh size")
     r.add_argument("--width", choices=("auto", "real", "reduced"), default="auto",
                    help="model width: real, reduced (same structure, small dims) or auto (real when small)")
-    r.add_argument("--steps", type=int, default=3, help="optimizer steps compared (default 3)")
-    r.add_argument("--timeout", type=float, default=900.0,
+    r.add_argument("--steps", type=_COUNT, default=3, help="optimizer steps compared (default 3)")
+    r.add_argument("--timeout", type=_AMOUNT, default=900.0,
                    help="seconds before the ranks are killed (default 900)")
     c = sub.add_parser("calibrate", help="measure this machine into a cost-model profile")
     c.add_argument("-o", "--out", required=True, help="profile JSON to write; plan with --cluster PROFILE.json")
-    c.add_argument("--nprocs", type=int, nargs="+", default=[2, 4],
+    c.add_argument("--nprocs", type=_COUNT, nargs="+", default=[2, 4],
                    help="process counts whose gloo collectives are measured (default: 2 4)")
     c.add_argument("--quick", action="store_true", help="messages up to 64 MiB (default: up to 256 MiB)")
     c.add_argument("--compare", metavar="OLD.json", help="an earlier profile: print how far the new one differs")

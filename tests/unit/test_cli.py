@@ -360,3 +360,33 @@ def test_mesh_errors_name_the_flag_and_start_their_own_line(tmp_path, capsys):
     assert cli.main(argv) == 2
     lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
     assert any(line.startswith("error: axis_roles names mesh axis 'dp', but mesh (foo=2)") for line in lines), lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rehearse", "plan.json", "--nproc", "2", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+    (["rehearse", "plan.json", "--nproc", "0"], "argument --nproc: must be an integer >= 1, got 0"),
+    (["rehearse", "plan.json", "--nproc", "2", "--timeout", "0"], "argument --timeout: must be > 0, got 0"),
+    (["plan", *GPT, "--microbatches", "0"], "argument --microbatches: must be an integer >= 1, got 0"),
+    (["plan", *GPT, "--virtual-stages", "-1"], "argument --virtual-stages: must be an integer >= 1, got -1"),
+    (["plan", *GPT, "--seq-len", "0"], "argument --seq-len: must be an integer >= 1, got 0"),
+    (["plan", *GPT, "--memory-budget-gb", "0"], "argument --memory-budget-gb: must be > 0, got 0"),
+    (["plan", *GPT, "--memory-reserve-gb", "-2"], "argument --memory-reserve-gb: must be >= 0, got -2"),
+    (["plan", *GPT, "--time-limit", "x"], "argument --time-limit: 'x' is not a number"),
+    (["calibrate", "-o", "p.json", "--nprocs", "2", "0"], "argument --nprocs: must be an integer >= 1, got 0"),
+])
+def test_counts_and_amounts_out_of_range_exit_2_before_any_work(argv, message, capsys):
+    """A 0 for --steps ran a rehearsal that compared nothing and said "numerics match" (round 16 new-user trial)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mesh, cluster, remedy", [
+    ("dp=4", "h100:1x8", "a cluster of 1x4 (CLI: --cluster PRESET:1x4, e.g. h100:1x4"),
+    ("dp=16", "h100:1x8", "a cluster of 2x8 (CLI: --cluster PRESET:2x8"),
+    ("dp=12", "h100:1x8", "no whole number of its nodes holds that many"),
+])
+def test_a_mesh_of_fewer_devices_than_the_cluster_names_the_cli_remedy(mesh, cluster, remedy, tmp_path, capsys):
+    """The mesh / cluster mismatch told a CLI user to "build a smaller Cluster" (round 16 new-user trial)."""
+    assert cli.main(["plan", *GPT, "--mesh", mesh, "--cluster", cluster, "-o", str(tmp_path / "p.json")]) == 2
+    assert remedy in capsys.readouterr().err
