@@ -69,7 +69,7 @@ from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, carry_over
 from .module_copy import copy_module
 from .precision import autocast
-from .step import LossFn, check_grad_enabled, check_loss_source, compute_loss
+from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss
 
 MAX_PROGRAMS = 8
 """Programs kept for modes / settings other than the first (each change of a setting traces the model again)."""
@@ -341,7 +341,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         state = self._state()
         return autocast(self.spec.autocast, state[0].device.type if state else "cpu")
 
-    def step(self, *inputs, target=None, loss_fn: LossFn | None = None, **kwargs) -> torch.Tensor:
+    def step(self, *inputs, target=None, loss_fn: LossFn | None = None, item_count=None, **kwargs) -> torch.Tensor:
         """One training step's forward, loss and backward of the global batch (`runtime.step`: the same call
         as `PipelineModule.step`, so one user loop runs every plan).
 
@@ -350,14 +350,22 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
             target: passed to `loss_fn` (global, e.g. labels (B, T)); may be None.
             loss_fn: `loss_fn(output, target) -> scalar` with `output` in the model's output structure; None:
                 the model's first output is its loss.
+            item_count: accepted as `PipelineModule.step` takes it (`item_count(target) -> n`), so one loop runs
+                every plan; the whole batch is one forward here, one loss over all its items, so no microbatch
+                weight is needed and it is not called.
         Returns:
             The batch loss (0-d, detached), the same on every rank; the gradients are ADDED to `.grad`.
         Raises:
-            StepError: no loss_fn and no scalar first output, or a loss that is not 0-d.
+            StepError: no loss_fn and no scalar first output, a loss that is not 0-d, or item_count without target
+                (as on a pipeline plan).
         """
         check_grad_enabled("ParallelModule.step")
         check_loss_source(self._active.traced, loss_fn, "ParallelModule.step", kwargs,
-                          ("target",) if target is not None else ())
+                          ("target",) * (target is not None) + ("item_count",) * (item_count is not None))
+        if target is None and item_count is not None:  # what PipelineModule.step refuses: the same loop fails alike
+            raise StepError("ParallelModule.step: item_count= was given without target=, so there is nothing to count "
+                            "(a pipeline plan refuses it too). Remedy: pass target=<the tensor item_count counts, e.g. "
+                            "labels> too, or drop item_count")
         if inputs_unchecked(self, count=False):
             check_same_inputs([("target", target)], "ParallelModule.step")
         loss = compute_loss(self(*inputs, **kwargs), target, loss_fn)

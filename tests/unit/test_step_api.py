@@ -60,6 +60,25 @@ def test_parallel_module_step_is_forward_loss_backward():
         pm.step(x, target=y)
 
 
+
+def test_parallel_module_step_takes_item_count_as_a_pipeline_step_does():
+    """A loop written for a pipeline plan (`item_count=` with `target=`) runs on a plan without stages: before, the
+    keyword went to the model as an input, an InputMismatchError telling the user to trace again (round 16 trial)."""
+    model, (x,) = zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+    reference = copy.deepcopy(model)
+    pm = parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1")
+    y = torch.randint(0, 4, (8,))
+    y[:3] = -100
+    ce = lambda out, t: F.cross_entropy(out, t, label_smoothing=0.1)  # noqa: E731
+    loss = pm.step(x, target=y, loss_fn=ce, item_count=lambda t: (t != -100).sum())
+    ref = ce(reference(x), y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach())
+    for (name, p), q in zip(pm.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    with pytest.raises(StepError, match="item_count= was given without target="):
+        pm.step(x, loss_fn=lambda out, t: out.sum(), item_count=lambda t: 1)
+
 def test_a_pipeline_item_count_that_disagrees_with_loss_fns_graph_is_warned():
     """A user's item_count counting every label != -100 for a loss over the SHIFTED labels y[:, 1:] weighs the
     microbatches otherwise than the loss averages (GPT-2 on pp=2 x tp=2, trial4a: loss 2.8e-3 off, no word):
