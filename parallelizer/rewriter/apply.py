@@ -30,6 +30,7 @@ from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph, carries_grad, is_view, mutated_args
+from ..tracer.normalize import SPLIT_BIAS
 from . import collectives, grad_sync, localize, recompute
 from .grad_sync import DEFAULT_BUCKET_BYTES
 from .reshard import reshard_after_forward
@@ -193,6 +194,10 @@ class _Rewriter:
         delivered = iter([self._redistribute(arg, dst, grad_axes[i])
                           for i, (arg, dst) in enumerate(zip(tensor_args, sharding.inputs))])
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(delivered))
+        if node.meta.get(SPLIT_BIAS):  # a bias split off linear / addmm: added in the product's dtype, as they add
+            cast = self.graph.call_function(torch.ops.aten.type_as.default, (args[1], args[0]))  # it (autocast)
+            cast.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
+            args = (args[0], cast, *args[2:])
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
             kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
         out_shape = info.outputs[0].shape if info.outputs else None

@@ -19,7 +19,10 @@
 4. Biases are split off linear layers: `aten.linear(x, W, b)` becomes `aten.add(aten.linear(x, W), b)` and
    `aten.addmm(b, x, W)` becomes `aten.add(aten.mm(x, W), b)`. Sharding rules then see the bias as its own
    use: under row-parallel tensor parallelism the matmul's output is Partial and the bias is added once,
-   after the all-reduce (adding it inside the matmul would add it once per rank).
+   after the all-reduce (adding it inside the matmul would add it once per rank). The add is marked
+   (`SPLIT_BIAS`): the emitted program adds the bias cast to the product's dtype, as linear / addmm do under
+   a torch.autocast the trace did not see (a user's autocast around pm(...)); a plain add promoted the bf16
+   product to float32 there, so every biased Linear's output (the MLP's 4h-wide activation) was float32.
 5. (`tracer/fresh_writes.py`) An in-place op writing a FRESH activation (`loss += aux_loss` in transformers' MoE models, `F.relu(x,
    inplace=True)` on a conv output) becomes its out-of-place form, and the readers of the written value after
    the write read the new result: fresh = the output of a compute op that is neither a view nor itself an
@@ -631,6 +634,9 @@ def _stack_location(node: torch.fx.Node) -> str | None:
     return f"{parts[1]}:{line}" if len(parts) > 1 else None
 
 
+SPLIT_BIAS = "split_bias"  # node.meta key of the add a bias was split into (`_split_biases`)
+
+
 def _split_biases(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     aten = torch.ops.aten
     split = 0
@@ -650,6 +656,7 @@ def _split_biases(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             product.meta = _meta_like(node)
             total = gm.graph.call_function(aten.add.Tensor, (product, bias))
             total.meta = _meta_like(node)
+            total.meta[SPLIT_BIAS] = True  # the rewriter adds the bias in the product's dtype (`rewriter.apply`)
         node.replace_all_uses_with(total)
         gm.graph.erase_node(node)
         split += 1

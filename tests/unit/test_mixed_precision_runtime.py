@@ -4,6 +4,7 @@ fp32 parameters and fp32 gradients, equal to the eager model under torch.autocas
 tolerance; plans in fp32 or with a defaulted precision run the traced dtypes, equal to eager at 1e-5.
 The rehearsal's recipe bound (`recipe_excess`) accepts rounding and rejects a wrong term. Pipeline stages under
 the recipe send the dtypes an eager autocast run of the stages produces (`runtime.pipeline.boundary_dtypes`)."""
+import copy
 import types
 
 import pytest
@@ -18,6 +19,7 @@ from parallelizer.runtime.pipeline import (_boundaries, _examples, _on_wire, bou
                                            cut_stages, stage_graph)
 from parallelizer.runtime.precision import autocast
 from parallelizer.runtime.rehearsal import recipe_excess
+from parallelizer.runtime.tolerance import excess
 
 GPT = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=8, batch=4, seq_len=8)
 
@@ -239,3 +241,42 @@ def test_autocast_keeps_about_2_bytes_per_parameter_of_bf16_weights_for_backward
     loss.backward()
     matrices = sum(p.numel() for p in pm.parameters() if p.ndim == 2)
     assert 1.9 <= sum(saved.values()) / matrices <= 2.0, (sum(saved.values()), matrices)
+
+
+class _Conv1D(torch.nn.Module):
+    """transformers' GPT-2 Conv1D: torch.addmm(bias, x, weight)."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_in, n_out) * 0.2)
+        self.bias = torch.nn.Parameter(torch.randn(n_out))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("layer", ["linear", "addmm"])
+def test_a_users_autocast_around_pm_gives_eagers_dtypes_after_a_split_bias(layer):
+    """The tracer splits a bias off linear / addmm (added after a row-parallel all-reduce); under a torch.autocast
+    the trace did not see (around pm(...)), the plain add promoted the bf16 product to float32: the output, and the
+    MLP's hidden activation, were float32 where eager's are bf16 (round 16 new-user trial). The program now adds
+    the bias in the product's dtype, as linear / addmm do."""
+    torch.manual_seed(0)
+    make = (lambda i, o: torch.nn.Linear(i, o)) if layer == "linear" else _Conv1D
+    model = torch.nn.Sequential(make(16, 32), torch.nn.GELU(), make(32, 8))
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 16)
+    pm = parallelizer.auto_parallelize(model, (x,), cluster="h100:1x1")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = pm(x), reference(x)
+    assert expected.dtype == torch.bfloat16 and out.dtype == expected.dtype
+    assert excess(out, expected) <= 1.0  # bf16's rtol of the tensor's scale: the sum is rounded twice here
+    out.float().sum().backward()
+    expected.float().sum().backward()
+    for name, p in pm.named_parameters():
+        ref = reference.get_parameter(name).grad
+        assert p.grad.dtype == ref.dtype == torch.float32, name
+        assert (p.grad - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-5, name
+    plain = pm(x)  # without autocast the cast is a no-op: float32 as traced, as eager
+    assert plain.dtype == torch.float32
+    torch.testing.assert_close(plain, reference(x))
