@@ -247,7 +247,8 @@ _add([aten.fft_hfft], pointwise.along(pointwise.dim_arg(2, default=-1), even=Tru
 _add([aten.view_as_real], shape_ops.dim_map(shape_ops.leading_map), calls(aten.view_as_real.default, (t(3, 5, dtype=_C),)), exact=True)
 _add([aten.complex], pointwise.elementwise, calls(aten.complex.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(5))), exact=True)
 _add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
-_add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1)))))
+_add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1))),
+                                                      (t(5, 3), T(()), -1)))  # (weight_norm(dim=None): a 0-d g, r16a)
 
 # --- reductions -----------------------------------------------------------------------------------------------
 _add([aten.sum], pointwise.reduction, [*calls(aten.sum.default, (t(3, 7),), (t(2, 5, 3),)),
@@ -458,7 +459,8 @@ _add([aten.channel_shuffle], pointwise.along(lambda v: [1], linear=True), calls(
      exact=True)
 _add([aten.grid_sampler], nn_ops.grid_sampler, calls(aten.grid_sampler.default, (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 0, 0, False),
                                                      (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 1, 1, True)))
-_add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)), (t(3, 4, 5, 2), pos(1))))
+_add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)), (t(3, 4, 5, 2), pos(1)),
+                                        (t(3, 4, 5), pos())))  # (a 0-d slope, r16a)
 _add([aten.instance_norm], nn_ops.instance_norm, calls(aten.instance_norm.default,
                                                        (t(3, 4, 5), t(4), t(4), None, None, True, 0.1, 1e-5, False),
                                                        (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False), False, 0.1, 1e-5, False),
