@@ -210,7 +210,7 @@ def layer_stack(traced) -> BlockGroup | None:
     """
     if not traced.blocks:
         return None
-    first = traced.blocks[0]
+    first = _first_run(traced)
     largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
     order = {name: i for i, name in enumerate(traced.nodes)}
     under: dict[str, list[str]] = defaultdict(list)  # every module path (called or not) -> its nodes
@@ -259,5 +259,20 @@ def _runs(fqns: list[str], under: dict[str, list[str]], order: dict[str, int]) -
 
 def pipeline_unit(traced) -> BlockGroup | None:
     """The members a pipeline cuts between: the layer stack (`layer_stack`) when the layers differ, else the
-    first repeated-block group (None: no repeated blocks)."""
-    return layer_stack(traced) or (traced.blocks[0] if traced.blocks else None)
+    first repeated-block group that is a run of blocks (`_first_run`; None: no repeated blocks)."""
+    return layer_stack(traced) or (_first_run(traced) if traced.blocks else None)
+
+
+def _first_run(traced) -> BlockGroup:
+    """The first repeated-block group in graph order whose members enclose no member of another group, else the
+    first group. Two equal root-level modules around the layers (an input projection and an output head, both
+    Linear(D, D)) are a group of the ILP (one block solved, the answer reused), but no run of layers a pipeline
+    can cut between; taking them as its unit refused every pipeline plan of such a model, blaming layers of
+    several kinds (round 16, r16a)."""
+    order = {name: i for i, name in enumerate(traced.nodes)}
+    starts = {g.name: [order[m[0]] for m in g.nodes] for g in traced.blocks}
+    for g in traced.blocks:
+        lo, hi = order[g.nodes[0][0]], order[g.nodes[-1][-1]]
+        if not any(lo < s < hi for h in traced.blocks if h is not g for s in starts[h.name]):
+            return g
+    return traced.blocks[0]
