@@ -391,7 +391,13 @@ _add([aten.scaled_dot_product_attention], linalg.sdpa, [
     *calls(aten.scaled_dot_product_attention.default, (t(3, 2, 5, 4), t(3, 2, 7, 4), t(3, 2, 7, 4))),
     *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 5, 4), t(2, 3, 5, 4), t(2, 3, 5, 4)), is_causal=True),
     *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 5, 4), t(2, 3, 6, 4), t(2, 3, 6, 4), t(5, 6))),
-    *calls(aten.scaled_dot_product_attention.default, (t(2, 4, 5, 4), t(2, 2, 5, 4), t(2, 2, 5, 4)), enable_gqa=True)])
+    *calls(aten.scaled_dot_product_attention.default, (t(2, 4, 5, 4), t(2, 2, 5, 4), t(2, 2, 5, 4)), enable_gqa=True),
+    # one head, no head dim (B, L, E) and its (L, S) mask; heads grouped (B, G, H, L, E) (r16a: the rule read
+    # dims 0 and 1 as batch and heads at every rank, so a 3-D call sharded L and S: attention over local keys)
+    *calls(aten.scaled_dot_product_attention.default, (t(3, 5, 4), t(3, 6, 4), t(3, 6, 4)), (t(3, 5, 4), t(3, 5, 4), t(3, 5, 4)),
+           is_causal=True),
+    *calls(aten.scaled_dot_product_attention.default, (t(3, 5, 4), t(3, 6, 4), t(3, 6, 4), t(5, 6))),
+    *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 2, 5, 4), t(2, 3, 2, 5, 4), t(2, 3, 2, 5, 4)), is_causal=True)])
 
 # --- neural-network ops ---------------------------------------------------------------------------------------
 _add([aten.layer_norm], nn_ops.layer_norm, calls(aten.layer_norm.default, (t(3, 5), [5], t(5), t(5)), (t(2, 3, 5), [5]),
