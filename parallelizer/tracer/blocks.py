@@ -200,8 +200,9 @@ def layer_stack(traced) -> BlockGroup | None:
 
     A stack is the numbered children `P.0, P.1, ...` of one module path P (a ModuleList or Sequential, called or
     not) whose calls run one after another in graph order, each reading a parameter, that together hold every
-    member of the graph's first repeated-block group and of its largest one (so a homogeneous model, whose
-    layers ARE that group, and an encoder-decoder, whose two stacks each hold one group, keep their rule). A
+    member of the graph's first repeated-block group (`_first_run`) and of its largest one (so a homogeneous
+    model, whose layers ARE that group, and an encoder-decoder, whose two stacks each hold one group, keep their
+    rule). A
     member's nodes are its run before the next member starts; later calls of a member's modules (a DiT head
     calling `transformer_blocks[0].norm1.emb`) must come after the last member, where they join the head's
     stage, and a parameter they read is held by both stages as a tied one. Returned as a `BlockGroup` named

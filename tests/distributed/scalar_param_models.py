@@ -1,6 +1,7 @@
 """Models whose parameters enter an op as a 0-d tensor where the op's rule read a dim of it (round 16, r16a):
-`weight_norm(m, dim=None)` (one norm over the whole weight: aten._weight_norm(v, g 0-d, -1)), and F.prelu with a single 0-d slope. Planning raised a raw IndexError
-on every mesh. Each builder returns (model, inputs) with a scalar loss output."""
+`weight_norm(m, dim=None)` (one norm over the whole weight: aten._weight_norm(v, g 0-d, -1)), and F.prelu with a
+single 0-d slope. Planning raised a raw IndexError on every mesh. Each builder returns (model, inputs) with a
+scalar loss output."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -14,7 +14,8 @@ from attention_rank_models import attention_ranks
 from plan_cases import random_cost_plan
 
 pytestmark = pytest.mark.distributed
-CASES = {"tp_seed0": ({"tp": 2}, 0), "tp_seed2": ({"tp": 2}, 2), "dp_seed5": ({"dp": 2}, 5), "2x2": ({"dp": 2, "tp": 2}, 6)}
+CASES = {"tp_seed0": ({"tp": 2}, 0), "tp_seed2": ({"tp": 2}, 2), "dp_seed5": ({"dp": 2}, 5),
+         "2x2": ({"dp": 2, "tp": 2}, 6)}
 
 
 def _view(*shapes):
