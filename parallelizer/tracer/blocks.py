@@ -200,8 +200,9 @@ def layer_stack(traced) -> BlockGroup | None:
 
     A stack is the numbered children `P.0, P.1, ...` of one module path P (a ModuleList or Sequential, called or
     not) whose calls run one after another in graph order, each reading a parameter, that together hold every
-    member of the graph's first repeated-block group and of its largest one (so a homogeneous model, whose
-    layers ARE that group, and an encoder-decoder, whose two stacks each hold one group, keep their rule). A
+    member of the graph's first repeated-block group (`_first_run`) and of its largest one (so a homogeneous
+    model, whose layers ARE that group, and an encoder-decoder, whose two stacks each hold one group, keep their
+    rule). A
     member's nodes are its run before the next member starts; later calls of a member's modules (a DiT head
     calling `transformer_blocks[0].norm1.emb`) must come after the last member, where they join the head's
     stage, and a parameter they read is held by both stages as a tied one. Returned as a `BlockGroup` named
@@ -210,7 +211,7 @@ def layer_stack(traced) -> BlockGroup | None:
     """
     if not traced.blocks:
         return None
-    first = traced.blocks[0]
+    first = _first_run(traced)
     largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
     order = {name: i for i, name in enumerate(traced.nodes)}
     under: dict[str, list[str]] = defaultdict(list)  # every module path (called or not) -> its nodes
@@ -259,5 +260,20 @@ def _runs(fqns: list[str], under: dict[str, list[str]], order: dict[str, int]) -
 
 def pipeline_unit(traced) -> BlockGroup | None:
     """The members a pipeline cuts between: the layer stack (`layer_stack`) when the layers differ, else the
-    first repeated-block group (None: no repeated blocks)."""
-    return layer_stack(traced) or (traced.blocks[0] if traced.blocks else None)
+    first repeated-block group that is a run of blocks (`_first_run`; None: no repeated blocks)."""
+    return layer_stack(traced) or (_first_run(traced) if traced.blocks else None)
+
+
+def _first_run(traced) -> BlockGroup:
+    """The first repeated-block group in graph order whose members enclose no member of another group, else the
+    first group. Two equal root-level modules around the layers (an input projection and an output head, both
+    Linear(D, D)) are a group of the ILP (one block solved, the answer reused), but no run of layers a pipeline
+    can cut between; taking them as its unit refused every pipeline plan of such a model, blaming layers of
+    several kinds (round 16, r16a)."""
+    order = {name: i for i, name in enumerate(traced.nodes)}
+    starts = {g.name: [order[m[0]] for m in g.nodes] for g in traced.blocks}
+    for g in traced.blocks:
+        lo, hi = order[g.nodes[0][0]], order[g.nodes[-1][-1]]
+        if not any(lo < s < hi for h in traced.blocks if h is not g for s in starts[h.name]):
+            return g
+    return traced.blocks[0]

@@ -139,3 +139,35 @@ def test_a_head_calling_a_blocks_submodule_holds_it_as_a_tied_weight():
     with contextlib.redirect_stdout(io.StringIO()):
         plan = parallelizer.plan(traced, {"pp": 4}, schedule="gpipe", microbatches=4)
     assert plan.pipeline.blocks_per_stage == (1, 1, 1, 1)
+
+
+class _ProjectedStack(nn.Module):
+    """An input projection and an output head of the same shape at the root, around 4 identical layers: the two
+    Linears form a repeated group of their own (the first in graph order), which encloses the layers."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width)) for _ in range(4))
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for m in self.layers:
+            h = h + m(h)
+        return self.out(h).pow(2).mean()
+
+
+def test_equal_root_modules_around_the_layers_are_no_pipeline_unit():
+    """Round 16 (r16a): `inp` and `out` (both Linear(8, 8)) are the first repeated group, and the pipeline runtime
+    took them as its unit while the search cut between the layers, so every pp plan of such a model was refused
+    ("do not form one run of identical layers", naming encoder-decoders). A group whose members enclose another
+    group's is no run of layers: the unit is the layers, as the search's."""
+    traced = parallelizer.trace(_ProjectedStack(), (torch.randn(4, 3, 8),))
+    assert traced.blocks[0].members == ("inp", "out"), traced.blocks
+    assert pipeline_unit(traced).name == "layers.*"
+    assert segment_graph(traced).group == "layers.*"
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"pp": 2, "dp": 2}, cluster="a100:1x4", schedule="1f1b", microbatches=2)
+    assert plan.pipeline is not None and [list(s.blocks) for s in plan.pipeline.stages] == [
+        ["layers.0", "layers.1"], ["layers.2", "layers.3"]], plan.pipeline

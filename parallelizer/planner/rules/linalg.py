@@ -208,18 +208,25 @@ def embedding(v: OpView) -> list[AxisOption]:
 
 
 def sdpa(v: OpView) -> list[AxisOption]:
-    """q (B, H, L, E), k/v (B, Hkv, S, E), optional mask broadcast to (B, H, L, S): shard the batch, or the
-    heads (with grouped-query attention, H != Hkv, q and k/v heads must split evenly so that every local
-    query head keeps its key/value head)."""
+    """q (*, H, L, E), k/v (*, Hkv, S, E), optional mask broadcast to (*, H, L, S): shard a leading dim (the
+    batch, the heads, a group of heads), never L, S or E, which every output row reads whole (with
+    grouped-query attention, H != Hkv, q and k/v heads must split evenly so that every local query head keeps
+    its key/value head). The leading dims are all but the last two at any rank: a call on (B, L, E) (one head,
+    no head dim) has only the batch. (Before round 16 (r16a) dims 0 and 1 were taken as batch and heads at
+    every rank, so a 3-D call could shard L and S: each rank attended over its own keys only, outputs 21x off
+    one device's in the rule harness, silently.)"""
     opts = [replicate(v)]
-    gqa = v.in_shapes[0][1] != v.in_shapes[1][1]
-    for d in (0, 1):
-        if v.out[d] == 1:
+    nd = v.nd()
+    heads = nd - 3
+    gqa = heads >= 0 and v.in_shapes[0][heads] != v.in_shapes[1][heads]
+    for d in range(nd - 2):
+        if v.out[d] == 1 or any(len(s) != nd or (s[d] != v.out[d] and not (gqa and d == heads))
+                                for s in v.in_shapes[:3]):
             continue
         pl = (Shard(d),) * 3
         if v.n_in > 3:
             m = v.in_shapes[3]
-            k = d - (4 - len(m))
+            k = d - (nd - len(m))
             pl += (Shard(k) if k >= 0 and m[k] == v.out[d] else R,) + (R,) * (v.n_in - 4)
-        opts.append(AxisOption(pl, Shard(d), (0, 1, 2, OUT) if d == 1 and gqa else ()))
+        opts.append(AxisOption(pl, Shard(d), (0, 1, 2, OUT) if d == heads and gqa else ()))
     return opts

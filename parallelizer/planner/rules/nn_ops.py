@@ -84,11 +84,12 @@ def leading_dims(linear: bool, spatial: int, even_batch: bool = False):
 
 
 def prelu(v: OpView) -> list[AxisOption]:
-    """prelu(x (N, C, *), weight (C,) or (1,)): shard any dim of x; on the channel dim 1 a per-channel
-    weight is sharded alike (a single shared slope stays Replicate)."""
+    """prelu(x (N, C, *), weight (C,), (1,) or () ): shard any dim of x; on the channel dim 1 a per-channel
+    weight is sharded alike (a single shared slope, of shape (1,) or 0-d, stays Replicate; before, a 0-d
+    slope made planning raise a raw IndexError)."""
     if v.nd() < 2:
         return [replicate(v)]
-    per_channel = v.in_shapes[1][0] == v.in_shapes[0][1] and v.in_shapes[1][0] > 1
+    per_channel = v.nd(1) == 1 and v.in_shapes[1][0] == v.in_shapes[0][1] and v.in_shapes[1][0] > 1
     return [replicate(v)] + [AxisOption((Shard(d), Shard(0) if d == 1 and per_channel else R), Shard(d))
                              for d in range(v.nd()) if v.in_shapes[0][d] > 1]
 

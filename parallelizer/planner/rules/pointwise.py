@@ -119,9 +119,11 @@ def bucketize(v: OpView) -> list[AxisOption]:
 
 def weight_norm(v: OpView) -> list[AxisOption]:
     """_weight_norm(v, g, dim) = g * v / ||v|| (the norm over every dim but `dim`; g has size 1 elsewhere):
-    shard `dim` on both (wav2vec2 / HuBERT's positional conv, dim 2)."""
+    shard `dim` on both (wav2vec2 / HuBERT's positional conv, dim 2). A 0-d g (`weight_norm(m, dim=None)`:
+    one norm over the whole weight, called with dim=-1) is Replicate only (before, planning raised a raw
+    IndexError reading g's shape at `dim`)."""
     dim = v.arg(2, "dim", 0) % v.nd()
-    if v.in_shapes[0][dim] == 1 or v.in_shapes[1][dim] != v.in_shapes[0][dim]:
+    if v.nd(1) != v.nd() or v.in_shapes[0][dim] == 1 or v.in_shapes[1][dim] != v.in_shapes[0][dim]:
         return [replicate(v)]
     return [replicate(v), AxisOption((Shard(dim), Shard(dim)), Shard(dim), (0, 1, OUT))]  # (an empty shard: SIGFPE)
 

@@ -78,7 +78,8 @@ _add([aten.channel_shuffle], pointwise.along(lambda v: [1], linear=True), calls(
      exact=True)
 _add([aten.grid_sampler], nn_ops.grid_sampler, calls(aten.grid_sampler.default, (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 0, 0, False),
                                                      (t(3, 4, 5, 6), T((3, 2, 3, 2), "prob"), 1, 1, True)))
-_add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)), (t(3, 4, 5, 2), pos(1))))
+_add([aten.prelu], nn_ops.prelu, calls(aten.prelu.default, (t(3, 4, 5), pos(4)), (t(3, 4, 5, 2), pos(1)),
+                                        (t(3, 4, 5), pos())))  # (a 0-d slope, r16a)
 _add([aten.instance_norm], nn_ops.instance_norm, calls(aten.instance_norm.default,
                                                        (t(3, 4, 5), t(4), t(4), None, None, True, 0.1, 1e-5, False),
                                                        (t(3, 4, 5), None, None, T((4,), grad=False), pos(4, grad=False), False, 0.1, 1e-5, False),

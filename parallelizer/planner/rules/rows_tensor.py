@@ -181,7 +181,8 @@ _add([aten.fft_hfft], pointwise.along(pointwise.dim_arg(2, default=-1), even=Tru
 _add([aten.view_as_real], shape_ops.dim_map(shape_ops.leading_map), calls(aten.view_as_real.default, (t(3, 5, dtype=_C),)), exact=True)
 _add([aten.complex], pointwise.elementwise, calls(aten.complex.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(5))), exact=True)
 _add([aten.histc], pointwise.histogram, calls(aten.histc.default, (t(5, 7), 4, -1.0, 1.0), (t(3, 4, 2), 3, 0.0, 0.0)))
-_add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1)))))
+_add([aten._weight_norm], pointwise.weight_norm, calls(aten._weight_norm.default, (t(6, 4, 3), T((1, 1, 3)), 2), (t(5, 3), T((5, 1))),
+                                                      (t(5, 3), T(()), -1)))  # (weight_norm(dim=None): a 0-d g, r16a)
 
 # --- reductions -----------------------------------------------------------------------------------------------
 _add([aten.sum], pointwise.reduction, [*calls(aten.sum.default, (t(3, 7),), (t(2, 5, 3),)),
@@ -324,4 +325,10 @@ _add([aten.scaled_dot_product_attention], linalg.sdpa, [
     *calls(aten.scaled_dot_product_attention.default, (t(3, 2, 5, 4), t(3, 2, 7, 4), t(3, 2, 7, 4))),
     *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 5, 4), t(2, 3, 5, 4), t(2, 3, 5, 4)), is_causal=True),
     *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 5, 4), t(2, 3, 6, 4), t(2, 3, 6, 4), t(5, 6))),
-    *calls(aten.scaled_dot_product_attention.default, (t(2, 4, 5, 4), t(2, 2, 5, 4), t(2, 2, 5, 4)), enable_gqa=True)])
+    *calls(aten.scaled_dot_product_attention.default, (t(2, 4, 5, 4), t(2, 2, 5, 4), t(2, 2, 5, 4)), enable_gqa=True),
+    # one head, no head dim (B, L, E) and its (L, S) mask; heads grouped (B, G, H, L, E) (r16a: the rule read
+    # dims 0 and 1 as batch and heads at every rank, so a 3-D call sharded L and S: attention over local keys)
+    *calls(aten.scaled_dot_product_attention.default, (t(3, 5, 4), t(3, 6, 4), t(3, 6, 4)), (t(3, 5, 4), t(3, 5, 4), t(3, 5, 4)),
+           is_causal=True),
+    *calls(aten.scaled_dot_product_attention.default, (t(3, 5, 4), t(3, 6, 4), t(3, 6, 4), t(5, 6))),
+    *calls(aten.scaled_dot_product_attention.default, (t(2, 3, 2, 5, 4), t(2, 3, 2, 5, 4), t(2, 3, 2, 5, 4)), is_causal=True)])
