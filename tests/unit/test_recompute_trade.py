@@ -127,3 +127,25 @@ def test_auto_keeps_the_plan_where_recomputation_does_not_pay(mlp_tp):
     full = plan(mlp_tp, MeshSpec(("dp",), (2,)), recompute="full", memory_budget_bytes=budget, **kw)
     assert estimate_step_time(mlp_tp, full, cluster=CLUSTER).total_s > \
         estimate_step_time(mlp_tp, none, cluster=CLUSTER).total_s  # recomputation would be slower here
+
+
+def test_pipeline_segment_prices_include_the_rerun_collectives(mlp_tp):
+    """The pipeline search's recomputation price of a block (`SegmentPrices.rc_extra_lin`, what a stage adds to
+    its backward) is the same `price_region` with the re-run collectives: at the segment ILP's Megatron layout on
+    tp=2, "full" adds the block's forward compute plus one all-reduce (closed form); "selective" (no attention core)
+    adds nothing. So a stage's (time-optimal layout, recomputation) pair is priced honestly against the lean
+    layout without recomputation (`candidates._Context._evaluate_layouts`)."""
+    from parallelizer.planner.segments import price_segments, segment_graph
+
+    config = PlanConfig(axis_roles=(("tp", "tp"),))
+    segs = segment_graph(mlp_tp)
+    pr = price_segments(mlp_tp, segs, 2, get_cluster("h100:1x2"), config)
+    problem, pricer = build(mlp_tp, TP2, cluster=CLUSTER, config=config)
+    strat = {n: layout_of(problem, n, solve(problem, config).choice) for n in problem.spaces}
+    topo = MeshTopology(get_cluster(CLUSTER), (2,), ("tp",))
+    all_reduce_s = collective_time_s("all_reduce", B * T * C * 2, topo, ("tp",)) + topo.cluster.device.collective_sync_s
+    rp = recompute_prices(mlp_tp, problem, pricer, strat, {"blocks.0": "full"})["blocks.0"]
+    assert rp.rerun_comm_s == pytest.approx(all_reduce_s, rel=1e-12)
+    # segment 1 = blocks.0; blocks.1 (same strategies) takes the same price (`segments._recompute_prices`)
+    assert list(pr.rc_extra_lin["full"][1:3]) == pytest.approx([rp.extra_fwd_s + all_reduce_s] * 2, rel=1e-9)
+    assert list(pr.rc_extra_lin["selective"]) == [0.0] * len(pr.rc_extra_lin["selective"])
