@@ -162,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
                         "fp32: 16 B/param (default: bf16 on GPU cluster presets, fp32 on a calibration profile)")
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation per repeated block: auto (default) lets the planner choose where "
-                        "memory needs it; none, selective (the attention core) or full force it on every block")
+                        "memory needs it or it lets a faster layout fit; none, selective (the attention core) or full force it on every block")
     p.add_argument("--compression", default="none", choices=("none", "auto", "powersgd", "bf16"),
                    help="data-parallel gradient compression: none (default, exact), auto (the planner picks it when "
                         "it speeds the estimated step up >= 1.25x, e.g. over slow links: --cluster internet:8x1), "

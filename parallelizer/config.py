@@ -53,8 +53,9 @@ class PlanConfig:
         mip_rel_gap: relative MIP gap at which the solver may stop (0 = prove optimality).
         solver: "highs" (default; falls back to "cbc" if highspy is missing) or "cbc".
         recompute: activation recomputation per repeated-block member (`planner.recompute`): "auto" (default)
-            = the planner decides (none while a plan fits without it, else the fastest mix of none /
-            selective / full that fits: `planner.ilp`, `planner.search`); "none", "selective" or "full" force
+            = the planner decides with the layout, by time: the fastest plan that fits, recomputing where
+            that makes a faster layout fit or where nothing fits without it (ties: none; `planner.ilp.solve`,
+            `planner.search`); "none", "selective" or "full" force
             that mode on every member. A user's own checkpoint regions (`traced.user_recompute`) stay forced.
         boundary_compression: compression of the activations and activation gradients sent between pipeline
             stages (`planner.boundary`, `core.boundary_codec`): "none" (default; lossy numerics are opt-in),

@@ -21,7 +21,7 @@ def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> 
     bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
     priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
     priced (each bound above the winner's step, or over memory) is reported with its best bound. `ctx`: the
-    search's context (`search._Context`: its `exact` simulation and the schedules it `refused`)."""
+    search's context (`candidates._Context`: its `exact` simulation and the schedules it `refused`)."""
     out = [alternative(best[1], best[2], None)]
     names = dict.fromkeys(c.schedule for _, c in bounds)
     for name in names:

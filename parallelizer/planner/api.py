@@ -189,9 +189,12 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 if st.bwd_collective:
                     comm[st.bwd_collective] += bwd
             edges.append(edge)
-    for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute)).values():
+    rerun: dict[str, float] = {}  # collectives that recomputation runs again, by kind
+    for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute), rerun).values():
         compute_s += rp.extra_fwd_s
         act += int(rp.saved_delta_bytes)
+    for kind, seconds in sorted(rerun.items()):
+        comm[kind] += seconds
     if config.recompute in ("selective", "full"):  # asked for every block: say which it could not be (`forced_regions`)
         fallbacks += [Fallback(name, tg.nodes[name].op_name,
                                f"recompute: block {region!r} is not recomputed: this op writes state in place (running "
@@ -252,12 +255,31 @@ def param_plan(p, stored: str, mesh: MeshSpec) -> ParamPlan:
                      local_shape(p.shape, Layout.parse(stored), mesh), p.is_buffer, dtype_name(p.dtype))
 
 
-def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str]
-                     ) -> dict[str, RegionPrice]:
+def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: dict, decision: dict[str, str],
+                     kinds: dict[str, float] | None = None) -> dict[str, RegionPrice]:
     """`recompute.price_region` of each region of `decision` (region -> mode) at the strategies `strat`
-    (node -> Strategy): extra forward seconds and saved-bytes change per region (`to_plan`, `segments`)."""
+    (node -> Strategy): extra forward seconds, saved-bytes change and the forward collectives run again per
+    region (`to_plan`, `segments`). A redistribution runs again only where the program emits it: at the first
+    use of its (value, target layout) (`shared_uses.FirstUses`, as `steptime.estimate_step_time`). `kinds`:
+    when given, the re-run collective seconds are added to it per collective kind (`to_plan`'s breakdown)."""
     members, shared = regions(tg), shared_inputs(tg)
     spaces, mesh = problem.spaces, problem.mesh
+    firsts = _first_uses(tg, spaces, strat, mesh) if decision else frozenset()
+
+    def rerun_s(n: str, k: int) -> float:
+        if (n, k) not in firsts:
+            return 0.0
+        ti = spaces[n].inputs[k]
+        itemsize = pricer.itemsize(ti.dtype)
+        req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
+        total = 0.0
+        for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, itemsize,
+                               grad_axes(strat[n], k, mesh), req):
+            fwd = pricer.step_time_s(st)[0]
+            total += fwd
+            if kinds is not None and st.fwd_collective:
+                kinds[st.fwd_collective] = kinds.get(st.fwd_collective, 0.0) + fwd
+        return total
 
     def cost(n: str) -> NodeCost:
         return pricer.node_cost(tg, tg.nodes[n], spaces[n], strat[n]) if spaces[n].kind == "op" else NodeCost(0, 0, 0)
@@ -267,8 +289,19 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
         return pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
 
     return {region: price_region(region_recompute(tg, region, members[region], mode, shared),
-                                 lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes)
-            for region, mode in sorted(decision.items())}
+                                 lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes, rerun_s)
+            for region, mode in sorted(decision.items()) if region in members}
+
+
+def _first_uses(tg: TracedGraph, spaces: dict, strat: dict, mesh: MeshSpec) -> frozenset[tuple[str, int]]:
+    """(consumer, input index) of every use that is the first of its (value, target layout) at the strategies
+    `strat`, in graph order: where the program emits the redistribution (`shared_uses.FirstUses`)."""
+    uses, out = FirstUses(tg), set()
+    for name, space in spaces.items():
+        for k, ti in enumerate(space.inputs):
+            if uses.first(ti.producer, name, strat[name].inputs[k], grad_axes(strat[name], k, mesh)):
+                out.add((name, k))
+    return frozenset(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ Price of one boundary (cut after block k) per microbatch, seconds, for codec c w
 rho_c = wire bytes / bytes of the values crossing (`core.boundary_codec.wire_bytes`, per value: only the values
 `compressible` accepts shrink):
     forward  = p2p(rho_c * activation bytes) + codec_s        backward = p2p(rho_c * gradient bytes) + codec_s
-where p2p is the search's transfer (`search._Context._p2p_s`: send_recv of 1/tp over "pp" + all-gather over
+where p2p is the search's transfer (`candidates._Context._p2p_s`: send_recv of 1/tp over "pp" + all-gather over
 "tp"; only the send shrinks, the all-gather inside the node is priced uncompressed) and codec_s the encode +
 decode on the device's roofline (`cost_model.hardware` conventions):
     int8:    traffic 2 (value bytes + wire bytes) (encode reads the value, writes the wire; decode the reverse)

@@ -211,6 +211,17 @@ class Pricer:
         (e.g. Replicate -> Partial): the ILP then forbids that pair."""
         return self.edge_cost(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)[0]
 
+    def forward_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
+                  grad_axes: tuple[str, ...], requires_grad: bool) -> float:
+        """Forward seconds of the redistribution of an activation (its steps' forward collectives, as
+        `step_time_s` prices them): what recomputing its consumer runs again (`recompute.RegionPrice`); 0 for
+        an impossible change (the ILP forbids that pair through `edge_cost`)."""
+        try:
+            steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad)
+        except ImpossibleRedistributionError:
+            return 0.0
+        return sum(self.step_time_s(s)[0] for s in steps)
+
     def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
                   grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> tuple[float, int]:
         """(`edge_time_s`, collectives launched forward and backward) of one use of a tensor (cached); the count

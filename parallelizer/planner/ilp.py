@@ -36,21 +36,32 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
     gap `_ABS_GAP_US` (1e-6 us) leaves memory differences below 2e-4 * M_max unresolved (M_max = 100 GB:
     20 MB), and collective counts are resolved only where w_coll exceeds it (small problems).
     Activation recomputation (`problem.py`, `recompute.py`). Forced modes are already folded into lin and
-    mem. Under PlanConfig.recompute == "auto" the ILP is first solved exactly as above (no recomputation:
-    a plan that fits without it is the plan of before, byte-identical); only when that finds no plan
-    within the budget is it solved again with, per `RecomputeClass` c (N_c identical regions sharing the
-    groups G_c) and mode m in {selective, full}:
+    mem. Under PlanConfig.recompute == "auto" the ILP with recomputation adds, per `RecomputeClass` c (N_c
+    identical regions sharing the groups G_c) and mode m in {selective, full}:
         n[c, m] in {0..N_c}, n[c, sel] + n[c, full] <= N_c        instances of the class in mode m
         w[c, m, g, i] in [0, N_c] continuous, for g in G_c:
             sum_i w[c, m, g, i] = n[c, m],   w[c, m, g, i] <= N_c x[g, i]
-        objective += sum E[c,m][g][i] w[c,m,g,i],  memory row += sum D[c,m][g][i] w[c,m,g,i]
-    where E (extra forward seconds) and D (saved-bytes change, <= 0) are one instance's terms
-    (`recompute.price_region` as linear forms). With binary one-hot x, the two constraints force
-    w[c,m,g,i] = n[c,m] x[g,i] (the disaggregated form of the product of an integer and a one-hot vector),
-    so the linearisation is exact: the recomputation of n instances is priced at the strategies the ILP
-    picks for the block. Which instances recompute does not change time or memory on a fixed mesh (they
-    are identical); the first n[c, full] regions in graph order get "full", the next n[c, sel] "selective".
-    Known limit: "auto" does not trade recomputation for a faster layout while a plan fits without it.
+        v[c, m, g, h, i, j] in [0, N_c] continuous, for each pair term with P[c,m][g,h][i, j] > 0:
+            v >= w[c, m, g, i] + w[c, m, h, j] - n[c, m]
+        objective += sum E[c,m][g][i] w[c,m,g,i] + sum P[c,m][g,h][i,j] v[c,m,g,h,i,j],
+        memory row += sum D[c,m][g][i] w[c,m,g,i]
+    where E (extra seconds: the recomputed forward compute), P (the forward collectives the region runs
+    again, per (producer, consumer) strategy pair of each redistribution into a recomputed node:
+    `RegionRecompute.rerun_edges`, `RegionPrice.rerun_comm_s`) and D (saved-bytes change, <= 0) are one
+    instance's terms (`recompute.price_region` as linear forms). With binary one-hot x, the two
+    constraints force w[c,m,g,i] = n[c,m] x[g,i] (the disaggregated form of the product of an integer and a
+    one-hot vector), so v = max(0, n (x[g,i] + x[h,j] - 1)) = n x[g,i] x[h,j] at the optimum (P > 0): the
+    linearisation is exact, and the recomputation of n instances is priced at the strategies the ILP picks
+    for the block. P pays a redistribution per use, where the program runs one copy per (value, target
+    layout) (`shared_uses`): an upper bound of the re-run collectives where several uses in a region share
+    a copy; the plan's cost (`api.to_plan`) and `estimate_step_time` price them once per copy. Which
+    instances recompute does not change time or memory on a fixed mesh (they are identical); the first
+    n[c, full] regions in graph order get "full", the next n[c, sel] "selective".
+    Recomputation traded for a faster layout (`solve`): the ILP without recomputation is solved first (as
+    before); where memory can bind (some choice exceeds the budget) the joint ILP above is solved too, and
+    its plan is kept when it recomputes and its objective is lower by more than `RECOMPUTE_MIN_GAIN` (or
+    `mip_rel_gap`) relative; ties go to no recomputation, so a plan where recomputation never pays is
+    byte-identical to before. With no plan within the budget without recomputation, the joint ILP alone.
     With binary x the row/column equalities force e[g,h,i,j] = x[g,i] x[h,j] (a transportation polytope
     with 0/1 margins has one vertex), the strong linearisation (ENVIRONMENT-NOTES: the weak form
     e >= x_u + x_v - 1 does not solve at scale).
@@ -202,9 +213,16 @@ def _memory_remedies(problem: Problem, config: PlanConfig | None) -> str:
     return ", ".join(remedies[:-1]) + f", or {remedies[-1]}."
 
 
+RECOMPUTE_MIN_GAIN = 1e-6  # `solve`: a plan with recomputation must be faster by this fraction (tie rule)
+
+
 def solve(problem: Problem, config: PlanConfig) -> Solution:
-    """Build and solve the ILP of the module docstring: without recomputation first, then (under
-    PlanConfig.recompute == "auto", when that finds nothing within the budget) with it.
+    """Build and solve the ILP of the module docstring. Under PlanConfig.recompute == "auto" with free regions
+    (`problem.recompute_classes`) the layout and the recomputation are chosen jointly by time (module
+    docstring, "Recomputation traded for a faster layout"): (1) the ILP without recomputation; (2) unless
+    memory cannot bind (every choice fits the budget: recomputation then only adds time) the joint ILP, whose
+    plan is kept when it recomputes and is faster than (1) by more than `RECOMPUTE_MIN_GAIN` (and
+    `mip_rel_gap`); otherwise (1), byte-identical to before. When (1) finds nothing within the budget, (2).
 
     Raises:
         InfeasiblePlanError: the memory budget cannot be met (binding constraint and remedies in the text),
@@ -212,12 +230,29 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
     """
     if config.recompute != "auto" or not problem.recompute_classes:
         return _solve(problem, config, False)
+    plain = None
     if min_memory_bytes(problem) <= problem.budget_bytes:
         try:
-            return _solve(problem, config, False)
+            plain = _solve(problem, config, False)
         except InfeasiblePlanError:
             pass  # the leanest strategies fit alone but not together with the edges they imply: recompute
-    return _solve(problem, config, True)
+        if plain is not None and max_memory_bytes(problem) <= problem.budget_bytes:
+            return plain  # memory cannot bind: no recomputation can make a plan faster
+    if plain is None:
+        return _solve(problem, config, True)
+    try:
+        joint = _solve(problem, config, True)
+    except InfeasiblePlanError:  # the joint ILP hit the time limit where the plain one did not
+        return plain
+    gain = max(RECOMPUTE_MIN_GAIN, config.mip_rel_gap)
+    return joint if joint.recompute and joint.objective_s < plain.objective_s * (1 - gain) else plain
+
+
+def max_memory_bytes(problem: Problem) -> int:
+    """The most per-device memory any plan without recomputation can take (per group its largest entry among
+    the strategies it can take)."""
+    return int(problem.const_mem_bytes + sum(float(m[np.isfinite(c)].max(initial=0.0))
+                                             for m, c in zip(problem.mem, problem.lin)))
 
 
 LEAN_SLACK = 0.01  # `solve_lean`: the fastest layout within 1% of the least activation bytes
@@ -252,7 +287,8 @@ def recompute_cost(problem: Problem, choice: tuple[int, ...], counts: dict[int, 
     for c, per_mode in counts.items():
         for m, n in per_mode.items():
             e, d = problem.recompute_classes[c].terms[m]
-            extra += n * sum(float(a[choice[g]]) for g, a in e.items())
+            extra += n * sum(float(a[choice[g]] if isinstance(g, int) else a[choice[g[0]], choice[g[1]]])
+                             for g, a in e.items())
             delta += n * sum(float(a[choice[g]]) for g, a in d.items())
     return extra, delta
 
@@ -364,19 +400,30 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
         n = counts[c] = {m: _var(prob, f"n_{c}_{m}", 0, N, pulp.LpInteger) for m in sorted(cls.terms)}
         prob += pulp.LpAffineExpression([(v, 1) for v in n.values()]) <= N, f"modes_{c}"
         for m, (extra, delta) in sorted(cls.terms.items()):
-            for g in sorted(set(extra) | set(delta)):
+            pair_keys = sorted(k for k in extra if not isinstance(k, int))
+            single = {g for k in pair_keys for g in k}
+            w_of: dict[int, list] = {}
+            for g in sorted({k for k in extra if isinstance(k, int)} | set(delta) | single):
                 zero = np.zeros(len(x[g]))
                 e, d = extra.get(g, zero), delta.get(g, zero)
                 if len(x[g]) == 1:  # a fixed group: the term is linear in n itself
                     terms.append((n[m], float(e[0]) * _SCALE + w_mem * float(d[0])))
                     mem_terms.append((n[m], float(d[0]) / _GB))
+                    w_of[g] = [n[m]]
                     continue
-                w = [_var(prob, f"w_{c}_{m}_{g}_{i}", 0, N, pulp.LpContinuous) for i in range(len(x[g]))]
+                w = w_of[g] = [_var(prob, f"w_{c}_{m}_{g}_{i}", 0, N, pulp.LpContinuous) for i in range(len(x[g]))]
                 prob += pulp.LpAffineExpression([(v, 1) for v in w] + [(n[m], -1)]) == 0, f"wsum_{c}_{m}_{g}"
                 for i, v in enumerate(w):
                     prob += pulp.LpAffineExpression([(v, 1), (x[g][i], -N)]) <= 0, f"wx_{c}_{m}_{g}_{i}"
                     terms.append((v, float(e[i]) * _SCALE + w_mem * float(d[i])))
                     mem_terms.append((v, float(d[i]) / _GB))
+            for g, h in pair_keys:  # v >= w[g, i] + w[h, j] - n: n instances when both take (i, j), else 0
+                mat = extra[(g, h)]
+                for i, j in zip(*np.nonzero(mat > 0)):
+                    v = _var(prob, f"v_{c}_{m}_{g}_{h}_{i}_{j}", 0, N, pulp.LpContinuous)
+                    prob += pulp.LpAffineExpression([(v, 1), (w_of[g][i], -1), (w_of[h][j], -1), (n[m], 1)]) >= 0, \
+                        f"v_{c}_{m}_{g}_{h}_{i}_{j}"
+                    terms.append((v, float(mat[i, j]) * _SCALE))
     return counts
 
 

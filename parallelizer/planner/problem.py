@@ -79,7 +79,8 @@ class Problem:
 class RecomputeClass:
     """Free regions (`recompute.regions`) whose nodes share the same ILP groups, so one instance's terms hold
     for each: `terms[mode] = (extra seconds, saved-bytes change)`, each {group: array over its strategies}
-    (`recompute.price_region` as linear forms), for mode in ("selective", "full")."""
+    (`recompute.price_region` as linear forms; the extra seconds also hold pair terms {(g, h): matrix}: the
+    forward collectives run again, `RegionPrice.rerun_comm_s`), for mode in ("selective", "full")."""
 
     regions: tuple[str, ...]
     terms: dict[str, tuple[dict[int, np.ndarray], dict[int, np.ndarray]]]
@@ -237,7 +238,11 @@ def recompute_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, config: P
     for region, m in forced.items():
         extra, delta = _linear_terms(problem, tg, pricer, region_recompute(tg, region, all_regions[region], m, shared))
         for g, arr in extra.items():
-            problem.lin[g] = problem.lin[g] + arr
+            if isinstance(g, int):
+                problem.lin[g] = problem.lin[g] + arr
+            else:  # a pair term (the collectives run again): into the pair's cost matrix
+                problem.pairs[g] = problem.pairs.get(g, 0) + arr
+                problem.pair_counts.setdefault(g, np.zeros(arr.shape))
         for g, arr in delta.items():
             problem.mem[g] = problem.mem[g] + arr
     problem.recompute_fixed = dict(forced)
@@ -271,14 +276,39 @@ def _linear_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, rr) -> tupl
         return per_group(name, [pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, s.inputs[k], problem.mesh))
                                 for s in spaces[name].strategies])
 
+    def rerun_s(name: str, k: int) -> _Linear:
+        """Forward seconds of the redistribution into input k of `name` per (producer strategy, consumer
+        strategy): a pair form {(g, h): matrix} (g < h), or a group's form where both ends share a group or
+        one end has one strategy. Paid per use: an upper bound where uses of one value share its copy."""
+        dst, ti = spaces[name], spaces[name].inputs[k]
+        src = spaces[ti.producer]
+        itemsize, req = pricer.itemsize(ti.dtype), src.requires_grad and carries_grad(ti.dtype)
+        src_layouts, src_idx = _unique([s.output for s in src.strategies])
+        dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, problem.mesh)) for s in dst.strategies])
+        key = ("rerun", tuple(src_layouts), tuple(dst_keys), ti.shape, itemsize, req)
+        small = pricer.matrices.get(key)
+        if small is None:
+            small = pricer.matrices[key] = np.array([[pricer.forward_s(a, b, ti.shape, itemsize, axes, req)
+                                                      for b, axes in dst_keys] for a in src_layouts])
+        mat = small[np.ix_(src_idx, dst_idx)]
+        g, h = group_of[ti.producer], group_of[name]
+        if not mat.any():
+            return _Linear()
+        if g == h:
+            return _Linear({g: np.diag(mat).copy()})
+        if mat.shape[0] == 1 or mat.shape[1] == 1:
+            return _Linear({h: mat[0, :].copy()} if mat.shape[0] == 1 else {g: mat[:, 0].copy()})
+        return _Linear({(g, h): mat} if g < h else {(h, g): mat.T.copy()})
+
     price = price_region(rr, lambda n: per_group(n, [c.fwd_s for c in costs(n)]),
-                         lambda n: per_group(n, [c.saved_bytes for c in costs(n)]), input_bytes)
-    return dict(_Linear() + price.extra_fwd_s), dict(_Linear() + price.saved_delta_bytes)
+                         lambda n: per_group(n, [c.saved_bytes for c in costs(n)]), input_bytes, rerun_s)
+    return dict(_Linear() + price.extra_s), dict(_Linear() + price.saved_delta_bytes)
 
 
 class _Linear(dict):
-    """A linear form {group: array over its strategies}: `+` / `-` merge group by group; the number 0 (the
-    start of a sum in `recompute.price_region`) is neutral."""
+    """A linear form {group: array over its strategies}, and pair terms {(g, h): matrix over their strategy
+    pairs} (g < h; the ILP linearises them, `ilp._recompute_vars`): `+` / `-` merge key by key; the number 0
+    (the start of a sum in `recompute.price_region`) is neutral."""
 
     def _merge(self, other, sign: int) -> "_Linear":
         out = _Linear(self)

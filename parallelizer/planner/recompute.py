@@ -55,22 +55,39 @@ class RegionRecompute:
             itself that must be kept instead (each distinct tensor once, at its first consumer): for "full"
             the block's input activations (Chen et al. 2016, Sec. 4: a checkpointed segment keeps its
             inputs); for "selective" the attention core's Q, K, V (Korthikanti et al. 2022, Sec. 5).
+        rerun_edges: (consumer node, index into its `strategies.tensor_inputs`) of every input of a recomputed
+            node whose producer is not a parameter or buffer (graph order): the rewriter emits the
+            redistribution of such an input inside the region (`rewriter.recompute`: what it emits for a
+            recomputed node, its collectives included, belongs to the region), so its forward collectives run
+            again in backward (Megatron's full recomputation re-runs a tensor-parallel block's all-reduce /
+            all-gathers; the attention core of "selective" has none on a head-sharded layout). A parameter's
+            use collective (an FSDP all-gather) is not listed: inside a region it replaces the re-gather that
+            reshard-after-forward would run in backward, which every plan already pays
+            (`rewriter.apply`: "a recomputed gather needs no reshard").
     """
 
     region: str
     mode: str
     recomputed: tuple[str, ...] = ()
     kept_inputs: tuple[tuple[str, int], ...] = ()
+    rerun_edges: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class RegionPrice:
-    """Price of one region's mode: `extra_fwd_s` seconds of forward run again in backward, and
-    `saved_delta_bytes` (<= 0 normally) added to the region's saved-for-backward bytes. Either may be a
-    numpy array (a linear form over ILP variables, `problem.recompute_terms`)."""
+    """Price of one region's mode: `extra_fwd_s` seconds of forward compute run again in backward,
+    `saved_delta_bytes` (<= 0 normally) added to the region's saved-for-backward bytes, and `rerun_comm_s`
+    seconds of the forward collectives that run again (`RegionRecompute.rerun_edges`). Each may be a linear
+    form over ILP variables (`problem.recompute_terms`)."""
 
     extra_fwd_s: object
     saved_delta_bytes: object
+    rerun_comm_s: object = 0.0
+
+    @property
+    def extra_s(self) -> object:
+        """Seconds the mode adds to backward: the recomputed compute and the collectives it runs again."""
+        return self.extra_fwd_s + self.rerun_comm_s
 
 
 def regions(tg: TracedGraph) -> dict[str, tuple[str, ...]]:
@@ -132,15 +149,18 @@ def region_recompute(tg: TracedGraph, region: str, nodes: tuple[str, ...], mode:
     part = tuple(n for n in part if tg.nodes[n].op == "call_function")
     inside = set(part)
     kept: list[tuple[str, int]] = []
+    rerun: list[tuple[str, int]] = []
     seen: set[str] = set()
     for name in part:
         for k, ti in enumerate(tensor_inputs(tg, tg.nodes[name])):
+            if tg.nodes[ti.producer].role not in (Role.PARAMETER, Role.BUFFER):
+                rerun.append((name, k))
             if (ti.producer in inside or ti.producer in seen or ti.producer in shared
                     or tg.nodes[ti.producer].role in (Role.PARAMETER, Role.BUFFER) or not carries_grad(ti.dtype)):
                 continue
             seen.add(ti.producer)
             kept.append((name, k))
-    return RegionRecompute(region, mode, part, tuple(kept))
+    return RegionRecompute(region, mode, part, tuple(kept), tuple(rerun))
 
 
 def shared_inputs(tg: TracedGraph) -> frozenset[str]:
@@ -156,27 +176,36 @@ def shared_inputs(tg: TracedGraph) -> frozenset[str]:
 
 
 def price_region(rr: RegionRecompute, fwd_s: Callable[[str], object], saved_bytes: Callable[[str], object],
-                 input_bytes: Callable[[str, int], object]) -> RegionPrice:
-    """Price one region's mode, the ONE formula both planner paths use (`problem.py`, `segments.py`):
+                 input_bytes: Callable[[str, int], object],
+                 rerun_s: Callable[[str, int], object] | None = None) -> RegionPrice:
+    """Price one region's mode, the ONE formula every planner path uses (the ILP's linear forms,
+    `problem.py`; a fixed plan's, `api.recompute_prices`, which `segments.py` and `to_plan` use):
 
         extra_fwd_s       = sum over recomputed nodes n of fwd_s(n)
         saved_delta_bytes = sum over kept inputs (n, k) of input_bytes(n, k) - sum over recomputed n of saved_bytes(n)
+        rerun_comm_s      = sum over rerun edges (n, k) of rerun_s(n, k)   (0 without `rerun_s`)
 
     i.e. the region's saved bytes under the mode are its saved bytes without recomputation minus what the
     recomputed ops save plus what must be kept for them (Chen et al. 2016, Sec. 4; Korthikanti et al. 2022,
     Sec. 4-5: full keeps the block input, 2sbh bytes in bf16 per layer; selective keeps all but the
-    5as^2b bytes of QK^T, softmax, dropout mask and dropout output). Forward collectives inside a
-    recomputed region (tensor-parallel all-reduces) are not re-priced (known limit, README). The callables
-    return numbers (at fixed strategies) or numpy arrays (linear forms over ILP variables).
+    5as^2b bytes of QK^T, softmax, dropout mask and dropout output). rerun_s(n, k) is the forward
+    seconds of the redistribution of input k of n that the program runs again (`RegionRecompute.rerun_edges`:
+    a full tensor-parallel block's all-reduce and all-gathers); at fixed strategies a value's copy per target
+    layout is paid once (`shared_uses`), the ILP's form pays it per use (an upper bound, `problem.py`). The
+    callables return numbers (at fixed strategies) or linear forms over ILP variables.
     """
     extra: object = 0.0
     delta: object = 0
+    rerun: object = 0.0
     for n in rr.recomputed:
         extra = extra + fwd_s(n)
         delta = delta - saved_bytes(n)
     for n, k in rr.kept_inputs:
         delta = delta + input_bytes(n, k)
-    return RegionPrice(extra, delta)
+    if rerun_s is not None:
+        for n, k in rr.rerun_edges:
+            rerun = rerun + rerun_s(n, k)
+    return RegionPrice(extra, delta, rerun)
 
 
 def forced_regions(tg: TracedGraph) -> dict[str, str]:

@@ -23,7 +23,8 @@ parameters (all-gather of sharded weights, gradient reduction over tp) do not de
 per microbatch. The ILP's choice at b0 is assumed to stay optimal at mb.
 
 Recomputation: for each block segment and each mode of `recompute.RECOMPUTE_MODES`, the extra forward
-seconds (run again during backward: part of the input-gradient time B) and the change of saved bytes,
+seconds (run again during backward: part of the input-gradient time B; the recomputed compute and the
+forward collectives the region runs again, `RegionPrice.extra_s`) and the change of saved bytes,
 both batch-linear, from `recompute.price_region` at the ILP's strategies (`SegmentPrices.rc_extra_lin`,
 `rc_act_delta`). A block the user checkpointed (`traced.user_recompute`) takes its forced mode's numbers
 in every mode's row, so any choice the search makes keeps it.
@@ -168,7 +169,7 @@ class SegmentPrices:
     params / grads / optimizer (training state of the stored shards, ZeRO Sec. 3.1 bytes per parameter),
     comm_lin_s / comm_fixed_s[kind] (seconds per collective kind, batch-linear at b0 / per microbatch), and
     shared_grad_bytes (gradients of parameters used in several segments, e.g. a tied embedding).
-    rc_extra_lin[mode] / rc_act_delta[mode]: per segment, at b0, the extra forward seconds and the change of
+    rc_extra_lin[mode] / rc_act_delta[mode]: per segment, at b0, the extra seconds (compute and collectives) and the change of
     saved bytes of recomputing its block in `mode` (0 for pre / post and for "none"; module docstring).
     grad_shapes: per segment, (local shape, bytes per gradient element) of each trainable parameter it holds
     (what a gradient codec sees, `cost_model.compression`).
@@ -306,6 +307,6 @@ def _recompute_prices(traced: TracedGraph, segments: Segments, problem, pricer, 
                 continue
             if (key, m) not in seen:
                 rp = recompute_prices(traced, problem, pricer, strat, {region: m})[region]
-                seen[(key, m)] = (rp.extra_fwd_s, rp.saved_delta_bytes)
+                seen[(key, m)] = (rp.extra_s, rp.saved_delta_bytes)  # compute and collectives run again
             extra[mode][seg], delta[mode][seg] = seen[(key, m)]
     return extra, delta

@@ -39,7 +39,7 @@ def exposed_lb(sync: float, window: float, overlap: float) -> float:
 
 
 def sync_times(res: dict, codec: str, overlap: float) -> dict:
-    """StageTimes' sync fields of a priced partition (`search._Context._price_partition`'s result) with `codec`
+    """StageTimes' sync fields of a priced partition (`candidates._Context._price_partition`'s result) with `codec`
     ("none": the plain all-reduces): each stage's sync overlaps its last backward, a bf16 codec's scaled by its
     rank's compressed / plain seconds; PowerSGD's waits after the rank's last action (backward waits for its
     buckets, `steptime`); ZeRO-1's all-gather after the sync."""

@@ -38,9 +38,11 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
   too. The ILP and the pipeline search price collectives through the same `Pricer.step_time_s`.
 * Recomputation (`Plan.recompute`, region -> mode): in backward each recomputed node
   (`recompute.region_recompute`) runs its forward again, priced as `recompute.price_region`'s `extra_fwd_s`
-  (its forward compute), plus the forward collectives on the edges between two recomputed nodes (the
-  rewriter emits them inside the region, so they run again; `benchmarks/bench_recompute.py` counts them),
-  which the ILP leaves out (README, known limits). `StepTime.recompute_s` is their sum; it delays backward.
+  (its forward compute), plus the forward collectives of the redistributions into recomputed nodes
+  (`RegionRecompute.rerun_edges`: the rewriter emits them inside the region, so they run again;
+  `benchmarks/bench_recompute.py` counts them), once per (value, target layout) as the program runs them, as
+  `recompute.price_region`'s `rerun_comm_s` (the ILP's form pays them per use, an upper bound).
+  `StepTime.recompute_s` is their sum; it delays backward.
 * A pipeline plan (`Plan.pipeline`): the search's price of it (`PipelineEstimate.step_s`: the simulated
   schedule, `planner.simulate`, with its tensor-parallel collectives and sends, + the exposed dp gradient
   sync + the tied-gradient exchange) as `pipeline_s`, + the optimizer step of the busiest pipeline rank (its
@@ -136,7 +138,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     pricer = Pricer(topo, mesh, config, traced)
     spaces = build_spaces(traced, mesh, config)
     strat = {name: _chosen(name, space, plan) for name, space in spaces.items()}
-    recomputed = _recomputed(traced, plan)
+    recomputed, rerun = _recomputed(traced, plan)
     uses = FirstUses(traced)
     fwd_compute = bwd_compute = blocking = recompute = 0.0
     bwd_work: list[tuple[float, list[tuple[str, tuple[int, ...], int]]]] = []  # per node: (backward seconds,
@@ -161,7 +163,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param):
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
-                if name in recomputed and ti.producer in recomputed:  # runs again in backward
+                if (name, k) in rerun:  # emitted inside a recomputed region: runs again in backward
                     recompute += fwd
                     node_bwd += fwd
                 if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
@@ -182,13 +184,15 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
                     len(comm), codec, recompute)
 
 
-def _recomputed(traced: TracedGraph, plan: Plan) -> frozenset[str]:
-    """Nodes the plan's recomputation runs again in backward (`recompute.region_recompute` of each region of
-    `Plan.recompute` that is a planner region; a user's region outside the repeated blocks is not priced, as
-    in the planner)."""
+def _recomputed(traced: TracedGraph, plan: Plan) -> tuple[frozenset[str], frozenset[tuple[str, int]]]:
+    """(nodes the plan's recomputation runs again in backward, the input edges whose redistribution runs again:
+    `recompute.RegionRecompute.recomputed` and `rerun_edges` of each region of `Plan.recompute` that is a
+    planner region; a user's region outside the repeated blocks is not priced, as in the planner)."""
     members, shared = regions(traced), shared_inputs(traced)
-    return frozenset(n for region, mode in sorted(plan.recompute.items()) if region in members
-                     for n in region_recompute(traced, region, members[region], mode, shared).recomputed)
+    rrs = [region_recompute(traced, region, members[region], mode, shared)
+           for region, mode in sorted(plan.recompute.items()) if region in members]
+    return (frozenset(n for rr in rrs for n in rr.recomputed),
+            frozenset(e for rr in rrs for e in rr.rerun_edges))
 
 
 def _pipeline_step(traced: TracedGraph, plan: Plan, cluster: Cluster, config: PlanConfig) -> StepTime:

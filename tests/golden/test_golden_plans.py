@@ -39,7 +39,9 @@ def test_fsdp_when_replicated_state_does_not_fit(mlp_graph):
     ddp = plan(mlp_graph, DP8)
     replicated = training_state_bytes(mlp_graph.num_parameters, "fp32").total_bytes
     budget = ddp.cost.memory_bytes["total"] - replicated // 2  # half of the replicated state must go
-    p = plan(mlp_graph, DP8, memory_budget_bytes=budget)
+    # without recomputation (with it, DDP + full recomputation of the blocks fits and is faster since round 16:
+    # tests/unit/test_recompute_trade.py)
+    p = plan(mlp_graph, DP8, memory_budget_bytes=budget, recompute="none")
     assert p.cost.memory_bytes["total"] <= budget
     for w in _weights(mlp_graph)[1:-1]:  # the big block weights: stored sharded over dp, gathered for use
         assert p.params[w.fqn].stored.startswith("S(")
