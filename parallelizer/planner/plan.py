@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..core.layout import Layout, placement_str
+from ..core.layout import Layout, local_shape, placement_str
 from ..core.mesh import MeshSpec
 from ..errors import format_bytes
 from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
@@ -551,9 +551,11 @@ class Plan:
             if nbytes < LARGE_GATHER_BYTES:
                 continue
             how = "summed (all-reduce of a Partial)" if all(s.kind == "all_reduce" for s in moved) else "gathered"
+            held = local_shape(tuple(e.shape), Layout.parse(e.dst_layout), self.mesh)  # what a rank then holds
+            part = "all of it" if held == tuple(e.shape) else f"its {e.dst_layout} shard {held}"
             what = (f"{e.src} {tuple(e.shape)} {e.dtype} ({e.src_layout}) is {how} whole over "
                     f"{', '.join(sorted({s.mesh_axis for s in moved}))} ({format_bytes(nbytes)} {per}, forward; "
-                    f"every rank {where}then holds all of it: {self._whole_text(e.shape, e.dtype, e.dst)})")
+                    f"every rank {where}then holds {part}: {self._whole_text(held, e.dtype, e.dst)})")
             if e.dst == "output" and has_loss:
                 hint = ("because the model returns it beside its loss, which the traced graph already computes on "
                         "the shards (e.g. vocab-parallel cross-entropy). Remedy: if you do not read it, return only the "
@@ -569,7 +571,8 @@ class Plan:
         return notes
 
     def _whole_text(self, shape, dtype: str, dst: str) -> str:
-        """The bytes of a whole gathered value. A returned one is counted in the memory per device ("outputs",
+        """The bytes a rank holds of a gathered value (`shape`: its local shape there; before round 16 the global
+        one, so a value gathered over tp but still sharded over dp was said to be held whole, 8x its bytes). A returned one is counted in the memory per device ("outputs",
         `problem.returned_bytes`); in a plan made before that was counted (no "outputs" kind) it was not, and the
         text says what a device then needs against the budget. A value fed to a loss is priced as that op's
         input in its layout (what the loss saves for backward is in "activations"): its bytes only."""

@@ -102,3 +102,30 @@ def test_a_pipeline_plan_notes_its_logits_summed_whole_per_microbatch():
     assert f"{whole / 1e6:.1f} MB per microbatch, 2 per step" in note and "every rank of the last stage" in note, note
     if all(s.kind == "all_reduce" for s in moved):
         assert "summed (all-reduce of a Partial) whole over tp" in note, note
+
+
+class _SoftTargets(torch.nn.Module):
+    """A vocabulary-wide head and a KL loss on soft targets: log_softmax needs the vocabulary dim whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(64, V, bias=False)
+
+    def forward(self, x, soft):
+        return torch.nn.functional.kl_div(torch.nn.functional.log_softmax(self.head(x), -1), soft, reduction="batchmean")
+
+
+def test_a_value_gathered_over_one_axis_is_noted_with_the_shard_each_rank_holds():
+    """On dp=2 x tp=2 the logits feeding log_softmax are re-sharded from the vocabulary to the rows: each rank
+    holds a quarter of them (2048 of 8192 rows); before round 16 the note said every rank held all 1.6 GB."""
+    with torch.device("meta"):
+        model, x, soft = _SoftTargets(), torch.randn(B * T, 64), torch.rand(B * T, V)
+    with contextlib.redirect_stdout(io.StringIO()):
+        p = parallelizer.plan(parallelizer.trace(model, (x, soft)), {"dp": 2, "tp": 2},
+                              axis_roles={"dp": "ddp", "tp": "tp"})
+    (note,) = [n for n in p.notes() if n.startswith("large gather")]
+    (edge,) = [e for e in p.edges if e.dst != "output" and any(s.kind in ("all_gather", "all_to_all") for s in e.steps)
+               and "log_softmax" in p.nodes[e.dst].op]
+    rows = B * T // 4  # independent count: the dst layout shards the rows over both axes
+    assert edge.dst_layout == "S(0)S(0)", edge
+    assert f"holds its S(0)S(0) shard ({rows}, {V})" in note and "411.7 MB)" in note, note
