@@ -92,7 +92,8 @@ def depth_pro(seed=0, device="cpu"):
                dict(fusion_hidden_size=16, patch_size=32, intermediate_hook_ids=[1, 0],
                     intermediate_feature_dims=[16, 16], scaled_images_ratios=[0.5, 1.0],
                     scaled_images_overlap_ratios=[0.0, 0.5], scaled_images_feature_dims=[16, 16],
-                    image_model_config=dict(enc, model_type="dinov2"), patch_model_config=dict(enc, model_type="dinov2"),
+                    image_model_config=dict(enc, model_type="dinov2"),
+                    patch_model_config=dict(enc, model_type="dinov2"),
                     fov_model_config=dict(enc, model_type="dinov2"), use_fov_model=True, num_fov_head_layers=1),
                seed, device)
     return m, (_img(h=64, w=64),), {}
@@ -140,19 +141,57 @@ def plan_of(fn, mesh, roles, seed):
         return dataclasses.replace(p, fingerprint=graph_fingerprint(traced))
 
 
-if __name__ == "__main__":
-    warnings.simplefilter("ignore")
-    import r16c_replay64 as builders  # ranks unpickle builders by module: not __main__ (PYTHONPATH holds trial/)
+def replay64_rank(rank: int, world_size: int, builder_name: str, spec) -> dict | None:
+    """The plan `spec` (made for the float32 model) on the float64 copy: traced and run within `widening()`
+    (the graph's own zeros / arange / casts in float64), one forward and backward; rank 0 returns
+    (worst |grad - float64 eager grad|, its name, worst ratio to float64's torch.testing bound)."""
+    import r16c_replay64 as builders
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.rewriter.state import gather_tensor
+    from parallelizer.runtime.launch import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.runtime.widen import widening
 
+    torch.manual_seed(0)
+    model, args, kwargs = getattr(builders, builder_name + "64")()
+    torch.manual_seed(0)
+    eager, eargs, ekwargs = getattr(builders, builder_name + "64")()
+    with widening():
+        traced = parallelizer.trace(model, args, kwargs)
+        create_groups(all_axis_groups(spec.mesh))
+        pm = ParallelModule(traced, spec, rank, model)
+        out = pm(*args, **kwargs)
+    from parallelizer.runtime.rehearsal import _loss  # the rehearsal's loss: the model's own 0-d one, else weighted
+
+    loss = _loss(out)
+    loss.backward()
+    _loss(eager(*eargs, **ekwargs)).backward()
+    worst = (0.0, "", 0.0)
+    for name, p in pm.named_parameters():
+        full = gather_tensor(p.grad if p.grad is not None else torch.zeros_like(p), spec.params[name], spec.mesh,
+                             pm.groups, tuple(traced.parameters[name].shape), pm.coords)
+        expected = eager.get_parameter(name).grad
+        expected = torch.zeros_like(full) if expected is None else expected
+        diff = (full - expected).abs()
+        ratio = (diff / (1e-7 + 1e-7 * expected.abs())).max().item()
+        worst = max(worst, (diff.max().item(), name, ratio))
+    return {"dtype": str(loss.dtype), "worst": worst} if rank == 0 else None
+
+
+if __name__ == "__main__":
+    import r16c_replay64 as builders  # ranks unpickle builders by module: not __main__ (PYTHONPATH holds trial/)
+    from parallelizer.runtime.launch import spawn
+
+    warnings.simplefilter("ignore")
     names, plans = sys.argv[1].split(","), sys.argv[2].split(",")
     for name in names:
-        fn, fn64 = getattr(builders, name), getattr(builders, name + "64")
-        cases = []
-        for pn in plans:
-            spec = spec_from_plan(plan_of(fn, *PLANS[pn]))
-            cases += [(fn, {}, spec), (fn64, {}, spec)]
-        for i, report in enumerate(rehearse_many(cases, steps=2, timeout_s=1500)):
-            tag = f"{name} {plans[i // 2]} {'float64 replay' if i % 2 else 'float32'}"
-            print(f"{tag}: {'MATCH' if report.matches() else 'DIFFER'} ratio={report.tolerance_ratio:.3g} "
-                  f"grad={report.grad:.2g} ({report.worst_grad}) params={report.params:.2g} loss={report.loss:.2g} "
-                  f"| {report.reference}", flush=True)
+        specs = {pn: spec_from_plan(plan_of(getattr(builders, name), *PLANS[pn])) for pn in plans}
+        reports = rehearse_many([(getattr(builders, name), {}, specs[pn]) for pn in plans], steps=2, timeout_s=1500)
+        for pn, report in zip(plans, reports):
+            print(f"{name} {pn} float32 rehearse: {'MATCH' if report.matches() else 'DIFFER'} "
+                  f"ratio={report.tolerance_ratio:.3g} grad={report.grad:.2g} ({report.worst_grad}) "
+                  f"params={report.params:.2g} | {report.reference}", flush=True)
+            got = spawn(builders.replay64_rank, 2, name, specs[pn], timeout_s=900)[0]
+            diff, where, ratio = got["worst"]
+            print(f"{name} {pn} the same plan in float64 ({got['dtype']}): worst |grad - float64 eager| {diff:.2g} "
+                  f"({where}), {ratio:.3g} of float64's bound (1e-7 + 1e-7 |ref|)", flush=True)

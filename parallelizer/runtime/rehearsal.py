@@ -250,6 +250,13 @@ NO_FLOAT64_JUDGE = ("; not judged against float64: {}, so the plain bound alone 
 could not be used (`unused_float64`)."""
 
 
+def replay_note(results: list[dict]) -> str:
+    """`runtime.replay64.replay_note` (imported on use: that module imports this one)."""
+    from .replay64 import replay_note as note
+
+    return note(results)
+
+
 def no_float64_note(results: list[dict]) -> str:
     """`NO_FLOAT64_JUDGE` with the first rank's reason, when some rank wanted the float64 judge and could not use
     it; "" otherwise."""
@@ -272,7 +279,7 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            results[0]["code"], compression, final, describe(recipe) + (
                                FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else "") + (
                                ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else "")
-                           + note + no_float64_note(results),
+                           + note + no_float64_note(results) + replay_note(results),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""),
                            max((r["grad_scale"][0] for r in results), default=None) if all(
@@ -310,7 +317,8 @@ def random_ops(traced) -> str:
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
     """Each case on this rank; a case without a recipe that some rank finds outside its bound runs again with the
     float64 copy (`float64_excess`; decided by all ranks together, an all-reduce of the verdicts, so that every
-    rank runs the same collectives), which costs a second run only where the plain bound did not suffice.
+    rank runs the same collectives), which costs a second run only where the plain bound did not suffice; one
+    still outside is replayed in float64 (`runtime.replay64`), whose result the report states.
     Cases of the same model (builder and kwargs) share one trace on this rank (`_rank_main`'s `traces`): a
     TracedGraph is read-only to the ParallelModules built on it, each of which takes the weights of its own
     freshly built model (as `benchmarks/_steptime_workers` does)."""
@@ -319,6 +327,10 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
         result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, traces=traces)
         if spec.autocast is None and not spec.compression.deviates_within(steps) and _any_rank_outside(result):
             result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, wide=True, traces=traces)
+            if _any_rank_outside(result):  # still outside: rounding beyond 8x, or a wrong program (`replay64`)
+                from .replay64 import replay  # imports this module
+
+                result["float64_replay"] = replay(rank, fn, kwargs, spec)
         out.append(result)
     return out
 

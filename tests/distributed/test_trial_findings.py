@@ -122,16 +122,17 @@ def test_rounding_of_a_cancelling_sum_is_judged_against_a_float64_reference(two_
 def float32_making_runs():
     """`trial_models.MakesFloat32BatchNorm` rehearsed on ddp and fsdp, and on ddp with `anchor.bias`'s gradient
     (3.2e-5 per element) of the wrong sign, in one launch of 2 ranks."""
-    from float64_workers import rehearsed, rehearsed_with_a_flipped_gradient
+    from float64_workers import rehearsed, rehearsed_with_a_flipped_gradient, rehearsed_with_float32_only_noise
     from parallelizer.runtime.rehearsal import _report
 
     specs = {role: spec_from_plan(_plan(makes_float32_bn, {"dp": 2}, axis_roles={"dp": role}))
              for role in ("ddp", "fsdp")}
     calls = [(rehearsed, (makes_float32_bn, specs["ddp"], 2)), (rehearsed, (makes_float32_bn, specs["fsdp"], 2)),
-             (rehearsed_with_a_flipped_gradient, (makes_float32_bn, specs["ddp"], 2, "anchor.bias"))]
+             (rehearsed_with_a_flipped_gradient, (makes_float32_bn, specs["ddp"], 2, "anchor.bias")),
+             (rehearsed_with_float32_only_noise, (makes_float32_bn, specs["fsdp"], 2, "b.weight"))]
     per_rank = spawn(run_each, 2, calls, timeout_s=600)
     return {name: ([r[i] for r in per_rank], _report(2, [r[i] for r in per_rank]))
-            for i, name in enumerate(("ddp", "fsdp", "ddp_flipped"))}
+            for i, name in enumerate(("ddp", "fsdp", "ddp_flipped", "fsdp_float32_only"))}
 
 
 @pytest.mark.parametrize("case", ["ddp", "fsdp"])
@@ -156,6 +157,22 @@ def test_the_float64_judge_still_flags_a_bias_gradient_of_the_wrong_sign(float32
     assert all(r["float64_judge"] for r in per_rank), str(report)
     assert not report.matches(), str(report)
     assert all(r["grad"][2] > 5 for r in per_rank), [r["grad"] for r in per_rank]
+    # the plan replayed in float64 (`runtime.replay64`) has the wrong sign too: the report calls it a wrong program
+    assert "replayed in float64 differs from the float64 model too" in report.reference, report.reference
+    assert "anchor.bias" in report.reference, report.reference
+
+
+def test_a_difference_only_in_float32_is_stated_as_rounding_by_the_float64_replay(float32_making_runs):
+    """A case outside both judges whose program is right in float64 (here a gradient moved by 1e-3 of its scale
+    in float32 programs only; in the wild DepthPro on tp=2, 13x one device's rounding, and MobileViTV2 on a random
+    tp=2 plan, 3.5x of the float64 judge's bound, whose plans replayed in float64 land 7.5e-12 and 6.4e-13 from the
+    float64 model): the verdict stays NUMERICS DIFFER, and the report says the plan replayed in float64 equals the
+    float64 model, i.e. the float32 difference is rounding. Before, nothing told the two apart."""
+    per_rank, report = float32_making_runs["fsdp_float32_only"]
+    assert not report.matches(), str(report)
+    assert "replayed in float64 (model, inputs and the dtypes its forward names widened" in report.reference, \
+        report.reference
+    assert "equals the float64 model within float64's bound" in report.reference, report.reference
 
 
 @pytest.mark.parametrize("case", ["recompute_bn_blocks", "recompute_ema_blocks", "recompute_selective_mlp"])
