@@ -163,9 +163,10 @@ def replay64_rank(rank: int, world_size: int, builder_name: str, spec) -> dict |
         out = pm(*args, **kwargs)
     from parallelizer.runtime.rehearsal import _loss  # the rehearsal's loss: the model's own 0-d one, else weighted
 
-    loss = _loss(out)
+    with widening():
+        loss, ref_loss = _loss(out), _loss(eager(*eargs, **ekwargs))
     loss.backward()
-    _loss(eager(*eargs, **ekwargs)).backward()
+    ref_loss.backward()
     worst = (0.0, "", 0.0)
     for name, p in pm.named_parameters():
         full = gather_tensor(p.grad if p.grad is not None else torch.zeros_like(p), spec.params[name], spec.mesh,

@@ -65,7 +65,9 @@ def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple
     except (RuntimeError, TypeError, ValueError, KeyError) as error:
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
     ref = exact(*copy.deepcopy(inputs), **copy.deepcopy(kwargs))
-    for value in (_loss(out), _loss(ref)):
+    with widening():  # `_loss` squares `.float()` of an output that is not a 0-d loss: in float64 here
+        losses = [_loss(out), _loss(ref)]
+    for value in losses:
         value.backward()
     output = _max_diff(_output_pairs(out, [ref]), torch.float64)
     grads = _max_diff(((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(exact.get_parameter(fqn)),
