@@ -308,5 +308,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
-            "float64_judge": judge is not None, "float64_unused": unjudged, "zero1": spec.zero1 if runs_zero1(spec) else None,
+            "float64_judge": judge is not None, "float64_unused": unjudged,
+            "zero1": spec.zero1 if runs_zero1(spec) else None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}
