@@ -1,11 +1,12 @@
 """Round 16 (r16c): settle a rehearsal's DIFFER as rounding or a wrong program.
 
-For each case: `rehearse` of the float32 plan (its own verdict, float64 judge included), then the SAME plan
-(spec) rehearsed on the float64 copy of the model (`runtime.widen.as_float64`, inputs widened; judged at
-float64's tolerance): a right program lands ~1e-12 from the float64 model, a wrong one stays as far off as in
-float32. Cases: DAB-DETR (round 15, r15b; loss outside the model, fixed matching), DepthPro tp=2 (round 9),
-MobileViTV2 tp=2 and random-cost tp=2 (round 10, r10a). Usage: python trial/r16c_replay64.py NAME[,NAME] PLAN[,PLAN]
-with PLAN in ddp, fsdp, tp2, rnd_tp2_s1, rnd_dp2_s2."""
+For each case: `rehearse` of the float32 plan (its own verdict: float64 judge and, outside both judges, the
+float64 replay of `runtime.replay64` in its reference text), then the SAME plan (spec) traced and run on the
+float64 copy of the model (`runtime.widen`, inputs widened), one forward and backward, its gradients against
+eager float64 (`replay64_rank`): a right program lands ~1e-13 from the float64 model, a wrong one stays as far
+off as in float32. Cases: DAB-DETR (round 15, r15b; loss outside the model, fixed matching), DepthPro tp=2
+(round 9), MobileViTV2 tp=2 and random-cost tp=2 (round 10, r10a). Usage (PYTHONPATH=.:trial):
+python trial/r16c_replay64.py NAME[,NAME] PLAN[,PLAN], PLAN in ddp, fsdp, tp2, rnd_tp2_s1, rnd_dp2_s2."""
 from __future__ import annotations
 
 import contextlib
