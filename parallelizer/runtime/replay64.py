@@ -18,6 +18,7 @@ import copy
 
 import torch
 
+from ..errors import ParallelizerError
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from ..tracer.trace import trace
@@ -62,7 +63,7 @@ def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple
             traced = trace(model, inputs, kwargs)
             pm = ParallelModule(traced, spec, rank, model)
             out = pm(*inputs, **kwargs)
-    except (RuntimeError, TypeError, ValueError, KeyError) as error:
+    except (ParallelizerError, RuntimeError, TypeError, ValueError, KeyError) as error:  # the DIFFER report stands
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
     ref = exact(*copy.deepcopy(inputs), **copy.deepcopy(kwargs))
     with widening():  # `_loss` squares `.float()` of an output that is not a 0-d loss: in float64 here
