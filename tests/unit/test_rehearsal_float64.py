@@ -289,5 +289,27 @@ def test_a_float64_judge_that_cannot_run_is_named_in_the_report():
     row = {"output": (0.0, "", 0.0), "loss": (0.0, "", 0.0), "grad": (3e-5, "b", 3.0), "params": (0.0, "", 0.0),
            "collectives": {}, "code": "", "float64_unused": reason}
     report = _report(2, [row, {**row, "float64_unused": ""}])
-    assert not report.matches() and "not judged against float64: the float64 copy of the model did not run" in str(report)
+    assert not report.matches()
+    assert "not judged against float64: the float64 copy of the model did not run" in str(report)
     assert "not judged against float64" not in str(_report(2, [{**row, "float64_unused": ""}]))
+
+
+def test_the_float64_replay_is_stated_beside_the_verdict_not_instead_of_it():
+    """`runtime.replay64.replay_note`: the worst rank's replay decides the text (equal within float64's bound:
+    rounding; outside: a wrong program), a replay that could not run is named, and no replay says nothing; the
+    verdict (`matches`) is the float32 comparison's whatever the replay found."""
+    from parallelizer.runtime.rehearsal import _report
+    from parallelizer.runtime.replay64 import replay_note
+
+    row = {"output": (0.0, "", 0.0), "loss": (0.0, "", 0.0), "grad": (3e-4, "conv.bias", 3.5),
+           "params": (0.0, "", 0.0), "collectives": {}, "code": ""}
+    rounding = [{**row, "float64_replay": (6.4e-13, "conv.bias", 6.4e-6)},
+                {**row, "float64_replay": (1e-13, "x", 1e-6)}]
+    assert "equals the float64 model within float64's bound (worst |diff| 6.40e-13, conv.bias" in replay_note(rounding)
+    wrong = [rounding[0], {**row, "float64_replay": (6.4e-5, "anchor.bias", 320.0)}]
+    assert "differs from the float64 model too (worst |diff| 6.40e-05, anchor.bias, 320x" in replay_note(wrong)
+    failed = [{**row, "float64_replay": "TraceError: x"}]
+    assert "could not be replayed in float64 (TraceError: x)" in replay_note(failed)
+    assert replay_note([row, row]) == ""
+    report = _report(2, rounding)
+    assert not report.matches() and "rounding of another summation order" in str(report)
