@@ -95,6 +95,13 @@ def makes_float32_bn():
     return MakesFloat32BatchNorm(), (torch.randn(64, 16) * 1e-3,)
 
 
+def dropout_mlp():
+    """Linear -> Dropout(0.5) -> Linear, loss = sum of squares: each rank draws its own masks, so a rehearsal
+    cannot match one device (the report names the random op)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.Linear(32, 8)), (torch.randn(8, 16),)
+
+
 def bn_fed_bias_bf16():
     return bn_fed_bias("bfloat16", 0.1)
 
