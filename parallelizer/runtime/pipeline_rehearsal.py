@@ -60,8 +60,9 @@ from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
+from .widen import as_float64
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
-                        _grad_or_zeros, _loss, _max_diff, _report, same_computation, tensor_leaves, unjudged_codec,
+                        _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
                         wide_judged, widened)
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
@@ -224,18 +225,17 @@ def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tu
 
 
 def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, microbatches: int,
-                       compute: torch.dtype | None) -> tuple[torch.nn.Module, tuple[tuple, dict]] | None:
-    """(a float64 copy of `model`, float64 copies of its floating `inputs` / `kwargs`) when that copy computes
-    what the model in its own dtypes (computing in `compute`) does (`runtime.rehearsal.same_computation` on
-    the first microbatch's outputs, run on copies so that no buffer of `model` moves), else None: it draws
-    other random numbers, takes another branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
+                       compute: torch.dtype | None) -> tuple[torch.nn.Module, tuple[tuple, dict]] | str:
+    """(a float64 copy of `model` (`runtime.widen.as_float64`), float64 copies of its floating `inputs` /
+    `kwargs`) when that copy computes what the model in its own dtypes (computing in `compute`) does
+    (`runtime.rehearsal.same_computation` on the first microbatch's outputs, run on copies so that no buffer of
+    `model` moves), else why not (`runtime.rehearsal.unused_float64`): it draws other random numbers, takes
+    another branch or cannot run in float64 (`runtime.rehearsal._float64_run`)."""
     first = microbatch_of(tuple(inputs), kwargs, microbatches)
     with torch.no_grad():
         own = copy_module(model)(*first[0], **first[1])
         fp64 = _float64_run(copy_module(model), *first)
-    if fp64 is None or not same_computation(tensor_leaves(own), tensor_leaves(fp64[0]), compute):
-        return None
-    return copy_module(model).double(), widened((tuple(inputs), kwargs))
+    return unused_float64(fp64, own, compute) or (as_float64(copy_module(model)), widened((tuple(inputs), kwargs)))
 
 
 def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: ShardingSpec,
@@ -270,12 +270,14 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     m = pipe["microbatches"]
     reference = copy_module(model)
     exact = copy_module(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
-    exact_inputs, judge = (inputs, kwargs), None
+    exact_inputs, judge, unjudged = (inputs, kwargs), None, ""
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
     if wide and recipe is None and wide_judged(compute, traced):  # fp32, or 16-bit without random draws
         found = _float64_reference(reference, inputs, kwargs, m, compute)  # `reference` is untouched so far
-        if found is not None:
+        if isinstance(found, str):
+            unjudged = found
+        else:
             exact, exact_inputs, judge = *found, float64_excess
     target, count, weights = _weighting(traced, flat, m, model)
     opt = plan_optimizer((p for s in run.stages for p in s.parameters()), spec, run.stages[0], lr, eps)  # ZeRO-1 too
@@ -306,5 +308,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
-            "float64_judge": judge is not None, "zero1": spec.zero1 if runs_zero1(spec) else None,
+            "float64_judge": judge is not None, "float64_unused": unjudged,
+            "zero1": spec.zero1 if runs_zero1(spec) else None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

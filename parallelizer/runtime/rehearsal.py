@@ -47,6 +47,7 @@ from .module import ParallelModule
 from .module_copy import copy_module
 from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
+from .widen import as_float64
 from .zero1 import plan_optimizer, runs_zero1
 from .tolerance import compute_dtype, excess, loosest, tolerances
 
@@ -243,6 +244,26 @@ def unjudged_codec(spec: ShardingSpec, steps: int) -> tuple[str, str]:
 FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's own "
                  "rounding: sums that cancel)")
 """What `RehearsalReport.reference` adds when some rank judged by the float64 copy (`float64_excess`)."""
+NO_FLOAT64_JUDGE = ("; not judged against float64: {}, so the plain bound alone judged (a sum of large terms that "
+                    "cancel may exceed it by fp32 rounding alone)")
+"""What `RehearsalReport.reference` adds when the float64 judge was wanted (some value outside the plain bound) but
+could not be used (`unused_float64`)."""
+
+
+def replay_note(results: list[dict]) -> str:
+    """`runtime.replay64.replay_note` (imported on use: that module imports this one)."""
+    from .replay64 import replay_note as note
+
+    return note(results)
+
+
+def no_float64_note(results: list[dict]) -> str:
+    """`NO_FLOAT64_JUDGE` with the first rank's reason, when some rank wanted the float64 judge and could not use
+    it; "" otherwise."""
+    reason = next((r["float64_unused"] for r in results if r.get("float64_unused")), "")
+    return NO_FLOAT64_JUDGE.format(reason) if reason else ""
+
+
 ZERO1_NOTE = "; the plan was stepped by ZeroRedundancyOptimizer(AdamW) over {!r} (its zero1), the reference by AdamW"
 
 
@@ -258,7 +279,7 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            results[0]["code"], compression, final, describe(recipe) + (
                                FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else "") + (
                                ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else "")
-                           + note,
+                           + note + no_float64_note(results) + replay_note(results),
                            None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
                            results[0].get("random", ""),
                            max((r["grad_scale"][0] for r in results), default=None) if all(
@@ -296,7 +317,8 @@ def random_ops(traced) -> str:
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
     """Each case on this rank; a case without a recipe that some rank finds outside its bound runs again with the
     float64 copy (`float64_excess`; decided by all ranks together, an all-reduce of the verdicts, so that every
-    rank runs the same collectives), which costs a second run only where the plain bound did not suffice.
+    rank runs the same collectives), which costs a second run only where the plain bound did not suffice; one
+    still outside is replayed in float64 (`runtime.replay64`), whose result the report states.
     Cases of the same model (builder and kwargs) share one trace on this rank (`_rank_main`'s `traces`): a
     TracedGraph is read-only to the ParallelModules built on it, each of which takes the weights of its own
     freshly built model (as `benchmarks/_steptime_workers` does)."""
@@ -305,6 +327,12 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
         result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, traces=traces)
         if spec.autocast is None and not spec.compression.deviates_within(steps) and _any_rank_outside(result):
             result = _rank_main(rank, world_size, fn, kwargs, spec, steps, lr, eps, wide=True, traces=traces)
+            # still outside: rounding beyond 8x or a wrong program (`replay64`); not for a forward drawing random
+            # numbers (its report names them; a replay draws other masks and would read as a wrong program)
+            if _any_rank_outside(result) and not result["random"]:
+                from .replay64 import replay  # imports this module
+
+                result["float64_replay"] = replay(rank, fn, kwargs, spec)
         out.append(result)
     return out
 
@@ -440,15 +468,28 @@ def widened(tree):
 
 
 def _float64_run(model: torch.nn.Module, inputs: tuple, kwargs: dict):
-    """(output, (inputs, kwargs)) of `model` converted to float64 (parameters and floating buffers) on float64
-    copies of the floating inputs; None when the model cannot run in float64 (it makes float32 tensors of its
-    own and mixes them in an op that needs one dtype): then the plain bound alone judges (`float64_excess`)."""
+    """(output, (inputs, kwargs)) of `model` converted to float64 (`runtime.widen.as_float64`: parameters and
+    floating buffers, and every tensor its forward makes or casts in a narrower floating dtype) on float64
+    copies of the floating inputs; else the reason it cannot run in float64 (a str: the error's type and first
+    line), and then the plain bound alone judges (`float64_excess`) and the report says why."""
     wide = widened((inputs, kwargs))
-    model.double()
+    as_float64(model)
     try:
         return model(*wide[0], **wide[1]), wide
-    except (RuntimeError, TypeError, ValueError):  # e.g. "expected scalar type Double but found Float"
-        return None
+    except (RuntimeError, TypeError, ValueError) as error:  # e.g. a custom op with a float32-only kernel
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+
+def unused_float64(run64, outputs, compute: torch.dtype | None) -> str:
+    """Why the float64 copy's run `run64` (`_float64_run`) cannot judge a model whose own outputs are `outputs`,
+    computing in `compute`; "" when it can (`same_computation`). Said in the report of a case that differs, so
+    that a reader knows only the plain bound judged it."""
+    if isinstance(run64, str):
+        return f"the float64 copy of the model did not run ({run64})"
+    if not same_computation(tensor_leaves(outputs), tensor_leaves(run64[0]), compute):
+        return ("the float64 copy of the model computed other outputs (another branch or other random draws; "
+                "`same_computation`)")
+    return ""
 
 
 def recipe_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
@@ -508,7 +549,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             ins, kws = args[id(m)]
             return m(*ins, **kws)
 
-    refs, judge = [(reference, spec.autocast)], recipe_excess
+    refs, judge, unjudged = [(reference, spec.autocast)], recipe_excess, ""
     out, ref_outs = pm(*inputs, **kwargs), [run(reference, spec.autocast)]
     if spec.autocast is not None:
         args[id(exact)] = copy.deepcopy((inputs, kwargs))
@@ -516,7 +557,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         ref_outs.append(run(exact, None))
     elif exact is not None and wide_judged(compute, traced):
         run64 = _float64_run(exact, inputs, kwargs)
-        if run64 is not None and same_computation(tensor_leaves(ref_outs[0]), tensor_leaves(run64[0]), compute):
+        unjudged = unused_float64(run64, ref_outs[0], compute)
+        if not unjudged:
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])
@@ -563,6 +605,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
               max(output[2], written[2]))
     return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
-            "grad_scale": grad_scale, "float64_judge": judge is float64_excess,
+            "grad_scale": grad_scale, "float64_judge": judge is float64_excess, "float64_unused": unjudged,
             "zero1": spec.zero1 if runs_zero1(spec) else None,
             "code": pm.program.graph_module.code if rank == 0 else ""}

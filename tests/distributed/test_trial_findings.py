@@ -18,9 +18,9 @@ from library_models import (cached_bias, lambda_tied_head, message_passing, over
 from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, state_blocks, written_parameters
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
-                          ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
-                          input_written_in_place, loop_mlp, merged_batch_slice, packed_llama, penalty_net,
-                          pipeline_init_rank, reordered_output, reordered_output_rank, sorter_router,
+                          dropout_mlp, ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
+                          input_written_in_place, loop_mlp, makes_float32_bn, merged_batch_slice, packed_llama,
+                          penalty_net, pipeline_init_rank, reordered_output, reordered_output_rank, sorter_router,
                           sparse_embedding, spectral_norm_linear, tiny_output, training_loop_rank,
                           uneven_gather_as_strided, zoo_mlp)
 
@@ -116,6 +116,72 @@ def test_rounding_of_a_cancelling_sum_is_judged_against_a_float64_reference(two_
     (MobileViT's conv biases on tp=2: a false alarm at 11x the bound)."""
     report = two_rank_reports["bn_fed_bias"]
     assert report.matches(), report
+
+
+@pytest.fixture(scope="module")
+def float32_making_runs():
+    """`trial_models.MakesFloat32BatchNorm` rehearsed on ddp and fsdp, and on ddp with `anchor.bias`'s gradient
+    (3.2e-5 per element) of the wrong sign, in one launch of 2 ranks."""
+    from float64_workers import rehearsed, rehearsed_with_a_flipped_gradient, rehearsed_with_float32_only_noise
+    from parallelizer.runtime.rehearsal import _report
+
+    specs = {role: spec_from_plan(_plan(makes_float32_bn, {"dp": 2}, axis_roles={"dp": role}))
+             for role in ("ddp", "fsdp")}
+    calls = [(rehearsed, (makes_float32_bn, specs["ddp"], 2)), (rehearsed, (makes_float32_bn, specs["fsdp"], 2)),
+             (rehearsed_with_a_flipped_gradient, (makes_float32_bn, specs["ddp"], 2, "anchor.bias")),
+             (rehearsed_with_float32_only_noise, (makes_float32_bn, specs["fsdp"], 2, "b.weight")),
+             (rehearsed, (dropout_mlp, spec_from_plan(_plan(dropout_mlp, {"dp": 2}, axis_roles={"dp": "ddp"})), 2))]
+    per_rank = spawn(run_each, 2, calls, timeout_s=600)
+    return {name: ([r[i] for r in per_rank], _report(2, [r[i] for r in per_rank]))
+            for i, name in enumerate(("ddp", "fsdp", "ddp_flipped", "fsdp_float32_only", "dropout"))}
+
+
+@pytest.mark.parametrize("case", ["ddp", "fsdp"])
+def test_a_model_that_makes_float32_tensors_in_forward_is_judged_against_float64(float32_making_runs, case):
+    """DAB-DETR (transformers) makes float32 tensors in forward (zero queries in the default dtype, a float32
+    softmax), so its float64 copy raised and 5 right plans were reported NUMERICS DIFFER by the plain fp32 bound
+    (1.2-3.0x on a bias gradient one device's fp32 itself lies 3.1e-5 from float64 on; the same plans run in
+    float64 equal the float64 model to 6.4e-14; round 15 / 16). The float64 copy now runs such a forward in
+    float64 (`runtime.widen`), so the cancelling bias before the BatchNorm is judged by its rounding and matches."""
+    per_rank, report = float32_making_runs[case]
+    assert all(r["float64_judge"] for r in per_rank), report.reference  # before: the copy raised, no judge ran
+    assert report.matches() and "float64 copy" in report.reference, str(report)
+    assert report.grad > 1e-4, str(report)  # the plain bound's excess: the cancelling bias's rounding
+
+
+def test_the_float64_judge_still_flags_a_bias_gradient_of_the_wrong_sign(float32_making_runs):
+    """The same ddp plan with `anchor.bias`'s gradient (3.2e-5 per element, no cancellation) of the wrong sign:
+    judged against float64 too (its rounding there is ~1e-12, so 8x it adds nothing), the gradients differ at
+    6.4x (6.4e-5 over 1e-5 + 1.3e-6 x 3.2e-5) on every rank, while the largest |diff| stays the cancelling bias's
+    rounding (~1e-3, a.bias), which the judge accepts in the unflipped run."""
+    per_rank, report = float32_making_runs["ddp_flipped"]
+    assert all(r["float64_judge"] for r in per_rank), str(report)
+    assert not report.matches(), str(report)
+    assert all(r["grad"][2] > 5 for r in per_rank), [r["grad"] for r in per_rank]
+    # the plan replayed in float64 (`runtime.replay64`) has the wrong sign too: the report calls it a wrong program
+    assert "replayed in float64 differs from the float64 model too" in report.reference, report.reference
+    assert "anchor.bias" in report.reference, report.reference
+
+
+def test_a_difference_only_in_float32_is_stated_as_rounding_by_the_float64_replay(float32_making_runs):
+    """A case outside both judges whose program is right in float64 (here a gradient moved by 1e-3 of its scale
+    in float32 programs only; in the wild DepthPro on tp=2, 13x one device's rounding, and MobileViTV2 on a random
+    tp=2 plan, 3.5x of the float64 judge's bound, whose plans replayed in float64 land 7.5e-12 and 6.4e-13 from the
+    float64 model): the verdict stays NUMERICS DIFFER, and the report says the plan replayed in float64 equals the
+    float64 model, i.e. the float32 difference is rounding. Before, nothing told the two apart."""
+    per_rank, report = float32_making_runs["fsdp_float32_only"]
+    assert not report.matches(), str(report)
+    assert "replayed in float64 (model, inputs and the dtypes its forward names widened" in report.reference, \
+        report.reference
+    assert "equals the float64 model within float64's bound" in report.reference, report.reference
+
+
+def test_a_forward_drawing_random_numbers_is_not_replayed_in_float64(float32_making_runs):
+    """Dropout 0.5 on ddp differs from one device by design (other masks per rank) and the report names the random
+    op; a float64 replay would draw other masks again and read as "a wrong program", so none runs."""
+    per_rank, report = float32_making_runs["dropout"]
+    assert not report.matches() and "draws random numbers" in str(report), str(report)
+    assert "replayed in float64" not in report.reference and all("float64_replay" not in r for r in per_rank)
 
 
 @pytest.mark.parametrize("case", ["recompute_bn_blocks", "recompute_ema_blocks", "recompute_selective_mlp"])

@@ -73,6 +73,35 @@ def bn_fed_bias(dtype: str = "float32", scale: float = 1e-3):
     return BatchNormFedBias().to(getattr(torch, dtype)), ((torch.randn(64, 16) * scale).to(getattr(torch, dtype)),)
 
 
+class MakesFloat32BatchNorm(BatchNormFedBias):
+    """`BatchNormFedBias` whose forward makes float32 tensors of its own, as DAB-DETR's does (transformers'
+    modeling_dab_detr.py): zero queries in the default dtype fed to an anchor head, a softmax computed in float32
+    and cast back. `a.bias`'s gradient is 0 in exact arithmetic and ~1e-3 of fp32 rounding; `anchor.bias`'s is
+    5e-7 x 64 samples = 3.2e-5 per element, with no cancellation (the size of DAB-DETR's difference)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchor = nn.Linear(64, 8)
+
+    def forward(self, x):
+        h = self.bn(self.a(x))
+        queries = self.anchor(torch.zeros(x.shape[0], 64))  # float32 whatever the model's dtype
+        att = torch.softmax(h, dim=-1, dtype=torch.float32).to(h.dtype)
+        return self.b(h * att * 64).pow(2).sum() + 5e-7 * queries.sum()
+
+
+def makes_float32_bn():
+    torch.manual_seed(0)
+    return MakesFloat32BatchNorm(), (torch.randn(64, 16) * 1e-3,)
+
+
+def dropout_mlp():
+    """Linear -> Dropout(0.5) -> Linear, loss = sum of squares: each rank draws its own masks, so a rehearsal
+    cannot match one device (the report names the random op)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.Linear(32, 8)), (torch.randn(8, 16),)
+
+
 def bn_fed_bias_bf16():
     return bn_fed_bias("bfloat16", 0.1)
 

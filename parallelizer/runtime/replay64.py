@@ -1,0 +1,77 @@
+"""The plan replayed in float64: tells a rehearsal's float32 difference that is rounding from a wrong program.
+
+A case that stays outside both the plain float32 bound and the float64 copy's (`rehearsal.float64_excess`, 8x one
+device's own rounding) is either a wrong program or rounding that another summation order amplifies beyond 8x
+(DepthPro on tp=2, round 9: 13x; MobileViTV2 on a random-cost tp=2 plan, round 16: 3.5x after two AdamW steps).
+So the rehearsal runs the SAME plan once more on the float64 copy of the model (`runtime.widen`: parameters,
+inputs and every dtype its forward names widened; traced and sharded anew by the plan's layouts, which name
+nodes by the model's structure only), one forward and backward, and compares its outputs and gradients with the
+float64 model's at float64's own tolerance (torch.testing's rtol 1e-7, atol 1e-7): a right program lands
+~1e-13 from it whatever its summation order (DAB-DETR's 5 plans: 1.6e-14 to 6.4e-14, where float32 lies 3.1e-5
+off), a missing, doubled or wrong-signed term stays as far off as in float32. The float32 verdict itself is not
+changed: a fault that exists only in narrow dtypes (a pending sum cast to a narrower dtype before its reduction)
+cannot show in float64, so the report states the replay beside the verdict (`RehearsalReport.reference`).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..errors import ParallelizerError
+from ..rewriter.spec import ShardingSpec
+from ..rewriter.state import shard_tensor
+from ..tracer.trace import trace
+from .module import ParallelModule
+from .module_copy import copy_module
+from .widen import as_float64, widening
+
+REPLAY_MATCH = ("; the same plan replayed in float64 (model, inputs and the dtypes its forward names widened; one "
+                "forward and backward) equals the float64 model within float64's bound (worst |diff| {:.2e}, {}, "
+                "{:.2g} of it): the float32 difference is rounding of another summation order, not a wrong term")
+REPLAY_DIFFER = ("; the same plan replayed in float64 differs from the float64 model too (worst |diff| {:.2e}, {}, "
+                 "{:.3g}x float64's bound): a wrong program, not rounding")
+REPLAY_NOT_RUN = "; the plan could not be replayed in float64 ({})"
+
+
+def replay_note(results: list[dict]) -> str:
+    """What the report says of the float64 replay (`replay`), from every rank's result: the worst rank's
+    comparison, or why it did not run; "" when no rank replayed."""
+    replays = [r["float64_replay"] for r in results if r.get("float64_replay") is not None]
+    if not replays:
+        return ""
+    failed = next((r for r in replays if isinstance(r, str)), None)
+    if failed is not None:
+        return REPLAY_NOT_RUN.format(failed)
+    diff, name, ratio = max(replays, key=lambda r: r[2])
+    return (REPLAY_MATCH if ratio <= 1 else REPLAY_DIFFER).format(diff, name, ratio)
+
+
+def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple[float, str, float] | str:
+    """This rank's (worst |diff|, its name, worst ratio to float64's bound) over the outputs and this rank's
+    gradient shards of `spec` run on the float64 copy of `model_fn(**model_kwargs)` against that copy run whole;
+    or why it could not run (a str). Collective: every rank of `spec`'s mesh calls it (the module docstring)."""
+    from .rehearsal import _grad_or_zeros, _loss, _max_diff, _output_pairs, widened
+
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    model = as_float64(model)
+    exact = copy_module(model)
+    inputs, kwargs = widened((inputs, rest[0] if rest else {}))
+    try:
+        with widening():  # the graph's own factories and casts traced in float64
+            traced = trace(model, inputs, kwargs)
+            pm = ParallelModule(traced, spec, rank, model)
+            out = pm(*inputs, **kwargs)
+    except (ParallelizerError, RuntimeError, TypeError, ValueError, KeyError) as error:  # the DIFFER report stands
+        return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+    ref = exact(*copy.deepcopy(inputs), **copy.deepcopy(kwargs))
+    with widening():  # `_loss` squares `.float()` of an output that is not a 0-d loss: in float64 here
+        losses = [_loss(out), _loss(ref)]
+    for value in losses:
+        value.backward()
+    output = _max_diff(_output_pairs(out, [ref]), torch.float64)
+    grads = _max_diff(((fqn, _grad_or_zeros(p), shard_tensor(_grad_or_zeros(exact.get_parameter(fqn)),
+                                                               spec.params[fqn], spec.mesh, pm.coords))
+                       for fqn, p in pm.named_parameters()), torch.float64)
+    return max(output, grads, key=lambda r: r[2])
