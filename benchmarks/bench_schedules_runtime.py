@@ -16,6 +16,10 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   at once runs slower by the cost model's price on `Profile.device_for(k)` (the measured contention of k
   processes) over its price alone, for the whole model's segments (compute) and for the rank's AdamW step
   (optimizer);
+- the runtime's fixed host cost per action (round 16, issue 14): each F / I / W / B its kind's seconds, each
+  cross-rank send and receive theirs, and the step's set-up, from the profile's `DeviceSpec.pipeline_action`
+  (measured by calibration with torch's runtime, `cost_model.pipeline_actions`); the "before" column prices
+  without it (measured factors), as until round 15;
 - zbv's and dualpipev's split backward priced as I + W = B: torch's `stage_backward_input` +
   `stage_backward_weight` on a GPT-2 block (hidden 512, sequence 128, one thread) took 38.9 ms against
   39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
@@ -36,6 +40,7 @@ time, and per variant the orders, Spearman's rank correlation and the schedule p
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 5 rounds
 
 About 4-5 minutes on the 2-core machine when idle (4:56 at load average ~5: calibration, planning and
 pricing ~2 min, building the modules and 10 rounds of 6 steps the rest); longer under heavier load.
@@ -75,6 +80,9 @@ PP, MICROBATCHES, WARMUP, ROUNDS = 4, 8, 1, 9
 CLEAR = 0.05  # pairs whose simulated step times differ by at least this fraction are counted apart
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
 ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
+
+
+QUICK = dict(n_embd=64, n_head=2, vocab_size=256, seq_len=32)  # --quick: GPT of width 64, 5 timed rounds
 
 
 def _traced():
@@ -179,9 +187,12 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         tuple(p2p_f), tuple(p2p_b),
         copy_sync_s=tuple(send(pr.grads_bytes[g].sum()) for g in segs) if sched.copies > 1 else None,
         grad_sync_s=tuple(tied if r in tied_ranks else 0.0 for r in range(PP)),
-        optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)))
+        optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)),
+        action_overhead=pc.device.pipeline_action)
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
+    ms["before"] = simulate(name, PP, MICROBATCHES, dataclasses.replace(times, action_overhead=None),
+                            pc.cores).makespan_s * 1e3
     work = sum(simulate(name, PP, MICROBATCHES, times).busy_s) + sum(times.optimizer_s)
     return {"ms": ms, "work_ms": work * 1e3, "numel": numel, "tensors": tensors, "stages": S}
 
@@ -191,7 +202,8 @@ def _loss(output, target):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int) -> dict:
+def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int, gpt: dict | None = None
+               ) -> dict:
     """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
     (process time) of each, the first step's loss, and this rank's parameter count and tensors (what its
     optimizer steps)."""
@@ -199,7 +211,7 @@ def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, r
     built = {}
     for name in SCHEDULES:
         torch.manual_seed(0)
-        model, (ids,) = zoo.gpt2(**GPT)
+        model, (ids,) = zoo.gpt2(**(gpt or GPT))  # the ranks are forked from a server: GPT as main set it
         pm = parallelizer.auto_parallelize(model, (ids,), plan=parallelizer.Plan.from_json(plans[name]))
         params = list(pm.parameters())
         built[name] = (pm, torch.optim.AdamW(params, lr=1e-4), sum(p.numel() for p in params), len(params))
@@ -232,7 +244,7 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
-            "cores", "own": "own core each"}
+            "cores", "own": "own core each", "before": "measured factors without the per-action cost (before)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
@@ -277,7 +289,11 @@ def main(argv=None) -> None:
     ap.add_argument("--simulate-only", action="store_true", help="print the simulated step times only")
     ap.add_argument("--json", help="write the measured steps here (JSON)")
     ap.add_argument("--measured", metavar="STEPS.json", help="report steps written by --json earlier (no run)")
+    ap.add_argument("--quick", action="store_true", help=f"a GPT of {QUICK} (per-action costs dominate), 5 rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        GPT.update(QUICK)
+        args.rounds = min(args.rounds, 5)
     started = time.perf_counter()
     load0 = os.getloadavg()[0]
     profile_path = args.profile
@@ -296,7 +312,7 @@ def main(argv=None) -> None:
     elif not args.simulate_only:
         print(f"measuring {len(SCHEDULES)} schedules x {args.rounds} rounds (load average {load1:.1f})",
               file=sys.stderr)
-        measured = spawn(bench_rank, PP, {k: v.to_json() for k, v in plans.items()}, args.warmup, args.rounds,
+        measured = spawn(bench_rank, PP, {k: v.to_json() for k, v in plans.items()}, args.warmup, args.rounds, dict(GPT),
                          timeout_s=3600)
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],
