@@ -577,7 +577,10 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
     lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
              f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
-             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}"]
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
+             "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
+             + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
+             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms"]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

@@ -18,9 +18,11 @@ A ``PipelineStage`` subclass times its methods; one private function is wrapped 
 returns are wrapped to time ``wait``): checked on torch 2.13.0.
 
 :data:`CPU_PIPELINE_ACTION` is what a profile without the field gets: measured on this 2-core machine
-(round 16, 2026-12-03, load 5.5, ``trial/r16f_action_overhead.py``) through the package's own runtime (its
-stage modules under torch's schedules, per action kind the median over the schedules of action CPU less the
-stage program alone): F 90 us, B 90 us, I 110 us, W 120 us, send 35 us, recv 30 us, 1.5 ms per step.
+(round 16, 2026-12-03 11:36, load 5.5, ``trial/r16f_action_overhead.py``, 30 steps) through the package's
+own runtime (its stage modules of one Linear(8, 8) per block under torch's gpipe / 1f1b / interleaved_1f1b /
+zbv, 2 ranks, 8 microbatches; per kind the median over the schedules and ranks of the action's median CPU
+less the stage program's alone): F 85 us (38-111), B 80 us (50-121), I 120 us (77-167), W 120 us (119-121),
+send 35 us (24-56), recv 33 us (24-45), set-up 2.2 ms per step (1.1-3.1: the step's CPU less its actions').
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ from cost_model.measure import _free_port, _run_spawned, gloo_worker
 
 __all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples"]
 
-CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=90e-6, backward_input_s=110e-6, backward_weight_s=120e-6,
-                                         backward_s=90e-6, send_s=35e-6, recv_s=30e-6, step_s=1.5e-3)
+CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
+                                         backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3)
 _WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
 _KEYS = ("F", "I", "W", "B", "send", "recv", "step")
 _SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop"}  # sample key of a cost field
