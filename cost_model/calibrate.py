@@ -344,7 +344,7 @@ def _non_decreasing_medians(samples: Sequence[tuple[str, int, float, float]]) ->
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
-    memory and optimizer bytes/s, step efficiency, and for each process count both calibrated, the contention factors, the
+    memory and optimizer bytes/s, step efficiency, pipeline action costs, and for each process count both calibrated, the contention factors, the
     comm_overlap (absolute difference) and each size-fitted collective kind at each segment's upper size
     (seconds through :func:`cost_model.communication.flat_collective_time_s`). Keys name the quantity."""
     out: dict[str, float] = {}
@@ -354,6 +354,9 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     out["step_efficiency"] = db.matmul_efficiency / da.matmul_efficiency - 1
     if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
+    for f in dataclasses.fields(PipelineActionCost):  # the pipeline runtime's cost per action (round 16)
+        if getattr(da.pipeline_action, f.name) > 0:
+            out[f"pipeline action {f.name}"] = getattr(db.pipeline_action, f.name) / getattr(da.pipeline_action, f.name) - 1
     for n in sorted(set(a.links) & set(b.links)):
         if n in a.collective_sync and n in b.collective_sync:  # relative to the 4 KiB all-reduce it adds to
             base = flat_collective_time_s("all_reduce", 4096, n, a.links[n]) + a.collective_sync[n]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cost_model import Cluster, MeshTopology, collective_time_s, load_profile
-from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, calibrate, fit_link
+from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, calibrate, compare_profiles, fit_link
 from cost_model.communication import flat_collective_time_s
 from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.hardware import GPU_PIPELINE_ACTION, H100_SXM, PipelineActionCost
@@ -309,6 +309,8 @@ def test_pipeline_action_costs_round_trip_and_an_older_profile_gets_the_document
     path.write_text(json.dumps(_profile_to_json(profile, {}), sort_keys=True))
     assert json.loads(path.read_text())["device"]["pipeline_action_s"]["backward_weight_s"] == 3e-4
     assert load_profile(path).device.pipeline_action == cost
+    drift = compare_profiles(Profile(device=old, links={}), profile)  # `calibrate --compare` shows them too
+    assert drift["pipeline action step_s"] == pytest.approx(2e-3 / CPU_PIPELINE_ACTION.step_s - 1)
     for bad in ({"forward_s": 1e-4, "fwd": 1e-4}, {"forward_s": -1e-4}):
         data = json.loads(path.read_text())
         data["device"]["pipeline_action_s"] = bad
