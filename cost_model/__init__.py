@@ -5,7 +5,8 @@ Answers "how long (seconds) / how many bytes" for a :class:`DeviceSpec`, a :clas
 
 Modules: ``hardware`` (device presets with datasheet sources), ``topology`` (links, clusters, mesh layout),
 ``communication`` (alpha-beta collective times), ``compute`` (per-ATen-op roofline cost), ``memory``
-(ZeRO training state, saved activations), ``measure`` + ``calibrate`` (measure this machine, fit a profile).
+(ZeRO training state, saved activations), ``measure`` + ``calibrate`` (measure this machine, fit a profile),
+``pipeline_actions`` (the pipeline runtime's fixed cost per action, measured).
 """
 
 from cost_model.calibrate import Profile, calibrate, load_profile
