@@ -4,9 +4,9 @@ heads, vocab 1024, sequence 128, global batch 8 = 8 microbatches of 1) through `
 `pm.step` + AdamW.
 
 Plans: made on a calibration profile of this machine (`cost_model.calibrate`; `--profile`, else calibrated
-first, ~1 min): gpipe / 1f1b on 4 stages, interleaved_1f1b and zbv on 8 (their own plans), dualpipev and
-bitpipe on the interleaved plan's 8-stage cut with the schedule renamed (dualpipev: a V; bitpipe: two
-mirrored V pipelines, two weight copies per stage).
+first, ~1 min): each schedule its own plan, gpipe / 1f1b on 4 stages, the others on 8 (bitpipe: two mirrored V
+pipelines, two weight copies per stage). (Until round 16 dualpipev and bitpipe ran the interleaved plan's cut
+with the schedule renamed, which `Plan.from_json` now refuses: interleaved places stages in a loop, those in a V.)
 
 Simulated (`simulate_schedule`): the schedule's own action list (`planner.simulate`) with
 - per model stage the solo seconds of F, I (input gradient) and W (weight gradient) of its segments priced
@@ -16,6 +16,10 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   at once runs slower by the cost model's price on `Profile.device_for(k)` (the measured contention of k
   processes) over its price alone, for the whole model's segments (compute) and for the rank's AdamW step
   (optimizer);
+- the runtime's fixed host cost per action (round 16, issue 14): each F / I / W / B its kind's seconds, each
+  cross-rank send and receive theirs, and the step's set-up, from the profile's `DeviceSpec.pipeline_action`
+  (measured by calibration with torch's runtime, `cost_model.pipeline_actions`); the "before" column prices
+  without it (measured factors), as until round 15;
 - zbv's and dualpipev's split backward priced as I + W = B: torch's `stage_backward_input` +
   `stage_backward_weight` on a GPT-2 block (hidden 512, sequence 128, one thread) took 38.9 ms against
   39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
@@ -36,6 +40,7 @@ time, and per variant the orders, Spearman's rank correlation and the schedule p
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 5 rounds
 
 About 4-5 minutes on the 2-core machine when idle (4:56 at load average ~5: calibration, planning and
 pricing ~2 min, building the modules and 10 rounds of 6 steps the rest); longer under heavier load.
@@ -77,20 +82,20 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
 ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
 
 
+QUICK = dict(n_embd=64, n_head=2, vocab_size=256, seq_len=32)  # --quick: GPT of width 64, 5 timed rounds
+
+
 def _traced():
     return parallelizer.trace(*zoo.gpt2(**{**GPT, "batch": GPT["batch"] // MICROBATCHES}))
 
 
 def make_plans(traced, profile_path: str) -> dict[str, parallelizer.Plan]:
-    """Plan per schedule on the profile (module docstring; dualpipev / bitpipe: the interleaved cut, renamed)."""
+    """Plan per schedule on the profile (module docstring): each schedule its own plan."""
     out = {}
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
-        for name in ("gpipe", "1f1b", "interleaved_1f1b", "zbv"):
+        for name in SCHEDULES:
             out[name] = parallelizer.plan(traced, {"pp": PP}, cluster=profile_path, schedule=name,
                                           microbatches=MICROBATCHES)
-    for name in ("dualpipev", "bitpipe"):
-        base = out["interleaved_1f1b"]
-        out[name] = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule=name))
     return out
 
 
@@ -179,11 +184,16 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         tuple(p2p_f), tuple(p2p_b),
         copy_sync_s=tuple(send(pr.grads_bytes[g].sum()) for g in segs) if sched.copies > 1 else None,
         grad_sync_s=tuple(tied if r in tied_ranks else 0.0 for r in range(PP)),
-        optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)))
+        optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)),
+        action_overhead=pc.device.pipeline_action)
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
+    ms["before"] = simulate(name, PP, MICROBATCHES, dataclasses.replace(times, action_overhead=None),
+                            pc.cores).makespan_s * 1e3
     work = sum(simulate(name, PP, MICROBATCHES, times).busy_s) + sum(times.optimizer_s)
-    return {"ms": ms, "work_ms": work * 1e3, "numel": numel, "tensors": tensors, "stages": S}
+    before = sum(simulate(name, PP, MICROBATCHES, dataclasses.replace(times, action_overhead=None)).busy_s)
+    return {"ms": ms, "work_ms": work * 1e3, "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
+            "numel": numel, "tensors": tensors, "stages": S}
 
 
 def _loss(output, target):
@@ -191,7 +201,8 @@ def _loss(output, target):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int) -> dict:
+def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int, gpt: dict | None = None
+               ) -> dict:
     """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
     (process time) of each, the first step's loss, and this rank's parameter count and tensors (what its
     optimizer steps)."""
@@ -199,7 +210,7 @@ def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, r
     built = {}
     for name in SCHEDULES:
         torch.manual_seed(0)
-        model, (ids,) = zoo.gpt2(**GPT)
+        model, (ids,) = zoo.gpt2(**(gpt or GPT))  # the ranks are forked from a server: GPT as main set it
         pm = parallelizer.auto_parallelize(model, (ids,), plan=parallelizer.Plan.from_json(plans[name]))
         params = list(pm.parameters())
         built[name] = (pm, torch.optim.AdamW(params, lr=1e-4), sum(p.numel() for p in params), len(params))
@@ -232,14 +243,14 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
-            "cores", "own": "own core each"}
+            "cores", "own": "own core each", "before": "measured factors without the per-action cost (before)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
     """Markdown table + orders + agreement per simulated variant (module docstring)."""
     rows = [header, "", "| schedule | stages | " + " | ".join(f"simulated ms ({v})" for v in VARIANTS.values())
-            + " | measured ms median (min-max) | work: simulated solo CPU ms / measured CPU ms (all ranks, "
-            "median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
+            + " | measured ms median (min-max) | work: simulated solo CPU ms before -> with the per-action cost / "
+            "measured CPU ms (all ranks, median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
     for name in SCHEDULES:
         s = sim[name]
         meas = loss = cpu = "-"
@@ -248,7 +259,7 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
             meas = f"{statistics.median(m['ms']):.0f} ({min(m['ms']):.0f}-{max(m['ms']):.0f})"
             loss, cpu = f"{m['loss1']:.6f}", f"{statistics.median(m['cpu_ms']):.0f}"
         rows.append(f"| {name} | {s['stages']} | " + " | ".join(f"{s['ms'][v]:.0f}" for v in VARIANTS)
-                    + f" | {meas} | {s['work_ms']:.0f} / {cpu} | {loss} |")
+                    + f" | {meas} | {s['work_before_ms']:.0f} -> {s['work_ms']:.0f} / {cpu} | {loss} |")
     rows.append("")
     for v, what in VARIANTS.items():
         rows.append(f"Simulated order, {what} (fastest first): "
@@ -277,7 +288,11 @@ def main(argv=None) -> None:
     ap.add_argument("--simulate-only", action="store_true", help="print the simulated step times only")
     ap.add_argument("--json", help="write the measured steps here (JSON)")
     ap.add_argument("--measured", metavar="STEPS.json", help="report steps written by --json earlier (no run)")
+    ap.add_argument("--quick", action="store_true", help=f"a GPT of {QUICK} (per-action costs dominate), 5 rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        GPT.update(QUICK)
+        args.rounds = min(args.rounds, 5)
     started = time.perf_counter()
     load0 = os.getloadavg()[0]
     profile_path = args.profile
@@ -296,7 +311,7 @@ def main(argv=None) -> None:
     elif not args.simulate_only:
         print(f"measuring {len(SCHEDULES)} schedules x {args.rounds} rounds (load average {load1:.1f})",
               file=sys.stderr)
-        measured = spawn(bench_rank, PP, {k: v.to_json() for k, v in plans.items()}, args.warmup, args.rounds,
+        measured = spawn(bench_rank, PP, {k: v.to_json() for k, v in plans.items()}, args.warmup, args.rounds, dict(GPT),
                          timeout_s=3600)
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],

@@ -27,6 +27,9 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
   and the wait of a blocking collective that follows compute for the slowest rank (``sync_s``,
   :func:`cost_model.measure._measure_sync`; ``Profile.collective_sync``, priced as
   ``DeviceSpec.collective_sync_s`` on every collective).
+* pipeline actions: the fixed host seconds torch's pipelining runtime spends per action (F, I, W, B, send,
+  recv) and per step beyond the stage's compute, on 2 processes (:mod:`cost_model.pipeline_actions`;
+  ``DeviceSpec.pipeline_action``, priced per action by ``parallelizer.planner.simulate``).
 
 Fits per process count (one :class:`Link`):
 
@@ -47,7 +50,9 @@ jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md,
 
 The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
-(without those: no slowdown, full overlap, the optimizer priced at memory bandwidth).
+(without those: no slowdown, full overlap, the optimizer priced at memory bandwidth). The device's optional
+``pipeline_action_s`` (round 16) holds the per-action costs; a profile without it gets
+:data:`cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured on this machine, documented there).
 ``python -m cost_model.calibrate -o profile.json`` writes one.
 """
 
@@ -69,9 +74,10 @@ import torch
 from tqdm import tqdm
 
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
-from cost_model.hardware import DeviceSpec
+from cost_model.hardware import DeviceSpec, PipelineActionCost
 from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_contention, measure_optimizer,
                                 median_time_s)
+from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
 
@@ -338,7 +344,7 @@ def _non_decreasing_medians(samples: Sequence[tuple[str, int, float, float]]) ->
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
-    memory and optimizer bytes/s, step efficiency, and for each process count both calibrated, the contention factors, the
+    memory and optimizer bytes/s, step efficiency, pipeline action costs, and for each process count both calibrated, the contention factors, the
     comm_overlap (absolute difference) and each size-fitted collective kind at each segment's upper size
     (seconds through :func:`cost_model.communication.flat_collective_time_s`). Keys name the quantity."""
     out: dict[str, float] = {}
@@ -348,6 +354,9 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     out["step_efficiency"] = db.matmul_efficiency / da.matmul_efficiency - 1
     if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
+    for f in dataclasses.fields(PipelineActionCost):  # the pipeline runtime's cost per action (round 16)
+        if getattr(da.pipeline_action, f.name) > 0:
+            out[f"pipeline action {f.name}"] = getattr(db.pipeline_action, f.name) / getattr(da.pipeline_action, f.name) - 1
     for n in sorted(set(a.links) & set(b.links)):
         if n in a.collective_sync and n in b.collective_sync:  # relative to the 4 KiB all-reduce it adds to
             base = flat_collective_time_s("all_reduce", 4096, n, a.links[n]) + a.collective_sync[n]
@@ -379,6 +388,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
             "launch_overhead_s": dev.launch_overhead_s, "optimizer_bytes_per_s": dev.optimizer_bytes_per_s,
             "optimizer_tensor_s": dev.optimizer_tensor_s,
+            "pipeline_action_s": dataclasses.asdict(dev.pipeline_action),
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
         "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
@@ -407,6 +417,17 @@ def _link_from_json(spec: dict) -> Link:
                 per_kind=per_kind, size_fits=size_fits)
 
 
+def _pipeline_action_from_json(spec: dict | None) -> PipelineActionCost:
+    """The device's per-action pipeline costs (``pipeline_action_s``), or, for a profile written before round
+    16, :data:`CPU_PIPELINE_ACTION`. An unknown key raises KeyError (load_profile says to re-run calibration)."""
+    if spec is None:
+        return CPU_PIPELINE_ACTION
+    known = {f.name for f in dataclasses.fields(PipelineActionCost)}
+    if set(spec) - known:
+        raise KeyError(f"pipeline_action_s has unknown keys {sorted(set(spec) - known)}; known {sorted(known)}")
+    return PipelineActionCost(**{k: float(v) for k, v in spec.items()})
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
     """Read a profile JSON written by :func:`calibrate` (format version 3, or 1/2 without the newer fields).
 
@@ -425,13 +446,14 @@ def load_profile(path: str | os.PathLike) -> Profile:
             hbm_bytes=dev["hbm_bytes"], hbm_bytes_per_s=dev["hbm_bytes_per_s"],
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
             launch_overhead_s=dev["launch_overhead_s"], kind="cpu",  # calibrate measures this machine's CPU
-            optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0))
+            optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0),
+            pipeline_action=_pipeline_action_from_json(dev.get("pipeline_action_s")))
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
         contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
                       for n, v in data.get("contention", {}).items()}
         overlap = {int(n): float(v) for n, v in data.get("comm_overlap", {}).items()}
         sync = {int(n): float(v) for n, v in data.get("collective_sync_s", {}).items()}
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
     return Profile(device=device, links=links, contention=contention, comm_overlap=overlap,
@@ -442,7 +464,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
               repeats: int = 9, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
-              contention: bool = True, device_rounds: int = DEVICE_ROUNDS) -> Profile:
+              contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
     Takes ~2-3 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
@@ -456,6 +478,8 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
             ``False`` gives the joint fit only (the behaviour of format version 1).
         contention: measure the compute slowdown of ``nprocs`` concurrent processes (``Profile.contention``).
         device_rounds: interleaved rounds of the device measurements (:func:`measure_device`).
+        pipeline_actions: measure the per-action pipeline costs (:mod:`cost_model.pipeline_actions`, ~20-40 s);
+            ``False`` records :data:`CPU_PIPELINE_ACTION` instead.
 
     Raises:
         ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
@@ -466,7 +490,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     kinds = tuple(kinds)
     if not kinds or any(k not in MEASURABLE_KINDS for k in kinds):
         raise ValueError(f"kinds={kinds}: measure >= 1 of {MEASURABLE_KINDS}")
-    steps = ["device"] + (["contention"] if contention else []) \
+    steps = ["device"] + (["contention"] if contention else []) + (["pipeline actions"] if pipeline_actions else []) \
         + [f"gloo x{n}" for n in nprocs]
     bar = tqdm(total=len(steps), desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
@@ -489,7 +513,11 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         bar.update()
     measurements.update(dev)
     device = dataclasses.replace(rates, matmul_efficiency=dev["step_efficiency"],
-                                 memory_efficiency=dev["step_efficiency"])
+                                 memory_efficiency=dev["step_efficiency"], pipeline_action=CPU_PIPELINE_ACTION)
+    if pipeline_actions:
+        step("pipeline actions")
+        device = dataclasses.replace(device, pipeline_action=measure_pipeline_actions())
+        bar.update()
     slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
         step("contention")
@@ -552,7 +580,10 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
     lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
              f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
-             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}"]
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
+             "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
+             + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
+             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms"]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["DeviceSpec", "DEVICE_KINDS", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device"]
+__all__ = ["DeviceSpec", "PipelineActionCost", "GPU_PIPELINE_ACTION", "DEVICE_KINDS", "A100_40GB", "A100_80GB", "H100_SXM", "H200_SXM", "DEVICE_PRESETS", "get_device"]
 
 DEVICE_KINDS = ("gpu", "cpu")
 TFLOPS = 1e12
@@ -43,6 +43,55 @@ GB = 1e9
 _GPU_MATMUL_EFFICIENCY = 0.7
 _GPU_MEMORY_EFFICIENCY = 0.8
 _GPU_LAUNCH_OVERHEAD_S = 5e-6
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineActionCost:
+    """Fixed seconds of host work a pipeline runtime spends per action on top of the stage's priced compute
+    (Python dispatch of the schedule, stage bookkeeping, tensor metadata checks, posting and waiting on P2P
+    ops, gradient accumulation): per compute action kind (F forward, I backward-input, W backward-weight,
+    B full backward), per send and per receive of a cross-rank transfer (the ops built, posted and waited),
+    and once per step and rank (`step_s`: the schedule's set-up, microbatch split, loss bookkeeping).
+    `planner.simulate` charges each action its kind's seconds on its rank's timeline (issue 14).
+
+    Sources: a calibration profile measures them on this machine (`cost_model.pipeline_actions`); a profile
+    without them gets `cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured, round 16); the GPU presets
+    `GPU_PIPELINE_ACTION` (reasoning there). Every field >= 0 seconds, < 1.
+
+    Raises:
+        ValueError: a field that is not seconds in [0, 1).
+    """
+
+    forward_s: float = 0.0
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    backward_s: float = 0.0
+    send_s: float = 0.0
+    recv_s: float = 0.0
+    step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v < 1):
+                raise ValueError(f"PipelineActionCost.{f.name}={v!r}: must be seconds in [0, 1)")
+
+    def compute_s(self) -> tuple[float, float, float, float]:
+        """(F, I, W, B) seconds, in `planner.simulate`'s kind order."""
+        return (self.forward_s, self.backward_input_s, self.backward_weight_s, self.backward_s)
+
+    def scaled(self, factor: float) -> "PipelineActionCost":
+        """Every field multiplied by `factor` (host CPU work slowed by processes sharing the cores)."""
+        return PipelineActionCost(*(min(0.5, getattr(self, f.name) * factor) for f in dataclasses.fields(self)))
+
+
+# GPU presets: the host work per action (~0.1 ms of Python per action on a CPU host, measured round 16 with
+# near-zero compute: benchmarks/RESULTS.md) runs ahead of the device's asynchronous kernel queue and hides
+# under the previous action's kernels whenever an action's compute is longer than that, which is the regime
+# the GPU presets are priced for (stages of ms); so no host seconds are charged per compute action or per
+# step. Each P2P op still launches one NCCL kernel on the device's stream (batch_isend_irecv), which costs a
+# kernel launch there: `_GPU_LAUNCH_OVERHEAD_S` per send and per receive.
+GPU_PIPELINE_ACTION = PipelineActionCost(send_s=_GPU_LAUNCH_OVERHEAD_S, recv_s=_GPU_LAUNCH_OVERHEAD_S)
 
 
 def _check_positive(field_name: str, value: float) -> None:
@@ -81,6 +130,8 @@ class DeviceSpec:
             per process count (:func:`cost_model.measure.measure_collectives`, ``sync_s``): ranks that share
             cores finish the compute before a collective at different times, and a back-to-back calibrated
             collective does not see that wait.
+        pipeline_action: fixed seconds per pipeline action by kind (:class:`PipelineActionCost`); zero by
+            default, :data:`GPU_PIPELINE_ACTION` for the GPU presets, measured by calibration on a CPU.
         kind: ``"gpu"`` (the datasheet presets) or ``"cpu"`` (a calibrated machine). The planner's defaults
             follow it: bf16 mixed precision, fused kernels (flash attention, torch.compile pointwise fusion)
             and a memory reserve for CUDA workspaces on ``"gpu"``; fp32, eager kernels and no reserve on
@@ -102,6 +153,7 @@ class DeviceSpec:
     optimizer_tensor_s: float = 0.0
     comm_overlap: float = 1.0
     collective_sync_s: float = 0.0
+    pipeline_action: PipelineActionCost = PipelineActionCost()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -133,6 +185,8 @@ class DeviceSpec:
             raise ValueError(f"DeviceSpec.comm_overlap={self.comm_overlap!r}: must be a fraction in [0, 1]")
         if not (isinstance(self.collective_sync_s, (int, float)) and 0 <= self.collective_sync_s < 1):
             raise ValueError(f"DeviceSpec.collective_sync_s={self.collective_sync_s!r}: must be seconds in [0, 1)")
+        if not isinstance(self.pipeline_action, PipelineActionCost):
+            raise ValueError(f"DeviceSpec.pipeline_action={self.pipeline_action!r}: must be a PipelineActionCost")
         if self.kind not in DEVICE_KINDS:
             raise ValueError(f"DeviceSpec.kind={self.kind!r}: use one of {DEVICE_KINDS}")
 
@@ -140,7 +194,7 @@ class DeviceSpec:
         return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
                      self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
                      self.memory_efficiency, self.launch_overhead_s, self.kind, self.optimizer_bytes_per_s,
-                     self.optimizer_tensor_s, self.comm_overlap, self.collective_sync_s))
+                     self.optimizer_tensor_s, self.comm_overlap, self.collective_sync_s, self.pipeline_action))
 
     def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
         """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.
@@ -167,7 +221,8 @@ class DeviceSpec:
         """This spec with every FLOP/s divided by ``compute_factor``, every bytes/s divided by ``memory_factor``
         (the optimizer's by ``compute_factor`` instead when it streams at under half ``hbm_bytes_per_s``: then the
         step is bound by the core, not by memory, as torch's single-tensor AdamW on a CPU at ~1.5 of ~6-10 GB/s),
-        and the fixed per-op and per-tensor seconds (dispatch work of the host CPU) multiplied by ``compute_factor``
+        and the fixed per-op, per-tensor and per-pipeline-action seconds (dispatch work of the host CPU) multiplied by
+        ``compute_factor``
         (factors >= 1 when processes share the device: :class:`cost_model.calibrate.Profile`). A measured
         ``optimizer_factor`` (the optimizer step's own slowdown) replaces that rule for the optimizer.
 
@@ -185,7 +240,8 @@ class DeviceSpec:
         return dataclasses.replace(self, peak_flops_per_s={k: v / compute_factor for k, v in self.peak_flops_per_s.items()},
                                    hbm_bytes_per_s=self.hbm_bytes_per_s / memory_factor, optimizer_bytes_per_s=opt,
                                    launch_overhead_s=min(0.5, self.launch_overhead_s * compute_factor),
-                                   optimizer_tensor_s=min(0.5, self.optimizer_tensor_s * compute_factor))
+                                   optimizer_tensor_s=min(0.5, self.optimizer_tensor_s * compute_factor),
+                                   pipeline_action=self.pipeline_action.scaled(compute_factor))
 
 
 def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_gb_per_s: float) -> DeviceSpec:
@@ -201,6 +257,7 @@ def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_g
         matmul_efficiency=_GPU_MATMUL_EFFICIENCY,
         memory_efficiency=_GPU_MEMORY_EFFICIENCY,
         launch_overhead_s=_GPU_LAUNCH_OVERHEAD_S,
+        pipeline_action=GPU_PIPELINE_ACTION,
     )
 
 

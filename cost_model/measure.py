@@ -273,11 +273,7 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
                        repeats: int, inner: int, timeout_s: float, queue) -> None:
     """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap and sync_s; results on
     ``queue``."""
-    import torch.distributed as dist
-    try:
-        torch.set_num_threads(1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    def body():
         small = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes < _ROUND_ROBIN_MAX_BYTES]
         large = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes >= _ROUND_ROBIN_MAX_BYTES]
         samples = _sample(small, rank, world_size, repeats, inner)
@@ -288,8 +284,22 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
             results[kind][nbytes] = statistics.median(got)
         overlap = _measure_overlap()
         sync = _measure_sync()
+        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync}
+    gloo_worker(rank, world_size, port, timeout_s, queue, body)
+
+
+def gloo_worker(rank: int, world_size: int, port: int, timeout_s: float, queue, body: Callable[[], object]) -> None:
+    """The frame of a spawned measuring process: one intra-op thread, a gloo group on 127.0.0.1:``port``, then
+    ``body()``, whose result rank 0 puts on ``queue`` as ("ok", result) (an exception: ("error", message) from
+    any rank); tears the group down and exits the process."""
+    import torch.distributed as dist
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        result = body()
         if rank == 0:
-            queue.put(("ok", {"collectives": results, "comm_overlap": overlap, "sync_s": sync}))
+            queue.put(("ok", result))
         dist.barrier()
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which raises

@@ -386,7 +386,8 @@ class _Context:
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
                 tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
-                res["copy_sync"], **sync_times(res, codec, self.sync_overlap)), cores)
+                res["copy_sync"], **sync_times(res, codec, self.sync_overlap),
+                action_overhead=self.cluster.device.pipeline_action.scaled(shared)), cores)  # per action (simulate)
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")

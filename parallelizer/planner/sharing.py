@@ -141,7 +141,8 @@ def pipeline_cores(sharing: CoreSharing, pp: int, dp: int, tp: int) -> tuple[Sha
 
 
 def shared_pass(by_rank, pred: np.ndarray, dur: np.ndarray, delay: np.ndarray, tail_wait: np.ndarray,
-                tail_s: np.ndarray | None, cores: SharedCores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                tail_s: np.ndarray | None, cores: SharedCores, start_s: float = 0.0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Processor-sharing event simulation (module docstring) of a compiled schedule.
 
     Args:
@@ -150,6 +151,7 @@ def shared_pass(by_rank, pred: np.ndarray, dur: np.ndarray, delay: np.ndarray, t
         dur: (N,) solo seconds per action; delay: (N,) transfer seconds on pred[:, 1].
         tail_wait: (p,) seconds each rank waits after its last action (its gradient sync) before its tail.
         tail_s: (p,) solo seconds of each rank's optimizer step, or None (no tail).
+        start_s: when the first actions may start (the step's set-up, `planner.simulate`'s step_s).
     Returns:
         (starts (N,), ends (N,), finish (p,)): seconds; finish = each rank's last action end + tail_wait
         (+ its optimizer step).
@@ -158,7 +160,7 @@ def shared_pass(by_rank, pred: np.ndarray, dur: np.ndarray, delay: np.ndarray, t
     """
     N, p = len(dur), len(by_rank)
     end = np.full(N + 1, np.inf)
-    end[N] = 0.0
+    end[N] = start_s
     start = np.zeros(N)
     finish = np.zeros(p)
     lists = [list(map(int, r)) for r in by_rank]

@@ -47,6 +47,18 @@ device's comm_overlap, can hide; the last bucket is always exposed); `grad_sync_
 r's last action and its overlapped sync (not overlapped: ZeRO-1's all-gather of the stepped parameters, or a
 codec whose buckets backward must wait for). The step ends when the last of these ends.
 
+Per-action runtime overhead (issue 14; optional `StageTimes.action_overhead`, a
+`cost_model.hardware.PipelineActionCost`): every action also pays its kind's fixed host seconds on its rank's
+timeline (F, I, W or B), plus one send for each cross-rank transfer it produces (F's activations to the next
+stage, I/B's input gradients to the previous one) and one receive for the cross-rank transfer it consumes, as
+torch's runtime builds, posts and waits on those ops around the action (same-rank hand-offs, the V's tip,
+pay neither); and every rank starts its first action `step_s` after the step begins (the schedule's set-up).
+So with c_F = c_B = c and nothing else, GPipe / 1F1B take (m + p - 1)(F + B + 2c) at equal stages; with
+send = recv = c on p = 2, each stage's F and B pay one transfer op each, again (m + 1)(F + B + 2c); step_s adds
+itself to the makespan. The overhead is CPU work of the rank, so it shares the cores like compute (`cores`),
+except `step_s`, a common start offset. Without it (None, every closed-form test) the actions cost their
+compute only.
+
 Formulation: the actions form a DAG (rank order + dependencies); the makespan is its longest path. The DAG,
 a topological order grouped into levels and the per-rank in-flight counts depend only on (name, p, m) and
 are compiled once (cached); pricing a cost vector is one vectorised pass over the levels (numpy), ~L numpy
@@ -73,6 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cost_model.communication import overlapped_comm_exposed_s
+from cost_model.hardware import PipelineActionCost
 from torch.distributed.pipelining import schedules as _torch
 
 from ..errors import PipelineError
@@ -170,6 +183,8 @@ class StageTimes:
         grad_sync_s: per rank, a wait after its last action and its overlapped stage syncs.
         optimizer_s: per rank, its optimizer step after its gradient sync (default none: the planner's step
             time leaves the optimizer out; `benchmarks/bench_schedules_runtime.py` times it in).
+        action_overhead: the runtime's fixed seconds per action by kind, per send / receive and per step
+            (module docstring; `DeviceSpec.pipeline_action`); None: none.
     """
 
     fwd_s: tuple[float, ...]
@@ -184,6 +199,7 @@ class StageTimes:
     stage_sync_s: tuple[tuple[float, ...], ...] | None = None
     stage_sync_ready: tuple[tuple[float, ...], ...] | None = None
     sync_overlap: float = 1.0
+    action_overhead: PipelineActionCost | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -243,6 +259,8 @@ class _Compiled:
     inflight_counts: tuple[np.ndarray, ...]  # per rank (steps, S): stage-microbatches held after each step
     last_bwd: tuple[tuple[int, ...], ...]    # per model stage, the node of each copy's last backward
     rank_stages: tuple[tuple[int, ...], ...]  # per rank, the model stage of each action stage it holds
+    sends: np.ndarray       # (N,) cross-rank transfers the action produces (0 or 1)
+    recvs: np.ndarray       # (N,) cross-rank transfers the action consumes (0 or 1)
 
 
 def _overlapped_sync(c: _Compiled, starts: np.ndarray, ends: np.ndarray, times: StageTimes) -> np.ndarray:
@@ -366,8 +384,10 @@ def _compile(sched: ActionSchedule) -> _Compiled:
     last_bwd = tuple(tuple(int(last[c * S + k]) for c in range(sched.copies)) for k in range(S))
     rank_stages = tuple(tuple(sched.model_stage(x) for x, rr in sorted(sched.stage_to_rank.items()) if rr == r)
                         for r in range(p))
+    recvs = (xfer != S - 1).astype(np.int64)
+    sends = np.bincount(pred[recvs == 1, 1], minlength=N)[:N]
     return _Compiled(p, S, tuple(acts), kind_a, stage_a, rank_a, pred, xfer, prev_link, tuple(levels), by_rank,
-                     tuple(counts), tuple(last_bwd), rank_stages)
+                     tuple(counts), tuple(last_bwd), rank_stages, sends, recvs)
 
 
 def _link_order(producer: np.ndarray, xfer: np.ndarray, rank: np.ndarray, S: int) -> np.ndarray:
@@ -411,6 +431,11 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     f, i, w = (np.asarray(v, dtype=float) for v in (times.fwd_s, times.bwd_input_s, times.bwd_weight_s))
     table = np.stack([f, i, w, i + w])
     dur = table[c.kind, c.stage]
+    over = times.action_overhead
+    start_s = 0.0
+    if over is not None:  # module docstring: per-action runtime overhead
+        dur = dur + np.asarray(over.compute_s())[c.kind] + over.send_s * c.sends + over.recv_s * c.recvs
+        start_s = over.step_s
     bwd_p2p = times.p2p_s if times.p2p_bwd_s is None else times.p2p_bwd_s
     if len(bwd_p2p) != S - 1:
         raise PipelineError(f"StageTimes.p2p_bwd_s has {len(bwd_p2p)} entries: need {S - 1}")
@@ -424,6 +449,7 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
                             f"need one per rank ({c.p})")
     if cores is None:
         end, arrive = np.zeros(N + 1), np.zeros(N + 1)
+        end[N] = start_s  # "no dependency" is ready when the step's set-up is done
         pr, cross = c.pred, c.xfer != S - 1
         consumer = np.full(N + 1, N, dtype=np.int64)  # producer -> consumer of its cross-rank transfer
         consumer[pr[cross, 1]] = np.flatnonzero(cross)
@@ -440,10 +466,11 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     else:  # the stage syncs' exposed part is read off a first pass's timeline (the same one when nothing
         # runs after the syncs; an optimizer tail sharing the cores may move other ranks' later actions)
         optimizer = None if times.optimizer_s is None else tail
-        starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p, wait, optimizer, cores)
+        starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p, wait, optimizer, cores, start_s)
         if times.stage_sync_s is not None:
             starts, ends, finish = shared_pass(c.by_rank, c.pred, dur, p2p,
-                                               wait + _overlapped_sync(c, starts, ends, times), optimizer, cores)
+                                               wait + _overlapped_sync(c, starts, ends, times), optimizer, cores,
+                                               start_s)
         end = np.append(ends, 0.0)
     compute_end = float(ends.max())
     busy = np.bincount(c.rank, weights=dur if cores is None else ends - starts, minlength=c.p)

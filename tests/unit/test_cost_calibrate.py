@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from cost_model import Cluster, MeshTopology, collective_time_s, load_profile
-from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, calibrate, fit_link
+from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, calibrate, compare_profiles, fit_link
 from cost_model.communication import flat_collective_time_s
 from cost_model.step_efficiency import price_reference_s, step_efficiency
-from cost_model.hardware import H100_SXM
+from cost_model.hardware import GPU_PIPELINE_ACTION, H100_SXM, PipelineActionCost
+from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, action_cost_from_samples
 from cost_model.topology import Link
 
 
@@ -46,6 +47,10 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     assert loaded.device.optimizer_bytes_per_s > 0
+    # torch's pipelining runtime costs host CPU per action beyond the stage's op (2 ranks, 4 Linear(8, 8) stages)
+    action = loaded.device.pipeline_action
+    assert 0 < action.forward_s < 0.05 and 0 < action.send_s < 0.05 and 0 < action.recv_s < 0.05
+    assert loaded.device.pipeline_action == profile.device.pipeline_action
     # the step efficiency is the reference step's priced / measured seconds, used for matmuls and memory alike
     m = json.loads(text)["measurements"]
     assert loaded.device.matmul_efficiency == loaded.device.memory_efficiency == m["step_efficiency"]
@@ -303,3 +308,40 @@ def test_sync_wait_with_more_ranks_than_cores_leaves_the_stragglers_lag_to_the_c
     three = [[0.0], [0.0], [3.0]]  # last entry 3.0, last exit 5.0
     assert sync_wait_s(three, [[5.0], [5.0], [5.0]], 0.5, oversubscribed=True) == pytest.approx(1.5)
     assert sync_wait_s(three, [[5.0], [5.0], [5.0]], 2.5, oversubscribed=True) == 0.0
+
+
+def test_pipeline_action_costs_round_trip_and_an_older_profile_gets_the_documented_default(tmp_path):
+    """Round 16 (r16f): the device's `pipeline_action_s` is written and read back; a profile written before it
+    gets `CPU_PIPELINE_ACTION` (measured on this machine, documented in cost_model.pipeline_actions); an
+    unknown key or a negative value says to re-run calibration."""
+    old = _device(tmp_path)
+    assert old.pipeline_action == CPU_PIPELINE_ACTION and CPU_PIPELINE_ACTION.forward_s > 0
+    cost = PipelineActionCost(forward_s=1e-4, backward_input_s=2e-4, backward_weight_s=3e-4, backward_s=4e-4,
+                              send_s=5e-5, recv_s=6e-5, step_s=2e-3)
+    profile = Profile(device=dataclasses.replace(old, pipeline_action=cost), links={})
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(profile, {}), sort_keys=True))
+    assert json.loads(path.read_text())["device"]["pipeline_action_s"]["backward_weight_s"] == 3e-4
+    assert load_profile(path).device.pipeline_action == cost
+    drift = compare_profiles(Profile(device=old, links={}), profile)  # `calibrate --compare` shows them too
+    assert drift["pipeline action step_s"] == pytest.approx(2e-3 / CPU_PIPELINE_ACTION.step_s - 1)
+    for bad in ({"forward_s": 1e-4, "fwd": 1e-4}, {"forward_s": -1e-4}):
+        data = json.loads(path.read_text())
+        data["device"]["pipeline_action_s"] = bad
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match="re-run"):
+            load_profile(path)
+
+
+def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the_cores():
+    cost = action_cost_from_samples({"F": [3e-4, 1e-4, 2e-4], "B": [1e-5], "send action": [4e-5, 6e-5],
+                                     "recv action": [3e-5], "step loop": [1e-3, 3e-3]},
+                                    {"F": [5e-5, 5e-5], "B": [2e-5]})
+    assert dataclasses.astuple(cost) == pytest.approx((1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3))  # B clamped at 0
+    with pytest.raises(ValueError, match="finite seconds"):
+        action_cost_from_samples({"F": [-1.0]}, {})
+    with pytest.raises(ValueError, match="PipelineActionCost.send_s"):
+        PipelineActionCost(send_s=-1e-6)
+    # processes sharing the cores slow host work like launches: Profile.device_for(n) scales it by the factor
+    assert H100_SXM.scaled(2.0, 1.0).pipeline_action.send_s == 2 * H100_SXM.pipeline_action.send_s
+    assert H100_SXM.pipeline_action == GPU_PIPELINE_ACTION and GPU_PIPELINE_ACTION.forward_s == 0.0

@@ -189,3 +189,27 @@ def test_bitpipe_holds_two_weight_copies_and_is_priced_by_simulation(gpt):
         assert r.inflight_microbatches >= inflight_microbatches("bitpipe", 2, 8, r.pp_rank)
         assert r.memory_bytes == pytest.approx(state + r.inflight_microbatches * act, rel=1e-6, abs=8)
     assert p.search.simulated >= 1 and 0 < p.bubble_fraction < 0.5
+
+
+def test_the_search_prices_each_actions_runtime_cost_and_stays_exact(gpt, best):
+    """Round 16 (r16f, issue 14): the search simulates with the device's per-action cost (`DeviceSpec.pipeline_action`,
+    at solo speed): a common set-up of s seconds adds exactly s to the winner's step; a cost per compute action
+    (1 ms, of the order of this plan's actions) changes what wins or its price, and branch and bound still
+    returns the exhaustive grid's optimum (the per-action cost only lengthens actions, so its bounds stay bounds)."""
+    import dataclasses
+
+    from cost_model.hardware import PipelineActionCost
+
+    def on(cost):
+        return dataclasses.replace(CLUSTER, device=dataclasses.replace(CLUSTER.device, pipeline_action=cost))
+    gpu = CLUSTER.device.pipeline_action
+    pinned = dict(global_batch=64, precision="bf16", pp=2, tp=2, num_microbatches=8, schedules=("1f1b",))
+    base = parallelizer.plan_pipeline(gpt, CLUSTER, **pinned)
+    shifted = parallelizer.plan_pipeline(gpt, on(dataclasses.replace(gpu, step_s=0.01)), **pinned)
+    assert shifted.step_time_s == pytest.approx(base.step_time_s + 0.01, rel=1e-9)
+    heavy = on(dataclasses.replace(gpu, forward_s=1e-3, backward_s=1e-3, backward_input_s=1e-3,
+                                   backward_weight_s=1e-3))
+    bound = parallelizer.plan_pipeline(gpt, heavy, global_batch=64, precision="bf16")
+    grid = parallelizer.plan_pipeline(gpt, heavy, global_batch=64, precision="bf16", search="exhaustive")
+    assert bound.step_time_s == grid.step_time_s > best.step_time_s
+    assert (bound.mesh, bound.schedule, bound.num_microbatches) == (grid.mesh, grid.schedule, grid.num_microbatches)

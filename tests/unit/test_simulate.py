@@ -9,9 +9,11 @@ import re
 import pytest
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
+from cost_model.hardware import PipelineActionCost
 from parallelizer.errors import PipelineError
 from parallelizer.planner.action_schedule import ActionSchedule, compute_actions
 from parallelizer.planner.schedules import inflight_microbatches
+from parallelizer.planner.sharing import SharedCores
 from parallelizer.planner.simulate import StageTimes, action_schedule, simulate, simulate_actions
 
 F, I, W, B = (_ComputationType.FORWARD, _ComputationType.BACKWARD_INPUT, _ComputationType.BACKWARD_WEIGHT,
@@ -416,3 +418,81 @@ def test_peak_holds_when_w_keeps_the_weight_gradient_inputs(name):
                 peak = max(peak, cur)
             got = simulate(name, p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0)).peak_inflight_bytes[r]
             assert peak == got == 2 * p + (1 if name == "dualpipev" else 0)
+
+
+# --- the runtime's fixed cost per action (issue 14, round 16: `StageTimes.action_overhead`) -----------------------
+
+def _with(times: StageTimes, **cost) -> StageTimes:
+    return dataclasses.replace(times, action_overhead=PipelineActionCost(**cost))
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 8), (4, 4), (4, 9), (8, 32)])
+def test_gpipe_1f1b_with_c_per_compute_action_take_m_plus_p_minus_one_times_f_b_2c(name, p, m):
+    """Every F and every B pays c on its rank: the stage time is F + B + 2c, so (m + p - 1)(F + B + 2c)."""
+    c = 0.25
+    r = simulate(name, p, m, _with(StageTimes.uniform(p, 1.0, 1.5, 0.5), forward_s=c, backward_s=c))
+    assert r.makespan_s == (m + p - 1) * (3.0 + 2 * c)
+    assert max(r.busy_s) == m * (3.0 + 2 * c)  # the overhead is the rank's own (CPU) work
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("m", [1, 4, 9])
+def test_two_ranks_pay_one_send_or_receive_per_action_and_the_step_set_up_once(name, m):
+    """p = 2: stage 0's F sends and its B receives, stage 1's F receives and its B sends, so with send = recv = c
+    every action pays c once: (m + 1)(F + B + 2c), and the step's set-up s before the first actions: + s."""
+    c, s = 0.25, 0.125
+    r = simulate(name, 2, m, _with(StageTimes.uniform(2, 1.0, 1.5, 0.5), send_s=c, recv_s=c, step_s=s))
+    assert r.makespan_s == s + (m + 1) * (3.0 + 2 * c)
+
+
+@pytest.mark.parametrize("p,m", [(3, 5), (4, 8), (6, 6)])
+def test_gpipe_middle_stages_pay_a_send_and_a_receive_per_action(p, m):
+    """GPipe is a flow shop of m equal jobs, forward then backward: makespan = sum over stages of t_k + (m - 1)
+    max t_k per phase. With send = recv = c the end stages' actions pay c, the middle ones' 2c."""
+    c = 0.25
+    r = simulate("gpipe", p, m, _with(StageTimes.uniform(p, 1.0, 1.5, 0.5), send_s=c, recv_s=c))
+    extra = [c if k in (0, p - 1) else 2 * c for k in range(p)]
+    fwd, bwd = [1.0 + e for e in extra], [2.0 + e for e in extra]
+    assert r.makespan_s == pytest.approx(sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd), rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
+def test_zbv_with_overheads_that_keep_f_i_w_equal_stays_zb_h1(p, m):
+    """torch's ZBV list at F = I = W idles (p - 1) F per rank (ZB-H1): with the overheads F + cF = I + cI =
+    W + cW the form holds at the overhead-inclusive time (no transfers priced: c_send = c_recv = 0)."""
+    r = simulate("zbv", p, m, _with(StageTimes.uniform(2 * p, 1.0, 1.5, 1.25),
+                                    forward_s=0.5, backward_input_s=0.0, backward_weight_s=0.25))
+    assert r.bubble_s == (p - 1) * 1.5
+    assert max(r.busy_s) == 2 * m * 3 * 1.5
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_an_overhead_per_compute_action_equals_adding_it_to_the_stage_times(name):
+    """Alone (no transfers, no set-up) the per-kind overhead is the same as longer F / I / W, also when the ranks
+    share cores (processor sharing: the overhead is CPU work); all zeros change nothing, bit for bit."""
+    p, m = 4, 8
+    S = (1 if name in ("gpipe", "1f1b") else 2) * p
+    base = StageTimes((1.0, 1.25, 0.75, 1.5)[:S] * (S // min(S, 4)), (0.5,) * S, (0.75,) * S, (0.1,) * (S - 1))
+    longer = dataclasses.replace(base, fwd_s=tuple(f + 0.2 for f in base.fwd_s),
+                                 bwd_input_s=tuple(i + 0.3 for i in base.bwd_input_s),
+                                 bwd_weight_s=tuple(w + 0.05 for w in base.bwd_weight_s))
+    cost = dict(forward_s=0.2, backward_input_s=0.3, backward_weight_s=0.05, backward_s=0.35)
+    for cores in (None, SharedCores.ideal(2, p)):
+        assert simulate(name, p, m, _with(base, **cost), cores).makespan_s == pytest.approx(
+            simulate(name, p, m, longer, cores).makespan_s, rel=1e-12)
+        zero = simulate(name, p, m, _with(base), cores)
+        plain = simulate(name, p, m, base, cores)
+        assert (zero.makespan_s, zero.busy_s) == (plain.makespan_s, plain.busy_s)
+
+
+def test_same_rank_hand_offs_pay_no_send_or_receive():
+    """The V's tip (zbv: stages p - 1 and p on one rank) hands over locally, so with only sends priced the tip's
+    rank sends as few transfers as rank 0 (whose stage 0 sends no gradient and stage 2p - 1 no activation)."""
+    p, m = 4, 8
+    c = simulate("zbv", p, m, _with(StageTimes.uniform(2 * p, 1.0, 1.0, 1.0), send_s=1e-3))
+    plain = simulate("zbv", p, m, StageTimes.uniform(2 * p, 1.0, 1.0, 1.0))
+    extra = [a - b for a, b in zip(c.busy_s, plain.busy_s)]
+    # rank 0 holds stages 0 and 2p - 1: sends F of stage 0 and I of stage 2p - 1 (2m); rank p - 1 holds the tip
+    # (p - 1 -> p local): sends only I of stage p - 1 and F of stage p (2m); middle ranks send 4m
+    assert extra == pytest.approx([2 * m * 1e-3] + [4 * m * 1e-3] * (p - 2) + [2 * m * 1e-3], rel=1e-9)

@@ -1,0 +1,196 @@
+"""The fixed host cost of each pipeline action (issue 14): :class:`cost_model.hardware.PipelineActionCost`.
+
+What is measured (:func:`measure_pipeline_actions`): torch.distributed.pipelining's runtime on 2 spawned gloo
+processes (one intra-op thread each), stages of one ``nn.Linear(8, 8)`` on one row (near-zero compute),
+``ScheduleInterleaved1F1B`` (F, full B, SEND / RECV actions) and ``ScheduleZBVZeroBubble`` (F, I, W) over 4
+stages, 8 microbatches. Per action its **per-thread CPU time** (``time.thread_time``: what the rank's own
+thread spends, which holds under outside load and leaves out the time a blocking wait sleeps): F =
+``forward_one_chunk``, B / I = ``backward_one_chunk`` (full or input only), W = ``backward_weight_one_chunk``,
+send / recv = the stage's ``get_*_send_ops`` / ``get_*_recv_ops`` + posting them + the waits on the returned
+works (their sum per action); step = a whole ``schedule.step`` less the actions' time recorded in it (set-up, microbatch
+split, loss bookkeeping), per rank. A compute action's cost is its median less the median of the same op run
+alone in the same process (the stage's Linear forward; its backward; input-only and weight-only gradients),
+which the cost model prices as compute. Medians over both ranks, the actions and ``steps`` steps after 2
+warm-up steps.
+
+A ``PipelineStage`` subclass times its methods; one private function is wrapped in the spawned workers,
+``torch.distributed.pipelining.schedules._batch_p2p`` (posts one SEND / RECV action's ops; the works it
+returns are wrapped to time ``wait``): checked on torch 2.13.0.
+
+:data:`CPU_PIPELINE_ACTION` is what a profile without the field gets: measured on this 2-core machine
+(round 16, 2026-12-03 11:36, load 5.5, ``trial/r16f_action_overhead.py``, 30 steps) through the package's
+own runtime (its stage modules of one Linear(8, 8) per block under torch's gpipe / 1f1b / interleaved_1f1b /
+zbv, 2 ranks, 8 microbatches; per kind the median over the schedules and ranks of the action's median CPU
+less the stage program's alone): F 85 us (38-111), B 80 us (50-121), I 120 us (77-167), W 120 us (119-121),
+send 35 us (24-56), recv 33 us (24-45), set-up 2.2 ms per step (1.1-3.1: the step's CPU less its actions').
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from cost_model.hardware import PipelineActionCost
+from cost_model.measure import _free_port, _run_spawned, gloo_worker
+
+__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples"]
+
+CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
+                                         backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3)
+_WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
+_KEYS = ("F", "I", "W", "B", "send", "recv", "step")
+_SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop"}  # sample key of a cost field
+
+
+def action_cost_from_samples(samples: dict[str, list[float]], bare: dict[str, list[float]]) -> PipelineActionCost:
+    """The cost per kind: median of `samples[kind]` less the median of `bare[kind]` (compute actions; 0 when
+    absent), clamped at >= 0; send, recv and step as measured. A kind without samples costs 0.
+
+    Raises:
+        ValueError: a sample that is negative or not finite.
+    """
+    if any(not (v >= 0 and v < float("inf")) for vs in (*samples.values(), *bare.values()) for v in vs):
+        raise ValueError("pipeline action samples must be finite seconds >= 0")
+
+    def cost(kind: str) -> float:
+        got = samples.get(_SAMPLED.get(kind, kind))
+        if not got:
+            return 0.0
+        base = statistics.median(bare[kind]) if bare.get(kind) else 0.0
+        return min(0.5, max(0.0, statistics.median(got) - base))
+    return PipelineActionCost(*(cost(k) for k in _KEYS))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.cpu: dict[str, list[float]] = defaultdict(list)
+        self.on = False
+        self.inside = 0.0  # CPU seconds recorded during the current step
+        self.posted: dict[str, int] = defaultdict(int)  # send / recv actions (batches posted) in the step
+
+    def timed(self, kind: str, fn, *args, **kwargs):
+        if not self.on:
+            return fn(*args, **kwargs)
+        self.on = False  # nested timed calls count in the outer one
+        start = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = time.thread_time() - start
+            self.cpu[kind].append(spent)
+            self.inside += spent
+            self.on = True
+
+
+def _worker(rank: int, nprocs: int, port: int, steps: int, timeout_s: float, queue) -> None:
+    """Spawned worker (module docstring); rank 0 puts ``{"samples": {kind: [s]}, "bare": {kind: [s]}}``."""
+    def body():
+        import torch.distributed as dist
+        from torch.distributed import pipelining
+        samples, bare = _run_schedules(rank, nprocs, steps, _Clock(), dist, pipelining)
+        gathered = [None] * nprocs
+        dist.all_gather_object(gathered, (samples, bare))
+        keys = {k for s, _ in gathered for k in s}
+        return {"samples": {k: [v for s, _ in gathered for v in s.get(k, ())] for k in keys},
+                "bare": {k: [v for _, b in gathered for v in b.get(k, ())] for k in ("F", "I", "W", "B")}}
+    gloo_worker(rank, nprocs, port, timeout_s, queue, body)
+
+
+def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
+    from torch.distributed.pipelining import schedules
+    real_batch = schedules._batch_p2p  # private (torch 2.13.0): posts one SEND / RECV action's ops
+
+    class _Work:  # times wait() of a posted P2P op, as send or recv
+        def __init__(self, work, kind):
+            self.work, self.kind = work, kind
+
+        def wait(self, *a, **k):
+            return clock.timed(self.kind, self.work.wait, *a, **k)
+
+    def batch(ops, *a, **k):
+        kind = "send" if all(op.op is dist.isend for op in ops) else "recv"
+        clock.posted[kind] += clock.on
+        return [_Work(w, kind) for w in clock.timed(kind, real_batch, ops, *a, **k)]
+    schedules._batch_p2p = batch
+
+    class Stage(pipelining.PipelineStage):
+        def forward_one_chunk(self, *a, **k):
+            return clock.timed("F", super().forward_one_chunk, *a, **k)
+
+        def backward_one_chunk(self, *a, **k):
+            return clock.timed("B" if k.get("full_backward", True) else "I", super().backward_one_chunk, *a, **k)
+
+        def backward_weight_one_chunk(self, *a, **k):
+            return clock.timed("W", super().backward_weight_one_chunk, *a, **k)
+
+        def get_fwd_send_ops(self, *a, **k):
+            return clock.timed("send", super().get_fwd_send_ops, *a, **k)
+
+        def get_bwd_send_ops(self, *a, **k):
+            return clock.timed("send", super().get_bwd_send_ops, *a, **k)
+
+        def get_fwd_recv_ops(self, *a, **k):
+            return clock.timed("recv", super().get_fwd_recv_ops, *a, **k)
+
+        def get_bwd_recv_ops(self, *a, **k):
+            return clock.timed("recv", super().get_bwd_recv_ops, *a, **k)
+
+    x = torch.randn(_MICROBATCHES, _WIDTH)
+    target = torch.randn(_MICROBATCHES, _WIDTH)
+    loss_fn = torch.nn.functional.mse_loss
+    for cls, style in ((pipelining.ScheduleInterleaved1F1B, "loop"), (pipelining.ScheduleZBVZeroBubble, "v")):
+        held = [k for k in range(_STAGES)
+                if (k % nprocs if style == "loop" else (k if k < nprocs else 2 * nprocs - 1 - k)) == rank]
+        torch.manual_seed(0)
+        mods = [torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(_STAGES)]
+        stages = [Stage(mods[k], k, _STAGES, torch.device("cpu"), group=None) for k in held]
+        sched = cls(stages, _MICROBATCHES, loss_fn=loss_fn, scale_grads=False)
+        first, last = 0 in held, _STAGES - 1 in held
+        for i in range(steps + 2):
+            clock.on, clock.inside, clock.posted = i >= 2, 0.0, defaultdict(int)
+            io = {k: len(clock.cpu[k]) for k in ("send", "recv")}
+            start = time.thread_time()
+            sched.step(*((x,) if first else ()), target=target if last else None)
+            clock.on = False
+            if i >= 2:  # build, post and wait of one send / recv action are 3 timed calls: per action, their sum
+                clock.cpu[f"step {style}"].append(time.thread_time() - start - clock.inside)
+                for k, n in io.items():
+                    clock.cpu[f"{k} action"].append(sum(clock.cpu[k][n:]) / max(1, clock.posted[k]))
+            for m in mods:
+                m.zero_grad(set_to_none=True)
+    schedules._batch_p2p = real_batch
+    return dict(clock.cpu), _bare_ops(steps)
+
+
+def _bare_ops(repeats: int) -> dict[str, list[float]]:
+    """Per-thread CPU seconds of the stage's op alone: forward, full backward, input-only, weight-only."""
+    lin = torch.nn.Linear(_WIDTH, _WIDTH)
+    out: dict[str, list[float]] = defaultdict(list)
+    for _ in range(repeats + 2):
+        x = torch.randn(1, _WIDTH, requires_grad=True)
+        start = time.thread_time()
+        y = lin(x)
+        out["F"].append(time.thread_time() - start)
+        g = torch.ones_like(y)
+        start = time.thread_time()
+        torch.autograd.backward(y, g, retain_graph=True)
+        out["B"].append(time.thread_time() - start)
+        start = time.thread_time()
+        torch.autograd.grad(y, x, g, retain_graph=True)
+        out["I"].append(time.thread_time() - start)
+        start = time.thread_time()
+        torch.autograd.grad(y, list(lin.parameters()), g)
+        out["W"].append(time.thread_time() - start)
+    return {k: v[2:] for k, v in out.items()}
+
+
+def measure_pipeline_actions(steps: int = 10, timeout_s: float = 300.0) -> PipelineActionCost:
+    """Measure :class:`PipelineActionCost` on this machine (module docstring), ~10-20 s on 2 cores.
+
+    Raises:
+        RuntimeError: a worker failed or no result arrived within ``timeout_s``; names the rank.
+    """
+    got = _run_spawned(_worker, 2, (_free_port(), steps, timeout_s), timeout_s + 30, "pipeline action calibration")
+    return action_cost_from_samples(got["samples"], got["bare"])
