@@ -216,7 +216,7 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
     if not traced.blocks:
         if mesh is not None:
             from .tracer.blocks import shared_weight_calls
-            shared = shared_weight_calls(traced.parameters)
+            shared = shared_weight_calls(traced.parameters, traced.nodes)
             has = (f"this graph has one block ({shared[0]}) called {shared[1]} times with shared weights, not "
                    "several blocks with their own weights, so there is no boundary between weights to cut at"
                    if shared else "this graph has none")

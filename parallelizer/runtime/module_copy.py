@@ -8,6 +8,14 @@ by the copy, so the copy computes with the ORIGINAL's tensors. Every copy this p
 `copy_module`, which rebinds such closures to the copy. Before: the eval program of a model tied through a
 lambda used the weights the model had when it was wrapped, frozen (outputs 1.19 off after 2 AdamW steps on one
 device), and `rehearse` compared the plan with a reference that did the same (a false "differs", every plan).
+
+`copy.deepcopy` also refuses a tensor that is no graph leaf, and `torch.nn.utils.weight_norm` (the hook form,
+deprecated but used by diffusers' AutoencoderOobleck, HiFi-GAN / EnCodec / DAC-style vocoders) stores the
+module's `weight` as such a tensor, computed from `weight_g` and `weight_v`: every copy raised torch's "Only
+Tensors created explicitly by the user (graph leaves) support the deepcopy protocol" (trial r16b: `rehearse` of
+diffusers' AutoencoderOobleck failed on every rank; `pm.eval()` and `full_model()` would too). A module
+attribute holding a non-leaf tensor is copied as its detached value: it is derived state that the module's
+hook recomputes from the copy's own parameters at its next call (pytorch/pytorch#103001 added the error).
 """
 from __future__ import annotations
 
@@ -21,8 +29,13 @@ def copy_module(model: torch.nn.Module, memo: dict | None = None) -> torch.nn.Mo
     """`copy.deepcopy(model, memo)` whose functions held by its modules (attributes, hook dicts, lists of them)
     close over copies of what the originals closed over: every closure cell whose object was copied (a module,
     a tensor, a container; `memo` maps the original's id to its copy, as in `copy.deepcopy`) now holds the
-    copy. Functions without such cells stay the same objects."""
+    copy. Functions without such cells stay the same objects. A tensor attribute that is no graph leaf
+    (weight_norm's `weight`) is copied as its detached value (module docstring)."""
     memo = {} if memo is None else memo
+    for module in model.modules():  # derived non-leaf tensors held as attributes (weight_norm): their values
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf and id(value) not in memo:
+                memo[id(value)] = value.detach().clone()
     clone = copy.deepcopy(model, memo)
     for module in clone.modules():
         for key, value in list(vars(module).items()):

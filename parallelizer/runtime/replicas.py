@@ -30,8 +30,11 @@ def check_same_weights(model: torch.nn.Module) -> None:
         raise PlanMismatchError(
             f"the ranks built different weights: {len(differ)} tensor(s) differ between ranks, first "
             f"{differ[0]!r}. Each rank shards its own copy, so they "
-            "must be equal. Remedy: call torch.manual_seed(SEED) before building the model on every rank, or "
-            "load the same checkpoint on every rank (or build it on the meta device)")
+            "must be equal. Remedy: seed every generator the model's construction draws from before building it "
+            "on every rank: torch.manual_seed(SEED), and random.seed(SEED) / numpy.random.seed(SEED) where it draws "
+            "from Python's or numpy's generator (each process starts those elsewhere; lucidrains' "
+            "hyper-connections picks a residual stream with random.randrange); or load the same checkpoint on "
+            "every rank (or build it on the meta device)")
 
 
 CHECKED_CALLS = 2

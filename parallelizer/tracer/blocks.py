@@ -73,12 +73,16 @@ def _interleaved(fqns: list[str], members: dict[str, list[str]], nodes: dict[str
     return any(a[1] > b[0] for a, b in zip(spans, spans[1:]))
 
 
-def shared_weight_calls(params: dict[str, ParamInfo]) -> tuple[str, int] | None:
-    """(module, calls) when the graph's trained parameters that several ops read all live under one module, the
-    most read ones `calls` times: one block called `calls` times with shared weights (ALBERT), which is not a
-    repeated block (there is one instance, so nothing to cut between). None when no trained parameter is read
-    twice. Used for the message of a pipeline mesh on a graph without repeated blocks."""
-    reused = {fqn: len(p.uses) for fqn, p in params.items() if p.requires_grad and len(p.uses) > 1}
+def shared_weight_calls(params: dict[str, ParamInfo], nodes: dict[str, NodeInfo]) -> tuple[str, int] | None:
+    """(module, calls) when the graph's trained parameters that several ops of ONE module read (a module called
+    several times) all live under one module, the most read ones `calls` times: one block called `calls` times
+    with shared weights (ALBERT), which is not a repeated block (there is one instance, so nothing to cut
+    between). None when no trained parameter is read twice by one module: a weight tied between two modules (an
+    embedding and its output head, pytorch/examples' word_language_model `tie_weights`) is no block called
+    twice (trial r16b: the message named the embedding as such a block). Used for the message of a pipeline
+    mesh on a graph without repeated blocks."""
+    reused = {fqn: len(p.uses) for fqn, p in params.items() if p.requires_grad and len(p.uses) > 1
+              and len({nodes[u].module_fqn for u in p.uses if u in nodes}) == 1}
     if not reused:
         return None
     parts = [fqn.split(".")[:-1] for fqn in reused]

@@ -187,11 +187,14 @@ def _first_module(whole, micro, microbatches: int) -> tuple[str, str] | None:
                 f"pipeline with {microbatches} microbatches: {where} computes other values on the whole "
                 f"batch than on its {microbatches} microbatches one at a time (output {i} of shape {shape}: max "
                 f"|whole batch - microbatches| = {diff:.3g}): its forward mixes the samples of the batch (BatchNorm "
-                "statistics in training, a mean or softmax over the batch dim, an in-batch loss), so the pipeline "
-                f"trains another function than your model on the whole batch, as gradient accumulation over "
-                f"{microbatches} microbatches would. Remedy: a mesh without 'pp' (data and tensor parallelism "
-                "synchronise batch statistics, e.g. BatchNorm as SyncBatchNorm), a per-sample layer (LayerNorm, "
-                "GroupNorm), or keep the pipeline if gradient-accumulation semantics are what you want")
+                "statistics in training, a mean or softmax over the batch dim, an in-batch loss), or dim 0 of the "
+                "inputs is not their batch (a sequence-first input, nn.LSTM / nn.Transformer's default layout: the "
+                "microbatches then cut every sequence), so the pipeline trains another function than your model on "
+                f"the whole batch, as gradient accumulation over {microbatches} microbatches would for a batch in "
+                "dim 0. Remedy: a mesh without 'pp' (data and tensor parallelism synchronise batch statistics, e.g. "
+                "BatchNorm as SyncBatchNorm), a per-sample layer (LayerNorm, GroupNorm), inputs passed batch-first "
+                "(transpose inside forward), or keep the pipeline if gradient-accumulation semantics are what you "
+                "want and dim 0 is the batch")
     return None
 
 

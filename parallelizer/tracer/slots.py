@@ -41,20 +41,25 @@ def _slots(model: torch.nn.Module) -> dict[tuple[str, str, str], object]:
 @contextlib.contextmanager
 def tensor_slots_kept(model: torch.nn.Module, notes: list[str] | None = None):
     """On exit, every parameter / buffer slot and tensor attribute of `model`'s modules holds the object it held
-    on entry (slots added inside are removed). With `notes`, a change is noted there and warned. Yields a list
-    that holds, after exit, the (module name, kind, key) of each slot changed inside."""
+    on entry (a plain attribute that held a non-tensor, such as None, holds it again; slots added inside are
+    removed). With `notes`, a change is noted there and warned. Yields a list that holds, after exit, the
+    (module name, kind, key) of each slot changed inside."""
     before = _slots(model)
+    # plain attributes holding something else on entry (`self.src_mask = None` in __init__, a tensor after
+    # forward: pytorch/examples' word_language_model) get that back; deleting them broke the model (trial r16b)
+    held = {(name, "", key): value for name, module in model.named_modules() for key, value in vars(module).items()
+            if not isinstance(value, torch.Tensor)}
     changed: list[tuple[str, str, str]] = []
     try:
         yield changed
     finally:
         after = _slots(model)
         changed += sorted(k for k, v in after.items() if k not in before or before[k] is not v)
-        modules = dict(model.named_modules())
+        modules, entry = dict(model.named_modules()), {**held, **before}
         for name, kind, key in changed:
             module = modules[name]
-            if (name, kind, key) in before:
-                (vars(module)[kind] if kind else vars(module))[key] = before[(name, kind, key)]
+            if (name, kind, key) in entry:
+                (vars(module)[kind] if kind else vars(module))[key] = entry[(name, kind, key)]
             else:
                 del (vars(module)[kind] if kind else vars(module))[key]
         if changed and notes is not None:

@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
+from .causal_hint import causal_mask_hint_as_given
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
@@ -89,7 +90,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
     with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), custom_backward_watch(notes), \
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
-            overflow_guards_as_clamps(notes):
+            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes):
         exported = _export(model, example_inputs, example_kwargs)
     if stored:
         drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)

@@ -23,6 +23,28 @@ def test_equal_weights_pass_and_different_weights_are_named():
         spawn(_build_and_check, 2, False, timeout_s=120)
 
 
+def _python_random_init(rank: int, world_size: int) -> str:
+    """torch seeded on every rank, but the construction draws from Python's generator, which each process
+    starts elsewhere (lucidrains' hyper-connections: `init_residual_index = randrange(num_residual_streams)`)."""
+    import random
+    from parallelizer.runtime.replicas import check_same_weights
+    torch.manual_seed(0)
+    random.seed(rank)  # as two processes' own states differ
+    model = torch.nn.Module()
+    alpha = torch.zeros(4, 1)
+    alpha[random.randrange(4), 0] = 1.0
+    model.static_alpha = torch.nn.Parameter(alpha)
+    check_same_weights(model)
+    return "ok"
+
+
+def test_weights_drawn_from_pythons_generator_get_the_remedy_that_seeds_it():
+    """Trial r16b (x-transformers-style LocalTransformer with hyper-connections): the remedy said only "call
+    torch.manual_seed(SEED)", which the model's factory already did."""
+    with pytest.raises(DistributedError, match=r"'static_alpha'.*random\.seed\(SEED\)"):
+        spawn(_python_random_init, 2, timeout_s=120)
+
+
 def _complex_imag_differs(rank: int, world_size: int) -> str:
     """A complex parameter (FNO's spectral weights) whose imaginary parts differ between the ranks, real
     parts equal."""

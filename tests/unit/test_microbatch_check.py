@@ -262,3 +262,30 @@ def test_an_input_whose_batch_is_not_dim_0_is_named_when_its_dim_0_happens_to_sp
     per_sample.forward = lambda ids, p: per_sample.head(torch.tanh(per_sample.emb(ids)
                                                                    + per_sample.pos(p.transpose(0, 1)).sum(0)))
     assert microbatch_mixing(per_sample, (ids, pos.transpose(0, 1).contiguous()), {}, 3) is None
+
+
+class SequenceFirstLM(nn.Module):
+    """pytorch/examples word_language_model's TransformerModel: (T, B) token ids, a positional table sliced by
+    `x.size(0)`, an nn.TransformerEncoder in its default sequence-first layout, a causal mask of len(src)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.pe = nn.Embedding(20, 16), nn.Parameter(torch.randn(32, 1, 16))
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0), 1,
+                                             enable_nested_tensor=False)
+        self.head = nn.Linear(16, 20)
+
+    def forward(self, src):
+        x = self.emb(src) + self.pe[:src.size(0)]
+        mask = nn.Transformer.generate_square_subsequent_mask(len(src))
+        return self.head(self.encoder(x, mask=mask, is_causal=True))
+
+
+def test_a_sequence_first_input_is_named_as_a_possible_cause_with_the_batch_first_remedy():
+    """Trial r16b: the message named only samples mixed in the batch and offered to keep the pipeline for
+    gradient-accumulation semantics, while the microbatches cut every sequence (dim 0 is the time axis)."""
+    torch.manual_seed(0)
+    src = torch.randint(0, 20, (8, 4), generator=torch.Generator().manual_seed(1))
+    found = microbatch_mixing(SequenceFirstLM(), (src,), {}, 2)
+    assert found is not None, found
+    assert "sequence-first input" in found[1] and "inputs passed batch-first" in found[1], found[1]

@@ -136,3 +136,86 @@ def test_tracing_leaves_no_fake_tensor_where_forward_stored_one_and_notes_it():
     before = x.clone()
     torch.testing.assert_close(pm(x), expected(x))
     torch.testing.assert_close(x, before, rtol=0, atol=0)  # the caller's input is not written
+
+
+class MaskCachedOnNone(nn.Module):
+    """pytorch/examples word_language_model's TransformerModel: `self.src_mask = None` in __init__, the causal
+    mask stored there by forward and read back on the next call."""
+
+    def __init__(self):
+        super().__init__()
+        self.src_mask = None
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        if self.src_mask is None or self.src_mask.size(0) != x.shape[1]:
+            self.src_mask = torch.log(torch.tril(torch.ones(x.shape[1], x.shape[1])))
+        return torch.softmax(self.fc(x) @ self.fc(x).transpose(1, 2) + self.src_mask, -1) @ x
+
+
+def test_an_attribute_that_held_none_before_forward_stored_a_tensor_there_holds_none_again():
+    """Before: tracing (and every eager check under `tensor_slots_kept`) deleted the attribute, so the user's model
+    raised AttributeError on its next call, and so did `pm.eval()` re-tracing a copy of it (trial r16b)."""
+    from parallelizer.tracer.microbatch_check import microbatch_mixing
+    torch.manual_seed(0)
+    model, x = MaskCachedOnNone(), torch.randn(4, 5, 6)
+    expected = MaskCachedOnNone()
+    expected.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parallelizer.trace(model, (x,))
+        assert "src_mask" in vars(model) and model.src_mask is None
+        microbatch_mixing(model, (x,), {}, 2)
+        assert "src_mask" in vars(model) and model.src_mask is None
+        torch.testing.assert_close(model(x), expected(x))
+        torch.manual_seed(0)
+        pm = parallelizer.auto_parallelize(MaskCachedOnNone(), (x,))
+        pm.eval()
+        torch.testing.assert_close(pm(x), expected.eval()(x))
+
+
+class HookWeightNorm(nn.Module):
+    """`torch.nn.utils.weight_norm` (the hook form, diffusers' AutoencoderOobleck, HiFi-GAN-style vocoders): the
+    conv's `weight` is a plain attribute computed from weight_g / weight_v, no graph leaf."""
+
+    def __init__(self):
+        super().__init__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the hook form
+            self.conv = nn.utils.weight_norm(nn.Conv1d(2, 4, 3, padding=1))
+        self.drop = nn.Dropout(0.0)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(self.conv(x)).mean(-1))
+
+
+def test_copies_of_a_hook_weight_norm_model_are_made_and_train_and_evaluate_as_one_device():
+    """Before: every copy raised torch's "Only Tensors created explicitly by the user (graph leaves) support the
+    deepcopy protocol" (trial r16b: `rehearse` of diffusers' AutoencoderOobleck failed on every rank; `pm.eval()`
+    and `full_model()` raised)."""
+    x = torch.randn(4, 2, 8, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = HookWeightNorm()
+    torch.manual_seed(0)
+    reference = HookWeightNorm()
+    clone = copy_module(model)
+    torch.manual_seed(0)
+    twin = HookWeightNorm()
+    with torch.no_grad():
+        for m in (clone, twin):  # the copy computes with its own weight_g, not the original's
+            m.conv.weight_g.mul_(2.0)
+    torch.testing.assert_close(clone(x), twin(x))
+    assert not torch.allclose(clone(x), model(x))
+    pm = parallelizer.auto_parallelize(model, (x,))
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-1) for m in (pm, reference)]
+    for _ in range(2):
+        for m, opt in zip((pm, reference), opts):
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    with pm.full_model(writeback=False) as full:
+        torch.testing.assert_close(full(x), reference(x))
+    pm.eval()
+    reference.eval()
+    torch.testing.assert_close(pm(x), reference(x))
