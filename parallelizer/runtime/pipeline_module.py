@@ -30,6 +30,7 @@ nn.Module contract, as far as a pipeline allows:
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -55,7 +56,7 @@ from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
-from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank
+from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank, step_returns
 from .zero1 import axis_group
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
@@ -235,11 +236,35 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             batch_target, count = target, item_count
         if loss_fn is not None:
             self._warn_loss_fn_mixing(loss_fn, fn, batch_target, count)
+        for stage in self.run.stages:  # a loss_fn reads the model's outputs; the own loss alone needs no other
+            stage.returns_all = loss_fn is not None
+        if loss_fn is not None:
+            self._warn_unpriced_outputs()
         loss = self.run.step(*flat, target=batch_target, loss_fn=fn, item_count=count)
         value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _warn_unpriced_outputs(self) -> None:
+        """Once: a `loss_fn` given for a model that returns its own loss first. The plan priced the last stage
+        returning that loss alone (`pipeline.step_returns`); a loss_fn may read every output, so the last stage's
+        ranks now gather them all whole each microbatch, which the plan's memory does not hold."""
+        if self.__dict__.get("_outputs_warned"):
+            return
+        self.__dict__["_outputs_warned"] = True
+        out = self.traced.graph_module.graph.output_node()
+        names: list[str] = []
+        torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+        if len(names) < 2 or step_returns(self.traced) == tuple(names):
+            return
+        extra = sum(math.prod(t.shape) * t.dtype.itemsize
+                    for n in names[1:] for t in self.traced.node(n).outputs[:1])
+        warnings.warn(f"PipelineModule.step: loss_fn given for a model whose first output is its own loss, so the last "
+                      f"stage's ranks gather its other {len(names) - 1} output(s) whole for loss_fn, {extra:,} bytes "
+                      "per microbatch that the plan did not count (it prices the model's own loss alone, what "
+                      "loss_fn=None reads). Remedy: pass loss_fn=None to train on the model's own loss, or trace the "
+                      "model without its labels so that its plan prices the outputs loss_fn reads", stacklevel=3)
 
     def _warn_loss_fn_mixing(self, loss_fn: LossFn, fn, target: torch.Tensor, count) -> None:
         """Once per (loss_fn, target dtype and shape), on rank 0: warn `MicrobatchWarning` when loss_fn on random
@@ -488,7 +513,10 @@ def _code(dtype: torch.dtype) -> int:
 
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:
-    """The user's loss on the last stage's output tuple, restored to the model's output structure."""
+    """The user's loss on the last stage's output tuple, restored to the model's output structure; with
+    loss_fn=None the model's own loss, the first value (all the last stage returns then: `pipeline.step_returns`)."""
+    if loss_fn is None:
+        return compute_loss(output, None, None)
     structured = unflatten_in_order(list(output), out_spec) if out_spec is not None else output  # `tracer.leaves`
     return compute_loss(structured, None if no_target else target, loss_fn)
 
