@@ -304,25 +304,30 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         count (`own_loss_weighting` raises). That is right for a mean of per-item terms; a batch-level term (an
         MoE load-balancing loss: a product of means over the tokens) then takes its per-microbatch values, as
         gradient accumulation does, and the step's loss and gradients differ from one device's (Mixtral with
-        output_router_logits on pp=2 x dp=2: loss 4.904533 vs 4.904525, gradients 234x the fp32 bound)."""
+        output_router_logits on pp=2 x dp=2: loss 4.904533 vs 4.904525, gradients 234x the fp32 bound).
+        Raises StepError when the graph shows a sum (`_refuse_counted_sum`)."""
         if self._trusted_warned:
             return
-        self._trusted_warned = True
         try:
-            own_loss_weighting(self.traced)
+            weighting = self._own_weighting or own_loss_weighting(self.traced, self._doubled_trace())
         except StepError as e:
+            self._trusted_warned = True
             what = f" ({e.loss})" if hasattr(e, "loss") else ""
             warnings.warn(f"PipelineModule.step: weighting the model's own loss{what} by your item_count. The "
                           "batch loss equals one device's only if that loss is a mean of per-item terms; a "
                           "batch-level term (e.g. an MoE router's load-balancing aux loss) is computed per microbatch "
                           "(gradient accumulation's value, not one device's). Remedy for an exact match: a mesh "
                           "without 'pp', or a loss without such a term", stacklevel=3)
+            return
+        _refuse_counted_sum(weighting, "the model's own loss")
+        self._trusted_warned = True
 
     def _check_user_count(self, loss_fn: LossFn, target: torch.Tensor, item_count) -> None:
         """Once per (loss_fn, item_count): warn when the user's item_count weighs the microbatches otherwise than
         the count loss_fn's own graph shows (e.g. counting every label != -100 for a loss over the shifted
         labels y[:, 1:]: GPT-2 on pp=2 x tp=2, loss 2.8e-3 and gradients off with no word). Nothing when the
-        graph shows no count (item_count is then the remedy) or loss_fn cannot be traced."""
+        graph shows no count (item_count is then the remedy) or loss_fn cannot be traced; StepError when it shows a
+        sum (`_refuse_counted_sum`)."""
         key = (loss_fn, item_count)
         if key in self._checked_counts:
             return
@@ -331,8 +336,11 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             graph_count = self._loss_fn_count(loss_fn, target)
         except StepError:
             return
-        if not isinstance(graph_count, ChunkCount) or graph_count.weighting.kind == "sum":
+        if not isinstance(graph_count, ChunkCount):
             return
+        self._checked_counts.discard(key)  # refused: checked again on the next call
+        _refuse_counted_sum(graph_count.weighting, "your loss_fn's loss")
+        self._checked_counts.add(key)
         chunks = target.tensor_split(self.run.microbatches)
         mine = torch.tensor([float(item_count(c)) for c in chunks], dtype=torch.float64)
         graph = torch.tensor([float(graph_count(c)) for c in chunks], dtype=torch.float64)
@@ -510,6 +518,18 @@ buffer of any of them moves (int16 / uint16 / float8 buffers included, `tests/di
 def _code(dtype: torch.dtype) -> int:
     """1 + the index of `dtype` in `_DTYPES`; len(_DTYPES) + 1 for another dtype."""
     return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else len(_DTYPES) + 1
+
+
+def _refuse_counted_sum(weighting, whose: str) -> None:
+    """StepError for `item_count=` given with a loss whose graph is a sum (reduction='sum', `.sum()`): a pipeline
+    adds the microbatch sums (weight 1 each), while item_count weighs each by its share n_j / N of the items, which
+    is never one device's sum (round 16, r16e: a reduction='sum' cross-entropy on pp=2, 4 microbatches with -100
+    labels spread unevenly: 34.13 for one device's 86.24, with no word)."""
+    if weighting.kind == "sum":
+        raise StepError(f"PipelineModule.step: item_count= was given, but {whose} is a sum ({weighting.what}): a "
+                        "pipeline adds the microbatches' sums to give one device's, and weighting each by its share of "
+                        "the items (what item_count is for: means) would not. Remedy: drop item_count= (and target= "
+                        "if only item_count reads it)")
 
 
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:

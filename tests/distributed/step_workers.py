@@ -230,4 +230,10 @@ def returned_outputs_train(rank: int, world_size: int, mesh: dict, steps: int = 
         opt.zero_grad()
         ref_opt.zero_grad()
     report["params"] = _diff(pm, reference, grads=False)
+    summed = lambda out, y: torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten(), reduction="sum")
+    try:  # a reduction='sum' loss_fn with item_count=: refused on every rank before any work
+        pm.step(ids, labels=labels, target=labels, loss_fn=summed, item_count=lambda y: (y != -100).sum())
+        report["sum_item_count"] = "no error"
+    except StepError as err:
+        report["sum_item_count"] = str(err)
     return report

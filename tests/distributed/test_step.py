@@ -127,3 +127,12 @@ def test_a_pipelines_last_stage_returns_only_what_the_step_reads(reports):
         assert r["held"] == [0, 0, 0], (rank, r)
         assert r["loss"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
         assert len(r["warnings"]) == 1 and "gather its other 1 output(s) whole" in r["warnings"][0], (rank, r)
+
+
+def test_item_count_with_a_summed_loss_is_refused(reports):
+    """item_count= with a reduction='sum' loss_fn on a pipeline weighed each microbatch's sum by its share of the
+    items: never one device's sum (pp=2, 4 microbatches, -100 labels spread unevenly: 34.13 for 86.24, with no word;
+    round 16, r16e). Now a StepError on every rank before any work, naming the remedy."""
+    for rank, (*_, r) in enumerate(reports):
+        assert "item_count= was given, but your loss_fn's loss is a sum" in r["sum_item_count"], (rank, r)
+        assert "drop item_count=" in r["sum_item_count"], (rank, r)
