@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
+from ..planner.plan import step_reads
 from ..planner.schedules import RUNNER_SCHEDULES
 from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
@@ -164,10 +165,8 @@ def step_returns(traced: TracedGraph) -> tuple[str, ...]:
     microbatch, and torch's schedule kept every microbatch's until the next step). The planner prices exactly
     this (`stage_graph` of the last stage, `pipeline_memory`)."""
     names = _args(traced.graph_module.graph.output_node())
-    first = traced.node(names[0]).outputs if names else ()
-    if first and first[0].shape == () and first[0].dtype.is_floating_point:
-        return (names[0],)
-    return tuple(names)
+    return step_reads([(n, tuple(traced.node(n).outputs[0].shape), traced.node(n).outputs[0].dtype)
+                       for n in names if traced.node(n).outputs])
 
 
 def step_returned_share(traced: TracedGraph) -> float:
