@@ -58,6 +58,7 @@ def _with_labels(model, ids: torch.Tensor, labels: bool, returns: str = "all"):
 @functools.cache
 def loss_only(cls: type) -> type:
     """A subclass of a transformers model class whose forward returns the model output's `.loss` alone."""
+    @functools.wraps(cls.forward)  # the parent's signature: export names the inputs by it (input_ids, labels)
     def forward(self, *args, **kwargs):
         return cls.forward(self, *args, **kwargs).loss
 

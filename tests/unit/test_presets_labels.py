@@ -48,6 +48,7 @@ def test_lm_presets_return_the_loss_alone_unless_asked_for_all(model):
         config = SMALL[model] if returns == "loss" else {**SMALL[model], "returns": "all"}
         built = presets.build(presets.recipe(model, config, batch=B, seq_len=T), "meta")
         tg = trace(*built)
+        assert list(tg.input_names) == ["input_ids", "labels"], tg.input_names  # the model's own input names
         out = tg.graph_module.graph.output_node().args[0]
         assert [tuple(a.meta["val"].shape) for a in out] == ([()] if returns == "loss" else [(), (B, T, V)])
         with contextlib.redirect_stdout(io.StringIO()):
