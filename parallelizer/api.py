@@ -213,7 +213,7 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
             raise PipelineError(f"mesh {mesh}: pp={pp} stages > the {group.count} blocks of {group.name} (stages are "
                                 f"cut at block boundaries). Remedy: pp <= {group.count}")
     b0 = _trace_batch(traced)
-    if not traced.blocks:
+    if not traced.blocks and (mesh is None or pipeline_unit(traced) is None):  # a mesh with pp may cut a layer stack
         if mesh is not None:
             from .tracer.blocks import shared_weight_calls
             shared = shared_weight_calls(traced.parameters, traced.nodes)

@@ -12,9 +12,10 @@ copy of the parameters and buffers it uses):
                                a parameter used by two stages (a tied embedding) counts in each
     buffers                  = sum over r's stages of the buffers they use (replicated)
     activations              = inflight(schedule, pp, microbatches, r) x sum over r's stages of A_k
-    outputs                  = on the ranks of the last stage: one microbatch of the model's returned values,
-                               whole (`planner.problem.returned_bytes`: the runtime gathers them over the
-                               mesh each microbatch, then hands them to the loss or drops them)
+    outputs                  = on the ranks of the last stage: one microbatch of the model's returned values
+                               that the step reads (`runtime.pipeline.step_returns`: the model's own loss
+                               alone when its first output is one), whole (`planner.problem.returned_bytes`:
+                               the runtime gathers them over the mesh each microbatch and hands them to the loss)
 
 with A_k the bytes stage k saves for backward for ONE microbatch (the traced batch): `Pricer.node_cost` of
 every op of the stage under the plan's strategies, each storage charged once WITHIN the stage
@@ -106,7 +107,8 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
             act += pricer.node_cost(tg, info, space, strategy).saved_bytes
         acts[stage_pp_rank(pipe.schedule, st.stage, S, pipe.pp)] += act
         stage_act.append(act)
-    returned = returned_bytes(tensor_inputs(traced, traced.nodes["output"]), pricer)
+    returned = returned_bytes(tuple(ti for ti in tensor_inputs(traced, traced.nodes["output"])
+                                    if ti.producer in cut.outputs[-1]), pricer)
     for q in holders(pipe.schedule, S - 1, S, pipe.pp):
         ranks[q]["outputs"] = returned
     peaks = _bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act) if pipe.schedule == "bitpipe" else None

@@ -10,7 +10,8 @@ sizes for `gpt2` (= gpt2-small, Radford et al. 2019: 12 layers, 768 hidden, 12 h
 gpt2-medium/-large/-xl (24/1024/16, 36/1280/20, 48/1600/25), `llama` (= llama2-7b, Touvron et al. 2023,
 Table 1), `bert` (= bert-base, Devlin et al. 2019: 12/768/12, vocab 30522) and `vit` (= vit-base,
 Dosovitskiy et al. 2021: 12/768/12, 224 px, patch 16). The language models (gpt, gpt2*, llama*) are traced
-with labels (logits and loss in the graph) and the gpt2/llama ones with SDPA attention (`_LM`). `--config` overrides any config field; a key that is
+with labels (logits and loss in the graph), returning the loss alone (`--config returns=all`: transformers'
+whole output, the logits too), and the gpt2/llama ones with SDPA attention (`_LM`). `--config` overrides any config field; a key that is
 not one (`check_config`: for transformers presets an attribute of the default config class, for the in-repo
 models a builder or config-dataclass parameter, for a factory a parameter unless it takes **kwargs) raises
 `UnknownConfigKeyError` naming the closest valid key (transformers configs would silently accept it).
@@ -69,10 +70,13 @@ class ModelBuildError(ParallelizerError):
                          f"Remedy: {remedy}, or build the model in Python to see the full traceback")
 
 # Language-model presets are traced as they train: with labels, so the logits and the loss (cross-entropy over
-# the vocabulary, the largest activation of a small model) are part of the graph and of its memory; and with
-# PyTorch's scaled-dot-product attention (transformers' default "sdpa", one fused kernel: no s x s matrix),
-# not the eager attention the zoo builders default to for CPU numerics.
-_LM = dict(labels=True, attn_implementation="sdpa")
+# the vocabulary, the largest activation of a small model) are part of the graph and of its memory, returning the
+# loss alone (returns="loss", `zoo.hf.loss_only`: a training step reads nothing else, and returned logits are
+# gathered whole on every rank: a Llama-3-8B shape's 134.5 GB per rank on dp=8 x tp=8, round 14; `--config
+# returns=all` plans transformers' whole output); and with PyTorch's scaled-dot-product attention (transformers'
+# default "sdpa", one fused kernel: no s x s matrix), not the eager attention the zoo builders default to for CPU
+# numerics.
+_LM = dict(labels=True, returns="loss", attn_implementation="sdpa")
 _GPT2 = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, **_LM)
 PRESETS: dict[str, tuple[str, dict]] = {
     "mlp": ("mlp", {}),

@@ -284,9 +284,11 @@ class _Context:
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.cluster.device,
                                    self.overlap_grad_sync)
-        # the last stage returns the model's outputs of each microbatch whole over dp and tp (`runtime.pipeline`:
-        # gathered, then handed to the loss or dropped), so its ranks hold one microbatch of them at a time
-        out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
+        # the last stage returns the model's outputs a step reads (`runtime.pipeline.step_returns`: its own loss
+        # alone, when it has one) of each microbatch whole over dp and tp, so its ranks hold one microbatch of them
+        from ..runtime.pipeline import step_returned_share  # runtime imports the planner
+        out_bytes = (self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
+                     * step_returned_share(self.traced))
         for r in range(p):
             mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}

@@ -160,6 +160,15 @@ class CostBreakdown:
 _MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "reserve")
 # A gathered value at least this large gets a note (`Plan._large_gather_notes`): a GPT-2 small batch of 8 x 1024
 # tokens has 1.6 GB of fp32 logits.
+def step_reads(outputs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[str, ...]:
+    """Of the model's outputs (name, global shape, dtype; in output order), the names a pipeline step reads when
+    no loss_fn is given: the first alone when it is a 0-d floating value (the model's own loss), else all. The last
+    stage of a pipeline returns these (`runtime.pipeline.step_returns`)."""
+    if outputs and outputs[0][1] == () and outputs[0][2].is_floating_point:
+        return (outputs[0][0],)
+    return tuple(name for name, _, _ in outputs)
+
+
 LARGE_GATHER_BYTES = 64 * 2**20
 _LOSS_OPS = ("cross_entropy", "nll_loss", "log_softmax", "_softmax", "kl_div", "binary_cross_entropy")
 
@@ -417,10 +426,17 @@ class Plan:
 
     # --- human ---------------------------------------------------------------------------------------
     def idle_axes(self) -> list[str]:
-        """Mesh axes of more than one device over which no value and no parameter is sharded or Partial: the
-        ranks along such an axis all compute the same thing (the whole plan, when every such axis is idle)."""
-        layouts = {L for n in self.nodes.values() for L in (*n.inputs, *([n.output] if n.output else []))}
-        layouts |= {p.stored for p in self.params.values()}
+        """Mesh axes of more than one device over which no floating value (an op's input or output, carried by an
+        edge) and no floating parameter or buffer is sharded or Partial: the ranks along such an axis all compute
+        the same thing (the whole plan, when every such axis is idle). Integer and boolean values (token ids, a
+        label shift's `new_zeros`, index arithmetic, masks) are left out: sharding them alone divides no work
+        (round 16, r16e: Speech2Text's default plan on dp=2 x tp=4 replicated every op but the labels' int64
+        `new_zeros` (8, 32), S(1)S(1), and no "no parallelism" note was given)."""
+        def floating(dtype: str) -> bool:
+            t = getattr(torch, str(dtype).removeprefix("torch."), None)
+            return not isinstance(t, torch.dtype) or t.is_floating_point or t.is_complex
+        layouts = {L for e in self.edges if floating(e.dtype) for L in (e.src_layout, e.dst_layout)}
+        layouts |= {p.stored for p in self.params.values() if floating(p.dtype)}
         used = set()
         for text in layouts:
             for axis, pl in zip(self.mesh.axis_names, Layout.parse(text).placements):
@@ -542,8 +558,11 @@ class Plan:
         m = self.pipeline.microbatches if self.pipeline is not None else 0
         per = f"per microbatch, {m} per step" if m else "per step"  # a pipeline plan's graph is one microbatch
         where = "of the last stage " if m else ""
+        returned = sorted((e for e in self.edges if e.dst == "output"), key=lambda e: e.index)
+        read = set(step_reads([(e.src, tuple(e.shape), getattr(torch, e.dtype, torch.float32)) for e in returned])
+                   if m else (e.src for e in returned))  # a pipeline's last stage returns only what the step reads
         for e in self.edges:
-            if e.dst != "output" and e.dst not in losses:
+            if (e.dst != "output" or e.src not in read) and e.dst not in losses:
                 continue
             moved = [s for s in e.steps if s.kind in ("all_gather", "all_to_all", "all_reduce") and s.mesh_axis in
                      self.mesh.axis_names and self.mesh.size(s.mesh_axis) > 1]

@@ -94,12 +94,13 @@ def segment_graph(traced: TracedGraph) -> Segments:
     Raises:
         ValueError: the graph has no repeated blocks (remedy in the text), or no batched input.
     """
-    if not traced.blocks:
+    stack = layer_stack(traced)  # also the layers of a model without repeated blocks (no two alike)
+    if not traced.blocks and stack is None:
         raise ValueError("pipeline planning cuts the model at repeated blocks, and the traced graph has none "
                          "(traced.blocks is empty). Remedy: use parallelizer.plan (no pipeline axis), or a model "
                          "whose layers are instances of one module class with equal shapes.")
-    group: BlockGroup = layer_stack(traced) or max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block,
-                                                                                   -traced.blocks.index(b)))
+    group: BlockGroup = stack or max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block,
+                                                                   -traced.blocks.index(b)))
     L = group.count
     in_block = {n: i + 1 for i, member in enumerate(group.nodes) for n in member}
     order = list(traced.nodes)

@@ -50,7 +50,7 @@ from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .launch import DistributedError, create_groups
 from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
-                       _sub_mesh_groups, boundary_dtypes, sent_dtypes, stage_graph, stage_pp_rank, stage_spec,
+                       _sub_mesh_groups, boundary_dtypes, returning_all, sent_dtypes, stage_graph, stage_pp_rank, stage_spec,
                        sum_over_copies)
 
 _F, _B = "F", "B"
@@ -99,9 +99,10 @@ class BitPipeRunner:
         n, m = self.schedule.num_stages * self.schedule.copies, self.schedule.num_microbatches
         return ((kind * n + x) * m + j) * _VALUES_PER_MESSAGE + i
 
-    def step(self, *inputs, target=None) -> None:
+    def step(self, *inputs, target=None, return_outputs: bool = False) -> None:
         """Run one step over all microbatches: inputs / target global (microbatches x traced batch in dim 0)
         on the ranks holding a copy's first / last stage; gradients are added to `.grad` (module docstring).
+        `return_outputs`: torch's schedules' argument; nothing is returned or kept here either way.
 
         Raises:
             DistributedError: a receive did not complete within the timeout (names the peer and the message).
@@ -308,6 +309,7 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
         for c in range(schedule.copies):
             if schedule.stage_to_rank[c * S + k] == p:
                 modules[c * S + k] = StageModule(stage_graph(traced, cut, k), k_spec, local, model)
+                returning_all(modules[c * S + k], traced, spec, cut, k, p * width)
                 modules[c * S + k].sent_dtypes = sent_dtypes(cut, k, dtypes, spec.autocast)
     loss = MicrobatchLoss(loss_fn, microbatches)
     runner = BitPipeRunner(schedule, modules, examples, pp_rank=p, width=width, local=local, loss=loss,

@@ -65,6 +65,7 @@ class OwnLossWeighting:
     kind: str
     program: torch.fx.GraphModule | None
     what: str
+    counted: tuple | None = None  # for "count": (target node, ignored value) when it counts targets != that value
 
     def counts(self, flat: list[torch.Tensor], microbatches: int) -> torch.Tensor:
         """n_j of each microbatch, shape (microbatches,), from the GLOBAL inputs `flat` (traced order, dim 0 =
@@ -117,6 +118,11 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str 
     what = _top_what(graph)
     if all(k.kind == kinds[0].kind for k in kinds) and kinds[0].kind in ("equal", "sum"):
         return OwnLossWeighting(kinds[0].kind, None, f"{what}, a sum of {len(terms)} loss terms ({', '.join(whats)})")
+    if all(k.kind == "count" and k.counted is not None and k.counted == kinds[0].counted for k in kinds):
+        # means over the same targets (a label-smoothed cross-entropy as make_fx decomposes it: the nll mean plus
+        # the smoothing term's sum over the targets != ignore_index, divided by their count): weighted by it
+        return OwnLossWeighting("count", kinds[0].program, f"{what}, a sum of {len(terms)} means over the same "
+                                f"targets ({', '.join(whats)})", kinds[0].counted)
     _unknown(what, f"a sum of {len(terms)} loss terms weighted differently ("
              + ", ".join(f"{w}: {k.kind}" for w, k in zip(whats, kinds))
              + "): only terms that all weigh equally (means over fixed numbers of items) or all add up (sums) "
@@ -137,10 +143,11 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
         if reduction == _MEAN and labels.meta["val"].dtype.is_floating_point:
             return OwnLossWeighting("equal", None, what)  # probabilities: mean over the rows, equal counts
         if reduction == _MEAN and args.get("weight") is None:
+            ignored = args.get("ignore_index", -100)
             program = _program(graph, inputs, labels, lambda g, v: g.call_function(
-                aten.sum.default, (g.call_function(aten.ne.Scalar, (v, args.get("ignore_index", -100))),)))
+                aten.sum.default, (g.call_function(aten.ne.Scalar, (v, ignored)),)))
             if program is not None:
-                return OwnLossWeighting("count", program, what)
+                return OwnLossWeighting("count", program, what, (_unviewed(labels).name, ignored))
         if args.get("weight") is not None:
             _unknown(what, "a cross-entropy with class weights (its mean divides by the sum of the targets' "
                      "weights, not by their count; e.g. item_count=lambda y: weight[y[y != -100]].sum())", source)
@@ -160,8 +167,33 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
                 _unknown(what, f"a quotient whose numerator ({node.args[0].name}) or denominator "
                          f"({node.args[1].name}) is not a plain sum over all items (e.g. a clamped or offset count "
                          "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
-            return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name)
+            return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name,
+                                    _counted_targets(node.args[1]))
     _unknown(what, "an op whose per-microbatch item count the graph does not show", source)
+
+
+def _unviewed(node):
+    """`node` through casts and views (`_PASS`)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASS:
+        node = node.args[0]
+    return node
+
+
+def _counted_targets(count: torch.fx.Node) -> tuple | None:
+    """(target node, value) when `count` is the number of targets != value: `sum(v != c)` or `sum(~(v == c))`
+    (through casts and views), as `OwnLossWeighting.counted`; None for another count."""
+    node = _unviewed(count)
+    if not (isinstance(node, torch.fx.Node) and node.target in (aten.sum.default, aten.sum.dim_IntList)
+            and _reduces_all(node)):
+        return None
+    inner = _unviewed(node.args[0])
+    if isinstance(inner, torch.fx.Node) and inner.target in (aten.bitwise_not.default, aten.logical_not.default):
+        inner = _unviewed(inner.args[0])
+        if not (isinstance(inner, torch.fx.Node) and inner.target == aten.eq.Scalar):
+            return None
+    elif not (isinstance(inner, torch.fx.Node) and inner.target == aten.ne.Scalar):
+        return None
+    return (_unviewed(inner.args[0]).name, inner.args[1])
 
 
 def _per_item(weighting: OwnLossWeighting, source: str) -> OwnLossWeighting:

@@ -19,6 +19,7 @@ the model with one microbatch (`global batch / microbatches`); `step` rejects a 
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from torch.utils import _pytree as pytree
 from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
 from ..errors import PipelineError
+from ..planner.plan import step_reads
 from ..planner.schedules import RUNNER_SCHEDULES
 from ..rewriter.collectives import find_group
 from ..rewriter.grad_sync import deferred_sync
@@ -43,6 +45,8 @@ from .microbatches import check_batch
 from .module import ParallelModule
 from .stage_checks import SPLIT_BACKWARD, check_buffer_copies, check_split_backward, uses_by_stage  # noqa: F401
 from .written_state import snapshot_written_state
+from ..rewriter.apply import RankProgram, rewrite
+from ..rewriter.verify import verify
 
 SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
              "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
@@ -63,12 +67,17 @@ def stage_pp_rank(schedule: str, stage: int, num_stages: int, pp: int) -> int:
 
 @dataclass(frozen=True)
 class StageCut:
-    """Which stage computes each op, and what each stage receives and sends (fx value names, in order)."""
+    """Which stage computes each op, and what each stage receives and sends (fx value names, in order).
+
+    The last stage's `outputs` are what a pipeline step reads of the model's outputs (`step_returns`: the
+    model's own loss alone when its first output is one); `model_outputs` are all of them, which the last
+    stage returns only to a step given a `loss_fn` (`StageModule.returns_all`)."""
 
     num_stages: int
     stage_of: dict[str, int]
     inputs: tuple[tuple[str, ...], ...]
     outputs: tuple[tuple[str, ...], ...]
+    model_outputs: tuple[str, ...] = ()
 
 
 def cut_stages(traced: TracedGraph, num_stages: int, blocks_per_stage: tuple[int, ...] | None = None) -> StageCut:
@@ -139,13 +148,35 @@ def _boundaries(traced: TracedGraph, stage_of: dict[str, int], num_stages: int) 
             if arg in produced:
                 last_use[arg] = max(last_use.get(arg, 0), k)
     outputs_of_model = tuple(a for a in _args(traced.graph_module.graph.output_node()))
-    for arg in outputs_of_model:
+    for arg in outputs_of_model:  # every output reaches the last stage (a step given a loss_fn may read it)
         last_use[arg] = num_stages
     inputs = [tuple(traced.input_names)]
     for k in range(1, num_stages):
         inputs.append(tuple(n for n in produced if produced[n] < k <= last_use.get(n, -1)))
-    outputs = [inputs[k + 1] for k in range(num_stages - 1)] + [outputs_of_model]
-    return StageCut(num_stages, stage_of, tuple(inputs), tuple(outputs))
+    outputs = [inputs[k + 1] for k in range(num_stages - 1)] + [step_returns(traced)]
+    return StageCut(num_stages, stage_of, tuple(inputs), tuple(outputs), outputs_of_model)
+
+
+def step_returns(traced: TracedGraph) -> tuple[str, ...]:
+    """The model outputs (fx value names) the last pipeline stage returns to the step: the first alone when it
+    is a 0-d floating value (the model's own loss, all `pm.step(loss_fn=None)` reads), else every output (a
+    `loss_fn` reads them). The other outputs stay where their ops made them: neither gathered over the stage's
+    (dp, tp) mesh nor held (round 16: GPT-2 with labels= on pp=2 x dp=2 gathered its logits over dp every
+    microbatch, and torch's schedule kept every microbatch's until the next step). The planner prices exactly
+    this (`stage_graph` of the last stage, `pipeline_memory`)."""
+    names = _args(traced.graph_module.graph.output_node())
+    return step_reads([(n, tuple(traced.node(n).outputs[0].shape), traced.node(n).outputs[0].dtype)
+                       for n in names if traced.node(n).outputs])
+
+
+def step_returned_share(traced: TracedGraph) -> float:
+    """The share of the model's returned bytes that the last pipeline stage returns (`step_returns`): what the
+    pipeline search keeps of a whole-graph plan's "outputs" memory."""
+    names = _args(traced.graph_module.graph.output_node())
+    size = {n: math.prod(traced.node(n).outputs[0].shape) * traced.node(n).outputs[0].dtype.itemsize
+            for n in names if traced.node(n).outputs}
+    total = sum(size[n] for n in names if n in size)
+    return sum(size[n] for n in step_returns(traced) if n in size) / total if total else 1.0
 
 
 def _args(node: torch.fx.Node) -> list[str]:
@@ -154,11 +185,13 @@ def _args(node: torch.fx.Node) -> list[str]:
     return found
 
 
-def stage_graph(traced: TracedGraph, cut: StageCut, k: int) -> TracedGraph:
+def stage_graph(traced: TracedGraph, cut: StageCut, k: int, outputs: tuple[str, ...] | None = None) -> TracedGraph:
     """A TracedGraph of stage k alone: its parameters, its received values as inputs, its ops, and the
-    values it sends as outputs (pass-through values included)."""
+    values it sends as outputs (pass-through values included; `outputs`: other names to return instead,
+    e.g. `cut.model_outputs` for the last stage)."""
+    outputs = cut.outputs[k] if outputs is None else outputs
     ops = [n for n, s in cut.stage_of.items() if s == k]
-    used = {a for n in ops for a in _args(traced.node(n).node)} | set(cut.outputs[k])
+    used = {a for n in ops for a in _args(traced.node(n).node)} | set(outputs)
     params = {fqn: p for fqn, p in traced.parameters.items() if set(p.placeholders) & used}
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
@@ -172,7 +205,7 @@ def stage_graph(traced: TracedGraph, cut: StageCut, k: int) -> TracedGraph:
     for name in ops:
         old = traced.node(name).node
         env[name] = graph.node_copy(old, lambda a: env[a.name])  # keeps the name (no clash in a new graph)
-    graph.output(tuple(env[n] for n in cut.outputs[k]))
+    graph.output(tuple(env[n] for n in outputs))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     nodes = {}
     for node in graph.nodes:
@@ -185,9 +218,11 @@ def stage_graph(traced: TracedGraph, cut: StageCut, k: int) -> TracedGraph:
                        [f"pipeline stage {k} of {cut.num_stages}"], training=traced.training)
 
 
-def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, stage_rank_offset: int) -> ShardingSpec:
+def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, stage_rank_offset: int,
+               outputs: tuple[str, ...] | None = None) -> ShardingSpec:
     """The intra-stage plan of stage k: the whole-graph spec restricted to the stage; received values
-    arrive in their producer's layout, sent values leave in it (the last stage uses the spec's output)."""
+    arrive in their producer's layout, sent values leave in it (the last stage returns `outputs`, default
+    `cut.outputs[k]`, in the layouts of the spec's output node)."""
     def produced_layout(name: str) -> Layout:
         if name in spec.nodes and name not in traced.input_names:
             return spec.nodes[name].output
@@ -198,7 +233,10 @@ def stage_spec(spec: ShardingSpec, traced: TracedGraph, cut: StageCut, k: int, s
     received = {n: produced_layout(n) for n in cut.inputs[k] if n not in traced.input_names}
     nodes = {n: spec.nodes[n] for n, s in cut.stage_of.items() if s == k}
     if k == cut.num_stages - 1:
-        nodes["output"] = spec.nodes["output"]
+        whole = spec.nodes["output"]  # the layouts the model's outputs are returned in, by output position
+        by_name = dict(zip(cut.model_outputs or cut.outputs[k], whole.inputs))
+        nodes["output"] = NodeSharding(tuple(by_name[n] for n in (cut.outputs[k] if outputs is None else outputs)),
+                                       whole.output)
     else:
         nodes["output"] = NodeSharding(tuple(produced_layout(n) for n in cut.outputs[k]),
                                        Layout.replicate(spec.mesh.ndim))
@@ -227,14 +265,32 @@ class StageModule(ParallelModule):
     in_codecs: tuple[BoundaryCodec | None, ...] = ()
     out_codecs: tuple[BoundaryCodec | None, ...] = ()
     sent_dtypes: tuple[torch.dtype, ...] = ()  # under a recipe: the dtypes its boundary buffers were made in
+    # the last stage when it returns less than all the model's outputs (`step_returns`): (stage graph, spec)
+    # returning all of them, and whether the running step reads them all (a `loss_fn`: `PipelineModule.step`)
+    whole: tuple[TracedGraph, ShardingSpec] | None = None
+    returns_all = False
+
+    def _returning(self) -> RankProgram:
+        """The program this call runs: the stage's own, or under `returns_all` the one returning all the
+        model's outputs (made on first use, as another mode's program: `ParallelModule._program_for`)."""
+        if not (self.returns_all and self.whole is not None):
+            return self.program
+        if self.__dict__.get("_whole_program") is None:
+            traced, spec = self.whole
+            program = rewrite(traced, spec, self.rank, grad_bucket_bytes=self.grad_bucket_bytes, frozen=self._frozen())
+            verify(program, traced, spec)
+            snapshot_written_state(program.graph_module, traced)
+            self.__dict__["_whole_program"] = program
+        return self.__dict__["_whole_program"]
 
     def forward(self, *wire):
         wire = tuple(_ContiguousGrad.apply(w) if w.requires_grad else w for w in wire)
         received = tuple(c.decode(w) if c is not None else w for c, w in zip(self.in_codecs, wire)) + \
             wire[len(self.in_codecs):]
+        program = self._returning()
         with self._autocast():  # the plan's mixed-precision recipe (a no-op without one), as ParallelModule
-            out = self.program.graph_module(*self._state(), *received)
-        if self.sent_dtypes:
+            out = program.graph_module(*self._state(program), *received)
+        if self.sent_dtypes and program is self.program:
             _check_sent_dtypes(self, out)
         sent = []
         for j, t in enumerate(out):
@@ -253,6 +309,15 @@ class StageModule(ParallelModule):
         # block ends in `.view(batch, seq, hidden)`) is copied too: torch's split backward (zbv, dualpipev)
         # detaches stage outputs in place, which a view refuses ("Can't detach views in-place", every rank)
         return tuple(t.clone() if t._is_view() and t.is_contiguous() else t.contiguous() for t in sent)
+
+
+def returning_all(module: StageModule, traced: TracedGraph, spec: ShardingSpec, cut: StageCut, k: int,
+                  offset: int) -> None:
+    """Give the last stage's module (k the last stage) what it needs to return all the model's outputs to a step
+    given a `loss_fn` (`StageModule.whole`), when `cut` has it return less (`step_returns`)."""
+    if k == cut.num_stages - 1 and cut.model_outputs and cut.outputs[k] != cut.model_outputs:
+        module.whole = (stage_graph(traced, cut, k, cut.model_outputs),
+                        stage_spec(spec, traced, cut, k, offset, cut.model_outputs))
 
 
 def _check_sent_dtypes(module: StageModule, out) -> None:
@@ -429,7 +494,10 @@ class PipelineRun:
         earlier = _take_grads(self)  # reduced already: only this step's part is reduced
         self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
         finals = [stage.final_backwards for stage in self.pipe]
-        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None)
+        # return_outputs=False: torch's schedule would keep every microbatch's outputs until the next step and
+        # concatenate them, which `step` never returns (round 16: 2 x the last stage's gathered logits held)
+        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None,
+                           return_outputs=False)
         _check_synced(self, finals)
         if losses is not None:
             losses.extend(loss for loss, _ in self.loss.recorded)
@@ -538,6 +606,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
         k_spec = stage_spec(spec, traced, cut, k, p * width)
         module = StageModule(tg, k_spec, local, model)
         snapshot_written_state(module.program.graph_module, tg)
+        returning_all(module, traced, spec, cut, k, p * width)
         sent_layouts = _sent_layouts(k_spec, cut.outputs[k])
         module.in_codecs = boundary_codecs(traced, cut, k - 1, k_spec.inputs, spec, local, boundary, boundary_rank,
                                            dtypes)
@@ -549,7 +618,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
             module, k, cut.num_stages, torch.device("cpu"), group=group,
             input_args=_on_wire(_examples(traced, cut.inputs[k], k_spec.inputs, spec, local, dtypes),
                                 module.in_codecs),
-            output_args=_on_wire(_examples(traced, cut.outputs[k], sent_layouts, spec, local, dtypes),
+            output_args=_on_wire(_examples(traced, *_returned(module, cut, k, sent_layouts), spec, local, dtypes),
                                  module.out_codecs)))
     loss = MicrobatchLoss(loss_fn, microbatches)
     sched = SCHEDULES[schedule](pipe if schedule in _MULTI_STAGE else pipe[0], microbatches,
@@ -558,6 +627,15 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
                        p == where[-1], loss, pipe)
+
+
+def _returned(module: StageModule, cut: StageCut, k: int, sent: dict[str, Layout]) -> tuple[tuple[str, ...], dict]:
+    """(names, layouts) of the most values stage k's module returns: torch's stage sizes its per-output tables by
+    the example outputs, so a last stage that may return all the model's outputs (`StageModule.whole`) declares
+    them all (it sends none)."""
+    if module.whole is None:
+        return cut.outputs[k], sent
+    return cut.model_outputs, _sent_layouts(module.whole[1], cut.model_outputs)
 
 
 def _merge_spec(traced: TracedGraph, names: tuple[str, ...]) -> tuple:

@@ -30,6 +30,7 @@ nn.Module contract, as far as a pipeline allows:
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -55,7 +56,7 @@ from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .module import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
-from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank
+from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank, step_returns
 from .zero1 import axis_group
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
                           own_loss_weighting)
@@ -235,11 +236,35 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             batch_target, count = target, item_count
         if loss_fn is not None:
             self._warn_loss_fn_mixing(loss_fn, fn, batch_target, count)
+        for stage in self.run.stages:  # a loss_fn reads the model's outputs; the own loss alone needs no other
+            stage.returns_all = loss_fn is not None
+        if loss_fn is not None:
+            self._warn_unpriced_outputs()
         loss = self.run.step(*flat, target=batch_target, loss_fn=fn, item_count=count)
         value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _warn_unpriced_outputs(self) -> None:
+        """Once: a `loss_fn` given for a model that returns its own loss first. The plan priced the last stage
+        returning that loss alone (`pipeline.step_returns`); a loss_fn may read every output, so the last stage's
+        ranks now gather them all whole each microbatch, which the plan's memory does not hold."""
+        if self.__dict__.get("_outputs_warned"):
+            return
+        self.__dict__["_outputs_warned"] = True
+        out = self.traced.graph_module.graph.output_node()
+        names: list[str] = []
+        torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+        if len(names) < 2 or step_returns(self.traced) == tuple(names):
+            return
+        extra = sum(math.prod(t.shape) * t.dtype.itemsize
+                    for n in names[1:] for t in self.traced.node(n).outputs[:1])
+        warnings.warn(f"PipelineModule.step: loss_fn given for a model whose first output is its own loss, so the last "
+                      f"stage's ranks gather its other {len(names) - 1} output(s) whole for loss_fn, {extra:,} bytes "
+                      "per microbatch that the plan did not count (it prices the model's own loss alone, what "
+                      "loss_fn=None reads). Remedy: pass loss_fn=None to train on the model's own loss, or trace the "
+                      "model without its labels so that its plan prices the outputs loss_fn reads", stacklevel=3)
 
     def _warn_loss_fn_mixing(self, loss_fn: LossFn, fn, target: torch.Tensor, count) -> None:
         """Once per (loss_fn, target dtype and shape), on rank 0: warn `MicrobatchWarning` when loss_fn on random
@@ -279,25 +304,30 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         count (`own_loss_weighting` raises). That is right for a mean of per-item terms; a batch-level term (an
         MoE load-balancing loss: a product of means over the tokens) then takes its per-microbatch values, as
         gradient accumulation does, and the step's loss and gradients differ from one device's (Mixtral with
-        output_router_logits on pp=2 x dp=2: loss 4.904533 vs 4.904525, gradients 234x the fp32 bound)."""
+        output_router_logits on pp=2 x dp=2: loss 4.904533 vs 4.904525, gradients 234x the fp32 bound).
+        Raises StepError when the graph shows a sum (`_refuse_counted_sum`)."""
         if self._trusted_warned:
             return
-        self._trusted_warned = True
         try:
-            own_loss_weighting(self.traced)
+            weighting = self._own_weighting or own_loss_weighting(self.traced, self._doubled_trace())
         except StepError as e:
+            self._trusted_warned = True
             what = f" ({e.loss})" if hasattr(e, "loss") else ""
             warnings.warn(f"PipelineModule.step: weighting the model's own loss{what} by your item_count. The "
                           "batch loss equals one device's only if that loss is a mean of per-item terms; a "
                           "batch-level term (e.g. an MoE router's load-balancing aux loss) is computed per microbatch "
                           "(gradient accumulation's value, not one device's). Remedy for an exact match: a mesh "
                           "without 'pp', or a loss without such a term", stacklevel=3)
+            return
+        _refuse_counted_sum(weighting, "the model's own loss")
+        self._trusted_warned = True
 
     def _check_user_count(self, loss_fn: LossFn, target: torch.Tensor, item_count) -> None:
         """Once per (loss_fn, item_count): warn when the user's item_count weighs the microbatches otherwise than
         the count loss_fn's own graph shows (e.g. counting every label != -100 for a loss over the shifted
         labels y[:, 1:]: GPT-2 on pp=2 x tp=2, loss 2.8e-3 and gradients off with no word). Nothing when the
-        graph shows no count (item_count is then the remedy) or loss_fn cannot be traced."""
+        graph shows no count (item_count is then the remedy) or loss_fn cannot be traced; StepError when it shows a
+        sum (`_refuse_counted_sum`)."""
         key = (loss_fn, item_count)
         if key in self._checked_counts:
             return
@@ -306,8 +336,11 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             graph_count = self._loss_fn_count(loss_fn, target)
         except StepError:
             return
-        if not isinstance(graph_count, ChunkCount) or graph_count.weighting.kind == "sum":
+        if not isinstance(graph_count, ChunkCount):
             return
+        self._checked_counts.discard(key)  # refused: checked again on the next call
+        _refuse_counted_sum(graph_count.weighting, "your loss_fn's loss")
+        self._checked_counts.add(key)
         chunks = target.tensor_split(self.run.microbatches)
         mine = torch.tensor([float(item_count(c)) for c in chunks], dtype=torch.float64)
         graph = torch.tensor([float(graph_count(c)) for c in chunks], dtype=torch.float64)
@@ -487,8 +520,23 @@ def _code(dtype: torch.dtype) -> int:
     return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else len(_DTYPES) + 1
 
 
+def _refuse_counted_sum(weighting, whose: str) -> None:
+    """StepError for `item_count=` given with a loss whose graph is a sum (reduction='sum', `.sum()`): a pipeline
+    adds the microbatch sums (weight 1 each), while item_count weighs each by its share n_j / N of the items, which
+    is never one device's sum (round 16, r16e: a reduction='sum' cross-entropy on pp=2, 4 microbatches with -100
+    labels spread unevenly: 34.13 for one device's 86.24, with no word)."""
+    if weighting.kind == "sum":
+        raise StepError(f"PipelineModule.step: item_count= was given, but {whose} is a sum ({weighting.what}): a "
+                        "pipeline adds the microbatches' sums to give one device's, and weighting each by its share of "
+                        "the items (what item_count is for: means) would not. Remedy: drop item_count= (and target= "
+                        "if only item_count reads it)")
+
+
 def _structured_loss(loss_fn: LossFn | None, out_spec, no_target: bool, output: tuple, target) -> torch.Tensor:
-    """The user's loss on the last stage's output tuple, restored to the model's output structure."""
+    """The user's loss on the last stage's output tuple, restored to the model's output structure; with
+    loss_fn=None the model's own loss, the first value (all the last stage returns then: `pipeline.step_returns`)."""
+    if loss_fn is None:
+        return compute_loss(output, None, None)
     structured = unflatten_in_order(list(output), out_spec) if out_spec is not None else output  # `tracer.leaves`
     return compute_loss(structured, None if no_target else target, loss_fn)
 

@@ -211,12 +211,13 @@ def layer_stack(traced) -> BlockGroup | None:
     calling `transformer_blocks[0].norm1.emb`) must come after the last member, where they join the head's
     stage, and a parameter they read is held by both stages as a tied one. Returned as a `BlockGroup` named
     "P.<first>-<last>" whose members may differ in structure; None when the first group's members already are
-    the whole stack (the identical-layer rule applies) or when no such stack exists.
+    the whole stack (the identical-layer rule applies) or when no such stack exists. A model without repeated
+    blocks (two layers of different kinds: no two alike) has the largest such stack, if any (round 16, r16e:
+    before, no pipeline unit, so pp=2 over a 2-layer hybrid was refused).
     """
-    if not traced.blocks:
-        return None
-    first = _first_run(traced)
-    largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
+    first = _first_run(traced) if traced.blocks else None
+    largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b))) \
+        if traced.blocks else None
     order = {name: i for i, name in enumerate(traced.nodes)}
     under: dict[str, list[str]] = defaultdict(list)  # every module path (called or not) -> its nodes
     for info in traced.nodes.values():
@@ -233,7 +234,8 @@ def layer_stack(traced) -> BlockGroup | None:
         fqns = [f for _, f in sorted(kids)]
         runs = _runs(fqns, under, order)
         covers = lambda g: all(any(m == f or _inside(m, f) for f in fqns) for m in g.members)  # noqa: E731
-        if runs is None or not (covers(first) and covers(largest)) or list(first.members) == fqns:
+        if runs is None or (first is not None and (not (covers(first) and covers(largest))
+                                                   or list(first.members) == fqns)):
             continue
         if not all(_reads_parameters(run, traced.nodes) for run in runs):
             continue

@@ -600,17 +600,45 @@ def _autocast_casts(node: torch.fx.Node, autocast: tuple[str, torch.dtype]) -> d
         try:
             fakes = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device_type)
                      if isinstance(v, torch.Tensor) else v for v in vals]
-        except Exception as exc:  # e.g. a "cuda" autocast region traced where fake CUDA tensors cannot be made
+            it = iter(fakes)
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(it))
+            recorder = _CastRecorder([f for f in fakes if isinstance(f, torch.Tensor)])
+            with torch.autocast(device_type, dtype=dtype), recorder:
+                node.target(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of the op on fake tensors of that device type
+            cause, remedy = autocast_failure(device_type, vals, exc)
             raise TraceError(f"torch.autocast({device_type!r}) around {node.format_node()}", _stack_location(node),
-                             f"trace on a machine with {device_type} devices, or move the autocast region's "
-                             f"device type to where the model runs ({type(exc).__name__}: {exc})") from exc
-        it = iter(fakes)
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(it))
-        recorder = _CastRecorder([f for f in fakes if isinstance(f, torch.Tensor)])
-        with torch.autocast(device_type, dtype=dtype), recorder:
-            node.target(*args, **kwargs)
+                             remedy, f"Cause: {cause}") from exc
     tensor_index = [i for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
     return {tensor_index[k]: d for k, d in recorder.casts.items()}
+
+
+def autocast_failure(device_type: str, vals: list, exc: BaseException) -> tuple[str, str]:
+    """(cause, remedy) of an op of a `torch.autocast(device_type)` region that could not be run once on fake
+    tensors of that device type (to record autocast's casts), the cause from facts checked here rather than from
+    the exception's text: whether torch knows the device type, whether this torch build has its backend module,
+    and where the op's traced tensors are. (Round 16, r16e: it said "trace on a machine with <type> devices",
+    which fake tensors never need: fake CUDA tensors are made on a machine without CUDA.)"""
+    error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    written = "write the device type the model runs on, e.g. torch.autocast(x.device.type, ...)"
+    try:
+        torch.device(device_type)
+    except (RuntimeError, ValueError):
+        return f"{device_type!r} is not a device type torch knows ({error})", written
+    if getattr(torch, device_type, None) is None:
+        return (f"this torch build has no torch.{device_type} backend module, which autocast({device_type!r}) needs "
+                f"({error})", f"trace with the torch build (or plugin) that provides it, or {written}")
+    traced_on = sorted({v.device.type for v in vals if isinstance(v, torch.Tensor)} - {"meta"})
+    if traced_on and traced_on != [device_type]:
+        return (f"the op's tensors are on {', '.join(traced_on)}, not {device_type}: run eagerly there, "
+                f"autocast({device_type!r}) does not apply to them, and the op could not run on {device_type} "
+                f"tensors to record autocast's casts ({error})",
+                "write the device type of the tensors, e.g. torch.autocast(x.device.type, ...), or build the model "
+                "on the device it runs on")
+    return (f"the op raised when run once under autocast on fake {device_type} tensors of its traced shapes and "
+            f"dtypes, to record autocast's casts ({error})",
+            "run the model once eagerly under this autocast to see whether it runs there, or move the op out of "
+            "the autocast region")
 
 
 def _detach(gm: torch.fx.GraphModule, value: torch.fx.Node, where: torch.fx.Node | None = None) -> torch.fx.Node:

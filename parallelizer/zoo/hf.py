@@ -7,6 +7,7 @@ SDPA path fail on GPT-2 (measured with torch 2.13, transformers 5.24); pass attn
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -30,21 +31,47 @@ def _token_ids(batch: int, seq_len: int, vocab: int, device, seed: int) -> torch
     return ids.to(device)
 
 
-def _with_labels(model, ids: torch.Tensor, labels: bool):
+RETURNS = ("all", "loss")
+
+
+def _with_labels(model, ids: torch.Tensor, labels: bool, returns: str = "all"):
     """(model, (ids,)) or, with labels, (model, (ids,), {"labels": ...}): the causal-LM loss becomes the model's
     first output. The first sample's first quarter of labels is -100 (ignored), so batch shards hold
-    different numbers of counted tokens (a sharded mean must divide by the global count)."""
+    different numbers of counted tokens (a sharded mean must divide by the global count).
+
+    returns: "all" (transformers' output: the loss, the logits, ...) or, with labels, "loss": the model's class
+    becomes a subclass whose forward returns `.loss` alone (`loss_only`: same modules and state-dict keys), what
+    a training step reads; its plans neither gather nor hold the logits (the CLI's language-model presets).
+    Raises ValueError for another `returns`, or "loss" without labels."""
+    if returns not in RETURNS or (returns == "loss" and not labels):
+        raise ValueError(f"returns={returns!r}: use one of {RETURNS} ('loss' needs labels=True: without labels "
+                         "the model computes no loss)")
     if not labels:
         return model, (ids,)
+    if returns == "loss":
+        model.__class__ = loss_only(type(model))
     target = ids.clone()
     target[0, : max(1, ids.shape[1] // 4)] = -100
     return model, (ids,), {"labels": target}
 
 
+@functools.cache
+def loss_only(cls: type) -> type:
+    """A subclass of a transformers model class whose forward returns the model output's `.loss` alone."""
+    @functools.wraps(cls.forward)  # the parent's signature: export names the inputs by it (input_ids, labels)
+    def forward(self, *args, **kwargs):
+        return cls.forward(self, *args, **kwargs).loss
+
+    forward.__doc__ = f"{cls.__name__}.forward(...).loss: the loss alone (`parallelizer.zoo.hf.loss_only`)."
+    return type(f"{cls.__name__}LossOnly", (cls,), {"forward": forward, "__module__": __name__,
+                                                      "__doc__": forward.__doc__})
+
+
 def gpt2(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
-         labels: bool = False, **overrides):
+         labels: bool = False, returns: str = "all", **overrides):
     """transformers `GPT2LMHeadModel` (tied wte/lm_head); inputs: input_ids (batch, seq_len), and with
-    `labels=True` keyword labels (batch, seq_len) so that the loss is computed inside the model."""
+    `labels=True` keyword labels (batch, seq_len) so that the loss is computed inside the model
+    (`returns="loss"`: the loss alone is returned, `_with_labels`)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     kw = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=max(64, seq_len),
@@ -52,13 +79,14 @@ def gpt2(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, 
               attn_implementation="eager", bos_token_id=0, eos_token_id=0)
     kw.update(overrides)
     model = _build(GPT2LMHeadModel, GPT2Config(**kw), device, seed)
-    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels)
+    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels, returns)
 
 
 def llama(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0, dropout: float = 0.0,
-          labels: bool = False, **overrides):
+          labels: bool = False, returns: str = "all", **overrides):
     """transformers `LlamaForCausalLM` with grouped-query attention (4 query heads share 2 KV heads by
-    default), RMSNorm and rotary embeddings; inputs: input_ids (batch, seq_len) [, labels=...]."""
+    default), RMSNorm and rotary embeddings; inputs: input_ids (batch, seq_len) [, labels=...]
+    (`returns="loss"`: the loss alone is returned, `_with_labels`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     kw = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -67,7 +95,7 @@ def llama(batch: int = 2, seq_len: int = 32, device: str = "cpu", seed: int = 0,
               bos_token_id=0, eos_token_id=0, pad_token_id=0)
     kw.update(overrides)
     model = _build(LlamaForCausalLM, LlamaConfig(**kw), device, seed)
-    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels)
+    return _with_labels(model, _token_ids(batch, seq_len, kw["vocab_size"], device, seed), labels, returns)
 
 
 def llama2_7b_config() -> dict:

@@ -185,3 +185,55 @@ def scaler_train(rank: int, world_size: int, mesh: dict, steps: int = 3) -> dict
         scales.append(scaler.get_scale())
         ref_scales.append(ref_scaler.get_scale())
     return {"scales": scales, "ref_scales": ref_scales, "params": _diff(pm, reference, grads=False)}
+
+
+def returned_outputs_train(rank: int, world_size: int, mesh: dict, steps: int = 2) -> dict:
+    """GPT-2 traced with labels= (it returns (loss, logits)) on a pipeline plan, trained with `pm.step`: steps with
+    loss_fn=None (the model's own loss), then one with a loss_fn reading the logits. Returns per step the bytes
+    each last-stage forward returned (a forward hook), the bytes torch's schedule still held of the last stage's
+    outputs after the step (`output_chunks`), the loss difference from the single-device model, the parameter
+    difference after the AdamW steps, and the warnings of the loss_fn step."""
+    torch.manual_seed(0)
+    model, (ids,), kw = zoo.gpt2(**GPT2_4, labels=True)
+    labels = padded_labels(ids)
+    reference = copy.deepcopy(model)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        pm = parallelizer.auto_parallelize(model, (ids,), example_kwargs={"labels": labels}, mesh=mesh,
+                                           axis_roles={"dp": "ddp"}, microbatches=2, schedule="1f1b")
+    returned: list[int] = []
+    S = len(pm.plan.pipeline.stages)
+    for stage in (s for s in pm.run.stages if s.traced.notes[0] == f"pipeline stage {S - 1} of {S}"):
+        stage.register_forward_hook(lambda m, a, out: returned.append(sum(t.numel() * t.element_size() for t in out)))
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    report = {"returned": [], "held": [], "loss": 0.0, "last": pm.last, "warnings": []}
+    for i in range(steps + 1):
+        returned.clear()
+        if i < steps:
+            loss = pm.step(ids, labels=labels)
+        else:  # a loss_fn reading the logits: the last stage returns them all, and says the plan did not count them
+            import warnings
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = pm.step(ids, labels=labels, target=labels,
+                               loss_fn=lambda out, y: torch.nn.functional.cross_entropy(
+                                   out.logits[:, :-1].flatten(0, 1), y[:, 1:].flatten()))
+            report["warnings"] = [str(w.message) for w in caught if "did not count" in str(w.message)]
+        ref_loss = reference(ids, labels=labels).loss
+        ref_loss.backward()
+        report["returned"].append(sorted(set(returned)) if pm.last else [])
+        report["held"].append(sum(t.numel() * t.element_size() for s in pm.run.pipe for o in s.output_chunks
+                                  for t in (o if isinstance(o, tuple) else (o,)) if isinstance(t, torch.Tensor)))
+        report["loss"] = max(report["loss"], abs(loss.item() - ref_loss.item()))
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    report["params"] = _diff(pm, reference, grads=False)
+    summed = lambda out, y: torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten(), reduction="sum")
+    try:  # a reduction='sum' loss_fn with item_count=: refused on every rank before any work
+        pm.step(ids, labels=labels, target=labels, loss_fn=summed, item_count=lambda y: (y != -100).sum())
+        report["sum_item_count"] = "no error"
+    except StepError as err:
+        report["sum_item_count"] = str(err)
+    return report

@@ -517,3 +517,30 @@ def test_a_loss_whose_confirming_second_trace_fails_is_refused_not_guessed():
     with pytest.raises(StepError, match="that trace failed") as info:
         doubled_trace(Retracer.of(model), traced)
     assert "node" in str(info.value) and "sum" in str(info.value)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 0])
+def test_a_label_smoothed_loss_fn_is_weighted_by_its_targets(ignore_index):
+    """`F.cross_entropy(..., label_smoothing=0.1)` as a loss_fn: make_fx decomposes it into the nll mean plus the
+    smoothing term's sum over the targets != ignore_index divided by their count, two means over the same targets.
+    It was refused (StepError "a sum of 2 loss terms weighted differently ... count, count": pass item_count=);
+    now weighted by that count, the microbatch losses give the batch loss (labels ignored unevenly)."""
+    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.tracer.graph import TensorMeta
+
+    def smoothed(out, y):
+        return F.cross_entropy(out["logits"].flatten(0, 1), y.flatten(), label_smoothing=0.1, ignore_index=ignore_index)
+
+    torch.manual_seed(0)
+    logits, (_, labels) = torch.randn(B, T, V), _batch()
+    labels[labels == -100] = ignore_index
+    labels[0, 1:] = ignore_index  # microbatch 0 counts 1 + 6 targets, microbatch 1 counts 12 (or fewer zeros)
+    spec = torch.utils._pytree.tree_flatten({"logits": logits})[1]
+    weighting = loss_fn_weighting(smoothed, [TensorMeta((B // M, T, V), torch.float32)], spec, labels[:B // M])
+    assert weighting.kind == "count", weighting
+    count = ChunkCount(weighting, M, B // M)
+    parts = [smoothed({"logits": lg}, y) * (count(y) / count(labels))
+             for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))]
+    torch.testing.assert_close(sum(parts), smoothed({"logits": logits}, labels), rtol=1.3e-6, atol=1e-5)
+    equal = sum(smoothed({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))) / M
+    assert abs(float(equal - smoothed({"logits": logits}, labels))) > 1e-3  # the counts matter here

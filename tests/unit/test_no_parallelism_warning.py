@@ -11,6 +11,7 @@ import io
 import warnings
 
 import pytest
+import torch
 
 import parallelizer
 from parallelizer import NoParallelismWarning, zoo
@@ -108,3 +109,26 @@ def test_a_tp_axis_too_wide_for_the_batch_is_offered_the_tp_role():
     assert "axis_roles={'tp': 'tp'} (CLI: --roles tp=tp)" in str(w.message), w.message
     forced = _plan(_mlp(1), {"tp": 2}, axis_roles={"tp": "tp"})  # the remedy works on a batch of 1
     assert _unsharded_axes(forced) == [] and not _warned(forced)
+
+
+def test_an_axis_sharding_only_integer_values_is_idle():
+    """Round 16 (r16e): Speech2Text's default plan on dp=2 x tp=4 replicated every op but the label shift's int64
+    `new_zeros` (8, 32), laid out S(1)S(1), and `idle_axes` counted that as use, so neither the "no parallelism"
+    note nor NoParallelismWarning came. The class: integer / boolean values (token ids, index arithmetic, masks)
+    sharded alone divide no work. Here GPT-2 with a batch of 1 on dp=2 (all Replicate) with its int64 token ids
+    laid out S(1) over dp (as the ILP may, at no cost): still idle, and warned."""
+    import dataclasses
+    tg = parallelizer.trace(*zoo.gpt2(n_layer=1, n_embd=16, n_head=2, vocab_size=64, batch=1, seq_len=8,
+                                      device="meta"))
+    p = _plan(tg, {"dp": 2})
+    assert p.idle_axes() == ["dp"]
+    ids = tg.input_names[0]
+    assert tg.nodes[ids].outputs[0].dtype == torch.int64
+    nodes = dict(p.nodes)
+    nodes[ids] = dataclasses.replace(nodes[ids], output="S(1)")
+    edges = tuple(dataclasses.replace(e, src_layout="S(1)") if e.src == ids else e for e in p.edges)
+    assert any(e.src == ids for e in edges)
+    shifted = dataclasses.replace(p, nodes=nodes, edges=edges)
+    assert shifted.idle_axes() == ["dp"] and shifted.shards_nothing()
+    assert "no parallelism" in shifted.notes()[0]
+    assert _warned(shifted)

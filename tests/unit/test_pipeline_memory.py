@@ -40,8 +40,9 @@ def test_stage_state_and_inflight_activations(gpt2):
     assert gpipe[1]["activations"] == M * one_f[1]["activations"]
     assert all(m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "outputs", "buffers"))
                for m in one_f)
-    # the last stage holds one microbatch of the returned (loss, logits) whole: 4 + 2 x 16 x V x 4 bytes
-    assert [m["outputs"] for m in one_f] == [0, 4 + 2 * 16 * V * 4]
+    # the last stage returns what the step reads of (loss, logits): the model's own loss, 4 bytes (round 16;
+    # before, one microbatch of both whole, 4 + 2 x 16 x V x 4 bytes, which `pm.step` never returned)
+    assert [m["outputs"] for m in one_f] == [0, 4]
 
 
 def test_stage_activations_cover_the_whole_graph_once(gpt2):

@@ -31,3 +31,31 @@ def test_lm_preset_traces_its_loss_and_the_logits_are_saved(model):
     share = saved_tensor_owners(tg.graph_module, resident).get(ce[0].name)
     kept = saved_activation_bytes(ce[0].target, *node_values(ce[0]), share=share)
     assert kept == B * T * V * 4 + B * T * 8  # fp32 logits + int64 targets (the gpt preset: T tokens of targets)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_lm_presets_return_the_loss_alone_unless_asked_for_all(model):
+    """A CLI plan of a language-model preset is a training plan: the preset returns its loss alone, so the plan
+    neither gathers nor holds the logits (round 14: the Llama-3-8B preset on dp=8 x tp=8 "needs >= 141.1 GB",
+    134.5 GB of it the returned logits; round 16, r16e). `--config returns=all` plans transformers' whole output;
+    the parameters and their names are the model's either way."""
+    import contextlib
+    import io
+
+    import parallelizer
+    plans = {}
+    for returns in ("loss", "all"):
+        config = SMALL[model] if returns == "loss" else {**SMALL[model], "returns": "all"}
+        built = presets.build(presets.recipe(model, config, batch=B, seq_len=T), "meta")
+        tg = trace(*built)
+        assert list(tg.input_names) == ["input_ids", "labels"], tg.input_names  # the model's own input names
+        out = tg.graph_module.graph.output_node().args[0]
+        assert [tuple(a.meta["val"].shape) for a in out] == ([()] if returns == "loss" else [(), (B, T, V)])
+        with contextlib.redirect_stdout(io.StringIO()):
+            plans[returns] = parallelizer.plan(tg, {"dp": 2}, precision="fp32")
+        plans[returns + "_keys"] = sorted(built[0].state_dict())
+    assert plans["loss_keys"] == plans["all_keys"]
+    assert plans["loss"].cost.memory_bytes["outputs"] == 4  # the fp32 loss
+    assert plans["all"].cost.memory_bytes["outputs"] == 4 + B * T * V * 4  # and the logits, whole on every rank
+    with pytest.raises(presets.ModelBuildError, match="returns=.logits.: use one of"):
+        presets.build(presets.recipe(model, {**SMALL[model], "returns": "logits"}, batch=B, seq_len=T), "meta")

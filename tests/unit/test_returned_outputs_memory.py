@@ -66,3 +66,27 @@ def test_a_pipelines_last_stage_holds_one_microbatch_of_the_outputs():
     ranks = pipeline_rank_memory(plan, parallelizer.trace(*zoo.gpt2(
         device="meta", n_layer=4, n_embd=64, n_head=4, vocab_size=256, batch=4, seq_len=16)))
     assert [m["outputs"] for m in ranks] == [0, 4 * 16 * 256 * 4]  # the traced microbatch, whole
+
+
+def test_a_pipeline_of_a_model_with_its_own_loss_holds_the_loss_alone():
+    """GPT-2 given labels= returns (loss, logits). `pm.step` (loss_fn=None) reads the loss alone, so the last
+    stage returns the loss and nothing else: its program does not gather the logits and the plan prices 4 bytes
+    of outputs (round 16, r16e: it gathered the logits over dp every microbatch, and the search and
+    `pipeline_rank_memory` counted one microbatch of them, 4 x 16 x 256 x 4 + 4 bytes here). A model that
+    returns no loss keeps every output (the loss_fn reads them): the test above."""
+    from parallelizer.runtime.pipeline import cut_stages, stage_graph
+    sizes = dict(device="meta", n_layer=4, n_embd=64, n_head=4, vocab_size=256, seq_len=16, labels=True)
+    model, inputs, kwargs = zoo.gpt2(batch=8, **sizes)
+    traced = parallelizer.trace(model, inputs, kwargs)
+    found = _quiet(plan_pipeline, traced, "h100:1x4", global_batch=8, pp=2, tp=1, num_microbatches=2,
+                   schedules=("1f1b",), zero1=False, precision="fp32", progress=False)
+    last = next(k for k in found.stage_kinds if len(found.stages) - 1 in k.stages)
+    assert last.memory_bytes["outputs"] < 100  # the loss (scaled by the search's microbatch factors), no logits
+    micro = parallelizer.trace(*zoo.gpt2(batch=4, **sizes)[:2], zoo.gpt2(batch=4, **sizes)[2])
+    cut = cut_stages(micro, 2)
+    assert len(cut.model_outputs) == 2 and cut.outputs[-1] == cut.model_outputs[:1]
+    out = stage_graph(micro, cut, 1).graph_module.graph.output_node()
+    assert [a.name for a in out.args[0]] == list(cut.model_outputs[:1])
+    plan = _quiet(parallelizer.plan, traced, cluster="h100:1x4", global_batch=8, mesh={"pp": 2, "dp": 2},
+                  precision="fp32")
+    assert [m["outputs"] for m in pipeline_rank_memory(plan, micro)] == [0, 4]  # one fp32 loss

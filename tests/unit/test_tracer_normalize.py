@@ -386,3 +386,38 @@ def test_aliases_become_the_ops_they_alias_and_ddp_plans_without_fallbacks():
     torch.testing.assert_close(tg.graph_module(*model.parameters(), x)[0], model(x))
     plan = parallelizer.plan(tg, {"dp": 2}, axis_roles={"dp": "ddp"})
     assert not plan.fallbacks and not plan.notes(), plan.notes()
+
+
+class _AutocastOn(torch.nn.Module):
+    """A Linear inside `torch.autocast(device_type)`, traced with CPU tensors."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.lin, self.device_type = torch.nn.Linear(4, 4), device_type
+
+    def forward(self, x):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.lin(x).float().sum()
+
+
+def test_an_autocast_region_that_cannot_be_traced_names_a_checked_cause():
+    """Round 16 (r16e): the TraceError of an autocast region whose op could not run on fake tensors of its device
+    type said "trace on a machine with <type> devices" without checking (fake CUDA tensors are made on a machine
+    without CUDA), and an op the region's device type met on CPU tensors (xpu) raised a raw AssertionError. Each
+    cause now comes from a checked fact: a backend module this torch build lacks (hpu), tensors on another device
+    than the region's (xpu around CPU tensors), a device type torch does not know, or else the op's own error."""
+    import parallelizer
+    from parallelizer.errors import TraceError
+    from parallelizer.tracer.normalize import autocast_failure
+
+    assert getattr(torch, "hpu", None) is None and getattr(torch, "xpu", None) is not None  # the facts used below
+    with pytest.raises(TraceError) as hpu:
+        parallelizer.trace(_AutocastOn("hpu"), (torch.randn(2, 4),))
+    assert "no torch.hpu backend module" in str(hpu.value) and "machine with" not in str(hpu.value)
+    with pytest.raises(TraceError) as xpu:
+        parallelizer.trace(_AutocastOn("xpu"), (torch.randn(2, 4),))
+    assert "the op's tensors are on cpu, not xpu" in str(xpu.value), str(xpu.value)
+    cause, _ = autocast_failure("foo", [], RuntimeError("boom"))
+    assert "'foo' is not a device type torch knows" in cause
+    cause, remedy = autocast_failure("cpu", [torch.zeros(2)], RuntimeError("boom"))
+    assert cause.startswith("the op raised") and "RuntimeError: boom" in cause and "eagerly" in remedy
