@@ -195,7 +195,7 @@ class _Rewriter:
                           for i, (arg, dst) in enumerate(zip(tensor_args, sharding.inputs))])
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(delivered))
         if node.meta.get(SPLIT_BIAS):  # a bias split off linear / addmm: added in the product's dtype, as they add
-            cast = self.graph.call_function(torch.ops.aten.type_as.default, (args[1], args[0]))  # it (autocast)
+            cast = self.graph.call_function(bias_in_dtype_of, (args[1], args[0]))  # it (under autocast)
             cast.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
             args = (args[0], cast, *args[2:])
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
@@ -356,3 +356,12 @@ def _differentiable(node: torch.fx.Node) -> bool:
 
 def _safe_name(fqn: str) -> str:
     return "p_" + fqn.replace(".", "_")
+
+
+def bias_in_dtype_of(bias: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
+    """`bias` in `product`'s dtype: the bias split off a linear / addmm (`tracer.normalize.SPLIT_BIAS`) as those ops
+    add it (under a torch.autocast the trace did not see, the product is bf16 and the bias fp32); itself when the
+    dtypes agree. A Python helper: with `aten.type_as.default` as the op node instead, the ranks of a 3-D
+    scaled_dot_product_attention model (tests/distributed/test_attention_ranks_run.py) died with SIGSEGV in the
+    attention op downstream (cause not isolated; `Tensor.type_as` in a helper ran clean)."""
+    return bias if bias.dtype == product.dtype else bias.to(product.dtype)
