@@ -305,7 +305,11 @@ def gloo_worker(rank: int, world_size: int, port: int, timeout_s: float, queue, 
     except Exception as exc:  # reported to the parent, which raises
         queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
     finally:
-        os._exit(0)
+        try:  # the result must be in the pipe before os._exit, which kills the queue's feeder thread: without
+            queue.close()  # this the parent waited for its timeout (330 s) for a result rank 0 had put (round 16)
+            queue.join_thread()
+        finally:
+            os._exit(0)
 
 
 def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
