@@ -365,3 +365,16 @@ def bias_in_dtype_of(bias: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
     scaled_dot_product_attention model (tests/distributed/test_attention_ranks_run.py) died with SIGSEGV in the
     attention op downstream (cause not isolated; `Tensor.type_as` in a helper ran clean)."""
     return bias if bias.dtype == product.dtype else bias.to(product.dtype)
+
+
+class AsEmitted(torch.fx.Interpreter):
+    """Runs a traced (or stage) graph with the emitted program's dtype semantics: a split bias
+    (`tracer.normalize.SPLIT_BIAS`) is added in the product's dtype (`bias_in_dtype_of`), as `RankProgram` does;
+    the rest as the graph says. For what infers dtypes from the unsharded graph under autocast
+    (`runtime.pipeline.boundary_dtypes`)."""
+
+    def run_node(self, n: torch.fx.Node):
+        if n.op == "call_function" and n.meta.get(SPLIT_BIAS):
+            product, bias, *rest = self.map_nodes_to_values(n.args, n)
+            return n.target(product, bias_in_dtype_of(bias, product), *rest, **n.kwargs)
+        return super().run_node(n)

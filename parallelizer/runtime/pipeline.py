@@ -45,7 +45,7 @@ from .microbatches import check_batch
 from .module import ParallelModule
 from .stage_checks import SPLIT_BACKWARD, check_buffer_copies, check_split_backward, uses_by_stage  # noqa: F401
 from .written_state import snapshot_written_state
-from ..rewriter.apply import RankProgram, rewrite
+from ..rewriter.apply import AsEmitted, RankProgram, rewrite
 from ..rewriter.verify import verify
 
 SCHEDULES = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B,
@@ -368,8 +368,8 @@ def boundary_dtypes(traced: TracedGraph, cut: StageCut, recipe: str | None,
                     meta = traced.node(node.name).outputs[0]
                     dtype = dtypes.get(node.name, meta.dtype) if node.name in cut.inputs[k] else meta.dtype
                     args.append(torch.empty(meta.shape, dtype=dtype).requires_grad_(carries_grad(dtype)))
-                with autocast(recipe, device_type):
-                    out = tg.graph_module(*args)
+                with autocast(recipe, device_type):  # the emitted program's semantics (a split bias in the
+                    out = AsEmitted(tg.graph_module).run(*args)  # product's dtype: `rewriter.apply.AsEmitted`)
         except Exception as err:  # noqa: BLE001 (any op's failure on fake tensors; named in the message)
             raise PipelineError(f"pipeline stage {k}: could not infer the dtypes its boundary values have under the "
                                 f"recipe {recipe!r} by running the stage on fake tensors ({type(err).__name__}: "

@@ -89,10 +89,9 @@ def test_a_pipeline_plan_notes_its_logits_summed_whole_per_microbatch():
     """Trial r14e: a pipeline plan's graph is one microbatch, and its logits may reach the output as a Partial
     all-reduced whole over tp (a row-parallel lm_head): not noted at all, while the last stage's ranks then hold
     them whole every microbatch (a searched Llama-3-8B plan: 33.6 GB per microbatch); a gather's bytes were said
-    to be "per step"."""
-    model, (ids,), kw = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, vocab_size=V, batch=B // 2, seq_len=T, device="meta",
-                                 labels=True)
-    traced = parallelizer.trace(model, (ids,), kw)
+    to be "per step". Without labels= (round 16, r16e: with them the last stage returns the loss alone, below)."""
+    model, (ids,) = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, vocab_size=V, batch=B // 2, seq_len=T, device="meta")
+    traced = parallelizer.trace(model, (ids,))
     with contextlib.redirect_stdout(io.StringIO()):
         p = parallelizer.plan(traced, {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"}, global_batch=B, microbatches=2)
     whole = B // 2 * T * V * 4  # one microbatch's fp32 logits, counted independently
@@ -102,6 +101,17 @@ def test_a_pipeline_plan_notes_its_logits_summed_whole_per_microbatch():
     assert f"{whole / 1e6:.1f} MB per microbatch, 2 per step" in note and "every rank of the last stage" in note, note
     if all(s.kind == "all_reduce" for s in moved):
         assert "summed (all-reduce of a Partial) whole over tp" in note, note
+
+
+def test_a_pipeline_plan_of_a_model_returning_its_loss_first_notes_no_logits_gather():
+    """Round 16 (r16e): with labels= the model's first output is its loss and the last stage returns that alone
+    (`pm.step` reads nothing else), so the logits are not gathered and not noted."""
+    model, (ids,), kw = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, vocab_size=V, batch=B // 2, seq_len=T, device="meta",
+                                 labels=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        p = parallelizer.plan(parallelizer.trace(model, (ids,), kw), {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"},
+                              global_batch=B, microbatches=2)
+    assert not [n for n in p.notes() if n.startswith("large gather")]
 
 
 class _SoftTargets(torch.nn.Module):

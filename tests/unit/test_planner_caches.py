@@ -68,7 +68,8 @@ def test_searched_plan_is_unchanged_by_the_caches(monkeypatch):
     # layout as it is (trial 10e: a freer ILP, same mesh, schedule and stages: 0.4427 -> 0.4402 ms)
     assert (s["mesh"]["shape"], s["schedule"], s["microbatches"]) == ([2, 2, 1], "gpipe", 1)
     assert [st.layout for st in warm.pipeline.stages] == [0, 1] and dict(warm.recompute) == {}
-    assert s["step_s"] == pytest.approx(0.0004402441973335703, rel=1e-12)
+    # round 16 (r16f): + the pipeline runtime's fixed cost per send and recv on GPU presets, 5 us x 4 = 20 us
+    assert s["step_s"] == pytest.approx(0.00046024419733357034, rel=1e-12)
     _cold(monkeypatch)
     cold = _plan(traced, **kw)
     assert cold.to_json() == warm.to_json()
