@@ -56,6 +56,8 @@ class _Context:
         self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
         self.cache: dict[int, SegmentPrices] = {}
         self.lean_cache: dict[int, SegmentPrices] = {}  # tp -> the memory-lean layout's prices (`prices`)
+        from ..runtime.stage_cut import step_returned_share  # runtime imports the planner: at call time
+        self.returned_share = step_returned_share(traced)  # of the returned bytes, what the last stage returns
         self.built: dict[int, tuple] = {}  # tp -> the intra-stage ILP's (problem, pricer), for both layouts
         self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
@@ -284,11 +286,9 @@ class _Context:
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
         syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.cluster.device,
                                    self.overlap_grad_sync)
-        # the last stage returns the model's outputs a step reads (`runtime.pipeline.step_returns`: its own loss
+        # the last stage returns the model's outputs a step reads (`runtime.stage_cut.step_returns`: its own loss
         # alone, when it has one) of each microbatch whole over dp and tp, so its ranks hold one microbatch of them
-        from ..runtime.pipeline import step_returned_share  # runtime imports the planner
-        out_bytes = (self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp
-                     * step_returned_share(self.traced))
+        out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp * self.returned_share
         for r in range(p):
             mine = [s for s in range(S) if r in rank[s]]  # model stages r holds (bitpipe: of both copies)
             tot = {k: sum(stages[s][k] for s in mine) for k in ("fwd", "bwd", "wgrad", "state", "act")}
