@@ -111,15 +111,15 @@ def parse_mesh(text: str) -> MeshSpec:
         raise ValueError(f"--{exc}" if str(exc).startswith("mesh ") else f"--mesh {text!r}: {exc}") from None
 
 
-def _number(kind: type, least: float, what: str):
-    """An argparse type: `kind` (int or float) of at least `least` (argparse then exits 2 naming the option, before
-    any work: a 0 there ran a rehearsal that compared nothing, or failed deep in the planner)."""
+def _number(kind: type, least: float, what: str, strict: bool = False):
+    """An argparse type: `kind` (int or float) of at least `least`, or above it when `strict` (argparse then exits 2
+    naming the option, before any work: a 0 there ran a rehearsal that compared nothing, or failed in the planner)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not value >= least:
+        if not (value > least if strict else value >= least):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
     return parse
@@ -127,7 +127,7 @@ def _number(kind: type, least: float, what: str):
 
 _COUNT = _number(int, 1, "an integer >= 1")
 _COUNT0 = _number(int, 0, "an integer >= 0")
-_AMOUNT = _number(float, 1e-12, "> 0")
+_AMOUNT = _number(float, 0.0, "> 0", strict=True)
 _AMOUNT0 = _number(float, 0.0, ">= 0")
 
 
