@@ -19,7 +19,7 @@ import re
 from importlib import resources
 
 from .errors import PlanMismatchError, PlanValidationError, format_bytes
-from .planner.plan import _MAIN_OPS, memory_rows, precision_text, search_rows
+from .planner.plan_text import _MAIN_OPS, memory_rows, precision_text, search_rows
 from .planner.stages import MEMORY_KINDS
 
 SCHEMA_FILE = "plan_schema.json"

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..core.mesh import MeshSpec
 from ..errors import PipelineError
 from .boundary import BoundaryCompression, sig10 as _sig10
@@ -40,6 +42,16 @@ from .schedules import SCHEDULES, get_schedule, invalid_reason, rank_of_stage
 SCHEDULE_NAMES = tuple(SCHEDULES)  # as the CLI spells them; runtime.pipeline (and runtime.bitpipe) runs each
 PP_AXIS = "pp"
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "total")
+
+
+def step_reads(outputs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[str, ...]:
+    """Of the model's outputs (name, global shape, dtype; in output order), the names a pipeline step reads when
+    no loss_fn is given: the first alone when it is a 0-d floating value (the model's own loss), else all. The last
+    stage of a pipeline returns these (`runtime.pipeline.step_returns`)."""
+    if outputs and outputs[0][1] == () and outputs[0][2].is_floating_point:
+        return (outputs[0][0],)
+    return tuple(name for name, _, _ in outputs)
+
 
 
 @dataclass(frozen=True, slots=True)

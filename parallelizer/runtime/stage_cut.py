@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..errors import PipelineError
-from ..planner.plan import step_reads
+from ..planner.stages import step_reads
 from ..tracer.blocks import pipeline_unit
 from ..tracer.graph import Role, TracedGraph
 

@@ -50,8 +50,11 @@ def test_derived_edges_equal_the_planners_when_block_members_differ():
     traced = parallelizer.trace(*zoo.gpt(n_layer=4, n_embd=64, n_head=2, vocab_size=128, block_size=32, batch=8,
                                          device="meta"))
     free = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False)
+    # the optimum, not the incumbent at the default 60 s wall-clock limit: under a load of 20 on 2 cores the solve
+    # stopped "feasible" (gap 0.4%) with every member alike (13 s of CPU; round 17)
     plan = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False,
-                             memory_budget_bytes=int(free.cost.memory_bytes["total"] * 0.7))
+                             memory_budget_bytes=int(free.cost.memory_bytes["total"] * 0.7), time_limit_s=900)
+    assert plan.solver.optimal, plan.solver
     d = plan.to_dict()
     exceptions = d["blocks"][0]["exceptions"]
     assert exceptions  # members solved separately under a tight budget: not all alike

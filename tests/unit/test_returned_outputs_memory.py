@@ -14,7 +14,7 @@ from parallelizer import zoo
 from parallelizer.errors import InfeasiblePlanError
 from parallelizer.pipeline_memory import pipeline_rank_memory
 from parallelizer.planner import plan_pipeline
-from parallelizer.planner.plan import memory_rows
+from parallelizer.planner.plan_text import memory_rows
 
 
 class Wide(nn.Module):
