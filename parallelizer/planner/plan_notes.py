@@ -125,7 +125,7 @@ def notes(plan: Plan) -> list[str]:
     uses no parallelism at all; ops without a sharding rule (run replicated), axis roles a parameter could
     not honour and blocks that could not be recomputed (`fallbacks`); activations gathered over a
     "ddp"/"fsdp" axis because the op reading them has no strategy that keeps them sharded there (it runs on
-    the whole batch)."""
+    the whole batch); values gathered whole that are large; a solve stopped by its time limit."""
     idle = idle_axes(plan)
     roles = {a: r for a, r in plan.config.get("axis_roles") or []}
     if shards_nothing(plan):
@@ -150,7 +150,24 @@ def notes(plan: Plan) -> list[str]:
         notes.append(f"under the axis roles {roles} these ops gather or re-shard their input over {', '.join(data)} "
                      f"(no strategy of theirs keeps it sharded along the batch there): {', '.join(moved)}")
     notes += _large_gather_notes(plan)
+    if not plan.solver.optimal:
+        notes.append(_unproven_note(plan))
     return notes
+
+
+def _unproven_note(plan: Plan) -> str:
+    """The note of a plan the solver did not prove optimal: it stopped at its wall-clock limit (`time_limit_s`)
+    with the best plan found so far, which depends on how fast the machine was at the time (round 17: a tight
+    budget's plan of a 4-layer GPT on dp=2 x tp=2 came out with every block alike under a load of 20 on 2 cores
+    and with blocks differing idle), so the same inputs can give another plan elsewhere (DESIGN.md rule 6
+    holds for proven optima only)."""
+    s = plan.solver
+    gap = "" if s.gap is None else f" {s.gap:.2%} from the solver's bound"
+    spent = "" if s.time_s is None else f" after {s.time_s:.0f} s"
+    return (f"not proven optimal: the {s.solver} solver stopped at its time limit{spent} with the best plan found "
+            f"so far{gap}; a plan cut off by a wall-clock limit depends on the machine's speed and load, so the "
+            "same model and options can give another plan on another run. Remedy: a larger time_limit_s (CLI "
+            "--time-limit) until the solver reports optimal")
 
 
 def _large_gather_notes(plan: Plan) -> list[str]:

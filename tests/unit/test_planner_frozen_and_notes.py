@@ -1,12 +1,14 @@
 """The planner prices frozen parameters without gradients or optimizer state, and its notes say what ran
 replicated and why."""
 import contextlib
+import dataclasses
 import io
 
 import torch
 from torch import nn
 
 import parallelizer
+from parallelizer.planner import Plan
 
 
 class Frozen(nn.Module):
@@ -52,3 +54,15 @@ def test_a_gather_the_ddp_role_cannot_avoid_is_planned_and_noted():
     plan = _plan(Pooled(), (torch.randn(6, 5, 8), torch.randint(0, 5, (6,))), {"dp": 2}, axis_roles={"dp": "ddp"})
     (note,) = [n for n in plan.notes() if "gather or re-shard their input over dp" in n]
     assert "aten.index.Tensor" in note
+
+
+def test_a_plan_the_solver_did_not_prove_optimal_says_so_and_how_to_fix_it():
+    plan = _plan(Frozen(), (torch.randn(8, 32),), {"dp": 2}, axis_roles={"dp": "ddp"})
+    assert plan.solver.optimal and not any("not proven optimal" in n for n in plan.notes())
+    cut = dataclasses.replace(plan, solver=dataclasses.replace(plan.solver, status="feasible", optimal=False,
+                                                               gap=0.0043, time_s=61.5))
+    note = [n for n in cut.notes() if n.startswith("not proven optimal")]
+    assert len(note) == 1 and "stopped at its time limit after 62 s" in note[0] and "0.43% from" in note[0]
+    assert "--time-limit" in note[0] and "NOTE: not proven optimal" in cut.summary()
+    loaded = Plan.from_json(cut.to_json()).notes()  # derived on load, not stored (wall-clock times are not written)
+    assert [n for n in loaded if n.startswith("not proven optimal")] == [note[0].replace(" after 62 s", "")]
