@@ -59,8 +59,8 @@ class PipelineActionCost:
     `GPU_PIPELINE_ACTION` (reasoning there). Every field >= 0 seconds, < 1.
 
     `own_runner` (round 17): the same costs for the schedules the package runs on its own runner rather than
-    torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`, measured ~2x torch's per action);
-    None: those schedules are priced with the fields above (`for_schedule`).
+    torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`; its F measured 1.1-2.9x torch's,
+    B 0.6-1.2x, round 17); None: those schedules are priced with the fields above (`for_schedule`).
 
     Raises:
         ValueError: a field that is not seconds in [0, 1); `own_runner` not a PipelineActionCost or None, or one
