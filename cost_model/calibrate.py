@@ -52,7 +52,10 @@ The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, 
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
 (without those: no slowdown, full overlap, the optimizer priced at memory bandwidth). The device's optional
 ``pipeline_action_s`` (round 16) holds the per-action costs; a profile without it gets
-:data:`cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured on this machine, documented there).
+:data:`cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured on this machine, documented there). Its
+optional ``own_runner`` (round 17) holds the costs of the package's own BitPipe runner, measured when a
+benchmark for it is registered (:func:`cost_model.pipeline_actions.register_own_runner_benchmark`; the
+``parallelizer calibrate`` CLI registers it); without it BitPipe is priced at torch's costs.
 ``python -m cost_model.calibrate -o profile.json`` writes one.
 """
 
@@ -354,9 +357,13 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     out["step_efficiency"] = db.matmul_efficiency / da.matmul_efficiency - 1
     if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
         out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
-    for f in dataclasses.fields(PipelineActionCost):  # the pipeline runtime's cost per action (round 16)
-        if getattr(da.pipeline_action, f.name) > 0:
-            out[f"pipeline action {f.name}"] = getattr(db.pipeline_action, f.name) / getattr(da.pipeline_action, f.name) - 1
+    runners = [("", da.pipeline_action, db.pipeline_action)]  # the pipeline runtimes' cost per action (round 16)
+    if da.pipeline_action.own_runner is not None and db.pipeline_action.own_runner is not None:
+        runners.append(("own runner ", da.pipeline_action.own_runner, db.pipeline_action.own_runner))
+    for label, pa, pb in runners:
+        for name in PipelineActionCost.seconds_fields():
+            if getattr(pa, name) > 0:
+                out[f"pipeline action {label}{name}"] = getattr(pb, name) / getattr(pa, name) - 1
     for n in sorted(set(a.links) & set(b.links)):
         if n in a.collective_sync and n in b.collective_sync:  # relative to the 4 KiB all-reduce it adds to
             base = flat_collective_time_s("all_reduce", 4096, n, a.links[n]) + a.collective_sync[n]
@@ -388,7 +395,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
             "launch_overhead_s": dev.launch_overhead_s, "optimizer_bytes_per_s": dev.optimizer_bytes_per_s,
             "optimizer_tensor_s": dev.optimizer_tensor_s,
-            "pipeline_action_s": dataclasses.asdict(dev.pipeline_action),
+            "pipeline_action_s": _pipeline_action_to_json(dev.pipeline_action),
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
         "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
@@ -417,15 +424,26 @@ def _link_from_json(spec: dict) -> Link:
                 per_kind=per_kind, size_fits=size_fits)
 
 
+def _pipeline_action_to_json(cost: PipelineActionCost) -> dict:
+    """``pipeline_action_s``: the seconds fields, and ``own_runner`` (the same, nested) when measured."""
+    out: dict = {name: getattr(cost, name) for name in PipelineActionCost.seconds_fields()}
+    if cost.own_runner is not None:
+        out["own_runner"] = _pipeline_action_to_json(cost.own_runner)
+    return out
+
+
 def _pipeline_action_from_json(spec: dict | None) -> PipelineActionCost:
     """The device's per-action pipeline costs (``pipeline_action_s``), or, for a profile written before round
-    16, :data:`CPU_PIPELINE_ACTION`. An unknown key raises KeyError (load_profile says to re-run calibration)."""
+    16, :data:`CPU_PIPELINE_ACTION`; ``own_runner`` (round 17) is optional (absent: None, own-runner schedules
+    priced at torch's costs). An unknown key raises KeyError (load_profile says to re-run calibration)."""
     if spec is None:
         return CPU_PIPELINE_ACTION
-    known = {f.name for f in dataclasses.fields(PipelineActionCost)}
+    known = {*PipelineActionCost.seconds_fields(), "own_runner"}
     if set(spec) - known:
         raise KeyError(f"pipeline_action_s has unknown keys {sorted(set(spec) - known)}; known {sorted(known)}")
-    return PipelineActionCost(**{k: float(v) for k, v in spec.items()})
+    own = spec.get("own_runner")
+    return PipelineActionCost(**{k: float(v) for k, v in spec.items() if k != "own_runner"},
+                              own_runner=None if own is None else _pipeline_action_from_json(own))
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
@@ -516,7 +534,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
                                  memory_efficiency=dev["step_efficiency"], pipeline_action=CPU_PIPELINE_ACTION)
     if pipeline_actions:
         step("pipeline actions")
-        device = dataclasses.replace(device, pipeline_action=measure_pipeline_actions())
+        device = dataclasses.replace(device, pipeline_action=measure_pipeline_actions(own_runner=True))
         bar.update()
     slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
@@ -571,6 +589,14 @@ def refit(path: str | os.PathLike, out_path: str | os.PathLike | None = None) ->
     return profile
 
 
+def _own_runner_summary(cost: PipelineActionCost) -> str:
+    own = cost.own_runner
+    if own is None:
+        return "; own runner (bitpipe) not measured: priced at torch's costs (`parallelizer calibrate` measures it)"
+    return ("; own runner (bitpipe) F/B " + "/".join(f"{x * 1e6:.0f}" for x in (own.forward_s, own.backward_s))
+            + f" us, send/recv {own.send_s * 1e6:.0f}/{own.recv_s * 1e6:.0f} us, step set-up {own.step_s * 1e3:.1f} ms")
+
+
 def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     """One line per calibrated process count: compute, contention, overlap and each kind's fit (a kind of
     :data:`REUSED_KIND_FITS` outside the measured ``kinds``, default :data:`CALIBRATED_KINDS`, is named as
@@ -583,7 +609,7 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
              f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
              "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
              + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
-             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms"]
+             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms" + _own_runner_summary(dev.pipeline_action)]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

@@ -58,8 +58,13 @@ class PipelineActionCost:
     without them gets `cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured, round 16); the GPU presets
     `GPU_PIPELINE_ACTION` (reasoning there). Every field >= 0 seconds, < 1.
 
+    `own_runner` (round 17): the same costs for the schedules the package runs on its own runner rather than
+    torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`; its F measured 1.1-2.9x torch's,
+    B 0.6-1.2x, round 17); None: those schedules are priced with the fields above (`for_schedule`).
+
     Raises:
-        ValueError: a field that is not seconds in [0, 1).
+        ValueError: a field that is not seconds in [0, 1); `own_runner` not a PipelineActionCost or None, or one
+            with an `own_runner` of its own.
     """
 
     forward_s: float = 0.0
@@ -69,12 +74,27 @@ class PipelineActionCost:
     send_s: float = 0.0
     recv_s: float = 0.0
     step_s: float = 0.0
+    own_runner: "PipelineActionCost | None" = None
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+        for name in self.seconds_fields():
+            v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v < 1):
-                raise ValueError(f"PipelineActionCost.{f.name}={v!r}: must be seconds in [0, 1)")
+                raise ValueError(f"PipelineActionCost.{name}={v!r}: must be seconds in [0, 1)")
+        if self.own_runner is not None and (not isinstance(self.own_runner, PipelineActionCost)
+                                            or self.own_runner.own_runner is not None):
+            raise ValueError(f"PipelineActionCost.own_runner={self.own_runner!r}: must be None or a "
+                             "PipelineActionCost without an own_runner of its own")
+
+    @staticmethod
+    def seconds_fields() -> tuple[str, ...]:
+        """The names of the seconds fields (all but `own_runner`), in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(PipelineActionCost) if f.name != "own_runner")
+
+    def for_schedule(self, name: str) -> "PipelineActionCost":
+        """The costs a step of schedule `name` pays: `own_runner`'s for `OWN_RUNNER_SCHEDULES` when measured,
+        else these."""
+        return self.own_runner if name in OWN_RUNNER_SCHEDULES and self.own_runner is not None else self
 
     def compute_s(self) -> tuple[float, float, float, float]:
         """(F, I, W, B) seconds, in `planner.simulate`'s kind order."""
@@ -82,7 +102,13 @@ class PipelineActionCost:
 
     def scaled(self, factor: float) -> "PipelineActionCost":
         """Every field multiplied by `factor` (host CPU work slowed by processes sharing the cores)."""
-        return PipelineActionCost(*(min(0.5, getattr(self, f.name) * factor) for f in dataclasses.fields(self)))
+        return PipelineActionCost(*(min(0.5, getattr(self, name) * factor) for name in self.seconds_fields()),
+                                  own_runner=None if self.own_runner is None else self.own_runner.scaled(factor))
+
+
+# Schedules run by the package's own runner (`parallelizer.runtime.bitpipe`), not by torch's pipelining runtime:
+# priced with `PipelineActionCost.own_runner` where a profile measured it.
+OWN_RUNNER_SCHEDULES = frozenset({"bitpipe"})
 
 
 # GPU presets: the host work per action (~0.1 ms of Python per action on a CPU host, measured round 16 with

@@ -61,7 +61,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for", "inner_for",
+__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "contention_factor", "measure_optimizer", "repeats_for", "inner_for",
            "median_time_s", "sync_wait_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -363,9 +363,24 @@ def _throughput(fn: Callable[[], object], work: float, seconds: float) -> float:
     return calls * work / (time.perf_counter() - start)
 
 
-def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds: int, queue) -> None:
-    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once), for mm, add and
-    an AdamW step; puts ``(rank, {"solo": [mm, add, adamw] rates, "all": [...]})`` (medians over rounds)."""
+def _keep_busy(fn: Callable[[], object], done, target: int) -> None:
+    """Count this process's window as done, then keep calling ``fn`` until ``target`` windows are done (all
+    ``k`` processes of this window): so every process's counted window runs with all ``k`` competing.
+
+    Before (round 17), a process that finished its window went to the barrier and left the cores to the rest,
+    whose last calls then ran with fewer than ``k`` competing: with AdamW calls of ~90 ms at k = 4 (3-4 per
+    0.3 s window) the tails were a large share of each window, and the x4 AdamW factor read 1.41, 4.00, 1.46,
+    3.77 and 4.00 in five calibrations of 2026-12-03 (below 2 is impossible for 4 processes on 2 cores)."""
+    with done.get_lock():
+        done.value += 1
+    while done.value < target:
+        fn()
+
+
+def _contention_worker(rank: int, nprocs: int, barrier, done, window_s: float, rounds: int, queue) -> None:
+    """Spawned worker: ``rounds`` x (process 0 alone for ``window_s``, then all processes at once, each kept busy
+    until all have finished their window: :func:`_keep_busy`), for mm, add and an AdamW step; puts
+    ``(rank, {"solo": [mm, add, adamw] rates, "all": [...]})`` (medians over rounds)."""
     try:
         torch.set_num_threads(1)
         a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
@@ -379,6 +394,7 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
             fn()
         solo: list[list[float]] = [[] for _ in kernels]
         together: list[list[float]] = [[] for _ in kernels]
+        windows = 0
         for _ in range(rounds):
             for i, (fn, work) in enumerate(kernels):
                 barrier.wait(timeout=120)
@@ -386,6 +402,8 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
                     solo[i].append(_throughput(fn, work, window_s))
                 barrier.wait(timeout=120)
                 together[i].append(_throughput(fn, work, window_s))
+                windows += 1
+                _keep_busy(fn, done, nprocs * windows)
         queue.put(("ok", (rank, {"solo": [statistics.median(r) for r in solo] if rank == 0 else None,
                                  "all": [statistics.median(r) for r in together]})))
     except Exception as exc:
@@ -399,9 +417,10 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
     measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
     outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0). Each factor
-    is clamped to [1, k]: k processes cannot each run faster than one alone (a ratio below 1, measured: 0.65
-    for AdamW at k = 2 in one of two idle calibrations, 0.98 in the other, is noise), nor all together do less
-    than one alone. The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
+    is clamped to [max(1, k / cores), k] (:func:`contention_factor`): k single-threaded processes on fewer cores
+    cannot each run faster than cores / k of one alone (a ratio below 1, measured: 0.65 for AdamW at k = 2 in one
+    of two idle calibrations, 0.98 in the other, is noise), nor all together do less than one alone. Every process
+    keeps computing until all have finished the window (:func:`_keep_busy`). The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
     optimizer step; with 1M elements, which fit in the last-level cache alone but not four at once, the x4
     factor ranged 2.2-6.6 between calibrations, now 2.1-2.6).
 
@@ -417,8 +436,9 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
         if k == 1:
             out[1] = (1.0, 1.0, 1.0)
             continue
-        queue, barrier = ctx.Queue(), ctx.Barrier(k)
-        procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, window_s, rounds, queue)) for r in range(k)]
+        queue, barrier, done = ctx.Queue(), ctx.Barrier(k), ctx.Value("i", 0)
+        procs = [ctx.Process(target=_contention_worker, args=(r, k, barrier, done, window_s, rounds, queue))
+                 for r in range(k)]
         for proc in procs:
             proc.start()
         try:
@@ -435,9 +455,17 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
         results = [p[1] for _, p in got]
         solo = next(r["solo"] for r in results if r["solo"] is not None)
-        out[k] = tuple(min(float(k), max(1.0, solo[i] / statistics.median(r["all"][i] for r in results)))
-                       for i in range(3))
+        out[k] = tuple(contention_factor(solo[i], [r["all"][i] for r in results], k, _cores()) for i in range(3))
     return out
+
+
+def contention_factor(solo_rate: float, rates: Sequence[float], k: int, cores: int) -> float:
+    """The slowdown of each of ``k`` processes: ``solo_rate`` over the median of their ``rates``, clamped to
+    ``[max(1, k / cores), k]``. Below ``k / cores`` is impossible (``k`` single-threaded processes on ``cores`` cores
+    get at most ``cores / k`` of a core each), so such a reading is a measurement fault and is raised to the bound;
+    above ``k`` (all together doing less than one alone) is noise. ``cores`` < 1 counts as 1."""
+    low = max(1.0, k / max(1, cores))
+    return min(float(k), max(low, solo_rate / statistics.median(rates)))
 
 
 def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[float, float]:

@@ -11,7 +11,9 @@ works (their sum per action); step = a whole ``schedule.step`` less the actions'
 split, loss bookkeeping), per rank. A compute action's cost is its median less the median of the same op run
 alone in the same process (the stage's Linear forward; its backward; input-only and weight-only gradients),
 which the cost model prices as compute. Medians over both ranks, the actions and ``steps`` steps after 2
-warm-up steps.
+warm-up steps. The two schedules' steps and the bare ops are interleaved step by step (round 17): measured one
+schedule after the other, a burst of outside load shifted every sample of one schedule's kinds, and three
+back-to-back measurements at load 3-6 read I 118 / 106 / 199 us and B 199 / 172 / 111 us (I and B swapped).
 
 A ``PipelineStage`` subclass times its methods; one private function is wrapped in the spawned workers,
 ``torch.distributed.pipelining.schedules._batch_p2p`` (posts one SEND / RECV action's ops; the works it
@@ -26,6 +28,7 @@ send 35 us (24-56), recv 33 us (24-45), set-up 2.2 ms per step (1.1-3.1: the ste
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections import defaultdict
@@ -35,7 +38,19 @@ import torch
 from cost_model.hardware import PipelineActionCost
 from cost_model.measure import _free_port, _run_spawned, gloo_worker
 
-__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples"]
+__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples",
+           "register_own_runner_benchmark"]
+
+# The benchmark of the package's own pipeline runner (BitPipe: `parallelizer.runtime.bitpipe`), registered by
+# `parallelizer.runtime.bitpipe_cost` (this leaf package cannot import the runtime): a callable returning its
+# PipelineActionCost (without own_runner). None: not registered, nothing measured.
+_OWN_RUNNER_BENCHMARK: list = [None]
+
+
+def register_own_runner_benchmark(measure) -> None:
+    """Register ``measure() -> PipelineActionCost``, the per-action costs of the package's own runner, which
+    :func:`measure_pipeline_actions` records as ``own_runner`` (``None`` unregisters)."""
+    _OWN_RUNNER_BENCHMARK[0] = measure
 
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
                                          backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3)
@@ -140,15 +155,18 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
     x = torch.randn(_MICROBATCHES, _WIDTH)
     target = torch.randn(_MICROBATCHES, _WIDTH)
     loss_fn = torch.nn.functional.mse_loss
+    runs = []  # (style, schedule, holds the first stage, holds the last, modules)
     for cls, style in ((pipelining.ScheduleInterleaved1F1B, "loop"), (pipelining.ScheduleZBVZeroBubble, "v")):
         held = [k for k in range(_STAGES)
                 if (k % nprocs if style == "loop" else (k if k < nprocs else 2 * nprocs - 1 - k)) == rank]
         torch.manual_seed(0)
         mods = [torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(_STAGES)]
         stages = [Stage(mods[k], k, _STAGES, torch.device("cpu"), group=None) for k in held]
-        sched = cls(stages, _MICROBATCHES, loss_fn=loss_fn, scale_grads=False)
-        first, last = 0 in held, _STAGES - 1 in held
-        for i in range(steps + 2):
+        runs.append((style, cls(stages, _MICROBATCHES, loss_fn=loss_fn, scale_grads=False), 0 in held,
+                     _STAGES - 1 in held, mods))
+    bare: dict[str, list[float]] = defaultdict(list)
+    for i in range(steps + 2):  # the schedules' steps and the bare ops interleaved: a burst of outside load
+        for style, sched, first, last, mods in runs:  # shifts one round of every kind, not all samples of one
             clock.on, clock.inside, clock.posted = i >= 2, 0.0, defaultdict(int)
             io = {k: len(clock.cpu[k]) for k in ("send", "recv")}
             start = time.thread_time()
@@ -160,12 +178,16 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
                     clock.cpu[f"{k} action"].append(sum(clock.cpu[k][n:]) / max(1, clock.posted[k]))
             for m in mods:
                 m.zero_grad(set_to_none=True)
+        for k, v in _bare_ops(_MICROBATCHES).items():
+            if i >= 2:
+                bare[k] += v
     schedules._batch_p2p = real_batch
-    return dict(clock.cpu), _bare_ops(steps)
+    return dict(clock.cpu), dict(bare)
 
 
 def _bare_ops(repeats: int) -> dict[str, list[float]]:
-    """Per-thread CPU seconds of the stage's op alone: forward, full backward, input-only, weight-only."""
+    """Per-thread CPU seconds of the stage's op alone: forward, full backward, input-only, weight-only
+    (``repeats`` samples of each after 2 warm-up ones)."""
     lin = torch.nn.Linear(_WIDTH, _WIDTH)
     out: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeats + 2):
@@ -186,11 +208,17 @@ def _bare_ops(repeats: int) -> dict[str, list[float]]:
     return {k: v[2:] for k, v in out.items()}
 
 
-def measure_pipeline_actions(steps: int = 10, timeout_s: float = 300.0) -> PipelineActionCost:
-    """Measure :class:`PipelineActionCost` on this machine (module docstring), ~10-20 s on 2 cores.
+def measure_pipeline_actions(steps: int = 10, timeout_s: float = 300.0, own_runner: bool = False) -> PipelineActionCost:
+    """Measure :class:`PipelineActionCost` on this machine (module docstring), ~10-20 s on 2 cores; with
+    ``own_runner`` and a registered benchmark (:func:`register_own_runner_benchmark`) also the package's own
+    runner's costs, as ``own_runner`` (~20-40 s more).
 
     Raises:
         RuntimeError: a worker failed or no result arrived within ``timeout_s``; names the rank.
     """
     got = _run_spawned(_worker, 2, (_free_port(), steps, timeout_s), timeout_s + 30, "pipeline action calibration")
-    return action_cost_from_samples(got["samples"], got["bare"])
+    cost = action_cost_from_samples(got["samples"], got["bare"])
+    bench = _OWN_RUNNER_BENCHMARK[0]
+    if own_runner and bench is not None:
+        cost = dataclasses.replace(cost, own_runner=bench())
+    return cost

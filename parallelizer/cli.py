@@ -488,8 +488,12 @@ def _check_writable(path: str | None) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    """`parallelizer calibrate`: `cost_model.calibrate` over gloo, written to -o."""
+    """`parallelizer calibrate`: `cost_model.calibrate` over gloo, written to -o, with the package's own BitPipe
+    runner's per-action costs (`runtime.bitpipe_cost`)."""
     from cost_model.calibrate import main as calibrate_main
+
+    from .runtime.bitpipe_cost import register
+    register()
 
     _check_writable(args.out)
     calibrate_main(["-o", args.out, "--nprocs", *map(str, args.nprocs)] + (["--quick"] if args.quick else [])

@@ -53,6 +53,8 @@ timeline (F, I, W or B), plus one send for each cross-rank transfer it produces 
 stage, I/B's input gradients to the previous one) and one receive for the cross-rank transfer it consumes, as
 torch's runtime builds, posts and waits on those ops around the action (same-rank hand-offs, the V's tip,
 pay neither); and every rank starts its first action `step_s` after the step begins (the schedule's set-up).
+A schedule that runs on the package's own runner (BitPipe) pays that runner's costs where the profile measured
+them (`PipelineActionCost.for_schedule`, round 17), else torch's.
 So with c_F = c_B = c and nothing else, GPipe / 1F1B take (m + p - 1)(F + B + 2c) at equal stages; with
 send = recv = c on p = 2, each stage's F and B pay one transfer op each, again (m + 1)(F + B + 2c); step_s adds
 itself to the makespan. The overhead is CPU work of the rank, so it shares the cores like compute (`cores`),
@@ -261,6 +263,7 @@ class _Compiled:
     rank_stages: tuple[tuple[int, ...], ...]  # per rank, the model stage of each action stage it holds
     sends: np.ndarray       # (N,) cross-rank transfers the action produces (0 or 1)
     recvs: np.ndarray       # (N,) cross-rank transfers the action consumes (0 or 1)
+    name: str = ""          # the schedule's name (its runner's per-action cost: PipelineActionCost.for_schedule)
 
 
 def _overlapped_sync(c: _Compiled, starts: np.ndarray, ends: np.ndarray, times: StageTimes) -> np.ndarray:
@@ -387,7 +390,7 @@ def _compile(sched: ActionSchedule) -> _Compiled:
     recvs = (xfer != S - 1).astype(np.int64)
     sends = np.bincount(pred[recvs == 1, 1], minlength=N)[:N]
     return _Compiled(p, S, tuple(acts), kind_a, stage_a, rank_a, pred, xfer, prev_link, tuple(levels), by_rank,
-                     tuple(counts), tuple(last_bwd), rank_stages, sends, recvs)
+                     tuple(counts), tuple(last_bwd), rank_stages, sends, recvs, sched.name)
 
 
 def _link_order(producer: np.ndarray, xfer: np.ndarray, rank: np.ndarray, S: int) -> np.ndarray:
@@ -431,7 +434,7 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     f, i, w = (np.asarray(v, dtype=float) for v in (times.fwd_s, times.bwd_input_s, times.bwd_weight_s))
     table = np.stack([f, i, w, i + w])
     dur = table[c.kind, c.stage]
-    over = times.action_overhead
+    over = None if times.action_overhead is None else times.action_overhead.for_schedule(c.name)
     start_s = 0.0
     if over is not None:  # module docstring: per-action runtime overhead
         dur = dur + np.asarray(over.compute_s())[c.kind] + over.send_s * c.sends + over.recv_s * c.recvs

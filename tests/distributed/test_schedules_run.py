@@ -34,3 +34,24 @@ def test_bitpipe_dualpipev_and_zbv_train_like_one_device():
         assert tuple(report["bitpipe"]["first_last"]) == ((True, True) if rank in (0, 3) else (False, False))
         for name in ("dualpipev", "zbv"):  # V: the first and the last stage on rank 0
             assert tuple(report[name]["first_last"]) == ((True, True) if rank == 0 else (False, False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a hang guard: ~5-30 s here
+def test_the_bitpipe_runners_per_action_cost_is_measured_for_the_profile():
+    """Round 17 (issue 14): `parallelizer calibrate` registers a benchmark of our BitPipe runner with the leaf
+    cost_model (`runtime.bitpipe_cost`), which records it as `PipelineActionCost.own_runner`. The runner runs F
+    and full B only (no I / W); every measured cost is positive host seconds below 50 ms per action."""
+    from cost_model.pipeline_actions import _OWN_RUNNER_BENCHMARK, register_own_runner_benchmark
+    from parallelizer.runtime.bitpipe_cost import measure_bitpipe_actions, register
+
+    cost = measure_bitpipe_actions(steps=2, timeout_s=240)
+    assert 0 < cost.forward_s < 0.05 and 0 < cost.backward_s < 0.05
+    assert 0 < cost.send_s < 0.05 and 0 < cost.recv_s < 0.05 and 0 < cost.step_s < 0.5
+    assert cost.backward_input_s == cost.backward_weight_s == 0.0 and cost.own_runner is None
+    before = _OWN_RUNNER_BENCHMARK[0]
+    register()
+    try:
+        assert _OWN_RUNNER_BENCHMARK[0] is measure_bitpipe_actions
+    finally:
+        register_own_runner_benchmark(before)

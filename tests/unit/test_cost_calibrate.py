@@ -12,6 +12,7 @@ from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, 
 from cost_model.communication import flat_collective_time_s
 from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.hardware import GPU_PIPELINE_ACTION, H100_SXM, PipelineActionCost
+from cost_model.measure import _keep_busy, contention_factor
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, action_cost_from_samples
 from cost_model.topology import Link
 
@@ -337,7 +338,8 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
     cost = action_cost_from_samples({"F": [3e-4, 1e-4, 2e-4], "B": [1e-5], "send action": [4e-5, 6e-5],
                                      "recv action": [3e-5], "step loop": [1e-3, 3e-3]},
                                     {"F": [5e-5, 5e-5], "B": [2e-5]})
-    assert dataclasses.astuple(cost) == pytest.approx((1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3))  # B clamped at 0
+    assert tuple(getattr(cost, n) for n in cost.seconds_fields()) == pytest.approx(
+        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3))  # B clamped at 0
     with pytest.raises(ValueError, match="finite seconds"):
         action_cost_from_samples({"F": [-1.0]}, {})
     with pytest.raises(ValueError, match="PipelineActionCost.send_s"):
@@ -345,3 +347,65 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
     # processes sharing the cores slow host work like launches: Profile.device_for(n) scales it by the factor
     assert H100_SXM.scaled(2.0, 1.0).pipeline_action.send_s == 2 * H100_SXM.pipeline_action.send_s
     assert H100_SXM.pipeline_action == GPU_PIPELINE_ACTION and GPU_PIPELINE_ACTION.forward_s == 0.0
+
+
+def test_the_own_runners_costs_round_trip_and_a_profile_without_them_prices_bitpipe_at_torchs(tmp_path):
+    """Round 17: `pipeline_action_s.own_runner` (the package's BitPipe runner, measured by `parallelizer calibrate`)
+    is written, read back, compared and scaled with the rest; a profile without it (round 16's) still loads, and
+    BitPipe is then priced at torch's figures (`for_schedule`); a nested own_runner of its own is refused."""
+    old = _device(tmp_path)
+    own = PipelineActionCost(forward_s=2e-4, backward_s=2.2e-4, send_s=8e-5, recv_s=9e-5, step_s=2e-3)
+    torch_cost = PipelineActionCost(forward_s=1e-4, backward_s=1.1e-4, send_s=4e-5, recv_s=4.5e-5, step_s=3e-3)
+    profile = Profile(device=dataclasses.replace(old, pipeline_action=dataclasses.replace(torch_cost, own_runner=own)),
+                      links={})
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(profile, {}), sort_keys=True))
+    assert json.loads(path.read_text())["device"]["pipeline_action_s"]["own_runner"]["forward_s"] == 2e-4
+    loaded = load_profile(path).device.pipeline_action
+    assert loaded.own_runner == own and loaded.for_schedule("bitpipe") == own
+    assert loaded.for_schedule("1f1b") == loaded.for_schedule("zbv") == loaded
+    assert loaded.scaled(2.0).own_runner.forward_s == pytest.approx(4e-4)
+    doubled = Profile(device=dataclasses.replace(old, pipeline_action=dataclasses.replace(
+        torch_cost, own_runner=own.scaled(2.0))), links={})
+    assert compare_profiles(profile, doubled)["pipeline action own runner forward_s"] == pytest.approx(1.0)
+    # a round-16 profile: no own_runner key; it loads and BitPipe pays torch's figures, as before
+    data = json.loads(path.read_text())
+    del data["device"]["pipeline_action_s"]["own_runner"]
+    path.write_text(json.dumps(data))
+    older = load_profile(path).device.pipeline_action
+    assert older.own_runner is None and older.for_schedule("bitpipe") == older == torch_cost
+    assert "own_runner" not in _profile_to_json(Profile(device=dataclasses.replace(old, pipeline_action=torch_cost),
+                                                        links={}), {})["device"]["pipeline_action_s"]
+    with pytest.raises(ValueError, match="own_runner"):
+        PipelineActionCost(own_runner=dataclasses.replace(torch_cost, own_runner=own))
+
+
+def test_a_contention_reading_below_k_over_cores_is_raised_to_it():
+    """Round 17: k single-threaded processes on fewer cores get at most cores / k of a core each, so the slowdown
+    is >= k / cores; the x4 AdamW factor read 1.41 and 1.46 on 2 cores (impossible) in two of five calibrations of
+    2026-12-03 and was priced as such. Clamped to [max(1, k / cores), k]."""
+    assert contention_factor(1.0, [1 / 1.41] * 4, 4, 2) == pytest.approx(2.0)
+    assert contention_factor(1.0, [1 / 2.3] * 4, 4, 2) == pytest.approx(2.3)
+    assert contention_factor(1.0, [1 / 5.0] * 4, 4, 2) == pytest.approx(4.0)
+    assert contention_factor(1.0, [1 / 0.7] * 2, 2, 2) == pytest.approx(1.0)
+    assert contention_factor(1.0, [1 / 1.5] * 2, 2, 4) == pytest.approx(1.5)
+
+
+def test_a_contention_window_keeps_every_process_busy_until_all_have_finished_it():
+    """Round 17: after its counted window a process keeps computing until all k have finished theirs
+    (`_keep_busy`), so no process's window ends with fewer than k competing; here the others finish after 3
+    more calls of this one."""
+    import multiprocessing
+
+    done = multiprocessing.get_context("spawn").Value("i", 0)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if len(calls) == 3:
+            with done.get_lock():
+                done.value += 3  # the other three processes finish their window
+    _keep_busy(fn, done, 4)
+    assert len(calls) == 3 and done.value == 4
+    _keep_busy(fn, done, 5)  # the last of the next window: returns at once
+    assert len(calls) == 3 and done.value == 5

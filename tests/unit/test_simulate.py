@@ -496,3 +496,53 @@ def test_same_rank_hand_offs_pay_no_send_or_receive():
     # rank 0 holds stages 0 and 2p - 1: sends F of stage 0 and I of stage 2p - 1 (2m); rank p - 1 holds the tip
     # (p - 1 -> p local): sends only I of stage p - 1 and F of stage p (2m); middle ranks send 4m
     assert extra == pytest.approx([2 * m * 1e-3] + [4 * m * 1e-3] * (p - 2) + [2 * m * 1e-3], rel=1e-9)
+
+
+# --- the package's own runner (BitPipe) priced at its own per-action cost (issue 14, round 17) -------------------
+
+def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
+    """Per rank, the transfers its actions send to another rank, counted off the action lists and placement:
+    F of a copy's stage k < S - 1 sends to stage copy x + 1, B of k > 0 to x - 1."""
+    sched = action_schedule(name, p, m)
+    S, where = sched.num_stages, sched.stage_to_rank
+    out = []
+    for r in range(p):
+        n = 0
+        for a in sched.actions[r]:
+            x, k, kind = a.stage_index, a.stage_index % S, a.computation_type.value
+            if kind == "F" and k < S - 1:
+                n += where[x + 1] != r
+            elif kind in ("B", "I") and k > 0:
+                n += where[x - 1] != r
+        out.append(n)
+    return out
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
+def test_bitpipe_pays_its_own_runners_costs_and_the_other_schedules_torchs(p, m):
+    """`PipelineActionCost.own_runner` is what BitPipe's actions pay (its own runner: F measured 1.1-2.9x
+    torch's); every other schedule pays the torch figures beside it. Closed forms: the own runner's per-action
+    c on F and B equals F + c, B + c; its send d adds d per cross-rank transfer a rank sends (counted off the action lists);
+    its set-up s adds exactly s; torch's figures leave BitPipe unchanged when the own runner's are measured."""
+    S = action_schedule("bitpipe", p, m).num_stages
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    c, d, s = 0.2, 1e-3, 0.05
+    torch_costs = dict(forward_s=0.7, backward_s=0.9, send_s=0.3, recv_s=0.3, step_s=0.4)
+    own = PipelineActionCost(forward_s=c, backward_s=c)
+    longer = dataclasses.replace(base, fwd_s=tuple(f + c for f in base.fwd_s),
+                                 bwd_input_s=tuple(i + c for i in base.bwd_input_s))
+    plain = simulate("bitpipe", p, m, base)
+    assert simulate("bitpipe", p, m, _with(base, **torch_costs, own_runner=own)).makespan_s == pytest.approx(
+        simulate("bitpipe", p, m, longer).makespan_s, rel=1e-12)
+    sends = simulate("bitpipe", p, m, _with(base, **torch_costs, own_runner=PipelineActionCost(send_s=d)))
+    assert [a - b for a, b in zip(sends.busy_s, plain.busy_s)] == pytest.approx(
+        [d * n for n in _cross_rank_sends("bitpipe", p, m)], rel=1e-9)
+    set_up = simulate("bitpipe", p, m, _with(base, **torch_costs, own_runner=PipelineActionCost(step_s=s)))
+    assert set_up.makespan_s == pytest.approx(plain.makespan_s + s, rel=1e-12)
+    # without the own runner's figures BitPipe pays torch's (as before round 17); other schedules always do
+    assert simulate("bitpipe", p, m, _with(base, **torch_costs)).makespan_s > plain.makespan_s + 0.4
+    for name in ("1f1b", "zbv"):
+        k = (1 if name == "1f1b" else 2) * p
+        t = StageTimes.uniform(k, 1.0, 0.5, 0.75)
+        assert simulate(name, p, m, _with(t, **torch_costs, own_runner=own)).makespan_s == \
+            simulate(name, p, m, _with(t, **torch_costs)).makespan_s
