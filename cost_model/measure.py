@@ -392,6 +392,15 @@ def _contention_worker(rank: int, nprocs: int, barrier, window_s: float, rounds:
         queue.put(("error", f"process {rank}: {type(exc).__name__}: {exc}"))
 
 
+def contention_floor(k: int, cores: int | None) -> float:
+    """The least per-process slowdown of ``k`` single-threaded processes computing at once on ``cores`` cores:
+    ``max(1, k / cores)`` (time-sharing: with more processes than cores each gets ``cores / k`` of a core on
+    average, whatever the kernel); 1 where the core count is unknown. A measured factor below it means the
+    processes did not all run at once during the window (measured: AdamW x1.46 with 4 processes on 2 cores,
+    /tmp/r16/calC.json, where another calibration of the same machine gave x4.00)."""
+    return max(1.0, k / cores) if cores else 1.0
+
+
 def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
                        rounds: int = 9) -> dict[int, tuple[float, float, float]]:
     """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
@@ -399,9 +408,10 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
     measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
     outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0). Each factor
-    is clamped to [1, k]: k processes cannot each run faster than one alone (a ratio below 1, measured: 0.65
-    for AdamW at k = 2 in one of two idle calibrations, 0.98 in the other, is noise), nor all together do less
-    than one alone. The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
+    is clamped to [`contention_floor`, k]: k processes cannot each run faster than one alone (a ratio below 1,
+    measured: 0.65 for AdamW at k = 2 in one of two idle calibrations, 0.98 in the other, is noise), nor faster
+    than their share of the cores (k / cores with more processes than this process may run on), nor all
+    together do less than one alone. The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
     optimizer step; with 1M elements, which fit in the last-level cache alone but not four at once, the x4
     factor ranged 2.2-6.6 between calibrations, now 2.1-2.6).
 
@@ -435,7 +445,8 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
         results = [p[1] for _, p in got]
         solo = next(r["solo"] for r in results if r["solo"] is not None)
-        out[k] = tuple(min(float(k), max(1.0, solo[i] / statistics.median(r["all"][i] for r in results)))
+        floor = contention_floor(k, len(os.sched_getaffinity(0)))
+        out[k] = tuple(min(float(k), max(floor, solo[i] / statistics.median(r["all"][i] for r in results)))
                        for i in range(3))
     return out
 
