@@ -29,11 +29,13 @@ Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json o
 Without `--profile` it calibrates first (quick message sizes, ~2 min). `--predict-only`: only the predictions
 and each group's pick, no ranks started. Timing (`_steptime_workers.time_rank`): 2 untimed warm-up rounds
 (`--quick`: 1), then 15 timed rounds (`--quick`: 5); each round steps every distinct plan once, in an order
-of its own (a permutation seeded by the round's number), so that drift and bursts of load hit every plan alike
-and no plan always runs first or after the same neighbour (~5 min on 2 idle cores, more under load). Round 17
-(r17e) added the warm-up rounds (the first 2-3 rounds of a run were 1.3-3x slower, /tmp/r17/bench1.json), the
-per-round orders, the
-paired verdict and the CPU seconds, after one run measured the same program 262.9 and 197.9 ms (gpt2, 2 ranks).
+of its own (seeded by the round's number; a model's plans together, after one untimed step of the first of
+them, since the first step after another model's runs slower), so that drift and bursts of load hit every plan
+alike and no plan always runs first or after the same neighbour (~5 min on 2 idle cores, more under load).
+Round 17 (r17e) added the warm-up rounds (the first 2-3 rounds of a run were 1.3-3x slower,
+/tmp/r17/bench1.json), the per-round orders and the untimed step at a model switch, the paired verdict and the
+CPU seconds, after one run measured the same program 262.9 and 197.9 ms (gpt2, 2 ranks): the label timed first
+for its model in the fixed order of before.
 """
 from __future__ import annotations
 

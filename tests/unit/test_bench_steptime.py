@@ -11,16 +11,23 @@ from parallelizer.core.mesh import MeshSpec
 from parallelizer.rewriter.spec import ShardingSpec
 
 
-def test_each_round_has_its_own_order_the_same_on_every_rank():
-    """A permutation per round, seeded by the round (every rank computes the same one), so that over 15 rounds
-    of 20 cases no case always runs first or after the same neighbour."""
-    orders = [round_order(20, r) for r in range(15)]
-    assert all(sorted(o) == list(range(20)) for o in orders)
-    assert orders == [round_order(20, r) for r in range(15)]  # deterministic: the ranks agree
-    assert len({o[0] for o in orders}) > 5
-    for case in range(20):
-        before = {o[o.index(case) - 1] for o in orders if o.index(case) > 0}
-        assert len(before) > 3
+def test_each_round_has_its_own_order_the_same_on_every_rank_with_a_models_cases_together():
+    """Per round a seeded order (every rank computes the same one): a model's cases contiguous (the first step
+    after another model's is slower and is run untimed), models and cases within a model shuffled, so that
+    over 15 rounds no case always runs first for its model or after the same neighbour."""
+    groups = ["mlp"] * 4 + ["gpt2"] * 8 + ["llama"] * 6
+    orders = [round_order(groups, r) for r in range(15)]
+    assert all(sorted(o) == list(range(18)) for o in orders)
+    assert orders == [round_order(groups, r) for r in range(15)]  # deterministic: the ranks agree
+    for o in orders:
+        runs = [groups[o[0]]] + [groups[b] for a, b in zip(o, o[1:]) if groups[a] != groups[b]]
+        assert sorted(runs) == ["gpt2", "llama", "mlp"]  # one contiguous block per model
+    assert len({tuple(groups[o[k]] for k in (0, 4, 17)) for o in orders}) > 1  # the models' order varies
+    gpt2_first = {next(i for i in o if groups[i] == "gpt2") for o in orders}
+    assert len(gpt2_first) > 4
+    for case in range(4, 12):
+        before = {o[o.index(case) - 1] for o in orders if o.index(case) > 0 and groups[o[o.index(case) - 1]] == "gpt2"}
+        assert len(before) > 2
 
 
 def test_the_same_spec_under_other_axis_names_is_one_program():
