@@ -61,8 +61,8 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "measure_optimizer", "repeats_for", "inner_for",
-           "median_time_s", "sync_wait_s"]
+__all__ = ["MEASURABLE_KINDS", "contention_floor", "measure_collectives", "measure_contention", "measure_optimizer",
+           "repeats_for", "inner_for", "median_time_s", "sync_wait_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -411,8 +411,8 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
     is clamped to [`contention_floor`, k]: k processes cannot each run faster than one alone (a ratio below 1,
     measured: 0.65 for AdamW at k = 2 in one of two idle calibrations, 0.98 in the other, is noise), nor faster
     than their share of the cores (k / cores with more processes than this process may run on), nor all
-    together do less than one alone. The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
-    optimizer step; with 1M elements, which fit in the last-level cache alone but not four at once, the x4
+    together do less than one alone. The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches
+    like a model's optimizer step; with 1M elements, which fit in the last-level cache alone but not four at once, the x4
     factor ranged 2.2-6.6 between calibrations, now 2.1-2.6).
 
     Raises:
@@ -445,7 +445,7 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
             raise RuntimeError(f"contention measurement with {k} processes failed: {errors[0]}")
         results = [p[1] for _, p in got]
         solo = next(r["solo"] for r in results if r["solo"] is not None)
-        floor = contention_floor(k, len(os.sched_getaffinity(0)))
+        floor = contention_floor(k, _cores())
         out[k] = tuple(min(float(k), max(floor, solo[i] / statistics.median(r["all"][i] for r in results)))
                        for i in range(3))
     return out
