@@ -148,7 +148,7 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(
     warmup, rounds = (QUICK_WARMUP_ROUNDS, QUICK_ROUNDS) if quick else (WARMUP_ROUNDS, ROUNDS)
     rows = []
     for world in worlds:
-        world_rows = [r for r in predictions(profile_path, (world,), models)]
+        world_rows = predictions(profile_path, (world,), models)
         timed = sorted({r["_first"] for r in world_rows})
         cases = [world_rows[i]["_case"] for i in timed]
         print(f"timing {len(cases)} distinct plans of {len(world_rows)} on {world} ranks, {warmup} + {rounds} "
