@@ -14,20 +14,34 @@ Pipelines (`PIPELINE_KINDS`, GPT-2, schedule 1F1B, microbatches = pp, the same g
 outside the model: `pm.step(ids, target=, loss_fn=)`): pp=2 on 2 ranks, pp=2 x dp=2 and pp=4 on 4 ranks,
 priced by the pipeline search (`planner.search` + `planner.simulate`) and `estimate_step_time`. 42 plans.
 
-Reported: per plan predicted and measured ms and the error; Spearman rank correlation over all plans and
-within each world size; the median |error|; per (model, world size) group the planner's pick (the plan of
-least predicted time, what a search over meshes and roles with this model picks) and whether its measured
-time is within 5% of the measured fastest of the group, identical plans merged (`_distinct`).
+Reported: per plan predicted and measured ms (median, interquartile range of its steps, and the median CPU
+seconds rank 0's process spent per step) and the error; Spearman rank correlation over all plans and within
+each world size; the median |error|; per (model, world size) group the planner's pick (the plan of least
+predicted time, what a search over meshes and roles with this model picks) and whether it is within 5% of the
+measured fastest of the group, judged on the paired ratio (`paired_ratio`: pick / fastest step of the same
+round, median over rounds, with its interquartile range as the measurement's spread; "clear" when the whole
+range lies on one side of 1.05, else "within noise"), identical plans merged (`_distinct`).
 
-Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json]`. Without
-`--profile` it calibrates first (quick message sizes, ~2 min). Each plan's step is timed once per round in
-turn, over 9 rounds (`--quick`: 4), after one warm-up step: the median of 9 steps spread over the whole run, so
-that a burst of load from other jobs hits every plan alike (~6 min on 2 idle cores, more under load).
+Identical plans are timed once (`same_program`): the planner's free plan on dp=2 and on tp=2 is one program
+under two axis names; the row of the second label says "timed once, = <first>" and carries the first's steps.
+
+Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json] [--predict-only]`.
+Without `--profile` it calibrates first (quick message sizes, ~2 min). `--predict-only`: only the predictions
+and each group's pick, no ranks started. Timing (`_steptime_workers.time_rank`): 2 untimed warm-up rounds
+(`--quick`: 1), then 15 timed rounds (`--quick`: 5); each round steps every distinct plan once, in an order
+of its own (seeded by the round's number; a model's plans together, after one untimed step of the first of
+them, since the first step after another model's runs slower), so that drift and bursts of load hit every plan
+alike and no plan always runs first or after the same neighbour (~5 min on 2 idle cores, more under load).
+Round 17 (r17e) added the warm-up rounds (the first 2-3 rounds of a run were 1.3-3x slower,
+/tmp/r17/bench1.json), the per-round orders and the untimed step at a model switch, the paired verdict and the
+CPU seconds, after one run measured the same program 262.9 and 197.9 ms (gpt2, 2 ranks): the label timed first
+for its model in the fixed order of before.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -41,6 +55,7 @@ import numpy as np
 import parallelizer
 from benchmarks._steptime_workers import build, time_rank
 from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, summary
+from parallelizer.core.mesh import MeshSpec
 from parallelizer.planner.steptime import estimate_step_time
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import launch
@@ -68,6 +83,7 @@ PIPELINE_MODELS = ("gpt2",)
 PIPELINE_SCHEDULE = "1f1b"
 PIPELINE_KINDS = {2: {"pp=2 1f1b": {"pp": 2}}, 4: {"pp=2 x dp=2 1f1b": {"pp": 2, "dp": 2}, "pp=4 1f1b": {"pp": 4}}}
 PICK_TOLERANCE = 0.05
+WARMUP_ROUNDS, ROUNDS, QUICK_WARMUP_ROUNDS, QUICK_ROUNDS = 2, 15, 1, 5
 
 
 def spearman(a, b) -> float:
@@ -87,19 +103,34 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(MODELS)) -> list[dict]:
-    """One row per plan: model, world size, kind, predicted parts (ms), measured step ms (median) and spread."""
-    warmup, rounds, per_round = (1, 4, 1) if quick else (1, 9, 1)
+def same_program(a: tuple, b: tuple) -> bool:
+    """Whether two worker cases run the same program: same builder and arguments, and the same sharding spec
+    up to the mesh's axis names (layouts are positional; a spec naming axes elsewhere, e.g. `hierarchy` or
+    `zero1`, then differs), or the same pipeline plan JSON."""
+    if a[:3] != b[:3]:
+        return False
+    if a[0] != "spec":
+        return a[3] == b[3]
+    sa, sb = a[3], b[3]
+    if sa.mesh.shape != sb.mesh.shape:
+        return False
+    canon = MeshSpec(tuple(f"axis{i}" for i in range(len(sa.mesh.shape))), sa.mesh.shape)
+    return dataclasses.replace(sa, mesh=canon) == dataclasses.replace(sb, mesh=canon)
+
+
+def predictions(profile_path: str, worlds=(2, 4), models=tuple(MODELS)) -> list[dict]:
+    """One row per plan with its predicted parts and no measurement (`--predict-only`); `timed_as`: the kind of
+    the first row of its world running the same program (`same_program`), else its own; `_first`: that row's
+    index among the rows of its world, `_case`: the worker case."""
     rows = []
     for world in worlds:
-        cases, meta = [], []
+        cases: list[tuple] = []
+        kinds: list[str] = []
         for model, kind, traced, plan, case in _plans(world, profile_path, models):
+            est = estimate_step_time(traced, plan, cluster=profile_path)
+            first = next((i for i, c in enumerate(cases) if same_program(c, case)), len(cases))
             cases.append(case)
-            meta.append((model, kind, estimate_step_time(traced, plan, cluster=profile_path)))
-        print(f"timing {len(cases)} plans on {world} ranks (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
-        per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, per_round, timeout_s=1500)
-        for i, (model, kind, est) in enumerate(meta):
-            samples = per_rank[0][i]
+            kinds.append(kind)
             rows.append({"model": model, "world": world, "kind": kind, "predicted_ms": est.total_s * 1e3,
                          "parts_ms": {"fwd": est.forward_compute_s * 1e3, "bwd": est.backward_compute_s * 1e3,
                                       "blocking_comm": est.blocking_comm_s * 1e3,
@@ -107,10 +138,62 @@ def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(
                                       "grad_sync_exposed": est.grad_sync_exposed_s * 1e3,
                                       "recompute": est.recompute_s * 1e3, "pipeline": est.pipeline_s * 1e3,
                                       "optimizer": est.optimizer_s * 1e3},
-                         "measured_ms": statistics.median(samples) * 1e3,
-                         "samples_ms": [t * 1e3 for t in samples],
-                         "measured_min_max_ms": (min(samples) * 1e3, max(samples) * 1e3)})
+                         "timed_as": kinds[first], "_first": first, "_case": case})
     return rows
+
+
+def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(MODELS)) -> list[dict]:
+    """One row per plan: model, world size, kind, predicted parts (ms), measured step ms (median), its steps
+    (wall and rank 0's process CPU, ms, in round order) and spread; identical plans timed once (module docstring)."""
+    warmup, rounds = (QUICK_WARMUP_ROUNDS, QUICK_ROUNDS) if quick else (WARMUP_ROUNDS, ROUNDS)
+    rows = []
+    for world in worlds:
+        world_rows = predictions(profile_path, (world,), models)
+        timed = sorted({r["_first"] for r in world_rows})
+        cases = [world_rows[i]["_case"] for i in timed]
+        print(f"timing {len(cases)} distinct plans of {len(world_rows)} on {world} ranks, {warmup} + {rounds} "
+              f"rounds (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+        per_rank = launch.spawn(time_rank, world, cases, warmup, rounds, 1, timeout_s=1500)
+        wall, cpu = per_rank[0]["wall"], per_rank[0]["cpu"]
+        for r in world_rows:
+            j = timed.index(r.pop("_first"))
+            samples = [t * 1e3 for t in wall[j]]
+            q1, q3 = np.percentile(samples, [25, 75])
+            r.pop("_case")
+            r.update({"measured_ms": statistics.median(samples), "samples_ms": samples,
+                      "cpu_samples_ms": [t * 1e3 for t in cpu[j]], "cpu_ms": statistics.median(cpu[j]) * 1e3,
+                      "measured_iqr_ms": (float(q1), float(q3)),
+                      "measured_min_max_ms": (min(samples), max(samples))})
+            rows.append(r)
+    return rows
+
+
+def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """(median, 25th, 75th percentile) over rounds of a[k] / b[k]: two plans' steps of the same round k, so that
+    drift of the machine's load between rounds cancels (module docstring)."""
+    ratios = [x / y for x, y in zip(a, b)]
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return float(med), float(q1), float(q3)
+
+
+def verdict(group: list[dict]) -> dict:
+    """The planner's pick (least predicted) of a group of distinct plans against its measured fastest (least
+    median step): paired ratio, its interquartile range, whether the pick is within `PICK_TOLERANCE`, and
+    whether the range lies wholly on one side of it ("clear") or straddles it ("within noise"). Rows without
+    per-round samples of equal count (JSON of older runs, where identical plans' steps were pooled) compare
+    medians, and `clear` is None."""
+    pick = min(group, key=lambda r: r["predicted_ms"])
+    fastest = min(group, key=lambda r: r["measured_ms"])
+    paired = ("samples_ms" in pick and "samples_ms" in fastest
+              and len(pick["samples_ms"]) == len(fastest["samples_ms"]))
+    if paired:
+        med, q1, q3 = paired_ratio(pick["samples_ms"], fastest["samples_ms"])
+    else:
+        med = q1 = q3 = pick["measured_ms"] / fastest["measured_ms"]
+    limit = 1 + PICK_TOLERANCE
+    ok = med <= limit
+    clear = None if not paired else (q3 <= limit if ok else q1 > limit)
+    return {"pick": pick, "fastest": fastest, "ratio": med, "ratio_iqr": (q1, q3), "ok": ok, "clear": clear}
 
 
 def _plans(world: int, profile_path: str, models=tuple(MODELS)):
@@ -143,16 +226,16 @@ def report(rows: list[dict], header: str) -> str:
     errors = [r["predicted_ms"] / r["measured_ms"] - 1 for r in rows]
     lines = [header, "",
              "| model | ranks | plan | predicted ms (fwd / bwd / blocking comm / grad sync exposed of full / "
-             "recompute / AdamW; pipeline: simulated schedule + AdamW) | measured ms (median; min-max) | error |",
-             "|---|---|---|---|---|---|"]
+             "recompute / AdamW; pipeline: simulated schedule + AdamW) | measured ms (median; IQR; min-max) | "
+             "CPU ms | error |",
+             "|---|---|---|---|---|---|---|"]
     for r, e in zip(rows, errors):
-        p = r["parts_ms"]
         lo, hi = r["measured_min_max_ms"]
-        parts = (f"pipeline {p['pipeline']:.1f} + {p['optimizer']:.1f}" if p.get("pipeline") else
-                 f"{p['fwd']:.1f} / {p['bwd']:.1f} / {p['blocking_comm']:.1f} / {p['grad_sync_exposed']:.1f} of "
-                 f"{p['grad_sync']:.1f} / {p.get('recompute', 0.0):.1f} / {p['optimizer']:.1f}")
-        lines.append(f"| {r['model']} | {r['world']} | {r['kind']} | {r['predicted_ms']:.1f} ({parts}) | "
-                     f"{r['measured_ms']:.1f} ({lo:.0f}-{hi:.0f}) | {e:+.0%} |")
+        q1, q3 = r.get("measured_iqr_ms", (lo, hi))
+        once = f" (timed once, = {r['timed_as']})" if r.get("timed_as", r["kind"]) != r["kind"] else ""
+        cpu = f"{r['cpu_ms']:.1f}" if "cpu_ms" in r else "-"
+        lines.append(f"| {r['model']} | {r['world']} | {r['kind']}{once} | {r['predicted_ms']:.1f} ({_parts(r)}) | "
+                     f"{r['measured_ms']:.1f} ({q1:.0f}-{q3:.0f}; {lo:.0f}-{hi:.0f}) | {cpu} | {e:+.0%} |")
     pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
     per_world = {w: spearman([r["predicted_ms"] for r in rows if r["world"] == w],
                              [r["measured_ms"] for r in rows if r["world"] == w]) for w in sorted({r["world"] for r in rows})}
@@ -160,17 +243,47 @@ def report(rows: list[dict], header: str) -> str:
               + ", ".join(f"{w} ranks {s:.3f}" for w, s in per_world.items())
               + f"). Median |error| {statistics.median(abs(e) for e in errors):.0%} (target <= 25%).", "",
               "| model | ranks | planner's pick (least predicted) | its measured ms | measured fastest | ms | "
-              "pick within 5% |", "|---|---|---|---|---|---|---|"]
+              "pick / fastest, paired per round (median; IQR) | pick within 5% |",
+              "|---|---|---|---|---|---|---|---|"]
     hits = groups = 0
     for key in sorted({(r["model"], r["world"]) for r in rows}, key=lambda k: (k[1], k[0])):
-        group = _distinct([r for r in rows if (r["model"], r["world"]) == key])
-        pick = min(group, key=lambda r: r["predicted_ms"])
-        fastest = min(group, key=lambda r: r["measured_ms"])
-        ok = pick["measured_ms"] <= fastest["measured_ms"] * (1 + PICK_TOLERANCE)
-        hits, groups = hits + ok, groups + 1
-        lines.append(f"| {key[0]} | {key[1]} | {pick['kind']} | {pick['measured_ms']:.1f} | {fastest['kind']} | "
-                     f"{fastest['measured_ms']:.1f} | {'yes' if ok else 'no'} |")
+        v = verdict(_distinct([r for r in rows if (r["model"], r["world"]) == key]))
+        hits, groups = hits + v["ok"], groups + 1
+        q1, q3 = v["ratio_iqr"]
+        lines.append(f"| {key[0]} | {key[1]} | {v['pick']['kind']} | {v['pick']['measured_ms']:.1f} | "
+                     f"{v['fastest']['kind']} | {v['fastest']['measured_ms']:.1f} | {v['ratio']:.3f} "
+                     f"({q1:.3f}-{q3:.3f}) | {'yes' if v['ok'] else 'no'}"
+                     f"{_spread_word(v)} |")
     lines += ["", f"Pick within {PICK_TOLERANCE:.0%} of the measured fastest in {hits} of {groups} groups."]
+    return "\n".join(lines)
+
+
+def _spread_word(v: dict) -> str:
+    if v["pick"] is v["fastest"]:
+        return ""
+    return {None: " (medians: no per-round pairs)", True: " (clear)", False: " (within noise)"}[v["clear"]]
+
+
+def _parts(r: dict) -> str:
+    p = r["parts_ms"]
+    return (f"pipeline {p['pipeline']:.1f} + {p['optimizer']:.1f}" if p.get("pipeline") else
+            f"{p['fwd']:.1f} / {p['bwd']:.1f} / {p['blocking_comm']:.1f} / {p['grad_sync_exposed']:.1f} of "
+            f"{p['grad_sync']:.1f} / {p.get('recompute', 0.0):.1f} / {p['optimizer']:.1f}")
+
+
+def predict_report(rows: list[dict], header: str) -> str:
+    """`--predict-only`: every plan's prediction and each group's pick (least predicted), with the runner-up
+    and its margin."""
+    lines = [header, "", "| model | ranks | plan | predicted ms (parts as in the timed report) |", "|---|---|---|---|"]
+    for r in rows:
+        once = f" (= {r['timed_as']})" if r.get("timed_as", r["kind"]) != r["kind"] else ""
+        lines.append(f"| {r['model']} | {r['world']} | {r['kind']}{once} | {r['predicted_ms']:.1f} ({_parts(r)}) |")
+    lines += ["", "| model | ranks | pick | predicted ms | runner-up | predicted ms | margin |", "|---|---|---|---|---|---|---|"]
+    for key in sorted({(r["model"], r["world"]) for r in rows}, key=lambda k: (k[1], k[0])):
+        group = sorted(_distinct([r for r in rows if (r["model"], r["world"]) == key]), key=lambda r: r["predicted_ms"])
+        pick, second = group[0], group[1] if len(group) > 1 else group[0]
+        lines.append(f"| {key[0]} | {key[1]} | {pick['kind']} | {pick['predicted_ms']:.1f} | {second['kind']} | "
+                     f"{second['predicted_ms']:.1f} | {second['predicted_ms'] / pick['predicted_ms'] - 1:+.1%} |")
     return "\n".join(lines)
 
 
@@ -193,17 +306,22 @@ def _header(profile_path: str, load_before: float) -> str:
 
 
 def _distinct(group: list[dict]) -> list[dict]:
-    """The group's distinct plans: rows with the same predicted breakdown are one plan (the planner's free plan
-    on dp=2 and on tp=2 is the same program under another axis name) and are merged: kinds joined with "=",
-    measured = the median of all their steps (of their medians for rows without samples)."""
+    """The group's distinct plans, merged with kinds joined by "=": rows timed as one program (`timed_as`,
+    `same_program`) keep their one set of steps; rows of older runs without it are matched by the same
+    predicted breakdown (the planner's free plan on dp=2 and on tp=2), measured = the median of all their steps
+    (of their medians for rows without samples)."""
     merged: dict[tuple, dict] = {}
     for r in group:
-        key = tuple(round(v, 9) for v in r["parts_ms"].values())
+        same = "timed_as" in r
+        key = (("timed", r["timed_as"]) if same
+               else tuple(round(v, 9) for v in r["parts_ms"].values()))
         if key not in merged:
             merged[key] = dict(r)
             continue
         m = merged[key]
         m["kind"] += f" = {r['kind']}"
+        if same:
+            continue
         if "samples_ms" in m and "samples_ms" in r:
             m["samples_ms"] = m["samples_ms"] + r["samples_ms"]
             m["measured_ms"] = statistics.median(m["samples_ms"])
@@ -221,6 +339,8 @@ def main(argv=None) -> None:
     ap.add_argument("--models", nargs="+", choices=tuple(MODELS), default=tuple(MODELS), help="models to time")
     ap.add_argument("--worlds", nargs="+", type=int, choices=(2, 4), default=(2, 4), help="rank counts to time")
     ap.add_argument("--report", metavar="ROWS.json", help="only print the report of rows written by --json earlier")
+    ap.add_argument("--predict-only", action="store_true",
+                    help="only the predictions and each group's pick (needs --profile; starts no ranks)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     if args.report:
@@ -228,6 +348,15 @@ def main(argv=None) -> None:
             print(report(json.load(f), "## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)"))
         return
     profile_path = args.profile
+    if args.predict_only:
+        if profile_path is None:
+            ap.error("--predict-only needs --profile (a calibration profile of the machine to predict for)")
+        rows = predictions(profile_path, tuple(args.worlds), tuple(args.models))
+        for r in rows:
+            r.pop("_case"), r.pop("_first")
+        print(predict_report(rows, f"## Step time predicted (`benchmarks/bench_steptime.py --predict-only`), "
+                                   f"profile `{profile_path}`"))
+        return
     if profile_path is None:
         profile_path = tempfile.NamedTemporaryFile(suffix=".profile.json", delete=False).name
         calibrate(out_path=profile_path, message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES, progress=False)

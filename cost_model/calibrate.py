@@ -78,8 +78,8 @@ from tqdm import tqdm
 
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
-from cost_model.measure import (MEASURABLE_KINDS, measure_collectives, measure_contention, measure_optimizer,
-                                median_time_s)
+from cost_model.measure import (MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
+                                measure_optimizer, median_time_s)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
@@ -121,13 +121,19 @@ class Profile:
         measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` and ``collective_sync_s`` of
         that count (unchanged where the profile did not measure them)."""
         device = self.device
-        if nprocs in self.contention:  # >= 1: a speed-up of concurrent processes is noise (measure_contention)
-            device = device.scaled(*(max(1.0, f) for f in self.contention[nprocs]))
+        if nprocs in self.contention:
+            device = device.scaled(*self.slowdown(nprocs))
         if nprocs in self.comm_overlap:
             device = dataclasses.replace(device, comm_overlap=self.comm_overlap[nprocs])
         if nprocs in self.collective_sync:
             device = dataclasses.replace(device, collective_sync_s=self.collective_sync[nprocs])
         return device
+
+    def slowdown(self, nprocs: int) -> tuple[float, ...]:
+        """``contention[nprocs]``, each factor at least :func:`cost_model.measure.contention_floor` (1, and
+        ``nprocs / cpu_count`` with more processes than cores: profiles written before that clamp)."""
+        floor = contention_floor(nprocs, self.cpu_count)
+        return tuple(max(floor, f) for f in self.contention[nprocs])
 
     def cluster(self, nprocs: int) -> Cluster:
         """A Cluster of 1 node x ``nprocs`` devices (:meth:`device_for`: slowed by the contention of all
@@ -148,10 +154,11 @@ class Profile:
         link = self.links[nprocs]
         sharing = None
         if self.contention:
+            factors = {n: self.slowdown(n) for n in self.contention}
             sharing = CoreSharing(
-                tuple((n, f[0]) for n, f in self.contention.items()),
-                tuple((n, f[2]) for n, f in self.contention.items() if len(f) > 2),
-                max(1.0, self.contention[nprocs][0]) if nprocs in self.contention else 1.0)
+                tuple((n, f[0]) for n, f in factors.items()),
+                tuple((n, f[2]) for n, f in factors.items() if len(f) > 2),
+                factors[nprocs][0] if nprocs in factors else 1.0)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
 

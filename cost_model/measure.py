@@ -61,8 +61,8 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["MEASURABLE_KINDS", "measure_collectives", "measure_contention", "contention_factor", "measure_optimizer", "repeats_for", "inner_for",
-           "median_time_s", "sync_wait_s"]
+__all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
+           "measure_optimizer", "repeats_for", "inner_for", "median_time_s", "sync_wait_s"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -410,6 +410,15 @@ def _contention_worker(rank: int, nprocs: int, barrier, done, window_s: float, r
         queue.put(("error", f"process {rank}: {type(exc).__name__}: {exc}"))
 
 
+def contention_floor(k: int, cores: int | None) -> float:
+    """The least per-process slowdown of ``k`` single-threaded processes computing at once on ``cores`` cores:
+    ``max(1, k / cores)`` (time-sharing: with more processes than cores each gets ``cores / k`` of a core on
+    average, whatever the kernel); 1 where the core count is unknown. A measured factor below it means the
+    processes did not all run at once during the window (measured: AdamW x1.46 with 4 processes on 2 cores,
+    /tmp/r16/calC.json, where another calibration of the same machine gave x4.00)."""
+    return max(1.0, k / cores) if cores else 1.0
+
+
 def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
                        rounds: int = 9) -> dict[int, tuple[float, float, float]]:
     """Per-process slowdown ``(matmul, memory, optimizer)`` of ``k`` concurrent processes (the optimizer: torch's
@@ -417,7 +426,7 @@ def measure_contention(counts: Sequence[int] = (2, 4), window_s: float = 0.3,
     rate of one process alone over the median rate of the ``k`` running at once (module docstring). The two are
     measured in alternating windows of ``window_s`` seconds (``rounds`` times, medians), so that load from
     outside (other jobs on a shared machine) weighs on both alike; ``k = 1`` gives (1.0, 1.0, 1.0). Each factor
-    is clamped to [max(1, k / cores), k] (:func:`contention_factor`): k single-threaded processes on fewer cores
+    is clamped to [:func:`contention_floor`, k] (:func:`contention_factor`): k single-threaded processes on fewer cores
     cannot each run faster than cores / k of one alone (a ratio below 1, measured: 0.65 for AdamW at k = 2 in one
     of two idle calibrations, 0.98 in the other, is noise), nor all together do less than one alone. Every process
     keeps computing until all have finished the window (:func:`_keep_busy`). The AdamW kernel steps 4M elements (64 MiB of state, beyond the caches like a model's
@@ -464,8 +473,7 @@ def contention_factor(solo_rate: float, rates: Sequence[float], k: int, cores: i
     ``[max(1, k / cores), k]``. Below ``k / cores`` is impossible (``k`` single-threaded processes on ``cores`` cores
     get at most ``cores / k`` of a core each), so such a reading is a measurement fault and is raised to the bound;
     above ``k`` (all together doing less than one alone) is noise. ``cores`` < 1 counts as 1."""
-    low = max(1.0, k / max(1, cores))
-    return min(float(k), max(low, solo_rate / statistics.median(rates)))
+    return min(float(k), max(contention_floor(k, max(1, cores)), solo_rate / statistics.median(rates)))
 
 
 def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[float, float]:

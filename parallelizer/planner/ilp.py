@@ -35,6 +35,13 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
     counts. The bound on T is exact; how finely T itself is resolved depends on the solver: its absolute MIP
     gap `_ABS_GAP_US` (1e-6 us) leaves memory differences below 2e-4 * M_max unresolved (M_max = 100 GB:
     20 MB), and collective counts are resolved only where w_coll exceeds it (small problems).
+    No wider near-tie band (decided round 17, r17e; benchmarks/RESULTS.md): a second, lexicographic solve
+    "least memory subject to time <= (1 + eps) x the optimum" spends the whole slack on memory. Tried at
+    eps = 2% (the 4-layer GPT-2 of bench_steptime on dp=2, profile of 2026-12-03 14:28): it sharded the
+    embedding tables (S(1), all_to_all + reduce_scatter added) for 4.5 MB (3.3%) less, estimated 247.6 vs
+    243.9 ms, i.e. more of the blocking collectives that GPT-2's and Llama's 2-rank fsdp and tp plans
+    measure 21-27% above their price (/tmp/r17/bench1.txt); the plan it should have moved toward (ddp) differs from the free one by 2 slices of the embedding
+    output and does the same work (rank CPU per step 214.1-214.4 vs 215.8-216.9 ms, 12 interleaved rounds).
     Activation recomputation (`problem.py`, `recompute.py`). Forced modes are already folded into lin and
     mem. Under PlanConfig.recompute == "auto" the ILP with recomputation adds, per `RecomputeClass` c (N_c
     identical regions sharing the groups G_c) and mode m in {selective, full}:

@@ -214,6 +214,26 @@ def test_profile_clamps_a_measured_speed_up_of_concurrent_processes():
     assert dev.optimizer_bytes_per_s == profile.device.optimizer_bytes_per_s
 
 
+def test_profile_floors_contention_at_the_cores_share_with_more_processes_than_cores():
+    """4 single-threaded processes on 2 cores each get half a core: every slowdown is >= 4 / 2 = 2. A profile
+    measured AdamW at x1.46 with 4 processes on 2 cores (/tmp/r16/calC.json; another calibration of the same
+    machine: x4.00): the rank device's optimizer rate is the solo rate / 2, and the pipeline search's sharing
+    points are floored alike; 2 processes on 2 cores keep their measured factor (floor 1)."""
+    from cost_model.measure import contention_floor
+    assert contention_floor(4, 2) == 2.0 and contention_floor(2, 2) == 1.0 and contention_floor(3, 2) == 1.5
+    assert contention_floor(4, None) == 1.0 and contention_floor(1, 8) == 1.0
+    profile = Profile(device=_cpu_device(), links={n: Link("l", 1e-4, 1e9) for n in (2, 4)}, cpu_count=2,
+                      contention={2: (1.01, 2.0, 1.09), 4: (2.26, 4.0, 1.46)})
+    solo = profile.device.optimizer_bytes_per_s
+    assert profile.device_for(4).optimizer_bytes_per_s == pytest.approx(solo / 2.0, rel=1e-12)
+    assert profile.device_for(2).optimizer_bytes_per_s == pytest.approx(solo / 1.09, rel=1e-12)
+    assert profile.device_for(4).peak_flops_per_s[torch.float32] == pytest.approx(
+        profile.device.peak_flops_per_s[torch.float32] / 2.26, rel=1e-12)
+    sharing = profile.cluster(4).sharing
+    assert dict(sharing.optimizer_slowdown) == {2: 1.09, 4: 2.0}
+    assert dict(sharing.compute_slowdown) == {2: 1.01, 4: 2.26}
+
+
 def _cpu_device():
     import dataclasses
     return dataclasses.replace(H100_SXM, kind="cpu", optimizer_bytes_per_s=4e9)

@@ -95,7 +95,8 @@ def test_optimizer_step_is_memory_bound_traffic_plus_per_tensor_cost():
 
 def test_profile_device_for_divides_rates_by_measured_contention(tmp_path):
     link = Link("gloo_x4", 1e-4, 1e9, size_fits={"all_reduce": ((1e6, 1e-4, 1e9), (1e8, 2e-4, 0.5e9))})
-    profile = Profile(CPU, {4: link}, contention={4: (2.0, 1.5)}, comm_overlap={4: 0.25}, cpu_count=2)
+    # 4 cores: the factors are not floored (`contention_floor`: 4 processes on 2 cores would be >= 2)
+    profile = Profile(CPU, {4: link}, contention={4: (2.0, 1.5)}, comm_overlap={4: 0.25}, cpu_count=4)
     dev = profile.cluster(4).device
     assert dev.peak_flops_per_s[torch.float32] == pytest.approx(0.5e11)
     # AdamW at 4 of 10 GB/s is bound by the core: it slows down as compute does
