@@ -149,7 +149,9 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
         for k, ti in enumerate(space.inputs):
             if (name, k) in mutated:
                 writer = _writer_through(tg.nodes[name].node)
-                reasons.append(_no_rule_writer(problem, name if writer is None else writer.split(" ")[0])
+                written_param = problem.spaces[ti.producer].kind == "param"
+                reasons.append(("" if written_param else
+                                _no_rule_writer(problem, name if writer is None else writer.split(" ")[0]))
                                + (f"{name} writes {ti.producer} in place, so that value may not be redistributed"
                                   if writer is None else
                                   f"{name} is a view of {ti.producer} that {writer} writes in place, so that value "
