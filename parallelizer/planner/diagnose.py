@@ -125,6 +125,18 @@ def _writer_through(node) -> str | None:
     return None
 
 
+def _no_rule_writer(problem: Problem, writer: str) -> str:
+    """A prefix naming in-place op `writer` when it has no sharding rule: it runs replicated, so the value it
+    writes must be replicated where it lives, which data-parallel axis roles forbid (round 17: `F.elu(h[..., :4],
+    inplace=True)` on ddp was blamed on ops pairing samples); "" when it has a rule."""
+    space = problem.spaces.get(writer)
+    if space is None or not space.fallback or not space.fallback.startswith("no sharding rule"):
+        return ""
+    return (f"{writer} has {space.fallback} and writes in place, so it runs replicated on a replicated value: "
+            "write it out of place (e.g. `h = torch.cat([f(h[..., :k]), h[..., k:]], -1)`) or plan without "
+            "axis_roles; ")
+
+
 def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other: str | None) -> str:
     """Which constraint makes the edges between `node` and `other` (or into `node`) impossible."""
     members = set(problem.groups[problem.group_of[node]])
@@ -137,10 +149,13 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
         for k, ti in enumerate(space.inputs):
             if (name, k) in mutated:
                 writer = _writer_through(tg.nodes[name].node)
-                reasons.append(f"{name} writes {ti.producer} in place, so that value may not be redistributed"
-                               if writer is None else
-                               f"{name} is a view of {ti.producer} that {writer} writes in place, so that value "
-                               "may not be redistributed")
+                written_param = problem.spaces[ti.producer].kind == "param"
+                reasons.append(("" if written_param else
+                                _no_rule_writer(problem, name if writer is None else writer.split(" ")[0]))
+                               + (f"{name} writes {ti.producer} in place, so that value may not be redistributed"
+                                  if writer is None else
+                                  f"{name} is a view of {ti.producer} that {writer} writes in place, so that value "
+                                  "may not be redistributed"))
     data, tp = role_axes(problem.mesh, config)
     if data or tp:
         roles = dict(config.axis_roles)

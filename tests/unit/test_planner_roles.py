@@ -279,3 +279,27 @@ def test_a_conv3d_tubelet_embedding_keeps_the_batch_sharded_under_ddp():
     conv = next(n for n, q in p.nodes.items() if q.op == "aten.conv3d.default")
     assert str(p.nodes[conv].output) == "S(0)", p.nodes[conv]
     assert not p.fallbacks, p.fallbacks
+
+
+class _TrilOnASlice(nn.Module):
+    """An in-place op with no sharding rule written through a slice (`h[..., 2:9].tril_()`): it runs replicated,
+    which the ddp role cannot give the activation it writes."""
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.a(x).clone()
+        h[..., 0] = 0.0
+        h[..., 2:9].tril_()
+        return h
+
+
+def test_an_in_place_op_without_a_rule_under_ddp_is_named_as_the_cause_with_an_out_of_place_remedy():
+    # round 17: the refusal blamed only "an op that pairs samples across the batch", which this model has none of
+    traced = parallelizer.trace(_TrilOnASlice(), (torch.randn(5, 6, 16),))
+    with pytest.raises(InfeasiblePlanError) as err, contextlib.redirect_stdout(io.StringIO()):
+        plan(traced, MeshSpec(("dp",), (2,)), config=PlanConfig(axis_roles={"dp": "ddp"}))
+    msg = str(err.value)
+    assert "tril_ has no sharding rule for aten.tril_.default and writes in place" in msg, msg
+    assert "write it out of place" in msg, msg

@@ -29,35 +29,60 @@ from . import rows_nn  # noqa: F401,I001
 from . import linalg, pointwise
 from .base import OpView, aten
 from .registry import TABLE, Rule, RuleEntry, add_row as _add
-from .samples import BINARY, UNARY, Sample, T, calls, ints, mask, optional_tensors_passed, pos, t
+from .rows_tensor import _POS_OPS, _UNARY_OPS
+from .samples import BINARY, POS_UNARY, UNARY, Sample, T, calls, ints, mask, optional_tensors_passed, pos, t
 
 __all__ = ["TABLE", "EXTENSIONS", "Rule", "RuleEntry", "load_extension_rows", "rule_for", "unverified_overload"]
 
 # --- in-place forms: the out-of-place rule, the mutated input keeping its layout -------------------------------
+# the elementwise unary rows whose in-place form exists (`elu_`, `abs_`, `sqrt_`, `hardswish_`, `sign_`, ...)
+_UNARY_INPLACE = tuple(n for n in (*_UNARY_OPS, *_POS_OPS) if n not in ("relu", "silu", "gelu", "tanh", "sigmoid", "neg",
+                                                                        "exp", "detach", "hardtanh", "leaky_relu")
+                       and isinstance(getattr(aten, n + "_", None), torch._ops.OpOverloadPacket)
+                       and hasattr(getattr(aten, n + "_"), "default"))
 _INPLACE = {
     aten.add_: [*calls(aten.add_.Tensor, *BINARY[:2]), *calls(aten.add_.Tensor, (t(3, 5), 1.0)), *calls(aten.add_.Scalar, (t(3, 5), 1.0))],
     aten.mul_: [*calls(aten.mul_.Tensor, *BINARY[:2], (t(3, 5), 0.5)), *calls(aten.mul_.Scalar, (t(3, 5), 0.5))],
     aten.sub_: [*calls(aten.sub_.Tensor, *BINARY[:2]), *calls(aten.sub_.Scalar, (t(3, 5), 1.0))],
-    aten.div_: [*calls(aten.div_.Tensor, (t(3, 5), pos(3, 5)), (t(3, 5), 2.0)), *calls(aten.div_.Scalar, (t(3, 5), 2.0))],
+    aten.div_: [*calls(aten.div_.Tensor, (t(3, 5), pos(3, 5)), (t(3, 5), 2.0)), *calls(aten.div_.Scalar, (t(3, 5), 2.0)),
+                *calls(aten.div_.Tensor_mode, (t(3, 5), 0.3), rounding_mode="floor")],
     aten.relu_: calls(aten.relu_.default, *UNARY), aten.silu_: calls(aten.silu_.default, *UNARY),
     aten.gelu_: calls(aten.gelu_.default, *UNARY), aten.tanh_: calls(aten.tanh_.default, *UNARY),
     aten.sigmoid_: calls(aten.sigmoid_.default, *UNARY), aten.neg_: calls(aten.neg_.default, *UNARY),
     aten.exp_: calls(aten.exp_.default, *UNARY), aten.detach_: calls(aten.detach_.default, *UNARY),
     aten.hardtanh_: calls(aten.hardtanh_.default, *UNARY), aten.leaky_relu_: calls(aten.leaky_relu_.default, *UNARY),
-    aten.clamp_: calls(aten.clamp_.default, (t(3, 5), -0.5, 0.5)),
-    aten.clamp_min_: calls(aten.clamp_min_.default, (t(3, 5), 0.0)),
-    aten.masked_fill_: calls(aten.masked_fill_.Scalar, (t(3, 5), mask(3, 5), 0.0)),
+    aten.clamp_: [*calls(aten.clamp_.default, (t(3, 5), -0.5, 0.5)),
+                  *calls(aten.clamp_.Tensor, (t(3, 5), t(3, 5), None), (t(3, 5), None, t(5)), (t(3, 5), t(), t()))],
+    aten.clamp_min_: [*calls(aten.clamp_min_.default, (t(3, 5), 0.0)), *calls(aten.clamp_min_.Tensor, (t(3, 5), t(5)))],
+    aten.clamp_max_: [*calls(aten.clamp_max_.default, (t(3, 5), 0.1)), *calls(aten.clamp_max_.Tensor, (t(3, 5), t(5)))],
+    aten.masked_fill_: [*calls(aten.masked_fill_.Scalar, (t(3, 5), mask(3, 5), 0.0)),
+                        *calls(aten.masked_fill_.Tensor, (t(3, 5), mask(3, 5), t()), (t(2, 3, 5), mask(3, 5), t()))],
     aten.fill_: [*calls(aten.fill_.Scalar, (t(3, 5), 1.0)), *calls(aten.fill_.Tensor, (t(3, 5), t()))],
     aten.zero_: calls(aten.zero_.default, *UNARY),
     aten.copy_: calls(aten.copy_.default, (t(3, 5), t(3, 5)), (t(2, 3, 5), t(5))),
     aten.index_put_: calls(aten.index_put_.default, (t(7, 5), [ints(7, 3)], t(3, 5))),
+    # (written on slices of activations, `F.elu(h[..., :8], inplace=True)`, `h[:, 1:].lerp_(g, 0.5)`: export keeps the
+    # in-place op there, and without a row it ran replicated, which data-parallel axis roles refuse: round 17)
+    aten.threshold_: calls(aten.threshold_.default, (t(3, 5), 0.1, -2.0)),
+    aten.nan_to_num_: calls(aten.nan_to_num_.default, *UNARY),
+    aten.round_: [*calls(aten.round_.default, *UNARY), *calls(aten.round_.decimals, (t(3, 5),), decimals=2)],
+    aten.lerp_: [*calls(aten.lerp_.Scalar, (t(3, 5), t(3, 5), 0.3)), *calls(aten.lerp_.Tensor, (t(3, 5), t(3, 5), T((3, 5), "prob")))],
+    aten.addcmul_: calls(aten.addcmul_.default, (t(3, 5), t(3, 5), pos(3, 5)), value=0.5),
+    aten.addcdiv_: calls(aten.addcdiv_.default, (t(3, 5), t(3, 5), pos(3, 5)), value=0.5),
+    aten.pow_: [*calls(aten.pow_.Scalar, (t(3, 5), 2), (pos(2, 7, 3), 0.5)), *calls(aten.pow_.Tensor, (pos(3, 5), t(3, 5)))],
+    **{getattr(aten, n + "_"): calls(getattr(aten, n + "_").default, *(
+        POS_UNARY if n in _POS_OPS else [(mask(3, 5),), (mask(2, 7, 3),)] if n in ("logical_not", "bitwise_not") else UNARY))
+       for n in _UNARY_INPLACE},
 }
 _BASE = {aten.add_: aten.add, aten.mul_: aten.mul, aten.sub_: aten.sub, aten.div_: aten.div, aten.relu_: aten.relu,
          aten.silu_: aten.silu, aten.gelu_: aten.gelu, aten.tanh_: aten.tanh, aten.sigmoid_: aten.sigmoid,
          aten.neg_: aten.neg, aten.exp_: aten.exp, aten.detach_: aten.detach, aten.hardtanh_: aten.hardtanh,
          aten.leaky_relu_: aten.leaky_relu, aten.clamp_: aten.clamp, aten.clamp_min_: aten.clamp_min,
          aten.masked_fill_: aten.masked_fill, aten.fill_: aten.fill, aten.zero_: aten.zeros_like,
-         aten.copy_: aten.maximum, aten.index_put_: aten.index_put}
+         aten.copy_: aten.maximum, aten.index_put_: aten.index_put, aten.clamp_max_: aten.clamp_max,
+         aten.threshold_: aten.threshold, aten.nan_to_num_: aten.nan_to_num, aten.round_: aten.round, aten.lerp_: aten.lerp,
+         aten.addcmul_: aten.addcmul, aten.addcdiv_: aten.addcdiv, aten.pow_: aten.pow.Tensor_Scalar,
+         **{getattr(aten, n + "_"): getattr(aten, n) for n in _UNARY_INPLACE}}
 for _p, _s in _INPLACE.items():
     _add([_p], pointwise.inplace(TABLE[_BASE[_p]].rule), _s, exact=_p in (aten.fill_, aten.zero_, aten.detach_, aten.copy_))
 
