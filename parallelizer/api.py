@@ -249,6 +249,11 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
         ms = microbatches if isinstance(microbatches, tuple) else (microbatches,)
+        if all(global_batch % m for m in ms):  # before: "needs a graph traced at batch 2.66667" (round 17)
+            divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+            raise PipelineError(f"global_batch={global_batch} does not split into microbatches={microbatches} of whole "
+                                f"samples. Remedy: microbatches= one of {divisors} (each also divisible by the dp "
+                                "degree), or another global_batch")
         if retrace is None and any(global_batch != m * b0 for m in ms):
             raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
                              f"batch {global_batch / ms[0]:g}, not {b0}. Remedy: trace one microbatch, or pass "

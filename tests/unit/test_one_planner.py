@@ -164,3 +164,12 @@ def test_a_pipeline_mesh_must_use_all_the_clusters_devices(traced, mesh, cluster
         _plan(traced, {"dp": mesh["pp"] * mesh["dp"]}, cluster=cluster)
     plan = _plan(traced, mesh, cluster=f"h100:1x{mesh['pp'] * mesh['dp']}", global_batch=8, precision="fp32")
     assert (plan.cluster["num_nodes"], plan.cluster["devices_per_node"]) == (1, mesh["pp"] * mesh["dp"])
+
+
+def test_microbatches_that_do_not_divide_the_global_batch_are_named_with_the_divisors(traced):
+    """Round 17 new-user trial: microbatches=3 with global_batch=8 said "needs a graph traced at batch 2.66667",
+    and with retrace= named a `num_microbatches` option that `plan` does not have."""
+    for retrace in (None, lambda batch: _gpt(batch)):
+        with pytest.raises(PipelineError, match=r"global_batch=8 does not split into microbatches=3 of whole samples\. "
+                                                r"Remedy: microbatches= one of \[1, 2, 4, 8\]"):
+            _plan(traced, {"pp": 2, "dp": 2}, cluster=CLUSTER, global_batch=8, microbatches=3, retrace=retrace)
