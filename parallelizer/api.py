@@ -107,7 +107,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
             raise ValueError(f"zero1={zero1!r} names no axis of mesh {mesh} (axes: {', '.join(mesh.axis_names)}); "
                              "give the data-parallel axis to partition the optimizer state over, e.g. zero1='dp'")
         topology = options.get("topology")
-        resolved, spec = (topology.cluster, None) if topology is not None else resolve_cluster(cluster, mesh.world_size)
+        resolved, spec = (topology.cluster, None) if topology is not None else cluster_of_mesh(mesh, cluster)
         solved = _solve(traced, mesh, cluster=resolved, **options)
         solved = _with_compression(solved, traced, resolved, options)
         return _with_provenance(solved, traced, resolved, spec, recipe, batch)
@@ -171,13 +171,24 @@ def _fixed_factorisation(mesh: MeshSpec, cluster) -> tuple[Cluster, str | None, 
                             "Remedy: rename the axes, e.g. pp=2,dp=2,tp=2")
     if [a for a in mesh.axis_names if a != PP_AXIS] not in (["dp", "tp"], ["dp"], ["tp"], []):
         raise PipelineError(f"mesh {mesh}: put dp before tp (tp innermost, inside a node)")
-    full, spec = resolve_cluster(cluster, mesh.world_size)
-    per_node = min(full.devices_per_node, mesh.world_size)
-    if mesh.world_size % per_node:
-        raise ValueError(f"mesh {mesh} ({mesh.world_size} devices) does not fill nodes of {per_node} devices of "
-                         f"cluster {spec or full.device.name}. Remedy: a mesh of a multiple of {per_node} devices")
-    full = dataclasses.replace(full, num_nodes=mesh.world_size // per_node, devices_per_node=per_node)
+    full, spec = cluster_of_mesh(mesh, cluster)
     return full, spec, mesh.size(PP_AXIS), mesh.size("tp") if "tp" in mesh.axis_names else 1
+
+
+def cluster_of_mesh(mesh: MeshSpec, cluster) -> tuple[Cluster, str | None]:
+    """(Cluster, spec) a plan on `mesh` is priced on (`resolve_cluster`), checked to have exactly the mesh's
+    devices, with or without a "pp" axis; the CLI checks it before tracing.
+
+    Raises:
+        ValueError: the mesh and the cluster differ in device count (`cost_model.topology.MeshTopology`'s message:
+            both counts and a cluster preset of the mesh's size). Before round 17 a mesh with "pp" silently
+            resized the cluster ("pp=2,dp=4" on "h100:1x4" was priced on 2 x 4 devices, labelled "h100:1x4").
+    """
+    from cost_model.topology import MeshTopology
+
+    full, spec = resolve_cluster(cluster, mesh.world_size)
+    MeshTopology(full, tuple(mesh.shape), tuple(mesh.axis_names))
+    return full, spec
 
 
 def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, microbatches, virtual_stages, recipe,
@@ -238,6 +249,11 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
         ms = microbatches if isinstance(microbatches, tuple) else (microbatches,)
+        if all(global_batch % m for m in ms):  # before: "needs a graph traced at batch 2.66667" (round 17)
+            divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+            raise PipelineError(f"global_batch={global_batch} does not split into microbatches={microbatches} of whole "
+                                f"samples. Remedy: microbatches= one of {divisors} (each also divisible by the dp "
+                                "degree), or another global_batch")
         if retrace is None and any(global_batch != m * b0 for m in ms):
             raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
                              f"batch {global_batch / ms[0]:g}, not {b0}. Remedy: trace one microbatch, or pass "

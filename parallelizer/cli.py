@@ -247,6 +247,8 @@ def cmd_plan(args) -> int:
     if args.global_batch is not None and (args.grad_accum < 1 or args.global_batch % args.grad_accum):
         raise ValueError(f"--global-batch {args.global_batch} must be a multiple of --grad-accum {args.grad_accum}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
+    if mesh is not None:
+        api.cluster_of_mesh(mesh, args.cluster)  # a mesh must use all of --cluster's devices: said before tracing
     searched = mesh is None or "pp" in mesh.axis_names
     pipe = {k: v for k, v in (("schedule", args.schedule), ("microbatches", args.microbatches),
                               ("virtual_stages", args.virtual_stages)) if v is not None}

@@ -178,11 +178,12 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
             + f"on {cluster.world_size} "
             f"{cluster.device.name} devices; the leanest (pp={cand.pp}, dp={cand.dp}, tp={cand.tp}, "
             f"m={cand.num_microbatches}, {cand.schedule}) needs {format_bytes(need)} per device. Remedies: more "
-            "devices, a smaller global batch or more microbatches, "
-            # only remedies not already in effect (a bf16 plan was told to use bf16, zero1=True to use ZeRO-1)
+            "devices, a smaller global batch"
+            + (" or more microbatches, " if global_batch // (cand.dp * cand.num_microbatches) > 1 else ", ")
+            # only remedies not already in effect (a bf16 plan was told to use bf16, ZeRO-1 plan to use ZeRO-1)
             + ("bf16 precision (precision='bf16'), " if resolve_precision(
                 config.precision, cluster.device, traced_in_low_precision(traced)) != "bf16" else "")
-            + ("ZeRO-1 (zero1=True), " if not zero1 else "")
+            + ("ZeRO-1 (zero1='dp'; CLI --zero1 dp; plan_pipeline: zero1=True), " if not zero1 else "")
             + ("activation recomputation (recompute='auto' or 'full'), " if config.recompute in ("none", "selective")
                else "") + "a smaller memory reserve (memory_reserve_bytes=).")
     report = SearchReport(total, dict(sorted(excluded.items())), len(bounds) - evaluated, evaluated, infeasible,
@@ -293,7 +294,7 @@ def _enumerate(ctx: "_Context", pps, tps, ms, schedules) -> tuple[list[Candidate
             d = world // (tps[0] * pps[0])
             raise PipelineError(f"global_batch={ctx.global_batch} does not split into dp={d} x microbatches={ms[0]} "
                                 f"x an integer microbatch size. Remedy: a global batch divisible by {d * ms[0]}, or "
-                                "another num_microbatches / pp / tp.")
+                                "other microbatches= / pp / tp.")
         if ctx.refused and len(ctx.refused) == len(schedules):  # only multi-copy schedules were asked for
             raise PipelineError(next(iter(ctx.refused.values())))
         raise PipelineError(f"no valid pipeline configuration; excluded: {dict(excluded)}. Remedy: change what "

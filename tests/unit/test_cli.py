@@ -1,4 +1,6 @@
 """`parallelizer` CLI in-process: plan -> show -> Plan.load round trip, determinism, mesh search, errors."""
+import unittest.mock
+
 import pytest
 import torch
 
@@ -385,8 +387,14 @@ def test_counts_and_amounts_out_of_range_exit_2_before_any_work(argv, message, c
     ("dp=4", "h100:1x8", "a cluster of 1x4 (CLI: --cluster PRESET:1x4, e.g. h100:1x4"),
     ("dp=16", "h100:1x8", "a cluster of 2x8 (CLI: --cluster PRESET:2x8"),
     ("dp=12", "h100:1x8", "no whole number of its nodes holds that many"),
+    # with a "pp" axis the cluster was resized silently (round 17 new-user trial: pp=2,dp=4 on h100:1x4 priced on
+    # 2 x 4 devices and labelled h100:1x4); now the same refusal, before tracing
+    ("pp=2,dp=4", "h100:1x4", "a cluster of 2x4 (CLI: --cluster PRESET:2x4"),
+    ("pp=2,dp=2", "h100:1x8", "a cluster of 1x4 (CLI: --cluster PRESET:1x4"),
+    ("pp=3,dp=2", "h100:1x4", "has 6 devices but the cluster has 1 nodes x 4 = 4"),
 ])
 def test_a_mesh_of_fewer_devices_than_the_cluster_names_the_cli_remedy(mesh, cluster, remedy, tmp_path, capsys):
     """The mesh / cluster mismatch told a CLI user to "build a smaller Cluster" (round 16 new-user trial)."""
-    assert cli.main(["plan", *GPT, "--mesh", mesh, "--cluster", cluster, "-o", str(tmp_path / "p.json")]) == 2
+    with unittest.mock.patch("parallelizer.tracer.trace", side_effect=AssertionError("traced before the check")):
+        assert cli.main(["plan", *GPT, "--mesh", mesh, "--cluster", cluster, "-o", str(tmp_path / "p.json")]) == 2
     assert remedy in capsys.readouterr().err

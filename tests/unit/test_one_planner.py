@@ -149,3 +149,27 @@ def test_an_invalid_fixed_schedule_names_its_own_reason(traced):
     # the error of a fully fixed (pp, tp, m, schedule) names why it was excluded, not the batch split
     with pytest.raises(ValueError, match="bitpipe needs an even pp >= 2 and an even microbatch count"):
         _plan(traced, {"pp": 2}, schedule="bitpipe", microbatches=3, global_batch=24, precision="fp32")
+
+
+@pytest.mark.parametrize("mesh, cluster, message", [
+    ({"pp": 2, "dp": 2}, "h100:1x8", "has 4 devices but the cluster has 1 nodes x 8 = 8"),
+    ({"pp": 2, "dp": 4}, CLUSTER, "has 8 devices but the cluster has 1 nodes x 4 = 4"),
+])
+def test_a_pipeline_mesh_must_use_all_the_clusters_devices(traced, mesh, cluster, message):
+    """Round 17 new-user trial: a mesh with "pp" resized the cluster silently (pp=2,dp=2 on h100:1x8 was priced on
+    1 x 4 devices and labelled "h100:1x8"); a mesh without pp was refused. Now both are."""
+    with pytest.raises(ValueError, match=message):
+        _plan(traced, mesh, cluster=cluster, global_batch=8)
+    with pytest.raises(ValueError, match=message):  # the same devices without pp: the same refusal as before
+        _plan(traced, {"dp": mesh["pp"] * mesh["dp"]}, cluster=cluster)
+    plan = _plan(traced, mesh, cluster=f"h100:1x{mesh['pp'] * mesh['dp']}", global_batch=8, precision="fp32")
+    assert (plan.cluster["num_nodes"], plan.cluster["devices_per_node"]) == (1, mesh["pp"] * mesh["dp"])
+
+
+def test_microbatches_that_do_not_divide_the_global_batch_are_named_with_the_divisors(traced):
+    """Round 17 new-user trial: microbatches=3 with global_batch=8 said "needs a graph traced at batch 2.66667",
+    and with retrace= named a `num_microbatches` option that `plan` does not have."""
+    for retrace in (None, lambda batch: _gpt(batch)):
+        with pytest.raises(PipelineError, match=r"global_batch=8 does not split into microbatches=3 of whole samples\. "
+                                                r"Remedy: microbatches= one of \[1, 2, 4, 8\]"):
+            _plan(traced, {"pp": 2, "dp": 2}, cluster=CLUSTER, global_batch=8, microbatches=3, retrace=retrace)

@@ -151,8 +151,14 @@ def test_infeasible_names_smallest_need(gpt):
     assert "Remedies" in str(err.value)
     # only remedies not already in effect: this search runs in bf16 (GPU preset) with ZeRO-1 (the default)
     assert "precision='bf16'" not in str(err.value) and "zero1=True" not in str(err.value)
-    with pytest.raises(InfeasiblePlanError, match=r"ZeRO-1 \(zero1=True\)"):
+    with pytest.raises(InfeasiblePlanError, match=r"ZeRO-1 \(zero1='dp'; CLI --zero1 dp; plan_pipeline: zero1=True\)"):
         parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, memory_budget_bytes=1000, zero1=False)
+    # "more microbatches" only where the leanest candidate's microbatch has more than one sample (round 17 new-user
+    # trial: offered for microbatches of one sample)
+    for m, offered in ((1, True), (64, False)):
+        with pytest.raises(InfeasiblePlanError, match=f"m={m}, ") as err:
+            parallelizer.plan_pipeline(gpt, CLUSTER, global_batch=64, num_microbatches=m, memory_budget_bytes=1000)
+        assert ("a smaller global batch or more microbatches, " in str(err.value)) is offered, str(err.value)
 
 
 def test_summary_mentions_throughput(best):
