@@ -353,6 +353,8 @@ def _search_record(found) -> dict:
             "step_s": found.step_time_s, "candidates": s.candidates, "priced": s.evaluated, "pruned": s.pruned,
             "infeasible_memory": s.infeasible_memory, "simulated": s.simulated,
             "lean_stages": [st.index for st in found.stages if st.lean],
+            "tflops_per_device": found.tflops_per_gpu, "mfu": found.mfu, "peak_flops_per_s": found.peak_flops_per_s,
+            "device": found.device,
             "alternatives": [dataclasses.asdict(a) for a in found.alternatives]}
 
 

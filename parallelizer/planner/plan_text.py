@@ -73,6 +73,11 @@ def search_rows(plan: Plan) -> list[tuple[str, str]]:
             ("searched", f"{found['candidates']} candidates: {found['priced']} priced ({found['infeasible_memory']} "
                          f"over memory), {found['pruned']} pruned by the lower bound"),
             ("search estimate", f"{ms(found['step_s'])} per optimizer step")]
+    if "mfu" in found:  # plans made before round 17 did not record it
+        rows.append(("throughput", f"{found['tflops_per_device']:.1f} TFLOP/s per "
+                                   f"device = {found['mfu']:.1%} MFU of {found['device']} "
+                                   f"({found['peak_flops_per_s'] / 1e12:.0f} TFLOP/s peak) at the search estimate; "
+                                   f"{found['global_batch'] / found['step_s']:.1f} samples/s"))
     if found.get("alternatives") and plan.pipeline is not None:  # schedules compared: only with stages
         from .pipeline import alternative_line
         rows += [("why " + a["schedule"] if k == 0 else "vs " + a["schedule"], alternative_line(a))

@@ -173,3 +173,13 @@ def test_microbatches_that_do_not_divide_the_global_batch_are_named_with_the_div
         with pytest.raises(PipelineError, match=r"global_batch=8 does not split into microbatches=3 of whole samples\. "
                                                 r"Remedy: microbatches= one of \[1, 2, 4, 8\]"):
             _plan(traced, {"pp": 2, "dp": 2}, cluster=CLUSTER, global_batch=8, microbatches=3, retrace=retrace)
+
+
+def test_a_searched_plan_shows_its_throughput_and_mfu(tight):
+    """Round 17 new-user trial: `show` printed no MFU or throughput (the PipelinePlan of the search had them)."""
+    found = tight.model["search"]
+    assert found["mfu"] == pytest.approx(found["tflops_per_device"] * 1e12 / found["peak_flops_per_s"], rel=1e-9)
+    line = next(x for x in tight.summary().splitlines() if x.startswith("  throughput: "))
+    assert f"= {found['mfu']:.1%} MFU of {found['device']}" in line
+    assert f"{found['global_batch'] / found['step_s']:.1f} samples/s" in line
+    assert line in Plan.from_json(tight.to_json()).summary().splitlines()  # kept in the JSON
