@@ -57,6 +57,17 @@ def alternative(cand, res: dict, best: tuple | None) -> ScheduleAlternative:
         reason = (f"{slow:+.1%} step vs {best[1].schedule}; bubble {bubble:.1%} vs "
                   f"{bubble_fraction(b['pipeline'], b['bubble']):.1%}; peak memory {peak / _GB:.1f} vs "
                   f"{max(r['memory'] for r in b['ranks']) / _GB:.1f} GB; p2p {res['p2p_bytes'] / _GB:.2f} vs "
-                  f"{b['p2p_bytes'] / _GB:.2f} GB per step")
+                  f"{b['p2p_bytes'] / _GB:.2f} GB per step; {_work(res)} vs {_work(b)}")
     return ScheduleAlternative(cand.schedule, cand.pp, cand.dp, cand.tp, cand.num_microbatches, res["step_s"],
                                bubble, int(peak), int(res["p2p_bytes"]), reason)
+
+
+def _work(res: dict) -> str:
+    """What the busiest rank computes besides its bubble, and which stages pay for memory with time (round 17
+    new-user trial: zbv at 0.4% bubble lost to dualpipev at 8.3% with no reason shown; its stages recomputed)."""
+    stages = res["stages"]
+    rc = sum(st["recompute"] != "none" for st in stages)
+    lean = sum(bool(st["lean"]) for st in stages)
+    text = f"busy {(res['pipeline'] - res['bubble']) * 1e3:.1f} ms, recomputing {rc} of {len(stages)} stages"
+    return text + (f", {lean} memory-lean" if lean else "")
+

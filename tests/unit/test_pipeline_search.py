@@ -219,3 +219,17 @@ def test_the_search_prices_each_actions_runtime_cost_and_stays_exact(gpt, best):
     grid = parallelizer.plan_pipeline(gpt, heavy, global_batch=64, precision="bf16", search="exhaustive")
     assert bound.step_time_s == grid.step_time_s > best.step_time_s
     assert (bound.mesh, bound.schedule, bound.num_microbatches) == (grid.mesh, grid.schedule, grid.num_microbatches)
+
+
+def test_every_alternative_says_what_its_busiest_rank_computes_and_recomputes(best):
+    """Round 17 new-user trial: a schedule with 0.4% bubble lost to one with 8.3% and `show` gave no reason (its
+    stages recomputed). Each reason now ends with both candidates' busy time (pipeline minus bubble) and stages
+    recomputed; the winner's half is checked against its own breakdown."""
+    b = best.step_breakdown_s
+    rc = sum(s.recompute != "none" for s in best.stages)
+    lean = sum(s.lean for s in best.stages)
+    winner = (f" vs busy {(b['pipeline'] - b['bubble']) * 1e3:.1f} ms, recomputing {rc} of {len(best.stages)} stages"
+              + (f", {lean} memory-lean" if lean else ""))
+    others = [a for a in best.alternatives[1:] if a.step_s is not None]
+    assert others and all(a.reason.endswith(winner) for a in others), [a.reason for a in others]
+    assert all(" step vs " in a.reason and "; busy " in a.reason for a in others)
