@@ -29,12 +29,12 @@ from __future__ import annotations
 import os
 import pickle
 import queue as queue_module
-import signal
 import socket
 import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,7 +45,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from parallelizer.errors import ParallelizerError
+from parallelizer.errors import ParallelizerError, RankCrashWarning
+
+from .rank_crash import (
+    STOPPED, RankLogs, capture_stderr, crash_warning, describe_crash, describe_stuck, dump_stacks, rerun_reason,
+    signal_name,
+)
 
 __all__ = ["DistributedError", "DistInfo", "spawn", "init_from_env", "shutdown", "create_groups"]
 
@@ -129,28 +134,52 @@ def spawn(
         raise ValueError(f"spawn: world_size must be an int >= 1, got {world_size!r}")
     if not timeout_s > 0:
         raise ValueError(f"spawn: timeout_s must be > 0 seconds, got {timeout_s!r}")
+    name = getattr(fn, "__qualname__", repr(fn))
+    rerun: dict[int, str] = {}
+    for launch in (1, 2):
+        results, failures, timed_out, crashed = _run_ports(fn, world_size, args, timeout_s, backend)
+        if launch == 2 or not (rerun := rerun_reason(crashed, failures, timed_out)):
+            break
+        warnings.warn(RankCrashWarning(crash_warning(name, world_size, rerun, failures), rerun, name), stacklevel=2)
+    if failures:
+        message = _failure_message(fn, world_size, timeout_s, failures, timed_out)
+        if launch == 2:
+            message += (f"\nThis was the launch's second run: the first lost "
+                        + ", ".join(f"rank {r} to {sig}" for r, sig in rerun.items())
+                        + " without a report (RankCrashWarning).")
+        raise DistributedError(message, failures)
+    return [results[rank] for rank in range(world_size)]
+
+
+def _run_ports(
+    fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout_s: float, backend: str,
+) -> tuple[dict[int, Any], dict[int, str], bool, dict[int, str]]:
+    """`_run_once` within one deadline of `timeout_s`, on a new port while the last one was taken."""
     deadline = time.monotonic() + timeout_s
     for attempt in range(1, _PORT_ATTEMPTS + 1):
-        results, failures, timed_out = _run_once(fn, world_size, args, timeout_s, backend, deadline)
-        if not (_port_was_taken(failures) and attempt < _PORT_ATTEMPTS and time.monotonic() < deadline):
+        outcome = _run_once(fn, world_size, args, timeout_s, backend, deadline)
+        if not (_port_was_taken(outcome[1]) and attempt < _PORT_ATTEMPTS and time.monotonic() < deadline):
             break
-    if failures:
-        raise DistributedError(_failure_message(fn, world_size, timeout_s, failures, timed_out), failures)
-    return [results[rank] for rank in range(world_size)]
+    return outcome
 
 
 def _run_once(
     fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout_s: float, backend: str,
     deadline: float,
-) -> tuple[dict[int, Any], dict[int, str], bool]:
-    """Start the ranks on a fresh port, collect their reports until `deadline`, kill what is left."""
+) -> tuple[dict[int, Any], dict[int, str], bool, dict[int, str]]:
+    """Start the ranks on a fresh port, collect their reports until `deadline`, kill what is left.
+
+    Returns (results by rank, failures by rank, whether the deadline passed, rank -> signal name of each rank that
+    died by a signal without a report); every rank's stderr has been copied to this process's stderr."""
     ctx = _context()
     reports = ctx.Queue()
+    logs = RankLogs(world_size)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, fn, args, init_method, backend, timeout_s, reports, dict(os.environ)),
+            args=(rank, world_size, fn, args, init_method, backend, timeout_s, reports, dict(os.environ),
+                  logs.paths[rank]),
             name=f"parallelizer-rank{rank}",
             daemon=True,
         )
@@ -159,10 +188,21 @@ def _run_once(
     try:
         for proc in procs:
             proc.start()
-        return _collect(procs, reports, deadline)
+        results, failures, timed_out, crashed = _collect(procs, reports, deadline)
+        stuck = [rank for rank in failures if procs[rank].is_alive()]
+        dump_stacks([procs[rank] for rank in stuck])  # where each rank still running hangs
+        _kill_all(procs)
+        for rank in stuck:
+            failures[rank] = describe_stuck(failures[rank], logs.tail(rank))
+        for rank in crashed:  # a dead rank's last words: glibc's or C++'s message, faulthandler's stacks
+            failures[rank] = describe_crash(_how(procs[rank].exitcode), logs.tail(rank))
+        signals = {rank: sig for rank in crashed if (sig := signal_name(procs[rank].exitcode))}
+        return results, failures, timed_out, signals
     finally:
         _kill_all(procs)
         reports.close()
+        logs.replay()
+        logs.close()
 
 
 def _context():
@@ -187,9 +227,11 @@ def _worker(
     timeout_s: float,
     reports: Any,
     environ: dict[str, str],
+    stderr_path: str,
 ) -> None:
-    """Body of one spawned rank: take the caller's environment `environ`, init, run, report ("ok", pickled
-    result) or ("error", traceback), exit."""
+    """Body of one spawned rank: take the caller's environment `environ`, write stderr to `stderr_path` with
+    faulthandler on (`rank_crash`), init, run, report ("ok", pickled result) or ("error", traceback), exit."""
+    capture_stderr(stderr_path)
     os.environ.clear()
     os.environ.update(environ)
     # torch.fx.Interpreter makes a (disabled) tqdm bar, whose first use creates a multiprocessing lock that is
@@ -223,10 +265,11 @@ def _worker(
 
 def _collect(
     procs: list[Any], reports: Any, deadline: float
-) -> tuple[dict[int, Any], dict[int, str], bool]:
+) -> tuple[dict[int, Any], dict[int, str], bool, list[int]]:
     """Wait for every rank's report until `deadline` (time.monotonic seconds) or shortly after a failure.
 
-    Returns (results by rank, failures by rank with the likely root cause first, whether the deadline passed).
+    Returns (results by rank, failures by rank with the likely root cause first, whether the deadline passed,
+    the ranks whose process died without a report).
     """
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}
@@ -270,11 +313,11 @@ def _collect(
         elif timed_out:
             failures[rank] = "timed out: no report before the deadline"
         else:
-            failures[rank] = "stopped: still running after another rank failed (probably blocked in a collective)"
+            failures[rank] = STOPPED
     # Root cause first: a rank that died without a report (its peers then raise "connection closed" errors
     # in their collectives, sometimes before its death is seen), then errors in arrival order, then the rest.
     ordered = crashed + [r for r in failures if r not in crashed]
-    return results, {rank: failures[rank] for rank in ordered}, timed_out
+    return results, {rank: failures[rank] for rank in ordered}, timed_out, crashed
 
 
 def _failure_message(
@@ -316,14 +359,13 @@ def _free_port() -> int:
 
 def _describe_exit(exitcode: int) -> str:
     """What happened to a rank whose process ended without a report, e.g. '... with signal SIGABRT ...'."""
-    if exitcode < 0:
-        try:
-            how = f"signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            how = f"signal {-exitcode}"
-    else:
-        how = f"exit code {exitcode}"
-    return f"process exited with {how} without a report"
+    return describe_crash(_how(exitcode), "")
+
+
+def _how(exitcode: int) -> str:
+    """'signal SIGABRT' or 'exit code 3' for a process's multiprocessing exit code."""
+    sig = signal_name(exitcode)
+    return f"signal {sig.removeprefix('signal ')}" if sig else f"exit code {exitcode}"
 
 
 def _kill_all(procs: Sequence[Any]) -> None:
