@@ -13,7 +13,8 @@ from parallelizer.runtime.rehearsal import rehearse_many
 from plan_cases import KINDS, MODELS, case
 
 # pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: two launches with deadlines of 900 s
-# each (they name the ranks still running) must not be cut short by it on a loaded machine
+# each (they name the ranks still running) must not be cut short by it on a loaded machine; a launch re-run after a
+# rank's crash signal (`runtime.spawn`, RankCrashWarning) has a deadline of its own, within this on a normal run
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2100)]
 
 CASES = {
