@@ -57,7 +57,7 @@ from tqdm import tqdm
 from parallelizer.errors import ParallelizerError, RankCrashWarning
 
 from .rank_crash import (
-    STOPPED, RankLogs, capture_stderr, crash_warning, describe_crash, describe_stuck, dump_stacks, rerun_reason,
+    STOPPED, TAIL_HEAD, RankLogs, capture_stderr, crash_warning, describe_crash, describe_stuck, dump_stacks, rerun_reason,
     signal_name,
 )
 
@@ -362,6 +362,7 @@ def _failure_message(
 def _last_error(detail: str) -> str:
     """The exception line of a rank's traceback (`ExcType: message`, the last line that is not the remedy nor
     indented), shortened to 300 characters: what the rank failed with, for the one-line summary."""
+    detail = detail.partition(TAIL_HEAD)[0]  # a rank that crashed or hung: its own line, not its quoted stderr
     lines = [ln for ln in detail.strip().splitlines() if ln.strip() and not ln.startswith((" ", "Remedy:"))]
     line = next((ln for ln in reversed(lines) if ":" in ln and not ln.startswith("Traceback")), lines[-1] if lines else "")
     return line if len(line) <= 300 else line[:297] + "..."

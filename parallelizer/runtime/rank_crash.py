@@ -31,6 +31,8 @@ RERUN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 # How many of a dead rank's last stderr lines its failure text carries (faulthandler prints ~10 per thread).
 TAIL_LINES = 80
+# Where the quoted stderr lines start in a failure text (`describe_crash`, `describe_stuck`).
+TAIL_HEAD = "\nits last lines on stderr"
 STOPPED = "stopped: still running after another rank failed (probably blocked in a collective)"
 # A rank still running when the parent gives up on it (deadline, or another rank failed) is sent this signal first;
 # faulthandler then writes its Python stacks to its stderr, which its failure text quotes. Seconds to let it write.
@@ -109,7 +111,7 @@ def describe_crash(how: str, tail: str) -> str:
     """Failure text of a rank that ended `how` ("signal SIGABRT", "exit code 3") without a report."""
     text = f"process exited with {how} without a report"
     if tail.strip():
-        text += f"\nits last lines on stderr (faulthandler's Python stacks after a crash signal):\n{tail.rstrip()}"
+        text += f"{TAIL_HEAD} (faulthandler's Python stacks after a crash signal):\n{tail.rstrip()}"
     return text
 
 
@@ -117,7 +119,7 @@ def describe_stuck(failure: str, tail: str) -> str:
     """`failure` ("timed out ...", `STOPPED`) of a rank that was still running, with its last stderr lines."""
     if not tail.strip():
         return failure
-    return f"{failure}\nits last lines on stderr (faulthandler's Python stacks when the parent gave up on it):\n{tail.rstrip()}"
+    return f"{failure}{TAIL_HEAD} (faulthandler's Python stacks when the parent gave up on it):\n{tail.rstrip()}"
 
 
 def rerun_reason(crashed: dict[int, str], failures: dict[int, str], timed_out: bool) -> dict[int, str]:

@@ -76,7 +76,7 @@ def test_crashed_rank_is_named_with_its_signal():
         with pytest.raises(DistributedError) as info:
             spawn(W.abort_on_rank_one, 2, timeout_s=120)
     assert len(warned) == 1 and warned[0].message.ranks == {1: "SIGABRT"}
-    assert "failed on rank 1" in str(info.value)
+    assert "failed on rank 1: process exited with signal SIGABRT" in str(info.value).splitlines()[0]
     assert "second run" in str(info.value)
     assert "signal SIGABRT" in info.value.failures[1]
     assert "Fatal Python error: Aborted" in info.value.failures[1]

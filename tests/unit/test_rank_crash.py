@@ -28,3 +28,16 @@ def test_no_rerun_for_timeouts_exit_codes_or_kills_from_outside():
 def test_signal_names():
     assert signal_name(-6) == "SIGABRT" and signal_name(-11) == "SIGSEGV"
     assert signal_name(0) is None and signal_name(1) is None and signal_name(None) is None
+
+
+def test_summary_line_of_a_crashed_rank_is_its_exit_not_its_quoted_stderr():
+    """The one-line summary of a rank that died names the signal, not the last line of the stderr it quotes
+    (faulthandler ends with "Extension modules: ...")."""
+    from parallelizer.runtime.launch import _failure_message
+
+    crashed = describe_crash("signal SIGABRT", "Fatal Python error: Aborted\n  File \"w.py\", line 3 in body\n"
+                             "Extension modules: numpy, torch._C (total: 2)")
+    text = _failure_message(print, 2, 10.0, {1: crashed, 0: PEER}, False)
+    assert text.splitlines()[0].startswith("spawn(print, world_size=2) failed on rank 1: process exited with signal "
+                                           "SIGABRT without a report"), text
+    assert "Extension modules" not in text.splitlines()[0] and "Extension modules" in text  # quoted below
