@@ -144,8 +144,9 @@ def spawn(
         RankCrashWarning: a rank died by SIGABRT, SIGSEGV or SIGBUS without a report while every other failed
             rank only lost its connection to it or was stopped: the launch is re-run once, with a deadline of
             `timeout_s` of its own (so at most twice `timeout_s` in all); a second failure raises
-            DistributedError saying it was the second run. Every rank's stderr is copied to this process's
-            stderr when each run ends.
+            DistributedError saying it was the second run. `fn` then runs again from its start on every rank:
+            what it writes outside its ranks (files) must bear a second run. Every rank's stderr is copied to
+            this process's stderr when each run ends.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"spawn: world_size must be an int >= 1, got {world_size!r}")
