@@ -172,6 +172,19 @@ class StaleModelWarning(UserWarning):
 
 
 
+class RankCrashWarning(RuntimeWarning):
+    """Warned by `runtime.spawn` when a rank died by a crash signal (SIGABRT, SIGSEGV, SIGBUS) without a report
+    while no rank raised an error of its own (the others only lost their connection to it), and the launch was
+    therefore re-run once. The message names the function, the rank, the signal, the last lines the rank wrote
+    to stderr (faulthandler's Python stack of every thread), and that the launch was re-run. Attributes:
+    `ranks` (rank -> signal name), `function` (the qualified name of the launched function)."""
+
+    def __init__(self, message: str, ranks: dict[int, str] | None = None, function: str = "") -> None:
+        super().__init__(message)
+        self.ranks = dict(ranks or {})
+        self.function = function
+
+
 class CheckpointFilesError(ParallelizerError, FileNotFoundError):
     """A checkpoint directory lacks files it needs: its `.metadata` (DCP writes it last: a save interrupted before
     its end), or a file its metadata lists (another rank's file on storage this rank does not share, or a save

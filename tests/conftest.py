@@ -64,3 +64,22 @@ def pytest_collection_modifyitems(session, config, items):
         return rank.get(name, len(LONG_FIRST))
 
     items.sort(key=key)
+
+
+# Launches that `runtime.spawn` re-ran once because a rank died by a crash signal without a report while the other
+# ranks only lost their connection to it (RankCrashWarning, `parallelizer/runtime/rank_crash.py`): listed at the end
+# of the run with the test that launched them (under xdist the controller receives the workers' warnings).
+_RERUN_LAUNCHES: list[str] = []
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    if getattr(warning_message.category, "__name__", "") == "RankCrashWarning":
+        first = str(warning_message.message).splitlines()[0]
+        _RERUN_LAUNCHES.append(f"{nodeid or location}: {first}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _RERUN_LAUNCHES:
+        terminalreporter.section("launches re-run after a rank died by a crash signal (RankCrashWarning)")
+        for line in _RERUN_LAUNCHES:
+            terminalreporter.write_line(line)

@@ -490,6 +490,27 @@ def abort_on_rank_one(rank: int, world_size: int) -> None:
     dist.barrier()
 
 
+def abort_on_first_launch(rank: int, world_size: int, marker: str) -> int:
+    """Rank 1 dies by SIGABRT (no Python exception, no report) the first time `marker` is absent, after a first
+    collective, while the other ranks wait in the next one; a re-run finds the marker and every rank returns its
+    rank. Each rank appends one line per launch to `marker + ".launches"`."""
+    with open(marker + ".launches", "a") as f:
+        f.write(f"{rank}\n")
+    dist.barrier()
+    if rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.abort()
+    dist.barrier()
+    return rank
+
+
+def raise_on_rank_one_counted(rank: int, world_size: int, marker: str) -> None:
+    """`raise_on_rank_one`, each rank first appending one line per launch to `marker + ".launches"`."""
+    with open(marker + ".launches", "a") as f:
+        f.write(f"{rank}\n")
+    raise_on_rank_one(rank, world_size)
+
+
 def run_fx_interpreter(rank: int, world_size: int) -> int:
     """Run a tiny GraphModule through torch.fx.Interpreter (as the verifier does), which creates a tqdm bar."""
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))

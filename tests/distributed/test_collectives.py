@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
 import torch.fx
 
 import distributed_workers as W
+from parallelizer.errors import RankCrashWarning
 from parallelizer.rewriter import collectives as C
 from parallelizer.runtime import DistributedError, init_from_env, shutdown, spawn
 
@@ -64,13 +66,44 @@ def test_rank_past_deadline_is_named_and_killed():
     assert elapsed_s < 60, f"spawn took {elapsed_s:.1f} s for a 4 s deadline"
     assert "timed out after 4 s" in str(info.value)
     assert 0 in info.value.failures and "timed out" in info.value.failures[0]
+    assert "in sleep_on_rank_zero" in info.value.failures[0]  # where it was: faulthandler's stack (SIGUSR1)
 
 
 def test_crashed_rank_is_named_with_its_signal():
-    with pytest.raises(DistributedError) as info:
-        spawn(W.abort_on_rank_one, 2, timeout_s=120)
-    assert "failed on rank 1" in str(info.value)
+    """A rank that aborts in every run: the launch is re-run once (warned), then fails naming the rank, the signal
+    and the rank's Python stack at the abort (faulthandler's, from the rank's stderr)."""
+    with pytest.warns(RankCrashWarning, match="rank 1 by SIGABRT") as warned:
+        with pytest.raises(DistributedError) as info:
+            spawn(W.abort_on_rank_one, 2, timeout_s=120)
+    assert len(warned) == 1 and warned[0].message.ranks == {1: "SIGABRT"}
+    assert "failed on rank 1: process exited with signal SIGABRT" in str(info.value).splitlines()[0]
+    assert "second run" in str(info.value)
     assert "signal SIGABRT" in info.value.failures[1]
+    assert "Fatal Python error: Aborted" in info.value.failures[1]
+    assert "in abort_on_rank_one" in info.value.failures[1]  # the stack names the function that aborted
+
+
+def test_rank_aborted_once_is_rerun_and_warned(tmp_path):
+    """A rank that dies by SIGABRT without a report while the other only loses its connection: the launch is
+    re-run once, with a RankCrashWarning naming the rank, the signal, its stack and the re-run, and returns the
+    re-run's results."""
+    marker = str(tmp_path / "aborted")
+    with pytest.warns(RankCrashWarning) as warned:
+        assert spawn(W.abort_on_first_launch, 2, marker, timeout_s=120) == [0, 1]
+    text = str(warned[0].message)
+    assert len(warned) == 1 and warned[0].message.ranks == {1: "SIGABRT"}, text
+    assert "rank 1 by SIGABRT" in text and "re-run once" in text and "in abort_on_first_launch" in text, text
+    assert sorted(open(marker + ".launches").read().split()) == ["0", "0", "1", "1"]  # two launches of 2 ranks
+
+
+def test_rank_that_raised_is_never_rerun(tmp_path):
+    """A rank that raised a Python exception fails the launch at once: no re-run, no RankCrashWarning."""
+    marker = str(tmp_path / "raised")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RankCrashWarning)
+        with pytest.raises(DistributedError, match="deliberate failure on rank 1"):
+            spawn(W.raise_on_rank_one_counted, 2, marker, timeout_s=120)
+    assert sorted(open(marker + ".launches").read().split()) == ["0", "1"]  # one launch
 
 
 def test_taken_rendezvous_port_is_retried(monkeypatch):

@@ -8,11 +8,13 @@ from the planner (`plan_cases`); one launch of ranks per world size runs every c
 import pytest
 
 from parallelizer.core.layout import Layout, Replicate
+from parallelizer.runtime import DistributedError
 from parallelizer.runtime.rehearsal import rehearse_many
 from plan_cases import KINDS, MODELS, case
 
 # pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: two launches with deadlines of 900 s
-# each (they name the ranks still running) must not be cut short by it on a loaded machine
+# each (they name the ranks still running) must not be cut short by it on a loaded machine; a launch re-run after a
+# rank's crash signal (`runtime.spawn`, RankCrashWarning) has a deadline of its own, within this on a normal run
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2100)]
 
 CASES = {
@@ -22,19 +24,34 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def results():
+def built():
+    """(model fn, kwargs, spec, plan) per key; made without ranks, so that a failed launch leaves the tests of the
+    plans' kinds standing."""
+    return {(w, m, k): case(m, k, w) for w, cases in CASES.items() for m, k in cases}
+
+
+@pytest.fixture(scope="module")
+def results(built):
+    """key -> (plan, report), or world size -> the DistributedError of its launch: a failed launch fails the tests
+    of its own world size only, each with the launch's message (the rank, how it failed, its stack)."""
     out = {}
     for world_size, cases in CASES.items():
-        built = [case(m, k, world_size) for m, k in cases]
-        reports = rehearse_many([(fn, kw, spec) for fn, kw, spec, _ in built], timeout_s=900)
-        for (m, k), (_, _, _, plan), report in zip(cases, built, reports):
-            out[(world_size, m, k)] = (plan, report)
+        keys = [(world_size, m, k) for m, k in cases]
+        try:
+            reports = rehearse_many([built[key][:3] for key in keys], timeout_s=900)
+        except DistributedError as err:
+            out[world_size] = err
+            continue
+        for key, report in zip(keys, reports):
+            out[key] = (built[key][3], report)
     return out
 
 
 @pytest.mark.parametrize("key", [(w, m, k) for w, cases in CASES.items() for m, k in cases],
                          ids=lambda key: "-".join(map(str, key)))
 def test_matches_single_device(results, key):
+    if key[0] in results:
+        pytest.fail(f"the {key[0]}-rank launch of every {key[0]}-rank case failed:\n{results[key[0]]}", pytrace=False)
     plan, report = results[key]
     assert report.matches(), f"{key}: {report}\nplan:\n{plan.summary()}"
 
@@ -75,9 +92,9 @@ def _kind_problems(plan, kind: str) -> list[str]:
 
 @pytest.mark.parametrize("key", [(w, m, k) for w, cases in CASES.items() if w > 1 for m, k in cases],
                          ids=lambda key: "-".join(map(str, key)))
-def test_plan_is_of_its_kind(results, key):
+def test_plan_is_of_its_kind(built, key):
     """The planner option `axis_roles` forces each kind for every model: DDP (parameters replicated over dp,
     gradient all-reduce), FSDP/ZeRO-3 (parameters sharded over dp, all-gather with reduce-scatter
     backward), tensor parallelism (matmul weights sharded over tp and used sharded), and 2x2 DP x TP."""
-    plan, _ = results[key]
+    plan = built[key][3]
     assert not _kind_problems(plan, key[2]), f"{key}: {_kind_problems(plan, key[2])}\n{plan.summary()}"
