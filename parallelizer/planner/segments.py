@@ -44,7 +44,7 @@ from ..core.layout import Layout
 from ..core.mesh import MeshSpec
 from ..core.redistribute import grad_partial_axes
 from ..tracer import BlockGroup, Role, TracedGraph
-from ..tracer.blocks import layer_stack, pipeline_unit
+from ..tracer.blocks import largest_group, layer_stack, pipeline_unit
 from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
 from .costs import GraphTables, Pricer
@@ -99,8 +99,7 @@ def segment_graph(traced: TracedGraph) -> Segments:
         raise ValueError("pipeline planning cuts the model at repeated blocks, and the traced graph has none "
                          "(traced.blocks is empty). Remedy: use parallelizer.plan (no pipeline axis), or a model "
                          "whose layers are instances of one module class with equal shapes.")
-    group: BlockGroup = stack or max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block,
-                                                                   -traced.blocks.index(b)))
+    group: BlockGroup = stack or largest_group(traced)
     L = group.count
     in_block = {n: i + 1 for i, member in enumerate(group.nodes) for n in member}
     order = list(traced.nodes)

@@ -216,8 +216,7 @@ def layer_stack(traced) -> BlockGroup | None:
     before, no pipeline unit, so pp=2 over a 2-layer hybrid was refused).
     """
     first = _first_run(traced) if traced.blocks else None
-    largest = max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b))) \
-        if traced.blocks else None
+    largest = largest_group(traced) if traced.blocks else None
     order = {name: i for i, name in enumerate(traced.nodes)}
     under: dict[str, list[str]] = defaultdict(list)  # every module path (called or not) -> its nodes
     for info in traced.nodes.values():
@@ -270,16 +269,38 @@ def pipeline_unit(traced) -> BlockGroup | None:
     return layer_stack(traced) or (_first_run(traced) if traced.blocks else None)
 
 
+def largest_group(traced) -> BlockGroup:
+    """The repeated-block group with the most nodes (count x nodes per block; the first such on a tie): the
+    group the pipeline search cuts at (`planner.segments.segment_graph`)."""
+    return max(traced.blocks, key=lambda b: (b.count * b.nodes_per_block, -traced.blocks.index(b)))
+
+
 def _first_run(traced) -> BlockGroup:
     """The first repeated-block group in graph order whose members enclose no member of another group, else the
     first group. Two equal root-level modules around the layers (an input projection and an output head, both
     Linear(D, D)) are a group of the ILP (one block solved, the answer reused), but no run of layers a pipeline
     can cut between; taking them as its unit refused every pipeline plan of such a model, blaming layers of
-    several kinds (round 16, r16a)."""
+    several kinds (round 16, r16a).
+
+    Groups of single modules (their members' nodes all created by the member itself: an embedder's two Linears
+    of equal shape, PixArt's caption projection, Wan's time / text embedders at small widths) that all end
+    before the largest group starts are no layers either: when the largest group is itself a run, it is the
+    unit. Before, the search cut at the largest group and the runtime at the embedder's, and every pipeline
+    plan of such a model was refused (round 17, r17b). Groups of modules with children ahead of the largest
+    (T5's encoder blocks before its decoder blocks) keep the first group, and with it the refusal."""
     order = {name: i for i, name in enumerate(traced.nodes)}
     starts = {g.name: [order[m[0]] for m in g.nodes] for g in traced.blocks}
-    for g in traced.blocks:
+
+    def is_run(g: BlockGroup) -> bool:
         lo, hi = order[g.nodes[0][0]], order[g.nodes[-1][-1]]
-        if not any(lo < s < hi for h in traced.blocks if h is not g for s in starts[h.name]):
-            return g
-    return traced.blocks[0]
+        return not any(lo < s < hi for h in traced.blocks if h is not g for s in starts[h.name])
+
+    first = next((g for g in traced.blocks if is_run(g)), traced.blocks[0])
+    largest = largest_group(traced)
+    begin = order[largest.nodes[0][0]]
+    ahead = [g for g in traced.blocks if order[g.nodes[-1][-1]] < begin]
+    if first is not largest and first in ahead and is_run(largest) and all(
+            traced.nodes[n].module_fqn == member for g in ahead for member, nodes in zip(g.members, g.nodes)
+            for n in nodes):
+        return largest
+    return first

@@ -7,6 +7,9 @@ GLOBAL batch and returns (model, args); seeded, so every rank builds the same we
 - `DiTLike`: identical blocks, but the head calls the first block's conditioning embedding again (diffusers'
   DiT / PixArt head uses `transformer_blocks[0].norm1.emb`): that submodule's weights are read by the first and
   the last stage, held by both as a tied weight.
+- `PixArtLike`: identical blocks after a caption projection of two Linear(d, d) (diffusers' PixArt
+  `caption_projection` / Wan's `time_embedder` at small widths): the two Linears are a repeated group of their own,
+  ahead of the blocks, and the pipeline cuts between the blocks (round 17, r17b).
 """
 from __future__ import annotations
 
@@ -126,3 +129,54 @@ def dit_like(batch: int = 8, seq_len: int = 6):
     g = torch.Generator().manual_seed(3)
     return DiTLike(), (torch.randn(batch, seq_len, 8, generator=g), torch.rand(batch, 1, generator=g),
                        torch.randn(batch, seq_len, 8, generator=g))
+
+
+class _CaptionProjection(nn.Module):
+    """diffusers' PixArtAlphaTextProjection: linear_1, GELU(tanh), linear_2, here of equal shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear_1, self.linear_2 = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, c):
+        return self.linear_2(F.gelu(self.linear_1(c), approximate="tanh"))
+
+
+class _CrossBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.q, self.kv = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 2 * WIDTH)
+        self.ff = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
+
+    def forward(self, x, cap):  # x (B, T, d), cap (B, L, d): cross-attention to the caption, then a feed-forward
+        k, v = self.kv(cap).chunk(2, -1)
+        x = x + F.scaled_dot_product_attention(self.q(self.norm(x)), k, v)
+        return x + self.ff(x)
+
+
+class PixArtLike(nn.Module):
+    """Patches (B, T, 8) and caption features (B, L, d) -> caption projection -> 4 blocks attending to the caption
+    -> MSE against a target."""
+
+    def __init__(self, depth: int = 4) -> None:
+        super().__init__()
+        self.proj_in = nn.Linear(8, WIDTH)
+        self.caption_projection = _CaptionProjection()
+        self.transformer_blocks = nn.ModuleList(_CrossBlock() for _ in range(depth))
+        self.proj_out = nn.Linear(WIDTH, 8)
+
+    def forward(self, x, caption, target):
+        cap = self.caption_projection(caption)
+        h = self.proj_in(x)
+        for block in self.transformer_blocks:
+            h = block(h, cap)
+        return F.mse_loss(self.proj_out(h), target)
+
+
+def pixart_like(batch: int = 8, seq_len: int = 6, caption_len: int = 3):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    return PixArtLike(), (torch.randn(batch, seq_len, 8, generator=g),
+                          torch.randn(batch, caption_len, WIDTH, generator=g),
+                          torch.randn(batch, seq_len, 8, generator=g))

@@ -8,7 +8,9 @@ bound):
   layers, Qwen3-MoE's dense / MoE layers) cut between every layer on pp=4 (before: refused, "pp=4 stages > the 2
   blocks of layers.*"), and cut (1, 3) on pp=2 x tp=2 with tensor-parallel stages of different contents;
 - DiT's head calling the first block's embedding (`transformer_blocks[0].norm1.emb`) on pp=2 x dp=2: the first
-  and last stages hold that embedding as a tied weight (gradients summed).
+  and last stages hold that embedding as a tied weight (gradients summed);
+- PixArt's caption projection (two Linear(d, d), a repeated group ahead of the blocks) on pp=2 x dp=2: cut between
+  the blocks, the projected caption sent to the second stage (before: refused, round 17, r17b).
 """
 import contextlib
 import io
@@ -21,7 +23,7 @@ from parallelizer.runtime import spawn
 from parallelizer.runtime.pipeline_rehearsal import _rank_main as rehearsal_rank
 from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
-from layer_kinds_models import dit_like, hybrid_lm
+from layer_kinds_models import dit_like, hybrid_lm, pixart_like
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -31,6 +33,8 @@ CASES = {  # name: (builder, global batch, mesh, plan options, blocks per stage)
                              dict(schedule="gpipe", microbatches=2, axis_roles={"tp": "tp"}), None),
     "dit_pp2_dp2_1f1b": (dit_like, 8, {"pp": 2, "dp": 2},
                          dict(schedule="1f1b", microbatches=2, axis_roles={"dp": "ddp"}), (2, 2)),
+    "pixart_pp2_dp2_1f1b": (pixart_like, 8, {"pp": 2, "dp": 2},
+                            dict(schedule="1f1b", microbatches=2, axis_roles={"dp": "ddp"}), (2, 2)),
 }
 
 

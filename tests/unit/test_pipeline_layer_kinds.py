@@ -23,7 +23,7 @@ from parallelizer.tracer.blocks import layer_stack, pipeline_unit
 from cost_model.topology import get_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from layer_kinds_models import dit_like, hybrid_lm  # noqa: E402
+from layer_kinds_models import dit_like, hybrid_lm, pixart_like  # noqa: E402
 
 
 def _traced(fn, **kw):
@@ -171,6 +171,27 @@ def test_equal_root_modules_around_the_layers_are_no_pipeline_unit():
         plan = parallelizer.plan(traced, {"pp": 2, "dp": 2}, cluster="a100:1x4", schedule="1f1b", microbatches=2)
     assert plan.pipeline is not None and [list(s.blocks) for s in plan.pipeline.stages] == [
         ["layers.0", "layers.1"], ["layers.2", "layers.3"]], plan.pipeline
+
+
+def test_an_embedders_equal_linears_ahead_of_the_blocks_are_no_pipeline_unit():
+    """Round 17 (r17b), left by round 16 (r16b): PixArt's caption projection (Wan's time / text embedders) holds two
+    Linear(d, d) at small widths, a repeated group of its own ahead of the blocks. The search cut at the largest
+    group (the blocks), the runtime at the first (the projection), and every pp plan was refused ("the search cut
+    at block group transformer_blocks.* but the runtime cuts at the first group caption_projection.*"). A group
+    of single modules wholly ahead of the largest group is no run of layers: both cut between the blocks."""
+    traced = _traced(pixart_like)
+    assert [g.name for g in traced.blocks] == ["caption_projection.*", "transformer_blocks.*"], traced.blocks
+    assert pipeline_unit(traced).name == segment_graph(traced).group == "transformer_blocks.*"
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan = parallelizer.plan(traced, {"pp": 2, "dp": 2}, cluster="a100:1x4", schedule="1f1b", microbatches=2)
+    assert plan.pipeline is not None and plan.pipeline.blocks_per_stage == (2, 2), plan.pipeline
+    cut = cut_stages(traced, 2)
+    for name, k in cut.stage_of.items():
+        fqn = traced.nodes[name].module_fqn
+        if fqn.startswith("caption_projection") or fqn.startswith("transformer_blocks.1."):
+            assert k == 0, (name, fqn)
+        elif fqn.startswith("transformer_blocks.2.") or fqn == "proj_out":
+            assert k == 1, (name, fqn)
 
 
 class _Mixer(torch.nn.Module):
