@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_model.hardware import OWN_RUNNER_SCHEDULES
 from cost_model.memory import inflight_microbatches as _cost_model_inflight
 
 
@@ -87,7 +88,9 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("bitpipe", 2, "BitPipe (planner.bitpipe lists; runtime.bitpipe)"),
 )}
 V_PLACED = ("zbv", "dualpipev")  # stage k and 2p - 1 - k on one rank
-RUNNER_SCHEDULES = frozenset({"bitpipe"})  # run by our own runner (runtime.bitpipe), not a torch schedule
+# run by our own runner (runtime.bitpipe), not a torch schedule; one set with the cost model, which prices their
+# actions at that runner's measured costs (`PipelineActionCost.for_schedule`)
+RUNNER_SCHEDULES = OWN_RUNNER_SCHEDULES
 
 
 def get_schedule(name: str) -> Schedule:
