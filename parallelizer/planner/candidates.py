@@ -422,7 +422,8 @@ class _Context:
         world = self.cluster.world_size
         fwd_flops, bwd_flops = graph_flops(self.traced.graph_module)
         flops = int((fwd_flops + bwd_flops) * self.global_batch / seg.trace_batch)
-        peak = float(self.cluster.device.peak_flops_per_s[mfu_dtype(self.traced, self.cluster.device)])
+        peak = float(self.cluster.device.peak_flops_per_s[mfu_dtype(self.traced, self.cluster.device,
+                                                                   self.config.precision)])
         step = res["step_s"]
         s = pr.plan.solver
         return PipelinePlan(

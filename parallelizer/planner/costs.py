@@ -135,7 +135,7 @@ class Pricer:
     def dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype a traced tensor of `dtype` is priced in (module docstring: fp32 -> bf16 under "bf16" for
         a graph traced in fp32)."""
-        return torch.bfloat16 if self.autocast and dtype == torch.float32 else dtype
+        return priced_dtype(dtype, self.autocast)
 
     def itemsize(self, dtype: torch.dtype) -> int:
         """Bytes per element of a traced tensor of `dtype` as priced."""
@@ -371,6 +371,12 @@ class Pricer:
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
+def priced_dtype(dtype: torch.dtype, autocast: bool) -> torch.dtype:
+    """The dtype a traced tensor of `dtype` is priced in: fp32 -> bf16 when `autocast` (a graph traced in fp32
+    planned in "bf16", `Pricer.autocast`), else `dtype` itself."""
+    return torch.bfloat16 if autocast and dtype == torch.float32 else dtype
+
+
 def traced_in_low_precision(traced: TracedGraph | None) -> bool:
     """True when a trained parameter of `traced` is bf16 or fp16 (the model was traced in low precision)."""
     if traced is None:
@@ -422,14 +428,28 @@ def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, 
     return args, kwargs, out, params
 
 
-def mfu_dtype(traced: TracedGraph, device: DeviceSpec) -> torch.dtype:
-    """The dtype whose peak FLOP/s a pipeline plan's MFU is reported against: that of the largest trained
-    parameter, a complex one's real dtype, float32 where the device has no peak for it. Before (trial r12a),
-    the largest tensor of the state decided, buffers included, and the device's table was indexed with it: a
-    model whose largest tensor was an FNO's cfloat spectral weight, or a bool causal-mask buffer, made every
-    pipeline plan raise a raw KeyError (torch.complex64 / torch.bool) after the search had finished."""
+def mfu_dtype(traced: TracedGraph, device: DeviceSpec, precision: str | None) -> torch.dtype:
+    """The dtype whose peak FLOP/s a pipeline plan's MFU is reported against: the dtype the largest trained
+    parameter is PRICED in (`precision` resolved as the Pricer does, `resolve_precision`: an fp32-traced model
+    planned in "bf16" is priced, and so measured against, the bf16 peak), a complex one's real dtype, float32
+    where the device has no peak for it.
+
+    Before (trial r12a), the largest tensor of the state decided, buffers included, and the device's table was
+    indexed with it: a model whose largest tensor was an FNO's cfloat spectral weight, or a bool causal-mask
+    buffer, made every pipeline plan raise a raw KeyError (torch.complex64 / torch.bool) after the search had
+    finished. Before round 18 the traced dtype decided: an fp32-traced Llama-2-7B planned in bf16 on h100:8x8
+    reported "450.0 TFLOP/s per device = 671.7% MFU" (against the 67 TFLOP/s fp32 peak; 45.5% of the bf16
+    989.5 TFLOP/s it was priced at).
+
+    Raises:
+        PrecisionError: as `resolve_precision` (a precision the device has no peak for).
+    """
     trained = [p for p in traced.parameters.values() if not p.is_buffer and carries_grad(p.dtype)]
-    dtype = max(trained, key=lambda q: q.numel).dtype.to_real() if trained else torch.float32
+    if not trained:
+        return torch.float32
+    low = traced_in_low_precision(traced)
+    autocast = resolve_precision(precision, device, low) == "bf16" and not low
+    dtype = priced_dtype(max(trained, key=lambda q: q.numel).dtype, autocast).to_real()
     return dtype if dtype in device.peak_flops_per_s else torch.float32
 
 
