@@ -365,6 +365,41 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     return graph_weighting(gm.graph, (names[-1],), "loss_fn", per_item=per_item)
 
 
+def own_loss_use(loss_fn, outputs: list, out_spec) -> str:
+    """How `loss_fn(output, None)` (a pipeline step without target) uses the model's own loss, its first output
+    leaf (a 0-d tensor, `returns_scalar_loss`), read from loss_fn's ATen graph (`make_fx` on fake tensors of
+    `outputs`' shapes; nothing is computed):
+
+    - "unread": loss_fn does not read it (a mean over other, fixed-shape outputs: equal weights hold);
+    - "scaled": the result IS it, through casts, views and constant factors (`out / accum`, `out.loss`,
+      `scaler.scale(out)`): it weighs as the model's own loss does (`own_loss_weighting`);
+    - "mixed": loss_fn reads it and makes something else of it (`out.loss + 0.1 * out.aux.mean()`, `out ** 2`);
+    - "untraced": make_fx could not trace loss_fn (data-dependent Python).
+
+    Round 18 (new-user trial): on pp=2 x dp=2, a model returning its own cross-entropy over labels with -100
+    padding, stepped with `loss_fn=lambda out, _: out / accum`, was weighed by equal microbatch weights (1 / m)
+    instead of its token counts: loss 2.7e-3 off one device, parameters 8.4e-3 after 3 steps, silently."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        leaves = [torch.empty(tuple(m.shape), dtype=m.dtype) for m in outputs]
+
+    def call(*flat):
+        structured = unflatten_in_order(list(flat), out_spec) if out_spec is not None else flat
+        with _real_scaler_start():
+            return loss_fn(structured, None)
+
+    try:
+        gm = make_fx(call, tracing_mode="fake")(*leaves)
+    except Exception:  # noqa: BLE001 - any failure to trace user code: the caller decides
+        return "untraced"
+    own = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    if not own.users:
+        return "unread"
+    result = pytree.tree_leaves(gm.graph.output_node().args[0])
+    return "scaled" if len(result) == 1 and _unscaled(result[0]) is own else "mixed"
+
+
 @contextlib.contextmanager
 def _real_scaler_start():
     """While loss_fn is traced: a `torch.amp.GradScaler` whose first `scale(loss)` runs inside loss_fn creates its

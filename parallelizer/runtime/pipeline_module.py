@@ -59,7 +59,7 @@ from .microbatches import global_tensor_inputs
 from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank, step_returns
 from .zero1 import axis_group
 from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
-                          own_loss_weighting)
+                          own_loss_use, own_loss_weighting, returns_scalar_loss)
 from .loss_weight import batch_target as batch_target_of
 from .modes import Retracer
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
@@ -187,7 +187,8 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         Args:
             inputs / kwargs: the model's inputs, global: dim 0 of every tensor = microbatches x traced batch.
             target: a tensor with the same dim 0 (split like the inputs), or None (loss_fn then gets None; with
-                a loss_fn microbatches then weigh equally, right for a mean over fixed-shape outputs).
+                a loss_fn microbatches then weigh equally, right for a mean over fixed-shape outputs, unless
+                loss_fn reads the model's own loss: `_weighs_as_own_loss`).
             loss_fn: `loss_fn(output, target_j) -> scalar` (a mean); None: the model's first output is its loss.
             item_count: `item_count(target) -> n` (int or 0-d tensor), the items a mean loss over `target` counts;
                 needs `target`.
@@ -224,6 +225,8 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             if self._own_weighting is None:  # same graphs on every rank: raises alike
                 self._own_weighting = own_loss_weighting(self.traced, self._doubled_trace())
             batch_target, count = batch_target_of(self._own_weighting, flat, self.run.microbatches)
+        elif target is None and self._weighs_as_own_loss(loss_fn):  # loss_fn scales the model's own loss
+            batch_target, count = batch_target_of(self._own_weighting, flat, self.run.microbatches)
         elif target is None:  # loss_fn on the outputs alone (a mean over fixed-shape outputs): equal weights
             batch_target, count = torch.zeros(flat[0].shape[0]), None  # torch's schedules split a tensor
         elif loss_fn is not None and item_count is count_items:  # the default count, checked against loss_fn
@@ -245,6 +248,52 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         if len(self._pp_ranks) > 1:
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
+
+    def _weighs_as_own_loss(self, loss_fn: LossFn) -> bool:
+        """For `step(loss_fn=..., target=None)`: True when loss_fn's result is the model's own loss scaled by a
+        constant (`loss_weight.own_loss_use` "scaled"): it then weighs as that loss (`own_loss_weighting`, set
+        on `self._own_weighting`). False when loss_fn does not read the own loss, or the own loss weighs equally
+        (a mean over a fixed number of items): equal weights are right. Cached per loss_fn.
+
+        Raises:
+            StepError: loss_fn reads the own loss otherwise ("mixed"), or cannot be traced, while that loss does
+                not weigh equally over microbatches (a count-weighted mean, a sum, or a form `own_loss_weighting`
+                refuses): equal weights would give another loss than one device's. The remedy names the ways
+                that do.
+        """
+        if not returns_scalar_loss(self.traced):
+            return False
+        cache = self.__dict__.setdefault("_own_use", {})
+        if loss_fn not in cache:
+            out = self.traced.graph_module.graph.output_node()
+            names: list[str] = []
+            torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+            cache[loss_fn] = own_loss_use(loss_fn, [self.traced.node(n).outputs[0] for n in names],
+                                          self.traced.exported.call_spec.out_spec)
+        use = cache[loss_fn]
+        if use == "unread":
+            return False
+        try:
+            if self._own_weighting is None:
+                self._own_weighting = own_loss_weighting(self.traced, self._doubled_trace())
+            kind, why = self._own_weighting.kind, self._own_weighting.what
+        except StepError as exc:
+            if use == "scaled":
+                raise
+            kind, why = None, str(exc)
+        if use == "scaled":
+            return kind != "equal"
+        if kind == "equal":
+            return False
+        name = getattr(loss_fn, "__name__", repr(loss_fn))
+        how = "cannot be traced (make_fx) to see how it uses" if use == "untraced" else "makes more than a constant " \
+            "multiple of"
+        raise StepError(f"PipelineModule.step: loss_fn {name!r} without target= {how} the model's own loss (its first "
+                        f"output), and that loss does not weigh equally over the {self.run.microbatches} microbatches "
+                        f"({why}): weighing the microbatches equally would give another loss than one device's. "
+                        "Remedy: loss_fn=None (the own loss, weighed by its item counts), a loss_fn that returns "
+                        "the own loss times a constant (e.g. lambda out, _: out / accum), or target= with "
+                        "item_count= counting what each microbatch's loss averages over")
 
     def _warn_unpriced_outputs(self) -> None:
         """Once: a `loss_fn` given for a model that returns its own loss first. The plan priced the last stage
