@@ -17,7 +17,7 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (CheckpointFilesError, InfeasiblePlanError, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, InputMismatchError, ConstantInputError, PlanValidationError,
+from .errors import (CheckpointFilesError, ConfigError, InfeasiblePlanError, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, InputMismatchError, ConstantInputError, PlanValidationError,
                      PrecisionError, StaleModelWarning, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
@@ -41,6 +41,6 @@ __all__ = [
     "auto_parallelize", "check_plan", "graph_fingerprint",
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError", "InputMismatchError", "ConstantInputError",
     "PlanValidationError", "StateDictError", "CheckpointFilesError", "PrecisionError", "OptimizerError", "WrapperError",
-    "ModelAttributeError",
+    "ModelAttributeError", "ConfigError",
     "NoParallelismWarning", "MicrobatchWarning", "StaleModelWarning",
 ]

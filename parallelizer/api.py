@@ -20,7 +20,7 @@ from cost_model.topology import Cluster
 
 from .core.mesh import MeshSpec
 from .config import PlanConfig
-from .errors import (InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, ParallelizerError, PipelineError,
+from .errors import (ConfigError, InfeasiblePlanError, MicrobatchWarning, NoParallelismWarning, ParallelizerError, PipelineError,
                      PlanMismatchError, rank0_failure)
 from .fingerprint import check_plan, graph_fingerprint
 from .planner import Plan
@@ -104,7 +104,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
                                 f"search, or drop {given[0]}=")
         zero1 = options.get("zero1") or getattr(options.get("config"), "zero1", None)
         if zero1 is not None and zero1 not in mesh.axis_names:
-            raise ValueError(f"zero1={zero1!r} names no axis of mesh {mesh} (axes: {', '.join(mesh.axis_names)}); "
+            raise ConfigError(f"zero1={zero1!r} names no axis of mesh {mesh} (axes: {', '.join(mesh.axis_names)}); "
                              "give the data-parallel axis to partition the optimizer state over, e.g. zero1='dp'")
         topology = options.get("topology")
         resolved, spec = (topology.cluster, None) if topology is not None else cluster_of_mesh(mesh, cluster)
@@ -114,7 +114,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: C
     zero1 = options.get("zero1") or getattr(options.get("config"), "zero1", None)
     if zero1 is not None and (zero1 != "dp" or (mesh is not None and "dp" not in mesh.axis_names)):
         where = f"mesh {mesh}" if mesh is not None else "a searched (pp, dp, tp) mesh"
-        raise ValueError(f"zero1={zero1!r} on {where}: a pipeline or searched plan partitions the optimizer state over "
+        raise ConfigError(f"zero1={zero1!r} on {where}: a pipeline or searched plan partitions the optimizer state over "
                          "its data-parallel axis 'dp' only, which " + ("this mesh lacks" if zero1 == "dp" else
                                                                         "is the one to name")
                          + ". Remedy: zero1='dp' (CLI --zero1 dp) on a mesh with a dp axis, e.g. pp=2,dp=2, or no zero1")
@@ -237,14 +237,14 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                                    f", e.g. {{'dp': {MeshSpec.of(mesh).world_size}}})"))
         if global_batch not in (None, b0):
             if retrace is None:
-                raise ValueError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
+                raise ConfigError(f"global_batch={global_batch} differs from the traced batch {b0} of a graph without "
                                  "repeated blocks (no microbatching there). Remedy: trace the global batch or pass "
                                  "retrace=")
             traced, b0 = retrace(global_batch), global_batch
         found = _with_compression(_search_without_blocks(traced, full, config, b0), traced, full, {"config": config})
         return _with_provenance(found, traced, full, spec, recipe, batch)
     if isinstance(microbatches, tuple) and global_batch is None:
-        raise ValueError(f"microbatches={microbatches} (counts to choose from) needs global_batch=")
+        raise ConfigError(f"microbatches={microbatches} (counts to choose from) needs global_batch=")
     if global_batch is None:
         global_batch = b0 * (microbatches or (pps[0] if pps else 1))
     if microbatches is not None:
@@ -255,13 +255,13 @@ def _searched_plan(traced, mesh, cluster, global_batch, retrace, schedule, micro
                                 f"samples. Remedy: microbatches= one of {divisors} (each also divisible by the dp "
                                 "degree), or another global_batch")
         if retrace is None and any(global_batch != m * b0 for m in ms):
-            raise ValueError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
+            raise ConfigError(f"global_batch={global_batch} with microbatches={microbatches} needs a graph traced at "
                              f"batch {global_batch / ms[0]:g}, not {b0}. Remedy: trace one microbatch, or pass "
                              "retrace=")
     elif retrace is not None:
         ms = None
     elif global_batch % b0:
-        raise ValueError(f"global_batch={global_batch} is not a multiple of the traced batch {b0}: without retrace= "
+        raise ConfigError(f"global_batch={global_batch} is not a multiple of the traced batch {b0}: without retrace= "
                          "the traced graph is one microbatch. Remedy: trace with a divisor of the global batch, or "
                          "pass retrace=lambda batch: parallelizer.trace(...) so the search may choose microbatches")
     else:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, fields
 from cost_model.compression import POWERSGD_DEFAULT_WARMUP
 from cost_model.memory import OPTIMIZERS, PRECISIONS
 
+from .errors import ConfigError
+
 AXIS_ROLES = ("auto", "ddp", "fsdp", "tp")
 COMPRESSION_OPTIONS = ("none", "auto", "bf16", "powersgd")
 SOLVERS = ("highs", "cbc")
@@ -117,62 +119,62 @@ class PlanConfig:
             roles = tuple(sorted(roles.items(), key=str))
         if isinstance(roles, str) or not isinstance(roles, (tuple, list)) or not all(
                 isinstance(x, (tuple, list)) and len(x) == 2 for x in roles):
-            raise ValueError(f"PlanConfig.axis_roles={self.axis_roles!r}: give a dict of mesh axis name -> role, "
+            raise ConfigError(f"PlanConfig.axis_roles={self.axis_roles!r}: give a dict of mesh axis name -> role, "
                              "e.g. {'dp': 'fsdp', 'tp': 'tp'}")
         object.__setattr__(self, "axis_roles", tuple(tuple(x) for x in roles))
         axes = [axis for axis, _ in self.axis_roles]
         if len(set(axes)) != len(axes) or not all(isinstance(a, str) for a in axes):
-            raise ValueError(f"PlanConfig.axis_roles={dict(self.axis_roles)!r}: axes must be distinct mesh axis "
+            raise ConfigError(f"PlanConfig.axis_roles={dict(self.axis_roles)!r}: axes must be distinct mesh axis "
                              "names (strings), e.g. {'dp': 'fsdp', 'tp': 'tp'}")
         for axis, role in self.axis_roles:
             if role not in AXIS_ROLES:
-                raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r}: use one of {AXIS_ROLES}")
+                raise ConfigError(f"PlanConfig.axis_roles[{axis!r}]={role!r}: use one of {AXIS_ROLES}")
             if self.data_axes is not None and (role == "tp") == (axis in self.data_axes) and role != "auto":
-                raise ValueError(f"PlanConfig.axis_roles[{axis!r}]={role!r} contradicts data_axes={self.data_axes}: "
+                raise ConfigError(f"PlanConfig.axis_roles[{axis!r}]={role!r} contradicts data_axes={self.data_axes}: "
                                  "a 'ddp'/'fsdp' axis must be a data axis and a 'tp' axis must not; drop data_axes "
                                  "(roles imply it) or make them agree")
         if self.zero1 is not None and (not isinstance(self.zero1, str)
                                        or dict(self.axis_roles).get(self.zero1, "auto") not in ("auto", "ddp")):
-            raise ValueError(f"PlanConfig.zero1={self.zero1!r}: give the name of the data-parallel mesh axis to "
+            raise ConfigError(f"PlanConfig.zero1={self.zero1!r}: give the name of the data-parallel mesh axis to "
                              "partition the optimizer state over (e.g. 'dp'), whose role is 'ddp' or 'auto' (an "
                              "'fsdp' axis already shards the state with the parameters; a 'tp' axis holds other "
                              "pieces on each rank)")
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(f"PlanConfig.precision={self.precision!r}: use one of {PRECISIONS} or None (the "
+            raise ConfigError(f"PlanConfig.precision={self.precision!r}: use one of {PRECISIONS} or None (the "
                              "device's default: bf16 on a GPU, fp32 on a calibrated CPU)")
         if self.memory_reserve_bytes is not None and not (
                 isinstance(self.memory_reserve_bytes, int) and self.memory_reserve_bytes >= 0):
-            raise ValueError(f"PlanConfig.memory_reserve_bytes={self.memory_reserve_bytes!r}: must be an int of "
+            raise ConfigError(f"PlanConfig.memory_reserve_bytes={self.memory_reserve_bytes!r}: must be an int of "
                              "bytes >= 0 or None (the default reserve)")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+            raise ConfigError(f"PlanConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
         from .planner.recompute import RECOMPUTE_OPTIONS  # here: the planner package imports this module
         if self.recompute not in RECOMPUTE_OPTIONS:
-            raise ValueError(f"PlanConfig.recompute={self.recompute!r}: use one of {RECOMPUTE_OPTIONS}")
+            raise ConfigError(f"PlanConfig.recompute={self.recompute!r}: use one of {RECOMPUTE_OPTIONS}")
         if self.compression not in COMPRESSION_OPTIONS:
-            raise ValueError(f"PlanConfig.compression={self.compression!r}: use one of {COMPRESSION_OPTIONS}")
+            raise ConfigError(f"PlanConfig.compression={self.compression!r}: use one of {COMPRESSION_OPTIONS}")
         if not (isinstance(self.powersgd_rank, int) and not isinstance(self.powersgd_rank, bool)
                 and self.powersgd_rank >= 1):
-            raise ValueError(f"PlanConfig.powersgd_rank={self.powersgd_rank!r}: must be an int >= 1 (e.g. 4)")
+            raise ConfigError(f"PlanConfig.powersgd_rank={self.powersgd_rank!r}: must be an int >= 1 (e.g. 4)")
         if not (isinstance(self.powersgd_warmup, int) and not isinstance(self.powersgd_warmup, bool)
                 and self.powersgd_warmup >= 0):
-            raise ValueError(f"PlanConfig.powersgd_warmup={self.powersgd_warmup!r}: must be an int >= 0 (optimizer "
+            raise ConfigError(f"PlanConfig.powersgd_warmup={self.powersgd_warmup!r}: must be an int >= 0 (optimizer "
                              "steps before PowerSGD starts, e.g. 10% of the run's steps)")
         from .planner.boundary import OPTIONS as BOUNDARY_OPTIONS
         if self.boundary_compression not in BOUNDARY_OPTIONS:
-            raise ValueError(f"PlanConfig.boundary_compression={self.boundary_compression!r}: use one of "
+            raise ConfigError(f"PlanConfig.boundary_compression={self.boundary_compression!r}: use one of "
                              f"{BOUNDARY_OPTIONS}")
         if not (isinstance(self.boundary_rank, int) and self.boundary_rank >= 1):
-            raise ValueError(f"PlanConfig.boundary_rank={self.boundary_rank!r}: must be an int >= 1")
+            raise ConfigError(f"PlanConfig.boundary_rank={self.boundary_rank!r}: must be an int >= 1")
         if self.solver not in SOLVERS:
-            raise ValueError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
+            raise ConfigError(f"PlanConfig.solver={self.solver!r}: use one of {SOLVERS}")
         if not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):
-            raise ValueError(f"PlanConfig.time_limit_s={self.time_limit_s!r}: must be seconds > 0")
+            raise ConfigError(f"PlanConfig.time_limit_s={self.time_limit_s!r}: must be seconds > 0")
         if not (isinstance(self.mip_rel_gap, (int, float)) and 0 <= self.mip_rel_gap < 1):
-            raise ValueError(f"PlanConfig.mip_rel_gap={self.mip_rel_gap!r}: must be in [0, 1)")
+            raise ConfigError(f"PlanConfig.mip_rel_gap={self.mip_rel_gap!r}: must be in [0, 1)")
         if self.memory_budget_bytes is not None and not (
                 isinstance(self.memory_budget_bytes, (int, float)) and self.memory_budget_bytes > 0):
-            raise ValueError(f"PlanConfig.memory_budget_bytes={self.memory_budget_bytes!r}: must be bytes > 0 "
+            raise ConfigError(f"PlanConfig.memory_budget_bytes={self.memory_budget_bytes!r}: must be bytes > 0 "
                              "or None (= device memory)")
 
     @classmethod

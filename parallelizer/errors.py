@@ -132,6 +132,14 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+class ConfigError(ParallelizerError, ValueError):
+    """An option of `parallelizer.plan` / `PlanConfig` / `auto_parallelize` outside its values: an unknown axis
+    role, precision, optimizer or solver, a malformed mesh or cluster string, a batch / microbatch count that does
+    not fit the traced graph. The message names the option, the value given and the values allowed. A
+    ValueError too, so code catching ValueError keeps working (round 18: these were bare ValueErrors, which README
+    section 7's "every error is a ParallelizerError" did not hold for)."""
+
+
 class PipelineError(ParallelizerError, ValueError):
     """A pipeline request that cannot be cut or scheduled: a "pp" axis that is not outermost, a stage count
     that does not divide the repeated blocks, an unknown schedule, or microbatches < 1 (the message names

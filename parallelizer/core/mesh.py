@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class MeshSpec:
@@ -32,12 +34,12 @@ class MeshSpec:
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "shape", shape)
         if not names or len(names) != len(shape):
-            raise ValueError(f"MeshSpec declared axis_names={names} and shape={shape}: "
+            raise ConfigError(f"MeshSpec declared axis_names={names} and shape={shape}: "
                              "need the same number (>= 1) of names and sizes")
         if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
-            raise ValueError(f"MeshSpec declared axis_names={names}: names must be unique non-empty strings")
+            raise ConfigError(f"MeshSpec declared axis_names={names}: names must be unique non-empty strings")
         if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
-            raise ValueError(f"MeshSpec declared shape={shape}: every axis size must be an int >= 1")
+            raise ConfigError(f"MeshSpec declared shape={shape}: every axis size must be an int >= 1")
 
     @property
     def ndim(self) -> int:
@@ -59,7 +61,7 @@ class MeshSpec:
             return axis
         if axis in self.axis_names:
             return self.axis_names.index(axis)
-        raise ValueError(f"unknown mesh axis {axis!r} for mesh {self}; use one of {self.axis_names}")
+        raise ConfigError(f"unknown mesh axis {axis!r} for mesh {self}; use one of {self.axis_names}")
 
     def __str__(self) -> str:
         return "(" + ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape)) + ")"
@@ -72,21 +74,21 @@ class MeshSpec:
         """A MeshSpec from a MeshSpec, a dict {"dp": 2, "tp": 4} or the CLI's string "dp=2,tp=4".
 
         Raises:
-            ValueError: another type, or a string that is not NAME=SIZE pairs with integer sizes.
+            ConfigError: another type, or a string that is not NAME=SIZE pairs with integer sizes (a ValueError).
         """
         if isinstance(mesh, MeshSpec):
             return mesh
         if isinstance(mesh, str):
             pairs = [item.partition("=") for item in mesh.split(",") if item.strip()]
             if not pairs or any(not sep or not name.strip() or not size.strip().isdigit() for name, sep, size in pairs):
-                raise ValueError(f"mesh {mesh!r}: use NAME=SIZE pairs with integer sizes, e.g. \"dp=4,tp=2\"")
+                raise ConfigError(f"mesh {mesh!r}: use NAME=SIZE pairs with integer sizes, e.g. \"dp=4,tp=2\"")
             names = [name.strip() for name, _, _ in pairs]
             if len(set(names)) != len(names):
-                raise ValueError(f"mesh {mesh!r}: an axis is named twice")
+                raise ConfigError(f"mesh {mesh!r}: an axis is named twice")
             return cls(tuple(names), tuple(int(size) for _, _, size in pairs))
         if isinstance(mesh, dict):
             return cls(tuple(mesh), tuple(mesh.values()))
-        raise ValueError(f"mesh {mesh!r}: pass a dict such as {{'dp': 2, 'tp': 4}}, a string \"dp=2,tp=4\" or a MeshSpec")
+        raise ConfigError(f"mesh {mesh!r}: pass a dict such as {{'dp': 2, 'tp': 4}}, a string \"dp=2,tp=4\" or a MeshSpec")
 
     @classmethod
     def from_dict(cls, d: dict) -> "MeshSpec":

@@ -17,7 +17,7 @@ from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
 from ..config import PlanConfig
 from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
-from ..errors import InfeasiblePlanError, UnknownNodeError, format_bytes
+from ..errors import ConfigError, InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
@@ -125,15 +125,18 @@ def resolve_cluster(cluster: Cluster | str | None, world_size: int) -> tuple[Clu
     for `world_size` processes), or None: `default_cluster(world_size)`.
 
     Raises:
-        ValueError: a malformed preset, or a profile without a link for `world_size` processes.
+        ConfigError: a malformed preset, or a profile without a link for `world_size` processes (a ValueError).
     """
     if isinstance(cluster, Cluster):
         return cluster, None
-    if isinstance(cluster, str) and (cluster.endswith(".json") or os.path.exists(cluster)):
-        from cost_model.calibrate import load_profile
-        return load_profile(cluster).cluster(world_size), cluster
-    if isinstance(cluster, str):
-        return get_cluster(cluster), cluster
+    try:
+        if isinstance(cluster, str) and (cluster.endswith(".json") or os.path.exists(cluster)):
+            from cost_model.calibrate import load_profile
+            return load_profile(cluster).cluster(world_size), cluster
+        if isinstance(cluster, str):
+            return get_cluster(cluster), cluster
+    except ValueError as exc:  # cost_model's own errors (it does not depend on parallelizer): the user's option
+        raise ConfigError(f"cluster={cluster!r}: {exc}") from exc
     return default_cluster(world_size)
 
 
