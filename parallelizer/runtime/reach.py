@@ -92,24 +92,17 @@ def _read_by_backward(node: torch.fx.Node, flows_from: set[torch.fx.Node]) -> se
     return set(inputs) | {node}
 
 
-def _ancestors(nodes, parents: dict) -> set:
-    """`nodes` and all their forward ancestors."""
-    seen, stack = set(), list(nodes)
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(parents[n])
-    return seen
+def _own(node, traced: TracedGraph) -> torch.dtype | None:
+    """The least precise floating dtype `node` produces (None when none)."""
+    info = traced.nodes.get(node.name)
+    found = [t.dtype for t in info.outputs if t.dtype.is_floating_point] if info is not None else []
+    return loosest(*found) if found else None
 
 
-def _dtypes_of(nodes, traced: TracedGraph) -> set[torch.dtype]:
-    return {t.dtype for n in nodes if n.name in traced.nodes for t in traced.nodes[n.name].outputs
-            if t.dtype.is_floating_point}
-
-
-def _loosest_or_none(dtypes) -> torch.dtype | None:
-    return loosest(*dtypes) if dtypes else None
+def _widest(*dtypes: torch.dtype | None) -> torch.dtype | None:
+    """`tolerance.loosest` of the dtypes that are not None; None when all are."""
+    found = {d for d in dtypes if d is not None}
+    return loosest(*found) if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,77 +146,91 @@ class ReachDtypes:
 
 
 def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
-    """`ReachDtypes` of `traced` (the rule of the module docstring)."""
+    """`ReachDtypes` of `traced` (the rule of the module docstring), in one forward and one reverse pass over the
+    graph (O(nodes + edges), with parameter sets as bit masks), not one walk per parameter:
+    forward, per node n: A[n], the loosest dtype among n and its ancestors, and B[n], the parameters among them;
+    reverse, from the loss, per node u that reaches it: G[u], the loosest dtype of the roundings that reach u's
+    gradient (u's own dtype, G[n] of each consumer n that reaches the loss, A[r] of each value r that n's
+    backward reads towards u), and Q[u], the parameters among those read values' ancestors. The gradient of
+    parameter p is judged at G[p]; the union over the paths from p of the module docstring's region is exactly
+    what this recursion collects."""
     graph = traced.graph_module.graph
-    parents = {n: list(n.all_input_nodes) for n in graph.nodes}
-    children: dict = {n: [] for n in graph.nodes}
-    for n, ps in parents.items():
-        for p in ps:
-            children[p].append(n)
+    nodes = list(graph.nodes)
     whole = compute_dtype(traced)
-    exported = traced.exported
-    # the output node's values follow the signature's output specs (buffer mutations first); the tracer's
-    # normalisation renames nodes, so the user outputs are taken by position, not by the signature's names
-    specs = exported.graph_signature.output_specs
-    values = list(pytree.tree_leaves(graph.output_node().args[0]))
-    user = [i for i, s in enumerate(specs) if s.kind.name == "USER_OUTPUT"]
-    out_nodes = [values[i] if len(values) == len(specs) and isinstance(values[i], torch.fx.Node) else None
-                 for i in user]
-    try:
-        tree = pytree.tree_unflatten(list(range(len(user))), exported.call_spec.out_spec)
-        paths = [(path, i) for path, i in leaves_by_path(tree)]
-    except Exception:  # noqa: BLE001 - an output tree that does not rebuild: outputs judged by `whole`
-        paths = []
-    outputs = {}
-    for path, i in paths:
-        if isinstance(i, int) and i < len(out_nodes) and out_nodes[i] is not None:
-            outputs[f"output {path}"] = _loosest_or_none(_dtypes_of(_ancestors([out_nodes[i]], parents), traced))
-    tensors = [n for n in out_nodes if n is not None and n.name in traced.nodes and traced.nodes[n.name].outputs]
-    if not tensors:
+    fqn_of = {info.node: info.param_fqn for info in traced.nodes.values() if info.op == "placeholder"
+              and info.param_fqn}
+    bit = {node: 1 << i for i, node in enumerate(fqn_of)}
+    reach_dtype, reach_params = {}, {}  # A[n], B[n]
+    for n in nodes:
+        parents = n.all_input_nodes
+        reach_dtype[n] = _widest(_own(n, traced), *(reach_dtype[p] for p in parents))
+        mask = bit.get(n, 0)
+        for p in parents:
+            mask |= reach_params[p]
+        reach_params[n] = mask
+    outputs, first = _user_outputs(traced, reach_dtype)
+    if first is None:
         return ReachDtypes(outputs, whole, {}, {}, whole, whole)
-    first = tensors[0]
     scalar = len(traced.nodes[first.name].outputs[0].shape) == 0
-    loss_reach = _ancestors([first], parents)
-    loss = _loosest_or_none(_dtypes_of(loss_reach, traced) | ({torch.float32} if not scalar else set()))
-    placeholders = {info.param_fqn: info.node for info in traced.nodes.values()
-                    if info.op == "placeholder" and info.param_fqn}
-    grads, regions = {}, {}
-    for fqn, pnode in placeholders.items():
-        down = _descendants(pnode, children)
-        path = down & loss_reach  # P(p); `first` is in it when p reaches the loss
-        read: set = set() if scalar or first not in path else {first}  # `_loss` squares `first`
-        for n in path:
-            read |= _read_by_backward(n, path | {pnode})
-        region = path | _ancestors(read, parents)
-        regions[fqn] = {q for q, qn in placeholders.items() if qn in region}
-        grads[fqn] = _loosest_or_none(_dtypes_of(region, traced) | ({torch.float32} if path and not scalar
-                                                                     else set()))
-    after = {fqn: _loosest_or_none({d for q in _closure(fqn, regions) if (d := grads.get(q)) is not None})
-             for fqn in placeholders}
-    final = _loosest_or_none({d for q, qn in placeholders.items() if qn in loss_reach
-                              if (d := after.get(q)) is not None} | ({loss} if loss else set()))
+    loss = reach_dtype[first] if scalar else _widest(reach_dtype[first], torch.float32)
+    # the loss's ancestors; `rehearsal._loss` squares `first`: its backward reads first (A[first], B[first])
+    feeds = {first}
+    for n in reversed(nodes):
+        if n in feeds:
+            feeds.update(n.all_input_nodes)
+    grad_dtype = {first: loss if not scalar else _own(first, traced)}
+    grad_params = {first: 0 if scalar else reach_params[first]}
+    for u in reversed(nodes):
+        if u not in feeds or u is first:
+            continue
+        dtype, mask = _own(u, traced), 0
+        for n in u.users:
+            if n not in grad_dtype:  # not on a path to the loss
+                continue
+            read = _read_by_backward(n, {u})
+            dtype = _widest(dtype, grad_dtype[n], *(reach_dtype[r] for r in read))
+            mask |= grad_params[n]
+            for r in read:
+                mask |= reach_params[r]
+        grad_dtype[u], grad_params[u] = dtype, mask
+    grads = {fqn: grad_dtype.get(node) for node, fqn in fqn_of.items()}
+    # after the steps: p's gradient read the stepped values of the parameters in its region (Q[p]), whose
+    # gradients read others': the fixed point of after[p] = loosest(G[p], after[q] for q in Q[p]) (dtypes are
+    # a chain of <= 4 levels, so a few sweeps)
+    regions = {fqn: [fqn_of[q] for q in fqn_of if grad_params.get(node, 0) & bit[q]] for node, fqn in fqn_of.items()}
+    after, changed = dict(grads), True
+    while changed:
+        changed = False
+        for fqn, region in regions.items():
+            widened = _widest(after[fqn], *(after[q] for q in region))
+            if widened != after[fqn]:
+                after[fqn], changed = widened, True
+    final = _widest(loss, *(after[fqn] for node, fqn in fqn_of.items() if node in feeds))
     return ReachDtypes(outputs, loss, grads, after, whole, final)
 
 
-def _descendants(node, children: dict) -> set:
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(children[n])
-    return seen
-
-
-def _closure(fqn: str, regions: dict) -> set[str]:
-    """`fqn` and every parameter reachable through "is in the gradient region of" (`reach_dtypes`)."""
-    seen, stack = set(), [fqn]
-    while stack:
-        q = stack.pop()
-        if q not in seen:
-            seen.add(q)
-            stack.extend(regions.get(q, ()))
-    return seen
+def _user_outputs(traced: TracedGraph, reach_dtype: dict) -> tuple[dict, torch.fx.Node | None]:
+    """("output <key path>" -> the loosest dtype reaching that output, as `rehearsal._output_pairs` names the
+    leaves; the first tensor output's node, None when there is none). The output node's values follow the
+    signature's output specs (buffer mutations first); the tracer's normalisation renames nodes, so the user
+    outputs are taken by position, not by the signature's names."""
+    exported = traced.exported
+    specs = exported.graph_signature.output_specs
+    values = list(pytree.tree_leaves(traced.graph_module.graph.output_node().args[0]))
+    user = [i for i, s in enumerate(specs) if s.kind.name == "USER_OUTPUT"]
+    out_nodes = [values[i] if len(values) == len(specs) and isinstance(values[i], torch.fx.Node) else None
+                 for i in user]
+    outputs = {}
+    try:
+        tree = pytree.tree_unflatten(list(range(len(user))), exported.call_spec.out_spec)
+        for path, i in leaves_by_path(tree):
+            if isinstance(i, int) and i < len(out_nodes) and out_nodes[i] is not None:
+                outputs[f"output {path}"] = reach_dtype[out_nodes[i]]
+    except Exception:  # noqa: BLE001 - an output tree that does not rebuild: outputs judged by `whole`
+        outputs = {}
+    first = next((n for n in out_nodes if n is not None and n.name in traced.nodes and traced.nodes[n.name].outputs),
+                 None)
+    return outputs, first
 
 
 def narrows_inside(traced: TracedGraph) -> bool:

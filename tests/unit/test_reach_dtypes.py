@@ -77,3 +77,23 @@ def test_a_sub_percent_error_on_the_float32_path_is_a_mismatch_and_the_float16_b
     right_out, right_grads = _run(copy.deepcopy(model), x, 0.0)  # the same program again: a match everywhere
     assert max(_max_diff(_output_pairs(right_out, [out]), reach.output)[2],
                *(_max_diff([(k, right_grads[k], grads[k])], reach.grad)[2] for k in grads)) <= 1.0
+
+
+class _AuxThroughFc1(torch.nn.Module):
+    """fc1's gradient takes a float16 auxiliary path; fc2's reads fc1's float32 output only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(torch.relu(h)).pow(2).mean() + 0.01 * h.half().float().mean()
+
+
+def test_a_parameter_after_steps_carries_the_rounding_of_the_parameters_its_gradient_reads():
+    """fc2's first gradient reads relu(fc1(x)) in float32; after one step fc1 holds a float16-rounded update, which
+    the next step's gradient of fc2 reads: fc2 after the steps is judged at float16, its first gradient at float32."""
+    reach = reach_dtypes(parallelizer.trace(_AuxThroughFc1(), (torch.randn(4, 16),)))
+    assert reach.grads == {"fc1.weight": F16, "fc1.bias": F16, "fc2.weight": F32, "fc2.bias": F32}
+    assert set(reach.after_steps.values()) == {F16}
