@@ -91,3 +91,4 @@ def test_a_float32_model_narrowing_inside_is_judged_per_tensor_and_by_its_float6
     reports = rehearse_many(cases, timeout_s=400)
     for (fn, kwargs, spec), report in zip(cases, reports):
         assert report.matches() == (not kwargs), (fn.__name__, kwargs, spec.mesh, str(report))
+        assert "replayed in float64" in report.reference, str(report)  # narrowing inside, or outside its bound

@@ -97,3 +97,11 @@ def test_a_parameter_after_steps_carries_the_rounding_of_the_parameters_its_grad
     reach = reach_dtypes(parallelizer.trace(_AuxThroughFc1(), (torch.randn(4, 16),)))
     assert reach.grads == {"fc1.weight": F16, "fc1.bias": F16, "fc2.weight": F32, "fc2.bias": F32}
     assert set(reach.after_steps.values()) == {F16}
+
+
+def test_the_report_says_a_narrowing_model_was_judged_by_its_float64_replay():
+    from parallelizer.runtime.replay64 import replay_note
+
+    row = {"float64_replay": (3.0e-14, "fc1.weight", 2.4e-6), "replay_judges": True}
+    assert "also replayed in float64 (casts widened" in replay_note([row, row])
+    assert "3.00e-14, fc1.weight, 2.4e-06 of float64's bound" in replay_note([row])
