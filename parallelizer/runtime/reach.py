@@ -22,14 +22,14 @@ count as it):
     * ops linear in every tensor input (add, sub, neg, views, slices, cat, sums, means, casts, clone): none
       (their derivative is a constant, and a cast's backward casts the gradient: its rounding is n's dtype,
       already counted as a path node);
-    * ops linear in each input separately (mul, div by a tensor, mm / bmm / linear / addmm / matmul, embedding,
-      where): the inputs other than the one the gradient flows to (x @ w: dW reads x, dx reads w); an input
-      both on the path and read (mul(x, x)) is read;
+    * ops linear in each input separately (mul, mm / bmm / linear / addmm / matmul, embedding, where): the
+      inputs other than the one the gradient flows to (x @ w: dW reads x, dx reads w); an operand passed
+      twice (mul(x, x), einsum("i,i", x, x)) is read; not div (d/db of a / b = -a / b^2 reads b);
     * any other op (exp, softmax, norms, SDPA, pow, ...): all its tensor inputs and its own output.
   With `rehearsal._loss` (squares of o) the loss's backward reads o: A(o) joins the region.
 - a parameter after k optimizer steps: its gradient at each step, and every step after the first reads the
   updated values of the parameters in its region, which carry their own gradients' rounding: the loosest over
-  the closure of "q is a parameter in p's gradient region" of the gradients' dtypes (`_closure`).
+  the closure of "q is a parameter in p's gradient region" of the gradients' dtypes (a fixed point in `reach_dtypes`).
 - anything else the rehearsal compares (buffers after steps, inputs written in place, a compared value whose
   name maps to none of the above, e.g. outputs paired by position): the whole graph's loosest dtype
   (`tolerance.compute_dtype`), the former rule, which is never tighter.
@@ -62,9 +62,10 @@ _LINEAR = frozenset({
     "view_as", "repeat", "tile", "flip", "roll", "movedim", "pad", "constant_pad_nd", "diagonal", "tril", "triu",
     "detach", "lift_fresh_copy", "type_as", "_assert_tensor_metadata", "getitem",
 })
-# ops linear in each tensor input separately: the backward towards one input reads the others
+# ops linear in each tensor input separately: the backward towards one input reads the others (not div: the
+# derivative by the divisor, -a / b^2, reads the divisor itself)
 _MULTILINEAR = frozenset({
-    "mul", "div", "mm", "bmm", "matmul", "linear", "addmm", "baddbmm", "addmv", "mv", "dot", "einsum",
+    "mul", "mm", "bmm", "matmul", "linear", "addmm", "baddbmm", "addmv", "mv", "dot", "einsum",
     "embedding", "where", "masked_fill", "index_select", "gather", "index", "conv1d", "conv2d", "conv3d",
     "convolution", "outer",
 })
@@ -84,9 +85,10 @@ def _read_by_backward(node: torch.fx.Node, flows_from: set[torch.fx.Node]) -> se
         return set()
     if name in _MULTILINEAR:
         read = set()
+        operands = pytree.tree_leaves((node.args, node.kwargs))  # einsum's operands come as a list
         for source in flows_from & set(inputs):
             read |= {i for i in inputs if i is not source}
-            if sum(1 for a in node.args if a is source) > 1:  # mul(x, x): d/dx reads x
+            if sum(1 for a in operands if a is source) > 1:  # mul(x, x), einsum("i,i", x, x): d/dx reads x
                 read.add(source)
         return read
     return set(inputs) | {node}

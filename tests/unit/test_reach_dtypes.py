@@ -105,3 +105,26 @@ def test_the_report_says_a_narrowing_model_was_judged_by_its_float64_replay():
     row = {"float64_replay": (3.0e-14, "fc1.weight", 2.4e-6), "replay_judges": True}
     assert "also replayed in float64 (casts widened" in replay_note([row, row])
     assert "3.00e-14, fc1.weight, 2.4e-06 of float64's bound" in replay_note([row])
+
+
+class _ReadsItsOwnOperand(torch.nn.Module):
+    """Two ops whose backward reads the operand the gradient flows to: a division's divisor (d/db a / b = -a / b^2)
+    and an operand passed twice to einsum (d/dv v.v = 2 v). Both operands carry float16 rounding from a branch
+    without parameters, so the gradients of `s` and `w` do too; the losses are scalars (nothing else reads them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.s, self.w = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        side = x[:, :8].half().float()  # (B, 8), rounded to float16
+        ratio = (self.fc(x) / (self.s + side.abs())).sum()
+        v = self.w + side.sum(0)  # (8,)
+        return ratio + torch.einsum("i,i->", v, v)
+
+
+def test_an_operand_the_backward_reads_itself_brings_its_rounding():
+    reach = reach_dtypes(parallelizer.trace(_ReadsItsOwnOperand(), (torch.randn(4, 16),)))
+    assert reach.grads["s"] == F16 and reach.grads["w"] == F16  # before the fix of the op table: float32 (unsound)
+    assert reach.grads["fc.weight"] == F16  # the numerator's gradient reads the divisor
