@@ -22,7 +22,9 @@ global batch at once updates it once per batch instead (a different EMA; BatchNo
 batch's statistics), so a pipeline plan of such a model trains like gradient accumulation, not like the
 full batch.
 The loss is the model's own scalar output when it returns one first (presets trace with labels: a causal-LM
-loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances: `runtime.tolerance` for the dtype the program computes in.
+loss), else the weighted mean of squares of the first output (`rehearsal._loss`). Tolerances:
+`runtime.tolerance` for the least precise dtype of the computation that reaches each compared tensor
+(`runtime.reach`).
 An fp32 or 16-bit plan without a recipe that some rank finds outside that bound runs again judged also against
 a float64 copy of the model over the same microbatches (`_rank_judged`, `runtime.rehearsal.float64_excess`, as
 rehearsals on one mesh do): a gradient that is a sum of large terms cancelling to a small one (a bias before a
@@ -64,6 +66,7 @@ from .widen import as_float64
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
                         wide_judged, widened)
+from .reach import reach_dtypes
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -146,12 +149,13 @@ def _lossy_codecs(spec: ShardingSpec, pipeline, steps: int) -> tuple[str, str]:
     return ", ".join(codecs), note
 
 
-def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute: torch.dtype | None, *,
+def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute, *,
                 grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None, judge=None
                 ) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
     gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
-    model's, over every stage (and stage copy) it holds. Buffers compared: those of the reference's
+    model's, over every stage (and stage copy) it holds, judged at `compute(fqn)` (`runtime.reach`; or one
+    dtype for all). Buffers compared: those of the reference's
     `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
     mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
     `runtime.rehearsal.recipe_excess`; `float64_excess` for the float64 copy)."""
@@ -272,7 +276,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     exact = copy_module(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
     exact_inputs, judge, unjudged = (inputs, kwargs), None, ""
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
-    compute = loosest(compute_dtype(traced), RECIPES.get(recipe))
+    compute = loosest(compute_dtype(traced), RECIPES.get(recipe))  # the whole program's: `wide_judged` only
+    reach = reach_dtypes(traced).with_recipe(RECIPES.get(recipe))  # the judge's dtype per tensor
     if wide and recipe is None and wide_judged(compute, traced):  # fp32, or 16-bit without random draws
         found = _float64_reference(reference, inputs, kwargs, m, compute)  # `reference` is untouched so far
         if isinstance(found, str):
@@ -295,13 +300,17 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             pairs = [(f"step {step}", batch_loss, ref_loss, *exact_loss)]
             if full is not None:  # the microbatch weights themselves, against the whole batch at once
                 pairs.append((f"step {step} (whole batch)", batch_loss, full, *exact_loss))
-            loss = _worse(loss, _max_diff(pairs, compute, judge))
-        grad = _worse(grad, stage_diffs(run, reference, spec, compute, grads=True, exact=exact, judge=judge), step)
-        bufs = _worse(bufs, stage_diffs(run, reference, spec, compute, buffers=True, exact=exact, judge=judge), step)
+            # every step's loss: the one after steps (`ReachDtypes.final_loss` covers the first's too)
+            loss = _worse(loss, _max_diff(pairs, reach.final_loss, judge))
+        # the first step's gradients read the initial weights; later ones the stepped weights (`after_steps`)
+        grad = _worse(grad, stage_diffs(run, reference, spec, reach.param if step else reach.grad, grads=True,
+                                        exact=exact, judge=judge), step)
+        bufs = _worse(bufs, stage_diffs(run, reference, spec, reach.whole, buffers=True, exact=exact, judge=judge),
+                      step)
         opt.step()
         for o in ref_opts:
             o.step()
-    params = stage_diffs(run, reference, spec, compute, grads=False, exact=exact, judge=judge)
+    params = stage_diffs(run, reference, spec, reach.param, grads=False, exact=exact, judge=judge)
     collectives: dict = {}
     for s in run.stages:
         for kind, n in s.program.collectives.items():

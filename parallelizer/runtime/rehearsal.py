@@ -6,8 +6,10 @@ the loss, every parameter gradient (this rank's shard of the reference gradient)
 `steps` AdamW steps (gathered with `full_state_dict`). The loss is the model's own scalar output when it
 returns one first (e.g. a causal-LM loss), else a mean of squares of the first output weighted per last-dim
 index (`_loss`). Differences are
-judged with dtype-aware tolerances (`runtime.tolerance`): a bf16 model, or an fp32 model with an autocast
-region, is held to bfloat16's, an fp32 model to float32's. A plan with a mixed-precision recipe
+judged with dtype-aware tolerances (`runtime.tolerance`), each tensor at the least precise dtype of the computation
+that reaches it (`runtime.reach`): a bf16 model, or an fp32 model whose autocast region every value passes
+through, is held to bfloat16's, an fp32 model to float32's, and the float32 tensors of an fp32 model that a
+16-bit side branch does not reach to float32's. A plan with a mixed-precision recipe
 (`runtime.precision`, e.g. precision="bf16" asked for an fp32 model) is compared with the single-device model
 run under the same recipe (its forward under torch.autocast(bfloat16), loss and backward outside, fp32
 AdamW on fp32 weights), at bfloat16's tolerance; the report names the reference it ran. A case without a
@@ -49,6 +51,7 @@ from .precision import RECIPES, autocast, check_recipe_runs, describe
 from .replicas import check_same_weights
 from .widen import as_float64
 from .zero1 import plan_optimizer, runs_zero1
+from .reach import narrows_inside, reach_dtypes
 from .tolerance import compute_dtype, excess, loosest, tolerances
 
 
@@ -60,8 +63,8 @@ class RehearsalReport:
         absolute difference (float). worst_grad / worst_param: the FQN with the largest difference.
         tolerance_ratio: the largest difference over its bound, over everything compared
             (`runtime.tolerance.excess`: torch.testing.assert_close's default rtol and atol for the least
-            precise of the tensor's dtype and the dtype the program computes in; elementwise for 32/64-bit
-            floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
+            precise of the tensor's dtype and that of the computation reaching it, `runtime.reach`; elementwise
+            for 32/64-bit floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
         collectives: redistribution steps per kind in rank 0's emitted forward program (its stages' for a
             pipeline plan): one per (value, target layout), user inputs' slices included, local_slice moves no
             data, backward conjugates are not counted apart; `Plan.program_steps` gives the same per mesh axis
@@ -272,6 +275,9 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
     ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params", "buffers") if k in r)
+    # a model narrowing inside float32 is judged by its float64 replay too (`_rank_cases`, `reach.narrows_inside`)
+    ratio = max([ratio, *(r["float64_replay"][2] for r in results
+                          if r.get("replay_judges") and isinstance(r.get("float64_replay"), tuple))])
     buffers = worst("buffers") if all("buffers" in r for r in results) else None
     final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
     return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
@@ -318,7 +324,10 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
     """Each case on this rank; a case without a recipe that some rank finds outside its bound runs again with the
     float64 copy (`float64_excess`; decided by all ranks together, an all-reduce of the verdicts, so that every
     rank runs the same collectives), which costs a second run only where the plain bound did not suffice; one
-    still outside is replayed in float64 (`runtime.replay64`), whose result the report states.
+    still outside is replayed in float64 (`runtime.replay64`), whose result the report states. A float32 model
+    whose forward casts some values to 16 bits (`runtime.reach.narrows_inside`) is replayed in float64 even when it
+    matches, and the replay's ratio joins the verdict: the per-tensor 16-bit bound of what those casts reach is
+    blind to an error of 0.1% of the scale (ratio 0.5), the replay is not (round 18, r18c).
     Cases of the same model (builder and kwargs) share one trace on this rank (`_rank_main`'s `traces`): a
     TracedGraph is read-only to the ParallelModules built on it, each of which takes the weights of its own
     freshly built model (as `benchmarks/_steptime_workers` does)."""
@@ -333,6 +342,13 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
                 from .replay64 import replay  # imports this module
 
                 result["float64_replay"] = replay(rank, fn, kwargs, spec)
+        elif spec.autocast is None and not spec.compression.deviates_within(steps) and not result["random"] \
+                and narrows_inside(traces[(fn, repr(kwargs))][0]):
+            # a float32 model that casts some values to 16 bits: what those casts reach is judged at the 16-bit
+            # bound, blind to sub-percent errors; the replay in float64 (casts widened) judges the program too
+            from .replay64 import replay  # imports this module
+
+            result["float64_replay"], result["replay_judges"] = replay(rank, fn, kwargs, spec), True
         out.append(result)
     return out
 
@@ -377,9 +393,10 @@ def _output_pairs(out, ref_outs: list) -> list[tuple]:
     return [(f"output {path}", a, *bs) for path, a, *bs in paired if isinstance(a, torch.Tensor)]
 
 
-def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, str, float]:
+def _max_diff(pairs, compute, judge=None) -> tuple[float, str, float]:
     """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
-    (name, a, b, exact): the ratio is `tolerance.excess`'s, or with `exact` the smaller of it and
+    (name, a, b, exact): the ratio is `tolerance.excess`'s at the dtype `compute(name)` (a callable: the dtype
+    of the computation that reaches that tensor, `runtime.reach`; or one dtype for all), or with `exact` the smaller of it and
     `judge(a, b, exact)` (a match by either criterion): `recipe_excess` (the default) when `exact` is the
     reference's value without its mixed-precision recipe, `float64_excess` when it is a float64 copy's."""
     judge = judge or recipe_excess
@@ -400,7 +417,8 @@ def _max_diff(pairs, compute: torch.dtype | None, judge=None) -> tuple[float, st
         exact = [e.detach().masked_fill(odd, 0) for e in exact]
         diff = (as_real(a).double() - as_real(b).double()).abs().max().item()  # complex: both parts (`as_real`)
         worst = max(worst, (diff, name))
-        ratio = max(ratio, min([excess(a, b, compute), *(judge(a, b, e) for e in exact)]))
+        dtype = compute(name) if callable(compute) else compute
+        ratio = max(ratio, min([excess(a, b, dtype), *(judge(a, b, e) for e in exact)]))
     return worst[0], worst[1], ratio
 
 
@@ -521,7 +539,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
                eps: float, wide: bool = False, traces: dict | None = None) -> dict:
     """One case on this rank (module docstring); `wide`: with the float64 copy of a model without a recipe as a
     second judge (`float64_excess`, `wide_judged`); `traces`: (builder, repr of its kwargs) -> TracedGraph,
-    reused and filled."""
+    reused and filled (with its `ReachDtypes`, `runtime.reach`)."""
     if spec.autocast is not None:
         eps = max(eps, RECIPE_ADAM_EPS)
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
@@ -533,8 +551,12 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
     if key not in traces:
-        traces[key] = trace(model, inputs, kwargs)
-    traced = traces[key]
+        traced = trace(model, inputs, kwargs)
+        traces[key] = (traced, reach_dtypes(traced))
+    traced, reach = traces[key]
+    # the judge's dtype per compared tensor (`runtime.reach`); `compute`, the whole program's, decides only
+    # whether a float64 copy may judge (`wide_judged`, `same_computation`)
+    reach = reach.with_recipe(RECIPES.get(spec.autocast))
     compute = loosest(compute_dtype(traced), RECIPES.get(spec.autocast))
     check_same_weights(model)
     create_groups(all_axis_groups(spec.mesh) + hierarchical_sub_groups(spec))
@@ -562,7 +584,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             args[id(exact)], judge = run64[1], float64_excess
             refs.append((exact, None))
             ref_outs.append(run64[0])
-    output = _max_diff(_output_pairs(out, ref_outs), compute, judge)
+    output = _max_diff(_output_pairs(out, ref_outs), reach.output, judge)
     losses = [_loss(o) for o in (out, *ref_outs)]
     for value in losses:
         value.backward()
@@ -572,7 +594,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
                 for m, _ in refs]
 
     grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
-        ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), compute, judge)
+        ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), reach.grad, judge)
     scale = max((p.grad.detach().abs().max().item() for p in reference.parameters()
                  if p.grad is not None and p.grad.numel()), default=0.0)
     dtype = next((p.dtype for p in reference.parameters() if p.is_floating_point()), torch.float32)
@@ -590,20 +612,22 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
             o.step()
     full = pm.full_state_dict()
     states = [m.state_dict() for m, _ in refs]
-    params = _max_diff(((k, full[k], v, *(s[k] for s in states[1:])) for k, v in states[0].items()), compute, judge)
-    hidden = _max_diff(_non_persistent_buffers(pm, traced, refs), compute, judge)  # not in any state dict
+    params = _max_diff(((k, full[k], v, *(s[k] for s in states[1:])) for k, v in states[0].items()), reach.param,
+                       judge)
+    hidden = _max_diff(_non_persistent_buffers(pm, traced, refs), reach.param, judge)  # not in any state dict
     params = (*max(params[:2], hidden[:2]), max(params[2], hidden[2]))
     with torch.no_grad():
-        final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))], compute,
-                          judge)
+        final = _max_diff([("loss", _loss(pm(*inputs, **kwargs)), *(_loss(run(m, r)) for m, r in refs))],
+                          reach.final_loss, judge)
     # the inputs after the steps: a forward that writes an input in place must leave the caller's tensor as
     # one device does (every element, on every rank), not only this rank's shard of it
     after = zip(tensor_leaves((inputs, kwargs)), tensor_leaves(args[id(reference)]))
     written = _max_diff(((f"input {i} after the steps", a, b) for i, (a, b) in enumerate(after)
-                         if carries_grad(a.dtype)), compute, judge)
+                         if carries_grad(a.dtype)), reach.output, judge)
     output = (max(output[0], written[0]), output[1] if output[0] >= written[0] else written[1],
               max(output[2], written[2]))
-    return {"output": output, "loss": _max_diff([("loss", *losses)], compute, judge), "grad": grad, "params": params,
+    return {"output": output, "loss": _max_diff([("loss", *losses)], reach.output, judge), "grad": grad,
+            "params": params,
             "final_loss": final, "collectives": pm.program.collectives, "random": random_ops(traced),
             "grad_scale": grad_scale, "float64_judge": judge is float64_excess, "float64_unused": unjudged,
             "zero1": spec.zero1 if runs_zero1(spec) else None,

@@ -32,6 +32,9 @@ REPLAY_MATCH = ("; the same plan replayed in float64 (model, inputs and the dtyp
 REPLAY_DIFFER = ("; the same plan replayed in float64 differs from the float64 model too (worst |diff| {:.2e}, {}, "
                  "{:.3g}x float64's bound): a wrong program, not rounding")
 REPLAY_NOT_RUN = "; the plan could not be replayed in float64 ({})"
+REPLAY_JUDGED = ("; the float32 model casts values to 16 bits inside its forward, so the same plan was also replayed "
+                 "in float64 (casts widened; one forward and backward) and judged against the float64 model: worst |diff| "
+                 "{:.2e}, {}, {:.3g} of float64's bound (`runtime.reach.narrows_inside`)")
 
 
 def replay_note(results: list[dict]) -> str:
@@ -44,6 +47,8 @@ def replay_note(results: list[dict]) -> str:
     if failed is not None:
         return REPLAY_NOT_RUN.format(failed)
     diff, name, ratio = max(replays, key=lambda r: r[2])
+    if any(r.get("replay_judges") for r in results):  # a matching float32 model narrowing inside (`rehearsal`)
+        return REPLAY_JUDGED.format(diff, name, ratio)
     return (REPLAY_MATCH if ratio <= 1 else REPLAY_DIFFER).format(diff, name, ratio)
 
 

@@ -2,9 +2,12 @@
 
 The tolerances are torch.testing.assert_close's defaults for a dtype (float32: rtol 1.3e-6, atol 1e-5;
 bfloat16: rtol 1.6e-2, atol 1e-5; float16: rtol 1e-3, atol 1e-5; float64: rtol 1e-7, atol 1e-7; exact for
-integers and bool), taken for the LEAST precise floating dtype involved: the compared tensor's, or the
-dtype the program computes in (`compute_dtype`: an fp32 model with a `torch.autocast(bfloat16)` region
-computes in bfloat16, so its fp32 outputs and gradients carry bfloat16 rounding).
+integers and bool), taken for the LEAST precise floating dtype involved: the compared tensor's, or that of the
+computation that reaches it (`runtime.reach.reach_dtypes`, per output, gradient and parameter: an fp32 model
+whose values pass through a `torch.autocast(bfloat16)` region carry bfloat16 rounding in its fp32 outputs and
+gradients; a float16 side branch rounds only what it reaches). `compute_dtype`, the least precise dtype of the
+whole graph, is what `runtime.reach` falls back to for a value it does not map, and what decides whether a
+float64 copy may judge a model (`rehearsal.wide_judged`).
 
 How the bound applies:
 - 32- and 64-bit floats, elementwise as assert_close: |a - b| <= atol + rtol * |b|;
@@ -42,7 +45,8 @@ def loosest(*dtypes: torch.dtype | None) -> torch.dtype:
 
 
 def compute_dtype(traced: TracedGraph) -> torch.dtype | None:
-    """The least precise floating dtype any node of `traced` produces (None when none is floating)."""
+    """The least precise floating dtype any node of `traced` produces (None when none is floating): the whole
+    graph's; a compared tensor is judged at the dtype of what reaches it (`runtime.reach`)."""
     found = {t.dtype for info in traced.nodes.values() for t in info.outputs if t.dtype.is_floating_point}
     return loosest(*found) if found else None
 

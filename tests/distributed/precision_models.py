@@ -104,3 +104,74 @@ def batch_norm_precision_rank(rank: int, world_size: int, spec, kwargs: dict) ->
     return {"out": out.detach(), "ref": ref.detach(),
             "buffers": {k: v.clone() for k, v in pm.named_buffers() if v.is_floating_point()},
             "ref_buffers": {k: v.clone() for k, v in eager.named_buffers() if v.is_floating_point()}}
+
+
+
+def _skew(model: nn.Module) -> float:
+    """1 in an exported program (every sharded program computes the exported function), 1 + `model.skew` in an
+    eager call (the one-device reference): a deliberate error of `skew` relative in the sharded program, known in
+    advance (the tracer warns that eager and exported differ)."""
+    return 1.0 if torch.compiler.is_exporting() else 1.0 + model.skew
+
+
+class HalfSideBranch(nn.Module):
+    """An fp32 model whose main path (fc1 -> ReLU -> fc2, outputs `main`) never meets its float16 side branch
+    (a gate `sigmoid(gate(x).half())`, as a quantiser or router would, outputs `side`), and whose loss (the
+    first, scalar output) adds a float16 auxiliary term 0.01 * mean(side) to the float32 mean of squares of
+    `main` (an MoE's load-balancing term computed in 16 bits). Judged per tensor (`runtime.reach`): `main`,
+    fc1's and fc2's gradients at float32; the loss, `side` and the gate's gradient at float16."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.gate = nn.Linear(16, 32), nn.Linear(32, 8), nn.Linear(16, 8)
+        self.skew = skew
+
+    def forward(self, x: torch.Tensor):
+        main = self.fc2(torch.relu(self.fc1(x))) * _skew(self)  # (B, 8) float32
+        side = torch.sigmoid(self.gate(x).half())  # (B, 8) float16
+        loss = main.pow(2).mean() + 0.01 * side.float().mean()
+        return loss, main, side.float()
+
+
+def half_side_branch(seed: int = 0, skew: float = 0.0):
+    torch.manual_seed(seed)
+    return HalfSideBranch(skew).train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+class HalfGate(nn.Module):
+    """An fp32 MLP whose output is multiplied by a float16 gate of its input (`h * sigmoid(gate(x).half())`):
+    the gate's rounding reaches the output and, through the product's backward, every gradient, so everything
+    is judged at float16 (`runtime.reach`), as the whole-graph rule did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.gate = nn.Linear(16, 32), nn.Linear(32, 8), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x))) * torch.sigmoid(self.gate(x).half()).float()
+
+
+def half_gate(seed: int = 0):
+    torch.manual_seed(seed)
+    return HalfGate().train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+class CastRoundTrip(nn.Module):
+    """r17a's pattern: a row-parallel matmul's result cast to float16 and back (`.half().float()`), then a
+    bfloat16 round trip of the next layer's; every value and gradient after the casts carries their rounding,
+    so the per-tensor bound is 16-bit for all of them and the float64 replay (`runtime.replay64`) judges the
+    program (`rehearsal._rank_cases`)."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 8)
+        self.skew = skew
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (self.fc2(torch.relu(self.fc1(x))) * _skew(self)).half().float()  # (B, 16)
+        return self.fc3(h).to(torch.bfloat16).to(torch.float32)  # (B, 8)
+
+
+def cast_round_trip(seed: int = 0, skew: float = 0.0):
+    torch.manual_seed(seed)
+    return CastRoundTrip(skew).train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)

@@ -14,7 +14,8 @@ from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.rehearsal import rehearse_many
 from parallelizer.runtime.tolerance import compute_dtype
 from parallelizer.runtime.launch import spawn
-from precision_models import autocast_mlp, batch_norm_precision_rank, bf16_mlp, conv_batch_norm
+from precision_models import (autocast_mlp, batch_norm_precision_rank, bf16_mlp, cast_round_trip, conv_batch_norm,
+                              half_side_branch)
 
 pytestmark = pytest.mark.distributed
 
@@ -70,3 +71,24 @@ def test_batch_norm_statistics_over_ranks_keep_the_precision_of_one_device(case)
             else:
                 ulp = torch.finfo(ref.dtype).eps * ref.float().abs().clamp(min=1.0)
                 assert ((got.float() - ref.float()).abs() <= ulp).all(), (name, got, ref)
+
+
+def test_a_float32_model_narrowing_inside_is_judged_per_tensor_and_by_its_float64_replay():
+    """A float32 model with a float16 side branch, and one with 16-bit round trips on its main path (r17a's
+    pattern), against the same models whose one-device reference is off by 0.1% of the scale on the float32 path
+    (`precision_models._skew`: the sharded programs compute the exported function, the reference 1.001 times
+    it). Before (round 18, r18c), every tensor was judged at the whole graph's float16 bound: both wrong cases
+    matched (ratio <= 0.9). Now the side-branch model's float32 tensors are judged at float32 (`runtime.reach`)
+    and the round-trip model by its float64 replay (`runtime.replay64`, casts widened): both differ; the right
+    programs still match on dp=2 and tp=2."""
+    cases = []
+    for fn in (half_side_branch, cast_round_trip):
+        with contextlib.redirect_stdout(io.StringIO()):
+            traced = parallelizer.trace(*fn())
+            plans = [parallelizer.plan(traced, mesh, axis_roles=roles)
+                     for mesh, roles in (({"dp": 2}, {"dp": "ddp"}), ({"tp": 2}, {"tp": "tp"}))]
+        cases += [(fn, kwargs, spec_from_plan(p)) for p in plans for kwargs in ({}, {"skew": 1e-3})]
+    reports = rehearse_many(cases, timeout_s=400)
+    for (fn, kwargs, spec), report in zip(cases, reports):
+        assert report.matches() == (not kwargs), (fn.__name__, kwargs, spec.mesh, str(report))
+        assert "replayed in float64" in report.reference, str(report)  # narrowing inside, or outside its bound
