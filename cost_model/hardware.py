@@ -35,12 +35,22 @@ DEVICE_KINDS = ("gpu", "cpu")
 TFLOPS = 1e12
 GB = 1e9
 
-# Achievable-efficiency defaults for the GPU presets (assumptions, refine with measurements):
-# large cuBLAS GEMMs reach ~70% of dense tensor-core peak and Megatron-LM reports 52% end-to-end
-# MFU on A100 (Narayanan et al., SC'21, Table 1), so 0.7 is an upper estimate per matmul.
+# Achievable-efficiency defaults for the GPU presets:
+# matmul: a device's best-shape BF16 matmul rate (its "maximum achievable matmul FLOPS", MAMF) as a fraction of its
+# dense datasheet peak, measured with the same brute-force shape search on each device (S. Bekman, ml-engineering,
+# compute/accelerator/README.md "Maximum Achievable Matmul FLOPS comparison table": A100 SXM 267.9 of 312 TFLOP/s
+# = 85.9% (CUDA 12.1), H100 SXM 792.1 of 989 = 80.1% (CUDA 12.1)), times ONE fraction of that best-shape rate that
+# a training step's GEMMs reach, the same for every preset: `_GPU_MATMUL_EFFICIENCY` = 0.7 of the A100's peak (0.815
+# of its MAMF), which prices the pp = 1 rows of Narayanan et al. SC'21 Table 1 within 2-4% (benchmarks/RESULTS.md).
+# Another preset gets 0.7 x its MAMF / the A100's: the H100 0.7 x 0.801 / 0.859 = 0.653 of its peak (its tensor
+# cores reach a smaller share of their datasheet peak than the A100's), which the earlier single 0.7 for every
+# preset did not say (round 18: the Megatron-LM README's H100 rows of 1.7B and 7.1B were priced 19% and 12% faster
+# than measured, torchtitan's Llama 3.1 8B FSDP 1.40-1.45x).
 # STREAM-like copies reach ~80-90% of HBM peak; we use 0.8.
 # A CUDA kernel launch costs ~3-5 us of host+device overhead; we use 5 us per kernel.
-_GPU_MATMUL_EFFICIENCY = 0.7
+_GPU_MATMUL_EFFICIENCY = 0.7  # of the A100's dense peak; other presets scaled by their MAMF (`_gpu`)
+_A100_MAMF = 267.9 / 312
+_H100_MAMF = 792.1 / 989  # the H200 has the same die, SMs and clocks (H200 datasheet): the H100's figure
 _GPU_MEMORY_EFFICIENCY = 0.8
 _GPU_LAUNCH_OVERHEAD_S = 5e-6
 
@@ -270,7 +280,10 @@ class DeviceSpec:
                                    pipeline_action=self.pipeline_action.scaled(compute_factor))
 
 
-def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_gb_per_s: float) -> DeviceSpec:
+def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_gb_per_s: float,
+         mamf: float) -> DeviceSpec:
+    """A GPU preset from its datasheet figures; `mamf`: its best-shape BF16 matmul rate / dense peak (sources at
+    `_GPU_MATMUL_EFFICIENCY`); its `matmul_efficiency` is `_GPU_MATMUL_EFFICIENCY * mamf / _A100_MAMF`."""
     return DeviceSpec(
         name=name,
         peak_flops_per_s={
@@ -280,7 +293,7 @@ def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_g
         },
         hbm_bytes=int(hbm_gb * GB),
         hbm_bytes_per_s=hbm_gb_per_s * GB,
-        matmul_efficiency=_GPU_MATMUL_EFFICIENCY,
+        matmul_efficiency=_GPU_MATMUL_EFFICIENCY * (mamf / _A100_MAMF),
         memory_efficiency=_GPU_MEMORY_EFFICIENCY,
         launch_overhead_s=_GPU_LAUNCH_OVERHEAD_S,
         pipeline_action=GPU_PIPELINE_ACTION,
@@ -289,14 +302,14 @@ def _gpu(name: str, bf16_tflops: float, fp32_tflops: float, hbm_gb: float, hbm_g
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4, 2021), SXM column:
 # BF16/FP16 tensor core 312 TFLOPS dense, FP32 19.5 TFLOPS, 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s.
-A100_40GB = _gpu("a100_40gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=40, hbm_gb_per_s=1555)
-A100_80GB = _gpu("a100_80gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=80, hbm_gb_per_s=2039)
+A100_40GB = _gpu("a100_40gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=40, hbm_gb_per_s=1555, mamf=_A100_MAMF)
+A100_80GB = _gpu("a100_80gb", bf16_tflops=312, fp32_tflops=19.5, hbm_gb=80, hbm_gb_per_s=2039, mamf=_A100_MAMF)
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): BF16/FP16 1,979 TFLOPS *with sparsity*,
 # i.e. 989.5 dense; FP32 67 TFLOPS; 80GB HBM3 at 3.35 TB/s.
-H100_SXM = _gpu("h100_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=80, hbm_gb_per_s=3350)
+H100_SXM = _gpu("h100_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=80, hbm_gb_per_s=3350, mamf=_H100_MAMF)
 # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): same compute as H100 SXM (1,979 TFLOPS
 # BF16 with sparsity -> 989.5 dense; FP32 67 TFLOPS); 141GB HBM3e at 4.8 TB/s.
-H200_SXM = _gpu("h200_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=141, hbm_gb_per_s=4800)
+H200_SXM = _gpu("h200_sxm", bf16_tflops=989.5, fp32_tflops=67, hbm_gb=141, hbm_gb_per_s=4800, mamf=_H100_MAMF)
 
 DEVICE_PRESETS: Mapping[str, DeviceSpec] = MappingProxyType(
     {spec.name: spec for spec in (A100_40GB, A100_80GB, H100_SXM, H200_SXM)}

@@ -1,13 +1,10 @@
 """Step breakdown of Megatron's 39.1B layout (tp 8, pp 2, dp 32, full recomputation, 1F1B) as our model prices it."""
-import torch
 import parallelizer
-from parallelizer import zoo
+from benchmarks.published.models import gpt_loss_only
 from cost_model.topology import dgx_a100
 
 if __name__ == "__main__":
-    model, inputs = zoo.gpt2(n_layer=48, n_embd=8192, n_head=64, vocab_size=51200, n_positions=2048, batch=1,
-                             seq_len=2048, device="meta")
-    tg = parallelizer.trace(model.to(torch.bfloat16), inputs)
+    tg = gpt_loss_only(48, 8192, 64, 51200, 2048, "eager")  # the loss alone, as Megatron
     p = parallelizer.plan_pipeline(tg, dgx_a100(64), global_batch=1536, precision="bf16", pp=2, tp=8,
                                    schedules=("1f1b",), recompute="full", progress=False)
     print(p.step_time_s, p.step_breakdown_s, p.num_microbatches, p.microbatch_size)

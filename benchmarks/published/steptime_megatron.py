@@ -17,15 +17,15 @@ sc21 (default), sc22, h100):
   s/6h + V/(12 l h)) for this GPT), DP/TP/PP communication overlapped, recomputation not stated.
 
 Our MFU: model FLOPs (72 form, no recomputation) / (T x GPUs x peak), for both.
+The model computes its loss inside and returns it alone, as Megatron's last stage does (`models.gpt_loss_only`).
 (schedules offered: SCHEDULES, default 1f1b,interleaved_1f1b; ACTIVATION=gelu: the MLP's GeLU as one op saving only
 its input, as Megatron's fused bias-GeLU kernel does and Korthikanti Table 2 counts, instead of transformers GPT-2's
 default gelu_new, whose eager decomposition saves several 4h-wide intermediates)"""
 import os
 import sys
 import time
-import torch
 import parallelizer
-from parallelizer import zoo
+from benchmarks.published.models import gpt_loss_only
 from cost_model.topology import dgx_a100, dgx_h100
 
 # name, heads, hidden, layers, tp, pp, GPUs, batch, published figure
@@ -80,10 +80,8 @@ if __name__ == "__main__":
         if name not in want:
             continue
         t0 = time.time()
-        model, inputs = zoo.gpt2(n_layer=l, n_embd=h, n_head=a, vocab_size=V, n_positions=S, batch=1, seq_len=S,
-                                 device="meta", attn_implementation=attn,
-                                 **({"activation_function": os.environ["ACTIVATION"]} if "ACTIVATION" in os.environ else {}))
-        tg = parallelizer.trace(model.to(torch.bfloat16), inputs)
+        tg = gpt_loss_only(l, h, a, V, S, attn, **({"activation_function": os.environ["ACTIVATION"]}
+                                                    if "ACTIVATION" in os.environ else {}))
         f_model = model_flops(batch, S, l, h, V)
         t_their = their_step(batch, S, l, h, V, gpus, figure, peak)
         cl = cluster_of(gpus // 8)

@@ -17,6 +17,20 @@ def test_presets_carry_datasheet_values():
     assert get_device("H100-SXM") is H100_SXM
 
 
+def test_gpu_matmul_efficiency_follows_published_best_shape_rates():
+    """Round 18: each GPU preset's matmul efficiency is 0.7 of the A100's peak scaled by the device's published
+    maximum achievable matmul FLOPS (Bekman, ml-engineering MAMF table: A100 SXM 267.9 / 312, H100 SXM 792.1 / 989
+    TFLOP/s); one 0.7 for every preset priced an H100 GEMM 7% faster than the A100's figures imply."""
+    from cost_model import A100_80GB
+    a100, h100 = 267.9 / 312, 792.1 / 989
+    assert A100_40GB.matmul_efficiency == A100_80GB.matmul_efficiency == pytest.approx(0.7, rel=1e-12)
+    assert H100_SXM.matmul_efficiency == pytest.approx(0.7 * h100 / a100, rel=1e-9)  # 0.653
+    assert H200_SXM.matmul_efficiency == H100_SXM.matmul_efficiency  # same die and clocks (H200 datasheet)
+    # an H100 GEMM's priced rate: 0.653 x 989.5 = 646 TFLOP/s, 0.815 of its published best-shape 792.1
+    rate = H100_SXM.achievable_flops_per_s(torch.bfloat16)
+    assert rate / 792.1e12 == pytest.approx(0.7 / a100 * 989.5 / 989, rel=1e-9)
+
+
 def test_get_device_unknown_lists_valid_names():
     with pytest.raises(ValueError, match="a100_40gb.*h200_sxm"):
         get_device("tpu")
