@@ -12,7 +12,7 @@ from torch.distributed.pipelining.schedules import _Action, _ComputationType
 from cost_model.hardware import PipelineActionCost
 from parallelizer.errors import PipelineError
 from parallelizer.planner.action_schedule import ActionSchedule, compute_actions
-from parallelizer.planner.schedules import inflight_microbatches
+from parallelizer.planner.schedules import bitpipe_bubble_bound_s, inflight_microbatches
 from parallelizer.planner.sharing import SharedCores
 from parallelizer.planner.simulate import StageTimes, action_schedule, simulate, simulate_actions
 
@@ -63,6 +63,29 @@ def test_bitpipe_bubble_ratio_is_d_minus_2_over_4n_plus_d_minus_2(p, k):
     assert drawn.bubble_s == (0 if p == 2 else 2 * (p - 2) + (k - 1) * (p - 3))
     if (p, m) in ((4, 4), (4, 8)):
         assert drawn.makespan_s == {4: 28.0, 8: 53.0}[m]
+
+
+@pytest.mark.parametrize("p,k", [(2, 1), (2, 3), (4, 1), (4, 2), (6, 1), (6, 3), (8, 1), (8, 3)])
+def test_bitpipe_never_beats_the_hand_derived_bubble_bound_and_meets_it_at_f_equal_b(p, k):
+    """`schedules.bitpipe_bubble_bound_s` (derived in its docstring from the V placement alone: rank p/2 - 1
+    cannot start before (p/2 - 1) F and its last backward is followed by (p/2 - 1) B more; every rank computes
+    2m (F + B)) bounds the simulated step from below for any F, B, and the authors' order meets it at F = B;
+    rank p/2 - 1 starts exactly at (p/2 - 1) F. At m = p the order idles (p - 2) max(F, B)."""
+    m, h = k * p, p // 2
+    for f, b in ((1.0, 1.0), (1.0, 2.0), (2.0, 1.0), (1.0, 0.5), (1.0, 3.0), (0.75, 0.75)):
+        r = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, f, b / 2, b / 2))
+        bound = bitpipe_bubble_bound_s(p, m, f, b)
+        assert max(r.busy_s) == pytest.approx(2 * m * (f + b), rel=1e-12)
+        assert r.makespan_s >= 2 * m * (f + b) + bound - 1e-9
+        assert r.bubble_s >= bound - 1e-9
+        assert r.timeline()[h - 1][0][1] == pytest.approx((h - 1) * f, abs=1e-12)
+        if f == b:
+            assert r.bubble_s == pytest.approx(bound, rel=1e-12, abs=1e-12)
+            assert r.bubble_s == pytest.approx((p - 2) * f, abs=1e-12)
+        if k == 1:
+            assert r.bubble_s == pytest.approx((p - 2) * max(f, b), abs=1e-12)
+    with pytest.raises(ValueError, match="even p"):
+        bitpipe_bubble_bound_s(3, 6, 1.0, 1.0)
 
 
 def test_inflight_counts_equal_the_closed_forms():
