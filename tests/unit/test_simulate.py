@@ -521,6 +521,56 @@ def test_same_rank_hand_offs_pay_no_send_or_receive():
     assert extra == pytest.approx([2 * m * 1e-3] + [4 * m * 1e-3] * (p - 2) + [2 * m * 1e-3], rel=1e-9)
 
 
+# --- the communication library's own threads (gloo's), per cross-rank P2P op (issue 14, round 18) ---------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_gloo_threads_cpu_is_paid_per_cross_rank_send_and_receive_by_every_runner(name):
+    """`PipelineActionCost.comm_thread_s` = c costs exactly what a send and a receive of c each cost (one per
+    cross-rank transfer at each end), on torch's runtime and on BitPipe's own runner alike (the library's
+    figure, read from the top level even when the own runner's costs are measured), with and without ranks
+    sharing cores. Closed form at p = 2 (1f1b / gpipe: every F and B of both stages sends or receives one
+    transfer): (m + 1)(F + B + 2c)."""
+    p, m, c = (2, 4, 0.125) if name != "bitpipe" else (4, 8, 0.125)
+    S = action_schedule(name, p, m).num_stages
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    own = PipelineActionCost()  # a measured own runner without any cost: BitPipe still pays gloo's threads
+    for cores in (None, SharedCores.ideal(1, p)):
+        comm = simulate(name, p, m, _with(base, comm_thread_s=c, own_runner=own), cores)
+        ops = simulate(name, p, m, _with(base, send_s=c, recv_s=c), cores)
+        assert comm.makespan_s == pytest.approx(ops.makespan_s, rel=1e-12)
+        assert comm.busy_s == pytest.approx(ops.busy_s, rel=1e-12)
+        plain = simulate(name, p, m, base, cores)
+        assert comm.makespan_s > plain.makespan_s
+    if name in ("gpipe", "1f1b"):
+        assert simulate(name, 2, m, _with(StageTimes.uniform(2, 1.0, 0.5, 0.75), comm_thread_s=c)).makespan_s == \
+            pytest.approx((m + 1) * (1.0 + 1.25 + 2 * c), rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
+def test_bitpipes_exchange_packing_is_cpu_work_on_each_copys_rank(p, m):
+    """`StageTimes.copy_pack_s` (round 18: the host passes over a stage's gradients that BitPipe's twin exchange
+    makes, measured 46-59 ms per rank per step at GPT width 512): every rank holds 4 stage copies (2 per pipeline,
+    `planner.bitpipe`), so with q per stage each rank's busy time grows by exactly 4 q, on its own core and when
+    the ranks share cores; schedules with one copy of each stage ignore it; the price is EXCHANGE_PASSES (7)
+    passes of the gradient bytes at the device's memory bandwidth."""
+    S, q = 2 * p, 0.125
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    for cores in (None, SharedCores.ideal(p, p)):
+        plain = simulate("bitpipe", p, m, base, cores)
+        packed = simulate("bitpipe", p, m, dataclasses.replace(base, copy_pack_s=(q,) * S), cores)
+        assert [b - a for a, b in zip(plain.busy_s, packed.busy_s)] == pytest.approx([4 * q] * p, rel=1e-12)
+        assert packed.makespan_s > plain.makespan_s
+    one = StageTimes.uniform(2 * p, 1.0, 0.5, 0.75)
+    assert simulate("zbv", p, 2 * m, dataclasses.replace(one, copy_pack_s=(q,) * S)).makespan_s == \
+        simulate("zbv", p, 2 * m, one).makespan_s
+    with pytest.raises(PipelineError, match="copy_pack_s"):
+        simulate("bitpipe", p, m, dataclasses.replace(base, copy_pack_s=(q,) * (S - 1)))
+    from cost_model.hardware import A100_80GB
+    from cost_model.pipeline_actions import EXCHANGE_PASSES, copy_exchange_pack_s
+    assert EXCHANGE_PASSES == 7
+    assert copy_exchange_pack_s(52e6, A100_80GB) == pytest.approx(7 * 52e6 / A100_80GB.hbm_bytes_per_s, rel=1e-12)
+
+
 # --- the package's own runner (BitPipe) priced at its own per-action cost (issue 14, round 17) -------------------
 
 def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
