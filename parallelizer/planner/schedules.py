@@ -53,7 +53,9 @@ BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in oppos
 over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
 the up copy (two weight copies per model stage, `copies` below); microbatches in units of p, half down and
 half up; the bubble and in-flight closed forms are the simulator's on the paper's figures' order
-(`planner.bitpipe` docstring: the paper's own bubble table could not be read here).
+(`planner.bitpipe` docstring: the paper's own bubble table could not be read here). Round 18 derives a lower
+bound by hand from the placement alone, (p / 2 - 1)(F + B) (`bitpipe_bubble_bound_s`), which the order meets
+at F = B and exceeds otherwise.
 
 Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and m a multiple of pp; 1f1b needs m >= p
 (torch's Schedule1F1B refuses fewer microbatches than stages), interleaved_1f1b m divisible by p, zbv
