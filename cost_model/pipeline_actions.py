@@ -68,7 +68,7 @@ def copy_exchange_pack_s(grad_bytes: float, device) -> float:
     """Host seconds (solo) one rank spends packing a stage copy's gradients (`grad_bytes`) for the exchange with
     its twin and summing / unpacking the twin's (BitPipe, round 18): EXCHANGE_PASSES x grad_bytes at the device's
     memory bandwidth (`DeviceSpec.hbm_bytes_per_s`); memory-bound copies, no FLOPs. Measured (r18e, GPT hidden
-    512, 8 blocks, pp=4, 4 ranks at load ~28, per-thread CPU): `_start_exchange` + `_finish_exchange` 46-59 ms
+    512, 8 blocks, pp=4, 4 ranks at load ~28, per-thread CPU): `_start_exchange` + `_finish_exchange` 48-58 ms
     per rank per step for 12.6-13.7 M parameters (50-55 MB of fp32 gradients): 7 x 52 MB / 25.4 GB/s = 14 ms solo,
     x 3.76 (the profile's 4-process memory contention) = 54 ms.
 

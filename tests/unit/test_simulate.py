@@ -549,7 +549,7 @@ def test_gloo_threads_cpu_is_paid_per_cross_rank_send_and_receive_by_every_runne
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
 def test_bitpipes_exchange_packing_is_cpu_work_on_each_copys_rank(p, m):
     """`StageTimes.copy_pack_s` (round 18: the host passes over a stage's gradients that BitPipe's twin exchange
-    makes, measured 46-59 ms per rank per step at GPT width 512): every rank holds 4 stage copies (2 per pipeline,
+    makes, measured 48-58 ms per rank per step at GPT width 512): every rank holds 4 stage copies (2 per pipeline,
     `planner.bitpipe`), so with q per stage each rank's busy time grows by exactly 4 q, on its own core and when
     the ranks share cores; schedules with one copy of each stage ignore it; the price is EXCHANGE_PASSES (7)
     passes of the gradient bytes at the device's memory bandwidth."""
