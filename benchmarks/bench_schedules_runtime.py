@@ -26,7 +26,9 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   measurable compute and none is priced;
 - what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
   ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
-  stage, and each rank's AdamW step over the parameters it holds (`cost_model.compute.optimizer_step_time_s`;
+  stage (its wire time, and since round 18 the host work of packing / summing it on each copy's rank,
+  `cost_model.pipeline_actions.copy_exchange_pack_s`), and each rank's AdamW step over the parameters it
+  holds (`cost_model.compute.optimizer_step_time_s`;
   BitPipe holds and steps two weight copies; the counts are taken from the segments and checked against
   the runtime's `pm.parameters()`).
 
@@ -67,6 +69,7 @@ from benchmarks.bench_steptime import spearman
 from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, load_profile, summary
 from cost_model.communication import collective_time_s
 from cost_model.compute import optimizer_step_time_s
+from cost_model.pipeline_actions import copy_exchange_pack_s
 from cost_model.topology import Cluster, MeshTopology
 from parallelizer import zoo
 from parallelizer.config import PlanConfig
@@ -183,6 +186,8 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         tuple(float(pc.w[g].sum()) for g in segs),
         tuple(p2p_f), tuple(p2p_b),
         copy_sync_s=tuple(send(pr.grads_bytes[g].sum()) for g in segs) if sched.copies > 1 else None,
+        copy_pack_s=tuple(copy_exchange_pack_s(float(pr.grads_bytes[g].sum()), pc.device) for g in segs)
+        if sched.copies > 1 else None,
         grad_sync_s=tuple(tied if r in tied_ranks else 0.0 for r in range(PP)),
         optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)),
         action_overhead=pc.device.pipeline_action)

@@ -55,7 +55,9 @@ The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, 
 :data:`cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured on this machine, documented there). Its
 optional ``own_runner`` (round 17) holds the costs of the package's own BitPipe runner, measured when a
 benchmark for it is registered (:func:`cost_model.pipeline_actions.register_own_runner_benchmark`; the
-``parallelizer calibrate`` CLI registers it); without it BitPipe is priced at torch's costs.
+``parallelizer calibrate`` CLI registers it); without it BitPipe is priced at torch's costs. Its
+``comm_thread_s`` (round 18: gloo's own threads' CPU per P2P op) is absent from profiles written before; they get
+``CPU_PIPELINE_ACTION.comm_thread_s`` (measured on this machine, documented there).
 ``python -m cost_model.calibrate -o profile.json`` writes one.
 """
 
@@ -439,7 +441,7 @@ def _pipeline_action_to_json(cost: PipelineActionCost) -> dict:
     return out
 
 
-def _pipeline_action_from_json(spec: dict | None) -> PipelineActionCost:
+def _pipeline_action_from_json(spec: dict | None, nested: bool = False) -> PipelineActionCost:
     """The device's per-action pipeline costs (``pipeline_action_s``), or, for a profile written before round
     16, :data:`CPU_PIPELINE_ACTION`; ``own_runner`` (round 17) is optional (absent: None, own-runner schedules
     priced at torch's costs). An unknown key raises KeyError (load_profile says to re-run calibration)."""
@@ -449,8 +451,10 @@ def _pipeline_action_from_json(spec: dict | None) -> PipelineActionCost:
     if set(spec) - known:
         raise KeyError(f"pipeline_action_s has unknown keys {sorted(set(spec) - known)}; known {sorted(known)}")
     own = spec.get("own_runner")
-    return PipelineActionCost(**{k: float(v) for k, v in spec.items() if k != "own_runner"},
-                              own_runner=None if own is None else _pipeline_action_from_json(own))
+    fields = {k: float(v) for k, v in spec.items() if k != "own_runner"}
+    if not nested:  # written before round 18: gloo's threads at the documented figure (the top level's only)
+        fields.setdefault("comm_thread_s", CPU_PIPELINE_ACTION.comm_thread_s)
+    return PipelineActionCost(**fields, own_runner=None if own is None else _pipeline_action_from_json(own, True))
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
@@ -616,7 +620,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
              f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
              "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
              + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
-             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms" + _own_runner_summary(dev.pipeline_action)]
+             f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms, gloo threads "
+             f"{dev.pipeline_action.comm_thread_s * 1e6:.0f} us per P2P op" + _own_runner_summary(dev.pipeline_action)]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

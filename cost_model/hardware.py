@@ -68,6 +68,13 @@ class PipelineActionCost:
     without them gets `cost_model.pipeline_actions.CPU_PIPELINE_ACTION` (measured, round 16); the GPU presets
     `GPU_PIPELINE_ACTION` (reasoning there). Every field >= 0 seconds, < 1.
 
+    `comm_thread_s` (round 18): CPU seconds the communication library's own threads (gloo's worker and I/O
+    threads, not the thread that posts the op) spend per cross-rank P2P op, each send and each receive. The
+    per-thread figures above leave it out (`time.thread_time` of the posting thread); round 17 profiled it at
+    10-31 ms per step on 2 ranks of a tiny model (29-61% of a rank's CPU). It is a property of the library,
+    not of the runner, so BitPipe's own runner pays the same figure (`planner.simulate` reads it from the
+    top level, never from `own_runner`). 0 on the GPU presets (NCCL progresses on the device).
+
     `own_runner` (round 17): the same costs for the schedules the package runs on its own runner rather than
     torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`; its F measured 1.1-2.9x torch's,
     B 0.6-1.2x, round 17); None: those schedules are priced with the fields above (`for_schedule`).
@@ -84,6 +91,7 @@ class PipelineActionCost:
     send_s: float = 0.0
     recv_s: float = 0.0
     step_s: float = 0.0
+    comm_thread_s: float = 0.0
     own_runner: "PipelineActionCost | None" = None
 
     def __post_init__(self) -> None:

@@ -8,7 +8,8 @@ thread spends, which holds under outside load and leaves out the time a blocking
 ``forward_one_chunk``, B / I = ``backward_one_chunk`` (full or input only), W = ``backward_weight_one_chunk``,
 send / recv = the stage's ``get_*_send_ops`` / ``get_*_recv_ops`` + posting them + the waits on the returned
 works (their sum per action); step = a whole ``schedule.step`` less the actions' time recorded in it (set-up, microbatch
-split, loss bookkeeping), per rank. A compute action's cost is its median less the median of the same op run
+split, loss bookkeeping), per rank; comm = the process's CPU less that thread's over a step, per P2P op posted
+(gloo's own threads: ``PipelineActionCost.comm_thread_s``, round 18). A compute action's cost is its median less the median of the same op run
 alone in the same process (the stage's Linear forward; its backward; input-only and weight-only gradients),
 which the cost model prices as compute. Medians over both ranks, the actions and ``steps`` steps after 2
 warm-up steps. The two schedules' steps and the bare ops are interleaved step by step (round 17): measured one
@@ -25,6 +26,11 @@ own runtime (its stage modules of one Linear(8, 8) per block under torch's gpipe
 zbv, 2 ranks, 8 microbatches; per kind the median over the schedules and ranks of the action's median CPU
 less the stage program's alone): F 85 us (38-111), B 80 us (50-121), I 120 us (77-167), W 120 us (119-121),
 send 35 us (24-56), recv 33 us (24-45), set-up 2.2 ms per step (1.1-3.1: the step's CPU less its actions').
+Its ``comm_thread_s`` (round 18, the default of profiles written before): 288 us per P2P op, the median of 40
+steps of this module's measurement (2026-12-03 17:46, load ~28; range 40-889 us): per step, the process's CPU
+(``time.process_time``) less the stepping thread's (``time.thread_time``), over the P2P ops the step posted
+(each send and each receive, ``len(ops)`` of every ``_batch_p2p``). It agrees with round 17's profile of gloo's
+threads (10-31 ms per step over ~48 ops a rank: 210-650 us).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ from cost_model.hardware import PipelineActionCost
 from cost_model.measure import _free_port, _run_spawned, gloo_worker
 
 __all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples",
-           "register_own_runner_benchmark"]
+           "register_own_runner_benchmark", "copy_exchange_pack_s", "EXCHANGE_PASSES"]
 
 # The benchmark of the package's own pipeline runner (BitPipe: `parallelizer.runtime.bitpipe`), registered by
 # `parallelizer.runtime.bitpipe_cost` (this leaf package cannot import the runtime): a callable returning its
@@ -52,11 +58,35 @@ def register_own_runner_benchmark(measure) -> None:
     :func:`measure_pipeline_actions` records as ``own_runner`` (``None`` unregisters)."""
     _OWN_RUNNER_BENCHMARK[0] = measure
 
+# Memory passes over a stage copy's gradient bytes that `parallelizer.runtime.bitpipe` makes on the host to exchange
+# it with its twin: torch.cat into one flat buffer (read + write: 2), mine + theirs (2 reads + 1 write: 3), one
+# clone per parameter out of the sum (read + write: 2).
+EXCHANGE_PASSES = 7
+
+
+def copy_exchange_pack_s(grad_bytes: float, device) -> float:
+    """Host seconds (solo) one rank spends packing a stage copy's gradients (`grad_bytes`) for the exchange with
+    its twin and summing / unpacking the twin's (BitPipe, round 18): EXCHANGE_PASSES x grad_bytes at the device's
+    memory bandwidth (`DeviceSpec.hbm_bytes_per_s`); memory-bound copies, no FLOPs. Measured (r18e, GPT hidden
+    512, 8 blocks, pp=4, 4 ranks at load ~28, per-thread CPU): `_start_exchange` + `_finish_exchange` 48-58 ms
+    per rank per step for 12.6-13.7 M parameters (50-55 MB of fp32 gradients): 7 x 52 MB / 25.4 GB/s = 14 ms solo,
+    x 3.76 (the profile's 4-process memory contention) = 54 ms.
+
+    Raises:
+        ValueError: negative bytes.
+    """
+    if not grad_bytes >= 0:
+        raise ValueError(f"copy_exchange_pack_s: grad_bytes={grad_bytes!r} must be >= 0")
+    return EXCHANGE_PASSES * float(grad_bytes) / device.hbm_bytes_per_s
+
+
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
-                                         backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3)
+                                         backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3,
+                                         comm_thread_s=288e-6)
 _WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
-_KEYS = ("F", "I", "W", "B", "send", "recv", "step")
-_SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop"}  # sample key of a cost field
+_KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm")  # PipelineActionCost's seconds fields, in order
+_SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop",  # sample key of a cost field
+            "comm": "comm op"}
 
 
 def action_cost_from_samples(samples: dict[str, list[float]], bare: dict[str, list[float]]) -> PipelineActionCost:
@@ -84,6 +114,7 @@ class _Clock:
         self.on = False
         self.inside = 0.0  # CPU seconds recorded during the current step
         self.posted: dict[str, int] = defaultdict(int)  # send / recv actions (batches posted) in the step
+        self.ops = 0  # P2P ops (each send, each receive) posted in the step
 
     def timed(self, kind: str, fn, *args, **kwargs):
         if not self.on:
@@ -127,6 +158,7 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
     def batch(ops, *a, **k):
         kind = "send" if all(op.op is dist.isend for op in ops) else "recv"
         clock.posted[kind] += clock.on
+        clock.ops += len(ops) if clock.on else 0
         return [_Work(w, kind) for w in clock.timed(kind, real_batch, ops, *a, **k)]
     schedules._batch_p2p = batch
 
@@ -167,13 +199,16 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
     bare: dict[str, list[float]] = defaultdict(list)
     for i in range(steps + 2):  # the schedules' steps and the bare ops interleaved: a burst of outside load
         for style, sched, first, last, mods in runs:  # shifts one round of every kind, not all samples of one
-            clock.on, clock.inside, clock.posted = i >= 2, 0.0, defaultdict(int)
+            clock.on, clock.inside, clock.posted, clock.ops = i >= 2, 0.0, defaultdict(int), 0
             io = {k: len(clock.cpu[k]) for k in ("send", "recv")}
-            start = time.thread_time()
+            start, proc = time.thread_time(), time.process_time()
             sched.step(*((x,) if first else ()), target=target if last else None)
+            main_cpu, proc = time.thread_time() - start, time.process_time() - proc
             clock.on = False
+            if i >= 2 and clock.ops:  # the process's other threads (gloo's) per P2P op posted in the step
+                clock.cpu["comm op"].append(max(0.0, proc - main_cpu) / clock.ops)
             if i >= 2:  # build, post and wait of one send / recv action are 3 timed calls: per action, their sum
-                clock.cpu[f"step {style}"].append(time.thread_time() - start - clock.inside)
+                clock.cpu[f"step {style}"].append(main_cpu - clock.inside)
                 for k, n in io.items():
                     clock.cpu[f"{k} action"].append(sum(clock.cpu[k][n:]) / max(1, clock.posted[k]))
             for m in mods:

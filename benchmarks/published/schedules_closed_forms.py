@@ -6,12 +6,15 @@ activations PP + 1 (PP = 2p stages). `atomic_pairs` schedules DeepSeek's `DualPi
 `deepseek_dualpipev`, dualpipe/dualpipev.py @ 3da1bbe) with an independent event scheduler where an overlapped
 F&B pair waits for both inputs (DeepSeek's runtime) or each half only for its own (torch's runtime).
 ZB-H1 (Qi et al. ICLR 2024 Sec. 3.1): (p - 1)(F + I - W). Interleaved: Korthikanti et al. 2022 Sec. 4.2.3.
+BitPipe: the bound (p/2 - 1)(F + B) derived in `planner.schedules.bitpipe_bubble_bound_s` (round 18; the paper's
+own bubble table, arXiv 2410.19367, could still not be read here, so this row is derived, not published).
 """
 from collections import deque
 from torch.distributed.pipelining.schedules import _Action, _ComputationType as T
 from parallelizer.planner.action_schedule import ActionSchedule
 import os
 
+from parallelizer.planner.schedules import bitpipe_bubble_bound_s
 from parallelizer.planner.simulate import StageTimes, simulate, simulate_actions
 
 
@@ -160,6 +163,13 @@ if __name__ == "__main__":
         print(f"| dualpipev | {p} | {m} | PP + 1 stage-mb (PP = 2p), every rank | {2 * p + 1} | {min(dv):g}-{max(dv):g} |")
         print(f"| zbv | {p} | {m} | 1x 1F1B (rank-mb, max rank) | {one:g} | {max(zb):g} |")
         print(f"| interleaved_1f1b | {p} | {m} | L(1+(p-1)/(pv)) layer-mb, rank 0, L = 2p | {2 * p * (1 + (p - 1) / (2 * p)):g} | {il:g} |")
+    print()
+    print("| schedule | p | m | F, B | derived bound (p/2-1)(F+B) (not the paper's table) | simulated bubble |")
+    print("|---|---|---|---|---|---|")
+    for p, m in ((4, 4), (4, 8), (8, 8), (8, 16)):
+        for f, b in ((1, 1), (1, 2), (2, 1)):
+            sim = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, f, b / 2, b / 2)).bubble_s
+            print(f"| bitpipe | {p} | {m} | {f}, {b} | {bitpipe_bubble_bound_s(p, m, f, b):g} | {sim:g} |")
     zb = os.environ.get("SAIL_ZBV_PY")  # path to the ZB authors' zbv.py (a checkout of their repository)
     if zb:
         print()

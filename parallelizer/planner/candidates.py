@@ -15,6 +15,7 @@ import numpy as np
 from cost_model.communication import collective_time_s
 from cost_model.compression import compressed_sync, compressed_sync_time_s
 from cost_model.compute import graph_flops
+from cost_model.pipeline_actions import copy_exchange_pack_s
 from cost_model.topology import Cluster, MeshTopology
 
 from ..config import PlanConfig
@@ -338,9 +339,12 @@ class _Context:
         # BitPipe: the two copies of a stage exchange gradients (Wu et al. Sec. 3: eager, overlapping compute)
         copy_sync = tuple(collective_time_s("send_recv", st["grads"], topo, ("pp",))
                           for st in stages) if held > 1 else None
+        # ... and each copy's rank packs / sums that exchange on the host (round 18: memory passes, CPU work)
+        copy_pack = tuple(copy_exchange_pack_s(st["grads"], self.cluster.device)
+                          for st in stages) if held > 1 else None
         return dict(step_lb=lb + tied, tied_grad_sync=tied, stages=stages, ranks=ranks, scale=scale,
                     stage_sync=(syncs, ready),
-                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes, copy_sync=copy_sync,
+                    p2p=(tuple(p2p_f), tuple(p2p_b)), p2p_bytes=p2p_bytes, copy_sync=copy_sync, copy_pack=copy_pack,
                     need_bytes=max(r["memory"] for r in ranks), compression=codec)
 
     def _compression(self, c: Candidate, stages: list[dict], ranks: list[dict], topo: MeshTopology
@@ -389,7 +393,8 @@ class _Context:
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
                 tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
                 res["copy_sync"], **sync_times(res, codec, self.sync_overlap),
-                action_overhead=self.cluster.device.pipeline_action.scaled(shared)), cores)  # per action (simulate)
+                action_overhead=self.cluster.device.pipeline_action.scaled(shared),  # per action (simulate)
+                copy_pack_s=None if res["copy_pack"] is None else tuple(x * shared for x in res["copy_pack"])), cores)
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")

@@ -53,7 +53,9 @@ BitPipe (Wu et al., arXiv 2410.19367; `planner.bitpipe`): two pipelines in oppos
 over 2p model stages in a V; rank r holds model stages {r, 2p-1-r} of the down copy and {p-1-r, p+r} of
 the up copy (two weight copies per model stage, `copies` below); microbatches in units of p, half down and
 half up; the bubble and in-flight closed forms are the simulator's on the paper's figures' order
-(`planner.bitpipe` docstring: the paper's own bubble table could not be read here).
+(`planner.bitpipe` docstring: the paper's own bubble table could not be read here). Round 18 derives a lower
+bound by hand from the placement alone, (p / 2 - 1)(F + B) (`bitpipe_bubble_bound_s`), which the order meets
+at F = B and exceeds otherwise.
 
 Validity (`invalid_reason`): bitpipe needs an even pp >= 2 and m a multiple of pp; 1f1b needs m >= p
 (torch's Schedule1F1B refuses fewer microbatches than stages), interleaved_1f1b m divisible by p, zbv
@@ -178,6 +180,41 @@ def inflight_microbatches(schedule: str, p: int, m: int, rank: int) -> float:
     if schedule == "bitpipe":
         return (3 * p + 2) / 8 + min(rank, p - 1 - rank) / 4  # the simulated peak, m = k p (module docstring)
     return min(p, m) + (0.5 if schedule == "dualpipev" else 0.0)  # zbv, dualpipev
+
+
+def bitpipe_bubble_bound_s(p: int, m: int, f: float, b: float) -> float:
+    """A lower bound on any BitPipe step's bubble, derived by hand here (round 18; NOT the paper's table, which
+    could not be read: `planner.bitpipe` docstring): (p / 2 - 1)(F + B) seconds, i.e. a step of at least
+    (2m + p / 2 - 1)(F + B), for p even ranks, m = k p microbatches, every chunk (1 / 2p of the model) taking
+    F seconds forward and B backward, no transfer time (the assumptions of Chimera's bubble count, Li & Hoefler
+    SC'21 Sec. 3, which BitPipe's analysis builds on).
+
+    Derivation (the V-shaped placement of `planner.bitpipe`: down stage s on rank s for s < p, 2p - 1 - s
+    after; up stage s on rank p - 1 - s for s < p, s - p after; h = p / 2):
+    1. Work: each microbatch runs 2p chunks of its pipeline, F then B each; each rank holds 4 chunks (2 per
+       pipeline) and each chunk serves the m / 2 microbatches of its pipeline, so every rank computes
+       4 (m / 2)(F + B) = 2m (F + B).
+    2. Ramp: rank h - 1 holds down stages h - 1 and p + h and up stages h and p + h - 1. Its earliest input
+       is the down pipeline's first microbatch after down stages 0 .. h - 2 (ranks 0 .. h - 2, one forward
+       each, in sequence): it cannot start before (h - 1) F (the up pipeline reaches it after h F).
+    3. Drain: for every microbatch, a rank's first-half chunk (down stage h - 1 or up stage h) runs its
+       backward after its second-half chunk's (the gradient flows from stage 2p - 1 to 0), so rank h - 1's
+       last action is a first-half backward, after which down stages h - 2 .. 0 (or up stages h - 1 .. 0)
+       still run h - 1 (or h) backwards in sequence: at least (h - 1) B more.
+    So the step lasts at least (h - 1) F + 2m (F + B) + (h - 1) B, and rank h - 1 (every rank does 2m (F + B))
+    idles at least (h - 1)(F + B) = (p / 2 - 1)(F + B). With F = B that is (p - 2) F, a bubble ratio
+    (p - 2) / (4m + p - 2) of the step (Chimera's (D - 2) / (2N + D - 2) with each microbatch's work split
+    over twice the chunks); the authors' order (`planner.bitpipe`) attains it exactly at F = B (simulated,
+    tests/unit/test_simulate.py) and idles more otherwise (m = p: (p - 2) max(F, B), e.g. 2 (p - 2) F at
+    B = 2F, the figures' drawing; the bound there is 1.5 (p - 2) F).
+
+    Raises:
+        ValueError: p odd or < 2, m not a positive multiple of p, or F / B negative.
+    """
+    if p < 2 or p % 2 or m < p or m % p or f < 0 or b < 0:
+        raise ValueError(f"bitpipe bubble bound: need an even p >= 2, m a positive multiple of p and F, B >= 0; "
+                         f"got p={p}, m={m}, F={f}, B={b}")
+    return (p / 2 - 1) * (f + b)
 
 
 def bubble_fraction(pipeline_s: float, bubble_s: float) -> float:

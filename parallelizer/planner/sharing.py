@@ -16,8 +16,11 @@ factor(k) = 1 for every k <= R (at least as many cores as ranks) the pass gives 
 Jobs: a rank's compute actions in its list order (solo seconds `dur`), then, optionally, its optimizer step
 (solo seconds, its own slowdown curve `SharedCores.optimizer`), which starts after the rank's last action and
 its gradient sync (a wait, not compute). Transfers and syncs are waits that use no core: a gloo rank
-blocked in `recv` sleeps (measured here: 5 ms of CPU time over a 3 s wait), and the copy of a few hundred
-KiB it does is small next to a stage's compute.
+blocked in `recv` sleeps (measured here: 5 ms of CPU time over a 3 s wait). What a transfer does cost the
+cores is charged to the actions as CPU work (round 18): gloo's own threads' CPU per P2P op
+(`PipelineActionCost.comm_thread_s`, ~0.3 ms per op measured) and BitPipe's packing of its twin exchange
+(`StageTimes.copy_pack_s`); gloo's per-byte CPU (round 18: BitPipe's 52 MB exchanges cost its ranks ~290 ms
+more of gloo-thread CPU per step than 1F1B's transfers) is not priced yet.
 
 Cost: one event per job start or end, O(p) work each: O((N + p) p) for N actions, fine for the few-rank
 machines it models (the planner's GPU presets never take this path).

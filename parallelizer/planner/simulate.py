@@ -36,7 +36,8 @@ between nodes; a rank's links to different peers do not share bandwidth; the pro
 `planner.sharing` keeps the contention-free transfers). `OVERLAP_F_B` (DualPipeV) runs its F
 and B back to back, as torch's runtime does without a custom overlap function. Optional: `copy_sync_s[k]`,
 the all-reduce between the copies of model stage k (BitPipe), started when every copy's last backward of k
-is done and overlapping later compute (eager); `stage_sync_s[k]`, the data-parallel gradient all-reduce of
+is done and overlapping later compute (eager), and `copy_pack_s[k]`, the host work of packing / summing that
+exchange on each copy's rank, added to the copy's last backward (CPU work: it shares the cores); `stage_sync_s[k]`, the data-parallel gradient all-reduce of
 model stage k's gradients, which the runtime buckets and starts during the stage's last backward
 (`rewriter.grad_sync.deferred_sync`; Megatron's `--overlap-grad-reduce` does the same): its
 buckets (`stage_sync_s[k]`: seconds of each) become ready over that backward action [s, e] as backward
@@ -54,7 +55,11 @@ stage, I/B's input gradients to the previous one) and one receive for the cross-
 torch's runtime builds, posts and waits on those ops around the action (same-rank hand-offs, the V's tip,
 pay neither); and every rank starts its first action `step_s` after the step begins (the schedule's set-up).
 A schedule that runs on the package's own runner (BitPipe) pays that runner's costs where the profile measured
-them (`PipelineActionCost.for_schedule`, round 17), else torch's.
+them (`PipelineActionCost.for_schedule`, round 17), else torch's. Each cross-rank send and receive also pays
+`comm_thread_s` (round 18): the CPU the communication library's own threads (gloo's) spend on the op, which
+the posting thread's figures leave out; it is CPU work that takes a core like the rest (on one CPU machine the
+ranks' gloo threads run on the same cores), charged to the action that sends or receives, and the same
+figure for every runner (the library's, read from the top level of the cost, not `for_schedule`).
 So with c_F = c_B = c and nothing else, GPipe / 1F1B take (m + p - 1)(F + B + 2c) at equal stages; with
 send = recv = c on p = 2, each stage's F and B pay one transfer op each, again (m + 1)(F + B + 2c); step_s adds
 itself to the makespan. The overhead is CPU work of the rank, so it shares the cores like compute (`cores`),
@@ -178,6 +183,9 @@ class StageTimes:
         act_bytes: activation bytes one microbatch keeps on stage k until its I/B (default 1 each: then the
             peak is in stage-microbatches).
         copy_sync_s: per model stage, the all-reduce between its copies (only for copies > 1).
+        copy_pack_s: per model stage, host seconds (solo CPU work) each copy's rank spends packing the stage's
+            gradients for that exchange and summing / unpacking its twin's (`cost_model.pipeline_actions.
+            copy_exchange_pack_s`), charged to the copy's last backward action (round 18; None: none).
         stage_sync_s: per model stage, the seconds of each bucket of the dp all-reduce of its gradients, which
             overlaps its last backward (module docstring); stage_sync_ready: per model stage, the fraction
             of that backward after which each bucket is ready (increasing, in (0, 1]; default (i + 1) / n);
@@ -202,6 +210,7 @@ class StageTimes:
     stage_sync_ready: tuple[tuple[float, ...], ...] | None = None
     sync_overlap: float = 1.0
     action_overhead: PipelineActionCost | None = None
+    copy_pack_s: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -437,8 +446,20 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     over = None if times.action_overhead is None else times.action_overhead.for_schedule(c.name)
     start_s = 0.0
     if over is not None:  # module docstring: per-action runtime overhead
-        dur = dur + np.asarray(over.compute_s())[c.kind] + over.send_s * c.sends + over.recv_s * c.recvs
+        comm = times.action_overhead.comm_thread_s  # the library's threads: the same for every runner
+        dur = (dur + np.asarray(over.compute_s())[c.kind] + (over.send_s + comm) * c.sends
+               + (over.recv_s + comm) * c.recvs)
         start_s = over.step_s
+    if times.copy_pack_s is not None:  # BitPipe's exchange packing: CPU on each copy's rank after its last backward
+        if len(times.copy_pack_s) != S or any(not x >= 0 for x in times.copy_pack_s):
+            raise PipelineError(f"StageTimes.copy_pack_s {times.copy_pack_s}: need {S} seconds >= 0 (one per model "
+                                "stage)")
+        dur = dur.copy()
+        for k, nodes in enumerate(c.last_bwd):
+            if len(nodes) > 1:
+                for n in nodes:
+                    if n < len(dur):
+                        dur[n] += float(times.copy_pack_s[k])
     bwd_p2p = times.p2p_s if times.p2p_bwd_s is None else times.p2p_bwd_s
     if len(bwd_p2p) != S - 1:
         raise PipelineError(f"StageTimes.p2p_bwd_s has {len(bwd_p2p)} entries: need {S - 1}")

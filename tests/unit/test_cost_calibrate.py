@@ -359,7 +359,7 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
                                      "recv action": [3e-5], "step loop": [1e-3, 3e-3]},
                                     {"F": [5e-5, 5e-5], "B": [2e-5]})
     assert tuple(getattr(cost, n) for n in cost.seconds_fields()) == pytest.approx(
-        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3))  # B clamped at 0
+        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3, 0.0))  # B clamped at 0; no "comm op" samples: 0
     with pytest.raises(ValueError, match="finite seconds"):
         action_cost_from_samples({"F": [-1.0]}, {})
     with pytest.raises(ValueError, match="PipelineActionCost.send_s"):
@@ -367,6 +367,32 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
     # processes sharing the cores slow host work like launches: Profile.device_for(n) scales it by the factor
     assert H100_SXM.scaled(2.0, 1.0).pipeline_action.send_s == 2 * H100_SXM.pipeline_action.send_s
     assert H100_SXM.pipeline_action == GPU_PIPELINE_ACTION and GPU_PIPELINE_ACTION.forward_s == 0.0
+
+
+def test_gloo_threads_cpu_per_p2p_op_is_measured_round_trips_and_an_older_profile_gets_the_documented_default(
+        tmp_path):
+    """Round 18: `comm_thread_s` (the communication library's own threads' CPU per P2P op, the process's CPU less
+    the posting thread's over a step, per op posted) is the median of the "comm op" samples; it is written and
+    read back; a profile written before round 18 (a `pipeline_action_s` without the key) gets
+    `CPU_PIPELINE_ACTION.comm_thread_s` (measured, documented in cost_model.pipeline_actions), not 0."""
+    cost = action_cost_from_samples({"comm op": [3e-4, 1e-4, 2e-4, 9e-4]}, {})
+    assert cost.comm_thread_s == pytest.approx(2.5e-4) and cost.forward_s == 0.0
+    assert CPU_PIPELINE_ACTION.comm_thread_s > 0
+    old = _device(tmp_path)
+    measured = dataclasses.replace(CPU_PIPELINE_ACTION, comm_thread_s=7e-5,
+                                   own_runner=PipelineActionCost(forward_s=2e-4))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(Profile(device=dataclasses.replace(
+        old, pipeline_action=measured), links={}), {}), sort_keys=True))
+    assert json.loads(path.read_text())["device"]["pipeline_action_s"]["comm_thread_s"] == 7e-5
+    assert load_profile(path).device.pipeline_action == measured
+    data = json.loads(path.read_text())
+    del data["device"]["pipeline_action_s"]["comm_thread_s"]
+    path.write_text(json.dumps(data))
+    older = load_profile(path).device.pipeline_action
+    assert older.comm_thread_s == CPU_PIPELINE_ACTION.comm_thread_s
+    assert older.own_runner == PipelineActionCost(forward_s=2e-4)  # nested: the simulator never reads its comm
+    assert GPU_PIPELINE_ACTION.comm_thread_s == 0.0  # NCCL progresses on the device
 
 
 def test_the_own_runners_costs_round_trip_and_a_profile_without_them_prices_bitpipe_at_torchs(tmp_path):

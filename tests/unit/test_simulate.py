@@ -12,7 +12,7 @@ from torch.distributed.pipelining.schedules import _Action, _ComputationType
 from cost_model.hardware import PipelineActionCost
 from parallelizer.errors import PipelineError
 from parallelizer.planner.action_schedule import ActionSchedule, compute_actions
-from parallelizer.planner.schedules import inflight_microbatches
+from parallelizer.planner.schedules import bitpipe_bubble_bound_s, inflight_microbatches
 from parallelizer.planner.sharing import SharedCores
 from parallelizer.planner.simulate import StageTimes, action_schedule, simulate, simulate_actions
 
@@ -63,6 +63,29 @@ def test_bitpipe_bubble_ratio_is_d_minus_2_over_4n_plus_d_minus_2(p, k):
     assert drawn.bubble_s == (0 if p == 2 else 2 * (p - 2) + (k - 1) * (p - 3))
     if (p, m) in ((4, 4), (4, 8)):
         assert drawn.makespan_s == {4: 28.0, 8: 53.0}[m]
+
+
+@pytest.mark.parametrize("p,k", [(2, 1), (2, 3), (4, 1), (4, 2), (6, 1), (6, 3), (8, 1), (8, 3)])
+def test_bitpipe_never_beats_the_hand_derived_bubble_bound_and_meets_it_at_f_equal_b(p, k):
+    """`schedules.bitpipe_bubble_bound_s` (derived in its docstring from the V placement alone: rank p/2 - 1
+    cannot start before (p/2 - 1) F and its last backward is followed by (p/2 - 1) B more; every rank computes
+    2m (F + B)) bounds the simulated step from below for any F, B, and the authors' order meets it at F = B;
+    rank p/2 - 1 starts exactly at (p/2 - 1) F. At m = p the order idles (p - 2) max(F, B)."""
+    m, h = k * p, p // 2
+    for f, b in ((1.0, 1.0), (1.0, 2.0), (2.0, 1.0), (1.0, 0.5), (1.0, 3.0), (0.75, 0.75)):
+        r = simulate("bitpipe", p, m, StageTimes.uniform(2 * p, f, b / 2, b / 2))
+        bound = bitpipe_bubble_bound_s(p, m, f, b)
+        assert max(r.busy_s) == pytest.approx(2 * m * (f + b), rel=1e-12)
+        assert r.makespan_s >= 2 * m * (f + b) + bound - 1e-9
+        assert r.bubble_s >= bound - 1e-9
+        assert r.timeline()[h - 1][0][1] == pytest.approx((h - 1) * f, abs=1e-12)
+        if f == b:
+            assert r.bubble_s == pytest.approx(bound, rel=1e-12, abs=1e-12)
+            assert r.bubble_s == pytest.approx((p - 2) * f, abs=1e-12)
+        if k == 1:
+            assert r.bubble_s == pytest.approx((p - 2) * max(f, b), abs=1e-12)
+    with pytest.raises(ValueError, match="even p"):
+        bitpipe_bubble_bound_s(3, 6, 1.0, 1.0)
 
 
 def test_inflight_counts_equal_the_closed_forms():
@@ -496,6 +519,56 @@ def test_same_rank_hand_offs_pay_no_send_or_receive():
     # rank 0 holds stages 0 and 2p - 1: sends F of stage 0 and I of stage 2p - 1 (2m); rank p - 1 holds the tip
     # (p - 1 -> p local): sends only I of stage p - 1 and F of stage p (2m); middle ranks send 4m
     assert extra == pytest.approx([2 * m * 1e-3] + [4 * m * 1e-3] * (p - 2) + [2 * m * 1e-3], rel=1e-9)
+
+
+# --- the communication library's own threads (gloo's), per cross-rank P2P op (issue 14, round 18) ---------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_gloo_threads_cpu_is_paid_per_cross_rank_send_and_receive_by_every_runner(name):
+    """`PipelineActionCost.comm_thread_s` = c costs exactly what a send and a receive of c each cost (one per
+    cross-rank transfer at each end), on torch's runtime and on BitPipe's own runner alike (the library's
+    figure, read from the top level even when the own runner's costs are measured), with and without ranks
+    sharing cores. Closed form at p = 2 (1f1b / gpipe: every F and B of both stages sends or receives one
+    transfer): (m + 1)(F + B + 2c)."""
+    p, m, c = (2, 4, 0.125) if name != "bitpipe" else (4, 8, 0.125)
+    S = action_schedule(name, p, m).num_stages
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    own = PipelineActionCost()  # a measured own runner without any cost: BitPipe still pays gloo's threads
+    for cores in (None, SharedCores.ideal(1, p)):
+        comm = simulate(name, p, m, _with(base, comm_thread_s=c, own_runner=own), cores)
+        ops = simulate(name, p, m, _with(base, send_s=c, recv_s=c), cores)
+        assert comm.makespan_s == pytest.approx(ops.makespan_s, rel=1e-12)
+        assert comm.busy_s == pytest.approx(ops.busy_s, rel=1e-12)
+        plain = simulate(name, p, m, base, cores)
+        assert comm.makespan_s > plain.makespan_s
+    if name in ("gpipe", "1f1b"):
+        assert simulate(name, 2, m, _with(StageTimes.uniform(2, 1.0, 0.5, 0.75), comm_thread_s=c)).makespan_s == \
+            pytest.approx((m + 1) * (1.0 + 1.25 + 2 * c), rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
+def test_bitpipes_exchange_packing_is_cpu_work_on_each_copys_rank(p, m):
+    """`StageTimes.copy_pack_s` (round 18: the host passes over a stage's gradients that BitPipe's twin exchange
+    makes, measured 48-58 ms per rank per step at GPT width 512): every rank holds 4 stage copies (2 per pipeline,
+    `planner.bitpipe`), so with q per stage each rank's busy time grows by exactly 4 q, on its own core and when
+    the ranks share cores; schedules with one copy of each stage ignore it; the price is EXCHANGE_PASSES (7)
+    passes of the gradient bytes at the device's memory bandwidth."""
+    S, q = 2 * p, 0.125
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    for cores in (None, SharedCores.ideal(p, p)):
+        plain = simulate("bitpipe", p, m, base, cores)
+        packed = simulate("bitpipe", p, m, dataclasses.replace(base, copy_pack_s=(q,) * S), cores)
+        assert [b - a for a, b in zip(plain.busy_s, packed.busy_s)] == pytest.approx([4 * q] * p, rel=1e-12)
+        assert packed.makespan_s > plain.makespan_s
+    one = StageTimes.uniform(2 * p, 1.0, 0.5, 0.75)
+    assert simulate("zbv", p, 2 * m, dataclasses.replace(one, copy_pack_s=(q,) * S)).makespan_s == \
+        simulate("zbv", p, 2 * m, one).makespan_s
+    with pytest.raises(PipelineError, match="copy_pack_s"):
+        simulate("bitpipe", p, m, dataclasses.replace(base, copy_pack_s=(q,) * (S - 1)))
+    from cost_model.hardware import A100_80GB
+    from cost_model.pipeline_actions import EXCHANGE_PASSES, copy_exchange_pack_s
+    assert EXCHANGE_PASSES == 7
+    assert copy_exchange_pack_s(52e6, A100_80GB) == pytest.approx(7 * 52e6 / A100_80GB.hbm_bytes_per_s, rel=1e-12)
 
 
 # --- the package's own runner (BitPipe) priced at its own per-action cost (issue 14, round 17) -------------------
