@@ -110,8 +110,9 @@ class Profile:
     ``comm_overlap[n]`` (fraction of a collective that hides under compute) and ``collective_sync[n]`` (seconds
     a blocking collective after compute waits for the slowest rank); ``cpu_count``: the machine's cores;
     ``collective_cpu[n][kind] = (seconds per call, seconds per byte)``: the process CPU one of n ranks spends in
-    one collective (:func:`fit_collective_cpu`; empty in profiles written before round 18, which then price
-    collectives on more ranks than cores by their wall-clock fit, ``cost_model.communication.step_collective_s``)."""
+    one collective (:func:`fit_collective_cpu`; empty in profiles written before round 18). Recorded, not priced:
+    pricing collectives on more ranks than cores by processor sharing of this CPU alone made the planner's pick
+    worse (benchmarks/RESULTS.md, round 18 r18d)."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
@@ -163,9 +164,7 @@ class Profile:
             sharing = CoreSharing(
                 tuple((n, f[0]) for n, f in factors.items()),
                 tuple((n, f[2]) for n, f in factors.items() if len(f) > 2),
-                factors[nprocs][0] if nprocs in factors else 1.0, cores=self.cpu_count,
-                collective_cpu=tuple((n, kind, a, b) for n, fits in sorted(self.collective_cpu.items())
-                                     for kind, (a, b) in sorted(fits.items())))
+                factors[nprocs][0] if nprocs in factors else 1.0)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
 

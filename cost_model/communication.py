@@ -82,7 +82,7 @@ import math
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "HIERARCHICAL_KINDS", "alpha_beta_coefficients", "flat_collective_time_s",
-           "step_collective_s", "processor_shared",
+           "step_collective_s",
            "collective_time_s", "collective_algorithm", "hierarchical_byte_ranges", "overlapped_comm_exposed_s"]
 
 ALGORITHMS = ("ring", "tree")
@@ -291,47 +291,23 @@ def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...],
     return tuple((lo, hi) for lo, hi in ranges)
 
 
-def processor_shared(topo: MeshTopology) -> bool:
-    """Whether the mesh's ranks are processes outnumbering one machine's cores (``CoreSharing.oversubscribed``:
-    a calibration profile's cluster of more ranks than ``cpu_count``, e.g. 4 gloo ranks on 2 cores); then a
-    step is priced by processor sharing (:func:`step_collective_s`). False on every GPU preset."""
-    sharing = topo.cluster.sharing
-    return sharing is not None and sharing.oversubscribed(topo.cluster.world_size)
-
-
 def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str) -> float:
     """Seconds one collective adds to a training step: THE price of a collective in the planner (ILP edges,
-    ops' inner collectives, gradient buckets, ZeRO-1's broadcast: ``parallelizer.planner.costs``,
-    ``parallelizer.planner.steptime``).
+    ops' inner collectives, ZeRO-1's broadcast: ``parallelizer.planner.costs``): the collective's time
+    (:func:`collective_time_s`) + ``DeviceSpec.collective_sync_s`` (the wait for the slowest rank; 0 on the GPU
+    presets, calibrated per process count on a CPU profile).
 
-    * Ranks with cores of their own (every GPU preset; a calibration profile's cluster of at most
-      ``cpu_count`` ranks): the collective's time (:func:`collective_time_s`) + ``DeviceSpec.collective_sync_s``
-      (the wait for the slowest rank; 0 on the GPU presets).
-    * More ranks than cores (:func:`processor_shared`; k ranks on C < k cores): processor sharing. The C cores
-      run the k ranks' work in turns, and a rank that waits in a collective leaves its core to the others, so
-      the step is bounded by the ranks' total CPU work / C, and what a collective adds to it is the CPU it makes
-      every rank spend: ``k / C * cpu`` with ``cpu`` the CPU one rank spends in it
-      (``CoreSharing.collective_cpu_s``: process CPU per call and per byte, measured by
-      ``cost_model.measure.measure_collectives``). No wait term: the wait is time the other ranks' work fills.
-      Profiles without the measured CPU (written before round 18): ``cpu = collective_time_s * C / k`` (the k
-      ranks ran the calibrated collective at once, each on C / k of a core: an upper bound of its CPU), i.e.
-      the wall-clock fit without the sync term. Why: 4 gloo ranks on 2 cores measured a step of about
-      2 x (rank 0's process CPU per step) / 0.8-0.96 for 26 plans (benchmarks/RESULTS.md, round 18 r18d), while
-      the fit + sync priced a 4 KiB all-gather at 9.0 ms against 2 x 0.9 ms of CPU.
-
-    Under processor sharing 0.0 for a size-1 group or ``nbytes == 0`` (otherwise the sync term alone, as before).
+    Tried and not adopted (round 18, r18d; benchmarks/RESULTS.md): with more ranks than cores, processor sharing,
+    ``k / cores x`` the process CPU one rank spends in the collective (``Profile.collective_cpu``) or, without it,
+    the wall fit without the sync term, and the gradient buckets exposed in full. On the idle measurements of
+    run 14 (4 ranks on 2 cores) it priced FSDP plans within -9..+7% (was +34..+62%) but the free 2 x 2 plans
+    further under (-38..-42%), and the llama/4 pick moved from ddp to free 2 x 2 (measured 1.37x slower): what
+    separates those plans is CPU the emitted program spends beside its collectives, not the collectives' own.
 
     Raises:
         ValueError: as :func:`collective_time_s`.
     """
-    wall = collective_time_s(kind, nbytes, topo, axes)
-    if not processor_shared(topo):
-        return wall + topo.cluster.device.collective_sync_s
-    if not wall:
-        return 0.0
-    sharing, k = topo.cluster.sharing, topo.cluster.world_size
-    cpu = sharing.collective_cpu_s(kind, nbytes, topo.group_info(axes).size)
-    return wall if cpu is None else k / sharing.cores * cpu
+    return collective_time_s(kind, nbytes, topo, axes) + topo.cluster.device.collective_sync_s
 
 
 def overlapped_comm_exposed_s(ready_s: list[float] | tuple[float, ...], comm_s: list[float] | tuple[float, ...],

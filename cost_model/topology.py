@@ -191,13 +191,6 @@ class CoreSharing:
         applied_compute: the compute factor ``Cluster.device`` is already slowed by (``DeviceSpec.scaled``
             with the matmul column at the cluster's process count; 1.0 when that count was not measured), so
             ``price / applied_compute`` is a price at solo speed.
-        cores: the machine's cores (``Profile.cpu_count``), or None when unknown. With more processes than
-            cores, collectives are priced by processor sharing (:func:`cost_model.communication.step_collective_s`).
-        collective_cpu: ``((group size, kind, seconds per call, seconds per byte), ...)``: the CPU one rank
-            spends in one collective of ``kind`` over a group of that size (process CPU, every thread of the
-            rank, ``time.process_time``; bytes in the nccl-tests convention), measured by
-            ``cost_model.measure.measure_collectives``; ``()`` for profiles written before (round 18), which
-            price by the wall-clock fit instead (:func:`cost_model.communication.step_collective_s`).
 
     Raises:
         ValueError: a point that is not (an int >= 1 given once, a finite factor > 0), no compute point, or an
@@ -207,8 +200,6 @@ class CoreSharing:
     compute_slowdown: tuple[tuple[int, float], ...]
     optimizer_slowdown: tuple[tuple[int, float], ...] = ()
     applied_compute: float = 1.0
-    cores: int | None = None
-    collective_cpu: tuple[tuple[int, str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_slowdown",
@@ -220,30 +211,6 @@ class CoreSharing:
         a = self.applied_compute
         if not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
             raise ValueError(f"CoreSharing.applied_compute={a!r}: must be a finite factor > 0")
-        if self.cores is not None and not (isinstance(self.cores, int) and self.cores >= 1):
-            raise ValueError(f"CoreSharing.cores={self.cores!r}: must be an int >= 1 or None")
-        for entry in self.collective_cpu:
-            ok = (isinstance(entry, tuple) and len(entry) == 4 and isinstance(entry[0], int) and entry[0] >= 2
-                  and entry[1] in COLLECTIVE_KINDS
-                  and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in entry[2:]))
-            if not ok:
-                raise ValueError(f"CoreSharing.collective_cpu entry {entry!r}: must be (group size >= 2, one of "
-                                 f"{COLLECTIVE_KINDS}, seconds per call >= 0, seconds per byte >= 0)")
-
-    def oversubscribed(self, processes: int) -> bool:
-        """Whether ``processes`` ranks outnumber the machine's cores (False when the cores are unknown)."""
-        return self.cores is not None and processes > self.cores
-
-    def collective_cpu_s(self, kind: str, nbytes: float, group: int) -> float | None:
-        """CPU seconds one rank spends in one collective of ``kind`` on ``nbytes`` over ``group`` ranks:
-        ``seconds per call + seconds per byte * nbytes`` of the measured entry of that group size (else of the
-        nearest measured size not above it, else the smallest), or None when ``kind`` was not measured."""
-        mine = sorted((g, a, b) for g, k, a, b in self.collective_cpu if k == kind)
-        if not mine:
-            return None
-        below = [e for e in mine if e[0] <= group]
-        g, a, b = below[-1] if below else mine[0]
-        return a + b * nbytes
 
 
 @dataclass(frozen=True, slots=True)

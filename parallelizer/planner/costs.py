@@ -3,7 +3,7 @@ state are turned into seconds and bytes with `cost_model`:
 
   * `step_time_s(step)`: forward and backward seconds of one redistribution `Step`
     (`cost_model.communication.step_collective_s` over the step's mesh axis, nccl-tests byte convention: the
-    collective's time + the wait for the slowest rank, or on more ranks than cores its processor-shared CPU);
+    collective's time + the wait for the slowest rank);
   * `edge_time_s(...)`: sum over `edge_steps(...)` of forward + backward seconds;
   * `node_cost(...)`: forward + backward seconds of one op on its LOCAL shapes (`cost_model.compute.op_cost`)
     and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`), each saved storage
@@ -149,9 +149,8 @@ class Pricer:
         On a parameter's edge (`param_itemsize`: bytes per element of the parameter as used, the step's
         dtype) the backward moves gradients in their own dtype (`BYTES_PER_PARAM`: fp32 main gradients under
         "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`. Each collective also waits for the
-        slowest rank: + `DeviceSpec.collective_sync_s` (0 on the GPU presets; calibrated per process count); with
-        more ranks than cores, processor sharing instead (`cost_model.communication.step_collective_s`, the one
-        price of a collective).
+        slowest rank: + `DeviceSpec.collective_sync_s` (0 on the GPU presets; calibrated per process count;
+        `cost_model.communication.step_collective_s`, the one price of a collective).
 
         `bucketed`: a parameter's gradient all-reduce (`grad_all_reduce`) as the runtime runs it, in buckets of
         `rewriter.grad_sync.DEFAULT_BUCKET_BYTES` B: its share of a full bucket's all-reduce,

@@ -36,18 +36,6 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * Every collective waits for the slowest rank: `Pricer.step_time_s` adds the calibrated
   `DeviceSpec.collective_sync_s` to each (0 on the GPU presets), and each gradient bucket's all-reduce gets it
   too. The ILP and the pipeline search price collectives through the same `Pricer.step_time_s`.
-* More ranks than cores (a calibration profile's cluster, `cost_model.communication.processor_shared`: e.g. 4
-  gloo ranks on 2 cores): processor sharing. The cores run all ranks' work in turns and a waiting rank leaves
-  its core to the others, so the step is the ranks' total CPU work / cores:
-      step_s = compute + optimizer step (both priced on the device slowed by all k ranks computing at once,
-               `Profile.device_for(k)`: k x CPU / cores for work that fills the cores)
-             + sum over collectives (blocking ones, recomputed ones and every gradient bucket) of
-               k / cores x (CPU one rank spends in it)            (`cost_model.communication.step_collective_s`)
-  with no sync wait (time other ranks' work fills) and no overlap of the bucketed gradient sync (its CPU
-  occupies the shared cores whether or not it runs beside backward: `grad_sync_exposed_s == grad_sync_s`).
-  The ILP prices every collective with the same `step_collective_s` and the gradient sync in full, so its
-  objective is this step less the optimizer step. Measured (benchmarks/RESULTS.md, round 18 r18d): on 4 ranks
-  of 2 cores the idle step was 2 x (rank 0's CPU per step) / 0.80-0.96 for every non-pipeline plan.
 * Recomputation (`Plan.recompute`, region -> mode): in backward each recomputed node
   (`recompute.region_recompute`) runs its forward again, priced as `recompute.price_region`'s `extra_fwd_s`
   (its forward compute), plus the forward collectives of the redistributions into recomputed nodes
@@ -69,7 +57,7 @@ import math
 from dataclasses import dataclass
 
 from cost_model.compression import compressed_sync, compressed_sync_time_s
-from cost_model.communication import overlapped_comm_exposed_s, processor_shared, step_collective_s
+from cost_model.communication import overlapped_comm_exposed_s
 from cost_model.compute import optimizer_step_time_s
 from cost_model.memory import bytes_per_param
 from cost_model.topology import Cluster, MeshTopology
@@ -188,7 +176,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     ready, comm, codec = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes, compression, powersgd_rank,
                                   pricer.device)
     backward_end = sum(w for w, _ in bwd_work)
-    if compression == "powersgd" or processor_shared(topo):  # synchronous buckets; processor sharing (docstring)
+    if compression == "powersgd":  # synchronous buckets (module docstring)
         exposed = sum(comm)
     else:
         exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
@@ -255,12 +243,9 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
     def close(axis: str, at: float) -> None:
         nonlocal codec_s
         shapes, itemsize, _ = open_grads.pop(axis)
-        sync = compressed_sync(compression, shapes, itemsize, powersgd_rank)
-        comm_s, codec = compressed_sync_time_s(sync, topo, (axis,), device)
-        if processor_shared(topo):  # each all-reduce as the CPU it costs the shared cores (`step_collective_s`)
-            comm.append(sum(step_collective_s("all_reduce", b, topo, (axis,)) for b in sync.allreduce_bytes if b))
-        else:
-            comm.append(comm_s + device.collective_sync_s)  # the bucket's all-reduce waits for the slowest rank too
+        comm_s, codec = compressed_sync_time_s(compressed_sync(compression, shapes, itemsize, powersgd_rank), topo,
+                                               (axis,), device)
+        comm.append(comm_s + device.collective_sync_s)  # the bucket's all-reduce waits for the slowest rank too
         codec_s += codec
         ready.append(at)
         started.add(axis)
