@@ -67,6 +67,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -87,7 +88,7 @@ from cost_model.step_efficiency import price_reference_s, reference_model, step_
 from cost_model.topology import Cluster, CoreSharing, Link
 
 __all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
-           "fit_link", "fit_size_segments", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
+           "fit_link", "fit_size_segments", "fit_collective_cpu", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
            "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
 
 PROFILE_FORMAT_VERSION = 3
@@ -109,7 +110,11 @@ class Profile:
     (joint alpha/beta, per-kind overrides ``Link.per_kind``, piecewise ``Link.size_fits``), and per process
     count ``n``: ``contention[n] = (matmul, memory[, optimizer])`` slowdown of each of n concurrent processes,
     ``comm_overlap[n]`` (fraction of a collective that hides under compute) and ``collective_sync[n]`` (seconds
-    a blocking collective after compute waits for the slowest rank); ``cpu_count``: the machine's cores."""
+    a blocking collective after compute waits for the slowest rank); ``cpu_count``: the machine's cores;
+    ``collective_cpu[n][kind] = (seconds per call, seconds per byte)``: the process CPU one of n ranks spends in
+    one collective (:func:`fit_collective_cpu`; empty in profiles written before round 18). Recorded, not priced:
+    pricing collectives on more ranks than cores by processor sharing of this CPU alone made the planner's pick
+    worse (benchmarks/RESULTS.md, round 18 r18d)."""
 
     device: DeviceSpec
     links: Mapping[int, Link]
@@ -117,6 +122,7 @@ class Profile:
     comm_overlap: Mapping[int, float] = field(default_factory=dict)
     cpu_count: int | None = None
     collective_sync: Mapping[int, float] = field(default_factory=dict)
+    collective_cpu: Mapping[int, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
 
     def device_for(self, nprocs: int) -> DeviceSpec:
         """The device as each of ``nprocs`` ranks sharing this machine sees it: FLOP/s and bytes/s divided by the
@@ -410,6 +416,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
         "contention": {str(n): dict(zip(("matmul", "memory", "optimizer"), f)) for n, f in profile.contention.items()},
         "comm_overlap": {str(n): v for n, v in profile.comm_overlap.items()},
         "collective_sync_s": {str(n): v for n, v in profile.collective_sync.items()},
+        "collective_cpu": {str(n): {k: list(ab) for k, ab in fits.items()} for n, fits in profile.collective_cpu.items()},
         "measurements": measurements,
     }
 
@@ -482,11 +489,36 @@ def load_profile(path: str | os.PathLike) -> Profile:
                       for n, v in data.get("contention", {}).items()}
         overlap = {int(n): float(v) for n, v in data.get("comm_overlap", {}).items()}
         sync = {int(n): float(v) for n, v in data.get("collective_sync_s", {}).items()}
+        cpu = {int(n): {k: (float(a), float(b)) for k, (a, b) in fits.items()}
+               for n, fits in data.get("collective_cpu", {}).items()}
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: not a version-{'/'.join(map(str, _READABLE_FORMAT_VERSIONS))} profile ({exc}); "
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
     return Profile(device=device, links=links, contention=contention, comm_overlap=overlap,
-                   cpu_count=data.get("cpu_count"), collective_sync=sync)
+                   cpu_count=data.get("cpu_count"), collective_sync=sync, collective_cpu=cpu)
+
+
+def fit_collective_cpu(cpu_by_size: Mapping[int, float]) -> tuple[float, float]:
+    """``(seconds per call, seconds per byte)`` of one collective kind's process CPU per call from its medians
+    by message size (bytes, nccl-tests convention -> CPU seconds): least squares of ``cpu = a + b * nbytes``,
+    each size weighted by 1 / cpu^2 (relative error, so the 4 KiB calls are not drowned by the 64 MiB ones), both
+    clamped at >= 0. One size: ``(cpu, 0)``.
+
+    Raises:
+        ValueError: no sizes, or a negative / non-finite CPU time.
+    """
+    pts = sorted(cpu_by_size.items())
+    if not pts or any(not (math.isfinite(c) and c >= 0) for _, c in pts):
+        raise ValueError(f"fit_collective_cpu: need >= 1 size with CPU seconds >= 0, got {dict(pts)}")
+    if len(pts) == 1:
+        return float(pts[0][1]), 0.0
+    w = [1.0 / max(c, 1e-9) ** 2 for _, c in pts]
+    sw = sum(w)
+    mx = sum(wi * n for wi, (n, _) in zip(w, pts)) / sw
+    my = sum(wi * c for wi, (_, c) in zip(w, pts)) / sw
+    var = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, pts))
+    b = max(0.0, sum(wi * (n - mx) * (c - my) for wi, (n, c) in zip(w, pts)) / var) if var else 0.0
+    return max(0.0, my - b * mx), b
 
 
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
@@ -552,11 +584,14 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         step("contention")
         slowdown = measure_contention(tuple(nprocs))
         bar.update()
-    links, overlap, sync = {}, {}, {}
+    links, overlap, sync, cpu = {}, {}, {}, {}
     for n in nprocs:
         step(f"gloo x{n}")
         got = measure_collectives(n, kinds, message_sizes_bytes, repeats)
         timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
+        cpu[n] = {kind: fit_collective_cpu(by_size) for kind, by_size in got["collective_cpu"].items() if by_size}
+        measurements.setdefault("collective_cpu", {})[str(n)] = {
+            k: {str(b): c for b, c in v.items()} for k, v in got["collective_cpu"].items()}
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
         links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
@@ -567,7 +602,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     measurements["seconds"] = time.perf_counter() - started
     measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
     profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count(),
-                      collective_sync=sync)
+                      collective_sync=sync, collective_cpu=cpu)
     if out_path is not None:
         with open(out_path, "w") as f:
             json.dump(_profile_to_json(profile, measurements), f, indent=2, sort_keys=True)

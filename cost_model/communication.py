@@ -82,6 +82,7 @@ import math
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "HIERARCHICAL_KINDS", "alpha_beta_coefficients", "flat_collective_time_s",
+           "step_collective_s",
            "collective_time_s", "collective_algorithm", "hierarchical_byte_ranges", "overlapped_comm_exposed_s"]
 
 ALGORITHMS = ("ring", "tree")
@@ -288,6 +289,25 @@ def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...],
         else:
             ranges.append(list(cheaper))
     return tuple((lo, hi) for lo, hi in ranges)
+
+
+def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str) -> float:
+    """Seconds one collective adds to a training step: THE price of a collective in the planner (ILP edges,
+    ops' inner collectives, ZeRO-1's broadcast: ``parallelizer.planner.costs``): the collective's time
+    (:func:`collective_time_s`) + ``DeviceSpec.collective_sync_s`` (the wait for the slowest rank; 0 on the GPU
+    presets, calibrated per process count on a CPU profile).
+
+    Tried and not adopted (round 18, r18d; benchmarks/RESULTS.md): with more ranks than cores, processor sharing,
+    ``k / cores x`` the process CPU one rank spends in the collective (``Profile.collective_cpu``) or, without it,
+    the wall fit without the sync term, and the gradient buckets exposed in full. On the idle measurements of
+    run 14 (4 ranks on 2 cores) it priced FSDP plans within -9..+7% (was +34..+62%) but the free 2 x 2 plans
+    further under (-38..-42%), and the llama/4 pick moved from ddp to free 2 x 2 (measured 1.37x slower): what
+    separates those plans is CPU the emitted program spends beside its collectives, not the collectives' own.
+
+    Raises:
+        ValueError: as :func:`collective_time_s`.
+    """
+    return collective_time_s(kind, nbytes, topo, axes) + topo.cluster.device.collective_sync_s
 
 
 def overlapped_comm_exposed_s(ready_s: list[float] | tuple[float, ...], comm_s: list[float] | tuple[float, ...],

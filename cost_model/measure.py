@@ -250,8 +250,11 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int) -> dict:
-    """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round."""
+def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int,
+            cpu: dict | None = None) -> dict:
+    """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round; with
+    ``cpu`` (a dict) also this process's CPU seconds per call of each sample (``time.process_time``: every
+    thread of the rank, gloo's included, user + system), appended to ``cpu[(kind, nbytes)]``."""
     import torch.distributed as dist
     ops = {pair: _collective_op(*pair, rank, world_size) for pair in pairs}
     samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
@@ -261,11 +264,13 @@ def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: i
                 continue
             calls = inner_for(nbytes, inner)
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(calls if op is not None else 0):
                 op()
             if r:  # round 0: warm-up (connections, first touch of the pages)
                 samples[(kind, nbytes)].append((time.perf_counter() - start) / calls)
+                if cpu is not None:
+                    cpu.setdefault((kind, nbytes), []).append((time.process_time() - cpu_start) / calls)
     return samples
 
 
@@ -276,16 +281,35 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
     def body():
         small = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes < _ROUND_ROBIN_MAX_BYTES]
         large = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes >= _ROUND_ROBIN_MAX_BYTES]
-        samples = _sample(small, rank, world_size, repeats, inner)
+        cpu: dict = {}
+        samples = _sample(small, rank, world_size, repeats, inner, cpu)
         for pair in large:  # one at a time: their buffers are hundreds of MiB per rank
-            samples.update(_sample([pair], rank, world_size, repeats, inner))
+            samples.update(_sample([pair], rank, world_size, repeats, inner, cpu))
         results: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
         for (kind, nbytes), got in samples.items():
             results[kind][nbytes] = statistics.median(got)
+        cpu_results = _median_over_ranks(cpu, kinds)
         overlap = _measure_overlap()
         sync = _measure_sync()
-        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync}
+        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results}
     gloo_worker(rank, world_size, port, timeout_s, queue, body)
+
+
+def _median_over_ranks(cpu: dict, kinds: Sequence[str]) -> dict[str, dict[int, float]]:
+    """``{kind: {nbytes: CPU seconds per call}}``: per (kind, size) the median over this rank's samples, then the
+    median over the ranks taking part (all ranks take part; a rank without samples, e.g. the odd one out of
+    send_recv, is left out)."""
+    import torch.distributed as dist
+    keys = sorted(cpu)
+    mine = torch.tensor([statistics.median(cpu[k]) if cpu[k] else float("nan") for k in keys], dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    out: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
+    for i, (kind, nbytes) in enumerate(keys):
+        got = [float(t[i]) for t in every if not torch.isnan(t[i])]
+        if got:
+            out[kind][nbytes] = statistics.median(got)
+    return out
 
 
 def gloo_worker(rank: int, world_size: int, port: int, timeout_s: float, queue, body: Callable[[], object]) -> None:
@@ -341,7 +365,8 @@ def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, si
     docstring).
 
     Returns:
-        ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction, "sync_s": seconds}``.
+        ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction, "sync_s": seconds,
+        "collective_cpu": {kind: {nbytes: CPU seconds per call of one rank (process CPU, median over ranks)}}}``.
 
     Raises:
         ValueError: a kind outside :data:`MEASURABLE_KINDS`.

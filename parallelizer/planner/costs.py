@@ -2,7 +2,8 @@
 state are turned into seconds and bytes with `cost_model`:
 
   * `step_time_s(step)`: forward and backward seconds of one redistribution `Step`
-    (`cost_model.communication.collective_time_s` over the step's mesh axis, nccl-tests byte convention);
+    (`cost_model.communication.step_collective_s` over the step's mesh axis, nccl-tests byte convention: the
+    collective's time + the wait for the slowest rank);
   * `edge_time_s(...)`: sum over `edge_steps(...)` of forward + backward seconds;
   * `node_cost(...)`: forward + backward seconds of one op on its LOCAL shapes (`cost_model.compute.op_cost`)
     and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`), each saved storage
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from cost_model.communication import HIERARCHICAL_KINDS, collective_time_s, hierarchical_byte_ranges
+from cost_model.communication import HIERARCHICAL_KINDS, hierarchical_byte_ranges, step_collective_s
 from cost_model.compute import op_cost
 from cost_model.fusion import FusedIO, pointwise_fusion
 from cost_model.hardware import DeviceSpec
@@ -148,7 +149,8 @@ class Pricer:
         On a parameter's edge (`param_itemsize`: bytes per element of the parameter as used, the step's
         dtype) the backward moves gradients in their own dtype (`BYTES_PER_PARAM`: fp32 main gradients under
         "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`. Each collective also waits for the
-        slowest rank: + `DeviceSpec.collective_sync_s` (0 on the GPU presets; calibrated per process count).
+        slowest rank: + `DeviceSpec.collective_sync_s` (0 on the GPU presets; calibrated per process count;
+        `cost_model.communication.step_collective_s`, the one price of a collective).
 
         `bucketed`: a parameter's gradient all-reduce (`grad_all_reduce`) as the runtime runs it, in buckets of
         `rewriter.grad_sync.DEFAULT_BUCKET_BYTES` B: its share of a full bucket's all-reduce,
@@ -157,9 +159,8 @@ class Pricer:
         0.003 us as its share of a 25 MiB bucket). Summed over parameters this is the bucketed sync run back
         to back, an upper bound of what it delays when it overlaps backward (`steptime.estimate_step_time`
         prices the overlap)."""
-        sync = self.device.collective_sync_s
-        fwd = collective_time_s(step.fwd_collective, step.nbytes, self.topo, (step.mesh_axis,)) + sync \
-            if step.fwd_collective else 0.0
+        axes = (step.mesh_axis,)
+        fwd = step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes) if step.fwd_collective else 0.0
         bwd_nbytes = step.bwd_nbytes
         if param_itemsize is not None:
             bwd_nbytes = bwd_nbytes * self.grad_bytes_per_element // param_itemsize
@@ -167,9 +168,9 @@ class Pricer:
             bwd = 0.0
         elif bucketed and step.kind == "grad_all_reduce" and param_itemsize is not None and bwd_nbytes:
             full = max(bwd_nbytes, DEFAULT_BUCKET_BYTES)
-            bwd = (collective_time_s(step.bwd_collective, full, self.topo, (step.mesh_axis,)) + sync) * bwd_nbytes / full
+            bwd = step_collective_s(step.bwd_collective, full, self.topo, axes) * bwd_nbytes / full
         else:
-            bwd = collective_time_s(step.bwd_collective, bwd_nbytes, self.topo, (step.mesh_axis,)) + sync
+            bwd = step_collective_s(step.bwd_collective, bwd_nbytes, self.topo, axes)
         return fwd, bwd + (fwd if step.regather else 0.0)
 
     def hierarchical_record(self) -> dict[str, dict]:
@@ -311,8 +312,7 @@ class Pricer:
             return NodeCost(hit.fwd_s, hit.bwd_s, hit.saved_bytes + extra, hit.note) if extra else hit
         fwd = bwd = 0.0
         for kind, nbytes, axis, backward in inner:
-            t = collective_time_s(kind, nbytes, self.topo, (self.mesh.axis_names[axis],)) \
-                + self.device.collective_sync_s
+            t = step_collective_s(kind, nbytes, self.topo, (self.mesh.axis_names[axis],))
             if backward:
                 bwd += t if space.requires_grad else 0.0
             else:
@@ -359,13 +359,12 @@ class Pricer:
     def zero1_broadcast_s(self, numel: int, trainable: bool = True) -> float:
         """Seconds per step of ZeRO-1's parameter broadcast for `numel` stored elements of a trainable parameter:
         each of the N ranks sends the 1/N it stepped to the others, an all-gather's volume
-        (`cost_model.communication.collective_time_s`; ZeroRedundancyOptimizer broadcasts per owner), plus the
+        (`cost_model.communication.step_collective_s`; ZeroRedundancyOptimizer broadcasts per owner), with the
         collective's sync wait. 0 without ZeRO-1 or for a frozen parameter."""
         if self.zero1_ranks == 1 or not trainable:
             return 0.0
         nbytes = numel * bytes_per_param(self.precision, self.config.optimizer)[0]
-        return (collective_time_s("all_gather", nbytes, self.topo, (self.config.zero1,))
-                + self.device.collective_sync_s)
+        return step_collective_s("all_gather", nbytes, self.topo, (self.config.zero1,))
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
