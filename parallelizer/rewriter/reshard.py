@@ -25,6 +25,7 @@ a graph output, is written in place, or feeds an op that returns several tensors
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
@@ -32,7 +33,7 @@ import torch.fx
 
 from cost_model.memory import may_save_arg
 
-from ..tracer.graph import is_view, mutated_args
+from ..tracer.graph import is_view, may_alias, mutated_args
 
 
 class _Refill(torch.autograd.Function):
@@ -136,11 +137,17 @@ def _uses(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node] | None, list[tor
         for user in list(todo.pop().users):
             if user.op == "output" or mutated_args(user) or user.meta.get("step") is not None:
                 return None, []
+            if may_alias(user):  # a declared view, or an op that returns its input or a view for some arguments
+                # (einsum('ii->i') of a gathered weight: releasing G after its last direct reader freed the
+                # storage that the einsum's later readers still read: SIGSEGV on fsdp, r18a)
+                aliases.append(user)
+                todo.append(user)
+                if is_view(user) or user.target is operator.getitem:
+                    continue
             if not isinstance(user.target, torch._ops.OpOverload):
                 return None, []
             if is_view(user):
-                aliases.append(user)
-                todo.append(user)
+                continue
             elif _returns_one_tensor(user):
                 consumers.append(user)
             else:

@@ -617,6 +617,28 @@ def is_view(node: torch.fx.Node) -> bool:
                 and not schema.returns[0].alias_info.is_write)
 
 
+# Ops whose schema declares a fresh result (no alias annotation) but which return their input, or a view of
+# it, for some arguments (checked in eager on torch 2.13 by tests/unit/test_reshard_aliases.py):
+# einsum('ii->i') is a diagonal view, einsum('ij->ji') a transpose; type_as to the same dtype, atleast_Nd of a
+# tensor with >= N dims, sum_to_size to the same size and dropout / feature_dropout / alpha_dropout in eval
+# (or p=0) return the input itself; unsafe_chunk / unsafe_split return views.
+UNDECLARED_ALIASES = frozenset({
+    torch.ops.aten.einsum, torch.ops.aten.type_as, torch.ops.aten.atleast_1d, torch.ops.aten.atleast_2d,
+    torch.ops.aten.atleast_3d, torch.ops.aten.sum_to_size, torch.ops.aten.dropout, torch.ops.aten.feature_dropout,
+    torch.ops.aten.alpha_dropout, torch.ops.aten.feature_alpha_dropout, torch.ops.aten.unsafe_chunk,
+    torch.ops.aten.unsafe_split})
+
+
+def may_alias(node: torch.fx.Node) -> bool:
+    """True when `node`'s output may share storage with a tensor argument: a declared view (`is_view`) or an
+    op of `UNDECLARED_ALIASES` (a getitem of one included)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], torch.fx.Node) and may_alias(node.args[0])
+    return is_view(node) or getattr(node.target, "overloadpacket", None) in UNDECLARED_ALIASES
+
+
 def written_through(node: torch.fx.Node) -> bool:
     """Whether an op writes `node`'s value in place, directly or through its views (or through the results of
     in-place ops on it)."""
