@@ -157,6 +157,9 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
                                   f"{name} is a view of {ti.producer} that {writer} writes in place, so that value "
                                   "may not be redistributed"))
     data, tp = role_axes(problem.mesh, config)
+    experts = _sorted_token_experts(tg, members) if data else None
+    if experts is not None:
+        reasons.append(experts)
     if data or tp:
         roles = dict(config.axis_roles)
         reasons.append(f"the axis roles {roles} forbid gathering activations over {[problem.mesh.axis_names[i] for i in data]}"
@@ -170,4 +173,34 @@ def _why(problem: Problem, tg: TracedGraph, config: PlanConfig, node: str, other
                    "become Partial")
     remedy = ("plan without axis_roles (or with 'auto' on an axis) to see whether they bind" if data or tp else
               "report this graph: a node no layout can reach is a planner bug")
+    if experts is not None:
+        remedy = (f"{GROUPED_EXPERTS_REMEDY}, or {remedy}")
     return "; or ".join(reasons[:2] if len(reasons) > 2 else reasons) + f". Remedy: {remedy}"
+
+
+GROUPED_EXPERTS_REMEDY = ("switch the experts to transformers' per-token path before tracing: "
+                          "model.set_experts_implementation(\"batched_mm\") (each token gathers its own experts' weights: "
+                          "no sort over the whole batch; GPT-OSS on ddp / fsdp dp=2 plans with it and matches one "
+                          "device, ratio 0.031, round 18)")
+"""The remedy `_why` gives when a data-parallel role meets transformers' grouped_mm experts (`_sorted_token_experts`)."""
+
+
+def _sorted_token_experts(tg: TracedGraph, members: set[str]) -> str | None:
+    """A reason naming transformers' grouped_mm experts (`transformers::grouped_mm_fallback`, the MoE path of the
+    transformers 5 families on CPU) among `members` or their inputs, else None. Its rows are the tokens of the
+    WHOLE batch sorted by expert (an `aten.sort` over batch x tokens) and its `offs` are global row positions, so
+    no rule lets a rank keep only its own samples' rows (`rules.linalg.grouped_mm`): under a "ddp" / "fsdp" role
+    the sorted tokens would have to be gathered, which the role forbids. The model is per-token (each rank could
+    sort its own tokens), but an op-by-op plan cannot express a sort of local rows (round 18, GPT-OSS: its expert
+    biases, gathered by the sorted expert ids, need the rows replicated)."""
+    near = set(members)
+    for name in members:
+        node = tg.nodes[name].node if name in tg.nodes else None
+        if node is not None:
+            near |= {a.name for a in node.all_input_nodes} | {u.name for u in node.users}
+    found = sorted(n for n in near if n in tg.nodes and "grouped_mm" in str(tg.nodes[n].node.target))
+    if not found:
+        return None
+    return (f"{found[0]} ({tg.nodes[found[0]].op_name}) runs transformers' grouped_mm experts: their rows are the "
+            "tokens of the whole batch sorted by expert, with group offsets that are global row positions, so no rank "
+            "can keep only its own samples' rows, and the data-parallel axis roles forbid gathering them")

@@ -133,11 +133,11 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
         selects = any(k in op for k in _SELECTING)
         return TraceError(
             f"an op whose output shapes depend on tensor values under export ({op})", location,
-            known or ("replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"
+            library_call_remedy(location) + (known or ("replace the op by one with fixed output shapes (masking with torch.where instead of selecting)"
                       if selects else
                       f"{op} has no output shapes export can fix, whatever its arguments: compute it outside forward "
                       "on the model's outputs (for a loss: return what it reads and pass the loss as "
-                      "pm.step(loss_fn=...)), or write it with ops of fixed shapes"),
+                      "pm.step(loss_fn=...)), or write it with ops of fixed shapes")),
             detail=first)
     ran, eager_exc = eager_ran()
     if ran is True:
@@ -177,6 +177,29 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
                        "parallelizer.plan(parallelizer.trace(model, inputs), mesh); otherwise fix what it reports"
                        if on_meta else "make forward traceable by torch.export(strict=False); see the cause above")
                       + hint, detail=first)
+
+
+_INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]([^\\/]+)")
+
+
+def library_call_remedy(where: str | None) -> str:
+    """The start of a remedy when `where` ("file:line", `_user_line`) lies in an installed package's code (a path
+    under site-packages / dist-packages, e.g. transformers' modeling file): the line and its source, and how to
+    replace code the user cannot edit; "" for the user's own code. torch.export records a call's stack down to the
+    innermost forward, so the line is often the CALL of the helper that selects (X-MOD: modeling_xmod.py:435
+    `hidden_states = self.lang_adapter(lang_ids, hidden_states)`, whose boolean index `hidden_states[lang_mask]`
+    picks each language's samples; round 18)."""
+    found = _INSTALLED.search(where or "")
+    if found is None:
+        return ""
+    path, _, line = where.rpartition(":")
+    source = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
+    package = found.group(1).partition(".")[0]
+    return (f"the op is made in the installed package {package} (not your code), in the call at "
+            f"{os.path.basename(path)}:{line}" + (f" `{source}`" if source else "") + ": replace what that call runs "
+            "with a fixed-shape version before tracing (a subclass of the module overriding the method, or the method "
+            "assigned on the instance), e.g. run every branch on all rows and pick with torch.where(mask[:, None, None], "
+            "branch(x), x) instead of x[mask]; or use a model or config of the package without it. In general: ")
 
 
 _SELECTING = ("nonzero", "masked_select", "unique", "index", "argwhere")

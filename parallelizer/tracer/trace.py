@@ -48,7 +48,7 @@ from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
-from .export_errors import translate
+from .export_errors import library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
 from .export_facts import named_inputs
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
@@ -413,13 +413,15 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
     for t in leaves:
         if any(isinstance(d, torch.SymInt) and not isinstance(d.node.maybe_as_int(), int) for d in t.shape):
+            where = _user_line(node)
             raise TraceError(
                 f"an op whose output size depends on tensor values ({node.name}: {node.target}, shape "
-                f"{tuple(t.shape)})", _user_line(node),
+                f"{tuple(t.shape)})", where, library_call_remedy(where) +
                 "the sharded program needs every shape known when tracing: keep sizes fixed, e.g. "
                 "torch.where(mask, x, 0) or x * mask instead of x[mask] / masked_select / nonzero / unique, "
                 "and sums over the masked tensor instead of its selected elements")
     return _tensor_metas(node.meta.get("val"))
+
 
 
 def _refuse_data_dependent_shapes(gm: torch.fx.GraphModule) -> None:
