@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config import PlanConfig
 from ..tracer import TracedGraph
-from ..tracer.graph import is_view, mutated_args
+from ..tracer.graph import alias_source, mutated_args
 from .problem import Problem, min_memory_bytes
 from .strategies import mutation_edges, role_axes
 
@@ -114,7 +114,7 @@ def binding_constraint(problem: Problem, tg: TracedGraph, config: PlanConfig) ->
 def _writer_through(node) -> str | None:
     """For a view node (detach, view, ...): the in-place op that writes through it ("embedding_renorm_
     (aten.embedding_renorm_.default)"), else None (the node itself writes its input)."""
-    if not is_view(node) or mutated_args(node):
+    if alias_source(node) is None or mutated_args(node):
         return None
     for user in node.users:
         if any(p < len(user.args) and user.args[p] is node for p in mutated_args(user)):

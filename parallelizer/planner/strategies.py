@@ -45,7 +45,7 @@ from ..core.layout import IndivisibleShardError, Layout, Replicate, Shard, divid
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, redistribute_steps
 from ..tracer import NodeInfo, Role, TracedGraph
-from ..tracer.graph import ParamInfo, carries_grad, is_view, mutated_args, returns_written
+from ..tracer.graph import ParamInfo, alias_source, carries_grad, mutated_args, returns_written
 from .rules import OUT, AxisOption, OpView, rule_for
 from .rules.table import unverified_overload
 
@@ -454,8 +454,8 @@ def written_placeholders(tg: TracedGraph, role: Role) -> frozenset[tuple[str, st
     for node in tg.graph_module.graph.nodes:
         for i in mutated_args(node):
             arg = node.args[i] if i < len(node.args) else None
-            while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
-                arg = arg.args[0]
+            while isinstance(arg, torch.fx.Node) and (alias_source(arg) is not None or returns_written(arg)):
+                arg = alias_source(arg) or arg.args[0]  # undeclared aliases too: atleast_1d(p).mul_ (r18h)
             info = tg.nodes.get(arg.name) if isinstance(arg, torch.fx.Node) else None
             if info is not None and info.op == "placeholder" and info.role is role:
                 out.add((arg.name, tg.nodes[node.name].op_name if node.name in tg.nodes else str(node.target)))
@@ -517,9 +517,9 @@ def mutation_edges(tg: TracedGraph) -> frozenset[tuple[str, int]]:
                 uses: list = []
                 torch.fx.node.map_arg((consumer.args, consumer.kwargs), uses.append)
                 edges.add((consumer.name, uses.index(arg)))
-                if not is_view(arg):
+                if alias_source(arg) is None:
                     break
-                consumer, arg = arg, arg.args[0]
+                consumer, arg = arg, alias_source(arg)
     return frozenset(edges)
 
 

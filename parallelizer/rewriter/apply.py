@@ -29,7 +29,7 @@ from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import Step, edge_steps, grad_partial_axes
 from ..errors import UnsupportedOpError
-from ..tracer.graph import Role, TracedGraph, carries_grad, is_view, mutated_args
+from ..tracer.graph import Role, TracedGraph, alias_source, carries_grad, is_view, mutated_args
 from ..tracer.normalize import SPLIT_BIAS
 from . import collectives, grad_sync, localize, recompute
 from .grad_sync import DEFAULT_BUCKET_BYTES
@@ -342,7 +342,7 @@ def _written_later(node: torch.fx.Node) -> bool:
         for user in n.users:
             if any(p < len(user.args) and user.args[p] is n for p in mutated_args(user)):
                 return True
-            if is_view(user) and user.args and user.args[0] is n and user not in seen:
+            if alias_source(user) is n and user not in seen:
                 seen.add(user)
                 stack.append(user)
     return False

@@ -42,7 +42,7 @@ from ..errors import PlanMismatchError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, _tensor_args
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec
-from ..tracer.graph import TracedGraph, is_view, mutated_args
+from ..tracer.graph import TracedGraph, alias_source, mutated_args
 from ..tracer.trace import trace
 from .mirror import apply_settings, restore_settings
 from .module_copy import copy_module
@@ -206,6 +206,6 @@ def _check_mutations(spec: ShardingSpec, traced: TracedGraph) -> None:
                         f"the plan's layouts would hand it a redistributed copy ({produced(arg)} -> "
                         f"{spec.nodes[consumer.name].inputs[k]} on mesh {spec.mesh}), so the write would be "
                         "lost. Remedy: trace and plan the model in this mode and build a ParallelModule for it")
-                if not is_view(arg):
+                if alias_source(arg) is None:
                     break
-                consumer, arg = arg, arg.args[0]
+                consumer, arg = arg, alias_source(arg)

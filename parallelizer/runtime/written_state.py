@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tracer.graph import TracedGraph, is_view, mutated_args, returns_written
+from ..tracer.graph import TracedGraph, alias_source, mutated_args, returns_written
 
 
 def snapshot_written_state(gm: torch.fx.GraphModule, traced: TracedGraph) -> int:
@@ -27,7 +27,7 @@ def snapshot_written_state(gm: torch.fx.GraphModule, traced: TracedGraph) -> int
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if (is_view(node) or returns_written(node)) and node.args and node.args[0] in alias:
+        if (alias_source(node) or (node.args[0] if returns_written(node) else None)) in alias:
             alias.add(node)  # the state itself under another name: writes through it reach the state
             continue
         writes = set(mutated_args(node))

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import InputKind
 
-from .graph import is_view, mutated_args, returns_written, written_through
+from .graph import alias_source, mutated_args, returns_written, written_through
 
 
 def is_cache(value: Any) -> bool:
@@ -145,8 +145,8 @@ def drop_dead_code(gm: torch.fx.GraphModule) -> int:
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:  # the storage each value lives in: views and in-place results alias their input
         first = node.args[0] if node.op == "call_function" and node.args else None
-        aliases = isinstance(first, torch.fx.Node) and (is_view(node) or returns_written(node))
-        root[node] = root[first] if aliases else node
+        source = alias_source(node) or (first if isinstance(first, torch.fx.Node) and returns_written(node) else None)
+        root[node] = root[source] if source is not None else node  # einsum('ij->ij', h): h's storage (r18h)
     live: set[torch.fx.Node] = set()
     read_roots: set[torch.fx.Node] = set()
     for node in reversed(gm.graph.nodes):

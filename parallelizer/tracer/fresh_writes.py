@@ -11,7 +11,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .graph import is_view, meta_like as _meta_like, mutated_args, returns_written
+from .graph import alias_source, meta_like as _meta_like, mutated_args, returns_written
 
 def out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> None:
     """Normalisation 5 (module docstring): `op_(fresh, ...)` -> `op(fresh, ...)`, later readers redirected."""
@@ -21,7 +21,8 @@ def out_of_place_fresh_writes(gm: torch.fx.GraphModule, notes: list[str]) -> Non
         if node.op != "call_function" or mutated_args(node) != [0] or not returns_written(node):
             continue
         base = node.args[0]
-        if not (isinstance(base, torch.fx.Node) and _fresh(base) and not any(is_view(u) for u in base.users)):
+        if not (isinstance(base, torch.fx.Node) and _fresh(base)
+                and not any(alias_source(u) is base for u in base.users)):
             continue
         if node.target is torch.ops.aten.copy_.default:
             # aten.copy (copy_'s out-of-place overload) has no autograd formula in torch ("derivative for
@@ -126,8 +127,8 @@ def _fresh(node: torch.fx.Node) -> bool:
     """Whether `node` is a fresh activation (module docstring, normalisation 5), or a view of one that only
     this chain of views reads (`F.dropout(h.flatten(1), inplace=True)` after a pooling: the write reaches no
     other reader of the pooled value)."""
-    while is_view(node):
-        parent = node.args[0] if node.args else None
+    while alias_source(node) is not None:
+        parent = alias_source(node)  # einsum('ij->ij', h) / F.dropout(h, 0.0, False) return h itself (r18h)
         if not (isinstance(parent, torch.fx.Node) and len(parent.users) == 1):
             return False
         node = parent

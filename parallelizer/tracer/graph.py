@@ -364,14 +364,14 @@ class TracedGraph:
         forward once more must not (`runtime.pipeline_rehearsal`). Parameters count as buffers do: their
         gradients are summed across copies, but a value written in forward is not (round 13, r13b). Export's
         `graph_signature.buffers_to_mutate` is empty for this training IR (the in-place ops stay in the
-        graph), so the written arguments are followed back to their placeholders (`mutated_args`, `is_view`).
+        graph), so the written arguments are followed back to their placeholders (`mutated_args`, `alias_source`).
         """
         out: dict[str, str] = {}
         for node in self.graph_module.graph.nodes:
             for i in mutated_args(node):
                 arg = node.args[i] if i < len(node.args) else None
-                while isinstance(arg, torch.fx.Node) and (is_view(arg) or returns_written(arg)):
-                    arg = arg.args[0]  # a view or an in-place op's result aliases its first argument
+                while isinstance(arg, torch.fx.Node) and (alias_source(arg) is not None or returns_written(arg)):
+                    arg = alias_source(arg) or arg.args[0]  # a view / an in-place op's result aliases its input
                 info = self.param_of_placeholder(arg.name) if isinstance(arg, torch.fx.Node) else None
                 if info is not None:
                     out.setdefault(info.fqn, node.name)
@@ -639,6 +639,22 @@ def may_alias(node: torch.fx.Node) -> bool:
     return is_view(node) or getattr(node.target, "overloadpacket", None) in UNDECLARED_ALIASES
 
 
+def alias_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The argument whose storage `node`'s output may share, or None for a fresh result: the first argument of a
+    declared view (`is_view`) or of an op of `UNDECLARED_ALIASES` (einsum: its operand when it has one; with two
+    or more the result is a fresh contraction), the tuple node of a getitem of one. Code that follows a write
+    back to the tensor it reaches (in-place ops on a placeholder, on a fresh activation) walks this, not
+    `is_view`: `F.dropout(h, 0.0, False).relu_()`, `torch.atleast_1d(buf).mul_(0.9)` and
+    `torch.einsum('ij->ij', h).add_(1)` write `h` / `buf` in eager torch 2.13 (r18h)."""
+    if node.op != "call_function" or not may_alias(node):
+        return None
+    if node.target is getattr(torch.ops.aten.einsum, "default", None):
+        operands = node.args[1] if len(node.args) > 1 else node.kwargs.get("tensors", ())
+        return operands[0] if len(operands) == 1 and isinstance(operands[0], torch.fx.Node) else None
+    first = node.args[0] if node.args else None
+    return first if isinstance(first, torch.fx.Node) else None
+
+
 def written_through(node: torch.fx.Node) -> bool:
     """Whether an op writes `node`'s value in place, directly or through its views (or through the results of
     in-place ops on it)."""
@@ -648,7 +664,7 @@ def written_through(node: torch.fx.Node) -> bool:
         for user in value.users:
             if any(i < len(user.args) and user.args[i] is value for i in mutated_args(user)):
                 return True
-            if is_view(user) or returns_written(user):
+            if alias_source(user) is value or returns_written(user):
                 todo.append(user)
     return False
 

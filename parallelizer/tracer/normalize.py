@@ -83,7 +83,7 @@ from .bags import fixed_bags_as_embedding
 from .cache_output import drop_dead_code, drop_empty_cat_operands
 from .device_free import drop_contiguous, uncopied_constants, views_as_reshapes, wrapped_scalars
 from .fresh_writes import out_of_place_fresh_writes
-from .graph import COPIED_META, carries_grad, draws_random, is_view, meta_like as _meta_like, mutated_args
+from .graph import COPIED_META, alias_source, carries_grad, draws_random, meta_like as _meta_like, mutated_args
 
 _ASSERT_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
@@ -482,8 +482,8 @@ def _written_operands(sub: torch.fx.GraphModule) -> set[int]:
             arg = n.args[i] if i < len(n.args) else None
             if isinstance(arg, torch.fx.Node) and arg in root:
                 written.add(root[arg])
-        first = n.args[0] if n.args else None
-        if isinstance(first, torch.fx.Node) and first in root and (is_view(n) or mutated_args(n) == [0]):
+        first = alias_source(n) or (n.args[0] if n.args and mutated_args(n) == [0] else None)
+        if isinstance(first, torch.fx.Node) and first in root:  # views, undeclared aliases, in-place results
             root[n] = root[first]
     return written
 
@@ -494,8 +494,9 @@ def _output_roots(sub: torch.fx.GraphModule) -> dict[int, int]:
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     root = {p: k for k, p in enumerate(placeholders)}
     for n in sub.graph.nodes:
-        first = n.args[0] if n.op == "call_function" and n.args else None
-        if isinstance(first, torch.fx.Node) and first in root and (is_view(n) or mutated_args(n) == [0]):
+        first = alias_source(n) or (n.args[0] if n.op == "call_function" and n.args and mutated_args(n) == [0]
+                                    else None)
+        if isinstance(first, torch.fx.Node) and first in root:  # views, undeclared aliases, in-place results
             root[n] = root[first]
     out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     return {i: root[o] for i, o in enumerate(out if isinstance(out, (tuple, list)) else (out,)) if o in root}
