@@ -68,8 +68,9 @@ def test_searched_plan_is_unchanged_by_the_caches(monkeypatch):
     # layout as it is (trial 10e: a freer ILP, same mesh, schedule and stages: 0.4427 -> 0.4402 ms)
     assert (s["mesh"]["shape"], s["schedule"], s["microbatches"]) == ([2, 2, 1], "gpipe", 1)
     assert [st.layout for st in warm.pipeline.stages] == [0, 1] and dict(warm.recompute) == {}
-    # round 16 (r16f): + the pipeline runtime's fixed cost per send and recv on GPU presets, 5 us x 4 = 20 us
-    assert s["step_s"] == pytest.approx(0.00046024419733357034, rel=1e-12)
+    # round 16 (r16f): + the pipeline runtime's fixed cost per send and recv on GPU presets, 5 us x 4 = 20 us;
+    # round 18 (r18f): H100 matmul efficiency 0.7 -> 0.653 (published MAMF ratio to the A100): 0.460244 -> 0.460359 ms
+    assert s["step_s"] == pytest.approx(0.00046035920902539994, rel=1e-12)
     _cold(monkeypatch)
     cold = _plan(traced, **kw)
     assert cold.to_json() == warm.to_json()
