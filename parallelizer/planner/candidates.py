@@ -285,8 +285,7 @@ class _Context:
         cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
         ranks, bounds = [], []
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
-        syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.cluster.device,
-                                   self.overlap_grad_sync)
+        syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.overlap_grad_sync)
         # the last stage returns the model's outputs a step reads (`runtime.stage_cut.step_returns`: its own loss
         # alone, when it has one) of each microbatch whole over dp and tp, so its ranks hold one microbatch of them
         out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp * self.returned_share

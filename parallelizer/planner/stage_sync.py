@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import itertools
 
-from cost_model.communication import collective_time_s
-from cost_model.hardware import DeviceSpec
+from cost_model.communication import step_collective_s
 from cost_model.topology import MeshTopology
 
 from ..rewriter.grad_sync import bucket_sizes
 
 
-def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, device: DeviceSpec, overlap: bool
+def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, overlap: bool
                 ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
     """(bucket seconds, ready fractions) per model stage of its dp gradient all-reduce as the runtime runs it
     (`rewriter.grad_sync`: a first bucket of `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES` each, one
-    all-reduce per bucket plus `DeviceSpec.collective_sync_s`, as `steptime` prices them, started while the
+    all-reduce per bucket, each priced as every collective (`step_collective_s`: its time + the wait for the
+    slowest rank, `DeviceSpec.collective_sync_s`), started while the
     stage's last backward produces the gradients, evenly over it: a bucket is ready once that backward has
     produced its share of the bytes); none when dp = 1. `grads_bytes`: per stage, its gradient bytes per
     device. Without `overlap` one all-reduce of the stage's flat gradient buffer after that backward
@@ -26,7 +26,7 @@ def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, device: D
     secs, ready = [], []
     for nbytes in map(float, grads_bytes):
         sizes = [] if dp == 1 or not nbytes else bucket_sizes(nbytes) if overlap else [nbytes]
-        secs.append(tuple(collective_time_s("all_reduce", b, topo, ("dp",)) + device.collective_sync_s for b in sizes))
+        secs.append(tuple(step_collective_s("all_reduce", b, topo, ("dp",)) for b in sizes))
         ready.append(tuple(min(1.0, x / nbytes) for x in itertools.accumulate(sizes)))
     return tuple(secs), tuple(ready)
 

@@ -350,11 +350,7 @@ def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) ->
     # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
     # back to labels != -100 (a class-weighted cross-entropy on pp=2 x tp=2: loss 1e-2 off one device)
     leaves, fake_target = _fakes([*outputs, target], target.device)
-
-    def call(*flat):
-        structured = unflatten_in_order(list(flat[:-1]), out_spec) if out_spec is not None else flat[:-1]
-        with _real_scaler_start():
-            return loss_fn(structured, flat[-1])
+    call = _loss_fn_call(loss_fn, out_spec, with_target=True)
 
     try:
         gm = make_fx(call, tracing_mode="fake")(*leaves, fake_target)
@@ -383,14 +379,8 @@ def own_loss_use(loss_fn, outputs: list, out_spec) -> str:
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode(allow_non_fake_inputs=True):
         leaves = [torch.empty(tuple(m.shape), dtype=m.dtype) for m in outputs]
-
-    def call(*flat):
-        structured = unflatten_in_order(list(flat), out_spec) if out_spec is not None else flat
-        with _real_scaler_start():
-            return loss_fn(structured, None)
-
     try:
-        gm = make_fx(call, tracing_mode="fake")(*leaves)
+        gm = make_fx(_loss_fn_call(loss_fn, out_spec, with_target=False), tracing_mode="fake")(*leaves)
     except Exception:  # noqa: BLE001 - any failure to trace user code: the caller decides
         return "untraced"
     own = next(n for n in gm.graph.nodes if n.op == "placeholder")
@@ -398,6 +388,17 @@ def own_loss_use(loss_fn, outputs: list, out_spec) -> str:
         return "unread"
     result = pytree.tree_leaves(gm.graph.output_node().args[0])
     return "scaled" if len(result) == 1 and _unscaled(result[0]) is own else "mixed"
+
+
+def _loss_fn_call(loss_fn, out_spec, with_target: bool):
+    """`call(*flat)` for make_fx: `loss_fn(outputs restored to the model's structure, target)` from the flat output
+    leaves followed by the target (`with_target`), or the leaves alone and target None."""
+    def call(*flat):
+        outs, target = (flat[:-1], flat[-1]) if with_target else (flat, None)
+        structured = unflatten_in_order(list(outs), out_spec) if out_spec is not None else outs
+        with _real_scaler_start():
+            return loss_fn(structured, target)
+    return call
 
 
 @contextlib.contextmanager

@@ -249,6 +249,16 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
 
+    def _output_names(self) -> list[str]:
+        """The traced graph's output nodes' names, in output order (flattened as the output's structure)."""
+        names: list[str] = []
+        torch.fx.node.map_arg(self.traced.graph_module.graph.output_node().args, lambda a: names.append(a.name))
+        return names
+
+    def _output_metas(self) -> list:
+        """The traced metadata (shape, dtype) of each output of `_output_names`, for tracing a loss_fn on them."""
+        return [self.traced.node(n).outputs[0] for n in self._output_names()]
+
     def _weighs_as_own_loss(self, loss_fn: LossFn) -> bool:
         """For `step(loss_fn=..., target=None)`: True when loss_fn's result is the model's own loss scaled by a
         constant (`loss_weight.own_loss_use` "scaled"): it then weighs as that loss (`own_loss_weighting`, set
@@ -265,11 +275,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
             return False
         cache = self.__dict__.setdefault("_own_use", {})
         if loss_fn not in cache:
-            out = self.traced.graph_module.graph.output_node()
-            names: list[str] = []
-            torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
-            cache[loss_fn] = own_loss_use(loss_fn, [self.traced.node(n).outputs[0] for n in names],
-                                          self.traced.exported.call_spec.out_spec)
+            cache[loss_fn] = own_loss_use(loss_fn, self._output_metas(), self.traced.exported.call_spec.out_spec)
         use = cache[loss_fn]
         if use == "unread":
             return False
@@ -302,9 +308,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         if self.__dict__.get("_outputs_warned"):
             return
         self.__dict__["_outputs_warned"] = True
-        out = self.traced.graph_module.graph.output_node()
-        names: list[str] = []
-        torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
+        names = self._output_names()
         if len(names) < 2 or step_returns(self.traced) == tuple(names):
             return
         extra = sum(math.prod(t.shape) * t.dtype.itemsize
@@ -326,10 +330,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         self._checked_mixing.add(key)
         m = self.run.microbatches
         batch = self.traced.node(self.traced.input_names[0]).outputs[0].shape[0]
-        out = self.traced.graph_module.graph.output_node()
-        names: list[str] = []
-        torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
-        metas = [self.traced.node(n).outputs[0] for n in names]
+        metas = self._output_metas()
         major = [bool(meta.shape) and meta.shape[0] == batch for meta in metas]
         gen = torch.Generator().manual_seed(0)
         outputs = [(torch.randn((m * meta.shape[0], *meta.shape[1:]) if big else tuple(meta.shape), generator=gen)
@@ -408,10 +409,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         chunk = target.shape[0] // self.run.microbatches
         key = (loss_fn, target.dtype, tuple(target.shape))
         if self._fn_count[0] != key:
-            out = self.traced.graph_module.graph.output_node()
-            names: list[str] = []
-            torch.fx.node.map_arg(out.args, lambda a: names.append(a.name))
-            metas = [self.traced.node(n).outputs[0] for n in names]
+            metas = self._output_metas()
             weighting = loss_fn_weighting(loss_fn, metas, self.traced.exported.call_spec.out_spec, target[:chunk])
             if weighting is None:  # not silent: count_items is right only for a plain mean over the labels
                 warnings.warn(f"PipelineModule.step: could not trace loss_fn {getattr(loss_fn, '__name__', loss_fn)!r} "
