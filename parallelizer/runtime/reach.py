@@ -97,14 +97,7 @@ def _read_by_backward(node: torch.fx.Node, flows_from: set[torch.fx.Node]) -> se
 def _own(node, traced: TracedGraph) -> torch.dtype | None:
     """The least precise floating dtype `node` produces (None when none)."""
     info = traced.nodes.get(node.name)
-    found = [t.dtype for t in info.outputs if t.dtype.is_floating_point] if info is not None else []
-    return loosest(*found) if found else None
-
-
-def _widest(*dtypes: torch.dtype | None) -> torch.dtype | None:
-    """`tolerance.loosest` of the dtypes that are not None; None when all are."""
-    found = {d for d in dtypes if d is not None}
-    return loosest(*found) if found else None
+    return loosest(*(t.dtype for t in info.outputs if t.dtype.is_floating_point)) if info is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +158,7 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
     reach_dtype, reach_params = {}, {}  # A[n], B[n]
     for n in nodes:
         parents = n.all_input_nodes
-        reach_dtype[n] = _widest(_own(n, traced), *(reach_dtype[p] for p in parents))
+        reach_dtype[n] = loosest(_own(n, traced), *(reach_dtype[p] for p in parents))
         mask = bit.get(n, 0)
         for p in parents:
             mask |= reach_params[p]
@@ -174,7 +167,7 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
     if first is None:
         return ReachDtypes(outputs, whole, {}, {}, whole, whole)
     scalar = len(traced.nodes[first.name].outputs[0].shape) == 0
-    loss = reach_dtype[first] if scalar else _widest(reach_dtype[first], torch.float32)
+    loss = reach_dtype[first] if scalar else loosest(reach_dtype[first], torch.float32)
     # the loss's ancestors; `rehearsal._loss` squares `first`: its backward reads first (A[first], B[first])
     feeds = {first}
     for n in reversed(nodes):
@@ -190,7 +183,7 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
             if n not in grad_dtype:  # not on a path to the loss
                 continue
             read = _read_by_backward(n, {u})
-            dtype = _widest(dtype, grad_dtype[n], *(reach_dtype[r] for r in read))
+            dtype = loosest(dtype, grad_dtype[n], *(reach_dtype[r] for r in read))
             mask |= grad_params[n]
             for r in read:
                 mask |= reach_params[r]
@@ -204,10 +197,10 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
     while changed:
         changed = False
         for fqn, region in regions.items():
-            widened = _widest(after[fqn], *(after[q] for q in region))
+            widened = loosest(after[fqn], *(after[q] for q in region))
             if widened != after[fqn]:
                 after[fqn], changed = widened, True
-    final = _widest(loss, *(after[fqn] for node, fqn in fqn_of.items() if node in feeds))
+    final = loosest(loss, *(after[fqn] for node, fqn in fqn_of.items() if node in feeds))
     return ReachDtypes(outputs, loss, grads, after, whole, final)
 
 

@@ -39,16 +39,15 @@ def tolerances(dtype: torch.dtype) -> tuple[float, float]:
     return default_tolerances(dtype)
 
 
-def loosest(*dtypes: torch.dtype | None) -> torch.dtype:
-    """The dtype with the largest default rtol among `dtypes` (None entries ignored)."""
-    return max((d for d in dtypes if d is not None), key=lambda d: tolerances(d)[0])
+def loosest(*dtypes: torch.dtype | None) -> torch.dtype | None:
+    """The dtype with the largest default rtol among `dtypes` (None entries ignored); None when there is none."""
+    return max((d for d in dtypes if d is not None), key=lambda d: tolerances(d)[0], default=None)
 
 
 def compute_dtype(traced: TracedGraph) -> torch.dtype | None:
     """The least precise floating dtype any node of `traced` produces (None when none is floating): the whole
     graph's; a compared tensor is judged at the dtype of what reaches it (`runtime.reach`)."""
-    found = {t.dtype for info in traced.nodes.values() for t in info.outputs if t.dtype.is_floating_point}
-    return loosest(*found) if found else None
+    return loosest(*(t.dtype for info in traced.nodes.values() for t in info.outputs if t.dtype.is_floating_point))
 
 
 def excess(actual: torch.Tensor, expected: torch.Tensor, compute: torch.dtype | None = None) -> float:
