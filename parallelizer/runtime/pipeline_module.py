@@ -89,6 +89,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         self._loss_rank = stage_pp_rank(pipe.schedule, len(pipe.stages) - 1, len(pipe.stages), pipe.pp) * width + local
         self._own_weighting: OwnLossWeighting | None = None  # `runtime.loss_weight`, read on the first own-loss step
         self._fn_count: tuple = (None, None)  # (loss_fn, target dtype, shape) -> its item count (`_loss_fn_count`)
+        self._own_use: tuple = (None, None)  # (loss_fn, how it uses the model's own loss: `_weighs_as_own_loss`)
         self._trusted_warned = False  # `_warn_trusted_count` ran
         self._checked_counts: set = set()  # (loss_fn, item_count) pairs `_check_user_count` looked at
         self._checked_mixing: set = set()  # (loss_fn, target dtype, shape) `_warn_loss_fn_mixing` looked at
@@ -263,7 +264,7 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         """For `step(loss_fn=..., target=None)`: True when loss_fn's result is the model's own loss scaled by a
         constant (`loss_weight.own_loss_use` "scaled"): it then weighs as that loss (`own_loss_weighting`, set
         on `self._own_weighting`). False when loss_fn does not read the own loss, or the own loss weighs equally
-        (a mean over a fixed number of items): equal weights are right. Cached per loss_fn.
+        (a mean over a fixed number of items): equal weights are right. Cached for the last loss_fn.
 
         Raises:
             StepError: loss_fn reads the own loss otherwise ("mixed"), or cannot be traced, while that loss does
@@ -273,10 +274,10 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         """
         if not returns_scalar_loss(self.traced):
             return False
-        cache = self.__dict__.setdefault("_own_use", {})
-        if loss_fn not in cache:
-            cache[loss_fn] = own_loss_use(loss_fn, self._output_metas(), self.traced.exported.call_spec.out_spec)
-        use = cache[loss_fn]
+        if self._own_use[0] is not loss_fn:  # the last loss_fn only, as `_fn_count`: a fresh lambda per step
+            self._own_use = (loss_fn, own_loss_use(loss_fn, self._output_metas(),  # must not grow a cache
+                                                   self.traced.exported.call_spec.out_spec))
+        use = self._own_use[1]
         if use == "unread":
             return False
         try:
