@@ -423,7 +423,6 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     return _tensor_metas(node.meta.get("val"))
 
 
-
 def _refuse_data_dependent_shapes(gm: torch.fx.GraphModule) -> None:
     """The TraceError of `_static_metas` for the first node whose value has a shape that depends on tensor
     values, raised when a graph pass (normalize: a cat's empty operands, views, dead code) compared such a
