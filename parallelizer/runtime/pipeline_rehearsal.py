@@ -31,6 +31,11 @@ rehearsals on one mesh do): a gradient that is a sum of large terms cancelling t
 norm that removes any shift) carries fp32 rounding of the terms' size, which dp or tp ranks summing in another
 order reproduce with other digits; a value then matches when it lies from float64's no further than 8x one
 device's own rounding (16-bit models only when the forward draws no random numbers, `runtime.rehearsal.wide_judged`).
+A case still outside is replayed in float64 (`replay_pipeline`, as `runtime.replay64` does on one mesh), and the
+report says whether the replay equals the float64 model (rounding) or not (a wrong program). A float32 model that
+casts values to 16 bits inside (`runtime.reach.narrows_inside`), judged at 16 bits where the casts reach, is
+replayed in float64 even when it matches, and the replay's ratio joins the verdict (round 19: a pipeline 0.1% off
+one device matched at ratio 0.87 before).
 A plan with a mixed-precision recipe (`spec.autocast`, `runtime.precision`: precision="bf16" for an fp32 model)
 runs its stages under the recipe (`runtime.pipeline.StageModule`), and the reference is the single-device model
 under the same autocast over the same microbatches (each microbatch's forward under torch.autocast(bfloat16),
@@ -62,11 +67,12 @@ from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
-from .widen import as_float64
+from .widen import as_float64, widening
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
                         wide_judged, widened)
-from .reach import reach_dtypes
+from .reach import narrows_inside, reach_dtypes
+from .replay64 import REPLAY_ERRORS, failure
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -114,9 +120,41 @@ def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec:
     `runtime.rehearsal` does for one mesh (all ranks decide together: `rehearsal._any_rank_outside`). Not for a
     mixed-precision recipe (its own judge) or a lossy codec (it deviates by design)."""
     result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps)
-    if spec.autocast is None and not lossy and _any_rank_outside(result):
+    if spec.autocast is not None or lossy:
+        return result
+    if _any_rank_outside(result):
         result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps, wide=True)
+        if _any_rank_outside(result) and not result["random"]:  # rounding beyond 8x, or a wrong program
+            result["float64_replay"] = replay_pipeline(model_fn, model_kwargs, spec, pipe)
+    elif result["narrows"] and not result["random"]:  # judged at 16 bits where its casts reach: blind to 0.1%
+        result["float64_replay"], result["replay_judges"] = replay_pipeline(model_fn, model_kwargs, spec, pipe), True
     return result
+
+
+def replay_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict) -> tuple[float, str, float] | str:
+    """`runtime.replay64.replay` for a pipeline plan: this rank's (worst |diff|, its name, worst ratio to float64's
+    bound) over the batch loss (on a last stage) and this rank's gradient shards of ONE pipeline step of the plan
+    run on the float64 copy of the model (`runtime.widen`: parameters, inputs and every dtype its forward names
+    widened; traced and cut anew by the plan's stages) against that copy's eager gradient accumulation over the
+    same microbatches; or why it could not run (a str). A right program lands ~1e-13 from it whatever its
+    summation order; a wrong term stays as far off as in float32 (where a float32 model casting to 16 bits inside
+    is judged at the 16-bit bound, blind to an error of 0.1%). Collective: every rank of the plan calls it."""
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    model = as_float64(model)
+    reference = copy_module(model)
+    inputs, kwargs = widened((tuple(inputs), rest[0] if rest else {}))
+    try:
+        with widening():  # the graph's own factories and casts traced (and run) in float64
+            run, traced, flat, _ = pipeline_run(model, inputs, kwargs, spec, pipe)
+            target, count, weights = _weighting(traced, flat, pipe["microbatches"], model)
+            loss = run.step(*flat, target=target, item_count=count)
+    except REPLAY_ERRORS as error:  # the verdict stands
+        return failure(error)
+    with widening():
+        ref_loss = _accumulated_reference(reference, inputs, kwargs, weights)
+    worst = _max_diff([("loss", loss, ref_loss)], torch.float64) if run.last else (0.0, "", 0.0)
+    return max(worst, stage_diffs(run, reference, spec, torch.float64, grads=True), key=lambda r: r[2])
 
 
 def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int) -> None:
@@ -317,6 +355,6 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
-            "float64_judge": judge is not None, "float64_unused": unjudged,
+            "float64_judge": judge is not None, "float64_unused": unjudged, "narrows": narrows_inside(traced),
             "zero1": spec.zero1 if runs_zero1(spec) else None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

@@ -52,6 +52,15 @@ def replay_note(results: list[dict]) -> str:
     return (REPLAY_MATCH if ratio <= 1 else REPLAY_DIFFER).format(diff, name, ratio)
 
 
+REPLAY_ERRORS = (ParallelizerError, RuntimeError, TypeError, ValueError, KeyError)
+"""What a replay that cannot run raises (a program or model that does not run in float64): reported, not raised."""
+
+
+def failure(error: Exception) -> str:
+    """Why a replay could not run, as the report states it (`REPLAY_NOT_RUN`): the error's type and first line."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
 def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple[float, str, float] | str:
     """This rank's (worst |diff|, its name, worst ratio to float64's bound) over the outputs and this rank's
     gradient shards of `spec` run on the float64 copy of `model_fn(**model_kwargs)` against that copy run whole;
@@ -68,8 +77,8 @@ def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple
             traced = trace(model, inputs, kwargs)
             pm = ParallelModule(traced, spec, rank, model)
             out = pm(*inputs, **kwargs)
-    except (ParallelizerError, RuntimeError, TypeError, ValueError, KeyError) as error:  # the DIFFER report stands
-        return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+    except REPLAY_ERRORS as error:  # the DIFFER report stands
+        return failure(error)
     ref = exact(*copy.deepcopy(inputs), **copy.deepcopy(kwargs))
     with widening():  # `_loss` squares `.float()` of an output that is not a 0-d loss: in float64 here
         losses = [_loss(out), _loss(ref)]

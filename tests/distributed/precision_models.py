@@ -175,3 +175,36 @@ class CastRoundTrip(nn.Module):
 def cast_round_trip(seed: int = 0, skew: float = 0.0):
     torch.manual_seed(seed)
     return CastRoundTrip(skew).train(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+class CastBlock(nn.Module):
+    """A residual MLP block whose update is cast to float16 and back (`.half().float()`, r17a's round trip) after
+    a deliberate `skew` (`_skew`): what the cast reaches is judged at float16's bound."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.skew = skew
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 16) -> (B, 16)
+        return x + (self.fc2(torch.relu(self.fc1(x))) * _skew(self)).half().float()
+
+
+class CastBlocks(nn.Module):
+    """Four `CastBlock`s and a float32 head: a float32 model narrowing inside, cut into pipeline stages by its
+    blocks (`runtime.pipeline_rehearsal.replay_pipeline` judges it by its float64 replay)."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CastBlock(skew) for _ in range(4))
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 16) -> (B, 8)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def cast_blocks(seed: int = 0, skew: float = 0.0, batch: int = 8):
+    torch.manual_seed(seed)
+    return CastBlocks(skew).train(), (torch.randn(batch, 16, generator=torch.Generator().manual_seed(seed + 1)),)
