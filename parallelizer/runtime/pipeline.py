@@ -108,16 +108,25 @@ class StageModule(ParallelModule):
 
     def _returning(self) -> RankProgram:
         """The program this call runs: the stage's own, or under `returns_all` the one returning all the
-        model's outputs (made on first use, as another mode's program: `ParallelModule._program_for`)."""
+        model's outputs (made on first use, as another mode's program: `ParallelModule._program_for`); either
+        made for the parameters' CURRENT requires_grad, as `ParallelModule` keys its programs by the frozen set:
+        a parameter frozen at build and unfrozen later gets its dp gradient sync (before, round 19: the build's
+        program ran on, and the two dp replicas of an unfrozen weight trained on their local gradients)."""
+        frozen = self._frozen()
         if not (self.returns_all and self.whole is not None):
+            fresh = (self._first_modes, frozen) not in self.programs
+            self._active = self._program_for(self._first_modes, frozen, None, None)
+            if fresh:  # the build's first program got its snapshot in `build`
+                snapshot_written_state(self.program.graph_module, self.traced)
             return self.program
-        if self.__dict__.get("_whole_program") is None:
+        whole = self.__dict__.setdefault("_whole_programs", {})
+        if frozen not in whole:
             traced, spec = self.whole
-            program = rewrite(traced, spec, self.rank, grad_bucket_bytes=self.grad_bucket_bytes, frozen=self._frozen())
+            program = rewrite(traced, spec, self.rank, grad_bucket_bytes=self.grad_bucket_bytes, frozen=frozen)
             verify(program, traced, spec)
             snapshot_written_state(program.graph_module, traced)
-            self.__dict__["_whole_program"] = program
-        return self.__dict__["_whole_program"]
+            whole[frozen] = program
+        return whole[frozen]
 
     def forward(self, *wire):
         wire = tuple(_ContiguousGrad.apply(w) if w.requires_grad else w for w in wire)
@@ -544,10 +553,13 @@ def _on_wire(examples: tuple, codecs: tuple[BoundaryCodec | None, ...]) -> tuple
 
 
 def _holders(traced: TracedGraph, cut: StageCut) -> dict[str, list[int]]:
+    """FQN -> the stages using it, for every parameter used on more than one stage (a tied embedding / lm_head),
+    frozen or not: one frozen at build may be unfrozen later, and its copies' gradient sum needs a process group
+    made now (`build`); `sum_over_copies` skips copies that are frozen when it runs."""
     out = {}
     for fqn, p in traced.parameters.items():
         stages = sorted(uses_by_stage(traced, fqn, cut))
-        if len(stages) > 1 and p.requires_grad:  # frozen copies need no gradient sum
+        if len(stages) > 1 and not p.is_buffer:
             out[fqn] = stages
     return out
 
@@ -574,7 +586,7 @@ def sum_over_copies(shared: dict[str, list[int]], stages) -> None:
     gradients of this rank's copies among `stages`, all-reduce the sum over the ranks, give it to each copy."""
     for fqn, ranks in sorted(shared.items()):
         copies = [m.get_parameter(fqn) for m in stages if fqn in m.traced.parameters]
-        if not copies:
+        if not copies or not copies[0].requires_grad:  # frozen (now): its gradient stays None, as on one device
             continue
         total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)
         if len(ranks) > 1:

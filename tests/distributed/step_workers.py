@@ -237,3 +237,55 @@ def returned_outputs_train(rank: int, world_size: int, mesh: dict, steps: int = 
     except StepError as err:
         report["sum_item_count"] = str(err)
     return report
+
+
+FROZEN_AT_WRAP = ("transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.h.3.mlp.c_proj.weight")
+"""Frozen when the model is wrapped, unfrozen after (`unfreeze_train`): the tied embedding / lm_head (two stages)
+and an MLP weight of each stage's blocks."""
+
+
+def _set_trainable(module, fqns, flag: bool) -> None:
+    """requires_grad_(flag) on the parameters named by `fqns` (the model's FQNs; a PipelineModule's names carry
+    a `stages.<i>.` prefix)."""
+    for name, p in module.named_parameters():
+        if name.split(".", 2)[-1] in fqns or name in fqns:
+            p.requires_grad_(flag)
+
+
+def unfreeze_train(rank: int, world_size: int, mesh: dict, roles: dict, steps: int = 3) -> dict:
+    """Gradual unfreezing on a pipeline (round 19, trial g): `FROZEN_AT_WRAP` frozen when `auto_parallelize`
+    runs, unfrozen before the first step; after step 1 the tied embedding is frozen again. The user loop
+    (`pm.step` + AdamW over all parameters) against the single-device model: the largest differences of loss,
+    gradients (every step) and parameters after `steps` steps, and the frozen-again embedding's largest change
+    over its last steps (0: AdamW skips a parameter without a gradient, as on one device)."""
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(**GPT2_4)
+    reference = copy.deepcopy(model)
+    labels = padded_labels(ids)
+    for m in (model, reference):
+        _set_trainable(m, FROZEN_AT_WRAP, False)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh=mesh, axis_roles=roles, microbatches=2)
+    for m in (pm, reference):
+        _set_trainable(m, FROZEN_AT_WRAP, True)
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    worst = {"loss": 0.0, "grad": 0.0}
+    for i in range(steps):
+        if i == 2:
+            for m in (pm, reference):
+                _set_trainable(m, FROZEN_AT_WRAP[:1], False)
+            wte = {n: p.detach().clone() for n, p in pm.named_parameters() if n.endswith(FROZEN_AT_WRAP[0])}
+        loss = pm.step(ids, target=labels, loss_fn=lm_loss)
+        ref_loss = lm_loss(reference(ids), labels)
+        ref_loss.backward()
+        worst["loss"] = max(worst["loss"], abs(loss.item() - ref_loss.item()))
+        worst["grad"] = max(worst["grad"], _diff(pm, reference, grads=True))
+        for o in (opt, ref_opt):
+            o.step()
+            o.zero_grad()
+    worst["params"] = _diff(pm, reference, grads=False)
+    worst["refrozen_moved"] = max(((p - wte[n]).abs().max().item() for n, p in pm.named_parameters() if n in wte),
+                                  default=0.0)
+    worst["held_embedding"] = bool(wte)
+    return worst

@@ -18,7 +18,7 @@ from parallelizer import zoo
 from parallelizer.runtime import spawn
 from launch_once import run_each
 from own_loss_workers import ignored_microbatch_train, own_loss_train, scaled_own_loss_train
-from step_workers import CLIP, GPT2_4, returned_outputs_train, scaler_train, train
+from step_workers import CLIP, GPT2_4, returned_outputs_train, scaler_train, train, unfreeze_train
 
 pytestmark = pytest.mark.distributed
 
@@ -40,14 +40,16 @@ def _saved_pipeline_plan() -> str:
 def reports():
     """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report, the
     kl_div batchmean own-loss report, the ignored-microbatch report, the GradScaler report, the returned-outputs
-    report, the scaled-own-loss report)]."""
+    report, the scaled-own-loss report, the unfreezing reports on ddp and fsdp)]."""
     cases = {"pp2_dp2": (None, {"plan_json": _saved_pipeline_plan()}), **CASES}
     return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},)),
                                (own_loss_train, ({"pp": 4}, 2, "kl_batchmean", 4)),
                                (ignored_microbatch_train, ({"pp": 2, "dp": 2},)),
                                (scaler_train, ({"pp": 2, "dp": 2},)),
                                (returned_outputs_train, ({"pp": 2, "dp": 2},)),
-                               (scaled_own_loss_train, ({"pp": 2, "dp": 2},))], timeout_s=500)
+                               (scaled_own_loss_train, ({"pp": 2, "dp": 2},)),
+                               (unfreeze_train, ({"pp": 2, "dp": 2}, {"dp": "ddp"})),
+                               (unfreeze_train, ({"pp": 2, "dp": 2}, {"dp": "fsdp"}))], timeout_s=600)
 
 
 def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
@@ -55,7 +57,7 @@ def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
     non-ignored shifted labels (`runtime.loss_weight`), equals one device; its transposed block outputs cross
     the stage boundary (and their gradients come back) non-contiguous, which torch's P2P refuses unless the
     stage makes them contiguous."""
-    for rank, (_, r, _, _, _, _, _) in enumerate(reports):
+    for rank, r in enumerate(rep[1] for rep in reports):
         assert r["schedule"] == "1f1b", r
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
         assert r["mean_of_means_off_by"] > 100 * 1e-5, r  # the equal-weight mean would fail the tolerance
@@ -78,7 +80,7 @@ def test_a_models_own_batchmean_loss_on_a_pipeline_matches_one_device(reports):
     microbatch size, a number in the traced graph). It was refused on every pipeline (StepError: "scaled by
     numbers that change with the microbatch size"); weighted as a sum it would be 4 times one device's loss.
     The second trace on twice the microbatch shows the divisor doubling: a per-item mean, weighted 1/4 each."""
-    for rank, (_, _, r, _, _, _, _) in enumerate(reports):  # torch.testing's float32 bound on the loss (about 59)
+    for rank, r in enumerate(rep[2] for rep in reports):  # torch.testing's float32 bound on the loss (about 59)
         assert r["loss"] <= 1e-5 + 1.3e-6 * r["ref_abs"], (rank, r)
         assert r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
 
@@ -88,14 +90,14 @@ def test_a_microbatch_without_counted_labels_adds_zero_to_the_batch_loss(reports
     the whole batch and the gradients match. Before, the microbatch's mean (0/0 = NaN) times its weight 0 made
     `pm.step` return NaN on every rank (the gradients were right: an all-ignored cross-entropy back-propagates
     zeros), and the rehearsal's accumulated reference was NaN too."""
-    for rank, (_, _, _, r, _, _, _) in enumerate(reports):
+    for rank, r in enumerate(rep[3] for rep in reports):
         assert math.isfinite(r["own_ref"]), r
         assert abs(r["own_loss"] - r["own_ref"]) <= 1e-5, (rank, r)
         assert r["own_grad"] <= 1.0, (rank, r)
 
 
 def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
-    for rank, (report, _, _, _, _, _, _) in enumerate(reports):
+    for rank, report in enumerate(rep[0] for rep in reports):
         errors = report.pop("errors")
         for name, r in report.items():
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
@@ -123,7 +125,7 @@ def test_grad_scaler_on_a_pipeline_needs_no_manual_start_and_skips_alike(reports
     the loss_fn left a FakeTensor in the scaler and the step refused the scaled loss. Now every rank starts at
     `init_scale`, an inf in rank 0's piece at step 1 makes all skip and halve (128, 64, 64 as one device), and
     the parameters after 3 steps equal one device's."""
-    for rank, (_, _, _, _, r, _, _) in enumerate(reports):
+    for rank, r in enumerate(rep[4] for rep in reports):
         assert r["scales"] == r["ref_scales"] == [128.0, 64.0, 64.0], (rank, r)
         assert r["params"] <= 1e-5, (rank, r)
 
@@ -134,7 +136,7 @@ def test_a_pipelines_last_stage_returns_only_what_the_step_reads(reports):
     dp, 4 + 4 x 16 x 128 x 4 = 32772 bytes, and torch's schedule kept both microbatches' after the step, 65544
     bytes, none of which `pm.step` returns); a loss_fn reading the logits gets them (32772 bytes, with a warning
     that the plan did not count them), and losses and parameters match one device."""
-    for rank, (*_, r, _) in enumerate(reports):
+    for rank, r in enumerate(rep[5] for rep in reports):
         assert r["returned"] == ([[4], [4], [32772]] if r["last"] else [[], [], []]), (rank, r)
         assert r["held"] == [0, 0, 0], (rank, r)
         assert r["loss"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
@@ -145,6 +147,21 @@ def test_item_count_with_a_summed_loss_is_refused(reports):
     """item_count= with a reduction='sum' loss_fn on a pipeline weighed each microbatch's sum by its share of the
     items: never one device's sum (pp=2, 4 microbatches, -100 labels spread unevenly: 34.13 for 86.24, with no word;
     round 16, r16e). Now a StepError on every rank before any work, naming the remedy."""
-    for rank, (*_, r, _) in enumerate(reports):
+    for rank, r in enumerate(rep[5] for rep in reports):
         assert "item_count= was given, but your loss_fn's loss is a sum" in r["sum_item_count"], (rank, r)
         assert "drop item_count=" in r["sum_item_count"], (rank, r)
+
+
+@pytest.mark.parametrize("index, role", [(7, "ddp"), (8, "fsdp")])
+def test_parameters_unfrozen_after_wrapping_a_pipeline_train_like_one_device(reports, index, role):
+    """Round 19 (trial g): on pp=2 x dp=2 a weight frozen when `auto_parallelize` ran and unfrozen after
+    (`requires_grad_(True)`) kept the build's stage program, without its dp gradient sync: the two dp replicas
+    trained on their local gradients (loss 9.4e-3, parameters 1.1e-2 off one device after 5 steps). Now each
+    stage runs the program of its parameters' current requires_grad; the tied wte / lm_head frozen at build gets
+    its gradient summed over its two stages once unfrozen, and frozen again it keeps no gradient (AdamW leaves
+    it, as on one device)."""
+    for per_rank in reports:
+        r = per_rank[index]
+        assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (role, r)
+        assert r["refrozen_moved"] == 0.0, (role, r)
+    assert any(per_rank[index]["held_embedding"] for per_rank in reports)
