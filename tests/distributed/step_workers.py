@@ -252,10 +252,21 @@ def _set_trainable(module, fqns, flag: bool) -> None:
             p.requires_grad_(flag)
 
 
+def _groups_by_name(module) -> list[dict]:
+    """AdamW param groups chosen by the model's names, as torchtitan / nanoGPT loops do: no weight decay on the
+    first block and the final norm (`startswith`), 0.5 on the rest."""
+    params = list(module.named_parameters())
+    keep = [p for n, p in params if n.startswith(("transformer.h.0.", "transformer.ln_f."))]
+    return [{"params": keep, "weight_decay": 0.0},
+            {"params": [p for n, p in params if not n.startswith(("transformer.h.0.", "transformer.ln_f."))],
+             "weight_decay": 0.5}]
+
+
 def unfreeze_train(rank: int, world_size: int, mesh: dict, roles: dict, steps: int = 3) -> dict:
     """Gradual unfreezing on a pipeline (round 19, trial g): `FROZEN_AT_WRAP` frozen when `auto_parallelize`
     runs, unfrozen before the first step; after step 1 the tied embedding is frozen again. The user loop
-    (`pm.step` + AdamW over all parameters) against the single-device model: the largest differences of loss,
+    (`pm.step` + AdamW with param groups chosen by name, `_groups_by_name`) against the single-device model:
+    the sizes of this rank's groups, its parameter names that the model lacks, the largest differences of loss,
     gradients (every step) and parameters after `steps` steps, and the frozen-again embedding's largest change
     over its last steps (0: AdamW skips a parameter without a gradient, as on one device)."""
     torch.manual_seed(0)
@@ -268,9 +279,9 @@ def unfreeze_train(rank: int, world_size: int, mesh: dict, roles: dict, steps: i
         pm = parallelizer.auto_parallelize(model, (ids,), mesh=mesh, axis_roles=roles, microbatches=2)
     for m in (pm, reference):
         _set_trainable(m, FROZEN_AT_WRAP, True)
-    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    worst = {"loss": 0.0, "grad": 0.0}
+    opt, ref_opt = (torch.optim.AdamW(_groups_by_name(m), lr=1e-3) for m in (pm, reference))
+    worst = {"loss": 0.0, "grad": 0.0, "groups": [len(g["params"]) for g in opt.param_groups],
+             "names_outside_model": sorted(set(n for n, _ in pm.named_parameters()) - set(dict(reference.named_parameters())))}
     for i in range(steps):
         if i == 2:
             for m in (pm, reference):

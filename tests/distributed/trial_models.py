@@ -525,7 +525,7 @@ def pipeline_init_rank(rank: int, world_size: int, schedule: str, microbatches: 
     torch.manual_seed(1)
     out = {}
     for fqn, p in pm.named_parameters():
-        out.setdefault(fqn.split(".", 2)[2], []).append(_error(lambda p=p: nn.init.normal_(p, std=0.02)))
+        out.setdefault(fqn, []).append(_error(lambda p=p: nn.init.normal_(p, std=0.02)))
     out["copied"] = sorted(pm.copied)
     return out
 
