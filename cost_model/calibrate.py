@@ -81,7 +81,7 @@ from tqdm import tqdm
 
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
-from cost_model.measure import (MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
+from cost_model.measure import (COLLECTIVE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
                                 measure_optimizer, median_time_s, split_half_difference)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
@@ -529,7 +529,7 @@ def fit_collective_cpu(cpu_by_size: Mapping[int, float]) -> tuple[float, float]:
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-              repeats: int = 9, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
+              repeats: int = COLLECTIVE_REPEATS, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
               contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
@@ -538,7 +538,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
 
     Args:
         nprocs: gloo process counts to calibrate (each >= 2).
-        repeats: samples per collective below 4 MiB (fewer above: :func:`cost_model.measure.repeats_for`).
+        repeats: samples (rounds) per collective below 64 MiB (fewer above: :func:`cost_model.measure.repeats_for`).
         kinds: collectives to measure (subset of :data:`MEASURABLE_KINDS`, >= 1).
         per_kind: fit per-kind ``Link.per_kind`` overrides and piecewise ``Link.size_fits`` (module docstring);
             ``False`` gives the joint fit only (the behaviour of format version 1).

@@ -75,7 +75,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
-           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "median_time_s", "sync_wait_s",
+           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s",
            "split_half_difference"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -89,6 +89,13 @@ _MEDIUM_BYTES, _MEDIUM_INNER = 4 << 20, 4  # messages from _SMALL_BYTES up to _M
 _SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
 _SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
 _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
+# Round 19 (r19b): rounds per collective (round-robin) below 64 MiB, 9 until then. Two idle calibrations of round 18
+# differed by a median 9.8-13.3% over their 52 collective quantities; the spread of a median falls as 1 / sqrt(rounds),
+# so 21 rounds cut it by sqrt(21 / 9) = 1.53x. Cost, from the medians those idle profiles recorded: the collectives
+# of `calibrate --quick` take 4.8 + 16 s (x2 + x4) with 9 / 3 rounds and 9.3 + 33 s with 21 / 5.
+COLLECTIVE_REPEATS = 21
+LARGE_REPEATS = 5  # rounds of messages of 64 MiB and more (3 until round 19)
+OVERLAP_ROUNDS = 31  # rounds of comm_overlap's three timings (11 until round 19: it moved 15-36% between idle runs)
 
 
 # glibc malloc.c: DEFAULT_MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * sizeof(long) (32 MiB on 64-bit), the ceiling its
@@ -159,9 +166,10 @@ def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) 
 
 
 def repeats_for(nbytes: int, repeats: int) -> int:
-    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else 3 (one 256 MiB collective
-    takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two calibrations)."""
-    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, 3)
+    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else at most :data:`LARGE_REPEATS` (5;
+    one 256 MiB collective takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two
+    calibrations; 3 until round 19)."""
+    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, LARGE_REPEATS)
 
 
 def inner_for(nbytes: int, inner: int) -> int:
@@ -246,7 +254,7 @@ def _matmuls(count: int) -> Callable[[], None]:
     return compute
 
 
-def _measure_overlap(rounds: int = 11) -> float:
+def _measure_overlap(rounds: int = OVERLAP_ROUNDS) -> float:
     """comm_overlap of the module docstring (all ranks take part; comm, compute and both interleaved)."""
     import torch.distributed as dist
     buf = torch.ones(_OVERLAP_BYTES // 4)
@@ -434,7 +442,7 @@ def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
 
 
 def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, sizes_bytes: Sequence[int] = (1 << 20,),
-                        repeats: int = 9, inner: int = 1, timeout_s: float = 600.0) -> dict:
+                        repeats: int = COLLECTIVE_REPEATS, inner: int = 1, timeout_s: float = 600.0) -> dict:
     """Median seconds of each collective ``kind`` and size over gloo, ``comm_overlap`` and ``sync_s`` (module
     docstring).
 
