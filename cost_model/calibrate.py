@@ -46,7 +46,14 @@ Fits per process count (one :class:`Link`):
 
 Stability: :func:`compare_profiles` gives the relative difference of every priced quantity between two
 profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-core machine shared with other
-jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section).
+jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section). Each
+calibration also predicts that difference from inside itself (round 19): ``measurements`` records, per device
+quantity (``<key>_split_half``) and per collective kind and size (``collective_split_half``), the split-half
+difference of its rounds (:func:`cost_model.measure.split_half_difference`), and their median
+(``split_half_median``, :func:`predicted_drift`); a second calibration of the same machine state differs by about
+that / sqrt(2). The measuring processes pin glibc's malloc thresholds (:func:`cost_model.measure.pin_allocator`),
+and the AdamW rate is the median over fresh processes (until round 19 one process's malloc state made it bimodal,
+2.6x apart). These are new keys of ``measurements`` only: the format version stays 3 and older profiles load.
 
 The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
