@@ -46,7 +46,14 @@ Fits per process count (one :class:`Link`):
 
 Stability: :func:`compare_profiles` gives the relative difference of every priced quantity between two
 profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-core machine shared with other
-jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section).
+jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section). Each
+calibration also predicts that difference from inside itself (round 19): ``measurements`` records, per device
+quantity (``<key>_split_half``) and per collective kind and size (``collective_split_half``), the split-half
+difference of its rounds (:func:`cost_model.measure.split_half_difference`), and their median
+(``split_half_median``, :func:`predicted_drift`); a second calibration of the same machine state differs by about
+that / sqrt(2). The measuring processes pin glibc's malloc thresholds (:func:`cost_model.measure.pin_allocator`),
+and the AdamW rate is the median over fresh processes (until round 19 one process's malloc state made it bimodal,
+2.6x apart). These are new keys of ``measurements`` only: the format version stays 3 and older profiles load.
 
 The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
@@ -81,14 +88,14 @@ from tqdm import tqdm
 
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
-from cost_model.measure import (MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
-                                measure_optimizer, median_time_s)
+from cost_model.measure import (COLLECTIVE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
+                                measure_optimizer, median_time_s, split_half_difference)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
 
 __all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
-           "fit_link", "fit_size_segments", "fit_collective_cpu", "compare_profiles", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
+           "fit_link", "fit_size_segments", "fit_collective_cpu", "compare_profiles", "predicted_drift", "summary", "refit", "DEFAULT_MESSAGE_SIZES_BYTES", "QUICK_MESSAGE_SIZES_BYTES",
            "CALIBRATED_KINDS", "MEASURABLE_KINDS", "REUSED_KIND_FITS"]
 
 PROFILE_FORMAT_VERSION = 3
@@ -215,9 +222,11 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
                    rounds: int = DEVICE_ROUNDS) -> dict[str, float]:
     """The device quantities of one process (module docstring), each the median over ``rounds`` interleaved
     rounds after one warm-up round: ``matmul_flops_per_s``, ``memory_bytes_per_s`` (FLOP/s, bytes/s),
-    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds), and
-    ``reference_step_s``, the forward + backward of :func:`cost_model.step_efficiency.reference_model` (the
-    faster of two per round). Call inside :func:`calibration_threads`.
+    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds; one fresh process per
+    round, :func:`cost_model.measure.measure_optimizer`), and ``reference_step_s``, the forward + backward of
+    :func:`cost_model.step_efficiency.reference_model` (the faster of two per round); and per quantity
+    ``<key>_split_half``, :func:`cost_model.measure.split_half_difference` of its rounds (what two calibrations
+    are predicted to differ by, times sqrt(2)). Call inside :func:`calibration_threads`.
 
     Raises:
         ValueError: ``rounds`` < 1.
@@ -231,11 +240,14 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
                   "memory_bytes_per_s": _measure_memory_bytes_per_s(memory_numel),
                   "launch_overhead_s": _measure_launch_overhead_s(),
                   "reference_step_s": min(time_reference_s(*reference) for _ in range(2))}
-        values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
-        if r:  # round 0: warm-up (first touch of the pages, lazy initialisation)
+        if r:  # round 0: warm-up (first touch of the pages, lazy initialisation); the optimizer warms up in its own
+            # fresh process each round (cost_model.measure.measure_optimizer), so the median is over processes
+            values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
             for key, value in values.items():
                 got.setdefault(key, []).append(value)
-    return {key: statistics.median(values) for key, values in got.items()}
+    out = {key: statistics.median(values) for key, values in got.items()}
+    out.update({f"{key}_split_half": split_half_difference(values) for key, values in got.items()})
+    return out
 
 
 def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
@@ -524,7 +536,7 @@ def fit_collective_cpu(cpu_by_size: Mapping[int, float]) -> tuple[float, float]:
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-              repeats: int = 9, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
+              repeats: int = COLLECTIVE_REPEATS, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
               contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
@@ -533,7 +545,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
 
     Args:
         nprocs: gloo process counts to calibrate (each >= 2).
-        repeats: samples per collective below 4 MiB (fewer above: :func:`cost_model.measure.repeats_for`).
+        repeats: samples (rounds) per collective below 64 MiB (fewer above: :func:`cost_model.measure.repeats_for`).
         kinds: collectives to measure (subset of :data:`MEASURABLE_KINDS`, >= 1).
         per_kind: fit per-kind ``Link.per_kind`` overrides and piecewise ``Link.size_fits`` (module docstring);
             ``False`` gives the joint fit only (the behaviour of format version 1).
@@ -593,12 +605,15 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         measurements.setdefault("collective_cpu", {})[str(n)] = {
             k: {str(b): c for b, c in v.items()} for k, v in got["collective_cpu"].items()}
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
+        measurements.setdefault("collective_split_half", {})[str(n)] = {
+            k: {str(b): h for b, h in v.items()} for k, v in got["split_half"].items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
         links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
         bar.update()
     bar.close()
     if per_kind:  # say which fits are copies of another kind's rather than measured
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
+    measurements["split_half_median"] = predicted_drift(measurements)
     measurements["seconds"] = time.perf_counter() - started
     measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
     profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count(),
@@ -608,6 +623,17 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
             json.dump(_profile_to_json(profile, measurements), f, indent=2, sort_keys=True)
             f.write("\n")
     return profile
+
+
+def predicted_drift(measurements: Mapping) -> float | None:
+    """The median over every quantity that records one of its :func:`cost_model.measure.split_half_difference`
+    (the device's ``*_split_half`` keys, ``collective_split_half``) in a profile's ``measurements``: the median
+    |difference| a second calibration of the same machine state is predicted to show, times sqrt(2) (round 19;
+    None in profiles written before it)."""
+    values = [float(v) for k, v in measurements.items() if k.endswith("_split_half") and k != "collective_split_half"]
+    values += [float(h) for by_kind in measurements.get("collective_split_half", {}).values()
+               for by_size in by_kind.values() for h in by_size.values()]
+    return statistics.median(values) if values else None
 
 
 def refit(path: str | os.PathLike, out_path: str | os.PathLike | None = None) -> Profile:

@@ -48,10 +48,23 @@ the fastest is the least disturbed run, which a training step does not get; the 
   slower each of ``k`` ranks computes when they share the machine's cores and memory bandwidth.
 * :func:`measure_optimizer`: torch's default AdamW (single thread) on one large tensor and on many small ones:
   bytes/s of its traffic (28 B per fp32 element, :func:`cost_model.compute.optimizer_step_time_s`) and the
-  fixed seconds per tensor.
+  fixed seconds per tensor, in fresh spawned processes (the median over them).
+* :func:`pin_allocator`: every measuring process (gloo workers, contention workers, optimizer workers) first fixes
+  glibc malloc's thresholds, so that a measured kernel's temporaries come from reused heap memory, as in a
+  training rank, and not from fresh pages. Round 19 (r19b), measured with ``getrusage`` (counts and process CPU,
+  valid under load): torch's AdamW on one 4M-element tensor allocates two 16 MiB temporaries per step; glibc's
+  dynamic mmap / trim thresholds (malloc(3), mallopt(3): the mmap threshold rises to the size of a freed mmapped
+  chunk, at most 32 MiB on 64-bit, and the trim threshold to twice that) left 8 of 12 fresh processes taking
+  8,160 minor page faults per step (every step's temporaries on fresh pages; 10-27 ms of system CPU per step) and
+  4 with none, so the AdamW rate of one process read 1.8-4.2 GB/s or 6.2-9.7 GB/s (process CPU) at random: the
+  -61% / +92% between two calibrations of round 18. Pinned, 6 of 6 processes took 0 faults. A rank of the step-time
+  bench's llama (2.5M parameters, after forward and backward) took 0-1 faults per AdamW step in 4 of 4 processes:
+  the pinned state is the one ranks run in.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import socket
 import statistics
@@ -62,7 +75,8 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
-           "measure_optimizer", "repeats_for", "inner_for", "median_time_s", "sync_wait_s"]
+           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s",
+           "split_half_difference"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -75,6 +89,68 @@ _MEDIUM_BYTES, _MEDIUM_INNER = 4 << 20, 4  # messages from _SMALL_BYTES up to _M
 _SYNC_MATMULS = 8  # compute chunk before each collective of `_measure_sync`: ~1-3 ms on one core (256^3 mm)
 _SYNC_BYTES = 4 << 10  # a small all-reduce: its own time is mostly latency
 _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
+# Round 19 (r19b): rounds per collective (round-robin) below 64 MiB, 9 until then. Two idle calibrations of round 18
+# differed by a median 9.8-13.3% over their 52 collective quantities; the spread of a median falls as 1 / sqrt(rounds),
+# so 21 rounds cut it by sqrt(21 / 9) = 1.53x. Cost, from the medians those idle profiles recorded: the collectives
+# of `calibrate --quick` take 4.8 + 16 s (x2 + x4) with 9 / 3 rounds and 9.3 + 33 s with 21 / 5.
+COLLECTIVE_REPEATS = 21
+LARGE_REPEATS = 5  # rounds of messages of 64 MiB and more (3 until round 19)
+OVERLAP_ROUNDS = 31  # rounds of comm_overlap's three timings (11 until round 19: it moved 15-36% between idle runs)
+
+
+# glibc malloc.c: DEFAULT_MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * sizeof(long) (32 MiB on 64-bit), the ceiling its
+# dynamic mmap threshold rises to; the dynamic trim threshold is twice the mmap threshold (mallopt(3)).
+ALLOCATOR_MMAP_THRESHOLD_BYTES = 32 << 20
+ALLOCATOR_TRIM_THRESHOLD_BYTES = 2 * ALLOCATOR_MMAP_THRESHOLD_BYTES
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h> parameter numbers of mallopt(3)
+
+
+def pin_allocator() -> bool:
+    """Fix this process's glibc malloc thresholds at the values its dynamic rule converges to in a long-running
+    process (mmap threshold :data:`ALLOCATOR_MMAP_THRESHOLD_BYTES`, trim threshold
+    :data:`ALLOCATOR_TRIM_THRESHOLD_BYTES`), so that a measured kernel's temporaries below 32 MiB reuse heap memory
+    instead of faulting in fresh pages on every call (module docstring: the AdamW rate of a fresh process was
+    bimodal, 2-3x apart, by which side of the dynamic thresholds its first allocations fell). For the measuring
+    processes only (they are spawned for it); it cannot be undone (mallopt disables the dynamic thresholds).
+
+    Returns:
+        True when both thresholds were set; False where the C library is not glibc (no ``mallopt``: nothing is
+        changed, and the caller records it).
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_MMAP_THRESHOLD_BYTES)) \
+        and bool(mallopt(_M_TRIM_THRESHOLD, ALLOCATOR_TRIM_THRESHOLD_BYTES))
+
+
+def split_half_difference(samples: Sequence[float]) -> float:
+    """The spread of a median-of-rounds estimate predicted from inside one run: ``|median(odd rounds) -
+    median(even rounds)| / median(all)`` of ``samples`` in round order (round 1 first). Each half is an estimate
+    from half the rounds, so two calibrations of the same state differ by about this much / sqrt(2) (the
+    difference of two full-run medians has half the variance of the difference of two half-run medians); a
+    between-calibration difference far above it is a change of state between the runs (process, machine), not
+    sampling noise. 0.0 with fewer than 2 samples.
+
+    Raises:
+        ValueError: a sample is negative or not finite, or the median is 0 with differing halves.
+    """
+    xs = [float(x) for x in samples]
+    if any(not (x >= 0 and x < float("inf")) for x in xs):
+        raise ValueError(f"split_half_difference: samples must be finite and >= 0, got {xs}")
+    if len(xs) < 2:
+        return 0.0
+    odd, even = statistics.median(xs[0::2]), statistics.median(xs[1::2])
+    whole = statistics.median(xs)
+    if odd == even:
+        return 0.0
+    if whole == 0:
+        raise ValueError(f"split_half_difference: median 0 with halves {odd} and {even}")
+    return abs(odd - even) / whole
 
 
 def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
@@ -90,9 +166,10 @@ def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) 
 
 
 def repeats_for(nbytes: int, repeats: int) -> int:
-    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else 3 (one 256 MiB collective
-    takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two calibrations)."""
-    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, 3)
+    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else at most :data:`LARGE_REPEATS` (5;
+    one 256 MiB collective takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two
+    calibrations; 3 until round 19)."""
+    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, LARGE_REPEATS)
 
 
 def inner_for(nbytes: int, inner: int) -> int:
@@ -177,7 +254,7 @@ def _matmuls(count: int) -> Callable[[], None]:
     return compute
 
 
-def _measure_overlap(rounds: int = 11) -> float:
+def _measure_overlap(rounds: int = OVERLAP_ROUNDS) -> float:
     """comm_overlap of the module docstring (all ranks take part; comm, compute and both interleaved)."""
     import torch.distributed as dist
     buf = torch.ones(_OVERLAP_BYTES // 4)
@@ -286,12 +363,15 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
         for pair in large:  # one at a time: their buffers are hundreds of MiB per rank
             samples.update(_sample([pair], rank, world_size, repeats, inner, cpu))
         results: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
+        halves: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
         for (kind, nbytes), got in samples.items():
             results[kind][nbytes] = statistics.median(got)
+            halves[kind][nbytes] = split_half_difference(got)
         cpu_results = _median_over_ranks(cpu, kinds)
         overlap = _measure_overlap()
         sync = _measure_sync()
-        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results}
+        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results,
+                "split_half": halves}
     gloo_worker(rank, world_size, port, timeout_s, queue, body)
 
 
@@ -313,12 +393,14 @@ def _median_over_ranks(cpu: dict, kinds: Sequence[str]) -> dict[str, dict[int, f
 
 
 def gloo_worker(rank: int, world_size: int, port: int, timeout_s: float, queue, body: Callable[[], object]) -> None:
-    """The frame of a spawned measuring process: one intra-op thread, a gloo group on 127.0.0.1:``port``, then
+    """The frame of a spawned measuring process: one intra-op thread, the allocator pinned (:func:`pin_allocator`),
+    a gloo group on 127.0.0.1:``port``, then
     ``body()``, whose result rank 0 puts on ``queue`` as ("ok", result) (an exception: ("error", message) from
     any rank); tears the group down and exits the process."""
     import torch.distributed as dist
     try:
         torch.set_num_threads(1)
+        pin_allocator()  # the collectives' fresh outputs reuse heap memory, as in a rank (module docstring)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
         result = body()
@@ -360,13 +442,14 @@ def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
 
 
 def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, sizes_bytes: Sequence[int] = (1 << 20,),
-                        repeats: int = 9, inner: int = 1, timeout_s: float = 600.0) -> dict:
+                        repeats: int = COLLECTIVE_REPEATS, inner: int = 1, timeout_s: float = 600.0) -> dict:
     """Median seconds of each collective ``kind`` and size over gloo, ``comm_overlap`` and ``sync_s`` (module
     docstring).
 
     Returns:
         ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction, "sync_s": seconds,
-        "collective_cpu": {kind: {nbytes: CPU seconds per call of one rank (process CPU, median over ranks)}}}``.
+        "collective_cpu": {kind: {nbytes: CPU seconds per call of one rank (process CPU, median over ranks)}},
+        "split_half": {kind: {nbytes: split_half_difference of rank 0's samples in round order}}}``.
 
     Raises:
         ValueError: a kind outside :data:`MEASURABLE_KINDS`.
@@ -408,6 +491,7 @@ def _contention_worker(rank: int, nprocs: int, barrier, done, window_s: float, r
     ``(rank, {"solo": [mm, add, adamw] rates, "all": [...]})`` (medians over rounds)."""
     try:
         torch.set_num_threads(1)
+        pin_allocator()  # the AdamW kernel's temporaries reuse heap memory in every process (module docstring)
         a, b = torch.randn(_MATMUL_N, _MATMUL_N), torch.randn(_MATMUL_N, _MATMUL_N)
         x, y, z = torch.randn(1 << 22), torch.randn(1 << 22), torch.empty(1 << 22)
         param = torch.nn.Parameter(torch.randn(_ADAMW_NUMEL))
@@ -501,17 +585,65 @@ def contention_factor(solo_rate: float, rates: Sequence[float], k: int, cores: i
     return min(float(k), max(contention_floor(k, max(1, cores)), solo_rate / statistics.median(rates)))
 
 
-def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256) -> tuple[float, float]:
-    """``(optimizer_bytes_per_s, optimizer_tensor_s)`` of torch's default AdamW in this process (module
-    docstring): the fixed seconds per tensor from ``small_tensors`` 16-element tensors, the bandwidth from one
-    tensor of ``numel`` fp32 elements at 28 B of traffic per element."""
-    def step_s(shapes: list[int]) -> float:
-        params = [torch.nn.Parameter(torch.randn(n)) for n in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        return median_time_s(opt.step, repeats=9, warmup=2)
+def _optimizer_step_s(shapes: Sequence[int]) -> tuple[float, float]:
+    """(median seconds of one AdamW step over fresh fp32 tensors of ``shapes``, minor page faults per step)."""
+    import resource
+    params = [torch.nn.Parameter(torch.randn(n)) for n in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for _ in range(2):  # warm-up: the optimizer state's first touch
+        opt.step()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    seconds = median_time_s(opt.step, repeats=9, warmup=0)
+    return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 9
 
-    per_tensor = step_s([16] * small_tensors) / small_tensors
-    big = step_s([numel])
-    return 28 * numel / max(big - per_tensor, 1e-9), per_tensor
+
+def _optimizer_worker(rank: int, nprocs: int, numel: int, small_tensors: int, queue) -> None:
+    """Spawned worker of :func:`measure_optimizer`: one intra-op thread, the allocator pinned, then
+    ``(bytes_per_s, tensor_s, minor faults per large step, pinned, pid)`` on ``queue``."""
+    try:
+        torch.set_num_threads(1)
+        pinned = pin_allocator()
+        per_tensor = _optimizer_step_s([16] * small_tensors)[0] / small_tensors
+        big, faults = _optimizer_step_s([numel])
+        queue.put(("ok", (28 * numel / max(big - per_tensor, 1e-9), per_tensor, faults, pinned, os.getpid())))
+    except Exception as exc:  # reported to the parent, which raises
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def measure_optimizer_processes(numel: int = 1 << 22, small_tensors: int = 256, processes: int = 1,
+                                timeout_s: float = 180.0) -> list[dict]:
+    """One AdamW measurement per fresh spawned process, ``processes`` of them one after another (never two at
+    once: they would share the cores), each with its allocator pinned (:func:`pin_allocator`).
+
+    Returns:
+        Per process ``{"optimizer_bytes_per_s", "optimizer_tensor_s", "minor_faults_per_step", "pinned", "pid"}``
+        (minor page faults per timed step of the large tensor: ~0 pinned, 8,160 per step in the faulting state).
+
+    Raises:
+        ValueError: ``processes`` < 1, ``numel`` < 1 or ``small_tensors`` < 1.
+        RuntimeError: a process failed or gave no result within ``timeout_s`` (names the measurement).
+    """
+    if processes < 1 or numel < 1 or small_tensors < 1:
+        raise ValueError(f"measure_optimizer(numel={numel}, small_tensors={small_tensors}, processes={processes}): "
+                         "each must be >= 1")
+    keys = ("optimizer_bytes_per_s", "optimizer_tensor_s", "minor_faults_per_step", "pinned", "pid")
+    return [dict(zip(keys, _run_spawned(_optimizer_worker, 1, (numel, small_tensors), timeout_s,
+                                        f"AdamW measurement (process {i + 1} of {processes})")))
+            for i in range(processes)]
+
+
+def measure_optimizer(numel: int = 1 << 22, small_tensors: int = 256, processes: int = 1) -> tuple[float, float]:
+    """``(optimizer_bytes_per_s, optimizer_tensor_s)`` of torch's default AdamW (module docstring): the fixed
+    seconds per tensor from ``small_tensors`` 16-element tensors, the bandwidth from one tensor of ``numel`` fp32
+    elements at 28 B of traffic per element; each the median over ``processes`` fresh processes with the allocator
+    pinned (:func:`measure_optimizer_processes`). Until round 19 it ran in the caller's process, whose malloc state
+    (module docstring) made the rate bimodal, 2.6x apart between processes.
+
+    Raises:
+        ValueError, RuntimeError: as :func:`measure_optimizer_processes`.
+    """
+    got = measure_optimizer_processes(numel, small_tensors, processes)
+    return (statistics.median(g["optimizer_bytes_per_s"] for g in got),
+            statistics.median(g["optimizer_tensor_s"] for g in got))

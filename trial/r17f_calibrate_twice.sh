@@ -21,6 +21,11 @@ from cost_model.calibrate import compare_profiles, load_profile
 d = compare_profiles(load_profile(sys.argv[1]), load_profile(sys.argv[2]))
 print(f"median |difference| {statistics.median(abs(v) for v in d.values()):.1%} over {len(d)} quantities; "
       f"within 10%: {sum(abs(v) <= 0.1 for v in d.values())}")
+import json  # round 19 (r19b): each run's own prediction of the drift (median split-half difference / sqrt(2))
+for path in sys.argv[1:3]:
+    drift = json.load(open(path))["measurements"].get("split_half_median")
+    print(f"  {path}: predicted median |difference| "
+          + ("n/a (profile before round 19)" if drift is None else f"{drift / 2 ** 0.5:.1%} (split-half {drift:.1%})"))
 for k, v in sorted(d.items(), key=lambda kv: -abs(kv[1])):
     if any(w in k for w in ("optimizer", "pipeline action", "send_recv 64 ", "all_to_all")) or abs(v) > 0.3:
         print(f"  {k}: {v:+.1%}")

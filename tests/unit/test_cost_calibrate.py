@@ -43,6 +43,10 @@ def test_calibration_smoke_round_trip(tmp_path):
     assert set(loaded.links[2].size_fits) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     assert all(len(segs) == 2 for segs in loaded.links[2].size_fits.values())
     assert json.loads(text)["measurements"]["per_kind_reused"] == {}
+    # round 19: each collective's split-half difference is recorded, and their median with the device's
+    halves = json.loads(text)["measurements"]["collective_split_half"]["2"]
+    assert set(halves) == set(loaded.links[2].size_fits) and all(len(v) == 3 for v in halves.values())
+    assert 0 <= json.loads(text)["measurements"]["split_half_median"] < 10
     assert 0 <= loaded.comm_overlap[2] <= 1 and loaded.contention == {}
     assert 0 <= loaded.collective_sync[2] < 0.1  # seconds a blocking collective waits for the slowest rank
     assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
@@ -186,7 +190,11 @@ def test_measure_device_takes_medians_over_interleaved_rounds(monkeypatch):
     got = cal.measure_device(rounds=3)
     assert got["matmul_flops_per_s"] == 3.0 and got["memory_bytes_per_s"] == 5.0
     assert got["optimizer_bytes_per_s"] == 4e9 and got["optimizer_tensor_s"] == 3e-5
-    assert calls == ["matmul", "memory", "launch", "optimizer"] * 4  # interleaved, one warm-up round
+    # interleaved, one warm-up round; the optimizer (a fresh process per call since round 19, which warms itself
+    # up) is not measured in the warm-up round
+    assert calls == ["matmul", "memory", "launch"] + ["matmul", "memory", "launch", "optimizer"] * 3
+    # each quantity's split-half difference over its rounds (9, 2, 3: odd rounds 9, 3 -> 6; even 2 -> |6-2| / 3)
+    assert got["matmul_flops_per_s_split_half"] == pytest.approx(4 / 3) and got["memory_bytes_per_s_split_half"] == 0
     with pytest.raises(ValueError, match="rounds=0"):
         cal.measure_device(rounds=0)
 
