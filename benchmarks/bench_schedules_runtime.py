@@ -20,10 +20,14 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   cross-rank send and receive theirs, and the step's set-up, from the profile's `DeviceSpec.pipeline_action`
   (measured by calibration with torch's runtime, `cost_model.pipeline_actions`); the "before" column prices
   without it (measured factors), as until round 15;
-- zbv's and dualpipev's split backward priced as I + W = B: torch's `stage_backward_input` +
+- zbv's and dualpipev's split backward priced as I + W = B in compute: torch's `stage_backward_input` +
   `stage_backward_weight` on a GPT-2 block (hidden 512, sequence 128, one thread) took 38.9 ms against
   39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
-  measurable compute and none is priced;
+  measurable compute; but the split walks the stage's autograd graph in Python (round 19: ~2-3 ms per I / W
+  pair on a quick-size block, measured per schedule), priced per node on each W action
+  (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors);
+- gloo's threads' CPU per byte of every transfer at both ends (round 19, `comm_thread_per_byte_s`, with
+  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`);
 - what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
   ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
   stage (its wire time, and since round 18 the host work of packing / summing it on each copy's rank,
@@ -204,9 +208,10 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
                                   copy_exchange_pack_s(float(pr.grads_bytes[g].sum()), _no_per_byte(pc.device))
                                   for g in segs))
     ms["before"] = simulate(name, PP, MICROBATCHES, old, pc.cores).makespan_s * 1e3
-    work = sum(simulate(name, PP, MICROBATCHES, times).busy_s) + sum(times.optimizer_s)
+    rank_work = [b + o for b, o in zip(simulate(name, PP, MICROBATCHES, times).busy_s, times.optimizer_s)]
+    work = sum(rank_work)
     before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
-    return {"ms": ms, "work_ms": work * 1e3, "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
+    return {"ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
             "numel": numel, "tensors": tensors, "stages": S}
 
 
