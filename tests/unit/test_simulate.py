@@ -573,22 +573,28 @@ def test_bitpipes_exchange_packing_is_cpu_work_on_each_copys_rank(p, m):
 
 # --- the package's own runner (BitPipe) priced at its own per-action cost (issue 14, round 17) -------------------
 
-def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
-    """Per rank, the transfers its actions send to another rank, counted off the action lists and placement:
-    F of a copy's stage k < S - 1 sends to stage copy x + 1, B of k > 0 to x - 1."""
+def _cross_rank_transfers(name: str, p: int, m: int) -> tuple[list[int], list[int]]:
+    """Per rank, (transfers its actions send to another rank, transfers they receive from one), counted off the
+    action lists and placement: F of a copy's stage k sends to stage copy x + 1 (k < S - 1) and receives from
+    x - 1 (k > 0); I / B sends to x - 1 (k > 0) and receives from x + 1 (k < S - 1)."""
     sched = action_schedule(name, p, m)
     S, where = sched.num_stages, sched.stage_to_rank
-    out = []
+    sends, recvs = [0] * p, [0] * p
     for r in range(p):
-        n = 0
         for a in sched.actions[r]:
             x, k, kind = a.stage_index, a.stage_index % S, a.computation_type.value
-            if kind == "F" and k < S - 1:
-                n += where[x + 1] != r
-            elif kind in ("B", "I") and k > 0:
-                n += where[x - 1] != r
-        out.append(n)
-    return out
+            if kind == "F":
+                sends[r] += k < S - 1 and where[x + 1] != r
+                recvs[r] += k > 0 and where[x - 1] != r
+            elif kind in ("B", "I"):
+                sends[r] += k > 0 and where[x - 1] != r
+                recvs[r] += k < S - 1 and where[x + 1] != r
+    return sends, recvs
+
+
+def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
+    """Per rank, the transfers its actions send to another rank (`_cross_rank_transfers`)."""
+    return _cross_rank_transfers(name, p, m)[0]
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
@@ -623,24 +629,6 @@ def test_bitpipe_pays_its_own_runners_costs_and_the_other_schedules_torchs(p, m)
 
 # --- CPU that grows with size: the communication threads per byte, torch's split backward per node (round 19) ----
 
-def _cross_rank_receives(name: str, p: int, m: int) -> list[int]:
-    """Per rank, the transfers its actions receive from another rank (action lists and placement): F of a copy's
-    stage k > 0 from stage copy x - 1, I / B of k < S - 1 from x + 1."""
-    sched = action_schedule(name, p, m)
-    S, where = sched.num_stages, sched.stage_to_rank
-    out = []
-    for r in range(p):
-        n = 0
-        for a in sched.actions[r]:
-            x, k, kind = a.stage_index, a.stage_index % S, a.computation_type.value
-            if kind == "F" and k > 0:
-                n += where[x - 1] != r
-            elif kind in ("B", "I") and k < S - 1:
-                n += where[x + 1] != r
-        out.append(n)
-    return out
-
-
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
 def test_comm_threads_per_byte_cpu_is_paid_on_both_ends_of_every_cross_rank_transfer(name):
     """`PipelineActionCost.comm_thread_per_byte_s` = beta with `StageTimes.p2p_bytes` = b: each rank's busy time
@@ -653,7 +641,7 @@ def test_comm_threads_per_byte_cpu_is_paid_on_both_ends_of_every_cross_rank_tran
     base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
     own = PipelineActionCost()  # BitPipe's own runner, measured at zero cost
     cost = dict(comm_thread_per_byte_s=beta, own_runner=own)
-    sends, recvs = _cross_rank_sends(name, p, m), _cross_rank_receives(name, p, m)
+    sends, recvs = _cross_rank_transfers(name, p, m)
     assert sum(sends) == sum(recvs) > 0
     for cores in (None, SharedCores.ideal(p, p)):
         plain = simulate(name, p, m, _with(base, **cost), cores)
