@@ -20,10 +20,14 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   cross-rank send and receive theirs, and the step's set-up, from the profile's `DeviceSpec.pipeline_action`
   (measured by calibration with torch's runtime, `cost_model.pipeline_actions`); the "before" column prices
   without it (measured factors), as until round 15;
-- zbv's and dualpipev's split backward priced as I + W = B: torch's `stage_backward_input` +
+- zbv's and dualpipev's split backward priced as I + W = B in compute: torch's `stage_backward_input` +
   `stage_backward_weight` on a GPT-2 block (hidden 512, sequence 128, one thread) took 38.9 ms against
   39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
-  measurable compute and none is priced;
+  measurable compute; but the split walks the stage's autograd graph in Python (round 19: ~2-3 ms per I / W
+  pair on a quick-size block, measured per schedule), priced per node on each W action
+  (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors);
+- gloo's threads' CPU per byte of every transfer at both ends (round 19, `comm_thread_per_byte_s`, with
+  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`);
 - what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
   ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
   stage (its wire time, and since round 18 the host work of packing / summing it on each copy's rank,
@@ -61,6 +65,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -181,6 +186,7 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
     tensors = [sum(len(pr.grad_shapes[g]) for k in holds[r] for g in segs[k]) for r in range(PP)]
     tied_ranks = {sched.stage_to_rank[c * S + k] for c in range(sched.copies) for k in (0, S - 1)}
     tied = send(pr.shared_grad_bytes) if pr.shared_grad_bytes and len(tied_ranks) > 1 else 0.0
+    ops = np.bincount(list(pc.segments.owner.values()), minlength=L + 2)  # ATen ops per segment
     times = StageTimes(
         tuple(float(pc.f[g].sum()) for g in segs), tuple(float(pc.i[g].sum()) for g in segs),
         tuple(float(pc.w[g].sum()) for g in segs),
@@ -190,15 +196,29 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         if sched.copies > 1 else None,
         grad_sync_s=tuple(tied if r in tied_ranks else 0.0 for r in range(PP)),
         optimizer_s=tuple(optimizer_step_time_s(n, t, ADAMW_BYTES, pc.device) for n, t in zip(numel, tensors)),
-        action_overhead=pc.device.pipeline_action)
+        action_overhead=pc.device.pipeline_action,
+        p2p_bytes=tuple(float(pc.segments.cut_fwd_bytes[j]) for j in cuts),
+        p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
+        backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
-    ms["before"] = simulate(name, PP, MICROBATCHES, dataclasses.replace(times, action_overhead=None),
-                            pc.cores).makespan_s * 1e3
-    work = sum(simulate(name, PP, MICROBATCHES, times).busy_s) + sum(times.optimizer_s)
-    before = sum(simulate(name, PP, MICROBATCHES, dataclasses.replace(times, action_overhead=None)).busy_s)
-    return {"ms": ms, "work_ms": work * 1e3, "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
+    # "before": as priced until round 18 (no per-byte CPU of the communication threads, no split-backward walks)
+    old = dataclasses.replace(times, p2p_bytes=None, p2p_bwd_bytes=None, backward_nodes=None,
+                              copy_pack_s=None if times.copy_pack_s is None else tuple(
+                                  copy_exchange_pack_s(float(pr.grads_bytes[g].sum()), _no_per_byte(pc.device))
+                                  for g in segs))
+    ms["before"] = simulate(name, PP, MICROBATCHES, old, pc.cores).makespan_s * 1e3
+    rank_work = [b + o for b, o in zip(simulate(name, PP, MICROBATCHES, times).busy_s, times.optimizer_s)]
+    work = sum(rank_work)
+    before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
+    return {"ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
             "numel": numel, "tensors": tensors, "stages": S}
+
+
+def _no_per_byte(device):
+    """`device` without the communication threads' per-byte CPU (the "before" column)."""
+    return dataclasses.replace(device, pipeline_action=dataclasses.replace(device.pipeline_action,
+                                                                           comm_thread_per_byte_s=0.0))
 
 
 def _loss(output, target):
@@ -248,13 +268,14 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
-            "cores", "own": "own core each", "before": "measured factors without the per-action cost (before)"}
+            "cores", "own": "own core each", "before": "measured factors, as priced until round 18 (no per-byte "
+            "or split-backward CPU)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
     """Markdown table + orders + agreement per simulated variant (module docstring)."""
     rows = [header, "", "| schedule | stages | " + " | ".join(f"simulated ms ({v})" for v in VARIANTS.values())
-            + " | measured ms median (min-max) | work: simulated solo CPU ms before -> with the per-action cost / "
+            + " | measured ms median (min-max) | work: simulated solo CPU ms round 18 -> now / "
             "measured CPU ms (all ranks, median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
     for name in SCHEDULES:
         s = sim[name]

@@ -473,6 +473,8 @@ def _pipeline_action_from_json(spec: dict | None, nested: bool = False) -> Pipel
     fields = {k: float(v) for k, v in spec.items() if k != "own_runner"}
     if not nested:  # written before round 18: gloo's threads at the documented figure (the top level's only)
         fields.setdefault("comm_thread_s", CPU_PIPELINE_ACTION.comm_thread_s)
+        for name in ("comm_thread_per_byte_s", "split_backward_per_node_s"):  # written before round 19
+            fields.setdefault(name, getattr(CPU_PIPELINE_ACTION, name))
     return PipelineActionCost(**fields, own_runner=None if own is None else _pipeline_action_from_json(own, True))
 
 
@@ -682,7 +684,10 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
              "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
              + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
              f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms, gloo threads "
-             f"{dev.pipeline_action.comm_thread_s * 1e6:.0f} us per P2P op" + _own_runner_summary(dev.pipeline_action)]
+             f"{dev.pipeline_action.comm_thread_s * 1e6:.0f} us per P2P op + "
+             f"{dev.pipeline_action.comm_thread_per_byte_s * 1e9:.2f} ns per byte, split backward "
+             f"{dev.pipeline_action.split_backward_per_node_s * 1e6:.0f} us per autograd node"
+             + _own_runner_summary(dev.pipeline_action)]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:
         if kind in reused:

@@ -75,6 +75,16 @@ class PipelineActionCost:
     not of the runner, so BitPipe's own runner pays the same figure (`planner.simulate` reads it from the
     top level, never from `own_runner`). 0 on the GPU presets (NCCL progresses on the device).
 
+    `comm_thread_per_byte_s` (round 19): the same threads' CPU seconds per byte of each cross-rank send and of each
+    receive (they copy the bytes through loopback TCP): a P2P op of n bytes costs its sender and its receiver
+    `comm_thread_s + n * comm_thread_per_byte_s` each. The library's, like `comm_thread_s`; 0 on the GPU presets.
+
+    `split_backward_per_node_s` (round 19): CPU seconds per autograd node of a stage that torch's split backward
+    (`stage_backward_input` + `stage_backward_weight`, the I / W actions of zbv and dualpipev) spends beyond one
+    full backward: Python walks of the stage's autograd graph (parameter groups, intermediates, hooks), so it
+    grows with the stage's graph, which the fixed I / W costs above (measured on one Linear(8, 8)) cannot see.
+    `planner.simulate` charges it to each W action times the stage's node count (`StageTimes.backward_nodes`).
+
     `own_runner` (round 17): the same costs for the schedules the package runs on its own runner rather than
     torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`; its F measured 1.1-2.9x torch's,
     B 0.6-1.2x, round 17); None: those schedules are priced with the fields above (`for_schedule`).
@@ -92,6 +102,8 @@ class PipelineActionCost:
     recv_s: float = 0.0
     step_s: float = 0.0
     comm_thread_s: float = 0.0
+    comm_thread_per_byte_s: float = 0.0
+    split_backward_per_node_s: float = 0.0
     own_runner: "PipelineActionCost | None" = None
 
     def __post_init__(self) -> None:

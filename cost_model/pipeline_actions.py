@@ -31,6 +31,20 @@ steps of this module's measurement (2026-12-03 17:46, load ~28; range 40-889 us)
 (``time.process_time``) less the stepping thread's (``time.thread_time``), over the P2P ops the step posted
 (each send and each receive, ``len(ops)`` of every ``_batch_p2p``). It agrees with round 17's profile of gloo's
 threads (10-31 ms per step over ~48 ops a rank: 210-650 us).
+
+Round 19, two costs that grow with size (``PipelineActionCost`` documents them):
+- ``comm_thread_per_byte_s``: each round, rank 0 sends 8 messages of 64 B and 8 of 1 MiB to rank 1 and back
+  (each posted and waited in turn); per round and rank, (process CPU - thread CPU per op at 1 MiB - the same at
+  64 B) / (1 MiB - 64 B); the median over rounds and ranks. Default (profiles written before) 0.23 ns per byte:
+  ``/tmp/r19c/gloo_bytes.py`` on this machine (2026-12-03 21:46, load ~22, 2 ranks, 16 ops a size, 7 rounds):
+  gloo's threads 252 / 253 us per op at 1 MiB (send / recv), 876 / 1012 us at 4 MiB, 0-17 us at 64 B - 4 KiB,
+  i.e. 0.21-0.24 ns per byte on each end.
+- ``split_backward_per_node_s``: per process, chains of ``_SPLIT_DEPTHS`` Linear(8, 8) layers, the thread CPU
+  of torch's ``stage_backward_input`` + ``stage_backward_weight`` less a full ``autograd.backward``, per autograd
+  node (4 per Linear: addmm, t, 2 AccumulateGrad): (extra(8) - extra(1)) / (32 - 4). Default 24 us per node:
+  ``/tmp/r19c/iw_lin.py`` (2026-12-03 21:59, load ~40, 35 runs each): extra 196 / 518 / 1642 us for 1 / 4 / 16
+  layers ((1642 - 196) / 60 nodes); on a GPT-2 block of width 64, sequence 32 (``/tmp/r19c/iw_split.py``) the
+  split cost 3302 us against 1301 us for a full backward.
 """
 from __future__ import annotations
 
@@ -70,23 +84,29 @@ def copy_exchange_pack_s(grad_bytes: float, device) -> float:
     memory bandwidth (`DeviceSpec.hbm_bytes_per_s`); memory-bound copies, no FLOPs. Measured (r18e, GPT hidden
     512, 8 blocks, pp=4, 4 ranks at load ~28, per-thread CPU): `_start_exchange` + `_finish_exchange` 48-58 ms
     per rank per step for 12.6-13.7 M parameters (50-55 MB of fp32 gradients): 7 x 52 MB / 25.4 GB/s = 14 ms solo,
-    x 3.76 (the profile's 4-process memory contention) = 54 ms.
+    x 3.76 (the profile's 4-process memory contention) = 54 ms. Round 19: plus the communication threads' CPU for
+    the bytes on the wire, the rank's send of its copy's gradients and its receive of the twin's:
+    2 x grad_bytes x `PipelineActionCost.comm_thread_per_byte_s` of the device (0 on the GPU presets).
 
     Raises:
         ValueError: negative bytes.
     """
     if not grad_bytes >= 0:
         raise ValueError(f"copy_exchange_pack_s: grad_bytes={grad_bytes!r} must be >= 0")
-    return EXCHANGE_PASSES * float(grad_bytes) / device.hbm_bytes_per_s
+    return (EXCHANGE_PASSES * float(grad_bytes) / device.hbm_bytes_per_s
+            + 2 * float(grad_bytes) * device.pipeline_action.comm_thread_per_byte_s)
 
 
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
                                          backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3,
-                                         comm_thread_s=288e-6)
+                                         comm_thread_s=288e-6, comm_thread_per_byte_s=0.23e-9,
+                                         split_backward_per_node_s=24e-6)
 _WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
-_KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm")  # PipelineActionCost's seconds fields, in order
+_KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm", "comm byte", "split node")  # the seconds fields
 _SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop",  # sample key of a cost field
             "comm": "comm op"}
+_SIZES_BYTES = (64, 1 << 20)  # the two message sizes of the per-byte sweep (round 19)
+_SPLIT_DEPTHS = (1, 8)  # Linear(8, 8) chains whose split backward is timed against a full one (round 19)
 
 
 def action_cost_from_samples(samples: dict[str, list[float]], bare: dict[str, list[float]]) -> PipelineActionCost:
@@ -135,7 +155,7 @@ def _worker(rank: int, nprocs: int, port: int, steps: int, timeout_s: float, que
     def body():
         import torch.distributed as dist
         from torch.distributed import pipelining
-        samples, bare = _run_schedules(rank, nprocs, steps, _Clock(), dist, pipelining)
+        samples, bare = _run_schedules(rank, nprocs, steps, _Clock(), dist, pipelining, timeout_s)
         gathered = [None] * nprocs
         dist.all_gather_object(gathered, (samples, bare))
         keys = {k for s, _ in gathered for k in s}
@@ -144,7 +164,7 @@ def _worker(rank: int, nprocs: int, port: int, steps: int, timeout_s: float, que
     gloo_worker(rank, nprocs, port, timeout_s, queue, body)
 
 
-def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
+def _run_schedules(rank, nprocs, steps, clock, dist, pipelining, timeout_s: float = 60.0):
     from torch.distributed.pipelining import schedules
     real_batch = schedules._batch_p2p  # private (torch 2.13.0): posts one SEND / RECV action's ops
 
@@ -216,8 +236,59 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining):
         for k, v in _bare_ops(_MICROBATCHES).items():
             if i >= 2:
                 bare[k] += v
+        per_byte = _per_byte_round(rank, dist, timeout_s)  # both ranks, every round (module docstring)
+        split = _split_per_node()
+        if i >= 2:
+            clock.cpu["comm byte"].append(per_byte)
+            clock.cpu["split node"].append(split)
     schedules._batch_p2p = real_batch
     return dict(clock.cpu), dict(bare)
+
+
+def _per_byte_round(rank: int, dist, timeout_s: float, n: int = 8) -> float:
+    """CPU seconds per byte of the process's other threads (gloo's) on one end of a P2P op: ranks 0 and 1 send
+    each other n messages of each `_SIZES_BYTES` size in turn (each waited, at most `timeout_s`); (process CPU less
+    thread CPU per op at the large size less at the small) / the size difference, >= 0."""
+    from datetime import timedelta
+    per_op = []
+    for size in _SIZES_BYTES:
+        buf = torch.zeros(size // 4)
+        start, proc = time.thread_time(), time.process_time()
+        for _ in range(n):
+            for sender in (0, 1):
+                (dist.isend if rank == sender else dist.irecv)(buf, 1 - rank).wait(timedelta(seconds=timeout_s))
+        per_op.append(((time.process_time() - proc) - (time.thread_time() - start)) / (2 * n))
+    return max(0.0, (per_op[1] - per_op[0]) / (_SIZES_BYTES[1] - _SIZES_BYTES[0]))
+
+
+def _split_per_node(repeats: int = 3) -> float:
+    """Per-thread CPU seconds per autograd node that torch's split backward spends beyond a full backward (module
+    docstring): Linear(8, 8) chains of `_SPLIT_DEPTHS` layers, 4 nodes each, medians of `repeats`, >= 0."""
+    # private (torch 2.13.0): the two halves the runtime's I and W actions call
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    extra = []
+    for depth in _SPLIT_DEPTHS:
+        mod = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(depth)])
+        params = list(mod.parameters())
+
+        def once(split: bool) -> float:
+            x = torch.randn(1, _WIDTH, requires_grad=True)
+            y = mod(x)
+            g = torch.ones_like(y)
+            start = time.thread_time()
+            if split:
+                _, groups = stage_backward_input([y], [g], [x], iter(params))
+                stage_backward_weight(iter(params), groups)
+            else:
+                torch.autograd.backward(y, g)
+            spent = time.thread_time() - start
+            for q in params:
+                q.grad = None
+            return spent
+        once(True), once(False)  # warm-up
+        extra.append(statistics.median(once(True) for _ in range(repeats))
+                     - statistics.median(once(False) for _ in range(repeats)))
+    return max(0.0, (extra[1] - extra[0]) / (4 * (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0])))
 
 
 def _bare_ops(repeats: int) -> dict[str, list[float]]:

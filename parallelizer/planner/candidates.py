@@ -387,13 +387,22 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
+        seg, scale = self.segments, self._scale(c)  # round 19: sizes for the per-byte / per-node CPU (simulate)
+        ops = np.bincount(list(seg.owner.values()), minlength=seg.num_blocks + 2)
+        cut = [s["blocks"][1] + 1 for s in st[:-1]]
+        sizes = dict(p2p_bytes=tuple(seg.cut_fwd_bytes[j] * scale / c.tp for j in cut),
+                     p2p_bwd_bytes=tuple(seg.cut_bwd_bytes[j] * scale / c.tp for j in cut),
+                     backward_nodes=tuple(float(sum(ops[g] + len(self.prices(c.tp, s["lean"]).grad_shapes[g])
+                                                    for g in s["segs"])) for s in st))
+
         def run(codec):
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
                 tuple(s["wgrad"] * shared for s in st), res["p2p"][0], res["p2p"][1], tuple(s["act"] for s in st),
                 res["copy_sync"], **sync_times(res, codec, self.sync_overlap),
                 action_overhead=self.cluster.device.pipeline_action.scaled(shared),  # per action (simulate)
-                copy_pack_s=None if res["copy_pack"] is None else tuple(x * shared for x in res["copy_pack"])), cores)
+                copy_pack_s=None if res["copy_pack"] is None else tuple(x * shared for x in res["copy_pack"]),
+                **sizes), cores)
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")

@@ -19,8 +19,11 @@ its gradient sync (a wait, not compute). Transfers and syncs are waits that use 
 blocked in `recv` sleeps (measured here: 5 ms of CPU time over a 3 s wait). What a transfer does cost the
 cores is charged to the actions as CPU work (round 18): gloo's own threads' CPU per P2P op
 (`PipelineActionCost.comm_thread_s`, ~0.3 ms per op measured) and BitPipe's packing of its twin exchange
-(`StageTimes.copy_pack_s`); gloo's per-byte CPU (round 18: BitPipe's 52 MB exchanges cost its ranks ~290 ms
-more of gloo-thread CPU per step than 1F1B's transfers) is not priced yet.
+(`StageTimes.copy_pack_s`); since round 19 also their CPU per byte of each transfer and of BitPipe's exchange
+(`PipelineActionCost.comm_thread_per_byte_s`, ~0.2 ns per byte at each end measured) and torch's split backward's
+walks of the stage's autograd graph (`split_backward_per_node_s`, ~24 us per node). What BitPipe's runner still
+spends beyond these in gloo's threads (round 19, quick size: 157 ms per step over its 4 ranks against 65 ms for
+dualpipev's equal transfers; round 18, full size: ~290 ms) is not priced.
 
 Cost: one event per job start or end, O(p) work each: O((N + p) p) for N actions, fine for the few-rank
 machines it models (the planner's GPU presets never take this path).

@@ -59,7 +59,11 @@ them (`PipelineActionCost.for_schedule`, round 17), else torch's. Each cross-ran
 `comm_thread_s` (round 18): the CPU the communication library's own threads (gloo's) spend on the op, which
 the posting thread's figures leave out; it is CPU work that takes a core like the rest (on one CPU machine the
 ranks' gloo threads run on the same cores), charged to the action that sends or receives, and the same
-figure for every runner (the library's, read from the top level of the cost, not `for_schedule`).
+figure for every runner (the library's, read from the top level of the cost, not `for_schedule`). Round 19: the
+same threads also spend `comm_thread_per_byte_s` per byte of each transfer on both its ends (with
+`StageTimes.p2p_bytes`), and each W action of torch's split backward pays `split_backward_per_node_s` per autograd
+node of its stage (`StageTimes.backward_nodes`): measured per schedule on 4 gloo ranks, zbv's 64 split backwards
+cost its ranks more CPU than interleaved_1f1b's 32 extra transfers (benchmarks/RESULTS.md, round 19).
 So with c_F = c_B = c and nothing else, GPipe / 1F1B take (m + p - 1)(F + B + 2c) at equal stages; with
 send = recv = c on p = 2, each stage's F and B pay one transfer op each, again (m + 1)(F + B + 2c); step_s adds
 itself to the makespan. The overhead is CPU work of the rank, so it shares the cores like compute (`cores`),
@@ -195,6 +199,12 @@ class StageTimes:
             time leaves the optimizer out; `benchmarks/bench_schedules_runtime.py` times it in).
         action_overhead: the runtime's fixed seconds per action by kind, per send / receive and per step
             (module docstring; `DeviceSpec.pipeline_action`); None: none.
+        p2p_bytes / p2p_bwd_bytes: S - 1 bytes of each transfer across boundary k -> k+1 (activations) and back
+            (gradients; default p2p_bytes), for the communication threads' per-byte CPU
+            (`PipelineActionCost.comm_thread_per_byte_s`, round 19); None: no per-byte CPU charged.
+        backward_nodes: per model stage, the autograd nodes of one microbatch's backward (the planner's proxy:
+            the stage's ATen ops + parameter tensors), for the split backward's graph walks
+            (`PipelineActionCost.split_backward_per_node_s`, charged to each W action, round 19); None: none.
     """
 
     fwd_s: tuple[float, ...]
@@ -211,6 +221,9 @@ class StageTimes:
     sync_overlap: float = 1.0
     action_overhead: PipelineActionCost | None = None
     copy_pack_s: tuple[float, ...] | None = None
+    p2p_bytes: tuple[float, ...] | None = None
+    p2p_bwd_bytes: tuple[float, ...] | None = None
+    backward_nodes: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -416,6 +429,37 @@ def _link_order(producer: np.ndarray, xfer: np.ndarray, rank: np.ndarray, S: int
     return prev
 
 
+def _size_overhead(c: _Compiled, times: StageTimes, over: PipelineActionCost) -> np.ndarray:
+    """(N,) CPU seconds per action that grow with what it moves or walks (round 19): the communication
+    threads' `comm_thread_per_byte_s` x the bytes of each cross-rank transfer it sends or receives (the
+    library's figure, from the top level like `comm_thread_s`), and each W action's
+    `split_backward_per_node_s` (its runner's) x its stage's `backward_nodes`. Zeros where the sizes are None.
+
+    Raises:
+        PipelineError: p2p_bytes / p2p_bwd_bytes not S - 1 bytes >= 0, backward_nodes not S counts >= 0.
+    """
+    S, N = c.S, len(c.kind)
+    out = np.zeros(N)
+    if times.p2p_bytes is not None:
+        fwd = np.asarray(times.p2p_bytes, dtype=float)
+        bwd = fwd if times.p2p_bwd_bytes is None else np.asarray(times.p2p_bwd_bytes, dtype=float)
+        if len(fwd) != S - 1 or len(bwd) != S - 1 or (fwd < 0).any() or (bwd < 0).any():
+            raise PipelineError(f"StageTimes.p2p_bytes {times.p2p_bytes} / p2p_bwd_bytes {times.p2p_bwd_bytes}: "
+                                f"need {S - 1} bytes >= 0 each (one per stage boundary)")
+        cons = np.flatnonzero(c.xfer != S - 1)  # consumers of cross-rank transfers; the producer sends it
+        nbytes = np.where(c.kind[cons] == 0, fwd[np.minimum(c.xfer[cons], S - 2)],
+                          bwd[np.minimum(c.xfer[cons], S - 2)]) * times.action_overhead.comm_thread_per_byte_s
+        np.add.at(out, cons, nbytes)
+        np.add.at(out, c.pred[cons, 1], nbytes)
+    if times.backward_nodes is not None:
+        nodes = np.asarray(times.backward_nodes, dtype=float)
+        if len(nodes) != S or (nodes < 0).any():
+            raise PipelineError(f"StageTimes.backward_nodes {times.backward_nodes}: need {S} counts >= 0 (one per "
+                                "model stage)")
+        out += np.where(c.kind == 2, nodes[c.stage] * over.split_backward_per_node_s, 0.0)
+    return out
+
+
 def simulate(name: str, p: int, m: int, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
     """Simulate schedule `name` (module docstring) on p ranks with m microbatches at `times`; with `cores`,
     the p ranks share one machine's cores (`planner.sharing`: processor sharing, `times` are solo seconds).
@@ -450,6 +494,7 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
         dur = (dur + np.asarray(over.compute_s())[c.kind] + (over.send_s + comm) * c.sends
                + (over.recv_s + comm) * c.recvs)
         start_s = over.step_s
+        dur = dur + _size_overhead(c, times, over)
     if times.copy_pack_s is not None:  # BitPipe's exchange packing: CPU on each copy's rank after its last backward
         if len(times.copy_pack_s) != S or any(not x >= 0 for x in times.copy_pack_s):
             raise PipelineError(f"StageTimes.copy_pack_s {times.copy_pack_s}: need {S} seconds >= 0 (one per model "

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import statistics
 import warnings
 
 import pytest
@@ -367,7 +368,8 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
                                      "recv action": [3e-5], "step loop": [1e-3, 3e-3]},
                                     {"F": [5e-5, 5e-5], "B": [2e-5]})
     assert tuple(getattr(cost, n) for n in cost.seconds_fields()) == pytest.approx(
-        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3, 0.0))  # B clamped at 0; no "comm op" samples: 0
+        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3, 0.0, 0.0, 0.0))  # B clamped at 0; no "comm op" / "comm byte" /
+    # "split node" samples: 0
     with pytest.raises(ValueError, match="finite seconds"):
         action_cost_from_samples({"F": [-1.0]}, {})
     with pytest.raises(ValueError, match="PipelineActionCost.send_s"):
@@ -463,3 +465,39 @@ def test_a_contention_window_keeps_every_process_busy_until_all_have_finished_it
     assert len(calls) == 3 and done.value == 4
     _keep_busy(fn, done, 5)  # the last of the next window: returns at once
     assert len(calls) == 3 and done.value == 5
+
+
+def test_per_byte_and_split_backward_costs_are_measured_samples_and_an_older_profile_gets_the_documented_defaults(
+        tmp_path):
+    """Round 19: `comm_thread_per_byte_s` (gloo's threads per byte on each end of a P2P op, the slope between two
+    message sizes) and `split_backward_per_node_s` (torch's split backward beyond a full one, per autograd node)
+    are the medians of their "comm byte" / "split node" samples; both are written and read back; a profile
+    written before round 19 gets `CPU_PIPELINE_ACTION`'s documented figures (measured on this machine), not 0;
+    the GPU presets charge neither (NCCL progresses on the device; their host work hides under kernels)."""
+    cost = action_cost_from_samples({"comm byte": [3e-10, 1e-10, 2e-10], "split node": [2e-5, 4e-5, 3e-5, 1e-5]}, {})
+    assert cost.comm_thread_per_byte_s == pytest.approx(2e-10) and cost.split_backward_per_node_s == pytest.approx(2.5e-5)
+    assert cost.comm_thread_s == 0.0 and cost.forward_s == 0.0
+    assert CPU_PIPELINE_ACTION.comm_thread_per_byte_s > 0 and CPU_PIPELINE_ACTION.split_backward_per_node_s > 0
+    measured = dataclasses.replace(CPU_PIPELINE_ACTION, comm_thread_per_byte_s=5e-10, split_backward_per_node_s=1e-5)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_to_json(Profile(device=dataclasses.replace(
+        _device(tmp_path), pipeline_action=measured), links={}), {}), sort_keys=True))
+    assert load_profile(path).device.pipeline_action == measured
+    data = json.loads(path.read_text())
+    for key in ("comm_thread_per_byte_s", "split_backward_per_node_s"):
+        del data["device"]["pipeline_action_s"][key]
+    path.write_text(json.dumps(data))
+    older = load_profile(path).device.pipeline_action
+    assert older.comm_thread_per_byte_s == CPU_PIPELINE_ACTION.comm_thread_per_byte_s
+    assert older.split_backward_per_node_s == CPU_PIPELINE_ACTION.split_backward_per_node_s
+    assert GPU_PIPELINE_ACTION.comm_thread_per_byte_s == 0.0 and GPU_PIPELINE_ACTION.split_backward_per_node_s == 0.0
+
+
+def test_torchs_split_backward_costs_more_per_node_than_a_full_backward_on_this_cpu():
+    """`_split_per_node` (the calibration's measurement; per-thread CPU, valid under load): torch's
+    `stage_backward_input` + `stage_backward_weight` walk the stage's autograd graph in Python, so the split costs
+    a positive amount per node beyond one full backward (round 19: 24 us per node at load ~40); a finite, > 0
+    figure below 1 ms per node."""
+    from cost_model.pipeline_actions import _split_per_node
+    got = statistics.median(_split_per_node() for _ in range(3))
+    assert 0 < got < 1e-3

@@ -243,6 +243,30 @@ def test_the_search_prices_each_actions_runtime_cost_and_stays_exact(gpt, best):
     assert (bound.mesh, bound.schedule, bound.num_microbatches) == (grid.mesh, grid.schedule, grid.num_microbatches)
 
 
+def test_the_search_charges_split_backward_walks_to_zbv_only_and_transfer_bytes_to_every_schedule(gpt):
+    """Round 19 (issue 14): the search's exact simulation passes each stage's autograd-node count and each cut's
+    bytes (`candidates._simulate`): a cost per node of torch's split backward lengthens a pinned zbv plan and
+    leaves 1f1b (full backwards, no W action) exactly as it was; a cost per transferred byte lengthens both; the
+    GPU preset charges neither (its figures are 0), so its plans are unchanged."""
+    import dataclasses
+
+    from cost_model.hardware import PipelineActionCost
+
+    def on(cost):
+        return dataclasses.replace(CLUSTER, device=dataclasses.replace(CLUSTER.device, pipeline_action=cost))
+    gpu = CLUSTER.device.pipeline_action
+    assert gpu.split_backward_per_node_s == 0.0 and gpu.comm_thread_per_byte_s == 0.0
+    for name in ("zbv", "1f1b"):
+        pinned = dict(global_batch=64, precision="bf16", pp=2, tp=2, num_microbatches=8, schedules=(name,))
+        base = parallelizer.plan_pipeline(gpt, CLUSTER, **pinned).step_time_s
+        walked = parallelizer.plan_pipeline(gpt, on(dataclasses.replace(gpu, split_backward_per_node_s=1e-4)),
+                                            **pinned).step_time_s
+        sized = parallelizer.plan_pipeline(gpt, on(dataclasses.replace(gpu, comm_thread_per_byte_s=1e-9)),
+                                           **pinned).step_time_s
+        assert (walked > base) if name == "zbv" else (walked == base), (name, base, walked)
+        assert sized > base, (name, base, sized)
+
+
 def test_every_alternative_says_what_its_busiest_rank_computes_and_recomputes(best):
     """Round 17 new-user trial: a schedule with 0.4% bubble lost to one with 8.3% and `show` gave no reason (its
     stages recomputed). Each reason now ends with both candidates' busy time (pipeline minus bubble) and stages

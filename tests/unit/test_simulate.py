@@ -573,22 +573,28 @@ def test_bitpipes_exchange_packing_is_cpu_work_on_each_copys_rank(p, m):
 
 # --- the package's own runner (BitPipe) priced at its own per-action cost (issue 14, round 17) -------------------
 
-def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
-    """Per rank, the transfers its actions send to another rank, counted off the action lists and placement:
-    F of a copy's stage k < S - 1 sends to stage copy x + 1, B of k > 0 to x - 1."""
+def _cross_rank_transfers(name: str, p: int, m: int) -> tuple[list[int], list[int]]:
+    """Per rank, (transfers its actions send to another rank, transfers they receive from one), counted off the
+    action lists and placement: F of a copy's stage k sends to stage copy x + 1 (k < S - 1) and receives from
+    x - 1 (k > 0); I / B sends to x - 1 (k > 0) and receives from x + 1 (k < S - 1)."""
     sched = action_schedule(name, p, m)
     S, where = sched.num_stages, sched.stage_to_rank
-    out = []
+    sends, recvs = [0] * p, [0] * p
     for r in range(p):
-        n = 0
         for a in sched.actions[r]:
             x, k, kind = a.stage_index, a.stage_index % S, a.computation_type.value
-            if kind == "F" and k < S - 1:
-                n += where[x + 1] != r
-            elif kind in ("B", "I") and k > 0:
-                n += where[x - 1] != r
-        out.append(n)
-    return out
+            if kind == "F":
+                sends[r] += k < S - 1 and where[x + 1] != r
+                recvs[r] += k > 0 and where[x - 1] != r
+            elif kind in ("B", "I"):
+                sends[r] += k > 0 and where[x - 1] != r
+                recvs[r] += k < S - 1 and where[x + 1] != r
+    return sends, recvs
+
+
+def _cross_rank_sends(name: str, p: int, m: int) -> list[int]:
+    """Per rank, the transfers its actions send to another rank (`_cross_rank_transfers`)."""
+    return _cross_rank_transfers(name, p, m)[0]
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
@@ -619,3 +625,77 @@ def test_bitpipe_pays_its_own_runners_costs_and_the_other_schedules_torchs(p, m)
         t = StageTimes.uniform(k, 1.0, 0.5, 0.75)
         assert simulate(name, p, m, _with(t, **torch_costs, own_runner=own)).makespan_s == \
             simulate(name, p, m, _with(t, **torch_costs)).makespan_s
+
+
+# --- CPU that grows with size: the communication threads per byte, torch's split backward per node (round 19) ----
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_comm_threads_per_byte_cpu_is_paid_on_both_ends_of_every_cross_rank_transfer(name):
+    """`PipelineActionCost.comm_thread_per_byte_s` = beta with `StageTimes.p2p_bytes` = b: each rank's busy time
+    grows by exactly beta b per transfer it sends or receives across ranks (counted off the action lists and the
+    placement, not the simulator's DAG), on its own core and sharing cores; BitPipe pays the library's figure
+    even with its own runner's costs measured; without bytes nothing changes. Closed form at p = 2 for
+    gpipe / 1f1b with forward bytes bf and backward bytes bb: (m + 1)(F + B + beta (bf + bb))."""
+    p, m, beta, b = (4, 8, 1e-3, 64.0)
+    S = action_schedule(name, p, m).num_stages
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    own = PipelineActionCost()  # BitPipe's own runner, measured at zero cost
+    cost = dict(comm_thread_per_byte_s=beta, own_runner=own)
+    sends, recvs = _cross_rank_transfers(name, p, m)
+    assert sum(sends) == sum(recvs) > 0
+    for cores in (None, SharedCores.ideal(p, p)):
+        plain = simulate(name, p, m, _with(base, **cost), cores)
+        assert plain.makespan_s == simulate(name, p, m, base, cores).makespan_s  # no bytes given: no charge
+        sized = simulate(name, p, m, _with(dataclasses.replace(base, p2p_bytes=(b,) * (S - 1)), **cost), cores)
+        assert [y - x for x, y in zip(plain.busy_s, sized.busy_s)] == \
+            pytest.approx([beta * b * (s + r) for s, r in zip(sends, recvs)], rel=1e-9)
+        assert sized.makespan_s > plain.makespan_s
+    if name in ("gpipe", "1f1b"):
+        bf, bb = 64.0, 32.0
+        two = StageTimes.uniform(2, 1.0, 0.5, 0.75)
+        r = simulate(name, 2, m, _with(dataclasses.replace(two, p2p_bytes=(bf,), p2p_bwd_bytes=(bb,)),
+                                       comm_thread_per_byte_s=beta))
+        assert r.makespan_s == pytest.approx((m + 1) * (1.0 + 1.25 + beta * (bf + bb)), rel=1e-12)
+    with pytest.raises(PipelineError, match="p2p_bytes"):
+        simulate(name, p, m, _with(dataclasses.replace(base, p2p_bytes=(b,) * S), **cost))
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_torchs_split_backward_pays_per_autograd_node_of_its_stage_on_each_w_action(name):
+    """`PipelineActionCost.split_backward_per_node_s` = s with `StageTimes.backward_nodes` = n_k: each W action
+    (torch's `stage_backward_weight` after `stage_backward_input`) pays s n_k of its stage on its rank; so each
+    rank's busy grows by s x the nodes of the W actions in its list (counted off the action lists: zbv splits
+    every backward, m per stage, dualpipev some, the full-backward schedules and BitPipe's own runner none).
+    Closed form for zbv: all ranks together m s sum(n_k)."""
+    p, m, s = 4, 8, 1e-3
+    sched = action_schedule(name, p, m)
+    S = sched.num_stages
+    nodes = tuple(float(10 + k) for k in range(S))
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    want = [s * sum(nodes[a.stage_index % S] for a in sched.actions[r] if a.computation_type.value == "W")
+            for r in range(p)]
+    for cores in (None, SharedCores.ideal(p, p)):
+        plain = simulate(name, p, m, _with(base, split_backward_per_node_s=s), cores)
+        walked = simulate(name, p, m, _with(dataclasses.replace(base, backward_nodes=nodes),
+                                            split_backward_per_node_s=s), cores)
+        assert [y - x for x, y in zip(plain.busy_s, walked.busy_s)] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    if name == "zbv":
+        assert sum(want) == pytest.approx(m * s * sum(nodes), rel=1e-12)
+    if name in ("gpipe", "1f1b", "interleaved_1f1b", "bitpipe"):
+        assert sum(want) == 0.0
+    else:
+        assert sum(want) > 0
+    with pytest.raises(PipelineError, match="backward_nodes"):
+        simulate(name, p, m, _with(dataclasses.replace(base, backward_nodes=nodes[:-1]), split_backward_per_node_s=s))
+
+
+def test_bitpipes_exchange_bytes_pay_the_comm_threads_per_byte_on_each_copys_rank():
+    """`copy_exchange_pack_s` (round 19): the 7 memory passes plus the communication threads' CPU for the rank's
+    send of its copy's gradients and its receive of the twin's, 2 x bytes x beta; 0 per byte on the GPU presets."""
+    from cost_model.hardware import A100_80GB
+    from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, copy_exchange_pack_s
+    cpu = dataclasses.replace(A100_80GB, pipeline_action=CPU_PIPELINE_ACTION)
+    beta = CPU_PIPELINE_ACTION.comm_thread_per_byte_s
+    assert beta > 0 and A100_80GB.pipeline_action.comm_thread_per_byte_s == 0.0
+    assert copy_exchange_pack_s(52e6, cpu) == pytest.approx(7 * 52e6 / cpu.hbm_bytes_per_s + 2 * 52e6 * beta,
+                                                             rel=1e-12)
