@@ -33,7 +33,7 @@ from .strategies import build_spaces
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
          topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
          pricer: Pricer | None = None, received: dict[str, str] | None = None, lean: bool = False,
-         **options) -> Plan:
+         fixed: dict[str, str] | None = None, **options) -> Plan:
     """Plan the sharding of `traced` on `mesh`.
 
     Args:
@@ -47,6 +47,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         pinned: parameter placeholder -> its only allowed stored layout (`build`).
         pricer: a `Pricer` whose caches the solve reuses (`build`).
         received: input placeholder -> the layout it arrives in (`build`).
+        fixed: node -> its only allowed strategy ("inputs -> output", `NodePlan.strategy`; `build`).
         lean: solve for the memory-lean layout (`ilp.solve_lean`: the fastest within 1% of the least activation
             bytes) instead of the fastest under the budget: a pipeline stage the search gave that layout.
     Returns:
@@ -59,14 +60,14 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     mesh = MeshSpec.of(mesh)
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
-                            pricer=pricer, received=received)
+                            pricer=pricer, received=received, fixed=fixed)
     solution = (solve_lean if lean else solve)(problem, config)
     return to_plan(traced, problem, pricer, solution, config)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
           config: PlanConfig, pinned: dict[str, str] | None = None, pricer: Pricer | None = None,
-          received: dict[str, str] | None = None) -> tuple[Problem, Pricer]:
+          received: dict[str, str] | None = None, fixed: dict[str, str] | None = None) -> tuple[Problem, Pricer]:
     """The ILP data of `plan` without solving it (used by `explain`, tests and benchmarks).
 
     `pinned`: parameter placeholder -> the only stored layout it may take (a layout string, "S(0)R"): how the
@@ -77,6 +78,11 @@ def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
     `received`: input placeholder -> the layout (string) it arrives in, with its gradient sent back
     (`strategies.build_spaces`): a pipeline stage's values from the previous stage, so that the stage's solve
     prices re-laying them out, forward and backward (`planner.stage_layouts`).
+
+    `fixed`: node -> the only strategy it may take ("inputs -> output", `NodePlan.strategy`): how the per-stage
+    solves of a pipeline plan try a later stage's repeated blocks in the strategies of their first occurrence
+    (`planner.stage_layouts`, the last tie-break); a node whose strategies here do not include it stays free
+    (the caller compares the solves' objectives).
 
     `pricer`: a `Pricer` built earlier for the same mesh, topology and pricing (`Pricer.check_reusable`), so
     graphs planned one after the other (the stages of a pipeline, `planner.stage_layouts`) share its caches
@@ -95,6 +101,11 @@ def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
             raise ValueError(f"pinned layout {layout} of {name} is not among its stored layouts "
                              f"{[str(s.output) for s in spaces[name].strategies]} on mesh {mesh}")
         spaces[name].strategies = kept
+    for name, want in (fixed or {}).items():
+        kept = [s for s in spaces[name].strategies
+                if f"{' '.join(str(L) for L in s.inputs)} -> {s.output}".lstrip() == want]
+        if kept:  # a node of another strategy space here (e.g. it reads a received value) stays free
+            spaces[name].strategies = kept
     return build_problem(traced, spaces, pricer, config, budget - reserve, reserve), pricer
 
 

@@ -278,14 +278,21 @@ class _Context:
                                bwd=b_c + (cut_b[i] if s > 0 else 0), wgrad=float(w[segs].sum()),
                                fwd_c=f_c, bwd_c=b_c, state=float(state[segs].sum()),
                                act=float(act_by[modes[s]][segs].sum()), rank=rank[s][0], recompute=rc, lean=lean,
-                               grads=float(pr.grads_bytes[segs].sum()), params=float(pr.params_bytes[segs].sum())))
+                               grads=float(pr.grads_bytes[segs].sum()), params=float(pr.params_bytes[segs].sum()),
+                               # per segment in backward order: (its seconds in the stage's last backward action,
+                               # the gradient bytes it produces) (`stage_sync.stage_syncs`); a split
+                               # schedule's last action is the W, which produces the weight gradients
+                               produced=[(float(w[q]) if c.schedule in V_PLACED else
+                                          float(b[q] + w[q] + pr.rc_extra_lin[rc][q] * scale),
+                                          float(pr.grads_bytes[q])) for q in reversed(segs)]))
         # transfers: the simulator charges them across ranks only; the bound and the byte count likewise
         p2p_f, p2p_b = [cut_f[cuts[s + 1]] for s in range(S - 1)], [cut_b[cuts[s + 1]] for s in range(S - 1)]
         held = len(rank[0])
         cross = [[rank[s][k] != rank[s + 1][k] for s in range(S - 1)] for k in range(held)]
         ranks, bounds = [], []
         split = c.schedule in V_PLACED  # backward split into I and W: no tail bound
-        syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.overlap_grad_sync)
+        syncs, ready = stage_syncs(c.dp, [st["grads"] for st in stages], topo, self.overlap_grad_sync,
+                                   [st["produced"] for st in stages])
         # the last stage returns the model's outputs a step reads (`runtime.stage_cut.step_returns`: its own loss
         # alone, when it has one) of each microbatch whole over dp and tp, so its ranks hold one microbatch of them
         out_bytes = self.prices(c.tp).plan.cost.memory_bytes.get("outputs", 0) * scale * c.dp * self.returned_share

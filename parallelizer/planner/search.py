@@ -30,7 +30,8 @@ For every candidate (pp, dp, tp, m, schedule) with pp * dp * tp = the cluster's 
 3. step time = the simulated step of the schedule's own action list (`planner.simulate`: torch's lists,
    BitPipe's from `planner.bitpipe`; transfers paid across ranks only; each stage's gradient all-reduce
    over "dp" in the runtime's buckets (`stage_sync.stage_syncs`: 1 MiB, then 25 MiB each), started as the stage's last
-   backward produces them and overlapping it (`rewriter.grad_sync.deferred_sync`; `overlap_grad_sync=False`:
+   backward produces them (a bucket is ready once backward has run the segment producing its last byte, in
+   backward order: an embedding's gradient at the end) and overlapping it (`rewriter.grad_sync.deferred_sync`; `overlap_grad_sync=False`:
    after the rank's last action), with ZeRO-1 the reduce-scatter + all-gather moves the same bytes (torch's
    ZeroRedundancyOptimizer: its broadcast after the rank's sync); BitPipe's exchange between the two copies of
    a stage started eagerly)

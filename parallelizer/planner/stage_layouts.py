@@ -25,6 +25,11 @@ only when their graphs have the same structure AND their values arrive in the sa
 sending stage's solve does not see what its choice costs the next stage (stages are solved greedily in
 order, not jointly), and the cost breakdown sums the stages' solves (one microbatch, every stage once), as
 the whole-graph ILP did before.
+
+Repeated blocks in different distinct solves: a later solve whose blocks took other strategies than the same block
+positions' first occurrence is solved again with them fixed to it, and that plan is kept on a tie (`first_occurrence`:
+DESIGN's tie order, less memory, then fewer collectives, then the block's first occurrence), so equal-cost blocks
+read alike across stages; a block that is faster or leaner otherwise (e.g. the one feeding the head) keeps its own.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
 from ..core.mesh import MeshSpec
-from ..errors import PipelineError
+from ..errors import InfeasiblePlanError, PipelineError
 from ..tracer.blocks import pipeline_unit
 from ..tracer.graph import BlockGroup, TracedGraph
 from .costs import Pricer, traced_in_low_precision
@@ -117,6 +122,7 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
     solved: list[tuple[TracedGraph, Plan]] = []  # per distinct layout: its stage graph and solve
     keys: dict[tuple, int] = {}
     layouts, strategy, stored, fallbacks = [], {}, {}, []
+    first: dict[tuple, str] = {}  # (block group, position in the block) -> strategy of its first occurrence
     for k, sg in enumerate(graphs):
         # values from earlier stages arrive in their producer's layout (stages are solved in order)
         received = {n: strategy[n].output for n in sg.nodes if n in cut.inputs[k] and n not in traced.input_names}
@@ -126,12 +132,18 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
         if key not in keys:
             pinned = {ph: stored[p.fqn] for p in sg.parameters.values() if p.fqn in stored for ph in p.placeholders}
             keys[key] = len(solved)
-            solved.append((sg, solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config),
-                                          pinned=pinned, received=received, lean=lean_k,
-                                          pricer=None if k in stage_configs else shared(sg))))
+
+            def solve_k(fixed=None, sg=sg, k=k, pinned=pinned, received=received, lean_k=lean_k):
+                return solve_plan(sg, mesh, cluster=cluster, config=stage_configs.get(k, config), pinned=pinned,
+                                  received=received, lean=lean_k, pricer=None if k in stage_configs else shared(sg),
+                                  fixed=fixed)
+            solved.append((sg, first_occurrence(sg, solve_k(), first, solve_k)))
         layouts.append(keys[key])
         rep_graph, rep = solved[keys[key]]
         names = dict(zip(rep_graph.nodes, sg.nodes))  # the representative's node -> this stage's, by position
+        for name, node in rep.nodes.items():  # the strategy of each block position's first occurrence
+            if (pos := block_position(sg, names.get(name))) is not None:
+                first.setdefault(pos, node.strategy)
         names["output"] = None  # the stage's sent values: the whole graph's output node is not a stage's
         fallbacks += [dataclasses.replace(f, node=names[f.node]) for f in rep.fallbacks if names.get(f.node)]
         for name, node in rep.nodes.items():
@@ -148,6 +160,45 @@ def plan_stages(traced: TracedGraph, cut, mesh: MeshSpec, cluster, config: PlanC
                 continue  # a received value: laid out by its producer's stage
             strategy.setdefault(mine, node)
     return _merge(traced, mesh, config, strategy, [p for _, p in solved], layouts, fallbacks), tuple(layouts)
+
+
+def block_position(sg: TracedGraph, name: str | None) -> tuple | None:
+    """(block group, position) of node `name` of a stage graph when it sits in a repeated block (a value the stage
+    receives is a placeholder outside any block, `stage_graphs`); for a parameter placeholder of one block,
+    (block group, its FQN inside the block); else None."""
+    info = sg.nodes.get(name) if name else None
+    if info is None:
+        return None
+    if info.block_group is not None and info.position is not None:
+        return info.block_group, info.position
+    param = sg.param_of_placeholder(name) if info.op == "placeholder" else None
+    if param is not None and param.block_group is not None and param.block and param.fqn.startswith(param.block + "."):
+        return param.block_group, param.fqn[len(param.block) + 1:]
+    return None
+
+
+def first_occurrence(sg: TracedGraph, free: Plan, first: dict[tuple, str], solve) -> Plan:
+    """The last tie-break of a stage's solve (DESIGN: ties break toward less memory, then fewer collectives, then
+    the strategy of the block's first occurrence): when its repeated blocks took other strategies than the same
+    positions of an earlier distinct solve (`first`), solve again with every such block node fixed to its first
+    occurrence's strategy (`solve(fixed)`), and keep that plan when it is a tie: its objective within
+    `ilp.TIE_RESOLUTION_US` of the free solve's (the band the ILP's own tie-break orders) and memory at most
+    `ilp.MEMORY_TIE_QUANTUM_BYTES` more. So equal-cost stages read like a hand-written config (round 19: 17 of
+    80 Llama-3-70B layers took another q/k/v strategy than the rest). Otherwise the free solve: its blocks
+    differ for a reason (a faster or leaner plan), which the plan's per-position "same in" column shows."""
+    from .ilp import MEMORY_TIE_QUANTUM_BYTES, TIE_RESOLUTION_US
+
+    want = {name: first[pos] for name in sg.nodes if name in free.nodes
+            and (pos := block_position(sg, name)) is not None and pos in first}
+    if all(free.nodes[name].strategy == s for name, s in want.items()):
+        return free
+    try:
+        tied = solve(want)
+    except InfeasiblePlanError:  # the first occurrence's strategies do not fit this stage's memory: not a tie
+        return free
+    same_time = tied.solver.objective_s <= free.solver.objective_s + TIE_RESOLUTION_US * 1e-6
+    same_memory = tied.cost.memory_bytes["total"] <= free.cost.memory_bytes["total"] + MEMORY_TIE_QUANTUM_BYTES
+    return tied if same_time and same_memory else free
 
 
 def _merge(traced: TracedGraph, mesh: MeshSpec, config: PlanConfig, strategy: dict[str, NodePlan],

@@ -13,22 +13,50 @@ from cost_model.topology import MeshTopology
 from ..rewriter.grad_sync import bucket_sizes
 
 
-def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, overlap: bool
+def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, overlap: bool,
+                produced: list[list[tuple[float, float]]] | None = None
                 ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
     """(bucket seconds, ready fractions) per model stage of its dp gradient all-reduce as the runtime runs it
     (`rewriter.grad_sync`: a first bucket of `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES` each, one
     all-reduce per bucket, each priced as every collective (`step_collective_s`: its time + the wait for the
-    slowest rank, `DeviceSpec.collective_sync_s`), started while the
-    stage's last backward produces the gradients, evenly over it: a bucket is ready once that backward has
-    produced its share of the bytes); none when dp = 1. `grads_bytes`: per stage, its gradient bytes per
-    device. Without `overlap` one all-reduce of the stage's flat gradient buffer after that backward
-    (Megatron-LM's local DDP)."""
+    slowest rank, `DeviceSpec.collective_sync_s`), started while the stage's last backward produces the
+    gradients; none when dp = 1. `grads_bytes`: per stage, its gradient bytes per device. Without `overlap` one
+    all-reduce of the stage's flat gradient buffer after that backward (Megatron-LM's local DDP).
+
+    When a bucket is ready (`ready_fractions`): `produced[k]` lists stage k's segments in the order backward
+    runs them (head first, embedding last) as (seconds of that segment in the stage's last backward action,
+    gradient bytes it produces), each segment producing its bytes evenly over its seconds; a bucket is ready
+    at the fraction of the action's seconds by which its last byte is produced. Without `produced`, bytes
+    are taken as produced evenly over the action (right for a stage of identical blocks only: an embedding's
+    dense gradient, e.g. 1.05 GB per device of Llama-3-70B's at tp 4, is produced by the last, cheapest op of
+    the first stage's backward, so its all-reduce cannot overlap that backward; round 19)."""
     secs, ready = [], []
-    for nbytes in map(float, grads_bytes):
+    for k, nbytes in enumerate(map(float, grads_bytes)):
         sizes = [] if dp == 1 or not nbytes else bucket_sizes(nbytes) if overlap else [nbytes]
         secs.append(tuple(step_collective_s("all_reduce", b, topo, ("dp",)) for b in sizes))
-        ready.append(tuple(min(1.0, x / nbytes) for x in itertools.accumulate(sizes)))
+        ends = list(itertools.accumulate(sizes))
+        ready.append(ready_fractions(ends, produced[k] if produced is not None else [(1.0, nbytes)]))
     return tuple(secs), tuple(ready)
+
+
+def ready_fractions(ends: list[float], produced: list[tuple[float, float]]) -> tuple[float, ...]:
+    """For buckets whose last bytes are at cumulative byte offsets `ends` of the backward's gradient order, the
+    fraction of the backward action's seconds after which each is ready (`stage_syncs`). `produced`: (seconds,
+    bytes) per segment in backward order. A bucket whose bytes come from a segment of no seconds is ready when
+    the segments before it are done (floored at 1e-12: the simulator's fractions lie in (0, 1]); with no
+    seconds at all, every bucket at the end (1.0)."""
+    total_s = sum(t for t, _ in produced)
+    if total_s <= 0:
+        return tuple(1.0 for _ in ends)
+    out, done_s, done_b, it = [], 0.0, 0.0, iter(produced)
+    seg_s, seg_b = 0.0, 0.0
+    for end in ends:
+        while done_b + seg_b < end * (1 - 1e-12) and (nxt := next(it, None)) is not None:
+            done_s, done_b = done_s + seg_s, done_b + seg_b
+            seg_s, seg_b = nxt
+        at = done_s + (seg_s * min(1.0, max(0.0, end - done_b) / seg_b) if seg_b > 0 else seg_s)
+        out.append(min(1.0, max(1e-12, at / total_s)))
+    return tuple(out)
 
 
 def exposed_lb(sync: float, window: float, overlap: float) -> float:
