@@ -64,7 +64,7 @@
    the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
    every output one placement); batch-first calls ran replicated and under ddp gathered the batch.
 12. Rows flattened around row-wise ops and unflattened again (`nn.MultiheadAttention`'s out-projection:
-   `(L, N, E) -> reshape (L*N, E) -> linear -> add bias -> reshape (L, N, E)`) keep their two leading dims:
+   `(L, N, H, D) or (L, N*H, D) -> reshape (L*N, E) -> linear -> add bias -> reshape (L, N, E)`) keep (L, N):
    the first reshape becomes `reshape(x, (L, N, E))` and the last one is dropped, the linear / bias add / unary
    pointwise ops between them run on the 3-D value (linear folds leading dims itself: the same matmul). A
    batch on dim 1 (N) merged into L*N is no Shard of the flat rows, so under "ddp" the flat form forced an
@@ -701,10 +701,7 @@ def _unflattened_rows(gm: torch.fx.GraphModule, notes: list[str]) -> None:
             continue
         x = first.args[0]
         xv, fv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None, first.meta.get("val")
-        if not isinstance(xv, torch.Tensor) or not isinstance(fv, torch.Tensor) or xv.dim() < 3 or fv.dim() != 2:
-            continue
-        lead = tuple(xv.shape[:2])
-        if fv.shape[0] != lead[0] * lead[1] or lead[0] == 1 or lead[1] == 1:
+        if not isinstance(xv, torch.Tensor) or not isinstance(fv, torch.Tensor) or xv.dim() < 2 or fv.dim() != 2:
             continue
         chain, value = [], first
         while len(value.users) == 1:
@@ -716,7 +713,11 @@ def _unflattened_rows(gm: torch.fx.GraphModule, notes: list[str]) -> None:
         last = next(iter(value.users)) if len(value.users) == 1 else None
         lv = last.meta.get("val") if last is not None else None
         if (not chain or last is None or last.target is not aten.reshape.default or last.kwargs
-                or not isinstance(lv, torch.Tensor) or tuple(lv.shape) != (*lead, value.meta["val"].shape[-1])):
+                or not isinstance(lv, torch.Tensor) or lv.dim() != 3):
+            continue
+        lead = tuple(lv.shape[:2])  # (L, N): x keeps L as its dim 0 ((L, N, H, D), or (L, N*H, D) of need_weights)
+        if (1 in lead or fv.shape[0] != lead[0] * lead[1] or xv.shape[0] != lead[0]
+                or lv.shape[2] != value.meta["val"].shape[-1]):
             continue
         fake = fv.fake_mode if hasattr(fv, "fake_mode") else None
         first.args = (x, [*lead, fv.shape[1]])

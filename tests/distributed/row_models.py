@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-WHICH = ("vit_encoder_layer", "mha_seq_first", "flat_rows_mlp")
+WHICH = ("vit_encoder_layer", "mha_seq_first", "flat_rows_mlp", "mha_need_weights")
 
 
 class RowModel(nn.Module):
@@ -19,8 +19,8 @@ class RowModel(nn.Module):
         if which == "vit_encoder_layer":
             self.block = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True,
                                                     activation="gelu")
-        elif which == "mha_seq_first":
-            self.block = nn.MultiheadAttention(16, 2)
+        elif which in ("mha_seq_first", "mha_need_weights"):
+            self.block = nn.MultiheadAttention(16, 2, batch_first=which == "mha_need_weights")
         else:
             self.fc1, self.fc2 = nn.Linear(16, 24), nn.Linear(24, 16)
 
@@ -31,6 +31,9 @@ class RowModel(nn.Module):
         elif self.which == "mha_seq_first":
             s = h.transpose(0, 1)  # (5, B, 16): the layer's own (L, N, E)
             h = h + self.block(s, s, s, need_weights=False)[0].transpose(0, 1)
+        elif self.which == "mha_need_weights":  # the bmm path: (L, N*H, D) -> (L*N, E)
+            y, w = self.block(h, h, h, need_weights=True)
+            h = h + y + w.sum(-1, keepdim=True)
         else:
             s = h.transpose(0, 1)  # (L, N, E) rows flattened by hand
             y = self.fc2(F.gelu(self.fc1(s.reshape(-1, 16)))).reshape(5, -1, 16)
