@@ -40,7 +40,7 @@ from ..tracer.graph import carries_grad
 from .costs import Pricer
 from .shared_uses import EdgeUse, SharedRedistribution, share, use_epochs
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
-from .strategies import EdgeRoles, NodeSpace, Strategy, TensorInput, mutation_edges, role_axes
+from .strategies import EdgeRoles, NodeSpace, Strategy, TensorInput, mutation_edges, parameter_views, role_axes
 
 
 @dataclass
@@ -143,6 +143,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         group_of[name] = g
         groups[g].append(name)
     mutated = mutation_edges(tg)
+    views = parameter_views(tg) if roles[0] else {}
     sizes = [len(spaces[m[0]].strategies) for m in groups]
     lin = [np.zeros(n) for n in sizes]
     lin_counts = [np.zeros(n) for n in sizes]
@@ -174,7 +175,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             prod = spaces[ti.producer]
             mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
                                       prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
-                                      _edge_roles(roles, prod, space, k, (name, k) in mutated))
+                                      _edge_roles(roles, prod, space, k, (name, k) in mutated, views))
             uses.append(EdgeUse(ti.producer, name, k, group_of[ti.producer], g, mat, count,
                                 [(s.inputs[k], grad_axes(s, k, mesh)) for s in space.strategies]))
     shared, keep = share(uses, use_epochs(tg))  # one redistribution per (value, target layout): `shared_uses`
@@ -338,19 +339,21 @@ def _separable(mat: np.ndarray) -> bool:
 
 
 def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace, k: int,
-                mutated: bool = False) -> EdgeRoles:
+                mutated: bool = False, views: dict[str, tuple[int, ...]] | None = None) -> EdgeRoles:
     """The `EdgeRoles` of edge src -> input k of dst, from the (data axes, tp axes) of the axis roles, and
     whether dst mutates the value in place (`strategies.mutation_edges`). Activations are not gathered over a
     data axis, except into the graph output and into an input that no strategy of dst takes sharded over that
     axis (an op without a rule, or e.g. indexing by global positions): such a gather is unavoidable (and
-    reported by `Plan.notes`)."""
+    reported by `Plan.notes`). Out of a view of a parameter (`views`: `strategies.parameter_views`) the
+    parameter's own dims stay whole over the data axes, as the parameter does (`EdgeRoles.whole_dims`)."""
     data, tp = roles
     if src.kind == "param":
         return EdgeRoles(used_replicated=data, keep_shard=tp, identity=mutated)
+    whole = {} if views is None or src.name not in views else {"whole_on": data, "whole_dims": views[src.name]}
     if dst.kind == "output" or dst.fallback:
-        return EdgeRoles(identity=mutated)
+        return EdgeRoles(identity=mutated, **whole)
     takes_shard = [a for a in data if any(isinstance(s.inputs[k][a], Shard) for s in dst.strategies)]
-    return EdgeRoles(no_gather=tuple(takes_shard), identity=mutated)
+    return EdgeRoles(no_gather=tuple(takes_shard), identity=mutated, **whole)
 
 
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,

@@ -297,18 +297,26 @@ class EdgeRoles:
         also when a dim is sharded over several axes and using it would gather over a tp axis first);
     no_gather: a Shard placement must not become Replicate there (activations over "ddp"/"fsdp" axes, so
         the compute stays data parallel; not into the graph output or an op without a sharding rule);
-    identity: no layout change at all (the value is mutated in place there: `mutation_edges`)."""
+    identity: no layout change at all (the value is mutated in place there: `mutation_edges`);
+    whole_on, whole_dims: over the mesh axes `whole_on` (the data axes) the consumer must not take the value sharded
+        along a tensor dim of `whole_dims`: the dims of a view of a parameter (`parameter_views`) that slice the
+        parameter's own elements, so a "ddp" / "fsdp" weight used through `w.t()`, a permute or an expand stays
+        whole where it is used (a Shard along a broadcast dim of an expand, stride 0, slices no weight: allowed)."""
 
     used_replicated: tuple[int, ...] = ()
     keep_shard: tuple[int, ...] = ()
     no_gather: tuple[int, ...] = ()
     identity: bool = False
+    whole_on: tuple[int, ...] = ()
+    whole_dims: tuple[int, ...] = ()
 
     def forbids(self, src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec) -> bool:
         if self.identity and src.normalized(len(shape)) != dst.normalized(len(shape)):
             return True
         s, d = src.placements, dst.placements
         if any(d[i] != Replicate() for i in self.used_replicated):
+            return True
+        if any(isinstance(d[i], Shard) and d[i].dim % max(len(shape), 1) in self.whole_dims for i in self.whole_on):
             return True
         if any(isinstance(s[i], Shard) and d[i] == Replicate() for i in self.no_gather):
             return True
@@ -320,6 +328,39 @@ class EdgeRoles:
         except ImpossibleRedistributionError:
             return True  # no steps at all (e.g. to Partial): never usable
         return any(st.mesh_axis in axes and st.kind in ("all_gather", "all_to_all") for st in steps)
+
+
+# Ops that copy their input element for element (same shape): a copy of a parameter holds its elements as a view
+# does (the tracer writes `w.as_strided(...)` as clone + as_strided, `tracer.normalize`; `w.to(dtype)` under
+# decompositions is _to_copy).
+_PARAMETER_COPIES = frozenset({torch.ops.aten.clone, torch.ops.aten._to_copy})
+
+
+def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
+    """Node name -> the dims of its output that slice a parameter's elements, for every value that shares a
+    parameter's storage: views and undeclared aliases (`tracer.graph.alias_source`: transpose, permute, view /
+    reshape, expand, as_strided, unsafe_split's getitems, type_as, einsum('ij->ji'), ...) and copies
+    (`_PARAMETER_COPIES`) of a parameter placeholder, transitively. A dim slices the parameter when its size is > 1 and its stride is not 0 (an
+    expand's broadcast dims repeat the whole weight along them: the batch of `cls.expand(B, -1, -1)` may be
+    sharded over a data axis). Without the traced value's strides every dim of size > 1 counts. Round 18 (r18b):
+    Mixtral's `experts.gate_up_proj` reached grouped_mm through a transpose and was used sharded over a "ddp"
+    axis, since the role's `used_replicated` held only on the edge out of the parameter itself."""
+    params = [info.node for info in tg.nodes.values() if info.role == Role.PARAMETER]
+    found: dict[str, tuple[int, ...]] = {}
+    todo = list(params)
+    while todo:
+        value = todo.pop()
+        for user in value.users:
+            copies = getattr(user.target, "overloadpacket", None) in _PARAMETER_COPIES and user.args[0] is value
+            if user.name in found or (alias_source(user) is not value and not copies) or user.name not in tg.nodes:
+                continue
+            val = user.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                found[user.name] = tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
+            else:  # a tuple (unsafe_split): its getitems carry the tensors
+                found[user.name] = ()
+            todo.append(user)
+    return found
 
 
 def role_axes(mesh: MeshSpec, config: PlanConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:

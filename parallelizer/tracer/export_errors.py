@@ -139,6 +139,9 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
                       "on the model's outputs (for a loss: return what it reads and pass the loss as "
                       "pm.step(loss_fn=...)), or write it with ops of fixed shapes")),
             detail=first)
+    statistic = _untraceable_statistic(exc, location)
+    if statistic is not None:
+        return TraceError(statistic[0], location, library_call_remedy(location) + statistic[1], detail=first)
     ran, eager_exc = eager_ran()
     if ran is True:
         return TraceError(
@@ -244,6 +247,40 @@ _DYNAMIC_SHAPE_REMEDIES = (  # ops whose fake kernel raises DynamicOutputShapeEx
 )
 """Per-op remedies for `DynamicOutputShapeException` where the generic one (mask instead of selecting) does not
 apply (round 9 (b): lstsq; round 15 (r15a): ctc_loss, whose trace error told a CTC model to mask)."""
+
+
+COV_CODE = ("xc = x - x.mean(dim=-1, keepdim=True); "
+            "c = xc @ xc.transpose(-1, -2).conj() / (x.shape[-1] - 1)")
+CORRCOEF_CODE = COV_CODE + "; d = c.diagonal().real.sqrt(); c = (c / d[:, None] / d[None, :]).clamp(-1, 1)"
+"""Traceable torch.cov(x) (correction=1, no weights) and torch.corrcoef(x) of a 2-D x (rows the variables, columns
+the observations), leaving the result in `c`: the formulas of torch's own docs (torch.cov: sum over observations of
+(x - mean)(x - mean)^H / (N - correction); torch.corrcoef: cov / sqrt(diag outer diag), clamped to [-1, 1], as
+ATen's corrcoef clips). tests/unit/test_trace_errors_statistics.py runs these strings against torch.cov / corrcoef."""
+
+_STATISTICS = re.compile(r"\b(corrcoef|cov)\s*\(")
+
+
+def _untraceable_statistic(exc: BaseException, location: str | None) -> tuple[str, str] | None:
+    """(construct, remedy) when export failed with DataDependentOutputException on a line calling torch.cov /
+    torch.corrcoef (or Tensor.cov / .corrcoef), else None. ATen's cov compares its weights' and observations'
+    sums with values (`at::equal`, a `.item()` on the normalising factor) that fake tensors do not have, whatever
+    the arguments (torch 2.13: 'DataDependentOutputException: aten.equal.default'; round 18 r18a refused both
+    with the generic remedy)."""
+    if "DataDependentOutput" not in type(exc).__name__ or location is None:
+        return None
+    path, _, line = location.rpartition(":")
+    source = linecache.getline(path, int(line)) if line.isdigit() else ""
+    found = _STATISTICS.findall(source)
+    if not found:
+        return None
+    ops = sorted(set(found), reverse=True)  # ["cov"], ["corrcoef"] or ["cov", "corrcoef"]
+    code = CORRCOEF_CODE if "corrcoef" in ops else COV_CODE
+    op = " and torch.".join(ops)
+    return (f"torch.{op} (aten.{', aten.'.join(ops)}): its ATen kernel reads tensor values to check its weights and normalising "
+            "factor (aten.equal / .item()), which torch.export cannot follow on fake tensors, whatever the arguments",
+            f"compute it from traceable ops, for a 2-D x (rows the variables, columns the observations; x.T of a "
+            f"(batch, features) activation) and correction=1: `{code}` (the result is `c`; for another correction "
+            "divide by (x.shape[-1] - correction)), or compute it outside forward on the model's outputs")
 
 
 def _assert_line(exc: BaseException) -> str | None:

@@ -63,6 +63,13 @@
    the sequence-first op between two transposes (torch's batch-first kernel transposes the same way inside):
    the op's output holds the batch on dim 1 like its states, so the batch can be sharded (one option gives
    every output one placement); batch-first calls ran replicated and under ddp gathered the batch.
+12. Rows flattened around row-wise ops and unflattened again (`nn.MultiheadAttention`'s out-projection:
+   `(L, N, H, D) or (L, N*H, D) -> reshape (L*N, E) -> linear -> add bias -> reshape (L, N, E)`) keep (L, N):
+   the first reshape becomes `reshape(x, (L, N, E))` and the last one is dropped, the linear / bias add / unary
+   pointwise ops between them run on the 3-D value (linear folds leading dims itself: the same matmul). A
+   batch on dim 1 (N) merged into L*N is no Shard of the flat rows, so under "ddp" the flat form forced an
+   all-to-all to L and back per attention layer (round 18 (g), a ViT of nn.TransformerEncoderLayer: all_to_all
+   x4 on dp=2).
 11. (`tracer/bags.py`) An embedding bag of fixed-size bags (`nn.EmbeddingBag` on a 2-D index tensor) becomes
    embedding + sum / mean / amax over the bag dim (same values and weight gradient; it ran replicated).
 """
@@ -107,6 +114,7 @@ def normalize(gm: torch.fx.GraphModule, notes: list[str], constants: dict[str, t
     _split_biases(gm, notes)
     _twins(gm, notes)
     _sequence_first_rnns(gm, notes)
+    _unflattened_rows(gm, notes)
     fixed_bags_as_embedding(gm, notes)
     out_of_place_fresh_writes(gm, notes)
     gm.graph.lint()
@@ -664,6 +672,64 @@ def _stack_location(node: torch.fx.Node) -> str | None:
 
 
 SPLIT_BIAS = "split_bias"  # node.meta key of the add a bias was split into (`_split_biases`)
+
+
+def _row_wise(node: torch.fx.Node, prev: torch.fx.Node) -> bool:
+    """Whether `node` computes each row of `prev` (a 2-D (rows, K) value, its first argument) on its own, so that
+    it computes the same on the (L, N, K) form: linear by a weight (no bias: split off, 4), add / mul of a
+    Python number or of a 1-D tensor along the last dim, or a unary pointwise op."""
+    aten = torch.ops.aten
+    if node.op != "call_function" or not node.args or node.args[0] is not prev or node.kwargs:
+        return False
+    rest = node.args[1:]
+    if node.target is aten.linear.default:
+        return len(rest) == 1 and isinstance(rest[0], torch.fx.Node) and prev not in rest
+    if node.target in (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor):
+        other = rest[0] if len(rest) == 1 else None
+        val = other.meta.get("val") if isinstance(other, torch.fx.Node) else None
+        return isinstance(other, (int, float)) or (isinstance(val, torch.Tensor) and val.dim() == 1 and other is not prev)
+    return torch.Tag.pointwise in getattr(node.target, "tags", ()) and not any(
+        isinstance(a, torch.fx.Node) for a in rest)
+
+
+def _unflattened_rows(gm: torch.fx.GraphModule, notes: list[str]) -> None:
+    """Normalisation 12 (module docstring)."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for first in list(gm.graph.nodes):
+        if first.op != "call_function" or first.target is not aten.reshape.default or first.kwargs:
+            continue
+        x = first.args[0]
+        xv, fv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None, first.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or not isinstance(fv, torch.Tensor) or xv.dim() < 2 or fv.dim() != 2:
+            continue
+        chain, value = [], first
+        while len(value.users) == 1:
+            (user,) = value.users
+            if not _row_wise(user, value):
+                break
+            chain.append(user)
+            value = user
+        last = next(iter(value.users)) if len(value.users) == 1 else None
+        lv = last.meta.get("val") if last is not None else None
+        if (not chain or last is None or last.target is not aten.reshape.default or last.kwargs
+                or not isinstance(lv, torch.Tensor) or lv.dim() != 3):
+            continue
+        lead = tuple(lv.shape[:2])  # (L, N): x keeps L as its dim 0 ((L, N, H, D), or (L, N*H, D) of need_weights)
+        if (1 in lead or fv.shape[0] != lead[0] * lead[1] or xv.shape[0] != lead[0]
+                or lv.shape[2] != value.meta["val"].shape[-1]):
+            continue
+        fake = fv.fake_mode if hasattr(fv, "fake_mode") else None
+        first.args = (x, [*lead, fv.shape[1]])
+        for node in (first, *chain):  # the same ops on the (L, N, K) values
+            args = torch.fx.node.map_arg(node.args, lambda a: a.meta["val"])
+            node.meta["val"] = _in_mode(fake, lambda: node.target(*args)) if fake is not None else node.target(*args)
+        last.replace_all_uses_with(value)
+        gm.graph.erase_node(last)
+        rewritten += 1
+    if rewritten:
+        notes.append(f"{rewritten} flatten of rows around row-wise ops (reshape to (L*N, E), linear, reshape back) "
+                     "kept as (L, N, E)")
 
 
 def _split_biases(gm: torch.fx.GraphModule, notes: list[str]) -> None:

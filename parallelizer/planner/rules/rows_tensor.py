@@ -259,6 +259,18 @@ _add([aten.split, aten.split_with_sizes], shape_ops.dim_map(shape_ops.except_dim
                      (t(3, 9), 4 if p is aten.split else [4, 5], 1)), exact=True)
 _add([aten.chunk], shape_ops.dim_map(shape_ops.except_dim(2)), calls(aten.chunk.default, (t(7, 5), 3), (t(3, 8), 2, 1)),
      exact=True)
+# the unsafe_ twins return views like split / chunk without declaring them (`tracer.graph.UNDECLARED_ALIASES`);
+# atleast_Nd adds size-1 dims (or returns the input itself) as unsqueeze does (r18h: no row, refused under ddp)
+_add([aten.unsafe_split, aten.unsafe_split_with_sizes], shape_ops.dim_map(shape_ops.except_dim(2)),
+     lambda p: calls(p.Tensor if p is aten.unsafe_split else p.default, (t(7, 5), 3 if p is aten.unsafe_split else [3, 4]),
+                     (t(3, 9), 4 if p is aten.unsafe_split else [4, 5], 1)), exact=True)
+_add([aten.unsafe_chunk], shape_ops.dim_map(shape_ops.except_dim(2)),
+     calls(aten.unsafe_chunk.default, (t(7, 5), 3), (t(3, 8), 2, 1)), exact=True)
+_add([aten.atleast_1d], shape_ops.reshape_like, calls(aten.atleast_1d.default, (t(),), (t(5),), (t(3, 5),)), exact=True)
+_add([aten.atleast_2d], shape_ops.reshape_like, calls(aten.atleast_2d.default, (t(),), (t(5),), (t(3, 5),), (t(2, 3, 5),)),
+     exact=True)
+_add([aten.atleast_3d], shape_ops.reshape_like, calls(aten.atleast_3d.default, (t(),), (t(5),), (t(3, 5),), (t(2, 3, 5),),
+                                                      (t(2, 3, 5, 4),)), exact=True)
 _add([aten.unbind], shape_ops.dim_map(shape_ops.unbind_map), calls(aten.unbind.int, (t(3, 5),), (t(2, 3, 5), 1)),
      exact=True)
 _add([aten.cat], shape_ops.cat, calls(aten.cat.default, ([t(3, 5), t(2, 5)],), ([t(3, 5), t(3, 2)], 1),
