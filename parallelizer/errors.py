@@ -140,6 +140,13 @@ class ConfigError(ParallelizerError, ValueError):
     section 7's "every error is a ParallelizerError" did not hold for)."""
 
 
+class GradNormError(ParallelizerError, ValueError):
+    """torch's `clip_grad_norm_` / `get_total_norm` over tensors of which no one global norm can be formed: shards
+    of a ParallelModule mixed with other tensors or another mesh, or a part of a PipelineModule's gradients that
+    leaves out some gradient (a pipeline rank holds only its stages). The message gives the remedy. A ValueError
+    too, as before round 19 (trial g: it was a bare ValueError)."""
+
+
 class PipelineError(ParallelizerError, ValueError):
     """A pipeline request that cannot be cut or scheduled: a "pp" axis that is not outermost, a stage count
     that does not divide the repeated blocks, an unknown schedule, or microbatches < 1 (the message names

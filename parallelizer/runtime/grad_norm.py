@@ -64,6 +64,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..core.layout import Layout, Shard
+from ..errors import GradNormError
 from ..core.mesh import MeshSpec
 from ..rewriter import collectives
 
@@ -271,14 +272,14 @@ def _scope(owned: list[Owner | None], what: str):
     if pipelines != {None}:
         pm = next(iter(pipelines))
         if len(pipelines) != 1 or pm is None:
-            raise ValueError(f"{what}: the tensors are not all of one pipeline module (a pipeline's norm is that of "
+            raise GradNormError(f"{what}: the tensors are not all of one pipeline module (a pipeline's norm is that of "
                              "all its stages' tensors). Remedy: pass pm.parameters() (or their .grad), or call "
                              "pm.clip_grad_norm_(max_norm)")
         return pm
     meshes = {(o.mesh, tuple(sorted((k, tuple(v)) for k, v in o.groups.items()))) if o is not None else None
               for o in owned}
     if len(meshes) != 1:
-        raise ValueError(f"{what}: the tensors mix shards of a ParallelModule with other tensors (or shards of two "
+        raise GradNormError(f"{what}: the tensors mix shards of a ParallelModule with other tensors (or shards of two "
                          "meshes), so no global norm can be formed. Remedy: take each ParallelModule's norm "
                          "(pm.clip_grad_norm_(max_norm)) and other tensors' norm separately")
     return owned[0].mesh, owned[0].groups
@@ -305,8 +306,10 @@ def _clip_any_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, er
         refuse_wrapped_originals(params, "torch.nn.utils.clip_grad_norm_", "clip_grad_norm_")
         return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
     if not isinstance(scope, tuple):
-        _require_all(scope, {id(p) for p in params}, {id(p) for p in scope.parameters()},
-                     "torch.nn.utils.clip_grad_norm_")
+        # every parameter with a gradient, any frozen ones besides (a LoRA loop clips the trainable ones): the
+        # pipeline's norm is over its gradients, so that is the norm of these tensors (trial r19g: it was refused)
+        with_grad = {id(p) for p in scope.parameters() if p.grad is not None}
+        _require_all(scope, {id(p) for p in params} & with_grad, with_grad, "torch.nn.utils.clip_grad_norm_")
         return scope.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
     mesh, groups = scope
     return clip_grad_norm_([(p, o.layout) for p, o in zip(params, owned)], mesh, groups, max_norm, norm_type,
@@ -359,12 +362,12 @@ def _any_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = 
 
 
 def _require_all(pm, given: set[int], whole: set[int], what: str) -> None:
-    """Raise ValueError unless `given` (tensor ids) is exactly `whole`, all of pipeline module `pm`'s."""
+    """Raise GradNormError unless `given` (tensor ids) is exactly `whole`, all of pipeline module `pm`'s."""
     if given != whole:
-        raise ValueError(f"{what}: the tensors are not exactly all the parameters (or all the gradients) of one "
-                         "pipeline module: a pipeline rank holds only its stages, so a norm over a part of them "
-                         "cannot be formed. Remedy: pass pm.parameters() (or all their .grad), or call "
-                         "pm.clip_grad_norm_(max_norm)")
+        raise GradNormError(f"{what}: the tensors are not all the parameters with a gradient (or all the "
+                            "gradients) of one pipeline module: a pipeline rank holds only its stages, so a norm "
+                            "over a part of them cannot be formed. Remedy: pass pm.parameters() (or all their "
+                            ".grad, or every parameter that has one), or call pm.clip_grad_norm_(max_norm)")
 
 
 def _agreeing_unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor,

@@ -320,10 +320,13 @@ def _check_custom_backward(cls: type, metas, location: str | None, notes: list[s
     scale = max((g.abs().max().item() for g in (*g_custom, *g_plain) if g is not None), default=0.0)
     if worst > bound * max(scale, 1.0):
         cut = all(g is None or not bool(g.any()) for g in g_plain)
+        # no gradient path at all (a detached forward: a reversible layer) vs ops whose derivative is zero (a
+        # quantiser's rounding: a straight-through estimator, whose remedy is the detach form; trial r19g)
+        detached = all(g is None for g in g_plain)
         raise TraceError(
             f"a torch.autograd.Function with its own backward ({name}) whose backward is not the derivative of "
             "its forward", location,
-            (_CUT_REMEDY if cut else
+            (_CUT_REMEDY if detached else
              "torch.export keeps only the ops of its forward, so the program would be trained with their "
              "derivative instead, silently. Write the custom gradient with detach instead: a straight-through "
              "estimator as x + (f(x) - x).detach(), a gradient reversal by a as (1 + a) * x.detach() - a * x"),

@@ -179,3 +179,33 @@ def test_a_function_drawing_random_numbers_is_checked_with_the_same_draws():
     from the same generator state: the Function traces, noted as checked."""
     tg = parallelizer.trace(_WithXDropout(), (torch.randn(5, 6),))
     assert any("_XDropout" in n and "equals their derivative" in n for n in tg.notes), tg.notes
+
+
+class _STE(torch.autograd.Function):
+    """A straight-through estimator: rounds to 4 levels in forward (derivative zero almost everywhere), passes the
+    gradient through unchanged in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x.clamp(-1, 1) * 2) / 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Quantised(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.c = torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.c(_STE.apply(self.a(x))).square().mean()
+
+
+def test_a_straight_through_estimator_gets_the_detach_remedy():
+    """Its forward's ops have a zero derivative (not a detached forward), so the remedy is the detach form that
+    works, x + (f(x) - x).detach(); before (trial r19g) it got the reversible layer's checkpoint remedy."""
+    with pytest.raises(TraceError, match=r"_STE.*not the derivative") as err:
+        parallelizer.trace(_Quantised(), (torch.randn(5, 6),))
+    assert "x + (f(x) - x).detach()" in err.value.remedy and "RevNet" not in err.value.remedy

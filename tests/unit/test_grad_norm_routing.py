@@ -7,6 +7,7 @@ import torch
 
 from parallelizer.core.layout import Layout
 from parallelizer.core.mesh import MeshSpec
+from parallelizer.errors import GradNormError
 from parallelizer.runtime import grad_norm
 
 
@@ -46,9 +47,30 @@ def test_a_part_of_a_pipeline_modules_tensors_is_refused():
     params = []
     pm = _Pipeline(params)
     params += [_registered("R", pm), _registered("R", pm)]
-    with pytest.raises(ValueError, match="not exactly all the parameters"):
+    with pytest.raises(ValueError, match="not all the parameters with a gradient"):
         torch.nn.utils.get_total_norm([params[0].grad])
-    with pytest.raises(ValueError, match="not exactly all the parameters"):
+    with pytest.raises(ValueError, match="not all the parameters with a gradient"):
         torch.nn.utils.clip_grad_norm_(params[:1], 1.0)
-    with pytest.raises(ValueError, match="not exactly all the parameters"):  # gradients and values mixed
+    with pytest.raises(ValueError, match="not all the parameters with a gradient"):  # gradients and values mixed
         torch.nn.utils.get_total_norm([params[0].grad, params[1]])
+
+
+def test_every_parameter_with_a_gradient_of_a_pipeline_module_is_clipped_by_its_norm():
+    """A LoRA loop clips the trainable parameters (`[p for p in pm.parameters() if p.requires_grad]`): on a
+    pipeline that is every tensor with a gradient, so the pipeline's norm is theirs (trial r19g: refused with a
+    bare ValueError). Leaving out one with a gradient stays refused, typed."""
+    calls = []
+
+    class _Clipping(_Pipeline):
+        def clip_grad_norm_(self, max_norm, norm_type=2.0, **_):
+            calls.append(max_norm)
+            return torch.tensor(0.0)
+
+    params = []
+    pm = _Clipping(params)
+    params += [_registered("R", pm), _registered("R", pm), _registered("R", pm)]
+    params[2].grad = None  # frozen: no gradient
+    torch.nn.utils.clip_grad_norm_(params[:2], 1.0)
+    assert calls == [1.0]
+    with pytest.raises(GradNormError, match="not all the parameters with a gradient"):
+        torch.nn.utils.clip_grad_norm_(params[:1], 1.0)
