@@ -196,8 +196,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             itemsize = pricer.itemsize(ti.dtype)
             axes = grad_axes(s, k, mesh)
             priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
-            for st in (priced if uses.first(ti.producer, name, s.inputs[k], axes) else ()):  # one copy per key
-                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None, bucketed=True)
+            times = pricer.edge_step_times(priced, itemsize if is_param else None)
+            for st, (fwd, bwd) in (zip(priced, times) if uses.first(ti.producer, name, s.inputs[k], axes) else ()):
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd
                 if st.bwd_collective:

@@ -4,7 +4,10 @@ state are turned into seconds and bytes with `cost_model`:
   * `step_time_s(step)`: forward and backward seconds of one redistribution `Step`
     (`cost_model.communication.step_collective_s` over the step's mesh axis, nccl-tests byte convention: the
     collective's time + the wait for the slowest rank);
-  * `edge_time_s(...)`: sum over `edge_steps(...)` of forward + backward seconds;
+  * `edge_time_s(...)`: sum over `edge_steps(...)` of forward + backward seconds (`edge_step_times`: a
+    parameter's gradient all-reduce as a share of an overlapped bucket only where the runtime buckets it, the
+    edge's first step, `rewriter.grad_sync.runtime_buckets`; a later one in full, as the synchronous per-parameter
+    all-reduce it is emitted as);
   * `node_cost(...)`: forward + backward seconds of one op on its LOCAL shapes (`cost_model.compute.op_cost`)
     and the bytes it saves for backward (`cost_model.memory.saved_activation_bytes`), each saved storage
     charged to ONE op, its first saver in graph order (`saved_share`, `cost_model.memory.saved_tensor_owners`):
@@ -45,7 +48,7 @@ from ..errors import PrecisionError
 from ..core.layout import Layout, Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
-from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
+from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..tracer import NodeInfo, TracedGraph
 from ..tracer.graph import carries_grad
 from .strategies import NodeSpace, Strategy
@@ -173,6 +176,16 @@ class Pricer:
             bwd = step_collective_s(step.bwd_collective, bwd_nbytes, self.topo, axes)
         return fwd, bwd + (fwd if step.regather else 0.0)
 
+    def edge_step_times(self, steps, param_itemsize: int | None = None) -> list[tuple[float, float]]:
+        """(forward, backward) seconds of each step of one edge's `steps` in order, as the ILP prices them:
+        `step_time_s(step, param_itemsize, bucketed=...)` with the bucketed share only for the step the runtime
+        buckets (`rewriter.grad_sync.runtime_buckets`: a parameter's edge's first step, `param_itemsize` given);
+        a later `grad_all_reduce` of the edge (a parameter replicated on two mesh axes) runs synchronously per
+        parameter and is priced in full, with its sync wait."""
+        is_param = param_itemsize is not None
+        return [self.step_time_s(st, param_itemsize, bucketed=runtime_buckets(steps, k, is_param))
+                for k, st in enumerate(steps)]
+
     def hierarchical_record(self) -> dict[str, dict]:
         """Which collectives the prices above run two-level (`cost_model.communication.collective_algorithm`), as
         `Plan.hierarchical` records it: per mesh axis whose groups span nodes with >= 2 ranks on each, the
@@ -232,8 +245,7 @@ class Pricer:
         if hit is None:
             try:
                 steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
-                seconds = sum(sum(self.step_time_s(s, itemsize if is_parameter else None, bucketed=True))
-                              for s in steps)
+                seconds = sum(f + b for f, b in self.edge_step_times(steps, itemsize if is_parameter else None))
                 count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + s.regather
                             for s in steps)
                 hit = (seconds, int(count))

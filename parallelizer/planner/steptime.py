@@ -9,7 +9,10 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * Blocking collectives (activation redistributions, FSDP/ZeRO-3 all-gathers and their reduce-scatters,
   tensor-parallel all-reduces) are priced in full where they run (`costs.Pricer.step_time_s`), once per
   (value, target layout) as the rewriter emits them (`shared_uses`: later uses read the first use's copy).
-* Gradient sync of replicated parameters (`Step.kind == "grad_all_reduce"`, DDP) is what the runtime buckets
+* Gradient sync of replicated parameters (`Step.kind == "grad_all_reduce"` as the FIRST step of a parameter's
+  edge, DDP: `rewriter.grad_sync.runtime_buckets`; a later one, e.g. the second mesh axis of a parameter
+  replicated on two axes, is emitted as a synchronous all-reduce per parameter and priced as blocking, in full
+  with its sync wait; round 19, r19f) is what the runtime buckets
   (`rewriter.grad_sync`: first bucket `FIRST_BUCKET_BYTES`, then `DEFAULT_BUCKET_BYTES`, in the order backward
   produces gradients, per mesh axis) and all-reduces asynchronously while backward goes on. Each bucket is
   priced as ONE all-reduce of its bytes (`collective_time_s`, fewer latencies than per parameter; on a
@@ -65,7 +68,7 @@ from cost_model.topology import Cluster, MeshTopology
 from ..config import PlanConfig
 from ..core.layout import local_shape
 from ..errors import PlanMismatchError
-from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
+from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES, runtime_buckets
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer, resolve_precision, traced_in_low_precision
@@ -160,13 +163,14 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             axes = grad_axes(s, k, mesh)
             if not uses.first(ti.producer, name, s.inputs[k], axes):
                 continue  # the program hands this use the copy an earlier use made (`shared_uses`)
-            for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param):
+            steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
+            for j, st in enumerate(steps):
                 fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
                 blocking += fwd
                 if (name, k) in rerun:  # emitted inside a recomputed region: runs again in backward
                     recompute += fwd
                     node_bwd += fwd
-                if st.kind == "grad_all_reduce" and bucket_bytes and is_param:
+                if bucket_bytes and runtime_buckets(steps, j, is_param):  # a later step runs synchronously
                     shape = local_shape(tuple(ti.shape), s.inputs[k], mesh)
                     grads.append((st.mesh_axis, shape, pricer.grad_bytes_per_element))
                 else:
