@@ -101,12 +101,29 @@ def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
             raise ValueError(f"pinned layout {layout} of {name} is not among its stored layouts "
                              f"{[str(s.output) for s in spaces[name].strategies]} on mesh {mesh}")
         spaces[name].strategies = kept
-    for name, want in (fixed or {}).items():
-        kept = [s for s in spaces[name].strategies
-                if f"{' '.join(str(L) for L in s.inputs)} -> {s.output}".lstrip() == want]
-        if kept:  # a node of another strategy space here (e.g. it reads a received value) stays free
-            spaces[name].strategies = kept
+    _fix(spaces, fixed or {})
     return build_problem(traced, spaces, pricer, config, budget - reserve, reserve), pricer
+
+
+def _fix(spaces: dict, fixed: dict[str, str]) -> None:
+    """Restrict each node of `fixed` to the strategy it names (`build`), and with it every node sharing its
+    variables: a follower's strategies are index-aligned with its leader's (`strategies._follow`), so the
+    positions kept are kept for the leader and all its followers alike (round 19: a follower restricted alone
+    left its group with lists of two lengths, and the problem could not be built). Nodes of one leader that ask
+    for different positions keep those common to all; a node whose strategies do not include what it asks
+    (e.g. it reads a received value) stays free (the caller compares the solves' objectives)."""
+    keep: dict[str, set[int]] = {}
+    for name, want in fixed.items():
+        space = spaces[name]
+        found = {i for i, s in enumerate(space.strategies)
+                 if f"{' '.join(str(L) for L in s.inputs)} -> {s.output}".lstrip() == want}
+        if found:
+            head = space.leader or name
+            keep[head] = keep[head] & found if head in keep else found
+    for head, positions in keep.items():
+        if positions:
+            for space in (sp for n, sp in spaces.items() if n == head or sp.leader == head):
+                space.strategies = [s for i, s in enumerate(space.strategies) if i in positions]
 
 
 def memory_budget(config: PlanConfig, device) -> tuple[int, int]:
