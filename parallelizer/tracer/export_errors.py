@@ -86,7 +86,8 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
         random_line = _random_condition(exc)
         checked = _assert_line(exc)
         value_line = _value_read_line(exc, library)
-        installed = library_check_remedy(exc, location)
+        # a random draw ahead of the branch (LayerDrop) has a config switch: that remedy, not a method replacement
+        installed = library_check_remedy(exc, location) if not random_line else ""
         if checked:
             return TraceError(
                 f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "

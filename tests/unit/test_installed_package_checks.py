@@ -56,6 +56,24 @@ class Windowed(torch.nn.Module):
 
     def forward(self, x, mask):
         return self.mix(self.fc(x), mask).square().mean()
+
+
+class Dropping(torch.nn.Module):
+    """LayerDrop as Wav2Vec2's encoder writes it (its DEFAULT config has layerdrop=0.1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.layerdrop = 0.1
+
+    def forward(self, x):
+        skip_the_layer = False
+        if self.training and self.layerdrop > 0.0:
+            dropout_probability = torch.rand([])
+            skip_the_layer = dropout_probability < self.layerdrop
+        if not skip_the_layer:
+            x = self.fc(x)
+        return x.square().mean()
 '''
 
 
@@ -100,6 +118,18 @@ def test_a_branch_in_an_installed_method_names_it_and_the_method_replacement_tra
     model.mix = types.MethodType(lambda self, h, m: h, model)  # the remedy: the branch taken from a known value
     got = parallelizer.trace(model, (x, mask)).exported.module()(x, mask)
     torch.testing.assert_close(got, eager)
+
+
+def test_layerdrop_in_an_installed_package_keeps_its_config_switch_as_the_remedy(fakelib):
+    """Wav2Vec2's DEFAULT config (layerdrop 0.1): the switch is the remedy, not replacing forward."""
+    model = fakelib.Dropping()
+    with pytest.raises(TraceError) as caught:
+        parallelizer.trace(model, (torch.randn(2, 8),))
+    text = str(caught.value)
+    assert "config.layerdrop=0.0" in text and "types.MethodType" not in text
+    model.layerdrop = 0.0  # the remedy applied: traces, and equals the model on one device
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(parallelizer.trace(model, (x,)).exported.module()(x), model(x))
 
 
 def test_own_code_keeps_the_plain_assert_remedy():
