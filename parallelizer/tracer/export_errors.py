@@ -86,17 +86,19 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
         random_line = _random_condition(exc)
         checked = _assert_line(exc)
         value_line = _value_read_line(exc, library)
+        # a random draw ahead of the branch (LayerDrop) has a config switch: that remedy, not a method replacement
+        installed = library_check_remedy(exc, location) if not random_line else ""
         if checked:
             return TraceError(
                 f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
                 "computed yet", location,
-                "remove the assert (or the check that raises) for the sharded run, or write it as "
+                installed + "remove the assert (or the check that raises) for the sharded run, or write it as "
                 "torch._check(...) on the value (kept as a "
                 "runtime check), or check the inputs outside forward", detail=first)
         return TraceError(
             (f"a tensor value read as a Python number or size (`{value_line}`: data-dependent, no branch)"
              if value_line else "data-dependent control flow (Python control flow on a tensor value)"), location,
-            ("keep the value a tensor (multiply by the 0-dim tensor instead of its int() / float() / .item()), give "
+            ("" if library else installed) + ("keep the value a tensor (multiply by the 0-dim tensor instead of its int() / float() / .item()), give "
              "sizes as Python ints (e.g. F.one_hot(x, num_classes=C)), or compute the number outside forward and "
              "pass it in as a Python value" if value_line and not library else "" if value_line else
              "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
@@ -185,24 +187,58 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
 _INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]([^\\/]+)")
 
 
-def library_call_remedy(where: str | None) -> str:
-    """The start of a remedy when `where` ("file:line", `_user_line`) lies in an installed package's code (a path
-    under site-packages / dist-packages, e.g. transformers' modeling file): the line and its source, and how to
-    replace code the user cannot edit; "" for the user's own code. torch.export records a call's stack down to the
-    innermost forward, so the line is often the CALL of the helper that selects (X-MOD: modeling_xmod.py:435
-    `hidden_states = self.lang_adapter(lang_ids, hidden_states)`, whose boolean index `hidden_states[lang_mask]`
-    picks each language's samples; round 18)."""
+def _installed_site(where: str | None) -> tuple[str, str, str, str] | None:
+    """(package, file name, line number, source) when `where` ("file:line") lies in an installed package's code
+    (a path under site-packages / dist-packages, e.g. transformers' modeling file), else None."""
     found = _INSTALLED.search(where or "")
     if found is None:
-        return ""
+        return None
     path, _, line = where.rpartition(":")
     source = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
-    package = found.group(1).partition(".")[0]
+    return found.group(1).partition(".")[0], os.path.basename(path), line, source
+
+
+def library_call_remedy(where: str | None) -> str:
+    """The start of a remedy when `where` ("file:line", `_user_line`) lies in an installed package's code
+    (`_installed_site`): the line and its source, and how to replace code the user cannot edit; "" for the user's
+    own code. torch.export records a call's stack down to the innermost forward, so the line is often the CALL of
+    the helper that selects (X-MOD: modeling_xmod.py:435 `hidden_states = self.lang_adapter(lang_ids,
+    hidden_states)`, whose boolean index `hidden_states[lang_mask]` picks each language's samples; round 18)."""
+    site = _installed_site(where)
+    if site is None:
+        return ""
+    package, name, line, source = site
     return (f"the op is made in the installed package {package} (not your code), in the call at "
-            f"{os.path.basename(path)}:{line}" + (f" `{source}`" if source else "") + ": replace what that call runs "
+            f"{name}:{line}" + (f" `{source}`" if source else "") + ": replace what that call runs "
             "with a fixed-shape version before tracing (a subclass of the module overriding the method, or the method "
             "assigned on the instance), e.g. run every branch on all rows and pick with torch.where(mask[:, None, None], "
             "branch(x), x) instead of x[mask]; or use a model or config of the package without it. In general: ")
+
+
+def library_check_remedy(exc: BaseException, where: str | None) -> str:
+    """The start of a remedy for an assert or a branch on a tensor value (`translate`'s data-dependent case) whose
+    line `where` lies in an installed package's code, "" for the user's own code. The generic remedy (remove the
+    assert, branch with torch.where) edits that code, which the user cannot: name the package, the function and
+    line, and how to keep it out of the traced run. A check inside a seq2seq model's label shift (`_shift_right`:
+    ProphetNet's and UDOP's `assert torch.all(shifted_input_ids >= 0).item()`) runs only because forward shifts
+    `labels` itself when no `decoder_input_ids` are given, so passing them skips it (round 19, r19d; LED's and
+    Longformer's `if is_global_attn:` on `.any().item()` have no such input: the method must be replaced)."""
+    site = _installed_site(where)
+    if site is None:
+        return ""
+    package, name, line, source = site
+    inner = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    function = inner[-1].name if inner else "its function"
+    text = (f"the check is in the installed package {package} (not your code), in {function}() at {name}:{line}"
+            + (f" `{source}`" if source else "") + ": ")
+    if "shift_right" in function:
+        text += (f"it runs because forward shifts `labels` itself when no decoder_input_ids are given: pass "
+                 f"decoder_input_ids=model.{function}(labels) (computed outside forward, before tracing; or your own "
+                 "shift) together with labels=, and forward skips it. Otherwise: ")
+    return text + (f"replace {function} for the traced run (a subclass overriding it, or the method assigned on the "
+                   f"instance: `module.{function} = types.MethodType(fixed, module)`) with a version that keeps the "
+                   "value a tensor (torch.where over both arms) or takes the branch from a Python value you know, or "
+                   f"use a model or config of {package} without it. In your own code you would: ")
 
 
 _SELECTING = ("nonzero", "masked_select", "unique", "index", "argwhere")
