@@ -111,21 +111,20 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         gradients). Before (round 19, trial g) the names were `stages.<i>.<FQN>`: such a loop put every tensor
         in its default group on pipelines only (loss 3.5e-3, parameters 9e-3 off one device). `state_dict()`
         keeps `stages.<i>.<FQN>` (a per-rank checkpoint of this plan)."""
-        seen: set[int] = set()
-        for stage in self.stages:
-            for name, p in stage.named_parameters("", recurse, remove_duplicate):
-                if not (remove_duplicate and id(p) in seen):
-                    seen.add(id(p))
-                    yield (f"{prefix}.{name}" if prefix else name), p
+        return self._stage_members("named_parameters", prefix, recurse, remove_duplicate)
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         """(model FQN, this rank's shard) of every buffer of this rank's stages, named as `named_parameters`."""
+        return self._stage_members("named_buffers", prefix, recurse, remove_duplicate)
+
+    def _stage_members(self, kind: str, prefix: str, recurse: bool, remove_duplicate: bool):
+        """(model FQN, tensor) of each stage's `kind` ("named_parameters" / "named_buffers"), in stage order."""
         seen: set[int] = set()
         for stage in self.stages:
-            for name, b in stage.named_buffers("", recurse, remove_duplicate):
-                if not (remove_duplicate and id(b) in seen):
-                    seen.add(id(b))
-                    yield (f"{prefix}.{name}" if prefix else name), b
+            for name, t in getattr(stage, kind)("", recurse, remove_duplicate):
+                if not (remove_duplicate and id(t) in seen):
+                    seen.add(id(t))
+                    yield (f"{prefix}.{name}" if prefix else name), t
 
     @property
     def first(self) -> bool:

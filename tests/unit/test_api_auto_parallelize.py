@@ -121,7 +121,7 @@ def test_a_rank_0_failure_keeps_its_class_and_the_base_class():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("mesh", ["pp=2,dp=2", "pp=2,tp=2"])
+@pytest.mark.parametrize("mesh", ["pp=2,dp=2", pytest.param("pp=2,tp=2", marks=pytest.mark.long)])  # tp: test-long
 def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks(mesh):
     """The example's user loop (`pm.step`) on pp=2 x dp=2 and pp=2 x tp=2 under torchrun (dp x tp:
     tests/distributed/test_step.py), every axis used (trial r14e: pp=2 x tp=2 left tp unused, a
