@@ -332,34 +332,81 @@ class EdgeRoles:
 
 # Ops that copy their input element for element (same shape): a copy of a parameter holds its elements as a view
 # does (the tracer writes `w.as_strided(...)` as clone + as_strided, `tracer.normalize`; `w.to(dtype)` under
-# decompositions is _to_copy).
+# decompositions is _to_copy). `w.repeat(...)` copies whole weights along its repeated dims.
 _PARAMETER_COPIES = frozenset({torch.ops.aten.clone, torch.ops.aten._to_copy})
+_REPEATS = frozenset({torch.ops.aten.repeat})
+
+
+def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
+    """Every dim of size > 1 and stride != 0 (a stride-0 dim repeats the whole value along it)."""
+    return tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
+
+
+def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.Node, tuple[int, ...]]) -> tuple[int, ...]:
+    """The dims of `node`'s output (`val`) that slice parameter elements, for an op computed from parameter-derived
+    values `inputs` (node -> their sliced dims). An elementwise op over broadcast operands (output shape = the
+    broadcast of the tensor operands' shapes, right-aligned as torch broadcasts) and `repeat` keep the sliced dims
+    of their operands, so `cls.expand(B, -1, -1).contiguous()`, `cls.repeat(B, 1, 1)` and `w * torch.ones(B, 1, 1)`
+    leave the batch dim free; any other op (matmul, reductions, norms, ...) mixes elements: every dim counts."""
+    out = tuple(val.shape)
+    shapes = [tuple(a.meta["val"].shape) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+    try:
+        elementwise = bool(shapes) and tuple(torch.broadcast_shapes(*shapes)) == out
+    except RuntimeError:
+        elementwise = False
+    repeat = getattr(node.target, "overloadpacket", None) in _REPEATS
+    if not (elementwise or repeat):
+        return _sliced_dims(val)
+    kept = set()
+    for a, dims in inputs.items():
+        lead = len(out) - a.meta["val"].dim()
+        kept.update(d + lead for d in dims)
+    return tuple(d for d in _sliced_dims(val) if d in kept)
 
 
 def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
-    """Node name -> the dims of its output that slice a parameter's elements, for every value that shares a
-    parameter's storage: views and undeclared aliases (`tracer.graph.alias_source`: transpose, permute, view /
-    reshape, expand, as_strided, unsafe_split's getitems, type_as, einsum('ij->ji'), ...) and copies
-    (`_PARAMETER_COPIES`) of a parameter placeholder, transitively. A dim slices the parameter when its size is > 1 and its stride is not 0 (an
-    expand's broadcast dims repeat the whole weight along them: the batch of `cls.expand(B, -1, -1)` may be
-    sharded over a data axis). Without the traced value's strides every dim of size > 1 counts. Round 18 (r18b):
-    Mixtral's `experts.gate_up_proj` reached grouped_mm through a transpose and was used sharded over a "ddp"
-    axis, since the role's `used_replicated` held only on the edge out of the parameter itself."""
-    params = [info.node for info in tg.nodes.values() if info.role == Role.PARAMETER]
+    """Node name -> the dims of its output that slice a parameter's elements, for every value derived from a
+    parameter without an activation: views and undeclared aliases (`tracer.graph.alias_source`: transpose, permute,
+    view / reshape, expand, as_strided, unsafe_split's getitems, type_as, einsum('ij->ji'), ...) and copies
+    (`_PARAMETER_COPIES`) of such a value, and every op whose tensor operands are all parameters, buffers,
+    constants or values computed from them alone (a merged LoRA weight `w + b @ a`, a factorised `b @ a`, weight
+    standardization, `w * mask`, `w.clamp(...)`, casts, weight_norm / spectral_norm / orthogonal
+    parametrizations), transitively. Of a view a dim slices the parameter when its size is > 1 and its stride is
+    not 0 (an expand's broadcast dims repeat the whole weight along them: the batch of `cls.expand(B, -1, -1)` may be
+    sharded over a data axis); of a computed value see `_derived_dims`. Round 18 (r18b): Mixtral's
+    `experts.gate_up_proj` reached grouped_mm through a transpose and was used sharded over a "ddp" axis, since the
+    role's `used_replicated` held only on the edge out of the parameter itself; round 20 (r20f): the same through a
+    merged / standardised / parametrized weight (numbers right, activations all_to_all'd over the data axis)."""
+    derived: dict[torch.fx.Node, tuple[int, ...]] = {}  # parameter-derived values (parameters included) -> dims
+    static: set[torch.fx.Node] = set()  # values that read no user input: parameters, buffers, constants, and ops on them
     found: dict[str, tuple[int, ...]] = {}
-    todo = list(params)
-    while todo:
-        value = todo.pop()
-        for user in value.users:
-            copies = getattr(user.target, "overloadpacket", None) in _PARAMETER_COPIES and user.args[0] is value
-            if user.name in found or (alias_source(user) is not value and not copies) or user.name not in tg.nodes:
-                continue
-            val = user.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                found[user.name] = tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
-            else:  # a tuple (unsafe_split): its getitems carry the tensors
-                found[user.name] = ()
-            todo.append(user)
+    for node in tg.graph_module.graph.nodes:
+        info = tg.nodes.get(node.name)
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            if info is not None and info.role in (Role.PARAMETER, Role.BUFFER):
+                static.add(node)
+                if info.role == Role.PARAMETER and isinstance(val, torch.Tensor):
+                    derived[node] = _sliced_dims(val)
+            continue
+        if node.op == "get_attr":
+            static.add(node)
+            continue
+        if node.op != "call_function" or info is None:
+            continue
+        ins = node.all_input_nodes
+        source = alias_source(node)
+        copies = getattr(node.target, "overloadpacket", None) in _PARAMETER_COPIES and node.args and node.args[0] in derived
+        if all(a in static for a in ins):
+            static.add(node)
+        from_params = {a: derived[a] for a in ins if a in derived}
+        if source in derived or copies:
+            dims = _sliced_dims(val) if isinstance(val, torch.Tensor) else ()  # a tuple: its getitems carry the tensors
+        elif from_params and node in static:
+            dims = _derived_dims(node, val, from_params) if isinstance(val, torch.Tensor) else ()
+        else:
+            continue
+        derived[node] = found[node.name] = dims
     return found
 
 
