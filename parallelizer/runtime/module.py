@@ -272,7 +272,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         after build names them."""
         flags, changes = modes
         try:
-            return self._retracer.trace(dict(flags), args, kwargs, changes)
+            return self._retracer.trace(dict(flags), args, kwargs, changes, self.traced.autocast)
         except TraceError as exc:
             if not changes:
                 raise

@@ -198,6 +198,9 @@ class TracedGraph:
         forward_positional, untraced_defaults: the forward's positional parameter names, and {name: default} of
             its parameters the traced call left at a plain-constant default: a call passing one of them with
             that value computes the traced function (`tracer.call_defaults`).
+        autocast: ((device type, dtype), ...) of the torch.autocast contexts enabled around the trace (`ambient_autocast`):
+            export traces under them (outputs in bf16 without explicit casts), so another mode is traced under the
+            same ones (`runtime.modes.Retracer`) to give the same graph.
     """
 
     exported: torch.export.ExportedProgram
@@ -212,6 +215,7 @@ class TracedGraph:
     training: bool = True
     forward_positional: tuple[str, ...] = ()
     untraced_defaults: dict[str, Any] = field(default_factory=dict)
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -637,6 +641,15 @@ def may_alias(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return isinstance(node.args[0], torch.fx.Node) and may_alias(node.args[0])
     return is_view(node) or getattr(node.target, "overloadpacket", None) in UNDECLARED_ALIASES
+
+
+# Device types whose torch.autocast state a trace records (torch.amp.is_autocast_available is True for each, torch 2.13).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def ambient_autocast() -> tuple[tuple[str, torch.dtype], ...]:
+    """((device type, dtype), ...) of the torch.autocast contexts enabled now, over `AUTOCAST_DEVICES`."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
 
 
 def alias_source(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -47,7 +47,7 @@ from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
 from .normalize import normalize
-from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph
+from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast
 from .export_errors import library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
 from .export_facts import named_inputs
@@ -367,7 +367,8 @@ def _build(model: torch.nn.Module, exported: torch.export.ExportedProgram, gm: t
                      + ": their values are part of the graph (a call with other values is rejected)")
     return TracedGraph(exported=exported, graph_module=gm, nodes=nodes, parameters=parameters, blocks=blocks,
                        input_names=tuple(n for n in names if n not in constants), notes=notes,
-                       constant_inputs=constants, call_inputs=tuple(names), training=model.training)
+                       constant_inputs=constants, call_inputs=tuple(names), training=model.training,
+                       autocast=ambient_autocast())
 
 
 def _canonical_names(model: torch.nn.Module) -> dict[str, tuple[str, bool]]:
