@@ -55,7 +55,7 @@ from .strategies import NodeSpace, Strategy
 from .op_comm import op_collectives
 
 aten = torch.ops.aten
-_SHAPE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand}
+_SHAPE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand, aten.sum_to_size}  # size arg 1: `localize.SIZE_ARG`
 
 
 @dataclass(frozen=True, slots=True)

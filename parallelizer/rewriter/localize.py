@@ -54,6 +54,7 @@ SIZE_ARG = {
     aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1, aten.expand.default: 1,
     aten.new_zeros.default: 1, aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1,
     aten.zeros.default: 0, aten.ones.default: 0, aten.empty.memory_format: 0, aten.full.default: 0,
+    aten.sum_to_size.default: 1,  # the sum's output size (round 20, r20f)
 }
 # op -> index of a size argument whose first entry is the output's batch dim 0 (the rest describe other dims)
 BATCH_SIZE_ARG = {aten.affine_grid_generator.default: 1}

@@ -150,6 +150,28 @@ def reduction(v: OpView) -> list[AxisOption]:
     return opts + [AxisOption((P,), P)] if v.out_is_float else opts
 
 
+def sum_to_size(v: OpView) -> list[AxisOption]:
+    """sum_to_size(x, size): x summed over its leading dims (those size has not) and over each dim where size is 1
+    and x is not (right-aligned, as broadcasting; `torch.Tensor.sum_to_size`). A shard of a summed dim gives
+    Partial(sum), a shard of a kept dim stays a shard of the output (the local form passes this rank's output
+    size, `rewriter.localize.SIZE_ARG`); Partial passes (a sum is linear)."""
+    size = list(v.arg(1, "size", []))
+    lead = v.nd() - len(size)
+    opts = [replicate(v)]
+    for d in range(v.nd()):
+        if v.in_shapes[0][d] > 1:
+            summed = d < lead or size[d - lead] == 1
+            opts.append(AxisOption((Shard(d),), P if summed else Shard(d - lead)))
+    return opts + [AxisOption((P,), P)] if v.out_is_float else opts
+
+
+def leading_two(v: OpView) -> list[int]:
+    """The dims after the first two (N, C, *): what feature_dropout / feature_alpha_dropout draw ONE mask entry
+    across (a mask per sample and channel, `torch.nn.functional.dropout2d`), so a shard of them must not draw its
+    own: the rule shards N and C only."""
+    return list(range(2, v.nd()))
+
+
 def kept_dims(dim_index: int = 1, keep_index: int | None = 2,
               default_dims: tuple[int, ...] | None = None) -> Callable[[OpView], list[AxisOption]]:
     """Rule of a non-linear reduction over dims (amax, argmax, max.dim, var, std, logsumexp, norms, any,

@@ -82,6 +82,12 @@ _add([aten.addcmul, aten.addcdiv], pointwise.elementwise,
 _add([aten.lerp], pointwise.elementwise, [*calls(aten.lerp.Scalar, (t(3, 5), t(3, 5), 0.3)),
                                           *calls(aten.lerp.Tensor, (t(3, 5), t(3, 5), T((3, 5), "prob")))])
 _add([aten.dropout], pointwise.elementwise, calls(aten.dropout.default, (t(3, 5), 0.0, True), (t(2, 7, 3), 0.5, False)))
+# alpha dropout draws per element (elementwise) but adds a constant where it drops (not linear: no Partial); the
+# feature dropouts draw one mask per (sample, channel): shard N and C only (round 20, r20f: no rows before, replicated)
+_add([aten.alpha_dropout], pointwise.elementwise,
+     calls(aten.alpha_dropout.default, (t(3, 5), 0.0, True), (t(2, 7, 3), 0.5, False)))
+_add([aten.feature_dropout, aten.feature_alpha_dropout], pointwise.along(pointwise.leading_two),
+     lambda p: calls(p.default, (t(3, 5, 4), 0.0, True), (t(2, 7, 3, 3), 0.5, False), (t(3, 5), 0.5, False)))
 _add([aten.native_dropout], pointwise.elementwise, calls(aten.native_dropout.default, (t(3, 5), 0.0, False)))
 _add([aten._to_copy], pointwise.elementwise, [
     *calls(aten._to_copy.default, (t(3, 5),), dtype=torch.bfloat16),
@@ -189,6 +195,8 @@ _add([aten.sum], pointwise.reduction, [*calls(aten.sum.default, (t(3, 7),), (t(2
                                        *calls(aten.sum.dim_IntList, (t(3, 7), [1]), (t(5, 2, 3), [0, 2], True),
                                               (t(2, 5, 3), [-1])),
                                        *calls(aten.sum.dim_IntList, (t(5, 3), [0]), dtype=torch.float64)])
+_add([aten.sum_to_size], pointwise.sum_to_size, calls(aten.sum_to_size.default, (t(5, 3, 7), [3, 1]), (t(3, 7), [1, 7]),
+                                                     (t(2, 5, 3), [1, 5, 1]), (t(3, 5), [3, 5])))
 _add([aten.mean], pointwise.reduction, [*calls(aten.mean.default, (t(3, 7),), (t(2, 5, 3),)),
                                         *calls(aten.mean.dim, (t(3, 7), [1]), (t(5, 2, 3), [0, 2], True),
                                                (t(2, 5, 3), [-1]), (t(9, 3), [0]))])
