@@ -91,15 +91,10 @@ class Retracer:
                                    f"ParallelModule was built ({type(exc).__name__}: {exc}); make it deep-copyable")
         return cls(skeleton, mode, "", tuple(name for name, _ in skeleton.named_modules()))
 
-    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict, changes: tuple = (),
-              autocast: tuple[tuple[str, torch.dtype], ...] = ()) -> TracedGraph:
+    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict, changes: tuple = ()) -> TracedGraph:
         """Trace the skeleton on `args`/`kwargs` with each module in the mode of its nearest entry in `modes`
         (module name -> training; "" is the root) and the settings `changes` applied
-        (`runtime.mirror.changed_settings`: (module name, attribute, value), e.g. a Dropout's p), under exactly the
-        torch.autocast contexts `autocast` (the planned graph's `TracedGraph.autocast`), whatever autocast is
-        around the call: the program then runs under the caller's autocast as the planned one does. Round 20
-        (r20f): an eval forward under the user's autocast (or a bf16 plan's) was traced with it, every output
-        bfloat16, so no op matched the plan (`carry_over`) and all of them ran replicated on every rank.
+        (`runtime.mirror.changed_settings`: (module name, attribute, value), e.g. a Dropout's p).
 
         Raises:
             PlanMismatchError: the model could not be deep-copied into a skeleton (says why and what to do).
@@ -113,23 +108,9 @@ class Retracer:
             module.training = modes[_nearest(name, modes)]
         undo = apply_settings(self.skeleton, changes)
         try:
-            with _autocast_exactly(autocast):
-                return trace(self.skeleton, args, kwargs)
+            return trace(self.skeleton, args, kwargs)
         finally:
             restore_settings(undo)
-
-
-def _autocast_exactly(wanted: tuple[tuple[str, torch.dtype], ...]) -> contextlib.ExitStack:
-    """A context with torch.autocast enabled for exactly the (device type, dtype) pairs `wanted` and disabled on
-    the other `AUTOCAST_DEVICES` that have it enabled now."""
-    stack = contextlib.ExitStack()
-    want = dict(wanted)
-    for device in AUTOCAST_DEVICES:
-        if device in want:
-            stack.enter_context(torch.autocast(device, dtype=want[device]))
-        elif torch.is_autocast_enabled(device):
-            stack.enter_context(torch.autocast(device, enabled=False))
-    return stack
 
 
 def _nearest(name: str, known: dict[str, bool]) -> str:
@@ -229,3 +210,20 @@ def _check_mutations(spec: ShardingSpec, traced: TracedGraph) -> None:
                 if alias_source(arg) is None:
                     break
                 consumer, arg = arg, alias_source(arg)
+
+
+def autocast_exactly(wanted: tuple[tuple[str, torch.dtype], ...]) -> contextlib.ExitStack:
+    """A context with torch.autocast enabled for exactly the (device type, dtype) pairs `wanted` and disabled on the
+    other `tracer.graph.AUTOCAST_DEVICES` that have it enabled now. A mode is traced again under the autocast the
+    planned graph was traced under (`TracedGraph.autocast`), whatever autocast is around the call, and its program
+    runs under the caller's, as the planned one does. Round 20 (r20f): an eval forward under the user's autocast (or
+    a bf16 plan's) was traced with it, every output bfloat16, so no op matched its planned namesake (`carry_over`)
+    and all of them ran replicated on every rank."""
+    stack = contextlib.ExitStack()
+    want = dict(wanted)
+    for device in AUTOCAST_DEVICES:
+        if device in want:
+            stack.enter_context(torch.autocast(device, dtype=want[device]))
+        elif torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack

@@ -66,7 +66,7 @@ from .parameter_state import carry_parameter_state
 from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
-from .modes import ModeProgram, Retracer, _nearest, carry_over
+from .modes import ModeProgram, Retracer, _nearest, autocast_exactly, carry_over
 from .module_copy import copy_module
 from .precision import autocast
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss
@@ -253,7 +253,8 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         elif modes == getattr(self, "_first_modes", modes):
             traced, spec, replicated = self.traced, self.spec, ()
         else:
-            traced = self._retrace(modes, args, kwargs)
+            with autocast_exactly(self.traced.autocast):  # as the planned graph was traced (`modes.autocast_exactly`)
+                traced = self._retrace(modes, args, kwargs)
             spec, replicated = carry_over(self.spec, self.traced, traced)
             self._register_new_constants(traced)
             if replicated:
@@ -272,7 +273,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         after build names them."""
         flags, changes = modes
         try:
-            return self._retracer.trace(dict(flags), args, kwargs, changes, self.traced.autocast)
+            return self._retracer.trace(dict(flags), args, kwargs, changes)
         except TraceError as exc:
             if not changes:
                 raise
