@@ -195,12 +195,12 @@ class TracedGraph:
         call_inputs: placeholder names of ALL user inputs (tensor and constant) in flattened call order.
         training: the model's `training` flag when traced: export bakes the mode into mode-dependent ops
             (`batch_norm(training=...)`, `dropout(train=...)`) and into Python branches on `self.training`.
+        autocast: ((device type, dtype), ...) of the torch.autocast contexts enabled around the trace (`ambient_autocast`):
+            export traces under them (outputs in bf16 without explicit casts), so another mode is traced under the
+            same ones (`runtime.modes.autocast_exactly`) to give the same graph.
         forward_positional, untraced_defaults: the forward's positional parameter names, and {name: default} of
             its parameters the traced call left at a plain-constant default: a call passing one of them with
             that value computes the traced function (`tracer.call_defaults`).
-        autocast: ((device type, dtype), ...) of the torch.autocast contexts enabled around the trace (`ambient_autocast`):
-            export traces under them (outputs in bf16 without explicit casts), so another mode is traced under the
-            same ones (`runtime.modes.Retracer`) to give the same graph.
     """
 
     exported: torch.export.ExportedProgram
@@ -213,9 +213,9 @@ class TracedGraph:
     constant_inputs: dict[str, Any] = field(default_factory=dict)
     call_inputs: tuple[str, ...] = ()
     training: bool = True
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
     forward_positional: tuple[str, ...] = ()
     untraced_defaults: dict[str, Any] = field(default_factory=dict)
-    autocast: tuple[tuple[str, torch.dtype], ...] = ()
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
