@@ -199,26 +199,19 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         action_overhead=pc.device.pipeline_action,
         p2p_bytes=tuple(float(pc.segments.cut_fwd_bytes[j]) for j in cuts),
         p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
-        backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)))
+        backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)),
+        p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
-    # "before": as priced until round 18 (no per-byte CPU of the communication threads, no split-backward walks)
-    old = dataclasses.replace(times, p2p_bytes=None, p2p_bwd_bytes=None, backward_nodes=None,
-                              copy_pack_s=None if times.copy_pack_s is None else tuple(
-                                  copy_exchange_pack_s(float(pr.grads_bytes[g].sum()), _no_per_byte(pc.device))
-                                  for g in segs))
+    # "before": as priced until round 19 (one op per transfer, the exchange's two ops uncharged)
+    old = dataclasses.replace(times, p2p_ops=None, copy_pack_s=None if times.copy_pack_s is None else tuple(
+        x - 2 * pc.device.pipeline_action.comm_thread_s * (x > 0) for x in times.copy_pack_s))
     ms["before"] = simulate(name, PP, MICROBATCHES, old, pc.cores).makespan_s * 1e3
     rank_work = [b + o for b, o in zip(simulate(name, PP, MICROBATCHES, times).busy_s, times.optimizer_s)]
     work = sum(rank_work)
     before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
     return {"ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
             "numel": numel, "tensors": tensors, "stages": S}
-
-
-def _no_per_byte(device):
-    """`device` without the communication threads' per-byte CPU (the "before" column)."""
-    return dataclasses.replace(device, pipeline_action=dataclasses.replace(device.pipeline_action,
-                                                                           comm_thread_per_byte_s=0.0))
 
 
 def _loss(output, target):
@@ -268,14 +261,14 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
-            "cores", "own": "own core each", "before": "measured factors, as priced until round 18 (no per-byte "
-            "or split-backward CPU)"}
+            "cores", "own": "own core each", "before": "measured factors, as priced until round 19 (one P2P op per "
+            "transfer)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
     """Markdown table + orders + agreement per simulated variant (module docstring)."""
     rows = [header, "", "| schedule | stages | " + " | ".join(f"simulated ms ({v})" for v in VARIANTS.values())
-            + " | measured ms median (min-max) | work: simulated solo CPU ms round 18 -> now / "
+            + " | measured ms median (min-max) | work: simulated solo CPU ms round 19 -> now / "
             "measured CPU ms (all ranks, median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
     for name in SCHEDULES:
         s = sim[name]
