@@ -27,7 +27,10 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   pair on a quick-size block, measured per schedule), priced per node on each W action
   (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors);
 - gloo's threads' CPU per byte of every transfer at both ends (round 19, `comm_thread_per_byte_s`, with
-  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`);
+  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`), and
+  their CPU per P2P op for each tensor of a transfer (round 20, `StageTimes.p2p_ops`: the cut's values, 2 for
+  this GPT-2: hidden states and attention mask) and for the exchange's isend and irecv; the "before" column
+  prices as until round 19 (one op per transfer, the exchange's ops uncharged);
 - what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
   ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
   stage (its wire time, and since round 18 the host work of packing / summing it on each copy's rank,
