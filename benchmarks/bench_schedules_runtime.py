@@ -45,7 +45,8 @@ is rank 0's wall time of `pm.step` + `opt.step()` between two barriers, and each
 of it; one thread per rank. Reported per schedule: simulated ms in three variants (the measured sharing
 factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
 cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
-time, and per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike.
+time, per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike, and (round 20)
+per rank its priced solo work beside its measured process CPU.
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -296,6 +297,12 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
             rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
                         f"separates by >= {CLEAR:.0%} {kc} of {nc}; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
+        ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
+        if ranked:
+            rows.append("Per rank CPU ms, priced solo work (busy + AdamW) / measured process CPU (median), rank 0..3: "
+                        + "; ".join(n + " " + ", ".join(
+                            f"{a:.0f} / {statistics.median(b):.0f}"
+                            for a, b in zip(sim[n]["rank_work_ms"], measured[n]["rank_cpu_ms"])) for n in ranked) + ".")
         bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
                or list(measured[n]["tensors"]) != sim[n]["tensors"]]
         rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
@@ -337,7 +344,8 @@ def main(argv=None) -> None:
                          timeout_s=3600)
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],
-                           "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))]}
+                           "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))],
+                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured]}
                     for name in SCHEDULES}
         if args.json:
             with open(args.json, "w") as f:
