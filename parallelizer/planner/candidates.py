@@ -394,7 +394,7 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
-        seg, scale = self.segments, self._scale(c)  # round 19: sizes for the per-byte / per-node CPU (simulate); round 20: P2P ops per transfer
+        seg, scale = self.segments, self._scale(c)  # sizes for the per-byte / per-node / per-op CPU (simulate)
         ops = np.bincount(list(seg.owner.values()), minlength=seg.num_blocks + 2)
         cut = [s["blocks"][1] + 1 for s in st[:-1]]
         sizes = dict(p2p_bytes=tuple(seg.cut_fwd_bytes[j] * scale / c.tp for j in cut),
