@@ -27,7 +27,10 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   pair on a quick-size block, measured per schedule), priced per node on each W action
   (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors);
 - gloo's threads' CPU per byte of every transfer at both ends (round 19, `comm_thread_per_byte_s`, with
-  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`);
+  the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`), and
+  their CPU per P2P op for each tensor of a transfer (round 20, `StageTimes.p2p_ops`: the cut's values, 2 for
+  this GPT-2: hidden states and attention mask) and for the exchange's isend and irecv; the "before" column
+  prices as until round 19 (one op per transfer, the exchange's ops uncharged);
 - what the runtime does besides: the tied wte / lm_head gradient exchange after the schedule between the
   ranks holding stage 0 and stage S - 1 (when they differ), BitPipe's twin-copy gradient exchange of every
   stage (its wire time, and since round 18 the host work of packing / summing it on each copy's rank,
@@ -42,7 +45,8 @@ is rank 0's wall time of `pm.step` + `opt.step()` between two barriers, and each
 of it; one thread per rank. Reported per schedule: simulated ms in three variants (the measured sharing
 factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
 cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
-time, and per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike.
+time, per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike, and (round 20)
+per rank its priced solo work beside its measured process CPU.
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -199,26 +203,19 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         action_overhead=pc.device.pipeline_action,
         p2p_bytes=tuple(float(pc.segments.cut_fwd_bytes[j]) for j in cuts),
         p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
-        backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)))
+        backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)),
+        p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
-    # "before": as priced until round 18 (no per-byte CPU of the communication threads, no split-backward walks)
-    old = dataclasses.replace(times, p2p_bytes=None, p2p_bwd_bytes=None, backward_nodes=None,
-                              copy_pack_s=None if times.copy_pack_s is None else tuple(
-                                  copy_exchange_pack_s(float(pr.grads_bytes[g].sum()), _no_per_byte(pc.device))
-                                  for g in segs))
+    # "before": as priced until round 19 (one op per transfer, the exchange's two ops uncharged)
+    old = dataclasses.replace(times, p2p_ops=None, copy_pack_s=None if times.copy_pack_s is None else tuple(
+        x - 2 * pc.device.pipeline_action.comm_thread_s * (x > 0) for x in times.copy_pack_s))
     ms["before"] = simulate(name, PP, MICROBATCHES, old, pc.cores).makespan_s * 1e3
     rank_work = [b + o for b, o in zip(simulate(name, PP, MICROBATCHES, times).busy_s, times.optimizer_s)]
     work = sum(rank_work)
     before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
     return {"ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
             "numel": numel, "tensors": tensors, "stages": S}
-
-
-def _no_per_byte(device):
-    """`device` without the communication threads' per-byte CPU (the "before" column)."""
-    return dataclasses.replace(device, pipeline_action=dataclasses.replace(device.pipeline_action,
-                                                                           comm_thread_per_byte_s=0.0))
 
 
 def _loss(output, target):
@@ -268,14 +265,14 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
-            "cores", "own": "own core each", "before": "measured factors, as priced until round 18 (no per-byte "
-            "or split-backward CPU)"}
+            "cores", "own": "own core each", "before": "measured factors, as priced until round 19 (one P2P op per "
+            "transfer)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
     """Markdown table + orders + agreement per simulated variant (module docstring)."""
     rows = [header, "", "| schedule | stages | " + " | ".join(f"simulated ms ({v})" for v in VARIANTS.values())
-            + " | measured ms median (min-max) | work: simulated solo CPU ms round 18 -> now / "
+            + " | measured ms median (min-max) | work: simulated solo CPU ms round 19 -> now / "
             "measured CPU ms (all ranks, median) | first loss |", "|---" * (5 + len(VARIANTS)) + "|"]
     for name in SCHEDULES:
         s = sim[name]
@@ -300,6 +297,12 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
             rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
                         f"separates by >= {CLEAR:.0%} {kc} of {nc}; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
+        ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
+        if ranked:
+            rows.append("Per rank CPU ms, priced solo work (busy + AdamW) / measured process CPU (median), rank 0..3: "
+                        + "; ".join(n + " " + ", ".join(
+                            f"{a:.0f} / {statistics.median(b):.0f}"
+                            for a, b in zip(sim[n]["rank_work_ms"], measured[n]["rank_cpu_ms"])) for n in ranked) + ".")
         bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
                or list(measured[n]["tensors"]) != sim[n]["tensors"]]
         rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
@@ -341,7 +344,8 @@ def main(argv=None) -> None:
                          timeout_s=3600)
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],
-                           "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))]}
+                           "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))],
+                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured]}
                     for name in SCHEDULES}
         if args.json:
             with open(args.json, "w") as f:

@@ -86,15 +86,21 @@ def copy_exchange_pack_s(grad_bytes: float, device) -> float:
     per rank per step for 12.6-13.7 M parameters (50-55 MB of fp32 gradients): 7 x 52 MB / 25.4 GB/s = 14 ms solo,
     x 3.76 (the profile's 4-process memory contention) = 54 ms. Round 19: plus the communication threads' CPU for
     the bytes on the wire, the rank's send of its copy's gradients and its receive of the twin's:
-    2 x grad_bytes x `PipelineActionCost.comm_thread_per_byte_s` of the device (0 on the GPU presets).
+    2 x grad_bytes x `PipelineActionCost.comm_thread_per_byte_s` of the device (0 on the GPU presets). Round 20:
+    plus the same threads' per-op CPU of those two P2P ops (the runner's isend of its copy and irecv of the
+    twin's, `_start_exchange`), 2 x `PipelineActionCost.comm_thread_s`, which the simulator charges every other
+    P2P op; none when the copy has no gradient to exchange (grad_bytes = 0: the runner posts nothing).
 
     Raises:
         ValueError: negative bytes.
     """
     if not grad_bytes >= 0:
         raise ValueError(f"copy_exchange_pack_s: grad_bytes={grad_bytes!r} must be >= 0")
+    if grad_bytes == 0:
+        return 0.0
+    per = device.pipeline_action
     return (EXCHANGE_PASSES * float(grad_bytes) / device.hbm_bytes_per_s
-            + 2 * float(grad_bytes) * device.pipeline_action.comm_thread_per_byte_s)
+            + 2 * float(grad_bytes) * per.comm_thread_per_byte_s + 2 * per.comm_thread_s)
 
 
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,

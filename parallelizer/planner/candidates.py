@@ -394,11 +394,12 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
-        seg, scale = self.segments, self._scale(c)  # round 19: sizes for the per-byte / per-node CPU (simulate)
+        seg, scale = self.segments, self._scale(c)  # sizes for the per-byte / per-node / per-op CPU (simulate)
         ops = np.bincount(list(seg.owner.values()), minlength=seg.num_blocks + 2)
         cut = [s["blocks"][1] + 1 for s in st[:-1]]
         sizes = dict(p2p_bytes=tuple(seg.cut_fwd_bytes[j] * scale / c.tp for j in cut),
                      p2p_bwd_bytes=tuple(seg.cut_bwd_bytes[j] * scale / c.tp for j in cut),
+                     p2p_ops=tuple(float(max(1, len(seg.cut_values[j]))) for j in cut) if seg.cut_values else None,
                      backward_nodes=tuple(float(sum(ops[g] + len(self.prices(c.tp, s["lean"]).grad_shapes[g])
                                                     for g in s["segs"])) for s in st))
 

@@ -21,9 +21,10 @@ cores is charged to the actions as CPU work (round 18): gloo's own threads' CPU 
 (`PipelineActionCost.comm_thread_s`, ~0.3 ms per op measured) and BitPipe's packing of its twin exchange
 (`StageTimes.copy_pack_s`); since round 19 also their CPU per byte of each transfer and of BitPipe's exchange
 (`PipelineActionCost.comm_thread_per_byte_s`, ~0.2 ns per byte at each end measured) and torch's split backward's
-walks of the stage's autograd graph (`split_backward_per_node_s`, ~24 us per node). What BitPipe's runner still
-spends beyond these in gloo's threads (round 19, quick size: 157 ms per step over its 4 ranks against 65 ms for
-dualpipev's equal transfers; round 18, full size: ~290 ms) is not priced.
+walks of the stage's autograd graph (`split_backward_per_node_s`, ~24 us per node); since round 20 per P2P op
+(one per tensor of a transfer, `StageTimes.p2p_ops`). What BitPipe's runner still spends beyond these (round 20,
+full size, 4 ranks: gloo's threads 362 ms per step against 181 priced, its exchange's copies on the main thread
+175 against 73; benchmarks/RESULTS.md) is not priced.
 
 Cost: one event per job start or end, O(p) work each: O((N + p) p) for N actions, fine for the few-rank
 machines it models (the planner's GPU presets never take this path).

@@ -59,7 +59,9 @@ them (`PipelineActionCost.for_schedule`, round 17), else torch's. Each cross-ran
 `comm_thread_s` (round 18): the CPU the communication library's own threads (gloo's) spend on the op, which
 the posting thread's figures leave out; it is CPU work that takes a core like the rest (on one CPU machine the
 ranks' gloo threads run on the same cores), charged to the action that sends or receives, and the same
-figure for every runner (the library's, read from the top level of the cost, not `for_schedule`). Round 19: the
+figure for every runner (the library's, read from the top level of the cost, not `for_schedule`), per P2P op:
+a transfer of n tensors is n ops at each end (`StageTimes.p2p_ops`, round 20: a GPT-2 cut carries the hidden
+states and the attention mask, 2 ops each way, measured on both runners). Round 19: the
 same threads also spend `comm_thread_per_byte_s` per byte of each transfer on both its ends (with
 `StageTimes.p2p_bytes`), and each W action of torch's split backward pays `split_backward_per_node_s` per autograd
 node of its stage (`StageTimes.backward_nodes`): measured per schedule on 4 gloo ranks, zbv's 64 split backwards
@@ -205,6 +207,12 @@ class StageTimes:
         backward_nodes: per model stage, the autograd nodes of one microbatch's backward (the planner's proxy:
             the stage's ATen ops + parameter tensors), for the split backward's graph walks
             (`PipelineActionCost.split_backward_per_node_s`, charged to each W action, round 19); None: none.
+        p2p_ops / p2p_bwd_ops: S - 1 counts of the P2P ops (one per tensor) each transfer across boundary
+            k -> k+1 posts (activations) and back (gradients; default p2p_ops): both runners post one isend and
+            one irecv per value crossing the cut (`planner.segments.Segments.cut_values`; torch's stages send a
+            gradient for every received input, BitPipe's for every input it received with requires_grad), and
+            the communication threads' `PipelineActionCost.comm_thread_s` is per op (round 20); None: 1 op per
+            transfer.
     """
 
     fwd_s: tuple[float, ...]
@@ -224,6 +232,8 @@ class StageTimes:
     p2p_bytes: tuple[float, ...] | None = None
     p2p_bwd_bytes: tuple[float, ...] | None = None
     backward_nodes: tuple[float, ...] | None = None
+    p2p_ops: tuple[float, ...] | None = None
+    p2p_bwd_ops: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -460,6 +470,30 @@ def _size_overhead(c: _Compiled, times: StageTimes, over: PipelineActionCost) ->
     return out
 
 
+def _p2p_ops(c: _Compiled, times: StageTimes) -> np.ndarray:
+    """(N,) P2P ops each action posts for the cross-rank transfers it sends and receives (`StageTimes.p2p_ops`,
+    round 20): the ops of the transfer it produces plus those of the transfer it consumes; without p2p_ops
+    `sends + recvs` (one op per transfer).
+
+    Raises:
+        PipelineError: p2p_ops / p2p_bwd_ops not S - 1 counts >= 1.
+    """
+    if times.p2p_ops is None and times.p2p_bwd_ops is None:
+        return (c.sends + c.recvs).astype(float)
+    S = c.S
+    fwd = np.ones(S - 1) if times.p2p_ops is None else np.asarray(times.p2p_ops, dtype=float)
+    bwd = fwd if times.p2p_bwd_ops is None else np.asarray(times.p2p_bwd_ops, dtype=float)
+    if len(fwd) != S - 1 or len(bwd) != S - 1 or (fwd < 1).any() or (bwd < 1).any():
+        raise PipelineError(f"StageTimes.p2p_ops {times.p2p_ops} / p2p_bwd_ops {times.p2p_bwd_ops}: need {S - 1} "
+                            "counts >= 1 each (P2P ops per transfer, one per stage boundary)")
+    cons = np.flatnonzero(c.xfer != S - 1)  # consumers of cross-rank transfers; the producer sends it
+    ops = np.where(c.kind[cons] == 0, fwd[np.minimum(c.xfer[cons], S - 2)], bwd[np.minimum(c.xfer[cons], S - 2)])
+    out = np.zeros(len(c.kind))
+    np.add.at(out, cons, ops)
+    np.add.at(out, c.pred[cons, 1], ops)
+    return out
+
+
 def simulate(name: str, p: int, m: int, times: StageTimes, cores: SharedCores | None = None) -> SimResult:
     """Simulate schedule `name` (module docstring) on p ranks with m microbatches at `times`; with `cores`,
     the p ranks share one machine's cores (`planner.sharing`: processor sharing, `times` are solo seconds).
@@ -491,8 +525,8 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     start_s = 0.0
     if over is not None:  # module docstring: per-action runtime overhead
         comm = times.action_overhead.comm_thread_s  # the library's threads: the same for every runner
-        dur = (dur + np.asarray(over.compute_s())[c.kind] + (over.send_s + comm) * c.sends
-               + (over.recv_s + comm) * c.recvs)
+        dur = (dur + np.asarray(over.compute_s())[c.kind] + over.send_s * c.sends + over.recv_s * c.recvs
+               + comm * _p2p_ops(c, times))
         start_s = over.step_s
         dur = dur + _size_overhead(c, times, over)
     if times.copy_pack_s is not None:  # BitPipe's exchange packing: CPU on each copy's rank after its last backward

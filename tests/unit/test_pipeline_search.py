@@ -279,3 +279,34 @@ def test_every_alternative_says_what_its_busiest_rank_computes_and_recomputes(be
     others = [a for a in best.alternatives[1:] if a.step_s is not None]
     assert others and all(a.reason.endswith(winner) for a in others), [a.reason for a in others]
     assert all(" step vs " in a.reason and "; busy " in a.reason for a in others)
+
+
+def test_the_search_charges_the_comm_threads_per_p2p_op_of_every_value_crossing_a_cut(monkeypatch):
+    """Round 20 (issue 14): gloo's threads spend `comm_thread_s` per P2P op, and a GPT-2 cut carries two values (the
+    hidden states and the attention mask: 2 isends and 2 irecvs per transfer, counted on torch's runtime and on
+    BitPipe's at 4 ranks), so the search's exact simulation passes 2 ops per boundary (`candidates._simulate`,
+    `StageTimes.p2p_ops`) for every schedule, and with a per-op cost the pinned plan's step grows."""
+    import dataclasses
+
+    from cost_model.hardware import PipelineActionCost
+    from parallelizer.planner import candidates
+    traced = parallelizer.trace(*zoo.gpt2(n_layer=4, n_embd=64, n_head=2, vocab_size=256, seq_len=32, batch=1,
+                                          device="meta"))
+    seen = []
+    real = candidates.simulate
+
+    def spy(name, p, m, times, cores=None):
+        seen.append((name, times.p2p_ops))
+        return real(name, p, m, times, cores)
+    monkeypatch.setattr(candidates, "simulate", spy)
+    gpu = CLUSTER.device.pipeline_action
+    per_op = dataclasses.replace(CLUSTER, device=dataclasses.replace(
+        CLUSTER.device, pipeline_action=dataclasses.replace(gpu, comm_thread_s=1e-4)))
+    for name in ("1f1b", "interleaved_1f1b", "bitpipe"):
+        seen.clear()
+        pinned = dict(global_batch=64, pp=2, tp=1, num_microbatches=4, schedules=(name,))
+        plan = parallelizer.plan_pipeline(traced, per_op, **pinned)
+        S = len(plan.stages)
+        assert seen and all(n == name and ops == (2.0,) * (S - 1) for n, ops in seen), seen
+    assert plan.step_time_s > parallelizer.plan_pipeline(traced, CLUSTER, **pinned).step_time_s
+    assert isinstance(gpu, PipelineActionCost) and gpu.comm_thread_s == 0.0  # the GPU preset: unchanged

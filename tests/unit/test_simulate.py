@@ -697,5 +697,74 @@ def test_bitpipes_exchange_bytes_pay_the_comm_threads_per_byte_on_each_copys_ran
     cpu = dataclasses.replace(A100_80GB, pipeline_action=CPU_PIPELINE_ACTION)
     beta = CPU_PIPELINE_ACTION.comm_thread_per_byte_s
     assert beta > 0 and A100_80GB.pipeline_action.comm_thread_per_byte_s == 0.0
-    assert copy_exchange_pack_s(52e6, cpu) == pytest.approx(7 * 52e6 / cpu.hbm_bytes_per_s + 2 * 52e6 * beta,
+    c = CPU_PIPELINE_ACTION.comm_thread_s
+    assert copy_exchange_pack_s(52e6, cpu) == pytest.approx(7 * 52e6 / cpu.hbm_bytes_per_s + 2 * 52e6 * beta + 2 * c,
                                                              rel=1e-12)
+
+
+def _cross_rank_ops(name: str, p: int, m: int, fwd_ops: tuple, bwd_ops: tuple) -> list[float]:
+    """Per rank, the P2P ops its actions post at both ends of its cross-rank transfers, counted off the action lists
+    and placement (as `_cross_rank_transfers`): a transfer across boundary k -> k+1 posts fwd_ops[k] ops on its
+    sender and on its receiver, its gradient bwd_ops[k]."""
+    sched = action_schedule(name, p, m)
+    S, where = sched.num_stages, sched.stage_to_rank
+    ops = [0.0] * p
+    for r in range(p):
+        for a in sched.actions[r]:
+            x, k, kind = a.stage_index, a.stage_index % S, a.computation_type.value
+            up = k < S - 1 and where[x + 1] != r  # a transfer with stage copy x + 1 (boundary k)
+            down = k > 0 and where[x - 1] != r  # with x - 1 (boundary k - 1)
+            if kind == "F":
+                ops[r] += (fwd_ops[k] if up else 0.0) + (fwd_ops[k - 1] if down else 0.0)
+            elif kind in ("B", "I"):
+                ops[r] += (bwd_ops[k - 1] if down else 0.0) + (bwd_ops[k] if up else 0.0)
+    return ops
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
+def test_comm_threads_pay_per_p2p_op_so_a_transfer_of_several_tensors_pays_each(name):
+    """Round 20: `comm_thread_s` = c is gloo's threads' CPU per P2P op (calibrated per op), and a transfer of n
+    tensors is n ops at each end (a GPT-2 cut carries the hidden states and the attention mask: 2 isends and 2
+    irecvs per transfer, counted on both runners). With `StageTimes.p2p_ops` / `p2p_bwd_ops` each rank's busy
+    time grows by exactly c x (its ops - its transfers) over one op per transfer (ops counted off the action
+    lists, not the simulator's DAG), on its own core and sharing cores; BitPipe pays the library's figure with its
+    own runner's costs. Closed form at p = 2 for gpipe / 1f1b with n_f and n_b ops: (m + 1)(F + B + c (n_f + n_b))."""
+    p, m, c = 4, 8, 1e-3
+    S = action_schedule(name, p, m).num_stages
+    fwd, bwd = tuple(float(2 + k % 3) for k in range(S - 1)), tuple(float(1 + k % 2) for k in range(S - 1))
+    base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
+    cost = dict(comm_thread_s=c, own_runner=PipelineActionCost())
+    ones = _cross_rank_ops(name, p, m, (1.0,) * (S - 1), (1.0,) * (S - 1))
+    assert ones == [float(s + r) for s, r in zip(*_cross_rank_transfers(name, p, m))]
+    want = [c * (n - o) for n, o in zip(_cross_rank_ops(name, p, m, fwd, bwd), ones)]
+    assert all(w > 0 for w in want)
+    for cores in (None, SharedCores.ideal(p, p)):
+        plain = simulate(name, p, m, _with(base, **cost), cores)
+        assert plain.busy_s == simulate(name, p, m, _with(dataclasses.replace(
+            base, p2p_ops=(1.0,) * (S - 1)), **cost), cores).busy_s  # one op per transfer: as before
+        many = simulate(name, p, m, _with(dataclasses.replace(base, p2p_ops=fwd, p2p_bwd_ops=bwd), **cost), cores)
+        assert [y - x for x, y in zip(plain.busy_s, many.busy_s)] == pytest.approx(want, rel=1e-9)
+        assert many.makespan_s > plain.makespan_s
+    if name in ("gpipe", "1f1b"):
+        nf, nb = 2.0, 3.0
+        two = StageTimes.uniform(2, 1.0, 0.5, 0.75)
+        r = simulate(name, 2, m, _with(dataclasses.replace(two, p2p_ops=(nf,), p2p_bwd_ops=(nb,)), comm_thread_s=c))
+        assert r.makespan_s == pytest.approx((m + 1) * (1.0 + 1.25 + c * (nf + nb)), rel=1e-12)
+    for bad in ((2.0,) * S, (0.0,) * (S - 1)):
+        with pytest.raises(PipelineError, match="p2p_ops"):
+            simulate(name, p, m, _with(dataclasses.replace(base, p2p_ops=bad), **cost))
+
+
+def test_bitpipes_exchange_pays_the_comm_threads_per_op_of_its_two_p2p_ops_and_nothing_without_gradients():
+    """Round 20: the twin exchange is one isend and one irecv on each copy's rank (`runtime.bitpipe._start_exchange`),
+    so `copy_exchange_pack_s` charges 2 x `comm_thread_s` beyond its bytes' cost (0 on the GPU presets); a copy
+    without private gradients posts nothing and costs 0."""
+    from cost_model.hardware import A100_80GB
+    from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, copy_exchange_pack_s
+    cpu = dataclasses.replace(A100_80GB, pipeline_action=CPU_PIPELINE_ACTION)
+    no_ops = dataclasses.replace(cpu, pipeline_action=dataclasses.replace(CPU_PIPELINE_ACTION, comm_thread_s=0.0))
+    for nbytes in (8.0, 52e6):
+        assert copy_exchange_pack_s(nbytes, cpu) - copy_exchange_pack_s(nbytes, no_ops) == pytest.approx(
+            2 * CPU_PIPELINE_ACTION.comm_thread_s, rel=1e-9)
+    assert copy_exchange_pack_s(0.0, cpu) == 0.0
+    assert copy_exchange_pack_s(52e6, A100_80GB) == pytest.approx(7 * 52e6 / A100_80GB.hbm_bytes_per_s, rel=1e-12)
