@@ -54,6 +54,12 @@ difference of its rounds (:func:`cost_model.measure.split_half_difference`), and
 that / sqrt(2). The measuring processes pin glibc's malloc thresholds (:func:`cost_model.measure.pin_allocator`),
 and the AdamW rate is the median over fresh processes (until round 19 one process's malloc state made it bimodal,
 2.6x apart). These are new keys of ``measurements`` only: the format version stays 3 and older profiles load.
+Round 20: two idle calibrations minutes apart moved whole blocks of measurements together (every x4 collective
++12..+34%, most x2 ones -5..-49%, the matmul rate +19%), more than each run's rounds predicted (6%): a machine state
+lasting about one block. The collectives' rounds are therefore taken in ``COLLECTIVE_PASSES`` passes (3 x 7 rounds, fresh
+processes each), one before each of the other measurements, and pooled (:func:`cost_model.measure.pool_passes`);
+``measurements`` records per kind and size the pass-half difference (odd against even passes,
+``collective_pass_half``) and its median (``pass_half_median``), the prediction that sees such states.
 
 The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
@@ -88,8 +94,8 @@ from tqdm import tqdm
 
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
-from cost_model.measure import (COLLECTIVE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives, measure_contention,
-                                measure_optimizer, median_time_s, split_half_difference)
+from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives,
+                                measure_contention, measure_optimizer, median_time_s, pool_passes, split_half_difference)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
@@ -109,6 +115,9 @@ CALIBRATED_KINDS = MEASURABLE_KINDS
 # A kind that is not measured borrows the fits of its mirror (same ring steps and bytes factor).
 REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
 CALIBRATION_NUM_THREADS = 1
+# Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
+# calibration's other measurements, and pooled (:func:`cost_model.measure.pool_passes`: why). 21 rounds = 3 x 7.
+COLLECTIVE_PASSES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,7 +548,8 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
               repeats: int = COLLECTIVE_REPEATS, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
-              contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True) -> Profile:
+              contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True,
+              collective_passes: int = COLLECTIVE_PASSES) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
     Takes ~2-3 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
@@ -555,6 +565,10 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         device_rounds: interleaved rounds of the device measurements (:func:`measure_device`).
         pipeline_actions: measure the per-action pipeline costs (:mod:`cost_model.pipeline_actions`, ~20-40 s);
             ``False`` records :data:`CPU_PIPELINE_ACTION` instead.
+        collective_passes: passes over the collectives (each ``ceil(repeats / passes)`` rounds, and
+            ``ceil(LARGE_REPEATS / passes)`` at 64 MiB and above, in fresh processes), one at the start and the others
+            after each of the other measurements (device, pipeline actions, contention; the rest at the end), pooled
+            (:func:`cost_model.measure.pool_passes`); comm_overlap and sync are measured in the last pass.
 
     Raises:
         ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
@@ -565,17 +579,35 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     kinds = tuple(kinds)
     if not kinds or any(k not in MEASURABLE_KINDS for k in kinds):
         raise ValueError(f"kinds={kinds}: measure >= 1 of {MEASURABLE_KINDS}")
-    steps = ["device"] + (["contention"] if contention else []) + (["pipeline actions"] if pipeline_actions else []) \
-        + [f"gloo x{n}" for n in nprocs]
-    bar = tqdm(total=len(steps), desc="calibrate", disable=not progress)
+    if not isinstance(collective_passes, int) or not 1 <= collective_passes <= repeats:
+        raise ValueError(f"collective_passes={collective_passes}: need an int from 1 to repeats={repeats} (each pass "
+                         "takes >= 1 round of every collective)")
+    others = ["device"] + (["pipeline actions"] if pipeline_actions else []) + (["contention"] if contention else [])
+    bar = tqdm(total=len(others) + collective_passes, desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
     started = time.perf_counter()
+    per_pass, per_pass_large = -(-repeats // collective_passes), -(-LARGE_REPEATS // collective_passes)
+    passes: dict[int, list[dict]] = {n: [] for n in nprocs}
 
     def step(label: str) -> None:
         bar.set_postfix_str(label)
 
+    def collective_pass() -> None:  # one pass over every process count (module docstring, round 20)
+        last = len(passes[nprocs[0]]) == collective_passes - 1
+        for n in nprocs:
+            step(f"gloo x{n} pass {len(passes[n]) + 1}/{collective_passes}")
+            passes[n].append(measure_collectives(n, kinds, message_sizes_bytes, per_pass,
+                                                 large_repeats=per_pass_large, extras=last))
+        bar.update()
+
+    def between(name: str) -> None:  # a collective pass before each of the other measurements while passes remain
+        if len(passes[nprocs[0]]) < collective_passes:
+            collective_pass()
+        step(name)
+
+    slowdown: dict[int, tuple[float, ...]] = {}
     with calibration_threads():
-        step("device")
+        between("device")
         dev = measure_device(matmul_sizes, memory_numel, device_rounds)
         rates = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: dev["matmul_flops_per_s"]},
                            hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -590,18 +622,18 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     device = dataclasses.replace(rates, matmul_efficiency=dev["step_efficiency"],
                                  memory_efficiency=dev["step_efficiency"], pipeline_action=CPU_PIPELINE_ACTION)
     if pipeline_actions:
-        step("pipeline actions")
+        between("pipeline actions")
         device = dataclasses.replace(device, pipeline_action=measure_pipeline_actions(own_runner=True))
         bar.update()
-    slowdown: dict[int, tuple[float, ...]] = {}
     if contention:
-        step("contention")
+        between("contention")
         slowdown = measure_contention(tuple(nprocs))
         bar.update()
+    while len(passes[nprocs[0]]) < collective_passes:
+        collective_pass()
     links, overlap, sync, cpu = {}, {}, {}, {}
     for n in nprocs:
-        step(f"gloo x{n}")
-        got = measure_collectives(n, kinds, message_sizes_bytes, repeats)
+        got = pool_passes(passes[n])
         timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
         cpu[n] = {kind: fit_collective_cpu(by_size) for kind, by_size in got["collective_cpu"].items() if by_size}
         measurements.setdefault("collective_cpu", {})[str(n)] = {
@@ -609,13 +641,18 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         measurements["collectives"][str(n)] = {k: {str(b): s for b, s in v.items()} for k, v in timings.items()}
         measurements.setdefault("collective_split_half", {})[str(n)] = {
             k: {str(b): h for b, h in v.items()} for k, v in got["split_half"].items()}
+        measurements.setdefault("collective_pass_half", {})[str(n)] = {
+            k: {str(b): h for b, h in v.items()} for k, v in got["pass_half"].items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
         links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
-        bar.update()
     bar.close()
     if per_kind:  # say which fits are copies of another kind's rather than measured
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
     measurements["split_half_median"] = predicted_drift(measurements)
+    measurements["collective_passes"] = collective_passes
+    halves = [h for by_kind in measurements["collective_pass_half"].values() for by_size in by_kind.values()
+              for h in by_size.values()]
+    measurements["pass_half_median"] = statistics.median(halves) if collective_passes > 1 else None
     measurements["seconds"] = time.perf_counter() - started
     measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
     profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count(),

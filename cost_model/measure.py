@@ -59,7 +59,10 @@ the fastest is the least disturbed run, which a training step does not get; the 
   4 with none, so the AdamW rate of one process read 1.8-4.2 GB/s or 6.2-9.7 GB/s (process CPU) at random: the
   -61% / +92% between two calibrations of round 18. Pinned, 6 of 6 processes took 0 faults. A rank of the step-time
   bench's llama (2.5M parameters, after forward and backward) took 0-1 faults per AdamW step in 4 of 4 processes:
-  the pinned state is the one ranks run in.
+  the pinned state is the one ranks run in. Round 20 (r20b): with the trim threshold pinned at 64 MiB, 4 of 16 fresh
+  pinned processes still trimmed their heap once in the middle of the timed steps (the set-up's free holes plus the
+  step's temporaries crossed 64 MiB) and faulted 4,096-8,160 pages in the next step; the trim threshold is now 1 GiB
+  (never reached) and the fault count is the median over steps (:func:`_optimizer_step_s`).
 """
 from __future__ import annotations
 
@@ -70,13 +73,13 @@ import socket
 import statistics
 import time
 from datetime import timedelta
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
            "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s",
-           "split_half_difference"]
+           "split_half_difference", "pass_half_difference", "pool_passes"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _OVERLAP_BYTES = 16 << 20
@@ -99,16 +102,25 @@ OVERLAP_ROUNDS = 31  # rounds of comm_overlap's three timings (11 until round 19
 
 
 # glibc malloc.c: DEFAULT_MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * sizeof(long) (32 MiB on 64-bit), the ceiling its
-# dynamic mmap threshold rises to; the dynamic trim threshold is twice the mmap threshold (mallopt(3)).
+# dynamic mmap threshold rises to (mallopt(3)).
 ALLOCATOR_MMAP_THRESHOLD_BYTES = 32 << 20
-ALLOCATOR_TRIM_THRESHOLD_BYTES = 2 * ALLOCATOR_MMAP_THRESHOLD_BYTES
+# Round 20 (r20b): the heap is never trimmed in a measuring process. Until then the trim threshold was pinned at 64 MiB
+# (twice the mmap threshold, glibc's dynamic rule): a fresh process whose heap held ~33 MiB of free holes after its
+# set-up plus the step's 32 MiB of temporaries crossed it once, glibc returned the top of the heap to the kernel
+# (sbrk), and the next step faulted its temporaries in again (4,096-8,160 minor faults in one of the 9 timed steps, 4
+# of 16 fresh pinned processes, mallinfo2: arena 234 -> 170 MiB at that step; benchmarks/RESULTS.md, round 20 r20b).
+# A training rank pays such a trim at most once; the per-step state both settle in is "temporaries reuse the heap".
+# 1 GiB: above any heap top a measuring process frees (the largest round-robin collective is < 64 MiB, larger ones
+# are mmapped above the 32 MiB threshold); the memory goes back to the OS when the process exits.
+ALLOCATOR_TRIM_THRESHOLD_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h> parameter numbers of mallopt(3)
 
 
 def pin_allocator() -> bool:
-    """Fix this process's glibc malloc thresholds at the values its dynamic rule converges to in a long-running
-    process (mmap threshold :data:`ALLOCATOR_MMAP_THRESHOLD_BYTES`, trim threshold
-    :data:`ALLOCATOR_TRIM_THRESHOLD_BYTES`), so that a measured kernel's temporaries below 32 MiB reuse heap memory
+    """Fix this process's glibc malloc thresholds: the mmap threshold at the value its dynamic rule converges to in
+    a long-running process (:data:`ALLOCATOR_MMAP_THRESHOLD_BYTES`), the trim threshold above any heap top the
+    measuring process frees (:data:`ALLOCATOR_TRIM_THRESHOLD_BYTES`: no trim, so no one-off re-fault in the middle of
+    the timed steps), so that a measured kernel's temporaries below 32 MiB reuse heap memory
     instead of faulting in fresh pages on every call (module docstring: the AdamW rate of a fresh process was
     bimodal, 2-3x apart, by which side of the dynamic thresholds its first allocations fell). For the measuring
     processes only (they are spawned for it); it cannot be undone (mallopt disables the dynamic thresholds).
@@ -165,11 +177,11 @@ def median_time_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) 
     return statistics.median(samples)
 
 
-def repeats_for(nbytes: int, repeats: int) -> int:
-    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else at most :data:`LARGE_REPEATS` (5;
-    one 256 MiB collective takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved by up to 45% between two
-    calibrations; 3 until round 19)."""
-    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, LARGE_REPEATS)
+def repeats_for(nbytes: int, repeats: int, large_repeats: int = LARGE_REPEATS) -> int:
+    """Samples taken of a message of ``nbytes``: ``repeats`` below 64 MiB, else at most ``large_repeats``
+    (:data:`LARGE_REPEATS`, 5; one 256 MiB collective takes ~0.1-0.5 s here; a median of 3 samples of 4-16 MiB moved
+    by up to 45% between two calibrations; 3 until round 19)."""
+    return repeats if nbytes < _ROUND_ROBIN_MAX_BYTES else min(repeats, large_repeats)
 
 
 def inner_for(nbytes: int, inner: int) -> int:
@@ -328,16 +340,16 @@ def _cores() -> int:
 
 
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int,
-            cpu: dict | None = None) -> dict:
+            cpu: dict | None = None, large_repeats: int = LARGE_REPEATS) -> dict:
     """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round; with
     ``cpu`` (a dict) also this process's CPU seconds per call of each sample (``time.process_time``: every
     thread of the rank, gloo's included, user + system), appended to ``cpu[(kind, nbytes)]``."""
     import torch.distributed as dist
     ops = {pair: _collective_op(*pair, rank, world_size) for pair in pairs}
     samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
-    for r in range(1 + max((repeats_for(n, repeats) for _, n in pairs), default=0)):
+    for r in range(1 + max((repeats_for(n, repeats, large_repeats) for _, n in pairs), default=0)):
         for (kind, nbytes), op in ops.items():
-            if r > repeats_for(nbytes, repeats):
+            if r > repeats_for(nbytes, repeats, large_repeats):
                 continue
             calls = inner_for(nbytes, inner)
             dist.barrier()
@@ -352,26 +364,29 @@ def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: i
 
 
 def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, ...], sizes_bytes: tuple[int, ...],
-                       repeats: int, inner: int, timeout_s: float, queue) -> None:
-    """Spawned worker: median seconds of each (kind, size) on rank 0, then comm_overlap and sync_s; results on
-    ``queue``."""
+                       repeats: int, inner: int, timeout_s: float, queue, large_repeats: int = LARGE_REPEATS,
+                       extras: bool = True) -> None:
+    """Spawned worker: median seconds of each (kind, size) on rank 0 and its samples in round order, then (with
+    ``extras``) comm_overlap and sync_s; results on ``queue``."""
     def body():
         small = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes < _ROUND_ROBIN_MAX_BYTES]
         large = [(kind, nbytes) for kind in kinds for nbytes in sizes_bytes if nbytes >= _ROUND_ROBIN_MAX_BYTES]
         cpu: dict = {}
-        samples = _sample(small, rank, world_size, repeats, inner, cpu)
+        samples = _sample(small, rank, world_size, repeats, inner, cpu, large_repeats)
         for pair in large:  # one at a time: their buffers are hundreds of MiB per rank
-            samples.update(_sample([pair], rank, world_size, repeats, inner, cpu))
+            samples.update(_sample([pair], rank, world_size, repeats, inner, cpu, large_repeats))
         results: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
         halves: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
+        rounds: dict[str, dict[int, list[float]]] = {kind: {} for kind in kinds}
         for (kind, nbytes), got in samples.items():
             results[kind][nbytes] = statistics.median(got)
             halves[kind][nbytes] = split_half_difference(got)
+            rounds[kind][nbytes] = list(got)
         cpu_results = _median_over_ranks(cpu, kinds)
-        overlap = _measure_overlap()
-        sync = _measure_sync()
+        overlap = _measure_overlap() if extras else None
+        sync = _measure_sync() if extras else None
         return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results,
-                "split_half": halves}
+                "split_half": halves, "samples": rounds}
     gloo_worker(rank, world_size, port, timeout_s, queue, body)
 
 
@@ -418,12 +433,13 @@ def gloo_worker(rank: int, world_size: int, port: int, timeout_s: float, queue, 
             os._exit(0)
 
 
-def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
-    """Start ``nprocs`` spawned processes ``target(rank, nprocs, *args, queue)``; return the first result put on
-    the queue. Raises RuntimeError naming ``what`` on a worker error or no result within ``timeout_s``."""
+def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str, extra_args: tuple = ()):
+    """Start ``nprocs`` spawned processes ``target(rank, nprocs, *args, queue, *extra_args)``; return the first
+    result put on the queue. Raises RuntimeError naming ``what`` on a worker error or no result within
+    ``timeout_s``."""
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(rank, nprocs, *args, queue)) for rank in range(nprocs)]
+    procs = [ctx.Process(target=target, args=(rank, nprocs, *args, queue, *extra_args)) for rank in range(nprocs)]
     for proc in procs:
         proc.start()
     try:
@@ -442,14 +458,17 @@ def _run_spawned(target, nprocs: int, args: tuple, timeout_s: float, what: str):
 
 
 def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, sizes_bytes: Sequence[int] = (1 << 20,),
-                        repeats: int = COLLECTIVE_REPEATS, inner: int = 1, timeout_s: float = 600.0) -> dict:
+                        repeats: int = COLLECTIVE_REPEATS, inner: int = 1, timeout_s: float = 600.0,
+                        large_repeats: int = LARGE_REPEATS, extras: bool = True) -> dict:
     """Median seconds of each collective ``kind`` and size over gloo, ``comm_overlap`` and ``sync_s`` (module
-    docstring).
+    docstring) in one set of ``nprocs`` spawned processes: ``repeats`` rounds below 64 MiB, ``large_repeats`` at 64 MiB
+    and above (:func:`repeats_for`); comm_overlap and sync_s only with ``extras`` (else None).
 
     Returns:
         ``{"collectives": {kind: {nbytes: seconds}}, "comm_overlap": fraction, "sync_s": seconds,
         "collective_cpu": {kind: {nbytes: CPU seconds per call of one rank (process CPU, median over ranks)}},
-        "split_half": {kind: {nbytes: split_half_difference of rank 0's samples in round order}}}``.
+        "split_half": {kind: {nbytes: split_half_difference of rank 0's samples in round order}},
+        "samples": {kind: {nbytes: rank 0's seconds per call, one per round, in round order}}}``.
 
     Raises:
         ValueError: a kind outside :data:`MEASURABLE_KINDS`.
@@ -459,7 +478,71 @@ def measure_collectives(nprocs: int, kinds: Sequence[str] = MEASURABLE_KINDS, si
     if unknown:
         raise ValueError(f"cannot measure collective kinds {unknown}; measurable: {MEASURABLE_KINDS}")
     return _run_spawned(_collective_worker, nprocs, (_free_port(), tuple(kinds), tuple(sizes_bytes), repeats, inner,
-                                                    timeout_s), timeout_s + 30, "gloo calibration")
+                                                    timeout_s), timeout_s + 30, "gloo calibration",
+                        extra_args=(large_repeats, extras))
+
+
+def pool_passes(passes: Sequence[Mapping]) -> dict:
+    """One result of :func:`measure_collectives` from several passes of it, in time order (the same process count;
+    round 20): the samples of every pass pooled (concatenated in time order), each (kind, size) the median of the
+    pool, ``split_half`` the split-half difference of the pool in round order, ``pass_half``
+    (:func:`pass_half_difference`) the same statistic between the odd and the even passes, ``collective_cpu`` the
+    median over passes of each pass's CPU per call, ``comm_overlap`` and ``sync_s`` from the pass that measured them
+    (the last one that did).
+
+    Why passes: two idle calibrations minutes apart moved a whole process count's collectives together (round 19,
+    /tmp/r19/cal: every x4 collective +12% .. +34%, their process CPU per call +11% .. +26%, while most x2 ones moved
+    -5% .. -49%), more than each run's own rounds predicted (split-half / sqrt 2: 6%): a machine state lasting about
+    as long as one block of measurements. Spread over passes separated by the calibration's other measurements,
+    each quantity's median pools several such states instead of one.
+
+    Raises:
+        ValueError: no passes, or passes that measured different (kind, size) pairs.
+    """
+    if not passes:
+        raise ValueError("pool_passes: need >= 1 pass")
+    pairs = [{(k, n) for k, by in p["samples"].items() for n in by} for p in passes]
+    if any(got != pairs[0] for got in pairs[1:]):
+        raise ValueError(f"pool_passes: the passes measured different (kind, size) pairs: {pairs}")
+    kinds = list(passes[0]["samples"])
+    out: dict = {"collectives": {k: {} for k in kinds}, "split_half": {k: {} for k in kinds},
+                 "pass_half": {k: {} for k in kinds}, "samples": {k: {} for k in kinds},
+                 "collective_cpu": {k: {} for k in kinds}, "passes": len(passes)}
+    for kind, nbytes in sorted(pairs[0]):
+        per_pass = [list(p["samples"][kind][nbytes]) for p in passes]
+        pooled = [x for got in per_pass for x in got]
+        out["samples"][kind][nbytes] = pooled
+        out["collectives"][kind][nbytes] = statistics.median(pooled)
+        out["split_half"][kind][nbytes] = split_half_difference(pooled)
+        out["pass_half"][kind][nbytes] = pass_half_difference(per_pass)
+        cpus = [p["collective_cpu"].get(kind, {}).get(nbytes) for p in passes]
+        cpus = [c for c in cpus if c is not None]
+        if cpus:
+            out["collective_cpu"][kind][nbytes] = statistics.median(cpus)
+    extras = [p for p in passes if p.get("comm_overlap") is not None]
+    out["comm_overlap"] = extras[-1]["comm_overlap"] if extras else None
+    out["sync_s"] = extras[-1]["sync_s"] if extras else None
+    return out
+
+
+def pass_half_difference(per_pass: Sequence[Sequence[float]]) -> float:
+    """``|median(samples of passes 1, 3, ...) - median(samples of passes 2, 4, ...)| / median(all)``: the split-half
+    difference (:func:`split_half_difference`) with passes in place of rounds, so it sees a state of the machine
+    that lasts a pass (tens of seconds) where the round-level one cannot. 0.0 with fewer than 2 passes.
+
+    Raises:
+        ValueError: as :func:`split_half_difference`; or a pass without samples.
+    """
+    if any(len(got) == 0 for got in per_pass):
+        raise ValueError(f"pass_half_difference: every pass needs >= 1 sample, got {[len(g) for g in per_pass]}")
+    if len(per_pass) < 2:
+        return 0.0
+    odd = [x for got in per_pass[0::2] for x in got]
+    even = [x for got in per_pass[1::2] for x in got]
+    xs = [*odd, *even]
+    split_half_difference(xs)  # the same validation of the samples
+    a, b, whole = statistics.median(odd), statistics.median(even), statistics.median(xs)
+    return 0.0 if a == b else abs(a - b) / whole
 
 
 def _throughput(fn: Callable[[], object], work: float, seconds: float) -> float:
@@ -585,8 +668,18 @@ def contention_factor(solo_rate: float, rates: Sequence[float], k: int, cores: i
     return min(float(k), max(contention_floor(k, max(1, cores)), solo_rate / statistics.median(rates)))
 
 
+_OPTIMIZER_STEPS = 9  # timed AdamW steps per process (after 2 warm-up steps)
+
+
 def _optimizer_step_s(shapes: Sequence[int]) -> tuple[float, float]:
-    """(median seconds of one AdamW step over fresh fp32 tensors of ``shapes``, minor page faults per step)."""
+    """(median seconds of one AdamW step over fresh fp32 tensors of ``shapes``, median minor page faults of one
+    step), over :data:`_OPTIMIZER_STEPS` timed steps, each counted on its own (``getrusage`` around each step).
+
+    The faults are the median over steps, not the mean, because the two states they tell apart differ in how
+    many steps fault: in the faulting state (the step's temporaries on fresh pages) EVERY step faults (8,160 for
+    4M elements); a one-off event (a heap trim, which :func:`pin_allocator` now prevents; a NUMA-balancing scan on
+    a multi-node machine) faults in one or a few steps. Until round 20 the mean over 9 steps let one trimmed step
+    (4,096 faults) read 455 per step (benchmarks/RESULTS.md, round 20 r20b)."""
     import resource
     params = [torch.nn.Parameter(torch.randn(n)) for n in shapes]
     for p in params:
@@ -594,9 +687,14 @@ def _optimizer_step_s(shapes: Sequence[int]) -> tuple[float, float]:
     opt = torch.optim.AdamW(params, lr=1e-3)
     for _ in range(2):  # warm-up: the optimizer state's first touch
         opt.step()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    seconds = median_time_s(opt.step, repeats=9, warmup=0)
-    return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 9
+    seconds, faults = [], []
+    for _ in range(_OPTIMIZER_STEPS):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return statistics.median(seconds), float(statistics.median(faults))
 
 
 def _optimizer_worker(rank: int, nprocs: int, numel: int, small_tensors: int, queue) -> None:
@@ -619,7 +717,8 @@ def measure_optimizer_processes(numel: int = 1 << 22, small_tensors: int = 256, 
 
     Returns:
         Per process ``{"optimizer_bytes_per_s", "optimizer_tensor_s", "minor_faults_per_step", "pinned", "pid"}``
-        (minor page faults per timed step of the large tensor: ~0 pinned, 8,160 per step in the faulting state).
+        (minor page faults of a timed step of the large tensor, the median over its steps: 0 pinned, 8,160 in the
+        faulting state).
 
     Raises:
         ValueError: ``processes`` < 1, ``numel`` < 1 or ``small_tensors`` < 1.

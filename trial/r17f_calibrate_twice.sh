@@ -26,6 +26,9 @@ for path in sys.argv[1:3]:
     drift = json.load(open(path))["measurements"].get("split_half_median")
     print(f"  {path}: predicted median |difference| "
           + ("n/a (profile before round 19)" if drift is None else f"{drift / 2 ** 0.5:.1%} (split-half {drift:.1%})"))
+    passes = json.load(open(path))["measurements"].get("pass_half_median")  # round 20 (r20b): between passes
+    if passes is not None:
+        print(f"    collectives between passes: predicted {passes / 2 ** 0.5:.1%} (pass-half {passes:.1%})")
 for k, v in sorted(d.items(), key=lambda kv: -abs(kv[1])):
     if any(w in k for w in ("optimizer", "pipeline action", "send_recv 64 ", "all_to_all")) or abs(v) > 0.3:
         print(f"  {k}: {v:+.1%}")
