@@ -108,8 +108,8 @@ def test_an_fsdp_step_pays_the_wait_by_the_compute_between_its_collectives_and_t
          + sum(1 for s in steps if s.bwd_collective and s.kind != "local_slice"))
     waited = with_sync.blocking_comm_s - without.blocking_comm_s
     compute = with_sync.forward_compute_s + with_sync.backward_compute_s
-    from cost_model.communication import sync_chunk_s
-    chunk = sync_chunk_s(_cluster(sync).device)
+    a = torch.empty(256, 256, device="meta")  # the calibration's compute chunk: 8 matmuls of 256 x 256
+    chunk = 8 * op_cost(torch.ops.aten.mm.default, (a, a), {}, a, _cluster(sync).device).fwd_s
     # each collective waits sync x min(1, compute before it / chunk): in all at most sync x (compute / chunk) and
     # at most n x sync; on main every collective paid the full wait (n x sync)
     assert 0 < waited <= min(n * sync, sync * compute / chunk) + 1e-12
