@@ -36,9 +36,20 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
   parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
   optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
-* Every collective waits for the slowest rank: `Pricer.step_time_s` adds the calibrated
-  `DeviceSpec.collective_sync_s` to each (0 on the GPU presets), and each gradient bucket's all-reduce gets it
-  too. The ILP and the pipeline search price collectives through the same `Pricer.step_time_s`.
+* Every blocking collective waits for the slowest rank (`cost_model.communication.sync_wait_s`, through
+  `Pricer.step_time_s`): the calibrated `DeviceSpec.collective_sync_s` (0 on the GPU presets) scaled by the
+  compute the rank ran since its previous blocking collective, over the calibration's compute chunk. This
+  estimate walks the program in its order for that: forward in graph order (a node's input redistributions,
+  then its compute), backward in reverse (a node's parameters re-gathered, its backward compute, then the
+  conjugates of its inputs' redistributions); a collective right after another waits for nothing. The ILP,
+  the plan's breakdown and the pipeline segments price an edge without the program's order and charge the full
+  wait (an upper bound of this estimate, as for the bucketed sync). Each gradient bucket's all-reduce (it runs
+  beside backward, not after a rank's compute) gets the full wait. Round 20 (r20c): the full wait on each of
+  an FSDP step's collectives (159 for the bench's GPT-2 on 4 ranks, 1-2 ms of compute apart) priced the FSDP
+  plans of run 16 at +50..+86% over their measured step.
+* A ZeRO-3 / FSDP parameter's all-gather is priced with its backward re-gather only where the program gathers
+  it again (`Pricer.regathers`: `rewriter.reshard.regathered`, the pass's own rule): a gathered bias or
+  embedding table, which no op saves, is freed after forward and not gathered again.
 * Recomputation (`Plan.recompute`, region -> mode): in backward each recomputed node
   (`recompute.region_recompute`) runs its forward again, priced as `recompute.price_region`'s `extra_fwd_s`
   (its forward compute), plus the forward collectives of the redistributions into recomputed nodes
