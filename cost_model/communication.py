@@ -79,6 +79,7 @@ from __future__ import annotations
 import functools
 import math
 
+from cost_model.hardware import DeviceSpec
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "HIERARCHICAL_KINDS", "alpha_beta_coefficients", "flat_collective_time_s",
@@ -291,11 +292,14 @@ def _byte_ranges(kind: str, topo: MeshTopology, axes: tuple[str, ...],
     return tuple((lo, hi) for lo, hi in ranges)
 
 
-def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str) -> float:
+def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[str, ...] | str,
+                      compute_before_s: float | None = None) -> float:
     """Seconds one collective adds to a training step: THE price of a collective in the planner (ILP edges,
     ops' inner collectives, ZeRO-1's broadcast: ``parallelizer.planner.costs``): the collective's time
-    (:func:`collective_time_s`) + ``DeviceSpec.collective_sync_s`` (the wait for the slowest rank; 0 on the GPU
-    presets, calibrated per process count on a CPU profile).
+    (:func:`collective_time_s`) + the wait for the slowest rank, :func:`sync_wait_s` of the compute the rank ran
+    since its previous collective (``compute_before_s``; None: unknown, the full calibrated
+    ``DeviceSpec.collective_sync_s``, as the ILP prices it per edge without the program's order; 0 on the GPU
+    presets).
 
     Tried and not adopted (round 18, r18d; benchmarks/RESULTS.md): with more ranks than cores, processor sharing,
     ``k / cores x`` the process CPU one rank spends in the collective (``Profile.collective_cpu``) or, without it,
@@ -307,7 +311,52 @@ def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
     Raises:
         ValueError: as :func:`collective_time_s`.
     """
-    return collective_time_s(kind, nbytes, topo, axes) + topo.cluster.device.collective_sync_s
+    return collective_time_s(kind, nbytes, topo, axes) + sync_wait_s(topo.cluster.device, compute_before_s)
+
+
+def sync_wait_s(device: DeviceSpec, compute_before_s: float | None = None) -> float:
+    """The wait of a blocking collective for the slowest rank, seconds: ``DeviceSpec.collective_sync_s`` x
+    ``min(1, compute_before_s / sync_chunk_s(device))``; the full calibrated wait when ``compute_before_s`` is None.
+
+    The calibrated wait (``cost_model.measure._measure_sync``) is measured on a collective that follows a compute
+    chunk of ``_SYNC_MATMULS`` matmuls on every rank (:func:`sync_chunk_s`: 8.6 ms priced on the 4-process device
+    of this machine's profile): it is the ranks drifting apart over that compute (with 4 ranks on 2 cores, who
+    gets a core when) that the last rank's entry waits for, and a collective after less compute waits
+    proportionally less (a linear interpolation between no compute, no drift, and the calibrated chunk; more
+    compute is capped at the calibrated wait). Round 20 (r20c), on the idle run 16 (4 gloo ranks on 2 cores):
+    the wait implied per collective, (measured - priced without any wait) / collectives, was 0-1.5 ms for the
+    FSDP plans, 0.7-2.2 ms of priced compute between collectives, and 1.9-5.4 ms (calibrated: 4.8) for the tp,
+    ddp x tp, 2x2 and ddp plans, 3.9-29 ms between; the full wait on each of GPT-2's 159 FSDP collectives priced
+    it at +86%.
+
+    Raises:
+        ValueError: a negative ``compute_before_s``.
+    """
+    full = device.collective_sync_s
+    if compute_before_s is None or full == 0.0:
+        return full
+    if compute_before_s < 0:
+        raise ValueError(f"sync_wait_s: compute_before_s={compute_before_s!r} must be >= 0")
+    return full * min(1.0, compute_before_s / sync_chunk_s(device))
+
+
+_SYNC_CHUNK: dict[int, tuple[DeviceSpec, float]] = {}
+
+
+def sync_chunk_s(device: DeviceSpec) -> float:
+    """Priced seconds of the compute chunk the calibrated sync wait follows (``cost_model.measure``:
+    ``_SYNC_MATMULS`` fp32 ``torch.mm`` of ``_MATMUL_N`` x ``_MATMUL_N``) on ``device`` (a profile's device of n
+    processes is slowed for their sharing: :meth:`cost_model.calibrate.Profile.cluster`), by
+    :func:`cost_model.compute.op_cost`. Cached per device object."""
+    held = _SYNC_CHUNK.get(id(device))
+    if held is None or held[0] is not device:
+        import torch  # imported here: pricing a collective alone needs neither torch nor cost_model.compute
+        from cost_model.compute import op_cost
+        from cost_model.measure import _MATMUL_N, _SYNC_MATMULS
+        a = torch.empty(_MATMUL_N, _MATMUL_N, device="meta")
+        one = op_cost(torch.ops.aten.mm.default, (a, a), {}, torch.empty(_MATMUL_N, _MATMUL_N, device="meta"), device)
+        held = _SYNC_CHUNK[id(device)] = (device, _SYNC_MATMULS * one.fwd_s)
+    return held[1]
 
 
 def overlapped_comm_exposed_s(ready_s: list[float] | tuple[float, ...], comm_s: list[float] | tuple[float, ...],

@@ -213,7 +213,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             itemsize = pricer.itemsize(ti.dtype)
             axes = grad_axes(s, k, mesh)
             priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
-            times = pricer.edge_step_times(priced, itemsize if is_param else None)
+            times = pricer.edge_step_times(priced, itemsize if is_param else None, pricer.regathers(tg, ti.producer))
             for st, (fwd, bwd) in (zip(priced, times) if uses.first(ti.producer, name, s.inputs[k], axes) else ()):
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd

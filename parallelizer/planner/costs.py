@@ -49,6 +49,7 @@ from ..core.layout import Layout, Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
+from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
 from ..tracer.graph import carries_grad
 from .strategies import NodeSpace, Strategy
@@ -83,6 +84,7 @@ class GraphTables:
 
     fusion: dict[int, tuple[TracedGraph, dict[str, FusedIO]]] = field(default_factory=dict)
     shares: dict[int, tuple[TracedGraph, dict[str, SavedShare]]] = field(default_factory=dict)
+    regathered: dict[int, tuple[TracedGraph, frozenset[str]]] = field(default_factory=dict)
 
 
 class Pricer:
@@ -147,8 +149,12 @@ class Pricer:
 
     # --- communication ------------------------------------------------------------------------------
     def step_time_s(self, step: Step, param_itemsize: int | None = None,
-                    bucketed: bool = False) -> tuple[float, float]:
-        """(forward seconds, backward seconds) of one step; a `regather` step repeats its forward in backward.
+                    bucketed: bool = False, regather: bool = True,
+                    compute_before_s: tuple[float | None, float | None, float | None] = (None, None, None)
+                    ) -> tuple[float, float]:
+        """(forward seconds, backward seconds) of one step; a `regather` step repeats its forward in backward
+        where the program gathers the parameter again (`regather`: `Pricer.regathers` of the parameter, the
+        rewriter's rule; False for a gathered bias or embedding table, which nothing saves: round 20, r20c).
         On a parameter's edge (`param_itemsize`: bytes per element of the parameter as used, the step's
         dtype) the backward moves gradients in their own dtype (`BYTES_PER_PARAM`: fp32 main gradients under
         "bf16"): `bwd_nbytes` scaled by grad bytes / `param_itemsize`. Each collective also waits for the
@@ -161,9 +167,16 @@ class Pricer:
         once per bucket and not once per parameter (a 256-element bias on dp=8 of an H100 node: 26.6 us alone,
         0.003 us as its share of a 25 MiB bucket). Summed over parameters this is the bucketed sync run back
         to back, an upper bound of what it delays when it overlaps backward (`steptime.estimate_step_time`
-        prices the overlap)."""
+        prices the overlap).
+
+        `compute_before_s`: (forward collective, backward conjugate, backward re-gather) the compute the rank ran
+        since its previous collective, for the wait on the slowest rank (`cost_model.communication.sync_wait_s`);
+        None: unknown, the full wait (the ILP, the plan's breakdown and the pipeline segments price an edge without
+        the program's order; `steptime.estimate_step_time` walks the program and passes them)."""
         axes = (step.mesh_axis,)
-        fwd = step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes) if step.fwd_collective else 0.0
+        before_fwd, before_bwd, before_regather = compute_before_s
+        fwd = step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes, before_fwd) \
+            if step.fwd_collective else 0.0
         bwd_nbytes = step.bwd_nbytes
         if param_itemsize is not None:
             bwd_nbytes = bwd_nbytes * self.grad_bytes_per_element // param_itemsize
@@ -173,18 +186,36 @@ class Pricer:
             full = max(bwd_nbytes, DEFAULT_BUCKET_BYTES)
             bwd = step_collective_s(step.bwd_collective, full, self.topo, axes) * bwd_nbytes / full
         else:
-            bwd = step_collective_s(step.bwd_collective, bwd_nbytes, self.topo, axes)
-        return fwd, bwd + (fwd if step.regather else 0.0)
+            bwd = step_collective_s(step.bwd_collective, bwd_nbytes, self.topo, axes, before_bwd)
+        if step.regather and regather and step.fwd_collective:
+            bwd += step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes, before_regather)
+        return fwd, bwd
 
-    def edge_step_times(self, steps, param_itemsize: int | None = None) -> list[tuple[float, float]]:
+    def edge_step_times(self, steps, param_itemsize: int | None = None,
+                        regather: bool = True) -> list[tuple[float, float]]:
         """(forward, backward) seconds of each step of one edge's `steps` in order, as the ILP prices them:
         `step_time_s(step, param_itemsize, bucketed=...)` with the bucketed share only for the step the runtime
         buckets (`rewriter.grad_sync.runtime_buckets`: a parameter's edge's first step, `param_itemsize` given);
         a later `grad_all_reduce` of the edge (a parameter replicated on two mesh axes) runs synchronously per
-        parameter and is priced in full, with its sync wait."""
+        parameter and is priced in full, with its sync wait. `regather`: whether the program gathers this
+        parameter again in backward (`Pricer.regathers`)."""
         is_param = param_itemsize is not None
-        return [self.step_time_s(st, param_itemsize, bucketed=runtime_buckets(steps, k, is_param))
+        return [self.step_time_s(st, param_itemsize, bucketed=runtime_buckets(steps, k, is_param), regather=regather)
                 for k, st in enumerate(steps)]
+
+    def regathers(self, tg: TracedGraph | None, name: str) -> bool:
+        """Whether the emitted program gathers parameter placeholder `name` of `tg` again in backward
+        (`rewriter.reshard.regathered`, applied to the placeholder in the traced graph: the ops its gathered
+        copy feeds); True for any other node and without a graph (the upper price). Cached per graph."""
+        if tg is None or name not in tg.nodes:
+            return True
+        held = self.tables.regathered.get(id(tg))
+        if held is None or held[0] is not tg:
+            gm = tg.graph_module
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            kept = frozenset(n.name for n in placeholders if not regathered(n))
+            held = self.tables.regathered[id(tg)] = (tg, kept)
+        return name not in held[1]
 
     def hierarchical_record(self) -> dict[str, dict]:
         """Which collectives the prices above run two-level (`cost_model.communication.collective_algorithm`), as
@@ -220,10 +251,11 @@ class Pricer:
         return hit
 
     def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
-                    grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> float:
+                    grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,
+                    regather: bool = True) -> float:
         """Forward + backward seconds of one use of a tensor (cached); inf when the change is impossible
         (e.g. Replicate -> Partial): the ILP then forbids that pair."""
-        return self.edge_cost(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)[0]
+        return self.edge_cost(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter, regather)[0]
 
     def forward_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
                   grad_axes: tuple[str, ...], requires_grad: bool) -> float:
@@ -237,16 +269,19 @@ class Pricer:
         return sum(self.step_time_s(s)[0] for s in steps)
 
     def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
-                  grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False) -> tuple[float, int]:
+                  grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,
+                  regather: bool = True) -> tuple[float, int]:
         """(`edge_time_s`, collectives launched forward and backward) of one use of a tensor (cached); the count
-        breaks ties in the ILP (`ilp.py`). An impossible change: (inf, 0)."""
-        key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
+        breaks ties in the ILP (`ilp.py`). An impossible change: (inf, 0). `regather`: whether the program
+        gathers the parameter again in backward (`Pricer.regathers`)."""
+        key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter, regather)
         hit = self._edge.get(key)
         if hit is None:
             try:
                 steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
-                seconds = sum(f + b for f, b in self.edge_step_times(steps, itemsize if is_parameter else None))
-                count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + s.regather
+                seconds = sum(f + b for f, b in self.edge_step_times(steps, itemsize if is_parameter else None,
+                                                                     regather))
+                count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + (s.regather and regather)
                             for s in steps)
                 hit = (seconds, int(count))
             except ImpossibleRedistributionError:

@@ -175,7 +175,8 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             prod = spaces[ti.producer]
             mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
                                       prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
-                                      _edge_roles(roles, prod, space, k, (name, k) in mutated, views))
+                                      _edge_roles(roles, prod, space, k, (name, k) in mutated, views),
+                                      pricer.regathers(tg, ti.producer))
             uses.append(EdgeUse(ti.producer, name, k, group_of[ti.producer], g, mat, count,
                                 [(s.inputs[k], grad_axes(s, k, mesh)) for s in space.strategies]))
     shared, keep = share(uses, use_epochs(tg))  # one redistribution per (value, target layout): `shared_uses`
@@ -358,16 +359,17 @@ def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, 
 
 def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,
                  requires_grad: bool, mesh: MeshSpec, is_parameter: bool,
-                 roles: EdgeRoles = EdgeRoles()) -> tuple[np.ndarray, np.ndarray]:
+                 roles: EdgeRoles = EdgeRoles(), regather: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, collectives launched) of edge (src -> input k of dst) for every (src strategy, dst strategy)
     pair; seconds are inf (and the count 0) for a pair that is impossible or that `roles` forbid."""
     src_layouts, src_idx = _unique([s.output for s in src.strategies])
     dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, mesh)) for s in dst.strategies])
-    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter, roles)
+    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter, roles, regather)
     small = pricer.matrices.get(key)
     if small is None:
         cells = [[(math.inf, 0) if roles.forbids(a, b, shape, mesh) else
-                  pricer.edge_cost(a, b, shape, itemsize, axes, requires_grad, is_parameter) for b, axes in dst_keys]
+                  pricer.edge_cost(a, b, shape, itemsize, axes, requires_grad, is_parameter, regather)
+                  for b, axes in dst_keys]
                  for a in src_layouts]
         small = pricer.matrices[key] = (np.array([[c[0] for c in row] for row in cells]),
                                         np.array([[c[1] for c in row] for row in cells], dtype=float))

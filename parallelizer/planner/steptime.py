@@ -36,9 +36,20 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
 * The optimizer step: `cost_model.compute.optimizer_step_time_s` over the local (stored) shards of trainable
   parameters, bytes per element from `cost_model.memory.BYTES_PER_PARAM` for the plan's precision and
   optimizer. The ILP does not price it (see `docs/architecture.md`, cost model).
-* Every collective waits for the slowest rank: `Pricer.step_time_s` adds the calibrated
-  `DeviceSpec.collective_sync_s` to each (0 on the GPU presets), and each gradient bucket's all-reduce gets it
-  too. The ILP and the pipeline search price collectives through the same `Pricer.step_time_s`.
+* Every blocking collective waits for the slowest rank (`cost_model.communication.sync_wait_s`, through
+  `Pricer.step_time_s`): the calibrated `DeviceSpec.collective_sync_s` (0 on the GPU presets) scaled by the
+  compute the rank ran since its previous blocking collective, over the calibration's compute chunk. This
+  estimate walks the program in its order for that: forward in graph order (a node's input redistributions,
+  then its compute), backward in reverse (a node's parameters re-gathered, its backward compute, then the
+  conjugates of its inputs' redistributions); a collective right after another waits for nothing. The ILP,
+  the plan's breakdown and the pipeline segments price an edge without the program's order and charge the full
+  wait (an upper bound of this estimate, as for the bucketed sync). Each gradient bucket's all-reduce (it runs
+  beside backward, not after a rank's compute) gets the full wait. Round 20 (r20c): the full wait on each of
+  an FSDP step's collectives (159 for the bench's GPT-2 on 4 ranks, 1-2 ms of compute apart) priced the FSDP
+  plans of run 16 at +50..+86% over their measured step.
+* A ZeRO-3 / FSDP parameter's all-gather is priced with its backward re-gather only where the program gathers
+  it again (`Pricer.regathers`: `rewriter.reshard.regathered`, the pass's own rule): a gathered bias or
+  embedding table, which no op saves, is freed after forward and not gathered again.
 * Recomputation (`Plan.recompute`, region -> mode): in backward each recomputed node
   (`recompute.region_recompute`) runs its forward again, priced as `recompute.price_region`'s `extra_fwd_s`
   (its forward compute), plus the forward collectives of the redistributions into recomputed nodes
@@ -144,14 +155,15 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
     recomputed, rerun = _recomputed(traced, plan)
     uses = FirstUses(traced)
     fwd_compute = bwd_compute = blocking = recompute = 0.0
-    bwd_work: list[tuple[float, list[tuple[str, tuple[int, ...], int]]]] = []  # per node: (backward seconds,
-    # [(axis, local gradient shape, bytes per gradient element)])
+    since = 0.0  # compute since the rank's previous blocking collective (`sync_wait_s`), forward in graph order
+    nodes: list[tuple[float, list, list[tuple[str, tuple[int, ...], int]]]] = []  # per node in graph order:
+    # (backward seconds before its collectives, [(step, param itemsize, regather)] of its blocking backward
+    # collectives, [(axis, local gradient shape, bytes per gradient element)] of its bucketed gradients)
     for name, space in spaces.items():
         s = strat[name]
-        node_bwd, grads = 0.0, []
-        if space.kind == "op":
-            c = pricer.node_cost(traced, traced.nodes[name], space, s)
-            fwd_compute += c.fwd_s
+        node_bwd, grads, blocking_bwd = 0.0, [], []
+        c = pricer.node_cost(traced, traced.nodes[name], space, s) if space.kind == "op" else None
+        if c is not None:
             node_bwd += c.bwd_s + (c.fwd_s if name in recomputed else 0.0)
             bwd_compute += c.bwd_s
             recompute += c.fwd_s if name in recomputed else 0.0
@@ -164,8 +176,11 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             if not uses.first(ti.producer, name, s.inputs[k], axes):
                 continue  # the program hands this use the copy an earlier use made (`shared_uses`)
             steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
+            regather = pricer.regathers(traced, ti.producer)  # gathered again in backward (`rewriter.reshard`)
+            param_itemsize = itemsize if is_param else None
             for j, st in enumerate(steps):
-                fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
+                fwd = pricer.step_time_s(st, param_itemsize, regather=regather, compute_before_s=(since, None, None))[0]
+                since = 0.0 if st.fwd_collective else since
                 blocking += fwd
                 if (name, k) in rerun:  # emitted inside a recomputed region: runs again in backward
                     recompute += fwd
@@ -174,9 +189,13 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
                     shape = local_shape(tuple(ti.shape), s.inputs[k], mesh)
                     grads.append((st.mesh_axis, shape, pricer.grad_bytes_per_element))
                 else:
-                    blocking += bwd
-                    node_bwd += bwd
-        bwd_work.append((node_bwd, grads))
+                    blocking_bwd.append((st, param_itemsize, regather))
+        if c is not None:
+            fwd_compute += c.fwd_s
+            since += c.fwd_s
+        nodes.append((node_bwd, blocking_bwd, grads))
+    bwd_work, bwd_blocking = _backward(nodes, pricer)
+    blocking += bwd_blocking
     ready, comm, codec = _buckets(bwd_work, topo, bucket_bytes, first_bucket_bytes, compression, powersgd_rank,
                                   pricer.device)
     backward_end = sum(w for w, _ in bwd_work)
@@ -186,6 +205,30 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
         exposed = overlapped_comm_exposed_s(ready, comm, backward_end, pricer.device.comm_overlap) if comm else 0.0
     return StepTime(fwd_compute, bwd_compute, blocking, sum(comm), exposed, _optimizer_s(plan, pricer, config),
                     len(comm), codec, recompute)
+
+
+def _backward(nodes, pricer: Pricer) -> tuple[list[tuple[float, list]], float]:
+    """(per node in graph order: (its backward seconds, compute and blocking collectives; its bucketed gradients),
+    the blocking backward collectives' seconds in all) of `estimate_step_time`'s per-node records, walking
+    backward in reverse graph order as autograd runs it: a node's parameters gathered again first (the
+    re-gather precedes its consumer's backward, `rewriter.reshard`), then its backward compute, then the
+    conjugates of its inputs' redistributions; each collective waits for the slowest rank by the compute since
+    the previous one (`Pricer.step_time_s`'s `compute_before_s`)."""
+    since, total, work = 0.0, 0.0, []
+    for compute, collectives, grads in reversed(nodes):
+        node = compute
+        for st, param_itemsize, regather in collectives:  # the re-gathers, before the node's backward compute
+            if st.regather and regather:
+                t = pricer.step_time_s(st, param_itemsize, regather=True, compute_before_s=(None, 0.0, since))[1]
+                t -= pricer.step_time_s(st, param_itemsize, regather=False, compute_before_s=(None, 0.0, None))[1]
+                node, total, since = node + t, total + t, 0.0
+        since += compute
+        for st, param_itemsize, regather in collectives:  # the conjugates, after it
+            t = pricer.step_time_s(st, param_itemsize, regather=False, compute_before_s=(None, since, None))[1]
+            node, total = node + t, total + t
+            since = 0.0 if st.bwd_collective else since
+        work.append((node, grads))
+    return work[::-1], total
 
 
 def _recomputed(traced: TracedGraph, plan: Plan) -> tuple[frozenset[str], frozenset[tuple[str, int]]]:

@@ -153,9 +153,17 @@ def test_collective_sync_is_added_to_every_collective_and_bucket():
     traced = parallelizer.trace(*zoo.mlp(in_features=16, dim=32, hidden=64, depth=1, batch=8))
     plan = parallelizer.plan(traced, {"dp": 2}, cluster=plain, axis_roles={"dp": "ddp"})
     a, b = (estimate_step_time(traced, plan, cluster=c, bucket_bytes=0) for c in (plain, synced))
-    # unbucketed: one all-reduce per parameter gradient, the batch all-gather of the output (forward): 2 ms each
+    # unbucketed: one all-reduce per parameter gradient, the batch all-gather of the output (forward); each waits
+    # 2 ms x min(1, compute since the previous collective / the calibration's chunk) (round 20, `sync_wait_s`):
+    # every gap of this small MLP is under the chunk, so the waits sum to 2 ms x all the compute / chunk
+    from cost_model.communication import sync_chunk_s
+    compute, chunk = b.forward_compute_s + b.backward_compute_s, sync_chunk_s(synced.device)
+    assert compute < chunk
+    assert b.blocking_comm_s - a.blocking_comm_s == pytest.approx(2e-3 * compute / chunk)
+    # the ILP charges the full wait to each (it prices an edge without the program's order)
     collectives = len(plan.params) + sum(st.fwd_collective is not None for e in plan.edges for st in e.steps)
-    assert b.blocking_comm_s - a.blocking_comm_s == pytest.approx(collectives * 2e-3)
+    synced_plan = parallelizer.plan(traced, {"dp": 2}, cluster=synced, axis_roles={"dp": "ddp"})
+    assert synced_plan.cost.total_s - plan.cost.total_s >= 2e-3 * (collectives - len(plan.params)) - 1e-12
     a, b = (estimate_step_time(traced, plan, cluster=c) for c in (plain, synced))
     assert b.buckets == a.buckets == 1 and b.grad_sync_s - a.grad_sync_s == pytest.approx(2e-3)
     with pytest.raises(ValueError, match="collective_sync_s"):

@@ -90,7 +90,7 @@ def _independent_price(traced, problem, pricer, choice) -> float:
     for s, k, ti, prod in uses:
         total += pricer.edge_time_s(strat[ti.producer].output, s.inputs[k], ti.shape, pricer.itemsize(ti.dtype),
                                     grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype),
-                                    prod.kind == "param")
+                                    prod.kind == "param", pricer.regathers(traced, ti.producer))  # round 20
     return total
 
 
@@ -112,7 +112,8 @@ def _blocking(traced, problem, pricer, choice) -> float:
         is_param, itemsize = prod.kind == "param", pricer.itemsize(ti.dtype)
         for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize,
                                grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype), is_param):
-            fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None)
+            # a gathered parameter's backward re-gather only where the program runs one (round 20, `Pricer.regathers`)
+            fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None, regather=pricer.regathers(traced, ti.producer))
             total += fwd + (0.0 if st.kind == "grad_all_reduce" and is_param else bwd)
     return total
 
