@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..errors import ParallelizerError
 from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_str
@@ -130,7 +131,15 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
         ImpossibleRedistributionError: dst is Partial on an axis where src is not the same Partial.
         IndivisibleShardError: src or dst does not fit `shape` on `mesh`.
     """
-    shape, nd = tuple(shape), len(shape)
+    shape = tuple(shape)
+    if getattr(src, "_plain", False) and getattr(dst, "_plain", False):
+        return _cached_steps(src, dst, shape, mesh, itemsize)  # the steps are immutable: shared between callers
+    return _steps(src, dst, shape, mesh, itemsize)
+
+
+def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int) -> tuple[Step, ...]:
+    """`redistribute_steps` uncached."""
+    nd = len(shape)
     src, dst = src.normalized(nd), dst.normalized(nd)
     local_shape(shape, src, mesh)
     local_shape(shape, dst, mesh)
@@ -188,6 +197,12 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
             emit("local_slice", i, dst[i], dst[i].dim)
             pending[i] = False
     return tuple(steps)
+
+
+# Layouts of plain placements are equal exactly when their strings are (`core.layout._PLAIN_TYPES`), so the steps
+# are a pure function of these hashable arguments: one entry per distinct edge, kept across plans of one process
+# (a notebook planning again, the pipeline search's meshes); exceptions are not cached (raised again each call).
+_cached_steps = lru_cache(maxsize=32768)(_steps)
 
 
 def grad_partial_axes(consumed: Layout, output: Layout | None, mesh: MeshSpec) -> tuple[str, ...]:
