@@ -164,17 +164,21 @@ def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, ite
         outer_ok = all(not pending[k] for k in range(i) if touches(cur[k], d) or touches(dst[k], d))
         return outer_ok and not any(touches(cur[j], d) for j in range(i + 1, n))
 
+    held = [Layout(tuple(cur))]  # the tensor's layout before the next step (each step's `after` made once)
+
     def emit(kind: str, i: int, new, tensor_dim=None, dst_dim=None) -> None:
-        before = list(cur)
+        before, layout_before = list(cur), held[-1]
         cur[i] = new
-        b_before, b_after = (_nbytes(shape, x, mesh, itemsize) for x in (before, cur))
+        layout_after = Layout(tuple(cur))
+        held.append(layout_after)
+        b_before, b_after = (math.prod(local_shape(shape, x, mesh)) * itemsize for x in (layout_before, layout_after))
         fwd = {"all_gather": b_after, "reduce_scatter": b_before, "all_reduce": b_before,
                "all_to_all": b_before, "local_slice": 0}[kind]
         bwd_kind = _DEFAULT_BWD[kind]
         bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
         op = before[i].reduce_op if isinstance(before[i], Partial) else None
-        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, _s(before), _s(cur), fwd, bwd_kind,
-                          bwd, op))
+        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, str(layout_before), str(layout_after), fwd,
+                          bwd_kind, bwd, op))
 
     for i in range(n):  # phase 1: Partial axes, mesh order
         if pending[i] and isinstance(cur[i], Partial):
@@ -250,7 +254,3 @@ def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec,
             steps.append(Step("grad_all_reduce", axis, None, None, str(dst), str(dst), 0, "all_reduce", nbytes))
     return tuple(replace(s, bwd_kind="local_slice", bwd_nbytes=0)
                  if s.kind == "all_gather" and k not in absorbed else s for k, s in enumerate(steps))
-
-
-def _s(placements: list) -> str:
-    return "".join(placement_str(p) for p in placements)
