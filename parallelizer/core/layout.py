@@ -145,7 +145,7 @@ class Layout:
     def normalized(self, tensor_ndim: int) -> "Layout":
         """Shard dims made non-negative for a tensor of rank `tensor_ndim` (cached for layouts of plain
         placements: a Layout is immutable)."""
-        if self._plain:
+        if getattr(self, "_plain", False):  # (a Layout unpickled from before the field has none)
             return _normalized(self, tensor_ndim)
         return self._normalized(tensor_ndim)
 
