@@ -29,8 +29,10 @@ demo: $(STAMP)
 # (tests/conftest.py LONG_FIRST), not xdist's default by test count, which left the long one-test files last.
 # Tests marked `long` (pytest -m long) run in `make test-long`: each one's class keeps a cheaper test in `make test`
 # (benchmarks/RESULTS.md, round 19 r19a, lists them and the test that keeps each class).
+# --durations=25: every run (CI, a fresh clone) ends with its 25 longest set-ups / tests, so where the time goes
+# (and whether LONG_FIRST still puts the long files first) is on record without a second run.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not long"
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not long" --durations=25
 
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..errors import ParallelizerError
 from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_str
@@ -130,7 +131,15 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
         ImpossibleRedistributionError: dst is Partial on an axis where src is not the same Partial.
         IndivisibleShardError: src or dst does not fit `shape` on `mesh`.
     """
-    shape, nd = tuple(shape), len(shape)
+    shape = tuple(shape)
+    if getattr(src, "_plain", False) and getattr(dst, "_plain", False):
+        return _cached_steps(src, dst, shape, mesh, itemsize)  # the steps are immutable: shared between callers
+    return _steps(src, dst, shape, mesh, itemsize)
+
+
+def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int) -> tuple[Step, ...]:
+    """`redistribute_steps` uncached."""
+    nd = len(shape)
     src, dst = src.normalized(nd), dst.normalized(nd)
     local_shape(shape, src, mesh)
     local_shape(shape, dst, mesh)
@@ -155,17 +164,21 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
         outer_ok = all(not pending[k] for k in range(i) if touches(cur[k], d) or touches(dst[k], d))
         return outer_ok and not any(touches(cur[j], d) for j in range(i + 1, n))
 
+    held = [Layout(tuple(cur))]  # the tensor's layout before the next step (each step's `after` made once)
+
     def emit(kind: str, i: int, new, tensor_dim=None, dst_dim=None) -> None:
-        before = list(cur)
+        before, layout_before = list(cur), held[-1]
         cur[i] = new
-        b_before, b_after = (_nbytes(shape, x, mesh, itemsize) for x in (before, cur))
+        layout_after = Layout(tuple(cur))
+        held.append(layout_after)
+        b_before, b_after = (math.prod(local_shape(shape, x, mesh)) * itemsize for x in (layout_before, layout_after))
         fwd = {"all_gather": b_after, "reduce_scatter": b_before, "all_reduce": b_before,
                "all_to_all": b_before, "local_slice": 0}[kind]
         bwd_kind = _DEFAULT_BWD[kind]
         bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
         op = before[i].reduce_op if isinstance(before[i], Partial) else None
-        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, _s(before), _s(cur), fwd, bwd_kind,
-                          bwd, op))
+        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, str(layout_before), str(layout_after), fwd,
+                          bwd_kind, bwd, op))
 
     for i in range(n):  # phase 1: Partial axes, mesh order
         if pending[i] and isinstance(cur[i], Partial):
@@ -188,6 +201,12 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
             emit("local_slice", i, dst[i], dst[i].dim)
             pending[i] = False
     return tuple(steps)
+
+
+# Layouts of plain placements are equal exactly when their strings are (`core.layout._PLAIN_TYPES`), so the steps
+# are a pure function of these hashable arguments: one entry per distinct edge, kept across plans of one process
+# (a notebook planning again, the pipeline search's meshes); exceptions are not cached (raised again each call).
+_cached_steps = lru_cache(maxsize=32768)(_steps)
 
 
 def grad_partial_axes(consumed: Layout, output: Layout | None, mesh: MeshSpec) -> tuple[str, ...]:
@@ -235,7 +254,3 @@ def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec,
             steps.append(Step("grad_all_reduce", axis, None, None, str(dst), str(dst), 0, "all_reduce", nbytes))
     return tuple(replace(s, bwd_kind="local_slice", bwd_nbytes=0)
                  if s.kind == "all_gather" and k not in absorbed else s for k, s in enumerate(steps))
-
-
-def _s(placements: list) -> str:
-    return "".join(placement_str(p) for p in placements)

@@ -117,8 +117,12 @@ class Pricer:
         self.autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
         self.fuse_pointwise = self.device.kind == "gpu"
         self.tables = tables if tables is not None else GraphTables()
+        # caches of pure functions of their keys on this Pricer's fixed mesh, topology and precision (planning a
+        # 2-layer Llama on 4 devices asks ~9k distinct edges ~3x each and prices their steps ~70k times)
         self._edge: dict = {}
-        self._steps: dict = {}
+        self._steps: dict = {}  # key -> steps, or the ImpossibleRedistributionError they raise (raised again)
+        self._fwd: dict = {}
+        self._step_s: dict = {}
         self._node: dict = {}
         self.matrices: dict = {}  # edge cost matrices by (layouts, shape, ...): block instances share them
 
@@ -167,12 +171,24 @@ class Pricer:
         once per bucket and not once per parameter (a 256-element bias on dp=8 of an H100 node: 26.6 us alone,
         0.003 us as its share of a 25 MiB bucket). Summed over parameters this is the bucketed sync run back
         to back, an upper bound of what it delays when it overlaps backward (`steptime.estimate_step_time`
+<<<<<<< HEAD
         prices the overlap).
 
         `compute_before_s`: (forward collective, backward conjugate, backward re-gather) the compute the rank ran
         since its previous collective, for the wait on the slowest rank (`cost_model.communication.sync_wait_s`);
         None: unknown, the full wait (the ILP, the plan's breakdown and the pipeline segments price an edge without
         the program's order; `steptime.estimate_step_time` walks the program and passes them)."""
+=======
+        prices the overlap)."""
+        key = (step, param_itemsize, bucketed)
+        hit = self._step_s.get(key)
+        if hit is None:
+            hit = self._step_s[key] = self._step_time_s(step, param_itemsize, bucketed)
+        return hit
+
+    def _step_time_s(self, step: Step, param_itemsize: int | None, bucketed: bool) -> tuple[float, float]:
+        """`step_time_s` uncached."""
+>>>>>>> r20a
         axes = (step.mesh_axis,)
         before_fwd, before_bwd, before_regather = compute_before_s
         fwd = step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes, before_fwd) \
@@ -241,13 +257,19 @@ class Pricer:
 
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
-        """`core.redistribute.edge_steps` on this mesh (cached on all its arguments; raises as it does)."""
+        """`core.redistribute.edge_steps` on this mesh (cached on all its arguments, an impossible change too;
+        raises as it does)."""
         key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
         hit = self._steps.get(key)
         if hit is None:
-            hit = self._steps[key] = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize,
-                                                grad_partial_axes=grad_axes, requires_grad=requires_grad,
-                                                is_parameter=is_parameter)
+            try:
+                hit = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize, grad_partial_axes=grad_axes,
+                                 requires_grad=requires_grad, is_parameter=is_parameter)
+            except ImpossibleRedistributionError as err:
+                hit = err
+            self._steps[key] = hit
+        if isinstance(hit, ImpossibleRedistributionError):
+            raise ImpossibleRedistributionError(*hit.args)  # a fresh one: re-raising `hit` would grow its traceback
         return hit
 
     def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
@@ -261,12 +283,17 @@ class Pricer:
                   grad_axes: tuple[str, ...], requires_grad: bool) -> float:
         """Forward seconds of the redistribution of an activation (its steps' forward collectives, as
         `step_time_s` prices them): what recomputing its consumer runs again (`recompute.RegionPrice`); 0 for
-        an impossible change (the ILP forbids that pair through `edge_cost`)."""
-        try:
-            steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad)
-        except ImpossibleRedistributionError:
-            return 0.0
-        return sum(self.step_time_s(s)[0] for s in steps)
+        an impossible change (the ILP forbids that pair through `edge_cost`). Cached."""
+        key = (src, dst, shape, itemsize, grad_axes, requires_grad)
+        hit = self._fwd.get(key)
+        if hit is None:
+            try:
+                steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad)
+                hit = sum(self.step_time_s(s)[0] for s in steps)
+            except ImpossibleRedistributionError:
+                hit = 0.0
+            self._fwd[key] = hit
+        return hit
 
     def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
                   grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,

@@ -330,18 +330,20 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     pair_vars: dict[tuple[int, int], list[list]] = {}
     for (a, b), mat in sorted(problem.pairs.items()):
         na, nb = mat.shape
-        finite = np.isfinite(mat)  # an impossible pair (inf) gets no variable: it cannot be chosen
-        e = pair_vars[(a, b)] = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i, j] else None
+        num_edge += int(np.isfinite(mat).sum())
+        # Python lists, not numpy scalars, in the loops below: the same float values, read ~10x faster
+        finite = np.isfinite(mat).tolist()  # an impossible pair (inf) gets no variable: it cannot be chosen
+        cost = mat.tolist()
+        count = np.asarray(problem.pair_counts.get((a, b), np.zeros(mat.shape)), dtype=float).tolist()
+        e = pair_vars[(a, b)] = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i][j] else None
                                   for j in range(nb)] for i in range(na)]
-        num_edge += int(finite.sum())
-        count = problem.pair_counts.get((a, b), np.zeros(mat.shape))
-        terms += [(e[i][j], float(mat[i, j]) * _SCALE + w_coll * float(count[i, j]))
-                  for i in range(na) for j in range(nb) if finite[i, j]]
+        terms += [(e[i][j], cost[i][j] * _SCALE + w_coll * count[i][j])
+                  for i in range(na) for j in range(nb) if finite[i][j]]
         for i in range(na):
-            prob += pulp.LpAffineExpression([(e[i][j], 1) for j in range(nb) if finite[i, j]]
+            prob += pulp.LpAffineExpression([(e[i][j], 1) for j in range(nb) if finite[i][j]]
                                             + [(x[a][i], -1)]) == 0, f"r_{a}_{b}_{i}"
         for j in range(nb):
-            prob += pulp.LpAffineExpression([(e[i][j], 1) for i in range(na) if finite[i, j]]
+            prob += pulp.LpAffineExpression([(e[i][j], 1) for i in range(na) if finite[i][j]]
                                             + [(x[b][j], -1)]) == 0, f"c_{a}_{b}_{j}"
         num_cons += na + nb
     num_shared, shared_cons = _shared_vars(prob, problem, x, pair_vars, terms, w_coll)
