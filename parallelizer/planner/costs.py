@@ -171,24 +171,21 @@ class Pricer:
         once per bucket and not once per parameter (a 256-element bias on dp=8 of an H100 node: 26.6 us alone,
         0.003 us as its share of a 25 MiB bucket). Summed over parameters this is the bucketed sync run back
         to back, an upper bound of what it delays when it overlaps backward (`steptime.estimate_step_time`
-<<<<<<< HEAD
         prices the overlap).
 
         `compute_before_s`: (forward collective, backward conjugate, backward re-gather) the compute the rank ran
         since its previous collective, for the wait on the slowest rank (`cost_model.communication.sync_wait_s`);
         None: unknown, the full wait (the ILP, the plan's breakdown and the pipeline segments price an edge without
         the program's order; `steptime.estimate_step_time` walks the program and passes them)."""
-=======
-        prices the overlap)."""
-        key = (step, param_itemsize, bucketed)
+        key = (step, param_itemsize, bucketed, regather, compute_before_s)
         hit = self._step_s.get(key)
         if hit is None:
-            hit = self._step_s[key] = self._step_time_s(step, param_itemsize, bucketed)
+            hit = self._step_s[key] = self._step_time_s(step, param_itemsize, bucketed, regather, compute_before_s)
         return hit
 
-    def _step_time_s(self, step: Step, param_itemsize: int | None, bucketed: bool) -> tuple[float, float]:
+    def _step_time_s(self, step: Step, param_itemsize: int | None, bucketed: bool, regather: bool,
+                     compute_before_s: tuple[float | None, float | None, float | None]) -> tuple[float, float]:
         """`step_time_s` uncached."""
->>>>>>> r20a
         axes = (step.mesh_axis,)
         before_fwd, before_bwd, before_regather = compute_before_s
         fwd = step_collective_s(step.fwd_collective, step.nbytes, self.topo, axes, before_fwd) \
