@@ -128,10 +128,10 @@ def _refusal_remedy(model: torch.nn.Module | None, sites: dict) -> str:
     """The remedies of a training-mode host draw: the model's config switches of the draws (`_config_switches`),
     torch draws, eval mode, the opt-in."""
     switches = _config_switches(model, list(sites.values()))
-    spec_augment = " (SpecAugment also by apply_spec_augment=False)" if any(
+    spec_augment = "; SpecAugment also by apply_spec_augment=False" if any(
         k.endswith(SPEC_AUGMENT_FIELDS) for k in switches) else ""
     return ((f"switch the draw off with the model's config: {', '.join(f'{k}=0' for k in switches)} (e.g. "
-             f"`model.config.{switches[0]} = 0.0` before tracing){spec_augment}; or " if switches else "")
+             f"`model.config.{switches[0]} = 0.0` before tracing{spec_augment}); or " if switches else "")
             + "draw with torch (torch.rand / torch.randint / torch.randperm / torch.bernoulli: the program then draws "
             "anew at every step); or trace in eval mode (model.eval()) if you do not train; or, to train with ONE "
             f"draw repeated at every step knowingly, pass {HOST_RNG_OPT_IN}=True to parallelizer.trace / "
