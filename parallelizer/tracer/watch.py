@@ -8,7 +8,8 @@ export runs forward once and keeps the aten ops it saw. Three things a model can
   the program differentiates the Function's forward ops instead, and the hook is dropped.
 Each is noted in `TracedGraph.notes` and warned; a Function whose backward is not the derivative of its forward
 (checked in float64 on random inputs of the traced shapes) is a TraceError, since training would silently use
-other gradients.
+other gradients, and so is a host draw made in training mode (every step would reuse one draw) unless the
+caller opts in with `allow_frozen_host_random=True` (round 20).
 """
 from __future__ import annotations
 
