@@ -1,7 +1,7 @@
 """parallelizer: trace a PyTorch model, price it, plan hybrid sharding with an ILP, emit sharded programs.
 
 Public API (see README.md):
-    trace(model, example_inputs, example_kwargs=None) -> TracedGraph
+    trace(model, example_inputs, example_kwargs=None, *, allow_frozen_host_random=False) -> TracedGraph
     plan(traced, mesh=None, *, cluster=None, global_batch=None, retrace=None, schedule=None, **options) -> Plan
         (THE planner: without a mesh, or with "pp" first, a search over (pp, dp, tp), schedule and
         microbatches; on a mesh without pp the ILP; plus provenance: fingerprint, cluster, blocks; api.py)

@@ -439,7 +439,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
                      cluster: Cluster | str | None = None, memory_budget: int | None = None,
                      optimizer: str = "adamw", plan: Plan | str | os.PathLike | None = None,
                      example_kwargs: dict | None = None, grad_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     **plan_options):
+                     allow_frozen_host_random: bool = False, **plan_options):
     """Trace, plan (or apply a saved plan) and build this rank's `ParallelModule` (or `PipelineModule`).
 
     Under torchrun (torch.distributed initialised, or RANK/WORLD_SIZE set: then `runtime.init_from_env()` is
@@ -465,6 +465,9 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
             model and mesh (the mesh then defaults to the plan's); planning options beside it must be the plan's.
         grad_bucket_bytes: bucket size of the asynchronous gradient sync of replicated parameters (default
             25 MiB as DDP; 0 = one synchronous all-reduce per parameter), see `ParallelModule`.
+        allow_frozen_host_random: as `parallelizer.trace`: train a forward that draws from numpy's or Python's
+            random generator (SpecAugment with mask_time_prob > 0) with its one traced draw repeated at every
+            step (warned) instead of the TraceError that names the draw and its config switch.
         plan_options: other `PlanConfig` fields (axis_roles={"dp": "fsdp"}, time_limit_s=, batch_dims=, ...);
             with a "pp" axis also schedule=, microbatches=, virtual_stages= (`plan`).
     Returns:
@@ -519,7 +522,7 @@ def auto_parallelize(model: torch.nn.Module, example_inputs: tuple, *, mesh: Mes
     global_call = (tuple(example_inputs), dict(example_kwargs or {}))
     if microbatches is not None:  # a pipeline plan is made for, and runs, one microbatch at a time
         example_inputs, example_kwargs = microbatch_of(example_inputs, example_kwargs or {}, microbatches)
-    traced = trace(model, example_inputs, example_kwargs)
+    traced = trace(model, example_inputs, example_kwargs, allow_frozen_host_random=allow_frozen_host_random)
     if given is not None:
         _check_pipeline(given, mesh)
         check_plan(given, traced, split_mesh(mesh)[1] if PP_AXIS in mesh.axis_names else mesh)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import os
 import sys
@@ -193,6 +194,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_AMOUNT, default=60.0, help="solver seconds per mesh (default 60)")
     p.add_argument("-o", "--out", default="plan.json", help="plan JSON to write (default plan.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-frozen-host-random", action="store_true",
+                   help="plan a model whose training forward draws from numpy / Python random (e.g. SpecAugment, "
+                        "mask_time_prob > 0) with its one traced draw repeated every step (default: refused, naming "
+                        "the draw and the config switch)")
     s = sub.add_parser("show", help="print a plan as tables")
     s.add_argument("plan", help="plan JSON written by `parallelizer plan` or Plan.save")
     s.add_argument("--all", action="store_true", help="every node position of each block, not only the main ops")
@@ -278,6 +283,7 @@ def cmd_plan(args) -> int:
         traced_batch = 1
     start = time.perf_counter()
     bar.set_description("trace")
+    trace = functools.partial(trace, allow_frozen_host_random=args.allow_frozen_host_random)
     recipe, traced = _first_traceable(args.model, config, traced_batch, args.seq_len, args.global_batch, trace)
     bar.update(2)
     if traced_batch == 1 and searched and args.microbatches is None and recipe["kwargs"]["batch"] > 1:
@@ -423,7 +429,7 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
                          "plan it with `parallelizer plan`, or call parallelizer.runtime.rehearsal.rehearse")
     real = width == "real" or (width == "auto" and _fits_real_width(plan, nproc))
     used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
-    traced = trace(*presets.build(used, "meta"))
+    traced = trace(*presets.build(used, "meta"), allow_frozen_host_random=True)  # named next to a DIFFER
     check_plan(plan, traced, structure_only=not real)
     if plan.pipeline is not None:  # a hand-edited cut is refused here, before any rank starts
         from .runtime.pipeline import plan_cut

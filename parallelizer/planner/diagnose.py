@@ -55,6 +55,11 @@ def _alive_after_propagation(problem: Problem, prefix: int | None = None) -> tup
     return alive, None, None
 
 
+def structurally_open(problem: Problem) -> bool:
+    """Whether propagation leaves every group a strategy (no node that no plan can place)."""
+    return _alive_after_propagation(problem)[1] is None
+
+
 def _first_conflict(problem: Problem) -> int:
     """The group whose addition first makes propagation prove infeasibility: the smallest k such that the groups
     0..k (and the pairs among them) are infeasible (module docstring). Call only when all groups are."""

@@ -374,6 +374,14 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         check_memory(problem, config, recompute)
         proved = prob.status == pulp.LpStatusInfeasible  # not the time limit: no plan exists
+        if not proved and act_bound_bytes is None and _time_limit_binds(problem):
+            raise InfeasiblePlanError(
+                f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
+                f"{pulp.LpStatus[prob.status]}, {elapsed:.1f} s) on mesh {problem.mesh}: it stopped at its time limit "
+                f"before finding any plan. Not memory: even the heaviest placements need "
+                f"{format_bytes(_most_memory_bytes(problem))} of the {format_bytes(problem.budget_bytes)} budget, and "
+                "every node has a placement that its neighbours accept. Remedy: raise time_limit_s (the limit is "
+                "wall-clock seconds, so a machine busy with other work reaches it with less of the search done)")
         raise InfeasiblePlanError(
             f"the {solver_name} solver " + ("proved that no plan exists" if proved else
                                             f"found no plan within {config.time_limit_s} s")
@@ -475,6 +483,24 @@ def _indicator(x: list[list], pair_vars: dict, g: int, a: int, h: int, key_of: t
     vs = [e[a][b] if g == lo else e[b][a] for b in cols]
     vs = [v for v in vs if v is not None]
     return pulp.lpSum(vs) if vs else None
+
+
+def _time_limit_binds(problem: Problem) -> bool:
+    """Whether a solve stopped without a plan can only have been stopped by its time limit: even the heaviest
+    placement of every group (`_most_memory_bytes`) fits the budget, so the memory row cannot exclude any plan, and
+    arc consistency leaves every group a placement (`diagnose.structurally_open`). Round 20 (r20h): mT5's default
+    config on dp=2 x tp=2 under load stopped at its 60 s limit and was told the 71 GB budget (787 MB needed) might
+    bind."""
+    if problem.graph is None or _most_memory_bytes(problem) > problem.budget_bytes:
+        return False
+    from .diagnose import structurally_open
+    return structurally_open(problem)
+
+
+def _most_memory_bytes(problem: Problem) -> float:
+    """The per-device memory of the heaviest placements of every group (finite entries of `Problem.mem`; an
+    upper bound over all plans, memory being a sum of per-group choices)."""
+    return float(problem.const_mem_bytes + sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.mem))
 
 
 def _binding(problem: Problem, config: PlanConfig) -> str:

@@ -477,7 +477,8 @@ def doubled_trace(retracer, traced: TracedGraph) -> TracedGraph:
         leaves.append(torch.zeros((2 * shape[0], *shape[1:]) if shape else (), dtype=meta.dtype))
     args, kwargs = pytree.tree_unflatten(leaves, traced.exported.call_spec.in_spec)
     try:
-        return retracer.trace({"": traced.training}, args, kwargs)
+        return retracer.trace({"": traced.training}, args, kwargs,
+                              allow_frozen_host_random=traced.allow_frozen_host_random)
     except Exception as exc:  # noqa: BLE001 - a model that cannot trace at another batch
         unconfirmed(traced.graph_module.graph, f"{type(exc).__name__}: {exc}", "own")
 

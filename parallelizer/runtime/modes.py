@@ -91,10 +91,14 @@ class Retracer:
                                    f"ParallelModule was built ({type(exc).__name__}: {exc}); make it deep-copyable")
         return cls(skeleton, mode, "", tuple(name for name, _ in skeleton.named_modules()))
 
-    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict, changes: tuple = ()) -> TracedGraph:
+    def trace(self, modes: dict[str, bool], args: tuple, kwargs: dict, changes: tuple = (), *,
+              allow_frozen_host_random: bool = False) -> TracedGraph:
         """Trace the skeleton on `args`/`kwargs` with each module in the mode of its nearest entry in `modes`
         (module name -> training; "" is the root) and the settings `changes` applied
         (`runtime.mirror.changed_settings`: (module name, attribute, value), e.g. a Dropout's p).
+        `allow_frozen_host_random`: as `parallelizer.trace` (the first trace's choice, `TracedGraph.
+        allow_frozen_host_random`: a model traced in eval mode and switched to train() is refused when its
+        training forward draws from numpy / Python random, unless the first trace allowed it).
 
         Raises:
             PlanMismatchError: the model could not be deep-copied into a skeleton (says why and what to do).
@@ -108,7 +112,7 @@ class Retracer:
             module.training = modes[_nearest(name, modes)]
         undo = apply_settings(self.skeleton, changes)
         try:
-            return trace(self.skeleton, args, kwargs)
+            return trace(self.skeleton, args, kwargs, allow_frozen_host_random=allow_frozen_host_random)
         finally:
             restore_settings(undo)
 

@@ -273,7 +273,8 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         after build names them."""
         flags, changes = modes
         try:
-            return self._retracer.trace(dict(flags), args, kwargs, changes)
+            return self._retracer.trace(dict(flags), args, kwargs, changes,
+                                        allow_frozen_host_random=self.traced.allow_frozen_host_random)
         except TraceError as exc:
             if not changes:
                 raise

@@ -105,7 +105,8 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     if spec.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
         model, args, *rest = model_fn(**model_kwargs)
         micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
-        check_recipe_runs(trace(model, micro_args, micro_kwargs), micro_args, micro_kwargs, spec.autocast)
+        check_recipe_runs(trace(model, micro_args, micro_kwargs, allow_frozen_host_random=True), micro_args,
+                          micro_kwargs, spec.autocast)
     world = pipeline.pp * spec.mesh.world_size
     lossy, note = _lossy_codecs(spec, pipeline, steps)
     per_rank = spawn(_rank_judged, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps, bool(lossy),
@@ -291,7 +292,8 @@ def pipeline_run(model: torch.nn.Module, inputs: tuple, kwargs: dict, spec: Shar
         PipelineError: the global batch does not split into `pipe["microbatches"]` (remedy in the text).
     """
     m = pipe["microbatches"]
-    traced = trace(model, *microbatch_of(inputs, kwargs, m))
+    # a frozen numpy / Python draw is named next to a DIFFER (`rehearsal.random_ops`), not refused
+    traced = trace(model, *microbatch_of(inputs, kwargs, m), allow_frozen_host_random=True)
     run = build(traced, spec, plan_cut(traced, pipe["stages"]), model, pp=pipe["pp"],
                 schedule=pipe["schedule"], microbatches=m, loss_fn=pipeline_loss,
                 **build_options(pipe.get("compression")))  # lossy: the report then shows its deviation

@@ -43,7 +43,7 @@ from ..rewriter.state import gather_tensor, shard_tensor
 from ..tracer.graph import as_real, carries_grad, draws_random
 from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
-from ..tracer.watch import HOST_RNG_NOTE
+from ..tracer.watch import HOST_RNG_NOTE, HOST_RNG_SITES
 from .launch import create_groups, spawn
 from .module import ParallelModule
 from .module_copy import copy_module
@@ -189,7 +189,8 @@ def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: di
         if plan.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
             model, inputs, *rest = model_fn(**model_kwargs)
             kwargs = rest[0] if rest else {}
-            check_recipe_runs(trace(model, inputs, kwargs), inputs, kwargs, plan.autocast)
+            check_recipe_runs(trace(model, inputs, kwargs, allow_frozen_host_random=True), inputs, kwargs,
+                              plan.autocast)
         return plan
     if not isinstance(plan, Plan):
         raise TypeError(f"rehearse: pass the Plan that parallelizer.plan returned (or Plan.load), or a "
@@ -199,7 +200,7 @@ def checked_spec(plan: Plan | ShardingSpec, model_fn: Callable, model_kwargs: di
                             "per rank without stages. Remedy: `parallelizer rehearse plan.json --nproc N`, or "
                             "runtime.pipeline_rehearsal.rehearse_pipeline with a builder of the global batch")
     model, inputs, *rest = model_fn(**model_kwargs)
-    traced = trace(model, inputs, rest[0] if rest else {})
+    traced = trace(model, inputs, rest[0] if rest else {}, allow_frozen_host_random=True)  # see `random_ops`
     check_plan(plan, traced, structure_only=structure_only)
     spec = spec_from_plan(plan)
     check_recipe_runs(traced, inputs, rest[0] if rest else {}, spec.autocast)
@@ -308,15 +309,19 @@ def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
 
 def random_ops(traced) -> str:
     """The ops of the traced forward that draw random numbers (`tracer.graph.draws_random`: dropout p > 0,
-    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draw the
-    tracer noted (numpy / Python random: values frozen at trace time, e.g. LayerDrop or SpecAugment); '' if none."""
+    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draws the
+    tracer noted (numpy / Python random: values frozen at trace time, e.g. LayerDrop or SpecAugment; traced with
+    `allow_frozen_host_random`), each site named (function, file:line, module) with the remedy; '' if none."""
     found = [f"{node.name} ({getattr(node.target, '__name__', node.target)})"
              for node in traced.graph_module.graph.nodes if draws_random(node)]
     text = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     host = next((n for n in traced.notes if n.startswith(HOST_RNG_NOTE)), None)
     if host is not None:
-        text += ("; " if text else "") + "numpy / Python random in forward, frozen at trace time" + \
-            (f" ({host.split('first draw: ', 1)[1]})" if "first draw: " in host else "")
+        text += ("; " if text else "") + "numpy / Python random in forward, FROZEN at trace time" + \
+            (f" ({host.split(HOST_RNG_SITES, 1)[1]})" if HOST_RNG_SITES in host else "") + \
+            (": the program repeats that one draw at every step while the model draws anew per call, so it trains "
+             "differently, not only with other masks; switch the draw off (e.g. transformers' mask_time_prob=0, "
+             "layerdrop=0) or draw with torch")
     return text
 
 
@@ -551,7 +556,7 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
     if key not in traces:
-        traced = trace(model, inputs, kwargs)
+        traced = trace(model, inputs, kwargs, allow_frozen_host_random=True)  # named next to a DIFFER (`random_ops`)
         traces[key] = (traced, reach_dtypes(traced))
     traced, reach = traces[key]
     # the judge's dtype per compared tensor (`runtime.reach`); `compute`, the whole program's, decides only

@@ -74,7 +74,7 @@ def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple
     inputs, kwargs = widened((inputs, rest[0] if rest else {}))
     try:
         with widening():  # the graph's own factories and casts traced in float64
-            traced = trace(model, inputs, kwargs)
+            traced = trace(model, inputs, kwargs, allow_frozen_host_random=True)  # as the rehearsal traced it
             pm = ParallelModule(traced, spec, rank, model)
             out = pm(*inputs, **kwargs)
     except REPLAY_ERRORS as error:  # the DIFFER report stands

@@ -88,6 +88,12 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
         value_line = _value_read_line(exc, library)
         # a random draw ahead of the branch (LayerDrop) has a config switch: that remedy, not a method replacement
         installed = library_check_remedy(exc, location) if not random_line else ""
+        # torch's module code reading a value that an installed package's line passed in (ViLT's default config:
+        # F.interpolate to sizes summed from pixel_mask in visual_embed): no module configuration of the user's
+        # changes it, so the remedy names that package's method and its replacement (round 20, r20h)
+        inside = _library_remedy(library) if library else ""
+        if library and value_line and inside == _CONFIGURE_MODULE and _installed_site(location):
+            inside = library_value_remedy(exc, location)
         if checked:
             return TraceError(
                 f"an assert on a tensor value (`{checked}`): a traced program cannot test a value it has not "
@@ -104,7 +110,8 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
              "branch with torch.where or torch.cond instead of `if tensor:`, or compute the condition "
              "outside forward and pass it in as a Python value")
             + (f"{'; here t' if not value_line else 'T'}he value is read inside torch's module code ({library}), "
-               "called from your line: " + _library_remedy(library) if library else "")
+               f"called from {'an installed package' if inside.startswith('the call is in') else 'your line'}: "
+               + inside if library else "")
             + (f"; a random number drawn in forward precedes it in the same function ({random_line}): if the "
                "condition reads it, as LayerDrop's `torch.rand([]) < layerdrop` does, a traced program cannot draw "
                "a new branch each step, so turn it off for the sharded run (e.g. config.layerdrop=0.0)"
@@ -227,8 +234,7 @@ def library_check_remedy(exc: BaseException, where: str | None) -> str:
     if site is None:
         return ""
     package, name, line, source = site
-    inner = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
-    function = inner[-1].name if inner else "its function"
+    function = _installed_function(exc)
     text = (f"the check is in the installed package {package} (not your code), in {function}() at {name}:{line}"
             + (f" `{source}`" if source else "") + ": ")
     if "shift_right" in function:
@@ -339,6 +345,28 @@ def _raised_outside_torch(exc: BaseException) -> bool:
     return bool(frames) and not _internal(frames[-1].filename)
 
 
+def _installed_function(exc: BaseException) -> str:
+    """The innermost function outside torch and this package in `exc`'s traceback, skipping comprehensions and
+    lambdas (`<listcomp>`: ViLT's interpolation inside `torch.cat([... for h, w in zip(x_h, x_w)])`), whose name
+    no subclass or method assignment can replace."""
+    inner = [f for f in traceback.extract_tb(exc.__traceback__)
+             if not _internal(f.filename) and not f.name.startswith("<")]
+    return inner[-1].name if inner else "its function"
+
+
+def library_value_remedy(exc: BaseException, where: str) -> str:
+    """The remedy when torch's code reads a tensor value as a size or number (`translate`'s value case) that the
+    line `where` of an installed package's code passed in: that package's function and line, replaced for the
+    traced run by a version with Python-int sizes. `where` must satisfy `_installed_site`."""
+    package, name, line, source = _installed_site(where)
+    function = _installed_function(exc)
+    return (f"the call is in the installed package {package} (not your code), in {function}() at {name}:{line}"
+            + (f" `{source}`" if source else "") + f", which computes the size or number from tensor values: replace "
+            f"{function} for the traced run (a subclass overriding it, or the method assigned on the instance: "
+            f"`module.{function} = types.MethodType(fixed, module)`) with a version whose sizes are Python ints (from "
+            f"the config and the input shapes), or use a model or config of {package} without it")
+
+
 def _library_remedy(library: str) -> str:
     """What to change when torch's own code (`_library_frame`'s 'file:line: source') branched on a tensor."""
     if os.sep + "distributions" + os.sep in library or library.startswith("torch/distributions"):
@@ -355,8 +383,11 @@ def _library_remedy(library: str) -> str:
         return ("gaussian_nll_loss / GaussianNLLLoss checks `var >= 0` on the values, which has no switch: write "
                 "the loss out, 0.5 * (var.clamp(min=eps).log() + (input - target) ** 2 / var.clamp(min=eps)) "
                 "(+ 0.5 * log(2 * pi) with full=True), with your reduction")
-    return ("change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
-            "as a Python float: give momentum a number)")
+    return _CONFIGURE_MODULE
+
+
+_CONFIGURE_MODULE = ("change the module's configuration (e.g. BatchNorm's momentum=None reads num_batches_tracked "
+                     "as a Python float: give momentum a number)")
 
 
 def _library_frame(exc: BaseException) -> str | None:

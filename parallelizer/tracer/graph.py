@@ -201,6 +201,8 @@ class TracedGraph:
         forward_positional, untraced_defaults: the forward's positional parameter names, and {name: default} of
             its parameters the traced call left at a plain-constant default: a call passing one of them with
             that value computes the traced function (`tracer.call_defaults`).
+        allow_frozen_host_random: traced with `trace(..., allow_frozen_host_random=True)`: a numpy / Python random
+            draw in training mode is frozen into the graph (noted) instead of refused; retraces inherit it.
     """
 
     exported: torch.export.ExportedProgram
@@ -216,6 +218,7 @@ class TracedGraph:
     autocast: tuple[tuple[str, torch.dtype], ...] = ()
     forward_positional: tuple[str, ...] = ()
     untraced_defaults: dict[str, Any] = field(default_factory=dict)
+    allow_frozen_host_random: bool = False
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

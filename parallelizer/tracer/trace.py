@@ -57,7 +57,8 @@ from .watch import custom_backward_watch, host_rng_watch, internal as _internal,
 _SCALAR_TYPES = (int, float, bool, type(None))
 
 
-def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> TracedGraph:
+def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None, *,
+          allow_frozen_host_random: bool = False) -> TracedGraph:
     """Capture `model(*example_inputs, **example_kwargs)` as an ATen-level graph with node metadata.
 
     Args:
@@ -66,11 +67,19 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs: positional inputs (tensors, or nested tuples/lists/dicts of tensors and Python
             scalars). With a `meta` model, CPU tensors are moved to `meta` (recorded in `notes`).
         example_kwargs: keyword inputs, same rules.
+        allow_frozen_host_random: trace a forward that draws from numpy's or Python's random generator in
+            training mode (`tracer.watch.host_rng_watch`; e.g. Wav2Vec2 / HuBERT / WavLM SpecAugment with the
+            default mask_time_prob 0.05) with the values of its one draw frozen into the graph, so that every
+            step repeats them: warned and noted instead of refused. Default False: a TraceError names the draw
+            and the remedies (its config switch, e.g. mask_time_prob=0; torch draws). Recorded in
+            `TracedGraph.allow_frozen_host_random`, which the ParallelModule's retraces (another train/eval mode)
+            inherit.
     Returns:
         A `TracedGraph` (see its docstring for the per-node facts).
     Raises:
         TraceError: an input of an unsupported type, data-dependent
-            control flow (a Python branch on a tensor value), an output that is not a tensor container, an
+            control flow (a Python branch on a tensor value), a numpy / Python random draw in training mode
+            (without `allow_frozen_host_random`), an output that is not a tensor container, an
             error of the model's own code, or any other construct torch.export cannot capture; the message
             names the construct, the user's source file:line and a remedy.
     """
@@ -88,7 +97,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
-    with cache_dropped(model, notes), _checkpoint_regions(notes), host_rng_watch(notes), custom_backward_watch(notes), \
+    with cache_dropped(model, notes), _checkpoint_regions(notes), \
+            host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
             overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes):
         exported = _export(model, example_inputs, example_kwargs)
@@ -113,6 +123,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
             f"{old} -> {new}" for old, new in renamed.items()) + " in the graph and the plan (fx's rule)")
     traced = _build(model, exported, gm, notes, renamed)
     traced.forward_positional, traced.untraced_defaults = untraced_defaults(model, example_inputs, example_kwargs)
+    traced.allow_frozen_host_random = allow_frozen_host_random
     return traced
 
 

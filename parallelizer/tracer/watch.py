@@ -8,7 +8,8 @@ export runs forward once and keeps the aten ops it saw. Three things a model can
   the program differentiates the Function's forward ops instead, and the hook is dropped.
 Each is noted in `TracedGraph.notes` and warned; a Function whose backward is not the derivative of its forward
 (checked in float64 on random inputs of the traced shapes) is a TraceError, since training would silently use
-other gradients.
+other gradients, and so is a host draw made in training mode (every step would reuse one draw) unless the
+caller opts in with `allow_frozen_host_random=True` (round 20).
 """
 from __future__ import annotations
 
@@ -38,52 +39,171 @@ HOST_RNG_NOTE = ("forward drew random numbers from numpy's or Python's generator
                  "mask_time_prob > 0); draw them with torch (torch.rand / torch.bernoulli) to keep them random, "
                  "or switch the augmentation off")
 
+# The opt-in keyword of `trace` / `auto_parallelize` (and `parallelizer plan --allow-frozen-host-random`) that
+# keeps a training-mode host draw a warning and a note instead of a TraceError.
+HOST_RNG_OPT_IN = "allow_frozen_host_random"
+HOST_RNG_SITES = "drawn at: "  # precedes the draw sites in the note (`runtime.rehearsal.random_ops` reads them)
+
+# transformers config fields whose value > 0 makes forward draw with numpy in training (the `np.random` call
+# sites of transformers 5.x: `_compute_mask_indices` (SpecAugment) of the wav2vec2 family, HuBERT, WavLM, SEW,
+# Data2VecAudio, SpeechT5, Whisper; LayerDrop as `np.random.random()` / `np.random.uniform` in modules holding a
+# `layerdrop` attribute: WavLM's and Data2VecAudio's adapters, VITS' text encoder). Setting each to 0 is the switch.
+SPEC_AUGMENT_FIELDS = ("mask_time_prob", "mask_feature_prob")
+LAYERDROP_FIELDS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
 
 _NUMPY_DRAWS = ("rand", "randn", "randint", "random", "random_sample", "ranf", "sample", "choice", "uniform",
                 "normal", "permutation", "shuffle", "binomial", "poisson", "beta", "exponential")
 _PYTHON_DRAWS = ("random", "randint", "randrange", "choice", "choices", "uniform", "shuffle", "sample", "gauss")
+_MAX_SITES = 5  # distinct draw sites named in the note / error
 
 
 @contextlib.contextmanager
-def host_rng_watch(notes: list[str]):
-    """Note, and warn, when the traced forward advanced numpy's or Python's global random generator
-    (`HOST_RNG_NOTE`): export runs forward once and lifts what it drew as constants. Checked by comparing the
-    generators' states before and after tracing (export itself draws from neither); the module-level draw
-    functions are wrapped meanwhile so that the note names the first call's source line (e.g. a LayerDrop
-    `np.random.random()` or a SpecAugment mask)."""
+def host_rng_watch(notes: list[str], model: torch.nn.Module | None = None, *, allow: bool = False):
+    """Watch the traced forward for draws from numpy's or Python's global random generator (`HOST_RNG_NOTE`):
+    export runs forward once and lifts what it drew as constants, so every step of the program reuses ONE draw
+    while the model draws anew per call (a silent wrong training: Wav2Vec2 with its default SpecAugment, rehearse
+    ratio 4160-5359, round 19). Detected by comparing the generators' states before and after tracing (export
+    itself draws from neither); the module-level draw functions are wrapped meanwhile so that each distinct call
+    site is named: the draw function, the Python function and file:line that called it, and the nn.Module whose
+    forward was running (its dotted name in `model`, and whether it was in training mode).
+
+    A draw made while that module was in training mode raises TraceError naming the sites and the remedies
+    (the config fields that switch them off, `_config_switches`; torch draws; the opt-in), unless `allow`
+    (the `HOST_RNG_OPT_IN` keyword): then, as for a draw in eval mode (where the model draws and ignores it, e.g.
+    WavLM's LayerDrop), it is noted and warned. A draw the wrappers cannot see (a function imported by name
+    before tracing, `from numpy.random import rand`) is judged by `model.training`."""
     import random
 
     np = sys.modules.get("numpy")
-    calls: list[str] = []
+    sites: dict[tuple, dict] = {}
+    names = {id(m): name for name, m in model.named_modules()} if model is not None else {}
     patched = [(random, name, getattr(random, name)) for name in _PYTHON_DRAWS]
     if np is not None:
         patched += [(np.random, name, getattr(np.random, name)) for name in _NUMPY_DRAWS if hasattr(np.random, name)]
     for module, name, fn in patched:
-        setattr(module, name, _recording(fn, f"{'numpy.random' if module is not random else 'random'}.{name}", calls))
+        setattr(module, name, _recording(fn, f"{'numpy.random' if module is not random else 'random'}.{name}", sites,
+                                         names))
     before = (random.getstate(), np.random.get_state() if np is not None else None)
     try:
         yield
+    except TraceError as exc:  # export refused something later in forward (LayerDrop's branch on a torch draw):
+        # the training-mode host draws made before it are named in the same error, so that one round of
+        # remedies traces (HuBERT's default config: layerdrop=0.0, then mask_time_prob=0, round 20)
+        frozen = _training_sites(list(sites.values()), model)
+        if not frozen or allow:
+            raise
+        text = str(exc).split("\n", 1)[1].rsplit("\nRemedy: ", 1)[0] if "\nRemedy: " in str(exc) else ""
+        first_detail = "" if text.startswith("Remedy: ") else text
+        raise TraceError(exc.construct, exc.location, exc.remedy.rstrip(".") + ". Also, before that point: "
+                         + _refusal_remedy(model, sites),
+                         detail="\n".join(filter(None, (first_detail, _refusal_detail(sites))))) from exc
     finally:
         for module, name, fn in patched:
             setattr(module, name, fn)
     after_np = np.random.get_state() if np is not None else None
     moved = random.getstate() != before[0] or (
         after_np is not None and (after_np[2] != before[1][2] or not (after_np[1] == before[1][1]).all()))
-    if moved:
-        note = HOST_RNG_NOTE + (f"; first draw: {calls[0]}" if calls else "")
-        notes.append(note)
-        warnings.warn(note, stacklevel=4)
+    if not moved:
+        return
+    drawn = list(sites.values())
+    texts = [_site_text(site) for site in drawn[:_MAX_SITES]]
+    training = _training_sites(drawn, model) if drawn else ([{}] if model is not None and model.training else [])
+    if training and not allow:
+        first = next((site for site in training if site), None)
+        raise TraceError("random numbers drawn from numpy's or Python's generator in training mode, which tracing "
+                         "freezes into the graph as constants", first["location"] if first else None,
+                         _refusal_remedy(model, sites), detail=_refusal_detail(sites))
+    note = HOST_RNG_NOTE + (f"; {HOST_RNG_SITES}{'; '.join(texts)}" if texts else "")
+    notes.append(note)
+    warnings.warn(note, stacklevel=4)
 
 
-def _recording(fn, name: str, calls: list[str]):
-    """`fn` that records, on its first call, `name` and the calling source line outside this module."""
+def _training_sites(drawn: list[dict], model: torch.nn.Module | None) -> list[dict]:
+    """The draw sites made by a module in training mode (a site without a module: the root's mode)."""
+    root_training = model is not None and model.training
+    return [site for site in drawn if site["training"] or (site["training"] is None and root_training)]
+
+
+def _refusal_remedy(model: torch.nn.Module | None, sites: dict) -> str:
+    """The remedies of a training-mode host draw: the model's config switches of the draws (`_config_switches`),
+    torch draws, eval mode, the opt-in."""
+    switches = _config_switches(model, list(sites.values()))
+    spec_augment = "; SpecAugment also by apply_spec_augment=False" if any(
+        k.endswith(SPEC_AUGMENT_FIELDS) for k in switches) else ""
+    return ((f"switch the draw off with the model's config: {', '.join(f'{k}=0' for k in switches)} (e.g. "
+             f"`model.config.{switches[0]} = 0.0` before tracing{spec_augment}); or " if switches else "")
+            + "draw with torch (torch.rand / torch.randint / torch.randperm / torch.bernoulli: the program then draws "
+            "anew at every step); or trace in eval mode (model.eval()) if you do not train; or, to train with ONE "
+            f"draw repeated at every step knowingly, pass {HOST_RNG_OPT_IN}=True to parallelizer.trace / "
+            "auto_parallelize (`parallelizer plan --allow-frozen-host-random`)")
+
+
+def _refusal_detail(sites: dict) -> str:
+    texts = [_site_text(site) for site in list(sites.values())[:_MAX_SITES]]
+    return ("numpy / Python random drawn in training mode: every step of the traced and the parallel program would "
+            "reuse the one draw made while tracing, while the model draws new values per call (a silently different "
+            "training); drawn at: " + ("; ".join(texts) if texts else "a call the tracer could not name (a draw "
+                                       "function imported by name before tracing)"))
+
+
+def _recording(fn, name: str, sites: dict, names: dict):
+    """`fn` that records each distinct calling site (`_site`) outside this module."""
     def draw(*args, **kwargs):
-        if not calls:
-            frame = next((f for f in reversed(traceback.extract_stack()[:-1]) if f.filename != __file__), None)
-            calls.append(f"{name} at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})" if frame
-                         else name)
+        frame = sys._getframe(1)
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        if key not in sites and len(sites) < 4 * _MAX_SITES:
+            sites[key] = _site(name, frame, names)
         return fn(*args, **kwargs)
     return draw
+
+
+def _site(name: str, frame, names: dict) -> dict:
+    """The draw `name` called at `frame`: the calling function, file:line and source, and the innermost
+    nn.Module whose method is on the stack (its dotted name in the traced model, class, training flag)."""
+    import linecache
+
+    location = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    owner, outer = None, frame
+    while outer is not None and owner is None:
+        candidate = outer.f_locals.get("self")
+        owner = candidate if isinstance(candidate, torch.nn.Module) else None
+        outer = outer.f_back
+    module = None if owner is None else (names.get(id(owner)), type(owner).__name__)
+    layerdrop = getattr(owner, "layerdrop", None)
+    return {"name": name, "function": frame.f_code.co_name, "location": location, "code": code, "module": module,
+            "training": owner.training if owner is not None else None,
+            "layerdrop": isinstance(layerdrop, (int, float)) and layerdrop > 0}
+
+
+def _site_text(site: dict) -> str:
+    """'numpy.random.rand in _compute_mask_indices at file:line (code), in module 'hubert' (HubertModel, training)'."""
+    text = f"{site['name']} in {site['function']} at {site['location']}" + \
+        (f" ({site['code']})" if site["code"] else "")
+    if site["module"] is not None:
+        name, cls = site["module"]
+        mode = {True: "training", False: "eval", None: "mode unknown"}[site["training"]]
+        text += (f", in module {name!r} ({cls}, {mode})" if name else
+                 f", in the root module ({cls}, {mode})" if name == "" else f", in a {cls} ({mode})")
+    return text
+
+
+def _config_switches(model: torch.nn.Module | None, drawn: list[dict]) -> list[str]:
+    """The config fields of `model.config` (a transformers model) or of its sub-configs (`text_config`, ...),
+    as 'field' or 'sub_config.field', that are > 0 and switch the draws off: `SPEC_AUGMENT_FIELDS` for a draw in
+    `_compute_mask_indices`, `LAYERDROP_FIELDS` for a draw in a module with a `layerdrop` > 0."""
+    config = getattr(model, "config", None)
+    fields = (SPEC_AUGMENT_FIELDS if any(site["function"] == "_compute_mask_indices" for site in drawn) else ()) \
+        + (LAYERDROP_FIELDS if any(site["layerdrop"] for site in drawn) else ())
+    if config is None or not fields:
+        return []
+    found = []
+    for prefix, cfg in [("", config)] + [(f"{k}.", v) for k, v in vars(config).items()
+                                         if k.endswith("_config") and hasattr(v, "__dict__")]:
+        found += [prefix + field for field in fields
+                  if isinstance(getattr(cfg, field, None), (int, float)) and getattr(cfg, field) > 0]
+    return found
 
 
 _PLAIN = (int, float, bool, str, type(None))

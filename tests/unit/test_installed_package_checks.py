@@ -74,6 +74,22 @@ class Dropping(torch.nn.Module):
         if not skip_the_layer:
             x = self.fc(x)
         return x.square().mean()
+
+
+class Resized(torch.nn.Module):
+    """a position table interpolated per sample to sizes summed from a mask (ViLT's `visual_embed`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 4, 3, 3))
+
+    def embed(self, mask):
+        x_h, x_w = mask.sum(dim=1)[:, 0], mask.sum(dim=2)[:, 0]
+        return torch.cat([torch.nn.functional.interpolate(self.pos, size=(h, w), mode="bilinear",
+                                                          align_corners=True) for h, w in zip(x_h, x_w)])
+
+    def forward(self, x, mask):
+        return (x + self.embed(mask)).square().mean()
 '''
 
 
@@ -168,3 +184,29 @@ def test_prophetnet_names_its_label_shift_and_traces_with_decoder_input_ids():
     traced = parallelizer.trace(model, (), kwargs)
     got = traced.exported.module()(**kwargs)
     torch.testing.assert_close(got.loss if hasattr(got, "loss") else got[0], eager)
+
+
+def test_a_size_read_by_torch_from_an_installed_method_names_that_method_and_its_replacement_traces(fakelib):
+    """Round 20 (r20h): ViLT's DEFAULT config interpolates its position table to sizes summed from pixel_mask in
+    `visual_embed`; torch's F.interpolate reads them as ints. The remedy was "change the module's configuration
+    (e.g. BatchNorm's momentum=None ...)" of a line called "your line" (transformers'). Now: the package, method
+    and line, and the method replacement, which traces to the eager value (all-ones mask: full sizes)."""
+    torch.manual_seed(0)
+    model = fakelib.Resized()
+    x, mask = torch.randn(2, 4, 5, 6), torch.ones(2, 5, 6, dtype=torch.long)
+    with pytest.raises(TraceError) as caught:
+        parallelizer.trace(model, (x, mask))
+    text = str(caught.value)
+    assert "called from an installed package: the call is in the installed package fakelib (not your code), in " \
+           "embed() at models.py:" in text, text
+    assert "types.MethodType(fixed, module)" in text and "BatchNorm" not in text
+    eager = model(x, mask)
+
+    def fixed(self, mask):  # the sizes from the mask's shape (Python ints): every position valid
+        B, H, W = mask.shape
+        pos = torch.nn.functional.interpolate(self.pos, size=(H, W), mode="bilinear", align_corners=True)
+        return pos.expand(B, -1, -1, -1)
+
+    model.embed = types.MethodType(fixed, model)
+    got = parallelizer.trace(model, (x, mask)).exported.module()(x, mask)
+    torch.testing.assert_close(got, eager)
