@@ -139,9 +139,11 @@ class RehearsalReport:
                    "as small would match too; rehearse with the model's own loss (e.g. labels=) or inputs that give "
                    "outputs of order 1")
                 + ("" if self.matches() or not self.random else
-                   f"; the forward draws random numbers ({self.random}): sharded ranks draw other masks than one "
-                   "device, so such a model cannot match; rehearse it with dropout 0 (e.g. transformers' "
-                   "*dropout* config fields) to check the plan"))
+                   f"; the forward draws random numbers ({self.random}): ranks holding a shard of the batch draw "
+                   "their own masks / values (the same distribution, other numbers than one device), so such a "
+                   "model cannot match; to check the plan, rehearse it with dropout 0 (e.g. transformers' *dropout* "
+                   "config fields) and with other random tensors (randn_like noise, sampled timesteps) drawn in "
+                   "the loop and passed in as inputs"))
 
 
 def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
