@@ -48,3 +48,21 @@ class AliasOp(nn.Module):
 def alias_op(which: str):
     torch.manual_seed(0)
     return AliasOp(which), (torch.randn(6, 8, generator=torch.Generator().manual_seed(1)),)
+
+
+def data_role_plans(model: nn.Module, inputs: tuple, op: str):
+    """For the ddp and fsdp roles on dp=2: (role, plan, name of the one traced node whose op starts with
+    `aten.<op>.`, the activation all-gathers / all-to-alls its plan moves (parameters' gathers aside)); shared by
+    the unit tests of the alias-op and reduction / dropout rules."""
+    import contextlib
+    import io
+
+    import parallelizer
+    traced = parallelizer.trace(model, inputs)
+    (name,) = [n for n, info in traced.nodes.items() if info.op_name.startswith(f"aten.{op}.")]
+    for role in ("ddp", "fsdp"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})
+        moved = [(e.src, e.dst, s.kind) for e, s in plan.steps() if e.dst != "output"
+                 and s.kind in ("all_gather", "all_to_all") and not e.src.startswith("p_")]
+        yield role, plan, name, moved

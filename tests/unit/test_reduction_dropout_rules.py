@@ -4,20 +4,18 @@ ran replicated with its input gathered over the data axis): on a batch-sharded a
 keep the batch sharded (sum_to_size over the batch: Partial), and the feature dropouts, which draw one mask entry
 per (sample, channel) (`torch.nn.functional.dropout2d`), are never sharded along a dim that one entry spans: a
 shard of the spatial dims would draw its own mask for the same channel (`rewriter.localize.seeded_per_shard`)."""
-import contextlib
-import io
 import os
 import sys
 
 import pytest
 import torch
 
-import parallelizer
 from parallelizer.core.layout import Layout, Partial, Shard
 from parallelizer.planner.rules.table import rule_for
 from parallelizer.planner.rules.base import OpView
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
+from alias_op_models import data_role_plans  # noqa: E402
 from reduction_dropout_models import OP, WHICH, reduction_dropout  # noqa: E402
 
 aten = torch.ops.aten
@@ -25,20 +23,12 @@ aten = torch.ops.aten
 
 @pytest.mark.parametrize("which", WHICH)
 def test_ops_keep_the_batch_sharded_under_data_roles(which):
-    model, inputs = reduction_dropout(which)
-    traced = parallelizer.trace(model, inputs)
-    op = f"aten.{OP.get(which, which)}."
-    (name,) = [n for n, info in traced.nodes.items() if info.op_name.startswith(op)]
-    for role in ("ddp", "fsdp"):
-        with contextlib.redirect_stdout(io.StringIO()):
-            plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})
+    for role, plan, name, moved in data_role_plans(*reduction_dropout(which), OP.get(which, which)):
         assert not [f for f in plan.fallbacks if f.node == name], (which, role, plan.fallbacks)
         (used,) = Layout.parse(plan.nodes[name].inputs[0]).placements
         assert used == Shard(0), (which, role, plan.nodes[name].strategy)
         (out,) = Layout.parse(plan.nodes[name].output).placements
         assert out == (Partial("sum") if which == "sum_to_size_batch" else Shard(0)), (which, role, str(out))
-        moved = [(e.src, e.dst, s.kind) for e, s in plan.steps() if e.dst != "output"
-                 and s.kind in ("all_gather", "all_to_all") and not e.src.startswith("p_")]
         assert not moved, (which, role, moved)
 
 
