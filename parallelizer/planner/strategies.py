@@ -379,6 +379,8 @@ def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
     merged / standardised / parametrized weight (numbers right, activations all_to_all'd over the data axis)."""
     derived: dict[torch.fx.Node, tuple[int, ...]] = {}  # parameter-derived values (parameters included) -> dims
     static: set[torch.fx.Node] = set()  # values that read no user input: parameters, buffers, constants, and ops on them
+    # (not tensor factories: a value made per sample by `zeros(x.shape[0], d)`, whose traced shape is the batch's,
+    # fed to a Linear (DAB-DETR's queries) is batch-shardable; holding it whole made that ddp plan infeasible)
     found: dict[str, tuple[int, ...]] = {}
     for node in tg.graph_module.graph.nodes:
         info = tg.nodes.get(node.name)
@@ -397,8 +399,8 @@ def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
         ins = node.all_input_nodes
         source = alias_source(node)
         copies = getattr(node.target, "overloadpacket", None) in _PARAMETER_COPIES and node.args and node.args[0] in derived
-        if all(a in static for a in ins):
-            static.add(node)
+        if ins and all(a in static for a in ins):  # a factory (zeros(B, d), ones, arange) is not: its shape
+            static.add(node)                       # may be the batch's, as `anchor(torch.zeros(x.shape[0], d))`
         from_params = {a: derived[a] for a in ins if a in derived}
         if source in derived or copies:
             dims = _sliced_dims(val) if isinstance(val, torch.Tensor) else ()  # a tuple: its getitems carry the tensors

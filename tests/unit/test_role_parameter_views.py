@@ -104,7 +104,9 @@ def test_a_weight_computed_from_parameters_alone_stays_whole_over_a_data_axis(ho
 class _Cls(nn.Module):
     """A class token made per sample from a parameter (repeat, expand + contiguous, times a (B, 1, 1) ones, a
     scaled expand) and concatenated to the batch-sharded tokens: its batch dim repeats the whole parameter, so
-    it may be sliced over the data axis (no gather of the tokens)."""
+    it may be sliced over the data axis (no gather of the tokens). "zeros_linear": a Linear over zeros made per
+    sample (DAB-DETR's queries, `anchor(torch.zeros(x.shape[0], d))`): round 20's merge found it held whole, which
+    made a ddp plan of such a model infeasible (tests/distributed/test_trial_findings.py)."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -117,11 +119,12 @@ class _Cls(nn.Module):
         c = {"repeat": lambda: self.cls.repeat(b, 1, 1),
              "expand_contiguous": lambda: self.cls.expand(b, -1, -1).contiguous(),
              "ones": lambda: self.cls * torch.ones(b, 1, 1),
-             "scaled_expand": lambda: (self.cls * 2.0).expand(b, -1, -1)}[self.how]()
+             "scaled_expand": lambda: (self.cls * 2.0).expand(b, -1, -1),
+             "zeros_linear": lambda: self.l(torch.zeros(b, 1, 8))}[self.how]()
         return self.o(torch.cat([c, h], 1) + self.pos).sum(1)
 
 
-@pytest.mark.parametrize("how", ["repeat", "expand_contiguous", "ones", "scaled_expand"])
+@pytest.mark.parametrize("how", ["repeat", "expand_contiguous", "ones", "scaled_expand", "zeros_linear"])
 def test_a_per_sample_copy_of_a_parameter_keeps_the_batch_sharded(how):
     traced = parallelizer.trace(_Cls(how), (torch.randn(6, 4, 8, generator=torch.Generator().manual_seed(0)),))
     params = {p for info in traced.parameters.values() for p in info.placeholders}
