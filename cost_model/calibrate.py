@@ -49,7 +49,7 @@ profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-co
 jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section). Each
 calibration also predicts that difference from inside itself (round 19): ``measurements`` records, per device
 quantity (``<key>_split_half``) and per collective kind and size (``collective_split_half``), the split-half
-difference of its rounds (:func:`cost_model.measure.split_half_difference`), and their median
+difference of its rounds (:func:`cost_model.rounds.split_half_difference`), and their median
 (``split_half_median``, :func:`predicted_drift`); a second calibration of the same machine state differs by about
 that / sqrt(2). The measuring processes pin glibc's malloc thresholds (:func:`cost_model.measure.pin_allocator`),
 and the AdamW rate is the median over fresh processes (until round 19 one process's malloc state made it bimodal,
@@ -57,7 +57,7 @@ and the AdamW rate is the median over fresh processes (until round 19 one proces
 Round 20: two idle calibrations minutes apart moved whole blocks of measurements together (every x4 collective
 +12..+34%, most x2 ones -5..-49%, the matmul rate +19%), more than each run's rounds predicted (6%): a machine state
 lasting about one block. The collectives' rounds are therefore taken in ``COLLECTIVE_PASSES`` passes (3 x 7 rounds, fresh
-processes each), one before each of the other measurements, and pooled (:func:`cost_model.measure.pool_passes`);
+processes each), one before each of the other measurements, and pooled (:func:`cost_model.rounds.pool_passes`);
 ``measurements`` records per kind and size the pass-half difference (odd against even passes,
 ``collective_pass_half``) and its median (``pass_half_median``), the prediction that sees such states.
 
@@ -95,8 +95,9 @@ from tqdm import tqdm
 from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
 from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives,
-                                measure_contention, measure_optimizer, median_time_s, pool_passes, split_half_difference)
+                                measure_contention, measure_optimizer, median_time_s)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
+from cost_model.rounds import pool_passes, split_half_difference
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
 
@@ -116,7 +117,7 @@ CALIBRATED_KINDS = MEASURABLE_KINDS
 REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
 CALIBRATION_NUM_THREADS = 1
 # Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
-# calibration's other measurements, and pooled (:func:`cost_model.measure.pool_passes`: why). 21 rounds = 3 x 7.
+# calibration's other measurements, and pooled (:func:`cost_model.rounds.pool_passes`: why). 21 rounds = 3 x 7.
 COLLECTIVE_PASSES = 3
 
 
@@ -234,7 +235,7 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
     ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds; one fresh process per
     round, :func:`cost_model.measure.measure_optimizer`), and ``reference_step_s``, the forward + backward of
     :func:`cost_model.step_efficiency.reference_model` (the faster of two per round); and per quantity
-    ``<key>_split_half``, :func:`cost_model.measure.split_half_difference` of its rounds (what two calibrations
+    ``<key>_split_half``, :func:`cost_model.rounds.split_half_difference` of its rounds (what two calibrations
     are predicted to differ by, times sqrt(2)). Call inside :func:`calibration_threads`.
 
     Raises:
@@ -568,7 +569,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         collective_passes: passes over the collectives (each ``ceil(repeats / passes)`` rounds, and
             ``ceil(LARGE_REPEATS / passes)`` at 64 MiB and above, in fresh processes), one at the start and the others
             after each of the other measurements (device, pipeline actions, contention; the rest at the end), pooled
-            (:func:`cost_model.measure.pool_passes`); comm_overlap and sync are measured in the last pass.
+            (:func:`cost_model.rounds.pool_passes`); comm_overlap and sync are measured in the last pass.
 
     Raises:
         ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
@@ -665,7 +666,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
 
 
 def predicted_drift(measurements: Mapping) -> float | None:
-    """The median over every quantity that records one of its :func:`cost_model.measure.split_half_difference`
+    """The median over every quantity that records one of its :func:`cost_model.rounds.split_half_difference`
     (the device's ``*_split_half`` keys, ``collective_split_half``) in a profile's ``measurements``: the median
     |difference| a second calibration of the same machine state is predicted to show, times sqrt(2) (round 19;
     None in profiles written before it)."""
