@@ -17,7 +17,8 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
   the programs share the parameter and buffer shards;
 - submodules are mirrors of the model's modules (`runtime.mirror`: instances of their classes holding the
   local shards), so code that finds modules by type acts on them; a plain setting changed after build (a
-  Dropout's p) selects a program traced with it, as a mode does;
+  Dropout's p, or the root model's own: `pm.temperature = t`, held by the ParallelModule) selects a program
+  traced with it, as a mode does;
 - hooks: forward (pre-)hooks and backward hooks on the ParallelModule itself, tensor hooks on parameters,
   state-dict hooks all work; forward hooks of the model's submodules registered BEFORE tracing are part of
   the traced program; a forward hook registered on a submodule of the ParallelModule cannot run (the program
@@ -153,7 +154,13 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         """Add a mirror of every submodule of `model` (`runtime.mirror`; a module at two paths is one mirror
         at both, as in the model); returns each one's settings snapshot by name."""
         made: dict[int, torch.nn.Module] = {}
-        snapshots = {}
+        # the root's own settings (a Gumbel temperature, a loss weight) live on the ParallelModule itself, so that
+        # `pm.temperature = t` selects a program traced with it as a submodule's change does; before, it set an
+        # attribute nothing read and every step kept the traced value (round 21, r21b). Names the ParallelModule
+        # uses itself stay its own (and are not tracked).
+        root = {k: v for k, v in settings(model).items() if k not in _OWN_NAMES and not hasattr(type(self), k)}
+        self.__dict__.update(root)
+        snapshots = {"": dict(root)}
         for name, module in model.named_modules(remove_duplicate=False):
             if not name:
                 continue
@@ -492,7 +499,8 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
             if name in own:  # (a changed setting selects a program traced with it at the next forward)
                 own[name].training = module.training
                 for key, value in settings(module).items():
-                    if name and own[name].__dict__.get(key, value) is not value:
+                    tracked = name or key in self.__dict__["_settings"].get("", {})  # the root: its settings only
+                    if tracked and own[name].__dict__.get(key, value) is not value:
                         setattr(own[name], key, value)
 
     def apply(self, fn):
@@ -620,6 +628,11 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
                 local = self._registered(fqn)
                 local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
         return _IncompatibleKeys(missing, unexpected)
+
+
+_OWN_NAMES = frozenset({"traced", "spec", "rank", "grad_bucket_bytes", "coords", "programs", "groups"})
+"""Plain instance attributes of a ParallelModule: a root setting of the model with one of these names is not
+carried onto it (`ParallelModule._mirror`)."""
 
 
 def pickling_refused(kind: str) -> UnsupportedOpError:

@@ -158,9 +158,10 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
     """Run forward a second time (and a first, when `first`, the output of compare_with_eager's eager call,
     is None) and refuse, in training mode, outputs that differ (module docstring).
     `before`: `host_snapshot(model)` taken before export (which changes globals: `COUNT += 1`); restored on return.
-    `first_differs`: the exported program's output differed from the first eager call's. With host state changed
-    since `before`, that is the same defect seen one call earlier (a global counter read by a threshold,
-    `if COUNT > 1`, that export advanced from 0 to 1: both eager calls take the other branch).
+    `first_differs`: the exported program's output differed from the first eager call's AND export itself changed
+    host state (globals, generator objects: it restores module attributes): the same defect seen one call earlier
+    (a global counter read by a threshold, `if COUNT > 1`, that export advanced from 0 to 1: both eager calls take
+    the other branch). A state only the eager call changed (a bookkeeping attribute) does not count.
 
     Raises:
         TraceError: training mode, not `allow`, and the two calls' outputs differ beyond 10x the dtype's default
@@ -189,7 +190,7 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
         worst = _worst([(f"{i}{' ' + path if path else ''}", a, b) for i, (path, a, b) in enumerate(paired)
                         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)])
     changed = changed_host_state(before, after)
-    if worst is None and not (first_differs and changed):
+    if worst is None and not first_differs:
         return
     named = ("; ".join(changed[:_MAX_NAMED]) + (" ..." if len(changed) > _MAX_NAMED else "") if changed else
              "nothing the tracer could name (a value the call reads and changes elsewhere: the clock, time.time(); "

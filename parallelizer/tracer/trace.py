@@ -46,7 +46,7 @@ from .causal_hint import causal_mask_hint_as_given
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
-from .host_state import check_repeatable, host_snapshot, refuse_reseeding, seed_watch
+from .host_state import changed_host_state, check_repeatable, host_snapshot, refuse_reseeding, seed_watch
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast, draws_random
 from .export_errors import library_call_remedy, translate
@@ -107,12 +107,13 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         exported = _export(model, example_inputs, example_kwargs)
     refuse_reseeding(reseeds, any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function"),
                      model.training, notes, allow_frozen_host_random)
+    export_changed = changed_host_state(host_before, host_snapshot(model))  # globals, generator objects
     if stored:
         drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)
     with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
         eager, differs = compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
         check_repeatable(model, example_inputs, example_kwargs, notes, before=host_before, first=eager,
-                         first_differs=differs, allow=allow_frozen_host_random)  # host state frozen (`host_state`)
+                         first_differs=differs and bool(export_changed), allow=allow_frozen_host_random)  # host state frozen (`host_state`)
     gm = exported.graph_module
     try:
         lifted = exported.graph_signature.inputs_to_lifted_tensor_constants
