@@ -144,9 +144,6 @@ def _state_kept(model: torch.nn.Module):
     encoder) advanced it by one update per check call, so tracing changed the user's model (and the exported
     program, run second, read the written values: a false "differs from eager forward" warning)."""
     saved = {name: t.detach().clone() for name, t in state_tensors(model)}
-    # torch.Generator objects held by modules: export lifts them into the program, which draws from them as the
-    # model does; restored like torch's own generator (their advance made the two calls differ: a false warning)
-    held = [(g, g.get_state()) for m in model.modules() for g in vars(m).values() if isinstance(g, torch.Generator)]
     devices = sorted({t.device.index or 0 for t in [*model.parameters(), *model.buffers()] if t.device.type == "cuda"})
 
     def restore() -> None:
@@ -155,8 +152,6 @@ def _state_kept(model: torch.nn.Module):
                 if name in saved and t.shape == saved[name].shape:
                     t.copy_(saved[name])
         torch.set_rng_state(cpu_state)
-        for generator, state in held:
-            generator.set_state(state)
         for d, state in zip(devices, cuda_states):
             torch.cuda.set_rng_state(state, d)
     try:

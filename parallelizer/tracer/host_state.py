@@ -9,7 +9,8 @@ and of every parallel program repeats the first call's value while the model com
   global or closure counter): `tracer.watch.python_state_watch` only noted the attributes;
 - the clock (`time.time()`), or any other host value that a call changes.
 `torch.manual_seed` called inside forward leaves no op either: export drops it, so the program draws new
-masks at every step while the model reseeds (`seed_watch`).
+masks at every step while the model reseeds (`seed_watch`). A `torch.Generator` object passed to a draw
+(`generator=g`) is lifted as an opaque input no plan can feed (`refuse_generator_objects`).
 
 `check_repeatable` decides by running the model's forward twice eagerly from the same tensor state and torch
 generator state (its first call is `eager_check.compare_with_eager`'s): a forward that is a function of its
@@ -24,8 +25,8 @@ more than `eager_check.MAX_ELEMENTS` parameter elements. Host state is restored 
 the model's counters and generators where they were.
 
 A plain attribute changed between steps by the training loop (`pm.temperature = t`, Gumbel tau annealing) is not
-this module's business: the ParallelModule's mirrors snapshot their settings and trace again when one changes
-(`runtime.mirror.changed_settings`).
+this module's business: the ParallelModule holds the root's settings and its mirrors the submodules', snapshots
+them, and traces again when one changes (`runtime.mirror.changed_settings`).
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def changed_host_state(before: dict[str, tuple], after: dict[str, tuple]) -> lis
     changed = []
     for key, (kind, target, value) in after.items():
         old = before.get(key)
-        if old is None or _same(old[2], value) or isinstance(target, torch.Generator):
+        if old is None or _same(old[2], value):
             continue
         changed.append(f"{key}: {old[2]!r} -> {value!r}" if kind == "plain" else
                        f"{key} ({type(target).__module__}.{type(target).__qualname__}) advanced")
@@ -174,9 +175,6 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
             if first is None:
                 first = model(*_fresh(args), **_fresh(kwargs))
         after = host_snapshot(model)
-        for kind, target, value in before.values():  # torch.Generator objects are lifted into the program, which
-            if isinstance(target, torch.Generator):   # draws from them at each step as the model does: not frozen
-                _set_state(target, value)
         with _state_kept(model):
             second = model(*_fresh(args), **_fresh(kwargs))
     except Exception:  # noqa: BLE001 - compare_with_eager reports an eager call that raises
@@ -258,3 +256,28 @@ def refuse_reseeding(calls: list[tuple[str, str | None]], draws: bool, training:
                          f"{HOST_RNG_OPT_IN}=True", detail=detail)
     notes.append(detail)
     warnings.warn(detail, stacklevel=3)
+
+
+def refuse_generator_objects(exported, model: torch.nn.Module) -> None:
+    """TraceError for a `torch.Generator` object passed to a draw in forward (`torch.randn(..., generator=g)`):
+    export lifts it as a custom-object input of the program (InputKind.CUSTOM_OBJ), which no plan can shard or
+    feed (the planner stopped on it with a bare StopIteration: round 21, r21b). Names the draws that use it and
+    the module attribute holding it, with the remedies."""
+    from torch.export.graph_signature import InputKind
+
+    lifted = {spec.arg.name: spec.target for spec in exported.graph_signature.input_specs
+              if spec.kind == InputKind.CUSTOM_OBJ and "Generator" in getattr(spec.arg, "class_fqn", "")}
+    if not lifted:
+        return
+    held = [f"{name + '.' if name else ''}{key}" for name, mod in model.named_modules()  # export lifts a copy:
+            for key, g in vars(mod).items() if isinstance(g, torch.Generator)][:_MAX_NAMED]  # named by type
+    nodes = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder" and n.name in lifted]
+    draws = [user.format_node() for n in nodes for user in n.users][:_MAX_NAMED]
+    raise TraceError(
+        "a torch.Generator object passed to a random draw in forward (generator=...)" +
+        (f" (the model holds one as model.{', model.'.join(held)})" if held else ""), None,
+        "draw from torch's default generator instead (seed it once in the training loop with torch.manual_seed: the "
+        "program then draws anew at every step, each rank its shard of one device's draw), or draw the noise "
+        "outside forward with your generator and pass it as an input",
+        detail="torch.export lifts the generator as an opaque input of the program, which no plan can shard or "
+               f"feed; draws using it: {'; '.join(draws)}")

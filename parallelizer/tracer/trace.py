@@ -46,7 +46,8 @@ from .causal_hint import causal_mask_hint_as_given
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
-from .host_state import changed_host_state, check_repeatable, host_snapshot, refuse_reseeding, seed_watch
+from .host_state import (changed_host_state, check_repeatable, host_snapshot, refuse_generator_objects,
+                         refuse_reseeding, seed_watch)
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast, draws_random
 from .export_errors import library_call_remedy, translate
@@ -105,6 +106,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
             overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds):
         exported = _export(model, example_inputs, example_kwargs)
+    refuse_generator_objects(exported, model)
     refuse_reseeding(reseeds, any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function"),
                      model.training, notes, allow_frozen_host_random)
     export_changed = changed_host_state(host_before, host_snapshot(model))  # globals, generator objects

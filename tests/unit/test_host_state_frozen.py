@@ -12,8 +12,8 @@ other numbers than one device without an error (figures: benchmarks/RESULTS.md, 
 Each is now a TraceError in training mode naming the state and the remedies; `allow_frozen_host_random=True`
 traces with a note, as in eval mode. Host values that do not change between calls (config reads, shapes,
 `os.environ`, a generator seeded inside forward, a counter forward never reads) still trace without an error,
-and so does a `torch.Generator` held by the module (the program draws from it at every step, as the model does).
-Tracing leaves the counters and generators as they were. Every refusal test fails on main 5d40a3e.
+A `torch.Generator` object passed to a draw (`generator=g`) stopped the planner with a bare StopIteration (export
+lifts it as an opaque input): now a TraceError naming it. Tracing leaves the counters and generators as they were. Every refusal test fails on main 5d40a3e.
 """
 import os
 import random
@@ -180,20 +180,18 @@ def test_torch_manual_seed_in_a_training_forward_that_draws_is_refused():
 
 class Constant(_Base):
     """Host values that do not change between calls: a config field, a shape, an environment variable, a
-    generator seeded in forward, a counter forward never reads, a torch.Generator object (lifted into the program,
-    which draws from it per step as the model does)."""
+    generator seeded in forward, a counter forward never reads."""
 
     def __init__(self) -> None:
         super().__init__()
         self.config = type("Config", (), {"scale": 0.5})()
         self.calls = 0
-        self.gen = torch.Generator().manual_seed(0)
 
     def forward(self, x):
         self.calls += 1  # bookkeeping only
         scale = self.config.scale * x.shape[-1] / 8 * float(os.environ.get("R21B_SCALE", "1"))
         noise = torch.tensor(np.random.default_rng(3).random(x.shape), dtype=x.dtype)
-        return self.fc(x) * scale + noise + torch.randn(x.shape, generator=self.gen)
+        return self.fc(x) * scale + noise
 
 
 def test_host_values_constant_between_calls_trace_without_error():
@@ -242,3 +240,18 @@ def test_a_root_setting_changed_between_steps_is_traced_with_its_new_value():
         assert full.temperature == 0.25
         full.temperature = 0.5
     assert pm.temperature == 0.5
+
+
+class HeldTorchGenerator(_Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(0)
+
+    def forward(self, x):
+        return self.fc(x) + torch.randn(x.shape, generator=self.gen)
+
+
+def test_a_torch_generator_object_in_forward_is_a_trace_error_not_a_planner_stop():
+    """Before: trace passed and parallelizer.plan / auto_parallelize raised a bare StopIteration."""
+    with pytest.raises(TraceError, match=r"torch.Generator object .*model.gen\).*\n.*aten.randn.generator"):
+        parallelizer.trace(HeldTorchGenerator(), (torch.randn(4, 8),))
