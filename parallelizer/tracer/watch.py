@@ -72,18 +72,28 @@ def host_rng_watch(notes: list[str], model: torch.nn.Module | None = None, *, al
     (the config fields that switch them off, `_config_switches`; torch draws; the opt-in), unless `allow`
     (the `HOST_RNG_OPT_IN` keyword): then, as for a draw in eval mode (where the model draws and ignores it, e.g.
     WavLM's LayerDrop), it is noted and warned. A draw the wrappers cannot see (a function imported by name
-    before tracing, `from numpy.random import rand`) is judged by `model.training`."""
+    before tracing, `from numpy.random import rand`) is judged by `model.training`.
+
+    A draw made after forward seeded the generator with a fixed value (`random.seed(0)`, `np.random.seed(0)`)
+    gives the same values at every call, which is what the program repeats: noted, not refused (round 21, r21b:
+    it was refused; `host_state.check_repeatable` still refuses a forward whose two eager calls differ)."""
     import random
 
     np = sys.modules.get("numpy")
     sites: dict[tuple, dict] = {}
+    seeded = [False]  # forward seeded a global generator with a fixed value (draws after it repeat per call)
     names = {id(m): name for name, m in model.named_modules()} if model is not None else {}
     patched = [(random, name, getattr(random, name)) for name in _PYTHON_DRAWS]
     if np is not None:
         patched += [(np.random, name, getattr(np.random, name)) for name in _NUMPY_DRAWS if hasattr(np.random, name)]
     for module, name, fn in patched:
         setattr(module, name, _recording(fn, f"{'numpy.random' if module is not random else 'random'}.{name}", sites,
-                                         names))
+                                         names, seeded))
+    seeds = [(module, "seed", module.seed) for module in (random, np.random if np is not None else None)
+             if module is not None]
+    for module, name, fn in seeds:
+        setattr(module, name, _seeding(fn, seeded))
+    patched += seeds
     before = (random.getstate(), np.random.get_state() if np is not None else None)
     try:
         yield
@@ -108,7 +118,8 @@ def host_rng_watch(notes: list[str], model: torch.nn.Module | None = None, *, al
         return
     drawn = list(sites.values())
     texts = [_site_text(site) for site in drawn[:_MAX_SITES]]
-    training = _training_sites(drawn, model) if drawn else ([{}] if model is not None and model.training else [])
+    training = _training_sites(drawn, model) if drawn else (
+        [{}] if model is not None and model.training and not seeded[0] else [])
     if training and not allow:
         first = next((site for site in training if site), None)
         raise TraceError("random numbers drawn from numpy's or Python's generator in training mode, which tracing "
@@ -120,9 +131,20 @@ def host_rng_watch(notes: list[str], model: torch.nn.Module | None = None, *, al
 
 
 def _training_sites(drawn: list[dict], model: torch.nn.Module | None) -> list[dict]:
-    """The draw sites made by a module in training mode (a site without a module: the root's mode)."""
+    """The draw sites made by a module in training mode (a site without a module: the root's mode), except
+    those made after a fixed seed in forward (the same values at every call)."""
     root_training = model is not None and model.training
-    return [site for site in drawn if site["training"] or (site["training"] is None and root_training)]
+    return [site for site in drawn if not site.get("after_seed")
+            and (site["training"] or (site["training"] is None and root_training))]
+
+
+def _seeding(fn, seeded: list[bool]):
+    """`fn` (random.seed / numpy.random.seed) that records whether the seed is a fixed value (not None)."""
+    def seed(*args, **kwargs):
+        value = args[0] if args else kwargs.get("a", kwargs.get("seed"))
+        seeded[0] = value is not None
+        return fn(*args, **kwargs)
+    return seed
 
 
 def _refusal_remedy(model: torch.nn.Module | None, sites: dict) -> str:
@@ -147,13 +169,14 @@ def _refusal_detail(sites: dict) -> str:
                                        "function imported by name before tracing)"))
 
 
-def _recording(fn, name: str, sites: dict, names: dict):
-    """`fn` that records each distinct calling site (`_site`) outside this module."""
+def _recording(fn, name: str, sites: dict, names: dict, seeded: list[bool]):
+    """`fn` that records each distinct calling site (`_site`) outside this module, and whether it drew after a
+    fixed seed (`seeded[0]`)."""
     def draw(*args, **kwargs):
         frame = sys._getframe(1)
         key = (frame.f_code.co_filename, frame.f_lineno)
         if key not in sites and len(sites) < 4 * _MAX_SITES:
-            sites[key] = _site(name, frame, names)
+            sites[key] = {**_site(name, frame, names), "after_seed": seeded[0]}
         return fn(*args, **kwargs)
     return draw
 
