@@ -49,7 +49,8 @@ from .eager_check import compare_with_eager, eager_outcome
 from .host_state import (changed_host_state, check_repeatable, host_snapshot, refuse_generator_objects,
                          refuse_reseeding, seed_watch)
 from .normalize import normalize
-from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast, draws_random
+from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast
+from .node_facts import draws_random
 from .export_errors import library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
 from .export_facts import named_inputs
