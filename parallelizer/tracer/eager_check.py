@@ -38,15 +38,14 @@ _FACTOR = 10.0  # times torch.testing's default rtol / atol of the dtype: eager 
 def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: dict, notes: list[str]):
     """Run `model(*args, **kwargs)` and `exported.module()(*args, **kwargs)` once and warn when an output leaf
     differs (module docstring). Appends a note in every case but a match or a meta model. Never raises for a
-    mismatch: the user decides (rehearse shows the numbers); raises nothing of its own. Returns (the eager call's
-    output, whether the exported program's differs) when the two were compared, else (None, False)
-    (`host_state.check_repeatable` calls forward a second time)."""
+    mismatch: the user decides (rehearse shows the numbers); raises nothing of its own. Returns the eager call's
+    output when the two were compared, else None (`host_state.check_repeatable` calls forward a second time)."""
     if _on_meta(model, args, kwargs):  # nothing computes (the trace notes the meta device already)
-        return None, False
+        return None
     reason = _skip_reason(model, notes)
     if reason:
         notes.append(f"exported program not compared with eager forward: {reason}")
-        return None, False
+        return None
     try:
         with _state_kept(model) as restore:
             try:
@@ -56,18 +55,18 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
                     notes.append(SYNC_BATCHNORM_NOTE)
                 else:
                     _warn_eager_raises(exc, notes)
-                return None, False
+                return None
             restore()  # both calls start from the same state (a buffer forward writes, then reads)
             traced = exported.module()(*_fresh(args), **_fresh(kwargs))
     except Exception as exc:  # noqa: BLE001 - the comparison is advisory; the trace itself succeeded
         notes.append(f"exported program not compared with eager forward: a call raised {type(exc).__name__}: "
                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
-        return None, False
+        return None
     paired = pair_by_path(eager, traced)  # by key path: a ModelOutput rebuilt by export may order its fields
     if paired is None:                    # otherwise than eager's (`tracer.leaves`)
         notes.append(f"exported program not compared with eager forward: {len(leaves_by_path(eager))} output "
                      f"leaves eagerly, {len(leaves_by_path(traced))} exported, at other paths")
-        return None, False
+        return None
     pairs = [(f"{i}{' ' + path if path else ''}", a, b) for i, (path, a, b) in enumerate(paired)
              if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)]
     worst = _worst(pairs)
@@ -85,7 +84,7 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
                         "the same code path draws the same masks)"))
         notes.append(text)
         warnings.warn(text, stacklevel=3)
-    return eager, worst is not None
+    return eager
 
 
 SYNC_BATCHNORM_NOTE = (

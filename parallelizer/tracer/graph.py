@@ -19,9 +19,9 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ConstantInputError, InputMismatchError, PlanMismatchError, UnknownNodeError
 from .call_defaults import drop_passed_defaults
-from .node_facts import (AUTOCAST_DEVICES, COPIED_META, UNDECLARED_ALIASES, alias_source, ambient_autocast,  # noqa: F401
-                         as_real, carries_grad, draws_random, is_view, may_alias, meta_like, mutated_args,
-                         returns_written, written_through)  # (re-exported: their home was this module)
+from .node_facts import (AUTOCAST_DEVICES, COPIED_META, UNDECLARED_ALIASES, alias_source,  # noqa: F401 (re-exported:
+                         ambient_autocast, as_real, carries_grad, draws_random, is_view,  # their home was this module)
+                         may_alias, meta_like, mutated_args, returns_written, written_through)
 
 
 class Role(str, enum.Enum):

@@ -155,19 +155,16 @@ def restore_host_state(snapshot: dict[str, tuple]) -> None:
 
 
 def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str], *,
-                     before: dict[str, tuple], first=None, first_differs: bool = False, allow: bool = False) -> None:
+                     before: dict[str, tuple], first=None, allow: bool = False) -> None:
     """Run forward a second time (and a first, when `first`, the output of compare_with_eager's eager call,
-    is None) and refuse, in training mode, outputs that differ (module docstring).
-    `before`: `host_snapshot(model)` taken before export (which changes globals: `COUNT += 1`); restored on return.
-    `first_differs`: the exported program's output differed from the first eager call's AND export itself changed
-    host state (globals, generator objects: it restores module attributes): the same defect seen one call earlier
-    (a global counter read by a threshold, `if COUNT > 1`, that export advanced from 0 to 1: both eager calls take
-    the other branch). A state only the eager call changed (a bookkeeping attribute) does not count.
+    is None) and refuse, in training mode, outputs that differ (module docstring). `before`: `host_snapshot(model)`
+    of the state both the trace and the first call started from (`host_state_kept` restored it after export,
+    which advances globals and generator objects: a global counter read by `if CALLS > 1` was seen one call late);
+    restored on return.
 
     Raises:
         TraceError: training mode, not `allow`, and the two calls' outputs differ beyond 10x the dtype's default
-            tolerance (or the exported program's and the first call's, with host state changed); names the host
-            values that changed and the remedies."""
+            tolerance; names the host values the first call changed and the remedies."""
     if _on_meta(model, args, kwargs) or _too_large(model):
         return
     try:
@@ -187,18 +184,16 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
     else:
         worst = _worst([(f"{i}{' ' + path if path else ''}", a, b) for i, (path, a, b) in enumerate(paired)
                         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)])
-    changed = changed_host_state(before, after)
-    if worst is None and not first_differs:
+    if worst is None:
         return
+    changed = changed_host_state(before, after)
     named = ("; ".join(changed[:_MAX_NAMED]) + (" ..." if len(changed) > _MAX_NAMED else "") if changed else
              "nothing the tracer could name (a value the call reads and changes elsewhere: the clock, time.time(); "
              "a container held by a global; an unseeded generator made in forward)")
-    seen = ("the exported program and the model's first eager call on the same inputs differ, and the trace and "
-            "that call changed host state" if worst is None else
-            f"two eager calls of forward on the same inputs, parameters and torch generator state differ (output "
-            f"leaf {worst[0]} of shape {worst[2]}: max |first - second| = {worst[1]:.3g})")
-    detail = (f"{seen}: forward computes with host values that a call changes. The traced program keeps the values "
-              f"of the call it traced as constants and repeats them at every step. Changed: {named}")
+    detail = (f"two eager calls of forward on the same inputs, parameters and torch generator state differ (output "
+              f"leaf {worst[0]} of shape {worst[2]}: max |first - second| = {worst[1]:.3g}): forward computes with "
+              f"host values that a call changes. The traced program keeps the values of the call it traced as "
+              f"constants and repeats them at every step. Changed by one call: {named}")
     if model.training and not allow:
         raise TraceError("a forward that reads host state it changes (a counter, a generator object, the clock), "
                          "which tracing freezes into the graph as constants", None,
@@ -214,10 +209,22 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
 
 
 @contextlib.contextmanager
+def host_state_kept(model: torch.nn.Module):
+    """Yield `host_snapshot(model)` and write it back on exit: export runs forward once and restores the module
+    attributes it changed, but not globals, closure cells or generator objects (a global counter stayed advanced
+    after tracing, and the first eager call started from another state than the trace)."""
+    before = host_snapshot(model)
+    try:
+        yield before
+    finally:
+        restore_host_state(before)
+
+
+@contextlib.contextmanager
 def seed_watch(calls: list[tuple[str, str | None]]):
-    """Record where forward calls `torch.manual_seed` / `torch.random.manual_seed` / `torch.seed` /
-    `torch.set_rng_state` ((function, file:line of the user's frame or None)): export runs the call on the host and keeps no op, so the
-    program never reseeds (`refuse_reseeding`)."""
+    """Record in `calls` each call of `torch.manual_seed` / `torch.random.manual_seed` / `torch.seed` /
+    `torch.set_rng_state` in forward as (function, file:line of the user's frame or None): export runs the call
+    on the host and keeps no op, so the program never reseeds (`refuse_reseeding`)."""
     import traceback
 
     patched = [(owner, name, getattr(owner, name)) for owner in (torch, torch.random)
@@ -239,12 +246,14 @@ def seed_watch(calls: list[tuple[str, str | None]]):
             setattr(owner, name, fn)
 
 
-def refuse_reseeding(calls: list[tuple[str, str | None]], draws: bool, training: bool, notes: list[str], allow: bool) -> None:
+def refuse_reseeding(calls: list[tuple[str, str | None]], draws: bool, training: bool, notes: list[str],
+                     allow: bool) -> None:
     """TraceError (training mode, the graph draws random numbers, not `allow`) for a reseed inside forward
     (`seed_watch`): every step of the model draws the same masks, the program new ones. Else noted."""
     if not calls:
         return
-    sites = ", ".join(f"{name} at {where}" if where else name for name, where in sorted(set(calls), key=str)[:_MAX_NAMED])
+    sites = ", ".join(f"{name} at {where}" if where else name
+                      for name, where in sorted(set(calls), key=str)[:_MAX_NAMED])
     detail = (f"forward reseeds torch's generator ({sites}): torch.export runs the call while tracing and keeps no "
               "op of it, so the traced and the parallel program draw new random numbers at every step (dropout "
               "masks) while the model reseeds and draws the same ones per call")

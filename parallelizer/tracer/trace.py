@@ -46,8 +46,7 @@ from .causal_hint import causal_mask_hint_as_given
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
-from .host_state import (changed_host_state, check_repeatable, host_snapshot, refuse_generator_objects,
-                         refuse_reseeding, seed_watch)
+from .host_state import check_repeatable, host_state_kept, refuse_generator_objects, refuse_reseeding, seed_watch
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast
 from .node_facts import draws_random
@@ -101,22 +100,20 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
     reseeds: list[tuple[str, str | None]] = []
-    host_before = host_snapshot(model)  # export changes globals and generator objects (it restores attributes)
-    with cache_dropped(model, notes), _checkpoint_regions(notes), \
+    with host_state_kept(model) as host_before, cache_dropped(model, notes), _checkpoint_regions(notes), \
             host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
             overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds):
         exported = _export(model, example_inputs, example_kwargs)
     refuse_generator_objects(exported, model)
-    refuse_reseeding(reseeds, any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function"),
-                     model.training, notes, allow_frozen_host_random)
-    export_changed = changed_host_state(host_before, host_snapshot(model))  # globals, generator objects
+    draws = any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function")
+    refuse_reseeding(reseeds, draws, model.training, notes, allow_frozen_host_random)
     if stored:
         drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)
     with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
-        eager, differs = compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
+        eager = compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
         check_repeatable(model, example_inputs, example_kwargs, notes, before=host_before, first=eager,
-                         first_differs=differs and bool(export_changed), allow=allow_frozen_host_random)  # host state frozen (`host_state`)
+                         allow=allow_frozen_host_random)  # host state a call changes, frozen (`host_state`)
     gm = exported.graph_module
     try:
         lifted = exported.graph_signature.inputs_to_lifted_tensor_constants
