@@ -70,6 +70,13 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
             outcome.append(eager() if eager is not None else (None, None))
         return outcome[0]
 
+    cache_line = _cache_code_line(exc, model)
+    if cache_line is not None:
+        return TraceError(
+            f"the model's key/value cache code, which runs because its config says use_cache=True (the default of "
+            f"transformers' generative models): {cache_line[1]} `{cache_line[2]}` ({type(exc).__name__})",
+            cache_line[0], "pass use_cache=False (in the config, or as a forward keyword) for the traced run: a "
+            "training step does not read the cache", detail=first)
     mismatch = signature_mismatch(model, *inputs) if model is not None and isinstance(exc, TypeError) else None
     if mismatch:
         return TraceError(mismatch[0], None, mismatch[1], detail=first)
@@ -425,6 +432,23 @@ def _random_condition(exc: BaseException, lines: int = 6) -> str | None:
         text = linecache.getline(filename, at).strip()
         if _RANDOM_DRAW.search(text):
             return f"{os.path.basename(filename)}:{at}: {text}"
+    return None
+
+
+def _cache_code_line(exc: BaseException, model: torch.nn.Module | None) -> tuple[str, str, str] | None:
+    """(file:line, "file name:line", source) of the innermost frame of an installed package's code whose line
+    handles a cache (the word "cache" in it) when the export failure passed through it and the model's config
+    has `use_cache=True`, else None. Round 21 (r21e): Dory's default config copies its cache layers in forward
+    (`cache.layers += [copy.deepcopy(c) ...]`, modeling_dory.py), which export cannot follow ("Cannot access data
+    pointer of Tensor"), and the error named copy.py:153 and a remedy about paths taken under export, not
+    use_cache=False (rule 10: a default configuration works or the error names the option)."""
+    if getattr(getattr(model, "config", None), "use_cache", False) is not True:
+        return None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        where = f"{frame.filename}:{frame.lineno}"
+        site = _installed_site(where)
+        if site is not None and site[0] != "torch" and "cache" in (frame.line or "").lower():
+            return where, f"{site[1]}:{site[2]}", (frame.line or "").strip()
     return None
 
 
