@@ -129,6 +129,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         check_wrappers()
         check_initialisers()
         shard_origin.install_dcp_guard()
+        shard_origin.install_plain_load_guard()
 
     def __deepcopy__(self, memo: dict) -> "ParallelModule":
         """A ParallelModule with its own copies of this rank's parameter and buffer shards (ties kept) and of

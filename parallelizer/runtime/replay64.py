@@ -28,7 +28,9 @@ from .widen import as_float64, widening
 
 REPLAY_MATCH = ("; the same plan replayed in float64 (model, inputs and the dtypes its forward names widened; one "
                 "forward and backward) equals the float64 model within float64's bound (worst |diff| {:.2e}, {}, "
-                "{:.2g} of it): the float32 difference is rounding of another summation order, not a wrong term")
+                "{:.2g} of it): the float32 difference is rounding of another summation order, not a wrong term "
+                "(beyond the bound when a value within rounding of a kink, ReLU's 0 or a max / max-pool tie, lands on "
+                "the other side than one device's: that element's whole gradient is kept or dropped; round 21)")
 REPLAY_DIFFER = ("; the same plan replayed in float64 differs from the float64 model too (worst |diff| {:.2e}, {}, "
                  "{:.3g}x float64's bound): a wrong program, not rounding")
 REPLAY_NOT_RUN = "; the plan could not be replayed in float64 ({})"

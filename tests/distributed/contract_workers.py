@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import warnings
 
 import torch
@@ -269,6 +270,15 @@ def state_dict_contract(rank: int, world_size: int, spec) -> dict:
     out["unexpected"] = handle(lambda: pm.load_full_state_dict(extra))
     result = pm.load_full_state_dict(missing, strict=False)
     out["non_strict"] = (result.missing_keys, result.unexpected_keys)
+    # this rank's shards into the plain model (round 20 trial, defect 4): in process, and through torch.save
+    plain = zoo.llama(batch=4, seq_len=16, seed=1)[0]
+    out["plain_from_shards"] = handle(lambda: plain.load_state_dict(pm.state_dict()))
+    saved = io.BytesIO()
+    torch.save(pm.state_dict(), saved)
+    out["plain_from_saved_shards"] = handle(lambda: plain.load_state_dict(torch.load(io.BytesIO(saved.getvalue()))))
+    out["plain_other_mismatch"] = handle(lambda: plain.load_state_dict({**plain.state_dict(), name: torch.zeros(3)}))
+    out["plain_from_full"] = handle(lambda: plain.load_state_dict(pm.full_state_dict()))
+    out["plain_full_equal"] = all(torch.equal(plain.state_dict()[k], v) for k, v in model.state_dict().items())
 
     seen = {}
     pm.register_forward_hook(lambda mod, inp, output: seen.update(out=output.logits.detach().clone()))
