@@ -4,9 +4,9 @@ of ranks): 2x2 with ddp and with fsdp x tp roles and tp=4, over 12 op families (
 tied weights, casts, sdpa and matmul attention, layer / rms norms, ...) and both cost modes.
 
 Round 21 (r21a) cut it from 6 seeds to these 3 of them (make test's cost; benchmarks/RESULTS.md); left out: 7_000_001
-(2x2 tp; images), 7_000_006 (2x2 fsdp; features) and 7_000_012 (dp=4 fsdp). Their meshes and roles keep
-tests in `make test` (distributed/test_numerics.py plans dp / fsdp / tp / dp x tp on 2 and 4 ranks); the
-image and feature families are drawn by `make fuzz`."""
+(2x2 tp; images), 7_000_006 (2x2 fsdp; features) and 7_000_012 (dp=4 fsdp). dp=4 fsdp and 2x2 ddp x tp plans
+of 4 models are rehearsed in distributed/test_numerics.py, a 2x2 mesh with one axis's role left to the planner by
+7_000_002 here; the image and feature families are drawn by `make fuzz`."""
 import math
 import sys
 from pathlib import Path
