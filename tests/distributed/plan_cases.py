@@ -68,11 +68,21 @@ def case(model: str, kind: str, world_size: int):
     return builder, narrow, spec_from_plan(plan), plan
 
 
-def random_cost_plan(builder, mesh, roles, seed):
-    """A plan whose ILP costs are replaced by random ones (as `tests/fuzz/run_fuzz.py`), for unusual layouts."""
+@functools.cache
+def traced_of(builder):
+    """The trace of `builder()`'s model and inputs (a module-level function of no arguments), once per builder
+    in this process, as `wide_graph`: the planner only reads the graph, and a test file planning one model on
+    several meshes, roles or random costs traced it once per plan before (round 21: test_rule_coverage_run
+    traced its 10 models 34 times)."""
     model, inputs = builder()[:2]
     with contextlib.redirect_stdout(io.StringIO()):
-        traced, config = parallelizer.trace(model, inputs), PlanConfig(axis_roles=roles)
+        return parallelizer.trace(model, inputs)
+
+
+def random_cost_plan(builder, mesh, roles, seed):
+    """A plan whose ILP costs are replaced by random ones (as `tests/fuzz/run_fuzz.py`), for unusual layouts."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        traced, config = traced_of(builder), PlanConfig(axis_roles=roles)
         problem, pricer = build_problem(traced, parallelizer.core.MeshSpec(tuple(mesh), tuple(mesh.values())),
                                         config=config)
         rng = np.random.default_rng(seed)

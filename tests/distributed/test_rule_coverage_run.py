@@ -11,7 +11,7 @@ import pytest
 import parallelizer
 from coverage_models import BUILDERS, BUILDERS_R10, tracked_instance_norm
 from parallelizer.runtime.rehearsal import rehearse_many
-from plan_cases import random_cost_plan
+from plan_cases import random_cost_plan, traced_of
 
 pytestmark = pytest.mark.distributed
 PLANS = {"ddp": {"dp": "ddp"}, "fsdp": {"dp": "fsdp"}, "random": None}
@@ -20,9 +20,8 @@ PLANS = {"ddp": {"dp": "ddp"}, "fsdp": {"dp": "fsdp"}, "random": None}
 def _plan(builder, kind):
     if PLANS[kind] is None:
         return random_cost_plan(builder, {"tp": 2}, {}, 5)
-    model, inputs = builder()
     with contextlib.redirect_stdout(io.StringIO()):
-        return parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles=PLANS[kind])
+        return parallelizer.plan(traced_of(builder), {"dp": 2}, axis_roles=PLANS[kind])
 
 
 TRACKED = {"tracked_instance_norm": tracked_instance_norm}
@@ -71,10 +70,9 @@ def reports_r10():
     cases = [(name, kind) for name in sorted(BUILDERS_R10) for kind in MESHES_R10]
     plans = {}
     for name, kind in cases:
-        model, inputs = BUILDERS_R10[name]()
         mesh, roles = MESHES_R10[kind]
         with contextlib.redirect_stdout(io.StringIO()):
-            plans[(name, kind)] = parallelizer.plan(parallelizer.trace(model, inputs), mesh, axis_roles=roles)
+            plans[(name, kind)] = parallelizer.plan(traced_of(BUILDERS_R10[name]), mesh, axis_roles=roles)
     got = {}
     for size in (2, 4):  # one launch of ranks per world size
         group = [c for c in cases if (2 if len(MESHES_R10[c[1]][0]) == 1 else 4) == size]

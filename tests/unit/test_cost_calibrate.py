@@ -33,9 +33,14 @@ def test_fit_link_recovers_alpha_beta():
 def test_calibration_smoke_round_trip(tmp_path):
     # sizes of 64 KiB and more: the bandwidth term of the fit is measurable above the latency noise of a loaded
     # machine (with a 4 KiB message the fit once gave a negative inverse bandwidth)
+    # one collective pass (fresh processes per pass): the passes' order and pooling have their own tests
+    # (test_calibration_stability.py: test_calibrate_spreads_its_collective_passes_between_the_other_measurements,
+    # test_pool_passes_takes_the_median_of_the_pooled_rounds_and_the_pass_half_difference); here the real
+    # measurements round-trip
     path = tmp_path / "cpu.profile.json"
     profile = calibrate(nprocs=(2,), out_path=path, progress=False, message_sizes_bytes=(1 << 16, 1 << 20, 1 << 22),
-                        matmul_sizes=(128, 256), memory_numel=1 << 20, repeats=3, contention=False, device_rounds=1)
+                        matmul_sizes=(128, 256), memory_numel=1 << 20, repeats=3, contention=False, device_rounds=1,
+                        collective_passes=1)
     text = path.read_text()
     assert list(json.loads(text)) == sorted(json.loads(text))  # stable key order
     loaded = load_profile(path)
