@@ -31,7 +31,8 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
   recv) and per step beyond the stage's compute, on 2 processes (:mod:`cost_model.pipeline_actions`;
   ``DeviceSpec.pipeline_action``, priced per action by ``parallelizer.planner.simulate``).
 
-Fits per process count (one :class:`Link`):
+Fits per process count (one :class:`Link`; the fitting functions live in :mod:`cost_model.link_fit` since round 21,
+re-exported here):
 
 * ``Link.size_fits``: per measured kind, a piecewise alpha-beta fit through the medians (made
   non-decreasing in size first, by a suffix minimum: :func:`fit_size_segments`): between consecutive measured sizes s_i < s_{i+1} the segment is the line
@@ -80,20 +81,19 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
+from cost_model.communication import flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
+from cost_model.link_fit import (_MIN_INV_BANDWIDTH, REUSED_KIND_FITS, _fit_alpha_beta,  # noqa: F401 (re-exported)
+                                 fit_collective_cpu, fit_link, fit_size_segments)
 from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives,
                                 measure_contention, measure_optimizer, median_time_s)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
@@ -113,8 +113,6 @@ QUICK_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 2
 DEFAULT_MATMUL_SIZES = (512, 1024, 2048)
 DEVICE_ROUNDS = 5  # interleaved rounds of the device measurements (module docstring)
 CALIBRATED_KINDS = MEASURABLE_KINDS
-# A kind that is not measured borrows the fits of its mirror (same ring steps and bytes factor).
-REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
 CALIBRATION_NUM_THREADS = 1
 # Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
 # calibration's other measurements, and pooled (:func:`cost_model.rounds.pool_passes`: why). 21 rounds = 3 x 7.
@@ -260,128 +258,6 @@ def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_nu
     return out
 
 
-def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
-    """``(alpha_s, beta_bytes_per_s)`` minimising relative error of ``steps*alpha + factor*nbytes/beta``."""
-    rows = np.array([[alpha_beta_coefficients(kind, n)[0], alpha_beta_coefficients(kind, n)[1] * nbytes]
-                     for kind, n, nbytes, _ in samples], dtype=float)
-    seconds = np.array([s for *_, s in samples], dtype=float)
-    weighted = rows / seconds[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(weighted, np.ones(len(samples)), rcond=None)
-    if alpha < 0:  # refit bandwidth only
-        alpha = 0.0
-        inv_beta = float(np.linalg.lstsq(weighted[:, 1:], np.ones(len(samples)), rcond=None)[0][0])
-    if inv_beta <= 0:
-        raise ValueError(f"{what}: fitted a non-positive inverse bandwidth {inv_beta}: measurements are too "
-                         "noisy; use larger message sizes or more repeats")
-    return float(alpha), float(1 / inv_beta)
-
-
-def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted", per_kind: bool = False,
-             size_fits: bool = False) -> Link:
-    """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
-
-    The samples are first reduced to one median per (kind, process count, size), made non-decreasing in size
-    per kind by a suffix minimum, as `fit_size_segments` does (on a shared machine noise only slows a sample
-    down: under load 8-15 the raw repeats of 64 KiB - 4 MiB messages once fitted a negative inverse bandwidth).
-    Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
-    The link's own alpha/beta are the joint fit over all samples.
-
-    Args:
-        per_kind: also fit each kind separately (same coefficients, so in the factor space
-            :func:`cost_model.collective_time_s` prices it) and store the fits as ``Link.per_kind``
-            overrides; a kind of :data:`REUSED_KIND_FITS` that was not measured (reduce_scatter) gets a copy
-            of its mirror's fit (all_gather). A kind needs samples at >= 2 message sizes.
-        size_fits: also fit each kind piecewise (:func:`fit_size_segments`, one process count per kind) into
-            ``Link.size_fits``; an unmeasured kind of :data:`REUSED_KIND_FITS` borrows its mirror's segments.
-
-    Raises:
-        ValueError: fewer than 2 samples (per kind with ``per_kind``), or the joint fit gives no positive
-            bandwidth (a per-kind fit that does is dropped with a warning: the joint fit prices that kind).
-    """
-    if len(samples) < 2:
-        raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
-    samples = _non_decreasing_medians(samples)
-    alpha, beta = _fit_alpha_beta(samples, f"link {name!r}")
-    overrides: dict[str, tuple[float, float]] = {}
-    if per_kind:
-        kinds = sorted({kind for kind, *_ in samples})
-        for kind in kinds:
-            kind_samples = [s for s in samples if s[0] == kind]
-            if len({(n, nbytes) for _, n, nbytes, _ in kind_samples}) < 2:
-                raise ValueError(f"fit_link(per_kind=True): kind {kind!r} has samples at "
-                                 f"{len(kind_samples)} size(s); measure >= 2 message sizes per kind")
-            try:
-                overrides[kind] = _fit_alpha_beta(kind_samples, f"link {name!r} kind {kind!r}")
-            except ValueError as err:  # too noisy for a fit of its own: the joint fit prices this kind
-                warnings.warn(f"{err}; kind {kind!r} is priced with the joint fit of link {name!r}", stacklevel=2)
-        for kind, mirror in REUSED_KIND_FITS.items():
-            if kind not in overrides and mirror in overrides:
-                overrides[kind] = overrides[mirror]
-    segments: dict[str, tuple[tuple[float, float, float], ...]] = {}
-    if size_fits:
-        for kind in sorted({kind for kind, *_ in samples}):
-            segments[kind] = fit_size_segments([(n, b, t) for k, n, b, t in samples if k == kind], kind)
-        for kind, mirror in REUSED_KIND_FITS.items():
-            if kind not in segments and mirror in segments:
-                segments[kind] = segments[mirror]
-    return Link(name=name, latency_s=alpha, bandwidth_bytes_per_s=beta, per_kind=overrides, size_fits=segments)
-
-
-_MIN_INV_BANDWIDTH = 1e-15  # s/B: a flat segment (same median at two sizes) prices its bytes at 1 PB/s
-
-
-def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> tuple[tuple[float, float, float], ...]:
-    """Piecewise alpha-beta segments ``(upper_nbytes, latency_s, bandwidth_bytes_per_s)`` of one kind (module
-    docstring) from ``(num_ranks, nbytes, seconds)`` samples at >= 2 sizes, one process count.
-
-    Medians are first made non-decreasing in size by a suffix minimum (``t_i = min_{j >= i} t_j``: a smaller
-    message never costs more than a larger one; on a shared machine noise only slows a sample down, so an
-    inversion is taken as noise on the smaller size), then
-    each pair of consecutive sizes s_i < s_{i+1} gives the line ``steps * alpha + factor * nbytes / beta``
-    through both (``alpha_beta_coefficients(kind, num_ranks)``); alpha < 0 is clamped to 0 and the slope
-    refitted through the upper point. Segment i covers sizes up to s_{i+1}.
-
-    Raises:
-        ValueError: fewer than 2 distinct sizes, several process counts, or a non-positive time.
-    """
-    ranks = {n for n, _, _ in samples}
-    by_size: dict[int, list[float]] = {}
-    for _, nbytes, seconds in samples:
-        by_size.setdefault(nbytes, []).append(seconds)
-    if len(ranks) != 1 or len(by_size) < 2 or any(t <= 0 for _, _, t in samples):
-        raise ValueError(f"fit_size_segments({kind!r}): needs samples of one process count (got {sorted(ranks)}) at "
-                         f">= 2 message sizes (got {sorted(by_size)}) with positive times; measure more sizes")
-    steps, factor = alpha_beta_coefficients(kind, ranks.pop())
-    sizes, times = _suffix_min_medians(by_size)
-    segments = []
-    for (s0, t0), (s1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
-        inv_beta = max((t1 - t0) / (factor * (s1 - s0)), _MIN_INV_BANDWIDTH)
-        alpha = (t0 - factor * s0 * inv_beta) / steps
-        if alpha < 0:
-            alpha, inv_beta = 0.0, t1 / (factor * s1)
-        segments.append((float(s1), float(alpha), float(1 / inv_beta)))
-    return tuple(segments)
-
-
-def _suffix_min_medians(by_size: Mapping[int, Sequence[float]]) -> tuple[list[int], list[float]]:
-    """(sizes ascending, their median seconds made non-decreasing: t_i = min over sizes >= s_i)."""
-    sizes = sorted(by_size)
-    medians = [statistics.median(by_size[b]) for b in sizes]
-    return sizes, [float(t) for t in np.minimum.accumulate(medians[::-1])[::-1]]
-
-
-def _non_decreasing_medians(samples: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
-    """``(kind, num_ranks, nbytes, seconds)`` samples reduced to one median per (kind, num_ranks, nbytes), made
-    non-decreasing in nbytes per (kind, num_ranks) (`_suffix_min_medians`)."""
-    groups: dict[tuple[str, int], dict[int, list[float]]] = {}
-    for kind, n, nbytes, seconds in samples:
-        groups.setdefault((kind, n), {}).setdefault(nbytes, []).append(seconds)
-    out = []
-    for (kind, n), by_size in sorted(groups.items()):
-        out += [(kind, n, b, t) for b, t in zip(*_suffix_min_medians(by_size))]
-    return out
-
-
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
     """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
     memory and optimizer bytes/s, step efficiency, pipeline action costs, and for each process count both calibrated, the contention factors, the
@@ -520,29 +396,6 @@ def load_profile(path: str | os.PathLike) -> Profile:
                          "re-run `python -m cost_model.calibrate -o PATH`") from exc
     return Profile(device=device, links=links, contention=contention, comm_overlap=overlap,
                    cpu_count=data.get("cpu_count"), collective_sync=sync, collective_cpu=cpu)
-
-
-def fit_collective_cpu(cpu_by_size: Mapping[int, float]) -> tuple[float, float]:
-    """``(seconds per call, seconds per byte)`` of one collective kind's process CPU per call from its medians
-    by message size (bytes, nccl-tests convention -> CPU seconds): least squares of ``cpu = a + b * nbytes``,
-    each size weighted by 1 / cpu^2 (relative error, so the 4 KiB calls are not drowned by the 64 MiB ones), both
-    clamped at >= 0. One size: ``(cpu, 0)``.
-
-    Raises:
-        ValueError: no sizes, or a negative / non-finite CPU time.
-    """
-    pts = sorted(cpu_by_size.items())
-    if not pts or any(not (math.isfinite(c) and c >= 0) for _, c in pts):
-        raise ValueError(f"fit_collective_cpu: need >= 1 size with CPU seconds >= 0, got {dict(pts)}")
-    if len(pts) == 1:
-        return float(pts[0][1]), 0.0
-    w = [1.0 / max(c, 1e-9) ** 2 for _, c in pts]
-    sw = sum(w)
-    mx = sum(wi * n for wi, (n, _) in zip(w, pts)) / sw
-    my = sum(wi * c for wi, (_, c) in zip(w, pts)) / sw
-    var = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, pts))
-    b = max(0.0, sum(wi * (n - mx) * (c - my) for wi, (n, c) in zip(w, pts)) / var) if var else 0.0
-    return max(0.0, my - b * mx), b
 
 
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
