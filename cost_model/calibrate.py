@@ -455,7 +455,7 @@ def predicted_pass_drift(measurements: Mapping) -> float | None:
     values = [float(h) for by_kind in measurements.get("collective_pass_half", {}).values()
               for by_size in by_kind.values() for h in by_size.values()]
     for key in ("device_pass_half", "pipeline_action_pass_half", "contention_pass_half"):
-        values += [float(h) for h in measurements.get(key, {}).values()]
+        values += [float(h) for h in measurements.get(key, {}).values() if h is not None]  # None: one pass measured it
     return statistics.median(values) if values else None
 
 

@@ -128,7 +128,8 @@ def deviating_passes(references: Sequence[float], tolerance: float = PASS_REFERE
 def pool_rounds(per_pass: Sequence[Mapping[str, Sequence[float]]], drop: Collection[int] = ()) -> dict:
     """Per key, the rounds of every pass not in ``drop`` pooled in time order (round 21: the device quantities,
     the contention factors): ``{"median": {key: median of the pool}, "split_half": {key: split-half of the pool},
-    "pass_half": {key: pass-half over the kept passes that measured the key}, "samples": {key: pool},
+    "pass_half": {key: pass-half over the kept passes that measured the key, None if fewer than 2 did (no
+    prediction: 0 would read as perfect agreement)}, "samples": {key: pool},
     "kept": {key: pass indices pooled}}``. A key that only dropped passes measured keeps those passes' rounds (there is
     nothing else to price it by): ``kept`` names them, and :func:`cost_model.passes.pool_all` warns.
 
@@ -145,5 +146,5 @@ def pool_rounds(per_pass: Sequence[Mapping[str, Sequence[float]]], drop: Collect
         out["samples"][key], out["kept"][key] = pooled, kept
         out["median"][key] = statistics.median(pooled)
         out["split_half"][key] = split_half_difference(pooled)
-        out["pass_half"][key] = pass_half_difference(chunks)
+        out["pass_half"][key] = pass_half_difference(chunks) if len(chunks) > 1 else None
     return out

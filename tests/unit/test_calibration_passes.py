@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 from cost_model import passes as passes_mod
+from cost_model.calibrate import predicted_pass_drift
 from cost_model.passes import pool_all, share, steal_fraction
 from cost_model.rounds import deviating_passes, pool_rounds
 
@@ -36,15 +37,19 @@ def test_a_pass_whose_reference_is_off_the_median_by_more_than_the_tolerance_is_
 
 def test_pool_rounds_leaves_out_dropped_passes_unless_only_they_measured_a_quantity():
     """Passes 1, 1, 1 / 2, 2, 2 / 1, 1, 1: all pooled, median 1 and pass-half |1 - 2| / 1 = 1 (as pool_passes);
-    pass 2 dropped, median 1 and pass-half 0 over six 1s. A key only the dropped pass measured keeps its rounds."""
+    pass 2 dropped, median 1 and pass-half 0 over six 1s. A key only the dropped pass measured keeps its rounds, and
+    has no pass-half (None); predicted_pass_drift leaves such keys out of its median."""
     per = [{"a": [1.0] * 3}, {"a": [2.0] * 3, "b": [5.0, 7.0]}, {"a": [1.0] * 3}]
     whole = pool_rounds(per)
     assert whole["median"]["a"] == 1.0 and whole["pass_half"]["a"] == pytest.approx(1.0)
     got = pool_rounds(per, drop=(1,))
     assert got["samples"]["a"] == [1.0] * 6 and got["median"]["a"] == 1.0 and got["pass_half"]["a"] == 0.0
     assert got["kept"] == {"a": [0, 2], "b": [1]} and got["median"]["b"] == 6.0
-    # the split-half of the pool in round order: rounds 1, 3, 5 -> 5, 1, 1; 2, 4 -> 7, 1 ... here over b: |5 - 7| / 6
+    assert got["pass_half"]["b"] is None  # one pass measured it: no pass-half prediction (0 would read as agreement)
+    # the split-half of b's rounds in order (5, 7): odd rounds 5, even rounds 7, over the median 6
     assert got["split_half"]["b"] == pytest.approx(2 / 6)
+    assert predicted_pass_drift({"device_pass_half": {"x": None, "y": 0.3}, "contention_pass_half": {"z": 0.1},
+                                 "collective_pass_half": {"2": {"all_reduce": {"4096": 0.2}}}}) == pytest.approx(0.2)
 
 
 def _record(ref: float, scale: float, rng: random.Random, rounds: int = 7, sigma: float = 0.1) -> dict:
