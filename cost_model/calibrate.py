@@ -124,6 +124,7 @@ PIPELINE_STEPS = 10  # timed steps of the pipeline action measurement (cost_mode
 CONTENTION_ROUNDS = 9  # windows per contention kernel (cost_model.measure.measure_contention), over the passes
 # Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
 # calibration's other measurements, and pooled (:func:`cost_model.rounds.pool_passes`: why). 21 rounds = 3 x 7.
+# Round 21 (r21c): every measurement is shared over these passes (cost_model.passes).
 COLLECTIVE_PASSES = 3
 
 
