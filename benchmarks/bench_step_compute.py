@@ -2,7 +2,7 @@
 load of other jobs (diagnostic for `benchmarks/bench_steptime.py`).
 
 For each model of `bench_steptime.MODELS`, one process with one thread alternates, `ROUNDS` rounds: the
-calibration's matmul kernel (`cost_model.calibrate._measure_matmul_flops_per_s`, squares 512-2048), its
+calibration's matmul kernel (`cost_model.device_rounds._measure_matmul_flops_per_s`, squares 512-2048), its
 memory kernel (`_measure_memory_bytes_per_s`, STREAM add), its launch overhead and one forward + backward of the model at a dp=2
 rank's batch (half the global batch). The step is then priced (`estimate_step_time` of the ddp plan on dp=2:
 its forward + backward compute, which is one rank's half batch) on a device whose FLOP/s, bytes/s and launch are
@@ -25,8 +25,8 @@ import torch
 import parallelizer
 from benchmarks._steptime_workers import build
 from benchmarks.bench_steptime import MODELS
-from cost_model.calibrate import (DEFAULT_MATMUL_SIZES, _measure_launch_overhead_s, _measure_matmul_flops_per_s,
-                                  _measure_memory_bytes_per_s, calibration_threads)
+from cost_model.device_rounds import (DEFAULT_MATMUL_SIZES, _measure_launch_overhead_s, _measure_matmul_flops_per_s,
+                                     _measure_memory_bytes_per_s, calibration_threads)
 from cost_model.hardware import DeviceSpec
 from cost_model.topology import Cluster, Link
 from parallelizer.planner.steptime import estimate_step_time

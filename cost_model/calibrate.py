@@ -31,7 +31,8 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
   recv) and per step beyond the stage's compute, on 2 processes (:mod:`cost_model.pipeline_actions`;
   ``DeviceSpec.pipeline_action``, priced per action by ``parallelizer.planner.simulate``).
 
-Fits per process count (one :class:`Link`):
+Fits per process count (one :class:`Link`; the fitting functions live in :mod:`cost_model.link_fit` since round 21,
+re-exported here):
 
 * ``Link.size_fits``: per measured kind, a piecewise alpha-beta fit through the medians (made
   non-decreasing in size first, by a suffix minimum: :func:`fit_size_segments`): between consecutive measured sizes s_i < s_{i+1} the segment is the line
@@ -60,6 +61,13 @@ lasting about one block. The collectives' rounds are therefore taken in ``COLLEC
 processes each), one before each of the other measurements, and pooled (:func:`cost_model.rounds.pool_passes`);
 ``measurements`` records per kind and size the pass-half difference (odd against even passes,
 ``collective_pass_half``) and its median (``pass_half_median``), the prediction that sees such states.
+Round 21: the quantities still measured in one block then moved most between the lead's idle pair (pipeline actions
+-22..-29%, gloo's per-byte thread CPU -50%), so every measurement is now spread over the passes
+(:mod:`cost_model.passes`: each pass measures the collectives, then its share of the device rounds, the pipeline
+action steps and the contention windows), and a reference matmul timed before every block lets the calibration leave
+out a pass run in another machine state, with a warning (``pass_reference_flops_per_s``, ``passes_dropped``,
+``pass_steal``; the pass-half differences of the device, pipeline-action and contention quantities join
+``pass_half_median``).
 
 The profile JSON has sorted keys. Format version 3 adds ``size_fits`` to links, ``contention`` and
 ``comm_overlap`` per process count and the optimizer constants of the device; versions 1 and 2 still load
@@ -77,28 +85,29 @@ benchmark for it is registered (:func:`cost_model.pipeline_actions.register_own_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
-import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from cost_model.communication import alpha_beta_coefficients, flat_collective_time_s
+from cost_model.communication import flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
-from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor, measure_collectives,
-                                measure_contention, measure_optimizer, median_time_s)
-from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
-from cost_model.rounds import pool_passes, split_half_difference
-from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
+from cost_model.link_fit import (_MIN_INV_BANDWIDTH, REUSED_KIND_FITS, _fit_alpha_beta,  # noqa: F401 (re-exported)
+                                 fit_collective_cpu, fit_link, fit_size_segments)
+from cost_model.device_rounds import (CALIBRATION_NUM_THREADS, DEFAULT_MATMUL_SIZES, DEVICE_ROUNDS,  # noqa: F401
+                                      calibration_threads, measure_device, time_callable_s)
+from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor,  # noqa: F401
+                                measure_collectives)
+from cost_model.passes import pool_all, run_passes
+from cost_model.pipeline_actions import CPU_PIPELINE_ACTION
+from cost_model.rounds import PASS_REFERENCE_TOLERANCE
+from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.topology import Cluster, CoreSharing, Link
 
 __all__ = ["Profile", "calibrate", "measure_device", "load_profile", "time_callable_s", "calibration_threads", "measure_collectives",
@@ -110,14 +119,12 @@ _READABLE_FORMAT_VERSIONS = (1, 2, 3)  # 1: no per_kind overrides; 2: no size fi
 # 4 KiB .. 256 MiB: the gradient buckets (25 MiB) and the gathered parameters/activations of the plans priced here.
 DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
 QUICK_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
-DEFAULT_MATMUL_SIZES = (512, 1024, 2048)
-DEVICE_ROUNDS = 5  # interleaved rounds of the device measurements (module docstring)
 CALIBRATED_KINDS = MEASURABLE_KINDS
-# A kind that is not measured borrows the fits of its mirror (same ring steps and bytes factor).
-REUSED_KIND_FITS = {"reduce_scatter": "all_gather"}
-CALIBRATION_NUM_THREADS = 1
+PIPELINE_STEPS = 10  # timed steps of the pipeline action measurement (cost_model.pipeline_actions), over the passes
+CONTENTION_ROUNDS = 9  # windows per contention kernel (cost_model.measure.measure_contention), over the passes
 # Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
 # calibration's other measurements, and pooled (:func:`cost_model.rounds.pool_passes`: why). 21 rounds = 3 x 7.
+# Round 21 (r21c): every measurement is shared over these passes (cost_model.passes).
 COLLECTIVE_PASSES = 3
 
 
@@ -186,200 +193,6 @@ class Profile:
                 factors[nprocs][0] if nprocs in factors else 1.0)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
-
-
-def time_callable_s(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs
-    (:func:`cost_model.measure.median_time_s`)."""
-    return median_time_s(fn, repeats, warmup)
-
-
-@contextlib.contextmanager
-def calibration_threads(num_threads: int = CALIBRATION_NUM_THREADS) -> Iterator[None]:
-    """Run the body with ``torch.set_num_threads(num_threads)``, restoring the previous value after.
-
-    Calibration measures one intra-op thread because each gloo rank runs one thread (and a single thread
-    avoids OpenMP barrier stalls when other processes share the cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _measure_matmul_flops_per_s(sizes: Sequence[int]) -> float:
-    rates = []
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        seconds = time_callable_s(lambda: torch.mm(a, b), repeats=3 if n >= 2048 else 7)
-        rates.append(2 * n**3 / seconds)
-    return statistics.median(rates)
-
-
-def _measure_memory_bytes_per_s(numel: int) -> float:
-    a, b, c = torch.randn(numel), torch.randn(numel), torch.empty(numel)
-    seconds = time_callable_s(lambda: torch.add(a, b, out=c), repeats=10)
-    return 3 * numel * a.element_size() / seconds
-
-
-def _measure_launch_overhead_s() -> float:
-    a, b = torch.ones(1), torch.ones(1)
-    return time_callable_s(lambda: torch.add(a, b), repeats=2000, warmup=200)
-
-
-def measure_device(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-                   rounds: int = DEVICE_ROUNDS) -> dict[str, float]:
-    """The device quantities of one process (module docstring), each the median over ``rounds`` interleaved
-    rounds after one warm-up round: ``matmul_flops_per_s``, ``memory_bytes_per_s`` (FLOP/s, bytes/s),
-    ``launch_overhead_s``, ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` (seconds; one fresh process per
-    round, :func:`cost_model.measure.measure_optimizer`), and ``reference_step_s``, the forward + backward of
-    :func:`cost_model.step_efficiency.reference_model` (the faster of two per round); and per quantity
-    ``<key>_split_half``, :func:`cost_model.rounds.split_half_difference` of its rounds (what two calibrations
-    are predicted to differ by, times sqrt(2)). Call inside :func:`calibration_threads`.
-
-    Raises:
-        ValueError: ``rounds`` < 1.
-    """
-    if rounds < 1:
-        raise ValueError(f"measure_device(rounds={rounds}): need >= 1 round")
-    got: dict[str, list[float]] = {}
-    reference = reference_model()
-    for r in range(rounds + 1):
-        values = {"matmul_flops_per_s": _measure_matmul_flops_per_s(matmul_sizes),
-                  "memory_bytes_per_s": _measure_memory_bytes_per_s(memory_numel),
-                  "launch_overhead_s": _measure_launch_overhead_s(),
-                  "reference_step_s": min(time_reference_s(*reference) for _ in range(2))}
-        if r:  # round 0: warm-up (first touch of the pages, lazy initialisation); the optimizer warms up in its own
-            # fresh process each round (cost_model.measure.measure_optimizer), so the median is over processes
-            values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
-            for key, value in values.items():
-                got.setdefault(key, []).append(value)
-    out = {key: statistics.median(values) for key, values in got.items()}
-    out.update({f"{key}_split_half": split_half_difference(values) for key, values in got.items()})
-    return out
-
-
-def _fit_alpha_beta(samples: Sequence[tuple[str, int, float, float]], what: str) -> tuple[float, float]:
-    """``(alpha_s, beta_bytes_per_s)`` minimising relative error of ``steps*alpha + factor*nbytes/beta``."""
-    rows = np.array([[alpha_beta_coefficients(kind, n)[0], alpha_beta_coefficients(kind, n)[1] * nbytes]
-                     for kind, n, nbytes, _ in samples], dtype=float)
-    seconds = np.array([s for *_, s in samples], dtype=float)
-    weighted = rows / seconds[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(weighted, np.ones(len(samples)), rcond=None)
-    if alpha < 0:  # refit bandwidth only
-        alpha = 0.0
-        inv_beta = float(np.linalg.lstsq(weighted[:, 1:], np.ones(len(samples)), rcond=None)[0][0])
-    if inv_beta <= 0:
-        raise ValueError(f"{what}: fitted a non-positive inverse bandwidth {inv_beta}: measurements are too "
-                         "noisy; use larger message sizes or more repeats")
-    return float(alpha), float(1 / inv_beta)
-
-
-def fit_link(samples: Sequence[tuple[str, int, float, float]], name: str = "fitted", per_kind: bool = False,
-             size_fits: bool = False) -> Link:
-    """Least-squares alpha/beta from ``(kind, num_ranks, nbytes, seconds)`` samples (ring coefficients).
-
-    The samples are first reduced to one median per (kind, process count, size), made non-decreasing in size
-    per kind by a suffix minimum, as `fit_size_segments` does (on a shared machine noise only slows a sample
-    down: under load 8-15 the raw repeats of 64 KiB - 4 MiB messages once fitted a negative inverse bandwidth).
-    Minimises relative error, so small and large messages weigh alike; alpha is clamped at >= 0.
-    The link's own alpha/beta are the joint fit over all samples.
-
-    Args:
-        per_kind: also fit each kind separately (same coefficients, so in the factor space
-            :func:`cost_model.collective_time_s` prices it) and store the fits as ``Link.per_kind``
-            overrides; a kind of :data:`REUSED_KIND_FITS` that was not measured (reduce_scatter) gets a copy
-            of its mirror's fit (all_gather). A kind needs samples at >= 2 message sizes.
-        size_fits: also fit each kind piecewise (:func:`fit_size_segments`, one process count per kind) into
-            ``Link.size_fits``; an unmeasured kind of :data:`REUSED_KIND_FITS` borrows its mirror's segments.
-
-    Raises:
-        ValueError: fewer than 2 samples (per kind with ``per_kind``), or the joint fit gives no positive
-            bandwidth (a per-kind fit that does is dropped with a warning: the joint fit prices that kind).
-    """
-    if len(samples) < 2:
-        raise ValueError(f"fit_link needs >= 2 samples, got {len(samples)}; measure more message sizes")
-    samples = _non_decreasing_medians(samples)
-    alpha, beta = _fit_alpha_beta(samples, f"link {name!r}")
-    overrides: dict[str, tuple[float, float]] = {}
-    if per_kind:
-        kinds = sorted({kind for kind, *_ in samples})
-        for kind in kinds:
-            kind_samples = [s for s in samples if s[0] == kind]
-            if len({(n, nbytes) for _, n, nbytes, _ in kind_samples}) < 2:
-                raise ValueError(f"fit_link(per_kind=True): kind {kind!r} has samples at "
-                                 f"{len(kind_samples)} size(s); measure >= 2 message sizes per kind")
-            try:
-                overrides[kind] = _fit_alpha_beta(kind_samples, f"link {name!r} kind {kind!r}")
-            except ValueError as err:  # too noisy for a fit of its own: the joint fit prices this kind
-                warnings.warn(f"{err}; kind {kind!r} is priced with the joint fit of link {name!r}", stacklevel=2)
-        for kind, mirror in REUSED_KIND_FITS.items():
-            if kind not in overrides and mirror in overrides:
-                overrides[kind] = overrides[mirror]
-    segments: dict[str, tuple[tuple[float, float, float], ...]] = {}
-    if size_fits:
-        for kind in sorted({kind for kind, *_ in samples}):
-            segments[kind] = fit_size_segments([(n, b, t) for k, n, b, t in samples if k == kind], kind)
-        for kind, mirror in REUSED_KIND_FITS.items():
-            if kind not in segments and mirror in segments:
-                segments[kind] = segments[mirror]
-    return Link(name=name, latency_s=alpha, bandwidth_bytes_per_s=beta, per_kind=overrides, size_fits=segments)
-
-
-_MIN_INV_BANDWIDTH = 1e-15  # s/B: a flat segment (same median at two sizes) prices its bytes at 1 PB/s
-
-
-def fit_size_segments(samples: Sequence[tuple[int, int, float]], kind: str) -> tuple[tuple[float, float, float], ...]:
-    """Piecewise alpha-beta segments ``(upper_nbytes, latency_s, bandwidth_bytes_per_s)`` of one kind (module
-    docstring) from ``(num_ranks, nbytes, seconds)`` samples at >= 2 sizes, one process count.
-
-    Medians are first made non-decreasing in size by a suffix minimum (``t_i = min_{j >= i} t_j``: a smaller
-    message never costs more than a larger one; on a shared machine noise only slows a sample down, so an
-    inversion is taken as noise on the smaller size), then
-    each pair of consecutive sizes s_i < s_{i+1} gives the line ``steps * alpha + factor * nbytes / beta``
-    through both (``alpha_beta_coefficients(kind, num_ranks)``); alpha < 0 is clamped to 0 and the slope
-    refitted through the upper point. Segment i covers sizes up to s_{i+1}.
-
-    Raises:
-        ValueError: fewer than 2 distinct sizes, several process counts, or a non-positive time.
-    """
-    ranks = {n for n, _, _ in samples}
-    by_size: dict[int, list[float]] = {}
-    for _, nbytes, seconds in samples:
-        by_size.setdefault(nbytes, []).append(seconds)
-    if len(ranks) != 1 or len(by_size) < 2 or any(t <= 0 for _, _, t in samples):
-        raise ValueError(f"fit_size_segments({kind!r}): needs samples of one process count (got {sorted(ranks)}) at "
-                         f">= 2 message sizes (got {sorted(by_size)}) with positive times; measure more sizes")
-    steps, factor = alpha_beta_coefficients(kind, ranks.pop())
-    sizes, times = _suffix_min_medians(by_size)
-    segments = []
-    for (s0, t0), (s1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
-        inv_beta = max((t1 - t0) / (factor * (s1 - s0)), _MIN_INV_BANDWIDTH)
-        alpha = (t0 - factor * s0 * inv_beta) / steps
-        if alpha < 0:
-            alpha, inv_beta = 0.0, t1 / (factor * s1)
-        segments.append((float(s1), float(alpha), float(1 / inv_beta)))
-    return tuple(segments)
-
-
-def _suffix_min_medians(by_size: Mapping[int, Sequence[float]]) -> tuple[list[int], list[float]]:
-    """(sizes ascending, their median seconds made non-decreasing: t_i = min over sizes >= s_i)."""
-    sizes = sorted(by_size)
-    medians = [statistics.median(by_size[b]) for b in sizes]
-    return sizes, [float(t) for t in np.minimum.accumulate(medians[::-1])[::-1]]
-
-
-def _non_decreasing_medians(samples: Sequence[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
-    """``(kind, num_ranks, nbytes, seconds)`` samples reduced to one median per (kind, num_ranks, nbytes), made
-    non-decreasing in nbytes per (kind, num_ranks) (`_suffix_min_medians`)."""
-    groups: dict[tuple[str, int], dict[int, list[float]]] = {}
-    for kind, n, nbytes, seconds in samples:
-        groups.setdefault((kind, n), {}).setdefault(nbytes, []).append(seconds)
-    out = []
-    for (kind, n), by_size in sorted(groups.items()):
-        out += [(kind, n, b, t) for b, t in zip(*_suffix_min_medians(by_size))]
-    return out
 
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
@@ -522,39 +335,17 @@ def load_profile(path: str | os.PathLike) -> Profile:
                    cpu_count=data.get("cpu_count"), collective_sync=sync, collective_cpu=cpu)
 
 
-def fit_collective_cpu(cpu_by_size: Mapping[int, float]) -> tuple[float, float]:
-    """``(seconds per call, seconds per byte)`` of one collective kind's process CPU per call from its medians
-    by message size (bytes, nccl-tests convention -> CPU seconds): least squares of ``cpu = a + b * nbytes``,
-    each size weighted by 1 / cpu^2 (relative error, so the 4 KiB calls are not drowned by the 64 MiB ones), both
-    clamped at >= 0. One size: ``(cpu, 0)``.
-
-    Raises:
-        ValueError: no sizes, or a negative / non-finite CPU time.
-    """
-    pts = sorted(cpu_by_size.items())
-    if not pts or any(not (math.isfinite(c) and c >= 0) for _, c in pts):
-        raise ValueError(f"fit_collective_cpu: need >= 1 size with CPU seconds >= 0, got {dict(pts)}")
-    if len(pts) == 1:
-        return float(pts[0][1]), 0.0
-    w = [1.0 / max(c, 1e-9) ** 2 for _, c in pts]
-    sw = sum(w)
-    mx = sum(wi * n for wi, (n, _) in zip(w, pts)) / sw
-    my = sum(wi * c for wi, (_, c) in zip(w, pts)) / sw
-    var = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, pts))
-    b = max(0.0, sum(wi * (n - mx) * (c - my) for wi, (n, c) in zip(w, pts)) / var) if var else 0.0
-    return max(0.0, my - b * mx), b
-
-
 def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None = None, progress: bool = True,
               message_sizes_bytes: Sequence[int] = DEFAULT_MESSAGE_SIZES_BYTES,
               matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
               repeats: int = COLLECTIVE_REPEATS, kinds: Sequence[str] = CALIBRATED_KINDS, per_kind: bool = True,
               contention: bool = True, device_rounds: int = DEVICE_ROUNDS, pipeline_actions: bool = True,
-              collective_passes: int = COLLECTIVE_PASSES) -> Profile:
+              collective_passes: int = COLLECTIVE_PASSES, pipeline_steps: int = PIPELINE_STEPS,
+              contention_rounds: int = CONTENTION_ROUNDS, pass_tolerance: float = PASS_REFERENCE_TOLERANCE) -> Profile:
     """Measure this machine (module docstring) and return a :class:`Profile`; write JSON if ``out_path``.
 
-    Takes ~2-3 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
-    dominate); ``message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES`` about a minute.
+    Takes ~3-4 minutes with the defaults on a 2-core machine (the 64-256 MiB collectives and process start-up
+    dominate); ``message_sizes_bytes=QUICK_MESSAGE_SIZES_BYTES`` less.
 
     Args:
         nprocs: gloo process counts to calibrate (each >= 2).
@@ -563,17 +354,23 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
         per_kind: fit per-kind ``Link.per_kind`` overrides and piecewise ``Link.size_fits`` (module docstring);
             ``False`` gives the joint fit only (the behaviour of format version 1).
         contention: measure the compute slowdown of ``nprocs`` concurrent processes (``Profile.contention``).
-        device_rounds: interleaved rounds of the device measurements (:func:`measure_device`).
+        device_rounds: interleaved rounds of the device measurements, shared over the passes.
         pipeline_actions: measure the per-action pipeline costs (:mod:`cost_model.pipeline_actions`, ~20-40 s);
             ``False`` records :data:`CPU_PIPELINE_ACTION` instead.
-        collective_passes: passes over the collectives (each ``ceil(repeats / passes)`` rounds, and
-            ``ceil(LARGE_REPEATS / passes)`` at 64 MiB and above, in fresh processes), one at the start and the others
-            after each of the other measurements (device, pipeline actions, contention; the rest at the end), pooled
-            (:func:`cost_model.rounds.pool_passes`); comm_overlap and sync are measured in the last pass.
+        collective_passes: passes over every measurement (:mod:`cost_model.passes`; the name is round 20's, when only
+            the collectives were spread): each takes ``ceil(repeats / passes)`` rounds of every collective
+            (``ceil(LARGE_REPEATS / passes)`` at 64 MiB and above) in fresh processes, then its share of
+            ``device_rounds``, ``pipeline_steps`` and ``contention_rounds``; comm_overlap and sync are measured in the
+            last pass; pooled by :func:`cost_model.passes.pool_all`.
+        pipeline_steps: timed steps of the pipeline action measurement, shared over the passes.
+        contention_rounds: windows of each contention kernel, shared over the passes.
+        pass_tolerance: how far a pass's reference matmul may be off the median pass's before the pass is left out
+            (:func:`cost_model.rounds.deviating_passes`).
 
     Raises:
-        ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable.
-        RuntimeError: a gloo worker failed (see :func:`cost_model.measure.measure_collectives`).
+        ValueError: ``nprocs`` entries < 2, or ``kinds`` empty or unmeasurable, or ``collective_passes`` outside
+            1..``repeats``.
+        RuntimeError: a measuring process failed (see :func:`cost_model.measure.measure_collectives`).
     """
     if any(not isinstance(n, int) or n < 2 for n in nprocs):
         raise ValueError(f"nprocs={tuple(nprocs)}: each process count must be an int >= 2")
@@ -583,33 +380,22 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     if not isinstance(collective_passes, int) or not 1 <= collective_passes <= repeats:
         raise ValueError(f"collective_passes={collective_passes}: need an int from 1 to repeats={repeats} (each pass "
                          "takes >= 1 round of every collective)")
-    others = ["device"] + (["pipeline actions"] if pipeline_actions else []) + (["contention"] if contention else [])
-    bar = tqdm(total=len(others) + collective_passes, desc="calibrate", disable=not progress)
+    if device_rounds < 1:
+        raise ValueError(f"device_rounds={device_rounds}: need >= 1 round")
+    bar = tqdm(total=collective_passes, desc="calibrate", disable=not progress)
     measurements: dict = {"collectives": {}}
     started = time.perf_counter()
-    per_pass, per_pass_large = -(-repeats // collective_passes), -(-LARGE_REPEATS // collective_passes)
-    passes: dict[int, list[dict]] = {n: [] for n in nprocs}
 
-    def step(label: str) -> None:
-        bar.set_postfix_str(label)
-
-    def collective_pass() -> None:  # one pass over every process count (module docstring, round 20)
-        last = len(passes[nprocs[0]]) == collective_passes - 1
-        for n in nprocs:
-            step(f"gloo x{n} pass {len(passes[n]) + 1}/{collective_passes}")
-            passes[n].append(measure_collectives(n, kinds, message_sizes_bytes, per_pass,
-                                                 large_repeats=per_pass_large, extras=last))
-        bar.update()
-
-    def between(name: str) -> None:  # a collective pass before each of the other measurements while passes remain
-        if len(passes[nprocs[0]]) < collective_passes:
-            collective_pass()
-        step(name)
-
-    slowdown: dict[int, tuple[float, ...]] = {}
     with calibration_threads():
-        between("device")
-        dev = measure_device(matmul_sizes, memory_numel, device_rounds)
+        records = run_passes(nprocs, kinds, message_sizes_bytes, passes=collective_passes,
+                             rounds_per_pass=-(-repeats // collective_passes),
+                             large_per_pass=-(-LARGE_REPEATS // collective_passes), device_rounds=device_rounds,
+                             matmul_sizes=matmul_sizes, memory_numel=memory_numel, pipeline_steps=pipeline_steps,
+                             pipeline_actions=pipeline_actions, own_runner=True, contention_rounds=contention_rounds,
+                             contention=contention, step=bar.set_postfix_str)
+        bar.update(collective_passes)
+        pooled = pool_all(records, nprocs, pass_tolerance)
+        dev = {**pooled["device"]["median"], **{f"{k}_split_half": h for k, h in pooled["device"]["split_half"].items()}}
         rates = DeviceSpec(name="cpu", peak_flops_per_s={torch.float32: dev["matmul_flops_per_s"]},
                            hbm_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                            hbm_bytes_per_s=dev["memory_bytes_per_s"], matmul_efficiency=1.0, memory_efficiency=1.0,
@@ -618,23 +404,17 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
                            optimizer_tensor_s=dev["optimizer_tensor_s"])
         dev["reference_priced_s"] = price_reference_s(rates)
         dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"], [dev["reference_step_s"]])
-        bar.update()
+    bar.close()
     measurements.update(dev)
+    action = CPU_PIPELINE_ACTION
+    if pooled["pipeline"] is not None:
+        action = pooled["pipeline"][0] if pooled["own_runner"] is None else dataclasses.replace(
+            pooled["pipeline"][0], own_runner=pooled["own_runner"])
     device = dataclasses.replace(rates, matmul_efficiency=dev["step_efficiency"],
-                                 memory_efficiency=dev["step_efficiency"], pipeline_action=CPU_PIPELINE_ACTION)
-    if pipeline_actions:
-        between("pipeline actions")
-        device = dataclasses.replace(device, pipeline_action=measure_pipeline_actions(own_runner=True))
-        bar.update()
-    if contention:
-        between("contention")
-        slowdown = measure_contention(tuple(nprocs))
-        bar.update()
-    while len(passes[nprocs[0]]) < collective_passes:
-        collective_pass()
+                                 memory_efficiency=dev["step_efficiency"], pipeline_action=action)
     links, overlap, sync, cpu = {}, {}, {}, {}
     for n in nprocs:
-        got = pool_passes(passes[n])
+        got = pooled["collectives"][n]
         timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
         cpu[n] = {kind: fit_collective_cpu(by_size) for kind, by_size in got["collective_cpu"].items() if by_size}
         measurements.setdefault("collective_cpu", {})[str(n)] = {
@@ -646,23 +426,38 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
             k: {str(b): h for b, h in v.items()} for k, v in got["pass_half"].items()}
         samples = [(kind, n, nbytes, s) for kind, by_size in timings.items() for nbytes, s in by_size.items()]
         links[n] = fit_link(samples, name=f"gloo_x{n}", per_kind=per_kind, size_fits=per_kind)
-    bar.close()
     if per_kind:  # say which fits are copies of another kind's rather than measured
         measurements["per_kind_reused"] = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds and m in kinds}
     measurements["split_half_median"] = predicted_drift(measurements)
     measurements["collective_passes"] = collective_passes
-    halves = [h for by_kind in measurements["collective_pass_half"].values() for by_size in by_kind.values()
-              for h in by_size.values()]
-    measurements["pass_half_median"] = statistics.median(halves) if collective_passes > 1 else None
+    measurements["device_pass_half"] = pooled["device"]["pass_half"]
+    measurements["pipeline_action_pass_half"] = pooled["pipeline"][1] if pooled["pipeline"] else {}
+    measurements["contention_pass_half"] = pooled["contention_pass_half"]
+    measurements["pass_reference_flops_per_s"] = pooled["references"]
+    measurements["pass_steal"] = pooled["steal"]
+    measurements["passes_dropped"] = [i + 1 for i in pooled["dropped"]]
+    measurements["pass_half_median"] = predicted_pass_drift(measurements) if collective_passes > 1 else None
     measurements["seconds"] = time.perf_counter() - started
     measurements["load_average"] = os.getloadavg()  # 1/5/15-minute load: how busy the machine was
-    profile = Profile(device=device, links=links, contention=slowdown, comm_overlap=overlap, cpu_count=os.cpu_count(),
-                      collective_sync=sync, collective_cpu=cpu)
+    profile = Profile(device=device, links=links, contention=pooled["contention"], comm_overlap=overlap,
+                      cpu_count=os.cpu_count(), collective_sync=sync, collective_cpu=cpu)
     if out_path is not None:
         with open(out_path, "w") as f:
             json.dump(_profile_to_json(profile, measurements), f, indent=2, sort_keys=True)
             f.write("\n")
     return profile
+
+
+def predicted_pass_drift(measurements: Mapping) -> float | None:
+    """The median pass-half difference (:func:`cost_model.rounds.pass_half_difference`) over every quantity measured
+    in passes (``collective_pass_half``; since round 21 also ``device_pass_half``, ``pipeline_action_pass_half``,
+    ``contention_pass_half``): what a second calibration is predicted to differ by, times sqrt(2), when the machine's
+    state lasts about a pass. None when the profile records none."""
+    values = [float(h) for by_kind in measurements.get("collective_pass_half", {}).values()
+              for by_size in by_kind.values() for h in by_size.values()]
+    for key in ("device_pass_half", "pipeline_action_pass_half", "contention_pass_half"):
+        values += [float(h) for h in measurements.get(key, {}).values() if h is not None]  # None: one pass measured it
+    return statistics.median(values) if values else None
 
 
 def predicted_drift(measurements: Mapping) -> float | None:

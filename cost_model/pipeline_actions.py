@@ -58,7 +58,8 @@ import torch
 from cost_model.hardware import PipelineActionCost
 from cost_model.measure import _free_port, _run_spawned, gloo_worker
 
-__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "action_cost_from_samples",
+__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "measure_pipeline_action_samples", "measure_own_runner",
+           "action_cost_from_samples",
            "register_own_runner_benchmark", "copy_exchange_pack_s", "EXCHANGE_PASSES"]
 
 # The benchmark of the package's own pipeline runner (BitPipe: `parallelizer.runtime.bitpipe`), registered by
@@ -320,6 +321,24 @@ def _bare_ops(repeats: int) -> dict[str, list[float]]:
     return {k: v[2:] for k, v in out.items()}
 
 
+def measure_pipeline_action_samples(steps: int = 10, timeout_s: float = 300.0) -> dict:
+    """The raw samples of :func:`measure_pipeline_actions` (round 21: :mod:`cost_model.passes` pools several passes of
+    them): ``{"samples": {kind: [seconds]}, "bare": {kind: [seconds]}}`` of both ranks, ``steps`` steps after 2
+    warm-up steps, in fresh processes; :func:`action_cost_from_samples` turns them into the costs.
+
+    Raises:
+        RuntimeError: a worker failed or no result arrived within ``timeout_s``; names the rank.
+    """
+    return _run_spawned(_worker, 2, (_free_port(), steps, timeout_s), timeout_s + 30, "pipeline action calibration")
+
+
+def measure_own_runner() -> PipelineActionCost | None:
+    """The package's own runner's costs from its registered benchmark (:func:`register_own_runner_benchmark`), or
+    None when none is registered (BitPipe is then priced at torch's costs)."""
+    bench = _OWN_RUNNER_BENCHMARK[0]
+    return None if bench is None else bench()
+
+
 def measure_pipeline_actions(steps: int = 10, timeout_s: float = 300.0, own_runner: bool = False) -> PipelineActionCost:
     """Measure :class:`PipelineActionCost` on this machine (module docstring), ~10-20 s on 2 cores; with
     ``own_runner`` and a registered benchmark (:func:`register_own_runner_benchmark`) also the package's own
@@ -328,9 +347,7 @@ def measure_pipeline_actions(steps: int = 10, timeout_s: float = 300.0, own_runn
     Raises:
         RuntimeError: a worker failed or no result arrived within ``timeout_s``; names the rank.
     """
-    got = _run_spawned(_worker, 2, (_free_port(), steps, timeout_s), timeout_s + 30, "pipeline action calibration")
+    got = measure_pipeline_action_samples(steps, timeout_s)
     cost = action_cost_from_samples(got["samples"], got["bare"])
-    bench = _OWN_RUNNER_BENCHMARK[0]
-    if own_runner and bench is not None:
-        cost = dataclasses.replace(cost, own_runner=bench())
-    return cost
+    own = measure_own_runner() if own_runner else None
+    return cost if own is None else dataclasses.replace(cost, own_runner=own)

@@ -6,9 +6,15 @@ itself is `cost_model.measure`, which re-exports these names.
 from __future__ import annotations
 
 import statistics
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
-__all__ = ["pass_half_difference", "pool_passes", "split_half_difference"]
+__all__ = ["deviating_passes", "pass_half_difference", "pool_passes", "pool_rounds", "split_half_difference",
+           "PASS_REFERENCE_TOLERANCE"]
+
+# Round 21: a pass whose reference rate (cost_model.passes.reference_flops_per_s) is more than this fraction off the
+# median pass's is measured in another machine state (hypervisor steal, throttling, outside load): issue 13 asks two
+# calibrations to agree within 10%, and a pass 10% slower moves every quantity it measured by about that much.
+PASS_REFERENCE_TOLERANCE = 0.10
 
 
 def split_half_difference(samples: Sequence[float]) -> float:
@@ -97,3 +103,48 @@ def pass_half_difference(per_pass: Sequence[Sequence[float]]) -> float:
     split_half_difference(xs)  # the same validation of the samples
     a, b, whole = statistics.median(odd), statistics.median(even), statistics.median(xs)
     return 0.0 if a == b else abs(a - b) / whole
+
+
+def deviating_passes(references: Sequence[float], tolerance: float = PASS_REFERENCE_TOLERANCE) -> tuple[int, ...]:
+    """Indices (0-based) of the passes whose reference rate is more than ``tolerance`` off the median of all passes'
+    (``|r_i / median(r) - 1| > tolerance``), provided the others are a strict majority; ``()`` when fewer than 3
+    passes or when no majority agrees (then no pass is the odd one out: the machine state moved throughout, which
+    :func:`cost_model.passes.pool_all` warns about instead of dropping).
+
+    Raises:
+        ValueError: a reference that is not finite and > 0, or a negative tolerance.
+    """
+    refs = [float(r) for r in references]
+    if any(not (0 < r < float("inf")) for r in refs) or not tolerance >= 0:
+        raise ValueError(f"deviating_passes: references must be finite and > 0 and tolerance >= 0, got {refs}, "
+                         f"{tolerance}")
+    if len(refs) < 3:
+        return ()
+    middle = statistics.median(refs)
+    off = tuple(i for i, r in enumerate(refs) if abs(r / middle - 1) > tolerance)
+    return off if len(refs) - len(off) > len(refs) / 2 else ()
+
+
+def pool_rounds(per_pass: Sequence[Mapping[str, Sequence[float]]], drop: Collection[int] = ()) -> dict:
+    """Per key, the rounds of every pass not in ``drop`` pooled in time order (round 21: the device quantities,
+    the contention factors): ``{"median": {key: median of the pool}, "split_half": {key: split-half of the pool},
+    "pass_half": {key: pass-half over the kept passes that measured the key, None if fewer than 2 did (no
+    prediction: 0 would read as perfect agreement)}, "samples": {key: pool},
+    "kept": {key: pass indices pooled}}``. A key that only dropped passes measured keeps those passes' rounds (there is
+    nothing else to price it by): ``kept`` names them, and :func:`cost_model.passes.pool_all` warns.
+
+    Raises:
+        ValueError: as :func:`split_half_difference` (a negative or non-finite round).
+    """
+    keys = list(dict.fromkeys(k for got in per_pass for k in got))
+    out: dict = {"median": {}, "split_half": {}, "pass_half": {}, "samples": {}, "kept": {}}
+    for key in keys:
+        measured = [i for i, got in enumerate(per_pass) if len(got.get(key, ())) > 0]
+        kept = [i for i in measured if i not in drop] or measured
+        chunks = [[float(x) for x in per_pass[i][key]] for i in kept]
+        pooled = [x for c in chunks for x in c]
+        out["samples"][key], out["kept"][key] = pooled, kept
+        out["median"][key] = statistics.median(pooled)
+        out["split_half"][key] = split_half_difference(pooled)
+        out["pass_half"][key] = pass_half_difference(chunks) if len(chunks) > 1 else None
+    return out

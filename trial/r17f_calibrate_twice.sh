@@ -26,9 +26,15 @@ for path in sys.argv[1:3]:
     drift = json.load(open(path))["measurements"].get("split_half_median")
     print(f"  {path}: predicted median |difference| "
           + ("n/a (profile before round 19)" if drift is None else f"{drift / 2 ** 0.5:.1%} (split-half {drift:.1%})"))
-    passes = json.load(open(path))["measurements"].get("pass_half_median")  # round 20 (r20b): between passes
+    m = json.load(open(path))["measurements"]
+    passes = m.get("pass_half_median")  # round 20 (r20b): between passes; round 21 (r21c): every quantity's passes
     if passes is not None:
-        print(f"    collectives between passes: predicted {passes / 2 ** 0.5:.1%} (pass-half {passes:.1%})")
+        what = "every quantity" if "device_pass_half" in m else "collectives"
+        print(f"    {what} between passes: predicted {passes / 2 ** 0.5:.1%} (pass-half {passes:.1%})")
+    if "pass_reference_flops_per_s" in m:  # round 21: each pass's reference matmul, steal, the passes left out
+        print("    pass reference matmul " + " / ".join(f"{r / 1e9:.1f}" for r in m["pass_reference_flops_per_s"])
+              + " GFLOP/s, steal " + " / ".join("n/a" if s is None else f"{s:.1%}" for s in m["pass_steal"])
+              + f", passes dropped {m['passes_dropped'] or 'none'}, {m['seconds']:.0f} s")
 for k, v in sorted(d.items(), key=lambda kv: -abs(kv[1])):
     if any(w in k for w in ("optimizer", "pipeline action", "send_recv 64 ", "all_to_all")) or abs(v) > 0.3:
         print(f"  {k}: {v:+.1%}")

@@ -1,9 +1,8 @@
 """Round 19 (r19b), issue 13 criterion 6 (two calibrations agree within 10%): the split-half estimate of a
 median-of-rounds measurement's spread, and the AdamW rate measured in fresh processes with a pinned allocator.
 Round 20 (r20b): page faults counted per step (median), the heap never trimmed in a measuring process, and the
-collectives' rounds spread over passes between the other measurements."""
-import importlib
-import json
+collectives' rounds spread over passes between the other measurements (round 21: every measurement spread over the
+passes, tests/unit/test_calibration_passes.py)."""
 import os
 import random
 import statistics
@@ -199,39 +198,3 @@ def test_rounds_spread_over_three_passes_cut_the_drift_a_state_lasting_a_block_c
     c = 3.141592653589793 / 2 * 0.1 ** 2 / 21
     want = ((0.15 ** 2 + c) / (0.15 ** 2 / 3 + c)) ** 0.5
     assert mean_drift(1) / mean_drift(3) == pytest.approx(want, rel=0.15)
-
-
-def test_calibrate_spreads_its_collective_passes_between_the_other_measurements(monkeypatch, tmp_path):
-    """calibrate() with 3 passes: pass 1 (x2, x4), the device, pass 2, the pipeline actions, pass 3 (which alone
-    measures comm_overlap and sync), the contention; 21 rounds as 3 x 7, the large messages' 5 as 3 x 2; the profile
-    records the pooled medians, the passes' pass-half differences and their median (stubbed measurements)."""
-    cal = importlib.import_module("cost_model.calibrate")  # the module (cost_model.calibrate is also a function)
-    order = []
-
-    def fake_collectives(n, kinds, sizes, repeats, large_repeats, extras):
-        order.append((f"x{n}", repeats, large_repeats, extras))
-        p = sum(1 for o in order if o[0] == f"x{n}")
-        return {"samples": {k: {s: [float(p) * s * 1e-9 + 1e-4] * repeats for s in sizes} for k in kinds},
-                "collective_cpu": {k: {s: 1e-5 for s in sizes} for k in kinds},
-                "comm_overlap": 0.5 if extras else None, "sync_s": 1e-4 if extras else None,
-                "collectives": None, "split_half": None}
-    dev = {"matmul_flops_per_s": 1e10, "memory_bytes_per_s": 1e10, "launch_overhead_s": 1e-6,
-           "optimizer_bytes_per_s": 5e9, "optimizer_tensor_s": 3e-5, "reference_step_s": 0.2}
-    monkeypatch.setattr(cal, "measure_collectives", fake_collectives)
-    monkeypatch.setattr(cal, "measure_device", lambda *a: order.append("device") or dict(dev))
-    monkeypatch.setattr(cal, "price_reference_s", lambda rates: 0.1)
-    monkeypatch.setattr(cal, "measure_pipeline_actions", lambda own_runner: order.append("pipeline actions")
-                        or cal.CPU_PIPELINE_ACTION)
-    monkeypatch.setattr(cal, "measure_contention", lambda counts: order.append("contention") or {2: (1.0, 1.0, 1.0), 4: (2.0, 2.0, 2.0)})
-    path = tmp_path / "p.json"
-    profile = cal.calibrate(nprocs=(2, 4), out_path=path, progress=False, message_sizes_bytes=(1 << 12, 1 << 20, 1 << 26))
-    assert order == [("x2", 7, 2, False), ("x4", 7, 2, False), "device", ("x2", 7, 2, False), ("x4", 7, 2, False),
-                     "pipeline actions", ("x2", 7, 2, True), ("x4", 7, 2, True), "contention"]
-    m = json.loads(path.read_text())["measurements"]
-    # pass p's samples are p * size * 1e-9 + 1e-4 s: the pooled median is pass 2's value; the odd passes (1 and 3)
-    # pool to the same median (halfway between theirs), so every pass-half difference is 0
-    assert m["collectives"]["2"]["all_reduce"][str(1 << 20)] == pytest.approx(2 * (1 << 20) * 1e-9 + 1e-4)
-    assert m["collective_passes"] == 3 and m["pass_half_median"] == pytest.approx(0.0, abs=1e-12)
-    assert profile.comm_overlap == {2: 0.5, 4: 0.5} and profile.collective_sync == {2: 1e-4, 4: 1e-4}
-    with pytest.raises(ValueError, match="collective_passes=0"):
-        cal.calibrate(nprocs=(2,), progress=False, collective_passes=0)
