@@ -15,6 +15,9 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
   ``matmul_efficiency`` and ``memory_efficiency`` (0.78 on this machine: a step's ops run slower than the
   isolated kernels).
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
+* host seconds per ATen node of a training step (round 21, :mod:`cost_model.host_cost`): the fx program's call,
+  dispatch and autograd record beyond the launch, forward and backward (``DeviceSpec.op_host_s`` /
+  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency.
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
 * contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
@@ -98,6 +101,7 @@ from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KI
                                 measure_contention, measure_optimizer, median_time_s)
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, measure_pipeline_actions
 from cost_model.rounds import pool_passes, split_half_difference
+from cost_model.host_cost import with_op_host
 from cost_model.step_efficiency import price_reference_s, reference_model, step_efficiency, time_reference_s
 from cost_model.topology import Cluster, CoreSharing, Link
 
@@ -432,6 +436,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
             "launch_overhead_s": dev.launch_overhead_s, "optimizer_bytes_per_s": dev.optimizer_bytes_per_s,
             "optimizer_tensor_s": dev.optimizer_tensor_s,
+            "op_host_s": dev.op_host_s, "op_host_bwd_s": dev.op_host_bwd_s,
             "pipeline_action_s": _pipeline_action_to_json(dev.pipeline_action),
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
@@ -507,6 +512,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
             launch_overhead_s=dev["launch_overhead_s"], kind="cpu",  # calibrate measures this machine's CPU
             optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0),
+            op_host_s=dev.get("op_host_s", 0.0), op_host_bwd_s=dev.get("op_host_bwd_s", 0.0),  # older: none
             pipeline_action=_pipeline_action_from_json(dev.get("pipeline_action_s")))
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
         contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
@@ -617,7 +623,9 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
                            optimizer_bytes_per_s=dev["optimizer_bytes_per_s"],
                            optimizer_tensor_s=dev["optimizer_tensor_s"])
         dev["reference_priced_s"] = price_reference_s(rates)
-        dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"], [dev["reference_step_s"]])
+        rates = with_op_host(rates, dev)  # round 21: host seconds per node, out of the step efficiency (host_cost)
+        dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"],
+                                                 [dev["reference_step_s"] - dev["reference_host_s"]])
         bar.update()
     measurements.update(dev)
     device = dataclasses.replace(rates, matmul_efficiency=dev["step_efficiency"],
@@ -718,7 +726,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
     lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
              f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
-             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, host "
+             f"{dev.op_host_s * 1e6:.1f}/{dev.op_host_bwd_s * 1e6:.1f} us per node fwd/bwd, pipeline "
              "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
              + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
              f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms, gloo threads "
