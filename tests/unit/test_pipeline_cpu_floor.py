@@ -11,6 +11,7 @@ from cost_model.topology import CoreSharing, Link
 from parallelizer.errors import PipelineError
 from parallelizer.planner.sharing import SharedCores, cpu_floor_s, pipeline_cores
 from parallelizer.planner.simulate import StageTimes, simulate
+from test_sharing import tiny_gpt  # noqa: F401 -- the 4-block GPT fixture of the sharing tests
 
 CPU = DeviceSpec("cpu", {torch.float32: 1e11}, 10**10, 1e10, 1.0, 1.0, 2e-6, kind="cpu")
 
@@ -40,15 +41,6 @@ def test_the_simulation_reports_the_floor_with_the_cpu_its_timeline_holds_as_wai
     with pytest.raises(PipelineError, match="host_cpu_s"):
         simulate("1f1b", 2, 2, StageTimes(times.fwd_s, times.bwd_input_s, times.bwd_weight_s, times.p2p_s,
                                           host_cpu_s=(h,)), cores)
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt():
-    import parallelizer
-    from parallelizer import zoo
-    m, inp = zoo.gpt(n_layer=4, n_embd=64, n_head=2, block_size=32, vocab_size=128, batch=1, with_targets=True,
-                     device="meta")
-    return parallelizer.trace(m, inp)
 
 
 def test_the_search_step_is_at_least_the_dp_sync_cpu_of_every_process_over_the_cores(tiny_gpt):
