@@ -15,6 +15,9 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
   ``matmul_efficiency`` and ``memory_efficiency`` (0.78 on this machine: a step's ops run slower than the
   isolated kernels).
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
+* host seconds per ATen node of a training step (round 21, :mod:`cost_model.host_cost`): the fx program's call,
+  dispatch and autograd record beyond the launch, forward and backward (``DeviceSpec.op_host_s`` /
+  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency.
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
 * contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
@@ -104,6 +107,7 @@ from cost_model.device_rounds import (CALIBRATION_NUM_THREADS, DEFAULT_MATMUL_SI
                                       calibration_threads, measure_device, time_callable_s)
 from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor,  # noqa: F401
                                 measure_collectives)
+from cost_model.host_cost import with_op_host
 from cost_model.passes import pool_all, run_passes
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION
 from cost_model.rounds import PASS_REFERENCE_TOLERANCE
@@ -190,7 +194,8 @@ class Profile:
             sharing = CoreSharing(
                 tuple((n, f[0]) for n, f in factors.items()),
                 tuple((n, f[2]) for n, f in factors.items() if len(f) > 2),
-                factors[nprocs][0] if nprocs in factors else 1.0)
+                factors[nprocs][0] if nprocs in factors else 1.0,
+                tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())))
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
 
@@ -245,6 +250,7 @@ def _profile_to_json(profile: Profile, measurements: dict) -> dict:
             "matmul_efficiency": dev.matmul_efficiency, "memory_efficiency": dev.memory_efficiency,
             "launch_overhead_s": dev.launch_overhead_s, "optimizer_bytes_per_s": dev.optimizer_bytes_per_s,
             "optimizer_tensor_s": dev.optimizer_tensor_s,
+            "op_host_s": dev.op_host_s, "op_host_bwd_s": dev.op_host_bwd_s,
             "pipeline_action_s": _pipeline_action_to_json(dev.pipeline_action),
         },
         "links": {str(n): _link_to_json(link) for n, link in profile.links.items()},
@@ -320,6 +326,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
             matmul_efficiency=dev["matmul_efficiency"], memory_efficiency=dev["memory_efficiency"],
             launch_overhead_s=dev["launch_overhead_s"], kind="cpu",  # calibrate measures this machine's CPU
             optimizer_bytes_per_s=dev.get("optimizer_bytes_per_s"), optimizer_tensor_s=dev.get("optimizer_tensor_s", 0.0),
+            op_host_s=dev.get("op_host_s", 0.0), op_host_bwd_s=dev.get("op_host_bwd_s", 0.0),  # older: none
             pipeline_action=_pipeline_action_from_json(dev.get("pipeline_action_s")))
         links = {int(n): _link_from_json(spec) for n, spec in data["links"].items()}
         contention = {int(n): (v["matmul"], v["memory"]) + ((v["optimizer"],) if "optimizer" in v else ())
@@ -403,7 +410,9 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
                            optimizer_bytes_per_s=dev["optimizer_bytes_per_s"],
                            optimizer_tensor_s=dev["optimizer_tensor_s"])
         dev["reference_priced_s"] = price_reference_s(rates)
-        dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"], [dev["reference_step_s"]])
+        rates = with_op_host(rates, dev)  # round 21: host seconds per node, out of the step efficiency (host_cost)
+        dev["step_efficiency"] = step_efficiency(dev["reference_priced_s"],
+                                                 [dev["reference_step_s"] - dev["reference_host_s"]])
     bar.close()
     measurements.update(dev)
     action = CPU_PIPELINE_ACTION
@@ -513,7 +522,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
     reused = {k: m for k, m in REUSED_KIND_FITS.items() if k not in kinds}
     lines = [f"cpu ({profile.cpu_count} cores): {dev.peak_flops_per_s[torch.float32] / 1e9:.1f} GFLOP/s fp32, "
              f"{dev.hbm_bytes_per_s / 1e9:.1f} GB/s, AdamW {(dev.optimizer_bytes_per_s or 0) / 1e9:.2f} GB/s + "
-             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, pipeline "
+             f"{dev.optimizer_tensor_s * 1e6:.0f} us/tensor, step efficiency {dev.matmul_efficiency:.2f}, host "
+             f"{dev.op_host_s * 1e6:.1f}/{dev.op_host_bwd_s * 1e6:.1f} us per node fwd/bwd, pipeline "
              "actions F/I/W/B " + "/".join(f"{x * 1e6:.0f}" for x in dev.pipeline_action.compute_s())
              + f" us, send/recv {dev.pipeline_action.send_s * 1e6:.0f}/{dev.pipeline_action.recv_s * 1e6:.0f} us, "
              f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms, gloo threads "

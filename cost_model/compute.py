@@ -44,6 +44,15 @@ Model (roofline, Williams et al., "Roofline", CACM 2009)::
   split, alias, detach, ...) and metadata ops cost 0. Composite may-alias ops (reshape, flatten,
   contiguous, ``to``) are free when they return a view (contiguous input, same dtype) and are a copy
   otherwise. ``aten._to_copy`` always copies.
+* Host seconds per node (round 21; ``DeviceSpec.op_host_s`` / ``op_host_bwd_s``, measured by calibration on a
+  CPU, :mod:`cost_model.host_cost`; 0 on the GPU presets): every ATen node of the program, free ones (views,
+  metadata) included, costs ``op_host_s`` of host time in forward (the fx program's Python call, the dispatch
+  and the autograd record) and, when it has a floating-point input and output, ``op_host_bwd_s`` in backward
+  (the autograd engine's node; views have one too). On a CPU the host and the kernel run on the same thread,
+  so they ADD (measured, round 21: a 16K-element add chain ran host + kernel, not the larger of the two:
+  benchmarks/RESULTS.md); on a GPU the host runs ahead of the stream and overlaps the kernels, which is why
+  the presets price only ``launch_overhead_s``. At a GPT of width 64 (the schedules bench's ``--quick``) the
+  host is most of a node's time (~20 us of ~25).
 * Meta tensors carry no data and no real device. Composite ops are run with every device argument mapped to
   ``meta`` (``_fx.to_meta``); an op that still cannot run on meta tensors (it reads a value, e.g. ``.item()``)
   has its FLOPs left uncounted: it is priced as one kernel by the bytes of its inputs and outputs, and
@@ -63,7 +72,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
 from cost_model.hardware import DeviceSpec
 
-__all__ = ["optimizer_step_time_s", "OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "is_identity_dropout", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
+__all__ = ["optimizer_step_time_s", "op_host_seconds", "OpCost", "MetaExecutionError", "op_flops", "op_bytes", "is_free_op", "is_identity_dropout", "op_cost", "graph_flops", "BACKWARD_FLOPS_FACTOR",
            "BACKWARD_BYTES_FACTOR"]
 
 BACKWARD_FLOPS_FACTOR = 2  # backward FLOPs / forward FLOPs of matmul-like ops (see module docstring)
@@ -267,6 +276,13 @@ def _roofline_s(flops: int, nbytes: int, kernels: int, dtype: torch.dtype, devic
     return max(compute_s, memory_s) + kernels * device.launch_overhead_s
 
 
+def op_host_seconds(args: tuple, kwargs: dict, out: object, device: DeviceSpec) -> tuple[float, float]:
+    """(forward, backward) host seconds of one ATen node beyond its kernels' launches (module docstring):
+    ``device.op_host_s`` for every node, ``device.op_host_bwd_s`` for a node with a floating-point input and
+    output (it records an autograd node, a view included); (0, 0) on the GPU presets."""
+    return device.op_host_s, (device.op_host_bwd_s if _has_backward(args, kwargs, out) else 0.0)
+
+
 def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object, device: DeviceSpec,
             fused_args: frozenset[int] = frozenset(), output_fused: bool = False) -> OpCost:
     """Forward and backward cost of one ATen op on ``device`` (model in the module docstring).
@@ -301,13 +317,14 @@ def op_cost(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: objec
     bwd_bytes = BACKWARD_BYTES_FACTOR * fwd_bytes if has_bwd else 0
     dtype = _compute_dtype(args, kwargs, out)
     bwd_kernels = 0 if output_fused else max(kernels, 2 if fwd_flops else 1)
+    host_fwd_s, host_bwd_s = op_host_seconds(args, kwargs, out, device)
     return OpCost(
         fwd_flops=fwd_flops,
         bwd_flops=bwd_flops,
         fwd_bytes=fwd_bytes,
         bwd_bytes=bwd_bytes,
-        fwd_s=_roofline_s(fwd_flops, fwd_bytes, kernels, dtype, device),
-        bwd_s=_roofline_s(bwd_flops, bwd_bytes, bwd_kernels, dtype, device),
+        fwd_s=_roofline_s(fwd_flops, fwd_bytes, kernels, dtype, device) + host_fwd_s,
+        bwd_s=_roofline_s(bwd_flops, bwd_bytes, bwd_kernels, dtype, device) + host_bwd_s,
         uncounted_flops=uncounted,
     )
 

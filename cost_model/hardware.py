@@ -172,6 +172,13 @@ class DeviceSpec:
         matmul_efficiency: achievable fraction of ``peak_flops_per_s`` for matmul-like ops, in (0, 1].
         memory_efficiency: achievable fraction of ``hbm_bytes_per_s``, in (0, 1].
         launch_overhead_s: fixed seconds added per kernel (launch + scheduling), >= 0.
+        op_host_s, op_host_bwd_s: host seconds per ATen node of the program beyond ``launch_overhead_s`` (the
+            Python call of the fx program's node, its dispatch and the autograd record in forward; the autograd
+            engine's node in backward, for a node with a floating-point input and output), >= 0, ADDED to the
+            node's kernel time (:func:`cost_model.compute.op_cost`): on a CPU the host and the kernel run on the
+            same thread, one after the other. 0 for the GPU presets (the host runs ahead of the GPU's stream and
+            overlaps the kernels; only ``launch_overhead_s`` is priced there). Measured by calibration
+            (:mod:`cost_model.host_cost`; round 21: ~10-20 us per node on this machine's CPU, ~1 us launch).
         optimizer_bytes_per_s: bytes/s the optimizer step streams (its traffic per parameter element:
             :func:`cost_model.compute.optimizer_step_time_s`); ``None``: ``achievable_bytes_per_s`` (a fused,
             memory-bound update, as torch's fused/foreach AdamW on GPUs). Calibration measures torch's AdamW.
@@ -210,6 +217,8 @@ class DeviceSpec:
     comm_overlap: float = 1.0
     collective_sync_s: float = 0.0
     pipeline_action: PipelineActionCost = PipelineActionCost()
+    op_host_s: float = 0.0
+    op_host_bwd_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -233,6 +242,10 @@ class DeviceSpec:
             raise ValueError(
                 f"DeviceSpec.launch_overhead_s={self.launch_overhead_s!r}: must be seconds in [0, 1)"
             )
+        for field_name in ("op_host_s", "op_host_bwd_s"):
+            value = getattr(self, field_name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"DeviceSpec.{field_name}={value!r}: must be seconds in [0, 1)")
         if self.optimizer_bytes_per_s is not None:
             _check_positive("optimizer_bytes_per_s", self.optimizer_bytes_per_s)
         if not (isinstance(self.optimizer_tensor_s, (int, float)) and 0 <= self.optimizer_tensor_s < 1):
@@ -250,7 +263,8 @@ class DeviceSpec:
         return hash((self.name, tuple(sorted((str(k), v) for k, v in self.peak_flops_per_s.items())),
                      self.hbm_bytes, self.hbm_bytes_per_s, self.matmul_efficiency,
                      self.memory_efficiency, self.launch_overhead_s, self.kind, self.optimizer_bytes_per_s,
-                     self.optimizer_tensor_s, self.comm_overlap, self.collective_sync_s, self.pipeline_action))
+                     self.optimizer_tensor_s, self.comm_overlap, self.collective_sync_s, self.pipeline_action,
+                     self.op_host_s, self.op_host_bwd_s))
 
     def achievable_flops_per_s(self, dtype: torch.dtype) -> float:
         """Return ``peak_flops_per_s[dtype] * matmul_efficiency`` in FLOP/s.
@@ -297,6 +311,8 @@ class DeviceSpec:
                                    hbm_bytes_per_s=self.hbm_bytes_per_s / memory_factor, optimizer_bytes_per_s=opt,
                                    launch_overhead_s=min(0.5, self.launch_overhead_s * compute_factor),
                                    optimizer_tensor_s=min(0.5, self.optimizer_tensor_s * compute_factor),
+                                   op_host_s=min(0.5, self.op_host_s * compute_factor),
+                                   op_host_bwd_s=min(0.5, self.op_host_bwd_s * compute_factor),
                                    pipeline_action=self.pipeline_action.scaled(compute_factor))
 
 

@@ -191,6 +191,10 @@ class CoreSharing:
         applied_compute: the compute factor ``Cluster.device`` is already slowed by (``DeviceSpec.scaled``
             with the matmul column at the cluster's process count; 1.0 when that count was not measured), so
             ``price / applied_compute`` is a price at solo speed.
+        collective_cpu: ``((kind, seconds_per_call, seconds_per_byte), ...)``: the process CPU one rank spends in
+            a collective of that kind at the cluster's process count (``Profile.collective_cpu``, round 18), or
+            ``()`` when not measured. The pipeline search counts the dp gradient sync's CPU with it in its floor
+            of the ranks' CPU over the cores (round 21, ``planner.sharing.cpu_floor_s``).
 
     Raises:
         ValueError: a point that is not (an int >= 1 given once, a finite factor > 0), no compute point, or an
@@ -200,6 +204,7 @@ class CoreSharing:
     compute_slowdown: tuple[tuple[int, float], ...]
     optimizer_slowdown: tuple[tuple[int, float], ...] = ()
     applied_compute: float = 1.0
+    collective_cpu: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_slowdown",
@@ -211,6 +216,16 @@ class CoreSharing:
         a = self.applied_compute
         if not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
             raise ValueError(f"CoreSharing.applied_compute={a!r}: must be a finite factor > 0")
+        for entry in self.collective_cpu:
+            if not (len(entry) == 3 and isinstance(entry[0], str)
+                    and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in entry[1:])):
+                raise ValueError(f"CoreSharing.collective_cpu entry {entry!r}: need (kind, seconds per call >= 0, "
+                                 "seconds per byte >= 0)")
+
+    def collective_cpu_s(self, kind: str, nbytes: float) -> float:
+        """Process CPU seconds of one rank in one collective of `kind` over `nbytes` bytes (`collective_cpu`'s
+        line; 0 when the kind was not measured)."""
+        return next((a + b * nbytes for k, a, b in self.collective_cpu if k == kind), 0.0)
 
 
 @dataclass(frozen=True, slots=True)

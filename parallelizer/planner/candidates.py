@@ -14,7 +14,8 @@ import numpy as np
 
 from cost_model.communication import collective_time_s
 from cost_model.compression import compressed_sync, compressed_sync_time_s
-from cost_model.compute import graph_flops
+from cost_model.compute import graph_flops, optimizer_step_time_s
+from cost_model.memory import bytes_per_param
 from cost_model.pipeline_actions import copy_exchange_pack_s
 from cost_model.topology import Cluster, MeshTopology
 
@@ -30,7 +31,7 @@ from .schedules import (V_PLACED, bubble_fraction, bubble_ratio, copies, get_sch
                         ranks_of_stage)
 from .sharing import SharedCores, pipeline_cores
 from .simulate import StageTimes, simulate
-from .stage_sync import exposed_lb, stage_syncs, sync_times
+from .stage_sync import exposed_lb, stage_syncs, sync_cpu_s, sync_times
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments
 
 AXES = ("pp", "dp", "tp")
@@ -403,6 +404,8 @@ class _Context:
                      backward_nodes=tuple(float(sum(ops[g] + len(self.prices(c.tp, s["lean"]).grad_shapes[g])
                                                     for g in s["segs"])) for s in st))
 
+        host, after = self._host_cpu(c, st, ranks, shared) if cores is not None else (None, 0.0)
+
         def run(codec):
             return simulate(c.schedule, c.pp, c.num_microbatches, StageTimes(
                 tuple(s["fwd_c"] * shared for s in st), tuple(s["bwd_c"] * shared for s in st),
@@ -410,7 +413,10 @@ class _Context:
                 res["copy_sync"], **sync_times(res, codec, self.sync_overlap),
                 action_overhead=self.cluster.device.pipeline_action.scaled(shared),  # per action (simulate)
                 copy_pack_s=None if res["copy_pack"] is None else tuple(x * shared for x in res["copy_pack"]),
-                **sizes), cores)
+                host_cpu_s=host, **sizes), cores)
+
+        def step(sim):  # round 21: no step beats the ranks' CPU over the cores; the optimizer, in that floor, is
+            return max(sim.makespan_s, sim.cpu_floor_s - after)  # added after the step (`steptime`): not twice
 
         sim = run(res["compression"])
         plain = sim if res["compression"] == "none" else run("none")
@@ -421,10 +427,31 @@ class _Context:
         if need > self.budget:
             return {"need_bytes": need}
         tied = res["tied_grad_sync"]
-        return dict(res, ranks=ranks, need_bytes=need, step_s=sim.makespan_s + tied,
+        return dict(res, ranks=ranks, need_bytes=need, step_s=step(sim) + tied,
                     pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
-                    rank_bubble=sim.bubble_fraction, uncompressed_step_s=plain.makespan_s + tied,
+                    rank_bubble=sim.bubble_fraction, uncompressed_step_s=step(plain) + tied,
                     uncompressed_dp_grad_sync=plain.makespan_s - plain.compute_end_s)
+
+    def _host_cpu(self, c: Candidate, st: list[dict], ranks: list[dict], shared: float
+                  ) -> tuple[tuple[float, ...], float]:
+        """(per pipeline rank, the solo CPU seconds outside its simulated actions: its stages' dp-sync CPU
+        (`stage_sync.sync_cpu_s`) + its optimizer step; the optimizer seconds `steptime` adds after the step,
+        the busiest rank's) for the floor of the ranks' CPU over the shared cores (round 21,
+        `sharing.cpu_floor_s`). The optimizer is priced as `steptime._pipeline_step` prices it
+        (`optimizer_step_time_s` on the cluster's device over the rank's trainable local elements and tensors,
+        ZeRO-1: a dp-th of them), times `shared` in the simulation's seconds like the compute."""
+        sync = sync_cpu_s(c.dp, [s["grads"] for s in st], self.cluster.sharing, self.overlap_grad_sync)
+        per_element = bytes_per_param(resolve_precision(self.config.precision, self.cluster.device,
+                                                        traced_in_low_precision(self.traced)), self.config.optimizer)
+        host, after = [], 0.0
+        for r in ranks:
+            shapes = [shape for k in r["stages"] for g in st[k]["segs"]
+                      for shape, _ in self.prices(c.tp, st[k]["lean"]).grad_shapes[g]]
+            numel = sum(math.prod(shape) for shape in shapes) / (c.dp if self.zero1 else 1)
+            opt = optimizer_step_time_s(int(numel), len(shapes), per_element, self.cluster.device)
+            after = max(after, opt)
+            host.append(sum(sync[k] for k in r["stages"]) + opt * shared)
+        return tuple(host), after
 
     def to_plan(self, c: Candidate, res: dict, report: SearchReport, search: str, uncompressed_step_s: float,
                 alternatives: tuple = ()) -> PipelinePlan:

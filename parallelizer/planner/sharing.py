@@ -115,6 +115,29 @@ class SharedCores:
         return f[k - 1] if k <= len(f) else f[-1] * k / len(f)
 
 
+def cpu_floor_s(work_s: np.ndarray, cores: SharedCores) -> float:
+    """A lower bound on the step of ranks that share the cores, from their total CPU work (round 21): processor
+    sharing of k computing ranks progresses at most k / factor(k) solo-seconds per second, so no schedule runs
+    the ranks' work in less than ::
+
+        floor_s = sum(work_s) / max_{k = 1..R} (k / factor(k))          # R = len(work_s) ranks
+
+    (ideal sharing of C cores by ranks of one process each, factor(k) = max(1, k / C): sum / min(R, C), the
+    ranks' total CPU over the cores). `work_s`: per rank, solo seconds of ALL its CPU work: its actions, its
+    optimizer step, and what a timeline holds as waits although it takes a core (gloo's threads during a dp
+    sync; `StageTimes.host_cpu_s`). The processor-sharing pass keeps the bound for the work it simulates; the
+    work it holds as waits is what the bound adds (`planner.simulate`, `SimResult.cpu_floor_s`).
+
+    Raises:
+        PipelineError: a negative or non-finite work.
+    """
+    work = np.asarray(work_s, dtype=float)
+    if (~np.isfinite(work)).any() or (work < 0).any():
+        raise PipelineError(f"cpu_floor_s: per-rank work {work.tolist()} s: need finite seconds >= 0")
+    rate = max(k / cores.factor(k) for k in range(1, len(work) + 1)) if len(work) else 1.0
+    return float(work.sum()) / rate
+
+
 def pipeline_cores(sharing: CoreSharing, pp: int, dp: int, tp: int) -> tuple[SharedCores, float]:
     """The machine as `simulate(..., cores=)` sees pp pipeline ranks of a pp x dp x tp mesh whose processes
     share its cores, and the factor that turns the cluster device's prices into the simulation's durations.

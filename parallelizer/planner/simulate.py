@@ -103,7 +103,7 @@ from torch.distributed.pipelining import schedules as _torch
 
 from ..errors import PipelineError
 from .action_schedule import ActionSchedule, compute_actions
-from .sharing import SharedCores, shared_pass
+from .sharing import SharedCores, cpu_floor_s, shared_pass
 
 _KIND = {"F": 0, "I": 1, "W": 2, "B": 3}
 _V_STAGES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zbv": 2, "dualpipev": 2}
@@ -213,6 +213,10 @@ class StageTimes:
             gradient for every received input, BitPipe's for every input it received with requires_grad), and
             the communication threads' `PipelineActionCost.comm_thread_s` is per op (round 20); None: 1 op per
             transfer.
+        host_cpu_s: per rank, solo CPU seconds it spends outside its simulated actions and optimizer tail while
+            its timeline shows a wait or nothing (round 21: gloo's threads reducing its dp gradient sync; the
+            optimizer step the caller adds after the step); counted only in `SimResult.cpu_floor_s` (with
+            `cores`); None: none.
     """
 
     fwd_s: tuple[float, ...]
@@ -234,6 +238,7 @@ class StageTimes:
     backward_nodes: tuple[float, ...] | None = None
     p2p_ops: tuple[float, ...] | None = None
     p2p_bwd_ops: tuple[float, ...] | None = None
+    host_cpu_s: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -255,6 +260,10 @@ class SimResult:
             when StageTimes.act_bytes is None).
         inflight_microbatches: per rank, peak_inflight_bytes / (sum of act bytes of the rank's action
             stages), i.e. in units of the rank's whole per-microbatch activations.
+        cpu_floor_s: with `cores`, `planner.sharing.cpu_floor_s` of every rank's CPU work (its actions' solo
+            seconds, its optimizer tail, `StageTimes.host_cpu_s`): no step on shared cores is shorter (round 21);
+            the makespan already respects it for the simulated work, the caller applies it (`candidates`:
+            with the optimizer it adds after the step); 0.0 without `cores` (one device per rank).
     """
 
     makespan_s: float
@@ -267,6 +276,7 @@ class SimResult:
     starts: np.ndarray
     ends: np.ndarray
     compiled: "_Compiled"
+    cpu_floor_s: float = 0.0
 
     def timeline(self) -> dict[int, list[tuple[str, float, float]]]:
         """Per rank, (action as torch prints it, e.g. "3F7", start_s, end_s) in run order."""
@@ -584,7 +594,13 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     act = np.ones(S) if times.act_bytes is None else np.asarray(times.act_bytes, dtype=float)
     peak = tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
     per_mb = [float(sum(act[k] for k in ks)) for ks in c.rank_stages]
+    floor = 0.0
+    if cores is not None:  # round 21: every rank's CPU over the cores (`sharing.cpu_floor_s`)
+        host = np.zeros(c.p) if times.host_cpu_s is None else np.asarray(times.host_cpu_s, dtype=float)
+        if len(host) != c.p:
+            raise PipelineError(f"StageTimes.host_cpu_s has {len(host)} entries: need one per rank ({c.p})")
+        floor = cpu_floor_s(np.bincount(c.rank, weights=dur, minlength=c.p) + tail + host, cores)
     return SimResult(makespan, compute_end, tuple(float(b) for b in busy),
                      tuple(1.0 - float(b) / compute_end if compute_end > 0 else 0.0 for b in busy),
                      compute_end - float(busy.max()), peak,
-                     tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(peak, per_mb)), starts, ends, c)
+                     tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(peak, per_mb)), starts, ends, c, floor)

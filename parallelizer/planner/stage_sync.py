@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from cost_model.communication import step_collective_s
-from cost_model.topology import MeshTopology
+from cost_model.topology import CoreSharing, MeshTopology
 
 from ..rewriter.grad_sync import bucket_sizes
 
@@ -37,6 +37,20 @@ def stage_syncs(dp: int, grads_bytes: list[float], topo: MeshTopology, overlap: 
         ends = list(itertools.accumulate(sizes))
         ready.append(ready_fractions(ends, produced[k] if produced is not None else [(1.0, nbytes)]))
     return tuple(secs), tuple(ready)
+
+
+def sync_cpu_s(dp: int, grads_bytes: list[float], sharing: CoreSharing | None, overlap: bool) -> tuple[float, ...]:
+    """Per model stage, the process CPU seconds one of its ranks spends in its dp gradient all-reduce (round 21):
+    the same buckets as `stage_syncs` (one per `bucket_sizes` bucket, or one flat buffer without `overlap`),
+    each `sharing.collective_cpu_s("all_reduce", bytes)` (`CoreSharing.collective_cpu`, measured by calibration
+    at the cluster's process count; 0 when not measured, with dp = 1, or on a GPU cluster: `sharing` None). The
+    simulator holds the sync as a wait that uses no core; gloo's threads reduce on the shared cores meanwhile,
+    so the pipeline search counts this CPU in its floor of the ranks' CPU over the cores
+    (`StageTimes.host_cpu_s`, `planner.sharing.cpu_floor_s`)."""
+    if sharing is None or dp == 1:
+        return tuple(0.0 for _ in grads_bytes)
+    return tuple(sum(sharing.collective_cpu_s("all_reduce", b)
+                     for b in (bucket_sizes(float(n)) if overlap else [float(n)]) if n) for n in grads_bytes)
 
 
 def ready_fractions(ends: list[float], produced: list[tuple[float, float]]) -> tuple[float, ...]:
