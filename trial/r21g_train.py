@@ -47,6 +47,16 @@ def build_model(layers: int):
     return LlamaForCausalLM(cfg)
 
 
+def factory(batch: int = 8, seq_len: int = SEQ, layers: int = 4):
+    """CLI factory (`parallelizer plan --model r21g_train:factory`, PYTHONPATH=trial): model, ids, labels."""
+    model = build_model(layers)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (batch, seq_len), generator=g)
+    labels = ids.clone()
+    labels[: batch // 4, seq_len // 2:] = -100
+    return model, (ids,), {"labels": labels}
+
+
 def batch(step: int, micro: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Microbatch `micro` of optimizer step `step`: ids (mb, SEQ) and labels with -100 padding."""
     g = torch.Generator().manual_seed(1000 * step + micro)
