@@ -12,6 +12,9 @@ checkpoint save + resume (parallelizer.checkpoint for pm; torch.save for the pla
     torchrun --nproc-per-node 4 trial/r21g_train.py --mode auto   --steps 6 --out /tmp/r21g/auto.json
     torchrun --nproc-per-node 4 trial/r21g_train.py --mode dp2tp2 --steps 6 --out /tmp/r21g/dp2tp2.json
     torchrun --nproc-per-node 4 trial/r21g_train.py --mode pp2dp2 --steps 6 --out /tmp/r21g/pp2dp2.json
+    # a plan made by the CLI (e.g. priced on a calibration profile), applied as made:
+    PYTHONPATH=trial parallelizer plan --model r21g_train:factory --cluster profile.json --global-batch 8 -o p.json
+    torchrun --nproc-per-node 4 trial/r21g_train.py --mode file --plan p.json --out /tmp/r21g/file.json
     # save after step 3, then resume in a new launch:
     ... --save-at 3 --ckpt /tmp/r21g/ck_x ; ... --resume /tmp/r21g/ck_x --out /tmp/r21g/x_resumed.json
     python trial/r21g_compare.py /tmp/r21g/plain.json /tmp/r21g/dp2tp2.json
@@ -86,7 +89,8 @@ def cosine(total: int, warmup: int = 2, floor: float = 0.1):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", default="plain", choices=["plain", "auto", "dp2tp2", "pp2dp2", "search", "single"])
+    ap.add_argument("--mode", default="plain", choices=["plain", "auto", "dp2tp2", "pp2dp2", "search", "file"])
+    ap.add_argument("--plan", default="", help="--mode file: a plan JSON from `parallelizer plan`")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--mb", type=int, default=8)
@@ -106,8 +110,7 @@ def main() -> None:
     args = ap.parse_args()
 
     model = build_model(args.layers)
-    mesh = {"auto": None, "dp2tp2": {"dp": 2, "tp": 2}, "pp2dp2": {"pp": 2, "dp": 2}, "search": None,
-            "single": None}.get(args.mode)
+    mesh = {"auto": None, "dp2tp2": {"dp": 2, "tp": 2}, "pp2dp2": {"pp": 2, "dp": 2}, "search": None}.get(args.mode)
     caught: list[str] = []
     t0 = time.time()
     if args.mode == "plain":
@@ -124,10 +127,13 @@ def main() -> None:
             opts["precision"] = "bf16"
         if args.mode == "search":
             opts["cluster"] = "h100:1x4"
+        if args.mode == "file":
+            opts["plan"] = args.plan
         with warnings.catch_warnings(record=True) as ws:
             warnings.simplefilter("always")
-            pm = parallelizer.auto_parallelize(model, (ids0,), mesh=mesh, example_kwargs={"labels": labels0},
-                                               time_limit_s=30, **opts)
+            if args.mode != "file":
+                opts["time_limit_s"] = 30
+            pm = parallelizer.auto_parallelize(model, (ids0,), mesh=mesh, example_kwargs={"labels": labels0}, **opts)
         caught = [f"{w.category.__name__}: {str(w.message)[:400]}" for w in ws]
         rank = dist.get_rank() if dist.is_initialized() else 0
         named = list(pm.named_parameters())
