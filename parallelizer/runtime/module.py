@@ -51,9 +51,10 @@ from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES
 from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
-from ..tracer.graph import TracedGraph, as_real
+from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from . import shard_origin
+from .module_contract import check_equal_across_ranks, check_state_keys, pickling_refused  # noqa: F401 (re-exported)
 from .grad_norm import clip_grad_norm_
 from .grad_norm import register_module as register_for_clipping
 from .init_check import install as check_initialisers, refuse_parametrized_shard
@@ -487,7 +488,7 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
                     f"{tuple(value.shape)}; nothing was written back. Remedy: write the tensor in place, keeping "
                     "its shape (a new shape needs a new trace and plan)", missing=[], unexpected=[])
             values[fqn] = value
-        _check_equal_across_ranks(values, self.spec.mesh.world_size)
+        check_equal_across_ranks(values, self.spec.mesh.world_size)
         with torch.no_grad():
             for fqn, value in values.items():
                 local = locals_[fqn]
@@ -634,65 +635,6 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
 _OWN_NAMES = frozenset({"traced", "spec", "rank", "grad_bucket_bytes", "coords", "programs", "groups"})
 """Plain instance attributes of a ParallelModule: a root setting of the model with one of these names is not
 carried onto it (`ParallelModule._mirror`)."""
-
-
-def pickling_refused(kind: str) -> UnsupportedOpError:
-    """The error for pickling a parallel module (`torch.save(pm, path)`, `pickle.dumps(pm)`, `copy.copy(pm)`): it
-    holds this rank's pieces, its process groups and programs, which another process cannot take up."""
-    return UnsupportedOpError(
-        f"torch.save / pickle of a {kind}: it holds this rank's pieces of the model, process groups and compiled "
-        "programs, which another process cannot take up. Remedy: save its state instead: "
-        "parallelizer.checkpoint.save(pm, opt, dir) (model and optimizer, loads on any plan), "
-        "torch.save(pm.state_dict(), f'ckpt-rank{dist.get_rank()}.pt') per rank (same rank and plan), or the "
-        "whole model for one device: parallelizer.checkpoint.export_full_state_dict(pm, dir) (a ParallelModule "
-        "also: `with pm.full_model() as model: torch.save(model, path)` on every rank)")
-
-
-def _check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) -> None:
-    """Raise PlanMismatchError naming the first tensor whose checksum differs between the ranks (collective
-    over the default group, which a non-pipeline ParallelModule's mesh spans)."""
-    import torch.distributed as dist
-
-    if not values or not dist.is_initialized() or dist.get_world_size() != world_size or world_size == 1:
-        return
-    sums = torch.stack([torch.nan_to_num(as_real(v.detach()).double().sum(), nan=0.0, posinf=1e300, neginf=-1e300)
-                        for v in values.values()])
-    low, high = sums.clone(), sums.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    differs = [fqn for fqn, lo, hi in zip(values, low.tolist(), high.tolist()) if lo != hi]
-    if differs:
-        raise PlanMismatchError(
-            f"full_model / apply: the ranks computed different values for {differs[0]!r}"
-            f"{f' (and {len(differs) - 1} more)' if len(differs) > 1 else ''}, e.g. random draws from generators "
-            "seeded differently; nothing was written back. Remedy: torch.manual_seed(same seed) on every rank "
-            "before it")
-
-
-def check_state_keys(traced: TracedGraph, state_dict: dict, strict: bool, where: str
-                     ) -> tuple[dict[str, str], list[str], list[str]]:
-    """The keys a full state dict of the traced model has (name -> canonical FQN: persistent tensors and their
-    tied aliases), and `state_dict`'s missing and unexpected keys against them.
-
-    Raises:
-        StateDictError: with strict=True, keys missing or unexpected (lists them, with the remedy).
-    """
-    expected = {name: fqn for fqn, info in traced.parameters.items() if info.persistent
-                for name in (fqn, *info.aliases)}
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if strict and (missing or unexpected):
-        raise StateDictError(
-            f"{where}: {len(missing)} missing key(s) {_some(missing)}, {len(unexpected)} unexpected "
-            f"key(s) {_some(unexpected)}. The state dict must have the keys of the model's state_dict() "
-            "(tied aliases included, non-persistent buffers left out). Remedy: save it with "
-            "model.state_dict() / full_state_dict(), or pass strict=False to load the keys "
-            "that match", missing=missing, unexpected=unexpected)
-    return expected, missing, unexpected
-
-
-def _some(keys: list[str], n: int = 8) -> str:
-    return "[" + ", ".join(keys[:n]) + (f", ... ({len(keys) - n} more)" if len(keys) > n else "") + "]"
 
 
 def _describe(modes) -> str:

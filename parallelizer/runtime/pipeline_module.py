@@ -56,7 +56,7 @@ from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
 from .replicas import check_same_inputs, inputs_unchecked
 from .wrappers import install as check_wrappers
-from .module import check_state_keys, pickling_refused
+from .module_contract import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
 from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank, step_returns
 from .zero1 import axis_group
