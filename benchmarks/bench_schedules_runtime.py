@@ -46,7 +46,11 @@ of it; one thread per rank. Reported per schedule: simulated ms in three variant
 factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
 cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
 time, per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike, and (round 20)
-per rank its priced solo work beside its measured process CPU.
+per rank its priced solo work beside its measured process CPU, and (round 22) per rank the step's minor page faults
+and system CPU (`getrusage`): at full size a schedule whose activations outgrow the memory glibc's heap keeps between
+steps (its dynamic trim threshold) faults them in again every step (round 22, load ~25: gpipe 7-17 thousand faults
+per rank per step, 1f1b none), CPU the cost model does not price (the calibration pins the allocator,
+`cost_model.measure.pin_allocator`).
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -64,6 +68,7 @@ import io
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -226,8 +231,8 @@ def _loss(output, target):
 def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int, gpt: dict | None = None
                ) -> dict:
     """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
-    (process time) of each, the first step's loss, and this rank's parameter count and tensors (what its
-    optimizer steps)."""
+    (process time) of each, its minor page faults and system CPU milliseconds of each (`getrusage`), the first
+    step's loss, and this rank's parameter count and tensors (what its optimizer steps)."""
     torch.set_num_threads(1)
     built = {}
     for name in SCHEDULES:
@@ -237,20 +242,22 @@ def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, r
         params = list(pm.parameters())
         built[name] = (pm, torch.optim.AdamW(params, lr=1e-4), sum(p.numel() for p in params), len(params))
     labels = torch.roll(ids, -1, dims=1)
-    out = {name: {"ms": [], "cpu_ms": [], "loss1": None, "numel": n, "tensors": t}
+    out = {name: {"ms": [], "cpu_ms": [], "minflt": [], "sys_ms": [], "loss1": None, "numel": n, "tensors": t}
            for name, (_, _, n, t) in built.items()}
     for i in range(warmup + rounds):
         for name, (pm, opt, _, _) in built.items():
             dist.barrier()
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, use = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
             loss = pm.step(ids, target=labels, loss_fn=_loss)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            cpu = time.process_time() - cpu
+            cpu, used = time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF)
             dist.barrier()
             if i >= warmup:
                 out[name]["ms"].append((time.perf_counter() - start) * 1e3)
                 out[name]["cpu_ms"].append(cpu * 1e3)
+                out[name]["minflt"].append(used.ru_minflt - use.ru_minflt)
+                out[name]["sys_ms"].append((used.ru_stime - use.ru_stime) * 1e3)
             if out[name]["loss1"] is None:
                 out[name]["loss1"] = loss.item()
     return out
@@ -303,6 +310,11 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
                         + "; ".join(n + " " + ", ".join(
                             f"{a:.0f} / {statistics.median(b):.0f}"
                             for a, b in zip(sim[n]["rank_work_ms"], measured[n]["rank_cpu_ms"])) for n in ranked) + ".")
+        faulted = [n for n in SCHEDULES if measured[n].get("rank_minflt")]  # steps written before round 22: none
+        if faulted:
+            rows.append("Per rank minor page faults / system CPU ms per step (median), rank 0..3: " + "; ".join(
+                n + " " + ", ".join(f"{statistics.median(f):.0f} / {statistics.median(t):.0f}" for f, t in zip(
+                    measured[n]["rank_minflt"], measured[n]["rank_sys_ms"])) for n in faulted) + ".")
         bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
                or list(measured[n]["tensors"]) != sim[n]["tensors"]]
         rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
@@ -345,7 +357,9 @@ def main(argv=None) -> None:
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],
                            "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))],
-                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured]}
+                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured],
+                           "rank_minflt": [r[name]["minflt"] for r in measured],
+                           "rank_sys_ms": [r[name]["sys_ms"] for r in measured]}
                     for name in SCHEDULES}
         if args.json:
             with open(args.json, "w") as f:
