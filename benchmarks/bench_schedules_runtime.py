@@ -50,7 +50,9 @@ per rank its priced solo work beside its measured process CPU, and (round 22) pe
 and system CPU (`getrusage`): at full size a schedule whose activations outgrow the memory glibc's heap keeps between
 steps (its dynamic trim threshold) faults them in again every step (round 22, load ~25: gpipe 7-17 thousand faults
 per rank per step, 1f1b none), CPU the cost model does not price (the calibration pins the allocator,
-`cost_model.measure.pin_allocator`).
+`cost_model.measure.pin_allocator`); and the pairs of schedules the paired timed rounds order the same way in at
+least 80% of the rounds (`decided_pairs`), with each variant's agreement on those: the measurement's own confidence
+in its order (round 22: at full size dualpipev / 1f1b were 1% apart and bitpipe / zbv 1.6%, within its noise).
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -95,6 +97,7 @@ from parallelizer.runtime import spawn
 GPT = dict(n_layer=8, n_embd=512, n_head=8, vocab_size=1024, batch=8, seq_len=128)
 PP, MICROBATCHES, WARMUP, ROUNDS = 4, 8, 1, 9
 CLEAR = 0.05  # pairs whose simulated step times differ by at least this fraction are counted apart
+DECIDED = 0.8  # pairs the timed rounds order the same way in at least this share of rounds are measured apart
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
 ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
 
@@ -271,6 +274,28 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
     return sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs), len(pairs)
 
 
+def decided_pairs(rounds_ms, share: float = DECIDED) -> list[tuple[int, int, int]]:
+    """The pairs (i, j, sign) of schedules that the paired timed rounds order the same way in at least `share` of
+    the rounds (round r of every schedule ran back to back, `bench_rank`): sign -1 when i was the faster, +1 when j.
+    A measurement's own confidence in its order (round 22): pairs decided by fewer rounds are within its noise.
+
+    Raises:
+        ValueError: schedules with different round counts, no rounds, or share outside (0.5, 1].
+    """
+    counts = {len(r) for r in rounds_ms}
+    if len(counts) != 1 or 0 in counts or not 0.5 < share <= 1:
+        raise ValueError(f"decided_pairs: round counts {sorted(counts)} and share {share}: need the same number (>= 1) "
+                         "of paired rounds per schedule and a share in (0.5, 1]")
+    n, out = counts.pop(), []
+    for i in range(len(rounds_ms)):
+        for j in range(i + 1, len(rounds_ms)):
+            faster = sum(a < b for a, b in zip(rounds_ms[i], rounds_ms[j]))
+            slower = sum(a > b for a, b in zip(rounds_ms[i], rounds_ms[j]))
+            if max(faster, slower) >= share * n:
+                out.append((i, j, -1 if faster > slower else 1))
+    return out
+
+
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
             "cores", "own": "own core each", "before": "measured factors, as priced until round 19 (one P2P op per "
             "transfer)"}
@@ -298,11 +323,16 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
         med = {n: statistics.median(measured[n]["ms"]) for n in SCHEDULES}
         b = [med[n] for n in SCHEDULES]
         rows.append(f"Measured order (fastest first): {' < '.join(sorted(SCHEDULES, key=med.get))}.")
+        decided = decided_pairs([measured[n]["ms"] for n in SCHEDULES])
+        rows.append(f"Pairs the timed rounds order the same way in >= {DECIDED:.0%} of rounds: {len(decided)} of "
+                    f"{len(SCHEDULES) * (len(SCHEDULES) - 1) // 2} (the others are within the measurement's noise).")
         for v, what in VARIANTS.items():
             a = [sim[n]["ms"][v] for n in SCHEDULES]
             (k, n), (kc, nc) = pairwise_agreement(a, b), pairwise_agreement(a, b, CLEAR)
+            kd = sum((a[i] - a[j]) * sign > 0 for i, j, sign in decided)
             rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
-                        f"separates by >= {CLEAR:.0%} {kc} of {nc}; median |simulated / measured - 1| "
+                        f"separates by >= {CLEAR:.0%} {kc} of {nc}, of the pairs the rounds decide {kd} of "
+                        f"{len(decided)}; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
         ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
         if ranked:

@@ -1,10 +1,11 @@
 """benchmarks.bench_schedules_runtime.report: the per-rank page-fault / system-CPU line (round 22, r22h: at full
-size gpipe's ranks fault 7-17 thousand pages per step, 1f1b's none, CPU the cost model does not price) and the
-steps written before it (no such fields) reported as before. Pure: no ranks started."""
+size gpipe's ranks fault 7-17 thousand pages per step, 1f1b's none, CPU the cost model does not price), the
+steps written before it (no such fields) reported as before, and the pairs the paired timed rounds decide (the
+measurement's own confidence in its order). Pure: no ranks started."""
 
 import pytest
 
-from benchmarks.bench_schedules_runtime import SCHEDULES, VARIANTS, report
+from benchmarks.bench_schedules_runtime import SCHEDULES, VARIANTS, decided_pairs, report
 
 
 def _sim():
@@ -43,3 +44,29 @@ def test_steps_written_before_the_fault_counts_report_as_before():
 def test_the_orders_and_agreement_lines_do_not_depend_on_the_fault_fields(with_faults):
     rows = [r for r in report(_sim(), _measured(with_faults), "header").splitlines() if "Spearman" in r]
     assert len(rows) == len(VARIANTS) and all("Spearman 1.00" in r for r in rows)
+
+
+def test_a_pair_is_decided_when_the_paired_rounds_order_it_alike_in_the_share_of_rounds():
+    """5 paired rounds: A faster than B in 5 (decided, A first), A faster than C in 3 (not at 80%), C faster than B
+    in 4 = 0.8 x 5 (decided, C first)."""
+    a = [10, 10, 10, 10, 10]
+    b = [11, 12, 13, 14, 15]
+    c = [9, 9, 11, 11, 11]
+    c[3] = 16  # round 3: C slower than B (16 > 14); rounds 0, 1, 2, 4: C faster than B
+    assert decided_pairs([a, b, c]) == [(0, 1, -1), (1, 2, 1)]
+    assert decided_pairs([a, b, c], share=1.0) == [(0, 1, -1)]
+
+
+@pytest.mark.parametrize("rounds, share", [([[1, 2], [1]], 0.8), ([[], []], 0.8), ([[1], [2]], 0.5)])
+def test_decided_pairs_refuses_unpaired_rounds_and_a_share_that_decides_nothing(rounds, share):
+    with pytest.raises(ValueError, match="paired rounds"):
+        decided_pairs(rounds, share)
+
+
+def test_the_report_scores_each_variant_on_the_pairs_the_rounds_decide():
+    """Round r of schedule i took 110 + 10 r + i ms: every round orders the schedules alike, so all 15 pairs are
+    decided, and the simulated order (100 + i) agrees on all of them."""
+    text = report(_sim(), _measured(False), "header")
+    assert "Pairs the timed rounds order the same way in >= 80% of rounds: 15 of 15" in text
+    rows = [r for r in text.splitlines() if "Spearman" in r]
+    assert rows and all("of the pairs the rounds decide 15 of 15" in r for r in rows)
