@@ -47,12 +47,13 @@ factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); on
 cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
 time, per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike, and (round 20)
 per rank its priced solo work beside its measured process CPU, and (round 22) per rank the step's minor page faults
-and system CPU (`getrusage`): at full size a schedule whose activations outgrow the memory glibc's heap keeps between
-steps (its dynamic trim threshold) faults them in again every step (round 22, load ~25: gpipe 7-17 thousand faults
-per rank per step, 1f1b none), CPU the cost model does not price (the calibration pins the allocator,
-`cost_model.measure.pin_allocator`); and the pairs of schedules the paired timed rounds order the same way in at
+and system CPU (`getrusage`): at full size the schedules that hold more activations fault pages in again every
+step (round 22, load ~25: gpipe 7-17 thousand per rank per step, interleaved_1f1b up to 14 thousand, 1f1b none; with
+glibc's malloc thresholds pinned in the ranks as the calibration pins them, `cost_model.measure.pin_allocator`, all
+but gpipe none), CPU the cost model does not price; and the pairs of schedules the paired timed rounds order the same way in at
 least 80% of the rounds (`decided_pairs`), with each variant's agreement on those: the measurement's own confidence
-in its order (round 22: at full size dualpipev / 1f1b were 1% apart and bitpipe / zbv 1.6%, within its noise).
+in its order (round 22: at full size the medians of dualpipev / 1f1b were 1% apart and of bitpipe / zbv 1.6%, their ranges
+over the rounds overlapping).
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
