@@ -17,7 +17,8 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
 * host seconds per ATen node of a training step (round 21, :mod:`cost_model.host_cost`): the fx program's call,
   dispatch and autograd record beyond the launch, forward and backward (``DeviceSpec.op_host_s`` /
-  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency.
+  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency. Round 22: a device round
+  quantity (the slope, medians of runs), so spread over the passes and pooled like the others.
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
 * contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
