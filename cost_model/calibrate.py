@@ -156,31 +156,15 @@ class Profile:
     def device_for(self, nprocs: int) -> DeviceSpec:
         """The device as each of ``nprocs`` ranks sharing this machine sees it: FLOP/s and bytes/s divided by the
         measured slowdown of ``nprocs`` concurrent processes, ``comm_overlap`` and ``collective_sync_s`` of
-        that count (unchanged where the profile did not measure them).
-
-        The calibrated sync wait is priced only where the ranks do not outnumber the cores (``nprocs <=
-        cpu_count``; :meth:`oversubscribed`); with more ranks than cores it stays recorded (and compared) but the
-        device gets ``collective_sync_s = 0``. Why (round 22, r22g): there every rank's compute is already priced at
-        the slowdown of ALL ``nprocs`` processes computing at once (``contention``), while in a step a rank that
-        waits in a collective leaves its core to the others; the wait and the full slowdown both charged the same
-        cores' time (and round 21's host seconds per node, scaled by the same factor, added to it). The lead's idle
-        run of 42 plans (2026-12-04 11:15-11:28 UTC, /tmp/r22/idle/steptime.json, main c1eda51) priced every
-        4-rank non-pipeline plan 11-47% over its measured step with the wait (x4: 4.7 ms, on 10-416 collectives a
-        plan); without it the 15 plans of forced roles came to -21..+29% (median |error| 7%, ddp and fsdp still
-        +12..+29%), Spearman over the 42 plans 0.954 -> 0.975. On ranks <= cores a waiting rank's core idles, so
-        the wait is priced as measured."""
+        that count (unchanged where the profile did not measure them)."""
         device = self.device
         if nprocs in self.contention:
             device = device.scaled(*self.slowdown(nprocs))
         if nprocs in self.comm_overlap:
             device = dataclasses.replace(device, comm_overlap=self.comm_overlap[nprocs])
-        if nprocs in self.collective_sync and not self.oversubscribed(nprocs):
+        if nprocs in self.collective_sync:
             device = dataclasses.replace(device, collective_sync_s=self.collective_sync[nprocs])
         return device
-
-    def oversubscribed(self, nprocs: int) -> bool:
-        """More ranks than the machine's cores (``cpu_count``; False when the profile does not record it)."""
-        return self.cpu_count is not None and nprocs > self.cpu_count
 
     def slowdown(self, nprocs: int) -> tuple[float, ...]:
         """``contention[nprocs]``, each factor at least :func:`cost_model.measure.contention_floor` (1, and
