@@ -39,7 +39,7 @@ from cost_model.communication import flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
 from cost_model.topology import COLLECTIVE_KINDS, Link
 
-__all__ = ["compare_profiles", "DEVICE_NOT_COMPARED", "PROFILE_NOT_COMPARED", "LINK_NOT_COMPARED"]
+__all__ = ["compare_profiles", "worst", "DEVICE_NOT_COMPARED", "PROFILE_NOT_COMPARED", "LINK_NOT_COMPARED"]
 
 # Fields that price nothing a calibration measures, with the reason.
 DEVICE_NOT_COMPARED = {
@@ -144,8 +144,8 @@ def compare_profiles(a, b) -> dict[str, float]:
     fields = {f.name for f in dataclasses.fields(a)}
     unknown = fields - _PER_COUNT_FIELDS - set(PROFILE_NOT_COMPARED) - {"device"}
     if unknown:
-        raise TypeError(f"compare_profiles: Profile fields {sorted(unknown)} have no comparison. Remedy: compare them in "
-                        "cost_model.profile_compare or name them in PROFILE_NOT_COMPARED with why")
+        raise TypeError(f"compare_profiles: Profile fields {sorted(unknown)} have no comparison. Remedy: compare "
+                        "them in cost_model.profile_compare or name them in PROFILE_NOT_COMPARED with why")
     out: dict[str, float] = {}
     _device_diffs(a.device, b.device, out)
     for n in sorted(set(a.links) & set(b.links)):

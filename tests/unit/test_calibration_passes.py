@@ -174,7 +174,8 @@ def test_calibrate_spreads_every_measurement_over_its_passes_and_leaves_out_a_sl
 
     def one_pass(i, device_rounds, steps):
         last = i == 3
-        return (["ref", ("x2", 7, 2, last), "ref", ("x4", 7, 2, last), "ref", ("device", device_rounds, "host programs"), "ref",
+        return (["ref", ("x2", 7, 2, last), "ref", ("x4", 7, 2, last), "ref",
+                 ("device", device_rounds, "host programs"), "ref",
                  ("pipeline", steps)] + (["own runner"] if i == 2 else []) + ["ref", ("contention", 3)])
     assert order == one_pass(1, 2, 4) + one_pass(2, 2, 3) + one_pass(3, 1, 3)
     m = json.loads(path.read_text())["measurements"]

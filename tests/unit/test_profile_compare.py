@@ -38,8 +38,8 @@ def _perturbed(value):
     if isinstance(value, dict) or hasattr(value, "items"):
         return {k: _perturbed(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: _perturbed(getattr(value, f.name)) for f in dataclasses.fields(value)
-                                             if _perturbed(getattr(value, f.name)) is not None})
+        changed = {f.name: _perturbed(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **{k: v for k, v in changed.items() if v is not None})
     return None
 
 
@@ -55,7 +55,8 @@ def test_every_profile_field_shows_in_the_comparison(name):
 
 @pytest.mark.parametrize("name", _fields(DeviceSpec, DEVICE_NOT_COMPARED))
 def test_every_device_field_shows_in_the_comparison(name):
-    changed = dataclasses.replace(PROFILE, device=dataclasses.replace(DEVICE, **{name: _perturbed(getattr(DEVICE, name))}))
+    device = dataclasses.replace(DEVICE, **{name: _perturbed(getattr(DEVICE, name))})
+    changed = dataclasses.replace(PROFILE, device=device)
     diffs = compare_profiles(PROFILE, changed)
     assert any(v != 0 for v in diffs.values()), name
 
@@ -70,7 +71,8 @@ def test_every_pipeline_action_field_shows_in_the_comparison(name):
 
 @pytest.mark.parametrize("name", _fields(Link, LINK_NOT_COMPARED))
 def test_every_link_field_shows_in_the_comparison(name):
-    changed = dataclasses.replace(PROFILE, links={4: dataclasses.replace(LINK, **{name: _perturbed(getattr(LINK, name))})})
+    link = dataclasses.replace(LINK, **{name: _perturbed(getattr(LINK, name))})
+    changed = dataclasses.replace(PROFILE, links={4: link})
     assert any(v != 0 for v in compare_profiles(PROFILE, changed).values()), name
 
 
