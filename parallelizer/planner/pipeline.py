@@ -17,6 +17,7 @@ from ..core.mesh import MeshSpec
 from .compression import compression_line
 from .boundary import BoundaryCompression
 from .plan import Plan, _round
+from .stages import partition_text
 
 PIPELINE_FORMAT_VERSION = 1
 
@@ -161,7 +162,8 @@ class PipelinePlan:
     `planner.simulate`), "bubble" (its idle part on the busiest rank), "dp_grad_sync" (the exposed part of
     the ranks' gradient all-reduces over dp, each stage's started during its last backward: `planner.simulate`), "tied_grad_sync" (embedding
     gradient exchanged between the first and last rank); step_time_s = pipeline + dp_grad_sync + tied_grad_sync.
-    partition: which stage split won for the chosen candidate: "dp" (the balancing DP) or "uniform" (even).
+    partition: which stage boundaries won for the chosen candidate: "dp" (the balancing dynamic program; not the
+        mesh axis) or "uniform" (even); text: `stages.partition_text`.
     intra_stage_plan: the tp-axis ILP `Plan` of the whole graph (layouts per node; see `stage_layouts`),
     kept on the object but not in the JSON (its solver summary is, in `intra_stage_solver`).
     """
@@ -257,7 +259,7 @@ class PipelinePlan:
             f" ms + tied grad sync {b['tied_grad_sync'] * 1e3:.1f} ms",
             f"throughput {self.tflops_per_gpu:.1f} TFLOP/s per GPU = {self.mfu:.1%} MFU of {self.device} "
             f"({self.peak_flops_per_s / 1e12:.0f} TFLOP/s peak); {self.flops_per_step / 1e15:.1f} PFLOP per step",
-            f"stages ({len(self.stages)}, unit {self.block_group}, {self.partition} partition):",
+            f"stages ({len(self.stages)}, unit {self.block_group}, {partition_text(self.partition)}):",
         ]
         for s in self.stages:
             lines.append(f"  {s.index:3d} rank {s.pp_rank:3d}: blocks {s.first_block:3d}-{s.last_block:3d}"
