@@ -1,0 +1,197 @@
+"""Kinks crossed by rounding: why a right float32 program may differ from one device by a whole gradient.
+
+A kink is a point where an op's gradient jumps: ReLU at 0 (threshold), a clamp's bounds (clamp, hardtanh), `abs`
+at 0, `maximum` / `minimum` of two equal values, a comparison that a `where` reads (gt, lt, ge, le), and the
+selection of max-pool, `max` / `min` over a dim, argmax / argmin, sort / topk between tied values. Two float32
+computations of the same function (one device's kernels, the plan's program with another summation order) land
+within rounding of each other, and an element within rounding of a kink may land on different sides: its WHOLE
+gradient is then kept on one side and dropped on the other (or routed to another element), which no bound
+derived from rounding covers (ResNet pp=2 x dp=2, round 21: one element of 32,768 after a ReLU, 16% of that
+block's largest gradient, ratio 561, while the plan replayed in float64 equals the float64 model at 1e-13).
+
+`locate` finds such elements on one rank: it runs the plan's float32 program (this rank's, `ParallelModule`)
+and the traced graph on one device (float32, the same weights and inputs) once forward, records every kink op's
+inputs and outputs in both, and counts the elements where the two take different sides of the kink (`_SIDES`)
+while the op's continuous value agrees within float32's tolerance (torch.testing's rtol 1.3e-6, atol 1e-5: a
+tie or a value at the kink, not a different value). The rehearsal calls it only when the float32 comparison
+failed and the SAME plan replayed in float64 equals the float64 model (`runtime.replay64`: a wrong program,
+missing or doubled term stays as far off there), and then judges "match" naming the elements (op, node,
+count, the two float32 values) in the report; without such an element the DIFFER stands.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..rewriter.apply import AsEmitted
+from ..rewriter.spec import ShardingSpec
+from ..rewriter.state import shard_tensor
+from .tolerance import tolerances
+
+# op name (the overload packet's) -> how its side of the kink is read (`_crossed`)
+_SIDES = {
+    "relu": "threshold", "threshold": "threshold", "hardtanh": "clamp", "clamp": "clamp", "clamp_min": "clamp",
+    "clamp_max": "clamp", "abs": "sign", "maximum": "pick", "minimum": "pick", "fmax": "pick", "fmin": "pick",
+    "gt": "compare", "lt": "compare", "ge": "compare", "le": "compare",
+    "max_pool1d_with_indices": "select", "max_pool2d_with_indices": "select", "max_pool3d_with_indices": "select",
+    "max": "select", "min": "select", "sort": "select", "topk": "select", "argmax": "index", "argmin": "index",
+}
+
+
+def kink_op(node: torch.fx.Node) -> str | None:
+    """The op name of `node` when it is a kink op (`_SIDES`; `max` / `min` only over a dim: with indices), else None."""
+    if node.op != "call_function":
+        return None
+    name = getattr(getattr(node.target, "overloadpacket", None), "__name__", None)
+    if name in ("max", "min") and "dim" not in str(node.target):
+        return None
+    return name if name in _SIDES else None
+
+
+class _Recorder(AsEmitted):
+    """Runs a graph and keeps (args, output) of every kink op (`kink_op`) by the traced node it stands for (a
+    rank program's node names its traced node in `meta["source"]`, `rewriter.apply`), detached."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.seen: dict[str, tuple] = {}
+
+    def run_node(self, n: torch.fx.Node):
+        out = super().run_node(n)
+        if kink_op(n):
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            self.seen[n.meta.get("source", n.name)] = (n, _detached(args), _detached(out))
+        return out
+
+
+def _detached(tree):
+    return torch.utils._pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Elementwise: a and b agree within `dtype`'s tolerance (torch.testing's rtol, atol)."""
+    rtol, atol = tolerances(dtype)
+    a, b = torch.broadcast_tensors(a.double(), b.double())
+    return (a - b).abs() <= atol + rtol * b.abs()
+
+
+def _crossed(op: str, mine: tuple, ref: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean mask over the op's output (this rank's shard): the two runs took different sides of the kink while
+    the op's continuous value agrees within `dtype`'s tolerance. `mine` / `ref`: (args, output) of the plan's
+    program and of one device, the reference sharded as the plan holds it."""
+    (a, out), (ra, rout) = mine, ref
+    kind = _SIDES[op]
+    if kind == "threshold":
+        level = a[1] if op == "threshold" else 0
+        return ((a[0] > level) != (ra[0] > level)) & _close(out, rout, dtype)
+    if kind == "clamp":
+        lo, hi = (a[1] if len(a) > 1 else None), (a[2] if len(a) > 2 else None)
+        if op == "hardtanh":
+            lo, hi = (a[1] if len(a) > 1 else -1.0), (a[2] if len(a) > 2 else 1.0)
+        if op == "clamp_max":
+            lo, hi = None, a[1]
+
+        def side(x):
+            s = torch.zeros_like(x, dtype=torch.int8)
+            s = s + (x < lo).to(torch.int8) if lo is not None else s
+            return s + 2 * (x > hi).to(torch.int8) if hi is not None else s
+        return (side(a[0]) != side(ra[0])) & _close(out, rout, dtype)
+    if kind == "sign":
+        return ((a[0] >= 0) != (ra[0] >= 0)) & _close(out, rout, dtype)
+    if kind == "pick":
+        return ((a[0] > a[1]) != (ra[0] > ra[1])) & _close(out, rout, dtype)
+    if kind == "compare":
+        gap = lambda args: args[0] - args[1] if isinstance(args[1], torch.Tensor) else args[0] - args[1]  # noqa: E731
+        return (out != rout) & _close(gap(a), gap(ra), dtype)
+    if kind == "select":  # (values, indices): another index picked for the same value (a tie)
+        return (out[1] != rout[1]) & _close(out[0], rout[0], dtype)
+    dim = a[1] if len(a) > 1 and a[1] is not None else None  # argmax / argmin: the values at both indices agree
+    if dim is None:
+        return (out != rout) & _close(ra[0].flatten()[out], ra[0].flatten()[rout], dtype)
+    keep = len(a) > 2 and a[2]
+    pick = lambda idx: ra[0].gather(dim, idx if keep else idx.unsqueeze(dim))  # noqa: E731
+    return (out != rout).reshape(pick(out).shape) & _close(pick(out), pick(rout), dtype)
+
+
+def _graph_args(traced, model: torch.nn.Module, inputs: tuple, kwargs: dict) -> list:
+    """The placeholders' values of `traced.graph_module` for `model(*inputs, **kwargs)` on one device: each
+    parameter / buffer / lifted constant by its FQN, then the user inputs (`TracedGraph.tensor_inputs`)."""
+    owner = {ph: p for p in traced.parameters.values() for ph in p.placeholders}
+    constants = traced.constant_values()
+    state = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    user = iter(traced.tensor_inputs(inputs, kwargs))
+    args = []
+    for node in traced.graph_module.graph.find_nodes(op="placeholder"):
+        p = owner.get(node.name)
+        args.append(next(user) if p is None else constants[p.fqn] if p.is_constant else state[p.fqn])
+    return args
+
+
+def locate(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec, traced) -> list[tuple]:
+    """This rank's kink crossings at the first forward (module docstring): (node, op, count, plan value, one
+    device's value) per kink node with at least one crossed element, the values at the first such element; an
+    element replicated over a mesh axis is counted on the rank at coordinate 0 of that axis only, so the counts
+    add up over ranks. Collective: every rank of `spec`'s mesh calls it (the program's collectives run)."""
+    from .module import ParallelModule
+
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs = rest[0] if rest else {}
+    reference = copy.deepcopy(model)
+    pm = ParallelModule(traced, spec, rank, model)
+    with torch.no_grad():
+        mine = _Recorder(pm.program.graph_module)
+        mine.run(*pm._state(), *traced.tensor_inputs(copy.deepcopy(inputs), copy.deepcopy(kwargs)))
+        ref = _Recorder(traced.graph_module)
+        ref.run(*_graph_args(traced, reference, copy.deepcopy(inputs), copy.deepcopy(kwargs)))
+    found = []
+    for name, (node, args, out) in sorted(mine.seen.items()):
+        layouts = spec.nodes.get(name)
+        if name not in ref.seen or layouts is None or any(p.is_partial() for p in layouts.output.placements):
+            continue
+        op = kink_op(node)
+        _, rargs, rout = ref.seen[name]
+        positions = [i for i, x in enumerate(node.args) if isinstance(x, torch.fx.Node)]
+        try:
+            rargs = list(rargs)
+            for k, i in enumerate(positions):  # each tensor argument as this rank holds it (its use layout)
+                if isinstance(rargs[i], torch.Tensor) and k < len(layouts.inputs):
+                    rargs[i] = shard_tensor(rargs[i], layouts.inputs[k], spec.mesh, pm.coords)
+            rout = torch.utils._pytree.tree_map(
+                lambda t: shard_tensor(t, layouts.output, spec.mesh, pm.coords) if isinstance(t, torch.Tensor) else t,
+                rout)
+            dtype = next(t.dtype for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)
+                         and t.is_floating_point())
+            mask = _crossed(op, (args, out), (tuple(rargs), rout), dtype)
+        except (RuntimeError, ValueError, IndexError, StopIteration):  # a layout or shape this check cannot read
+            continue
+        owner = all(c == 0 for c, p in zip(pm.coords, layouts.output.placements) if not p.is_shard())
+        count = int(mask.sum().item()) if owner else 0
+        if count:
+            first = mask.nonzero()[0].tolist()
+            value = lambda t: float((t[0] if isinstance(t, tuple) else t).double()[tuple(first)])  # noqa: E731
+            found.append((name, f"{op} ({node.target})", count, value(out), value(rout)))
+    return found
+
+
+def kinks_note(results: list[dict]) -> str:
+    """The report's evidence of the crossings over every rank (`locate` per rank, in `results[i]["kinks"]`):
+    '' when none. Counts add over ranks; the values are the first rank's that found the node."""
+    by_node: dict[str, list] = {}
+    for r in results:
+        for name, op, count, plan_value, ref_value in r.get("kinks") or ():
+            if name in by_node:
+                by_node[name][1] += count
+            else:
+                by_node[name] = [op, count, plan_value, ref_value]
+    if not by_node:
+        return ""
+    total = sum(v[1] for v in by_node.values())
+    where = "; ".join(f"{op} at node {name}: {count} (plan {pv:.3g}, one device {rv:.3g})"
+                      for name, (op, count, pv, rv) in sorted(by_node.items())[:4])
+    return (f"{total} element(s) crossed a kink by rounding ({where}{'; ...' if len(by_node) > 4 else ''}): the "
+            "plan's float32 value and one device's agree within float32's tolerance but lie on different sides of "
+            "the op's kink, so that element's whole gradient is kept on one side and dropped (or sent to another "
+            "element) on the other; the same plan replayed in float64 equals the float64 model, so the program is "
+            "right (runtime/kinks.py)")
