@@ -145,28 +145,79 @@ def locate(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec, traced) 
         mine.run(*pm._state(), *traced.tensor_inputs(copy.deepcopy(inputs), copy.deepcopy(kwargs)))
         ref = _Recorder(traced.graph_module)
         ref.run(*_graph_args(traced, reference, copy.deepcopy(inputs), copy.deepcopy(kwargs)))
+    return _compare(mine.seen, ref.seen, spec, pm.coords)
+
+
+def locate_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict) -> list[tuple]:
+    """`locate` for a pipeline plan (`runtime.pipeline_rehearsal`): one float32 step of the plan, each of this
+    rank's stage programs recorded per call (call j: microbatch j, the order every schedule runs a stage's
+    forwards in), against the traced microbatch graph run on one device on microbatch j (the reference the
+    pipeline rehearsal accumulates). A stage whose program ran another number of times than there are
+    microbatches (recomputation) is not read. Collective: every rank of the plan calls it."""
+    from torch.utils import _pytree as pytree
+
+    from .pipeline_rehearsal import _weighting, pipeline_run
+
+    torch.manual_seed(0)
+    model, inputs, *rest = model_fn(**model_kwargs)
+    kwargs, m = (rest[0] if rest else {}), pipe["microbatches"]
+    reference = copy.deepcopy(model)
+    run, traced, flat, _ = pipeline_run(model, tuple(inputs), kwargs, spec, pipe)
+    calls = {}
+    for s in run.stages:
+        gm, record = s._returning().graph_module, calls.setdefault(id(s), [])
+
+        def forward(*args, gm=gm, record=record):
+            recorder = _Recorder(gm)
+            out = recorder.run(*args)
+            record.append(recorder.seen)
+            return out
+        gm.forward = forward  # this step only (removed below)
+    try:
+        target, count, _ = _weighting(traced, flat, m, model)
+        run.step(*flat, target=target, item_count=count)
+    finally:
+        for s in run.stages:
+            del s._returning().graph_module.forward
     found = []
-    for name, (node, args, out) in sorted(mine.seen.items()):
+    with torch.no_grad():
+        for j in range(m):
+            args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[j] if isinstance(t, torch.Tensor) else t,
+                                       (tuple(inputs), kwargs))
+            ref = _Recorder(traced.graph_module)
+            ref.run(*_graph_args(traced, reference, args, kw))
+            for s in run.stages:
+                if len(calls[id(s)]) == m:
+                    found += [(f"{name} (microbatch {j})", *rest)
+                              for name, *rest in _compare(calls[id(s)][j], ref.seen, s.spec, s.coords)]
+    return found
+
+
+def _compare(mine: dict, ref: dict, spec: ShardingSpec, coords: tuple[int, ...]) -> list[tuple]:
+    """(node, op, count, plan value, one device's value) of each kink node recorded in both runs (`_Recorder.seen`)
+    with crossed elements (`_crossed`), one device's values sharded as the plan holds them at `coords`."""
+    found = []
+    for name, (node, args, out) in sorted(mine.items()):
         layouts = spec.nodes.get(name)
-        if name not in ref.seen or layouts is None or any(p.is_partial() for p in layouts.output.placements):
+        if name not in ref or layouts is None or any(p.is_partial() for p in layouts.output.placements):
             continue
         op = kink_op(node)
-        _, rargs, rout = ref.seen[name]
+        _, rargs, rout = ref[name]
         positions = [i for i, x in enumerate(node.args) if isinstance(x, torch.fx.Node)]
         try:
             rargs = list(rargs)
             for k, i in enumerate(positions):  # each tensor argument as this rank holds it (its use layout)
                 if isinstance(rargs[i], torch.Tensor) and k < len(layouts.inputs):
-                    rargs[i] = shard_tensor(rargs[i], layouts.inputs[k], spec.mesh, pm.coords)
+                    rargs[i] = shard_tensor(rargs[i], layouts.inputs[k], spec.mesh, coords)
             rout = torch.utils._pytree.tree_map(
-                lambda t: shard_tensor(t, layouts.output, spec.mesh, pm.coords) if isinstance(t, torch.Tensor) else t,
+                lambda t: shard_tensor(t, layouts.output, spec.mesh, coords) if isinstance(t, torch.Tensor) else t,
                 rout)
             dtype = next(t.dtype for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)
                          and t.is_floating_point())
             mask = _crossed(op, (args, out), (tuple(rargs), rout), dtype)
         except (RuntimeError, ValueError, IndexError, StopIteration):  # a layout or shape this check cannot read
             continue
-        owner = all(c == 0 for c, p in zip(pm.coords, layouts.output.placements) if not p.is_shard())
+        owner = all(c == 0 for c, p in zip(coords, layouts.output.placements) if not p.is_shard())
         count = int(mask.sum().item()) if owner else 0
         if count:
             first = mask.nonzero()[0].tolist()

@@ -352,11 +352,12 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
             # still outside: rounding beyond 8x or a wrong program (`replay64`); not for a forward drawing random
             # numbers (its report names them; a replay draws other masks and would read as a wrong program)
             if _any_rank_outside(result) and not result["random"]:
+                from .kinks import locate
                 from .replay64 import replay, replay_kinks  # imports this module
 
                 result["float64_replay"] = replay(rank, fn, kwargs, spec)
-                result["kinks"] = replay_kinks(rank, fn, kwargs, spec, traces[(fn, repr(kwargs))][0],
-                                               result["float64_replay"])
+                result["kinks"] = replay_kinks(result["float64_replay"], lambda: locate(
+                    rank, fn, kwargs, spec, traces[(fn, repr(kwargs))][0]))
         elif spec.autocast is None and not spec.compression.deviates_within(steps) and not result["random"] \
                 and narrows_inside(traces[(fn, repr(kwargs))][0]):
             # a float32 model that casts some values to 16 bits: what those casts reach is judged at the 16-bit

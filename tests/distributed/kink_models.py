@@ -57,16 +57,41 @@ def rehearsed(rank: int, world_size: int, model_fn, spec, steps: int) -> dict:
     return rehearsal._rank_cases(rank, world_size, [(model_fn, {}, spec)], steps, 1e-3, 1e-3)[0]
 
 
+def pipeline_rehearsed(rank: int, world_size: int, model_kwargs: dict, spec, pipe: dict, steps: int) -> dict:
+    """This rank's result of `rehearse_pipeline(batch_gate, model_kwargs, spec, pipeline, steps=steps)`
+    (`pipeline_rehearsal._rank_judged`; `pipe`: `plan.pipeline.to_dict()`)."""
+    from parallelizer.runtime import pipeline_rehearsal
+
+    return pipeline_rehearsal._rank_judged(rank, world_size, batch_gate, model_kwargs, spec, pipe, steps, 1e-3, 1e-3,
+                                           False)
+
+
+def with_a_wrong_all_reduce(body):
+    """`body` (a rank body above) with the forward all-reduce (Partial -> Replicate: the batch sum before the
+    ReLU) emitted as the identity, each rank keeping its own half's sum: a wrong program whose error enters AT the
+    kink op, in every program the rehearsal builds (float32, its float64 replay, the kink check)."""
+    import functools
+
+    @functools.wraps(body)
+    def wrong(*args):
+        from unittest import mock
+
+        from parallelizer.rewriter import collectives
+
+        def all_reduce(x, ranks, hierarchy=None):  # the name the rewriter gives the node (`fn.__name__`)
+            return x * 1.0
+
+        with mock.patch.object(collectives, "all_reduce", all_reduce):
+            return body(*args)
+    return wrong
+
+
 def rehearsed_with_a_wrong_all_reduce(rank: int, world_size: int, model_fn, spec, steps: int) -> dict:
-    """`rehearsed` with the forward all-reduce (Partial -> Replicate: the batch sum before the ReLU) emitted as
-    the identity, each rank keeping its own half's sum: a wrong program whose error enters AT the kink op, in every
-    program the rehearsal builds (float32, its float64 replay, the kink check)."""
-    from unittest import mock
+    """`rehearsed` under `with_a_wrong_all_reduce`."""
+    return with_a_wrong_all_reduce(rehearsed)(rank, world_size, model_fn, spec, steps)
 
-    from parallelizer.rewriter import collectives
 
-    def all_reduce(x, ranks, hierarchy=None):  # the name the rewriter gives the node (`fn.__name__`)
-        return x * 1.0
-
-    with mock.patch.object(collectives, "all_reduce", all_reduce):
-        return rehearsed(rank, world_size, model_fn, spec, steps)
+def pipeline_rehearsed_with_a_wrong_all_reduce(rank: int, world_size: int, model_kwargs: dict, spec, pipe: dict,
+                                               steps: int) -> dict:
+    """`pipeline_rehearsed` under `with_a_wrong_all_reduce`."""
+    return with_a_wrong_all_reduce(pipeline_rehearsed)(rank, world_size, model_kwargs, spec, pipe, steps)

@@ -6,11 +6,13 @@ the same ReLU still DIFFERS. The model (`kink_models.BatchGate`) puts a batch su
 one device's float32 order keeps it there, the dp = 2 plan's order rounds it to 0."""
 import contextlib
 import io
+import warnings
 
 import pytest
 
 import parallelizer
-from kink_models import batch_gate, rehearsed, rehearsed_with_a_wrong_all_reduce
+from kink_models import (batch_gate, pipeline_rehearsed, pipeline_rehearsed_with_a_wrong_all_reduce, rehearsed,
+                         rehearsed_with_a_wrong_all_reduce)
 from launch_once import run_each
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.launch import spawn
@@ -51,3 +53,37 @@ def test_a_wrong_collective_at_the_kink_still_differs(dp_runs):
     assert str(report).startswith("NUMERICS DIFFER"), str(report)
     assert "differs from the float64 model too" in report.reference, report.reference
     assert all(r["kinks"] is None for r in per_rank)  # not looked for: the float64 replay says the program is wrong
+
+
+@pytest.fixture(scope="module")
+def pp_runs():
+    """`batch_gate` with 2 blocks on pp=2 x dp=2 (ddp, 1f1b, 2 microbatches of 4; the batch sum of each block is
+    taken per microbatch, as the rehearsal's gradient-accumulation reference takes it), right and with the forward
+    all-reduce dropped, in one launch of 4 ranks."""
+    plan = _plan(lambda: batch_gate(blocks=2), {"pp": 2, "dp": 2}, axis_roles={"dp": "ddp"}, microbatches=2,
+                 schedule="1f1b")
+    spec, pipe, kwargs = spec_from_plan(plan), plan.pipeline.to_dict(), {"blocks": 2, "repeat": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MicrobatchWarning: the batch sum mixes samples (as intended here)
+        per_rank = spawn(run_each, 4, [(pipeline_rehearsed, (kwargs, spec, pipe, 2)),
+                                       (pipeline_rehearsed_with_a_wrong_all_reduce, (kwargs, spec, pipe, 2))],
+                         timeout_s=600)
+    return {name: ([r[i] for r in per_rank], _report(4, [r[i] for r in per_rank]))
+            for i, name in enumerate(("right", "wrong"))}
+
+
+def test_relu_kinks_crossed_by_rounding_on_pp2_dp2_are_a_match_with_the_evidence(pp_runs):
+    """Both blocks' batch sums lie within rounding of ReLU's 0 (block 1's input is block 0's output plus 2^-23),
+    on each of the 2 microbatches: 4 elements, each named with its microbatch."""
+    per_rank, report = pp_runs["right"]
+    assert report.tolerance_ratio > 100 and report.matches(), str(report)
+    text = str(report)
+    assert text.startswith("numerics match (4 element(s) crossed a kink by rounding"), text
+    assert "at node relu (microbatch 0): 1 (plan 0, one device 1.19e-07)" in text, text
+    assert "at node relu_1 (microbatch 1)" in text, text
+
+
+def test_a_wrong_collective_at_the_kink_of_a_pipeline_still_differs(pp_runs):
+    per_rank, report = pp_runs["wrong"]
+    assert not report.matches() and str(report).startswith("NUMERICS DIFFER"), str(report)
+    assert "differs from the float64 model too" in report.reference, report.reference
