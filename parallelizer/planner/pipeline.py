@@ -197,6 +197,10 @@ class PipelinePlan:
     boundary_compression: "BoundaryCompression | None" = None  # per stage boundary codec (`planner.boundary`)
     alternatives: tuple[ScheduleAlternative, ...] = ()  # the winner first, then each other schedule's best
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
+    # the simulation's seconds per priced second of a stage computing alone (`sharing.pipeline_cores`' scale:
+    # ranks sharing a CPU's cores); 1.0 without core sharing (every GPU preset). Not in this JSON: the unified
+    # Plan records it in model.search (`api._search_record`), where `show` reads it
+    stage_scale: float = 1.0
 
     @property
     def pp(self) -> int:
