@@ -226,9 +226,23 @@ def _compare(mine: dict, ref: dict, spec: ShardingSpec, coords: tuple[int, ...])
     return found
 
 
+def first_step_grads_outside(result: dict) -> bool:
+    """Whether this rank's gradients of the FIRST step (the step whose forward `locate` reads) are outside their
+    bound: where a kink crossed at that forward acts. A rehearsal compares the first step's gradients
+    (`result["grad"]`); a pipeline rehearsal every step's, naming the step of the largest |diff|, which must be 0.
+    Without it the difference enters later (the optimizer's step, a later forward) and is not laid to the kinks:
+    the float64 replay checks one forward and backward, not the steps (a wrong ZeRO-1 update would differ only
+    in the parameters after the steps)."""
+    _, name, ratio = result["grad"]
+    return ratio > 1 and ("(step " not in name or name.endswith("(step 0)"))
+
+
 def kinks_note(results: list[dict]) -> str:
     """The report's evidence of the crossings over every rank (`locate` per rank, in `results[i]["kinks"]`):
-    '' when none. Counts add over ranks; the values are the first rank's that found the node."""
+    '' when none, or when no rank's first-step gradients are outside their bound (`first_step_grads_outside`).
+    Counts add over ranks; the values are the first rank's that found the node."""
+    if not any(first_step_grads_outside(r) for r in results if "grad" in r):
+        return ""
     by_node: dict[str, list] = {}
     for r in results:
         for name, op, count, plan_value, ref_value in r.get("kinks") or ():
