@@ -78,13 +78,16 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 def _crossed(op: str, mine: tuple, ref: tuple, dtype: torch.dtype) -> torch.Tensor:
     """Boolean mask over the op's output (this rank's shard): the two runs took different sides of the kink while
-    the op's continuous value agrees within `dtype`'s tolerance. `mine` / `ref`: (args, output) of the plan's
-    program and of one device, the reference sharded as the plan holds it."""
+    the op's INPUTS agree within `dtype`'s tolerance (so both lie within it of the kink: a value at the kink, or a
+    tie between the values a selection picks from); an input of another value on the other side (a wrong sign,
+    another maximum) is never a crossing. `mine` / `ref`: (args, output) of the plan's program and of one
+    device, the reference sharded as the plan holds it."""
     (a, out), (ra, rout) = mine, ref
     kind = _SIDES[op]
+    near = _close(a[0], ra[0], dtype)
     if kind == "threshold":
         level = a[1] if op == "threshold" else 0
-        return ((a[0] > level) != (ra[0] > level)) & _close(out, rout, dtype)
+        return ((a[0] > level) != (ra[0] > level)) & near
     if kind == "clamp":
         lo, hi = (a[1] if len(a) > 1 else None), (a[2] if len(a) > 2 else None)
         if op == "hardtanh":
@@ -96,22 +99,39 @@ def _crossed(op: str, mine: tuple, ref: tuple, dtype: torch.dtype) -> torch.Tens
             s = torch.zeros_like(x, dtype=torch.int8)
             s = s + (x < lo).to(torch.int8) if lo is not None else s
             return s + 2 * (x > hi).to(torch.int8) if hi is not None else s
-        return (side(a[0]) != side(ra[0])) & _close(out, rout, dtype)
+        return (side(a[0]) != side(ra[0])) & near
     if kind == "sign":
-        return ((a[0] >= 0) != (ra[0] >= 0)) & _close(out, rout, dtype)
-    if kind == "pick":
-        return ((a[0] > a[1]) != (ra[0] > ra[1])) & _close(out, rout, dtype)
-    if kind == "compare":
-        gap = lambda args: args[0] - args[1] if isinstance(args[1], torch.Tensor) else args[0] - args[1]  # noqa: E731
-        return (out != rout) & _close(gap(a), gap(ra), dtype)
-    if kind == "select":  # (values, indices): another index picked for the same value (a tie)
-        return (out[1] != rout[1]) & _close(out[0], rout[0], dtype)
-    dim = a[1] if len(a) > 1 and a[1] is not None else None  # argmax / argmin: the values at both indices agree
-    if dim is None:
-        return (out != rout) & _close(ra[0].flatten()[out], ra[0].flatten()[rout], dtype)
-    keep = len(a) > 2 and a[2]
-    pick = lambda idx: ra[0].gather(dim, idx if keep else idx.unsqueeze(dim))  # noqa: E731
-    return (out != rout).reshape(pick(out).shape) & _close(pick(out), pick(rout), dtype)
+        return ((a[0] >= 0) != (ra[0] >= 0)) & near
+    if kind in ("pick", "compare"):  # both operands agree (the second may be a number)
+        both = near & _close(a[1], ra[1], dtype) if isinstance(a[1], torch.Tensor) else near
+        sides = (a[0] > a[1]) != (ra[0] > ra[1]) if kind == "pick" else out != rout
+        return sides & both
+    # selections: another index picked, where the values at both indices tie in both runs' inputs
+    idx, ridx = (out[1], rout[1]) if kind == "select" else (out, rout)
+    at = _selected(op, a, idx.shape)
+    tie = (_close(at(a[0], idx), at(a[0], ridx), dtype) & _close(at(ra[0], idx), at(ra[0], ridx), dtype)
+           & _close(at(a[0], idx), at(ra[0], idx), dtype))
+    return (idx != ridx).reshape(tie.shape) & tie
+
+
+def _selected(op: str, args: tuple, shape: torch.Size):
+    """`at(x, idx)`: the values of input x at a selection op's indices `idx` (of `shape`), for max / min over a
+    dim, sort / topk (along their dim), argmax / argmin (a dim or the flattened input) and max-pool (indices
+    into the flattened pooled dims, 1 to 3 of them)."""
+    if op.startswith("max_pool"):
+        pooled = int(op[len("max_pool")])
+
+        def at(x, idx):
+            return x.flatten(-pooled).gather(-1, idx.flatten(-pooled)).reshape(shape)
+        return at
+    if op in ("argmax", "argmin") and (len(args) < 2 or args[1] is None):
+        return lambda x, idx: x.flatten()[idx]
+    dim = args[2] if op == "topk" and len(args) > 2 else args[1] if op != "topk" and len(args) > 1 else -1
+    keep = op in ("sort", "topk") or (len(args) > 2 and bool(args[2]))
+
+    def at(x, idx):
+        return x.gather(dim, idx if keep else idx.unsqueeze(dim)).reshape(shape)
+    return at
 
 
 def _graph_args(traced, model: torch.nn.Module, inputs: tuple, kwargs: dict) -> list:
