@@ -20,6 +20,7 @@ count, the two float32 values) in the report; without such an element the DIFFER
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -28,6 +29,9 @@ from ..rewriter.apply import AsEmitted
 from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from .tolerance import tolerances
+
+_UNREADABLE = (RuntimeError, TypeError, ValueError, KeyError, IndexError, StopIteration)
+"""What running the traced graph on one device may raise here (`locate`): then no crossing is reported."""
 
 # op name (the overload packet's) -> how its side of the kink is read (`_crossed`)
 _SIDES = {
@@ -163,8 +167,11 @@ def locate(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec, traced) 
     with torch.no_grad():
         mine = _Recorder(pm.program.graph_module)
         mine.run(*pm._state(), *traced.tensor_inputs(copy.deepcopy(inputs), copy.deepcopy(kwargs)))
-        ref = _Recorder(traced.graph_module)
-        ref.run(*_graph_args(traced, reference, copy.deepcopy(inputs), copy.deepcopy(kwargs)))
+        try:  # no collective from here: every rank fails alike (the same graph and inputs), the DIFFER stands
+            ref = _Recorder(traced.graph_module)
+            ref.run(*_graph_args(traced, reference, copy.deepcopy(inputs), copy.deepcopy(kwargs)))
+        except _UNREADABLE:
+            return []
     return _compare(mine.seen, ref.seen, spec, pm.coords)
 
 
@@ -200,7 +207,7 @@ def locate_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict
         for s in run.stages:
             del s._returning().graph_module.forward
     found = []
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.suppress(*_UNREADABLE):  # no collective here: a failure leaves the DIFFER
         for j in range(m):
             args, kw = pytree.tree_map(lambda t: t.tensor_split(m)[j] if isinstance(t, torch.Tensor) else t,
                                        (tuple(inputs), kwargs))
@@ -235,7 +242,7 @@ def _compare(mine: dict, ref: dict, spec: ShardingSpec, coords: tuple[int, ...])
             dtype = next(t.dtype for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)
                          and t.is_floating_point())
             mask = _crossed(op, (args, out), (tuple(rargs), rout), dtype)
-        except (RuntimeError, ValueError, IndexError, StopIteration):  # a layout or shape this check cannot read
+        except _UNREADABLE:  # a layout or shape this check cannot read
             continue
         owner = all(c == 0 for c, p in zip(coords, layouts.output.placements) if not p.is_shard())
         count = int(mask.sum().item()) if owner else 0
