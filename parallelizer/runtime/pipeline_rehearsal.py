@@ -72,7 +72,8 @@ from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_ex
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
                         wide_judged, widened)
 from .reach import narrows_inside, reach_dtypes
-from .replay64 import REPLAY_ERRORS, failure
+from .kinks import locate_pipeline
+from .replay64 import REPLAY_ERRORS, failure, replay_kinks
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -127,6 +128,8 @@ def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec:
         result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps, wide=True)
         if _any_rank_outside(result) and not result["random"]:  # rounding beyond 8x, or a wrong program
             result["float64_replay"] = replay_pipeline(model_fn, model_kwargs, spec, pipe)
+            result["kinks"] = replay_kinks(result["float64_replay"],  # rounding at a kink? (`runtime.kinks`)
+                                           lambda: locate_pipeline(model_fn, model_kwargs, spec, pipe))
     elif result["narrows"] and not result["random"]:  # judged at 16 bits where its casts reach: blind to 0.1%
         result["float64_replay"], result["replay_judges"] = replay_pipeline(model_fn, model_kwargs, spec, pipe), True
     return result
