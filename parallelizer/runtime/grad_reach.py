@@ -110,3 +110,16 @@ def drop_unreached(stages, unreached: frozenset[str]) -> None:
         for fqn, p in module.named_parameters(remove_duplicate=False):
             if fqn in unreached:
                 p.grad = None
+
+
+def presence_mismatch(named) -> tuple[float, str, float] | None:
+    """The first gradient that exists on one side only, as a rehearsal's `(|diff|, name, ratio)` with ratio inf
+    (a mismatch whatever the values: an optimizer steps a parameter with a zero gradient and skips one with None),
+    or None. `named`: (FQN, the plan's `.grad`, one or more references' `.grad`), each a tensor or None. The value
+    comparisons count None as zeros, so without this a zero gradient where one device has None matched."""
+    for fqn, mine, *refs in named:
+        if any((ref is None) != (mine is None) for ref in refs):
+            where = "under the plan" if mine is None else "on one device"
+            other = "on one device" if mine is None else "under the plan"
+            return 0.0, f"{fqn} (.grad None {where}, a tensor {other})", float("inf")
+    return None
