@@ -37,17 +37,17 @@ __all__ = ["drop_unreached", "unreached_parameters"]
 
 
 def unreached_parameters(traced: TracedGraph) -> frozenset[str]:
-    """FQNs (canonical and tied aliases) of the trained parameters (`ParamInfo.requires_grad`, not buffers) that
-    no output of `traced` reaches through autograd: one device's `backward` leaves their `.grad` None whatever the
-    loss. Empty when every trained parameter is reached, and (with a RuntimeWarning naming the error, as the runtime
-    then keeps its zero gradients) when the graph cannot run on fake tensors."""
+    """FQNs (canonical and tied aliases) of the parameters (not buffers) that no output of `traced` reaches through
+    autograd: one device's `backward` leaves their `.grad` None whatever the loss. Frozen parameters are walked as if
+    trained (reaching is a property of the graph, and one frozen at build may be unfrozen later: a frozen one gets
+    no gradient anyway). Empty when every parameter is reached, and (with a RuntimeWarning naming the error, as the
+    runtime then keeps its zero gradients) when the graph cannot run on fake tensors."""
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     gm = traced.graph_module
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    trained = {ph: info for info in traced.parameters.values() if info.requires_grad and not info.is_buffer
-               for ph in info.placeholders}
+    trained = {ph: info for info in traced.parameters.values() if not info.is_buffer for ph in info.placeholders}
     if not trained:
         return frozenset()
     values = [n.meta.get("val") for n in placeholders]
@@ -68,8 +68,8 @@ def unreached_parameters(traced: TracedGraph) -> frozenset[str]:
             out = torch.fx.Interpreter(gm).run(*args)
             reached = _reached_leaves(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
     except Exception as err:  # noqa: BLE001 (any op's failure on fake tensors is named in the warning)
-        warnings.warn(f"could not find which parameters the model's outputs reach through autograd ({type(err).__name__}:"
-                      f" {err}); under a pipeline plan a parameter one device leaves with .grad None may get a zero "
+        warnings.warn("could not find which parameters the model's outputs reach through autograd "
+                      f"({type(err).__name__}: {err}); under a pipeline plan a parameter one device leaves with .grad None may get a zero "
                       "gradient (weight decay and optimizer state then move it)", RuntimeWarning, stacklevel=2)
         return frozenset()
     hit = {trained[name].fqn for name, t in leaves.items() if id(t) in reached}  # tied: any placeholder reached

@@ -196,11 +196,11 @@ def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute, *,
                 grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None, judge=None
                 ) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
-    gradients, None counting as zeros once both sides agree on which are None: `grad_reach.presence_mismatch`; or with `buffers` its stage buffers) and its shard of the reference
-    model's, over every stage (and stage copy) it holds, judged at `compute(fqn)` (`runtime.reach`; or one
-    dtype for all). Buffers compared: those of the reference's
-    `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
-    mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
+    gradients, None counting as zeros where both sides have None; a gradient None on one side only is a mismatch,
+    `grad_reach.presence_mismatch`; or with `buffers` its stage buffers) and its shard of the reference model's,
+    over every stage (and stage copy) it holds, judged at `compute(fqn)` (`runtime.reach`; or one dtype for all).
+    Buffers compared: those of the reference's `named_buffers()` (lifted constants are not state). `exact`: the
+    model run without the plan's mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
     `runtime.rehearsal.recipe_excess`; `float64_excess` for the float64 copy)."""
     models = [reference] + ([exact] if exact is not None else [])
     if buffers:
