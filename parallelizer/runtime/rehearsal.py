@@ -44,6 +44,7 @@ from ..tracer.graph import as_real, carries_grad, draws_random
 from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
 from ..tracer.watch import HOST_RNG_NOTE, HOST_RNG_SITES
+from .grad_reach import presence_mismatch
 from .launch import create_groups, spawn
 from .module import ParallelModule
 from .module_copy import copy_module
@@ -609,7 +610,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
         return [shard_tensor(_grad_or_zeros(m.get_parameter(fqn)), spec.params[fqn], spec.mesh, pm.coords)
                 for m, _ in refs]
 
-    grad = _max_diff(  # a parameter the loss does not reach (e.g. an unused pooler) has no gradient: zeros
+    grad = presence_mismatch((fqn, p.grad, *(m.get_parameter(fqn).grad for m, _ in refs))  # None vs a tensor
+                             for fqn, p in pm.named_parameters()) or _max_diff(
+        # a parameter the loss does not reach (e.g. an unused pooler) has no gradient on either side: zeros
         ((fqn, _grad_or_zeros(p), *ref_grads(fqn)) for fqn, p in pm.named_parameters()), reach.grad, judge)
     scale = max((p.grad.detach().abs().max().item() for p in reference.parameters()
                  if p.grad is not None and p.grad.numel()), default=0.0)
