@@ -24,7 +24,8 @@ def traced():
 
 @pytest.mark.parametrize("mesh, roles, vocab_parallel, all_to_all", [
     ({"tp": 2}, {"tp": "tp"}, "S(1) R -> R", "S(0) S(0) -> P"),
-    ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"}, "S(0)S(1) S(0)R -> PR", "S(0)S(0) S(0)S(0) -> PP")])
+    ({"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"}, "S(0)S(1) S(0)R -> PR", "S(0)S(0) S(0)S(0) -> PP")],
+    ids=["tp2", "fsdp2xtp2"])
 def test_a_memory_bound_plan_keeps_the_loss_vocab_parallel(traced, mesh, roles, vocab_parallel, all_to_all):
     """Free, the planner takes the vocab-parallel loss (no all-to-all of the logits). Its priced memory is the
     all-to-all form's plus 5 bytes per row on tp=2 (closed form: both keep one local logits-sized tensor, (rows,
