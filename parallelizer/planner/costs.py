@@ -377,8 +377,7 @@ class Pricer:
         inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
                                tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,
                                self.itemsize(space.inputs[0].dtype) if space.inputs else 4)
-        extra = _vocab_parallel_saved_bytes(info, strategy, in_local, self.itemsize(space.inputs[0].dtype)) \
-            if space.requires_grad and space.inputs else 0
+        extra = _vocab_parallel_saved_bytes(info, strategy, in_local) if space.requires_grad and space.inputs else 0
         if not inner:
             return NodeCost(hit.fwd_s, hit.bwd_s, hit.saved_bytes + extra, hit.note) if extra else hit
         fwd = bwd = 0.0
@@ -523,14 +522,18 @@ def mfu_dtype(traced: TracedGraph, device: DeviceSpec, precision: str | None) ->
     return dtype if dtype in device.peak_flops_per_s else torch.float32
 
 
-def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local, itemsize: int) -> int:
-    """Bytes a vocab-parallel cross-entropy (`rewriter.localize.sharded_cross_entropy`, its logits Shard over the
-    class dim) saves beyond the op priced on local shapes (log-softmax's output, which its `exp` output matches):
-    the shifted logits, which `gather` saves whole, and the row sums of exponentials, which `log` saves. Measured
-    on gloo ranks (round 14, r14d: a GPT-2 plan under-priced by 264 KB of 4.6 MB before)."""
+def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local) -> int:
+    """Bytes a vocab-parallel cross-entropy (`rewriter.vocab_parallel.vocab_parallel_cross_entropy`, its logits
+    Shard over the class dim) saves beyond the op priced on local shapes. The op is priced as keeping its local
+    logits (N, C_local) and its int64 target (N,) (`cost_model.memory`: an op without a save rule keeps its tensor
+    args); the vocab-parallel node keeps the local softmax (logits-sized, the logits' dtype), an int64 local target
+    index (N,) and a bool "target on this rank" flag (N,): one byte per row more. Megatron-LM's
+    VocabParallelCrossEntropy keeps the same (softmax, masked target, target mask). Before round 22 (r22e) the
+    arithmetic ran as plain autograd ops that kept the shifted logits and the exponentials, two logits-sized
+    tensors, and this price was logits + row sums more (round 14, r14d); a memory-bound Llama-3-8B plan then took
+    the all-to-all to batch shards instead (RESULTS.md, Round 21 (g) finding 2)."""
     if getattr(info.target, "overloadpacket", None) is not torch.ops.aten.cross_entropy_loss or len(in_local[0]) < 2:
         return 0
     if not any(isinstance(p, Shard) and p.dim == 1 for p in strategy.inputs[0].placements):
         return 0
-    rows = math.prod(in_local[0]) // max(1, in_local[0][1])
-    return (math.prod(in_local[0]) + rows) * itemsize
+    return math.prod(in_local[0][:1] + in_local[0][2:])  # one bool per row

@@ -42,6 +42,7 @@ from ..errors import UnsupportedOpError
 from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES, mean_count, reduction_index
 from ..tracer.graph import draws_random
 from . import collectives
+from .vocab_parallel import vocab_parallel_cross_entropy
 
 aten = torch.ops.aten
 # views: emitted as a view / reshape to this rank's local output shape (their size or dims arguments describe
@@ -453,7 +454,8 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
     (torch.nn.functional.cross_entropy's definitions), all-reduced without gradient. With sharded classes
     (class-index targets, no weight or label smoothing; Megatron's vocab-parallel cross-entropy, Shoeybi
     et al. 2019, Sec. 3): the row max (all-reduce max), the sum of exponentials and the target logit
-    (all-reduce sum) are combined over the class groups, and the loss is Replicate there.
+    (all-reduce sum) are combined over the class groups, and the loss is Replicate there
+    (`vocab_parallel.vocab_parallel_cross_entropy`: one autograd node saving the local softmax alone).
     `classes` (the global class count): a target outside [0, classes) other than `ignore_index` raises
     IndexError, as on one device (`check_indices`).
     Shapes: logits (N, C_local, *) , target (N, *) class ids or (N, C, *) probabilities -> per reduction.
@@ -469,22 +471,7 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
                                      "weights or label smoothing; re-plan (the planner does not choose it otherwise)")
         if classes is not None:  # a target in no rank's class slice: one device raises, not a log-sum-exp loss
             check_indices(target, classes, "cross_entropy (vocab-parallel) target", ignore_index)
-        rows = logits.detach().amax(dim=1) if logits.shape[1] else \
-            logits.new_full((logits.shape[0], *logits.shape[2:]), float("-inf"))  # an empty class shard
-        for ranks in class_groups:
-            rows = collectives.all_reduce_max(rows, ranks)
-        shifted = logits - rows.unsqueeze(1)
-        sum_exp = shifted.exp().sum(1)
-        local_t = target - class_start
-        inside = (local_t >= 0) & (local_t < logits.shape[1])
-        picked = shifted.gather(1, local_t.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)).squeeze(1) \
-            if logits.shape[1] else shifted.new_zeros(target.shape)
-        picked = torch.where(inside, picked, 0.0)  # not `* inside`: a clamped index may land on a -inf logit
-        # (a banned class, padded vocab, a masked diagonal), and -inf * 0 is NaN
-        for ranks in class_groups:
-            sum_exp = collectives.all_reduce(sum_exp, ranks)
-            picked = collectives.all_reduce(picked, ranks)
-        loss = torch.where(target != ignore_index, sum_exp.log() - picked, 0.0)  # an ignored row may be all -inf
+        loss = vocab_parallel_cross_entropy(logits, target, ignore_index, class_groups, class_start)
         if reduction == 2 or reduction == 1:
             loss = loss.sum()
     if names[reduction] != "mean":

@@ -53,8 +53,9 @@ def test_lean_stage_of_a_pipeline_plan_matches_single_device():
 
 def test_lean_layouts_hold_what_is_priced():
     """What the lean programs hold (saved tensors, parameters, gradients, AdamW state; `benchmarks.bench_memory`'s
-    method) is what the plan prices: a vocab-parallel cross-entropy saves its shifted logits and row sums besides
-    the exp (priced since round 14: 6.6% under before on this plan), and a local slice saved for backward keeps a
+    method) is what the plan prices: a vocab-parallel cross-entropy's saved tensors (since round 22 the local softmax
+    and two row vectors, `rewriter.vocab_parallel`; round 14: its shifted logits and row sums besides the exp, 6.6%
+    under-priced before), and a local slice saved for backward keeps a
     storage of its own (it kept its whole replicated source alive: 1.1% under on the lean pipeline stage)."""
     from benchmarks._memory_workers import measure_pipeline_rank, measure_rank
     from benchmarks.bench_memory import CATEGORIES, MODELS, PIPELINE_MODEL
