@@ -109,3 +109,22 @@ class PipelineContract:
                     "trace again. Remedy: read it as pm.stages[0]." + name + "; change settings on the model before "
                     "auto_parallelize, or use a plan without 'pp' (a ParallelModule traces again)") from None
             raise
+
+    def _refuse_module_hooks(self, where: str) -> None:
+        """PipelineError when forward (pre-)hooks or module backward hooks are registered on the PipelineModule
+        itself: `step` runs the stages' programs over microbatches and never calls the PipelineModule's forward
+        (no single output exists on every rank), so they would not run, while `ParallelModule.step` calls itself
+        and runs them (round 22: they were silently skipped). They do run on the evaluation forward. The toolkit's
+        own hooks (defined in `parallelizer.*`, e.g. `stale_model`'s check) are not the user's and are left alone."""
+        kinds = [kind for kind, hooks in (("forward pre-hook", self._forward_pre_hooks),
+                                          ("forward hook", self._forward_hooks),
+                                          ("backward hook", self._backward_hooks),
+                                          ("backward pre-hook", self._backward_pre_hooks))
+                 if any(not getattr(fn, "__module__", "").startswith("parallelizer.") for fn in hooks.values())]
+        if kinds:
+            raise PipelineError(f"{where}: {', '.join(kinds)}(s) registered on the PipelineModule would not run: a "
+                                "pipeline step runs its stages over microbatches and never calls the module's forward "
+                                "(they run on its evaluation forward, pm.eval(); pm(...)). Remedy: remove them before "
+                                "pm.step (handle.remove()); read the step's loss, or pass a loss_fn, which sees the "
+                                "model's outputs of each microbatch; or register the hook on the model's module before "
+                                "auto_parallelize (traced into the program), or use a plan without 'pp'")

@@ -35,6 +35,9 @@ nn.Module contract, as far as a pipeline allows:
   ParallelModule; one changed after build is refused by `step` and the evaluation forward (PipelineError naming
   it: the stages cannot trace again for training), where a ParallelModule traces again. A root tensor attribute
   that is not a buffer (`pm.mask = t`) is replaced on every stage holding it, as a ParallelModule replaces it.
+- hooks: forward (pre-)hooks and module backward hooks on the PipelineModule run on the evaluation forward; `step`
+  refuses them (PipelineError: it never calls the module's forward, so they would not run); tensor hooks on
+  parameters and state-dict hooks work as on any module (`runtime.pipeline_contract`).
 """
 from __future__ import annotations
 
@@ -226,6 +229,7 @@ class PipelineModule(PipelineContract, ModelAttributes, torch.nn.Module):
                           ("target",) * (target is not None) + ("item_count",) * (item_count is not count_items))
         self._check_modes()
         self._check_root_settings("PipelineModule.step")
+        self._refuse_module_hooks("PipelineModule.step")
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "
                             f"None, got {type(target).__name__}. Remedy: pass one tensor, or put the other values "

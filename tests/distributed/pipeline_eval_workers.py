@@ -202,7 +202,8 @@ def root_settings(rank: int, world_size: int, mesh: dict) -> dict:
     """RootSettings on a pipeline plan of `mesh`: each kind of setting changed on the PipelineModule after build,
     then `pm.step` and the evaluation forward: per kind, the error's text ('no error' if none) and the step's loss
     failure against the eager model with the same change ('' when close). The tensor attribute is replaced on the
-    stages (so it must match eager); the plain ones are refused, naming the attribute."""
+    stages (so it must match eager); the plain ones are refused, naming the attribute. Also the hooks registered on
+    the PipelineModule: `step`'s error ('no error' if none) and which ran on an evaluation forward."""
     torch.manual_seed(0)
     model = RootSettings()
     g = torch.Generator().manual_seed(5)
@@ -252,6 +253,20 @@ def root_settings(rank: int, world_size: int, mesh: dict) -> dict:
     attempt("blocks.1.scale", lambda: set_scale(2.0), lambda m, undo=False: setattr(m.blocks[1], "scale",
                                                                                    1.0 if undo else 2.0),
             lambda: set_scale(1.0))
+    # hooks on the PipelineModule itself: refused by step (they would not run), run by the evaluation forward
+    fired = []
+    handles = [pm.register_forward_pre_hook(lambda m, i: fired.append("pre")),
+               pm.register_forward_hook(lambda m, i, o: fired.append("forward")),
+               pm.register_full_backward_hook(lambda m, gi, go: fired.append("backward"))]
+    try:
+        pm.step(x, y)
+        out["hooks_step"] = "no error"
+    except PipelineError as e:
+        out["hooks_step"] = str(e)
+    _eval(pm, x, y)
+    out["hooks_fired"] = list(fired)
+    for h in handles:
+        h.remove()
     # unchanged again: trains as eager (the refusals left nothing behind)
     out["after"] = _close(pm.step(x, y), reference(x, y).detach())
     return out

@@ -11,7 +11,9 @@ on 4 gloo ranks, pp=2 x dp=2 and pp=4:
 2. the model root's settings set on the PipelineModule (round 21 r21b, left (e): `pm.temperature = t` was ignored
    silently): float, int and bool settings and a submodule's float are refused by `step` and the evaluation with
    a PipelineError naming them; a root tensor attribute that is not a buffer (`pm.mask = t`) is replaced on the
-   stages and the step's loss equals eager's with the same mask; `pm.blocks` names `pm.stages[i].blocks`."""
+   stages and the step's loss equals eager's with the same mask; `pm.blocks` names `pm.stages[i].blocks`.
+3. hooks on the PipelineModule (a ParallelModule's step runs them): `step` skipped them silently until
+   round 22; now a PipelineError; the evaluation forward runs the forward ones."""
 import pytest
 
 from launch_once import run_each
@@ -69,4 +71,7 @@ def test_root_settings_set_on_a_pipeline_module_are_refused_or_applied_never_ign
         assert "pm.stages[i].blocks" in r["submodule_attr"], r
         for where in ("step", "eval"):
             assert "blocks.1.scale=2.0" in r["blocks.1.scale"][where], r["blocks.1.scale"]
+        assert "forward pre-hook, forward hook, backward hook(s) registered on the PipelineModule would not run" \
+            in r["hooks_step"] and "Remedy" in r["hooks_step"], r["hooks_step"]
+        assert r["hooks_fired"] == ["pre", "forward"], r  # the evaluation forward runs them (no backward there)
         assert r["after"] == "", r
