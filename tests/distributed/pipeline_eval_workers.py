@@ -15,8 +15,8 @@ from torch import nn
 import parallelizer
 from parallelizer import zoo
 from parallelizer.errors import ModelAttributeError, PipelineError
+from pipeline_models import WIDTH, _BNBlock
 
-WIDTH = 16
 
 
 def _quiet_parallelize(model, args, **options):
@@ -95,16 +95,6 @@ def eval_between_steps(rank: int, world_size: int, mesh: dict, options: dict | N
             "params": [k for k in ref_sd if _close(full[k], ref_sd[k])]}
 
 
-class _BNDropBlock(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(WIDTH, WIDTH)
-        self.bn = nn.BatchNorm1d(WIDTH)
-
-    def forward(self, x):  # (B, d)
-        return x + F.relu(self.bn(self.fc(x)))
-
-
 class BNDropout(nn.Module):
     """Linear -> 4 x (Linear, BatchNorm1d, ReLU, residual) -> Dropout(0.5) -> Linear -> cross-entropy: in eval mode
     dropout is the identity and BatchNorm normalises with its running statistics; the dropout sits after every
@@ -113,7 +103,7 @@ class BNDropout(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.inp = nn.Linear(6, WIDTH)
-        self.blocks = nn.ModuleList(_BNDropBlock() for _ in range(4))
+        self.blocks = nn.ModuleList(_BNBlock() for _ in range(4))
         self.drop = nn.Dropout(0.5)
         self.head = nn.Linear(WIDTH, 3)
 

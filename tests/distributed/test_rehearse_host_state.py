@@ -19,13 +19,14 @@ from parallelizer.tracer.host_state import RESEED_REMEDY, REPEAT_REMEDY
 pytestmark = pytest.mark.distributed
 
 NAMED = {  # member: what its report must name (the state), besides the remedy
-    "NpGen": "attribute 'rng' of the root module (NpGen) (numpy.random._generator.Generator) advanced",
-    "NpRS": "(numpy.random.mtrand.RandomState) advanced",
-    "PyRand": "(random.Random) advanced",
-    "Counter": "attribute 'step' of the root module (Counter): 0 -> 1",
-    "GlobalCounter": "global 'CALLS' of host_state_models: 0 -> 1",
+    "NumpyGenerator": "attribute 'rng' of the root module (NumpyGenerator) (numpy.random._generator.Generator) "
+                      "advanced",
+    "NumpyRandomState": "(numpy.random.mtrand.RandomState) advanced",
+    "PythonRandom": "(random.Random) advanced",
+    "WarmupCounter": "attribute 'step' of the root module (WarmupCounter): 0 -> 1",
+    "GlobalCounter": "global 'CALLS' of test_host_state_frozen: 0 -> 1",
     "Clock": "the clock, time.time()",
-    "Seed": "forward reseeds torch's generator (torch.manual_seed at ",
+    "Reseeding": "forward reseeds torch's generator (torch.manual_seed at ",
 }
 
 
@@ -49,6 +50,6 @@ def test_rehearse_names_the_frozen_host_state_and_its_remedy(reports, name):
     text = str(report)
     assert not report.matches(), text
     assert NAMED[name] in report.random and NAMED[name] in text, text
-    remedy = RESEED_REMEDY if name == "Seed" else REPEAT_REMEDY  # the TraceError's remedy (without the opt-in)
+    remedy = RESEED_REMEDY if name == "Reseeding" else REPEAT_REMEDY  # the TraceError's remedy (without the opt-in)
     assert f"remedy: {remedy}" in text, text
     assert "not a wrong term" not in text, text  # the float64 replay does not call it rounding
