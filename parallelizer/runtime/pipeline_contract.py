@@ -37,11 +37,12 @@ class PipelineContract:
             now, changes = stage._modes()
             first_flags, _ = stage._first_modes
             moved = [name for (name, t), (_, t0) in zip(now, first_flags) if t != t0] if flags else []
-            if moved and self.training != self.traced.training:
+            traced = self.__dict__.get("traced")
+            if moved and traced is not None and self.training != traced.training:
                 raise PipelineError(f"PipelineModule.step in {'train' if self.training else 'eval'} mode: a "
                                     "pipeline trains with the programs traced in "
-                                    f"{'train' if self.traced.training else 'eval'} mode. Remedy: "
-                                    f"pm.{'train' if self.traced.training else 'eval'}() before pm.step (evaluate "
+                                    f"{'train' if traced.training else 'eval'} mode. Remedy: "
+                                    f"pm.{'train' if traced.training else 'eval'}() before pm.step (evaluate "
                                     "with pm.eval() and pm(*inputs) under torch.no_grad(), then switch back)")
             if moved or changes:
                 what = (f"submodules switched train/eval: {', '.join(moved[:3])}" if moved else
@@ -84,7 +85,8 @@ class PipelineContract:
         """A root tensor attribute of the model (`_root_tensors`) is replaced on every stage holding it (each
         stage program reads it as its own buffer), as `pm.mask = t` replaces it on a ParallelModule. Before, it
         set an attribute of the PipelineModule that no stage read, silently."""
-        if isinstance(value, torch.Tensor) and "run" in self.__dict__ and name in self._root_tensors():
+        if isinstance(value, torch.Tensor) and "traced" in self.__dict__ and "run" in self.__dict__ \
+                and name in self._root_tensors():
             for stage in self._root_tensors()[name]:
                 setattr(stage, name, value)
             return
@@ -96,7 +98,7 @@ class PipelineContract:
         try:
             return super().__getattr__(name)
         except AttributeError:
-            if name.startswith("_") or "run" not in self.__dict__:
+            if name.startswith("_") or "run" not in self.__dict__ or "traced" not in self.__dict__:
                 raise
             holders = self._root_tensors().get(name)
             if holders:
