@@ -22,7 +22,7 @@ from pipeline_eval_workers import bn_dropout_eval, eval_between_steps, root_sett
 
 pytestmark = pytest.mark.distributed
 
-EVAL_CASES = [({"pp": 2, "dp": 2}, {}), ({"pp": 4}, {}), ({"pp": 2, "dp": 2}, {"schedule": "bitpipe"}),
+EVAL_CASES = [({"pp": 2, "dp": 2}, {"schedule": "1f1b"}), ({"pp": 4}, {}), ({"pp": 2, "dp": 2}, {"schedule": "bitpipe"}),
               ({"pp": 2, "dp": 2}, {"schedule": "zbv", "microbatches": 4})]
 
 
