@@ -46,7 +46,14 @@ of it; one thread per rank. Reported per schedule: simulated ms in three variant
 factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
 cluster), measured median (min-max) ms, the cost model's solo compute of all ranks beside their measured CPU
 time, per variant the orders, Spearman's rank correlation and the schedule pairs ordered alike, and (round 20)
-per rank its priced solo work beside its measured process CPU.
+per rank its priced solo work beside its measured process CPU, and (round 22) per rank the step's minor page faults
+and system CPU (`getrusage`): at full size the schedules that hold more activations fault pages in again every
+step (round 22, load ~25: gpipe 7-17 thousand per rank per step, interleaved_1f1b up to 14 thousand, 1f1b none; with
+glibc's malloc thresholds pinned in the ranks as the calibration pins them, `cost_model.measure.pin_allocator`, all
+but gpipe none), CPU the cost model does not price; and the pairs of schedules the paired timed rounds order the same way in at
+least 80% of the rounds (`decided_pairs`), with each variant's agreement on those: the measurement's own confidence
+in its order (round 22: at full size the medians of dualpipev / 1f1b were 1% apart and of bitpipe / zbv 1.6%, their ranges
+over the rounds overlapping).
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -64,6 +71,7 @@ import io
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -90,6 +98,7 @@ from parallelizer.runtime import spawn
 GPT = dict(n_layer=8, n_embd=512, n_head=8, vocab_size=1024, batch=8, seq_len=128)
 PP, MICROBATCHES, WARMUP, ROUNDS = 4, 8, 1, 9
 CLEAR = 0.05  # pairs whose simulated step times differ by at least this fraction are counted apart
+DECIDED = 0.8  # pairs the timed rounds order the same way in at least this share of rounds are measured apart
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
 ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
 
@@ -226,8 +235,8 @@ def _loss(output, target):
 def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int, gpt: dict | None = None
                ) -> dict:
     """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
-    (process time) of each, the first step's loss, and this rank's parameter count and tensors (what its
-    optimizer steps)."""
+    (process time) of each, its minor page faults and system CPU milliseconds of each (`getrusage`), the first
+    step's loss, and this rank's parameter count and tensors (what its optimizer steps)."""
     torch.set_num_threads(1)
     built = {}
     for name in SCHEDULES:
@@ -237,20 +246,22 @@ def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, r
         params = list(pm.parameters())
         built[name] = (pm, torch.optim.AdamW(params, lr=1e-4), sum(p.numel() for p in params), len(params))
     labels = torch.roll(ids, -1, dims=1)
-    out = {name: {"ms": [], "cpu_ms": [], "loss1": None, "numel": n, "tensors": t}
+    out = {name: {"ms": [], "cpu_ms": [], "minflt": [], "sys_ms": [], "loss1": None, "numel": n, "tensors": t}
            for name, (_, _, n, t) in built.items()}
     for i in range(warmup + rounds):
         for name, (pm, opt, _, _) in built.items():
             dist.barrier()
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, use = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
             loss = pm.step(ids, target=labels, loss_fn=_loss)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            cpu = time.process_time() - cpu
+            cpu, used = time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF)
             dist.barrier()
             if i >= warmup:
                 out[name]["ms"].append((time.perf_counter() - start) * 1e3)
                 out[name]["cpu_ms"].append(cpu * 1e3)
+                out[name]["minflt"].append(used.ru_minflt - use.ru_minflt)
+                out[name]["sys_ms"].append((used.ru_stime - use.ru_stime) * 1e3)
             if out[name]["loss1"] is None:
                 out[name]["loss1"] = loss.item()
     return out
@@ -262,6 +273,28 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
     n = len(a)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if abs(a[i] - a[j]) >= min_gap * min(a[i], a[j])]
     return sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs), len(pairs)
+
+
+def decided_pairs(rounds_ms, share: float = DECIDED) -> list[tuple[int, int, int]]:
+    """The pairs (i, j, sign) of schedules that the paired timed rounds order the same way in at least `share` of
+    the rounds (round r of every schedule ran back to back, `bench_rank`): sign -1 when i was the faster, +1 when j.
+    A measurement's own confidence in its order (round 22): pairs decided by fewer rounds are within its noise.
+
+    Raises:
+        ValueError: schedules with different round counts, no rounds, or share outside (0.5, 1].
+    """
+    counts = {len(r) for r in rounds_ms}
+    if len(counts) != 1 or 0 in counts or not 0.5 < share <= 1:
+        raise ValueError(f"decided_pairs: round counts {sorted(counts)} and share {share}: need the same number (>= 1) "
+                         "of paired rounds per schedule and a share in (0.5, 1]")
+    n, out = counts.pop(), []
+    for i in range(len(rounds_ms)):
+        for j in range(i + 1, len(rounds_ms)):
+            faster = sum(a < b for a, b in zip(rounds_ms[i], rounds_ms[j]))
+            slower = sum(a > b for a, b in zip(rounds_ms[i], rounds_ms[j]))
+            if max(faster, slower) >= share * n:
+                out.append((i, j, -1 if faster > slower else 1))
+    return out
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
@@ -291,11 +324,16 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
         med = {n: statistics.median(measured[n]["ms"]) for n in SCHEDULES}
         b = [med[n] for n in SCHEDULES]
         rows.append(f"Measured order (fastest first): {' < '.join(sorted(SCHEDULES, key=med.get))}.")
+        decided = decided_pairs([measured[n]["ms"] for n in SCHEDULES])
+        rows.append(f"Pairs the timed rounds order the same way in >= {DECIDED:.0%} of rounds: {len(decided)} of "
+                    f"{len(SCHEDULES) * (len(SCHEDULES) - 1) // 2} (the others are within the measurement's noise).")
         for v, what in VARIANTS.items():
             a = [sim[n]["ms"][v] for n in SCHEDULES]
             (k, n), (kc, nc) = pairwise_agreement(a, b), pairwise_agreement(a, b, CLEAR)
+            kd = sum((a[i] - a[j]) * sign > 0 for i, j, sign in decided)
             rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
-                        f"separates by >= {CLEAR:.0%} {kc} of {nc}; median |simulated / measured - 1| "
+                        f"separates by >= {CLEAR:.0%} {kc} of {nc}, of the pairs the rounds decide {kd} of "
+                        f"{len(decided)}; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
         ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
         if ranked:
@@ -303,6 +341,11 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
                         + "; ".join(n + " " + ", ".join(
                             f"{a:.0f} / {statistics.median(b):.0f}"
                             for a, b in zip(sim[n]["rank_work_ms"], measured[n]["rank_cpu_ms"])) for n in ranked) + ".")
+        faulted = [n for n in SCHEDULES if measured[n].get("rank_minflt")]  # steps written before round 22: none
+        if faulted:
+            rows.append("Per rank minor page faults / system CPU ms per step (median), rank 0..3: " + "; ".join(
+                n + " " + ", ".join(f"{statistics.median(f):.0f} / {statistics.median(t):.0f}" for f, t in zip(
+                    measured[n]["rank_minflt"], measured[n]["rank_sys_ms"])) for n in faulted) + ".")
         bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
                or list(measured[n]["tensors"]) != sim[n]["tensors"]]
         rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
@@ -345,7 +388,9 @@ def main(argv=None) -> None:
         measured = {name: {**measured[0][name], "numel": [r[name]["numel"] for r in measured],
                            "tensors": [r[name]["tensors"] for r in measured],
                            "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))],
-                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured]}
+                           "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured],
+                           "rank_minflt": [r[name]["minflt"] for r in measured],
+                           "rank_sys_ms": [r[name]["sys_ms"] for r in measured]}
                     for name in SCHEDULES}
         if args.json:
             with open(args.json, "w") as f:

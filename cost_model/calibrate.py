@@ -17,7 +17,8 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
 * launch overhead: ``torch.add`` on one-element tensors (the fixed cost of dispatching one op).
 * host seconds per ATen node of a training step (round 21, :mod:`cost_model.host_cost`): the fx program's call,
   dispatch and autograd record beyond the launch, forward and backward (``DeviceSpec.op_host_s`` /
-  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency.
+  ``op_host_bwd_s``); taken out of the measured reference step before its step efficiency. Round 22: a device round
+  quantity (the slope, medians of runs), so spread over the passes and pooled like the others.
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
 * contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
@@ -48,8 +49,8 @@ re-exported here):
   own joint alpha/beta stay as before: they price a kind without a size fit. A kind of
   :data:`REUSED_KIND_FITS` that is not measured borrows its mirror's fits (reduce_scatter <- all_gather).
 
-Stability: :func:`compare_profiles` gives the relative difference of every priced quantity between two
-profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-core machine shared with other
+Stability: :func:`compare_profiles` (:mod:`cost_model.profile_compare`, round 22) gives the relative difference of
+every priced quantity between two profiles (``parallelizer calibrate --compare OLD.json`` prints it); on this 2-core machine shared with other
 jobs two calibrations differ by more than on an idle one (benchmarks/RESULTS.md, step-time section). Each
 calibration also predicts that difference from inside itself (round 19): ``measurements`` records, per device
 quantity (``<key>_split_half``) and per collective kind and size (``collective_split_half``), the split-half
@@ -99,7 +100,6 @@ from typing import Mapping, Sequence
 import torch
 from tqdm import tqdm
 
-from cost_model.communication import flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
 from cost_model.link_fit import (_MIN_INV_BANDWIDTH, REUSED_KIND_FITS, _fit_alpha_beta,  # noqa: F401 (re-exported)
                                  fit_collective_cpu, fit_link, fit_size_segments)
@@ -110,6 +110,7 @@ from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KI
 from cost_model.host_cost import with_op_host
 from cost_model.passes import pool_all, run_passes
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION
+from cost_model.profile_compare import compare_profiles, worst
 from cost_model.rounds import PASS_REFERENCE_TOLERANCE
 from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.topology import Cluster, CoreSharing, Link
@@ -198,42 +199,6 @@ class Profile:
                 tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())))
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
-
-
-def compare_profiles(a: Profile, b: Profile) -> dict[str, float]:
-    """Relative difference ``b / a - 1`` of every quantity the two profiles price: the device's matmul FLOP/s,
-    memory and optimizer bytes/s, step efficiency, pipeline action costs, and for each process count both calibrated, the contention factors, the
-    comm_overlap (absolute difference) and each size-fitted collective kind at each segment's upper size
-    (seconds through :func:`cost_model.communication.flat_collective_time_s`). Keys name the quantity."""
-    out: dict[str, float] = {}
-    da, db = a.device, b.device
-    out["matmul_flops_per_s"] = db.peak_flops_per_s[torch.float32] / da.peak_flops_per_s[torch.float32] - 1
-    out["memory_bytes_per_s"] = db.hbm_bytes_per_s / da.hbm_bytes_per_s - 1
-    out["step_efficiency"] = db.matmul_efficiency / da.matmul_efficiency - 1
-    if da.optimizer_bytes_per_s and db.optimizer_bytes_per_s:
-        out["optimizer_bytes_per_s"] = db.optimizer_bytes_per_s / da.optimizer_bytes_per_s - 1
-    runners = [("", da.pipeline_action, db.pipeline_action)]  # the pipeline runtimes' cost per action (round 16)
-    if da.pipeline_action.own_runner is not None and db.pipeline_action.own_runner is not None:
-        runners.append(("own runner ", da.pipeline_action.own_runner, db.pipeline_action.own_runner))
-    for label, pa, pb in runners:
-        for name in PipelineActionCost.seconds_fields():
-            if getattr(pa, name) > 0:
-                out[f"pipeline action {label}{name}"] = getattr(pb, name) / getattr(pa, name) - 1
-    for n in sorted(set(a.links) & set(b.links)):
-        if n in a.collective_sync and n in b.collective_sync:  # relative to the 4 KiB all-reduce it adds to
-            base = flat_collective_time_s("all_reduce", 4096, n, a.links[n]) + a.collective_sync[n]
-            out[f"x{n} collective_sync (of a 4 KiB all_reduce)"] = (b.collective_sync[n] - a.collective_sync[n]) / base
-        if n in a.contention and n in b.contention:
-            for i, what in enumerate(("matmul", "memory", "optimizer")[:min(len(a.contention[n]), len(b.contention[n]))]):
-                out[f"x{n} contention {what}"] = b.contention[n][i] / a.contention[n][i] - 1
-        if n in a.comm_overlap and n in b.comm_overlap:
-            out[f"x{n} comm_overlap (abs)"] = b.comm_overlap[n] - a.comm_overlap[n]
-        la, lb = a.links[n], b.links[n]
-        for kind in sorted(set(la.size_fits) & set(lb.size_fits)):
-            for upper, *_ in la.size_fits[kind]:
-                ta, tb = (flat_collective_time_s(kind, upper, n, link) for link in (la, lb))
-                out[f"x{n} {kind} {int(upper) >> 10} KiB"] = tb / ta - 1
-    return out
 
 
 def _profile_to_json(profile: Profile, measurements: dict) -> dict:
@@ -561,9 +526,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {args.out}\n" + summary(profile))
     if args.compare:
         diffs = compare_profiles(load_profile(args.compare), profile)
-        worst = max(diffs, key=lambda k: abs(diffs[k]))
-        print(f"vs {args.compare}: median |difference| {statistics.median(abs(v) for v in diffs.values()):.1%}, "
-              f"largest {worst} {diffs[worst]:+.1%}; " + ", ".join(f"{k} {v:+.1%}" for k, v in diffs.items()))
+        top = worst(diffs)
+        print(f"vs {args.compare}: median |difference| {statistics.median(abs(v) for v in diffs.values()):.1%} over "
+              f"{len(diffs)} quantities, largest {top} {diffs[top]:+.1%}; " + ", ".join(f"{k} {v:+.1%}" for k, v in diffs.items()))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from cost_model.host_cost import HostPrograms, measure_host_slope_s
 from cost_model.measure import measure_optimizer, median_time_s
 from cost_model.rounds import pool_rounds
 from cost_model.step_efficiency import reference_model, time_reference_s
@@ -67,12 +68,14 @@ def _measure_launch_overhead_s() -> float:
 
 
 def measure_device_rounds(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, memory_numel: int = 1 << 24,
-                          rounds: int = DEVICE_ROUNDS) -> dict[str, list[float]]:
+                          rounds: int = DEVICE_ROUNDS, host: HostPrograms | None = None) -> dict[str, list[float]]:
     """The raw rounds of :func:`measure_device`: per quantity its ``rounds`` values in round order, after one
     warm-up round (first touch of the pages, lazy initialisation; not returned). Per round: matmul FLOP/s over
     ``matmul_sizes``, memory bytes/s of ``memory_numel`` fp32 elements, launch seconds, the reference step's seconds
     (the faster of two), and AdamW's ``optimizer_bytes_per_s`` and ``optimizer_tensor_s`` in one fresh process (which
-    warms itself up, so it is not run in the warm-up round). Call inside :func:`calibration_threads`.
+    warms itself up, so it is not run in the warm-up round), and (round 22) the host seconds per node measured on
+    ``host`` (:func:`cost_model.host_cost.measure_host_slope_s`: ``op_host_slope_s``, ``op_host_bwd_slope_s``; built
+    here when None; not in the warm-up round: building warms them up). Call inside :func:`calibration_threads`.
 
     Raises:
         ValueError: ``rounds`` < 1.
@@ -81,6 +84,7 @@ def measure_device_rounds(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, me
         raise ValueError(f"measure_device(rounds={rounds}): need >= 1 round")
     got: dict[str, list[float]] = {}
     reference = reference_model()
+    host = host or HostPrograms.build()
     for r in range(rounds + 1):
         values = {"matmul_flops_per_s": _measure_matmul_flops_per_s(matmul_sizes),
                   "memory_bytes_per_s": _measure_memory_bytes_per_s(memory_numel),
@@ -88,6 +92,7 @@ def measure_device_rounds(matmul_sizes: Sequence[int] = DEFAULT_MATMUL_SIZES, me
                   "reference_step_s": min(time_reference_s(*reference) for _ in range(2))}
         if r:
             values["optimizer_bytes_per_s"], values["optimizer_tensor_s"] = measure_optimizer()
+            values["op_host_slope_s"], values["op_host_bwd_slope_s"] = measure_host_slope_s(host)
             for key, value in values.items():
                 got.setdefault(key, []).append(value)
     return got

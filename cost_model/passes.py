@@ -35,6 +35,7 @@ import warnings
 from typing import Callable, Sequence
 
 from cost_model.device_rounds import measure_device_rounds, reference_flops_per_s
+from cost_model.host_cost import HostPrograms
 from cost_model.measure import measure_collectives, measure_contention
 from cost_model.pipeline_actions import action_cost_from_samples, measure_own_runner, measure_pipeline_action_samples
 from cost_model.rounds import PASS_REFERENCE_TOLERANCE, deviating_passes, pool_passes, pool_rounds
@@ -92,6 +93,7 @@ def run_passes(nprocs: Sequence[int], kinds: Sequence[str], sizes_bytes: Sequenc
     """
     device_share, step_share = share(device_rounds, passes), share(pipeline_steps, passes)
     contention_share = share(contention_rounds, passes)
+    host = HostPrograms.build() if device_rounds else None  # exported once, measured in every pass's device rounds
     records = []
     for p in range(passes):
         label = f"pass {p + 1}/{passes}"
@@ -108,7 +110,7 @@ def run_passes(nprocs: Sequence[int], kinds: Sequence[str], sizes_bytes: Sequenc
                                                         large_repeats=large_per_pass, extras=p == passes - 1)
         if device_share[p]:
             block("device")
-            rec["device"] = measure_device_rounds(matmul_sizes, memory_numel, device_share[p])
+            rec["device"] = measure_device_rounds(matmul_sizes, memory_numel, device_share[p], host)
         if pipeline_actions and step_share[p]:
             block("pipeline actions")
             rec["pipeline"] = measure_pipeline_action_samples(step_share[p])

@@ -355,7 +355,8 @@ def _search_record(found) -> dict:
             "lean_stages": [st.index for st in found.stages if st.lean],
             "tflops_per_device": found.tflops_per_gpu, "mfu": found.mfu, "peak_flops_per_s": found.peak_flops_per_s,
             "device": found.device,
-            "alternatives": [dataclasses.asdict(a) for a in found.alternatives]}
+            "alternatives": [dataclasses.asdict(a) for a in found.alternatives],
+            **({"stage_scale": found.stage_scale} if found.stage_scale != 1.0 else {})}  # ranks sharing cores
 
 
 # The final intra-stage ILP of a pipeline plan sees the whole graph on one stage group; stage memory is the

@@ -22,7 +22,7 @@ from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
-from .ilp import Solution, memory_bytes, objective_s, solve, solve_lean
+from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost, solve, solve_lean
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
 from .shared_uses import FirstUses
@@ -362,7 +362,11 @@ class Explanation:
 
 def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topology=None,
             config: PlanConfig | None = None) -> Explanation:
-    """Compare the chosen strategy of `node` with every alternative, the rest of the plan fixed.
+    """Compare the chosen strategy of `node` with every alternative, the rest of the plan fixed: its layouts and
+    its recomputation (`Plan.recompute`: each alternative is priced with the same regions recomputing, as the
+    solver priced the plan, so the chosen row's objective is `plan_.solver.objective_s`; before round 22 the
+    recomputation was left out and a plan that recomputes showed every row, the chosen one included, over the
+    memory budget).
 
     Rebuilds the problem (deterministic) with the plan's mesh and, unless `config` is given, the config the
     plan records (budget, batch dims, data axes, axis roles...); pass the same cluster as to `plan`.
@@ -380,15 +384,19 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
         choice.append(next(i for i, s in enumerate(strategies) if _fmt(s) == (want.inputs, want.output)))
     g = problem.group_of[node]
     fmt = lambda s: f"{' '.join(str(L) for L in s.inputs)} -> {s.output}"
+    counts = decision_counts(problem, plan_.recompute)  # the plan's recomputation, held fixed (round 22)
+
+    def priced(c: tuple[int, ...]) -> tuple[float, int]:  # (objective s, memory bytes) as the solver priced it
+        extra_s, delta_bytes = recompute_cost(problem, c, counts)
+        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes)
     alts = []
     for i, s in enumerate(problem.spaces[node].strategies):
         c = list(choice)
         c[g] = i
-        mem = memory_bytes(problem, tuple(c))
-        alts.append((fmt(s), objective_s(problem, tuple(c)), mem, mem <= problem.budget_bytes))
+        seconds, mem = priced(tuple(c))
+        alts.append((fmt(s), seconds, mem, mem <= problem.budget_bytes))
     chosen = problem.spaces[node].strategies[choice[g]]
-    return Explanation(node, fmt(chosen), objective_s(problem, tuple(choice)),
-                       tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
+    return Explanation(node, fmt(chosen), priced(tuple(choice))[0], tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
 
 
 def _fmt(s) -> tuple:

@@ -498,7 +498,7 @@ class _Context:
             compression=make_record(self.config, res["compression"], step, uncompressed_step_s,
                                     res.get("uncompressed_step_s", step)),
             boundary_compression=res.get("boundary_compression"), alternatives=alternatives,
-            intra_stage_plan=pr.plan)
+            intra_stage_plan=pr.plan, stage_scale=self.sharing(c)[1])
 
     def _kinds(self, stages: tuple[StageSpec, ...], res: dict, tp: int) -> tuple[StageKindSummary, ...]:
         """One summary per distinct stage kind: compute and collectives per microbatch, memory at peak."""

@@ -300,6 +300,21 @@ def recompute_cost(problem: Problem, choice: tuple[int, ...], counts: dict[int, 
     return extra, delta
 
 
+def decision_counts(problem: Problem, decision: dict[str, str]) -> dict[int, dict[str, int]]:
+    """How many of each free class's regions (`problem.recompute_classes`) recompute in each mode under
+    `decision` (region -> "selective" | "full", a plan's `Plan.recompute`): the `counts` of `recompute_cost`.
+    Regions the problem folded into lin / mem (`problem.recompute_fixed`) or that no class holds are left out
+    (their price is in the problem already, or there is none)."""
+    counts: dict[int, dict[str, int]] = {}
+    for c, cls in enumerate(problem.recompute_classes):
+        for region in cls.regions:
+            mode = decision.get(region, "none")
+            if mode != "none":
+                counts.setdefault(c, {}).setdefault(mode, 0)
+                counts[c][mode] += 1
+    return counts
+
+
 def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str = "time",
            act_bound_bytes: float | None = None) -> Solution:
     """The ILP of the module docstring, with the recomputation variables when `recompute`. `minimise`:

@@ -17,6 +17,7 @@ from ..core.mesh import MeshSpec
 from .compression import compression_line
 from .boundary import BoundaryCompression
 from .plan import Plan, _round
+from .stages import partition_text
 
 PIPELINE_FORMAT_VERSION = 1
 
@@ -161,7 +162,8 @@ class PipelinePlan:
     `planner.simulate`), "bubble" (its idle part on the busiest rank), "dp_grad_sync" (the exposed part of
     the ranks' gradient all-reduces over dp, each stage's started during its last backward: `planner.simulate`), "tied_grad_sync" (embedding
     gradient exchanged between the first and last rank); step_time_s = pipeline + dp_grad_sync + tied_grad_sync.
-    partition: which stage split won for the chosen candidate: "dp" (the balancing DP) or "uniform" (even).
+    partition: which stage boundaries won for the chosen candidate: "dp" (the balancing dynamic program; not the
+        mesh axis) or "uniform" (even); text: `stages.partition_text`.
     intra_stage_plan: the tp-axis ILP `Plan` of the whole graph (layouts per node; see `stage_layouts`),
     kept on the object but not in the JSON (its solver summary is, in `intra_stage_solver`).
     """
@@ -195,6 +197,10 @@ class PipelinePlan:
     boundary_compression: "BoundaryCompression | None" = None  # per stage boundary codec (`planner.boundary`)
     alternatives: tuple[ScheduleAlternative, ...] = ()  # the winner first, then each other schedule's best
     intra_stage_plan: Plan | None = field(default=None, repr=False, compare=False)
+    # the simulation's seconds per priced second of a stage computing alone (`sharing.pipeline_cores`' scale:
+    # ranks sharing a CPU's cores); 1.0 without core sharing (every GPU preset). Not in this JSON: the unified
+    # Plan records it in model.search (`api._search_record`), where `show` reads it
+    stage_scale: float = 1.0
 
     @property
     def pp(self) -> int:
@@ -257,7 +263,7 @@ class PipelinePlan:
             f" ms + tied grad sync {b['tied_grad_sync'] * 1e3:.1f} ms",
             f"throughput {self.tflops_per_gpu:.1f} TFLOP/s per GPU = {self.mfu:.1%} MFU of {self.device} "
             f"({self.peak_flops_per_s / 1e12:.0f} TFLOP/s peak); {self.flops_per_step / 1e15:.1f} PFLOP per step",
-            f"stages ({len(self.stages)}, unit {self.block_group}, {self.partition} partition):",
+            f"stages ({len(self.stages)}, unit {self.block_group}, {partition_text(self.partition)}):",
         ]
         for s in self.stages:
             lines.append(f"  {s.index:3d} rank {s.pp_rank:3d}: blocks {s.first_block:3d}-{s.last_block:3d}"

@@ -11,7 +11,7 @@ from .plan_notes import notes
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["summary", "precision_text", "memory_rows", "search_rows"]
+__all__ = ["summary", "precision_text", "memory_rows", "search_rows", "stage_scale_text"]
 
 
 _MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "reserve")
@@ -96,7 +96,26 @@ def search_rows(plan: Plan) -> list[tuple[str, str]]:
                               f"{ms(est.dp_grad_sync_s)} + tied grad sync {ms(est.tied_grad_sync_s)}"),
                  ("per microbatch", f"search: stages sum to {ms(sum(est.stage_s))}; final ILP (whole graph, one "
                                     f"stage group {plan.mesh}, dp gradient sync included): {ms(plan.cost.total_s)}")]
+        if found.get("stage_scale", 1.0) != 1.0:
+            rows.append(("stage times", stage_scale_text(sum(est.stage_s), found["stage_scale"], found["mesh"])))
     return rows
+
+
+def stage_scale_text(stage_sum_s: float, scale: float, mesh: dict) -> str:
+    """What the stage column's seconds are and what the simulation ran (r21g finding 10: on 4 CPU ranks the
+    stages summed to 88.4 ms per microbatch while one microbatch through the 4 stages in turn was simulated at
+    57.5 ms, and nothing said why): on a cluster whose processes share a CPU's cores (`Cluster.sharing`) each
+    stage is priced at the device's rate with every process computing (the calibrated slowdown of all of them),
+    and the simulation runs a stage alone at `scale` times that, slowed again only while other pipeline ranks
+    compute (`planner.sharing.pipeline_cores`)."""
+    n = 1
+    for size in mesh["shape"]:
+        n *= size
+    return (f"the stage column is priced with all {n} processes computing at once (the cluster device's "
+            f"calibrated slowdown); the simulation runs a stage computing alone at x{scale:.3g} of that (ranks "
+            f"sharing the CPU's cores: planner/sharing.pipeline_cores), so the compute of one microbatch through the stages takes about "
+            f"{stage_sum_s * scale * 1e3:.3f} ms in turn with no other rank computing, plus sends and per-action "
+            "costs, and longer while other pipeline ranks compute")
 
 
 def summary(plan: Plan, max_nodes: int = 40) -> str:

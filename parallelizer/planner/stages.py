@@ -54,6 +54,18 @@ def step_reads(outputs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple
 
 
 
+PARTITION_WORDS = {"dp": "stage boundaries balanced by dynamic programming over the blocks (memory-aware)",
+                   "uniform": "stage boundaries uniform (equal blocks per stage)"}
+"""What a plan's `partition` ("dp" | "uniform", the JSON value kept for plan files) means in text: where the
+pipeline cuts between stages. "dp" names the dynamic program (`planner.partition`), not the data-parallel mesh
+axis beside it; data parallelism is not a cut (r21g finding 8: "microbatch 1 per replica, dp cut")."""
+
+
+def partition_text(partition: str) -> str:
+    """`PARTITION_WORDS[partition]`; an unknown value (a hand-edited plan) as it is, named."""
+    return PARTITION_WORDS.get(partition, f"stage boundaries {partition!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineEstimate:
     """The search's price of the chosen pipeline (module docstring). Seconds per optimizer step unless said.
@@ -65,7 +77,8 @@ class PipelineEstimate:
             backward, `planner.simulate`).
         tied_grad_sync_s: the tied-parameter gradient exchange between first and last pipeline rank.
         microbatch_size: samples per microbatch per data-parallel replica; global_batch: samples per step.
-        partition: "dp" (the search's balanced, memory-aware cut) or "uniform" (the even cut won).
+        partition: where the pipeline cuts between stages: "dp" (the dynamic program's balanced, memory-aware
+            stage boundaries; not the mesh axis) or "uniform" (the even boundaries won); text: `partition_text`.
         stage_s: per stage, seconds per microbatch (forward + backward, its tp collectives and sends).
         rank_memory_bytes: per pipeline rank, bytes per device by kind (`MEMORY_KINDS`; activations = the
             in-flight microbatches the schedule keeps, `schedules.inflight_microbatches`).
@@ -111,7 +124,7 @@ class PipelineEstimate:
         out = [f"estimated step {ms(self.step_s)} = pipeline {ms(self.pipeline_s)} (bubble {ms(self.bubble_s)}) "
                f"+ dp grad sync {ms(self.dp_grad_sync_s)} + tied grad sync {ms(self.tied_grad_sync_s)}; "
                f"{self.global_batch} samples per step, microbatch {self.microbatch_size} per replica, "
-               f"{self.partition} cut"]
+               f"{partition_text(self.partition)}"]
         for r, mem in enumerate(self.rank_memory_bytes):
             out.append(f"  pp rank {r} memory per device: "
                        + ", ".join(f"{k} {mem[k] / 1e9:.2f} GB" for k in MEMORY_KINDS if k in mem))

@@ -37,6 +37,7 @@ from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
+from .grad_reach import drop_unreached, unreached_parameters
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
@@ -315,6 +316,8 @@ class PipelineRun:
     last: bool
     loss: MicrobatchLoss
     pipe: list = dataclasses.field(default_factory=list)  # this rank's torch stages (`_SyncOnceStage`)
+    # FQNs no model output reaches through autograd: their .grad stays None, as on one device (`grad_reach`)
+    unreached: frozenset[str] = frozenset()
 
     def step(self, *inputs, target=None, losses: list | None = None, loss_fn=None,
              item_count=None) -> torch.Tensor | None:
@@ -347,6 +350,7 @@ class PipelineRun:
         if losses is not None:
             losses.extend(loss for loss, _ in self.loss.recorded)
         sync_shared_grads(self)
+        drop_unreached(self.stages, self.unreached)  # the zeros torch's stages send for a missing gradient
         _give_back(earlier)
         if not self.last:
             return None
@@ -471,7 +475,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
-                       p == where[-1], loss, pipe)
+                       p == where[-1], loss, pipe, unreached_parameters(traced))
 
 
 def _returned(module: StageModule, cut: StageCut, k: int, sent: dict[str, Layout]) -> tuple[tuple[str, ...], dict]:

@@ -61,6 +61,7 @@ from ..rewriter.spec import ShardingSpec
 from ..rewriter.state import shard_tensor
 from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
+from .grad_reach import presence_mismatch
 from .launch import spawn
 from .module_copy import copy_module
 from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
@@ -72,7 +73,8 @@ from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_ex
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
                         wide_judged, widened)
 from .reach import narrows_inside, reach_dtypes
-from .replay64 import REPLAY_ERRORS, failure
+from .kinks import locate_pipeline
+from .replay64 import REPLAY_ERRORS, failure, replay_kinks
 from .tolerance import compute_dtype, loosest
 from .zero1 import plan_optimizer, runs_zero1
 
@@ -127,6 +129,8 @@ def _rank_judged(rank: int, world_size: int, model_fn, model_kwargs: dict, spec:
         result = _rank_main(rank, world_size, model_fn, model_kwargs, spec, pipe, steps, lr, eps, wide=True)
         if _any_rank_outside(result) and not result["random"]:  # rounding beyond 8x, or a wrong program
             result["float64_replay"] = replay_pipeline(model_fn, model_kwargs, spec, pipe)
+            result["kinks"] = replay_kinks(result["float64_replay"],  # rounding at a kink? (`runtime.kinks`)
+                                           lambda: locate_pipeline(model_fn, model_kwargs, spec, pipe))
     elif result["narrows"] and not result["random"]:  # judged at 16 bits where its casts reach: blind to 0.1%
         result["float64_replay"], result["replay_judges"] = replay_pipeline(model_fn, model_kwargs, spec, pipe), True
     return result
@@ -195,11 +199,11 @@ def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute, *,
                 grads: bool = False, buffers: bool = False, exact: torch.nn.Module | None = None, judge=None
                 ) -> tuple[float, str, float]:
     """(largest |diff|, its FQN, largest diff / tolerance) between this rank's stage parameters (or their
-    gradients, None counting as zeros; or with `buffers` its stage buffers) and its shard of the reference
-    model's, over every stage (and stage copy) it holds, judged at `compute(fqn)` (`runtime.reach`; or one
-    dtype for all). Buffers compared: those of the reference's
-    `named_buffers()` (lifted constants are not state). `exact`: the model run without the plan's
-    mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
+    gradients, None counting as zeros where both sides have None; a gradient None on one side only is a mismatch,
+    `grad_reach.presence_mismatch`; or with `buffers` its stage buffers) and its shard of the reference model's,
+    over every stage (and stage copy) it holds, judged at `compute(fqn)` (`runtime.reach`; or one dtype for all).
+    Buffers compared: those of the reference's `named_buffers()` (lifted constants are not state). `exact`: the
+    model run without the plan's mixed-precision recipe, or a float64 copy of the model, judged by `judge` (`_max_diff`: by default
     `runtime.rehearsal.recipe_excess`; `float64_excess` for the float64 copy)."""
     models = [reference] + ([exact] if exact is not None else [])
     if buffers:
@@ -208,6 +212,10 @@ def stage_diffs(run, reference: torch.nn.Module, spec: ShardingSpec, compute, *,
                  if fqn in refs[0])
     else:
         refs = [dict(m.named_parameters()) for m in models]
+        missing = grads and presence_mismatch((fqn, p.grad, *(r[fqn].grad for r in refs))
+                                              for s in run.stages for fqn, p in s.named_parameters())
+        if missing:  # a zero gradient where one device has None (or the reverse) is no match (`grad_reach`)
+            return missing
         pick = (lambda p: _grad_or_zeros(p).detach()) if grads else (lambda p: p.detach())
         pairs = ((s, fqn, pick(p), *(pick(r[fqn]) for r in refs)) for s in run.stages for fqn, p in s.named_parameters())
     return _max_diff(((fqn, mine, *(shard_tensor(full, spec.params[fqn], spec.mesh, s.coords) for full in fulls))

@@ -101,3 +101,13 @@ def replay(rank: int, model_fn, model_kwargs: dict, spec: ShardingSpec) -> tuple
                                                                spec.params[fqn], spec.mesh, pm.coords))
                        for fqn, p in pm.named_parameters()), torch.float64)
     return max(output, grads, key=lambda r: r[2])
+
+
+def replay_kinks(replayed, find) -> list[tuple] | None:
+    """This rank's kink crossings, `find()` (`runtime.kinks.locate` / `locate_pipeline`), when the float64
+    replay `replayed` (`replay`'s or `replay_pipeline`'s result) ran and equals the float64 model on EVERY rank
+    (an all-reduce of the verdicts, so that every rank runs the same collectives): only then may a float32
+    difference be laid to rounding at a kink; else None. Collective."""
+    ok = torch.tensor([1.0 if isinstance(replayed, tuple) and replayed[2] <= 1 else 0.0])
+    torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
+    return find() if ok.item() else None

@@ -1,15 +1,18 @@
 """Round 21 (r21c), issue 13 (two calibrations within 10%): every measurement spread over the calibration's passes,
 and a per-pass reference matmul that leaves out a pass run in another machine state (cost_model.passes,
 cost_model.rounds.deviating_passes / pool_rounds). Synthetic samples with closed forms; no real measuring."""
+import dataclasses
 import importlib
 import json
 import math
 import random
 import statistics
+import types
 import warnings
 
 import pytest
 
+from cost_model import host_cost
 from cost_model import passes as passes_mod
 from cost_model.calibrate import predicted_pass_drift
 from cost_model.passes import pool_all, share, steal_fraction
@@ -141,11 +144,12 @@ def test_calibrate_spreads_every_measurement_over_its_passes_and_leaves_out_a_sl
                 "collective_cpu": {k: {s: 1e-5 for s in sizes} for k in kinds},
                 "comm_overlap": 0.5 if extras else None, "sync_s": 1e-4 if extras else None}
 
-    def device(sizes, numel, rounds):
-        order.append(("device", rounds))
+    def device(sizes, numel, rounds, host):
+        order.append(("device", rounds, host))
         return {k: [v / slow() if k.endswith("per_s") else v * slow()] * rounds for k, v in
                 {"matmul_flops_per_s": 1e10, "memory_bytes_per_s": 1e10, "launch_overhead_s": 1e-6,
-                 "optimizer_bytes_per_s": 5e9, "optimizer_tensor_s": 3e-5, "reference_step_s": 0.2}.items()}
+                 "optimizer_bytes_per_s": 5e9, "optimizer_tensor_s": 3e-5, "reference_step_s": 0.2,
+                 "op_host_slope_s": 2e-5, "op_host_bwd_slope_s": 3e-5}.items()}
 
     def pipeline(steps):
         order.append(("pipeline", steps))
@@ -158,6 +162,7 @@ def test_calibrate_spreads_every_measurement_over_its_passes_and_leaves_out_a_sl
     monkeypatch.setattr(passes_mod, "reference_flops_per_s", reference)
     monkeypatch.setattr(passes_mod, "measure_collectives", collectives)
     monkeypatch.setattr(passes_mod, "measure_device_rounds", device)
+    monkeypatch.setattr(passes_mod, "HostPrograms", types.SimpleNamespace(build=lambda: "host programs"))  # built once
     monkeypatch.setattr(passes_mod, "measure_pipeline_action_samples", pipeline)
     monkeypatch.setattr(passes_mod, "measure_own_runner", lambda: order.append("own runner") or cal.CPU_PIPELINE_ACTION)
     monkeypatch.setattr(passes_mod, "measure_contention", contention)
@@ -169,7 +174,8 @@ def test_calibrate_spreads_every_measurement_over_its_passes_and_leaves_out_a_sl
 
     def one_pass(i, device_rounds, steps):
         last = i == 3
-        return (["ref", ("x2", 7, 2, last), "ref", ("x4", 7, 2, last), "ref", ("device", device_rounds), "ref",
+        return (["ref", ("x2", 7, 2, last), "ref", ("x4", 7, 2, last), "ref",
+                 ("device", device_rounds, "host programs"), "ref",
                  ("pipeline", steps)] + (["own runner"] if i == 2 else []) + ["ref", ("contention", 3)])
     assert order == one_pass(1, 2, 4) + one_pass(2, 2, 3) + one_pass(3, 1, 3)
     m = json.loads(path.read_text())["measurements"]
@@ -184,5 +190,11 @@ def test_calibrate_spreads_every_measurement_over_its_passes_and_leaves_out_a_sl
     assert profile.contention == {2: (1.0, 1.0, 1.0), 4: (2.0, 2.0, 2.0)}
     assert m["pass_half_median"] == 0.0 and m["device_pass_half"]["matmul_flops_per_s"] == 0.0
     assert profile.comm_overlap == {2: 0.5, 4: 0.5} and profile.collective_sync == {2: 1e-4, 4: 1e-4}
+    # round 22: the host seconds per node come from the pooled device rounds' slopes, less the priced slope
+    assert m["op_host_slope_s"] == 2e-5 and m["device_pass_half"]["op_host_slope_s"] == 0.0
+    priced = dataclasses.replace(profile.device, matmul_efficiency=1.0, memory_efficiency=1.0, op_host_s=0.0,
+                                 op_host_bwd_s=0.0)
+    want = host_cost.op_host_from_slopes(priced, None, 2e-5, 3e-5)
+    assert (profile.device.op_host_s, profile.device.op_host_bwd_s) == pytest.approx(want) and 0 < want[0] < 2e-5
     with pytest.raises(ValueError, match="collective_passes=0"):
         cal.calibrate(nprocs=(2,), progress=False, collective_passes=0)

@@ -63,7 +63,7 @@ def test_gpu_presets_and_older_profiles_price_no_host_seconds(tmp_path):
 
 
 def test_measure_op_host_s_recovers_the_per_node_seconds_of_a_closed_form_program(monkeypatch):
-    """The calibration's slope: programs of 1 and 5 blocks that run (priced seconds + nodes x h + a fixed c) give
+    """The calibration's slope: programs of 1 and 9 blocks that run (priced seconds + nodes x h + a fixed c) give
     h per node, forward and backward, whatever c is (the call's fixed cost cancels)."""
     h_f, h_b, c_f, c_b = 11e-6, 7e-6, 3e-4, 5e-4
     progs = {n: host_cost._program(n) for n in host_cost.TINY_LAYERS}
@@ -74,10 +74,48 @@ def test_measure_op_host_s_recovers_the_per_node_seconds_of_a_closed_form_progra
         return pf + nf * h_f + c_f, pb + nb * h_b + c_b
     monkeypatch.setattr(host_cost, "_program", lambda n: progs[n])
     monkeypatch.setattr(host_cost, "_time_once", fake_time)
-    fwd, bwd = host_cost.measure_op_host_s(CPU, rounds=3, repeats=2)
+    fwd, bwd = host_cost.measure_op_host_s(CPU, rounds=3, runs=2)
     torch.testing.assert_close((fwd, bwd), (h_f, h_b))
     nodes = [host_cost.program_nodes(gm) for _, _, gm in progs.values()]
     assert nodes[1][0] > nodes[0][0] and nodes[1][1] > nodes[0][1]  # the blocks add nodes both ways
+
+
+def test_the_host_slope_is_a_device_round_quantity_pooled_by_its_median_then_less_the_priced_slope(monkeypatch):
+    """Round 22 (r22g): calibration measures the host slope in every device round (so in every pass, pooled like the
+    other device quantities) as the median of each program's runs, and takes the priced slope off after pooling.
+    Closed form: programs that run (priced + nodes x h + c) but every third run 3x slower (a noisy moment) give h
+    per node (the median of 3 runs ignores one outlier; the fastest-of or a mean would not be h for the slow runs
+    alone), and with_op_host turns pooled slopes s into s - priced slope."""
+    from cost_model import device_rounds
+    h_f, h_b, c = 11e-6, 7e-6, 3e-4
+    progs = {n: host_cost._program(n) for n in host_cost.TINY_LAYERS}
+    info = {id(m): (host_cost.program_nodes(gm), host_cost._priced_s(gm, CPU)) for m, _, gm in progs.values()}
+    calls = {}
+
+    def fake_time(module, inputs):
+        (nf, nb), (pf, pb) = info[id(module)]
+        k = calls[id(module)] = calls.get(id(module), 0) + 1
+        slow = 3.0 if k % 3 == 0 else 1.0
+        return slow * (pf + nf * h_f + c), slow * (pb + nb * h_b + c)
+    monkeypatch.setattr(host_cost, "_program", lambda n: progs[n])
+    monkeypatch.setattr(host_cost, "_time_once", fake_time)
+    monkeypatch.setattr(device_rounds, "measure_optimizer", lambda: (1e9, 1e-5))  # no AdamW process here
+    host = host_cost.HostPrograms.build()
+    calls.clear()
+    rounds = device_rounds.measure_device_rounds((64,), 1 << 10, rounds=2, host=host)
+    (nf0, nb0), (pf0, pb0) = info[id(host.programs[0][0])]
+    (nf1, nb1), (pf1, pb1) = info[id(host.programs[-1][0])]
+    want_f = ((pf1 - pf0) + (nf1 - nf0) * h_f) / (nf1 - nf0)  # measured slope: priced + host, per node
+    want_b = ((pb1 - pb0) + (nb1 - nb0) * h_b) / (nb1 - nb0)
+    assert len(rounds["op_host_slope_s"]) == len(rounds["op_host_bwd_slope_s"]) == 2
+    torch.testing.assert_close(rounds["op_host_slope_s"], [want_f] * 2)
+    torch.testing.assert_close(rounds["op_host_bwd_slope_s"], [want_b] * 2)
+    measurements = {"op_host_slope_s": want_f, "op_host_bwd_slope_s": want_b}
+    device = host_cost.with_op_host(CPU, measurements)
+    torch.testing.assert_close((device.op_host_s, device.op_host_bwd_s), (h_f, h_b))
+    assert (measurements["op_host_s"], measurements["op_host_bwd_s"]) == (device.op_host_s, device.op_host_bwd_s)
+    with pytest.raises(ValueError, match="runs"):
+        host_cost.measure_host_slope_s(host, runs=0)
 
 
 def test_reference_host_s_is_the_per_node_rule_summed_over_the_reference_graph():

@@ -179,3 +179,19 @@ def test_summary_and_cli_flag(plans, tmp_path):
                      "--global-batch", "4", "--no-progress", "--mesh", "dp=2", "--recompute", "full",
                      "-o", str(out)]) == 0
     assert Plan.load(out).recompute == {"h.0": "full", "h.1": "full"}
+
+
+def test_explain_prices_the_plans_recomputation(gpt2, plans):
+    """r21g finding 3: `explain` priced every alternative without the plan's recomputation, so on a plan that
+    recomputes its chosen row was not the plan (objective lower, memory over the budget). Now the chosen row is
+    the solver's objective and the plan's memory total, and an alternative carries the same regions' price."""
+    m0, m_full = plans["auto"].cost.memory_bytes["total"], plans["full"].cost.memory_bytes["total"]
+    p = _none_plan(gpt2, memory_budget_bytes=(m0 + m_full) // 2)
+    assert p.recompute  # the budget needs recomputation
+    node = next(n for n, q in p.nodes.items() if q.op == "aten.mm.default")
+    e = parallelizer.explain(gpt2, p, node, cluster=CLUSTER)
+    row = next(a for a in e.alternatives if a[0] == e.chosen)
+    assert e.chosen_s == pytest.approx(p.solver.objective_s, rel=1e-12)
+    assert e.chosen_s == pytest.approx(p.cost.total_s, rel=1e-12)
+    assert row[2] == p.cost.memory_bytes["total"] and row[3]  # fits: it is the plan
+    assert "[over memory budget]" not in str(e).splitlines()[1]

@@ -315,3 +315,20 @@ def test_the_float64_replay_is_stated_beside_the_verdict_not_instead_of_it():
     assert replay_note([row, row]) == ""
     report = _report(2, rounding)
     assert not report.matches() and "rounding of another summation order" in str(report)
+
+
+def test_kinks_are_not_the_verdict_when_the_first_steps_gradients_are_within_bound():
+    """`runtime.kinks.kinks_note`: a crossing found at the first forward explains a difference only where it
+    acts, the first step's gradients; a difference only in the parameters after the steps (e.g. a wrong
+    optimizer update, which the float64 replay of one forward and backward does not check) stays DIFFER."""
+    from parallelizer.runtime.kinks import kinks_note
+
+    crossing = [("relu", "relu (aten.relu.default)", 1, 0.0, 1.19e-7)]
+    first_step = {"grad": (0.6, "w", 5e4), "kinks": crossing}
+    later_only = {"grad": (1e-7, "w", 0.3), "params": (1e-3, "w", 50.0), "kinks": crossing}
+    assert kinks_note([first_step, dict(first_step, kinks=[])]).startswith("1 element(s) crossed a kink")
+    assert kinks_note([later_only, later_only]) == ""
+    pipeline_later = {"grad": (0.6, "w (step 1)", 5e4), "kinks": crossing}
+    assert kinks_note([pipeline_later]) == ""
+    assert kinks_note([dict(pipeline_later, grad=(0.6, "w (step 0)", 5e4))]) != ""
+    assert kinks_note([{"grad": (0.6, "w", 5e4), "kinks": None}]) == ""  # replay differed: not looked for
