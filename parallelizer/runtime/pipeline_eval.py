@@ -31,10 +31,12 @@ keeps two copies of every stage, the copy of its first pipeline direction, copy 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError
 from ..rewriter.apply import RankProgram, rewrite
@@ -188,13 +190,13 @@ def evaluate(pm, args: tuple, kwargs: dict) -> object:
         TraceError / PlanMismatchError: as tracing the model in eval mode does.
     """
     batch = pm.run.microbatch_size
-    tensors = [t for t in torch.utils._pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
     size = tensors[0].shape[0] if tensors and tensors[0].ndim else 0
     if not size or size % batch:
-        raise PipelineError(f"PipelineModule evaluation: the batch (dim 0 of {tuple(tensors[0].shape) if tensors else ()}"
-                            f") is not a multiple of the microbatch size {batch} the model was traced with; "
-                            "evaluation runs microbatches of that size. Remedy: pad or cut the evaluation batch to a "
-                            f"multiple of {batch}")
+        shape = tuple(tensors[0].shape) if tensors else ()
+        raise PipelineError(f"PipelineModule evaluation: the batch (dim 0 of {shape}) is not a multiple of the "
+                            f"microbatch size {batch} the model was traced with; evaluation runs microbatches of that "
+                            f"size. Remedy: pad or cut the evaluation batch to a multiple of {batch}")
     m = size // batch
     flat = global_tensor_inputs(pm.traced, args, kwargs, m)  # checks the call against the trace
     modes = {name: module.training for name, module in pm.run.stages[0].named_modules()}
@@ -205,7 +207,6 @@ def evaluate(pm, args: tuple, kwargs: dict) -> object:
         cache.clear()  # one evaluation configuration kept: a new one traces again
         cache[key] = build_eval(pm, modes, args, kwargs, m)
         if cache[key].replicated:
-            import warnings
             warnings.warn(f"PipelineModule evaluation: {len(cache[key].replicated)} op(s) of the eval-mode graph the "
                           f"plan does not have run replicated: {', '.join(cache[key].replicated[:5])}", stacklevel=3)
     ev = cache[key]

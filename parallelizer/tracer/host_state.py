@@ -297,6 +297,10 @@ def refuse_generator_objects(exported, model: torch.nn.Module) -> None:
                f"feed; draws using it: {'; '.join(draws)}")
 
 
+HOST_STATE_LEADS = ("host state a forward call changes", RESEED_NOTE)
+"""How each part `frozen_host_state` returns begins (a report's wording: host state, not random draws)."""
+
+
 def frozen_host_state(notes: list[str]) -> str:
     """What a trace made with `allow_frozen_host_random=True` noted of host state frozen into its program
     (`check_repeatable`: a generator object, a counter, a global, the clock; `refuse_reseeding`: torch.manual_seed
@@ -307,7 +311,7 @@ def frozen_host_state(notes: list[str]) -> str:
     for note in notes:
         if note.startswith(REPEAT_NOTE):
             named = note.split("Changed by one call: ", 1)[-1]
-            out.append(f"host state a forward call changes, FROZEN at trace time ({named}): the program repeats the "
+            out.append(f"{HOST_STATE_LEADS[0]}, FROZEN at trace time ({named}): the program repeats the "
                        f"traced call's values at every step while the model computes new ones per call; remedy: "
                        f"{REPEAT_REMEDY}")
         elif note.startswith(RESEED_NOTE):
