@@ -26,8 +26,18 @@ nn.Module contract, as far as a pipeline allows:
   `ParallelModule` (model and optimizer state), so a checkpoint moves between pipeline and other plans.
 - `clip_grad_norm_(max_norm, norm_type)`: clips by the norm of the whole model's gradient, each parameter
   counted once over stages, copies and shards (call it on every rank after `step`).
-- `forward` is not available (raises PipelineError): a pipeline runs forward and backward together in `step`.
-- train/eval: the stages run in the mode the model was traced in; switching raises PipelineError.
+- `train()` / `eval()` set the flags of every module of this rank's stages, as on the model. `step` trains in
+  the mode the model was traced in (`pm.train()` before it, after an evaluation); in eval mode `pm(*inputs)`
+  is an evaluation forward (`runtime.pipeline_eval`: the stages traced again in eval mode, forward only, no
+  gradient or optimizer state touched) returning the model's outputs on EVERY rank; in train mode `forward`
+  raises PipelineError (a pipeline trains through `step`).
+- the model root's plain settings (`pm.temperature`, read in forward) are held by the PipelineModule as by a
+  ParallelModule; one changed after build is refused by `step` and the evaluation forward (PipelineError naming
+  it: the stages cannot trace again for training), where a ParallelModule traces again. A root tensor attribute
+  that is not a buffer (`pm.mask = t`) is replaced on every stage holding it, as a ParallelModule replaces it.
+- hooks: forward (pre-)hooks and module backward hooks on the PipelineModule run on the evaluation forward; `step`
+  refuses them (PipelineError: it never calls the module's forward, so they would not run); tensor hooks on
+  parameters and state-dict hooks work as on any module (`runtime.pipeline_contract`).
 """
 from __future__ import annotations
 
@@ -39,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.module import _IncompatibleKeys
 
-from ..errors import MicrobatchWarning, PipelineError, StateDictError, UnsupportedOpError
+from ..errors import MicrobatchWarning, PipelineError, StateDictError
 from ..planner import Plan
 from ..planner.boundary import build_options
 from ..rewriter.collectives import all_reduce_max, carried_view, find_group
@@ -48,9 +58,8 @@ from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from ..tracer.microbatch_check import loss_fn_mixing
 from .grad_norm import clip_grad_norm_, global_norm
-from .mirror import describe, refuse_foreign_modules
-from .cast_check import cast_tensors, refuse as refuse_cast
 from .model_attrs import ModelAttributes
+from .pipeline_contract import PipelineContract
 from .stale_model import tag_snapshot
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
@@ -67,7 +76,7 @@ from .modes import Retracer
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
 
 
-class PipelineModule(ModelAttributes, torch.nn.Module):
+class PipelineModule(PipelineContract, ModelAttributes, torch.nn.Module):
     """This rank's stages of a pipeline plan (module docstring), trained with `step`.
 
     Attributes:
@@ -135,40 +144,11 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         return self.run.last
 
     def train(self, mode: bool = True) -> "PipelineModule":
-        """Raises PipelineError for another mode than the model was traced in (the stages cannot re-trace);
-        the traced mode is accepted (so `pm.train()` in a training loop is harmless)."""
-        if mode != self.traced.training:
-            raise PipelineError(f"PipelineModule.train({mode}): the stages run the program traced in "
-                                f"{'train' if self.traced.training else 'eval'} mode and cannot switch. Remedy: "
-                                f"trace/auto_parallelize the model in {'train' if mode else 'eval'} mode, or use a "
-                                "plan without 'pp' (ParallelModule switches programs)")
+        """`nn.Module.train`: sets the flag of every module of this rank's stages (their mirrors of the model's
+        modules). In eval mode `pm(*inputs)` evaluates (`runtime.pipeline_eval`); `step` needs the mode the model
+        was traced in. Before (round 21, trial g), `pm.eval()` raised, and neither remedy it named served a
+        training run that evaluates every N steps."""
         return super().train(mode)
-
-    def _check_modes(self) -> None:
-        """Raise PipelineError when a stage's submodules changed mode or settings (`runtime.mirror`: a BatchNorm
-        set to eval by type, a Dropout's p) since the stages were built: their programs cannot be traced again,
-        and before such changes were silently ignored."""
-        added = [name for name, child in self.__dict__.get("_modules", {}).items()
-                 if name != "stages" or list(child) != list(self.run.stages)]
-        if added:  # `pm.head = nn.Identity()` on a PipelineModule only adds a child that no stage runs
-            raise UnsupportedOpError(
-                f"PipelineModule.step: submodule(s) {', '.join(added)} set on the PipelineModule after it was built "
-                "(a module swap or a new module): its stages run the programs traced then, so the change would be "
-                "ignored. Remedy: change the model before auto_parallelize")
-        for stage in self.run.stages:
-            refuse_foreign_modules(stage, "a pipeline stage")
-            # its stage-to-stage buffers have the traced dtypes: a cast pipeline cannot run (`cast_check`)
-            refuse_cast("PipelineModule.step", cast_tensors(stage.traced, {**dict(stage.named_parameters()),
-                                                                           **dict(stage.named_buffers())}))
-            flags, changes = stage._modes()
-            first_flags, _ = stage._first_modes
-            moved = [name for (name, t), (_, t0) in zip(flags, first_flags) if t != t0]
-            if moved or changes:
-                what = (f"submodules switched train/eval: {', '.join(moved[:3])}" if moved else
-                        f"settings changed: {describe(changes)}")
-                raise PipelineError(f"PipelineModule.step: {what} after the pipeline was built; its stages run the "
-                                    "programs traced then and cannot trace again. Remedy: make the change on the model "
-                                    "before auto_parallelize, or use a plan without 'pp' (ParallelModule traces again)")
 
     def __deepcopy__(self, memo: dict):
         """Refused (PipelineError): a copy would need its own schedules and stage-to-stage channels, which
@@ -193,9 +173,23 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
                             "model before auto_parallelize, or load values with pm.load_full_state_dict(state_dict)")
 
     def forward(self, *args, **kwargs):
-        raise PipelineError("PipelineModule: a pipeline plan runs forward and backward together over its "
-                            f"{self.run.microbatches} microbatches. Remedy: loss = pm.step(*inputs, target=..., "
-                            "loss_fn=...), or a plan without a 'pp' axis to call the module")
+        """In eval mode (`pm.eval()`): the evaluation forward of the global call through the stages, forward only,
+        returning the model's output structure (full tensors, detached) on every rank (`runtime.pipeline_eval`;
+        collective: call on every rank with the same inputs). In train mode: PipelineError (train with `step`).
+
+        Raises:
+            PipelineError: train mode; a root setting changed after build (`_check_root_settings`); a batch that
+                is not a multiple of the traced microbatch size.
+        """
+        if self.training:
+            raise PipelineError("PipelineModule: in train mode a pipeline plan runs forward and backward together "
+                                f"over its {self.run.microbatches} microbatches. Remedy: loss = pm.step(*inputs, "
+                                "target=..., loss_fn=...) to train; to evaluate, pm.eval() then pm(*inputs) (under "
+                                "torch.no_grad()), then pm.train() to train on")
+        self._check_modes("PipelineModule evaluation", flags=False)
+        self._check_root_settings("PipelineModule evaluation")
+        from .pipeline_eval import evaluate  # imports this module's dtype codes
+        return evaluate(self, args, kwargs)
 
     def step(self, *inputs, target: torch.Tensor | None = None, loss_fn: LossFn | None = None,
              item_count=count_items, **kwargs) -> torch.Tensor:
@@ -234,6 +228,8 @@ class PipelineModule(ModelAttributes, torch.nn.Module):
         check_loss_source(self.traced, loss_fn, "PipelineModule.step", kwargs,
                           ("target",) * (target is not None) + ("item_count",) * (item_count is not count_items))
         self._check_modes()
+        self._check_root_settings("PipelineModule.step")
+        self._refuse_module_hooks("PipelineModule.step")
         if target is not None and not isinstance(target, torch.Tensor):
             raise StepError(f"PipelineModule.step: target must be a tensor (split into microbatches along dim 0) or "
                             f"None, got {type(target).__name__}. Remedy: pass one tensor, or put the other values "
@@ -630,6 +626,8 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
                 loss_fn=functools.partial(_structured_loss, None, traced.exported.call_spec.out_spec, True),
                 **build_options(pipe.compression))
     module = PipelineModule(run, traced, plan, rank)
+    module.hold_root_settings(model)
+    module.__dict__["_retracer"] = Retracer.of(model)  # the evaluation forward traces it (`runtime.pipeline_eval`)
     # parameters held more than once in the pipeline (a tied embedding / lm_head on two stages; every parameter
     # under BitPipe, which keeps two copies of each stage): `runtime.init_check` refuses random initialisers on them
     module.copied = frozenset(
@@ -637,7 +635,7 @@ def build_pipeline_module(traced: TracedGraph, plan: Plan, model: torch.nn.Modul
         (fqn for fqn, info in traced.parameters.items()
          if len({cut.stage_of[u] for u in info.uses if u in cut.stage_of}) > 1))
     if needs_batch_check(traced.graph_module.graph):  # a storage-free copy to trace the own loss at 2x the batch
-        module.__dict__["_skeleton"] = Retracer.of(model)
+        module.__dict__["_skeleton"] = module._retracer
     return module
 
 

@@ -43,6 +43,7 @@ from ..rewriter.state import gather_tensor, shard_tensor
 from ..tracer.graph import as_real, carries_grad, draws_random
 from ..tracer.leaves import pair_by_path
 from ..tracer.trace import trace
+from ..tracer.host_state import HOST_STATE_LEADS, frozen_host_state
 from ..tracer.watch import HOST_RNG_NOTE, HOST_RNG_SITES
 from .grad_reach import presence_mismatch
 from .launch import create_groups, spawn
@@ -145,7 +146,8 @@ class RehearsalReport:
                    "as small would match too; rehearse with the model's own loss (e.g. labels=) or inputs that give "
                    "outputs of order 1")
                 + ("" if self.matches() or not self.random else
-                   f"; the forward draws random numbers ({self.random}): ranks holding a shard of the batch draw "
+                   f"; the forward {_random_kind(self.random)} ({self.random}): ranks holding a shard of the batch "
+                   "draw "
                    "their own masks / values (the same distribution, other numbers than one device), so such a "
                    "model cannot match; to check the plan, rehearse it with dropout 0 (e.g. transformers' *dropout* "
                    "config fields) and with other random tensors (randn_like noise, sampled timesteps) drawn in "
@@ -316,6 +318,11 @@ def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
     return rows
 
 
+def _random_kind(random: str) -> str:
+    """How a report words `random_ops`' text: host state frozen into the program (`frozen_host_state`) or draws."""
+    return "reads host state it changes" if random.startswith(HOST_STATE_LEADS) else "draws random numbers"
+
+
 def random_ops(traced) -> str:
     """The ops of the traced forward that draw random numbers (`tracer.graph.draws_random`: dropout p > 0,
     bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draws the
@@ -331,6 +338,8 @@ def random_ops(traced) -> str:
             (": the program repeats that one draw at every step while the model draws anew per call, so it trains "
              "differently, not only with other masks; switch the draw off (e.g. transformers' mask_time_prob=0, "
              "layerdrop=0) or draw with torch")
+    if frozen := frozen_host_state(traced.notes):  # generator objects, counters, the clock, reseeding (round 22)
+        text += ("; " if text else "") + frozen
     return text
 
 

@@ -63,13 +63,11 @@ def count_items(target) -> torch.Tensor | int:
 def check_grad_enabled(where: str) -> None:
     """Raise StepError, on every rank alike and before any communication, when gradients are off
     (`torch.no_grad()`, `torch.inference_mode()`): a step runs backward. Before, a ParallelModule raised autograd's
-    "element 0 of tensors does not require grad" from `backward`, and a pipeline torch's schedule error, whose
-    remedy (`eval()`) a PipelineModule refuses."""
+    "element 0 of tensors does not require grad" from `backward`, and a pipeline torch's schedule error."""
     if not torch.is_grad_enabled():
         raise StepError(f"{where} under torch.no_grad() / torch.inference_mode(): a step runs backward. Remedy: call "
-                        "step with gradients on; to evaluate, call a ParallelModule itself (pm.eval(), then pm(*inputs) "
-                        "under torch.no_grad()); a PipelineModule has no forward: load pm.full_state_dict() (on every "
-                        "rank) into the model on one device and evaluate that")
+                        "step with gradients on; to evaluate, call the module itself: pm.eval(), then pm(*inputs) "
+                        "under torch.no_grad(), then pm.train() (a PipelineModule too: `runtime.pipeline_eval`)")
 
 
 def check_loss_source(traced: TracedGraph, loss_fn: LossFn | None, where: str, kwargs: dict | None = None,

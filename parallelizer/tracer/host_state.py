@@ -45,6 +45,17 @@ from .leaves import pair_by_path
 from .watch import HOST_RNG_OPT_IN, _PLAIN, internal
 
 _MAX_NAMED = 5  # changed host values named in the error
+REPEAT_NOTE = "two eager calls of forward on the same inputs, parameters and torch generator state differ"
+"""How `check_repeatable`'s note (and error detail) begins: `frozen_host_state` finds it among a trace's notes."""
+REPEAT_REMEDY = ("keep such state in a registered buffer updated in place (self.register_buffer('step', "
+                 "torch.zeros((), dtype=torch.long)); self.step += 1 is then an op of the program), or pass the value "
+                 "as an input of forward (a warm-up scale, a temperature), or draw with torch (torch.rand / "
+                 "torch.randint / torch.randperm / torch.bernoulli) instead of a numpy / Python generator object")
+RESEED_NOTE = "forward reseeds torch's generator"
+"""How `refuse_reseeding`'s note begins."""
+RESEED_REMEDY = ("seed once in the training loop, outside forward; for the same draw at every call, make a "
+                 "torch.Generator once and pass it to the draw (torch.rand(..., generator=g)), or draw the mask "
+                 "outside forward and pass it in")
 
 
 def _generator_types() -> tuple[type, ...]:
@@ -190,18 +201,14 @@ def check_repeatable(model: torch.nn.Module, args: tuple, kwargs: dict, notes: l
     named = ("; ".join(changed[:_MAX_NAMED]) + (" ..." if len(changed) > _MAX_NAMED else "") if changed else
              "nothing the tracer could name (a value the call reads and changes elsewhere: the clock, time.time(); "
              "a container held by a global; an unseeded generator made in forward)")
-    detail = (f"two eager calls of forward on the same inputs, parameters and torch generator state differ (output "
+    detail = (f"{REPEAT_NOTE} (output "
               f"leaf {worst[0]} of shape {worst[2]}: max |first - second| = {worst[1]:.3g}): forward computes with "
               f"host values that a call changes. The traced program keeps the values of the call it traced as "
               f"constants and repeats them at every step. Changed by one call: {named}")
     if model.training and not allow:
         raise TraceError("a forward that reads host state it changes (a counter, a generator object, the clock), "
                          "which tracing freezes into the graph as constants", None,
-                         "keep such state in a registered buffer updated in place (self.register_buffer('step', "
-                         "torch.zeros((), dtype=torch.long)); self.step += 1 is then an op of the program), or pass "
-                         "the value as an input of forward (a warm-up scale, a temperature), or draw with torch "
-                         "(torch.rand / torch.randint / torch.randperm / torch.bernoulli) instead of a numpy / "
-                         "Python generator object; or trace in eval mode (model.eval()) if you do not train; or, to "
+                         REPEAT_REMEDY + "; or trace in eval mode (model.eval()) if you do not train; or, to "
                          f"train with the first call's values repeated knowingly, pass {HOST_RNG_OPT_IN}=True to "
                          "parallelizer.trace / auto_parallelize", detail=detail)
     notes.append(detail)
@@ -254,14 +261,12 @@ def refuse_reseeding(calls: list[tuple[str, str | None]], draws: bool, training:
         return
     sites = ", ".join(f"{name} at {where}" if where else name
                       for name, where in sorted(set(calls), key=str)[:_MAX_NAMED])
-    detail = (f"forward reseeds torch's generator ({sites}): torch.export runs the call while tracing and keeps no "
+    detail = (f"{RESEED_NOTE} ({sites}): torch.export runs the call while tracing and keeps no "
               "op of it, so the traced and the parallel program draw new random numbers at every step (dropout "
               "masks) while the model reseeds and draws the same ones per call")
     if draws and training and not allow:
         raise TraceError("torch.manual_seed (or torch.seed / torch.set_rng_state) inside forward", calls[0][1],
-                         "seed once in the training loop, outside forward; for the same draw at every call, make a "
-                         "torch.Generator once and pass it to the draw (torch.rand(..., generator=g)), or draw the "
-                         f"mask outside forward and pass it in; or, to train without the reseeding knowingly, pass "
+                         RESEED_REMEDY + "; or, to train without the reseeding knowingly, pass "
                          f"{HOST_RNG_OPT_IN}=True", detail=detail)
     notes.append(detail)
     warnings.warn(detail, stacklevel=3)
@@ -290,3 +295,26 @@ def refuse_generator_objects(exported, model: torch.nn.Module) -> None:
         "outside forward with your generator and pass it as an input",
         detail="torch.export lifts the generator as an opaque input of the program, which no plan can shard or "
                f"feed; draws using it: {'; '.join(draws)}")
+
+
+HOST_STATE_LEADS = ("host state a forward call changes", RESEED_NOTE)
+"""How each part `frozen_host_state` returns begins (a report's wording: host state, not random draws)."""
+
+
+def frozen_host_state(notes: list[str]) -> str:
+    """What a trace made with `allow_frozen_host_random=True` noted of host state frozen into its program
+    (`check_repeatable`: a generator object, a counter, a global, the clock; `refuse_reseeding`: torch.manual_seed
+    in forward), each with the remedy its TraceError gives; '' if nothing. For reports that run such a trace (a
+    rehearsal names it next to a DIFFER, `runtime.rehearsal.random_ops`: before round 22 it named numpy's and
+    Python's global generators only, and its float64 replay called the difference rounding)."""
+    out = []
+    for note in notes:
+        if note.startswith(REPEAT_NOTE):
+            named = note.split("Changed by one call: ", 1)[-1]
+            out.append(f"{HOST_STATE_LEADS[0]}, FROZEN at trace time ({named}): the program repeats the "
+                       f"traced call's values at every step while the model computes new ones per call; remedy: "
+                       f"{REPEAT_REMEDY}")
+        elif note.startswith(RESEED_NOTE):
+            out.append(note.split(":", 1)[0] + ", which the program never does (it draws new masks at every step); "
+                       f"remedy: {RESEED_REMEDY}")
+    return "; ".join(out)

@@ -137,7 +137,7 @@ def _pipeline_errors(pm, model, ids, labels) -> dict:
         ("uneven_batch", lambda: pm.step(ids[:-2], target=labels[:-2], loss_fn=lm_loss), PipelineError),
         ("no_loss", lambda: pm.step(ids, target=labels), StepError),
         ("forward", lambda: pm(ids), PipelineError),
-        ("eval", lambda: pm.eval(), PipelineError),
+        ("eval", lambda: _step_in_eval_mode(pm, ids, labels), PipelineError),
         ("example_batch", lambda: parallelizer.auto_parallelize(model, (ids[:7],), mesh=pm.plan.pipeline.mesh),
          PipelineError),
         ("other_mesh", lambda: parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 4}, plan=pm.plan),
@@ -149,6 +149,15 @@ def _pipeline_errors(pm, model, ids, labels) -> dict:
         except kind as err:
             out[key] = str(err)
     return out
+
+
+def _step_in_eval_mode(pm, ids, labels):
+    """`pm.step` after `pm.eval()` (the mode is set back after): a pipeline trains in its traced mode only."""
+    pm.eval()
+    try:
+        return pm.step(ids, target=labels, loss_fn=lm_loss)
+    finally:
+        pm.train()
 
 
 def scaler_train(rank: int, world_size: int, mesh: dict, steps: int = 3) -> dict:

@@ -113,7 +113,7 @@ def test_step_trains_pipeline_and_non_pipeline_plans_like_one_device(reports):
         assert "(6, 16) does not split into 2 microbatches of 4" in errors["uneven_batch"]
         assert "loss_fn=None, but the model's first output has shape (4, 16, 128)" in errors["no_loss"]
         assert "pm.step(" in errors["forward"]
-        assert "cannot switch" in errors["eval"]
+        assert "PipelineModule.step in eval mode" in errors["eval"] and "pm.train() before pm.step" in errors["eval"]
         assert "does not split into 2 microbatches" in errors["example_batch"]
         assert "the plan was made for mesh (pp=2" in errors["other_mesh"]
 
