@@ -154,7 +154,7 @@ def build(recipe: dict, device: str = "meta") -> tuple:
                 out = fn(**kwargs)
         model = out[0] if isinstance(out, tuple) and out else out
         if device == "meta" and isinstance(model, torch.nn.Module):
-            _rest_to_meta(model)  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
+            to_meta(model)  # what a legacy constructor (torch.FloatTensor(...)) made outside the context
     except Exception as exc:
         raise ModelBuildError(recipe.get("preset") or recipe.get("factory") or recipe["builder"], kwargs, exc,
                               device) from exc
@@ -285,10 +285,13 @@ def _factory(spec: str):
 
 
 
-def _rest_to_meta(model: torch.nn.Module) -> None:
-    """Move the parameters and buffers of `model` that are not on meta there, one new tensor per tensor, so
-    that tied weights stay one tensor (`Module.to("meta")` makes a new Parameter per owning module and unties
-    them: the plan then held two weights where the model has one, and no longer fit it)."""
+def to_meta(model: torch.nn.Module) -> torch.nn.Module:
+    """Move the parameters and buffers of `model` that are not on meta there, in place, one new tensor per tensor,
+    so that tied weights stay one tensor; returns `model`. `Module.to("meta")` and `to_empty(device="meta")` make
+    a new Parameter per owning module and untie them (torch 2.13): the plan then held two weights where the model
+    has one, and no longer fit it. The remedy `trace` names for a model partly on meta (a legacy constructor such
+    as `torch.Tensor(...)`, XLNet's, FastSpeech2-Conformer's, ignores `with torch.device("meta")`) or for an example
+    input on another device than the model when tracing shapes only."""
     moved: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for store in (module._parameters, module._buffers):
@@ -300,6 +303,7 @@ def _rest_to_meta(model: torch.nn.Module) -> None:
                     moved[id(tensor)] = torch.nn.Parameter(new, tensor.requires_grad) \
                         if isinstance(tensor, torch.nn.Parameter) else new
                 store[name] = moved[id(tensor)]
+    return model
 
 
 def _accepts(fn, name: str, var_keyword: bool = True) -> bool:

@@ -99,7 +99,7 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
         # F.interpolate to sizes summed from pixel_mask in visual_embed): no module configuration of the user's
         # changes it, so the remedy names that package's method and its replacement (round 20, r20h)
         inside = _library_remedy(library) if library else ""
-        if library and value_line and inside == _CONFIGURE_MODULE and _installed_site(location):
+        if library and value_line and inside == _CONFIGURE_MODULE and installed_site(location):
             inside = library_value_remedy(exc, location)
         if checked:
             return TraceError(
@@ -201,7 +201,7 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
 _INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]([^\\/]+)")
 
 
-def _installed_site(where: str | None) -> tuple[str, str, str, str] | None:
+def installed_site(where: str | None) -> tuple[str, str, str, str] | None:
     """(package, file name, line number, source) when `where` ("file:line") lies in an installed package's code
     (a path under site-packages / dist-packages, e.g. transformers' modeling file), else None."""
     found = _INSTALLED.search(where or "")
@@ -214,11 +214,11 @@ def _installed_site(where: str | None) -> tuple[str, str, str, str] | None:
 
 def library_call_remedy(where: str | None) -> str:
     """The start of a remedy when `where` ("file:line", `_user_line`) lies in an installed package's code
-    (`_installed_site`): the line and its source, and how to replace code the user cannot edit; "" for the user's
+    (`installed_site`): the line and its source, and how to replace code the user cannot edit; "" for the user's
     own code. torch.export records a call's stack down to the innermost forward, so the line is often the CALL of
     the helper that selects (X-MOD: modeling_xmod.py:435 `hidden_states = self.lang_adapter(lang_ids,
     hidden_states)`, whose boolean index `hidden_states[lang_mask]` picks each language's samples; round 18)."""
-    site = _installed_site(where)
+    site = installed_site(where)
     if site is None:
         return ""
     package, name, line, source = site
@@ -237,7 +237,7 @@ def library_check_remedy(exc: BaseException, where: str | None) -> str:
     ProphetNet's and UDOP's `assert torch.all(shifted_input_ids >= 0).item()`) runs only because forward shifts
     `labels` itself when no `decoder_input_ids` are given, so passing them skips it (round 19, r19d; LED's and
     Longformer's `if is_global_attn:` on `.any().item()` have no such input: the method must be replaced)."""
-    site = _installed_site(where)
+    site = installed_site(where)
     if site is None:
         return ""
     package, name, line, source = site
@@ -364,8 +364,8 @@ def _installed_function(exc: BaseException) -> str:
 def library_value_remedy(exc: BaseException, where: str) -> str:
     """The remedy when torch's code reads a tensor value as a size or number (`translate`'s value case) that the
     line `where` of an installed package's code passed in: that package's function and line, replaced for the
-    traced run by a version with Python-int sizes. `where` must satisfy `_installed_site`."""
-    package, name, line, source = _installed_site(where)
+    traced run by a version with Python-int sizes. `where` must satisfy `installed_site`."""
+    package, name, line, source = installed_site(where)
     function = _installed_function(exc)
     return (f"the call is in the installed package {package} (not your code), in {function}() at {name}:{line}"
             + (f" `{source}`" if source else "") + f", which computes the size or number from tensor values: replace "
@@ -446,7 +446,7 @@ def _cache_code_line(exc: BaseException, model: torch.nn.Module | None) -> tuple
         return None
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         where = f"{frame.filename}:{frame.lineno}"
-        site = _installed_site(where)
+        site = installed_site(where)
         if site is not None and site[0] != "torch" and "cache" in (frame.line or "").lower():
             return where, f"{site[1]}:{site[2]}", (frame.line or "").strip()
     return None

@@ -69,7 +69,8 @@ def device_cause(text: str, model: torch.nn.Module, args: tuple, kwargs: dict) -
                 f"and buffers are on {model_device})",
                 f"make the example inputs on the model's device (`x.to('{model_device}')`, or "
                 f"`torch.randn(..., device='{model_device}')`); to trace shapes only, put the model on meta too "
-                "(`model.to('meta')`): the trace then moves CPU inputs to meta itself")
+                "(`parallelizer.presets.to_meta(model)`, which keeps tied weights tied; `model.to('meta')` unties "
+                "them): the trace then moves CPU inputs to meta itself")
     attributes = _plain_tensor_attributes(model, model_device or "")
     if attributes:
         return (f"a tensor kept as a plain module attribute, not a parameter or buffer ({_listed(attributes)}), on "

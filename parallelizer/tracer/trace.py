@@ -50,7 +50,7 @@ from .host_state import check_repeatable, host_state_kept, refuse_generator_obje
 from .normalize import normalize
 from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_autocast
 from .node_facts import draws_random
-from .export_errors import library_call_remedy, translate
+from .export_errors import installed_site, library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
 from .export_facts import named_inputs
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
@@ -281,11 +281,27 @@ def _check_not_partly_meta(model: torch.nn.Module) -> None:
         listed += f" and {len(other) - 4} more" if len(other) > 4 else ""
         raise TraceError(
             "a model that is partly on the meta device", None,
-            "build every tensor on one device: create parameters with `torch.empty(...)` / `torch.zeros(...)` (which "
-            "follow `with torch.device(...)`) instead of legacy constructors such as `torch.FloatTensor(...)`, or "
-            "move the rest after building (`model.to('meta')`, or `to_empty(device='meta')`); a factory for "
-            "`parallelizer plan` may take a `device` parameter and do this itself",
+            _made_by_package(model, other[0][0]) + "build every tensor on one device: move the rest after building "
+            "with `parallelizer.presets.to_meta(model)`, which keeps tied weights tied (`model.to('meta')` and "
+            "`to_empty(device='meta')` make one Parameter per owning module and untie them, so the plan would not "
+            "fit the model); in your own code, create parameters with `torch.empty(...)` / `torch.zeros(...)` (which "
+            "follow `with torch.device(...)`) instead of legacy constructors such as `torch.FloatTensor(...)`; a "
+            "factory for `parallelizer plan` is moved so by the CLI itself",
             f"{len(meta)} parameter(s) / buffer(s) are on meta, {len(other)} are not: {listed}")
+
+
+def _made_by_package(model: torch.nn.Module, name: str) -> str:
+    """The start of `_check_not_partly_meta`'s remedy when the module holding tensor `name` is a class of an
+    installed package (transformers' FastSpeech2-Conformer makes `pos_bias_u` with `torch.Tensor(n, d)`): the
+    user cannot change that constructor, only move the tensor; "" for the user's own module, and for torch's own
+    (nn.Embedding, nn.Linear: they follow the device context, so their tensor was assigned by the user's code)."""
+    owner = model.get_submodule(name.rpartition(".")[0])
+    path = getattr(sys.modules.get(type(owner).__module__), "__file__", None)
+    site = installed_site(f"{path}:0" if path else None)
+    if site is None or site[0] == "torch":
+        return ""
+    return (f"the installed package {site[0]} (not your code: {type(owner).__name__} in {site[1]}) makes them with a "
+            "constructor that ignores `with torch.device(...)`; ")
 
 
 def _on_meta(model: torch.nn.Module) -> bool:
