@@ -156,6 +156,37 @@ def test_a_microbatch_without_items_sends_zero_not_nan_gradients():
     torch.testing.assert_close(total, ref.detach())
 
 
+def test_a_microbatch_without_items_sends_zero_gradients_when_the_loss_is_the_stages_only_output():
+    """Round 22 (r22b): the last stage of a model that returns only its own masked mean (`(h * mask).sum() /
+    mask.sum()`, transformers-style `loss` alone) has no other output to send zeros through; `loss * 0` on a
+    microbatch whose mask is all 0 back-propagated 0 / 0 = NaN into every gradient (pp=2, 2 microbatches: loss
+    right, every parameter NaN after the optimizer step, no error). The zeros now go to the leaves of the loss's
+    autograd graph (the stage's received activations and parameters), so the received activation's gradient sent
+    back is 0 and the parameters' gradients equal one device's of the whole batch."""
+    from parallelizer.runtime.pipeline import MicrobatchLoss, weighted_loss
+
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(4, 3)
+    mask = torch.tensor([0.0, 0.0, 1.0, 1.0])  # microbatch 0 (rows 0-1) counts nothing
+    loss_fn = MicrobatchLoss(lambda out, t: out[0], 2)
+    target = mask.clone()
+    loss_fn.begin(None, lambda t: t.sum(), target)
+    received = []
+    for rows in (slice(0, 2), slice(2, 4)):
+        h_in = x[rows].clone().requires_grad_()  # what a last stage receives: a leaf that requires grad
+        received.append(h_in)
+        out = loss_fn((((h_in @ w).pow(2) * mask[rows]).sum() / mask[rows].sum(),), target[rows])
+        out.backward()
+    total = sum(weighted_loss(loss, weight) for loss, weight in loss_fn.recorded)
+    whole = w.detach().clone().requires_grad_()
+    ref = ((x @ whole).pow(2) * mask).sum() / mask.sum()
+    ref.backward()
+    assert torch.isfinite(w.grad).all(), w.grad
+    torch.testing.assert_close(w.grad, whole.grad)
+    torch.testing.assert_close(total, ref.detach())
+    torch.testing.assert_close(received[0].grad, torch.zeros(2, 3))  # what is sent back to the previous stage
+
+
 def test_item_count_for_a_model_loss_without_a_count_is_warned_once_naming_the_loss_op():
     """The model's own loss with a batch-level term (a load-balancing product of batch means) has no
     per-microbatch count: weighting it by the user's item_count gives gradient accumulation's value, so
