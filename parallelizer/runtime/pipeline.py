@@ -285,12 +285,31 @@ def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
     """A 0 whose backward sends zero gradients into the stage's finite floating outputs, for a microbatch that
     counts no item (weight 0) and whose mean loss is not finite: backward of `loss * 0` through a masked mean
     `(x * mask).sum() / mask.sum()` with an all-zero mask is 0 / 0 = NaN in every gradient (one device's loss
-    of the whole batch has none). Falls back to `loss * 0` when no output is finite and differentiable."""
+    of the whole batch has none). When the loss is the stage's only such output (a model returning its own loss
+    alone), the zeros go to the leaves of the loss's autograd graph instead (`_autograd_leaves`: the stage's
+    received activations and its parameters), so the gradient sent back is 0 (round 22, r22b: pp=2, loss right,
+    every parameter NaN after the step). Falls back to `loss * 0` when the loss has no autograd graph."""
     leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
-              and t.is_floating_point() and bool(torch.isfinite(t).all())]
+              and t.is_floating_point() and bool(torch.isfinite(t).all())] or _autograd_leaves(loss)
     if not leaves:
         return loss * 0
     return sum((t * 0).sum() for t in leaves).to(loss.dtype)
+
+
+def _autograd_leaves(loss: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors (requiring grad: parameters, a stage's received activations) that `loss` was computed
+    from, found through its autograd graph (each `AccumulateGrad` node's variable), in graph order."""
+    leaves, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return leaves
 
 
 @dataclass

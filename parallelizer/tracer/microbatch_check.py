@@ -103,7 +103,7 @@ def _weighted_loss(whole, micro, loss_weights: torch.Tensor | None) -> tuple[str
     if len(parts) != len(loss_weights):
         return None
     full = root[0][1][0]
-    combined = (torch.stack([p.double() for p in parts]) * loss_weights.double()).sum().to(full.dtype)
+    combined = _combined(parts, loss_weights.tolist()).to(full.dtype)
     worst = _worst([(0, combined, full)])
     if worst is None:
         return None
@@ -116,6 +116,15 @@ def _weighted_loss(whole, micro, loss_weights: torch.Tensor | None) -> tuple[str
         "each microbatch's samples and trains another function than your model on the whole batch. Remedy: a "
         "mesh without 'pp', or return the per-sample outputs and compute such a loss on the whole batch "
         "outside the model")
+
+
+def _combined(losses: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """The batch loss a pipeline computes from its microbatch losses (float64): sum_j w_j loss_j, where a
+    microbatch of weight 0 (it counts no item: every label -100, an all-zero mask) adds exactly 0, as
+    `runtime.pipeline.weighted_loss` adds it; its mean is 0/0 = NaN, and NaN x 0 made this check warn that a right
+    per-sample loss "mixes the samples of the batch" (round 22, r22b)."""
+    return sum((torch.zeros((), dtype=torch.float64) if w == 0 else loss.double() * w
+                for loss, w in zip(losses, weights)), torch.zeros((), dtype=torch.float64))
 
 
 def _split(args: tuple, kwargs: dict, microbatches: int) -> list[tuple[tuple, dict]] | None:
@@ -229,7 +238,7 @@ def loss_fn_mixing(loss: Callable, outputs: list[torch.Tensor], batch_major: lis
             cut = [t.tensor_split(microbatches) if major else [t] * microbatches
                    for t, major in zip(outputs, batch_major)]
             parts = [loss(tuple(c[j] for c in cut), target.tensor_split(microbatches)[j]) for j in range(microbatches)]
-            combined = sum(float(weight(t)) * p.double() for t, p in zip(target.tensor_split(microbatches), parts))
+            combined = _combined(parts, [float(weight(t)) for t in target.tensor_split(microbatches)])
     except Exception:  # noqa: BLE001 - advisory: the step itself runs the loss on real values
         return None
     if not isinstance(whole, torch.Tensor) or whole.ndim or not whole.is_floating_point():

@@ -289,3 +289,30 @@ def test_a_sequence_first_input_is_named_as_a_possible_cause_with_the_batch_firs
     found = microbatch_mixing(SequenceFirstLM(), (src,), {}, 2)
     assert found is not None, found
     assert "sequence-first input" in found[1] and "inputs passed batch-first" in found[1], found[1]
+
+
+def test_a_microbatch_that_counts_no_item_is_no_false_alarm():
+    """Round 22 (r22b): a per-sample loss whose first microbatch counts no item (every mask entry 0, every label
+    -100; weight n_j / N = 0, its mean 0/0 = NaN) is what the pipeline adds as exactly 0 (`runtime.pipeline.
+    weighted_loss`), and one device's loss of the whole batch equals the others' weighted sum. The check combined
+    NaN x 0 = NaN and warned "the loss mixes the samples of the batch ... give nan (|difference| 0)" on a right
+    plan (the model's own masked mean and a cross-entropy loss_fn alike, pp=2 with 2 microbatches)."""
+    from parallelizer.tracer.microbatch_check import loss_fn_mixing
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 5, 6, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(8, 5)
+    for i, n in enumerate((0, 0, 0, 0, 5, 1, 4, 5)):  # microbatch 0 (rows 0-3) counts nothing, microbatch 1: 15
+        mask[i, :n] = 1
+    model = InBatch("mask")
+    with torch.no_grad():
+        assert torch.isfinite(model(x, mask)) and torch.isnan(model(x[:4], mask[:4]))  # independently: 0/0 alone
+    assert microbatch_mixing(model, (x, mask), {}, 2, torch.tensor([0.0, 1.0])) is None
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(8, 5, 7, generator=g), torch.randint(0, 7, (8, 5), generator=g)
+    labels[:4] = -100
+    ce = (lambda out, y: F.cross_entropy(out[0].flatten(0, 1), y.flatten()))
+    n = (labels != -100).sum()
+    assert loss_fn_mixing(ce, [logits], [True], labels, lambda y: (y != -100).sum() / n, 2) is None
+    clip = InBatch("clip")  # a loss that does mix the samples is still found beside an empty microbatch
+    assert microbatch_mixing(clip, (x, mask), {}, 2, torch.tensor([0.0, 1.0]))[0] == "the model's loss"

@@ -126,12 +126,26 @@ def test_a_broadcast_input_of_a_pipeline_step_is_named_as_such():
         check_batch((torch.zeros(6, 16),), 2, 4)
 
 
+def _assert_whole_batch(loss_fn, w, x, mask):
+    """The pipeline's batch loss (`weighted_loss` of `loss_fn.recorded`) and w's accumulated gradient equal one
+    device's masked mean of (x @ w)^2 over the whole batch, computed here eagerly."""
+    from parallelizer.runtime.pipeline import weighted_loss
+
+    total = sum(weighted_loss(loss, weight) for loss, weight in loss_fn.recorded)
+    whole = w.detach().clone().requires_grad_()
+    ref = ((x @ whole).pow(2) * mask).sum() / mask.sum()
+    ref.backward()
+    assert torch.isfinite(w.grad).all(), w.grad
+    torch.testing.assert_close(w.grad, whole.grad)
+    torch.testing.assert_close(total, ref.detach())
+
+
 def test_a_microbatch_without_items_sends_zero_not_nan_gradients():
     """The model's own masked mean `(x * mask).sum() / mask.sum()` on a microbatch whose mask is all 0 (weight
     n_j / N = 0): its loss is 0/0 = NaN, and backward of `loss * 0` through the division is NaN in every
     gradient, while one device's loss of the whole batch is finite. `MicrobatchLoss` sends zeros through the
     stage's finite outputs instead; the batch loss and gradients equal the whole batch's (trial4a)."""
-    from parallelizer.runtime.pipeline import MicrobatchLoss, weighted_loss
+    from parallelizer.runtime.pipeline import MicrobatchLoss
 
     w = torch.randn(3, requires_grad=True)
     x = torch.randn(4, 3)
@@ -147,13 +161,32 @@ def test_a_microbatch_without_items_sends_zero_not_nan_gradients():
     for rows in (slice(0, 2), slice(2, 4)):
         out = loss_fn(own(rows), target[rows])
         out.backward()
-    total = sum(weighted_loss(loss, weight) for loss, weight in loss_fn.recorded)
-    whole = w.detach().clone().requires_grad_()
-    ref = ((x @ whole).pow(2) * mask).sum() / mask.sum()
-    ref.backward()
-    assert torch.isfinite(w.grad).all(), w.grad
-    torch.testing.assert_close(w.grad, whole.grad)
-    torch.testing.assert_close(total, ref.detach())
+    _assert_whole_batch(loss_fn, w, x, mask)
+
+
+def test_a_microbatch_without_items_sends_zero_gradients_when_the_loss_is_the_stages_only_output():
+    """Round 22 (r22b): the last stage of a model that returns only its own masked mean (`(h * mask).sum() /
+    mask.sum()`, transformers-style `loss` alone) has no other output to send zeros through; `loss * 0` on a
+    microbatch whose mask is all 0 back-propagated 0 / 0 = NaN into every gradient (pp=2, 2 microbatches: loss
+    right, every parameter NaN after the optimizer step, no error). The zeros now go to the leaves of the loss's
+    autograd graph (the stage's received activations and parameters), so the received activation's gradient sent
+    back is 0 and the parameters' gradients equal one device's of the whole batch."""
+    from parallelizer.runtime.pipeline import MicrobatchLoss
+
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(4, 3)
+    mask = torch.tensor([0.0, 0.0, 1.0, 1.0])  # microbatch 0 (rows 0-1) counts nothing
+    loss_fn = MicrobatchLoss(lambda out, t: out[0], 2)
+    target = mask.clone()
+    loss_fn.begin(None, lambda t: t.sum(), target)
+    received = []
+    for rows in (slice(0, 2), slice(2, 4)):
+        h_in = x[rows].clone().requires_grad_()  # what a last stage receives: a leaf that requires grad
+        received.append(h_in)
+        out = loss_fn((((h_in @ w).pow(2) * mask[rows]).sum() / mask[rows].sum(),), target[rows])
+        out.backward()
+    _assert_whole_batch(loss_fn, w, x, mask)
+    torch.testing.assert_close(received[0].grad, torch.zeros(2, 3))  # what is sent back to the previous stage
 
 
 def test_item_count_for_a_model_loss_without_a_count_is_warned_once_naming_the_loss_op():
