@@ -237,3 +237,31 @@ def test_a_pipeline_module_refuses_deepcopy_with_a_remedy():
 
     with pytest.raises(PipelineError, match="ema_p.lerp_"):
         copy.deepcopy(PipelineModule.__new__(PipelineModule))
+
+
+def test_the_pipeline_rehearsals_reference_adds_zero_gradients_for_a_microbatch_without_items():
+    """Round 22 (lead, from r22b's note): the rehearsal's eager reference (`_accumulated_reference`, gradient
+    accumulation over the same microbatches) back-propagated `loss * 0` of a microbatch whose masked mean is 0/0,
+    so its gradients were NaN where the pipeline's (zeros, `MicrobatchLoss`) and one device's whole batch are
+    finite. Its gradient and batch loss now equal the whole batch's masked mean, computed here eagerly."""
+    from parallelizer.runtime.pipeline_rehearsal import _accumulated_reference
+
+    class MaskedMean(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3))
+
+        def forward(self, x, mask):
+            return ((x @ self.w).pow(2) * mask).sum() / mask.sum()
+
+    torch.manual_seed(0)
+    model, x = MaskedMean(), torch.randn(4, 3)
+    mask = torch.tensor([0.0, 0.0, 1.0, 1.0])  # microbatch 0 counts nothing: weight n_0 / N = 0
+    total = _accumulated_reference(model, (x, mask), {}, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    whole = MaskedMean()
+    whole.load_state_dict(model.state_dict())
+    ref = whole(x, mask)
+    ref.backward()
+    assert torch.isfinite(model.w.grad).all(), model.w.grad
+    torch.testing.assert_close(model.w.grad, whole.w.grad)
+    torch.testing.assert_close(total.float(), ref.detach())
