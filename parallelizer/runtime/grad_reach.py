@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from ..tracer.graph import TracedGraph
 
-__all__ = ["drop_unreached", "unreached_parameters"]
+__all__ = ["autograd_leaves", "drop_unreached", "unreached_parameters"]
 
 
 def unreached_parameters(traced: TracedGraph) -> frozenset[str]:
@@ -81,14 +81,19 @@ def unreached_parameters(traced: TracedGraph) -> frozenset[str]:
 
 
 def _reached_leaves(outputs) -> set[int]:
-    """ids of the leaf tensors that autograd's graph of `outputs` reaches (their AccumulateGrad nodes' variables,
-    and an output that is itself a leaf requiring grad)."""
-    reached, seen, stack = set(), set(), []
-    for t in outputs:
-        if t.grad_fn is not None:
-            stack.append(t.grad_fn)
-        elif t.requires_grad:
-            reached.add(id(t))
+    """ids of the leaf tensors that autograd's graph of `outputs` reaches (`autograd_leaves`, and an output that is
+    itself a leaf requiring grad)."""
+    outputs = list(outputs)
+    reached = {id(t) for t in outputs if t.grad_fn is None and t.requires_grad}
+    return reached | {id(t) for t in autograd_leaves(outputs)}
+
+
+def autograd_leaves(outputs) -> list[torch.Tensor]:
+    """The leaf tensors requiring grad (parameters, a stage's received activations) that autograd's graph of
+    `outputs` (tensors) reaches: each `AccumulateGrad` node's variable, walking `grad_fn.next_functions`, each
+    node once, in the walk's order."""
+    leaves, seen = [], set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while stack:
         fn = stack.pop()
         if fn in seen:
@@ -96,9 +101,9 @@ def _reached_leaves(outputs) -> set[int]:
         seen.add(fn)
         variable = getattr(fn, "variable", None)
         if isinstance(variable, torch.Tensor):
-            reached.add(id(variable))
+            leaves.append(variable)
         stack.extend(nf for nf, _ in fn.next_functions if nf is not None and nf not in seen)
-    return reached
+    return leaves
 
 
 def drop_unreached(stages, unreached: frozenset[str]) -> None:

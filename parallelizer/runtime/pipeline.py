@@ -37,7 +37,7 @@ from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
-from .grad_reach import drop_unreached, unreached_parameters
+from .grad_reach import autograd_leaves, drop_unreached, unreached_parameters
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
@@ -245,7 +245,7 @@ def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
     make the batch loss NaN where one device's loss of the whole batch is finite (its gradient is already 0:
     a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
     (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
-    return torch.zeros_like(loss) if _is_zero(weight) else loss * weight
+    return torch.zeros_like(loss) if is_zero_weight(weight) else loss * weight
 
 
 class MicrobatchLoss:
@@ -272,13 +272,19 @@ class MicrobatchLoss:
         loss = self.fn(output, target)
         weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
         self.recorded.append((loss.detach(), weight))
-        if _is_zero(weight) and not bool(torch.isfinite(loss).all()):
+        if counts_no_item(loss, weight):
             return _zero_through(output, loss)
         return loss * weight
 
 
-def _is_zero(weight) -> bool:
+def is_zero_weight(weight) -> bool:
     return bool((weight == 0).all()) if isinstance(weight, torch.Tensor) else weight == 0
+
+
+def counts_no_item(loss: torch.Tensor, weight) -> bool:
+    """A microbatch that counts no item (weight 0) and whose mean loss is 0/0: its backward must add zeros, not
+    back-propagate `loss * 0` (NaN in every gradient)."""
+    return is_zero_weight(weight) and not bool(torch.isfinite(loss).all())
 
 
 def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
@@ -286,30 +292,14 @@ def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
     counts no item (weight 0) and whose mean loss is not finite: backward of `loss * 0` through a masked mean
     `(x * mask).sum() / mask.sum()` with an all-zero mask is 0 / 0 = NaN in every gradient (one device's loss
     of the whole batch has none). When the loss is the stage's only such output (a model returning its own loss
-    alone), the zeros go to the leaves of the loss's autograd graph instead (`_autograd_leaves`: the stage's
+    alone), the zeros go to the leaves of the loss's autograd graph instead (`grad_reach.autograd_leaves`: the stage's
     received activations and its parameters), so the gradient sent back is 0 (round 22, r22b: pp=2, loss right,
     every parameter NaN after the step). Falls back to `loss * 0` when the loss has no autograd graph."""
     leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
-              and t.is_floating_point() and bool(torch.isfinite(t).all())] or _autograd_leaves(loss)
+              and t.is_floating_point() and bool(torch.isfinite(t).all())] or autograd_leaves([loss])
     if not leaves:
         return loss * 0
     return sum((t * 0).sum() for t in leaves).to(loss.dtype)
-
-
-def _autograd_leaves(loss: torch.Tensor) -> list[torch.Tensor]:
-    """The leaf tensors (requiring grad: parameters, a stage's received activations) that `loss` was computed
-    from, found through its autograd graph (each `AccumulateGrad` node's variable), in graph order."""
-    leaves, seen, stack = [], set(), [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, torch.Tensor):
-            leaves.append(variable)
-        stack.extend(nxt for nxt, _ in node.next_functions)
-    return leaves
 
 
 @dataclass

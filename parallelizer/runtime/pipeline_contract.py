@@ -85,12 +85,13 @@ class PipelineContract:
         """A root tensor attribute of the model (`_root_tensors`) is replaced on every stage holding it (each
         stage program reads it as its own buffer), as `pm.mask = t` replaces it on a ParallelModule. Before, it
         set an attribute of the PipelineModule that no stage read, silently."""
-        if isinstance(value, torch.Tensor) and "traced" in self.__dict__ and "run" in self.__dict__ \
-                and name in self._root_tensors():
-            for stage in self._root_tensors()[name]:
-                setattr(stage, name, value)
+        holders = self._root_tensors().get(name) if isinstance(value, torch.Tensor) and "traced" in self.__dict__ \
+            and "run" in self.__dict__ else None
+        if holders is None:
+            super().__setattr__(name, value)
             return
-        super().__setattr__(name, value)
+        for stage in holders:
+            setattr(stage, name, value)
 
     def __getattr__(self, name: str):
         """A root tensor attribute of the model (`_root_tensors`): the first stage's copy; a submodule of the model:

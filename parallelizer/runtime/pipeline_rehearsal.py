@@ -66,7 +66,7 @@ from .launch import spawn
 from .module_copy import copy_module
 from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
-from .pipeline import PipelineRun, _is_zero, build, weighted_loss, plan_cut
+from .pipeline import PipelineRun, build, counts_no_item, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .widen import as_float64, widening
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
@@ -244,8 +244,8 @@ def _accumulated_reference(reference: torch.nn.Module, inputs: tuple, kwargs: di
         with autocast(recipe):
             out = reference(*args, **kw)
         loss = _loss(out)
-        if not (_is_zero(w) and not bool(torch.isfinite(loss).all())):  # as `MicrobatchLoss`: a microbatch that
-            (loss * w).backward()  # counts no item adds zero gradients (its 0/0 mean would back-propagate NaN)
+        if not counts_no_item(loss, w):  # as `MicrobatchLoss`: such a microbatch adds zero gradients
+            (loss * w).backward()
         total = total + weighted_loss(loss.detach().double(), w)
     return total
 
