@@ -15,6 +15,8 @@ __all__ = ["deviating_passes", "pass_half_difference", "pool_passes", "pool_roun
 # median pass's is measured in another machine state (hypervisor steal, throttling, outside load): issue 13 asks two
 # calibrations to agree within 10%, and a pass 10% slower moves every quantity it measured by about that much.
 PASS_REFERENCE_TOLERANCE = 0.10
+# Halves below this (seconds, or seconds per byte) around a median of 0 are one quantity clamped at 0, not a spread.
+NEGLIGIBLE = 1e-9
 
 
 def split_half_difference(samples: Sequence[float]) -> float:
@@ -35,7 +37,7 @@ def split_half_difference(samples: Sequence[float]) -> float:
         return 0.0
     odd, even = statistics.median(xs[0::2]), statistics.median(xs[1::2])
     whole = statistics.median(xs)
-    if odd == even:
+    if odd == even or (whole == 0 and max(odd, even) < NEGLIGIBLE):  # a fit clamped at 0 (1.5e-12 seen)
         return 0.0
     if whole == 0:
         raise ValueError(f"split_half_difference: median 0 with halves {odd} and {even}")
