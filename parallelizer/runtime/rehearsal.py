@@ -53,7 +53,7 @@ from .tolerance import compute_dtype, loosest, tolerances
 from .judge import (LOW_PRECISION_SAME_FACTOR, ORDER_FACTOR, SAME_COMPUTATION_RTOL, WIDE_JUDGED,  # noqa: F401
                     _float64_run, _grad_or_zeros, _loss, _max_diff, _output_pairs, float64_excess, random_ops,
                     recipe_excess, same_computation, tensor_leaves, unused_float64, wide_judged, widened)
-from .rehearsal_report import (FLOAT64_JUDGE, NO_FLOAT64_JUDGE, WARMUP_NOTE, ZERO1_NOTE,  # noqa: F401
+from .rehearsal_report import (FLOAT64_JUDGE, JUDGED, NO_FLOAT64_JUDGE, WARMUP_NOTE, ZERO1_NOTE,  # noqa: F401
                                RehearsalReport, _random_kind, _report, no_float64_note, replay_note, unjudged_codec)
 
 
@@ -195,7 +195,7 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
 
 def _any_rank_outside(result: dict) -> bool:
     """Whether any rank's comparison exceeds its bound (an all-reduce (max) over the default process group)."""
-    ratio = max(result[k][2] for k in ("output", "loss", "grad", "params", "buffers", "final_loss") if k in result)
+    ratio = max(result[k][2] for k in (*JUDGED, "final_loss") if k in result)  # final_loss: a float64 rerun too
     verdict = torch.tensor([1.0 if ratio > 1 else 0.0])
     torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
     return bool(verdict.item())

@@ -36,6 +36,15 @@ class RehearsalReport:
         reference: what the single-device reference ran (`runtime.precision.describe`).
         buffers / worst_buffer: largest |difference| of a buffer after each step, over every stage copy, and
             its FQN; None where not measured (rehearsals without stages).
+        microbatches: a pipeline rehearsal's microbatches (None: one program per rank, no stages). Its `loss` (and
+            `output`: a pipeline returns only its loss) is every step's batch loss against one device's gradient
+            accumulation over the same microbatches.
+        whole_batch / whole_batch_note: a pipeline rehearsal's largest |difference| between its batch loss and
+            one device's loss of the whole batch at once (None: not run), and why that pair is NOT in the verdict
+            ("" when it is; `runtime.whole_batch.left_out`: a forward that writes state, draws random numbers or
+            mixes the samples of its batch).
+    The verdict (`tolerance_ratio`) covers `JUDGED`; `final_loss` is shown beside it, not judged (the parameters
+    after the same steps are).
     """
 
     world_size: int
@@ -57,6 +66,9 @@ class RehearsalReport:
     grad_scale: float | None = None  # largest |gradient| of the one-device reference over every parameter
     grad_atol: float | None = None  # the absolute tolerance gradients are compared with
     kinks: str = ""  # elements that crossed a kink by rounding, with the float64 replay equal (`runtime.kinks`)
+    microbatches: int | None = None
+    whole_batch: float | None = None
+    whole_batch_note: str = ""
 
     @property
     def blind(self) -> bool:
@@ -89,14 +101,14 @@ class RehearsalReport:
         else:
             verdict = ("numerics match" + (f" ({self.kinks})" if self.kinks and self.tolerance_ratio > 1 else "")
                        if self.matches() else "NUMERICS DIFFER")
-        return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
-                f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
-                f"{self.params:.2e} ({self.worst_param}), "
+        return (f"{verdict} on {self.world_size} ranks (max |diff|): " + self._losses() + f", grads {self.grad:.2e} "
+                f"({self.worst_grad}), params after steps {self.params:.2e} ({self.worst_param}), "
                 + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
-                + "loss after steps "
-                f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; steps in rank 0's program (forward, per kind; show: column "
-                f"\"in each rank's program\") {self.collectives}; reference: {self.reference}"
+                + self._whole_batch() + "loss after steps "
+                + ("n/a" if self.final_loss is None else f"{self.final_loss:.2e} (shown, not judged: the params after "
+                   "steps are)") + f"; worst |diff| / bound = {self.tolerance_ratio:.2f}; steps in rank 0's program "
+                f"(forward, per kind; show: column \"in each rank's program\") {self.collectives}; reference: "
+                f"{self.reference}"
                 + ("" if not self.blind else
                    f"; NOTHING CHECKED: the one-device gradients are all below the absolute tolerance (largest "
                    f"|grad| {self.grad_scale:.2e} < atol {self.grad_atol:.0e}), so a wrong program with gradients "
@@ -109,6 +121,27 @@ class RehearsalReport:
                    "model cannot match; to check the plan, rehearse it with dropout 0 (e.g. transformers' *dropout* "
                    "config fields) and with other random tensors (randn_like noise, sampled timesteps) drawn in "
                    "the loop and passed in as inputs"))
+
+    def _losses(self) -> str:
+        """The outputs and loss the verdict judged, as the text shows them."""
+        if self.microbatches is None:
+            return f"outputs {self.output:.2e}, loss {self.loss:.2e}"
+        return (f"loss {self.loss:.2e} (every step's, against one device's gradient accumulation over the same "
+                f"{self.microbatches} microbatches; a pipeline returns only its loss)")
+
+    def _whole_batch(self) -> str:
+        """A pipeline report's whole-batch pair: its |diff| and whether the verdict used it (`whole_batch`)."""
+        if self.microbatches is None:
+            return ""
+        if self.whole_batch_note:
+            figure = "" if self.whole_batch is None or self.whole_batch_note.startswith("not run") else \
+                f" {self.whole_batch:.2e}"
+            return f"whole-batch loss{figure} NOT JUDGED ({self.whole_batch_note}), "
+        return f"whole-batch loss {self.whole_batch:.2e} (one device on the whole batch at once: judged), "
+
+
+JUDGED = ("output", "loss", "grad", "params", "buffers", "whole_batch")
+"""The keys of a rank's result that the verdict covers (`_report`): each a (|diff|, name, ratio to the bound)."""
 
 
 WARMUP_NOTE = "; the plan's PowerSGD ran within its warm-up ({} exact steps), so it is judged"
@@ -155,7 +188,7 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
             ) -> RehearsalReport:
     def worst(key):
         return max(results, key=lambda r: r[key][0])[key]
-    ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params", "buffers") if k in r)
+    ratio = max(r[k][2] for r in results for k in JUDGED if k in r)
     # a model narrowing inside float32 is judged by its float64 replay too (`_rank_cases`, `reach.narrows_inside`)
     ratio = max([ratio, *(r["float64_replay"][2] for r in results
                           if r.get("replay_judges") and isinstance(r.get("float64_replay"), tuple))])
@@ -172,7 +205,9 @@ def _report(world_size: int, results: list[dict], compression: str = "", recipe:
                            max((r["grad_scale"][0] for r in results), default=None) if all(
                                "grad_scale" in r for r in results) else None,
                            results[0]["grad_scale"][1] if results and "grad_scale" in results[0] else None,
-                           kinks_note(results))
+                           kinks_note(results), results[0].get("microbatches"),
+                           worst("whole_batch")[0] if all("whole_batch" in r for r in results) else None,
+                           next((r["whole_batch_note"] for r in results if r.get("whole_batch_note")), ""))
 
 
 def _random_kind(random: str) -> str:
