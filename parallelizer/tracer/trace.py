@@ -52,6 +52,7 @@ from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_a
 from .node_facts import draws_random
 from .export_errors import installed_site, library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
+from . import packed
 from .export_facts import named_inputs
 from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
@@ -445,6 +446,8 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     """`_tensor_metas` of a node's value; a shape that depends on tensor values (nonzero, masked_select, unique,
     boolean-mask indexing: export gives it an unbacked symbol) is a TraceError naming the node, its op and the
     user's source line (int() of such a symbol raised torch's GuardOnDataDependentSymNode from here)."""
+    if packed.is_pack_node(node):
+        raise packed.packed_sequence_error(_user_line(node))
     _refuse_tensor_read_as_number(node)
     leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
     for t in leaves:
