@@ -29,6 +29,7 @@ import logging
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -310,6 +311,13 @@ def _on_meta(model: torch.nn.Module) -> bool:
     return bool(tensors) and all(t.device.type == "meta" for t in tensors)
 
 
+# torch.export's warning (torch/_functorch/_aot_autograd/frontend_utils.py) when the only tensor attributes assigned
+# during export are nn.LSTM / GRU / RNN's `_flat_weights` lists: RNNBase refreshes them itself when export swaps its
+# parameters, and export restores them; the warning told every RNN user to register torch's own list as buffers
+# (round 23, r23f). A warning that names any other attribute is kept.
+_RNN_FLAT_WEIGHTS = r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](, )?)+ (were|was) assigned during export"
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
     """torch.export (non-strict). On failure torch prints graph dumps and warnings before raising; they are
     held back so that the TraceError is what the user reads (on success, captured output is passed on)."""
@@ -318,7 +326,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
     level = shapes_log.level
     shapes_log.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to(), \
+                warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS)
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
         raise translate(exc, lambda: eager_outcome(model, args, kwargs), _on_meta(model), model,
