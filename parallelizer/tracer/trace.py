@@ -44,6 +44,7 @@ from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
 from .causal_hint import causal_mask_hint_as_given
+from .fast_path import nested_fast_path_watch
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
@@ -105,7 +106,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     with host_state_kept(model) as host_before, cache_dropped(model, notes), _checkpoint_regions(notes), \
             host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
-            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds):
+            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds), \
+            nested_fast_path_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
     refuse_generator_objects(exported, model)
     draws = any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function")
