@@ -56,7 +56,7 @@ from .export_errors import installed_site, library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
 from . import packed
 from .export_facts import named_inputs
-from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
+from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept, torch_bookkeeping_warning
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
 _SCALAR_TYPES = (int, float, bool, type(None))
@@ -313,13 +313,6 @@ def _on_meta(model: torch.nn.Module) -> bool:
     return bool(tensors) and all(t.device.type == "meta" for t in tensors)
 
 
-# torch.export's warning (torch/_functorch/_aot_autograd/frontend_utils.py) when the only tensor attributes assigned
-# during export are nn.LSTM / GRU / RNN's `_flat_weights` lists: RNNBase refreshes them itself when export swaps its
-# parameters, and export restores them; the warning told every RNN user to register torch's own list as buffers
-# (round 23, r23f). A warning that names any other attribute is kept.
-_RNN_FLAT_WEIGHTS = r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](, )?)+ (were|was) assigned during export"
-
-
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
     """torch.export (non-strict). On failure torch prints graph dumps and warnings before raising; they are
     held back so that the TraceError is what the user reads (on success, captured output is passed on)."""
@@ -330,7 +323,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to(), \
                 warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS)
+            bookkeeping = torch_bookkeeping_warning(model)  # torch's own attributes: not the user's to register
+            if bookkeeping:
+                warnings.filterwarnings("ignore", message=bookkeeping)
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
         raise translate(exc, lambda: eager_outcome(model, args, kwargs), _on_meta(model), model,
