@@ -6,7 +6,8 @@ requiring grad), torch runs the encoder on a nested tensor of the kept positions
 the output at padded positions is 0. On every other path (training, eval with grad enabled, and any traced
 program: torch.export takes the regular path even under no_grad) those positions hold the layers' values; kept
 positions agree (round 23, r23f: `pm.eval()` outputs of a batch-first encoder 3.1 apart from the model's own
-under no_grad, only at padded positions). A traced program is one path, so such a call is noted in
+under no_grad, only at padded positions; nn.Transformer's decoder output, reading that memory without
+memory_key_padding_mask, 0.26 apart everywhere). A traced program is one path, so such a call is noted in
 `TracedGraph.notes` and warned with the remedies that make both agree.
 """
 from __future__ import annotations
@@ -18,9 +19,12 @@ import torch.nn as nn
 
 NOTE = ("nn.TransformerEncoder {fqns} called in eval mode with src_key_padding_mask and enable_nested_tensor=True: "
         "under torch.no_grad() torch's eager fast path returns 0 at padded positions, while this program (one path: "
-        "the regular one, as in training or with grad enabled) returns the layers' values there; kept positions "
-        "agree. To make both the same: mask the padded positions of the output (out.masked_fill(pad.unsqueeze(-1), "
-        "0)), or build the encoder with enable_nested_tensor=False")
+        "the regular one, as in training or with grad enabled) returns the layers' values there; the encoder's kept "
+        "positions agree, but what reads its padded positions differs too (nn.Transformer's decoder without "
+        "memory_key_padding_mask: every output). To make both the same: mask the padded positions before they are "
+        "read (out.masked_fill(pad.unsqueeze(-1), 0); memory_key_padding_mask=pad for a decoder), or turn the path "
+        "off (nn.TransformerEncoder(..., enable_nested_tensor=False), or encoder.use_nested_tensor = False, e.g. on "
+        "nn.Transformer's .encoder)")
 
 
 @contextlib.contextmanager
