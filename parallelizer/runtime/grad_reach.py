@@ -170,29 +170,29 @@ def read_outputs(loss: torch.Tensor, outputs) -> set[int]:
     """Positions of `outputs` (tensors; a stage's returned values) that `loss`'s autograd graph reaches: those a
     loss_fn read differentiably (not through `.detach()`, integers or an untaken branch). Walks from `loss.grad_fn`
     and stops at each output (a view of one reaches its (grad_fn, output_nr) edge), so it visits the loss's own
-    ops only, not the stage's graph."""
+    ops only, not the stage's graph. A loss with an autograd graph that reaches no output by this walk (a graph
+    this walk does not follow) counts as reading them all: the step then keeps its zeros, never drops a gradient."""
     keys: dict = {}
     for i, t in enumerate(outputs):
         if isinstance(t, torch.Tensor) and t.requires_grad:
             key = (t.grad_fn, t.output_nr) if t.grad_fn is not None else (None, id(t))
             keys.setdefault(key, []).append(i)
     found: set[int] = set()
-    stack = [loss.grad_fn] if isinstance(loss, torch.Tensor) and loss.grad_fn is not None else []
-    seen = set()
-    while stack:
-        fn = stack.pop()
-        if fn in seen:
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        return found
+    stack, seen = [(loss.grad_fn, loss.output_nr) if loss.grad_fn is not None else (None, id(loss))], set()
+    while stack:  # edges (autograd node, its output index); a leaf as (None, id): the loss may be an output itself
+        edge = stack.pop()
+        if edge in keys:
+            found.update(keys[edge])
+            continue
+        fn = edge[0]
+        if fn is None or fn in seen:
             continue
         seen.add(fn)
-        for nf, nr in fn.next_functions:
-            if nf is None:
-                continue
-            hit = keys.get((nf, nr)) or keys.get((None, id(getattr(nf, "variable", None))))
-            if hit:
-                found.update(hit)
-            elif nf not in seen:
-                stack.append(nf)
-    return found
+        stack.extend((nf, nr) if getattr(nf, "variable", None) is None else (None, id(nf.variable))
+                     for nf, nr in fn.next_functions if nf is not None)
+    return found if found or not seen else set(range(len(outputs)))
 
 
 def autograd_leaves(outputs) -> list[torch.Tensor]:

@@ -122,3 +122,5 @@ def test_read_outputs_names_the_outputs_a_loss_reaches_as_eager_backward_gives_t
     labels[0, 0] = 0  # the branch taken: aux read
     out = model(ids)
     assert read_outputs(LOSSES["branch"](out, labels), list(out)) == {0, 1}
+    out = model(ids, labels)  # the model's own loss first: a loss that IS an output reads that output alone
+    assert read_outputs(out[0], list(out)) == {0} and read_outputs(out[0] * 0.5, list(out)) == {0}
