@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unreached_models import OPTIMIZERS
+from unreached_models import OPTIMIZERS, beside_eager
 
 VOCAB, WIDTH, SEQ, BATCH = 16, 8, 4, 8
 
@@ -137,9 +137,4 @@ def train_beside_eager(rank: int, world_size: int, mesh: dict, options: dict, op
         ref_none.append(sorted(n for n, p in reference.named_parameters() if p.grad is None))
         opt.step()
         ref_opt.step()
-    held = dict(pm.named_parameters())
-    return {"none": none, "ref_none": [[n for n in names if n in held] for names in ref_none],
-            "state": sorted(n for n, p in held.items() if opt.state.get(p)),
-            "ref_state": sorted(n for n, p in reference.named_parameters() if ref_opt.state.get(p) and n in held),
-            "params": {k: v.clone() for k, v in pm.full_state_dict().items()},
-            "ref_params": {k: v.clone() for k, v in reference.state_dict().items()}}
+    return beside_eager(pm, opt, none, reference, ref_opt, ref_none)
