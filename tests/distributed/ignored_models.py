@@ -4,7 +4,9 @@ under a plan beside one device (tests/distributed/test_ignored_grads.py; importa
 `SideLM(use)`: embedding -> 4 `GatedBlock`s -> head; it returns (logits (B, T, V), aux (B, T)), where `aux` is made
 on stage 0 by `side` (a Linear on the embedding) and read by nothing else. Each block hands its gate scores s (B, T)
 to the next one, which scales its update by sigmoid(s): differentiably ("grad"), or only through `s.detach()`
-("detach") or under `torch.no_grad()` ("no_grad"), so that one device leaves every block's `gate` without gradient.
+("detach") or under `torch.no_grad()` ("no_grad"), so that one device leaves every block's `gate` without gradient;
+"tied" also adds `side_out(h)` of the last block's output to aux, its weight tied to `side.weight` (a copy on the first
+and on the last stage, summed over stages).
 
 The losses (`LOSSES`, `loss_fn(output, target)`): "logits" reads the logits alone, so one device leaves `side`
 without gradient; "both" reads aux too; "branch" adds aux's mean square only when the microbatch's target holds
@@ -57,6 +59,9 @@ class SideLM(nn.Module):
         self.side = nn.Linear(WIDTH, 1)
         self.blocks = nn.ModuleList(GatedBlock(use) for _ in range(4))
         self.head = nn.Linear(WIDTH, VOCAB)
+        if use == "tied":  # a second read of side.weight on the last stage, also for aux only: two tied copies
+            self.side_out = nn.Linear(WIDTH, 1)
+            self.side_out.weight = self.side.weight
 
     def forward(self, ids, labels=None):
         h = self.emb(ids)  # (B, T, d)
@@ -65,6 +70,8 @@ class SideLM(nn.Module):
         for block in self.blocks:
             h, s = block(h, s)
         logits = self.head(h * gate_weight(s, self.blocks[0].use))  # (B, T, V)
+        if hasattr(self, "side_out"):
+            aux = aux + self.side_out(h).squeeze(-1)
         if labels is not None:  # its own loss first: `pm.step(loss_fn=None)` reads that alone
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), aux
         return logits, aux
@@ -133,7 +140,7 @@ def train_beside_eager(rank: int, world_size: int, mesh: dict, options: dict, op
             pm.step(ids, target=labels, loss_fn=fn, item_count=token_count)
         for x, y in zip(ids.tensor_split(m), labels.tensor_split(m)):
             (fn(reference(x, y) if own else reference(x), y) / m).backward()
-        none.append(sorted(n for n, p in pm.named_parameters() if p.grad is None))
+        none.append(sorted({n for n, p in pm.named_parameters() if p.grad is None}))  # a rank may hold 2 tied copies
         ref_none.append(sorted(n for n, p in reference.named_parameters() if p.grad is None))
         opt.step()
         ref_opt.step()

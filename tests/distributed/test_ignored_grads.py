@@ -39,6 +39,7 @@ CASES = {  # id: (world, mesh, plan options, optimizer, model's use of the gates
     "pp2xtp2-detach-logits-adamw": (4, {"pp": 2, "tp": 2}, {}, "adamw", "detach", "logits", (), GATES + SIDE),
     "bitpipe-no-grad-logits-adamw": (2, {"pp": 2}, {"schedule": "bitpipe"}, "adamw", "no_grad", "logits", (),
                                      GATES + SIDE),
+    "pp2-tied-copies-logits-adamw": (2, {"pp": 2}, {}, "adamw", "tied", "logits", (), SIDE + ["side_out.bias"]),
     "zbv-logits-sgd": (2, {"pp": 2}, {"schedule": "zbv", "microbatches": 4}, "sgd", "grad", "logits", (), SIDE),
     "dualpipev-branch-none-adamw": (2, {"pp": 2}, {"schedule": "dualpipev", "microbatches": 4}, "adamw", "grad",
                                     "branch", (), SIDE),
