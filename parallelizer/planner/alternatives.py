@@ -38,12 +38,24 @@ def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> 
             continue
         lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
         out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
-                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
-                                       f"{best[0]:.4g} s, or it does not fit memory"))
+                                       unsimulated_reason(lb, best[0])))
     c = best[1]
     out += [ScheduleAlternative(name, c.pp, c.dp, c.tp, c.num_microbatches, None, None, None, None, f"refused: {why}")
             for name, why in ctx.refused.items()]  # left out for the model's semantics, not its price
     return tuple(out)
+
+
+def unsimulated_reason(lb_s: float, winner_s: float) -> str:
+    """Why a schedule with no simulated candidate lost, from its lowest step bound `lb_s` and the winner's
+    simulated step `winner_s` (seconds). The bound search (`search._bound_search`) visits candidates in
+    increasing bound order and stops at the first bound above the best step, so a candidate whose bound is at
+    or under the winner's was priced: it left the search over memory (at pricing or at simulation). One reason,
+    the one that holds (round 23 new-user trial: Llama-3-8B's gpipe read 'its lowest bound 0.8129 s is above the
+    winner's 1.115 s, or it does not fit memory', a bound below the winner stated as above it)."""
+    if lb_s > winner_s:
+        return f"not simulated: its lowest bound {lb_s:.4g} s is above the winner's {winner_s:.4g} s"
+    return (f"over memory: its candidates bounded under the winner's {winner_s:.4g} s (from {lb_s:.4g} s) do not fit "
+            "the memory budget, and the rest are bounded above it")
 
 
 def alternative(cand, res: dict, best: tuple | None) -> ScheduleAlternative:
