@@ -132,3 +132,21 @@ def test_loading_with_the_model_checks_a_hand_edited_cut(saved, tmp_path):
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(both))
     assert [len(s.blocks) for s in Plan.load(path, traced=traced).pipeline.stages] == [3, 1]  # a consistent edit loads
+
+
+def test_show_says_what_runs_when_the_pipeline_section_and_the_search_record_differ(saved, tmp_path):
+    """`show`'s search rows come from the search's record (`model.search`); the pipeline section is what loads
+    and runs. Round 23 new-user trial (GPT-3-13B): an edit of `model.search.schedule` showed "chosen ... zbv"
+    above stages that ran dualpipev, and an edit of `pipeline.schedule` left the search's choice as the only
+    schedule named in the search rows."""
+    from parallelizer.planner.plan_text import search_rows
+    d = saved[1]
+    assert d["model"]["search"]["schedule"] == "1f1b"
+    assert "runs" not in dict(search_rows(_load(tmp_path, d)))  # as planned: nothing to say
+    runs = dict(search_rows(_load(tmp_path, _edited(d, schedule="gpipe"))))["runs"]
+    assert runs.startswith("(pp=2, dp=1), gpipe, 4 microbatch(es): the plan's pipeline section") or \
+        ", gpipe, 4 microbatch(es): the plan's pipeline section" in runs, runs
+    record = json.loads(json.dumps(d))
+    record["model"]["search"]["schedule"] = "zbv"
+    rows = dict(search_rows(_load(tmp_path, record)))
+    assert ", 1f1b, 4 microbatch(es): the plan's pipeline section" in rows["runs"], rows["runs"]
