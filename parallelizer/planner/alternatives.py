@@ -41,9 +41,9 @@ def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> 
             alt = alternative(found[1], found[2], best)
             unseen = sum(1 for lb, c in bounds if c.schedule == name and lb > best[0])
             if unseen:  # pruned by their bounds: each is slower than the winner, maybe not than this runner-up
-                alt = dataclasses.replace(alt, reason=alt.reason + (
-                    f"; the best of its candidates simulated: {unseen} more, bounded above the winner's "
-                    f"{best[0]:.4g} s, were not (one may be faster than this)"))
+                alt = dataclasses.replace(alt, reason=(
+                    f"the best of its candidates simulated: {unseen} more, bounded above the winner's "
+                    f"{best[0]:.4g} s, were not (one may be faster than this); ") + alt.reason)
             out.append(alt)
             continue
         lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
