@@ -68,3 +68,13 @@ def test_the_calibrated_first_touch_cost_is_a_few_tenths_of_a_nanosecond_per_byt
     assert 0.1e-9 < CPU_PIPELINE_ACTION.first_touch_per_byte_s < 1.2e-9
     with pytest.raises(ValueError, match="at least one page"):
         first_touch_per_byte_s(100)
+
+
+def test_the_calibrations_first_touch_samples_become_the_field_and_an_older_profile_gets_the_documented_figure():
+    from cost_model.calibrate import _pipeline_action_from_json, _pipeline_action_to_json
+    from cost_model.pipeline_actions import action_cost_from_samples
+    cost = action_cost_from_samples({"first touch byte": [3e-10, 5e-10, 4e-10]}, {})
+    assert cost.first_touch_per_byte_s == pytest.approx(4e-10) and cost.forward_s == 0.0
+    assert _pipeline_action_from_json(_pipeline_action_to_json(cost)) == cost  # written and read back
+    older = {k: v for k, v in _pipeline_action_to_json(cost).items() if k != "first_touch_per_byte_s"}
+    assert _pipeline_action_from_json(older).first_touch_per_byte_s == CPU_PIPELINE_ACTION.first_touch_per_byte_s
