@@ -55,6 +55,16 @@ least 80% of the rounds (`decided_pairs`), with each variant's agreement on thos
 in its order (round 22: at full size the medians of dualpipev / 1f1b were 1% apart and of bitpipe / zbv 1.6%, their ranges
 over the rounds overlapping).
 
+Round 23, the "first touch" column: the measured factors plus the first touch of activation memory
+(`StageTimes.pool_bytes`, `PipelineActionCost.first_touch_per_byte_s`, calibrated): every rank's heap holds, when a
+schedule's step starts, the previous schedule's peak in-flight activations (the schedules are stepped in turn),
+and each forward that raises the rank's in-flight bytes beyond that pays the kernel's page faults; with the per
+rank bytes it prices beside the measured faults x 4 KiB. Offline on the round-22 idle run (r23d): full size
+Spearman 0.83 -> 1.00 (calA) / 0.83 -> 0.89 (calB), quick unchanged (its activations are small), but the bytes
+per rank do not match the measured faults (glibc trims its heap between steps: bitpipe is priced 0 and faults
+30-35 MB on ranks 1-2, gpipe priced 60-71 MB per rank and faults 0-53): a column to test on the next idle run,
+not the bench's price.
+
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 5 rounds
@@ -92,7 +102,7 @@ from parallelizer import zoo
 from parallelizer.config import PlanConfig
 from parallelizer.planner.segments import price_segments, segment_graph
 from parallelizer.planner.sharing import SharedCores
-from parallelizer.planner.simulate import StageTimes, action_schedule, simulate
+from parallelizer.planner.simulate import StageTimes, action_schedule, first_touch_bytes, simulate
 from parallelizer.runtime import spawn
 
 GPT = dict(n_layer=8, n_embd=512, n_head=8, vocab_size=1024, batch=8, seq_len=128)
@@ -175,9 +185,11 @@ def _segs(plan: parallelizer.Plan, L: int) -> list[list[int]]:
     return out
 
 
-def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
+def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tuple[float, ...] | None = None) -> dict:
     """Simulated step of one schedule's plan (module docstring): seconds, with and without core sharing,
-    and the per-rank parameter counts it assumes."""
+    the per-rank parameter counts it assumes and its per-rank peak in-flight activation bytes; with `pool` (per
+    rank, the bytes the previous step left in each rank's heap) also the "first touch" variant and the bytes it
+    touches beyond the pool per rank."""
     S, L = len(plan.pipeline.stages), pc.segments.num_blocks
     segs = _segs(plan, L)
     send = lambda nbytes: collective_time_s("send_recv", float(nbytes), pc.topo, ("pp",))  # noqa: E731
@@ -213,7 +225,8 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
         p2p_bytes=tuple(float(pc.segments.cut_fwd_bytes[j]) for j in cuts),
         p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
         backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)),
-        p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts))
+        p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts),
+        act_bytes=tuple(float(pr.act_bytes[g].sum()) for g in segs))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
     # "before": as priced until round 19 (one op per transfer, the exchange's two ops uncharged)
@@ -223,8 +236,26 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing) -> dict:
     rank_work = [b + o for b, o in zip(simulate(name, PP, MICROBATCHES, times).busy_s, times.optimizer_s)]
     work = sum(rank_work)
     before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
-    return {"ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
+    peak = simulate(name, PP, MICROBATCHES, times).peak_inflight_bytes
+    touched = None
+    if pool is not None:  # round 23: first touch of activation bytes beyond the previous step's heap
+        touch = dataclasses.replace(times, pool_bytes=tuple(pool))
+        ms["first touch"] = simulate(name, PP, MICROBATCHES, touch, pc.cores).makespan_s * 1e3
+        res = simulate(name, PP, MICROBATCHES, touch)
+        touched = [float(first_touch_bytes(res.compiled, touch)[idx].sum()) for idx in res.compiled.by_rank]
+    return {"peak_bytes": list(peak), "touched_bytes": touched, "ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
             "numel": numel, "tensors": tensors, "stages": S}
+
+
+def simulate_all(plans: dict[str, parallelizer.Plan], pc: Pricing) -> dict:
+    """`simulate_schedule` of every schedule, each also with the "first touch" variant: the bench steps the
+    schedules in turn (`bench_rank`), so each step finds in every rank's heap the previous schedule's peak
+    in-flight activations (the first schedule the last one's, from the round before) and pays the first touch of
+    what it holds beyond that (`StageTimes.pool_bytes`, round 23; a training loop stepping one schedule finds its
+    own peak and pays nothing)."""
+    first = {name: simulate_schedule(name, plans[name], pc) for name in SCHEDULES}
+    return {name: simulate_schedule(name, plans[name], pc, pool=first[SCHEDULES[i - 1]]["peak_bytes"])
+            for i, name in enumerate(SCHEDULES)}
 
 
 def _loss(output, target):
@@ -299,7 +330,8 @@ def decided_pairs(rounds_ms, share: float = DECIDED) -> list[tuple[int, int, int
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
             "cores", "own": "own core each", "before": "measured factors, as priced until round 19 (one P2P op per "
-            "transfer)"}
+            "transfer)", "first touch": "measured factors + first touch of activations beyond the previous schedule's "
+            "peak (round 23)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
@@ -346,6 +378,11 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
             rows.append("Per rank minor page faults / system CPU ms per step (median), rank 0..3: " + "; ".join(
                 n + " " + ", ".join(f"{statistics.median(f):.0f} / {statistics.median(t):.0f}" for f, t in zip(
                     measured[n]["rank_minflt"], measured[n]["rank_sys_ms"])) for n in faulted) + ".")
+        if faulted and all(sim[n].get("touched_bytes") for n in faulted):
+            rows.append("Per rank first-touch MB priced (activations beyond the previous schedule's peak) / measured "
+                        "minor faults x 4 KiB (median), rank 0..3: " + "; ".join(n + " " + ", ".join(
+                            f"{a / 2**20:.0f} / {statistics.median(f) * 4096 / 2**20:.0f}" for a, f in zip(
+                                sim[n]["touched_bytes"], measured[n]["rank_minflt"])) for n in faulted) + ".")
         bad = [n for n in SCHEDULES if list(measured[n]["numel"]) != sim[n]["numel"]
                or list(measured[n]["tensors"]) != sim[n]["tensors"]]
         rows.append("Parameters per rank priced = held by the runtime: " + ("yes" if not bad else f"NO for {bad}"))
@@ -374,7 +411,7 @@ def main(argv=None) -> None:
     traced = _traced()
     plans = make_plans(traced, profile_path)
     pc = pricing(traced, profile_path)
-    sim = {name: simulate_schedule(name, plans[name], pc) for name in SCHEDULES}
+    sim = simulate_all(plans, pc)
     measured = None
     load1 = os.getloadavg()[0]
     if args.measured:

@@ -269,6 +269,7 @@ def _pipeline_action_from_json(spec: dict | None, nested: bool = False) -> Pipel
         fields.setdefault("comm_thread_s", CPU_PIPELINE_ACTION.comm_thread_s)
         for name in ("comm_thread_per_byte_s", "split_backward_per_node_s"):  # written before round 19
             fields.setdefault(name, getattr(CPU_PIPELINE_ACTION, name))
+        fields.setdefault("first_touch_per_byte_s", CPU_PIPELINE_ACTION.first_touch_per_byte_s)  # before round 23
     return PipelineActionCost(**fields, own_runner=None if own is None else _pipeline_action_from_json(own, True))
 
 

@@ -85,6 +85,13 @@ class PipelineActionCost:
     grows with the stage's graph, which the fixed I / W costs above (measured on one Linear(8, 8)) cannot see.
     `planner.simulate` charges it to each W action times the stage's node count (`StageTimes.backward_nodes`).
 
+    `first_touch_per_byte_s` (round 23): CPU seconds per byte of anonymous memory a process writes for the first
+    time (the kernel's page fault and zeroing of each 4 KiB page, and its release), which an allocation beyond the
+    memory the allocator already holds pays: `planner.simulate` charges it to the forwards that raise a rank's
+    in-flight activation bytes beyond `StageTimes.pool_bytes` (the heap the previous step left). Measured by the
+    calibration (`cost_model.pipeline_actions.first_touch_per_byte_s`: thread CPU of writing a fresh mapping less
+    rewriting it); 0 on the GPU presets (activations live in the device allocator's cached pool).
+
     `own_runner` (round 17): the same costs for the schedules the package runs on its own runner rather than
     torch's (`OWN_RUNNER_SCHEDULES`: BitPipe, `parallelizer.runtime.bitpipe`; its F measured 1.1-2.9x torch's,
     B 0.6-1.2x, round 17); None: those schedules are priced with the fields above (`for_schedule`).
@@ -104,6 +111,7 @@ class PipelineActionCost:
     comm_thread_s: float = 0.0
     comm_thread_per_byte_s: float = 0.0
     split_backward_per_node_s: float = 0.0
+    first_touch_per_byte_s: float = 0.0
     own_runner: "PipelineActionCost | None" = None
 
     def __post_init__(self) -> None:

@@ -58,7 +58,7 @@ import torch
 from cost_model.hardware import PipelineActionCost
 from cost_model.measure import _free_port, _run_spawned, gloo_worker
 
-__all__ = ["CPU_PIPELINE_ACTION", "measure_pipeline_actions", "measure_pipeline_action_samples", "measure_own_runner",
+__all__ = ["CPU_PIPELINE_ACTION", "first_touch_per_byte_s", "measure_pipeline_actions", "measure_pipeline_action_samples", "measure_own_runner",
            "action_cost_from_samples",
            "register_own_runner_benchmark", "copy_exchange_pack_s", "EXCHANGE_PASSES"]
 
@@ -107,9 +107,11 @@ def copy_exchange_pack_s(grad_bytes: float, device) -> float:
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
                                          backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3,
                                          comm_thread_s=288e-6, comm_thread_per_byte_s=0.23e-9,
-                                         split_backward_per_node_s=24e-6)
+                                         split_backward_per_node_s=24e-6, first_touch_per_byte_s=0.45e-9)
 _WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
-_KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm", "comm byte", "split node")  # the seconds fields
+_KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm", "comm byte", "split node",  # the seconds fields
+         "first touch byte")
+_FIRST_TOUCH_BYTES = 16 << 20  # one fresh anonymous mapping per round (first_touch_per_byte_s)
 _SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop",  # sample key of a cost field
             "comm": "comm op"}
 _SIZES_BYTES = (64, 1 << 20)  # the two message sizes of the per-byte sweep (round 19)
@@ -245,9 +247,11 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining, timeout_s: floa
                 bare[k] += v
         per_byte = _per_byte_round(rank, dist, timeout_s)  # both ranks, every round (module docstring)
         split = _split_per_node()
+        touch = first_touch_per_byte_s()
         if i >= 2:
             clock.cpu["comm byte"].append(per_byte)
             clock.cpu["split node"].append(split)
+            clock.cpu["first touch byte"].append(touch)
     schedules._batch_p2p = real_batch
     return dict(clock.cpu), dict(bare)
 
@@ -296,6 +300,35 @@ def _split_per_node(repeats: int = 3) -> float:
         extra.append(statistics.median(once(True) for _ in range(repeats))
                      - statistics.median(once(False) for _ in range(repeats)))
     return max(0.0, (extra[1] - extra[0]) / (4 * (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0])))
+
+
+def first_touch_per_byte_s(nbytes: int = _FIRST_TOUCH_BYTES) -> float:
+    """Thread CPU seconds per byte of writing ``nbytes`` of fresh anonymous memory for the first time and releasing
+    it, beyond writing the same memory again (`PipelineActionCost.first_touch_per_byte_s`): one private anonymous
+    mapping (`mmap`, 4 KiB pages: transparent huge pages are `madvise`-only by default, and nothing here asks for
+    them), filled twice and unmapped; (first fill + unmap - second fill) / nbytes, >= 0. What a pipeline rank pays
+    for activation memory beyond the heap its allocator kept from the previous step (round 22: gpipe faulted 7-14
+    thousand pages per rank and step at full size, 1f1b none). Measured on this machine (r23d,
+    `/tmp/r23d/first_touch.py`, 64 MiB, 10 rounds, three runs at load 24): 0.443 / 0.453 / 0.465 ns per byte, i.e.
+    1.8-1.9 us per page (`CPU_PIPELINE_ACTION`'s figure).
+
+    Raises:
+        ValueError: nbytes < one page.
+    """
+    import mmap
+    if nbytes < mmap.PAGESIZE:
+        raise ValueError(f"first_touch_per_byte_s: nbytes={nbytes} must be at least one page ({mmap.PAGESIZE} B)")
+    start = time.thread_time()
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = torch.frombuffer(region, dtype=torch.uint8)
+    data.fill_(1)
+    first = time.thread_time()
+    data.fill_(2)
+    again = time.thread_time()
+    del data
+    region.close()
+    released = time.thread_time()
+    return max(0.0, ((first - start) + (released - again) - (again - first)) / nbytes)
 
 
 def _bare_ops(repeats: int) -> dict[str, list[float]]:
