@@ -26,7 +26,11 @@ also the gradients, stage 3 (P_os+g+p, FSDP) also the parameters. A shard holds 
 parameters (flat-parameter padding as in FSDP), so the division is exact when N divides Psi.
 
 Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirror what PyTorch autograd
-keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Parameters are not
+keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Rules that depend on which
+args require grad (mul keeps an operand only when its partner requires grad) read it from the graph
+(:func:`grad_arg_indices` over :func:`backward_nodes`: rotary cos / sin computed from buffers carry none); without a
+graph it is guessed from the values (an upper bound). Checked op by op against autograd's saved tensors by
+``benchmarks/saved_by_node.py`` (RESULTS.md, Round 23 (r23e)). Parameters are not
 activations: the caller says which positional args are parameters (``param_args``), and
 :func:`graph_saved_activation_bytes` finds them from the placeholder names.
 
