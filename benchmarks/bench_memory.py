@@ -9,15 +9,16 @@ after one step, tensors saved for backward during one forward via saved-tensor h
 reported; the error is (predicted - measured) / measured of the sum of the categories.
 
 Models (fp32, CPU): transformers GPT-2 (2 layers, hidden 64, 4 heads, vocab 256; batch 8 x 64 tokens, labels
-inside the model, so logits and loss are part of the graph) and the zoo MLP (in 32, dim 64, hidden 256,
-depth 2, batch 256).
+inside the model, so logits and loss are part of the graph), the zoo MLP (in 32, dim 64, hidden 256,
+depth 2, batch 256) and, on tp and fsdp x tp, a reduced Llama (hidden 64, 2 layers, GQA 4/2 heads, rotary,
+RMSNorm, vocab 256, 8 x 64 tokens, loss returned alone).
 Kinds: ddp, fsdp (ZeRO-3, reshard after forward), tp, ddp + zero1 on 2 ranks; ddp, fsdp, tp, ddp x tp, fsdp x tp,
 ddp + zero1, ddp x tp + zero1 on 4 ranks. A zero1 plan (`PlanConfig.zero1`) runs torch's ZeroRedundancyOptimizer
 over `pm.process_group("dp")` (`runtime.zero1.plan_optimizer`), which partitions whole tensors greedily by size:
 its measured optimizer state is the largest rank's partition, the prediction 1/N of the whole.
 
-Pipeline plans (4 gloo ranks; GPT-2 with 4 layers, microbatch 2 x 64 tokens, 4 microbatches): pp=2 x dp=2,
-pp=2 x tp=2 and pp=4 with 1F1B, pp=4 with GPipe. Predicted per pipeline rank by
+Pipeline plans (4 gloo ranks; microbatch 2 x 64 tokens, 4 microbatches): GPT-2 with 4 layers on pp=2 x dp=2,
+pp=2 x tp=2 and pp=4 with 1F1B, pp=4 with GPipe; the reduced Llama with 4 layers on pp=2 x tp=2 1F1B. Predicted per pipeline rank by
 `parallelizer.pipeline_memory.pipeline_rank_memory` (stage training state + in-flight microbatches x the
 stage's saved activations); measured per rank during one pipeline step (`_memory_workers.measure_pipeline_rank`:
 the PEAK of saved tensors alive at once, via saved-tensor hooks). The row shows the rank holding the most, and
@@ -38,9 +39,12 @@ from parallelizer.pipeline_memory import pipeline_rank_memory
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import launch
 
-MODELS = {
+_LLAMA = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              seq_len=64, labels=True, returns="loss")  # RESULTS.md Round 22 (r22e) / Round 23 (r23e): rotary, GQA
+MODELS = {  # name: (builder, kwargs[, the kinds it runs; default all])
     "gpt2": (zoo.gpt2, dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, batch=8, seq_len=64, labels=True)),
     "mlp": (zoo.mlp, dict(in_features=32, dim=64, hidden=256, depth=2, batch=256)),
+    "llama": (zoo.llama, dict(_LLAMA, batch=8), ("tp", "fsdp x tp")),
 }
 KINDS = {  # name: (mesh, axis roles[, other plan options])
     2: {"ddp": ({"dp": 2}, {"dp": "ddp"}), "fsdp": ({"dp": 2}, {"dp": "fsdp"}), "tp": ({"tp": 2}, {"tp": "tp"}),
@@ -51,7 +55,11 @@ KINDS = {  # name: (mesh, axis roles[, other plan options])
         "ddp + zero1": ({"dp": 4}, {}, {"zero1": "dp"}),
         "ddp x tp + zero1": ({"dp": 2, "tp": 2}, {"tp": "tp"}, {"zero1": "dp"})},
 }
-PIPELINE_MODEL = (zoo.gpt2, dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, seq_len=64, labels=True))
+PIPELINE_MODELS = {  # name: (builder, kwargs without the batch, the kinds it runs)
+    "gpt2 (4 layers)": (zoo.gpt2, dict(n_layer=4, n_embd=64, n_head=4, vocab_size=256, seq_len=64, labels=True),
+                        ("pp=2 x dp=2 1f1b", "pp=2 x tp=2 1f1b", "pp=4 1f1b", "pp=4 gpipe")),
+    "llama (4 layers)": (zoo.llama, dict(_LLAMA, num_hidden_layers=4), ("pp=2 x tp=2 1f1b",)),
+}
 PIPELINE_MICROBATCH, PIPELINE_MICROBATCHES = 2, 4
 PIPELINE_KINDS = {  # name: (mesh, axis roles, schedule)
     "pp=2 x dp=2 1f1b": ({"pp": 2, "dp": 2}, {"dp": "ddp"}, "1f1b"),
@@ -68,9 +76,11 @@ def measure() -> list[dict]:
     rows = []
     for world_size, kinds in KINDS.items():
         cases, meta = [], []
-        for model, (fn, kwargs) in MODELS.items():
+        for model, (fn, kwargs, *only) in MODELS.items():
             traced = parallelizer.trace(*fn(**kwargs))
             for kind, (mesh, roles, *options) in kinds.items():
+                if only and kind not in only[0]:
+                    continue
                 with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
                     plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32",  # as it runs on CPU
                                              **(options[0] if options else {}))
@@ -88,24 +98,25 @@ def measure() -> list[dict]:
 def measure_pipeline() -> list[dict]:
     """One row per pipeline kind on 4 ranks: predicted (`pipeline_rank_memory`) and measured bytes by category
     of the rank holding the most; "worst": the largest |error| of the total over all ranks."""
-    fn, kwargs = PIPELINE_MODEL
-    traced = parallelizer.trace(*fn(batch=PIPELINE_MICROBATCH, **kwargs))  # ONE microbatch (pipeline plans)
     cases, meta = [], []
-    global_kwargs = dict(kwargs, batch=PIPELINE_MICROBATCH * PIPELINE_MICROBATCHES)
-    for kind, (mesh, roles, schedule) in PIPELINE_KINDS.items():
-        with contextlib.redirect_stdout(io.StringIO()):
-            plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32", schedule=schedule,
-                                     microbatches=PIPELINE_MICROBATCHES)
-        cases.append((fn, global_kwargs, spec_from_plan(plan), plan.pipeline.to_dict()))
-        meta.append((kind, plan, pipeline_rank_memory(plan, traced)))
-    per_rank = launch.spawn(measure_pipeline_rank, 4, cases, timeout_s=600)
+    for model, (fn, kwargs, kinds) in PIPELINE_MODELS.items():
+        traced = parallelizer.trace(*fn(batch=PIPELINE_MICROBATCH, **kwargs))  # ONE microbatch (pipeline plans)
+        global_kwargs = dict(kwargs, batch=PIPELINE_MICROBATCH * PIPELINE_MICROBATCHES)
+        for kind in kinds:
+            mesh, roles, schedule = PIPELINE_KINDS[kind]
+            with contextlib.redirect_stdout(io.StringIO()):
+                plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32", schedule=schedule,
+                                         microbatches=PIPELINE_MICROBATCHES)
+            cases.append((fn, global_kwargs, spec_from_plan(plan), plan.pipeline.to_dict()))
+            meta.append((model, kind, plan, pipeline_rank_memory(plan, traced)))
+    per_rank = launch.spawn(measure_pipeline_rank, 4, cases, timeout_s=900)
     rows = []
-    for i, (kind, plan, predicted) in enumerate(meta):
+    for i, (model, kind, plan, predicted) in enumerate(meta):
         width = plan.mesh.world_size
         pairs = [({k: predicted[g // width][k] for k in CATEGORIES}, ranks[i]) for g, ranks in enumerate(per_rank)]
         pred, meas = max(pairs, key=lambda pm: sum(pm[1].values()))
         worst = max((_error(p, m) for p, m in pairs), key=abs)
-        rows.append({"model": "gpt2 (4 layers)", "devices": 4, "kind": kind, "predicted": pred, "measured": meas,
+        rows.append({"model": model, "devices": 4, "kind": kind, "predicted": pred, "measured": meas,
                      "worst": worst})
     return rows
 
@@ -137,7 +148,7 @@ def run() -> str:
                      + " | ".join(f"{_kb(p[c])} / {_kb(m[c])}" for c in CATEGORIES)
                      + f" | {_kb(tp)} / {_kb(tm)} | {err:+.1%} | {r['worst']:+.1%} |")
     lines += ["", f"{within} of {len(rows)} plans within {TARGET:.0%} (worst rank).", "",
-              "Pipeline rows (gpt2, 4 layers, 4 microbatches of 2): predicted by "
+              "Pipeline rows (4 layers, 4 microbatches of 2): predicted by "
               "`parallelizer.pipeline_memory.pipeline_rank_memory` (stage training state + in-flight microbatches x "
               "the stage's saved activations), measured as the PEAK of saved tensors alive during one pipeline step; "
               "the row is the rank holding the most, `worst rank` the largest error over all ranks. Saved "

@@ -82,6 +82,7 @@ aten = torch.ops.aten
 _METADATA_OPS = frozenset({aten._assert_tensor_metadata, aten.sym_size, aten.sym_numel, aten.sym_stride,
                            aten.sym_storage_offset, aten._unsafe_view, aten.lift_fresh, aten.empty,
                            aten.empty_strided, aten.empty_like, aten._assert_async, aten.scalar_tensor})
+_RESHAPE_OPS = frozenset({aten.reshape, aten.flatten, aten.unflatten, aten.reshape_as, aten.view_as})  # views if strides allow
 _GATHER_LIKE_OPS = frozenset({aten.embedding, aten.index_select, aten.index, aten.gather})
 _DROPOUT_OPS = frozenset({aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.feature_alpha_dropout})
 _SDPA_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
@@ -151,7 +152,24 @@ def is_free_op(target: torch._ops.OpOverload, args: tuple, out: object, kwargs: 
     if not inputs or not outputs:
         return True
     source, result = inputs[0], outputs[0]
-    return source.dtype == result.dtype and source.device == result.device and source.is_contiguous()
+    if source.dtype != result.dtype or source.device != result.device:
+        return False
+    if source.is_contiguous():
+        return True
+    return target.overloadpacket in _RESHAPE_OPS and _viewable(source, tuple(result.shape))
+
+
+def _viewable(source: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether ``source.view(shape)`` succeeds for `source`'s strides: a reshape of a NON-contiguous tensor is a
+    view when its strides allow (torch's ``reshape`` calls ``view`` then; at::computeStride), e.g. the
+    (B, S, H, D)-laid SDPA output (strides of the flash kernels on CPU and CUDA) reshaped to (B, S, H * D) for the
+    output projection. Checked on a meta tensor of the same shape and strides (no data)."""
+    probe = torch.empty_strided(tuple(source.shape), tuple(source.stride()), dtype=source.dtype, device="meta")
+    try:
+        probe.view(shape)
+    except RuntimeError:
+        return False
+    return True
 
 
 def op_flops(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> int:

@@ -26,7 +26,11 @@ also the gradients, stage 3 (P_os+g+p, FSDP) also the parameters. A shard holds 
 parameters (flat-parameter padding as in FSDP), so the division is exact when N divides Psi.
 
 Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirror what PyTorch autograd
-keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Parameters are not
+keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Rules that depend on which
+args require grad (mul keeps an operand only when its partner requires grad) read it from the graph
+(:func:`grad_arg_indices` over :func:`backward_nodes`: rotary cos / sin computed from buffers carry none); without a
+graph it is guessed from the values (an upper bound). Checked op by op against autograd's saved tensors by
+``benchmarks/saved_by_node.py`` (RESULTS.md, Round 23 (r23e)). Parameters are not
 activations: the caller says which positional args are parameters (``param_args``), and
 :func:`graph_saved_activation_bytes` finds them from the placeholder names.
 
@@ -56,7 +60,7 @@ from cost_model.compute import is_free_op
 
 __all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
            "bytes_per_param", "saved_activation_bytes", "may_save_arg", "SavedShare", "saved_tensor_owners",
-           "backward_nodes",
+           "backward_nodes", "grad_arg_indices",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
@@ -150,44 +154,75 @@ def _rows(t: torch.Tensor, normalized_ndim: int) -> int:
     return math.prod(t.shape[: t.dim() - normalized_ndim])
 
 
-def _requires_grad(x: Any) -> bool:
-    # Meta/Fake tensors rarely carry requires_grad; a floating tensor with more than one element is taken
-    # to require grad (0-d constants such as attention scales do not).
+def _guess_requires_grad(x: Any) -> bool:
+    """Whether `x` requires grad when the graph does not say (`grad_args` None): Meta/Fake tensors rarely carry
+    requires_grad, so a floating tensor with more than one element is taken to require grad (0-d constants such
+    as attention scales do not). An upper bound: rotary cos / sin, masks and other values computed from buffers
+    alone are floating and large but carry no gradient; callers that know the graph pass `grad_args`
+    (:func:`grad_arg_indices`)."""
     return isinstance(x, torch.Tensor) and x.is_floating_point() and (x.requires_grad or x.numel() > 1)
 
 
-def _mul_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
-    # mul saves `other` for grad_self and `self` for grad_other (derivatives.yaml, mul.Tensor).
-    saved = tuple(i for i, j in ((0, 1), (1, 0)) if _requires_grad(args[j]) and isinstance(args[i], torch.Tensor))
+def _mul_rule(args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
+    # mul saves `other` for grad_self and `self` for grad_other (derivatives.yaml, mul.Tensor): a tensor is kept
+    # only when its PARTNER requires grad (q * cos with cos from buffers keeps cos, not q).
+    saved = tuple(i for i, j in ((0, 1), (1, 0)) if needs_grad(j) and isinstance(args[i], torch.Tensor))
     return _Saved(args=saved)
 
 
-def _div_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
-    # div saves `other` for grad_self, and also `self` when `other` requires grad.
+def _div_rule(args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
+    # div saves `other` for grad_self, and also `self` when `other` requires grad (derivatives.yaml, div.Tensor).
     if not isinstance(args[1], torch.Tensor):
         return _Saved()
-    return _Saved(args=(0, 1) if _requires_grad(args[1]) else (1,))
+    return _Saved(args=(0, 1) if needs_grad(1) else (1,))
 
 
-def _layer_norm_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+def _layer_norm_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
     rows = _rows(args[0], len(args[1]))
     return _Saved(args=(0,), extra_bytes=2 * rows * _STAT_BYTES)  # input + mean + rstd
 
 
-def _rms_norm_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+def _rms_norm_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
     return _Saved(args=(0,), extra_bytes=_rows(args[0], len(args[1])) * _STAT_BYTES)  # input + rstd
 
 
-def _dropout_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+def _dropout_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
     p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
     train = args[2] if len(args) > 2 else kwargs.get("train", True)
     return _Saved(extra_bytes=args[0].numel() * _MASK_BYTES if train and p > 0 else 0)
 
 
-def _sdpa_composite_rule(args: tuple, kwargs: dict, out: Any) -> _Saved:
+def _sdpa_composite_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
+    """q, k, v, the output and the fp32 logsumexp (B, heads, s_q); with an ``attn_mask``, the mask as the
+    kernel's backward reads it: a float mask of q's dtype is that tensor (a slot, shared with its other savers),
+    a bool mask (or another dtype) is converted to q's dtype at its (broadcast) shape, a new tensor each call
+    (measured: torch 2.13 CPU ``_scaled_dot_product_flash_attention_for_cpu`` keeps a (B, 1, s, s) float mask per
+    layer for the bool causal mask transformers passes; CUDA's efficient attention keeps its attn_bias alike)."""
     q = args[0]
     logsumexp = math.prod(q.shape[:-1]) * _STAT_BYTES  # (B, heads, s_q) in fp32
-    return _Saved(args=(0, 1, 2), outputs=(0,), extra_bytes=logsumexp)
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    if not isinstance(mask, torch.Tensor):
+        return _Saved(args=(0, 1, 2), outputs=(0,), extra_bytes=logsumexp)
+    if mask.dtype == q.dtype and len(args) > 3:
+        return _Saved(args=(0, 1, 2, 3), outputs=(0,), extra_bytes=logsumexp)
+    return _Saved(args=(0, 1, 2), outputs=(0,), extra_bytes=logsumexp + mask.numel() * q.element_size())
+
+
+def _indices_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
+    """topk / sort / kthvalue / mode / median.dim / max.dim / min.dim return (values, indices) and keep the int64
+    indices alone (derivatives.yaml: value_selecting_reduction_backward(grad, dim, indices, sizes)); a full
+    max / min / median (one output) keeps its input and its result (evenly_distribute_backward)."""
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        return _Saved(outputs=(1,))
+    if len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return _Saved(args=(0, 1))  # max.other / min.other (elementwise): keeps both operands
+    return _Saved(args=(0,), outputs=(0,))
+
+
+def _cross_entropy_rule(args: tuple, kwargs: dict, out: Any, needs_grad=None) -> _Saved:
+    """cross_entropy_loss = log_softmax (keeps its logits-sized output) + nll_loss (keeps the target and its 0-d
+    total_weight in the input's dtype): priced as the logits, the target and one element."""
+    return _Saved(args=(0, 1), extra_bytes=args[0].element_size())
 
 
 _INPUT_SAVERS = (aten.gelu, aten.silu, aten.log, aten.sin, aten.cos, aten.pow, aten.erf, aten.abs, aten.mish,
@@ -214,13 +249,20 @@ _SAVE_RULES: dict[Any, Any] = {
         aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
         aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_cudnn_attention)},
     aten.embedding: _Saved(args=(1,)), aten.index: _Saved(args=(1,)), aten.index_select: _Saved(args=(2,)),
+    **{op: _indices_rule for op in (aten.topk, aten.sort, aten.kthvalue, aten.mode, aten.median, aten.max,
+                                     aten.min, aten.nanmedian)},
+    aten.cross_entropy_loss: _cross_entropy_rule,
     aten.gather: _Saved(args=(2,)), aten.where: _Saved(args=(0,)), aten.nll_loss_forward: _Saved(args=(1,),
                                                                                                outputs=(1,)),
 }
 
 
-def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> _Saved:
-    """The save rule of one op; unknown ops with a backward conservatively save all tensor args."""
+def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
+           grad_args: Collection[int] | None = None) -> _Saved:
+    """The save rule of one op; unknown ops with a backward conservatively save all tensor args.
+
+    grad_args: positional indices of the args that require grad (from the graph, :func:`grad_arg_indices`);
+    None: guessed from the values (:func:`_guess_requires_grad`, an upper bound)."""
     if is_free_op(target, args, out, kwargs):
         return _Saved()
     if not any(t.is_floating_point() for t in tensors_in(out)):
@@ -228,7 +270,11 @@ def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -
     rule = _SAVE_RULES.get(target.overloadpacket)
     if rule is None:
         return _Saved(args=tuple(i for i, a in enumerate(args) if tensors_in(a)))
-    return rule(args, kwargs, out) if callable(rule) else rule
+    if not callable(rule):
+        return rule
+    if grad_args is None:
+        return rule(args, kwargs, out, lambda i: i < len(args) and _guess_requires_grad(args[i]))
+    return rule(args, kwargs, out, lambda i: i in grad_args)
 
 
 def may_save_arg(target: torch._ops.OpOverload, index: int) -> bool:
@@ -258,7 +304,8 @@ class SavedShare:
 
 
 def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
-                           param_args: Collection[int] = (), share: SavedShare | None = None) -> int:
+                           param_args: Collection[int] = (), share: SavedShare | None = None,
+                           grad_args: Collection[int] | None = None) -> int:
     """Bytes one op keeps alive for backward, excluding parameters.
 
     Examples of the rules: mm/linear/addmm keep their matrix inputs; gelu keeps its input; layer_norm
@@ -272,11 +319,13 @@ def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: d
         param_args: positional indices of ``args`` that are parameters (already resident, not counted).
         share: the op's part of storages saved by several ops (:func:`saved_tensor_owners`); None: every
             saved slot counted in full (the op alone).
+        grad_args: positional indices of the args that require grad (:func:`grad_arg_indices`: mul keeps an
+            operand only when its partner requires grad); None: guessed from the values (an upper bound).
 
     Returns:
         Bytes (int): extra state (masks, statistics) + sum over saved slots of slot bytes x factor.
     """
-    rule = _saved(target, args, kwargs, out)
+    rule = _saved(target, args, kwargs, out, grad_args)
     outputs = tensors_in(out)
     arg_factor = dict(share.args) if share else {}
     out_factor = dict(share.outputs) if share else {}
@@ -336,6 +385,11 @@ def backward_nodes(graph_module: torch.fx.GraphModule, trainable: Collection[str
     return live
 
 
+def grad_arg_indices(node: torch.fx.Node, live: Collection[str]) -> frozenset[int]:
+    """Positional indices of `node`'s args that require grad: nodes in `live` (:func:`backward_nodes`)."""
+    return frozenset(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in live)
+
+
 def saved_tensor_owners(graph_module: torch.fx.GraphModule, resident: Collection[str] = (),
                         trainable: Collection[str] | None = None) -> dict[str, SavedShare]:
     """The :class:`SavedShare` of every op that saves a storage also saved elsewhere, or a view of a larger
@@ -361,7 +415,7 @@ def saved_tensor_owners(graph_module: torch.fx.GraphModule, resident: Collection
         if live is not None and node.name not in live:
             continue
         args, kwargs, out = node_values(node)
-        rule = _saved(node.target, args, kwargs, out)
+        rule = _saved(node.target, args, kwargs, out, None if live is None else grad_arg_indices(node, live))
         slots: list[tuple[str, int, str, int, int]] = []  # (kind, index, storage key, numel, storage numel)
         for i in rule.args:
             arg = node.args[i] if i < len(node.args) else None

@@ -40,7 +40,8 @@ from cost_model.communication import HIERARCHICAL_KINDS, hierarchical_byte_range
 from cost_model.compute import op_cost
 from cost_model.fusion import FusedIO, pointwise_fusion
 from cost_model.hardware import DeviceSpec
-from cost_model.memory import SavedShare, bytes_per_param, saved_activation_bytes, saved_tensor_owners
+from cost_model.memory import (SavedShare, backward_nodes, bytes_per_param, grad_arg_indices,
+                               saved_activation_bytes, saved_tensor_owners)
 from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
@@ -83,7 +84,7 @@ class GraphTables:
     `segments.price_segments`) pass one `GraphTables` so each graph is analysed once."""
 
     fusion: dict[int, tuple[TracedGraph, dict[str, FusedIO]]] = field(default_factory=dict)
-    shares: dict[int, tuple[TracedGraph, dict[str, SavedShare]]] = field(default_factory=dict)
+    shares: dict[int, tuple[TracedGraph, dict[str, SavedShare], frozenset[str]]] = field(default_factory=dict)
     regathered: dict[int, tuple[TracedGraph, frozenset[str]]] = field(default_factory=dict)
 
 
@@ -328,6 +329,16 @@ class Pricer:
         storage charged to its first saver in graph order; parameters and buffers to none); None: all its own.
         The savers are the ops downstream of a trained parameter or of a floating-point graph input (a pipeline
         stage's received activations carry gradients; `runtime.pipeline.stage_graph`)."""
+        return self._saved_facts(tg)[1].get(name)
+
+    def grad_args(self, tg: TracedGraph, name: str) -> frozenset[int]:
+        """Positional indices of the node's args that require grad (`cost_model.memory.grad_arg_indices` over the
+        same savers as `saved_share`): mul keeps an operand only when its partner requires grad, so q * cos with
+        rotary cos computed from buffers keeps cos alone (before: q as well, guessed from its shape)."""
+        return grad_arg_indices(tg.nodes[name].node, self._saved_facts(tg)[2])
+
+    def _saved_facts(self, tg: TracedGraph) -> tuple[TracedGraph, dict[str, SavedShare], frozenset[str]]:
+        """(tg, saved_tensor_owners, backward_nodes) of a graph, cached in `tables.shares`."""
         held = self.tables.shares.get(id(tg))
         if held is None or held[0] is not tg:
             resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
@@ -335,13 +346,15 @@ class Pricer:
                          for ph in p.placeholders]
             trainable += [n for n in tg.input_names if tg.nodes[n].outputs
                           and carries_grad(tg.nodes[n].outputs[0].dtype)]
-            held = self.tables.shares[id(tg)] = (tg, saved_tensor_owners(tg.graph_module, resident, trainable))
-        return held[1].get(name)
+            held = self.tables.shares[id(tg)] = (tg, saved_tensor_owners(tg.graph_module, resident, trainable),
+                                                 frozenset(backward_nodes(tg.graph_module, trainable)))
+        return held
 
     def node_costs(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace) -> list[NodeCost]:
         """`node_cost` of every strategy of a node (cached per op signature and strategy)."""
         sig = (info.target, tuple(i.shape for i in space.inputs), tuple(tuple(o.shape) for o in info.outputs),
-               _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name), self.saved_share(tg, info.name))
+               _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name), self.saved_share(tg, info.name),
+               self.grad_args(tg, info.name))
         res = []
         for s in space.strategies:
             hit = self._node.get((sig, s))
@@ -359,7 +372,7 @@ class Pricer:
         in_local = [local_shape(i.shape, L, self.mesh) for i, L in zip(space.inputs, strategy.inputs)]
         out_local = [local_shape(tuple(o.shape), strategy.output, self.mesh) for o in info.outputs]
         key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad,
-               self.fusion_of(tg, info.name), self.saved_share(tg, info.name))
+               self.fusion_of(tg, info.name), self.saved_share(tg, info.name), self.grad_args(tg, info.name))
         hit = self._node.get(key)
         if hit is None:
             try:
@@ -377,7 +390,8 @@ class Pricer:
         inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
                                tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,
                                self.itemsize(space.inputs[0].dtype) if space.inputs else 4)
-        extra = _vocab_parallel_saved_bytes(info, strategy, in_local) if space.requires_grad and space.inputs else 0
+        extra = (_vocab_parallel_saved_bytes(info, strategy, in_local, self.itemsize(space.inputs[0].dtype))
+                 if space.requires_grad and space.inputs else 0)
         if not inner:
             return NodeCost(hit.fwd_s, hit.bwd_s, hit.saved_bytes + extra, hit.note) if extra else hit
         fwd = bwd = 0.0
@@ -392,16 +406,18 @@ class Pricer:
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local) -> NodeCost:
         args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, self.dtype)
         fused, share = self.fusion_of(tg, info.name), self.saved_share(tg, info.name)
+        grads = self.grad_args(tg, info.name)
         try:
             c = op_cost(info.target, args, kwargs, out, self.device, fused.fused_args, fused.output_fused)
-            saved = saved_activation_bytes(info.target, args, kwargs, out, param_args=params, share=share)
+            saved = saved_activation_bytes(info.target, args, kwargs, out, param_args=params, share=share,
+                                           grad_args=grads)
             fwd, bwd = c.fwd_s, c.bwd_s
         except Exception:  # noqa: BLE001 -- an op cost_model cannot run on local shapes: scale the global cost
             g_in = [i.shape for i in space.inputs]
             g_out = [tuple(o.shape) for o in info.outputs]
             ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, self.dtype)
             c = op_cost(info.target, ga, gk, go, self.device, fused.fused_args, fused.output_fused)
-            saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp, share=share)
+            saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp, share=share, grad_args=grads)
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)
             fwd, bwd, saved = c.fwd_s * ratio, c.bwd_s * ratio, int(saved * ratio)
         if not space.requires_grad:
@@ -522,12 +538,13 @@ def mfu_dtype(traced: TracedGraph, device: DeviceSpec, precision: str | None) ->
     return dtype if dtype in device.peak_flops_per_s else torch.float32
 
 
-def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local) -> int:
+def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local, logits_itemsize: int) -> int:
     """Bytes a vocab-parallel cross-entropy (`rewriter.vocab_parallel.vocab_parallel_cross_entropy`, its logits
     Shard over the class dim) saves beyond the op priced on local shapes. The op is priced as keeping its local
     logits (N, C_local) and its int64 target (N,) (`cost_model.memory`: an op without a save rule keeps its tensor
-    args); the vocab-parallel node keeps the local softmax (logits-sized, the logits' dtype), an int64 local target
-    index (N,) and a bool "target on this rank" flag (N,): one byte per row more. Megatron-LM's
+    args, and nll_loss's 0-d total_weight); the vocab-parallel node keeps the local softmax (logits-sized, the logits'
+    dtype), an int64 local target index (N,) and a bool "target on this rank" flag (N,): one byte per row more,
+    one total_weight element less. Megatron-LM's
     VocabParallelCrossEntropy keeps the same (softmax, masked target, target mask). Before round 22 (r22e) the
     arithmetic ran as plain autograd ops that kept the shifted logits and the exponentials, two logits-sized
     tensors, and this price was logits + row sums more (round 14, r14d); a memory-bound Llama-3-8B plan then took
@@ -536,4 +553,5 @@ def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local) ->
         return 0
     if not any(isinstance(p, Shard) and p.dim == 1 for p in strategy.inputs[0].placements):
         return 0
-    return math.prod(in_local[0][:1] + in_local[0][2:])  # one bool per row
+    # one bool per row, and no 0-d total_weight (the local op is priced with nll_loss's, `cost_model.memory`)
+    return math.prod(in_local[0][:1] + in_local[0][2:]) - logits_itemsize

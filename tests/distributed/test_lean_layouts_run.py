@@ -58,7 +58,7 @@ def test_lean_layouts_hold_what_is_priced():
     under-priced before), and a local slice saved for backward keeps a
     storage of its own (it kept its whole replicated source alive: 1.1% under on the lean pipeline stage)."""
     from benchmarks._memory_workers import measure_pipeline_rank, measure_rank
-    from benchmarks.bench_memory import CATEGORIES, MODELS, PIPELINE_MODEL
+    from benchmarks.bench_memory import CATEGORIES, MODELS, PIPELINE_MODELS
     from parallelizer.pipeline_memory import pipeline_rank_memory
 
     fn, kwargs = MODELS["gpt2"]  # 2 layers, labels inside: logits and loss in the graph
@@ -69,7 +69,7 @@ def test_lean_layouts_hold_what_is_priced():
     priced = sum(int(lean.cost.memory_bytes.get(k, 0)) for k in CATEGORIES)
     for (rank,) in held:
         assert abs(priced - sum(rank.values())) <= 1e-3 * sum(rank.values()), (priced, rank)
-    fn, kwargs = PIPELINE_MODEL
+    fn, kwargs, _ = PIPELINE_MODELS["gpt2 (4 layers)"]
     traced = parallelizer.trace(*fn(batch=2, **kwargs))
     with contextlib.redirect_stdout(io.StringIO()):
         free = parallelizer.plan(traced, {"pp": 2, "tp": 2}, axis_roles={"tp": "tp"}, precision="fp32", schedule="1f1b",

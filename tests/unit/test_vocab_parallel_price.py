@@ -30,7 +30,8 @@ def test_a_memory_bound_plan_keeps_the_loss_vocab_parallel(traced, mesh, roles, 
     """Free, the planner takes the vocab-parallel loss (no all-to-all of the logits). Its priced memory is the
     all-to-all form's plus 5 bytes per row on tp=2 (closed form: both keep one local logits-sized tensor, (rows,
     V/tp) vs (rows/tp, V); the vocab-parallel node an int64 index of every row where the all-to-all form keeps the
-    int64 targets of its 1/tp of the rows, and a bool flag per row). So under
+    int64 targets of its 1/tp of the rows, and a bool flag per row; the all-to-all form's 0-d total_weight).
+    So under
     a budget that admits the all-to-all form with 1 MiB to spare it stays vocab-parallel (before round 22 it was
     priced one local logits tensor larger, 501 MiB on tp=2, and the budget moved it to the all-to-all)."""
     cluster = f"h100:1x{len(mesh) * 2}"
@@ -41,8 +42,9 @@ def test_a_memory_bound_plan_keeps_the_loss_vocab_parallel(traced, mesh, roles, 
         assert free.nodes[ce].strategy == vocab_parallel
         alts = {a[0]: a for a in explain(traced, free, ce, cluster=cluster).alternatives}
         rows, tp = ROWS // mesh.get("dp", 1), mesh["tp"]  # the rows of a dp shard
-        # a bool per row, and the int64 target (index) of every row where the all-to-all form keeps 1/tp of them
-        assert alts[vocab_parallel][2] - alts[all_to_all][2] == rows + rows * 8 - rows // tp * 8, \
+        # a bool per row, and the int64 target (index) of every row where the all-to-all form keeps 1/tp of them;
+        # the all-to-all form's nll_loss also keeps its 0-d fp32 total_weight (4 B, priced since round 23, r23e)
+        assert alts[vocab_parallel][2] - alts[all_to_all][2] == rows + rows * 8 - rows // tp * 8 - 4, \
             (alts[vocab_parallel], alts[all_to_all])
         assert alts[vocab_parallel][1] < alts[all_to_all][1]  # and it is faster (no all-to-all of the logits)
         tight = parallelizer.plan(traced, mesh, memory_budget_bytes=alts[all_to_all][2] + 2**20,

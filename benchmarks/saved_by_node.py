@@ -1,0 +1,127 @@
+"""Bytes kept for backward, per op: what the planner prices vs what autograd really keeps (issue 13 item 5).
+
+For a traced model (`parallelizer.trace`) on one device:
+
+- priced (`priced_saved_bytes`): the bytes each op node is priced to keep for backward, exactly as the planner
+  prices an unsharded op (`planner.costs.Pricer`: `cost_model.memory.saved_activation_bytes` with the node's
+  `saved_share` (each storage charged to its first saver) and `grad_args` (which of its args require grad));
+- held (`held_saved_bytes`): the traced program (`TracedGraph.exported.module()`, the ATen graph the rewriter
+  emits per rank) run eagerly op by op under `torch.autograd.graph.saved_tensors_hooks`; every storage a saved
+  tensor lives on is charged, whole and once, to the op during which it was FIRST saved; parameter and buffer
+  storages to nobody (as `benchmarks._memory_workers` measures a rank, and as the price charges storages).
+
+`compare` lists the nodes whose two figures differ, and their sum by op kind. Run
+`python -m benchmarks.saved_by_node` for the zoo's transformers models (RESULTS.md, Round 23 (r23e)).
+"""
+from __future__ import annotations
+
+import collections
+import operator
+
+import torch
+import torch.fx
+
+from cost_model._fx import node_values, op_nodes
+from cost_model.memory import saved_activation_bytes
+from parallelizer.config import PlanConfig
+from parallelizer.core.mesh import MeshSpec
+from cost_model.topology import MeshTopology
+from parallelizer.planner.api import resolve_cluster
+from parallelizer.planner.costs import Pricer
+from parallelizer.tracer import TracedGraph
+
+__all__ = ["priced_saved_bytes", "held_saved_bytes", "compare"]
+
+
+def _pricer(tg: TracedGraph) -> Pricer:
+    """The planner's Pricer of one device (`resolve_cluster(None, 1)`, as `parallelizer.plan` resolves it), fp32."""
+    mesh = MeshSpec(("dp",), (1,))
+    return Pricer(MeshTopology(resolve_cluster(None, 1)[0], mesh.shape, mesh.axis_names), mesh,
+                  PlanConfig(precision="fp32"), tg)
+
+
+def priced_saved_bytes(tg: TracedGraph) -> dict[str, int]:
+    """{node name: bytes the planner prices the op to keep for backward} for every op whose backward runs
+    (fp32 as traced, one device: local shapes = global shapes)."""
+    pricer = _pricer(tg)
+    live = pricer._saved_facts(tg)[2]
+    resident = {ph for p in tg.parameters.values() for ph in p.placeholders}
+    out = {}
+    for node in op_nodes(tg.graph_module):
+        if node.name not in live or node.target is operator.getitem:
+            continue
+        args, kwargs, val = node_values(node)
+        params = {i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in resident}
+        out[node.name] = saved_activation_bytes(node.target, args, kwargs, val, param_args=params,
+                                                share=pricer.saved_share(tg, node.name),
+                                                grad_args=pricer.grad_args(tg, node.name))
+    return out
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs a graph node by node and charges each storage saved for backward to the node that saved it first."""
+
+    def __init__(self, module: torch.fx.GraphModule, resident: set[int]) -> None:
+        super().__init__(module)
+        self.current, self.resident = "", resident
+        self.owner: dict[int, tuple[str, int]] = {}  # storage pointer -> (node name, storage bytes)
+
+    def run_node(self, n: torch.fx.Node):
+        self.current = n.name
+        return super().run_node(n)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.resident and ptr not in self.owner and storage.nbytes():
+            self.owner[ptr] = (self.current, storage.nbytes())
+        return t
+
+
+def held_saved_bytes(tg: TracedGraph, inputs: tuple, kwargs: dict | None = None) -> dict[str, int]:
+    """{node name: bytes of the storages autograd keeps whose first saver is that node} from one eager forward of
+    the traced program on `inputs` / `kwargs` (the call the model was traced with; module docstring)."""
+    module = tg.exported.module()
+    resident = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    recorder = _Recorder(module, resident)
+    flat = [*inputs, *(kwargs or {}).values()]
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+        recorder.run(*flat)
+    held: dict[str, int] = collections.defaultdict(int)
+    for name, nbytes in recorder.owner.values():
+        held[name] += nbytes
+    return dict(held)
+
+
+def compare(tg: TracedGraph, inputs: tuple, kwargs: dict | None = None) -> dict:
+    """{"priced": total, "held": total, "nodes": [(node, op, priced, held) where they differ],
+    "ops": {op: (nodes, priced, held)} summed over those nodes}."""
+    priced, held = priced_saved_bytes(tg), held_saved_bytes(tg, inputs, kwargs)
+    nodes = {n.name: n for n in tg.graph_module.graph.nodes}
+    differ = [(name, str(nodes[name].target), priced.get(name, 0), held.get(name, 0))
+              for name in nodes if priced.get(name, 0) != held.get(name, 0)]
+    differ += [(name, "?", 0, b) for name, b in held.items() if name not in nodes]
+    ops: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    for _, op, p, h in differ:
+        ops[op][0] += 1
+        ops[op][1] += p
+        ops[op][2] += h
+    return {"priced": sum(priced.values()), "held": sum(held.values()), "nodes": differ,
+            "ops": {op: tuple(v) for op, v in ops.items()}}
+
+
+if __name__ == "__main__":
+    import parallelizer
+    from parallelizer.zoo import families, hf
+
+    cases = {"llama (eager attention, 8 x 64)": hf.llama(batch=8, seq_len=64, labels=True, returns="loss"),
+             "gpt2 tied (eager, 8 x 64)": hf.gpt2(batch=8, seq_len=64, labels=True),
+             **{f"{name} (family defaults, SDPA)": getattr(families, name)()
+                for name in ("llama", "mixtral", "gpt2", "bert", "vit")}}
+    for label, (model, inputs, *rest) in cases.items():
+        kw = rest[0] if rest else {}
+        res = compare(parallelizer.trace(model, inputs, kw), inputs, kw)
+        gap = res["priced"] - res["held"]
+        print(f"{label}: priced {res['priced']:,} held {res['held']:,} ({gap / max(res['held'], 1):+.2%})")
+        for op, (count, p, h) in sorted(res["ops"].items(), key=lambda kv: -abs(kv[1][1] - kv[1][2])):
+            print(f"    {op}: {count} nodes, priced {p:,} held {h:,} ({p - h:+,})")
