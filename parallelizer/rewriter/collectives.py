@@ -462,7 +462,8 @@ def all_reduce(x: torch.Tensor, ranks: Group, hierarchy: Hierarchy | None = None
 
 def all_reduce_max(x: torch.Tensor, ranks: Group) -> torch.Tensor:
     """Element-wise maximum over the group, without gradient (e.g. the row maxima that stabilise a
-    vocab-parallel softmax: any common shift is exact there). Local shapes: unchanged.
+    vocab-parallel softmax: any common shift is exact there), with torch.amax's special values: NaN where any
+    rank holds NaN (`_max_by_order`; +0.0 over -0.0, which torch.amax orders by position). Local shapes: unchanged.
 
     Raises:
         ValueError: bad `ranks`, or the calling rank is not in it.
@@ -471,7 +472,31 @@ def all_reduce_max(x: torch.Tensor, ranks: Group) -> torch.Tensor:
     g = _resolve(ranks, "all_reduce_max")
     if g.size == 1:
         return x.detach()
-    return _wait(funcol.all_reduce(x.detach().contiguous(), "max", g.name))
+    return _max_by_order(x.detach().contiguous(), g)
+
+
+_ORDER_BITS = {torch.float32: (torch.int32, 0x7FFFFFFF, 0x7FC00000), torch.float64:
+               (torch.int64, 0x7FFFFFFFFFFFFFFF, 0x7FF8000000000000)}  # (int view, magnitude mask, canonical NaN)
+
+
+def _max_by_order(x: torch.Tensor, g: _GroupView) -> torch.Tensor:
+    """MAX all-reduce of a float tensor through its order-preserving integer image, so that NaN wins as in
+    torch.amax. gloo's MAX is `std::max` applied in member order, which keeps a NaN only when the group's first
+    member holds it: a NaN gradient on any other rank's shard vanished from an inf-norm (`runtime.grad_norm`),
+    so `clip_grad_norm_(norm_type=inf, error_if_nonfinite=True)` passed where one device raises, and clipped by
+    a finite norm (r23g). The image: the float's bits as a signed integer, the magnitude bits flipped when the
+    sign is set (then integer order is float order, -0.0 below +0.0), and every NaN first made the positive
+    quiet NaN, whose image lies above +inf's. Same bytes as the float (float16 / bfloat16 travel as float32,
+    exactly); integer and bool tensors reduce as they are."""
+    if not x.is_floating_point():
+        return _wait(funcol.all_reduce(x, "max", g.name))
+    wide = x.float() if x.element_size() < 4 else x
+    as_int, magnitude, nan_bits = _ORDER_BITS[wide.dtype]
+    bits = wide.view(as_int)
+    bits = torch.where(torch.isnan(wide), torch.full_like(bits, nan_bits), bits)
+    image = torch.where(bits < 0, bits ^ magnitude, bits)  # an involution: the same step maps back
+    top = _wait(funcol.all_reduce(image, "max", g.name))
+    return torch.where(top < 0, top ^ magnitude, top).view(wide.dtype).to(x.dtype)
 
 
 def grad_all_reduce(x: torch.Tensor, ranks: Group, hierarchy: Hierarchy | None = None) -> torch.Tensor:

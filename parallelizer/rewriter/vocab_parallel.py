@@ -7,7 +7,8 @@ Memory (what `planner.costs._vocab_parallel_saved_bytes` prices): one autograd n
 logits-sized tensor for backward, the local softmax (N, C_local, *) in the logits' dtype, written in place
 over the shifted logits it is computed from, plus per row an int64 local target index and a bool "this
 rank holds the target" flag. Its backward is local: d logits = softmax * g - onehot(target) * g (rows whose
-target is `ignore_index` get 0), with no collective (the loss is Replicate over the class groups, so each
+target is `ignore_index` get softmax * 0, as one device's log_softmax backward: 0, or NaN where that row's softmax
+is NaN), with no collective (the loss is Replicate over the class groups, so each
 rank's g is the whole gradient of its own classes). Before round 22 (r22e) the same arithmetic ran as plain
 autograd ops, which kept the shifted logits (saved whole by `gather`) AND the exponentials (saved by `exp`):
 two logits-sized tensors, so a memory-bound plan of a 128k vocabulary took the all-to-all to batch shards
@@ -43,17 +44,23 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             sum_exp = collectives.all_reduce(sum_exp, ranks)
             picked = collectives.all_reduce(picked, ranks)
         valid = target != ignore_index
-        softmax.div_(sum_exp.unsqueeze(1)).masked_fill_(~valid.unsqueeze(1), 0.0)  # an ignored row: no gradient
-        ctx.save_for_backward(softmax, index, inside & valid)
+        softmax.div_(sum_exp.unsqueeze(1))
+        # an ignored row's index is -1: its gradient is softmax * 0 whatever reaches it (`backward`)
+        ctx.save_for_backward(softmax, index.masked_fill_(~valid.unsqueeze(1), -1), inside & valid)
         return torch.where(valid, sum_exp.log() - picked, 0.0)  # an ignored row may be all -inf
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         softmax, index, hit = ctx.saved_tensors
+        # one device (log_softmax + nll_loss): an ignored row gets d logits = 0 - exp(log_softmax) * 0, whatever
+        # gradient reaches its loss: 0, or NaN where its softmax is NaN (a row of all -inf or holding +inf/NaN);
+        # a mean over no counted target sends inf (1/0) to every row, and 0 * inf made every gradient NaN (r23g)
+        grad = torch.where(index.squeeze(1) >= 0, grad, 0.0)
         grad_logits = softmax * grad.unsqueeze(1)
         if softmax.shape[1]:
-            grad_logits.scatter_add_(1, index, torch.where(hit, -grad, 0.0).unsqueeze(1).to(grad_logits.dtype))
+            picked = torch.where(hit, -grad, 0.0).unsqueeze(1).to(grad_logits.dtype)
+            grad_logits.scatter_add_(1, index.clamp(min=0), picked)
         return grad_logits, None, None, None, None
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import PlanMismatchError, StateDictError, UnsupportedOpError
-from ..tracer.graph import TracedGraph, as_real
+from ..tracer.graph import TracedGraph
+from .replicas import _differing
 
 
 def pickling_refused(kind: str) -> UnsupportedOpError:
@@ -23,18 +24,15 @@ def pickling_refused(kind: str) -> UnsupportedOpError:
 
 
 def check_equal_across_ranks(values: dict[str, torch.Tensor], world_size: int) -> None:
-    """Raise PlanMismatchError naming the first tensor whose checksum differs between the ranks (collective
-    over the default group, which a non-pipeline ParallelModule's mesh spans)."""
+    """Raise PlanMismatchError naming the first tensor whose digest differs between the ranks (collective
+    over the default group, which a non-pipeline ParallelModule's mesh spans; `replicas._differing`, whose digest
+    sees NaN and +-inf: before, a plain sum with NaN read as 0 let a NaN on one rank pass against a zero sum on
+    another, r23g)."""
     import torch.distributed as dist
 
     if not values or not dist.is_initialized() or dist.get_world_size() != world_size or world_size == 1:
         return
-    sums = torch.stack([torch.nan_to_num(as_real(v.detach()).double().sum(), nan=0.0, posinf=1e300, neginf=-1e300)
-                        for v in values.values()])
-    low, high = sums.clone(), sums.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    differs = [fqn for fqn, lo, hi in zip(values, low.tolist(), high.tolist()) if lo != hi]
+    differs = [list(values)[i] for i in _differing(values.values())]
     if differs:
         raise PlanMismatchError(
             f"full_model / apply: the ranks computed different values for {differs[0]!r}"

@@ -58,7 +58,7 @@ def check_same_inputs(named: list[tuple[str, object]], where: str) -> None:
     between ranks. Every rank passes the SAME global batch and cuts its own piece; a DDP habit (each rank
     loading its own batch with a DistributedSampler) ran silently before (r13d): a ddp rank took its rows of
     its own batch (half the data, another function), tp ranks summed partial products of different samples
-    (tp=2: the ranks returned losses 21.68 and 20.32). One all-reduce of 3 float64 numbers per tensor; callers
+    (tp=2: the ranks returned losses 21.68 and 20.32). One all-reduce of 5 float64 numbers per tensor; callers
     check a module's first calls only (`inputs_unchecked`)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
@@ -74,15 +74,29 @@ def check_same_inputs(named: list[tuple[str, object]], where: str) -> None:
 
 
 def _differing(tensors) -> list[int]:
-    """Collective: positions of the tensors whose digest (float64 sum, sum of absolute values, and a sum with
-    weights by position along dim 0, which sees rows in another order) is not the same on every rank."""
+    """Collective: positions of the tensors whose digest is not the same on every rank. The digest of a tensor
+    t (float64; complex: both parts, `as_real`): over its finite values (non-finite ones counted as 0) the sum,
+    the sum of absolute values and a sum with weights by position along dim 0 (which sees rows in another
+    order); over its non-finite values a code per element (NaN 1, +inf 2, -inf 3) summed plainly and by
+    position. Equal tensors give equal digests whatever they hold: before, a NaN or an inf beside a -inf made
+    the digest NaN, and NaN != NaN, so the SAME batch holding a NaN (a feature the model masks with
+    nan_to_num / where, a logit bias) was refused as "differ between ranks" on every plan (r23g); and gloo's
+    MAX keeps a NaN only from the group's first rank, so a NaN digest on another rank alone was not seen."""
     wide = [as_real(t.detach()).double() for t in tensors]  # complex: both parts (`as_real`)
     if not wide:
         return []
-    rows = [t.reshape(t.shape[0] if t.dim() else 1, -1).sum(1) for t in wide]
-    weights = [torch.arange(len(r), device=r.device) % 1009 + 1 for r in rows]  # row positions, as the digest's 3rd
-    digest = torch.stack([torch.stack([t.sum(), t.abs().sum(), (r * w).sum()])
-                          for t, r, w in zip(wide, rows, weights)]).cpu()
+    digests = []
+    for t in wide:
+        finite = torch.isfinite(t)
+        code = torch.where(finite, 0.0, torch.where(torch.isnan(t), 1.0, torch.where(t > 0, 2.0, 3.0)))
+        parts = []
+        for x in (torch.where(finite, t, 0.0), code):  # (the values, the codes of the non-finite ones)
+            r = x.reshape(x.shape[0] if x.dim() else 1, -1).sum(1)
+            w = torch.arange(len(r), device=r.device) % 1009 + 1  # row positions, as the digest's 3rd
+            parts += [x.sum(), x.abs().sum(), (r * w).sum()]
+        digests.append(torch.stack(parts[:3] + parts[4:]))  # a code's abs sum is its sum
+    # a sum of finite float64 values may still overflow (values near 1.8e308): one number for every rank alike
+    digest = torch.nan_to_num(torch.stack(digests), nan=0.0).cpu()
     both = torch.cat([digest, -digest])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     high, low = both[:len(wide)], -both[len(wide):]
