@@ -511,3 +511,20 @@ def test_torchs_split_backward_costs_more_per_node_than_a_full_backward_on_this_
     from cost_model.pipeline_actions import _split_per_node
     got = statistics.median(_split_per_node() for _ in range(3))
     assert 0 < got < 1e-3
+
+
+def test_a_collective_sample_lasts_at_least_a_few_scheduler_slices():
+    """Round 23 (r23c): calls per sample raised so a sample lasts >= MIN_SAMPLE_S at the warm-up's per-call seconds
+    (samples under 5 ms had a 30% split-half difference in the idle pairs, 12% from 20 ms); never below inner_for,
+    at most MAX_SAMPLE_CALLS, unchanged where one call is already long."""
+    from cost_model.measure import MAX_SAMPLE_CALLS, MIN_SAMPLE_S, inner_for, sample_calls
+    assert MIN_SAMPLE_S == 0.020
+    assert sample_calls(64 << 10, 1, 0.27e-3) == 75  # ceil(20 / 0.27): x2 send_recv 64 KiB, 16 calls before
+    assert sample_calls(1 << 20, 1, 1.9e-3) == 11  # x2 all_reduce 1 MiB: 4 calls (7.6 ms) before
+    assert sample_calls(16 << 20, 1, 18e-3) == 2  # ceil(20 / 18)
+    assert sample_calls(64 << 20, 1, 91e-3) == inner_for(64 << 20, 1) == 1  # one call already lasts 91 ms
+    assert sample_calls(4096, 1, 1e-3) == 20 and sample_calls(4096, 1, 5e-3) == inner_for(4096, 1) == 16
+    assert sample_calls(4096, 1, 1e-6) == MAX_SAMPLE_CALLS
+    assert sample_calls(4096, 1, 0.0) == 16  # an unpaired send_recv rank timed no call: its floor
+    with pytest.raises(ValueError, match="warmup_per_call_s=nan must be finite and >= 0 .* 4096-byte"):
+        sample_calls(4096, 1, float("nan"))
