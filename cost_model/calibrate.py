@@ -196,7 +196,8 @@ class Profile:
                 tuple((n, f[0]) for n, f in factors.items()),
                 tuple((n, f[2]) for n, f in factors.items() if len(f) > 2),
                 factors[nprocs][0] if nprocs in factors else 1.0,
-                tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())))
+                tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())),
+                ranks_over_cores=self.cpu_count is not None and nprocs > self.cpu_count)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
 
