@@ -34,7 +34,10 @@ the fastest is the least disturbed run, which a training step does not get; the 
   slowdown (``measure_contention``, throughput of k processes) already prices as the compute of every rank;
   counting the lag again charged each collective twice for it (round 16: 5.8 ms per collective on 4 ranks,
   idle; fsdp plans on 4 ranks predicted at 2.0-2.6x their measured step, 13 all-gathers' lag alone 227 of
-  424 ms). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
+  424 ms). What is left with more ranks than cores (4.7 ms on 4 ranks, round 22) is, by the same reasoning, the
+  last rank to leave waiting for a core while the others run their next chunk: the planner charges it only to
+  collectives of a sub-group, which run while other ranks compute (round 23,
+  :func:`cost_model.communication.collective_wait_s`). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
   (interleaved round by round). The compute never enters the difference, so its noise does not either
   (until round 15 ``sync_s = median T - median C - median A`` of three loop timings: on this shared machine
   C's noise swamped it, 0-194 us between calibrations, and it came out 0 when it mattered most: in the same
