@@ -327,11 +327,12 @@ def collective_wait_s(topo: MeshTopology, axes: tuple[str, ...] | str, compute_b
     2 x rank CPU x 1.01-1.24 in the idle runs of rounds 21 and 22: the cores are busy). A collective of a sub-group
     (one tp pair of a dp=2 x tp=2 mesh, a pipeline's dp pair) runs while the other ranks compute: each of its
     steps wakes a member that must get a core held by them, a wait the calibrated one measures in kind; it keeps
-    it. Priced over the 42 plans of each idle run (same programs, predictions only): without the wait on every
-    4-rank collective (round 22, r22g) the dp=2 x tp=2 plans went 16-24% under their measured step (llama free 2x2:
-    191.8 ms priced, 228.6 measured) and the planner picked them over ddp (1.17-1.24x slower measured); without it on
-    the whole-world collectives only, median |error| 21.4 -> 17.9% (round 21 code's run) and 12.7 -> 9.8% (round
-    22's), 4-rank bias +24 -> +17% and +11 -> +5%, every pick kept (benchmarks/RESULTS.md, round 23 r23c).
+    it. Priced over the 42 plans of each idle run of round 22 (the same programs, predictions only): without the
+    wait on every 4-rank collective (r22g) the dp=2 x tp=2 plans dropped below the whole-world ones (mlp ddp x tp
+    -24%, llama free 2x2 -16% of their measured steps) and the planner's pick on mlp/4 and llama/4 became a 2x2
+    plan measured 1.06-1.24x the fastest; without it on the whole-world collectives only, median |error| 21.7 ->
+    19.4% (round 21 code's run) and 11.3 -> 9.8% (round 22's), 4-rank median error +24 -> +18% and +11 -> +6%,
+    Spearman 0.954 -> 0.958 and 0.979 -> 0.980, every pick kept (benchmarks/RESULTS.md, round 23 r23c).
     """
     wait = sync_wait_s(topo.cluster.device, compute_before_s)
     sharing = topo.cluster.sharing
