@@ -391,6 +391,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     for n in nprocs:
         got = pooled["collectives"][n]
         timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
+        measurements.setdefault("sync_exit_spread_s", {})[str(n)] = got.get("sync_exit_spread_s")  # round 23: recorded
         cpu[n] = {kind: fit_collective_cpu(by_size) for kind, by_size in got["collective_cpu"].items() if by_size}
         measurements.setdefault("collective_cpu", {})[str(n)] = {
             k: {str(b): c for b, c in v.items()} for k, v in got["collective_cpu"].items()}

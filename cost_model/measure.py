@@ -85,7 +85,7 @@ import torch
 from .rounds import pass_half_difference, pool_passes, split_half_difference
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
-           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "sample_calls", "MIN_SAMPLE_S", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s",
+           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "sample_calls", "MIN_SAMPLE_S", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s", "exit_spread_s",
            "split_half_difference", "pass_half_difference", "pool_passes"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -290,8 +290,28 @@ def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence
     return max(0.0, statistics.median(per_call) - alone_s)
 
 
-def _measure_sync(rounds: int = 21) -> float:
-    """sync_s of the module docstring, seconds (all ranks take part)."""
+def exit_spread_s(exits_s: Sequence[Sequence[float]]) -> float:
+    """``median_c(max_r exits_s[r][c] - min_r exits_s[r][c])``: how far apart the ranks leave the same collective,
+    seconds (recorded by calibration as ``measurements.sync_exit_spread_s``, not priced).
+
+    Why (round 23, r23c): with more ranks than cores the planner charges the calibrated wait only to collectives of a
+    sub-group (:func:`cost_model.communication.collective_wait_s`), reading it as the last rank waiting for a core
+    the others' next compute holds AFTER the all-rank collective. Then the ranks' exits lie about the wait apart (the
+    first two leave at once, the last one a wait later); if instead every rank left late together, the wait is inside
+    the collective and belongs to every collective. Inferred from step data only so far; this records the test.
+
+    Raises:
+        ValueError: no calls, or ranks with different numbers of calls.
+    """
+    calls = {len(e) for e in exits_s}
+    if len(calls) != 1 or calls == {0}:
+        raise ValueError(f"exit_spread_s: every rank needs the same number (>= 1) of exit stamps, got "
+                         f"{sorted(len(e) for e in exits_s)}")
+    return statistics.median(max(x[c] for x in exits_s) - min(x[c] for x in exits_s) for c in range(calls.pop()))
+
+
+def _measure_sync(rounds: int = 21) -> tuple[float, float]:
+    """(sync_s of the module docstring, :func:`exit_spread_s` of the same calls), seconds (all ranks take part)."""
     import torch.distributed as dist
     world = dist.get_world_size()
     reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), world)  # as a step calls it
@@ -315,8 +335,9 @@ def _measure_sync(rounds: int = 21) -> float:
     mine = torch.tensor(stamps, dtype=torch.float64)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
-    return sync_wait_s([t[:, 0].tolist() for t in every], [t[:, 1].tolist() for t in every],
-                       statistics.median(alone), oversubscribed=world > _cores())
+    exits = [t[:, 1].tolist() for t in every]
+    return (sync_wait_s([t[:, 0].tolist() for t in every], exits, statistics.median(alone),
+                        oversubscribed=world > _cores()), exit_spread_s(exits))
 
 
 def _cores() -> int:
@@ -405,8 +426,9 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
             rounds[kind][nbytes] = list(got)
         cpu_results = _median_over_ranks(cpu, kinds)
         overlap = _measure_overlap() if extras else None
-        sync = _measure_sync() if extras else None
-        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results,
+        sync, spread = _measure_sync() if extras else (None, None)
+        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "sync_exit_spread_s": spread,
+                "collective_cpu": cpu_results,
                 "split_half": halves, "samples": rounds}
     gloo_worker(rank, world_size, port, timeout_s, queue, body)
 

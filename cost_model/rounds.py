@@ -49,8 +49,8 @@ def pool_passes(passes: Sequence[Mapping]) -> dict:
     round 20): the samples of every pass pooled (concatenated in time order), each (kind, size) the median of the
     pool, ``split_half`` the split-half difference of the pool in round order, ``pass_half``
     (:func:`pass_half_difference`) the same statistic between the odd and the even passes, ``collective_cpu`` the
-    median over passes of each pass's CPU per call, ``comm_overlap`` and ``sync_s`` from the pass that measured them
-    (the last one that did).
+    median over passes of each pass's CPU per call, ``comm_overlap``, ``sync_s`` and ``sync_exit_spread_s`` (recorded,
+    not priced) from the pass that measured them (the last one that did).
 
     Why passes: two idle calibrations minutes apart moved a whole process count's collectives together (round 19,
     /tmp/r19/cal: every x4 collective +12% .. +34%, their process CPU per call +11% .. +26%, while most x2 ones moved
@@ -84,6 +84,7 @@ def pool_passes(passes: Sequence[Mapping]) -> dict:
     extras = [p for p in passes if p.get("comm_overlap") is not None]
     out["comm_overlap"] = extras[-1]["comm_overlap"] if extras else None
     out["sync_s"] = extras[-1]["sync_s"] if extras else None
+    out["sync_exit_spread_s"] = extras[-1].get("sync_exit_spread_s") if extras else None
     return out
 
 

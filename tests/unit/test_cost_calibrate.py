@@ -59,6 +59,7 @@ def test_calibration_smoke_round_trip(tmp_path):
     wall_s = json.loads(text)["measurements"]["seconds"]
     assert 0 <= loaded.collective_sync[2] < wall_s
     assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
+    assert 0 <= json.loads(text)["measurements"]["sync_exit_spread_s"]["2"] < wall_s  # round 23: recorded beside it
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     assert loaded.device.optimizer_bytes_per_s > 0
     # torch's pipelining runtime costs host CPU per action beyond the stage's op (2 ranks, 4 Linear(8, 8) stages)
@@ -528,3 +529,21 @@ def test_a_collective_sample_lasts_at_least_a_few_scheduler_slices():
     assert sample_calls(4096, 1, 0.0) == 16  # an unpaired send_recv rank timed no call: its floor
     with pytest.raises(ValueError, match="warmup_per_call_s=nan must be finite and >= 0 .* 4096-byte"):
         sample_calls(4096, 1, float("nan"))
+
+
+def test_the_sync_measurement_records_how_far_apart_the_ranks_leave_the_collective():
+    """Round 23 (r23c): `measure.exit_spread_s`, median over calls of max_r exit - min_r exit, recorded beside the
+    sync wait (the test of where the 4-rank wait lies: after the collective, ranks leaving a wait apart, or inside
+    it, every rank late together); pooled from the pass that measured the sync, as sync_s."""
+    from cost_model.measure import exit_spread_s
+    from cost_model.rounds import pool_passes
+    exits = [[3.0, 12.0, 27.0], [3.0, 12.5, 27.0], [7.5, 17.0, 27.5]]  # ms; the third rank left late twice
+    # per call: 4.5, 5.0, 0.5 -> median 4.5
+    assert exit_spread_s(exits) == pytest.approx(4.5)
+    assert exit_spread_s([[1.0], [1.0]]) == 0.0
+    with pytest.raises(ValueError, match="same number"):
+        exit_spread_s([[1.0, 2.0], [1.0]])
+    one = {"samples": {"all_reduce": {4096: [1e-3]}}, "collective_cpu": {}, "comm_overlap": None, "sync_s": None}
+    last = {**one, "comm_overlap": 0.5, "sync_s": 4e-3, "sync_exit_spread_s": 4.5e-3}
+    assert pool_passes([one, last])["sync_exit_spread_s"] == 4.5e-3
+    assert pool_passes([one, one])["sync_exit_spread_s"] is None
