@@ -82,7 +82,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .rounds import pass_half_difference, pool_passes, split_half_difference
+from .rounds import exit_spread_s, pass_half_difference, pool_passes, split_half_difference
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
            "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "sample_calls", "MIN_SAMPLE_S", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s", "exit_spread_s",
@@ -288,26 +288,6 @@ def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence
     enter = max if oversubscribed else statistics.fmean
     per_call = [max(x[c] for x in exits_s) - enter([e[c] for e in entries_s]) for c in range(calls.pop())]
     return max(0.0, statistics.median(per_call) - alone_s)
-
-
-def exit_spread_s(exits_s: Sequence[Sequence[float]]) -> float:
-    """``median_c(max_r exits_s[r][c] - min_r exits_s[r][c])``: how far apart the ranks leave the same collective,
-    seconds (recorded by calibration as ``measurements.sync_exit_spread_s``, not priced).
-
-    Why (round 23, r23c): with more ranks than cores the planner charges the calibrated wait only to collectives of a
-    sub-group (:func:`cost_model.communication.collective_wait_s`), reading it as the last rank waiting for a core
-    the others' next compute holds AFTER the all-rank collective. Then the ranks' exits lie about the wait apart (the
-    first two leave at once, the last one a wait later); if instead every rank left late together, the wait is inside
-    the collective and belongs to every collective. Inferred from step data only so far; this records the test.
-
-    Raises:
-        ValueError: no calls, or ranks with different numbers of calls.
-    """
-    calls = {len(e) for e in exits_s}
-    if len(calls) != 1 or calls == {0}:
-        raise ValueError(f"exit_spread_s: every rank needs the same number (>= 1) of exit stamps, got "
-                         f"{sorted(len(e) for e in exits_s)}")
-    return statistics.median(max(x[c] for x in exits_s) - min(x[c] for x in exits_s) for c in range(calls.pop()))
 
 
 def _measure_sync(rounds: int = 21) -> tuple[float, float]:
