@@ -150,7 +150,9 @@ def compare_on_plans(path_a: str, path_b: str, worlds=(2, 4), models=tuple(MODEL
                      ) -> tuple[StepPredictionDiff, list[tuple[str, str, str]]]:
     """The bench's plans made on profile `path_a`, each estimated on `path_a` and on `path_b` (module docstring):
     (`compare_step_predictions` of their step seconds keyed "model xN kind", per (model, world size) group
-    (group, pick under A, pick under B): the plan of least predicted step among the group's distinct programs)."""
+    (group, pick under A, pick under B): the plan of least predicted step among the group's distinct programs).
+    A pipeline plan's step on B reuses the simulated schedule its plan recorded on A (`steptime._pipeline_step`:
+    `PipelineEstimate.step_s`); only its optimizer step is priced on B, so its difference understates."""
     a, b, picks = {}, {}, []
     for world in worlds:
         groups: dict[str, list[tuple[str, float, float]]] = {}
