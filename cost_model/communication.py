@@ -324,7 +324,7 @@ def collective_wait_s(topo: MeshTopology, axes: tuple[str, ...] | str, compute_b
     rank's exit. With 4 ranks on 2 cores, the ranks leave that all-reduce together and two of them take the cores
     for their next chunk while the other two wait for a core: what the last exit waits for is the others' compute,
     which the contention slowdown of every rank's compute already prices (a step of 4 ranks on 2 cores measured
-    2 x rank CPU x 1.01-1.24 in the idle runs of rounds 21 and 22: the cores are busy). A collective of a sub-group
+    2 x rank CPU x 0.98-1.24 in the idle runs of rounds 21 and 22: the cores are busy). A collective of a sub-group
     (one tp pair of a dp=2 x tp=2 mesh, a pipeline's dp pair) runs while the other ranks compute: each of its
     steps wakes a member that must get a core held by them, a wait the calibrated one measures in kind; it keeps
     it. Priced over the 42 plans of each idle run of round 22 (the same programs, predictions only): without the
