@@ -430,10 +430,8 @@ def rehearse_plan(plan, nproc: int, width: str = "auto", steps: int = 3, timeout
     real = width == "real" or (width == "auto" and _fits_real_width(plan, nproc))
     used = recipe if real else presets.reduced(recipe, plan.mesh.world_size if plan.pipeline else nproc)
     traced = trace(*presets.build(used, "meta"), allow_frozen_host_random=True)  # named next to a DIFFER
-    check_plan(plan, traced, structure_only=not real)
-    if plan.pipeline is not None:  # a hand-edited cut is refused here, before any rank starts
-        from .runtime.pipeline import plan_cut
-        plan_cut(traced, plan.pipeline.stages)
+    check_plan(plan, traced, structure_only=not real)  # a hand-edited pipeline cut too, before any rank starts
+    if plan.pipeline is not None:
         reason = _unweighted_own_loss(traced)
         if reason:  # before any rank starts: the ranks would raise it at their first step
             from .runtime.step import StepError

@@ -83,6 +83,9 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
     Raises:
         PlanMismatchError: listing each difference (mesh, parameters, inputs, op counts, nodes) and the
             remedy (re-plan for this model and mesh, or pass the matching model/mesh).
+        PlanValidationError: a strategy or stored layout the planner could not have chosen (a hand edit).
+        PipelineError: a pipeline plan's stages whose blocks are not the model's in order, or whose
+            first / last nodes are not the ones their blocks give (`runtime.stage_cut.plan_cut`).
     """
     diffs: list[str] = []
     if mesh is not None:
@@ -103,6 +106,9 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
                                 + f"\nRemedy: {remedy}.")
     if traced is not None and not structure_only:
         _check_strategies(plan, traced)
+    if traced is not None and plan.pipeline is not None:  # a hand-edited cut: its blocks and nodes against the model
+        from .runtime.stage_cut import plan_cut  # (before round 23 only `rehearse` and the ranks checked it)
+        plan_cut(traced, plan.pipeline.stages)
 
 
 def _check_strategies(plan, traced: TracedGraph) -> None:

@@ -3,6 +3,8 @@ candidate, simulated, with a one-line reason relative to the winner (step, bubbl
 why it was never priced or was refused. `PipelinePlan.alternatives`, printed by `show`."""
 from __future__ import annotations
 
+import dataclasses
+
 from .pipeline import ScheduleAlternative
 from .schedules import bubble_fraction
 
@@ -20,7 +22,9 @@ def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> 
     """The winner, then for every other searched schedule its runner-up: step, bubble, peak memory, p2p
     bytes and a one-line reason. A runner-up is the schedule's best simulated candidate, or its lowest-bound
     priced one when that bound is lower (simulated here, so every reported step is exact); a schedule never
-    priced (each bound above the winner's step, or over memory) is reported with its best bound. `ctx`: the
+    priced (each bound above the winner's step, or over memory) is reported with its best bound. A runner-up's
+    reason counts the schedule's candidates its bound pruned (round 23 new-user trial, GPT-3-13B on a100:8x8: "vs
+    1f1b" showed pp=2 at 15698 ms, +2.6%, while 1f1b on pp=4, pruned, prices 15557 ms when planned alone). `ctx`: the
     search's context (`candidates._Context`: its `exact` simulation and the schedules it `refused`)."""
     out = [alternative(best[1], best[2], None)]
     names = dict.fromkeys(c.schedule for _, c in bounds)
@@ -34,16 +38,34 @@ def schedule_alternatives(ctx, best: tuple, by_schedule: dict, bounds: list) -> 
             if "step_s" in res and (found is None or (res["step_s"], bound[1]) < found[:2]):
                 found = (res["step_s"], bound[1], res)
         if found is not None:
-            out.append(alternative(found[1], found[2], best))
+            alt = alternative(found[1], found[2], best)
+            unseen = sum(1 for lb, c in bounds if c.schedule == name and lb > best[0])
+            if unseen:  # pruned by their bounds: each is slower than the winner, maybe not than this runner-up
+                alt = dataclasses.replace(alt, reason=(
+                    f"the best of its candidates simulated: {unseen} more, bounded above the winner's "
+                    f"{best[0]:.4g} s, were not (one may be faster than this); ") + alt.reason)
+            out.append(alt)
             continue
         lb, cand = min((lb, c) for lb, c in bounds if c.schedule == name)
         out.append(ScheduleAlternative(name, cand.pp, cand.dp, cand.tp, cand.num_microbatches, None, None, None, None,
-                                       f"not simulated: its lowest bound {lb:.4g} s is above the winner's "
-                                       f"{best[0]:.4g} s, or it does not fit memory"))
+                                       unsimulated_reason(lb, best[0])))
     c = best[1]
     out += [ScheduleAlternative(name, c.pp, c.dp, c.tp, c.num_microbatches, None, None, None, None, f"refused: {why}")
             for name, why in ctx.refused.items()]  # left out for the model's semantics, not its price
     return tuple(out)
+
+
+def unsimulated_reason(lb_s: float, winner_s: float) -> str:
+    """Why a schedule with no simulated candidate lost, from its lowest step bound `lb_s` and the winner's
+    simulated step `winner_s` (seconds). The bound search (`search._bound_search`) visits candidates in
+    increasing bound order and stops at the first bound above the best step, so a candidate whose bound is at
+    or under the winner's was priced: it left the search over memory (at pricing or at simulation). One reason,
+    the one that holds (round 23 new-user trial: Llama-3-8B's gpipe read 'its lowest bound 0.8129 s is above the
+    winner's 1.115 s, or it does not fit memory', a bound below the winner stated as above it)."""
+    if lb_s > winner_s:
+        return f"not simulated: its lowest bound {lb_s:.4g} s is above the winner's {winner_s:.4g} s"
+    return (f"over memory: its candidates bounded under the winner's {winner_s:.4g} s (from {lb_s:.4g} s) do not fit "
+            "the memory budget, and the rest are bounded above it")
 
 
 def alternative(cand, res: dict, best: tuple | None) -> ScheduleAlternative:

@@ -73,6 +73,8 @@ def search_rows(plan: Plan) -> list[tuple[str, str]]:
             ("searched", f"{found['candidates']} candidates: {found['priced']} priced ({found['infeasible_memory']} "
                          f"over memory), {found['pruned']} pruned by the lower bound"),
             ("search estimate", f"{ms(found['step_s'])} per optimizer step")]
+    if plan.pipeline is not None and (ran := _runs_otherwise(plan.pipeline, found)):
+        rows.insert(1, ("runs", ran))
     if "mfu" in found:  # plans made before round 17 did not record it
         rows.append(("throughput", f"{found['tflops_per_device']:.1f} TFLOP/s per "
                                    f"device = {found['mfu']:.1%} MFU of {found['device']} "
@@ -99,6 +101,23 @@ def search_rows(plan: Plan) -> list[tuple[str, str]]:
         if found.get("stage_scale", 1.0) != 1.0:
             rows.append(("stage times", stage_scale_text(sum(est.stage_s), found["stage_scale"], found["mesh"])))
     return rows
+
+
+def _runs_otherwise(pipe, found: dict) -> str | None:
+    """What the plan's pipeline section runs when it is not the search's choice recorded in `model.search`
+    (the file was edited: the section is what loads and runs, the record only reports the search); None when
+    they agree. Round 23 new-user trial: a GPT-3-13B plan whose `model.search.schedule` was edited to zbv (the
+    first "schedule" field a reader meets after the alternatives) showed "chosen ... zbv" above a stage table
+    that ran dualpipev, and an edit of `pipeline.schedule` showed the search's dualpipev as chosen."""
+    mesh = ", ".join(f"{a}={n}" for a, n in zip(pipe.mesh.axis_names, pipe.mesh.shape))
+    sizes = lambda names, shape: {a: n for a, n in zip(names, shape) if n > 1}  # noqa: E731  (pp=2 == pp=2, dp=1)
+    if (pipe.schedule, pipe.microbatches, sizes(pipe.mesh.axis_names, pipe.mesh.shape)) == (
+            found["schedule"], found["microbatches"], sizes(found["mesh"]["axis_names"], found["mesh"]["shape"])):
+        return None
+    return (f"({mesh}), {pipe.schedule}, {pipe.microbatches} microbatch(es): the plan's pipeline section, which "
+            "loads and runs, differs from the search's choice recorded in model.search (edited by hand?); the "
+            "search's figures below are for its choice: price the edit with "
+            "planner.steptime.estimate_step_time")
 
 
 def stage_scale_text(stage_sum_s: float, scale: float, mesh: dict) -> str:

@@ -613,6 +613,22 @@ def mutation_edges(tg: TracedGraph) -> frozenset[tuple[str, int]]:
     return frozenset(edges)
 
 
+def nearest_strategies(edited: str, offered) -> list[str]:
+    """`offered` strategies ("S(0)R RS(1) -> S(0)S(1)") ordered by how many of `edited`'s input layouts they keep,
+    then whether they keep its output layout, then by text: the fixes of a hand edit first. Round 23 new-user
+    trial: an mm edited to 'S(0)R RS(1) -> S(0)R' was offered 'PP RR -> PP', 'PR RP -> PP', ... (sorted by text)
+    before 'S(0)R RS(1) -> S(0)S(1)', the one-layout fix."""
+    def layouts(text: str) -> tuple[list[str], str]:
+        ins, _, out = text.partition("->")
+        return ins.split(), out.strip()
+    ins, out = layouts(edited)
+
+    def key(text: str):
+        their_ins, their_out = layouts(text)
+        return -sum(a == b for a, b in zip(ins, their_ins)), their_out != out, text
+    return sorted(offered, key=key)
+
+
 def unplannable_strategies(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, nodes: dict) -> list[str]:
     """The nodes of a plan (`nodes`: name -> `NodePlan`) whose strategy the planner could not have chosen for
     `tg` on `mesh` under `config`, one readable line each (empty when every strategy is one it offers).
@@ -642,7 +658,7 @@ def unplannable_strategies(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig, 
             allowed = space.strategies
         text = {f"{' '.join(map(str, s.inputs))} -> {s.output}".lstrip() for s in allowed}
         if chosen.strategy not in text:
-            shown = sorted(text)[:6]
+            shown = nearest_strategies(chosen.strategy, text)[:6]
             problems.append(f"{name} ({info.op_name}, {space.kind}{f' {space.param_fqn}' if space.param_fqn else ''}): "
                             f"'{chosen.strategy}' is not a strategy the planner offers it on mesh {mesh} (it offers "
                             f"{', '.join(repr(s) for s in shown)}{' ...' if len(text) > len(shown) else ''})")

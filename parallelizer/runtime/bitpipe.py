@@ -50,7 +50,7 @@ from ..planner.schedules import buffer_copies_reason
 from ..rewriter.collectives import carried_view
 from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
-from .grad_reach import unreached_parameters
+from .grad_reach import output_reach
 from .launch import DistributedError, create_groups
 from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
                        _sub_mesh_groups, boundary_dtypes, returning_all, sent_dtypes, stage_graph, stage_pp_rank, stage_spec,
@@ -334,4 +334,4 @@ def build_bitpipe(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model:
     ends = {schedule.stage_to_rank[c * S + k] for c in range(schedule.copies) for k in (0, S - 1)}
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun([modules[x] for x in sorted(modules)], runner, {}, microbatches, batch, p in ends,
-                       p in ends, loss, unreached=unreached_parameters(traced))
+                       p in ends, loss, reach=output_reach(traced))

@@ -496,4 +496,23 @@ def create_groups(groups: Sequence[Sequence[int]]) -> None:
                 f"[0, {world_size})"
             )
         if len(ranks) < world_size:
-            dist.new_group(ranks)
+            dist.new_group(ranks, timeout=world_timeout())
+
+
+def world_timeout() -> timedelta | None:
+    """The default process group's collective timeout, for the sub-groups made beside it.
+
+    torch's `new_group(timeout=None)` takes the backend's default (30 minutes for gloo), not the world group's,
+    so a rank stuck in a step held the others in their dp / tp / pp collectives for 30 minutes whatever
+    `init_from_env(timeout_s=)` or the user's own `init_process_group(timeout=)` said (round 23 new-user
+    trial: a user's 60 s timeout, rank 2 asleep at step 3, ranks 0, 1, 3 still waiting 8 minutes later).
+    Private torch API, checked on torch 2.13.0: `ProcessGroup._get_backend(device).options._timeout`; None
+    (torch's default, the behaviour before) where a build lacks it.
+    """
+    group = dist.distributed_c10d._get_default_group()
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        try:
+            return group._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None

@@ -37,7 +37,7 @@ from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
-from .grad_reach import autograd_leaves, drop_unreached, unreached_parameters
+from .grad_reach import OutputReach, autograd_leaves, drop_unreached, output_reach, read_outputs
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
@@ -253,13 +253,15 @@ class MicrobatchLoss:
 
     w_j = n_j / N (`runtime.step`: token-weighted) when the step gave an item count (`begin`), else 1 / m (a
     plain mean of the microbatch losses, as torch's schedules compute it). `recorded` gets
-    (unscaled loss_j, w_j) of the running step, in the order the schedule computes them.
+    (unscaled loss_j, w_j) of the running step, in the order the schedule computes them; `read` the positions of
+    the stage outputs some microbatch's loss reached (`grad_reach.read_outputs`).
     """
 
     def __init__(self, fn, microbatches: int) -> None:
         self.default_fn, self.fn, self.microbatches = fn, fn, microbatches
         self.item_count, self.total = None, None
         self.recorded: list[tuple[torch.Tensor, torch.Tensor | float]] = []
+        self.read: set[int] = set()
 
     def begin(self, fn, item_count, target) -> None:
         """Set the loss of the next step (fn None: the build's) and, with `item_count`, N = item_count(target)."""
@@ -267,9 +269,11 @@ class MicrobatchLoss:
         self.item_count = item_count
         self.total = item_count(target) if item_count is not None else None
         self.recorded.clear()
+        self.read.clear()
 
     def __call__(self, output, target):
         loss = self.fn(output, target)
+        self.read |= read_outputs(loss, pytree.tree_leaves(output))
         weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
         self.recorded.append((loss.detach(), weight))
         if counts_no_item(loss, weight):
@@ -325,8 +329,9 @@ class PipelineRun:
     last: bool
     loss: MicrobatchLoss
     pipe: list = dataclasses.field(default_factory=list)  # this rank's torch stages (`_SyncOnceStage`)
-    # FQNs no model output reaches through autograd: their .grad stays None, as on one device (`grad_reach`)
-    unreached: frozenset[str] = frozenset()
+    # the parameters each model output reaches: those no output the step's loss read reaches keep .grad None, as on
+    # one device (`grad_reach`)
+    reach: OutputReach = OutputReach()
 
     def step(self, *inputs, target=None, losses: list | None = None, loss_fn=None,
              item_count=None) -> torch.Tensor | None:
@@ -359,7 +364,8 @@ class PipelineRun:
         if losses is not None:
             losses.extend(loss for loss, _ in self.loss.recorded)
         sync_shared_grads(self)
-        drop_unreached(self.stages, self.unreached)  # the zeros torch's stages send for a missing gradient
+        # the zeros torch's stages send for a missing gradient (collective when outputs reach different parameters)
+        drop_unreached(self.stages, self.reach.unreached_in_step(self.loss.read))
         _give_back(earlier)
         if not self.last:
             return None
@@ -484,7 +490,7 @@ def build(traced: TracedGraph, spec: ShardingSpec, cut: StageCut, model: torch.n
                                 output_merge_spec=_merge_spec(traced, cut.outputs[-1]))
     batch = traced.node(traced.input_names[0]).outputs[0].shape[0]
     return PipelineRun(stages, sched, shared_by_local[local], microbatches, batch, p == where[0],
-                       p == where[-1], loss, pipe, unreached_parameters(traced))
+                       p == where[-1], loss, pipe, output_reach(traced))
 
 
 def _returned(module: StageModule, cut: StageCut, k: int, sent: dict[str, Layout]) -> tuple[tuple[str, ...], dict]:

@@ -7,9 +7,10 @@ spec. One `step` per optimizer step runs the schedule over all microbatches; the
 same microbatches one after the other, accumulating gradients (eager gradient accumulation), each
 microbatch's loss weighted as `PipelineModule.step` weighs it (`runtime.loss_weight`: the model's own
 cross-entropy that ignores some labels (-100) by n_j / N, its non-ignored targets; the fallback loss by 1 / m),
-so the pipeline's batch loss is the single-device loss of the whole batch. When the forward updates no buffer,
-the pipeline's loss is also compared with the whole batch run at once on one device (an independent check of
-the weights).
+so the pipeline's batch loss is the single-device loss of the whole batch. The pipeline's loss is also compared
+with the whole batch run at once on one device (an independent check of the weights), judged only where that is a
+comparison of the plan (`runtime.whole_batch`: not for a forward that writes state, draws random numbers or mixes
+the samples of its batch, where the report shows it labelled NOT JUDGED with the reason).
 Compared (`runtime.rehearsal.RehearsalReport`), the worst over all steps and ranks: the loss of every step
 (the weighted sum of the microbatch losses, on the ranks holding a last stage, the only ones that compute it, against the
 reference's; also reported as "output", the only output a pipeline returns), every gradient of every step
@@ -68,6 +69,7 @@ from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, counts_no_item, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
+from .whole_batch import labelled, left_out, own_difference, whole_batch_loss
 from .widen import as_float64, widening
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
@@ -103,7 +105,7 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     Warns:
         MicrobatchWarning: the microbatches change what the model computes (`tracer.microbatch_check`).
     """
-    _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches)
+    warned = _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches)
     if spec.autocast is not None:  # a program that raises under the recipe: typed here, not on every rank
         model, args, *rest = model_fn(**model_kwargs)
         micro_args, micro_kwargs = microbatch_of(tuple(args), rest[0] if rest else {}, pipeline.microbatches)
@@ -113,6 +115,9 @@ def rehearse_pipeline(model_fn: Callable, model_kwargs: dict, spec: ShardingSpec
     lossy, note = _lossy_codecs(spec, pipeline, steps)
     per_rank = spawn(_rank_judged, world, model_fn, model_kwargs, spec, pipeline.to_dict(), steps, lr, eps, bool(lossy),
                      timeout_s=timeout_s)
+    found = next((r["mixing"] for r in per_rank if r.get("mixing")), None)  # with the loss weights (ranks')
+    if found is not None and not warned:
+        _warn_microbatch_mixing(model_fn, model_kwargs, pipeline.microbatches, found)
     return _report(world, per_rank, lossy, spec.autocast, note)
 
 
@@ -165,20 +170,26 @@ def replay_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict
     return max(worst, stage_diffs(run, reference, spec, torch.float64, grads=True), key=lambda r: r[2])
 
 
-def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int) -> None:
+def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int,
+                            found: tuple[str, str] | None = None) -> bool:
     """Warn `MicrobatchWarning` when the model computes otherwise on its microbatches than on the whole batch
     (`tracer.microbatch_check`, as `auto_parallelize` does): this rehearsal's reference is gradient accumulation
     over the same microbatches, so such a model reports a match although the plan trains another function than
-    the model on the whole batch (BatchNorm in training: running means 1.4e4x the bound off, trial r10b)."""
+    the model on the whole batch (BatchNorm in training: running means 1.4e4x the bound off, trial r10b).
+    `found`: the check's (where, message) already made (by the ranks, with the pipeline's loss weights, which
+    find a loss that mixes the samples in the model's own code: an in-batch contrastive loss); None: checked here
+    on its modules. Returns whether it warned."""
     from ..errors import MicrobatchWarning
     from ..tracer.microbatch_check import microbatch_mixing
 
-    torch.manual_seed(0)
-    model, args, *rest = model_fn(**model_kwargs)
-    found = microbatch_mixing(model, tuple(args), rest[0] if rest else {}, microbatches)
+    if found is None:
+        torch.manual_seed(0)
+        model, args, *rest = model_fn(**model_kwargs)
+        found = microbatch_mixing(model, tuple(args), rest[0] if rest else {}, microbatches)
     if found is not None:
         warnings.warn(MicrobatchWarning(f"rehearse_pipeline: {found[1]} (this rehearsal compares with gradient "
                                         "accumulation over the same microbatches)", found[0]), stacklevel=3)
+    return found is not None
 
 
 def _lossy_codecs(spec: ShardingSpec, pipeline, steps: int) -> tuple[str, str]:
@@ -265,20 +276,6 @@ def _weighting(traced: TracedGraph, flat: list[torch.Tensor], m: int, model: tor
     return target, count, weights
 
 
-def _full_batch_loss(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict,
-                     recipe: str | None = None) -> torch.Tensor | None:
-    """The loss of the whole batch at once on one device (an independent check of the microbatch weights;
-    the forward under `recipe`), or None when the forward updates buffers or parameters (then running it would
-    change the reference's state: a per-block EMA teacher written once more per step left the fp32 reference
-    0.1 away, and only the float64 judge's bound, widened by that gap, let the right pipeline match; r13b)."""
-    if traced.mutated_state():
-        return None
-    with torch.no_grad():
-        with autocast(recipe):
-            out = reference(*inputs, **kwargs)
-        return _loss(out).double()
-
-
 def _float64_reference(model: torch.nn.Module, inputs: tuple, kwargs: dict, microbatches: int,
                        compute: torch.dtype | None) -> tuple[torch.nn.Module, tuple[tuple, dict]] | str:
     """(a float64 copy of `model` (`runtime.widen.as_float64`), float64 copies of its floating `inputs` /
@@ -337,23 +334,30 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
         else:
             exact, exact_inputs, judge = *found, float64_excess
     target, count, weights = _weighting(traced, flat, m, model)
+    # the whole batch at once: a comparison of the plan only where one device computes the same function both ways
+    why, mixing = left_out(reference, traced, inputs, kwargs, weights) if run.last else ("", None)
     opt = plan_optimizer((p for s in run.stages for p in s.parameters()), spec, run.stages[0], lr, eps)  # ZeRO-1 too
     ref_opts = [torch.optim.AdamW(r.parameters(), lr=lr, eps=eps) for r in (reference, exact) if r is not None]
-    loss = grad = bufs = (0.0, "", 0.0)
+    loss = grad = bufs = whole = (0.0, "", 0.0)
     for step in range(steps):  # every step: a wrong update shows in the step after it, or in buffers only
         opt.zero_grad()
         for o in ref_opts:
             o.zero_grad()
-        full = _full_batch_loss(reference, traced, inputs, kwargs, recipe)
+        full = whole_batch_loss(reference, traced, inputs, kwargs, recipe)
+        # its second judge: the same whole batch of the float64 copy / the model without the recipe (`whole_batch`)
+        full_exact = () if full is None or exact is None else (whole_batch_loss(exact, traced, *exact_inputs),)
         batch_loss = run.step(*flat, target=target, item_count=count)
         ref_loss = _accumulated_reference(reference, inputs, kwargs, weights, recipe)
         exact_loss = () if exact is None else (_accumulated_reference(exact, *exact_inputs, weights),)
         if run.last:
-            pairs = [(f"step {step}", batch_loss, ref_loss, *exact_loss)]
-            if full is not None:  # the microbatch weights themselves, against the whole batch at once
-                pairs.append((f"step {step} (whole batch)", batch_loss, full, *exact_loss))
             # every step's loss: the one after steps (`ReachDtypes.final_loss` covers the first's too)
-            loss = _worse(loss, _max_diff(pairs, reach.final_loss, judge))
+            loss = _worse(loss, _max_diff([(f"step {step}", batch_loss, ref_loss, *exact_loss)], reach.final_loss,
+                                          judge))
+            if full is not None and not step and not why:  # one device's own two computations must agree
+                why = own_difference(ref_loss, full, m, reach.final_loss)
+            if full is not None:  # the microbatch weights themselves, against the whole batch at once
+                whole = _worse(whole, _max_diff([(f"step {step} (whole batch)", batch_loss, full, *full_exact)],
+                                                reach.final_loss, judge))
         # the first step's gradients read the initial weights; later ones the stepped weights (`after_steps`)
         grad = _worse(grad, stage_diffs(run, reference, spec, reach.param if step else reach.grad, grads=True,
                                         exact=exact, judge=judge), step)
@@ -369,6 +373,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
             collectives[kind] = collectives.get(kind, 0) + n
     dist.barrier()
     return {"output": loss, "loss": loss, "grad": grad, "params": params, "buffers": bufs, "collectives": collectives,
+            # judged only where it compares the plan; else shown with why (`whole_batch.left_out`)
+            "whole_batch": (whole[0], whole[1], 0.0) if why else whole, "whole_batch_note": labelled(whole, why),
+            "mixing": mixing, "microbatches": m,
             "float64_judge": judge is not None, "float64_unused": unjudged, "narrows": narrows_inside(traced),
             "zero1": spec.zero1 if runs_zero1(spec) else None,
             "random": random_ops(traced), "code": run.stages[0].program.graph_module.code if rank == 0 else ""}

@@ -28,130 +28,33 @@ all-reduces: `unjudged_codec`).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..errors import PipelineError
 from ..fingerprint import check_plan
 from ..planner import Plan
 from ..rewriter.spec import ShardingSpec, all_axis_groups, hierarchical_sub_groups, spec_from_plan
 from ..rewriter.state import gather_tensor, shard_tensor
-from ..tracer.graph import as_real, carries_grad, draws_random
-from ..tracer.leaves import pair_by_path
+from ..tracer.graph import carries_grad
 from ..tracer.trace import trace
-from ..tracer.host_state import HOST_STATE_LEADS, frozen_host_state
-from ..tracer.watch import HOST_RNG_NOTE, HOST_RNG_SITES
 from .grad_reach import presence_mismatch
 from .launch import create_groups, spawn
 from .module import ParallelModule
 from .module_copy import copy_module
-from .precision import RECIPES, autocast, check_recipe_runs, describe
+from .precision import RECIPES, autocast, check_recipe_runs
 from .replicas import check_same_weights
-from .kinks import kinks_note
-from .widen import as_float64
 from .zero1 import plan_optimizer, runs_zero1
 from .reach import narrows_inside, reach_dtypes
-from .tolerance import compute_dtype, excess, loosest, tolerances
-
-
-@dataclass(frozen=True, slots=True)
-class RehearsalReport:
-    """Largest absolute differences against the single-device model, over all ranks.
-
-    Attributes: output, loss, grad (over every parameter), params (after the steps): the largest
-        absolute difference (float). worst_grad / worst_param: the FQN with the largest difference.
-        tolerance_ratio: the largest difference over its bound, over everything compared
-            (`runtime.tolerance.excess`: torch.testing.assert_close's default rtol and atol for the least
-            precise of the tensor's dtype and that of the computation reaching it, `runtime.reach`; elementwise
-            for 32/64-bit floats, relative to the tensor's largest magnitude for 16-bit floats); <= 1 means a match.
-        collectives: redistribution steps per kind in rank 0's emitted forward program (its stages' for a
-            pipeline plan): one per (value, target layout), user inputs' slices included, local_slice moves no
-            data, backward conjugates are not counted apart; `Plan.program_steps` gives the same per mesh axis
-            (`show`'s column "in each rank's program"), `show`'s "plan edges" column counts one per use.
-            rank0_code: rank 0's program source.
-        compression: the gradient codec of the run (`GradCompression.spec`; "" = none).
-        final_loss: largest |difference| of the loss after the steps (a forward of the stepped models); None
-            where not measured (pipeline rehearsals).
-        reference: what the single-device reference ran (`runtime.precision.describe`).
-        buffers / worst_buffer: largest |difference| of a buffer after each step, over every stage copy, and
-            its FQN; None where not measured (rehearsals without stages).
-    """
-
-    world_size: int
-    output: float
-    loss: float
-    grad: float
-    params: float
-    worst_grad: str
-    worst_param: str
-    tolerance_ratio: float
-    collectives: dict
-    rank0_code: str
-    compression: str = ""
-    final_loss: float | None = None
-    reference: str = describe(None)
-    buffers: float | None = None
-    worst_buffer: str = ""
-    random: str = ""  # the random ops the traced forward draws from (`random_ops`), named when numbers differ
-    grad_scale: float | None = None  # largest |gradient| of the one-device reference over every parameter
-    grad_atol: float | None = None  # the absolute tolerance gradients are compared with
-    kinks: str = ""  # elements that crossed a kink by rounding, with the float64 replay equal (`runtime.kinks`)
-
-    @property
-    def blind(self) -> bool:
-        """True when every gradient of the one-device reference is below the absolute tolerance it is compared
-        with: any program whose gradients are as small matches, right or wrong (DPT's depth head at its
-        initial weights: output 2.5e-8, largest gradient 5.7e-9 under atol 1e-5; round 9). Not a mismatch:
-        the report says so and names the remedy."""
-        return self.grad_scale is not None and self.grad_atol is not None and self.grad_scale < self.grad_atol
-
-    def matches(self) -> bool:
-        """True when every compared value is within its dtype-aware bound (`runtime.tolerance`), or when the
-        values outside it come from elements that crossed a kink by rounding while the plan replayed in float64
-        equals the float64 model (`kinks`, `runtime.kinks`; `tolerance_ratio` keeps the measured ratio)."""
-        return self.tolerance_ratio <= 1.0 or bool(self.kinks)
-
-    @property
-    def expected_deviation(self) -> bool:
-        """True for a run with a lossy codec (gradient or pipeline-boundary compression): its differences are
-        measured and reported, not judged."""
-        return bool(self.compression)
-
-    def acceptable(self) -> bool:
-        """The verdict of a rehearsal: the numerics match, or they deviate by design (gradient compression)."""
-        return self.matches() or self.expected_deviation
-
-    def __str__(self) -> str:
-        if self.expected_deviation:
-            verdict = (f"compression {self.compression} on: measured deviation from one device (expected "
-                       "by design, not judged)")
-        else:
-            verdict = ("numerics match" + (f" ({self.kinks})" if self.kinks and self.tolerance_ratio > 1 else "")
-                       if self.matches() else "NUMERICS DIFFER")
-        return (f"{verdict} on {self.world_size} ranks (max |diff|): outputs {self.output:.2e}, loss "
-                f"{self.loss:.2e}, grads {self.grad:.2e} ({self.worst_grad}), params after steps "
-                f"{self.params:.2e} ({self.worst_param}), "
-                + ("" if self.buffers is None else f"buffers {self.buffers:.2e} ({self.worst_buffer or '-'}), ")
-                + "loss after steps "
-                f"{'n/a' if self.final_loss is None else f'{self.final_loss:.2e}'}; worst |diff| / "
-                f"bound = {self.tolerance_ratio:.2f}; steps in rank 0's program (forward, per kind; show: column "
-                f"\"in each rank's program\") {self.collectives}; reference: {self.reference}"
-                + ("" if not self.blind else
-                   f"; NOTHING CHECKED: the one-device gradients are all below the absolute tolerance (largest "
-                   f"|grad| {self.grad_scale:.2e} < atol {self.grad_atol:.0e}), so a wrong program with gradients "
-                   "as small would match too; rehearse with the model's own loss (e.g. labels=) or inputs that give "
-                   "outputs of order 1")
-                + ("" if self.matches() or not self.random else
-                   f"; the forward {_random_kind(self.random)} ({self.random}): ranks holding a shard of the batch "
-                   "draw "
-                   "their own masks / values (the same distribution, other numbers than one device), so such a "
-                   "model cannot match; to check the plan, rehearse it with dropout 0 (e.g. transformers' *dropout* "
-                   "config fields) and with other random tensors (randn_like noise, sampled timesteps) drawn in "
-                   "the loop and passed in as inputs"))
+from .tolerance import compute_dtype, loosest, tolerances
+# the comparison (`runtime.judge`) and the report (`runtime.rehearsal_report`), split from this module in round 23:
+# re-exported, since callers import them from here
+from .judge import (LOW_PRECISION_SAME_FACTOR, ORDER_FACTOR, SAME_COMPUTATION_RTOL, WIDE_JUDGED,  # noqa: F401
+                    _float64_run, _grad_or_zeros, _loss, _max_diff, _output_pairs, float64_excess, random_ops,
+                    recipe_excess, same_computation, tensor_leaves, unused_float64, wide_judged, widened)
+from .rehearsal_report import (FLOAT64_JUDGE, JUDGED, NO_FLOAT64_JUDGE, WARMUP_NOTE, ZERO1_NOTE,  # noqa: F401
+                               RehearsalReport, _random_kind, _report, no_float64_note, replay_note, unjudged_codec)
 
 
 def rehearse(model_fn: Callable, model_kwargs: dict, plan: Plan | ShardingSpec, *, steps: int = 3,
@@ -241,70 +144,6 @@ def rehearse_many(cases: list[tuple[Callable, dict, Plan | ShardingSpec]], *, st
     return reports
 
 
-WARMUP_NOTE = "; the plan's PowerSGD ran within its warm-up ({} exact steps), so it is judged"
-
-
-def unjudged_codec(spec: ShardingSpec, steps: int) -> tuple[str, str]:
-    """(the gradient codec whose deviation a rehearsal of `steps` steps reports without judging it, "" when the
-    codec leaves the sums exact over those steps; a note for the report's reference). A PowerSGD plan within
-    its warm-up (`GradCompression.deviates_within`) is judged as an uncompressed one: its report said
-    "expected by design, not judged" for exact all-reduces (a plan's default warm-up is 1000 steps)."""
-    codec = spec.compression
-    if codec.deviates_within(steps):
-        return codec.spec, ""
-    return "", WARMUP_NOTE.format(codec.warmup) if codec.lossy else ""
-
-
-FLOAT64_JUDGE = (", and a float64 copy of it (each value may lie from float64's as far as 8x one device's own "
-                 "rounding: sums that cancel)")
-"""What `RehearsalReport.reference` adds when some rank judged by the float64 copy (`float64_excess`)."""
-NO_FLOAT64_JUDGE = ("; not judged against float64: {}, so the plain bound alone judged (a sum of large terms that "
-                    "cancel may exceed it by fp32 rounding alone)")
-"""What `RehearsalReport.reference` adds when the float64 judge was wanted (some value outside the plain bound) but
-could not be used (`unused_float64`)."""
-
-
-def replay_note(results: list[dict]) -> str:
-    """`runtime.replay64.replay_note` (imported on use: that module imports this one)."""
-    from .replay64 import replay_note as note
-
-    return note(results)
-
-
-def no_float64_note(results: list[dict]) -> str:
-    """`NO_FLOAT64_JUDGE` with the first rank's reason, when some rank wanted the float64 judge and could not use
-    it; "" otherwise."""
-    reason = next((r["float64_unused"] for r in results if r.get("float64_unused")), "")
-    return NO_FLOAT64_JUDGE.format(reason) if reason else ""
-
-
-ZERO1_NOTE = "; the plan was stepped by ZeroRedundancyOptimizer(AdamW) over {!r} (its zero1), the reference by AdamW"
-
-
-def _report(world_size: int, results: list[dict], compression: str = "", recipe: str | None = None, note: str = ""
-            ) -> RehearsalReport:
-    def worst(key):
-        return max(results, key=lambda r: r[key][0])[key]
-    ratio = max(r[k][2] for r in results for k in ("output", "loss", "grad", "params", "buffers") if k in r)
-    # a model narrowing inside float32 is judged by its float64 replay too (`_rank_cases`, `reach.narrows_inside`)
-    ratio = max([ratio, *(r["float64_replay"][2] for r in results
-                          if r.get("replay_judges") and isinstance(r.get("float64_replay"), tuple))])
-    buffers = worst("buffers") if all("buffers" in r for r in results) else None
-    final = max(r["final_loss"][0] for r in results) if all("final_loss" in r for r in results) else None
-    return RehearsalReport(world_size, worst("output")[0], worst("loss")[0], worst("grad")[0], worst("params")[0],
-                           worst("grad")[1], worst("params")[1], ratio, results[0]["collectives"],
-                           results[0]["code"], compression, final, describe(recipe) + (
-                               FLOAT64_JUDGE if any(r.get("float64_judge") for r in results) else "") + (
-                               ZERO1_NOTE.format(results[0]["zero1"]) if results and results[0].get("zero1") else "")
-                           + note + no_float64_note(results) + replay_note(results),
-                           None if buffers is None else buffers[0], "" if buffers is None else buffers[1],
-                           results[0].get("random", ""),
-                           max((r["grad_scale"][0] for r in results), default=None) if all(
-                               "grad_scale" in r for r in results) else None,
-                           results[0]["grad_scale"][1] if results and "grad_scale" in results[0] else None,
-                           kinks_note(results))
-
-
 def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
     """(name, pm's full value, each reference's) of every non-persistent buffer of the model (not in
     `state_dict()`, so not among the compared parameters): a buffer forward writes (an EMA of batch statistics,
@@ -316,31 +155,6 @@ def _non_persistent_buffers(pm: ParallelModule, traced, refs) -> list[tuple]:
                                  tuple(info.shape), pm.coords)
             rows.append((f"{fqn} (non-persistent buffer)", full, *(m.get_buffer(fqn) for m, _ in refs)))
     return rows
-
-
-def _random_kind(random: str) -> str:
-    """How a report words `random_ops`' text: host state frozen into the program (`frozen_host_state`) or draws."""
-    return "reads host state it changes" if random.startswith(HOST_STATE_LEADS) else "draws random numbers"
-
-
-def random_ops(traced) -> str:
-    """The ops of the traced forward that draw random numbers (`tracer.graph.draws_random`: dropout p > 0,
-    bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draws the
-    tracer noted (numpy / Python random: values frozen at trace time, e.g. LayerDrop or SpecAugment; traced with
-    `allow_frozen_host_random`), each site named (function, file:line, module) with the remedy; '' if none."""
-    found = [f"{node.name} ({getattr(node.target, '__name__', node.target)})"
-             for node in traced.graph_module.graph.nodes if draws_random(node)]
-    text = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    host = next((n for n in traced.notes if n.startswith(HOST_RNG_NOTE)), None)
-    if host is not None:
-        text += ("; " if text else "") + "numpy / Python random in forward, FROZEN at trace time" + \
-            (f" ({host.split(HOST_RNG_SITES, 1)[1]})" if HOST_RNG_SITES in host else "") + \
-            (": the program repeats that one draw at every step while the model draws anew per call, so it trains "
-             "differently, not only with other masks; switch the draw off (e.g. transformers' mask_time_prob=0, "
-             "layerdrop=0) or draw with torch")
-    if frozen := frozen_host_state(traced.notes):  # generator objects, counters, the clock, reseeding (round 22)
-        text += ("; " if text else "") + frozen
-    return text
 
 
 def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: float) -> list[dict]:
@@ -381,181 +195,10 @@ def _rank_cases(rank: int, world_size: int, cases, steps: int, lr: float, eps: f
 
 def _any_rank_outside(result: dict) -> bool:
     """Whether any rank's comparison exceeds its bound (an all-reduce (max) over the default process group)."""
-    ratio = max(result[k][2] for k in ("output", "loss", "grad", "params", "buffers", "final_loss") if k in result)
+    ratio = max(result[k][2] for k in (*JUDGED, "final_loss") if k in result)  # final_loss: a float64 rerun too
     verdict = torch.tensor([1.0 if ratio > 1 else 0.0])
     torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
     return bool(verdict.item())
-
-
-def _loss(output) -> torch.Tensor:
-    """The model's scalar loss when its first output is one; else a weighted mean of squares of the first
-    output, each index c of its last dim (of C) weighted 1 + c / C when it has >= 2 dims. The plain mean of
-    squares of a LayerNorm output at its initial weights is ~1 whatever came before it, so the gradients of
-    everything before the norm were below float32 rounding and a wrong one compared as a match (YolosModel:
-    true gradients <= 1.8e-4, rounding 6.1e-4; trial 10f); the weights break that invariance and depend on the
-    feature index only, so every batch and microbatch split gives the same loss."""
-    first = next(t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
-    if first.ndim == 0:
-        return first
-    squares = first.float().pow(2)
-    if first.ndim >= 2:
-        size = first.shape[-1]
-        squares = squares * (1 + torch.arange(size, dtype=squares.dtype, device=squares.device) / size)
-    return squares.mean()
-
-
-def _output_pairs(out, ref_outs: list) -> list[tuple]:
-    """("output <key path>", the plan's tensor, each reference's) for every tensor leaf of the outputs, paired
-    by key path (`tracer.leaves`: a ModelOutput may hold its fields in another order than the reference's);
-    a structure with other paths pairs by position, and a different number of tensors is never a match."""
-    paired = pair_by_path(out, *ref_outs)
-    if paired is None:
-        tensors = [tensor_leaves(o) for o in (out, *ref_outs)]
-        if len({len(t) for t in tensors}) != 1:
-            nan = torch.tensor(float("nan"))
-            return [(f"output: {len(tensors[0])} tensors, the reference returned {len(tensors[1])}", nan,
-                     torch.tensor(0.0), *([torch.tensor(0.0)] * (len(tensors) - 2)))]
-        return [("output", *ts) for ts in zip(*tensors)]
-    return [(f"output {path}", a, *bs) for path, a, *bs in paired if isinstance(a, torch.Tensor)]
-
-
-def _max_diff(pairs, compute, judge=None) -> tuple[float, str, float]:
-    """(largest |a - b|, name where it occurs, largest ratio to the bound) over (name, a, b) or
-    (name, a, b, exact): the ratio is `tolerance.excess`'s at the dtype `compute(name)` (a callable: the dtype
-    of the computation that reaches that tensor, `runtime.reach`; or one dtype for all), or with `exact` the smaller of it and
-    `judge(a, b, exact)` (a match by either criterion): `recipe_excess` (the default) when `exact` is the
-    reference's value without its mixed-precision recipe, `float64_excess` when it is a float64 copy's."""
-    judge = judge or recipe_excess
-    worst, ratio = (0.0, ""), 0.0
-    for name, a, b, *exact in pairs:
-        if not a.numel():
-            continue
-        odd = ~b.detach().isfinite()
-        if not torch.equal(~a.detach().isfinite(), odd) or not torch.equal(a.detach()[odd].nan_to_num(nan=0.0),
-                                                                            b.detach()[odd].nan_to_num(nan=0.0)):
-            # NaN / inf on one side only, or an inf of the other sign: never a match (max() and `>` ignore NaN, and
-            # inf / inf is NaN, so a difference at an inf the other side lacks read as 0: a silent "match", e.g.
-            # one device's float16 loss overflowing to inf where the sharded program's local sums stay finite)
-            worst, ratio = max(worst, (math.inf, name)), math.inf
-            continue
-        # equal NaN / inf on both sides are equal values (torch.testing's equal_nan): compared as zeros
-        a, b = a.detach().masked_fill(odd, 0), b.detach().masked_fill(odd, 0)
-        exact = [e.detach().masked_fill(odd, 0) for e in exact]
-        diff = (as_real(a).double() - as_real(b).double()).abs().max().item()  # complex: both parts (`as_real`)
-        worst = max(worst, (diff, name))
-        dtype = compute(name) if callable(compute) else compute
-        ratio = max(ratio, min([excess(a, b, dtype), *(judge(a, b, e) for e in exact)]))
-    return worst[0], worst[1], ratio
-
-
-SAME_COMPUTATION_RTOL = 1e-4  # `same_computation`: how far an fp32 reference's outputs may lie from float64's
-LOW_PRECISION_SAME_FACTOR = 8  # `same_computation`: a 16-bit reference's, in units of its dtype's rtol
-ORDER_FACTOR = 8  # `float64_excess`: rounding of another summation order, against the one-device model's
-WIDE_JUDGED = (torch.float32, torch.bfloat16, torch.float16)  # compute dtypes `float64_excess` judges
-
-
-def float64_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
-    """The largest |actual - exact| over atol + rtol |exact| + 8 max |expected - exact|, elementwise, where
-    `exact` is the same tensor of a float64 copy of the single-device model and (rtol, atol) are
-    `torch.testing.assert_close`'s for `expected`'s dtype (float32's for a float32 or non-floating one; a bf16
-    model's tensors get bfloat16's). So an element may lie from the float64 value up to 8 times as far as the
-    single-device model in its own dtype lies from it anywhere in the tensor: a gradient that is a sum of
-    large terms cancelling to a small one (a bias feeding a BatchNorm: 9.4e-5 of fp32 rounding on one device,
-    1.1e-4 sharded, MobileViT on tp=2; in a bf16 model 6.9 of rounding on one device against a true 0) is
-    judged by the rounding its terms carry, which the plain bound (relative to the small result) is not. The
-    factor 8: the sharded program sums in another order (per-rank partial sums then a reduction), and two
-    orders of the same fp32 terms lie up to 5.7x as far from float64 as each other (measured: 400 random
-    orders of 1024 cancelling terms of magnitude 100, whole and as two halves; median 2x). A wrong program (a
-    missing or doubled term) is off by the size of the terms, orders of magnitude beyond their rounding, and
-    stays outside. Used only when the two references are the same computation (`same_computation`)."""
-    a, b, e = (as_real(t.detach()) for t in (actual, expected, exact))
-    dtype = b.dtype if b.dtype.is_floating_point and b.dtype.itemsize <= 2 else torch.float32
-    rtol, atol = tolerances(dtype)
-    a, b, e = a.double(), b.double(), e.double()
-    noise = (b - e).abs().max().item()
-    diff = (a - e).abs()
-    bound = atol + rtol * e.abs() + ORDER_FACTOR * noise
-    return torch.where(diff == 0, torch.zeros_like(diff), diff / bound).max().item()
-
-
-def wide_judged(compute: torch.dtype | None, traced) -> bool:
-    """Whether a case computing in `compute` may be judged by a float64 copy (`float64_excess`): fp32, bf16 and
-    fp16 programs; a 16-bit one only when its forward draws no random numbers (`random_ops`), since its outputs
-    lie too far from float64's for `same_computation` to tell another dropout mask from rounding."""
-    return compute in WIDE_JUDGED and (compute == torch.float32 or not random_ops(traced))
-
-
-def same_computation(low: list[torch.Tensor], fp64: list[torch.Tensor], compute: torch.dtype | None) -> bool:
-    """Whether a float64 copy computed what the model in its own dtypes did, computing in `compute`
-    (`runtime.tolerance.compute_dtype`): the first forward's output tensors agree within 1e-4 of their largest
-    magnitude + float32's atol when it computes in fp32, 8 rtol of the dtype in 16 bits (bf16: 12.8%, for a
-    model that lies further from float64 on one device the float64 copy judges nothing). Not when the copy
-    drew other random numbers (dropout masks, whose draws may depend on the dtype) or took another branch;
-    then `float64_excess` is not used."""
-    atol = tolerances(torch.float32)[1]
-    low_precision = compute is not None and compute.itemsize <= 2
-    rtol = LOW_PRECISION_SAME_FACTOR * tolerances(compute)[0] if low_precision else SAME_COMPUTATION_RTOL
-    return len(low) == len(fp64) and all(
-        a.shape == b.shape and (not carries_grad(a.dtype) or (as_real(a).double() - as_real(b).double()).abs().max()
-                                .item() <= rtol * as_real(b).double().abs().max().item() + atol)
-        for a, b in zip(low, fp64) if a.numel())
-
-
-def tensor_leaves(tree) -> list[torch.Tensor]:
-    """The tensors among the leaves of `tree` (a model's outputs, a call's inputs), in pytree order."""
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
-def widened(tree):
-    """`tree` with float64 copies of its floating tensors (the inputs of a float64 copy of the model)."""
-    return pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
-
-
-def _float64_run(model: torch.nn.Module, inputs: tuple, kwargs: dict):
-    """(output, (inputs, kwargs)) of `model` converted to float64 (`runtime.widen.as_float64`: parameters and
-    floating buffers, and every tensor its forward makes or casts in a narrower floating dtype) on float64
-    copies of the floating inputs; else the reason it cannot run in float64 (a str: the error's type and first
-    line), and then the plain bound alone judges (`float64_excess`) and the report says why."""
-    wide = widened((inputs, kwargs))
-    as_float64(model)
-    try:
-        return model(*wide[0], **wide[1]), wide
-    except (RuntimeError, TypeError, ValueError) as error:  # e.g. a custom op with a float32-only kernel
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-
-
-def unused_float64(run64, outputs, compute: torch.dtype | None) -> str:
-    """Why the float64 copy's run `run64` (`_float64_run`) cannot judge a model whose own outputs are `outputs`,
-    computing in `compute`; "" when it can (`same_computation`). Said in the report of a case that differs, so
-    that a reader knows only the plain bound judged it."""
-    if isinstance(run64, str):
-        return f"the float64 copy of the model did not run ({run64})"
-    if not same_computation(tensor_leaves(outputs), tensor_leaves(run64[0]), compute):
-        return ("the float64 copy of the model computed other outputs (another branch or other random draws; "
-                "`same_computation`)")
-    return ""
-
-
-def recipe_excess(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
-    """max |actual - exact| / (2 max |expected - exact|): how far the sharded program under a mixed-precision
-    recipe lies from the model run without it (`exact`, fp32), against how far the single-device model under
-    the same recipe (`expected`) lies from it, on the same tensor. Both round the same computation at bf16 in
-    different orders (per-rank partial sums, bf16 Partial reductions), so the sharded program may be as far
-    from the fp32 values as the single-device recipe is, with a factor 2 of margin for its extra roundings (as
-    `runtime.tolerance` allows two computations); a wrong program (a missing or doubled term) is off by the
-    size of the values. Needed because bf16 rounding of a sum with cancellation (a weight gradient summed over
-    tokens, split over data-parallel ranks) is large against the result, which a bound relative to the
-    result's scale misses, and AdamW turns rounding noise in tiny gradients into steps of about lr on either
-    side. <= 1 is a match; inf for a deviation where the recipe changes nothing (0 when neither deviates).
-    `expected` is unused beyond its deviation; the direct comparison is `runtime.tolerance.excess`."""
-    actual, expected, exact = (as_real(t.detach()).double() for t in (actual, expected, exact))
-    diff = (actual - exact).abs().max().item()
-    noise = (expected - exact).abs().max().item()
-    return diff / (2 * noise) if noise else 0.0 if diff == 0 else float("inf")
-
-
-def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 RECIPE_ADAM_EPS = 0.1  # AdamW's eps under a mixed-precision recipe (`rehearse`, argument eps)

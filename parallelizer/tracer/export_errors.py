@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..errors import TraceError
+from . import packed
 from .export_facts import device_cause, keyword_hint, signature_mismatch
 from .watch import internal as _internal
 
@@ -80,6 +81,8 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
     mismatch = signature_mismatch(model, *inputs) if model is not None and isinstance(exc, TypeError) else None
     if mismatch:
         return TraceError(mismatch[0], None, mismatch[1], detail=first)
+    if packed.in_failure(exc):
+        return packed.packed_sequence_error(location, detail=first)
     branch = _tracing_branch(exc)
     if branch and "data-dependent" not in text and eager_ran()[0] is not False:
         # (an eager call that fails too is the model's error: a wrong input meets the same op on both paths)

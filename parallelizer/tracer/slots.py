@@ -18,9 +18,12 @@ that input (checked on copies of the example inputs).
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 
 import torch
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
@@ -133,3 +136,24 @@ def one_process_view(notes: list[str]):
         notes.append("forward asked torch.distributed.is_initialized() while a process group exists: traced as on "
                      "one device (False), since the parallel program computes the model's step on the global batch "
                      "and does its own communication")
+
+
+def torch_bookkeeping_warning(model: torch.nn.Module) -> str | None:
+    """A `warnings.filterwarnings` message pattern for torch.export's "The tensor attributes ... were assigned
+    during export. Such attributes must be registered as buffers" (torch/_functorch/_aot_autograd/
+    frontend_utils.py) when every attribute it names is torch's own bookkeeping, recomputed at every call and
+    restored by export: nn.LSTM / GRU / RNN's `_flat_weights[i]` (refreshed when export swaps the parameters) and
+    the weight that the hook forms of `torch.nn.utils.weight_norm` / `spectral_norm` set in their forward
+    pre-hook. Round 23 (r23f): every RNN and hook-form user was told to register torch's attributes as buffers.
+    A warning naming any other attribute (the model's own state) is not matched. None when the model has none."""
+    names = []
+    for path, module in model.named_modules():
+        prefix = re.escape(f"self.{path}." if path else "self.")
+        if isinstance(module, torch.nn.RNNBase):
+            names.append(prefix + r"_flat_weights\[\d+\]")
+        names += [prefix + re.escape(hook.name) for hook in module._forward_pre_hooks.values()
+                  if isinstance(hook, (WeightNorm, SpectralNorm))]
+    if not names:
+        return None
+    one = "(?:" + "|".join(names) + ")"
+    return rf"The tensor attributes? {one}(?:, {one})* (?:were|was) assigned during export\."

@@ -29,6 +29,7 @@ import logging
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from ..errors import TraceError
 from .blocks import find_repeated_blocks
 from .cache_output import cache_dropped, drop_unused_constants
 from .causal_hint import causal_mask_hint_as_given
+from .fast_path import nested_fast_path_watch
 from .device_free import canonical_constants, canonical_names
 from .call_defaults import untraced_defaults
 from .eager_check import compare_with_eager, eager_outcome
@@ -52,8 +54,9 @@ from .graph import NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, ambient_a
 from .node_facts import draws_random
 from .export_errors import installed_site, library_call_remedy, translate
 from .overflow_guard import overflow_guards_as_clamps
+from . import packed
 from .export_facts import named_inputs
-from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept
+from .slots import drop_phantom_input_writes, one_process_view, tensor_slots_kept, torch_bookkeeping_warning
 from .watch import custom_backward_watch, host_rng_watch, internal as _internal, python_state_watch
 
 _SCALAR_TYPES = (int, float, bool, type(None))
@@ -103,7 +106,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
     with host_state_kept(model) as host_before, cache_dropped(model, notes), _checkpoint_regions(notes), \
             host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
             python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
-            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds):
+            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds), \
+            nested_fast_path_watch(model, notes):
         exported = _export(model, example_inputs, example_kwargs)
     refuse_generator_objects(exported, model)
     draws = any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function")
@@ -317,7 +321,11 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
     level = shapes_log.level
     shapes_log.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to():
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured_err), _noop_module_to(), \
+                warnings.catch_warnings():
+            bookkeeping = torch_bookkeeping_warning(model)  # torch's own attributes: not the user's to register
+            if bookkeeping:
+                warnings.filterwarnings("ignore", message=bookkeeping)
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; each is translated, the cause is kept
         raise translate(exc, lambda: eager_outcome(model, args, kwargs), _on_meta(model), model,
@@ -445,6 +453,8 @@ def _static_metas(node: torch.fx.Node) -> tuple[TensorMeta, ...]:
     """`_tensor_metas` of a node's value; a shape that depends on tensor values (nonzero, masked_select, unique,
     boolean-mask indexing: export gives it an unbacked symbol) is a TraceError naming the node, its op and the
     user's source line (int() of such a symbol raised torch's GuardOnDataDependentSymNode from here)."""
+    if packed.is_pack_node(node):
+        raise packed.packed_sequence_error(_user_line(node))
     _refuse_tensor_read_as_number(node)
     leaves = [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
     for t in leaves:

@@ -139,7 +139,7 @@ def test_a_parameter_updated_in_forward_counts_as_state_one_device_keeps_once():
     build time, and the rehearsal's reference runs no extra whole-batch forward."""
     from parallelizer.errors import PipelineError
     from parallelizer.runtime.bitpipe import build_bitpipe
-    from parallelizer.runtime.pipeline_rehearsal import _full_batch_loss
+    from parallelizer.runtime.whole_batch import whole_batch_loss
     model, inputs = _shadow_model()
     traced = trace(model, inputs)
     with pytest.raises(PipelineError, match="bitpipe: bitpipe keeps 2 copies"):  # before: built, copies diverged
@@ -153,7 +153,7 @@ def test_a_parameter_updated_in_forward_counts_as_state_one_device_keeps_once():
     with pytest.raises(PipelineError, match=r"'0\.shadow\.weight' in place \(node mul_\) \(and 3 more\).*Remedy"):
         api.plan(traced, parse_mesh("pp=2"), global_batch=8, schedule="bitpipe", microbatches=2, progress=False)
     before = model[0].shadow.weight.detach().clone()
-    assert _full_batch_loss(model, traced, inputs, {}) is None
+    assert whole_batch_loss(model, traced, inputs, {}) is None
     assert __import__("torch").equal(model[0].shadow.weight, before)
 
 

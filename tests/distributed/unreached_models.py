@@ -88,6 +88,12 @@ def train_beside_eager(rank: int, world_size: int, mesh: dict, options: dict, op
         ref_none.append(sorted(n for n, p in reference.named_parameters() if p.grad is None))
         opt.step()
         ref_opt.step()
+    return beside_eager(pm, opt, none, reference, ref_opt, ref_none)
+
+
+def beside_eager(pm, opt, none: list, reference, ref_opt, ref_none: list) -> dict:
+    """What a rank body returns after its steps: the per-step None sets of both sides (one device's restricted to
+    the parameters this rank holds), the parameters holding optimizer state, and the full parameters of both."""
     held = dict(pm.named_parameters())
     return {"none": none, "ref_none": [[n for n in names if n in held] for names in ref_none],
             "state": sorted(n for n, p in held.items() if opt.state.get(p)),

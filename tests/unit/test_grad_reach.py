@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 import parallelizer
-from parallelizer.runtime.grad_reach import unreached_parameters
+from parallelizer.runtime.grad_reach import output_reach, read_outputs, unreached_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from ignored_models import LOSSES, side_lm  # noqa: E402
 from unreached_models import UNREACHED, indexed_lm  # noqa: E402
 
 
@@ -75,3 +76,51 @@ def test_a_rehearsal_reports_a_zero_gradient_where_one_device_has_none():
     name = presence_mismatch([("w", None, torch.zeros(1))])[1]
     assert name == "w (.grad None under the plan, a tensor on one device)"
     assert presence_mismatch([("w", None, None), ("v", torch.ones(1), torch.ones(1), torch.ones(1))]) is None
+
+
+def _eager_none_reading(use: str, read: tuple[int, ...]) -> set[str]:
+    """Trained parameters whose .grad is None after one device's backward of the sum of the outputs `read`."""
+    model, ids, _ = side_lm(use)
+    out = model(ids)
+    sum(out[i].sum() for i in read).backward()
+    return {n for n, p in model.named_parameters() if p.grad is None}
+
+
+def test_each_output_reaches_what_eager_backward_of_that_output_reaches():
+    """Round 23 (r23a): a loss that ignores an output (SideLM's aux, made on stage 0 by `side`) leaves `side` without
+    gradient on one device; before, the walk knew only the union over outputs (`side` counted as reached), so a
+    pipeline gave it zeros. `output_reach` keeps one set per output; `unreached(read)` for every subset of outputs
+    read equals eager's None set, and `varies` says the outputs differ (a step then exchanges its flags)."""
+    for use in ("grad", "detach", "no_grad"):
+        model, ids, _ = side_lm(use)
+        reach = output_reach(parallelizer.trace(model, (ids[:4],)))
+        assert reach.varies
+        for read in ((0,), (1,), (0, 1)):
+            assert reach.unreached(read) == _eager_none_reading(use, read), (use, read)
+        assert reach.unreached() == reach.unreached((0, 1)) == unreached_parameters(parallelizer.trace(model, (ids,)))
+    single = output_reach(parallelizer.trace(*indexed_lm(4)))
+    assert not single.varies and single.unreached((0,)) == set(UNREACHED)
+
+
+def test_read_outputs_names_the_outputs_a_loss_reaches_as_eager_backward_gives_them_a_gradient():
+    """`read_outputs` walks the loss's own ops and stops at the outputs: checked against eager, where an output the
+    loss reaches gets a .grad (retain_grad) and one it ignores, detaches or reads through integers does not."""
+    model, ids, labels = side_lm("grad")
+    losses = {"logits": LOSSES["logits"], "both": LOSSES["both"],
+              "view of aux": lambda out, y: out[0].mean() + out[1][:, -1].sum(),
+              "aux detached": lambda out, y: out[0].mean() + out[1].detach().sum(),
+              "aux through argmax": lambda out, y: out[0].mean() * out[1].argmax(-1).float().sum(),
+              "branch not taken": LOSSES["branch"]}
+    for name, fn in losses.items():
+        out = model(ids)
+        for t in out:
+            t.retain_grad()
+        loss = fn(out, labels)
+        read = read_outputs(loss, list(out))
+        loss.backward()
+        assert read == {i for i, t in enumerate(out) if t.grad is not None}, name
+    labels[0, 0] = 0  # the branch taken: aux read
+    out = model(ids)
+    assert read_outputs(LOSSES["branch"](out, labels), list(out)) == {0, 1}
+    out = model(ids, labels)  # the model's own loss first: a loss that IS an output reads that output alone
+    assert read_outputs(out[0], list(out)) == {0} and read_outputs(out[0] * 0.5, list(out)) == {0}

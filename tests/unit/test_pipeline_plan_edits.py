@@ -106,3 +106,47 @@ def test_a_stage_layout_edit_names_what_the_layout_is(saved, tmp_path):
     s0["layout"] = s1["layout"]  # the reviewer's edit: stage 0 "uses" stage 1's layout
     with pytest.raises(PlanValidationError, match="runs its pipeline stage's `layout`.*re-plan to change them"):
         _load(tmp_path, d)  # before: only "the first member's layout is stored in positions, not in layouts"
+
+
+def test_loading_with_the_model_checks_a_hand_edited_cut(saved, tmp_path):
+    """`Plan.load(path, traced=...)` (README: how to price an edit with estimate_step_time) checks the cut as the
+    ranks do. Round 23 new-user trial: a GPT-3-13B pipeline plan with one block moved from stage 1 to stage 0 in
+    `blocks` only (or in `first_node` / `last_node` only) loaded with the model, and failed only at the launch."""
+    traced, d = saved
+    blocks_only = _edited(d)
+    s0, s1 = blocks_only["pipeline"]["stages"]
+    s0["blocks"].append(s1["blocks"].pop(0))
+    nodes_only = _edited(d)
+    cut = cut_stages(traced, 2, (3, 1))
+    nodes = [[n for n, k in cut.stage_of.items() if k == j] for j in (0, 1)]
+    t0, t1 = nodes_only["pipeline"]["stages"]
+    t0["last_node"], t1["first_node"] = nodes[0][-1], nodes[1][0]
+    for edited in (blocks_only, nodes_only):
+        path = tmp_path / "edited.json"
+        path.write_text(json.dumps(edited))
+        Plan.load(path)  # without the model: nothing to check the nodes against
+        with pytest.raises(PipelineError, match="stage 0: first_node .*; its blocks give"):
+            Plan.load(path, traced=traced)
+    both = _edited(blocks_only)
+    both["pipeline"]["stages"][0]["last_node"], both["pipeline"]["stages"][1]["first_node"] = nodes[0][-1], nodes[1][0]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(both))
+    assert [len(s.blocks) for s in Plan.load(path, traced=traced).pipeline.stages] == [3, 1]  # a consistent edit loads
+
+
+def test_show_says_what_runs_when_the_pipeline_section_and_the_search_record_differ(saved, tmp_path):
+    """`show`'s search rows come from the search's record (`model.search`); the pipeline section is what loads
+    and runs. Round 23 new-user trial (GPT-3-13B): an edit of `model.search.schedule` showed "chosen ... zbv"
+    above stages that ran dualpipev, and an edit of `pipeline.schedule` left the search's choice as the only
+    schedule named in the search rows."""
+    from parallelizer.planner.plan_text import search_rows
+    d = saved[1]
+    assert d["model"]["search"]["schedule"] == "1f1b"
+    assert "runs" not in dict(search_rows(_load(tmp_path, d)))  # as planned: nothing to say
+    runs = dict(search_rows(_load(tmp_path, _edited(d, schedule="gpipe"))))["runs"]
+    assert runs.startswith("(pp=2, dp=1), gpipe, 4 microbatch(es): the plan's pipeline section") or \
+        ", gpipe, 4 microbatch(es): the plan's pipeline section" in runs, runs
+    record = json.loads(json.dumps(d))
+    record["model"]["search"]["schedule"] = "zbv"
+    rows = dict(search_rows(_load(tmp_path, record)))
+    assert ", 1f1b, 4 microbatch(es): the plan's pipeline section" in rows["runs"], rows["runs"]

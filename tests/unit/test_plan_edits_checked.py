@@ -65,3 +65,13 @@ def test_unplannable_edit_is_refused_naming_the_node(made, tmp_path, edit, named
     with pytest.raises(PlanValidationError, match="could not have chosen") as info:
         Plan.load(path, traced=traced)
     assert named in str(info.value) and "it offers" in str(info.value) and "Remedy" in str(info.value)
+
+
+def test_a_refused_edit_is_offered_the_strategies_nearest_to_it_first(made, tmp_path):
+    """Round 23 new-user trial: an mm of a GPT-3-13B plan edited to 'S(0)R RS(1) -> S(0)R' was offered six
+    Partial-input strategies ('PP RR -> PP', ...: sorted by text) before its one-layout fix."""
+    traced, plan = made
+    with pytest.raises(PlanValidationError) as err:
+        Plan.load(_edited(plan, tmp_path, "conv2d_1", "S(0) R R -> R"), traced=traced)  # planned: -> S(0)
+    offered = str(err.value).split("(it offers ", 1)[1]
+    assert offered.startswith("'S(0) R R -> S(0)'"), offered[:200]

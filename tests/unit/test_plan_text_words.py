@@ -6,6 +6,7 @@ from importlib import resources
 
 import pytest
 
+from parallelizer.core.mesh import MeshSpec
 from parallelizer.planner.stages import PARTITION_WORDS, PipelineEstimate, partition_text
 
 
@@ -70,7 +71,8 @@ def test_a_gpu_plan_records_no_stage_scale_and_shows_no_stage_times_row():
                             "microbatch_size": 1, "global_batch": 2, "step_s": 1e-3, "candidates": 1, "priced": 1,
                             "infeasible_memory": 0, "pruned": 0}}
         pipeline = type("P", (), {"estimate": PipelineEstimate(1e-3, 1e-3, 0.0, 0.0, 0.0, 1, 2, "dp", (4e-4, 4e-4),
-                                                               ({"total": 1},) * 2)})()
+                                                               ({"total": 1},) * 2),
+                                  "schedule": "1f1b", "microbatches": 2, "mesh": MeshSpec(("pp",), (2,))})()
         mesh = "(dp=1)"
         cost = type("C", (), {"total_s": 8e-4})()
     assert [k for k, _ in search_rows(_Plan())] == ["chosen", "searched", "search estimate", "pipeline",

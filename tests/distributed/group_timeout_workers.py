@@ -1,0 +1,34 @@
+"""Workers of test_group_timeouts.py (module-level, so spawn's processes can import them)."""
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from parallelizer.runtime.launch import create_groups
+
+TIMEOUT_S = 3.0  # the user's collective timeout
+ASLEEP_S = 20.0  # how long the stuck rank sleeps: far beyond TIMEOUT_S, far below torch's 30-minute default
+
+
+def stuck_peer_in_a_sub_group(rank: int, world_size: int, store_path: str):
+    """Re-initialise the world with a TIMEOUT_S collective timeout (as a user's own init_process_group, or
+    init_from_env(timeout_s=)), make the sub-group [0, 1] with create_groups, and let rank 1 sleep instead of
+    joining rank 0's all-reduce on it. Returns rank 0's (seconds until its all-reduce failed, error text)."""
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    create_groups([[0, 1]])
+    group = dist.distributed_c10d._world.pg_group_ranks  # {group: {global: group rank}}
+    sub = next(g for g, ranks in group.items() if sorted(ranks) == [0, 1])
+    if rank == 1:
+        time.sleep(ASLEEP_S)
+        return None
+    if rank != 0:
+        return None
+    start = time.perf_counter()
+    try:
+        dist.all_reduce(torch.ones(4), group=sub)
+        return time.perf_counter() - start, "no error"
+    except RuntimeError as exc:
+        return time.perf_counter() - start, str(exc)[:300]
