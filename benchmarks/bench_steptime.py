@@ -25,7 +25,10 @@ range lies on one side of 1.05, else "within noise"), identical plans merged (`_
 Identical plans are timed once (`same_program`): the planner's free plan on dp=2 and on tp=2 is one program
 under two axis names; the row of the second label says "timed once, = <first>" and carries the first's steps.
 
-Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json] [--predict-only]`.
+Run: `python -m benchmarks.bench_steptime [--profile P.json] [--quick] [--json out.json] [--predict-only]`, or
+`--compare-profiles A.json B.json` (no ranks started): the plans made on profile A, each estimated on A and on B,
+the relative differences of their predicted steps (`cost_model.profile_compare.compare_step_predictions`) and each
+group's pick under either profile: what two calibrations' differences mean for a user's plans (round 23, r23c).
 Without `--profile` it calibrates first (quick message sizes, ~2 min). `--predict-only`: only the predictions
 and each group's pick, no ranks started. Timing (`_steptime_workers.time_rank`): 2 untimed warm-up rounds
 (`--quick`: 1), then 15 timed rounds (`--quick`: 5); each round steps every distinct plan once, in an order
@@ -55,6 +58,7 @@ import numpy as np
 import parallelizer
 from benchmarks._steptime_workers import build, time_rank
 from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, summary
+from cost_model.profile_compare import StepPredictionDiff, compare_step_predictions
 from parallelizer.core.mesh import MeshSpec
 from parallelizer.planner.steptime import estimate_step_time
 from parallelizer.rewriter.spec import spec_from_plan
@@ -140,6 +144,39 @@ def predictions(profile_path: str, worlds=(2, 4), models=tuple(MODELS)) -> list[
                                       "optimizer": est.optimizer_s * 1e3},
                          "timed_as": kinds[first], "_first": first, "_case": case})
     return rows
+
+
+def compare_on_plans(path_a: str, path_b: str, worlds=(2, 4), models=tuple(MODELS)
+                     ) -> tuple[StepPredictionDiff, list[tuple[str, str, str]]]:
+    """The bench's plans made on profile `path_a`, each estimated on `path_a` and on `path_b` (module docstring):
+    (`compare_step_predictions` of their step seconds keyed "model xN kind", per (model, world size) group
+    (group, pick under A, pick under B): the plan of least predicted step among the group's distinct programs).
+    A pipeline plan's step on B reuses the simulated schedule its plan recorded on A (`steptime._pipeline_step`:
+    `PipelineEstimate.step_s`); only its optimizer step is priced on B, so its difference understates."""
+    a, b, picks = {}, {}, []
+    for world in worlds:
+        groups: dict[str, list[tuple[str, float, float]]] = {}
+        cases: list[tuple] = []
+        for model, kind, traced, plan, case in _plans(world, path_a, models):
+            key = f"{model} x{world} {kind}"
+            a[key] = estimate_step_time(traced, plan, cluster=path_a).total_s
+            b[key] = estimate_step_time(traced, plan, cluster=path_b).total_s
+            if not any(same_program(c, case) for c in cases):  # identical programs count once in the pick
+                groups.setdefault(f"{model} x{world}", []).append((kind, a[key], b[key]))
+            cases.append(case)
+        for group, rows in groups.items():
+            picks.append((group, min(rows, key=lambda r: r[1])[0], min(rows, key=lambda r: r[2])[0]))
+    return compare_step_predictions(a, b), picks
+
+
+def compare_report(diff: StepPredictionDiff, picks: list[tuple[str, str, str]], path_a: str, path_b: str) -> str:
+    """`--compare-profiles`' text: the summary line, each plan's difference (largest first), the picks."""
+    lines = [f"## Plans' predicted step time, profile `{path_b}` vs `{path_a}` (plans made on the first)", "",
+             diff.line(), "", "| plan | difference |", "|---|---|"]
+    lines += [f"| {k} | {v:+.1%} |" for k, v in sorted(diff.differences.items(), key=lambda kv: -abs(kv[1]))]
+    lines += ["", "| group | pick on A | pick on B |", "|---|---|---|"]
+    lines += [f"| {g} | {pa} | {pb}{'' if pa == pb else ' (changed)'} |" for g, pa, pb in picks]
+    return "\n".join(lines)
 
 
 def measure(profile_path: str, quick: bool = False, worlds=(2, 4), models=tuple(MODELS)) -> list[dict]:
@@ -339,6 +376,8 @@ def main(argv=None) -> None:
     ap.add_argument("--models", nargs="+", choices=tuple(MODELS), default=tuple(MODELS), help="models to time")
     ap.add_argument("--worlds", nargs="+", type=int, choices=(2, 4), default=(2, 4), help="rank counts to time")
     ap.add_argument("--report", metavar="ROWS.json", help="only print the report of rows written by --json earlier")
+    ap.add_argument("--compare-profiles", nargs=2, metavar=("A.json", "B.json"),
+                    help="the plans made on A, their predicted steps on A vs on B (starts no ranks)")
     ap.add_argument("--predict-only", action="store_true",
                     help="only the predictions and each group's pick (needs --profile; starts no ranks)")
     args = ap.parse_args(argv)
@@ -346,6 +385,11 @@ def main(argv=None) -> None:
     if args.report:
         with open(args.report) as f:
             print(report(json.load(f), "## Step time: predicted vs measured (`benchmarks/bench_steptime.py`)"))
+        return
+    if args.compare_profiles:
+        path_a, path_b = args.compare_profiles
+        diff, picks = compare_on_plans(path_a, path_b, tuple(args.worlds), tuple(args.models))
+        print(compare_report(diff, picks, path_a, path_b))
         return
     profile_path = args.profile
     if args.predict_only:

@@ -196,7 +196,8 @@ class Profile:
                 tuple((n, f[0]) for n, f in factors.items()),
                 tuple((n, f[2]) for n, f in factors.items() if len(f) > 2),
                 factors[nprocs][0] if nprocs in factors else 1.0,
-                tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())))
+                tuple((k, *ab) for k, ab in sorted(self.collective_cpu.get(nprocs, {}).items())),
+                ranks_over_cores=self.cpu_count is not None and nprocs > self.cpu_count)
         return Cluster(self.device_for(nprocs), num_nodes=1, devices_per_node=nprocs, intra_node_link=link,
                        inter_node_link=link, sharing=sharing)
 
@@ -391,6 +392,7 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     for n in nprocs:
         got = pooled["collectives"][n]
         timings, overlap[n], sync[n] = got["collectives"], got["comm_overlap"], got["sync_s"]
+        measurements.setdefault("sync_exit_spread_s", {})[str(n)] = got.get("sync_exit_spread_s")  # round 23: recorded
         cpu[n] = {kind: fit_collective_cpu(by_size) for kind, by_size in got["collective_cpu"].items() if by_size}
         measurements.setdefault("collective_cpu", {})[str(n)] = {
             k: {str(b): c for b, c in v.items()} for k, v in got["collective_cpu"].items()}

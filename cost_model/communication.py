@@ -83,7 +83,7 @@ from cost_model.hardware import DeviceSpec
 from cost_model.topology import COLLECTIVE_KINDS, Link, MeshTopology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "HIERARCHICAL_KINDS", "alpha_beta_coefficients", "flat_collective_time_s",
-           "step_collective_s",
+           "step_collective_s", "collective_wait_s",
            "collective_time_s", "collective_algorithm", "hierarchical_byte_ranges", "overlapped_comm_exposed_s"]
 
 ALGORITHMS = ("ring", "tree")
@@ -296,10 +296,10 @@ def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
                       compute_before_s: float | None = None) -> float:
     """Seconds one collective adds to a training step: THE price of a collective in the planner (ILP edges,
     ops' inner collectives, ZeRO-1's broadcast: ``parallelizer.planner.costs``): the collective's time
-    (:func:`collective_time_s`) + the wait for the slowest rank, :func:`sync_wait_s` of the compute the rank ran
-    since its previous collective (``compute_before_s``; None: unknown, the full calibrated
+    (:func:`collective_time_s`) + the wait for the slowest rank, :func:`collective_wait_s`: :func:`sync_wait_s` of the
+    compute the rank ran since its previous collective (``compute_before_s``; None: unknown, the full calibrated
     ``DeviceSpec.collective_sync_s``, as the ILP prices it per edge without the program's order; 0 on the GPU
-    presets).
+    presets), none for a collective of every rank on more ranks than cores (round 23).
 
     Tried and not adopted (round 18, r18d; benchmarks/RESULTS.md): with more ranks than cores, processor sharing,
     ``k / cores x`` the process CPU one rank spends in the collective (``Profile.collective_cpu``) or, without it,
@@ -311,7 +311,36 @@ def step_collective_s(kind: str, nbytes: float, topo: MeshTopology, axes: tuple[
     Raises:
         ValueError: as :func:`collective_time_s`.
     """
-    return collective_time_s(kind, nbytes, topo, axes) + sync_wait_s(topo.cluster.device, compute_before_s)
+    return collective_time_s(kind, nbytes, topo, axes) + collective_wait_s(topo, axes, compute_before_s)
+
+
+def collective_wait_s(topo: MeshTopology, axes: tuple[str, ...] | str, compute_before_s: float | None = None) -> float:
+    """The wait of a blocking collective over mesh ``axes`` for the slowest rank, seconds: :func:`sync_wait_s` of the
+    cluster's device, except 0 for a collective of EVERY rank of a cluster with more processes than cores
+    (``CoreSharing.ranks_over_cores``, a calibration profile's cluster of 4 gloo ranks on 2 cores).
+
+    Why (round 23, r23c): the calibrated wait (``cost_model.measure._measure_sync``, 4.7 ms on 4 ranks of this
+    machine) is timed on an all-reduce of every rank after a compute chunk, from the last rank's entry to the last
+    rank's exit. With 4 ranks on 2 cores, the ranks leave that all-reduce together and two of them take the cores
+    for their next chunk while the other two wait for a core: what the last exit waits for is the others' compute,
+    which the contention slowdown of every rank's compute already prices (a step of 4 ranks on 2 cores measured
+    2 x rank CPU x 0.98-1.24 in the idle runs of rounds 21 and 22: the cores are busy). A collective of a sub-group
+    (one tp pair of a dp=2 x tp=2 mesh, a pipeline's dp pair) runs while the other ranks compute: each of its
+    steps wakes a member that must get a core held by them, a wait the calibrated one measures in kind; it keeps
+    it. Priced over the 42 plans of each idle run of round 22 (the same programs, predictions only): without the
+    wait on every 4-rank collective (r22g) the dp=2 x tp=2 plans dropped below the whole-world ones (mlp ddp x tp
+    -24%, llama free 2x2 -16% of their measured steps) and the planner's pick on mlp/4 and llama/4 became a 2x2
+    plan measured 1.06-1.24x the fastest; without it on the whole-world collectives only, median |error| 21.7 ->
+    19.4% (round 21 code's run) and 11.3 -> 9.8% (round 22's), 4-rank median error +24 -> +18% and +11 -> +6%,
+    Spearman 0.954 -> 0.958 and 0.979 -> 0.980, every pick kept (benchmarks/RESULTS.md, round 23 r23c).
+    """
+    wait = sync_wait_s(topo.cluster.device, compute_before_s)
+    sharing = topo.cluster.sharing
+    if wait and sharing is not None and sharing.ranks_over_cores:
+        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        if math.prod(topo.axis_size(a) for a in names) == topo.cluster.world_size:
+            return 0.0
+    return wait
 
 
 def sync_wait_s(device: DeviceSpec, compute_before_s: float | None = None) -> float:

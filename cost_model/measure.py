@@ -13,7 +13,8 @@ the fastest is the least disturbed run, which a training step does not get; the 
   this machine the functional call costs 0.1-0.3 ms more CPU per call below 1 MiB and ~1 ms more at 4 MiB,
   1.4-2.8x the in-place call's wall time back to back; benchmarks/RESULTS.md, round 15 r15c.) One sample =
   ``inner`` back-to-back collectives after a barrier, divided by ``inner``; fewer repeats for large messages
-  (:func:`repeats_for`) and more calls per sample for small ones (:func:`inner_for`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
+  (:func:`repeats_for`) and more calls per sample for small ones (:func:`inner_for`), and since round 23 enough calls
+  that a sample lasts >= ``MIN_SAMPLE_S`` (20 ms) at the warm-up round's speed (:func:`sample_calls`); below 64 MiB the repeats go round-robin over all (kind, size) pairs, so that a burst
   of load from other jobs falls on many pairs a little rather than on one pair's every sample (64 MiB and
   larger: one pair at a time, their buffers being hundreds of MiB per rank). send_recv pairs ranks (0->1, 2->3, ...) concurrently, as pipeline stages do.
   The same workers measure ``comm_overlap``: a matmul loop alone (C), an all-reduce alone (A) and both at once
@@ -33,7 +34,10 @@ the fastest is the least disturbed run, which a training step does not get; the 
   slowdown (``measure_contention``, throughput of k processes) already prices as the compute of every rank;
   counting the lag again charged each collective twice for it (round 16: 5.8 ms per collective on 4 ranks,
   idle; fsdp plans on 4 ranks predicted at 2.0-2.6x their measured step, 13 all-gathers' lag alone 227 of
-  424 ms). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
+  424 ms). What is left with more ranks than cores (4.7 ms on 4 ranks, round 22) is, by the same reasoning, the
+  last rank to leave waiting for a core while the others run their next chunk: the planner charges it only to
+  collectives of a sub-group, which run while other ranks compute (round 23,
+  :func:`cost_model.communication.collective_wait_s`). ``sync_s = max(0, median over calls - A)``, A the same all-reduce back to back
   (interleaved round by round). The compute never enters the difference, so its noise does not either
   (until round 15 ``sync_s = median T - median C - median A`` of three loop timings: on this shared machine
   C's noise swamped it, 0-194 us between calibrations, and it came out 0 when it mattered most: in the same
@@ -68,6 +72,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import os
 import socket
 import statistics
@@ -77,10 +82,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from .rounds import pass_half_difference, pool_passes, split_half_difference
+from .rounds import exit_spread_s, pass_half_difference, pool_passes, split_half_difference
 
 __all__ = ["MEASURABLE_KINDS", "contention_floor", "contention_factor", "measure_collectives", "measure_contention",
-           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s",
+           "measure_optimizer", "measure_optimizer_processes", "pin_allocator", "repeats_for", "inner_for", "sample_calls", "MIN_SAMPLE_S", "COLLECTIVE_REPEATS", "LARGE_REPEATS", "median_time_s", "sync_wait_s", "exit_spread_s",
            "split_half_difference", "pass_half_difference", "pool_passes"]
 
 MEASURABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -100,6 +105,9 @@ _SYNC_INNER = 10  # iterations per timed loop of `_measure_sync`
 # of `calibrate --quick` take 4.8 + 16 s (x2 + x4) with 9 / 3 rounds and 9.3 + 33 s with 21 / 5.
 COLLECTIVE_REPEATS = 21
 LARGE_REPEATS = 5  # rounds of messages of 64 MiB and more (3 until round 19)
+# Round 23 (r23c): a collective's sample lasts at least this long (`sample_calls`: a few scheduler slices).
+MIN_SAMPLE_S = 0.020
+MAX_SAMPLE_CALLS = 256  # calls per sample at most (a 4 KiB send_recv of 0.26 ms needs 77 for 20 ms)
 OVERLAP_ROUNDS = 31  # rounds of comm_overlap's three timings (11 until round 19: it moved 15-36% between idle runs)
 
 
@@ -282,8 +290,8 @@ def sync_wait_s(entries_s: Sequence[Sequence[float]], exits_s: Sequence[Sequence
     return max(0.0, statistics.median(per_call) - alone_s)
 
 
-def _measure_sync(rounds: int = 21) -> float:
-    """sync_s of the module docstring, seconds (all ranks take part)."""
+def _measure_sync(rounds: int = 21) -> tuple[float, float]:
+    """(sync_s of the module docstring, :func:`exit_spread_s` of the same calls), seconds (all ranks take part)."""
     import torch.distributed as dist
     world = dist.get_world_size()
     reduce = _collective_op("all_reduce", _SYNC_BYTES, dist.get_rank(), world)  # as a step calls it
@@ -307,8 +315,9 @@ def _measure_sync(rounds: int = 21) -> float:
     mine = torch.tensor(stamps, dtype=torch.float64)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
-    return sync_wait_s([t[:, 0].tolist() for t in every], [t[:, 1].tolist() for t in every],
-                       statistics.median(alone), oversubscribed=world > _cores())
+    exits = [t[:, 1].tolist() for t in every]
+    return (sync_wait_s([t[:, 0].tolist() for t in every], exits, statistics.median(alone),
+                        oversubscribed=world > _cores()), exit_spread_s(exits))
 
 
 def _cores() -> int:
@@ -316,27 +325,63 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def sample_calls(nbytes: int, inner: int, warmup_per_call_s: float, min_sample_s: float = MIN_SAMPLE_S,
+                 max_calls: int = MAX_SAMPLE_CALLS) -> int:
+    """Back-to-back calls per sample of a collective of ``nbytes``: :func:`inner_for`'s count, raised so that one
+    sample lasts at least ``min_sample_s`` at the per-call seconds the warm-up round measured
+    (``ceil(min_sample_s / warmup_per_call_s)``), at most ``max_calls`` (and never below :func:`inner_for`).
+
+    Why (round 23, r23c): a sample of a few milliseconds is one or two scheduler time slices (CFS / EEVDF give a
+    runnable task ~3 ms before another may run), so whether a wake-up lands in it decides the sample. In the two idle
+    calibration pairs of rounds 21 and 22, the split-half difference of a 2-rank collective's median (odd vs even
+    rounds, :func:`cost_model.rounds.split_half_difference`) was 30% for samples under 5 ms (x2 send_recv 64 KiB,
+    16 calls of 0.27 ms; 1 MiB kinds, 4 calls of 0.5-1.9 ms), 13-14% for 5-20 ms and 12% from 20 ms (x4: 50% under
+    5 ms, 7% from 20 ms). Cost at 20 ms: +6 s per calibration (the medians of round 22's idle profile).
+
+    Raises:
+        ValueError: ``warmup_per_call_s`` negative or not finite.
+    """
+    if not (warmup_per_call_s >= 0 and math.isfinite(warmup_per_call_s)):
+        raise ValueError(f"sample_calls: warmup_per_call_s={warmup_per_call_s!r} must be finite and >= 0 (seconds per "
+                         f"call of the warm-up round of a {nbytes}-byte collective)")
+    floor = inner_for(nbytes, inner)
+    if warmup_per_call_s == 0:
+        return floor
+    return max(floor, min(max_calls, math.ceil(min_sample_s / warmup_per_call_s)))
+
+
 def _sample(pairs: list[tuple[str, int]], rank: int, world_size: int, repeats: int, inner: int,
             cpu: dict | None = None, large_repeats: int = LARGE_REPEATS) -> dict:
-    """Seconds per sample of each (kind, nbytes) in ``pairs``, sampled round-robin after one warm-up round; with
-    ``cpu`` (a dict) also this process's CPU seconds per call of each sample (``time.process_time``: every
-    thread of the rank, gloo's included, user + system), appended to ``cpu[(kind, nbytes)]``."""
+    """Seconds per call of each (kind, nbytes) in ``pairs``, one sample per round, sampled round-robin after one
+    warm-up round; with ``cpu`` (a dict) also this process's CPU seconds per call of each sample
+    (``time.process_time``: every thread of the rank, gloo's included, user + system), appended to
+    ``cpu[(kind, nbytes)]``. Calls per sample: :func:`inner_for` in the warm-up round, then :func:`sample_calls`
+    of the warm-up's slowest rank (a MAX all-reduce, so that every rank makes the same calls)."""
     import torch.distributed as dist
     ops = {pair: _collective_op(*pair, rank, world_size) for pair in pairs}
     samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
+    calls = {pair: inner_for(pair[1], inner) for pair in pairs}
+    warmup: dict[tuple[str, int], float] = {}
     for r in range(1 + max((repeats_for(n, repeats, large_repeats) for _, n in pairs), default=0)):
+        if r == 1:  # after the warm-up: every rank takes the slowest rank's per-call seconds
+            slowest = torch.tensor([warmup[pair] for pair in pairs], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            calls = {pair: sample_calls(pair[1], inner, float(t)) for pair, t in zip(pairs, slowest)}
         for (kind, nbytes), op in ops.items():
             if r > repeats_for(nbytes, repeats, large_repeats):
                 continue
-            calls = inner_for(nbytes, inner)
+            n_calls = calls[(kind, nbytes)]
             dist.barrier()
             start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(calls if op is not None else 0):
+            for _ in range(n_calls if op is not None else 0):
                 op()
-            if r:  # round 0: warm-up (connections, first touch of the pages)
-                samples[(kind, nbytes)].append((time.perf_counter() - start) / calls)
-                if cpu is not None:
-                    cpu.setdefault((kind, nbytes), []).append((time.process_time() - cpu_start) / calls)
+            per_call = (time.perf_counter() - start) / n_calls
+            if not r:  # round 0: warm-up (connections, first touch of the pages), sizes the samples
+                warmup[(kind, nbytes)] = per_call
+                continue
+            samples[(kind, nbytes)].append(per_call)
+            if cpu is not None:
+                cpu.setdefault((kind, nbytes), []).append((time.process_time() - cpu_start) / n_calls)
     return samples
 
 
@@ -361,8 +406,9 @@ def _collective_worker(rank: int, world_size: int, port: int, kinds: tuple[str, 
             rounds[kind][nbytes] = list(got)
         cpu_results = _median_over_ranks(cpu, kinds)
         overlap = _measure_overlap() if extras else None
-        sync = _measure_sync() if extras else None
-        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "collective_cpu": cpu_results,
+        sync, spread = _measure_sync() if extras else (None, None)
+        return {"collectives": results, "comm_overlap": overlap, "sync_s": sync, "sync_exit_spread_s": spread,
+                "collective_cpu": cpu_results,
                 "split_half": halves, "samples": rounds}
     gloo_worker(rank, world_size, port, timeout_s, queue, body)
 

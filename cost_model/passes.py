@@ -163,6 +163,7 @@ def pool_all(records: Sequence[dict], nprocs: Sequence[int], tolerance: float = 
             warnings.warn(f"x{n} comm_overlap and sync come from a dropped pass (the only one that measures them)",
                           stacklevel=2)
             got["comm_overlap"], got["sync_s"] = extras[-1]["comm_overlap"], extras[-1]["sync_s"]
+            got["sync_exit_spread_s"] = extras[-1].get("sync_exit_spread_s")
         out["collectives"][n] = got
     out["device"] = pool_rounds([r["device"] for r in records], dropped)
     pipes = [r["pipeline"] or {"samples": {}, "bare": {}} for r in records]

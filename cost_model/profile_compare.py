@@ -26,11 +26,21 @@ Keys (what is compared):
 
 Both zero (a cost the profiles do not have, e.g. an own-runner field the runner has no action for): left out, it
 would count as a perfect match. One zero: ``inf`` (a quantity that appeared or vanished).
+
+What a user meets is not one quantity but a plan's step time (round 23, r23c): :func:`compare_step_predictions`
+compares the predicted step seconds of the same plans priced on each profile (a caller that can plan gives them:
+``python -m benchmarks.bench_steptime --compare-profiles A.json B.json``, the 42 bench plans made on A and
+estimated on A and on B), median and worst |difference| and the count within 10%. A quantity's difference weighs in
+a plan only through its share of the step: on the idle pair of round 22, 44 of 107 quantities moved by more than
+10% (x2 send_recv 1 MiB +64%), while the 42 plans' predictions moved by a median of a few per cent
+(benchmarks/RESULTS.md, round 23 r23c).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -39,7 +49,7 @@ from cost_model.communication import flat_collective_time_s
 from cost_model.hardware import DeviceSpec, PipelineActionCost
 from cost_model.topology import COLLECTIVE_KINDS, Link
 
-__all__ = ["compare_profiles", "worst", "DEVICE_NOT_COMPARED", "PROFILE_NOT_COMPARED", "LINK_NOT_COMPARED"]
+__all__ = ["compare_profiles", "worst", "StepPredictionDiff", "compare_step_predictions", "DEVICE_NOT_COMPARED", "PROFILE_NOT_COMPARED", "LINK_NOT_COMPARED"]
 
 # Fields that price nothing a calibration measures, with the reason.
 DEVICE_NOT_COMPARED = {
@@ -156,3 +166,47 @@ def compare_profiles(a, b) -> dict[str, float]:
 def worst(diffs: Mapping[str, float]) -> str:
     """The key of the largest |difference| (inf first)."""
     return max(diffs, key=lambda k: abs(diffs[k]))
+
+
+@dataclass(frozen=True, slots=True)
+class StepPredictionDiff:
+    """How far the predicted step seconds of the same plans differ between two profiles (module docstring).
+
+    Attributes:
+        differences: per plan name, ``b / a - 1`` of its predicted step seconds (dimensionless).
+        median_abs: median of ``|differences|``.
+        worst: the plan name of the largest ``|difference|``.
+        within_10: how many plans differ by at most 10% (issue 13's stability bound).
+    """
+
+    differences: dict[str, float]
+    median_abs: float
+    worst: str
+    within_10: int
+
+    def line(self) -> str:
+        """One line for ``calibrate --compare``-style output."""
+        return (f"{len(self.differences)} plans' predicted step time: median |difference| {self.median_abs:.1%}, "
+                f"worst {self.worst} {self.differences[self.worst]:+.1%}, within 10%: {self.within_10}")
+
+
+def compare_step_predictions(a: Mapping[str, float], b: Mapping[str, float]) -> StepPredictionDiff:
+    """Relative difference ``b[p] / a[p] - 1`` of each plan p's predicted step seconds under profile A (``a``) and
+    profile B (``b``), with its median |difference|, worst plan and the count within 10%.
+
+    Raises:
+        ValueError: no plans, the two mappings name different plans (names both lists lack), or a step time
+            that is not finite and > 0 (names the plan).
+    """
+    if not a or set(a) != set(b):
+        raise ValueError(f"compare_step_predictions: need the same >= 1 plans under both profiles; only under A: "
+                         f"{sorted(set(a) - set(b))}, only under B: {sorted(set(b) - set(a))}. Remedy: price the "
+                         "same plans on both profiles")
+    for side, got in (("A", a), ("B", b)):
+        for name, t in got.items():
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise ValueError(f"compare_step_predictions: plan {name!r} has step seconds {t!r} under profile "
+                                 f"{side}: need a finite time > 0")
+    diffs = {name: b[name] / a[name] - 1 for name in sorted(a)}
+    return StepPredictionDiff(diffs, statistics.median(abs(v) for v in diffs.values()), worst(diffs),
+                              sum(abs(v) <= 0.1 for v in diffs.values()))

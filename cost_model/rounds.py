@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Collection, Mapping, Sequence
 
-__all__ = ["deviating_passes", "pass_half_difference", "pool_passes", "pool_rounds", "split_half_difference",
+__all__ = ["deviating_passes", "exit_spread_s", "pass_half_difference", "pool_passes", "pool_rounds", "split_half_difference",
            "PASS_REFERENCE_TOLERANCE"]
 
 # Round 21: a pass whose reference rate (cost_model.passes.reference_flops_per_s) is more than this fraction off the
@@ -49,8 +49,8 @@ def pool_passes(passes: Sequence[Mapping]) -> dict:
     round 20): the samples of every pass pooled (concatenated in time order), each (kind, size) the median of the
     pool, ``split_half`` the split-half difference of the pool in round order, ``pass_half``
     (:func:`pass_half_difference`) the same statistic between the odd and the even passes, ``collective_cpu`` the
-    median over passes of each pass's CPU per call, ``comm_overlap`` and ``sync_s`` from the pass that measured them
-    (the last one that did).
+    median over passes of each pass's CPU per call, ``comm_overlap``, ``sync_s`` and ``sync_exit_spread_s`` (recorded,
+    not priced) from the pass that measured them (the last one that did).
 
     Why passes: two idle calibrations minutes apart moved a whole process count's collectives together (round 19,
     /tmp/r19/cal: every x4 collective +12% .. +34%, their process CPU per call +11% .. +26%, while most x2 ones moved
@@ -84,6 +84,7 @@ def pool_passes(passes: Sequence[Mapping]) -> dict:
     extras = [p for p in passes if p.get("comm_overlap") is not None]
     out["comm_overlap"] = extras[-1]["comm_overlap"] if extras else None
     out["sync_s"] = extras[-1]["sync_s"] if extras else None
+    out["sync_exit_spread_s"] = extras[-1].get("sync_exit_spread_s") if extras else None
     return out
 
 
@@ -150,3 +151,23 @@ def pool_rounds(per_pass: Sequence[Mapping[str, Sequence[float]]], drop: Collect
         out["split_half"][key] = split_half_difference(pooled)
         out["pass_half"][key] = pass_half_difference(chunks) if len(chunks) > 1 else None
     return out
+
+
+def exit_spread_s(exits_s: Sequence[Sequence[float]]) -> float:
+    """``median_c(max_r exits_s[r][c] - min_r exits_s[r][c])``: how far apart the ranks leave the same collective,
+    seconds (recorded by calibration as ``measurements.sync_exit_spread_s``, not priced).
+
+    Why (round 23, r23c; measured by ``cost_model.measure._measure_sync``): with more ranks than cores the planner
+    charges the calibrated wait only to collectives of a sub-group (:func:`cost_model.communication.collective_wait_s`), reading it as the last rank waiting for a core
+    the others' next compute holds AFTER the all-rank collective. Then the ranks' exits lie about the wait apart (the
+    first two leave at once, the last one a wait later); if instead every rank left late together, the wait is inside
+    the collective and belongs to every collective. Inferred from step data only so far; this records the test.
+
+    Raises:
+        ValueError: no calls, or ranks with different numbers of calls.
+    """
+    calls = {len(e) for e in exits_s}
+    if len(calls) != 1 or calls == {0}:
+        raise ValueError(f"exit_spread_s: every rank needs the same number (>= 1) of exit stamps, got "
+                         f"{sorted(len(e) for e in exits_s)}")
+    return statistics.median(max(x[c] for x in exits_s) - min(x[c] for x in exits_s) for c in range(calls.pop()))

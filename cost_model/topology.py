@@ -195,6 +195,10 @@ class CoreSharing:
             a collective of that kind at the cluster's process count (``Profile.collective_cpu``, round 18), or
             ``()`` when not measured. The pipeline search counts the dp gradient sync's CPU with it in its floor
             of the ranks' CPU over the cores (round 21, ``planner.sharing.cpu_floor_s``).
+        ranks_over_cores: the cluster has more processes than the machine has cores (4 gloo ranks on 2 cores):
+            then a collective of every rank waits for no straggler beyond the compute slowdown, and only a
+            collective of a sub-group pays ``DeviceSpec.collective_sync_s``
+            (:func:`cost_model.communication.collective_wait_s`, round 23).
 
     Raises:
         ValueError: a point that is not (an int >= 1 given once, a finite factor > 0), no compute point, or an
@@ -205,8 +209,12 @@ class CoreSharing:
     optimizer_slowdown: tuple[tuple[int, float], ...] = ()
     applied_compute: float = 1.0
     collective_cpu: tuple[tuple[str, float, float], ...] = ()
+    ranks_over_cores: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ranks_over_cores, bool):
+            raise ValueError(f"CoreSharing.ranks_over_cores={self.ranks_over_cores!r}: must be a bool (more processes "
+                             "than cores)")
         object.__setattr__(self, "compute_slowdown",
                            _slowdown_points("CoreSharing.compute_slowdown", self.compute_slowdown))
         object.__setattr__(self, "optimizer_slowdown",

@@ -39,3 +39,5 @@ for k, v in sorted(d.items(), key=lambda kv: -abs(kv[1])):
     if any(w in k for w in ("optimizer", "pipeline action", "send_recv 64 ", "all_to_all")) or abs(v) > 0.3:
         print(f"  {k}: {v:+.1%}")
 PY
+# round 23 (r23c): what the pair's differences do to the bench's 42 plans' predicted steps (plans made on A; ~3 min)
+timeout 1200 $P -m benchmarks.bench_steptime --compare-profiles "$OUT/calA.json" "$OUT/calB.json" | sed -n '3p;/^| group/,$p'

@@ -44,7 +44,9 @@ optimizer step) costs on the plan's cluster, built from the same prices as the I
   conjugates of its inputs' redistributions); a collective right after another waits for nothing. The ILP,
   the plan's breakdown and the pipeline segments price an edge without the program's order and charge the full
   wait (an upper bound of this estimate, as for the bucketed sync). Each gradient bucket's all-reduce (it runs
-  beside backward, not after a rank's compute) gets the full wait. Round 20 (r20c): the full wait on each of
+  beside backward, not after a rank's compute) gets the full wait. With more ranks than cores (a calibration
+  profile's 4 ranks on 2 cores) a collective of every rank waits for none (`collective_wait_s`: the calibrated wait
+  is the others' compute, priced by the contention slowdown; round 23, r23c), one of a sub-group still does. Round 20 (r20c): the full wait on each of
   an FSDP step's collectives (159 for the bench's GPT-2 on 4 ranks, 1-2 ms of compute apart) priced the FSDP
   plans of run 16 at +50..+86% over their measured step.
 * A ZeRO-3 / FSDP parameter's all-gather is priced with its backward re-gather only where the program gathers
@@ -71,7 +73,7 @@ import math
 from dataclasses import dataclass
 
 from cost_model.compression import compressed_sync, compressed_sync_time_s
-from cost_model.communication import overlapped_comm_exposed_s
+from cost_model.communication import collective_wait_s, overlapped_comm_exposed_s
 from cost_model.compute import optimizer_step_time_s
 from cost_model.memory import bytes_per_param
 from cost_model.topology import Cluster, MeshTopology
@@ -283,7 +285,8 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
     nodes in reverse order; gradients fill a bucket per mesh axis (first one `first_bucket_bytes`, then
     `bucket_bytes`); a full bucket is ready when its last gradient is; the open ones at the end of backward.
     A bucket's all-reduce is priced by `cost_model.compression` (with `compression="none"`: one all-reduce of
-    its bytes) + `DeviceSpec.collective_sync_s`."""
+    its bytes) + the wait for the slowest rank (`cost_model.communication.collective_wait_s`: the full calibrated
+    wait, none for a bucket of every rank on more ranks than cores)."""
     ready, comm, open_grads, started = [], [], {}, set()
     codec_s, t = 0.0, 0.0
 
@@ -292,7 +295,7 @@ def _buckets(bwd_work, topo: MeshTopology, bucket_bytes: int, first_bucket_bytes
         shapes, itemsize, _ = open_grads.pop(axis)
         comm_s, codec = compressed_sync_time_s(compressed_sync(compression, shapes, itemsize, powersgd_rank), topo,
                                                (axis,), device)
-        comm.append(comm_s + device.collective_sync_s)  # the bucket's all-reduce waits for the slowest rank too
+        comm.append(comm_s + collective_wait_s(topo, (axis,)))  # the bucket's all-reduce waits for the slowest rank too
         codec_s += codec
         ready.append(at)
         started.add(axis)

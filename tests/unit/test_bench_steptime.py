@@ -79,3 +79,16 @@ def test_identical_plans_timed_once_are_merged_without_counting_their_steps_twic
     merged = _distinct(rows)
     assert [r["kind"] for r in merged] == ["free dp=2 = free tp=2", "ddp"]
     assert merged[0]["samples_ms"] == steps and merged[0]["measured_ms"] == 110.0
+
+
+def test_the_profile_pair_report_lists_each_plans_difference_and_a_changed_pick():
+    """`--compare-profiles` (round 23, r23c): the summary line, every plan largest difference first, and each
+    group's pick on either profile, a changed one marked."""
+    from benchmarks.bench_steptime import compare_report
+    from cost_model.profile_compare import compare_step_predictions
+    diff = compare_step_predictions({"mlp x2 ddp": 0.05, "mlp x2 tp": 0.04}, {"mlp x2 ddp": 0.05, "mlp x2 tp": 0.06})
+    text = compare_report(diff, [("mlp x2", "tp", "ddp")], "a.json", "b.json")
+    lines = text.splitlines()
+    assert "2 plans' predicted step time: median |difference| 25.0%, worst mlp x2 tp +50.0%, within 10%: 1" in text
+    assert lines.index("| mlp x2 tp | +50.0% |") < lines.index("| mlp x2 ddp | +0.0% |")
+    assert "| mlp x2 | tp | ddp (changed) |" in lines

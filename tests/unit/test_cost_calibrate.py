@@ -59,6 +59,7 @@ def test_calibration_smoke_round_trip(tmp_path):
     wall_s = json.loads(text)["measurements"]["seconds"]
     assert 0 <= loaded.collective_sync[2] < wall_s
     assert loaded.cluster(2).device.collective_sync_s == loaded.collective_sync[2]
+    assert 0 <= json.loads(text)["measurements"]["sync_exit_spread_s"]["2"] < wall_s  # round 23: recorded beside it
     assert loaded.device.name == "cpu" and loaded.device.peak_flops_per_s[torch.float32] > 1e8
     assert loaded.device.optimizer_bytes_per_s > 0
     # torch's pipelining runtime costs host CPU per action beyond the stage's op (2 ranks, 4 Linear(8, 8) stages)
@@ -511,3 +512,38 @@ def test_torchs_split_backward_costs_more_per_node_than_a_full_backward_on_this_
     from cost_model.pipeline_actions import _split_per_node
     got = statistics.median(_split_per_node() for _ in range(3))
     assert 0 < got < 1e-3
+
+
+def test_a_collective_sample_lasts_at_least_a_few_scheduler_slices():
+    """Round 23 (r23c): calls per sample raised so a sample lasts >= MIN_SAMPLE_S at the warm-up's per-call seconds
+    (samples under 5 ms had a 30% split-half difference in the idle pairs, 12% from 20 ms); never below inner_for,
+    at most MAX_SAMPLE_CALLS, unchanged where one call is already long."""
+    from cost_model.measure import MAX_SAMPLE_CALLS, MIN_SAMPLE_S, inner_for, sample_calls
+    assert MIN_SAMPLE_S == 0.020
+    assert sample_calls(64 << 10, 1, 0.27e-3) == 75  # ceil(20 / 0.27): x2 send_recv 64 KiB, 16 calls before
+    assert sample_calls(1 << 20, 1, 1.9e-3) == 11  # x2 all_reduce 1 MiB: 4 calls (7.6 ms) before
+    assert sample_calls(16 << 20, 1, 18e-3) == 2  # ceil(20 / 18)
+    assert sample_calls(64 << 20, 1, 91e-3) == inner_for(64 << 20, 1) == 1  # one call already lasts 91 ms
+    assert sample_calls(4096, 1, 1e-3) == 20 and sample_calls(4096, 1, 5e-3) == inner_for(4096, 1) == 16
+    assert sample_calls(4096, 1, 1e-6) == MAX_SAMPLE_CALLS
+    assert sample_calls(4096, 1, 0.0) == 16  # an unpaired send_recv rank timed no call: its floor
+    with pytest.raises(ValueError, match="warmup_per_call_s=nan must be finite and >= 0 .* 4096-byte"):
+        sample_calls(4096, 1, float("nan"))
+
+
+def test_the_sync_measurement_records_how_far_apart_the_ranks_leave_the_collective():
+    """Round 23 (r23c): `measure.exit_spread_s`, median over calls of max_r exit - min_r exit, recorded beside the
+    sync wait (the test of where the 4-rank wait lies: after the collective, ranks leaving a wait apart, or inside
+    it, every rank late together); pooled from the pass that measured the sync, as sync_s."""
+    from cost_model.measure import exit_spread_s
+    from cost_model.rounds import pool_passes
+    exits = [[3.0, 12.0, 27.0], [3.0, 12.5, 27.0], [7.5, 17.0, 27.5]]  # ms; the third rank left late twice
+    # per call: 4.5, 5.0, 0.5 -> median 4.5
+    assert exit_spread_s(exits) == pytest.approx(4.5)
+    assert exit_spread_s([[1.0], [1.0]]) == 0.0
+    with pytest.raises(ValueError, match="same number"):
+        exit_spread_s([[1.0, 2.0], [1.0]])
+    one = {"samples": {"all_reduce": {4096: [1e-3]}}, "collective_cpu": {}, "comm_overlap": None, "sync_s": None}
+    last = {**one, "comm_overlap": 0.5, "sync_s": 4e-3, "sync_exit_spread_s": 4.5e-3}
+    assert pool_passes([one, last])["sync_exit_spread_s"] == 4.5e-3
+    assert pool_passes([one, one])["sync_exit_spread_s"] is None

@@ -96,3 +96,28 @@ def test_a_field_of_unknown_type_raises_instead_of_being_left_out():
     grown = Grown(DEVICE, {4: LINK})
     with pytest.raises(TypeError, match="new_quantity"):
         compare_profiles(grown, grown)
+
+
+def test_plans_predicted_step_times_compared_in_closed_form():
+    """Round 23 (r23c): what two calibrations mean for a user is how far the same plans' predicted steps move:
+    per plan b / a - 1, their median |difference|, the worst plan and the count within 10%."""
+    from cost_model.profile_compare import compare_step_predictions
+    a = {"ddp": 0.100, "fsdp": 0.200, "tp": 0.050}
+    b = {"ddp": 0.105, "fsdp": 0.150, "tp": 0.050}
+    got = compare_step_predictions(a, b)
+    assert got.differences == pytest.approx({"ddp": 0.05, "fsdp": -0.25, "tp": 0.0})
+    assert got.median_abs == pytest.approx(0.05)
+    assert got.worst == "fsdp" and got.within_10 == 2
+    assert "3 plans" in got.line() and "fsdp -25.0%" in got.line()
+
+
+@pytest.mark.parametrize("a, b, words", [
+    ({"ddp": 0.1}, {"fsdp": 0.1}, "only under A: ['ddp'], only under B: ['fsdp']"),
+    ({}, {}, "need the same >= 1 plans"),
+    ({"ddp": 0.1}, {"ddp": 0.0}, "plan 'ddp' has step seconds 0.0 under profile B"),
+    ({"ddp": math.nan}, {"ddp": 0.1}, "plan 'ddp' has step seconds nan under profile A"),
+])
+def test_plans_compared_must_be_the_same_with_positive_times(a, b, words):
+    from cost_model.profile_compare import compare_step_predictions
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        compare_step_predictions(a, b)

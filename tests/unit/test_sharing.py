@@ -184,11 +184,12 @@ def _profile(contention=((2, (1.0, 1.0, 1.0)), (4, (2.0, 2.0, 2.0)))) -> Profile
 def test_profile_cluster_carries_the_sharing_and_gpu_presets_none():
     from cost_model.topology import dgx_h100, get_cluster
     cluster = _profile().cluster(4)
-    assert cluster.sharing == CoreSharing(((2, 1.0), (4, 2.0)), ((2, 1.0), (4, 2.0)), 2.0)
+    # round 23: 4 processes on the profile's cores (2) outnumber them (`collective_wait_s`)
+    assert cluster.sharing == CoreSharing(((2, 1.0), (4, 2.0)), ((2, 1.0), (4, 2.0)), 2.0, ranks_over_cores=True)
     assert cluster.device.peak_flops_per_s[torch.float32] == pytest.approx(CPU.peak_flops_per_s[torch.float32] / 2)
     assert _profile(contention=()).cluster(4).sharing is None  # nothing measured: no curve to share by
     unmeasured = _profile(contention=((2, (1.2, 1.0)),)).cluster(4).sharing
-    assert unmeasured == CoreSharing(((2, 1.2),), (), 1.0)  # 4 not measured: the device is not slowed
+    assert unmeasured == CoreSharing(((2, 1.2),), (), 1.0, ranks_over_cores=True)  # 4 not measured: the device is not slowed
     assert dgx_h100(2).sharing is None and get_cluster("internet:8x1").sharing is None
 
 

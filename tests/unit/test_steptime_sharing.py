@@ -48,3 +48,50 @@ def test_a_collective_is_priced_once_as_its_fit_plus_the_sync_wait(world, cores)
         for nbytes in (4096, 1 << 20):
             assert step_collective_s(kind, nbytes, topo, "dp") == pytest.approx(
                 collective_time_s(kind, nbytes, topo, "dp") + 3e-3)
+
+
+def _oversubscribed(cores: int) -> Profile:
+    """4 gloo ranks calibrated on `cores` cores, sync wait 4 ms on 4 ranks (round 22's idle profile: 4.7 ms)."""
+    return Profile(CPU, {2: LINK, 4: LINK}, contention={2: (1.0, 1.5), 4: (2.35, 3.5)}, cpu_count=cores,
+                   collective_sync={4: 4e-3})
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_on_more_ranks_than_cores_only_a_sub_group_collective_waits_for_the_slowest_rank(kind):
+    """Round 23 (r23c): with 4 ranks on 2 cores the calibrated wait of an all-rank collective is the others' compute,
+    priced by the contention slowdown: a collective of every rank pays its fit alone; one of a sub-group (a tp pair
+    of dp=2 x tp=2) keeps the full wait; on as many cores as ranks every collective keeps it."""
+    from cost_model.communication import collective_wait_s
+    cluster = _oversubscribed(cores=2).cluster(4)
+    assert cluster.sharing.ranks_over_cores
+    whole = MeshTopology(cluster, (4,), ("dp",))
+    grid = MeshTopology(cluster, (2, 2), ("dp", "tp"))
+    for nbytes in (4096, 1 << 20):
+        assert step_collective_s(kind, nbytes, whole, "dp") == collective_time_s(kind, nbytes, whole, "dp")
+        assert step_collective_s(kind, nbytes, grid, "tp") == pytest.approx(
+            collective_time_s(kind, nbytes, grid, "tp") + 4e-3)
+        assert step_collective_s(kind, nbytes, grid, ("dp", "tp")) == collective_time_s(kind, nbytes, grid, ("dp", "tp"))
+    assert collective_wait_s(grid, "dp", compute_before_s=0.0) == 0.0  # right after another collective: none
+    own = _oversubscribed(cores=4).cluster(4)
+    assert not own.sharing.ranks_over_cores
+    topo = MeshTopology(own, (4,), ("dp",))
+    assert step_collective_s(kind, 4096, topo, "dp") == pytest.approx(collective_time_s(kind, 4096, topo, "dp") + 4e-3)
+
+
+def test_a_gradient_bucket_of_every_rank_on_more_ranks_than_cores_waits_for_none():
+    """The bucketed gradient sync (`steptime._buckets`) follows the same rule: dp=4 on 2 cores, one 4 KiB bucket is
+    its all-reduce's fit; on the dp axis of dp=2 x tp=2 it adds the calibrated wait."""
+    from parallelizer.planner.steptime import _buckets
+    cluster = _oversubscribed(cores=2).cluster(4)
+    work = [(0.01, [("dp", (1024,), 4)])]
+    for shape, names, wait in (((4,), ("dp",), 0.0), ((2, 2), ("dp", "tp"), 4e-3)):
+        topo = MeshTopology(cluster, shape, names)
+        ready, comm, codec = _buckets(work, topo, 1 << 20, 1 << 20, "none", 4, cluster.device)
+        assert ready == [0.01] and codec == 0.0
+        assert comm == [pytest.approx(collective_time_s("all_reduce", 4096, topo, ("dp",)) + wait)]
+
+
+def test_core_sharing_says_whether_ranks_outnumber_cores_as_a_bool():
+    from cost_model.topology import CoreSharing
+    with pytest.raises(ValueError, match="ranks_over_cores=1: must be a bool"):
+        CoreSharing(((4, 2.0),), ranks_over_cores=1)
