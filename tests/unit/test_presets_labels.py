@@ -30,7 +30,9 @@ def test_lm_preset_traces_its_loss_and_the_logits_are_saved(model):
     resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
     share = saved_tensor_owners(tg.graph_module, resident).get(ce[0].name)
     kept = saved_activation_bytes(ce[0].target, *node_values(ce[0]), share=share)
-    assert kept == B * T * V * 4 + B * T * 8  # fp32 logits + int64 targets (the gpt preset: T tokens of targets)
+    # fp32 logits + int64 targets (the gpt preset: T tokens of targets) + nll_loss's 0-d fp32 total_weight, which
+    # autograd keeps for backward too (round 23, r23e: measured with saved-tensor hooks)
+    assert kept == B * T * V * 4 + B * T * 8 + 4
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
