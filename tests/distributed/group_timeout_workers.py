@@ -8,7 +8,7 @@ import torch.distributed as dist
 from parallelizer.runtime.launch import create_groups
 
 TIMEOUT_S = 3.0  # the user's collective timeout
-ASLEEP_S = 20.0  # how long the stuck rank sleeps: far beyond TIMEOUT_S, far below torch's 30-minute default
+ASLEEP_S = 12.0  # how long the stuck rank sleeps: far beyond TIMEOUT_S, far below torch's 30-minute default
 
 
 def stuck_peer_in_a_sub_group(rank: int, world_size: int, store_path: str):
