@@ -22,7 +22,7 @@ rounds, so a burst of outside load shifts one round of every quantity rather tha
 * optimizer: torch's AdamW step, as ``DeviceSpec.optimizer_bytes_per_s`` and ``optimizer_tensor_s``
   (:func:`cost_model.measure.measure_optimizer`, priced by :func:`cost_model.compute.optimizer_step_time_s`).
 * contention: how much slower each of k processes computes when k run at once (matmul, memory and AdamW slowdown,
-  :func:`cost_model.measure.measure_contention`), for k = 1 and every calibrated process count; the machine's
+  :func:`cost_model.contention.measure_contention`), for k = 1 and every calibrated process count; the machine's
   core count is recorded with it. :meth:`Profile.cluster` prices an ``n``-rank mesh on the device slowed by
   the factors of ``n`` (``DeviceSpec.scaled``): on 2 cores, 4 ranks compute at about half speed each.
 * collectives: every kind the plans use (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv) over
@@ -105,8 +105,8 @@ from cost_model.link_fit import (_MIN_INV_BANDWIDTH, REUSED_KIND_FITS, _fit_alph
                                  fit_collective_cpu, fit_link, fit_size_segments)
 from cost_model.device_rounds import (CALIBRATION_NUM_THREADS, DEFAULT_MATMUL_SIZES, DEVICE_ROUNDS,  # noqa: F401
                                       calibration_threads, measure_device, time_callable_s)
-from cost_model.measure import (COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, contention_floor,  # noqa: F401
-                                measure_collectives)
+from cost_model.contention import contention_floor
+from cost_model.measure import COLLECTIVE_REPEATS, LARGE_REPEATS, MEASURABLE_KINDS, measure_collectives  # noqa: F401
 from cost_model.host_cost import with_op_host
 from cost_model.passes import pool_all, run_passes
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION
@@ -126,7 +126,7 @@ DEFAULT_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 <<
 QUICK_MESSAGE_SIZES_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 CALIBRATED_KINDS = MEASURABLE_KINDS
 PIPELINE_STEPS = 10  # timed steps of the pipeline action measurement (cost_model.pipeline_actions), over the passes
-CONTENTION_ROUNDS = 9  # windows per contention kernel (cost_model.measure.measure_contention), over the passes
+CONTENTION_ROUNDS = 9  # windows per contention kernel (cost_model.contention.measure_contention), over the passes
 # Round 20 (r20b): the collectives' rounds are taken in this many passes (fresh processes each), separated by the
 # calibration's other measurements, and pooled (:func:`cost_model.rounds.pool_passes`: why). 21 rounds = 3 x 7.
 # Round 21 (r21c): every measurement is shared over these passes (cost_model.passes).
@@ -167,7 +167,7 @@ class Profile:
         return device
 
     def slowdown(self, nprocs: int) -> tuple[float, ...]:
-        """``contention[nprocs]``, each factor at least :func:`cost_model.measure.contention_floor` (1, and
+        """``contention[nprocs]``, each factor at least :func:`cost_model.contention.contention_floor` (1, and
         ``nprocs / cpu_count`` with more processes than cores: profiles written before that clamp)."""
         floor = contention_floor(nprocs, self.cpu_count)
         return tuple(max(floor, f) for f in self.contention[nprocs])

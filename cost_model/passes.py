@@ -11,7 +11,7 @@ What a pass is (:func:`run_passes`): the collectives of every process count (``c
 processes), then the device's share of its rounds (:func:`cost_model.device_rounds.measure_device_rounds`), the
 pipeline actions' share of their steps (fresh processes, :func:`cost_model.pipeline_actions.
 measure_pipeline_action_samples`) and the contention's share of its windows (fresh processes,
-:func:`cost_model.measure.measure_contention`); shares as even as possible (:func:`share`: 5 device rounds over 3
+:func:`cost_model.contention.measure_contention`); shares as even as possible (:func:`share`: 5 device rounds over 3
 passes are 2, 2, 1). The last pass alone measures comm_overlap and sync (as in round 20), the middle one the own
 runner's benchmark (~20-40 s, it traces a model: once, to keep ``--quick`` cheap). Each quantity is then the median of
 its pooled rounds (:func:`pool_all`; the contention factor the median over passes of each pass's factor).
@@ -36,7 +36,8 @@ from typing import Callable, Sequence
 
 from cost_model.device_rounds import measure_device_rounds, reference_flops_per_s
 from cost_model.host_cost import HostPrograms
-from cost_model.measure import measure_collectives, measure_contention
+from cost_model.contention import measure_contention
+from cost_model.measure import measure_collectives
 from cost_model.pipeline_actions import action_cost_from_samples, measure_own_runner, measure_pipeline_action_samples
 from cost_model.rounds import PASS_REFERENCE_TOLERANCE, deviating_passes, pool_passes, pool_rounds
 

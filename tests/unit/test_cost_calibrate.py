@@ -13,7 +13,7 @@ from cost_model.calibrate import _MIN_INV_BANDWIDTH, Profile, _profile_to_json, 
 from cost_model.communication import flat_collective_time_s
 from cost_model.step_efficiency import price_reference_s, step_efficiency
 from cost_model.hardware import GPU_PIPELINE_ACTION, H100_SXM, PipelineActionCost
-from cost_model.measure import _keep_busy, contention_factor
+from cost_model.contention import _keep_busy, contention_factor
 from cost_model.pipeline_actions import CPU_PIPELINE_ACTION, action_cost_from_samples
 from cost_model.topology import Link
 
@@ -239,7 +239,7 @@ def test_profile_floors_contention_at_the_cores_share_with_more_processes_than_c
     measured AdamW at x1.46 with 4 processes on 2 cores (/tmp/r16/calC.json; another calibration of the same
     machine: x4.00): the rank device's optimizer rate is the solo rate / 2, and the pipeline search's sharing
     points are floored alike; 2 processes on 2 cores keep their measured factor (floor 1)."""
-    from cost_model.measure import contention_floor
+    from cost_model.contention import contention_floor
     assert contention_floor(4, 2) == 2.0 and contention_floor(2, 2) == 1.0 and contention_floor(3, 2) == 1.5
     assert contention_floor(4, None) == 1.0 and contention_floor(1, 8) == 1.0
     profile = Profile(device=_cpu_device(), links={n: Link("l", 1e-4, 1e9) for n in (2, 4)}, cpu_count=2,
