@@ -167,24 +167,36 @@ def _saved_by_kind(model, run_forward) -> dict:
     return loss, dict(sorted(groups.items(), key=lambda kv: -kv[1][1]))
 
 
+def _bf16_weights_call(model, idx, targets):
+    """One forward in the priced bf16 recipe (bf16 weights and activations, fp32 main weights; no autocast): each
+    parameter cast to bf16 at its use (`torch.func.functional_call`; the cast's backward returns fp32 gradients)."""
+    weights = {n: p.to(torch.bfloat16) for n, p in model.named_parameters()}
+    return torch.func.functional_call(model, weights, (idx, targets))
+
+
 def memory(path: str) -> None:
-    """Per model (eager, bf16 autocast): bytes held above the training state after forward, kept for backward
-    (`_saved_by_kind`), the peaks of forward, backward and the optimizer step, and the optimizer step's seconds
-    with torch's default AdamW (foreach on CUDA) and with ``fused=True``; JSON to `path`."""
+    """Per model (eager): bytes held above the training state after forward, kept for backward (`_saved_by_kind`),
+    the peaks of forward, backward and the optimizer step, and the optimizer step's seconds, for three recipes:
+    bf16 autocast with torch's default AdamW (foreach on CUDA), the same with ``fused=True``, and the priced recipe
+    (`_bf16_weights_call`) with the fused AdamW; JSON to `path`."""
     gpt = _gpt_module()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    def autocast_call(model, idx, targets):
+        with torch.autocast("cuda", torch.bfloat16):
+            return model(idx, targets)
+    recipes = {"foreach": (False, autocast_call), "fused": (True, autocast_call),
+               "bf16 weights": (True, _bf16_weights_call)}
     for name, (config, batch, seq) in MODELS.items():
         torch.manual_seed(0)
         model = gpt.GPT(gpt.GPTConfig(**config)).cuda()
         idx = torch.randint(0, config["vocab_size"], (batch, seq), device="cuda")
         targets = torch.roll(idx, -1, dims=1)
         r = {}
-        for fused in (False, True):
+        for recipe, (fused, call) in recipes.items():
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
             for _ in range(2):  # warm-up: optimizer state allocated
-                with torch.autocast("cuda", torch.bfloat16):
-                    loss = model(idx, targets)
-                loss.backward()
+                call(model, idx, targets).backward()
                 opt.step()
             torch.cuda.synchronize()
             times = []
@@ -199,11 +211,7 @@ def memory(path: str) -> None:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-
-            def forward():
-                with torch.autocast("cuda", torch.bfloat16):
-                    return model(idx, targets)
-            loss, saved = _saved_by_kind(model, forward)
+            loss, saved = _saved_by_kind(model, lambda: call(model, idx, targets))
             torch.cuda.synchronize()
             held = torch.cuda.memory_allocated() - base
             peak_fwd = torch.cuda.max_memory_allocated() - base
@@ -216,10 +224,10 @@ def memory(path: str) -> None:
             opt.step()
             torch.cuda.synchronize()
             peak_opt = torch.cuda.max_memory_allocated() - base
-            r["fused" if fused else "foreach"] = {
+            r[recipe] = {
                 "optimizer_s": statistics.median(times), "state_bytes": base, "held_after_forward": held,
                 "peak_forward": peak_fwd, "peak_backward": peak_bwd, "grads": grads, "peak_optimizer": peak_opt,
-                "saved_total": sum(b for _, b in saved.values()),
+                "saved_total": sum(b for _, b in saved.values()), "loss": float(loss.detach()),
                 "saved": {k: v for k, v in list(saved.items())[:14]}}
             opt.zero_grad(set_to_none=True)
             del opt, loss
