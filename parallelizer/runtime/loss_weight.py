@@ -182,9 +182,10 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
         program = _program(graph, inputs, count, (lambda g, v: g.call_function(aten.sum.default, (v,)))
                            if count is not node.args[1] else (lambda g, v: v))
         if program is not None and not node.args[1].meta["val"].shape:
-            if _full_reduction(node.args[0]) is None or den is None:
+            if _reduction_size(node.args[0]) is None or den is None:
                 _unknown(what, f"a quotient whose numerator ({node.args[0].name}) or denominator "
-                         f"({node.args[1].name}) is not a plain sum, count_nonzero or mean over all items (e.g. a "
+                         f"({node.args[1].name}) is not a plain sum, count_nonzero or mean over all items (or a loss "
+                         "with reduction='sum' as the numerator; e.g. a "
                          "clamped or offset count such as `mask.sum().clamp(min=1)`): it does not add up over "
                          "microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name,
@@ -319,14 +320,28 @@ def _full_reduction(node) -> torch.fx.Node | None:
 
 
 def _quotient_sizes(node: torch.fx.Node) -> tuple[int, int] | None:
-    """(A, B) of a quotient `node` of two full reductions (`_full_reduction`): the element counts the numerator's
-    and the denominator's means divide by (1 for a sum or count_nonzero), or None for another node."""
+    """(A, B) of a quotient `node` of two full reductions: the element counts the numerator's and the denominator's
+    means divide by (`_reduction_size`: 1 for a sum, count_nonzero or a loss summed), or None for another node."""
     if not (node.op == "call_function" and node.target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node)):
         return None
-    parts = [_full_reduction(a) for a in node.args]
-    if None in parts:
-        return None
-    return tuple(p.args[0].meta["val"].numel() if p.target in _MEANS else 1 for p in parts)
+    sizes = tuple(_reduction_size(a) for a in node.args)
+    return None if None in sizes else sizes
+
+
+def _reduction_size(node) -> int | None:
+    """The element count that `node`, a full reduction (`_full_reduction`), divides its sum by: its input's numel for
+    a mean, 1 for a sum or count_nonzero, and 1 for a loss op with reduction='sum' (through casts, views, scaling
+    and `out[0]`: `F.cross_entropy(..., reduction="sum") / (labels != -100).sum()`, transformers' form with
+    num_items_in_batch); None for anything else."""
+    full = _full_reduction(node)
+    if full is not None:
+        return full.args[0].meta["val"].numel() if full.target in _MEANS else 1
+    node = _unscaled(node)
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and _first_of_loss(node):
+        node = node.args[0]
+    summed = (isinstance(node, torch.fx.Node) and node.op == "call_function"
+              and node.target in _CLASS_LOSSES | _ELEMENT_LOSSES and _normalized(node).get("reduction", _MEAN) == _SUM)
+    return 1 if summed else None
 
 
 def _unscaled(node):

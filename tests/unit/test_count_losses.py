@@ -45,20 +45,27 @@ class Variant(CountLoss):
             return ce + 1e-2 * (z * valid).sum() / torch.count_nonzero(labels.flatten() != -100)
         if self.kind == "same_mask_terms":  # two means over one input mask (not made from labels)
             return (tok * mask).sum() / mask.sum() + 0.1 * (z * mask).sum() / mask.sum()
+        if self.kind == "summed_ce":  # a loss summed over the counted labels / their count (num_items_in_batch)
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / (labels != -100).sum()
+        if self.kind == "summed_ce_zloss":  # the same beside a z-loss over the same labels
+            ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / valid.sum()
+            return ce + 1e-2 * (z * valid).sum() / valid.sum()
         if self.kind == "sum_over_mean":  # a sum over a mean: scales with the batch size
             return (tok * mask).sum() / mask.float().mean()
+        if self.kind == "summed_ce_over_mean":  # a summed loss over a mean: scales with the batch size too
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / valid.float().mean()
         if self.kind == "other_items":  # CE over the labels + a z-loss over another mask: different counts
             return F.cross_entropy(logits.flatten(0, 1), labels.flatten()) + 1e-2 * (z * mask).sum() / mask.sum()
         raise ValueError(self.kind)
 
 
-def _weighted_against_whole(model, batch):
-    """(sum_j w_j loss_j with w_j = n_j / N from the model's own weighting, the whole batch's loss), after backward
-    of each: the accumulated gradients of the microbatches are left in `model`, the whole batch's returned."""
+def _weighted_against_whole(model, weighting, batch):
+    """(sum_j w_j loss_j with w_j = n_j / N from `weighting`, the model's own, and the whole batch's loss), after
+    backward of each: (the microbatches' accumulated gradients, the whole batch's)."""
     ids, labels, mask = batch
-    weighting = model_loss_weighting(model, trace(model, (ids[:BATCH // M], labels[:BATCH // M], mask[:BATCH // M])))
     target, count = batch_target(weighting, [ids, labels, mask], M)
     total, n = torch.zeros(()), count(target)
+    model.zero_grad(set_to_none=True)
     for chunk, i, y, k in zip(target.tensor_split(M), ids.tensor_split(M), labels.tensor_split(M), mask.tensor_split(M)):
         w = count(chunk) / n
         loss = model(i, y, k)
@@ -72,26 +79,28 @@ def _weighted_against_whole(model, batch):
     return total, whole.detach(), grads, [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("empty", [0, BATCH // 2], ids=["uneven", "empty_microbatch"])
 @pytest.mark.parametrize("kind", [*KINDS, "nonzero_of_ne", "sum_over_dims", "row_means", "zloss_nonzero",
-                                  "same_mask_terms"])
-def test_a_count_normalised_loss_weighs_to_the_whole_batch(kind, empty):
+                                  "same_mask_terms", "summed_ce", "summed_ce_zloss"])
+def test_a_count_normalised_loss_weighs_to_the_whole_batch(kind):
+    """On a batch of uneven lengths and on one whose microbatch 0 counts no token (its loss 0 / 0)."""
     torch.manual_seed(0)
     model = CountLoss(kind) if kind in KINDS else Variant(kind)
-    batch = count_batch(empty, seed=1)
-    total, whole, grads, whole_grads = _weighted_against_whole(model, batch)
-    assert torch.isfinite(whole)
-    torch.testing.assert_close(total, whole)
-    for g, h in zip(grads, whole_grads):
-        torch.testing.assert_close(g, h)
+    batches = [count_batch(0, seed=1), count_batch(BATCH // 2, seed=1)]
+    weighting = model_loss_weighting(model, trace(model, tuple(t[:BATCH // M] for t in batches[0])))
+    for batch in batches:
+        total, whole, grads, whole_grads = _weighted_against_whole(model, weighting, batch)
+        assert torch.isfinite(whole)
+        torch.testing.assert_close(total, whole)
+        for g, h in zip(grads, whole_grads):
+            torch.testing.assert_close(g, h)
     # the model's own loss mixes no samples: the microbatch check (with the pipeline's weights) finds nothing
-    weighting = model_loss_weighting(model, trace(model, tuple(t[:BATCH // M] for t in batch)))
-    counts = weighting.counts(list(batch), M).double()
-    assert microbatch_mixing(model, batch, {}, M, counts / counts.sum()) is None
+    counts = weighting.counts(list(batches[0]), M).double()
+    assert microbatch_mixing(model, batches[0], {}, M, counts / counts.sum()) is None
 
 
 @pytest.mark.parametrize("kind, reason", [
     ("sum_over_mean", "the quotient scales with the batch size"),
+    ("summed_ce_over_mean", "the quotient scales with the batch size"),
     ("other_items", "means over different items"),
 ])
 def test_a_count_normalised_loss_that_does_not_add_up_is_refused_with_why(kind, reason):
