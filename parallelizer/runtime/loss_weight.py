@@ -9,9 +9,13 @@ that makes the model's first output and returns how a microbatch's n_j follows f
 
 - cross_entropy / nll_loss with reduction='mean' on class indices: n_j = (target != ignore_index).sum(), with
   the target recomputed from the inputs by the graph's own ops (e.g. transformers' shifted, padded labels);
-- `a / b` with `b` made from the inputs alone (a mean over a mask: `(x * mask).sum() / mask.sum()`): n_j = b,
-  where a and b are both plain sums over all elements (a count clamped or offset after the sum,
-  `mask.sum().clamp(min=1)`, does not add up over microbatches and raises);
+- `a / b` with `b` made from the inputs alone (a mean over a mask: `(x * mask).sum() / mask.sum()`,
+  `/ count_nonzero(mask)`): n_j = b, where a and b are both plain sums (or count_nonzero) over all elements; a
+  ratio of means (`(x * mask).mean() / mask.float().mean()`) counts the denominator's sum, when the second trace
+  on twice the microbatch shows the two means' element counts in a fixed ratio (a count clamped or offset after
+  the sum, `mask.sum().clamp(min=1)`, does not add up over microbatches and raises);
+- a sum of such terms that count the same targets (cross-entropy with ignore_index plus a z-loss masked by
+  `labels != ignore_index`): weighted by that count, compared structurally (`_items_key`);
 - a mean over a whole tensor, or a mean-reduced loss whose denominator is the element count (mse, l1,
   binary cross-entropy, cross-entropy on probabilities) or the sample count (multi-margin, triplet-margin,
   cosine-embedding): every microbatch counts alike, equal weights;
@@ -23,7 +27,6 @@ Anything else raises `StepError` naming the op, with the remedy (pass `target=` 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 from dataclasses import dataclass
@@ -35,7 +38,6 @@ from torch.utils import _pytree as pytree
 from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES
 from ..tracer.device_free import views_as_reshapes
 from ..tracer.graph import TracedGraph
-from ..tracer.leaves import unflatten_in_order
 from .step import StepError
 
 aten = torch.ops.aten
@@ -50,7 +52,14 @@ _CLASS_LOSSES = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nl
 _ELEMENT_LOSSES = {p.default for p in (*ELEMENTWISE_LOSSES, *PER_SAMPLE_LOSSES)}
 _PASS = {aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.clone.default,
          aten.view.default, aten.reshape.default, aten.squeeze.default, aten._unsafe_view.default}
+# ops that keep each element once, only rearranged: the targets a count reads through them are the same targets
+_SAME_ITEMS = _PASS | {aten.flatten.using_ints, aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.dim,
+                       aten.squeeze.dims, aten.permute.default, aten.transpose.int, aten.t.default}
 _MEAN, _SUM = 1, 2  # torch's Reduction enum (at::Reduction::Mean / Sum)
+_MEANS = {aten.mean.default, aten.mean.dim}
+_PLAIN_REDUCTIONS = _MEANS | {aten.sum.default, aten.sum.dim_IntList}
+_COUNT_NONZERO = {aten.count_nonzero.default, aten.count_nonzero.dim_IntList}
+_FULL_REDUCTIONS = _PLAIN_REDUCTIONS | _COUNT_NONZERO  # over all elements (0-d): `_full_reduction`
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ class OwnLossWeighting:
     kind: str
     program: torch.fx.GraphModule | None
     what: str
-    counted: tuple | None = None  # for "count": (target node, ignored value) when it counts targets != that value
+    counted: tuple | None = None  # for "count": (`_items_key` of the targets, value) when it counts targets != value
 
     def counts(self, flat: list[torch.Tensor], microbatches: int) -> torch.Tensor:
         """n_j of each microbatch, shape (microbatches,), from the GLOBAL inputs `flat` (traced order, dim 0 =
@@ -123,6 +132,13 @@ def graph_weighting(graph: torch.fx.Graph, inputs: tuple[str, ...], source: str 
         # the smoothing term's sum over the targets != ignore_index, divided by their count): weighted by it
         return OwnLossWeighting("count", kinds[0].program, f"{what}, a sum of {len(terms)} means over the same "
                                 f"targets ({', '.join(whats)})", kinds[0].counted)
+    if all(k.kind == "count" for k in kinds):
+        _unknown(what, f"a sum of {len(terms)} means over different items (" + ", ".join(
+            f"{w}: {_counted_words(k.counted)}" for w, k in zip(whats, kinds)) + "): microbatch j's loss is "
+            "A_j / n_j + B_j / k_j, and one weight w_j per microbatch gives the batch's A / n + B / k only when n_j "
+            "/ k_j is the same for every microbatch, which the graph does not show (the items may be spread "
+            "differently); terms count the same items when their denominators are the same reduction of the same "
+            "value (compared structurally)", source)
     _unknown(what, f"a sum of {len(terms)} loss terms weighted differently ("
              + ", ".join(f"{w}: {k.kind}" for w, k in zip(whats, kinds))
              + "): only terms that all weigh equally (means over fixed numbers of items) or all add up (sums) "
@@ -147,7 +163,7 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
             program = _program(graph, inputs, labels, lambda g, v: g.call_function(
                 aten.sum.default, (g.call_function(aten.ne.Scalar, (v, ignored)),)))
             if program is not None:
-                return OwnLossWeighting("count", program, what, (_unviewed(labels).name, ignored))
+                return OwnLossWeighting("count", program, what, (_items_key(_unviewed(labels)), ignored))
         if args.get("weight") is not None:
             _unknown(what, "a cross-entropy with class weights (its mean divides by the sum of the targets' "
                      "weights, not by their count; e.g. item_count=lambda y: weight[y[y != -100]].sum())", source)
@@ -161,30 +177,39 @@ def _term_weighting(graph: torch.fx.Graph, node: torch.fx.Node, inputs: tuple[st
     if target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node):
         return OwnLossWeighting("sum", None, what)
     if target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node):
-        program = _program(graph, inputs, node.args[1], lambda g, v: v)
+        den = _full_reduction(node.args[1])
+        count = den.args[0] if den is not None and den.target in _MEANS else node.args[1]
+        program = _program(graph, inputs, count, (lambda g, v: g.call_function(aten.sum.default, (v,)))
+                           if count is not node.args[1] else (lambda g, v: v))
         if program is not None and not node.args[1].meta["val"].shape:
-            if not (_is_full_sum(node.args[0]) and _is_full_sum(node.args[1])):
+            if _reduction_size(node.args[0]) is None or den is None:
                 _unknown(what, f"a quotient whose numerator ({node.args[0].name}) or denominator "
-                         f"({node.args[1].name}) is not a plain sum over all items (e.g. a clamped or offset count "
-                         "such as `mask.sum().clamp(min=1)`): it does not add up over microbatches")
+                         f"({node.args[1].name}) is not a plain sum, count_nonzero or mean over all items (or a loss "
+                         "with reduction='sum' as the numerator; e.g. a "
+                         "clamped or offset count such as `mask.sum().clamp(min=1)`): it does not add up over "
+                         "microbatches")
             return OwnLossWeighting("count", program, what + ", denominator " + node.args[1].name,
                                     _counted_targets(node.args[1]))
     _unknown(what, "an op whose per-microbatch item count the graph does not show", source)
 
 
 def _unviewed(node):
-    """`node` through casts and views (`_PASS`)."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASS:
+    """`node` through casts, views and rearrangements that keep every element once (`_SAME_ITEMS`)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _SAME_ITEMS:
         node = node.args[0]
     return node
 
 
 def _counted_targets(count: torch.fx.Node) -> tuple | None:
-    """(target node, value) when `count` is the number of targets != value: `sum(v != c)` or `sum(~(v == c))`
-    (through casts and views), as `OwnLossWeighting.counted`; None for another count."""
-    node = _unviewed(count)
-    if not (isinstance(node, torch.fx.Node) and node.target in (aten.sum.default, aten.sum.dim_IntList)
-            and _reduces_all(node)):
+    """What `count` (a denominator) counts, as `OwnLossWeighting.counted`: (key of the target node, value) when it
+    is the number of targets != value: `sum(v != c)`, `sum(~(v == c))`, `count_nonzero(v != c)`, `count_nonzero(v)`
+    (c = 0) or a mean of such a mask (whose count program sums it); ("sum of", key of x) for another sum or mean of
+    x (`mask.sum()`); through casts, views and scaling by a number; None when `count` is no full reduction. The key
+    (`_items_key`) is structural, so two terms that count the same targets computed twice (a shift recomputed per
+    term) or viewed otherwise (cross_entropy's `labels.flatten()` beside a mask `labels != -100`: round 22's false
+    refusal "(count, count)") have equal keys."""
+    node = _full_reduction(count)
+    if node is None:
         return None
     inner = _unviewed(node.args[0])
     if isinstance(inner, torch.fx.Node) and inner.target in (aten.bitwise_not.default, aten.logical_not.default):
@@ -192,8 +217,31 @@ def _counted_targets(count: torch.fx.Node) -> tuple | None:
         if not (isinstance(inner, torch.fx.Node) and inner.target == aten.eq.Scalar):
             return None
     elif not (isinstance(inner, torch.fx.Node) and inner.target == aten.ne.Scalar):
-        return None
-    return (_unviewed(inner.args[0]).name, inner.args[1])
+        return (_items_key(inner), 0) if node.target in _COUNT_NONZERO else ("sum of", _items_key(inner))
+    return (_items_key(_unviewed(inner.args[0])), inner.args[1])
+
+
+def _counted_words(counted: tuple | None) -> str:
+    """`OwnLossWeighting.counted` in words (for messages)."""
+    if counted is None:
+        return "counts another value"
+    if counted[0] == "sum of":
+        return f"counts the sum of {counted[1][1] if counted[1][0] != 'call_function' else counted[1][1] + '(...)'}"
+    key, value = counted
+    return f"counts the entries != {value} of {key[1]}" + ("(...)" if key[0] == "call_function" else "")
+
+
+def _items_key(node) -> tuple:
+    """A structural key of `node`: equal for two nodes that compute the same value by the same ops from the same
+    placeholders (names) and constants; used to tell whether two loss terms count the same targets."""
+    if not isinstance(node, torch.fx.Node):
+        return ("const", repr(node))
+    if node.op in ("placeholder", "get_attr"):
+        return (node.op, str(node.target))
+    args = torch.fx.node.map_aggregate(node.args, lambda a: _items_key(a) if isinstance(a, torch.fx.Node) else a)
+    kwargs = torch.fx.node.map_aggregate(dict(node.kwargs), lambda a: _items_key(a) if isinstance(a, torch.fx.Node)
+                                         else a)
+    return (node.op, str(node.target), repr(args), repr(sorted(kwargs.items())))
 
 
 def _per_item(weighting: OwnLossWeighting, source: str) -> OwnLossWeighting:
@@ -255,14 +303,45 @@ def _factor(node: torch.fx.Node):
     return (node.target.__name__, node.args[1] if held is None else f"tensor {held}")
 
 
-def _is_full_sum(node) -> bool:
-    """Whether `node` is a sum over all elements (through casts, views and scaling by a Python number): a value
-    that adds up over microbatches, as the "count" weighting of `a / b` needs of both a and b. A count clamped
-    or offset after the sum (`mask.sum().clamp(min=1)`) is not: for a microbatch without items it is 1, not 0,
-    so sum_j b_j is not the batch's denominator."""
+def _full_reduction(node) -> torch.fx.Node | None:
+    """The reduction over all elements that `node` is through casts, views and scaling by a Python number, or None:
+    a sum or count_nonzero (= sum(x != 0)), which adds up over microbatches, or a mean, a sum divided by its
+    input's element count. The "count" weighting of `a / b` needs one of them as both a and b: a quotient of sums
+    S_j / C_j weighs by C_j; of means (`(tok * m).mean() / m.float().mean()` = (S_j / A_j) / (C_j / B_j)) by C_j
+    too, when B_j / A_j, the ratio of their element counts, does not change with the batch (`check_batch_scaling`
+    confirms it on twice the microbatch: `_quotient_sizes`). A count clamped or offset after the sum
+    (`mask.sum().clamp(min=1)`) is none: for a microbatch without items it is 1, not 0, so sum_j b_j is not the
+    batch's denominator."""
     node = _unscaled(node)
-    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and node.target in (aten.sum.default, aten.sum.dim_IntList) and _reduces_all(node))
+    if (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _FULL_REDUCTIONS
+            and isinstance(node.args[0], torch.fx.Node) and _reduces_all(node)):
+        return node
+    return None
+
+
+def _quotient_sizes(node: torch.fx.Node) -> tuple[int, int] | None:
+    """(A, B) of a quotient `node` of two full reductions: the element counts the numerator's and the denominator's
+    means divide by (`_reduction_size`: 1 for a sum, count_nonzero or a loss summed), or None for another node."""
+    if not (node.op == "call_function" and node.target == aten.div.Tensor and isinstance(node.args[1], torch.fx.Node)):
+        return None
+    sizes = tuple(_reduction_size(a) for a in node.args)
+    return None if None in sizes else sizes
+
+
+def _reduction_size(node) -> int | None:
+    """The element count that `node`, a full reduction (`_full_reduction`), divides its sum by: its input's numel for
+    a mean, 1 for a sum or count_nonzero, and 1 for a loss op with reduction='sum' (through casts, views, scaling
+    and `out[0]`: `F.cross_entropy(..., reduction="sum") / (labels != -100).sum()`, transformers' form with
+    num_items_in_batch); None for anything else."""
+    full = _full_reduction(node)
+    if full is not None:
+        return full.args[0].meta["val"].numel() if full.target in _MEANS else 1
+    node = _unscaled(node)
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and _first_of_loss(node):
+        node = node.args[0]
+    summed = (isinstance(node, torch.fx.Node) and node.op == "call_function"
+              and node.target in _CLASS_LOSSES | _ELEMENT_LOSSES and _normalized(node).get("reduction", _MEAN) == _SUM)
+    return 1 if summed else None
 
 
 def _unscaled(node):
@@ -337,118 +416,6 @@ def _one(t: torch.Tensor) -> torch.Tensor:
     return torch.ones((), dtype=torch.int64)
 
 
-def loss_fn_weighting(loss_fn, outputs: list, out_spec, target: torch.Tensor) -> OwnLossWeighting | None:
-    """The weighting of a user's `loss_fn(output, target_j)`, read from its ATen graph (`make_fx` on fake
-    tensors on the target's device: nothing is computed or allocated): `outputs` are the model's output
-    leaves of one microbatch (tensors or metas with .shape / .dtype), `out_spec` their pytree structure,
-    `target` one microbatch's target. The count may only depend on the target. None when make_fx cannot trace
-    `loss_fn` (data-dependent Python); StepError (as `graph_weighting`) when the graph shows no per-microbatch
-    count, or when a scale or reduction changes with the microbatch size otherwise than a division by it
-    (`_batch_scaled_terms`)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    # fake tensors (no storage) on the target's device, not "meta": a tensor the loss_fn holds (class weights,
-    # a mask) lives on that device, and a meta tensor meeting it made make_fx fail, so the count silently fell
-    # back to labels != -100 (a class-weighted cross-entropy on pp=2 x tp=2: loss 1e-2 off one device)
-    leaves, fake_target = _fakes([*outputs, target], target.device)
-    call = _loss_fn_call(loss_fn, out_spec, with_target=True)
-
-    try:
-        gm = make_fx(call, tracing_mode="fake")(*leaves, fake_target)
-    except Exception:  # noqa: BLE001 - any failure to trace user code: the caller keeps `count_items`
-        return None
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    per_item = _batch_scaled_terms(call, gm, [*outputs, target], target.device)
-    return graph_weighting(gm.graph, (names[-1],), "loss_fn", per_item=per_item)
-
-
-def own_loss_use(loss_fn, outputs: list, out_spec) -> str:
-    """How `loss_fn(output, None)` (a pipeline step without target) uses the model's own loss, its first output
-    leaf (a 0-d tensor, `returns_scalar_loss`), read from loss_fn's ATen graph (`make_fx` on fake tensors of
-    `outputs`' shapes; nothing is computed):
-
-    - "unread": loss_fn does not read it (a mean over other, fixed-shape outputs: equal weights hold);
-    - "scaled": the result IS it, through casts, views and constant factors (`out / accum`, `out.loss`,
-      `scaler.scale(out)`): it weighs as the model's own loss does (`own_loss_weighting`);
-    - "mixed": loss_fn reads it and makes something else of it (`out.loss + 0.1 * out.aux.mean()`, `out ** 2`);
-    - "untraced": make_fx could not trace loss_fn (data-dependent Python).
-
-    Round 18 (new-user trial): on pp=2 x dp=2, a model returning its own cross-entropy over labels with -100
-    padding, stepped with `loss_fn=lambda out, _: out / accum`, was weighed by equal microbatch weights (1 / m)
-    instead of its token counts: loss 2.7e-3 off one device, parameters 8.4e-3 after 3 steps, silently."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        leaves = [torch.empty(tuple(m.shape), dtype=m.dtype) for m in outputs]
-    try:
-        gm = make_fx(_loss_fn_call(loss_fn, out_spec, with_target=False), tracing_mode="fake")(*leaves)
-    except Exception:  # noqa: BLE001 - any failure to trace user code: the caller decides
-        return "untraced"
-    own = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    if not own.users:
-        return "unread"
-    result = pytree.tree_leaves(gm.graph.output_node().args[0])
-    return "scaled" if len(result) == 1 and _unscaled(result[0]) is own else "mixed"
-
-
-def _loss_fn_call(loss_fn, out_spec, with_target: bool):
-    """`call(*flat)` for make_fx: `loss_fn(outputs restored to the model's structure, target)` from the flat output
-    leaves followed by the target (`with_target`), or the leaves alone and target None."""
-    def call(*flat):
-        outs, target = (flat[:-1], flat[-1]) if with_target else (flat, None)
-        structured = unflatten_in_order(list(outs), out_spec) if out_spec is not None else outs
-        with _real_scaler_start():
-            return loss_fn(structured, target)
-    return call
-
-
-@contextlib.contextmanager
-def _real_scaler_start():
-    """While loss_fn is traced: a `torch.amp.GradScaler` whose first `scale(loss)` runs inside loss_fn creates its
-    scale as a real tensor (torch's lazy initialisation, outside fake mode and make_fx), as its first real call
-    would, and the trace holds it as a constant. Before, the trace left a FakeTensor as the user's scaler's scale
-    (a pipeline's later real `scale` failed on it) and recorded the scale as an op, not a constant factor."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-    lazy = torch.amp.GradScaler._lazy_init_scale_growth_tracker
-
-    def real(self, dev):
-        with unset_fake_temporarily(), disable_proxy_modes_tracing():
-            lazy(self, torch.device(dev.type, dev.index) if dev.type != "meta" else torch.device("cpu"))
-    torch.amp.GradScaler._lazy_init_scale_growth_tracker = real
-    try:
-        yield
-    finally:
-        torch.amp.GradScaler._lazy_init_scale_growth_tracker = lazy
-
-
-def _fakes(metas: list, device, factor: int = 1) -> tuple[list, torch.Tensor]:
-    """(storage-free fake tensors of `metas`' shapes and dtypes on `device`, dim 0 times `factor` for those with
-    dims, but the last; the last)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        fakes = [torch.empty((factor * m.shape[0], *m.shape[1:]) if len(m.shape) else (), dtype=m.dtype,
-                             device=device) for m in metas]
-    return fakes[:-1], fakes[-1]
-
-
-def _batch_scaled_terms(call, gm: torch.fx.GraphModule, metas: list, device) -> frozenset[int]:
-    """`check_batch_scaling` of a loss_fn: its terms divided by the microbatch size (`loss.sum() / y.numel()`,
-    `/ y.shape[0]`, `/ len(y)`: weighted as a sum they gave about m times one device's loss, pp=2 x tp=2 with 4
-    microbatches: loss 4x, gradients 1.5 off; now per-item means, weighed equally), found by tracing loss_fn again
-    on twice the batch (dim 0 of every output and of the target, `metas`; 0-d outputs kept). Raises StepError when
-    another scale changes with the batch, or when the loss has a form that needs this second trace
-    (`needs_batch_check`) and loss_fn does not trace on twice the batch (e.g. it reshapes to the traced batch)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    if not len(metas[-1].shape) or not needs_batch_check(gm.graph):
-        return frozenset()
-    doubled, fake_target = _fakes(metas, device, factor=2)
-    try:
-        gm2 = make_fx(call, tracing_mode="fake")(*doubled, fake_target)
-    except Exception as exc:  # noqa: BLE001 - e.g. a loss_fn that reshapes to the traced batch
-        unconfirmed(gm.graph, f"{type(exc).__name__}: {exc}", "loss_fn")
-    return check_batch_scaling(gm.graph, gm2.graph, "loss_fn")
-
-
 def model_loss_weighting(model: torch.nn.Module, traced: TracedGraph) -> OwnLossWeighting:
     """`own_loss_weighting` of `traced` (one microbatch of `model`) with the second trace on twice the microbatch
     when the loss needs it (`needs_batch_check`, `doubled_trace` of a skeleton of `model`), as `pm.step` weighs it.
@@ -495,11 +462,11 @@ def unconfirmed(graph: torch.fx.Graph, why: str, source: str):
 def needs_batch_check(graph: torch.fx.Graph) -> bool:
     """Whether the loss of `graph` has a form whose weighting a second trace on twice the batch must confirm
     (`check_batch_scaling`): a constant factor on the way from the output to a loss term, or a plain sum / mean
-    as a term's reduction. A single loss op that counts its own items (cross-entropy, mse, ...) unscaled needs
-    none."""
+    as a term's reduction, or a quotient with a mean (`_quotient_sizes`). A single loss op that counts its own
+    items (cross-entropy, mse, ...) unscaled, or a quotient of sums, needs none."""
     terms = _terms(graph)
     return len(terms) > 1 or any(bool(numbers) or (base.op == "call_function" and base.target in _PLAIN_REDUCTIONS)
-                                 for numbers, base in terms)
+                                 or _quotient_sizes(base) not in (None, (1, 1)) for numbers, base in terms)
 
 
 def check_batch_scaling(graph: torch.fx.Graph, doubled: torch.fx.Graph, source: str) -> frozenset[int]:
@@ -525,6 +492,13 @@ def _check_term_scaling(one, base, two, base2, what: str, source: str) -> bool:
     """`check_batch_scaling` of one loss term: its scale numbers and loss op on one microbatch and on twice it.
     True when the term is divided by a number proportional to the microbatch size, False when its scale is
     fixed; raises StepError otherwise."""
+    sizes, sizes2 = _quotient_sizes(base), _quotient_sizes(base2)
+    if sizes is not None and sizes2 is not None and sizes[0] * sizes2[1] != sizes2[0] * sizes[1]:
+        _unknown(what, f"a quotient of reductions whose means divide by {sizes[0]} and {sizes[1]} elements on this "
+                 f"microbatch but by {sizes2[0]} and {sizes2[1]} on twice its batch (e.g. `(x * m).sum() / "
+                 "m.float().mean()`: a sum over a mean): the quotient scales with the batch size, so its microbatch "
+                 "values weighted by their counts do not give one device's (write both as sums, `(x * m).sum() / "
+                 "m.sum()`, or both as means over the same items)", source)
     items, items2 = _reduced_numel(base), _reduced_numel(base2)
     if items is not None and items2 is not None and items2 != 2 * items:
         _unknown(what, f"a reduction over {items} elements on this microbatch and {items2} on twice its batch: its "
@@ -592,9 +566,6 @@ def _chain_from(node: torch.fx.Node) -> tuple[list, torch.fx.Node]:
             numbers.append(_factor(node))
         node = node.args[0]
     return numbers, node
-
-
-_PLAIN_REDUCTIONS = {aten.mean.default, aten.mean.dim, aten.sum.default, aten.sum.dim_IntList}
 
 
 def _reduced_numel(node: torch.fx.Node) -> int | None:

@@ -69,8 +69,9 @@ from .module_contract import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
 from .pipeline import PipelineRun, build, plan_cut, stage_pp_rank, step_returns
 from .zero1 import axis_group
-from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, loss_fn_weighting, needs_batch_check,
-                          own_loss_use, own_loss_weighting, returns_scalar_loss)
+from .loss_fn_weight import loss_fn_weighting, own_loss_use
+from .loss_weight import (ChunkCount, OwnLossWeighting, doubled_trace, needs_batch_check, own_loss_weighting,
+                          returns_scalar_loss)
 from .loss_weight import batch_target as batch_target_of
 from .modes import Retracer
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss, count_items
@@ -199,7 +200,7 @@ class PipelineModule(PipelineContract, ModelAttributes, torch.nn.Module):
         the inputs, the last stage's compute the loss of each microbatch (`loss_fn` on the model's output
         structure), weighted by its share n_j / N of the batch's items, so the result is the single-device loss
         of the whole batch: with `loss_fn`, n_j = `item_count(target_j)` (default: read from loss_fn's ATen
-        graph, e.g. a shifted cross-entropy counts its shifted non-ignored labels, `loss_weight.loss_fn_weighting`;
+        graph, e.g. a shifted cross-entropy counts its shifted non-ignored labels, `loss_fn_weight.loss_fn_weighting`;
         `count_items` when make_fx cannot trace loss_fn); with loss_fn=None (the model's own loss, e.g. transformers given labels=) n_j is
         read from the model's loss op and the microbatch's own inputs (`runtime.loss_weight`), unless
         `item_count` and `target` are both given. Gradients are ADDED to `.grad` (tied copies summed over
@@ -284,7 +285,7 @@ class PipelineModule(PipelineContract, ModelAttributes, torch.nn.Module):
 
     def _weighs_as_own_loss(self, loss_fn: LossFn) -> bool:
         """For `step(loss_fn=..., target=None)`: True when loss_fn's result is the model's own loss scaled by a
-        constant (`loss_weight.own_loss_use` "scaled"): it then weighs as that loss (`own_loss_weighting`, set
+        constant (`loss_fn_weight.own_loss_use` "scaled"): it then weighs as that loss (`own_loss_weighting`, set
         on `self._own_weighting`). False when loss_fn does not read the own loss, or the own loss weighs equally
         (a mean over a fixed number of items): equal weights are right. Cached for the last loss_fn.
 
@@ -426,7 +427,7 @@ class PipelineModule(PipelineContract, ModelAttributes, torch.nn.Module):
                           "loss_fn averages over (e.g. labels[:, 1:] != -100 for a shifted loss)", stacklevel=3)
 
     def _loss_fn_count(self, loss_fn: LossFn, target: torch.Tensor):
-        """The item count of `loss_fn` read from its graph (`loss_weight.loss_fn_weighting`, on meta tensors of
+        """The item count of `loss_fn` read from its graph (`loss_fn_weight.loss_fn_weighting`, on meta tensors of
         one microbatch's outputs; cached for the last loss_fn and target shape), or `count_items` when
         make_fx cannot trace it. Raises StepError when the graph shows no per-microbatch count."""
         chunk = target.shape[0] // self.run.microbatches

@@ -69,7 +69,7 @@ from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, counts_no_item, weighted_loss, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
-from .whole_batch import labelled, left_out, own_difference, whole_batch_loss
+from .whole_batch import labelled, left_out, nonfinite_accumulation, own_difference, whole_batch_loss
 from .widen import as_float64, widening
 from .rehearsal import (RECIPE_ADAM_EPS, random_ops, RehearsalReport, float64_excess, _any_rank_outside, _float64_run,
                         _grad_or_zeros, _loss, _max_diff, _report, tensor_leaves, unjudged_codec, unused_float64,
@@ -167,7 +167,9 @@ def replay_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict
     except REPLAY_ERRORS as error:  # every rank runs the same eager model on the same inputs: all return here
         return failure(error)
     worst = _max_diff([("loss", loss, ref_loss)], torch.float64) if run.last else (0.0, "", 0.0)
-    return max(worst, stage_diffs(run, reference, spec, torch.float64, grads=True), key=lambda r: r[2])
+    with widening():  # NaN on both sides is no match where one device's whole batch is finite (`_rank_main`)
+        nan = nonfinite_accumulation(reference, traced, inputs, kwargs) or worst
+    return max(worst, nan, stage_diffs(run, reference, spec, torch.float64, grads=True), key=lambda r: r[2])
 
 
 def _warn_microbatch_mixing(model_fn: Callable, model_kwargs: dict, microbatches: int,
@@ -349,6 +351,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
         batch_loss = run.step(*flat, target=target, item_count=count)
         ref_loss = _accumulated_reference(reference, inputs, kwargs, weights, recipe)
         exact_loss = () if exact is None else (_accumulated_reference(exact, *exact_inputs, weights),)
+        if not step and (nan := nonfinite_accumulation(reference, traced, inputs, kwargs, recipe)) is not None:
+            grad = _worse(grad, nan, step)  # a NaN on both sides is no match where one device is finite
         if run.last:
             # every step's loss: the one after steps (`ReachDtypes.final_loss` covers the first's too)
             loss = _worse(loss, _max_diff([(f"step {step}", batch_loss, ref_loss, *exact_loss)], reach.final_loss,

@@ -23,11 +23,14 @@ the same tensor (`judge.float64_excess`), and with the accumulated float64 loss 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..tracer.graph import TracedGraph
 from ..tracer.microbatch_check import microbatch_mixing
 from .judge import _loss, _max_diff, random_ops
+from .module_copy import copy_module
 from .precision import autocast
 
 NOT_RUN_STATE = ("not run: the forward writes buffers or parameters, which the pipeline writes once per microbatch "
@@ -85,7 +88,7 @@ def labelled(measured: tuple[float, str, float], why: str) -> str:
     """The report's note for a whole-batch pair left out of the verdict: `why` (`left_out`) with its measured
     |diff| and ratio to the bound (`measured`: `judge._max_diff`'s (|diff|, name, ratio); |diff| None: not
     run)."""
-    if measured[1] == "":
+    if not why or measured[1] == "":  # judged: no note (before, " (measured ...)" read NOT JUDGED with no reason)
         return why
     return f"{why} (measured |diff| {measured[0]:.2e}, {measured[2]:.3g}x the bound, not judged)"
 
@@ -97,5 +100,37 @@ def own_difference(accumulated: torch.Tensor, whole: torch.Tensor, microbatches:
     microbatch check skips (over `eager_check.MAX_ELEMENTS` parameter elements) or whose mixing it does not
     see. Then |plan - whole batch| <= |plan - accumulated| + |accumulated - whole| keeps a judged whole-batch
     pair from ever flipping a verdict that the per-step pair did not."""
+    if not bool(torch.isfinite(accumulated).all()) and bool(torch.isfinite(whole).all()):
+        return ""  # the accumulation is NaN / inf where one device is finite: the pair judges (round 24, below)
     diff, _, ratio = _max_diff([("whole batch on one device", accumulated, whole)], compute)
     return OWN_DIFFERENCE.format(microbatches, diff, ratio) if ratio > 1 else ""
+
+
+def nonfinite_accumulation(reference: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs: dict,
+                           recipe: str | None = None) -> tuple[float, str, float] | None:
+    """(inf, what, inf) as `judge._max_diff` gives it when the gradient accumulation in `reference` (its `.grad`
+    after `pipeline_rehearsal._accumulated_reference`, before any optimizer step) is NaN / inf in a parameter's
+    gradient where one device's whole batch at once (a copy of `reference`, its forward under `recipe`) is finite;
+    else None (and not run when every accumulated gradient is finite, or the forward writes state or draws random
+    numbers: then the whole batch is no comparison, `left_out`).
+
+    Why: the rehearsal compares the plan's gradients with that accumulation, and `_max_diff` reads a NaN on both
+    sides as equal (torch.testing's equal_nan, right when the reference is one device's own value). Where the
+    accumulation is not (a microbatch that counts no item back-propagating `loss * 0` through 0 / 0: r22b), a plan
+    with the same NaN was called a match while one device trains on finite numbers (round 24, r24f)."""
+    bad = [fqn for fqn, p in reference.named_parameters() if p.grad is not None and not bool(p.grad.isfinite().all())]
+    if not bad or traced.mutated_state() or random_ops(traced):
+        return None
+    whole = copy_module(reference)
+    whole.zero_grad(set_to_none=True)
+    with autocast(recipe):
+        out = whole(*inputs, **kwargs)
+    _loss(out).backward()
+    grads = {fqn: p.grad for fqn, p in whole.named_parameters()}
+    for fqn in bad:
+        mine, ones = dict(reference.named_parameters())[fqn].grad, grads.get(fqn)
+        if ones is not None and bool((~mine.isfinite() & ones.isfinite()).any()):
+            return (math.inf, f"{fqn}: the rehearsal's reference, gradient accumulation over the microbatches, is "
+                    "NaN / inf where one device's whole batch is finite (a microbatch whose loss is not finite: "
+                    "no plan computing that accumulation trains like one device)", math.inf)
+    return None

@@ -16,12 +16,21 @@ import pytest
 import parallelizer
 from parallelizer import zoo
 from parallelizer.runtime import spawn
+from count_loss_workers import KINDS, count_loss_train
 from launch_once import run_each
 from own_loss_workers import ignored_microbatch_train, own_loss_train, scaled_own_loss_train
 from step_workers import CLIP, GPT2_4, returned_outputs_train, scaler_train, train, unfreeze_train
 
 pytestmark = pytest.mark.distributed
 
+# round 24 (r24f): losses normalised by a count (name: (mesh, plan options, kinds, rows counting nothing, gradient
+# accumulation in the step API)); 8 rows, so with 4 microbatches the first 2 count no token
+COUNT_CASES = {
+    "pp2_dp2_zbv": ({"pp": 2, "dp": 2}, {"axis_roles": {"dp": "ddp"}, "schedule": "zbv", "microbatches": 4}, KINDS, 4,
+                    False),
+    "pp4_accumulated": ({"pp": 4}, {"schedule": "1f1b", "microbatches": 4}, ("zloss",), 4, True),
+    "fsdp2_tp2": ({"dp": 2, "tp": 2}, {"axis_roles": {"dp": "fsdp", "tp": "tp"}}, ("count_nonzero",), 4, False),
+}
 CASES = {  # name: (mesh, plan options); the roles make every axis carry real parallelism on this tiny model
     "pp2_tp2": ({"pp": 2, "tp": 2}, {"axis_roles": {"tp": "tp"}}),
     "dp2_tp2": ({"dp": 2, "tp": 2}, {"axis_roles": {"dp": "ddp", "tp": "tp"}}),
@@ -40,7 +49,7 @@ def _saved_pipeline_plan() -> str:
 def reports():
     """ONE launch of 4 ranks (`launch_once`): [per rank: (the GPT-2 cases' report, the own-loss report, the
     kl_div batchmean own-loss report, the ignored-microbatch report, the GradScaler report, the returned-outputs
-    report, the scaled-own-loss report, the unfreezing reports on ddp and fsdp)]."""
+    report, the scaled-own-loss report, the unfreezing reports on ddp and fsdp, the count-normalised losses)]."""
     cases = {"pp2_dp2": (None, {"plan_json": _saved_pipeline_plan()}), **CASES}
     return spawn(run_each, 4, [(train, (cases,)), (own_loss_train, ({"pp": 2, "dp": 2},)),
                                (own_loss_train, ({"pp": 4}, 2, "kl_batchmean", 4)),
@@ -49,7 +58,8 @@ def reports():
                                (returned_outputs_train, ({"pp": 2, "dp": 2},)),
                                (scaled_own_loss_train, ({"pp": 2, "dp": 2},)),
                                (unfreeze_train, ({"pp": 2, "dp": 2}, {"dp": "ddp"})),
-                               (unfreeze_train, ({"pp": 2, "dp": 2}, {"dp": "fsdp"}))], timeout_s=600)
+                               (unfreeze_train, ({"pp": 2, "dp": 2}, {"dp": "fsdp"})),
+                               (count_loss_train, (COUNT_CASES,))], timeout_s=600)
 
 
 def test_own_loss_pipeline_weighs_microbatches_like_one_device(reports):
@@ -178,3 +188,21 @@ def test_param_groups_chosen_by_the_models_names_group_alike_on_a_pipeline(repor
         assert r["names_outside_model"] == [], (rank, r["names_outside_model"])
         assert r["loss"] <= 1e-5 and r["params"] <= 1e-5, (rank, r)
     assert any(per_rank[7]["groups"][0] > 0 for per_rank in reports)
+
+
+def test_losses_normalised_by_a_count_train_like_one_device(reports):
+    """Round 24 (r24f): the model's own loss over a count of the batch's tokens (`/ count_nonzero(mask)`, a ratio
+    of means `(tok * m).mean() / m.float().mean()`, cross-entropy ignoring -100 + a z-loss masked by `labels !=
+    -100`) was refused on every pipeline (StepError "not a plain sum" / "(count, count)"). On pp=2 x dp=2 under
+    ZBV (split backward; 2 of 4 microbatches count no token), pp=4 with gradient accumulation in the step API
+    (`loss_fn=lambda out, _: out / 2` on two batches, one with microbatches counting nothing) and fsdp x tp: loss,
+    every gradient (2 steps) and the parameters after them equal the eager model's on the whole batch, with no
+    NaN."""
+    for rank, per_rank in enumerate(reports):
+        cells = per_rank[9]
+        assert len(cells) == 5, cells
+        for name, r in cells.items():
+            assert r["loss"] <= 1e-5 + 1.3e-6 * r["ref_abs"], (rank, name, r)
+            assert r["grad"] <= 1e-5 and r["params"] <= 1e-5 and r["nonfinite"] == 0, (rank, name, r)
+            case = COUNT_CASES[name.split("/")[0]]
+            assert r["schedule"] == case[1].get("schedule"), (rank, name, r)

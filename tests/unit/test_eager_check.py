@@ -265,7 +265,7 @@ def test_unflatten_in_order_keeps_the_traced_field_order():
 
 def test_a_pipeline_loss_fn_reads_the_output_fields_at_the_models_positions():
     """The pipeline's last stage rebuilds the output for the user's loss_fn (`pipeline_module._structured_loss`,
-    and `loss_weight.loss_fn_weighting` tracing loss_fn on metas) with the traced field order: a loss_fn reading
+    and `loss_fn_weight.loss_fn_weighting` tracing loss_fn on metas) with the traced field order: a loss_fn reading
     `out[1]` gets hidden_states, as on one device. Before, it got pooler_output."""
     from torch.utils import _pytree as pytree
 
@@ -283,13 +283,13 @@ def test_a_pipeline_loss_fn_reads_the_output_fields_at_the_models_positions():
 
 
 def test_the_pipeline_loss_weighting_traces_loss_fn_on_the_fields_at_the_models_positions():
-    """`loss_weight.loss_fn_weighting` rebuilds the output for tracing the user's loss_fn with the traced field
+    """`loss_fn_weight.loss_fn_weighting` rebuilds the output for tracing the user's loss_fn with the traced field
     order: a cross-entropy over `out[1][0]` (hidden_states[0], (4, 6, 8)) against 24 targets traces and gives a
     weighting. Before, `out[1]` was pooler_output (4, 8), the trace failed on the shapes and the weighting was
     silently dropped (None: the caller's fallback count)."""
     from torch.utils import _pytree as pytree
 
-    from parallelizer.runtime.loss_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
 
     torch.manual_seed(0)
     eager = ReorderedOutput()(torch.randn(4, 6, 8))

@@ -104,7 +104,8 @@ def test_the_remedy_says_a_batch_level_term_is_not_one_devices_value():
 
 def test_a_users_shifted_loss_fn_is_weighted_by_its_own_count():
     """Loss_fn with a target: the count is read from loss_fn's graph (shifted labels), not labels != -100."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     def shifted(out, y):
@@ -150,7 +151,8 @@ def test_a_loss_fn_holding_a_cpu_tensor_is_weighted_by_its_graph_not_guessed():
     labels != -100 per microbatch without a word. For a shifted loss that weighting is not one device's (checked
     here against the loss of the whole batch computed directly); traced on fake CPU tensors, the graph's shifted
     count is read and the weighted microbatch losses equal the batch loss."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     bias = torch.linspace(-1.0, 1.0, V)
@@ -176,7 +178,7 @@ def test_a_class_weighted_loss_fn_is_refused_with_its_own_remedy():
     """A class-weighted cross-entropy as loss_fn on a pipeline trained 1e-2 off one device (pp=2 x tp=2): its mean divides by the sum of the targets' weights, which labels != -100
     does not give. Now a StepError that speaks of the loss_fn (not of the model's own loss) and names the
     weighted count as the remedy."""
-    from parallelizer.runtime.loss_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
     from parallelizer.tracer.graph import TensorMeta
 
     weight = torch.linspace(0.5, 1.5, V)
@@ -215,7 +217,8 @@ def test_a_loss_fn_that_is_a_sum_divided_by_the_microbatch_size_weighs_microbatc
     microbatches: loss 69 off, gradients 1.5); then it was refused (a false refusal: `batchmean` is the
     documented KL loss). Such a term is a mean over per-item sums, and with equal microbatches each weighs 1 / m:
     the weighted microbatch losses equal the whole batch's loss, computed directly here."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     fn = PER_ITEM_LOSS_FNS[name]
@@ -243,7 +246,8 @@ def test_a_loss_fn_divided_by_the_microbatch_size_otherwise_is_refused(name):
     """A sum divided by the square of the microbatch size, or a mean (or a token-counting cross-entropy) divided
     again by it: no weighting of the microbatch values gives one device's loss; StepError naming the loss op. A
     fixed factor (x 2.0) is still read as a constant and its weighted microbatch losses equal the whole batch's."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     fn = NOT_PER_ITEM_LOSS_FNS[name]
@@ -269,7 +273,8 @@ def test_a_loss_fn_reducing_over_the_batch_before_its_final_sum_is_refused():
     weighted 1 per microbatch, but its terms are batch means, so the step returned about m times one device's loss
     (270 off). Checked here directly: the sum of the microbatch values is not the whole batch's; the weighting
     is now refused. A reduction over per-item terms (`.sum(-1).mean()`) is still accepted and matches."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     def batch_mean_then_sum(out, y):
@@ -337,7 +342,8 @@ def test_a_loss_fn_scaled_by_a_fresh_grad_scaler_is_weighted_and_leaves_the_scal
     the graph does not show"). Now the scale is created as a real tensor (the value the first real call creates)
     and is read as a constant factor: the weighting is the cross-entropy's count, and the weighted microbatch
     losses equal the scaled loss of the whole batch (computed directly)."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 7)
@@ -525,7 +531,8 @@ def test_a_label_smoothed_loss_fn_is_weighted_by_its_targets(ignore_index):
     smoothing term's sum over the targets != ignore_index divided by their count, two means over the same targets.
     It was refused (StepError "a sum of 2 loss terms weighted differently ... count, count": pass item_count=);
     now weighted by that count, the microbatch losses give the batch loss (labels ignored unevenly)."""
-    from parallelizer.runtime.loss_weight import ChunkCount, loss_fn_weighting
+    from parallelizer.runtime.loss_fn_weight import loss_fn_weighting
+    from parallelizer.runtime.loss_weight import ChunkCount
     from parallelizer.tracer.graph import TensorMeta
 
     def smoothed(out, y):
