@@ -84,9 +84,8 @@ def left_out(model: torch.nn.Module, traced: TracedGraph, inputs: tuple, kwargs:
 def labelled(measured: tuple[float, str, float], why: str) -> str:
     """The report's note for a whole-batch pair left out of the verdict: `why` (`left_out`) with its measured
     |diff| and ratio to the bound (`measured`: `judge._max_diff`'s (|diff|, name, ratio); |diff| None: not
-    run); "" when the pair is judged (`why` empty: before round 24 a judged pair got the note " (measured |diff|
-    ..., not judged)", and the report printed it NOT JUDGED with an empty reason: GPT-2 pp=2 x dp=2, trial r24h)."""
-    if not why or measured[1] == "":
+    run)."""
+    if not why or measured[1] == "":  # judged: no note (before, " (measured ...)" read NOT JUDGED with no reason)
         return why
     return f"{why} (measured |diff| {measured[0]:.2e}, {measured[2]:.3g}x the bound, not judged)"
 
