@@ -259,11 +259,23 @@ def plan_text(plan, all_positions: bool = False) -> str:
         if not rows:
             out.append("(none)")
             continue
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        out.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-        out.append("  ".join("-" * w for w in widths))
-        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        out += text_table(header, rows)
     return "\n".join(out)
+
+
+LAST_COLUMN_RULE_MAX = 60
+"""The widest rule drawn under a table's last column: a longer cell there runs past it (the Mesh table's precision
+line, ~300 characters, drew a 300-character rule before round 24; trials r23h, r24h)."""
+
+
+def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """`header` and `rows` as aligned text lines (header, rule, rows; two spaces between columns). Every column is
+    as wide as its widest cell, except that the last one's rule stops at `LAST_COLUMN_RULE_MAX` characters (or its
+    header's width): nothing follows that column, so a long cell there needs no room reserved."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    widths[-1] = min(widths[-1], max(len(header[-1]), LAST_COLUMN_RULE_MAX))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
+    return lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def plan_html(plan, max_rows: int = 60) -> str:

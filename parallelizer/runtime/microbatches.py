@@ -61,7 +61,7 @@ def global_tensor_inputs(traced: TracedGraph, args: tuple, kwargs: dict, microba
                  if isinstance(t, torch.Tensor)])
     micro = microbatch_of(args, kwargs, microbatches)
     position = {id(t): i for i, t in enumerate(pytree.tree_leaves(micro))}
-    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro)]
+    flat = [leaves[position[id(t)]] for t in traced.tensor_inputs(*micro, microbatches=microbatches)]
     return [_traced_integer_width(name, t, traced.node(name).outputs[0].dtype)
             for name, t in zip(traced.input_names, flat)]
 

@@ -18,7 +18,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import ConstantInputError, InputMismatchError, PlanMismatchError, UnknownNodeError
-from .call_defaults import drop_passed_defaults
+from .call_defaults import drop_passed_defaults, fill_omitted_defaults
 from .node_facts import (AUTOCAST_DEVICES, COPIED_META, UNDECLARED_ALIASES, alias_source,  # noqa: F401 (re-exported:
                          ambient_autocast, as_real, carries_grad, draws_random, is_view,  # their home was this module)
                          may_alias, meta_like, mutated_args, returns_written, written_through)
@@ -202,9 +202,9 @@ class TracedGraph:
         autocast: ((device type, dtype), ...) of the torch.autocast contexts enabled around the trace (`ambient_autocast`):
             export traces under them (outputs in bf16 without explicit casts), so another mode is traced under the
             same ones (`runtime.modes.autocast_exactly`) to give the same graph.
-        forward_positional, untraced_defaults: the forward's positional parameter names, and {name: default} of
-            its parameters the traced call left at a plain-constant default: a call passing one of them with
-            that value computes the traced function (`tracer.call_defaults`).
+        forward_positional, untraced_defaults, passed_defaults: the forward's positional parameter names, and
+            {name: default} of its parameters the traced call left at (passed as) a plain-constant default: a call
+            passing (omitting) one of them with that value computes the traced function (`tracer.call_defaults`).
         allow_frozen_host_random: traced with `trace(..., allow_frozen_host_random=True)`: a numpy / Python random
             draw in training mode is frozen into the graph (noted) instead of refused; retraces inherit it.
     """
@@ -222,6 +222,7 @@ class TracedGraph:
     autocast: tuple[tuple[str, torch.dtype], ...] = ()
     forward_positional: tuple[str, ...] = ()
     untraced_defaults: dict[str, Any] = field(default_factory=dict)
+    passed_defaults: dict[str, Any] = field(default_factory=dict)
     allow_frozen_host_random: bool = False
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -267,11 +268,14 @@ class TracedGraph:
                 f"program runs on the traced devices. Remedy: move it there first (`.to({str(want)!r})`), or trace "
                 "and plan again with inputs on that device")
 
-    def tensor_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    def tensor_inputs(self, args: tuple, kwargs: dict, microbatches: int = 1) -> list[torch.Tensor]:
         """The tensor leaves of a call `model(*args, **kwargs)` in `input_names` order, after checking that the
         call has the traced structure and passes every constant input with its traced value. The call is first
         bound as Python binds it for the forward (keywords for traced positions, positions for traced keywords,
-        dict keys in any order).
+        dict keys in any order). `microbatches` > 1: the call is the first microbatch of a pipeline's global call
+        (`runtime.microbatches`), so messages give tensors' shapes as the caller's, dim 0 times `microbatches`
+        (before round 24 they named the microbatch's shapes as if the user had passed them: "input 'ids' has shape
+        (4, 6)" for a call with (8, 6)).
 
         Raises:
             TypeError: the call's structure (positional count, keyword names, nesting, dict keys) differs from the
@@ -287,6 +291,9 @@ class TracedGraph:
         if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict) and self.untraced_defaults:
             args, kwargs = drop_passed_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
                                                 self.forward_positional, self.untraced_defaults, tuple(args), kwargs)
+        if spec is not None and spec.num_children == 2 and isinstance(kwargs, dict) and self.passed_defaults:
+            args, kwargs = fill_omitted_defaults(spec.child(0).num_children, set(spec.child(1).context or ()),
+                                                 self.forward_positional, self.passed_defaults, tuple(args), kwargs)
         args, kwargs = self._bind_positional_keywords(spec, tuple(args), kwargs)
         if spec is not None:  # keywords and dict keys in the traced order (a call may order them freely)
             args, kwargs = _in_traced_order((tuple(args), kwargs), spec)
@@ -294,25 +301,27 @@ class TracedGraph:
         if spec is not None and in_spec != spec:
             raise InputMismatchError(_call_mismatch(spec, in_spec, args, kwargs))
         names = self.call_inputs or self.input_names
+        whole = lambda shape: (shape[0] * microbatches, *shape[1:]) if shape else ()  # noqa: E731 (the caller's)
+        per = f" ({microbatches} pipeline microbatches)" if microbatches > 1 else ""
         tensors = []
         for name, value in zip(names, flat):
             if name not in self.constant_inputs and not isinstance(value, torch.Tensor):
                 raise InputMismatchError(_not_a_tensor(name, value, self.nodes[name].outputs[0] if name in self.nodes and
-                                              self.nodes[name].outputs else None))
+                                              self.nodes[name].outputs else None, whole))
             if isinstance(value, torch.Tensor) and name in self.nodes and self.nodes[name].outputs:
                 want = tuple(self.nodes[name].outputs[0].shape)
                 if tuple(value.shape) != want:
                     raise PlanMismatchError(
-                        f"input {name!r} has shape {tuple(value.shape)} but the graph was traced (and planned) with "
-                        f"{want}: a sharded program is made for the traced shapes. Remedy: "
-                        + _shape_remedy(tuple(value.shape), want))
+                        f"input {name!r} has shape {whole(tuple(value.shape))} but the graph was traced (and planned) "
+                        f"with {whole(want)}{per}: a sharded program is made for the traced shapes. Remedy: "
+                        + _shape_remedy(whole(tuple(value.shape)), whole(want)))
                 check_input_dtype(name, value.dtype, self.nodes[name].outputs[0].dtype)
                 self._check_input_device(name, value.device)
             if name in self.constant_inputs:
                 traced = self.constant_inputs[name]
                 if type(value) is not type(traced) or value != traced:
                     raise ConstantInputError(
-                        f"input {name!r} is {_short(value)} but the graph was traced with {traced!r}: a non-tensor "
+                        f"input {name!r} is {_short(value, whole)} but the graph was traced with {traced!r}: a non-tensor "
                         "input is a constant of the traced graph. Remedy: pass the traced value, or trace (and plan) "
                         "again with the new one")
             else:
@@ -445,10 +454,11 @@ class TracedGraph:
                 f"({_fmt_bytes(self.parameter_bytes)}), blocks=[{blocks}])")
 
 
-def _short(value) -> str:
-    """A call's value for a message: a tensor by shape and dtype (a batch's repr would fill the screen)."""
+def _short(value, whole=tuple) -> str:
+    """A call's value for a message: a tensor by shape (`whole`: the caller's shape of it) and dtype (a batch's repr
+    would fill the screen)."""
     if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
+        return f"a tensor of shape {whole(tuple(value.shape))} ({value.dtype})"
     return repr(value)
 
 
@@ -474,9 +484,10 @@ def check_input_dtype(name: str, got: torch.dtype, want: torch.dtype) -> None:
             "inputs of that dtype")
 
 
-def _not_a_tensor(name: str, value, traced) -> str:
-    """The TypeError text of a call passing a non-tensor (None for an optional mask) where a tensor was traced."""
-    what = f"a tensor of shape {tuple(traced.shape)} and dtype {traced.dtype}" if traced is not None else "a tensor"
+def _not_a_tensor(name: str, value, traced, whole=tuple) -> str:
+    """The TypeError text of a call passing a non-tensor (None for an optional mask) where a tensor was traced;
+    `whole`: the caller's shape of a traced (microbatch) shape."""
+    what = f"a tensor of shape {whole(tuple(traced.shape))} and dtype {traced.dtype}" if traced is not None else "a tensor"
     return (f"input {name!r} is {_short(value)} but the graph was traced (and planned) with {what}: the program "
             f"computes with that tensor. Remedy: pass a tensor of that shape and dtype (for an optional mask, the "
             f"value meaning 'no mask', e.g. all ones), or trace and plan again with {name}={_short(value)} "

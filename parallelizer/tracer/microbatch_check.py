@@ -208,8 +208,8 @@ def _first_module(whole, micro, microbatches: int) -> tuple[str, str] | None:
 
 
 def _first_buffer(whole: dict, micro: dict, microbatches: int) -> tuple[str, str] | None:
-    pairs = [(name, micro[name], b) for name, b in whole.items()
-             if name in micro and carries_grad(b.dtype) and micro[name].shape == b.shape]
+    pairs = [(name, micro[name], b) for name, b in whole.items()  # integer counters too (exact: `_worst`)
+             if name in micro and micro[name].shape == b.shape]
     worst = _worst(pairs)
     if worst is None:
         return None

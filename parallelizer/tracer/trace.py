@@ -134,7 +134,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         notes.append("input(s) named like Python builtins are called " + ", ".join(
             f"{old} -> {new}" for old, new in renamed.items()) + " in the graph and the plan (fx's rule)")
     traced = _build(model, exported, gm, notes, renamed)
-    traced.forward_positional, traced.untraced_defaults = untraced_defaults(model, example_inputs, example_kwargs)
+    traced.forward_positional, traced.untraced_defaults, traced.passed_defaults = untraced_defaults(
+        model, example_inputs, example_kwargs)
     traced.allow_frozen_host_random = allow_frozen_host_random
     return traced
 

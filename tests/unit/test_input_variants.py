@@ -161,6 +161,30 @@ def test_pipeline_batch_checks_name_the_input_and_integer_widths_take_the_traced
         global_tensor_inputs(narrow, (ids + 2 ** 40,), {"mask": additive}, 2)
 
 
+def test_pipeline_input_errors_give_the_callers_shapes_not_the_microbatchs():
+    """A pipeline checks a call on its first microbatch; its errors name the shapes the caller passed and the
+    whole traced batch (trial r24h: a (4, 3) call on a pipeline traced with (4, 6) in 2 microbatches was told
+    "input 'ids' has shape (2, 3) but the graph was traced (and planned) with (2, 6)", shapes nobody passed; an
+    (8, 6, 8) tensor where None was traced was "a tensor of shape (4, 6, 8)")."""
+    from parallelizer.errors import ConstantInputError
+    from parallelizer.runtime.microbatches import global_tensor_inputs
+
+    model, ids, _, additive = _model_and_inputs()
+    traced = parallelizer.trace(model, (ids[:2],), {"mask": additive[:2]})  # one of 2 microbatches
+    with pytest.raises(PlanMismatchError, match=r"input 'ids' has shape \(4, 3\) but the graph was traced \(and "
+                                                r"planned\) with \(4, 6\) \(2 pipeline microbatches\)(.|\n)*dim\(s\) 1 "
+                                                r"\(3, traced 6\) differ"):
+        global_tensor_inputs(traced, (ids[:, :3],), {"mask": additive[:, :3]}, 2)
+    with pytest.raises(TypeError, match=r"input 'mask' is None but the graph was traced \(and planned\) with a "
+                                        r"tensor of shape \(4, 6\)"):
+        global_tensor_inputs(traced, (ids,), {"mask": None}, 2)
+    unmasked = parallelizer.trace(model, (ids[:2],), {"mask": None})
+    with pytest.raises(ConstantInputError, match=r"input 'mask' is a tensor of shape \(4, 6\) \(torch.float32\) but "
+                                                 r"the graph was traced with None"):
+        global_tensor_inputs(unmasked, (ids,), {"mask": additive}, 2)
+    assert len(global_tensor_inputs(unmasked, (ids,), {}, 2)) == 1  # omitted: its traced default (None) filled in
+
+
 class _OwnTarget(nn.Module):
     def __init__(self):
         super().__init__()

@@ -25,6 +25,7 @@ class Block(nn.Module):
         self.norm, self.a = nn.LayerNorm(6), nn.Linear(6, 6)
         self.bn = nn.BatchNorm1d(6)
         self.register_buffer("ema", torch.zeros(6))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def forward(self, x):                         # x (B, T, 6)
         h = self.norm(x)
@@ -38,6 +39,8 @@ class Block(nn.Module):
         elif self.kind == "ema_param":
             with torch.no_grad():  # a parameter written per call (MoCo's momentum update of a key encoder)
                 self.a.bias.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))
+        elif self.kind == "count":
+            self.calls += 1                       # an integer counter of forward calls (a warm-up step count)
         elif self.kind == "dropout":
             h = F.dropout(h, 0.5, self.training)
         return x + self.a(h)
@@ -111,6 +114,25 @@ def test_a_buffer_written_once_per_call_is_named():
     assert where == "blocks.0.ema" and "updated once per microbatch (2 times per step)" in message
     assert _stated(message, r"ends", r"away from") == pytest.approx((once - twice).abs().max().item(), rel=DIGITS3)
     assert torch.equal(model.blocks[0].ema, torch.zeros(6))
+
+
+def test_an_integer_buffer_written_once_per_call_is_named():
+    """An integer counter the forward increments (`self.calls += 1`, BatchNorm's `num_batches_tracked` kind) ends
+    at microbatches times one device's count on a pipeline. Before (trial r24h) the buffer comparison took floating
+    tensors only: on pp=2 x dp=2 a counter ended at 6 after 3 steps where one device counts 3, with no warning."""
+    model, x = _net("count")
+    model(x)  # one device: one call per step
+    once = int(model.blocks[0].calls)
+    model.blocks[0].calls.zero_()
+    for part in x.tensor_split(4):  # a pipeline: one call per microbatch
+        model(part)
+    per_micro = int(model.blocks[0].calls)
+    model.blocks[0].calls.zero_()
+    where, message = microbatch_mixing(model, (x,), {}, 4)
+    assert (once, per_micro) == (1, 4)
+    assert where == "blocks.0.calls" and "updated once per microbatch (4 times per step)" in message, message
+    assert _stated(message, r"ends", r"away from") == per_micro - once
+    assert int(model.blocks[0].calls) == 0  # left as it was
 
 
 def test_a_parameter_written_once_per_call_is_named_and_left_as_it_was():

@@ -77,3 +77,16 @@ def test_a_gpu_plan_records_no_stage_scale_and_shows_no_stage_times_row():
         cost = type("C", (), {"total_s": 8e-4})()
     assert [k for k, _ in search_rows(_Plan())] == ["chosen", "searched", "search estimate", "pipeline",
                                                     "per microbatch"]
+
+
+def test_a_long_cell_in_the_last_column_does_not_widen_its_rule():
+    """`show`'s Mesh table drew a rule as wide as its ~300-character precision line (trials r23h, r24h); the last
+    column's rule now stops at `LAST_COLUMN_RULE_MAX`, the cells are printed whole and the other columns aligned."""
+    from parallelizer.plan_io import LAST_COLUMN_RULE_MAX, text_table
+
+    long = "bf16: bf16 params and activations, " * 9
+    lines = text_table(("axis", "size"), [("pp", "2"), ("precision", long.strip())])
+    assert lines[1] == "-" * len("precision") + "  " + "-" * LAST_COLUMN_RULE_MAX, lines[1]
+    assert lines[3] == "precision  " + long.strip() and lines[2] == "pp         2", lines
+    short = text_table(("axis", "size"), [("dp", "2"), ("tp", "4")])
+    assert short == ["axis  size", "----  ----", "dp    2", "tp    4"], short

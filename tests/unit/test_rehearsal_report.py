@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallelizer.runtime.rehearsal_report import RehearsalReport, _report
-from parallelizer.runtime.whole_batch import NOT_RUN_STATE, left_out, own_difference
+from parallelizer.runtime.whole_batch import NOT_RUN_STATE, labelled, left_out, own_difference
 from parallelizer.tracer import trace
 
 
@@ -33,6 +33,20 @@ def test_a_whole_batch_pair_left_out_is_shown_not_judged_and_a_judged_one_decide
     assert "whole-batch loss 3.19e+00 (one device on the whole batch at once: judged)" in str(judged), str(judged)
     not_run = _report(2, [_rank((0.0, "", 0.0), NOT_RUN_STATE)] * 2)
     assert f"whole-batch loss NOT JUDGED ({NOT_RUN_STATE})" in str(not_run), str(not_run)
+
+
+def test_a_judged_whole_batch_pair_is_shown_judged_not_with_an_empty_reason():
+    """`labelled` gives a pair with no reason to leave it out no note, so the report shows it judged (trial r24h:
+    `rehearse pp.json` of README section 2 printed "whole-batch loss 4.77e-07 NOT JUDGED ( (measured |diff|
+    4.77e-07, 0.0287x the bound, not judged))" for the pair its verdict judged)."""
+    whole = (4.77e-07, "step 0 (whole batch)", 0.0287)
+    assert labelled(whole, "") == ""
+    text = str(_report(2, [_rank(whole, labelled(whole, ""))] * 2))
+    assert "whole-batch loss 4.77e-07 (one device on the whole batch at once: judged)" in text, text
+    assert "NOT JUDGED" not in text, text
+    left = labelled(whole, "not comparable: the forward draws random numbers (dropout)")
+    assert left == ("not comparable: the forward draws random numbers (dropout) (measured |diff| 4.77e-07, "
+                    "0.0287x the bound, not judged)")
 
 
 def test_the_loss_after_the_steps_is_labelled_as_shown_not_judged():
