@@ -5,9 +5,10 @@ need themselves. A parallel program computes the one-device model on the global 
 communication, so the trace, the trace's eager checks and `rehearse`'s single-device references must all see no
 group, however the model asks:
 - `SyncedEntropy(how)`: a codebook-entropy term over the batch mean (vector-quantize-pytorch's LFQ), all-reduced
-  and divided by the world size when a group is found by `how`: "imported" (`from torch.distributed import
-  is_initialized`, bound at import), "c10d" (`distributed_c10d.is_initialized()`), "world_size"
-  (`dist.get_world_size()` inside try / except, as code that runs with and without a launcher does).
+  and divided by the world size when a group is found by `how`: "plain" (`dist.is_initialized()`, also used by
+  tests/unit/test_one_process_view.py), "imported" (`from torch.distributed import is_initialized`, bound at
+  import), "c10d" (`distributed_c10d.is_initialized()`), "world_size" (`dist.get_world_size()` inside try /
+  except, as code that runs with and without a launcher does).
 - `FlavaHead`: transformers' `FlavaGlobalContrastiveHead` as written there: under a group it all-gathers both
   towers' embeddings and offsets the labels by `dist.get_rank()`, so each rank's logits are (B, world x B).
 - `SyncBNBlocks`: residual Linear + BatchNorm1d blocks turned into nn.SyncBatchNorm by
@@ -32,6 +33,8 @@ class SyncedEntropy(nn.Module):
     def _group_found(self) -> bool:
         if self.how == "never":  # the one-device model itself, whatever the process holds
             return False
+        if self.how == "plain":
+            return dist.is_initialized()
         if self.how == "imported":
             return imported_is_initialized()
         if self.how == "c10d":

@@ -9,31 +9,22 @@ same pytest worker may still hold (torch allows one per process)."""
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+MODELS = str(Path(__file__).resolve().parents[1] / "distributed")  # group_view_models.py
 
 SCRIPT = textwrap.dedent("""
     import sys
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch import nn
 
     import parallelizer
 
-    class SyncedEntropy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.enc, self.dec = nn.Linear(6, 8), nn.Linear(8, 6)
-
-        def forward(self, x):
-            probs = self.enc(x).softmax(-1)
-            avg = probs.mean(0)
-            if dist.is_initialized():
-                avg = torch.distributed.nn.functional.all_reduce(avg) / dist.get_world_size()
-            entropy = -(avg * avg.clamp_min(1e-9).log()).sum()
-            return F.mse_loss(self.dec(probs), x) - 0.1 * entropy
+    sys.path.insert(0, sys.argv[2])
+    from group_view_models import SyncedEntropy  # the LFQ-style model, also asked in other ways there
 
     torch.manual_seed(0)
-    model, x = SyncedEntropy(), torch.randn(4, 6)
+    model, x = SyncedEntropy("plain"), torch.randn(4, 6)
     expected = model(x)  # one device, no group
     dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
     try:
@@ -49,8 +40,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_model_that_syncs_its_own_batch_statistic_traces_under_a_process_group_as_on_one_device(tmp_path):
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store")], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store"), MODELS], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
 
 
