@@ -24,6 +24,8 @@ import types
 
 import torch
 
+from ..tracer.slots import one_process_view
+
 
 def copy_module(model: torch.nn.Module, memo: dict | None = None) -> torch.nn.Module:
     """`copy.deepcopy(model, memo)` whose functions held by its modules (attributes, hook dicts, lists of them)
@@ -86,3 +88,23 @@ def _rebound(fn: types.FunctionType, memo: dict) -> types.FunctionType:
     new_fn.__dict__.update(fn.__dict__)
     memo[id(fn)] = new_fn
     return new_fn
+
+
+def reference_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """`copy_module(model)` whose calls run as on one device (`tracer.slots.one_process_view`: no default
+    process group is visible inside its forward), for a single-device reference computed on a rank. Round 24
+    (r24e): `rehearse`'s references ran under the ranks' group, so a model that reads it took its distributed
+    branch there: a FLAVA-style global contrastive head all-gathered the embeddings (logits over twice the batch,
+    labels offset by the rank; a false "NUMERICS DIFFER", loss 0.69 apart, against a right program) and
+    nn.SyncBatchNorm raised "expected input tensor to be on GPU" on every rank. Copies of the copy keep the
+    view (a bound method, rebound by deepcopy). A model whose instance already holds its own `forward` is
+    copied without the view."""
+    clone = copy_module(model)
+    if "forward" not in vars(clone):
+        clone.forward = types.MethodType(_one_process_forward, clone)
+    return clone
+
+
+def _one_process_forward(self: torch.nn.Module, *args, **kwargs):
+    with one_process_view([]):
+        return type(self).forward(self, *args, **kwargs)

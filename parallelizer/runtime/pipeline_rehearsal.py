@@ -64,7 +64,7 @@ from ..tracer.graph import TracedGraph
 from ..tracer.trace import trace
 from .grad_reach import presence_mismatch
 from .launch import spawn
-from .module_copy import copy_module
+from .module_copy import copy_module, reference_copy
 from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .pipeline import PipelineRun, build, counts_no_item, weighted_loss, plan_cut
@@ -152,7 +152,7 @@ def replay_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: dict
     torch.manual_seed(0)
     model, inputs, *rest = model_fn(**model_kwargs)
     model = as_float64(model)
-    reference = copy_module(model)
+    reference = reference_copy(model)  # computes as on one device, under the ranks' group too
     inputs, kwargs = widened((tuple(inputs), rest[0] if rest else {}))
     try:
         with widening():  # the graph's own factories and casts traced (and run) in float64
@@ -323,8 +323,8 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs: dict, spec: S
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
     m = pipe["microbatches"]
-    reference = copy_module(model)
-    exact = copy_module(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
+    reference = reference_copy(model)  # computes as on one device, under the ranks' group too
+    exact = reference_copy(model) if recipe is not None else None  # without the recipe (`recipe_excess`)
     exact_inputs, judge, unjudged = (inputs, kwargs), None, ""
     run, traced, flat, batch = pipeline_run(model, inputs, kwargs, spec, pipe)
     compute = loosest(compute_dtype(traced), RECIPES.get(recipe))  # the whole program's: `wide_judged` only

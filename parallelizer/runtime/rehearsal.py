@@ -42,7 +42,7 @@ from ..tracer.trace import trace
 from .grad_reach import presence_mismatch
 from .launch import create_groups, spawn
 from .module import ParallelModule
-from .module_copy import copy_module
+from .module_copy import reference_copy
 from .precision import RECIPES, autocast, check_recipe_runs
 from .replicas import check_same_weights
 from .zero1 import plan_optimizer, runs_zero1
@@ -214,9 +214,9 @@ def _rank_main(rank: int, world_size: int, model_fn, model_kwargs, spec: Shardin
     torch.manual_seed(0)  # the same weights on every rank even from a builder that does not seed itself
     model, inputs, *rest = model_fn(**model_kwargs)
     kwargs = rest[0] if rest else {}
-    reference = copy_module(model)
+    reference = reference_copy(model)  # computes as on one device, under the ranks' group too
     # the reference without the recipe (its rounding), or a float64 copy of the model (`float64_excess`)
-    exact = copy_module(model) if spec.autocast is not None or wide else None
+    exact = reference_copy(model) if spec.autocast is not None or wide else None
     traces = {} if traces is None else traces
     key = (model_fn, repr(model_kwargs))
     if key not in traces:

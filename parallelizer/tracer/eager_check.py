@@ -51,10 +51,7 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
             try:
                 eager = model(*_fresh(args), **_fresh(kwargs))
             except Exception as exc:  # noqa: BLE001 - the model's own error, reported, not raised
-                if _sync_batchnorm_raised(model, exc):
-                    notes.append(SYNC_BATCHNORM_NOTE)
-                else:
-                    _warn_eager_raises(exc, notes)
+                _warn_eager_raises(exc, notes)
                 return None
             restore()  # both calls start from the same state (a buffer forward writes, then reads)
             traced = exported.module()(*_fresh(args), **_fresh(kwargs))
@@ -85,22 +82,6 @@ def compare_with_eager(model: torch.nn.Module, exported, args: tuple, kwargs: di
         notes.append(text)
         warnings.warn(text, stacklevel=3)
     return eager
-
-
-SYNC_BATCHNORM_NOTE = (
-    "exported program not compared with eager forward: the model's nn.SyncBatchNorm raises in an eager call on the "
-    "host (it needs a GPU and a process group), while the exported program computes batch_norm, whose statistics "
-    "every plan synchronises over a sharded batch (each rank normalises with the whole batch's mean and variance, "
-    "as SyncBatchNorm and one device do): nothing to change; nn.BatchNorm*d computes the same under a plan")
-"""Round 20 (new-user trial, defect 2): `nn.SyncBatchNorm.convert_sync_batchnorm`, a DDP user's habit, got the
-warning "every parallel program would raise too" although the program runs and matches one device."""
-
-
-def _sync_batchnorm_raised(model: torch.nn.Module, exc: Exception) -> bool:
-    """Whether `exc` is nn.SyncBatchNorm's refusal of a host eager call (a ValueError naming SyncBatchNorm) in a
-    model that holds one."""
-    return (isinstance(exc, ValueError) and "SyncBatchNorm" in str(exc)
-            and any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
 
 
 def _warn_eager_raises(exc: Exception, notes: list[str]) -> None:

@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 
 from .eager_check import _fresh, _on_meta, _state_kept, _too_large, _worst, state_tensors
 from .graph import carries_grad
+from .slots import one_process_view
 
 
 def microbatch_mixing(model: torch.nn.Module, args: tuple, kwargs: dict, microbatches: int,
@@ -155,9 +156,10 @@ def _record(model: torch.nn.Module, calls: list[tuple[tuple, dict]]):
         return record
     handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()]
     try:
-        for args, kwargs in calls:
-            count.clear()
-            model(*_fresh(args), **_fresh(kwargs))
+        with one_process_view([]):  # as on one device, also on ranks (`slots.one_process_view`)
+            for args, kwargs in calls:
+                count.clear()
+                model(*_fresh(args), **_fresh(kwargs))
     finally:
         for h in handles:
             h.remove()

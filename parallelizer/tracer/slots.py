@@ -111,26 +111,41 @@ def drop_phantom_input_writes(model: torch.nn.Module, exported, args: tuple, kwa
 
 @contextlib.contextmanager
 def one_process_view(notes: list[str]):
-    """Inside, `torch.distributed.is_initialized()` answers False: the model is traced as it runs on one device,
-    on the global batch the example inputs hold, which is what every parallel program must compute. A model
-    written for DDP that syncs batch statistics itself when a process group exists (vector-quantize-pytorch's
-    LFQ: `dist.nn.all_reduce(avg_prob) / world_size` of its codebook entropy) could not be exported on ranks
-    (torch's "all_reduce is not supported under torch.compile", a TraceError on every rank of `rehearse` and of
-    `auto_parallelize` under torchrun) and would otherwise trace another graph there than in one process.
-    Noted when forward asked while a group exists."""
+    """Inside, the default process group is hidden: the model runs as it does on one device, on the global batch
+    the example inputs hold, which is what every parallel program must compute. A model written for DDP that
+    syncs batch statistics itself when a process group exists (vector-quantize-pytorch's LFQ:
+    `dist.nn.all_reduce(avg_prob) / world_size` of its codebook entropy; FLAVA's global contrastive head, which
+    all-gathers the embeddings and offsets its labels by the rank) could not be exported on ranks (torch's
+    "all_reduce is not supported under torch.compile", a TraceError on every rank of `rehearse` and of
+    `auto_parallelize` under torchrun), and its eager calls on ranks (the trace's eager checks, `rehearse`'s
+    single-device references: `runtime.module_copy.reference_copy`) computed its distributed variant.
+    Every way of asking answers "no group": `torch.distributed.is_initialized()`, the same function imported
+    by name (`from torch.distributed import is_initialized`) or read from `distributed_c10d`, and
+    `get_world_size()` / `get_rank()` (they raise as without a group, which such code catches), since the default
+    group itself (`GroupMember.WORLD`, a public class property of torch.distributed; checked on torch 2.13.0) is
+    None inside and restored on exit. Round 24 (r24e): before, only the module attribute `is_initialized` was
+    replaced, and the three other forms failed on ranks with a TraceError blaming the export. Sub-groups made by
+    `new_group` are untouched. Noted when forward asked `torch.distributed.is_initialized()` while a group
+    exists."""
     import torch.distributed as dist
 
+    if not dist.is_available():
+        yield
+        return
+    world = dist.GroupMember.WORLD  # the default group, None without one
     original = dist.is_initialized
     asked: list[bool] = []
 
     def is_initialized() -> bool:
-        asked.append(original())
+        asked.append(world is not None)
         return False
 
     dist.is_initialized = is_initialized
+    dist.GroupMember.WORLD = None
     try:
         yield
     finally:
+        dist.GroupMember.WORLD = world
         dist.is_initialized = original
     if any(asked):
         notes.append("forward asked torch.distributed.is_initialized() while a process group exists: traced as on "

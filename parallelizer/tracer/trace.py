@@ -102,22 +102,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         example_inputs, example_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to("meta"), (example_inputs, example_kwargs))
         notes.append("model is on the meta device: traced shapes only; example inputs moved to meta")
-    reseeds: list[tuple[str, str | None]] = []
-    with host_state_kept(model) as host_before, cache_dropped(model, notes), _checkpoint_regions(notes), \
-            host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
-            python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, one_process_view(notes), \
-            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds), \
-            nested_fast_path_watch(model, notes):
-        exported = _export(model, example_inputs, example_kwargs)
-    refuse_generator_objects(exported, model)
-    draws = any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function")
-    refuse_reseeding(reseeds, draws, model.training, notes, allow_frozen_host_random)
-    if stored:
-        drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)
-    with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
-        eager = compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
-        check_repeatable(model, example_inputs, example_kwargs, notes, before=host_before, first=eager,
-                         allow=allow_frozen_host_random)  # host state a call changes, frozen (`host_state`)
+    with one_process_view(notes):  # as on one device, also on ranks (the export and every eager call)
+        exported = _exported_and_checked(model, example_inputs, example_kwargs, notes, allow_frozen_host_random)
     gm = exported.graph_module
     try:
         lifted = exported.graph_signature.inputs_to_lifted_tensor_constants
@@ -138,6 +124,29 @@ def trace(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | 
         model, example_inputs, example_kwargs)
     traced.allow_frozen_host_random = allow_frozen_host_random
     return traced
+
+
+def _exported_and_checked(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict, notes: list[str],
+                          allow_frozen_host_random: bool):
+    """`trace`'s export under its watches, then its checks of the exported program against eager calls of the
+    model (`compare_with_eager`, `check_repeatable`); `trace` runs it inside `one_process_view`."""
+    reseeds: list[tuple[str, str | None]] = []
+    with host_state_kept(model) as host_before, cache_dropped(model, notes), _checkpoint_regions(notes), \
+            host_rng_watch(notes, model, allow=allow_frozen_host_random), custom_backward_watch(notes), \
+            python_state_watch(model, notes), tensor_slots_kept(model, notes) as stored, \
+            overflow_guards_as_clamps(notes), causal_mask_hint_as_given(notes), seed_watch(reseeds), \
+            nested_fast_path_watch(model, notes):
+        exported = _export(model, example_inputs, example_kwargs)
+    refuse_generator_objects(exported, model)
+    draws = any(draws_random(n) for n in exported.graph_module.graph.nodes if n.op == "call_function")
+    refuse_reseeding(reseeds, draws, model.training, notes, allow_frozen_host_random)
+    if stored:
+        drop_phantom_input_writes(model, exported, example_inputs, example_kwargs, notes)
+    with cache_dropped(model):  # the output export saw; after the watches (their notes decide a skip)
+        eager = compare_with_eager(model, exported, example_inputs, example_kwargs, notes)
+        check_repeatable(model, example_inputs, example_kwargs, notes, before=host_before, first=eager,
+                         allow=allow_frozen_host_random)  # host state a call changes, frozen (`host_state`)
+    return exported
 
 
 def _refuse_module_backward_hooks(model: torch.nn.Module) -> None:
