@@ -409,6 +409,9 @@ def calibrate(nprocs: Sequence[int] = (2, 4), out_path: str | os.PathLike | None
     measurements["collective_passes"] = collective_passes
     measurements["device_pass_half"] = pooled["device"]["pass_half"]
     measurements["pipeline_action_pass_half"] = pooled["pipeline"][1] if pooled["pipeline"] else {}
+    # round 24: each pipeline sample kind's split-half over its pooled rounds (e.g. "split node"); recorded for the
+    # reader, not in `predicted_drift` (its key does not end in "_split_half")
+    measurements["split_half_pipeline_action"] = pooled["pipeline"][2] if pooled["pipeline"] else {}
     measurements["contention_pass_half"] = pooled["contention_pass_half"]
     measurements["pass_reference_flops_per_s"] = pooled["references"]
     measurements["pass_steal"] = pooled["steal"]

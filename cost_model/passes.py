@@ -131,8 +131,8 @@ def pool_all(records: Sequence[dict], nprocs: Sequence[int], tolerance: float = 
 
     Returns:
         ``{"references": per pass median FLOP/s, "steal": per pass, "dropped": 0-based indices, "collectives": {n:
-        pool_passes result}, "device": pool_rounds result, "pipeline": (PipelineActionCost, pass_half by kind) or
-        None, "own_runner": cost or None, "contention": {k: factors}, "contention_pass_half": {key: h}}``.
+        pool_passes result}, "device": pool_rounds result, "pipeline": (PipelineActionCost, pass_half by kind,
+        split_half by kind) or None, "own_runner": cost or None, "contention": {k: factors}, "contention_pass_half": {key: h}}``.
 
     Raises:
         ValueError: no records, or a pass without reference readings.
@@ -172,7 +172,8 @@ def pool_all(records: Sequence[dict], nprocs: Sequence[int], tolerance: float = 
     if any(r["pipeline"] for r in records):
         samples = pool_rounds([p["samples"] for p in pipes], dropped)
         bare = pool_rounds([p["bare"] for p in pipes], dropped)["samples"]
-        out["pipeline"] = (action_cost_from_samples(samples["samples"], bare), samples["pass_half"])
+        out["pipeline"] = (action_cost_from_samples(samples["samples"], bare), samples["pass_half"],
+                           samples["split_half"])
     owns = [(i, r["own_runner"]) for i, r in enumerate(records) if r["own_runner"] is not None]
     out["own_runner"] = owns[0][1] if owns else None
     if owns and owns[0][0] in dropped:

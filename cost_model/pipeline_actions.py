@@ -41,7 +41,9 @@ Round 19, two costs that grow with size (``PipelineActionCost`` documents them):
   i.e. 0.21-0.24 ns per byte on each end.
 - ``split_backward_per_node_s``: per process, chains of ``_SPLIT_DEPTHS`` Linear(8, 8) layers, the thread CPU
   of torch's ``stage_backward_input`` + ``stage_backward_weight`` less a full ``autograd.backward``, per autograd
-  node (4 per Linear: addmm, t, 2 AccumulateGrad): (extra(8) - extra(1)) / (32 - 4). Default 24 us per node:
+  node (4 per Linear: addmm, t, 2 AccumulateGrad): (extra(8) - extra(1)) / (32 - 4); since round 24 each of the
+  four timings per round is a sample of >= 20 ms of back-to-back backward passes (``_split_per_node``: one pass
+  per sample before, which made the figure swing 2.3x between two idle calibrations). Default 24 us per node:
   ``/tmp/r19c/iw_lin.py`` (2026-12-03 21:59, load ~40, 35 runs each): extra 196 / 518 / 1642 us for 1 / 4 / 16
   layers ((1642 - 196) / 60 nodes); on a GPT-2 block of width 64, sequence 32 (``/tmp/r19c/iw_split.py``) the
   split cost 3302 us against 1301 us for a full backward.
@@ -49,6 +51,7 @@ Round 19, two costs that grow with size (``PipelineActionCost`` documents them):
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -56,7 +59,7 @@ from collections import defaultdict
 import torch
 
 from cost_model.hardware import PipelineActionCost
-from cost_model.measure import _free_port, _run_spawned, gloo_worker
+from cost_model.measure import MIN_SAMPLE_S, _free_port, _run_spawned, gloo_worker
 
 __all__ = ["CPU_PIPELINE_ACTION", "first_touch_per_byte_s", "measure_pipeline_actions", "measure_pipeline_action_samples", "measure_own_runner",
            "action_cost_from_samples",
@@ -116,6 +119,8 @@ _SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop",  
             "comm": "comm op"}
 _SIZES_BYTES = (64, 1 << 20)  # the two message sizes of the per-byte sweep (round 19)
 _SPLIT_DEPTHS = (1, 8)  # Linear(8, 8) chains whose split backward is timed against a full one (round 19)
+_SPLIT_REPEATS = 3  # samples of each kind per depth and round (their median)
+_SPLIT_MAX_CALLS = 4096  # backward passes per sample at most (a full backward of one Linear(8, 8): ~30 us)
 
 
 def action_cost_from_samples(samples: dict[str, list[float]], bare: dict[str, list[float]]) -> PipelineActionCost:
@@ -246,11 +251,10 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining, timeout_s: floa
             if i >= 2:
                 bare[k] += v
         per_byte = _per_byte_round(rank, dist, timeout_s)  # both ranks, every round (module docstring)
-        split = _split_per_node()
         touch = first_touch_per_byte_s()
         if i >= 2:
             clock.cpu["comm byte"].append(per_byte)
-            clock.cpu["split node"].append(split)
+            clock.cpu["split node"].append(_split_per_node())  # timed rounds only: ~0.2 s each (>= 4 x 20 ms)
             clock.cpu["first touch byte"].append(touch)
     schedules._batch_p2p = real_batch
     return dict(clock.cpu), dict(bare)
@@ -272,9 +276,21 @@ def _per_byte_round(rank: int, dist, timeout_s: float, n: int = 8) -> float:
     return max(0.0, (per_op[1] - per_op[0]) / (_SIZES_BYTES[1] - _SIZES_BYTES[0]))
 
 
-def _split_per_node(repeats: int = 3) -> float:
+def _split_per_node(repeats: int = _SPLIT_REPEATS, min_sample_s: float = MIN_SAMPLE_S,
+                    max_calls: int = _SPLIT_MAX_CALLS) -> float:
     """Per-thread CPU seconds per autograd node that torch's split backward spends beyond a full backward (module
-    docstring): Linear(8, 8) chains of `_SPLIT_DEPTHS` layers, 4 nodes each, medians of `repeats`, >= 0."""
+    docstring): Linear(8, 8) chains of `_SPLIT_DEPTHS` layers, 4 nodes each; per depth `repeats` samples of the
+    split (`stage_backward_input` + `stage_backward_weight`) alternated with as many of the full backward
+    (`autograd.backward`), each `calls` backward passes back to back over as many graphs built before the clock
+    starts, per call; extra(depth) = the median of the split's less the median of the full's; the result
+    (extra(8) - extra(1)) / (4 (8 - 1)), >= 0. `calls` makes a sample last at least `min_sample_s` at the
+    speed of 2 warm-up calls, as the collectives' samples (`cost_model.measure.sample_calls`), at most `max_calls`.
+
+    Why (round 24, r24c): until then a sample was ONE backward of a few tens of microseconds (median of 3 per
+    round), so a scheduler time slice or a cache refill decided it: two idle back-to-back calibrations read
+    31.5 vs 13.4 us (r23d) and 25.0 vs 14.8 us (2026-12-04 17:31-17:39, pass-half 53% / 22%), which moved zbv's
+    quick-size price 220 -> 154 ms. The calibration pools one value per round over its passes (median, split-half
+    and pass-half: `cost_model.rounds.pool_rounds`)."""
     # private (torch 2.13.0): the two halves the runtime's I and W actions call
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
     extra = []
@@ -282,23 +298,27 @@ def _split_per_node(repeats: int = 3) -> float:
         mod = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(depth)])
         params = list(mod.parameters())
 
-        def once(split: bool) -> float:
-            x = torch.randn(1, _WIDTH, requires_grad=True)
-            y = mod(x)
-            g = torch.ones_like(y)
+        def sample(split: bool, calls: int) -> float:
+            graphs = []
+            for _ in range(calls):  # built outside the clock: a backward consumes its graph
+                x = torch.randn(1, _WIDTH, requires_grad=True)
+                y = mod(x)
+                graphs.append((x, y, torch.ones_like(y)))
             start = time.thread_time()
-            if split:
-                _, groups = stage_backward_input([y], [g], [x], iter(params))
-                stage_backward_weight(iter(params), groups)
-            else:
-                torch.autograd.backward(y, g)
+            for x, y, g in graphs:
+                if split:
+                    _, groups = stage_backward_input([y], [g], [x], iter(params))
+                    stage_backward_weight(iter(params), groups)
+                else:
+                    torch.autograd.backward(y, g)
             spent = time.thread_time() - start
             for q in params:
                 q.grad = None
-            return spent
-        once(True), once(False)  # warm-up
-        extra.append(statistics.median(once(True) for _ in range(repeats))
-                     - statistics.median(once(False) for _ in range(repeats)))
+            return spent / calls
+        calls = {split: max(1, min(max_calls, math.ceil(min_sample_s / max(sample(split, 2), 1e-9))))
+                 for split in (True, False)}  # from 2 warm-up calls of each
+        samples = [(sample(True, calls[True]), sample(False, calls[False])) for _ in range(repeats)]  # alternated
+        extra.append(statistics.median(s for s, _ in samples) - statistics.median(f for _, f in samples))
     return max(0.0, (extra[1] - extra[0]) / (4 * (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0])))
 
 

@@ -52,7 +52,8 @@ from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .grad_reach import output_reach
 from .launch import DistributedError, create_groups
-from .pipeline import (MicrobatchLoss, PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
+from .microbatch_loss import MicrobatchLoss
+from .pipeline import (PipelineRun, StageCut, StageModule, _examples, _give_back, _holders,
                        _sub_mesh_groups, boundary_dtypes, returning_all, sent_dtypes, stage_graph, stage_pp_rank, stage_spec,
                        sum_over_copies)
 
@@ -191,7 +192,8 @@ class BitPipeRunner:
 
     def _private_params(self, x: int) -> list[torch.nn.Parameter]:
         module = self.modules[x]
-        return [p for fqn, p in sorted(module.named_parameters()) if p.requires_grad and fqn not in self.shared]
+        return [p for fqn, p in sorted(module.reading().parameters.items())  # the step's walk (`tree_reading`)
+                if p.requires_grad and fqn not in self.shared]
 
     def _start_exchange(self, x: int):
         """Send copy x's gradient to its twin and post the receive of the twin's (eager synchronisation)."""
@@ -275,7 +277,7 @@ def _wait(work, timeout: timedelta, what: str) -> None:
 def _take_grads(modules) -> list[tuple[torch.Tensor, torch.Tensor]]:
     taken = []
     for module in modules:
-        for p in module.parameters():
+        for p in module.reading().parameters.values():  # the step's walk (`tree_reading.held`)
             if p.grad is not None:
                 taken.append((p, p.grad))
                 p.grad = None

@@ -21,7 +21,7 @@ loss reads is known only when it runs (round 23, r23a): a `loss_fn` that ignores
 (logits, aux) trained on the logits alone; `pm.step(loss_fn=None)` reading the model's own loss alone), or reads it
 only on some microbatches (a Python branch on the target), leaves the parameters that only that output reaches
 without gradient on one device, while torch's stages sent zeros for it. So each microbatch's loss records the
-outputs its autograd graph reaches (`read_outputs`, `pipeline.MicrobatchLoss.read`), and after the schedule
+outputs its autograd graph reaches (`read_outputs`, `microbatch_loss.MicrobatchLoss.read`), and after the schedule
 `OutputReach.unreached_in_step` takes the union over microbatches and ranks (one all-reduce of a flag per output,
 only for a model whose outputs reach different parameter sets) and gives the parameters none of those outputs
 reach. A stage-boundary value a later stage uses only under `torch.no_grad()` or `.detach()` needs no flag: the

@@ -92,7 +92,8 @@ class _StateOnly(torch.nn.Module):
         return iter(self._modules.values())
 
 
-def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule", parametrized=None) -> None:
+def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule", parametrized=None,
+                           modules=None) -> None:
     """Raise UnsupportedOpError when a submodule of `root` (a ParallelModule) is not a mirror: a module swapped in
     or added after wrapping (`pm.fc = MyLinear(...)`, `torch.ao.quantization.prepare_qat(pm)`, `pm.head =
     nn.Identity()`). The program runs the model as traced and reads only the parameters and buffers at the
@@ -100,10 +101,11 @@ def refuse_foreign_modules(root: torch.nn.Module, owner: str = "a ParallelModule
     plain one (prepare_qat on an MLP: outputs 1.3e-2 off one device after 3 SGD steps, silently, on ddp, fsdp
     and tp alike). A parametrization registered later keeps the module (its class gains a parametrized
     subclass, judged by `parametrized(name, module)` when given: `runtime.init_check.refuse_parametrized_shard`,
-    in this same walk); its `parametrizations` container is torch's, not a model module, and is allowed."""
+    in this same walk); its `parametrizations` container is torch's, not a model module, and is allowed.
+    `modules`: `root.named_modules()` read already (`tree_reading.TreeReading.modules`), else walked here."""
     from torch.nn.utils.parametrize import is_parametrized
     torchs: list[str] = []  # the `parametrizations` containers of parametrized mirrors (and what they hold)
-    for name, module in root.named_modules():
+    for name, module in (root.named_modules() if modules is None else modules):
         if not name or any(name == t or name.startswith(t + ".") for t in torchs):
             continue
         if isinstance(module, _StateOnly):
@@ -168,11 +170,12 @@ def settings(module: torch.nn.Module) -> dict[str, object]:
     return {k: v for k, v in module.__dict__.items() if k not in MODULE_STATE and not k.startswith("_") and _plain(v)}
 
 
-def changed_settings(root: torch.nn.Module, snapshots: dict[str, dict[str, object]]) -> tuple:
+def changed_settings(root: torch.nn.Module, snapshots: dict[str, dict[str, object]], modules=None) -> tuple:
     """((module name, attribute, current value), ...) for every snapshotted setting of `root`'s submodules
-    that differs now (a deleted one: the value `None` with attribute name suffixed ' (deleted)')."""
+    that differs now (a deleted one: the value `None` with attribute name suffixed ' (deleted)'). `modules`:
+    `root.named_modules()` read already (`tree_reading.TreeReading.modules`), else walked here."""
     out = []
-    for name, module in root.named_modules():
+    for name, module in (root.named_modules() if modules is None else modules):
         for key, value in snapshots.get(name, {}).items():
             now = module.__dict__.get(key, _MISSING)
             if now is _MISSING:

@@ -42,8 +42,6 @@ import copy
 import warnings
 
 import torch
-from torch.nn.modules.module import _IncompatibleKeys
-from torch.utils import _pytree as pytree
 
 from ..errors import PlanMismatchError, StateDictError, TraceError, UnsupportedOpError
 from ..rewriter.apply import RankProgram, rewrite
@@ -61,7 +59,6 @@ from .init_check import install as check_initialisers, refuse_parametrized_shard
 from .members import add_child, add_member, attribute_at, member, owner_of, submodule
 from .cast_check import cast_tensors, refuse as refuse_cast
 from .model_attrs import ModelAttributes
-from .stale_model import tag_snapshot
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .parameter_state import carry_parameter_state
@@ -70,6 +67,8 @@ from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, autocast_exactly, carry_over
 from .module_copy import copy_module
+from .module_state import ShardedState
+from .tree_reading import TreeReading, read_tree
 from .precision import autocast
 from .step import LossFn, StepError, check_grad_enabled, check_loss_source, compute_loss
 
@@ -78,7 +77,7 @@ MAX_PROGRAMS = 8
 _NO_SYNC_WARNED: list[bool] = []  # `ParallelModule.no_sync` warned in this process
 
 
-class ParallelModule(ModelAttributes, torch.nn.Module):
+class ParallelModule(ShardedState, ModelAttributes, torch.nn.Module):
     """The sharded model of one rank.
 
     Attributes:
@@ -241,14 +240,16 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         """The program of the mode last run (at first: the mode the model was traced in)."""
         return self._active.program
 
-    def _modes(self) -> tuple[tuple[tuple[str, bool], ...], tuple]:
+    def _modes(self, reading: TreeReading | None = None) -> tuple[tuple[tuple[str, bool], ...], tuple]:
         """(each submodule's (name, training), the settings changed since the mirrors were made
-        (`runtime.mirror.changed_settings`)): what selects a program."""
-        return (tuple((name, m.training) for name, m in self.named_modules()),
-                changed_settings(self, self.__dict__.get("_settings", {})))
+        (`runtime.mirror.changed_settings`)): what selects a program. `reading`: this call's walk of the tree
+        (`runtime.tree_reading`), else one made here."""
+        reading = reading or read_tree(self)
+        return reading.flags, changed_settings(self, self.__dict__.get("_settings", {}), reading.modules)
 
     def _frozen(self) -> frozenset[str]:
-        return frozenset(f for f, p in self.named_parameters() if not p.requires_grad)
+        """The FQNs of the parameters that do not require grad now (a program is made per frozen set)."""
+        return read_tree(self).frozen
 
     def _program_for(self, modes, frozen, args, kwargs) -> ModeProgram:
         """The program for (modes, frozen), made on first use: the first modes reuse the given traced graph
@@ -313,9 +314,10 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
                 "(vmap's per-sample calls are batches of 1). Remedy: take gradients with torch.autograd.grad or "
                 "backward() (torch.func.functional_call(pm, params, inputs) works without a transform around it); "
                 "for per-sample gradients, compute them on the unparallelised model")
+        reading = read_tree(self)  # one walk for every check of this call (`runtime.tree_reading`)
         refuse_foreign_modules(self, parametrized=lambda name, module: refuse_parametrized_shard(
-            name, module, self.spec.params, self.spec.mesh))
-        self._active = self._program_for(self._modes(), self._frozen(), args, kwargs)
+            name, module, self.spec.params, self.spec.mesh), modules=reading.modules)
+        self._active = self._program_for(self._modes(reading), reading.frozen, args, kwargs)
         traced = self._active.traced
         try:
             tensors = traced.tensor_inputs(args, kwargs)  # constants (bool, float, str...) checked, then dropped
@@ -336,20 +338,21 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         if inputs_unchecked(self, count=True):
             check_same_inputs(list(zip(traced.input_names, tensors)), "ParallelModule call")
         try:
-            with self._autocast():
-                out = self.program.graph_module(*self._state(), *tensors)
+            state = self._state()
+            with self._autocast(state):
+                out = self.program.graph_module(*state, *tensors)
         except RuntimeError as exc:  # a program traced in other dtypes than pm was cast to: typed (`cast_check`)
-            refuse_cast("ParallelModule forward", cast_tensors(self.traced, {**dict(self.named_parameters()),
-                                                                             **dict(self.named_buffers())}), exc)
+            refuse_cast("ParallelModule forward", cast_tensors(self.traced, {**reading.parameters,
+                                                                             **reading.buffers}), exc)
             raise
         spec = traced.exported.call_spec
         # with the traced call's key order (a ModelOutput's positions, `to_tuple()`): `tracer.leaves`
         return unflatten_in_order(list(out), spec.out_spec) if spec.out_spec is not None else out
 
-    def _autocast(self):
+    def _autocast(self, state: list[torch.Tensor] | None = None):
         """The mixed-precision context of the plan (`runtime.precision.autocast`; a no-op without one), on the
-        device type of the parameters."""
-        state = self._state()
+        device type of the parameters (`state`: the call's `_state()`, read here when not given)."""
+        state = self._state() if state is None else state
         return autocast(self.spec.autocast, state[0].device.type if state else "cpu")
 
     def step(self, *inputs, target=None, loss_fn: LossFn | None = None, item_count=None, **kwargs) -> torch.Tensor:
@@ -522,114 +525,6 @@ class ParallelModule(ModelAttributes, torch.nn.Module):
         them afterwards with `pm.apply(fn)` or `full_model()`. Before, this replaced them with uninitialised
         memory, which an initialiser that never ran (see `apply`) left in place: NaN outputs."""
         return self.to(device)
-
-    # -- full tensors --------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Gather every tensor of the model's `state_dict()` to its full value (collective: call on all ranks).
-
-        Keys are exactly those of the original model's `state_dict()` (tied aliases included, non-persistent
-        buffers and tensors created in forward left out), so `model.load_state_dict(sd, strict=True)` works
-        on the unparallelised model. Every rank holds every full tensor: for models that fit one device;
-        `parallelizer.checkpoint` saves and exports tensor by tensor. Like `nn.Module.state_dict`, a tensor
-        stored replicated shares storage with the live parameter: clone it to keep a snapshot.
-        """
-        out = {}
-        for fqn, info in self.traced.parameters.items():
-            if not info.persistent:
-                continue
-            local = self._registered(fqn)
-            full = gather_tensor(local, self.spec.params[fqn], self.spec.mesh, self.groups, tuple(info.shape),
-                                 self.coords)
-            for name in (fqn, *info.aliases):
-                out[name] = full
-        return tag_snapshot(self, out)
-
-    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        """`nn.Module.state_dict` (this rank's local pieces), whose pieces of sharded tensors are marked so that
-        torch.distributed.checkpoint refuses them (`shard_origin.install_dcp_guard`)."""
-        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
-        shard_origin.mark(self, out, prefix)
-        return out
-
-    def _save_to_state_dict(self, destination, prefix: str, keep_vars: bool) -> None:
-        """nn.Module's hook for this module's own tensors (it has none: its submodules hold them), used to record
-        in the state dict's metadata which piece of each tensor this rank holds (`runtime.shard_origin`), so that
-        loading it on another rank or plan is refused instead of training from another rank's shards."""
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        metadata = getattr(destination, "_metadata", None)
-        if metadata is not None:
-            entry = metadata.setdefault(prefix[:-1], {})
-            entry[shard_origin.KEY] = shard_origin.module_pieces(self)
-            entry[shard_origin.KEY + "_rank"] = shard_origin.process_rank(self.rank)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
-        """Refuse (StateDictError, before anything is copied: torch loads this module before its submodules) a
-        state dict that records other pieces than this rank holds (`_save_to_state_dict`): rank 0's file
-        loaded on every rank, or a file saved under another plan."""
-        saved = local_metadata.get(shard_origin.KEY)
-        if saved is not None:
-            loaded = {name: value for name, value in saved.items() if prefix + name in state_dict}
-            by = local_metadata.get(shard_origin.KEY + "_rank")
-            shard_origin.check(f"{type(self).__name__}.load_state_dict", shard_origin.module_pieces(self), loaded,
-                               f" (saved by rank {by}, loaded on rank {shard_origin.process_rank(self.rank)})"
-                               if by is not None else "")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """`nn.Module.load_state_dict` of LOCAL shards (what `pm.state_dict()` holds on this rank).
-
-        Raises:
-            StateDictError: a tensor has the full shape of the model's tensor where this rank holds a shard
-                (a state dict of the unparallelised model): names it and the remedy, `load_full_state_dict`.
-                Before, torch's "size mismatch" RuntimeError named only the shapes (tp, fsdp); under ddp it
-                loads, as local and full shapes are equal.
-        """
-        expected, _, _ = check_state_keys(self.traced, state_dict, False, "load_state_dict")
-        full = [key for key, value in state_dict.items() if key in expected and isinstance(value, torch.Tensor)
-                and tuple(value.shape) == tuple(self.traced.parameters[expected[key]].shape)
-                != self._local_shapes.get(expected[key], tuple(value.shape))]
-        # a ParallelModule's state dict (it records its pieces, `_save_to_state_dict`) whose whole tensors are shards
-        # here was saved on another plan, not by the unparallelised model: `_load_from_state_dict` names that
-        recorded = ((getattr(state_dict, "_metadata", None) or {}).get("") or {}).get(shard_origin.KEY) is not None
-        if full and not recorded:
-            raise StateDictError(
-                f"load_state_dict: {len(full)} tensor(s) have the model's full shape where this rank holds a shard, "
-                f"e.g. {full[0]!r} {tuple(state_dict[full[0]].shape)} (local shard "
-                f"{self._local_shapes[expected[full[0]]]}): pm.load_state_dict takes this rank's local shards, as "
-                "pm.state_dict() gives them. Remedy: pm.load_full_state_dict(state_dict, strict=...) for a state "
-                "dict of the unparallelised model (each rank cuts its shards), or parallelizer.checkpoint.load "
-                "for a sharded checkpoint", missing=[], unexpected=[])
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> _IncompatibleKeys:
-        """Copy this rank's shard of each full tensor in `state_dict` (the model's `state_dict()` keys) into the
-        local parameters and buffers. No communication.
-
-        A tied tensor is read from its canonical key or, when absent, from one of its aliases.
-        Returns (missing_keys, unexpected_keys) like `nn.Module.load_state_dict`.
-        Raises:
-            StateDictError: with strict=True, keys missing or unexpected (lists them); in any case a tensor
-                whose shape is not the model's (names it, both shapes, and what to do).
-        """
-        expected, missing, unexpected = check_state_keys(self.traced, state_dict, strict, "load_full_state_dict")
-        loadable = {fqn: next((state_dict[n] for n in (fqn, *self.traced.parameters[fqn].aliases) if n in state_dict),
-                              None) for fqn in set(expected.values())}
-        for fqn, value in loadable.items():
-            shape = tuple(self.traced.parameters[fqn].shape)
-            if value is not None and tuple(value.shape) != shape:
-                raise StateDictError(
-                    f"load_full_state_dict: {fqn!r} has shape {tuple(value.shape)} in the state dict but {shape} in "
-                    "the model. Remedy: load a state dict saved from a model of the same configuration (or build "
-                    "the model with the configuration the checkpoint was saved from)", missing=[], unexpected=[])
-        with torch.no_grad():
-            for fqn, value in loadable.items():
-                if value is None:
-                    continue
-                local = self._registered(fqn)
-                local.copy_(shard_tensor(value, self.spec.params[fqn], self.spec.mesh, self.coords))
-        return _IncompatibleKeys(missing, unexpected)
 
 
 _OWN_NAMES = frozenset({"traced", "spec", "rank", "grad_bucket_bytes", "coords", "programs", "groups"})

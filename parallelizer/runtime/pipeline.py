@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.fx
 from torch.distributed import pipelining
-from torch.utils import _pytree as pytree
 
 from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
@@ -37,12 +36,14 @@ from ..rewriter.grad_sync import deferred_sync
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
-from .grad_reach import OutputReach, autograd_leaves, drop_unreached, output_reach, read_outputs
+from .grad_reach import OutputReach, drop_unreached, output_reach
+from .microbatch_loss import MicrobatchLoss, counts_no_item, weighted_loss  # noqa: F401 (re-exported)
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
 from .stage_checks import SPLIT_BACKWARD, check_buffer_copies, check_split_backward, uses_by_stage  # noqa: F401
 from .written_state import snapshot_written_state
+from .tree_reading import TreeReading, held, read_tree
 from .stage_cut import (StageCut, _args, _boundaries, cut_stages, plan_cut, stage_graph,  # noqa: F401
                         stage_pp_rank, step_returned_share, step_returns, V_PLACED)
 from ..rewriter.apply import AsEmitted, RankProgram, rewrite
@@ -107,6 +108,16 @@ class StageModule(ParallelModule):
     whole: tuple[TracedGraph, ShardingSpec] | None = None
     returns_all = False
 
+    def reading(self) -> TreeReading:
+        """This step's walk of the stage's tree (lent by `tree_reading.held` for the step: one walk per stage and
+        step), or outside a step a fresh one."""
+        held = self.__dict__.get("_held_reading")
+        return held if held is not None else read_tree(self)
+
+    def _frozen(self) -> frozenset[str]:
+        """The frozen set of this step's reading (`reading`): read once per step, not once per action."""
+        return self.reading().frozen
+
     def _returning(self) -> RankProgram:
         """The program this call runs: the stage's own, or under `returns_all` the one returning all the
         model's outputs (made on first use, as another mode's program: `ParallelModule._program_for`); either
@@ -134,8 +145,9 @@ class StageModule(ParallelModule):
         received = tuple(c.decode(w) if c is not None else w for c, w in zip(self.in_codecs, wire)) + \
             wire[len(self.in_codecs):]
         program = self._returning()
-        with self._autocast():  # the plan's mixed-precision recipe (a no-op without one), as ParallelModule
-            out = program.graph_module(*self._state(program), *received)
+        state = self._state(program)
+        with self._autocast(state):  # the plan's mixed-precision recipe (a no-op without one), as ParallelModule
+            out = program.graph_module(*state, *received)
         if self.sent_dtypes and program is self.program:
             _check_sent_dtypes(self, out)
         sent = []
@@ -239,73 +251,6 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
-    """loss_j * w_j of one microbatch in the batch loss. A microbatch that counts no item while the batch does
-    (w_j = n_j / N = 0, e.g. every label -100) adds exactly 0: its mean loss is 0/0 = NaN, and NaN * 0 would
-    make the batch loss NaN where one device's loss of the whole batch is finite (its gradient is already 0:
-    a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
-    (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
-    return torch.zeros_like(loss) if is_zero_weight(weight) else loss * weight
-
-
-class MicrobatchLoss:
-    """The loss torch's schedule calls on the last stage for each microbatch: `fn(output, target_j) * w_j`.
-
-    w_j = n_j / N (`runtime.step`: token-weighted) when the step gave an item count (`begin`), else 1 / m (a
-    plain mean of the microbatch losses, as torch's schedules compute it). `recorded` gets
-    (unscaled loss_j, w_j) of the running step, in the order the schedule computes them; `read` the positions of
-    the stage outputs some microbatch's loss reached (`grad_reach.read_outputs`).
-    """
-
-    def __init__(self, fn, microbatches: int) -> None:
-        self.default_fn, self.fn, self.microbatches = fn, fn, microbatches
-        self.item_count, self.total = None, None
-        self.recorded: list[tuple[torch.Tensor, torch.Tensor | float]] = []
-        self.read: set[int] = set()
-
-    def begin(self, fn, item_count, target) -> None:
-        """Set the loss of the next step (fn None: the build's) and, with `item_count`, N = item_count(target)."""
-        self.fn = fn if fn is not None else self.default_fn
-        self.item_count = item_count
-        self.total = item_count(target) if item_count is not None else None
-        self.recorded.clear()
-        self.read.clear()
-
-    def __call__(self, output, target):
-        loss = self.fn(output, target)
-        self.read |= read_outputs(loss, pytree.tree_leaves(output))
-        weight = self.item_count(target) / self.total if self.item_count is not None else 1.0 / self.microbatches
-        self.recorded.append((loss.detach(), weight))
-        if counts_no_item(loss, weight):
-            return _zero_through(output, loss)
-        return loss * weight
-
-
-def is_zero_weight(weight) -> bool:
-    return bool((weight == 0).all()) if isinstance(weight, torch.Tensor) else weight == 0
-
-
-def counts_no_item(loss: torch.Tensor, weight) -> bool:
-    """A microbatch that counts no item (weight 0) and whose mean loss is 0/0: its backward must add zeros, not
-    back-propagate `loss * 0` (NaN in every gradient)."""
-    return is_zero_weight(weight) and not bool(torch.isfinite(loss).all())
-
-
-def _zero_through(output, loss: torch.Tensor) -> torch.Tensor:
-    """A 0 whose backward sends zero gradients into the stage's finite floating outputs, for a microbatch that
-    counts no item (weight 0) and whose mean loss is not finite: backward of `loss * 0` through a masked mean
-    `(x * mask).sum() / mask.sum()` with an all-zero mask is 0 / 0 = NaN in every gradient (one device's loss
-    of the whole batch has none). When the loss is the stage's only such output (a model returning its own loss
-    alone), the zeros go to the leaves of the loss's autograd graph instead (`grad_reach.autograd_leaves`: the stage's
-    received activations and its parameters), so the gradient sent back is 0 (round 22, r22b: pp=2, loss right,
-    every parameter NaN after the step). Falls back to `loss * 0` when the loss has no autograd graph."""
-    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
-              and t.is_floating_point() and bool(torch.isfinite(t).all())] or autograd_leaves([loss])
-    if not leaves:
-        return loss * 0
-    return sum((t * 0).sum() for t in leaves).to(loss.dtype)
-
-
 @dataclass
 class PipelineRun:
     """What a rank holds: its stage modules, the schedule object, the groups for shared parameters, and
@@ -334,7 +279,7 @@ class PipelineRun:
     reach: OutputReach = OutputReach()
 
     def step(self, *inputs, target=None, losses: list | None = None, loss_fn=None,
-             item_count=None) -> torch.Tensor | None:
+             item_count=None, readings: list[TreeReading] | None = None) -> torch.Tensor | None:
         """One forward/backward of the global batch (inputs on the first stage's ranks, target on the last
         stage's), ADDING the batch's gradient to `.grad` (zero the gradients before the first of several
         accumulated steps, step the optimizer after the last), then the gradient sum of shared parameters.
@@ -345,6 +290,9 @@ class PipelineRun:
             item_count: `item_count(target) -> n`: weight microbatch j's loss by n_j / N (`MicrobatchLoss`);
                 None: by 1 / microbatches.
             losses: gets the unscaled microbatch losses (last stage's ranks).
+            readings: each stage's walk of its tree for this step (`PipelineContract._check_modes`), else made
+                here: lent to the stages for the step (`tree_reading.held`: their frozen sets and parameters are
+                read once per step, not once per action).
         Returns:
             The batch loss (sum of the weighted microbatch losses, detached) on the last stage's ranks, else None.
         Raises:
@@ -353,13 +301,14 @@ class PipelineRun:
         """
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
                     self.microbatch_size, [None] * len(inputs) + ["target"])
-        earlier = _take_grads(self)  # reduced already: only this step's part is reduced
-        self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
-        finals = [stage.final_backwards for stage in self.pipe]
-        # return_outputs=False: torch's schedule would keep every microbatch's outputs until the next step and
-        # concatenate them, which `step` never returns (round 16: 2 x the last stage's gathered logits held)
-        self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None,
-                           return_outputs=False)
+        with held(self.stages, readings or [read_tree(stage) for stage in self.stages]):
+            earlier = _take_grads(self)  # reduced already: only this step's part is reduced
+            self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
+            finals = [stage.final_backwards for stage in self.pipe]
+            # return_outputs=False: torch's schedule would keep every microbatch's outputs until the next step and
+            # concatenate them, which `step` never returns (round 16: 2 x the last stage's gathered logits held)
+            self.schedule.step(*(inputs if self.first else ()), target=target if self.last else None,
+                               return_outputs=False)
         _check_synced(self, finals)
         if losses is not None:
             losses.extend(loss for loss, _ in self.loss.recorded)
@@ -378,7 +327,7 @@ def _take_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
     sum reduce only this step's part, and `_give_back` adds the earlier (already reduced) part back."""
     taken, seen = [], set()
     for m in run.stages:
-        for p in m.parameters():
+        for p in m.reading().parameters.values():
             if p.grad is not None and id(p) not in seen:
                 seen.add(id(p))
                 taken.append((p, p.grad))

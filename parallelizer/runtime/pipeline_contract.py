@@ -11,17 +11,20 @@ import torch
 from ..errors import ModelAttributeError, PipelineError, UnsupportedOpError
 from .cast_check import cast_tensors, refuse as refuse_cast
 from .mirror import changed_settings, describe, refuse_foreign_modules, settings
+from .tree_reading import TreeReading, read_tree
 
 
 class PipelineContract:
     """The contract checks of a PipelineModule (module docstring); expects `run`, `traced` and `training`."""
 
-    def _check_modes(self, where: str = "PipelineModule.step", flags: bool = True) -> None:
+    def _check_modes(self, where: str = "PipelineModule.step", flags: bool = True) -> list[TreeReading]:
         """Raise PipelineError when a stage's submodules changed settings (`runtime.mirror`: a Dropout's p, a
         block's scale) or, with `flags` (training: `step`), train/eval mode since the stages were built: their
         training programs cannot be traced again, and before such changes were silently ignored (by `step`; by the
         evaluation forward too, until round 22: it traces the model in the mirrors' modes, not their settings).
-        Also UnsupportedOpError / a cast refusal for modules swapped or tensors cast on the stages."""
+        Also UnsupportedOpError / a cast refusal for modules swapped or tensors cast on the stages.
+        Returns each stage's walk of its tree (`runtime.tree_reading.read_tree`, one per stage: every check here
+        reads it), for the step to lend to its stages (`tree_reading.held`)."""
         added = [name for name, child in self.__dict__.get("_modules", {}).items()
                  if name != "stages" or list(child) != list(self.run.stages)]
         if added:  # `pm.head = nn.Identity()` on a PipelineModule only adds a child that no stage runs
@@ -29,12 +32,14 @@ class PipelineContract:
                 f"{where}: submodule(s) {', '.join(added)} set on the PipelineModule after it was built "
                 "(a module swap or a new module): its stages run the programs traced then, so the change would be "
                 "ignored. Remedy: change the model before auto_parallelize")
+        readings = []
         for stage in self.run.stages:
-            refuse_foreign_modules(stage, "a pipeline stage")
+            reading = read_tree(stage)
+            readings.append(reading)
+            refuse_foreign_modules(stage, "a pipeline stage", modules=reading.modules)
             # its stage-to-stage buffers have the traced dtypes: a cast pipeline cannot run (`cast_check`)
-            refuse_cast(where, cast_tensors(stage.traced, {**dict(stage.named_parameters()),
-                                                                           **dict(stage.named_buffers())}))
-            now, changes = stage._modes()
+            refuse_cast(where, cast_tensors(stage.traced, {**reading.parameters, **reading.buffers}))
+            now, changes = stage._modes(reading)
             first_flags, _ = stage._first_modes
             moved = [name for (name, t), (_, t0) in zip(now, first_flags) if t != t0] if flags else []
             traced = self.__dict__.get("traced")
@@ -50,6 +55,7 @@ class PipelineContract:
                 raise PipelineError(f"{where}: {what} after the pipeline was built; its stages run the "
                                     "programs traced then and cannot trace again. Remedy: make the change on the model "
                                     "before auto_parallelize, or use a plan without 'pp' (ParallelModule traces again)")
+        return readings
 
     def hold_root_settings(self, model: torch.nn.Module) -> None:
         """Hold the model root's plain settings (`runtime.mirror.settings`: a Gumbel temperature, a loss weight; names
@@ -64,7 +70,8 @@ class PipelineContract:
     def _check_root_settings(self, where: str) -> None:
         """PipelineError naming the root settings changed since build (`hold_root_settings`): the stages run the
         programs traced with the old values (torch's schedules hold their buffers) and cannot trace again."""
-        changes = changed_settings(self, {"": self.__dict__.get("_root_settings", {})})
+        # the root's own settings only: no walk of the stages' trees (round 24: it walked them all each step)
+        changes = changed_settings(self, {"": self.__dict__.get("_root_settings", {})}, (("", self),))
         if changes:
             raise PipelineError(f"{where}: the model's setting(s) {describe(changes)} changed after the pipeline was "
                                 "built (was " + ", ".join(f"{key.removesuffix(' (deleted)')}="

@@ -67,7 +67,8 @@ from .launch import spawn
 from .module_copy import copy_module, reference_copy
 from .loss_weight import batch_target, model_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
-from .pipeline import PipelineRun, build, counts_no_item, weighted_loss, plan_cut
+from .microbatch_loss import counts_no_item, weighted_loss
+from .pipeline import PipelineRun, build, plan_cut
 from .precision import RECIPES, autocast, check_recipe_runs
 from .whole_batch import labelled, left_out, nonfinite_accumulation, own_difference, whole_batch_loss
 from .widen import as_float64, widening

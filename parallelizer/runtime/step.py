@@ -15,7 +15,7 @@ Microbatches (pipeline plans): the loss of the batch is the loss of microbatch j
 n_j = `item_count(target_j)` is the number of items microbatch j's loss averages over and N the batch's
 (token-weighted, as Megatron-LM with `calculate_per_token_loss`: each microbatch's loss sum is divided by
 the token count of the whole batch). A batch with no counted item gives NaN, as cross_entropy does; a microbatch with none (every label -100)
-adds 0, not its NaN mean (`pipeline.weighted_loss`). With a mean loss this equals the single-device loss of the whole batch exactly, also when
+adds 0, not its NaN mean (`microbatch_loss.weighted_loss`). With a mean loss this equals the single-device loss of the whole batch exactly, also when
 microbatches count different numbers of tokens (labels -100); a plain mean of the microbatch means does not.
 By default n_j is read from the loss's graph (`runtime.loss_weight`): the model's own loss op when
 loss_fn is None (e.g. a transformers causal-LM loss, which shifts the labels), else loss_fn's ATen graph;

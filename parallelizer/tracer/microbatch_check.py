@@ -122,7 +122,7 @@ def _weighted_loss(whole, micro, loss_weights: torch.Tensor | None) -> tuple[str
 def _combined(losses: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
     """The batch loss a pipeline computes from its microbatch losses (float64): sum_j w_j loss_j, where a
     microbatch of weight 0 (it counts no item: every label -100, an all-zero mask) adds exactly 0, as
-    `runtime.pipeline.weighted_loss` adds it; its mean is 0/0 = NaN, and NaN x 0 made this check warn that a right
+    `runtime.microbatch_loss.weighted_loss` adds it; its mean is 0/0 = NaN, and NaN x 0 made this check warn that a right
     per-sample loss "mixes the samples of the batch" (round 22, r22b)."""
     return sum((torch.zeros((), dtype=torch.float64) if w == 0 else loss.double() * w
                 for loss, w in zip(losses, weights)), torch.zeros((), dtype=torch.float64))

@@ -52,3 +52,89 @@ def train_schedules(rank: int, world_size: int, plan_json: str, schedules: list[
 
 def _blocks(stage) -> set[str]:
     return {fqn.split(".")[2] for fqn in stage.traced.parameters if fqn.startswith("transformer.h.")}
+
+
+CHANGED = "transformer.h.1.mlp.c_fc.weight"  # frozen and unfrozen between steps (`changes_between_steps`)
+
+
+def changes_between_steps(rank: int, world_size: int, plan_json: str, schedules: list[str]) -> dict:
+    """Round 24 (issue 14): each stage reads its module tree once per step (`runtime.tree_reading`), so what a user
+    changes BETWEEN two steps must reach the next step. For each schedule, the user loop against the single-device
+    model, every step's loss and gradients compared, with between the steps: `CHANGED` and the tied wte frozen
+    (`requires_grad_(False)`: their `.grad` stays None, the rest trains as one device's), unfrozen again, then
+    `pm.eval()` (the next step refused; `pm.train()`), a forward hook on pm (refused; removed), a stage's submodule
+    switched to eval (refused; back) and a setting of a stage's submodule changed (refused; set back), and a last
+    step with everything undone. Also the number of walks of each stage's tree per step (top-level
+    `named_modules()` calls on a stage; before round 24 about 13 per stage and step under bitpipe)."""
+    from parallelizer.errors import PipelineError
+    from step_workers import lm_loss
+    from step_workers import _diff as step_diff
+
+    base = parallelizer.Plan.from_json(plan_json)
+    report, traced = {}, None
+    counter, real = {"stages": (), "walks": 0}, torch.nn.Module.named_modules
+
+    def counting(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        if prefix == "" and any(self is s for s in counter["stages"]):  # a walk from a stage, not the recursion
+            counter["walks"] += 1
+        return real(self, memo, prefix, remove_duplicate)
+    for name in schedules:
+        plan = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule=name))
+        torch.manual_seed(0)
+        model, (ids,) = zoo.gpt2(**GPT2_8)
+        reference = copy.deepcopy(model)
+        labels = padded_labels(ids)
+        if traced is None:
+            pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
+            traced = pm.traced
+        else:
+            pm = build_pipeline_module(traced, plan, model, rank)
+            pm.plan = plan
+        out = {"loss": 0.0, "grad": 0.0, "none": [], "refused": [], "walks": []}
+
+        def step(freeze: bool | None = None) -> None:
+            if freeze is not None:
+                for m in (pm, reference):
+                    for fqn, p in m.named_parameters():
+                        if fqn in (CHANGED, "transformer.wte.weight"):
+                            p.requires_grad_(not freeze)
+            counter.update(stages=tuple(pm.stages), walks=0)
+            torch.nn.Module.named_modules = counting
+            try:
+                loss = pm.step(ids, target=labels, loss_fn=lm_loss)
+            finally:
+                torch.nn.Module.named_modules = real
+            out["walks"].append(counter["walks"] / len(pm.stages))
+            ref_loss = lm_loss(reference(ids), labels)
+            ref_loss.backward()
+            out["loss"] = max(out["loss"], abs(loss.item() - ref_loss.item()))
+            out["grad"] = max(out["grad"], step_diff(pm, reference, grads=True))
+            out["none"].append(sorted({f for f, p in pm.named_parameters() if p.grad is None}))
+            for m in (pm, reference):
+                m.zero_grad(set_to_none=True)
+
+        def refused(change, undo) -> None:
+            change()
+            try:
+                pm.step(ids, target=labels, loss_fn=lm_loss)
+                out["refused"].append("no error")
+            except PipelineError as err:
+                out["refused"].append(str(err))
+            undo()
+
+        out["held"] = sorted({f for f, _ in pm.named_parameters()} & {CHANGED, "transformer.wte.weight"})
+        step()
+        step(freeze=True)
+        step(freeze=False)
+        refused(pm.eval, pm.train)
+        hook = []
+        refused(lambda: hook.append(pm.register_forward_hook(lambda *a: None)), lambda: hook.pop().remove())
+        block = pm.stages[0].transformer.h[1]
+        refused(block.eval, block.train)
+        norm = pm.stages[-1].transformer.ln_f
+        eps = norm.eps
+        refused(lambda: setattr(norm, "eps", 1e-3), lambda: setattr(norm, "eps", eps))
+        step()  # every change undone: the step trains as one device's again
+        report[name] = out
+        dist.barrier()
+    return report

@@ -7,8 +7,9 @@ within 1e-5 (fp32), with `pm.clip_grad_norm_` in the loop: its global norm (BitP
 wte / lm_head counted once) equals torch's clip_grad_norm_ on one device."""
 import pytest
 
+from launch_once import run_each
 from parallelizer.runtime import spawn
-from schedule_workers import base_plan_json, train_schedules
+from schedule_workers import base_plan_json, changes_between_steps, train_schedules
 from step_workers import CLIP
 
 pytestmark = pytest.mark.distributed
@@ -21,9 +22,17 @@ HELD = {  # pp rank -> blocks of its stages (one block per stage): bitpipe 4 chu
 }
 
 
-def test_bitpipe_dualpipev_and_zbv_train_like_one_device():
-    reports = spawn(train_schedules, 4, base_plan_json(4, 8), SCHEDULES, timeout_s=500)
-    for rank, report in enumerate(reports):
+@pytest.fixture(scope="module")
+def reports():
+    """ONE launch of 4 ranks (`launch_once`): per rank (the three schedules' training report, the between-steps
+    report of bitpipe and zbv)."""
+    plan = base_plan_json(4, 8)
+    return spawn(run_each, 4, [(train_schedules, (plan, SCHEDULES)),
+                               (changes_between_steps, (plan, ["bitpipe", "zbv"]))], timeout_s=600)
+
+
+def test_bitpipe_dualpipev_and_zbv_train_like_one_device(reports):
+    for rank, report in enumerate(r[0] for r in reports):
         for name in SCHEDULES:
             r = report[name]
             assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5 and r["params"] <= 1e-5, (rank, name, r)
@@ -34,6 +43,27 @@ def test_bitpipe_dualpipev_and_zbv_train_like_one_device():
         assert tuple(report["bitpipe"]["first_last"]) == ((True, True) if rank in (0, 3) else (False, False))
         for name in ("dualpipev", "zbv"):  # V: the first and the last stage on rank 0
             assert tuple(report[name]["first_last"]) == ((True, True) if rank == 0 else (False, False))
+
+
+@pytest.mark.parametrize("name", ["bitpipe", "zbv"])
+def test_changes_between_steps_reach_the_next_step(reports, name):
+    """Round 24 (issue 14): a stage reads its module tree once per step (`runtime.tree_reading`), not once per
+    action. What the user changes between two steps still reaches the next one: a weight and the tied wte frozen
+    keep `.grad` None while the rest matches one device's (loss and every gradient within 1e-5, fp32), unfrozen
+    they train again; `pm.eval()`, a forward hook on pm, a stage's submodule switched to eval and a changed setting
+    are each refused by the next step (PipelineError naming the change) and train again once undone. Under bitpipe
+    (our runner) each stage's tree is walked once per step after the first (before: about 13 times per stage and
+    step, 5826 module visits per quick-size step on each rank)."""
+    for rank, r in enumerate(per_rank[1][name] for per_rank in reports):
+        assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5, (rank, name, r)
+        assert r["none"] == [[], r["held"], [], []], (rank, name, r["none"], r["held"])
+        assert [e.split(":")[0] if "eval mode" not in e else "eval" for e in r["refused"]] == \
+            ["eval"] + ["PipelineModule.step"] * 3, (rank, name, r["refused"])
+        assert "forward hook(s) registered" in r["refused"][1] and "transformer.h.1" in r["refused"][2]
+        assert "transformer.ln_f.eps=0.001" in r["refused"][3], r["refused"][3]
+        if name == "bitpipe":  # torch's zero-bubble stage walks its module per W action (its own code)
+            assert r["walks"][0] <= 2 and r["walks"][1:] == [1.0] * 3, (rank, r["walks"])
+    assert any(per_rank[1][name]["held"] for per_rank in reports)
 
 
 @pytest.mark.slow
