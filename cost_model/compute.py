@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
@@ -353,17 +354,45 @@ def graph_flops(graph_module: torch.fx.GraphModule) -> tuple[int, int]:
     Nodes must carry ``meta["val"]`` (FakeTensors), as graphs from ``torch.export`` do. Backward FLOPs
     follow :func:`op_cost`'s rule (``2x`` forward for FLOP ops with a floating-point input).
 
+    Nodes of the same op signature (:func:`_flops_signature`: target, every tensor's shape, stride, dtype and
+    requires_grad, every other argument's type and repr) are counted once: the counts are integers and depend on
+    nothing else, so the sum is the same (round 24: a 1T GPT's 128 blocks, 5300 ops, ran FlopCounterMode 5300
+    times per pipeline search).
+
     Raises:
         ValueError: a node lacks ``meta["val"]`` or has symbolic shapes.
     """
     fwd_total = bwd_total = 0
+    seen: dict[tuple, tuple[int, bool]] = {}
     for node in op_nodes(graph_module):
         args, kwargs, out = node_values(node)
-        flops = op_flops(node.target, args, kwargs, out)
-        fwd_total += flops
-        if flops and _has_backward(args, kwargs, out):
-            bwd_total += BACKWARD_FLOPS_FACTOR * flops
+        key = _flops_signature(node.target, args, kwargs, out)
+        hit = None if key is None else seen.get(key)
+        if hit is None:
+            flops = op_flops(node.target, args, kwargs, out)
+            hit = (flops, bool(flops) and _has_backward(args, kwargs, out))
+            if key is not None:
+                seen[key] = hit
+        fwd_total += hit[0]
+        if hit[1]:
+            bwd_total += BACKWARD_FLOPS_FACTOR * hit[0]
     return fwd_total, bwd_total
+
+
+def _flops_signature(target, args: tuple, kwargs: dict, out: object) -> tuple | None:
+    """What :func:`op_flops` and :func:`_has_backward` read of one op: its target, per tensor (shape, stride,
+    dtype, requires_grad) and per other leaf (type, repr), in argument order; None (not memoised) for symbolic
+    shapes."""
+    leaves = []
+    for x in tree_flatten((args, kwargs, out))[0]:
+        if isinstance(x, torch.Tensor):
+            shape, stride = tuple(x.shape), tuple(x.stride())
+            if not all(type(d) is int for d in shape + stride):
+                return None
+            leaves.append(("tensor", shape, stride, x.dtype, x.requires_grad))
+        else:
+            leaves.append((type(x).__name__, repr(x)))
+    return (target, tuple(leaves))
 
 
 def optimizer_step_time_s(numel: int, num_tensors: int, bytes_per_element: tuple[int, int, int],
