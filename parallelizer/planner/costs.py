@@ -48,7 +48,7 @@ from ..config import PlanConfig
 from ..errors import PrecisionError
 from ..core.layout import Layout, Shard, local_shape
 from ..core.mesh import MeshSpec
-from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
+from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps, sum_itemsize
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
@@ -256,13 +256,15 @@ class Pricer:
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
         """`core.redistribute.edge_steps` on this mesh (cached on all its arguments, an impossible change too;
-        raises as it does)."""
+        raises as it does). A tensor priced at 2 bytes per element is taken for a float (float16 / bfloat16):
+        its sums move 4 (`core.redistribute.sum_itemsize`, as the runtime sums them in float32)."""
         key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
         hit = self._steps.get(key)
         if hit is None:
             try:
                 hit = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize, grad_partial_axes=grad_axes,
-                                 requires_grad=requires_grad, is_parameter=is_parameter)
+                                 requires_grad=requires_grad, is_parameter=is_parameter,
+                                 sum_bytes=sum_itemsize(itemsize))
             except ImpossibleRedistributionError as err:
                 hit = err
             self._steps[key] = hit
