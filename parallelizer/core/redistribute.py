@@ -167,8 +167,9 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
 
 
 def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int,
-           sum_bytes: int) -> tuple[Step, ...]:
+           sum_bytes: int | None = None) -> tuple[Step, ...]:
     """`redistribute_steps` uncached."""
+    sum_bytes = itemsize if sum_bytes is None else sum_bytes
     nd = len(shape)
     src, dst = src.normalized(nd), dst.normalized(nd)
     local_shape(shape, src, mesh)
