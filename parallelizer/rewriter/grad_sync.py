@@ -256,7 +256,7 @@ class _PassSync:
         bucket = self.open.setdefault(key, _Bucket(group=g))
         bucket.params.append(param)
         bucket.grads.append(grad)
-        bucket.nbytes += grad.numel() * grad.element_size()
+        bucket.nbytes += grad.numel() * (grad.dtype if codec.lossy else sum_dtype(grad.dtype)).itemsize  # as summed
         first = not any(launched.key == key for launched in self.launched)
         if bucket.nbytes >= (min(bucket_bytes, FIRST_BUCKET_BYTES) if first else bucket_bytes):
             self._launch(key)
