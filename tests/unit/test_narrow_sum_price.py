@@ -12,6 +12,8 @@ from torch import nn
 import parallelizer
 from parallelizer.core import Layout, MeshSpec, Partial, Replicate, Shard, edge_steps
 from parallelizer.core.redistribute import sum_dtype, sum_itemsize
+from parallelizer.config import PlanConfig
+from parallelizer.planner.api import build
 from parallelizer.rewriter.apply import as_sum_dtype, rewrite
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.rewriter.verify import verify
@@ -84,3 +86,16 @@ def test_the_plan_prices_the_float16_row_parallel_sum_as_the_rewriter_emits_it(h
     assert nodes[reduce_at + 1].target is torch.Tensor.to and nodes[reduce_at + 1].args[1] == torch.float16
     widened = [n for n in nodes if n.target is as_sum_dtype]
     assert widened and all(n.users and next(iter(n.users)).name.startswith("linear") for n in widened)
+
+
+def test_a_widened_op_is_priced_with_the_float32_copies_it_saves(half_plan):
+    # the row-parallel product of a float16 model runs on float32 copies of its (2, 4) input shard and (4, 4)
+    # weight shard, and autograd saves those: the activation is priced at 4 B per element (the weight's copy is
+    # not priced: parameters are not activations, RESULTS "Round 24 (r24b)"); a Shard output is not widened
+    traced, _ = half_plan
+    problem, pricer = build(traced, MESH, cluster="h100:1x2", config=PlanConfig())
+    info, space = traced.nodes["linear_1"], problem.spaces["linear_1"]
+    by = {(tuple(str(x) for x in s.inputs), str(s.output)): s for s in space.strategies}
+    row, column = by[(("S(1)", "S(1)"), "P")], by[(("R", "S(0)"), "S(1)")]
+    assert pricer.node_cost(traced, info, space, row).saved_bytes == 2 * 4 * 4  # its (2, 4) input shard in float32
+    assert pricer.node_cost(traced, info, space, column).saved_bytes == 2 * 8 * 2  # the whole (2, 8) input, float16
