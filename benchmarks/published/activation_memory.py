@@ -11,7 +11,6 @@ GPT-2 (eager attention with s x s scores, or SDPA), GELU, dropout 0.1 everywhere
 per layer = plan(l=3).activations - plan(l=2).activations on the h100:1x8 preset, mesh {"tp": t} role tp.
 """
 import sys
-import torch
 import parallelizer
 from parallelizer import zoo
 from parallelizer.planner.api import plan as solve_plan
@@ -22,7 +21,7 @@ S, B, H, A, V = (int(x) for x in (__import__("os").environ.get("H3_SHAPE", "2048
 def traced(layers, attn):
     model, inputs = zoo.gpt2(n_layer=layers, n_embd=H, n_head=A, vocab_size=V, n_positions=S, batch=B, seq_len=S,
                              device="meta", dropout=0.1, activation_function="gelu", attn_implementation=attn)
-    return parallelizer.trace(model.to(torch.bfloat16), inputs)
+    return parallelizer.trace(model, inputs)  # fp32, planned "bf16" (autocast): a bf16 trace widens row-parallel products (r24b)
 
 
 def korthikanti(t, mode, flash):

@@ -32,6 +32,12 @@ full gradients, so its backward is a free `local_slice`. Tensors without gradien
 
 Bytes follow nccl-tests' convention (`cost_model.communication`): all_gather = output (gathered) local
 bytes, reduce_scatter = input local bytes, all_reduce = the buffer, all_to_all = the per-rank buffer.
+A SUM of a float narrower than float32 (float16, bfloat16) runs in float32 and is rounded once after it
+(`rewriter.collectives`; round 24, r24b), as one device's kernels accumulate in float32 and round once: its
+steps move `sum_itemsize` (4) bytes per element, the forward all_reduce / reduce_scatter of a Partial and,
+on a tensor that is not a parameter, the backward sums of gradients (`grad_all_reduce`, an all_gather's
+reduce_scatter conjugate). A parameter's gradient sums are priced at the plan's gradient bytes by the planner
+(`planner.costs.Pricer.step_time_s`), so their bytes stay at the use dtype here.
 """
 from __future__ import annotations
 
@@ -39,17 +45,46 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import torch
+
 from ..errors import ParallelizerError
 from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_str
 from .mesh import MeshSpec
 
 __all__ = ["Step", "STEP_KINDS", "COLLECTIVE_KINDS", "redistribute_steps", "edge_steps", "grad_partial_axes",
-           "ImpossibleRedistributionError"]
+           "ImpossibleRedistributionError", "NARROW_FLOATS", "WIDENED_FLOATS", "sum_dtype", "sum_itemsize"]
 
 STEP_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "local_slice", "grad_all_reduce")
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 _DEFAULT_BWD = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "identity",
                 "all_to_all": "all_to_all", "local_slice": "all_gather", "grad_all_reduce": "all_reduce"}
+
+
+NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16})
+"""Floats whose sums over ranks run in float32 (module docstring): one device's matmul, sum and norm kernels
+accumulate them in float32 and round once (`at::opmath_type`), so a pending sum held per rank in them rounds
+(float16: overflows beyond 65504) where one device does not."""
+
+
+WIDENED_FLOATS = frozenset({torch.float16})
+"""Floats whose ops with a pending-sum output run on float32 copies of their inputs (`rewriter.apply._sums_wide`,
+priced so by `planner.costs.Pricer`): float16 overflows past 65504 where one device's float32 accumulation is
+finite. A bfloat16 op keeps its dtype: bfloat16 has float32's exponent range, so its product is rounded once per
+rank (as Megatron-LM's row-parallel output and autocast's products are) and only the sum over ranks runs in
+float32; a bfloat16 product computed in float32 would run, and be priced, at a GPU's fp32 rate (67 vs 989 TFLOP/s
+dense on an H100 SXM, NVIDIA H100 datasheet)."""
+
+
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a collective SUM of a `dtype` tensor runs in: float32 for `NARROW_FLOATS`, else `dtype`."""
+    return torch.float32 if dtype in NARROW_FLOATS else dtype
+
+
+def sum_itemsize(itemsize: int, floating: bool = True) -> int:
+    """Bytes per element a summing collective moves for a tensor of `itemsize` bytes per element: 4 for a float
+    of 2 bytes (`sum_dtype`: float16 / bfloat16 sum in float32), else `itemsize`. Integer tensors
+    (`floating=False`) move their own bytes."""
+    return 4 if floating and itemsize == 2 else itemsize
 
 
 class ImpossibleRedistributionError(ParallelizerError, ValueError):
@@ -116,7 +151,7 @@ def _nbytes(shape: tuple[int, ...], layout: list, mesh: MeshSpec, itemsize: int)
 
 
 def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, *,
-                       itemsize: int = 4) -> tuple[Step, ...]:
+                       itemsize: int = 4, sum_bytes: int | None = None) -> tuple[Step, ...]:
     """Ordered steps turning `src` into `dst` for a tensor of global `shape` (module docstring).
 
     Args:
@@ -124,6 +159,8 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
         shape: global tensor shape.
         mesh: the mesh.
         itemsize: bytes per element (dtype.itemsize), for `Step.nbytes`.
+        sum_bytes: bytes per element of the summing steps (all_reduce, reduce_scatter; `sum_itemsize`: 4
+            for float16 / bfloat16, which sum in float32); default `itemsize`.
     Returns:
         The steps; () when src == dst. Backward kinds are the defaults (all_gather -> reduce_scatter);
         `edge_steps` refines them for one use.
@@ -132,13 +169,16 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
         IndivisibleShardError: src or dst does not fit `shape` on `mesh`.
     """
     shape = tuple(shape)
+    sum_bytes = itemsize if sum_bytes is None else sum_bytes
     if getattr(src, "_plain", False) and getattr(dst, "_plain", False):
-        return _cached_steps(src, dst, shape, mesh, itemsize)  # the steps are immutable: shared between callers
-    return _steps(src, dst, shape, mesh, itemsize)
+        return _cached_steps(src, dst, shape, mesh, itemsize, sum_bytes)  # immutable steps, shared between callers
+    return _steps(src, dst, shape, mesh, itemsize, sum_bytes)
 
 
-def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int) -> tuple[Step, ...]:
+def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int,
+           sum_bytes: int | None = None) -> tuple[Step, ...]:
     """`redistribute_steps` uncached."""
+    sum_bytes = itemsize if sum_bytes is None else sum_bytes
     nd = len(shape)
     src, dst = src.normalized(nd), dst.normalized(nd)
     local_shape(shape, src, mesh)
@@ -172,7 +212,8 @@ def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, ite
         layout_after = Layout(tuple(cur))
         held.append(layout_after)
         b_before, b_after = (math.prod(local_shape(shape, x, mesh)) * itemsize for x in (layout_before, layout_after))
-        fwd = {"all_gather": b_after, "reduce_scatter": b_before, "all_reduce": b_before,
+        summed = b_before // itemsize * sum_bytes
+        fwd = {"all_gather": b_after, "reduce_scatter": summed, "all_reduce": summed,
                "all_to_all": b_before, "local_slice": 0}[kind]
         bwd_kind = _DEFAULT_BWD[kind]
         bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
@@ -221,7 +262,7 @@ def grad_partial_axes(consumed: Layout, output: Layout | None, mesh: MeshSpec) -
 
 def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, *, itemsize: int = 4,
                grad_partial_axes: tuple[str, ...] = (), requires_grad: bool = True,
-               is_parameter: bool = False) -> tuple[Step, ...]:
+               is_parameter: bool = False, sum_bytes: int | None = None) -> tuple[Step, ...]:
     """Steps of one use of a tensor: `redistribute_steps` plus the gradient semantics (module docstring).
 
     Args:
@@ -230,11 +271,14 @@ def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec,
         requires_grad: False for tensors without gradients (inputs, integer tensors, buffers): every
             backward is "identity".
         is_parameter: the tensor is a stored parameter: its all_gathers are `regather` steps (FSDP).
+        sum_bytes: bytes per element of summing steps (`redistribute_steps`); on a tensor that is not a
+            parameter also of the gradient sums in backward (module docstring).
     Raises:
         ValueError: an axis in grad_partial_axes is not Replicate in `dst`.
         and what `redistribute_steps` raises.
     """
-    steps = list(redistribute_steps(src, dst, shape, mesh, itemsize=itemsize))
+    steps = list(redistribute_steps(src, dst, shape, mesh, itemsize=itemsize, sum_bytes=sum_bytes))
+    grad_bytes = itemsize if is_parameter or sum_bytes is None else sum_bytes  # per element of a gradient sum
     if is_parameter:
         steps = [replace(s, regather=True) if s.kind == "all_gather" else s for s in steps]
     if not requires_grad:
@@ -250,7 +294,8 @@ def edge_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec,
         if on_axis and steps[on_axis[-1]].kind == "all_gather":
             absorbed.add(on_axis[-1])
         else:
-            nbytes = _nbytes(tuple(shape), list(dst), mesh, itemsize)
+            nbytes = _nbytes(tuple(shape), list(dst), mesh, grad_bytes)
             steps.append(Step("grad_all_reduce", axis, None, None, str(dst), str(dst), 0, "all_reduce", nbytes))
-    return tuple(replace(s, bwd_kind="local_slice", bwd_nbytes=0)
-                 if s.kind == "all_gather" and k not in absorbed else s for k, s in enumerate(steps))
+    return tuple(replace(s, bwd_kind="local_slice", bwd_nbytes=0) if s.kind == "all_gather" and k not in absorbed
+                 else replace(s, bwd_nbytes=s.bwd_nbytes // itemsize * grad_bytes) if s.kind == "all_gather"
+                 else s for k, s in enumerate(steps))

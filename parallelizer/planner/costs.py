@@ -46,9 +46,9 @@ from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
 from ..errors import PrecisionError
-from ..core.layout import Layout, Shard, local_shape
+from ..core.layout import Layout, Partial, Shard, local_shape
 from ..core.mesh import MeshSpec
-from ..core.redistribute import ImpossibleRedistributionError, Step, edge_steps
+from ..core.redistribute import WIDENED_FLOATS, ImpossibleRedistributionError, Step, edge_steps, sum_dtype, sum_itemsize
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
@@ -256,13 +256,15 @@ class Pricer:
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
         """`core.redistribute.edge_steps` on this mesh (cached on all its arguments, an impossible change too;
-        raises as it does)."""
+        raises as it does). A tensor priced at 2 bytes per element is taken for a float (float16 / bfloat16):
+        its sums move 4 (`core.redistribute.sum_itemsize`, as the runtime sums them in float32)."""
         key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
         hit = self._steps.get(key)
         if hit is None:
             try:
                 hit = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize, grad_partial_axes=grad_axes,
-                                 requires_grad=requires_grad, is_parameter=is_parameter)
+                                 requires_grad=requires_grad, is_parameter=is_parameter,
+                                 sum_bytes=sum_itemsize(itemsize))
             except ImpossibleRedistributionError as err:
                 hit = err
             self._steps[key] = hit
@@ -371,12 +373,16 @@ class Pricer:
             return NodeCost(0.0, 0.0, 0)
         in_local = [local_shape(i.shape, L, self.mesh) for i, L in zip(space.inputs, strategy.inputs)]
         out_local = [local_shape(tuple(o.shape), strategy.output, self.mesh) for o in info.outputs]
+        # a pending sum of a float16 value: the op runs on float32 copies of its inputs, which it saves
+        # (`rewriter.apply._sums_wide`; a traced dtype, not autocast's, decides it there too)
+        wide = (bool(info.outputs) and info.outputs[0].dtype in WIDENED_FLOATS
+                and any(isinstance(p, Partial) for p in strategy.output))
         key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad,
-               self.fusion_of(tg, info.name), self.saved_share(tg, info.name), self.grad_args(tg, info.name))
+               self.fusion_of(tg, info.name), self.saved_share(tg, info.name), self.grad_args(tg, info.name), wide)
         hit = self._node.get(key)
         if hit is None:
             try:
-                hit = self._price(tg, info, space, in_local, out_local)
+                hit = self._price(tg, info, space, in_local, out_local, wide)
             except ValueError as exc:  # cost_model has no peak for the op's dtype (a float64 matmul on a GPU preset)
                 if "no peak FLOP/s" not in str(exc):
                     raise
@@ -403,8 +409,10 @@ class Pricer:
                 fwd += t
         return NodeCost(hit.fwd_s + fwd, hit.bwd_s + bwd, hit.saved_bytes + extra, hit.note)
 
-    def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local) -> NodeCost:
-        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, self.dtype)
+    def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local,
+               wide: bool = False) -> NodeCost:
+        dtype_of = (lambda d: sum_dtype(self.dtype(d))) if wide else self.dtype
+        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, dtype_of)
         fused, share = self.fusion_of(tg, info.name), self.saved_share(tg, info.name)
         grads = self.grad_args(tg, info.name)
         try:
@@ -415,7 +423,7 @@ class Pricer:
         except Exception:  # noqa: BLE001 -- an op cost_model cannot run on local shapes: scale the global cost
             g_in = [i.shape for i in space.inputs]
             g_out = [tuple(o.shape) for o in info.outputs]
-            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, self.dtype)
+            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, dtype_of)
             c = op_cost(info.target, ga, gk, go, self.device, fused.fused_args, fused.output_fused)
             saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp, share=share, grad_args=grads)
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)

@@ -35,7 +35,7 @@ import torch
 
 from ..core.layout import Layout
 from ..core.mesh import MeshSpec
-from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes
+from ..core.redistribute import COLLECTIVE_KINDS, Step, edge_steps, grad_partial_axes, sum_itemsize
 from .plan_notes import idle_axes, notes, shards_nothing
 from .plan_text import summary
 from .stages import PipelineSection
@@ -106,7 +106,8 @@ def derive_edge(mesh: MeshSpec, src: str, dst: str, index: int, src_layout: str,
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"{dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16', 'int64')")
     steps = _derived_steps(mesh, src_layout, consumer.inputs[index], consumer.output, tuple(shape),
-                           torch_dtype.itemsize, requires_grad, is_parameter)
+                           torch_dtype.itemsize, requires_grad, is_parameter,
+                           sum_itemsize(torch_dtype.itemsize, torch_dtype.is_floating_point))
     return EdgePlan(src, dst, index, src_layout, consumer.inputs[index], steps, tuple(shape), dtype, requires_grad)
 
 
@@ -117,13 +118,13 @@ _STEPS_CACHE = 16384
 
 @functools.lru_cache(maxsize=_STEPS_CACHE)
 def _derived_steps(mesh: MeshSpec, src_layout: str, dst_layout: str, out_layout: str | None, shape: tuple[int, ...],
-                   itemsize: int, requires_grad: bool, is_parameter: bool) -> tuple[Step, ...]:
+                   itemsize: int, requires_grad: bool, is_parameter: bool, sum_bytes: int) -> tuple[Step, ...]:
     """`derive_edge`'s steps, memoised on everything they depend on (its arguments; Steps are immutable)."""
     dst = Layout.parse(dst_layout)
     out = None if out_layout is None else Layout.parse(out_layout)
     return edge_steps(Layout.parse(src_layout), dst, shape, mesh, itemsize=itemsize,
                       grad_partial_axes=grad_partial_axes(dst, out, mesh), requires_grad=requires_grad,
-                      is_parameter=is_parameter)
+                      is_parameter=is_parameter, sum_bytes=sum_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +249,7 @@ class Plan:
                 dtype = getattr(torch, e.dtype)
                 steps = _derived_steps(self.mesh, str(Layout.replicate(self.mesh.ndim)), e.dst_layout, out,
                                        tuple(e.shape), dtype.itemsize, dtype.is_floating_point or dtype.is_complex,
-                                       False)
+                                       False, sum_itemsize(dtype.itemsize, dtype.is_floating_point))
             for st in steps:
                 if self.mesh.size(st.mesh_axis) > 1:
                     counts[(st.kind, st.mesh_axis)] = counts.get((st.kind, st.mesh_axis), 0) + 1

@@ -25,9 +25,9 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..core.layout import Layout, local_shape
+from ..core.layout import Layout, Partial, local_shape
 from ..core.mesh import MeshSpec
-from ..core.redistribute import Step, edge_steps, grad_partial_axes
+from ..core.redistribute import WIDENED_FLOATS, Step, edge_steps, grad_partial_axes, sum_dtype, sum_itemsize
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph, alias_source, carries_grad, is_view, mutated_args
 from ..tracer.normalize import SPLIT_BIAS
@@ -198,6 +198,10 @@ class _Rewriter:
             cast = self.graph.call_function(bias_in_dtype_of, (args[1], args[0]))  # it (under autocast)
             cast.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
             args = (args[0], cast, *args[2:])
+        if self._sums_wide(node, sharding.output):  # a pending sum of float16 / bfloat16 values: held in float32
+            args, kwargs = torch.fx.node.map_arg((args, kwargs), self._widen)
+            if kwargs.get("dtype") in WIDENED_FLOATS:
+                kwargs = {**kwargs, "dtype": torch.float32}
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
             kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
         out_shape = info.outputs[0].shape if info.outputs else None
@@ -218,6 +222,24 @@ class _Rewriter:
             self.cache.clear()
         self.requires_grad[node.name] = _differentiable(node) and any(
             self.requires_grad[a.name] for a in tensor_args)
+
+    def _sums_wide(self, node: torch.fx.Node, output: Layout) -> bool:
+        """Whether `node` runs on float32 copies of its float16 inputs: its output is a pending sum (Partial on a
+        mesh axis) of a float16 value (`core.redistribute.WIDENED_FLOATS`; not bfloat16, which cannot overflow:
+        its product is rounded once per rank, the sum over ranks runs in float32). One device computes the whole
+        value with float32 accumulation and rounds it once; each rank rounding its summand instead overflowed
+        float16 where the sum is finite (NaN for 8000 on tp=2, round 23 r23g). The value stays float32 up to the
+        collective that completes the sum, then is rounded once (`_emit`). Not for an op that writes in place
+        (its output is its input)."""
+        outs = self.traced.node(node.name).outputs
+        return (any(isinstance(p, Partial) for p in output) and bool(outs) and outs[0].dtype in WIDENED_FLOATS
+                and not mutated_args(node))
+
+    def _widen(self, arg: torch.fx.Node) -> torch.fx.Node:
+        """`arg` as float32 when it is float16 / bfloat16 at run time (`as_sum_dtype`), else itself."""
+        wide = self.graph.call_function(as_sum_dtype, (arg,))
+        wide.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
+        return wide
 
     def _guard_empty(self, node: torch.fx.Node, value: torch.fx.Node, tensor_args: list[torch.fx.Node],
                      sharding) -> torch.fx.Node:
@@ -257,11 +279,14 @@ class _Rewriter:
         is_parameter = self.traced.node(name).role is Role.PARAMETER
         steps = edge_steps(src, dst, tuple(shape), self.mesh, itemsize=dtype.itemsize,
                            grad_partial_axes=grad_axes if requires_grad else (), requires_grad=requires_grad,
-                           is_parameter=is_parameter)
+                           is_parameter=is_parameter, sum_bytes=sum_itemsize(dtype.itemsize, dtype.is_floating_point))
         if is_parameter and requires_grad and any(s.kind in ("grad_all_reduce", "all_gather") for s in steps):
             _refuse_sparse_gradient(self.traced.node(name), steps)
         for step in steps:
             value = self._emit_step(value, step, tuple(shape))
+            if dtype in WIDENED_FLOATS and _pending(step.before) and not _pending(step.after):  # sum complete:
+                value = self.graph.call_function(torch.Tensor.to, (value, dtype))  # rounded once (`_sums_wide`)
+                value.meta["passthrough"] = True
         return value
 
     def _emit_step(self, value: torch.fx.Node, step: Step, shape: tuple[int, ...]) -> torch.fx.Node:
@@ -356,6 +381,17 @@ def _differentiable(node: torch.fx.Node) -> bool:
 
 def _safe_name(fqn: str) -> str:
     return "p_" + fqn.replace(".", "_")
+
+
+def _pending(layout: str) -> bool:
+    """Whether a layout (string form) holds a pending sum (Partial) on some mesh axis."""
+    return any(isinstance(p, Partial) for p in Layout.parse(layout))
+
+
+def as_sum_dtype(x: torch.Tensor) -> torch.Tensor:
+    """`x` in the dtype its sums over ranks run in (`core.redistribute.sum_dtype`: float32 for float16 /
+    bfloat16, exact), itself otherwise; the input of an op whose output is a pending sum (`_Rewriter._sums_wide`)."""
+    return x.to(sum_dtype(x.dtype)) if isinstance(x, torch.Tensor) else x
 
 
 def bias_in_dtype_of(bias: torch.Tensor, product: torch.Tensor) -> torch.Tensor:

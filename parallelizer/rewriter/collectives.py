@@ -56,6 +56,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.fx
 
 from parallelizer.core.layout import chunk_range
+from parallelizer.core.redistribute import sum_dtype
 from parallelizer.runtime.launch import DistributedError
 
 from . import hierarchical
@@ -248,10 +249,15 @@ def _carried(sums: bool):
     complex rotary's queries redistributed raised "Invalid scalar type" before (round 12, S4D on tp=2). Other
     dtypes gloo lacks (int16, uint16/32/64, float8) move as a bit view of the same size (exact) and, for a
     step that sums (`sums`), add in a wider dtype (int64, float32) cast back (integers wrap as in their own
-    dtype; a float8 sum is rounded once)."""
+    dtype; a float8 sum is rounded once). A float16 / bfloat16 sum runs in float32 too and is rounded once
+    (`core.redistribute.sum_dtype`, priced at 4 B per element): summed in its own dtype it rounded after every
+    member's addition and a float16 partial sum beyond 65504 became inf where one device's float32 accumulation
+    is finite (round 24, r24b; torch's DDP and FSDP sum them in their own dtype unless a reduce dtype is set)."""
     def wrap(step):
         @wraps(step)
         def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            if sums and sum_dtype(x.dtype) != x.dtype:
+                return step(x.to(sum_dtype(x.dtype)), *args, **kwargs).to(x.dtype)
             if x.dtype in _CARRIED:
                 return step(x, *args, **kwargs)
             if x.is_complex():

@@ -12,7 +12,9 @@ reduced gradient, only the optimizer does, so `grad_all_reduce_bucketed` instead
 3. at the end of the backward pass (a final callback of autograd's engine, as DDP's reducer does), starts
    the open buckets, waits for every all-reduce, and adds each reduced gradient to `param.grad`, or, when
    `param.grad` is None, makes `param.grad` a view of the reduced bucket (no copy, as DDP's
-   `gradient_as_bucket_view=True`).
+   `gradient_as_bucket_view=True`). Float16 / bfloat16 gradients are summed in a float32 bucket and rounded
+   once into `param.grad` (`core.redistribute.sum_dtype`; round 24, r24b), as one device accumulates them:
+   DDP's bucket in their own dtype rounds after every rank's addition and overflows float16 at 65504.
 
 A bucket is flattened into a buffer kept from one pass to the next (like DDP's bucket tensors): a fresh
 allocation of tens of MB is page-faulted in on every step, measured at ~17 ms for 32 MB on this machine
@@ -71,6 +73,7 @@ import torch.fx
 from torch.autograd import Variable
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..core.redistribute import sum_dtype
 from .collectives import Group, _Conjugate, _GroupView, _identity, _resolve, _sum, grad_all_reduce
 from .compression import GradCompression, finish_compressed, start_compressed
 from .hierarchical import HierarchicalAllReduce, Hierarchy
@@ -253,7 +256,7 @@ class _PassSync:
         bucket = self.open.setdefault(key, _Bucket(group=g))
         bucket.params.append(param)
         bucket.grads.append(grad)
-        bucket.nbytes += grad.numel() * grad.element_size()
+        bucket.nbytes += grad.numel() * (grad.dtype if codec.lossy else sum_dtype(grad.dtype)).itemsize  # as summed
         first = not any(launched.key == key for launched in self.launched)
         if bucket.nbytes >= (min(bucket_bytes, FIRST_BUCKET_BYTES) if first else bucket_bytes):
             self._launch(key)
@@ -282,7 +285,7 @@ class _PassSync:
                     launched.work.wait()
                 pieces = launched.flat.split([p.numel() for p in launched.params])
                 for param, piece in zip(launched.params, pieces):
-                    piece = piece.view_as(param)
+                    piece = piece.view(param.shape).to(param.dtype)  # a view unless summed wider (`_buffer`)
                     if param.grad is None:
                         param.grad = piece
                     else:
@@ -311,7 +314,8 @@ def _buffer(bucket: _Bucket, key: tuple) -> torch.Tensor:
     entry = kept.get((key, sizes))
     if entry is None or _use_count(entry[0]) > entry[1]:
         grad = bucket.grads[0]
-        buffer = torch.empty(sum(sizes), dtype=grad.dtype, device=grad.device)
+        dtype = grad.dtype if key[-1].lossy else sum_dtype(grad.dtype)  # float16 / bfloat16 sum in float32
+        buffer = torch.empty(sum(sizes), dtype=dtype, device=grad.device)
         entry = kept[(key, sizes)] = (buffer, _use_count(buffer))
     return entry[0]
 

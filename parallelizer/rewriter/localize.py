@@ -38,6 +38,7 @@ import torch.fx
 
 from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
+from ..core.redistribute import sum_dtype
 from ..errors import UnsupportedOpError
 from ..planner.rules.losses import ELEMENTWISE_LOSSES, PER_SAMPLE_LOSSES, mean_count, reduction_index
 from ..tracer.graph import draws_random
@@ -472,11 +473,12 @@ def sharded_cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight, re
         if classes is not None:  # a target in no rank's class slice: one device raises, not a log-sum-exp loss
             check_indices(target, classes, "cross_entropy (vocab-parallel) target", ignore_index)
         loss = vocab_parallel_cross_entropy(logits, target, ignore_index, class_groups, class_start)
-        if reduction == 2 or reduction == 1:
-            loss = loss.sum()
+        if reduction == 2 or reduction == 1:  # float16 / bfloat16: summed and divided in float32, rounded once,
+            loss = loss.sum(dtype=sum_dtype(loss.dtype))  # as one device's nll_loss (its accumulate type)
     if names[reduction] != "mean":
-        return loss
-    return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logits.dtype)
+        return loss.to(logits.dtype)
+    return (loss / _mean_denominator(target, weight, ignore_index, batch_groups, sum_dtype(logits.dtype))
+            ).to(logits.dtype)
 
 
 def _mean_denominator(target: torch.Tensor, weight, ignore_index: int, batch_groups: list[list[int]],

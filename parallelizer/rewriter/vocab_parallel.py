@@ -9,7 +9,9 @@ over the shifted logits it is computed from, plus per row an int64 local target 
 rank holds the target" flag. Its backward is local: d logits = softmax * g - onehot(target) * g (rows whose
 target is `ignore_index` get softmax * 0, as one device's log_softmax backward: 0, or NaN where that row's softmax
 is NaN), with no collective (the loss is Replicate over the class groups, so each
-rank's g is the whole gradient of its own classes). Before round 22 (r22e) the same arithmetic ran as plain
+rank's g is the whole gradient of its own classes). For float16 / bfloat16 logits the sum of exponentials, the
+target logit and the loss are held in float32 and the loss rounded once, as one device's log_softmax accumulates
+in float32 (round 24, r24b: a float16 sum over 80000 classes was inf where one device's loss is 11.29). Before round 22 (r22e) the same arithmetic ran as plain
 autograd ops, which kept the shifted logits (saved whole by `gather`) AND the exponentials (saved by `exp`):
 two logits-sized tensors, so a memory-bound plan of a 128k vocabulary took the all-to-all to batch shards
 instead (benchmarks/RESULTS.md, Round 21 (g) finding 2).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.redistribute import sum_dtype
 from . import collectives
 
 
@@ -39,7 +42,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         picked = softmax.gather(1, index).squeeze(1) if c_local else softmax.new_zeros(target.shape)
         picked = torch.where(inside, picked, 0.0)  # not `* inside`: a clamped index may land on a -inf logit
         # (a banned class, padded vocab, a masked diagonal), and -inf * 0 is NaN
-        sum_exp = softmax.exp_().sum(1)
+        wide = sum_dtype(logits.dtype)  # float16 / bfloat16: the sum of exponentials and the loss in float32,
+        # as one device's log_softmax accumulates (a float16 sum over 80000 classes was inf: loss inf; r24b)
+        sum_exp = softmax.exp_().sum(1, dtype=wide)
+        picked = picked.to(wide)
         for ranks in class_groups:
             sum_exp = collectives.all_reduce(sum_exp, ranks)
             picked = collectives.all_reduce(picked, ranks)
@@ -47,7 +53,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         softmax.div_(sum_exp.unsqueeze(1))
         # an ignored row's index is -1: its gradient is softmax * 0 whatever reaches it (`backward`)
         ctx.save_for_backward(softmax, index.masked_fill_(~valid.unsqueeze(1), -1), inside & valid)
-        return torch.where(valid, sum_exp.log() - picked, 0.0)  # an ignored row may be all -inf
+        return torch.where(valid, sum_exp.log() - picked, 0.0).to(logits.dtype)  # an ignored row may be all -inf
 
     @staticmethod
     @torch.autograd.function.once_differentiable

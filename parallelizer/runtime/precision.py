@@ -9,7 +9,8 @@ precision, `torch.autocast(device_type, dtype=torch.bfloat16)` around the FORWAR
     inside the forward autocast casts each weight to bf16 where an op of its lower-precision list (matmul,
     linear, addmm, bmm, baddbmm, conv, ...) reads it, and that bf16 copy is what autograd saves for backward;
   * activations: the outputs of those ops are bf16, so the activations between them, the activation
-    collectives of tensor parallelism (a row-parallel Partial sum is reduced in bf16) and most saved
+    collectives of tensor parallelism (a row-parallel Partial sum: each rank's product bf16, summed in fp32 and
+    rounded once, `core.redistribute.sum_dtype`) and most saved
     activations are bf16; ops outside autocast's lists run in their inputs' dtype (fp32 + bf16 -> fp32 by
     type promotion, e.g. a residual add);
   * gradients: autograd returns each fp32 parameter's gradient in fp32 (the backward of autocast's cast), so

@@ -1,7 +1,9 @@
 """Memory-lean intra-stage layouts (`ilp.solve_lean`, chosen per pipeline stage by `planner.search` where memory
 binds; round 14, r14d).
 
-- Closed forms: the lean layout of a GPT-2 layer (eager attention, GELU, dropout 0.1 everywhere, bf16, s 2048,
+- Closed forms: the lean layout of a GPT-2 layer (eager attention, GELU, dropout 0.1 everywhere, bf16 (an fp32 trace
+  planned "bf16", priced as autocast runs it; a bf16-traced model's row-parallel products run widened to fp32 and
+  save fp32 inputs since round 24, r24b, which Megatron's layout does not), s 2048,
   b 1, h 4096, a 32, as `benchmarks/published/activation_memory.py`) saves exactly the tensor + sequence parallel
   rows of Korthikanti et al. 2022, Table 2, per layer on tp = t: s b h (34 + 5 a s / h) / t without
   recomputation, 34 s b h / t with selective recomputation, 2 s b h / t with full; plus the two layer norms'
@@ -34,7 +36,7 @@ def layers():
     def traced(n):
         model, inputs = zoo.gpt2(n_layer=n, n_embd=H, n_head=A, vocab_size=1024, n_positions=S, batch=B, seq_len=S,
                                  device="meta", dropout=0.1, activation_function="gelu", attn_implementation="eager")
-        return parallelizer.trace(model.to(torch.bfloat16), inputs)
+        return parallelizer.trace(model, inputs)  # fp32, planned "bf16": autocast-priced, nothing widened (r24b)
     return traced(2), traced(3)
 
 
