@@ -14,7 +14,8 @@ import math
 import torch
 from torch.utils import _pytree as pytree
 
-from ..tracer.graph import as_real, carries_grad, draws_random
+from ..tracer.graph import as_real, carries_grad
+from ..tracer.node_facts import drawing_ops, op_label
 from ..tracer.host_state import frozen_host_state
 from ..tracer.leaves import pair_by_path
 from ..tracer.watch import HOST_RNG_NOTE, HOST_RNG_SITES
@@ -198,8 +199,7 @@ def random_ops(traced) -> str:
     bernoulli, rand..., SDPA with dropout_p > 0), as 'node (op)' (the first 3), and the host generator draws the
     tracer noted (numpy / Python random: values frozen at trace time, e.g. LayerDrop or SpecAugment; traced with
     `allow_frozen_host_random`), each site named (function, file:line, module) with the remedy; '' if none."""
-    found = [f"{node.name} ({getattr(node.target, '__name__', node.target)})"
-             for node in traced.graph_module.graph.nodes if draws_random(node)]
+    found = [op_label(node) for node in drawing_ops(traced.graph_module)]
     text = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     host = next((n for n in traced.notes if n.startswith(HOST_RNG_NOTE)), None)
     if host is not None:

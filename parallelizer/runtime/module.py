@@ -51,6 +51,7 @@ from ..rewriter.state import gather_tensor, init_local_shard, shard_tensor
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
+from ..tracer.node_facts import drawing_ops
 from . import shard_origin
 from .module_contract import check_equal_across_ranks, check_state_keys, pickling_refused  # noqa: F401 (re-exported)
 from .grad_norm import clip_grad_norm_
@@ -62,7 +63,7 @@ from .model_attrs import ModelAttributes
 from .mirror import MODULE_STATE, apply_settings, changed_settings, describe, mirror, refuse_foreign_modules, settings
 from .optimizer_check import expect_zero1, install as check_optimizer_steps
 from .parameter_state import carry_parameter_state
-from .replicas import check_same_inputs, inputs_unchecked
+from .replicas import check_same_generator, check_same_inputs, generator_groups, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .zero1 import axis_group, runs_zero1
 from .modes import ModeProgram, Retracer, _nearest, autocast_exactly, carry_over
@@ -337,6 +338,9 @@ class ParallelModule(ShardedState, ModelAttributes, torch.nn.Module):
                 "per mode)") from None
         if inputs_unchecked(self, count=True):
             check_same_inputs(list(zip(traced.input_names, tensors)), "ParallelModule call")
+            draws = drawing_ops(traced.graph_module)
+            check_same_generator(draws, generator_groups(self._active.spec, draws), "ParallelModule call",
+                                 tensors[0].device if tensors else None)
         try:
             state = self._state()
             with self._autocast(state):

@@ -54,6 +54,7 @@ from ..rewriter.collectives import all_reduce_max, carried_view, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
+from ..tracer.node_facts import drawing_ops
 from .grad_norm import clip_grad_norm_, global_norm
 from .model_attrs import ModelAttributes
 from .pipeline_contract import PipelineContract
@@ -61,7 +62,7 @@ from .pipeline_weighting import MicrobatchWeighting
 from .stale_model import tag_snapshot
 from .grad_norm import register_module as register_for_clipping
 from .optimizer_check import install as check_optimizer_steps
-from .replicas import check_same_inputs, inputs_unchecked
+from .replicas import check_same_generator, check_same_inputs, generator_groups, inputs_unchecked
 from .wrappers import install as check_wrappers
 from .module_contract import check_state_keys, pickling_refused
 from .microbatches import global_tensor_inputs
@@ -238,6 +239,10 @@ class PipelineModule(MicrobatchWeighting, PipelineContract, ModelAttributes, tor
         flat = global_tensor_inputs(self.traced, inputs, kwargs, self.run.microbatches)
         if inputs_unchecked(self, count=True):
             check_same_inputs([*zip(self.traced.input_names, flat), ("target", target)], "PipelineModule.step")
+            draws, width = drawing_ops(self.traced.graph_module), self.plan.mesh.world_size
+            groups = generator_groups(spec_from_plan(self.plan), draws)  # within a stage: ranks q * width + g
+            check_same_generator(draws, [[q * width + r for r in g] for q in range(len(self._pp_ranks)) for g in groups],
+                                 "PipelineModule.step", flat[0].device if flat else None)
         _refuse_input_gradients(self.traced, flat, target)
         out_spec = self.traced.exported.call_spec.out_spec
         fn = functools.partial(_structured_loss, loss_fn, out_spec, target is None or loss_fn is None)

@@ -7,8 +7,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import torch.fx
+
+from ..core.layout import Shard
 from ..errors import PlanMismatchError
+from ..rewriter.spec import ShardingSpec, mesh_coords
 from ..tracer.graph import as_real
+from ..tracer.node_facts import op_label
 
 
 def check_same_weights(model: torch.nn.Module) -> None:
@@ -82,22 +87,80 @@ def _differing(tensors) -> list[int]:
     the digest NaN, and NaN != NaN, so the SAME batch holding a NaN (a feature the model masks with
     nan_to_num / where, a logit bias) was refused as "differ between ranks" on every plan (r23g); and gloo's
     MAX keeps a NaN only from the group's first rank, so a NaN digest on another rank alone was not seen."""
-    wide = [as_real(t.detach()).double() for t in tensors]  # complex: both parts (`as_real`)
-    if not wide:
+    digests = [_digest(t) for t in tensors]
+    if not digests:
         return []
-    digests = []
-    for t in wide:
-        finite = torch.isfinite(t)
-        code = torch.where(finite, 0.0, torch.where(torch.isnan(t), 1.0, torch.where(t > 0, 2.0, 3.0)))
-        parts = []
-        for x in (torch.where(finite, t, 0.0), code):  # (the values, the codes of the non-finite ones)
-            r = x.reshape(x.shape[0] if x.dim() else 1, -1).sum(1)
-            w = torch.arange(len(r), device=r.device) % 1009 + 1  # row positions, as the digest's 3rd
-            parts += [x.sum(), x.abs().sum(), (r * w).sum()]
-        digests.append(torch.stack(parts[:3] + parts[4:]))  # a code's abs sum is its sum
-    # a sum of finite float64 values may still overflow (values near 1.8e308): one number for every rank alike
-    digest = torch.nan_to_num(torch.stack(digests), nan=0.0).cpu()
+    digest = torch.stack(digests)
     both = torch.cat([digest, -digest])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    high, low = both[:len(wide)], -both[len(wide):]
-    return [i for i in range(len(wide)) if not torch.equal(high[i], low[i])]
+    high, low = both[:len(digests)], -both[len(digests):]
+    return [i for i in range(len(digests)) if not torch.equal(high[i], low[i])]
+
+
+def _digest(tensor: torch.Tensor) -> torch.Tensor:
+    """The 5 float64 numbers `_differing` compares for one tensor (CPU; equal tensors give equal digests)."""
+    t = as_real(tensor.detach()).double()  # complex: both parts (`as_real`)
+    finite = torch.isfinite(t)
+    code = torch.where(finite, 0.0, torch.where(torch.isnan(t), 1.0, torch.where(t > 0, 2.0, 3.0)))
+    parts = []
+    for x in (torch.where(finite, t, 0.0), code):  # (the values, the codes of the non-finite ones)
+        r = x.reshape(x.shape[0] if x.dim() else 1, -1).sum(1)
+        w = torch.arange(len(r), device=r.device) % 1009 + 1  # row positions, as the digest's 3rd
+        parts += [x.sum(), x.abs().sum(), (r * w).sum()]
+    # a sum of finite float64 values may still overflow (values near 1.8e308): one number for every rank alike
+    return torch.nan_to_num(torch.stack(parts[:3] + parts[4:]), nan=0.0).cpu()  # a code's abs sum is its sum
+
+
+def generator_groups(spec: ShardingSpec, draws: list[torch.fx.Node]) -> list[list[int]]:
+    """The groups of global ranks of a program of `spec` whose generators must agree for its random ops `draws`
+    (`tracer.node_facts.drawing_ops`): ranks with the same coordinates on each mesh axis over which EVERY one of
+    those ops' outputs is sharded (there each rank draws for its own shard, `rewriter.localize.seeded_per_shard`);
+    on the other axes ranks hold copies or summands of one drawn value. A batch-sharded dropout under ddp alone
+    needs no agreement (singleton groups, left out); a replicated one, or one on a tp axis only, needs it across the
+    other ranks. An op without a layout in `spec` (a mode traced again) counts as sharded on no axis."""
+    axes = set(range(len(spec.mesh.shape)))
+    for node in draws:
+        sharding = spec.nodes.get(node.name)
+        axes &= {i for i, p in enumerate(sharding.output.placements) if isinstance(p, Shard)} if sharding else set()
+    groups: dict[tuple, list[int]] = {}
+    for rank in range(spec.mesh.world_size):
+        coords = mesh_coords(spec.mesh, rank)
+        groups.setdefault(tuple(coords[i] for i in sorted(axes)), []).append(rank)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def check_same_generator(draws: list[torch.fx.Node], groups: list[list[int]], where: str,
+                         device: torch.device | None = None) -> None:
+    """Collective over the default process group (call on every rank, with the same `draws` and `groups`): raise
+    `PlanMismatchError` on every rank when torch's default generator (the CPU one, and `device`'s when it is an
+    accelerator) is not in the same state on all ranks of some group of `groups` (global ranks that run the same
+    program and must draw alike: `generator_groups`, within each pipeline stage for a PipelineModule). Nothing to check (no collective) when the program draws nothing or no group has two ranks
+    (`draws`: its random ops, `tracer.node_facts.drawing_ops`).
+
+    Why: a random op on a replicated value (dropout on Megatron's replicated residual stream, noise added before a
+    slice) draws from the generator as is, and one on a sharded value takes its seed from it
+    (`rewriter.localize.seeded_per_shard`); both assume every rank's generator advances alike from one seed. Ranks
+    seeded apart (`torch.manual_seed(seed + rank)`, a DDP habit) drew different masks for the copies of one
+    replicated value, so replicas silently parted (tp=2, per-rank seeds: a replicated LayerNorm weight 0.056 apart
+    on the two ranks after 2 SGD steps, r24g), and the summands of a Partial value got different masks (dropout no
+    longer linear in it). One all-gather of 5 float64 numbers per rank; callers check the first calls only
+    (`inputs_unchecked`), as for the inputs, so a rank that draws on its own later in the run is not seen."""
+    if not draws or not groups or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    states = [torch.get_rng_state()]
+    if device is not None and device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    mine = torch.stack([_digest(state) for state in states]).flatten()
+    every = torch.empty(dist.get_world_size() * mine.numel(), dtype=mine.dtype)
+    dist.all_gather_into_tensor(every, mine)
+    every = every.view(dist.get_world_size(), -1)
+    apart = [g for g in groups if any(not torch.equal(every[r], every[g[0]]) for r in g)]
+    if apart:
+        raise PlanMismatchError(
+            f"{where}: torch's random generator is in different states on ranks {apart[0]}, which run the same "
+            f"program, and the program draws random numbers: {', '.join(op_label(n) for n in draws[:3])}"
+            f"{f' and {len(draws) - 3} more' if len(draws) > 3 else ''}. Copies of one value on those ranks would get "
+            "different random masks (replicas would silently part). Remedy: torch.manual_seed(SEED) with the SAME "
+            "seed on every rank before the first step (not SEED + rank: the program already draws a different mask "
+            "for each rank's piece of the batch); keep per-rank randomness (data augmentation) on a "
+            "torch.Generator of your own, and do not draw from torch's generator on some ranks only")

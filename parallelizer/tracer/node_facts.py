@@ -1,7 +1,7 @@
 """Facts about one fx node or value of a traced graph, read by every stage after the trace: whether a dtype carries
 a gradient (`carries_grad`), complex values as real pairs (`as_real`), what an op writes in place (`mutated_args`,
 `returns_written`, `written_through`), what it may alias (`is_view`, `may_alias`, `alias_source`), whether it
-draws random numbers (`draws_random`), the ambient autocast state (`ambient_autocast`), and the metadata a
+draws random numbers (`draws_random`, `drawing_ops`), the ambient autocast state (`ambient_autocast`), and the metadata a
 replacing node keeps (`meta_like`) and the user's source line of a node (`stack_location`).
 
 Moved out of `tracer.graph` (round 21 review: 708 lines), which re-exports them; `tracer.graph` keeps the
@@ -73,6 +73,15 @@ def draws_random(node: torch.fx.Node) -> bool:
                 return False
     return True
 
+
+def drawing_ops(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The nodes of `graph_module` that draw from torch's random generator (`draws_random`), in graph order."""
+    return [node for node in graph_module.graph.nodes if draws_random(node)]
+
+
+def op_label(node: torch.fx.Node) -> str:
+    """'node (op)', e.g. 'dropout (dropout.default)': how messages name a traced op."""
+    return f"{node.name} ({getattr(node.target, '__name__', node.target)})"
 
 def returns_written(node: torch.fx.Node) -> bool:
     """True for an in-place op returning the tensor it wrote (`add_`, `mul_`: `Tensor(a!) self -> Tensor(a!)`)."""

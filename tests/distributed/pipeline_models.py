@@ -104,3 +104,45 @@ def bn_step_rank(rank: int, world_size: int) -> dict:
     accumulated = sum(reference(x[j:j + 2], y[j:j + 2]).item() / 4 for j in range(0, 8, 2))
     return {"loss": loss, "accumulated": accumulated, "whole": whole(x, y).item(),
             "warned": [str(w.message) for w in caught if issubclass(w.category, parallelizer.MicrobatchWarning)]}
+
+
+class DropConnectStack(nn.Module):
+    """(B, T, 8) -> (B, T, 4): 4 residual blocks whose `down` weight goes through dropout(0.3) (DropConnect,
+    AWD-LSTM's WeightDrop: a random op on a replicated parameter under ddp), then a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.ModuleDict({"up": nn.Linear(8, 16), "down": nn.Linear(16, 8)}) for _ in range(4))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + F.linear(torch.relu(b["up"](x)), F.dropout(b["down"].weight, 0.3, self.training), b["down"].bias)
+        return self.head(x)
+
+
+def generator_seeds_rank(rank: int, world_size: int) -> dict:
+    """`auto_parallelize(DropConnectStack, mesh {"pp": 2, "dp": 2}, ddp)` + 2 `pm.step`s + SGD with torch's
+    generator seeded per rank (`5 + rank`: the dp replicas of a stage would mask one weight differently) and per pp
+    rank (`5 + 100 * pp rank`, Megatron-LM's `_set_random_seed`: the ranks of one stage alike): the outcome, and
+    this rank's parameters after the steps."""
+    import parallelizer
+
+    out = {}
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 6, 8), torch.randn(4, 6, 4)
+    pm = parallelizer.auto_parallelize(DropConnectStack(), (x,), mesh={"pp": 2, "dp": 2}, axis_roles={"dp": "ddp"},
+                                       microbatches=2, schedule="1f1b")
+    opt = torch.optim.SGD(pm.parameters(), lr=0.5)
+    for seeds, seed in (("per rank", 5 + rank), ("per pp rank", 5 + 100 * (rank // 2))):
+        pm.__dict__["_input_checks"] = 0  # each seeding within the module's first (checked) calls
+        torch.manual_seed(seed)
+        try:
+            for _ in range(2):
+                pm.step(x, target=y, loss_fn=F.mse_loss)
+                opt.step()
+                opt.zero_grad()
+            out[seeds] = {n: p.detach().clone() for n, p in pm.named_parameters()}
+        except Exception as exc:  # noqa: BLE001 - the outcome is the result (raised alike on every rank)
+            out[seeds] = f"{type(exc).__name__}: {exc}"
+    return out

@@ -13,6 +13,9 @@ every gradient and buffer every step, parameters after 3 AdamW steps, within flo
   failed to plan ("cannot trace the model"): planned with microbatches of >= 2 samples (tests/unit/
   test_cli_least_batch.py) and run as `parallelizer rehearse` runs it (running statistics updated once per
   microbatch, as eager accumulation does).
+- Round 24 (r24g): torch's generator seeded per rank on pp=2 x dp=2 with a DropConnect weight in every block
+  (each dp replica of a stage masked one weight differently) is refused; seeded per pp rank (Megatron-LM's
+  `seed + 100 * pp_rank`), it runs.
 - `pm.step` of that BatchNorm stack on pp=4 (the user's loop) computes gradient accumulation's loss, not one
   device's on the whole batch (microbatch statistics), silently before: now it warns once, naming the node.
 """
@@ -21,6 +24,7 @@ import io
 import json
 
 import pytest
+import torch
 
 import parallelizer
 from parallelizer import cli, presets
@@ -31,7 +35,7 @@ from parallelizer.runtime import spawn
 from parallelizer.runtime.pipeline_rehearsal import _rank_main as rehearsal_rank
 from parallelizer.runtime.rehearsal import _report
 from launch_once import run_each
-from pipeline_models import bn_step_rank, view_out_lm
+from pipeline_models import bn_step_rank, generator_seeds_rank, view_out_lm
 
 # pytest-timeout's 600 s (pyproject) covers the module fixture's setup too: planning plus the launch's own 600 s
 # deadline (it names the ranks still running) must fit on a loaded machine
@@ -96,6 +100,8 @@ def runs(tmp_path_factory):
                                    spec_from_plan(plan), plan.pipeline.to_dict(), 3, 1e-3, 1e-3)))
     plans["bn_step"] = None
     calls.append((bn_step_rank, ()))
+    plans["generator_seeds"] = None
+    calls.append((generator_seeds_rank, ()))
     per_rank = spawn(run_each, 4, calls, timeout_s=600)
     return {name: (plans[name], [r[i] for r in per_rank]) for i, name in enumerate(plans)}
 
@@ -134,3 +140,17 @@ def test_a_pipeline_step_over_batch_statistics_warns_and_equals_accumulation(run
             assert len(r["warned"]) == 1 and "bn" in r["warned"][0] and "4 microbatches" in r["warned"][0], r
         else:
             assert r["warned"] == [], r
+
+
+def test_generators_seeded_apart_within_a_stage_are_refused_and_per_pp_rank_seeds_run(runs):
+    """Round 24 (r24g): a dropout on a replicated weight (DropConnect) draws from torch's generator as is, so
+    the dp replicas of a stage must hold it in one state; Megatron-LM seeds per pp rank, which a stage's ranks
+    share. The ranks of one stage end with equal parameters (ddp replicas)."""
+    _, per_rank = runs["generator_seeds"]
+    for r in per_rank:
+        assert isinstance(r["per rank"], str) and r["per rank"].startswith("PlanMismatchError"), r["per rank"]
+        assert "dropout" in r["per rank"] and "manual_seed" in r["per rank"], r["per rank"]
+        assert isinstance(r["per pp rank"], dict), r["per pp rank"]
+    for a, b in ((0, 1), (2, 3)):  # the dp replicas of stage 0 and of stage 1
+        held = per_rank[a]["per pp rank"]
+        assert held and all(torch.equal(p, per_rank[b]["per pp rank"][n]) for n, p in held.items())

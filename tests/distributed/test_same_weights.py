@@ -1,5 +1,7 @@
 """Ranks that built different weights are told so (a typed error naming the tensor), instead of each keeping
 its own "replica" for the whole run (torch's DDP broadcasts rank 0's weights for the same reason)."""
+import copy
+
 import pytest
 import torch
 
@@ -125,3 +127,124 @@ def test_inputs_that_differ_between_ranks_are_named():
                 assert msg.startswith("PlanMismatchError: ") and f"input(s) {what} differ between ranks" in msg, (axis, name, msg)
                 assert "Remedy: give every rank the same batch" in msg
         assert r["dp late own batch"] == "ran"
+
+
+class _DropStream(torch.nn.Module):
+    """(B, T, 8) -> 0-d: a residual MLP (row-parallel `down` on tp: the stream is Replicate), dropout(p) on the
+    stream, a LayerNorm and a head; the square mean of the head is the loss. `connect`: DropConnect instead
+    (dropout on `down`'s weight, AWD-LSTM's WeightDrop: a replicated parameter under ddp)."""
+
+    def __init__(self, p: float = 0.5, connect: bool = False):
+        super().__init__()
+        self.p, self.connect = p, connect
+        self.up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+        self.ln, self.head = torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        if self.connect:
+            h = x + f.linear(torch.relu(self.up(x)), f.dropout(self.down.weight, self.p, self.training), self.down.bias)
+        else:
+            h = f.dropout(x + self.down(torch.relu(self.up(x))), self.p, self.training)
+        return self.head(self.ln(h)).pow(2).mean()
+
+
+_GENERATOR_CASES = {  # name: (dropout p, DropConnect, mesh, roles, stream forced Replicate, seedings run in order)
+    "tp, replicated stream": (0.5, False, {"tp": 2}, {"tp": "tp"}, True, ("same", "per rank")),
+    "ddp, DropConnect": (0.5, True, {"dp": 2}, {"dp": "ddp"}, False, ("same", "per rank")),
+    "tp, stream sharded by the planner": (0.5, False, {"tp": 2}, {"tp": "tp"}, False, ("per rank",)),
+    "tp, no dropout": (0.0, False, {"tp": 2}, {"tp": "tp"}, True, ("per rank",)),
+}
+
+
+def _generator_specs() -> dict:
+    """The plan of each case as a spec (made once, in the parent); "replicated stream": the dropout and the
+    LayerNorm forced to Replicate (Megatron's layout without sequence parallelism: every tp rank holds the whole
+    stream)."""
+    import contextlib
+    import dataclasses
+    import io
+    import parallelizer
+    from parallelizer.core.layout import Layout
+    from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
+    specs = {}
+    for case, (p, connect, mesh, roles, replicated, _) in _GENERATOR_CASES.items():
+        torch.manual_seed(0)
+        traced = parallelizer.trace(_DropStream(p, connect), (torch.randn(4, 6, 8),))
+        with contextlib.redirect_stdout(io.StringIO()):
+            plan = parallelizer.plan(traced, mesh, axis_roles=roles)
+        spec = spec_from_plan(plan)
+        if replicated:
+            nodes, r = dict(spec.nodes), Layout.parse("R")
+            for name, n in plan.nodes.items():
+                if n.op in ("aten.dropout.default", "aten.layer_norm.default"):
+                    nodes[name] = NodeSharding((r,) * len(n.inputs), r)
+            spec = dataclasses.replace(spec, nodes=nodes)
+        specs[case] = spec
+    return specs
+
+
+def _generators_per_rank(rank: int, world_size: int, specs: dict) -> dict:
+    """Each case of `_GENERATOR_CASES` on 2 ranks, one module per case, with torch's generator seeded the same
+    on both ranks and/or per rank (`torch.manual_seed(5 + rank)`, the DDP habit), 2 SGD steps each: pm's losses and
+    gradients and the eager model's from the same generator state and weights (a dropout on a Replicate value
+    draws its whole mask from the generator as is, as eager does; a per-rank run follows the same-seed one, each
+    side from its own trained weights), the replicated LayerNorm weight after the steps, or the error (raised
+    alike on every rank)."""
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+    out = {}
+    for case, (p, connect, *_, seedings) in _GENERATOR_CASES.items():
+        torch.manual_seed(0)
+        model, x = _DropStream(p, connect), torch.randn(4, 6, 8)
+        reference = copy.deepcopy(model)
+        create_groups(all_axis_groups(specs[case].mesh))
+        pm = ParallelModule(trace(model, (x,)), specs[case], rank, model)
+        for seeds in seedings:  # one module per case: each seeding within its first calls, which are checked
+            pm.__dict__["_input_checks"] = 0
+            torch.manual_seed(5 + rank if seeds == "per rank" else 5)
+            state, runs = torch.get_rng_state(), {}
+            try:
+                for name, m in (("pm", pm), ("eager", reference)):
+                    torch.set_rng_state(state)
+                    opt, runs[name], runs[f"{name} grads"] = torch.optim.SGD(m.parameters(), lr=0.5), [], []
+                    for _ in range(2):
+                        loss = m(x)
+                        loss.backward()
+                        runs[f"{name} grads"].append(m.get_parameter("down.weight").grad.clone())
+                        opt.step()
+                        opt.zero_grad()
+                        runs[name].append(loss.item())
+            except Exception as exc:  # noqa: BLE001 - the outcome is the result
+                out[case, seeds] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            out[case, seeds] = {**runs, "ln": pm.get_parameter("ln.weight").detach().clone(),
+                                "layout": str(specs[case].params["down.weight"])}
+    return out
+
+
+def test_ranks_whose_generators_differ_are_refused_where_they_must_draw_alike():
+    """Round 24 (r24g; tt-metal#55947, slapo#21, InternLM#405, transformers#31412: dropout seeds across ranks):
+    a random op on a Replicate value draws from torch's generator as is on every rank. Ranks seeded apart
+    (`torch.manual_seed(seed + rank)`) drew different masks for their copies of one value: on tp=2 with the stream
+    replicated, a replicated LayerNorm weight parted silently (0.056 apart after 2 SGD steps); under plain ddp a
+    DropConnect weight got one mask per rank, so its all-reduced gradient mixed two masks for one batch (0.083
+    from the eager model's under either rank's generator). Now a PlanMismatchError on every rank names the dropout
+    and the remedy; a dropout the plan shards over tp (each rank draws its own piece) and a model that draws
+    nothing run with per-rank seeds, and with the same seed a replicated draw gives eager's numbers."""
+    ranks = spawn(_generators_per_rank, 2, _generator_specs(), timeout_s=300)
+    for r in ranks:
+        for case in ("tp, replicated stream", "ddp, DropConnect"):
+            same = r[case, "same"]
+            torch.testing.assert_close(torch.tensor(same["pm"]), torch.tensor(same["eager"]), msg=case)
+            if same["layout"] == "R":  # gradients of the whole weight (ddp), against the eager model's
+                torch.testing.assert_close(same["pm grads"], same["eager grads"], msg=case)
+            error = r[case, "per rank"].get("error", "")
+            assert error.startswith("PlanMismatchError") and "dropout" in error and "manual_seed" in error, (case, r)
+        torch.testing.assert_close(torch.tensor(r["tp, no dropout", "per rank"]["pm"]),
+                                   torch.tensor(r["tp, no dropout", "per rank"]["eager"]))
+        assert "error" not in r["tp, stream sharded by the planner", "per rank"], r
+    for case in (("tp, replicated stream", "same"), ("tp, stream sharded by the planner", "per rank")):
+        assert torch.equal(ranks[0][case]["ln"], ranks[1][case]["ln"]), case  # replicas stay equal
