@@ -130,30 +130,34 @@ def test_inputs_that_differ_between_ranks_are_named():
 
 
 class _DropStream(torch.nn.Module):
-    """(B, T, 8) -> 0-d: a residual MLP (row-parallel `down` on tp: the stream is Replicate), dropout(p) on the
-    stream, a LayerNorm and a head; the square mean of the head is the loss. `connect`: DropConnect instead
-    (dropout on `down`'s weight, AWD-LSTM's WeightDrop: a replicated parameter under ddp)."""
+    """(B, T, 8) -> 0-d: a residual MLP (row-parallel `down` on tp: the stream is Replicate), a dropout(p), a
+    LayerNorm and a head; the square mean of the head is the loss. The dropout acts on `where`: "stream" (the
+    residual stream), "weight" (DropConnect / AWD-LSTM's WeightDrop on `down`'s weight: a replicated parameter under
+    ddp) or "partial" (`down`'s product before its bias: a Partial value on tp, summed after the dropout)."""
 
-    def __init__(self, p: float = 0.5, connect: bool = False):
+    def __init__(self, p: float = 0.5, where: str = "stream"):
         super().__init__()
-        self.p, self.connect = p, connect
+        self.p, self.where = p, where
         self.up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
         self.ln, self.head = torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)
 
     def forward(self, x):
-        f = torch.nn.functional
-        if self.connect:
-            h = x + f.linear(torch.relu(self.up(x)), f.dropout(self.down.weight, self.p, self.training), self.down.bias)
+        f, u = torch.nn.functional, torch.relu(self.up(x))
+        if self.where == "weight":
+            h = x + f.linear(u, f.dropout(self.down.weight, self.p, self.training), self.down.bias)
+        elif self.where == "partial":
+            h = x + f.dropout(f.linear(u, self.down.weight), self.p, self.training) + self.down.bias
         else:
-            h = f.dropout(x + self.down(torch.relu(self.up(x))), self.p, self.training)
+            h = f.dropout(x + self.down(u), self.p, self.training)
         return self.head(self.ln(h)).pow(2).mean()
 
 
-_GENERATOR_CASES = {  # name: (dropout p, DropConnect, mesh, roles, stream forced Replicate, seedings run in order)
-    "tp, replicated stream": (0.5, False, {"tp": 2}, {"tp": "tp"}, True, ("same", "per rank")),
-    "ddp, DropConnect": (0.5, True, {"dp": 2}, {"dp": "ddp"}, False, ("same", "per rank")),
-    "tp, stream sharded by the planner": (0.5, False, {"tp": 2}, {"tp": "tp"}, False, ("per rank",)),
-    "tp, no dropout": (0.0, False, {"tp": 2}, {"tp": "tp"}, True, ("per rank",)),
+_GENERATOR_CASES = {  # name: (dropout p, where, mesh, roles, stream forced Replicate, seedings run in order)
+    "tp, replicated stream": (0.5, "stream", {"tp": 2}, {"tp": "tp"}, True, ("same", "per rank")),
+    "tp, dropout on the row-parallel Partial": (0.5, "partial", {"tp": 2}, {"tp": "tp"}, False, ("same", "per rank")),
+    "ddp, DropConnect": (0.5, "weight", {"dp": 2}, {"dp": "ddp"}, False, ("same", "per rank")),
+    "tp, stream sharded by the planner": (0.5, "stream", {"tp": 2}, {"tp": "tp"}, False, ("per rank",)),
+    "tp, no dropout": (0.0, "stream", {"tp": 2}, {"tp": "tp"}, True, ("per rank",)),
 }
 
 
@@ -168,9 +172,9 @@ def _generator_specs() -> dict:
     from parallelizer.core.layout import Layout
     from parallelizer.rewriter.spec import NodeSharding, spec_from_plan
     specs = {}
-    for case, (p, connect, mesh, roles, replicated, _) in _GENERATOR_CASES.items():
+    for case, (p, where, mesh, roles, replicated, _) in _GENERATOR_CASES.items():
         torch.manual_seed(0)
-        traced = parallelizer.trace(_DropStream(p, connect), (torch.randn(4, 6, 8),))
+        traced = parallelizer.trace(_DropStream(p, where), (torch.randn(4, 6, 8),))
         with contextlib.redirect_stdout(io.StringIO()):
             plan = parallelizer.plan(traced, mesh, axis_roles=roles)
         spec = spec_from_plan(plan)
@@ -196,9 +200,9 @@ def _generators_per_rank(rank: int, world_size: int, specs: dict) -> dict:
     from parallelizer.runtime.module import ParallelModule
     from parallelizer.tracer.trace import trace
     out = {}
-    for case, (p, connect, *_, seedings) in _GENERATOR_CASES.items():
+    for case, (p, where, *_, seedings) in _GENERATOR_CASES.items():
         torch.manual_seed(0)
-        model, x = _DropStream(p, connect), torch.randn(4, 6, 8)
+        model, x = _DropStream(p, where), torch.randn(4, 6, 8)
         reference = copy.deepcopy(model)
         create_groups(all_axis_groups(specs[case].mesh))
         pm = ParallelModule(trace(model, (x,)), specs[case], rank, model)
@@ -229,14 +233,19 @@ def test_ranks_whose_generators_differ_are_refused_where_they_must_draw_alike():
     """Round 24 (r24g; tt-metal#55947, slapo#21, InternLM#405, transformers#31412: dropout seeds across ranks):
     a random op on a Replicate value draws from torch's generator as is on every rank. Ranks seeded apart
     (`torch.manual_seed(seed + rank)`) drew different masks for their copies of one value: on tp=2 with the stream
-    replicated, a replicated LayerNorm weight parted silently (0.056 apart after 2 SGD steps); under plain ddp a
+    replicated, a replicated LayerNorm weight parted silently (0.056 apart after 2 SGD steps); the planner's tp=2 plan
+    of a dropout on a row-parallel product (a Partial: each rank masks its summand) gave loss 0.1040 where eager
+    gives 0.1177 / 0.1069 under rank 0's / rank 1's generator; under plain ddp a
     DropConnect weight got one mask per rank, so its all-reduced gradient mixed two masks for one batch (0.083
     from the eager model's under either rank's generator). Now a PlanMismatchError on every rank names the dropout
     and the remedy; a dropout the plan shards over tp (each rank draws its own piece) and a model that draws
     nothing run with per-rank seeds, and with the same seed a replicated draw gives eager's numbers."""
-    ranks = spawn(_generators_per_rank, 2, _generator_specs(), timeout_s=300)
+    specs = _generator_specs()
+    partial = specs["tp, dropout on the row-parallel Partial"]  # the planner's own choice: dropout on the Partial
+    assert [str(n.inputs[0]) for name, n in partial.nodes.items() if name.startswith("dropout")] == ["P"]
+    ranks = spawn(_generators_per_rank, 2, specs, timeout_s=300)
     for r in ranks:
-        for case in ("tp, replicated stream", "ddp, DropConnect"):
+        for case in ("tp, replicated stream", "tp, dropout on the row-parallel Partial", "ddp, DropConnect"):
             same = r[case, "same"]
             torch.testing.assert_close(torch.tensor(same["pm"]), torch.tensor(same["eager"]), msg=case)
             if same["layout"] == "R":  # gradients of the whole weight (ddp), against the eager model's
