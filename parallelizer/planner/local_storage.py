@@ -125,18 +125,20 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
         values[name] = result
         held.extend(tensors_in(result))
         if name in live and space.requires_grad:
-            out[name] = _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names)
+            out[name] = _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names,
+                                    held)
     return out
 
 
-def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names) -> int:
-    """The op's saved bytes on local values: each saved slot's whole storage if no earlier saver holds it."""
+def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names, held) -> int:
+    """The op's saved bytes on local values: each saved slot's whole storage if no earlier saver holds it. `held`
+    keeps the tensors made here alive (a storage id is its address: a freed one could be reused)."""
     name = node.name
     grads = pricer.grad_args(tg, name)
     params = tuple(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in resident_names)
     try:
         if node.target in _FOLDING:
-            return _autograd_saved(node.target, args, kwargs, grads, resident, owned)
+            return _autograd_saved(node.target, args, kwargs, grads, resident, owned, held)
         arg_slots, out_slots = saved_slots(node.target, args, kwargs, result, grads)
         factors: dict[str, list[tuple[int, float]]] = {"args": [], "outputs": []}
         outputs = tensors_in(result)
@@ -144,13 +146,7 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
         slots += [("outputs", i, [outputs[i]]) for i in out_slots if i < len(outputs)]
         for kind, i, tensors in slots:
             whole = sum(tensor_nbytes(t) for t in tensors)
-            charged = 0
-            for t in tensors:
-                key = _key(t)
-                if key not in resident and key not in owned:
-                    owned.add(key)
-                    charged += t.untyped_storage().nbytes()
-            factor = charged / whole if whole else 1.0
+            factor = _charge(tensors, resident, owned) / whole if whole else 1.0
             if factor != 1.0:
                 factors[kind].append((i, factor))
         share = SavedShare(tuple(factors["args"]), tuple(factors["outputs"]))
@@ -163,7 +159,8 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
     return saved + _vocab_parallel_saved_bytes(tg.nodes[name], s, in_local, itemsize)
 
 
-def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: set[int]) -> int:
+def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: set[int],
+                    held: list[torch.Tensor]) -> int:
     """Bytes of the storages a composite op's autograd keeps, found by running it on the local meta values under
     `saved_tensors_hooks` (its args in `grads` requiring grad): matmul / linear keep the FOLDED operands their
     decomposition hands to mm / bmm (`tensor.expand(batch + (n, m)).reshape(b, n, m)`, ATen's _matmul_impl), a view
@@ -174,8 +171,14 @@ def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int]
            for i, a in enumerate(args)]
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         target(*ins, **kwargs)
+    held.extend(saved)
+    return _charge(saved, resident, owned)
+
+
+def _charge(tensors, resident: set[int], owned: set[int]) -> int:
+    """Bytes of the whole storages of `tensors` not resident nor charged before; marks them charged."""
     charged = 0
-    for t in saved:
+    for t in tensors:
         key = _key(t)
         if key not in resident and key not in owned:
             owned.add(key)
