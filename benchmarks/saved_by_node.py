@@ -30,7 +30,7 @@ from parallelizer.planner.api import resolve_cluster
 from parallelizer.planner.costs import Pricer
 from parallelizer.tracer import TracedGraph
 
-__all__ = ["priced_saved_bytes", "held_saved_bytes", "compare"]
+__all__ = ["priced_saved_bytes", "held_saved_bytes", "compare", "rank_held_saved_bytes"]
 
 
 def _pricer(tg: TracedGraph) -> Pricer:
@@ -125,3 +125,34 @@ if __name__ == "__main__":
         print(f"{label}: priced {res['priced']:,} held {res['held']:,} ({gap / max(res['held'], 1):+.2%})")
         for op, (count, p, h) in sorted(res["ops"].items(), key=lambda kv: -abs(kv[1][1] - kv[1][2])):
             print(f"    {op}: {count} nodes, priced {p:,} held {h:,} ({p - h:+,})")
+
+
+def rank_held_saved_bytes(rank: int, world_size: int, cases: list[tuple]) -> list[dict[str, int]]:
+    """For each (model_fn, model_kwargs, spec) case: {traced node name: bytes of the storages autograd keeps whose
+    first saver is that node} on THIS rank: its emitted program (`ParallelModule`, gradient buckets off) run op by op
+    under saved-tensor hooks as `held_saved_bytes` runs the traced one; an emitted op is charged to the traced node it
+    stands for (`meta["source"]`), a collective under its own name; parameter and buffer storages to nobody.
+    Spawned per rank (`runtime.launch.spawn`); the priced side is `planner.local_storage.local_saved_bytes`."""
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime.launch import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    out = []
+    for model_fn, model_kwargs, spec in cases:
+        model, inputs, *rest = model_fn(**model_kwargs)
+        kwargs = rest[0] if rest else {}
+        traced = trace(model, inputs, kwargs)
+        create_groups(all_axis_groups(spec.mesh))
+        pm = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=0)
+        state = pm._state()
+        program = pm.program.graph_module
+        recorder = _Recorder(program, {t.untyped_storage().data_ptr() for t in state})
+        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+            recorder.run(*state, *traced.tensor_inputs(inputs, kwargs))
+        source = {n.name: n.meta.get("source", n.name) for n in program.graph.nodes}
+        held: dict[str, int] = collections.defaultdict(int)
+        for name, nbytes in recorder.owner.values():
+            held[source.get(name, name)] += nbytes
+        out.append(dict(held))
+    return out

@@ -60,7 +60,7 @@ from cost_model.compute import is_free_op
 
 __all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
            "bytes_per_param", "saved_activation_bytes", "may_save_arg", "SavedShare", "saved_tensor_owners",
-           "backward_nodes", "grad_arg_indices",
+           "backward_nodes", "grad_arg_indices", "saved_slots",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
@@ -275,6 +275,15 @@ def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
     if grad_args is None:
         return rule(args, kwargs, out, lambda i: i < len(args) and _guess_requires_grad(args[i]))
     return rule(args, kwargs, out, lambda i: i in grad_args)
+
+
+def saved_slots(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
+                grad_args: Collection[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(positional arg indices, flattened output indices) of the tensors `target` keeps for backward, by its rule in
+    ``_SAVE_RULES`` on these values (an op without a rule: every tensor arg; a view or an integer output: none):
+    the slots :func:`saved_activation_bytes` counts and a :class:`SavedShare` scales. `grad_args` as there."""
+    rule = _saved(target, args, kwargs, out, grad_args)
+    return rule.args, rule.outputs
 
 
 def may_save_arg(target: torch._ops.OpOverload, index: int) -> bool:

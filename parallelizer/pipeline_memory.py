@@ -37,15 +37,15 @@ from cost_model.memory import backward_nodes
 from cost_model.topology import MeshTopology
 
 from .config import PlanConfig
-from .core.layout import Layout
 from .errors import PipelineError
 from .planner.api import resolve_cluster
 from .planner.bitpipe import bitpipe_actions
 from .planner.costs import Pricer
+from .planner.local_storage import local_saved_bytes, plan_choice
 from .planner.problem import returned_bytes
 from .planner.plan import Plan
 from .planner.schedules import inflight_microbatches
-from .planner.strategies import NodeSpace, Strategy, tensor_inputs
+from .planner.strategies import tensor_inputs
 from .tracer import TracedGraph
 
 __all__ = ["pipeline_rank_memory", "MEMORY_CATEGORIES"]
@@ -88,7 +88,6 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
     S = len(pipe.stages)
     for st in pipe.stages:
         tg = stage_graph(traced, cut, st.stage)
-        act = 0
         for q in holders(pipe.schedule, st.stage, S, pipe.pp):
             mem = ranks[q]
             for fqn, p in tg.parameters.items():
@@ -98,13 +97,8 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
                 parts = pricer.param_state_bytes(math.prod(plan.params[fqn].local_shape), p.requires_grad)
                 for key, b in zip(("params", "grads", "optimizer"), parts):
                     mem[key] += b
-        for name, info in tg.nodes.items():
-            if info.node.op != "call_function" or name not in plan.nodes:  # received values are placeholders
-                continue
-            node = plan.nodes[name]
-            strategy = Strategy(tuple(Layout.parse(x) for x in node.inputs), Layout.parse(node.output))
-            space = NodeSpace(name, "op", tensor_inputs(traced, traced.nodes[name]), [strategy], name in live)
-            act += pricer.node_cost(tg, info, space, strategy).saved_bytes
+        # the stage's own graph: a received value is a placeholder, a new tensor on this rank (`local_storage`)
+        act = sum(local_saved_bytes(tg, *plan_choice(tg, plan.nodes, live), pricer).values())
         acts[stage_pp_rank(pipe.schedule, st.stage, S, pipe.pp)] += act
         stage_act.append(act)
     returned = returned_bytes(tuple(ti for ti in tensor_inputs(traced, traced.nodes["output"])

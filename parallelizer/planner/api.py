@@ -25,6 +25,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost, solve, solve_lean
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
+from .local_storage import local_saved_bytes
 from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
@@ -192,7 +193,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     mesh, spaces = problem.mesh, problem.spaces
     strat = {n: spaces[n].strategies[sol.choice[problem.group_of[n]]] for n in spaces}
     nodes, edges, fallbacks = {}, [], []
-    compute_s, comm, act = 0.0, empty_comm(), 0
+    compute_s, comm = 0.0, empty_comm()
     uses = FirstUses(tg)  # a redistribution is emitted once per (value, target layout): `shared_uses`
     for name, space in spaces.items():
         info, s = tg.nodes[name], strat[name]
@@ -202,7 +203,6 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
         if space.kind == "op":
             c = pricer.node_cost(tg, info, space, s)
             compute_s += c.total_s
-            act += c.saved_bytes
             if c.note:
                 fallbacks.append(Fallback(name, info.op_name, c.note))
         for k, ti in enumerate(space.inputs):
@@ -220,6 +220,9 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
                 if st.bwd_collective:
                     comm[st.bwd_collective] += bwd
             edges.append(edge)
+    # saved activations with the storages each rank's program really has (views / copies on local strides, a
+    # redistributed input a storage of its own): `local_storage`; the ILP's row prices them per strategy
+    act = sum(local_saved_bytes(tg, strat, spaces, pricer).values())
     rerun: dict[str, float] = {}  # collectives that recomputation runs again, by kind
     for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute), rerun).values():
         compute_s += rp.extra_fwd_s

@@ -339,6 +339,10 @@ class Pricer:
         rotary cos computed from buffers keeps cos alone (before: q as well, guessed from its shape)."""
         return grad_arg_indices(tg.nodes[name].node, self._saved_facts(tg)[2])
 
+    def backward_nodes(self, tg: TracedGraph) -> frozenset[str]:
+        """Names of the nodes of `tg` whose backward runs (`cost_model.memory.backward_nodes`), cached per graph."""
+        return self._saved_facts(tg)[2]
+
     def _saved_facts(self, tg: TracedGraph) -> tuple[TracedGraph, dict[str, SavedShare], frozenset[str]]:
         """(tg, saved_tensor_owners, backward_nodes) of a graph, cached in `tables.shares`."""
         held = self.tables.shares.get(id(tg))

@@ -49,6 +49,7 @@ from ..tracer.graph import carries_grad
 from .api import build, recompute_prices, to_plan
 from .costs import GraphTables, Pricer
 from .ilp import solve, solve_lean
+from .local_storage import local_saved_bytes
 from .plan import Plan
 from .problem import layout_of
 from .recompute import RECOMPUTE_MODES, forced_regions, regions
@@ -234,14 +235,16 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
     fl, bl, wl, ff, bf, wf, act = z(), z(), z(), z(), z(), z(), z()
     comm_lin, comm_fixed = {k: z() for k in COMM_KINDS}, {k: z() for k in COMM_KINDS}
     spaces = problem.spaces
+    chosen = {name: layout_of(problem, name, solution.choice) for name in spaces}
+    held = local_saved_bytes(traced, chosen, spaces, pricer)  # storages as the ranks have them (`local_storage`)
     for name, space in spaces.items():
         if space.kind != "op":
             continue
         seg = segments.owner.get(name, n - 1)
-        c = pricer.node_cost(traced, traced.nodes[name], space, layout_of(problem, name, solution.choice))
+        c = pricer.node_cost(traced, traced.nodes[name], space, chosen[name])
         fl[seg] += c.fwd_s
         bl[seg] += c.bwd_s
-        act[seg] += c.saved_bytes
+        act[seg] += held.get(name, 0)
         if any(spaces[t.producer].kind == "param" for t in space.inputs):
             wl[seg] += c.bwd_s / 2  # grad-weight matmul: half of a linear's 2x-forward backward
     uses = FirstUses(traced)  # one copy per (value, target layout): `shared_uses`

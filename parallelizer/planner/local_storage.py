@@ -1,0 +1,271 @@
+"""Bytes each op keeps for backward ON A RANK under a plan's chosen strategies: storages as the rank's program has
+them, not as the global graph has them (round 24, r24d; RESULTS.md "Round 24 (r24d)").
+
+`cost_model.memory.saved_tensor_owners` charges each saved storage once, to its first saver, with storages found by
+following views in the GLOBAL traced graph (global shapes and strides). A rank runs the same ATen ops on its local
+shards, and which storage a saved tensor keeps alive can differ there:
+
+1. *view or copy*: reshape / flatten / unflatten / contiguous / reshape_as are views exactly when torch can view the
+   SOURCE'S strides (at::computeStride), and the local source has other sizes: GQA's repeat_kv
+   (k[:, :, None].expand(B, kv, n_rep, S, D).reshape(B, kv * n_rep, S, D)) copies globally but is a view on a rank
+   holding ONE kv head (a size-1 dim merges with the stride-0 one): attention keeps the unexpanded k, n_rep times
+   fewer bytes; the reverse (a view globally, a copy locally) alike;
+2. *a redistribution makes a storage*: a consumer that receives a value in another layout than its producer's
+   (all-gather, all-to-all, reduce-scatter, local slice, `core.redistribute.edge_steps`) keeps the collective's output,
+   a storage of its own, shared only with the consumers that take the same redistribution (`shared_uses`: one per
+   value, target layout, gradient axes and epoch); globally both savers keep one storage (the tp=4 Llama's k / v
+   projections reading the RMSNorm output as S(2) while q_proj gathers it to R: 32 KiB per layer per rank unpriced);
+3. *local strides*: a non-view op's output is laid out as the global one (dense in the global stride order, as
+   TensorIterator orders its output by its inputs'; SDPA's (B, S, H, D) layout), so the checks of 1 on later views
+   read the rank's strides.
+
+`local_saved_bytes` replays the graph once, in graph order, on meta tensors of local shapes (no data): a view op runs
+on the local values with its size argument localised (torch decides view or copy; a storage is the meta tensor's
+storage), any other op makes fresh dense outputs; then each op's saved slots (`cost_model.memory.saved_slots`) are
+charged their whole local storage if no earlier saver holds it (parameters, buffers and their redistributed copies to
+nobody, as the global rule). It needs every node's strategy, so it prices a PLAN (`api.to_plan`'s activations, a
+pipeline stage's `segments.price_segments` and `pipeline_memory.pipeline_rank_memory`); the ILP's per-strategy memory
+row keeps the global storages (`Pricer.node_cost`), which cannot see another node's choice.
+"""
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+from cost_model._fx import node_values, tensor_nbytes, tensors_in
+from cost_model.compute import is_free_op, is_identity_dropout
+from cost_model.memory import SavedShare, saved_activation_bytes, saved_slots
+
+from ..core.layout import Layout, local_shape
+from ..core.redistribute import grad_partial_axes
+from ..tracer import TracedGraph
+from .costs import Pricer, _vocab_parallel_saved_bytes
+from .shared_uses import use_epochs
+from .strategies import NodeSpace, Strategy, tensor_inputs
+
+__all__ = ["local_saved_bytes", "plan_choice"]
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+_SIZE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand}  # size argument 1: the output shape
+_FOLDING = {aten.matmul.default, aten.linear.default}  # composites whose autograd keeps reshaped operands
+
+
+def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace],
+                      pricer: Pricer) -> dict[str, int]:
+    """{op node name: bytes it keeps for backward on the largest rank (rank 0's shards, as `core.layout.local_shape`)}
+    for the strategies `strategy_of` (every placeholder and op node of `tg`), each local storage charged once, whole,
+    to its first saver in graph order (module docstring). Ops whose backward does not run are 0.
+
+    Args:
+        tg: the traced graph (a pipeline stage's own graph for a stage: received values are its placeholders).
+        strategy_of: node name -> its chosen Strategy (`Plan.nodes` parsed, or the ILP's choice).
+        spaces: node name -> its NodeSpace (inputs, requires_grad), for the price of an op the replay cannot run.
+        pricer: the plan's Pricer (mesh, priced dtypes, which args require grad).
+    Returns:
+        Bytes per op node (ints >= 0); the sum is the rank's saved activations for one (micro)batch.
+    """
+    mesh = pricer.mesh
+    resident_names = {ph for p in tg.parameters.values() for ph in p.placeholders}
+    live = pricer.backward_nodes(tg)
+    epochs = use_epochs(tg)
+    values: dict[str, Any] = {}
+    resident: set[int] = set()      # storages of parameters and buffers (and copies made of them)
+    owned: set[int] = set()         # storages charged to an earlier saver
+    moved: dict[tuple, torch.Tensor] = {}  # one redistributed copy per (value, layout, gradient axes, epoch)
+    held: list[torch.Tensor] = []   # keeps every meta storage alive, so no storage id is reused
+    out: dict[str, int] = {}
+
+    def received(node: str, k: int, producer: str, want: Layout, shape, dtype) -> torch.Tensor:
+        have, src = strategy_of[producer].output, values.get(producer)
+        if isinstance(src, torch.Tensor) and (have == want or not _moves(pricer, have, want, shape, dtype)):
+            return src
+        axes = grad_partial_axes(want, strategy_of[node].output, mesh)
+        key = (producer, str(want), axes, epochs.get(node, 0))
+        if key not in moved:
+            t = torch.empty(local_shape(shape, want, mesh), dtype=pricer.dtype(dtype), device=_META)
+            if producer in resident_names or (isinstance(src, torch.Tensor) and _key(src) in resident):
+                resident.add(_key(t))
+            moved[key] = t
+            held.append(t)
+        return moved[key]
+
+    for node in tg.graph_module.graph.nodes:
+        name, s = node.name, strategy_of.get(node.name)
+        if s is None or node.op not in ("placeholder", "call_function") or s.output is None:
+            continue
+        info = tg.nodes[name]
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                values[name] = _dense(val, local_shape(tuple(val.shape), s.output, mesh), pricer.dtype(val.dtype))
+                held.append(values[name])
+                if name in resident_names:
+                    resident.add(_key(values[name]))
+            continue
+        if node.target is operator.getitem:
+            src = values.get(node.args[0].name) if isinstance(node.args[0], torch.fx.Node) else None
+            if isinstance(src, (list, tuple)) and isinstance(src[node.args[1]], torch.Tensor):
+                values[name] = src[node.args[1]]
+            continue
+        space = spaces[name]
+        it = iter(enumerate(space.inputs))
+
+        def local_arg(n: torch.fx.Node) -> torch.Tensor:
+            k, ti = next(it)
+            return received(name, k, ti.producer, s.inputs[k], ti.shape, ti.dtype)
+
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), local_arg)
+        args, kwargs = _on_meta(tuple(args)), _on_meta(dict(kwargs))
+        result = _local_output(node, info, s, args, kwargs, pricer)
+        values[name] = result
+        held.extend(tensors_in(result))
+        if name in live and space.requires_grad:
+            out[name] = _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names,
+                                    held)
+    return out
+
+
+def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names, held) -> int:
+    """The op's saved bytes on local values: each saved slot's whole storage if no earlier saver holds it. `held`
+    keeps the tensors made here alive (a storage id is its address: a freed one could be reused)."""
+    name = node.name
+    grads = pricer.grad_args(tg, name)
+    params = tuple(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in resident_names)
+    try:
+        if node.target in _FOLDING:
+            return _autograd_saved(node.target, args, kwargs, grads, resident, owned, held)
+        arg_slots, out_slots = saved_slots(node.target, args, kwargs, result, grads)
+        factors: dict[str, list[tuple[int, float]]] = {"args": [], "outputs": []}
+        outputs = tensors_in(result)
+        slots = [("args", i, tensors_in(args[i])) for i in arg_slots if i not in params and i < len(args)]
+        slots += [("outputs", i, [outputs[i]]) for i in out_slots if i < len(outputs)]
+        for kind, i, tensors in slots:
+            whole = sum(tensor_nbytes(t) for t in tensors)
+            factor = _charge(tensors, resident, owned) / whole if whole else 1.0
+            if factor != 1.0:
+                factors[kind].append((i, factor))
+        share = SavedShare(tuple(factors["args"]), tuple(factors["outputs"]))
+        saved = saved_activation_bytes(node.target, args, kwargs, result, param_args=params, share=share,
+                                       grad_args=grads)
+    except Exception:  # noqa: BLE001 -- an op the replay cannot price on local values: the per-strategy price
+        return pricer.node_cost(tg, tg.nodes[name], space, s).saved_bytes
+    in_local = [local_shape(ti.shape, L, pricer.mesh) for ti, L in zip(space.inputs, s.inputs)]
+    itemsize = pricer.itemsize(space.inputs[0].dtype) if space.inputs else 4
+    return saved + _vocab_parallel_saved_bytes(tg.nodes[name], s, in_local, itemsize)
+
+
+def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: set[int],
+                    held: list[torch.Tensor]) -> int:
+    """Bytes of the storages a composite op's autograd keeps, found by running it on the local meta values under
+    `saved_tensors_hooks` (its args in `grads` requiring grad): matmul / linear keep the FOLDED operands their
+    decomposition hands to mm / bmm (`tensor.expand(batch + (n, m)).reshape(b, n, m)`, ATen's _matmul_impl), a view
+    of the argument or a copy by its local strides (a repeat_kv'd k with stride 0 on its one local KV head is copied
+    there, not in the global graph)."""
+    saved: list[torch.Tensor] = []
+    ins = [a.detach().requires_grad_(i in grads and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+           for i, a in enumerate(args)]
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        target(*ins, **kwargs)
+    held.extend(saved)
+    return _charge(saved, resident, owned)
+
+
+def _charge(tensors, resident: set[int], owned: set[int]) -> int:
+    """Bytes of the whole storages of `tensors` not resident nor charged before; marks them charged."""
+    charged = 0
+    for t in tensors:
+        key = _key(t)
+        if key not in resident and key not in owned:
+            owned.add(key)
+            charged += t.untyped_storage().nbytes()
+    return charged
+
+
+def _local_output(node: torch.fx.Node, info, s: Strategy, args: tuple, kwargs: dict, pricer: Pricer) -> Any:
+    """The op's local output: a view op run on the local values (its size argument localised; torch decides view or
+    copy from the local strides), an identity dropout its input, any other op fresh dense tensors laid out as the
+    global output (`_dense`)."""
+    target, mesh = node.target, pricer.mesh
+    shapes = [local_shape(tuple(o.shape), s.output, mesh) for o in info.outputs]
+    gvals = tensors_in(node.meta.get("val"))
+    inputs = tensors_in(args)
+    single = not isinstance(node.meta.get("val"), (tuple, list))
+    if inputs and isinstance(target, torch._ops.OpOverload) and is_identity_dropout(target, args, kwargs):
+        return inputs[0]
+    if inputs and isinstance(target, torch._ops.OpOverload) and target.is_view and len(gvals) == len(shapes):
+        try:
+            res = target(*_localised(target, args, shapes), **kwargs)
+            if [tuple(t.shape) for t in tensors_in(res)] == shapes:
+                return res
+        except Exception:  # noqa: BLE001 -- a view whose other arguments read global sizes (slice of a sharded dim)
+            pass
+        gargs, gkw, gout = node_values(node)
+        if single and is_free_op(target, gargs, gout, gkw) and inputs[0].dtype == pricer.dtype(gvals[0].dtype):
+            base = inputs[0]  # a view as in the global graph, of the local source's storage
+            return base.as_strided(shapes[0], _dense(gvals[0], shapes[0], base.dtype).stride(), base.storage_offset())
+    fresh = [_dense(g, shape, pricer.dtype(g.dtype)) for g, shape in zip(gvals, shapes)]
+    return fresh[0] if single and fresh else fresh
+
+
+def _localised(target: torch._ops.OpOverload, args: tuple, shapes: list) -> tuple:
+    """`args` with the size argument of a view op set to its local output shape (`rewriter.localize.SIZE_ARG`)."""
+    if target.overloadpacket in _SIZE_ARG_OPS and len(args) > 1:
+        return (args[0], list(shapes[0])) + args[2:]
+    if target is aten.unflatten.int and len(args) > 2:
+        dim = args[1] % args[0].dim()
+        return (args[0], args[1], list(shapes[0][dim:dim + len(args[2])])) + args[3:]
+    return args
+
+
+def _dense(like: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of `shape` laid out densely in `like`'s stride order (outer to inner by decreasing stride)."""
+    order = sorted(range(len(shape)), key=lambda d: (-like.stride()[d], d)) if like.dim() == len(shape) else \
+        list(range(len(shape)))
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(int(shape[d]), 1)
+    return torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device=_META)
+
+
+def _moves(pricer: Pricer, have: Layout, want: Layout, shape, dtype) -> bool:
+    """Whether the rewriter emits a step between the two layouts (`Pricer.steps`; an impossible change counts)."""
+    try:
+        return bool(pricer.steps(have, want, tuple(shape), pricer.itemsize(dtype), (), False))
+    except Exception:  # noqa: BLE001 -- ImpossibleRedistributionError: the plan cannot hold it; a copy
+        return True
+
+
+def _on_meta(tree: Any) -> Any:
+    """Device arguments set to meta (an op naming the cpu would copy out of a meta tensor: `cost_model._fx.to_meta`)."""
+    if isinstance(tree, dict):
+        return {k: _META if k == "device" and v is not None else _on_meta(v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_on_meta(v) for v in tree)
+    return _META if isinstance(tree, torch.device) else tree
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def plan_choice(tg: TracedGraph, nodes: Mapping, live: frozenset[str]) -> tuple[dict[str, Strategy],
+                                                                               dict[str, NodeSpace]]:
+    """(strategy per node, one-strategy NodeSpace per op node) of a Plan's `nodes` (`NodePlan`: layout strings) for
+    the nodes of `tg` (a pipeline stage's graph: its received values are placeholders named as their producers);
+    `live`: the nodes whose backward runs (`Pricer.backward_nodes` of the whole traced graph)."""
+    strategy_of, spaces = {}, {}
+    for name, info in tg.nodes.items():
+        if name not in nodes or info.node.op not in ("placeholder", "call_function"):
+            continue
+        plan_node = nodes[name]
+        out = None if plan_node.output is None else Layout.parse(plan_node.output)
+        strategy_of[name] = Strategy(tuple(Layout.parse(x) for x in plan_node.inputs), out)
+        if info.node.op == "call_function":
+            spaces[name] = NodeSpace(name, "op", tensor_inputs(tg, info), [strategy_of[name]], name in live)
+    return strategy_of, spaces
