@@ -60,14 +60,15 @@ def test_full_recomputation_reruns_the_blocks_all_reduce(mlp_tp):
     """Megatron's MLP on tp=2 (column-parallel up, row-parallel down, Partial -> all-reduce before the bias add):
     recomputing a block "full" runs its forward all-reduce again. The ILP's linear form, the fixed-plan price,
     the plan's cost breakdown and `estimate_step_time` all add exactly one all-reduce of the block's output
-    (B x T x C bf16 elements) per block: the closed form of `collective_time_s`."""
+    (B x T x C bf16 elements, summed in float32: 4 B each, `core.redistribute.sum_itemsize`, round 24) per block:
+    the closed form of `collective_time_s`."""
     config = PlanConfig(axis_roles=(("tp", "tp"),))
     problem, pricer = build(mlp_tp, TP2, cluster=CLUSTER, config=config)
     choice = solve(problem, dataclasses.replace(config, recompute="none")).choice
     strat = {n: layout_of(problem, n, choice) for n in problem.spaces}
     assert [str(strat[n].output) for n in ("linear_default", "linear_default_1")] == ["S(2)", "P"]  # Megatron
     topo = MeshTopology(get_cluster(CLUSTER), (2,), ("tp",))
-    all_reduce_s = collective_time_s("all_reduce", B * T * C * 2, topo, ("tp",)) + topo.cluster.device.collective_sync_s
+    all_reduce_s = collective_time_s("all_reduce", B * T * C * 4, topo, ("tp",)) + topo.cluster.device.collective_sync_s
     rp = recompute_prices(mlp_tp, problem, pricer, strat, {"blocks.0": "full"})["blocks.0"]
     assert rp.rerun_comm_s == pytest.approx(all_reduce_s, rel=1e-12)
     assert rp.extra_s == pytest.approx(rp.extra_fwd_s + all_reduce_s, rel=1e-12)
@@ -143,7 +144,7 @@ def test_pipeline_segment_prices_include_the_rerun_collectives(mlp_tp):
     problem, pricer = build(mlp_tp, TP2, cluster=CLUSTER, config=config)
     strat = {n: layout_of(problem, n, solve(problem, config).choice) for n in problem.spaces}
     topo = MeshTopology(get_cluster(CLUSTER), (2,), ("tp",))
-    all_reduce_s = collective_time_s("all_reduce", B * T * C * 2, topo, ("tp",)) + topo.cluster.device.collective_sync_s
+    all_reduce_s = collective_time_s("all_reduce", B * T * C * 4, topo, ("tp",)) + topo.cluster.device.collective_sync_s
     rp = recompute_prices(mlp_tp, problem, pricer, strat, {"blocks.0": "full"})["blocks.0"]
     assert rp.rerun_comm_s == pytest.approx(all_reduce_s, rel=1e-12)
     # segment 1 = blocks.0; blocks.1 (same strategies) takes the same price (`segments._recompute_prices`)

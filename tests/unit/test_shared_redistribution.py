@@ -23,6 +23,7 @@ from parallelizer.planner.ilp import objective_s, solve
 from parallelizer.planner.problem import grad_axes
 from parallelizer.planner.segments import price_segments, segment_graph
 from parallelizer.planner.steptime import estimate_step_time
+from parallelizer.rewriter.grad_sync import runtime_buckets
 from parallelizer.tracer import Role
 from parallelizer.tracer.graph import carries_grad
 
@@ -105,16 +106,19 @@ def _llama(num_hidden_layers: int):
 
 def _blocking(traced, problem, pricer, choice) -> float:
     """Seconds of the blocking collectives of `choice` (all but the bucketed gradient all-reduces of parameters,
-    which `estimate_step_time` overlaps), one step chain per distinct key, priced step by step unbucketed."""
+    which `estimate_step_time` overlaps: the FIRST step of a parameter's edge only; a second mesh axis's
+    grad_all_reduce runs synchronously, `rewriter.grad_sync.runtime_buckets`), one step chain per distinct key,
+    priced step by step unbucketed."""
     strat, uses = _distinct_uses(traced, problem, choice)
     total = 0.0
     for s, k, ti, prod in uses:
         is_param, itemsize = prod.kind == "param", pricer.itemsize(ti.dtype)
-        for st in pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize,
-                               grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype), is_param):
+        steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize,
+                             grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype), is_param)
+        for j, st in enumerate(steps):
             # a gathered parameter's backward re-gather only where the program runs one (round 20, `Pricer.regathers`)
             fwd, bwd = pricer.step_time_s(st, itemsize if is_param else None, regather=pricer.regathers(traced, ti.producer))
-            total += fwd + (0.0 if st.kind == "grad_all_reduce" and is_param else bwd)
+            total += fwd + (0.0 if runtime_buckets(steps, j, is_param) else bwd)
     return total
 
 
