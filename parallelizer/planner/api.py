@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cost_model.reserve import default_reserve_bytes
@@ -188,8 +189,11 @@ def default_cluster(world_size: int) -> tuple[Cluster, str]:
     return dgx_h100(nodes, devices_per_node=per_node), f"h100:{nodes}x{per_node}"
 
 
-def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig) -> Plan:
-    """Assemble the `Plan` of a solution: strategies, stored layouts, edge steps, cost breakdown."""
+def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig,
+            held: Mapping[str, int] | None = None) -> Plan:
+    """Assemble the `Plan` of a solution: strategies, stored layouts, edge steps, cost breakdown. `held`: the
+    solution's `local_storage.local_saved_bytes` when the caller has it already (`segments.price_segments`), else
+    computed here."""
     mesh, spaces = problem.mesh, problem.spaces
     strat = {n: spaces[n].strategies[sol.choice[problem.group_of[n]]] for n in spaces}
     nodes, edges, fallbacks = {}, [], []
@@ -222,7 +226,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             edges.append(edge)
     # saved activations with the storages each rank's program really has (views / copies on local strides, a
     # redistributed input a storage of its own): `local_storage`; the ILP's row prices them per strategy
-    act = sum(local_saved_bytes(tg, strat, spaces, pricer).values())
+    act = sum((local_saved_bytes(tg, strat, spaces, pricer) if held is None else held).values())
     rerun: dict[str, float] = {}  # collectives that recomputation runs again, by kind
     for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute), rerun).values():
         compute_s += rp.extra_fwd_s

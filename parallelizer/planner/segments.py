@@ -229,14 +229,14 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
         built[tp] = build(traced, mesh, topology=topo, config=config, pricer=Pricer(topo, mesh, config, traced, tables))
     problem, pricer = built[tp]
     solution = (solve_lean if lean else solve)(problem, config)
-    plan = to_plan(traced, problem, pricer, solution, config)
+    spaces = problem.spaces
+    chosen = {name: layout_of(problem, name, solution.choice) for name in spaces}
+    held = local_saved_bytes(traced, chosen, spaces, pricer)  # storages as the ranks have them (`local_storage`)
+    plan = to_plan(traced, problem, pricer, solution, config, held)
     n = segments.num_blocks + 2
     z = lambda: np.zeros(n)
     fl, bl, wl, ff, bf, wf, act = z(), z(), z(), z(), z(), z(), z()
     comm_lin, comm_fixed = {k: z() for k in COMM_KINDS}, {k: z() for k in COMM_KINDS}
-    spaces = problem.spaces
-    chosen = {name: layout_of(problem, name, solution.choice) for name in spaces}
-    held = local_saved_bytes(traced, chosen, spaces, pricer)  # storages as the ranks have them (`local_storage`)
     for name, space in spaces.items():
         if space.kind != "op":
             continue
