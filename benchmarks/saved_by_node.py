@@ -64,7 +64,8 @@ class _Recorder(torch.fx.Interpreter):
     def __init__(self, module: torch.fx.GraphModule, resident: set[int]) -> None:
         super().__init__(module)
         self.current, self.resident = "", resident
-        self.owner: dict[int, tuple[str, int]] = {}  # storage pointer -> (node name, storage bytes)
+        # storage pointer -> (node name, storage): its bytes are read when forward is done (`held_bytes`)
+        self.owner: dict[int, tuple[str, torch.UntypedStorage]] = {}
 
     def run_node(self, n: torch.fx.Node):
         self.current = n.name
@@ -74,8 +75,18 @@ class _Recorder(torch.fx.Interpreter):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr not in self.resident and ptr not in self.owner and storage.nbytes():
-            self.owner[ptr] = (self.current, storage.nbytes())
+            self.owner[ptr] = (self.current, storage)
         return t
+
+    def held_bytes(self) -> dict[str, int]:
+        """{node: bytes of the storages it saved first, as they stand now}: read after forward, so a storage the
+        program released before its backward (a gathered FSDP parameter, `rewriter.reshard`: resized to 0 after its
+        last forward use, gathered again in backward) holds nothing (round 25, r25d: read at save time, the fsdp x tp
+        Llama's rank held its gathered weights, +8,192 B on one linear, which no rank keeps)."""
+        held: dict[str, int] = collections.defaultdict(int)
+        for name, storage in self.owner.values():
+            held[name] += storage.nbytes()
+        return dict(held)
 
 
 def held_saved_bytes(tg: TracedGraph, inputs: tuple, kwargs: dict | None = None) -> dict[str, int]:
@@ -87,10 +98,7 @@ def held_saved_bytes(tg: TracedGraph, inputs: tuple, kwargs: dict | None = None)
     flat = [*inputs, *(kwargs or {}).values()]
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
         recorder.run(*flat)
-    held: dict[str, int] = collections.defaultdict(int)
-    for name, nbytes in recorder.owner.values():
-        held[name] += nbytes
-    return dict(held)
+    return recorder.held_bytes()
 
 
 def compare(tg: TracedGraph, inputs: tuple, kwargs: dict | None = None) -> dict:
@@ -152,7 +160,7 @@ def rank_held_saved_bytes(rank: int, world_size: int, cases: list[tuple]) -> lis
             recorder.run(*state, *traced.tensor_inputs(inputs, kwargs))
         source = {n.name: n.meta.get("source", n.name) for n in program.graph.nodes}
         held: dict[str, int] = collections.defaultdict(int)
-        for name, nbytes in recorder.owner.values():
+        for name, nbytes in recorder.held_bytes().items():
             held[source.get(name, name)] += nbytes
-        out.append(dict(held))
+        out.append({n: b for n, b in held.items() if b})
     return out

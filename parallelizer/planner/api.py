@@ -23,10 +23,11 @@ from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
-from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost, solve, solve_lean
+from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
 from .local_storage import local_saved_bytes
+from .memory_fit import solve_fitting
 from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
@@ -55,7 +56,8 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     Returns:
         The `Plan`.
     Raises:
-        InfeasiblePlanError: the memory budget cannot be met (names the minimum needed and remedies).
+        InfeasiblePlanError: the memory budget cannot be met (names the minimum needed and remedies), also by the
+            plan's memory replayed on the ranks' local storages (`memory_fit.solve_fitting`).
         PrecisionError: a precision the device or the traced graph cannot be priced in (`costs.resolve_precision`).
         ValueError: bad mesh / config / topology (names the field).
     """
@@ -63,8 +65,9 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
                             pricer=pricer, received=received, fixed=fixed)
-    solution = (solve_lean if lean else solve)(problem, config)
-    return to_plan(traced, problem, pricer, solution, config)
+    # solved until the pick's memory replayed on the ranks' local storages fits the budget (`memory_fit`)
+    problem, solution, held = solve_fitting(traced, problem, pricer, config, lean)
+    return to_plan(traced, problem, pricer, solution, config, held)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,

@@ -18,6 +18,9 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         sum_g sum_i mem[g][i] x[g, i] <= budget - const     (per-device bytes: stored parameter shards x
                                                              (param + grad + optimizer bytes) + activations
                                                              saved for backward; const = buffers)
+    Memory corrections (`Problem.memory_cuts`, learnt by `memory_fit.solve_fitting` from replays of picked plans on
+    the ranks' local storages): b bytes over an assignment A of strategies to groups enter the memory row as b z_A,
+    z_A in [0, 1] linearising the AND of x[g, i] over A (`_memory_cut_vars`; exact for binary x, either sign of b).
     One redistribution per (value, target layout) (`shared_uses`): the rewriter runs one copy of a value per
     target layout however many uses read it, so the cost entries of keys that several uses of one value can ask
     for leave the pair matrices and are paid through y[a, K] in [0, 1] with y >= (pair product of every use
@@ -93,7 +96,7 @@ import pulp
 
 from ..config import PlanConfig
 from ..errors import InfeasiblePlanError, format_bytes
-from .problem import Problem, activation_rows, min_memory_bytes
+from .problem import Problem, activation_rows, cut_bytes, min_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
@@ -128,7 +131,9 @@ def objective_s(problem: Problem, choice: tuple[int, ...]) -> float:
 
 
 def memory_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
-    return int(problem.const_mem_bytes + sum(float(problem.mem[g][c]) for g, c in enumerate(choice)))
+    """The memory row of a choice, bytes per device, with the corrections that hold at it (`Problem.memory_cuts`)."""
+    return int(problem.const_mem_bytes + sum(float(problem.mem[g][c]) for g, c in enumerate(choice))
+               + cut_bytes(problem, choice))
 
 
 def tie_break_weights(problem: Problem) -> tuple[float, float]:
@@ -166,7 +171,7 @@ def min_memory_with_recompute_bytes(problem: Problem) -> int:
             for g, a in (cls.terms[mode][1].items() if mode != "none" else ()):
                 mem[g] = mem[g] + cls.count * a
         best = min(best, problem.const_mem_bytes + sum(float(m.min()) for m in mem))
-    return int(best)
+    return int(best + sum(min(0.0, b) for b in problem.memory_cuts.values()))
 
 
 def check_memory(problem: Problem, config: PlanConfig | None = None, recompute: bool = False) -> None:
@@ -259,15 +264,16 @@ def max_memory_bytes(problem: Problem) -> int:
     """The most per-device memory any plan without recomputation can take (per group its largest entry among
     the strategies it can take)."""
     return int(problem.const_mem_bytes + sum(float(m[np.isfinite(c)].max(initial=0.0))
-                                             for m, c in zip(problem.mem, problem.lin)))
+                                             for m, c in zip(problem.mem, problem.lin))
+               + sum(max(0.0, b) for b in problem.memory_cuts.values()))
 
 
 LEAN_SLACK = 0.01  # `solve_lean`: the fastest layout within 1% of the least activation bytes
 
 
 def activation_bytes(problem: Problem, choice: tuple[int, ...]) -> float:
-    """Bytes saved for backward of a choice (the activation part of the memory row, `problem.activation_rows`)."""
-    return float(sum(float(a[c]) for a, c in zip(activation_rows(problem), choice)))
+    """Bytes saved for backward of a choice (`problem.activation_rows`, with `Problem.memory_cuts`)."""
+    return float(sum(float(a[c]) for a, c in zip(activation_rows(problem), choice))) + cut_bytes(problem, choice)
 
 
 def solve_lean(problem: Problem, config: PlanConfig) -> Solution:
@@ -366,18 +372,21 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
     counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
+    cuts, cut_fixed, cut_cons = _memory_cut_vars(prob, problem, x)
+    terms, mem_terms = terms + [(z, w_mem * b) for z, b in cuts], mem_terms + [(z, b / _GB) for z, b in cuts]
+    num_cons += cut_cons
     acts = activation_rows(problem)
     if minimise == "activations":  # MB, so that the solver's gaps resolve bytes as they resolve microseconds
         terms = [(v, float(a) / 1e6) for g in range(len(x)) for v, a in zip(x[g], acts[g])
-                 if not isinstance(v, int) and a]
+                 if not isinstance(v, int) and a] + [(z, b / 1e6) for z, b in cuts]
     if act_bound_bytes is not None:
-        fixed_act = sum(float(acts[g][0]) for g in range(len(x)) if len(x[g]) == 1)
+        fixed_act = sum(float(acts[g][0]) for g in range(len(x)) if len(x[g]) == 1) + cut_fixed
         prob += pulp.LpAffineExpression([(v, float(a) / _GB) for g in range(len(x)) for v, a in zip(x[g], acts[g])
-                                         if not isinstance(v, int) and a]) <= (act_bound_bytes - fixed_act) / _GB, \
-            "activations"
+                                         if not isinstance(v, int) and a] + [(z, b / _GB) for z, b in cuts]) \
+            <= (act_bound_bytes - fixed_act) / _GB, "activations"
         num_cons += 1
     prob += pulp.LpAffineExpression(terms)
-    fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1)
+    fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1) + cut_fixed
     prob += pulp.LpAffineExpression(mem_terms) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, "memory"
     num_cons += 1
     num_bin = sum(len(v) for v in x if len(v) > 1)
@@ -416,7 +425,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     extra_s = recompute_cost(problem, choice, counts)[0]
     num_rc = sum(len(per) for per in counts_vars.values())
     return Solution(choice, objective_s(problem, choice) + extra_s, "optimal" if optimal else "feasible", optimal,
-                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge + num_shared,
+                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge + num_shared + len(cuts),
                     num_bin + num_rc,
                     len(prob.constraints) if recompute else num_cons, solver_name,
                     tuple(sorted((r, m) for r, m in decision.items() if m != "none")))
@@ -457,6 +466,27 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
                         f"v_{c}_{m}_{g}_{h}_{i}_{j}"
                     terms.append((v, float(mat[i, j]) * _SCALE))
     return counts
+
+
+def _memory_cut_vars(prob: pulp.LpProblem, problem: Problem, x: list[list]) -> tuple[list[tuple], float, int]:
+    """Per memory correction (b bytes over A = ((g, i), ...), module docstring) z = AND of x[g, i] over A: b > 0:
+    z >= sum x - (|A| - 1); b < 0: z <= each x (the row pushes z to the product). ([(z, b)], bytes of corrections
+    over fixed groups only, constraints added)."""
+    cuts, const, cons = [], 0.0, 0
+    for n, (assign, b) in enumerate(sorted(problem.memory_cuts.items())):
+        if not b or any(len(x[g]) == 1 and i != 0 for g, i in assign):
+            continue
+        if not (vs := [x[g][i] for g, i in assign if len(x[g]) > 1]):
+            const += b
+            continue
+        z = _var(prob, f"m_{n}", 0, 1, pulp.LpContinuous)
+        if b > 0:
+            prob += pulp.LpAffineExpression([(z, 1)] + [(v, -1) for v in vs]) >= 1 - len(vs), f"m_{n}"
+        for k, v in enumerate(vs if b < 0 else ()):
+            prob += pulp.LpAffineExpression([(z, 1), (v, -1)]) <= 0, f"m_{n}_{k}"
+        cons += 1 if b > 0 else len(vs)
+        cuts.append((z, float(b)))
+    return cuts, const, cons
 
 
 def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_vars: dict, terms: list,
@@ -515,7 +545,8 @@ def _time_limit_binds(problem: Problem) -> bool:
 def _most_memory_bytes(problem: Problem) -> float:
     """The per-device memory of the heaviest placements of every group (finite entries of `Problem.mem`; an
     upper bound over all plans, memory being a sum of per-group choices)."""
-    return float(problem.const_mem_bytes + sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.mem))
+    return float(problem.const_mem_bytes + sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.mem)
+                 + sum(max(0.0, b) for b in problem.memory_cuts.values()))
 
 
 def _binding(problem: Problem, config: PlanConfig) -> str:

@@ -25,7 +25,8 @@ storage), any other op makes fresh dense outputs; then each op's saved slots (`c
 charged their whole local storage if no earlier saver holds it (parameters, buffers and their redistributed copies to
 nobody, as the global rule). It needs every node's strategy, so it prices a PLAN (`api.to_plan`'s activations, a
 pipeline stage's `segments.price_segments` and `pipeline_memory.pipeline_rank_memory`); the ILP's per-strategy memory
-row keeps the global storages (`Pricer.node_cost`), which cannot see another node's choice.
+row keeps the global storages (`Pricer.node_cost`), which cannot see another node's choice, and is corrected from
+replays of the plans it picks (`memory_fit.solve_fitting`, round 25).
 """
 from __future__ import annotations
 

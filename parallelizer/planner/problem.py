@@ -70,6 +70,9 @@ class Problem:
     output_mem_bytes: int = 0  # of const_mem_bytes: the returned values (`returned_bytes`)
     state_mem: list[np.ndarray] = field(default_factory=list)  # the training-state part of `mem` (the rest: activations)
     shared: list[SharedRedistribution] = field(default_factory=list)  # keys priced once (`shared_uses`)
+    # memory corrections learnt from replays of picked plans (`memory_fit`): ((group, strategy), ...) -> bytes added
+    # to the memory row when every listed group takes its strategy (an AND of one-hot variables, `ilp._memory_cut_vars`)
+    memory_cuts: dict[tuple[tuple[int, int], ...], float] = field(default_factory=dict)
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -384,8 +387,16 @@ def _unique(items: list) -> tuple[list, np.ndarray]:
 
 
 def min_memory_bytes(problem: Problem) -> int:
-    """The least per-device memory any plan needs (memory is a sum of independent per-group choices)."""
-    return int(problem.const_mem_bytes + sum(float(m.min()) for m in problem.mem))
+    """The least per-device memory any plan needs (memory is a sum of independent per-group choices; a memory
+    correction that lowers the row, `Problem.memory_cuts`, counted as if every one applied: a lower bound)."""
+    return int(problem.const_mem_bytes + sum(float(m.min()) for m in problem.mem)
+               + sum(min(0.0, b) for b in problem.memory_cuts.values()))
+
+
+def cut_bytes(problem: Problem, choice: tuple[int, ...]) -> float:
+    """Bytes the memory corrections (`Problem.memory_cuts`) add to the row at `choice`: each one whose groups all
+    take its strategies."""
+    return float(sum(b for assign, b in problem.memory_cuts.items() if all(choice[g] == i for g, i in assign)))
 
 
 def activation_rows(problem: Problem) -> list[np.ndarray]:
