@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import parallelizer
+from parallelizer import checkpoint
 from parallelizer.runtime.in_place import all_reduce_in_place, broadcast_in_place
 
 
@@ -145,9 +146,12 @@ def conv_stack(batch: int = 4):
     return ConvStack(), (torch.randn(4, 4, 5, 5)[:batch],)
 
 
-def channels_last_state(rank: int, world_size: int, plan) -> dict:
+def channels_last_state(rank: int, world_size: int, plan, directory: str) -> dict:
     """`pm.to(memory_format=torch.channels_last)` after wrapping, as a CNN recipe does to the model; one SGD step
-    (lr 0.5) of a mean-square loss; `pm.full_state_dict()` and one device's state dict after the same step."""
+    (lr 0.5) of a mean-square loss; `pm.full_state_dict()`, the safetensors checkpoint
+    `checkpoint.export_full_state_dict` writes to `directory` read back (rank 0; None elsewhere; the error's text
+    if it raised), and one device's
+    state dict after the same step."""
     model, (x,) = conv_stack()
     reference = copy.deepcopy(model).to(memory_format=torch.channels_last)
     pm = parallelizer.auto_parallelize(model, (x,), plan=plan).to(memory_format=torch.channels_last)
@@ -158,5 +162,11 @@ def channels_last_state(rank: int, world_size: int, plan) -> dict:
     opt.step()
     ref_opt.step()
     held = [name for name, p in pm.named_parameters() if not p.is_contiguous()]
-    return {"loss": (loss.detach(), ref_loss.detach()), "state": pm.full_state_dict(),
+    state = pm.full_state_dict()
+    try:  # an error here is returned, not raised: it fails only the test that reads it
+        written = checkpoint.export_full_state_dict(pm, directory)
+        exported = checkpoint.read_full_state_dict(directory) if written else None
+    except Exception as error:  # noqa: BLE001
+        exported = f"{type(error).__name__}: {error}"
+    return {"loss": (loss.detach(), ref_loss.detach()), "state": state, "exported": exported,
             "reference": reference.state_dict(), "channels_last_held": held}
