@@ -11,10 +11,9 @@ Measured on 2 gloo ranks, torch 2.13.0 (round 25, r25g):
   wrong values received; `dist.reduce`: wrong sum on the destination;
 - a pipeline's shared-parameter gradient sum (`pipeline.sum_over_copies`): zero-bubble schedules (zbv) take the
   weight gradient from `torch.autograd.grad`, which keeps the layout of the op that made it (an einsum
-  `"btd,od->bto"` over the weight gives it transposed, strides (1, 16)), while the copy on the other rank came
-  from a contiguous path: a weight shared by blocks of both pipeline ranks ended 3.89 off one device after 2
-  SGD steps and the next loss 6.17 off, silently (1F1B, where AccumulateGrad makes gradients contiguous, and
-  DualPipeV matched);
+  `"btd,od->bto"` over an 8 x 8 weight gives it transposed, strides (1, 8)), while the copy on the other rank
+  came from a contiguous path: a weight shared by blocks of both pipeline ranks ended 0.56-3.89 off one device
+  after 2 SGD steps, silently (1F1B, where AccumulateGrad makes gradients contiguous, and DualPipeV matched);
 - a pipeline's `full_state_dict` broadcast (`PipelineModule.full_state_dict`) after `pm.to(memory_format=
   torch.channels_last)`: the holder's channels_last convolution weight into the other ranks' contiguous
   buffers: every rank's state dict 0.31 off the model's, while training itself matched.
