@@ -240,7 +240,7 @@ def export_full_state_dict(pm: ParallelModule | PipelineModule, directory: str |
             continue
         for j, name in enumerate((fqn, *info.aliases)):
             file = f"model-{i + 1:05d}-{j}-of-{len(entries):05d}.safetensors"
-            save_file({name: full}, str(directory / file), metadata={"format": "pt"})
+            save_file({name: full.contiguous()}, str(directory / file), metadata={"format": "pt"})  # any strides
             weight_map[name] = file
             written.append(str(directory / file))
             total += full.numel() * full.element_size()

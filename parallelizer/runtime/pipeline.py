@@ -37,6 +37,7 @@ from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
 from .grad_reach import OutputReach, drop_unreached, output_reach
+from .in_place import all_reduce_in_place
 from .microbatch_loss import MicrobatchLoss, counts_no_item, weighted_loss  # noqa: F401 (re-exported)
 from .launch import create_groups
 from .microbatches import check_batch
@@ -557,7 +558,7 @@ def sum_over_copies(shared: dict[str, list[int]], stages) -> None:
         if not copies or not copies[0].requires_grad:  # frozen (now): its gradient stays None, as on one device
             continue
         total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)
-        if len(ranks) > 1:
-            dist.all_reduce(total, group=find_group(ranks))
+        if len(ranks) > 1:  # a split backward's gradient keeps its op's strides: reduced as a contiguous copy
+            all_reduce_in_place(total, group=find_group(ranks))
         for c in copies:
             c.grad = total.clone()

@@ -45,6 +45,7 @@ from ..rewriter.spec import ShardingSpec, spec_from_plan
 from ..rewriter.verify import verify
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
+from .in_place import broadcast_in_place
 from .loss_weight import own_loss_weighting, returns_scalar_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .modes import autocast_exactly, carry_over
@@ -256,7 +257,7 @@ def _broadcast(pm, ev: EvalPipeline, names: list[str], merged: list | None, m: i
     group = find_group(ranks)
     codes = torch.tensor([_code(t.dtype) for t in merged] if merged is not None else [0] * len(names),
                          dtype=torch.float64)
-    dist.broadcast(codes, src=src, group=group)
+    broadcast_in_place(codes, src, group=group)
     out = []
     batch = pm.run.microbatch_size
     for i, name in enumerate(names):
@@ -266,7 +267,7 @@ def _broadcast(pm, ev: EvalPipeline, names: list[str], merged: list | None, m: i
             shape = tuple(ev.traced.node(name).outputs[0].shape)
             shape = (batch * m, *shape[1:]) if shape and shape[0] == batch else shape
             t = torch.empty(shape, dtype=_DTYPES[int(codes[i]) - 1])
-        dist.broadcast(carried_view(t), src=src, group=group)
+        broadcast_in_place(t, src, group=group)
         out.append(t)
     return out
 

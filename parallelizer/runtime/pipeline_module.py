@@ -50,12 +50,13 @@ from torch.nn.modules.module import _IncompatibleKeys
 from ..errors import PipelineError, StateDictError
 from ..planner import Plan
 from ..planner.boundary import build_options
-from ..rewriter.collectives import all_reduce_max, carried_view, find_group
+from ..rewriter.collectives import all_reduce_max, find_group
 from ..rewriter.spec import spec_from_plan
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from ..tracer.node_facts import drawing_ops
 from .grad_norm import clip_grad_norm_, global_norm
+from .in_place import broadcast_in_place
 from .model_attrs import ModelAttributes
 from .pipeline_contract import PipelineContract
 from .pipeline_weighting import MicrobatchWeighting
@@ -271,7 +272,7 @@ class PipelineModule(MicrobatchWeighting, PipelineContract, ModelAttributes, tor
         loss = self.run.step(*flat, target=batch_target, loss_fn=fn, item_count=count, readings=readings)
         value = (loss.detach().to(torch.float64) if loss is not None else torch.zeros((), dtype=torch.float64))
         if len(self._pp_ranks) > 1:
-            dist.broadcast(value, src=self._loss_rank, group=find_group(self._pp_ranks))
+            broadcast_in_place(value, self._loss_rank, group=find_group(self._pp_ranks))
         return value.to(torch.float32)
 
     def process_group(self, axis: str):
@@ -312,7 +313,7 @@ class PipelineModule(MicrobatchWeighting, PipelineContract, ModelAttributes, tor
             mine = holder[fqn] == dist.get_rank()
             full = fulls[fqn].clone() if mine else torch.empty(info.shape, dtype=dtypes[fqn])
             if len(self._pp_ranks) > 1:
-                dist.broadcast(carried_view(full), src=holder[fqn], group=find_group(self._pp_ranks))
+                broadcast_in_place(full, holder[fqn], group=find_group(self._pp_ranks))  # any strides
             for name in (fqn, *info.aliases):
                 out[name] = full
         return tag_snapshot(self, out)
