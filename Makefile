@@ -28,7 +28,7 @@ demo: $(STAMP)
 # 1.4 of this machine's 2 cores when run serially. Files are handed out in collection order, the longest first
 # (tests/conftest.py LONG_FIRST), not xdist's default by test count, which left the long one-test files last.
 # Tests marked `long` (pytest -m long) run in `make test-long`: each one's class keeps a cheaper test in `make test`
-# (benchmarks/RESULTS.md, round 19 r19a, lists them and the test that keeps each class).
+# (benchmarks/RESULTS.md, rounds 19 (r19a) and 25 (r25a), list them and the test that keeps each class).
 # --durations=25: every run (CI, a fresh clone) ends with its 25 longest set-ups / tests, so where the time goes
 # (and whether LONG_FIRST still puts the long files first) is on record without a second run.
 test: $(STAMP)
