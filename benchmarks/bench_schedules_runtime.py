@@ -59,7 +59,10 @@ pairs at family-wise error 5% (`benchmarks.paired_rounds`: the chance that any p
 by noise alone is at most 5%; nothing can be decided in fewer than 10 rounds), the median per-round ratio A / B with
 its 95% bootstrap interval, and the simulated A / B; per variant how many decided pairs it orders alike, naming the
 others. Paired per round, a slow minute of the shared machine cancels in A / B: interleaving is what makes the order
-meaningful under load, but the absolute milliseconds of a loaded run are not idle figures.
+meaningful under load, but the absolute milliseconds of a loaded run are not idle figures. The same test on all ranks'
+CPU per step (process time) against the priced solo work: with more ranks than cores the work orders the schedules
+(round 16), and CPU time moves far less with outside load than the wall clock (round 25 at load 30-55: the full-size
+steps decided 0 of 15 pairs, their CPU 12 of 15).
 
 Round 23, the "first touch" column: the measured factors plus the first touch of activation memory
 (`StageTimes.pool_bytes`, `PipelineActionCost.first_touch_per_byte_s`, calibrated): every rank's heap holds, when a
@@ -75,7 +78,10 @@ not the bench's price.
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 40 rounds
 
-TIMING_NOTE
+Time (the lead's quiet re-run, round 25): calibration, planning and pricing ~2 min idle, building the six modules
+and 1 + 24 rounds of six full-size steps (~1.7-1.8 s each idle) ~5-6 min: about 8 min in all (10 rounds took 4:56 at
+load ~5 in round 23); `--profile` saves the calibration's minute. Under load every step stretches alike (round 25:
+20 rounds at load 30-55 took ~30 min). `--quick` ~1 min idle.
 """
 from __future__ import annotations
 
@@ -343,22 +349,32 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
     return sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs), len(pairs)
 
 
-def decided_table(sim: dict, measured: dict, variant: str = "measured") -> tuple[list, list[str]]:
-    """(the `paired_rounds.PairVerdict` of every schedule pair, markdown rows): per pair A vs B the timed rounds A
-    was faster / slower / tied in, the exact sign test's p, whether Holm's procedure over the 15 pairs decides it at
-    family-wise `paired_rounds.ALPHA` (the measurement's own confidence in its order: an undecided pair is within its
-    noise), the median per-round ratio A / B with its 95% bootstrap interval, and the simulated A / B (`variant`)."""
-    verdicts = paired_verdicts([measured[n]["ms"] for n in SCHEDULES])
-    rows = [f"| pair A vs B | rounds A faster / slower / tied | sign-test p | decided (Holm, family-wise "
-            f"{ALPHA:.0%}) | measured A / B, median per round [95% bootstrap] | simulated A / B ({variant}) | "
-            "simulated alike |", "|---" * 7 + "|"]
+def decided_table(simulated: dict[str, float], rounds: dict[str, list[float]], what: str, priced: str
+                  ) -> tuple[list, list[str]]:
+    """(the `paired_rounds.PairVerdict` of every schedule pair, markdown rows): per pair A vs B the timed rounds in
+    which A's `what` (`rounds[name]`, one value per round) was lower / higher / equal, the exact sign test's p, whether
+    Holm's procedure over the 15 pairs decides it at family-wise `paired_rounds.ALPHA` (the measurement's own
+    confidence in its order: an undecided pair is within its noise), the median per-round ratio A / B with its 95%
+    bootstrap interval, and the `priced` A / B (`simulated[name]`)."""
+    verdicts = paired_verdicts([rounds[n] for n in SCHEDULES])
+    rows = [f"| pair A vs B | rounds A's {what} lower / higher / tied | sign-test p | decided (Holm, family-wise "
+            f"{ALPHA:.0%}) | measured A / B, median per round [95% bootstrap] | {priced} A / B | alike |",
+            "|---" * 7 + "|"]
     for v in verdicts:
         a, b = SCHEDULES[v.i], SCHEDULES[v.j]
-        ratio = sim[a]["ms"][variant] / sim[b]["ms"][variant]
+        ratio = simulated[a] / simulated[b]
         alike = "-" if not v.decided else ("yes" if (ratio - 1) * v.sign > 0 else "NO")
         rows.append(f"| {a} vs {b} | {v.wins} / {v.losses} / {v.ties} | {v.p:.2g} | {'yes' if v.decided else 'no'} | "
                     f"{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}] | {ratio:.3f} | {alike} |")
     return verdicts, rows
+
+
+def _decided_lines(verdicts, what: str) -> str:
+    npairs, nrounds = len(verdicts), verdicts[0].wins + verdicts[0].losses + verdicts[0].ties
+    return (f"Pairs the {nrounds} paired timed rounds decide on {what} (exact sign test per pair, Holm over the "
+            f"{npairs} pairs, family-wise error {ALPHA:.0%}; nothing can be decided in fewer than "
+            f"{min_rounds_to_decide(npairs)} rounds): {sum(v.decided for v in verdicts)} of {npairs} (the others are "
+            "within the measurement's noise).")
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
@@ -389,13 +405,10 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
         med = {n: statistics.median(measured[n]["ms"]) for n in SCHEDULES}
         b = [med[n] for n in SCHEDULES]
         rows.append(f"Measured order (fastest first): {' < '.join(sorted(SCHEDULES, key=med.get))}.")
-        verdicts, table = decided_table(sim, measured)
+        verdicts, table = decided_table({n: sim[n]["ms"]["measured"] for n in SCHEDULES},
+                                        {n: measured[n]["ms"] for n in SCHEDULES}, "step", "simulated step (measured factors)")
         decided = [(v.i, v.j, v.sign) for v in verdicts if v.decided]
-        npairs, nrounds = len(verdicts), len(measured[SCHEDULES[0]]["ms"])
-        rows += ["", f"Pairs the {nrounds} paired timed rounds decide (exact sign test per pair, Holm over the {npairs} "
-                 f"pairs, family-wise error {ALPHA:.0%}; nothing can be decided in fewer than "
-                 f"{min_rounds_to_decide(npairs)} rounds): {len(decided)} of {npairs} (the others are within the "
-                 "measurement's noise).", ""] + table + [""]
+        rows += ["", _decided_lines(verdicts, "the step"), ""] + table + [""]
         for v, what in VARIANTS.items():
             a = [sim[n]["ms"][v] for n in SCHEDULES]
             (k, n), (kc, nc) = pairwise_agreement(a, b), pairwise_agreement(a, b, CLEAR)
@@ -405,6 +418,16 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
                         f"{len(decided) - len(wrong)} of {len(decided)}"
                         + (f" (not: {', '.join(wrong)})" if wrong else "") + "; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
+        # round 25: all ranks' CPU per step moves far less with outside load than the wall clock, and on a machine with
+        # fewer cores than ranks the work, not the bubble, orders the schedules (round 16): the priced work beside it
+        cpu_verdicts, cpu_table = decided_table({n: sim[n]["work_ms"] for n in SCHEDULES},
+                                                {n: measured[n]["cpu_ms"] for n in SCHEDULES}, "CPU (all ranks)",
+                                                "priced solo work")
+        wrong = [f"{SCHEDULES[v.i]} vs {SCHEDULES[v.j]}" for v in cpu_verdicts if v.decided and
+                 (sim[SCHEDULES[v.i]]["work_ms"] - sim[SCHEDULES[v.j]]["work_ms"]) * v.sign <= 0]
+        rows += ["", _decided_lines(cpu_verdicts, "all ranks' CPU (process time)") + " The priced solo work orders "
+                 f"{sum(v.decided for v in cpu_verdicts) - len(wrong)} of them alike"
+                 + (f" (not: {', '.join(wrong)})." if wrong else "."), ""] + cpu_table + [""]
         ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
         if ranked:
             rows.append("Per rank CPU ms, priced solo work (busy + AdamW) / measured process CPU (median), rank 0..3: "

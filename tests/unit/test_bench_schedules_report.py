@@ -129,3 +129,21 @@ def test_the_first_touch_variant_is_the_mean_over_the_runs_predecessors(monkeypa
     assert all(sim[n]["touched_bytes"] == pytest.approx([5 / 3] * 4) for n in SCHEDULES)
     fixed = bench.simulate_all({n: None for n in SCHEDULES}, None)  # runs before round 25: the fixed cycle
     assert [fixed[n]["ms"]["first touch"] for n in SCHEDULES] == [1000.0 + peaks[SCHEDULES[i - 1]] for i in range(6)]
+
+
+def test_the_report_decides_pairs_on_all_ranks_cpu_and_scores_the_priced_work():
+    """Round r of schedule i used 400 + 10 i + r ms of CPU over the ranks: all 15 pairs decided on CPU; the priced
+    solo work says 400 for every schedule but 1f1b (390, the least) and bitpipe (450, the most): gpipe vs 1f1b is
+    priced the other way, gpipe, interleaved_1f1b, zbv and dualpipev tie (6 pairs: not ordered alike), 8 agree."""
+    measured = _measured(False)
+    sim = _sim()
+    for i, n in enumerate(SCHEDULES):
+        measured[n]["cpu_ms"] = [400.0 + 10 * i + r for r in range(ROUNDS)]
+        sim[n]["work_ms"] = {"1f1b": 390.0, "bitpipe": 450.0}.get(n, 400.0)
+    text = report(sim, measured, "header")
+    line = next(r for r in text.splitlines() if "on all ranks' CPU" in r)
+    assert ": 15 of 15 (the others" in line and line.endswith(
+        "orders 8 of them alike (not: gpipe vs 1f1b, gpipe vs interleaved_1f1b, gpipe vs zbv, gpipe vs dualpipev, "
+        "interleaved_1f1b vs zbv, interleaved_1f1b vs dualpipev, zbv vs dualpipev).")
+    row = next(r for r in text.splitlines() if r.startswith("| gpipe vs 1f1b |") and "1.026" in r)
+    assert row.endswith("| NO |")  # gpipe's CPU is lower in every round; its priced work is higher (400 / 390)
