@@ -40,7 +40,9 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   the runtime's `pm.parameters()`).
 
 Measured: every rank builds all six `PipelineModule`s first, then `WARMUP` untimed rounds and `ROUNDS` timed
-rounds, each round one step of every schedule in turn (so that load from other jobs hits all alike); a step
+rounds, each round one step of every schedule, in an order of its own (`step_order`: round r in
+`_steptime_workers.round_order`'s permutation seeded by r, the same on every rank; round 25: until then every round
+ran gpipe first and each schedule after the same neighbour), so that load from other jobs hits all alike; a step
 is rank 0's wall time of `pm.step` + `opt.step()` between two barriers, and each rank's CPU (process) time
 of it; one thread per rank. Reported per schedule: simulated ms in three variants (the measured sharing
 factors; ideal sharing of the profile's cores, factor(k) = max(1, k / cores); one core per rank as on a GPU
@@ -50,27 +52,36 @@ per rank its priced solo work beside its measured process CPU, and (round 22) pe
 and system CPU (`getrusage`): at full size the schedules that hold more activations fault pages in again every
 step (round 22, load ~25: gpipe 7-17 thousand per rank per step, interleaved_1f1b up to 14 thousand, 1f1b none; with
 glibc's malloc thresholds pinned in the ranks as the calibration pins them, `cost_model.measure.pin_allocator`, all
-but gpipe none), CPU the cost model does not price; and the pairs of schedules the paired timed rounds order the same way in at
-least 80% of the rounds (`decided_pairs`), with each variant's agreement on those: the measurement's own confidence
-in its order (round 22: at full size the medians of dualpipev / 1f1b were 1% apart and of bitpipe / zbv 1.6%, their ranges
-over the rounds overlapping).
+but gpipe none), CPU the cost model does not price; and which schedule pairs the measurement orders (round 25, issue 14; before: a
+pair "decided" when >= 80% of the rounds ordered it alike, which at full size decided 0 of 15 pairs in 9 rounds):
+per pair A vs B the rounds A was faster / slower in, the exact sign test on them, Holm's correction over the 15
+pairs at family-wise error 5% (`benchmarks.paired_rounds`: the chance that any pair reported as decided is ordered
+by noise alone is at most 5%; nothing can be decided in fewer than 10 rounds), the median per-round ratio A / B with
+its 95% bootstrap interval, and the simulated A / B; per variant how many decided pairs it orders alike, naming the
+others. Paired per round, a slow minute of the shared machine cancels in A / B: interleaving is what makes the order
+meaningful under load, but the absolute milliseconds of a loaded run are not idle figures. The same test on all ranks'
+CPU per step (process time) against the priced solo work: with more ranks than cores the work orders the schedules
+(round 16), and CPU time moves far less with outside load than the wall clock (round 25 at load 30-55: the full-size
+steps decided 0 of 15 pairs, their CPU 12 of 15).
 
 Round 23, the "first touch" column: the measured factors plus the first touch of activation memory
 (`StageTimes.pool_bytes`, `PipelineActionCost.first_touch_per_byte_s`, calibrated): every rank's heap holds, when a
-schedule's step starts, the previous schedule's peak in-flight activations (the schedules are stepped in turn),
-and each forward that raises the rank's in-flight bytes beyond that pays the kernel's page faults; with the per
+schedule's step starts, the peak in-flight activations of the schedule stepped just before it (since round 25
+the mean over its timed steps of the run's predecessors, `simulate_all`), and each forward that raises the rank's in-flight bytes beyond that pays the kernel's page faults; with the per
 rank bytes it prices beside the measured faults x 4 KiB. Offline on the round-22 idle run (r23d): full size
 Spearman 0.83 -> 1.00 (calA) / 0.83 -> 0.89 (calB), quick unchanged (its activations are small), but the bytes
 per rank do not match the measured faults (glibc trims its heap between steps: bitpipe is priced 0 and faults
 30-35 MB on ranks 1-2, gpipe priced 60-71 MB per rank and faults 0-53): a column to test on the next idle run,
 not the bench's price.
 
-    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 9] [--json STEPS.json]
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 24] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
-    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 5 rounds
+    PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --quick   # GPT hidden 64, vocab 256, seq 32, 40 rounds
 
-About 4-5 minutes on the 2-core machine when idle (4:56 at load average ~5: calibration, planning and
-pricing ~2 min, building the modules and 10 rounds of 6 steps the rest); longer under heavier load.
+Time (the lead's quiet re-run, round 25): calibration, planning and pricing ~2 min idle, building the six modules
+and 1 + 24 rounds of six full-size steps (~1.7-1.8 s each idle) ~5-6 min: about 8 min in all (10 rounds took 4:56 at
+load ~5 in round 23); `--profile` saves the calibration's minute. Under load every step stretches alike (round 25:
+20 rounds at load 30-55 took ~30 min). `--quick` ~1 min idle.
 """
 from __future__ import annotations
 
@@ -92,7 +103,9 @@ import torch
 import torch.distributed as dist
 
 import parallelizer
+from benchmarks._steptime_workers import round_order
 from benchmarks.bench_steptime import spearman
+from benchmarks.paired_rounds import ALPHA, min_rounds_to_decide, paired_verdicts
 from cost_model.calibrate import QUICK_MESSAGE_SIZES_BYTES, calibrate, load_profile, summary
 from cost_model.communication import collective_time_s
 from cost_model.compute import optimizer_step_time_s
@@ -106,14 +119,13 @@ from parallelizer.planner.simulate import StageTimes, action_schedule, first_tou
 from parallelizer.runtime import spawn
 
 GPT = dict(n_layer=8, n_embd=512, n_head=8, vocab_size=1024, batch=8, seq_len=128)
-PP, MICROBATCHES, WARMUP, ROUNDS = 4, 8, 1, 9
+PP, MICROBATCHES, WARMUP, ROUNDS, QUICK_ROUNDS = 4, 8, 1, 24, 40
 CLEAR = 0.05  # pairs whose simulated step times differ by at least this fraction are counted apart
-DECIDED = 0.8  # pairs the timed rounds order the same way in at least this share of rounds are measured apart
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe")
 ADAMW_BYTES = (4, 4, 8)  # fp32 parameter, gradient, AdamW state (two moments) per element
 
 
-QUICK = dict(n_embd=64, n_head=2, vocab_size=256, seq_len=32)  # --quick: GPT of width 64, 5 timed rounds
+QUICK = dict(n_embd=64, n_head=2, vocab_size=256, seq_len=32)  # --quick: GPT of width 64, QUICK_ROUNDS rounds
 
 
 def _traced():
@@ -244,18 +256,46 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tup
         res = simulate(name, PP, MICROBATCHES, touch)
         touched = [float(first_touch_bytes(res.compiled, touch)[idx].sum()) for idx in res.compiled.by_rank]
     return {"peak_bytes": list(peak), "touched_bytes": touched, "ms": ms, "work_ms": work * 1e3, "rank_work_ms": [x * 1e3 for x in rank_work], "work_before_ms": (before + sum(times.optimizer_s)) * 1e3,
-            "numel": numel, "tensors": tensors, "stages": S}
+            "numel": numel, "tensors": tensors, "stages": S, "times": times}
 
 
-def simulate_all(plans: dict[str, parallelizer.Plan], pc: Pricing) -> dict:
-    """`simulate_schedule` of every schedule, each also with the "first touch" variant: the bench steps the
-    schedules in turn (`bench_rank`), so each step finds in every rank's heap the previous schedule's peak
-    in-flight activations (the first schedule the last one's, from the round before) and pays the first touch of
-    what it holds beyond that (`StageTimes.pool_bytes`, round 23; a training loop stepping one schedule finds its
-    own peak and pays nothing)."""
+def step_order(warmup: int, rounds: int) -> list[str]:
+    """The schedules in the order `bench_rank` steps them: round r (warm-up rounds included) in
+    `_steptime_workers.round_order`'s order for round r (seeded by r, the same on every rank): every schedule runs
+    once per round, no schedule always first or after the same neighbour (a randomised complete block design)."""
+    return [SCHEDULES[k] for r in range(warmup + rounds) for k in round_order(list(SCHEDULES), r)]
+
+
+def predecessors(order: list[str], warmup: int) -> dict[str, list[str]]:
+    """Per schedule, the schedule stepped just before each of its timed steps in `order` (`step_order`; the very
+    first step of a run has none: it follows itself, as a training loop would)."""
+    out: dict[str, list[str]] = {name: [] for name in SCHEDULES}
+    for n, name in enumerate(order):
+        if n >= warmup * len(SCHEDULES):
+            out[name].append(order[n - 1] if n else name)
+    return out
+
+
+def simulate_all(plans: dict[str, parallelizer.Plan], pc: Pricing, after: dict[str, list[str]] | None = None) -> dict:
+    """`simulate_schedule` of every schedule, each also with the "first touch" variant: each step finds in every rank's
+    heap the peak in-flight activations of the schedule stepped before it (`after[name]`: one per timed step,
+    `predecessors`; default the fixed cycle SCHEDULES of the runs before round 25) and pays the first touch of what
+    it holds beyond that (`StageTimes.pool_bytes`, round 23; a training loop stepping one schedule finds its own
+    peak and pays nothing); the variant is the mean over the timed steps, and so are its touched bytes."""
     first = {name: simulate_schedule(name, plans[name], pc) for name in SCHEDULES}
-    return {name: simulate_schedule(name, plans[name], pc, pool=first[SCHEDULES[i - 1]]["peak_bytes"])
-            for i, name in enumerate(SCHEDULES)}
+    if after is None:
+        after = {name: [SCHEDULES[i - 1]] for i, name in enumerate(SCHEDULES)}
+    out = {}
+    for name in SCHEDULES:
+        runs = {prev: simulate_schedule(name, plans[name], pc, pool=first[prev]["peak_bytes"])
+                for prev in sorted(set(after[name]))}
+        res = dict(runs[after[name][0]])
+        res["ms"] = {**first[name]["ms"], "first touch": statistics.fmean(
+            runs[prev]["ms"]["first touch"] for prev in after[name])}
+        res["touched_bytes"] = [statistics.fmean(runs[prev]["touched_bytes"][r] for prev in after[name])
+                                for r in range(PP)]
+        out[name] = res
+    return out
 
 
 def _loss(output, target):
@@ -265,7 +305,8 @@ def _loss(output, target):
 
 def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, rounds: int, gpt: dict | None = None
                ) -> dict:
-    """Per schedule: step milliseconds (rank 0's wall clock) per timed round, this rank's CPU milliseconds
+    """Rounds of one step of every schedule, in `step_order` (module docstring). Per schedule: step milliseconds
+    (rank 0's wall clock) per timed round, this rank's CPU milliseconds
     (process time) of each, its minor page faults and system CPU milliseconds of each (`getrusage`), the first
     step's loss, and this rank's parameter count and tensors (what its optimizer steps)."""
     torch.set_num_threads(1)
@@ -279,8 +320,10 @@ def bench_rank(rank: int, world_size: int, plans: dict[str, str], warmup: int, r
     labels = torch.roll(ids, -1, dims=1)
     out = {name: {"ms": [], "cpu_ms": [], "minflt": [], "sys_ms": [], "loss1": None, "numel": n, "tensors": t}
            for name, (_, _, n, t) in built.items()}
+    order = step_order(warmup, rounds)
     for i in range(warmup + rounds):
-        for name, (pm, opt, _, _) in built.items():
+        for name in order[i * len(SCHEDULES):(i + 1) * len(SCHEDULES)]:
+            pm, opt, _, _ = built[name]
             dist.barrier()
             start, cpu, use = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
             loss = pm.step(ids, target=labels, loss_fn=_loss)
@@ -306,26 +349,32 @@ def pairwise_agreement(a, b, min_gap: float = 0.0) -> tuple[int, int]:
     return sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs), len(pairs)
 
 
-def decided_pairs(rounds_ms, share: float = DECIDED) -> list[tuple[int, int, int]]:
-    """The pairs (i, j, sign) of schedules that the paired timed rounds order the same way in at least `share` of
-    the rounds (round r of every schedule ran back to back, `bench_rank`): sign -1 when i was the faster, +1 when j.
-    A measurement's own confidence in its order (round 22): pairs decided by fewer rounds are within its noise.
+def decided_table(simulated: dict[str, float], rounds: dict[str, list[float]], what: str, priced: str
+                  ) -> tuple[list, list[str]]:
+    """(the `paired_rounds.PairVerdict` of every schedule pair, markdown rows): per pair A vs B the timed rounds in
+    which A's `what` (`rounds[name]`, one value per round) was lower / higher / equal, the exact sign test's p, whether
+    Holm's procedure over the 15 pairs decides it at family-wise `paired_rounds.ALPHA` (the measurement's own
+    confidence in its order: an undecided pair is within its noise), the median per-round ratio A / B with its 95%
+    bootstrap interval, and the `priced` A / B (`simulated[name]`)."""
+    verdicts = paired_verdicts([rounds[n] for n in SCHEDULES])
+    rows = [f"| pair A vs B | rounds A's {what} lower / higher / tied | sign-test p | decided (Holm, family-wise "
+            f"{ALPHA:.0%}) | measured A / B, median per round [95% bootstrap] | {priced} A / B | alike |",
+            "|---" * 7 + "|"]
+    for v in verdicts:
+        a, b = SCHEDULES[v.i], SCHEDULES[v.j]
+        ratio = simulated[a] / simulated[b]
+        alike = "-" if not v.decided else ("yes" if (ratio - 1) * v.sign > 0 else "NO")
+        rows.append(f"| {a} vs {b} | {v.wins} / {v.losses} / {v.ties} | {v.p:.2g} | {'yes' if v.decided else 'no'} | "
+                    f"{v.ratio:.3f} [{v.low:.3f}, {v.high:.3f}] | {ratio:.3f} | {alike} |")
+    return verdicts, rows
 
-    Raises:
-        ValueError: schedules with different round counts, no rounds, or share outside (0.5, 1].
-    """
-    counts = {len(r) for r in rounds_ms}
-    if len(counts) != 1 or 0 in counts or not 0.5 < share <= 1:
-        raise ValueError(f"decided_pairs: round counts {sorted(counts)} and share {share}: need the same number (>= 1) "
-                         "of paired rounds per schedule and a share in (0.5, 1]")
-    n, out = counts.pop(), []
-    for i in range(len(rounds_ms)):
-        for j in range(i + 1, len(rounds_ms)):
-            faster = sum(a < b for a, b in zip(rounds_ms[i], rounds_ms[j]))
-            slower = sum(a > b for a, b in zip(rounds_ms[i], rounds_ms[j]))
-            if max(faster, slower) >= share * n:
-                out.append((i, j, -1 if faster > slower else 1))
-    return out
+
+def _decided_lines(verdicts, what: str) -> str:
+    npairs, nrounds = len(verdicts), verdicts[0].wins + verdicts[0].losses + verdicts[0].ties
+    return (f"Pairs the {nrounds} paired timed rounds decide on {what} (exact sign test per pair, Holm over the "
+            f"{npairs} pairs, family-wise error {ALPHA:.0%}; nothing can be decided in fewer than "
+            f"{min_rounds_to_decide(npairs)} rounds): {sum(v.decided for v in verdicts)} of {npairs} (the others are "
+            "within the measurement's noise).")
 
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
@@ -356,17 +405,29 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
         med = {n: statistics.median(measured[n]["ms"]) for n in SCHEDULES}
         b = [med[n] for n in SCHEDULES]
         rows.append(f"Measured order (fastest first): {' < '.join(sorted(SCHEDULES, key=med.get))}.")
-        decided = decided_pairs([measured[n]["ms"] for n in SCHEDULES])
-        rows.append(f"Pairs the timed rounds order the same way in >= {DECIDED:.0%} of rounds: {len(decided)} of "
-                    f"{len(SCHEDULES) * (len(SCHEDULES) - 1) // 2} (the others are within the measurement's noise).")
+        verdicts, table = decided_table({n: sim[n]["ms"]["measured"] for n in SCHEDULES},
+                                        {n: measured[n]["ms"] for n in SCHEDULES}, "step", "simulated step (measured factors)")
+        decided = [(v.i, v.j, v.sign) for v in verdicts if v.decided]
+        rows += ["", _decided_lines(verdicts, "the step"), ""] + table + [""]
         for v, what in VARIANTS.items():
             a = [sim[n]["ms"][v] for n in SCHEDULES]
             (k, n), (kc, nc) = pairwise_agreement(a, b), pairwise_agreement(a, b, CLEAR)
-            kd = sum((a[i] - a[j]) * sign > 0 for i, j, sign in decided)
+            wrong = [f"{SCHEDULES[i]} vs {SCHEDULES[j]}" for i, j, sign in decided if (a[i] - a[j]) * sign <= 0]
             rows.append(f"{what}: Spearman {spearman(a, b):.2f}; pairs ordered alike {k} of {n}, of the pairs it "
-                        f"separates by >= {CLEAR:.0%} {kc} of {nc}, of the pairs the rounds decide {kd} of "
-                        f"{len(decided)}; median |simulated / measured - 1| "
+                        f"separates by >= {CLEAR:.0%} {kc} of {nc}, of the pairs the rounds decide "
+                        f"{len(decided) - len(wrong)} of {len(decided)}"
+                        + (f" (not: {', '.join(wrong)})" if wrong else "") + "; median |simulated / measured - 1| "
                         f"{statistics.median(abs(x / y - 1) for x, y in zip(a, b)):.0%}.")
+        # round 25: all ranks' CPU per step moves far less with outside load than the wall clock, and on a machine with
+        # fewer cores than ranks the work, not the bubble, orders the schedules (round 16): the priced work beside it
+        cpu_verdicts, cpu_table = decided_table({n: sim[n]["work_ms"] for n in SCHEDULES},
+                                                {n: measured[n]["cpu_ms"] for n in SCHEDULES}, "CPU (all ranks)",
+                                                "priced solo work")
+        wrong = [f"{SCHEDULES[v.i]} vs {SCHEDULES[v.j]}" for v in cpu_verdicts if v.decided and
+                 (sim[SCHEDULES[v.i]]["work_ms"] - sim[SCHEDULES[v.j]]["work_ms"]) * v.sign <= 0]
+        rows += ["", _decided_lines(cpu_verdicts, "all ranks' CPU (process time)") + " The priced solo work orders "
+                 f"{sum(v.decided for v in cpu_verdicts) - len(wrong)} of them alike"
+                 + (f" (not: {', '.join(wrong)})." if wrong else "."), ""] + cpu_table + [""]
         ranked = [n for n in SCHEDULES if measured[n].get("rank_cpu_ms")]  # steps written before round 20: none
         if ranked:
             rows.append("Per rank CPU ms, priced solo work (busy + AdamW) / measured process CPU (median), rank 0..3: "
@@ -392,16 +453,18 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="calibration profile JSON of this machine (default: calibrate first)")
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"timed rounds (default {ROUNDS})")
+    ap.add_argument("--rounds", type=int, help=f"timed rounds (default {ROUNDS}, --quick {QUICK_ROUNDS})")
     ap.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed rounds first (default {WARMUP})")
     ap.add_argument("--simulate-only", action="store_true", help="print the simulated step times only")
     ap.add_argument("--json", help="write the measured steps here (JSON)")
     ap.add_argument("--measured", metavar="STEPS.json", help="report steps written by --json earlier (no run)")
-    ap.add_argument("--quick", action="store_true", help=f"a GPT of {QUICK} (per-action costs dominate), 5 rounds")
+    ap.add_argument("--quick", action="store_true", help=f"a GPT of {QUICK} (per-action costs dominate), "
+                    f"{QUICK_ROUNDS} rounds")
     args = ap.parse_args(argv)
+    args.rounds_given, args.rounds = args.rounds is not None, args.rounds or ROUNDS
     if args.quick:
         GPT.update(QUICK)
-        args.rounds = min(args.rounds, 5)
+        args.rounds = args.rounds if args.rounds_given else QUICK_ROUNDS
     started = time.perf_counter()
     load0 = os.getloadavg()[0]
     profile_path = args.profile
@@ -411,7 +474,6 @@ def main(argv=None) -> None:
     traced = _traced()
     plans = make_plans(traced, profile_path)
     pc = pricing(traced, profile_path)
-    sim = simulate_all(plans, pc)
     measured = None
     load1 = os.getloadavg()[0]
     if args.measured:
@@ -427,11 +489,17 @@ def main(argv=None) -> None:
                            "cpu_ms": [sum(v) for v in zip(*(r[name]["cpu_ms"] for r in measured))],
                            "rank_cpu_ms": [r[name]["cpu_ms"] for r in measured],
                            "rank_minflt": [r[name]["minflt"] for r in measured],
-                           "rank_sys_ms": [r[name]["sys_ms"] for r in measured]}
+                           "rank_sys_ms": [r[name]["sys_ms"] for r in measured],
+                           "after": predecessors(step_order(args.warmup, args.rounds), args.warmup)[name]}
                     for name in SCHEDULES}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(measured, f, indent=1)
+    # the schedule stepped before each timed step: from the run (steps written before round 25: the fixed cycle)
+    after = predecessors(step_order(args.warmup, args.rounds), args.warmup)
+    if measured:
+        after = {n: measured[n]["after"] for n in SCHEDULES} if "after" in measured[SCHEDULES[0]] else None
+    sim = simulate_all(plans, pc, after)
     factors = ", ".join(f"{k} ranks x{pc.cores.factor(k):.2f} (AdamW x{pc.cores.factor(k, True):.2f})"
                         for k in range(2, PP + 1))
     profile_line = summary(load_profile(profile_path)).replace("\n", "; ")
