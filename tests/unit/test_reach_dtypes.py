@@ -132,7 +132,7 @@ def test_an_operand_the_backward_reads_itself_brings_its_rounding():
 
 class _WidenedBf16Leaves(torch.nn.Module):
     """RecurrentGemma's pattern (round 25, r25f): a bfloat16 buffer (`normalizer`, sqrt(d) rounded to bfloat16 at
-    init, not persistent) and a bfloat16 input, both widened to float32 before use; everything computed is float32.
+    init, not persistent), a bfloat16 input and a bfloat16 constant made in forward, all widened to float32 before use; everything computed is float32.
     `narrow` computes in bfloat16 instead (x.bfloat16() * scale); `train_bf16` makes the scale a trainable
     bfloat16 parameter (after a step both sides hold bfloat16-rounded values of it: its rounding is real)."""
 
@@ -149,7 +149,8 @@ class _WidenedBf16Leaves(torch.nn.Module):
     def forward(self, x, shift):
         h = self.fc1(x)
         h = (h.bfloat16() * self.scale).float() if self.narrow else h * self.scale.float()
-        return self.fc2(torch.relu(h + shift.float())) * (1 + self.skew)
+        weight = torch.tensor([0.5, 1.5] * 4, dtype=BF16).float()  # a constant made in forward (lifted by export)
+        return self.fc2(torch.relu(h + shift.float())) * weight * (1 + self.skew)
 
 
 def test_a_16bit_leaf_that_forward_only_widens_is_no_16bit_computation():
@@ -166,9 +167,7 @@ def test_a_16bit_leaf_that_forward_only_widens_is_no_16bit_computation():
     model.skew = 1e-4
     wrong = model(x, shift)
     model.skew = 0.0
-    state, inputs = {**dict(model.named_parameters()), **dict(model.named_buffers())}, iter((x, shift))
-    fqns = [traced.nodes[n.name].param_fqn for n in traced.graph_module.graph.nodes if n.op == "placeholder"]
-    traced_out = traced.graph_module(*(state[f] if f else next(inputs) for f in fqns))[0]  # params, buffers, inputs
+    traced_out = traced.exported.module()(x, shift)  # the exported ATen program: another op graph than eager
     assert _max_diff([("out", wrong, out)], reach.output)[2] > 2
     assert _max_diff([("out", wrong, out)], lambda _: BF16)[2] <= 1.0
     assert _max_diff([("out", traced_out, out.detach())], reach.output)[2] <= 1.0
