@@ -18,10 +18,18 @@ def check_batch(tensors, microbatches: int, microbatch_size: int, names=None) ->
     for t, name in zip(tensors, names or [None] * len(tensors)):
         what = name or "an input or target"
         if t.ndim == 0 or t.shape[0] != microbatches * microbatch_size:
-            if (t.ndim == 0 or t.shape[0] == 1) and microbatches * microbatch_size > 1:
+            if t.ndim == 0:
+                raise PipelineError(f"pipeline step: {what} is a 0-d tensor (one value for the whole batch, e.g. "
+                                    "transformers' num_items_in_batch), which cannot be split into "
+                                    f"{microbatches} microbatches: every tensor input of a pipeline carries the "
+                                    "batch in dim 0. Remedy: pass it as a Python number (held as a constant of the "
+                                    "traced program, the same for every microbatch), or leave it out (a pipeline "
+                                    "weighs each microbatch's loss by its own count of items); expanding it to the "
+                                    "batch changes what the model computes with it")
+            if t.shape[0] == 1 and microbatches * microbatch_size > 1:
                 raise PipelineError(f"pipeline step: {what} of shape {tuple(t.shape)} has no batch dim "
-                                    f"to split into {microbatches} microbatches (a 0-d tensor, or a dim 0 of 1 "
-                                    "broadcast over the batch, e.g. position_ids of shape (1, T)): every tensor input "
+                                    f"to split into {microbatches} microbatches (a dim 0 of 1 broadcast over the "
+                                    "batch, e.g. position_ids of shape (1, T)): every tensor input "
                                     "of a pipeline carries the batch in dim 0. Remedy: expand it to the batch "
                                     f"(x.expand({microbatches * microbatch_size}, ...)), or leave it out / pass a "
                                     "Python value")
@@ -35,13 +43,15 @@ def check_batch(tensors, microbatches: int, microbatch_size: int, names=None) ->
 def microbatch_of(args: tuple, kwargs: dict, microbatches: int) -> tuple[tuple, dict]:
     """The first microbatch of a global call (every tensor's dim 0 cut to batch / microbatches): what a
     pipeline plan is traced on. Raises PipelineError when a tensor's dim 0 does not split (`check_batch`)."""
-    tensors = [t for t in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
-    batch = tensors[0].shape[0] if tensors and tensors[0].ndim else 0
+    paths, _ = pytree.tree_flatten_with_path((tuple(args), kwargs))
+    named = [(_call_name(path, ()), t) for path, t in paths if isinstance(t, torch.Tensor)]
+    tensors = [t for _, t in named]
+    batch = next((t.shape[0] for t in tensors if t.ndim), 0)
     if not batch or batch % microbatches:
         raise PipelineError(f"pipeline: the example batch (dim 0 of {tuple(tensors[0].shape) if tensors else ()}) "
                             f"does not split into {microbatches} microbatches. Remedy: a batch that is a multiple "
                             f"of {microbatches}, or microbatches= a divisor of the batch")
-    check_batch(tensors, microbatches, batch // microbatches)
+    check_batch(tensors, microbatches, batch // microbatches, [f"input {name!r}" for name, _ in named])
     return pytree.tree_map(lambda t: t[:batch // microbatches] if isinstance(t, torch.Tensor) else t,
                            (tuple(args), kwargs))
 

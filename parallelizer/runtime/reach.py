@@ -8,7 +8,10 @@ was judged at float16's bound everywhere, so an error of 0.1% of the scale on it
 
 The rule (`reach_dtypes`), on the traced ATen graph (`TracedGraph`; autocast regions appear there as explicit
 casts, `aten.to.dtype` / `_to_copy`, so the nodes inside an autocast region produce its computing dtype and
-count as it):
+count as it). A leaf both sides hold identically (an input, a constant, a buffer forward does not write, a frozen
+parameter: `tolerance.fixed_leaves`) rounds nothing and counts as no dtype; a value computed from it counts as its
+own dtype (round 25, r25f: RecurrentGemma's bfloat16 `normalizer`, widened before use, put every tensor of the
+float32 model at bfloat16's bound):
 
 - output o: the forward ancestors of o's node, o included: A(o). Its value is a function of these nodes'
   values only, each rounded to its dtype; nothing else can round it.
@@ -52,7 +55,7 @@ from torch.utils import _pytree as pytree
 
 from ..tracer.graph import TracedGraph
 from ..tracer.leaves import leaves_by_path
-from .tolerance import compute_dtype, loosest
+from .tolerance import compute_dtype, fixed_leaves, loosest
 
 # ops whose backward reads no forward value: linear in every tensor input (OpOverloadPacket names)
 _LINEAR = frozenset({
@@ -94,10 +97,13 @@ def _read_by_backward(node: torch.fx.Node, flows_from: set[torch.fx.Node]) -> se
     return set(inputs) | {node}
 
 
-def _own(node, traced: TracedGraph) -> torch.dtype | None:
-    """The least precise floating dtype `node` produces (None when none)."""
+def _own(node, traced: TracedGraph, fixed: frozenset[str]) -> torch.dtype | None:
+    """The least precise floating dtype `node` computes (None when none, or for a leaf both sides hold
+    identically: `tolerance.fixed_leaves`)."""
     info = traced.nodes.get(node.name)
-    return loosest(*(t.dtype for t in info.outputs if t.dtype.is_floating_point)) if info is not None else None
+    if info is None or node.name in fixed:
+        return None
+    return loosest(*(t.dtype for t in info.outputs if t.dtype.is_floating_point))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +158,14 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
     graph = traced.graph_module.graph
     nodes = list(graph.nodes)
     whole = compute_dtype(traced)
+    fixed = fixed_leaves(traced)
     fqn_of = {info.node: info.param_fqn for info in traced.nodes.values() if info.op == "placeholder"
               and info.param_fqn}
     bit = {node: 1 << i for i, node in enumerate(fqn_of)}
     reach_dtype, reach_params = {}, {}  # A[n], B[n]
     for n in nodes:
         parents = n.all_input_nodes
-        reach_dtype[n] = loosest(_own(n, traced), *(reach_dtype[p] for p in parents))
+        reach_dtype[n] = loosest(_own(n, traced, fixed), *(reach_dtype[p] for p in parents))
         mask = bit.get(n, 0)
         for p in parents:
             mask |= reach_params[p]
@@ -173,12 +180,12 @@ def reach_dtypes(traced: TracedGraph) -> ReachDtypes:
     for n in reversed(nodes):
         if n in feeds:
             feeds.update(n.all_input_nodes)
-    grad_dtype = {first: loss if not scalar else _own(first, traced)}
+    grad_dtype = {first: loss if not scalar else _own(first, traced, fixed)}
     grad_params = {first: 0 if scalar else reach_params[first]}
     for u in reversed(nodes):
         if u not in feeds or u is first:
             continue
-        dtype, mask = _own(u, traced), 0
+        dtype, mask = _own(u, traced, fixed), 0
         for n in u.users:
             if n not in grad_dtype:  # not on a path to the loss
                 continue

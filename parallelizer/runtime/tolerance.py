@@ -45,9 +45,31 @@ def loosest(*dtypes: torch.dtype | None) -> torch.dtype | None:
 
 
 def compute_dtype(traced: TracedGraph) -> torch.dtype | None:
-    """The least precise floating dtype any node of `traced` produces (None when none is floating): the whole
-    graph's; a compared tensor is judged at the dtype of what reaches it (`runtime.reach`)."""
-    return loosest(*(t.dtype for info in traced.nodes.values() for t in info.outputs if t.dtype.is_floating_point))
+    """The least precise floating dtype any node of `traced` computes (None when none is floating): the whole
+    graph's; a compared tensor is judged at the dtype of what reaches it (`runtime.reach`). A leaf both sides
+    hold identically (`fixed_leaves`) computes nothing: its dtype does not count."""
+    fixed = fixed_leaves(traced)
+    return loosest(*(t.dtype for name, info in traced.nodes.items() if name not in fixed
+                     for t in info.outputs if t.dtype.is_floating_point))
+
+
+def fixed_leaves(traced: TracedGraph) -> frozenset[str]:
+    """The graph's leaves (placeholders, lifted constants) whose values the sharded program and one device hold
+    identically at every step: the user's inputs, constants made in forward, buffers forward does not write and
+    frozen parameters. No rounding happens at such a leaf, so a 16-bit one that forward only widens
+    (RecurrentGemma's bfloat16 `normalizer`, cast to float32 before use) does not make the float32 computation
+    after it a 16-bit one; before (round 25, r25f), it put the whole model at bfloat16's bound (rtol 1.6e-2
+    instead of 1.3e-6). A 16-bit value computed from it is a node of its own and counts. Trainable parameters
+    and written buffers are not fixed: after a step both sides hold values rounded in their dtype."""
+    written = set(traced.mutated_state())
+    fixed = set()
+    for name, info in traced.nodes.items():
+        if info.op not in ("placeholder", "get_attr"):
+            continue
+        owner = traced.param_of_placeholder(name)
+        if owner is None or (owner.fqn not in written and (owner.is_buffer or not owner.requires_grad)):
+            fixed.add(name)
+    return frozenset(fixed)
 
 
 def excess(actual: torch.Tensor, expected: torch.Tensor, compute: torch.dtype | None = None) -> float:

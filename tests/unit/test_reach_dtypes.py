@@ -128,3 +128,52 @@ def test_an_operand_the_backward_reads_itself_brings_its_rounding():
     reach = reach_dtypes(parallelizer.trace(_ReadsItsOwnOperand(), (torch.randn(4, 16),)))
     assert reach.grads["s"] == F16 and reach.grads["w"] == F16  # before the fix of the op table: float32 (unsound)
     assert reach.grads["fc.weight"] == F16  # the numerator's gradient reads the divisor
+
+
+class _WidenedBf16Leaves(torch.nn.Module):
+    """RecurrentGemma's pattern (round 25, r25f): a bfloat16 buffer (`normalizer`, sqrt(d) rounded to bfloat16 at
+    init, not persistent), a bfloat16 input and a bfloat16 constant made in forward, all widened to float32 before use; everything computed is float32.
+    `narrow` computes in bfloat16 instead (x.bfloat16() * scale); `train_bf16` makes the scale a trainable
+    bfloat16 parameter (after a step both sides hold bfloat16-rounded values of it: its rounding is real)."""
+
+    def __init__(self, narrow: bool = False, train_bf16: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+        scale = torch.tensor(32 ** 0.5, dtype=BF16)
+        if train_bf16:
+            self.scale = torch.nn.Parameter(scale)
+        else:
+            self.register_buffer("scale", scale, persistent=False)
+        self.narrow, self.skew = narrow, 0.0
+
+    def forward(self, x, shift):
+        h = self.fc1(x)
+        h = (h.bfloat16() * self.scale).float() if self.narrow else h * self.scale.float()
+        weight = torch.tensor([0.5, 1.5] * 4, dtype=BF16).float()  # a constant made in forward (lifted by export)
+        return self.fc2(torch.relu(h + shift.float())) * weight * (1 + self.skew)
+
+
+def test_a_16bit_leaf_that_forward_only_widens_is_no_16bit_computation():
+    x, shift = torch.randn(4, 16, generator=torch.Generator().manual_seed(0)), torch.randn(4, 32).to(BF16)
+    model = _WidenedBf16Leaves()
+    traced = parallelizer.trace(model, (x, shift))
+    reach = reach_dtypes(traced)
+    assert compute_dtype(traced) == F32 and reach.whole == F32 and reach.loss == F32  # before the fix: bfloat16
+    assert set(reach.outputs.values()) == {F32} and set(reach.grads.values()) == {F32}
+    assert set(reach.after_steps.values()) == {F32}
+    # the judge's bound is now float32's: a 1e-4 relative error of the program is a mismatch (at bfloat16's bound,
+    # which main used, it matched), and the traced program itself (another op graph than eager) still matches
+    out = model(x, shift)
+    model.skew = 1e-4
+    wrong = model(x, shift)
+    model.skew = 0.0
+    traced_out = traced.exported.module()(x, shift)  # the exported ATen program: another op graph than eager
+    assert _max_diff([("out", wrong, out)], reach.output)[2] > 2
+    assert _max_diff([("out", wrong, out)], lambda _: BF16)[2] <= 1.0
+    assert _max_diff([("out", traced_out, out.detach())], reach.output)[2] <= 1.0
+    # controls: a bfloat16 computation, and a trainable bfloat16 parameter, keep bfloat16's bound
+    narrow = reach_dtypes(parallelizer.trace(_WidenedBf16Leaves(narrow=True), (x, shift)))
+    assert narrow.loss == BF16 and narrow.grads["fc1.weight"] == BF16
+    trained = reach_dtypes(parallelizer.trace(_WidenedBf16Leaves(train_bf16=True), (x, shift)))
+    assert trained.grads["scale"] == BF16 and trained.after_steps["fc2.weight"] == BF16
+

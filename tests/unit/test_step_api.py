@@ -126,6 +126,21 @@ def test_a_broadcast_input_of_a_pipeline_step_is_named_as_such():
         check_batch((torch.zeros(6, 16),), 2, 4)
 
 
+def test_a_0d_tensor_input_of_a_pipeline_is_named_with_a_remedy_that_keeps_its_meaning():
+    """transformers' `num_items_in_batch` (a 0-d count of the whole batch's items) given to a pipeline (r25f,
+    GPT-J pp=2): the error names the keyword and says to pass a Python number or leave it out, not to expand it to
+    the batch (a (B,) divisor would change the loss); a Python number is kept as it is in every microbatch."""
+    from parallelizer.errors import PipelineError
+    from parallelizer.runtime.microbatches import microbatch_of
+
+    ids, labels = torch.zeros(4, 6, dtype=torch.long), torch.ones(4, 6, dtype=torch.long)
+    with pytest.raises(PipelineError, match=r"input 'num_items_in_batch' is a 0-d tensor.*Python number") as err:
+        microbatch_of((ids,), {"labels": labels, "num_items_in_batch": torch.tensor(20)}, 2)
+    assert "expand(" not in str(err.value)
+    (first,), kwargs = microbatch_of((ids,), {"labels": labels, "num_items_in_batch": 20}, 2)
+    assert first.shape == (2, 6) and kwargs["labels"].shape == (2, 6) and kwargs["num_items_in_batch"] == 20
+
+
 def _assert_whole_batch(loss_fn, w, x, mask):
     """The pipeline's batch loss (`weighted_loss` of `loss_fn.recorded`) and w's accumulated gradient equal one
     device's masked mean of (x @ w)^2 over the whole batch, computed here eagerly."""
