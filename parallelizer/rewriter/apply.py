@@ -202,8 +202,11 @@ class _Rewriter:
             args, kwargs = torch.fx.node.map_arg((args, kwargs), self._widen)
             if kwargs.get("dtype") in WIDENED_FLOATS:
                 kwargs = {**kwargs, "dtype": torch.float32}
-        if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
-            kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
+        # traced on meta: create and move tensors where the rank runs, a device given by keyword (arange, _to_copy,
+        # new_zeros) or by position (`aten.to.device(x, device, dtype)`: Qwen2's / Llama's rotary `inv_freq.to(
+        # x.device)`; rewriting a meta-traced Qwen2 raised "found at least two devices, cpu and meta", round 25)
+        args, kwargs = torch.fx.node.map_aggregate(
+            (args, kwargs), lambda a: self.device if isinstance(a, torch.device) and a.type == "meta" else a)
         out_shape = info.outputs[0].shape if info.outputs else None
         ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape, self.coords,
                                tuple(self.traced.node(a.name).outputs[0].shape if self.traced.node(a.name).outputs
