@@ -17,6 +17,8 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
     0.3-1 ms, nearly all of it per call, `benchmarks/RESULTS.md`, round 15 r15c);
   - with reduction "mean" and rows sharded over axis b: forward all-reduce over b of the denominator
     (one element of `sum_dtype`), no backward.
+* `nll_loss_nd` (`localize.sharded_nll_loss`) with reduction "mean" and rows sharded over axis b: forward
+  all-reduce over b of the denominator (one element of `sum_dtype`), no backward (not priced before round 25).
 * `batch_norm` in training with the input sharded over axis a (`localize.sync_batch_norm`): forward
   all-reduces over a of the count (one element), the per-channel sums and the per-channel squared
   deviations (C elements each); backward the gradients of the two per-channel statistics (C each,
@@ -86,7 +88,7 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
     if node.target in VIEW_OPS:
         return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, itemsize) if out_shape else []
     packet = getattr(node.target, "overloadpacket", None)
-    if packet not in (aten.cross_entropy_loss, aten.batch_norm, aten.instance_norm):
+    if packet not in (aten.cross_entropy_loss, aten.nll_loss_nd, aten.batch_norm, aten.instance_norm):
         return []
     in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
     if packet is aten.cross_entropy_loss:
@@ -98,6 +100,11 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
         if _arg(node, 3, "reduction", 1) == 1:
             out += [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
         return out
+    if packet is aten.nll_loss_nd:  # `localize.sharded_nll_loss`: a mean's denominator over batch-sharded rows
+        nd = len(in_local[0])
+        if nd < 2 or _arg(node, 3, "reduction", 1) != 1:
+            return []
+        return [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
     if packet is aten.instance_norm:
         tracking = _arg(node, 5, "use_input_stats", True) and _arg(node, 3, "running_mean", None) is not None
         channels = in_local[0][1] if len(in_local[0]) > 1 else 1

@@ -500,11 +500,15 @@ def sharded_nll_loss(logp: torch.Tensor, target: torch.Tensor, weight, reduction
     """nll_loss of a batch shard (log-probabilities (N_local, C, *), target (N_local, *)): "none" the local
     losses, "sum" the local sum (Partial), "mean" the local sum over the GLOBAL denominator
     (`_mean_denominator`, torch.nn.functional.nll_loss's definition)."""
-    loss = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
-                                        reduction="none" if reduction == 0 else "sum")
     if reduction != 1:
-        return loss
-    return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logp.dtype)
+        return torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
+                                            reduction="none" if reduction == 0 else "sum")
+    # the local sum and the count in `sum_dtype` (float32 for float16 / bfloat16), divided, then rounded once, as
+    # one device's kernel and `sharded_cross_entropy`: in float16 a local sum or a count past 65504 was inf (the
+    # mean inf or NaN where one device's is finite) and a count past 2048 rounded (round 25)
+    wide = sum_dtype(logp.dtype)
+    loss = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction="none")
+    return (loss.sum(dtype=wide) / _mean_denominator(target, weight, ignore_index, batch_groups, wide)).to(logp.dtype)
 
 
 # --- masked_scatter ---------------------------------------------------------------------------------------

@@ -166,3 +166,33 @@ def test_instance_norm_running_statistics_are_priced_at_the_bytes_the_runtime_al
     priced = op_collectives(tracked, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, Layout.parse("S(0)"),
                             [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4), MeshSpec(("dp",), (2,)), dtype)
     assert [b for _, b, _, _ in priced] == backend.moved == [2 * 6 * 4]
+
+
+class _Doubling(_Backend):
+    """Two ranks holding the same shard: every sum doubles (the bytes are recorded as `_Backend` does)."""
+
+    def all_reduce(self, x, op, name):
+        super().all_reduce(x, op, name)
+        return x * 2 if op == "sum" else x
+
+
+def test_a_batch_sharded_nll_loss_mean_counts_in_float32_and_prices_its_denominator(monkeypatch):
+    # `localize.sharded_nll_loss` all-reduced its mean's denominator in the log-probabilities' dtype: a float16
+    # count of 2 x 40000 targets was inf and the loss 0 where one device's is finite; `op_comm` did not price that
+    # all-reduce at all (round 25)
+    from parallelizer.rewriter import collectives
+    from parallelizer.rewriter.localize import sharded_nll_loss
+    fake = _Doubling()
+    monkeypatch.setattr(collectives, "_resolve", lambda group, op, hierarchy=None: collectives._GroupView("g", (0, 1), 0))
+    monkeypatch.setattr(collectives, "funcol", fake)
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(40000, 5), 1).half()
+    target = torch.randint(0, 5, (40000,))
+    partial = sharded_nll_loss(logp, target, None, 1, -100, [[0, 1]])  # this rank's share of the mean
+    one_device = nn.functional.nll_loss(torch.cat([logp, logp]).float(), torch.cat([target, target]))
+    torch.testing.assert_close(2 * partial.float(), one_device, rtol=1e-3, atol=1e-5)  # float16's tolerance
+    g = torch.fx.Graph()
+    nll = g.call_function(aten.nll_loss_nd.default, (g.placeholder("x"), g.placeholder("t"), None, 1, -100))
+    priced = op_collectives(nll, (Layout.parse("S(0)"), Layout.parse("S(0)")), Layout.parse("P"),
+                            [(80000, 5), (80000,)], (), MeshSpec(("dp",), (2,)), torch.float16)
+    assert [b for _, b, _, _ in priced] == fake.moved == [4]
