@@ -6,7 +6,8 @@ Public API (see README.md):
         (THE planner: without a mesh, or with "pp" first, a search over (pp, dp, tp), schedule and
         microbatches; on a mesh without pp the ILP; plus provenance: fingerprint, cluster, blocks; api.py)
     explain(traced, plan, node, ...) -> Explanation
-    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan),
+    auto_parallelize(model, example_inputs, *, mesh=None, cluster=None, ...) -> ParallelModule (with .plan;
+        auto_parallel.py),
         or for a mesh with "pp" a runtime.pipeline_module.PipelineModule; both train with
         loss = pm.step(*inputs, target=..., loss_fn=...)
     Plan.save(path) / Plan.load(path, traced=None, mesh=None); check_plan(plan, traced, mesh) -> PlanMismatchError
@@ -24,7 +25,8 @@ from .config import PlanConfig
 from .core import Layout, MeshSpec
 from .planner import PipelinePlan, Plan, explain, plan_pipeline
 from .fingerprint import check_plan, graph_fingerprint
-from .api import auto_parallelize, plan
+from .api import plan
+from .auto_parallel import auto_parallelize
 from .rewriter import rewrite
 from .runtime.module import ParallelModule
 from .runtime.optimizer_check import install as _check_optimizer_steps

@@ -29,7 +29,8 @@ Models: a preset or `package.module:factory`; a factory returns `(model, args)`,
 Architecture, vocabulary and the placement notation (S(0), R, P per mesh axis): docs/architecture.md.
 
 Exit codes: 0 success; 1 rehearsal numerics differ; 2 bad input or an error of the toolkit (message on stderr);
-141 (128 + SIGPIPE, as Unix tools) when stdout is closed early, e.g. `parallelizer show plan.json | head`.
+141 (128 + SIGPIPE, as Unix tools) when stdout is closed early, e.g. `parallelizer show plan.json | head`; 130 (128 +
+SIGINT) when interrupted with Ctrl-C (one line on stderr; a terminal's Ctrl-C reaches `rehearse`'s ranks too).
 """
 from __future__ import annotations
 
@@ -234,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tqdm import tqdm
         tqdm.write(f"error: {exc}", file=sys.stderr)  # on its own line, not after an open progress bar
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the interpreter's traceback of wherever it waited (r25h)
+        print(f"\ninterrupted: parallelizer {args.command} stopped (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def cmd_plan(args) -> int:

@@ -106,6 +106,7 @@ def check_plan(plan, traced: TracedGraph | None = None, mesh: MeshSpec | dict | 
                                 + f"\nRemedy: {remedy}.")
     if traced is not None and not structure_only:
         _check_strategies(plan, traced)
+        _check_edges(plan, traced)
     if traced is not None and plan.pipeline is not None:  # a hand-edited cut: its blocks and nodes against the model
         from .runtime.stage_cut import plan_cut  # (before round 23 only `rehearse` and the ranks checked it)
         plan_cut(traced, plan.pipeline.stages)
@@ -128,6 +129,34 @@ def _check_strategies(plan, traced: TracedGraph) -> None:
             "program may compute other numbers than the model on one device:\n  " + "\n  ".join(listed)
             + "\nRemedy: re-create the plan with `parallelizer plan` (or `parallelizer.plan` + Plan.save); to steer "
               "the planner, give axis roles (--roles) or a memory budget instead of editing layouts.")
+
+
+def _check_edges(plan, traced: TracedGraph) -> None:
+    """Raise `PlanValidationError` when an edge records another shape or dtype than the tensor `traced` carries
+    there (`planner.strategies.tensor_inputs`, as the planner recorded it): a hand edit the op counts and strategies
+    do not show. The rank programs read the traced graph, so such an edit changed only the step bytes `show`
+    prints and the plan's own arithmetic over its edges (round 25 new-user trial: (8, 16, 64) edited to
+    (9, 16, 64), float32 to float16, loaded silently)."""
+    from .planner.strategies import tensor_inputs
+
+    problems = []
+    for e in plan.edges:
+        info = traced.nodes.get(e.dst)
+        carried = tensor_inputs(traced, info) if info is not None else ()
+        if e.index >= len(carried) or carried[e.index].producer != e.src:
+            continue  # another graph: `_graph_diffs` names it
+        want = carried[e.index]
+        dtype = dtype_name(want.dtype)
+        if tuple(e.shape) != tuple(want.shape) or e.dtype != dtype:
+            problems.append(f"edge {e.src} -> {e.dst} (input {e.index}): the plan records {tuple(e.shape)} {e.dtype}, "
+                            f"the model carries {tuple(want.shape)} {dtype}")
+    if problems:
+        listed = problems[:_MAX_LISTED] + ([f"... {len(problems) - _MAX_LISTED} more"]
+                                           if len(problems) > _MAX_LISTED else [])
+        raise PlanValidationError("the plan's edges record tensors this model does not carry there (was it edited "
+                                  "by hand?):\n  " + "\n  ".join(listed) + "\nRemedy: re-create the plan with "
+                                  "`parallelizer plan` (or `parallelizer.plan` + Plan.save); a plan's shapes and dtypes "
+                                  "are the traced model's, not settings")
 
 
 def _graph_diffs(plan, traced: TracedGraph, structure_only: bool) -> list[str]:

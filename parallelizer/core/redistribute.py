@@ -33,8 +33,9 @@ full gradients, so its backward is a free `local_slice`. Tensors without gradien
 Bytes follow nccl-tests' convention (`cost_model.communication`): all_gather = output (gathered) local
 bytes, reduce_scatter = input local bytes, all_reduce = the buffer, all_to_all = the per-rank buffer.
 A SUM of a float narrower than float32 (float16, bfloat16) runs in float32 and is rounded once after it
-(`rewriter.collectives`; round 24, r24b), as one device's kernels accumulate in float32 and round once: its
-steps move `sum_itemsize` (4) bytes per element, the forward all_reduce / reduce_scatter of a Partial and,
+(`rewriter.collectives`; round 24, r24b), as one device's kernels accumulate in float32 and round once; a dtype
+gloo cannot sum runs in a wider one (int16 in int64, float8 in float32; `sum_dtype`): its
+steps move `sum_itemsize` bytes per element (4 for float16; 8 for int16; round 25), the forward all_reduce / reduce_scatter of a Partial and,
 on a tensor that is not a parameter, the backward sums of gradients (`grad_all_reduce`, an all_gather's
 reduce_scatter conjugate). A parameter's gradient sums are priced at the plan's gradient bytes by the planner
 (`planner.costs.Pricer.step_time_s`), so their bytes stay at the use dtype here.
@@ -52,7 +53,8 @@ from .layout import Layout, Partial, Replicate, Shard, local_shape, placement_st
 from .mesh import MeshSpec
 
 __all__ = ["Step", "STEP_KINDS", "COLLECTIVE_KINDS", "redistribute_steps", "edge_steps", "grad_partial_axes",
-           "ImpossibleRedistributionError", "NARROW_FLOATS", "WIDENED_FLOATS", "sum_dtype", "sum_itemsize"]
+           "ImpossibleRedistributionError", "NARROW_FLOATS", "WIDENED_FLOATS", "SUMMED_AS_IS", "sum_dtype",
+           "sum_itemsize", "widened_dtype"]
 
 STEP_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "local_slice", "grad_all_reduce")
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -75,16 +77,38 @@ float32; a bfloat16 product computed in float32 would run, and be priced, at a G
 dense on an H100 SXM, NVIDIA H100 datasheet)."""
 
 
+SUMMED_AS_IS = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float32,
+                          torch.float64})
+"""Dtypes a collective SUM runs in as they are: those gloo's reduce kernels take (ProcessGroupGloo's
+GENERATE_ALL_TYPES, torch 2.13.0) apart from `NARROW_FLOATS`; complex dtypes sum as their real views."""
+
+
 def sum_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a collective SUM of a `dtype` tensor runs in: float32 for `NARROW_FLOATS`, else `dtype`."""
+    """The dtype a collective SUM of a `dtype` tensor runs in, the one rule the runtime sums by
+    (`rewriter.collectives._carried`, `grad_sync`, `localize`, `vocab_parallel`) and the planner prices by
+    (`sum_itemsize`): `dtype` for `SUMMED_AS_IS` and complex dtypes; float32 for every other float (float16 /
+    bfloat16: `NARROW_FLOATS`, as one device accumulates them; float8, which gloo cannot sum); int64 for every
+    other integer (int16, uint16, uint32, uint64, which gloo cannot sum: added in int64 and cast back, wrapping as
+    in their own dtype)."""
+    if dtype in SUMMED_AS_IS or dtype.is_complex:
+        return dtype
+    return torch.float32 if dtype.is_floating_point else torch.int64
+
+
+def widened_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an input of `dtype` is computed in by an op whose output is a pending sum of a `WIDENED_FLOATS`
+    value (`rewriter.apply.as_sum_dtype`, priced so by `planner.costs.Pricer`): float32 for `NARROW_FLOATS`,
+    else `dtype` (an index or mask input keeps its own)."""
     return torch.float32 if dtype in NARROW_FLOATS else dtype
 
 
-def sum_itemsize(itemsize: int, floating: bool = True) -> int:
-    """Bytes per element a summing collective moves for a tensor of `itemsize` bytes per element: 4 for a float
-    of 2 bytes (`sum_dtype`: float16 / bfloat16 sum in float32), else `itemsize`. Integer tensors
-    (`floating=False`) move their own bytes."""
-    return 4 if floating and itemsize == 2 else itemsize
+def sum_itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element a summing collective moves for a `dtype` tensor: the itemsize of `sum_dtype(dtype)`,
+    the dtype the runtime sums it in (4 for float16 / bfloat16; an int16 or uint16 tensor its own 2, a float64
+    one 8). The planner (`planner.costs.Pricer.steps`, `planner.op_comm`, `planner.plan.derive_edge`) and the
+    rewriter (`rewriter.apply`) all read the width of a sum here, from a dtype, never from an itemsize alone
+    (before round 25 the planner took any 2-byte tensor, an int16 one too, for a float summed at 4 B)."""
+    return sum_dtype(dtype).itemsize
 
 
 class ImpossibleRedistributionError(ParallelizerError, ValueError):

@@ -217,10 +217,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             is_param = spaces[ti.producer].kind == "param"
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = space_edge(mesh, spaces, nodes, name, k)
-            itemsize = pricer.itemsize(ti.dtype)
             axes = grad_axes(s, k, mesh)
-            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
-            times = pricer.edge_step_times(priced, itemsize if is_param else None, pricer.regathers(tg, ti.producer))
+            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, ti.dtype, axes, req, is_param)
+            times = pricer.edge_step_times(priced, pricer.itemsize(ti.dtype) if is_param else None,
+                                           pricer.regathers(tg, ti.producer))
             for st, (fwd, bwd) in (zip(priced, times) if uses.first(ti.producer, name, s.inputs[k], axes) else ()):
                 if st.fwd_collective:
                     comm[st.fwd_collective] += fwd
@@ -311,10 +311,9 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
         if (n, k) not in firsts:
             return 0.0
         ti = spaces[n].inputs[k]
-        itemsize = pricer.itemsize(ti.dtype)
         req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
         total = 0.0
-        for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, itemsize,
+        for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, ti.dtype,
                                grad_axes(strat[n], k, mesh), req):
             fwd = pricer.step_time_s(st)[0]
             total += fwd

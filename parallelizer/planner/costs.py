@@ -48,7 +48,8 @@ from ..config import PlanConfig
 from ..errors import PrecisionError
 from ..core.layout import Layout, Partial, Shard, local_shape
 from ..core.mesh import MeshSpec
-from ..core.redistribute import WIDENED_FLOATS, ImpossibleRedistributionError, Step, edge_steps, sum_dtype, sum_itemsize
+from ..core.redistribute import (WIDENED_FLOATS, ImpossibleRedistributionError, Step, edge_steps, sum_itemsize,
+                                 widened_dtype)
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
@@ -253,18 +254,19 @@ class Pricer:
         """Bytes per element of a parameter's gradient as reduced (`cost_model.memory.BYTES_PER_PARAM`)."""
         return bytes_per_param(self.precision, self.config.optimizer)[1]
 
-    def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int, grad_axes: tuple[str, ...],
+    def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
-        """`core.redistribute.edge_steps` on this mesh (cached on all its arguments, an impossible change too;
-        raises as it does). A tensor priced at 2 bytes per element is taken for a float (float16 / bfloat16):
-        its sums move 4 (`core.redistribute.sum_itemsize`, as the runtime sums them in float32)."""
-        key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
+        """`core.redistribute.edge_steps` on this mesh for a tensor traced in `dtype` (cached on all its arguments,
+        an impossible change too; raises as it does): its steps move `itemsize(dtype)` bytes per element (the
+        priced dtype), its sums `core.redistribute.sum_itemsize` of the priced dtype, the width the runtime sums
+        it in (float16 / bfloat16: float32's 4 B; int16 its own 2 B)."""
+        key = (src, dst, shape, dtype, grad_axes, requires_grad, is_parameter)
         hit = self._steps.get(key)
         if hit is None:
             try:
-                hit = edge_steps(src, dst, shape, self.mesh, itemsize=itemsize, grad_partial_axes=grad_axes,
+                hit = edge_steps(src, dst, shape, self.mesh, itemsize=self.itemsize(dtype), grad_partial_axes=grad_axes,
                                  requires_grad=requires_grad, is_parameter=is_parameter,
-                                 sum_bytes=sum_itemsize(itemsize))
+                                 sum_bytes=sum_itemsize(self.dtype(dtype)))
             except ImpossibleRedistributionError as err:
                 hit = err
             self._steps[key] = hit
@@ -272,42 +274,42 @@ class Pricer:
             raise ImpossibleRedistributionError(*hit.args)  # a fresh one: re-raising `hit` would grow its traceback
         return hit
 
-    def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
+    def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype,
                     grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,
                     regather: bool = True) -> float:
-        """Forward + backward seconds of one use of a tensor (cached); inf when the change is impossible
-        (e.g. Replicate -> Partial): the ILP then forbids that pair."""
-        return self.edge_cost(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter, regather)[0]
+        """Forward + backward seconds of one use of a tensor traced in `dtype` (cached); inf when the change is
+        impossible (e.g. Replicate -> Partial): the ILP then forbids that pair."""
+        return self.edge_cost(src, dst, shape, dtype, grad_axes, requires_grad, is_parameter, regather)[0]
 
-    def forward_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
+    def forward_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype,
                   grad_axes: tuple[str, ...], requires_grad: bool) -> float:
         """Forward seconds of the redistribution of an activation (its steps' forward collectives, as
         `step_time_s` prices them): what recomputing its consumer runs again (`recompute.RegionPrice`); 0 for
         an impossible change (the ILP forbids that pair through `edge_cost`). Cached."""
-        key = (src, dst, shape, itemsize, grad_axes, requires_grad)
+        key = (src, dst, shape, dtype, grad_axes, requires_grad)
         hit = self._fwd.get(key)
         if hit is None:
             try:
-                steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad)
+                steps = self.steps(src, dst, shape, dtype, grad_axes, requires_grad)
                 hit = sum(self.step_time_s(s)[0] for s in steps)
             except ImpossibleRedistributionError:
                 hit = 0.0
             self._fwd[key] = hit
         return hit
 
-    def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], itemsize: int,
+    def edge_cost(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype,
                   grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,
                   regather: bool = True) -> tuple[float, int]:
         """(`edge_time_s`, collectives launched forward and backward) of one use of a tensor (cached); the count
         breaks ties in the ILP (`ilp.py`). An impossible change: (inf, 0). `regather`: whether the program
         gathers the parameter again in backward (`Pricer.regathers`)."""
-        key = (src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter, regather)
+        key = (src, dst, shape, dtype, grad_axes, requires_grad, is_parameter, regather)
         hit = self._edge.get(key)
         if hit is None:
             try:
-                steps = self.steps(src, dst, shape, itemsize, grad_axes, requires_grad, is_parameter)
-                seconds = sum(f + b for f, b in self.edge_step_times(steps, itemsize if is_parameter else None,
-                                                                     regather))
+                steps = self.steps(src, dst, shape, dtype, grad_axes, requires_grad, is_parameter)
+                param_itemsize = self.itemsize(dtype) if is_parameter else None
+                seconds = sum(f + b for f, b in self.edge_step_times(steps, param_itemsize, regather))
                 count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + (s.regather and regather)
                             for s in steps)
                 hit = (seconds, int(count))
@@ -399,7 +401,7 @@ class Pricer:
             self._node[key] = hit
         inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
                                tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,
-                               self.itemsize(space.inputs[0].dtype) if space.inputs else 4)
+                               self.dtype(space.inputs[0].dtype) if space.inputs else torch.float32)
         extra = (_vocab_parallel_saved_bytes(info, strategy, in_local, self.itemsize(space.inputs[0].dtype))
                  if space.requires_grad and space.inputs else 0)
         if not inner:
@@ -415,7 +417,7 @@ class Pricer:
 
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local,
                wide: bool = False) -> NodeCost:
-        dtype_of = (lambda d: sum_dtype(self.dtype(d))) if wide else self.dtype
+        dtype_of = (lambda d: widened_dtype(self.dtype(d))) if wide else self.dtype
         args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, dtype_of)
         fused, share = self.fusion_of(tg, info.name), self.saved_share(tg, info.name)
         grads = self.grad_args(tg, info.name)

@@ -23,7 +23,7 @@ from ..config import PlanConfig
 from ..tracer import TracedGraph
 from ..tracer.graph import alias_source, mutated_args
 from .problem import Problem, min_memory_bytes
-from .strategies import mutation_edges, role_axes
+from .edge_roles import mutation_edges, role_axes
 
 
 def _alive_after_propagation(problem: Problem, prefix: int | None = None) -> tuple[list[np.ndarray], int | None, tuple | None]:

@@ -237,7 +237,7 @@ def _dense(like: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
 def _moves(pricer: Pricer, have: Layout, want: Layout, shape, dtype) -> bool:
     """Whether the rewriter emits a step between the two layouts (`Pricer.steps`; an impossible change counts)."""
     try:
-        return bool(pricer.steps(have, want, tuple(shape), pricer.itemsize(dtype), (), False))
+        return bool(pricer.steps(have, want, tuple(shape), dtype, (), False))
     except Exception:  # noqa: BLE001 -- ImpossibleRedistributionError: the plan cannot hold it; a copy
         return True
 

@@ -107,7 +107,7 @@ def derive_edge(mesh: MeshSpec, src: str, dst: str, index: int, src_layout: str,
         raise ValueError(f"{dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16', 'int64')")
     steps = _derived_steps(mesh, src_layout, consumer.inputs[index], consumer.output, tuple(shape),
                            torch_dtype.itemsize, requires_grad, is_parameter,
-                           sum_itemsize(torch_dtype.itemsize, torch_dtype.is_floating_point))
+                           sum_itemsize(torch_dtype))
     return EdgePlan(src, dst, index, src_layout, consumer.inputs[index], steps, tuple(shape), dtype, requires_grad)
 
 
@@ -249,7 +249,7 @@ class Plan:
                 dtype = getattr(torch, e.dtype)
                 steps = _derived_steps(self.mesh, str(Layout.replicate(self.mesh.ndim)), e.dst_layout, out,
                                        tuple(e.shape), dtype.itemsize, dtype.is_floating_point or dtype.is_complex,
-                                       False, sum_itemsize(dtype.itemsize, dtype.is_floating_point))
+                                       False, sum_itemsize(dtype))
             for st in steps:
                 if self.mesh.size(st.mesh_axis) > 1:
                     counts[(st.kind, st.mesh_axis)] = counts.get((st.kind, st.mesh_axis), 0) + 1

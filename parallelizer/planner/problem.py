@@ -40,7 +40,8 @@ from ..tracer.graph import carries_grad
 from .costs import Pricer
 from .shared_uses import EdgeUse, SharedRedistribution, share, use_epochs
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
-from .strategies import EdgeRoles, NodeSpace, Strategy, TensorInput, mutation_edges, parameter_views, role_axes
+from .edge_roles import EdgeRoles, mutation_edges, parameter_views, role_axes
+from .strategies import NodeSpace, Strategy, TensorInput
 
 
 @dataclass
@@ -176,7 +177,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             mem[g] += [c.saved_bytes for c in costs]
         for k, ti in enumerate(space.inputs):
             prod = spaces[ti.producer]
-            mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.itemsize(ti.dtype),
+            mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype,
                                       prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
                                       _edge_roles(roles, prod, space, k, (name, k) in mutated, views),
                                       pricer.regathers(tg, ti.producer))
@@ -287,13 +288,13 @@ def _linear_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, rr) -> tupl
         one end has one strategy. Paid per use: an upper bound where uses of one value share its copy."""
         dst, ti = spaces[name], spaces[name].inputs[k]
         src = spaces[ti.producer]
-        itemsize, req = pricer.itemsize(ti.dtype), src.requires_grad and carries_grad(ti.dtype)
+        req = src.requires_grad and carries_grad(ti.dtype)
         src_layouts, src_idx = _unique([s.output for s in src.strategies])
         dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, problem.mesh)) for s in dst.strategies])
-        key = ("rerun", tuple(src_layouts), tuple(dst_keys), ti.shape, itemsize, req)
+        key = ("rerun", tuple(src_layouts), tuple(dst_keys), ti.shape, ti.dtype, req)
         small = pricer.matrices.get(key)
         if small is None:
-            small = pricer.matrices[key] = np.array([[pricer.forward_s(a, b, ti.shape, itemsize, axes, req)
+            small = pricer.matrices[key] = np.array([[pricer.forward_s(a, b, ti.shape, ti.dtype, axes, req)
                                                       for b, axes in dst_keys] for a in src_layouts])
         mat = small[np.ix_(src_idx, dst_idx)]
         g, h = group_of[ti.producer], group_of[name]
@@ -345,10 +346,10 @@ def _separable(mat: np.ndarray) -> bool:
 def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, dst: NodeSpace, k: int,
                 mutated: bool = False, views: dict[str, tuple[int, ...]] | None = None) -> EdgeRoles:
     """The `EdgeRoles` of edge src -> input k of dst, from the (data axes, tp axes) of the axis roles, and
-    whether dst mutates the value in place (`strategies.mutation_edges`). Activations are not gathered over a
+    whether dst mutates the value in place (`edge_roles.mutation_edges`). Activations are not gathered over a
     data axis, except into the graph output and into an input that no strategy of dst takes sharded over that
     axis (an op without a rule, or e.g. indexing by global positions): such a gather is unavoidable (and
-    reported by `Plan.notes`). Out of a view of a parameter (`views`: `strategies.parameter_views`) the
+    reported by `Plan.notes`). Out of a view of a parameter (`views`: `edge_roles.parameter_views`) the
     parameter's own dims stay whole over the data axes, as the parameter does (`EdgeRoles.whole_dims`)."""
     data, tp = roles
     if src.kind == "param":
@@ -360,18 +361,18 @@ def _edge_roles(roles: tuple[tuple[int, ...], tuple[int, ...]], src: NodeSpace, 
     return EdgeRoles(no_gather=tuple(takes_shard), identity=mutated, **whole)
 
 
-def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, itemsize: int,
+def _edge_matrix(pricer: Pricer, src: NodeSpace, dst: NodeSpace, k: int, shape, dtype: torch.dtype,
                  requires_grad: bool, mesh: MeshSpec, is_parameter: bool,
                  roles: EdgeRoles = EdgeRoles(), regather: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, collectives launched) of edge (src -> input k of dst) for every (src strategy, dst strategy)
     pair; seconds are inf (and the count 0) for a pair that is impossible or that `roles` forbid."""
     src_layouts, src_idx = _unique([s.output for s in src.strategies])
     dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, mesh)) for s in dst.strategies])
-    key = (tuple(src_layouts), tuple(dst_keys), shape, itemsize, requires_grad, is_parameter, roles, regather)
+    key = (tuple(src_layouts), tuple(dst_keys), shape, dtype, requires_grad, is_parameter, roles, regather)
     small = pricer.matrices.get(key)
     if small is None:
         cells = [[(math.inf, 0) if roles.forbids(a, b, shape, mesh) else
-                  pricer.edge_cost(a, b, shape, itemsize, axes, requires_grad, is_parameter, regather)
+                  pricer.edge_cost(a, b, shape, dtype, axes, requires_grad, is_parameter, regather)
                   for b, axes in dst_keys]
                  for a in src_layouts]
         small = pricer.matrices[key] = (np.array([[c[0] for c in row] for row in cells]),

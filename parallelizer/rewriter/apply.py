@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.layout import Layout, Partial, local_shape
 from ..core.mesh import MeshSpec
-from ..core.redistribute import WIDENED_FLOATS, Step, edge_steps, grad_partial_axes, sum_dtype, sum_itemsize
+from ..core.redistribute import WIDENED_FLOATS, Step, edge_steps, grad_partial_axes, sum_itemsize, widened_dtype
 from ..errors import UnsupportedOpError
 from ..tracer.graph import Role, TracedGraph, alias_source, carries_grad, is_view, mutated_args
 from ..tracer.normalize import SPLIT_BIAS
@@ -202,8 +202,11 @@ class _Rewriter:
             args, kwargs = torch.fx.node.map_arg((args, kwargs), self._widen)
             if kwargs.get("dtype") in WIDENED_FLOATS:
                 kwargs = {**kwargs, "dtype": torch.float32}
-        if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "meta":
-            kwargs = {**kwargs, "device": self.device}  # traced on meta: create tensors where the rank runs
+        # traced on meta: create and move tensors where the rank runs, a device given by keyword (arange, _to_copy,
+        # new_zeros) or by position (`aten.to.device(x, device, dtype)`: Qwen2's / Llama's rotary `inv_freq.to(
+        # x.device)`; rewriting a meta-traced Qwen2 raised "found at least two devices, cpu and meta", round 25)
+        args, kwargs = torch.fx.node.map_aggregate(
+            (args, kwargs), lambda a: self.device if isinstance(a, torch.device) and a.type == "meta" else a)
         out_shape = info.outputs[0].shape if info.outputs else None
         ctx = localize.Context(node, self.mesh, self.groups, sharding.inputs, sharding.output, out_shape, self.coords,
                                tuple(self.traced.node(a.name).outputs[0].shape if self.traced.node(a.name).outputs
@@ -279,7 +282,7 @@ class _Rewriter:
         is_parameter = self.traced.node(name).role is Role.PARAMETER
         steps = edge_steps(src, dst, tuple(shape), self.mesh, itemsize=dtype.itemsize,
                            grad_partial_axes=grad_axes if requires_grad else (), requires_grad=requires_grad,
-                           is_parameter=is_parameter, sum_bytes=sum_itemsize(dtype.itemsize, dtype.is_floating_point))
+                           is_parameter=is_parameter, sum_bytes=sum_itemsize(dtype))
         if is_parameter and requires_grad and any(s.kind in ("grad_all_reduce", "all_gather") for s in steps):
             _refuse_sparse_gradient(self.traced.node(name), steps)
         for step in steps:
@@ -389,9 +392,9 @@ def _pending(layout: str) -> bool:
 
 
 def as_sum_dtype(x: torch.Tensor) -> torch.Tensor:
-    """`x` in the dtype its sums over ranks run in (`core.redistribute.sum_dtype`: float32 for float16 /
+    """`x` in the dtype a widened op computes in (`core.redistribute.widened_dtype`: float32 for float16 /
     bfloat16, exact), itself otherwise; the input of an op whose output is a pending sum (`_Rewriter._sums_wide`)."""
-    return x.to(sum_dtype(x.dtype)) if isinstance(x, torch.Tensor) else x
+    return x.to(widened_dtype(x.dtype)) if isinstance(x, torch.Tensor) else x
 
 
 def bias_in_dtype_of(bias: torch.Tensor, product: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.fx
 
 from parallelizer.core.layout import chunk_range
-from parallelizer.core.redistribute import sum_dtype
+from parallelizer.core.redistribute import NARROW_FLOATS, SUMMED_AS_IS, sum_dtype
 from parallelizer.runtime.launch import DistributedError
 
 from . import hierarchical
@@ -222,8 +222,7 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
 
 # dtypes gloo's kernels take (ProcessGroupGloo's GENERATE_ALL_TYPES, torch 2.13.0); any other raised a bare
 # "Invalid scalar type" on every rank from a functional collective
-_CARRIED = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-                      torch.float32, torch.float64})
+_CARRIED = SUMMED_AS_IS | NARROW_FLOATS
 _SAME_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}  # bit views for moves
 
 
@@ -256,15 +255,12 @@ def _carried(sums: bool):
     def wrap(step):
         @wraps(step)
         def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if sums and sum_dtype(x.dtype) != x.dtype:
+            if sums and sum_dtype(x.dtype) != x.dtype:  # the one rule, priced by `core.redistribute.sum_itemsize`
                 return step(x.to(sum_dtype(x.dtype)), *args, **kwargs).to(x.dtype)
             if x.dtype in _CARRIED:
                 return step(x, *args, **kwargs)
             if x.is_complex():
                 return torch.view_as_complex(step(carried_view(x.contiguous()), *args, **kwargs).contiguous())
-            if sums:
-                wide = torch.float32 if x.is_floating_point() else torch.int64
-                return step(x.to(wide), *args, **kwargs).to(x.dtype)
             return step(carried_view(x.contiguous()), *args, **kwargs).view(x.dtype)
         return run
     return wrap

@@ -332,13 +332,6 @@ def _bn_axes(ctx: Context) -> list[str]:
     return ctx.sharded_axes(ctx.inputs[0], set(range(nd)) - {1}, nd) if training else []
 
 
-def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype torch's kernels accumulate `dtype` values in (ATen's `at::opmath_type`): float32 for float16 and
-    bfloat16, the dtype itself otherwise. Statistics a local form computes across ranks (batch norm's counts,
-    sums and variances) are kept in it, as the one-device kernel keeps them."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
                     eps: float, groups: list[list[int]]) -> torch.Tensor:
     """Batch norm with statistics over the whole sharded input (SyncBatchNorm semantics, uneven shards).
@@ -349,7 +342,7 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     every rank. Statistics that are Replicate but used on local shards get partial gradients, so each is
     followed by `collectives.grad_all_reduce` (Megatron's f). Shapes: x (N, C, *) -> (N, C, *).
 
-    A float16 / bfloat16 input is reduced and normalised in float32 (`opmath_dtype`) and the output cast back,
+    A float16 / bfloat16 input is reduced and normalised in float32 (`core.redistribute.sum_dtype`, ATen's `at::opmath_type`) and the output cast back,
     as torch's batch_norm kernels do (`aten/src/ATen/native/cpu/batch_norm_kernel.cpp`, `Normalization.cuh`:
     `opmath_t` / `accscalar_t` accumulation). torch's CPU kernel also rounds the mean and 1/std it normalises
     with to the input's dtype when no parameter or buffer is float32 (its `save_mean` / `save_invstd` take
@@ -368,7 +361,7 @@ def sync_batch_norm(x: torch.Tensor, weight, bias, running_mean, running_var, tr
     """
     dims = [0] + list(range(2, x.dim()))
     view = [1, -1] + [1] * (x.dim() - 2)
-    acc = opmath_dtype(x.dtype)
+    acc = sum_dtype(x.dtype)
     xa = x.to(acc)
     count = torch.tensor(float(x.numel() // max(x.shape[1], 1)), dtype=acc)
 
@@ -418,7 +411,7 @@ def sync_instance_norm(x: torch.Tensor, weight, bias, running_mean: torch.Tensor
     out = torch.ops.aten.instance_norm.default(x, weight, bias, None, None, True, momentum, eps, cudnn_enabled)
     with torch.no_grad():
         dims = list(range(2, x.dim()))
-        xa = x.to(opmath_dtype(x.dtype))  # (float32 statistics of a 16-bit input, as `sync_batch_norm`)
+        xa = x.to(sum_dtype(x.dtype))  # (float32 statistics of a 16-bit input, as `sync_batch_norm`)
         stats = torch.stack([xa.mean(dims).sum(0), xa.var(dims, correction=1).sum(0)])  # (2, C): local sums over N
         for ranks in groups:
             stats = collectives.all_reduce(stats, ranks)
@@ -507,11 +500,15 @@ def sharded_nll_loss(logp: torch.Tensor, target: torch.Tensor, weight, reduction
     """nll_loss of a batch shard (log-probabilities (N_local, C, *), target (N_local, *)): "none" the local
     losses, "sum" the local sum (Partial), "mean" the local sum over the GLOBAL denominator
     (`_mean_denominator`, torch.nn.functional.nll_loss's definition)."""
-    loss = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
-                                        reduction="none" if reduction == 0 else "sum")
     if reduction != 1:
-        return loss
-    return loss / _mean_denominator(target, weight, ignore_index, batch_groups, logp.dtype)
+        return torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
+                                            reduction="none" if reduction == 0 else "sum")
+    # the local sum and the count in `sum_dtype` (float32 for float16 / bfloat16), divided, then rounded once, as
+    # one device's kernel and `sharded_cross_entropy`: in float16 a local sum or a count past 65504 was inf (the
+    # mean inf or NaN where one device's is finite) and a count past 2048 rounded (round 25)
+    wide = sum_dtype(logp.dtype)
+    loss = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction="none")
+    return (loss.sum(dtype=wide) / _mean_denominator(target, weight, ignore_index, batch_groups, wide)).to(logp.dtype)
 
 
 # --- masked_scatter ---------------------------------------------------------------------------------------

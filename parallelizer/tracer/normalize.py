@@ -24,7 +24,7 @@
    in-place write (so it aliases no parameter, buffer, input or other value) and that no view aliases, or a
    view of one that only that view reads (`nn.Dropout(inplace=True)` on `pooled.flatten(1)`, MobileNetV2's
    classifier: its dropout_ had no rule and ran replicated, and under 'ddp' the plan was infeasible). The
-   planner never redistributes a value written in place (`planner.strategies.mutation_edges`), which is right
+   planner never redistributes a value written in place (`planner.edge_roles.mutation_edges`), which is right
    for state but made `loss += aux` on a Partial (a mean loss over a sharded batch) unplannable under 'ddp'
    (InfeasiblePlanError on cross_entropy_loss); the out-of-place form computes the same values.
 6. (Applied first, in every region's body too.) An `out=` variant (`torch.div(a, b, out=buf)`;

@@ -328,7 +328,7 @@ def test_a_slice_over_the_merged_batch_dim_trains_as_one_device_under_ddp(two_ra
 
 def test_an_input_written_in_place_is_written_whole_on_every_rank(two_rank_reports):
     """`x.mul_(2)` on a user input, dp=2 (ddp, which shards the other input y): x stays Replicate
-    (`planner.strategies.written_inputs`), so after each step the caller's x equals eager's on every rank;
+    (`planner.edge_roles.written_inputs`), so after each step the caller's x equals eager's on every rank;
     rehearsal now gives each side its own copy of the inputs and compares them after the steps. Before, x was
     batch-sharded as a view of the caller's tensor: each rank doubled only its own rows (the caller's x
     differed between ranks and from eager by 2.9, while outputs, loss and gradients matched: silent)."""

@@ -189,7 +189,7 @@ def test_a_pipeline_plan_of_an_unweighable_own_loss_is_warned_at_wrapping():
     A model whose own loss pm.step can weigh gets no such warning."""
     import warnings
 
-    from parallelizer.api import _warn_microbatch_mixing
+    from parallelizer.auto_parallel import _warn_microbatch_mixing
     from test_cli import class_weighted
 
     model, (ids, labels) = class_weighted(batch=8)

@@ -398,3 +398,14 @@ def test_a_mesh_of_fewer_devices_than_the_cluster_names_the_cli_remedy(mesh, clu
     with unittest.mock.patch("parallelizer.tracer.trace", side_effect=AssertionError("traced before the check")):
         assert cli.main(["plan", *GPT, "--mesh", mesh, "--cluster", cluster, "-o", str(tmp_path / "p.json")]) == 2
     assert remedy in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    # round 25 new-user trial: Ctrl-C during `parallelizer rehearse` printed the interpreter's traceback of the
+    # multiprocessing wait it interrupted (the ranks stopped: the terminal's SIGINT reaches the process group)
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_show", interrupted)
+    assert cli.main(["show", "plan.json"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted: parallelizer show stopped (Ctrl-C)" and "Traceback" not in err

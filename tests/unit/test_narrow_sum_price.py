@@ -14,6 +14,8 @@ from parallelizer.core import Layout, MeshSpec, Partial, Replicate, Shard, edge_
 from parallelizer.core.redistribute import sum_dtype, sum_itemsize
 from parallelizer.config import PlanConfig
 from parallelizer.planner.api import build
+from parallelizer.planner.plan import NodePlan, derive_edge
+from parallelizer.rewriter import collectives
 from parallelizer.rewriter.apply import as_sum_dtype, rewrite
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.rewriter.verify import verify
@@ -22,11 +24,70 @@ MESH = MeshSpec(("tp",), (2,))
 SHAPE = (6, 10)
 
 
-@pytest.mark.parametrize("dtype, bytes_", [(torch.float16, 4), (torch.bfloat16, 4), (torch.float32, 4),
-                                           (torch.float64, 8), (torch.int16, 2), (torch.int64, 8)])
-def test_sum_bytes_per_element(dtype, bytes_):
-    assert sum_itemsize(dtype.itemsize, dtype.is_floating_point) == bytes_
-    assert sum_dtype(dtype) == (torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
+# bytes per element a SUM over ranks moves, closed form: float16 / bfloat16 in float32 (one device's accumulation,
+# r24b); gloo sums bool, (u)int8, int32, int64, float32, float64 as they are and no other dtype (ProcessGroupGloo's
+# GENERATE_ALL_TYPES), so int16 / uint16 / uint32 / uint64 add in int64 and float8 in float32 (`collectives._carried`)
+SUM_BYTES = [(torch.float16, 4), (torch.bfloat16, 4), (torch.float32, 4), (torch.float64, 8), (torch.int16, 8),
+             (torch.uint16, 8), (torch.int32, 4), (torch.uint32, 8), (torch.int64, 8), (torch.int8, 1),
+             (torch.uint8, 1), (torch.float8_e4m3fn, 4), (torch.complex64, 8)]
+
+
+def _runtime_sum_bytes(dtype: torch.dtype) -> int:
+    """Bytes per element of the tensor the runtime hands the backend to sum a `dtype` tensor, read off that tensor
+    (`collectives._carried(sums=True)` around a recording step; a complex one as its real view)."""
+    seen = []
+    run = collectives._carried(sums=True)(lambda x: seen.append(x) or x)
+    out = run(torch.ones(3, 5).to(dtype))
+    assert out.dtype == dtype and len(seen) == 1
+    return seen[0].numel() * seen[0].element_size() // 15
+
+
+@pytest.mark.parametrize("dtype, bytes_", SUM_BYTES)
+def test_sum_bytes_per_element_are_the_bytes_the_runtime_sums(dtype, bytes_):
+    assert sum_itemsize(dtype) == bytes_ == sum_dtype(dtype).itemsize
+    assert _runtime_sum_bytes(dtype) == bytes_
+
+
+@pytest.fixture(scope="module")
+def fp32_traced():
+    with contextlib.redirect_stdout(io.StringIO()):
+        return parallelizer.trace(RowParallel(), (torch.ones(2, 4),))
+
+
+@pytest.fixture(scope="module")
+def fp32_pricer(fp32_traced):
+    return build(fp32_traced, MESH, cluster="h100:1x2", config=PlanConfig(precision="fp32"))[1]
+
+
+@pytest.mark.parametrize("dtype, bytes_", SUM_BYTES)
+def test_the_planner_prices_a_partial_of_any_dtype_at_the_bytes_the_runtime_sums(fp32_pricer, dtype, bytes_):
+    # round 25: `Pricer.steps` took every 2-byte tensor for a float summed at 4 B (an int16 Partial priced at 4 B per
+    # element where the runtime moves int64's 8), and a float8 or uint32 one at its own itemsize (1, 4 for 4, 8)
+    n = math.prod(SHAPE)
+    for dst, kind in [(Layout((Replicate(),)), "all_reduce"), (Layout((Shard(0),)), "reduce_scatter")]:
+        step, = fp32_pricer.steps(Layout((Partial(),)), dst, SHAPE, dtype, (), False)
+        assert step.kind == kind and step.nbytes == n * _runtime_sum_bytes(dtype) == n * bytes_
+    gather, = fp32_pricer.steps(Layout((Shard(0),)), Layout((Replicate(),)), SHAPE, dtype, (), False)
+    assert gather.nbytes == n * dtype.itemsize  # a move carries the dtype's own bytes
+
+
+@pytest.mark.parametrize("dtype, bytes_", SUM_BYTES)
+def test_a_plans_steps_carry_the_bytes_the_runtime_sums(dtype, bytes_):
+    # `plan.derive_edge` (the steps a Plan records, shows and the rewriter emits) gave an int16 Partial's all_reduce
+    # 2 B per element and a float8 one 1 B before round 25, where the runtime sums them in int64 / float32
+    consumer = NodePlan("aten.relu.default", ("R",), "R")
+    edge = derive_edge(MESH, "a", "b", 0, "P", consumer, SHAPE, str(dtype).removeprefix("torch."), False, False)
+    (step,) = edge.steps
+    assert step.kind == "all_reduce" and step.nbytes == math.prod(SHAPE) * _runtime_sum_bytes(dtype)
+
+
+def test_a_float32_tensor_priced_as_bf16_moves_2_bytes_and_sums_4(fp32_traced):
+    # precision "bf16" prices an fp32-traced tensor as autocast's bf16 (2 B), whose sums run in float32
+    pricer = build(fp32_traced, MESH, cluster="h100:1x2", config=PlanConfig(precision="bf16"))[1]
+    n = math.prod(SHAPE)
+    step, = pricer.steps(Layout((Partial(),)), Layout((Replicate(),)), SHAPE, torch.float32, (), False)
+    gather, = pricer.steps(Layout((Shard(0),)), Layout((Replicate(),)), SHAPE, torch.float32, (), False)
+    assert (step.nbytes, gather.nbytes) == (4 * n, 2 * n)
 
 
 @pytest.mark.parametrize("dst, kind", [(Layout((Replicate(),)), "all_reduce"), (Layout((Shard(0),)), "reduce_scatter")])

@@ -15,7 +15,7 @@ import torch
 
 import parallelizer
 from parallelizer import NoParallelismWarning, zoo
-from parallelizer.api import _warn_idle_axes
+from parallelizer.auto_parallel import _warn_idle_axes
 from parallelizer.core import Layout
 from parallelizer.core.layout import placement_str
 from parallelizer.planner import plan

@@ -23,12 +23,12 @@ def test_vocab_parallel_cross_entropy_all_reduces_three_row_vectors_in_three_cal
     ce = _node(aten.cross_entropy_loss.default)  # reduction "mean" (default)
     # logits (N, C) classes sharded on axis 1 ("tp"), rows on axis 0 ("dp"): local (256, 512), target (256,)
     mesh, rr, shapes = MeshSpec(("dp", "tp"), (2, 2)), Layout.parse("RR"), [(512, 1024), (512,)]
-    got = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), rr, shapes, (), mesh, 4)
+    got = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), rr, shapes, (), mesh, torch.float32)
     # three calls of one row vector each, as `localize.sharded_cross_entropy` runs them (max, sum of exp, picked)
     assert sorted(got) == sorted([("all_reduce", 256 * 4, 1, False)] * 3 + [("all_reduce", 4, 0, False)])
     summed = _node(aten.cross_entropy_loss.default, None, 2)  # reduction "sum": no denominator
-    assert op_collectives(summed, (Layout.parse("S(0)R"), Layout.parse("S(0)R")), rr, shapes, (), mesh, 4) == []
-    assert op_collectives(ce, (rr, rr), rr, shapes, (), mesh, 4) == []
+    assert op_collectives(summed, (Layout.parse("S(0)R"), Layout.parse("S(0)R")), rr, shapes, (), mesh, torch.float32) == []
+    assert op_collectives(ce, (rr, rr), rr, shapes, (), mesh, torch.float32) == []
 
 
 def test_sync_batch_norm_all_reduces_statistics_forward_and_their_gradients_backward():
@@ -37,11 +37,11 @@ def test_sync_batch_norm_all_reduces_statistics_forward_and_their_gradients_back
     bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False))
     mesh, layouts = MeshSpec(("dp",), (2,)), (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4
     shapes = [(16, 16, 4, 4)] + [(16,)] * 4
-    got = op_collectives(bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, 4)
+    got = op_collectives(bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, torch.float32)
     assert sorted(got) == sorted([("all_reduce", 4, 0, False)] + [("all_reduce", 64, 0, False)] * 2
                                  + [("all_reduce", 64, 0, True)] * 2)
     eval_bn = g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, False, 0.1, 1e-5, False))
-    assert op_collectives(eval_bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, 4) == []
+    assert op_collectives(eval_bn, layouts, Layout.parse("S(0)"), shapes, (16, 16, 4, 4), mesh, torch.float32) == []
 
 
 def test_instance_norm_updating_running_statistics_on_a_batch_shard_all_reduces_them_forward_only():
@@ -52,11 +52,11 @@ def test_instance_norm_updating_running_statistics_on_a_batch_shard_all_reduces_
     tracked = g.call_function(aten.instance_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False))
     mesh, layouts = MeshSpec(("dp", "tp"), (2, 2)), (Layout.parse("S(0)R"),) + (Layout.parse("RR"),) * 4
     shapes, out = [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4)
-    assert op_collectives(tracked, layouts, Layout.parse("S(0)R"), shapes, out, mesh, 4) == [("all_reduce", 2 * 6 * 4, 0, False)]
+    assert op_collectives(tracked, layouts, Layout.parse("S(0)R"), shapes, out, mesh, torch.float32) == [("all_reduce", 2 * 6 * 4, 0, False)]
     plain = g.call_function(aten.instance_norm.default, (x, w, b, None, None, True, 0.1, 1e-5, False))
-    assert op_collectives(plain, layouts[:3], Layout.parse("S(0)R"), shapes[:3], out, mesh, 4) == []
+    assert op_collectives(plain, layouts[:3], Layout.parse("S(0)R"), shapes[:3], out, mesh, torch.float32) == []
     rr = (Layout.parse("RR"),) * 5
-    assert op_collectives(tracked, rr, Layout.parse("RR"), shapes, out, mesh, 4) == []
+    assert op_collectives(tracked, rr, Layout.parse("RR"), shapes, out, mesh, torch.float32) == []
 
 
 @pytest.mark.parametrize("src, dst, row_elems, even_src, even_dst", [
@@ -69,10 +69,10 @@ def test_view_of_an_uneven_shard_prices_its_recut_as_an_all_to_all_each_way(src,
     view = _node(aten.view.default, list(dst))
     mesh, s0 = MeshSpec(("dp",), (4,)), Layout.parse("S(0)")
     nbytes = 9 * row_elems * 4 * 4 // 3
-    got = op_collectives(view, (s0,), s0, [src], dst, mesh, 4)
+    got = op_collectives(view, (s0,), s0, [src], dst, mesh, torch.float32)
     assert got == [("all_to_all", nbytes, 0, False), ("all_to_all", nbytes, 0, True)]
-    assert op_collectives(view, (s0,), s0, [even_src], even_dst, mesh, 4) == []  # blocks line up: no re-cut
-    assert op_collectives(view, (Layout.parse("R"),), Layout.parse("R"), [src], dst, mesh, 4) == []
+    assert op_collectives(view, (s0,), s0, [even_src], even_dst, mesh, torch.float32) == []  # blocks line up: no re-cut
+    assert op_collectives(view, (Layout.parse("R"),), Layout.parse("R"), [src], dst, mesh, torch.float32) == []
 
 
 class _Head(nn.Module):
@@ -100,3 +100,99 @@ def test_node_cost_adds_the_inner_collectives_of_a_vocab_parallel_cross_entropy(
     assert with_comm["vocab"].fwd_s == pytest.approx(alone["vocab"].fwd_s + three_rows, rel=1e-12)
     assert with_comm["rows"].fwd_s == pytest.approx(alone["rows"].fwd_s + denominator, rel=1e-12)
     assert [c.bwd_s for c in with_comm.values()] == [c.bwd_s for c in alone.values()]  # no backward collective
+
+
+# --- the width of the statistics' all-reduces: priced as the runtime sums them (round 25) -------------------------
+
+class _Backend:
+    """Stands in for the functional collectives in ONE process: records the bytes of every tensor the runtime hands
+    the backend (the values returned are the rank's own: only the bytes are read) and the kind of reduction."""
+
+    def __init__(self):
+        self.moved = []
+        self.AsyncCollectiveTensor = type(None)  # nothing returned is one: `collectives._wait` returns it as is
+
+    def all_reduce(self, x, op, name):
+        self.moved.append(x.numel() * x.element_size())
+        return x
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    from parallelizer.rewriter import collectives
+    fake = _Backend()
+    monkeypatch.setattr(collectives, "_resolve", lambda group, op, hierarchy=None: collectives._GroupView("g", (0, 1), 0))
+    monkeypatch.setattr(collectives, "funcol", fake)
+    return fake
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_sync_batch_norm_statistics_are_priced_at_the_bytes_the_runtime_all_reduces(backend, dtype):
+    # a 16-bit batch norm reduces its count, sums and variances in float32 (`localize.sync_batch_norm`, as torch's
+    # kernels accumulate); before round 25 `op_comm` priced them at the input's 2 B per element, half what moves
+    from parallelizer.rewriter.localize import sync_batch_norm
+    x = torch.randn(8, 6, 4, 4).to(dtype).requires_grad_()
+    params = [torch.ones(6, dtype=dtype, requires_grad=True), torch.zeros(6, dtype=dtype, requires_grad=True)]
+    sync_batch_norm(x, *params, torch.zeros(6, dtype=dtype), torch.ones(6, dtype=dtype), True, 0.1, 1e-5,
+                    [[0, 1]]).float().square().sum().backward()
+    g = torch.fx.Graph()
+    bn = g.call_function(aten.batch_norm.default, (*(g.placeholder(n) for n in "xwbmv"), True, 0.1, 1e-5, False))
+    layouts = (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4
+    priced = op_collectives(bn, layouts, Layout.parse("S(0)"), [(16, 6, 4, 4)] + [(6,)] * 4, (16, 6, 4, 4),
+                            MeshSpec(("dp",), (2,)), dtype)
+    assert sorted(b for _, b, _, _ in priced) == sorted(backend.moved) == [4, 24, 24, 24, 24]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_vocab_parallel_cross_entropy_is_priced_at_the_bytes_the_runtime_all_reduces(backend, dtype):
+    # the row max travels as float32's order image, the sum of exponentials, the target logit and the mean's
+    # denominator in float32 (`vocab_parallel`, `localize._mean_denominator`): 4 B per row for 16-bit logits too
+    from parallelizer.rewriter.localize import sharded_cross_entropy
+    logits = torch.randn(8, 10).to(dtype)  # rows 8 of 16 (dp), classes 0..9 of 20 (tp)
+    sharded_cross_entropy(logits, torch.randint(0, 20, (8,)), None, 1, -100, 0.0, [[0, 1]], [[0, 1]], 0, 20)
+    ce = _node(aten.cross_entropy_loss.default)
+    priced = op_collectives(ce, (Layout.parse("S(0)S(1)"), Layout.parse("S(0)R")), Layout.parse("RR"),
+                            [(16, 20), (16,)], (), MeshSpec(("dp", "tp"), (2, 2)), dtype)
+    assert sorted(b for _, b, _, _ in priced) == sorted(backend.moved) == [4, 32, 32, 32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_instance_norm_running_statistics_are_priced_at_the_bytes_the_runtime_all_reduces(backend, dtype):
+    from parallelizer.rewriter.localize import sync_instance_norm
+    sync_instance_norm(torch.randn(4, 6, 4, 4).to(dtype), None, None, torch.zeros(6, dtype=dtype),
+                       torch.ones(6, dtype=dtype), True, 0.1, 1e-5, False, 8, [[0, 1]])
+    g = torch.fx.Graph()
+    tracked = g.call_function(aten.instance_norm.default, (*(g.placeholder(n) for n in "xwbmv"), True, 0.1, 1e-5, False))
+    priced = op_collectives(tracked, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * 4, Layout.parse("S(0)"),
+                            [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4), MeshSpec(("dp",), (2,)), dtype)
+    assert [b for _, b, _, _ in priced] == backend.moved == [2 * 6 * 4]
+
+
+class _Doubling(_Backend):
+    """Two ranks holding the same shard: every sum doubles (the bytes are recorded as `_Backend` does)."""
+
+    def all_reduce(self, x, op, name):
+        super().all_reduce(x, op, name)
+        return x * 2 if op == "sum" else x
+
+
+def test_a_batch_sharded_nll_loss_mean_counts_in_float32_and_prices_its_denominator(monkeypatch):
+    # `localize.sharded_nll_loss` all-reduced its mean's denominator in the log-probabilities' dtype: a float16
+    # count of 2 x 40000 targets was inf and the loss 0 where one device's is finite; `op_comm` did not price that
+    # all-reduce at all (round 25)
+    from parallelizer.rewriter import collectives
+    from parallelizer.rewriter.localize import sharded_nll_loss
+    fake = _Doubling()
+    monkeypatch.setattr(collectives, "_resolve", lambda group, op, hierarchy=None: collectives._GroupView("g", (0, 1), 0))
+    monkeypatch.setattr(collectives, "funcol", fake)
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(40000, 5), 1).half()
+    target = torch.randint(0, 5, (40000,))
+    partial = sharded_nll_loss(logp, target, None, 1, -100, [[0, 1]])  # this rank's share of the mean
+    one_device = nn.functional.nll_loss(torch.cat([logp, logp]).float(), torch.cat([target, target]))
+    torch.testing.assert_close(2 * partial.float(), one_device, rtol=1e-3, atol=1e-5)  # float16's tolerance
+    g = torch.fx.Graph()
+    nll = g.call_function(aten.nll_loss_nd.default, (g.placeholder("x"), g.placeholder("t"), None, 1, -100))
+    priced = op_collectives(nll, (Layout.parse("S(0)"), Layout.parse("S(0)")), Layout.parse("P"),
+                            [(80000, 5), (80000,)], (), MeshSpec(("dp",), (2,)), torch.float16)
+    assert [b for _, b, _, _ in priced] == fake.moved == [4]

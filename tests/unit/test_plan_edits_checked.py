@@ -75,3 +75,21 @@ def test_a_refused_edit_is_offered_the_strategies_nearest_to_it_first(made, tmp_
         Plan.load(_edited(plan, tmp_path, "conv2d_1", "S(0) R R -> R"), traced=traced)  # planned: -> S(0)
     offered = str(err.value).split("(it offers ", 1)[1]
     assert offered.startswith("'S(0) R R -> S(0)'"), offered[:200]
+
+
+@pytest.mark.parametrize("field, value", [(2, [9, 16]), (1, "float16")])
+def test_an_edge_edited_to_another_shape_or_dtype_is_refused_naming_it(made, tmp_path, field, value):
+    # round 25 new-user trial: a Qwen2 plan's edge (8, 16, 64) edited to (9, 16, 64), or float32 to float16, loaded
+    # with its model; the program is the traced graph's, but `show`'s step bytes were the edit's
+    traced, plan = made
+    d = json.loads(plan.to_json())
+    row = next(r for r in d["graph"] if r[0] == "linear_default")  # the head: input 0, the pooled (8, 16) float32 features
+    assert row[3][0][1:3] == ["float32", [8, 16]]
+    src = row[3][0][0]
+    row[3][0][field] = value
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    Plan.load(path)  # the JSON alone is consistent
+    with pytest.raises(PlanValidationError, match=f"edge {src} -> linear_default \\(input 0\\)") as info:
+        Plan.load(path, traced=traced)
+    assert "the model carries (8, 16) float32" in str(info.value) and "Remedy" in str(info.value)

@@ -22,6 +22,7 @@ import io
 import itertools
 
 import pytest
+import torch
 
 import parallelizer
 from parallelizer import zoo
@@ -151,8 +152,8 @@ def test_a_pricer_prices_each_impossible_or_forward_change_once(monkeypatch):
     computed.clear()
     src, dst, impossible = Layout((Shard(0),)), Layout((Replicate(),)), Layout((Partial("sum"),))
     for _ in range(3):
-        assert pricer.forward_s(src, dst, (64, 10), 4, (), True) > 0
-        assert pricer.forward_s(dst, impossible, (64, 10), 4, (), True) == 0.0
+        assert pricer.forward_s(src, dst, (64, 10), torch.float32, (), True) > 0
+        assert pricer.forward_s(dst, impossible, (64, 10), torch.float32, (), True) == 0.0
         with pytest.raises(redistribute.ImpossibleRedistributionError, match="impossible"):
-            pricer.steps(dst, impossible, (64, 10), 4, (), True)
+            pricer.steps(dst, impossible, (64, 10), torch.float32, (), True)
     assert computed == [(src, dst), (dst, impossible)]

@@ -181,3 +181,36 @@ def test_a_view_valid_only_on_the_traced_strides_is_emitted_as_a_reshape():
         verify(program, traced, spec)
         code = program.graph_module.code
         assert "aten.view.default" not in code and "aten.reshape.default" in code
+
+
+class _RotaryLike(torch.nn.Module):
+    """`buffer.to(x.device)` (a device by position: `aten.to.device`, as Qwen2's / Llama's rotary `inv_freq`) and a
+    factory with a device keyword (`torch.arange(..., device=x.device)`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("inv", torch.linspace(0.1, 1.0, 8))
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
+        return self.fc(x * self.inv.to(x.device, torch.float32) + pos[None, :, None])
+
+
+def test_a_program_rewritten_from_a_meta_trace_is_the_one_rewritten_from_a_cpu_trace():
+    # README section 2: `parallelizer.rewrite(traced, plan, rank)` of a model traced on meta (as `parallelizer plan`
+    # does); a device given by position stayed `meta` in the program while its inputs are the rank's (cpu):
+    # VerificationError "found at least two devices, cpu and meta" for a Qwen2 (round 25 new-user trial)
+    torch.manual_seed(0)
+    cpu_model = _RotaryLike()
+    with torch.device("meta"):
+        meta_model = _RotaryLike()
+    x = torch.randn(4, 6, 8)
+    on_meta = parallelizer.trace(meta_model, (x.to("meta"),))
+    on_cpu = parallelizer.trace(cpu_model, (x,))
+    plan = parallelizer.plan(on_meta, {"dp": 2}, axis_roles={"dp": "ddp"})
+    from_meta = parallelizer.rewrite(on_meta, plan, rank=0)
+    assert from_meta.graph_module.code == parallelizer.rewrite(on_cpu, plan, rank=0).graph_module.code
+    devices = [a for n in from_meta.graph_module.graph.nodes for a in (*n.args, *n.kwargs.values())
+               if isinstance(a, torch.device)]
+    assert devices and all(d.type == "cpu" for d in devices)

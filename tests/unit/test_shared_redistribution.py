@@ -89,7 +89,7 @@ def _independent_price(traced, problem, pricer, choice) -> float:
     total = sum(pricer.node_cost(traced, traced.nodes[n], sp, strat[n]).total_s
                 for n, sp in problem.spaces.items() if sp.kind == "op")
     for s, k, ti, prod in uses:
-        total += pricer.edge_time_s(strat[ti.producer].output, s.inputs[k], ti.shape, pricer.itemsize(ti.dtype),
+        total += pricer.edge_time_s(strat[ti.producer].output, s.inputs[k], ti.shape, ti.dtype,
                                     grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype),
                                     prod.kind == "param", pricer.regathers(traced, ti.producer))  # round 20
     return total
@@ -113,7 +113,7 @@ def _blocking(traced, problem, pricer, choice) -> float:
     total = 0.0
     for s, k, ti, prod in uses:
         is_param, itemsize = prod.kind == "param", pricer.itemsize(ti.dtype)
-        steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize,
+        steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, ti.dtype,
                              grad_axes(s, k, problem.mesh), prod.requires_grad and carries_grad(ti.dtype), is_param)
         for j, st in enumerate(steps):
             # a gathered parameter's backward re-gather only where the program runs one (round 20, `Pricer.regathers`)

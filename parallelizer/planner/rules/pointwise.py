@@ -217,7 +217,7 @@ def _keepdim_index(v: OpView, default: int | None) -> int:
 def inplace(base: Callable[[OpView], list[AxisOption]]) -> Callable[[OpView], list[AxisOption]]:
     """The rule of an in-place op (`add_`, `fill_`, `relu_`, `copy_`, `index_put_`, ...): its out-of-place
     rule's options in which the mutated first input keeps its layout (it is written where it lives: the
-    planner also forbids any redistribution on the way to it, `strategies.mutation_edges`)."""
+    planner also forbids any redistribution on the way to it, `edge_roles.mutation_edges`)."""
     def rule(v: OpView) -> list[AxisOption]:
         return [o for o in base(v) if o.inputs and o.inputs[0] == o.output]
     rule.__doc__ = f"In-place form of `{base.__name__}`: options where the mutated input keeps its layout."
