@@ -17,6 +17,9 @@ whose packed objects live exactly as long as autograd keeps the tensor.
 
 Transient buffers inside a kernel or a collective are not visible to these hooks; the figures are what a
 memory model of training state and saved activations (ours: `cost_model.memory`) predicts.
+
+`measure_peak_rank` measures the TRUE peak of a training step instead (`LiveStorages`: every storage alive as the
+step's ops run), what `planner.peak` prices (round 25, r25c).
 """
 from __future__ import annotations
 
@@ -206,10 +209,10 @@ def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[di
     """For each (model_fn, model_kwargs, spec) case: this rank's TRUE peak of one training step (not a sum of kinds).
     The step (forward, the model's loss backward, AdamW step, `zero_grad(set_to_none=True)`) runs twice under
     `LiveStorages`; the second step's peak = the module's local parameters and buffers that the tracker did not see
-    made (unique storages) + the peak of the storages alive during the second step, which counts the optimizer state and the gradient
-    buckets the first step made and keeps. The input batch is made inside each step (the program's first
-    activation). Returns per case {"peak": bytes, "static": parameters + buffers, "after": bytes held after the
-    second step}."""
+    made (unique storages) + the peak of the storages alive during the second step, which counts the optimizer
+    state and the gradient buckets the first step made and keeps. The input batch is made inside each step (the
+    program's first activation); the output is held through the step. Returns per case {"peak": bytes, "static":
+    parameters + buffers, "after": bytes held after the second step, "at": the op (and phase) at the peak}."""
     out = []
     for model_fn, model_kwargs, spec in cases:
         torch.manual_seed(0)

@@ -140,7 +140,8 @@ def measure_peak() -> list[dict]:
         for kind in kinds:
             mesh, roles, *options = KINDS[2][kind]
             with contextlib.redirect_stdout(io.StringIO()):
-                plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32", **(options[0] if options else {}))
+                plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32",
+                                         **(options[0] if options else {}))
             cases.append((fn, kwargs, spec_from_plan(plan)))
             meta.append((model, kind, plan))
     per_rank = launch.spawn(measure_peak_rank, 2, cases, timeout_s=900)
@@ -155,7 +156,8 @@ def measure_peak() -> list[dict]:
 
 def peak_table(rows: list[dict]) -> list[str]:
     """The markdown lines of `measure_peak`'s rows."""
-    lines = ["| model | kind | priced peak | sum of kinds (total) | measured peak | peak error | sum error | measured at |",
+    lines = ["| model | kind | priced peak | sum of kinds (total) | measured peak | peak error | sum error "
+             "| measured at |",
              "|---|---|---|---|---|---|---|---|"]
     within = 0
     for r in rows:

@@ -194,7 +194,8 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         if users and all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
             continue  # a sum's backward hands its input an expanded view of its own small gradient: no storage
         hi = max((pos[c] for c in users), default=end)
-        nbytes = math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh)) * pricer.itemsize(outs[0].dtype)
+        nbytes = (math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh))
+                  * pricer.itemsize(outs[0].dtype))
         grad_delta[lo] += nbytes
         grad_delta[hi + 1] -= nbytes
     for n in order:  # the backward of a composite op kept whole holds an input-sized gradient inside it
