@@ -106,7 +106,8 @@ class StepPeak:
 
 
 def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace], pricer: Pricer,
-              saved: Mapping[str, int], *, resident_bytes: int, recompute_deltas: Mapping[tuple[str, ...], int] = {},
+              saved: Mapping[str, int], *, resident_bytes: int,
+              recompute_deltas: Mapping[tuple[str, ...], int] | None = None,
               bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepPeak:
     """The peak of one step on the largest rank (rank 0's shards, `core.layout.local_shape`) for the chosen
     strategies (module docstring).
@@ -116,7 +117,7 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
             requires_grad) and the plan's Pricer (mesh, priced dtypes, bytes per parameter).
         saved: bytes each op node keeps for backward on the rank (`local_storage.local_saved_bytes`).
         resident_bytes: params + optimizer + buffers + returned values, held through the step (bytes).
-        recompute_deltas: {nodes of a recomputed region, in graph order: its saved-bytes change (<= 0)}.
+        recompute_deltas: {nodes of a recomputed region, in graph order: its saved-bytes change (<= 0)}; None: none.
         bucket_bytes: the runtime's DDP bucket size (`ParallelModule(grad_bucket_bytes=)`); 0: no buckets.
     Returns:
         A `StepPeak`.
@@ -173,7 +174,7 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     acts_delta = [0] * (end + 2)
     for i, n in enumerate(order):
         acts_delta[i] += saved.get(n, 0)
-    for nodes, delta in recompute_deltas.items():
+    for nodes, delta in (recompute_deltas or {}).items():
         inside = [pos[n] for n in nodes if n in pos]
         if inside:
             acts_delta[max(inside) + 1] += delta
@@ -191,9 +192,10 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
             source = info.node.args[0].name
         lo = pos.get(source, pos[n])
         users = [c for c, _ in consumers.get(n, ()) if c in pos]
-        if users and all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
-            continue  # a sum's backward hands its input an expanded view of its own small gradient: no storage
-        hi = max((pos[c] for c in users), default=end)
+        if not users or all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
+            continue  # only returned (no gradient reaches it: the loss is the root), or read by sums only, whose
+            # backward hands it an expanded view of their own small gradient: no storage
+        hi = max(pos[c] for c in users)
         nbytes = (math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh))
                   * pricer.itemsize(outs[0].dtype))
         grad_delta[lo] += nbytes
