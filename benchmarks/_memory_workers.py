@@ -17,6 +17,9 @@ whose packed objects live exactly as long as autograd keeps the tensor.
 
 Transient buffers inside a kernel or a collective are not visible to these hooks; the figures are what a
 memory model of training state and saved activations (ours: `cost_model.memory`) predicts.
+
+`measure_peak_rank` measures the TRUE peak of a training step instead (`LiveStorages`: every storage alive as the
+step's ops run), what `planner.peak` prices (round 25, r25c).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from parallelizer.runtime.pipeline_rehearsal import pipeline_run
 from parallelizer.rewriter.spec import ShardingSpec, all_axis_groups
@@ -150,3 +155,92 @@ def _measure_pipeline(model_fn, model_kwargs: dict, spec: ShardingSpec, pipe: di
     dist.barrier()
     return {"params": params, "buffers": buffers, "activations": hooks.peak, "grads": grads,
             "optimizer": optimizer}
+
+
+class LiveStorages(TorchDispatchMode):
+    """The bytes of every tensor storage alive, and their peak, as the ops of a training step run: each op's output
+    storages are counted once from the op that makes them until torch frees them (a C++ weak reference,
+    `StorageWeakRef`, checked before every op), on every thread the step's ops are dispatched from (the autograd
+    engine runs a CPU backward on the caller's thread, the mode goes with it); an op's output on a storage it was
+    given (an in-place op, a view) is not new. So the peak sees activations,
+    activation gradients, parameter gradients, gradient buckets, gathered FSDP parameters, collective outputs and
+    optimizer temporaries as they live; storages made before the mode was entered are not counted (the caller adds
+    the parameters and buffers), nor buffers an op uses internally and frees before it returns (kernel workspace).
+
+    Why not torch.profiler(profile_memory=True): its [memory] events are recorded only on the thread that started
+    it, and a storage handed to a gloo collective is often freed on gloo's thread: the running total of a 2-rank
+    FSDP step kept 0.6-4 MB per step of such frees (round 25, r25c), a drift that grows with the steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.now = self.peak = 0
+        self.peak_op = ""
+
+    def _sweep(self) -> None:
+        dead = [k for k, (ref, _) in self.live.items() if ref.expired()]
+        for k in dead:
+            self.now -= self.live.pop(k)[1]
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes alive now."""
+        self._sweep()
+        self.peak = self.now
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._sweep()
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage()._cdata for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                 if isinstance(t, torch.Tensor) and t.device.type == "cpu"}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key not in self.live and key not in given and storage.nbytes():  # new, not an in-place result
+                    self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+                    self.now += storage.nbytes()
+        if self.now > self.peak:
+            phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward/step"
+            self.peak, self.peak_op = self.now, f"{func} ({phase})"
+        return out
+
+
+def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[dict]:
+    """For each (model_fn, model_kwargs, spec) case: this rank's TRUE peak of one training step (not a sum of kinds).
+    The step (forward, the model's loss backward, AdamW step, `zero_grad(set_to_none=True)`) runs twice under
+    `LiveStorages`; the second step's peak = the module's local parameters and buffers that the tracker did not see
+    made (unique storages) + the peak of the storages alive during the second step, which counts the optimizer
+    state and the gradient buckets the first step made and keeps. The input batch is made inside each step (the
+    program's first activation); the output is held through the step. Returns per case {"peak": bytes, "static":
+    parameters + buffers, "after": bytes held after the second step, "at": the op (and phase) at the peak}."""
+    out = []
+    for model_fn, model_kwargs, spec in cases:
+        torch.manual_seed(0)
+        model, inputs, *rest = model_fn(**model_kwargs)
+        kwargs = rest[0] if rest else {}
+        traced = trace(model, inputs, kwargs)
+        create_groups(all_axis_groups(spec.mesh))
+        pm = ParallelModule(traced, spec, rank, model)  # the default gradient buckets, as a user runs it
+        del model
+        opt = plan_optimizer(pm.parameters(), spec, pm, 1e-3, 1e-8)
+        tracker = LiveStorages()
+        with tracker:
+            for step in range(2):
+                tracker.reset_peak()
+                args = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+                kw = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+                output = pm(*args, **kw)  # held through the step, as a loop reading `out.loss` holds it
+                loss = rehearsal_loss(output)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del args, kw, loss, output
+            peak, peak_op = tracker.peak, tracker.peak_op
+            tracker.reset_peak()  # sweeps what the step freed last
+        # parameters and buffers the tracker did not see made (a module may make its local tensors at first use)
+        static = sum({s._cdata: s.nbytes() for s in (t.untyped_storage() for t in (*pm.parameters(), *pm.buffers()))
+                      if s._cdata not in tracker.live}.values())
+        dist.barrier()
+        out.append({"peak": static + peak, "static": static, "after": static + tracker.now, "at": peak_op})
+        del pm, opt
+    return out

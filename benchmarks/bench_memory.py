@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import parallelizer
-from benchmarks._memory_workers import measure_pipeline_rank, measure_rank
+from benchmarks._memory_workers import measure_peak_rank, measure_pipeline_rank, measure_rank
 from parallelizer import zoo
 from parallelizer.pipeline_memory import pipeline_rank_memory
 from parallelizer.rewriter.spec import spec_from_plan
@@ -121,6 +121,53 @@ def measure_pipeline() -> list[dict]:
     return rows
 
 
+PEAK_MODELS = {  # name: (builder, kwargs, kinds): weights small against activations, and large (wide, few layers)
+    "gpt2": (zoo.gpt2, MODELS["gpt2"][1], ("ddp", "fsdp", "tp")),
+    "gpt2 wide": (zoo.gpt2, dict(n_layer=2, n_embd=256, n_head=4, vocab_size=256, batch=2, seq_len=16, labels=True),
+                  ("ddp", "fsdp", "tp")),
+    "llama": (zoo.llama, dict(_LLAMA, batch=8), ("fsdp", "tp")),
+    "llama wide": (zoo.llama, dict(_LLAMA, hidden_size=256, intermediate_size=704, batch=2, seq_len=16), ("ddp", "tp")),
+}
+
+
+def measure_peak() -> list[dict]:
+    """One row per (model, kind) of `PEAK_MODELS` on 2 ranks: the plan's priced peak (`memory_bytes["peak"]`,
+    `planner.peak.step_peak`) and its sum of kinds ("total") against the largest rank's TRUE peak of a training step
+    (`_memory_workers.measure_peak_rank`: every storage alive as the step's ops run, the second of two steps)."""
+    cases, meta = [], []
+    for model, (fn, kwargs, kinds) in PEAK_MODELS.items():
+        traced = parallelizer.trace(*fn(**kwargs))
+        for kind in kinds:
+            mesh, roles, *options = KINDS[2][kind]
+            with contextlib.redirect_stdout(io.StringIO()):
+                plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32",
+                                         **(options[0] if options else {}))
+            cases.append((fn, kwargs, spec_from_plan(plan)))
+            meta.append((model, kind, plan))
+    per_rank = launch.spawn(measure_peak_rank, 2, cases, timeout_s=900)
+    rows = []
+    for i, (model, kind, plan) in enumerate(meta):
+        measured = max(ranks[i]["peak"] for ranks in per_rank)
+        rows.append({"model": model, "kind": kind, "peak": plan.cost.memory_bytes["peak"],
+                     "total": plan.cost.memory_bytes["total"], "measured": measured,
+                     "at": next(r[i]["at"] for r in per_rank if r[i]["peak"] == measured)})
+    return rows
+
+
+def peak_table(rows: list[dict]) -> list[str]:
+    """The markdown lines of `measure_peak`'s rows."""
+    lines = ["| model | kind | priced peak | sum of kinds (total) | measured peak | peak error | sum error "
+             "| measured at |",
+             "|---|---|---|---|---|---|---|---|"]
+    within = 0
+    for r in rows:
+        err, old = (r["peak"] - r["measured"]) / r["measured"], (r["total"] - r["measured"]) / r["measured"]
+        within += abs(err) <= TARGET
+        lines.append(f"| {r['model']} | {r['kind']} | {_kb(r['peak'])} | {_kb(r['total'])} | {_kb(r['measured'])} | "
+                     f"{err:+.1%} | {old:+.1%} | {r['at']} |")
+    return lines + ["", f"{within} of {len(rows)} plans' priced peak within {TARGET:.0%} of the measured peak."]
+
+
 def _error(predicted: dict, measured: dict) -> float:
     tp, tm = sum(predicted[c] for c in CATEGORIES), sum(measured[c] for c in CATEGORIES)
     return (tp - tm) / tm if tm else 0.0
@@ -131,6 +178,7 @@ def _kb(n: int) -> str:
 
 
 def run() -> str:
+    peaks = measure_peak()
     rows = measure() + measure_pipeline()
     lines = ["## Memory per rank: predicted vs measured (`benchmarks/bench_memory.py`)", "",
              "KiB on the largest rank; predicted = the plan's `cost.memory_bytes`, measured = local parameters, "
@@ -154,7 +202,12 @@ def run() -> str:
               "the row is the rank holding the most, `worst rank` the largest error over all ranks. Saved "
               "activations count each storage once, charged to its first saver (`cost_model.memory."
               "saved_tensor_owners`); not counted: the stage outputs and receive buffers torch's pipelining keeps, "
-              "transient collective buffers."]
+              "transient collective buffers.", "",
+              "**Peak of a step** (2 ranks, KiB on the largest rank): the plan's priced peak (`memory_bytes[\"peak\"]`, "
+              "a timeline of the backward: `parallelizer/planner/peak.py`) and its sum of kinds against the TRUE peak "
+              "of the second of two training steps (forward, backward, AdamW, `zero_grad`; the output held through "
+              "the step): every storage alive as the step's ops run (`_memory_workers.LiveStorages`, DDP's default "
+              "25 MiB buckets).", ""] + peak_table(peaks)
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverRepo
 from .problem import Problem, build_problem, grad_axes
 from .local_storage import local_saved_bytes
 from .memory_fit import solve_fitting
+from .peak import step_peak
 from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
@@ -229,11 +230,14 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             edges.append(edge)
     # saved activations with the storages each rank's program really has (views / copies on local strides, a
     # redistributed input a storage of its own): `local_storage`; the ILP's row prices them per strategy
-    act = sum((local_saved_bytes(tg, strat, spaces, pricer) if held is None else held).values())
+    saved = local_saved_bytes(tg, strat, spaces, pricer) if held is None else held
+    act = sum(saved.values())
     rerun: dict[str, float] = {}  # collectives that recomputation runs again, by kind
-    for rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute), rerun).values():
+    deltas, members = {}, regions(tg)
+    for region, rp in recompute_prices(tg, problem, pricer, strat, dict(sol.recompute), rerun).items():
         compute_s += rp.extra_fwd_s
         act += int(rp.saved_delta_bytes)
+        deltas[members[region]] = int(rp.saved_delta_bytes)
     for kind, seconds in sorted(rerun.items()):
         comm[kind] += seconds
     if config.recompute in ("selective", "full"):  # asked for every block: say which it could not be (`forced_regions`)
@@ -252,6 +256,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
     memory = {"params": state[0], "grads": state[1], "optimizer": state[2], "activations": act,
               "outputs": problem.output_mem_bytes, "buffers": problem.const_mem_bytes - problem.output_mem_bytes}
     memory["total"] = sum(memory.values())  # the plan's tensors; the reserve comes on top (<= the budget)
+    resident = memory["params"] + memory["optimizer"] + problem.const_mem_bytes
+    # the step's peak, a timeline of its backward (`peak`): at most the sum above plus the step's transients
+    memory["peak"] = step_peak(tg, strat, spaces, pricer, saved, resident_bytes=resident,
+                               recompute_deltas=deltas).peak_bytes
     memory["reserve"] = problem.reserve_bytes
     report = SolverReport(sol.solver, sol.status, sol.optimal, sol.gap, sol.num_variables, sol.num_binary,
                           sol.num_constraints, len(problem.groups), sol.objective_s, sol.time_s)

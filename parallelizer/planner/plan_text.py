@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["summary", "precision_text", "memory_rows", "search_rows", "stage_scale_text"]
 
 
-_MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "reserve")
+_MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "peak", "reserve")
 _MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "bmm", "embedding", "attention", "layer_norm", "rms_norm",
              "cross_entropy", "conv")
 _PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and gradients (18 B/param with Adam)",
@@ -46,8 +46,9 @@ def precision_text(config: dict, param_dtypes: tuple[str, ...] = ()) -> str:
 
 def memory_rows(plan: Plan) -> list[tuple[str, int]]:
     """Per-device memory by kind, in reading order: params, grads, optimizer, activations, outputs, buffers, total (the
-    plan's tensors), reserve (kept out of the plan: fragmentation, workspaces, communication buffers), then
-    the budget the total plus reserve must fit in. Kinds the plan does not record are left out."""
+    plan's tensors), peak (the step's priced peak, a timeline of its backward: `planner.peak`), reserve (kept out of
+    the plan: fragmentation, workspaces, communication buffers), then the budget the total plus reserve must fit in.
+    Kinds the plan does not record are left out."""
     mem = plan.cost.memory_bytes
     rows = [(k, mem[k]) for k in _MEMORY_KINDS if k in mem]
     rows += [(k, v) for k, v in mem.items() if k not in _MEMORY_KINDS]

@@ -1,0 +1,263 @@
+"""The memory peak of one training step on a rank, as a timeline of its backward, not a sum of kinds (round 25, r25c).
+
+`Plan.cost.memory_bytes` lists what a rank holds by kind (params, grads, optimizer, activations, outputs, buffers) and
+their sum, "total". The sum adds every parameter gradient to every saved activation, and leaves out what the step
+holds only for a while. Neither is how memory behaves: autograd frees an op's saved tensors when that op's backward
+has run, and makes a parameter's gradient when the backward reaches the parameter's last use; so the saved
+activations shrink while the gradients grow (Round 24 (lead): a 1.02 B GPT on one H200 peaked at 21.24 GB where the
+sum said 23.89 GB). On the other hand the step holds, beside them, the gradients of activations flowing back (the
+logits' gradient at the loss's backward), the parameters FSDP gathers again in backward and their unsharded
+gradients before the reduce-scatter, and the gradient buckets of DDP (`rewriter.grad_sync`: a kept flat buffer per
+bucket, plus the partial gradients of the open bucket), which the sum did not count at all (round 25: 2-rank GPT-2
+plans measured 4-33% above the sum).
+
+`step_peak` walks the backward in reverse graph order. At the backward of op node i (position i in graph order):
+
+    live(i) = resident + acts(i) + grads(i) + pending(i) + act_grads(i) + gathered(i)
+    resident   = params + optimizer + buffers + returned outputs + DDP's kept bucket buffers (one copy of the
+                 gradients bucketed: `rewriter.grad_sync` keeps them from one step to the next)
+    acts(i)    = sum of saved[j] for j <= i (each storage charged to its first saver, which is the last of its
+                 savers to run backward, `local_storage.local_saved_bytes`), with a recomputed region's saving
+                 (`RegionPrice.saved_delta_bytes`, <= 0) applied from the position after its last node: inside the
+                 region its activations are made again
+    grads(i)   = gradient bytes of every trained parameter (not bucketed) whose last use is at or after i
+    pending(i) = bucketed gradients made but not yet flattened into a bucket: the first bucket is flattened at
+                 `FIRST_BUCKET_BYTES`, each next one at `bucket_bytes` (`rewriter.grad_sync.bucket_sizes`)
+    act_grads(i) = the gradient of every value v whose producer is at or before i and some consumer at or after i
+                 (made at its last consumer's backward, freed after its producer's), local bytes of v (none when
+                 every consumer is a sum, `_EXPANDED_GRAD`); plus, at the
+                 backward of a composite op kept whole, the gradients inside it (`_BACKWARD_SCRATCH`)
+    gathered(i)= a parameter the program gathers again in backward (`Step.regather`, `Pricer.regathers`: ZeRO-3 /
+                 FSDP) from its last use's backward on: `rewriter.reshard` refills the released storage, which then
+                 stays whole while the autograd graph lives (to the end of backward, and through the optimizer step
+                 of a loop that still holds its loss); its unsharded gradient from its last use's backward to its
+                 first use's (the reduce-scatter)
+
+and after the backward, at the optimizer step: resident + all gradients + the regathered parameters + the AdamW
+step's temporaries (`adamw_temporary_bytes`).
+The peak is the largest of these. The forward is not walked: at any point of it the saved activations made so far
+are at most those alive at the loss's backward, and its transients have their mirror image in backward (the
+gradient of the same value). Left out: buffers a kernel or a collective allocates and frees inside one op
+(workspace), the copies redistributions make in backward.
+
+Used by `api.to_plan` (`memory_bytes["peak"]`). The ILP keeps linear rows (`problem.build_problem`).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..core.layout import local_shape
+from ..core.redistribute import grad_partial_axes
+from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, bucket_sizes, runtime_buckets
+from ..tracer import TracedGraph
+from ..tracer.graph import carries_grad
+from .costs import Pricer
+from .strategies import NodeSpace, Strategy
+
+__all__ = ["StepPeak", "adamw_temporary_bytes", "step_peak"]
+
+def adamw_temporary_bytes(param_bytes: list[int]) -> int:
+    """The most bytes torch's single-tensor Adam / AdamW step (`torch.optim.adam._single_tensor_adam`, the CPU default:
+    no foreach kernels there) holds beside the state, for local parameters of `param_bytes` in the optimizer's order:
+    at parameter i's `exp_avg_sq.sqrt() / bias_correction2_sqrt` the square root and the quotient (2 of its size),
+    and the previous parameter's `denom`, which the loop variable keeps until it is assigned again."""
+    best, prev = 0, 0
+    for b in param_bytes:
+        best, prev = max(best, prev + 2 * b), b
+    return best
+
+_BACKWARD_SCRATCH = {torch.ops.aten.cross_entropy_loss.default: 1}
+"""Composite ops that export keeps whole, by how many tensors of their first input's local size their backward holds
+beside that input's gradient: cross-entropy's backward is nll_loss_backward (a logits-sized gradient of the
+log-softmax) then _log_softmax_backward_data (the logits' gradient), both alive at once (measured: the 2-rank GPT-2
+tp plan peaks in _log_softmax_backward_data)."""
+
+_EXPANDED_GRAD = {torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList}
+"""Ops whose backward returns their input's gradient as `grad.expand(input sizes)` (torch's derivatives.yaml, sum:
+`self: grad.expand_symint(self.sym_sizes())`; sum.dim_IntList: `sum_backward`, unsqueeze + expand): a view of the
+reduced gradient, no storage of the input's size (mean divides the expanded gradient: a full tensor)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepPeak:
+    """The priced peak of one training step on a rank (module docstring), bytes.
+
+    Attributes:
+        peak_bytes: the largest live total over the step.
+        at: where it is reached: "backward of <node>" or "optimizer step".
+        resident_bytes: what the rank holds through the whole step (params, optimizer, buffers, returned values,
+            DDP's kept buckets).
+        saved_bytes, grad_bytes, transient_bytes: at the peak, the saved activations alive, the parameter
+            gradients made (with the open bucket's partial gradients) and the rest (activation gradients, gathered
+            parameters and their unsharded gradients, optimizer temporaries).
+    """
+
+    peak_bytes: int
+    at: str
+    resident_bytes: int
+    saved_bytes: int
+    grad_bytes: int
+    transient_bytes: int
+
+
+def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace], pricer: Pricer,
+              saved: Mapping[str, int], *, resident_bytes: int,
+              recompute_deltas: Mapping[tuple[str, ...], int] | None = None,
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepPeak:
+    """The peak of one step on the largest rank (rank 0's shards, `core.layout.local_shape`) for the chosen
+    strategies (module docstring).
+
+    Args:
+        tg, strategy_of, spaces, pricer: the graph, each node's chosen Strategy, the nodes' NodeSpaces (inputs,
+            requires_grad) and the plan's Pricer (mesh, priced dtypes, bytes per parameter).
+        saved: bytes each op node keeps for backward on the rank (`local_storage.local_saved_bytes`).
+        resident_bytes: params + optimizer + buffers + returned values, held through the step (bytes).
+        recompute_deltas: {nodes of a recomputed region, in graph order: its saved-bytes change (<= 0)}; None: none.
+        bucket_bytes: the runtime's DDP bucket size (`ParallelModule(grad_bucket_bytes=)`); 0: no buckets.
+    Returns:
+        A `StepPeak`.
+    Raises:
+        KeyError: a node of `tg` without a strategy in `strategy_of` (a plan of another graph).
+    """
+    mesh = pricer.mesh
+    order = [n for n, s in spaces.items() if s.kind == "op"]
+    pos = {n: i for i, n in enumerate(order)}
+    end = len(order)
+    consumers: dict[str, list[tuple[str, int]]] = {}
+    for n, s in spaces.items():
+        for k, ti in enumerate(s.inputs):
+            consumers.setdefault(ti.producer, []).append((n, k))
+    grads_at = [0] * (end + 1)      # non-bucketed gradient bytes made at the backward of position i
+    bucketed: list[tuple[int, int]] = []  # (position of the last use, gradient bytes) of bucketed parameters
+    gathered = [0] * (end + 2)      # difference array: regathered parameters and their unsharded gradients
+    kept = regathered = 0
+    trained: list[int] = []         # local parameter bytes in the optimizer's order (the module's)
+    for p in tg.parameters.values():
+        if p.is_buffer:
+            continue
+        stored = strategy_of[p.placeholders[0]].output
+        numel = math.prod(local_shape(p.shape, stored, mesh))
+        param_b, grad_b, _ = pricer.param_state_bytes(numel, p.requires_grad)
+        if grad_b:
+            trained.append(param_b)
+        uses = [(c, k) for ph in p.placeholders for c, k in consumers.get(ph, ()) if c in pos]
+        if not grad_b or not uses:
+            continue
+        first, last, is_bucketed = min(pos[c] for c, _ in uses), max(pos[c] for c, _ in uses), False
+        for c, k in uses:
+            ti, use = spaces[c].inputs[k], strategy_of[c].inputs[k]
+            steps = pricer.steps(stored, use, ti.shape, pricer.itemsize(ti.dtype),
+                                 grad_partial_axes(use, strategy_of[c].output, mesh), True, True)
+            is_bucketed |= bucket_bytes > 0 and runtime_buckets(steps, 0, True)
+            if any(st.regather and pricer.regathers(tg, ti.producer) for st in steps):
+                full = math.prod(local_shape(ti.shape, use, mesh))
+                # gathered again at its last use's backward into the released storage, which stays whole while
+                # the graph lives (`rewriter.reshard`: to the end of backward and through the optimizer step of a
+                # loop that keeps its loss); its unsharded gradient lives until the reduce-scatter after the
+                # backward of its first use
+                regathered += full * param_b // max(numel, 1)
+                gathered[0] += full * param_b // max(numel, 1)
+                gathered[last + 1] -= full * param_b // max(numel, 1)
+                gathered[first] += full * grad_b // max(numel, 1)
+                gathered[last + 1] -= full * grad_b // max(numel, 1)
+        if is_bucketed:
+            kept += grad_b
+            bucketed.append((last, grad_b))
+        else:
+            grads_at[last] += grad_b
+    # activations alive at the backward of position i: a prefix sum, recomputed regions' savings after their end
+    acts_delta = [0] * (end + 2)
+    for i, n in enumerate(order):
+        acts_delta[i] += saved.get(n, 0)
+    for nodes, delta in (recompute_deltas or {}).items():
+        inside = [pos[n] for n in nodes if n in pos]
+        if inside:
+            acts_delta[max(inside) + 1] += delta
+    # gradients of activations: live from the last consumer's backward to the producer's
+    grad_delta = [0] * (end + 2)    # difference array over positions
+    for n in order:
+        space, info = spaces[n], tg.nodes[n]
+        if not space.requires_grad or strategy_of[n].output is None:
+            continue
+        outs = [o for o in info.outputs if carries_grad(o.dtype)]
+        if len(info.outputs) != 1 or not outs:
+            continue  # a tuple's elements are counted at their getitem nodes
+        source = n
+        if info.target is operator.getitem:
+            source = info.node.args[0].name
+        lo = pos.get(source, pos[n])
+        users = [c for c, _ in consumers.get(n, ()) if c in pos]
+        if not users or all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
+            continue  # only returned (no gradient reaches it: the loss is the root), or read by sums only, whose
+            # backward hands it an expanded view of their own small gradient: no storage
+        hi = max(pos[c] for c in users)
+        nbytes = (math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh))
+                  * pricer.itemsize(outs[0].dtype))
+        grad_delta[lo] += nbytes
+        grad_delta[hi + 1] -= nbytes
+    for n in order:  # the backward of a composite op kept whole holds an input-sized gradient inside it
+        scratch = _BACKWARD_SCRATCH.get(tg.nodes[n].target, 0)
+        if scratch and spaces[n].requires_grad and spaces[n].inputs:
+            ti = spaces[n].inputs[0]
+            nbytes = math.prod(local_shape(ti.shape, strategy_of[n].inputs[0], mesh)) * pricer.itemsize(ti.dtype)
+            grad_delta[pos[n]] += scratch * nbytes
+            grad_delta[pos[n] + 1] -= scratch * nbytes
+    acts = _prefix(acts_delta)
+    act_grads = _prefix(grad_delta)
+    gathered = _prefix(gathered)
+    later = [0] * (end + 2)         # gradients made at positions >= i
+    for i in range(end, -1, -1):
+        later[i] = later[i + 1] + grads_at[i]
+    pending = _pending(bucketed, end, bucket_bytes)
+    resident = resident_bytes + kept
+    live = pricer.backward_nodes(tg)
+    step_tmp = adamw_temporary_bytes(trained) + regathered
+    best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
+    flatten = resident + later[0] + pending[0] + regathered  # the end of backward: the open bucket flattened
+    if flatten > best.peak_bytes:
+        best = StepPeak(flatten, "end of backward", resident, 0, later[0] + pending[0], regathered)
+    for i in range(end - 1, -1, -1):
+        if order[i] not in live:
+            continue
+        transient = act_grads[i] + gathered[i]
+        total = resident + acts[i] + later[i] + pending[i] + transient
+        if total > best.peak_bytes:
+            best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
+    return best
+
+
+def _prefix(delta: list[int]) -> list[int]:
+    out, run = [], 0
+    for d in delta:
+        run += d
+        out.append(run)
+    return out
+
+
+def _pending(bucketed: list[tuple[int, int]], end: int, bucket_bytes: int) -> list[int]:
+    """Per position i, the bucketed partial gradients made at positions >= i and not yet flattened: gradients
+    arrive in backward order (the last use first) and a bucket is flattened when it reaches its size
+    (`rewriter.grad_sync.bucket_sizes`: the first at `FIRST_BUCKET_BYTES`); the last one at the end of backward."""
+    out = [0] * (end + 1)
+    if not bucketed:
+        return out
+    total = sum(b for _, b in bucketed)
+    bounds, run = [], 0.0
+    for size in bucket_sizes(total, bucket_bytes)[:-1]:  # the last bucket is flattened at the end of backward
+        run += size
+        bounds.append(run)
+    made = {i: 0 for i in range(end + 1)}
+    for last, b in bucketed:
+        made[last] += b
+    cum, flushed, k = 0, 0.0, 0
+    for i in range(end, -1, -1):
+        cum += made[i]
+        while k < len(bounds) and cum >= bounds[k]:
+            flushed, k = bounds[k], k + 1
+        out[i] = int(cum - flushed)
+    return out
