@@ -177,6 +177,20 @@ class NoParallelismWarning(UserWarning):
         self.axes = tuple(axes)
 
 
+class MemoryPeakWarning(UserWarning):
+    """Warned by `parallelizer.plan` when the chosen plan's priced step peak (`Plan.cost.memory_bytes["peak"]`,
+    `planner.peak.step_peak`: a timeline of the backward with the activation gradients, FSDP's re-gathered weights,
+    DDP's buckets and the optimizer step's temporaries) exceeds the memory budget left after the reserve, while the
+    ILP's memory row (the sum of kinds, "total", which is linear in the decisions) fits it: the plan may run out of
+    memory at that moment of the step. The message gives both figures, the budget and the remedies. Attributes:
+    `peak_bytes`, `budget_bytes` (per device, reserve excluded)."""
+
+    def __init__(self, message: str, peak_bytes: int = 0, budget_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.peak_bytes = int(peak_bytes)
+        self.budget_bytes = int(budget_bytes)
+
+
 class StaleModelWarning(UserWarning):
     """Warned (once per model) when the model given to `auto_parallelize` is run or its `state_dict()` is read
     after the parallel module it was wrapped into has changed its parameters (an optimizer step, a load): the

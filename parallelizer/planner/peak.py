@@ -151,7 +151,7 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         first, last, is_bucketed = min(pos[c] for c, _ in uses), max(pos[c] for c, _ in uses), False
         for c, k in uses:
             ti, use = spaces[c].inputs[k], strategy_of[c].inputs[k]
-            steps = pricer.steps(stored, use, ti.shape, pricer.itemsize(ti.dtype),
+            steps = pricer.steps(stored, use, ti.shape, ti.dtype,
                                  grad_partial_axes(use, strategy_of[c].output, mesh), True, True)
             is_bucketed |= bucket_bytes > 0 and runtime_buckets(steps, 0, True)
             if any(st.regather and pricer.regathers(tg, ti.producer) for st in steps):

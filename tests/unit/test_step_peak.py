@@ -75,3 +75,27 @@ def test_two_linear_layers_peak(b, d, h, o, where):
     assert abs(mem["peak"] - measured) <= 0.10 * measured, (where, mem["peak"], measured)
     if where == "activations":  # the sum of kinds leaves out the activation gradients
         assert mem["total"] < 0.90 * measured, (mem["total"], measured)
+
+
+def test_a_plan_whose_step_peak_is_over_the_budget_is_warned():
+    """The ILP bounds the sum of kinds; the activation-heavy two-layer case peaks 21% above that sum (the activation
+    gradients): with the budget between the sum and the peak the plan is returned (it fits the row) and
+    `MemoryPeakWarning` names both figures; with the budget at the peak nothing is warned."""
+    import warnings
+
+    torch.manual_seed(0)
+    b, d, h, o = 512, 32, 32, 32
+    model, x = TwoLinear(b, d, h, o), torch.randn(b, d)
+    traced = parallelizer.trace(model, (x,))
+    opts = dict(precision="fp32", memory_reserve_bytes=0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mem = parallelizer.plan(traced, {"dp": 1}, **opts).cost.memory_bytes
+        assert mem["total"] < mem["peak"] == closed_form(b, d, h, o)
+        budget = (mem["total"] + mem["peak"]) // 2
+        with pytest.warns(parallelizer.MemoryPeakWarning, match="over") as record:
+            parallelizer.plan(traced, {"dp": 1}, memory_budget_bytes=budget, **opts)
+        w = next(r.message for r in record if isinstance(r.message, parallelizer.MemoryPeakWarning))
+        assert (w.peak_bytes, w.budget_bytes) == (mem["peak"], budget)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", parallelizer.MemoryPeakWarning)
+            parallelizer.plan(traced, {"dp": 1}, memory_budget_bytes=mem["peak"], **opts)
