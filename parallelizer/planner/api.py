@@ -214,7 +214,7 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             is_param = spaces[ti.producer].kind == "param"
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = space_edge(mesh, spaces, nodes, name, k)
-            itemsize = pricer.itemsize(ti.dtype)
+            itemsize = pricer.input_itemsize(tg, ti)
             axes = grad_axes(s, k, mesh)
             priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, itemsize, axes, req, is_param)
             times = pricer.edge_step_times(priced, itemsize if is_param else None, pricer.regathers(tg, ti.producer))
@@ -308,7 +308,7 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
         if (n, k) not in firsts:
             return 0.0
         ti = spaces[n].inputs[k]
-        itemsize = pricer.itemsize(ti.dtype)
+        itemsize = pricer.input_itemsize(tg, ti)
         req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
         total = 0.0
         for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, itemsize,
@@ -324,7 +324,7 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
 
     def input_bytes(n: str, k: int) -> int:
         ti = spaces[n].inputs[k]
-        return pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
+        return pricer.input_itemsize(tg, ti) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
 
     return {region: price_region(region_recompute(tg, region, members[region], mode, shared),
                                  lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes, rerun_s)

@@ -173,7 +173,7 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             prod = spaces[ti.producer]
             req = prod.requires_grad and carries_grad(ti.dtype)
             is_param = prod.kind == "param"
-            itemsize = pricer.itemsize(ti.dtype)
+            itemsize = pricer.input_itemsize(traced, ti)
             axes = grad_axes(s, k, mesh)
             if not uses.first(ti.producer, name, s.inputs[k], axes):
                 continue  # the program hands this use the copy an earlier use made (`shared_uses`)
