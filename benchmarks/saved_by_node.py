@@ -30,7 +30,11 @@ from parallelizer.planner.api import resolve_cluster
 from parallelizer.planner.costs import Pricer
 from parallelizer.tracer import TracedGraph
 
-__all__ = ["priced_saved_bytes", "held_saved_bytes", "compare", "rank_held_saved_bytes"]
+__all__ = ["priced_saved_bytes", "held_saved_bytes", "compare", "rank_held_saved_bytes", "WEIGHT_COPIES"]
+
+_VIEW_FNS = {f"{op}Backward0" for op in ("T", "View", "UnsafeView", "Transpose", "Permute", "Expand", "Unsqueeze",
+                                          "Squeeze", "Alias", "AsStrided", "Slice", "Select", "Reshape")}
+WEIGHT_COPIES = "<bf16 weight copies>"  # `rank_held_saved_bytes`' key for autocast's saved copies of parameters
 
 
 def _pricer(tg: TracedGraph) -> Pricer:
@@ -59,23 +63,59 @@ def priced_saved_bytes(tg: TracedGraph) -> dict[str, int]:
 
 
 class _Recorder(torch.fx.Interpreter):
-    """Runs a graph node by node and charges each storage saved for backward to the node that saved it first."""
+    """Runs a graph node by node and charges each storage saved for backward to the node that saved it first.
 
-    def __init__(self, module: torch.fx.GraphModule, resident: set[int]) -> None:
+    Under the bf16 autocast recipe a saved tensor that is autocast's bf16 copy of a parameter (its grad_fn a
+    ToCopyBackward0 whose source is a parameter, or a value the program made from parameters alone by an emitted
+    step: an FSDP all-gather) is not an activation: it is the 2 B/param weight copy `cost_model.memory`'s bf16 table
+    counts with the parameters; its bytes go to `weight_copies` instead."""
+
+    def __init__(self, module: torch.fx.GraphModule, resident: set[int], state: tuple = ()) -> None:
         super().__init__(module)
         self.current, self.resident = "", resident
         # storage pointer -> (node name, storage): its bytes are read when forward is done (`held_bytes`)
         self.owner: dict[int, tuple[str, torch.UntypedStorage]] = {}
+        self.derived = {id(t) for t in state}  # parameters and what emitted steps made of them alone
+        self.param_fns: set[int] = set()  # grad_fns of those values (sources of autocast's weight copies)
+        self.weight_copies = 0
+        self.derived_storages: set[int] = set()  # their storages (by StorageImpl: FSDP frees a gathered one's
+        # memory after use, and the allocator gives its address to an activation)
+        self.keep: list[torch.Tensor] = []  # derived values kept alive: a freed one's id or storage could be reused
 
     def run_node(self, n: torch.fx.Node):
         self.current = n.name
-        return super().run_node(n)
+        out = super().run_node(n)
+        ins = [a for a in torch.utils._pytree.tree_leaves((self.map_nodes_to_values(n.args, n),
+                                                           self.map_nodes_to_values(n.kwargs, n)))
+               if isinstance(a, torch.Tensor)]
+        if ins and "source" not in n.meta and all(id(a) in self.derived for a in ins) and \
+                isinstance(out, torch.Tensor):
+            self.derived.add(id(out))
+            self.keep.append(out)
+            self.derived_storages.add(out.untyped_storage()._cdata)  # a gathered parameter: priced with the state
+            if out.grad_fn is not None:
+                self.param_fns.add(id(out.grad_fn))
+        return out
+
+    def _weight_copy(self, t: torch.Tensor) -> bool:
+        fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in _VIEW_FNS and fn.next_functions:
+            fn = fn.next_functions[0][0]  # a view of the copy (linear saves weight.t(), matmul a reshape)
+        if fn is None or type(fn).__name__ != "ToCopyBackward0" or not fn.next_functions:
+            return False
+        src = fn.next_functions[0][0]
+        return src is not None and (id(src) in self.param_fns or id(getattr(src, "variable", None)) in self.derived)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.resident and ptr not in self.owner and storage.nbytes():
-            self.owner[ptr] = (self.current, storage)
+        if ptr not in self.resident and ptr not in self.owner and storage.nbytes() and \
+                storage._cdata not in self.derived_storages:
+            if self._weight_copy(t):
+                self.resident.add(ptr)
+                self.weight_copies += storage.nbytes()
+            else:
+                self.owner[ptr] = (self.current, storage)
         return t
 
     def held_bytes(self) -> dict[str, int]:
@@ -138,7 +178,9 @@ if __name__ == "__main__":
 def rank_held_saved_bytes(rank: int, world_size: int, cases: list[tuple]) -> list[dict[str, int]]:
     """For each (model_fn, model_kwargs, spec) case: {traced node name: bytes of the storages autograd keeps whose
     first saver is that node} on THIS rank: its emitted program (`ParallelModule`, gradient buckets off) run op by op
-    under saved-tensor hooks as `held_saved_bytes` runs the traced one; an emitted op is charged to the traced node it
+    under saved-tensor hooks as `held_saved_bytes` runs the traced one, inside the plan's mixed-precision context
+    (`ParallelModule._autocast`: torch.autocast(cpu, bf16) under the bf16 recipe; autocast's saved bf16 copies of
+    parameters summed under `WEIGHT_COPIES`, `_Recorder`); an emitted op is charged to the traced node it
     stands for (`meta["source"]`), a collective under its own name; parameter and buffer storages to nobody.
     Spawned per rank (`runtime.launch.spawn`); the priced side is `planner.local_storage.local_saved_bytes`."""
     from parallelizer.rewriter.spec import all_axis_groups
@@ -155,12 +197,14 @@ def rank_held_saved_bytes(rank: int, world_size: int, cases: list[tuple]) -> lis
         pm = ParallelModule(traced, spec, rank, model, grad_bucket_bytes=0)
         state = pm._state()
         program = pm.program.graph_module
-        recorder = _Recorder(program, {t.untyped_storage().data_ptr() for t in state})
-        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+        recorder = _Recorder(program, {t.untyped_storage().data_ptr() for t in state}, tuple(state))
+        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), pm._autocast(state):
             recorder.run(*state, *traced.tensor_inputs(inputs, kwargs))
         source = {n.name: n.meta.get("source", n.name) for n in program.graph.nodes}
         held: dict[str, int] = collections.defaultdict(int)
         for name, nbytes in recorder.held_bytes().items():
             held[source.get(name, name)] += nbytes
+        if recorder.weight_copies:
+            held[WEIGHT_COPIES] = recorder.weight_copies
         out.append({n: b for n, b in held.items() if b})
     return out

@@ -160,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
                         "communication buffers (default: 10%% of a GPU's memory + 1 GB with the device's memory as "
                         "budget, 0 with --memory-budget-gb or on a calibrated CPU; cost_model/reserve.py)")
     p.add_argument("--precision", choices=("bf16", "fp32"),
-                   help="bf16: bf16 params and activations, fp32 main weights and gradients (18 B/param with AdamW); "
+                   help="bf16: priced as torch.autocast(bfloat16) runs an fp32 model (each op in autocast's dtypes), fp32 main "
+                        "weights and gradients (18 B/param with AdamW); "
                         "fp32: 16 B/param (default: bf16 on GPU cluster presets, fp32 on a calibration profile)")
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation per repeated block: auto (default) lets the planner choose where "

@@ -191,6 +191,12 @@ class MemoryPeakWarning(UserWarning):
         self.budget_bytes = int(budget_bytes)
 
 
+class PrecisionWarning(UserWarning):
+    """Warned by the planner when a DEFAULTED bf16 (a GPU preset, no `precision=`: priced, not run) cannot be priced
+    in the dtypes torch.autocast would give the graph (an op that fails under autocast, e.g. an FFT of a bf16 matmul
+    output): the plan is priced with every fp32 tensor at bf16 instead, as before round 25 (`planner.costs`)."""
+
+
 class StaleModelWarning(UserWarning):
     """Warned (once per model) when the model given to `auto_parallelize` is run or its `state_dict()` is read
     after the parallel module it was wrapped into has changed its parameters (an optimizer step, a load): the

@@ -102,7 +102,7 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
         acts[stage_pp_rank(pipe.schedule, st.stage, S, pipe.pp)] += act
         stage_act.append(act)
     returned = returned_bytes(tuple(ti for ti in tensor_inputs(traced, traced.nodes["output"])
-                                    if ti.producer in cut.outputs[-1]), pricer)
+                                    if ti.producer in cut.outputs[-1]), pricer, traced)
     for q in holders(pipe.schedule, S - 1, S, pipe.pp):
         ranks[q]["outputs"] = returned
     peaks = _bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act) if pipe.schedule == "bitpipe" else None

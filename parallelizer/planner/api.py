@@ -237,9 +237,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             is_param = spaces[ti.producer].kind == "param"
             # the edge as emitted (traced dtype: `derive_edge`); its time as priced (the plan's precision)
             edge = space_edge(mesh, spaces, nodes, name, k)
+            dtype = pricer.input_dtype(tg, ti)  # as run (the autocast recipe's dtype; parameters as traced)
             axes = grad_axes(s, k, mesh)
-            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, ti.dtype, axes, req, is_param)
-            times = pricer.edge_step_times(priced, pricer.itemsize(ti.dtype) if is_param else None,
+            priced = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, dtype, axes, req, is_param)
+            times = pricer.edge_step_times(priced, dtype.itemsize if is_param else None,
                                            pricer.regathers(tg, ti.producer))
             for st, (fwd, bwd) in (zip(priced, times) if uses.first(ti.producer, name, s.inputs[k], axes) else ()):
                 if st.fwd_collective:
@@ -340,7 +341,7 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
         ti = spaces[n].inputs[k]
         req = spaces[ti.producer].requires_grad and carries_grad(ti.dtype)
         total = 0.0
-        for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, ti.dtype,
+        for st in pricer.steps(strat[ti.producer].output, strat[n].inputs[k], ti.shape, pricer.input_dtype(tg, ti),
                                grad_axes(strat[n], k, mesh), req):
             fwd = pricer.step_time_s(st)[0]
             total += fwd
@@ -353,7 +354,7 @@ def recompute_prices(tg: TracedGraph, problem: Problem, pricer: Pricer, strat: d
 
     def input_bytes(n: str, k: int) -> int:
         ti = spaces[n].inputs[k]
-        return pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
+        return pricer.input_itemsize(tg, ti) * math.prod(local_shape(ti.shape, strat[n].inputs[k], mesh))
 
     return {region: price_region(region_recompute(tg, region, members[region], mode, shared),
                                  lambda n: cost(n).fwd_s, lambda n: cost(n).saved_bytes, input_bytes, rerun_s)

@@ -17,12 +17,17 @@ state are turned into seconds and bytes with `cost_model`:
   * `param_state_bytes(...)`: params / grads / optimizer bytes of a stored shard (`cost_model.memory`).
 
 Pricing policy, from the device kind (`DeviceSpec.kind`) and `PlanConfig.precision` (`resolve_precision`):
-  * precision "bf16": a graph traced in fp32 is priced as if run in bf16 (autocast of the whole model):
-    every fp32 tensor is priced as bf16 (2 B/element in activations, edges and saved tensors; FLOPs at the
-    bf16 peak), norm/softmax statistics stay fp32 (`cost_model.memory`); a graph traced in bf16 is priced as
-    traced (its explicit fp32 upcasts stay fp32). Gradients of parameters are reduced in fp32 (Megatron's
-    recipe, `cost_model.memory` docstring): the backward of a parameter's edge moves grad bytes
-    (`BYTES_PER_PARAM`) per element, not the use dtype's;
+  * precision "bf16": a graph traced in fp32 is priced as it RUNS under the recipe `torch.autocast(bf16)`
+    (`runtime.precision`; round 25, r25b): each op in the dtypes torch's autocast policy gives it on the device
+    type the plan runs on (`planner.autocast_dtypes`, `Pricer.node_dtypes`: matmuls / linear in bf16 on bf16
+    copies of their inputs, autocast's fp32 list (on CUDA layer_norm, softmax, pow, ...) in fp32, other ops by
+    type promotion: a residual add of fp32 and bf16 is fp32), each edge in its producer's dtype as run
+    (`value_dtype`; a parameter stays fp32 until autocast casts it at its use, after any gather), each autocast
+    cast priced as a copy (read + write) and, for an activation, a storage its op saves of its own. Before round
+    25 every fp32 tensor was priced as bf16 (2 B/element). A graph traced in bf16 is priced as traced (its
+    explicit fp32 upcasts stay fp32). Gradients of parameters are reduced in fp32 (Megatron's recipe,
+    `cost_model.memory` docstring): the backward of a parameter's edge moves grad bytes (`BYTES_PER_PARAM`) per
+    element;
   * on a GPU, pointwise chains are priced fused as torch.compile would (`cost_model.fusion`) and SDPA as one
     flash-attention kernel (`cost_model.compute`); on a calibrated CPU ops are priced eager, one kernel each
     (the runtime runs the emitted program eagerly there).
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -45,7 +51,7 @@ from cost_model.memory import (SavedShare, backward_nodes, bytes_per_param, grad
 from cost_model.topology import MeshTopology
 
 from ..config import PlanConfig
-from ..errors import PrecisionError
+from ..errors import PrecisionError, PrecisionWarning
 from ..core.layout import Layout, Partial, Shard, local_shape
 from ..core.mesh import MeshSpec
 from ..core.redistribute import (WIDENED_FLOATS, ImpossibleRedistributionError, Step, edge_steps, sum_itemsize,
@@ -54,6 +60,8 @@ from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
 from ..tracer.graph import carries_grad
+from .autocast_dtypes import AutocastOp, autocast_dtypes, cast_arg_positions, uniform_dtypes
+from .precision import mfu_dtype, priced_dtype, resolve_precision, traced_in_low_precision  # noqa: F401 (re-exported)
 from .strategies import NodeSpace, Strategy
 from .op_comm import op_collectives
 
@@ -87,6 +95,7 @@ class GraphTables:
     fusion: dict[int, tuple[TracedGraph, dict[str, FusedIO]]] = field(default_factory=dict)
     shares: dict[int, tuple[TracedGraph, dict[str, SavedShare], frozenset[str]]] = field(default_factory=dict)
     regathered: dict[int, tuple[TracedGraph, frozenset[str]]] = field(default_factory=dict)
+    autocast: dict[tuple[int, str], tuple[TracedGraph, dict[str, AutocastOp]]] = field(default_factory=dict)
 
 
 class Pricer:
@@ -99,6 +108,8 @@ class Pricer:
         traced: the graph to be priced (its parameter dtypes decide the default precision and whether fp32
             tensors are priced as bf16; `resolve_precision`). None: as a graph traced in fp32.
         tables: per-graph facts shared with other Pricers (`GraphTables`); None: this Pricer's own.
+        autocast_device: the device type whose autocast policy a bf16 plan of an fp32 graph is priced in
+            (`planner.autocast_dtypes`); None: "cuda" on a GPU device, else "cpu".
     Attributes:
         precision: the precision applied ("bf16" or "fp32").
         fuse_pointwise: pointwise chains priced fused (GPU devices).
@@ -108,7 +119,8 @@ class Pricer:
     """
 
     def __init__(self, topo: MeshTopology, mesh: MeshSpec, config: PlanConfig,
-                 traced: TracedGraph | None = None, tables: GraphTables | None = None) -> None:
+                 traced: TracedGraph | None = None, tables: GraphTables | None = None,
+                 autocast_device: str | None = None) -> None:
         if tuple(topo.axis_names) != mesh.axis_names or tuple(topo.mesh_shape) != mesh.shape:
             raise ValueError(f"topology mesh {dict(zip(topo.axis_names, topo.mesh_shape))} differs from the plan "
                              f"mesh {mesh}; build MeshTopology(cluster, mesh.shape, mesh.axis_names)")
@@ -116,7 +128,9 @@ class Pricer:
         self.device: DeviceSpec = topo.cluster.device
         low = traced_in_low_precision(traced)
         self.precision = resolve_precision(config.precision, self.device, low)
-        self.autocast = self.precision == "bf16" and not low  # price fp32 tensors as bf16
+        self.autocast = self.precision == "bf16" and not low  # price the fp32 graph as run under bf16 autocast
+        # autocast's op lists differ by device type: the GPU presets run it on "cuda"
+        self.autocast_device = autocast_device or ("cuda" if self.device.kind == "gpu" else "cpu")
         self.fuse_pointwise = self.device.kind == "gpu"
         self.tables = tables if tables is not None else GraphTables()
         # caches of pure functions of their keys on this Pricer's fixed mesh, topology and precision (planning a
@@ -143,15 +157,43 @@ class Pricer:
             raise ValueError(f"this Pricer was built for other prices ({', '.join(diff)} differ: mesh {self.mesh} vs "
                              f"{mesh}). Remedy: pass pricer=None, or one built for this mesh, topology and config")
 
-    # --- dtypes -------------------------------------------------------------------------------------
-    def dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a traced tensor of `dtype` is priced in (module docstring: fp32 -> bf16 under "bf16" for
-        a graph traced in fp32)."""
-        return priced_dtype(dtype, self.autocast)
+    # --- dtypes ------------------------------------------------------------------------------------
+    def node_dtypes(self, tg: TracedGraph, name: str) -> AutocastOp | None:
+        """The node's dtypes under the bf16 autocast recipe (`planner.autocast_dtypes`: what its op computes in,
+        which inputs autocast copies, what it returns), cached per graph; None when the plan is not priced so (an
+        fp32 plan, a graph traced in bf16) or for a node the graph does not have."""
+        if not self.autocast:
+            return None
+        key = (id(tg), self.autocast_device)
+        held = self.tables.autocast.get(key)
+        if held is None or held[0] is not tg:
+            try:
+                facts = autocast_dtypes(tg.graph_module, self.autocast_device)
+            except PrecisionError as err:
+                if self.config.precision is not None:  # asked for: the recipe runs, and cannot
+                    raise
+                warnings.warn(f"{err}. This plan's bf16 was defaulted (a GPU preset), which prices but does not run "
+                              "it: priced with every fp32 tensor at bf16, as before round 25", PrecisionWarning,
+                              stacklevel=2)
+                facts = uniform_dtypes(tg.graph_module)
+            held = self.tables.autocast[key] = (tg, facts)
+        return held[1].get(name)
 
-    def itemsize(self, dtype: torch.dtype) -> int:
-        """Bytes per element of a traced tensor of `dtype` as priced."""
-        return self.dtype(dtype).itemsize
+    def value_dtype(self, tg: TracedGraph, name: str, traced: torch.dtype) -> torch.dtype:
+        """The dtype of node `name`'s (first) output as the program runs it: under the autocast recipe the dtype
+        its op returns there (a linear's bf16, a residual add's fp32; a parameter stays as traced: autocast casts
+        it at its use, after any gather), else `traced`."""
+        op = self.node_dtypes(tg, name)
+        return op.outputs[0] if op is not None and op.outputs and op.outputs[0] is not None else traced
+
+    def input_dtype(self, tg: TracedGraph, ti) -> torch.dtype:
+        """The dtype of a tensor input (`strategies.TensorInput`) as it crosses its edge: its producer's dtype as run
+        (`value_dtype`); what `steps` / `edge_cost` / `edge_time_s` / `forward_s` take."""
+        return self.value_dtype(tg, ti.producer, ti.dtype)
+
+    def input_itemsize(self, tg: TracedGraph, ti) -> int:
+        """Bytes per element of a tensor input as it crosses its edge (`input_dtype`)."""
+        return self.input_dtype(tg, ti).itemsize
 
     # --- communication ------------------------------------------------------------------------------
     def step_time_s(self, step: Step, param_itemsize: int | None = None,
@@ -256,17 +298,17 @@ class Pricer:
 
     def steps(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype, grad_axes: tuple[str, ...],
               requires_grad: bool, is_parameter: bool = False) -> tuple[Step, ...]:
-        """`core.redistribute.edge_steps` on this mesh for a tensor traced in `dtype` (cached on all its arguments,
-        an impossible change too; raises as it does): its steps move `itemsize(dtype)` bytes per element (the
-        priced dtype), its sums `core.redistribute.sum_itemsize` of the priced dtype, the width the runtime sums
-        it in (float16 / bfloat16: float32's 4 B; int16 its own 2 B)."""
+        """`core.redistribute.edge_steps` on this mesh for a tensor of `dtype` as the program runs it (`input_dtype`;
+        cached on all its arguments, an impossible change too; raises as it does): its steps move `dtype.itemsize`
+        bytes per element, its sums `core.redistribute.sum_itemsize(dtype)`, the width the runtime sums it in
+        (float16 / bfloat16: float32's 4 B; int16: int64's 8 B)."""
         key = (src, dst, shape, dtype, grad_axes, requires_grad, is_parameter)
         hit = self._steps.get(key)
         if hit is None:
             try:
-                hit = edge_steps(src, dst, shape, self.mesh, itemsize=self.itemsize(dtype), grad_partial_axes=grad_axes,
+                hit = edge_steps(src, dst, shape, self.mesh, itemsize=dtype.itemsize, grad_partial_axes=grad_axes,
                                  requires_grad=requires_grad, is_parameter=is_parameter,
-                                 sum_bytes=sum_itemsize(self.dtype(dtype)))
+                                 sum_bytes=sum_itemsize(dtype))
             except ImpossibleRedistributionError as err:
                 hit = err
             self._steps[key] = hit
@@ -277,7 +319,7 @@ class Pricer:
     def edge_time_s(self, src: Layout, dst: Layout, shape: tuple[int, ...], dtype: torch.dtype,
                     grad_axes: tuple[str, ...], requires_grad: bool, is_parameter: bool = False,
                     regather: bool = True) -> float:
-        """Forward + backward seconds of one use of a tensor traced in `dtype` (cached); inf when the change is
+        """Forward + backward seconds of one use of a tensor of `dtype` as run (`input_dtype`; cached); inf when the change is
         impossible (e.g. Replicate -> Partial): the ILP then forbids that pair."""
         return self.edge_cost(src, dst, shape, dtype, grad_axes, requires_grad, is_parameter, regather)[0]
 
@@ -308,7 +350,7 @@ class Pricer:
         if hit is None:
             try:
                 steps = self.steps(src, dst, shape, dtype, grad_axes, requires_grad, is_parameter)
-                param_itemsize = self.itemsize(dtype) if is_parameter else None
+                param_itemsize = dtype.itemsize if is_parameter else None
                 seconds = sum(f + b for f, b in self.edge_step_times(steps, param_itemsize, regather))
                 count = sum((s.fwd_collective is not None) + (s.bwd_collective is not None) + (s.regather and regather)
                             for s in steps)
@@ -362,7 +404,7 @@ class Pricer:
         """`node_cost` of every strategy of a node (cached per op signature and strategy)."""
         sig = (info.target, tuple(i.shape for i in space.inputs), tuple(tuple(o.shape) for o in info.outputs),
                _scalars(info.node), space.requires_grad, self.fusion_of(tg, info.name), self.saved_share(tg, info.name),
-               self.grad_args(tg, info.name))
+               self.grad_args(tg, info.name), self.node_dtypes(tg, info.name))
         res = []
         for s in space.strategies:
             hit = self._node.get((sig, s))
@@ -383,8 +425,9 @@ class Pricer:
         # (`rewriter.apply._sums_wide`; a traced dtype, not autocast's, decides it there too)
         wide = (bool(info.outputs) and info.outputs[0].dtype in WIDENED_FLOATS
                 and any(isinstance(p, Partial) for p in strategy.output))
+        ac = self.node_dtypes(tg, info.name)
         key = (info.target, tuple(in_local), tuple(out_local), _scalars(info.node), space.requires_grad,
-               self.fusion_of(tg, info.name), self.saved_share(tg, info.name), self.grad_args(tg, info.name), wide)
+               self.fusion_of(tg, info.name), self.saved_share(tg, info.name), self.grad_args(tg, info.name), wide, ac)
         hit = self._node.get(key)
         if hit is None:
             try:
@@ -401,8 +444,8 @@ class Pricer:
             self._node[key] = hit
         inner = op_collectives(info.node, strategy.inputs, strategy.output, [i.shape for i in space.inputs],
                                tuple(info.outputs[0].shape) if info.outputs else None, self.mesh,
-                               self.dtype(space.inputs[0].dtype) if space.inputs else torch.float32)
-        extra = (_vocab_parallel_saved_bytes(info, strategy, in_local, self.itemsize(space.inputs[0].dtype))
+                               self.in_dtypes(tg, info, space)[0] if space.inputs else torch.float32)
+        extra = (_vocab_parallel_saved_bytes(info, strategy, in_local, self.in_dtypes(tg, info, space)[0].itemsize)
                  if space.requires_grad and space.inputs else 0)
         if not inner:
             return NodeCost(hit.fwd_s, hit.bwd_s, hit.saved_bytes + extra, hit.note) if extra else hit
@@ -415,11 +458,31 @@ class Pricer:
                 fwd += t
         return NodeCost(hit.fwd_s + fwd, hit.bwd_s + bwd, hit.saved_bytes + extra, hit.note)
 
+    def in_dtypes(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace) -> list[torch.dtype]:
+        """The dtype the op computes each tensor input in: after autocast's cast under the recipe
+        (`node_dtypes`), else its producer's dtype as run (`value_dtype`)."""
+        ac = self.node_dtypes(tg, info.name)
+        if ac is not None and len(ac.inputs) == len(space.inputs):
+            return list(ac.inputs)
+        return [self.value_dtype(tg, ti.producer, ti.dtype) for ti in space.inputs]
+
+    def out_dtypes(self, tg: TracedGraph, info: NodeInfo) -> list[torch.dtype]:
+        """The dtype of each tensor output as run (`node_dtypes`; the traced ones without the recipe)."""
+        ac = self.node_dtypes(tg, info.name)
+        outs = [d for d in ac.outputs if d is not None] if ac is not None else []
+        return outs if len(outs) == len(info.outputs) else [o.dtype for o in info.outputs]
+
     def _price(self, tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_local, out_local,
                wide: bool = False) -> NodeCost:
-        dtype_of = (lambda d: widened_dtype(self.dtype(d))) if wide else self.dtype
-        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, dtype_of)
+        in_dt, out_dt = self.in_dtypes(tg, info, space), self.out_dtypes(tg, info)
+        if wide:  # an op whose output is a pending sum of a narrow float runs on float32 copies (`widened_dtype`)
+            in_dt, out_dt = [widened_dtype(d) for d in in_dt], [widened_dtype(d) for d in out_dt]
+        args, kwargs, out, params = _local_values(tg, info, space, in_local, out_local, in_dt, out_dt)
         fused, share = self.fusion_of(tg, info.name), self.saved_share(tg, info.name)
+        ac = self.node_dtypes(tg, info.name)
+        cast_args = cast_arg_positions(info.node, ac.casts) if ac is not None else frozenset()
+        if share is not None and cast_args:  # autocast's copy of an input is a storage of this op's own
+            share = SavedShare(tuple((i, f) for i, f in share.args if i not in cast_args), share.outputs)
         grads = self.grad_args(tg, info.name)
         try:
             c = op_cost(info.target, args, kwargs, out, self.device, fused.fused_args, fused.output_fused)
@@ -429,11 +492,22 @@ class Pricer:
         except Exception:  # noqa: BLE001 -- an op cost_model cannot run on local shapes: scale the global cost
             g_in = [i.shape for i in space.inputs]
             g_out = [tuple(o.shape) for o in info.outputs]
-            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, dtype_of)
+            ga, gk, go, gp = _local_values(tg, info, space, g_in, g_out, in_dt, out_dt)
             c = op_cost(info.target, ga, gk, go, self.device, fused.fused_args, fused.output_fused)
             saved = saved_activation_bytes(info.target, ga, gk, go, param_args=gp, share=share, grad_args=grads)
             ratio = (sum(math.prod(s) for s in out_local) or 1) / (sum(math.prod(s) for s in g_out) or 1)
             fwd, bwd, saved = c.fwd_s * ratio, c.bwd_s * ratio, int(saved * ratio)
+        if ac is not None:  # autocast's casts: a memory-bound copy each (read one dtype, write the other), forward
+            for k in ac.casts:  # and backward (the gradient cast back); fused (no launch of its own) on a GPU preset,
+                ti = space.inputs[k]  # as its pointwise chains are priced (`cost_model.fusion`)
+                src = torch.empty(in_local[k], dtype=self.value_dtype(tg, ti.producer, ti.dtype), device="meta")
+                if self.fuse_pointwise:
+                    moved_s = (math.prod(in_local[k]) * (src.itemsize + in_dt[k].itemsize)
+                               / self.device.achievable_bytes_per_s)
+                    fwd, bwd = fwd + moved_s, bwd + (moved_s if space.requires_grad else 0.0)
+                else:
+                    cast = op_cost(aten._to_copy.default, (src,), {"dtype": in_dt[k]}, src.to(in_dt[k]), self.device)
+                    fwd, bwd = fwd + cast.fwd_s, bwd + cast.bwd_s
         if not space.requires_grad:
             return NodeCost(fwd, 0.0, 0, c.uncounted_flops)
         return NodeCost(fwd, bwd, int(saved), c.uncounted_flops)
@@ -467,89 +541,31 @@ class Pricer:
         return step_collective_s("all_gather", nbytes, self.topo, (self.config.zero1,))
 
 
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def priced_dtype(dtype: torch.dtype, autocast: bool) -> torch.dtype:
-    """The dtype a traced tensor of `dtype` is priced in: fp32 -> bf16 when `autocast` (a graph traced in fp32
-    planned in "bf16", `Pricer.autocast`), else `dtype` itself."""
-    return torch.bfloat16 if autocast and dtype == torch.float32 else dtype
-
-
-def traced_in_low_precision(traced: TracedGraph | None) -> bool:
-    """True when a trained parameter of `traced` is bf16 or fp16 (the model was traced in low precision)."""
-    if traced is None:
-        return False
-    return any(p.dtype in _LOW_PRECISION for p in traced.parameters.values() if not p.is_buffer)
-
-
-def resolve_precision(precision: str | None, device: DeviceSpec, traced_low: bool = False) -> str:
-    """The precision a plan is priced in: `precision` if given, else "bf16" for a graph traced in bf16/fp16
-    (`traced_low`) or on a GPU (`DeviceSpec.kind`), "fp32" on a calibrated CPU.
-
-    Raises:
-        PrecisionError: "fp32" for a graph traced in low precision (its tensors are not fp32), or "bf16" on a
-            device without a bf16 peak (a CPU profile measures fp32 only); each with its remedy.
-    """
-    resolved = precision or ("bf16" if traced_low or device.kind == "gpu" else "fp32")
-    if resolved == "fp32" and traced_low:
-        raise PrecisionError("precision='fp32' but the model was traced with bf16/fp16 parameters. Remedy: trace "
-                             "the fp32 model (model.float()) or plan with precision='bf16'")
-    if resolved == "bf16" and torch.bfloat16 not in device.peak_flops_per_s:
-        have = ", ".join(sorted(str(d).removeprefix("torch.") for d in device.peak_flops_per_s))
-        raise PrecisionError(f"precision='bf16' but device {device.name!r} has no bf16 peak (it has: {have}). "
-                             "Remedy: plan with precision='fp32' (--precision fp32), or price on a GPU preset "
-                             "(--cluster h100:1x8)")
-    return resolved
-
-
 def _scalars(node: torch.fx.Node) -> str:
     return repr(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: None))
 
 
-def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, out_shapes, dtype_of=lambda d: d):
+def _local_values(tg: TracedGraph, info: NodeInfo, space: NodeSpace, in_shapes, out_shapes, in_dtypes=None,
+                  out_dtypes=None):
     """(args, kwargs, out, param_arg_indices) of a node with meta tensors of the given shapes, in the dtypes
-    `dtype_of(traced dtype)` (`Pricer.dtype`)."""
-    it = iter(list(zip(space.inputs, in_shapes)))
+    given per tensor input and output (`Pricer.in_dtypes` / `out_dtypes`; None: the traced ones)."""
+    in_dtypes = in_dtypes or [ti.dtype for ti in space.inputs]
+    out_dtypes = out_dtypes or [o.dtype for o in info.outputs]
+    it = iter(list(zip(in_shapes, in_dtypes)))
 
     def meta(n: torch.fx.Node) -> torch.Tensor:
-        ti, shape = next(it)
-        return torch.empty(shape, dtype=dtype_of(ti.dtype), device="meta")
+        shape, dtype = next(it)
+        return torch.empty(shape, dtype=dtype, device="meta")
 
     args, kwargs = torch.fx.node.map_arg((info.node.args, info.node.kwargs), meta)
     args, kwargs = tuple(args), dict(kwargs)
     if getattr(info.target, "overloadpacket", None) in _SHAPE_ARG_OPS and len(args) > 1:
         args = (args[0], list(out_shapes[0])) + args[2:]
-    outs = [torch.empty(s, dtype=dtype_of(o.dtype), device="meta") for s, o in zip(out_shapes, info.outputs)]
+    outs = [torch.empty(s, dtype=d, device="meta") for s, d in zip(out_shapes, out_dtypes)]
     out = outs[0] if len(outs) == 1 and not isinstance(info.node.meta.get("val"), (tuple, list)) else outs
     params = tuple(i for i, a in enumerate(info.node.args) if isinstance(a, torch.fx.Node)
                    and tg.nodes[a.name].role.value in ("parameter", "buffer"))
     return args, kwargs, out, params
-
-
-def mfu_dtype(traced: TracedGraph, device: DeviceSpec, precision: str | None) -> torch.dtype:
-    """The dtype whose peak FLOP/s a pipeline plan's MFU is reported against: the dtype the largest trained
-    parameter is PRICED in (`precision` resolved as the Pricer does, `resolve_precision`: an fp32-traced model
-    planned in "bf16" is priced, and so measured against, the bf16 peak), a complex one's real dtype, float32
-    where the device has no peak for it.
-
-    Before (trial r12a), the largest tensor of the state decided, buffers included, and the device's table was
-    indexed with it: a model whose largest tensor was an FNO's cfloat spectral weight, or a bool causal-mask
-    buffer, made every pipeline plan raise a raw KeyError (torch.complex64 / torch.bool) after the search had
-    finished. Before round 18 the traced dtype decided: an fp32-traced Llama-2-7B planned in bf16 on h100:8x8
-    reported "450.0 TFLOP/s per device = 671.7% MFU" (against the 67 TFLOP/s fp32 peak; 45.5% of the bf16
-    989.5 TFLOP/s it was priced at).
-
-    Raises:
-        PrecisionError: as `resolve_precision` (a precision the device has no peak for).
-    """
-    trained = [p for p in traced.parameters.values() if not p.is_buffer and carries_grad(p.dtype)]
-    if not trained:
-        return torch.float32
-    low = traced_in_low_precision(traced)
-    autocast = resolve_precision(precision, device, low) == "bf16" and not low
-    dtype = priced_dtype(max(trained, key=lambda q: q.numel).dtype, autocast).to_real()
-    return dtype if dtype in device.peak_flops_per_s else torch.float32
 
 
 def _vocab_parallel_saved_bytes(info: NodeInfo, strategy: Strategy, in_local, logits_itemsize: int) -> int:

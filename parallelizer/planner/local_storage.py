@@ -83,12 +83,13 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
 
     def received(node: str, k: int, producer: str, want: Layout, shape, dtype) -> torch.Tensor:
         have, src = strategy_of[producer].output, values.get(producer)
+        dtype = pricer.value_dtype(tg, producer, dtype)  # as run (under the autocast recipe: its dtypes)
         if isinstance(src, torch.Tensor) and (have == want or not _moves(pricer, have, want, shape, dtype)):
             return src
         axes = grad_partial_axes(want, strategy_of[node].output, mesh)
         key = (producer, str(want), axes, epochs.get(node, 0))
         if key not in moved:
-            t = torch.empty(local_shape(shape, want, mesh), dtype=pricer.dtype(dtype), device=_META)
+            t = torch.empty(local_shape(shape, want, mesh), dtype=dtype, device=_META)
             if producer in resident_names or (isinstance(src, torch.Tensor) and _key(src) in resident):
                 resident.add(_key(t))
             moved[key] = t
@@ -103,7 +104,8 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
         if node.op == "placeholder":
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
-                values[name] = _dense(val, local_shape(tuple(val.shape), s.output, mesh), pricer.dtype(val.dtype))
+                values[name] = _dense(val, local_shape(tuple(val.shape), s.output, mesh),
+                                      pricer.value_dtype(tg, name, val.dtype))
                 held.append(values[name])
                 if name in resident_names:
                     resident.add(_key(values[name]))
@@ -115,14 +117,23 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
             continue
         space = spaces[name]
         it = iter(enumerate(space.inputs))
+        ac = pricer.node_dtypes(tg, name)
+        casts = {k: d for k, d in enumerate(ac.inputs) if k in ac.casts} if ac is not None else {}
 
         def local_arg(n: torch.fx.Node) -> torch.Tensor:
             k, ti = next(it)
-            return received(name, k, ti.producer, s.inputs[k], ti.shape, ti.dtype)
+            got = received(name, k, ti.producer, s.inputs[k], ti.shape, ti.dtype)
+            if k not in casts:
+                return got
+            copy = got.to(casts[k])  # autocast's copy for this op: a storage of its own (a weight's: resident)
+            if _key(got) in resident:
+                resident.add(_key(copy))
+            held.append(copy)
+            return copy
 
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), local_arg)
         args, kwargs = _on_meta(tuple(args)), _on_meta(dict(kwargs))
-        result = _local_output(node, info, s, args, kwargs, pricer)
+        result = _local_output(node, info, s, args, kwargs, pricer, pricer.out_dtypes(tg, info))
         values[name] = result
         held.extend(tensors_in(result))
         if name in live and space.requires_grad:
@@ -156,7 +167,7 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
     except Exception:  # noqa: BLE001 -- an op the replay cannot price on local values: the per-strategy price
         return pricer.node_cost(tg, tg.nodes[name], space, s).saved_bytes
     in_local = [local_shape(ti.shape, L, pricer.mesh) for ti, L in zip(space.inputs, s.inputs)]
-    itemsize = pricer.itemsize(space.inputs[0].dtype) if space.inputs else 4
+    itemsize = pricer.in_dtypes(tg, tg.nodes[name], space)[0].itemsize if space.inputs else 4
     return saved + _vocab_parallel_saved_bytes(tg.nodes[name], s, in_local, itemsize)
 
 
@@ -187,10 +198,11 @@ def _charge(tensors, resident: set[int], owned: set[int]) -> int:
     return charged
 
 
-def _local_output(node: torch.fx.Node, info, s: Strategy, args: tuple, kwargs: dict, pricer: Pricer) -> Any:
+def _local_output(node: torch.fx.Node, info, s: Strategy, args: tuple, kwargs: dict, pricer: Pricer,
+                  dtypes: list[torch.dtype]) -> Any:
     """The op's local output: a view op run on the local values (its size argument localised; torch decides view or
     copy from the local strides), an identity dropout its input, any other op fresh dense tensors laid out as the
-    global output (`_dense`)."""
+    global output (`_dense`) in `dtypes` (each output's dtype as run, `Pricer.out_dtypes`)."""
     target, mesh = node.target, pricer.mesh
     shapes = [local_shape(tuple(o.shape), s.output, mesh) for o in info.outputs]
     gvals = tensors_in(node.meta.get("val"))
@@ -206,10 +218,10 @@ def _local_output(node: torch.fx.Node, info, s: Strategy, args: tuple, kwargs: d
         except Exception:  # noqa: BLE001 -- a view whose other arguments read global sizes (slice of a sharded dim)
             pass
         gargs, gkw, gout = node_values(node)
-        if single and is_free_op(target, gargs, gout, gkw) and inputs[0].dtype == pricer.dtype(gvals[0].dtype):
+        if single and is_free_op(target, gargs, gout, gkw) and inputs[0].dtype == dtypes[0]:
             base = inputs[0]  # a view as in the global graph, of the local source's storage
             return base.as_strided(shapes[0], _dense(gvals[0], shapes[0], base.dtype).stride(), base.storage_offset())
-    fresh = [_dense(g, shape, pricer.dtype(g.dtype)) for g, shape in zip(gvals, shapes)]
+    fresh = [_dense(g, shape, d) for g, shape, d in zip(gvals, shapes, dtypes)]
     return fresh[0] if single and fresh else fresh
 
 

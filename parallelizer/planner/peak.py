@@ -197,14 +197,14 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
             # backward hands it an expanded view of their own small gradient: no storage
         hi = max(pos[c] for c in users)
         nbytes = (math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh))
-                  * pricer.itemsize(outs[0].dtype))
+                  * pricer.value_dtype(tg, n, outs[0].dtype).itemsize)  # the value's dtype as run (autocast)
         grad_delta[lo] += nbytes
         grad_delta[hi + 1] -= nbytes
     for n in order:  # the backward of a composite op kept whole holds an input-sized gradient inside it
         scratch = _BACKWARD_SCRATCH.get(tg.nodes[n].target, 0)
         if scratch and spaces[n].requires_grad and spaces[n].inputs:
             ti = spaces[n].inputs[0]
-            nbytes = math.prod(local_shape(ti.shape, strategy_of[n].inputs[0], mesh)) * pricer.itemsize(ti.dtype)
+            nbytes = math.prod(local_shape(ti.shape, strategy_of[n].inputs[0], mesh)) * pricer.input_itemsize(tg, ti)
             grad_delta[pos[n]] += scratch * nbytes
             grad_delta[pos[n] + 1] -= scratch * nbytes
     acts = _prefix(acts_delta)

@@ -17,7 +17,8 @@ __all__ = ["summary", "precision_text", "memory_rows", "search_rows", "stage_sca
 _MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "outputs", "buffers", "total", "peak", "reserve")
 _MAIN_OPS = ("linear", "addmm", "matmul", "mm.", "bmm", "embedding", "attention", "layer_norm", "rms_norm",
              "cross_entropy", "conv")
-_PRECISION_TEXT = {"bf16": "bf16 params and activations, fp32 main weights and gradients (18 B/param with Adam)",
+_PRECISION_TEXT = {"bf16": "bf16 compute (an fp32 model's activations in the dtypes torch.autocast gives them), "
+                           "fp32 main weights and gradients (18 B/param with Adam)",
                    "fp32": "fp32 params, activations and gradients (16 B/param with Adam)"}
 
 

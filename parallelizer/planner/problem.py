@@ -177,7 +177,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             mem[g] += [c.saved_bytes for c in costs]
         for k, ti in enumerate(space.inputs):
             prod = spaces[ti.producer]
-            mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, ti.dtype,
+            mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.input_dtype(tg, ti),
                                       prod.requires_grad and carries_grad(ti.dtype), mesh, prod.kind == "param",
                                       _edge_roles(roles, prod, space, k, (name, k) in mutated, views),
                                       pricer.regathers(tg, ti.producer))
@@ -212,7 +212,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
             continue
         del pairs[(a, b)], pair_counts[(a, b)]
         folded += 1
-    returned = sum(returned_bytes(s.inputs, pricer) for s in spaces.values() if s.kind == "output")
+    returned = sum(returned_bytes(s.inputs, pricer, tg) for s in spaces.values() if s.kind == "output")
     problem = Problem(mesh, spaces, group_of, groups, keys, lin, mem, pairs, const_mem + returned, budget_bytes,
                       reserve_bytes, folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
                       precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem, shared=shared)
@@ -220,13 +220,13 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     return problem
 
 
-def returned_bytes(returned: tuple[TensorInput, ...], pricer: Pricer) -> int:
+def returned_bytes(returned: tuple[TensorInput, ...], pricer: Pricer, tg: TracedGraph) -> int:
     """Bytes per device of the values the program returns (the output node's tensor inputs), as priced
-    (`Pricer.itemsize`). The output node takes every returned value replicated (`strategies.build_spaces`: the
+    (`Pricer.input_itemsize`: the dtypes as run). The output node takes every returned value replicated (`strategies.build_spaces`: the
     module returns the model's whole outputs), so each rank holds all of them, beside the activations saved for
     backward, until the caller lets go of them (a language model's logits returned beside its loss: batch x seq
     x vocab on every rank)."""
-    return int(sum(math.prod(ti.shape) * pricer.itemsize(ti.dtype) for ti in returned))
+    return int(sum(math.prod(ti.shape) * pricer.input_itemsize(tg, ti) for ti in returned))
 
 
 def recompute_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, config: PlanConfig) -> None:
@@ -279,7 +279,7 @@ def _linear_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, rr) -> tupl
 
     def input_bytes(name: str, k: int) -> _Linear:
         ti = spaces[name].inputs[k]
-        return per_group(name, [pricer.itemsize(ti.dtype) * math.prod(local_shape(ti.shape, s.inputs[k], problem.mesh))
+        return per_group(name, [pricer.input_itemsize(tg, ti) * math.prod(local_shape(ti.shape, s.inputs[k], problem.mesh))
                                 for s in spaces[name].strategies])
 
     def rerun_s(name: str, k: int) -> _Linear:
@@ -288,13 +288,13 @@ def _linear_terms(problem: Problem, tg: TracedGraph, pricer: Pricer, rr) -> tupl
         one end has one strategy. Paid per use: an upper bound where uses of one value share its copy."""
         dst, ti = spaces[name], spaces[name].inputs[k]
         src = spaces[ti.producer]
-        req = src.requires_grad and carries_grad(ti.dtype)
+        dtype, req = pricer.input_dtype(tg, ti), src.requires_grad and carries_grad(ti.dtype)
         src_layouts, src_idx = _unique([s.output for s in src.strategies])
         dst_keys, dst_idx = _unique([(s.inputs[k], grad_axes(s, k, problem.mesh)) for s in dst.strategies])
-        key = ("rerun", tuple(src_layouts), tuple(dst_keys), ti.shape, ti.dtype, req)
+        key = ("rerun", tuple(src_layouts), tuple(dst_keys), ti.shape, dtype, req)
         small = pricer.matrices.get(key)
         if small is None:
-            small = pricer.matrices[key] = np.array([[pricer.forward_s(a, b, ti.shape, ti.dtype, axes, req)
+            small = pricer.matrices[key] = np.array([[pricer.forward_s(a, b, ti.shape, dtype, axes, req)
                                                       for b, axes in dst_keys] for a in src_layouts])
         mat = small[np.ix_(src_idx, dst_idx)]
         g, h = group_of[ti.producer], group_of[name]

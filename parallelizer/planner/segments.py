@@ -255,7 +255,8 @@ def price_segments(traced: TracedGraph, segments: Segments, tp: int, cluster: Cl
             continue
         seg = segments.owner.get(edge.dst, n - 1)
         is_param = spaces[edge.src].kind == "param"
-        param_itemsize = pricer.itemsize(traced.nodes[edge.src].outputs[0].dtype) if is_param else None
+        param_itemsize = pricer.value_dtype(traced, edge.src, traced.nodes[edge.src].outputs[0].dtype).itemsize \
+            if is_param else None
         for step, (f, b) in zip(edge.steps, pricer.edge_step_times(edge.steps, param_itemsize,
                                                                     pricer.regathers(traced, edge.src))):
             (ff if is_param else fl)[seg] += f

@@ -173,12 +173,13 @@ def estimate_step_time(traced: TracedGraph, plan: Plan, *, cluster: Cluster | st
             prod = spaces[ti.producer]
             req = prod.requires_grad and carries_grad(ti.dtype)
             is_param = prod.kind == "param"
+            dtype = pricer.input_dtype(traced, ti)  # as run (`Pricer.input_dtype`)
             axes = grad_axes(s, k, mesh)
             if not uses.first(ti.producer, name, s.inputs[k], axes):
                 continue  # the program hands this use the copy an earlier use made (`shared_uses`)
-            steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, ti.dtype, axes, req, is_param)
+            steps = pricer.steps(strat[ti.producer].output, s.inputs[k], ti.shape, dtype, axes, req, is_param)
             regather = pricer.regathers(traced, ti.producer)  # gathered again in backward (`rewriter.reshard`)
-            param_itemsize = pricer.itemsize(ti.dtype) if is_param else None
+            param_itemsize = dtype.itemsize if is_param else None
             for j, st in enumerate(steps):
                 fwd = pricer.step_time_s(st, param_itemsize, regather=regather, compute_before_s=(since, None, None))[0]
                 since = 0.0 if st.fwd_collective else since

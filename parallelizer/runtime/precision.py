@@ -19,8 +19,9 @@ precision, `torch.autocast(device_type, dtype=torch.bfloat16)` around the FORWAR
     ("bfloat16 requires gradient accumulation and all-reduce to be done in fp32").
   * FSDP (parameters stored Shard over a data axis): the all-gather moves the fp32 shards and autocast casts
     after it; FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` would gather in bf16 (half
-    the bytes). The planner prices parameter collectives at the plan's bf16 itemsize, so for FSDP plans the
-    all-gathers run twice the priced bytes (a known difference).
+    the bytes). The planner prices what runs (round 25, r25b: `planner.autocast_dtypes`): parameter collectives
+    at 4 B/element, activations in the dtypes autocast gives each op (before, everything at bf16's 2 B: the
+    all-gathers ran twice the priced bytes and a narrow GPT held 14% more than priced on an H200).
 
 Memory against `cost_model.memory.BYTES_PER_PARAM[("bf16", "adamw")]` = (2, 4, 12) = 18 B/param (Megatron's
 bf16 params + fp32 main params + fp32 grads + Adam m, v): this runtime holds 4 (fp32 param = main weight)

@@ -14,6 +14,7 @@ Moved out of `tracer.normalize` (round 21 review: 759 lines); `inline_regions` i
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -202,26 +203,38 @@ def _autocast_casts(node: torch.fx.Node, autocast: tuple[str, torch.dtype]) -> d
     runs `node`'s op: found by running the op once on fake tensors of the input shapes and dtypes under
     autocast and recording the casts autocast issues (so the policy is torch's own, per device and op, not
     a copied op list)."""
-    device_type, dtype = autocast
     vals: list = []
     torch.fx.node.map_arg((node.args, node.kwargs), lambda a: vals.append(a.meta.get("val")))
     if not any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vals):
         return {}
+    try:
+        return run_under_autocast(node, autocast, vals)[0]
+    except Exception as exc:  # noqa: BLE001 - any failure of the op on fake tensors of that device type
+        cause, remedy = autocast_failure(autocast[0], vals, exc)
+        raise TraceError(f"torch.autocast({autocast[0]!r}) around {node.format_node()}", stack_location(node),
+                         remedy, f"Cause: {cause}") from exc
+
+
+def run_under_autocast(node: torch.fx.Node, autocast: tuple[str, torch.dtype] | None, vals: list,
+                       call=None, context=None) -> tuple[dict[int, torch.dtype], Any]:
+    """({index of a tensor input in map_arg order: dtype autocast casts it to}, the op's output on fake tensors)
+    of `node`'s op run once on fake tensors on `autocast[0]`'s device type made from `vals` (each input's meta value
+    or a tensor of the shape, stride and dtype to run it in; other arguments as they are) under
+    `torch.autocast(*autocast)` (None: no autocast, no casts), or inside `context` when given (a context manager
+    enabling it). `call(*args, **kwargs)` runs the op (default: `node.target`). Raises the op's own error."""
+    device_type = autocast[0] if autocast is not None else "cpu"
     with FakeTensorMode(allow_non_fake_inputs=True):
-        try:
-            fakes = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device_type)
-                     if isinstance(v, torch.Tensor) else v for v in vals]
-            it = iter(fakes)
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(it))
-            recorder = _CastRecorder([f for f in fakes if isinstance(f, torch.Tensor)])
-            with torch.autocast(device_type, dtype=dtype), recorder:
-                node.target(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any failure of the op on fake tensors of that device type
-            cause, remedy = autocast_failure(device_type, vals, exc)
-            raise TraceError(f"torch.autocast({device_type!r}) around {node.format_node()}", stack_location(node),
-                             remedy, f"Cause: {cause}") from exc
+        fakes = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device_type)
+                 if isinstance(v, torch.Tensor) else v for v in vals]
+        it = iter(fakes)
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: next(it))
+        recorder = _CastRecorder([f for f in fakes if isinstance(f, torch.Tensor)])
+        if context is None:
+            context = torch.autocast(device_type, dtype=autocast[1]) if autocast is not None else nullcontext()
+        with context, recorder:
+            out = (call or node.target)(*args, **kwargs)
     tensor_index = [i for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
-    return {tensor_index[k]: d for k, d in recorder.casts.items()}
+    return {tensor_index[k]: d for k, d in recorder.casts.items()}, out
 
 
 def autocast_failure(device_type: str, vals: list, exc: BaseException) -> tuple[str, str]:

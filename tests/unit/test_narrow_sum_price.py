@@ -81,13 +81,16 @@ def test_a_plans_steps_carry_the_bytes_the_runtime_sums(dtype, bytes_):
     assert step.kind == "all_reduce" and step.nbytes == math.prod(SHAPE) * _runtime_sum_bytes(dtype)
 
 
-def test_a_float32_tensor_priced_as_bf16_moves_2_bytes_and_sums_4(fp32_traced):
-    # precision "bf16" prices an fp32-traced tensor as autocast's bf16 (2 B), whose sums run in float32
+def test_a_bf16_value_of_a_bf16_plan_moves_2_bytes_and_sums_4(fp32_traced):
+    # under precision "bf16" `Pricer.steps` takes a value's dtype as the autocast recipe runs it
+    # (`Pricer.input_dtype`, round 25 r25b): a bf16 one (a matmul's output) moves 2 B and sums in float32 (4 B);
+    # an fp32 one (the residual stream, kept fp32 by autocast's promotion) moves and sums 4 B
     pricer = build(fp32_traced, MESH, cluster="h100:1x2", config=PlanConfig(precision="bf16"))[1]
     n = math.prod(SHAPE)
-    step, = pricer.steps(Layout((Partial(),)), Layout((Replicate(),)), SHAPE, torch.float32, (), False)
-    gather, = pricer.steps(Layout((Shard(0),)), Layout((Replicate(),)), SHAPE, torch.float32, (), False)
-    assert (step.nbytes, gather.nbytes) == (4 * n, 2 * n)
+    for dtype, moved in ((torch.bfloat16, 2), (torch.float32, 4)):
+        step, = pricer.steps(Layout((Partial(),)), Layout((Replicate(),)), SHAPE, dtype, (), False)
+        gather, = pricer.steps(Layout((Shard(0),)), Layout((Replicate(),)), SHAPE, dtype, (), False)
+        assert (step.nbytes, gather.nbytes) == (4 * n, moved * n), dtype
 
 
 @pytest.mark.parametrize("dst, kind", [(Layout((Replicate(),)), "all_reduce"), (Layout((Shard(0),)), "reduce_scatter")])

@@ -2,6 +2,7 @@
 `segments.py`, `partition.py`, `search.py`): pricing against closed forms (Korthikanti et al. 2022), the
 ILP's choice under budgets between the modes' needs, forced regions, the pipeline search."""
 import pytest
+import torch
 
 import parallelizer
 from parallelizer import zoo
@@ -18,7 +19,8 @@ from parallelizer.planner.search import plan_pipeline
 
 B, T, C, A, L = 2, 64, 64, 4, 3  # batch, sequence, hidden, heads, layers
 MESH = MeshSpec(("dp",), (2,))
-CLUSTER = "h100:1x2"  # a GPU preset: bf16, 2 bytes per activation element
+CLUSTER = "h100:1x2"  # a GPU preset: bf16; the model traced in bf16: 2 bytes per activation element (an fp32
+# model planned in bf16 is priced in the dtypes autocast runs since round 25, `planner.autocast_dtypes`)
 DDP = {"dp": "ddp"}  # parameters replicated: only recomputation can lower activation memory
 
 
@@ -27,7 +29,7 @@ def gpt2():
     """transformers GPT-2 (eager attention: matmul, softmax, dropout, matmul), on meta."""
     m, inp = zoo.gpt2(n_layer=L, n_embd=C, n_head=A, vocab_size=128, n_positions=T, batch=B, seq_len=T,
                       device="meta")
-    return parallelizer.trace(m, inp)
+    return parallelizer.trace(m.to(torch.bfloat16), inp)
 
 
 def _none_plan(tg, **kw):
