@@ -23,7 +23,7 @@ One step (`BitPipeRunner.step`, called by `PipelineRun.step` like torch's schedu
   runtime posts its RECV actions ahead) and waited on (with the timeout) only by the action that consumes it:
   gloo's P2P moves a payload only once the receiver has posted (a rendezvous), so a receive posted when its
   action starts made every early hand-off wait for a handshake (round 25, r25e / r25i: 30 paired rounds under
-  load, BitPipe's step 307 -> 218 ms, its CPU 306 -> 217 ms). The posted buffers (up to 2 x m boundary tensors
+  load at the bench's quick size, BitPipe's step 350 -> 235 ms, all ranks' CPU 312 -> 229 ms). The posted buffers (up to 2 x m boundary tensors
   per rank) are priced in BitPipe's peak memory (`planner.bitpipe.held_with_posted_receives`). The list order
   comes from one feasible execution, so this cannot deadlock (`planner.bitpipe`); a step that fails with
   receives or sends still posted leaves them to gloo (torch gives no way to cancel one), so the runner refuses

@@ -94,7 +94,7 @@ def test_the_bitpipe_runners_per_action_cost_is_measured_for_the_profile():
 
     cost = measure_bitpipe_actions(steps=2, timeout_s=240)
     # round 25 (r25i): with the step's receives posted at its start, a B action's CPU beyond its bare backward
-    # fell from ~120-145 us to ~8-10 us (2 ranks, under load): within noise of 0, so >= 0 here
+    # fell from ~120-145 us to ~7-10 us (2 ranks, under load): within noise of 0, so >= 0 here
     assert 0 < cost.forward_s < 0.05 and 0 <= cost.backward_s < 0.05
     assert 0 < cost.send_s < 0.05 and 0 < cost.recv_s < 0.05 and 0 < cost.step_s < 0.5
     assert cost.backward_input_s == cost.backward_weight_s == 0.0 and cost.own_runner is None
