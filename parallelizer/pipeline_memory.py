@@ -26,8 +26,10 @@ et al. SC'21 Sec. 2.2). Where a rank holds its stages: `runtime.pipeline.stage_p
 zbv / dualpipev). BitPipe holds every stage twice (rank q and its mirror pp - 1 - q,
 `runtime.bitpipe.stage_holders`), so its parameters, gradients and optimizer state count on both ranks, and
 its activations are the peak over its action list (`planner.bitpipe`: a stage's forward adds A_k until its
-backward) instead of an in-flight count. Not counted: the stage outputs and receive buffers torch's pipelining keeps per
-microbatch, and transient buffers of sends and collectives.
+backward) instead of an in-flight count, with the receive buffers its runner posts at the step's start, each held
+until its action runs (`planner.bitpipe.held_with_posted_receives`; the local shapes and dtypes the runner allocates,
+`runtime.pipeline._examples`; round 25, r25i). Not counted: the stage outputs and receive buffers torch's pipelining
+keeps per microbatch, and transient buffers of sends and collectives.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from cost_model.topology import MeshTopology
 from .config import PlanConfig
 from .errors import PipelineError
 from .planner.api import resolve_cluster
-from .planner.bitpipe import bitpipe_actions
+from .planner.bitpipe import bitpipe_actions, held_with_posted_receives
 from .planner.costs import Pricer
 from .planner.local_storage import local_saved_bytes, plan_choice
 from .planner.problem import returned_bytes
@@ -105,7 +107,8 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
                                     if ti.producer in cut.outputs[-1]), pricer, traced)
     for q in holders(pipe.schedule, S - 1, S, pipe.pp):
         ranks[q]["outputs"] = returned
-    peaks = _bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act) if pipe.schedule == "bitpipe" else None
+    peaks = (_bitpipe_peaks(pipe.pp, pipe.microbatches, stage_act, *_boundary_bytes(plan, traced, cut))
+             if pipe.schedule == "bitpipe" else None)
     for r, mem in enumerate(ranks):
         mem["activations"] = int(round(peaks[r] if peaks is not None else
                                        inflight_microbatches(pipe.schedule, pipe.pp, pipe.microbatches, r) * acts[r]))
@@ -113,16 +116,43 @@ def pipeline_rank_memory(plan: Plan, traced: TracedGraph) -> list[dict[str, int]
     return ranks
 
 
-def _bitpipe_peaks(pp: int, microbatches: int, stage_act: list[int]) -> list[int]:
-    """Peak saved-activation bytes per rank of BitPipe, replayed from its action lists: a forward of model
-    stage k adds A_k until its backward (`planner.bitpipe.bitpipe_actions`, run in list order)."""
+def _bitpipe_peaks(pp: int, microbatches: int, stage_act: list[int], received: list[int],
+                   grads_received: list[int]) -> list[int]:
+    """Peak bytes per rank of BitPipe's saved activations and pre-posted receive buffers, replayed from its action
+    lists (`planner.bitpipe.bitpipe_actions`, run in list order): a forward of model stage k adds A_k until its
+    backward; F of stage k > 0 consumes `received[k]` bytes sent from another rank, B of stage k < S - 1
+    `grads_received[k]` (`_boundary_bytes`), 0 for a same-rank hand-off (`held_with_posted_receives`)."""
     schedule = bitpipe_actions(pp, microbatches)
-    peaks = []
+    S, peaks = schedule.num_stages, []
     for r in range(pp):
-        now = peak = 0
+        now, saved, got = 0, [], []
         for a in schedule.actions[r]:
-            k = schedule.model_stage(a.stage_index)
-            now += stage_act[k] if a.computation_type.value == "F" else -stage_act[k]
-            peak = max(peak, now)
-        peaks.append(peak)
+            k, x, forward = schedule.model_stage(a.stage_index), a.stage_index, a.computation_type.value == "F"
+            now += stage_act[k] if forward else -stage_act[k]
+            saved.append(now)
+            peer = x - 1 if forward else x + 1
+            crosses = (k > 0 if forward else k < S - 1) and schedule.stage_to_rank[peer] != r
+            got.append((received[k] if forward else grads_received[k]) if crosses else 0)
+        peaks.append(int(round(held_with_posted_receives(saved, got))))
     return peaks
+
+
+def _boundary_bytes(plan: Plan, traced: TracedGraph, cut) -> tuple[list[int], list[int]]:
+    """Per model stage k: the bytes of the values it receives (`cut.inputs[k]`) and of the gradients it receives
+    back from stage k + 1 (those of stage k + 1's inputs that carry one), as the runner allocates them: the local
+    shapes of the plan's layouts under its recipe's dtypes (`runtime.pipeline._examples`), the largest over the
+    intra-stage mesh's ranks. The first stage receives nothing, the last no gradient."""
+    from .rewriter.spec import spec_from_plan
+    from .runtime.pipeline import _examples, boundary_dtypes, stage_spec
+
+    spec = spec_from_plan(plan)
+    dtypes = boundary_dtypes(traced, cut, spec.autocast)
+    S = cut.num_stages
+    values, grads = [0] * S, [0] * S
+    for k in range(1, S):
+        layouts = stage_spec(spec, traced, cut, k, 0).inputs
+        per_local = [_examples(traced, cut.inputs[k], layouts, spec, local, dtypes)
+                     for local in range(spec.mesh.world_size)]
+        values[k] = max(sum(t.nbytes for t in ex) for ex in per_local)
+        grads[k - 1] = max(sum(t.nbytes for t in ex if t.requires_grad) for ex in per_local)
+    return values, grads

@@ -62,6 +62,7 @@ cannot deadlock.
 """
 from __future__ import annotations
 
+import numpy as np
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
 from .action_schedule import ActionSchedule
@@ -145,3 +146,27 @@ def _rank_order(p: int, m: int, r: int) -> list[_Action]:
         order += [fwd[f], bwd[b]]
         f, b = f + 1, b + 1
     return order + bwd[b:]
+
+
+def held_with_posted_receives(saved_after, received) -> float:
+    """Peak bytes one BitPipe rank holds over its action list when every cross-rank receive of the step is posted
+    at the step's start (`runtime.bitpipe.BitPipeRunner._post_receives`, round 25 r25i), in the caller's units.
+
+    Args:
+        saved_after: (n,) bytes saved for backward after each of the rank's n actions, in list order (a forward
+            of model stage k adds A_k until its backward).
+        received: (n,) bytes of the receive buffers each action consumes (its stage's boundary tensors from
+            another rank; 0 for none or a same-rank hand-off).
+    Returns:
+        max(sum(received), max_i saved_after[i] + sum(received[i + 1:])): every buffer is held from the step's
+        start until its action has run. A forward's buffer then is the stage's input (A_k counts it where the
+        stage saves it: `planner.local_storage`, a received value is a new tensor); a backward's is freed.
+    Raises:
+        ValueError: the two sequences differ in length, or a received size is negative.
+    """
+    saved, got = np.asarray(saved_after, dtype=float), np.asarray(received, dtype=float)
+    if saved.shape != got.shape or saved.ndim != 1 or (got < 0).any():
+        raise ValueError(f"held_with_posted_receives: need two sequences of one entry per action with received "
+                         f"bytes >= 0, got {saved.shape} saved and {got.shape} received")
+    pending = got.sum() - np.cumsum(got)  # after action i: the buffers of the actions still to run
+    return float(max(got.sum(), (saved + pending).max(initial=0.0)))

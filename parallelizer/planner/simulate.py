@@ -91,6 +91,7 @@ from cost_model.hardware import PipelineActionCost
 
 from ..errors import PipelineError
 from .action_schedule import ActionSchedule
+from .bitpipe import held_with_posted_receives
 from .schedule_lists import SIMULATED_SCHEDULES, action_schedule  # noqa: F401 (re-exported)
 from .sharing import SharedCores, cpu_floor_s, shared_pass
 
@@ -178,9 +179,10 @@ class SimResult:
         bubble_fraction: per rank, 1 - busy / compute_end_s.
         bubble_s: compute_end_s - max(busy_s) (the bottleneck rank's idle time).
         peak_inflight_bytes: per rank, peak activation bytes held (module docstring; in stage-microbatches
-            when StageTimes.act_bytes is None).
-        inflight_microbatches: per rank, peak_inflight_bytes / (sum of act bytes of the rank's action
-            stages), i.e. in units of the rank's whole per-microbatch activations.
+            when StageTimes.act_bytes is None); bitpipe with act_bytes and p2p_bytes: with the receive buffers
+            its runner posts at the step's start (`planner.bitpipe.held_with_posted_receives`, round 25).
+        inflight_microbatches: per rank, the peak of saved activations alone / (sum of act bytes of the rank's
+            action stages), i.e. in units of the rank's whole per-microbatch activations.
         cpu_floor_s: with `cores`, `planner.sharing.cpu_floor_s` of every rank's CPU work (its actions' solo
             seconds, its optimizer tail, `StageTimes.host_cpu_s`): no step on shared cores is shorter (round 21);
             the makespan already respects it for the simulated work, the caller applies it (`candidates`:
@@ -536,7 +538,10 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
         for k, nodes in enumerate(c.last_bwd):
             makespan = max(makespan, float(max(end[n] for n in nodes)) + float(times.copy_sync_s[k]))
     act = np.ones(S) if times.act_bytes is None else np.asarray(times.act_bytes, dtype=float)
-    peak = tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
+    saved = tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
+    peak = saved if not (c.name == "bitpipe" and times.act_bytes is not None and times.p2p_bytes is not None) \
+        else tuple(held_with_posted_receives(cnt @ act, _received_bytes(c, times, idx))
+                   for cnt, idx in zip(c.inflight_counts, c.by_rank))
     per_mb = [float(sum(act[k] for k in ks)) for ks in c.rank_stages]
     floor = 0.0
     if cores is not None:  # round 21: every rank's CPU over the cores (`sharing.cpu_floor_s`)
@@ -547,4 +552,13 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
     return SimResult(makespan, compute_end, tuple(float(b) for b in busy),
                      tuple(1.0 - float(b) / compute_end if compute_end > 0 else 0.0 for b in busy),
                      compute_end - float(busy.max()), peak,
-                     tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(peak, per_mb)), starts, ends, c, floor)
+                     tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(saved, per_mb)), starts, ends, c, floor)
+
+
+def _received_bytes(c: _Compiled, times: StageTimes, idx: np.ndarray) -> np.ndarray:
+    """Bytes of the cross-rank receive buffers each action `idx` (one rank's, in order) consumes: p2p_bytes of its
+    boundary for a forward, p2p_bwd_bytes (default p2p_bytes) for a backward; 0 without a transfer."""
+    fwd = np.asarray(times.p2p_bytes, dtype=float)
+    bwd = fwd if times.p2p_bwd_bytes is None else np.asarray(times.p2p_bwd_bytes, dtype=float)
+    b = np.minimum(c.xfer[idx], c.S - 2)
+    return np.where(c.xfer[idx] == c.S - 1, 0.0, np.where(c.kind[idx] == 0, fwd[b], bwd[b]))

@@ -19,8 +19,15 @@ One step (`BitPipeRunner.step`, called by `PipelineRun.step` like torch's schedu
   last stage computes `MicrobatchLoss` (weight n_j / N, token-weighted over the whole batch); B(x, j)
   receives the gradient of its outputs, runs autograd backward and sends the gradients of its received
   inputs back. A hand-off between two copies on the same rank (the V's tip) is a local copy. Sends are
-  non-blocking, receives block (with the timeout); the list order comes from one feasible execution, so
-  this cannot deadlock (`planner.bitpipe`);
+  non-blocking; every cross-rank receive of the step is posted at its start (`_post_receives`, as torch's
+  runtime posts its RECV actions ahead) and waited on (with the timeout) only by the action that consumes it:
+  gloo's P2P moves a payload only once the receiver has posted (a rendezvous), so a receive posted when its
+  action starts made every early hand-off wait for a handshake (round 25, r25e / r25i: 30 paired rounds under
+  load at the bench's quick size, BitPipe's step 350 -> 235 ms, all ranks' CPU 312 -> 229 ms). The posted buffers (up to 2 x m boundary tensors
+  per rank) are priced in BitPipe's peak memory (`planner.bitpipe.held_with_posted_receives`). The list order
+  comes from one feasible execution, so this cannot deadlock (`planner.bitpipe`); a step that fails with
+  receives or sends still posted leaves them to gloo (torch gives no way to cancel one), so the runner refuses
+  every later step (DistributedError) rather than let a stale one take or give the next step's message;
 - eager gradient synchronisation: right after a copy's last backward of the step, its gradient (of
   parameters used by that model stage only) is exchanged with its twin copy on rank p - 1 - r (isend +
   irecv of one flat buffer, overlapping the rest of the schedule); at the end each copy holds its own
@@ -97,6 +104,8 @@ class BitPipeRunner:
         """Copy x -> (send, receive) flat buffers of its gradient exchange, kept from one step to the next (as
         DDP keeps its bucket tensors): fresh 13 MB buffers were page-faulted in on every step, 33,915 minor faults
         and ~50 ms of CPU per step over 4 ranks at the bench's full size (round 20, r20e)."""
+        self._failed: str | None = None  # what a step that raised left posted (`step`): later steps refused
+        self._stale: list = []  # its posted (buffer, Work, what): gloo may still write into the buffers, kept alive
 
     def _global(self, pp_rank: int) -> int:
         return pp_rank * self.width + self.local
@@ -113,8 +122,26 @@ class BitPipeRunner:
         `return_outputs`: torch's schedules' argument; nothing is returned or kept here either way.
 
         Raises:
-            DistributedError: a receive did not complete within the timeout (names the peer and the message).
+            DistributedError: a receive did not complete within the timeout (names the stage copy, microbatch and
+                peer), or an earlier step raised (its posted receives and sends could match this step's).
         """
+        if self._failed is not None:
+            raise DistributedError(
+                f"bitpipe: an earlier step raised on pipeline rank {self.pp_rank} with {self._failed}; gloo cannot "
+                "cancel a posted receive or send, and a stale one would take or give this step's messages (same "
+                "tags). Remedy: destroy the process group and build the pipeline again (auto_parallelize)")
+        posted = self._post_receives()
+        try:
+            self._run(posted, inputs, target)
+        except BaseException:
+            pending = [what for got in posted.values() for _, work, what in got if not work.is_completed()]
+            self._failed = (f"{len(pending)} receives still posted ({'; '.join(pending[:3])}"
+                            f"{' ...' if len(pending) > 3 else ''}) and its sends not waited on")
+            self._stale = list(posted.values())
+            raise
+
+    def _run(self, posted: dict, inputs, target) -> None:
+        """`step`'s body, the receives of the step already `posted` (`_post_receives`)."""
         m, S = self.schedule.num_microbatches, self.schedule.num_stages
         micro_in = [t.tensor_split(m) for t in inputs]
         micro_target = target.tensor_split(m) if isinstance(target, torch.Tensor) else [target] * m
@@ -127,7 +154,7 @@ class BitPipeRunner:
             k = x % S
             if kind == _F:
                 received = ([t[j] for t in micro_in] if k == 0 else
-                            self._receive(local_box, _F, x, j, self.examples[k], x - 1))
+                            self._receive(posted, local_box, _F, x, j, self.examples[k]))
                 out = self.modules[x](*received)
                 if k == S - 1:
                     weighted = self.loss(out, micro_target[j])
@@ -141,7 +168,7 @@ class BitPipeRunner:
                 if k == S - 1:
                     out.backward()
                 else:
-                    grads = self._receive(local_box, _B, x, j, _grad_examples(self.examples[k + 1]), x + 1)
+                    grads = self._receive(posted, local_box, _B, x, j, _grad_examples(self.examples[k + 1]))
                     pairs = [(o, g) for o, g in zip(_grad_carrying(out, self.examples[k + 1]), grads)
                              if o.requires_grad]
                     if pairs:
@@ -172,20 +199,44 @@ class BitPipeRunner:
             sends.append((dist.isend(carried_view(t), self._global(to_rank), tag=self._tag(kind == _B, to_x, j, i)),
                           what))
 
-    def _receive(self, local_box: dict, kind: str, x: int, j: int, examples, from_x: int) -> list[torch.Tensor]:
-        """The tensors stage copy x gets for microbatch j (activations for F, output gradients for B)."""
-        from_rank = self.schedule.stage_to_rank[from_x]
-        if from_rank == self.pp_rank:
-            got = local_box.pop((kind, x, j))
-        else:
+    def _post_receives(self) -> dict[tuple[str, int, int], list]:
+        """Post every cross-rank receive of this rank's step (module docstring): (kind, x, j) -> [(buffer, Work,
+        what)] per value, buffers of the receiving stage's local shapes and dtypes (`examples`), for F(x, j) from
+        copy x - 1 and for B(x, j) from copy x + 1, in action order. Same-rank hand-offs post nothing."""
+        S, posted = self.schedule.num_stages, {}
+        for a in self.actions:
+            x, j, kind = a.stage_index, a.microbatch_index, a.computation_type.value
+            k = x % S
+            if kind == _F and k > 0:
+                from_x, examples = x - 1, self.examples[k]
+            elif kind == _B and k < S - 1:
+                from_x, examples = x + 1, _grad_examples(self.examples[k + 1])
+            else:
+                continue
+            from_rank = self.schedule.stage_to_rank[from_x]
+            if from_rank == self.pp_rank:
+                continue
             got = []
             for i, ex in enumerate(examples):
                 buf = torch.empty(ex.shape, dtype=ex.dtype)
                 what = (f"{'activation' if kind == _F else 'gradient'} {i} of microbatch {j} for stage copy {x} "
                         f"from pipeline rank {from_rank}")
-                _wait(dist.irecv(carried_view(buf), self._global(from_rank), tag=self._tag(kind == _B, x, j, i)),
-                      self.timeout, what)
+                got.append((buf, dist.irecv(carried_view(buf), self._global(from_rank),
+                                            tag=self._tag(kind == _B, x, j, i)), what))
+            posted[(kind, x, j)] = got
+        return posted
+
+    def _receive(self, posted: dict, local_box: dict, kind: str, x: int, j: int, examples) -> list[torch.Tensor]:
+        """The tensors stage copy x gets for microbatch j (activations for F, output gradients for B): a local
+        hand-off, or its posted receives (`_post_receives`) waited on now, each within the timeout."""
+        if (kind, x, j) in local_box:
+            got = local_box.pop((kind, x, j))
+        else:
+            got = []
+            for buf, work, what in posted[(kind, x, j)]:
+                _wait(work, self.timeout, what)
                 got.append(buf)
+            del posted[(kind, x, j)]  # after every wait: one that timed out stays listed (`step`)
         if kind == _F:
             got = [t.requires_grad_(ex.requires_grad) for t, ex in zip(got, examples)]
         return got

@@ -10,7 +10,7 @@ What is measured (`measure_bitpipe_actions`): 2 spawned gloo ranks, the model `_
 steps after 2 warm-up steps. Per action of `BitPipeRunner.step`'s list its per-thread CPU time
 (`time.thread_time`, as `cost_model.pipeline_actions`), less the cross-rank sends / receives it made (timed
 apart: `BitPipeRunner._send` / `_receive`, only those whose peer is another rank, since the simulator charges
-same-rank hand-offs nothing) and less the stage program's own compute (its fx forward alone, a backward
+same-rank hand-offs nothing; a receive's sample includes its share of posting the step's receives at its start) and less the stage program's own compute (its fx forward alone, a backward
 through it: what the cost model prices). Step = the step's CPU less its actions'. Medians over both ranks.
 """
 from __future__ import annotations
@@ -45,21 +45,33 @@ def _loss(out, target):
 
 def _timed_runner(runner, cpu: dict) -> None:
     """Wrap this runner's `_send` / `_receive` (cross-rank ones timed as "send" / "recv") and its action list
-    (each action's CPU less the sends / receives inside it, as "F" / "B")."""
-    send, receive, actions = runner._send, runner._receive, runner.actions
+    (each action's CPU less the sends / receives inside it, as "F" / "B"). The runner posts every cross-rank
+    receive at the step's start (`BitPipeRunner._post_receives`, round 25): that posting's CPU, shared equally
+    over the receives it posted, is added to each of their "recv" samples (the simulator charges it per receive)."""
+    send, receive, post, actions = runner._send, runner._receive, runner._post_receives, runner.actions
     to_rank, me = runner.schedule.stage_to_rank, runner.pp_rank
+    share = [0.0]  # this step's posting CPU per posted receive
 
     def timed(kind, fn, cross):
         def call(*a, **k):
-            start = time.thread_time()
+            crosses, start = cross(*a), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                if cross(*a):
+                if crosses:
                     cpu[kind].append(time.thread_time() - start)
+                    if kind == "recv":
+                        cpu["recv posting"].append(share[0])
         return call
+
+    def posting():
+        start = time.thread_time()
+        posted = post()
+        share[0] = (time.thread_time() - start) / max(1, len(posted))
+        return posted
     runner._send = timed("send", send, lambda sends, box, kind, to_x, *rest: to_rank[to_x] != me)
-    runner._receive = timed("recv", receive, lambda box, kind, x, j, examples, from_x: to_rank[from_x] != me)
+    runner._receive = timed("recv", receive, lambda posted, box, kind, x, j, examples: (kind, x, j) in posted)
+    runner._post_receives = posting
 
     class Timed:
         def __iter__(self):
@@ -115,7 +127,8 @@ def _rank(rank: int, world: int, steps: int) -> tuple[dict, dict]:
             cpu["step loop"].append(time.thread_time() - start - (sum(map(sum, cpu.values())) - inside))
         for p in pm.parameters():
             p.grad = None
-    cpu["send action"], cpu["recv action"] = cpu.pop("send", []), cpu.pop("recv", [])
+    cpu["send action"] = cpu.pop("send", [])
+    cpu["recv action"] = [r + s for r, s in zip(cpu.pop("recv", []), cpu.pop("recv posting", []))]
     return dict(cpu), _bare(pm.run, steps)
 
 

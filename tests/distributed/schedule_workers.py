@@ -138,3 +138,27 @@ def changes_between_steps(rank: int, world_size: int, plan_json: str, schedules:
         report[name] = out
         dist.barrier()
     return report
+
+
+def failed_bitpipe_step(rank: int, world_size: int, plan_json: str) -> dict:
+    """Round 25 (r25i): BitPipe's runner posts every receive of the step at its start. On pp=2 both ranks hold a
+    last stage (the down pipeline's on rank 0, the up one's on rank 1); a loss_fn that raises makes both raise it
+    at their first last-stage forward, with receives of the step still posted (gloo cannot cancel them: they would
+    take the next step's messages, same tags), so the next step is refused on both (DistributedError naming them).
+    Per rank: (error type, message) of each of the two steps and the posted receives left."""
+    base = parallelizer.Plan.from_json(plan_json)
+    plan = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, schedule="bitpipe"))
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(**GPT2_8)
+    pm = parallelizer.auto_parallelize(model, (ids,), plan=plan)
+
+    def boom(output, target):
+        raise ValueError("boom: the user's loss_fn")
+    errors = []
+    for _ in range(2):
+        try:
+            pm.step(ids, target=padded_labels(ids), loss_fn=boom, item_count=lambda t: int((t != -100).sum()))
+            errors.append(("none", ""))
+        except Exception as err:  # what the user sees
+            errors.append((type(err).__name__, str(err)))
+    return {"errors": errors, "posted": sum(len(got) for got in pm.run.schedule._stale)}

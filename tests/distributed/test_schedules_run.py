@@ -9,7 +9,7 @@ import pytest
 
 from launch_once import run_each
 from parallelizer.runtime import spawn
-from schedule_workers import base_plan_json, changes_between_steps, train_schedules
+from schedule_workers import base_plan_json, changes_between_steps, failed_bitpipe_step, train_schedules
 from step_workers import CLIP
 
 pytestmark = pytest.mark.distributed
@@ -66,6 +66,23 @@ def test_changes_between_steps_reach_the_next_step(reports, name):
     assert any(per_rank[1][name]["held"] for per_rank in reports)
 
 
+@pytest.mark.timeout(300)  # a hang guard: ~12 s here
+def test_a_failed_bitpipe_step_leaves_no_posted_receive_to_the_next():
+    """Round 25 (r25i): BitPipe's runner posts every receive of the step at its start (gloo's P2P is a rendezvous:
+    a receive posted late made each early hand-off wait). A loss_fn raising on pp=2 (both ranks hold a last
+    stage) raises the user's error on both with the step's later receives still posted; gloo cannot cancel them
+    and they would take the next step's messages (same tags): the next step is refused with a DistributedError
+    naming them (stage copy, microbatch, peer) and the remedy, and the launch still ends cleanly (one 2-rank
+    launch). Before, the next step ran on; now every rank refuses alike."""
+    per_rank = spawn(run_each, 2, [(failed_bitpipe_step, (base_plan_json(2, 4),))], timeout_s=240)
+    for rank, (r,) in enumerate(per_rank):
+        (first, why), (second, refused) = r["errors"]
+        assert first == "ValueError" and "boom" in why, (rank, r["errors"])
+        assert second == "DistributedError" and f"on pipeline rank {rank} with {r['posted']} receives" in refused
+        assert r["posted"] > 0 and f"from pipeline rank {1 - rank}" in refused and "stage copy" in refused
+        assert "Remedy: destroy the process group" in refused
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a hang guard: ~5-30 s here
 def test_the_bitpipe_runners_per_action_cost_is_measured_for_the_profile():
@@ -76,7 +93,9 @@ def test_the_bitpipe_runners_per_action_cost_is_measured_for_the_profile():
     from parallelizer.runtime.bitpipe_cost import measure_bitpipe_actions, register
 
     cost = measure_bitpipe_actions(steps=2, timeout_s=240)
-    assert 0 < cost.forward_s < 0.05 and 0 < cost.backward_s < 0.05
+    # round 25 (r25i): with the step's receives posted at its start, a B action's CPU beyond its bare backward
+    # fell from ~120-145 us to ~7-10 us (2 ranks, under load): within noise of 0, so >= 0 here
+    assert 0 < cost.forward_s < 0.05 and 0 <= cost.backward_s < 0.05
     assert 0 < cost.send_s < 0.05 and 0 < cost.recv_s < 0.05 and 0 < cost.step_s < 0.5
     assert cost.backward_input_s == cost.backward_weight_s == 0.0 and cost.own_runner is None
     before = _OWN_RUNNER_BENCHMARK[0]

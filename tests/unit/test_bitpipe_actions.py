@@ -115,3 +115,40 @@ def test_the_twin_exchange_keeps_its_buffers_from_one_step_to_the_next():
     assert BitPipeRunner._exchange_buffer(runner, 2, params)[0] is not first[0]  # another copy: its own buffers
     fewer = BitPipeRunner._exchange_buffer(runner, 1, params[:1])
     assert [t.numel() for t in fewer] == [6, 6] and fewer[0] is not first[0]
+
+
+def test_simulated_peak_holds_the_receive_buffers_posted_at_the_steps_start():
+    """Round 25 (r25i): BitPipe's runner posts every cross-rank receive of the step at its start, so each rank
+    holds those buffers until their actions run. pp=2, m=4 (2 units): rank 0's cross-rank receives per unit are
+    5F1 (boundary 0's activations, a0), 3F0 (boundary 2's, a2), 6B1 (boundary 2's gradients, g2), 0B0 (g0); rank
+    1's mirror 1F0, 7F1, 2B0, 4B1 the same. Saved activations peak after 3F0 at 4 A (one microbatch through the 4
+    stages); held then: both units' buffers less the two consumed, 4 A + a0 + a2 + 2 (g0 + g2). Torch's schedules
+    (interleaved_1f1b) post theirs ahead of one action only and keep the saved-activation peak."""
+    import dataclasses
+
+    from parallelizer.planner.simulate import StageTimes, simulate
+
+    A, fwd, bwd = 100.0, (1.0, 2.0, 4.0), (8.0, 16.0, 32.0)
+    times = dataclasses.replace(StageTimes.uniform(4, 1.0, 1.0, 0.0), act_bytes=(A,) * 4, p2p_bytes=fwd,
+                                p2p_bwd_bytes=bwd)
+    r = simulate("bitpipe", 2, 4, times)
+    assert r.peak_inflight_bytes == (4 * A + 1 + 4 + 2 * (8 + 32),) * 2
+    assert r.inflight_microbatches == (1.0, 1.0)  # saved activations alone: one microbatch through the model
+    plain = simulate("bitpipe", 2, 4, dataclasses.replace(times, p2p_bytes=None, p2p_bwd_bytes=None))
+    assert plain.peak_inflight_bytes == (4 * A,) * 2
+    inter = simulate("interleaved_1f1b", 2, 4, times)
+    assert inter.peak_inflight_bytes == simulate("interleaved_1f1b", 2, 4, dataclasses.replace(
+        times, p2p_bytes=None, p2p_bwd_bytes=None)).peak_inflight_bytes
+
+
+def test_held_with_posted_receives_closed_form_and_refusals():
+    """max(all buffers at the start, saved after action i + the buffers of the actions after i)."""
+    from parallelizer.planner.bitpipe import held_with_posted_receives
+
+    assert held_with_posted_receives([0, 0], [5, 7]) == 12  # nothing saved: the start holds every buffer
+    assert held_with_posted_receives([10, 30, 0], [5, 0, 7]) == 37  # after action 1: 30 + the last's 7
+    assert held_with_posted_receives([], []) == 0.0
+    with pytest.raises(ValueError, match="one entry per action"):
+        held_with_posted_receives([1, 2], [1])
+    with pytest.raises(ValueError, match=">= 0"):
+        held_with_posted_receives([1], [-1])

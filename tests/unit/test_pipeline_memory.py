@@ -4,6 +4,7 @@
 import contextlib
 import dataclasses
 import io
+import math
 
 import pytest
 
@@ -80,7 +81,28 @@ def test_bitpipe_holds_every_stage_twice_and_replays_its_actions():
             assert mirrored[rank][key] == looped[0][key] + looped[1][key], (rank, key)
     # activations: the peak of the action-list replay; with pp=2, m=4 each rank runs the forwards of 1
     # microbatch per pipeline through its chunks before the first backward (rank 0: 0F0 5F1 6F1 3F0 3B0 6B1
-    # 5B1 0B0 0F2 ...), i.e. A_0 + A_1 + A_2 + A_3, one microbatch through the whole model
+    # 5B1 0B0 0F2 ...), i.e. A_0 + A_1 + A_2 + A_3, one microbatch through the whole model; plus (round 25,
+    # r25i) the receive buffers the runner posts at the step's start, each held until its action runs. Rank 0's
+    # cross-rank receives per unit of 2 microbatches: 5F1 (stage 1's inputs, V_1), 3F0 (V_3), 6B1 (the gradients
+    # of stage 3's inputs, G_2), 0B0 (G_0); rank 1's mirror: 1F0, 7F1, 2B0, 4B1, the same sizes. Peak after 3F0:
+    # A_0..A_3 + both units' buffers - V_1 - V_3 = per_mb + V_1 + V_3 + 2 (G_0 + G_2) (A_2 + A_3 > V_3 here)
     per_mb = sum(looped[r]["activations"] / inflight_microbatches("interleaved_1f1b", 2, M, r) for r in (0, 1))
+    V_, G_ = _boundary_sizes(traced, 4)
+    assert min(V_[1:]) > 0 and min(G_[:-1]) > 0
     for rank in (0, 1):
-        assert mirrored[rank]["activations"] == pytest.approx(per_mb, abs=2)
+        assert mirrored[rank]["activations"] == pytest.approx(per_mb + V_[1] + V_[3] + 2 * (G_[0] + G_[2]), abs=2)
+
+
+def _boundary_sizes(traced, num_stages):
+    """Per model stage k, from the traced graph's metadata (not the runner's allocation): bytes of the values k
+    receives, and of the gradients k receives back from k + 1 (k + 1's received floating values, model inputs
+    passed through excluded: they carry no gradient)."""
+    from parallelizer.runtime.pipeline import cut_stages
+
+    cut = cut_stages(traced, num_stages)
+    meta = {n: traced.node(n).outputs[0] for k in range(num_stages) for n in cut.inputs[k]}
+    size = {n: math.prod(m.shape) * m.dtype.itemsize for n, m in meta.items()}
+    values = [sum(size[n] for n in cut.inputs[k]) for k in range(num_stages)]
+    grads = [sum(size[n] for n in cut.inputs[k + 1] if meta[n].dtype.is_floating_point
+                 and n not in traced.input_names) for k in range(num_stages - 1)] + [0]
+    return values, grads
