@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from ..core.layout import Layout, Partial, Shard, local_region, local_shape, view_regroups
+from ..core.layout import Layout, Shard, local_region, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..core.redistribute import sum_dtype
 from ..errors import UnsupportedOpError
