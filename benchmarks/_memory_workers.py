@@ -178,9 +178,24 @@ class LiveStorages(TorchDispatchMode):
         self.peak_op = ""
 
     def _sweep(self) -> None:
-        dead = [k for k, (ref, _) in self.live.items() if ref.expired()]
-        for k in dead:
-            self.now -= self.live.pop(k)[1]
+        """Drop the freed storages and take every live one's CURRENT size: a storage resized in place (an FSDP
+        gathered parameter released to 0 bytes after forward and refilled in backward, `rewriter.reshard`) counts
+        what it holds now. Round 26 (r26c): the size at creation was counted until the storage died, so a released
+        gathered weight still counted whole from its forward to the end of backward."""
+        self.now = 0
+        for k, (ref, _) in list(self.live.items()):
+            if ref.expired():
+                del self.live[k]
+                continue
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            nbytes = storage.nbytes() if storage is not None else 0
+            self.live[k] = (ref, nbytes)
+            self.now += nbytes
+
+    def live_bytes(self) -> int:
+        """The bytes of the storages the tracker saw made that are alive now (the peak is kept)."""
+        self._sweep()
+        return self.now
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes alive now."""
@@ -197,6 +212,7 @@ class LiveStorages(TorchDispatchMode):
                 storage = t.untyped_storage()
                 key = storage._cdata
                 if key not in self.live and key not in given and storage.nbytes():  # new, not an in-place result
+                    # (a storage refilled in place, `rewriter.reshard`, is one the tracker knows: its size is re-read)
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.now += storage.nbytes()
         if self.now > self.peak:
@@ -212,7 +228,8 @@ def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[di
     made (unique storages) + the peak of the storages alive during the second step, which counts the optimizer
     state and the gradient buckets the first step made and keeps. The input batch is made inside each step (the
     program's first activation); the output is held through the step. Returns per case {"peak": bytes, "static":
-    parameters + buffers, "after": bytes held after the second step, "at": the op (and phase) at the peak}."""
+    parameters + buffers, "after": bytes held after the second step, "at": the op (and phase) at the peak,
+    "backward_end": bytes held when the second step's backward has returned, its loss and output still held}."""
     out = []
     for model_fn, model_kwargs, spec in cases:
         torch.manual_seed(0)
@@ -232,6 +249,7 @@ def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[di
                 output = pm(*args, **kw)  # held through the step, as a loop reading `out.loss` holds it
                 loss = rehearsal_loss(output)
                 loss.backward()
+                backward_end = tracker.live_bytes()  # its loss and output still held, as a loop holds them
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 del args, kw, loss, output
@@ -241,6 +259,7 @@ def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[di
         static = sum({s._cdata: s.nbytes() for s in (t.untyped_storage() for t in (*pm.parameters(), *pm.buffers()))
                       if s._cdata not in tracker.live}.values())
         dist.barrier()
-        out.append({"peak": static + peak, "static": static, "after": static + tracker.now, "at": peak_op})
+        out.append({"peak": static + peak, "static": static, "after": static + tracker.now, "at": peak_op,
+                    "backward_end": static + backward_end})
         del pm, opt
     return out

@@ -47,6 +47,7 @@ LONG_FIRST = (
     "distributed/test_mixed_precision.py",
     "distributed/test_grad_compression.py",
     "distributed/test_reshard.py",
+    "distributed/test_reshard_after_backward_run.py",  # round 26 (r26c): one 4-rank launch, ~80 s under load
     "distributed/test_precision.py",
     "distributed/test_trial_findings.py",
     "rules/test_rule_harness.py",

@@ -27,13 +27,14 @@ plans measured 4-33% above the sum).
                  (made at its last consumer's backward, freed after its producer's), local bytes of v (none when
                  every consumer is a sum, `_EXPANDED_GRAD`); plus, at the
                  backward of a composite op kept whole, the gradients inside it (`_BACKWARD_SCRATCH`)
-    gathered(i)= a parameter the program gathers again in backward (`Step.regather`, `Pricer.regathers`: ZeRO-3 /
-                 FSDP) from its last use's backward on: `rewriter.reshard` refills the released storage, which then
-                 stays whole while the autograd graph lives (to the end of backward, and through the optimizer step
-                 of a loop that still holds its loss); its unsharded gradient from its last use's backward to its
-                 first use's (the reduce-scatter)
+    gathered(i)= per value the program gathers from a parameter's shard (one per (parameter, use layout): ZeRO-3 /
+                 FSDP): its full copy when the program gathers it again in backward (`rewriter.reshard`), from the
+                 backward of its last reader in graph order (the first to run; readers: the ops that may read it in
+                 backward, `rewriter.reshard.backward_readers`) through the backward of its first, after which
+                 autograd frees it (r26c; it stayed whole to the end of backward before); and its unsharded
+                 gradient from its last use's backward to its first use's (then the reduce-scatter)
 
-and after the backward, at the optimizer step: resident + all gradients + the regathered parameters + the AdamW
+and after the backward, at the optimizer step: resident + all gradients + the AdamW
 step's temporaries (`adamw_temporary_bytes`).
 The peak is the largest of these. The forward is not walked: at any point of it the saved activations made so far
 are at most those alive at the loss's backward, and its transients have their mirror image in backward (the
@@ -54,6 +55,7 @@ import torch
 from ..core.layout import local_shape
 from ..core.redistribute import grad_partial_axes
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, bucket_sizes, runtime_buckets
+from ..rewriter.reshard import backward_readers
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
@@ -135,7 +137,15 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     grads_at = [0] * (end + 1)      # non-bucketed gradient bytes made at the backward of position i
     bucketed: list[tuple[int, int]] = []  # (position of the last use, gradient bytes) of bucketed parameters
     gathered = [0] * (end + 2)      # difference array: regathered parameters and their unsharded gradients
-    kept = regathered = 0
+    kept = 0
+    backward_readers_of: dict[str, dict[str, list[str]]] = {}
+
+    def readers(ph: str) -> dict[str, list[str]]:
+        if ph not in backward_readers_of:
+            found = backward_readers(tg.nodes[ph].node)
+            backward_readers_of[ph] = {u.name: [r.name for r in rs] for u, rs in found.items()}
+        return backward_readers_of[ph]
+
     trained: list[int] = []         # local parameter bytes in the optimizer's order (the module's)
     for p in tg.parameters.values():
         if p.is_buffer:
@@ -148,23 +158,20 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         uses = [(c, k) for ph in p.placeholders for c, k in consumers.get(ph, ()) if c in pos]
         if not grad_b or not uses:
             continue
-        first, last, is_bucketed = min(pos[c] for c, _ in uses), max(pos[c] for c, _ in uses), False
+        last, is_bucketed = max(pos[c] for c, _ in uses), False
+        gathers: dict[tuple, tuple[int, list[str]]] = {}  # one gathered value per (placeholder, use layout, grad axes)
         for c, k in uses:
             ti, use = spaces[c].inputs[k], strategy_of[c].inputs[k]
-            steps = pricer.steps(stored, use, ti.shape, ti.dtype,
-                                 grad_partial_axes(use, strategy_of[c].output, mesh), True, True)
+            axes = grad_partial_axes(use, strategy_of[c].output, mesh)
+            steps = pricer.steps(stored, use, ti.shape, ti.dtype, axes, True, True)
             is_bucketed |= bucket_bytes > 0 and runtime_buckets(steps, 0, True)
-            if any(st.regather and pricer.regathers(tg, ti.producer) for st in steps):
+            if any(st.kind == "all_gather" and st.regather for st in steps):
                 full = math.prod(local_shape(ti.shape, use, mesh))
-                # gathered again at its last use's backward into the released storage, which stays whole while
-                # the graph lives (`rewriter.reshard`: to the end of backward and through the optimizer step of a
-                # loop that keeps its loss); its unsharded gradient lives until the reduce-scatter after the
-                # backward of its first use
-                regathered += full * param_b // max(numel, 1)
-                gathered[0] += full * param_b // max(numel, 1)
-                gathered[last + 1] -= full * param_b // max(numel, 1)
-                gathered[first] += full * grad_b // max(numel, 1)
-                gathered[last + 1] -= full * grad_b // max(numel, 1)
+                gathers.setdefault((ti.producer, str(use), axes), (full, []))[1].append(c)
+        for (ph, _, _), (full, users) in gathers.items():
+            _gathered_life(gathered, [pos[c] for c in users], full * param_b // max(numel, 1),
+                           full * grad_b // max(numel, 1),
+                           [pos[r] for u in users for r in readers(ph).get(u, ()) if r in pos])
         if is_bucketed:
             kept += grad_b
             bucketed.append((last, grad_b))
@@ -216,11 +223,11 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     pending = _pending(bucketed, end, bucket_bytes)
     resident = resident_bytes + kept
     live = pricer.backward_nodes(tg)
-    step_tmp = adamw_temporary_bytes(trained) + regathered
+    step_tmp = adamw_temporary_bytes(trained)
     best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
-    flatten = resident + later[0] + pending[0] + regathered  # the end of backward: the open bucket flattened
+    flatten = resident + later[0] + pending[0]  # the end of backward: the open bucket flattened
     if flatten > best.peak_bytes:
-        best = StepPeak(flatten, "end of backward", resident, 0, later[0] + pending[0], regathered)
+        best = StepPeak(flatten, "end of backward", resident, 0, later[0] + pending[0], 0)
     for i in range(end - 1, -1, -1):
         if order[i] not in live:
             continue
@@ -229,6 +236,19 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         if total > best.peak_bytes:
             best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
     return best
+
+
+def _gathered_life(gathered: list[int], uses: list[int], param_bytes: int, grad_bytes: int, readers: list[int]) -> None:
+    """Add one gathered parameter value's backward life to the difference array `gathered` (positions in graph order,
+    walked in reverse): its full copy, when the program gathers it again (`readers`: the positions of the ops that
+    read it in backward, `rewriter.reshard.backward_readers`), from the first of them to run (the last in graph
+    order) through the last one's backward, after which autograd frees it (`rewriter.reshard`, step 3); its
+    unsharded gradient from its last use's backward (`uses`) to its first use's, whose end runs the reduce-scatter."""
+    if readers:
+        gathered[min(readers)] += param_bytes
+        gathered[max(readers) + 1] -= param_bytes
+    gathered[min(uses)] += grad_bytes
+    gathered[max(uses) + 1] -= grad_bytes
 
 
 def _prefix(delta: list[int]) -> list[int]:

@@ -17,7 +17,18 @@ the output of an `all_gather` step on a chain of steps starting at a parameter p
    `refill(out, G, param)`: an identity in forward whose backward first gathers G again (the same chain of
    collectives, from the parameter's current shard, without autograd) into G's storage, then passes the
    gradient on. The consumer's own backward runs after that identity's (its output's gradient flows
-   through it), so the saved weight is whole again when it is read. A second consumer finds it refilled.
+   through it), so the saved weight is whole again when it is read. A second consumer finds it refilled;
+3. after its LAST backward use the refilled storage is freed again (FSDP2's reshard after backward): once
+   refilled, the program keeps no reference of its own to it (`ReshardedParameter.refill` holds it only
+   until its re-gather, then weakly), so the storage lives exactly as long as autograd keeps a saved tensor
+   on it: each consumer's backward node frees its saved tensors after it runs, and the last one frees G.
+   This is autograd's own count of the uses: tied weights, a weight read by several ops, composite ops
+   whose saving node is not the output's, a split input / weight backward (`retain_graph`) all keep G
+   exactly as long as one of their nodes still needs it. The holder stays strong until the first re-gather,
+   so every rank runs that collective whatever else holds G; G emptied again after it (by anything but this
+   pass) is an `UnsupportedOpError` at the next refill, not a read of freed memory. Round 26 (r26c): until
+   then the refill closure held G whole while the refill's autograd node lived (a 2-rank GPT-2 fsdp step,
+   hidden 256: 30% more at its peak, RESULTS.md).
 
 All ranks run the same backward graph in the same order, so the re-gathers (collectives) match across
 ranks. G is left alone (kept, as before) when something could see the freed storage: G or a view of it is
@@ -30,9 +41,12 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.weak import WeakIdKeyDictionary
 
 from cost_model.memory import may_save_arg
 
+from ..errors import UnsupportedOpError
 from ..tracer.graph import is_view, may_alias, mutated_args
 
 
@@ -54,10 +68,12 @@ class ReshardedParameter:
     """The chain of collectives from one parameter's shard to a gathered value G, and the two calls the
     program makes: `release(G)` after forward, `refill(out, G, shard)` around each consumer of G.
 
-    `chain`: (collective function, its arguments after the tensor) per step, in order."""
+    `chain`: (collective function, its arguments after the tensor) per step, in order; `label`: the gathered value,
+    its parameter and its backward readers, for errors."""
 
-    def __init__(self, chain: tuple[tuple[Callable, tuple], ...]) -> None:
-        self.chain = chain
+    def __init__(self, chain: tuple[tuple[Callable, tuple], ...], label: str = "") -> None:
+        self.chain, self.label = chain, label
+        self.held: WeakIdKeyDictionary = WeakIdKeyDictionary()  # gathered tensor -> its storage, shared by its refills
 
     def release(self, gathered: torch.Tensor) -> None:
         """Free the storage of `gathered` (its bytes; the tensor and its saved references stay valid)."""
@@ -65,16 +81,29 @@ class ReshardedParameter:
             gathered.untyped_storage().resize_(0)
 
     def refill(self, out: torch.Tensor, gathered: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-        """`out` unchanged; its backward re-gathers `gathered` from `shard` first when it was released."""
+        """`out` unchanged; its backward re-gathers `gathered` from `shard` first when it was released.
+
+        The storage of `gathered` is held strongly until the first re-gather (so that every rank runs that
+        collective, whatever else holds the storage), weakly after it (module docstring, step 3): it is freed
+        when the last saved tensor on it is (after its last consumer's backward). A consumer whose backward
+        runs after that cannot need it (it would hold a saved tensor on it)."""
         if not (torch.is_grad_enabled() and out.requires_grad):
             return out
-        storage = gathered.untyped_storage()
-        nbytes = storage.nbytes()
+        held = self.held.get(gathered)
+        if held is None:  # the first consumer of this forward's gathered value: one holder for all its refills
+            held = self.held[gathered] = _Held(gathered.untyped_storage())
+        nbytes = gathered.untyped_storage().nbytes()
         geometry = (gathered.storage_offset(), tuple(gathered.shape), gathered.stride())
 
         def regather() -> None:
-            if storage.nbytes():
-                return  # still there, or already refilled by another consumer's backward
+            storage = held.get()
+            if storage is None or storage.nbytes():
+                return  # freed after its last backward use, still there, or refilled by another consumer's backward
+            if held.storage is None:  # refilled once, then emptied by something else: its readers would read freed memory
+                raise UnsupportedOpError(
+                    f"the gathered parameter {self.label} was refilled in backward and then released again before "
+                    "its last backward reader ran: that reader would read freed memory. Remedy: do not resize the "
+                    "storage of a gathered parameter outside `rewriter.reshard`, or plan with axis_roles 'ddp'")
             with torch.no_grad():
                 value = shard
                 for fn, args in self.chain:
@@ -82,8 +111,29 @@ class ReshardedParameter:
                 storage.resize_(nbytes)
                 offset, shape, stride = geometry
                 torch.empty(0, dtype=value.dtype).set_(storage, offset, shape, stride).copy_(value)
+            held.weaken()  # from now on only the consumers' saved tensors keep it (module docstring, step 3)
 
         return _Refill.apply(out, regather)
+
+
+class _Held:
+    """One storage, held strongly until `weaken()`, then by a weak reference (`StorageWeakRef`: torch's C++ weak
+    pointer to the storage, as torch.multiprocessing uses it); shared by all the refills of one gathered value."""
+
+    __slots__ = ("storage", "weak")
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.storage: torch.UntypedStorage | None = storage
+        self.weak = StorageWeakRef(storage)
+
+    def get(self) -> torch.UntypedStorage | None:
+        """The storage, or None when it was freed (weakened and no tensor on it is left)."""
+        if self.storage is not None:
+            return self.storage
+        return None if self.weak.expired() else torch.UntypedStorage._new_with_weak_ptr(self.weak.cdata)
+
+    def weaken(self) -> None:
+        self.storage = None
 
 
 def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node]) -> int:
@@ -91,12 +141,14 @@ def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node])
     Returns how many gathered values are released after forward."""
     released = 0
     for gathered in [n for n in graph.nodes if _is_parameter_gather(n, parameters)]:
-        aliases, consumers = _refilled(gathered)
+        aliases, refilled = _refilled(gathered)
+        consumers = list(dict.fromkeys(c for c, _ in refilled))
         if not consumers:
             continue  # kept (something could see the freed storage), or saved by nobody (freed after its last
             # forward use anyway): not gathered again in backward
         chain, shard = _chain(gathered)
-        resharded = ReshardedParameter(chain)
+        resharded = ReshardedParameter(chain, f"{gathered.name} (parameter {shard.name}, read in backward by "
+                                              f"{', '.join(c.name for c in consumers)})")
         for consumer in consumers:
             with graph.inserting_after(consumer):
                 wrapped = graph.call_function(resharded.refill, (consumer, gathered, shard))
@@ -122,12 +174,26 @@ def regathered(value: torch.fx.Node) -> bool:
     return bool(_refilled(value)[1])
 
 
-def _refilled(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
-    """(G and its views, the ops reading them that may save them for backward); ([], []) when G is kept."""
+def backward_readers(value: torch.fx.Node) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Per direct user u of `value`: the ops that may read `value` in backward through u (u itself, or the ops
+    reading a view that u makes): the consumers this pass refills (module docstring, step 2); {} when `value` is
+    kept. The program's gathered value lives in backward from the first of them to run (the last in graph order)
+    to the end of the last one's backward (step 3): `planner.peak` prices it so, applied to a parameter's
+    placeholder in the traced graph."""
+    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for consumer, via in _refilled(value)[1]:
+        readers.setdefault(via, []).append(consumer)
+    return readers
+
+
+def _refilled(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[torch.fx.Node, torch.fx.Node]]]:
+    """(G and its views, (op reading them that may save them for backward, the direct user of G it is reached
+    through)); ([], []) when G is kept."""
     aliases, consumers = _uses(gathered)
     if aliases is None:
         return [], []
-    return aliases, [c for c in consumers if any(may_save_arg(c.target, i) for i, a in enumerate(c.args) if a in aliases)]
+    return aliases, [(c, via) for c, via in consumers
+                     if any(may_save_arg(c.target, i) for i, a in enumerate(c.args) if a in aliases)]
 
 
 def _is_parameter_gather(node: torch.fx.Node, parameters: set[torch.fx.Node]) -> bool:
@@ -148,19 +214,21 @@ def _chain(gathered: torch.fx.Node) -> tuple[tuple[tuple[Callable, tuple], ...],
     return tuple(reversed(steps)), node
 
 
-def _uses(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node] | None, list[torch.fx.Node]]:
-    """(G and its views, the ops that read them and return a fresh tensor), or (None, []) when some use could
-    see the freed storage (module docstring)."""
-    aliases, consumers, todo = [gathered], [], [gathered]
+def _uses(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node] | None, list[tuple[torch.fx.Node, torch.fx.Node]]]:
+    """(G and its views, (op that reads them and returns a fresh tensor, the direct user of G it is reached
+    through)), or (None, []) when some use could see the freed storage (module docstring)."""
+    aliases, consumers, todo = [gathered], [], [(gathered, None)]
     while todo:
-        for user in list(todo.pop().users):
+        node, via = todo.pop()
+        for user in list(node.users):
+            root = via or user
             if user.op == "output" or mutated_args(user) or user.meta.get("step") is not None:
                 return None, []
             if may_alias(user):  # a declared view, or an op that returns its input or a view for some arguments
                 # (einsum('ii->i') of a gathered weight: releasing G after its last direct reader freed the
                 # storage that the einsum's later readers still read: SIGSEGV on fsdp, r18a)
                 aliases.append(user)
-                todo.append(user)
+                todo.append((user, root))
                 if is_view(user) or user.target is operator.getitem:
                     continue
             if not isinstance(user.target, torch._ops.OpOverload):
@@ -168,7 +236,7 @@ def _uses(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node] | None, list[tor
             if is_view(user):
                 continue
             elif _returns_one_tensor(user):
-                consumers.append(user)
+                consumers.append((user, root))
             else:
                 return None, []
     return aliases, consumers
