@@ -29,6 +29,11 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
   (`localize.sync_instance_norm`): forward all-reduce over a of the batch sums of the per-instance means and
   variances (2 x C elements of `sum_dtype`, no gradient); the output itself needs none.
 
+* `masked_scatter` with the batch (dim 0 of x) sharded over axis a (`localize.checked_masked_scatter`): forward
+  all-reduce over a of one flag (a rank whose mask selects another count than its source rows hold), one element
+  of `localize.MASK_CHECK_DTYPE` summed, no backward (the flag is detached). Not priced before round 26: a few
+  bytes, but a call's latency and sync wait each step.
+
 * views that merge or split an unevenly sharded dim (`localize.regrouped_view`, `core.layout.view_regroups`):
   each re-cut is an all-to-all of uneven pieces over its mesh axis in forward and the reverse one in backward,
   priced as an all-to-all whose per-rank buffer is n / (n - 1) x the most bytes one member sends (the cost
@@ -54,7 +59,7 @@ from torch.distributed.tensor.placement_types import Shard
 from ..core.layout import Layout, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..core.redistribute import sum_itemsize
-from ..rewriter.localize import VIEW_OPS
+from ..rewriter.localize import MASK_CHECK_DTYPE, VIEW_OPS
 
 __all__ = ["OpCollective", "op_collectives"]
 
@@ -88,6 +93,8 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
     if node.target in VIEW_OPS:
         return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, itemsize) if out_shape else []
     packet = getattr(node.target, "overloadpacket", None)
+    if packet is aten.masked_scatter:  # `localize.checked_masked_scatter`: the mismatch flag over the batch's axes
+        return [("all_reduce", sum_itemsize(MASK_CHECK_DTYPE), a, False) for a in _sharded(inputs[0], {0})]
     if packet not in (aten.cross_entropy_loss, aten.nll_loss_nd, aten.batch_norm, aten.instance_norm):
         return []
     in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
