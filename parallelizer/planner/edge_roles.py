@@ -71,6 +71,27 @@ _PARAMETER_COPIES = frozenset({torch.ops.aten.clone, torch.ops.aten._to_copy})
 _REPEATS = frozenset({torch.ops.aten.repeat})
 
 
+def _embedding_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """embedding(weight (V, D), index (*I)) -> (*I, D): the weight's dim 1 is the output's last, its dim 0 (the
+    rows) is selected, not kept; the index's dims are the output's leading ones."""
+    weight, index = node.args[0], node.args[1]
+    return [(weight, {0: None, 1: out_nd - 1}), (index, {d: d for d in range(out_nd - 1)})]
+
+
+def _index_select_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """index_select(x, dim, index (K,)): every dim of x but `dim` keeps its place; `dim` is selected, the index's
+    dim 0 takes it."""
+    x, dim, index = node.args[0], node.args[1] % max(out_nd, 1), node.args[2]
+    return [(x, {d: (None if d == dim else d) for d in range(out_nd)}), (index, {0: dim})]
+
+
+# Ops whose output holds rows of a table chosen by an index: a dim the index brings (BERT's token types, looked
+# up by a buffer expanded to the batch: `embedding(w, token_type_ids.expand(B, S))`) slices the index, not the
+# table, so it may be sharded over a data axis (a ddp / fsdp plan of BERT and ViLT called without token_type_ids
+# was infeasible before round 26: every dim of the lookup counted as a dim of the weight).
+_LOOKUPS = {torch.ops.aten.embedding: _embedding_dims, torch.ops.aten.index_select: _index_select_dims}
+
+
 def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
     """Every dim of size > 1 and stride != 0 (a stride-0 dim repeats the whole value along it)."""
     return tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
@@ -83,6 +104,12 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
     of their operands, so `cls.expand(B, -1, -1).contiguous()`, `cls.repeat(B, 1, 1)` and `w * torch.ones(B, 1, 1)`
     leave the batch dim free; any other op (matmul, reductions, norms, ...) mixes elements: every dim counts."""
     out = tuple(val.shape)
+    lookup = _LOOKUPS.get(getattr(node.target, "overloadpacket", None))
+    if lookup is not None:  # rows of a table looked up by an index: only the dims the table itself brings
+        kept = set()
+        for operand, to_out in lookup(node, len(out)):
+            kept.update(to_out[d] for d in inputs.get(operand, ()) if to_out.get(d) is not None)
+        return tuple(d for d in _sliced_dims(val) if d in kept)
     shapes = [tuple(a.meta["val"].shape) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     try:
         elementwise = bool(shapes) and tuple(torch.broadcast_shapes(*shapes)) == out
