@@ -67,7 +67,7 @@ def check_priced_for(doc: dict, source: str = "plan JSON") -> None:
         f"{source}: edited after it was priced: " + "; ".join(lines) + ". The plan's cost, memory and layouts were "
         "computed for the value written when it was saved, and a load does not re-solve (a mesh edited to another "
         "factorisation of the same devices would run and report the old mesh's step time). Remedy: re-plan with the "
-        "setting you want (`parallelizer plan --mesh dp=4,tp=1 --global-batch ... --precision ... --cluster ...`, "
+        "setting you want (`parallelizer plan --mesh ... --global-batch ... --precision ... --cluster ...`, "
         "or `parallelizer.plan(traced, mesh, ...)` then `plan.save(path)`), or restore the field; layouts and a "
         "pipeline's schedule, microbatches and cut may be edited (README section 3).", edited[0])
 
