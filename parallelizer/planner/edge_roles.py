@@ -85,11 +85,23 @@ def _index_select_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.
     return [(x, {d: (None if d == dim else d) for d in range(out_nd)}), (index, {0: dim})]
 
 
+def _index_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """x[index] (aten.index.Tensor with one index tensor, on dim 0): (*I, x's dims 1..) -> the index's dims lead, x's
+    dim 0 is selected, its others follow. Other index patterns: [] (every dim counts, `_derived_dims`)."""
+    x, indices = node.args[0], node.args[1]
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or indices[0].meta["val"].dtype == torch.bool:
+        return []
+    lead = indices[0].meta["val"].dim()
+    return [(x, {0: None, **{d: lead - 1 + d for d in range(1, out_nd - lead + 1)}}),
+            (indices[0], {d: d for d in range(lead)})]
+
+
 # Ops whose output holds rows of a table chosen by an index: a dim the index brings (BERT's token types, looked
 # up by a buffer expanded to the batch: `embedding(w, token_type_ids.expand(B, S))`) slices the index, not the
 # table, so it may be sharded over a data axis (a ddp / fsdp plan of BERT and ViLT called without token_type_ids
 # was infeasible before round 26: every dim of the lookup counted as a dim of the weight).
-_LOOKUPS = {torch.ops.aten.embedding: _embedding_dims, torch.ops.aten.index_select: _index_select_dims}
+_LOOKUPS = {torch.ops.aten.embedding: _embedding_dims, torch.ops.aten.index_select: _index_select_dims,
+            torch.ops.aten.index: _index_dims}
 
 
 def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
@@ -105,9 +117,10 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
     leave the batch dim free; any other op (matmul, reductions, norms, ...) mixes elements: every dim counts."""
     out = tuple(val.shape)
     lookup = _LOOKUPS.get(getattr(node.target, "overloadpacket", None))
-    if lookup is not None:  # rows of a table looked up by an index: only the dims the table itself brings
+    operands = lookup(node, len(out)) if lookup is not None else []
+    if operands:  # rows of a table looked up by an index: only the dims the table itself brings
         kept = set()
-        for operand, to_out in lookup(node, len(out)):
+        for operand, to_out in operands:
             kept.update(to_out[d] for d in inputs.get(operand, ()) if to_out.get(d) is not None)
         return tuple(d for d in _sliced_dims(val) if d in kept)
     shapes = [tuple(a.meta["val"].shape) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]

@@ -697,7 +697,8 @@ def zoo_mlp():
 class BufferIndexedLookups(nn.Module):
     """BERT's and ViLT's embeddings called without `token_type_ids`: the token types are a buffer expanded to the batch
     (`token_type_ids[:, :S].expand(B, S)`), looked up in a (2, D) table and added to the batch-sharded word
-    embeddings; beside it an `index_select` of a table by a buffer of ids and a position table read by `arange`."""
+    embeddings; beside it an `index_select` and an indexing `table[ids]` of a table by buffers of ids and a position
+    table read by `arange`."""
 
     def __init__(self, vocab: int = 11, dim: int = 8, seq: int = 6):
         super().__init__()
@@ -711,6 +712,7 @@ class BufferIndexedLookups(nn.Module):
         b, s = ids.shape
         h = self.words(ids) + self.types(self.token_type_ids[:, :s].expand(b, s)) + self.pos(torch.arange(s))
         h = h + torch.index_select(self.table, 0, self.rows[:s])  # (S, D), broadcast over the batch
+        h = h + self.table[self.token_type_ids[:, :s].expand(b, s)]  # aten.index: (B, S, D)
         return nn.functional.cross_entropy(self.head(torch.tanh(h)).flatten(0, 1), ids.flatten())
 
 

@@ -136,7 +136,7 @@ def test_a_per_sample_copy_of_a_parameter_keeps_the_batch_sharded(how):
 
 
 def test_a_lookup_by_a_buffer_index_keeps_only_the_tables_dims_whole():
-    """BERT / ViLT without token_type_ids look a (2, D) table up by a buffer expanded to the batch; the (B, S, D) result
+    """BERT / ViLT without token_type_ids look a (2, D) table up by a buffer expanded to the batch (also through index_select and `table[ids]`); the (B, S, D) result
     slices the table only along D (its dim 1): the batch and sequence dims come from the index. Before round 26 every
     dim counted, so under ddp / fsdp the types had to stay whole over dp beside batch-sharded word embeddings:
     InfeasiblePlanError (numerics on 2 ranks: tests/distributed/test_trial_findings.py, `lookups_*`)."""
@@ -151,7 +151,8 @@ def test_a_lookup_by_a_buffer_index_keeps_only_the_tables_dims_whole():
     (types,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.embedding.default"
                 and i.node.args[0].name == "p_types_weight"]
     (picked,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.index_select.default"]
-    assert views[types] == (2,) and views[picked] == (1,)  # D of (B, S, D); D of (S, D)
+    (indexed,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.index.Tensor"]
+    assert views[types] == (2,) and views[picked] == (1,) and views[indexed] == (2,)  # D of (B, S, D); D of (S, D)
     for role in ("ddp", "fsdp"):
         plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})
         assert Layout.parse(plan.nodes[types].output).placements[0] != Shard(2), (role, plan.nodes[types])
