@@ -96,12 +96,27 @@ def _index_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, d
             (indices[0], {d: d for d in range(lead)})]
 
 
-# Ops whose output holds rows of a table chosen by an index: a dim the index brings (BERT's token types, looked
-# up by a buffer expanded to the batch: `embedding(w, token_type_ids.expand(B, S))`) slices the index, not the
-# table, so it may be sharded over a data axis (a ddp / fsdp plan of BERT and ViLT called without token_type_ids
-# was infeasible before round 26: every dim of the lookup counted as a dim of the weight).
+def _matmul_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """linear(x, w) -> (*x[:-1], w[0]); mm / bmm / matmul(a, b) (both >= 2-D) -> (*batch, a[-2], b[-1]), batch dims
+    right-aligned as torch broadcasts; the contracted dims reach no output dim. Other ranks: []."""
+    a, b = node.args[0], node.args[1]
+    if getattr(node.target, "overloadpacket", None) is torch.ops.aten.linear:
+        return [(a, {d: (d if d < out_nd - 1 else None) for d in range(out_nd)}), (b, {0: out_nd - 1, 1: None})]
+    na, nb = a.meta["val"].dim(), b.meta["val"].dim()
+    if na < 2 or nb < 2:
+        return []
+    return [(a, {**{d: d + out_nd - na for d in range(na - 2)}, na - 2: out_nd - 2, na - 1: None}),
+            (b, {**{d: d + out_nd - nb for d in range(nb - 2)}, nb - 2: None, nb - 1: out_nd - 1})]
+
+
+# Ops each of whose output dims comes from one operand's dim: rows of a table chosen by an index, a product's rows
+# and columns. A dim a non-parameter operand brings (BERT's token types, looked up by a buffer expanded to the batch:
+# `embedding(w, token_type_ids.expand(B, S))`; `proj(pe.expand(B, S, K))`) slices that operand, not the weight, so it
+# may be sharded over a data axis (a ddp / fsdp plan of BERT and ViLT called without token_type_ids was infeasible
+# before round 26: every dim of the result counted as a dim of the weight).
 _LOOKUPS = {torch.ops.aten.embedding: _embedding_dims, torch.ops.aten.index_select: _index_select_dims,
-            torch.ops.aten.index: _index_dims}
+            torch.ops.aten.index: _index_dims, torch.ops.aten.linear: _matmul_dims, torch.ops.aten.mm: _matmul_dims,
+            torch.ops.aten.bmm: _matmul_dims, torch.ops.aten.matmul: _matmul_dims}
 
 
 def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
@@ -118,7 +133,7 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
     out = tuple(val.shape)
     lookup = _LOOKUPS.get(getattr(node.target, "overloadpacket", None))
     operands = lookup(node, len(out)) if lookup is not None else []
-    if operands:  # rows of a table looked up by an index: only the dims the table itself brings
+    if operands:  # each output dim from one operand's dim: only the dims the parameter-derived operands bring
         kept = set()
         for operand, to_out in operands:
             kept.update(to_out[d] for d in inputs.get(operand, ()) if to_out.get(d) is not None)

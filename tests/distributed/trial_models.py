@@ -697,8 +697,8 @@ def zoo_mlp():
 class BufferIndexedLookups(nn.Module):
     """BERT's and ViLT's embeddings called without `token_type_ids`: the token types are a buffer expanded to the batch
     (`token_type_ids[:, :S].expand(B, S)`), looked up in a (2, D) table and added to the batch-sharded word
-    embeddings; beside it an `index_select` and an indexing `table[ids]` of a table by buffers of ids and a position
-    table read by `arange`."""
+    embeddings; beside it an `index_select` and an indexing `table[ids]` of a table by buffers of ids, a Linear of
+    fixed features (a buffer) expanded to the batch, and a position table read by `arange`."""
 
     def __init__(self, vocab: int = 11, dim: int = 8, seq: int = 6):
         super().__init__()
@@ -706,13 +706,15 @@ class BufferIndexedLookups(nn.Module):
         self.table = nn.Parameter(torch.randn(3, dim))
         self.register_buffer("token_type_ids", torch.tensor([[0, 1] * 8]), persistent=False)
         self.register_buffer("rows", torch.tensor([2, 0, 1, 1, 0, 2]), persistent=False)
-        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("pe", torch.randn(1, 16, 4), persistent=False)  # fixed features, projected per sample
+        self.proj, self.head = nn.Linear(4, dim), nn.Linear(dim, vocab)
 
     def forward(self, ids):  # (B, S) -> mean cross-entropy of predicting ids
         b, s = ids.shape
         h = self.words(ids) + self.types(self.token_type_ids[:, :s].expand(b, s)) + self.pos(torch.arange(s))
         h = h + torch.index_select(self.table, 0, self.rows[:s])  # (S, D), broadcast over the batch
         h = h + self.table[self.token_type_ids[:, :s].expand(b, s)]  # aten.index: (B, S, D)
+        h = h + self.proj(self.pe[:, :s].expand(b, -1, -1))  # linear of a buffer expanded to the batch
         return nn.functional.cross_entropy(self.head(torch.tanh(h)).flatten(0, 1), ids.flatten())
 
 
