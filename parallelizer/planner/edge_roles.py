@@ -71,6 +71,54 @@ _PARAMETER_COPIES = frozenset({torch.ops.aten.clone, torch.ops.aten._to_copy})
 _REPEATS = frozenset({torch.ops.aten.repeat})
 
 
+def _embedding_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """embedding(weight (V, D), index (*I)) -> (*I, D): the weight's dim 1 is the output's last, its dim 0 (the
+    rows) is selected, not kept; the index's dims are the output's leading ones."""
+    weight, index = node.args[0], node.args[1]
+    return [(weight, {0: None, 1: out_nd - 1}), (index, {d: d for d in range(out_nd - 1)})]
+
+
+def _index_select_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """index_select(x, dim, index (K,)): every dim of x but `dim` keeps its place; `dim` is selected, the index's
+    dim 0 takes it."""
+    x, dim, index = node.args[0], node.args[1] % max(out_nd, 1), node.args[2]
+    return [(x, {d: (None if d == dim else d) for d in range(out_nd)}), (index, {0: dim})]
+
+
+def _index_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """x[index] (aten.index.Tensor with one index tensor, on dim 0): (*I, x's dims 1..) -> the index's dims lead, x's
+    dim 0 is selected, its others follow. Other index patterns: [] (every dim counts, `_derived_dims`)."""
+    x, indices = node.args[0], node.args[1]
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or indices[0].meta["val"].dtype == torch.bool:
+        return []
+    lead = indices[0].meta["val"].dim()
+    return [(x, {0: None, **{d: lead - 1 + d for d in range(1, out_nd - lead + 1)}}),
+            (indices[0], {d: d for d in range(lead)})]
+
+
+def _matmul_dims(node: torch.fx.Node, out_nd: int) -> list[tuple[torch.fx.Node, dict[int, int | None]]]:
+    """linear(x, w) -> (*x[:-1], w[0]); mm / bmm / matmul(a, b) (both >= 2-D) -> (*batch, a[-2], b[-1]), batch dims
+    right-aligned as torch broadcasts; the contracted dims reach no output dim. Other ranks: []."""
+    a, b = node.args[0], node.args[1]
+    if getattr(node.target, "overloadpacket", None) is torch.ops.aten.linear:
+        return [(a, {d: (d if d < out_nd - 1 else None) for d in range(out_nd)}), (b, {0: out_nd - 1, 1: None})]
+    na, nb = a.meta["val"].dim(), b.meta["val"].dim()
+    if na < 2 or nb < 2:
+        return []
+    return [(a, {**{d: d + out_nd - na for d in range(na - 2)}, na - 2: out_nd - 2, na - 1: None}),
+            (b, {**{d: d + out_nd - nb for d in range(nb - 2)}, nb - 2: None, nb - 1: out_nd - 1})]
+
+
+# Ops each of whose output dims comes from one operand's dim: rows of a table chosen by an index, a product's rows
+# and columns. A dim a non-parameter operand brings (BERT's token types, looked up by a buffer expanded to the batch:
+# `embedding(w, token_type_ids.expand(B, S))`; `proj(pe.expand(B, S, K))`) slices that operand, not the weight, so it
+# may be sharded over a data axis (a ddp / fsdp plan of BERT and ViLT called without token_type_ids was infeasible
+# before round 26: every dim of the result counted as a dim of the weight).
+_LOOKUPS = {torch.ops.aten.embedding: _embedding_dims, torch.ops.aten.index_select: _index_select_dims,
+            torch.ops.aten.index: _index_dims, torch.ops.aten.linear: _matmul_dims, torch.ops.aten.mm: _matmul_dims,
+            torch.ops.aten.bmm: _matmul_dims, torch.ops.aten.matmul: _matmul_dims}
+
+
 def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
     """Every dim of size > 1 and stride != 0 (a stride-0 dim repeats the whole value along it)."""
     return tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
@@ -83,6 +131,13 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
     of their operands, so `cls.expand(B, -1, -1).contiguous()`, `cls.repeat(B, 1, 1)` and `w * torch.ones(B, 1, 1)`
     leave the batch dim free; any other op (matmul, reductions, norms, ...) mixes elements: every dim counts."""
     out = tuple(val.shape)
+    lookup = _LOOKUPS.get(getattr(node.target, "overloadpacket", None))
+    operands = lookup(node, len(out)) if lookup is not None else []
+    if operands:  # each output dim from one operand's dim: only the dims the parameter-derived operands bring
+        kept = set()
+        for operand, to_out in operands:
+            kept.update(to_out[d] for d in inputs.get(operand, ()) if to_out.get(d) is not None)
+        return tuple(d for d in _sliced_dims(val) if d in kept)
     shapes = [tuple(a.meta["val"].shape) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     try:
         elementwise = bool(shapes) and tuple(torch.broadcast_shapes(*shapes)) == out

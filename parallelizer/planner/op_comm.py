@@ -29,6 +29,11 @@ see them (before, a vocab-parallel cross-entropy looked free of communication: m
   (`localize.sync_instance_norm`): forward all-reduce over a of the batch sums of the per-instance means and
   variances (2 x C elements of `sum_dtype`, no gradient); the output itself needs none.
 
+* `masked_scatter` with the batch (dim 0 of x) sharded over axis a (`localize.checked_masked_scatter`): forward
+  all-reduce over a of one flag (a rank whose mask selects another count than its source rows hold), one element
+  of `localize.MASK_CHECK_DTYPE` summed, no backward (the flag is detached). Not priced before round 26: a few
+  bytes, but a call's latency and sync wait each step.
+
 * views that merge or split an unevenly sharded dim (`localize.regrouped_view`, `core.layout.view_regroups`):
   each re-cut is an all-to-all of uneven pieces over its mesh axis in forward and the reverse one in backward,
   priced as an all-to-all whose per-rank buffer is n / (n - 1) x the most bytes one member sends (the cost
@@ -54,7 +59,7 @@ from torch.distributed.tensor.placement_types import Shard
 from ..core.layout import Layout, local_shape, view_regroups
 from ..core.mesh import MeshSpec
 from ..core.redistribute import sum_itemsize
-from ..rewriter.localize import VIEW_OPS
+from ..rewriter.localize import MASK_CHECK_DTYPE, VIEW_OPS
 
 __all__ = ["OpCollective", "op_collectives"]
 
@@ -70,9 +75,11 @@ def _arg(node: torch.fx.Node, index: int, name: str, default):
     return node.kwargs.get(name, default)
 
 
-def _sharded(layout: Layout, dims) -> list[int]:
-    """Mesh axes whose placement on `layout` shards one of `dims`."""
-    return [a for a, p in enumerate(layout) if isinstance(p, Shard) and p.dim in dims]
+def _sharded(layout: Layout, dims, mesh: MeshSpec) -> list[int]:
+    """Mesh axes of more than one device whose placement on `layout` shards one of `dims`: the groups the runtime's
+    local forms communicate over (`localize.Context.sharded_axes`; a size-1 axis runs no collective, where before
+    round 26 each was priced its sync wait, `cost_model.communication.collective_wait_s`)."""
+    return [a for a, p in enumerate(layout) if isinstance(p, Shard) and p.dim in dims and mesh.shape[a] > 1]
 
 
 def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layout,
@@ -88,6 +95,8 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
     if node.target in VIEW_OPS:
         return _regroup_collectives(in_shapes[0], out_shape, inputs[0], output, mesh, itemsize) if out_shape else []
     packet = getattr(node.target, "overloadpacket", None)
+    if packet is aten.masked_scatter:  # `localize.checked_masked_scatter`: the mismatch flag over the batch's axes
+        return [("all_reduce", sum_itemsize(MASK_CHECK_DTYPE), a, False) for a in _sharded(inputs[0], {0}, mesh)]
     if packet not in (aten.cross_entropy_loss, aten.nll_loss_nd, aten.batch_norm, aten.instance_norm):
         return []
     in_local = [local_shape(sh, L, mesh) for sh, L in zip(in_shapes, inputs)]
@@ -96,24 +105,26 @@ def op_collectives(node: torch.fx.Node, inputs: tuple[Layout, ...], output: Layo
         if nd < 2:
             return []
         rows = math.prod(in_local[1]) if len(in_local) > 1 else 1
-        out = [("all_reduce", rows * summed, a, False) for a in _sharded(inputs[0], {1}) for _ in range(3)]
+        out = [("all_reduce", rows * summed, a, False) for a in _sharded(inputs[0], {1}, mesh) for _ in range(3)]
         if _arg(node, 3, "reduction", 1) == 1:
-            out += [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
+            out += [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1}, mesh)]
         return out
     if packet is aten.nll_loss_nd:  # `localize.sharded_nll_loss`: a mean's denominator over batch-sharded rows
         nd = len(in_local[0])
         if nd < 2 or _arg(node, 3, "reduction", 1) != 1:
             return []
-        return [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1})]
+        return [("all_reduce", summed, a, False) for a in _sharded(inputs[0], set(range(nd)) - {1}, mesh)]
     if packet is aten.instance_norm:
         tracking = _arg(node, 5, "use_input_stats", True) and _arg(node, 3, "running_mean", None) is not None
         channels = in_local[0][1] if len(in_local[0]) > 1 else 1
-        return [("all_reduce", 2 * channels * summed, a, False) for a in _sharded(inputs[0], {0})] if tracking else []
+        if not tracking:
+            return []
+        return [("all_reduce", 2 * channels * summed, a, False) for a in _sharded(inputs[0], {0}, mesh)]
     if packet is aten.batch_norm and _arg(node, 5, "training", False):
         nd = len(in_local[0])
         channels = in_local[0][1] if nd > 1 else 1
         out = []
-        for a in _sharded(inputs[0], set(range(nd)) - {1}):
+        for a in _sharded(inputs[0], set(range(nd)) - {1}, mesh):
             out += [("all_reduce", summed, a, False), ("all_reduce", channels * summed, a, False),
                     ("all_reduce", channels * summed, a, False), ("all_reduce", channels * summed, a, True),
                     ("all_reduce", channels * summed, a, True)]

@@ -264,10 +264,11 @@ class Plan:
                 not the parameter's stored layout), so the compact form could not be loaded back as it is.
         """
         from .plan_codec import encode
+        from .priced_for import priced_for
         solver = asdict(self.solver)
         if not include_timing:
             solver["time_s"] = None
-        return _round({
+        doc = _round({
             "format_version": PLAN_FORMAT_VERSION,
             "mesh": self.mesh.to_dict(),
             "config": self.config,
@@ -281,6 +282,7 @@ class Plan:
             **({"compression": dict(self.compression)} if self.compression else {}),
             **({"hierarchical": dict(sorted(self.hierarchical.items()))} if self.hierarchical else {}),
         })
+        return {**doc, "priced_for": priced_for(doc)}  # what the cost was computed for: an edit is refused on load
 
     def to_json(self, include_timing: bool = False) -> str:
         """Deterministic JSON (module docstring) laid out for review: one key per line, sorted; lists of
@@ -321,7 +323,9 @@ class Plan:
         """
         from ..plan_io import parse_and_validate
         from .plan_codec import decode
+        from .priced_for import check_priced_for
         d = parse_and_validate(text, source)
+        check_priced_for(d, source)
         mesh = MeshSpec.from_dict(d["mesh"])
         nodes, params, edges, model, fingerprint = decode(d, mesh, source)
         cost = d["cost"]

@@ -518,6 +518,11 @@ def _batch_groups(ctx: Context) -> list[list[int]]:
     return [ctx.groups[a] for a in ctx.sharded_axes(ctx.inputs[0], {0}, len(ctx.in_shapes[0]))]
 
 
+MASK_CHECK_DTYPE = torch.float32
+"""The dtype of `checked_masked_scatter`'s mismatch flag, all-reduced once per batch axis (`planner.op_comm` prices
+one element of it)."""
+
+
 def checked_masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor,
                            batch_groups: list[list[int]]) -> torch.Tensor:
     """masked_scatter on a batch shard (x, mask (B_local, ...), source (M_local, ...); `planner.rules.shape_ops
@@ -530,7 +535,7 @@ def checked_masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Te
             hold (e.g. samples with different numbers of image tokens); names both counts and the remedy.
     """
     count = mask.sum()
-    bad = (count != source.numel()).to(torch.float32).reshape(1)
+    bad = (count != source.numel()).to(MASK_CHECK_DTYPE).reshape(1)
     for ranks in batch_groups:
         bad = collectives.all_reduce(bad.detach(), ranks)
     if bool(bad.item()):

@@ -17,6 +17,7 @@ from library_models import (cached_bias, lambda_tied_head, message_passing, over
                             spectral_envelope)
 from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, state_blocks, written_parameters
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
+                          buffer_indexed_lookups,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
                           dropout_mlp, ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
                           input_written_in_place, loop_mlp, makes_float32_bn, merged_batch_slice, packed_llama,
@@ -74,7 +75,10 @@ def two_rank_reports():
              "lambda_tied_tp": (lambda_tied_head, _plan(lambda_tied_head, {"tp": 2}, axis_roles={"tp": "tp"})),
              "cached_bias": (cached_bias, _plan(cached_bias, {"tp": 2}, axis_roles={"tp": "tp"})),
              "overflow_guard_tp": (overflow_guarded, _plan(overflow_guarded, {"tp": 2}, axis_roles={"tp": "tp"})),
-             "overflow_guard_ddp": (overflow_guarded, _plan(overflow_guarded, {"dp": 2}, axis_roles={"dp": "ddp"}))}
+             "overflow_guard_ddp": (overflow_guarded, _plan(overflow_guarded, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "lookups_ddp": (buffer_indexed_lookups, _plan(buffer_indexed_lookups, {"dp": 2}, axis_roles={"dp": "ddp"})),
+             "lookups_fsdp": (buffer_indexed_lookups,
+                              _plan(buffer_indexed_lookups, {"dp": 2}, axis_roles={"dp": "fsdp"}))}
     reports = rehearse_many([(fn, {}, plan) for fn, plan in cases.values()], steps=3)
     return dict(zip(cases, reports))
 
@@ -264,6 +268,15 @@ def test_a_rehearsal_whose_gradients_are_all_below_the_tolerance_says_it_checked
     report = two_rank_reports["tiny_output"]
     assert report.blind and report.grad_scale < 1e-5 and "NOTHING CHECKED" in str(report), report
     assert not two_rank_reports["ema"].blind and "NOTHING CHECKED" not in str(two_rank_reports["ema"])
+
+
+@pytest.mark.parametrize("case", ["lookups_ddp", "lookups_fsdp"])
+def test_lookups_by_a_buffer_expanded_to_the_batch_plan_under_data_roles_and_match(two_rank_reports, case):
+    """BERT / ViLT without token_type_ids (`BufferIndexedLookups`): planned under forced ddp / fsdp (before round 26
+    an InfeasiblePlanError: the lookup of a buffer-derived index counted as a view of its table, held whole over
+    dp), outputs, loss, gradients and parameters after 3 AdamW steps equal one device's."""
+    report = two_rank_reports[case]
+    assert report.matches(), report
 
 
 def test_loss_plus_aux_loss_in_place_matches_under_ddp(two_rank_reports):

@@ -692,3 +692,35 @@ def zoo_mlp():
     """The zoo's MLP (two residual blocks without attention)."""
     from parallelizer import zoo
     return zoo.mlp(batch=8, in_features=16, dim=32, hidden=64, out_features=4)
+
+
+class BufferIndexedLookups(nn.Module):
+    """BERT's and ViLT's embeddings called without `token_type_ids`: the token types are a buffer expanded to the batch
+    (`token_type_ids[:, :S].expand(B, S)`), looked up in a (2, D) table and added to the batch-sharded word
+    embeddings; beside it an `index_select` and an indexing `table[ids]` of a table by buffers of ids, a Linear of
+    fixed features (a buffer) expanded to the batch, and a position table read by `arange`."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8, seq: int = 6):
+        super().__init__()
+        self.words, self.types, self.pos = nn.Embedding(vocab, dim), nn.Embedding(2, dim), nn.Embedding(seq, dim)
+        self.table = nn.Parameter(torch.randn(3, dim))
+        self.register_buffer("token_type_ids", torch.tensor([[0, 1] * 8]), persistent=False)
+        self.register_buffer("rows", torch.tensor([2, 0, 1, 1, 0, 2]), persistent=False)
+        self.register_buffer("pe", torch.randn(1, 16, 4), persistent=False)  # fixed features, projected per sample
+        self.proj, self.head = nn.Linear(4, dim), nn.Linear(dim, vocab)
+
+    def forward(self, ids):  # (B, S) -> mean cross-entropy of predicting ids
+        b, s = ids.shape
+        h = self.words(ids) + self.types(self.token_type_ids[:, :s].expand(b, s)) + self.pos(torch.arange(s))
+        h = h + torch.index_select(self.table, 0, self.rows[:s])  # (S, D), broadcast over the batch
+        h = h + self.table[self.token_type_ids[:, :s].expand(b, s)]  # aten.index: (B, S, D)
+        h = h + self.proj(self.pe[:, :s].expand(b, -1, -1))  # linear of a buffer expanded to the batch
+        return nn.functional.cross_entropy(self.head(torch.tanh(h)).flatten(0, 1), ids.flatten())
+
+
+def buffer_indexed_lookups():
+    """`BufferIndexedLookups` on a batch of 4 x 6 ids: under forced ddp / fsdp an InfeasiblePlanError before round 26
+    (`planner.edge_roles.parameter_views` counted every dim of a lookup as the table's, so the types' (B, S, D) had
+    to stay whole over the data axis while the word embeddings could not be gathered)."""
+    torch.manual_seed(0)
+    return BufferIndexedLookups(), (torch.randint(0, 11, (4, 6)),)

@@ -196,3 +196,69 @@ def test_a_batch_sharded_nll_loss_mean_counts_in_float32_and_prices_its_denomina
     priced = op_collectives(nll, (Layout.parse("S(0)"), Layout.parse("S(0)")), Layout.parse("P"),
                             [(80000, 5), (80000,)], (), MeshSpec(("dp",), (2,)), torch.float16)
     assert [b for _, b, _, _ in priced] == fake.moved == [4]
+
+
+class _Splice(nn.Module):
+    """A VLM's splice: each sample's image-token positions take its 2 rows of features (`masked_scatter`)."""
+
+    def forward(self, h, mask, feats):
+        return h.masked_scatter(mask, feats).square().mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_batch_sharded_masked_scatter_prices_the_mismatch_flag_the_runtime_all_reduces(backend, dtype):
+    # `localize.checked_masked_scatter` all-reduces one float32 flag per batch axis each forward so that every rank
+    # raises together on a mismatched count; `op_comm` priced nothing for it before round 26 (r25h's leftover 2)
+    from parallelizer.rewriter.localize import checked_masked_scatter
+    h, mask = torch.randn(2, 4, 3).to(dtype), torch.zeros(2, 4, 3, dtype=torch.bool)
+    mask[:, 1] = True  # each sample selects 3 elements; its share of the source: one row of 3
+    checked_masked_scatter(h, mask, torch.randn(2, 3).to(dtype), [[0, 1], [0, 2]])  # batch over dp and tp
+    g = torch.fx.Graph()
+    ms = g.call_function(aten.masked_scatter.default, tuple(g.placeholder(n) for n in "hms"))
+    s0, mesh = Layout.parse("S(0)S(0)"), MeshSpec(("dp", "tp"), (2, 2))
+    priced = op_collectives(ms, (s0, s0, s0), s0, [(8, 4, 3), (8, 4, 3), (8, 3)], (8, 4, 3), mesh, dtype)
+    assert sorted(priced) == [("all_reduce", 4, 0, False), ("all_reduce", 4, 1, False)]
+    assert [b for _, b, _, _ in priced] == backend.moved == [4, 4]
+    rr = Layout.parse("RR")  # replicated: the op runs whole, nothing checked, nothing priced
+    assert op_collectives(ms, (rr, rr, rr), rr, [(8, 4, 3), (8, 4, 3), (8, 3)], (8, 4, 3), mesh, dtype) == []
+
+
+def test_node_cost_adds_the_masked_scatter_check_on_a_batch_shard(monkeypatch):
+    mask = torch.zeros(8, 4, 3, dtype=torch.bool)
+    mask[:, 1:3] = True
+    traced = parallelizer.trace(_Splice(), (torch.randn(8, 4, 3), mask, torch.randn(16, 3)))
+    problem, pricer = build(traced, MeshSpec(("dp",), (2,)), cluster="h100:1x2", config=PlanConfig(precision="fp32"))
+    name = next(n for n, i in traced.nodes.items() if "masked_scatter" in str(i.target))
+    info, space = traced.nodes[name], problem.spaces[name]
+    sharded = next(s for s in space.strategies if str(s.inputs[0]) == "S(0)")
+    with_check = pricer.node_cost(traced, info, space, sharded)
+    monkeypatch.setattr("parallelizer.planner.costs.op_collectives", lambda *a: [])
+    alone = pricer.node_cost(traced, info, space, sharded)
+    flag = collective_time_s("all_reduce", 4, pricer.topo, ("dp",)) + pricer.device.collective_sync_s
+    assert with_check.fwd_s == pytest.approx(alone.fwd_s + flag, rel=1e-12) and with_check.bwd_s == alone.bwd_s
+
+
+def test_a_size_1_mesh_axis_prices_no_inner_collective():
+    """A layout may shard along a mesh axis of one device ("S(0)S(0)" on (dp=2, tp=1)); the runtime's local forms
+    communicate only over axes of more than one device (`localize.Context.sharded_axes`), so such a strategy runs
+    the program of "S(0)" on (dp=2). Before round 26 `op_comm` listed a collective on the size-1 axis too, which
+    `step_collective_s` prices at the device's sync wait (4.7 ms per call on a calibrated 4-rank CPU profile)."""
+    g = torch.fx.Graph()
+    x, t, w, b, rm, rv = (g.placeholder(n) for n in ("x", "t", "w", "b", "rm", "rv"))
+    ops = {"batch_norm": (g.call_function(aten.batch_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False)),
+                          [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4), 5),
+           "instance_norm": (g.call_function(aten.instance_norm.default, (x, w, b, rm, rv, True, 0.1, 1e-5, False)),
+                             [(8, 6, 4, 4)] + [(6,)] * 4, (8, 6, 4, 4), 5),
+           "nll_loss_nd": (g.call_function(aten.nll_loss_nd.default, (x, t, None, 1, -100)), [(8, 6), (8,)], (), 2),
+           "cross_entropy": (g.call_function(aten.cross_entropy_loss.default, (x, t)), [(8, 6), (8,)], (), 2),
+           "masked_scatter": (g.call_function(aten.masked_scatter.default, (x, t, w)), [(8, 4, 3), (8, 4, 3), (8, 3)],
+                              (8, 4, 3), 3)}
+    for name, (node, shapes, out, n) in ops.items():
+        two = op_collectives(node, (Layout.parse("S(0)S(0)"),) + (Layout.parse("RR"),) * (n - 1), Layout.parse("S(0)S(0)"),
+                             shapes, out, MeshSpec(("dp", "tp"), (2, 1)), torch.float32)
+        one = op_collectives(node, (Layout.parse("S(0)"),) + (Layout.parse("R"),) * (n - 1), Layout.parse("S(0)"),
+                             shapes, out, MeshSpec(("dp",), (2,)), torch.float32)
+        assert two == one and one, (name, two, one)
+    vocab = op_collectives(ops["cross_entropy"][0], (Layout.parse("RS(1)"), Layout.parse("RR")), Layout.parse("RR"),
+                           [(8, 6), (8,)], (), MeshSpec(("dp", "tp"), (2, 1)), torch.float32)
+    assert vocab == []  # classes "sharded" over one device: no row statistics to all-reduce

@@ -150,3 +150,15 @@ def test_show_says_what_runs_when_the_pipeline_section_and_the_search_record_dif
     record["model"]["search"]["schedule"] = "zbv"
     rows = dict(search_rows(_load(tmp_path, record)))
     assert ", 1f1b, 4 microbatch(es): the plan's pipeline section" in rows["runs"], rows["runs"]
+
+
+def test_a_pipeline_mesh_edited_by_hand_is_refused_naming_it(saved, tmp_path):
+    """Round 26 (`planner.priced_for`): the full mesh a pipeline plan was searched and priced on is not an edit
+    like the schedule, the microbatches or the cut: an axis added loaded with the search's estimate before."""
+    d = json.loads(json.dumps(saved[1]))
+    assert d["pipeline"]["mesh"] == {"axis_names": ["pp"], "shape": [2]}
+    d["pipeline"]["mesh"] = {"axis_names": ["pp", "dp"], "shape": [2, 1]}  # the same 2 devices
+    with pytest.raises(PlanValidationError, match="edited after it was priced: pipeline/mesh: now") as err:
+        _load(tmp_path, d)
+    assert err.value.path == "pipeline/mesh"
+    _load(tmp_path, _edited(saved[1], schedule="gpipe"))  # a schedule edit stays allowed

@@ -133,3 +133,29 @@ def test_a_per_sample_copy_of_a_parameter_keeps_the_batch_sharded(how):
         moved = [(e.src, e.dst, s.kind) for e, s in plan.steps()
                  if e.dst != "output" and e.src not in params and s.kind in ("all_gather", "all_to_all")]
         assert not moved and not plan.notes(), (how, role, moved, plan.notes())
+
+
+def test_a_lookup_by_a_buffer_index_keeps_only_the_tables_dims_whole():
+    """BERT / ViLT without token_type_ids look a (2, D) table up by a buffer expanded to the batch (also through index_select and `table[ids]`; a Linear of a buffer expanded likewise); the (B, S, D) result
+    slices the table only along D (its dim 1): the batch and sequence dims come from the index. Before round 26 every
+    dim counted, so under ddp / fsdp the types had to stay whole over dp beside batch-sharded word embeddings:
+    InfeasiblePlanError (numerics on 2 ranks: tests/distributed/test_trial_findings.py, `lookups_*`)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
+    from trial_models import buffer_indexed_lookups
+    from parallelizer.planner.edge_roles import parameter_views
+
+    traced = parallelizer.trace(*buffer_indexed_lookups())
+    views = parameter_views(traced)
+    (types,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.embedding.default"
+                and i.node.args[0].name == "p_types_weight"]
+    (picked,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.index_select.default"]
+    (indexed,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.index.Tensor"]
+    assert views[types] == (2,) and views[picked] == (1,) and views[indexed] == (2,)  # D of (B, S, D); D of (S, D)
+    (proj,) = [n for n, i in traced.nodes.items() if i.op_name == "aten.linear.default"
+               and i.node.args[1].name == "p_proj_weight"]
+    assert views[proj] == (2,)  # Linear(pe.expand(B, S, 4)): only its output features slice the weight
+    for role in ("ddp", "fsdp"):
+        plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})
+        assert Layout.parse(plan.nodes[types].output).placements[0] != Shard(2), (role, plan.nodes[types])
