@@ -259,6 +259,22 @@ def owner_of(p: torch.Tensor) -> Owner | None:
     return _OWNERS.get(p)
 
 
+def owner_of_memory(t: torch.Tensor) -> Owner | None:
+    """The Owner of the registered local parameter whose memory `t` is or views (`p`, `p.data`, `p.data[0]`,
+    `p.view(-1)`: one storage), else None. A scan of the registered parameters (O(parameters) per call)."""
+    if not _OWNERS:  # no ParallelModule yet: nothing to look up
+        return None
+    owner = _OWNERS.get(t)
+    # local parameters and their `.data` are plain tensors; a fake, functional or meta tensor (tracing) has no memory
+    if owner is not None or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
+        return owner
+    ptr = t.untyped_storage().data_ptr()
+    if ptr == 0:  # an empty tensor holds no memory
+        return None
+    return next((o for p, o in list(_OWNERS.items())
+                 if p.device == t.device and p.untyped_storage().data_ptr() == ptr), None)
+
+
 def _scope(owned: list[Owner | None], what: str):
     """What a list of tensors' owners (None: not registered) lets one global norm be taken over: None (no
     registered tensor: torch's own function), a PipelineModule, or (mesh, groups) of one ParallelModule's mesh.

@@ -34,7 +34,7 @@ import torch
 
 from ..core.layout import Shard
 from ..errors import UnsupportedOpError
-from .grad_norm import owner_of
+from .grad_norm import owner_of, owner_of_memory
 
 SHAPE_OR_RANDOM = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
@@ -53,6 +53,7 @@ def install() -> None:
         setattr(torch.nn.init, name, _checked(name, original))
     _install_vector_check()
     _install_quantization_check()
+    _install_fill_check()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -89,27 +90,65 @@ def _checked(name: str, original):
     def init(tensor, *args, **kwargs):
         owner = owner_of(tensor) if isinstance(tensor, torch.Tensor) else None
         if owner is not None:
-            axes = _sharded_axes(owner)
-            if axes:
-                raise UnsupportedOpError(
-                    f"torch.nn.init.{name} on {owner.fqn!r}, a local shard (stored sharded over mesh axis "
-                    f"{', '.join(axes)}): its shape is not the parameter's, so fans, orthogonality and random draws "
-                    "(the same on every rank seeded alike) would differ from one device's. Remedy: initialise the "
-                    "model before auto_parallelize (or load values with pm.load_full_state_dict), or run the "
-                    "initialiser on full tensors: pm.apply(init_fn), or "
-                    "`with pm.full_model() as model: torch.nn.init." + name + "(model.<name>)`")
-            pm = owner.pipeline() if owner.pipeline is not None else None
-            if name in RANDOM and pm is not None and owner.fqn in getattr(pm, "copied", ()):
-                raise UnsupportedOpError(
-                    f"torch.nn.init.{name} on {owner.fqn!r}, one of the copies a pipeline holds of it (a parameter "
-                    "tied across stages, or a stage that BitPipe keeps twice): each copy would draw its own random "
-                    "values (on its rank, in its rank's order), so the copies, one parameter of the model, would "
-                    "differ for the rest of training. Remedy: initialise the model before auto_parallelize, or "
-                    "load values with pm.load_full_state_dict(state_dict) (one full tensor for every copy)")
+            refuse_on_pieces(f"torch.nn.init.{name}", owner, name in RANDOM,
+                             "`with pm.full_model() as model: torch.nn.init." + name + "(model.<name>)`")
         return original(tensor, *args, **kwargs)
 
     init._parallelizer_checked = True
     return init
+
+
+def refuse_on_pieces(call: str, owner, draws: bool, full_call: str) -> None:
+    """Raise UnsupportedOpError when `call` (an initialiser: `draws` when it draws random numbers) on the local
+    parameter of `owner` (`grad_norm.Owner`) would not give that piece of one device's result: the parameter is
+    stored sharded, or it draws on one of the copies a pipeline holds of a parameter. `full_call`: the call on
+    the full model, for the remedy."""
+    axes = _sharded_axes(owner)
+    if axes:
+        raise UnsupportedOpError(
+            f"{call} on {owner.fqn!r}, a local shard (stored sharded over mesh axis "
+            f"{', '.join(axes)}): its shape is not the parameter's, so fans, orthogonality and random draws "
+            "(the same on every rank seeded alike) would differ from one device's. Remedy: initialise the "
+            "model before auto_parallelize (or load values with pm.load_full_state_dict), or run the "
+            f"initialiser on full tensors: pm.apply(init_fn), or {full_call}")
+    pm = owner.pipeline() if owner.pipeline is not None else None
+    if draws and pm is not None and owner.fqn in getattr(pm, "copied", ()):
+        raise UnsupportedOpError(
+            f"{call} on {owner.fqn!r}, one of the copies a pipeline holds of it (a parameter "
+            "tied across stages, or a stage that BitPipe keeps twice): each copy would draw its own random "
+            "values (on its rank, in its rank's order), so the copies, one parameter of the model, would "
+            "differ for the rest of training. Remedy: initialise the model before auto_parallelize, or "
+            "load values with pm.load_full_state_dict(state_dict) (one full tensor for every copy)")
+
+
+TENSOR_FILLS = ("normal_", "uniform_", "bernoulli_", "exponential_", "cauchy_", "log_normal_", "geometric_", "random_")
+"""torch.Tensor's in-place random fills (HF's `_init_weights`: `module.weight.data.normal_(0, std)`): on a local
+shard they draw the shard's numbers from the rank's generator, the same on every rank seeded alike, not the shard
+of one device's draw (round 26, r26b: MLP on fsdp dp=2 / tp=2, `p.data.normal_(0, 0.02)` over pm.parameters():
+0.072-0.080 off one device, `uniform_(-0.1, 0.1)` 0.20, silently; torch.nn.init was refused already)."""
+
+
+def _checked_fill(name: str, original):
+    @functools.wraps(original)
+    def fill(self, *args, **kwargs):
+        owner = owner_of_memory(self)
+        if owner is not None:
+            refuse_on_pieces(f"Tensor.{name}", owner, True,
+                             f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
+        return original(self, *args, **kwargs)
+
+    fill._parallelizer_checked = True
+    return fill
+
+
+def _install_fill_check() -> None:
+    """Wrap the TENSOR_FILLS methods of torch.Tensor (once): a fill of (a view of, or `.data` of) a registered
+    parameter's memory is checked as the torch.nn.init functions are; every other tensor is filled by torch's own
+    method after one scan of the registered parameters (none before the first ParallelModule)."""
+    for name in TENSOR_FILLS:
+        original = getattr(torch.Tensor, name)
+        if not getattr(original, "_parallelizer_checked", False):
+            setattr(torch.Tensor, name, _checked_fill(name, original))
 
 
 def _checked_vector_to_parameters(original):

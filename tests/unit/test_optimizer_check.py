@@ -12,7 +12,7 @@ from parallelizer.runtime import grad_norm, optimizer_check
 from parallelizer.runtime.optimizer_check import COUPLED, ELEMENT, TENSOR, OptimizerError, kind_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
-from optimizer_dims_workers import PerDimSgd  # noqa: E402  (round 26, r26b: shared with the 2-rank test)
+from piece_update_workers import PerDimSgd  # noqa: E402  (round 26, r26b: shared with the 2-rank test)
 
 
 def _run(closure) -> None:
@@ -229,7 +229,7 @@ def test_a_frozen_sharded_parameter_does_not_refuse_the_step():
 def test_a_statistic_over_any_dim_of_any_rank_makes_an_optimizer_per_tensor(rule, kind):
     """The probe splits a tensor of each rank 1-4 along every dim: a column normalisation (a statistic over dim
     0), a norm of 1-D tensors only and a norm of conv weights only are per-tensor (before: ELEMENT, and the
-    fsdp / tp shards were stepped silently: tests/distributed/test_optimizer_dims.py has the numbers); plain SGD
+    fsdp / tp shards were stepped silently: tests/distributed/test_piece_updates.py has the numbers); plain SGD
     stays per-element; Muon, which refuses tensors other than matrices, is still classified by its matrices."""
     assert kind_of(PerDimSgd, {"lr": 0.1, "rule": rule}) == kind
     assert kind_of(torch.optim.Muon, _defaults(torch.optim.Muon, lr=1e-2)) == TENSOR

@@ -93,3 +93,71 @@ def per_dim_steps(rank: int, world_size: int, specs: dict, steps: int = 2) -> di
             result["state"], result["reference"] = pm.full_state_dict(), reference.state_dict()
             out[(name, rule)] = result
     return out
+
+
+FILLS = {
+    # HF's `_init_weights` / nanoGPT-style loops over pm.parameters() or pm.modules()
+    "data_normal": lambda m: [p.data.normal_(0, 0.02) for p in m.parameters()],
+    "no_grad_uniform": lambda m: [p.uniform_(-0.1, 0.1) for p in m.parameters()],
+    "module_weights": lambda m: [(s.weight.data.normal_(0, 0.02), s.bias.data.zero_()) for s in m.modules()
+                                 if isinstance(s, (nn.Linear, nn.Conv1d))],
+    "view_bernoulli": lambda m: [p.data.view(-1)[:2].bernoulli_(0.5) for p in m.parameters()],
+}
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+        return "no error"
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type and text
+        return f"{type(e).__name__}: {e}"
+
+
+def random_fills(rank: int, world_size: int, specs: dict) -> dict:
+    """For each (plan name, spec) and fill of `FILLS`, seeded alike on the parallel module and on a copy of the model
+    on one device (under torch.no_grad): {(plan, fill): {"error": "no error" or the error, "state":
+    pm.full_state_dict(), "reference": the copy's state_dict()}}; and {"noise": a draw of a plain tensor after the
+    fills, "noise_reference": the same draw with no parallel module involved}."""
+    import torch.distributed as dist
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    out = {}
+    for name, spec in specs.items():
+        for fill, fn in FILLS.items():
+            model, (x,) = conv_head()
+            reference = copy.deepcopy(model)
+            create_groups(all_axis_groups(spec.mesh))
+            pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+            results = []
+            for m in (pm, reference):
+                torch.manual_seed(5)
+                with torch.no_grad():
+                    results.append(_error(lambda m=m: fn(m)))
+            out[(name, fill)] = {"error": results[0], "state": pm.full_state_dict(), "reference": reference.state_dict()}
+    torch.manual_seed(9)
+    out["noise"] = torch.empty(5).normal_()
+    out["noise_reference"] = torch.randn(5, generator=torch.Generator().manual_seed(9))
+    return out
+
+
+def pipeline_fills(rank: int, world_size: int) -> dict:
+    """`Tensor.normal_` through `.data` on each parameter a pp=2 (1f1b) PipelineModule of a tied 4-block GPT-2 holds
+    on this rank: {FQN: "no error" or the error}, and "copied": the FQNs it holds more than once."""
+    import contextlib
+    import io
+
+    import parallelizer
+    from parallelizer import zoo
+
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(n_layer=4, n_embd=16, n_head=2, vocab_size=64, batch=4, seq_len=8)
+    with contextlib.redirect_stdout(io.StringIO()):
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2}, schedule="1f1b", microbatches=2)
+    torch.manual_seed(1)
+    out = {fqn: _error(lambda p=p: p.data.normal_(0, 0.02)) for fqn, p in pm.named_parameters()}
+    out["copied"] = sorted(pm.copied)
+    return out
