@@ -9,7 +9,10 @@ of each weight equal). Measured on a 2-layer MLP: outputs 4.5 (fsdp) and 9.2 (tp
 and are exact; on replicated parameters (ddp) every initialiser is exact, except on a parameter a pipeline holds
 more than once (a tied embedding / lm_head on two stages, every parameter under BitPipe): each copy draws its own
 random values there (GPT-2 on pp=2: wte and its lm_head copy apart, the pipeline's loss 0.022 off the eager loss of
-its own full_state_dict(), silently), so the random initialisers are refused on such copies too.
+its own full_state_dict(), silently), so the random initialisers are refused on such copies too. torch.Tensor's
+in-place random fills (`TENSOR_FILLS`: `p.data.normal_()`, a view's `uniform_()`) of such a parameter's memory are
+refused alike (round 26); a value made from the shard's shape and copied in (`p.copy_(torch.randn(p.shape))`)
+cannot be told from loading the shard and is not.
 
 The same holds for a parametrization registered on a submodule of `pm` after wrapping
 (`torch.nn.utils.parametrize.register_parametrization`, and through it `parametrizations.weight_norm`,
@@ -18,7 +21,8 @@ from this rank's shard (weight_norm on a row-parallel weight of tp=2: per-row no
 one device after 3 SGD steps, silently); on replicated parameters (ddp) it is exact. It is refused on sharded
 parameters and on parameters of a pipeline module (its stage programs hold their parameters).
 
-`install()` (called by every ParallelModule) replaces those functions in `torch.nn.init` once, by wrappers that
+`install()` (called by every ParallelModule) replaces those functions in `torch.nn.init` (and the `TENSOR_FILLS`
+methods of torch.Tensor) once, by wrappers that
 raise `UnsupportedOpError` for a parameter registered by a ParallelModule (`grad_norm.owner_of`) whose stored
 layout shards it over a mesh axis of size > 1, naming the parameter, its layout and the remedy
 (`pm.apply(fn)` / `with pm.full_model() as model:`, which run on the full tensors), and call torch's own function
