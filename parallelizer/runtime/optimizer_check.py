@@ -110,8 +110,8 @@ def install() -> None:
 
 def kind_of(cls: type, defaults: dict) -> str | None:
     """How optimizer class `cls` with hyperparameters `defaults` updates, found by running it (cached), on one
-    float32 probe tensor of each rank a model's parameters have (`PROBE_SHAPES`: a bias, a Linear, a Conv1d and
-    a Conv2d weight), each on its own:
+    float32 probe tensor of each rank a model's parameters have (`PROBE_SHAPES`: a bias, a Linear, a Conv1d, a
+    Conv2d and a Conv3d weight), each on its own:
     ELEMENT when, for EVERY dim, 3 steps of the tensor in one optimizer equal those of its two halves along that
     dim each in its own optimizer (a shard of any dim of any rank is then stepped as one device steps it); else
     TENSOR when the two halves along its last dim in one optimizer step as each in its own; else COUPLED; the
@@ -150,9 +150,9 @@ def _probe(cls: type, defaults: dict) -> str:
     return kind
 
 
-# one probe tensor per rank a model's parameters have: a bias, a Linear, a Conv1d and a Conv2d weight (every dim
-# of at least 2 elements, so it splits in two halves)
-PROBE_SHAPES = ((6,), (4, 6), (4, 2, 6), (2, 4, 2, 2))
+# one probe tensor per rank a model's parameters have: a bias, a Linear, a Conv1d, a Conv2d and a Conv3d weight (every
+# dim of at least 2 elements, so it splits in two halves)
+PROBE_SHAPES = ((6,), (4, 6), (4, 2, 6), (2, 4, 2, 2), (2, 2, 2, 2, 3))
 
 
 def _classify(cls: type, defaults: dict, linear: bool) -> str:

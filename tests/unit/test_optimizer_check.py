@@ -227,7 +227,7 @@ def test_a_frozen_sharded_parameter_does_not_refuse_the_step():
 @pytest.mark.parametrize("rule, kind", [("colnorm", TENSOR), ("bias_norm", TENSOR), ("conv_norm", TENSOR),
                                         ("plain", ELEMENT)])
 def test_a_statistic_over_any_dim_of_any_rank_makes_an_optimizer_per_tensor(rule, kind):
-    """The probe splits a tensor of each rank 1-4 along every dim: a column normalisation (a statistic over dim
+    """The probe splits a tensor of each rank 1-5 along every dim: a column normalisation (a statistic over dim
     0), a norm of 1-D tensors only and a norm of conv weights only are per-tensor (before: ELEMENT, and the
     fsdp / tp shards were stepped silently: tests/distributed/test_piece_updates.py has the numbers); plain SGD
     stays per-element; Muon, which refuses tensors other than matrices, is still classified by its matrices."""
