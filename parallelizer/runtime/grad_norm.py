@@ -259,20 +259,20 @@ def owner_of(p: torch.Tensor) -> Owner | None:
     return _OWNERS.get(p)
 
 
-def owner_of_memory(t: torch.Tensor) -> Owner | None:
-    """The Owner of the registered local parameter whose memory `t` is or views (`p`, `p.data`, `p.data[0]`,
-    `p.view(-1)`: one storage), else None. A scan of the registered parameters (O(parameters) per call)."""
+def owner_of_memory(t: torch.Tensor) -> tuple[torch.Tensor, Owner] | None:
+    """(the registered local parameter, its Owner) whose memory holds `t`'s first element (`p`, `p.data`,
+    `p.data[1]`, `p.view(-1)`), else None. A scan of the registered parameters (O(parameters) per call)."""
     if not _OWNERS:  # no ParallelModule yet: nothing to look up
         return None
     owner = _OWNERS.get(t)
+    if owner is not None:
+        return t, owner
     # local parameters and their `.data` are plain tensors; a fake, functional or meta tensor (tracing) has no memory
-    if owner is not None or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
-        return owner
-    ptr = t.untyped_storage().data_ptr()
-    if ptr == 0:  # an empty tensor holds no memory
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta" or t.numel() == 0:
         return None
-    return next((o for p, o in list(_OWNERS.items())
-                 if p.device == t.device and p.untyped_storage().data_ptr() == ptr), None)
+    ptr = t.data_ptr()
+    return next(((p, o) for p, o in list(_OWNERS.items()) if p.device == t.device and p.numel()
+                 and p.data_ptr() <= ptr < p.data_ptr() + p.numel() * p.element_size()), None)
 
 
 def _scope(owned: list[Owner | None], what: str):

@@ -11,8 +11,10 @@ more than once (a tied embedding / lm_head on two stages, every parameter under 
 random values there (GPT-2 on pp=2: wte and its lm_head copy apart, the pipeline's loss 0.022 off the eager loss of
 its own full_state_dict(), silently), so the random initialisers are refused on such copies too. torch.Tensor's
 in-place random fills (`TENSOR_FILLS`: `p.data.normal_()`, a view's `uniform_()`) of such a parameter's memory are
-refused alike (round 26); a value made from the shard's shape and copied in (`p.copy_(torch.randn(p.shape))`)
-cannot be told from loading the shard and is not.
+refused alike (round 26), and so are constant fills (`CONSTANT_WRITES`) of a part of a shard chosen along a
+sharded dim (`weight.data[padding_idx].zero_()`); a value made from the shard's shape and copied in
+(`p.copy_(torch.randn(p.shape))`) cannot be told from loading the shard, and index assignment (`w.data[i] = 0`,
+`Tensor.__setitem__`) is not wrapped (every tensor assignment of every program would pay the check).
 
 The same holds for a parametrization registered on a submodule of `pm` after wrapping
 (`torch.nn.utils.parametrize.register_parametrization`, and through it `parametrizations.weight_norm`,
@@ -132,24 +134,66 @@ of one device's draw (round 26, r26b: MLP on fsdp dp=2 / tp=2, `p.data.normal_(0
 0.072-0.080 off one device, `uniform_(-0.1, 0.1)` 0.20, silently; torch.nn.init was refused already)."""
 
 
+CONSTANT_WRITES = ("zero_", "fill_")
+"""torch.Tensor's in-place constant fills. Of a whole shard they are exact; of PART of one (HF's
+`weight.data[padding_idx].zero_()`, fairseq's `nn.init.constant_(weight[padding_idx], 0)`, Embedding's own
+`_fill_padding_idx_with_zero`) they pick elements by LOCAL indices, which along a sharded dim are other elements
+than one device's (round 26, r26b: row 1 of a (12, 8) weight stored S(0) on fsdp dp=2 / tp=2: 0.274 off one device,
+silently). Refused when the part does not keep every sharded dim whole (`_partial_along_sharded`)."""
+
+
 def _checked_fill(name: str, original):
     @functools.wraps(original)
     def fill(self, *args, **kwargs):
-        owner = owner_of_memory(self)
-        if owner is not None:
-            refuse_on_pieces(f"Tensor.{name}", owner, True,
-                             f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
+        # a constant fill is positional only through a view (`p.data[i]`, `w[i]`): `p.grad.zero_()` and other whole
+        # tensors skip the scan of the registered parameters (an optimizer's zero_grad(set_to_none=False) calls it
+        # once per parameter)
+        held = owner_of_memory(self) if name in TENSOR_FILLS or self._base is not None else None
+        if held is not None:
+            param, owner = held
+            if name in TENSOR_FILLS:
+                refuse_on_pieces(f"Tensor.{name}", owner, True,
+                                 f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
+            elif _partial_along_sharded(self, param, owner):
+                raise UnsupportedOpError(
+                    f"Tensor.{name} on part of {owner.fqn!r}, a local shard (stored as {owner.layout} on mesh "
+                    f"{owner.mesh}): the part is chosen by indices into this rank's shard along a sharded dim, so it "
+                    "is another part of the parameter on every rank than on one device (e.g. weight[padding_idx] "
+                    "is a different row of each shard). Remedy: run it on full tensors: pm.apply(init_fn), or "
+                    f"`with pm.full_model() as model: model.<name>.data[...].{name}(...)`; or initialise the model "
+                    "before auto_parallelize")
         return original(self, *args, **kwargs)
 
     fill._parallelizer_checked = True
     return fill
 
 
+def _partial_along_sharded(part: torch.Tensor, param: torch.Tensor, owner) -> bool:
+    """Whether `part` (a tensor in `param`'s memory) leaves out some index of a dim of `param` that its layout
+    shards (over a mesh axis of size > 1). Positions are read from the memory offsets of `part`'s elements in the
+    contiguous `param`; a part that cannot be placed so (another dtype, a non-contiguous parameter) counts as
+    partial."""
+    dims = sorted({p.dim % param.ndim for p, size in zip(owner.layout, owner.mesh.shape)
+                   if isinstance(p, Shard) and size > 1})
+    if not dims or part.numel() == 0:
+        return False
+    if part.dtype != param.dtype or not param.is_contiguous():
+        return part.numel() != param.numel()
+    start = (part.data_ptr() - param.data_ptr()) // param.element_size()
+    try:
+        offsets = torch.arange(param.numel()).as_strided(part.shape, part.stride(), start)
+    except RuntimeError:  # reaches past the parameter's memory
+        return True
+    index = torch.unravel_index(offsets.reshape(-1), param.shape)
+    return any(index[d].unique().numel() < param.shape[d] for d in dims)
+
+
 def _install_fill_check() -> None:
-    """Wrap the TENSOR_FILLS methods of torch.Tensor (once): a fill of (a view of, or `.data` of) a registered
-    parameter's memory is checked as the torch.nn.init functions are; every other tensor is filled by torch's own
-    method after one scan of the registered parameters (none before the first ParallelModule)."""
-    for name in TENSOR_FILLS:
+    """Wrap the TENSOR_FILLS and CONSTANT_WRITES methods of torch.Tensor (once): a fill of (a view of, or `.data`
+    of) a registered parameter's memory is checked (random fills as the torch.nn.init functions are, constant
+    fills of a part by `_partial_along_sharded`); every other tensor is filled by torch's own method after one scan
+    of the registered parameters (none before the first ParallelModule)."""
+    for name in TENSOR_FILLS + CONSTANT_WRITES:
         original = getattr(torch.Tensor, name)
         if not getattr(original, "_parallelizer_checked", False):
             setattr(torch.Tensor, name, _checked_fill(name, original))

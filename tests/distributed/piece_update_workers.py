@@ -103,6 +103,14 @@ FILLS = {
                                  if isinstance(s, (nn.Linear, nn.Conv1d))],
     "view_bernoulli": lambda m: [p.data.view(-1)[:2].bernoulli_(0.5) for p in m.parameters()],
 }
+# constant writes: a row of the head (HF's `weight.data[padding_idx].zero_()`), a filter of the conv through
+# nn.init.constant_ (fairseq), every parameter whole; -> the plans on which a part is chosen along a sharded dim
+# (conv_head's layouts: fsdp shards every dim 0; tp=2 shards conv.weight's dim 0 and head.weight's dim 1)
+WRITES = {
+    "padding_row": (lambda m: m.get_parameter("head.weight").data[1].zero_(), {"fsdp2"}),
+    "constant_filter": (lambda m: nn.init.constant_(m.get_parameter("conv.weight")[1], 0.5), {"fsdp2", "tp2"}),
+    "whole_zero": (lambda m: [p.data.zero_() for p in m.parameters()], set()),
+}
 
 
 def _error(fn) -> str:
@@ -114,7 +122,7 @@ def _error(fn) -> str:
 
 
 def random_fills(rank: int, world_size: int, specs: dict) -> dict:
-    """For each (plan name, spec) and fill of `FILLS`, seeded alike on the parallel module and on a copy of the model
+    """For each (plan name, spec) and fill of `FILLS` or write of `WRITES`, seeded alike on the parallel module and on a copy of the model
     on one device (under torch.no_grad): {(plan, fill): {"error": "no error" or the error, "state":
     pm.full_state_dict(), "reference": the copy's state_dict()}}; and {"noise": a draw of a plain tensor after the
     fills, "noise_reference": the same draw with no parallel module involved}."""
@@ -127,7 +135,7 @@ def random_fills(rank: int, world_size: int, specs: dict) -> dict:
 
     out = {}
     for name, spec in specs.items():
-        for fill, fn in FILLS.items():
+        for fill, fn in {**FILLS, **{k: fn for k, (fn, _) in WRITES.items()}}.items():
             model, (x,) = conv_head()
             reference = copy.deepcopy(model)
             create_groups(all_axis_groups(spec.mesh))

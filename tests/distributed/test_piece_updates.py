@@ -13,6 +13,9 @@ the model on one device, in ONE launch of 2 gloo ranks (Conv1d -> Linear; fsdp d
    numbers from the rank's generator (0.072-0.20 off one device, silently; torchtitan#3106 and OLMo-core#319 report
    the same on FSDP2). Now refused on shards (through `.data` and views too) and on a pipeline's tied copies; exact
    under ddp; a draw of any other tensor is torch's own.
+3. Constant writes into PART of a shard (`weight.data[padding_idx].zero_()`, `nn.init.constant_(w[i], c)`): the
+   part is chosen by local indices, another part on every rank than on one device along a sharded dim (0.274 off,
+   silently). Now refused there; exact (and run) where the part keeps every sharded dim whole or is the whole shard.
 """
 import contextlib
 import io
@@ -24,7 +27,7 @@ import parallelizer
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from piece_update_workers import FILLS, conv_head, per_dim_steps, pipeline_fills, random_fills
+from piece_update_workers import FILLS, WRITES, conv_head, per_dim_steps, pipeline_fills, random_fills
 
 pytestmark = pytest.mark.distributed
 PLANS = {"fsdp2": ({"dp": 2}, {"dp": "fsdp"}), "tp2": ({"tp": 2}, {"tp": "tp"}), "ddp2": ({"dp": 2}, {"dp": "ddp"})}
@@ -69,6 +72,23 @@ def test_random_fills_of_shards_are_refused_and_equal_one_device_on_whole_tensor
                     assert r["error"].startswith("UnsupportedOpError: Tensor.") and "a local shard" in r["error"] \
                         and "pm.apply(init_fn)" in r["error"], (rank, plan, fill, r["error"])
         torch.testing.assert_close(fills["noise"], fills["noise_reference"], rtol=0, atol=0)
+
+
+def test_a_constant_written_into_part_of_a_shard_is_refused_where_the_part_is_chosen_along_a_sharded_dim(results):
+    """`head.weight.data[1].zero_()` (a row: dim 0) is refused on fsdp (dim 0 sharded) and exact on tp=2 (the
+    head is S(1): every shard holds the whole row's columns it owns); `nn.init.constant_(conv.weight[1], 0.5)` is
+    refused on both (conv.weight S(0)); a write of every parameter whole is exact everywhere. Before (main
+    5abdc2f), every one ran: the padding row 0.274 off one device on fsdp / tp (MLP probe), silently."""
+    for rank, (_, fills, _) in enumerate(results):
+        for write, (_, refused_on) in WRITES.items():
+            for plan in PLANS:
+                r = fills[(plan, write)]
+                if plan in refused_on:
+                    assert r["error"].startswith("UnsupportedOpError: Tensor.") and "on part of" in r["error"], \
+                        (rank, plan, write, r["error"])
+                else:
+                    assert r["error"] == "no error", (rank, plan, write, r["error"])
+                    _same_state(r, (rank, plan, write))
 
 
 def test_a_random_fill_of_a_pipelines_tied_copy_is_refused(results):
