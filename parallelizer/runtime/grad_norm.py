@@ -259,6 +259,22 @@ def owner_of(p: torch.Tensor) -> Owner | None:
     return _OWNERS.get(p)
 
 
+def owner_of_memory(t: torch.Tensor) -> tuple[torch.Tensor, Owner] | None:
+    """(the registered local parameter, its Owner) whose memory holds `t`'s first element (`p`, `p.data`,
+    `p.data[1]`, `p.view(-1)`), else None. A scan of the registered parameters (O(parameters) per call)."""
+    if not _OWNERS:  # no ParallelModule yet: nothing to look up
+        return None
+    owner = _OWNERS.get(t)
+    if owner is not None:
+        return t, owner
+    # local parameters and their `.data` are plain tensors; a fake, functional or meta tensor (tracing) has no memory
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta" or t.numel() == 0:
+        return None
+    ptr = t.data_ptr()
+    return next(((p, o) for p, o in list(_OWNERS.items()) if p.device == t.device and p.numel()
+                 and p.data_ptr() <= ptr < p.data_ptr() + p.numel() * p.element_size()), None)
+
+
 def _scope(owned: list[Owner | None], what: str):
     """What a list of tensors' owners (None: not registered) lets one global norm be taken over: None (no
     registered tensor: torch's own function), a PipelineModule, or (mesh, groups) of one ParallelModule's mesh.

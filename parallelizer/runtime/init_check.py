@@ -9,7 +9,12 @@ of each weight equal). Measured on a 2-layer MLP: outputs 4.5 (fsdp) and 9.2 (tp
 and are exact; on replicated parameters (ddp) every initialiser is exact, except on a parameter a pipeline holds
 more than once (a tied embedding / lm_head on two stages, every parameter under BitPipe): each copy draws its own
 random values there (GPT-2 on pp=2: wte and its lm_head copy apart, the pipeline's loss 0.022 off the eager loss of
-its own full_state_dict(), silently), so the random initialisers are refused on such copies too.
+its own full_state_dict(), silently), so the random initialisers are refused on such copies too. torch.Tensor's
+in-place random fills (`TENSOR_FILLS`: `p.data.normal_()`, a view's `uniform_()`) of such a parameter's memory are
+refused alike (round 26), and so are constant fills (`CONSTANT_WRITES`) of a part of a shard chosen along a
+sharded dim (`weight.data[padding_idx].zero_()`); a value made from the shard's shape and copied in
+(`p.copy_(torch.randn(p.shape))`) cannot be told from loading the shard, and index assignment (`w.data[i] = 0`,
+`Tensor.__setitem__`) is not wrapped (every tensor assignment of every program would pay the check).
 
 The same holds for a parametrization registered on a submodule of `pm` after wrapping
 (`torch.nn.utils.parametrize.register_parametrization`, and through it `parametrizations.weight_norm`,
@@ -18,7 +23,8 @@ from this rank's shard (weight_norm on a row-parallel weight of tp=2: per-row no
 one device after 3 SGD steps, silently); on replicated parameters (ddp) it is exact. It is refused on sharded
 parameters and on parameters of a pipeline module (its stage programs hold their parameters).
 
-`install()` (called by every ParallelModule) replaces those functions in `torch.nn.init` once, by wrappers that
+`install()` (called by every ParallelModule) replaces those functions in `torch.nn.init` (and the `TENSOR_FILLS`
+methods of torch.Tensor) once, by wrappers that
 raise `UnsupportedOpError` for a parameter registered by a ParallelModule (`grad_norm.owner_of`) whose stored
 layout shards it over a mesh axis of size > 1, naming the parameter, its layout and the remedy
 (`pm.apply(fn)` / `with pm.full_model() as model:`, which run on the full tensors), and call torch's own function
@@ -34,7 +40,7 @@ import torch
 
 from ..core.layout import Shard
 from ..errors import UnsupportedOpError
-from .grad_norm import owner_of
+from .grad_norm import owner_of, owner_of_memory
 
 SHAPE_OR_RANDOM = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
@@ -53,6 +59,7 @@ def install() -> None:
         setattr(torch.nn.init, name, _checked(name, original))
     _install_vector_check()
     _install_quantization_check()
+    _install_fill_check()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -89,27 +96,107 @@ def _checked(name: str, original):
     def init(tensor, *args, **kwargs):
         owner = owner_of(tensor) if isinstance(tensor, torch.Tensor) else None
         if owner is not None:
-            axes = _sharded_axes(owner)
-            if axes:
-                raise UnsupportedOpError(
-                    f"torch.nn.init.{name} on {owner.fqn!r}, a local shard (stored sharded over mesh axis "
-                    f"{', '.join(axes)}): its shape is not the parameter's, so fans, orthogonality and random draws "
-                    "(the same on every rank seeded alike) would differ from one device's. Remedy: initialise the "
-                    "model before auto_parallelize (or load values with pm.load_full_state_dict), or run the "
-                    "initialiser on full tensors: pm.apply(init_fn), or "
-                    "`with pm.full_model() as model: torch.nn.init." + name + "(model.<name>)`")
-            pm = owner.pipeline() if owner.pipeline is not None else None
-            if name in RANDOM and pm is not None and owner.fqn in getattr(pm, "copied", ()):
-                raise UnsupportedOpError(
-                    f"torch.nn.init.{name} on {owner.fqn!r}, one of the copies a pipeline holds of it (a parameter "
-                    "tied across stages, or a stage that BitPipe keeps twice): each copy would draw its own random "
-                    "values (on its rank, in its rank's order), so the copies, one parameter of the model, would "
-                    "differ for the rest of training. Remedy: initialise the model before auto_parallelize, or "
-                    "load values with pm.load_full_state_dict(state_dict) (one full tensor for every copy)")
+            refuse_on_pieces(f"torch.nn.init.{name}", owner, name in RANDOM,
+                             "`with pm.full_model() as model: torch.nn.init." + name + "(model.<name>)`")
         return original(tensor, *args, **kwargs)
 
     init._parallelizer_checked = True
     return init
+
+
+def refuse_on_pieces(call: str, owner, draws: bool, full_call: str) -> None:
+    """Raise UnsupportedOpError when `call` (an initialiser: `draws` when it draws random numbers) on the local
+    parameter of `owner` (`grad_norm.Owner`) would not give that piece of one device's result: the parameter is
+    stored sharded, or it draws on one of the copies a pipeline holds of a parameter. `full_call`: the call on
+    the full model, for the remedy."""
+    axes = _sharded_axes(owner)
+    if axes:
+        raise UnsupportedOpError(
+            f"{call} on {owner.fqn!r}, a local shard (stored sharded over mesh axis "
+            f"{', '.join(axes)}): its shape is not the parameter's, so fans, orthogonality and random draws "
+            "(the same on every rank seeded alike) would differ from one device's. Remedy: initialise the "
+            "model before auto_parallelize (or load values with pm.load_full_state_dict), or run the "
+            f"initialiser on full tensors: pm.apply(init_fn), or {full_call}")
+    pm = owner.pipeline() if owner.pipeline is not None else None
+    if draws and pm is not None and owner.fqn in getattr(pm, "copied", ()):
+        raise UnsupportedOpError(
+            f"{call} on {owner.fqn!r}, one of the copies a pipeline holds of it (a parameter "
+            "tied across stages, or a stage that BitPipe keeps twice): each copy would draw its own random "
+            "values (on its rank, in its rank's order), so the copies, one parameter of the model, would "
+            "differ for the rest of training. Remedy: initialise the model before auto_parallelize, or "
+            "load values with pm.load_full_state_dict(state_dict) (one full tensor for every copy)")
+
+
+TENSOR_FILLS = ("normal_", "uniform_", "bernoulli_", "exponential_", "cauchy_", "log_normal_", "geometric_", "random_")
+"""torch.Tensor's in-place random fills (HF's `_init_weights`: `module.weight.data.normal_(0, std)`): on a local
+shard they draw the shard's numbers from the rank's generator, the same on every rank seeded alike, not the shard
+of one device's draw (round 26, r26b: MLP on fsdp dp=2 / tp=2, `p.data.normal_(0, 0.02)` over pm.parameters():
+0.072-0.080 off one device, `uniform_(-0.1, 0.1)` 0.20, silently; torch.nn.init was refused already)."""
+
+
+CONSTANT_WRITES = ("zero_", "fill_")
+"""torch.Tensor's in-place constant fills. Of a whole shard they are exact; of PART of one (HF's
+`weight.data[padding_idx].zero_()`, fairseq's `nn.init.constant_(weight[padding_idx], 0)`, Embedding's own
+`_fill_padding_idx_with_zero`) they pick elements by LOCAL indices, which along a sharded dim are other elements
+than one device's (round 26, r26b: row 1 of a (12, 8) weight stored S(0) on fsdp dp=2 / tp=2: 0.274 off one device,
+silently). Refused when the part does not keep every sharded dim whole (`_partial_along_sharded`)."""
+
+
+def _checked_fill(name: str, original):
+    @functools.wraps(original)
+    def fill(self, *args, **kwargs):
+        # a constant fill is positional only through a view (`p.data[i]`, `w[i]`): `p.grad.zero_()` and other whole
+        # tensors skip the scan of the registered parameters (an optimizer's zero_grad(set_to_none=False) calls it
+        # once per parameter)
+        held = owner_of_memory(self) if name in TENSOR_FILLS or self._base is not None else None
+        if held is not None:
+            param, owner = held
+            if name in TENSOR_FILLS:
+                refuse_on_pieces(f"Tensor.{name}", owner, True,
+                                 f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
+            elif _partial_along_sharded(self, param, owner):
+                raise UnsupportedOpError(
+                    f"Tensor.{name} on part of {owner.fqn!r}, a local shard (stored as {owner.layout} on mesh "
+                    f"{owner.mesh}): the part is chosen by indices into this rank's shard along a sharded dim, so it "
+                    "is another part of the parameter on every rank than on one device (e.g. weight[padding_idx] "
+                    "is a different row of each shard). Remedy: run it on full tensors: pm.apply(init_fn), or "
+                    f"`with pm.full_model() as model: model.<name>.data[...].{name}(...)`; or initialise the model "
+                    "before auto_parallelize")
+        return original(self, *args, **kwargs)
+
+    fill._parallelizer_checked = True
+    return fill
+
+
+def _partial_along_sharded(part: torch.Tensor, param: torch.Tensor, owner) -> bool:
+    """Whether `part` (a tensor in `param`'s memory) leaves out some index of a dim of `param` that its layout
+    shards (over a mesh axis of size > 1). Positions are read from the memory offsets of `part`'s elements in the
+    contiguous `param`; a part that cannot be placed so (another dtype, a non-contiguous parameter) counts as
+    partial."""
+    dims = sorted({p.dim % param.ndim for p, size in zip(owner.layout, owner.mesh.shape)
+                   if isinstance(p, Shard) and size > 1})
+    if not dims or part.numel() == 0:
+        return False
+    if part.dtype != param.dtype or not param.is_contiguous():
+        return part.numel() != param.numel()
+    start = (part.data_ptr() - param.data_ptr()) // param.element_size()
+    try:
+        offsets = torch.arange(param.numel()).as_strided(part.shape, part.stride(), start)
+    except RuntimeError:  # reaches past the parameter's memory
+        return True
+    index = torch.unravel_index(offsets.reshape(-1), param.shape)
+    return any(index[d].unique().numel() < param.shape[d] for d in dims)
+
+
+def _install_fill_check() -> None:
+    """Wrap the TENSOR_FILLS and CONSTANT_WRITES methods of torch.Tensor (once): a fill of (a view of, or `.data`
+    of) a registered parameter's memory is checked (random fills as the torch.nn.init functions are, constant
+    fills of a part by `_partial_along_sharded`); every other tensor is filled by torch's own method after one scan
+    of the registered parameters (none before the first ParallelModule)."""
+    for name in TENSOR_FILLS + CONSTANT_WRITES:
+        original = getattr(torch.Tensor, name)
+        if not getattr(original, "_parallelizer_checked", False):
+            setattr(torch.Tensor, name, _checked_fill(name, original))
 
 
 def _checked_vector_to_parameters(original):

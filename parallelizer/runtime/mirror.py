@@ -19,10 +19,13 @@ device's). So each submodule of a ParallelModule is a MIRROR:
   ParallelModule traces the model again with the change applied (`runtime.modes`, as for train/eval), or, where
   it cannot (a pipeline stage), raises PlanMismatchError; it is never ignored.
 
-Method calls on a mirror run the model class's code on the mirror's local shards: elementwise writes
-(`reset_running_stats`, `nn.init.normal_`, `zero_`) act on each shard as on the full tensor; code that reads
-a parameter's shape or indexes its rows (`xavier_uniform_`'s fans, `weight[padding_idx].zero_()`) sees the
-local shard, as for any use of `pm.parameters()`: initialise the model before parallelising it.
+Method calls on a mirror run the model class's code on the mirror's local shards: elementwise writes of
+constants (`reset_running_stats`, `zero_`) act on each shard as on the full tensor; random draws
+(`nn.init.normal_`, `weight.data.normal_()`) and shape-reading initialisers are refused on shards
+(`runtime.init_check`), and so is a constant written into a part chosen along a sharded dim
+(`weight[padding_idx].zero_()`: another row of each shard; round 26: 0.27 off one device on fsdp, silently,
+before); other code that indexes a parameter sees the local shard, as for any use of `pm.parameters()`: initialise
+the model before parallelising it, or run such code under `pm.apply` / `pm.full_model()`.
 A class whose mirror class cannot be made (a metaclass or `__init_subclass__` that refuses it) is mirrored by a
 plain `_StateOnly`.
 """

@@ -5,7 +5,8 @@ parameters, so a torch optimizer built on them steps each rank's pieces alone. T
 exactly when the optimizer updates every element from that element's own parameter, gradient and state
 (SGD, Adam, AdamW, RMSprop, ...). Two other kinds silently give other numbers:
 - **per-tensor** optimizers read the whole tensor: Adafactor's factored second moments and parameter RMS,
-  Muon's Newton-Schulz orthogonalisation, LAMB's trust ratio. On a shard (tp, fsdp) they compute those from
+  Muon's Newton-Schulz orthogonalisation, LAMB's trust ratio, a row or column normalisation (Scion's RowNorm /
+  ColNorm), or a norm taken of some ranks only (biases, conv weights). On a shard (tp, fsdp) they compute those from
   the shard. Measured, 2 steps of a 2-layer MLP on tp=2 / fsdp dp=2: parameters 3.6e-3 (Adafactor) and
   6.9e-3 (Muon) off one device; exact under ddp, where every rank holds whole tensors.
 - **coupled** optimizers read all their tensors together: LBFGS's flat search direction and line search.
@@ -108,15 +109,24 @@ def install() -> None:
 
 
 def kind_of(cls: type, defaults: dict) -> str | None:
-    """How optimizer class `cls` with hyperparameters `defaults` updates, found by running it (cached):
-    ELEMENT when 3 steps of a (4, 6) float32 tensor in one optimizer equal those of its two (4, 3) column
-    halves each in its own optimizer; else TENSOR when two (4, 3) tensors in one optimizer step as each in
-    its own; else COUPLED. Loss 0.5 * sum(c * (w - t)^2) with column scales c of 1..100 (so a shard's
-    statistics differ from the tensor's); closures as LBFGS needs (the others call them once). Compared with
-    torch.testing's float32 tolerances (rtol 1.3e-6, atol 1e-5). None when `cls(params, **defaults)` or its
-    step raises on the probe, or the probe tensors do not move (then nothing is known). The probe computes the
+    """How optimizer class `cls` with hyperparameters `defaults` updates, found by running it (cached), on one
+    float32 probe tensor of each rank a model's parameters have (`PROBE_SHAPES`: a bias, a Linear, a Conv1d, a
+    Conv2d and a Conv3d weight), each on its own:
+    ELEMENT when, for EVERY dim, 3 steps of the tensor in one optimizer equal those of its two halves along that
+    dim each in its own optimizer (a shard of any dim of any rank is then stepped as one device steps it); else
+    TENSOR when the two halves along its last dim in one optimizer step as each in its own; else COUPLED; the
+    broadest kind over the ranks. Loss 0.5 * sum(c * (w - t)^2) with scales c of 1..100 rising along the
+    flattened tensor (so the statistics of a half along any dim differ from the tensor's); closures as LBFGS
+    needs (the others call them once). Compared with torch.testing's float32 tolerances (rtol 1.3e-6, atol
+    1e-5). A rank the optimizer refuses (Muon takes matrices only) or does not move is left out; None when every
+    rank is (`cls(params, **defaults)` raises, or nothing moves: then nothing is known). The probe computes the
     gradients before each step (and passes the closure too), so an optimizer that ignores the closure is
-    classified by what it does with them."""
+    classified by what it does with them.
+
+    Before round 26 (r26b) one (4, 6) tensor was split along its columns only, so an optimizer whose statistic
+    runs over dim 0 (a column normalisation, Scion's ColNorm), or that reads whole tensors only at other ranks
+    (a bias update normalised by its norm, a conv weight's), was ELEMENT and stepped fsdp / tp shards silently
+    (MLP, 2 steps: parameters 0.2 / 0.05 off one device)."""
     key = (cls, repr(sorted(defaults.items(), key=lambda kv: kv[0])))
     if key not in _KINDS:
         try:
@@ -140,11 +150,31 @@ def _probe(cls: type, defaults: dict) -> str:
     return kind
 
 
-def _classify(cls: type, defaults: dict, linear: bool) -> str:
-    g = torch.Generator().manual_seed(0)
-    scale = torch.logspace(0, 2, 6)
-    w, t = torch.randn(4, 6, generator=g) * scale, torch.randn(4, 6, generator=g)
+# one probe tensor per rank a model's parameters have: a bias, a Linear, a Conv1d, a Conv2d and a Conv3d weight (every
+# dim of at least 2 elements, so it splits in two halves)
+PROBE_SHAPES = ((6,), (4, 6), (4, 2, 6), (2, 4, 2, 2), (2, 2, 2, 2, 3))
 
+
+def _classify(cls: type, defaults: dict, linear: bool) -> str:
+    """The broadest kind (`kind_of`) over the probe ranks the optimizer takes and moves; ValueError when none."""
+    order = (ELEMENT, TENSOR, COUPLED)
+    g = torch.Generator().manual_seed(0)
+    kinds = []
+    for shape in PROBE_SHAPES:
+        probe = (torch.randn(shape, generator=g), torch.randn(shape, generator=g),
+                 torch.logspace(0, 2, torch.Size(shape).numel()).view(shape))
+        try:
+            kinds.append(_classify_rank(cls, defaults, linear, *probe))
+        except Exception:  # noqa: BLE001 - a rank this optimizer refuses or leaves unmoved says nothing of the others
+            continue
+    if not kinds:
+        raise ValueError("no probe tensor moved: its update is unknown")  # kind_of: None (warned, stepped)
+    return max(kinds, key=order.index)
+
+
+def _classify_rank(cls: type, defaults: dict, linear: bool, w: torch.Tensor, t: torch.Tensor,
+                   scale: torch.Tensor) -> str:
+    """The kind on one probe tensor `w` (target `t`, scales `scale`): ELEMENT, TENSOR or COUPLED (`kind_of`)."""
     def term(p, tt, c):  # the loss of one tensor: 0.5 c (w - t)^2, or c w (linear: a constant gradient c)
         return (c * p).sum() if linear else (0.5 * c * (p - tt) ** 2).sum()
 
@@ -166,12 +196,15 @@ def _classify(cls: type, defaults: dict, linear: bool) -> str:
                 opt.step(closure)
         return [p.detach() for ps in params for p in ps]
 
-    left, right = (w[:, :3], t[:, :3], scale[:3]), (w[:, 3:], t[:, 3:], scale[3:])
+    def halves(d):  # the (w, t, c) of each half of the probe along dim d
+        return [tuple(x.chunk(2, dim=d)[i] for x in (w, t, scale)) for i in range(2)]
+
     whole = run([[(w, t, scale)]])[0]
     if torch.equal(whole, w):
-        raise ValueError("the probe did not move: its update is unknown")  # kind_of: None (warned, stepped)
-    if _close(whole, torch.cat(run([[left], [right]]), dim=1)):
+        raise ValueError("the probe did not move: its update is unknown")
+    if all(_close(whole, torch.cat(run([[h] for h in halves(d)]), dim=d)) for d in range(w.ndim)):
         return ELEMENT
+    left, right = halves(w.ndim - 1)
     if all(_close(a, b) for a, b in zip(run([[left, right]]), run([[left], [right]]))):
         return TENSOR
     return COUPLED

@@ -1,5 +1,8 @@
 """`runtime.optimizer_check`: an optimizer's kind is found by running it, and a step that cannot give one
 device's numbers on this rank's pieces is refused (the 2-rank checks are in tests/distributed/test_contract.py)."""
+import os
+import sys
+
 import pytest
 import torch
 
@@ -7,6 +10,9 @@ from parallelizer.core.layout import Layout
 from parallelizer.core.mesh import MeshSpec
 from parallelizer.runtime import grad_norm, optimizer_check
 from parallelizer.runtime.optimizer_check import COUPLED, ELEMENT, TENSOR, OptimizerError, kind_of
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
+from piece_update_workers import PerDimSgd  # noqa: E402  (round 26, r26b: shared with the 2-rank test)
 
 
 def _run(closure) -> None:
@@ -216,3 +222,24 @@ def test_a_frozen_sharded_parameter_does_not_refuse_the_step():
     torch.testing.assert_close(frozen.detach(), before_frozen, rtol=0, atol=0)
     ratio = before.norm() / torch.ones_like(before).norm()
     torch.testing.assert_close(trained.detach(), before - 0.1 * ratio)
+
+
+@pytest.mark.parametrize("rule, kind", [("colnorm", TENSOR), ("bias_norm", TENSOR), ("conv_norm", TENSOR),
+                                        ("plain", ELEMENT)])
+def test_a_statistic_over_any_dim_of_any_rank_makes_an_optimizer_per_tensor(rule, kind):
+    """The probe splits a tensor of each rank 1-5 along every dim: a column normalisation (a statistic over dim
+    0), a norm of 1-D tensors only and a norm of conv weights only are per-tensor (before: ELEMENT, and the
+    fsdp / tp shards were stepped silently: tests/distributed/test_piece_updates.py has the numbers); plain SGD
+    stays per-element; Muon, which refuses tensors other than matrices, is still classified by its matrices."""
+    assert kind_of(PerDimSgd, {"lr": 0.1, "rule": rule}) == kind
+    assert kind_of(torch.optim.Muon, _defaults(torch.optim.Muon, lr=1e-2)) == TENSOR
+
+
+def test_a_column_normalising_step_on_a_row_shard_is_refused():
+    """The step pre-hook on a registered S(0) matrix (fsdp's and a column-parallel weight's layout): ColNorm is
+    refused naming the parameter, nothing stepped."""
+    p = _registered((4, 3), "S(0)")
+    before = p.detach().clone()
+    with pytest.raises(OptimizerError, match="block.weight") as info:
+        PerDimSgd([p], rule="colnorm").step()
+    assert info.value.kind == TENSOR and torch.equal(p.detach(), before)

@@ -1,0 +1,171 @@
+"""Optimizers whose update reads a statistic of the whole tensor along one dim or at some ranks only (round 26,
+r26b), and the 2-rank body that steps them on a parallel module against the same model on one device.
+
+`PerDimSgd(rule=...)`: SGD whose update is `RULES[rule](gradient)`. The first three rules are the members of the
+class the optimizer probe (`runtime.optimizer_check.kind_of`) called per-element while it split one (4, 6)
+tensor along its columns only: a column normalisation (a statistic over dim 0, Scion's ColNorm, Pethick et al.
+2025; microsoft/dion#21 and #114 shard such row / column statistics by hand), the norm of 1-D tensors only, the
+norm of conv weights (3-D and more) only. "plain" (SGD) is the per-element control.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RULES = {
+    "colnorm": lambda d: d / (d.norm(dim=0, keepdim=True) + 1e-8) if d.ndim == 2 else d,
+    "bias_norm": lambda d: d / (d.norm() + 1e-8) if d.ndim == 1 else d,
+    "conv_norm": lambda d: d / (d.norm() + 1e-8) if d.ndim >= 3 else d,
+    "plain": lambda d: d,
+}
+
+
+class PerDimSgd(torch.optim.Optimizer):
+    """p <- p - lr * RULES[rule](p.grad) for every parameter with a gradient."""
+
+    def __init__(self, params, lr=0.1, rule="colnorm"):
+        super().__init__(params, {"lr": lr, "rule": rule})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * RULES[group["rule"]](p.grad))
+
+
+class ConvHead(nn.Module):
+    """Conv1d (a 3-D weight, a bias) -> tanh -> flatten -> Linear (a matrix, a bias): (N, 4, 6) -> (N, 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.conv(x)).flatten(1))
+
+
+def conv_head(seed: int = 0):
+    """(model, (x,)) with x of shape (8, 4, 6); the target is `target(x)`."""
+    torch.manual_seed(seed)
+    return ConvHead(), (torch.randn(8, 4, 6, generator=torch.Generator().manual_seed(seed + 1)),)
+
+
+def target(x: torch.Tensor) -> torch.Tensor:
+    return torch.randn(x.shape[0], 6, generator=torch.Generator().manual_seed(7))
+
+
+def per_dim_steps(rank: int, world_size: int, specs: dict, steps: int = 2) -> dict:
+    """For each (plan name, spec) and rule: `steps` SGD steps of `PerDimSgd` on pm.parameters() and on a copy of
+    the model on one device. {(plan, rule): {"error": (kind, parameter) or None, "unchanged": whether a refused
+    step left every local parameter as it was, "state": pm.full_state_dict(), "reference": the copy's}}."""
+    import torch.distributed as dist
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.runtime.optimizer_check import OptimizerError
+    from parallelizer.tracer.trace import trace
+
+    out = {}
+    for name, spec in specs.items():
+        for rule in RULES:
+            model, (x,) = conv_head()
+            reference = copy.deepcopy(model)
+            create_groups(all_axis_groups(spec.mesh))
+            pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+            before = {f: p.detach().clone() for f, p in pm.named_parameters()}
+            opt, ref_opt = PerDimSgd(pm.parameters(), rule=rule), PerDimSgd(reference.parameters(), rule=rule)
+            result = {"error": None, "unchanged": None}
+            try:
+                for _ in range(steps):
+                    pm.step(x, target=target(x), loss_fn=F.mse_loss)
+                    F.mse_loss(reference(x), target(x)).backward()
+                    opt.step(), ref_opt.step()
+                    opt.zero_grad(), ref_opt.zero_grad()
+            except OptimizerError as e:
+                result["error"] = (e.kind, e.parameter)
+                result["unchanged"] = all(torch.equal(p, before[f]) for f, p in pm.named_parameters())
+            result["state"], result["reference"] = pm.full_state_dict(), reference.state_dict()
+            out[(name, rule)] = result
+    return out
+
+
+FILLS = {
+    # HF's `_init_weights` / nanoGPT-style loops over pm.parameters() or pm.modules()
+    "data_normal": lambda m: [p.data.normal_(0, 0.02) for p in m.parameters()],
+    "no_grad_uniform": lambda m: [p.uniform_(-0.1, 0.1) for p in m.parameters()],
+    "module_weights": lambda m: [(s.weight.data.normal_(0, 0.02), s.bias.data.zero_()) for s in m.modules()
+                                 if isinstance(s, (nn.Linear, nn.Conv1d))],
+    "view_bernoulli": lambda m: [p.data.view(-1)[:2].bernoulli_(0.5) for p in m.parameters()],
+}
+# constant writes: a row of the head (HF's `weight.data[padding_idx].zero_()`), a filter of the conv through
+# nn.init.constant_ (fairseq), every parameter whole; -> the plans on which a part is chosen along a sharded dim
+# (conv_head's layouts: fsdp shards every dim 0; tp=2 shards conv.weight's dim 0 and head.weight's dim 1)
+WRITES = {
+    "padding_row": (lambda m: m.get_parameter("head.weight").data[1].zero_(), {"fsdp2"}),
+    "constant_filter": (lambda m: nn.init.constant_(m.get_parameter("conv.weight")[1], 0.5), {"fsdp2", "tp2"}),
+    "whole_zero": (lambda m: [p.data.zero_() for p in m.parameters()], set()),
+}
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+        return "no error"
+    except Exception as e:  # noqa: BLE001 - the test reads the error's type and text
+        return f"{type(e).__name__}: {e}"
+
+
+def random_fills(rank: int, world_size: int, specs: dict) -> dict:
+    """For each (plan name, spec) and fill of `FILLS` or write of `WRITES`, seeded alike on the parallel module and on a copy of the model
+    on one device (under torch.no_grad): {(plan, fill): {"error": "no error" or the error, "state":
+    pm.full_state_dict(), "reference": the copy's state_dict()}}; and {"noise": a draw of a plain tensor after the
+    fills, "noise_reference": the same draw with no parallel module involved}."""
+    import torch.distributed as dist
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    out = {}
+    for name, spec in specs.items():
+        for fill, fn in {**FILLS, **{k: fn for k, (fn, _) in WRITES.items()}}.items():
+            model, (x,) = conv_head()
+            reference = copy.deepcopy(model)
+            create_groups(all_axis_groups(spec.mesh))
+            pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+            results = []
+            for m in (pm, reference):
+                torch.manual_seed(5)
+                with torch.no_grad():
+                    results.append(_error(lambda m=m: fn(m)))
+            out[(name, fill)] = {"error": results[0], "state": pm.full_state_dict(), "reference": reference.state_dict()}
+    torch.manual_seed(9)
+    out["noise"] = torch.empty(5).normal_()
+    out["noise_reference"] = torch.randn(5, generator=torch.Generator().manual_seed(9))
+    return out
+
+
+def pipeline_fills(rank: int, world_size: int) -> dict:
+    """`Tensor.normal_` through `.data` on each parameter a pp=2 (1f1b) PipelineModule of a tied 4-block GPT-2 holds
+    on this rank: {FQN: "no error" or the error}, and "copied": the FQNs it holds more than once."""
+    import contextlib
+    import io
+
+    import parallelizer
+    from parallelizer import zoo
+
+    torch.manual_seed(0)
+    model, (ids,) = zoo.gpt2(n_layer=4, n_embd=16, n_head=2, vocab_size=64, batch=4, seq_len=8)
+    with contextlib.redirect_stdout(io.StringIO()):
+        pm = parallelizer.auto_parallelize(model, (ids,), mesh={"pp": 2}, schedule="1f1b", microbatches=2)
+    torch.manual_seed(1)
+    out = {fqn: _error(lambda p=p: p.data.normal_(0, 0.02)) for fqn, p in pm.named_parameters()}
+    out["copied"] = sorted(pm.copied)
+    return out

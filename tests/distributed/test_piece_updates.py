@@ -1,0 +1,103 @@
+"""User code that updates a parallel module's local pieces after wrapping (round 26, r26b), against the same code on
+the model on one device, in ONE launch of 2 gloo ranks (Conv1d -> Linear; fsdp dp=2, tp=2, ddp dp=2; a tied
+4-block GPT-2 on pp=2).
+
+1. Optimizers (`runtime.optimizer_check`). The probe split one (4, 6) tensor along its columns, so three kinds of
+   per-tensor update were called per-element and stepped the local shards of fsdp / tp plans silently: a column
+   normalisation (a statistic over dim 0: Scion's ColNorm), a norm of biases only, a norm of conv weights only
+   (`piece_update_workers.RULES`; 2 SGD steps: up to 0.107, 0.087 and 0.021 off one device). Now each is refused
+   on every rank before it touches a shard, naming the kind; under ddp (whole tensors on every rank) they run and
+   equal the model on one device, and plain SGD equals it on every plan.
+2. torch.Tensor's in-place random fills (`runtime.init_check.TENSOR_FILLS`; HF's `module.weight.data.normal_`):
+   torch.nn.init was refused on shards, but `p.data.normal_()` / `p.uniform_()` under no_grad drew each shard's
+   numbers from the rank's generator (0.072-0.20 off one device, silently; torchtitan#3106 and OLMo-core#319 report
+   the same on FSDP2). Now refused on shards (through `.data` and views too) and on a pipeline's tied copies; exact
+   under ddp; a draw of any other tensor is torch's own.
+3. Constant writes into PART of a shard (`weight.data[padding_idx].zero_()`, `nn.init.constant_(w[i], c)`): the
+   part is chosen by local indices, another part on every rank than on one device along a sharded dim (0.274 off,
+   silently). Now refused there; exact (and run) where the part keeps every sharded dim whole or is the whole shard.
+"""
+import contextlib
+import io
+
+import pytest
+import torch
+
+import parallelizer
+from parallelizer.rewriter.spec import spec_from_plan
+from parallelizer.runtime import spawn
+from launch_once import run_each
+from piece_update_workers import FILLS, WRITES, conv_head, per_dim_steps, pipeline_fills, random_fills
+
+pytestmark = pytest.mark.distributed
+PLANS = {"fsdp2": ({"dp": 2}, {"dp": "fsdp"}), "tp2": ({"tp": 2}, {"tp": "tp"}), "ddp2": ({"dp": 2}, {"dp": "ddp"})}
+
+
+@pytest.fixture(scope="module")
+def results():
+    model, inputs = conv_head()
+    traced = parallelizer.trace(model, inputs)
+    with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
+        specs = {name: spec_from_plan(parallelizer.plan(traced, mesh, axis_roles=roles))
+                 for name, (mesh, roles) in PLANS.items()}
+    return spawn(run_each, 2, [(per_dim_steps, (specs,)), (random_fills, (specs,)), (pipeline_fills, ())],
+                 timeout_s=600)
+
+
+def _same_state(r: dict, key) -> None:
+    for fqn, want in r["reference"].items():
+        torch.testing.assert_close(r["state"][fqn], want, msg=lambda m, f=fqn: f"{key} {f}: {m}")
+
+
+def test_per_tensor_updates_are_refused_on_shards_and_equal_one_device_on_whole_tensors(results):
+    """Before (main 5abdc2f): fsdp / tp stepped the shards (tests/unit/test_optimizer_check.py checks the kinds)."""
+    for rank, (steps, _, _) in enumerate(results):
+        for (plan, rule), r in steps.items():
+            if plan == "ddp2" or rule == "plain":
+                assert r["error"] is None, (rank, plan, rule, r["error"])
+                _same_state(r, (rank, plan, rule))
+            else:
+                assert r["error"] is not None and r["error"][0] == "per-tensor" and r["unchanged"], (rank, plan, rule, r["error"])
+
+
+def test_random_fills_of_shards_are_refused_and_equal_one_device_on_whole_tensors(results):
+    for rank, (_, fills, _) in enumerate(results):
+        for plan in PLANS:
+            for fill in FILLS:
+                r = fills[(plan, fill)]
+                if plan == "ddp2":
+                    assert r["error"] == "no error", (rank, fill, r["error"])
+                    _same_state(r, (rank, plan, fill))
+                else:
+                    assert r["error"].startswith("UnsupportedOpError: Tensor.") and "a local shard" in r["error"] \
+                        and "pm.apply(init_fn)" in r["error"], (rank, plan, fill, r["error"])
+        torch.testing.assert_close(fills["noise"], fills["noise_reference"], rtol=0, atol=0)
+
+
+def test_a_constant_written_into_part_of_a_shard_is_refused_where_the_part_is_chosen_along_a_sharded_dim(results):
+    """`head.weight.data[1].zero_()` (a row: dim 0) is refused on fsdp (dim 0 sharded) and exact on tp=2 (the
+    head is S(1): every shard holds the whole row's columns it owns); `nn.init.constant_(conv.weight[1], 0.5)` is
+    refused on both (conv.weight S(0)); a write of every parameter whole is exact everywhere. Before (main
+    5abdc2f), every one ran: the padding row 0.274 off one device on fsdp / tp (MLP probe), silently."""
+    for rank, (_, fills, _) in enumerate(results):
+        for write, (_, refused_on) in WRITES.items():
+            for plan in PLANS:
+                r = fills[(plan, write)]
+                if plan in refused_on:
+                    assert r["error"].startswith("UnsupportedOpError: Tensor.") and "on part of" in r["error"], \
+                        (rank, plan, write, r["error"])
+                else:
+                    assert r["error"] == "no error", (rank, plan, write, r["error"])
+                    _same_state(r, (rank, plan, write))
+
+
+def test_a_random_fill_of_a_pipelines_tied_copy_is_refused(results):
+    """The tied wte / lm_head copy on both stages: each copy would draw its own values (nn.init was refused there
+    already); a parameter held once fills as on one device (no error)."""
+    for rank, (_, _, fills) in enumerate(results):
+        assert fills["copied"] == ["transformer.wte.weight"], fills["copied"]
+        for fqn, error in fills.items():
+            if fqn == "transformer.wte.weight":
+                assert error.startswith("UnsupportedOpError: Tensor.normal_ on 'transformer.wte.weight', one of the copies"), error
+            elif fqn != "copied":
+                assert error == "no error", (rank, fqn, error)
