@@ -238,6 +238,7 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tup
         p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
         backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)),
         p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts),
+        weight_grad_bytes=tuple(float(pr.grads_bytes[g].sum()) for g in segs),
         act_bytes=tuple(float(pr.act_bytes[g].sum()) for g in segs))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}
