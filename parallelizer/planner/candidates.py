@@ -324,8 +324,9 @@ class _Context:
             ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, after=after, window=window,
                               outputs=held_out, inflight=inflight[r],
                               memory=tot["state"] + held_out + inflight[r] * tot["act"]))
-        if c.schedule in POSTS_RECEIVES_AT_START:  # its runner holds the step's receive buffers from its start:
-            # the simulator's rule (`simulate.peak_held_bytes`), so the first pass prices the memory the exact one does
+        if c.schedule in POSTS_RECEIVES_AT_START and max(r["memory"] for r in ranks) <= self.budget:  # (buffers only
+            # add) its runner holds the step's receive buffers from its start: the simulator's rule
+            # (`simulate.peak_held_bytes`), so the first pass prices the memory the exact one does
             peaks = peak_held_bytes(compile_schedule(c.schedule, p, m), [st["act"] for st in stages],
                                     *self._cut_bytes(c, cuts[1:-1]))
             for rc, peak in zip(ranks, peaks):
