@@ -25,7 +25,10 @@ Simulated (`simulate_schedule`): the schedule's own action list (`planner.simula
   39.8 ms for one full backward (30 runs each, medians), so running autograd in two passes adds no
   measurable compute; but the split walks the stage's autograd graph in Python (round 19: ~2-3 ms per I / W
   pair on a quick-size block, measured per schedule), priced per node on each W action
-  (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors);
+  (`PipelineActionCost.split_backward_per_node_s` x the stage's ATen ops + parameter tensors), and since round 26
+  per byte of the stage's weight gradients (`split_backward_per_byte_s` x `StageTimes.weight_grad_bytes`: W adds
+  fresh gradients into `.grad` in Python; r26e measured zbv's I + W at full size 58-69 ms per rank and step above
+  the same blocks' full backwards, where the per-node price charged 17);
 - gloo's threads' CPU per byte of every transfer at both ends (round 19, `comm_thread_per_byte_s`, with
   the cut's bytes as `StageTimes.p2p_bytes`) and of BitPipe's twin exchange (in `copy_exchange_pack_s`), and
   their CPU per P2P op for each tensor of a transfer (round 20, `StageTimes.p2p_ops`: the cut's values, 2 for
@@ -238,6 +241,7 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tup
         p2p_bwd_bytes=tuple(float(pc.segments.cut_bwd_bytes[j]) for j in cuts),
         backward_nodes=tuple(float(sum(ops[g] + len(pr.grad_shapes[g]) for g in segs[k])) for k in range(S)),
         p2p_ops=tuple(float(len(pc.segments.cut_values[j])) for j in cuts),
+        weight_grad_bytes=tuple(float(pr.grads_bytes[g].sum()) for g in segs),
         act_bytes=tuple(float(pr.act_bytes[g].sum()) for g in segs))
     ms = {variant: simulate(name, PP, MICROBATCHES, times, cores).makespan_s * 1e3 for variant, cores in (
         ("measured", pc.cores), ("ideal", SharedCores.ideal(pc.cpu_count, PP)), ("own", None))}

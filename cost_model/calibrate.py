@@ -271,6 +271,7 @@ def _pipeline_action_from_json(spec: dict | None, nested: bool = False) -> Pipel
         for name in ("comm_thread_per_byte_s", "split_backward_per_node_s"):  # written before round 19
             fields.setdefault(name, getattr(CPU_PIPELINE_ACTION, name))
         fields.setdefault("first_touch_per_byte_s", CPU_PIPELINE_ACTION.first_touch_per_byte_s)  # before round 23
+        fields.setdefault("split_backward_per_byte_s", CPU_PIPELINE_ACTION.split_backward_per_byte_s)  # before round 26
     return PipelineActionCost(**fields, own_runner=None if own is None else _pipeline_action_from_json(own, True))
 
 
@@ -500,7 +501,8 @@ def summary(profile: Profile, kinds: Sequence[str] | None = None) -> str:
              f"step set-up {dev.pipeline_action.step_s * 1e3:.1f} ms, gloo threads "
              f"{dev.pipeline_action.comm_thread_s * 1e6:.0f} us per P2P op + "
              f"{dev.pipeline_action.comm_thread_per_byte_s * 1e9:.2f} ns per byte, split backward "
-             f"{dev.pipeline_action.split_backward_per_node_s * 1e6:.0f} us per autograd node"
+             f"{dev.pipeline_action.split_backward_per_node_s * 1e6:.0f} us per autograd node + "
+             f"{dev.pipeline_action.split_backward_per_byte_s * 1e9:.2f} ns per weight-gradient byte"
              + _own_runner_summary(dev.pipeline_action)]
 
     def fit(kind: str, alpha_s: float, beta: float) -> str:

@@ -85,6 +85,15 @@ class PipelineActionCost:
     grows with the stage's graph, which the fixed I / W costs above (measured on one Linear(8, 8)) cannot see.
     `planner.simulate` charges it to each W action times the stage's node count (`StageTimes.backward_nodes`).
 
+    `split_backward_per_byte_s` (round 26): CPU seconds per byte of a stage's weight gradients that each W action of
+    torch's split backward spends beyond a full backward, on top of the per-node walks: `stage_backward_weight` takes
+    the weight gradients from `torch.autograd.grad` as fresh tensors and adds them into `.grad` in Python (an
+    allocation and a pass over the bytes) where a full backward's AccumulateGrad accumulates in the engine, so it
+    grows with the weights, which the Linear(8, 8) chains of `split_backward_per_node_s` cannot see (r26e: a GPT-2
+    block of width 512 split 2.2 ms over its full backward, against 0.9 ms at width 64, where the nodes are the
+    same). `planner.simulate` charges it to each W action times the stage's gradient bytes
+    (`StageTimes.weight_grad_bytes`); 0 on the GPU presets (the accumulation is a kernel on the device).
+
     `first_touch_per_byte_s` (round 23): CPU seconds per byte of anonymous memory a process writes for the first
     time (the kernel's page fault and zeroing of each 4 KiB page, and its release), which an allocation beyond the
     memory the allocator already holds pays: `planner.simulate` charges it to the forwards that raise a rank's
@@ -112,6 +121,7 @@ class PipelineActionCost:
     comm_thread_per_byte_s: float = 0.0
     split_backward_per_node_s: float = 0.0
     first_touch_per_byte_s: float = 0.0
+    split_backward_per_byte_s: float = 0.0
     own_runner: "PipelineActionCost | None" = None
 
     def __post_init__(self) -> None:

@@ -33,9 +33,13 @@ steps of this module's measurement (2026-12-03 17:46, load ~28; range 40-889 us)
 threads (10-31 ms per step over ~48 ops a rank: 210-650 us).
 
 Round 19, two costs that grow with size (``PipelineActionCost`` documents them):
-- ``comm_thread_per_byte_s``: each round, rank 0 sends 8 messages of 64 B and 8 of 1 MiB to rank 1 and back
-  (each posted and waited in turn); per round and rank, (process CPU - thread CPU per op at 1 MiB - the same at
-  64 B) / (1 MiB - 64 B); the median over rounds and ranks. Default (profiles written before) 0.23 ns per byte:
+- ``comm_thread_per_byte_s``: each round, rank 0 sends 8 messages of 64 B and 8 of 4 MiB to rank 1 and back
+  (each posted and waited in turn); per round and rank, (process CPU - thread CPU per op at 4 MiB - the same at
+  64 B) / (4 MiB - 64 B); the median over rounds and ranks. Until round 26 the large size was 1 MiB: the lead's
+  quiet full-size profile (2026-12-04 22:22) read 0.40 ns per byte, which priced BitPipe's twin exchange (4 x 13 MB
+  per rank and step, both ends) at 41-45 ms of gloo CPU per rank where the whole step's gloo CPU measured 31-49 ms
+  (r26e, per-action run under load); re-measured (r26e, ``/tmp/r26e/gloo_bytes.py``, 2 ranks, load ~11): 0.19-0.24
+  ns per byte at 4 and 13 MiB, 0.20 / 1.62 ns at 1 MiB (one rank's 1 MiB ops cost more than its 4 MiB ones). Default (profiles written before) 0.23 ns per byte:
   ``/tmp/r19c/gloo_bytes.py`` on this machine (2026-12-03 21:46, load ~22, 2 ranks, 16 ops a size, 7 rounds):
   gloo's threads 252 / 253 us per op at 1 MiB (send / recv), 876 / 1012 us at 4 MiB, 0-17 us at 64 B - 4 KiB,
   i.e. 0.21-0.24 ns per byte on each end.
@@ -47,6 +51,10 @@ Round 19, two costs that grow with size (``PipelineActionCost`` documents them):
   ``/tmp/r19c/iw_lin.py`` (2026-12-03 21:59, load ~40, 35 runs each): extra 196 / 518 / 1642 us for 1 / 4 / 16
   layers ((1642 - 196) / 60 nodes); on a GPT-2 block of width 64, sequence 32 (``/tmp/r19c/iw_split.py``) the
   split cost 3302 us against 1301 us for a full backward.
+- ``split_backward_per_byte_s`` (round 26): per process, chains of ``_SPLIT_DEPTHS`` Linear(512, 512) layers on 128
+  rows timed as above; the extra per layer less its 4 nodes at the round's per-node figure, over the layer's weight
+  and bias bytes (``_split_per_byte``). Default 0.1 ns per byte: ``_split_per_byte`` six times on this machine
+  (2026-12-04 23:43, r26e, load 13-15; thread CPU): 0.056-0.186 ns, median ~0.1 (1 or 128 rows).
 """
 from __future__ import annotations
 
@@ -110,17 +118,20 @@ def copy_exchange_pack_s(grad_bytes: float, device) -> float:
 CPU_PIPELINE_ACTION = PipelineActionCost(forward_s=85e-6, backward_input_s=120e-6, backward_weight_s=120e-6,
                                          backward_s=80e-6, send_s=35e-6, recv_s=33e-6, step_s=2.2e-3,
                                          comm_thread_s=288e-6, comm_thread_per_byte_s=0.23e-9,
-                                         split_backward_per_node_s=24e-6, first_touch_per_byte_s=0.45e-9)
+                                         split_backward_per_node_s=24e-6, first_touch_per_byte_s=0.45e-9,
+                                         split_backward_per_byte_s=0.1e-9)
 _WIDTH, _STAGES, _MICROBATCHES = 8, 4, 8
 _KEYS = ("F", "I", "W", "B", "send", "recv", "step", "comm", "comm byte", "split node",  # the seconds fields
-         "first touch byte")
+         "first touch byte", "split byte")
 _FIRST_TOUCH_BYTES = 16 << 20  # one fresh anonymous mapping per round (first_touch_per_byte_s)
 _SAMPLED = {"send": "send action", "recv": "recv action", "step": "step loop",  # sample key of a cost field
             "comm": "comm op"}
-_SIZES_BYTES = (64, 1 << 20)  # the two message sizes of the per-byte sweep (round 19)
+_SIZES_BYTES = (64, 4 << 20)  # the two message sizes of the per-byte sweep (round 19; 4 MiB since round 26)
 _SPLIT_DEPTHS = (1, 8)  # Linear(8, 8) chains whose split backward is timed against a full one (round 19)
 _SPLIT_REPEATS = 3  # samples of each kind per depth and round (their median)
 _SPLIT_MAX_CALLS = 4096  # backward passes per sample at most (a full backward of one Linear(8, 8): ~30 us)
+_SPLIT_ROWS = 128  # ... and their rows (tokens of a microbatch: the bench's full size)
+_SPLIT_WIDE = 512  # the width of the Linear chains whose split backward prices its weight-gradient bytes (round 26)
 
 
 def action_cost_from_samples(samples: dict[str, list[float]], bare: dict[str, list[float]]) -> PipelineActionCost:
@@ -255,6 +266,7 @@ def _run_schedules(rank, nprocs, steps, clock, dist, pipelining, timeout_s: floa
         if i >= 2:
             clock.cpu["comm byte"].append(per_byte)
             clock.cpu["split node"].append(_split_per_node())  # timed rounds only: ~0.2 s each (>= 4 x 20 ms)
+            clock.cpu["split byte"].append(_split_per_byte(clock.cpu["split node"][-1]))  # round 26: ~0.2 s more
             clock.cpu["first touch byte"].append(touch)
     schedules._batch_p2p = real_batch
     return dict(clock.cpu), dict(bare)
@@ -279,47 +291,70 @@ def _per_byte_round(rank: int, dist, timeout_s: float, n: int = 8) -> float:
 def _split_per_node(repeats: int = _SPLIT_REPEATS, min_sample_s: float = MIN_SAMPLE_S,
                     max_calls: int = _SPLIT_MAX_CALLS) -> float:
     """Per-thread CPU seconds per autograd node that torch's split backward spends beyond a full backward (module
-    docstring): Linear(8, 8) chains of `_SPLIT_DEPTHS` layers, 4 nodes each; per depth `repeats` samples of the
-    split (`stage_backward_input` + `stage_backward_weight`) alternated with as many of the full backward
-    (`autograd.backward`), each `calls` backward passes back to back over as many graphs built before the clock
-    starts, per call; extra(depth) = the median of the split's less the median of the full's; the result
-    (extra(8) - extra(1)) / (4 (8 - 1)), >= 0. `calls` makes a sample last at least `min_sample_s` at the
-    speed of 2 warm-up calls, as the collectives' samples (`cost_model.measure.sample_calls`), at most `max_calls`.
+    docstring): Linear(8, 8) chains of `_SPLIT_DEPTHS` layers, 4 nodes each; extra(depth) (`_split_extra`) the
+    split's median less the full's; the result (extra(8) - extra(1)) / (4 (8 - 1)), >= 0.
 
     Why (round 24, r24c): until then a sample was ONE backward of a few tens of microseconds (median of 3 per
     round), so a scheduler time slice or a cache refill decided it: two idle back-to-back calibrations read
     31.5 vs 13.4 us (r23d) and 25.0 vs 14.8 us (2026-12-04 17:31-17:39, pass-half 53% / 22%), which moved zbv's
     quick-size price 220 -> 154 ms. The calibration pools one value per round over its passes (median, split-half
     and pass-half: `cost_model.rounds.pool_rounds`)."""
+    extra = [_split_extra(_WIDTH, depth, repeats, min_sample_s, max_calls) for depth in _SPLIT_DEPTHS]
+    return max(0.0, (extra[1] - extra[0]) / (4 * (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0])))
+
+
+def _split_per_byte(per_node_s: float, repeats: int = _SPLIT_REPEATS, min_sample_s: float = MIN_SAMPLE_S,
+                    max_calls: int = _SPLIT_MAX_CALLS) -> float:
+    """Per-thread CPU seconds per byte of weight gradients that torch's split backward spends beyond a full backward
+    besides its per-node walks (`PipelineActionCost.split_backward_per_byte_s`, round 26): chains of `_SPLIT_DEPTHS`
+    Linear(`_SPLIT_WIDE`, `_SPLIT_WIDE`) layers timed as `_split_per_node`'s; the extra per layer (extra(8) -
+    extra(1)) / 7 less its 4 nodes at `per_node_s`, over a layer's weight and bias bytes (fp32), >= 0.
+
+    Why (r26e, 4 gloo ranks at the schedules bench's full size, per-action thread CPU under load): zbv's I + W
+    actions cost its ranks 60-70 ms per step more than the same stages' full backwards under interleaved_1f1b, where
+    the per-node price charged 15 ms; single-process, a GPT-2 block's split costs 0.9 ms over its full backward at
+    width 64 and 2.2 ms at width 512 (the same nodes), and a Linear chain's per-layer extra grows with its width
+    (64 / 78 / 148 / 278 us at widths 8 / 64 / 256 / 512, gradients accumulated): `stage_backward_weight` adds the
+    fresh gradients from `torch.autograd.grad` into `.grad` in Python, where a full backward accumulates in the
+    engine."""
+    extra = [_split_extra(_SPLIT_WIDE, depth, repeats, min_sample_s, max_calls, _SPLIT_ROWS) for depth in _SPLIT_DEPTHS]
+    per_layer = (extra[1] - extra[0]) / (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0]) - 4 * per_node_s
+    return max(0.0, per_layer / (4 * (_SPLIT_WIDE * _SPLIT_WIDE + _SPLIT_WIDE)))
+
+
+def _split_extra(width: int, depth: int, repeats: int, min_sample_s: float, max_calls: int, rows: int = 1) -> float:
+    """Thread CPU seconds one split backward (`stage_backward_input` + `stage_backward_weight`) of a chain of `depth`
+    Linear(width, width) layers on `rows` rows costs beyond a full one (`autograd.backward`): `repeats` samples of each,
+    alternated, each `calls` backward passes back to back over as many graphs built before the clock starts (the
+    gradients accumulate over them, as over a step's microbatches), per call; the median of the split's less the
+    median of the full's. `calls` makes a sample last at least `min_sample_s` at the speed of 2 warm-up calls, as
+    the collectives' samples (`cost_model.measure.sample_calls`), at most `max_calls`."""
     # private (torch 2.13.0): the two halves the runtime's I and W actions call
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-    extra = []
-    for depth in _SPLIT_DEPTHS:
-        mod = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(depth)])
-        params = list(mod.parameters())
+    mod = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+    params = list(mod.parameters())
 
-        def sample(split: bool, calls: int) -> float:
-            graphs = []
-            for _ in range(calls):  # built outside the clock: a backward consumes its graph
-                x = torch.randn(1, _WIDTH, requires_grad=True)
-                y = mod(x)
-                graphs.append((x, y, torch.ones_like(y)))
-            start = time.thread_time()
-            for x, y, g in graphs:
-                if split:
-                    _, groups = stage_backward_input([y], [g], [x], iter(params))
-                    stage_backward_weight(iter(params), groups)
-                else:
-                    torch.autograd.backward(y, g)
-            spent = time.thread_time() - start
-            for q in params:
-                q.grad = None
-            return spent / calls
-        calls = {split: max(1, min(max_calls, math.ceil(min_sample_s / max(sample(split, 2), 1e-9))))
-                 for split in (True, False)}  # from 2 warm-up calls of each
-        samples = [(sample(True, calls[True]), sample(False, calls[False])) for _ in range(repeats)]  # alternated
-        extra.append(statistics.median(s for s, _ in samples) - statistics.median(f for _, f in samples))
-    return max(0.0, (extra[1] - extra[0]) / (4 * (_SPLIT_DEPTHS[1] - _SPLIT_DEPTHS[0])))
+    def sample(split: bool, calls: int) -> float:
+        graphs = []
+        for _ in range(calls):  # built outside the clock: a backward consumes its graph
+            x = torch.randn(rows, width, requires_grad=True)
+            y = mod(x)
+            graphs.append((x, y, torch.ones_like(y)))
+        start = time.thread_time()
+        for x, y, g in graphs:
+            if split:
+                _, groups = stage_backward_input([y], [g], [x], iter(params))
+                stage_backward_weight(iter(params), groups)
+            else:
+                torch.autograd.backward(y, g)
+        spent = time.thread_time() - start
+        for q in params:
+            q.grad = None
+        return spent / calls
+    calls = {split: max(1, min(max_calls, math.ceil(min_sample_s / max(sample(split, 2), 1e-9))))
+             for split in (True, False)}  # from 2 warm-up calls of each
+    samples = [(sample(True, calls[True]), sample(False, calls[False])) for _ in range(repeats)]  # alternated
+    return statistics.median(s for s, _ in samples) - statistics.median(f for _, f in samples)
 
 
 def first_touch_per_byte_s(nbytes: int = _FIRST_TOUCH_BYTES) -> float:

@@ -30,7 +30,7 @@ from .pipeline import PipelinePlan, RankCost, SearchReport, StageKindSummary, St
 from .schedules import (V_PLACED, bubble_fraction, bubble_ratio, copies, get_schedule, inflight_microbatches,
                         ranks_of_stage)
 from .sharing import SharedCores, pipeline_cores
-from .simulate import StageTimes, simulate
+from .simulate import POSTS_RECEIVES_AT_START, StageTimes, compile_schedule, peak_held_bytes, simulate
 from .stage_sync import exposed_lb, stage_syncs, sync_cpu_s, sync_times
 from .segments import COMM_KINDS, SegmentPrices, Segments, price_segments
 
@@ -252,7 +252,8 @@ class _Context:
         return fits or [{"need_bytes": min(r["need_bytes"] for r in results)}], binds
 
     def _price_partition(self, c: Candidate, cuts, modes, arrays, rank, inflight, topo) -> dict:
-        """Stages, ranks, memory (closed-form in-flight counts, equal to the simulated ones: tested) and a
+        """Stages, ranks, memory (closed-form in-flight counts, equal to the simulated ones: tested; BitPipe's with
+        the receive buffers its runner posts at the step's start, by the simulator's `peak_held_bytes`) and a
         lower bound on the step time of one partition, stage s in recomputation mode modes[s] (module
         docstring, step 3). Bound: rank r starts no earlier than microbatch 0's forward chain reaches its
         first stage (head) and then computes m x its per-microbatch seconds (busy); with full backwards
@@ -323,6 +324,13 @@ class _Context:
             ranks.append(dict(stages=tuple(mine), **tot, grads=grads, sync=sync, after=after, window=window,
                               outputs=held_out, inflight=inflight[r],
                               memory=tot["state"] + held_out + inflight[r] * tot["act"]))
+        if c.schedule in POSTS_RECEIVES_AT_START and max(r["memory"] for r in ranks) <= self.budget:  # (buffers only
+            # add) its runner holds the step's receive buffers from its start: the simulator's rule
+            # (`simulate.peak_held_bytes`), so the first pass prices the memory the exact one does
+            peaks = peak_held_bytes(compile_schedule(c.schedule, p, m), [st["act"] for st in stages],
+                                    *self._cut_bytes(c, cuts[1:-1]))
+            for rc, peak in zip(ranks, peaks):
+                rc["memory"] = rc["state"] + rc["outputs"] + peak
         codec, codec_sync = self._compression(c, stages, ranks, topo)
         for r, rc in enumerate(ranks):  # the sync each rank runs: the chosen codec's, or the plain all-reduce
             rc["plain_sync"] = rc["sync"]
@@ -395,14 +403,15 @@ class _Context:
         st, ranks = res["stages"], res["ranks"]
         cores, shared = self.sharing(c)  # (None, 1.0) on a GPU cluster: the prices as they are
 
-        seg, scale = self.segments, self._scale(c)  # sizes for the per-byte / per-node / per-op CPU (simulate)
+        seg = self.segments  # sizes for the per-byte / per-node / per-op CPU (simulate)
         ops = np.bincount(list(seg.owner.values()), minlength=seg.num_blocks + 2)
         cut = [s["blocks"][1] + 1 for s in st[:-1]]
-        sizes = dict(p2p_bytes=tuple(seg.cut_fwd_bytes[j] * scale / c.tp for j in cut),
-                     p2p_bwd_bytes=tuple(seg.cut_bwd_bytes[j] * scale / c.tp for j in cut),
+        fwd_bytes, bwd_bytes = self._cut_bytes(c, cut)
+        sizes = dict(p2p_bytes=fwd_bytes, p2p_bwd_bytes=bwd_bytes,
                      p2p_ops=tuple(float(max(1, len(seg.cut_values[j]))) for j in cut) if seg.cut_values else None,
                      backward_nodes=tuple(float(sum(ops[g] + len(self.prices(c.tp, s["lean"]).grad_shapes[g])
-                                                    for g in s["segs"])) for s in st))
+                                                    for g in s["segs"])) for s in st),
+                     weight_grad_bytes=tuple(s["grads"] for s in st))
 
         host, after = self._host_cpu(c, st, ranks, shared) if cores is not None else (None, 0.0)
 
@@ -431,6 +440,14 @@ class _Context:
                     pipeline=sim.compute_end_s, bubble=sim.bubble_s, dp_grad_sync=sim.makespan_s - sim.compute_end_s,
                     rank_bubble=sim.bubble_fraction, uncompressed_step_s=step(plain) + tied,
                     uncompressed_dp_grad_sync=plain.makespan_s - plain.compute_end_s)
+
+    def _cut_bytes(self, c: Candidate, cut) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(activation, gradient) bytes one device sends across each stage boundary per microbatch, for the cuts
+        `cut` (the block index after each stage but the last): the segments' cut bytes at the candidate's
+        microbatch scale, a tp-th each (`simulate.StageTimes.p2p_bytes` / `p2p_bwd_bytes`)."""
+        seg, scale = self.segments, self._scale(c)
+        return (tuple(seg.cut_fwd_bytes[j] * scale / c.tp for j in cut),
+                tuple(seg.cut_bwd_bytes[j] * scale / c.tp for j in cut))
 
     def _host_cpu(self, c: Candidate, st: list[dict], ranks: list[dict], shared: float
                   ) -> tuple[tuple[float, ...], float]:

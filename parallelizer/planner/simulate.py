@@ -45,7 +45,8 @@ a transfer of n tensors is n ops at each end (`StageTimes.p2p_ops`, round 20: a 
 states and the attention mask, 2 ops each way, measured on both runners). Round 19: the
 same threads also spend `comm_thread_per_byte_s` per byte of each transfer on both its ends (with
 `StageTimes.p2p_bytes`), and each W action of torch's split backward pays `split_backward_per_node_s` per autograd
-node of its stage (`StageTimes.backward_nodes`): measured per schedule on 4 gloo ranks, zbv's 64 split backwards
+node of its stage (`StageTimes.backward_nodes`) and, round 26, `split_backward_per_byte_s` per byte of its stage's
+weight gradients (`StageTimes.weight_grad_bytes`: the fresh gradients it adds into `.grad`): measured per schedule on 4 gloo ranks, zbv's 64 split backwards
 cost its ranks more CPU than interleaved_1f1b's 32 extra transfers (benchmarks/RESULTS.md, round 19).
 So with c_F = c_B = c and nothing else, GPipe / 1F1B take (m + p - 1)(F + B + 2c) at equal stages; with
 send = recv = c on p = 2, each stage's F and B pay one transfer op each, again (m + 1)(F + B + 2c); step_s adds
@@ -96,6 +97,9 @@ from .schedule_lists import SIMULATED_SCHEDULES, action_schedule  # noqa: F401 (
 from .sharing import SharedCores, cpu_floor_s, shared_pass
 
 _KIND = {"F": 0, "I": 1, "W": 2, "B": 3}
+# Schedules whose runner posts every cross-rank receive of the step at its start and holds those buffers until
+# their action runs (`peak_held_bytes`): BitPipe's own runner (round 25, r25i); torch's post each when it is due.
+POSTS_RECEIVES_AT_START = frozenset({"bitpipe"})
 @dataclass(frozen=True)
 class StageTimes:
     """Per-microbatch costs of one candidate, per MODEL stage k (0..S-1), in seconds (bytes for act_bytes).
@@ -125,6 +129,9 @@ class StageTimes:
         backward_nodes: per model stage, the autograd nodes of one microbatch's backward (the planner's proxy:
             the stage's ATen ops + parameter tensors), for the split backward's graph walks
             (`PipelineActionCost.split_backward_per_node_s`, charged to each W action, round 19); None: none.
+        weight_grad_bytes: per model stage, the bytes of its weight gradients on its rank, for the split backward's
+            accumulation of fresh weight gradients (`PipelineActionCost.split_backward_per_byte_s`, charged to each
+            W action, round 26); None: none.
         p2p_ops / p2p_bwd_ops: S - 1 counts of the P2P ops (one per tensor) each transfer across boundary
             k -> k+1 posts (activations) and back (gradients; default p2p_ops): both runners post one isend and
             one irecv per value crossing the cut (`planner.segments.Segments.cut_values`; torch's stages send a
@@ -161,6 +168,7 @@ class StageTimes:
     p2p_bwd_ops: tuple[float, ...] | None = None
     host_cpu_s: tuple[float, ...] | None = None
     pool_bytes: tuple[float, ...] | None = None
+    weight_grad_bytes: tuple[float, ...] | None = None
 
     @staticmethod
     def uniform(num_stages: int, f: float, i: float, w: float, p2p: float = 0.0) -> "StageTimes":
@@ -376,10 +384,12 @@ def _size_overhead(c: _Compiled, times: StageTimes, over: PipelineActionCost) ->
     """(N,) CPU seconds per action that grow with what it moves or walks (round 19): the communication
     threads' `comm_thread_per_byte_s` x the bytes of each cross-rank transfer it sends or receives (the
     library's figure, from the top level like `comm_thread_s`), and each W action's
-    `split_backward_per_node_s` (its runner's) x its stage's `backward_nodes`. Zeros where the sizes are None.
+    `split_backward_per_node_s` (its runner's) x its stage's `backward_nodes` plus (round 26)
+    `split_backward_per_byte_s` x its stage's `weight_grad_bytes`. Zeros where the sizes are None.
 
     Raises:
-        PipelineError: p2p_bytes / p2p_bwd_bytes not S - 1 bytes >= 0, backward_nodes not S counts >= 0.
+        PipelineError: p2p_bytes / p2p_bwd_bytes not S - 1 bytes >= 0, backward_nodes / weight_grad_bytes not S
+            values >= 0.
     """
     S, N = c.S, len(c.kind)
     out = np.zeros(N)
@@ -400,6 +410,12 @@ def _size_overhead(c: _Compiled, times: StageTimes, over: PipelineActionCost) ->
             raise PipelineError(f"StageTimes.backward_nodes {times.backward_nodes}: need {S} counts >= 0 (one per "
                                 "model stage)")
         out += np.where(c.kind == 2, nodes[c.stage] * over.split_backward_per_node_s, 0.0)
+    if times.weight_grad_bytes is not None:
+        grads = np.asarray(times.weight_grad_bytes, dtype=float)
+        if len(grads) != S or not np.isfinite(grads).all() or (grads < 0).any():
+            raise PipelineError(f"StageTimes.weight_grad_bytes {times.weight_grad_bytes}: need {S} bytes >= 0 (one "
+                                "per model stage)")
+        out += np.where(c.kind == 2, grads[c.stage] * over.split_backward_per_byte_s, 0.0)
     return out
 
 
@@ -539,9 +555,7 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
             makespan = max(makespan, float(max(end[n] for n in nodes)) + float(times.copy_sync_s[k]))
     act = np.ones(S) if times.act_bytes is None else np.asarray(times.act_bytes, dtype=float)
     saved = tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
-    peak = saved if not (c.name == "bitpipe" and times.act_bytes is not None and times.p2p_bytes is not None) \
-        else tuple(held_with_posted_receives(cnt @ act, _received_bytes(c, times, idx))
-                   for cnt, idx in zip(c.inflight_counts, c.by_rank))
+    peak = saved if times.act_bytes is None else peak_held_bytes(c, act, times.p2p_bytes, times.p2p_bwd_bytes)
     per_mb = [float(sum(act[k] for k in ks)) for ks in c.rank_stages]
     floor = 0.0
     if cores is not None:  # round 21: every rank's CPU over the cores (`sharing.cpu_floor_s`)
@@ -555,10 +569,31 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
                      tuple(pk / pm if pm > 0 else 0.0 for pk, pm in zip(saved, per_mb)), starts, ends, c, floor)
 
 
-def _received_bytes(c: _Compiled, times: StageTimes, idx: np.ndarray) -> np.ndarray:
-    """Bytes of the cross-rank receive buffers each action `idx` (one rank's, in order) consumes: p2p_bytes of its
-    boundary for a forward, p2p_bwd_bytes (default p2p_bytes) for a backward; 0 without a transfer."""
-    fwd = np.asarray(times.p2p_bytes, dtype=float)
-    bwd = fwd if times.p2p_bwd_bytes is None else np.asarray(times.p2p_bwd_bytes, dtype=float)
+def peak_held_bytes(c: _Compiled, act_bytes, p2p_bytes=None, p2p_bwd_bytes=None) -> tuple[float, ...]:
+    """Per rank, the peak activation bytes its runner holds over the step (`SimResult.peak_inflight_bytes`), the
+    one rule the simulator and the search's first pass (`candidates._Context._price_partition`) price memory by:
+    the running sum of saved activations (F(x, i) adds model stage k's `act_bytes[k]`, I / B frees them), and for
+    BitPipe, whose runner posts every cross-rank receive of the step at its start (round 25, r25i), with those
+    receive buffers held until their action runs (`planner.bitpipe.held_with_posted_receives`; `p2p_bytes` /
+    `p2p_bwd_bytes`: S - 1 bytes of each boundary's activation / gradient transfer, default the activation's).
+
+    Args:
+        c: a compiled schedule (`compile_schedule`); act_bytes: S bytes per model stage and microbatch.
+    Returns:
+        p floats, bytes. Without p2p_bytes, or for a schedule whose runner posts each receive when its action
+        runs (torch's), the saved activations' peak alone.
+    """
+    act = np.asarray(act_bytes, dtype=float)
+    if c.name not in POSTS_RECEIVES_AT_START or p2p_bytes is None:
+        return tuple(float((cnt @ act).max(initial=0.0)) for cnt in c.inflight_counts)
+    fwd = np.asarray(p2p_bytes, dtype=float)
+    bwd = fwd if p2p_bwd_bytes is None else np.asarray(p2p_bwd_bytes, dtype=float)
+    return tuple(held_with_posted_receives(cnt @ act, _received_bytes(c, fwd, bwd, idx))
+                 for cnt, idx in zip(c.inflight_counts, c.by_rank))
+
+
+def _received_bytes(c: _Compiled, fwd: np.ndarray, bwd: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Bytes of the cross-rank receive buffers each action `idx` (one rank's, in order) consumes: `fwd` of its
+    boundary for a forward, `bwd` for a backward; 0 without a transfer."""
     b = np.minimum(c.xfer[idx], c.S - 2)
     return np.where(c.xfer[idx] == c.S - 1, 0.0, np.where(c.kind[idx] == 0, fwd[b], bwd[b]))

@@ -379,8 +379,8 @@ def test_pipeline_action_cost_is_the_median_less_the_bare_op_and_scales_with_the
                                      "recv action": [3e-5], "step loop": [1e-3, 3e-3]},
                                     {"F": [5e-5, 5e-5], "B": [2e-5]})
     assert tuple(getattr(cost, n) for n in cost.seconds_fields()) == pytest.approx(
-        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3, 0.0, 0.0, 0.0, 0.0))  # B clamped at 0; no "comm op" / "comm byte" /
-    # "split node" / "first touch byte" samples: 0
+        (1.5e-4, 0.0, 0.0, 0.0, 5e-5, 3e-5, 2e-3, 0.0, 0.0, 0.0, 0.0, 0.0))  # B clamped at 0; no "comm op" / "comm
+    # byte" / "split node" / "first touch byte" / "split byte" samples: 0
     with pytest.raises(ValueError, match="finite seconds"):
         action_cost_from_samples({"F": [-1.0]}, {})
     with pytest.raises(ValueError, match="PipelineActionCost.send_s"):

@@ -225,6 +225,52 @@ def test_bitpipe_holds_two_weight_copies_and_is_priced_by_simulation(gpt):
     assert p.search.simulated >= 1 and 0 < p.bubble_fraction < 0.5
 
 
+def test_the_first_pass_prices_bitpipes_posted_receive_buffers_as_the_simulation(gpt):
+    """Round 26 (r26e): the search's first pass (`_price_partition`, which decides which partitions fit before any is
+    simulated) priced BitPipe's memory as state + in-flight activations only, below the exact pass by the receive
+    buffers its runner posts at the step's start (round 25: a partition that only those buffers push over the
+    budget was simulated, then rejected). Now both passes price them by one rule: at pp = 2, m = 8 each rank holds
+    14 boundary buffers at its peak (`test_bitpipe_holds_two_weight_copies_...`, counted by hand), each one
+    microbatch's hidden state (64 / dp 4 / 8 microbatches x 128 tokens x 256 x 2 bytes (bf16) / tp 2)."""
+    from parallelizer.planner import search
+    from parallelizer.planner.candidates import Candidate
+    ctx = search._Context(gpt, segment_graph(gpt), CLUSTER, PlanConfig(precision="bf16"), 10**15, 64, True, "dp")
+    c = Candidate(2, 4, 2, 8, "bitpipe")
+    hidden = 64 // 4 // 8 * 128 * 256 * 2 / 2
+    priced = ctx.evaluate(c)
+    assert priced
+    for res in priced:
+        exact = ctx.exact(c, res)
+        for first, sim in zip(res["ranks"], exact["ranks"]):
+            saved = sim["inflight"] * sim["act"]  # the simulated peak of saved activations alone
+            assert first["memory"] == pytest.approx(sim["state"] + sim["outputs"] + saved + 14 * hidden, rel=1e-9)
+            assert first["memory"] == pytest.approx(sim["memory"], rel=1e-9)
+        assert res["need_bytes"] == pytest.approx(exact["need_bytes"], rel=1e-9)
+
+
+def test_the_search_charges_zbvs_weight_backwards_their_stages_gradient_bytes(gpt):
+    """Round 26 (r26e): the exact pass hands the simulator each stage's weight-gradient bytes, so a device whose split
+    backward costs b seconds per byte of them (`PipelineActionCost.split_backward_per_byte_s`) lengthens a zbv step
+    (every backward split: m W actions per stage; the exact charge per W is `test_simulate_host_costs`'s) by less
+    than m b x all stages' state bytes, and leaves 1f1b's (full backwards) as it was; the stages stay."""
+    import dataclasses
+
+    gpu, b = CLUSTER.device.pipeline_action, 2e-12
+    slow = dataclasses.replace(CLUSTER, device=dataclasses.replace(
+        CLUSTER.device, pipeline_action=dataclasses.replace(gpu, split_backward_per_byte_s=b)))
+    pinned = dict(global_batch=64, precision="bf16", pp=2, tp=2, num_microbatches=8)
+    for schedule in ("zbv", "1f1b"):
+        base = parallelizer.plan_pipeline(gpt, CLUSTER, schedules=(schedule,), **pinned)
+        paid = parallelizer.plan_pipeline(gpt, slow, schedules=(schedule,), **pinned)
+        assert [s.first_block for s in paid.stages] == [s.first_block for s in base.stages]
+        if schedule == "1f1b":
+            assert paid.step_time_s == base.step_time_s
+            continue
+        # a stage's gradient bytes are a part of its state (parameters + gradients + optimizer state, per device)
+        bound = 8 * b * sum(s.state_bytes for s in base.stages)
+        assert 0 < paid.step_time_s - base.step_time_s < bound
+
+
 def test_the_search_prices_each_actions_runtime_cost_and_stays_exact(gpt, best):
     """Round 16 (r16f, issue 14): the search simulates with the device's per-action cost (`DeviceSpec.pipeline_action`,
     at solo speed): a common set-up of s seconds adds exactly s to the winner's step; a cost per compute action

@@ -229,13 +229,17 @@ def test_comm_threads_per_byte_cpu_is_paid_on_both_ends_of_every_cross_rank_tran
         simulate(name, p, m, _with(dataclasses.replace(base, p2p_bytes=(b,) * S), **cost))
 
 
+@pytest.mark.parametrize("size,cost,unit", [("backward_nodes", "split_backward_per_node_s", 1.0),
+                                             ("weight_grad_bytes", "split_backward_per_byte_s", 1e6)])
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev", "bitpipe"])
-def test_torchs_split_backward_pays_per_autograd_node_of_its_stage_on_each_w_action(name):
-    """`PipelineActionCost.split_backward_per_node_s` = s with `StageTimes.backward_nodes` = n_k: each W action
-    (torch's `stage_backward_weight` after `stage_backward_input`) pays s n_k of its stage on its rank; so each
-    rank's busy grows by s x the nodes of the W actions in its list (counted off the action lists: zbv splits
-    every backward, m per stage, dualpipev some, the full-backward schedules and BitPipe's own runner none).
-    Closed form for zbv: all ranks together m s sum(n_k)."""
+def test_torchs_split_backward_pays_per_autograd_node_and_weight_byte_of_its_stage_on_each_w_action(name, size, cost,
+                                                                                                   unit):
+    """`PipelineActionCost.split_backward_per_node_s` = s with `StageTimes.backward_nodes` = n_k (round 19), and
+    `split_backward_per_byte_s` = s / 1e6 with `StageTimes.weight_grad_bytes` = 1e6 n_k (round 26: the fresh weight
+    gradients `stage_backward_weight` adds into `.grad`): each W action (torch's `stage_backward_weight` after
+    `stage_backward_input`) pays s n_k of its stage on its rank; so each rank's busy grows by s x the sizes of the W
+    actions in its list (counted off the action lists: zbv splits every backward, m per stage, dualpipev some, the
+    full-backward schedules and BitPipe's own runner none). Closed form for zbv: all ranks together m s sum(n_k)."""
     p, m, s = 4, 8, 1e-3
     sched = action_schedule(name, p, m)
     S = sched.num_stages
@@ -243,10 +247,10 @@ def test_torchs_split_backward_pays_per_autograd_node_of_its_stage_on_each_w_act
     base = StageTimes.uniform(S, 1.0, 0.5, 0.75)
     want = [s * sum(nodes[a.stage_index % S] for a in sched.actions[r] if a.computation_type.value == "W")
             for r in range(p)]
+    sized = {size: tuple(n * unit for n in nodes)}
     for cores in (None, SharedCores.ideal(p, p)):
-        plain = simulate(name, p, m, _with(base, split_backward_per_node_s=s), cores)
-        walked = simulate(name, p, m, _with(dataclasses.replace(base, backward_nodes=nodes),
-                                            split_backward_per_node_s=s), cores)
+        plain = simulate(name, p, m, _with(base, **{cost: s / unit}), cores)
+        walked = simulate(name, p, m, _with(dataclasses.replace(base, **sized), **{cost: s / unit}), cores)
         assert [y - x for x, y in zip(plain.busy_s, walked.busy_s)] == pytest.approx(want, rel=1e-9, abs=1e-12)
     if name == "zbv":
         assert sum(want) == pytest.approx(m * s * sum(nodes), rel=1e-12)
@@ -254,8 +258,8 @@ def test_torchs_split_backward_pays_per_autograd_node_of_its_stage_on_each_w_act
         assert sum(want) == 0.0
     else:
         assert sum(want) > 0
-    with pytest.raises(PipelineError, match="backward_nodes"):
-        simulate(name, p, m, _with(dataclasses.replace(base, backward_nodes=nodes[:-1]), split_backward_per_node_s=s))
+    with pytest.raises(PipelineError, match=size):
+        simulate(name, p, m, _with(dataclasses.replace(base, **{size: sized[size][:-1]}), **{cost: s / unit}))
 
 
 def test_bitpipes_exchange_bytes_pay_the_comm_threads_per_byte_on_each_copys_rank():
