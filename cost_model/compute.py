@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in, to_meta
@@ -384,7 +384,7 @@ def _flops_signature(target, args: tuple, kwargs: dict, out: object) -> tuple | 
     dtype, requires_grad) and per other leaf (type, repr), in argument order; None (not memoised) for symbolic
     shapes."""
     leaves = []
-    for x in tree_flatten((args, kwargs, out))[0]:
+    for x in tree_leaves((args, kwargs, out)):  # (not tree_flatten: a garbage cycle per call, `_fx.tensors_in`)
         if isinstance(x, torch.Tensor):
             shape, stride = tuple(x.shape), tuple(x.stride())
             if not all(type(d) is int for d in shape + stride):

@@ -22,6 +22,7 @@ from .fingerprint import graph_fingerprint
 from .planner import Plan
 from .planner import plan as _solve
 from .planner.api import memory_budget, resolve_cluster
+from .planner.heap import on_frozen_heap
 from .planner.recompute import regions, runnable
 from .planner.schedules import get_schedule
 from .planner.stages import (PP_AXIS, SCHEDULE_NAMES, PipelineEstimate, check_schedules, pipeline_section,
@@ -38,6 +39,7 @@ def describe_cluster(cluster: Cluster, spec: str | None = None) -> dict:
             "intra_node_link": link(cluster.intra_node_link), "inter_node_link": link(cluster.inter_node_link)}
 
 
+@on_frozen_heap  # planning does not rescan the caller's heap in full collections (`planner.heap`)
 def plan(traced: TracedGraph, mesh: MeshSpec | dict | None = None, *, cluster: Cluster | str | None = None,
          global_batch: int | None = None, retrace: Callable[[int], TracedGraph] | None = None,
          schedule: str | tuple[str, ...] | None = None, microbatches: int | tuple[int, ...] | None = None,

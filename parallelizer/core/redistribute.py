@@ -201,12 +201,33 @@ def redistribute_steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: M
 
 def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, itemsize: int,
            sum_bytes: int | None = None) -> tuple[Step, ...]:
-    """`redistribute_steps` uncached."""
+    """`redistribute_steps` uncached: the moves of `_moves` (which depend on the placements only), each sized for
+    `shape` (nccl-tests' byte convention, module docstring)."""
     sum_bytes = itemsize if sum_bytes is None else sum_bytes
     nd = len(shape)
     src, dst = src.normalized(nd), dst.normalized(nd)
     local_shape(shape, src, mesh)
     local_shape(shape, dst, mesh)
+    moves = _cached_moves(src, dst, mesh) if src._plain and dst._plain else _moves(src, dst, mesh)
+    steps: list[Step] = []
+    for kind, i, layout_before, layout_after, tensor_dim, dst_dim, op in moves:
+        b_before, b_after = (math.prod(local_shape(shape, x, mesh)) * itemsize for x in (layout_before, layout_after))
+        summed = b_before // itemsize * sum_bytes
+        fwd = {"all_gather": b_after, "reduce_scatter": summed, "all_reduce": summed,
+               "all_to_all": b_before, "local_slice": 0}[kind]
+        bwd_kind = _DEFAULT_BWD[kind]
+        bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
+        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, str(layout_before), str(layout_after), fwd,
+                          bwd_kind, bwd, op))
+    return tuple(steps)
+
+
+def _moves(src: Layout, dst: Layout, mesh: MeshSpec) -> tuple[tuple, ...]:
+    """The decomposition of src -> dst (normalized layouts) into moves (kind, mesh axis index, layout before, layout
+    after, tensor dim, destination dim, reduce op of a Partial resolved), by the three phases of the module
+    docstring. A function of the placements and the mesh alone, not of the tensor's shape: `_steps` sizes the moves
+    for each shape (round 26, r26a: the planner asks ~15k distinct (layouts, shape) pairs per 2x2 Llama plan, of far
+    fewer layout pairs). Raises ImpossibleRedistributionError (module docstring)."""
     for a, (s, d) in enumerate(zip(src, dst)):
         if isinstance(d, Partial) and s != d:
             raise ImpossibleRedistributionError(
@@ -219,7 +240,7 @@ def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, ite
     for i in range(n):  # closure: redo an axis when an outer axis on the same tensor dim changes
         same = isinstance(cur[i], Shard) and any(pending[k] and cur[i] in (cur[k], dst[k]) for k in range(i))
         pending[i] = cur[i] != dst[i] or same
-    steps: list[Step] = []
+    moves: list[tuple] = []
 
     def touches(p, d: int) -> bool:
         return isinstance(p, Shard) and p.dim == d
@@ -228,22 +249,14 @@ def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, ite
         outer_ok = all(not pending[k] for k in range(i) if touches(cur[k], d) or touches(dst[k], d))
         return outer_ok and not any(touches(cur[j], d) for j in range(i + 1, n))
 
-    held = [Layout(tuple(cur))]  # the tensor's layout before the next step (each step's `after` made once)
+    held = [Layout(tuple(cur))]  # the tensor's layout before the next move (each move's `after` made once)
 
     def emit(kind: str, i: int, new, tensor_dim=None, dst_dim=None) -> None:
-        before, layout_before = list(cur), held[-1]
+        before = cur[i]
         cur[i] = new
-        layout_after = Layout(tuple(cur))
-        held.append(layout_after)
-        b_before, b_after = (math.prod(local_shape(shape, x, mesh)) * itemsize for x in (layout_before, layout_after))
-        summed = b_before // itemsize * sum_bytes
-        fwd = {"all_gather": b_after, "reduce_scatter": summed, "all_reduce": summed,
-               "all_to_all": b_before, "local_slice": 0}[kind]
-        bwd_kind = _DEFAULT_BWD[kind]
-        bwd = {"reduce_scatter": b_after, "all_gather": b_before, "all_to_all": b_after, "identity": 0}[bwd_kind]
-        op = before[i].reduce_op if isinstance(before[i], Partial) else None
-        steps.append(Step(kind, mesh.axis_names[i], tensor_dim, dst_dim, str(layout_before), str(layout_after), fwd,
-                          bwd_kind, bwd, op))
+        held.append(Layout(tuple(cur)))
+        op = before.reduce_op if isinstance(before, Partial) else None
+        moves.append((kind, i, held[-2], held[-1], tensor_dim, dst_dim, op))
 
     for i in range(n):  # phase 1: Partial axes, mesh order
         if pending[i] and isinstance(cur[i], Partial):
@@ -265,12 +278,14 @@ def _steps(src: Layout, dst: Layout, shape: tuple[int, ...], mesh: MeshSpec, ite
         if pending[i]:
             emit("local_slice", i, dst[i], dst[i].dim)
             pending[i] = False
-    return tuple(steps)
+    return tuple(moves)
 
 
-# Layouts of plain placements are equal exactly when their strings are (`core.layout._PLAIN_TYPES`), so the steps
-# are a pure function of these hashable arguments: one entry per distinct edge, kept across plans of one process
-# (a notebook planning again, the pipeline search's meshes); exceptions are not cached (raised again each call).
+# Layouts of plain placements are equal exactly when their strings are (`core.layout._PLAIN_TYPES`), so the moves
+# and the steps are pure functions of these hashable arguments: one entry per distinct layout pair (per distinct edge),
+# kept across plans of one process (a notebook planning again, the pipeline search's meshes); exceptions are not
+# cached (raised again each call).
+_cached_moves = lru_cache(maxsize=8192)(_moves)
 _cached_steps = lru_cache(maxsize=32768)(_steps)
 
 

@@ -27,6 +27,7 @@ from .costs import NodeCost, Pricer
 from .ilp import Solution, _memory_remedies, decision_counts, memory_bytes, objective_s, recompute_cost
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
+from .heap import on_frozen_heap
 from .local_storage import local_saved_bytes
 from .memory_fit import solve_fitting
 from .peak import step_peak
@@ -35,6 +36,7 @@ from .recompute import RegionPrice, price_region, region_recompute, regions, run
 from .strategies import build_spaces
 
 
+@on_frozen_heap  # (`planner.heap`)
 def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Cluster | str | None = None,
          topology: MeshTopology | None = None, config: PlanConfig | None = None, pinned: dict[str, str] | None = None,
          pricer: Pricer | None = None, received: dict[str, str] | None = None, lean: bool = False,

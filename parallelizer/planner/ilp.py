@@ -83,11 +83,8 @@ feasible point is reported as "feasible" with its gap.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -96,6 +93,7 @@ import pulp
 
 from ..config import PlanConfig
 from ..errors import InfeasiblePlanError, format_bytes
+from .highs_bulk import BulkHiGHS, quiet_stdout
 from .problem import Problem, activation_rows, cut_bytes, min_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
@@ -392,7 +390,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     num_bin = sum(len(v) for v in x if len(v) > 1)
     solver_name, solver = _solver(config)
     start = time.perf_counter()
-    with _quiet_stdout():
+    with quiet_stdout():
         prob.solve(solver)
     elapsed = time.perf_counter() - start
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
@@ -506,14 +504,27 @@ def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_var
                 terms.append((y, float(sr.cost[a, K]) * _SCALE + w_coll * float(sr.count[a, K])))
                 num_vars += 1
                 for m, ind in enumerate(inds):
-                    prob += y - ind >= 0, f"y_{n}_{a}_{K}_{m}"
+                    prob += _at_least(y, ind), f"y_{n}_{a}_{K}_{m}"
                     num_cons += 1
     return num_vars, num_cons
 
 
+def _at_least(y: pulp.LpVariable, ind) -> pulp.LpConstraint:
+    """The row `y - ind >= 0` exactly as PuLP's operators build it (terms in that order, the same constant, 0 or
+    0.0), without their intermediate copies: `ind` a variable, a list of variables (PuLP's `lpSum` of them), or
+    anything else (built by the operators)."""
+    if isinstance(ind, pulp.LpVariable):
+        expr = pulp.LpAffineExpression([(y, 1), (ind, -1)], constant=0)
+    elif isinstance(ind, list):
+        expr = pulp.LpAffineExpression([(y, 1)] + [(v, -1) for v in ind], constant=0.0)
+    else:
+        return y - ind >= 0
+    return pulp.LpConstraint(expr, pulp.LpConstraintGE, rhs=0)
+
+
 def _indicator(x: list[list], pair_vars: dict, g: int, a: int, h: int, key_of: tuple[int, ...], K: int):
     """ind_u(a, K) (`shared_uses`): 1 when group g takes strategy a and use u (group h, key index per strategy)
-    takes key K, as an affine expression in the ILP's variables; None when it is always 0."""
+    takes key K: a variable (or 1), or a list of variables whose sum it is; None when it is always 0."""
     cols = [b for b, key in enumerate(key_of) if key == K]
     if not cols:
         return None
@@ -522,12 +533,12 @@ def _indicator(x: list[list], pair_vars: dict, g: int, a: int, h: int, key_of: t
     if len(x[h]) == 1:  # the use's strategy is fixed
         return x[g][a]
     if len(x[g]) == 1:
-        return pulp.lpSum(x[h][b] for b in cols)
+        return [x[h][b] for b in cols]  # their sum (`_at_least`)
     lo, hi = min(g, h), max(g, h)
     e = pair_vars[(lo, hi)]
     vs = [e[a][b] if g == lo else e[b][a] for b in cols]
     vs = [v for v in vs if v is not None]
-    return pulp.lpSum(vs) if vs else None
+    return vs or None
 
 
 def _time_limit_binds(problem: Problem) -> bool:
@@ -557,21 +568,6 @@ def _binding(problem: Problem, config: PlanConfig) -> str:
     return binding_constraint(problem, problem.graph, config)
 
 
-@contextlib.contextmanager
-def _quiet_stdout():
-    """Silence file descriptor 1 while solving: HiGHS (checked on highspy 1.16) prints its banner to the
-    C-level stdout on every solve even with msg=False, which clutters the CLI and notebooks."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pulp.LpVariable:
     """A variable attached to `prob` (PuLP >= 3.3 API; the LpVariable constructor is deprecated there)."""
     if hasattr(prob, "add_variable"):
@@ -581,8 +577,8 @@ def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pu
 
 def _solver(config: PlanConfig):
     if config.solver == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
-        return "highs", pulp.HiGHS(msg=False, timeLimit=config.time_limit_s, threads=1,
-                                   gapRel=config.mip_rel_gap, gapAbs=_ABS_GAP_US, random_seed=0)
+        return "highs", BulkHiGHS(msg=False, timeLimit=config.time_limit_s, threads=1,  # PuLP's model, in bulk
+                                  gapRel=config.mip_rel_gap, gapAbs=_ABS_GAP_US, random_seed=0)
     return "cbc", pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, threads=1,
                                     gapRel=config.mip_rel_gap, options=["randomSeed 0", "randomCbcSeed 0"])
 

@@ -47,7 +47,7 @@ def _cold(monkeypatch) -> None:
     """Every cache of the module docstring off for the next plan: memoised functions cleared, each stage solve
     on a new Pricer (a fresh key per graph), each per-tp search solve with graph tables of its own."""
     for fn in (strategies._product_strategies, strategies._followed, plan_module._derived_steps,
-               redistribute._cached_steps, layout._local_region, layout._normalized):
+               redistribute._cached_steps, redistribute._cached_moves, layout._local_region, layout._normalized):
         fn.cache_clear()
     fresh = itertools.count()
     monkeypatch.setattr(stage_layouts, "traced_in_low_precision", lambda graph: next(fresh))
