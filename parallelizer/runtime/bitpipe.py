@@ -149,6 +149,7 @@ class BitPipeRunner:
         m, S = self.schedule.num_microbatches, self.schedule.num_stages
         micro_in = [t.tensor_split(m) for t in inputs]
         micro_target = target.tensor_split(m) if isinstance(target, torch.Tensor) else [target] * m
+        narrow_grads(p for module in self.modules.values() for p in module.parameters())  # a failed step's sums
         earlier = _take_grads(self.modules.values())
         saved: dict[tuple[int, int], tuple] = {}  # (x, j) -> (inputs, outputs or loss)
         local_box: dict[tuple[str, int, int], list] = {}  # (kind, x, j) -> tensors handed over on this rank

@@ -306,6 +306,7 @@ class PipelineRun:
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
                     self.microbatch_size, [None] * len(inputs) + ["target"])
         with held(self.stages, readings or [read_tree(stage) for stage in self.stages]):
+            narrow_grads(p for stage in self.stages for p in stage.parameters())  # a failed step's running sums
             earlier = _take_grads(self)  # reduced already: only this step's part is reduced
             self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
             finals = [stage.final_backwards for stage in self.pipe]
