@@ -53,9 +53,9 @@ lands in `param.grad`. So one optimizer step all-reduces each gradient once howe
 accumulates, and a codec (PowerSGD) compresses the step's gradient, not each microbatch's. Float16 / bfloat16
 gradients accumulate in a float32 running sum instead of `.grad` when the caller moves them there after each
 earlier pass (`widen_grads`: a pipeline stage does); the last pass folds it in, the bucket sums it in float32, and
-it is rounded once into `.grad` (round 26; before, the microbatch gradients added up in the narrow dtype). The caller must
-hold back a `.grad` already reduced before the first deferred pass (`runtime.pipeline` takes the gradients
-off at the start of a step and adds them back at its end), or it would be reduced again. Outside any
+it is rounded once into `.grad` (round 26; before, the microbatch gradients added up in the narrow dtype).
+The caller must hold back a `.grad` already reduced before the first deferred pass (`runtime.pipeline` takes
+the gradients off at the start of a step and adds them back at its end), or it would be reduced again. Outside any
 `deferred_sync` context nothing changes (every backward pass reduces its own gradient).
 
 The default bucket size is DistributedDataParallel's `bucket_cap_mb=25` (torch.nn.parallel docs), the

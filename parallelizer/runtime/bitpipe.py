@@ -149,7 +149,7 @@ class BitPipeRunner:
         m, S = self.schedule.num_microbatches, self.schedule.num_stages
         micro_in = [t.tensor_split(m) for t in inputs]
         micro_target = target.tensor_split(m) if isinstance(target, torch.Tensor) else [target] * m
-        narrow_grads(p for module in self.modules.values() for p in module.parameters())  # a failed step's sums
+        narrow_grads(self._params())  # a failed step's float32 running sums, as its partial .grad was
         earlier = _take_grads(self.modules.values())
         saved: dict[tuple[int, int], tuple] = {}  # (x, j) -> (inputs, outputs or loss)
         local_box: dict[tuple[str, int, int], list] = {}  # (kind, x, j) -> tensors handed over on this rank
@@ -182,13 +182,13 @@ class BitPipeRunner:
                     grads = [t.grad if t.grad is not None else torch.zeros_like(t)
                              for t, ex in zip(received, self.examples[k]) if ex.requires_grad]
                     self._send(sends, local_box, _B, x - 1, j, grads)
-                widen_grads(self.modules[x].parameters())  # float16 / bfloat16: the step's sum in float32
+                widen_grads(self.modules[x].reading().parameters.values())  # float16 / bfloat16: summed in float32
                 if self._last_backward.get(x) == i:
                     exchanges.append(self._start_exchange(x))
         for exchange in exchanges:
             self._finish_exchange(*exchange)
         sum_over_copies(self.shared, [self.modules[x] for x in sorted(self.modules)])  # tied parameters
-        narrow_grads(p for module in self.modules.values() for p in module.parameters())  # the rest: rounded once
+        narrow_grads(self._params())  # the rest: rounded once
         self._share_losses(losses, sends)
         for work, what in sends:
             _wait(work, self.timeout, what)
@@ -247,6 +247,10 @@ class BitPipeRunner:
         if kind == _F:
             got = [t.requires_grad_(ex.requires_grad) for t, ex in zip(got, examples)]
         return got
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        """Every parameter of this rank's stage copies, from the step's walks of their trees (`tree_reading`)."""
+        return [p for module in self.modules.values() for p in module.reading().parameters.values()]
 
     def _private_params(self, x: int) -> list[torch.nn.Parameter]:
         module = self.modules[x]

@@ -306,7 +306,8 @@ class PipelineRun:
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
                     self.microbatch_size, [None] * len(inputs) + ["target"])
         with held(self.stages, readings or [read_tree(stage) for stage in self.stages]):
-            narrow_grads(p for stage in self.stages for p in stage.parameters())  # a failed step's running sums
+            # a failed step's float32 running sums (`_SyncOnceStage`) go to .grad, as its partial .grad did
+            narrow_grads(p for stage in self.stages for p in stage.reading().parameters.values())
             earlier = _take_grads(self)  # reduced already: only this step's part is reduced
             self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
             finals = [stage.final_backwards for stage in self.pipe]
@@ -361,7 +362,7 @@ class _SyncOnceStage(pipelining.PipelineStage):
             result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         # float16 / bfloat16 gradients add up over the microbatches in float32 and are rounded once (`grad_sync.
         # widen_grads`; the dp-synced ones by the deferred sync of the last backward), as one device's backward
-        (narrow_grads if last_backward else widen_grads)(self.submod.parameters())
+        (narrow_grads if last_backward else widen_grads)(self.submod.reading().parameters.values())
         self.final_backwards += bool(last_backward)
         return result
 

@@ -29,7 +29,8 @@ FOUR_RANKS = [("float16", "1f1b", False), ("float16", "zbv", False), ("bfloat16"
 
 @pytest.fixture(scope="module")
 def launches():
-    return {2: spawn(pipelined_sums, 2, TWO_RANKS, timeout_s=400), 4: spawn(pipelined_sums, 4, FOUR_RANKS, timeout_s=400)}
+    return {2: spawn(pipelined_sums, 2, TWO_RANKS, timeout_s=400),
+            4: spawn(pipelined_sums, 4, FOUR_RANKS, timeout_s=400)}
 
 
 def _check(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, what: str) -> None:
