@@ -80,7 +80,8 @@ dense on an H100 SXM, NVIDIA H100 datasheet)."""
 SUMMED_AS_IS = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float32,
                           torch.float64})
 """Dtypes a collective SUM runs in as they are: those gloo's reduce kernels take (ProcessGroupGloo's
-GENERATE_ALL_TYPES, torch 2.13.0) apart from `NARROW_FLOATS`; complex dtypes sum as their real views."""
+GENERATE_ALL_TYPES, torch 2.13.0) apart from `NARROW_FLOATS`; complex64 / complex128 sum as their real views
+(complex32 in complex64: `sum_dtype`)."""
 
 
 def sum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -89,7 +90,10 @@ def sum_dtype(dtype: torch.dtype) -> torch.dtype:
     (`sum_itemsize`): `dtype` for `SUMMED_AS_IS` and complex dtypes; float32 for every other float (float16 /
     bfloat16: `NARROW_FLOATS`, as one device accumulates them; float8, which gloo cannot sum); int64 for every
     other integer (int16, uint16, uint32, uint64, which gloo cannot sum: added in int64 and cast back, wrapping as
-    in their own dtype)."""
+    in their own dtype); complex64 for complex32 (its float16 parts, as float16; before round 26 summed in float16
+    by gloo, one rounding per member: 2048 + 1 + 1 - 2048 over 4 ranks gave 0 for 2)."""
+    if dtype is torch.complex32:
+        return torch.complex64
     if dtype in SUMMED_AS_IS or dtype.is_complex:
         return dtype
     return torch.float32 if dtype.is_floating_point else torch.int64

@@ -77,12 +77,15 @@ def _dtypes(result) -> tuple[torch.dtype | None, ...]:
     return (result.dtype,) if isinstance(result, torch.Tensor) else ()
 
 
-def autocast_dtypes(graph_module: torch.fx.GraphModule, device_type: str,
-                    dtype: torch.dtype = torch.bfloat16) -> dict[str, AutocastOp]:
+def autocast_dtypes(graph_module: torch.fx.GraphModule, device_type: str, dtype: torch.dtype = torch.bfloat16,
+                    received: dict[str, torch.dtype] | None = None) -> dict[str, AutocastOp]:
     """{node name: `AutocastOp`} for every placeholder and call_function node of a traced graph run under
-    `torch.autocast(device_type, dtype)` (module docstring); placeholders (parameters, inputs, a pipeline stage's
-    received values) keep their traced dtypes. A split bias (`tracer.normalize.SPLIT_BIAS`) is added in the
-    product's dtype, as the emitted program adds it (`rewriter.apply.bias_in_dtype_of`).
+    `torch.autocast(device_type, dtype)` (module docstring); placeholders (parameters, inputs) keep their traced
+    dtypes, a pipeline stage's received values named in `received` have the dtype given there (their producer's as
+    run in the whole graph, `costs.Pricer.node_dtypes`: a bias-free linear's output arrives bf16, and the stage's
+    matmul on it makes no cast copy; before round 26 they kept their traced fp32). A split bias
+    (`tracer.normalize.SPLIT_BIAS`) is added in the product's dtype, as the emitted program adds it
+    (`rewriter.apply.bias_in_dtype_of`).
 
     Raises:
         PrecisionError: an op that cannot run on fake tensors of its traced shapes under autocast (names the node,
@@ -93,7 +96,8 @@ def autocast_dtypes(graph_module: torch.fx.GraphModule, device_type: str,
     for node in graph_module.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            out[node.name] = AutocastOp((), frozenset(), _dtypes(val))
+            got = (received or {}).get(node.name)
+            out[node.name] = AutocastOp((), frozenset(), _dtypes(val) if got is None else (got,))
             continue
         if node.op != "call_function":
             continue

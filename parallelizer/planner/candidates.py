@@ -53,7 +53,7 @@ class _Context:
     """The fixed inputs of one search plus per-tp price caches (the only state; no globals)."""
 
     def __init__(self, traced, segments: Segments, cluster: Cluster, config: PlanConfig, budget: int,
-                 global_batch: int, zero1: bool, partitioner: str) -> None:
+                 global_batch: int, zero1: bool, partitioner: str, tables: GraphTables | None = None) -> None:
         self.traced, self.segments, self.cluster, self.config = traced, segments, cluster, config
         self.budget, self.global_batch, self.zero1, self.partitioner = budget, global_batch, zero1, partitioner
         self.cache: dict[int, SegmentPrices] = {}
@@ -61,7 +61,7 @@ class _Context:
         from ..runtime.stage_cut import step_returned_share  # runtime imports the planner: at call time
         self.returned_share = step_returned_share(traced)  # of the returned bytes, what the last stage returns
         self.built: dict[int, tuple] = {}  # tp -> the intra-stage ILP's (problem, pricer), for both layouts
-        self.tables = GraphTables()  # the traced graph's facts, shared by the per-tp solves
+        self.tables = tables or GraphTables()  # the traced graph's facts, shared by the per-tp solves
         self.reserve = 0  # bytes kept out of `budget` (`api.memory_budget`); set by plan_pipeline
         self.overlap_grad_sync = True  # plan_pipeline's argument; the fraction of a dp sync that can hide:
         self.sync_overlap = cluster.device.comm_overlap

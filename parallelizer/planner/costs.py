@@ -167,8 +167,11 @@ class Pricer:
         key = (id(tg), self.autocast_device)
         held = self.tables.autocast.get(key)
         if held is None or held[0] is not tg:
+            whole = tg.cut_from  # a pipeline stage's graph receives its values in the whole graph's dtypes as run
+            received = {n: self.value_dtype(whole, n, whole.nodes[n].outputs[0].dtype) for n in tg.input_names
+                        if whole is not None and n in whole.nodes and whole.nodes[n].outputs}
             try:
-                facts = autocast_dtypes(tg.graph_module, self.autocast_device)
+                facts = autocast_dtypes(tg.graph_module, self.autocast_device, received=received)
             except PrecisionError as err:
                 if self.config.precision is not None:  # asked for: the recipe runs, and cannot
                     raise
@@ -185,6 +188,13 @@ class Pricer:
         it at its use, after any gather), else `traced`."""
         op = self.node_dtypes(tg, name)
         return op.outputs[0] if op is not None and op.outputs and op.outputs[0] is not None else traced
+
+    def value_nbytes(self, tg: TracedGraph, name: str) -> int:
+        """Bytes of node `name`'s outputs as the program runs them (each in its dtype under the autocast recipe,
+        `node_dtypes`, else as traced): what a pipeline boundary sends of the value (`segments.segment_graph`)."""
+        info, op = tg.nodes[name], self.node_dtypes(tg, name)
+        run = op.outputs if op is not None and len(op.outputs) == len(info.outputs) else (None,) * len(info.outputs)
+        return sum(t.numel * (d or t.dtype).itemsize for t, d in zip(info.outputs, run))
 
     def input_dtype(self, tg: TracedGraph, ti) -> torch.dtype:
         """The dtype of a tensor input (`strategies.TensorInput`) as it crosses its edge: its producer's dtype as run

@@ -103,10 +103,10 @@ from ..tracer import TracedGraph
 from .alternatives import note, schedule_alternatives
 from .api import memory_budget
 from .compression import keeps_compression
-from .costs import resolve_precision, traced_in_low_precision
+from .costs import GraphTables, resolve_precision, traced_in_low_precision
 from .pipeline import PipelinePlan, SearchReport
 from .schedules import RUNNER_SCHEDULES, SCHEDULES, buffer_copies_reason, get_schedule, invalid_reason
-from .segments import segment_graph
+from .segments import segment_graph, sent_nbytes
 from .candidates import Candidate, _Context
 
 
@@ -160,7 +160,9 @@ def plan_pipeline(traced: TracedGraph, cluster: Cluster | str, *, global_batch: 
         config = dataclasses.replace(config, memory_budget_bytes=memory_budget_bytes)
     total_budget, reserve = memory_budget(config, cluster.device)
     budget = total_budget - reserve
-    ctx = _Context(traced, segment_graph(traced), cluster, config, budget, global_batch, zero1, partitioner)
+    tables = GraphTables()  # the traced graph's facts: the boundary bytes' dtypes as run, the per-tp solves
+    ctx = _Context(traced, segment_graph(traced, sent_nbytes(traced, cluster, config, tables)), cluster, config,
+                   budget, global_batch, zero1, partitioner, tables)
     ctx.reserve, ctx.overlap_grad_sync = reserve, overlap_grad_sync
     ctx.sync_overlap = cluster.device.comm_overlap if overlap_grad_sync else 0.0
     cands, excluded, total = _enumerate(ctx, _tuple(pp), _tuple(tp), _tuple(num_microbatches),

@@ -89,8 +89,10 @@ class Segments:
     block_kinds: tuple[str, ...] = ()
 
 
-def segment_graph(traced: TracedGraph) -> Segments:
-    """Cut `traced` at the boundaries of its largest repeated-block group.
+def segment_graph(traced: TracedGraph, nbytes=None) -> Segments:
+    """Cut `traced` at the boundaries of its largest repeated-block group. `nbytes(name) -> int`: the bytes a
+    boundary sends of a value (`costs.Pricer.value_nbytes`: in its dtype as run, bf16 for a linear's output under
+    the bf16 autocast recipe; round 26, before: as traced, 2x); None: as traced.
 
     Raises:
         ValueError: the graph has no repeated blocks (remedy in the text), or no batched input.
@@ -127,13 +129,15 @@ def segment_graph(traced: TracedGraph) -> Segments:
     members[L + 1].append(out_node)
     fwd, bwd, crossing = [0] * (L + 1), [0] * (L + 1), [[] for _ in range(L + 1)]
     depends = depends_on_parameters(traced)
+    nbytes = nbytes or (lambda n: traced.nodes[n].nbytes)
     for name, seg in owner.items():
         info = traced.nodes[name]
         last = max((owner_of(u.name) or seg for u in info.node.users), default=seg)
         floating = any(carries_grad(t.dtype) for t in info.outputs)
+        size = nbytes(name) if last > seg else 0  # a gradient has its value's dtype (autograd's contract)
         for k in range(seg, last):
-            fwd[k] += info.nbytes
-            bwd[k] += info.nbytes if floating and name in depends else 0
+            fwd[k] += size
+            bwd[k] += size if floating and name in depends else 0
             crossing[k].append(name)
     kind_of = {m: g.name for g in traced.blocks for m in g.members}
     kinds = () if group in traced.blocks else tuple(kind_of.get(m, m) for m in group.members)
@@ -200,6 +204,15 @@ class SegmentPrices:
         f = self.fwd_lin * scale + self.fwd_fixed
         w = self.wgrad_lin * scale + self.wgrad_fixed
         return f, self.bwd_lin * scale + self.bwd_fixed - w, w
+
+
+def sent_nbytes(traced: TracedGraph, cluster: Cluster, config: PlanConfig, tables: GraphTables):
+    """`nbytes(name)` for `segment_graph`: the bytes of a value as the stages run and send it, by the planner's one
+    rule for dtypes as run (`costs.Pricer.value_nbytes`, on one device of `cluster` under `config`'s precision;
+    `tables` shares the graph's autocast facts with the search's per-tp solves)."""
+    mesh = MeshSpec(("tp",), (1,))
+    pricer = Pricer(MeshTopology(tp_cluster(cluster, 1), (1,), ("tp",)), mesh, config, traced, tables)
+    return lambda name: pricer.value_nbytes(traced, name)
 
 
 def tp_cluster(cluster: Cluster, tp: int) -> Cluster:

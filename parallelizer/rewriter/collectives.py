@@ -256,7 +256,7 @@ def _carried(sums: bool):
         @wraps(step)
         def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             if sums and sum_dtype(x.dtype) != x.dtype:  # the one rule, priced by `core.redistribute.sum_itemsize`
-                return step(x.to(sum_dtype(x.dtype)), *args, **kwargs).to(x.dtype)
+                return run(x.to(sum_dtype(x.dtype)), *args, **kwargs).to(x.dtype)  # complex32: as complex64
             if x.dtype in _CARRIED:
                 return step(x, *args, **kwargs)
             if x.is_complex():

@@ -50,9 +50,12 @@ the gradient of a use is returned to autograd unreduced, so it accumulates local
 collective); inside `deferred_sync(True)` (the step's last backward) the use's gradient plus the locally
 accumulated `param.grad` (then cleared) is reduced once, by the same bucketed path and codec, and the result
 lands in `param.grad`. So one optimizer step all-reduces each gradient once however many backward passes it
-accumulates, and a codec (PowerSGD) compresses the step's gradient, not each microbatch's. The caller must
-hold back a `.grad` already reduced before the first deferred pass (`runtime.pipeline` takes the gradients
-off at the start of a step and adds them back at its end), or it would be reduced again. Outside any
+accumulates, and a codec (PowerSGD) compresses the step's gradient, not each microbatch's. Float16 / bfloat16
+gradients accumulate in a float32 running sum instead of `.grad` when the caller moves them there after each
+earlier pass (`widen_grads`: a pipeline stage does); the last pass folds it in, the bucket sums it in float32, and
+it is rounded once into `.grad` (round 26; before, the microbatch gradients added up in the narrow dtype).
+The caller must hold back a `.grad` already reduced before the first deferred pass (`runtime.pipeline` takes
+the gradients off at the start of a step and adds them back at its end), or it would be reduced again. Outside any
 `deferred_sync` context nothing changes (every backward pass reduces its own gradient).
 
 The default bucket size is DistributedDataParallel's `bucket_cap_mb=25` (torch.nn.parallel docs), the
@@ -79,7 +82,7 @@ from .compression import GradCompression, finish_compressed, start_compressed
 from .hierarchical import HierarchicalAllReduce, Hierarchy
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "bucket_sizes", "deferred_sync", "grad_all_reduce_bucketed",
-           "runtime_buckets"]
+           "narrow_grads", "runtime_buckets", "wide_grad", "widen_grads"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """25 MiB: DistributedDataParallel's default bucket_cap_mb."""
@@ -193,13 +196,55 @@ def deferred_sync(final: bool):
 
 
 def _fold_in_accumulated(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """`grad` + the locally accumulated `param.grad`, which is cleared (the reduced sum replaces it)."""
-    if param.grad is None:
+    """`grad` + the locally accumulated gradient (`param.grad` and the float32 running sum of `widen_grads`),
+    both cleared (the reduced sum replaces them). With a running sum the result is float32: the bucket sums it in
+    float32 and `_PassSync.finish` rounds it once into `param.grad`."""
+    wide = _WIDE.pop(param, None)
+    if param.grad is None and wide is None:
         return grad
     with torch.no_grad():
-        total = grad + param.grad
-        param.grad = None
+        total = grad if wide is None else wide.add_(grad)
+        if param.grad is not None:
+            total = total + param.grad
+            param.grad = None
     return total
+
+
+def widen_grads(params) -> None:
+    """Move each parameter's `.grad` whose sum runs wider (`core.redistribute.sum_dtype`: float16 / bfloat16 in
+    float32) into its float32 running sum of the step and set `.grad` to None, so that the next backward pass
+    writes a fresh gradient instead of adding to it in the narrow dtype. A pipeline step calls this after every
+    backward pass of a stage but its last (`runtime.pipeline._SyncOnceStage`, `runtime.bitpipe`): the microbatch
+    gradients then add in float32 and are rounded once (`narrow_grads`, or the deferred dp sync's
+    `_fold_in_accumulated`), as one device's backward of the whole batch accumulates them in its kernels. Before
+    (round 24's note), autograd added each microbatch's gradient into `.grad` in float16: 2048 + 1 + 1 - 2048
+    over 4 microbatches gave 0 where one device gives 2. Other dtypes are left as they are."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None or sum_dtype(p.dtype) == p.dtype:
+                continue
+            grad, p.grad = p.grad, None
+            wide = _WIDE.get(p)
+            _WIDE[p] = grad.to(sum_dtype(p.dtype)) if wide is None else wide.add_(grad)
+
+
+def wide_grad(param: torch.Tensor) -> torch.Tensor | None:
+    """The parameter's gradient of the step so far in the dtype it is summed in (`sum_dtype`): its float32 running
+    sum (`widen_grads`) plus `.grad`, both cleared; `.grad` itself when there is no running sum (None if neither)."""
+    wide = _WIDE.pop(param, None)
+    grad, param.grad = param.grad, None
+    if wide is None:
+        return grad
+    return wide if grad is None else wide.add_(grad)
+
+
+def narrow_grads(params) -> None:
+    """Round each parameter's float32 running sum (`widen_grads`) plus its `.grad` once into `.grad`, in the
+    parameter's dtype (the end of a pipeline stage's backward passes in a step). Parameters without one: unchanged."""
+    with torch.no_grad():
+        for p in params:
+            if p in _WIDE:
+                p.grad = wide_grad(p).to(p.dtype)
 
 
 def _has_hooks(param: torch.Tensor) -> bool:
@@ -325,6 +370,10 @@ def _use_count(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+_WIDE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Parameter -> float32 running sum of its gradients over the backward passes of the running step that
+`widen_grads` took off `.grad` (not reduced over ranks yet); consumed by `narrow_grads`, `wide_grad` or the
+deferred sync's `_fold_in_accumulated`."""
 _PASSES: dict[int, _PassSync] = {}
 """Backward passes in flight on this process (graph task id -> its buckets); emptied at each pass's end."""
 _BUFFERS: WeakIdKeyDictionary = WeakIdKeyDictionary()

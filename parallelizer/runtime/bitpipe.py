@@ -31,7 +31,9 @@ One step (`BitPipeRunner.step`, called by `PipelineRun.step` like torch's schedu
 - eager gradient synchronisation: right after a copy's last backward of the step, its gradient (of
   parameters used by that model stage only) is exchanged with its twin copy on rank p - 1 - r (isend +
   irecv of one flat buffer, overlapping the rest of the schedule); at the end each copy holds its own
-  part + the twin's, the same sum on both ranks (floating-point addition is commutative). Every
+  part + the twin's, the same sum on both ranks (floating-point addition is commutative); float16 / bfloat16
+  gradients add up over the copy's microbatches, then with the twin's, in float32 and are rounded once
+  (`grad_sync.widen_grads` / `wide_grad`; round 26: each twin rounded its half before). Every
   microbatch's loss is already weighted by n_j / N, so the sum is the batch gradient: no further scaling;
 - parameters used by several model stages (GPT-2's tied wte / lm_head: stages 0 and S - 1) are summed
   over the local copies and all-reduced over the ranks holding a copy, after the schedule, as
@@ -54,7 +56,9 @@ from ..errors import PipelineError
 from ..planner.action_schedule import ActionSchedule
 from ..planner.bitpipe import bitpipe_actions
 from ..planner.schedules import buffer_copies_reason
+from ..core.redistribute import sum_dtype
 from ..rewriter.collectives import carried_view
+from ..rewriter.grad_sync import narrow_grads, wide_grad, widen_grads
 from ..rewriter.spec import ShardingSpec
 from ..tracer.graph import TracedGraph
 from .grad_reach import output_reach
@@ -145,6 +149,7 @@ class BitPipeRunner:
         m, S = self.schedule.num_microbatches, self.schedule.num_stages
         micro_in = [t.tensor_split(m) for t in inputs]
         micro_target = target.tensor_split(m) if isinstance(target, torch.Tensor) else [target] * m
+        narrow_grads(self._params())  # a failed step's float32 running sums, as its partial .grad was
         earlier = _take_grads(self.modules.values())
         saved: dict[tuple[int, int], tuple] = {}  # (x, j) -> (inputs, outputs or loss)
         local_box: dict[tuple[str, int, int], list] = {}  # (kind, x, j) -> tensors handed over on this rank
@@ -177,11 +182,13 @@ class BitPipeRunner:
                     grads = [t.grad if t.grad is not None else torch.zeros_like(t)
                              for t, ex in zip(received, self.examples[k]) if ex.requires_grad]
                     self._send(sends, local_box, _B, x - 1, j, grads)
+                widen_grads(self.modules[x].reading().parameters.values())  # float16 / bfloat16: summed in float32
                 if self._last_backward.get(x) == i:
                     exchanges.append(self._start_exchange(x))
         for exchange in exchanges:
             self._finish_exchange(*exchange)
         sum_over_copies(self.shared, [self.modules[x] for x in sorted(self.modules)])  # tied parameters
+        narrow_grads(self._params())  # the rest: rounded once
         self._share_losses(losses, sends)
         for work, what in sends:
             _wait(work, self.timeout, what)
@@ -241,6 +248,10 @@ class BitPipeRunner:
             got = [t.requires_grad_(ex.requires_grad) for t, ex in zip(got, examples)]
         return got
 
+    def _params(self) -> list[torch.nn.Parameter]:
+        """Every parameter of this rank's stage copies, from the step's walks of their trees (`tree_reading`)."""
+        return [p for module in self.modules.values() for p in module.reading().parameters.values()]
+
     def _private_params(self, x: int) -> list[torch.nn.Parameter]:
         module = self.modules[x]
         return [p for fqn, p in sorted(module.reading().parameters.items())  # the step's walk (`tree_reading`)
@@ -255,7 +266,9 @@ class BitPipeRunner:
         if not params:
             return None, None, None, params
         mine, theirs = self._exchange_buffer(x, params)
-        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params], out=mine)
+        grads = [wide_grad(p) for p in params]  # the step's sum, float32 for float16 / bfloat16 (`widen_grads`)
+        torch.cat([(g if g is not None else torch.zeros_like(p)).to(mine.dtype).reshape(-1)
+                   for g, p in zip(grads, params)], out=mine)
         tag = self._tag(2, x % S, 0, 0)
         return (dist.isend(mine, peer, tag=tag), dist.irecv(theirs, peer, tag=tag), (mine, theirs), params)
 
@@ -269,14 +282,15 @@ class BitPipeRunner:
         offset = 0
         for p in params:  # fresh gradients (the buffers are reused next step); the twin adds theirs + mine: equal
             n = p.numel()
-            p.grad = mine[offset:offset + n].view_as(p) + theirs[offset:offset + n].view_as(p)
+            p.grad = (mine[offset:offset + n].view_as(p) + theirs[offset:offset + n].view_as(p)).to(p.dtype)
             offset += n
 
     def _exchange_buffer(self, x: int, params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy x's kept (send, receive) buffers, made anew only when its parameters' size or dtype changed
         (a parameter frozen or unfrozen between steps). The previous step's exchange has completed (both waits
         in `_finish_exchange`) before the next one writes into them."""
-        numel, dtype = sum(p.numel() for p in params), functools.reduce(torch.promote_types, (p.dtype for p in params))
+        numel = sum(p.numel() for p in params)  # summed in the dtype the sum runs in (float32 for float16 / bfloat16)
+        dtype = sum_dtype(functools.reduce(torch.promote_types, (p.dtype for p in params)))
         kept = self._exchange_buffers.get(x)
         if kept is None or kept[0].numel() != numel or kept[0].dtype != dtype:
             kept = self._exchange_buffers[x] = (torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype))
@@ -300,7 +314,11 @@ class BitPipeRunner:
                       f"microbatch losses from pipeline rank {peer}")
                 (values if i == 0 else weights).add_(t)
         dtype = next(iter(losses.values()))[0].dtype if losses else torch.float32
-        self.loss.recorded[:] = [losses[j] if j in losses else (values[j].to(dtype), weights[j]) for j in range(m)]
+        like = next(iter(losses.values()))[1] if losses else 0.0  # received weights typed as this rank's own: the
+        # batch loss (`microbatch_loss.batch_loss`) then has one dtype on every rank (a float64 weight made it float64)
+        self.loss.recorded[:] = [losses[j] if j in losses else
+                                 (values[j].to(dtype), weights[j].to(like.dtype) if isinstance(like, torch.Tensor)
+                                  else weights[j].item()) for j in range(m)]
 
     def _holds_last(self) -> bool:
         S = self.schedule.num_stages

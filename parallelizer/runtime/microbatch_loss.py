@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
+from ..core.redistribute import sum_dtype
 from .grad_reach import autograd_leaves, read_outputs
 
 
@@ -19,6 +20,17 @@ def weighted_loss(loss: torch.Tensor, weight) -> torch.Tensor:
     a mean cross-entropy whose targets are all ignored back-propagates zeros). A batch with no item at all
     (N = 0: w_j = 0/0 = NaN) stays NaN, as one device's cross_entropy is."""
     return torch.zeros_like(loss) if is_zero_weight(weight) else loss * weight
+
+
+def batch_loss(recorded) -> torch.Tensor:
+    """The batch loss sum_j loss_j * w_j of `recorded` (unscaled loss_j, w_j) pairs, detached: added in the dtype a
+    sum of the losses' dtype runs in (`core.redistribute.sum_dtype`: float32 for float16 / bfloat16) and rounded
+    once to the losses' dtype, as one device's mean over the whole batch accumulates in float32 (round 26: summed in
+    float16, microbatch losses 2048, 1, 1, -2048 (weighted) gave 0 for one device's 2)."""
+    loss, weight = recorded[0]
+    dtype = torch.result_type(loss, weight)  # the product's dtype (a float32 item-count weight promotes it)
+    wide = sum_dtype(dtype)
+    return sum(weighted_loss(loss.detach().to(wide), weight) for loss, weight in recorded).to(dtype)
 
 
 class MicrobatchLoss:

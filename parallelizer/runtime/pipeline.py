@@ -29,16 +29,17 @@ from torch.distributed import pipelining
 
 from ..core.boundary_codec import KINDS, BoundaryCodec, compressible
 from ..core.layout import Layout, local_shape
+from ..core.redistribute import sum_dtype
 from ..errors import PipelineError
 from ..planner.schedules import RUNNER_SCHEDULES
 from ..rewriter.collectives import find_group
-from ..rewriter.grad_sync import deferred_sync
+from ..rewriter.grad_sync import deferred_sync, narrow_grads, wide_grad, widen_grads
 from ..rewriter.recompute import recompute_within
 from ..rewriter.spec import NodeSharding, ShardingSpec, all_axis_groups, hierarchical_sub_groups, mesh_coords
 from ..tracer.graph import TracedGraph, carries_grad
 from .grad_reach import OutputReach, drop_unreached, output_reach
 from .in_place import all_reduce_in_place
-from .microbatch_loss import MicrobatchLoss, counts_no_item, weighted_loss  # noqa: F401 (re-exported)
+from .microbatch_loss import MicrobatchLoss, batch_loss, counts_no_item, weighted_loss  # noqa: F401 (re-exported)
 from .launch import create_groups
 from .microbatches import check_batch
 from .module import ParallelModule
@@ -263,7 +264,9 @@ class PipelineRun:
     accumulated; here the schedules run with `scale_grads=False` and the loss of each microbatch is weighted
     before its backward (`MicrobatchLoss`: by 1 / microbatches, as Megatron-LM does, or by its share of the
     batch's items), so earlier gradients are untouched. The losses a step reports are the unscaled
-    per-microbatch losses.
+    per-microbatch losses. Float16 / bfloat16 gradients add up over the step's microbatches in float32 and are
+    rounded once (`_SyncOnceStage`, `sum_over_copies`; the batch loss too, `batch_loss`), as one device's backward
+    of the whole batch accumulates in its kernels (round 26).
     """
 
     stages: list[StageModule]
@@ -303,6 +306,8 @@ class PipelineRun:
         check_batch(inputs + ((target,) if isinstance(target, torch.Tensor) else ()), self.microbatches,
                     self.microbatch_size, [None] * len(inputs) + ["target"])
         with held(self.stages, readings or [read_tree(stage) for stage in self.stages]):
+            # a failed step's float32 running sums (`_SyncOnceStage`) go to .grad, as its partial .grad did
+            narrow_grads(p for stage in self.stages for p in stage.reading().parameters.values())
             earlier = _take_grads(self)  # reduced already: only this step's part is reduced
             self.loss.begin(loss_fn, item_count if self.last else None, target)  # the loss runs on the last stage
             finals = [stage.final_backwards for stage in self.pipe]
@@ -319,7 +324,7 @@ class PipelineRun:
         _give_back(earlier)
         if not self.last:
             return None
-        return sum(weighted_loss(loss, weight) for loss, weight in self.loss.recorded)
+        return batch_loss(self.loss.recorded)
 
 
 def _take_grads(run: PipelineRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -355,6 +360,9 @@ class _SyncOnceStage(pipelining.PipelineStage):
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
         with deferred_sync(final=last_backward):
             result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        # float16 / bfloat16 gradients add up over the microbatches in float32 and are rounded once (`grad_sync.
+        # widen_grads`; the dp-synced ones by the deferred sync of the last backward), as one device's backward
+        (narrow_grads if last_backward else widen_grads)(self.submod.reading().parameters.values())
         self.final_backwards += bool(last_backward)
         return result
 
@@ -544,6 +552,10 @@ def _sub_mesh_groups(spec: ShardingSpec, pp: int, width: int) -> list[list[int]]
             + hierarchical_sub_groups(spec, tuple(q * width for q in range(pp))))
 
 
+def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
+    return grad if grad is not None else torch.zeros_like(param)
+
+
 def sync_shared_grads(run: PipelineRun) -> None:
     """Sum the gradients of parameters held by several stages over all their copies (after backward,
     before the optimizer step); every copy then holds the full gradient and stays equal to the others."""
@@ -557,8 +569,11 @@ def sum_over_copies(shared: dict[str, list[int]], stages) -> None:
         copies = [m.get_parameter(fqn) for m in stages if fqn in m.traced.parameters]
         if not copies or not copies[0].requires_grad:  # frozen (now): its gradient stays None, as on one device
             continue
-        total = sum(c.grad if c.grad is not None else torch.zeros_like(c) for c in copies)
+        # float16 / bfloat16 copies summed in float32, each copy's own float32 running sum over microbatches
+        # included (`grad_sync.wide_grad`: BitPipe's twin copies hold parts of one use's sum), rounded once
+        wide = sum_dtype(copies[0].dtype)
+        total = sum(_or_zeros(wide_grad(c), c).to(wide) for c in copies)
         if len(ranks) > 1:  # a split backward's gradient keeps its op's strides: reduced as a contiguous copy
             all_reduce_in_place(total, group=find_group(ranks))
         for c in copies:
-            c.grad = total.clone()
+            c.grad = total.to(c.dtype, copy=True)

@@ -47,6 +47,7 @@ from ..tracer.graph import TracedGraph
 from ..tracer.leaves import unflatten_in_order
 from .in_place import broadcast_in_place
 from .loss_weight import own_loss_weighting, returns_scalar_loss
+from .microbatch_loss import batch_loss
 from .microbatches import global_tensor_inputs, microbatch_of
 from .modes import autocast_exactly, carry_over
 from .pipeline import _examples, boundary_dtypes, stage_spec
@@ -233,8 +234,9 @@ def _merge(pm, ev: EvalPipeline, names: list[str], outs: list[tuple], flat: list
             pm._own_weighting = weighting
             counts = weighting.counts(flat, m).to(torch.float64)
             weights = torch.ones(m, dtype=torch.float64) if weighting.kind == "sum" else counts / counts.sum()
-            merged.append(sum((o[0].double() * w).to(o[0].dtype) if w != 0 else torch.zeros_like(o[0])
-                              for o, w in zip(outs, weights.tolist())))
+            # summed in `sum_dtype` and rounded once (float32 for float16 / bfloat16: round 26, before each weighted
+            # loss was rounded to the loss's dtype and added there), as `step`'s batch loss
+            merged.append(batch_loss([(o[0], w) for o, w in zip(outs, weights.tolist())]))
         else:
             raise PipelineError(f"PipelineModule evaluation: output {i} ({name}, shape {shape}) is neither batch-major "
                                 f"(dim 0 = the microbatch size {batch}) nor the model's own 0-d loss, so its "

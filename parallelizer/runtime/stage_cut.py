@@ -177,4 +177,5 @@ def stage_graph(traced: TracedGraph, cut: StageCut, k: int, outputs: tuple[str, 
         role = Role.INPUT if node.name in cut.inputs[k] else info.role
         nodes[node.name] = dataclasses.replace(info, node=node, role=role)
     return TracedGraph(traced.exported, gm, nodes, params, [], tuple(cut.inputs[k]),
-                       [f"pipeline stage {k} of {cut.num_stages}"], training=traced.training)
+                       [f"pipeline stage {k} of {cut.num_stages}"], training=traced.training,
+                       cut_from=traced.cut_from or traced)

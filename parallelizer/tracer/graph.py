@@ -207,6 +207,9 @@ class TracedGraph:
             passing (omitting) one of them with that value computes the traced function (`tracer.call_defaults`).
         allow_frozen_host_random: traced with `trace(..., allow_frozen_host_random=True)`: a numpy / Python random
             draw in training mode is frozen into the graph (noted) instead of refused; retraces inherit it.
+        cut_from: for a pipeline stage's graph (`runtime.stage_cut.stage_graph`), the whole graph it was cut from:
+            the planner prices the values the stage receives in their dtypes as run there (`planner.costs.Pricer.
+            node_dtypes`); None for a traced model.
     """
 
     exported: torch.export.ExportedProgram
@@ -224,6 +227,7 @@ class TracedGraph:
     untraced_defaults: dict[str, Any] = field(default_factory=dict)
     passed_defaults: dict[str, Any] = field(default_factory=dict)
     allow_frozen_host_random: bool = False
+    cut_from: "TracedGraph | None" = field(default=None, repr=False, compare=False)
     _owners: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def _bind_positional_keywords(self, spec, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

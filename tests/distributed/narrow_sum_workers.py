@@ -24,6 +24,9 @@ from parallelizer.rewriter.localize import sharded_cross_entropy
 from parallelizer.rewriter.state import gather_tensor
 
 NARROW = (torch.float16, torch.bfloat16)
+SUMMED_WIDER = (*NARROW, torch.complex32)
+"""The dtypes whose sums run wider (`core.redistribute.sum_dtype`): complex32 as complex64 (round 26; gloo summed
+its float16 parts in float16 before)."""
 RMS_HIDDEN, RMS_BATCH = 1024, 64
 
 
@@ -33,6 +36,9 @@ def summands(rank: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
     element world_size + j an overflow in float16: 0.6 * 65504 on ranks j and j + 1, -0.45 * 65504 on the others
     (exact sum 0.3 * 65504 on 4 ranks, finite, while 0.6 * 65504 + 0.6 * 65504 is inf; bfloat16 has float32's
     range: a plain sum there)."""
+    if dtype.is_complex:  # float16 parts: the real part's summands, and the imaginary part's in reverse order
+        real = summands(rank, world_size, torch.float16)
+        return torch.complex(real.float(), real.flip(0).float()).to(dtype)
     big = {torch.float16: 2048.0, torch.bfloat16: 256.0}[dtype]
     top = torch.finfo(torch.float16).max
     out = []
@@ -47,8 +53,10 @@ def summands(rank: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
 
 def one_device_sum(world_size: int, dtype: torch.dtype) -> torch.Tensor:
     """The sum over ranks as one device computes it: torch.sum of the stacked summands in `dtype` (float32
-    accumulation inside the kernel, one rounding)."""
-    return torch.stack([summands(r, world_size, dtype) for r in range(world_size)]).sum(0)
+    accumulation inside the kernel, one rounding; complex32, which no CPU sum kernel takes, in complex64, rounded
+    once)."""
+    stacked = torch.stack([summands(r, world_size, dtype) for r in range(world_size)])
+    return stacked.to(torch.complex64).sum(0).to(dtype) if dtype.is_complex else stacked.sum(0)
 
 
 def collective_sums(rank: int, world_size: int) -> list[dict]:
@@ -57,7 +65,7 @@ def collective_sums(rank: int, world_size: int) -> list[dict]:
     all_gather_rs (FSDP) and the bucketed DDP gradient sync, each beside one device's sum."""
     ranks = list(range(world_size))
     out = []
-    for dtype in NARROW:
+    for dtype in SUMMED_WIDER:
         mine, eager = summands(rank, world_size, dtype), one_device_sum(world_size, dtype)
         got = {"all_reduce": collectives.all_reduce(mine, ranks),
                "reduce_scatter": collectives.reduce_scatter(mine, 0, ranks)}
@@ -68,9 +76,12 @@ def collective_sums(rank: int, world_size: int) -> list[dict]:
                           ("grad_all_reduce_bucketed", lambda p: grad_all_reduce_bucketed(p, ranks, 2**20))):
             shard = n // world_size if name == "all_gather_rs" else n
             p = nn.Parameter(torch.zeros(shard, dtype=dtype))
-            (use(p) * mine).sum().backward()  # d/dp of sum(p * mine) = mine: the gradient sum is the ranks' sum
+            use(p).backward(mine)  # this rank's gradient of the use is `mine`: the gradient sum is the ranks' sum
             got[name] = p.grad
             want[name] = eager.chunk(world_size)[rank] if name == "all_gather_rs" else eager
+        if dtype.is_complex:  # complex32 does not pickle (torch 2.13.0): sent as complex64, exact, its dtype named
+            assert all(t.dtype == dtype for t in (*got.values(), *want.values())), got
+            got, want = ({k: t.to(torch.complex64) for k, t in d.items()} for d in (got, want))
         out.append({"dtype": str(dtype), "got": got, "want": want})
     return out
 

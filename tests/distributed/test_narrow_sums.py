@@ -11,7 +11,10 @@ Members, each against eager on one device:
 - a float16 op whose output is a pending sum (row-parallel linear, sum and mean over a sharded dim) runs on
   float32 copies of its inputs and its value stays float32 until the sum is complete (`rewriter.apply._sums_wide`),
   tp=2 (a bfloat16 one keeps its dtype: `core.redistribute.WIDENED_FLOATS`);
-- the vocab-parallel cross-entropy's sum of exponentials, target logit and mean, in float32 (`vocab_parallel`).
+- the vocab-parallel cross-entropy's sum of exponentials, target logit and mean, in float32 (`vocab_parallel`);
+- complex32 (round 26): every collective kind above sums it as complex64 (float32 parts), rounded once; gloo summed
+  its float16 parts in float16 before (real parts 2048 + 1 + 1 - 2048 gave 0 for 2, a float16 overflow inf).
+Pipelines' sums over microbatches, tied copies and BitPipe's twins: test_narrow_pipeline_sums.py.
 """
 import pytest
 import torch

@@ -551,3 +551,20 @@ def test_a_label_smoothed_loss_fn_is_weighted_by_its_targets(ignore_index):
     torch.testing.assert_close(sum(parts), smoothed({"logits": logits}, labels), rtol=1.3e-6, atol=1e-5)
     equal = sum(smoothed({"logits": lg}, y) for lg, y in zip(logits.tensor_split(M), labels.tensor_split(M))) / M
     assert abs(float(equal - smoothed({"logits": logits}, labels))) > 1e-3  # the counts matter here
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float16, 2048.0), (torch.bfloat16, 256.0)])
+def test_a_narrow_batch_loss_adds_its_weighted_microbatch_losses_in_float32(dtype, big):
+    # round 26: the batch loss `PipelineRun.step` returns and the eval loss `pipeline_eval._merge` merges
+    # (`microbatch_loss.batch_loss`). Microbatch means 4 big, 4, 4, -4 big weighted 1/4 each: exact in `dtype`, and
+    # big + 1 rounds back to big there, so summed in `dtype` they gave 0 (before) where one device's mean is 2
+    from parallelizer.runtime.microbatch_loss import batch_loss
+
+    rows = torch.tensor([4 * big, 4.0, 4.0, -4 * big], dtype=dtype)  # one row per microbatch
+    one_device = rows.mean()  # the whole batch's mean (float32 accumulation inside the kernel)
+    got = batch_loss([(row, 0.25) for row in rows])
+    assert got.dtype == dtype and one_device.item() == 2.0
+    torch.testing.assert_close(got, one_device)
+    # a zero-weight microbatch (no item) whose mean is NaN adds 0; an item-count tensor weight keeps its dtype
+    assert batch_loss([(rows[1], 1.0), (torch.tensor(float("nan"), dtype=dtype), 0.0)]).item() == 4.0
+    assert batch_loss([(rows[1], torch.tensor(0.5))]).dtype == torch.float32

@@ -26,10 +26,11 @@ SHAPE = (6, 10)
 
 # bytes per element a SUM over ranks moves, closed form: float16 / bfloat16 in float32 (one device's accumulation,
 # r24b); gloo sums bool, (u)int8, int32, int64, float32, float64 as they are and no other dtype (ProcessGroupGloo's
-# GENERATE_ALL_TYPES), so int16 / uint16 / uint32 / uint64 add in int64 and float8 in float32 (`collectives._carried`)
+# GENERATE_ALL_TYPES), so int16 / uint16 / uint32 / uint64 add in int64, float8 in float32 and complex32 in complex64
+# (its float16 parts in float32, round 26; `collectives._carried`)
 SUM_BYTES = [(torch.float16, 4), (torch.bfloat16, 4), (torch.float32, 4), (torch.float64, 8), (torch.int16, 8),
              (torch.uint16, 8), (torch.int32, 4), (torch.uint32, 8), (torch.int64, 8), (torch.int8, 1),
-             (torch.uint8, 1), (torch.float8_e4m3fn, 4), (torch.complex64, 8)]
+             (torch.uint8, 1), (torch.float8_e4m3fn, 4), (torch.complex64, 8), (torch.complex32, 8)]
 
 
 def _runtime_sum_bytes(dtype: torch.dtype) -> int:
