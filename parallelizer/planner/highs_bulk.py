@@ -1,7 +1,8 @@
 """PuLP's HiGHS interface with the model handed to highspy in bulk: the same model, built without a Python call per
 column and per row (`ilp._solver`).
 
-`pulp.HiGHS.buildSolverModel` (PuLP 3.3) adds each column with `Highs.addCol` and each row with `Highs.addRow`, and
+`pulp.HiGHS.buildSolverModel` (PuLP 3.3; pyproject.toml pins pulp to 3.3.x because this subclass reads its
+internals) adds each column with `Highs.addCol` and each row with `Highs.addRow`, and
 its `actualSolve` walks every constraint of the problem three times (`LpProblem.variables()` registers the variables
 of each constraint on each call). On the dp x tp plan of a 2-layer Llama (44k columns, 14k rows) that was ~10% of the
 plan's CPU (round 26, r26a). `BulkHiGHS` builds exactly PuLP's model, in PuLP's order: columns are
@@ -9,7 +10,7 @@ plan's CPU (round 26, r26a). `BulkHiGHS` builds exactly PuLP's model, in PuLP's 
 integrality (LpInteger when `mip`); rows are the constraints in insertion order, each with its non-zero
 coefficients in the expression's order and PuLP's `getLb()` / `getUb()`; they go in with one `addCols`, one
 `changeColsIntegrality` and one `addRows` (HiGHS appends rows to its column-wise matrix in row order either way:
-`tests/unit/test_highs_bulk.py` compares the two models written out by HiGHS). Solution values and statuses are read
+`tests/unit/test_planner_speed.py` compares the two models written out by HiGHS). Solution values and statuses are read
 back by PuLP's own `findSolutionValues`.
 """
 from __future__ import annotations
