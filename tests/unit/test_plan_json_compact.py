@@ -9,6 +9,7 @@ import parallelizer
 from parallelizer import presets, zoo
 from parallelizer.core.layout import Layout, Shard
 from parallelizer.planner import Plan
+from parallelizer.planner.api import plan as plan_lean
 
 
 def _round_trip(plan: Plan) -> Plan:
@@ -49,11 +50,17 @@ def test_derived_edges_equal_the_planners_with_uneven_shards():
 def test_derived_edges_equal_the_planners_when_block_members_differ():
     traced = parallelizer.trace(*zoo.gpt(n_layer=4, n_embd=64, n_head=2, vocab_size=128, block_size=32, batch=8,
                                          device="meta"))
+    # the budget: the step peak of the memory-lean layout (`ilp.solve_lean`), which fits it, while the fastest plan
+    # does not (round 26: the budget binds on the peak; before, 0.7 x the sum of kinds of the free plan)
     free = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False)
+    lean = plan_lean(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False, lean=True)
+    budget = lean.cost.memory_bytes["peak"]
+    assert free.cost.memory_bytes["peak"] > budget
     # the optimum, not the incumbent at the default 60 s wall-clock limit: under a load of 20 on 2 cores the solve
     # stopped "feasible" (gap 0.4%) with every member alike (13 s of CPU; round 17)
     plan = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", cluster_blocks=False,
-                             memory_budget_bytes=int(free.cost.memory_bytes["total"] * 0.7), time_limit_s=900)
+                             memory_budget_bytes=budget, time_limit_s=900)
+    assert plan.cost.memory_bytes["peak"] <= budget
     assert plan.solver.optimal, plan.solver
     d = plan.to_dict()
     exceptions = d["blocks"][0]["exceptions"]
@@ -70,8 +77,11 @@ def test_one_changed_option_is_a_diff_of_the_changed_decisions():
     traced = parallelizer.trace(*zoo.gpt(n_layer=4, n_embd=64, n_head=2, vocab_size=128, block_size=32, batch=8,
                                          device="meta"))
     base = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4")
-    tight = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4",
-                              memory_budget_bytes=int(base.cost.memory_bytes["total"] * 0.65))
+    # the budget: the memory-lean layout's step peak (it fits; the fastest plan does not; round 26: on the peak)
+    budget = plan_lean(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", lean=True).cost.memory_bytes["peak"]
+    assert base.cost.memory_bytes["peak"] > budget
+    tight = parallelizer.plan(traced, {"dp": 2, "tp": 2}, cluster="h100:1x4", memory_budget_bytes=budget)
+    assert tight.cost.memory_bytes["peak"] <= budget
     diff = [line for line in difflib.unified_diff(base.to_json().splitlines(), tight.to_json().splitlines(),
                                                   lineterm="", n=0) if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     # the decisions that changed, from the plans in memory
