@@ -18,7 +18,7 @@ Public API (see README.md):
         train()/eval(), clip_grad_norm_, full_state_dict / load_full_state_dict)
     parallelizer.checkpoint.save / load / export_full_state_dict    (sharded checkpoints through DCP)
 """
-from .errors import (CheckpointFilesError, ConfigError, InfeasiblePlanError, MemoryPeakWarning, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, InputMismatchError, ConstantInputError, PlanValidationError,
+from .errors import (CheckpointFilesError, ConfigError, InfeasiblePlanError, MicrobatchWarning, ModelAttributeError, NoParallelismWarning, OptimizerError, ParallelizerError, PlanMismatchError, InputMismatchError, ConstantInputError, PlanValidationError,
                      PrecisionError, StaleModelWarning, StateDictError, TraceError, UnsupportedOpError, WrapperError)
 from .tracer import BlockGroup, NodeInfo, ParamInfo, Role, TensorMeta, TracedGraph, trace
 from .config import PlanConfig
@@ -44,5 +44,5 @@ __all__ = [
     "ParallelizerError", "TraceError", "UnsupportedOpError", "InfeasiblePlanError", "PlanMismatchError", "InputMismatchError", "ConstantInputError",
     "PlanValidationError", "StateDictError", "CheckpointFilesError", "PrecisionError", "OptimizerError", "WrapperError",
     "ModelAttributeError", "ConfigError",
-    "NoParallelismWarning", "MicrobatchWarning", "StaleModelWarning", "MemoryPeakWarning",
+    "NoParallelismWarning", "MicrobatchWarning", "StaleModelWarning",
 ]

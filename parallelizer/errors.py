@@ -177,20 +177,6 @@ class NoParallelismWarning(UserWarning):
         self.axes = tuple(axes)
 
 
-class MemoryPeakWarning(UserWarning):
-    """Warned by `parallelizer.plan` when the chosen plan's priced step peak (`Plan.cost.memory_bytes["peak"]`,
-    `planner.peak.step_peak`: a timeline of the backward with the activation gradients, FSDP's re-gathered weights,
-    DDP's buckets and the optimizer step's temporaries) exceeds the memory budget left after the reserve, while the
-    ILP's memory row (the sum of kinds, "total", which is linear in the decisions) fits it: the plan may run out of
-    memory at that moment of the step. The message gives both figures, the budget and the remedies. Attributes:
-    `peak_bytes`, `budget_bytes` (per device, reserve excluded)."""
-
-    def __init__(self, message: str, peak_bytes: int = 0, budget_bytes: int = 0) -> None:
-        super().__init__(message)
-        self.peak_bytes = int(peak_bytes)
-        self.budget_bytes = int(budget_bytes)
-
-
 class PrecisionWarning(UserWarning):
     """Warned by the planner when a DEFAULTED bf16 (a GPU preset, no `precision=`: priced, not run) cannot be priced
     in the dtypes torch.autocast would give the graph (an op that fails under autocast, e.g. an FFT of a bf16 matmul

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,18 +18,18 @@ from cost_model.topology import Cluster, MeshTopology, dgx_h100, get_cluster
 from ..config import PlanConfig
 from ..core.layout import Layout, local_shape
 from ..core.mesh import MeshSpec
-from ..errors import ConfigError, InfeasiblePlanError, MemoryPeakWarning, UnknownNodeError, format_bytes
+from ..errors import ConfigError, InfeasiblePlanError, UnknownNodeError, format_bytes
 from ..fingerprint import dtype_name
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
-from .ilp import Solution, _memory_remedies, decision_counts, memory_bytes, objective_s, recompute_cost
+from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
 from .problem import Problem, build_problem, grad_axes
 from .heap import on_frozen_heap
 from .local_storage import local_saved_bytes
 from .memory_fit import solve_fitting
-from .peak import step_peak
+from .peak import StepPeak, step_peak
 from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
 from .strategies import build_spaces
@@ -61,7 +60,7 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
         The `Plan`.
     Raises:
         InfeasiblePlanError: the memory budget cannot be met (names the minimum needed and remedies), also by the
-            plan's memory replayed on the ranks' local storages (`memory_fit.solve_fitting`).
+            plan's step peak replayed on the ranks' local storages (`memory_fit.solve_fitting`).
         PrecisionError: a precision the device or the traced graph cannot be priced in (`costs.resolve_precision`).
         ValueError: bad mesh / config / topology (names the field).
     """
@@ -69,27 +68,9 @@ def plan(traced: TracedGraph, mesh: MeshSpec | dict[str, int], *, cluster: Clust
     config = dataclasses.replace(config or PlanConfig(), **options)
     problem, pricer = build(traced, mesh, cluster=cluster, topology=topology, config=config, pinned=pinned,
                             pricer=pricer, received=received, fixed=fixed)
-    # solved until the pick's memory replayed on the ranks' local storages fits the budget (`memory_fit`)
-    problem, solution, held = solve_fitting(traced, problem, pricer, config, lean)
-    result = to_plan(traced, problem, pricer, solution, config, held)
-    warn_peak_over_budget(result, problem, config)
-    return result
-
-
-def warn_peak_over_budget(plan_: Plan, problem: Problem, config: PlanConfig) -> None:
-    """Warn `MemoryPeakWarning` when `plan_`'s step peak (`memory_bytes["peak"]`, `planner.peak`) exceeds
-    `problem.budget_bytes` (the budget less the reserve): the ILP bounds the sum of kinds ("total"), a linear row,
-    and the backward's transients can lift the peak above it (round 25, r25c: 2-rank GPT-2 plans 4-33% above)."""
-    peak, total = plan_.cost.memory_bytes.get("peak", 0), plan_.cost.memory_bytes["total"]
-    if peak <= problem.budget_bytes:
-        return
-    warnings.warn(MemoryPeakWarning(
-        f"memory: the plan on mesh {problem.mesh} fits the budget {format_bytes(problem.budget_bytes)} per device "
-        f"(reserve excluded) by the sum of what a rank holds by kind ({format_bytes(total)}), but its step peaks at "
-        f"{format_bytes(peak)} ({peak - problem.budget_bytes:,} B over) during backward or the optimizer step "
-        "(activation gradients, re-gathered weights, gradient buckets, the optimizer's temporaries: "
-        "`planner.peak`). Remedies: " + _memory_remedies(problem, config), peak, problem.budget_bytes),
-        stacklevel=3)
+    # solved until the pick's step peak replayed on the ranks' local storages fits the budget (`memory_fit`)
+    problem, solution, held, peak = solve_fitting(traced, problem, pricer, config, lean)
+    return to_plan(traced, problem, pricer, solution, config, held, peak)
 
 
 def build(traced: TracedGraph, mesh: MeshSpec, *, cluster=None, topology=None,
@@ -215,10 +196,11 @@ def default_cluster(world_size: int) -> tuple[Cluster, str]:
 
 
 def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, config: PlanConfig,
-            held: Mapping[str, int] | None = None) -> Plan:
+            held: Mapping[str, int] | None = None, peak: StepPeak | None = None) -> Plan:
     """Assemble the `Plan` of a solution: strategies, stored layouts, edge steps, cost breakdown. `held`: the
     solution's `local_storage.local_saved_bytes` when the caller has it already (`segments.price_segments`), else
-    computed here."""
+    computed here; `peak`: its `peak.StepPeak` when the caller has it (`memory_fit.solve_fitting`), else walked here
+    (the forward too where `held` is computed here; a pipeline stage's, whose memory is the search's, backward only)."""
     mesh, spaces = problem.mesh, problem.spaces
     strat = {n: spaces[n].strategies[sol.choice[problem.group_of[n]]] for n in spaces}
     nodes, edges, fallbacks = {}, [], []
@@ -252,7 +234,8 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
             edges.append(edge)
     # saved activations with the storages each rank's program really has (views / copies on local strides, a
     # redistributed input a storage of its own): `local_storage`; the ILP's row prices them per strategy
-    saved = local_saved_bytes(tg, strat, spaces, pricer) if held is None else held
+    spans: list = []  # the forward's storages (`local_storage.StorageSpan`), for the step's peak
+    saved = local_saved_bytes(tg, strat, spaces, pricer, spans) if held is None else held
     act = sum(saved.values())
     rerun: dict[str, float] = {}  # collectives that recomputation runs again, by kind
     deltas, members = {}, regions(tg)
@@ -279,9 +262,10 @@ def to_plan(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Solution, co
               "outputs": problem.output_mem_bytes, "buffers": problem.const_mem_bytes - problem.output_mem_bytes}
     memory["total"] = sum(memory.values())  # the plan's tensors; the reserve comes on top (<= the budget)
     resident = memory["params"] + memory["optimizer"] + problem.const_mem_bytes
-    # the step's peak, a timeline of its backward (`peak`): at most the sum above plus the step's transients
-    memory["peak"] = step_peak(tg, strat, spaces, pricer, saved, resident_bytes=resident,
-                               recompute_deltas=deltas).peak_bytes
+    # the step's peak, a timeline of its forward and backward (`peak`): the sum above less what backward frees, plus
+    # the step's transients
+    memory["peak"] = (peak or step_peak(tg, strat, spaces, pricer, saved, resident_bytes=resident,
+                                        recompute_deltas=deltas, forward_spans=spans)).peak_bytes
     memory["reserve"] = problem.reserve_bytes
     report = SolverReport(sol.solver, sol.status, sol.optimal, sol.gap, sol.num_variables, sol.num_binary,
                           sol.num_constraints, len(problem.groups), sol.objective_s, sol.time_s)

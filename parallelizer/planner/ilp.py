@@ -15,12 +15,15 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         sum_i x[g, i] = 1                                   for every group g          (one-hot)
         sum_j e[g, h, i, j] = x[g, i]                       for every pair, every i    (rows)
         sum_i e[g, h, i, j] = x[h, j]                       for every pair, every j    (columns)
-        sum_g sum_i mem[g][i] x[g, i] <= budget - const     (per-device bytes: stored parameter shards x
-                                                             (param + grad + optimizer bytes) + activations
-                                                             saved for backward; const = buffers)
+        sum_g sum_i row[g][i] x[g, i] <= budget - const     for every memory row (`problem.memory_rows`; bytes per
+                                                             device at a cut of the step, `peak_rows`: parameter
+                                                             state, gradients made, activations saved and their
+                                                             gradients alive; the optimizer step's state; the sum
+                                                             row `mem` with recomputation; const = buffers, outputs)
     Memory corrections (`Problem.memory_cuts`, learnt by `memory_fit.solve_fitting` from replays of picked plans on
     the ranks' local storages): b bytes over an assignment A of strategies to groups enter the memory row as b z_A,
     z_A in [0, 1] linearising the AND of x[g, i] over A (`_memory_cut_vars`; exact for binary x, either sign of b).
+    `Problem.exclusions` (replayed peaks above the rows) alike, with recomputation variables only while sum n = 0.
     One redistribution per (value, target layout) (`shared_uses`): the rewriter runs one copy of a value per
     target layout however many uses read it, so the cost entries of keys that several uses of one value can ask
     for leave the pair matrices and are paid through y[a, K] in [0, 1] with y >= (pair product of every use
@@ -94,7 +97,8 @@ import pulp
 from ..config import PlanConfig
 from ..errors import InfeasiblePlanError, format_bytes
 from .highs_bulk import BulkHiGHS, quiet_stdout
-from .problem import Problem, activation_rows, cut_bytes, min_memory_bytes
+from .problem import (Problem, activation_rows, corrections, cut_bytes, max_memory_bytes, memory_rows,
+                      min_memory_bytes, most_memory_bytes)
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
@@ -157,7 +161,7 @@ def min_memory_with_recompute_bytes(problem: Problem) -> int:
     if not classes:
         return min_memory_bytes(problem)
     if len(classes) > _MAX_EXACT_CLASSES:
-        need = float(min_memory_bytes(problem))
+        need = float(min_memory_bytes(problem, recompute=True))
         for cls in classes:
             need += min(0.0, *(cls.count * sum(float(a.min()) for a in delta.values())
                                for _, delta in cls.terms.values()))
@@ -256,14 +260,6 @@ def solve(problem: Problem, config: PlanConfig) -> Solution:
         return plain
     gain = max(RECOMPUTE_MIN_GAIN, config.mip_rel_gap)
     return joint if joint.recompute and joint.objective_s < plain.objective_s * (1 - gain) else plain
-
-
-def max_memory_bytes(problem: Problem) -> int:
-    """The most per-device memory any plan without recomputation can take (per group its largest entry among
-    the strategies it can take)."""
-    return int(problem.const_mem_bytes + sum(float(m[np.isfinite(c)].max(initial=0.0))
-                                             for m, c in zip(problem.mem, problem.lin))
-               + sum(max(0.0, b) for b in problem.memory_cuts.values()))
 
 
 LEAN_SLACK = 0.01  # `solve_lean`: the fastest layout within 1% of the least activation bytes
@@ -370,7 +366,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
     counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
-    cuts, cut_fixed, cut_cons = _memory_cut_vars(prob, problem, x)
+    cuts, cut_fixed, cut_cons = _memory_cut_vars(prob, problem, x, recompute, counts_vars)
     terms, mem_terms = terms + [(z, w_mem * b) for z, b in cuts], mem_terms + [(z, b / _GB) for z, b in cuts]
     num_cons += cut_cons
     acts = activation_rows(problem)
@@ -384,9 +380,14 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             <= (act_bound_bytes - fixed_act) / _GB, "activations"
         num_cons += 1
     prob += pulp.LpAffineExpression(terms)
-    fixed = sum(float(problem.mem[g][0]) for g in range(len(x)) if len(x[g]) == 1) + cut_fixed
-    prob += pulp.LpAffineExpression(mem_terms) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, "memory"
-    num_cons += 1
+    for k, row in enumerate(memory_rows(problem, recompute)):  # the sum row, or one per cut of the step (`peak_rows`)
+        fixed = sum(float(row[g][0]) for g in range(len(x)) if len(x[g]) == 1) + cut_fixed
+        terms_k = mem_terms if row is problem.mem else [(v, float(m) / _GB) for g in range(len(x)) for v, m in
+                                                        zip(x[g], row[g]) if not isinstance(v, int) and m] \
+            + [(z, b / _GB) for z, b in cuts]
+        prob += pulp.LpAffineExpression(terms_k) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, \
+            "memory" if row is problem.mem else f"memory_{k}"
+    num_cons += k + 1
     num_bin = sum(len(v) for v in x if len(v) > 1)
     solver_name, solver = _solver(config)
     start = time.perf_counter()
@@ -401,7 +402,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
                 f"the {solver_name} solver found no plan within {config.time_limit_s} s (status "
                 f"{pulp.LpStatus[prob.status]}, {elapsed:.1f} s) on mesh {problem.mesh}: it stopped at its time limit "
                 f"before finding any plan. Not memory: even the heaviest placements need "
-                f"{format_bytes(_most_memory_bytes(problem))} of the {format_bytes(problem.budget_bytes)} budget, and "
+                f"{format_bytes(most_memory_bytes(problem))} of the {format_bytes(problem.budget_bytes)} budget, and "
                 "every node has a placement that its neighbours accept. Remedy: raise time_limit_s (the limit is "
                 "wall-clock seconds, so a machine busy with other work reaches it with less of the search done)")
         raise InfeasiblePlanError(
@@ -466,12 +467,13 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
     return counts
 
 
-def _memory_cut_vars(prob: pulp.LpProblem, problem: Problem, x: list[list]) -> tuple[list[tuple], float, int]:
+def _memory_cut_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], recompute: bool,
+                     counts: dict) -> tuple[list[tuple], float, int]:
     """Per memory correction (b bytes over A = ((g, i), ...), module docstring) z = AND of x[g, i] over A: b > 0:
     z >= sum x - (|A| - 1); b < 0: z <= each x (the row pushes z to the product). ([(z, b)], bytes of corrections
     over fixed groups only, constraints added)."""
     cuts, const, cons = [], 0.0, 0
-    for n, (assign, b) in enumerate(sorted(problem.memory_cuts.items())):
+    for n, (assign, b) in enumerate(sorted(corrections(problem, recompute).items())):
         if not b or any(len(x[g]) == 1 and i != 0 for g, i in assign):
             continue
         if not (vs := [x[g][i] for g, i in assign if len(x[g]) > 1]):
@@ -484,7 +486,12 @@ def _memory_cut_vars(prob: pulp.LpProblem, problem: Problem, x: list[list]) -> t
             prob += pulp.LpAffineExpression([(z, 1), (v, -1)]) <= 0, f"m_{n}_{k}"
         cons += 1 if b > 0 else len(vs)
         cuts.append((z, float(b)))
-    return cuts, const, cons
+    n_all = [(n, 1) for per in counts.values() for n in per.values()]
+    for k, (assign, (_, b)) in enumerate(sorted(problem.exclusions.items()) if recompute else ()):
+        z = _var(prob, f"q_{k}", 0, 1, pulp.LpContinuous)  # the pick again, recomputing nothing: b over the sum row
+        prob += pulp.LpAffineExpression([(z, 1)] + [(x[g][i], -1) for g, i in assign] + n_all) >= 1 - len(assign)
+        cuts.append((z, float(b)))
+    return cuts, const, cons + (len(problem.exclusions) if recompute else 0)
 
 
 def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_vars: dict, terms: list,
@@ -543,21 +550,14 @@ def _indicator(x: list[list], pair_vars: dict, g: int, a: int, h: int, key_of: t
 
 def _time_limit_binds(problem: Problem) -> bool:
     """Whether a solve stopped without a plan can only have been stopped by its time limit: even the heaviest
-    placement of every group (`_most_memory_bytes`) fits the budget, so the memory row cannot exclude any plan, and
+    placement of every group (`problem.most_memory_bytes`) fits the budget, so the memory row cannot exclude any plan, and
     arc consistency leaves every group a placement (`diagnose.structurally_open`). Round 20 (r20h): mT5's default
     config on dp=2 x tp=2 under load stopped at its 60 s limit and was told the 71 GB budget (787 MB needed) might
     bind."""
-    if problem.graph is None or _most_memory_bytes(problem) > problem.budget_bytes:
+    if problem.graph is None or most_memory_bytes(problem) > problem.budget_bytes:
         return False
     from .diagnose import structurally_open
     return structurally_open(problem)
-
-
-def _most_memory_bytes(problem: Problem) -> float:
-    """The per-device memory of the heaviest placements of every group (finite entries of `Problem.mem`; an
-    upper bound over all plans, memory being a sum of per-group choices)."""
-    return float(problem.const_mem_bytes + sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.mem)
-                 + sum(max(0.0, b) for b in problem.memory_cuts.values()))
 
 
 def _binding(problem: Problem, config: PlanConfig) -> str:

@@ -30,8 +30,10 @@ replays of the plans it picks (`memory_fit.solve_fitting`, round 25).
 """
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,7 +50,7 @@ from .costs import Pricer, _vocab_parallel_saved_bytes
 from .shared_uses import use_epochs
 from .strategies import NodeSpace, Strategy, tensor_inputs
 
-__all__ = ["local_saved_bytes", "plan_choice"]
+__all__ = ["StorageSpan", "local_saved_bytes", "plan_choice"]
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -57,7 +59,7 @@ _FOLDING = {aten.matmul.default, aten.linear.default}  # composites whose autogr
 
 
 def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace],
-                      pricer: Pricer) -> dict[str, int]:
+                      pricer: Pricer, spans: list[StorageSpan] | None = None) -> dict[str, int]:
     """{op node name: bytes it keeps for backward on the largest rank (rank 0's shards, as `core.layout.local_shape`)}
     for the strategies `strategy_of` (every placeholder and op node of `tg`), each local storage charged once, whole,
     to its first saver in graph order (module docstring). Ops whose backward does not run are 0.
@@ -67,6 +69,9 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
         strategy_of: node name -> its chosen Strategy (`Plan.nodes` parsed, or the ILP's choice).
         spaces: node name -> its NodeSpace (inputs, requires_grad), for the price of an op the replay cannot run.
         pricer: the plan's Pricer (mesh, priced dtypes, which args require grad).
+        spans: a list to extend with one `StorageSpan` per local storage the forward makes (every op output, a
+            redistributed or autocast copy; not the parameters' and buffers' own), for the forward's timeline
+            (`planner.peak.step_peak`, round 26); None: not collected.
     Returns:
         Bytes per op node (ints >= 0); the sum is the rank's saved activations for one (micro)batch.
     """
@@ -76,7 +81,8 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
     epochs = use_epochs(tg)
     values: dict[str, Any] = {}
     resident: set[int] = set()      # storages of parameters and buffers (and copies made of them)
-    owned: set[int] = set()         # storages charged to an earlier saver
+    owned: dict[int, None] = {}     # storages charged to an earlier saver (in the order charged)
+    span_of: dict[int, list] = {}   # storage -> [bytes, first node, last node, saver]: `StorageSpan`
     moved: dict[tuple, torch.Tensor] = {}  # one redistributed copy per (value, layout, gradient axes, epoch)
     held: list[torch.Tensor] = []   # keeps every meta storage alive, so no storage id is reused
     out: dict[str, int] = {}
@@ -123,23 +129,55 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
         def local_arg(n: torch.fx.Node) -> torch.Tensor:
             k, ti = next(it)
             got = received(name, k, ti.producer, s.inputs[k], ti.shape, ti.dtype)
-            if k not in casts:
-                return got
-            copy = got.to(casts[k])  # autocast's copy for this op: a storage of its own (a weight's: resident)
-            if _key(got) in resident:
-                resident.add(_key(copy))
-            held.append(copy)
-            return copy
+            if k in casts:
+                copy = got.to(casts[k])  # autocast's copy for this op: a storage of its own (a weight's: resident)
+                if _key(got) in resident:
+                    resident.add(_key(copy))
+                held.append(copy)
+                got = copy
+            if spans is not None and not (ti.producer in resident_names and got is values.get(ti.producer)):
+                _touch(span_of, got, name)  # a parameter's or buffer's own storage is resident, not a span
+            return got
 
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), local_arg)
         args, kwargs = _on_meta(tuple(args)), _on_meta(dict(kwargs))
         result = _local_output(node, info, s, args, kwargs, pricer, pricer.out_dtypes(tg, info))
         values[name] = result
         held.extend(tensors_in(result))
+        if spans is not None:
+            for t in tensors_in(result):
+                _touch(span_of, t, name)
         if name in live and space.requires_grad:
+            before = len(owned)
             out[name] = _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names,
                                     held)
+            for key in itertools.islice(reversed(owned), len(owned) - before):
+                if key in span_of and span_of[key][3] is None:
+                    span_of[key][3] = name
+    if spans is not None:
+        spans.extend(StorageSpan(*v) for v in span_of.values())
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSpan:
+    """A local storage of the forward (`local_saved_bytes(spans=)`): `nbytes`, the node that makes it (`first`: its
+    op, or the first reader of a redistributed / autocast copy), the last node that reads it in forward (`last`), and
+    the op that saves it for backward (`saver`, None when no op does: it is freed after `last`)."""
+
+    nbytes: int
+    first: str
+    last: str
+    saver: str | None
+
+
+def _touch(span_of: dict[int, list], t: torch.Tensor, name: str) -> None:
+    """Extend `t`'s storage span to node `name` (a new span from it when the storage is new)."""
+    key = _key(t)
+    if key in span_of:
+        span_of[key][2] = name
+    else:
+        span_of[key] = [t.untyped_storage().nbytes(), name, name, None]
 
 
 def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names, held) -> int:
@@ -171,7 +209,7 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
     return saved + _vocab_parallel_saved_bytes(tg.nodes[name], s, in_local, itemsize)
 
 
-def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: set[int],
+def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: dict[int, None],
                     held: list[torch.Tensor]) -> int:
     """Bytes of the storages a composite op's autograd keeps, found by running it on the local meta values under
     `saved_tensors_hooks` (its args in `grads` requiring grad): matmul / linear keep the FOLDED operands their
@@ -187,13 +225,13 @@ def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int]
     return _charge(saved, resident, owned)
 
 
-def _charge(tensors, resident: set[int], owned: set[int]) -> int:
+def _charge(tensors, resident: set[int], owned: dict[int, None]) -> int:
     """Bytes of the whole storages of `tensors` not resident nor charged before; marks them charged."""
     charged = 0
     for t in tensors:
         key = _key(t)
         if key not in resident and key not in owned:
-            owned.add(key)
+            owned[key] = None
             charged += t.untyped_storage().nbytes()
     return charged
 

@@ -36,10 +36,20 @@ plans measured 4-33% above the sum).
 
 and after the backward, at the optimizer step: resident + all gradients + the AdamW
 step's temporaries (`adamw_temporary_bytes`).
-The peak is the largest of these. The forward is not walked: at any point of it the saved activations made so far
-are at most those alive at the loss's backward, and its transients have their mirror image in backward (the
-gradient of the same value). Left out: buffers a kernel or a collective allocates and frees inside one op
-(workspace), the copies redistributions make in backward.
+The forward is walked too (round 26, r26d): at op node i of the forward
+
+    fwd(i) = resident + acts(i) + alive(i)
+    alive(i) = every local storage the forward made (an op's output, a redistributed or autocast copy, a gathered
+               FSDP parameter: `local_storage.StorageSpan`) from the node that makes it to its last reader in forward,
+               up to (not including) the op that saves it for backward, from which acts(i) counts it
+
+with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`). Its transients
+mostly have their mirror image in backward (the gradient of the same value), but not those that carry no gradient
+(integer labels, masks, a loss's per-token values, a batch-sharded loss's count and its all-reduce, values read by
+sums only): round 25 (r25c) measured the activation-heavy GPT-2 ddp / fsdp plans peaking in forward at the loss, 3-9%
+above the backward's walk. The peak is the largest of all these moments. Left out: buffers a kernel or a collective
+allocates and frees inside one op (workspace), the copies redistributions make in backward, the returned values
+double counted between their op and their last reader (they are in resident for the whole step).
 
 Used by `api.to_plan` (`memory_bytes["peak"]`). The ILP keeps linear rows (`problem.build_problem`).
 """
@@ -47,7 +57,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,9 +69,10 @@ from ..rewriter.reshard import backward_readers
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
+from .local_storage import StorageSpan
 from .strategies import NodeSpace, Strategy
 
-__all__ = ["StepPeak", "adamw_temporary_bytes", "step_peak"]
+__all__ = ["StepPeak", "adamw_temporary_bytes", "grad_spans", "step_peak"]
 
 def adamw_temporary_bytes(param_bytes: list[int]) -> int:
     """The most bytes torch's single-tensor Adam / AdamW step (`torch.optim.adam._single_tensor_adam`, the CPU default:
@@ -91,12 +102,13 @@ class StepPeak:
 
     Attributes:
         peak_bytes: the largest live total over the step.
-        at: where it is reached: "backward of <node>" or "optimizer step".
+        at: where it is reached: "forward at <node>", "backward of <node>", "end of backward" or "optimizer step".
         resident_bytes: what the rank holds through the whole step (params, optimizer, buffers, returned values,
             DDP's kept buckets).
         saved_bytes, grad_bytes, transient_bytes: at the peak, the saved activations alive, the parameter
             gradients made (with the open bucket's partial gradients) and the rest (activation gradients, gathered
-            parameters and their unsharded gradients, optimizer temporaries).
+            parameters and their unsharded gradients, optimizer temporaries; in forward the storages alive and not
+            saved).
     """
 
     peak_bytes: int
@@ -110,7 +122,7 @@ class StepPeak:
 def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace], pricer: Pricer,
               saved: Mapping[str, int], *, resident_bytes: int,
               recompute_deltas: Mapping[tuple[str, ...], int] | None = None,
-              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepPeak:
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES, forward_spans: Sequence[StorageSpan] = ()) -> StepPeak:
     """The peak of one step on the largest rank (rank 0's shards, `core.layout.local_shape`) for the chosen
     strategies (module docstring).
 
@@ -121,6 +133,8 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         resident_bytes: params + optimizer + buffers + returned values, held through the step (bytes).
         recompute_deltas: {nodes of a recomputed region, in graph order: its saved-bytes change (<= 0)}; None: none.
         bucket_bytes: the runtime's DDP bucket size (`ParallelModule(grad_bucket_bytes=)`); 0: no buckets.
+        forward_spans: the forward's local storages (`local_storage.local_saved_bytes(spans=)`); empty: the forward
+            is not walked.
     Returns:
         A `StepPeak`.
     Raises:
@@ -187,24 +201,10 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
             acts_delta[max(inside) + 1] += delta
     # gradients of activations: live from the last consumer's backward to the producer's
     grad_delta = [0] * (end + 2)    # difference array over positions
-    for n in order:
-        space, info = spaces[n], tg.nodes[n]
-        if not space.requires_grad or strategy_of[n].output is None:
+    for n, lo, hi, shape, dtype in grad_spans(tg, spaces, pricer, pos, consumers):
+        if strategy_of[n].output is None:
             continue
-        outs = [o for o in info.outputs if carries_grad(o.dtype)]
-        if len(info.outputs) != 1 or not outs:
-            continue  # a tuple's elements are counted at their getitem nodes
-        source = n
-        if info.target is operator.getitem:
-            source = info.node.args[0].name
-        lo = pos.get(source, pos[n])
-        users = [c for c, _ in consumers.get(n, ()) if c in pos]
-        if not users or all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
-            continue  # only returned (no gradient reaches it: the loss is the root), or read by sums only, whose
-            # backward hands it an expanded view of their own small gradient: no storage
-        hi = max(pos[c] for c in users)
-        nbytes = (math.prod(local_shape(tuple(outs[0].shape), strategy_of[n].output, mesh))
-                  * pricer.value_dtype(tg, n, outs[0].dtype).itemsize)  # the value's dtype as run (autocast)
+        nbytes = math.prod(local_shape(shape, strategy_of[n].output, mesh)) * dtype.itemsize
         grad_delta[lo] += nbytes
         grad_delta[hi + 1] -= nbytes
     for n in order:  # the backward of a composite op kept whole holds an input-sized gradient inside it
@@ -235,6 +235,10 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         total = resident + acts[i] + later[i] + pending[i] + transient
         if total > best.peak_bytes:
             best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
+    alive = _prefix(_forward_alive(forward_spans, pos, end))
+    for i in range(end if forward_spans else 0):
+        if resident + acts[i] + alive[i] > best.peak_bytes:
+            best = StepPeak(resident + acts[i] + alive[i], f"forward at {order[i]}", resident, acts[i], 0, alive[i])
     return best
 
 
@@ -249,6 +253,25 @@ def _gathered_life(gathered: list[int], uses: list[int], param_bytes: int, grad_
         gathered[max(readers) + 1] -= param_bytes
     gathered[min(uses)] += grad_bytes
     gathered[max(uses) + 1] -= grad_bytes
+def grad_spans(tg: TracedGraph, spaces: Mapping[str, NodeSpace], pricer: Pricer, pos: Mapping[str, int],
+               consumers: Mapping[str, list[tuple[str, int]]]) -> list[tuple[str, int, int, tuple, torch.dtype]]:
+    """[(node, lo, hi, global shape, dtype as run)] of every value whose gradient backward materialises: alive from
+    the backward of its last consumer (position hi) to its producer's (lo; a getitem's, the tuple's producer). Left
+    out: values without a gradient (no requires_grad, integer dtypes, tuples: their elements count), values only
+    returned (the loss is the root) or read by sums only (`_EXPANDED_GRAD`: an expanded view, no storage)."""
+    out = []
+    for n in pos:
+        space, info = spaces[n], tg.nodes[n]
+        outs = [o for o in info.outputs if carries_grad(o.dtype)]
+        if not space.requires_grad or len(info.outputs) != 1 or not outs:
+            continue
+        source = info.node.args[0].name if info.target is operator.getitem else n
+        users = [c for c, _ in consumers.get(n, ()) if c in pos]
+        if not users or all(tg.nodes[c].target in _EXPANDED_GRAD for c in users):
+            continue
+        out.append((n, pos.get(source, pos[n]), max(pos[c] for c in users), tuple(outs[0].shape),
+                    pricer.value_dtype(tg, n, outs[0].dtype)))  # as run (autocast)
+    return out
 
 
 def _prefix(delta: list[int]) -> list[int]:
@@ -281,3 +304,18 @@ def _pending(bucketed: list[tuple[int, int]], end: int, bucket_bytes: int) -> li
             flushed, k = bounds[k], k + 1
         out[i] = int(cum - flushed)
     return out
+
+
+def _forward_alive(spans: Sequence[StorageSpan], pos: Mapping[str, int], end: int) -> list[int]:
+    """Difference array over positions of the forward's storages alive and not yet saved (module docstring, fwd)."""
+    delta = [0] * (end + 2)
+    for sp in spans:
+        lo, hi = pos.get(sp.first), pos.get(sp.last)
+        if lo is None or hi is None:
+            continue
+        if sp.saver in pos:
+            hi = min(hi, pos[sp.saver] - 1)
+        if hi >= lo:
+            delta[lo] += sp.nbytes
+            delta[hi + 1] -= sp.nbytes
+    return delta

@@ -13,7 +13,10 @@ including gradient synchronisation; inf where `PlanConfig.axis_roles` forbid the
 matrix that is separable (C[i,j] = a_i + b_j) is folded into
 `lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
 bytes saved for backward; `const_mem_bytes` covers buffers and the values the program returns
-(`output_mem_bytes`, `returned_bytes`: whole on every rank).
+(`output_mem_bytes`, `returned_bytes`: whole on every rank). `cut_rows`: the bytes at cut points of the step
+(`peak_rows`: activations still saved + gradients made + activation gradients alive, per block boundary), which the
+ILP bounds with the optimizer step's state row instead of the sum (`memory_rows`, `ilp.py`; round 26, r26d); empty
+where the budget cannot bind or a forced recomputation is folded into `mem`.
 
 Activation recomputation (`planner.recompute`, `recompute_terms`): a region's mode adds `RegionPrice` terms,
 linear in the strategies of the groups of its nodes. Forced modes (a user's checkpoint regions; a
@@ -38,6 +41,7 @@ from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
+from .peak_rows import cut_rows
 from .shared_uses import EdgeUse, SharedRedistribution, share, use_epochs
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
 from .edge_roles import EdgeRoles, mutation_edges, parameter_views, role_axes
@@ -74,6 +78,12 @@ class Problem:
     # memory corrections learnt from replays of picked plans (`memory_fit`): ((group, strategy), ...) -> bytes added
     # to the memory row when every listed group takes its strategy (an AND of one-hot variables, `ilp._memory_cut_vars`)
     memory_cuts: dict[tuple[tuple[int, int], ...], float] = field(default_factory=dict)
+    # what replayed picks without recomputation peaked above (`memory_fit`): assignment -> (bytes above the cut rows,
+    # above the sum row); corrections as `memory_cuts` in the plain ILP, and in the joint one while no region
+    # recomputes (`ilp._memory_cut_vars`: recomputing may make those layouts fit)
+    exclusions: dict[tuple[tuple[int, int], ...], tuple[float, float]] = field(default_factory=dict)
+    cut_rows: list[tuple[str, list[np.ndarray]]] = field(default_factory=list)  # memory at cuts (`peak_rows`)
+    node_saved: dict[str, np.ndarray] = field(default_factory=dict)  # op node -> saved bytes per strategy (cut rows)
 
     def sizes(self) -> list[int]:
         return [len(v) for v in self.lin]
@@ -157,6 +167,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
     pair_counts: dict[tuple[int, int], np.ndarray] = {}
     uses: list[EdgeUse] = []
     const_mem = 0
+    saved: dict[str, np.ndarray] = {}
     for p in tg.parameters.values():
         if p.is_buffer:
             const_mem += p.nbytes
@@ -174,7 +185,8 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         if space.kind == "op":
             costs = pricer.node_costs(tg, info, space)
             lin[g] += [c.total_s for c in costs]
-            mem[g] += [c.saved_bytes for c in costs]
+            saved[name] = np.array([c.saved_bytes for c in costs], dtype=float)
+            mem[g] += saved[name]
         for k, ti in enumerate(space.inputs):
             prod = spaces[ti.producer]
             mat, count = _edge_matrix(pricer, prod, space, k, ti.shape, pricer.input_dtype(tg, ti),
@@ -217,7 +229,21 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
                       reserve_bytes, folded, lin_counts=lin_counts, pair_counts=pair_counts, graph=tg, config=config,
                       precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem, shared=shared)
     recompute_terms(problem, tg, pricer, config)
+    if not any(m != "none" for m in problem.recompute_fixed.values()) and _rows_may_bind(problem, tg, pricer):
+        problem.cut_rows = cut_rows(tg, spaces, group_of, sizes, saved, pricer, mesh)  # a forced region: the sum
+        problem.node_saved = saved
     return problem
+
+
+def _rows_may_bind(problem: Problem, tg: TracedGraph, pricer: Pricer) -> bool:
+    """Whether some cut row can exceed the budget: the sum row at every group's largest finite entry plus every op
+    output's gradient whole (a bound of every cut row, `peak_rows`) does. A pipeline's stage ILPs run without a
+    budget: no rows are built there."""
+    most = problem.const_mem_bytes + sum(float(m[np.isfinite(c)].max(initial=0.0))
+                                         for m, c in zip(problem.mem, problem.lin))
+    most += sum(math.prod(o.shape) * pricer.value_dtype(tg, n, o.dtype).itemsize for n, s in problem.spaces.items()
+                if s.kind == "op" and s.requires_grad for o in tg.nodes[n].outputs[:1] if carries_grad(o.dtype))
+    return most > problem.budget_bytes
 
 
 def returned_bytes(returned: tuple[TensorInput, ...], pricer: Pricer, tg: TracedGraph) -> int:
@@ -387,17 +413,62 @@ def _unique(items: list) -> tuple[list, np.ndarray]:
     return list(index), np.array(idx, dtype=int)
 
 
-def min_memory_bytes(problem: Problem) -> int:
-    """The least per-device memory any plan needs (memory is a sum of independent per-group choices; a memory
-    correction that lowers the row, `Problem.memory_cuts`, counted as if every one applied: a lower bound)."""
-    return int(problem.const_mem_bytes + sum(float(m.min()) for m in problem.mem)
+def memory_rows(problem: Problem, recompute: bool = False) -> list[list[np.ndarray]]:
+    """The memory rows the ILP bounds by the budget (per row, per group the bytes of each strategy; + const and the
+    corrections `Problem.memory_cuts` in each): the rows at cut points of the step and the optimizer step's state
+    (`Problem.cut_rows`, `planner.peak_rows`), or the one sum row `mem` when there are none or the recomputation
+    variables are in (`recompute` with free classes: their savings are counted per instance, not per position)."""
+    if (recompute and problem.recompute_classes) or not problem.cut_rows:
+        return [problem.mem]
+    return [row for _, row in problem.cut_rows] + [problem.state_mem]
+
+
+def min_memory_bytes(problem: Problem, recompute: bool = False) -> int:
+    """A lower bound of the per-device memory any plan needs: per memory row (`memory_rows`) a sum of independent
+    per-group choices, the largest of them (exact with one row); a memory correction that lowers the rows,
+    `Problem.memory_cuts`, counted as if every one applied."""
+    return int(problem.const_mem_bytes + max(sum(float(m.min()) for m in row) for row in memory_rows(problem, recompute))
                + sum(min(0.0, b) for b in problem.memory_cuts.values()))
 
 
-def cut_bytes(problem: Problem, choice: tuple[int, ...]) -> float:
-    """Bytes the memory corrections (`Problem.memory_cuts`) add to the row at `choice`: each one whose groups all
-    take its strategies."""
-    return float(sum(b for assign, b in problem.memory_cuts.items() if all(choice[g] == i for g, i in assign)))
+def corrections(problem: Problem, recompute: bool = False) -> dict[tuple[tuple[int, int], ...], float]:
+    """The memory corrections of the ILP's rows: `Problem.memory_cuts`, and without recomputation variables also
+    `Problem.exclusions` (assignment -> bytes)."""
+    if recompute or not problem.exclusions:
+        return problem.memory_cuts
+    merged = dict(problem.memory_cuts)
+    for assign, (b, _) in problem.exclusions.items():
+        merged[assign] = merged.get(assign, 0.0) + b
+    return merged
+
+
+def cut_bytes(problem: Problem, choice: tuple[int, ...], recompute: bool = False) -> float:
+    """Bytes the memory corrections (`corrections`) add to the rows at `choice`: each one whose groups all take its
+    strategies."""
+    return float(sum(b for assign, b in corrections(problem, recompute).items()
+                     if all(choice[g] == i for g, i in assign)))
+
+
+def max_memory_bytes(problem: Problem) -> int:
+    """The most per-device memory any plan without recomputation can take in the largest memory row
+    (`problem.memory_rows`; per group its largest entry among the strategies it can take)."""
+    return int(problem.const_mem_bytes + max(sum(float(m[np.isfinite(c)].max(initial=0.0)) for m, c in
+                                                 zip(row, problem.lin)) for row in memory_rows(problem))
+               + sum(max(0.0, b) for b in corrections(problem).values()))
+
+
+def rows_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
+    """The largest memory row (`problem.memory_rows`) at a choice, with its corrections: what the ILP bounds."""
+    return int(problem.const_mem_bytes + max(sum(float(r[g][c]) for g, c in enumerate(choice))
+                                             for r in memory_rows(problem)) + cut_bytes(problem, choice))
+
+
+def most_memory_bytes(problem: Problem) -> float:
+    """The per-device memory of the heaviest placements of every group in the largest memory row (finite entries of
+    `problem.memory_rows`; an upper bound over all plans, each row being a sum of per-group choices)."""
+    return float(problem.const_mem_bytes + max(sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in row)
+                                               for row in memory_rows(problem))
+                 + sum(max(0.0, b) for b in corrections(problem).values()))
 
 
 def activation_rows(problem: Problem) -> list[np.ndarray]:

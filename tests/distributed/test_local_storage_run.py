@@ -86,7 +86,7 @@ def _ilp_row(traced, plan, mesh, roles, budget) -> int:
     config = _config(roles, budget)
     problem, pricer = build(traced, MeshSpec.of(mesh), config=config)
     with contextlib.redirect_stdout(io.StringIO()):
-        fitted, sol, _ = solve_fitting(traced, problem, pricer, config)
+        fitted, sol, _, _ = solve_fitting(traced, problem, pricer, config)
     for name in fitted.spaces:
         s = layout_of(fitted, name, sol.choice)
         assert (tuple(str(L) for L in s.inputs), None if s.output is None else str(s.output)) == \

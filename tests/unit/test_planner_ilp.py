@@ -186,12 +186,14 @@ def test_precision_and_reserve_are_recorded_and_round_trip(big_batch_mlp):
 
 
 def test_reserve_shrinks_what_the_plan_may_hold(big_batch_mlp):
-    """The ILP fits the plan's tensors in budget - reserve: a reserve that leaves less than the replicated
-    (DDP) state forces sharding, and one that leaves nothing is a typed error."""
+    """The planner fits the plan's step peak in budget - reserve (round 26: the peak, `planner.peak`, not the sum of
+    kinds): a reserve that leaves less than the replicated (DDP) plan's peak forces another plan, and one that
+    leaves nothing is a typed error."""
     ddp = plan(big_batch_mlp, DP8, memory_budget_bytes=10**10, memory_reserve_bytes=0)
-    total = ddp.cost.memory_bytes["total"]
-    tight = plan(big_batch_mlp, DP8, memory_budget_bytes=10**10, memory_reserve_bytes=10**10 - total + 10**6)
-    assert tight.cost.memory_bytes["total"] <= total - 10**6
+    peak = ddp.cost.memory_bytes["peak"]
+    tight = plan(big_batch_mlp, DP8, memory_budget_bytes=10**10, memory_reserve_bytes=10**10 - peak + 10**6)
+    assert tight.cost.memory_bytes["peak"] <= peak - 10**6
+    assert (tight.nodes, tight.recompute) != (ddp.nodes, ddp.recompute)  # sharded or recomputed
     with pytest.raises(InfeasiblePlanError, match="reserve"):
         plan(big_batch_mlp, DP8, memory_budget_bytes=10**9, memory_reserve_bytes=10**9)
 

@@ -11,7 +11,6 @@ import torch
 
 import parallelizer
 from cost_model.communication import collective_time_s
-from cost_model.memory import training_state_bytes
 from cost_model.topology import MeshTopology, get_cluster
 from parallelizer import zoo
 from parallelizer.config import PlanConfig
@@ -100,15 +99,18 @@ def test_auto_trades_recomputation_for_a_faster_layout(mlp_dp):
     recomputation: before round 16 "auto" kept FSDP (recomputation only when nothing fits); now it takes DDP with
     the blocks recomputed, which `estimate_step_time` prices faster than the FSDP plan, within the budget."""
     ddp = plan(mlp_dp, DP8)
-    budget = ddp.cost.memory_bytes["total"] - training_state_bytes(mlp_dp.num_parameters, "fp32").total_bytes // 2
-    assert ddp.cost.memory_bytes["total"] > budget  # the fastest layout does not fit without recomputation
+    # the budget binds on the step's peak (round 26, r26d): halfway between the DDP plan's peak and the peak of the
+    # same layout with every region recomputed in full (each priced by its own walk of the step)
+    full = plan(mlp_dp, DP8, axis_roles={"dp": "ddp"}, recompute="full")
+    budget = (ddp.cost.memory_bytes["peak"] + full.cost.memory_bytes["peak"]) // 2
+    assert ddp.cost.memory_bytes["peak"] > budget  # the fastest layout does not fit without recomputation
     lean = plan(mlp_dp, DP8, memory_budget_bytes=budget, recompute="none")
     auto = plan(mlp_dp, DP8, memory_budget_bytes=budget)
-    assert any(p.stored.startswith("S(") for p in lean.params.values())  # FSDP without recomputation
+    assert any(p.stored.startswith("S(") for p in lean.params.values())  # sharded without recomputation
     assert {p.stored for p in auto.params.values()} == {"R"} and set(auto.recompute.values()) == {"full"}
-    assert auto.cost.memory_bytes["total"] <= budget
+    assert auto.cost.memory_bytes["peak"] <= budget and lean.cost.memory_bytes["peak"] <= budget
     t_lean, t_auto = (estimate_step_time(mlp_dp, p).total_s for p in (lean, auto))
-    assert t_auto < t_lean * 0.9  # 352 us against 449 us on the default H100 node
+    assert t_auto < t_lean * 0.9  # 332 us against 381 us on the default H100 node (r26d, under load: same figures)
     # the layout alone, without recomputation, is DDP's: too large
     assert {n.output for n in dataclasses.replace(auto, recompute={}).nodes.values()} == \
         {n.output for n in ddp.nodes.values()}
