@@ -124,12 +124,46 @@ def _sliced_dims(val: torch.Tensor) -> tuple[int, ...]:
     return tuple(d for d in range(val.dim()) if val.shape[d] != 1 and val.stride(d) != 0)
 
 
-def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.Node, tuple[int, ...]]) -> tuple[int, ...]:
+def _free_by_rule(space, inputs: dict[torch.fx.Node, tuple[int, ...]], out_ndim: int) -> set[int]:
+    """Output dims e of a node that its own strategies (`space`: its `strategies.NodeSpace`) can shard on some
+    mesh axis while each parameter-derived operand (`inputs`: node -> its sliced dims) is whole (Replicate) or
+    sharded along a dim that slices no parameter element on that axis: a copy dim of the operand stays one through
+    the op (the batch dim of `queries.repeat(B, 1, 1)` through a Linear, a LayerNorm or attention), a dim that needs
+    a weight sliced does not."""
+    if space is None:
+        return set()
+    sliced = {a.name: dims for a, dims in inputs.items()}
+    free = set()
+    for strategy in space.strategies:
+        if strategy.output is None:
+            continue
+        for axis, out in enumerate(strategy.output.placements):
+            if not isinstance(out, Shard) or out.dim % max(out_ndim, 1) in free:
+                continue
+            ok = True
+            for inp, layout in zip(space.inputs, strategy.inputs):
+                p = layout.placements[axis]
+                if inp.producer in sliced and not (p == Replicate() or (
+                        isinstance(p, Shard) and p.dim % max(len(inp.shape), 1) not in sliced[inp.producer])):
+                    ok = False
+                    break
+            if ok:
+                free.add(out.dim % max(out_ndim, 1))
+    return free
+
+
+def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.Node, tuple[int, ...]],
+                  space=None) -> tuple[int, ...]:
     """The dims of `node`'s output (`val`) that slice parameter elements, for an op computed from parameter-derived
     values `inputs` (node -> their sliced dims). An elementwise op over broadcast operands (output shape = the
     broadcast of the tensor operands' shapes, right-aligned as torch broadcasts) and `repeat` keep the sliced dims
     of their operands, so `cls.expand(B, -1, -1).contiguous()`, `cls.repeat(B, 1, 1)` and `w * torch.ones(B, 1, 1)`
-    leave the batch dim free; any other op (matmul, reductions, norms, ...) mixes elements: every dim counts."""
+    leave the batch dim free; lookups and products (`_LOOKUPS`) keep the dims their derived operands bring; any
+    other op (reductions, norms, attention, ...) mixes elements: every dim counts, but those its own rule shards
+    with the derived operands whole or sharded along a copy dim (`_free_by_rule`, given the node's `space`), and
+    so do views of computed values: DETR's `query_pos.repeat(B, 1, 1)` through the decoder's first LayerNorm and
+    self-attention (parameters only, before the queries meet the image) keeps its batch dim free (round 26: a
+    forced "ddp" plan of HF DETR was infeasible)."""
     out = tuple(val.shape)
     lookup = _LOOKUPS.get(getattr(node.target, "overloadpacket", None))
     operands = lookup(node, len(out)) if lookup is not None else []
@@ -145,7 +179,8 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
         elementwise = False
     repeat = getattr(node.target, "overloadpacket", None) in _REPEATS
     if not (elementwise or repeat):
-        return _sliced_dims(val)
+        free = _free_by_rule(space, inputs, val.dim())
+        return tuple(d for d in _sliced_dims(val) if d not in free)
     kept = set()
     for a, dims in inputs.items():
         lead = len(out) - a.meta["val"].dim()
@@ -153,7 +188,7 @@ def _derived_dims(node: torch.fx.Node, val: torch.Tensor, inputs: dict[torch.fx.
     return tuple(d for d in _sliced_dims(val) if d in kept)
 
 
-def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
+def parameter_views(tg: TracedGraph, spaces: dict | None = None) -> dict[str, tuple[int, ...]]:
     """Node name -> the dims of its output that slice a parameter's elements, for every value derived from a
     parameter without an activation: views and undeclared aliases (`tracer.graph.alias_source`: transpose, permute,
     view / reshape, expand, as_strided, unsafe_split's getitems, type_as, einsum('ij->ji'), ...) and copies
@@ -162,7 +197,8 @@ def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
     standardization, `w * mask`, `w.clamp(...)`, casts, weight_norm / spectral_norm / orthogonal
     parametrizations), transitively. Of a view a dim slices the parameter when its size is > 1 and its stride is
     not 0 (an expand's broadcast dims repeat the whole weight along them: the batch of `cls.expand(B, -1, -1)` may be
-    sharded over a data axis); of a computed value see `_derived_dims`. Round 18 (r18b): Mixtral's
+    sharded over a data axis); of a computed value see `_derived_dims` (`spaces`: the nodes' `strategies.NodeSpace`s,
+    whose strategies tell which dims a computed value keeps free). Round 18 (r18b): Mixtral's
     `experts.gate_up_proj` reached grouped_mm through a transpose and was used sharded over a "ddp" axis, since the
     role's `used_replicated` held only on the edge out of the parameter itself; round 20 (r20f): the same through a
     merged / standardised / parametrized weight (numbers right, activations all_to_all'd over the data axis)."""
@@ -191,10 +227,14 @@ def parameter_views(tg: TracedGraph) -> dict[str, tuple[int, ...]]:
         if ins and all(a in static for a in ins):  # a factory (zeros(B, d), ones, arange) is not: its shape
             static.add(node)                       # may be the batch's, as `anchor(torch.zeros(x.shape[0], d))`
         from_params = {a: derived[a] for a in ins if a in derived}
-        if source in derived or copies:
-            dims = _sliced_dims(val) if isinstance(val, torch.Tensor) else ()  # a tuple: its getitems carry the tensors
+        if source in derived or copies:  # a view or copy (a tuple: its getitems carry the tensors, whose source's
+            # dims say nothing: the getitem's own count), free along the dims its rule maps from a copy dim
+            whole = isinstance(val, torch.Tensor) and all(isinstance(a.meta.get("val"), torch.Tensor) for a in from_params)
+            free = _free_by_rule((spaces or {}).get(node.name), from_params, val.dim()) if whole else ()
+            dims = tuple(d for d in _sliced_dims(val) if d not in free) if isinstance(val, torch.Tensor) else ()
         elif from_params and node in static:
-            dims = _derived_dims(node, val, from_params) if isinstance(val, torch.Tensor) else ()
+            dims = (_derived_dims(node, val, from_params, (spaces or {}).get(node.name))
+                    if isinstance(val, torch.Tensor) else ())
         else:
             continue
         derived[node] = found[node.name] = dims

@@ -157,7 +157,7 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
         group_of[name] = g
         groups[g].append(name)
     mutated = mutation_edges(tg)
-    views = parameter_views(tg) if roles[0] else {}
+    views = parameter_views(tg, spaces) if roles[0] else {}
     sizes = [len(spaces[m[0]].strategies) for m in groups]
     lin = [np.zeros(n) for n in sizes]
     lin_counts = [np.zeros(n) for n in sizes]

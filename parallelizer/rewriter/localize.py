@@ -4,7 +4,7 @@ Most ATen ops run unchanged on local shards once their inputs have the layouts t
 exceptions, each handled here (every one is executed by the rule harness, tests/rules, against the op on
 global tensors):
 - ops with a size argument (view, reshape, expand, new_zeros, ...): the size becomes this rank's local
-  output shape (shards may be uneven, `core.layout`); affine_grid_generator's size [N, C, H, W] takes the
+  output shape (repeat: its repeats, the local output over the local input) (shards may be uneven, `core.layout`); affine_grid_generator's size [N, C, H, W] takes the
   local batch N;
 - `aten.embedding` with the weight sharded on the vocabulary dim (vocab-parallel embedding, Megatron):
   each rank looks up the ids in its own vocabulary rows and reads zeros for the others (Partial output);
@@ -104,6 +104,11 @@ def emit(graph: torch.fx.Graph, ctx: Context, args: tuple, kwargs: dict) -> torc
         i = BATCH_SIZE_ARG[target]
         n = local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)[0]
         args = args[:i] + ([n, *args[i][1:]],) + args[i + 1:]
+    elif packet is aten.repeat and ctx.out_shape is not None:  # each dim: the local output over the local input
+        local_in = local_shape(ctx.in_shapes[0], ctx.inputs[0], ctx.mesh, ctx.coords)
+        local_in = (1,) * (len(ctx.out_shape) - len(local_in)) + tuple(local_in)  # repeat's new leading dims
+        local_out = local_shape(ctx.out_shape, ctx.output, ctx.mesh, ctx.coords)
+        args = (args[0], [o // i if i else 1 for o, i in zip(local_out, local_in)], *args[2:])
     elif packet is aten.embedding and ctx.sharded_axes(ctx.input_layout(0), {0}, 2):
         return _vocab_parallel_embedding(graph, ctx, args, kwargs)
     elif packet is aten.mean and _mean_over_shards(ctx):

@@ -159,3 +159,48 @@ def test_a_lookup_by_a_buffer_index_keeps_only_the_tables_dims_whole():
     for role in ("ddp", "fsdp"):
         plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})
         assert Layout.parse(plan.nodes[types].output).placements[0] != Shard(2), (role, plan.nodes[types])
+
+class _Queries(nn.Module):
+    """Learned queries copied per sample (`queries.weight.unsqueeze(0).repeat(B, 1, 1)`, HF DETR's decoder; also
+    `expand`) that go through ops on parameters alone before they meet the batch-sharded tokens: a Linear, a
+    LayerNorm, self-attention among the queries (views and transposes of a computed value, sdpa), a bmm with a
+    weight expanded per sample; nn.MultiheadAttention (batch_first: its transpose follows the repeat in one strategy
+    group, so the repeat itself must make the batch shard: `rules.shape_ops.copies`). Each keeps the copy dim (the
+    batch) a copy, so it may be sharded over a data axis.
+    Round 26 (r26f): every dim of a value computed from parameters counted as slicing them, so a forced "ddp" /
+    "fsdp" plan of HF DETR / Deformable-DETR was infeasible (the first decoder layer's self-attention reads the
+    queries alone)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.how, self.l, self.o = how, nn.Linear(8, 8), nn.Linear(8, 3)
+        self.q, self.k = nn.Embedding(5, 8), nn.Linear(8, 8)
+        self.norm, self.w = nn.LayerNorm(8), nn.Parameter(torch.randn(8, 8) * 0.3)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def _self_attention(self, q):  # (B, 5, 8): heads as views of a computed value, then sdpa
+        b = q.shape[0]
+        h = self.k(q).view(b, 5, 2, 4).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h).transpose(1, 2).reshape(b, 5, 8)
+
+    def forward(self, x):  # (B, 4, 8)
+        h, b = self.l(x), x.shape[0]
+        q = self.q.weight.unsqueeze(0).repeat(b, 1, 1) if self.how != "expand_linear" else \
+            self.q.weight.expand(b, 5, 8)
+        q = {"linear": lambda: self.k(q), "expand_linear": lambda: self.k(q), "layer_norm": lambda: self.norm(q),
+             "self_attention": lambda: self._self_attention(q), "mha": lambda: self.attn(q, q, q)[0],
+             "bmm": lambda: torch.bmm(q, self.w.expand(b, 8, 8))}[self.how]()
+        a = torch.softmax(q @ h.transpose(1, 2), -1)  # (B, 5, 4): the queries meet the tokens
+        return self.o(a @ h).sum(1)
+
+
+@pytest.mark.parametrize("how", ["linear", "expand_linear", "layer_norm", "self_attention", "mha", "bmm"])
+def test_per_sample_queries_computed_from_parameters_keep_the_batch_sharded(how):
+    traced = parallelizer.trace(_Queries(how), (torch.randn(6, 4, 8, generator=torch.Generator().manual_seed(0)),))
+    params = {p for info in traced.parameters.values() for p in info.placeholders}
+    for role in ("ddp", "fsdp"):
+        plan = parallelizer.plan(traced, {"dp": 2}, axis_roles={"dp": role})  # was InfeasiblePlanError
+        moved = [(e.src, e.dst, s.kind) for e, s in plan.steps()
+                 if e.dst != "output" and e.src not in params and s.kind in ("all_gather", "all_to_all")]
+        assert not moved and not plan.notes(), (how, role, moved, plan.notes())

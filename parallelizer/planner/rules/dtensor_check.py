@@ -80,6 +80,7 @@ _MEAN_OPS = {aten.mean.default, aten.mean.dim}
 _UNDEFINED_VALUES = {aten.empty_like.default, aten.new_empty.default, aten.empty.memory_format}
 _CONSTANT_FILLS = {aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.zeros.default,
                    aten.ones.default, aten.full.default}
+_COPY_OPS = {aten.expand.default, aten.repeat.default}
 # DTensor's placement (short form) -> why it means the same global value as ours (module docstring)
 EQUIVALENCES = {
     "P(avg)": "mean over a sharded dim: DTensor averages local means (even shards only); we sum local "
@@ -91,6 +92,9 @@ EQUIVALENCES = {
     "constant": "zeros / ones / full and their new_* forms: a shard of a constant is the constant, so a Replicate "
                 "output (DTensor's choice) and a Shard output made locally (`pointwise.constant_fill`) hold the "
                 "same global value.",
+    "copies": "expand / repeat of a Replicate input along a dim they fill with copies of it (a new or size-1 dim): "
+              "DTensor keeps the output Replicate; ours makes the rank's slice of the copies locally "
+              "(`shape_ops.copies`, its size / repeats localised). Same global value.",
 }
 # DTensor defects met by this check (torch 2.13.0): op -> (arguments DTensor reads only as keywords, the defect).
 # `check_option` confirms each: the same query with those arguments passed as keywords agrees with us.
@@ -195,6 +199,8 @@ def _same_output(ours: Placement, theirs: Placement | None, op) -> str | None:
         return "uninitialised"
     if op in _CONSTANT_FILLS and isinstance(theirs, Replicate) and not isinstance(ours, Partial):
         return "constant"
+    if op in _COPY_OPS and isinstance(theirs, Replicate) and isinstance(ours, Shard):
+        return "copies"
     name = _short(theirs)
     if isinstance(ours, Partial) and (name == "MaskPartial(sum)" or name == "P(avg)" and op in _MEAN_OPS):
         return name

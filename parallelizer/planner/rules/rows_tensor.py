@@ -243,8 +243,9 @@ _add([aten.masked_scatter], shape_ops.masked_scatter, calls(
 _add([aten.numpy_T], shape_ops.dim_map(shape_ops.numpy_t_map), calls(aten.numpy_T.default, (t(3, 5),), (t(2, 3, 5),)), exact=True)
 _add([aten.repeat_interleave.self_int], pointwise.along(pointwise.dim_arg(2, default=None), linear=True),
      calls(aten.repeat_interleave.self_int, (t(3, 5), 2, 1), (t(2, 3, 4), 3, -1), (t(3, 4), 2)), exact=True)
-_add([aten.repeat], shape_ops.dim_map(shape_ops.repeat_map), calls(aten.repeat.default, (t(3, 5), [1, 2]), (t(3, 5), [2, 1, 1]),
-                                                                   (t(2, 3, 5), [1, 1, 1])), exact=True)
+_add([aten.repeat], shape_ops.copies(shape_ops.repeat_map), calls(aten.repeat.default, (t(3, 5), [1, 2]), (t(3, 5), [2, 1, 1]),
+                                                                  (t(2, 3, 5), [1, 1, 1]), (t(1, 5), [4, 1]),
+                                                                  (t(1, 3), [3, 5, 2])), exact=True)
 _add([aten.flatten], shape_ops.reshape_like, calls(aten.flatten.using_ints, (t(3, 4, 5), 1), (t(6, 2, 3), 0, 1)), exact=True)
 _add([aten.unflatten], shape_ops.reshape_like, calls(aten.unflatten.int, (t(3, 20), 1, [4, 5]), (t(6, 5), 0, [2, 3])), exact=True)
 _add([aten.unsqueeze], shape_ops.reshape_like, calls(aten.unsqueeze.default, (t(3, 5), 1), (t(3, 5), 0)), exact=True)
@@ -255,8 +256,9 @@ _add([aten.transpose], shape_ops.dim_map(shape_ops.transpose_map), calls(aten.tr
                                                                           (t(2, 5, 3), 1, -1)), exact=True)
 _add([aten.permute], shape_ops.dim_map(shape_ops.permute_map), calls(aten.permute.default, (t(2, 5, 3), [2, 0, 1])), exact=True)
 _add([aten.t], shape_ops.dim_map(shape_ops.t_map), calls(aten.t.default, (t(3, 5),)), exact=True)
-_add([aten.expand], shape_ops.dim_map(shape_ops.expand_map), calls(aten.expand.default, (t(3, 1), [3, 5]),
-                                                                    (t(5,), [2, 3, 5]), (t(3, 5), [-1, 5])), exact=True)
+_add([aten.expand], shape_ops.copies(shape_ops.expand_map), calls(aten.expand.default, (t(3, 1), [3, 5]),
+                                                                   (t(5,), [2, 3, 5]), (t(3, 5), [-1, 5]),
+                                                                   (t(1, 5), [7, -1])), exact=True)
 _add([aten.slice], shape_ops.dim_map(shape_ops.except_dim(1)),
      calls(aten.slice.Tensor, (t(7, 5), 0, 1, 6), (t(3, 9), 1, 0, 9, 2), (t(2, 7, 3), -2, 2)), exact=True)
 _add([aten.narrow], shape_ops.dim_map(shape_ops.except_dim(1)), calls(aten.narrow.default, (t(7, 5), 0, 1, 4)), exact=True)

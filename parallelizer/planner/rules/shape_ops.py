@@ -122,6 +122,24 @@ def numpy_t_map(v: OpView, d: int) -> int | None:
     return v.nd() - 1 - d
 
 
+def copies(mapping: Callable[[OpView, int], int | None]) -> Callable[[OpView], list[AxisOption]]:
+    """`dim_map(mapping)` plus, for expand / repeat, a Replicate input giving an output sharded along a dim the op
+    fills with copies of the input (a new leading dim, or one of size 1 in the input): each rank makes its own
+    slice of copies locally (the size / repeats argument localised to the rank's output, `rewriter.localize`), as
+    `queries.weight.unsqueeze(0).repeat(B, 1, 1)` per sample on a batch-sharded plan (round 26: without it, a view
+    that follows the copy in the same strategy group, MultiheadAttention's transpose, could not shard the batch)."""
+    base = dim_map(mapping)
+
+    def rule(v: OpView) -> list[AxisOption]:
+        off = len(v.out) - v.nd()
+        extra = tuple(AxisOption((R,) * v.n_in, Shard(e)) for e in range(len(v.out))
+                      if v.out[e] > 1 and (e < off or v.in_shapes[0][e - off] == 1))
+        return base(v) + list(extra)
+    rule.__name__ = f"copies({mapping.__name__})"
+    rule.__doc__ = copies.__doc__
+    return rule
+
+
 def repeat_map(v: OpView, d: int) -> int | None:
     """repeat(x, repeats): input dim d is output dim d + (len(repeats) - x.dim()), shardable where it is
     repeated once (a repeated dim holds copies of the whole dim: a shard of it is not a shard of the output)."""
