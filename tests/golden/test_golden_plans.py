@@ -128,7 +128,13 @@ def test_vocab_parallel_embedding_under_tight_memory():
     tg = parallelizer.trace(model, (torch.zeros(8, 128, dtype=torch.long, device="meta"),))
     table = tg.parameters["wte.weight"]
     table_state = training_state_bytes(table.numel, "fp32").total_bytes
-    p = plan(tg, DP8, memory_budget_bytes=table_state // 7)  # neither a replicated nor a column-split table fits
+    # neither a replicated table (201 MB of state) nor a table gathered whole for its use (50 MB) fits 40 MB; the
+    # vocab-sharded table peaks at its optimizer step: its shard's state under the preset's bf16 mixed precision
+    # (2 + 4 + 12 B per parameter: 28.3 MB) + one shard-sized fp32 AdamW temporary (6.3 MB) = 34.6 MB. Round 26 (r26d): the budget binds on that step peak, so the budget is 1/5 of the table's
+    # state (1/7, 28.8 MB, fitted the sum of kinds only)
+    budget = table_state // 5
+    p = plan(tg, DP8, memory_budget_bytes=budget)
+    assert p.cost.memory_bytes["peak"] <= budget < table.numel * 4
     (edge,) = [e for e in p.edges if e.src == table.placeholders[0]]
     assert p.params["wte.weight"].stored == "S(0)" and edge.dst_layout == "S(0)"  # vocab-sharded, used in place
     assert p.nodes[edge.dst].output == "P"  # Megatron VocabParallelEmbedding: partial sums, then reduced
