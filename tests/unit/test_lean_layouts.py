@@ -58,7 +58,7 @@ def test_lean_layout_saves_korthikanti_tensor_plus_sequence_parallel_rows(layers
     # Megatron's recipe, whose rows Table 2 counts: every activation bf16 (`autocast_dtypes.uniform_dtypes`); the
     # fp32 model planned "bf16" is priced in autocast's dtypes since round 25 (fp32 residual stream and norms:
     # 314.6 MB per layer at t = 4 instead of 239.1)
-    monkeypatch.setattr(costs, "autocast_dtypes", lambda gm, device: uniform_dtypes(gm))
+    monkeypatch.setattr(costs, "autocast_dtypes", lambda gm, device, received=None: uniform_dtypes(gm))
     stats = 16 * S * B // t  # the two layer norms' fp32 mean and rstd, sharded as their inputs
     expected = {"none": SBH * (34 + 5 * A * S // H) // t + stats, "selective": SBH * 34 // t + stats,
                 "full": SBH * 2 // t}
