@@ -17,13 +17,13 @@ from library_models import (cached_bias, lambda_tied_head, message_passing, over
                             spectral_envelope)
 from state_models import ema_blocks, max_norm_embedding, shared_batch_norm, state_blocks, written_parameters
 from trial_models import (as_strided_of_transpose, aux_loss_in_place, banned_classes, bn_fed_bias, bn_fed_bias_bf16,
-                          buffer_indexed_lookups,
                           bn_fed_bias_fp16, bool_mask_fill, complex_rotary, cross_map_lrn, embedding_grad_by_freq,
-                          dropout_mlp, ema_under_no_grad, fft_conv, gradient_penalty_rank, in_place_through_views,
-                          input_written_in_place, loop_mlp, makes_float32_bn, merged_batch_slice, packed_llama,
-                          penalty_net, pipeline_init_rank, reordered_output, reordered_output_rank, sorter_router,
-                          sparse_embedding, spectral_norm_linear, tiny_output, training_loop_rank,
-                          uneven_gather_as_strided, zoo_mlp)
+                          dropout_mlp, ema_under_no_grad, gradient_penalty_rank, in_place_through_views,
+                          input_written_in_place, makes_float32_bn, penalty_net, spectral_norm_linear,
+                          uneven_gather_as_strided)
+from trial_user_models import (buffer_indexed_lookups, fft_conv, loop_mlp, merged_batch_slice, packed_llama,
+                               pipeline_init_rank, reordered_output, reordered_output_rank, sorter_router,
+                               sparse_embedding, tiny_output, training_loop_rank, zoo_mlp)
 
 pytestmark = pytest.mark.distributed
 
@@ -546,7 +546,7 @@ def test_random_initialisers_on_a_pipeline_parameter_held_twice_are_refused(pipe
 
 # ------------------------------------------------- round 12 (r12b): complex activations between ranks
 def test_fft_convolution_redistributing_complex_spectra_trains_as_one_device():
-    """S4D's FFT convolution (`trial_models.FFTConv`) on plans whose (random) costs move a complex tensor
+    """S4D's FFT convolution (`trial_user_models.FFTConv`) on plans whose (random) costs move a complex tensor
     between ranks (the spectra of `rfft`, the complex kernel terms): before, every rank raised gloo's bare
     "Invalid scalar type" from a functional collective, on tp=2 and dp=2 alike (every seed tried, 1-4); the
     collectives now move a complex tensor as its real view. Loss, every gradient and the parameters after 2

@@ -260,7 +260,7 @@ def test_a_slice_over_the_merged_batch_dim_has_a_data_parallel_plan(roles):
     which forced ddp / fsdp forbid, although an all-to-all to the feature dim serves: InfeasiblePlanError naming
     the add (trial 10e). A node whose rule cannot take each of its producer's layouts now chooses its own."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-    from trial_models import merged_batch_slice
+    from trial_user_models import merged_batch_slice
     model, inputs = merged_batch_slice()
     p = _plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles=roles)
     assert str(p.nodes["x"].output) == "S(0)", p.nodes["x"]

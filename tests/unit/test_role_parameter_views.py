@@ -143,7 +143,7 @@ def test_a_lookup_by_a_buffer_index_keeps_only_the_tables_dims_whole():
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
-    from trial_models import buffer_indexed_lookups
+    from trial_user_models import buffer_indexed_lookups
     from parallelizer.planner.edge_roles import parameter_views
 
     traced = parallelizer.trace(*buffer_indexed_lookups())
