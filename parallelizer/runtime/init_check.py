@@ -12,9 +12,10 @@ random values there (GPT-2 on pp=2: wte and its lm_head copy apart, the pipeline
 its own full_state_dict(), silently), so the random initialisers are refused on such copies too. torch.Tensor's
 in-place random fills (`TENSOR_FILLS`: `p.data.normal_()`, a view's `uniform_()`) of such a parameter's memory are
 refused alike (round 26), and so are constant fills (`CONSTANT_WRITES`) of a part of a shard chosen along a
-sharded dim (`weight.data[padding_idx].zero_()`); a value made from the shard's shape and copied in
-(`p.copy_(torch.randn(p.shape))`) cannot be told from loading the shard, and index assignment (`w.data[i] = 0`,
-`Tensor.__setitem__`) is not wrapped (every tensor assignment of every program would pay the check).
+sharded dim (`weight.data[padding_idx].zero_()`); so are index assignment (`w.data[i] = 0`), `copy_` into a
+part and the indexed in-place writes (`index_fill_`, `scatter_`, ...) there (round 27: `runtime.part_writes`); a
+value made from the shard's shape and copied in (`p.copy_(torch.randn(p.shape))`) cannot be told from loading
+the shard.
 
 The same holds for a parametrization registered on a submodule of `pm` after wrapping
 (`torch.nn.utils.parametrize.register_parametrization`, and through it `parametrizations.weight_norm`,
@@ -41,6 +42,7 @@ import torch
 from ..core.layout import Shard
 from ..errors import UnsupportedOpError
 from .grad_norm import owner_of, owner_of_memory
+from .part_writes import install as _install_part_writes, partial_along_sharded, refuse_part
 
 SHAPE_OR_RANDOM = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
@@ -60,6 +62,7 @@ def install() -> None:
     _install_vector_check()
     _install_quantization_check()
     _install_fill_check()
+    _install_part_writes()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -139,7 +142,8 @@ CONSTANT_WRITES = ("zero_", "fill_")
 `weight.data[padding_idx].zero_()`, fairseq's `nn.init.constant_(weight[padding_idx], 0)`, Embedding's own
 `_fill_padding_idx_with_zero`) they pick elements by LOCAL indices, which along a sharded dim are other elements
 than one device's (round 26, r26b: row 1 of a (12, 8) weight stored S(0) on fsdp dp=2 / tp=2: 0.274 off one device,
-silently). Refused when the part does not keep every sharded dim whole (`_partial_along_sharded`)."""
+silently). Refused when the part does not keep every sharded dim whole (`part_writes.partial_along_sharded`;
+the other positional writes, index assignment among them, are `runtime.part_writes`')."""
 
 
 def _checked_fill(name: str, original):
@@ -154,44 +158,18 @@ def _checked_fill(name: str, original):
             if name in TENSOR_FILLS:
                 refuse_on_pieces(f"Tensor.{name}", owner, True,
                                  f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
-            elif _partial_along_sharded(self, param, owner):
-                raise UnsupportedOpError(
-                    f"Tensor.{name} on part of {owner.fqn!r}, a local shard (stored as {owner.layout} on mesh "
-                    f"{owner.mesh}): the part is chosen by indices into this rank's shard along a sharded dim, so it "
-                    "is another part of the parameter on every rank than on one device (e.g. weight[padding_idx] "
-                    "is a different row of each shard). Remedy: run it on full tensors: pm.apply(init_fn), or "
-                    f"`with pm.full_model() as model: model.<name>.data[...].{name}(...)`; or initialise the model "
-                    "before auto_parallelize")
+            elif partial_along_sharded(self, param, owner):
+                raise refuse_part(f"Tensor.{name}", owner, f"model.<name>.data[...].{name}(...)")
         return original(self, *args, **kwargs)
 
     fill._parallelizer_checked = True
     return fill
 
 
-def _partial_along_sharded(part: torch.Tensor, param: torch.Tensor, owner) -> bool:
-    """Whether `part` (a tensor in `param`'s memory) leaves out some index of a dim of `param` that its layout
-    shards (over a mesh axis of size > 1). Positions are read from the memory offsets of `part`'s elements in the
-    contiguous `param`; a part that cannot be placed so (another dtype, a non-contiguous parameter) counts as
-    partial."""
-    dims = sorted({p.dim % param.ndim for p, size in zip(owner.layout, owner.mesh.shape)
-                   if isinstance(p, Shard) and size > 1})
-    if not dims or part.numel() == 0:
-        return False
-    if part.dtype != param.dtype or not param.is_contiguous():
-        return part.numel() != param.numel()
-    start = (part.data_ptr() - param.data_ptr()) // param.element_size()
-    try:
-        offsets = torch.arange(param.numel()).as_strided(part.shape, part.stride(), start)
-    except RuntimeError:  # reaches past the parameter's memory
-        return True
-    index = torch.unravel_index(offsets.reshape(-1), param.shape)
-    return any(index[d].unique().numel() < param.shape[d] for d in dims)
-
-
 def _install_fill_check() -> None:
     """Wrap the TENSOR_FILLS and CONSTANT_WRITES methods of torch.Tensor (once): a fill of (a view of, or `.data`
     of) a registered parameter's memory is checked (random fills as the torch.nn.init functions are, constant
-    fills of a part by `_partial_along_sharded`); every other tensor is filled by torch's own method after one scan
+    fills of a part by `part_writes.partial_along_sharded`); every other tensor is filled by torch's own method after one scan
     of the registered parameters (none before the first ParallelModule)."""
     for name in TENSOR_FILLS + CONSTANT_WRITES:
         original = getattr(torch.Tensor, name)

@@ -24,7 +24,8 @@ constants (`reset_running_stats`, `zero_`) act on each shard as on the full tens
 (`nn.init.normal_`, `weight.data.normal_()`) and shape-reading initialisers are refused on shards
 (`runtime.init_check`), and so is a constant written into a part chosen along a sharded dim
 (`weight[padding_idx].zero_()`: another row of each shard; round 26: 0.27 off one device on fsdp, silently,
-before); other code that indexes a parameter sees the local shard, as for any use of `pm.parameters()`: initialise
+before), or any value written there by index assignment, `copy_` or an indexed write (`runtime.part_writes`,
+round 27); other code that indexes a parameter sees the local shard, as for any use of `pm.parameters()`: initialise
 the model before parallelising it, or run such code under `pm.apply` / `pm.full_model()`.
 A class whose mirror class cannot be made (a metaclass or `__init_subclass__` that refuses it) is mirrored by a
 plain `_StateOnly`.

@@ -104,13 +104,30 @@ FILLS = {
     "view_bernoulli": lambda m: [p.data.view(-1)[:2].bernoulli_(0.5) for p in m.parameters()],
 }
 # constant writes: a row of the head (HF's `weight.data[padding_idx].zero_()`), a filter of the conv through
-# nn.init.constant_ (fairseq), every parameter whole; -> the plans on which a part is chosen along a sharded dim
-# (conv_head's layouts: fsdp shards every dim 0; tp=2 shards conv.weight's dim 0 and head.weight's dim 1)
+# nn.init.constant_ (fairseq), every parameter whole; then index assignment, `copy_` into a part, indexed in-place
+# writes, a mask made from the values and whole assignments -> the plans on which a part is chosen along a sharded
+# dim (conv_head's layouts: fsdp shards every dim 0; tp=2 shards conv.weight's dim 0 and head.weight's dim 1)
 WRITES = {
     "padding_row": (lambda m: m.get_parameter("head.weight").data[1].zero_(), {"fsdp2"}),
     "constant_filter": (lambda m: nn.init.constant_(m.get_parameter("conv.weight")[1], 0.5), {"fsdp2", "tp2"}),
     "whole_zero": (lambda m: [p.data.zero_() for p in m.parameters()], set()),
 }
+# round 27 (r27g): the other positional writes (`runtime.part_writes`; every one ran on main 45468d0, silently)
+PART_WRITES = {
+    "setitem_padding_row": (lambda m: m.get_parameter("head.weight").data.__setitem__(1, 0.0), {"fsdp2"}),
+    "setitem_param_filter": (lambda m: m.get_parameter("conv.weight").__setitem__(1, 0.5), {"fsdp2", "tp2"}),
+    "setitem_column": (lambda m: m.get_parameter("head.weight").data.__setitem__((slice(None), 1), 0.0), {"tp2"}),
+    "imul_rows": (lambda m: _imul_rows(m.get_parameter("conv.weight").data), {"fsdp2", "tp2"}),
+    "copy_into_rows": (lambda m: m.get_parameter("conv.weight").data[:2].copy_(torch.tensor(0.25)), {"fsdp2", "tp2"}),
+    "index_fill_row": (lambda m: m.get_parameter("head.weight").data.index_fill_(0, torch.tensor([1]), 0.0), {"fsdp2"}),
+    "scatter_bias": (lambda m: m.get_parameter("head.bias").data.scatter_(0, torch.tensor([0]), 0.0), {"fsdp2"}),
+    "value_mask": (lambda m: [p.data.__setitem__(p.data < 0, 0.0) for p in m.parameters()], set()),
+    "whole_setitem": (lambda m: [p.data.__setitem__(slice(None), 0.1) for p in m.parameters()], set()),
+}
+
+
+def _imul_rows(w: torch.Tensor) -> None:
+    w[:2] *= 0.5  # Python: w.__setitem__(slice(0, 2), w[:2].__imul__(0.5))
 
 
 def _error(fn) -> str:
@@ -122,7 +139,7 @@ def _error(fn) -> str:
 
 
 def random_fills(rank: int, world_size: int, specs: dict) -> dict:
-    """For each (plan name, spec) and fill of `FILLS` or write of `WRITES`, seeded alike on the parallel module and on a copy of the model
+    """For each (plan name, spec) and fill of `FILLS` or write of `WRITES` / `PART_WRITES`, seeded alike on the parallel module and on a copy of the model
     on one device (under torch.no_grad): {(plan, fill): {"error": "no error" or the error, "state":
     pm.full_state_dict(), "reference": the copy's state_dict()}}; and {"noise": a draw of a plain tensor after the
     fills, "noise_reference": the same draw with no parallel module involved}."""
@@ -135,7 +152,7 @@ def random_fills(rank: int, world_size: int, specs: dict) -> dict:
 
     out = {}
     for name, spec in specs.items():
-        for fill, fn in {**FILLS, **{k: fn for k, (fn, _) in WRITES.items()}}.items():
+        for fill, fn in {**FILLS, **{k: fn for k, (fn, _) in {**WRITES, **PART_WRITES}.items()}}.items():
             model, (x,) = conv_head()
             reference = copy.deepcopy(model)
             create_groups(all_axis_groups(spec.mesh))

@@ -27,7 +27,7 @@ import parallelizer
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from piece_update_workers import FILLS, WRITES, conv_head, per_dim_steps, pipeline_fills, random_fills
+from piece_update_workers import FILLS, PART_WRITES, WRITES, conv_head, per_dim_steps, pipeline_fills, random_fills
 
 pytestmark = pytest.mark.distributed
 PLANS = {"fsdp2": ({"dp": 2}, {"dp": "fsdp"}), "tp2": ({"tp": 2}, {"tp": "tp"}), "ddp2": ({"dp": 2}, {"dp": "ddp"})}
@@ -86,6 +86,25 @@ def test_a_constant_written_into_part_of_a_shard_is_refused_where_the_part_is_ch
                 if plan in refused_on:
                     assert r["error"].startswith("UnsupportedOpError: Tensor.") and "on part of" in r["error"], \
                         (rank, plan, write, r["error"])
+                else:
+                    assert r["error"] == "no error", (rank, plan, write, r["error"])
+                    _same_state(r, (rank, plan, write))
+
+
+def test_index_assignment_copies_and_indexed_writes_into_part_of_a_shard_are_refused_along_a_sharded_dim(results):
+    """Round 27 (r27g), `runtime.part_writes`: `head.weight.data[1] = 0` (a row) refused on fsdp, exact on tp=2
+    (head S(1)); `head.weight.data[:, 1] = 0` (a column) the other way round; `conv.weight[1] = 0.5` under no_grad,
+    `w.data[:2] *= 0.5`, `w.data[:2].copy_(c)` refused on both (conv.weight S(0)); `index_fill_` of a head row and
+    `scatter_` into the head's bias refused on fsdp only (both whole on tp=2); a mask made from the values
+    (`w[w < 0] = 0`) and `p.data[:] = c` exact everywhere, and every write exact under ddp. Before (main 45468d0)
+    every one ran: up to 0.5 off one device after the write on fsdp / tp, silently."""
+    for rank, (_, fills, _) in enumerate(results):
+        for write, (_, refused_on) in PART_WRITES.items():
+            for plan in PLANS:
+                r = fills[(plan, write)]
+                if plan in refused_on:
+                    assert r["error"].startswith("UnsupportedOpError: Tensor.") and "on part of" in r["error"] \
+                        and "a local shard" in r["error"], (rank, plan, write, r["error"])
                 else:
                     assert r["error"] == "no error", (rank, plan, write, r["error"])
                     _same_state(r, (rank, plan, write))
