@@ -198,8 +198,13 @@ def _checked_setitem(original):
     def __setitem__(self, key, value):
         held = owner_of_memory(self)
         if held is not None and partial_along_sharded(self, held[0], held[1], key):
-            raise refuse_part("Tensor.__setitem__ (index assignment `w[...] = v`)", held[1],
-                              "model.<name>.data[...] = v")
+            error = refuse_part("Tensor.__setitem__ (index assignment `w[...] = v`)", held[1],
+                                "model.<name>.data[...] = v")
+            if isinstance(value, torch.Tensor) and owner_of_memory(value) is not None:
+                # `w[i] *= c`: Python changed the part in place (`__imul__` on `w[i]`) before assigning it back
+                error.args = (error.args[0] + ". An augmented assignment (`w[i] *= c`) has already changed this "
+                              "rank's part before this check: restore the parameter (pm.load_full_state_dict)",)
+            raise error
         return original(self, key, value)
 
     __setitem__._parallelizer_checked = True

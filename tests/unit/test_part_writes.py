@@ -73,3 +73,35 @@ def test_indexed_writes_name_the_positions_their_index_writes(name, args, rows, 
     key = _indexed_key(name, W, args, {})
     assert partial_along_sharded(W, W, ROWS, key) is rows
     assert partial_along_sharded(W, W, COLS, key) is cols
+
+
+def test_writes_into_a_registered_shard_are_refused_or_run_as_on_one_device():
+    """Through the installed Tensor methods, on a parameter registered as a ParallelModule registers its shards (S(0)
+    over dp=2): positional row writes raise, naming the parameter; the augmented assignment says the part already
+    changed; column, value-mask and whole writes run and give what the same writes give a plain tensor. Still refused
+    after `p.data = t` gave the parameter new memory (`grad_norm._memory_spans` is rebuilt)."""
+    from parallelizer.errors import UnsupportedOpError
+    from parallelizer.runtime import grad_norm, part_writes
+
+    part_writes.install()
+    p = torch.nn.Parameter(torch.arange(12.0).view(3, 4) - 5)
+    grad_norm.register([("w", p, Layout.parse("S(0)"))], MeshSpec(("dp",), (2,)), {"dp": [0, 1]})
+    with pytest.raises(UnsupportedOpError, match=r"Tensor.__setitem__ .* on part of 'w'"):
+        p.data[1] = 0.0
+    with pytest.raises(UnsupportedOpError, match="augmented assignment"):
+        p.data[:2] *= 0.5
+    with pytest.raises(UnsupportedOpError, match=r"Tensor.index_fill_ on part of 'w'"):
+        p.data.index_fill_(0, torch.tensor([2]), 0.0)
+    with pytest.raises(UnsupportedOpError, match=r"Tensor.copy_ on part of 'w'"):
+        p.data[2:].copy_(torch.ones(1, 4))
+    expected = torch.arange(12.0).view(3, 4) - 5
+    expected[:2] *= 0.5  # the augmented assignment changed the part before it was refused
+    for t in (p.data, expected):  # allowed: the same writes on the shard and on a plain tensor
+        t[:, 1] = 7.0
+        t[t < 0] = 0.0
+    torch.testing.assert_close(p.data, expected, rtol=0, atol=0)
+    p.data = torch.zeros(3, 4)
+    with pytest.raises(UnsupportedOpError, match="on part of 'w'"):
+        p.data[0] = 1.0
+    p.data[:] = 2.0
+    assert torch.equal(p.data, torch.full((3, 4), 2.0))
