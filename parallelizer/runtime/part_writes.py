@@ -14,7 +14,9 @@ members of the class, which ran silently before (2-rank probe of a Conv1d -> Lin
 - `copy_` (and `masked_fill_`, `masked_scatter_`) into a view that is part of a shard (`w.data[:n].copy_(rows)`);
 - torch.Tensor's indexed in-place writes on the shard itself (`INDEXED_WRITES`: `index_fill_`, `index_copy_`,
   `index_add_`, `index_reduce_`, `index_put_`, `scatter_`, `scatter_add_`, `scatter_reduce_`, `put_`), whose
-  index tensor names local positions along `dim`.
+  index tensor names local positions along `dim`, and `fill_diagonal_` (the shard's own diagonal);
+- through r26b's constant fills, a view that touches every index of a sharded dim but other elements at each
+  (`w.data.diagonal().fill_(1)`: every local row, the local diagonal), which r26b's rule let run.
 A write that keeps every sharded dim whole (a row of tp's column-sharded head, `w.data[:, 1] = 0` on fsdp's
 row shards) or covers the whole shard (`p.data[:] = v`, `p[...] = v`) is the shard of one device's write, and runs.
 
@@ -44,7 +46,7 @@ from ..errors import UnsupportedOpError
 from .grad_norm import owner_of_memory
 
 INDEXED_WRITES = ("index_fill_", "index_copy_", "index_add_", "index_reduce_", "index_put_", "scatter_",
-                  "scatter_add_", "scatter_reduce_", "put_")
+                  "scatter_add_", "scatter_reduce_", "put_", "fill_diagonal_")
 """torch.Tensor's in-place methods that write the positions an index tensor names (checked on a shard's memory)."""
 VIEW_WRITES = ("copy_", "masked_fill_", "masked_scatter_")
 """In-place methods checked only when the receiver is a view (a part): on a whole shard `copy_` is a load and a
@@ -180,6 +182,9 @@ def _indexed_key(name: str, t: torch.Tensor, args: tuple, kwargs: dict):
         if name == "index_put_":
             indices = args[0] if args else kwargs["indices"]
             return tuple(slice(None) if i is None else i for i in indices)
+        if name == "fill_diagonal_":  # the positions torch fills, marked on a boolean tensor of t's shape
+            wrap = args[1] if len(args) > 1 else kwargs.get("wrap", False)
+            return torch.zeros(t.shape, dtype=torch.bool).fill_diagonal_(True, wrap=wrap).nonzero(as_tuple=True)
         if name == "put_":
             index = (args[0] if args else kwargs["index"]).reshape(-1) % max(t.numel(), 1)
             return torch.unravel_index(index, tuple(t.shape))

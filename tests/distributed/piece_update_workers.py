@@ -121,6 +121,9 @@ PART_WRITES = {
     "copy_into_rows": (lambda m: m.get_parameter("conv.weight").data[:2].copy_(torch.tensor(0.25)), {"fsdp2", "tp2"}),
     "index_fill_row": (lambda m: m.get_parameter("head.weight").data.index_fill_(0, torch.tensor([1]), 0.0), {"fsdp2"}),
     "scatter_bias": (lambda m: m.get_parameter("head.bias").data.scatter_(0, torch.tensor([0]), 0.0), {"fsdp2"}),
+    "fill_diagonal": (lambda m: m.get_parameter("head.weight").data.fill_diagonal_(1.0), {"fsdp2", "tp2"}),
+    # every local row of the head, but the local diagonal (r26b's rule let it run on fsdp: 1.107 off)
+    "diagonal_view_fill": (lambda m: m.get_parameter("head.weight").data.diagonal().fill_(1.0), {"fsdp2", "tp2"}),
     "value_mask": (lambda m: [p.data.__setitem__(p.data < 0, 0.0) for p in m.parameters()], set()),
     "whole_setitem": (lambda m: [p.data.__setitem__(slice(None), 0.1) for p in m.parameters()], set()),
 }

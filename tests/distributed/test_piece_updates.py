@@ -16,6 +16,9 @@ the model on one device, in ONE launch of 2 gloo ranks (Conv1d -> Linear; fsdp d
 3. Constant writes into PART of a shard (`weight.data[padding_idx].zero_()`, `nn.init.constant_(w[i], c)`): the
    part is chosen by local indices, another part on every rank than on one device along a sharded dim (0.274 off,
    silently). Now refused there; exact (and run) where the part keeps every sharded dim whole or is the whole shard.
+4. (round 27, r27g) The other writes of a positional part (`runtime.part_writes`): index assignment
+   (`w.data[1] = 0`, `w[1] = c` under no_grad, `w.data[:2] *= 0.5`), `copy_` into a part, `index_fill_`, `scatter_`,
+   `fill_diagonal_`, and a diagonal view's `fill_` on fsdp (0.07-1.1 off one device, silently). Refused and run by the same rule as 3.
 """
 import contextlib
 import io
@@ -95,9 +98,10 @@ def test_index_assignment_copies_and_indexed_writes_into_part_of_a_shard_are_ref
     """Round 27 (r27g), `runtime.part_writes`: `head.weight.data[1] = 0` (a row) refused on fsdp, exact on tp=2
     (head S(1)); `head.weight.data[:, 1] = 0` (a column) the other way round; `conv.weight[1] = 0.5` under no_grad,
     `w.data[:2] *= 0.5`, `w.data[:2].copy_(c)` refused on both (conv.weight S(0)); `index_fill_` of a head row and
-    `scatter_` into the head's bias refused on fsdp only (both whole on tp=2); a mask made from the values
+    `scatter_` into the head's bias refused on fsdp only (both whole on tp=2); `fill_diagonal_` and
+    `w.data.diagonal().fill_(1)` (every local row, the local diagonal) refused on both; a mask made from the values
     (`w[w < 0] = 0`) and `p.data[:] = c` exact everywhere, and every write exact under ddp. Before (main 45468d0)
-    every one ran: up to 0.5 off one device after the write on fsdp / tp, silently."""
+    every one ran: 0.07-1.1 off one device after the write on fsdp / tp (2-rank probe), silently."""
     for rank, (_, fills, _) in enumerate(results):
         for write, (_, refused_on) in PART_WRITES.items():
             for plan in PLANS:

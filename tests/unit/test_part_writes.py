@@ -55,6 +55,8 @@ def test_the_data_of_a_parameter_and_views_are_placed_by_their_memory():
     assert partial_along_sharded(p.data.t(), p, ROWS, (slice(None), 0)) is True  # row 0 through a transpose
     assert partial_along_sharded(p.data.t(), p, ROWS, 0) is False               # column 0: every row
     assert partial_along_sharded(p.data[:0], p, ROWS) is False        # writes nothing
+    assert partial_along_sharded(p.data.diagonal(), p, ROWS) is True  # every local row, other columns at each
+    assert partial_along_sharded(p.data.diagonal(), p, COLS) is True
 
 
 @pytest.mark.parametrize("name, args, rows, cols", [
@@ -68,6 +70,7 @@ def test_the_data_of_a_parameter_and_views_are_placed_by_their_memory():
     ("scatter_", (0, torch.tensor([[0, 1, 2, 0]]), 0.0), True, True),
     ("scatter_", (1, torch.tensor([[0], [1], [2]]), 0.0), True, True),
     ("put_", (torch.tensor([5]), torch.tensor([0.0])), True, True),
+    ("fill_diagonal_", (1.0,), True, True),
 ])
 def test_indexed_writes_name_the_positions_their_index_writes(name, args, rows, cols):
     key = _indexed_key(name, W, args, {})
