@@ -67,15 +67,14 @@ CPU per step (process time) against the priced solo work: with more ranks than c
 (round 16), and CPU time moves far less with outside load than the wall clock (round 25 at load 30-55: the full-size
 steps decided 0 of 15 pairs, their CPU 12 of 15).
 
-Round 23, the "first touch" column: the measured factors plus the first touch of activation memory
-(`StageTimes.pool_bytes`, `PipelineActionCost.first_touch_per_byte_s`, calibrated): every rank's heap holds, when a
-schedule's step starts, the peak in-flight activations of the schedule stepped just before it (since round 25
-the mean over its timed steps of the run's predecessors, `simulate_all`), and each forward that raises the rank's in-flight bytes beyond that pays the kernel's page faults; with the per
-rank bytes it prices beside the measured faults x 4 KiB. Offline on the round-22 idle run (r23d): full size
-Spearman 0.83 -> 1.00 (calA) / 0.83 -> 0.89 (calB), quick unchanged (its activations are small), but the bytes
-per rank do not match the measured faults (glibc trims its heap between steps: bitpipe is priced 0 and faults
-30-35 MB on ranks 1-2, gpipe priced 60-71 MB per rank and faults 0-53): a column to test on the next idle run,
-not the bench's price.
+The "first touch" column (round 23, rule of round 27): the measured factors plus the first touch of memory
+(`StageTimes.pool_bytes`, `PipelineActionCost.first_touch_per_byte_s`, calibrated; `planner.first_touch`): every
+rank's heap keeps the largest in-flight activation peak of the six schedules (`simulate_all`), and each action that
+raises the rank's live level (activations + the weight gradients its first backwards allocate anew) above it pays
+the kernel's page faults; with the per rank bytes it prices beside the measured faults x 4 KiB. Round 27 (r27c,
+`getrusage` per action): a step's new pages are its first backwards' (gpipe's gradients, allocated while all m
+microbatches' activations are live), not its forwards' (0-2 pages per step), and they do not follow the schedule
+stepped before (round 23-26 priced the previous schedule's activation peak as the pool).
 
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime [--profile P.json] [--rounds 24] [--json STEPS.json]
     PYTHONPATH=. python -m benchmarks.bench_schedules_runtime --profile P.json --measured STEPS.json  # report again
@@ -203,8 +202,8 @@ def _segs(plan: parallelizer.Plan, L: int) -> list[list[int]]:
 def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tuple[float, ...] | None = None) -> dict:
     """Simulated step of one schedule's plan (module docstring): seconds, with and without core sharing,
     the per-rank parameter counts it assumes and its per-rank peak in-flight activation bytes; with `pool` (per
-    rank, the bytes the previous step left in each rank's heap) also the "first touch" variant and the bytes it
-    touches beyond the pool per rank."""
+    rank, the bytes its heap keeps when the step starts) also the "first touch" variant and the bytes it touches
+    beyond the pool per rank (`planner.first_touch`)."""
     S, L = len(plan.pipeline.stages), pc.segments.num_blocks
     segs = _segs(plan, L)
     send = lambda nbytes: collective_time_s("send_recv", float(nbytes), pc.topo, ("pp",))  # noqa: E731
@@ -254,7 +253,7 @@ def simulate_schedule(name: str, plan: parallelizer.Plan, pc: Pricing, pool: tup
     before = sum(simulate(name, PP, MICROBATCHES, old).busy_s)
     peak = simulate(name, PP, MICROBATCHES, times).peak_inflight_bytes
     touched = None
-    if pool is not None:  # round 23: first touch of activation bytes beyond the previous step's heap
+    if pool is not None:  # round 23 / 27: first touch of the live level beyond the kept heap
         touch = dataclasses.replace(times, pool_bytes=tuple(pool))
         ms["first touch"] = simulate(name, PP, MICROBATCHES, touch, pc.cores).makespan_s * 1e3
         res = simulate(name, PP, MICROBATCHES, touch)
@@ -280,24 +279,20 @@ def predecessors(order: list[str], warmup: int) -> dict[str, list[str]]:
     return out
 
 
-def simulate_all(plans: dict[str, parallelizer.Plan], pc: Pricing, after: dict[str, list[str]] | None = None) -> dict:
-    """`simulate_schedule` of every schedule, each also with the "first touch" variant: each step finds in every rank's
-    heap the peak in-flight activations of the schedule stepped before it (`after[name]`: one per timed step,
-    `predecessors`; default the fixed cycle SCHEDULES of the runs before round 25) and pays the first touch of what
-    it holds beyond that (`StageTimes.pool_bytes`, round 23; a training loop stepping one schedule finds its own
-    peak and pays nothing); the variant is the mean over the timed steps, and so are its touched bytes."""
+def simulate_all(plans: dict[str, parallelizer.Plan], pc: Pricing) -> dict:
+    """`simulate_schedule` of every schedule, each also with the "first touch" variant (round 27): every rank's heap
+    keeps, when a timed step starts, the largest in-flight activation peak of the six schedules on that rank (each
+    rank stepped all six in the warm-up round, and a step's forwards then touch no new pages: r27c measured 0-2 per
+    step), and each step pays the first touch of its live level above that: its activations plus the weight
+    gradients its first backwards allocate anew (`planner.first_touch`; at full size only gpipe's live peak is above
+    it, by its gradients). Until round 26 the pool was the activation peak of the schedule stepped just before, and
+    the touch was charged to forwards: measured, the new pages are the backwards' and do not follow the predecessor."""
     first = {name: simulate_schedule(name, plans[name], pc) for name in SCHEDULES}
-    if after is None:
-        after = {name: [SCHEDULES[i - 1]] for i, name in enumerate(SCHEDULES)}
+    kept = [max(first[name]["peak_bytes"][r] for name in SCHEDULES) for r in range(PP)]
     out = {}
     for name in SCHEDULES:
-        runs = {prev: simulate_schedule(name, plans[name], pc, pool=first[prev]["peak_bytes"])
-                for prev in sorted(set(after[name]))}
-        res = dict(runs[after[name][0]])
-        res["ms"] = {**first[name]["ms"], "first touch": statistics.fmean(
-            runs[prev]["ms"]["first touch"] for prev in after[name])}
-        res["touched_bytes"] = [statistics.fmean(runs[prev]["touched_bytes"][r] for prev in after[name])
-                                for r in range(PP)]
+        res = simulate_schedule(name, plans[name], pc, pool=tuple(kept))
+        res["ms"] = {**first[name]["ms"], "first touch": res["ms"]["first touch"]}
         out[name] = res
     return out
 
@@ -383,8 +378,8 @@ def _decided_lines(verdicts, what: str) -> str:
 
 VARIANTS = {"measured": "4 ranks sharing the cores, measured factors", "ideal": "ideal sharing of the profile's "
             "cores", "own": "own core each", "before": "measured factors, as priced until round 19 (one P2P op per "
-            "transfer)", "first touch": "measured factors + first touch of activations beyond the previous schedule's "
-            "peak (round 23)"}
+            "transfer)", "first touch": "measured factors + first touch of the live level (activations + fresh "
+            "gradients) beyond the kept heap (round 27)"}
 
 
 def report(sim: dict, measured: dict | None, header: str) -> str:
@@ -444,7 +439,7 @@ def report(sim: dict, measured: dict | None, header: str) -> str:
                 n + " " + ", ".join(f"{statistics.median(f):.0f} / {statistics.median(t):.0f}" for f, t in zip(
                     measured[n]["rank_minflt"], measured[n]["rank_sys_ms"])) for n in faulted) + ".")
         if faulted and all(sim[n].get("touched_bytes") for n in faulted):
-            rows.append("Per rank first-touch MB priced (activations beyond the previous schedule's peak) / measured "
+            rows.append("Per rank first-touch MB priced (live level beyond the kept heap) / measured "
                         "minor faults x 4 KiB (median), rank 0..3: " + "; ".join(n + " " + ", ".join(
                             f"{a / 2**20:.0f} / {statistics.median(f) * 4096 / 2**20:.0f}" for a, f in zip(
                                 sim[n]["touched_bytes"], measured[n]["rank_minflt"])) for n in faulted) + ".")
@@ -499,11 +494,7 @@ def main(argv=None) -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(measured, f, indent=1)
-    # the schedule stepped before each timed step: from the run (steps written before round 25: the fixed cycle)
-    after = predecessors(step_order(args.warmup, args.rounds), args.warmup)
-    if measured:
-        after = {n: measured[n]["after"] for n in SCHEDULES} if "after" in measured[SCHEDULES[0]] else None
-    sim = simulate_all(plans, pc, after)
+    sim = simulate_all(plans, pc)
     factors = ", ".join(f"{k} ranks x{pc.cores.factor(k):.2f} (AdamW x{pc.cores.factor(k, True):.2f})"
                         for k in range(2, PP + 1))
     profile_line = summary(load_profile(profile_path)).replace("\n", "; ")

@@ -96,8 +96,9 @@ class PipelineActionCost:
 
     `first_touch_per_byte_s` (round 23): CPU seconds per byte of anonymous memory a process writes for the first
     time (the kernel's page fault and zeroing of each 4 KiB page, and its release), which an allocation beyond the
-    memory the allocator already holds pays: `planner.simulate` charges it to the forwards that raise a rank's
-    in-flight activation bytes beyond `StageTimes.pool_bytes` (the heap the previous step left). Measured by the
+    memory the allocator already holds pays: `planner.simulate` charges it to the actions that raise a rank's live
+    level (in-flight activations + the weight gradients its first backwards allocate anew; `planner.first_touch`,
+    round 27) beyond `StageTimes.pool_bytes` (the heap the rank keeps). Measured by the
     calibration (`cost_model.pipeline_actions.first_touch_per_byte_s`: thread CPU of writing a fresh mapping less
     rewriting it); 0 on the GPU presets (activations live in the device allocator's cached pool).
 

@@ -54,14 +54,15 @@ itself to the makespan. The overhead is CPU work of the rank, so it shares the c
 except `step_s`, a common start offset. Without it (None, every closed-form test) the actions cost their
 compute only.
 
-First touch of activation memory (round 23; optional `StageTimes.pool_bytes` with `act_bytes`): a rank whose
-allocator already holds `pool_bytes[r]` bytes from the previous step (its heap) pays, for activation bytes beyond
-that, the kernel's page faults: each F action that raises the rank's running in-flight bytes (the peak walk
-below) above the highest level reached so far (at least the pool) pays the increment times
-`PipelineActionCost.first_touch_per_byte_s` (the machine's, read from the top level like `comm_thread_s`). So a
-rank of GPipe with an empty pool pays m x act x c over the step, and a schedule stepped again with its own peak
-as the pool pays nothing (a training loop's steady state; the schedules bench steps six schedules in turn, so
-each finds the previous one's heap). CPU work: it shares the cores like compute. None: nothing charged.
+First touch of memory (round 23, rule corrected in round 27; optional `StageTimes.pool_bytes` with `act_bytes`):
+a rank whose allocator already holds `pool_bytes[r]` bytes when the step starts (its kept heap) pays the kernel's
+page faults for its live level beyond that, `PipelineActionCost.first_touch_per_byte_s` (the machine's, read from
+the top level like `comm_thread_s`) per byte each action raises the running maximum by; the live level is its
+in-flight activations (the peak walk below) plus, with `weight_grad_bytes`, the weight gradients each stage's first
+B / W allocates (freed by `zero_grad(set_to_none=True)` after the step): `planner.first_touch`. So a rank of GPipe
+with an empty pool pays m x act x c (+ its gradients) over the step, and one whose pool holds its live peak pays
+nothing; a schedule's own activation peak is not that pool (GPipe alone at full size re-touches its gradients every
+step, round 27). CPU work: it shares the cores like compute. None: nothing charged.
 
 Formulation: the actions form a DAG (rank order + dependencies); the makespan is its longest path. The DAG,
 a topological order grouped into levels and the per-rank in-flight counts depend only on (name, p, m) and
@@ -93,6 +94,7 @@ from cost_model.hardware import PipelineActionCost
 from ..errors import PipelineError
 from .action_schedule import ActionSchedule
 from .bitpipe import held_with_posted_receives
+from .first_touch import first_touch_bytes  # noqa: F401 (re-exported: the bench reads it here)
 from .schedule_lists import SIMULATED_SCHEDULES, action_schedule  # noqa: F401 (re-exported)
 from .sharing import SharedCores, cpu_floor_s, shared_pass
 
@@ -142,9 +144,10 @@ class StageTimes:
             its timeline shows a wait or nothing (round 21: gloo's threads reducing its dp gradient sync; the
             optimizer step the caller adds after the step); counted only in `SimResult.cpu_floor_s` (with
             `cores`); None: none.
-        pool_bytes: per rank, bytes of memory its allocator holds when the step starts (the previous step's heap);
-            activation bytes beyond it are first touched at `PipelineActionCost.first_touch_per_byte_s` (module
-            docstring, round 23; needs act_bytes); None: no first-touch cost.
+        pool_bytes: per rank, bytes of memory its allocator holds when the step starts (its kept heap); its live
+            level beyond it (activations + weight gradients, `planner.first_touch`) is first touched at
+            `PipelineActionCost.first_touch_per_byte_s` (module docstring, round 23 / 27; needs act_bytes); None: no
+            first-touch cost.
     """
 
     fwd_s: tuple[float, ...]
@@ -419,26 +422,6 @@ def _size_overhead(c: _Compiled, times: StageTimes, over: PipelineActionCost) ->
     return out
 
 
-def first_touch_bytes(c: _Compiled, times: StageTimes) -> np.ndarray:
-    """(N,) activation bytes each action touches for the first time beyond its rank's `StageTimes.pool_bytes`
-    (module docstring, round 23): per rank, the increments of the running maximum of its in-flight bytes (the peak
-    walk of `SimResult.peak_inflight_bytes`) started at the pool; only forwards raise it.
-
-    Raises:
-        PipelineError: pool_bytes not one value >= 0 per rank, or given without act_bytes.
-    """
-    pool = np.asarray(times.pool_bytes, dtype=float)
-    if times.act_bytes is None or len(pool) != c.p or not np.isfinite(pool).all() or (pool < 0).any():
-        raise PipelineError(f"StageTimes.pool_bytes {times.pool_bytes}: need {c.p} bytes >= 0 (one per rank) and "
-                            "act_bytes (the in-flight bytes they are compared with)")
-    act = np.asarray(times.act_bytes, dtype=float)
-    out = np.zeros(len(c.kind))
-    for r, idx in enumerate(c.by_rank):
-        high = np.maximum.accumulate(np.concatenate([[pool[r]], c.inflight_counts[r] @ act]))
-        out[idx] = np.diff(high)
-    return out
-
-
 def _p2p_ops(c: _Compiled, times: StageTimes) -> np.ndarray:
     """(N,) P2P ops each action posts for the cross-rank transfers it sends and receives (`StageTimes.p2p_ops`,
     round 20): the ops of the transfer it produces plus those of the transfer it consumes; without p2p_ops
@@ -498,7 +481,7 @@ def simulate_compiled(c: _Compiled, times: StageTimes, cores: SharedCores | None
                + comm * _p2p_ops(c, times))
         start_s = over.step_s
         dur = dur + _size_overhead(c, times, over)
-    if times.pool_bytes is not None:  # round 23: first touch of activation bytes beyond the kept heap
+    if times.pool_bytes is not None:  # round 23 / 27: first touch of the live level beyond the kept heap
         per_byte = 0.0 if times.action_overhead is None else times.action_overhead.first_touch_per_byte_s
         dur = dur + first_touch_bytes(c, times) * per_byte
     if times.copy_pack_s is not None:  # BitPipe's exchange packing: CPU on each copy's rank after its last backward

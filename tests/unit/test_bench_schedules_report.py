@@ -107,28 +107,29 @@ def test_every_round_steps_every_schedule_once_and_no_schedule_always_runs_first
     assert after[order[6]][0] == order[5]  # the first timed step follows the warm-up round's last
 
 
-def test_the_first_touch_variant_is_the_mean_over_the_runs_predecessors(monkeypatch):
-    """`simulate_all` prices each timed step's first touch with the heap the schedule stepped before it left (its
-    peak in-flight bytes), and reports the mean over the steps: a stand-in `simulate_schedule` whose first-touch ms
-    is 1000 + the pool's first rank's bytes shows the mean of the predecessors' peaks (1, 1, 3 -> 1000 + 5/3)."""
+def test_the_first_touch_variant_prices_every_schedule_on_the_largest_activation_peak_per_rank(monkeypatch):
+    """Round 27: `simulate_all` prices each schedule's first touch with the heap every rank keeps, the largest
+    in-flight activation peak of the six schedules on that rank (each rank stepped all six in the warm-up), whatever
+    ran just before: a stand-in `simulate_schedule` whose schedule i peaks at i + rank bytes on each rank, and whose
+    first-touch ms is 1000 + the pool's bytes on rank 0 + 10 x those on rank 3, shows pool (5, 6, 7, 8) for all."""
     import benchmarks.bench_schedules_runtime as bench
 
-    peaks = {n: float(i) for i, n in enumerate(SCHEDULES)}  # schedule i's peak: i bytes on every rank
+    pools = []
 
     def fake(name, plan, pc, pool=None):
-        out = {"ms": {v: 100.0 for v in VARIANTS if v != "first touch"}, "peak_bytes": [peaks[name]] * 4,
-               "touched_bytes": None}
+        i = SCHEDULES.index(name)
+        out = {"ms": {v: 100.0 + i for v in VARIANTS if v != "first touch"},
+               "peak_bytes": [float(i + r) for r in range(4)], "touched_bytes": None}
         if pool is not None:
-            out["ms"]["first touch"] = 1000.0 + pool[0]
-            out["touched_bytes"] = [pool[0]] * 4
+            pools.append(tuple(pool))
+            out["ms"]["first touch"] = 1000.0 + pool[0] + 10 * pool[3]
+            out["touched_bytes"] = [0.0] * 4
         return out
     monkeypatch.setattr(bench, "simulate_schedule", fake)
-    after = {n: [SCHEDULES[1], SCHEDULES[1], SCHEDULES[3]] for n in SCHEDULES}
-    sim = bench.simulate_all({n: None for n in SCHEDULES}, None, after)
-    assert all(sim[n]["ms"]["first touch"] == pytest.approx(1000 + 5 / 3) for n in SCHEDULES)
-    assert all(sim[n]["touched_bytes"] == pytest.approx([5 / 3] * 4) for n in SCHEDULES)
-    fixed = bench.simulate_all({n: None for n in SCHEDULES}, None)  # runs before round 25: the fixed cycle
-    assert [fixed[n]["ms"]["first touch"] for n in SCHEDULES] == [1000.0 + peaks[SCHEDULES[i - 1]] for i in range(6)]
+    sim = bench.simulate_all({n: None for n in SCHEDULES}, None)
+    assert pools == [(5.0, 6.0, 7.0, 8.0)] * len(SCHEDULES)
+    assert all(sim[n]["ms"]["first touch"] == 1085.0 for n in SCHEDULES)
+    assert [sim[n]["ms"]["measured"] for n in SCHEDULES] == [100.0 + i for i in range(6)]  # the other variants kept
 
 
 def test_the_report_decides_pairs_on_all_ranks_cpu_and_scores_the_priced_work():

@@ -78,3 +78,69 @@ def test_the_calibrations_first_touch_samples_become_the_field_and_an_older_prof
     assert _pipeline_action_from_json(_pipeline_action_to_json(cost)) == cost  # written and read back
     older = {k: v for k, v in _pipeline_action_to_json(cost).items() if k != "first_touch_per_byte_s"}
     assert _pipeline_action_from_json(older).first_touch_per_byte_s == CPU_PIPELINE_ACTION.first_touch_per_byte_s
+
+
+# Round 27 (r27c): the live level counts the weight gradients each stage's first backward allocates anew
+# (zero_grad(set_to_none=True) frees them after every step); the touch is charged to the action that raises it.
+G = 300.0  # weight-gradient bytes per model stage
+
+
+def _with_grads(name, pool):
+    return dataclasses.replace(_times(pool), weight_grad_bytes=(G,) * P)
+
+
+def _touched(name, times):
+    from parallelizer.planner.first_touch import first_touch_bytes
+    res = simulate(name, P, M, times)
+    return res, first_touch_bytes(res.compiled, times)
+
+
+def test_gpipe_on_a_heap_that_keeps_its_activations_pays_its_gradients_on_its_first_backward():
+    # GPipe's first B runs with all m microbatches live: a pool of m ACT leaves exactly G per rank, on that B
+    res, got = _touched("gpipe", _with_grads("gpipe", (M * ACT,) * P))
+    c = res.compiled
+    for r, idx in enumerate(c.by_rank):
+        charged = [n for n in idx if got[n] > 0]
+        first_b = next(n for n in idx if c.kind[n] == 3)
+        assert charged == [first_b] and got[first_b] == pytest.approx(G)
+        assert res.busy_s[r] == pytest.approx(M * (F + B) + G * C, rel=1e-12)
+
+
+def test_1f1b_on_a_heap_that_keeps_its_live_peak_pays_nothing():
+    # rank k's live peak is its warm-up depth (p - k) ACT plus its gradients G: a pool of that is its steady state
+    pool = tuple((P - k) * ACT + G for k in range(P))
+    assert simulate("1f1b", P, M, _with_grads("1f1b", pool)).makespan_s == pytest.approx((M + P - 1) * (F + B),
+                                                                                        rel=1e-12)
+
+
+def test_an_empty_heap_touches_the_live_peak_activations_and_gradients():
+    # GPipe with pool 0: m ACT over its forwards, then G on its first backward; 1F1B: (p - k) ACT + G
+    for name, live in (("gpipe", lambda k: M * ACT + G), ("1f1b", lambda k: (P - k) * ACT + G)):
+        res, got = _touched(name, _with_grads(name, (0.0,) * P))
+        for k, idx in enumerate(res.compiled.by_rank):
+            assert got[idx].sum() == pytest.approx(live(k))
+
+
+def test_a_split_backward_allocates_its_gradients_in_its_first_weight_action():
+    # zbv's W actions accumulate .grad (torch's stage_backward_weight), its I actions only input gradients: with no
+    # activation bytes and an empty heap, each rank touches exactly its two stage copies' gradients 2 G, on the
+    # first W of each copy, and no I is charged
+    base = dataclasses.replace(StageTimes.uniform(2 * P, F, B / 2, B / 2), act_bytes=(0.0,) * (2 * P),
+                               pool_bytes=(0.0,) * P, weight_grad_bytes=(G,) * (2 * P),
+                               action_overhead=PipelineActionCost(first_touch_per_byte_s=C))
+    res, got = _touched("zbv", base)
+    c = res.compiled
+    for idx in c.by_rank:
+        firsts = {}
+        for n in idx:
+            if c.kind[n] == 2:
+                firsts.setdefault(c.actions[n].stage_index, n)
+        assert sorted(n for n in idx if got[n] > 0) == sorted(firsts.values())
+        assert got[idx].sum() == pytest.approx(2 * G)
+
+
+def test_gradient_bytes_that_cannot_be_priced_are_refused():
+    from parallelizer.planner.first_touch import first_touch_bytes
+    times = dataclasses.replace(_times((0.0,) * P), weight_grad_bytes=(G,) * (P - 1))
+    with pytest.raises(PipelineError, match="weight_grad_bytes"):
+        first_touch_bytes(simulate("gpipe", P, M, _times(None)).compiled, times)
