@@ -121,11 +121,20 @@ def test_a_rank_0_failure_keeps_its_class_and_the_base_class():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("mesh", ["pp=2,dp=2", pytest.param("pp=2,tp=2", marks=pytest.mark.long)])  # tp: test-long
+@pytest.mark.long  # both meshes in `make test-long` (pp=2 x tp=2 since round 19, pp=2 x dp=2 since round 27)
+@pytest.mark.parametrize("mesh", ["pp=2,dp=2", "pp=2,tp=2"])
 def test_torchrun_example_trains_a_pipeline_plan_on_four_ranks(mesh):
     """The example's user loop (`pm.step`) on pp=2 x dp=2 and pp=2 x tp=2 under torchrun (dp x tp:
     tests/distributed/test_step.py), every axis used (trial r14e: pp=2 x tp=2 left tp unused, a
-    NoParallelismWarning, and still printed "trained ... on (pp=2, tp=2)")."""
+    NoParallelismWarning, and still printed "trained ... on (pp=2, tp=2)").
+
+    Round 27 (r27b): a 4-rank torchrun launch costs ~20 s of CPU (5 fresh interpreters), so `make test` keeps one:
+    the README's command (`test_torchrun_example_default_mesh_is_parallel_and_matches`: torchrun's environment, rank
+    0's plan broadcast, the example's loop and its check against one device); `pm.step` of pipeline plans on
+    pp=2 x dp=2 with -100 targets spread unevenly over the microbatches (this example's batch) is checked against
+    one device by tests/distributed/test_step.py (`test_step_trains_pipeline_and_non_pipeline_plans_like_one_device`,
+    `test_a_loss_fn_scaling_the_models_own_loss_weighs_it_by_its_counts`), and a plan that leaves an axis unused
+    warns (tests/unit/test_no_parallelism_warning.py)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--nproc-per-node", "4", "examples/torchrun_auto_parallelize.py",
