@@ -216,6 +216,8 @@ class Owner(NamedTuple):
 
 
 _OWNERS = WeakIdKeyDictionary()  # local parameter -> its Owner
+# storage size (elements) -> {id: weak reference} of the registered parameters whose storage (or gradient's) has it
+_BY_SIZE: dict[int, dict[int, weakref.ref]] = {}
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
 _TORCH_CLIP_VALUE = torch.nn.utils.clip_grad.clip_grad_value_
 _TORCH_TOTAL = torch.nn.utils.clip_grad._get_total_norm
@@ -244,6 +246,11 @@ def register(params: Sequence[tuple[str, torch.Tensor, Layout]], mesh: MeshSpec,
     ref = None if pipeline is None else weakref.ref(pipeline)
     for fqn, p, layout in params:
         _OWNERS[p] = Owner(layout, mesh, groups, ref, fqn, (shapes or {}).get(fqn), coords)
+        for size in {p.numel(), p.untyped_storage().nbytes() // max(p.element_size(), 1)} if p.numel() else ():
+            bucket = _BY_SIZE.setdefault(size, {})
+            for dead in [k for k, r in bucket.items() if r() is None]:  # parameters of modules gone since
+                del bucket[dead]
+            bucket[id(p)] = weakref.ref(p)
     if torch.nn.utils.clip_grad_norm_ is not _clip_any_grad_norm_:
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_any_grad_norm_
         torch.nn.utils.clip_grad_value_ = torch.nn.utils.clip_grad.clip_grad_value_ = _clip_any_grad_value_
@@ -259,40 +266,37 @@ def owner_of(p: torch.Tensor) -> Owner | None:
     return _OWNERS.get(p)
 
 
-def owner_of_memory(t: torch.Tensor) -> tuple[torch.Tensor, Owner] | None:
+def owner_of_memory(t: torch.Tensor, grads: bool = False) -> tuple[torch.Tensor, Owner] | None:
     """(the registered local parameter, its Owner) whose memory holds `t`'s first element (`p`, `p.data`,
-    `p.data[1]`, `p.view(-1)`), else None. O(parameters) per call, over `_memory_spans` (a list of addresses: 20-60x
-    cheaper than iterating the weak registry, which took ~0.4 ms per call with 150 parameters under load)."""
+    `p.data[1]`, `p.view(-1)`), else None. With `grads`, also (`p.grad`, p's Owner) when `t` lies in the memory of
+    a registered parameter's gradient (`p.grad`, `p.grad.view(-1)`): a local gradient has its parameter's layout.
+
+    Only the registered parameters whose storage has as many elements as `t`'s storage are looked at (`_BY_SIZE`:
+    a piece's storage, or its gradient's, which autograd allocates at the piece's size), so a call on any other
+    tensor costs one dictionary look-up (round 27, r27f; r27fg measured it against r27g's scan of a list of
+    addresses, paired under load: RESULTS "Round 27 (r27fg)"). A piece whose storage was replaced by one of another
+    size (`p.data = bigger`) or a gradient that is a view of a larger buffer is not found (the check is skipped)."""
     if not _OWNERS:  # no ParallelModule yet: nothing to look up
         return None
     owner = _OWNERS.get(t)
     if owner is not None:
         return t, owner
     # local parameters and their `.data` are plain tensors; a fake, functional or meta tensor (tracing) has no memory
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta" or t.numel() == 0:
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta" or t.numel() == 0 \
+            or t.layout != torch.strided:  # a sparse tensor has no data pointer
+        return None
+    candidates = _BY_SIZE.get(t.untyped_storage().nbytes() // t.element_size())
+    if not candidates:
         return None
     ptr = t.data_ptr()
-    for ref, start, end in _memory_spans():
-        if start <= ptr < end:
-            p = ref()
-            owner = None if p is None else _OWNERS.get(p)
-            if owner is not None and p.device == t.device:
-                return p, owner
+    for ref in list(candidates.values()):
+        p = ref()
+        o = _OWNERS.get(p) if p is not None else None
+        for held in ((p, p.grad) if grads else (p,)) if o is not None else ():
+            if held is not None and held.layout == torch.strided and held.device == t.device and held.numel() \
+                    and held.data_ptr() <= ptr < held.data_ptr() + held.numel() * held.element_size():
+                return held, o
     return None
-
-
-_SPANS: list = [0, []]  # [len(_OWNERS) when built, [(weak ref to a parameter, first byte, end byte)]]
-
-
-def _memory_spans() -> list:
-    """The byte spans of the registered parameters' memory, rebuilt when the registry's size or any parameter's
-    address changed (`pm.to(...)` and `p.data = t` give a parameter new memory): one `data_ptr()` per parameter."""
-    size, spans = _SPANS
-    if size != len(_OWNERS) or any((p := ref()) is None or p.data_ptr() != start for ref, start, _ in spans):
-        spans = [(weakref.ref(p), p.data_ptr(), p.data_ptr() + p.numel() * p.element_size())
-                 for p in list(_OWNERS.keys()) if p.numel()]
-        _SPANS[:] = [len(_OWNERS), spans]
-    return spans
 
 
 def _scope(owned: list[Owner | None], what: str):

@@ -42,7 +42,8 @@ import torch
 from ..core.layout import Shard
 from ..errors import UnsupportedOpError
 from .grad_norm import owner_of, owner_of_memory
-from .part_writes import install as _install_part_writes, partial_along_sharded, refuse_part
+from .part_writes import in_local_writes, install as _install_part_writes, partial_along_sharded, refuse_part
+from .piece_norms import install as _install_norm_check
 
 SHAPE_OR_RANDOM = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
@@ -63,6 +64,7 @@ def install() -> None:
     _install_quantization_check()
     _install_fill_check()
     _install_part_writes()
+    _install_norm_check()
     register = torch.nn.utils.parametrize.register_parametrization
     if not getattr(register, "_parallelizer_checked", False):
         torch.nn.utils.parametrize.register_parametrization = _checked_parametrization(register)
@@ -152,14 +154,15 @@ def _checked_fill(name: str, original):
         # a constant fill is positional only through a view (`p.data[i]`, `w[i]`): `p.grad.zero_()` and other whole
         # tensors skip the scan of the registered parameters (an optimizer's zero_grad(set_to_none=False) calls it
         # once per parameter)
-        held = owner_of_memory(self) if name in TENSOR_FILLS or self._base is not None else None
+        held = owner_of_memory(self) if name in TENSOR_FILLS else \
+            owner_of_memory(self, grads=True) if self._base is not None and not in_local_writes() else None
         if held is not None:
             param, owner = held
             if name in TENSOR_FILLS:
                 refuse_on_pieces(f"Tensor.{name}", owner, True,
                                  f"`with pm.full_model() as model: model.<name>.data.{name}(...)`")
             elif partial_along_sharded(self, param, owner):
-                raise refuse_part(f"Tensor.{name}", owner, f"model.<name>.data[...].{name}(...)")
+                raise refuse_part(f"Tensor.{name}", owner, f"model.<name>.data[...].{name}(...)", param)
         return original(self, *args, **kwargs)
 
     fill._parallelizer_checked = True

@@ -36,6 +36,7 @@ rank's piece (`_key_partial` doubles the sharded dims), so every rank raises ali
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -43,14 +44,35 @@ import torch
 
 from ..core.layout import Shard
 from ..errors import UnsupportedOpError
-from .grad_norm import owner_of_memory
+from .grad_norm import owner_of, owner_of_memory
 
 INDEXED_WRITES = ("index_fill_", "index_copy_", "index_add_", "index_reduce_", "index_put_", "scatter_",
-                  "scatter_add_", "scatter_reduce_", "put_", "fill_diagonal_")
-"""torch.Tensor's in-place methods that write the positions an index tensor names (checked on a shard's memory)."""
+                  "scatter_add_", "scatter_reduce_", "put_", "fill_diagonal_", "tril_", "triu_")
+"""torch.Tensor's in-place methods that write the positions an index tensor (a diagonal, a triangle) names (checked
+on a shard's memory and its gradient's)."""
 VIEW_WRITES = ("copy_", "masked_fill_", "masked_scatter_")
-"""In-place methods checked only when the receiver is a view (a part): on a whole shard `copy_` is a load and a
-mask is not checked (module docstring)."""
+"""In-place methods checked when the receiver is a view (a part), and the masked ones also on a whole shard when
+their mask is broadcast (fewer dims or size-1 dims: chosen by position); on a whole shard `copy_` is a load and a
+mask of the shard's own shape is chosen by value (module docstring)."""
+
+_LOCAL_WRITES: list[bool] = []  # non-empty inside `local_writes()`
+
+
+@contextlib.contextmanager
+def local_writes():
+    """Positional writes inside run unchecked: for code that writes this rank's piece by LOCAL position on purpose
+    (a test injecting an inf into one rank's gradient, a loader that maps global indices to local ones itself).
+    Norms (`runtime.piece_norms`) stay checked. Not thread-local: it covers every thread of the process."""
+    _LOCAL_WRITES.append(True)
+    try:
+        yield
+    finally:
+        _LOCAL_WRITES.pop()
+
+
+def in_local_writes() -> bool:
+    """Whether a `local_writes()` block is open (the constant fills of `init_check` skip their check there too)."""
+    return bool(_LOCAL_WRITES)
 
 
 def sharded_dims(param: torch.Tensor, owner) -> list[int]:
@@ -66,10 +88,43 @@ def _whole_key(key) -> bool:
     return all(k is Ellipsis or isinstance(k, slice) and k == slice(None) for k in items)
 
 
-def _by_mask(key) -> bool:
-    """Whether `key` holds a boolean index (a mask: chosen by values or by positions, not told apart)."""
+def _by_value(key, shape) -> bool:
+    """Whether `key` is one boolean mask of the written tensor's whole `shape` (`w[w.abs() < eps] = 0`): chosen by
+    the values, exact on shards (a positional mask of that shape cannot be told from it: not checked)."""
     items = key if isinstance(key, tuple) else (key,)
-    return any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in items)
+    named = [k for k in items if k is not Ellipsis]
+    return len(named) == 1 and isinstance(named[0], torch.Tensor) and named[0].dtype == torch.bool \
+        and (named[0].ndim == 0 or tuple(named[0].shape) == tuple(shape))
+
+
+def _mask_positions(key):
+    """`key` with each boolean index of fewer dims than the tensor (a row mask `w[rows_mask]`: chosen by position
+    along the dims it spans) replaced by the integer positions it names (`nonzero`), as torch reads it."""
+    items = key if isinstance(key, tuple) else (key,)
+    if not any(isinstance(k, torch.Tensor) and k.dtype == torch.bool and k.ndim for k in items):
+        return key
+    out = []
+    for k in items:
+        is_mask = isinstance(k, torch.Tensor) and k.dtype == torch.bool and k.ndim
+        out.extend(k.cpu().nonzero(as_tuple=True) if is_mask else (k,))
+    return tuple(out)
+
+
+def _broadcast_mask_key(t: torch.Tensor, mask):
+    """The index of `t`'s elements a `masked_fill_` / `masked_scatter_` with `mask` writes, when `mask` broadcasts
+    (fewer dims, or size 1 along a dim of `t`): every index along the dims it broadcasts over (`slice(None)`: on one
+    device too), its True positions along the others; None for a mask of `t`'s own shape (chosen by value) or one
+    torch refuses (its own call raises)."""
+    if not isinstance(mask, torch.Tensor) or mask.ndim > t.ndim or tuple(mask.shape) == tuple(t.shape):
+        return None
+    m = mask.cpu().reshape((1,) * (t.ndim - mask.ndim) + tuple(mask.shape))
+    spread = [m.shape[d] == 1 and t.shape[d] != 1 for d in range(t.ndim)]
+    if any(m.shape[d] not in (1, t.shape[d]) for d in range(t.ndim)):
+        return None
+    if all(spread):
+        return Ellipsis if bool(m.reshape(-1)[0]) else None
+    where = m.nonzero()  # (k, ndim): positions along every dim (index 0 along the broadcast ones)
+    return tuple(slice(None) if spread[d] else where[:, d] for d in range(t.ndim))
 
 
 def _basic_entries(key, ndim: int) -> list | None:
@@ -147,8 +202,9 @@ def partial_along_sharded(t: torch.Tensor, param: torch.Tensor, owner, key=Ellip
     non-contiguous parameter) counts as partial unless it spans the parameter's bytes with `key` whole. A boolean
     mask is not checked (module docstring)."""
     dims = sharded_dims(param, owner)
-    if not dims or _by_mask(key):
+    if not dims or _by_value(key, t.shape):
         return False
+    key = _mask_positions(key)
     if t.data_ptr() == param.data_ptr() and t.dtype == param.dtype and t.shape == param.shape \
             and t.stride() == param.stride():
         return _key_partial(tuple(t.shape), key, dims)
@@ -164,15 +220,20 @@ def partial_along_sharded(t: torch.Tensor, param: torch.Tensor, owner, key=Ellip
     return _not_a_product(offsets, tuple(param.shape), dims)
 
 
-def refuse_part(call: str, owner, example: str) -> UnsupportedOpError:
+def refuse_part(call: str, owner, example: str, piece: torch.Tensor | None = None) -> UnsupportedOpError:
     """The error for `call` (e.g. "Tensor.__setitem__") writing a positional part of the local shard of `owner`;
-    `example`: the call on the full model, for the remedy."""
+    `example`: the call on the full model, for the remedy; `piece`: the local parameter or gradient written (its
+    shape, and whether it is a gradient, go into the message)."""
+    what = "the gradient of " if piece is not None and owner_of(piece) is None else ""
+    holds = f"this rank holds {tuple(piece.shape)} of {owner.shape}, " if piece is not None and owner.shape else ""
     return UnsupportedOpError(
-        f"{call} on part of {owner.fqn!r}, a local shard (stored as {owner.layout} on mesh {owner.mesh}): the part "
-        "is chosen by indices into this rank's shard along a sharded dim, so it is another part of the parameter on "
-        "every rank than on one device (e.g. weight[padding_idx] is a different row of each shard). Remedy: run it "
-        f"on full tensors: pm.apply(init_fn), or `with pm.full_model() as model: {example}`; or initialise the model "
-        "before auto_parallelize (or load values with pm.load_full_state_dict)")
+        f"{call} on part of {what}{owner.fqn!r}, a local shard ({holds}stored as {owner.layout} on mesh "
+        f"{owner.mesh}): the part is chosen by indices into this rank's shard along a sharded dim, so it is another "
+        "part of the parameter on every rank than on one device (e.g. weight[padding_idx] is a different row of each "
+        f"shard). Remedy: run it on full tensors: pm.apply(init_fn), or `with pm.full_model() as model: {example}`; "
+        "or initialise the model before auto_parallelize (or load values with pm.load_full_state_dict); a write of "
+        "this rank's piece by local position on purpose: inside `with parallelizer.runtime.part_writes."
+        "local_writes():`")
 
 
 def _indexed_key(name: str, t: torch.Tensor, args: tuple, kwargs: dict):
@@ -185,6 +246,11 @@ def _indexed_key(name: str, t: torch.Tensor, args: tuple, kwargs: dict):
         if name == "fill_diagonal_":  # the positions torch fills, marked on a boolean tensor of t's shape
             wrap = args[1] if len(args) > 1 else kwargs.get("wrap", False)
             return torch.zeros(t.shape, dtype=torch.bool).fill_diagonal_(True, wrap=wrap).nonzero(as_tuple=True)
+        if name in ("tril_", "triu_"):  # the positions torch zeroes: outside the kept triangle
+            diagonal = args[0] if args else kwargs.get("diagonal", 0)
+            ones = torch.ones(t.shape[-2:], dtype=torch.bool)
+            kept = ones.triu(diagonal) if name == "triu_" else ones.tril(diagonal)
+            return (~kept).expand(t.shape).nonzero(as_tuple=True) if t.ndim >= 2 else None
         if name == "put_":
             index = (args[0] if args else kwargs["index"]).reshape(-1) % max(t.numel(), 1)
             return torch.unravel_index(index, tuple(t.shape))
@@ -201,10 +267,10 @@ def _indexed_key(name: str, t: torch.Tensor, args: tuple, kwargs: dict):
 def _checked_setitem(original):
     @functools.wraps(original)
     def __setitem__(self, key, value):
-        held = owner_of_memory(self)
+        held = None if _LOCAL_WRITES else owner_of_memory(self, grads=True)  # `emb.weight.grad[i] = 0` too
         if held is not None and partial_along_sharded(self, held[0], held[1], key):
             error = refuse_part("Tensor.__setitem__ (index assignment `w[...] = v`)", held[1],
-                                "model.<name>.data[...] = v")
+                                "model.<name>.data[...] = v", held[0])
             if isinstance(value, torch.Tensor) and owner_of_memory(value) is not None:
                 # `w[i] *= c`: Python changed the part in place (`__imul__` on `w[i]`) before assigning it back
                 error.args = (error.args[0] + ". An augmented assignment (`w[i] *= c`) has already changed this "
@@ -219,11 +285,18 @@ def _checked_setitem(original):
 def _checked_write(name: str, original):
     @functools.wraps(original)
     def write(self, *args, **kwargs):
-        held = owner_of_memory(self) if name in INDEXED_WRITES or self._base is not None else None
+        whole_copy = name == "copy_" and self._base is None  # a load or an optimizer's update: not looked up
+        held = None if _LOCAL_WRITES or whole_copy else owner_of_memory(self, grads=True)
         if held is not None:
-            key = _indexed_key(name, self, args, kwargs) if name in INDEXED_WRITES else Ellipsis
-            if key is not None and partial_along_sharded(self, held[0], held[1], key):
-                raise refuse_part(f"Tensor.{name}", held[1], f"model.<name>.data.{name}(...)")
+            if name in INDEXED_WRITES:
+                key = _indexed_key(name, self, args, kwargs)
+            elif name != "copy_":  # masked_fill_ / masked_scatter_: a broadcast mask chooses by position
+                key = _broadcast_mask_key(self, args[0] if args else kwargs.get("mask"))
+                key = Ellipsis if key is None and self._base is not None else key
+            else:
+                key = Ellipsis
+        if held is not None and key is not None and partial_along_sharded(self, held[0], held[1], key):
+            raise refuse_part(f"Tensor.{name}", held[1], f"model.<name>.data.{name}(...)", held[0])
         return original(self, *args, **kwargs)
 
     write._parallelizer_checked = True

@@ -189,3 +189,103 @@ def pipeline_fills(rank: int, world_size: int) -> dict:
     out = {fqn: _error(lambda p=p: p.data.normal_(0, 0.02)) for fqn, p in pm.named_parameters()}
     out["copied"] = sorted(pm.copied)
     return out
+
+
+# Round 27 (r27f, merged by r27fg): positional writes and statistics of pm's pieces (`runtime.part_writes`, `runtime.piece_norms`). conv_head's layouts:
+# fsdp2 shards every dim 0 (head.weight (3, 48) of (6, 48)); tp2 shards conv.weight / conv.bias dim 0 and head.weight
+# dim 1 (head.weight (6, 24)), head.bias replicated. Each entry: (fn(m) under no_grad, the plans that refuse it).
+def _set(fqn: str, key, value, data: bool = True):
+    def write(m):
+        p = m.get_parameter(fqn)
+        (p.data if data else p)[key] = value
+    return write
+
+
+POSITIONAL = {
+    "padding_row": (_set("head.weight", 1, 0.0), {"fsdp2"}),  # HF's `weight.data[padding_idx] = 0`
+    "column_of_param": (_set("head.weight", (slice(None), 0), 0.5, data=False), {"tp2"}),
+    "conv_filter": (_set("conv.weight", 1, 0.0), {"fsdp2", "tp2"}),
+    # each rank's diagonal keeps every row index (fsdp) yet is another diagonal: whole fibres, not index sets
+    "diagonal": (_set("head.weight", (torch.arange(3), torch.arange(3)), 0.0), {"fsdp2", "tp2"}),
+    "diagonal_zero_": (lambda m: m.get_parameter("head.weight").data.diagonal().zero_(), {"fsdp2", "tp2"}),
+    "index_fill_row": (lambda m: m.get_parameter("head.weight").data.index_fill_(0, torch.tensor([1]), 0.0),
+                       {"fsdp2"}),
+    "masked_fill_columns": (lambda m: m.get_parameter("head.weight").data.masked_fill_(torch.arange(
+        m.get_parameter("head.weight").shape[1]) < 4, 0.0), {"tp2"}),
+    "prune_by_value": (lambda m: [p.data.__setitem__(p.data.abs() < 0.05, 0.0) for p in m.parameters()], set()),
+    "whole": (_set("head.weight", ..., 0.25), set()),
+}
+NORMS = {  # over the values: (fn(m) under no_grad, plans that refuse)
+    "div_norm": (lambda m: [p.div_(p.norm()) for p in m.parameters()], {"fsdp2", "tp2"}),
+    "normalize_rows": (lambda m: m.get_parameter("head.weight").copy_(
+        F.normalize(m.get_parameter("head.weight"), dim=1)), {"tp2"}),
+    "matrix_norm": (lambda m: m.get_parameter("head.weight").div_(
+        torch.linalg.matrix_norm(m.get_parameter("head.weight"))), {"fsdp2", "tp2"}),
+}
+
+
+def agc(params, clipping: float = 0.01, eps: float = 1e-3) -> None:
+    """timm.utils.agc.adaptive_clip_grad: each gradient row clipped to `clipping` times its weight row's norm."""
+    def unitwise(x):
+        return x.norm(2.0) if x.ndim <= 1 else x.norm(2.0, dim=tuple(range(1, x.ndim)), keepdim=True)
+    for p in params:
+        max_norm = unitwise(p.detach()).clamp_(min=eps).mul_(clipping)
+        g = unitwise(p.grad.detach())
+        p.grad.detach().copy_(torch.where(g < max_norm, p.grad, p.grad * (max_norm / g.clamp(min=1e-6))))
+
+
+GRADS = {  # after one backward: (fn(m) -> values or None, plans that refuse)
+    "grad_norms": (lambda m: {f: p.grad.norm() for f, p in m.named_parameters()}, {"fsdp2", "tp2"}),
+    "agc": (lambda m: agc(m.parameters()), {"fsdp2", "tp2"}),
+    "frozen_grad_rows": (lambda m: m.get_parameter("conv.weight").grad.__setitem__(slice(0, 2), 0.0),
+                         {"fsdp2", "tp2"}),
+}
+
+
+def piece_access(rank: int, world_size: int, specs: dict) -> dict:
+    """POSITIONAL, NORMS and GRADS on a parallel module and on a copy of the model on one device:
+    {(plan, name): {"error": "no error" or the error, "state" / "reference": full state dicts (POSITIONAL, NORMS),
+    or "grads" / "reference": this rank's gradients and one device's shards of them, "values": the returned
+    values (GRADS)}}; and {(plan, "total_norms")}: `get_total_norm([p.grad])` per parameter against one device's
+    `p.grad.norm()` (the remedy the error names)."""
+    import torch.distributed as dist
+
+    from parallelizer.rewriter.spec import all_axis_groups
+    from parallelizer.rewriter.state import shard_tensor
+    from parallelizer.runtime import create_groups
+    from parallelizer.runtime.module import ParallelModule
+    from parallelizer.tracer.trace import trace
+
+    out = {}
+    for name, spec in specs.items():
+        create_groups(all_axis_groups(spec.mesh))
+
+        def fresh(backward: bool):
+            model, (x,) = conv_head()
+            reference = copy.deepcopy(model)
+            pm = ParallelModule(trace(model, (x,)), spec, dist.get_rank(), model)
+            if backward:
+                pm.step(x, target=target(x), loss_fn=F.mse_loss)
+                F.mse_loss(reference(x), target(x)).backward()
+            return pm, reference
+
+        for key, (fn, _) in {**POSITIONAL, **NORMS}.items():
+            pm, reference = fresh(False)
+            errors = []
+            for m in (pm, reference):
+                with torch.no_grad():
+                    errors.append(_error(lambda m=m: fn(m)))
+            out[(name, key)] = {"error": errors[0], "state": pm.full_state_dict(), "reference": reference.state_dict()}
+        for key, (fn, _) in GRADS.items():
+            pm, reference = fresh(True)
+            values = {}
+            error = _error(lambda: values.update({"pm": fn(pm)}))
+            values["reference"] = fn(reference)
+            grads = {f: p.grad for f, p in pm.named_parameters()}
+            shards = {f: shard_tensor(p.grad, spec.params[f], spec.mesh, pm.coords)
+                      for f, p in reference.named_parameters()}
+            out[(name, key)] = {"error": error, "grads": grads, "reference": shards, "values": values}
+        pm, reference = fresh(True)
+        totals = {f: torch.nn.utils.get_total_norm([p.grad]) for f, p in pm.named_parameters()}
+        out[(name, "total_norms")] = (totals, {f: p.grad.norm() for f, p in reference.named_parameters()})
+    return out

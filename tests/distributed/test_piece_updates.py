@@ -19,6 +19,11 @@ the model on one device, in ONE launch of 2 gloo ranks (Conv1d -> Linear; fsdp d
 4. (round 27, r27g) The other writes of a positional part (`runtime.part_writes`): index assignment
    (`w.data[1] = 0`, `w[1] = c` under no_grad, `w.data[:2] *= 0.5`), `copy_` into a part, `index_fill_`, `scatter_`,
    `fill_diagonal_`, and a diagonal view's `fill_` on fsdp (0.07-1.1 off one device, silently). Refused and run by the same rule as 3.
+5. (round 27, r27f, merged onto 4's rule by r27fg) Positional writes (`w.data[padding_idx] = 0`, index_fill_, a
+   broadcast masked_fill_, a diagonal, rows of a gradient) and norms of a piece over a sharded dim (`p.div_(p.norm())`,
+   `p.grad.norm()`, timm's adaptive gradient clipping, a row normalisation over tp's sharded columns;
+   `runtime.piece_norms`), which gave other numbers than one device silently, are refused on the plans that shard
+   the dim; where they keep every sharded dim whole, and under ddp, they run and equal one device.
 """
 import contextlib
 import io
@@ -30,7 +35,8 @@ import parallelizer
 from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime import spawn
 from launch_once import run_each
-from piece_update_workers import FILLS, PART_WRITES, WRITES, conv_head, per_dim_steps, pipeline_fills, random_fills
+from piece_update_workers import (FILLS, GRADS, NORMS, PART_WRITES, POSITIONAL, WRITES, conv_head, per_dim_steps,
+                                  piece_access, pipeline_fills, random_fills)
 
 pytestmark = pytest.mark.distributed
 PLANS = {"fsdp2": ({"dp": 2}, {"dp": "fsdp"}), "tp2": ({"tp": 2}, {"tp": "tp"}), "ddp2": ({"dp": 2}, {"dp": "ddp"})}
@@ -43,8 +49,8 @@ def results():
     with contextlib.redirect_stdout(io.StringIO()):  # the solver library prints a banner
         specs = {name: spec_from_plan(parallelizer.plan(traced, mesh, axis_roles=roles))
                  for name, (mesh, roles) in PLANS.items()}
-    return spawn(run_each, 2, [(per_dim_steps, (specs,)), (random_fills, (specs,)), (pipeline_fills, ())],
-                 timeout_s=600)
+    return spawn(run_each, 2, [(per_dim_steps, (specs,)), (random_fills, (specs,)), (pipeline_fills, ()),
+                               (piece_access, (specs,))], timeout_s=600)
 
 
 def _same_state(r: dict, key) -> None:
@@ -54,7 +60,7 @@ def _same_state(r: dict, key) -> None:
 
 def test_per_tensor_updates_are_refused_on_shards_and_equal_one_device_on_whole_tensors(results):
     """Before (main 5abdc2f): fsdp / tp stepped the shards (tests/unit/test_optimizer_check.py checks the kinds)."""
-    for rank, (steps, _, _) in enumerate(results):
+    for rank, (steps, *_) in enumerate(results):
         for (plan, rule), r in steps.items():
             if plan == "ddp2" or rule == "plain":
                 assert r["error"] is None, (rank, plan, rule, r["error"])
@@ -64,7 +70,7 @@ def test_per_tensor_updates_are_refused_on_shards_and_equal_one_device_on_whole_
 
 
 def test_random_fills_of_shards_are_refused_and_equal_one_device_on_whole_tensors(results):
-    for rank, (_, fills, _) in enumerate(results):
+    for rank, (_, fills, *_) in enumerate(results):
         for plan in PLANS:
             for fill in FILLS:
                 r = fills[(plan, fill)]
@@ -82,7 +88,7 @@ def test_a_constant_written_into_part_of_a_shard_is_refused_where_the_part_is_ch
     head is S(1): every shard holds the whole row's columns it owns); `nn.init.constant_(conv.weight[1], 0.5)` is
     refused on both (conv.weight S(0)); a write of every parameter whole is exact everywhere. Before (main
     5abdc2f), every one ran: the padding row 0.274 off one device on fsdp / tp (MLP probe), silently."""
-    for rank, (_, fills, _) in enumerate(results):
+    for rank, (_, fills, *_) in enumerate(results):
         for write, (_, refused_on) in WRITES.items():
             for plan in PLANS:
                 r = fills[(plan, write)]
@@ -102,7 +108,7 @@ def test_index_assignment_copies_and_indexed_writes_into_part_of_a_shard_are_ref
     `w.data.diagonal().fill_(1)` (every local row, the local diagonal) refused on both; a mask made from the values
     (`w[w < 0] = 0`) and `p.data[:] = c` exact everywhere, and every write exact under ddp. Before (main 45468d0)
     every one ran: 0.07-1.1 off one device after the write on fsdp / tp (2-rank probe), silently."""
-    for rank, (_, fills, _) in enumerate(results):
+    for rank, (_, fills, *_) in enumerate(results):
         for write, (_, refused_on) in PART_WRITES.items():
             for plan in PLANS:
                 r = fills[(plan, write)]
@@ -117,10 +123,57 @@ def test_index_assignment_copies_and_indexed_writes_into_part_of_a_shard_are_ref
 def test_a_random_fill_of_a_pipelines_tied_copy_is_refused(results):
     """The tied wte / lm_head copy on both stages: each copy would draw its own values (nn.init was refused there
     already); a parameter held once fills as on one device (no error)."""
-    for rank, (_, _, fills) in enumerate(results):
+    for rank, (_, _, fills, _) in enumerate(results):
         assert fills["copied"] == ["transformer.wte.weight"], fills["copied"]
         for fqn, error in fills.items():
             if fqn == "transformer.wte.weight":
                 assert error.startswith("UnsupportedOpError: Tensor.normal_ on 'transformer.wte.weight', one of the copies"), error
             elif fqn != "copied":
                 assert error == "no error", (rank, fqn, error)
+
+
+def _refused_or_equal(results, table: dict, error_start: str) -> None:
+    for rank, (*_, access) in enumerate(results):
+        for key, (_, refused_on) in table.items():
+            for plan in PLANS:
+                r = access[(plan, key)]
+                if plan in refused_on:
+                    assert r["error"].startswith(error_start) and "a local shard" in r["error"] \
+                        and "pm.full_model()" in r["error"], (rank, plan, key, r["error"])
+                else:
+                    assert r["error"] == "no error", (rank, plan, key, r["error"])
+                    if "state" in r:
+                        _same_state(r, (rank, plan, key))
+
+
+def test_positional_writes_into_part_of_a_shard_are_refused_where_chosen_along_a_sharded_dim(results):
+    """Before (main 45468d0) every one ran: the padding row (`w.data[1] = 0`), a column on tp, a conv filter,
+    index_fill_ and a broadcast masked_fill_ silently gave other numbers than one device; `diagonal().zero_()` on
+    fsdp passed r26b's check (its index set along dim 0 was whole). Writes by value (`w[w.abs() < eps] = 0`) and of
+    the whole piece run and equal one device on every plan."""
+    _refused_or_equal(results, POSITIONAL, "UnsupportedOpError: ")
+
+
+def test_norms_of_a_piece_over_a_sharded_dim_are_refused_and_exact_elsewhere(results):
+    """`p.div_(p.norm())`, `torch.linalg.matrix_norm`, F.normalize over tp's sharded columns: before (main 45468d0)
+    each ran on the piece, silently; per-row norms of fsdp's row shards run and equal one device."""
+    _refused_or_equal(results, NORMS, "UnsupportedOpError: torch.linalg.")
+
+
+def test_gradient_statistics_and_positional_gradient_writes_are_refused_on_shards(results):
+    """`p.grad.norm()` for logging, timm's adaptive gradient clipping, `grad[:2] = 0` (frozen rows): refused on
+    fsdp / tp, where they read or wrote this rank's piece; under ddp they equal one device (values and gradients).
+    The remedy the error names, `torch.nn.utils.get_total_norm([p.grad])`, gives one device's `p.grad.norm()` on
+    every plan."""
+    _refused_or_equal(results, GRADS, "UnsupportedOpError: ")
+    for rank, (*_, access) in enumerate(results):
+        for plan in PLANS:
+            for key in GRADS:
+                r = access[(plan, key)]
+                if r["error"] == "no error":
+                    for fqn, want in r["reference"].items():
+                        torch.testing.assert_close(r["grads"][fqn], want, msg=lambda m, f=fqn: f"{plan} {key} {f}: {m}")
+                    if r["values"].get("pm") is not None:
+                        torch.testing.assert_close(r["values"]["pm"], r["values"]["reference"])
+            totals, want = access[(plan, "total_norms")]
+            torch.testing.assert_close(totals, want, msg=lambda m: f"{rank} {plan}: {m}")
