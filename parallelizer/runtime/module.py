@@ -27,7 +27,8 @@ It keeps nn.Module's contract (DESIGN.md rule 10):
   `fn` there (initialisers see nn.Linear and whole tensors); `to_empty` keeps the materialised shards;
   `torch.func.functional_call(pm, {fqn: local tensor}, ...)` runs the given tensors; torch.func transforms are
   refused; `torch.nn.init`'s shape-reading / random initialisers on sharded parameters are refused
-  (`runtime.init_check`);
+  (`runtime.init_check`), and so are positional writes into part of a shard or its gradient
+  (`runtime.part_writes`) and norms of a shard over a sharded dim (`runtime.piece_norms`);
 - `clip_grad_norm_` clips by the global norm over all shards (`runtime.grad_norm`), and so does
   `torch.nn.utils.clip_grad_norm_(pm.parameters(), ...)` (the parameters are registered with their layouts);
 - `step(*inputs, target=, loss_fn=)` runs forward, loss and backward and returns the loss (`runtime.step`),

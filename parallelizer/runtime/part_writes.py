@@ -16,23 +16,34 @@ members of the class, which ran silently before (2-rank probe of a Conv1d -> Lin
   `index_add_`, `index_reduce_`, `index_put_`, `scatter_`, `scatter_add_`, `scatter_reduce_`, `put_`), whose
   index tensor names local positions along `dim`, and `fill_diagonal_` (the shard's own diagonal);
 - through r26b's constant fills, a view that touches every index of a sharded dim but other elements at each
-  (`w.data.diagonal().fill_(1)`: every local row, the local diagonal), which r26b's rule let run.
+  (`w.data.diagonal().fill_(1)`: every local row, the local diagonal), which r26b's rule let run;
+- (r27f's members, merged onto this rule by r27fg) the same writes into a parameter's GRADIENT (`emb.weight.grad[
+  padding_idx] = 0`, `p.grad[:n].zero_()`: `owner_of_memory(t, grads=True)`; a local gradient has its parameter's
+  layout), `tril_` / `triu_` (the positions outside the kept triangle of the LOCAL piece), `masked_fill_` /
+  `masked_scatter_` with a mask that broadcasts (fewer dims, or size 1 along a dim: every index along the dims it
+  broadcasts over, its True positions along the others) on a whole shard too, and a boolean index of fewer dims
+  than the tensor (`w[row_mask] = 0`: the positions it names, as torch reads it).
 A write that keeps every sharded dim whole (a row of tp's column-sharded head, `w.data[:, 1] = 0` on fsdp's
 row shards) or covers the whole shard (`p.data[:] = v`, `p[...] = v`) is the shard of one device's write, and runs.
+Code that writes this rank's piece by local position on purpose (a test injecting an inf into one rank's
+gradient) runs inside `with local_writes():`. Norms of a piece over a sharded dim are `runtime.piece_norms`.
 
-Not checked (torch's own method runs): a part chosen by a boolean mask (`w.data[w.data < 0] = 0`, `masked_fill_`
-and `masked_scatter_` on a whole shard: a mask made from the values is exact on shards, one made from positions is
-not, and the two cannot be told apart; on a view they are checked as the view); in-place arithmetic METHODS on a
+Not checked (torch's own method runs): a part chosen by a boolean mask of the written tensor's own shape
+(`w.data[w.data < 0] = 0`, `masked_fill_` with such a mask: a mask made from the values is exact on shards, one
+made from positions is not, and the two cannot be told apart; a row mask made from values, `w[w[:, 0] > 0] = 0`,
+is refused with the positional ones; on a view a mask is checked as the view); in-place arithmetic METHODS on a
 view (`w.data[:2].mul_(0.5)`, `add_`, `clamp_`), since every optimizer's per-parameter update calls them (a wrapper
 would tax each step); values made from the shard's shape (`p.copy_(torch.randn(p.shape))`); a view is judged by
-the elements it holds on this rank (`w.data[:3]` holding all 3 local rows counts as whole). Remedies for all: run the code on full tensors (`pm.apply(fn)`, `with
-pm.full_model() as model:`), initialise the model before `auto_parallelize`, or `pm.load_full_state_dict(sd)`.
+the elements it holds on this rank (`w.data[:3]` holding all 3 local rows counts as whole). Remedies for all: run
+the code on full tensors (`pm.apply(fn)`, `with pm.full_model() as model:`), initialise the model before
+`auto_parallelize`, or `pm.load_full_state_dict(sd)`.
 
-Which parameter a tensor writes into is `grad_norm.owner_of_memory` (the registered parameter whose memory holds
-its first element; O(parameters) per call, and nothing before the first ParallelModule): `Tensor.__setitem__`
-and the INDEXED_WRITES pay it on every call once a ParallelModule exists, `copy_` only on views (an optimizer's
-or a load's whole-tensor `copy_` skips it). The decision depends on the index and the layout only, never on this
-rank's piece (`_key_partial` doubles the sharded dims), so every rank raises alike and none waits in a collective.
+Which parameter (or gradient) a tensor writes into is `grad_norm.owner_of_memory` (one dictionary look-up by
+storage size, then the registered parameters of that size; nothing before the first ParallelModule):
+`Tensor.__setitem__`, the INDEXED_WRITES and the masked writes pay it on every call once a ParallelModule exists,
+`copy_` only on views (an optimizer's or a load's whole-tensor `copy_` skips it). The decision depends on the index
+and the layout only, never on this rank's piece (`_key_partial` doubles the sharded dims), so every rank raises
+alike and none waits in a collective.
 """
 from __future__ import annotations
 
