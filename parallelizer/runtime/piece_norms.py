@@ -9,7 +9,8 @@ weight), a row normalisation over tp's sharded columns. Refused there, with the 
 (`torch.nn.utils.get_total_norm([p])` or `([p.grad])` gives the full tensor's norm, collectively; `with
 pm.full_model()`); a norm over dims the layout keeps whole (the per-row norms of a row-sharded weight) and any norm
 under ddp run. A norm of a view of a piece (`w.data[0].norm()`, a flattening) is refused on a sharded layout: its
-elements are chosen by local indices (`part_writes`' rule for writes).
+elements are chosen by local indices (`part_writes`' rule for writes). So is `renorm` / `renorm_` (`RENORMS`,
+r27fg) where the dims it reduces (every dim but `dim`) include a sharded one.
 
 Not intercepted: statistics through another op first (`p.grad.abs().max()`, `p.pow(2).sum()`: the first op makes a
 fresh tensor), and a name bound before `install()` (`from torch.linalg import vector_norm`), as for torch.nn.init.
@@ -28,6 +29,10 @@ from .part_writes import sharded_dims
 
 NORMS = {"vector_norm": None, "matrix_norm": (-2, -1), "norm": None}
 """torch.linalg's norms and the dims each reduces by default (None: all)."""
+RENORMS = ("renorm", "renorm_")
+"""torch.Tensor's (and torch's, for `renorm`) per-slice norm projections: `w.renorm_(p, dim, maxnorm)` scales each
+slice along `dim` by its norm over every OTHER dim (r27fg: a member r27f's table lacked; `torch.renorm` is named in
+docs/reference.md as a projection of whole tensors)."""
 
 
 def refuse_statistic(call: str, t: torch.Tensor, dim, piece: torch.Tensor, owner) -> None:
@@ -71,9 +76,28 @@ def _checked_norm(name: str, original):
     return norm
 
 
+def _checked_renorm(call: str, original):
+    @functools.wraps(original)
+    def renorm(input, *args, **kwargs):
+        held = owner_of_memory(input, grads=True) if isinstance(input, torch.Tensor) and input.ndim > 1 else None
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if held is not None and isinstance(dim, int):  # a 1-D renorm is elementwise: exact on any piece
+            refuse_statistic(call, input, [d for d in range(input.ndim) if d != dim % input.ndim], *held)
+        return original(input, *args, **kwargs)
+
+    renorm._parallelizer_checked = True
+    return renorm
+
+
 def install() -> None:
-    """Wrap the `NORMS` of torch.linalg (once per process; `init_check.install`, which every ParallelModule calls)."""
+    """Wrap the `NORMS` of torch.linalg, the `RENORMS` of torch.Tensor and `torch.renorm` (once per process;
+    `init_check.install`, which every ParallelModule calls)."""
     for name in NORMS:
         original = getattr(torch.linalg, name)
         if not getattr(original, "_parallelizer_checked", False):
             setattr(torch.linalg, name, _checked_norm(name, original))
+    for owner, name in [(torch.Tensor, n) for n in RENORMS] + [(torch, "renorm")]:
+        original = getattr(owner, name)
+        if not getattr(original, "_parallelizer_checked", False):
+            call = f"torch.Tensor.{name}" if owner is torch.Tensor else f"torch.{name}"
+            setattr(owner, name, _checked_renorm(call, original))

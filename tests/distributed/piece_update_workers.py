@@ -221,6 +221,9 @@ NORMS = {  # over the values: (fn(m) under no_grad, plans that refuse)
         F.normalize(m.get_parameter("head.weight"), dim=1)), {"tp2"}),
     "matrix_norm": (lambda m: m.get_parameter("head.weight").div_(
         torch.linalg.matrix_norm(m.get_parameter("head.weight"))), {"fsdp2", "tp2"}),
+    # r27fg: renorm over every dim but `dim` (head.weight: fsdp S(0), tp S(1))
+    "renorm_rows": (lambda m: m.get_parameter("head.weight").renorm_(2, 0, 0.1), {"tp2"}),
+    "renorm_columns": (lambda m: m.get_parameter("head.weight").renorm_(2, 1, 0.01), {"fsdp2"}),
 }
 
 

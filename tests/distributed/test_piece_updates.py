@@ -155,9 +155,10 @@ def test_positional_writes_into_part_of_a_shard_are_refused_where_chosen_along_a
 
 
 def test_norms_of_a_piece_over_a_sharded_dim_are_refused_and_exact_elsewhere(results):
-    """`p.div_(p.norm())`, `torch.linalg.matrix_norm`, F.normalize over tp's sharded columns: before (main 45468d0)
-    each ran on the piece, silently; per-row norms of fsdp's row shards run and equal one device."""
-    _refused_or_equal(results, NORMS, "UnsupportedOpError: torch.linalg.")
+    """`p.div_(p.norm())`, `torch.linalg.matrix_norm`, F.normalize over tp's sharded columns, `renorm_` over a
+    sharded dim (r27fg): before (main 45468d0) each ran on the piece, silently; per-row norms of fsdp's row shards
+    and renorm_ over the dims a plan keeps whole run and equal one device."""
+    _refused_or_equal(results, NORMS, "UnsupportedOpError: torch.")
 
 
 def test_gradient_statistics_and_positional_gradient_writes_are_refused_on_shards(results):

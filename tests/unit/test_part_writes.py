@@ -206,6 +206,14 @@ def test_norms_over_a_sharded_dim_of_a_piece_or_its_gradient_are_refused(registe
     torch.testing.assert_close(b.norm(), torch.sqrt((b.detach() ** 2).sum()))  # replicated: one device's
     x = torch.randn(5)
     torch.testing.assert_close(x.norm(), x.pow(2).sum().sqrt())  # other tensors: torch's own
+    # renorm (r27fg): each slice along `dim` by its norm over the other dims
+    for call in (lambda: w.data.renorm_(2, 1, 1.0), lambda: torch.renorm(w.grad, 2, 1, 1.0),
+                 lambda: w.renorm(p=2, dim=1, maxnorm=1.0), lambda: w.data[:2].renorm_(2, 0, 1.0)):
+        with pytest.raises(UnsupportedOpError, match=r"renorm_? of .*'w'.*a local shard.*get_total_norm"):
+            call()
+    rows = w.detach() / w.detach().pow(2).sum(1, keepdim=True).sqrt().clamp(min=1.0)  # renorm's formula, by hand
+    w.data.renorm_(2, 0, 1.0)  # each row over its whole columns: one device's rows
+    torch.testing.assert_close(w.detach(), rows, rtol=1e-5, atol=1e-6)
 
 
 def test_positional_writes_into_a_piece_or_its_gradient_are_refused_along_a_sharded_dim(registered):
