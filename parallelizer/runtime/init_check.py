@@ -13,8 +13,9 @@ its own full_state_dict(), silently), so the random initialisers are refused on 
 in-place random fills (`TENSOR_FILLS`: `p.data.normal_()`, a view's `uniform_()`) of such a parameter's memory are
 refused alike (round 26), and so are constant fills (`CONSTANT_WRITES`) of a part of a shard chosen along a
 sharded dim (`weight.data[padding_idx].zero_()`); so are index assignment (`w.data[i] = 0`), `copy_` into a
-part and the indexed in-place writes (`index_fill_`, `scatter_`, ...) there (round 27: `runtime.part_writes`); a
-value made from the shard's shape and copied in (`p.copy_(torch.randn(p.shape))`) cannot be told from loading
+part and the indexed in-place writes (`index_fill_`, `scatter_`, ...) there, into the shard or its gradient
+(round 27: `runtime.part_writes`), and norms of a shard over a sharded dim (`runtime.piece_norms`, installed here
+too); a value made from the shard's shape and copied in (`p.copy_(torch.randn(p.shape))`) cannot be told from loading
 the shard.
 
 The same holds for a parametrization registered on a submodule of `pm` after wrapping
@@ -172,8 +173,9 @@ def _checked_fill(name: str, original):
 def _install_fill_check() -> None:
     """Wrap the TENSOR_FILLS and CONSTANT_WRITES methods of torch.Tensor (once): a fill of (a view of, or `.data`
     of) a registered parameter's memory is checked (random fills as the torch.nn.init functions are, constant
-    fills of a part by `part_writes.partial_along_sharded`); every other tensor is filled by torch's own method after one scan
-    of the registered parameters (none before the first ParallelModule)."""
+    fills of a part, of the parameter or of its gradient, by `part_writes.partial_along_sharded`; not inside
+    `part_writes.local_writes()`); every other tensor is filled by torch's own method after one look-up
+    (`grad_norm.owner_of_memory`; none before the first ParallelModule)."""
     for name in TENSOR_FILLS + CONSTANT_WRITES:
         original = getattr(torch.Tensor, name)
         if not getattr(original, "_parallelizer_checked", False):

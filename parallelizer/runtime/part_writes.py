@@ -316,7 +316,8 @@ def _checked_write(name: str, original):
 
 def install() -> None:
     """Wrap `Tensor.__setitem__`, the INDEXED_WRITES and the VIEW_WRITES methods of torch.Tensor (once per process);
-    on a tensor outside every registered parameter's memory each calls torch's own method after one scan."""
+    on a tensor outside every registered parameter's (and gradient's) memory each calls torch's own method after one
+    look-up (`grad_norm.owner_of_memory`)."""
     if not getattr(torch.Tensor.__setitem__, "_parallelizer_checked", False):
         torch.Tensor.__setitem__ = _checked_setitem(torch.Tensor.__setitem__)
     for name in INDEXED_WRITES + VIEW_WRITES:
