@@ -132,6 +132,7 @@ def data_reads(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[str]:
         sites.setdefault(f"{frame.f_code.co_filename}:{frame.f_lineno}")
         return getset.__get__(tensor)
 
+    own = torch.Tensor.__dict__.get("data")  # None in the torch versions checked (2.13): inherited from TensorBase
     torch.Tensor.data = property(read, getset.__set__)  # shadows the C attribute for this one call
     try:
         with _state_kept(model), torch.no_grad():
@@ -139,7 +140,10 @@ def data_reads(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[str]:
     except Exception:  # noqa: BLE001 - the reads before a failure are what is asked
         pass
     finally:
-        del torch.Tensor.data
+        if own is None:
+            del torch.Tensor.data
+        else:
+            torch.Tensor.data = own
     return list(sites)
 
 
