@@ -25,7 +25,7 @@ from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
 from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
-from .problem import Problem, build_problem, grad_axes
+from .problem import Problem, binding_row, build_problem, grad_axes
 from .heap import on_frozen_heap
 from .local_storage import local_saved_bytes
 from .memory_fit import solve_fitting
@@ -361,24 +361,26 @@ def _first_uses(tg: TracedGraph, spaces: dict, strat: dict, mesh: MeshSpec) -> f
 @dataclass(frozen=True, slots=True)
 class Explanation:
     """Why node `node` got its strategy: total objective (seconds) and memory of the plan with the node's
-    group switched to each alternative, other groups fixed. `alternatives` is sorted by cost; an alternative the
-    problem excludes (a forced axis role, or no redistribution between it and its neighbours' chosen layouts)
-    costs `math.inf` and is printed as excluded, not as `inf ms`."""
+    group switched to each alternative, other groups fixed (memory: the largest of the ILP's rows at moments of the
+    step and the moment it is at, where the budget binds and no region recomputes, round 27; else the sum row).
+    `alternatives` is sorted by cost; an alternative the problem excludes (a forced axis role, or no redistribution
+    between it and its neighbours' chosen layouts) costs `math.inf` and is printed as excluded, not as `inf ms`."""
 
     node: str
     chosen: str
     chosen_s: float
-    alternatives: tuple[tuple[str, float, int, bool], ...]  # (strategy, objective_s, memory_bytes, fits)
+    # (strategy, objective_s, memory_bytes, fits, the memory row that binds: `problem.binding_row`, "" for the sum)
+    alternatives: tuple[tuple[str, float, int, bool, str], ...]
 
     def __str__(self) -> str:
         lines = [f"{self.node}: chosen {self.chosen} (objective {self.chosen_s * 1e3:.4f} ms)"]
-        for s, c, m, ok in self.alternatives[:8]:
+        for s, c, m, ok, at in self.alternatives[:8]:
             if math.isinf(c):
                 lines.append(f"  {s:40s} excluded (a forced axis role, or no redistribution to the neighbours' "
                              "chosen layouts)")
                 continue
             delta = (c - self.chosen_s) * 1e3
-            lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), {m / 1e9:.2f} GB"
+            lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), {m / 1e9:.2f} GB" + (f" ({at})" if at else "")
                          + ("" if ok else "  [over memory budget]"))
         return "\n".join(lines)
 
@@ -409,15 +411,18 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
     fmt = lambda s: f"{' '.join(str(L) for L in s.inputs)} -> {s.output}"
     counts = decision_counts(problem, plan_.recompute)  # the plan's recomputation, held fixed (round 22)
 
-    def priced(c: tuple[int, ...]) -> tuple[float, int]:  # (objective s, memory bytes) as the solver priced it
+    def priced(c: tuple[int, ...]) -> tuple[float, int, str]:  # (objective s, memory bytes, row) as the solver priced
         extra_s, delta_bytes = recompute_cost(problem, c, counts)
-        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes)
+        if problem.cut_rows and not counts:  # the budget binds on the step's moments (`peak_rows`): the largest
+            mem, at = binding_row(problem, c)
+            return objective_s(problem, c) + extra_s, mem, at
+        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes), ""
     alts = []
     for i, s in enumerate(problem.spaces[node].strategies):
         c = list(choice)
         c[g] = i
-        seconds, mem = priced(tuple(c))
-        alts.append((fmt(s), seconds, mem, mem <= problem.budget_bytes))
+        seconds, mem, at = priced(tuple(c))
+        alts.append((fmt(s), seconds, mem, mem <= problem.budget_bytes, at))
     chosen = problem.spaces[node].strategies[choice[g]]
     return Explanation(node, fmt(chosen), priced(tuple(choice))[0], tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
 
