@@ -72,7 +72,7 @@ def test_explain_judges_each_alternative_by_the_peak_the_budget_binds_on(tight):
     assert len(group) == 8
     base = {n: q.strategy for n, q in new.nodes.items() if q.output is not None and n not in group}
     checked = flagged = 0
-    for strategy, seconds, _, fits, peak in e.alternatives:
+    for strategy, seconds, _, fits, peak, _at in e.alternatives:
         if strategy == e.chosen or seconds == float("inf"):
             continue
         with contextlib.redirect_stdout(io.StringIO()):
