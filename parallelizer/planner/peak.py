@@ -15,7 +15,8 @@ plans measured 4-33% above the sum).
 
     live(i) = resident + acts(i) + grads(i) + pending(i) + act_grads(i) + gathered(i)
     resident   = params + optimizer + buffers + returned outputs + DDP's kept bucket buffers (one copy of the
-                 gradients bucketed: `rewriter.grad_sync` keeps them from one step to the next)
+                 gradients bucketed: `rewriter.grad_sync` keeps them from one step to the next) + the user inputs
+                 the program takes whole and slices (the caller's global tensors; round 27)
     acts(i)    = sum of saved[j] for j <= i (each storage charged to its first saver, which is the last of its
                  savers to run backward, `local_storage.local_saved_bytes`), with a recomputed region's saving
                  (`RegionPrice.saved_delta_bytes`, <= 0) applied from the position after its last node: inside the
@@ -43,13 +44,16 @@ The forward is walked too (round 26, r26d): at op node i of the forward
                FSDP parameter: `local_storage.StorageSpan`) from the node that makes it to its last reader in forward,
                up to (not including) the op that saves it for backward, from which acts(i) counts it
 
-with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`). Its transients
+with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`), and one moment
+more at the output node (round 27, r27e): the program brings the returned values to the output's layouts there,
+outside any call_function (`rewriter.apply._output`: a batch-sharded logits gathered whole), so the local value
+lives until that collective, which holds a second whole copy while it runs (`local_storage._returned`); a value
+returned as made is resident only (it was counted twice between its op and its last reader before). Its transients
 mostly have their mirror image in backward (the gradient of the same value), but not those that carry no gradient
 (integer labels, masks, a loss's per-token values, a batch-sharded loss's count and its all-reduce, values read by
 sums only): round 25 (r25c) measured the activation-heavy GPT-2 ddp / fsdp plans peaking in forward at the loss, 3-9%
 above the backward's walk. The peak is the largest of all these moments. Left out: buffers a kernel or a collective
-allocates and frees inside one op (workspace), the copies redistributions make in backward, the returned values
-double counted between their op and their last reader (they are in resident for the whole step).
+allocates and frees inside one op (workspace), the copies redistributions make in backward.
 
 Used by `api.to_plan` (`memory_bytes["peak"]`). The ILP keeps linear rows (`problem.build_problem`).
 """
@@ -154,9 +158,11 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     kept = 0
     backward_readers_of: dict[str, dict[str, list[str]]] = {}
 
+    live = pricer.backward_nodes(tg)
+
     def readers(ph: str) -> dict[str, list[str]]:
         if ph not in backward_readers_of:
-            found = backward_readers(tg.nodes[ph].node)
+            found = backward_readers(tg.nodes[ph].node, lambda m: m.name in live)
             backward_readers_of[ph] = {u.name: [r.name for r in rs] for u, rs in found.items()}
         return backward_readers_of[ph]
 
@@ -221,8 +227,7 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     for i in range(end, -1, -1):
         later[i] = later[i + 1] + grads_at[i]
     pending = _pending(bucketed, end, bucket_bytes)
-    resident = resident_bytes + kept
-    live = pricer.backward_nodes(tg)
+    resident = resident_bytes + kept + _sliced_inputs_bytes(tg, strategy_of, mesh)
     step_tmp = adamw_temporary_bytes(trained)
     best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
     flatten = resident + later[0] + pending[0]  # the end of backward: the open bucket flattened
@@ -235,11 +240,27 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         total = resident + acts[i] + later[i] + pending[i] + transient
         if total > best.peak_bytes:
             best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
-    alive = _prefix(_forward_alive(forward_spans, pos, end))
-    for i in range(end if forward_spans else 0):
+    alive = _prefix(_forward_alive(forward_spans, {**pos, "output": end}, end))
+    for i in range(end + 1 if forward_spans else 0):  # position `end`: the output node's redistributions (round 27)
         if resident + acts[i] + alive[i] > best.peak_bytes:
-            best = StepPeak(resident + acts[i] + alive[i], f"forward at {order[i]}", resident, acts[i], 0, alive[i])
+            at = f"forward at {order[i]}" if i < end else "forward at output"
+            best = StepPeak(resident + acts[i] + alive[i], at, resident, acts[i], 0, alive[i])
     return best
+
+
+def _sliced_inputs_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], mesh) -> int:
+    """Bytes of the user inputs a rank's program takes whole and slices (`rewriter.spec`: user inputs arrive global;
+    a batch-sharded one is cut by a local slice, a copy, which the replay prices as the placeholder's local value):
+    the caller's global tensor is held through the step beside the slice (round 27, r27e: not priced before). None
+    for a pipeline stage's graph (its received values arrive sharded)."""
+    if tg.cut_from is not None:
+        return 0
+    total = 0
+    for n in tg.input_names:
+        layout, outs = strategy_of[n].output if n in strategy_of else None, tg.nodes[n].outputs
+        if layout is not None and outs and tuple(local_shape(outs[0].shape, layout, mesh)) != tuple(outs[0].shape):
+            total += math.prod(outs[0].shape) * outs[0].dtype.itemsize
+    return total
 
 
 def _gathered_life(gathered: list[int], uses: list[int], param_bytes: int, grad_bytes: int, readers: list[int]) -> None:
