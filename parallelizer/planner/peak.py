@@ -15,8 +15,7 @@ plans measured 4-33% above the sum).
 
     live(i) = resident + acts(i) + grads(i) + pending(i) + act_grads(i) + gathered(i)
     resident   = params + optimizer + buffers + returned outputs + DDP's kept bucket buffers (one copy of the
-                 gradients bucketed: `rewriter.grad_sync` keeps them from one step to the next) + the user inputs
-                 the program takes whole and slices (the caller's global tensors; round 27)
+                 gradients bucketed: `rewriter.grad_sync` keeps them from one step to the next)
     acts(i)    = sum of saved[j] for j <= i (each storage charged to its first saver, which is the last of its
                  savers to run backward, `local_storage.local_saved_bytes`), with a recomputed region's saving
                  (`RegionPrice.saved_delta_bytes`, <= 0) applied from the position after its last node: inside the
@@ -227,7 +226,7 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     for i in range(end, -1, -1):
         later[i] = later[i + 1] + grads_at[i]
     pending = _pending(bucketed, end, bucket_bytes)
-    resident = resident_bytes + kept + _sliced_inputs_bytes(tg, strategy_of, mesh)
+    resident = resident_bytes + kept
     step_tmp = adamw_temporary_bytes(trained)
     best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
     flatten = resident + later[0] + pending[0]  # the end of backward: the open bucket flattened
@@ -246,21 +245,6 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
             at = f"forward at {order[i]}" if i < end else "forward at output"
             best = StepPeak(resident + acts[i] + alive[i], at, resident, acts[i], 0, alive[i])
     return best
-
-
-def _sliced_inputs_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], mesh) -> int:
-    """Bytes of the user inputs a rank's program takes whole and slices (`rewriter.spec`: user inputs arrive global;
-    a batch-sharded one is cut by a local slice, a copy, which the replay prices as the placeholder's local value):
-    the caller's global tensor is held through the step beside the slice (round 27, r27e: not priced before). None
-    for a pipeline stage's graph (its received values arrive sharded)."""
-    if tg.cut_from is not None:
-        return 0
-    total = 0
-    for n in tg.input_names:
-        layout, outs = strategy_of[n].output if n in strategy_of else None, tg.nodes[n].outputs
-        if layout is not None and outs and tuple(local_shape(outs[0].shape, layout, mesh)) != tuple(outs[0].shape):
-            total += math.prod(outs[0].shape) * outs[0].dtype.itemsize
-    return total
 
 
 def _gathered_life(gathered: list[int], uses: list[int], param_bytes: int, grad_bytes: int, readers: list[int]) -> None:

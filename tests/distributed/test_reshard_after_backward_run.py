@@ -104,7 +104,6 @@ def closed_form_peak(world: int, batch: int, vocab: int, d: int) -> int:
     rows = batch // world
     shard = (vocab * d + 2 * d * d) // world
     resident = 3 * F32 * shard + F32 * batch * d + F32 + F32 * batch * d  # params, AdamW, t, loss, output y
-    resident += 8 * batch  # the caller's whole ids, which the program slices (priced since round 27)
     saved = F32 * rows * d + 8 * rows
     grads = F32 * 2 * d * d // world
     return resident + saved + grads + 2 * F32 * rows * d + 2 * F32 * d * d
