@@ -43,13 +43,16 @@ The forward is walked too (round 26, r26d): at op node i of the forward
                FSDP parameter: `local_storage.StorageSpan`) from the node that makes it to its last reader in forward,
                up to (not including) the op that saves it for backward, from which acts(i) counts it
 
-with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`). Its transients
+with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`), and one moment
+more at the output node (round 27, r27e): the program brings the returned values to the output's layouts there,
+outside any call_function (`rewriter.apply._output`: a batch-sharded logits gathered whole), so the local value
+lives until that collective, which holds a second whole copy while it runs (`local_storage._returned`); a value
+returned as made is resident only (it was counted twice between its op and its last reader before). Its transients
 mostly have their mirror image in backward (the gradient of the same value), but not those that carry no gradient
 (integer labels, masks, a loss's per-token values, a batch-sharded loss's count and its all-reduce, values read by
 sums only): round 25 (r25c) measured the activation-heavy GPT-2 ddp / fsdp plans peaking in forward at the loss, 3-9%
 above the backward's walk. The peak is the largest of all these moments. Left out: buffers a kernel or a collective
-allocates and frees inside one op (workspace), the copies redistributions make in backward, the returned values
-double counted between their op and their last reader (they are in resident for the whole step).
+allocates and frees inside one op (workspace), the copies redistributions make in backward.
 
 Used by `api.to_plan` (`memory_bytes["peak"]`). The ILP keeps linear rows (`problem.build_problem`).
 """
@@ -155,9 +158,11 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     kept = 0
     backward_readers_of: dict[str, dict[str, list[str]]] = {}
 
+    live = pricer.backward_nodes(tg)
+
     def readers(ph: str) -> dict[str, list[str]]:
         if ph not in backward_readers_of:
-            backward_readers_of[ph] = gather_readers(tg, ph)
+            backward_readers_of[ph] = gather_readers(tg, ph, live)
         return backward_readers_of[ph]
 
     trained: list[int] = []         # local parameter bytes in the optimizer's order (the module's)
@@ -216,7 +221,6 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         later[i] = later[i + 1] + grads_at[i]
     pending = _pending(bucketed, end, bucket_bytes)
     resident = resident_bytes + kept
-    live = pricer.backward_nodes(tg)
     step_tmp = adamw_temporary_bytes(trained)
     best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
     flatten = resident + later[0] + pending[0]  # the end of backward: the open bucket flattened
@@ -229,10 +233,11 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         total = resident + acts[i] + later[i] + pending[i] + transient
         if total > best.peak_bytes:
             best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
-    alive = _prefix(_forward_alive(forward_spans, pos, end))
-    for i in range(end if forward_spans else 0):
+    alive = _prefix(_forward_alive(forward_spans, {**pos, "output": end}, end))
+    for i in range(end + 1 if forward_spans else 0):  # position `end`: the output node's redistributions (round 27)
         if resident + acts[i] + alive[i] > best.peak_bytes:
-            best = StepPeak(resident + acts[i] + alive[i], f"forward at {order[i]}", resident, acts[i], 0, alive[i])
+            at = f"forward at {order[i]}" if i < end else "forward at output"
+            best = StepPeak(resident + acts[i] + alive[i], at, resident, acts[i], 0, alive[i])
     return best
 
 
@@ -253,10 +258,13 @@ def use_transients(pricer: Pricer, stored: Layout, strategy: Strategy, k: int, t
         (ti.producer, str(use), axes)
 
 
-def gather_readers(tg: TracedGraph, ph: str) -> dict[str, list[str]]:
+def gather_readers(tg: TracedGraph, ph: str, live: frozenset[str]) -> dict[str, list[str]]:
     """{direct user of placeholder `ph`: the ops that may read its gathered copy in backward through it}
-    (`rewriter.reshard.backward_readers`, by node name; {} when the program keeps the copy)."""
-    return {u.name: [r.name for r in rs] for u, rs in backward_readers(tg.nodes[ph].node).items()}
+    (`rewriter.reshard.backward_readers`, by node name; {} when the program keeps the copy). `live`: the names of
+    the nodes whose backward runs (`Pricer.backward_nodes`): an op keeps the copy only where its partner operand
+    needs a gradient (round 27, r27e), as the program decides at run time."""
+    found = backward_readers(tg.nodes[ph].node, lambda m: m.name in live)
+    return {u.name: [r.name for r in rs] for u, rs in found.items()}
 
 
 def backward_scratch_bytes(tg: TracedGraph, pricer: Pricer, space: NodeSpace, strategy: Strategy) -> int:

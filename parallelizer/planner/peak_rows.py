@@ -197,6 +197,7 @@ def _transient_spans(tg: TracedGraph, spaces: dict[str, NodeSpace], group_of: di
     `peak.use_transients`) its full copy (from its readers' last to first) and its unsharded gradient (its uses')."""
     out: list[tuple[float, list[_Use]]] = []
     end = len(pos)
+    live = pricer.backward_nodes(tg)
     readers_of: dict[str, dict[str, list[str]]] = {}
     for p in tg.parameters.values():
         if p.is_buffer:
@@ -228,7 +229,7 @@ def _transient_spans(tg: TracedGraph, spaces: dict[str, NodeSpace], group_of: di
                 if kept_only or not by_key:
                     continue
                 if ti.producer not in readers_of:
-                    readers_of[ti.producer] = gather_readers(tg, ti.producer)
+                    readers_of[ti.producer] = gather_readers(tg, ti.producer, live)
                 rs = [pos[r] for r in readers_of[ti.producer].get(c, ()) if r in pos]
                 for (key, full), js in by_key.items():
                     if (alt := _and({g: {i}}, {h: js}, sizes)) is not None:
