@@ -263,3 +263,34 @@ def measure_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[di
                     "backward_end": static + backward_end})
         del pm, opt
     return out
+
+
+def measure_pipeline_peak_rank(rank: int, world_size: int, cases: list[tuple]) -> list[dict]:
+    """For each (model_fn, model_kwargs of the GLOBAL batch, intra-stage spec, pipeline section dict) case: this
+    rank's TRUE peak of a pipeline training step (`LiveStorages`, as `measure_peak_rank`): the second of two steps
+    (the schedule's forwards and backwards of every microbatch, AdamW, `zero_grad(set_to_none=True)`), + the stage
+    modules' parameters and buffers the tracker did not see made. Returns per case {"peak", "static", "at"}."""
+    out = []
+    for model_fn, model_kwargs, spec, pipe in cases:
+        torch.manual_seed(0)
+        model, inputs, *rest = model_fn(**model_kwargs)
+        run, _, flat, batch = pipeline_run(model, inputs, rest[0] if rest else {}, spec, pipe)
+        del model
+        params = [p for s in run.stages for p in s.parameters()]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        tracker = LiveStorages()
+        with tracker:
+            for _ in range(2):
+                tracker.reset_peak()
+                run.step(*[t.clone() for t in flat], target=torch.zeros(batch))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            peak, peak_op = tracker.peak, tracker.peak_op
+            tracker.reset_peak()
+        state = (*params, *(b for s in run.stages for b in s.buffers()))
+        static = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state
+                      if t.untyped_storage()._cdata not in tracker.live}.values())
+        dist.barrier()
+        out.append({"peak": static + peak, "static": static, "at": peak_op})
+        del run, opt
+    return out

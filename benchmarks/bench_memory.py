@@ -23,7 +23,9 @@ pp=2 x tp=2 and pp=4 with 1F1B, pp=4 with GPipe; the reduced Llama with 4 layers
 stage's saved activations); measured per rank during one pipeline step (`_memory_workers.measure_pipeline_rank`:
 the PEAK of saved tensors alive at once, via saved-tensor hooks). The row shows the rank holding the most, and
 the largest error over all ranks.
-Run: `python -m benchmarks.bench_memory` (prints the table and replaces its section of benchmarks/RESULTS.md).
+Run: `python -m benchmarks.bench_memory` (prints the table and replaces its section of benchmarks/RESULTS.md);
+`python -m benchmarks.bench_memory --peak`: the step-peak table alone (2x2 meshes, bf16, recomputation and pipeline
+plans beside the 2-rank ones; round 27), printed only.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ import time
 from pathlib import Path
 
 import parallelizer
-from benchmarks._memory_workers import measure_peak_rank, measure_pipeline_rank, measure_rank
+from benchmarks._memory_workers import (measure_peak_rank, measure_pipeline_peak_rank, measure_pipeline_rank,
+                                        measure_rank)
 from parallelizer import zoo
 from parallelizer.pipeline_memory import pipeline_rank_memory
 from parallelizer.rewriter.spec import spec_from_plan
@@ -130,27 +133,69 @@ PEAK_MODELS = {  # name: (builder, kwargs, kinds): weights small against activat
 }
 
 
-def measure_peak() -> list[dict]:
-    """One row per (model, kind) of `PEAK_MODELS` on 2 ranks: the plan's priced peak (`memory_bytes["peak"]`,
+PEAK_MORE = (  # (model, kind, world size, mesh, axis roles, plan options): 2x2 meshes, bf16, recomputation (round 27)
+    ("gpt2", "ddp x tp 2x2", 4, {"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}, {}),
+    ("gpt2", "fsdp x tp 2x2", 4, {"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"}, {}),
+    ("llama", "fsdp x tp 2x2", 4, {"dp": 2, "tp": 2}, {"dp": "fsdp", "tp": "tp"}, {}),
+    ("gpt2", "ddp x tp 2x2, bf16", 4, {"dp": 2, "tp": 2}, {"dp": "ddp", "tp": "tp"}, {"precision": "bf16"}),
+    ("gpt2", "ddp, bf16", 2, {"dp": 2}, {"dp": "ddp"}, {"precision": "bf16"}),
+    ("gpt2", "fsdp, recompute full", 2, {"dp": 2}, {"dp": "fsdp"}, {"recompute": "full"}),
+    ("gpt2", "tp, bf16 + recompute full", 2, {"tp": 2}, {"tp": "tp"}, {"precision": "bf16", "recompute": "full"}),
+)
+PEAK_PIPELINES = (  # (model of PIPELINE_MODELS, kind of PIPELINE_KINDS): priced by `pipeline_rank_memory`
+    ("gpt2 (4 layers)", "pp=2 x dp=2 1f1b"), ("gpt2 (4 layers)", "pp=4 1f1b"), ("gpt2 (4 layers)", "pp=4 gpipe"),
+)
+
+
+def measure_peak(world_sizes: tuple[int, ...] = (2, 4)) -> list[dict]:
+    """One row per plan of `PEAK_MODELS` (2 ranks) and `PEAK_MORE`: the plan's priced peak (`memory_bytes["peak"]`,
     `planner.peak.step_peak`) and its sum of kinds ("total") against the largest rank's TRUE peak of a training step
     (`_memory_workers.measure_peak_rank`: every storage alive as the step's ops run, the second of two steps)."""
-    cases, meta = [], []
-    for model, (fn, kwargs, kinds) in PEAK_MODELS.items():
-        traced = parallelizer.trace(*fn(**kwargs))
-        for kind in kinds:
-            mesh, roles, *options = KINDS[2][kind]
+    plans = [(m, k, 2, *KINDS[2][k][:2], dict(*KINDS[2][k][2:])) for m, (_, _, kinds) in PEAK_MODELS.items()
+             for k in kinds] + list(PEAK_MORE)
+    rows = []
+    for world in world_sizes:
+        cases, meta = [], []
+        for model, kind, size, mesh, roles, options in plans:
+            if size != world:
+                continue
+            fn, kwargs = (PEAK_MODELS.get(model) or MODELS[model])[:2]
             with contextlib.redirect_stdout(io.StringIO()):
-                plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32",
-                                         **(options[0] if options else {}))
+                plan = parallelizer.plan(parallelizer.trace(*fn(**kwargs)), mesh, axis_roles=roles,
+                                         **{"precision": "fp32", **options})
             cases.append((fn, kwargs, spec_from_plan(plan)))
             meta.append((model, kind, plan))
-    per_rank = launch.spawn(measure_peak_rank, 2, cases, timeout_s=900)
+        per_rank = launch.spawn(measure_peak_rank, world, cases, timeout_s=900) if cases else []
+        for i, (model, kind, plan) in enumerate(meta):
+            measured = max(ranks[i]["peak"] for ranks in per_rank)
+            rows.append({"model": model, "kind": kind, "peak": plan.cost.memory_bytes["peak"],
+                         "total": plan.cost.memory_bytes["total"], "measured": measured,
+                         "at": next(r[i]["at"] for r in per_rank if r[i]["peak"] == measured)})
+    return rows
+
+
+def measure_pipeline_peak() -> list[dict]:
+    """One row per `PEAK_PIPELINES` plan on 4 ranks: the pipeline rank's priced memory (`pipeline_rank_memory`'s
+    total: training state + in-flight microbatches x the stage's saved activations + returned values) against its
+    TRUE peak (`_memory_workers.measure_pipeline_peak_rank`); the row is the rank whose peak is the largest."""
+    cases, meta = [], []
+    for model, kind in PEAK_PIPELINES:
+        fn, kwargs, _ = PIPELINE_MODELS[model]
+        traced = parallelizer.trace(*fn(batch=PIPELINE_MICROBATCH, **kwargs))
+        mesh, roles, schedule = PIPELINE_KINDS[kind]
+        with contextlib.redirect_stdout(io.StringIO()):
+            plan = parallelizer.plan(traced, mesh, axis_roles=roles, precision="fp32", schedule=schedule,
+                                     microbatches=PIPELINE_MICROBATCHES)
+        cases.append((fn, dict(kwargs, batch=PIPELINE_MICROBATCH * PIPELINE_MICROBATCHES), spec_from_plan(plan),
+                      plan.pipeline.to_dict()))
+        meta.append((model, kind, plan, pipeline_rank_memory(plan, traced)))
+    per_rank = launch.spawn(measure_pipeline_peak_rank, 4, cases, timeout_s=900)
     rows = []
-    for i, (model, kind, plan) in enumerate(meta):
-        measured = max(ranks[i]["peak"] for ranks in per_rank)
-        rows.append({"model": model, "kind": kind, "peak": plan.cost.memory_bytes["peak"],
-                     "total": plan.cost.memory_bytes["total"], "measured": measured,
-                     "at": next(r[i]["at"] for r in per_rank if r[i]["peak"] == measured)})
+    for i, (model, kind, plan, priced) in enumerate(meta):
+        g, ranks = max(enumerate(per_rank), key=lambda gr: gr[1][i]["peak"])
+        rows.append({"model": model, "kind": kind, "peak": priced[g // plan.mesh.world_size]["total"],
+                     "total": priced[g // plan.mesh.world_size]["total"], "measured": ranks[i]["peak"],
+                     "at": f"rank {g}: {ranks[i]['at']}"})
     return rows
 
 
@@ -178,7 +223,7 @@ def _kb(n: int) -> str:
 
 
 def run() -> str:
-    peaks = measure_peak()
+    peaks = measure_peak() + measure_pipeline_peak()
     rows = measure() + measure_pipeline()
     lines = ["## Memory per rank: predicted vs measured (`benchmarks/bench_memory.py`)", "",
              "KiB on the largest rank; predicted = the plan's `cost.memory_bytes`, measured = local parameters, "
@@ -203,11 +248,13 @@ def run() -> str:
               "activations count each storage once, charged to its first saver (`cost_model.memory."
               "saved_tensor_owners`); not counted: the stage outputs and receive buffers torch's pipelining keeps, "
               "transient collective buffers.", "",
-              "**Peak of a step** (2 ranks, KiB on the largest rank): the plan's priced peak (`memory_bytes[\"peak\"]`, "
-              "a timeline of the backward: `parallelizer/planner/peak.py`) and its sum of kinds against the TRUE peak "
-              "of the second of two training steps (forward, backward, AdamW, `zero_grad`; the output held through "
-              "the step): every storage alive as the step's ops run (`_memory_workers.LiveStorages`, DDP's default "
-              "25 MiB buckets).", ""] + peak_table(peaks)
+              "**Peak of a step** (2 and 4 ranks, KiB on the largest rank): the plan's priced peak "
+              "(`memory_bytes[\"peak\"]`, a timeline of the forward and backward: `parallelizer/planner/peak.py`) and "
+              "its sum of kinds against the TRUE peak of the second of two training steps (forward, backward, AdamW, "
+              "`zero_grad`; the output held through the step): every storage alive as the step's ops run "
+              "(`_memory_workers.LiveStorages`, DDP's default 25 MiB buckets). Pipeline rows (4 ranks, 4 microbatches "
+              "of 2): priced by `pipeline_rank_memory` (its total, a sum of kinds: both columns), measured the same "
+              "way over a pipeline step on the rank whose peak is the largest.", ""] + peak_table(peaks)
     return "\n".join(lines)
 
 
@@ -235,6 +282,10 @@ def write_results(text: str, path: Path = Path(__file__).with_name("RESULTS.md")
 
 
 if __name__ == "__main__":
-    table = run()
-    print(table)
-    write_results(table)
+    import sys
+    if "--peak" in sys.argv:  # the step-peak table alone (printed; RESULTS.md left as it is)
+        print("\n".join(peak_table(measure_peak() + measure_pipeline_peak())))
+    else:
+        table = run()
+        print(table)
+        write_results(table)

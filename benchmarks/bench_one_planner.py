@@ -65,11 +65,12 @@ def run() -> str:
     phases["save JSON"] = _since(t)
     s = plan.model["search"]
     mesh = dict(zip(s["mesh"]["axis_names"], s["mesh"]["shape"]))
+    mem = plan.cost.memory_bytes
     lines = ["## One planner: Llama-2-7B shape on h100:8x8 (`benchmarks/bench_one_planner.py`)", "",
              f"Load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared). Chosen: {mesh}, "
              f"{s['schedule'] if plan.pipeline else 'no pipeline'}, {s['microbatches']} microbatches; search "
              f"estimate {s['step_s'] * 1e3:.1f} ms per step; {s['candidates']} candidates, {s['priced']} priced, "
-             f"{s['pruned']} pruned; peak memory {plan.cost.memory_bytes['total'] / 1e9:.1f} GB + reserve "
+             f"{s['pruned']} pruned; peak memory {mem.get('peak', mem['total']) / 1e9:.1f} GB + reserve "
              f"{plan.cost.memory_bytes['reserve'] / 1e9:.1f} GB of {plan.config['memory_budget_bytes'] / 1e9:.0f} GB; "
              f"plan JSON {size / 1e3:.0f} KB.", "", "| phase | wall s | CPU s |", "|---|---|---|"]
     lines += [f"| {k} | {w:.1f} | {c:.1f} |" for k, (w, c) in phases.items()]

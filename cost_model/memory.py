@@ -27,7 +27,8 @@ parameters (flat-parameter padding as in FSDP), so the division is exact when N 
 
 Saved activations: :func:`saved_activation_bytes` applies per-op rules that mirror what PyTorch autograd
 keeps for backward (tools/autograd/derivatives.yaml); the table is ``_SAVE_RULES``. Rules that depend on which
-args require grad (mul keeps an operand only when its partner requires grad) read it from the graph
+args require grad (mul, mm, bmm, matmul, linear, addmm, baddbmm keep an operand only when its partner requires grad,
+`_Partners`, round 27: a first layer keeps no weight, a frozen weight's layer no input) read it from the graph
 (:func:`grad_arg_indices` over :func:`backward_nodes`: rotary cos / sin computed from buffers carry none); without a
 graph it is guessed from the values (an upper bound). Checked op by op against autograd's saved tensors by
 ``benchmarks/saved_by_node.py`` (RESULTS.md, Round 23 (r23e)). Parameters are not
@@ -59,8 +60,8 @@ from cost_model._fx import node_values, op_nodes, tensor_nbytes, tensors_in
 from cost_model.compute import is_free_op
 
 __all__ = ["MemoryBreakdown", "training_state_bytes", "BYTES_PER_PARAM", "PRECISIONS", "OPTIMIZERS",
-           "bytes_per_param", "saved_activation_bytes", "may_save_arg", "SavedShare", "saved_tensor_owners",
-           "backward_nodes", "grad_arg_indices", "saved_slots",
+           "bytes_per_param", "saved_activation_bytes", "may_save_arg", "save_partners", "SavedShare",
+           "saved_tensor_owners", "backward_nodes", "grad_arg_indices", "saved_slots",
            "graph_saved_activation_bytes", "activation_memory_bytes", "inflight_microbatches"]
 
 PRECISIONS = ("bf16", "fp32")  # bf16: bf16 params/activations, fp32 main weights and gradients (docstring)
@@ -163,11 +164,36 @@ def _guess_requires_grad(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and (x.requires_grad or x.numel() > 1)
 
 
-def _mul_rule(args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
-    # mul saves `other` for grad_self and `self` for grad_other (derivatives.yaml, mul.Tensor): a tensor is kept
-    # only when its PARTNER requires grad (q * cos with cos from buffers keeps cos, not q).
-    saved = tuple(i for i, j in ((0, 1), (1, 0)) if needs_grad(j) and isinstance(args[i], torch.Tensor))
-    return _Saved(args=saved)
+@dataclass(frozen=True, slots=True)
+class _Partners:
+    """The rule of a product: operand i is kept only for the gradient of its partner j, so only when j requires
+    grad; `pairs` lists (i, j). torch's autograd codegen (tools/autograd/gen_variable_type.py, `guard_for`) saves a
+    tensor used by ONE input's derivative formula under `grad_fn->should_compute_output(that input)`:
+    derivatives.yaml mm: `self: mm_mat1_backward(grad, mat2, self.sym_sizes(), ...)`, `mat2: mm_mat2_backward(grad,
+    self, ...)`; bmm, addmm (mat1 / mat2), baddbmm (batch1 / batch2) and mul alike. linear and matmul decompose into
+    them (a first layer's weight is not kept: its input needs no gradient; a frozen weight's input is not kept).
+    Checked against saved-tensor hooks by tests/unit/test_saved_requires_grad.py (round 27, r27e)."""
+
+    pairs: tuple[tuple[int, int], ...]
+
+    def __call__(self, args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
+        return _Saved(args=tuple(i for i, j in self.pairs
+                                 if i < len(args) and needs_grad(j) and isinstance(args[i], torch.Tensor)))
+
+    def partners(self, index: int) -> tuple[int, ...]:
+        """The args whose requiring grad makes the op keep arg `index` (() when it never keeps it)."""
+        return tuple(j for i, j in self.pairs if i == index)
+
+
+_PRODUCT = _Partners(((0, 1), (1, 0)))          # mul, mm, bmm, matmul, linear (its bias, arg 2, is never kept)
+_ADDED_PRODUCT = _Partners(((1, 2), (2, 1)))    # addmm, baddbmm: mat1 / mat2 (the added `self` is never kept)
+
+
+def _einsum_rule(args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
+    """einsum(equation, operands) decomposes into permutes, reshapes and bmm (sumproduct_pair), which keeps each
+    operand for its partner's gradient: the operand list (arg 1) is kept when one of them requires grad (an upper
+    bound: which one is not known by index; `planner.local_storage` runs it on the local values instead)."""
+    return _Saved(args=(1,) if needs_grad(1) else ())
 
 
 def _div_rule(args: tuple, kwargs: dict, out: Any, needs_grad) -> _Saved:
@@ -239,13 +265,15 @@ _NOTHING_SAVED = (aten.add, aten.sub, aten.neg, aten.sum, aten.mean, aten.cat, a
                   aten.ones, aten.full, aten.arange, aten.new_ones, aten.new_zeros, aten.zeros_like,
                   aten.ones_like, aten.full_like, aten.fill, aten.add_, aten.constant_pad_nd, aten.repeat)
 _SAVE_RULES: dict[Any, Any] = {
-    **{op: _Saved(args=(0, 1)) for op in (aten.mm, aten.bmm, aten.matmul, aten.linear, aten.convolution,
-                                          aten.conv1d, aten.conv2d, aten.conv3d)},
-    aten.addmm: _Saved(args=(1, 2)), aten.baddbmm: _Saved(args=(1, 2)), aten.einsum: _Saved(args=(1,)),
+    **{op: _PRODUCT for op in (aten.mm, aten.bmm, aten.matmul, aten.linear)},
+    aten.addmm: _ADDED_PRODUCT, aten.baddbmm: _ADDED_PRODUCT, aten.einsum: _einsum_rule,
+    # convolution's one joint formula (convolution_backward(grad, input, weight, ...) for input, weight and bias)
+    # keeps both whatever requires grad (`guard_for` guards only a tensor used by one input's formula)
+    **{op: _Saved(args=(0, 1)) for op in (aten.convolution, aten.conv1d, aten.conv2d, aten.conv3d)},
     **{op: _Saved(args=(0,)) for op in _INPUT_SAVERS},
     **{op: _Saved(outputs=(0,)) for op in _OUTPUT_SAVERS},
     **{op: _Saved() for op in _NOTHING_SAVED},
-    aten.mul: _mul_rule, aten.div: _div_rule,
+    aten.mul: _PRODUCT, aten.div: _div_rule,
     aten.layer_norm: _layer_norm_rule, aten.native_layer_norm: _Saved(args=(0,), outputs=(1, 2)),
     aten.rms_norm: _rms_norm_rule, aten._fused_rms_norm: _Saved(args=(0,), outputs=(1,)),
     aten.dropout: _dropout_rule, aten.native_dropout: _Saved(outputs=(1,)),
@@ -278,7 +306,8 @@ def _saved(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
     if not callable(rule):
         return rule
     if grad_args is None:
-        return rule(args, kwargs, out, lambda i: i < len(args) and _guess_requires_grad(args[i]))
+        return rule(args, kwargs, out,
+                    lambda i: i < len(args) and any(map(_guess_requires_grad, tensors_in(args[i]))))
     return rule(args, kwargs, out, lambda i: i in grad_args)
 
 
@@ -291,11 +320,23 @@ def saved_slots(target: torch._ops.OpOverload, args: tuple, kwargs: dict, out: A
     return rule.args, rule.outputs
 
 
-def may_save_arg(target: torch._ops.OpOverload, index: int) -> bool:
-    """Whether `target` may keep its positional argument `index` for backward: False only when its rule
-    in ``_SAVE_RULES`` is a fixed one that does not list it (add, views, ...: nothing; linear: args 0 and
-    1); rules that depend on the values (mul, div, layer_norm, ...) and ops without a rule answer True
+def save_partners(target: torch._ops.OpOverload, index: int) -> tuple[int, ...] | None:
+    """The positional args whose requiring grad makes `target` keep its arg `index` for backward, for a product
+    (`_Partners`: mm keeps its first operand only for its second's gradient; () when it never keeps it, a linear's
+    bias); None for any other op (kept or not whatever requires grad, or by a rule on the values)."""
+    rule = _SAVE_RULES.get(getattr(target, "overloadpacket", target))
+    return rule.partners(index) if isinstance(rule, _Partners) else None
+
+
+def may_save_arg(target: torch._ops.OpOverload, index: int, needs_grad=None) -> bool:
+    """Whether `target` may keep its positional argument `index` for backward: False when its rule in
+    ``_SAVE_RULES`` is a fixed one that does not list it (add, views, ...: nothing), or a product's
+    (`save_partners`) whose partners do not require grad (`needs_grad(j)`: whether arg j does; None: unknown, they
+    may); rules that depend on the values (div, layer_norm, ...) and ops without a rule answer True
     (layer_norm's autograd keeps its weight AND its bias: native_layer_norm_backward takes both)."""
+    partners = save_partners(target, index)
+    if partners is not None:
+        return bool(partners) and (needs_grad is None or any(needs_grad(j) for j in partners))
     rule = _SAVE_RULES.get(getattr(target, "overloadpacket", target))
     return not isinstance(rule, _Saved) or index in rule.args
 
@@ -322,8 +363,8 @@ def saved_activation_bytes(target: torch._ops.OpOverload, args: tuple, kwargs: d
                            grad_args: Collection[int] | None = None) -> int:
     """Bytes one op keeps alive for backward, excluding parameters.
 
-    Examples of the rules: mm/linear/addmm keep their matrix inputs; gelu keeps its input; layer_norm
-    keeps input + fp32 mean/rstd; softmax keeps its output; dropout keeps a 1-byte mask; sdpa keeps q,
+    Examples of the rules: mm/linear/addmm keep each matrix input whose partner requires grad; gelu keeps its
+    input; layer_norm keeps input + fp32 mean/rstd; softmax keeps its output; dropout keeps a 1-byte mask; sdpa keeps q,
     k, v, output and fp32 logsumexp; embedding keeps the indices; add and views keep nothing; mul keeps
     each operand whose partner requires grad. An op with no rule keeps all its tensor args (an upper
     bound).
@@ -400,8 +441,11 @@ def backward_nodes(graph_module: torch.fx.GraphModule, trainable: Collection[str
 
 
 def grad_arg_indices(node: torch.fx.Node, live: Collection[str]) -> frozenset[int]:
-    """Positional indices of `node`'s args that require grad: nodes in `live` (:func:`backward_nodes`)."""
-    return frozenset(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in live)
+    """Positional indices of `node`'s args that require grad: nodes in `live` (:func:`backward_nodes`); a list arg
+    (einsum's operands) when one of its nodes is."""
+    return frozenset(i for i, a in enumerate(node.args)
+                     if any(isinstance(x, torch.fx.Node) and x.name in live
+                            for x in (a if isinstance(a, (list, tuple)) else (a,))))
 
 
 def saved_tensor_owners(graph_module: torch.fx.GraphModule, resident: Collection[str] = (),

@@ -120,8 +120,10 @@ def plan_tables(plan, all_positions: bool = False) -> list[Table]:
     title = ("Estimated step time" if plan.pipeline is None else
              "Estimated time of one microbatch, whole graph, one stage group (intra-stage ILP; the step: Search)")
     tables.append((title, ["part", "ms", "share"], rows))
-    tables.append(("Memory per device (total = the plan's tensors; reserve = fragmentation, workspaces, "
-                   "communication buffers; total + reserve <= budget)", ["category", "GB"],
+    bound = ("peak = the step's priced peak; reserve = fragmentation, workspaces, communication buffers; peak + "
+             "reserve <= budget" if "peak" in c.memory_bytes else  # what the budget binds on (round 26)
+             "reserve = fragmentation, workspaces, communication buffers; total + reserve <= budget")
+    tables.append((f"Memory per device (total = the plan's tensors; {bound})", ["category", "GB"],
                    [[k, f"{v / 1e9:.3f}"] for k, v in memory_rows(plan)]))
     if plan.pipeline is not None:
         tables.append(plan.pipeline.table())
@@ -243,11 +245,15 @@ def _param_row(name: str, p) -> list[str]:
 
 
 def headline(plan) -> str:
-    """One line: the mesh, the estimated step (a pipeline plan's: the search's, on the full mesh) and memory."""
+    """One line: the mesh, the estimated step (a pipeline plan's: the search's, on the full mesh) and memory: the
+    step's priced peak, what a budget binds on (round 27; before, the sum of kinds, over the budget of plans whose
+    peak fits), or the total where the plan records no peak."""
     est = plan.pipeline.estimate if plan.pipeline is not None else None
     head = (f"Pipeline plan on mesh {plan.pipeline.mesh}: estimated step {est.step_s * 1e3:.3f} ms (search)"
             if est is not None else f"Plan on mesh {plan.mesh}: estimated step {plan.cost.total_s * 1e3:.3f} ms")
-    return f"{head}, {plan.cost.memory_bytes['total'] / 1e9:.2f} GB per device"
+    mem = plan.cost.memory_bytes
+    kind = "peak" if "peak" in mem else "total"
+    return f"{head}, {kind} {mem[kind] / 1e9:.2f} GB per device"
 
 
 def plan_text(plan, all_positions: bool = False) -> str:

@@ -25,10 +25,10 @@ from ..tracer.graph import carries_grad
 from .costs import NodeCost, Pricer
 from .ilp import Solution, decision_counts, memory_bytes, objective_s, recompute_cost
 from .plan import CostBreakdown, Fallback, NodePlan, ParamPlan, Plan, SolverReport, derive_edge, empty_comm
-from .problem import Problem, build_problem, grad_axes
+from .problem import Problem, binding_row, build_problem, grad_axes, layout_of
 from .heap import on_frozen_heap
 from .local_storage import local_saved_bytes
-from .memory_fit import solve_fitting
+from .memory_fit import replayed_peak, solve_fitting
 from .peak import StepPeak, step_peak
 from .shared_uses import FirstUses
 from .recompute import RegionPrice, price_region, region_recompute, regions, runnable, shared_inputs, state_writing
@@ -363,22 +363,30 @@ class Explanation:
     """Why node `node` got its strategy: total objective (seconds) and memory of the plan with the node's
     group switched to each alternative, other groups fixed. `alternatives` is sorted by cost; an alternative the
     problem excludes (a forced axis role, or no redistribution between it and its neighbours' chosen layouts)
-    costs `math.inf` and is printed as excluded, not as `inf ms`."""
+    costs `math.inf` and is printed as excluded, not as `inf ms`.
+
+    Each alternative is (strategy, objective_s, total_bytes, fits, peak_bytes, at): `total_bytes` the sum of kinds
+    (the plan's "total"), `peak_bytes` the step's priced peak replayed on the ranks' local storages (the plan's
+    "peak", `memory_fit.replayed_peak`), `fits` whether that PEAK is within the budget less the reserve: what the
+    budget binds on since round 26 (before round 27 `fits` compared the sum of kinds, so a plan returned under its
+    budget printed its own chosen row "[over memory budget]"), and `at` the moment of the step whose ILP row is the
+    largest (`problem.binding_row`, round 27) where the budget binds and no region recomputes, else ""."""
 
     node: str
     chosen: str
     chosen_s: float
-    alternatives: tuple[tuple[str, float, int, bool], ...]  # (strategy, objective_s, memory_bytes, fits)
+    alternatives: tuple[tuple[str, float, int, bool, int, str], ...]
 
     def __str__(self) -> str:
         lines = [f"{self.node}: chosen {self.chosen} (objective {self.chosen_s * 1e3:.4f} ms)"]
-        for s, c, m, ok in self.alternatives[:8]:
+        for s, c, m, ok, peak, at in self.alternatives[:8]:
             if math.isinf(c):
                 lines.append(f"  {s:40s} excluded (a forced axis role, or no redistribution to the neighbours' "
                              "chosen layouts)")
                 continue
             delta = (c - self.chosen_s) * 1e3
-            lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), {m / 1e9:.2f} GB"
+            lines.append(f"  {s:40s} {c * 1e3:.4f} ms ({delta:+.4f} ms), peak {format_bytes(peak)} "
+                         f"(total {format_bytes(m)})" + (f" (largest row: {at})" if at else "")
                          + ("" if ok else "  [over memory budget]"))
         return "\n".join(lines)
 
@@ -396,7 +404,7 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
     Raises UnknownNodeError (a KeyError) for an unknown node, naming the closest node names.
     """
     config = config or PlanConfig.from_record(plan_.config)
-    problem, _ = build(traced, plan_.mesh, cluster=cluster, topology=topology, config=config)
+    problem, pricer = build(traced, plan_.mesh, cluster=cluster, topology=topology, config=config)
     if node not in problem.group_of:
         raise UnknownNodeError(node, "the plan", problem.group_of)
     choice = []
@@ -409,15 +417,26 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
     fmt = lambda s: f"{' '.join(str(L) for L in s.inputs)} -> {s.output}"
     counts = decision_counts(problem, plan_.recompute)  # the plan's recomputation, held fixed (round 22)
 
-    def priced(c: tuple[int, ...]) -> tuple[float, int]:  # (objective s, memory bytes) as the solver priced it
+    def priced(c: tuple[int, ...]) -> tuple[float, int, str]:  # (objective s, memory bytes, row) as the solver priced
         extra_s, delta_bytes = recompute_cost(problem, c, counts)
-        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes)
+        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes), _row_at(c)
+
+    def _row_at(c: tuple[int, ...]) -> str:  # the moment of the largest ILP row (round 27), "" for the sum row
+        return binding_row(problem, c)[1] if problem.cut_rows and not counts else ""
+
+    def peak_bytes(c: tuple[int, ...]) -> int:  # the step peak the budget binds on, as `plan` replays its pick
+        sol = Solution(c, 0.0, "explain", True, None, 0.0, 0, 0, 0, "", tuple(sorted(plan_.recompute.items())))
+        spans: list = []
+        held = local_saved_bytes(traced, {n: layout_of(problem, n, c) for n in problem.spaces}, problem.spaces,
+                                 pricer, spans)
+        return replayed_peak(traced, problem, pricer, sol, held, spans).peak_bytes
     alts = []
     for i, s in enumerate(problem.spaces[node].strategies):
         c = list(choice)
         c[g] = i
-        seconds, mem = priced(tuple(c))
-        alts.append((fmt(s), seconds, mem, mem <= problem.budget_bytes))
+        seconds, mem, at = priced(tuple(c))
+        peak = 0 if math.isinf(seconds) else peak_bytes(tuple(c))
+        alts.append((fmt(s), seconds, mem, not math.isinf(seconds) and peak <= problem.budget_bytes, peak, at))
     chosen = problem.spaces[node].strategies[choice[g]]
     return Explanation(node, fmt(chosen), priced(tuple(choice))[0], tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
 

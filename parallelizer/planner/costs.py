@@ -59,10 +59,9 @@ from ..core.redistribute import (WIDENED_FLOATS, ImpossibleRedistributionError, 
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, runtime_buckets
 from ..rewriter.reshard import regathered
 from ..tracer import NodeInfo, TracedGraph
-from ..tracer.graph import carries_grad
 from .autocast_dtypes import AutocastOp, autocast_dtypes, cast_arg_positions, uniform_dtypes
 from .precision import mfu_dtype, priced_dtype, resolve_precision, traced_in_low_precision  # noqa: F401 (re-exported)
-from .strategies import NodeSpace, Strategy
+from .strategies import NodeSpace, Strategy, received_with_grad
 from .op_comm import op_collectives
 
 aten = torch.ops.aten
@@ -280,7 +279,8 @@ class Pricer:
         if held is None or held[0] is not tg:
             gm = tg.graph_module
             placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-            kept = frozenset(n.name for n in placeholders if not regathered(n))
+            live = self.backward_nodes(tg)  # a product keeps a weight only for a partner's gradient (round 27)
+            kept = frozenset(n.name for n in placeholders if not regathered(n, lambda m: m.name in live))
             held = self.tables.regathered[id(tg)] = (tg, kept)
         return name not in held[1]
 
@@ -385,8 +385,8 @@ class Pricer:
     def saved_share(self, tg: TracedGraph, name: str) -> SavedShare | None:
         """The node's part of the storages it saves for backward (`cost_model.memory.saved_tensor_owners`: each
         storage charged to its first saver in graph order; parameters and buffers to none); None: all its own.
-        The savers are the ops downstream of a trained parameter or of a floating-point graph input (a pipeline
-        stage's received activations carry gradients; `runtime.pipeline.stage_graph`)."""
+        The savers are the ops downstream of a trained parameter or of a received value with a gradient (a pipeline
+        stage's, `strategies.received_with_grad`; a model's own inputs carry none)."""
         return self._saved_facts(tg)[1].get(name)
 
     def grad_args(self, tg: TracedGraph, name: str) -> frozenset[int]:
@@ -406,8 +406,7 @@ class Pricer:
             resident = [ph for p in tg.parameters.values() for ph in p.placeholders]
             trainable = [ph for p in tg.parameters.values() if not p.is_buffer and p.requires_grad
                          for ph in p.placeholders]
-            trainable += [n for n in tg.input_names if tg.nodes[n].outputs
-                          and carries_grad(tg.nodes[n].outputs[0].dtype)]
+            trainable += received_with_grad(tg)
             held = self.tables.shares[id(tg)] = (tg, saved_tensor_owners(tg.graph_module, resident, trainable),
                                                  frozenset(backward_nodes(tg.graph_module, trainable)))
         return held

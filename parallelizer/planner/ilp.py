@@ -15,14 +15,19 @@ Formulation (groups, costs and memory from `problem.py`; all sums in sorted, det
         sum_i x[g, i] = 1                                   for every group g          (one-hot)
         sum_j e[g, h, i, j] = x[g, i]                       for every pair, every i    (rows)
         sum_i e[g, h, i, j] = x[h, j]                       for every pair, every j    (columns)
-        sum_g sum_i row[g][i] x[g, i] <= budget - const     for every memory row (`problem.memory_rows`; bytes per
-                                                             device at a cut of the step, `peak_rows`: parameter
+        sum_g sum_i row[g][i] x[g, i] + sum_t b[t] y[t]     for every memory row (`problem.memory_rows`; bytes per
+                             <= budget - const               device at a moment of the step, `peak_rows`: parameter
                                                              state, gradients made, activations saved and their
-                                                             gradients alive; the optimizer step's state; the sum
-                                                             row `mem` with recomputation; const = buffers, outputs)
+                                                             gradients alive; y[t]: indicators of strategies of
+                                                             several groups, DDP's kept buckets and FSDP's regathered
+                                                             copies (`memory_ilp`); the end of backward and the
+                                                             optimizer step; the sum row `mem` with recomputation;
+                                                             const = buffers, outputs)
     Memory corrections (`Problem.memory_cuts`, learnt by `memory_fit.solve_fitting` from replays of picked plans on
     the ranks' local storages): b bytes over an assignment A of strategies to groups enter the memory row as b z_A,
-    z_A in [0, 1] linearising the AND of x[g, i] over A (`_memory_cut_vars`; exact for binary x, either sign of b).
+    z_A in [0, 1] linearising the AND of x[g, i] over A (`memory_ilp.memory_cut_vars`; exact for binary x, either
+    sign of b); a row at a moment of the step takes the part of b learnt at nodes whose saved tensors are alive there
+    (`problem.correction_in`, round 27).
     `Problem.exclusions` (replayed peaks above the rows) alike, with recomputation variables only while sum n = 0.
     One redistribution per (value, target layout) (`shared_uses`): the rewriter runs one copy of a value per
     target layout however many uses read it, so the cost entries of keys that several uses of one value can ask
@@ -97,8 +102,8 @@ import pulp
 from ..config import PlanConfig
 from ..errors import InfeasiblePlanError, format_bytes
 from .highs_bulk import BulkHiGHS, quiet_stdout
-from .problem import (Problem, activation_rows, corrections, cut_bytes, max_memory_bytes, memory_rows,
-                      min_memory_bytes, most_memory_bytes)
+from .memory_ilp import memory_constraints, memory_cut_vars, new_var
+from .problem import Problem, activation_rows, cut_bytes, max_memory_bytes, min_memory_bytes, most_memory_bytes
 
 _SCALE = 1e6  # seconds -> microseconds in the solver's objective
 _GB = 1e9
@@ -329,7 +334,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             raise InfeasiblePlanError(f"no plan on mesh {problem.mesh}: {_binding(problem, config)}")
         # Integer in [0, 1] rather than LpBinary: PuLP resets a binary's bounds to [0, 1], which would
         # re-allow an impossible strategy (upper bound 0).
-        x.append([1] if n == 1 else [_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpInteger)
+        x.append([1] if n == 1 else [new_var(prob, f"x_{g}_{i}", 0, 1 if ok[i] else 0, pulp.LpInteger)
                                      for i in range(n)])
     w_mem, w_coll = tie_break_weights(problem)
     counts = problem.lin_counts or [np.zeros(len(v)) for v in problem.lin]
@@ -350,7 +355,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
         finite = np.isfinite(mat).tolist()  # an impossible pair (inf) gets no variable: it cannot be chosen
         cost = mat.tolist()
         count = np.asarray(problem.pair_counts.get((a, b), np.zeros(mat.shape)), dtype=float).tolist()
-        e = pair_vars[(a, b)] = [[_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i][j] else None
+        e = pair_vars[(a, b)] = [[new_var(prob, f"e_{a}_{b}_{i}_{j}", 0, 1, pulp.LpContinuous) if finite[i][j] else None
                                   for j in range(nb)] for i in range(na)]
         terms += [(e[i][j], cost[i][j] * _SCALE + w_coll * count[i][j])
                   for i in range(na) for j in range(nb) if finite[i][j]]
@@ -366,7 +371,7 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
     mem_terms = [(v, float(m) / _GB) for g in range(len(x)) for v, m in zip(x[g], problem.mem[g])
                  if not isinstance(v, int) and m]
     counts_vars = _recompute_vars(prob, problem, x, terms, mem_terms, w_mem) if recompute else {}
-    cuts, cut_fixed, cut_cons = _memory_cut_vars(prob, problem, x, recompute, counts_vars)
+    cuts, cut_fixed, cut_cons, keyed = memory_cut_vars(prob, problem, x, recompute, counts_vars)
     terms, mem_terms = terms + [(z, w_mem * b) for z, b in cuts], mem_terms + [(z, b / _GB) for z, b in cuts]
     num_cons += cut_cons
     acts = activation_rows(problem)
@@ -380,14 +385,10 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             <= (act_bound_bytes - fixed_act) / _GB, "activations"
         num_cons += 1
     prob += pulp.LpAffineExpression(terms)
-    for k, row in enumerate(memory_rows(problem, recompute)):  # the sum row, or one per cut of the step (`peak_rows`)
-        fixed = sum(float(row[g][0]) for g in range(len(x)) if len(x[g]) == 1) + cut_fixed
-        terms_k = mem_terms if row is problem.mem else [(v, float(m) / _GB) for g in range(len(x)) for v, m in
-                                                        zip(x[g], row[g]) if not isinstance(v, int) and m] \
-            + [(z, b / _GB) for z, b in cuts]
-        prob += pulp.LpAffineExpression(terms_k) <= (problem.budget_bytes - problem.const_mem_bytes - fixed) / _GB, \
-            "memory" if row is problem.mem else f"memory_{k}"
-    num_cons += k + 1
+    # the sum row, or one per moment of the step (`peak_rows`), with their indicators (`memory_ilp`)
+    num_ind, row_cons = memory_constraints(prob, problem, x, pair_vars, mem_terms, keyed, recompute,
+                                             counts_vars)
+    num_cons += row_cons
     num_bin = sum(len(v) for v in x if len(v) > 1)
     solver_name, solver = _solver(config)
     start = time.perf_counter()
@@ -423,8 +424,9 @@ def _solve(problem: Problem, config: PlanConfig, recompute: bool, minimise: str 
             decision.update((next(free), m) for _ in range(per.get(m, 0)))
     extra_s = recompute_cost(problem, choice, counts)[0]
     num_rc = sum(len(per) for per in counts_vars.values())
+    num_vars = len(prob.variables()) if recompute else num_bin + num_edge + num_shared + len(cuts) + num_ind
     return Solution(choice, objective_s(problem, choice) + extra_s, "optimal" if optimal else "feasible", optimal,
-                    gap, elapsed, len(prob.variables()) if recompute else num_bin + num_edge + num_shared + len(cuts),
+                    gap, elapsed, num_vars,
                     num_bin + num_rc,
                     len(prob.constraints) if recompute else num_cons, solver_name,
                     tuple(sorted((r, m) for r, m in decision.items() if m != "none")))
@@ -437,7 +439,7 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
     counts: dict[int, dict[str, pulp.LpVariable]] = {}
     for c, cls in enumerate(problem.recompute_classes):
         N = cls.count
-        n = counts[c] = {m: _var(prob, f"n_{c}_{m}", 0, N, pulp.LpInteger) for m in sorted(cls.terms)}
+        n = counts[c] = {m: new_var(prob, f"n_{c}_{m}", 0, N, pulp.LpInteger) for m in sorted(cls.terms)}
         prob += pulp.LpAffineExpression([(v, 1) for v in n.values()]) <= N, f"modes_{c}"
         for m, (extra, delta) in sorted(cls.terms.items()):
             pair_keys = sorted(k for k in extra if not isinstance(k, int))
@@ -451,7 +453,7 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
                     mem_terms.append((n[m], float(d[0]) / _GB))
                     w_of[g] = [n[m]]
                     continue
-                w = w_of[g] = [_var(prob, f"w_{c}_{m}_{g}_{i}", 0, N, pulp.LpContinuous) for i in range(len(x[g]))]
+                w = w_of[g] = [new_var(prob, f"w_{c}_{m}_{g}_{i}", 0, N, pulp.LpContinuous) for i in range(len(x[g]))]
                 prob += pulp.LpAffineExpression([(v, 1) for v in w] + [(n[m], -1)]) == 0, f"wsum_{c}_{m}_{g}"
                 for i, v in enumerate(w):
                     prob += pulp.LpAffineExpression([(v, 1), (x[g][i], -N)]) <= 0, f"wx_{c}_{m}_{g}_{i}"
@@ -460,38 +462,11 @@ def _recompute_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], terms
             for g, h in pair_keys:  # v >= w[g, i] + w[h, j] - n: n instances when both take (i, j), else 0
                 mat = extra[(g, h)]
                 for i, j in zip(*np.nonzero(mat > 0)):
-                    v = _var(prob, f"v_{c}_{m}_{g}_{h}_{i}_{j}", 0, N, pulp.LpContinuous)
+                    v = new_var(prob, f"v_{c}_{m}_{g}_{h}_{i}_{j}", 0, N, pulp.LpContinuous)
                     prob += pulp.LpAffineExpression([(v, 1), (w_of[g][i], -1), (w_of[h][j], -1), (n[m], 1)]) >= 0, \
                         f"v_{c}_{m}_{g}_{h}_{i}_{j}"
                     terms.append((v, float(mat[i, j]) * _SCALE))
     return counts
-
-
-def _memory_cut_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], recompute: bool,
-                     counts: dict) -> tuple[list[tuple], float, int]:
-    """Per memory correction (b bytes over A = ((g, i), ...), module docstring) z = AND of x[g, i] over A: b > 0:
-    z >= sum x - (|A| - 1); b < 0: z <= each x (the row pushes z to the product). ([(z, b)], bytes of corrections
-    over fixed groups only, constraints added)."""
-    cuts, const, cons = [], 0.0, 0
-    for n, (assign, b) in enumerate(sorted(corrections(problem, recompute).items())):
-        if not b or any(len(x[g]) == 1 and i != 0 for g, i in assign):
-            continue
-        if not (vs := [x[g][i] for g, i in assign if len(x[g]) > 1]):
-            const += b
-            continue
-        z = _var(prob, f"m_{n}", 0, 1, pulp.LpContinuous)
-        if b > 0:
-            prob += pulp.LpAffineExpression([(z, 1)] + [(v, -1) for v in vs]) >= 1 - len(vs), f"m_{n}"
-        for k, v in enumerate(vs if b < 0 else ()):
-            prob += pulp.LpAffineExpression([(z, 1), (v, -1)]) <= 0, f"m_{n}_{k}"
-        cons += 1 if b > 0 else len(vs)
-        cuts.append((z, float(b)))
-    n_all = [(n, 1) for per in counts.values() for n in per.values()]
-    for k, (assign, (_, b)) in enumerate(sorted(problem.exclusions.items()) if recompute else ()):
-        z = _var(prob, f"q_{k}", 0, 1, pulp.LpContinuous)  # the pick again, recomputing nothing: b over the sum row
-        prob += pulp.LpAffineExpression([(z, 1)] + [(x[g][i], -1) for g, i in assign] + n_all) >= 1 - len(assign)
-        cuts.append((z, float(b)))
-    return cuts, const, cons + (len(problem.exclusions) if recompute else 0)
 
 
 def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_vars: dict, terms: list,
@@ -507,7 +482,7 @@ def _shared_vars(prob: pulp.LpProblem, problem: Problem, x: list[list], pair_var
                         if (ind := _indicator(x, pair_vars, g, a, h, key_of, K)) is not None]
                 if not inds or not (sr.cost[a, K] > 0 or sr.count[a, K] > 0):
                     continue
-                y = _var(prob, f"y_{n}_{a}_{K}", 0, 1, pulp.LpContinuous)
+                y = new_var(prob, f"y_{n}_{a}_{K}", 0, 1, pulp.LpContinuous)
                 terms.append((y, float(sr.cost[a, K]) * _SCALE + w_coll * float(sr.count[a, K])))
                 num_vars += 1
                 for m, ind in enumerate(inds):
@@ -566,13 +541,6 @@ def _binding(problem: Problem, config: PlanConfig) -> str:
         return f"the memory budget {format_bytes(problem.budget_bytes)} or the solver's time limit binds"
     from .diagnose import binding_constraint
     return binding_constraint(problem, problem.graph, config)
-
-
-def _var(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pulp.LpVariable:
-    """A variable attached to `prob` (PuLP >= 3.3 API; the LpVariable constructor is deprecated there)."""
-    if hasattr(prob, "add_variable"):
-        return prob.add_variable(name, low, up, cat=cat)
-    return pulp.LpVariable(name, low, up, cat=cat)
 
 
 def _solver(config: PlanConfig):

@@ -55,7 +55,8 @@ __all__ = ["StorageSpan", "local_saved_bytes", "plan_choice"]
 aten = torch.ops.aten
 _META = torch.device("meta")
 _SIZE_ARG_OPS = {aten.view, aten.reshape, aten._unsafe_view, aten.expand}  # size argument 1: the output shape
-_FOLDING = {aten.matmul.default, aten.linear.default}  # composites whose autograd keeps reshaped operands
+_FOLDING = {aten.matmul.default, aten.linear.default, aten.einsum.default}  # composites whose autograd keeps
+# reshaped (permuted) operands
 
 
 def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapping[str, NodeSpace],
@@ -92,7 +93,8 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
         dtype = pricer.value_dtype(tg, producer, dtype)  # as run (under the autocast recipe: its dtypes)
         if isinstance(src, torch.Tensor) and (have == want or not _moves(pricer, have, want, shape, dtype)):
             return src
-        axes = grad_partial_axes(want, strategy_of[node].output, mesh)
+        out_layout = strategy_of[node].output  # None: the output node (its redistributions carry no gradient axes)
+        axes = grad_partial_axes(want, out_layout, mesh) if out_layout is not None else ()
         key = (producer, str(want), axes, epochs.get(node, 0))
         if key not in moved:
             t = torch.empty(local_shape(shape, want, mesh), dtype=dtype, device=_META)
@@ -104,6 +106,12 @@ def local_saved_bytes(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spac
 
     for node in tg.graph_module.graph.nodes:
         name, s = node.name, strategy_of.get(node.name)
+        if node.op == "output" and s is not None and spans is not None:
+            for k, ti in enumerate(spaces[name].inputs):  # the returned values, brought to the output's layouts
+                src = values.get(ti.producer)
+                if isinstance(src, torch.Tensor):
+                    _returned(span_of, src, received(name, k, ti.producer, s.inputs[k], ti.shape, ti.dtype))
+            continue
         if s is None or node.op not in ("placeholder", "call_function") or s.output is None:
             continue
         info = tg.nodes[name]
@@ -180,6 +188,21 @@ def _touch(span_of: dict[int, list], t: torch.Tensor, name: str) -> None:
         span_of[key] = [t.untyped_storage().nbytes(), name, name, None]
 
 
+def _returned(span_of: dict[int, list], src: torch.Tensor, got: torch.Tensor) -> None:
+    """The spans of a returned value (the output node's input `src`, delivered as `got`): the delivered value is
+    resident for the whole step (`problem.returned_bytes`, in the peak's resident bytes), so a storage returned as
+    made is no forward span (it was counted twice, round 26); one the output redistributes (a batch-sharded
+    logits gathered whole: `rewriter.apply._output`, outside any call_function) stays alive until that collective,
+    and a gather holds a second whole copy while it runs (`StorageSpan` at "output"; round 27, r27e)."""
+    if got is src:
+        if _key(src) in span_of and span_of[_key(src)][0] == tensor_nbytes(src):
+            del span_of[_key(src)]
+        return
+    _touch(span_of, src, "output")
+    if tensor_nbytes(got) > tensor_nbytes(src):  # a gather: gloo's all-gather receives into a flat buffer of its own
+        span_of[("output", len(span_of))] = [tensor_nbytes(got), "output", "output", None]
+
+
 def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owned, resident_names, held) -> int:
     """The op's saved bytes on local values: each saved slot's whole storage if no earlier saver holds it. `held`
     keeps the tensors made here alive (a storage id is its address: a freed one could be reused)."""
@@ -188,7 +211,9 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
     params = tuple(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.name in resident_names)
     try:
         if node.target in _FOLDING:
-            return _autograd_saved(node.target, args, kwargs, grads, resident, owned, held)
+            live = pricer.backward_nodes(tg)
+            return _autograd_saved(node.target, args, kwargs, lambda a: isinstance(a, torch.fx.Node) and a.name in live,
+                                   node.args, resident, owned, held)
         arg_slots, out_slots = saved_slots(node.target, args, kwargs, result, grads)
         factors: dict[str, list[tuple[int, float]]] = {"args": [], "outputs": []}
         outputs = tensors_in(result)
@@ -209,16 +234,24 @@ def _saved_here(tg, node, space, s, args, kwargs, result, pricer, resident, owne
     return saved + _vocab_parallel_saved_bytes(tg.nodes[name], s, in_local, itemsize)
 
 
-def _autograd_saved(target, args: tuple, kwargs: dict, grads, resident: set[int], owned: dict[int, None],
-                    held: list[torch.Tensor]) -> int:
+def _autograd_saved(target, args: tuple, kwargs: dict, needs_grad, graph_args: tuple, resident: set[int],
+                    owned: dict[int, None], held: list[torch.Tensor]) -> int:
     """Bytes of the storages a composite op's autograd keeps, found by running it on the local meta values under
-    `saved_tensors_hooks` (its args in `grads` requiring grad): matmul / linear keep the FOLDED operands their
-    decomposition hands to mm / bmm (`tensor.expand(batch + (n, m)).reshape(b, n, m)`, ATen's _matmul_impl), a view
+    `saved_tensors_hooks`, each value requiring grad as its fx node in `graph_args` does (`needs_grad(node)`; an
+    einsum's operands one by one): matmul / linear / einsum keep the FOLDED operands their decomposition hands to
+    mm / bmm (`tensor.expand(batch + (n, m)).reshape(b, n, m)`, ATen's _matmul_impl; einsum's permutes), a view
     of the argument or a copy by its local strides (a repeat_kv'd k with stride 0 on its one local KV head is copied
-    there, not in the global graph)."""
+    there, not in the global graph), and only those whose partner requires grad (round 27)."""
     saved: list[torch.Tensor] = []
-    ins = [a.detach().requires_grad_(i in grads and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-           for i, a in enumerate(args)]
+
+    def leaf(a, n):
+        if isinstance(a, (list, tuple)) and isinstance(n, (list, tuple)) and len(a) == len(n):
+            return type(a)(leaf(x, m) for x, m in zip(a, n))
+        if isinstance(a, torch.Tensor):
+            return a.detach().requires_grad_(bool(needs_grad(n)) and a.is_floating_point())
+        return a
+
+    ins = [leaf(a, n) for a, n in zip(args, graph_args)]
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         target(*ins, **kwargs)
     held.extend(saved)

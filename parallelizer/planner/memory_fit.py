@@ -18,10 +18,11 @@ parameters, DDP's buckets, a composite op's inner gradients, AdamW's temporaries
        LOWERS the rows was new (one could admit a faster plan the rows rejected) or the rows cannot exclude any plan
        (`problem.max_memory_bytes`); otherwise re-solve with the corrections, up to `MAX_FIT_ROUNDS` solves. A pick
        whose peak is over the budget at a backward moment no row stands at adds that moment's row (`peak_rows`, cut
-       at its node: a bound for every plan, lazily, as a cutting plane); what its peak still exceeds the rows by (DDP's
-       kept buckets, regathered FSDP parameters, a pair-dependent transient, a forward moment) goes on the stored
-       layouts it has (`_exclude`: the pick and its equally priced twins cannot recur; without free recomputation
-       only while no region recomputes).
+       at its node: exact for every plan, lazily, as a cutting plane: since round 27 (r27d) the rows hold the
+       transients of pairs of strategies too, DDP's kept buckets and FSDP's regathered parameters, over indicator
+       variables, `peak_rows`); what its peak still exceeds the rows by (a forward moment, a saved-bytes correction
+       of a node after the moment, the joint ILP's sum row) goes on the stored layouts it has (`_exclude`: the pick
+       and its equally priced twins cannot recur; without free recomputation only while no region recomputes).
 
 Never returned: a plan whose replayed step peak (= `api.to_plan`'s `memory_bytes["peak"]`) exceeds the budget. After
 the last round the fastest pick that fitted is kept; when none did, `InfeasiblePlanError` says where the last pick
@@ -52,6 +53,9 @@ from .recompute import regions
 __all__ = ["MAX_FIT_ROUNDS", "node_excess", "replayed_peak", "solve_fitting"]
 
 MAX_FIT_ROUNDS = 8  # solves at most; each learns the corrections of one pick (a pick is never repeated over budget)
+TOLERANCE_MARGIN_BYTES = 1024
+"""The least margin (`Problem.memory_margin_bytes`) added when the solver returned a pick whose rows exceed the budget:
+HiGHS's primal feasibility tolerance (1e-7, its default) on rows in GB is 100 B; 1 KiB clears it ten times over."""
 
 
 def solve_fitting(tg: TracedGraph, problem: Problem, pricer: Pricer, config: PlanConfig,
@@ -68,10 +72,12 @@ def solve_fitting(tg: TracedGraph, problem: Problem, pricer: Pricer, config: Pla
     """
     run = solve_lean if lean else solve
     problem = dataclasses.replace(problem, memory_cuts=dict(problem.memory_cuts), cut_rows=list(problem.cut_rows),
-                                  exclusions=dict(problem.exclusions))
+                                  exclusions=dict(problem.exclusions), stats=dict(problem.stats),
+                                  memory_cut_at=dict(problem.memory_cut_at))
     best: tuple[Solution, dict[str, int], StepPeak] | None = None
     spent, last, seen = 0.0, None, {}
-    for _ in range(MAX_FIT_ROUNDS):
+    for rounds in range(1, MAX_FIT_ROUNDS + 1):
+        problem.stats["fit_rounds"] = rounds  # solves run (a test's and a benchmark's figure)
         try:
             sol = run(problem, config)
         except InfeasiblePlanError as exc:
@@ -81,6 +87,7 @@ def solve_fitting(tg: TracedGraph, problem: Problem, pricer: Pricer, config: Pla
                 raise
             break  # the corrections exclude every other plan: the fitting pick stands
         spent += sol.time_s
+        solver_rows = _bound_bytes(problem, sol)  # what the rows the solver had hold the pick to
         spans: list = []
         held = local_saved_bytes(tg, {n: layout_of(problem, n, sol.choice) for n in problem.spaces}, problem.spaces,
                                  pricer, spans)
@@ -95,6 +102,8 @@ def solve_fitting(tg: TracedGraph, problem: Problem, pricer: Pricer, config: Pla
             break
         if fits:
             continue
+        if solver_rows > problem.budget_bytes:  # within the solver's feasibility tolerance: keep the rows below it
+            problem.memory_margin_bytes += max(2 * (solver_rows - problem.budget_bytes), TOLERANCE_MARGIN_BYTES)
         _add_row(tg, problem, pricer, peak)  # a row at the moment it peaks at, for every plan
         bound = _bound_bytes(problem, sol)
         if bound < peak.peak_bytes:  # the rows miss a transient or a dependency: this pick is excluded
@@ -127,11 +136,11 @@ def replayed_peak(tg: TracedGraph, problem: Problem, pricer: Pricer, sol: Soluti
 
 
 def _add_row(tg: TracedGraph, problem: Problem, pricer: Pricer, peak: StepPeak) -> None:
-    """Add the memory row of the backward moment `peak` is at (`peak_rows.cut_rows` cut at that node: linear, at most
-    what any plan holds there but its pair-dependent transients) when the ILP has cut rows and not that one yet."""
+    """Add the memory row of the backward moment `peak` is at (`peak_rows.cut_rows` cut at that node: what any plan
+    holds there, its pair-dependent transients included) when the ILP has cut rows and not that one yet."""
     node = peak.at.removeprefix("backward of ")
     label = f"backward at {node}"
-    if problem.cut_rows and node != peak.at and all(lbl != label for lbl, _ in problem.cut_rows):
+    if problem.cut_rows and node != peak.at and all(row.label != label for row in problem.cut_rows):
         problem.cut_rows += cut_rows(tg, problem.spaces, problem.group_of, problem.sizes(), problem.node_saved,
                                      pricer, problem.mesh, at={node})
 
@@ -189,25 +198,32 @@ def _learn(tg: TracedGraph, problem: Problem, choice: tuple[int, ...], excess: d
     """Record the replay's excess at `choice` as corrections over the deciders' assignments (module docstring, 2):
     per assignment the sum over the op nodes that have it (block instances share groups), 0 included where a
     correction was learnt before. An assignment seen with two values (a dependency outside its deciders) keeps the
-    larger. Returns whether a correction that lowers the row was added."""
+    larger. Each keeps its bytes per op position (`Problem.memory_cut_at`: a row at a moment of the step takes those
+    of the nodes whose saved tensors are alive there). Returns whether a correction that lowers the row was added."""
     learnt: dict[tuple, float] = {}
-    for name, space in problem.spaces.items():
-        if space.kind == "op" and (name in excess or problem.memory_cuts):
+    at: dict[tuple, dict[int, float]] = {}
+    ops = [n for n, s in problem.spaces.items() if s.kind == "op"]
+    for i, name in enumerate(ops):
+        if name in excess or problem.memory_cuts:
             assign = tuple((g, choice[g]) for g in _deciders(tg, problem, name))
             learnt[assign] = learnt.get(assign, 0.0) + excess.get(name, 0)
+            if excess.get(name, 0):
+                at.setdefault(assign, {})[i] = float(excess[name])
     lowers = False
     for assign, b in learnt.items():
         if assign not in problem.memory_cuts and b:
             problem.memory_cuts[assign] = b
+            problem.memory_cut_at[assign] = at.get(assign, {})
             lowers |= b < 0
-        elif assign in problem.memory_cuts:
-            problem.memory_cuts[assign] = max(problem.memory_cuts[assign], b)
+        elif assign in problem.memory_cuts and b > problem.memory_cuts[assign]:
+            problem.memory_cuts[assign] = b
+            problem.memory_cut_at[assign] = at.get(assign, {})
     return lowers
 
 
 def _exclude(tg: TracedGraph, problem: Problem, sol: Solution, nbytes: float, every: bool = False) -> None:
-    """Add what `sol`'s replayed peak exceeds its rows by (`nbytes`: DDP's kept buckets, regathered FSDP parameters,
-    transients of pairs of strategies, forward moments) to the rows at the stored layouts it has (the parameters'
+    """Add what `sol`'s replayed peak exceeds its rows by (`nbytes`: a forward moment, a correction the rows place
+    at the wrong moment, the joint ILP's sum row) to the rows at the stored layouts it has (the parameters'
     groups: what those transients depend on most; every plan sharing them gets it too, so the pick cannot recur and
     its equally priced twins neither); `every`: to every plan (a pick over the budget at a moment where one was
     already: a margin, conservative, so that the loop ends). Without free recomputation in `Problem.exclusions`

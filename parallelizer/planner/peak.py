@@ -43,13 +43,16 @@ The forward is walked too (round 26, r26d): at op node i of the forward
                FSDP parameter: `local_storage.StorageSpan`) from the node that makes it to its last reader in forward,
                up to (not including) the op that saves it for backward, from which acts(i) counts it
 
-with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`). Its transients
+with no parameter gradient (the loop sets them to None after its step, torch's default `zero_grad`), and one moment
+more at the output node (round 27, r27e): the program brings the returned values to the output's layouts there,
+outside any call_function (`rewriter.apply._output`: a batch-sharded logits gathered whole), so the local value
+lives until that collective, which holds a second whole copy while it runs (`local_storage._returned`); a value
+returned as made is resident only (it was counted twice between its op and its last reader before). Its transients
 mostly have their mirror image in backward (the gradient of the same value), but not those that carry no gradient
 (integer labels, masks, a loss's per-token values, a batch-sharded loss's count and its all-reduce, values read by
 sums only): round 25 (r25c) measured the activation-heavy GPT-2 ddp / fsdp plans peaking in forward at the loss, 3-9%
 above the backward's walk. The peak is the largest of all these moments. Left out: buffers a kernel or a collective
-allocates and frees inside one op (workspace), the copies redistributions make in backward, the returned values
-double counted between their op and their last reader (they are in resident for the whole step).
+allocates and frees inside one op (workspace), the copies redistributions make in backward.
 
 Used by `api.to_plan` (`memory_bytes["peak"]`). The ILP keeps linear rows (`problem.build_problem`).
 """
@@ -62,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.layout import local_shape
+from ..core.layout import Layout, local_shape
 from ..core.redistribute import grad_partial_axes
 from ..rewriter.grad_sync import DEFAULT_BUCKET_BYTES, bucket_sizes, runtime_buckets
 from ..rewriter.reshard import backward_readers
@@ -70,9 +73,10 @@ from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
 from .local_storage import StorageSpan
-from .strategies import NodeSpace, Strategy
+from .strategies import NodeSpace, Strategy, TensorInput
 
-__all__ = ["StepPeak", "adamw_temporary_bytes", "grad_spans", "step_peak"]
+__all__ = ["StepPeak", "adamw_temporary_bytes", "backward_scratch_bytes", "gather_readers", "grad_spans", "step_peak",
+           "use_transients"]
 
 def adamw_temporary_bytes(param_bytes: list[int]) -> int:
     """The most bytes torch's single-tensor Adam / AdamW step (`torch.optim.adam._single_tensor_adam`, the CPU default:
@@ -154,10 +158,11 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
     kept = 0
     backward_readers_of: dict[str, dict[str, list[str]]] = {}
 
+    live = pricer.backward_nodes(tg)
+
     def readers(ph: str) -> dict[str, list[str]]:
         if ph not in backward_readers_of:
-            found = backward_readers(tg.nodes[ph].node)
-            backward_readers_of[ph] = {u.name: [r.name for r in rs] for u, rs in found.items()}
+            backward_readers_of[ph] = gather_readers(tg, ph, live)
         return backward_readers_of[ph]
 
     trained: list[int] = []         # local parameter bytes in the optimizer's order (the module's)
@@ -175,13 +180,10 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         last, is_bucketed = max(pos[c] for c, _ in uses), False
         gathers: dict[tuple, tuple[int, list[str]]] = {}  # one gathered value per (placeholder, use layout, grad axes)
         for c, k in uses:
-            ti, use = spaces[c].inputs[k], strategy_of[c].inputs[k]
-            axes = grad_partial_axes(use, strategy_of[c].output, mesh)
-            steps = pricer.steps(stored, use, ti.shape, ti.dtype, axes, True, True)
-            is_bucketed |= bucket_bytes > 0 and runtime_buckets(steps, 0, True)
-            if any(st.kind == "all_gather" and st.regather for st in steps):
-                full = math.prod(local_shape(ti.shape, use, mesh))
-                gathers.setdefault((ti.producer, str(use), axes), (full, []))[1].append(c)
+            in_bucket, full, key = use_transients(pricer, stored, strategy_of[c], k, spaces[c].inputs[k], bucket_bytes)
+            is_bucketed |= in_bucket
+            if full is not None:
+                gathers.setdefault(key, (full, []))[1].append(c)
         for (ph, _, _), (full, users) in gathers.items():
             _gathered_life(gathered, [pos[c] for c in users], full * param_b // max(numel, 1),
                            full * grad_b // max(numel, 1),
@@ -208,12 +210,9 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         grad_delta[lo] += nbytes
         grad_delta[hi + 1] -= nbytes
     for n in order:  # the backward of a composite op kept whole holds an input-sized gradient inside it
-        scratch = _BACKWARD_SCRATCH.get(tg.nodes[n].target, 0)
-        if scratch and spaces[n].requires_grad and spaces[n].inputs:
-            ti = spaces[n].inputs[0]
-            nbytes = math.prod(local_shape(ti.shape, strategy_of[n].inputs[0], mesh)) * pricer.input_itemsize(tg, ti)
-            grad_delta[pos[n]] += scratch * nbytes
-            grad_delta[pos[n] + 1] -= scratch * nbytes
+        nbytes = backward_scratch_bytes(tg, pricer, spaces[n], strategy_of[n])
+        grad_delta[pos[n]] += nbytes
+        grad_delta[pos[n] + 1] -= nbytes
     acts = _prefix(acts_delta)
     act_grads = _prefix(grad_delta)
     gathered = _prefix(gathered)
@@ -222,7 +221,6 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         later[i] = later[i + 1] + grads_at[i]
     pending = _pending(bucketed, end, bucket_bytes)
     resident = resident_bytes + kept
-    live = pricer.backward_nodes(tg)
     step_tmp = adamw_temporary_bytes(trained)
     best = StepPeak(resident + later[0] + step_tmp, "optimizer step", resident, 0, later[0], step_tmp)
     flatten = resident + later[0] + pending[0]  # the end of backward: the open bucket flattened
@@ -235,11 +233,48 @@ def step_peak(tg: TracedGraph, strategy_of: Mapping[str, Strategy], spaces: Mapp
         total = resident + acts[i] + later[i] + pending[i] + transient
         if total > best.peak_bytes:
             best = StepPeak(total, f"backward of {order[i]}", resident, acts[i], later[i] + pending[i], transient)
-    alive = _prefix(_forward_alive(forward_spans, pos, end))
-    for i in range(end if forward_spans else 0):
+    alive = _prefix(_forward_alive(forward_spans, {**pos, "output": end}, end))
+    for i in range(end + 1 if forward_spans else 0):  # position `end`: the output node's redistributions (round 27)
         if resident + acts[i] + alive[i] > best.peak_bytes:
-            best = StepPeak(resident + acts[i] + alive[i], f"forward at {order[i]}", resident, acts[i], 0, alive[i])
+            at = f"forward at {order[i]}" if i < end else "forward at output"
+            best = StepPeak(resident + acts[i] + alive[i], at, resident, acts[i], 0, alive[i])
     return best
+
+
+def use_transients(pricer: Pricer, stored: Layout, strategy: Strategy, k: int, ti: TensorInput,
+                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> tuple[bool, int | None, tuple]:
+    """What one use of a parameter (input `k` of a node taking `strategy`; `ti` its TensorInput, the placeholder its
+    producer) holds beside the rows' linear terms, for the parameter stored in `stored` (module docstring):
+    (whether its first step is DDP's bucketed all-reduce, `rewriter.grad_sync.runtime_buckets`: its gradient kept in
+    a bucket; the local elements of the full copy the program gathers again in backward, or None when it does not
+    (`Step.regather`); the gathered value's key (placeholder, use layout, gradient axes): uses with one key share
+    one copy). Shared by `step_peak` and the ILP's rows (`peak_rows`)."""
+    use = strategy.inputs[k]
+    axes = grad_partial_axes(use, strategy.output, pricer.mesh)
+    steps = pricer.steps(stored, use, ti.shape, ti.dtype, axes, True, True)
+    bucketed = bucket_bytes > 0 and runtime_buckets(steps, 0, True)
+    regathers = any(st.kind == "all_gather" and st.regather for st in steps)
+    return bucketed, math.prod(local_shape(ti.shape, use, pricer.mesh)) if regathers else None, \
+        (ti.producer, str(use), axes)
+
+
+def gather_readers(tg: TracedGraph, ph: str, live: frozenset[str]) -> dict[str, list[str]]:
+    """{direct user of placeholder `ph`: the ops that may read its gathered copy in backward through it}
+    (`rewriter.reshard.backward_readers`, by node name; {} when the program keeps the copy). `live`: the names of
+    the nodes whose backward runs (`Pricer.backward_nodes`): an op keeps the copy only where its partner operand
+    needs a gradient (round 27, r27e), as the program decides at run time."""
+    found = backward_readers(tg.nodes[ph].node, lambda m: m.name in live)
+    return {u.name: [r.name for r in rs] for u, rs in found.items()}
+
+
+def backward_scratch_bytes(tg: TracedGraph, pricer: Pricer, space: NodeSpace, strategy: Strategy) -> int:
+    """Bytes the backward of op node `space.name` holds inside it, at its own backward only (`_BACKWARD_SCRATCH`:
+    a composite op kept whole, e.g. cross-entropy's logits-sized gradients), for its strategy; 0 for other ops."""
+    scratch = _BACKWARD_SCRATCH.get(tg.nodes[space.name].target, 0)
+    if not scratch or not space.requires_grad or not space.inputs:
+        return 0
+    ti = space.inputs[0]
+    return scratch * math.prod(local_shape(ti.shape, strategy.inputs[0], pricer.mesh)) * pricer.input_itemsize(tg, ti)
 
 
 def _gathered_life(gathered: list[int], uses: list[int], param_bytes: int, grad_bytes: int, readers: list[int]) -> None:

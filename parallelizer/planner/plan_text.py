@@ -48,7 +48,8 @@ def precision_text(config: dict, param_dtypes: tuple[str, ...] = ()) -> str:
 def memory_rows(plan: Plan) -> list[tuple[str, int]]:
     """Per-device memory by kind, in reading order: params, grads, optimizer, activations, outputs, buffers, total (the
     plan's tensors), peak (the step's priced peak, a timeline of its backward: `planner.peak`), reserve (kept out of
-    the plan: fragmentation, workspaces, communication buffers), then the budget the total plus reserve must fit in.
+    the plan: fragmentation, workspaces, communication buffers), then the budget the PEAK plus reserve must fit in
+    (round 26: the budget binds on the peak; the total, every kind summed, may exceed it).
     Kinds the plan does not record are left out."""
     mem = plan.cost.memory_bytes
     rows = [(k, mem[k]) for k in _MEMORY_KINDS if k in mem]

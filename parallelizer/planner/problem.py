@@ -13,10 +13,11 @@ including gradient synchronisation; inf where `PlanConfig.axis_roles` forbid the
 matrix that is separable (C[i,j] = a_i + b_j) is folded into
 `lin` exactly. Memory (bytes per device) `mem[g][i]` = training state of stored parameter shards + activation
 bytes saved for backward; `const_mem_bytes` covers buffers and the values the program returns
-(`output_mem_bytes`, `returned_bytes`: whole on every rank). `cut_rows`: the bytes at cut points of the step
-(`peak_rows`: activations still saved + gradients made + activation gradients alive, per block boundary), which the
-ILP bounds with the optimizer step's state row instead of the sum (`memory_rows`, `ilp.py`; round 26, r26d); empty
-where the budget cannot bind or a forced recomputation is folded into `mem`.
+(`output_mem_bytes`, `returned_bytes`: whole on every rank). `cut_rows`: the bytes at moments of the step
+(`peak_rows.MemRow`: activations still saved + gradients made + activation gradients alive, per block boundary, and
+what depends on pairs of strategies, DDP's kept buckets and FSDP's regathered parameters, as indicator terms; the end
+of backward and the optimizer step), which the ILP bounds instead of the sum (`memory_rows`, `ilp.py`; round 26 r26d,
+round 27 r27d); empty where the budget cannot bind or a forced recomputation is folded into `mem`.
 
 Activation recomputation (`planner.recompute`, `recompute_terms`): a region's mode adds `RegionPrice` terms,
 linear in the strategies of the groups of its nodes. Forced modes (a user's checkpoint regions; a
@@ -41,7 +42,7 @@ from ..core.redistribute import grad_partial_axes
 from ..tracer import TracedGraph
 from ..tracer.graph import carries_grad
 from .costs import Pricer
-from .peak_rows import cut_rows
+from .peak_rows import MemRow, cut_rows, step_rows
 from .shared_uses import EdgeUse, SharedRedistribution, share, use_epochs
 from .recompute import RECOMPUTE_MODES, forced_regions, price_region, region_recompute, regions, shared_inputs
 from .edge_roles import EdgeRoles, mutation_edges, parameter_views, role_axes
@@ -82,7 +83,13 @@ class Problem:
     # above the sum row); corrections as `memory_cuts` in the plain ILP, and in the joint one while no region
     # recomputes (`ilp._memory_cut_vars`: recomputing may make those layouts fit)
     exclusions: dict[tuple[tuple[int, int], ...], tuple[float, float]] = field(default_factory=dict)
-    cut_rows: list[tuple[str, list[np.ndarray]]] = field(default_factory=list)  # memory at cuts (`peak_rows`)
+    cut_rows: list[MemRow] = field(default_factory=list)  # memory at moments of the step (`peak_rows`)
+    # of a correction learnt from nodes' saved bytes (`memory_fit._learn`): {op position: bytes}, so that a row at a
+    # moment of the step counts only the nodes whose saved tensors are alive there (`correction_in`)
+    memory_cut_at: dict[tuple[tuple[int, int], ...], dict[int, float]] = field(default_factory=dict)
+    # bytes every memory row keeps below the budget: what the solver's feasibility tolerance let a pick's rows exceed
+    # the budget by (`memory_fit`; rows in GB, HiGHS's tolerance 1e-7: ~100 B), so that the pick cannot recur
+    memory_margin_bytes: float = 0.0
     node_saved: dict[str, np.ndarray] = field(default_factory=dict)  # op node -> saved bytes per strategy (cut rows)
 
     def sizes(self) -> list[int]:
@@ -230,19 +237,25 @@ def build_problem(tg: TracedGraph, spaces: dict[str, NodeSpace], pricer: Pricer,
                       precision=pricer.precision, output_mem_bytes=returned, state_mem=state_mem, shared=shared)
     recompute_terms(problem, tg, pricer, config)
     if not any(m != "none" for m in problem.recompute_fixed.values()) and _rows_may_bind(problem, tg, pricer):
-        problem.cut_rows = cut_rows(tg, spaces, group_of, sizes, saved, pricer, mesh)  # a forced region: the sum
+        problem.cut_rows = cut_rows(tg, spaces, group_of, sizes, saved, pricer, mesh) \
+            + step_rows(tg, spaces, group_of, sizes, pricer, mesh, state_mem)  # a forced region: the sum
         problem.node_saved = saved
     return problem
 
 
 def _rows_may_bind(problem: Problem, tg: TracedGraph, pricer: Pricer) -> bool:
-    """Whether some cut row can exceed the budget: the sum row at every group's largest finite entry plus every op
-    output's gradient whole (a bound of every cut row, `peak_rows`) does. A pipeline's stage ILPs run without a
-    budget: no rows are built there."""
+    """Whether some row can exceed the budget: the sum row at every group's largest finite entry plus every op
+    output's gradient whole (twice: a composite op's inner gradients) plus, per trained parameter whole, its
+    gradient and per use a gathered copy with its gradient, and 3 of the largest (AdamW's temporaries): a bound of
+    every row (`peak_rows`) does. A pipeline's stage ILPs run without a budget: no rows are built there."""
     most = problem.const_mem_bytes + sum(float(m[np.isfinite(c)].max(initial=0.0))
                                          for m, c in zip(problem.mem, problem.lin))
-    most += sum(math.prod(o.shape) * pricer.value_dtype(tg, n, o.dtype).itemsize for n, s in problem.spaces.items()
-                if s.kind == "op" and s.requires_grad for o in tg.nodes[n].outputs[:1] if carries_grad(o.dtype))
+    most += 2 * sum(math.prod(o.shape) * pricer.value_dtype(tg, n, o.dtype).itemsize
+                    for n, s in problem.spaces.items() if s.kind == "op" and s.requires_grad
+                    for o in tg.nodes[n].outputs[:1] if carries_grad(o.dtype))
+    whole = [pricer.param_state_bytes(math.prod(p.shape))[:2] + (len(p.uses),) for p in tg.parameters.values()
+             if not p.is_buffer and p.requires_grad]
+    most += sum(g + u * (b + g) for b, g, u in whole) + 3 * max((b for b, _, _ in whole), default=0)
     return most > problem.budget_bytes
 
 
@@ -413,22 +426,23 @@ def _unique(items: list) -> tuple[list, np.ndarray]:
     return list(index), np.array(idx, dtype=int)
 
 
-def memory_rows(problem: Problem, recompute: bool = False) -> list[list[np.ndarray]]:
-    """The memory rows the ILP bounds by the budget (per row, per group the bytes of each strategy; + const and the
-    corrections `Problem.memory_cuts` in each): the rows at cut points of the step and the optimizer step's state
-    (`Problem.cut_rows`, `planner.peak_rows`), or the one sum row `mem` when there are none or the recomputation
-    variables are in (`recompute` with free classes: their savings are counted per instance, not per position)."""
+def memory_rows(problem: Problem, recompute: bool = False) -> list[MemRow]:
+    """The memory rows the ILP bounds by the budget (`peak_rows.MemRow`; + const and the corrections
+    `Problem.memory_cuts` in each): the rows at moments of the step (`Problem.cut_rows`, `planner.peak_rows`), or
+    the one sum row `mem` when there are none or the recomputation variables are in (`recompute` with free classes:
+    their savings are counted per instance, not per position)."""
     if (recompute and problem.recompute_classes) or not problem.cut_rows:
-        return [problem.mem]
-    return [row for _, row in problem.cut_rows] + [problem.state_mem]
+        return [MemRow("sum of kinds", problem.mem)]
+    return problem.cut_rows
 
 
 def min_memory_bytes(problem: Problem, recompute: bool = False) -> int:
     """A lower bound of the per-device memory any plan needs: per memory row (`memory_rows`) a sum of independent
     per-group choices, the largest of them (exact with one row); a memory correction that lowers the rows,
     `Problem.memory_cuts`, counted as if every one applied."""
-    return int(problem.const_mem_bytes + max(sum(float(m.min()) for m in row) for row in memory_rows(problem, recompute))
-               + sum(min(0.0, b) for b in problem.memory_cuts.values()))
+    return int(problem.const_mem_bytes + max(row.const + sum(float(m.min()) for m in row.lin)
+                                             for row in memory_rows(problem, recompute))
+               + sum(_parts(problem, a, b)[0] for a, b in problem.memory_cuts.items()))
 
 
 def corrections(problem: Problem, recompute: bool = False) -> dict[tuple[tuple[int, int], ...], float]:
@@ -442,33 +456,63 @@ def corrections(problem: Problem, recompute: bool = False) -> dict[tuple[tuple[i
     return merged
 
 
-def cut_bytes(problem: Problem, choice: tuple[int, ...], recompute: bool = False) -> float:
-    """Bytes the memory corrections (`corrections`) add to the rows at `choice`: each one whose groups all take its
-    strategies."""
-    return float(sum(b for assign, b in corrections(problem, recompute).items()
-                     if all(choice[g] == i for g, i in assign)))
+def correction_in(problem: Problem, assign: tuple[tuple[int, int], ...] | None, nbytes: float,
+                  row: MemRow | None) -> float:
+    """The bytes of correction `assign` (`nbytes` in all, `corrections`) in memory row `row`: where it was learnt from
+    nodes' saved bytes (`Problem.memory_cut_at`), those of the nodes at or before the row's position (`MemRow.at`:
+    their saved tensors are alive there; none in the step rows), plus any part without a position; all of it in the
+    sum row (`row` None or without a position)."""
+    spread = problem.memory_cut_at.get(assign)
+    if spread is None or row is None or row.at is None:
+        return nbytes
+    return sum(b for p, b in spread.items() if p <= row.at) + (nbytes - sum(spread.values()))
+
+
+def _parts(problem: Problem, assign: tuple[tuple[int, int], ...], nbytes: float) -> tuple[float, float]:
+    """(the least, the most) correction `assign` (`nbytes` in all) can add to one row (`correction_in`): its negative
+    parts, its positive parts."""
+    spread = problem.memory_cut_at.get(assign)
+    parts = [nbytes] if not spread else [*spread.values(), nbytes - sum(spread.values())]
+    return sum(min(0.0, b) for b in parts), sum(max(0.0, b) for b in parts)
+
+
+def cut_bytes(problem: Problem, choice: tuple[int, ...], recompute: bool = False, row: MemRow | None = None) -> float:
+    """Bytes the memory corrections (`corrections`) add to the rows (`row`: to that row, `correction_in`) at `choice`:
+    each one whose groups all take its strategies."""
+    return float(sum(b if row is None else correction_in(problem, assign, b, row)
+                     for assign, b in corrections(problem, recompute).items() if all(choice[g] == i for g, i in assign)))
 
 
 def max_memory_bytes(problem: Problem) -> int:
     """The most per-device memory any plan without recomputation can take in the largest memory row
     (`problem.memory_rows`; per group its largest entry among the strategies it can take)."""
-    return int(problem.const_mem_bytes + max(sum(float(m[np.isfinite(c)].max(initial=0.0)) for m, c in
-                                                 zip(row, problem.lin)) for row in memory_rows(problem))
-               + sum(max(0.0, b) for b in corrections(problem).values()))
+    return int(problem.const_mem_bytes + max(row.const + sum(b for _, b in row.terms)
+                                             + sum(float(m[np.isfinite(c)].max(initial=0.0))
+                                                   for m, c in zip(row.lin, problem.lin))
+                                             for row in memory_rows(problem))
+               + sum(_parts(problem, a, b)[1] for a, b in corrections(problem).items()))
 
 
 def rows_bytes(problem: Problem, choice: tuple[int, ...]) -> int:
     """The largest memory row (`problem.memory_rows`) at a choice, with its corrections: what the ILP bounds."""
-    return int(problem.const_mem_bytes + max(sum(float(r[g][c]) for g, c in enumerate(choice))
-                                             for r in memory_rows(problem)) + cut_bytes(problem, choice))
+    return int(problem.const_mem_bytes + max(r.bytes_at(choice) + cut_bytes(problem, choice, row=r)
+                                             for r in memory_rows(problem)))
+
+
+def binding_row(problem: Problem, choice: tuple[int, ...]) -> tuple[int, str]:
+    """(bytes, label) of the largest memory row at a choice (`rows_bytes`'s value and the moment it is at, e.g.
+    "backward at mm_3", "end of backward", "optimizer step at w"; "sum of kinds" for the sum row)."""
+    row = max(memory_rows(problem), key=lambda r: r.bytes_at(choice) + cut_bytes(problem, choice, row=r))
+    return rows_bytes(problem, choice), row.label
 
 
 def most_memory_bytes(problem: Problem) -> float:
     """The per-device memory of the heaviest placements of every group in the largest memory row (finite entries of
     `problem.memory_rows`; an upper bound over all plans, each row being a sum of per-group choices)."""
-    return float(problem.const_mem_bytes + max(sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in row)
+    return float(problem.const_mem_bytes + max(row.const + sum(b for _, b in row.terms)
+                                               + sum(float(m[np.isfinite(m)].max(initial=0.0)) for m in row.lin)
                                                for row in memory_rows(problem))
-                 + sum(max(0.0, b) for b in corrections(problem).values()))
+                 + sum(_parts(problem, a, b)[1] for a, b in corrections(problem).items()))
 
 
 def activation_rows(problem: Problem) -> list[np.ndarray]:

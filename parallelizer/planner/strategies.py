@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from cost_model.memory import backward_nodes
+
 from ..config import PlanConfig
 from ..core.layout import IndivisibleShardError, Layout, Replicate, Shard, divides_evenly, fits, view_regroups
 from ..core.mesh import MeshSpec
@@ -195,6 +197,20 @@ def _followed(leader_outputs: tuple[Layout, ...], options: tuple[AxisOption, ...
         ins, out = (Layout(tuple(c.inputs[0] for c in combo)),), Layout(tuple(c.output for c in combo))
         res.append(Strategy(ins, out))
     return tuple(res)
+
+
+def received_with_grad(tg: TracedGraph) -> list[str]:
+    """The input placeholders of `tg` that carry a gradient: none of a whole model's graph (user inputs arrive
+    without one, as `build_spaces` plans them and autograd runs them: a first layer's product keeps no weight); of a
+    pipeline stage's graph (`tg.cut_from`: the whole graph it was cut from), the values it receives that depend on
+    a trained parameter there (`cost_model.memory.backward_nodes`), whose gradients it sends back. Round 27 (r27e):
+    every floating input counted as one before."""
+    whole = tg.cut_from
+    if whole is None:
+        return []
+    trained = [ph for p in whole.parameters.values() if not p.is_buffer and p.requires_grad for ph in p.placeholders]
+    live = backward_nodes(whole.graph_module, trained)
+    return [n for n in tg.input_names if n in live]
 
 
 def build_spaces(tg: TracedGraph, mesh: MeshSpec, config: PlanConfig,

@@ -14,10 +14,14 @@ the output of an `all_gather` step on a chain of steps starting at a parameter p
    memory is freed while every saved reference keeps pointing at the (now empty) storage;
 2. every op that consumes G (or a view of it), returns a fresh tensor and may save G for backward
    (`cost_model.memory.may_save_arg`: linear does, add does not) gets its output wrapped in
-   `refill(out, G, param)`: an identity in forward whose backward first gathers G again (the same chain of
-   collectives, from the parameter's current shard, without autograd) into G's storage, then passes the
-   gradient on. The consumer's own backward runs after that identity's (its output's gradient flows
-   through it), so the saved weight is whole again when it is read. A second consumer finds it refilled;
+   `refill(out, G, param, partners)`: an identity in forward whose backward first gathers G again (the same chain
+   of collectives, from the parameter's current shard, without autograd) into G's storage, then passes the
+   gradient on. A product keeps G only for its partner's gradient (`cost_model.memory.save_partners`: a first
+   layer's input needs none, so its weight is not kept): the refill is skipped at run time when none of
+   `partners` requires grad, as autograd then saves nothing of G (round 27, r27e: the first linear of a model
+   re-gathered its weight in backward for nothing). The consumer's own backward runs after that identity's (its
+   output's gradient flows through it), so the saved weight is whole again when it is read. A second consumer
+   finds it refilled;
 3. after its LAST backward use the refilled storage is freed again (FSDP2's reshard after backward): once
    refilled, the program keeps no reference of its own to it (`ReshardedParameter.refill` holds it only
    until its re-gather, then weakly), so the storage lives exactly as long as autograd keeps a saved tensor
@@ -44,7 +48,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.weak import WeakIdKeyDictionary
 
-from cost_model.memory import may_save_arg
+from cost_model.memory import may_save_arg, save_partners
 
 from ..errors import UnsupportedOpError
 from ..tracer.graph import is_view, may_alias, mutated_args
@@ -80,14 +84,19 @@ class ReshardedParameter:
         if torch.is_grad_enabled() and gathered.untyped_storage().nbytes():
             gathered.untyped_storage().resize_(0)
 
-    def refill(self, out: torch.Tensor, gathered: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    def refill(self, out: torch.Tensor, gathered: torch.Tensor, shard: torch.Tensor,
+               partners: tuple | None = None) -> torch.Tensor:
         """`out` unchanged; its backward re-gathers `gathered` from `shard` first when it was released.
+        `partners`: the consumer's args whose requiring grad makes it keep `gathered` (a product's,
+        `cost_model.memory.save_partners`); when none does, autograd keeps nothing of it: no re-gather. None: kept.
 
         The storage of `gathered` is held strongly until the first re-gather (so that every rank runs that
         collective, whatever else holds the storage), weakly after it (module docstring, step 3): it is freed
         when the last saved tensor on it is (after its last consumer's backward). A consumer whose backward
         runs after that cannot need it (it would hold a saved tensor on it)."""
         if not (torch.is_grad_enabled() and out.requires_grad):
+            return out
+        if partners is not None and not any(isinstance(p, torch.Tensor) and p.requires_grad for p in partners):
             return out
         held = self.held.get(gathered)
         if held is None:  # the first consumer of this forward's gathered value: one holder for all its refills
@@ -143,6 +152,7 @@ def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node])
     for gathered in [n for n in graph.nodes if _is_parameter_gather(n, parameters)]:
         aliases, refilled = _refilled(gathered)
         consumers = list(dict.fromkeys(c for c, _ in refilled))
+        partners = {c: _partners(c, aliases) for c in consumers}
         if not consumers:
             continue  # kept (something could see the freed storage), or saved by nobody (freed after its last
             # forward use anyway): not gathered again in backward
@@ -151,7 +161,7 @@ def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node])
                                               f"{', '.join(c.name for c in consumers)})")
         for consumer in consumers:
             with graph.inserting_after(consumer):
-                wrapped = graph.call_function(resharded.refill, (consumer, gathered, shard))
+                wrapped = graph.call_function(resharded.refill, (consumer, gathered, shard, partners[consumer]))
             consumer.replace_all_uses_with(wrapped, delete_user_cb=lambda user: user is not wrapped)
             wrapped.meta["passthrough"] = True  # read by verify: same layout and shape as its first argument
         with graph.inserting_after(_last({u for a in aliases for u in a.users})):
@@ -160,40 +170,60 @@ def reshard_after_forward(graph: torch.fx.Graph, parameters: set[torch.fx.Node])
     return released
 
 
-def regathered(value: torch.fx.Node) -> bool:
+def regathered(value: torch.fx.Node, needs_grad=None) -> bool:
     """Whether this pass gathers `value` again in backward: the one rule of the emitted program and of its price
     (`planner.costs.Pricer.regathers`, which applies it to a parameter's placeholder in the traced graph, whose
     users are the ops its gathered copy feeds). True when no use could see the freed storage and some op reading
     it (or a view of it) may save it for backward (`cost_model.memory.may_save_arg`: a linear's weight, a
     layer norm's weight and bias); False for a value only added (a bias), looked up (an embedding table), or
-    kept (module docstring).
+    kept (module docstring). `needs_grad(node)`: whether a node of the graph requires grad (a product keeps the
+    value only for a partner that does: a first layer's weight is not kept); None: unknown, the upper answer.
 
     Round 20 (r20c): until then every parameter all-gather was priced with its backward re-gather while the
     program re-gathered only these: on 4 gloo ranks an FSDP step of the bench's MLP ran 31 collectives and was
     priced 37 (12 re-gathers priced, 6 emitted), GPT-2 52 priced, 35 emitted, Llama 21 priced, 20 emitted."""
-    return bool(_refilled(value)[1])
+    return bool(_refilled(value, needs_grad)[1])
 
 
-def backward_readers(value: torch.fx.Node) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+def backward_readers(value: torch.fx.Node, needs_grad=None) -> dict[torch.fx.Node, list[torch.fx.Node]]:
     """Per direct user u of `value`: the ops that may read `value` in backward through u (u itself, or the ops
     reading a view that u makes): the consumers this pass refills (module docstring, step 2); {} when `value` is
     kept. The program's gathered value lives in backward from the first of them to run (the last in graph order)
     to the end of the last one's backward (step 3): `planner.peak` prices it so, applied to a parameter's
-    placeholder in the traced graph."""
+    placeholder in the traced graph. `needs_grad` as `regathered`'s."""
     readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for consumer, via in _refilled(value)[1]:
+    for consumer, via in _refilled(value, needs_grad)[1]:
         readers.setdefault(via, []).append(consumer)
     return readers
 
 
-def _refilled(gathered: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[torch.fx.Node, torch.fx.Node]]]:
+def _refilled(gathered: torch.fx.Node, needs_grad=None) -> tuple[list[torch.fx.Node],
+                                                                  list[tuple[torch.fx.Node, torch.fx.Node]]]:
     """(G and its views, (op reading them that may save them for backward, the direct user of G it is reached
-    through)); ([], []) when G is kept."""
+    through)); ([], []) when G is kept. `needs_grad(node)`: whether an fx node requires grad (None: unknown)."""
     aliases, consumers = _uses(gathered)
     if aliases is None:
         return [], []
+    def arg_needs_grad(c: torch.fx.Node):
+        if needs_grad is None:
+            return None
+        return lambda j: j < len(c.args) and isinstance(c.args[j], torch.fx.Node) and bool(needs_grad(c.args[j]))
     return aliases, [(c, via) for c, via in consumers
-                     if any(may_save_arg(c.target, i) for i, a in enumerate(c.args) if a in aliases)]
+                     if any(may_save_arg(c.target, i, arg_needs_grad(c)) for i, a in enumerate(c.args) if a in aliases)]
+
+
+def _partners(consumer: torch.fx.Node, aliases: list[torch.fx.Node]) -> tuple | None:
+    """The args of `consumer` whose requiring grad makes it keep G (read at the positions of `aliases`): the
+    union of `cost_model.memory.save_partners` over those positions; None when one of them keeps G whatever
+    requires grad."""
+    found: list = []
+    for i, a in enumerate(consumer.args):
+        if a in aliases:
+            partners = save_partners(consumer.target, i)
+            if partners is None:
+                return None
+            found += [consumer.args[j] for j in partners if j < len(consumer.args)]
+    return tuple(found)
 
 
 def _is_parameter_gather(node: torch.fx.Node, parameters: set[torch.fx.Node]) -> bool:

@@ -76,7 +76,13 @@ _INIT_FAILED = "init_process_group failed:\n"  # prefix of a worker's report whe
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Modules the fork server imports before it forks any rank (module docstring); one that is not installed is
 # skipped by multiprocessing's server.
-_PRELOAD = ("parallelizer", "parallelizer.runtime.rehearsal", "transformers.modeling_utils")
+# Round 27 (r27a): with the first three only, every rank of every launch imported ~300 more modules at its first
+# trace, plan and build (the exporter, AOT autograd, pipelining, DCP, the plan's JSON schema, transformers'
+# generation mixin): ~0.2-0.3 s of CPU per rank per launch (benchmarks/RESULTS.md, "Round 27 (r27a)").
+_PRELOAD = ("parallelizer", "parallelizer.runtime.rehearsal", "transformers.modeling_utils",
+            "parallelizer.runtime.pipeline_module", "parallelizer.plan_io", "parallelizer.zoo",
+            "transformers.generation", "torch.export._trace", "torch._functorch.aot_autograd",
+            "torch.distributed.pipelining", "torch.distributed.checkpoint")
 
 
 class DistributedError(ParallelizerError):

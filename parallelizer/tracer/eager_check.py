@@ -22,6 +22,7 @@ model and the example inputs as they were.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 
 import torch
@@ -113,6 +114,37 @@ def eager_outcome(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[bo
         return True, None
     except Exception as exc:  # noqa: BLE001 - any error of the model's eager call answers the question
         return False, exc
+
+
+def data_reads(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[str]:
+    """"file:line" of each place forward reads `.data` of a tensor (first seen first, each once), from one eager call
+    with the model's state and the RNG kept (`_state_kept`), on meta too (a call that fails part-way still gives
+    the reads before it). Only asked on the error path: an export that found a `.data` constant names no line
+    (`export_errors.translate`; round 27: Gemma3n's AltUp clamp in modeling_gemma3n.py was named only as
+    "model.layers.0.lifted_tensor_0"). [] for a model too large for a host forward (`_too_large`, not on meta)."""
+    if _too_large(model) and not _on_meta(model, args, kwargs):
+        return []
+    getset = torch._C.TensorBase.__dict__["data"]  # the attribute torch.Tensor and nn.Parameter inherit
+    sites: dict[str, None] = {}
+
+    def read(tensor):
+        frame = sys._getframe(1)
+        sites.setdefault(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+        return getset.__get__(tensor)
+
+    own = torch.Tensor.__dict__.get("data")  # None in the torch versions checked (2.13): inherited from TensorBase
+    torch.Tensor.data = property(read, getset.__set__)  # shadows the C attribute for this one call
+    try:
+        with _state_kept(model), torch.no_grad():
+            model(*_fresh(args), **_fresh(kwargs))
+    except Exception:  # noqa: BLE001 - the reads before a failure are what is asked
+        pass
+    finally:
+        if own is None:
+            del torch.Tensor.data
+        else:
+            torch.Tensor.data = own
+    return list(sites)
 
 
 @contextlib.contextmanager

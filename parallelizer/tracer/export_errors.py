@@ -15,6 +15,7 @@ import torch
 
 from ..errors import TraceError
 from . import packed
+from .eager_check import data_reads
 from .export_facts import device_cause, keyword_hint, signature_mismatch
 from .watch import internal as _internal
 
@@ -137,12 +138,15 @@ def translate(exc: Exception, eager: Callable[[], tuple[bool | None, Exception |
              "with torch.utils._pytree.register_pytree_node (torch.export.register_dataclass for a dataclass)"),
             detail=first)
     if _FAKE_CONSTANT in text:
+        reads = data_reads(model, *inputs) if model is not None else []
         return TraceError(
             "a tensor that forward takes out of autograd: `.data` of a parameter or buffer (e.g. "
             "`self.weight.data.clamp_(-c, c)`) or of an input or activation (`x.data`), which export cannot "
-            "follow", location,
-            "write it as `with torch.no_grad(): self.weight.clamp_(-c, c)` (an in-place write, kept) and read "
-            "values with `.detach()` instead of `.data`", detail=first)
+            "follow" + (f" (also read at {', '.join(reads[1:4])})" if len(reads) > 1 else ""),
+            location or (reads[0] if reads else None),
+            _data_read_remedy(reads[0] if reads else None) + "write it as `with torch.no_grad(): "
+            "self.weight.clamp_(-c, c)` (an in-place write, kept) and read values with `.detach()` instead of "
+            "`.data`", detail=first)
     if type(exc).__name__ == "FakeTensorDeviceMismatchError" and model is not None:
         construct, remedy = device_cause(text, model, *inputs)
         return TraceError(construct, location, remedy, detail=first)
@@ -255,6 +259,24 @@ def library_check_remedy(exc: BaseException, where: str | None) -> str:
                    f"instance: `module.{function} = types.MethodType(fixed, module)`) with a version that keeps the "
                    "value a tensor (torch.where over both arms) or takes the branch from a Python value you know, or "
                    f"use a model or config of {package} without it. In your own code you would: ")
+
+
+def _data_read_remedy(where: str | None) -> str:
+    """The start of the `.data` remedy when the read `where` ("file:line", `eager_check.data_reads`) lies in an
+    installed package's code, "" for the user's own: the line, the condition guarding it when the line above is an
+    `if` (Gemma3n's AltUp clamp runs `if self.training and self.config.altup_coef_clip is not None`, a float field
+    its config class refuses to set to None), and how to replace code the user cannot edit."""
+    site = installed_site(where)
+    if site is None:
+        return ""
+    package, name, line, source = site
+    above = linecache.getline(where.rpartition(":")[0], int(line) - 1).strip()
+    guard = f", under `{above}`" if above.startswith(("if ", "elif ")) else ""
+    return (f"the read is in the installed package {package} (not your code), at {name}:{line}"
+            + (f" `{source}`" if source else "") + guard + ": replace that method for the traced run (a subclass "
+            "overriding it, or the method assigned on the instance: `module.method = types.MethodType(fixed, "
+            "module)`) with the form below, or make its condition false (eval mode, or the config field it "
+            "reads). In your own code: ")
 
 
 _SELECTING = ("nonzero", "masked_select", "unique", "index", "argwhere")

@@ -154,17 +154,25 @@ def _edited_plan(model: nn.Module, x: torch.Tensor, mesh: dict, roles: dict, edi
     return Plan.from_json(json.dumps(doc))
 
 
-def planned_sums(rank: int, world_size: int, cases: list[tuple[str, str]]) -> list[dict]:
-    """Each (head, dtype name) of `mlp_case` on tp=world_size ("rms": with `RMS_EDIT`): pm's output and
-    gradients beside the model's on one device, and the nodes whose output is a Partial (so the test knows
-    which split sums it exercised)."""
+def edited_plans(cases: list[tuple[str, str]], world_size: int) -> dict[tuple[str, str], str]:
+    """(head, dtype name) -> the JSON of the "rms" cases' plans with `RMS_EDIT` on tp=world_size, made once in the
+    launching process (round 27, r27a: every rank traced and planned them again before its own trace)."""
+    return {(head, name): _edited_plan(*mlp_case(head, getattr(torch, name)), {"tp": world_size}, {"tp": "tp"},
+                                       RMS_EDIT).to_json() for head, name in cases if head == "rms"}
+
+
+def planned_sums(rank: int, world_size: int, cases: list[tuple[str, str]],
+                 plans: dict[tuple[str, str], str]) -> list[dict]:
+    """Each (head, dtype name) of `mlp_case` on tp=world_size (the "rms" cases apply their `edited_plans` JSON from
+    `plans`): pm's output and gradients beside the model's on one device, and the nodes whose output is a Partial
+    (so the test knows which split sums it exercised)."""
     out = []
     for head, dtype_name in cases:
         dtype = getattr(torch, dtype_name)
         model, x = mlp_case(head, dtype)
         reference = copy.deepcopy(model)
         mesh, roles = {"tp": world_size}, {"tp": "tp"}
-        plan = _edited_plan(model, x, mesh, roles, RMS_EDIT) if head == "rms" else None
+        plan = Plan.from_json(plans[(head, dtype_name)]) if head == "rms" else None
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             pm = parallelizer.auto_parallelize(model, (x,), mesh=mesh, axis_roles=roles, plan=plan)
@@ -203,6 +211,7 @@ def vocab_parallel_loss(rank: int, world_size: int) -> list[dict]:
     return out
 
 
-def two_rank_cases(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict:
+def two_rank_cases(rank: int, world_size: int, cases: list[tuple[str, str]],
+                   plans: dict[tuple[str, str], str]) -> dict:
     """`planned_sums` and `vocab_parallel_loss` in one launch."""
-    return {"planned": planned_sums(rank, world_size, cases), "vocab": vocab_parallel_loss(rank, world_size)}
+    return {"planned": planned_sums(rank, world_size, cases, plans), "vocab": vocab_parallel_loss(rank, world_size)}

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from parallelizer.runtime import spawn
-from narrow_sum_workers import collective_sums, two_rank_cases
+from narrow_sum_workers import collective_sums, edited_plans, two_rank_cases
 
 pytestmark = pytest.mark.distributed
 
@@ -37,7 +37,7 @@ def four_ranks():
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return spawn(two_rank_cases, 2, CASES, timeout_s=600)
+    return spawn(two_rank_cases, 2, CASES, edited_plans(CASES, 2), timeout_s=600)
 
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "grad_all_reduce", "all_gather_rs",

@@ -14,6 +14,7 @@ from parallelizer.rewriter.spec import spec_from_plan
 from parallelizer.runtime.rehearsal import rehearse_many
 from parallelizer.runtime.tolerance import compute_dtype
 from parallelizer.runtime.launch import spawn
+from launch_once import run_each
 from precision_models import (autocast_mlp, batch_norm_precision_rank, bf16_mlp, cast_round_trip, conv_batch_norm,
                               half_side_branch)
 
@@ -37,8 +38,30 @@ def test_bf16_and_autocast_models_match_eager_at_bf16_tolerance():
     assert autocast_tp.collectives.get("all_reduce"), str(autocast_tp)  # the row-parallel sum runs in bf16
 
 
-@pytest.mark.parametrize("case", ["float16", "bfloat16", "autocast_bf16", "instance_autocast_bf16"])
-def test_batch_norm_statistics_over_ranks_keep_the_precision_of_one_device(case):
+BN_CASES = {"float16": (torch.float16, dict(dtype="float16", hw=64, batch=16), None),
+            "bfloat16": (torch.bfloat16, dict(dtype="bfloat16"), None),
+            "autocast_bf16": (torch.bfloat16, dict(), "bf16"),
+            "instance_autocast_bf16": (torch.bfloat16, dict(norm="instance", shift=20.0), "bf16")}
+
+
+@pytest.fixture(scope="module")
+def batch_norm_runs():
+    """case -> (its spec, the per-rank results of `batch_norm_precision_rank`): every case's plan made here, the
+    cases run in ONE launch of 2 ranks (`launch_once.run_each`; round 27, r27a: one launch per case before)."""
+    specs = {}
+    for case, (_, kwargs, precision) in BN_CASES.items():
+        model, inputs = conv_batch_norm(**kwargs)
+        with contextlib.redirect_stdout(io.StringIO()):
+            plan = parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"},
+                                     **({"precision": precision} if precision else {}))
+        specs[case] = spec_from_plan(plan)
+    per_rank = spawn(run_each, 2, [(batch_norm_precision_rank, (specs[case], BN_CASES[case][1])) for case in BN_CASES],
+                     timeout_s=600)
+    return {case: (specs[case], [ranks[i] for ranks in per_rank]) for i, case in enumerate(BN_CASES)}
+
+
+@pytest.mark.parametrize("case", list(BN_CASES))
+def test_batch_norm_statistics_over_ranks_keep_the_precision_of_one_device(batch_norm_runs, case):
     """A training BatchNorm2d on a batch-sharded (ddp) 16-bit input synchronises its statistics in float32, as
     torch's kernel accumulates them, rounding the mean and 1/std to the input's dtype where the kernel does (a
     model cast whole to 16 bits, on CPU) and not under autocast (the planner's `precision="bf16"` recipe: float32
@@ -50,19 +73,12 @@ def test_batch_norm_statistics_over_ranks_keep_the_precision_of_one_device(case)
     under autocast outputs were 8.7e-3 and the float32 running mean 1.1e-3 off (now 0 and 1.5e-8). An
     InstanceNorm2d tracking running statistics (its output needs no communication; its buffers average over the
     sharded batch) under autocast: running mean 6.8e-3 off, now 0."""
-    dtype, kwargs, precision = {"float16": (torch.float16, dict(dtype="float16", hw=64, batch=16), None),
-                                "bfloat16": (torch.bfloat16, dict(dtype="bfloat16"), None),
-                                "autocast_bf16": (torch.bfloat16, dict(), "bf16"),
-                                "instance_autocast_bf16": (torch.bfloat16, dict(norm="instance", shift=20.0), "bf16")}[case]
-    model, inputs = conv_batch_norm(**kwargs)
-    with contextlib.redirect_stdout(io.StringIO()):
-        plan = parallelizer.plan(parallelizer.trace(model, inputs), {"dp": 2}, axis_roles={"dp": "ddp"},
-                                 **({"precision": precision} if precision else {}))
-    spec = spec_from_plan(plan)
+    dtype, _, precision = BN_CASES[case]
+    spec, results = batch_norm_runs[case]
     assert (spec.autocast is not None) == (precision is not None)
     norm = next(n for n in spec.nodes if n.startswith(("batch_norm", "instance_norm")))
     assert str(spec.nodes[norm].inputs[0]) == "S(0)"  # statistics synchronised over the ranks
-    for r in spawn(batch_norm_precision_rank, 2, spec, kwargs, timeout_s=300):
+    for r in results:
         torch.testing.assert_close(r["out"], r["ref"], rtol=0, atol=torch.finfo(dtype).eps / 4)
         for name, ref in r["ref_buffers"].items():
             got = r["buffers"][name]

@@ -40,11 +40,16 @@ def test_ddp_with_ample_memory(mlp_graph):
 def test_fsdp_when_replicated_state_does_not_fit(mlp_graph):
     ddp = plan(mlp_graph, DP8)
     replicated = training_state_bytes(mlp_graph.num_parameters, "fp32").total_bytes
-    budget = ddp.cost.memory_bytes["total"] - replicated // 2  # half of the replicated state must go
+    # 4/5 of the replicated state must go, from the step's peak, which the budget binds on (round 26); round 27: the
+    # peak is at the output node, where the (16384, 256) outputs are gathered whole (the budget from the sum of kinds,
+    # which leaves that moment out, fitted no plan then), and the rows are exact (r27d): with half to go, sharding
+    # proj, head and the two down weights fits (49.4 of 50.6 MB), so the two up weights stay replicated. 4/5 needs
+    # every block weight sharded: they are 89% of the parameters; without one of them at most 68% of the state goes.
+    budget = ddp.cost.memory_bytes["peak"] - replicated * 4 // 5
     # without recomputation (with it, DDP + full recomputation of the blocks fits and is faster since round 16:
     # tests/unit/test_recompute_trade.py)
     p = plan(mlp_graph, DP8, memory_budget_bytes=budget, recompute="none")
-    assert p.cost.memory_bytes["total"] <= budget
+    assert p.cost.memory_bytes["peak"] <= budget
     for w in _weights(mlp_graph)[1:-1]:  # the big block weights: stored sharded over dp, gathered for use
         assert p.params[w.fqn].stored.startswith("S(")
         (edge,) = [e for e in p.edges if e.src == w.placeholders[0]]

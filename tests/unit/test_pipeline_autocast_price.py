@@ -101,7 +101,9 @@ def _held(traced, model, sg, dtypes) -> dict[str, int]:
             args.append(model.get_parameter(fqn_of[node.name]))
         else:
             meta = traced.node(node.name).outputs[0]
-            args.append(torch.randn(meta.shape).to(dtypes[node.name]).requires_grad_())
+            # a received activation carries a gradient; the model's own input (stage 0's) none, as the runtime
+            # feeds it (round 27: priced so, `strategies.received_with_grad`; before, it was priced as one)
+            args.append(torch.randn(meta.shape).to(dtypes[node.name]).requires_grad_(node.name not in traced.input_names))
     params = tuple(model.parameters())  # autocast's bf16 weight copies are set apart (priced with the parameters)
     recorder = _Recorder(sg.graph_module, {p.untyped_storage().data_ptr() for p in params}, params)
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), \

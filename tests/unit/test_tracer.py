@@ -205,10 +205,37 @@ class _DataAccess(torch.nn.Module):
 @pytest.mark.parametrize("write", [True, False], ids=["write", "read"])
 def test_data_of_a_parameter_in_forward_is_a_trace_error_with_the_no_grad_remedy(write):
     """`.data` makes a tensor export cannot follow; torch's message spoke of a fake tensor in the constants
-    and asked to file an issue. The no_grad form of the remedy is `_ClipInForward`, traced above."""
+    and asked to file an issue. The no_grad form of the remedy is `_ClipInForward`, traced above. Round 27: the
+    error names the line that reads `.data` (export names none: "model.lifted_tensor_0"), found by one eager call
+    that leaves the model's weights as they were and torch's own `Tensor.data` in place."""
+    model = _DataAccess(write)
+    before = model.a.weight.detach().clone()
     with pytest.raises(TraceError, match=r"`\.data` of a parameter or buffer") as err:
-        parallelizer.trace(_DataAccess(write), (torch.randn(3, 4),))
+        parallelizer.trace(model, (torch.randn(3, 4) * 10,))
     assert "torch.no_grad()" in err.value.remedy and ".detach()" in err.value.remedy
+    line = inspect.getsourcelines(_DataAccess.forward)[1] + (2 if write else 4)
+    assert err.value.location == f"{__file__}:{line}"  # main: None
+    assert torch.equal(model.a.weight, before) and "data" not in torch.Tensor.__dict__
+    assert "installed package" not in err.value.remedy  # the user's own code: the form to write it in
+
+
+def test_a_data_read_in_an_installed_package_names_its_line_its_condition_and_the_method_remedy():
+    """Gemma3n's default config (transformers 5.25) clamps its AltUp coefficients with `.data.clamp_` in training
+    forward, under `if self.training and self.config.altup_coef_clip is not None`, a float field its config refuses
+    to set to None: the remedy names that line and condition and how to replace code the user cannot edit (main
+    told the user to rewrite the line, naming no line)."""
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    from parallelizer.tracer.export_errors import _data_read_remedy
+
+    source, start = inspect.getsourcelines(modeling_gemma3n.Gemma3nTextAltUp.predict)
+    offset = next(i for i, text in enumerate(source) if ".data.clamp_" in text)
+    where = f"{modeling_gemma3n.__file__}:{start + offset}"
+    remedy = _data_read_remedy(where)
+    assert f"installed package transformers (not your code), at modeling_gemma3n.py:{start + offset}" in remedy
+    assert "under `if self.training and self.config.altup_coef_clip is not None:`" in remedy
+    assert "types.MethodType" in remedy and "eval mode" in remedy
+    assert _data_read_remedy(f"{__file__}:1") == ""
 
 
 class _NoGrad(torch.nn.Module):
