@@ -417,12 +417,12 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
     fmt = lambda s: f"{' '.join(str(L) for L in s.inputs)} -> {s.output}"
     counts = decision_counts(problem, plan_.recompute)  # the plan's recomputation, held fixed (round 22)
 
+    def row_at(c: tuple[int, ...]) -> str:  # the moment of the largest ILP row (round 27), "" for the sum row
+        return binding_row(problem, c)[1] if problem.cut_rows and not counts else ""
+
     def priced(c: tuple[int, ...]) -> tuple[float, int, str]:  # (objective s, memory bytes, row) as the solver priced
         extra_s, delta_bytes = recompute_cost(problem, c, counts)
-        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes), _row_at(c)
-
-    def _row_at(c: tuple[int, ...]) -> str:  # the moment of the largest ILP row (round 27), "" for the sum row
-        return binding_row(problem, c)[1] if problem.cut_rows and not counts else ""
+        return objective_s(problem, c) + extra_s, int(memory_bytes(problem, c) + delta_bytes), row_at(c)
 
     def peak_bytes(c: tuple[int, ...]) -> int:  # the step peak the budget binds on, as `plan` replays its pick
         sol = Solution(c, 0.0, "explain", True, None, 0.0, 0, 0, 0, "", tuple(sorted(plan_.recompute.items())))
@@ -437,8 +437,9 @@ def explain(traced: TracedGraph, plan_: Plan, node: str, *, cluster=None, topolo
         seconds, mem, at = priced(tuple(c))
         peak = 0 if math.isinf(seconds) else peak_bytes(tuple(c))
         alts.append((fmt(s), seconds, mem, not math.isinf(seconds) and peak <= problem.budget_bytes, peak, at))
-    chosen = problem.spaces[node].strategies[choice[g]]
-    return Explanation(node, fmt(chosen), priced(tuple(choice))[0], tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
+    chosen = fmt(problem.spaces[node].strategies[choice[g]])
+    chosen_s = alts[choice[g]][1]  # the loop priced the plan's own choice too (alts in strategy order here)
+    return Explanation(node, chosen, chosen_s, tuple(sorted(alts, key=lambda a: (a[1], a[0]))))
 
 
 def _fmt(s) -> tuple:
